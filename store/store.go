@@ -1,0 +1,621 @@
+// Package store is the Pebble tree: versioned values resolved last-writer-wins
+// on their stamps, tombstones kept for a retention window, and the bookkeeping
+// that must commit atomically with the data (the last applied WAL index and
+// the HLC high-water mark).
+//
+// Key layout in Pebble (one byte of prefix per space):
+//
+//	d<key>               data record (see AppendRecord)
+//	t<hlc:12><key>       tombstone index, ordered by stamp, for collection
+//	m<name>              node metadata (applied index, HLC high-water)
+package store
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+
+	"github.com/cockroachdb/pebble/v2"
+
+	"github.com/replicator/replicator/hlc"
+)
+
+const (
+	prefixData      = 'd'
+	prefixTombstone = 't'
+	prefixMeta      = 'm'
+)
+
+var (
+	keyLocalApplied = []byte("m\x00applied")
+	keyHLC          = []byte("m\x00hlc")
+)
+
+// Options configures a Store. The zero value of a field means its default.
+type Options struct {
+	// Logger receives Pebble's messages. Default slog.Default().
+	Logger *slog.Logger
+	// CacheSize is Pebble's block cache in bytes. Default 32 MiB.
+	CacheSize int64
+	// MemTableSize is Pebble's memtable size in bytes. Default 32 MiB.
+	MemTableSize uint64
+}
+
+// DefaultOptions returns the options Open uses for zero fields.
+func DefaultOptions() *Options {
+	o := &Options{}
+	o.EnsureDefaults()
+	return o
+}
+
+// EnsureDefaults fills zero fields with their defaults.
+func (o *Options) EnsureDefaults() {
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	if o.CacheSize == 0 {
+		o.CacheSize = 32 << 20
+	}
+	if o.MemTableSize == 0 {
+		o.MemTableSize = 32 << 20
+	}
+}
+
+// Validate reports every problem with o at once.
+func (o *Options) Validate() error {
+	var errs []error
+	if o.CacheSize < 0 {
+		errs = append(errs, fmt.Errorf("store: CacheSize %d is negative", o.CacheSize))
+	}
+	if o.MemTableSize > 0 && o.MemTableSize < 1<<20 {
+		errs = append(errs, fmt.Errorf("store: MemTableSize %d is below 1 MiB", o.MemTableSize))
+	}
+	return errors.Join(errs...)
+}
+
+// Store is the Pebble tree of one node. Safe for concurrent use.
+type Store struct {
+	db    *pebble.DB
+	cache interface{ Unref() }
+	opts  Options
+
+	// applyMu serialises batches from first read to commit, so that two
+	// concurrent merges of one key cannot both read the old stamp and both
+	// write: LWW must compare against what is really stored.
+	applyMu sync.Mutex
+}
+
+// Open opens (creating if needed) the tree in dir.
+func Open(dir string, opts *Options) (*Store, error) {
+	var o Options
+	if opts != nil {
+		o = *opts
+	}
+	o.EnsureDefaults()
+	if err := o.Validate(); err != nil {
+		return nil, err
+	}
+	cache := pebble.NewCache(o.CacheSize)
+	db, err := pebble.Open(dir, &pebble.Options{
+		Cache:              cache,
+		MemTableSize:       o.MemTableSize,
+		FormatMajorVersion: pebble.FormatNewest,
+		Logger:             pebbleLogger{o.Logger},
+	})
+	if err != nil {
+		cache.Unref()
+		return nil, fmt.Errorf("store: open %s: %w", dir, err)
+	}
+	return &Store{db: db, cache: cache, opts: o}, nil
+}
+
+// Close flushes nothing extra (every commit already went through Pebble's WAL)
+// and releases the tree.
+func (s *Store) Close() error {
+	err := s.db.Close()
+	s.cache.Unref()
+	if err != nil {
+		return fmt.Errorf("store: close: %w", err)
+	}
+	return nil
+}
+
+// DB exposes the Pebble handle to packages that keep their own key spaces in
+// the same tree (cursors, high-water marks).
+func (s *Store) DB() *pebble.DB { return s.db }
+
+func dataKey(key string) []byte {
+	k := make([]byte, 0, 1+len(key))
+	k = append(k, prefixData)
+	return append(k, key...)
+}
+
+func tombstoneKey(ts hlc.Timestamp, key string) []byte {
+	k := make([]byte, 0, 1+hlc.EncodedLen+len(key))
+	k = append(k, prefixTombstone)
+	k = ts.AppendTo(k)
+	return append(k, key...)
+}
+
+// Get returns the record stored at key, tombstones included (check
+// Record.Tombstone). ErrNotFound means nothing at all is stored.
+func (s *Store) Get(key string) (Record, error) {
+	v, closer, err := s.db.Get(dataKey(key))
+	if errors.Is(err, pebble.ErrNotFound) {
+		return Record{}, ErrNotFound
+	}
+	if err != nil {
+		return Record{}, fmt.Errorf("store: get %q: %w", key, err)
+	}
+	defer closer.Close()
+	r, err := DecodeRecord(v)
+	if err != nil {
+		return Record{}, fmt.Errorf("store: get %q: %w", key, err)
+	}
+	r.Value = bytes.Clone(r.Value)
+	return r, nil
+}
+
+// Outcome is what a merge did.
+type Outcome uint8
+
+const (
+	// Applied: the write's stamp was higher than the stored one (or nothing
+	// was stored); it is now the key's state.
+	Applied Outcome = iota + 1
+	// Duplicate: the stored stamp equals the write's; it was already applied.
+	Duplicate
+	// Stale: the stored stamp is higher; the write lost and changed nothing.
+	Stale
+)
+
+func (o Outcome) String() string {
+	switch o {
+	case Applied:
+		return "applied"
+	case Duplicate:
+		return "duplicate"
+	case Stale:
+		return "stale"
+	}
+	return "unknown"
+}
+
+// Write is one single-key mutation with its LWW stamp.
+type Write struct {
+	Key       string
+	Value     []byte
+	Tombstone bool
+	Kind      Kind
+	Stamp     Stamp
+}
+
+// Set merges a value under stamp in its own synced batch.
+func (s *Store) Set(key string, value []byte, stamp Stamp) (Outcome, error) {
+	return s.mergeOne(Write{Key: key, Value: value, Stamp: stamp})
+}
+
+// Delete merges a tombstone under stamp in its own synced batch.
+func (s *Store) Delete(key string, stamp Stamp) (Outcome, error) {
+	return s.mergeOne(Write{Key: key, Tombstone: true, Stamp: stamp})
+}
+
+// Merge applies w last-writer-wins in its own synced batch.
+func (s *Store) Merge(w Write) (Outcome, error) { return s.mergeOne(w) }
+
+func (s *Store) mergeOne(w Write) (Outcome, error) {
+	b := s.NewBatch()
+	defer b.Close()
+	out, err := b.Merge(w)
+	if err != nil {
+		return 0, err
+	}
+	return out, b.Commit(true)
+}
+
+// Batch gathers merges and bookkeeping that commit atomically. It holds the
+// store's apply lock from NewBatch to Close, so reads inside it see every
+// committed write and the batch's own earlier merges. Not safe for concurrent
+// use; always Close it.
+type Batch struct {
+	s       *Store
+	pb      *pebble.Batch
+	pending map[string]pendingRecord
+	closed  bool
+	buf     []byte
+}
+
+type pendingRecord struct {
+	stamp Stamp
+	flags byte
+}
+
+// NewBatch starts a batch and takes the apply lock.
+func (s *Store) NewBatch() *Batch {
+	s.applyMu.Lock()
+	return &Batch{s: s, pb: s.db.NewBatch()}
+}
+
+// Close releases the batch and the apply lock; committed or not.
+func (b *Batch) Close() {
+	if b.closed {
+		return
+	}
+	b.closed = true
+	b.pb.Close()
+	b.s.applyMu.Unlock()
+}
+
+// Len is the number of Pebble operations in the batch.
+func (b *Batch) Len() int { return int(b.pb.Count()) }
+
+// currentLocked returns the stamp and flags stored for key, looking at the
+// batch's own pending writes first.
+func (b *Batch) currentLocked(key string, dk []byte) (Stamp, byte, bool, error) {
+	if p, ok := b.pending[key]; ok {
+		return p.stamp, p.flags, true, nil
+	}
+	v, closer, err := b.s.db.Get(dk)
+	if errors.Is(err, pebble.ErrNotFound) {
+		return Stamp{}, 0, false, nil
+	}
+	if err != nil {
+		return Stamp{}, 0, false, fmt.Errorf("store: get %q: %w", key, err)
+	}
+	st, flags, err := decodeStampOnly(v)
+	closer.Close()
+	if err != nil {
+		return Stamp{}, 0, false, fmt.Errorf("store: key %q: %w", key, err)
+	}
+	return st, flags, true, nil
+}
+
+// Stored returns the stamp stored for key as this batch would see it, and
+// whether the key holds a tombstone. ok is false when nothing is stored.
+func (b *Batch) Stored(key string) (st Stamp, tombstone, ok bool, err error) {
+	st, flags, ok, err := b.currentLocked(key, dataKey(key))
+	return st, flags&flagTombstone != 0, ok, err
+}
+
+// Merge applies w last-writer-wins and reports what it did. A tombstone is
+// written even for a key that was never stored: it keeps an older write that
+// arrives later from resurrecting the key.
+func (b *Batch) Merge(w Write) (Outcome, error) {
+	if w.Stamp.Origin == "" || len(w.Stamp.Origin) > maxOriginLen {
+		return 0, fmt.Errorf("store: merge %q: origin %q out of range", w.Key, w.Stamp.Origin)
+	}
+	dk := dataKey(w.Key)
+	cur, curFlags, ok, err := b.currentLocked(w.Key, dk)
+	if err != nil {
+		return 0, err
+	}
+	if ok {
+		switch c := w.Stamp.Compare(cur); {
+		case c == 0:
+			return Duplicate, nil
+		case c < 0:
+			return Stale, nil
+		}
+		if curFlags&flagTombstone != 0 {
+			// The old tombstone's index entry is dropped with it.
+			if err := b.pb.Delete(tombstoneKey(cur.HLC, w.Key), nil); err != nil {
+				return 0, err
+			}
+		}
+	}
+	r := Record{Stamp: w.Stamp, Tombstone: w.Tombstone, Kind: w.Kind, Value: w.Value}
+	if w.Tombstone && w.Kind == KindPlain {
+		r.Value = nil
+	}
+	b.buf = AppendRecord(b.buf[:0], &r)
+	if err := b.pb.Set(dk, b.buf, nil); err != nil {
+		return 0, err
+	}
+	var flags byte
+	if w.Tombstone {
+		flags |= flagTombstone
+		if err := b.pb.Set(tombstoneKey(w.Stamp.HLC, w.Key), nil, nil); err != nil {
+			return 0, err
+		}
+	}
+	if b.pending == nil {
+		b.pending = make(map[string]pendingRecord)
+	}
+	b.pending[w.Key] = pendingRecord{stamp: w.Stamp, flags: flags}
+	return Applied, nil
+}
+
+// SetLocalApplied records that the local WAL stream has been applied up to
+// index. It commits with the data, so recovery knows exactly where to resume.
+func (b *Batch) SetLocalApplied(stream [16]byte, index uint64) error {
+	v := make([]byte, 0, 24)
+	v = append(v, stream[:]...)
+	v = binary.BigEndian.AppendUint64(v, index)
+	return b.pb.Set(keyLocalApplied, v, nil)
+}
+
+// SetHLC records the clock's high-water mark with the data, so a restarted
+// node never stamps below what it stamped before.
+func (b *Batch) SetHLC(ts hlc.Timestamp) error {
+	enc := ts.Encode()
+	return b.pb.Set(keyHLC, enc[:], nil)
+}
+
+// SetRaw writes a key of another package's key space in this batch.
+func (b *Batch) SetRaw(key, value []byte) error { return b.pb.Set(key, value, nil) }
+
+// DeleteRaw deletes a key of another package's key space in this batch.
+func (b *Batch) DeleteRaw(key []byte) error { return b.pb.Delete(key, nil) }
+
+// Commit writes the batch atomically. sync asks Pebble to fsync its own WAL;
+// the node's local write path passes false because the outbound WAL, already
+// fsynced, is the redo log; the acceptor passes true because nothing else
+// holds what it applies.
+func (b *Batch) Commit(sync bool) error {
+	if b.pb.Empty() {
+		return nil
+	}
+	wo := pebble.NoSync
+	if sync {
+		wo = pebble.Sync
+	}
+	if err := b.pb.Commit(wo); err != nil {
+		return fmt.Errorf("store: commit: %w", err)
+	}
+	return nil
+}
+
+// LocalApplied returns the local stream and the last of its WAL indexes that
+// is applied. A zero stream means nothing was ever applied.
+func (s *Store) LocalApplied() (stream [16]byte, index uint64, err error) {
+	v, closer, err := s.db.Get(keyLocalApplied)
+	if errors.Is(err, pebble.ErrNotFound) {
+		return stream, 0, nil
+	}
+	if err != nil {
+		return stream, 0, fmt.Errorf("store: read applied index: %w", err)
+	}
+	defer closer.Close()
+	if len(v) != 24 {
+		return stream, 0, fmt.Errorf("%w: applied index of %d bytes", ErrCorrupt, len(v))
+	}
+	copy(stream[:], v[:16])
+	return stream, binary.BigEndian.Uint64(v[16:]), nil
+}
+
+// HLCHighWater returns the persisted clock high-water mark (zero if none).
+func (s *Store) HLCHighWater() (hlc.Timestamp, error) {
+	v, closer, err := s.db.Get(keyHLC)
+	if errors.Is(err, pebble.ErrNotFound) {
+		return hlc.Timestamp{}, nil
+	}
+	if err != nil {
+		return hlc.Timestamp{}, fmt.Errorf("store: read hlc high-water: %w", err)
+	}
+	defer closer.Close()
+	ts, err := hlc.Decode(v)
+	if err != nil {
+		return hlc.Timestamp{}, fmt.Errorf("%w: hlc high-water: %v", ErrCorrupt, err)
+	}
+	return ts, nil
+}
+
+// ScanOptions selects an ordered range of live keys. Prefix, Start/End and
+// After combine (all must hold). Limit 0 means DefaultScanLimit.
+type ScanOptions struct {
+	Prefix string
+	Start  string // inclusive
+	End    string // exclusive; "" = no upper bound
+	After  string // resume strictly after this key (a previous page's Next)
+	Limit  int
+}
+
+// DefaultScanLimit and MaxScanLimit bound one page.
+const (
+	DefaultScanLimit = 100
+	MaxScanLimit     = 10000
+)
+
+// Item is one live key of a scan.
+type Item struct {
+	Key string
+	Record
+}
+
+// Scan returns up to Limit live keys in order, and the key to resume after
+// when more remain ("" when the range is exhausted). Tombstones are skipped.
+func (s *Store) Scan(o ScanOptions) ([]Item, string, error) {
+	limit := o.Limit
+	if limit <= 0 {
+		limit = DefaultScanLimit
+	}
+	if limit > MaxScanLimit {
+		limit = MaxScanLimit
+	}
+	lower := []byte{prefixData}
+	upper := []byte{prefixData + 1}
+	raise := func(k []byte) {
+		if bytes.Compare(k, lower) > 0 {
+			lower = k
+		}
+	}
+	lessen := func(k []byte) {
+		if k != nil && bytes.Compare(k, upper) < 0 {
+			upper = k
+		}
+	}
+	if o.Prefix != "" {
+		raise(dataKey(o.Prefix))
+		lessen(prefixEnd(dataKey(o.Prefix)))
+	}
+	if o.Start != "" {
+		raise(dataKey(o.Start))
+	}
+	if o.End != "" {
+		lessen(dataKey(o.End))
+	}
+	if o.After != "" {
+		raise(append(dataKey(o.After), 0))
+	}
+	if bytes.Compare(lower, upper) >= 0 {
+		return nil, "", nil
+	}
+	it, err := s.db.NewIter(&pebble.IterOptions{LowerBound: lower, UpperBound: upper})
+	if err != nil {
+		return nil, "", fmt.Errorf("store: scan: %w", err)
+	}
+	defer it.Close()
+	var items []Item
+	for valid := it.First(); valid; valid = it.Next() {
+		r, err := DecodeRecord(it.Value())
+		if err != nil {
+			return nil, "", fmt.Errorf("store: scan key %q: %w", it.Key()[1:], err)
+		}
+		if r.Tombstone {
+			continue
+		}
+		if len(items) == limit {
+			return items, items[len(items)-1].Key, it.Error()
+		}
+		r.Value = bytes.Clone(r.Value)
+		items = append(items, Item{Key: string(it.Key()[1:]), Record: r})
+	}
+	return items, "", it.Error()
+}
+
+// prefixEnd returns the smallest key above every key with prefix p, or nil.
+func prefixEnd(p []byte) []byte {
+	end := bytes.Clone(p)
+	for i := len(end) - 1; i >= 0; i-- {
+		if end[i] < 0xff {
+			end[i]++
+			return end[:i+1]
+		}
+	}
+	return nil
+}
+
+// Digest summarises the live state.
+type Digest struct {
+	// Hash is the hex SHA-256 over every live key in order with its value,
+	// kind and stamp. Two stores have equal hashes exactly when they hold
+	// the same live data (up to SHA-256 collisions).
+	Hash string
+	// Keys is the number of live keys.
+	Keys int
+	// Tombstones is the number of tombstones not yet collected. It is not in
+	// the hash: clusters collect tombstones at different times.
+	Tombstones int
+}
+
+// Digest hashes the live state from one consistent snapshot.
+func (s *Store) Digest() (Digest, error) {
+	it, err := s.db.NewIter(&pebble.IterOptions{LowerBound: []byte{prefixData}, UpperBound: []byte{prefixData + 1}})
+	if err != nil {
+		return Digest{}, fmt.Errorf("store: digest: %w", err)
+	}
+	defer it.Close()
+	h := sha256.New()
+	var d Digest
+	var scratch []byte
+	for valid := it.First(); valid; valid = it.Next() {
+		r, err := DecodeRecord(it.Value())
+		if err != nil {
+			return Digest{}, fmt.Errorf("store: digest key %q: %w", it.Key()[1:], err)
+		}
+		if r.Tombstone {
+			d.Tombstones++
+			continue
+		}
+		d.Keys++
+		scratch = appendDigestEntry(scratch[:0], it.Key()[1:], &r)
+		h.Write(scratch)
+	}
+	if err := it.Error(); err != nil {
+		return Digest{}, fmt.Errorf("store: digest: %w", err)
+	}
+	d.Hash = hex.EncodeToString(h.Sum(nil))
+	return d, nil
+}
+
+// appendDigestEntry frames one live key unambiguously (lengths before bytes).
+func appendDigestEntry(dst, key []byte, r *Record) []byte {
+	dst = binary.AppendUvarint(dst, uint64(len(key)))
+	dst = append(dst, key...)
+	dst = append(dst, byte(r.Kind))
+	dst = r.Stamp.HLC.AppendTo(dst)
+	dst = binary.AppendUvarint(dst, uint64(len(r.Stamp.Origin)))
+	dst = append(dst, r.Stamp.Origin...)
+	dst = binary.AppendUvarint(dst, uint64(len(r.Value)))
+	return append(dst, r.Value...)
+}
+
+// CollectTombstones removes tombstones whose stamp is below cutoff and reports
+// how many it removed. The caller picks cutoff so that no write older than a
+// collected tombstone can still arrive (see DESIGN.md "Replication"). At most
+// max tombstones go per call, so a large backlog does not hold the apply lock
+// for long; max <= 0 means 10,000.
+func (s *Store) CollectTombstones(cutoff hlc.Timestamp, max int) (int, error) {
+	if max <= 0 {
+		max = 10000
+	}
+	b := s.NewBatch()
+	defer b.Close()
+	upper := tombstoneKey(cutoff, "")
+	it, err := s.db.NewIter(&pebble.IterOptions{LowerBound: []byte{prefixTombstone}, UpperBound: upper})
+	if err != nil {
+		return 0, fmt.Errorf("store: collect tombstones: %w", err)
+	}
+	n := 0
+	for valid := it.First(); valid && n < max; valid = it.Next() {
+		ik := it.Key()
+		ts, err := hlc.Decode(ik[1 : 1+hlc.EncodedLen])
+		if err != nil {
+			it.Close()
+			return n, fmt.Errorf("store: tombstone index: %w: %v", ErrCorrupt, err)
+		}
+		key := string(ik[1+hlc.EncodedLen:])
+		if err := b.pb.Delete(bytes.Clone(ik), nil); err != nil {
+			it.Close()
+			return n, err
+		}
+		st, flags, ok, err := b.currentLocked(key, dataKey(key))
+		if err != nil {
+			it.Close()
+			return n, err
+		}
+		// Only the very tombstone this index entry names goes; a key that
+		// was written again since keeps its newer state.
+		if ok && flags&flagTombstone != 0 && st.HLC == ts {
+			if err := b.pb.Delete(dataKey(key), nil); err != nil {
+				it.Close()
+				return n, err
+			}
+			n++
+		}
+	}
+	if err := it.Close(); err != nil {
+		return n, fmt.Errorf("store: collect tombstones: %w", err)
+	}
+	return n, b.Commit(true)
+}
+
+type pebbleLogger struct{ l *slog.Logger }
+
+func (p pebbleLogger) Infof(format string, args ...any) {
+	p.l.Debug(fmt.Sprintf(format, args...), "component", "pebble")
+}
+
+func (p pebbleLogger) Errorf(format string, args ...any) {
+	p.l.Error(fmt.Sprintf(format, args...), "component", "pebble")
+}
+
+func (p pebbleLogger) Fatalf(format string, args ...any) {
+	p.l.Error(fmt.Sprintf(format, args...), "component", "pebble")
+	panic(fmt.Sprintf(format, args...))
+}

@@ -1,0 +1,354 @@
+package store
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"testing"
+	"time"
+
+	"github.com/replicator/replicator/hlc"
+)
+
+func openTest(t testing.TB) *Store {
+	t.Helper()
+	s, err := Open(t.TempDir(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s
+}
+
+func st(wall int64, logical uint32, origin string) Stamp {
+	return Stamp{HLC: hlc.Timestamp{Wall: wall, Logical: logical}, Origin: origin}
+}
+
+func TestMergeOutcomes(t *testing.T) {
+	s := openTest(t)
+	steps := []struct {
+		name string
+		w    Write
+		want Outcome
+		// expected state after the step
+		value     string
+		tombstone bool
+		stamp     Stamp
+	}{
+		{"first write", Write{Key: "k", Value: []byte("v1"), Stamp: st(10, 0, "a")}, Applied, "v1", false, st(10, 0, "a")},
+		{"equal stamp is a duplicate", Write{Key: "k", Value: []byte("v1"), Stamp: st(10, 0, "a")}, Duplicate, "v1", false, st(10, 0, "a")},
+		{"lower stamp is stale", Write{Key: "k", Value: []byte("old"), Stamp: st(9, 5, "z")}, Stale, "v1", false, st(10, 0, "a")},
+		{"origin breaks a tie", Write{Key: "k", Value: []byte("fromB"), Stamp: st(10, 0, "b")}, Applied, "fromB", false, st(10, 0, "b")},
+		{"older tombstone loses", Write{Key: "k", Tombstone: true, Stamp: st(10, 0, "a")}, Stale, "fromB", false, st(10, 0, "b")},
+		{"newer tombstone wins", Write{Key: "k", Tombstone: true, Stamp: st(11, 0, "a")}, Applied, "", true, st(11, 0, "a")},
+		{"duplicate tombstone", Write{Key: "k", Tombstone: true, Stamp: st(11, 0, "a")}, Duplicate, "", true, st(11, 0, "a")},
+		{"older value stays deleted", Write{Key: "k", Value: []byte("zombie"), Stamp: st(10, 9, "c")}, Stale, "", true, st(11, 0, "a")},
+		{"newer value after tombstone", Write{Key: "k", Value: []byte("v2"), Stamp: st(11, 1, "a")}, Applied, "v2", false, st(11, 1, "a")},
+		{"tombstone for a key never stored", Write{Key: "never", Tombstone: true, Stamp: st(5, 0, "a")}, Applied, "", true, st(5, 0, "a")},
+	}
+	for _, step := range steps {
+		got, err := s.Merge(step.w)
+		if err != nil {
+			t.Fatalf("%s: %v", step.name, err)
+		}
+		if got != step.want {
+			t.Fatalf("%s: outcome %s, want %s", step.name, got, step.want)
+		}
+		r, err := s.Get(step.w.Key)
+		if err != nil {
+			t.Fatalf("%s: get: %v", step.name, err)
+		}
+		if string(r.Value) != step.value || r.Tombstone != step.tombstone || r.Stamp != step.stamp {
+			t.Fatalf("%s: stored %q tombstone=%v %s, want %q tombstone=%v %s",
+				step.name, r.Value, r.Tombstone, r.Stamp, step.value, step.tombstone, step.stamp)
+		}
+	}
+	if _, err := s.Get("absent"); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("absent key: %v", err)
+	}
+}
+
+// TestMergeOrderIndependence applies the same writes in many orders, some
+// delivered twice, and demands one digest: the property that makes clusters
+// converge however replication interleaves.
+func TestMergeOrderIndependence(t *testing.T) {
+	seed := uint64(time.Now().UnixNano())
+	t.Logf("seed %d", seed)
+	r := rand.New(rand.NewPCG(seed, 1))
+	origins := []string{"a", "b", "c"}
+	var writes []Write
+	for i := 0; i < 300; i++ {
+		w := Write{
+			Key:   fmt.Sprintf("k%02d", r.IntN(20)),
+			Stamp: st(int64(r.IntN(50)), uint32(r.IntN(3)), origins[r.IntN(3)]),
+		}
+		if r.IntN(4) == 0 {
+			w.Tombstone = true
+		} else {
+			w.Value = []byte(fmt.Sprintf("v%d", i))
+		}
+		writes = append(writes, w)
+	}
+	// Equal stamps are the same write by contract; drop later ones that reuse
+	// a stamp on the same key with other content.
+	seen := map[string]bool{}
+	uniq := writes[:0]
+	for _, w := range writes {
+		id := w.Key + "/" + w.Stamp.String()
+		if !seen[id] {
+			seen[id] = true
+			uniq = append(uniq, w)
+		}
+	}
+	writes = uniq
+
+	var want Digest
+	for round := 0; round < 6; round++ {
+		s := openTest(t)
+		order := r.Perm(len(writes))
+		b := s.NewBatch()
+		for n, i := range order {
+			if _, err := b.Merge(writes[i]); err != nil {
+				t.Fatal(err)
+			}
+			if n%7 == 0 { // duplicate delivery
+				if out, err := b.Merge(writes[i]); err != nil || out == Applied {
+					t.Fatalf("re-merge of the same write: %s %v", out, err)
+				}
+			}
+			if n%50 == 49 { // commit in several batches, reading across them
+				if err := b.Commit(false); err != nil {
+					t.Fatal(err)
+				}
+				b.Close()
+				b = s.NewBatch()
+			}
+		}
+		if err := b.Commit(true); err != nil {
+			t.Fatal(err)
+		}
+		b.Close()
+		d, err := s.Digest()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if round == 0 {
+			want = d
+			if d.Keys == 0 {
+				t.Fatal("no live keys: the test would prove nothing")
+			}
+			continue
+		}
+		if d.Hash != want.Hash || d.Keys != want.Keys || d.Tombstones != want.Tombstones {
+			t.Fatalf("seed %d round %d: digest %+v, want %+v", seed, round, d, want)
+		}
+	}
+}
+
+func TestDigestDistinguishesState(t *testing.T) {
+	mk := func(ws ...Write) Digest {
+		s := openTest(t)
+		for _, w := range ws {
+			if _, err := s.Merge(w); err != nil {
+				t.Fatal(err)
+			}
+		}
+		d, err := s.Digest()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return d
+	}
+	base := mk(Write{Key: "a", Value: []byte("1"), Stamp: st(1, 0, "a")})
+	for name, d := range map[string]Digest{
+		"other value":        mk(Write{Key: "a", Value: []byte("2"), Stamp: st(1, 0, "a")}),
+		"other stamp":        mk(Write{Key: "a", Value: []byte("1"), Stamp: st(2, 0, "a")}),
+		"other origin":       mk(Write{Key: "a", Value: []byte("1"), Stamp: st(1, 0, "b")}),
+		"other key":          mk(Write{Key: "b", Value: []byte("1"), Stamp: st(1, 0, "a")}),
+		"key/value boundary": mk(Write{Key: "a1", Value: []byte(""), Stamp: st(1, 0, "a")}),
+	} {
+		if d.Hash == base.Hash {
+			t.Errorf("%s: same digest as the base state", name)
+		}
+	}
+	withTomb := mk(Write{Key: "a", Value: []byte("1"), Stamp: st(1, 0, "a")}, Write{Key: "z", Tombstone: true, Stamp: st(3, 0, "a")})
+	if withTomb.Hash != base.Hash || withTomb.Tombstones != 1 || withTomb.Keys != 1 {
+		t.Errorf("tombstones must stay out of the hash but be counted: %+v vs %+v", withTomb, base)
+	}
+}
+
+func TestScan(t *testing.T) {
+	s := openTest(t)
+	for i := 0; i < 30; i++ {
+		k := fmt.Sprintf("p/%02d", i)
+		if _, err := s.Set(k, []byte(k), st(int64(i+1), 0, "a")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s.Set("q/x", []byte("x"), st(100, 0, "a"))
+	s.Set("o", []byte("o"), st(100, 0, "a"))
+	s.Delete("p/05", st(200, 0, "a"))
+	keys := func(items []Item) []string {
+		var ks []string
+		for _, it := range items {
+			ks = append(ks, it.Key)
+		}
+		return ks
+	}
+	tests := []struct {
+		name  string
+		o     ScanOptions
+		first string
+		n     int
+		next  string
+	}{
+		{"prefix skips tombstones", ScanOptions{Prefix: "p/", Limit: 1000}, "p/00", 29, ""},
+		{"range", ScanOptions{Start: "p/10", End: "p/20"}, "p/10", 10, ""},
+		{"limit gives next", ScanOptions{Prefix: "p/", Limit: 4}, "p/00", 4, "p/03"},
+		{"after resumes", ScanOptions{Prefix: "p/", After: "p/03", Limit: 2}, "p/04", 2, "p/06"},
+		{"everything", ScanOptions{Limit: 1000}, "o", 31, ""},
+		{"empty range", ScanOptions{Start: "z", End: "a"}, "", 0, ""},
+	}
+	for _, tc := range tests {
+		items, next, err := s.Scan(tc.o)
+		if err != nil {
+			t.Fatalf("%s: %v", tc.name, err)
+		}
+		ks := keys(items)
+		if len(ks) != tc.n || (tc.n > 0 && ks[0] != tc.first) || next != tc.next {
+			t.Fatalf("%s: got %v next %q; want %d keys from %q, next %q", tc.name, ks, next, tc.n, tc.first, tc.next)
+		}
+	}
+	// Paging through with After visits every live key exactly once.
+	var all []string
+	after := ""
+	for {
+		items, next, err := s.Scan(ScanOptions{After: after, Limit: 7})
+		if err != nil {
+			t.Fatal(err)
+		}
+		all = append(all, keys(items)...)
+		if next == "" {
+			break
+		}
+		after = next
+	}
+	if len(all) != 31 {
+		t.Fatalf("paged scan saw %d keys, want 31", len(all))
+	}
+}
+
+func TestCollectTombstones(t *testing.T) {
+	s := openTest(t)
+	s.Delete("old", st(10, 0, "a"))
+	s.Delete("young", st(100, 0, "a"))
+	s.Delete("revived", st(20, 0, "a"))
+	s.Set("revived", []byte("back"), st(30, 0, "b"))
+	n, err := s.CollectTombstones(hlc.Timestamp{Wall: 50}, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n != 1 {
+		t.Fatalf("collected %d, want 1 (only \"old\")", n)
+	}
+	if _, err := s.Get("old"); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("old tombstone still there: %v", err)
+	}
+	if r, err := s.Get("young"); err != nil || !r.Tombstone {
+		t.Fatalf("young tombstone collected early: %+v %v", r, err)
+	}
+	if r, err := s.Get("revived"); err != nil || string(r.Value) != "back" {
+		t.Fatalf("revived key damaged: %+v %v", r, err)
+	}
+	d, _ := s.Digest()
+	if d.Tombstones != 1 || d.Keys != 1 {
+		t.Fatalf("after collection: %+v", d)
+	}
+	// Once collected, an old write may come back: that is why the caller
+	// only collects below the frontier no older write can still arrive from.
+	if out, _ := s.Set("old", []byte("zombie"), st(5, 0, "c")); out != Applied {
+		t.Fatalf("write after collection: %s", out)
+	}
+}
+
+func TestBookkeepingCommitsWithData(t *testing.T) {
+	dir := t.TempDir()
+	s, err := Open(dir, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stream := [16]byte{1, 2, 3}
+	b := s.NewBatch()
+	b.Merge(Write{Key: "k", Value: []byte("v"), Stamp: st(7, 0, "a")})
+	b.SetLocalApplied(stream, 42)
+	b.SetHLC(hlc.Timestamp{Wall: 7})
+	if err := b.Commit(false); err != nil {
+		t.Fatal(err)
+	}
+	b.Close()
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	s, err = Open(dir, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	gotStream, idx, err := s.LocalApplied()
+	if err != nil || gotStream != stream || idx != 42 {
+		t.Fatalf("applied: %x %d %v", gotStream, idx, err)
+	}
+	hw, err := s.HLCHighWater()
+	if err != nil || hw != (hlc.Timestamp{Wall: 7}) {
+		t.Fatalf("hlc: %s %v", hw, err)
+	}
+	if r, err := s.Get("k"); err != nil || string(r.Value) != "v" {
+		t.Fatalf("data: %+v %v", r, err)
+	}
+}
+
+func TestRecordRoundTrip(t *testing.T) {
+	for _, r := range []Record{
+		{Stamp: st(1, 2, "a"), Value: []byte("hello")},
+		{Stamp: st(1<<62, 0, "east-1"), Value: nil},
+		{Stamp: st(3, 0, "b"), Tombstone: true},
+		{Stamp: st(3, 0, "b"), Kind: KindCounter, Value: []byte{1, 2}},
+	} {
+		enc := AppendRecord(nil, &r)
+		got, err := DecodeRecord(enc)
+		if err != nil {
+			t.Fatalf("%+v: %v", r, err)
+		}
+		if got.Stamp != r.Stamp || got.Tombstone != r.Tombstone || got.Kind != r.Kind || !bytes.Equal(got.Value, r.Value) {
+			t.Fatalf("round trip: %+v -> %+v", r, got)
+		}
+	}
+	for _, bad := range [][]byte{nil, {1}, {2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 'a'}, {1, 0x80, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 'a'}, {1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 5, 'a'}} {
+		if _, err := DecodeRecord(bad); !errors.Is(err, ErrCorrupt) {
+			t.Fatalf("DecodeRecord(%x) = %v, want ErrCorrupt", bad, err)
+		}
+	}
+}
+
+func FuzzDecodeRecord(f *testing.F) {
+	f.Add(AppendRecord(nil, &Record{Stamp: st(1, 2, "a"), Value: []byte("hello")}))
+	f.Add(AppendRecord(nil, &Record{Stamp: st(3, 0, "b"), Tombstone: true}))
+	f.Add([]byte{})
+	f.Fuzz(func(t *testing.T, b []byte) {
+		r, err := DecodeRecord(b)
+		if err != nil {
+			if !errors.Is(err, ErrCorrupt) {
+				t.Fatalf("error not of the corrupt class: %v", err)
+			}
+			return
+		}
+		// What decodes must re-encode to the same bytes.
+		if enc := AppendRecord(nil, &r); !bytes.Equal(enc, b) {
+			t.Fatalf("re-encoding differs: %x vs %x", enc, b)
+		}
+		if _, _, err := decodeStampOnly(b); err != nil {
+			t.Fatalf("stamp-only decode refused what DecodeRecord took: %v", err)
+		}
+	})
+}

@@ -1,0 +1,714 @@
+// Package wal is the outbound write-ahead log: every local write, checksummed,
+// in commit order, kept until every peer has it.
+//
+// It wraps tidwall/wal and files down its sharp edges:
+//
+//   - tidwall/wal has no checksums: each entry is framed as
+//     version(1) | CRC-32C(4) | msgpack payload and verified on read.
+//   - A crash can tear the tail, and tidwall's Open then fails with ErrCorrupt:
+//     Open scans the segments itself first, truncates a torn or
+//     checksum-failing tail back to the last valid entry (logged and counted),
+//     and refuses to open on damage before the last segment, naming the
+//     segment and index.
+//   - tidwall's in-memory view goes out of step with the file when a write
+//     fails halfway: after a failed write the log is reopened and truncated back
+//     to the last committed index, so a full disk refuses writes cleanly.
+//   - Indexes are assigned here, never by callers.
+//   - tidwall's Open writes defaults into the options it is given: it only ever
+//     sees a private copy.
+//
+// The log directory holds STREAM (the stream ID, minted at creation) and
+// segments/ (tidwall's files).
+package wal
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"io/fs"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+
+	twal "github.com/tidwall/wal"
+)
+
+// frameVersion is the version byte of every framed entry.
+const frameVersion = 1
+
+const frameHeader = 1 + 4 // version, CRC-32C
+
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+
+// ErrCorrupt is the class of errors for damage the log cannot repair (before
+// the tail, or a missing stream file). Never retryable.
+var ErrCorrupt = errors.New("wal: corrupt")
+
+// ErrBroken is returned by every call after a failure the log cannot recover
+// from in place (a failed fsync: what reached the disk is unknown). A restart
+// reopens, repairs and recovers.
+var ErrBroken = errors.New("wal: broken after an unrecoverable i/o error; restart the node")
+
+// ErrClosed is returned after Close.
+var ErrClosed = errors.New("wal: closed")
+
+// ErrNotFound is returned for an index outside [First, Last].
+var ErrNotFound = errors.New("wal: index not in the log")
+
+// CorruptError locates damage the log refuses to repair.
+type CorruptError struct {
+	Segment string // file name
+	Index   uint64 // the first index that failed
+	Err     error
+}
+
+func (e *CorruptError) Error() string {
+	return fmt.Sprintf("wal: corrupt entry %d in segment %s: %v (damage before the last segment is not a torn tail; "+
+		"restore the WAL directory or remove it to start a new stream, then re-seed the peers)", e.Index, e.Segment, e.Err)
+}
+
+func (e *CorruptError) Unwrap() error { return ErrCorrupt }
+
+// Options configures a Log. Zero fields take defaults.
+type Options struct {
+	// Origin is the local cluster ID. Encoded entries of the local stream
+	// leave it out. Required.
+	Origin string
+	// SegmentSize is the target size of one segment file. tidwall/wal holds
+	// the tail segment and SegmentCacheSize others in memory whole, so this
+	// bounds the log's memory. Default 8 MiB.
+	SegmentSize int
+	// SegmentCacheSize is how many non-tail segments stay in memory for
+	// readers. Default 2.
+	SegmentCacheSize int
+	// NoSync skips fsync. It gives up durability; benchmarks only.
+	NoSync bool
+	// Logger receives repairs. Default slog.Default().
+	Logger *slog.Logger
+}
+
+// EnsureDefaults fills zero fields.
+func (o *Options) EnsureDefaults() {
+	if o.SegmentSize == 0 {
+		o.SegmentSize = 8 << 20
+	}
+	if o.SegmentCacheSize == 0 {
+		o.SegmentCacheSize = 2
+	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+}
+
+// Validate reports every problem at once.
+func (o *Options) Validate() error {
+	var errs []error
+	if o.Origin == "" {
+		errs = append(errs, errors.New("wal: Origin is required"))
+	}
+	if o.SegmentSize < 4096 {
+		errs = append(errs, fmt.Errorf("wal: SegmentSize %d is below 4096", o.SegmentSize))
+	}
+	if o.SegmentCacheSize < 1 {
+		errs = append(errs, fmt.Errorf("wal: SegmentCacheSize %d is below 1", o.SegmentCacheSize))
+	}
+	return errors.Join(errs...)
+}
+
+// Stats describe the log for the admin surface.
+type Stats struct {
+	Stream   StreamID
+	First    uint64 // first retained index (Last+1 when empty)
+	Last     uint64 // last written index (0 before the first write)
+	Bytes    int64  // bytes on disk across segments
+	Segments int
+	// Repairs counts torn tails truncated at open (this process's lifetime).
+	Repairs int64
+	// DroppedBytes counts bytes cut off by those repairs.
+	DroppedBytes int64
+	// WriteFailures counts appends refused because the disk write failed.
+	WriteFailures int64
+}
+
+// Log is the outbound WAL. Appends come from one goroutine at a time (the
+// committer); reads and truncation may run concurrently with them.
+type Log struct {
+	dir    string
+	segDir string
+	stream StreamID
+	opts   Options
+	defs   Defaults
+
+	// mu guards tw against the swap done when a failed write forces a
+	// reopen. Normal appends and reads share it; tidwall has its own lock.
+	mu     sync.RWMutex
+	tw     *twal.Log
+	broken error // sticky; set under mu
+	closed bool
+
+	first atomic.Uint64
+	last  atomic.Uint64
+
+	notifyMu sync.Mutex
+	notify   chan struct{}
+
+	repairs, dropped, writeFailures atomic.Int64
+
+	// Owned by the appending goroutine.
+	codec *Codec
+	batch twal.Batch
+	frame []byte
+}
+
+// Open opens the WAL in dir, creating it (and minting its stream ID) if
+// needed, and repairing a torn tail.
+func Open(dir string, opts *Options) (*Log, error) {
+	var o Options
+	if opts != nil {
+		o = *opts
+	}
+	o.EnsureDefaults()
+	if err := o.Validate(); err != nil {
+		return nil, err
+	}
+	l := &Log{
+		dir:    dir,
+		segDir: filepath.Join(dir, "segments"),
+		opts:   o,
+		codec:  NewCodec(),
+		notify: make(chan struct{}),
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, fmt.Errorf("wal: open %s: %w", dir, err)
+	}
+	stream, err := l.loadStream()
+	if err != nil {
+		return nil, err
+	}
+	l.stream = stream
+	l.defs = Defaults{Origin: o.Origin, Stream: stream}
+	if err := l.openTidwall(-1); err != nil {
+		return nil, err
+	}
+	return l, nil
+}
+
+const streamFile = "STREAM"
+
+func (l *Log) loadStream() (StreamID, error) {
+	path := filepath.Join(l.dir, streamFile)
+	b, err := os.ReadFile(path)
+	if err == nil {
+		s, perr := ParseStreamID(strings.TrimSpace(string(b)))
+		if perr != nil {
+			return s, fmt.Errorf("%w: %s: %v", ErrCorrupt, path, perr)
+		}
+		return s, nil
+	}
+	if !errors.Is(err, fs.ErrNotExist) {
+		return StreamID{}, fmt.Errorf("wal: read %s: %w", path, err)
+	}
+	segs, err := listSegments(l.segDir)
+	if err != nil {
+		return StreamID{}, err
+	}
+	if len(segs) > 0 {
+		return StreamID{}, fmt.Errorf("%w: %s is missing but %s holds segments; "+
+			"the entries cannot be named, remove the WAL directory to start a new stream", ErrCorrupt, path, l.segDir)
+	}
+	s := NewStreamID()
+	if err := writeFileSync(path, []byte(s.String()+"\n")); err != nil {
+		return s, fmt.Errorf("wal: create %s: %w", path, err)
+	}
+	return s, nil
+}
+
+// openTidwall verifies and repairs the segments, then opens tidwall on them.
+// keep >= 0 also cuts every entry after index keep (used after a failed
+// write, whose entries nobody was told are durable); keep < 0 keeps all.
+func (l *Log) openTidwall(keep int64) error {
+	if err := os.MkdirAll(l.segDir, 0o755); err != nil {
+		return fmt.Errorf("wal: open %s: %w", l.segDir, err)
+	}
+	if err := finishPendingTruncation(l.segDir); err != nil {
+		return err
+	}
+	if err := l.verifyAndRepair(keep); err != nil {
+		return err
+	}
+	tw, err := twal.Open(l.segDir, &twal.Options{
+		SegmentSize:      l.opts.SegmentSize,
+		SegmentCacheSize: l.opts.SegmentCacheSize,
+		NoSync:           l.opts.NoSync,
+		NoCopy:           true,
+		AllowEmpty:       true,
+		LogFormat:        twal.Binary,
+		DirPerms:         0o755,
+		FilePerms:        0o644,
+	})
+	if err != nil {
+		return fmt.Errorf("wal: open segments in %s: %w", l.segDir, err)
+	}
+	first, err1 := tw.FirstIndex()
+	last, err2 := tw.LastIndex()
+	if err := errors.Join(err1, err2); err != nil {
+		tw.Close()
+		return fmt.Errorf("wal: open %s: %w", l.segDir, err)
+	}
+	l.tw = tw
+	l.first.Store(first)
+	l.last.Store(last)
+	return nil
+}
+
+// finishPendingTruncation lets tidwall complete a truncation a crash
+// interrupted (its .START/.END files) before the segments are scanned.
+func finishPendingTruncation(segDir string) error {
+	ents, err := os.ReadDir(segDir)
+	if err != nil {
+		return fmt.Errorf("wal: list %s: %w", segDir, err)
+	}
+	pending := false
+	for _, e := range ents {
+		if strings.HasSuffix(e.Name(), ".START") || strings.HasSuffix(e.Name(), ".END") {
+			pending = true
+		}
+	}
+	if !pending {
+		return nil
+	}
+	// tidwall renames START/END files before it loads the tail, so even an
+	// Open that then fails on a torn tail has finished the truncation.
+	tw, err := twal.Open(segDir, &twal.Options{AllowEmpty: true, NoCopy: true})
+	if err == nil {
+		tw.Close()
+	}
+	return nil
+}
+
+type segFile struct {
+	name  string
+	first uint64
+}
+
+func listSegments(segDir string) ([]segFile, error) {
+	ents, err := os.ReadDir(segDir)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("wal: list %s: %w", segDir, err)
+	}
+	var segs []segFile
+	for _, e := range ents {
+		name := e.Name()
+		if len(name) != 20 || e.IsDir() {
+			continue
+		}
+		idx, err := strconv.ParseUint(name, 10, 64)
+		if err != nil || idx == 0 {
+			continue
+		}
+		segs = append(segs, segFile{name: name, first: idx})
+	}
+	sort.Slice(segs, func(i, j int) bool { return segs[i].first < segs[j].first })
+	return segs, nil
+}
+
+// scanSegment walks tidwall's binary framing (uvarint length, data) and our
+// frame inside it. It returns how many entries are whole and valid, the byte
+// length they cover, and the problem that stopped it (nil at a clean end).
+func scanSegment(data []byte, first uint64) (n int, good int, problem error) {
+	for pos := 0; pos < len(data); {
+		size, w := binary.Uvarint(data[pos:])
+		if w <= 0 {
+			return n, good, errors.New("unreadable length prefix")
+		}
+		if size > uint64(len(data)-pos-w) {
+			return n, good, fmt.Errorf("entry of %d bytes runs past the end of the file", size)
+		}
+		frame := data[pos+w : pos+w+int(size)]
+		payload, err := unframe(frame)
+		if err != nil {
+			return n, good, err
+		}
+		if idx, ok := peekIndex(payload); !ok || idx != first+uint64(n) {
+			return n, good, fmt.Errorf("entry says index %d, position says %d", idx, first+uint64(n))
+		}
+		pos += w + int(size)
+		n++
+		good = pos
+	}
+	return n, good, nil
+}
+
+// verifyAndRepair scans every segment. Damage in the last segment is a torn
+// tail: cut back to the last valid entry. Damage anywhere else refuses.
+// keep >= 0 additionally cuts every entry after index keep.
+func (l *Log) verifyAndRepair(keep int64) error {
+	segs, err := listSegments(l.segDir)
+	if err != nil {
+		return err
+	}
+	if keep >= 0 {
+		// Segments that start past keep hold only entries of the failed
+		// write; the first segment stays (emptied below) so the log keeps
+		// its position.
+		for len(segs) > 1 && int64(segs[len(segs)-1].first) > keep {
+			last := segs[len(segs)-1]
+			if err := os.Remove(filepath.Join(l.segDir, last.name)); err != nil {
+				return fmt.Errorf("wal: drop unacknowledged segment %s: %w", last.name, err)
+			}
+			segs = segs[:len(segs)-1]
+		}
+	}
+	for i, s := range segs {
+		path := filepath.Join(l.segDir, s.name)
+		data, err := os.ReadFile(path)
+		if err != nil {
+			return fmt.Errorf("wal: read segment %s: %w", path, err)
+		}
+		n, good, problem := scanSegment(data, s.first)
+		if i < len(segs)-1 {
+			if problem != nil {
+				return &CorruptError{Segment: s.name, Index: s.first + uint64(n), Err: problem}
+			}
+			if next := segs[i+1].first; s.first+uint64(n) != next {
+				return &CorruptError{Segment: s.name, Index: s.first + uint64(n),
+					Err: fmt.Errorf("segment holds %d entries but the next segment starts at %d", n, next)}
+			}
+			continue
+		}
+		if problem != nil {
+			l.opts.Logger.Warn("wal: torn tail repaired", "segment", s.name,
+				"first_bad_index", s.first+uint64(n), "kept_bytes", good, "dropped_bytes", len(data)-good,
+				"problem", problem.Error())
+			l.repairs.Add(1)
+			l.dropped.Add(int64(len(data) - good))
+		}
+		if keep >= 0 {
+			if want := keep + 1 - int64(s.first); want < int64(n) {
+				if want < 0 {
+					want = 0
+				}
+				good = frameEnd(data, int(want))
+			}
+		}
+		if good < len(data) {
+			if err := truncateSync(path, int64(good)); err != nil {
+				return fmt.Errorf("wal: repair segment %s: %w", path, err)
+			}
+		}
+	}
+	return nil
+}
+
+// frameEnd returns the byte offset after the first k entries of a segment
+// already known to hold at least k valid entries.
+func frameEnd(data []byte, k int) int {
+	pos := 0
+	for i := 0; i < k; i++ {
+		size, w := binary.Uvarint(data[pos:])
+		pos += w + int(size)
+	}
+	return pos
+}
+
+func truncateSync(path string, size int64) error {
+	f, err := os.OpenFile(path, os.O_WRONLY, 0)
+	if err != nil {
+		return err
+	}
+	if err := f.Truncate(size); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Sync(); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
+}
+
+// appendFrame appends version | CRC-32C(payload) | payload, where payload is
+// produced by fill.
+func appendFrame(dst []byte, fill func([]byte) []byte) []byte {
+	start := len(dst)
+	dst = append(dst, frameVersion, 0, 0, 0, 0)
+	dst = fill(dst)
+	crc := crc32.Checksum(dst[start+frameHeader:], castagnoli)
+	binary.BigEndian.PutUint32(dst[start+1:], crc)
+	return dst
+}
+
+// unframe checks a frame and returns its payload.
+func unframe(frame []byte) ([]byte, error) {
+	if len(frame) < frameHeader {
+		return nil, fmt.Errorf("frame of %d bytes", len(frame))
+	}
+	if frame[0] != frameVersion {
+		return nil, fmt.Errorf("frame version %d, want %d", frame[0], frameVersion)
+	}
+	payload := frame[frameHeader:]
+	if got, want := crc32.Checksum(payload, castagnoli), binary.BigEndian.Uint32(frame[1:]); got != want {
+		return nil, fmt.Errorf("checksum mismatch (crc32c %08x, frame says %08x)", got, want)
+	}
+	return payload, nil
+}
+
+// peekIndex reads the "i" field that every encoded entry starts with, without
+// decoding the rest.
+func peekIndex(p []byte) (uint64, bool) {
+	// fixmap header, then fixstr "i".
+	if len(p) < 4 || p[0]&0xf0 != 0x80 || p[1] != 0xa1 || p[2] != 'i' {
+		return 0, false
+	}
+	c, rest := p[3], p[4:]
+	switch {
+	case c <= 0x7f:
+		return uint64(c), true
+	case c == 0xcc && len(rest) >= 1:
+		return uint64(rest[0]), true
+	case c == 0xcd && len(rest) >= 2:
+		return uint64(binary.BigEndian.Uint16(rest)), true
+	case c == 0xce && len(rest) >= 4:
+		return uint64(binary.BigEndian.Uint32(rest)), true
+	case c == 0xcf && len(rest) >= 8:
+		return binary.BigEndian.Uint64(rest), true
+	}
+	return 0, false
+}
+
+// Stream returns the log's stream ID.
+func (l *Log) Stream() StreamID { return l.stream }
+
+// Defaults returns what encoded entries of this log leave out.
+func (l *Log) Defaults() Defaults { return l.defs }
+
+// First returns the first retained index (Last()+1 when the log is empty).
+func (l *Log) First() uint64 { return l.first.Load() }
+
+// Last returns the last written index, 0 before the first write.
+func (l *Log) Last() uint64 { return l.last.Load() }
+
+// Notify returns a channel closed at the next append. Readers waiting for new
+// entries select on it, then call Notify again.
+func (l *Log) Notify() <-chan struct{} {
+	l.notifyMu.Lock()
+	defer l.notifyMu.Unlock()
+	return l.notify
+}
+
+func (l *Log) wake() {
+	l.notifyMu.Lock()
+	close(l.notify)
+	l.notify = make(chan struct{})
+	l.notifyMu.Unlock()
+}
+
+// Append gives entries the next indexes, sets their origin and stream to the
+// log's own, and makes them durable with one write and one fsync. Callers
+// must not call Append concurrently (the committer is the one appender).
+//
+// On error nothing was appended: a failed write is cut back before Append
+// returns, or the log turns broken (ErrBroken) when it cannot know.
+func (l *Log) Append(entries []*Entry) error {
+	if len(entries) == 0 {
+		return nil
+	}
+	l.mu.RLock()
+	if err := l.usableLocked(); err != nil {
+		l.mu.RUnlock()
+		return err
+	}
+	prev := l.last.Load()
+	l.batch.Clear()
+	for i, e := range entries {
+		e.Index = prev + uint64(i) + 1
+		e.Origin = l.defs.Origin
+		e.Stream = l.defs.Stream
+		l.frame = appendFrame(l.frame[:0], func(dst []byte) []byte {
+			return l.codec.AppendEntry(dst, e, l.defs)
+		})
+		l.batch.Write(e.Index, l.frame)
+	}
+	err := l.tw.WriteBatch(&l.batch)
+	l.mu.RUnlock()
+	if err != nil {
+		return l.recoverWrite(prev, err)
+	}
+	l.last.Store(prev + uint64(len(entries)))
+	l.wake()
+	return nil
+}
+
+// recoverWrite puts the log back to exactly prev entries after a failed
+// write. tidwall has already taken the failed entries into its in-memory
+// segment, so only a reopen from disk gets it back in step.
+func (l *Log) recoverWrite(prev uint64, cause error) error {
+	l.writeFailures.Add(1)
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	// A write that failed before fsync is repairable; tidwall does not tell
+	// which step failed, so Close's own fsync decides: if that fails too,
+	// nothing about the file can be trusted until a restart.
+	closeErr := l.tw.Close()
+	if closeErr != nil && !errors.Is(closeErr, twal.ErrClosed) {
+		l.broken = fmt.Errorf("%w: append failed (%v), then sync on close failed (%v)", ErrBroken, cause, closeErr)
+		l.opts.Logger.Error("wal: broken", "err", l.broken)
+		return l.broken
+	}
+	if err := l.openTidwall(int64(prev)); err != nil {
+		l.broken = fmt.Errorf("%w: append failed (%v), then reopen failed (%v)", ErrBroken, cause, err)
+		l.opts.Logger.Error("wal: broken", "err", l.broken)
+		return l.broken
+	}
+	if got := l.last.Load(); got != prev {
+		l.broken = fmt.Errorf("%w: append failed (%v) and the log holds %d entries after repair, want %d", ErrBroken, cause, got, prev)
+		return l.broken
+	}
+	l.opts.Logger.Warn("wal: append failed; log cut back to the last committed entry", "last", prev, "err", cause)
+	return fmt.Errorf("wal: append after index %d: %w", prev, cause)
+}
+
+// REQUIRES: l.mu held (either mode).
+func (l *Log) usableLocked() error {
+	if l.closed {
+		return ErrClosed
+	}
+	return l.broken
+}
+
+// ReadRaw returns the verified payload (the msgpack entry) at index. The
+// bytes are shared with the log's segment cache: do not modify them.
+func (l *Log) ReadRaw(index uint64) ([]byte, error) {
+	l.mu.RLock()
+	defer l.mu.RUnlock()
+	if err := l.usableLocked(); err != nil {
+		return nil, err
+	}
+	if index < l.first.Load() || index > l.last.Load() {
+		return nil, fmt.Errorf("%w: %d (first %d, last %d)", ErrNotFound, index, l.first.Load(), l.last.Load())
+	}
+	frame, err := l.tw.Read(index)
+	if errors.Is(err, twal.ErrNotFound) {
+		return nil, fmt.Errorf("%w: %d", ErrNotFound, index)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("wal: read %d: %w", index, err)
+	}
+	payload, err := unframe(frame)
+	if err != nil {
+		return nil, &CorruptError{Segment: "(in memory)", Index: index, Err: err}
+	}
+	return payload, nil
+}
+
+// Read returns the decoded entry at index. Not safe for concurrent use with
+// other Read calls on the same codec: pass one codec per goroutine.
+func (l *Log) Read(c *Codec, index uint64) (Entry, error) {
+	p, err := l.ReadRaw(index)
+	if err != nil {
+		return Entry{}, err
+	}
+	e, err := c.DecodeEntry(p, l.defs)
+	if err != nil {
+		return e, &CorruptError{Segment: "(in memory)", Index: index, Err: err}
+	}
+	if e.Index != index {
+		return e, &CorruptError{Segment: "(in memory)", Index: index, Err: fmt.Errorf("entry says index %d", e.Index)}
+	}
+	return e, nil
+}
+
+// TruncateFront drops every entry before index. It is a no-op for an index at
+// or below First; index may be Last()+1 to empty the log.
+func (l *Log) TruncateFront(index uint64) error {
+	l.mu.RLock()
+	defer l.mu.RUnlock()
+	if err := l.usableLocked(); err != nil {
+		return err
+	}
+	if index <= l.first.Load() {
+		return nil
+	}
+	if last := l.last.Load(); index > last+1 {
+		index = last + 1
+	}
+	if err := l.tw.TruncateFront(index); err != nil {
+		return fmt.Errorf("wal: truncate front to %d: %w", index, err)
+	}
+	l.first.Store(index)
+	return nil
+}
+
+// Stats reads the log's figures; it stats the segment files.
+func (l *Log) Stats() Stats {
+	s := Stats{
+		Stream:        l.stream,
+		First:         l.first.Load(),
+		Last:          l.last.Load(),
+		Repairs:       l.repairs.Load(),
+		DroppedBytes:  l.dropped.Load(),
+		WriteFailures: l.writeFailures.Load(),
+	}
+	segs, _ := listSegments(l.segDir)
+	s.Segments = len(segs)
+	for _, seg := range segs {
+		if fi, err := os.Stat(filepath.Join(l.segDir, seg.name)); err == nil {
+			s.Bytes += fi.Size()
+		}
+	}
+	return s
+}
+
+// Close syncs and closes the log.
+func (l *Log) Close() error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.closed {
+		return nil
+	}
+	l.closed = true
+	if l.broken != nil {
+		l.tw.Close()
+		return nil
+	}
+	if err := l.tw.Close(); err != nil {
+		return fmt.Errorf("wal: close: %w", err)
+	}
+	return nil
+}
+
+// writeFileSync writes via a synced temporary file and a rename, then syncs
+// the directory.
+func writeFileSync(path string, data []byte) error {
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, data, 0o644); err != nil {
+		return err
+	}
+	f, err := os.OpenFile(tmp, os.O_RDWR, 0)
+	if err != nil {
+		return err
+	}
+	if err := f.Sync(); err != nil {
+		f.Close()
+		return err
+	}
+	f.Close()
+	if err := os.Rename(tmp, path); err != nil {
+		return err
+	}
+	d, err := os.Open(filepath.Dir(path))
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	return d.Sync()
+}

@@ -1,0 +1,360 @@
+package wal
+
+import (
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/replicator/replicator/hlc"
+	"github.com/replicator/replicator/store"
+)
+
+var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
+
+func openTest(t testing.TB, dir string, segSize int) *Log {
+	t.Helper()
+	l, err := Open(dir, &Options{Origin: "a", SegmentSize: segSize, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l
+}
+
+func mkEntry(i int) *Entry {
+	return &Entry{
+		Commit: hlc.Timestamp{Wall: int64(1000 + i), Logical: uint32(i % 3)},
+		Op:     store.OpSet,
+		Key:    fmt.Sprintf("key-%06d", i),
+		Value:  bytes.Repeat([]byte{byte(i)}, 20+i%50),
+	}
+}
+
+// appendN appends entries numbered from..to-1 in groups of up to 7.
+func appendN(t testing.TB, l *Log, from, to int) {
+	t.Helper()
+	for i := from; i < to; {
+		var group []*Entry
+		for j := 0; j < 7 && i < to; j++ {
+			group = append(group, mkEntry(i))
+			i++
+		}
+		if err := l.Append(group); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+func checkEntries(t testing.TB, l *Log, n int) {
+	t.Helper()
+	if l.Last() != uint64(n) {
+		t.Fatalf("last index %d, want %d", l.Last(), n)
+	}
+	c := NewCodec()
+	for i := 1; i <= n; i++ {
+		e, err := l.Read(c, uint64(i))
+		if err != nil {
+			t.Fatalf("read %d: %v", i, err)
+		}
+		want := mkEntry(i - 1)
+		if e.Index != uint64(i) || e.Key != want.Key || !bytes.Equal(e.Value, want.Value) ||
+			e.Commit != want.Commit || e.Origin != "a" || e.Stream != l.Stream() {
+			t.Fatalf("entry %d: %+v", i, e)
+		}
+	}
+}
+
+func TestAppendReadReopen(t *testing.T) {
+	dir := t.TempDir()
+	l := openTest(t, dir, 4096)
+	stream := l.Stream()
+	if stream.IsZero() {
+		t.Fatal("zero stream id")
+	}
+	appendN(t, l, 0, 500)
+	checkEntries(t, l, 500)
+	if st := l.Stats(); st.Segments < 3 {
+		t.Fatalf("4 KiB segments should give several files: %+v", st)
+	}
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	l = openTest(t, dir, 4096)
+	defer l.Close()
+	if l.Stream() != stream {
+		t.Fatalf("stream id changed across reopen: %s -> %s", stream, l.Stream())
+	}
+	checkEntries(t, l, 500)
+	appendN(t, l, 500, 510)
+	checkEntries(t, l, 510)
+	if _, err := l.ReadRaw(511); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("read past the end: %v", err)
+	}
+}
+
+func TestNewWALNewStream(t *testing.T) {
+	a := openTest(t, t.TempDir(), 0)
+	b := openTest(t, t.TempDir(), 0)
+	defer a.Close()
+	defer b.Close()
+	if a.Stream() == b.Stream() {
+		t.Fatal("two WALs share a stream id")
+	}
+}
+
+func TestTruncateFront(t *testing.T) {
+	dir := t.TempDir()
+	l := openTest(t, dir, 4096)
+	appendN(t, l, 0, 300)
+	if err := l.TruncateFront(200); err != nil {
+		t.Fatal(err)
+	}
+	if l.First() != 200 {
+		t.Fatalf("first %d", l.First())
+	}
+	if _, err := l.ReadRaw(199); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("truncated entry still readable: %v", err)
+	}
+	l.Close()
+	l = openTest(t, dir, 4096)
+	if l.First() != 200 || l.Last() != 300 {
+		t.Fatalf("after reopen: first %d last %d", l.First(), l.Last())
+	}
+	// Emptying the log keeps its position.
+	if err := l.TruncateFront(301); err != nil {
+		t.Fatal(err)
+	}
+	l.Close()
+	l = openTest(t, dir, 4096)
+	defer l.Close()
+	if l.First() != 301 || l.Last() != 300 {
+		t.Fatalf("after emptying and reopen: first %d last %d", l.First(), l.Last())
+	}
+	appendN(t, l, 300, 301)
+	if l.Last() != 301 {
+		t.Fatalf("append after emptying: last %d", l.Last())
+	}
+}
+
+func lastSegment(t *testing.T, dir string) string {
+	segs, err := listSegments(filepath.Join(dir, "segments"))
+	if err != nil || len(segs) == 0 {
+		t.Fatal(err, segs)
+	}
+	return filepath.Join(dir, "segments", segs[len(segs)-1].name)
+}
+
+// TestTornTail damages the last segment at random offsets, by truncation and
+// by flipping bytes: the log must open, keep every entry before the damage,
+// and take new appends.
+func TestTornTail(t *testing.T) {
+	seed := uint64(time.Now().UnixNano())
+	t.Logf("seed %d", seed)
+	r := rand.New(rand.NewPCG(seed, 2))
+	for round := 0; round < 40; round++ {
+		dir := t.TempDir()
+		l := openTest(t, dir, 16384)
+		appendN(t, l, 0, 400)
+		l.Close()
+		path := lastSegment(t, dir)
+		data, _ := os.ReadFile(path)
+		segFirst := segFirstIndex(t, path)
+		off := r.IntN(len(data))
+		truncate := round%2 == 0
+		if truncate {
+			os.Truncate(path, int64(off))
+		} else {
+			data[off] ^= byte(1 + r.IntN(255))
+			os.WriteFile(path, data, 0o644)
+		}
+		// Entries whose bytes end at or before off are intact.
+		whole, wholeEnd := countWhole(data[:off])
+		intact := whole + int(segFirst) - 1
+		wantRepair := !truncate || wholeEnd != off
+
+		l, err := Open(dir, &Options{Origin: "a", SegmentSize: 16384, Logger: quiet})
+		if err != nil {
+			t.Fatalf("seed %d round %d: open after damage at %d: %v", seed, round, off, err)
+		}
+		if int(l.Last()) < intact {
+			t.Fatalf("seed %d round %d: kept %d entries, %d were intact", seed, round, l.Last(), intact)
+		}
+		checkEntries(t, l, int(l.Last()))
+		if st := l.Stats(); (st.Repairs == 1) != wantRepair {
+			t.Fatalf("seed %d round %d: repairs %d, want a repair: %v", seed, round, st.Repairs, wantRepair)
+		}
+		n := int(l.Last())
+		appendN(t, l, n, n+5)
+		checkEntries(t, l, n+5)
+		l.Close()
+	}
+}
+
+func segFirstIndex(t *testing.T, path string) uint64 {
+	var idx uint64
+	fmt.Sscanf(filepath.Base(path), "%d", &idx)
+	return idx
+}
+
+// countWhole counts complete tidwall records in a prefix of a segment and
+// the byte offset where they end.
+func countWhole(data []byte) (n, end int) {
+	for pos := 0; pos < len(data); {
+		size, w := binary.Uvarint(data[pos:])
+		if w <= 0 || int(size) > len(data)-pos-w {
+			break
+		}
+		pos += w + int(size)
+		n++
+		end = pos
+	}
+	return n, end
+}
+
+func TestDamageBeforeTailRefuses(t *testing.T) {
+	dir := t.TempDir()
+	l := openTest(t, dir, 4096)
+	appendN(t, l, 0, 300)
+	l.Close()
+	segs, _ := listSegments(filepath.Join(dir, "segments"))
+	if len(segs) < 3 {
+		t.Fatal("want several segments")
+	}
+	victim := filepath.Join(dir, "segments", segs[1].name)
+	data, _ := os.ReadFile(victim)
+	data[len(data)/2] ^= 0xff
+	os.WriteFile(victim, data, 0o644)
+	_, err := Open(dir, &Options{Origin: "a", SegmentSize: 4096, Logger: quiet})
+	var ce *CorruptError
+	if !errors.As(err, &ce) || !errors.Is(err, ErrCorrupt) {
+		t.Fatalf("open with a damaged middle segment: %v", err)
+	}
+	if ce.Segment != segs[1].name || ce.Index < segs[1].first || ce.Index >= segs[2].first {
+		t.Fatalf("error names segment %s index %d; damage is in %s", ce.Segment, ce.Index, segs[1].name)
+	}
+
+	// A missing segment in the middle is refused too.
+	dir2 := t.TempDir()
+	l = openTest(t, dir2, 4096)
+	appendN(t, l, 0, 300)
+	l.Close()
+	segs, _ = listSegments(filepath.Join(dir2, "segments"))
+	os.Remove(filepath.Join(dir2, "segments", segs[1].name))
+	if _, err := Open(dir2, &Options{Origin: "a", SegmentSize: 4096, Logger: quiet}); !errors.Is(err, ErrCorrupt) {
+		t.Fatalf("open with a missing segment: %v", err)
+	}
+}
+
+func TestMissingStreamFileRefuses(t *testing.T) {
+	dir := t.TempDir()
+	l := openTest(t, dir, 0)
+	appendN(t, l, 0, 3)
+	l.Close()
+	os.Remove(filepath.Join(dir, streamFile))
+	if _, err := Open(dir, &Options{Origin: "a", Logger: quiet}); !errors.Is(err, ErrCorrupt) {
+		t.Fatalf("open without STREAM: %v", err)
+	}
+}
+
+func TestRecoverWriteCutsBack(t *testing.T) {
+	dir := t.TempDir()
+	l := openTest(t, dir, 4096)
+	defer l.Close()
+	appendN(t, l, 0, 50)
+	// Simulate a write that reached the file partly: append garbage and a
+	// whole extra entry behind the log's back, then run the recovery.
+	path := lastSegment(t, dir)
+	f, _ := os.OpenFile(path, os.O_APPEND|os.O_WRONLY, 0)
+	f.Write([]byte{0x05, 1, 2})
+	f.Close()
+	err := l.recoverWrite(50, errors.New("no space left on device"))
+	if err == nil || errors.Is(err, ErrBroken) {
+		t.Fatalf("recoverWrite: %v", err)
+	}
+	checkEntries(t, l, 50)
+	appendN(t, l, 50, 60)
+	checkEntries(t, l, 60)
+}
+
+func TestEntryCodecRoundTrip(t *testing.T) {
+	c := NewCodec()
+	d := Defaults{Origin: "a", Stream: StreamID{9}}
+	for _, e := range []Entry{
+		{Index: 1, Origin: "a", Stream: StreamID{9}, Commit: hlc.Timestamp{Wall: 5}, Op: store.OpSet, Key: "k", Value: []byte("v")},
+		{Index: 1 << 40, Origin: "b", Stream: StreamID{7}, Commit: hlc.Timestamp{Wall: 5, Logical: 2}, Stamp: hlc.Timestamp{Wall: 3}, Op: store.OpDelete, Key: "k/ü"},
+		{Index: 2, Origin: "a", Stream: StreamID{9}, Commit: hlc.Timestamp{Wall: 5}, Op: store.OpSet, Key: "empty"},
+	} {
+		b := c.AppendEntry(nil, &e, d)
+		got, err := c.DecodeEntry(b, d)
+		if err != nil {
+			t.Fatalf("%+v: %v", e, err)
+		}
+		if e.Stamp.IsZero() {
+			e.Stamp = e.Commit
+		}
+		if got.Index != e.Index || got.Origin != e.Origin || got.Stream != e.Stream || got.Commit != e.Commit ||
+			got.Stamp != e.Stamp || got.Op != e.Op || got.Key != e.Key || !bytes.Equal(got.Value, e.Value) {
+			t.Fatalf("round trip %+v -> %+v", e, got)
+		}
+		if idx, ok := peekIndex(b); !ok || idx != e.Index {
+			t.Fatalf("peekIndex %d %v", idx, ok)
+		}
+	}
+}
+
+func FuzzDecodeEntry(f *testing.F) {
+	c := NewCodec()
+	d := Defaults{Origin: "a", Stream: StreamID{9}}
+	f.Add(c.AppendEntry(nil, &Entry{Index: 3, Commit: hlc.Timestamp{Wall: 5}, Op: store.OpSet, Key: "k", Value: []byte("v"), Origin: "a", Stream: StreamID{9}}, d))
+	f.Add(c.AppendEntry(nil, &Entry{Index: 3, Commit: hlc.Timestamp{Wall: 5}, Stamp: hlc.Timestamp{Wall: 4}, Op: store.OpDelete, Key: "k", Origin: "b", Stream: StreamID{1}}, d))
+	f.Add([]byte{0x80})
+	f.Fuzz(func(t *testing.T, b []byte) {
+		dc := NewCodec()
+		e, err := dc.DecodeEntry(b, d)
+		if err != nil {
+			if !errors.Is(err, ErrMalformed) {
+				t.Fatalf("error outside the malformed class: %v", err)
+			}
+			return
+		}
+		// Whatever decodes must survive a re-encode unchanged.
+		again, err := dc.DecodeEntry(dc.AppendEntry(nil, &e, d), d)
+		if err != nil {
+			t.Fatalf("re-encoded entry does not decode: %v", err)
+		}
+		if again.Index != e.Index || again.Key != e.Key || !bytes.Equal(again.Value, e.Value) ||
+			again.LWW() != e.LWW() || again.Commit != e.Commit || again.Op != e.Op {
+			t.Fatalf("re-encode changed the entry: %+v -> %+v", e, again)
+		}
+	})
+}
+
+// FuzzScanSegment feeds arbitrary segment bytes to the open-time scanner: it
+// must never panic, and what it calls good must re-scan clean.
+func FuzzScanSegment(f *testing.F) {
+	dir := f.TempDir()
+	l, err := Open(dir, &Options{Origin: "a", Logger: quiet})
+	if err != nil {
+		f.Fatal(err)
+	}
+	appendN(f, l, 0, 5)
+	l.Close()
+	segs, _ := listSegments(filepath.Join(dir, "segments"))
+	data, _ := os.ReadFile(filepath.Join(dir, "segments", segs[0].name))
+	f.Add(data)
+	f.Add(data[:len(data)/2])
+	f.Fuzz(func(t *testing.T, b []byte) {
+		n, good, _ := scanSegment(b, 1)
+		n2, good2, problem := scanSegment(b[:good], 1)
+		if problem != nil || n2 != n || good2 != good {
+			t.Fatalf("prefix the scanner called good does not re-scan clean: %d/%d vs %d/%d %v", n, good, n2, good2, problem)
+		}
+	})
+}
