@@ -1,0 +1,250 @@
+// Package client is a Go client for a replicator node's HTTP API. The CLI
+// and the e2e tests use it.
+package client
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Client talks to one node. Safe for concurrent use.
+type Client struct {
+	base  string
+	http  *http.Client
+	token string
+}
+
+// Options configures a Client.
+type Options struct {
+	// HTTPClient replaces the default client (10 s timeout, keep-alive).
+	HTTPClient *http.Client
+	// Token is sent as "Authorization: Bearer <token>" when set.
+	Token string
+}
+
+// New returns a client for the node at base (e.g. "http://127.0.0.1:7400").
+func New(base string, opts *Options) *Client {
+	c := &Client{base: strings.TrimRight(base, "/")}
+	if opts != nil {
+		c.http = opts.HTTPClient
+		c.token = opts.Token
+	}
+	if c.http == nil {
+		c.http = &http.Client{
+			Timeout:   10 * time.Second,
+			Transport: &http.Transport{MaxIdleConnsPerHost: 64, IdleConnTimeout: 90 * time.Second},
+		}
+	}
+	return c
+}
+
+// Error is an error answer of the API.
+type Error struct {
+	Status    int
+	Code      string `json:"code"`
+	Message   string `json:"message"`
+	Retryable bool   `json:"retryable"`
+	// Source and Peer are set on saturation refusals.
+	Source string `json:"source,omitempty"`
+	Peer   string `json:"peer,omitempty"`
+	// RetryAfter is the Retry-After header, when present.
+	RetryAfter time.Duration
+}
+
+func (e *Error) Error() string {
+	return fmt.Sprintf("replicator: %d %s: %s", e.Status, e.Code, e.Message)
+}
+
+// IsNotFound reports whether err is a 404 answer.
+func IsNotFound(err error) bool {
+	var e *Error
+	return errors.As(err, &e) && e.Status == http.StatusNotFound
+}
+
+// WriteResult is the answer to a write.
+type WriteResult struct {
+	Key     string `json:"key"`
+	Version string `json:"version"`
+	Origin  string `json:"origin"`
+}
+
+// Value is a read value with its version.
+type Value struct {
+	Value   []byte
+	Version string
+	Origin  string
+}
+
+// Item is one key of a scan page.
+type Item struct {
+	Key     string `json:"key"`
+	Value   []byte `json:"value"`
+	Version string `json:"version"`
+	Origin  string `json:"origin"`
+}
+
+// Page is one scan page; Next resumes after it ("" at the end).
+type Page struct {
+	Items []Item `json:"items"`
+	Next  string `json:"next"`
+}
+
+// ScanOptions select a range; see the API.
+type ScanOptions struct {
+	Prefix, Start, End, After string
+	Limit                     int
+}
+
+func keyPath(key string) string {
+	// Escape each segment but keep the slashes: keys are paths in a tree.
+	parts := strings.Split(key, "/")
+	for i, p := range parts {
+		parts[i] = url.PathEscape(p)
+	}
+	return "/v1/kv/" + strings.Join(parts, "/")
+}
+
+// Do sends a request and decodes a JSON answer into out (when non-nil). It
+// is exported for endpoints this client has no method for.
+func (c *Client) Do(ctx context.Context, method, path string, body []byte, hdr http.Header, out any) (http.Header, error) {
+	var rd io.Reader
+	if body != nil {
+		rd = bytes.NewReader(body)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, c.base+path, rd)
+	if err != nil {
+		return nil, err
+	}
+	for k, vs := range hdr {
+		for _, v := range vs {
+			req.Header.Add(k, v)
+		}
+	}
+	if c.token != "" {
+		req.Header.Set("Authorization", "Bearer "+c.token)
+	}
+	resp, err := c.http.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode >= 300 {
+		return resp.Header, decodeError(resp)
+	}
+	if out == nil {
+		_, _ = io.Copy(io.Discard, resp.Body)
+		return resp.Header, nil
+	}
+	if b, ok := out.(*[]byte); ok {
+		*b, err = io.ReadAll(resp.Body)
+		return resp.Header, err
+	}
+	if err := json.NewDecoder(resp.Body).Decode(out); err != nil {
+		return resp.Header, fmt.Errorf("replicator: decode %s %s answer: %w", method, path, err)
+	}
+	return resp.Header, nil
+}
+
+func decodeError(resp *http.Response) error {
+	e := &Error{Status: resp.StatusCode}
+	b, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
+	var body struct {
+		Error *Error `json:"error"`
+	}
+	if json.Unmarshal(b, &body) == nil && body.Error != nil {
+		body.Error.Status = resp.StatusCode
+		e = body.Error
+	} else {
+		e.Code = "http_" + strconv.Itoa(resp.StatusCode)
+		e.Message = strings.TrimSpace(string(b))
+	}
+	if s := resp.Header.Get("Retry-After"); s != "" {
+		if secs, err := strconv.Atoi(s); err == nil {
+			e.RetryAfter = time.Duration(secs) * time.Second
+		}
+	}
+	return e
+}
+
+// Put writes value at key.
+func (c *Client) Put(ctx context.Context, key string, value []byte) (WriteResult, error) {
+	var res WriteResult
+	if value == nil {
+		value = []byte{}
+	}
+	_, err := c.Do(ctx, http.MethodPut, keyPath(key), value, nil, &res)
+	return res, err
+}
+
+// Get reads key.
+func (c *Client) Get(ctx context.Context, key string) (Value, error) {
+	var b []byte
+	h, err := c.Do(ctx, http.MethodGet, keyPath(key), nil, nil, &b)
+	if err != nil {
+		return Value{}, err
+	}
+	return Value{Value: b, Version: strings.Trim(h.Get("ETag"), `"`), Origin: h.Get("X-Replicator-Origin")}, nil
+}
+
+// Delete deletes key.
+func (c *Client) Delete(ctx context.Context, key string) (WriteResult, error) {
+	var res WriteResult
+	_, err := c.Do(ctx, http.MethodDelete, keyPath(key), nil, nil, &res)
+	return res, err
+}
+
+// Scan reads one page of live keys.
+func (c *Client) Scan(ctx context.Context, o ScanOptions) (Page, error) {
+	q := url.Values{}
+	for k, v := range map[string]string{"prefix": o.Prefix, "start": o.Start, "end": o.End, "after": o.After} {
+		if v != "" {
+			q.Set(k, v)
+		}
+	}
+	if o.Limit > 0 {
+		q.Set("limit", strconv.Itoa(o.Limit))
+	}
+	var p Page
+	_, err := c.Do(ctx, http.MethodGet, "/v1/kv?"+q.Encode(), nil, nil, &p)
+	return p, err
+}
+
+// ScanAll pages through the whole range.
+func (c *Client) ScanAll(ctx context.Context, o ScanOptions) ([]Item, error) {
+	var all []Item
+	if o.Limit == 0 {
+		o.Limit = 1000
+	}
+	for {
+		p, err := c.Scan(ctx, o)
+		if err != nil {
+			return all, err
+		}
+		all = append(all, p.Items...)
+		if p.Next == "" || len(p.Items) == 0 {
+			return all, nil
+		}
+		o.After = p.Next
+	}
+}
+
+// Healthy reports whether /healthz answers 200.
+func (c *Client) Healthy(ctx context.Context) error {
+	_, err := c.Do(ctx, http.MethodGet, "/healthz", nil, nil, nil)
+	return err
+}
+
+// Ready reports whether /readyz answers 200.
+func (c *Client) Ready(ctx context.Context) error {
+	_, err := c.Do(ctx, http.MethodGet, "/readyz", nil, nil, nil)
+	return err
+}

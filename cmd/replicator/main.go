@@ -1,0 +1,45 @@
+// Command replicator runs a replication node (serve), a two-cluster demo
+// (demo), and the client sub-commands that talk to a running node.
+package main
+
+import (
+	"fmt"
+	"os"
+)
+
+const usage = `replicator replicates a key-value tree between clusters, active-active.
+
+Usage:
+  replicator serve  [flags]            run a node (see 'replicator serve -h')
+  replicator put    --addr URL KEY VALUE|-
+  replicator get    --addr URL KEY
+  replicator del    --addr URL KEY
+  replicator scan   --addr URL [--prefix P] [--start S --end E] [--limit N]
+
+The client sub-commands default to --addr http://127.0.0.1:7400.
+`
+
+func main() {
+	if len(os.Args) < 2 {
+		fmt.Fprint(os.Stderr, usage)
+		os.Exit(2)
+	}
+	cmd, args := os.Args[1], os.Args[2:]
+	var err error
+	switch cmd {
+	case "serve":
+		err = runServe(args)
+	case "put", "get", "del", "scan":
+		err = runClient(cmd, args)
+	case "help", "-h", "--help":
+		fmt.Print(usage)
+		return
+	default:
+		fmt.Fprintf(os.Stderr, "replicator: unknown command %q\n\n%s", cmd, usage)
+		os.Exit(2)
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "replicator "+cmd+":", err)
+		os.Exit(1)
+	}
+}

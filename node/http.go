@@ -1,0 +1,212 @@
+package node
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+	"unicode/utf8"
+
+	"github.com/replicator/replicator/store"
+)
+
+// API paths; every route is registered on one mux in Handler.
+const (
+	pathKV      = "/v1/kv"
+	pathKVKey   = "/v1/kv/{key...}"
+	pathHealthz = "/healthz"
+	pathReadyz  = "/readyz"
+)
+
+// Handler returns the node's HTTP API.
+func (n *Node) Handler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc(pathKVKey, n.handleKey)
+	mux.HandleFunc(pathKV, n.handleRange)
+	mux.HandleFunc(pathHealthz, n.handleHealthz)
+	mux.HandleFunc(pathReadyz, n.handleReadyz)
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		writeError(w, http.StatusNotFound, apiError{Code: "not_found", Message: "no such endpoint: " + r.URL.Path})
+	})
+	return mux
+}
+
+// apiError is the body of every error answer:
+// {"error": {"code", "message", "retryable", ...}}.
+type apiError struct {
+	Code      string `json:"code"`
+	Message   string `json:"message"`
+	Retryable bool   `json:"retryable"`
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	enc := json.NewEncoder(w)
+	_ = enc.Encode(v)
+}
+
+func writeError(w http.ResponseWriter, status int, e apiError) {
+	writeJSON(w, status, map[string]any{"error": e})
+}
+
+// writeErr maps an error of the Go API to its HTTP answer.
+func writeErr(w http.ResponseWriter, err error) {
+	switch {
+	case errors.Is(err, ErrInvalidKey):
+		writeError(w, http.StatusBadRequest, apiError{Code: "bad_key", Message: err.Error()})
+	case errors.Is(err, ErrKeyTooLarge), errors.Is(err, ErrValueTooLarge):
+		writeError(w, http.StatusRequestEntityTooLarge, apiError{Code: "too_large", Message: err.Error()})
+	case errors.Is(err, ErrNotFound):
+		writeError(w, http.StatusNotFound, apiError{Code: "not_found", Message: err.Error()})
+	case errors.Is(err, ErrUnknownOutcome):
+		// The write may have happened: say so instead of guessing.
+		writeError(w, http.StatusServiceUnavailable, apiError{Code: "unknown_outcome", Retryable: true,
+			Message: err.Error() + "; the write may or may not have taken effect: read it back, or retry under the same Idempotency-Key"})
+	case errors.Is(err, ErrClosed):
+		w.Header().Set("Retry-After", "1")
+		writeError(w, http.StatusServiceUnavailable, apiError{Code: "unavailable", Retryable: true, Message: err.Error()})
+	case errors.Is(err, ErrNotWritten):
+		w.Header().Set("Retry-After", "1")
+		writeError(w, http.StatusServiceUnavailable, apiError{Code: "not_written", Retryable: true, Message: err.Error()})
+	default:
+		writeError(w, http.StatusInternalServerError, apiError{Code: "internal", Message: err.Error()})
+	}
+}
+
+type writeAnswer struct {
+	Key     string `json:"key"`
+	Version string `json:"version"`
+	Origin  string `json:"origin"`
+}
+
+func (n *Node) handleKey(w http.ResponseWriter, r *http.Request) {
+	key := r.PathValue("key")
+	switch r.Method {
+	case http.MethodGet, http.MethodHead:
+		rec, err := n.Get(key)
+		if err != nil {
+			writeErr(w, err)
+			return
+		}
+		h := w.Header()
+		h.Set("ETag", `"`+rec.Stamp.String()+`"`)
+		h.Set("X-Replicator-Origin", rec.Stamp.Origin)
+		h.Set("Content-Type", "application/octet-stream")
+		h.Set("Content-Length", strconv.Itoa(len(rec.Value)))
+		w.WriteHeader(http.StatusOK)
+		if r.Method == http.MethodGet {
+			_, _ = w.Write(rec.Value)
+		}
+	case http.MethodPut:
+		if err := n.checkKey(key); err != nil {
+			writeErr(w, err)
+			return
+		}
+		value, err := readBody(w, r, n.opts.MaxValueBytes)
+		if err != nil {
+			writeErr(w, err)
+			return
+		}
+		res, err := n.Put(r.Context(), key, value)
+		if err != nil {
+			writeErr(w, err)
+			return
+		}
+		writeJSON(w, http.StatusOK, writeAnswer{Key: res.Key, Version: res.Version, Origin: res.Origin})
+	case http.MethodDelete:
+		res, err := n.Delete(r.Context(), key)
+		if err != nil {
+			writeErr(w, err)
+			return
+		}
+		writeJSON(w, http.StatusOK, writeAnswer{Key: res.Key, Version: res.Version, Origin: res.Origin})
+	default:
+		methodNotAllowed(w, r, "GET, HEAD, PUT, DELETE")
+	}
+}
+
+func methodNotAllowed(w http.ResponseWriter, r *http.Request, allow string) {
+	w.Header().Set("Allow", allow)
+	writeError(w, http.StatusMethodNotAllowed, apiError{Code: "method_not_allowed",
+		Message: fmt.Sprintf("%s is not allowed on %s (allowed: %s)", r.Method, r.URL.Path, allow)})
+}
+
+// readBody reads at most limit bytes, refusing a larger body before reading
+// it when Content-Length says so, and after limit+1 bytes otherwise.
+func readBody(w http.ResponseWriter, r *http.Request, limit int) ([]byte, error) {
+	if r.ContentLength > int64(limit) {
+		return nil, fmt.Errorf("%w: %d bytes, limit %d", ErrValueTooLarge, r.ContentLength, limit)
+	}
+	body := http.MaxBytesReader(w, r.Body, int64(limit))
+	b, err := io.ReadAll(body)
+	var mbe *http.MaxBytesError
+	if errors.As(err, &mbe) {
+		return nil, fmt.Errorf("%w: more than %d bytes", ErrValueTooLarge, limit)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("%w: reading the body: %w", ErrNotWritten, err)
+	}
+	return b, nil
+}
+
+type scanItem struct {
+	Key     string `json:"key"`
+	Value   []byte `json:"value"` // base64 in JSON
+	Version string `json:"version"`
+	Origin  string `json:"origin"`
+}
+
+type scanPage struct {
+	Items []scanItem `json:"items"`
+	Next  string     `json:"next"`
+}
+
+func (n *Node) handleRange(w http.ResponseWriter, r *http.Request) {
+	if r.Method != http.MethodGet && r.Method != http.MethodHead {
+		methodNotAllowed(w, r, "GET, HEAD")
+		return
+	}
+	q := r.URL.Query()
+	o := store.ScanOptions{Prefix: q.Get("prefix"), Start: q.Get("start"), End: q.Get("end"), After: q.Get("after")}
+	if s := q.Get("limit"); s != "" {
+		l, err := strconv.Atoi(s)
+		if err != nil || l < 1 || l > store.MaxScanLimit {
+			writeError(w, http.StatusBadRequest, apiError{Code: "bad_request",
+				Message: fmt.Sprintf("limit %q: want an integer in [1, %d]", s, store.MaxScanLimit)})
+			return
+		}
+		o.Limit = l
+	}
+	for name, v := range map[string]string{"prefix": o.Prefix, "start": o.Start, "end": o.End, "after": o.After} {
+		if len(v) > n.opts.MaxKeyBytes || !utf8.ValidString(v) {
+			writeError(w, http.StatusBadRequest, apiError{Code: "bad_key", Message: name + " is not a valid key bound"})
+			return
+		}
+	}
+	items, next, err := n.Scan(o)
+	if err != nil {
+		writeErr(w, err)
+		return
+	}
+	page := scanPage{Items: make([]scanItem, 0, len(items)), Next: next}
+	for _, it := range items {
+		page.Items = append(page.Items, scanItem{Key: it.Key, Value: it.Value, Version: it.Stamp.String(), Origin: it.Stamp.Origin})
+	}
+	writeJSON(w, http.StatusOK, page)
+}
+
+func (n *Node) handleHealthz(w http.ResponseWriter, r *http.Request) {
+	writeJSON(w, http.StatusOK, map[string]string{"status": "ok", "cluster": n.cluster})
+}
+
+func (n *Node) handleReadyz(w http.ResponseWriter, r *http.Request) {
+	if err := n.Ready(); err != nil {
+		w.Header().Set("Retry-After", "1")
+		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"status": "unavailable", "reason": err.Error()})
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]string{"status": "ready"})
+}

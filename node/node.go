@@ -1,0 +1,397 @@
+// Package node is the composition root: it opens the store and the WAL,
+// recovers, runs the write path, and serves the HTTP API. It is the one
+// package that sees every other; cmd/replicator and the e2e tests build on it,
+// and an application can embed a node through Open.
+package node
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"time"
+	"unicode/utf8"
+
+	"github.com/replicator/replicator/hlc"
+	"github.com/replicator/replicator/origin"
+	"github.com/replicator/replicator/store"
+	"github.com/replicator/replicator/wal"
+)
+
+// Validation errors of the Go API; the HTTP API maps them to 400 and 413.
+var (
+	ErrInvalidKey    = errors.New("node: invalid key")
+	ErrKeyTooLarge   = errors.New("node: key too large")
+	ErrValueTooLarge = errors.New("node: value too large")
+	ErrNotFound      = errors.New("node: not found")
+)
+
+// Node is one cluster node. Its methods are safe for concurrent use.
+type Node struct {
+	opts     Options
+	log      *slog.Logger
+	cluster  string
+	resolver string
+
+	clock *hlc.Clock
+	store *store.Store
+	wal   *wal.Log
+	com   *committer
+
+	metrics struct {
+		writes atomic.Uint64
+	}
+
+	// lifecycle
+	closing  atomic.Bool
+	stop     chan struct{}
+	bg       sync.WaitGroup // background loops; exit when stop is closed
+	srv      *http.Server
+	ln       net.Listener
+	serveErr chan error
+	closeMu  sync.Mutex
+	closed   bool
+}
+
+// Open resolves and pins the cluster identity, opens the store and the WAL,
+// re-applies WAL entries the store has not applied, and starts the write
+// path. It does not listen; call Start for that.
+func Open(ctx context.Context, opts *Options) (*Node, error) {
+	var o Options
+	if opts != nil {
+		o = *opts
+	}
+	o.EnsureDefaults()
+	if err := o.Validate(); err != nil {
+		return nil, err
+	}
+	r := o.resolver()
+	cluster, err := origin.Resolve(ctx, r)
+	if err != nil {
+		return nil, err
+	}
+	if err := os.MkdirAll(o.DataDir, 0o755); err != nil {
+		return nil, fmt.Errorf("node: data directory: %w", err)
+	}
+	prev, err := origin.Pin(o.DataDir, cluster, o.ReassignOrigin)
+	if err != nil {
+		return nil, err
+	}
+	log := o.Logger.With("cluster", cluster)
+	if o.ReassignOrigin && prev != "" && prev != cluster {
+		log.Warn("data directory reassigned to another cluster", "previous", prev, "now", cluster, "dir", o.DataDir)
+	}
+	n := &Node{
+		opts:     o,
+		log:      log,
+		cluster:  cluster,
+		resolver: r.String(),
+		clock:    hlc.NewClock(o.Clock, o.MaxClockOffset),
+		stop:     make(chan struct{}),
+	}
+	n.store, err = store.Open(filepath.Join(o.DataDir, "store"), &store.Options{Logger: log})
+	if err != nil {
+		return nil, err
+	}
+	if err := n.openWAL(); err != nil {
+		n.store.Close()
+		return nil, err
+	}
+	if err := n.recover(); err != nil {
+		n.wal.Close()
+		n.store.Close()
+		return nil, err
+	}
+	n.com = newCommitter(n)
+	return n, nil
+}
+
+func (n *Node) walDir() string { return filepath.Join(n.opts.DataDir, "wal") }
+
+func (n *Node) openWAL() error {
+	l, err := wal.Open(n.walDir(), &wal.Options{
+		Origin:      n.cluster,
+		SegmentSize: n.opts.WALSegmentSize,
+		NoSync:      n.opts.UnsafeNoSync,
+		Logger:      n.log,
+	})
+	if err != nil {
+		return err
+	}
+	n.wal = l
+	return nil
+}
+
+// recover restores the clock and re-applies the WAL entries past the store's
+// applied index.
+func (n *Node) recover() error {
+	hw, err := n.store.HLCHighWater()
+	if err != nil {
+		return err
+	}
+	n.clock.Observe(hw)
+	stream, applied, err := n.store.LocalApplied()
+	if err != nil {
+		return err
+	}
+	from := applied + 1
+	if stream != n.wal.Stream() {
+		// A new WAL (first start, or the directory was replaced): every
+		// entry it holds may be missing from the store. Re-applying one the
+		// store has is a duplicate, so start from its beginning.
+		from = n.wal.First()
+	}
+	last := n.wal.Last()
+	if stream == n.wal.Stream() && (applied > last || (from <= last && from < n.wal.First())) {
+		// The WAL lost entries the store applied, or the ones it must
+		// re-apply. Reusing those indexes would make peers drop new writes
+		// as duplicates, so the WAL starts over as a new stream.
+		return n.rotateWAL(fmt.Sprintf("the WAL holds [%d, %d] but the store applied up to %d", n.wal.First(), last, applied))
+	}
+	if from > last {
+		return nil
+	}
+	codec := wal.NewCodec()
+	replayed := 0
+	for from <= last {
+		b := n.store.NewBatch()
+		var high hlc.Timestamp
+		to := min(last, from+1023)
+		for i := from; i <= to; i++ {
+			e, err := n.wal.Read(codec, i)
+			if err != nil {
+				b.Close()
+				return fmt.Errorf("node: recover: %w", err)
+			}
+			n.clock.Observe(e.Commit)
+			high = e.Commit
+			if _, err := b.Merge(store.Write{Key: e.Key, Value: e.Value, Tombstone: e.Op == store.OpDelete, Stamp: e.LWW()}); err != nil {
+				b.Close()
+				return fmt.Errorf("node: recover entry %d: %w", i, err)
+			}
+		}
+		err := errors.Join(b.SetLocalApplied(n.wal.Stream(), to), b.SetHLC(high), b.Commit(true))
+		b.Close()
+		if err != nil {
+			return fmt.Errorf("node: recover: %w", err)
+		}
+		replayed += int(to - from + 1)
+		from = to + 1
+	}
+	n.log.Info("recovered from the WAL", "entries", replayed, "last_index", last)
+	return nil
+}
+
+// rotateWAL sets the damaged WAL aside and starts a new stream.
+func (n *Node) rotateWAL(why string) error {
+	old := n.wal.Stream()
+	if err := n.wal.Close(); err != nil {
+		n.log.Warn("closing the damaged WAL", "err", err)
+	}
+	aside := fmt.Sprintf("%s.lost-%s", n.walDir(), old)
+	if err := os.Rename(n.walDir(), aside); err != nil {
+		return fmt.Errorf("node: set the damaged WAL aside: %w", err)
+	}
+	if err := n.openWAL(); err != nil {
+		return err
+	}
+	n.log.Error("WAL lost entries; started a new stream (peers need a re-seed)",
+		"why", why, "old_stream", old, "new_stream", n.wal.Stream(), "kept_at", aside)
+	b := n.store.NewBatch()
+	defer b.Close()
+	return errors.Join(b.SetLocalApplied(n.wal.Stream(), 0), b.Commit(true))
+}
+
+// Start listens on Options.Listen and serves the HTTP API, and starts the
+// background loops. It returns once the listener is bound.
+func (n *Node) Start() error {
+	ln, err := net.Listen("tcp", n.opts.Listen)
+	if err != nil {
+		return fmt.Errorf("node: listen %s: %w", n.opts.Listen, err)
+	}
+	n.ln = ln
+	n.srv = &http.Server{
+		Handler:           n.Handler(),
+		ReadHeaderTimeout: 10 * time.Second,
+		MaxHeaderBytes:    64 << 10,
+		IdleTimeout:       2 * time.Minute,
+		ErrorLog:          slog.NewLogLogger(n.log.Handler(), slog.LevelDebug),
+	}
+	n.serveErr = make(chan error, 1)
+	go func() {
+		// Exits when Close shuts the server down.
+		err := n.srv.Serve(ln)
+		if errors.Is(err, http.ErrServerClosed) {
+			err = nil
+		}
+		n.serveErr <- err
+	}()
+	n.bg.Add(1)
+	go n.gcLoop()
+	n.log.Info("serving", "addr", ln.Addr().String(), "stream", n.wal.Stream().String())
+	return nil
+}
+
+// Addr is the bound API address (after Start).
+func (n *Node) Addr() string {
+	if n.ln == nil {
+		return ""
+	}
+	return n.ln.Addr().String()
+}
+
+// URL is the API's base URL (after Start).
+func (n *Node) URL() string { return "http://" + n.Addr() }
+
+// ClusterID is the resolved cluster ID.
+func (n *Node) ClusterID() string { return n.cluster }
+
+// Close shuts down gracefully: stop accepting requests, let in-flight ones
+// and their commits finish, stop background loops, close the WAL and store.
+func (n *Node) Close() error {
+	n.closeMu.Lock()
+	defer n.closeMu.Unlock()
+	if n.closed {
+		return nil
+	}
+	n.closed = true
+	n.closing.Store(true)
+	var errs []error
+	if n.srv != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		if err := n.srv.Shutdown(ctx); err != nil {
+			errs = append(errs, fmt.Errorf("node: http shutdown: %w", err))
+		}
+		cancel()
+		if err := <-n.serveErr; err != nil {
+			errs = append(errs, err)
+		}
+	}
+	close(n.stop)
+	n.bg.Wait()
+	n.com.close()
+	errs = append(errs, n.wal.Close(), n.store.Close())
+	return errors.Join(errs...)
+}
+
+// gcLoop collects tombstones past retention. It exits when stop is closed.
+func (n *Node) gcLoop() {
+	defer n.bg.Done()
+	t := time.NewTicker(n.opts.GCInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-n.stop:
+			return
+		case <-t.C:
+			if _, err := n.CollectTombstones(); err != nil {
+				n.log.Warn("tombstone collection", "err", err)
+			}
+		}
+	}
+}
+
+// CollectTombstones removes tombstones older than the retention window.
+func (n *Node) CollectTombstones() (int, error) {
+	cutoff := hlc.Timestamp{Wall: n.clock.Physical() - int64(n.opts.TombstoneRetention)}
+	total := 0
+	for {
+		c, err := n.store.CollectTombstones(cutoff, 10000)
+		total += c
+		if err != nil || c < 10000 {
+			return total, err
+		}
+	}
+}
+
+// WriteResult is the answer to a write.
+type WriteResult struct {
+	Key     string
+	Version string // the write's stamp; the same on every cluster
+	Origin  string
+	// Outcome is Applied, or Stale when a higher stamp already held the key
+	// (possible only against a pinned or replicated stamp).
+	Outcome store.Outcome
+	Index   uint64 // the entry's WAL index
+}
+
+func (n *Node) checkKey(key string) error {
+	switch {
+	case key == "":
+		return fmt.Errorf("%w: empty", ErrInvalidKey)
+	case len(key) > n.opts.MaxKeyBytes:
+		return fmt.Errorf("%w: %d bytes, limit %d", ErrKeyTooLarge, len(key), n.opts.MaxKeyBytes)
+	case !utf8.ValidString(key):
+		return fmt.Errorf("%w: not valid UTF-8", ErrInvalidKey)
+	}
+	return nil
+}
+
+// Put durably writes value at key and returns once it is fsynced and
+// applied.
+func (n *Node) Put(ctx context.Context, key string, value []byte) (WriteResult, error) {
+	if err := n.checkKey(key); err != nil {
+		return WriteResult{}, err
+	}
+	if len(value) > n.opts.MaxValueBytes {
+		return WriteResult{}, fmt.Errorf("%w: %d bytes, limit %d", ErrValueTooLarge, len(value), n.opts.MaxValueBytes)
+	}
+	return n.write(ctx, wal.Entry{Op: store.OpSet, Key: key, Value: value})
+}
+
+// Delete durably deletes key (a tombstone, kept for the retention window).
+func (n *Node) Delete(ctx context.Context, key string) (WriteResult, error) {
+	if err := n.checkKey(key); err != nil {
+		return WriteResult{}, err
+	}
+	return n.write(ctx, wal.Entry{Op: store.OpDelete, Key: key})
+}
+
+func (n *Node) write(ctx context.Context, e wal.Entry) (WriteResult, error) {
+	if n.closing.Load() {
+		return WriteResult{}, fmt.Errorf("%w: %w", ErrNotWritten, ErrClosed)
+	}
+	p := &proposal{entry: e}
+	if err := n.com.propose(ctx, p); err != nil {
+		return WriteResult{}, err
+	}
+	st := p.entry.LWW()
+	return WriteResult{Key: e.Key, Version: st.String(), Origin: st.Origin, Outcome: p.outcome, Index: p.entry.Index}, nil
+}
+
+// Get returns the live record at key, or ErrNotFound (absent or deleted).
+func (n *Node) Get(key string) (store.Record, error) {
+	if err := n.checkKey(key); err != nil {
+		return store.Record{}, err
+	}
+	r, err := n.store.Get(key)
+	if errors.Is(err, store.ErrNotFound) || (err == nil && r.Tombstone) {
+		return store.Record{}, fmt.Errorf("%w: %q", ErrNotFound, key)
+	}
+	return r, err
+}
+
+// Scan returns a page of live keys in order.
+func (n *Node) Scan(o store.ScanOptions) ([]store.Item, string, error) {
+	return n.store.Scan(o)
+}
+
+// Digest hashes the live state.
+func (n *Node) Digest() (store.Digest, error) { return n.store.Digest() }
+
+// Ready reports whether the node takes writes, and why not.
+func (n *Node) Ready() error {
+	if n.closing.Load() {
+		return ErrClosed
+	}
+	if errp := n.com.failed.Load(); errp != nil {
+		return *errp
+	}
+	return nil
+}
