@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/replicator/replicator/hlc"
 	"github.com/replicator/replicator/store"
@@ -17,6 +19,11 @@ import (
 // MaxGroupEntries), stamps them in order, appends them to the WAL with one
 // write and one fsync, applies them to Pebble in one batch together with the
 // applied index and the HLC high-water mark, and only then answers them.
+//
+// One goroutine does all of it, so groups reach Pebble in WAL order and the
+// store's applied index only grows. (A two-stage pipeline, fsyncing group
+// N+1 while applying group N, measured slower on 2 cores: it splits the
+// writers over two half-size groups, and the fsync's fixed cost dominates.)
 //
 // Crash points and what they leave:
 //   - before the WAL fsync: nothing acknowledged, nothing durable;
@@ -65,9 +72,44 @@ type committer struct {
 	failed atomic.Pointer[error]
 	exited chan struct{}
 
-	codec *wal.Codec
-	group []*proposal
+	pending []*proposal // scratch of run
+	prev    int         // size of the last group answered
+}
+
+// maxLinger bounds how long a group waits for more writers.
+const maxLinger = 50 * time.Microsecond
+
+// linger waits, yielding, for the writers of the group just answered to come
+// back before the next fsync, so that they share it instead of waiting a
+// whole fsync more: with an fsync of fixed cost, group size is throughput.
+// It waits at most maxLinger, and not at all when nobody is coming back.
+func (c *committer) linger() {
+	target := min(c.prev, c.n.opts.MaxGroupEntries)
+	var t0 time.Time
+	for len(c.pending) < target {
+		select {
+		case q, ok := <-c.in:
+			if !ok {
+				return
+			}
+			c.pending = append(c.pending, q)
+			continue
+		default:
+		}
+		if t0.IsZero() {
+			t0 = time.Now()
+		} else if time.Since(t0) > maxLinger {
+			return
+		}
+		runtime.Gosched()
+	}
+}
+
+// group is a set of proposals durable in the WAL together.
+type group struct {
+	props []*proposal
 	ents  []*wal.Entry
+	high  hlc.Timestamp // the highest commit HLC in the group
 }
 
 func newCommitter(n *Node) *committer {
@@ -75,7 +117,6 @@ func newCommitter(n *Node) *committer {
 		n:      n,
 		in:     make(chan *proposal, n.opts.MaxGroupEntries),
 		exited: make(chan struct{}),
-		codec:  wal.NewCodec(),
 	}
 	go c.run()
 	return c
@@ -127,64 +168,81 @@ func (c *committer) close() {
 func (c *committer) run() {
 	defer close(c.exited)
 	for p := range c.in {
-		c.group = append(c.group[:0], p)
+		c.pending = append(c.pending[:0], p)
 	drain:
-		for len(c.group) < c.n.opts.MaxGroupEntries {
+		for len(c.pending) < c.n.opts.MaxGroupEntries {
 			select {
 			case q, ok := <-c.in:
 				if !ok {
 					break drain
 				}
-				c.group = append(c.group, q)
+				c.pending = append(c.pending, q)
 			default:
 				break drain
 			}
 		}
-		c.commitGroup()
+		c.linger()
+		c.prev = 0
+		if g := c.makeDurable(c.pending); g != nil {
+			c.applyGroup(g)
+			c.prev = len(g.props)
+		}
 	}
 }
 
-func (c *committer) commitGroup() {
+// makeDurable stamps the live proposals and appends them to the WAL. It
+// answers them itself on failure and returns nil then.
+func (c *committer) makeDurable(pending []*proposal) *group {
 	// Take the proposals whose callers still wait; a cancelled one was never
 	// stamped and is simply dropped.
-	live := c.group[:0]
-	for _, p := range c.group {
+	g := &group{}
+	for _, p := range pending {
 		if p.state.CompareAndSwap(stateQueued, stateTaken) {
-			live = append(live, p)
+			g.props = append(g.props, p)
 		}
 	}
-	c.group = live
-	if len(live) == 0 {
-		return
+	if len(g.props) == 0 {
+		return nil
 	}
 	if errp := c.failed.Load(); errp != nil {
-		c.answerAll(fmt.Errorf("%w: %w", ErrNotWritten, *errp))
-		return
+		answerAll(g.props, fmt.Errorf("%w: %w", ErrNotWritten, *errp))
+		return nil
 	}
 	n := c.n
-	c.ents = c.ents[:0]
-	var high hlc.Timestamp
-	for _, p := range live {
+	g.ents = make([]*wal.Entry, 0, len(g.props))
+	for _, p := range g.props {
 		// Stamp inside the commit order: commit HLCs grow with WAL indexes.
 		p.entry.Commit = n.clock.Now()
 		if p.entry.Stamp.IsZero() {
 			p.entry.Stamp = p.entry.Commit
 		}
-		high = p.entry.Commit
-		c.ents = append(c.ents, &p.entry)
+		g.high = p.entry.Commit
+		g.ents = append(g.ents, &p.entry)
 	}
-	if err := n.wal.Append(c.ents); err != nil {
+	if err := n.wal.Append(g.ents); err != nil {
 		if errors.Is(err, wal.ErrBroken) {
 			c.fail(err)
-			c.answerAll(fmt.Errorf("%w: %w", ErrUnknownOutcome, err))
-			return
+			answerAll(g.props, fmt.Errorf("%w: %w", ErrUnknownOutcome, err))
+			return nil
 		}
-		c.answerAll(fmt.Errorf("%w: %w", ErrNotWritten, err))
+		answerAll(g.props, fmt.Errorf("%w: %w", ErrNotWritten, err))
+		return nil
+	}
+	return g
+}
+
+// applyGroup applies a durable group to Pebble with the applied index and
+// the clock's high-water mark, then answers it.
+func (c *committer) applyGroup(g *group) {
+	if errp := c.failed.Load(); errp != nil {
+		// In the WAL, so a restart applies it; not readable until then.
+		answerAll(g.props, fmt.Errorf("%w: in the WAL but not applied: %w", ErrUnknownOutcome, *errp))
 		return
 	}
+	n := c.n
 	b := n.store.NewBatch()
 	var err error
-	for _, p := range live {
+	for _, p := range g.props {
 		e := &p.entry
 		p.outcome, err = b.Merge(store.Write{
 			Key:       e.Key,
@@ -198,8 +256,8 @@ func (c *committer) commitGroup() {
 	}
 	if err == nil {
 		err = errors.Join(
-			b.SetLocalApplied(n.wal.Stream(), c.ents[len(c.ents)-1].Index),
-			b.SetHLC(high),
+			b.SetLocalApplied(n.wal.Stream(), g.ents[len(g.ents)-1].Index),
+			b.SetHLC(g.high),
 		)
 	}
 	if err == nil {
@@ -212,11 +270,12 @@ func (c *committer) commitGroup() {
 		// Durable in the WAL, not applied: a restart re-applies it. Until
 		// then the node must not take writes whose reads would miss it.
 		c.fail(fmt.Errorf("apply to the store: %w", err))
-		c.answerAll(fmt.Errorf("%w: in the WAL but not applied: %w", ErrUnknownOutcome, err))
+		answerAll(g.props, fmt.Errorf("%w: in the WAL but not applied: %w", ErrUnknownOutcome, err))
 		return
 	}
-	n.metrics.writes.Add(uint64(len(live)))
-	for _, p := range live {
+	n.metrics.writes.Add(uint64(len(g.props)))
+	n.metrics.groups.Add(1)
+	for _, p := range g.props {
 		close(p.done)
 	}
 }
@@ -226,8 +285,8 @@ func (c *committer) fail(err error) {
 	c.n.opts.Logger.Error("write path failed; refusing writes until restart", "err", err)
 }
 
-func (c *committer) answerAll(err error) {
-	for _, p := range c.group {
+func answerAll(props []*proposal, err error) {
+	for _, p := range props {
 		p.err = err
 		close(p.done)
 	}

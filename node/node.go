@@ -45,7 +45,8 @@ type Node struct {
 	com   *committer
 
 	metrics struct {
-		writes atomic.Uint64
+		writes atomic.Uint64 // local writes committed
+		groups atomic.Uint64 // WAL appends (fsyncs) they took
 	}
 
 	// lifecycle

@@ -34,6 +34,7 @@ const (
 var (
 	keyLocalApplied = []byte("m\x00applied")
 	keyHLC          = []byte("m\x00hlc")
+	keyMaxStamp     = []byte("m\x00maxstamp")
 )
 
 // Options configures a Store. The zero value of a field means its default.
@@ -88,6 +89,11 @@ type Store struct {
 	// concurrent merges of one key cannot both read the old stamp and both
 	// write: LWW must compare against what is really stored.
 	applyMu sync.Mutex
+	// maxStamp is at least every stamp ever merged into the tree (persisted
+	// with each batch that raises it). A write stamped above it beats
+	// whatever the key holds, so it needs no read: that is the common case
+	// of local writes, whose commit HLCs only grow. Guarded by applyMu.
+	maxStamp Stamp
 }
 
 // Open opens (creating if needed) the tree in dir.
@@ -111,7 +117,52 @@ func Open(dir string, opts *Options) (*Store, error) {
 		cache.Unref()
 		return nil, fmt.Errorf("store: open %s: %w", dir, err)
 	}
-	return &Store{db: db, cache: cache, opts: o}, nil
+	s := &Store{db: db, cache: cache, opts: o}
+	if err := s.loadMaxStamp(); err != nil {
+		s.Close()
+		return nil, err
+	}
+	return s, nil
+}
+
+func (s *Store) loadMaxStamp() error {
+	v, closer, err := s.db.Get(keyMaxStamp)
+	if errors.Is(err, pebble.ErrNotFound) {
+		return s.deriveMaxStamp()
+	}
+	if err != nil {
+		return fmt.Errorf("store: read max stamp: %w", err)
+	}
+	defer closer.Close()
+	if len(v) < hlc.EncodedLen {
+		return fmt.Errorf("%w: max stamp of %d bytes", ErrCorrupt, len(v))
+	}
+	ts, err := hlc.Decode(v[:hlc.EncodedLen])
+	if err != nil {
+		return fmt.Errorf("%w: max stamp: %v", ErrCorrupt, err)
+	}
+	s.maxStamp = Stamp{HLC: ts, Origin: string(v[hlc.EncodedLen:])}
+	return nil
+}
+
+// deriveMaxStamp scans the data once when no max stamp is recorded (an
+// empty tree, or one whose record was lost with Pebble's unsynced tail).
+func (s *Store) deriveMaxStamp() error {
+	it, err := s.db.NewIter(&pebble.IterOptions{LowerBound: []byte{prefixData}, UpperBound: []byte{prefixData + 1}})
+	if err != nil {
+		return err
+	}
+	defer it.Close()
+	for valid := it.First(); valid; valid = it.Next() {
+		st, _, err := decodeStampOnly(it.Value())
+		if err != nil {
+			return fmt.Errorf("store: key %q: %w", it.Key()[1:], err)
+		}
+		if s.maxStamp.Compare(st) < 0 {
+			s.maxStamp = st
+		}
+	}
+	return it.Error()
 }
 
 // Close flushes nothing extra (every commit already went through Pebble's WAL)
@@ -228,6 +279,8 @@ type Batch struct {
 	pending map[string]pendingRecord
 	closed  bool
 	buf     []byte
+	// max is the highest stamp stored or merged so far, as this batch sees.
+	max Stamp
 }
 
 type pendingRecord struct {
@@ -238,7 +291,7 @@ type pendingRecord struct {
 // NewBatch starts a batch and takes the apply lock.
 func (s *Store) NewBatch() *Batch {
 	s.applyMu.Lock()
-	return &Batch{s: s, pb: s.db.NewBatch()}
+	return &Batch{s: s, pb: s.db.NewBatch(), max: s.maxStamp}
 }
 
 // Close releases the batch and the apply lock; committed or not.
@@ -290,9 +343,23 @@ func (b *Batch) Merge(w Write) (Outcome, error) {
 		return 0, fmt.Errorf("store: merge %q: origin %q out of range", w.Key, w.Stamp.Origin)
 	}
 	dk := dataKey(w.Key)
-	cur, curFlags, ok, err := b.currentLocked(w.Key, dk)
-	if err != nil {
-		return 0, err
+	var (
+		cur      Stamp
+		curFlags byte
+		ok       bool
+		err      error
+	)
+	if b.max.Compare(w.Stamp) >= 0 {
+		// Something stored may be newer: compare with what the key holds.
+		// (Above b.max the write beats everything, unread. A tombstone
+		// overwritten that way leaves its index entry behind, which
+		// collection recognises as stale.)
+		cur, curFlags, ok, err = b.currentLocked(w.Key, dk)
+		if err != nil {
+			return 0, err
+		}
+	} else {
+		b.max = w.Stamp
 	}
 	if ok {
 		switch c := w.Stamp.Compare(cur); {
@@ -360,12 +427,22 @@ func (b *Batch) Commit(sync bool) error {
 	if b.pb.Empty() {
 		return nil
 	}
+	raised := b.s.maxStamp.Compare(b.max) < 0
+	if raised {
+		v := b.max.HLC.AppendTo(make([]byte, 0, hlc.EncodedLen+len(b.max.Origin)))
+		if err := b.pb.Set(keyMaxStamp, append(v, b.max.Origin...), nil); err != nil {
+			return err
+		}
+	}
 	wo := pebble.NoSync
 	if sync {
 		wo = pebble.Sync
 	}
 	if err := b.pb.Commit(wo); err != nil {
 		return fmt.Errorf("store: commit: %w", err)
+	}
+	if raised {
+		b.s.maxStamp = b.max
 	}
 	return nil
 }

@@ -1,0 +1,467 @@
+package node
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/replicator/replicator/hlc"
+	"github.com/replicator/replicator/origin"
+	"github.com/replicator/replicator/store"
+	"github.com/replicator/replicator/wal"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m,
+		// Pebble's and net/http's long-lived helpers are not ours.
+		goleak.IgnoreAnyFunction("github.com/cockroachdb/pebble/v2/internal/cache.(*shard).releaseLoop"),
+		goleak.IgnoreTopFunction("internal/poll.runtime_pollWait"),
+		goleak.IgnoreTopFunction("net/http.(*persistConn).writeLoop"),
+	)
+}
+
+var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
+
+func testOptions(dir string) *Options {
+	return &Options{ClusterID: "a", DataDir: dir, Listen: "127.0.0.1:0", Logger: quiet}
+}
+
+func openNode(t testing.TB, o *Options) *Node {
+	t.Helper()
+	n, err := Open(context.Background(), o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+func TestOptionsValidateReportsEverything(t *testing.T) {
+	o := &Options{ClusterID: "Bad_ID!", MaxKeyBytes: -1, TombstoneRetention: time.Second, MaxGroupEntries: -3}
+	o.EnsureDefaults()
+	err := o.Validate()
+	if err == nil {
+		t.Fatal("invalid options accepted")
+	}
+	for _, want := range []string{"Bad_ID!", "data directory", "MaxKeyBytes", "TombstoneRetention", "MaxGroupEntries"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error does not mention %s: %v", want, err)
+		}
+	}
+}
+
+func TestPutGetDeleteScan(t *testing.T) {
+	n := openNode(t, testOptions(t.TempDir()))
+	defer n.Close()
+	ctx := context.Background()
+	r1, err := n.Put(ctx, "a/1", []byte("one"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r1.Origin != "a" || r1.Outcome != store.Applied || r1.Index != 1 {
+		t.Fatalf("put result %+v", r1)
+	}
+	rec, err := n.Get("a/1")
+	if err != nil || string(rec.Value) != "one" || rec.Stamp.String() != r1.Version {
+		t.Fatalf("get: %+v %v", rec, err)
+	}
+	r2, _ := n.Put(ctx, "a/1", []byte("two"))
+	if r2.Version <= r1.Version && r2.Index != 2 {
+		t.Fatalf("second write %+v not after %+v", r2, r1)
+	}
+	n.Put(ctx, "a/2", []byte("x"))
+	n.Put(ctx, "b/1", []byte("y"))
+	if _, err := n.Delete(ctx, "a/2"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := n.Get("a/2"); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("deleted key: %v", err)
+	}
+	items, next, err := n.Scan(store.ScanOptions{Prefix: "a/"})
+	if err != nil || len(items) != 1 || items[0].Key != "a/1" || string(items[0].Value) != "two" || next != "" {
+		t.Fatalf("scan: %+v %q %v", items, next, err)
+	}
+}
+
+// TestRestartWithClockSetBack: a node restarted with its clock an hour
+// behind still stamps above everything it stamped before, because the HLC
+// high-water mark commits with every write.
+func TestRestartWithClockSetBack(t *testing.T) {
+	dir := t.TempDir()
+	pc := hlc.NewManualClock(int64(1000 * time.Hour))
+	o := testOptions(dir)
+	o.Clock = pc
+	n := openNode(t, o)
+	var last store.Stamp
+	for i := 0; i < 50; i++ {
+		r, err := n.Put(context.Background(), "k", []byte(fmt.Sprint(i)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		last, _ = store.ParseStamp(r.Version)
+	}
+	n.Close()
+
+	pc.Advance(-time.Hour)
+	n = openNode(t, o)
+	defer n.Close()
+	r, err := n.Put(context.Background(), "k", []byte("after"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, _ := store.ParseStamp(r.Version)
+	if st.Compare(last) <= 0 {
+		t.Fatalf("after restart with the clock an hour back: stamped %s, not above %s", st, last)
+	}
+	if rec, _ := n.Get("k"); string(rec.Value) != "after" {
+		t.Fatalf("the newer write lost LWW: %q", rec.Value)
+	}
+}
+
+// TestRecoveryReplaysWAL puts entries in the WAL that the store never saw (a
+// crash between fsync and apply) and checks that Open applies them and
+// restores the clock above them.
+func TestRecoveryReplaysWAL(t *testing.T) {
+	dir := t.TempDir()
+	n := openNode(t, testOptions(dir))
+	n.Put(context.Background(), "before", []byte("x"))
+	n.Close()
+
+	l, err := wal.Open(filepath.Join(dir, "wal"), &wal.Options{Origin: "a", Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	future := hlc.Timestamp{Wall: time.Now().Add(time.Hour).UnixNano()}
+	var ents []*wal.Entry
+	for i := 0; i < 300; i++ {
+		ents = append(ents, &wal.Entry{Commit: future.Add(time.Duration(i)), Op: store.OpSet, Key: fmt.Sprintf("r/%03d", i), Value: []byte("replayed")})
+	}
+	ents = append(ents, &wal.Entry{Commit: future.Add(time.Second), Op: store.OpDelete, Key: "before"})
+	if err := l.Append(ents); err != nil {
+		t.Fatal(err)
+	}
+	l.Close()
+
+	n = openNode(t, testOptions(dir))
+	defer n.Close()
+	items, _, _ := n.Scan(store.ScanOptions{Prefix: "r/", Limit: 1000})
+	if len(items) != 300 {
+		t.Fatalf("replayed %d of 300 entries", len(items))
+	}
+	if _, err := n.Get("before"); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("replayed delete not applied: %v", err)
+	}
+	r, _ := n.Put(context.Background(), "new", []byte("y"))
+	st, _ := store.ParseStamp(r.Version)
+	if st.HLC.Compare(future.Add(time.Second)) <= 0 {
+		t.Fatalf("clock not restored above replayed entries: %s", st)
+	}
+	if r.Index != 303 {
+		t.Fatalf("new write got WAL index %d, want 303", r.Index)
+	}
+}
+
+// TestTornWALTailNodeServes damages the WAL's last segment at random offsets
+// between runs: the node must start, keep every acknowledged write (they are
+// in the store), and keep taking writes under indexes it never used before.
+func TestTornWALTailNodeServes(t *testing.T) {
+	seed := uint64(time.Now().UnixNano())
+	t.Logf("seed %d", seed)
+	r := rand.New(rand.NewPCG(seed, 3))
+	dir := t.TempDir()
+	o := testOptions(dir)
+	o.WALSegmentSize = 16 << 10
+	want := map[string]string{}
+	seen := map[string]bool{} // stream/index pairs handed out
+	for round := 0; round < 10; round++ {
+		n := openNode(t, o)
+		for i := 0; i < 100; i++ {
+			k := fmt.Sprintf("k%03d", r.IntN(200))
+			v := fmt.Sprintf("r%d-%d", round, i)
+			res, err := n.Put(context.Background(), k, []byte(v))
+			if err != nil {
+				t.Fatalf("seed %d round %d: put: %v", seed, round, err)
+			}
+			id := n.wal.Stream().String() + fmt.Sprint(res.Index)
+			if seen[id] {
+				t.Fatalf("seed %d: WAL identity %s reused", seed, id)
+			}
+			seen[id] = true
+			want[k] = v
+		}
+		for k, v := range want {
+			rec, err := n.Get(k)
+			if err != nil || string(rec.Value) != v {
+				t.Fatalf("seed %d round %d: %s = %q %v, want %q", seed, round, k, rec.Value, err, v)
+			}
+		}
+		n.Close()
+		segs, _ := os.ReadDir(filepath.Join(dir, "wal", "segments"))
+		last := filepath.Join(dir, "wal", "segments", segs[len(segs)-1].Name())
+		data, _ := os.ReadFile(last)
+		if len(data) == 0 {
+			continue
+		}
+		off := r.IntN(len(data))
+		if round%2 == 0 {
+			os.Truncate(last, int64(off))
+		} else {
+			data[off] ^= 0x5a
+			os.WriteFile(last, data, 0o644)
+		}
+	}
+}
+
+func TestOriginPinnedAcrossStarts(t *testing.T) {
+	dir := t.TempDir()
+	n := openNode(t, testOptions(dir))
+	n.Close()
+	o := testOptions(dir)
+	o.ClusterID = "b"
+	_, err := Open(context.Background(), o)
+	if !errors.Is(err, origin.ErrMismatch) || !strings.Contains(err.Error(), `"a"`) || !strings.Contains(err.Error(), `"b"`) {
+		t.Fatalf("start as another cluster: %v", err)
+	}
+	o.ReassignOrigin = true
+	n = openNode(t, o)
+	n.Close()
+}
+
+func TestEnvResolver(t *testing.T) {
+	o := testOptions(t.TempDir())
+	o.ClusterID = ""
+	o.Origin = origin.Env{Var: "X", Lookup: func(string) (string, bool) { return "east-1", true }}
+	n := openNode(t, o)
+	defer n.Close()
+	if n.ClusterID() != "east-1" {
+		t.Fatalf("cluster %q", n.ClusterID())
+	}
+}
+
+func TestValidation(t *testing.T) {
+	o := testOptions(t.TempDir())
+	o.MaxKeyBytes = 10
+	o.MaxValueBytes = 20
+	n := openNode(t, o)
+	defer n.Close()
+	ctx := context.Background()
+	for _, tc := range []struct {
+		key   string
+		value []byte
+		want  error
+	}{
+		{"", nil, ErrInvalidKey},
+		{"\xff\xfe", nil, ErrInvalidKey},
+		{"12345678901", nil, ErrKeyTooLarge},
+		{"k", make([]byte, 21), ErrValueTooLarge},
+	} {
+		if _, err := n.Put(ctx, tc.key, tc.value); !errors.Is(err, tc.want) {
+			t.Errorf("put %q (%d bytes): %v, want %v", tc.key, len(tc.value), err, tc.want)
+		}
+	}
+	if n.wal.Last() != 0 {
+		t.Fatalf("refused writes reached the WAL: last index %d", n.wal.Last())
+	}
+}
+
+// TestGracefulShutdown closes the node while writers are busy: every write
+// is either acknowledged (and then present after reopening) or refused.
+func TestGracefulShutdown(t *testing.T) {
+	dir := t.TempDir()
+	n := openNode(t, testOptions(dir))
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	acked := map[string]bool{}
+	for w := 0; w < 16; w++ {
+		wg.Add(1)
+		go func(w int) {
+			defer wg.Done()
+			for i := 0; ; i++ {
+				k := fmt.Sprintf("w%d-%d", w, i)
+				if _, err := n.Put(context.Background(), k, []byte("v")); err != nil {
+					if !errors.Is(err, ErrClosed) {
+						t.Errorf("write during shutdown: %v", err)
+					}
+					return
+				}
+				mu.Lock()
+				acked[k] = true
+				mu.Unlock()
+			}
+		}(w)
+	}
+	time.Sleep(50 * time.Millisecond)
+	if err := n.Close(); err != nil {
+		t.Fatal(err)
+	}
+	wg.Wait()
+	n = openNode(t, testOptions(dir))
+	defer n.Close()
+	for k := range acked {
+		if _, err := n.Get(k); err != nil {
+			t.Fatalf("acknowledged %s lost over a graceful restart: %v", k, err)
+		}
+	}
+	if len(acked) == 0 {
+		t.Fatal("no writes acknowledged before shutdown")
+	}
+}
+
+func TestCollectTombstonesAfterRetention(t *testing.T) {
+	pc := hlc.NewManualClock(int64(100 * time.Hour))
+	o := testOptions(t.TempDir())
+	o.Clock = pc
+	o.TombstoneRetention = time.Hour
+	n := openNode(t, o)
+	defer n.Close()
+	n.Put(context.Background(), "k", []byte("v"))
+	n.Delete(context.Background(), "k")
+	if c, _ := n.CollectTombstones(); c != 0 {
+		t.Fatalf("collected %d before retention", c)
+	}
+	pc.Advance(time.Hour + time.Second)
+	if c, err := n.CollectTombstones(); c != 1 || err != nil {
+		t.Fatalf("after retention: collected %d, %v", c, err)
+	}
+	d, _ := n.Digest()
+	if d.Tombstones != 0 || d.Keys != 0 {
+		t.Fatalf("digest after collection: %+v", d)
+	}
+}
+
+func startNode(t *testing.T, o *Options) *Node {
+	n := openNode(t, o)
+	if err := n.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { n.Close() })
+	return n
+}
+
+func do(t *testing.T, method, url string, body io.Reader, hdr ...string) (*http.Response, []byte) {
+	t.Helper()
+	req, _ := http.NewRequest(method, url, body)
+	for i := 0; i+1 < len(hdr); i += 2 {
+		req.Header.Set(hdr[i], hdr[i+1])
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	return resp, b
+}
+
+// TestHTTPErrors: each API error answers its status with a JSON error body,
+// nothing is written, and the node keeps serving.
+func TestHTTPErrors(t *testing.T) {
+	n := startNode(t, testOptions(t.TempDir()))
+	u := n.URL()
+	long := strings.Repeat("k", 5000)
+	type tc struct {
+		name   string
+		method string
+		path   string
+		body   io.Reader
+		status int
+		code   string
+	}
+	tests := []tc{
+		{"empty key", "PUT", "/v1/kv/", strings.NewReader("v"), 400, "bad_key"},
+		{"invalid utf-8 key", "PUT", "/v1/kv/%ff%fe", strings.NewReader("v"), 400, "bad_key"},
+		{"key over 4 KiB", "PUT", "/v1/kv/" + long, strings.NewReader("v"), 413, "too_large"},
+		{"value over 1 MiB", "PUT", "/v1/kv/big", bytes.NewReader(make([]byte, 1<<20+1)), 413, "too_large"},
+		{"value over 1 MiB, no length", "PUT", "/v1/kv/big", io.MultiReader(bytes.NewReader(make([]byte, 1<<20)), strings.NewReader("x")), 413, "too_large"},
+		{"absent key", "GET", "/v1/kv/never", nil, 404, "not_found"},
+		{"method", "POST", "/v1/kv/x", nil, 405, "method_not_allowed"},
+		{"range method", "DELETE", "/v1/kv?limit=x", nil, 405, "method_not_allowed"},
+		{"bad limit", "GET", "/v1/kv?limit=0", nil, 400, "bad_request"},
+		{"unknown path", "GET", "/v2/nothing", nil, 404, "not_found"},
+	}
+	for _, c := range tests {
+		req, _ := http.NewRequest(c.method, u+c.path, c.body)
+		if c.name == "value over 1 MiB, no length" {
+			req.ContentLength = -1
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatalf("%s: %v", c.name, err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != c.status || !strings.Contains(string(b), `"code":"`+c.code+`"`) ||
+			resp.Header.Get("Content-Type") != "application/json" {
+			t.Errorf("%s: %d %s, want %d with code %s", c.name, resp.StatusCode, b, c.status, c.code)
+		}
+	}
+	if n.wal.Last() != 0 {
+		t.Fatalf("bad requests wrote %d WAL entries", n.wal.Last())
+	}
+	resp, _ := do(t, "PUT", u+"/v1/kv/ok", strings.NewReader("fine"))
+	if resp.StatusCode != 200 {
+		t.Fatalf("node stopped serving after bad input: %d", resp.StatusCode)
+	}
+	// deleted keys read as 404 too
+	do(t, "DELETE", u+"/v1/kv/ok", nil)
+	resp, b := do(t, "GET", u+"/v1/kv/ok", nil)
+	if resp.StatusCode != 404 || !strings.Contains(string(b), `"error"`) {
+		t.Fatalf("deleted key: %d %s", resp.StatusCode, b)
+	}
+}
+
+func TestHTTPRoundTrip(t *testing.T) {
+	n := startNode(t, testOptions(t.TempDir()))
+	u := n.URL()
+	resp, b := do(t, "PUT", u+"/v1/kv/dir/sub%20key", strings.NewReader("hello"))
+	if resp.StatusCode != 200 || !strings.Contains(string(b), `"key":"dir/sub key"`) || !strings.Contains(string(b), `"origin":"a"`) {
+		t.Fatalf("put: %d %s", resp.StatusCode, b)
+	}
+	resp, b = do(t, "GET", u+"/v1/kv/dir/sub%20key", nil)
+	if resp.StatusCode != 200 || string(b) != "hello" || resp.Header.Get("X-Replicator-Origin") != "a" ||
+		!strings.HasPrefix(resp.Header.Get("ETag"), `"`) {
+		t.Fatalf("get: %d %q %v", resp.StatusCode, b, resp.Header)
+	}
+	resp, b = do(t, "GET", u+"/v1/kv?prefix=dir/", nil)
+	if resp.StatusCode != 200 || !strings.Contains(string(b), `"value":"aGVsbG8="`) {
+		t.Fatalf("scan: %d %s", resp.StatusCode, b)
+	}
+	resp, _ = do(t, "GET", u+"/readyz", nil)
+	if resp.StatusCode != 200 {
+		t.Fatalf("readyz %d", resp.StatusCode)
+	}
+}
+
+func TestShuttingDownAnswers503(t *testing.T) {
+	n := openNode(t, testOptions(t.TempDir()))
+	h := n.Handler()
+	n.Close()
+	req, _ := http.NewRequest("PUT", "/v1/kv/x", strings.NewReader("v"))
+	rec := &recorder{header: http.Header{}}
+	h.ServeHTTP(rec, req)
+	if rec.status != 503 || !strings.Contains(rec.body.String(), `"retryable":true`) {
+		t.Fatalf("write during shutdown: %d %s", rec.status, rec.body.String())
+	}
+}
+
+type recorder struct {
+	header http.Header
+	status int
+	body   bytes.Buffer
+}
+
+func (r *recorder) Header() http.Header         { return r.header }
+func (r *recorder) Write(b []byte) (int, error) { return r.body.Write(b) }
+func (r *recorder) WriteHeader(s int)           { r.status = s }
