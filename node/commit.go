@@ -273,6 +273,7 @@ func (c *committer) applyGroup(g *group) {
 		answerAll(g.props, fmt.Errorf("%w: in the WAL but not applied: %w", ErrUnknownOutcome, err))
 		return
 	}
+	n.applied.Store(g.ents[len(g.ents)-1].Index)
 	n.metrics.writes.Add(uint64(len(g.props)))
 	n.metrics.groups.Add(1)
 	for _, p := range g.props {

@@ -1,7 +1,6 @@
 package node
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -9,6 +8,7 @@ import (
 	"strconv"
 	"unicode/utf8"
 
+	"github.com/replicator/replicator/internal/httpjson"
 	"github.com/replicator/replicator/store"
 )
 
@@ -27,30 +27,19 @@ func (n *Node) Handler() http.Handler {
 	mux.HandleFunc(pathKV, n.handleRange)
 	mux.HandleFunc(pathHealthz, n.handleHealthz)
 	mux.HandleFunc(pathReadyz, n.handleReadyz)
+	n.registerAdmin(mux)
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, apiError{Code: "not_found", Message: "no such endpoint: " + r.URL.Path})
 	})
 	return mux
 }
 
-// apiError is the body of every error answer:
-// {"error": {"code", "message", "retryable", ...}}.
-type apiError struct {
-	Code      string `json:"code"`
-	Message   string `json:"message"`
-	Retryable bool   `json:"retryable"`
-}
+type apiError = httpjson.Error
 
-func writeJSON(w http.ResponseWriter, status int, v any) {
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(status)
-	enc := json.NewEncoder(w)
-	_ = enc.Encode(v)
-}
-
-func writeError(w http.ResponseWriter, status int, e apiError) {
-	writeJSON(w, status, map[string]any{"error": e})
-}
+var (
+	writeJSON  = httpjson.Write
+	writeError = httpjson.WriteError
+)
 
 // writeErr maps an error of the Go API to its HTTP answer.
 func writeErr(w http.ResponseWriter, err error) {

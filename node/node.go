@@ -18,9 +18,11 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/replicator/replicator/acceptor"
 	"github.com/replicator/replicator/hlc"
 	"github.com/replicator/replicator/origin"
 	"github.com/replicator/replicator/store"
+	"github.com/replicator/replicator/transport"
 	"github.com/replicator/replicator/wal"
 )
 
@@ -43,6 +45,11 @@ type Node struct {
 	store *store.Store
 	wal   *wal.Log
 	com   *committer
+
+	acceptor *acceptor.Acceptor
+	shippers []*transport.Shipper
+	// applied is the last local WAL index applied to the store.
+	applied atomic.Uint64
 
 	metrics struct {
 		writes atomic.Uint64 // local writes committed
@@ -109,6 +116,11 @@ func Open(ctx context.Context, opts *Options) (*Node, error) {
 		n.store.Close()
 		return nil, err
 	}
+	if err := n.setupReplication(); err != nil {
+		n.wal.Close()
+		n.store.Close()
+		return nil, err
+	}
 	n.com = newCommitter(n)
 	return n, nil
 }
@@ -155,6 +167,10 @@ func (n *Node) recover() error {
 		// as duplicates, so the WAL starts over as a new stream.
 		return n.rotateWAL(fmt.Sprintf("the WAL holds [%d, %d] but the store applied up to %d", n.wal.First(), last, applied))
 	}
+	n.applied.Store(applied)
+	if stream != n.wal.Stream() {
+		n.applied.Store(0)
+	}
 	if from > last {
 		return nil
 	}
@@ -182,6 +198,7 @@ func (n *Node) recover() error {
 		if err != nil {
 			return fmt.Errorf("node: recover: %w", err)
 		}
+		n.applied.Store(to)
 		replayed += int(to - from + 1)
 		from = to + 1
 	}
@@ -204,6 +221,7 @@ func (n *Node) rotateWAL(why string) error {
 	}
 	n.log.Error("WAL lost entries; started a new stream (peers need a re-seed)",
 		"why", why, "old_stream", old, "new_stream", n.wal.Stream(), "kept_at", aside)
+	n.applied.Store(0)
 	b := n.store.NewBatch()
 	defer b.Close()
 	return errors.Join(b.SetLocalApplied(n.wal.Stream(), 0), b.Commit(true))
@@ -212,9 +230,13 @@ func (n *Node) rotateWAL(why string) error {
 // Start listens on Options.Listen and serves the HTTP API, and starts the
 // background loops. It returns once the listener is bound.
 func (n *Node) Start() error {
-	ln, err := net.Listen("tcp", n.opts.Listen)
-	if err != nil {
-		return fmt.Errorf("node: listen %s: %w", n.opts.Listen, err)
+	ln := n.opts.Listener
+	if ln == nil {
+		var err error
+		ln, err = net.Listen("tcp", n.opts.Listen)
+		if err != nil {
+			return fmt.Errorf("node: listen %s: %w", n.opts.Listen, err)
+		}
 	}
 	n.ln = ln
 	n.srv = &http.Server{
@@ -235,6 +257,7 @@ func (n *Node) Start() error {
 	}()
 	n.bg.Add(1)
 	go n.gcLoop()
+	n.startReplication()
 	n.log.Info("serving", "addr", ln.Addr().String(), "stream", n.wal.Stream().String())
 	return nil
 }
@@ -298,9 +321,13 @@ func (n *Node) gcLoop() {
 	}
 }
 
-// CollectTombstones removes tombstones older than the retention window.
+// CollectTombstones removes the tombstones no write can resurrect any more
+// (see tombstoneCutoff).
 func (n *Node) CollectTombstones() (int, error) {
-	cutoff := hlc.Timestamp{Wall: n.clock.Physical() - int64(n.opts.TombstoneRetention)}
+	cutoff, err := n.tombstoneCutoff()
+	if err != nil || cutoff.IsZero() {
+		return 0, err
+	}
 	total := 0
 	for {
 		c, err := n.store.CollectTombstones(cutoff, 10000)

@@ -4,6 +4,9 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
+	"net/http"
+	"net/url"
 	"time"
 
 	"github.com/replicator/replicator/hlc"
@@ -27,6 +30,9 @@ type Options struct {
 	// Listen is the HTTP API address. Default 127.0.0.1:7400; ":0" picks a
 	// free port (see Node.Addr).
 	Listen string
+	// Listener, when set, is used instead of listening on Listen (so that
+	// peers' addresses can be known before their nodes open).
+	Listener net.Listener
 
 	// MaxKeyBytes bounds keys. Default 4096.
 	MaxKeyBytes int
@@ -51,6 +57,34 @@ type Options struct {
 	// UnsafeNoSync skips every fsync. It gives up durability: benchmarks
 	// of CPU cost only.
 	UnsafeNoSync bool
+
+	// Peers are the clusters this node replicates with (a full mesh: each
+	// ships its own writes to every peer).
+	Peers []Peer
+	// InsecurePeers allows peers without a secret. Off by default: a peer
+	// without one is a configuration error.
+	InsecurePeers bool
+	// MaxBatchEntries, MaxBatchBytes and BatchLinger bound outgoing
+	// batches (defaults 2048, 4 MiB, 2ms).
+	MaxBatchEntries int
+	MaxBatchBytes   int
+	BatchLinger     time.Duration
+	// MaxReplicateBytes bounds an incoming batch before decoding. Default
+	// 16 MiB.
+	MaxReplicateBytes int64
+	// PinWindow is how far behind its commit clock a write's LWW stamp may
+	// be (a caller-pinned idempotency stamp). Tombstones are kept until no
+	// write that old can still arrive. Default 1h; never above
+	// TombstoneRetention.
+	PinWindow time.Duration
+	// TruncateInterval is how often the WAL is cut back to what every peer
+	// acknowledged. Default 1s.
+	TruncateInterval time.Duration
+	// LinkLagging and LinkStalled classify peer links (defaults 5s, 60s).
+	LinkLagging, LinkStalled time.Duration
+	// PeerTransport replaces the HTTP transport of outgoing batches (tests
+	// wrap it to lose, delay or duplicate them).
+	PeerTransport http.RoundTripper
 
 	// Clock is the physical clock. Default the system clock. Tests pass a
 	// manual clock; robustness runs an offset clock.
@@ -92,6 +126,21 @@ func (o *Options) EnsureDefaults() {
 	}
 	if o.WALSegmentSize == 0 {
 		o.WALSegmentSize = 8 << 20
+	}
+	if o.MaxReplicateBytes == 0 {
+		o.MaxReplicateBytes = 16 << 20
+	}
+	if o.PinWindow == 0 {
+		o.PinWindow = time.Hour
+	}
+	if o.TruncateInterval == 0 {
+		o.TruncateInterval = time.Second
+	}
+	if o.LinkLagging == 0 {
+		o.LinkLagging = 5 * time.Second
+	}
+	if o.LinkStalled == 0 {
+		o.LinkStalled = time.Minute
 	}
 	if o.Clock == nil {
 		o.Clock = hlc.SystemClock{}
@@ -136,7 +185,42 @@ func (o *Options) Validate() error {
 	if o.MaxGroupEntries < 1 {
 		add("MaxGroupEntries %d is below 1", o.MaxGroupEntries)
 	}
+	if o.PinWindow <= 0 || o.PinWindow > o.TombstoneRetention {
+		add("PinWindow %s must be positive and at most TombstoneRetention %s", o.PinWindow, o.TombstoneRetention)
+	}
+	if o.LinkStalled < o.LinkLagging {
+		add("LinkStalled %s is below LinkLagging %s", o.LinkStalled, o.LinkLagging)
+	}
+	seen := map[string]bool{}
+	for _, p := range o.Peers {
+		if err := origin.Validate(p.Name); err != nil {
+			errs = append(errs, fmt.Errorf("node: peer %q: %w", p.Name, err))
+		}
+		if p.Name == o.ClusterID && o.ClusterID != "" {
+			add("peer %q is this node's own cluster", p.Name)
+		}
+		if seen[p.Name] {
+			add("peer %q configured twice", p.Name)
+		}
+		seen[p.Name] = true
+		if u, err := url.Parse(p.URL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			add("peer %q: URL %q is not an http(s) URL", p.Name, p.URL)
+		}
+		if p.Secret == "" && !o.InsecurePeers {
+			add("peer %q has no secret (--peer-secret %s=SECRET, or --insecure-peers)", p.Name, p.Name)
+		}
+	}
 	return errors.Join(errs...)
+}
+
+// Peer is one peer cluster.
+type Peer struct {
+	// Name is the peer's cluster ID.
+	Name string
+	// URL is the base URL of its replicate endpoint, e.g. http://b:7400.
+	URL string
+	// Secret authenticates the two clusters to each other (both directions).
+	Secret string
 }
 
 func (o *Options) resolver() origin.Resolver {

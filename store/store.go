@@ -696,3 +696,13 @@ func (p pebbleLogger) Fatalf(format string, args ...any) {
 	p.l.Error(fmt.Sprintf(format, args...), "component", "pebble")
 	panic(fmt.Sprintf(format, args...))
 }
+
+// Sync makes every batch committed so far durable (Pebble's WAL fsynced).
+// The local write path commits without sync because the outbound WAL is the
+// redo log; before that WAL is cut back, what it held must be durable here.
+func (s *Store) Sync() error {
+	if err := s.db.LogData(nil, pebble.Sync); err != nil {
+		return fmt.Errorf("store: sync: %w", err)
+	}
+	return nil
+}

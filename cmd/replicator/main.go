@@ -10,11 +10,14 @@ import (
 const usage = `replicator replicates a key-value tree between clusters, active-active.
 
 Usage:
+  replicator demo   [--keep]           two clusters on loopback, writing at once, converging
   replicator serve  [flags]            run a node (see 'replicator serve -h')
   replicator put    --addr URL KEY VALUE|-
   replicator get    --addr URL KEY
   replicator del    --addr URL KEY
   replicator scan   --addr URL [--prefix P] [--start S --end E] [--limit N]
+  replicator peers  --addr URL [--json]   replication links and what came in
+  replicator digest --addr URL [--json]   hash of the live state (equal on converged clusters)
 
 The client sub-commands default to --addr http://127.0.0.1:7400.
 `
@@ -29,8 +32,12 @@ func main() {
 	switch cmd {
 	case "serve":
 		err = runServe(args)
+	case "demo":
+		err = runDemo(args)
 	case "put", "get", "del", "scan":
 		err = runClient(cmd, args)
+	case "peers", "digest":
+		err = runAdmin(cmd, args)
 	case "help", "-h", "--help":
 		fmt.Print(usage)
 		return

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"sort"
 	"strings"
 	"syscall"
 	"time"
@@ -35,6 +36,50 @@ type serveConfig struct {
 	// ClockOffset shifts this node's physical clock. For robustness tests of
 	// clock skew only.
 	ClockOffset duration `yaml:"test_clock_offset"`
+
+	Peers         map[string]*peerConfig `yaml:"peers"`
+	InsecurePeers bool                   `yaml:"insecure_peers"`
+	BatchEntries  int                    `yaml:"batch_max_entries"`
+	BatchBytes    int                    `yaml:"batch_max_bytes"`
+	BatchLinger   duration               `yaml:"batch_linger"`
+	ReplicateMax  int64                  `yaml:"replicate_max_bytes"`
+	PinWindow     duration               `yaml:"pin_window"`
+}
+
+// peerConfig is one entry of the YAML peers map (and what --peer,
+// --peer-secret and --peer-secret-file fill in).
+type peerConfig struct {
+	URL        string `yaml:"url"`
+	Secret     string `yaml:"secret"`
+	SecretFile string `yaml:"secret_file"`
+}
+
+func (cfg *serveConfig) peer(name string) *peerConfig {
+	if cfg.Peers == nil {
+		cfg.Peers = map[string]*peerConfig{}
+	}
+	p := cfg.Peers[name]
+	if p == nil {
+		p = &peerConfig{}
+		cfg.Peers[name] = p
+	}
+	return p
+}
+
+// namedFlag is a repeatable NAME=VALUE flag.
+type namedFlag struct {
+	set func(name, value string)
+}
+
+func (f namedFlag) String() string { return "" }
+
+func (f namedFlag) Set(v string) error {
+	name, value, ok := strings.Cut(v, "=")
+	if !ok || name == "" {
+		return fmt.Errorf("want NAME=VALUE, got %q", v)
+	}
+	f.set(name, value)
+	return nil
 }
 
 // duration reads "24h", "500ms" from YAML.
@@ -96,6 +141,15 @@ func serveFlags(cfg *serveConfig) *flag.FlagSet {
 	fs.StringVar(&cfg.LogLevel, "log-level", cfg.LogLevel, "debug, info, warn or error")
 	fs.StringVar(&cfg.LogFormat, "log-format", cfg.LogFormat, "text or json")
 	fs.Var(&cfg.ClockOffset, "test-clock-offset", "shift this node's clock (robustness tests only)")
+	fs.Var(namedFlag{func(n, v string) { cfg.peer(n).URL = v }}, "peer", "a peer cluster as NAME=URL (repeatable)")
+	fs.Var(namedFlag{func(n, v string) { cfg.peer(n).Secret = v }}, "peer-secret", "a peer's shared secret as NAME=SECRET (repeatable)")
+	fs.Var(namedFlag{func(n, v string) { cfg.peer(n).SecretFile = v }}, "peer-secret-file", "a peer's shared secret read from NAME=PATH, trimmed (repeatable)")
+	fs.BoolVar(&cfg.InsecurePeers, "insecure-peers", cfg.InsecurePeers, "allow peers without a secret (closed networks and tests only)")
+	fs.IntVar(&cfg.BatchEntries, "batch-max-entries", cfg.BatchEntries, "most entries in one outgoing batch")
+	fs.IntVar(&cfg.BatchBytes, "batch-max-bytes", cfg.BatchBytes, "most bytes in one outgoing batch")
+	fs.Var(&cfg.BatchLinger, "batch-linger", "how long a batch waits to fill")
+	fs.Int64Var(&cfg.ReplicateMax, "replicate-max-bytes", cfg.ReplicateMax, "largest incoming batch in bytes")
+	fs.Var(&cfg.PinWindow, "pin-window", "how old a pinned idempotency stamp may be")
 	return fs
 }
 
@@ -129,6 +183,38 @@ func (cfg *serveConfig) nodeOptions(log *slog.Logger) (*node.Options, error) {
 		Logger:             log,
 	}
 	var errs []error
+	names := make([]string, 0, len(cfg.Peers))
+	for name := range cfg.Peers {
+		names = append(names, name)
+	}
+	sort.Strings(names)
+	for _, name := range names {
+		p := cfg.Peers[name]
+		secret := p.Secret
+		if p.SecretFile != "" {
+			if secret != "" {
+				errs = append(errs, fmt.Errorf("peer %s: give a secret or a secret file, not both", name))
+			}
+			b, err := os.ReadFile(p.SecretFile)
+			if err != nil {
+				errs = append(errs, fmt.Errorf("peer %s: secret file: %w", name, err))
+			}
+			secret = strings.TrimSpace(string(b))
+			if secret == "" && err == nil {
+				errs = append(errs, fmt.Errorf("peer %s: secret file %s is empty", name, p.SecretFile))
+			}
+		}
+		if p.URL == "" {
+			errs = append(errs, fmt.Errorf("peer %s has a secret but no URL (--peer %s=URL)", name, name))
+		}
+		o.Peers = append(o.Peers, node.Peer{Name: name, URL: p.URL, Secret: secret})
+	}
+	o.InsecurePeers = cfg.InsecurePeers
+	o.MaxBatchEntries = cfg.BatchEntries
+	o.MaxBatchBytes = cfg.BatchBytes
+	o.BatchLinger = time.Duration(cfg.BatchLinger)
+	o.MaxReplicateBytes = cfg.ReplicateMax
+	o.PinWindow = time.Duration(cfg.PinWindow)
 	if cfg.Origin != "" {
 		if cfg.ClusterID != "" {
 			errs = append(errs, errors.New("give --cluster-id or --origin, not both"))

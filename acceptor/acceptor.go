@@ -1,0 +1,380 @@
+// Package acceptor takes replication batches from peers: it authenticates
+// the sender, bounds and decodes the body, drops every entry it already
+// applied by the entry's WAL identity, merges the rest last-writer-wins and
+// raises the stream's high-water mark in one synced Pebble batch, then acks.
+//
+// The transport is at-least-once; the acceptor makes the apply at-most-once:
+// a retried, duplicated or re-shipped batch changes nothing the second time.
+package acceptor
+
+import (
+	"crypto/subtle"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"unicode/utf8"
+
+	"github.com/replicator/replicator/hlc"
+	"github.com/replicator/replicator/internal/httpjson"
+	"github.com/replicator/replicator/store"
+	"github.com/replicator/replicator/transport"
+	"github.com/replicator/replicator/wal"
+)
+
+// Store is what the acceptor needs of the tree.
+type Store interface {
+	NewBatch() *store.Batch
+}
+
+// Clock is what the acceptor needs of the hybrid logical clock.
+type Clock interface {
+	CheckOffset(hlc.Timestamp) error
+	Observe(hlc.Timestamp)
+	Last() hlc.Timestamp
+}
+
+// Refusal classes; every refusal wraps one, and the HTTP status follows it.
+var (
+	ErrUnauthenticated = errors.New("acceptor: unauthenticated")
+	ErrForbidden       = errors.New("acceptor: forbidden")
+	ErrBadBatch        = errors.New("acceptor: bad batch")
+	ErrTooLarge        = errors.New("acceptor: batch too large")
+	ErrClockOffset     = errors.New("acceptor: stamp beyond the max clock offset")
+)
+
+// GapError refuses a batch that does not continue the stream: the sender
+// must rewind to HWM and resend from HWM+1.
+type GapError struct {
+	Origin string
+	Stream wal.StreamID
+	HWM    uint64
+	Got    uint64
+}
+
+func (e *GapError) Error() string {
+	return fmt.Sprintf("acceptor: gap in stream %s of %s: got index %d, high-water mark %d", e.Stream, e.Origin, e.Got, e.HWM)
+}
+
+// Options configures an Acceptor.
+type Options struct {
+	// Local is this node's cluster ID. Entries of this origin are dropped.
+	Local string
+	// Secrets maps each peer cluster to the shared secret it authenticates
+	// with. A sender not in the map is refused.
+	Secrets map[string]string
+	// Insecure accepts peers without a secret (their header alone names
+	// them). For tests and closed networks only; --insecure-peers.
+	Insecure bool
+	// MaxBodyBytes bounds a batch before decoding. Default 16 MiB.
+	MaxBodyBytes int64
+	// MaxKeyBytes and MaxValueBytes bound each entry, as for local writes.
+	MaxKeyBytes, MaxValueBytes int
+	Logger                     *slog.Logger
+}
+
+// Counts are the acceptor's outcome counters, per origin cluster.
+type Counts struct {
+	Batches    uint64 `json:"batches"`
+	Applied    uint64 `json:"applied"`    // newly applied and won LWW
+	Stale      uint64 `json:"stale"`      // newly applied, lost LWW
+	Duplicates uint64 `json:"duplicates"` // already applied (hwm or equal stamp)
+	DroppedOwn uint64 `json:"dropped_own"`
+	Refused    uint64 `json:"refused"`
+}
+
+// Acceptor serves POST /v1/replicate. Safe for concurrent use.
+type Acceptor struct {
+	opts  Options
+	store Store
+	clock Clock
+
+	mu struct {
+		sync.Mutex
+		counts map[string]*Counts
+	}
+	refusals struct {
+		unauthenticated, forbidden, bad, tooLarge, offset, gap atomic.Uint64
+	}
+}
+
+// New returns an acceptor over st and clock.
+func New(st Store, clock Clock, opts Options) *Acceptor {
+	if opts.MaxBodyBytes <= 0 {
+		opts.MaxBodyBytes = 16 << 20
+	}
+	if opts.MaxKeyBytes <= 0 {
+		opts.MaxKeyBytes = 4096
+	}
+	if opts.MaxValueBytes <= 0 {
+		opts.MaxValueBytes = 1 << 20
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
+	a := &Acceptor{opts: opts, store: st, clock: clock}
+	a.mu.counts = map[string]*Counts{}
+	return a
+}
+
+// Counts returns a copy of the per-origin counters.
+func (a *Acceptor) Counts() map[string]Counts {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	out := make(map[string]Counts, len(a.mu.counts))
+	for k, v := range a.mu.counts {
+		out[k] = *v
+	}
+	return out
+}
+
+// REQUIRES: a.mu held.
+func (a *Acceptor) countsLocked(origin string) *Counts {
+	c := a.mu.counts[origin]
+	if c == nil {
+		c = &Counts{}
+		a.mu.counts[origin] = c
+	}
+	return c
+}
+
+// authenticate resolves the sender's cluster from its credentials, never
+// from the body.
+func (a *Acceptor) authenticate(r *http.Request) (string, error) {
+	sender := r.Header.Get(transport.HeaderOrigin)
+	if sender == "" {
+		return "", fmt.Errorf("%w: no %s header", ErrUnauthenticated, transport.HeaderOrigin)
+	}
+	secret, known := a.opts.Secrets[sender]
+	if !known {
+		return "", fmt.Errorf("%w: %q is not a configured peer", ErrUnauthenticated, sender)
+	}
+	if secret == "" && a.opts.Insecure {
+		return sender, nil
+	}
+	token, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+	if !ok {
+		return "", fmt.Errorf("%w: no bearer credential for %q", ErrUnauthenticated, sender)
+	}
+	if secret == "" || subtle.ConstantTimeCompare([]byte(token), []byte(secret)) != 1 {
+		return "", fmt.Errorf("%w: wrong credential for %q", ErrUnauthenticated, sender)
+	}
+	return sender, nil
+}
+
+// ServeHTTP implements POST /v1/replicate.
+func (a *Acceptor) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if r.Method != http.MethodPost {
+		w.Header().Set("Allow", "POST")
+		httpjson.WriteError(w, http.StatusMethodNotAllowed, httpjson.Error{Code: "method_not_allowed", Message: "POST a msgpack batch"})
+		return
+	}
+	sender, err := a.authenticate(r)
+	if err != nil {
+		a.refuse(w, "", err)
+		return
+	}
+	if ct := r.Header.Get("Content-Type"); ct != "" && ct != transport.ContentType {
+		a.refuse(w, sender, fmt.Errorf("%w: content type %q, want %s", ErrBadBatch, ct, transport.ContentType))
+		return
+	}
+	if r.ContentLength > a.opts.MaxBodyBytes {
+		a.refuse(w, sender, fmt.Errorf("%w: %d bytes, limit %d", ErrTooLarge, r.ContentLength, a.opts.MaxBodyBytes))
+		return
+	}
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, a.opts.MaxBodyBytes))
+	if err != nil {
+		var mbe *http.MaxBytesError
+		if errors.As(err, &mbe) {
+			err = fmt.Errorf("%w: more than %d bytes", ErrTooLarge, a.opts.MaxBodyBytes)
+		} else {
+			err = fmt.Errorf("%w: reading the body: %v", ErrBadBatch, err)
+		}
+		a.refuse(w, sender, err)
+		return
+	}
+	b, err := transport.DecodeBatch(body)
+	if err != nil {
+		a.refuse(w, sender, fmt.Errorf("%w: %w", ErrBadBatch, err))
+		return
+	}
+	ack, err := a.Apply(sender, b)
+	if err != nil {
+		a.refuse(w, sender, err)
+		return
+	}
+	httpjson.Write(w, http.StatusOK, ack)
+}
+
+func (a *Acceptor) refuse(w http.ResponseWriter, sender string, err error) {
+	e := httpjson.Error{Message: err.Error()}
+	var status int
+	var gap *GapError
+	switch {
+	case errors.As(err, &gap):
+		status, e.Code, e.HWM, e.Retryable = http.StatusConflict, "gap", &gap.HWM, true
+		a.refusals.gap.Add(1)
+	case errors.Is(err, ErrUnauthenticated):
+		status, e.Code = http.StatusUnauthorized, "unauthenticated"
+		a.refusals.unauthenticated.Add(1)
+	case errors.Is(err, ErrForbidden):
+		status, e.Code = http.StatusForbidden, "forbidden"
+		a.refusals.forbidden.Add(1)
+	case errors.Is(err, ErrTooLarge):
+		status, e.Code = http.StatusRequestEntityTooLarge, "too_large"
+		a.refusals.tooLarge.Add(1)
+	case errors.Is(err, ErrClockOffset):
+		status, e.Code, e.Retryable = http.StatusBadRequest, "clock_offset", true
+		a.refusals.offset.Add(1)
+	case errors.Is(err, ErrBadBatch):
+		status, e.Code = http.StatusBadRequest, "bad_batch"
+		if errors.Is(err, transport.ErrVersion) {
+			e.Code = "unsupported_version"
+		}
+		a.refusals.bad.Add(1)
+	default:
+		status, e.Code, e.Retryable = http.StatusInternalServerError, "internal", true
+	}
+	if sender != "" {
+		a.mu.Lock()
+		a.countsLocked(sender).Refused++
+		a.mu.Unlock()
+	}
+	if status != http.StatusConflict {
+		a.opts.Logger.Warn("replicate: batch refused", "sender", sender, "status", status, "err", err)
+	}
+	httpjson.WriteError(w, status, e)
+}
+
+// Apply runs the acceptor's steps on a decoded batch from an authenticated
+// sender. Nothing is applied unless everything is: a refusal leaves the store
+// as it was.
+func (a *Acceptor) Apply(sender string, b *transport.Batch) (transport.Ack, error) {
+	ack := transport.Ack{Accepted: len(b.Entries)}
+	if b.Sender != sender {
+		return ack, fmt.Errorf("%w: batch declares sender %q, credentials are for %q", ErrForbidden, b.Sender, sender)
+	}
+	var maxTS hlc.Timestamp
+	ents := make([]*wal.Entry, 0, len(b.Entries))
+	dropped := 0
+	for i := range b.Entries {
+		e := &b.Entries[i]
+		switch {
+		case e.Origin == a.opts.Local:
+			// Our own write, shipped back: it is here already.
+			dropped++
+			continue
+		case e.Origin != sender:
+			return ack, fmt.Errorf("%w: entry %d claims origin %q, sender is %q", ErrForbidden, e.Index, e.Origin, sender)
+		case e.Stream != b.Stream:
+			return ack, fmt.Errorf("%w: entry %d is of stream %s, batch of %s", ErrBadBatch, e.Index, e.Stream, b.Stream)
+		}
+		if err := a.checkEntry(e); err != nil {
+			return ack, err
+		}
+		for _, ts := range []hlc.Timestamp{e.Commit, e.Stamp} {
+			if err := a.clock.CheckOffset(ts); err != nil {
+				return ack, fmt.Errorf("%w: entry %d: %w", ErrClockOffset, e.Index, err)
+			}
+			if maxTS.Less(ts) {
+				maxTS = ts
+			}
+		}
+		if n := len(ents); n > 0 && e.Index != ents[n-1].Index+1 {
+			return ack, fmt.Errorf("%w: entry indexes %d then %d are not consecutive", ErrBadBatch, ents[n-1].Index, e.Index)
+		}
+		ents = append(ents, e)
+	}
+	ack.Duplicates = dropped
+	if len(ents) == 0 {
+		a.count(sender, func(c *Counts) { c.Batches++; c.DroppedOwn += uint64(dropped) })
+		return ack, nil
+	}
+	// Local writes stamped after this batch must sort above it.
+	a.clock.Observe(maxTS)
+
+	batch := a.store.NewBatch()
+	defer batch.Close()
+	hwm, err := batch.HWM(sender, b.Stream)
+	if err != nil {
+		return ack, err
+	}
+	var applied, stale, dups int
+	start := hwm.Index
+	for _, e := range ents {
+		if e.Index <= hwm.Index {
+			dups++ // exact duplicate by WAL identity
+			continue
+		}
+		if e.Index != hwm.Index+1 {
+			return ack, &GapError{Origin: sender, Stream: b.Stream, HWM: hwm.Index, Got: e.Index}
+		}
+		out, err := batch.Merge(store.Write{Key: e.Key, Value: e.Value, Tombstone: e.Op == store.OpDelete, Stamp: e.LWW()})
+		if err != nil {
+			return ack, err
+		}
+		switch out {
+		case store.Applied:
+			applied++
+		case store.Stale:
+			stale++
+		case store.Duplicate:
+			dups++ // content duplicate: same stamp already stored
+		}
+		hwm.Index, hwm.Commit = e.Index, e.Commit
+	}
+	if hwm.Index > start {
+		if err := errors.Join(batch.SetHWM(hwm), batch.SetHLC(a.clock.Last())); err != nil {
+			return ack, err
+		}
+		// Nothing else holds these entries: sync before acking.
+		if err := batch.Commit(true); err != nil {
+			return ack, err
+		}
+	}
+	ack.Applied = applied + stale
+	ack.Duplicates += dups
+	ack.HWM = hwm.Index
+	a.count(sender, func(c *Counts) {
+		c.Batches++
+		c.Applied += uint64(applied)
+		c.Stale += uint64(stale)
+		c.Duplicates += uint64(dups)
+		c.DroppedOwn += uint64(dropped)
+	})
+	return ack, nil
+}
+
+func (a *Acceptor) count(origin string, f func(*Counts)) {
+	a.mu.Lock()
+	f(a.countsLocked(origin))
+	a.mu.Unlock()
+}
+
+func (a *Acceptor) checkEntry(e *wal.Entry) error {
+	switch {
+	case len(e.Key) > a.opts.MaxKeyBytes:
+		return fmt.Errorf("%w: entry %d: key of %d bytes, limit %d", ErrBadBatch, e.Index, len(e.Key), a.opts.MaxKeyBytes)
+	case !utf8.ValidString(e.Key):
+		return fmt.Errorf("%w: entry %d: key is not valid UTF-8", ErrBadBatch, e.Index)
+	case len(e.Value) > a.opts.MaxValueBytes:
+		return fmt.Errorf("%w: entry %d: value of %d bytes, limit %d", ErrBadBatch, e.Index, len(e.Value), a.opts.MaxValueBytes)
+	}
+	return nil
+}
+
+// Refusals returns refusal counts by reason.
+func (a *Acceptor) Refusals() map[string]uint64 {
+	return map[string]uint64{
+		"unauthenticated": a.refusals.unauthenticated.Load(),
+		"forbidden":       a.refusals.forbidden.Load(),
+		"bad_batch":       a.refusals.bad.Load(),
+		"too_large":       a.refusals.tooLarge.Load(),
+		"clock_offset":    a.refusals.offset.Load(),
+		"gap":             a.refusals.gap.Load(),
+	}
+}

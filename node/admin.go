@@ -1,0 +1,121 @@
+package node
+
+import (
+	"net/http"
+
+	"github.com/replicator/replicator/acceptor"
+	"github.com/replicator/replicator/transport"
+)
+
+// Admin paths. Each handler is a thin wrapper over a method that returns a
+// struct, so tests and the CLI see exactly what the endpoint serves.
+const (
+	pathAdminPeers  = "/admin/peers"
+	pathAdminDigest = "/admin/digest"
+	pathAdminWAL    = "/admin/wal"
+	pathAdminOrigin = "/admin/origin"
+	pathReplicate   = "/v1/replicate"
+)
+
+// PeersReport is GET /admin/peers.
+type PeersReport struct {
+	Cluster  string                     `json:"cluster"`
+	Links    []transport.Status         `json:"links"`
+	Incoming map[string]acceptor.Counts `json:"incoming"`
+	Refusals map[string]uint64          `json:"refusals"`
+}
+
+// PeersReport reports outgoing links and what came in from each peer.
+func (n *Node) PeersReport() PeersReport {
+	return PeersReport{
+		Cluster:  n.cluster,
+		Links:    n.PeerStatus(),
+		Incoming: n.acceptor.Counts(),
+		Refusals: n.acceptor.Refusals(),
+	}
+}
+
+// DigestReport is GET /admin/digest.
+type DigestReport struct {
+	Cluster    string `json:"cluster"`
+	Digest     string `json:"digest"`
+	Keys       int    `json:"keys"`
+	Tombstones int    `json:"tombstones"`
+}
+
+// DigestReport hashes the live state.
+func (n *Node) DigestReport() (DigestReport, error) {
+	d, err := n.Digest()
+	if err != nil {
+		return DigestReport{}, err
+	}
+	return DigestReport{Cluster: n.cluster, Digest: d.Hash, Keys: d.Keys, Tombstones: d.Tombstones}, nil
+}
+
+// WALReport is GET /admin/wal.
+type WALReport struct {
+	Stream        string `json:"stream"`
+	First         uint64 `json:"first_index"`
+	Last          uint64 `json:"last_index"`
+	Applied       uint64 `json:"applied_index"`
+	Bytes         int64  `json:"bytes"`
+	Segments      int    `json:"segments"`
+	Repairs       int64  `json:"torn_tail_repairs"`
+	DroppedBytes  int64  `json:"torn_tail_dropped_bytes"`
+	WriteFailures int64  `json:"write_failures"`
+	Writes        uint64 `json:"writes"`
+	Groups        uint64 `json:"commit_groups"`
+}
+
+// WALReport describes the outbound WAL.
+func (n *Node) WALReport() WALReport {
+	st := n.wal.Stats()
+	return WALReport{
+		Stream: st.Stream.String(), First: st.First, Last: st.Last, Applied: n.applied.Load(),
+		Bytes: st.Bytes, Segments: st.Segments, Repairs: st.Repairs, DroppedBytes: st.DroppedBytes,
+		WriteFailures: st.WriteFailures, Writes: n.metrics.writes.Load(), Groups: n.metrics.groups.Load(),
+	}
+}
+
+// OriginReport is GET /admin/origin.
+type OriginReport struct {
+	Cluster  string `json:"cluster"`
+	Resolver string `json:"resolver"`
+	Stream   string `json:"stream"`
+}
+
+// OriginReport tells which cluster this node is and how it knows.
+func (n *Node) OriginReport() OriginReport {
+	return OriginReport{Cluster: n.cluster, Resolver: n.resolver, Stream: n.wal.Stream().String()}
+}
+
+func getOnly(f func(w http.ResponseWriter, r *http.Request)) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		if r.Method != http.MethodGet && r.Method != http.MethodHead {
+			methodNotAllowed(w, r, "GET, HEAD")
+			return
+		}
+		f(w, r)
+	}
+}
+
+func (n *Node) registerAdmin(mux *http.ServeMux) {
+	mux.Handle(pathReplicate, n.acceptor)
+	mux.HandleFunc(pathAdminPeers, getOnly(func(w http.ResponseWriter, r *http.Request) {
+		writeJSON(w, http.StatusOK, n.PeersReport())
+	}))
+	mux.HandleFunc(pathAdminDigest, getOnly(func(w http.ResponseWriter, r *http.Request) {
+		d, err := n.DigestReport()
+		if err != nil {
+			writeErr(w, err)
+			return
+		}
+		writeJSON(w, http.StatusOK, d)
+	}))
+	mux.HandleFunc(pathAdminWAL, getOnly(func(w http.ResponseWriter, r *http.Request) {
+		writeJSON(w, http.StatusOK, n.WALReport())
+	}))
+	mux.HandleFunc(pathAdminOrigin, getOnly(func(w http.ResponseWriter, r *http.Request) {
+		writeJSON(w, http.StatusOK, n.OriginReport())
+	}))
+}

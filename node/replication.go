@@ -1,0 +1,163 @@
+package node
+
+import (
+	"context"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/replicator/replicator/acceptor"
+	"github.com/replicator/replicator/hlc"
+	"github.com/replicator/replicator/transport"
+	"github.com/replicator/replicator/wal"
+)
+
+// setupReplication builds the acceptor and one shipper per peer.
+func (n *Node) setupReplication() error {
+	secrets := make(map[string]string, len(n.opts.Peers))
+	for _, p := range n.opts.Peers {
+		secrets[p.Name] = p.Secret
+	}
+	n.acceptor = acceptor.New(n.store, n.clock, acceptor.Options{
+		Local:         n.cluster,
+		Secrets:       secrets,
+		Insecure:      n.opts.InsecurePeers,
+		MaxBodyBytes:  n.opts.MaxReplicateBytes,
+		MaxKeyBytes:   n.opts.MaxKeyBytes,
+		MaxValueBytes: n.opts.MaxValueBytes,
+		Logger:        n.log,
+	})
+	client := &http.Client{Transport: n.opts.PeerTransport}
+	if client.Transport == nil {
+		client.Transport = &http.Transport{MaxIdleConnsPerHost: 4, IdleConnTimeout: 90 * time.Second}
+	}
+	for _, p := range n.opts.Peers {
+		sh, err := transport.NewShipper(transport.Peer{Name: p.Name, URL: p.URL, Secret: p.Secret}, n.wal, n.store, transport.Options{
+			Local:           n.cluster,
+			MaxBatchEntries: n.opts.MaxBatchEntries,
+			MaxBatchBytes:   n.opts.MaxBatchBytes,
+			Linger:          n.opts.BatchLinger,
+			Client:          client,
+			Now:             n.clock.Physical,
+			Logger:          n.log.With("peer", p.Name),
+		})
+		if err != nil {
+			return err
+		}
+		n.shippers = append(n.shippers, sh)
+	}
+	return nil
+}
+
+// startReplication runs the shippers and the truncation loop until stop.
+func (n *Node) startReplication() {
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	for _, sh := range n.shippers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			sh.Run(ctx)
+		}()
+	}
+	n.bg.Add(1)
+	go func() {
+		// Exits when stop is closed, after the shippers it cancels.
+		defer n.bg.Done()
+		t := time.NewTicker(n.opts.TruncateInterval)
+		defer t.Stop()
+		for {
+			select {
+			case <-n.stop:
+				cancel()
+				wg.Wait()
+				return
+			case <-t.C:
+				if err := n.TruncateWAL(); err != nil {
+					n.log.Warn("wal truncation", "err", err)
+				}
+			}
+		}
+	}()
+}
+
+// TruncateWAL cuts the WAL back to what every peer acknowledged and the
+// store holds durably.
+func (n *Node) TruncateWAL() error {
+	upTo := n.applied.Load()
+	for _, sh := range n.shippers {
+		upTo = min(upTo, sh.Acked())
+	}
+	if upTo < n.wal.First() {
+		return nil
+	}
+	// Everything up to upTo is applied; make it durable before the redo
+	// log forgets it.
+	if err := n.store.Sync(); err != nil {
+		return err
+	}
+	return n.wal.TruncateFront(upTo + 1)
+}
+
+// tombstoneCutoff is the stamp below which tombstones may go: older than
+// the retention window, and older (by the pin window) than the applied
+// commit frontier of every peer cluster, so that no write older than a
+// collected tombstone can still arrive and resurrect its key.
+func (n *Node) tombstoneCutoff() (hlc.Timestamp, error) {
+	cutoff := hlc.Timestamp{Wall: n.clock.Physical() - int64(n.opts.TombstoneRetention)}
+	if len(n.opts.Peers) == 0 {
+		return cutoff, nil
+	}
+	hwms, err := n.store.HWMs()
+	if err != nil {
+		return hlc.Timestamp{}, err
+	}
+	// A peer cluster's frontier is the furthest of its streams (a stream it
+	// lost and replaced never advances again).
+	frontier := map[string]hlc.Timestamp{}
+	for _, h := range hwms {
+		if f := frontier[h.Origin]; f.Less(h.Commit) {
+			frontier[h.Origin] = h.Commit
+		}
+	}
+	for _, p := range n.opts.Peers {
+		f, ok := frontier[p.Name]
+		if !ok {
+			// Nothing known from this peer yet: it may hold any old write.
+			return hlc.Timestamp{}, nil
+		}
+		if lim := f.Add(-n.opts.PinWindow); lim.Less(cutoff) {
+			cutoff = lim
+		}
+	}
+	return cutoff, nil
+}
+
+// oldestCommitWall reads the commit HLC's wall time of a WAL entry, for the
+// age of a link's oldest unacknowledged entry.
+func (n *Node) oldestCommitWall(index uint64) (int64, bool) {
+	p, err := n.wal.ReadRaw(index)
+	if err != nil {
+		return 0, false
+	}
+	e, err := wal.NewCodec().DecodeEntry(p, n.wal.Defaults())
+	if err != nil {
+		return 0, false
+	}
+	return e.Commit.Wall, true
+}
+
+// PeerStatus reports every link.
+func (n *Node) PeerStatus() []transport.Status {
+	st := n.wal.Stats()
+	avg := 0.0
+	if entries := st.Last - st.First + 1; st.Last >= st.First && entries > 0 {
+		avg = float64(st.Bytes) / float64(entries)
+	}
+	th := transport.Thresholds{Lagging: n.opts.LinkLagging, Stalled: n.opts.LinkStalled}
+	out := make([]transport.Status, 0, len(n.shippers))
+	for _, sh := range n.shippers {
+		out = append(out, sh.Status(th, avg, n.oldestCommitWall))
+	}
+	return out
+}
