@@ -326,6 +326,7 @@ func (a *Acceptor) Apply(sender string, b *transport.Batch) (transport.Ack, erro
 			dups++ // content duplicate: same stamp already stored
 		}
 		hwm.Index, hwm.Commit = e.Index, e.Commit
+		hwm.Merged++
 	}
 	if hwm.Index > start {
 		if err := errors.Join(batch.SetHWM(hwm), batch.SetHLC(a.clock.Last())); err != nil {

@@ -5,6 +5,7 @@ import (
 
 	"github.com/replicator/replicator/acceptor"
 	"github.com/replicator/replicator/transport"
+	"github.com/replicator/replicator/wal"
 )
 
 // Admin paths. Each handler is a thin wrapper over a method that returns a
@@ -23,16 +24,39 @@ type PeersReport struct {
 	Links    []transport.Status         `json:"links"`
 	Incoming map[string]acceptor.Counts `json:"incoming"`
 	Refusals map[string]uint64          `json:"refusals"`
+	Streams  []StreamReport             `json:"streams"`
+}
+
+// StreamReport is what this node applied of one peer stream (persisted).
+type StreamReport struct {
+	Origin string `json:"origin"`
+	Stream string `json:"stream"`
+	HWM    uint64 `json:"hwm"`
+	// Merged entries went through an LWW merge; it equals HWM unless an
+	// entry was applied twice (or the stream began past index 1).
+	Merged uint64 `json:"merged"`
+	// Frontier is the commit HLC of the last applied entry.
+	Frontier string `json:"frontier"`
 }
 
 // PeersReport reports outgoing links and what came in from each peer.
 func (n *Node) PeersReport() PeersReport {
-	return PeersReport{
+	r := PeersReport{
 		Cluster:  n.cluster,
 		Links:    n.PeerStatus(),
 		Incoming: n.acceptor.Counts(),
 		Refusals: n.acceptor.Refusals(),
+		Streams:  []StreamReport{},
 	}
+	hwms, err := n.store.HWMs()
+	if err != nil {
+		n.log.Warn("reading high-water marks", "err", err)
+	}
+	for _, h := range hwms {
+		r.Streams = append(r.Streams, StreamReport{Origin: h.Origin, Stream: wal.StreamID(h.Stream).String(),
+			HWM: h.Index, Merged: h.Merged, Frontier: h.Commit.String()})
+	}
+	return r
 }
 
 // DigestReport is GET /admin/digest.

@@ -12,7 +12,7 @@ import (
 
 // Key spaces of replication bookkeeping:
 //
-//	h<origin>\x00<stream:16>   acceptor high-water mark: index(8) | commit hlc(12)
+//	h<origin>\x00<stream:16>   acceptor high-water mark: index(8) | commit hlc(12) | merged(8)
 //	c<peer>                    shipper cursor: stream(16) | acked index(8)
 const (
 	prefixHWM    = 'h'
@@ -21,13 +21,18 @@ const (
 
 // HWM is what this node applied of one origin stream: every index at or
 // below Index is applied, and Commit is the commit HLC of that entry (the
-// stream's applied commit frontier).
+// stream's applied commit frontier). Merged counts the entries that went
+// through a merge; it commits with them, so it survives crashes exactly and
+// exceeds the number of distinct indexes only if an entry was applied twice.
 type HWM struct {
 	Origin string
 	Stream [16]byte
 	Index  uint64
 	Commit hlc.Timestamp
+	Merged uint64
 }
+
+const hwmValueLen = 8 + hlc.EncodedLen + 8
 
 func hwmKey(origin string, stream [16]byte) []byte {
 	k := make([]byte, 0, 2+len(origin)+16)
@@ -39,17 +44,18 @@ func hwmKey(origin string, stream [16]byte) []byte {
 
 func decodeHWM(key, v []byte) (HWM, error) {
 	var h HWM
-	if len(key) < 1+1+1+16 || key[len(key)-17] != 0 || len(v) != 8+hlc.EncodedLen {
+	if len(key) < 1+1+1+16 || key[len(key)-17] != 0 || len(v) != hwmValueLen {
 		return h, fmt.Errorf("%w: high-water mark record", ErrCorrupt)
 	}
 	h.Origin = string(key[1 : len(key)-17])
 	copy(h.Stream[:], key[len(key)-16:])
 	h.Index = binary.BigEndian.Uint64(v[:8])
-	ts, err := hlc.Decode(v[8:])
+	ts, err := hlc.Decode(v[8 : 8+hlc.EncodedLen])
 	if err != nil {
 		return h, fmt.Errorf("%w: high-water mark: %v", ErrCorrupt, err)
 	}
 	h.Commit = ts
+	h.Merged = binary.BigEndian.Uint64(v[8+hlc.EncodedLen:])
 	return h, nil
 }
 
@@ -70,8 +76,9 @@ func (b *Batch) HWM(origin string, stream [16]byte) (HWM, error) {
 
 // SetHWM raises an origin stream's high-water mark in the batch.
 func (b *Batch) SetHWM(h HWM) error {
-	v := binary.BigEndian.AppendUint64(make([]byte, 0, 8+hlc.EncodedLen), h.Index)
+	v := binary.BigEndian.AppendUint64(make([]byte, 0, hwmValueLen), h.Index)
 	v = h.Commit.AppendTo(v)
+	v = binary.BigEndian.AppendUint64(v, h.Merged)
 	return b.pb.Set(hwmKey(h.Origin, h.Stream), v, nil)
 }
 

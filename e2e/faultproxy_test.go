@@ -1,0 +1,131 @@
+package e2e
+
+import (
+	"bytes"
+	"io"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// faultProxy sits on a replication link (the sender's --peer URL points at
+// it) and does to each batch what the test says: forward it, lose the answer
+// after the receiver applied it, forward it twice, delay it, or cut the link.
+type faultProxy struct {
+	t      *testing.T
+	target string
+	ln     net.Listener
+	srv    *http.Server
+	client *http.Client
+
+	mu struct {
+		sync.Mutex
+		r        *rand.Rand
+		down     bool          // refuse every request (connection cut)
+		loseAck  float64       // probability of losing the answer after forwarding
+		dup      float64       // probability of forwarding twice
+		delay    time.Duration // added before forwarding
+		loseNext int           // lose the answers of the next n batches
+	}
+	forwarded, lostAcks, duplicated, refused atomic.Int64
+}
+
+func newFaultProxy(t *testing.T, target string, seed uint64) *faultProxy {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &faultProxy{t: t, target: target, ln: ln,
+		client: &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: 8}}}
+	p.mu.r = newRand(seed)
+	p.srv = &http.Server{Handler: http.HandlerFunc(p.serve), ReadHeaderTimeout: 10 * time.Second}
+	go p.srv.Serve(ln) // exits when Close shuts the server down
+	t.Cleanup(func() { p.srv.Close() })
+	return p
+}
+
+func (p *faultProxy) url() string { return "http://" + p.ln.Addr().String() }
+
+func (p *faultProxy) setLoseAck(prob float64)  { p.mu.Lock(); p.mu.loseAck = prob; p.mu.Unlock() }
+func (p *faultProxy) setDup(prob float64)      { p.mu.Lock(); p.mu.dup = prob; p.mu.Unlock() }
+func (p *faultProxy) setDelay(d time.Duration) { p.mu.Lock(); p.mu.delay = d; p.mu.Unlock() }
+func (p *faultProxy) loseNextAcks(n int)       { p.mu.Lock(); p.mu.loseNext = n; p.mu.Unlock() }
+func (p *faultProxy) setDown(down bool)        { p.mu.Lock(); p.mu.down = down; p.mu.Unlock() }
+
+func (p *faultProxy) roll(prob float64) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return prob > 0 && p.mu.r.Float64() < prob
+}
+
+// cut closes the client's connection without an answer.
+func cut(w http.ResponseWriter) {
+	if hj, ok := w.(http.Hijacker); ok {
+		if c, _, err := hj.Hijack(); err == nil {
+			c.Close()
+			return
+		}
+	}
+	w.WriteHeader(http.StatusBadGateway)
+}
+
+func (p *faultProxy) serve(w http.ResponseWriter, r *http.Request) {
+	body, err := io.ReadAll(r.Body)
+	if err != nil {
+		cut(w)
+		return
+	}
+	p.mu.Lock()
+	down, loseAck, dup, delay := p.mu.down, p.mu.loseAck, p.mu.dup, p.mu.delay
+	loseThis := false
+	if p.mu.loseNext > 0 {
+		p.mu.loseNext--
+		loseThis = true
+	}
+	p.mu.Unlock()
+	if down {
+		p.refused.Add(1)
+		cut(w)
+		return
+	}
+	if delay > 0 {
+		time.Sleep(delay)
+	}
+	forward := func() (*http.Response, error) {
+		req, _ := http.NewRequestWithContext(r.Context(), r.Method, p.target+r.URL.RequestURI(), bytes.NewReader(body))
+		req.Header = r.Header.Clone()
+		return p.client.Do(req)
+	}
+	if p.roll(dup) {
+		if resp, err := forward(); err == nil {
+			io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			p.duplicated.Add(1)
+		}
+	}
+	resp, err := forward()
+	if err != nil {
+		cut(w)
+		return
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	p.forwarded.Add(1)
+	if loseThis || p.roll(loseAck) {
+		// The receiver applied the batch; the sender never hears of it.
+		p.lostAcks.Add(1)
+		cut(w)
+		return
+	}
+	for k, vs := range resp.Header {
+		for _, v := range vs {
+			w.Header().Add(k, v)
+		}
+	}
+	w.WriteHeader(resp.StatusCode)
+	w.Write(b)
+}

@@ -1,0 +1,209 @@
+package transport_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"net/http"
+	"net/http/httptest"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/replicator/replicator/acceptor"
+	"github.com/replicator/replicator/hlc"
+	"github.com/replicator/replicator/store"
+	"github.com/replicator/replicator/transport"
+	"github.com/replicator/replicator/wal"
+)
+
+var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
+
+func TestBackoff(t *testing.T) {
+	lo, hi := 100*time.Millisecond, 30*time.Second
+	want := []time.Duration{100, 200, 400, 800, 1600, 3200, 6400, 12800, 25600, 30000, 30000}
+	for i, w := range want {
+		if got := transport.Backoff(i+1, lo, hi, 0, nil); got != w*time.Millisecond {
+			t.Errorf("failure %d: %s, want %s", i+1, got, w*time.Millisecond)
+		}
+	}
+	r := rand.New(rand.NewPCG(1, 2))
+	for n := 1; n < 15; n++ {
+		base := transport.Backoff(n, lo, hi, 0, nil)
+		for i := 0; i < 200; i++ {
+			d := transport.Backoff(n, lo, hi, 0.2, r)
+			if d > hi || float64(d) < 0.8*float64(base)-1 || float64(d) > 1.2*float64(base)+1 {
+				t.Fatalf("failure %d: jittered %s outside ±20%% of %s or above %s", n, d, base, hi)
+			}
+		}
+	}
+}
+
+// faultyTransport loses answers (after the receiver applied) and duplicates
+// batches, at rates from a seeded source.
+type faultyTransport struct {
+	next             http.RoundTripper
+	mu               sync.Mutex
+	r                *rand.Rand
+	loseAck, dup     float64
+	lost, duplicated atomic.Int64
+}
+
+func (f *faultyTransport) roll(p float64) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.r.Float64() < p
+}
+
+func (f *faultyTransport) RoundTrip(r *http.Request) (*http.Response, error) {
+	body, _ := io.ReadAll(r.Body)
+	send := func() (*http.Response, error) {
+		req := r.Clone(r.Context())
+		req.Body = io.NopCloser(bytes.NewReader(body))
+		req.ContentLength = int64(len(body))
+		return f.next.RoundTrip(req)
+	}
+	if f.roll(f.dup) {
+		if resp, err := send(); err == nil {
+			io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			f.duplicated.Add(1)
+		}
+	}
+	resp, err := send()
+	if err == nil && f.roll(f.loseAck) {
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		f.lost.Add(1)
+		return nil, errors.New("fault: answer lost")
+	}
+	return resp, err
+}
+
+// TestShipperExactUnderLostAcksAndDuplicates ships a WAL through a link that
+// loses answers and duplicates batches: the receiver must end up with every
+// entry applied exactly once.
+func TestShipperExactUnderLostAcksAndDuplicates(t *testing.T) {
+	seed := uint64(time.Now().UnixNano())
+	t.Logf("seed %d", seed)
+	dir := t.TempDir()
+	log, err := wal.Open(dir+"/wal", &wal.Options{Origin: "a", Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer log.Close()
+	src, err := store.Open(dir+"/src", &store.Options{Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer src.Close()
+	dst, err := store.Open(dir+"/dst", &store.Options{Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dst.Close()
+	acc := acceptor.New(dst, hlc.NewClock(nil, 0), acceptor.Options{Local: "b", Secrets: map[string]string{"a": "s"}, Logger: quiet})
+	srv := httptest.NewServer(acc)
+	defer srv.Close()
+	ft := &faultyTransport{next: http.DefaultTransport, r: rand.New(rand.NewPCG(seed, 7)), loseAck: 0.3, dup: 0.2}
+	sh, err := transport.NewShipper(transport.Peer{Name: "b", URL: srv.URL, Secret: "s"}, log, src, transport.Options{
+		Local: "a", MaxBatchEntries: 37, BackoffMin: time.Millisecond, BackoffMax: 5 * time.Millisecond,
+		Client: &http.Client{Transport: ft}, Logger: quiet,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { sh.Run(ctx); close(done) }()
+
+	clock := hlc.NewClock(nil, 0)
+	const total = 2000
+	for i := 0; i < total; i += 50 {
+		var ents []*wal.Entry
+		for j := i; j < i+50; j++ {
+			ents = append(ents, &wal.Entry{Commit: clock.Now(), Op: store.OpSet, Key: fmt.Sprintf("k%04d", j%700), Value: []byte(fmt.Sprint(j))})
+		}
+		if err := log.Append(ents); err != nil {
+			t.Fatal(err)
+		}
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for sh.Acked() < total && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	cancel()
+	<-done
+	if sh.Acked() != total {
+		t.Fatalf("seed %d: acked %d of %d", seed, sh.Acked(), total)
+	}
+	c := acc.Counts()["a"]
+	if c.Applied+c.Stale != total {
+		t.Fatalf("seed %d: %d entries applied for %d distinct WAL identities", seed, c.Applied+c.Stale, total)
+	}
+	if ft.lost.Load() == 0 || c.Duplicates == 0 {
+		t.Fatalf("seed %d: the faults did not happen (lost %d, duplicates %d): the test proved nothing", seed, ft.lost.Load(), c.Duplicates)
+	}
+	for j := total - 700; j < total; j++ {
+		r, err := dst.Get(fmt.Sprintf("k%04d", j%700))
+		if err != nil || string(r.Value) != fmt.Sprint(j) {
+			t.Fatalf("seed %d: key k%04d = %q %v, want %d", seed, j%700, r.Value, err, j)
+		}
+	}
+	// The persisted cursor is where the shipper stopped.
+	cur, ok, err := src.Cursor("b")
+	if err != nil || !ok || cur.Index != total || cur.Stream != log.Stream() {
+		t.Fatalf("persisted cursor %+v %v %v", cur, ok, err)
+	}
+	t.Logf("lost %d acks, duplicated %d batches, %d duplicates absorbed", ft.lost.Load(), ft.duplicated.Load(), c.Duplicates)
+}
+
+func TestRewindOnGap(t *testing.T) {
+	dir := t.TempDir()
+	log, _ := wal.Open(dir+"/wal", &wal.Options{Origin: "a", Logger: quiet})
+	defer log.Close()
+	src, _ := store.Open(dir+"/src", &store.Options{Logger: quiet})
+	defer src.Close()
+	dst, _ := store.Open(dir+"/dst", &store.Options{Logger: quiet})
+	defer dst.Close()
+	acc := acceptor.New(dst, hlc.NewClock(nil, 0), acceptor.Options{Local: "b", Secrets: map[string]string{"a": "s"}, Logger: quiet})
+	srv := httptest.NewServer(acc)
+	defer srv.Close()
+	clock := hlc.NewClock(nil, 0)
+	var ents []*wal.Entry
+	for j := 0; j < 100; j++ {
+		ents = append(ents, &wal.Entry{Commit: clock.Now(), Op: store.OpSet, Key: fmt.Sprint(j), Value: []byte("v")})
+	}
+	log.Append(ents)
+	// The cursor claims the peer has 60 entries; it has none (its data was
+	// wiped): the gap answer must rewind the shipper to 0.
+	src.SetCursor("b", store.Cursor{Stream: log.Stream(), Index: 60})
+	sh, err := transport.NewShipper(transport.Peer{Name: "b", URL: srv.URL, Secret: "s"}, log, src, transport.Options{Local: "a", Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { sh.Run(ctx); close(done) }()
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) {
+		if d, _ := dst.Digest(); d.Keys == 100 {
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	cancel()
+	<-done
+	if d, _ := dst.Digest(); d.Keys != 100 {
+		t.Fatalf("receiver holds %d of 100 keys after the rewind", d.Keys)
+	}
+	st := sh.Status(transport.Thresholds{}, 0, func(uint64) (int64, bool) { return 0, false })
+	if st.Rewinds == 0 {
+		t.Fatalf("no rewind counted: %+v", st)
+	}
+}
