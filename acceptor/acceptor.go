@@ -17,6 +17,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 	"unicode/utf8"
 
 	"github.com/replicator/replicator/hlc"
@@ -74,7 +75,12 @@ type Options struct {
 	MaxBodyBytes int64
 	// MaxKeyBytes and MaxValueBytes bound each entry, as for local writes.
 	MaxKeyBytes, MaxValueBytes int
-	Logger                     *slog.Logger
+	// ObserveLag, when set, is told each applied entry's replication lag:
+	// the local physical clock at apply minus the entry's commit HLC.
+	ObserveLag func(origin string, lag time.Duration)
+	// Now reads the physical clock (nanoseconds) for ObserveLag.
+	Now    func() int64
+	Logger *slog.Logger
 }
 
 // Counts are the acceptor's outcome counters, per origin cluster.
@@ -335,6 +341,14 @@ func (a *Acceptor) Apply(sender string, b *transport.Batch) (transport.Ack, erro
 		// Nothing else holds these entries: sync before acking.
 		if err := batch.Commit(true); err != nil {
 			return ack, err
+		}
+	}
+	if a.opts.ObserveLag != nil && a.opts.Now != nil {
+		now := a.opts.Now()
+		for _, e := range ents {
+			if e.Index > start {
+				a.opts.ObserveLag(sender, time.Duration(now-e.Commit.Wall))
+			}
 		}
 	}
 	ack.Applied = applied + stale

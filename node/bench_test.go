@@ -3,10 +3,13 @@ package node
 import (
 	"context"
 	"fmt"
+	"sort"
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
+	"github.com/cockroachdb/pebble/v2"
 	twal "github.com/tidwall/wal"
 )
 
@@ -77,5 +80,149 @@ func BenchmarkRawWALBatch(b *testing.B) {
 			b.StopTimer()
 			b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "writes/s")
 		})
+	}
+}
+
+// BenchmarkReplicationOneway: 200,000 durable 100-byte writes at a (64
+// writers), timed from the first write until b holds all of them; b applies
+// with synced Pebble batches. Compare with BenchmarkRawPebbleIngest.
+//
+//	go test ./node -run '^$' -bench 'ReplicationOneway|RawPebbleIngest' -benchtime 1x -count 5
+func BenchmarkReplicationOneway(b *testing.B) {
+	const total = 200000
+	for i := 0; i < b.N; i++ {
+		b.StopTimer()
+		m := newTestMesh(b, nil, nil, "a", "b")
+		na, nb := m.nodes["a"], m.nodes["b"]
+		value := make([]byte, 100)
+		var next atomic.Int64
+		var wg sync.WaitGroup
+		b.StartTimer()
+		start := time.Now()
+		for w := 0; w < 64; w++ {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for {
+					i := next.Add(1)
+					if i > total {
+						return
+					}
+					if _, err := na.Put(context.Background(), fmt.Sprintf("key-%012d", i), value); err != nil {
+						b.Error(err)
+						return
+					}
+				}
+			}()
+		}
+		wg.Wait()
+		local := time.Since(start)
+		for {
+			hw, _ := nb.store.HWMs()
+			if len(hw) == 1 && hw[0].Index == total {
+				break
+			}
+			time.Sleep(time.Millisecond)
+		}
+		el := time.Since(start)
+		b.StopTimer()
+		b.ReportMetric(total/el.Seconds(), "entries/s")
+		b.ReportMetric(total/local.Seconds(), "local-writes/s")
+		na.Close()
+		nb.Close()
+	}
+}
+
+// BenchmarkRawPebbleIngest is the ceiling: the same 200,000 keys and values
+// into a bare Pebble in synced batches of 100.
+func BenchmarkRawPebbleIngest(b *testing.B) {
+	const total, batch = 200000, 100
+	for i := 0; i < b.N; i++ {
+		b.StopTimer()
+		db, err := pebble.Open(b.TempDir(), &pebble.Options{Logger: pebbleQuiet{}})
+		if err != nil {
+			b.Fatal(err)
+		}
+		value := make([]byte, 100)
+		b.StartTimer()
+		start := time.Now()
+		for j := 0; j < total; j += batch {
+			pb := db.NewBatch()
+			for k := j; k < j+batch; k++ {
+				pb.Set([]byte(fmt.Sprintf("dkey-%012d", k)), value, nil)
+			}
+			if err := pb.Commit(pebble.Sync); err != nil {
+				b.Fatal(err)
+			}
+		}
+		el := time.Since(start)
+		b.StopTimer()
+		b.ReportMetric(total/el.Seconds(), "entries/s")
+		db.Close()
+	}
+}
+
+type pebbleQuiet struct{}
+
+func (pebbleQuiet) Infof(string, ...any)  {}
+func (pebbleQuiet) Errorf(string, ...any) {}
+func (pebbleQuiet) Fatalf(format string, args ...any) {
+	panic(fmt.Sprintf(format, args...))
+}
+
+// BenchmarkReplicationLag writes at a steady 10,000 writes/s at a for 5
+// seconds and reports the replication lag at b (apply time minus commit
+// HLC) as percentiles.
+//
+//	go test ./node -run '^$' -bench ReplicationLag -benchtime 1x -count 3
+func BenchmarkReplicationLag(b *testing.B) {
+	const rate, seconds = 10000, 5
+	for i := 0; i < b.N; i++ {
+		b.StopTimer()
+		var mu sync.Mutex
+		var lags []time.Duration
+		m := newTestMesh(b, nil, func(o *Options) {
+			o.ObserveLag = func(_ string, d time.Duration) {
+				mu.Lock()
+				lags = append(lags, d)
+				mu.Unlock()
+			}
+			o.BatchLinger = 0 // the default
+		}, "a", "b")
+		na, nb := m.nodes["a"], m.nodes["b"]
+		value := make([]byte, 100)
+		b.StartTimer()
+		start := time.Now()
+		var wg sync.WaitGroup
+		sem := make(chan struct{}, 256)
+		for j := 0; j < rate*seconds; j++ {
+			due := start.Add(time.Duration(j) * time.Second / rate)
+			if d := time.Until(due); d > 0 {
+				time.Sleep(d)
+			}
+			sem <- struct{}{}
+			wg.Add(1)
+			go func(j int) {
+				defer wg.Done()
+				defer func() { <-sem }()
+				na.Put(context.Background(), fmt.Sprintf("key-%012d", j), value)
+			}(j)
+		}
+		wg.Wait()
+		for {
+			hw, _ := nb.store.HWMs()
+			if len(hw) == 1 && hw[0].Index == rate*seconds {
+				break
+			}
+			time.Sleep(time.Millisecond)
+		}
+		b.StopTimer()
+		sort.Slice(lags, func(x, y int) bool { return lags[x] < lags[y] })
+		pct := func(p float64) float64 { return float64(lags[int(p*float64(len(lags)-1))].Microseconds()) / 1000 }
+		b.ReportMetric(pct(0.5), "p50-ms")
+		b.ReportMetric(pct(0.99), "p99-ms")
+		b.ReportMetric(pct(1), "max-ms")
+		na.Close()
+		nb.Close()
 	}
 }

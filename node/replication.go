@@ -25,6 +25,8 @@ func (n *Node) setupReplication() error {
 		MaxBodyBytes:  n.opts.MaxReplicateBytes,
 		MaxKeyBytes:   n.opts.MaxKeyBytes,
 		MaxValueBytes: n.opts.MaxValueBytes,
+		ObserveLag:    n.opts.ObserveLag,
+		Now:           n.clock.Physical,
 		Logger:        n.log,
 	})
 	client := &http.Client{Transport: n.opts.PeerTransport}

@@ -88,6 +88,7 @@ func DecodeBatch(body []byte) (*Batch, error) {
 		b       Batch
 		version uint64
 		raw     []byte
+		decoded bool
 		have    = map[string]bool{}
 	)
 	for i := 0; i < n; i++ {
@@ -115,7 +116,13 @@ func DecodeBatch(body []byte) (*Batch, error) {
 			}
 			copy(b.Stream[:], s)
 		case "entries":
-			raw, err = dec.DecodeRaw()
+			if have["sender"] && have["stream"] {
+				// The usual order: decode in place, no second pass.
+				b.Entries, err = decodeEntries(dec, &b)
+				decoded = true
+			} else {
+				raw, err = dec.DecodeRaw()
+			}
 		default:
 			return nil, fmt.Errorf("%w: unknown field %q", ErrMalformed, name)
 		}
@@ -135,28 +142,40 @@ func DecodeBatch(body []byte) (*Batch, error) {
 	if b.Stream.IsZero() {
 		return nil, fmt.Errorf("%w: no stream", ErrMalformed)
 	}
+	if decoded {
+		// Entries were decoded against a sender and stream not yet
+		// validated; they are now, and entries carry them by default.
+		return &b, nil
+	}
 	if raw == nil {
 		return nil, fmt.Errorf("%w: no entries field", ErrMalformed)
 	}
 	erd := bytes.NewReader(raw)
-	ed := msgpack.NewDecoder(erd)
-	count, err := ed.DecodeArrayLen()
-	if err != nil || count < 0 || count > MaxBatchEntries {
-		return nil, fmt.Errorf("%w: entries: want an array of at most %d", ErrMalformed, MaxBatchEntries)
-	}
-	d := wal.Defaults{Origin: b.Sender, Stream: b.Stream}
-	b.Entries = make([]wal.Entry, 0, min(count, 4096))
-	for i := 0; i < count; i++ {
-		e, err := wal.DecodeEntryFrom(ed, d)
-		if err != nil {
-			return nil, fmt.Errorf("%w: entry %d: %v", ErrMalformed, i, err)
-		}
-		b.Entries = append(b.Entries, e)
+	b.Entries, err = decodeEntries(msgpack.NewDecoder(erd), &b)
+	if err != nil {
+		return nil, err
 	}
 	if erd.Len() != 0 {
 		return nil, fmt.Errorf("%w: trailing bytes after the entries", ErrMalformed)
 	}
 	return &b, nil
+}
+
+func decodeEntries(dec *msgpack.Decoder, b *Batch) ([]wal.Entry, error) {
+	count, err := dec.DecodeArrayLen()
+	if err != nil || count < 0 || count > MaxBatchEntries {
+		return nil, fmt.Errorf("%w: entries: want an array of at most %d", ErrMalformed, MaxBatchEntries)
+	}
+	d := wal.Defaults{Origin: b.Sender, Stream: b.Stream}
+	ents := make([]wal.Entry, 0, min(count, 4096))
+	for i := 0; i < count; i++ {
+		e, err := wal.DecodeEntryFrom(dec, d)
+		if err != nil {
+			return nil, fmt.Errorf("%w: entry %d: %v", ErrMalformed, i, err)
+		}
+		ents = append(ents, e)
+	}
+	return ents, nil
 }
 
 // Ack is the acceptor's JSON answer to a batch it took (HTTP 200), and the

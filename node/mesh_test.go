@@ -1,0 +1,180 @@
+package node
+
+import (
+	"context"
+	"errors"
+	"net"
+	"net/http"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/replicator/replicator/hlc"
+)
+
+// switchboard is the PeerTransport of in-process meshes: it lets the test
+// cut any directed link.
+type switchboard struct {
+	mu      sync.Mutex
+	blocked map[string]bool // "from->host:port"
+	next    http.RoundTripper
+}
+
+type boardTransport struct {
+	from string
+	sb   *switchboard
+}
+
+func (t boardTransport) RoundTrip(r *http.Request) (*http.Response, error) {
+	t.sb.mu.Lock()
+	blocked := t.sb.blocked[t.from+"->"+r.URL.Host]
+	t.sb.mu.Unlock()
+	if blocked {
+		return nil, errors.New("switchboard: link cut")
+	}
+	return t.sb.next.RoundTrip(r)
+}
+
+type testMesh struct {
+	t     testing.TB
+	nodes map[string]*Node
+	addrs map[string]string
+	sb    *switchboard
+}
+
+// newTestMesh opens a full mesh of in-process nodes sharing one manual
+// physical clock.
+func newTestMesh(t testing.TB, pc hlc.PhysicalClock, tweak func(*Options), names ...string) *testMesh {
+	m := &testMesh{t: t, nodes: map[string]*Node{}, addrs: map[string]string{},
+		sb: &switchboard{blocked: map[string]bool{}, next: &http.Transport{}}}
+	lns := map[string]net.Listener{}
+	for _, n := range names {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		lns[n], m.addrs[n] = ln, ln.Addr().String()
+	}
+	for _, n := range names {
+		o := testOptions(t.TempDir())
+		o.ClusterID = n
+		o.Listener = lns[n]
+		o.Clock = pc
+		o.BatchLinger = -1
+		o.PeerTransport = boardTransport{from: n, sb: m.sb}
+		for _, p := range names {
+			if p != n {
+				o.Peers = append(o.Peers, Peer{Name: p, URL: "http://" + m.addrs[p], Secret: "s"})
+			}
+		}
+		if tweak != nil {
+			tweak(o)
+		}
+		nd := openNode(t, o)
+		if err := nd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		m.nodes[n] = nd
+		t.Cleanup(func() { nd.Close() })
+	}
+	return m
+}
+
+func (m *testMesh) cut(from, to string, cut bool) {
+	m.sb.mu.Lock()
+	m.sb.blocked[from+"->"+m.addrs[to]] = cut
+	m.sb.mu.Unlock()
+}
+
+// settle waits until every link that is not cut has shipped everything.
+func (m *testMesh) settle() {
+	m.t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for time.Now().Before(deadline) {
+		done := true
+		for name, n := range m.nodes {
+			for _, l := range n.PeerStatus() {
+				m.sb.mu.Lock()
+				cut := m.sb.blocked[name+"->"+m.addrs[l.Peer]]
+				m.sb.mu.Unlock()
+				if !cut && l.EntriesBehind > 0 {
+					done = false
+				}
+			}
+		}
+		if done {
+			return
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	m.t.Fatal("links did not settle")
+}
+
+// TestTombstoneOutlivesDelayedOlderWrite: cluster c's older write of a key
+// is held back on its way to a while b deletes the key and the tombstone
+// passes its retention window at a. a must keep the tombstone (c's applied
+// frontier is behind it), so the late write arrives stale instead of
+// resurrecting the key; once c's frontier moves past, a collects it.
+func TestTombstoneOutlivesDelayedOlderWrite(t *testing.T) {
+	pc := hlc.NewManualClock(int64(1000 * time.Hour))
+	m := newTestMesh(t, pc, func(o *Options) {
+		o.TombstoneRetention = 10 * time.Minute
+		o.PinWindow = time.Minute
+	}, "a", "b", "c")
+	a, b, c := m.nodes["a"], m.nodes["b"], m.nodes["c"]
+	ctx := context.Background()
+
+	// c is known to a, with a frontier.
+	if _, err := c.Put(ctx, "warmup", []byte("x")); err != nil {
+		t.Fatal(err)
+	}
+	m.settle()
+
+	m.cut("c", "a", true)
+	pc.Advance(time.Second)
+	if _, err := c.Put(ctx, "k", []byte("old from c")); err != nil {
+		t.Fatal(err)
+	}
+	pc.Advance(time.Second)
+	if _, err := b.Delete(ctx, "k"); err != nil {
+		t.Fatal(err)
+	}
+	m.settle()
+	if _, err := a.Get("k"); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("a before the late write: %v", err)
+	}
+
+	pc.Advance(11 * time.Minute) // the tombstone is past retention
+	if n, err := a.CollectTombstones(); err != nil || n != 0 {
+		t.Fatalf("a collected %d tombstones (%v) while c's older write can still arrive", n, err)
+	}
+
+	m.cut("c", "a", false)
+	m.settle()
+	if r, err := a.Get("k"); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("c's late, older write resurrected k at a: %q %v", r.Value, err)
+	}
+	da, _ := a.Digest()
+	for _, n := range []*Node{b, c} {
+		if d, _ := n.Digest(); d.Hash != da.Hash {
+			t.Fatalf("digests differ after the late write: %+v vs %+v", d, da)
+		}
+	}
+
+	// c's frontier moves past the tombstone (plus the pin window): now no
+	// older write can come, and a collects it.
+	pc.Advance(2 * time.Minute)
+	if _, err := c.Put(ctx, "later", []byte("y")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.Put(ctx, "later-b", []byte("y")); err != nil {
+		t.Fatal(err)
+	}
+	m.settle()
+	if n, err := a.CollectTombstones(); err != nil || n != 1 {
+		t.Fatalf("a collected %d tombstones (%v) once every frontier passed, want 1", n, err)
+	}
+	if d, _ := a.Digest(); d.Tombstones != 0 || d.Hash == "" {
+		t.Fatalf("after collection: %+v", d)
+	}
+}
