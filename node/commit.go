@@ -73,19 +73,25 @@ type committer struct {
 	exited chan struct{}
 
 	pending []*proposal // scratch of run
-	prev    int         // size of the last group answered
+	prev    int         // writers expected back for the next group
 }
 
-// maxLinger bounds how long a group waits for more writers.
-const maxLinger = 50 * time.Microsecond
+// maxLinger bounds how long a group waits for more writers; lingerGap is how
+// long it waits for the next one before giving up on the rest.
+const (
+	maxLinger = 100 * time.Microsecond
+	lingerGap = 20 * time.Microsecond
+)
 
-// linger waits, yielding, for the writers of the group just answered to come
-// back before the next fsync, so that they share it instead of waiting a
-// whole fsync more: with an fsync of fixed cost, group size is throughput.
-// It waits at most maxLinger, and not at all when nobody is coming back.
+// linger waits, yielding, for the writers of the group just answered (and
+// those that were queued behind it) to come back before the next fsync, so
+// that they share it instead of waiting a whole fsync more: with an fsync of
+// fixed cost, group size is throughput. It waits at most maxLinger, gives up
+// once arrivals pause for lingerGap, and does not wait at all for a writer
+// alone.
 func (c *committer) linger() {
 	target := min(c.prev, c.n.opts.MaxGroupEntries)
-	var t0 time.Time
+	var start, last time.Time
 	for len(c.pending) < target {
 		select {
 		case q, ok := <-c.in:
@@ -93,12 +99,18 @@ func (c *committer) linger() {
 				return
 			}
 			c.pending = append(c.pending, q)
+			last = time.Time{}
 			continue
 		default:
 		}
-		if t0.IsZero() {
-			t0 = time.Now()
-		} else if time.Since(t0) > maxLinger {
+		now := time.Now()
+		if start.IsZero() {
+			start = now
+		}
+		if last.IsZero() {
+			last = now
+		}
+		if now.Sub(start) > maxLinger || now.Sub(last) > lingerGap {
 			return
 		}
 		runtime.Gosched()
@@ -185,7 +197,9 @@ func (c *committer) run() {
 		c.prev = 0
 		if g := c.makeDurable(c.pending); g != nil {
 			c.applyGroup(g)
-			c.prev = len(g.props)
+			// Expect back the writers just answered and those already
+			// queued behind them.
+			c.prev = len(g.props) + len(c.in)
 		}
 	}
 }
