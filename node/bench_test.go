@@ -210,18 +210,22 @@ func BenchmarkReplicationLag(b *testing.B) {
 		}
 		wg.Wait()
 		for {
-			hw, _ := nb.store.HWMs()
-			if len(hw) == 1 && hw[0].Index == rate*seconds {
+			mu.Lock()
+			n := len(lags)
+			mu.Unlock()
+			if n == rate*seconds {
 				break
 			}
 			time.Sleep(time.Millisecond)
 		}
 		b.StopTimer()
+		mu.Lock()
 		sort.Slice(lags, func(x, y int) bool { return lags[x] < lags[y] })
 		pct := func(p float64) float64 { return float64(lags[int(p*float64(len(lags)-1))].Microseconds()) / 1000 }
 		b.ReportMetric(pct(0.5), "p50-ms")
 		b.ReportMetric(pct(0.99), "p99-ms")
 		b.ReportMetric(pct(1), "max-ms")
+		mu.Unlock()
 		na.Close()
 		nb.Close()
 	}
