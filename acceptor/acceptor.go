@@ -75,6 +75,9 @@ type Options struct {
 	MaxBodyBytes int64
 	// MaxKeyBytes and MaxValueBytes bound each entry, as for local writes.
 	MaxKeyBytes, MaxValueBytes int
+	// PinWindow bounds how far an entry's LWW stamp may lie behind its
+	// commit HLC (0: unchecked).
+	PinWindow time.Duration
 	// ObserveLag, when set, is told each applied entry's replication lag:
 	// the local physical clock at apply minus the entry's commit HLC.
 	ObserveLag func(origin string, lag time.Duration)
@@ -319,7 +322,7 @@ func (a *Acceptor) Apply(sender string, b *transport.Batch) (transport.Ack, erro
 		if e.Index != hwm.Index+1 {
 			return ack, &GapError{Origin: sender, Stream: b.Stream, HWM: hwm.Index, Got: e.Index}
 		}
-		out, err := batch.Merge(store.Write{Key: e.Key, Value: e.Value, Tombstone: e.Op == store.OpDelete, Stamp: e.LWW()})
+		out, err := e.Apply(batch)
 		if err != nil {
 			return ack, err
 		}
@@ -378,6 +381,10 @@ func (a *Acceptor) checkEntry(e *wal.Entry) error {
 		return fmt.Errorf("%w: entry %d: key is not valid UTF-8", ErrBadBatch, e.Index)
 	case len(e.Value) > a.opts.MaxValueBytes:
 		return fmt.Errorf("%w: entry %d: value of %d bytes, limit %d", ErrBadBatch, e.Index, len(e.Value), a.opts.MaxValueBytes)
+	case a.opts.PinWindow > 0 && e.Stamp.Wall < e.Commit.Wall-int64(a.opts.PinWindow):
+		// A stamp that old could resurrect a tombstone already collected.
+		return fmt.Errorf("%w: entry %d: stamp %s is older than its commit %s by more than the pin window %s",
+			ErrBadBatch, e.Index, e.Stamp, e.Commit, a.opts.PinWindow)
 	}
 	return nil
 }

@@ -1,6 +1,7 @@
 package node
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -41,6 +42,12 @@ var (
 	// ErrNotWritten wraps failures after which the write certainly did not
 	// take effect.
 	ErrNotWritten = errors.New("node: not written")
+	// ErrIdempotencyConflict refuses a request whose Idempotency-Key was
+	// already used by a different request.
+	ErrIdempotencyConflict = errors.New("node: idempotency key reused for a different request")
+	// ErrPinOutOfWindow refuses a write whose pinned stamp is older than the
+	// pin window or further ahead than the max clock offset.
+	ErrPinOutOfWindow = errors.New("node: pinned stamp outside the pin window")
 )
 
 const (
@@ -51,12 +58,30 @@ const (
 
 type proposal struct {
 	entry wal.Entry
+	// pin is the caller's pinned LWW stamp (an idempotency scope); zero
+	// means the commit HLC.
+	pin hlc.Timestamp
+	// idem is the keyed request this write answers, if any.
+	idem  *idemRequest
 	state atomic.Int32
 	done  chan struct{}
 
 	// results, valid after done is closed
 	outcome store.Outcome
-	err     error
+	// replay is set when the answer is a recorded one: nothing was written.
+	replay *store.IdemRecord
+	// replayOf is an earlier proposal of the same group under the same key:
+	// this one is answered with its record.
+	replayOf *proposal
+	err      error
+}
+
+// idemRequest is a request carrying an Idempotency-Key.
+type idemRequest struct {
+	key         string
+	fingerprint []byte
+	// answer renders the recorded answer from the stamped entry.
+	answer func(e *wal.Entry) (status int, body []byte)
 }
 
 type committer struct {
@@ -72,7 +97,8 @@ type committer struct {
 	failed atomic.Pointer[error]
 	exited chan struct{}
 
-	pending []*proposal // scratch of run
+	pending      []*proposal // scratch of run
+	groupReplays []*proposal // proposals replaying a write of the current group
 	prev    int         // writers expected back for the next group
 }
 
@@ -224,25 +250,110 @@ func (c *committer) makeDurable(pending []*proposal) *group {
 	}
 	n := c.n
 	g.ents = make([]*wal.Entry, 0, len(g.props))
+	writing := g.props[:0]
+	var keyed map[string]*proposal
 	for _, p := range g.props {
+		if p.idem != nil {
+			// Decided in commit order, so two concurrent first attempts
+			// of one key cannot both write.
+			if keyed == nil {
+				keyed = map[string]*proposal{}
+			}
+			if done := c.settleKeyed(p, keyed); done {
+				continue
+			}
+			keyed[p.idem.key] = p
+		}
 		// Stamp inside the commit order: commit HLCs grow with WAL indexes.
+		p.entry.Origin = n.cluster
 		p.entry.Commit = n.clock.Now()
-		if p.entry.Stamp.IsZero() {
-			p.entry.Stamp = p.entry.Commit
+		p.entry.Stamp = p.entry.Commit
+		if !p.pin.IsZero() {
+			if err := n.checkPin(p.pin, p.entry.Commit); err != nil {
+				p.err = err
+				close(p.done)
+				continue
+			}
+			p.entry.Stamp = p.pin
+		}
+		if p.idem != nil {
+			st, body := p.idem.answer(&p.entry)
+			p.entry.Idem = &wal.Idem{Key: p.idem.key, Fingerprint: p.idem.fingerprint, Status: st, Body: body,
+				Expires: p.entry.Commit.Wall + int64(n.opts.IdempotencyWindow)}
 		}
 		g.high = p.entry.Commit
 		g.ents = append(g.ents, &p.entry)
+		writing = append(writing, p)
+	}
+	g.props = writing
+	if len(g.ents) == 0 {
+		c.answerReplays()
+		return nil
 	}
 	if err := n.wal.Append(g.ents); err != nil {
 		if errors.Is(err, wal.ErrBroken) {
 			c.fail(err)
 			answerAll(g.props, fmt.Errorf("%w: %w", ErrUnknownOutcome, err))
-			return nil
+		} else {
+			answerAll(g.props, fmt.Errorf("%w: %w", ErrNotWritten, err))
 		}
-		answerAll(g.props, fmt.Errorf("%w: %w", ErrNotWritten, err))
+		c.answerReplays()
 		return nil
 	}
 	return g
+}
+
+// settleKeyed answers a keyed proposal whose key is already recorded (a
+// replay, or 422 for another request under the key), or parks it behind an
+// earlier proposal of the same key in this group. It reports whether p needs
+// no write of its own.
+func (c *committer) settleKeyed(p *proposal, keyed map[string]*proposal) bool {
+	if first, ok := keyed[p.idem.key]; ok {
+		if !bytes.Equal(first.idem.fingerprint, p.idem.fingerprint) {
+			p.err = fmt.Errorf("%w: key %q", ErrIdempotencyConflict, p.idem.key)
+			close(p.done)
+			return true
+		}
+		p.replayOf = first
+		c.groupReplays = append(c.groupReplays, p)
+		return true
+	}
+	rec, ok, err := c.n.store.Idem(p.idem.key)
+	if err != nil {
+		p.err = fmt.Errorf("%w: %w", ErrNotWritten, err)
+		close(p.done)
+		return true
+	}
+	if !ok || rec.Expires <= c.n.clock.Physical() {
+		return false
+	}
+	if !bytes.Equal(rec.Fingerprint, p.idem.fingerprint) {
+		p.err = fmt.Errorf("%w: key %q", ErrIdempotencyConflict, p.idem.key)
+	} else {
+		p.replay = &rec
+	}
+	close(p.done)
+	return true
+}
+
+// answerReplays answers the proposals that replay a write of this group,
+// once that write is applied (or failed).
+func (c *committer) answerReplays() {
+	for _, p := range c.groupReplays {
+		first := p.replayOf
+		switch {
+		case first.err != nil:
+			p.err = first.err
+		case first.entry.Idem != nil:
+			p.replay = &store.IdemRecord{Key: first.idem.key, Fingerprint: first.idem.fingerprint,
+				Status: first.entry.Idem.Status, Body: first.entry.Idem.Body, Stamp: first.entry.LWW(),
+				Expires: first.entry.Idem.Expires}
+		default:
+			p.err = fmt.Errorf("%w: the first attempt under the key was refused", ErrNotWritten)
+		}
+		close(p.done)
+	}
+	c.groupReplays = c.groupReplays[:0]
 }
 
 // applyGroup applies a durable group to Pebble with the applied index and
@@ -251,20 +362,14 @@ func (c *committer) applyGroup(g *group) {
 	if errp := c.failed.Load(); errp != nil {
 		// In the WAL, so a restart applies it; not readable until then.
 		answerAll(g.props, fmt.Errorf("%w: in the WAL but not applied: %w", ErrUnknownOutcome, *errp))
+		c.answerReplays()
 		return
 	}
 	n := c.n
 	b := n.store.NewBatch()
 	var err error
 	for _, p := range g.props {
-		e := &p.entry
-		p.outcome, err = b.Merge(store.Write{
-			Key:       e.Key,
-			Value:     e.Value,
-			Tombstone: e.Op == store.OpDelete,
-			Stamp:     e.LWW(),
-		})
-		if err != nil {
+		if p.outcome, err = p.entry.Apply(b); err != nil {
 			break
 		}
 	}
@@ -285,6 +390,7 @@ func (c *committer) applyGroup(g *group) {
 		// then the node must not take writes whose reads would miss it.
 		c.fail(fmt.Errorf("apply to the store: %w", err))
 		answerAll(g.props, fmt.Errorf("%w: in the WAL but not applied: %w", ErrUnknownOutcome, err))
+		c.answerReplays()
 		return
 	}
 	n.applied.Store(g.ents[len(g.ents)-1].Index)
@@ -293,6 +399,7 @@ func (c *committer) applyGroup(g *group) {
 	for _, p := range g.props {
 		close(p.done)
 	}
+	c.answerReplays()
 }
 
 func (c *committer) fail(err error) {

@@ -10,6 +10,7 @@ import (
 
 	"github.com/replicator/replicator/internal/httpjson"
 	"github.com/replicator/replicator/store"
+	"github.com/replicator/replicator/wal"
 )
 
 // API paths; every route is registered on one mux in Handler.
@@ -27,6 +28,7 @@ func (n *Node) Handler() http.Handler {
 	mux.HandleFunc(pathKV, n.handleRange)
 	mux.HandleFunc(pathHealthz, n.handleHealthz)
 	mux.HandleFunc(pathReadyz, n.handleReadyz)
+	mux.HandleFunc(pathIdem, n.handleIdem)
 	n.registerAdmin(mux)
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, apiError{Code: "not_found", Message: "no such endpoint: " + r.URL.Path})
@@ -48,6 +50,13 @@ func writeErr(w http.ResponseWriter, err error) {
 		writeError(w, http.StatusBadRequest, apiError{Code: "bad_key", Message: err.Error()})
 	case errors.Is(err, ErrKeyTooLarge), errors.Is(err, ErrValueTooLarge):
 		writeError(w, http.StatusRequestEntityTooLarge, apiError{Code: "too_large", Message: err.Error()})
+	case errors.Is(err, errBadRequest):
+		writeError(w, http.StatusBadRequest, apiError{Code: "bad_request", Message: err.Error()})
+	case errors.Is(err, ErrIdempotencyConflict):
+		writeError(w, http.StatusUnprocessableEntity, apiError{Code: "idempotency_key_reused",
+			Message: err.Error() + ": an Idempotency-Key names one request; use a new key for a new request"})
+	case errors.Is(err, ErrPinOutOfWindow):
+		writeError(w, http.StatusBadRequest, apiError{Code: "pin_out_of_window", Message: err.Error()})
 	case errors.Is(err, ErrNotFound):
 		writeError(w, http.StatusNotFound, apiError{Code: "not_found", Message: err.Error()})
 	case errors.Is(err, ErrUnknownOutcome):
@@ -89,29 +98,27 @@ func (n *Node) handleKey(w http.ResponseWriter, r *http.Request) {
 		if r.Method == http.MethodGet {
 			_, _ = w.Write(rec.Value)
 		}
-	case http.MethodPut:
+	case http.MethodPut, http.MethodDelete:
 		if err := n.checkKey(key); err != nil {
 			writeErr(w, err)
 			return
 		}
-		value, err := readBody(w, r, n.opts.MaxValueBytes)
+		e := wal.Entry{Op: store.OpDelete, Key: key}
+		if r.Method == http.MethodPut {
+			value, err := readBody(w, r, n.opts.MaxValueBytes)
+			if err != nil {
+				writeErr(w, err)
+				return
+			}
+			e = wal.Entry{Op: store.OpSet, Key: key, Value: value}
+		}
+		idem, err := idemFor(r, key, e.Value, writeAnswerOf)
 		if err != nil {
 			writeErr(w, err)
 			return
 		}
-		res, err := n.Put(r.Context(), key, value)
-		if err != nil {
-			writeErr(w, err)
-			return
-		}
-		writeJSON(w, http.StatusOK, writeAnswer{Key: res.Key, Version: res.Version, Origin: res.Origin})
-	case http.MethodDelete:
-		res, err := n.Delete(r.Context(), key)
-		if err != nil {
-			writeErr(w, err)
-			return
-		}
-		writeJSON(w, http.StatusOK, writeAnswer{Key: res.Key, Version: res.Version, Origin: res.Origin})
+		res, err := n.write(r.Context(), e, idem)
+		n.answerWrite(w, r, idem, res, err)
 	default:
 		methodNotAllowed(w, r, "GET, HEAD, PUT, DELETE")
 	}

@@ -21,6 +21,7 @@ import (
 	"github.com/replicator/replicator/acceptor"
 	"github.com/replicator/replicator/hlc"
 	"github.com/replicator/replicator/origin"
+	"github.com/replicator/replicator/policy"
 	"github.com/replicator/replicator/store"
 	"github.com/replicator/replicator/transport"
 	"github.com/replicator/replicator/wal"
@@ -188,7 +189,7 @@ func (n *Node) recover() error {
 			}
 			n.clock.Observe(e.Commit)
 			high = e.Commit
-			if _, err := b.Merge(store.Write{Key: e.Key, Value: e.Value, Tombstone: e.Op == store.OpDelete, Stamp: e.LWW()}); err != nil {
+			if _, err := e.Apply(b); err != nil {
 				b.Close()
 				return fmt.Errorf("node: recover entry %d: %w", i, err)
 			}
@@ -317,6 +318,9 @@ func (n *Node) gcLoop() {
 			if _, err := n.CollectTombstones(); err != nil {
 				n.log.Warn("tombstone collection", "err", err)
 			}
+			if _, err := n.store.CollectIdem(n.clock.Physical(), 0); err != nil {
+				n.log.Warn("idempotency record collection", "err", err)
+			}
 		}
 	}
 }
@@ -347,6 +351,9 @@ type WriteResult struct {
 	// (possible only against a pinned or replicated stamp).
 	Outcome store.Outcome
 	Index   uint64 // the entry's WAL index
+	// Replay is the recorded answer when an Idempotency-Key was seen before;
+	// nothing was written then.
+	Replay *store.IdemRecord
 }
 
 func (n *Node) checkKey(key string) error {
@@ -370,7 +377,7 @@ func (n *Node) Put(ctx context.Context, key string, value []byte) (WriteResult, 
 	if len(value) > n.opts.MaxValueBytes {
 		return WriteResult{}, fmt.Errorf("%w: %d bytes, limit %d", ErrValueTooLarge, len(value), n.opts.MaxValueBytes)
 	}
-	return n.write(ctx, wal.Entry{Op: store.OpSet, Key: key, Value: value})
+	return n.write(ctx, wal.Entry{Op: store.OpSet, Key: key, Value: value}, nil)
 }
 
 // Delete durably deletes key (a tombstone, kept for the retention window).
@@ -378,19 +385,42 @@ func (n *Node) Delete(ctx context.Context, key string) (WriteResult, error) {
 	if err := n.checkKey(key); err != nil {
 		return WriteResult{}, err
 	}
-	return n.write(ctx, wal.Entry{Op: store.OpDelete, Key: key})
+	return n.write(ctx, wal.Entry{Op: store.OpDelete, Key: key}, nil)
 }
 
-func (n *Node) write(ctx context.Context, e wal.Entry) (WriteResult, error) {
+// write proposes e. Under an idempotency scope on ctx (policy.WithKey) the
+// write is stamped with the scope's pinned HLC, so every retry ties.
+func (n *Node) write(ctx context.Context, e wal.Entry, idem *idemRequest) (WriteResult, error) {
 	if n.closing.Load() {
 		return WriteResult{}, fmt.Errorf("%w: %w", ErrNotWritten, ErrClosed)
 	}
-	p := &proposal{entry: e}
+	p := &proposal{entry: e, idem: idem}
+	if k, ok := policy.KeyFrom(ctx); ok && idem == nil {
+		p.pin = k.HLC
+	}
 	if err := n.com.propose(ctx, p); err != nil {
 		return WriteResult{}, err
 	}
+	if p.replay != nil {
+		return WriteResult{Key: e.Key, Version: p.replay.Stamp.String(), Origin: p.replay.Stamp.Origin,
+			Outcome: store.Duplicate, Replay: p.replay}, nil
+	}
 	st := p.entry.LWW()
 	return WriteResult{Key: e.Key, Version: st.String(), Origin: st.Origin, Outcome: p.outcome, Index: p.entry.Index}, nil
+}
+
+// checkPin refuses a pinned stamp older than the pin window of the commit
+// clock (it could resurrect a collected tombstone) or further ahead of the
+// physical clock than the max offset.
+func (n *Node) checkPin(pin, commit hlc.Timestamp) error {
+	if pin.Wall < commit.Wall-int64(n.opts.PinWindow) {
+		return fmt.Errorf("%w: %s is %s older than the commit clock %s (pin window %s)", ErrPinOutOfWindow,
+			pin, time.Duration(commit.Wall-pin.Wall).Round(time.Millisecond), commit, n.opts.PinWindow)
+	}
+	if err := n.clock.CheckOffset(pin); err != nil {
+		return fmt.Errorf("%w: %w", ErrPinOutOfWindow, err)
+	}
+	return nil
 }
 
 // Get returns the live record at key, or ErrNotFound (absent or deleted).

@@ -77,6 +77,10 @@ type Options struct {
 	// write that old can still arrive. Default 1h; never above
 	// TombstoneRetention.
 	PinWindow time.Duration
+	// IdempotencyWindow is how long an Idempotency-Key's record is kept
+	// (and a retry under it replays the recorded answer). It must exceed
+	// the callers' whole retry budget. Default 24h.
+	IdempotencyWindow time.Duration
 	// TruncateInterval is how often the WAL is cut back to what every peer
 	// acknowledged. Default 1s.
 	TruncateInterval time.Duration
@@ -136,6 +140,9 @@ func (o *Options) EnsureDefaults() {
 	if o.PinWindow == 0 {
 		o.PinWindow = time.Hour
 	}
+	if o.IdempotencyWindow == 0 {
+		o.IdempotencyWindow = 24 * time.Hour
+	}
 	if o.TruncateInterval == 0 {
 		o.TruncateInterval = time.Second
 	}
@@ -190,6 +197,9 @@ func (o *Options) Validate() error {
 	}
 	if o.PinWindow <= 0 || o.PinWindow > o.TombstoneRetention {
 		add("PinWindow %s must be positive and at most TombstoneRetention %s", o.PinWindow, o.TombstoneRetention)
+	}
+	if o.IdempotencyWindow < time.Minute {
+		add("IdempotencyWindow %s is below 1m", o.IdempotencyWindow)
 	}
 	if o.LinkStalled < o.LinkLagging {
 		add("LinkStalled %s is below LinkLagging %s", o.LinkStalled, o.LinkLagging)

@@ -25,6 +25,7 @@ func (n *Node) setupReplication() error {
 		MaxBodyBytes:  n.opts.MaxReplicateBytes,
 		MaxKeyBytes:   n.opts.MaxKeyBytes,
 		MaxValueBytes: n.opts.MaxValueBytes,
+		PinWindow:     n.opts.PinWindow,
 		ObserveLag:    n.opts.ObserveLag,
 		Now:           n.clock.Physical,
 		Logger:        n.log,

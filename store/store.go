@@ -281,6 +281,8 @@ type Batch struct {
 	buf     []byte
 	// max is the highest stamp stored or merged so far, as this batch sees.
 	max Stamp
+	// pendingIdem holds idempotency records merged in this batch.
+	pendingIdem map[string]*IdemRecord
 }
 
 type pendingRecord struct {

@@ -53,7 +53,23 @@ type Entry struct {
 	Op     store.Op      // op
 	Key    string        // k
 	Value  []byte        // val
+	Idem   *Idem         // idem: the idempotency record this write creates
 }
+
+// Idem is the idempotency record of a keyed request: what the request was
+// (its fingerprint) and what it was answered. It rides in the entry so every
+// cluster stores it with the write, and a retry sent to any of them replays
+// the answer instead of writing again.
+type Idem struct {
+	Key         string // k: the client's Idempotency-Key
+	Fingerprint []byte // fp: SHA-256 of the request
+	Status      int    // st: the HTTP status answered
+	Body        []byte // b: the answer's body
+	Expires     int64  // x: wall ns after which the record may be collected
+}
+
+// MaxIdemKey bounds an idempotency key.
+const MaxIdemKey = 256
 
 // LWW returns the entry's last-writer-wins stamp.
 func (e *Entry) LWW() store.Stamp {
@@ -108,7 +124,8 @@ func (c *Codec) encodeEntry(enc *msgpack.Encoder, e *Entry, d Defaults) {
 	withStream := e.Stream != d.Stream
 	withStamp := !e.Stamp.IsZero() && e.Stamp != e.Commit
 	withValue := len(e.Value) > 0
-	for _, b := range []bool{withOrigin, withStream, withStamp, withValue} {
+	withIdem := e.Idem != nil
+	for _, b := range []bool{withOrigin, withStream, withStamp, withValue, withIdem} {
 		if b {
 			n++
 		}
@@ -139,6 +156,65 @@ func (c *Codec) encodeEntry(enc *msgpack.Encoder, e *Entry, d Defaults) {
 		_ = enc.EncodeString("val")
 		_ = enc.EncodeBytes(e.Value)
 	}
+	if withIdem {
+		_ = enc.EncodeString("idem")
+		_ = enc.EncodeMapLen(5)
+		_ = enc.EncodeString("k")
+		_ = enc.EncodeString(e.Idem.Key)
+		_ = enc.EncodeString("fp")
+		_ = enc.EncodeBytes(e.Idem.Fingerprint)
+		_ = enc.EncodeString("st")
+		_ = enc.EncodeUint(uint64(e.Idem.Status))
+		_ = enc.EncodeString("b")
+		_ = enc.EncodeBytes(e.Idem.Body)
+		_ = enc.EncodeString("x")
+		_ = enc.EncodeInt(e.Idem.Expires)
+	}
+}
+
+func decodeIdem(dec *msgpack.Decoder) (*Idem, error) {
+	n, err := dec.DecodeMapLen()
+	if err != nil {
+		return nil, err
+	}
+	if n < 0 || n > 8 {
+		return nil, fmt.Errorf("idem map of %d fields", n)
+	}
+	var id Idem
+	seen := map[string]bool{}
+	for i := 0; i < n; i++ {
+		name, err := dec.DecodeString()
+		if err != nil {
+			return nil, err
+		}
+		if seen[name] {
+			return nil, fmt.Errorf("idem field %q twice", name)
+		}
+		seen[name] = true
+		switch name {
+		case "k":
+			id.Key, err = dec.DecodeString()
+		case "fp":
+			id.Fingerprint, err = dec.DecodeBytes()
+		case "st":
+			var st uint16
+			st, err = dec.DecodeUint16()
+			id.Status = int(st)
+		case "b":
+			id.Body, err = dec.DecodeBytes()
+		case "x":
+			id.Expires, err = dec.DecodeInt64()
+		default:
+			return nil, fmt.Errorf("unknown idem field %q", name)
+		}
+		if err != nil {
+			return nil, fmt.Errorf("idem field %q: %v", name, err)
+		}
+	}
+	if id.Key == "" || len(id.Key) > MaxIdemKey || len(id.Fingerprint) > 64 || id.Status < 100 || id.Status > 599 {
+		return nil, fmt.Errorf("idem record out of range (key of %d bytes, status %d)", len(id.Key), id.Status)
+	}
+	return &id, nil
 }
 
 // encodeHLC writes a timestamp as [wall, logical]: integers on the wire,
@@ -235,6 +311,9 @@ func DecodeEntryFrom(dec *msgpack.Decoder, d Defaults) (Entry, error) {
 		case "val":
 			bit = 128
 			e.Value, err = dec.DecodeBytes()
+		case "idem":
+			bit = 256
+			e.Idem, err = decodeIdem(dec)
 		default:
 			return e, fmt.Errorf("%w: unknown field %q", ErrMalformed, name)
 		}

@@ -1,0 +1,176 @@
+package store
+
+import (
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"fmt"
+
+	"github.com/cockroachdb/pebble/v2"
+
+	"github.com/replicator/replicator/hlc"
+)
+
+// Idempotency records:
+//
+//	i<key>                  record (see appendIdem)
+//	x<expires:8><key>       expiry index, for collection
+const (
+	prefixIdem       = 'i'
+	prefixIdemExpiry = 'x'
+	idemVersion      = 1
+)
+
+// IdemRecord is what an Idempotency-Key answered. Records resolve
+// last-writer-wins on Stamp like data: when two clusters each took a first
+// attempt of the same key before either heard of the other, both converge to
+// the record of the write that won.
+type IdemRecord struct {
+	Key         string
+	Fingerprint []byte
+	Status      int
+	Body        []byte
+	Stamp       Stamp // the stamp of the write that created it
+	Expires     int64 // wall ns
+}
+
+func idemKey(k string) []byte { return append([]byte{prefixIdem}, k...) }
+
+func idemExpiryKey(expires int64, k string) []byte {
+	b := binary.BigEndian.AppendUint64([]byte{prefixIdemExpiry}, uint64(expires))
+	return append(b, k...)
+}
+
+// appendIdem encodes: version(1) | hlc(12) | len(origin)(1) | origin |
+// expires(8) | status(2) | len(fp)(1) | fp | body
+func appendIdem(dst []byte, r *IdemRecord) []byte {
+	dst = append(dst, idemVersion)
+	dst = r.Stamp.HLC.AppendTo(dst)
+	dst = append(dst, byte(len(r.Stamp.Origin)))
+	dst = append(dst, r.Stamp.Origin...)
+	dst = binary.BigEndian.AppendUint64(dst, uint64(r.Expires))
+	dst = binary.BigEndian.AppendUint16(dst, uint16(r.Status))
+	dst = append(dst, byte(len(r.Fingerprint)))
+	dst = append(dst, r.Fingerprint...)
+	return append(dst, r.Body...)
+}
+
+// DecodeIdem parses a stored idempotency record.
+func DecodeIdem(key string, b []byte) (IdemRecord, error) {
+	r := IdemRecord{Key: key}
+	bad := func(what string) (IdemRecord, error) {
+		return IdemRecord{}, fmt.Errorf("%w: idempotency record %q: %s", ErrCorrupt, key, what)
+	}
+	if len(b) < 1+hlc.EncodedLen+1 || b[0] != idemVersion {
+		return bad("header")
+	}
+	ts, err := hlc.Decode(b[1 : 1+hlc.EncodedLen])
+	if err != nil {
+		return bad(err.Error())
+	}
+	b = b[1+hlc.EncodedLen:]
+	n := int(b[0])
+	if n == 0 || n > maxOriginLen || len(b) < 1+n+8+2+1 {
+		return bad("origin")
+	}
+	r.Stamp = Stamp{HLC: ts, Origin: string(b[1 : 1+n])}
+	b = b[1+n:]
+	r.Expires = int64(binary.BigEndian.Uint64(b))
+	r.Status = int(binary.BigEndian.Uint16(b[8:]))
+	fl := int(b[10])
+	if len(b) < 11+fl {
+		return bad("fingerprint")
+	}
+	r.Fingerprint = bytes.Clone(b[11 : 11+fl])
+	r.Body = bytes.Clone(b[11+fl:])
+	return r, nil
+}
+
+// Idem returns the record of an idempotency key (ok false when none).
+func (s *Store) Idem(key string) (IdemRecord, bool, error) {
+	v, closer, err := s.db.Get(idemKey(key))
+	if errors.Is(err, pebble.ErrNotFound) {
+		return IdemRecord{}, false, nil
+	}
+	if err != nil {
+		return IdemRecord{}, false, fmt.Errorf("store: read idempotency record: %w", err)
+	}
+	defer closer.Close()
+	r, err := DecodeIdem(key, v)
+	return r, err == nil, err
+}
+
+// MergeIdem stores r unless the key holds a record of a higher stamp.
+func (b *Batch) MergeIdem(r *IdemRecord) (Outcome, error) {
+	k := idemKey(r.Key)
+	cur, found := b.pendingIdem[r.Key]
+	if !found {
+		v, closer, err := b.s.db.Get(k)
+		switch {
+		case errors.Is(err, pebble.ErrNotFound):
+		case err != nil:
+			return 0, err
+		default:
+			c, derr := DecodeIdem(r.Key, v)
+			closer.Close()
+			if derr != nil {
+				return 0, derr
+			}
+			cur, found = &c, true
+		}
+	}
+	if found {
+		switch c := r.Stamp.Compare(cur.Stamp); {
+		case c == 0:
+			return Duplicate, nil
+		case c < 0:
+			return Stale, nil
+		}
+		if err := b.pb.Delete(idemExpiryKey(cur.Expires, r.Key), nil); err != nil {
+			return 0, err
+		}
+	}
+	if err := b.pb.Set(k, appendIdem(nil, r), nil); err != nil {
+		return 0, err
+	}
+	if err := b.pb.Set(idemExpiryKey(r.Expires, r.Key), nil, nil); err != nil {
+		return 0, err
+	}
+	if b.pendingIdem == nil {
+		b.pendingIdem = map[string]*IdemRecord{}
+	}
+	b.pendingIdem[r.Key] = r
+	return Applied, nil
+}
+
+// CollectIdem removes records expired before now (at most max per call).
+func (s *Store) CollectIdem(now int64, max int) (int, error) {
+	if max <= 0 {
+		max = 10000
+	}
+	b := s.NewBatch()
+	defer b.Close()
+	upper := idemExpiryKey(now, "")
+	it, err := s.db.NewIter(&pebble.IterOptions{LowerBound: []byte{prefixIdemExpiry}, UpperBound: upper})
+	if err != nil {
+		return 0, err
+	}
+	n := 0
+	for valid := it.First(); valid && n < max; valid = it.Next() {
+		ik := bytes.Clone(it.Key())
+		key := string(ik[9:])
+		if err := b.pb.Delete(ik, nil); err != nil {
+			it.Close()
+			return n, err
+		}
+		if err := b.pb.Delete(idemKey(key), nil); err != nil {
+			it.Close()
+			return n, err
+		}
+		n++
+	}
+	if err := it.Close(); err != nil {
+		return n, err
+	}
+	return n, b.Commit(false)
+}
