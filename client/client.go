@@ -14,6 +14,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/replicator/replicator/policy"
 )
 
 // Client talks to one node. Safe for concurrent use.
@@ -21,6 +23,7 @@ type Client struct {
 	base  string
 	http  *http.Client
 	token string
+	retry policy.RetryPolicy
 }
 
 // Options configures a Client.
@@ -29,6 +32,11 @@ type Options struct {
 	HTTPClient *http.Client
 	// Token is sent as "Authorization: Bearer <token>" when set.
 	Token string
+	// Retry, when set, retries writes made under an idempotency scope
+	// (policy.NewScope / policy.WithKey): the scope's key is sent as the
+	// Idempotency-Key of every attempt, so a retry replays instead of
+	// writing twice. Writes without a scope are never retried.
+	Retry policy.RetryPolicy
 }
 
 // New returns a client for the node at base (e.g. "http://127.0.0.1:7400").
@@ -37,6 +45,7 @@ func New(base string, opts *Options) *Client {
 	if opts != nil {
 		c.http = opts.HTTPClient
 		c.token = opts.Token
+		c.retry = opts.Retry
 	}
 	if c.http == nil {
 		c.http = &http.Client{
@@ -49,10 +58,10 @@ func New(base string, opts *Options) *Client {
 
 // Error is an error answer of the API.
 type Error struct {
-	Status    int
-	Code      string `json:"code"`
-	Message   string `json:"message"`
-	Retryable bool   `json:"retryable"`
+	Status   int
+	Code     string `json:"code"`
+	Message  string `json:"message"`
+	CanRetry bool   `json:"retryable"`
 	// Source and Peer are set on saturation refusals.
 	Source string `json:"source,omitempty"`
 	Peer   string `json:"peer,omitempty"`
@@ -63,6 +72,11 @@ type Error struct {
 func (e *Error) Error() string {
 	return fmt.Sprintf("replicator: %d %s: %s", e.Status, e.Code, e.Message)
 }
+
+// Retryable reports whether the server said a retry could succeed (it
+// implements policy.Retryable, so the default classifier follows it). An
+// answer without a JSON body is retryable when it is a 5xx.
+func (e *Error) Retryable() bool { return e.CanRetry }
 
 // IsNotFound reports whether err is a 404 answer.
 func IsNotFound(err error) bool {
@@ -75,6 +89,43 @@ type WriteResult struct {
 	Key     string `json:"key"`
 	Version string `json:"version"`
 	Origin  string `json:"origin"`
+	// Replayed is true when the server answered from its idempotency
+	// record: an earlier attempt under the same key did the write.
+	Replayed bool `json:"-"`
+}
+
+// Header names of keyed writes.
+const (
+	HeaderIdempotencyKey = "Idempotency-Key"
+	HeaderReplayed       = "Idempotent-Replayed"
+	HeaderAttempt        = "X-Replicator-Attempt"
+)
+
+// write sends a mutating request. Under an idempotency scope it carries the
+// scope's key and, with a retry policy, is retried on transient failures.
+func (c *Client) write(ctx context.Context, method, path string, body []byte, hdr http.Header, out *WriteResult) error {
+	k, scoped := policy.KeyFrom(ctx)
+	op := func(ctx context.Context) error {
+		h := hdr.Clone()
+		if h == nil {
+			h = http.Header{}
+		}
+		if scoped {
+			h.Set(HeaderIdempotencyKey, k.ID)
+			if n := policy.Attempt(ctx); n > 0 {
+				h.Set(HeaderAttempt, strconv.Itoa(n))
+			}
+		}
+		rh, err := c.Do(ctx, method, path, body, h, out)
+		if err == nil {
+			out.Replayed = rh.Get(HeaderReplayed) == "true"
+		}
+		return err
+	}
+	if scoped && c.retry != nil {
+		return c.retry.Execute(ctx, op)
+	}
+	return op(ctx)
 }
 
 // Value is a read value with its version.
@@ -166,6 +217,7 @@ func decodeError(resp *http.Response) error {
 	} else {
 		e.Code = "http_" + strconv.Itoa(resp.StatusCode)
 		e.Message = strings.TrimSpace(string(b))
+		e.CanRetry = resp.StatusCode >= 500
 	}
 	if s := resp.Header.Get("Retry-After"); s != "" {
 		if secs, err := strconv.Atoi(s); err == nil {
@@ -181,7 +233,7 @@ func (c *Client) Put(ctx context.Context, key string, value []byte) (WriteResult
 	if value == nil {
 		value = []byte{}
 	}
-	_, err := c.Do(ctx, http.MethodPut, keyPath(key), value, nil, &res)
+	err := c.write(ctx, http.MethodPut, keyPath(key), value, nil, &res)
 	return res, err
 }
 
@@ -198,8 +250,26 @@ func (c *Client) Get(ctx context.Context, key string) (Value, error) {
 // Delete deletes key.
 func (c *Client) Delete(ctx context.Context, key string) (WriteResult, error) {
 	var res WriteResult
-	_, err := c.Do(ctx, http.MethodDelete, keyPath(key), nil, nil, &res)
+	err := c.write(ctx, http.MethodDelete, keyPath(key), nil, nil, &res)
 	return res, err
+}
+
+// IdempotencyRecord is what a cluster recorded for an Idempotency-Key.
+type IdempotencyRecord struct {
+	Key     string          `json:"key"`
+	Status  int             `json:"status"`
+	Body    json.RawMessage `json:"body"`
+	Version string          `json:"version"`
+	Origin  string          `json:"origin"`
+	Expires time.Time       `json:"expires"`
+}
+
+// Idempotency looks up the outcome of a keyed request (IsNotFound: this
+// cluster has no record of it).
+func (c *Client) Idempotency(ctx context.Context, key string) (IdempotencyRecord, error) {
+	var r IdempotencyRecord
+	_, err := c.Do(ctx, http.MethodGet, "/v1/idempotency/"+url.PathEscape(key), nil, nil, &r)
+	return r, err
 }
 
 // Scan reads one page of live keys.

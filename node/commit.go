@@ -99,7 +99,7 @@ type committer struct {
 
 	pending      []*proposal // scratch of run
 	groupReplays []*proposal // proposals replaying a write of the current group
-	prev    int         // writers expected back for the next group
+	prev         int         // writers expected back for the next group
 }
 
 // maxLinger bounds how long a group waits for more writers; lingerGap is how

@@ -64,6 +64,7 @@ type Node struct {
 	srv      *http.Server
 	ln       net.Listener
 	serveErr chan error
+	inflight sync.WaitGroup // HTTP handlers running
 	closeMu  sync.Mutex
 	closed   bool
 }
@@ -240,8 +241,13 @@ func (n *Node) Start() error {
 		}
 	}
 	n.ln = ln
+	h := n.Handler()
 	n.srv = &http.Server{
-		Handler:           n.Handler(),
+		Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			n.inflight.Add(1)
+			defer n.inflight.Done()
+			h.ServeHTTP(w, r)
+		}),
 		ReadHeaderTimeout: 10 * time.Second,
 		MaxHeaderBytes:    64 << 10,
 		IdleTimeout:       2 * time.Minute,
@@ -289,13 +295,24 @@ func (n *Node) Close() error {
 	n.closing.Store(true)
 	var errs []error
 	if n.srv != nil {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		// Shutdown waits for idle connections, and counts a connection that
+		// never sent a request as busy for 5 s; after a short grace the
+		// listener's connections are closed and only the handlers still
+		// running (their commits) are waited for.
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		if err := n.srv.Shutdown(ctx); err != nil {
-			errs = append(errs, fmt.Errorf("node: http shutdown: %w", err))
+			n.srv.Close()
 		}
 		cancel()
 		if err := <-n.serveErr; err != nil {
 			errs = append(errs, err)
+		}
+		done := make(chan struct{})
+		go func() { n.inflight.Wait(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(30 * time.Second):
+			errs = append(errs, errors.New("node: http handlers still running after 30s"))
 		}
 	}
 	close(n.stop)

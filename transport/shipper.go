@@ -20,6 +20,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/replicator/replicator/policy"
 	"github.com/replicator/replicator/store"
 	"github.com/replicator/replicator/wal"
 )
@@ -138,26 +139,6 @@ func (o *Options) Validate() error {
 	return errors.Join(errs...)
 }
 
-// Backoff returns the delay after the n-th consecutive failure (n >= 1):
-// min(max, min*2^(n-1)), spread by up to jitter either way, never above max.
-func Backoff(n int, lo, hi time.Duration, jitter float64, r *rand.Rand) time.Duration {
-	d := lo
-	for i := 1; i < n && d < hi; i++ {
-		d *= 2
-	}
-	if d > hi {
-		d = hi
-	}
-	if jitter > 0 && r != nil {
-		f := 1 + jitter*(2*r.Float64()-1)
-		d = time.Duration(float64(d) * f)
-	}
-	if d > hi {
-		d = hi
-	}
-	return d
-}
-
 // Link states, as /admin/peers shows them.
 const (
 	StateUnknown     = "unknown" // never contacted
@@ -195,6 +176,9 @@ type Shipper struct {
 	cursors Cursors
 	opts    Options
 	rng     *rand.Rand
+	// backoff is the shipper's retry policy: it retries without end (a
+	// batch is never dropped), 100ms doubling to 30s, ±20%.
+	backoff policy.Backoff
 
 	mu struct {
 		sync.Mutex
@@ -225,7 +209,8 @@ func NewShipper(peer Peer, log Log, cursors Cursors, opts Options) (*Shipper, er
 		return nil, err
 	}
 	s := &Shipper{peer: peer, log: log, cursors: cursors, opts: opts,
-		rng: rand.New(rand.NewPCG(uint64(opts.Now()), uint64(len(peer.Name))))}
+		rng:     rand.New(rand.NewPCG(uint64(opts.Now()), uint64(len(peer.Name)))),
+		backoff: policy.Backoff{Initial: opts.BackoffMin, Max: opts.BackoffMax, Jitter: opts.Jitter}}
 	c, ok, err := cursors.Cursor(peer.Name)
 	if err != nil {
 		return nil, err
@@ -314,7 +299,7 @@ func (s *Shipper) Run(ctx context.Context) {
 			n := s.mu.errors
 			s.mu.lastErr = err.Error()
 			s.mu.Unlock()
-			d := Backoff(n, s.opts.BackoffMin, s.opts.BackoffMax, s.opts.Jitter, s.rng)
+			d := s.backoff.Delay(n, s.rng)
 			s.opts.Logger.Debug("ship failed; backing off", "peer", s.peer.Name, "attempt", n, "delay", d, "err", err)
 			if !sleep(ctx, d) {
 				return

@@ -17,6 +17,7 @@ import (
 
 	"github.com/replicator/replicator/acceptor"
 	"github.com/replicator/replicator/hlc"
+	"github.com/replicator/replicator/policy"
 	"github.com/replicator/replicator/store"
 	"github.com/replicator/replicator/transport"
 	"github.com/replicator/replicator/wal"
@@ -24,22 +25,12 @@ import (
 
 var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
 
-func TestBackoff(t *testing.T) {
-	lo, hi := 100*time.Millisecond, 30*time.Second
+func TestShipperBackoff(t *testing.T) {
+	b := policy.Backoff{Initial: 100 * time.Millisecond, Max: 30 * time.Second}
 	want := []time.Duration{100, 200, 400, 800, 1600, 3200, 6400, 12800, 25600, 30000, 30000}
 	for i, w := range want {
-		if got := transport.Backoff(i+1, lo, hi, 0, nil); got != w*time.Millisecond {
+		if got := b.Delay(i+1, nil); got != w*time.Millisecond {
 			t.Errorf("failure %d: %s, want %s", i+1, got, w*time.Millisecond)
-		}
-	}
-	r := rand.New(rand.NewPCG(1, 2))
-	for n := 1; n < 15; n++ {
-		base := transport.Backoff(n, lo, hi, 0, nil)
-		for i := 0; i < 200; i++ {
-			d := transport.Backoff(n, lo, hi, 0.2, r)
-			if d > hi || float64(d) < 0.8*float64(base)-1 || float64(d) > 1.2*float64(base)+1 {
-				t.Fatalf("failure %d: jittered %s outside ±20%% of %s or above %s", n, d, base, hi)
-			}
 		}
 	}
 }

@@ -25,7 +25,10 @@ func runAdmin(cmd string, args []string) error {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), cf.timeout)
 	defer cancel()
-	c := cf.client()
+	c, err := cf.client()
+	if err != nil {
+		return err
+	}
 	var out any
 	switch cmd {
 	case "peers":

@@ -2,15 +2,18 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"os"
+	"strings"
 	"text/tabwriter"
 	"time"
 
 	"github.com/replicator/replicator/client"
 	"github.com/replicator/replicator/hlc"
+	"github.com/replicator/replicator/policy"
 )
 
 func offsetClock(d time.Duration) hlc.PhysicalClock {
@@ -20,20 +23,53 @@ func offsetClock(d time.Duration) hlc.PhysicalClock {
 type clientFlags struct {
 	addr    string
 	timeout time.Duration
+	idemKey string
+	retries int
 }
 
 func (c *clientFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&c.addr, "addr", "http://127.0.0.1:7400", "node API base URL")
-	fs.DurationVar(&c.timeout, "timeout", 10*time.Second, "request timeout")
+	fs.DurationVar(&c.timeout, "timeout", 10*time.Second, "overall deadline, retries included")
 }
 
-func (c *clientFlags) client() *client.Client { return client.New(c.addr, nil) }
+func (c *clientFlags) registerWrite(fs *flag.FlagSet) {
+	fs.StringVar(&c.idemKey, "idempotency-key", "", "send this Idempotency-Key: a retry under it replays instead of writing twice")
+	fs.IntVar(&c.retries, "retries", 0, "with --idempotency-key: retry transient failures up to this many times")
+}
+
+func (c *clientFlags) client() (*client.Client, error) {
+	o := &client.Options{}
+	if c.retries > 0 {
+		if c.idemKey == "" {
+			return nil, fmt.Errorf("--retries needs --idempotency-key: a write is never retried without an identity")
+		}
+		p, err := policy.New(policy.Options{MaxAttempts: c.retries + 1, OnRetry: func(n int, d time.Duration, err error) {
+			fmt.Fprintf(os.Stderr, "attempt %d failed (%v); retrying in %s\n", n, err, d.Round(time.Millisecond))
+		}})
+		if err != nil {
+			return nil, err
+		}
+		o.Retry = p
+	}
+	return client.New(c.addr, o), nil
+}
+
+// scope pins the --idempotency-key on ctx, if given.
+func (c *clientFlags) scope(ctx context.Context) context.Context {
+	if c.idemKey == "" {
+		return ctx
+	}
+	return policy.WithKey(ctx, policy.Key{ID: c.idemKey})
+}
 
 func runClient(cmd string, args []string) error {
 	fs := flag.NewFlagSet(cmd, flag.ContinueOnError)
 	var cf clientFlags
 	cf.register(fs)
 	var so client.ScanOptions
+	if cmd == "put" || cmd == "del" {
+		cf.registerWrite(fs)
+	}
 	if cmd == "scan" {
 		fs.StringVar(&so.Prefix, "prefix", "", "only keys with this prefix")
 		fs.StringVar(&so.Start, "start", "", "first key (inclusive)")
@@ -45,7 +81,11 @@ func runClient(cmd string, args []string) error {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), cf.timeout)
 	defer cancel()
-	c := cf.client()
+	ctx = cf.scope(ctx)
+	c, err := cf.client()
+	if err != nil {
+		return err
+	}
 	want := map[string]int{"put": 2, "get": 1, "del": 1, "scan": 0}[cmd]
 	if fs.NArg() != want {
 		return fmt.Errorf("want %d argument(s), got %d", want, fs.NArg())
@@ -62,9 +102,9 @@ func runClient(cmd string, args []string) error {
 		}
 		res, err := c.Put(ctx, fs.Arg(0), value)
 		if err != nil {
-			return err
+			return unknownOutcome(err, cf.idemKey)
 		}
-		fmt.Printf("%s\tversion %s\torigin %s\n", res.Key, res.Version, res.Origin)
+		fmt.Printf("%s\tversion %s\torigin %s%s\n", res.Key, res.Version, res.Origin, replayed(res))
 	case "get":
 		v, err := c.Get(ctx, fs.Arg(0))
 		if err != nil {
@@ -78,9 +118,9 @@ func runClient(cmd string, args []string) error {
 	case "del":
 		res, err := c.Delete(ctx, fs.Arg(0))
 		if err != nil {
-			return err
+			return unknownOutcome(err, cf.idemKey)
 		}
-		fmt.Printf("%s\tdeleted\tversion %s\n", res.Key, res.Version)
+		fmt.Printf("%s\tdeleted\tversion %s%s\n", res.Key, res.Version, replayed(res))
 	case "scan":
 		var items []client.Item
 		var err error
@@ -101,6 +141,54 @@ func runClient(cmd string, args []string) error {
 		}
 		tw.Flush()
 	}
+	return nil
+}
+
+func replayed(r client.WriteResult) string {
+	if r.Replayed {
+		return "\t(replayed: an earlier attempt under this key did the write)"
+	}
+	return ""
+}
+
+// unknownOutcome tells the user what a failed write means and how to find
+// out what happened.
+func unknownOutcome(err error, key string) error {
+	var ce *client.Error
+	if errors.As(err, &ce) && ce.Status < 500 {
+		return err // refused: definitely not written
+	}
+	if key == "" {
+		return fmt.Errorf("%w\nthe write may or may not have happened; next time send --idempotency-key to be able to ask", err)
+	}
+	return fmt.Errorf("%w\nthe write may or may not have happened: ask with 'replicator status --idempotency-key %s'", err, key)
+}
+
+// runStatus looks up what an Idempotency-Key's request was answered.
+func runStatus(args []string) error {
+	fs := flag.NewFlagSet("status", flag.ContinueOnError)
+	var cf clientFlags
+	cf.register(fs)
+	key := fs.String("idempotency-key", "", "the key to look up")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if *key == "" {
+		return fmt.Errorf("--idempotency-key is required")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), cf.timeout)
+	defer cancel()
+	c, _ := cf.client()
+	rec, err := c.Idempotency(ctx, *key)
+	if client.IsNotFound(err) {
+		fmt.Printf("no record of %q on this cluster: the request did not take effect here (yet); if it was sent elsewhere, replication may still bring it\n", *key)
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	fmt.Printf("key      %s\nanswered %d %s\nversion  %s\norigin   %s\nexpires  %s\n", rec.Key, rec.Status,
+		strings.TrimSpace(string(rec.Body)), rec.Version, rec.Origin, rec.Expires.Format(time.RFC3339))
 	return nil
 }
 

@@ -12,9 +12,10 @@ const usage = `replicator replicates a key-value tree between clusters, active-a
 Usage:
   replicator demo   [--keep]           two clusters on loopback, writing at once, converging
   replicator serve  [flags]            run a node (see 'replicator serve -h')
-  replicator put    --addr URL KEY VALUE|-
+  replicator put    --addr URL [--idempotency-key K [--retries N]] KEY VALUE|-
   replicator get    --addr URL KEY
-  replicator del    --addr URL KEY
+  replicator del    --addr URL [--idempotency-key K [--retries N]] KEY
+  replicator status --addr URL --idempotency-key K   what a keyed request was answered
   replicator scan   --addr URL [--prefix P] [--start S --end E] [--limit N]
   replicator peers  --addr URL [--json]   replication links and what came in
   replicator digest --addr URL [--json]   hash of the live state (equal on converged clusters)
@@ -38,6 +39,8 @@ func main() {
 		err = runClient(cmd, args)
 	case "peers", "digest":
 		err = runAdmin(cmd, args)
+	case "status":
+		err = runStatus(args)
 	case "help", "-h", "--help":
 		fmt.Print(usage)
 		return

@@ -44,6 +44,7 @@ type serveConfig struct {
 	BatchLinger   duration               `yaml:"batch_linger"`
 	ReplicateMax  int64                  `yaml:"replicate_max_bytes"`
 	PinWindow     duration               `yaml:"pin_window"`
+	IdemWindow    duration               `yaml:"idempotency_window"`
 }
 
 // peerConfig is one entry of the YAML peers map (and what --peer,
@@ -150,6 +151,7 @@ func serveFlags(cfg *serveConfig) *flag.FlagSet {
 	fs.Var(&cfg.BatchLinger, "batch-linger", "how long a batch waits to fill")
 	fs.Int64Var(&cfg.ReplicateMax, "replicate-max-bytes", cfg.ReplicateMax, "largest incoming batch in bytes")
 	fs.Var(&cfg.PinWindow, "pin-window", "how old a pinned idempotency stamp may be")
+	fs.Var(&cfg.IdemWindow, "idempotency-window", "how long an Idempotency-Key's record is kept")
 	return fs
 }
 
@@ -215,6 +217,7 @@ func (cfg *serveConfig) nodeOptions(log *slog.Logger) (*node.Options, error) {
 	o.BatchLinger = time.Duration(cfg.BatchLinger)
 	o.MaxReplicateBytes = cfg.ReplicateMax
 	o.PinWindow = time.Duration(cfg.PinWindow)
+	o.IdempotencyWindow = time.Duration(cfg.IdemWindow)
 	if cfg.Origin != "" {
 		if cfg.ClusterID != "" {
 			errs = append(errs, errors.New("give --cluster-id or --origin, not both"))
