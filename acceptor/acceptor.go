@@ -81,9 +81,39 @@ type Options struct {
 	// ObserveLag, when set, is told each applied entry's replication lag:
 	// the local physical clock at apply minus the entry's commit HLC.
 	ObserveLag func(origin string, lag time.Duration)
-	// Now reads the physical clock (nanoseconds) for ObserveLag.
-	Now    func() int64
-	Logger *slog.Logger
+	// ObserveApply, when set, is told how long each applied batch took.
+	ObserveApply func(d time.Duration)
+	// Now reads the physical clock (nanoseconds) for ObserveLag and acks.
+	Now func() int64
+	// Permits bounds the batches applied at once (default 4); PermitQueue
+	// bounds the batches waiting for a permit (default 16) and PermitWait
+	// how long one waits (default 2s). Past those a batch is refused with
+	// 429, source replay_permit_admission, and the sender retries.
+	Permits     int
+	PermitQueue int
+	PermitWait  time.Duration
+	Logger      *slog.Logger
+}
+
+// Saturation sources of a refusal. Values appear in error bodies and
+// metrics; never rename them.
+const (
+	SourceReplayPermit    = "replay_permit_admission"
+	SourceOutboundBacklog = "outbound_backlog"
+)
+
+// ErrNoPermit refuses a batch when every replay permit is taken and the
+// wait queue is full (or the wait ran out).
+var ErrNoPermit = errors.New("acceptor: no replay permit free")
+
+// PermitStats describe the replay permits.
+type PermitStats struct {
+	Capacity int    `json:"capacity"`
+	InUse    int    `json:"in_use"`
+	Queued   int    `json:"queued"`
+	QueueCap int    `json:"queue_capacity"`
+	Refused  uint64 `json:"refused"`
+	State    string `json:"state"` // healthy, throttled, saturated
 }
 
 // Counts are the acceptor's outcome counters, per origin cluster.
@@ -107,8 +137,10 @@ type Acceptor struct {
 		counts map[string]*Counts
 	}
 	refusals struct {
-		unauthenticated, forbidden, bad, tooLarge, offset, gap atomic.Uint64
+		unauthenticated, forbidden, bad, tooLarge, offset, gap, permit atomic.Uint64
 	}
+	permits chan struct{}
+	queued  atomic.Int32
 }
 
 // New returns an acceptor over st and clock.
@@ -125,7 +157,19 @@ func New(st Store, clock Clock, opts Options) *Acceptor {
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
-	a := &Acceptor{opts: opts, store: st, clock: clock}
+	if opts.Permits <= 0 {
+		opts.Permits = 4
+	}
+	if opts.PermitQueue <= 0 {
+		opts.PermitQueue = 16
+	}
+	if opts.PermitWait <= 0 {
+		opts.PermitWait = 2 * time.Second
+	}
+	if opts.Now == nil {
+		opts.Now = func() int64 { return time.Now().UnixNano() }
+	}
+	a := &Acceptor{opts: opts, store: st, clock: clock, permits: make(chan struct{}, opts.Permits)}
 	a.mu.counts = map[string]*Counts{}
 	return a
 }
@@ -187,6 +231,11 @@ func (a *Acceptor) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		a.refuse(w, "", err)
 		return
 	}
+	if err := a.acquire(r); err != nil {
+		a.refuse(w, sender, err)
+		return
+	}
+	defer func() { <-a.permits }()
 	if ct := r.Header.Get("Content-Type"); ct != "" && ct != transport.ContentType {
 		a.refuse(w, sender, fmt.Errorf("%w: content type %q, want %s", ErrBadBatch, ct, transport.ContentType))
 		return
@@ -206,12 +255,16 @@ func (a *Acceptor) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		a.refuse(w, sender, err)
 		return
 	}
+	start := time.Now()
 	b, err := transport.DecodeBatch(body)
 	if err != nil {
 		a.refuse(w, sender, fmt.Errorf("%w: %w", ErrBadBatch, err))
 		return
 	}
 	ack, err := a.Apply(sender, b)
+	if a.opts.ObserveApply != nil && err == nil {
+		a.opts.ObserveApply(time.Since(start))
+	}
 	if err != nil {
 		a.refuse(w, sender, err)
 		return
@@ -224,6 +277,10 @@ func (a *Acceptor) refuse(w http.ResponseWriter, sender string, err error) {
 	var status int
 	var gap *GapError
 	switch {
+	case errors.Is(err, ErrNoPermit):
+		status, e.Code, e.Source, e.Retryable = http.StatusTooManyRequests, "saturated", SourceReplayPermit, true
+		httpjson.RetryAfter(w, time.Second)
+		a.refusals.permit.Add(1)
 	case errors.As(err, &gap):
 		status, e.Code, e.HWM, e.Retryable = http.StatusConflict, "gap", &gap.HWM, true
 		a.refusals.gap.Add(1)
@@ -253,17 +310,72 @@ func (a *Acceptor) refuse(w http.ResponseWriter, sender string, err error) {
 		a.countsLocked(sender).Refused++
 		a.mu.Unlock()
 	}
-	if status != http.StatusConflict {
+	if status != http.StatusConflict && status != http.StatusTooManyRequests {
 		a.opts.Logger.Warn("replicate: batch refused", "sender", sender, "status", status, "err", err)
 	}
 	httpjson.WriteError(w, status, e)
+}
+
+// acquire takes a replay permit, waiting in the bounded queue if need be.
+func (a *Acceptor) acquire(r *http.Request) error {
+	select {
+	case a.permits <- struct{}{}:
+		return nil
+	default:
+	}
+	if int(a.queued.Add(1)) > a.opts.PermitQueue {
+		a.queued.Add(-1)
+		return fmt.Errorf("%w: %d applying, %d waiting", ErrNoPermit, a.opts.Permits, a.opts.PermitQueue)
+	}
+	defer a.queued.Add(-1)
+	t := time.NewTimer(a.opts.PermitWait)
+	defer t.Stop()
+	select {
+	case a.permits <- struct{}{}:
+		return nil
+	case <-t.C:
+		return fmt.Errorf("%w: waited %s", ErrNoPermit, a.opts.PermitWait)
+	case <-r.Context().Done():
+		return fmt.Errorf("%w: %v", ErrNoPermit, r.Context().Err())
+	}
+}
+
+// Permits reports the replay permits and the pressure they are under.
+func (a *Acceptor) Permits() PermitStats {
+	st := PermitStats{Capacity: a.opts.Permits, InUse: len(a.permits), Queued: int(a.queued.Load()),
+		QueueCap: a.opts.PermitQueue, Refused: a.refusals.permit.Load()}
+	st.State = a.pressure(st)
+	return st
+}
+
+func (a *Acceptor) pressure(st PermitStats) string {
+	switch {
+	case st.Queued*2 >= st.QueueCap:
+		return "saturated"
+	case st.Queued > 0 || st.InUse >= st.Capacity:
+		return "throttled"
+	}
+	return "healthy"
+}
+
+// hints fills the ack's flow hints from the permits' pressure: throttled
+// halves the sender's batches and pauses it briefly; saturated asks for
+// batches of one and a longer pause.
+func (a *Acceptor) hints(ack *transport.Ack, batchLen int) {
+	switch a.pressure(PermitStats{Capacity: a.opts.Permits, InUse: len(a.permits) - 1, Queued: int(a.queued.Load()), QueueCap: a.opts.PermitQueue}) {
+	case "saturated":
+		ack.SuggestedBatch, ack.PauseMS = 1, 200
+	case "throttled":
+		ack.SuggestedBatch, ack.PauseMS = max(1, batchLen/2), 20
+	}
 }
 
 // Apply runs the acceptor's steps on a decoded batch from an authenticated
 // sender. Nothing is applied unless everything is: a refusal leaves the store
 // as it was.
 func (a *Acceptor) Apply(sender string, b *transport.Batch) (transport.Ack, error) {
-	ack := transport.Ack{Accepted: len(b.Entries)}
+	ack := transport.Ack{Accepted: len(b.Entries), Now: a.opts.Now()}
+	a.hints(&ack, len(b.Entries))
 	if b.Sender != sender {
 		return ack, fmt.Errorf("%w: batch declares sender %q, credentials are for %q", ErrForbidden, b.Sender, sender)
 	}
@@ -273,6 +385,8 @@ func (a *Acceptor) Apply(sender string, b *transport.Batch) (transport.Ack, erro
 	for i := range b.Entries {
 		e := &b.Entries[i]
 		switch {
+		case e.StampOrigin != "" && !b.Snapshot:
+			return ack, fmt.Errorf("%w: entry %d carries a stamp of %q outside a re-seed snapshot", ErrForbidden, e.Index, e.StampOrigin)
 		case e.Origin == a.opts.Local:
 			// Our own write, shipped back: it is here already.
 			dropped++
@@ -282,7 +396,7 @@ func (a *Acceptor) Apply(sender string, b *transport.Batch) (transport.Ack, erro
 		case e.Stream != b.Stream:
 			return ack, fmt.Errorf("%w: entry %d is of stream %s, batch of %s", ErrBadBatch, e.Index, e.Stream, b.Stream)
 		}
-		if err := a.checkEntry(e); err != nil {
+		if err := a.checkEntry(e, b.Snapshot); err != nil {
 			return ack, err
 		}
 		for _, ts := range []hlc.Timestamp{e.Commit, e.Stamp} {
@@ -373,7 +487,7 @@ func (a *Acceptor) count(origin string, f func(*Counts)) {
 	a.mu.Unlock()
 }
 
-func (a *Acceptor) checkEntry(e *wal.Entry) error {
+func (a *Acceptor) checkEntry(e *wal.Entry, snapshot bool) error {
 	switch {
 	case len(e.Key) > a.opts.MaxKeyBytes:
 		return fmt.Errorf("%w: entry %d: key of %d bytes, limit %d", ErrBadBatch, e.Index, len(e.Key), a.opts.MaxKeyBytes)
@@ -381,7 +495,7 @@ func (a *Acceptor) checkEntry(e *wal.Entry) error {
 		return fmt.Errorf("%w: entry %d: key is not valid UTF-8", ErrBadBatch, e.Index)
 	case len(e.Value) > a.opts.MaxValueBytes:
 		return fmt.Errorf("%w: entry %d: value of %d bytes, limit %d", ErrBadBatch, e.Index, len(e.Value), a.opts.MaxValueBytes)
-	case a.opts.PinWindow > 0 && e.Stamp.Wall < e.Commit.Wall-int64(a.opts.PinWindow):
+	case !snapshot && a.opts.PinWindow > 0 && e.Stamp.Wall < e.Commit.Wall-int64(a.opts.PinWindow):
 		// A stamp that old could resurrect a tombstone already collected.
 		return fmt.Errorf("%w: entry %d: stamp %s is older than its commit %s by more than the pin window %s",
 			ErrBadBatch, e.Index, e.Stamp, e.Commit, a.opts.PinWindow)
@@ -398,5 +512,6 @@ func (a *Acceptor) Refusals() map[string]uint64 {
 		"too_large":       a.refusals.tooLarge.Load(),
 		"clock_offset":    a.refusals.offset.Load(),
 		"gap":             a.refusals.gap.Load(),
+		"no_permit":       a.refusals.permit.Load(),
 	}
 }

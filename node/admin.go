@@ -76,29 +76,60 @@ func (n *Node) DigestReport() (DigestReport, error) {
 	return DigestReport{Cluster: n.cluster, Digest: d.Hash, Keys: d.Keys, Tombstones: d.Tombstones}, nil
 }
 
-// WALReport is GET /admin/wal.
+// WALReport is GET /admin/wal: the outbound WAL, each peer's backlog in it,
+// the node's saturation, and the replay permits of incoming batches.
 type WALReport struct {
-	Stream        string `json:"stream"`
-	First         uint64 `json:"first_index"`
-	Last          uint64 `json:"last_index"`
-	Applied       uint64 `json:"applied_index"`
-	Bytes         int64  `json:"bytes"`
-	Segments      int    `json:"segments"`
-	Repairs       int64  `json:"torn_tail_repairs"`
-	DroppedBytes  int64  `json:"torn_tail_dropped_bytes"`
-	WriteFailures int64  `json:"write_failures"`
-	Writes        uint64 `json:"writes"`
-	Groups        uint64 `json:"commit_groups"`
+	Stream        string               `json:"stream"`
+	First         uint64               `json:"first_index"`
+	Last          uint64               `json:"last_index"`
+	Applied       uint64               `json:"applied_index"`
+	Bytes         int64                `json:"bytes"`
+	Segments      int                  `json:"segments"`
+	Repairs       int64                `json:"torn_tail_repairs"`
+	DroppedBytes  int64                `json:"torn_tail_dropped_bytes"`
+	WriteFailures int64                `json:"write_failures"`
+	Writes        uint64               `json:"writes"`
+	Groups        uint64               `json:"commit_groups"`
+	Peers         []PeerBacklog        `json:"peers"`
+	Saturation    SaturationReport     `json:"saturation"`
+	Permits       acceptor.PermitStats `json:"permits"`
+	Refusals      map[string]uint64    `json:"refusals_by_source"`
+}
+
+// PeerBacklog is one peer's share of the WAL.
+type PeerBacklog struct {
+	Peer             string  `json:"peer"`
+	Acked            uint64  `json:"acked_index"`
+	Entries          uint64  `json:"backlog_entries"`
+	Bytes            int64   `json:"backlog_bytes"`
+	OldestAgeSeconds float64 `json:"oldest_age_seconds"`
+	Overflow         string  `json:"overflow"`
+	State            string  `json:"state"`
+	Retained         bool    `json:"wal_retained"`
 }
 
 // WALReport describes the outbound WAL.
 func (n *Node) WALReport() WALReport {
 	st := n.wal.Stats()
-	return WALReport{
+	r := WALReport{
 		Stream: st.Stream.String(), First: st.First, Last: st.Last, Applied: n.applied.Load(),
 		Bytes: st.Bytes, Segments: st.Segments, Repairs: st.Repairs, DroppedBytes: st.DroppedBytes,
 		WriteFailures: st.WriteFailures, Writes: n.metrics.writes.Load(), Groups: n.metrics.groups.Load(),
+		Peers: []PeerBacklog{}, Saturation: n.Saturation(), Permits: n.acceptor.Permits(),
 	}
+	for _, ls := range n.PeerStatus() {
+		mode := n.overflow[ls.Peer]
+		if mode == "" {
+			mode = OverflowReject
+		}
+		r.Peers = append(r.Peers, PeerBacklog{Peer: ls.Peer, Acked: ls.Acked, Entries: ls.EntriesBehind,
+			Bytes: ls.BytesBehind, OldestAgeSeconds: ls.OldestUnackedAge, Overflow: mode, State: ls.State, Retained: !ls.Detached})
+	}
+	r.Refusals = map[string]uint64{
+		acceptor.SourceOutboundBacklog: r.Saturation.Refusals,
+		acceptor.SourceReplayPermit:    r.Permits.Refused,
+	}
+	return r
 }
 
 // OriginReport is GET /admin/origin.
@@ -125,6 +156,32 @@ func getOnly(f func(w http.ResponseWriter, r *http.Request)) http.HandlerFunc {
 
 func (n *Node) registerAdmin(mux *http.ServeMux) {
 	mux.Handle(pathReplicate, n.acceptor)
+	mux.Handle("/metrics", n.metrics.handler())
+	mux.HandleFunc("/admin/peers/{name}/{action}", func(w http.ResponseWriter, r *http.Request) {
+		if r.Method != http.MethodPost {
+			methodNotAllowed(w, r, "POST")
+			return
+		}
+		name := r.PathValue("name")
+		var err error
+		switch r.PathValue("action") {
+		case "pause":
+			err = n.PausePeer(name)
+		case "resume":
+			err = n.ResumePeer(name)
+		case "reseed":
+			err = n.ReseedPeer(name)
+		default:
+			writeError(w, http.StatusNotFound, apiError{Code: "not_found", Message: "actions: pause, resume, reseed"})
+			return
+		}
+		if err != nil {
+			writeErr(w, err)
+			return
+		}
+		sh, _ := n.shipper(name)
+		writeJSON(w, http.StatusOK, sh.Status(transport.Thresholds{Lagging: n.opts.LinkLagging, Stalled: n.opts.LinkStalled}, n.oldestCommitWall))
+	})
 	mux.HandleFunc(pathAdminPeers, getOnly(func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, n.PeersReport())
 	}))

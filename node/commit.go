@@ -290,7 +290,10 @@ func (c *committer) makeDurable(pending []*proposal) *group {
 		c.answerReplays()
 		return nil
 	}
-	if err := n.wal.Append(g.ents); err != nil {
+	t0 := time.Now()
+	err := n.wal.Append(g.ents)
+	n.metrics.fsyncSeconds.Observe(time.Since(t0).Seconds())
+	if err != nil {
 		if errors.Is(err, wal.ErrBroken) {
 			c.fail(err)
 			answerAll(g.props, fmt.Errorf("%w: %w", ErrUnknownOutcome, err))

@@ -45,7 +45,10 @@ var (
 
 // writeErr maps an error of the Go API to its HTTP answer.
 func writeErr(w http.ResponseWriter, err error) {
+	var se *SaturatedError
 	switch {
+	case errors.As(err, &se):
+		writeSaturated(w, se)
 	case errors.Is(err, ErrInvalidKey):
 		writeError(w, http.StatusBadRequest, apiError{Code: "bad_key", Message: err.Error()})
 	case errors.Is(err, ErrKeyTooLarge), errors.Is(err, ErrValueTooLarge):

@@ -52,10 +52,9 @@ type Node struct {
 	// applied is the last local WAL index applied to the store.
 	applied atomic.Uint64
 
-	metrics struct {
-		writes atomic.Uint64 // local writes committed
-		groups atomic.Uint64 // WAL appends (fsyncs) they took
-	}
+	metrics  nodeMetrics
+	sat      saturation
+	overflow map[string]string // peer -> overflow mode
 
 	// lifecycle
 	closing  atomic.Bool
@@ -104,6 +103,11 @@ func Open(ctx context.Context, opts *Options) (*Node, error) {
 		resolver: r.String(),
 		clock:    hlc.NewClock(o.Clock, o.MaxClockOffset),
 		stop:     make(chan struct{}),
+		overflow: map[string]string{},
+	}
+	n.sat.init()
+	for _, p := range o.Peers {
+		n.overflow[p.Name] = p.Overflow
 	}
 	n.store, err = store.Open(filepath.Join(o.DataDir, "store"), &store.Options{Logger: log})
 	if err != nil {
@@ -123,6 +127,7 @@ func Open(ctx context.Context, opts *Options) (*Node, error) {
 		n.store.Close()
 		return nil, err
 	}
+	n.metrics.init(n)
 	n.com = newCommitter(n)
 	return n, nil
 }
@@ -262,8 +267,9 @@ func (n *Node) Start() error {
 		}
 		n.serveErr <- err
 	}()
-	n.bg.Add(1)
+	n.bg.Add(2)
 	go n.gcLoop()
+	go n.saturationLoop()
 	n.startReplication()
 	n.log.Info("serving", "addr", ln.Addr().String(), "stream", n.wal.Stream().String())
 	return nil
@@ -411,6 +417,9 @@ func (n *Node) write(ctx context.Context, e wal.Entry, idem *idemRequest) (Write
 	if n.closing.Load() {
 		return WriteResult{}, fmt.Errorf("%w: %w", ErrNotWritten, ErrClosed)
 	}
+	if err := n.admit(ctx); err != nil {
+		return WriteResult{}, err
+	}
 	p := &proposal{entry: e, idem: idem}
 	if k, ok := policy.KeyFrom(ctx); ok && idem == nil {
 		p.pin = k.HLC
@@ -467,6 +476,9 @@ func (n *Node) Ready() error {
 	}
 	if errp := n.com.failed.Load(); errp != nil {
 		return *errp
+	}
+	if r := n.Saturation(); r.State == StateSaturated {
+		return fmt.Errorf("%w: %s (peer %s)", ErrSaturated, r.Cause, r.Peer)
 	}
 	return nil
 }

@@ -84,6 +84,20 @@ type Options struct {
 	// TruncateInterval is how often the WAL is cut back to what every peer
 	// acknowledged. Default 1s.
 	TruncateInterval time.Duration
+	// WaterMarks bound each peer link's backlog (defaults: high 2,000,000
+	// entries, 1 GiB, 1h; low half of each). See WaterMarks.
+	WaterMarks WaterMarks
+	// AdmissionWait is how long a local write waits for a saturated node
+	// to clear before it is refused. Default 5s; negative refuses at once.
+	AdmissionWait time.Duration
+	// Permits, PermitQueue and PermitWait bound incoming batches applied at
+	// once (defaults 4, 16, 2s).
+	Permits     int
+	PermitQueue int
+	PermitWait  time.Duration
+	// NoAutoReseed leaves peers that need a re-seed marked until an
+	// operator asks (POST /admin/peers/{name}/reseed).
+	NoAutoReseed bool
 	// LinkLagging and LinkStalled classify peer links (defaults 5s, 60s).
 	LinkLagging, LinkStalled time.Duration
 	// PeerTransport replaces the HTTP transport of outgoing batches (tests
@@ -146,6 +160,28 @@ func (o *Options) EnsureDefaults() {
 	if o.TruncateInterval == 0 {
 		o.TruncateInterval = time.Second
 	}
+	wm := &o.WaterMarks
+	if wm.HighEntries == 0 {
+		wm.HighEntries = 2_000_000
+	}
+	if wm.LowEntries == 0 {
+		wm.LowEntries = wm.HighEntries / 2
+	}
+	if wm.HighBytes == 0 {
+		wm.HighBytes = 1 << 30
+	}
+	if wm.LowBytes == 0 {
+		wm.LowBytes = wm.HighBytes / 2
+	}
+	if wm.HighAge == 0 {
+		wm.HighAge = time.Hour
+	}
+	if wm.LowAge == 0 {
+		wm.LowAge = wm.HighAge / 2
+	}
+	if o.AdmissionWait == 0 {
+		o.AdmissionWait = 5 * time.Second
+	}
 	if o.LinkLagging == 0 {
 		o.LinkLagging = 5 * time.Second
 	}
@@ -198,6 +234,9 @@ func (o *Options) Validate() error {
 	if o.PinWindow <= 0 || o.PinWindow > o.TombstoneRetention {
 		add("PinWindow %s must be positive and at most TombstoneRetention %s", o.PinWindow, o.TombstoneRetention)
 	}
+	if wm := o.WaterMarks; wm.LowEntries > wm.HighEntries || wm.LowBytes > wm.HighBytes || wm.LowAge > wm.HighAge {
+		add("a low-water mark is above its high-water mark: %+v", wm)
+	}
 	if o.IdempotencyWindow < time.Minute {
 		add("IdempotencyWindow %s is below 1m", o.IdempotencyWindow)
 	}
@@ -222,6 +261,9 @@ func (o *Options) Validate() error {
 		if p.Secret == "" && !o.InsecurePeers {
 			add("peer %q has no secret (--peer-secret %s=SECRET, or --insecure-peers)", p.Name, p.Name)
 		}
+		if p.Overflow != "" && p.Overflow != OverflowReject && p.Overflow != OverflowDetach {
+			add("peer %q: overflow %q, want reject or detach", p.Name, p.Overflow)
+		}
 	}
 	return errors.Join(errs...)
 }
@@ -234,6 +276,10 @@ type Peer struct {
 	URL string
 	// Secret authenticates the two clusters to each other (both directions).
 	Secret string
+	// Overflow is what happens when the peer's backlog passes a high-water
+	// mark: OverflowReject (default) refuses local writes, OverflowDetach
+	// stops retaining the WAL for the peer and marks it for a re-seed.
+	Overflow string
 }
 
 func (o *Options) resolver() origin.Resolver {

@@ -2,6 +2,7 @@ package node
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 	"sync"
 	"time"
@@ -26,9 +27,18 @@ func (n *Node) setupReplication() error {
 		MaxKeyBytes:   n.opts.MaxKeyBytes,
 		MaxValueBytes: n.opts.MaxValueBytes,
 		PinWindow:     n.opts.PinWindow,
-		ObserveLag:    n.opts.ObserveLag,
-		Now:           n.clock.Physical,
-		Logger:        n.log,
+		Permits:       n.opts.Permits,
+		PermitQueue:   n.opts.PermitQueue,
+		PermitWait:    n.opts.PermitWait,
+		ObserveLag: func(origin string, d time.Duration) {
+			n.metrics.lagSeconds.WithLabelValues(origin).Observe(d.Seconds())
+			if n.opts.ObserveLag != nil {
+				n.opts.ObserveLag(origin, d)
+			}
+		},
+		ObserveApply: func(d time.Duration) { n.metrics.applySeconds.Observe(d.Seconds()) },
+		Now:          n.clock.Physical,
+		Logger:       n.log,
 	})
 	client := &http.Client{Transport: n.opts.PeerTransport}
 	if client.Transport == nil {
@@ -42,7 +52,13 @@ func (n *Node) setupReplication() error {
 			Linger:          n.opts.BatchLinger,
 			Client:          client,
 			Now:             n.clock.Physical,
-			Logger:          n.log.With("peer", p.Name),
+			Applied:         n.applied.Load,
+			Snapshots:       n.store,
+			AutoReseed:      !n.opts.NoAutoReseed,
+			ObserveShip: func(peer string, d time.Duration, _ int) {
+				n.metrics.shipSeconds.WithLabelValues(peer).Observe(d.Seconds())
+			},
+			Logger: n.log.With("peer", p.Name),
 		})
 		if err != nil {
 			return err
@@ -89,7 +105,9 @@ func (n *Node) startReplication() {
 func (n *Node) TruncateWAL() error {
 	upTo := n.applied.Load()
 	for _, sh := range n.shippers {
-		upTo = min(upTo, sh.Acked())
+		if sh.Retains() {
+			upTo = min(upTo, sh.Acked())
+		}
 	}
 	if upTo < n.wal.First() {
 		return nil
@@ -152,15 +170,51 @@ func (n *Node) oldestCommitWall(index uint64) (int64, bool) {
 
 // PeerStatus reports every link.
 func (n *Node) PeerStatus() []transport.Status {
-	st := n.wal.Stats()
-	avg := 0.0
-	if entries := st.Last - st.First + 1; st.Last >= st.First && entries > 0 {
-		avg = float64(st.Bytes) / float64(entries)
-	}
 	th := transport.Thresholds{Lagging: n.opts.LinkLagging, Stalled: n.opts.LinkStalled}
 	out := make([]transport.Status, 0, len(n.shippers))
 	for _, sh := range n.shippers {
-		out = append(out, sh.Status(th, avg, n.oldestCommitWall))
+		out = append(out, sh.Status(th, n.oldestCommitWall))
 	}
 	return out
+}
+
+// shipper returns the link to a peer.
+func (n *Node) shipper(peer string) (*transport.Shipper, error) {
+	for _, sh := range n.shippers {
+		if sh.Peer().Name == peer {
+			return sh, nil
+		}
+	}
+	return nil, fmt.Errorf("%w: no peer %q", ErrNotFound, peer)
+}
+
+// PausePeer stops shipping to a peer (its backlog is still retained).
+func (n *Node) PausePeer(peer string) error {
+	sh, err := n.shipper(peer)
+	if err == nil {
+		sh.Pause()
+		n.log.Info("peer paused by the operator", "peer", peer)
+	}
+	return err
+}
+
+// ResumePeer undoes PausePeer.
+func (n *Node) ResumePeer(peer string) error {
+	sh, err := n.shipper(peer)
+	if err == nil {
+		sh.Resume()
+		n.log.Info("peer resumed by the operator", "peer", peer)
+	}
+	return err
+}
+
+// ReseedPeer starts a re-seed of a peer: a snapshot of the whole tree
+// streamed through its acceptor, then normal shipping.
+func (n *Node) ReseedPeer(peer string) error {
+	sh, err := n.shipper(peer)
+	if err == nil {
+		sh.Reseed()
+		n.log.Info("re-seed requested by the operator", "peer", peer)
+	}
+	return err
 }

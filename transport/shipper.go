@@ -4,6 +4,10 @@
 // cursor on each ack. Delivery is at-least-once: a failure resends the very
 // same entries (same WAL identities, never re-stamped) after a jittered
 // exponential backoff, and the acceptor drops what it already has.
+//
+// A peer that misses entries the WAL no longer holds (detached on overflow,
+// or behind a truncated or replaced WAL) is re-seeded: a snapshot of the whole
+// tree streamed through the same acceptor, after which shipping resumes.
 package transport
 
 import (
@@ -20,6 +24,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/replicator/replicator/hlc"
 	"github.com/replicator/replicator/policy"
 	"github.com/replicator/replicator/store"
 	"github.com/replicator/replicator/wal"
@@ -32,12 +37,18 @@ type Log interface {
 	Last() uint64
 	ReadRaw(index uint64) ([]byte, error)
 	Notify() <-chan struct{}
+	BytesAfter(index uint64) int64
 }
 
 // Cursors persists shippers' positions.
 type Cursors interface {
 	Cursor(peer string) (store.Cursor, bool, error)
 	SetCursor(peer string, c store.Cursor) error
+}
+
+// Snapshots opens consistent views of the tree, for re-seeds.
+type Snapshots interface {
+	NewSnapshot() (*store.Snapshot, error)
 }
 
 // Peer is one configured peer cluster.
@@ -73,9 +84,20 @@ type Options struct {
 	// Client sends the batches (keep-alive). Tests wrap its transport to
 	// lose, delay or duplicate batches.
 	Client *http.Client
-	// Now reads the physical clock in nanoseconds, for status ages.
-	Now    func() int64
-	Logger *slog.Logger
+	// Now reads the physical clock in nanoseconds (ages, skew, snapshot
+	// stamps).
+	Now func() int64
+	// Applied returns the last local WAL index applied to the store; a
+	// re-seed resumes shipping after it.
+	Applied func() uint64
+	// Snapshots opens views of the tree for re-seeds (nil: re-seeds are
+	// impossible and a peer that needs one stays marked).
+	Snapshots Snapshots
+	// AutoReseed starts a re-seed by itself when the peer needs one.
+	AutoReseed bool
+	// ObserveShip, when set, is told each acknowledged batch's round trip.
+	ObserveShip func(peer string, d time.Duration, entries int)
+	Logger      *slog.Logger
 }
 
 // EnsureDefaults fills zero fields.
@@ -146,27 +168,46 @@ const (
 	StateLagging     = "lagging"
 	StateStalled     = "stalled"
 	StateNeedsReseed = "needs_reseed"
+	StateReseeding   = "reseeding"
 	StatePaused      = "paused"
 )
 
+// ReseedStatus is the progress of a re-seed.
+type ReseedStatus struct {
+	Running  bool      `json:"running"`
+	Sent     int       `json:"sent_keys"`
+	Total    int       `json:"total_keys"`
+	Started  time.Time `json:"started,omitzero"`
+	Finished time.Time `json:"finished,omitzero"`
+	Runs     int       `json:"runs"`
+	Error    string    `json:"error,omitempty"`
+}
+
 // Status is a link's figures.
 type Status struct {
-	Peer              string    `json:"peer"`
-	URL               string    `json:"url"`
-	State             string    `json:"state"`
-	Acked             uint64    `json:"acked_index"`
-	Last              uint64    `json:"last_index"`
-	EntriesBehind     uint64    `json:"entries_behind"`
-	BytesBehind       int64     `json:"bytes_behind"`
-	OldestUnackedAge  float64   `json:"oldest_unacked_age_seconds"`
-	LastContact       time.Time `json:"last_contact"`
-	ConsecutiveErrors int       `json:"consecutive_errors"`
-	LastError         string    `json:"last_error,omitempty"`
-	InFlight          int       `json:"in_flight_batches"`
-	Shipped           uint64    `json:"shipped_entries"`
-	Resent            uint64    `json:"resent_entries"`
-	Batches           uint64    `json:"batches"`
-	Rewinds           uint64    `json:"rewinds"`
+	Peer              string       `json:"peer"`
+	URL               string       `json:"url"`
+	State             string       `json:"state"`
+	Acked             uint64       `json:"acked_index"`
+	Last              uint64       `json:"last_index"`
+	EntriesBehind     uint64       `json:"entries_behind"`
+	BytesBehind       int64        `json:"bytes_behind"`
+	OldestUnackedAge  float64      `json:"oldest_unacked_age_seconds"`
+	LastContact       time.Time    `json:"last_contact,omitzero"`
+	ConsecutiveErrors int          `json:"consecutive_errors"`
+	LastError         string       `json:"last_error,omitempty"`
+	InFlight          int          `json:"in_flight_batches"`
+	Shipped           uint64       `json:"shipped_entries"`
+	Resent            uint64       `json:"resent_entries"`
+	Batches           uint64       `json:"batches"`
+	Rewinds           uint64       `json:"rewinds"`
+	PermitRefusals    uint64       `json:"permit_refusals"`
+	Paused            bool         `json:"paused"`
+	Detached          bool         `json:"detached"`
+	NeedsReseed       bool         `json:"needs_reseed"`
+	Reseed            ReseedStatus `json:"reseed"`
+	ClockSkewMS       float64      `json:"clock_skew_ms"`
+	Thresholds        Thresholds   `json:"thresholds"`
 }
 
 // Shipper ships one local stream to one peer.
@@ -179,6 +220,7 @@ type Shipper struct {
 	// backoff is the shipper's retry policy: it retries without end (a
 	// batch is never dropped), 100ms doubling to 30s, ±20%.
 	backoff policy.Backoff
+	kick    chan struct{} // wakes Run after pause/resume/reseed requests
 
 	mu struct {
 		sync.Mutex
@@ -193,16 +235,25 @@ type Shipper struct {
 		resent      uint64
 		batches     uint64
 		rewinds     uint64
+		permitRefs  uint64
 		highShipped uint64 // highest index ever sent, to count resends
 		needsReseed bool
+		detached    bool // the WAL is not retained for this peer
+		paused      bool
+		wantReseed  bool
+		reseed      ReseedStatus
 		suggested   int
 		pauseUntil  time.Time
+		skew        time.Duration
+		oldestIdx   uint64 // oldestWall is the commit wall of entry oldestIdx
+		oldestWall  int64
 	}
 	buf []byte
 }
 
-// NewShipper loads the peer's cursor. A cursor of another stream (the WAL
-// was recreated) starts the new stream from its beginning.
+// NewShipper loads the peer's cursor. A cursor of another stream means the
+// WAL was replaced; a peer with no cursor while the WAL no longer starts at
+// 1 is new. Both need a re-seed for what the WAL cannot give them.
 func NewShipper(peer Peer, log Log, cursors Cursors, opts Options) (*Shipper, error) {
 	opts.EnsureDefaults()
 	if err := opts.Validate(); err != nil {
@@ -210,7 +261,9 @@ func NewShipper(peer Peer, log Log, cursors Cursors, opts Options) (*Shipper, er
 	}
 	s := &Shipper{peer: peer, log: log, cursors: cursors, opts: opts,
 		rng:     rand.New(rand.NewPCG(uint64(opts.Now()), uint64(len(peer.Name)))),
-		backoff: policy.Backoff{Initial: opts.BackoffMin, Max: opts.BackoffMax, Jitter: opts.Jitter}}
+		backoff: policy.Backoff{Initial: opts.BackoffMin, Max: opts.BackoffMax, Jitter: opts.Jitter},
+		kick:    make(chan struct{}, 1),
+	}
 	c, ok, err := cursors.Cursor(peer.Name)
 	if err != nil {
 		return nil, err
@@ -220,15 +273,18 @@ func NewShipper(peer Peer, log Log, cursors Cursors, opts Options) (*Shipper, er
 	switch {
 	case ok && c.Stream == stream:
 		acked = c.Index
-		// The WAL is only ever truncated below what every peer acked, so
-		// a persisted cursor behind the retained WAL just lost a flush.
+		// The WAL is only ever truncated below what every attached peer
+		// acked, so a persisted cursor behind the retained WAL just lost
+		// a flush.
 		if first := log.First(); acked+1 < first {
 			acked = first - 1
 		}
-	case log.First() > 1:
-		// A new peer, or a new stream after the old one was lost: what is
-		// no longer in the WAL must come from a snapshot.
+	case ok:
 		s.mu.needsReseed = true
+		s.mu.lastErr = "the WAL was replaced since this peer's cursor (new stream): entries of the old stream may be missing"
+	case log.First() > 1:
+		s.mu.needsReseed = true
+		s.mu.lastErr = "a new peer, and the WAL no longer holds every entry"
 	}
 	s.mu.acked, s.mu.persisted = acked, acked
 	if !ok || c.Stream != stream {
@@ -250,11 +306,48 @@ func (s *Shipper) Acked() uint64 {
 	return s.mu.acked
 }
 
+// Retains reports whether the WAL must be kept for this peer (false once it
+// was detached on overflow: it then needs a re-seed instead).
+func (s *Shipper) Retains() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return !s.mu.detached
+}
+
 // NeedsReseed reports whether the peer misses entries the WAL no longer has.
 func (s *Shipper) NeedsReseed() bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.mu.needsReseed
+}
+
+func (s *Shipper) wake() {
+	select {
+	case s.kick <- struct{}{}:
+	default:
+	}
+}
+
+// Pause stops shipping (the WAL is still retained for the peer).
+func (s *Shipper) Pause() { s.mu.Lock(); s.mu.paused = true; s.mu.Unlock(); s.wake() }
+
+// Resume undoes Pause.
+func (s *Shipper) Resume() { s.mu.Lock(); s.mu.paused = false; s.mu.Unlock(); s.wake() }
+
+// Reseed asks for a re-seed now, needed or not.
+func (s *Shipper) Reseed() { s.mu.Lock(); s.mu.wantReseed = true; s.mu.Unlock(); s.wake() }
+
+// Detach stops retaining the WAL for the peer (overflow mode "detach"): it
+// is marked needs_reseed and, with AutoReseed, re-seeded once reachable.
+func (s *Shipper) Detach(why string) {
+	s.mu.Lock()
+	first := !s.mu.detached
+	s.mu.detached, s.mu.needsReseed = true, true
+	s.mu.lastErr = why
+	s.mu.Unlock()
+	if first {
+		s.opts.Logger.Error("peer detached: the WAL is no longer retained for it; it needs a re-seed", "peer", s.peer.Name, "why", why)
+	}
 }
 
 // Run ships until ctx is done, then persists the cursor. It is the
@@ -263,8 +356,24 @@ func (s *Shipper) Run(ctx context.Context) {
 	defer s.flushCursor(true)
 	for ctx.Err() == nil {
 		s.mu.Lock()
-		acked, reseed, pause := s.mu.acked, s.mu.needsReseed, s.mu.pauseUntil
+		acked, reseed, paused, pause := s.mu.acked, s.mu.needsReseed, s.mu.paused, s.mu.pauseUntil
+		want := s.mu.wantReseed || (reseed && s.opts.AutoReseed)
 		s.mu.Unlock()
+		if paused {
+			s.flushCursor(false)
+			select {
+			case <-ctx.Done():
+				return
+			case <-s.kick:
+			}
+			continue
+		}
+		if want && s.opts.Snapshots != nil {
+			if err := s.reseed(ctx); err != nil && ctx.Err() == nil {
+				s.failed(ctx, fmt.Errorf("re-seed: %w", err))
+			}
+			continue
+		}
 		if d := time.Until(pause); d > 0 {
 			if !sleep(ctx, d) {
 				return
@@ -279,6 +388,7 @@ func (s *Shipper) Run(ctx context.Context) {
 			case <-ctx.Done():
 				return
 			case <-notify:
+			case <-s.kick:
 			case <-time.After(s.opts.CursorFlush):
 			}
 			continue
@@ -290,21 +400,30 @@ func (s *Shipper) Run(ctx context.Context) {
 		if !s.lingerFor(ctx, acked) {
 			return
 		}
-		if err := s.shipOnce(ctx, acked); err != nil {
-			if ctx.Err() != nil {
-				return
-			}
-			s.mu.Lock()
-			s.mu.errors++
-			n := s.mu.errors
-			s.mu.lastErr = err.Error()
-			s.mu.Unlock()
-			d := s.backoff.Delay(n, s.rng)
-			s.opts.Logger.Debug("ship failed; backing off", "peer", s.peer.Name, "attempt", n, "delay", d, "err", err)
-			if !sleep(ctx, d) {
-				return
-			}
+		if err := s.shipOnce(ctx, acked); err != nil && ctx.Err() == nil {
+			s.failed(ctx, err)
 		}
+	}
+}
+
+// failed counts a failure and backs off before the next try.
+func (s *Shipper) failed(ctx context.Context, err error) {
+	s.mu.Lock()
+	s.mu.errors++
+	n := s.mu.errors
+	s.mu.lastErr = err.Error()
+	if errors.Is(err, errNoPermit) {
+		s.mu.permitRefs++
+	}
+	s.mu.Unlock()
+	d := s.backoff.Delay(n, s.rng)
+	s.opts.Logger.Debug("ship failed; backing off", "peer", s.peer.Name, "attempt", n, "delay", d, "err", err)
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+	case <-t.C:
+	case <-s.kick:
 	}
 }
 
@@ -353,6 +472,8 @@ type errGap struct{ hwm uint64 }
 
 func (e *errGap) Error() string { return fmt.Sprintf("receiver is at index %d: rewinding", e.hwm) }
 
+var errNoPermit = errors.New("transport: receiver has no replay permit free (429)")
+
 // shipOnce sends one batch after acked and handles the answer.
 func (s *Shipper) shipOnce(ctx context.Context, acked uint64) error {
 	last := s.log.Last()
@@ -391,6 +512,7 @@ func (s *Shipper) shipOnce(ctx context.Context, acked uint64) error {
 		s.mu.highShipped = to
 	}
 	s.mu.Unlock()
+	sent := s.opts.Now()
 	ack, err := s.post(ctx, s.buf)
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -406,10 +528,10 @@ func (s *Shipper) shipOnce(ctx context.Context, acked uint64) error {
 	case err != nil:
 		return err
 	}
-	s.mu.lastContact = time.Now()
-	s.mu.errors = 0
-	s.mu.lastErr = ""
-	s.mu.batches++
+	s.ackedLocked(ack, sent)
+	if s.opts.ObserveShip != nil {
+		s.opts.ObserveShip(s.peer.Name, time.Duration(s.opts.Now()-sent), len(payloads))
+	}
 	s.mu.shipped += uint64(len(payloads))
 	if ack.HWM > to {
 		// The receiver claims more than was sent: trust only what it was
@@ -421,11 +543,24 @@ func (s *Shipper) shipOnce(ctx context.Context, acked uint64) error {
 	} else {
 		s.mu.acked = ack.HWM
 	}
+	return nil
+}
+
+// ackedLocked records contact, flow hints and clock skew from an ack.
+// REQUIRES: s.mu held.
+func (s *Shipper) ackedLocked(ack Ack, sent int64) {
+	s.mu.lastContact = time.Now()
+	s.mu.errors = 0
+	s.mu.lastErr = ""
+	s.mu.batches++
 	s.mu.suggested = ack.SuggestedBatch
 	if ack.PauseMS > 0 {
 		s.mu.pauseUntil = time.Now().Add(time.Duration(ack.PauseMS) * time.Millisecond)
 	}
-	return nil
+	if ack.Now != 0 {
+		mid := sent + (s.opts.Now()-sent)/2
+		s.mu.skew = time.Duration(ack.Now - mid)
+	}
 }
 
 // rewindLocked moves the cursor back to what the receiver says it has.
@@ -479,8 +614,135 @@ func (s *Shipper) post(ctx context.Context, body []byte) (Ack, error) {
 		if json.Unmarshal(b, &e) == nil && e.Error.HWM != nil {
 			return ack, &errGap{hwm: *e.Error.HWM}
 		}
+	case http.StatusTooManyRequests:
+		return ack, fmt.Errorf("%w: %s", errNoPermit, strings.TrimSpace(string(b)))
 	}
 	return ack, fmt.Errorf("transport: %s answered %d: %s", s.peer.Name, resp.StatusCode, strings.TrimSpace(string(b)))
+}
+
+// reseed streams a snapshot of the tree to the peer, then resumes normal
+// shipping after the snapshot's applied index. The WAL is retained for the
+// peer from before the snapshot was taken, so nothing falls in between.
+func (s *Shipper) reseed(ctx context.Context) error {
+	s.mu.Lock()
+	s.mu.wantReseed = false
+	s.mu.detached = false
+	if s.opts.Applied != nil {
+		// Hold the WAL from here on: entries after the snapshot's applied
+		// index must still be there when shipping resumes.
+		s.mu.acked = max(s.mu.acked, min(s.opts.Applied(), s.log.Last()))
+	}
+	s.mu.reseed = ReseedStatus{Running: true, Started: time.Now(), Runs: s.mu.reseed.Runs + 1}
+	s.mu.Unlock()
+	s.opts.Logger.Info("re-seed started", "peer", s.peer.Name)
+
+	snap, err := s.opts.Snapshots.NewSnapshot()
+	if err != nil {
+		return s.reseedDone(err)
+	}
+	defer snap.Close()
+	total, err := snap.Count()
+	if err != nil {
+		return s.reseedDone(err)
+	}
+	stream, applied := snap.LocalApplied()
+	if wal.StreamID(stream) != s.log.Stream() {
+		applied = 0
+	}
+	s.mu.Lock()
+	s.mu.reseed.Total = total
+	s.mu.Unlock()
+
+	snapStream := wal.NewStreamID()
+	commit := hlc.Timestamp{Wall: s.opts.Now()}
+	codec := wal.NewCodec()
+	defs := wal.Defaults{Origin: s.opts.Local, Stream: snapStream}
+	var index uint64
+	sent := 0
+	for done := false; !done; {
+		var ents [][]byte
+		size := 0
+		for len(ents) < s.opts.MaxBatchEntries && size < s.opts.MaxBatchBytes {
+			key, rec, ok, err := snap.Next()
+			if err != nil {
+				return s.reseedDone(err)
+			}
+			if !ok {
+				done = true
+				break
+			}
+			index++
+			e := wal.Entry{Index: index, Origin: s.opts.Local, Stream: snapStream, Commit: commit,
+				Stamp: rec.Stamp.HLC, Op: store.OpSet, Key: key, Value: rec.Value}
+			if rec.Tombstone {
+				e.Op, e.Value = store.OpDelete, nil
+			}
+			if rec.Stamp.Origin != s.opts.Local {
+				e.StampOrigin = rec.Stamp.Origin
+			}
+			p := codec.AppendEntry(nil, &e, defs)
+			ents = append(ents, p)
+			size += len(p)
+		}
+		if len(ents) == 0 {
+			break
+		}
+		body := appendHeader(nil, s.opts.Local, snapStream, len(ents), true)
+		for _, p := range ents {
+			body = append(body, p...)
+		}
+		for attempt := 1; ; attempt++ {
+			t0 := s.opts.Now()
+			ack, err := s.post(ctx, body)
+			if err == nil {
+				s.mu.Lock()
+				s.ackedLocked(ack, t0)
+				s.mu.Unlock()
+				break
+			}
+			if ctx.Err() != nil {
+				return s.reseedDone(ctx.Err())
+			}
+			var gap *errGap
+			if errors.As(err, &gap) {
+				return s.reseedDone(fmt.Errorf("the receiver lost part of the snapshot (at %d of %d); restarting", gap.hwm, index))
+			}
+			s.mu.Lock()
+			s.mu.errors++
+			s.mu.lastErr = "re-seed: " + err.Error()
+			s.mu.Unlock()
+			if !sleep(ctx, s.backoff.Delay(attempt, s.rng)) {
+				return s.reseedDone(ctx.Err())
+			}
+		}
+		sent += len(ents)
+		s.mu.Lock()
+		s.mu.reseed.Sent = sent
+		s.mu.Unlock()
+	}
+	s.mu.Lock()
+	s.mu.needsReseed = false
+	if applied > s.mu.acked && applied <= s.log.Last() {
+		s.mu.acked = applied
+	}
+	s.mu.Unlock()
+	s.flushCursor(true)
+	s.opts.Logger.Info("re-seed done", "peer", s.peer.Name, "keys", sent, "resume_after", applied)
+	return s.reseedDone(nil)
+}
+
+func (s *Shipper) reseedDone(err error) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.mu.reseed.Running = false
+	s.mu.reseed.Finished = time.Now()
+	if err != nil {
+		s.mu.reseed.Error = err.Error()
+		s.mu.needsReseed = true
+	} else {
+		s.mu.reseed.Error = ""
+	}
+	return err
 }
 
 // flushCursor persists the acked cursor if it moved and the flush interval
@@ -508,19 +770,53 @@ func (s *Shipper) flushCursor(force bool) {
 type Thresholds struct {
 	// Lagging: entries behind whose oldest is older than this, or no
 	// contact for this long while behind. Default 5s.
-	Lagging time.Duration
+	Lagging time.Duration `json:"lagging"`
 	// Stalled: the same past this. Default 60s.
-	Stalled time.Duration
+	Stalled time.Duration `json:"stalled"`
 }
 
-// Status reports the link's figures. avgEntryBytes estimates bytes behind.
-func (s *Shipper) Status(th Thresholds, avgEntryBytes float64, oldestCommitWall func(index uint64) (int64, bool)) Status {
+// Backlog is what a peer has not acknowledged yet.
+type Backlog struct {
+	Entries   uint64
+	Bytes     int64
+	OldestAge time.Duration
+}
+
+// Backlog measures the link's backlog. commitWall reads the commit HLC wall
+// time of a WAL entry (cached per cursor position).
+func (s *Shipper) Backlog(commitWall func(index uint64) (int64, bool)) Backlog {
+	s.mu.Lock()
+	acked := s.mu.acked
+	oldestIdx, oldestWall := s.mu.oldestIdx, s.mu.oldestWall
+	s.mu.Unlock()
+	last := s.log.Last()
+	if last <= acked {
+		return Backlog{}
+	}
+	b := Backlog{Entries: last - acked, Bytes: s.log.BytesAfter(acked)}
+	if oldestIdx != acked+1 {
+		wall, ok := commitWall(acked + 1)
+		if !ok {
+			return b
+		}
+		oldestIdx, oldestWall = acked+1, wall
+		s.mu.Lock()
+		s.mu.oldestIdx, s.mu.oldestWall = oldestIdx, oldestWall
+		s.mu.Unlock()
+	}
+	b.OldestAge = max(0, time.Duration(s.opts.Now()-oldestWall))
+	return b
+}
+
+// Status reports the link's figures.
+func (s *Shipper) Status(th Thresholds, commitWall func(index uint64) (int64, bool)) Status {
 	if th.Lagging == 0 {
 		th.Lagging = 5 * time.Second
 	}
 	if th.Stalled == 0 {
 		th.Stalled = 60 * time.Second
 	}
+	bl := s.Backlog(commitWall)
 	s.mu.Lock()
 	st := Status{
 		Peer:              s.peer.Name,
@@ -534,27 +830,31 @@ func (s *Shipper) Status(th Thresholds, avgEntryBytes float64, oldestCommitWall 
 		Resent:            s.mu.resent,
 		Batches:           s.mu.batches,
 		Rewinds:           s.mu.rewinds,
+		PermitRefusals:    s.mu.permitRefs,
+		Paused:            s.mu.paused,
+		Detached:          s.mu.detached,
+		NeedsReseed:       s.mu.needsReseed,
+		Reseed:            s.mu.reseed,
+		ClockSkewMS:       float64(s.mu.skew.Microseconds()) / 1000,
+		Thresholds:        th,
 	}
-	reseed := s.mu.needsReseed
 	s.mu.Unlock()
 	st.Last = s.log.Last()
-	if st.Last > st.Acked {
-		st.EntriesBehind = st.Last - st.Acked
-		st.BytesBehind = int64(avgEntryBytes * float64(st.EntriesBehind))
-		if wall, ok := oldestCommitWall(st.Acked + 1); ok {
-			st.OldestUnackedAge = max(0, time.Duration(s.opts.Now()-wall).Seconds())
-		}
-	}
-	age := time.Duration(st.OldestUnackedAge * float64(time.Second))
+	st.EntriesBehind, st.BytesBehind = bl.Entries, bl.Bytes
+	st.OldestUnackedAge = bl.OldestAge.Seconds()
 	sinceContact := time.Since(st.LastContact)
 	switch {
-	case reseed:
+	case st.Reseed.Running:
+		st.State = StateReseeding
+	case st.NeedsReseed:
 		st.State = StateNeedsReseed
+	case st.Paused:
+		st.State = StatePaused
 	case st.LastContact.IsZero():
 		st.State = StateUnknown
-	case st.EntriesBehind > 0 && (age > th.Stalled || sinceContact > th.Stalled):
+	case st.EntriesBehind > 0 && (bl.OldestAge > th.Stalled || sinceContact > th.Stalled):
 		st.State = StateStalled
-	case st.EntriesBehind > 0 && (age > th.Lagging || sinceContact > th.Lagging):
+	case st.EntriesBehind > 0 && (bl.OldestAge > th.Lagging || sinceContact > th.Lagging):
 		st.State = StateLagging
 	default:
 		st.State = StateHealthy

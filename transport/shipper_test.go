@@ -193,7 +193,7 @@ func TestRewindOnGap(t *testing.T) {
 	if d, _ := dst.Digest(); d.Keys != 100 {
 		t.Fatalf("receiver holds %d of 100 keys after the rewind", d.Keys)
 	}
-	st := sh.Status(transport.Thresholds{}, 0, func(uint64) (int64, bool) { return 0, false })
+	st := sh.Status(transport.Thresholds{}, func(uint64) (int64, bool) { return 0, false })
 	if st.Rewinds == 0 {
 		t.Fatalf("no rewind counted: %+v", st)
 	}

@@ -38,20 +38,35 @@ type Batch struct {
 	Sender  string
 	Stream  wal.StreamID
 	Entries []wal.Entry
+	// Snapshot marks a re-seed batch: its stream is a one-off snapshot
+	// stream, and its entries relay keys with the stamps they hold.
+	Snapshot bool
 }
 
 // AppendBatchHeader appends the batch's map header and fields up to the
 // entries array header; the caller then appends n encoded entries.
 func AppendBatchHeader(dst []byte, sender string, stream wal.StreamID, n int) []byte {
+	return appendHeader(dst, sender, stream, n, false)
+}
+
+func appendHeader(dst []byte, sender string, stream wal.StreamID, n int, snapshot bool) []byte {
 	var buf bytes.Buffer
 	enc := msgpack.NewEncoder(&buf)
-	_ = enc.EncodeMapLen(4)
+	fields := 4
+	if snapshot {
+		fields = 5
+	}
+	_ = enc.EncodeMapLen(fields)
 	_ = enc.EncodeString("v")
 	_ = enc.EncodeUint(WireVersion)
 	_ = enc.EncodeString("sender")
 	_ = enc.EncodeString(sender)
 	_ = enc.EncodeString("stream")
 	_ = enc.EncodeBytes(stream[:])
+	if snapshot {
+		_ = enc.EncodeString("snap")
+		_ = enc.EncodeBool(true)
+	}
 	_ = enc.EncodeString("entries")
 	_ = enc.EncodeArrayLen(n)
 	return append(dst, buf.Bytes()...)
@@ -59,7 +74,7 @@ func AppendBatchHeader(dst []byte, sender string, stream wal.StreamID, n int) []
 
 // EncodeBatch encodes b (tests and tools; the shipper copies WAL bytes).
 func EncodeBatch(b *Batch) []byte {
-	out := AppendBatchHeader(nil, b.Sender, b.Stream, len(b.Entries))
+	out := appendHeader(nil, b.Sender, b.Stream, len(b.Entries), b.Snapshot)
 	c := wal.NewCodec()
 	d := wal.Defaults{Origin: b.Sender, Stream: b.Stream}
 	for i := range b.Entries {
@@ -115,6 +130,8 @@ func DecodeBatch(body []byte) (*Batch, error) {
 				err = fmt.Errorf("stream of %d bytes", len(s))
 			}
 			copy(b.Stream[:], s)
+		case "snap":
+			b.Snapshot, err = dec.DecodeBool()
 		case "entries":
 			if have["sender"] && have["stream"] {
 				// The usual order: decode in place, no second pass.
@@ -197,4 +214,7 @@ type Ack struct {
 	SuggestedBatch int `json:"suggested_batch"`
 	// PauseMS asks the sender to wait this long before the next batch.
 	PauseMS int `json:"pause_ms"`
+	// Now is the receiver's physical clock (ns) when it answered; senders
+	// estimate the clock skew between the clusters from it.
+	Now int64 `json:"now,omitempty"`
 }

@@ -54,6 +54,10 @@ type Entry struct {
 	Key    string        // k
 	Value  []byte        // val
 	Idem   *Idem         // idem: the idempotency record this write creates
+	// StampOrigin is the origin of the LWW stamp when it differs from the
+	// entry's origin: only in a re-seed snapshot, which relays every key
+	// with the stamp it holds, whoever wrote it.
+	StampOrigin string // so
 }
 
 // Idem is the idempotency record of a keyed request: what the request was
@@ -77,7 +81,11 @@ func (e *Entry) LWW() store.Stamp {
 	if ts.IsZero() {
 		ts = e.Commit
 	}
-	return store.Stamp{HLC: ts, Origin: e.Origin}
+	o := e.Origin
+	if e.StampOrigin != "" {
+		o = e.StampOrigin
+	}
+	return store.Stamp{HLC: ts, Origin: o}
 }
 
 // ErrMalformed is the class of errors for entry bytes that do not decode to a
@@ -125,7 +133,8 @@ func (c *Codec) encodeEntry(enc *msgpack.Encoder, e *Entry, d Defaults) {
 	withStamp := !e.Stamp.IsZero() && e.Stamp != e.Commit
 	withValue := len(e.Value) > 0
 	withIdem := e.Idem != nil
-	for _, b := range []bool{withOrigin, withStream, withStamp, withValue, withIdem} {
+	withSO := e.StampOrigin != ""
+	for _, b := range []bool{withOrigin, withStream, withStamp, withValue, withIdem, withSO} {
 		if b {
 			n++
 		}
@@ -155,6 +164,10 @@ func (c *Codec) encodeEntry(enc *msgpack.Encoder, e *Entry, d Defaults) {
 	if withValue {
 		_ = enc.EncodeString("val")
 		_ = enc.EncodeBytes(e.Value)
+	}
+	if withSO {
+		_ = enc.EncodeString("so")
+		_ = enc.EncodeString(e.StampOrigin)
 	}
 	if withIdem {
 		_ = enc.EncodeString("idem")
@@ -314,6 +327,12 @@ func DecodeEntryFrom(dec *msgpack.Decoder, d Defaults) (Entry, error) {
 		case "idem":
 			bit = 256
 			e.Idem, err = decodeIdem(dec)
+		case "so":
+			bit = 512
+			e.StampOrigin, err = dec.DecodeString()
+			if err == nil && (e.StampOrigin == "" || len(e.StampOrigin) > 63) {
+				err = fmt.Errorf("stamp origin %q", e.StampOrigin)
+			}
 		default:
 			return e, fmt.Errorf("%w: unknown field %q", ErrMalformed, name)
 		}

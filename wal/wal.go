@@ -160,11 +160,23 @@ type Log struct {
 
 	repairs, dropped, writeFailures atomic.Int64
 
+	bytes byteIndex
+
 	// Owned by the appending goroutine.
-	codec *Codec
-	batch twal.Batch
-	frame []byte
+	codec      *Codec
+	batch      twal.Batch
+	frame      []byte
+	batchSizes []int
 }
+
+func uvarintLen(n int) int {
+	var b [binary.MaxVarintLen64]byte
+	return binary.PutUvarint(b[:], uint64(n))
+}
+
+// BytesAfter estimates the on-disk bytes of the entries after index i (a
+// peer's backlog when i is its acked index).
+func (l *Log) BytesAfter(i uint64) int64 { return l.bytes.after(i) }
 
 // Open opens the WAL in dir, creating it (and minting its stream ID) if
 // needed, and repairing a torn tail.
@@ -325,6 +337,12 @@ func listSegments(segDir string) ([]segFile, error) {
 // frame inside it. It returns how many entries are whole and valid, the byte
 // length they cover, and the problem that stopped it (nil at a clean end).
 func scanSegment(data []byte, first uint64) (n int, good int, problem error) {
+	return scanSegmentSizes(data, first, nil)
+}
+
+// scanSegmentSizes is scanSegment telling onEntry the on-disk size of each
+// valid entry.
+func scanSegmentSizes(data []byte, first uint64, onEntry func(size int)) (n int, good int, problem error) {
 	for pos := 0; pos < len(data); {
 		size, w := binary.Uvarint(data[pos:])
 		if w <= 0 {
@@ -340,6 +358,9 @@ func scanSegment(data []byte, first uint64) (n int, good int, problem error) {
 		}
 		if idx, ok := peekIndex(payload); !ok || idx != first+uint64(n) {
 			return n, good, fmt.Errorf("entry says index %d, position says %d", idx, first+uint64(n))
+		}
+		if onEntry != nil {
+			onEntry(w + int(size))
 		}
 		pos += w + int(size)
 		n++
@@ -368,13 +389,15 @@ func (l *Log) verifyAndRepair(keep int64) error {
 			segs = segs[:len(segs)-1]
 		}
 	}
+	var sizes []uint32 // of every valid entry, for the byte index
 	for i, s := range segs {
 		path := filepath.Join(l.segDir, s.name)
 		data, err := os.ReadFile(path)
 		if err != nil {
 			return fmt.Errorf("wal: read segment %s: %w", path, err)
 		}
-		n, good, problem := scanSegment(data, s.first)
+		segStart := len(sizes)
+		n, good, problem := scanSegmentSizes(data, s.first, func(size int) { sizes = append(sizes, uint32(size)) })
 		if i < len(segs)-1 {
 			if problem != nil {
 				return &CorruptError{Segment: s.name, Index: s.first + uint64(n), Err: problem}
@@ -404,7 +427,18 @@ func (l *Log) verifyAndRepair(keep int64) error {
 			if err := truncateSync(path, int64(good)); err != nil {
 				return fmt.Errorf("wal: repair segment %s: %w", path, err)
 			}
+			// keep the sizes of the entries that stay
+			kept, _, _ := scanSegment(data[:good], s.first)
+			sizes = sizes[:segStart+kept]
 		}
+	}
+	base := uint64(0)
+	if len(segs) > 0 {
+		base = segs[0].first - 1
+	}
+	l.bytes.reset(base)
+	for _, sz := range sizes {
+		l.bytes.add(int(sz))
 	}
 	return nil
 }
@@ -529,6 +563,7 @@ func (l *Log) Append(entries []*Entry) error {
 	}
 	prev := l.last.Load()
 	l.batch.Clear()
+	l.batchSizes = l.batchSizes[:0]
 	for i, e := range entries {
 		e.Index = prev + uint64(i) + 1
 		e.Origin = l.defs.Origin
@@ -537,11 +572,15 @@ func (l *Log) Append(entries []*Entry) error {
 			return l.codec.AppendEntry(dst, e, l.defs)
 		})
 		l.batch.Write(e.Index, l.frame)
+		l.batchSizes = append(l.batchSizes, uvarintLen(len(l.frame))+len(l.frame))
 	}
 	err := l.tw.WriteBatch(&l.batch)
 	l.mu.RUnlock()
 	if err != nil {
 		return l.recoverWrite(prev, err)
+	}
+	for _, e := range l.batchSizes {
+		l.bytes.add(e)
 	}
 	l.last.Store(prev + uint64(len(entries)))
 	l.wake()
@@ -645,6 +684,7 @@ func (l *Log) TruncateFront(index uint64) error {
 		return fmt.Errorf("wal: truncate front to %d: %w", index, err)
 	}
 	l.first.Store(index)
+	l.bytes.cutBefore(index)
 	return nil
 }
 

@@ -358,3 +358,46 @@ func FuzzScanSegment(f *testing.F) {
 		}
 	})
 }
+
+// TestBytesAfter: the byte index matches the files: exactly for the whole
+// log, and within one entry's size at any cursor.
+func TestBytesAfter(t *testing.T) {
+	dir := t.TempDir()
+	l := openTest(t, dir, 16384)
+	appendN(t, l, 0, 3000)
+	check := func(when string) {
+		st := l.Stats()
+		if got := l.BytesAfter(l.First() - 1); got != st.Bytes {
+			t.Fatalf("%s: bytes after first-1 = %d, files hold %d", when, got, st.Bytes)
+		}
+		if l.BytesAfter(l.Last()) != 0 {
+			t.Fatalf("%s: bytes after last = %d", when, l.BytesAfter(l.Last()))
+		}
+		// Monotone in the cursor, and about the average entry size per entry.
+		prev := int64(1 << 62)
+		avg := float64(st.Bytes) / float64(l.Last()-l.First()+1)
+		for i := l.First() - 1; i <= l.Last(); i += 97 {
+			b := l.BytesAfter(i)
+			if b > prev {
+				t.Fatalf("%s: bytes after %d (%d) above bytes after an earlier index (%d)", when, i, b, prev)
+			}
+			if want := avg * float64(l.Last()-i); float64(b) < 0.8*want-100 || float64(b) > 1.2*want+100 {
+				t.Fatalf("%s: bytes after %d = %d, about %f expected", when, i, b, want)
+			}
+			prev = b
+		}
+	}
+	check("after appends")
+	l.Close()
+	l = openTest(t, dir, 16384)
+	defer l.Close()
+	check("after reopen")
+	if err := l.TruncateFront(2222); err != nil {
+		t.Fatal(err)
+	}
+	// whole segments before 2222 are gone; the index still answers for the
+	// retained range
+	if got := l.BytesAfter(l.Last() - 10); got <= 0 {
+		t.Fatalf("after truncation: %d", got)
+	}
+}

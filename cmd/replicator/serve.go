@@ -45,6 +45,17 @@ type serveConfig struct {
 	ReplicateMax  int64                  `yaml:"replicate_max_bytes"`
 	PinWindow     duration               `yaml:"pin_window"`
 	IdemWindow    duration               `yaml:"idempotency_window"`
+
+	HighEntries   uint64    `yaml:"wal_high_water_entries"`
+	LowEntries    uint64    `yaml:"wal_low_water_entries"`
+	HighBytes     int64     `yaml:"wal_high_water_bytes"`
+	LowBytes      int64     `yaml:"wal_low_water_bytes"`
+	HighAge       duration  `yaml:"wal_high_water_age"`
+	LowAge        duration  `yaml:"wal_low_water_age"`
+	AdmissionWait *duration `yaml:"admission_wait"`
+	Permits       int       `yaml:"replay_permits"`
+	PermitQueue   int       `yaml:"replay_queue"`
+	NoAutoReseed  bool      `yaml:"no_auto_reseed"`
 }
 
 // peerConfig is one entry of the YAML peers map (and what --peer,
@@ -53,6 +64,7 @@ type peerConfig struct {
 	URL        string `yaml:"url"`
 	Secret     string `yaml:"secret"`
 	SecretFile string `yaml:"secret_file"`
+	Overflow   string `yaml:"overflow"`
 }
 
 func (cfg *serveConfig) peer(name string) *peerConfig {
@@ -95,7 +107,31 @@ func (d *duration) UnmarshalYAML(n *yaml.Node) error {
 	return nil
 }
 
-func (d *duration) String() string     { return time.Duration(*d).String() }
+func (d *duration) String() string {
+	if d == nil {
+		return "0s"
+	}
+	return time.Duration(*d).String()
+}
+
+// optDuration is a duration flag that tells "0s" from unset.
+type optDuration struct{ p **duration }
+
+func (o optDuration) String() string {
+	if o.p == nil || *o.p == nil {
+		return ""
+	}
+	return (*o.p).String()
+}
+
+func (o optDuration) Set(s string) error {
+	var d duration
+	if err := d.Set(s); err != nil {
+		return err
+	}
+	*o.p = &d
+	return nil
+}
 func (d *duration) Set(s string) error { v, err := time.ParseDuration(s); *d = duration(v); return err }
 
 func loadConfigFile(path string, cfg *serveConfig) error {
@@ -152,6 +188,17 @@ func serveFlags(cfg *serveConfig) *flag.FlagSet {
 	fs.Int64Var(&cfg.ReplicateMax, "replicate-max-bytes", cfg.ReplicateMax, "largest incoming batch in bytes")
 	fs.Var(&cfg.PinWindow, "pin-window", "how old a pinned idempotency stamp may be")
 	fs.Var(&cfg.IdemWindow, "idempotency-window", "how long an Idempotency-Key's record is kept")
+	fs.Uint64Var(&cfg.HighEntries, "wal-high-water-entries", cfg.HighEntries, "saturate when a peer's backlog passes this many entries (default 2000000)")
+	fs.Uint64Var(&cfg.LowEntries, "wal-low-water-entries", cfg.LowEntries, "leave saturation below this many (default half the high mark)")
+	fs.Int64Var(&cfg.HighBytes, "wal-high-water-bytes", cfg.HighBytes, "saturate when a peer's backlog passes this many bytes (default 1 GiB)")
+	fs.Int64Var(&cfg.LowBytes, "wal-low-water-bytes", cfg.LowBytes, "leave saturation below this many bytes (default half)")
+	fs.Var(&cfg.HighAge, "wal-high-water-age", "saturate when a peer's oldest unacknowledged entry is older (default 1h)")
+	fs.Var(&cfg.LowAge, "wal-low-water-age", "leave saturation below this age (default half)")
+	fs.Var(optDuration{&cfg.AdmissionWait}, "admission-wait", "how long a write waits while saturated before it is refused (default 5s; 0s refuses at once)")
+	fs.Var(namedFlag{func(n, v string) { cfg.peer(n).Overflow = v }}, "peer-overflow", "NAME=reject|detach: what a peer's backlog overflow does (default reject)")
+	fs.IntVar(&cfg.Permits, "replay-permits", cfg.Permits, "incoming batches applied at once (default 4)")
+	fs.IntVar(&cfg.PermitQueue, "replay-queue", cfg.PermitQueue, "incoming batches waiting for a permit (default 16)")
+	fs.BoolVar(&cfg.NoAutoReseed, "no-auto-reseed", cfg.NoAutoReseed, "re-seed peers only when asked (POST /admin/peers/NAME/reseed)")
 	return fs
 }
 
@@ -209,7 +256,7 @@ func (cfg *serveConfig) nodeOptions(log *slog.Logger) (*node.Options, error) {
 		if p.URL == "" {
 			errs = append(errs, fmt.Errorf("peer %s has a secret but no URL (--peer %s=URL)", name, name))
 		}
-		o.Peers = append(o.Peers, node.Peer{Name: name, URL: p.URL, Secret: secret})
+		o.Peers = append(o.Peers, node.Peer{Name: name, URL: p.URL, Secret: secret, Overflow: p.Overflow})
 	}
 	o.InsecurePeers = cfg.InsecurePeers
 	o.MaxBatchEntries = cfg.BatchEntries
@@ -218,6 +265,15 @@ func (cfg *serveConfig) nodeOptions(log *slog.Logger) (*node.Options, error) {
 	o.MaxReplicateBytes = cfg.ReplicateMax
 	o.PinWindow = time.Duration(cfg.PinWindow)
 	o.IdempotencyWindow = time.Duration(cfg.IdemWindow)
+	o.WaterMarks = node.WaterMarks{HighEntries: cfg.HighEntries, LowEntries: cfg.LowEntries, HighBytes: cfg.HighBytes,
+		LowBytes: cfg.LowBytes, HighAge: time.Duration(cfg.HighAge), LowAge: time.Duration(cfg.LowAge)}
+	if cfg.AdmissionWait != nil {
+		o.AdmissionWait = time.Duration(*cfg.AdmissionWait)
+		if o.AdmissionWait == 0 {
+			o.AdmissionWait = -1 // refuse at once
+		}
+	}
+	o.Permits, o.PermitQueue, o.NoAutoReseed = cfg.Permits, cfg.PermitQueue, cfg.NoAutoReseed
 	if cfg.Origin != "" {
 		if cfg.ClusterID != "" {
 			errs = append(errs, errors.New("give --cluster-id or --origin, not both"))

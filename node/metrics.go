@@ -1,0 +1,120 @@
+package node
+
+import (
+	"net/http"
+	"sync/atomic"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/replicator/replicator/acceptor"
+	"github.com/replicator/replicator/transport"
+)
+
+// nodeMetrics are the node's Prometheus series, on a registry of its own so
+// that several nodes can live in one process (tests, the demo). Labels are
+// peer and origin cluster IDs and fixed enums only: never keys, never
+// idempotency keys.
+type nodeMetrics struct {
+	reg *prometheus.Registry
+
+	writes atomic.Uint64 // local writes committed
+	groups atomic.Uint64 // WAL appends (fsyncs) they took
+
+	backlogEntries *prometheus.GaugeVec
+	backlogBytes   *prometheus.GaugeVec
+	backlogAge     *prometheus.GaugeVec
+	detached       *prometheus.CounterVec
+	shipSeconds    *prometheus.HistogramVec
+	applySeconds   prometheus.Histogram
+	lagSeconds     *prometheus.HistogramVec
+	fsyncSeconds   prometheus.Histogram
+}
+
+func (m *nodeMetrics) init(n *Node) {
+	m.reg = prometheus.NewRegistry()
+	f := func(c prometheus.Collector) { m.reg.MustRegister(c) }
+	m.backlogEntries = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "replicator_backlog_entries",
+		Help: "WAL entries a peer has not acknowledged."}, []string{"peer"})
+	m.backlogBytes = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "replicator_backlog_bytes",
+		Help: "WAL bytes a peer has not acknowledged."}, []string{"peer"})
+	m.backlogAge = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "replicator_backlog_oldest_age_seconds",
+		Help: "Age of the oldest entry a peer has not acknowledged."}, []string{"peer"})
+	m.detached = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "replicator_peer_detached_total",
+		Help: "Peers detached on backlog overflow (they need a re-seed)."}, []string{"peer"})
+	buckets := []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30}
+	m.shipSeconds = prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "replicator_ship_seconds",
+		Help: "Round trip of an acknowledged batch to a peer.", Buckets: buckets}, []string{"peer"})
+	m.applySeconds = prometheus.NewHistogram(prometheus.HistogramOpts{Name: "replicator_apply_seconds",
+		Help: "Time to apply an incoming batch (decode to synced commit).", Buckets: buckets})
+	m.lagSeconds = prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "replicator_replication_lag_seconds",
+		Help: "Apply time here minus the entry's authoring commit HLC.", Buckets: buckets}, []string{"origin"})
+	m.fsyncSeconds = prometheus.NewHistogram(prometheus.HistogramOpts{Name: "replicator_wal_fsync_seconds",
+		Help: "WAL append of one commit group: one write and one fsync.", Buckets: buckets})
+	for _, c := range []prometheus.Collector{m.backlogEntries, m.backlogBytes, m.backlogAge, m.detached,
+		m.shipSeconds, m.applySeconds, m.lagSeconds, m.fsyncSeconds} {
+		f(c)
+	}
+	f(collectorFunc(func(ch chan<- prometheus.Metric) { n.collect(ch) }))
+	f(prometheus.NewGoCollector())
+	f(prometheus.NewProcessCollector(prometheus.ProcessCollectorOpts{}))
+}
+
+func (m *nodeMetrics) backlog(peer string, bl transport.Backlog) {
+	m.backlogEntries.WithLabelValues(peer).Set(float64(bl.Entries))
+	m.backlogBytes.WithLabelValues(peer).Set(float64(bl.Bytes))
+	m.backlogAge.WithLabelValues(peer).Set(bl.OldestAge.Seconds())
+}
+
+// collectorFunc turns a function into an unchecked collector, for series
+// read from the node's own counters at scrape time.
+type collectorFunc func(chan<- prometheus.Metric)
+
+func (collectorFunc) Describe(chan<- *prometheus.Desc) {}
+func (f collectorFunc) Collect(ch chan<- prometheus.Metric) {
+	f(ch)
+}
+
+var (
+	descSaturation = prometheus.NewDesc("replicator_saturation_state",
+		"Node saturation: 0 healthy, 1 throttled, 2 saturated.", nil, nil)
+	descApply = prometheus.NewDesc("replicator_apply_outcomes_total",
+		"Entries received from peers, by origin and outcome (applied, stale, duplicate, refused batches).", []string{"origin", "outcome"}, nil)
+	descWrites = prometheus.NewDesc("replicator_local_writes_total", "Local writes committed.", nil, nil)
+	descGroups = prometheus.NewDesc("replicator_commit_groups_total", "WAL appends (one fsync each) the local writes took.", nil, nil)
+	descWAL    = prometheus.NewDesc("replicator_wal_entries", "Entries retained in the outbound WAL.", nil, nil)
+	descPermit = prometheus.NewDesc("replicator_replay_permits", "Replay permits by state.", []string{"state"}, nil)
+	descLink   = prometheus.NewDesc("replicator_link_state", "1 for the current state of each peer link.", []string{"peer", "state"}, nil)
+	descRefuse = prometheus.NewDesc("replicator_refusals_total", "Local writes and incoming batches refused for saturation, by source.", []string{"source"}, nil)
+)
+
+func (n *Node) collect(ch chan<- prometheus.Metric) {
+	state := map[string]float64{StateHealthy: 0, StateThrottled: 1, StateSaturated: 2}[n.Saturation().State]
+	ch <- prometheus.MustNewConstMetric(descSaturation, prometheus.GaugeValue, state)
+	n.sat.mu.Lock()
+	outbound := n.sat.mu.refusals
+	n.sat.mu.Unlock()
+	ch <- prometheus.MustNewConstMetric(descRefuse, prometheus.CounterValue, float64(outbound), acceptor.SourceOutboundBacklog)
+	ch <- prometheus.MustNewConstMetric(descRefuse, prometheus.CounterValue, float64(n.acceptor.Permits().Refused), acceptor.SourceReplayPermit)
+	for origin, c := range n.acceptor.Counts() {
+		for outcome, v := range map[string]uint64{"applied": c.Applied, "stale": c.Stale, "duplicate": c.Duplicates, "refused": c.Refused} {
+			ch <- prometheus.MustNewConstMetric(descApply, prometheus.CounterValue, float64(v), origin, outcome)
+		}
+	}
+	ch <- prometheus.MustNewConstMetric(descWrites, prometheus.CounterValue, float64(n.metrics.writes.Load()))
+	ch <- prometheus.MustNewConstMetric(descGroups, prometheus.CounterValue, float64(n.metrics.groups.Load()))
+	if l := n.wal.Last(); l+1 >= n.wal.First() {
+		ch <- prometheus.MustNewConstMetric(descWAL, prometheus.GaugeValue, float64(l+1-n.wal.First()))
+	}
+	p := n.acceptor.Permits()
+	ch <- prometheus.MustNewConstMetric(descPermit, prometheus.GaugeValue, float64(p.InUse), "in_use")
+	ch <- prometheus.MustNewConstMetric(descPermit, prometheus.GaugeValue, float64(p.Queued), "queued")
+	ch <- prometheus.MustNewConstMetric(descPermit, prometheus.GaugeValue, float64(p.Capacity), "capacity")
+	for _, st := range n.PeerStatus() {
+		ch <- prometheus.MustNewConstMetric(descLink, prometheus.GaugeValue, 1, st.Peer, st.State)
+	}
+}
+
+func (m *nodeMetrics) handler() http.Handler {
+	return promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{})
+}

@@ -1,0 +1,224 @@
+package node
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/replicator/replicator/acceptor"
+	"github.com/replicator/replicator/internal/httpjson"
+	"github.com/replicator/replicator/transport"
+)
+
+// Saturation states, in order.
+const (
+	StateHealthy   = "healthy"
+	StateThrottled = "throttled"
+	StateSaturated = "saturated"
+)
+
+// Overflow modes of a peer link.
+const (
+	OverflowReject = "reject" // refuse local writes while the peer's backlog is over its high-water mark
+	OverflowDetach = "detach" // stop retaining the WAL for the peer; it needs a re-seed
+)
+
+// WaterMarks bound a peer link's backlog. A link over any high-water mark
+// saturates the node; it leaves saturation only once every link is under
+// every low-water mark (hysteresis), passing through throttled.
+type WaterMarks struct {
+	HighEntries uint64        `json:"high_entries"`
+	LowEntries  uint64        `json:"low_entries"`
+	HighBytes   int64         `json:"high_bytes"`
+	LowBytes    int64         `json:"low_bytes"`
+	HighAge     time.Duration `json:"high_age"`
+	LowAge      time.Duration `json:"low_age"`
+}
+
+// ErrSaturated is the class of refusals of a local write while the node is
+// saturated. Test with errors.Is; *SaturatedError carries the source.
+var ErrSaturated = errors.New("node: saturated")
+
+// SaturatedError refuses a local write: nothing was written.
+type SaturatedError struct {
+	Source string // acceptor.SourceOutboundBacklog
+	Peer   string
+	Cause  string
+	Waited time.Duration
+}
+
+func (e *SaturatedError) Error() string {
+	return fmt.Sprintf("node: saturated (%s, peer %s): %s; refused after waiting %s, nothing was written", e.Source, e.Peer, e.Cause, e.Waited)
+}
+
+func (e *SaturatedError) Is(target error) bool { return target == ErrSaturated }
+
+// SaturationReport is the node's saturation state and why.
+type SaturationReport struct {
+	State      string     `json:"state"`
+	Cause      string     `json:"cause,omitempty"`
+	Peer       string     `json:"peer,omitempty"`
+	Since      time.Time  `json:"since"`
+	Thresholds WaterMarks `json:"thresholds"`
+	Refusals   uint64     `json:"refusals"`
+}
+
+type saturation struct {
+	mu struct {
+		sync.Mutex
+		state, cause, peer string
+		since              time.Time
+		changed            chan struct{} // closed when state changes
+		evaluated          time.Time
+		refusals           uint64
+	}
+}
+
+func (s *saturation) init() {
+	s.mu.state = StateHealthy
+	s.mu.since = time.Now()
+	s.mu.changed = make(chan struct{})
+}
+
+// linkOver tells which mark a backlog is over, "" if none.
+func over(bl transport.Backlog, entries uint64, bytes int64, age time.Duration) string {
+	switch {
+	case entries > 0 && bl.Entries > entries:
+		return fmt.Sprintf("backlog of %d entries is over %d", bl.Entries, entries)
+	case bytes > 0 && bl.Bytes > bytes:
+		return fmt.Sprintf("backlog of %d bytes is over %d", bl.Bytes, bytes)
+	case age > 0 && bl.OldestAge > age:
+		return fmt.Sprintf("oldest unacknowledged entry is %s old, over %s", bl.OldestAge.Round(time.Millisecond), age)
+	}
+	return ""
+}
+
+// evaluateSaturation measures every retained link against the water marks,
+// detaches links in overflow mode detach, and moves the node's state. It
+// runs at most once a millisecond unless forced.
+func (n *Node) evaluateSaturation(force bool) SaturationReport {
+	s := &n.sat
+	s.mu.Lock()
+	if !force && time.Since(s.mu.evaluated) < time.Millisecond {
+		r := n.saturationReportLocked()
+		s.mu.Unlock()
+		return r
+	}
+	s.mu.Unlock()
+
+	wm := n.opts.WaterMarks
+	var highPeer, highCause, lowPeer, lowCause string
+	for _, sh := range n.shippers {
+		if !sh.Retains() {
+			continue
+		}
+		bl := sh.Backlog(n.oldestCommitWall)
+		n.metrics.backlog(sh.Peer().Name, bl)
+		if c := over(bl, wm.HighEntries, wm.HighBytes, wm.HighAge); c != "" {
+			if n.overflow[sh.Peer().Name] == OverflowDetach {
+				sh.Detach("overflow: " + c)
+				n.metrics.detached.WithLabelValues(sh.Peer().Name).Inc()
+				continue
+			}
+			if highPeer == "" {
+				highPeer, highCause = sh.Peer().Name, c
+			}
+			continue
+		}
+		if c := over(bl, wm.LowEntries, wm.LowBytes, wm.LowAge); c != "" && lowPeer == "" {
+			lowPeer, lowCause = sh.Peer().Name, c
+		}
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.mu.evaluated = time.Now()
+	state, peer, cause := StateHealthy, "", ""
+	switch {
+	case highPeer != "":
+		state, peer, cause = StateSaturated, highPeer, highCause
+	case lowPeer != "" && s.mu.state == StateSaturated:
+		state, peer, cause = StateSaturated, lowPeer, "draining: "+lowCause+" (low-water mark)"
+	case lowPeer != "":
+		state, peer, cause = StateThrottled, lowPeer, lowCause
+	}
+	if state != s.mu.state {
+		n.log.Warn("saturation state changed", "from", s.mu.state, "to", state, "peer", peer, "cause", cause)
+		s.mu.since = time.Now()
+		close(s.mu.changed)
+		s.mu.changed = make(chan struct{})
+	}
+	s.mu.state, s.mu.peer, s.mu.cause = state, peer, cause
+	return n.saturationReportLocked()
+}
+
+// REQUIRES: n.sat.mu held.
+func (n *Node) saturationReportLocked() SaturationReport {
+	s := &n.sat
+	return SaturationReport{State: s.mu.state, Cause: s.mu.cause, Peer: s.mu.peer, Since: s.mu.since,
+		Thresholds: n.opts.WaterMarks, Refusals: s.mu.refusals}
+}
+
+// Saturation reports the node's saturation state.
+func (n *Node) Saturation() SaturationReport { return n.evaluateSaturation(false) }
+
+// admit lets a local write in unless the node is saturated; then it waits up
+// to the admission budget for the state to clear, and refuses.
+func (n *Node) admit(ctx context.Context) error {
+	wait := n.opts.AdmissionWait
+	if wait < 0 {
+		wait = 0
+	}
+	start := time.Now()
+	for {
+		r := n.evaluateSaturation(false)
+		if r.State != StateSaturated {
+			return nil
+		}
+		waited := time.Since(start)
+		if waited >= wait {
+			n.sat.mu.Lock()
+			n.sat.mu.refusals++
+			n.sat.mu.Unlock()
+			return &SaturatedError{Source: acceptor.SourceOutboundBacklog, Peer: r.Peer, Cause: r.Cause, Waited: waited}
+		}
+		n.sat.mu.Lock()
+		changed := n.sat.mu.changed
+		n.sat.mu.Unlock()
+		t := time.NewTimer(min(wait-waited, 50*time.Millisecond))
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return fmt.Errorf("%w: %w", ErrNotWritten, ctx.Err())
+		case <-changed:
+		case <-t.C:
+		}
+		t.Stop()
+		n.evaluateSaturation(true)
+	}
+}
+
+// saturationLoop re-evaluates the state while no writes arrive (so it can
+// clear, detach links, and feed the backlog gauges). It exits when stop is
+// closed.
+func (n *Node) saturationLoop() {
+	defer n.bg.Done()
+	t := time.NewTicker(100 * time.Millisecond)
+	defer t.Stop()
+	for {
+		select {
+		case <-n.stop:
+			return
+		case <-t.C:
+			n.evaluateSaturation(true)
+		}
+	}
+}
+
+func writeSaturated(w http.ResponseWriter, e *SaturatedError) {
+	httpjson.RetryAfter(w, time.Second)
+	writeError(w, http.StatusServiceUnavailable, apiError{Code: "saturated", Source: e.Source, Peer: e.Peer,
+		Retryable: false, Message: e.Error() + "; slow down, or bring the peer back (replicator admin peers)"})
+}
