@@ -414,6 +414,15 @@ func (a *Acceptor) Apply(sender string, b *transport.Batch) (transport.Ack, erro
 	}
 	ack.Duplicates = dropped
 	if len(ents) == 0 {
+		// A heartbeat (or a batch of our own entries only): report where
+		// the stream stands here.
+		batch := a.store.NewBatch()
+		hwm, err := batch.HWM(sender, b.Stream)
+		batch.Close()
+		if err != nil {
+			return ack, err
+		}
+		ack.HWM = hwm.Index
 		a.count(sender, func(c *Counts) { c.Batches++; c.DroppedOwn += uint64(dropped) })
 		return ack, nil
 	}

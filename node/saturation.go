@@ -162,7 +162,7 @@ func (n *Node) saturationReportLocked() SaturationReport {
 }
 
 // Saturation reports the node's saturation state.
-func (n *Node) Saturation() SaturationReport { return n.evaluateSaturation(false) }
+func (n *Node) Saturation() SaturationReport { return n.evaluateSaturation(true) }
 
 // admit lets a local write in unless the node is saturated; then it waits up
 // to the admission budget for the state to clear, and refuses.

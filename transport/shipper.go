@@ -95,6 +95,11 @@ type Options struct {
 	Snapshots Snapshots
 	// AutoReseed starts a re-seed by itself when the peer needs one.
 	AutoReseed bool
+	// Heartbeat is how often an idle link sends an empty batch: it keeps
+	// the link's health current, measures clock skew, and learns the
+	// receiver's high-water mark (a peer that lost its data is noticed and
+	// re-seeded). Default 1s.
+	Heartbeat time.Duration
 	// ObserveShip, when set, is told each acknowledged batch's round trip.
 	ObserveShip func(peer string, d time.Duration, entries int)
 	Logger      *slog.Logger
@@ -125,6 +130,9 @@ func (o *Options) EnsureDefaults() {
 	}
 	if o.RequestTimeout == 0 {
 		o.RequestTimeout = 30 * time.Second
+	}
+	if o.Heartbeat == 0 {
+		o.Heartbeat = time.Second
 	}
 	if o.Client == nil {
 		o.Client = &http.Client{Transport: &http.Transport{
@@ -369,6 +377,12 @@ func (s *Shipper) Run(ctx context.Context) {
 			continue
 		}
 		if want && s.opts.Snapshots != nil {
+			// Only a reachable peer is re-seeded: re-attaching retains the
+			// WAL for it again, which a peer still down would overflow.
+			if err := s.heartbeat(ctx); err != nil {
+				s.failed(ctx, fmt.Errorf("re-seed: peer unreachable: %w", err))
+				continue
+			}
 			if err := s.reseed(ctx); err != nil && ctx.Err() == nil {
 				s.failed(ctx, fmt.Errorf("re-seed: %w", err))
 			}
@@ -384,12 +398,18 @@ func (s *Shipper) Run(ctx context.Context) {
 		last := s.log.Last()
 		if reseed || acked >= last {
 			s.flushCursor(false)
+			if !reseed && s.idleFor() >= s.opts.Heartbeat {
+				if err := s.heartbeat(ctx); err != nil && ctx.Err() == nil {
+					s.failed(ctx, fmt.Errorf("heartbeat: %w", err))
+				}
+				continue
+			}
 			select {
 			case <-ctx.Done():
 				return
 			case <-notify:
 			case <-s.kick:
-			case <-time.After(s.opts.CursorFlush):
+			case <-time.After(min(s.opts.CursorFlush, s.opts.Heartbeat)):
 			}
 			continue
 		}
@@ -465,6 +485,37 @@ func (s *Shipper) setReseed(why string) {
 	if first {
 		s.opts.Logger.Error("peer needs a re-seed", "peer", s.peer.Name, "why", why)
 	}
+}
+
+// idleFor is how long since the peer last answered (or since ever).
+func (s *Shipper) idleFor() time.Duration {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.mu.lastContact.IsZero() {
+		return time.Duration(1 << 62)
+	}
+	return time.Since(s.mu.lastContact)
+}
+
+// heartbeat sends an empty batch of the stream. The ack carries the
+// receiver's high-water mark: one below the cursor means the receiver lost
+// entries (its data was wiped or restored), and the shipper rewinds.
+func (s *Shipper) heartbeat(ctx context.Context) error {
+	body := AppendBatchHeader(nil, s.opts.Local, s.log.Stream(), 0)
+	sent := s.opts.Now()
+	ack, err := s.post(ctx, body)
+	if err != nil {
+		return err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.ackedLocked(ack, sent)
+	if ack.HWM < s.mu.acked && !s.mu.needsReseed {
+		s.opts.Logger.Warn("peer is behind its cursor: rewinding", "peer", s.peer.Name, "cursor", s.mu.acked, "peer_hwm", ack.HWM)
+		s.mu.rewinds++
+		s.rewindLocked(ack.HWM)
+	}
+	return nil
 }
 
 // errGap carries the receiver's high-water mark from a 409 refusal.
@@ -686,6 +737,12 @@ func (s *Shipper) reseed(ctx context.Context) error {
 		}
 		if len(ents) == 0 {
 			break
+		}
+		s.mu.Lock()
+		detached := s.mu.detached
+		s.mu.Unlock()
+		if detached {
+			return s.reseedDone(errors.New("the peer was detached again (backlog overflow) during the re-seed"))
 		}
 		body := appendHeader(nil, s.opts.Local, snapStream, len(ents), true)
 		for _, p := range ents {

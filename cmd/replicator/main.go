@@ -19,6 +19,8 @@ Usage:
   replicator scan   --addr URL [--prefix P] [--start S --end E] [--limit N]
   replicator peers  --addr URL [--json]   replication links and what came in
   replicator digest --addr URL [--json]   hash of the live state (equal on converged clusters)
+  replicator admin  wal|peers|origin|digest [--json]      the admin documents as tables
+  replicator admin  pause|resume|reseed PEER              act on a peer link (reseed shows progress)
 
 The client sub-commands default to --addr http://127.0.0.1:7400.
 `
@@ -37,7 +39,7 @@ func main() {
 		err = runDemo(args)
 	case "put", "get", "del", "scan":
 		err = runClient(cmd, args)
-	case "peers", "digest":
+	case "peers", "digest", "admin":
 		err = runAdmin(cmd, args)
 	case "status":
 		err = runStatus(args)
