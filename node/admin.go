@@ -1,6 +1,7 @@
 package node
 
 import (
+	_ "embed"
 	"net/http"
 
 	"github.com/replicator/replicator/acceptor"
@@ -157,6 +158,7 @@ func getOnly(f func(w http.ResponseWriter, r *http.Request)) http.HandlerFunc {
 func (n *Node) registerAdmin(mux *http.ServeMux) {
 	mux.Handle(pathReplicate, n.acceptor)
 	mux.Handle("/metrics", n.metrics.handler())
+	mux.HandleFunc("/admin/ui", getOnly(n.handleUI))
 	mux.HandleFunc("/admin/peers/{name}/{action}", func(w http.ResponseWriter, r *http.Request) {
 		if r.Method != http.MethodPost {
 			methodNotAllowed(w, r, "POST")
@@ -199,4 +201,13 @@ func (n *Node) registerAdmin(mux *http.ServeMux) {
 	mux.HandleFunc(pathAdminOrigin, getOnly(func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, n.OriginReport())
 	}))
+}
+
+//go:embed ui/index.html
+var dashboard []byte
+
+func (n *Node) handleUI(w http.ResponseWriter, r *http.Request) {
+	w.Header().Set("Content-Type", "text/html; charset=utf-8")
+	w.Header().Set("Cache-Control", "no-store")
+	w.Write(dashboard)
 }

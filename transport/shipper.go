@@ -911,7 +911,7 @@ func (s *Shipper) Status(th Thresholds, commitWall func(index uint64) (int64, bo
 		st.State = StateUnknown
 	case st.EntriesBehind > 0 && (bl.OldestAge > th.Stalled || sinceContact > th.Stalled):
 		st.State = StateStalled
-	case st.EntriesBehind > 0 && (bl.OldestAge > th.Lagging || sinceContact > th.Lagging):
+	case st.EntriesBehind > 0 && (bl.OldestAge > th.Lagging || sinceContact > th.Lagging || st.ConsecutiveErrors >= 3):
 		st.State = StateLagging
 	default:
 		st.State = StateHealthy
