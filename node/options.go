@@ -52,7 +52,7 @@ type Options struct {
 	// MaxGroupEntries bounds how many writes share one WAL append and fsync.
 	// Default 1024.
 	MaxGroupEntries int
-	// WALSegmentSize is the WAL's segment file size. Default 8 MiB.
+	// WALSegmentSize is the WAL's segment file size. Default 4 MiB.
 	WALSegmentSize int
 	// UnsafeNoSync skips every fsync. It gives up durability: benchmarks
 	// of CPU cost only.
@@ -146,7 +146,7 @@ func (o *Options) EnsureDefaults() {
 		o.MaxGroupEntries = 1024
 	}
 	if o.WALSegmentSize == 0 {
-		o.WALSegmentSize = 8 << 20
+		o.WALSegmentSize = 4 << 20
 	}
 	if o.MaxReplicateBytes == 0 {
 		o.MaxReplicateBytes = 16 << 20

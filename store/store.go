@@ -43,7 +43,7 @@ type Options struct {
 	Logger *slog.Logger
 	// CacheSize is Pebble's block cache in bytes. Default 32 MiB.
 	CacheSize int64
-	// MemTableSize is Pebble's memtable size in bytes. Default 32 MiB.
+	// MemTableSize is Pebble's memtable size in bytes. Default 16 MiB.
 	MemTableSize uint64
 }
 
@@ -63,7 +63,7 @@ func (o *Options) EnsureDefaults() {
 		o.CacheSize = 32 << 20
 	}
 	if o.MemTableSize == 0 {
-		o.MemTableSize = 32 << 20
+		o.MemTableSize = 16 << 20
 	}
 }
 
