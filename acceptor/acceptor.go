@@ -9,6 +9,7 @@ package acceptor
 
 import (
 	"crypto/subtle"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -71,6 +72,10 @@ type Options struct {
 	// Insecure accepts peers without a secret (their header alone names
 	// them). For tests and closed networks only; --insecure-peers.
 	Insecure bool
+	// CertCluster resolves the cluster named by a verified client
+	// certificate (mutual TLS); presented is false without one. A verified
+	// certificate authenticates the sender instead of its secret.
+	CertCluster func(*tls.ConnectionState) (cluster string, presented bool, err error)
 	// MaxBodyBytes bounds a batch before decoding. Default 16 MiB.
 	MaxBodyBytes int64
 	// MaxKeyBytes and MaxValueBytes bound each entry, as for local writes.
@@ -134,7 +139,8 @@ type Acceptor struct {
 
 	mu struct {
 		sync.Mutex
-		counts map[string]*Counts
+		counts  map[string]*Counts
+		secrets map[string]string
 	}
 	refusals struct {
 		unauthenticated, forbidden, bad, tooLarge, offset, gap, permit atomic.Uint64
@@ -171,7 +177,19 @@ func New(st Store, clock Clock, opts Options) *Acceptor {
 	}
 	a := &Acceptor{opts: opts, store: st, clock: clock, permits: make(chan struct{}, opts.Permits)}
 	a.mu.counts = map[string]*Counts{}
+	a.mu.secrets = map[string]string{}
+	for k, v := range opts.Secrets {
+		a.mu.secrets[k] = v
+	}
 	return a
+}
+
+// SetPeer allows (or updates) a peer cluster and its secret: peers found by
+// gossip whose secret is configured.
+func (a *Acceptor) SetPeer(cluster, secret string) {
+	a.mu.Lock()
+	a.mu.secrets[cluster] = secret
+	a.mu.Unlock()
 }
 
 // Counts returns a copy of the per-origin counters.
@@ -202,7 +220,22 @@ func (a *Acceptor) authenticate(r *http.Request) (string, error) {
 	if sender == "" {
 		return "", fmt.Errorf("%w: no %s header", ErrUnauthenticated, transport.HeaderOrigin)
 	}
-	secret, known := a.opts.Secrets[sender]
+	a.mu.Lock()
+	secret, known := a.mu.secrets[sender]
+	a.mu.Unlock()
+	if a.opts.CertCluster != nil {
+		certID, presented, err := a.opts.CertCluster(r.TLS)
+		switch {
+		case presented && err != nil:
+			return "", fmt.Errorf("%w: client certificate: %v", ErrUnauthenticated, err)
+		case presented && certID != sender:
+			return "", fmt.Errorf("%w: the client certificate is for cluster %q, the request claims %q", ErrForbidden, certID, sender)
+		case presented && !known:
+			return "", fmt.Errorf("%w: %q is not a configured peer", ErrUnauthenticated, sender)
+		case presented:
+			return sender, nil
+		}
+	}
 	if !known {
 		return "", fmt.Errorf("%w: %q is not a configured peer", ErrUnauthenticated, sender)
 	}

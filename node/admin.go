@@ -26,6 +26,9 @@ type PeersReport struct {
 	Incoming map[string]acceptor.Counts `json:"incoming"`
 	Refusals map[string]uint64          `json:"refusals"`
 	Streams  []StreamReport             `json:"streams"`
+	// Members are the nodes known through gossip, with their liveness and
+	// whether they are shipped to.
+	Members []transport.Member `json:"members,omitempty"`
 }
 
 // StreamReport is what this node applied of one peer stream (persisted).
@@ -48,6 +51,7 @@ func (n *Node) PeersReport() PeersReport {
 		Incoming: n.acceptor.Counts(),
 		Refusals: n.acceptor.Refusals(),
 		Streams:  []StreamReport{},
+		Members:  n.Members(),
 	}
 	hwms, err := n.store.HWMs()
 	if err != nil {
@@ -156,7 +160,9 @@ func getOnly(f func(w http.ResponseWriter, r *http.Request)) http.HandlerFunc {
 }
 
 func (n *Node) registerAdmin(mux *http.ServeMux) {
-	mux.Handle(pathReplicate, n.acceptor)
+	if n.opts.PeerListen == "" && n.opts.PeerListener == nil {
+		mux.Handle(pathReplicate, n.acceptor)
+	}
 	mux.Handle("/metrics", n.metrics.handler())
 	mux.HandleFunc("/admin/ui", getOnly(n.handleUI))
 	mux.HandleFunc("/admin/peers/{name}/{action}", func(w http.ResponseWriter, r *http.Request) {

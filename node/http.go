@@ -21,7 +21,19 @@ const (
 	pathReadyz  = "/readyz"
 )
 
-// Handler returns the node's HTTP API.
+// PeerHandler serves the peer endpoint alone (on --peer-listen).
+func (n *Node) PeerHandler() http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle(pathReplicate, n.acceptor)
+	mux.HandleFunc(pathHealthz, n.handleHealthz)
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		writeError(w, http.StatusNotFound, apiError{Code: "not_found", Message: "the peer listener serves " + pathReplicate + " only"})
+	})
+	return mux
+}
+
+// Handler returns the node's HTTP API (and the peer endpoint, unless it has
+// a listener of its own).
 func (n *Node) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc(pathKVKey, n.handleKey)

@@ -6,6 +6,7 @@ package node
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -47,8 +48,14 @@ type Node struct {
 	wal   *wal.Log
 	com   *committer
 
-	acceptor *acceptor.Acceptor
-	shippers []*transport.Shipper
+	acceptor   *acceptor.Acceptor
+	peerClient *http.Client
+	linksMu    sync.RWMutex
+	shippers   []*transport.Shipper // guarded by linksMu
+	replCtx    context.Context      // set by startReplication, under linksMu
+	linkWG     sync.WaitGroup       // shipper goroutines
+	tls        tlsSetup
+	gossip     *transport.Discovery
 	// applied is the last local WAL index applied to the store.
 	applied atomic.Uint64
 
@@ -63,9 +70,13 @@ type Node struct {
 	srv      *http.Server
 	ln       net.Listener
 	serveErr chan error
-	inflight sync.WaitGroup // HTTP handlers running
-	closeMu  sync.Mutex
-	closed   bool
+
+	peerSrv      *http.Server
+	peerLn       net.Listener
+	peerServeErr chan error
+	inflight     sync.WaitGroup // HTTP handlers running
+	closeMu      sync.Mutex
+	closed       bool
 }
 
 // Open resolves and pins the cluster identity, opens the store and the WAL,
@@ -111,6 +122,10 @@ func Open(ctx context.Context, opts *Options) (*Node, error) {
 	}
 	n.store, err = store.Open(filepath.Join(o.DataDir, "store"), &store.Options{Logger: log})
 	if err != nil {
+		return nil, err
+	}
+	if err := n.loadTLS(); err != nil {
+		n.store.Close()
 		return nil, err
 	}
 	if err := n.openWAL(); err != nil {
@@ -234,20 +249,60 @@ func (n *Node) rotateWAL(why string) error {
 	return errors.Join(b.SetLocalApplied(n.wal.Stream(), 0), b.Commit(true))
 }
 
-// Start listens on Options.Listen and serves the HTTP API, and starts the
-// background loops. It returns once the listener is bound.
+// Start listens on Options.Listen (and PeerListen) and serves the HTTP API,
+// starts the background loops, and joins gossip. It returns once the
+// listeners are bound.
 func (n *Node) Start() error {
-	ln := n.opts.Listener
-	if ln == nil {
-		var err error
-		ln, err = net.Listen("tcp", n.opts.Listen)
-		if err != nil {
-			return fmt.Errorf("node: listen %s: %w", n.opts.Listen, err)
-		}
+	ln, err := n.listen(n.opts.Listener, n.opts.Listen, false)
+	if err != nil {
+		return err
 	}
 	n.ln = ln
-	h := n.Handler()
-	n.srv = &http.Server{
+	if n.opts.PeerListen != "" || n.opts.PeerListener != nil {
+		pln, err := n.listen(n.opts.PeerListener, n.opts.PeerListen, true)
+		if err != nil {
+			ln.Close()
+			return err
+		}
+		n.peerLn = pln
+	}
+	n.srv = n.serve(ln, n.requireToken(n.Handler()), &n.serveErr)
+	if n.peerLn != nil {
+		n.peerSrv = n.serve(n.peerLn, n.PeerHandler(), &n.peerServeErr)
+	}
+	n.bg.Add(2)
+	go n.gcLoop()
+	go n.saturationLoop()
+	n.startReplication()
+	if n.opts.Gossip != nil {
+		if err := n.startGossip(); err != nil {
+			return err
+		}
+	}
+	n.log.Info("serving", "addr", ln.Addr().String(), "peer_addr", n.PeerURL(), "stream", n.wal.Stream().String())
+	return nil
+}
+
+// listen binds an address (or takes a given listener), with TLS when
+// configured; the peer listener requires client certificates when a client
+// CA is set.
+func (n *Node) listen(given net.Listener, addr string, peer bool) (net.Listener, error) {
+	ln := given
+	if ln == nil {
+		var err error
+		ln, err = net.Listen("tcp", addr)
+		if err != nil {
+			return nil, fmt.Errorf("node: listen %s: %w", addr, err)
+		}
+	}
+	if c := n.serverTLS(peer); c != nil {
+		ln = tls.NewListener(ln, c)
+	}
+	return ln, nil
+}
+
+func (n *Node) serve(ln net.Listener, h http.Handler, errc *chan error) *http.Server {
+	srv := &http.Server{
 		Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			n.inflight.Add(1)
 			defer n.inflight.Done()
@@ -258,21 +313,24 @@ func (n *Node) Start() error {
 		IdleTimeout:       2 * time.Minute,
 		ErrorLog:          slog.NewLogLogger(n.log.Handler(), slog.LevelDebug),
 	}
-	n.serveErr = make(chan error, 1)
+	*errc = make(chan error, 1)
+	ch := *errc
 	go func() {
 		// Exits when Close shuts the server down.
-		err := n.srv.Serve(ln)
+		err := srv.Serve(ln)
 		if errors.Is(err, http.ErrServerClosed) {
 			err = nil
 		}
-		n.serveErr <- err
+		ch <- err
 	}()
-	n.bg.Add(2)
-	go n.gcLoop()
-	go n.saturationLoop()
-	n.startReplication()
-	n.log.Info("serving", "addr", ln.Addr().String(), "stream", n.wal.Stream().String())
-	return nil
+	return srv
+}
+
+func (n *Node) scheme() string {
+	if n.tls.cert != nil {
+		return "https://"
+	}
+	return "http://"
 }
 
 // Addr is the bound API address (after Start).
@@ -284,7 +342,16 @@ func (n *Node) Addr() string {
 }
 
 // URL is the API's base URL (after Start).
-func (n *Node) URL() string { return "http://" + n.Addr() }
+func (n *Node) URL() string { return n.scheme() + n.Addr() }
+
+// PeerURL is the base URL peers replicate to (after Start): the peer
+// listener's, or the API's.
+func (n *Node) PeerURL() string {
+	if n.peerLn != nil {
+		return n.scheme() + n.peerLn.Addr().String()
+	}
+	return n.URL()
+}
 
 // ClusterID is the resolved cluster ID.
 func (n *Node) ClusterID() string { return n.cluster }
@@ -300,18 +367,29 @@ func (n *Node) Close() error {
 	n.closed = true
 	n.closing.Store(true)
 	var errs []error
+	if err := n.stopGossip(); err != nil {
+		n.log.Warn("leaving gossip", "err", err)
+	}
 	if n.srv != nil {
 		// Shutdown waits for idle connections, and counts a connection that
 		// never sent a request as busy for 5 s; after a short grace the
 		// listener's connections are closed and only the handlers still
 		// running (their commits) are waited for.
-		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		if err := n.srv.Shutdown(ctx); err != nil {
-			n.srv.Close()
-		}
-		cancel()
-		if err := <-n.serveErr; err != nil {
-			errs = append(errs, err)
+		for _, sv := range []struct {
+			srv  *http.Server
+			errc chan error
+		}{{n.srv, n.serveErr}, {n.peerSrv, n.peerServeErr}} {
+			if sv.srv == nil {
+				continue
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			if err := sv.srv.Shutdown(ctx); err != nil {
+				sv.srv.Close()
+			}
+			cancel()
+			if err := <-sv.errc; err != nil {
+				errs = append(errs, err)
+			}
 		}
 		done := make(chan struct{})
 		go func() { n.inflight.Wait(); close(done) }()

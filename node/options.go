@@ -33,6 +33,35 @@ type Options struct {
 	// Listener, when set, is used instead of listening on Listen (so that
 	// peers' addresses can be known before their nodes open).
 	Listener net.Listener
+	// PeerListen, when set, serves the peer endpoint (/v1/replicate) on its
+	// own address, so that replication can sit behind mutual TLS while the
+	// client API does not; the API listener then does not serve it.
+	PeerListen   string
+	PeerListener net.Listener
+
+	// TLSCert and TLSKey (PEM files) serve the listeners over TLS and are
+	// the client certificate the shippers present to peers.
+	TLSCert, TLSKey string
+	// TLSClientCA (PEM file) verifies peers' client certificates: mutual TLS
+	// on links. A verified certificate names the sender's cluster (see
+	// PeerSANMode) and replaces the shared secret; on PeerListen it is
+	// required.
+	TLSClientCA string
+	// PeerCA (PEM file) verifies peers' server certificates. Default
+	// TLSClientCA.
+	PeerCA string
+	// PeerSANMode is how a peer certificate names its cluster: "uri"
+	// (default: URI SAN replicator://cluster/<id>) or "dns" (first label of
+	// the first DNS SAN).
+	PeerSANMode string
+	// Gossip, when set, finds peers through hashicorp/memberlist: a member
+	// of a cluster whose secret is configured (a Peer without URL) is
+	// shipped to at the replicate address it gossips; a static Peer URL
+	// wins. A member of an unknown cluster is shown, not shipped to.
+	Gossip *GossipOptions
+	// APIToken, when set, is required as "Authorization: Bearer <token>" by
+	// the client API and the admin endpoints (not /healthz, /readyz).
+	APIToken string
 
 	// MaxKeyBytes bounds keys. Default 4096.
 	MaxKeyBytes int
@@ -240,6 +269,9 @@ func (o *Options) Validate() error {
 	if o.IdempotencyWindow < time.Minute {
 		add("IdempotencyWindow %s is below 1m", o.IdempotencyWindow)
 	}
+	if o.PeerSANMode != "" && o.PeerSANMode != SANModeURI && o.PeerSANMode != SANModeDNS {
+		add("PeerSANMode %q, want uri or dns", o.PeerSANMode)
+	}
 	if o.LinkStalled < o.LinkLagging {
 		add("LinkStalled %s is below LinkLagging %s", o.LinkStalled, o.LinkLagging)
 	}
@@ -255,17 +287,33 @@ func (o *Options) Validate() error {
 			add("peer %q configured twice", p.Name)
 		}
 		seen[p.Name] = true
-		if u, err := url.Parse(p.URL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		if u, err := url.Parse(p.URL); p.URL != "" && (err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "") {
 			add("peer %q: URL %q is not an http(s) URL", p.Name, p.URL)
 		}
-		if p.Secret == "" && !o.InsecurePeers {
-			add("peer %q has no secret (--peer-secret %s=SECRET, or --insecure-peers)", p.Name, p.Name)
+		if p.URL == "" && o.Gossip == nil {
+			add("peer %q has no URL (--peer %s=URL, or learn it by gossip with --gossip-bind)", p.Name, p.Name)
+		}
+		if p.Secret == "" && !o.InsecurePeers && o.TLSClientCA == "" {
+			add("peer %q has no secret (--peer-secret %s=SECRET, mutual TLS with --tls-client-ca, or --insecure-peers)", p.Name, p.Name)
 		}
 		if p.Overflow != "" && p.Overflow != OverflowReject && p.Overflow != OverflowDetach {
 			add("peer %q: overflow %q, want reject or detach", p.Name, p.Overflow)
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// GossipOptions configure peer discovery.
+type GossipOptions struct {
+	Bind      string   // host:port (UDP and TCP)
+	Advertise string   // host:port others reach this node at (default Bind)
+	Join      []string // seeds, host:port
+	Key       []byte   // memberlist encryption key (16, 24 or 32 bytes)
+	// Profile is memberlist's timing: "wan" (default), "lan" or "local".
+	Profile string
+	// Advertise addresses of this node's API and replicate endpoints
+	// (default: derived from the bound listeners).
+	APIURL, ReplicateURL string
 }
 
 // Peer is one peer cluster.

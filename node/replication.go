@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"net/http"
-	"sync"
 	"time"
 
 	"github.com/replicator/replicator/acceptor"
@@ -13,7 +12,8 @@ import (
 	"github.com/replicator/replicator/wal"
 )
 
-// setupReplication builds the acceptor and one shipper per peer.
+// setupReplication builds the acceptor and one shipper per peer with a URL
+// (peers known only by a secret get theirs when gossip finds them).
 func (n *Node) setupReplication() error {
 	secrets := make(map[string]string, len(n.opts.Peers))
 	for _, p := range n.opts.Peers {
@@ -23,6 +23,7 @@ func (n *Node) setupReplication() error {
 		Local:         n.cluster,
 		Secrets:       secrets,
 		Insecure:      n.opts.InsecurePeers,
+		CertCluster:   n.certCluster,
 		MaxBodyBytes:  n.opts.MaxReplicateBytes,
 		MaxKeyBytes:   n.opts.MaxKeyBytes,
 		MaxValueBytes: n.opts.MaxValueBytes,
@@ -40,45 +41,77 @@ func (n *Node) setupReplication() error {
 		Now:          n.clock.Physical,
 		Logger:       n.log,
 	})
-	client := &http.Client{Transport: n.opts.PeerTransport}
-	if client.Transport == nil {
-		client.Transport = &http.Transport{MaxIdleConnsPerHost: 4, IdleConnTimeout: 90 * time.Second}
+	rt := n.opts.PeerTransport
+	if rt == nil {
+		rt = &http.Transport{MaxIdleConnsPerHost: 4, IdleConnTimeout: 90 * time.Second, TLSClientConfig: n.clientTLS()}
 	}
+	n.peerClient = &http.Client{Transport: rt}
 	for _, p := range n.opts.Peers {
-		sh, err := transport.NewShipper(transport.Peer{Name: p.Name, URL: p.URL, Secret: p.Secret}, n.wal, n.store, transport.Options{
-			Local:           n.cluster,
-			MaxBatchEntries: n.opts.MaxBatchEntries,
-			MaxBatchBytes:   n.opts.MaxBatchBytes,
-			Linger:          n.opts.BatchLinger,
-			Client:          client,
-			Now:             n.clock.Physical,
-			Applied:         n.applied.Load,
-			Snapshots:       n.store,
-			AutoReseed:      !n.opts.NoAutoReseed,
-			ObserveShip: func(peer string, d time.Duration, _ int) {
-				n.metrics.shipSeconds.WithLabelValues(peer).Observe(d.Seconds())
-			},
-			Logger: n.log.With("peer", p.Name),
-		})
-		if err != nil {
+		if p.URL == "" {
+			continue
+		}
+		if _, err := n.addLink(p); err != nil {
 			return err
 		}
-		n.shippers = append(n.shippers, sh)
 	}
 	return nil
+}
+
+// addLink creates the shipper of a peer, and starts it if replication runs.
+func (n *Node) addLink(p Peer) (*transport.Shipper, error) {
+	sh, err := transport.NewShipper(transport.Peer{Name: p.Name, URL: p.URL, Secret: p.Secret}, n.wal, n.store, transport.Options{
+		Local:           n.cluster,
+		MaxBatchEntries: n.opts.MaxBatchEntries,
+		MaxBatchBytes:   n.opts.MaxBatchBytes,
+		Linger:          n.opts.BatchLinger,
+		Client:          n.peerClient,
+		Now:             n.clock.Physical,
+		Applied:         n.applied.Load,
+		Snapshots:       n.store,
+		AutoReseed:      !n.opts.NoAutoReseed,
+		ObserveShip: func(peer string, d time.Duration, _ int) {
+			n.metrics.shipSeconds.WithLabelValues(peer).Observe(d.Seconds())
+		},
+		Logger: n.log.With("peer", p.Name),
+	})
+	if err != nil {
+		return nil, err
+	}
+	n.linksMu.Lock()
+	defer n.linksMu.Unlock()
+	n.shippers = append(n.shippers, sh)
+	if n.replCtx != nil {
+		n.runLinkLocked(sh)
+	}
+	return sh, nil
+}
+
+// REQUIRES: n.linksMu held.
+func (n *Node) runLinkLocked(sh *transport.Shipper) {
+	n.linkWG.Add(1)
+	go func() {
+		// Exits when replCtx is cancelled (Close).
+		defer n.linkWG.Done()
+		sh.Run(n.replCtx)
+	}()
+}
+
+// links returns the current peer links.
+func (n *Node) links() []*transport.Shipper {
+	n.linksMu.RLock()
+	defer n.linksMu.RUnlock()
+	return append([]*transport.Shipper(nil), n.shippers...)
 }
 
 // startReplication runs the shippers and the truncation loop until stop.
 func (n *Node) startReplication() {
 	ctx, cancel := context.WithCancel(context.Background())
-	var wg sync.WaitGroup
+	n.linksMu.Lock()
+	n.replCtx = ctx
 	for _, sh := range n.shippers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			sh.Run(ctx)
-		}()
+		n.runLinkLocked(sh)
 	}
+	n.linksMu.Unlock()
 	n.bg.Add(1)
 	go func() {
 		// Exits when stop is closed, after the shippers it cancels.
@@ -89,7 +122,7 @@ func (n *Node) startReplication() {
 			select {
 			case <-n.stop:
 				cancel()
-				wg.Wait()
+				n.linkWG.Wait()
 				return
 			case <-t.C:
 				if err := n.TruncateWAL(); err != nil {
@@ -104,7 +137,7 @@ func (n *Node) startReplication() {
 // store holds durably.
 func (n *Node) TruncateWAL() error {
 	upTo := n.applied.Load()
-	for _, sh := range n.shippers {
+	for _, sh := range n.links() {
 		if sh.Retains() {
 			upTo = min(upTo, sh.Acked())
 		}
@@ -126,7 +159,7 @@ func (n *Node) TruncateWAL() error {
 // collected tombstone can still arrive and resurrect its key.
 func (n *Node) tombstoneCutoff() (hlc.Timestamp, error) {
 	cutoff := hlc.Timestamp{Wall: n.clock.Physical() - int64(n.opts.TombstoneRetention)}
-	if len(n.opts.Peers) == 0 {
+	if len(n.links()) == 0 {
 		return cutoff, nil
 	}
 	hwms, err := n.store.HWMs()
@@ -141,7 +174,8 @@ func (n *Node) tombstoneCutoff() (hlc.Timestamp, error) {
 			frontier[h.Origin] = h.Commit
 		}
 	}
-	for _, p := range n.opts.Peers {
+	for _, sh := range n.links() {
+		p := sh.Peer()
 		f, ok := frontier[p.Name]
 		if !ok {
 			// Nothing known from this peer yet: it may hold any old write.
@@ -171,8 +205,9 @@ func (n *Node) oldestCommitWall(index uint64) (int64, bool) {
 // PeerStatus reports every link.
 func (n *Node) PeerStatus() []transport.Status {
 	th := transport.Thresholds{Lagging: n.opts.LinkLagging, Stalled: n.opts.LinkStalled}
-	out := make([]transport.Status, 0, len(n.shippers))
-	for _, sh := range n.shippers {
+	links := n.links()
+	out := make([]transport.Status, 0, len(links))
+	for _, sh := range links {
 		out = append(out, sh.Status(th, n.oldestCommitWall))
 	}
 	return out
@@ -180,7 +215,7 @@ func (n *Node) PeerStatus() []transport.Status {
 
 // shipper returns the link to a peer.
 func (n *Node) shipper(peer string) (*transport.Shipper, error) {
-	for _, sh := range n.shippers {
+	for _, sh := range n.links() {
 		if sh.Peer().Name == peer {
 			return sh, nil
 		}

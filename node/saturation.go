@@ -111,7 +111,7 @@ func (n *Node) evaluateSaturation(force bool) SaturationReport {
 
 	wm := n.opts.WaterMarks
 	var highPeer, highCause, lowPeer, lowCause string
-	for _, sh := range n.shippers {
+	for _, sh := range n.links() {
 		if !sh.Retains() {
 			continue
 		}

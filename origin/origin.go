@@ -100,11 +100,23 @@ func (f File) String() string { return "file:" + f.Path }
 
 // Hostname extracts the cluster ID from the host name with a regular
 // expression holding a named group "cluster" (--origin hostname:REGEX), e.g.
-// `^(?P<cluster>[a-z0-9-]+)-node-[0-9]+$`.
+// `^(?P<cluster>[a-z0-9-]+)-node-[0-9]+$`. The environment variable
+// REPLICATOR_HOSTNAME, when set, stands in for the host name (tests, and
+// containers whose host name cannot be chosen).
 type Hostname struct {
 	Pattern *regexp.Regexp
 	// Hostname replaces os.Hostname in tests.
 	Hostname func() (string, error)
+}
+
+// HostnameEnv overrides the host name the hostname resolver reads.
+const HostnameEnv = "REPLICATOR_HOSTNAME"
+
+func systemHostname() (string, error) {
+	if h, ok := os.LookupEnv(HostnameEnv); ok {
+		return h, nil
+	}
+	return os.Hostname()
 }
 
 // NewHostname compiles expr and checks it has a "cluster" group.
@@ -123,7 +135,7 @@ func NewHostname(expr string) (*Hostname, error) {
 func (h *Hostname) Resolve(context.Context) (string, error) {
 	get := h.Hostname
 	if get == nil {
-		get = os.Hostname
+		get = systemHostname
 	}
 	name, err := get()
 	if err != nil {

@@ -178,6 +178,8 @@ const (
 	StateNeedsReseed = "needs_reseed"
 	StateReseeding   = "reseeding"
 	StatePaused      = "paused"
+	StateDead        = "dead" // gossip: the peer stopped answering probes
+	StateLeft        = "left" // gossip: the peer left gracefully
 )
 
 // ReseedStatus is the progress of a re-seed.
@@ -216,6 +218,8 @@ type Status struct {
 	Reseed            ReseedStatus `json:"reseed"`
 	ClockSkewMS       float64      `json:"clock_skew_ms"`
 	Thresholds        Thresholds   `json:"thresholds"`
+	// Liveness is what gossip says of the peer (empty without gossip).
+	Liveness string `json:"liveness,omitempty"`
 }
 
 // Shipper ships one local stream to one peer.
@@ -253,6 +257,8 @@ type Shipper struct {
 		suggested   int
 		pauseUntil  time.Time
 		skew        time.Duration
+		url         string
+		liveness    string // from gossip: alive, suspect, dead, left ("" without gossip)
 		oldestIdx   uint64 // oldestWall is the commit wall of entry oldestIdx
 		oldestWall  int64
 	}
@@ -295,6 +301,7 @@ func NewShipper(peer Peer, log Log, cursors Cursors, opts Options) (*Shipper, er
 		s.mu.lastErr = "a new peer, and the WAL no longer holds every entry"
 	}
 	s.mu.acked, s.mu.persisted = acked, acked
+	s.mu.url = peer.URL
 	if !ok || c.Stream != stream {
 		if err := cursors.SetCursor(peer.Name, store.Cursor{Stream: stream, Index: acked}); err != nil {
 			return nil, err
@@ -304,7 +311,36 @@ func NewShipper(peer Peer, log Log, cursors Cursors, opts Options) (*Shipper, er
 }
 
 // Peer returns the peer the shipper ships to.
-func (s *Shipper) Peer() Peer { return s.peer }
+func (s *Shipper) Peer() Peer {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	p := s.peer
+	p.URL = s.mu.url
+	return p
+}
+
+// SetURL points the link at another address of the peer (gossip).
+func (s *Shipper) SetURL(u string) {
+	s.mu.Lock()
+	changed := s.mu.url != u
+	s.mu.url = u
+	s.mu.Unlock()
+	if changed {
+		s.wake()
+	}
+}
+
+// SetLiveness records what gossip says of the peer; a peer coming back to
+// life is tried at once instead of after its backoff.
+func (s *Shipper) SetLiveness(state string) {
+	s.mu.Lock()
+	wasDown := s.mu.liveness == LiveDead || s.mu.liveness == LiveLeft
+	s.mu.liveness = state
+	s.mu.Unlock()
+	if wasDown && state == LiveAlive {
+		s.wake()
+	}
+}
 
 // Acked returns the peer's acknowledged index (in memory, ahead of what is
 // persisted).
@@ -632,7 +668,10 @@ func (s *Shipper) post(ctx context.Context, body []byte) (Ack, error) {
 	var ack Ack
 	ctx, cancel := context.WithTimeout(ctx, s.opts.RequestTimeout)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, strings.TrimRight(s.peer.URL, "/")+"/v1/replicate", bytes.NewReader(body))
+	s.mu.Lock()
+	base := s.mu.url
+	s.mu.Unlock()
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, strings.TrimRight(base, "/")+"/v1/replicate", bytes.NewReader(body))
 	if err != nil {
 		return ack, err
 	}
@@ -877,7 +916,8 @@ func (s *Shipper) Status(th Thresholds, commitWall func(index uint64) (int64, bo
 	s.mu.Lock()
 	st := Status{
 		Peer:              s.peer.Name,
-		URL:               s.peer.URL,
+		URL:               s.mu.url,
+		Liveness:          s.mu.liveness,
 		Acked:             s.mu.acked,
 		LastContact:       s.mu.lastContact,
 		ConsecutiveErrors: s.mu.errors,
@@ -907,6 +947,10 @@ func (s *Shipper) Status(th Thresholds, commitWall func(index uint64) (int64, bo
 		st.State = StateNeedsReseed
 	case st.Paused:
 		st.State = StatePaused
+	case st.Liveness == LiveDead:
+		st.State = StateDead
+	case st.Liveness == LiveLeft:
+		st.State = StateLeft
 	case st.LastContact.IsZero():
 		st.State = StateUnknown
 	case st.EntriesBehind > 0 && (bl.OldestAge > th.Stalled || sinceContact > th.Stalled):

@@ -2,10 +2,13 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
+	"net/http"
 	"os"
 	"strings"
 	"text/tabwriter"
@@ -21,15 +24,20 @@ func offsetClock(d time.Duration) hlc.PhysicalClock {
 }
 
 type clientFlags struct {
-	addr    string
-	timeout time.Duration
-	idemKey string
-	retries int
+	addr      string
+	timeout   time.Duration
+	idemKey   string
+	retries   int
+	token     string
+	tokenFile string
+	caFile    string
 }
 
 func (c *clientFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&c.addr, "addr", "http://127.0.0.1:7400", "node API base URL")
 	fs.DurationVar(&c.timeout, "timeout", 10*time.Second, "overall deadline, retries included")
+	fs.StringVar(&c.tokenFile, "token-file", os.Getenv("REPLICATOR_TOKEN_FILE"), "file with the API bearer token (or $REPLICATOR_TOKEN_FILE)")
+	fs.StringVar(&c.caFile, "ca-file", "", "PEM CA to verify an https node")
 }
 
 func (c *clientFlags) registerWrite(fs *flag.FlagSet) {
@@ -39,6 +47,24 @@ func (c *clientFlags) registerWrite(fs *flag.FlagSet) {
 
 func (c *clientFlags) client() (*client.Client, error) {
 	o := &client.Options{}
+	if c.tokenFile != "" {
+		b, err := os.ReadFile(c.tokenFile)
+		if err != nil {
+			return nil, fmt.Errorf("--token-file: %w", err)
+		}
+		o.Token = strings.TrimSpace(string(b))
+	}
+	if c.caFile != "" {
+		pem, err := os.ReadFile(c.caFile)
+		if err != nil {
+			return nil, fmt.Errorf("--ca-file: %w", err)
+		}
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("--ca-file %s holds no PEM certificate", c.caFile)
+		}
+		o.HTTPClient = &http.Client{Timeout: c.timeout, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}}}
+	}
 	if c.retries > 0 {
 		if c.idemKey == "" {
 			return nil, fmt.Errorf("--retries needs --idempotency-key: a write is never retried without an identity")

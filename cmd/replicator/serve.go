@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/base64"
 	"errors"
 	"flag"
 	"fmt"
@@ -56,7 +57,32 @@ type serveConfig struct {
 	Permits       int       `yaml:"replay_permits"`
 	PermitQueue   int       `yaml:"replay_queue"`
 	NoAutoReseed  bool      `yaml:"no_auto_reseed"`
+
+	GossipBind      string   `yaml:"gossip_bind"`
+	GossipAdvertise string   `yaml:"gossip_advertise"`
+	Join            []string `yaml:"join"`
+	GossipKeyFile   string   `yaml:"gossip_key_file"`
+	GossipProfile   string   `yaml:"gossip_profile"`
+	TLSCert         string   `yaml:"tls_cert"`
+	TLSKey          string   `yaml:"tls_key"`
+	TLSClientCA     string   `yaml:"tls_client_ca"`
+	PeerCA          string   `yaml:"peer_ca"`
+	PeerSANMode     string   `yaml:"peer_san_mode"`
+	PeerListen      string   `yaml:"peer_listen"`
+	APITokenFile    string   `yaml:"api_token_file"`
 }
+
+// listFlag is a repeatable string flag.
+type listFlag struct{ p *[]string }
+
+func (l listFlag) String() string {
+	if l.p == nil {
+		return ""
+	}
+	return strings.Join(*l.p, ",")
+}
+
+func (l listFlag) Set(v string) error { *l.p = append(*l.p, v); return nil }
 
 // peerConfig is one entry of the YAML peers map (and what --peer,
 // --peer-secret and --peer-secret-file fill in).
@@ -199,6 +225,18 @@ func serveFlags(cfg *serveConfig) *flag.FlagSet {
 	fs.IntVar(&cfg.Permits, "replay-permits", cfg.Permits, "incoming batches applied at once (default 4)")
 	fs.IntVar(&cfg.PermitQueue, "replay-queue", cfg.PermitQueue, "incoming batches waiting for a permit (default 16)")
 	fs.BoolVar(&cfg.NoAutoReseed, "no-auto-reseed", cfg.NoAutoReseed, "re-seed peers only when asked (POST /admin/peers/NAME/reseed)")
+	fs.StringVar(&cfg.GossipBind, "gossip-bind", cfg.GossipBind, "HOST:PORT for memberlist gossip (peer discovery); off when empty")
+	fs.StringVar(&cfg.GossipAdvertise, "gossip-advertise", cfg.GossipAdvertise, "HOST:PORT other nodes reach the gossip port at (default --gossip-bind)")
+	fs.Var(listFlag{&cfg.Join}, "join", "a gossip seed HOST:PORT (repeatable)")
+	fs.StringVar(&cfg.GossipKeyFile, "gossip-key-file", cfg.GossipKeyFile, "file with the base64 memberlist encryption key (16, 24 or 32 bytes); nodes without it cannot join")
+	fs.StringVar(&cfg.GossipProfile, "gossip-profile", cfg.GossipProfile, "memberlist timing: wan (default), lan or local")
+	fs.StringVar(&cfg.TLSCert, "tls-cert", cfg.TLSCert, "PEM certificate: serve TLS, and present it to peers")
+	fs.StringVar(&cfg.TLSKey, "tls-key", cfg.TLSKey, "PEM key of --tls-cert")
+	fs.StringVar(&cfg.TLSClientCA, "tls-client-ca", cfg.TLSClientCA, "PEM CA of peers' client certificates: mutual TLS on links")
+	fs.StringVar(&cfg.PeerCA, "peer-ca", cfg.PeerCA, "PEM CA of peers' server certificates (default --tls-client-ca)")
+	fs.StringVar(&cfg.PeerSANMode, "peer-san-mode", cfg.PeerSANMode, "how a peer certificate names its cluster: uri (replicator://cluster/ID, default) or dns (first label)")
+	fs.StringVar(&cfg.PeerListen, "peer-listen", cfg.PeerListen, "separate HOST:PORT for /v1/replicate (mutual TLS there, not on the API)")
+	fs.StringVar(&cfg.APITokenFile, "api-token-file", cfg.APITokenFile, "file with the bearer token the API and admin endpoints require")
 	return fs
 }
 
@@ -274,6 +312,32 @@ func (cfg *serveConfig) nodeOptions(log *slog.Logger) (*node.Options, error) {
 		}
 	}
 	o.Permits, o.PermitQueue, o.NoAutoReseed = cfg.Permits, cfg.PermitQueue, cfg.NoAutoReseed
+	o.TLSCert, o.TLSKey, o.TLSClientCA, o.PeerCA = cfg.TLSCert, cfg.TLSKey, cfg.TLSClientCA, cfg.PeerCA
+	o.PeerSANMode, o.PeerListen = cfg.PeerSANMode, cfg.PeerListen
+	if cfg.APITokenFile != "" {
+		b, err := os.ReadFile(cfg.APITokenFile)
+		switch {
+		case err != nil:
+			errs = append(errs, fmt.Errorf("--api-token-file: %w", err))
+		case strings.TrimSpace(string(b)) == "":
+			errs = append(errs, fmt.Errorf("--api-token-file %s is empty", cfg.APITokenFile))
+		default:
+			o.APIToken = strings.TrimSpace(string(b))
+		}
+	}
+	if cfg.GossipBind != "" {
+		g := &node.GossipOptions{Bind: cfg.GossipBind, Advertise: cfg.GossipAdvertise, Join: cfg.Join, Profile: cfg.GossipProfile}
+		if cfg.GossipKeyFile != "" {
+			key, err := readGossipKey(cfg.GossipKeyFile)
+			if err != nil {
+				errs = append(errs, err)
+			}
+			g.Key = key
+		}
+		o.Gossip = g
+	} else if len(cfg.Join) > 0 || cfg.GossipKeyFile != "" {
+		errs = append(errs, errors.New("--join and --gossip-key-file need --gossip-bind"))
+	}
 	if cfg.Origin != "" {
 		if cfg.ClusterID != "" {
 			errs = append(errs, errors.New("give --cluster-id or --origin, not both"))
@@ -292,6 +356,23 @@ func (cfg *serveConfig) nodeOptions(log *slog.Logger) (*node.Options, error) {
 		errs = append(errs, err)
 	}
 	return o, errors.Join(errs...)
+}
+
+// readGossipKey reads a base64 memberlist key (as `openssl rand -base64 32`
+// prints), trimmed.
+func readGossipKey(path string) ([]byte, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("--gossip-key-file: %w", err)
+	}
+	key, err := base64.StdEncoding.DecodeString(strings.TrimSpace(string(b)))
+	if err != nil {
+		return nil, fmt.Errorf("--gossip-key-file %s: not base64: %w", path, err)
+	}
+	if n := len(key); n != 16 && n != 24 && n != 32 {
+		return nil, fmt.Errorf("--gossip-key-file %s: a key of %d bytes, want 16, 24 or 32", path, n)
+	}
+	return key, nil
 }
 
 func runServe(args []string) error {

@@ -1,0 +1,175 @@
+package node
+
+import (
+	"crypto/subtle"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/url"
+	"os"
+	"strings"
+
+	"github.com/replicator/replicator/origin"
+)
+
+// SAN modes: how a peer's certificate names its cluster.
+const (
+	SANModeURI = "uri" // a URI SAN replicator://cluster/<id>
+	SANModeDNS = "dns" // the first label of the first DNS SAN (<id>.peers.example.com)
+)
+
+// tlsSetup holds the parsed TLS material.
+type tlsSetup struct {
+	cert     *tls.Certificate
+	clientCA *x509.CertPool // verifies peers' client certificates
+	peerCA   *x509.CertPool // verifies peers' server certificates
+}
+
+func loadPool(path string) (*x509.CertPool, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(b) {
+		return nil, fmt.Errorf("%s holds no PEM certificate", path)
+	}
+	return pool, nil
+}
+
+func (n *Node) loadTLS() error {
+	o := &n.opts
+	if o.TLSCert == "" && o.TLSKey == "" && o.TLSClientCA == "" && o.PeerCA == "" {
+		return nil
+	}
+	var errs []error
+	if o.TLSCert != "" || o.TLSKey != "" {
+		c, err := tls.LoadX509KeyPair(o.TLSCert, o.TLSKey)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("node: --tls-cert/--tls-key: %w", err))
+		} else {
+			n.tls.cert = &c
+		}
+	}
+	if o.TLSClientCA != "" {
+		p, err := loadPool(o.TLSClientCA)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("node: --tls-client-ca: %w", err))
+		}
+		n.tls.clientCA = p
+	}
+	peerCA := o.PeerCA
+	if peerCA == "" {
+		peerCA = o.TLSClientCA
+	}
+	if peerCA != "" {
+		p, err := loadPool(peerCA)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("node: --peer-ca: %w", err))
+		}
+		n.tls.peerCA = p
+	}
+	if n.tls.clientCA != nil && n.tls.cert == nil && len(errs) == 0 {
+		errs = append(errs, errors.New("node: --tls-client-ca needs --tls-cert and --tls-key"))
+	}
+	return errors.Join(errs...)
+}
+
+// serverTLS is the TLS config of a listener; requireClient makes it mutual.
+func (n *Node) serverTLS(requireClient bool) *tls.Config {
+	if n.tls.cert == nil {
+		return nil
+	}
+	c := &tls.Config{Certificates: []tls.Certificate{*n.tls.cert}, MinVersion: tls.VersionTLS12}
+	if n.tls.clientCA != nil {
+		c.ClientCAs = n.tls.clientCA
+		c.ClientAuth = tls.VerifyClientCertIfGiven
+		if requireClient {
+			c.ClientAuth = tls.RequireAndVerifyClientCert
+		}
+	}
+	return c
+}
+
+// clientTLS is what the shippers present to peers and how they verify them.
+func (n *Node) clientTLS() *tls.Config {
+	if n.tls.cert == nil && n.tls.peerCA == nil {
+		return nil
+	}
+	c := &tls.Config{RootCAs: n.tls.peerCA, MinVersion: tls.VersionTLS12}
+	if n.tls.cert != nil {
+		c.Certificates = []tls.Certificate{*n.tls.cert}
+	}
+	return c
+}
+
+// certCluster resolves the cluster of a peer from its verified client
+// certificate, if it presented one.
+func (n *Node) certCluster(cs *tls.ConnectionState) (string, bool, error) {
+	if cs == nil || len(cs.VerifiedChains) == 0 || len(cs.VerifiedChains[0]) == 0 {
+		return "", false, nil
+	}
+	leaf := cs.VerifiedChains[0][0]
+	id, err := ClusterFromCert(leaf, n.opts.PeerSANMode)
+	return id, true, err
+}
+
+// ClusterFromCert reads the cluster ID a peer certificate names: a URI SAN
+// replicator://cluster/<id> (mode "uri"), or the first label of its first
+// DNS SAN (mode "dns").
+func ClusterFromCert(c *x509.Certificate, mode string) (string, error) {
+	var id string
+	switch mode {
+	case SANModeDNS:
+		if len(c.DNSNames) == 0 {
+			return "", errors.New("the certificate has no DNS SAN")
+		}
+		id, _, _ = strings.Cut(c.DNSNames[0], ".")
+	default:
+		for _, u := range c.URIs {
+			if u.Scheme == "replicator" && u.Host == "cluster" {
+				id = strings.TrimPrefix(u.Path, "/")
+				break
+			}
+		}
+		if id == "" {
+			return "", errors.New("the certificate has no URI SAN replicator://cluster/<id>")
+		}
+	}
+	if err := origin.Validate(id); err != nil {
+		return "", err
+	}
+	return id, nil
+}
+
+// ClusterURI is the URI SAN that names a cluster in a peer certificate.
+func ClusterURI(id string) *url.URL {
+	return &url.URL{Scheme: "replicator", Host: "cluster", Path: "/" + id}
+}
+
+// requireToken guards the API and admin endpoints with the API token, when
+// one is configured. Health, readiness, the dashboard page (its data calls
+// carry the token) and the peer endpoint (it has its own authentication)
+// stay open.
+func (n *Node) requireToken(h http.Handler) http.Handler {
+	if n.opts.APIToken == "" {
+		return h
+	}
+	want := []byte("Bearer " + n.opts.APIToken)
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch r.URL.Path {
+		case pathHealthz, pathReadyz, pathReplicate, "/admin/ui":
+			h.ServeHTTP(w, r)
+			return
+		}
+		if subtle.ConstantTimeCompare([]byte(r.Header.Get("Authorization")), want) != 1 {
+			w.Header().Set("WWW-Authenticate", `Bearer realm="replicator"`)
+			writeError(w, http.StatusUnauthorized, apiError{Code: "unauthenticated",
+				Message: "this node requires Authorization: Bearer <token> (--api-token-file)"})
+			return
+		}
+		h.ServeHTTP(w, r)
+	})
+}

@@ -1,0 +1,277 @@
+package transport
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log"
+	"log/slog"
+	"net"
+	"sort"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/memberlist"
+)
+
+// GossipVersion is the version of the member metadata below. Readers ignore
+// members of another major version (shown, not shipped to).
+const GossipVersion = 1
+
+// MemberMeta is what each node gossips about itself (memberlist node meta,
+// at most 512 bytes).
+type MemberMeta struct {
+	V         int    `json:"v"`
+	Cluster   string `json:"c"`
+	Stream    string `json:"s"`
+	API       string `json:"api"`
+	Replicate string `json:"rep"`
+}
+
+// Liveness of a member, as memberlist sees it.
+const (
+	LiveAlive   = "alive"
+	LiveSuspect = "suspect"
+	LiveDead    = "dead" // failed: stopped answering probes
+	LiveLeft    = "left" // left gracefully
+)
+
+// Member is one node known through gossip.
+type Member struct {
+	Node    string     `json:"node"`
+	Addr    string     `json:"gossip_addr"`
+	Meta    MemberMeta `json:"meta"`
+	State   string     `json:"state"`
+	Since   time.Time  `json:"since"`
+	Shipped bool       `json:"shipped_to"`
+	Note    string     `json:"note,omitempty"`
+}
+
+// DiscoveryOptions configure gossip.
+type DiscoveryOptions struct {
+	NodeName  string
+	Bind      string   // host:port to listen on (UDP and TCP)
+	Advertise string   // host:port others reach this node at (default Bind)
+	Join      []string // seeds
+	Key       []byte   // memberlist encryption key (16, 24 or 32 bytes); nodes without it cannot join
+	// Profile picks memberlist's timing: "wan" (default), "lan", "local".
+	Profile string
+	Meta    MemberMeta
+	// OnChange is called (from memberlist's goroutines) after a member
+	// joins, updates, leaves or dies.
+	OnChange func(Member)
+	Logger   *slog.Logger
+}
+
+// Discovery finds and watches peers through hashicorp/memberlist.
+type Discovery struct {
+	ml   *memberlist.Memberlist
+	opts DiscoveryOptions
+	meta []byte
+
+	mu struct {
+		sync.Mutex
+		members map[string]*Member
+	}
+}
+
+// StartDiscovery creates the memberlist node and joins the seeds (a seed
+// that is not up yet is retried by JoinLoop).
+func StartDiscovery(opts DiscoveryOptions) (*Discovery, error) {
+	var conf *memberlist.Config
+	switch opts.Profile {
+	case "", "wan":
+		conf = memberlist.DefaultWANConfig()
+	case "lan":
+		conf = memberlist.DefaultLANConfig()
+	case "local":
+		conf = memberlist.DefaultLocalConfig()
+	default:
+		return nil, fmt.Errorf("transport: gossip profile %q, want wan, lan or local", opts.Profile)
+	}
+	host, port, err := splitHostPort(opts.Bind)
+	if err != nil {
+		return nil, fmt.Errorf("transport: --gossip-bind %q: %w", opts.Bind, err)
+	}
+	conf.Name = opts.NodeName
+	conf.BindAddr, conf.BindPort = host, port
+	if opts.Advertise != "" {
+		ah, ap, err := splitHostPort(opts.Advertise)
+		if err != nil {
+			return nil, fmt.Errorf("transport: gossip advertise %q: %w", opts.Advertise, err)
+		}
+		conf.AdvertiseAddr, conf.AdvertisePort = ah, ap
+	}
+	if len(opts.Key) > 0 {
+		conf.SecretKey = opts.Key
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
+	conf.Logger = log.New(&slogWriter{opts.Logger}, "", 0)
+	d := &Discovery{opts: opts}
+	d.mu.members = map[string]*Member{}
+	d.meta, err = json.Marshal(opts.Meta)
+	if err != nil {
+		return nil, err
+	}
+	if len(d.meta) > memberlist.MetaMaxSize {
+		return nil, fmt.Errorf("transport: gossip metadata of %d bytes over %d", len(d.meta), memberlist.MetaMaxSize)
+	}
+	conf.Delegate = metaDelegate{d}
+	conf.Events = eventDelegate{d}
+	ml, err := memberlist.Create(conf)
+	if err != nil {
+		return nil, fmt.Errorf("transport: start gossip on %s: %w", opts.Bind, err)
+	}
+	d.ml = ml
+	return d, nil
+}
+
+// JoinLoop joins the seeds, retrying until one answers or stop is closed.
+// It exits then.
+func (d *Discovery) JoinLoop(stop <-chan struct{}) {
+	if len(d.opts.Join) == 0 {
+		return
+	}
+	for delay := 200 * time.Millisecond; ; delay = min(delay*2, 10*time.Second) {
+		n, err := d.ml.Join(d.opts.Join)
+		if n > 0 {
+			d.opts.Logger.Info("gossip: joined", "seeds", d.opts.Join, "reached", n)
+			return
+		}
+		d.opts.Logger.Warn("gossip: no seed reachable yet", "seeds", d.opts.Join, "err", err)
+		select {
+		case <-stop:
+			return
+		case <-time.After(delay):
+		}
+	}
+}
+
+func splitHostPort(hp string) (string, int, error) {
+	h, p, err := net.SplitHostPort(hp)
+	if err != nil {
+		return "", 0, err
+	}
+	port, err := strconv.Atoi(p)
+	if err != nil {
+		return "", 0, err
+	}
+	if h == "" {
+		h = "0.0.0.0"
+	}
+	return h, port, nil
+}
+
+// LocalAddr is the gossip address this node is reachable at.
+func (d *Discovery) LocalAddr() string { return d.ml.LocalNode().FullAddress().Addr }
+
+// Members lists every member seen, the departed included, sorted by name;
+// alive and suspect come from memberlist's current view.
+func (d *Discovery) Members() []Member {
+	live := map[string]memberlist.NodeStateType{}
+	for _, n := range d.ml.Members() {
+		live[n.Name] = n.State
+	}
+	d.mu.Lock()
+	out := make([]Member, 0, len(d.mu.members))
+	for name, m := range d.mu.members {
+		c := *m
+		if st, ok := live[name]; ok && st == memberlist.StateSuspect {
+			c.State = LiveSuspect
+		}
+		out = append(out, c)
+	}
+	d.mu.Unlock()
+	sort.Slice(out, func(i, j int) bool { return out[i].Node < out[j].Node })
+	return out
+}
+
+// Leave announces a graceful departure, then shuts gossip down.
+func (d *Discovery) Leave(timeout time.Duration) error {
+	err := d.ml.Leave(timeout)
+	return errors.Join(err, d.ml.Shutdown())
+}
+
+func (d *Discovery) record(n *memberlist.Node, state string) {
+	if n.Name == d.opts.NodeName {
+		return
+	}
+	var meta MemberMeta
+	note := ""
+	if err := json.Unmarshal(n.Meta, &meta); err != nil {
+		note = "unreadable metadata: " + err.Error()
+	} else if meta.V != GossipVersion {
+		note = fmt.Sprintf("gossip metadata version %d, this node speaks %d", meta.V, GossipVersion)
+	}
+	d.mu.Lock()
+	m := d.mu.members[n.Name]
+	if m == nil {
+		m = &Member{Node: n.Name}
+		d.mu.members[n.Name] = m
+	}
+	if m.State != state {
+		m.Since = time.Now()
+	}
+	m.Addr, m.State = n.FullAddress().Addr, state
+	if note == "" {
+		m.Meta = meta
+	}
+	m.Note = note
+	c := *m
+	d.mu.Unlock()
+	if d.opts.OnChange != nil {
+		d.opts.OnChange(c)
+	}
+}
+
+// SetNote annotates a member (why it is, or is not, shipped to).
+func (d *Discovery) SetNote(node string, shipped bool, note string) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if m := d.mu.members[node]; m != nil {
+		m.Shipped, m.Note = shipped, note
+	}
+}
+
+type metaDelegate struct{ d *Discovery }
+
+func (m metaDelegate) NodeMeta(limit int) []byte            { return m.d.meta }
+func (metaDelegate) NotifyMsg([]byte)                        {}
+func (metaDelegate) GetBroadcasts(int, int) [][]byte         { return nil }
+func (metaDelegate) LocalState(bool) []byte                  { return nil }
+func (metaDelegate) MergeRemoteState(buf []byte, join bool)  {}
+
+type eventDelegate struct{ d *Discovery }
+
+func (e eventDelegate) NotifyJoin(n *memberlist.Node)   { e.d.record(n, LiveAlive) }
+func (e eventDelegate) NotifyUpdate(n *memberlist.Node) { e.d.record(n, LiveAlive) }
+func (e eventDelegate) NotifyLeave(n *memberlist.Node) {
+	if n.State == memberlist.StateLeft {
+		e.d.record(n, LiveLeft)
+		return
+	}
+	e.d.record(n, LiveDead)
+}
+
+// slogWriter feeds memberlist's standard logger into slog at debug level
+// (it is chatty), errors at warn.
+type slogWriter struct{ l *slog.Logger }
+
+func (w *slogWriter) Write(p []byte) (int, error) {
+	msg := string(p)
+	if len(msg) > 0 && msg[len(msg)-1] == '\n' {
+		msg = msg[:len(msg)-1]
+	}
+	level := slog.LevelDebug
+	if len(msg) > 7 && (msg[:7] == "[ERR] m" || msg[:8] == "[WARN] m") {
+		level = slog.LevelWarn
+	}
+	w.l.Log(nil, level, msg, "component", "memberlist")
+	return len(p), nil
+}
+
+var _ io.Writer = (*slogWriter)(nil)
