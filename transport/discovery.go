@@ -28,6 +28,10 @@ type MemberMeta struct {
 	Stream    string `json:"s"`
 	API       string `json:"api"`
 	Replicate string `json:"rep"`
+	// Leaving is set just before a graceful leave, so that the others can
+	// tell a node that left from one that died (memberlist's leave event
+	// does not say which).
+	Leaving bool `json:"leaving,omitempty"`
 }
 
 // Liveness of a member, as memberlist sees it.
@@ -190,9 +194,18 @@ func (d *Discovery) Members() []Member {
 	return out
 }
 
-// Leave announces a graceful departure, then shuts gossip down.
+// Leave announces a graceful departure (first as metadata, so that the
+// others record "left" rather than "dead"), then shuts gossip down.
 func (d *Discovery) Leave(timeout time.Duration) error {
-	err := d.ml.Leave(timeout)
+	meta := d.opts.Meta
+	meta.Leaving = true
+	if b, err := json.Marshal(meta); err == nil {
+		d.mu.Lock()
+		d.meta = b
+		d.mu.Unlock()
+		d.ml.UpdateNode(timeout / 2)
+	}
+	err := d.ml.Leave(timeout / 2)
 	return errors.Join(err, d.ml.Shutdown())
 }
 
@@ -219,6 +232,9 @@ func (d *Discovery) record(n *memberlist.Node, state string) {
 	m.Addr, m.State = n.FullAddress().Addr, state
 	if note == "" {
 		m.Meta = meta
+		if meta.Leaving && state == LiveAlive {
+			m.State = "leaving"
+		}
 	}
 	m.Note = note
 	c := *m
@@ -239,18 +255,23 @@ func (d *Discovery) SetNote(node string, shipped bool, note string) {
 
 type metaDelegate struct{ d *Discovery }
 
-func (m metaDelegate) NodeMeta(limit int) []byte            { return m.d.meta }
-func (metaDelegate) NotifyMsg([]byte)                        {}
-func (metaDelegate) GetBroadcasts(int, int) [][]byte         { return nil }
-func (metaDelegate) LocalState(bool) []byte                  { return nil }
-func (metaDelegate) MergeRemoteState(buf []byte, join bool)  {}
+func (m metaDelegate) NodeMeta(limit int) []byte {
+	m.d.mu.Lock()
+	defer m.d.mu.Unlock()
+	return m.d.meta
+}
+func (metaDelegate) NotifyMsg([]byte)                       {}
+func (metaDelegate) GetBroadcasts(int, int) [][]byte        { return nil }
+func (metaDelegate) LocalState(bool) []byte                 { return nil }
+func (metaDelegate) MergeRemoteState(buf []byte, join bool) {}
 
 type eventDelegate struct{ d *Discovery }
 
 func (e eventDelegate) NotifyJoin(n *memberlist.Node)   { e.d.record(n, LiveAlive) }
 func (e eventDelegate) NotifyUpdate(n *memberlist.Node) { e.d.record(n, LiveAlive) }
 func (e eventDelegate) NotifyLeave(n *memberlist.Node) {
-	if n.State == memberlist.StateLeft {
+	var meta MemberMeta
+	if json.Unmarshal(n.Meta, &meta) == nil && meta.Leaving {
 		e.d.record(n, LiveLeft)
 		return
 	}

@@ -291,9 +291,6 @@ func (cfg *serveConfig) nodeOptions(log *slog.Logger) (*node.Options, error) {
 				errs = append(errs, fmt.Errorf("peer %s: secret file %s is empty", name, p.SecretFile))
 			}
 		}
-		if p.URL == "" {
-			errs = append(errs, fmt.Errorf("peer %s has a secret but no URL (--peer %s=URL)", name, name))
-		}
 		o.Peers = append(o.Peers, node.Peer{Name: name, URL: p.URL, Secret: secret, Overflow: p.Overflow})
 	}
 	o.InsecurePeers = cfg.InsecurePeers
