@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -385,6 +386,17 @@ func TestBadReplicateRequestsOverSockets(t *testing.T) {
 	after, _ := digestOf(a)
 	if after != before {
 		t.Fatalf("state changed: %+v -> %+v", before, after)
+	}
+	// the shared secret shows nowhere an operator looks
+	for _, path := range []string{"/admin/peers", "/admin/wal", "/admin/origin", "/metrics"} {
+		var body []byte
+		a.client().Do(bg(), http.MethodGet, path, nil, nil, &body)
+		if strings.Contains(string(body), "secret-ab") {
+			t.Fatalf("%s shows the peer secret", path)
+		}
+	}
+	if logb, _ := os.ReadFile(a.log); strings.Contains(string(logb), "secret-ab") {
+		t.Fatal("the log shows the peer secret")
 	}
 	if _, err := a.client().Put(bg(), "still", []byte("serving")); err != nil {
 		t.Fatal(err)

@@ -1,0 +1,266 @@
+package e2e
+
+import (
+	"bytes"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"fmt"
+	"io"
+	"math/big"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/replicator/replicator/client"
+	"github.com/replicator/replicator/hlc"
+	"github.com/replicator/replicator/node"
+	"github.com/replicator/replicator/store"
+	"github.com/replicator/replicator/transport"
+	"github.com/replicator/replicator/wal"
+)
+
+// pki is a throwaway CA and the certificates it signs, written as PEM files.
+type pki struct {
+	dir    string
+	ca     *x509.Certificate
+	caKey  *ecdsa.PrivateKey
+	caFile string
+}
+
+func newPKI(t *testing.T, name string) *pki {
+	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	tmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: name},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour),
+		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign,
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ca, _ := x509.ParseCertificate(der)
+	p := &pki{dir: t.TempDir(), ca: ca, caKey: key}
+	p.caFile = filepath.Join(p.dir, "ca.pem")
+	os.WriteFile(p.caFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o644)
+	return p
+}
+
+// issue signs a certificate for a cluster: URI SAN replicator://cluster/<id>,
+// and 127.0.0.1 so it also serves on loopback. It returns the cert and key
+// files and the loaded pair.
+func (p *pki) issue(t *testing.T, cluster string) (string, string, tls.Certificate) {
+	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	tmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(time.Now().UnixNano()), Subject: pkix.Name{CommonName: cluster},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour),
+		KeyUsage:    x509.KeyUsageDigitalSignature,
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
+		URIs:        nil, IPAddresses: []net.IP{net.ParseIP("127.0.0.1")}, DNSNames: []string{"localhost"},
+	}
+	tmpl.URIs = append(tmpl.URIs, node.ClusterURI(cluster))
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, p.ca, &key.PublicKey, p.caKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kder, _ := x509.MarshalECPrivateKey(key)
+	certFile := filepath.Join(p.dir, cluster+".pem")
+	keyFile := filepath.Join(p.dir, cluster+"-key.pem")
+	certPEM := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})
+	keyPEM := pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kder})
+	os.WriteFile(certFile, certPEM, 0o644)
+	os.WriteFile(keyFile, keyPEM, 0o600)
+	pair, err := tls.X509KeyPair(certPEM, keyPEM)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return certFile, keyFile, pair
+}
+
+func (p *pki) pool() *x509.CertPool {
+	pool := x509.NewCertPool()
+	pool.AddCert(p.ca)
+	return pool
+}
+
+// tlsMesh runs a and b linked over mutual TLS on separate peer listeners,
+// without shared secrets; c is a configured peer of a that is never started.
+func tlsMesh(t *testing.T, ca *pki) (*mesh, map[string]string) {
+	m := &mesh{t: t, nodes: map[string]*proc{}, names: []string{"a", "b"}}
+	peerURL := map[string]string{}
+	for _, n := range []string{"a", "b", "c"} {
+		peerURL[n] = fmt.Sprintf("https://127.0.0.1:%d", freePort(t))
+	}
+	for _, n := range m.names {
+		cert, key, _ := ca.issue(t, n)
+		p := newProc(t, n, n, "--tls-cert", cert, "--tls-key", key, "--tls-client-ca", ca.caFile,
+			"--peer-listen", strings.TrimPrefix(peerURL[n], "https://"))
+		p.url = strings.Replace(p.url, "http://", "https://", 1)
+		for _, o := range []string{"a", "b", "c"} {
+			if o != n {
+				p.args = append(p.args, "--peer", o+"="+peerURL[o])
+			}
+		}
+		m.nodes[n] = p
+	}
+	return m, peerURL
+}
+
+func tlsClient(t *testing.T, p *proc, pool *x509.CertPool) *client.Client {
+	return client.New(p.url, &client.Options{HTTPClient: &http.Client{Timeout: 10 * time.Second,
+		Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}}}})
+}
+
+// TestMutualTLSLinks: clusters replicate over mutual TLS on their peer
+// listeners; the client API is TLS without client certificates; a peer
+// presenting a valid certificate for b but claiming c (header, body or
+// entry) is refused, as are a connection without a client certificate and
+// one with a certificate of another CA; nothing is applied.
+func TestMutualTLSLinks(t *testing.T) {
+	ca := newPKI(t, "replicator test CA")
+	m, peerURL := tlsMesh(t, ca)
+	for _, n := range m.names {
+		m.nodes[n].start()
+	}
+	pool := ca.pool()
+	a, b := m.nodes["a"], m.nodes["b"]
+	for _, p := range []*proc{a, b} {
+		eventually(t, 20*time.Second, func() (bool, string) {
+			err := tlsClient(t, p, pool).Healthy(bg())
+			return err == nil, fmt.Sprint(err)
+		})
+	}
+	ca2, cb := tlsClient(t, a, pool), tlsClient(t, b, pool)
+	if _, err := ca2.Put(bg(), "over-tls", []byte("a")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cb.Put(bg(), "over-tls-b", []byte("b")); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 30*time.Second, func() (bool, string) {
+		v1, e1 := cb.Get(bg(), "over-tls")
+		v2, e2 := ca2.Get(bg(), "over-tls-b")
+		return e1 == nil && e2 == nil && string(v1.Value) == "a" && string(v2.Value) == "b", fmt.Sprint(e1, e2)
+	})
+
+	var before node.DigestReport
+	ca2.Do(bg(), http.MethodGet, "/admin/digest", nil, nil, &before)
+
+	_, _, bCert := ca.issue(t, "b")
+	withCert := func(certs ...tls.Certificate) *http.Client {
+		return &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{
+			TLSClientConfig: &tls.Config{RootCAs: pool, Certificates: certs}}}
+	}
+	batch := func(sender, origin string) []byte {
+		e := wal.Entry{Index: 1, Origin: origin, Stream: wal.StreamID{7}, Commit: hlc.Timestamp{Wall: time.Now().UnixNano()},
+			Op: store.OpSet, Key: "spoofed", Value: []byte("evil")}
+		e.Stamp = e.Commit
+		return transport.EncodeBatch(&transport.Batch{Sender: sender, Stream: wal.StreamID{7}, Entries: []wal.Entry{e}})
+	}
+	post := func(c *http.Client, header string, body []byte) (int, error) {
+		req, _ := http.NewRequest("POST", peerURL["a"]+"/v1/replicate", bytes.NewReader(body))
+		req.Header.Set("Content-Type", transport.ContentType)
+		req.Header.Set(transport.HeaderOrigin, header)
+		resp, err := c.Do(req)
+		if err != nil {
+			return 0, err
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		return resp.StatusCode, nil
+	}
+	for _, tc := range []struct {
+		name           string
+		header, sender string
+		origin         string
+	}{
+		{"b's certificate claiming c in the header", "c", "c", "c"},
+		{"b's certificate, header b, body claims c", "b", "c", "c"},
+		{"b's certificate, entries of origin c", "b", "b", "c"},
+	} {
+		status, err := post(withCert(bCert), tc.header, batch(tc.sender, tc.origin))
+		if err != nil || status != http.StatusForbidden {
+			t.Fatalf("%s: %d %v, want 403", tc.name, status, err)
+		}
+	}
+	// The very same certificate, honest, is accepted (the test is not
+	// refusing everything).
+	if status, err := post(withCert(bCert), "b", batch("b", "b")); err != nil || status != 200 {
+		t.Fatalf("honest batch with b's certificate: %d %v", status, err)
+	}
+	// Without a client certificate, or with one of another CA, the TLS
+	// handshake itself is refused.
+	if _, err := post(withCert(), "b", batch("b", "b")); err == nil {
+		t.Fatal("the peer listener accepted a connection without a client certificate")
+	}
+	other := newPKI(t, "another CA")
+	_, _, foreign := other.issue(t, "b")
+	if _, err := post(withCert(foreign), "b", batch("b", "b")); err == nil {
+		t.Fatal("the peer listener accepted a certificate of another CA")
+	}
+	v, err := ca2.Get(bg(), "spoofed")
+	if err != nil || string(v.Value) != "evil" || v.Origin != "b" {
+		// only the honest batch may have landed, under b's origin
+		t.Fatalf("after the refused batches: %+v %v", v, err)
+	}
+	var after node.DigestReport
+	ca2.Do(bg(), http.MethodGet, "/admin/digest", nil, nil, &after)
+	if after.Keys != before.Keys+1 {
+		t.Fatalf("keys %d -> %d: a refused batch applied something", before.Keys, after.Keys)
+	}
+	// The API listener does not serve the peer endpoint.
+	resp, err := withCert(bCert).Post(a.url+"/v1/replicate", transport.ContentType, bytes.NewReader(batch("b", "b")))
+	if err != nil || resp.StatusCode != 404 {
+		t.Fatalf("peer endpoint on the API listener: %v %v", resp, err)
+	}
+	resp.Body.Close()
+}
+
+// TestAPIToken: with --api-token-file, clients and admin endpoints need the
+// token; health and readiness stay open.
+func TestAPIToken(t *testing.T) {
+	tok := filepath.Join(t.TempDir(), "token")
+	os.WriteFile(tok, []byte("  s3cr3t-token\n"), 0o600)
+	p := newProc(t, "a", "a", "--api-token-file", tok)
+	p.startReady()
+	anon := client.New(p.url, nil)
+	authed := client.New(p.url, &client.Options{Token: "s3cr3t-token"})
+	if _, err := anon.Put(bg(), "k", []byte("v")); !isStatus(err, 401) {
+		t.Fatalf("put without token: %v", err)
+	}
+	if _, err := anon.Do(bg(), http.MethodGet, "/admin/wal", nil, nil, nil); !isStatus(err, 401) {
+		t.Fatalf("admin without token: %v", err)
+	}
+	if _, err := client.New(p.url, &client.Options{Token: "wrong"}).Get(bg(), "k"); !isStatus(err, 401) {
+		t.Fatalf("wrong token: %v", err)
+	}
+	if _, err := authed.Put(bg(), "k", []byte("v")); err != nil {
+		t.Fatalf("put with token: %v", err)
+	}
+	if err := anon.Healthy(bg()); err != nil {
+		t.Fatalf("healthz needs no token: %v", err)
+	}
+	if err := anon.Ready(bg()); err != nil {
+		t.Fatalf("readyz needs no token: %v", err)
+	}
+	// the token never shows in the admin documents or the log
+	var w map[string]any
+	authed.Do(bg(), http.MethodGet, "/admin/wal", nil, nil, &w)
+	logb, _ := os.ReadFile(p.log)
+	if strings.Contains(fmt.Sprint(w), "s3cr3t") || strings.Contains(string(logb), "s3cr3t") {
+		t.Fatal("the token leaked into admin output or logs")
+	}
+}
+
+func isStatus(err error, status int) bool {
+	ce, ok := err.(*client.Error)
+	return ok && ce.Status == status
+}
