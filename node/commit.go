@@ -62,7 +62,15 @@ type proposal struct {
 	// means the commit HLC.
 	pin hlc.Timestamp
 	// idem is the keyed request this write answers, if any.
-	idem  *idemRequest
+	idem *idemRequest
+	// cond is a precondition decided in commit order (If-Match,
+	// If-None-Match).
+	cond *condition
+	// delta is a counter increment (op counter): the entry then carries
+	// this cluster's resulting totals, computed in commit order, and
+	// counterValue the counter's value right after it, here.
+	delta        int64
+	counterValue int64
 	state atomic.Int32
 	done  chan struct{}
 
@@ -80,8 +88,8 @@ type proposal struct {
 type idemRequest struct {
 	key         string
 	fingerprint []byte
-	// answer renders the recorded answer from the stamped entry.
-	answer func(e *wal.Entry) (status int, body []byte)
+	// answer renders the recorded answer of the stamped proposal.
+	answer func(p *proposal) (status int, body []byte)
 }
 
 type committer struct {
@@ -252,6 +260,7 @@ func (c *committer) makeDurable(pending []*proposal) *group {
 	g.ents = make([]*wal.Entry, 0, len(g.props))
 	writing := g.props[:0]
 	var keyed map[string]*proposal
+	ov := newOverlay(n)
 	for _, p := range g.props {
 		if p.idem != nil {
 			// Decided in commit order, so two concurrent first attempts
@@ -263,6 +272,11 @@ func (c *committer) makeDurable(pending []*proposal) *group {
 				continue
 			}
 			keyed[p.idem.key] = p
+		}
+		if err := ov.decide(p); err != nil {
+			p.err = err
+			close(p.done)
+			continue
 		}
 		// Stamp inside the commit order: commit HLCs grow with WAL indexes.
 		p.entry.Origin = n.cluster
@@ -277,10 +291,11 @@ func (c *committer) makeDurable(pending []*proposal) *group {
 			p.entry.Stamp = p.pin
 		}
 		if p.idem != nil {
-			st, body := p.idem.answer(&p.entry)
+			st, body := p.idem.answer(p)
 			p.entry.Idem = &wal.Idem{Key: p.idem.key, Fingerprint: p.idem.fingerprint, Status: st, Body: body,
 				Expires: p.entry.Commit.Wall + int64(n.opts.IdempotencyWindow)}
 		}
+		ov.record(&p.entry)
 		g.high = p.entry.Commit
 		g.ents = append(g.ents, &p.entry)
 		writing = append(writing, p)

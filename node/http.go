@@ -41,6 +41,9 @@ func (n *Node) Handler() http.Handler {
 	mux.HandleFunc(pathHealthz, n.handleHealthz)
 	mux.HandleFunc(pathReadyz, n.handleReadyz)
 	mux.HandleFunc(pathIdem, n.handleIdem)
+	mux.HandleFunc(pathCounters, n.handleCounter)
+	mux.HandleFunc(pathBatch, n.handleBatch)
+	mux.HandleFunc(pathBulk, n.handleBulk)
 	n.registerAdmin(mux)
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, apiError{Code: "not_found", Message: "no such endpoint: " + r.URL.Path})
@@ -58,9 +61,17 @@ var (
 // writeErr maps an error of the Go API to its HTTP answer.
 func writeErr(w http.ResponseWriter, err error) {
 	var se *SaturatedError
+	var pe *PreconditionError
 	switch {
 	case errors.As(err, &se):
 		writeSaturated(w, se)
+	case errors.As(err, &pe):
+		if pe.Current != "" {
+			w.Header().Set("ETag", `"`+pe.Current+`"`)
+		}
+		writeError(w, http.StatusPreconditionFailed, apiError{Code: "precondition_failed", Message: err.Error(), Version: pe.Current})
+	case errors.Is(err, ErrKindConflict):
+		writeError(w, http.StatusConflict, apiError{Code: "kind_conflict", Message: err.Error()})
 	case errors.Is(err, ErrInvalidKey):
 		writeError(w, http.StatusBadRequest, apiError{Code: "bad_key", Message: err.Error()})
 	case errors.Is(err, ErrKeyTooLarge), errors.Is(err, ErrValueTooLarge):
@@ -127,12 +138,17 @@ func (n *Node) handleKey(w http.ResponseWriter, r *http.Request) {
 			}
 			e = wal.Entry{Op: store.OpSet, Key: key, Value: value}
 		}
+		cond, err := parseConditions(r)
+		if err != nil {
+			writeErr(w, err)
+			return
+		}
 		idem, err := idemFor(r, key, e.Value, writeAnswerOf)
 		if err != nil {
 			writeErr(w, err)
 			return
 		}
-		res, err := n.write(r.Context(), e, idem)
+		res, err := n.propose(r.Context(), &proposal{entry: e, idem: idem, cond: cond.ptr()})
 		n.answerWrite(w, r, idem, res, err)
 	default:
 		methodNotAllowed(w, r, "GET, HEAD, PUT, DELETE")
@@ -176,8 +192,12 @@ type scanPage struct {
 }
 
 func (n *Node) handleRange(w http.ResponseWriter, r *http.Request) {
+	if r.Method == http.MethodDelete {
+		n.handleDeleteRange(w, r)
+		return
+	}
 	if r.Method != http.MethodGet && r.Method != http.MethodHead {
-		methodNotAllowed(w, r, "GET, HEAD")
+		methodNotAllowed(w, r, "GET, HEAD, DELETE")
 		return
 	}
 	q := r.URL.Query()

@@ -36,7 +36,7 @@ func fingerprint(r *http.Request, key string, body []byte) []byte {
 }
 
 // idemFor returns the keyed request of r, or nil when it carries no key.
-func idemFor(r *http.Request, key string, body []byte, answer func(*wal.Entry) (int, []byte)) (*idemRequest, error) {
+func idemFor(r *http.Request, key string, body []byte, answer func(*proposal) (int, []byte)) (*idemRequest, error) {
 	k := r.Header.Get(HeaderIdempotencyKey)
 	if k == "" {
 		return nil, nil
@@ -56,7 +56,8 @@ var errBadRequest = errors.New("node: bad request")
 
 // writeAnswerOf renders the answer of a single-key write; it is what an
 // Idempotency-Key records.
-func writeAnswerOf(e *wal.Entry) (int, []byte) {
+func writeAnswerOf(p *proposal) (int, []byte) {
+	e := &p.entry
 	st := e.LWW()
 	b, _ := json.Marshal(writeAnswer{Key: e.Key, Version: st.String(), Origin: st.Origin})
 	return http.StatusOK, append(b, '\n')
@@ -65,18 +66,7 @@ func writeAnswerOf(e *wal.Entry) (int, []byte) {
 // answerWrite writes the answer of a (possibly keyed, possibly replayed)
 // write and logs keyed outcomes.
 func (n *Node) answerWrite(w http.ResponseWriter, r *http.Request, idem *idemRequest, res WriteResult, err error) {
-	if idem != nil {
-		outcome := "written"
-		switch {
-		case errors.Is(err, ErrIdempotencyConflict):
-			outcome = "conflict"
-		case err != nil:
-			outcome = "failed"
-		case res.Replay != nil:
-			outcome = "replayed"
-		}
-		n.log.Debug("keyed write", "idempotency_key", idem.key, "attempt", r.Header.Get(HeaderAttempt), "outcome", outcome)
-	}
+	n.logKeyed(r, idem, res, err)
 	if err != nil {
 		writeErr(w, err)
 		return
@@ -89,6 +79,26 @@ func (n *Node) answerWrite(w http.ResponseWriter, r *http.Request, idem *idemReq
 		return
 	}
 	writeJSON(w, http.StatusOK, writeAnswer{Key: res.Key, Version: res.Version, Origin: res.Origin})
+}
+
+// logKeyed logs the outcome of a keyed request: key, attempt, category.
+// (Keys go to logs only, never to metric labels.)
+func (n *Node) logKeyed(r *http.Request, idem *idemRequest, res WriteResult, err error) {
+	if idem == nil {
+		return
+	}
+	outcome := "written"
+	switch {
+	case errors.Is(err, ErrIdempotencyConflict):
+		outcome = "conflict"
+	case errors.Is(err, ErrUnknownOutcome):
+		outcome = "unknown"
+	case err != nil:
+		outcome = "failed"
+	case res.Replay != nil:
+		outcome = "replayed"
+	}
+	n.log.Debug("keyed write", "idempotency_key", idem.key, "attempt", r.Header.Get(HeaderAttempt), "outcome", outcome)
 }
 
 // IdemReport is GET /v1/idempotency/{key}: what a keyed request was answered.

@@ -492,13 +492,19 @@ func (n *Node) Delete(ctx context.Context, key string) (WriteResult, error) {
 // write proposes e. Under an idempotency scope on ctx (policy.WithKey) the
 // write is stamped with the scope's pinned HLC, so every retry ties.
 func (n *Node) write(ctx context.Context, e wal.Entry, idem *idemRequest) (WriteResult, error) {
+	return n.propose(ctx, &proposal{entry: e, idem: idem})
+}
+
+// propose runs a prepared proposal through admission and the committer.
+func (n *Node) propose(ctx context.Context, p *proposal) (WriteResult, error) {
+	e := p.entry
+	idem := p.idem
 	if n.closing.Load() {
-		return WriteResult{}, fmt.Errorf("%w: %w", ErrNotWritten, ErrClosed)
+		return WriteResult{}, fmt.Errorf("%w: %w", ErrClosed, ErrNotWritten)
 	}
 	if err := n.admit(ctx); err != nil {
 		return WriteResult{}, err
 	}
-	p := &proposal{entry: e, idem: idem}
 	if k, ok := policy.KeyFrom(ctx); ok && idem == nil {
 		p.pin = k.HLC
 	}

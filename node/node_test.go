@@ -387,7 +387,8 @@ func TestHTTPErrors(t *testing.T) {
 		{"value over 1 MiB, no length", "PUT", "/v1/kv/big", io.MultiReader(bytes.NewReader(make([]byte, 1<<20)), strings.NewReader("x")), 413, "too_large"},
 		{"absent key", "GET", "/v1/kv/never", nil, 404, "not_found"},
 		{"method", "POST", "/v1/kv/x", nil, 405, "method_not_allowed"},
-		{"range method", "DELETE", "/v1/kv?limit=x", nil, 405, "method_not_allowed"},
+		{"range method", "POST", "/v1/kv", nil, 405, "method_not_allowed"},
+		{"range delete without bounds", "DELETE", "/v1/kv", nil, 400, "bad_request"},
 		{"bad limit", "GET", "/v1/kv?limit=0", nil, 400, "bad_request"},
 		{"unknown path", "GET", "/v2/nothing", nil, 404, "not_found"},
 	}

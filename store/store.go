@@ -19,6 +19,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 
 	"github.com/cockroachdb/pebble/v2"
 
@@ -94,6 +95,11 @@ type Store struct {
 	// whatever the key holds, so it needs no read: that is the common case
 	// of local writes, whose commit HLCs only grow. Guarded by applyMu.
 	maxStamp Stamp
+	// hasCounters turns true at the first counter (or at open if any).
+	hasCounters atomic.Bool
+	// ranges are the range tombstones kept (few: collected like
+	// tombstones). Guarded by applyMu.
+	ranges []RangeTombstone
 }
 
 // Open opens (creating if needed) the tree in dir.
@@ -118,7 +124,7 @@ func Open(dir string, opts *Options) (*Store, error) {
 		return nil, fmt.Errorf("store: open %s: %w", dir, err)
 	}
 	s := &Store{db: db, cache: cache, opts: o}
-	if err := s.loadMaxStamp(); err != nil {
+	if err := errors.Join(s.loadMaxStamp(), s.loadRanges(), s.checkCounters()); err != nil {
 		s.Close()
 		return nil, err
 	}
@@ -283,6 +289,12 @@ type Batch struct {
 	max Stamp
 	// pendingIdem holds idempotency records merged in this batch.
 	pendingIdem map[string]*IdemRecord
+	// pendingCtr holds counters merged in this batch.
+	pendingCtr map[string]*Counter
+	// pendingRanges are range tombstones added by this batch.
+	pendingRanges []RangeTombstone
+	// replaceRanges, when set, is the store's range list after collection.
+	replaceRanges *[]RangeTombstone
 }
 
 type pendingRecord struct {
@@ -350,6 +362,7 @@ func (b *Batch) Merge(w Write) (Outcome, error) {
 		curFlags byte
 		ok       bool
 		err      error
+		blind    bool
 	)
 	if b.max.Compare(w.Stamp) >= 0 {
 		// Something stored may be newer: compare with what the key holds.
@@ -362,6 +375,7 @@ func (b *Batch) Merge(w Write) (Outcome, error) {
 		}
 	} else {
 		b.max = w.Stamp
+		blind = true
 	}
 	if ok {
 		switch c := w.Stamp.Compare(cur); {
@@ -370,6 +384,12 @@ func (b *Batch) Merge(w Write) (Outcome, error) {
 		case c < 0:
 			return Stale, nil
 		}
+	}
+	if !blind && b.coveredLocked(w.Key, w.Stamp) {
+		// A range delete newer than this write covers its key.
+		return Stale, nil
+	}
+	if ok {
 		if curFlags&flagTombstone != 0 {
 			// The old tombstone's index entry is dropped with it.
 			if err := b.pb.Delete(tombstoneKey(cur.HLC, w.Key), nil); err != nil {
@@ -446,6 +466,13 @@ func (b *Batch) Commit(sync bool) error {
 	if raised {
 		b.s.maxStamp = b.max
 	}
+	if b.replaceRanges != nil {
+		b.s.ranges = *b.replaceRanges
+	}
+	if len(b.pendingCtr) > 0 {
+		b.s.hasCounters.Store(true)
+	}
+	b.s.ranges = append(b.s.ranges, b.pendingRanges...)
 	return nil
 }
 
@@ -590,6 +617,8 @@ type Digest struct {
 	// Tombstones is the number of tombstones not yet collected. It is not in
 	// the hash: clusters collect tombstones at different times.
 	Tombstones int
+	// Counters is the number of PN-counters (in the hash by their totals).
+	Counters int
 }
 
 // Digest hashes the live state from one consistent snapshot.
@@ -616,6 +645,24 @@ func (s *Store) Digest() (Digest, error) {
 		h.Write(scratch)
 	}
 	if err := it.Error(); err != nil {
+		return Digest{}, fmt.Errorf("store: digest: %w", err)
+	}
+	// Counters by their per-cluster totals (canonical bytes: sorted).
+	cit, err := it.Clone(pebble.CloneOptions{IterOptions: &pebble.IterOptions{LowerBound: []byte{prefixCounter}, UpperBound: []byte{prefixCounter + 1}}})
+	if err != nil {
+		return Digest{}, fmt.Errorf("store: digest: %w", err)
+	}
+	defer cit.Close()
+	for valid := cit.First(); valid; valid = cit.Next() {
+		c, err := DecodeCounter(cit.Value())
+		if err != nil {
+			return Digest{}, fmt.Errorf("store: digest counter %q: %w", cit.Key()[1:], err)
+		}
+		d.Counters++
+		scratch = appendCounterDigest(scratch[:0], cit.Key()[1:], appendCounterTotals(nil, &c))
+		h.Write(scratch)
+	}
+	if err := cit.Error(); err != nil {
 		return Digest{}, fmt.Errorf("store: digest: %w", err)
 	}
 	d.Hash = hex.EncodeToString(h.Sum(nil))
@@ -681,7 +728,11 @@ func (s *Store) CollectTombstones(cutoff hlc.Timestamp, max int) (int, error) {
 	if err := it.Close(); err != nil {
 		return n, fmt.Errorf("store: collect tombstones: %w", err)
 	}
-	return n, b.Commit(true)
+	rn, err := b.collectRanges(cutoff)
+	if err != nil {
+		return n, err
+	}
+	return n + rn, b.Commit(true)
 }
 
 type pebbleLogger struct{ l *slog.Logger }

@@ -16,6 +16,23 @@ func (e *Entry) Apply(b *store.Batch) (store.Outcome, error) {
 	switch e.Op {
 	case store.OpSet, store.OpDelete:
 		out, err = b.Merge(store.Write{Key: e.Key, Value: e.Value, Tombstone: e.Op == store.OpDelete, Stamp: e.LWW()})
+	case store.OpDeleteRange:
+		out, _, err = b.MergeRange(store.RangeTombstone{Start: e.Key, End: e.End, Stamp: e.LWW()})
+	case store.OpCounter:
+		out, err = b.MergeCounter(e.Key, e.CounterCluster(), *e.Ctr, e.LWW())
+	case store.OpMulti:
+		// One stamp for every write; the caller commits them in one batch,
+		// so a reader sees all of them or none.
+		out = store.Duplicate
+		for _, op := range e.Ops {
+			o, err := b.Merge(store.Write{Key: op.Key, Value: op.Value, Tombstone: op.Op == store.OpDelete, Stamp: e.LWW()})
+			if err != nil {
+				return 0, err
+			}
+			if o == store.Applied || (o == store.Stale && out == store.Duplicate) {
+				out = o
+			}
+		}
 	default:
 		return 0, fmt.Errorf("%w: entry %d: unknown op %d", ErrMalformed, e.Index, e.Op)
 	}

@@ -56,8 +56,27 @@ type Entry struct {
 	Idem   *Idem         // idem: the idempotency record this write creates
 	// StampOrigin is the origin of the LWW stamp when it differs from the
 	// entry's origin: only in a re-seed snapshot, which relays every key
-	// with the stamp it holds, whoever wrote it.
+	// with the stamp it holds, whoever wrote it. For a counter entry it is
+	// also the cluster whose totals Ctr carries.
 	StampOrigin string // so
+	End         string    // end: exclusive end of a delete_range ("" = the end of the key space)
+	Ctr         *store.PN // ctr: [P, N], the origin cluster's resulting totals (op counter)
+	Ops         []Op      // ops: the writes of an atomic batch (op multi)
+}
+
+// Op is one write of an atomic batch; it takes the batch entry's stamp.
+type Op struct {
+	Op    store.Op // set or delete
+	Key   string
+	Value []byte
+}
+
+// CounterCluster is the cluster whose totals a counter entry carries.
+func (e *Entry) CounterCluster() string {
+	if e.StampOrigin != "" {
+		return e.StampOrigin
+	}
+	return e.Origin
 }
 
 // Idem is the idempotency record of a keyed request: what the request was
@@ -134,7 +153,10 @@ func (c *Codec) encodeEntry(enc *msgpack.Encoder, e *Entry, d Defaults) {
 	withValue := len(e.Value) > 0
 	withIdem := e.Idem != nil
 	withSO := e.StampOrigin != ""
-	for _, b := range []bool{withOrigin, withStream, withStamp, withValue, withIdem, withSO} {
+	withEnd := e.End != ""
+	withCtr := e.Ctr != nil
+	withOps := len(e.Ops) > 0
+	for _, b := range []bool{withOrigin, withStream, withStamp, withValue, withIdem, withSO, withEnd, withCtr, withOps} {
 		if b {
 			n++
 		}
@@ -169,6 +191,35 @@ func (c *Codec) encodeEntry(enc *msgpack.Encoder, e *Entry, d Defaults) {
 		_ = enc.EncodeString("so")
 		_ = enc.EncodeString(e.StampOrigin)
 	}
+	if withEnd {
+		_ = enc.EncodeString("end")
+		_ = enc.EncodeString(e.End)
+	}
+	if withCtr {
+		_ = enc.EncodeString("ctr")
+		_ = enc.EncodeArrayLen(2)
+		_ = enc.EncodeUint(e.Ctr.P)
+		_ = enc.EncodeUint(e.Ctr.N)
+	}
+	if withOps {
+		_ = enc.EncodeString("ops")
+		_ = enc.EncodeArrayLen(len(e.Ops))
+		for _, op := range e.Ops {
+			n := 2
+			if len(op.Value) > 0 {
+				n = 3
+			}
+			_ = enc.EncodeMapLen(n)
+			_ = enc.EncodeString("op")
+			_ = enc.EncodeUint(uint64(op.Op))
+			_ = enc.EncodeString("k")
+			_ = enc.EncodeString(op.Key)
+			if len(op.Value) > 0 {
+				_ = enc.EncodeString("val")
+				_ = enc.EncodeBytes(op.Value)
+			}
+		}
+	}
 	if withIdem {
 		_ = enc.EncodeString("idem")
 		_ = enc.EncodeMapLen(5)
@@ -183,6 +234,82 @@ func (c *Codec) encodeEntry(enc *msgpack.Encoder, e *Entry, d Defaults) {
 		_ = enc.EncodeString("x")
 		_ = enc.EncodeInt(e.Idem.Expires)
 	}
+}
+
+// MaxBatchOps bounds the writes of one atomic batch entry.
+const MaxBatchOps = 100000
+
+func decodeCtr(dec *msgpack.Decoder) (*store.PN, error) {
+	n, err := dec.DecodeArrayLen()
+	if err != nil {
+		return nil, err
+	}
+	if n != 2 {
+		return nil, fmt.Errorf("ctr array of %d elements, want 2", n)
+	}
+	p, err := dec.DecodeUint64()
+	if err != nil {
+		return nil, err
+	}
+	q, err := dec.DecodeUint64()
+	if err != nil {
+		return nil, err
+	}
+	return &store.PN{P: p, N: q}, nil
+}
+
+func decodeOps(dec *msgpack.Decoder) ([]Op, error) {
+	n, err := dec.DecodeArrayLen()
+	if err != nil {
+		return nil, err
+	}
+	if n < 1 || n > MaxBatchOps {
+		return nil, fmt.Errorf("ops array of %d elements", n)
+	}
+	ops := make([]Op, 0, min(n, 1024))
+	for i := 0; i < n; i++ {
+		m, err := dec.DecodeMapLen()
+		if err != nil {
+			return nil, err
+		}
+		if m < 2 || m > 3 {
+			return nil, fmt.Errorf("op %d: map of %d fields", i, m)
+		}
+		var op Op
+		seen := 0
+		for f := 0; f < m; f++ {
+			name, err := dec.DecodeString()
+			if err != nil {
+				return nil, err
+			}
+			switch name {
+			case "op":
+				var o uint8
+				o, err = dec.DecodeUint8()
+				op.Op = store.Op(o)
+				seen |= 1
+			case "k":
+				op.Key, err = dec.DecodeString()
+				seen |= 2
+			case "val":
+				op.Value, err = dec.DecodeBytes()
+				seen |= 4
+			default:
+				return nil, fmt.Errorf("op %d: unknown field %q", i, name)
+			}
+			if err != nil {
+				return nil, fmt.Errorf("op %d: %v", i, err)
+			}
+		}
+		if seen&3 != 3 {
+			return nil, fmt.Errorf("op %d: needs op and k", i)
+		}
+		if (op.Op != store.OpSet && op.Op != store.OpDelete) || op.Key == "" || (op.Op == store.OpDelete && len(op.Value) > 0) {
+			return nil, fmt.Errorf("op %d: %s on %q", i, op.Op, op.Key)
+		}
+		ops = append(ops, op)
+	}
+	return ops, nil
 }
 
 func decodeIdem(dec *msgpack.Decoder) (*Idem, error) {
@@ -327,6 +454,15 @@ func DecodeEntryFrom(dec *msgpack.Decoder, d Defaults) (Entry, error) {
 		case "idem":
 			bit = 256
 			e.Idem, err = decodeIdem(dec)
+		case "end":
+			bit = 1024
+			e.End, err = dec.DecodeString()
+		case "ctr":
+			bit = 2048
+			e.Ctr, err = decodeCtr(dec)
+		case "ops":
+			bit = 4096
+			e.Ops, err = decodeOps(dec)
 		case "so":
 			bit = 512
 			e.StampOrigin, err = dec.DecodeString()
@@ -362,13 +498,38 @@ func (e *Entry) check() error {
 	case e.Commit.IsZero():
 		return fmt.Errorf("%w: entry %d has no commit hlc", ErrMalformed, e.Index)
 	}
+	bad := func(why string) error { return fmt.Errorf("%w: entry %d: %s: %s", ErrMalformed, e.Index, e.Op, why) }
 	switch e.Op {
 	case store.OpSet, store.OpDelete:
 		if e.Key == "" {
-			return fmt.Errorf("%w: entry %d: %s with an empty key", ErrMalformed, e.Index, e.Op)
+			return bad("empty key")
 		}
 		if e.Op == store.OpDelete && len(e.Value) > 0 {
-			return fmt.Errorf("%w: entry %d: delete with a value", ErrMalformed, e.Index)
+			return bad("a value")
+		}
+		if e.End != "" || e.Ctr != nil || len(e.Ops) > 0 {
+			return bad("fields of another op")
+		}
+	case store.OpDeleteRange:
+		if e.End != "" && e.End <= e.Key {
+			return bad(fmt.Sprintf("empty range [%q, %q)", e.Key, e.End))
+		}
+		if len(e.Value) > 0 || e.Ctr != nil || len(e.Ops) > 0 {
+			return bad("fields of another op")
+		}
+	case store.OpCounter:
+		if e.Key == "" || e.Ctr == nil {
+			return bad("needs a key and totals")
+		}
+		if len(e.Value) > 0 || e.End != "" || len(e.Ops) > 0 {
+			return bad("fields of another op")
+		}
+	case store.OpMulti:
+		if len(e.Ops) == 0 {
+			return bad("no ops")
+		}
+		if e.Key != "" || len(e.Value) > 0 || e.End != "" || e.Ctr != nil {
+			return bad("fields of another op")
 		}
 	default:
 		return fmt.Errorf("%w: entry %d: unknown op %d", ErrMalformed, e.Index, e.Op)

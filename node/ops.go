@@ -1,0 +1,181 @@
+package node
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/replicator/replicator/store"
+	"github.com/replicator/replicator/wal"
+)
+
+// Condition is a precondition of a single-key write, decided at this cluster
+// in commit order. It is a local decision: what replicates is the resulting
+// write; it is not a lock across clusters (docs/DATAMODEL.md).
+type Condition struct {
+	// IfMatch: the key must hold exactly this version.
+	IfMatch string
+	// IfNoneMatch: the key must hold no live value (get-or-set).
+	IfNoneMatch bool
+}
+
+func (c Condition) ptr() *condition {
+	if c.IfMatch == "" && !c.IfNoneMatch {
+		return nil
+	}
+	return &condition{ifMatch: c.IfMatch, ifNoneMatch: c.IfNoneMatch}
+}
+
+// PutIf writes value at key if the condition holds (ErrPrecondition, a
+// *PreconditionError with the current version, otherwise).
+func (n *Node) PutIf(ctx context.Context, key string, value []byte, c Condition) (WriteResult, error) {
+	if err := n.checkKey(key); err != nil {
+		return WriteResult{}, err
+	}
+	if len(value) > n.opts.MaxValueBytes {
+		return WriteResult{}, fmt.Errorf("%w: %d bytes, limit %d", ErrValueTooLarge, len(value), n.opts.MaxValueBytes)
+	}
+	return n.writeCond(ctx, wal.Entry{Op: store.OpSet, Key: key, Value: value}, nil, c.ptr())
+}
+
+// DeleteIf deletes key if the condition holds.
+func (n *Node) DeleteIf(ctx context.Context, key string, c Condition) (WriteResult, error) {
+	if err := n.checkKey(key); err != nil {
+		return WriteResult{}, err
+	}
+	return n.writeCond(ctx, wal.Entry{Op: store.OpDelete, Key: key}, nil, c.ptr())
+}
+
+func (n *Node) writeCond(ctx context.Context, e wal.Entry, idem *idemRequest, c *condition) (WriteResult, error) {
+	return n.propose(ctx, &proposal{entry: e, idem: idem, cond: c})
+}
+
+// DeleteRange deletes every key in [start, end) (end "" = to the end of the
+// key space) as of one stamp, on every cluster: keys with an older stamp go,
+// newer writes survive, and older writes that arrive later stay deleted.
+func (n *Node) DeleteRange(ctx context.Context, start, end string) (WriteResult, error) {
+	return n.deleteRange(ctx, start, end, nil)
+}
+
+func (n *Node) deleteRange(ctx context.Context, start, end string, idem *idemRequest) (WriteResult, error) {
+	if err := n.checkKey(start); err != nil {
+		return WriteResult{}, fmt.Errorf("start: %w", err)
+	}
+	if end != "" {
+		if err := n.checkKey(end); err != nil {
+			return WriteResult{}, fmt.Errorf("end: %w", err)
+		}
+		if end <= start {
+			return WriteResult{}, fmt.Errorf("%w: the range [%q, %q) is empty", ErrInvalidKey, start, end)
+		}
+	}
+	return n.propose(ctx, &proposal{entry: wal.Entry{Op: store.OpDeleteRange, Key: start, End: end}, idem: idem})
+}
+
+// PrefixRange is the [start, end) of every key with prefix.
+func PrefixRange(prefix string) (string, string) {
+	b := []byte(prefix)
+	for i := len(b) - 1; i >= 0; i-- {
+		if b[i] < 0xff {
+			b[i]++
+			return prefix, string(b[:i+1])
+		}
+	}
+	return prefix, ""
+}
+
+// CounterResult is a counter's state.
+type CounterResult struct {
+	Key     string              `json:"key"`
+	Value   int64               `json:"value"`
+	Version string              `json:"version"`
+	Totals  map[string]store.PN `json:"totals"`
+	Origin  string              `json:"origin,omitempty"` // of the increment
+}
+
+// Increment adds delta (negative decrements) to the PN-counter at key. The
+// write carries this cluster's resulting totals, so a re-applied increment
+// is a no-op wherever it lands.
+func (n *Node) Increment(ctx context.Context, key string, delta int64) (CounterResult, error) {
+	return n.increment(ctx, key, delta, nil)
+}
+
+func (n *Node) increment(ctx context.Context, key string, delta int64, idem *idemRequest) (CounterResult, error) {
+	if err := n.checkKey(key); err != nil {
+		return CounterResult{}, err
+	}
+	res, err := n.propose(ctx, &proposal{entry: wal.Entry{Op: store.OpCounter, Key: key}, idem: idem, delta: delta})
+	if err != nil {
+		return CounterResult{}, err
+	}
+	c, err := n.Counter(key)
+	c.Origin = res.Origin
+	return c, err
+}
+
+// Counter reads a counter (ErrNotFound when the key holds none).
+func (n *Node) Counter(key string) (CounterResult, error) {
+	if err := n.checkKey(key); err != nil {
+		return CounterResult{}, err
+	}
+	c, err := n.store.Counter(key)
+	if errors.Is(err, store.ErrNotFound) {
+		return CounterResult{}, fmt.Errorf("%w: no counter %q", ErrNotFound, key)
+	}
+	if err != nil {
+		return CounterResult{}, err
+	}
+	return CounterResult{Key: key, Value: c.Value(), Version: c.Stamp.String(), Totals: c.Totals}, nil
+}
+
+// BatchOp is one write of an atomic batch.
+type BatchOp struct {
+	Delete bool
+	Key    string
+	Value  []byte
+}
+
+// Batch applies ops atomically under one stamp: one WAL entry, one Pebble
+// batch here and at every peer, never partly visible.
+func (n *Node) Batch(ctx context.Context, ops []BatchOp) (WriteResult, error) {
+	return n.batch(ctx, ops, nil)
+}
+
+func (n *Node) batch(ctx context.Context, ops []BatchOp, idem *idemRequest) (WriteResult, error) {
+	e, err := n.batchEntry(ops)
+	if err != nil {
+		return WriteResult{}, err
+	}
+	return n.propose(ctx, &proposal{entry: e, idem: idem})
+}
+
+func (n *Node) batchEntry(ops []BatchOp) (wal.Entry, error) {
+	if len(ops) == 0 {
+		return wal.Entry{}, fmt.Errorf("%w: a batch needs at least one op", errBadRequest)
+	}
+	if len(ops) > wal.MaxBatchOps {
+		return wal.Entry{}, fmt.Errorf("%w: %d ops, limit %d", errBadRequest, len(ops), wal.MaxBatchOps)
+	}
+	e := wal.Entry{Op: store.OpMulti, Ops: make([]wal.Op, len(ops))}
+	size := 0
+	for i, op := range ops {
+		if err := n.checkKey(op.Key); err != nil {
+			return e, fmt.Errorf("op %d: %w", i, err)
+		}
+		if len(op.Value) > n.opts.MaxValueBytes {
+			return e, fmt.Errorf("op %d: %w: %d bytes, limit %d", i, ErrValueTooLarge, len(op.Value), n.opts.MaxValueBytes)
+		}
+		if op.Delete && len(op.Value) > 0 {
+			return e, fmt.Errorf("%w: op %d deletes %q with a value", errBadRequest, i, op.Key)
+		}
+		size += len(op.Key) + len(op.Value)
+		e.Ops[i] = wal.Op{Op: store.OpSet, Key: op.Key, Value: op.Value}
+		if op.Delete {
+			e.Ops[i].Op = store.OpDelete
+		}
+	}
+	if int64(size) > n.opts.MaxReplicateBytes/2 {
+		return e, fmt.Errorf("%w: a batch of %d bytes would not fit a replication batch", ErrValueTooLarge, size)
+	}
+	return e, nil
+}

@@ -1,0 +1,472 @@
+package node
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/base64"
+	"encoding/csv"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"unicode/utf8"
+
+	"github.com/replicator/replicator/store"
+	"github.com/replicator/replicator/wal"
+)
+
+const (
+	pathCounters = "/v1/counters/{key...}"
+	pathBatch    = "/v1/batch"
+	pathBulk     = "/v1/bulk"
+)
+
+// parseConditions reads If-Match and If-None-Match.
+func parseConditions(r *http.Request) (Condition, error) {
+	var c Condition
+	if v := r.Header.Get("If-Match"); v != "" {
+		v = strings.TrimSpace(strings.TrimPrefix(v, "W/"))
+		if len(v) < 2 || v[0] != '"' || v[len(v)-1] != '"' {
+			return c, fmt.Errorf("%w: If-Match wants a quoted version, got %s", errBadRequest, v)
+		}
+		c.IfMatch = v[1 : len(v)-1]
+		if c.IfMatch == "" {
+			return c, fmt.Errorf("%w: If-Match with an empty version", errBadRequest)
+		}
+	}
+	if v := r.Header.Get("If-None-Match"); v != "" {
+		if strings.TrimSpace(v) != "*" {
+			return c, fmt.Errorf("%w: If-None-Match supports only *", errBadRequest)
+		}
+		if r.Method != http.MethodPut {
+			return c, fmt.Errorf("%w: If-None-Match: * is for PUT", errBadRequest)
+		}
+		c.IfNoneMatch = true
+	}
+	if c.IfMatch != "" && c.IfNoneMatch {
+		return c, fmt.Errorf("%w: If-Match and If-None-Match together", errBadRequest)
+	}
+	return c, nil
+}
+
+// rangeAnswer is the answer to a range delete.
+type rangeAnswer struct {
+	Start   string `json:"start"`
+	End     string `json:"end"`
+	Version string `json:"version"`
+	Origin  string `json:"origin"`
+}
+
+func rangeAnswerOf(p *proposal) (int, []byte) {
+	st := p.entry.LWW()
+	b, _ := json.Marshal(rangeAnswer{Start: p.entry.Key, End: p.entry.End, Version: st.String(), Origin: st.Origin})
+	return http.StatusOK, append(b, '\n')
+}
+
+// handleDeleteRange serves DELETE /v1/kv?start=&end= and ?prefix=.
+func (n *Node) handleDeleteRange(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	start, end, prefix := q.Get("start"), q.Get("end"), q.Get("prefix")
+	switch {
+	case prefix != "" && (start != "" || end != ""):
+		writeErr(w, fmt.Errorf("%w: give prefix, or start and end, not both", errBadRequest))
+		return
+	case prefix != "":
+		start, end = PrefixRange(prefix)
+	case start == "":
+		writeErr(w, fmt.Errorf("%w: a range delete needs start (and end) or prefix; deleting everything is not an API call", errBadRequest))
+		return
+	}
+	idem, err := idemFor(r, start+"\x00"+end, nil, rangeAnswerOf)
+	if err != nil {
+		writeErr(w, err)
+		return
+	}
+	res, err := n.deleteRange(r.Context(), start, end, idem)
+	n.logKeyed(r, idem, res, err)
+	if err != nil {
+		writeErr(w, err)
+		return
+	}
+	if res.Replay != nil {
+		writeReplay(w, res.Replay.Status, res.Replay.Body)
+		return
+	}
+	writeJSON(w, http.StatusOK, rangeAnswer{Start: start, End: end, Version: res.Version, Origin: res.Origin})
+}
+
+type counterAnswer struct {
+	Key     string `json:"key"`
+	Value   int64  `json:"value"`
+	Version string `json:"version"`
+	Origin  string `json:"origin"`
+}
+
+func counterAnswerOf(p *proposal) (int, []byte) {
+	st := p.entry.LWW()
+	b, _ := json.Marshal(counterAnswer{Key: p.entry.Key, Value: p.counterValue, Version: st.String(), Origin: st.Origin})
+	return http.StatusOK, append(b, '\n')
+}
+
+// handleCounter serves POST and GET /v1/counters/{key...}.
+func (n *Node) handleCounter(w http.ResponseWriter, r *http.Request) {
+	key := r.PathValue("key")
+	switch r.Method {
+	case http.MethodGet, http.MethodHead:
+		c, err := n.Counter(key)
+		if err != nil {
+			writeErr(w, err)
+			return
+		}
+		w.Header().Set("ETag", `"`+c.Version+`"`)
+		writeJSON(w, http.StatusOK, c)
+	case http.MethodPost:
+		body, err := readBody(w, r, 4096)
+		if err != nil {
+			writeErr(w, err)
+			return
+		}
+		delta, err := DecodeDelta(body)
+		if err != nil {
+			writeErr(w, err)
+			return
+		}
+		if err := n.checkKey(key); err != nil {
+			writeErr(w, err)
+			return
+		}
+		idem, err := idemFor(r, key, body, counterAnswerOf)
+		if err != nil {
+			writeErr(w, err)
+			return
+		}
+		p := &proposal{entry: wal.Entry{Op: store.OpCounter, Key: key}, idem: idem, delta: delta}
+		res, err := n.propose(r.Context(), p)
+		n.logKeyed(r, idem, res, err)
+		if err != nil {
+			writeErr(w, err)
+			return
+		}
+		if res.Replay != nil {
+			writeReplay(w, res.Replay.Status, res.Replay.Body)
+			return
+		}
+		writeJSON(w, http.StatusOK, counterAnswer{Key: key, Value: p.counterValue, Version: res.Version, Origin: res.Origin})
+	default:
+		methodNotAllowed(w, r, "GET, HEAD, POST")
+	}
+}
+
+// DecodeDelta reads a counter request body: {"delta": n}, n a non-zero
+// integer.
+func DecodeDelta(body []byte) (int64, error) {
+	var req struct {
+		Delta *json.Number `json:"delta"`
+	}
+	dec := json.NewDecoder(bytes.NewReader(body))
+	dec.DisallowUnknownFields()
+	dec.UseNumber()
+	if err := dec.Decode(&req); err != nil {
+		return 0, fmt.Errorf("%w: want {\"delta\": <integer>}: %v", errBadRequest, err)
+	}
+	if dec.More() {
+		return 0, fmt.Errorf("%w: trailing data after the JSON object", errBadRequest)
+	}
+	if req.Delta == nil {
+		return 0, fmt.Errorf("%w: want {\"delta\": <integer>}", errBadRequest)
+	}
+	d, err := req.Delta.Int64()
+	if err != nil || d == 0 || d == -1<<63 {
+		return 0, fmt.Errorf("%w: delta %s: want a non-zero 64-bit integer", errBadRequest, req.Delta.String())
+	}
+	return d, nil
+}
+
+// batchRequest is POST /v1/batch.
+type batchRequest struct {
+	Ops []struct {
+		Op       string  `json:"op"`
+		Key      string  `json:"key"`
+		Value    *string `json:"value"`
+		ValueB64 *string `json:"value_b64"`
+	} `json:"ops"`
+	OperationID string `json:"operation_id"`
+}
+
+// DecodeBatchRequest reads an atomic batch request: its ops and its
+// operation id ("" when absent).
+func DecodeBatchRequest(body []byte) ([]BatchOp, string, error) {
+	var req batchRequest
+	dec := json.NewDecoder(bytes.NewReader(body))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&req); err != nil {
+		return nil, "", fmt.Errorf("%w: batch: %v", errBadRequest, err)
+	}
+	if dec.More() {
+		return nil, "", fmt.Errorf("%w: trailing data after the batch", errBadRequest)
+	}
+	if len(req.OperationID) > wal.MaxIdemKey-3 {
+		return nil, "", fmt.Errorf("%w: operation_id of %d bytes", errBadRequest, len(req.OperationID))
+	}
+	ops := make([]BatchOp, 0, len(req.Ops))
+	for i, o := range req.Ops {
+		op := BatchOp{Key: o.Key}
+		switch o.Op {
+		case "set":
+			switch {
+			case o.Value != nil && o.ValueB64 != nil:
+				return nil, "", fmt.Errorf("%w: op %d: value or value_b64, not both", errBadRequest, i)
+			case o.Value != nil:
+				op.Value = []byte(*o.Value)
+			case o.ValueB64 != nil:
+				v, err := base64.StdEncoding.DecodeString(*o.ValueB64)
+				if err != nil {
+					return nil, "", fmt.Errorf("%w: op %d: value_b64: %v", errBadRequest, i, err)
+				}
+				op.Value = v
+			default:
+				op.Value = []byte{}
+			}
+		case "delete":
+			if o.Value != nil || o.ValueB64 != nil {
+				return nil, "", fmt.Errorf("%w: op %d: a delete takes no value", errBadRequest, i)
+			}
+			op.Delete = true
+		default:
+			return nil, "", fmt.Errorf("%w: op %d: op %q, want set or delete", errBadRequest, i, o.Op)
+		}
+		ops = append(ops, op)
+	}
+	return ops, req.OperationID, nil
+}
+
+type batchAnswer struct {
+	OperationID string `json:"operation_id,omitempty"`
+	Ops         int    `json:"ops"`
+	Version     string `json:"version"`
+	Origin      string `json:"origin"`
+}
+
+// handleBatch serves POST /v1/batch. The operation_id makes it idempotent
+// like an Idempotency-Key (the header also works); reusing it for other ops
+// is refused with 422.
+func (n *Node) handleBatch(w http.ResponseWriter, r *http.Request) {
+	if r.Method != http.MethodPost {
+		methodNotAllowed(w, r, "POST")
+		return
+	}
+	body, err := readBody(w, r, int(n.opts.MaxReplicateBytes/2))
+	if err != nil {
+		writeErr(w, err)
+		return
+	}
+	ops, opID, err := DecodeBatchRequest(body)
+	if err != nil {
+		writeErr(w, err)
+		return
+	}
+	answer := func(p *proposal) (int, []byte) {
+		st := p.entry.LWW()
+		b, _ := json.Marshal(batchAnswer{OperationID: opID, Ops: len(p.entry.Ops), Version: st.String(), Origin: st.Origin})
+		return http.StatusOK, append(b, '\n')
+	}
+	// the fingerprint covers the ops, not how the JSON spelled them
+	canon, _ := json.Marshal(ops)
+	var idem *idemRequest
+	if opID != "" {
+		idem = &idemRequest{key: "op:" + opID, fingerprint: fingerprint(r, "batch", canon), answer: answer}
+	} else if idem, err = idemFor(r, "batch", canon, answer); err != nil {
+		writeErr(w, err)
+		return
+	}
+	res, err := n.batch(r.Context(), ops, idem)
+	n.logKeyed(r, idem, res, err)
+	if err != nil {
+		if errors.Is(err, ErrIdempotencyConflict) && opID != "" {
+			writeError(w, http.StatusUnprocessableEntity, apiError{Code: "operation_id_reused",
+				Message: fmt.Sprintf("operation_id %q was used for a different set of operations", opID)})
+			return
+		}
+		writeErr(w, err)
+		return
+	}
+	if res.Replay != nil {
+		writeReplay(w, res.Replay.Status, res.Replay.Body)
+		return
+	}
+	writeJSON(w, http.StatusOK, batchAnswer{OperationID: opID, Ops: len(ops), Version: res.Version, Origin: res.Origin})
+}
+
+// BulkRecord is one record of a bulk load.
+type BulkRecord struct {
+	Key   string
+	Value []byte
+}
+
+// BulkReader reads bulk-load records: NDJSON lines {"key","value"} (or
+// "value_b64"), or CSV rows key,value. Lines are bounded.
+type BulkReader struct {
+	csv   *csv.Reader
+	lines *bufio.Scanner
+	line  int
+}
+
+// NewBulkReader reads NDJSON, or CSV when csvFormat.
+func NewBulkReader(r io.Reader, csvFormat bool, maxLine int) *BulkReader {
+	if csvFormat {
+		c := csv.NewReader(io.LimitReader(r, 1<<40))
+		c.FieldsPerRecord = 2
+		c.ReuseRecord = true
+		return &BulkReader{csv: c}
+	}
+	s := bufio.NewScanner(r)
+	s.Buffer(make([]byte, 64<<10), maxLine)
+	return &BulkReader{lines: s}
+}
+
+// Next returns the next record; io.EOF at the end.
+func (b *BulkReader) Next() (BulkRecord, error) {
+	if b.csv != nil {
+		rec, err := b.csv.Read()
+		b.line++
+		if err != nil {
+			if err == io.EOF {
+				return BulkRecord{}, io.EOF
+			}
+			return BulkRecord{}, fmt.Errorf("%w: csv row %d: %v", errBadRequest, b.line, err)
+		}
+		return BulkRecord{Key: rec[0], Value: []byte(rec[1])}, nil
+	}
+	for b.lines.Scan() {
+		b.line++
+		line := bytes.TrimSpace(b.lines.Bytes())
+		if len(line) == 0 {
+			continue
+		}
+		rec, err := DecodeBulkLine(line)
+		if err != nil {
+			return rec, fmt.Errorf("line %d: %w", b.line, err)
+		}
+		return rec, nil
+	}
+	if err := b.lines.Err(); err != nil {
+		return BulkRecord{}, fmt.Errorf("%w: line %d: %v", errBadRequest, b.line+1, err)
+	}
+	return BulkRecord{}, io.EOF
+}
+
+// DecodeBulkLine reads one NDJSON record {"key": ..., "value": ...} or
+// {"key": ..., "value_b64": ...}.
+func DecodeBulkLine(line []byte) (BulkRecord, error) {
+	var rec struct {
+		Key      *string `json:"key"`
+		Value    *string `json:"value"`
+		ValueB64 *string `json:"value_b64"`
+	}
+	dec := json.NewDecoder(bytes.NewReader(line))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&rec); err != nil {
+		return BulkRecord{}, fmt.Errorf("%w: %v", errBadRequest, err)
+	}
+	if dec.More() {
+		return BulkRecord{}, fmt.Errorf("%w: one JSON object per line", errBadRequest)
+	}
+	if rec.Key == nil || (rec.Value == nil) == (rec.ValueB64 == nil) {
+		return BulkRecord{}, fmt.Errorf("%w: want {\"key\", \"value\"} or {\"key\", \"value_b64\"}", errBadRequest)
+	}
+	out := BulkRecord{Key: *rec.Key}
+	if rec.Value != nil {
+		out.Value = []byte(*rec.Value)
+	} else {
+		v, err := base64.StdEncoding.DecodeString(*rec.ValueB64)
+		if err != nil {
+			return BulkRecord{}, fmt.Errorf("%w: value_b64: %v", errBadRequest, err)
+		}
+		out.Value = v
+	}
+	return out, nil
+}
+
+// BulkResult is the answer to a bulk load.
+type BulkResult struct {
+	Loaded  int    `json:"loaded"`
+	Batches int    `json:"batches"`
+	Version string `json:"last_version,omitempty"`
+}
+
+// BulkChunk is how many records one bulk batch (one WAL entry) holds.
+const BulkChunk = 1000
+
+// Bulk loads records in chunks: each chunk is one atomic batch entry in the
+// WAL, shipped to peers as normal replication. A failure stops the load;
+// the chunks before it stay loaded (Loaded says how many records).
+func (n *Node) Bulk(r interface{ Next() (BulkRecord, error) }, write func(ops []BatchOp) (WriteResult, error)) (BulkResult, error) {
+	var res BulkResult
+	chunk := make([]BatchOp, 0, BulkChunk)
+	size := 0
+	flush := func() error {
+		if len(chunk) == 0 {
+			return nil
+		}
+		wr, err := write(chunk)
+		if err != nil {
+			return err
+		}
+		res.Loaded += len(chunk)
+		res.Batches++
+		res.Version = wr.Version
+		chunk, size = chunk[:0], 0
+		return nil
+	}
+	for {
+		rec, err := r.Next()
+		if err == io.EOF {
+			return res, flush()
+		}
+		if err != nil {
+			return res, errors.Join(flush(), err)
+		}
+		if !utf8.ValidString(rec.Key) {
+			return res, errors.Join(flush(), fmt.Errorf("%w: key %q is not UTF-8", ErrInvalidKey, rec.Key))
+		}
+		chunk = append(chunk, BatchOp{Key: rec.Key, Value: rec.Value})
+		size += len(rec.Key) + len(rec.Value)
+		if len(chunk) == BulkChunk || size >= 1<<20 {
+			if err := flush(); err != nil {
+				return res, err
+			}
+		}
+	}
+}
+
+// handleBulk serves POST /v1/bulk: an NDJSON (or, with Content-Type
+// text/csv, CSV) stream of records, written as it arrives.
+func (n *Node) handleBulk(w http.ResponseWriter, r *http.Request) {
+	if r.Method != http.MethodPost {
+		methodNotAllowed(w, r, "POST")
+		return
+	}
+	csvFormat := strings.HasPrefix(r.Header.Get("Content-Type"), "text/csv")
+	maxLine := 2*n.opts.MaxValueBytes + n.opts.MaxKeyBytes + 1024
+	br := NewBulkReader(r.Body, csvFormat, maxLine)
+	res, err := n.Bulk(br, func(ops []BatchOp) (WriteResult, error) { return n.batch(r.Context(), ops, nil) })
+	if err != nil {
+		e := apiError{Code: "bulk_failed", Message: fmt.Sprintf("%v; %d records were loaded before it", err, res.Loaded)}
+		status := http.StatusBadRequest
+		if !errors.Is(err, errBadRequest) && !errors.Is(err, ErrInvalidKey) && !errors.Is(err, ErrKeyTooLarge) && !errors.Is(err, ErrValueTooLarge) {
+			status, e.Retryable = http.StatusServiceUnavailable, true
+		}
+		writeError(w, status, e)
+		return
+	}
+	writeJSON(w, http.StatusOK, res)
+}
+
+func writeReplay(w http.ResponseWriter, status int, body []byte) {
+	w.Header().Set(HeaderReplayed, "true")
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	w.Write(body)
+}

@@ -1,0 +1,213 @@
+package store
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"sort"
+
+	"github.com/cockroachdb/pebble/v2"
+
+	"github.com/replicator/replicator/hlc"
+)
+
+// PN-counters live in a key space of their own,
+//
+//	k<key>   version(1) | stamp hlc(12) | len(origin)(1) | origin | n(2) | n x component
+//	         component: len(cluster)(1) | cluster | P(8) | N(8), sorted by cluster
+//
+// so a counter and a plain value never overwrite each other: the local rule
+// refuses one kind of write on a key that holds the other, and writes that
+// raced at two clusters end up side by side, the same everywhere.
+const (
+	prefixCounter  = 'k'
+	counterVersion = 1
+)
+
+// PN is one cluster's totals: increments and decrements it took.
+type PN struct {
+	P, N uint64
+}
+
+// Counter is a PN-counter: per-cluster totals merged by pointwise maximum,
+// so re-applying a delta (which carries its cluster's resulting totals) is a
+// no-op. Its value is sum(P) - sum(N).
+type Counter struct {
+	Totals map[string]PN
+	// Stamp is the highest stamp of the deltas merged: the counter's
+	// version, equal on every cluster that merged the same deltas.
+	Stamp Stamp
+}
+
+// Value is sum(P) - sum(N).
+func (c *Counter) Value() int64 {
+	var v int64
+	for _, t := range c.Totals {
+		v += int64(t.P) - int64(t.N)
+	}
+	return v
+}
+
+func counterKey(key string) []byte { return append([]byte{prefixCounter}, key...) }
+
+func appendCounter(dst []byte, c *Counter) []byte {
+	dst = append(dst, counterVersion)
+	dst = c.Stamp.HLC.AppendTo(dst)
+	dst = append(dst, byte(len(c.Stamp.Origin)))
+	dst = append(dst, c.Stamp.Origin...)
+	names := make([]string, 0, len(c.Totals))
+	for n := range c.Totals {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	dst = binary.BigEndian.AppendUint16(dst, uint16(len(names)))
+	for _, n := range names {
+		t := c.Totals[n]
+		dst = append(dst, byte(len(n)))
+		dst = append(dst, n...)
+		dst = binary.BigEndian.AppendUint64(dst, t.P)
+		dst = binary.BigEndian.AppendUint64(dst, t.N)
+	}
+	return dst
+}
+
+// DecodeCounter parses a stored counter.
+func DecodeCounter(b []byte) (Counter, error) {
+	c := Counter{Totals: map[string]PN{}}
+	bad := func(what string) (Counter, error) {
+		return Counter{}, fmt.Errorf("%w: counter record: %s", ErrCorrupt, what)
+	}
+	if len(b) < 1+hlc.EncodedLen+1 || b[0] != counterVersion {
+		return bad("header")
+	}
+	ts, err := hlc.Decode(b[1 : 1+hlc.EncodedLen])
+	if err != nil {
+		return bad(err.Error())
+	}
+	b = b[1+hlc.EncodedLen:]
+	n := int(b[0])
+	if n == 0 || n > maxOriginLen || len(b) < 1+n+2 {
+		return bad("origin")
+	}
+	c.Stamp = Stamp{HLC: ts, Origin: string(b[1 : 1+n])}
+	b = b[1+n:]
+	count := int(binary.BigEndian.Uint16(b))
+	b = b[2:]
+	prev := ""
+	for i := 0; i < count; i++ {
+		if len(b) < 1 {
+			return bad("component")
+		}
+		l := int(b[0])
+		if l == 0 || l > maxOriginLen || len(b) < 1+l+16 {
+			return bad("component")
+		}
+		name := string(b[1 : 1+l])
+		if i > 0 && name <= prev {
+			return bad("components out of order")
+		}
+		prev = name
+		c.Totals[name] = PN{P: binary.BigEndian.Uint64(b[1+l:]), N: binary.BigEndian.Uint64(b[9+l:])}
+		b = b[1+l+16:]
+	}
+	if len(b) != 0 {
+		return bad("trailing bytes")
+	}
+	return c, nil
+}
+
+// Counter reads a counter (ErrNotFound when the key holds none).
+func (s *Store) Counter(key string) (Counter, error) {
+	v, closer, err := s.db.Get(counterKey(key))
+	if errors.Is(err, pebble.ErrNotFound) {
+		return Counter{}, ErrNotFound
+	}
+	if err != nil {
+		return Counter{}, fmt.Errorf("store: read counter %q: %w", key, err)
+	}
+	defer closer.Close()
+	return DecodeCounter(v)
+}
+
+// Counter reads a counter as this batch sees it (its own merges first).
+func (b *Batch) Counter(key string) (Counter, bool, error) {
+	if c, ok := b.pendingCtr[key]; ok {
+		return copyCounter(c), true, nil
+	}
+	c, err := b.s.Counter(key)
+	if errors.Is(err, ErrNotFound) {
+		return Counter{Totals: map[string]PN{}}, false, nil
+	}
+	return c, err == nil, err
+}
+
+func copyCounter(c *Counter) Counter {
+	out := Counter{Totals: make(map[string]PN, len(c.Totals)), Stamp: c.Stamp}
+	for k, v := range c.Totals {
+		out.Totals[k] = v
+	}
+	return out
+}
+
+// MergeCounter folds one cluster's totals into a counter by pointwise
+// maximum. Applied if that changed anything; Duplicate otherwise (a delta
+// delivered again).
+func (b *Batch) MergeCounter(key, cluster string, t PN, stamp Stamp) (Outcome, error) {
+	c, _, err := b.Counter(key)
+	if err != nil {
+		return 0, err
+	}
+	cur := c.Totals[cluster]
+	next := PN{P: max(cur.P, t.P), N: max(cur.N, t.N)}
+	if next == cur && c.Stamp.Compare(stamp) >= 0 {
+		return Duplicate, nil
+	}
+	c.Totals[cluster] = next
+	if c.Stamp.Compare(stamp) < 0 {
+		c.Stamp = stamp
+	}
+	if b.max.Compare(stamp) < 0 {
+		b.max = stamp
+	}
+	if err := b.pb.Set(counterKey(key), appendCounter(nil, &c), nil); err != nil {
+		return 0, err
+	}
+	if b.pendingCtr == nil {
+		b.pendingCtr = map[string]*Counter{}
+	}
+	b.pendingCtr[key] = &c
+	if next == cur {
+		return Duplicate, nil
+	}
+	return Applied, nil
+}
+
+// appendCounterTotals encodes only the per-cluster totals, sorted: what two
+// converged clusters agree on exactly (the stamp too, as the version).
+func appendCounterTotals(dst []byte, c *Counter) []byte {
+	return appendCounter(dst, c)
+}
+
+// appendCounterDigest frames a counter for the digest: its key and its
+// totals (the stamp too, as for values).
+func appendCounterDigest(dst, key []byte, raw []byte) []byte {
+	dst = append(dst, 0xff) // counters after values, never mistaken for one
+	dst = binary.AppendUvarint(dst, uint64(len(key)))
+	dst = append(dst, key...)
+	dst = binary.AppendUvarint(dst, uint64(len(raw)))
+	return append(dst, raw...)
+}
+
+func (s *Store) checkCounters() error {
+	it, err := s.db.NewIter(&pebble.IterOptions{LowerBound: []byte{prefixCounter}, UpperBound: []byte{prefixCounter + 1}})
+	if err != nil {
+		return err
+	}
+	defer it.Close()
+	s.hasCounters.Store(it.First())
+	return it.Error()
+}
+
+// HasCounters reports whether the tree may hold a counter; false means it
+// certainly holds none, so plain writes skip the check.
+func (s *Store) HasCounters() bool { return s.hasCounters.Load() }

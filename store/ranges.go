@@ -1,0 +1,179 @@
+package store
+
+import (
+	"bytes"
+	"fmt"
+	"sort"
+
+	"github.com/cockroachdb/pebble/v2"
+
+	"github.com/replicator/replicator/hlc"
+)
+
+// Range tombstones:
+//
+//	r<hlc:12><origin>\x00<start>   end
+//
+// A range delete writes a point tombstone, under its own stamp, on every key
+// of the range holding an older stamp, and keeps a range tombstone so that
+// an older write arriving later for a key of the range stays deleted. Newer
+// writes survive. They are collected like point tombstones.
+const prefixRange = 'r'
+
+// RangeTombstone deletes [Start, End) (End "" means the end of the key
+// space) as of Stamp.
+type RangeTombstone struct {
+	Start, End string
+	Stamp      Stamp
+}
+
+// Covers reports whether key lies in the range.
+func (r *RangeTombstone) Covers(key string) bool {
+	return key >= r.Start && (r.End == "" || key < r.End)
+}
+
+func rangeKey(r *RangeTombstone) []byte {
+	k := []byte{prefixRange}
+	k = r.Stamp.HLC.AppendTo(k)
+	k = append(k, r.Stamp.Origin...)
+	k = append(k, 0)
+	return append(k, r.Start...)
+}
+
+func decodeRange(k, v []byte) (RangeTombstone, error) {
+	if len(k) < 1+hlc.EncodedLen+2 {
+		return RangeTombstone{}, fmt.Errorf("%w: range tombstone key", ErrCorrupt)
+	}
+	ts, err := hlc.Decode(k[1 : 1+hlc.EncodedLen])
+	if err != nil {
+		return RangeTombstone{}, fmt.Errorf("%w: range tombstone: %v", ErrCorrupt, err)
+	}
+	rest := k[1+hlc.EncodedLen:]
+	i := bytes.IndexByte(rest, 0)
+	if i <= 0 {
+		return RangeTombstone{}, fmt.Errorf("%w: range tombstone origin", ErrCorrupt)
+	}
+	return RangeTombstone{Start: string(rest[i+1:]), End: string(v), Stamp: Stamp{HLC: ts, Origin: string(rest[:i])}}, nil
+}
+
+func (s *Store) loadRanges() error {
+	it, err := s.db.NewIter(&pebble.IterOptions{LowerBound: []byte{prefixRange}, UpperBound: []byte{prefixRange + 1}})
+	if err != nil {
+		return err
+	}
+	defer it.Close()
+	for valid := it.First(); valid; valid = it.Next() {
+		r, err := decodeRange(it.Key(), it.Value())
+		if err != nil {
+			return err
+		}
+		s.ranges = append(s.ranges, r)
+	}
+	return it.Error()
+}
+
+// RangeTombstones lists the range tombstones kept.
+func (s *Store) RangeTombstones() []RangeTombstone {
+	s.applyMu.Lock()
+	defer s.applyMu.Unlock()
+	return append([]RangeTombstone(nil), s.ranges...)
+}
+
+// coveredLocked reports whether a range tombstone newer than st covers key.
+func (b *Batch) coveredLocked(key string, st Stamp) bool {
+	for _, list := range [][]RangeTombstone{b.s.ranges, b.pendingRanges} {
+		for i := range list {
+			if list[i].Stamp.Compare(st) > 0 && list[i].Covers(key) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// MergeRange applies a range delete: every key of the range holding an older
+// stamp gets a tombstone under the range's stamp, and the range tombstone is
+// kept. It reports how many keys it deleted; Duplicate when the very range
+// delete was applied before.
+func (b *Batch) MergeRange(r RangeTombstone) (Outcome, int, error) {
+	if r.End != "" && r.End <= r.Start {
+		return 0, 0, fmt.Errorf("store: range [%q, %q) is empty", r.Start, r.End)
+	}
+	for _, list := range [][]RangeTombstone{b.s.ranges, b.pendingRanges} {
+		for _, x := range list {
+			if x.Stamp == r.Stamp && x.Start == r.Start && x.End == r.End {
+				return Duplicate, 0, nil
+			}
+		}
+	}
+	// Keys of the range: stored ones, and this batch's own.
+	var keys []string
+	lower := dataKey(r.Start)
+	upper := []byte{prefixData + 1}
+	if r.End != "" {
+		upper = dataKey(r.End)
+	}
+	it, err := b.s.db.NewIter(&pebble.IterOptions{LowerBound: lower, UpperBound: upper})
+	if err != nil {
+		return 0, 0, err
+	}
+	for valid := it.First(); valid; valid = it.Next() {
+		keys = append(keys, string(it.Key()[1:]))
+	}
+	if err := it.Close(); err != nil {
+		return 0, 0, err
+	}
+	seen := map[string]bool{}
+	for _, k := range keys {
+		seen[k] = true
+	}
+	for k := range b.pending {
+		if r.Covers(k) && !seen[k] {
+			keys = append(keys, k)
+		}
+	}
+	sort.Strings(keys)
+	deleted := 0
+	for _, k := range keys {
+		st, tomb, ok, err := b.Stored(k)
+		if err != nil {
+			return 0, 0, err
+		}
+		if !ok || tomb || st.Compare(r.Stamp) >= 0 {
+			continue
+		}
+		if _, err := b.Merge(Write{Key: k, Tombstone: true, Stamp: r.Stamp}); err != nil {
+			return 0, 0, err
+		}
+		deleted++
+	}
+	if err := b.pb.Set(rangeKey(&r), []byte(r.End), nil); err != nil {
+		return 0, 0, err
+	}
+	b.pendingRanges = append(b.pendingRanges, r)
+	if b.max.Compare(r.Stamp) < 0 {
+		b.max = r.Stamp
+	}
+	return Applied, deleted, nil
+}
+
+// collectRanges drops range tombstones older than cutoff (the store's list
+// changes when the batch commits).
+func (b *Batch) collectRanges(cutoff hlc.Timestamp) (int, error) {
+	keep := make([]RangeTombstone, 0, len(b.s.ranges))
+	n := 0
+	for _, r := range b.s.ranges {
+		if r.Stamp.HLC.Less(cutoff) {
+			if err := b.pb.Delete(rangeKey(&r), nil); err != nil {
+				return n, err
+			}
+			n++
+			continue
+		}
+		keep = append(keep, r)
+	}
+	if n > 0 {
+		b.replaceRanges = &keep
+	}
+	return n, nil
+}
