@@ -530,6 +530,21 @@ func (a *Acceptor) count(origin string, f func(*Counts)) {
 }
 
 func (a *Acceptor) checkEntry(e *wal.Entry, snapshot bool) error {
+	keys := []string{e.Key}
+	if e.End != "" {
+		keys = append(keys, e.End)
+	}
+	for _, op := range e.Ops {
+		keys = append(keys, op.Key)
+		if len(op.Value) > a.opts.MaxValueBytes {
+			return fmt.Errorf("%w: entry %d: a batch value of %d bytes, limit %d", ErrBadBatch, e.Index, len(op.Value), a.opts.MaxValueBytes)
+		}
+	}
+	for _, k := range keys[1:] {
+		if len(k) > a.opts.MaxKeyBytes || !utf8.ValidString(k) {
+			return fmt.Errorf("%w: entry %d: key of %d bytes (limit %d) or not UTF-8", ErrBadBatch, e.Index, len(k), a.opts.MaxKeyBytes)
+		}
+	}
 	switch {
 	case len(e.Key) > a.opts.MaxKeyBytes:
 		return fmt.Errorf("%w: entry %d: key of %d bytes, limit %d", ErrBadBatch, e.Index, len(e.Key), a.opts.MaxKeyBytes)

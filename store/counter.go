@@ -183,9 +183,22 @@ func (b *Batch) MergeCounter(key, cluster string, t PN, stamp Stamp) (Outcome, e
 }
 
 // appendCounterTotals encodes only the per-cluster totals, sorted: what two
-// converged clusters agree on exactly (the stamp too, as the version).
+// converged clusters agree on exactly. (The stamp, the counter's version, is
+// left out: a re-seed relays totals, not the stamps of every delta.)
 func appendCounterTotals(dst []byte, c *Counter) []byte {
-	return appendCounter(dst, c)
+	names := make([]string, 0, len(c.Totals))
+	for n := range c.Totals {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	for _, n := range names {
+		t := c.Totals[n]
+		dst = append(dst, byte(len(n)))
+		dst = append(dst, n...)
+		dst = binary.BigEndian.AppendUint64(dst, t.P)
+		dst = binary.BigEndian.AppendUint64(dst, t.N)
+	}
+	return dst
 }
 
 // appendCounterDigest frames a counter for the digest: its key and its

@@ -770,6 +770,42 @@ type Snapshot struct {
 	started bool
 }
 
+// Counters lists the snapshot's counters.
+func (sn *Snapshot) Counters() (map[string]Counter, error) {
+	it, err := sn.snap.NewIter(&pebble.IterOptions{LowerBound: []byte{prefixCounter}, UpperBound: []byte{prefixCounter + 1}})
+	if err != nil {
+		return nil, err
+	}
+	defer it.Close()
+	out := map[string]Counter{}
+	for valid := it.First(); valid; valid = it.Next() {
+		c, err := DecodeCounter(it.Value())
+		if err != nil {
+			return nil, err
+		}
+		out[string(it.Key()[1:])] = c
+	}
+	return out, it.Error()
+}
+
+// Ranges lists the snapshot's range tombstones.
+func (sn *Snapshot) Ranges() ([]RangeTombstone, error) {
+	it, err := sn.snap.NewIter(&pebble.IterOptions{LowerBound: []byte{prefixRange}, UpperBound: []byte{prefixRange + 1}})
+	if err != nil {
+		return nil, err
+	}
+	defer it.Close()
+	var out []RangeTombstone
+	for valid := it.First(); valid; valid = it.Next() {
+		r, err := decodeRange(it.Key(), it.Value())
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, r)
+	}
+	return out, it.Error()
+}
+
 // NewSnapshot opens a snapshot. Close it.
 func (s *Store) NewSnapshot() (*Snapshot, error) {
 	snap := s.db.NewSnapshot()

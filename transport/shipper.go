@@ -749,11 +749,46 @@ func (s *Shipper) reseed(ctx context.Context) error {
 	defs := wal.Defaults{Origin: s.opts.Local, Stream: snapStream}
 	var index uint64
 	sent := 0
+	// Range tombstones and counters go first (they are few), then every key.
+	var extra []wal.Entry
+	ranges, err := snap.Ranges()
+	if err != nil {
+		return s.reseedDone(err)
+	}
+	for _, r := range ranges {
+		extra = append(extra, wal.Entry{Op: store.OpDeleteRange, Key: r.Start, End: r.End, Stamp: r.Stamp.HLC, StampOrigin: r.Stamp.Origin})
+	}
+	counters, err := snap.Counters()
+	if err != nil {
+		return s.reseedDone(err)
+	}
+	for key, c := range counters {
+		for cluster, t := range c.Totals {
+			t := t
+			extra = append(extra, wal.Entry{Op: store.OpCounter, Key: key, Ctr: &t, Stamp: c.Stamp.HLC, StampOrigin: cluster})
+		}
+	}
+	next := func() (wal.Entry, bool, error) {
+		if len(extra) > 0 {
+			e := extra[0]
+			extra = extra[1:]
+			return e, true, nil
+		}
+		key, rec, ok, err := snap.Next()
+		if err != nil || !ok {
+			return wal.Entry{}, false, err
+		}
+		e := wal.Entry{Stamp: rec.Stamp.HLC, Op: store.OpSet, Key: key, Value: rec.Value, StampOrigin: rec.Stamp.Origin}
+		if rec.Tombstone {
+			e.Op, e.Value = store.OpDelete, nil
+		}
+		return e, true, nil
+	}
 	for done := false; !done; {
 		var ents [][]byte
 		size := 0
 		for len(ents) < s.opts.MaxBatchEntries && size < s.opts.MaxBatchBytes {
-			key, rec, ok, err := snap.Next()
+			e, ok, err := next()
 			if err != nil {
 				return s.reseedDone(err)
 			}
@@ -762,13 +797,9 @@ func (s *Shipper) reseed(ctx context.Context) error {
 				break
 			}
 			index++
-			e := wal.Entry{Index: index, Origin: s.opts.Local, Stream: snapStream, Commit: commit,
-				Stamp: rec.Stamp.HLC, Op: store.OpSet, Key: key, Value: rec.Value}
-			if rec.Tombstone {
-				e.Op, e.Value = store.OpDelete, nil
-			}
-			if rec.Stamp.Origin != s.opts.Local {
-				e.StampOrigin = rec.Stamp.Origin
+			e.Index, e.Origin, e.Stream, e.Commit = index, s.opts.Local, snapStream, commit
+			if e.StampOrigin == s.opts.Local && e.Op != store.OpCounter {
+				e.StampOrigin = ""
 			}
 			p := codec.AppendEntry(nil, &e, defs)
 			ents = append(ents, p)
