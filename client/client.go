@@ -5,6 +5,7 @@ package client
 import (
 	"bytes"
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -89,6 +90,8 @@ type WriteResult struct {
 	Key     string `json:"key"`
 	Version string `json:"version"`
 	Origin  string `json:"origin"`
+	// Value is a counter's value after an increment.
+	Value int64 `json:"value,omitempty"`
 	// Replayed is true when the server answered from its idempotency
 	// record: an earlier attempt under the same key did the write.
 	Replayed bool `json:"-"`
@@ -317,4 +320,157 @@ func (c *Client) Healthy(ctx context.Context) error {
 func (c *Client) Ready(ctx context.Context) error {
 	_, err := c.Do(ctx, http.MethodGet, "/readyz", nil, nil, nil)
 	return err
+}
+
+// WriteOptions are the preconditions of a single-key write.
+type WriteOptions struct {
+	IfMatch     string // the version the key must hold
+	IfNoneMatch bool   // the key must hold no value
+}
+
+func (o WriteOptions) header() http.Header {
+	h := http.Header{}
+	if o.IfMatch != "" {
+		h.Set("If-Match", `"`+o.IfMatch+`"`)
+	}
+	if o.IfNoneMatch {
+		h.Set("If-None-Match", "*")
+	}
+	return h
+}
+
+// PutWith writes value at key under preconditions (a 412 *Error when they
+// do not hold).
+func (c *Client) PutWith(ctx context.Context, key string, value []byte, o WriteOptions) (WriteResult, error) {
+	var res WriteResult
+	if value == nil {
+		value = []byte{}
+	}
+	err := c.write(ctx, http.MethodPut, keyPath(key), value, o.header(), &res)
+	return res, err
+}
+
+// DeleteWith deletes key under preconditions.
+func (c *Client) DeleteWith(ctx context.Context, key string, o WriteOptions) (WriteResult, error) {
+	var res WriteResult
+	err := c.write(ctx, http.MethodDelete, keyPath(key), nil, o.header(), &res)
+	return res, err
+}
+
+// DeleteRange deletes [start, end) ("" end: to the end of the key space).
+func (c *Client) DeleteRange(ctx context.Context, start, end string) (WriteResult, error) {
+	q := url.Values{"start": {start}}
+	if end != "" {
+		q.Set("end", end)
+	}
+	var res WriteResult
+	err := c.write(ctx, http.MethodDelete, "/v1/kv?"+q.Encode(), nil, nil, &res)
+	return res, err
+}
+
+// DeletePrefix deletes every key with prefix.
+func (c *Client) DeletePrefix(ctx context.Context, prefix string) (WriteResult, error) {
+	var res WriteResult
+	err := c.write(ctx, http.MethodDelete, "/v1/kv?"+url.Values{"prefix": {prefix}}.Encode(), nil, nil, &res)
+	return res, err
+}
+
+// CounterValue is a counter's state.
+type CounterValue struct {
+	Key     string `json:"key"`
+	Value   int64  `json:"value"`
+	Version string `json:"version"`
+	Origin  string `json:"origin"`
+	Totals  map[string]struct {
+		P uint64 `json:"P"`
+		N uint64 `json:"N"`
+	} `json:"totals"`
+	Replayed bool `json:"-"`
+}
+
+// Increment adds delta to a PN-counter (negative decrements). Under an
+// idempotency scope it is keyed and retried like any write.
+func (c *Client) Increment(ctx context.Context, key string, delta int64) (CounterValue, error) {
+	var res CounterValue
+	body, _ := json.Marshal(map[string]int64{"delta": delta})
+	path := "/v1/counters/" + strings.TrimPrefix(keyPath(key), "/v1/kv/")
+	var wr WriteResult
+	err := c.write(ctx, http.MethodPost, path, body, http.Header{"Content-Type": {"application/json"}}, &wr)
+	if err != nil {
+		return res, err
+	}
+	res.Key, res.Version, res.Origin, res.Replayed = wr.Key, wr.Version, wr.Origin, wr.Replayed
+	res.Value = wr.Value
+	return res, nil
+}
+
+// Counter reads a PN-counter.
+func (c *Client) Counter(ctx context.Context, key string) (CounterValue, error) {
+	var res CounterValue
+	_, err := c.Do(ctx, http.MethodGet, "/v1/counters/"+strings.TrimPrefix(keyPath(key), "/v1/kv/"), nil, nil, &res)
+	return res, err
+}
+
+// BatchOp is one write of an atomic batch.
+type BatchOp struct {
+	Op       string  `json:"op"` // "set" or "delete"
+	Key      string  `json:"key"`
+	Value    *string `json:"value,omitempty"`
+	ValueB64 *string `json:"value_b64,omitempty"`
+}
+
+// SetOp and DeleteOp build batch ops.
+func SetOp(key string, value []byte) BatchOp {
+	v := base64.StdEncoding.EncodeToString(value)
+	return BatchOp{Op: "set", Key: key, ValueB64: &v}
+}
+
+func DeleteOp(key string) BatchOp { return BatchOp{Op: "delete", Key: key} }
+
+// Batch applies ops atomically. operationID ("" for none) makes the call
+// idempotent: the same id with other ops is refused (422).
+func (c *Client) Batch(ctx context.Context, ops []BatchOp, operationID string) (WriteResult, error) {
+	body, err := json.Marshal(map[string]any{"ops": ops, "operation_id": operationID})
+	if err != nil {
+		return WriteResult{}, err
+	}
+	var res WriteResult
+	err = c.write(ctx, http.MethodPost, "/v1/batch", body, http.Header{"Content-Type": {"application/json"}}, &res)
+	return res, err
+}
+
+// BulkResult is the answer to a bulk load.
+type BulkResult struct {
+	Loaded  int    `json:"loaded"`
+	Batches int    `json:"batches"`
+	Version string `json:"last_version"`
+}
+
+// Bulk streams records to POST /v1/bulk: NDJSON lines {"key","value"}, or
+// CSV rows key,value when csv.
+func (c *Client) Bulk(ctx context.Context, r io.Reader, csv bool) (BulkResult, error) {
+	ct := "application/x-ndjson"
+	if csv {
+		ct = "text/csv"
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, c.base+"/v1/bulk", r)
+	if err != nil {
+		return BulkResult{}, err
+	}
+	req.Header.Set("Content-Type", ct)
+	if c.token != "" {
+		req.Header.Set("Authorization", "Bearer "+c.token)
+	}
+	hc := *c.http
+	hc.Timeout = 0 // a load takes as long as it takes; ctx bounds it
+	resp, err := hc.Do(req)
+	if err != nil {
+		return BulkResult{}, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode >= 300 {
+		return BulkResult{}, decodeError(resp)
+	}
+	var res BulkResult
+	return res, json.NewDecoder(resp.Body).Decode(&res)
 }

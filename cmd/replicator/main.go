@@ -16,6 +16,10 @@ Usage:
   replicator get    --addr URL KEY
   replicator del    --addr URL [--idempotency-key K [--retries N]] KEY
   replicator status --addr URL --idempotency-key K   what a keyed request was answered
+  replicator del-range --addr URL --prefix P | --start S [--end E]
+  replicator incr   --addr URL KEY [DELTA]     add to a PN-counter (counter KEY reads it)
+  replicator batch  --addr URL [--operation-id ID] FILE|-   atomic batch of set/delete ops
+  replicator load   --addr URL FILE            bulk load NDJSON {"key","value"} lines or CSV key,value
   replicator scan   --addr URL [--prefix P] [--start S --end E] [--limit N]
   replicator peers  --addr URL [--json]   replication links and what came in
   replicator digest --addr URL [--json]   hash of the live state (equal on converged clusters)
@@ -43,6 +47,8 @@ func main() {
 		err = runAdmin(cmd, args)
 	case "status":
 		err = runStatus(args)
+	case "del-range", "incr", "counter", "batch", "load":
+		err = runData(cmd, args)
 	case "help", "-h", "--help":
 		fmt.Print(usage)
 		return
