@@ -1,8 +1,11 @@
 package node
 
 import (
+	"bytes"
 	"context"
 	"fmt"
+	"io"
+	"net/http"
 	"os"
 	"runtime/debug"
 	"sort"
@@ -298,5 +301,48 @@ func BenchmarkBacklogRSS(b *testing.B) {
 		b.ReportMetric(full-idle, "delta-MiB")
 		b.ReportMetric(float64(st.BytesBehind)/(1<<20), "backlog-on-disk-MiB")
 		na.Close()
+	}
+}
+
+// BenchmarkBulkLoad streams 200,000 NDJSON records (100-byte values) to
+// POST /v1/bulk at a, and times the load and b holding all of them.
+//
+//	go test ./node -run '^$' -bench BulkLoad -benchtime 1x -count 3
+func BenchmarkBulkLoad(b *testing.B) {
+	const total = 200000
+	var body bytes.Buffer
+	value := strings.Repeat("v", 100)
+	for i := 0; i < total; i++ {
+		fmt.Fprintf(&body, `{"key":"bulk/%08d","value":"%s"}`+"\n", i, value)
+	}
+	for i := 0; i < b.N; i++ {
+		b.StopTimer()
+		m := newTestMesh(b, nil, nil, "a", "b")
+		na, nb := m.nodes["a"], m.nodes["b"]
+		b.StartTimer()
+		start := time.Now()
+		resp, err := http.Post(na.URL()+"/v1/bulk", "application/x-ndjson", bytes.NewReader(body.Bytes()))
+		if err != nil {
+			b.Fatal(err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 {
+			b.Fatalf("bulk: %d", resp.StatusCode)
+		}
+		loaded := time.Since(start)
+		for {
+			d, _ := nb.store.Digest()
+			if d.Keys == total {
+				break
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+		el := time.Since(start)
+		b.StopTimer()
+		b.ReportMetric(total/loaded.Seconds(), "loaded-keys/s")
+		b.ReportMetric(total/el.Seconds(), "replicated-keys/s")
+		na.Close()
+		nb.Close()
 	}
 }
