@@ -30,8 +30,9 @@ type faultProxy struct {
 		dup      float64       // probability of forwarding twice
 		delay    time.Duration // added before forwarding
 		loseNext int           // lose the answers of the next n batches
+		reset    float64       // probability of cutting the body halfway (both ways)
 	}
-	forwarded, lostAcks, duplicated, refused atomic.Int64
+	forwarded, lostAcks, duplicated, refused, resets atomic.Int64
 }
 
 func newFaultProxy(t *testing.T, target string, seed uint64) *faultProxy {
@@ -54,7 +55,15 @@ func (p *faultProxy) setLoseAck(prob float64)  { p.mu.Lock(); p.mu.loseAck = pro
 func (p *faultProxy) setDup(prob float64)      { p.mu.Lock(); p.mu.dup = prob; p.mu.Unlock() }
 func (p *faultProxy) setDelay(d time.Duration) { p.mu.Lock(); p.mu.delay = d; p.mu.Unlock() }
 func (p *faultProxy) loseNextAcks(n int)       { p.mu.Lock(); p.mu.loseNext = n; p.mu.Unlock() }
-func (p *faultProxy) setDown(down bool)        { p.mu.Lock(); p.mu.down = down; p.mu.Unlock() }
+func (p *faultProxy) setReset(prob float64)    { p.mu.Lock(); p.mu.reset = prob; p.mu.Unlock() }
+
+// heal puts the link back to plain forwarding.
+func (p *faultProxy) heal() {
+	p.mu.Lock()
+	p.mu.down, p.mu.loseAck, p.mu.dup, p.mu.delay, p.mu.loseNext, p.mu.reset = false, 0, 0, 0, 0, 0
+	p.mu.Unlock()
+}
+func (p *faultProxy) setDown(down bool) { p.mu.Lock(); p.mu.down = down; p.mu.Unlock() }
 
 func (p *faultProxy) roll(prob float64) bool {
 	p.mu.Lock()
@@ -80,7 +89,7 @@ func (p *faultProxy) serve(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	p.mu.Lock()
-	down, loseAck, dup, delay := p.mu.down, p.mu.loseAck, p.mu.dup, p.mu.delay
+	down, loseAck, dup, delay, reset := p.mu.down, p.mu.loseAck, p.mu.dup, p.mu.delay, p.mu.reset
 	loseThis := false
 	if p.mu.loseNext > 0 {
 		p.mu.loseNext--
@@ -94,6 +103,24 @@ func (p *faultProxy) serve(w http.ResponseWriter, r *http.Request) {
 	}
 	if delay > 0 {
 		time.Sleep(delay)
+	}
+	if p.roll(reset) {
+		// The connection breaks halfway through the body: the receiver
+		// reads a truncated request, the sender an error.
+		p.resets.Add(1)
+		pr, pw := io.Pipe()
+		go func() {
+			pw.Write(body[:len(body)/2])
+			pw.CloseWithError(io.ErrUnexpectedEOF)
+		}()
+		req, _ := http.NewRequestWithContext(r.Context(), r.Method, p.target+r.URL.RequestURI(), pr)
+		req.Header = r.Header.Clone()
+		req.ContentLength = int64(len(body))
+		if resp, err := p.client.Do(req); err == nil {
+			resp.Body.Close()
+		}
+		cut(w)
+		return
 	}
 	forward := func() (*http.Response, error) {
 		req, _ := http.NewRequestWithContext(r.Context(), r.Method, p.target+r.URL.RequestURI(), bytes.NewReader(body))

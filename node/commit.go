@@ -71,8 +71,8 @@ type proposal struct {
 	// counterValue the counter's value right after it, here.
 	delta        int64
 	counterValue int64
-	state atomic.Int32
-	done  chan struct{}
+	state        atomic.Int32
+	done         chan struct{}
 
 	// results, valid after done is closed
 	outcome store.Outcome

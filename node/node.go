@@ -14,8 +14,10 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 	"unicode/utf8"
 
@@ -155,6 +157,7 @@ func (n *Node) openWAL() error {
 		SegmentSize: n.opts.WALSegmentSize,
 		NoSync:      n.opts.UnsafeNoSync,
 		Logger:      n.log,
+		BeforeWrite: n.diskFull(),
 	})
 	if err != nil {
 		return err
@@ -226,6 +229,21 @@ func (n *Node) recover() error {
 	}
 	n.log.Info("recovered from the WAL", "entries", replayed, "last_index", last)
 	return nil
+}
+
+// diskFull returns the test hook that fails WAL appends while the test's
+// disk-full file says "full".
+func (n *Node) diskFull() func() error {
+	path := n.opts.TestDiskFullFile
+	if path == "" {
+		return nil
+	}
+	return func() error {
+		if b, err := os.ReadFile(path); err == nil && strings.TrimSpace(string(b)) == "full" {
+			return fmt.Errorf("write %s: %w", path, syscall.ENOSPC)
+		}
+		return nil
+	}
 }
 
 // rotateWAL sets the damaged WAL aside and starts a new stream.

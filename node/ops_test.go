@@ -310,7 +310,9 @@ func TestBatchNeverPartlyVisible(t *testing.T) {
 	}
 }
 
-func storeScan(prefix string) store.ScanOptions { return store.ScanOptions{Prefix: prefix, Limit: 1000} }
+func storeScan(prefix string) store.ScanOptions {
+	return store.ScanOptions{Prefix: prefix, Limit: 1000}
+}
 
 func storeScanLimit(prefix string, limit int) store.ScanOptions {
 	return store.ScanOptions{Prefix: prefix, Limit: limit}

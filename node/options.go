@@ -136,6 +136,11 @@ type Options struct {
 	// applied from a peer (benchmarks record exact percentiles with it).
 	ObserveLag func(origin string, lag time.Duration)
 
+	// TestDiskFullFile, when set, names a file that robustness tests write
+	// "full" into to make WAL appends fail as on a full disk (ENOSPC), and
+	// empty to give the space back. Tests only.
+	TestDiskFullFile string
+
 	// Clock is the physical clock. Default the system clock. Tests pass a
 	// manual clock; robustness runs an offset clock.
 	Clock hlc.PhysicalClock

@@ -58,7 +58,7 @@ type Entry struct {
 	// entry's origin: only in a re-seed snapshot, which relays every key
 	// with the stamp it holds, whoever wrote it. For a counter entry it is
 	// also the cluster whose totals Ctr carries.
-	StampOrigin string // so
+	StampOrigin string    // so
 	End         string    // end: exclusive end of a delete_range ("" = the end of the key space)
 	Ctr         *store.PN // ctr: [P, N], the origin cluster's resulting totals (op counter)
 	Ops         []Op      // ops: the writes of an atomic batch (op multi)

@@ -91,6 +91,10 @@ type Options struct {
 	NoSync bool
 	// Logger receives repairs. Default slog.Default().
 	Logger *slog.Logger
+	// BeforeWrite, when set, runs before each append and fails it with its
+	// error, as the disk would. Robustness tests fill the "disk" with it on
+	// demand (a real disk cannot be filled and emptied at will).
+	BeforeWrite func() error
 }
 
 // EnsureDefaults fills zero fields.
@@ -560,6 +564,13 @@ func (l *Log) Append(entries []*Entry) error {
 	if err := l.usableLocked(); err != nil {
 		l.mu.RUnlock()
 		return err
+	}
+	if l.opts.BeforeWrite != nil {
+		if err := l.opts.BeforeWrite(); err != nil {
+			l.mu.RUnlock()
+			l.writeFailures.Add(1)
+			return fmt.Errorf("wal: append: %w", err)
+		}
 	}
 	prev := l.last.Load()
 	l.batch.Clear()

@@ -1,0 +1,271 @@
+package e2e
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"sort"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/replicator/replicator/client"
+	"github.com/replicator/replicator/store"
+)
+
+// Outcomes of a recorded call.
+const (
+	outOK      = "ok"      // acknowledged
+	outFailed  = "failed"  // definitely refused (4xx): no effect
+	outUnknown = "unknown" // may or may not have taken effect
+)
+
+// callRecord is one client call as the client saw it.
+type callRecord struct {
+	Client  string    `json:"client"`
+	Cluster string    `json:"cluster"`
+	Kind    string    `json:"kind"` // put, del, cas, incr, range, batch
+	Key     string    `json:"key,omitempty"`
+	End     string    `json:"end,omitempty"`
+	Value   string    `json:"value,omitempty"`
+	Sets    []kv      `json:"sets,omitempty"` // batch
+	Dels    []string  `json:"dels,omitempty"` // batch
+	Delta   int64     `json:"delta,omitempty"`
+	IdemKey string    `json:"idem,omitempty"`
+	Outcome string    `json:"outcome"`
+	Version string    `json:"version,omitempty"`
+	Err     string    `json:"err,omitempty"`
+	Start   time.Time `json:"start"`
+	End2    time.Time `json:"end_time"`
+}
+
+type kv struct {
+	K string `json:"k"`
+	V string `json:"v"`
+}
+
+// outcomeOf classifies a call's final error.
+func outcomeOf(err error) string {
+	if err == nil {
+		return outOK
+	}
+	var ce *client.Error
+	if errors.As(err, &ce) && ce.Status >= 400 && ce.Status < 500 {
+		return outFailed
+	}
+	return outUnknown
+}
+
+type history struct {
+	mu  sync.Mutex
+	ops []callRecord
+}
+
+func (h *history) add(op callRecord) {
+	h.mu.Lock()
+	h.ops = append(h.ops, op)
+	h.mu.Unlock()
+}
+
+func (h *history) write(path string) error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	enc := json.NewEncoder(f)
+	for _, op := range h.ops {
+		enc.Encode(op)
+	}
+	return nil
+}
+
+func (h *history) counts() map[string]int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	c := map[string]int{}
+	for _, op := range h.ops {
+		c[op.Kind+"/"+op.Outcome]++
+	}
+	return c
+}
+
+func stampOf(v string) (store.Stamp, bool) {
+	st, err := store.ParseStamp(v)
+	return st, err == nil
+}
+
+// effect is what an acknowledged op did to one key, with its stamp.
+type effect struct {
+	st    store.Stamp
+	value string // "" for a delete
+	op    *callRecord
+}
+
+// check judges the history against the final state (equal on every
+// cluster, checked by digest before this runs). It returns every violation.
+func (h *history) check(final map[string]client.Item, counters map[string]int64, keySpace []string) []string {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	var bad []string
+	acked := map[string][]effect{}          // key -> acknowledged effects
+	written := map[string]map[string]bool{} // key -> values any possibly-applied op wrote
+	maybeDeleted := map[string]bool{}       // a delete of unknown outcome may cover it
+	note := func(k, v string) {
+		if written[k] == nil {
+			written[k] = map[string]bool{}
+		}
+		written[k][v] = true
+	}
+	var ackedInc = map[string]int64{}
+	var unknownInc = map[string]int64{}
+	for i := range h.ops {
+		op := &h.ops[i]
+		if op.Outcome == outFailed {
+			continue
+		}
+		st, hasStamp := stampOf(op.Version)
+		ok := op.Outcome == outOK && hasStamp
+		switch op.Kind {
+		case "put", "cas":
+			note(op.Key, op.Value)
+			if ok {
+				acked[op.Key] = append(acked[op.Key], effect{st, op.Value, op})
+			}
+		case "del":
+			if ok {
+				acked[op.Key] = append(acked[op.Key], effect{st, "", op})
+			} else {
+				maybeDeleted[op.Key] = true
+			}
+		case "range":
+			for _, k := range keySpace {
+				if k >= op.Key && (op.End == "" || k < op.End) {
+					if ok {
+						acked[k] = append(acked[k], effect{st, "", op})
+					} else {
+						maybeDeleted[k] = true
+					}
+				}
+			}
+		case "batch":
+			for _, s := range op.Sets {
+				note(s.K, s.V)
+				if ok {
+					acked[s.K] = append(acked[s.K], effect{st, s.V, op})
+				}
+			}
+			for _, k := range op.Dels {
+				if ok {
+					acked[k] = append(acked[k], effect{st, "", op})
+				} else {
+					maybeDeleted[k] = true
+				}
+			}
+		case "incr":
+			if op.Outcome == outOK {
+				ackedInc[op.Key] += op.Delta
+			} else {
+				unknownInc[op.Key] += op.Delta
+			}
+		}
+	}
+	// Every value held was written by some client.
+	for k, it := range final {
+		if !written[k][string(it.Value)] {
+			bad = append(bad, fmt.Sprintf("key %s holds %q, which no client wrote", k, it.Value))
+		}
+	}
+	// Every acknowledged write is there unless a higher stamp superseded it.
+	for k, effs := range acked {
+		sort.Slice(effs, func(i, j int) bool { return effs[i].st.Compare(effs[j].st) > 0 })
+		top := effs[0]
+		it, present := final[k]
+		switch {
+		case present:
+			fst, ok := stampOf(it.Version)
+			if !ok {
+				bad = append(bad, fmt.Sprintf("key %s holds unparsable version %q", k, it.Version))
+				continue
+			}
+			c := fst.Compare(top.st)
+			if c < 0 {
+				bad = append(bad, fmt.Sprintf("key %s holds version %s, older than acknowledged %s %s (%s)", k, it.Version, top.op.Kind, top.st, top.op.Client))
+			}
+			if c == 0 && (top.value == "" || string(it.Value) != top.value) {
+				bad = append(bad, fmt.Sprintf("key %s holds %q at the version of an acknowledged %s that wrote %q", k, it.Value, top.op.Kind, top.value))
+			}
+		case top.value != "" && !maybeDeleted[k]:
+			// Gone, though the newest acknowledged effect is a set: only a
+			// newer delete may explain it, and none was acknowledged.
+			bad = append(bad, fmt.Sprintf("acknowledged %s of %s = %q (%s) is lost: the key is absent and no newer delete was made", top.op.Kind, k, top.value, top.st))
+		}
+	}
+	// Counters: the acknowledged increments plus a subset of the unknown ones.
+	for k, v := range counters {
+		lo, hi := ackedInc[k], ackedInc[k]+unknownInc[k]
+		if v < lo || v > hi {
+			bad = append(bad, fmt.Sprintf("counter %s = %d, outside [%d acknowledged, %d with every unknown increment]", k, v, lo, hi))
+		}
+	}
+	for k, v := range ackedInc {
+		if _, ok := counters[k]; !ok && v > 0 {
+			bad = append(bad, fmt.Sprintf("counter %s missing, %d acknowledged", k, v))
+		}
+	}
+	return bad
+}
+
+func shorten(s string, n int) string {
+	s = strings.TrimSpace(s)
+	if len(s) > n {
+		return s[:n] + "..."
+	}
+	return s
+}
+
+// TestCheckerCatchesViolations feeds the checker histories that break each
+// rule: a checker that cannot fail proves nothing.
+func TestCheckerCatchesViolations(t *testing.T) {
+	v := func(wall int64, origin string) string { return fmt.Sprintf("%d.0@%s", wall, origin) }
+	h := &history{ops: []callRecord{
+		{Kind: "put", Key: "k/01", Value: "x", Outcome: outOK, Version: v(10, "a")},
+		{Kind: "put", Key: "k/02", Value: "y", Outcome: outOK, Version: v(20, "a")},
+		{Kind: "put", Key: "k/03", Value: "z", Outcome: outFailed},
+		{Kind: "incr", Key: "ctr/0", Delta: 1, Outcome: outOK},
+		{Kind: "incr", Key: "ctr/0", Delta: 1, Outcome: outUnknown},
+		{Kind: "put", Key: "k/05", Value: "w", Outcome: outOK, Version: v(30, "a")},
+		{Kind: "del", Key: "k/05", Outcome: outOK, Version: v(40, "b")},
+	}}
+	final := map[string]client.Item{
+		// k/01 lost (absent, no delete)
+		"k/02": {Key: "k/02", Value: []byte("y"), Version: v(15, "a")}, // older than acknowledged
+		"k/03": {Key: "k/03", Value: []byte("z"), Version: v(50, "a")}, // written by a refused call
+		"k/04": {Key: "k/04", Value: []byte("ghost"), Version: v(5, "c")},
+		"k/05": {Key: "k/05", Value: []byte("w"), Version: v(30, "a")}, // resurrected over a newer delete
+	}
+	bad := h.check(final, map[string]int64{"ctr/0": 3}, []string{"k/01", "k/02", "k/03", "k/04", "k/05"})
+	for _, want := range []string{"k/01", "k/02 holds version", "k/03 holds \"z\"", "k/04 holds \"ghost\"", "k/05 holds version", "counter ctr/0 = 3"} {
+		found := false
+		for _, b := range bad {
+			if strings.Contains(b, want) {
+				found = true
+			}
+		}
+		if !found {
+			t.Errorf("the checker missed %q; it said: %q", want, bad)
+		}
+	}
+	// and the same history with a state that honours it passes
+	ok := map[string]client.Item{
+		"k/01": {Key: "k/01", Value: []byte("x"), Version: v(10, "a")},
+		"k/02": {Key: "k/02", Value: []byte("y"), Version: v(20, "a")},
+	}
+	if bad := h.check(ok, map[string]int64{"ctr/0": 2}, nil); len(bad) != 0 {
+		t.Fatalf("a valid state judged bad: %q", bad)
+	}
+}
