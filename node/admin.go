@@ -165,6 +165,7 @@ func (n *Node) registerAdmin(mux *http.ServeMux) {
 	}
 	mux.Handle("/metrics", n.metrics.handler())
 	mux.HandleFunc("/admin/ui", getOnly(n.handleUI))
+	mux.HandleFunc("/admin/lag", getOnly(n.handleLag))
 	mux.HandleFunc("/admin/peers/{name}/{action}", func(w http.ResponseWriter, r *http.Request) {
 		if r.Method != http.MethodPost {
 			methodNotAllowed(w, r, "POST")

@@ -62,6 +62,7 @@ type Node struct {
 	applied atomic.Uint64
 
 	metrics  nodeMetrics
+	lagRing  lagRing
 	sat      saturation
 	overflow map[string]string // peer -> overflow mode
 

@@ -33,6 +33,7 @@ func (n *Node) setupReplication() error {
 		PermitWait:    n.opts.PermitWait,
 		ObserveLag: func(origin string, d time.Duration) {
 			n.metrics.lagSeconds.WithLabelValues(origin).Observe(d.Seconds())
+			n.lagRing.add(time.Now().UnixNano(), d)
 			if n.opts.ObserveLag != nil {
 				n.opts.ObserveLag(origin, d)
 			}

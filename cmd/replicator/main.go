@@ -12,6 +12,7 @@ const usage = `replicator replicates a key-value tree between clusters, active-a
 Usage:
   replicator demo   [--keep]           two clusters on loopback, writing at once, converging
   replicator serve  [flags]            run a node (see 'replicator serve -h')
+  replicator bench  [flags]            two clusters, named scenarios, figures beside raw Pebble
   replicator put    --addr URL [--idempotency-key K [--retries N]] KEY VALUE|-
   replicator get    --addr URL KEY
   replicator del    --addr URL [--idempotency-key K [--retries N]] KEY
@@ -41,6 +42,8 @@ func main() {
 		err = runServe(args)
 	case "demo":
 		err = runDemo(args)
+	case "bench":
+		err = runBench(args)
 	case "put", "get", "del", "scan":
 		err = runClient(cmd, args)
 	case "peers", "digest", "admin":

@@ -1,0 +1,68 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"strconv"
+	"strings"
+	"syscall"
+
+	"github.com/replicator/replicator/internal/bench"
+)
+
+// runBench parses `replicator bench` and runs it.
+func runBench(args []string) error {
+	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
+	var cfg bench.Config
+	scenarios := fs.String("scenarios", "baseline,oneway,bidirectional,steady,catchup", "comma-separated scenarios")
+	fs.IntVar(&cfg.Writes, "writes", 200000, "writes of oneway and bidirectional (and the baseline)")
+	fs.IntVar(&cfg.ValueSize, "value-size", 100, "value bytes")
+	fs.IntVar(&cfg.Keys, "keys", 0, "key space of bidirectional (default writes/2: every key written on both sides)")
+	fs.IntVar(&cfg.Concurrency, "concurrency", 8, "concurrent writers")
+	fs.StringVar(&cfg.Mode, "mode", "bulk", "how writes are sent: bulk (POST /v1/bulk), batch (POST /v1/batch) or put")
+	fs.IntVar(&cfg.BatchOps, "batch-ops", 100, "writes per request in batch mode")
+	rates := fs.String("rates", "5000,20000", "steady: writes/s, comma-separated")
+	fs.DurationVar(&cfg.SteadyFor, "steady-for", 0, "steady: duration of each rate (default 10s)")
+	fs.IntVar(&cfg.CatchupN, "catchup", 1000000, "catchup: entries accumulated while the peer is paused")
+	serve := fs.String("serve-args", "", "extra flags for the started clusters, e.g. \"--batch-max-entries 4096\"")
+	fs.StringVar(&cfg.AddrA, "addr", "", "target a running cluster a instead of starting two (needs --peer-addr)")
+	fs.StringVar(&cfg.AddrB, "peer-addr", "", "the running cluster b paired with --addr")
+	asJSON := fs.Bool("json", false, "print the report as JSON")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	cfg.Scenarios = strings.Split(*scenarios, ",")
+	for _, r := range strings.Split(*rates, ",") {
+		v, err := strconv.Atoi(strings.TrimSpace(r))
+		if err != nil || v <= 0 {
+			return fmt.Errorf("--rates %q: want positive integers", *rates)
+		}
+		cfg.Rates = append(cfg.Rates, v)
+	}
+	if *serve != "" {
+		cfg.ServeArgs = strings.Fields(*serve)
+	}
+	if (cfg.AddrA == "") != (cfg.AddrB == "") {
+		return fmt.Errorf("--addr and --peer-addr go together")
+	}
+	if !*asJSON {
+		cfg.Log = os.Stderr
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	rep, err := bench.Run(ctx, cfg)
+	if rep != nil && len(rep.Results) > 0 {
+		if *asJSON {
+			enc := json.NewEncoder(os.Stdout)
+			enc.SetIndent("", "  ")
+			enc.Encode(rep)
+		} else {
+			rep.Print(os.Stdout)
+		}
+	}
+	return err
+}

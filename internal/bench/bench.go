@@ -1,0 +1,655 @@
+// Package bench runs `replicator bench`: named scenarios against two
+// clusters (started as child processes, or given by address), each measured
+// beside a baseline of raw synced Pebble ingest of the same entries in the
+// same run.
+package bench
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/cockroachdb/pebble/v2"
+)
+
+// Config is what the bench runs.
+type Config struct {
+	Scenarios   []string      // baseline, oneway, bidirectional, steady, catchup
+	Writes      int           // writes per scenario (oneway, bidirectional)
+	ValueSize   int           // bytes per value
+	Keys        int           // key space of bidirectional (overlapping keys); 0 = Writes
+	Concurrency int           // concurrent writers
+	Mode        string        // bulk (default), batch or put
+	BatchOps    int           // writes per request in batch mode
+	Rates       []int         // steady: writes/s, each run in turn
+	SteadyFor   time.Duration // steady: how long each rate runs
+	CatchupN    int           // catchup: entries accumulated while the peer is paused
+	ServeArgs   []string      // extra `replicator serve` flags (batch bounds, ...)
+	AddrA       string        // target running clusters instead of starting them
+	AddrB       string
+	Binary      string // the replicator binary (default: this process's)
+	Log         io.Writer
+}
+
+// Result is one scenario's figures.
+type Result struct {
+	Scenario      string             `json:"scenario"`
+	Writes        int                `json:"writes"`
+	Seconds       float64            `json:"seconds"`
+	WritesPerSec  float64            `json:"writes_per_sec"`
+	MBPerSec      float64            `json:"mb_per_sec"`
+	LagP50MS      float64            `json:"lag_p50_ms,omitempty"`
+	LagP99MS      float64            `json:"lag_p99_ms,omitempty"`
+	LagMaxMS      float64            `json:"lag_max_ms,omitempty"`
+	CPUSecPerM    map[string]float64 `json:"cpu_seconds_per_million,omitempty"`
+	PeakRSSMiB    map[string]float64 `json:"peak_rss_mib,omitempty"`
+	RatioBaseline float64            `json:"ratio_to_baseline,omitempty"`
+	Note          string             `json:"note,omitempty"`
+}
+
+// Report is the whole run.
+type Report struct {
+	Machine string   `json:"machine"`
+	Config  Config   `json:"-"`
+	Results []Result `json:"results"`
+}
+
+func (c *Config) defaults() {
+	if len(c.Scenarios) == 0 {
+		c.Scenarios = []string{"baseline", "oneway", "bidirectional", "steady", "catchup"}
+	}
+	if c.Writes == 0 {
+		c.Writes = 200000
+	}
+	if c.ValueSize == 0 {
+		c.ValueSize = 100
+	}
+	if c.Concurrency == 0 {
+		c.Concurrency = 8
+	}
+	if c.Mode == "" {
+		c.Mode = "bulk"
+	}
+	if c.BatchOps == 0 {
+		c.BatchOps = 100
+	}
+	if len(c.Rates) == 0 {
+		c.Rates = []int{5000, 20000}
+	}
+	if c.SteadyFor == 0 {
+		c.SteadyFor = 10 * time.Second
+	}
+	if c.CatchupN == 0 {
+		c.CatchupN = 1000000
+	}
+	if c.Log == nil {
+		c.Log = io.Discard
+	}
+}
+
+// cluster is one node the bench talks to, maybe its own child.
+type cluster struct {
+	name, url string
+	cmd       *exec.Cmd
+	peakRSS   atomic.Int64
+}
+
+var hc = &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 256, IdleConnTimeout: time.Minute}}
+
+func (c *cluster) getJSON(path string, out any) error {
+	resp, err := hc.Get(c.url + path)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != 200 {
+		b, _ := io.ReadAll(resp.Body)
+		return fmt.Errorf("%s%s: %d %s", c.url, path, resp.StatusCode, b)
+	}
+	return json.NewDecoder(resp.Body).Decode(out)
+}
+
+func (c *cluster) post(path string, body []byte) error {
+	resp, err := hc.Post(c.url+path, "application/json", bytes.NewReader(body))
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != 200 {
+		return fmt.Errorf("%s%s: %d %s", c.url, path, resp.StatusCode, b)
+	}
+	return nil
+}
+
+// metric reads one unlabelled series of /metrics.
+func (c *cluster) metric(name string) (float64, error) {
+	resp, err := hc.Get(c.url + "/metrics")
+	if err != nil {
+		return 0, err
+	}
+	defer resp.Body.Close()
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		if strings.HasPrefix(line, name+" ") {
+			return strconv.ParseFloat(strings.TrimSpace(strings.TrimPrefix(line, name)), 64)
+		}
+	}
+	return 0, fmt.Errorf("%s: no %s", c.url, name)
+}
+
+type walDoc struct {
+	Stream string `json:"stream"`
+	Last   uint64 `json:"last_index"`
+}
+
+type peersDoc struct {
+	Streams []struct {
+		Origin string `json:"origin"`
+		Stream string `json:"stream"`
+		HWM    uint64 `json:"hwm"`
+	} `json:"streams"`
+}
+
+// caughtUp reports whether dst applied everything src's WAL holds.
+func caughtUp(src, dst *cluster) (bool, error) {
+	var w walDoc
+	if err := src.getJSON("/admin/wal", &w); err != nil {
+		return false, err
+	}
+	if w.Last == 0 {
+		return true, nil
+	}
+	var p peersDoc
+	if err := dst.getJSON("/admin/peers", &p); err != nil {
+		return false, err
+	}
+	for _, s := range p.Streams {
+		if s.Stream == w.Stream {
+			return s.HWM >= w.Last, nil
+		}
+	}
+	return false, nil
+}
+
+func waitCaughtUp(ctx context.Context, pairs ...[2]*cluster) error {
+	for {
+		all := true
+		for _, p := range pairs {
+			ok, err := caughtUp(p[0], p[1])
+			if err != nil {
+				return err
+			}
+			all = all && ok
+		}
+		if all {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(2 * time.Millisecond):
+		}
+	}
+}
+
+func freeAddr() (string, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", err
+	}
+	defer l.Close()
+	return l.Addr().String(), nil
+}
+
+// start launches the two clusters as child processes.
+func start(cfg *Config, dir string) ([]*cluster, error) {
+	bin := cfg.Binary
+	if bin == "" {
+		var err error
+		if bin, err = os.Executable(); err != nil {
+			return nil, err
+		}
+	}
+	addrs := map[string]string{}
+	for _, n := range []string{"a", "b"} {
+		a, err := freeAddr()
+		if err != nil {
+			return nil, err
+		}
+		addrs[n] = a
+	}
+	var out []*cluster
+	for _, n := range []string{"a", "b"} {
+		peer := map[string]string{"a": "b", "b": "a"}[n]
+		args := append([]string{"serve", "--cluster-id", n, "--data", filepath.Join(dir, n), "--listen", addrs[n],
+			"--peer", peer + "=http://" + addrs[peer], "--peer-secret", peer + "=bench",
+			"--wal-high-water-entries", "100000000", "--wal-high-water-bytes", "1099511627776", "--wal-high-water-age", "24h",
+			"--log-level", "warn"}, cfg.ServeArgs...)
+		logf, err := os.Create(filepath.Join(dir, n+".log"))
+		if err != nil {
+			return nil, err
+		}
+		cmd := exec.Command(bin, args...)
+		cmd.Stdout, cmd.Stderr = logf, logf
+		if err := cmd.Start(); err != nil {
+			return nil, err
+		}
+		out = append(out, &cluster{name: n, url: "http://" + addrs[n], cmd: cmd})
+	}
+	for _, c := range out {
+		deadline := time.Now().Add(30 * time.Second)
+		for {
+			var v map[string]any
+			if c.getJSON("/healthz", &v) == nil {
+				break
+			}
+			if time.Now().After(deadline) {
+				return out, fmt.Errorf("cluster %s did not start (log in %s)", c.name, dir)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+	return out, nil
+}
+
+// Run runs the scenarios.
+func Run(ctx context.Context, cfg Config) (*Report, error) {
+	cfg.defaults()
+	rep := &Report{Config: cfg, Machine: machine()}
+	dir, err := os.MkdirTemp("", "replicator-bench-")
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(dir)
+	var cl []*cluster
+	if cfg.AddrA != "" {
+		cl = []*cluster{{name: "a", url: strings.TrimRight(cfg.AddrA, "/")}, {name: "b", url: strings.TrimRight(cfg.AddrB, "/")}}
+	} else {
+		if cl, err = start(&cfg, dir); err != nil {
+			stop(cl)
+			return nil, err
+		}
+		defer stop(cl)
+	}
+	// Sample each node's RSS for the peaks.
+	sctx, scancel := context.WithCancel(ctx)
+	defer scancel()
+	for _, c := range cl {
+		go func(c *cluster) {
+			// Exits with the run.
+			for sctx.Err() == nil {
+				if v, err := c.metric("process_resident_memory_bytes"); err == nil && int64(v) > c.peakRSS.Load() {
+					c.peakRSS.Store(int64(v))
+				}
+				time.Sleep(100 * time.Millisecond)
+			}
+		}(c)
+	}
+	var baseline float64
+	run := 0
+	for _, sc := range cfg.Scenarios {
+		fmt.Fprintf(cfg.Log, "running %s...\n", sc)
+		var results []Result
+		switch sc {
+		case "baseline":
+			r, err := runBaseline(&cfg, dir)
+			if err != nil {
+				return rep, err
+			}
+			baseline = r.WritesPerSec
+			results = []Result{r}
+		case "oneway", "bidirectional", "steady", "catchup":
+			run++
+			results, err = runScenario(ctx, &cfg, sc, run, cl)
+			if err != nil {
+				return rep, fmt.Errorf("%s: %w", sc, err)
+			}
+		default:
+			return rep, fmt.Errorf("unknown scenario %q (baseline, oneway, bidirectional, steady, catchup)", sc)
+		}
+		for _, r := range results {
+			if baseline > 0 && r.Scenario != "baseline" && r.WritesPerSec > 0 {
+				r.RatioBaseline = r.WritesPerSec / baseline
+			}
+			rep.Results = append(rep.Results, r)
+		}
+	}
+	return rep, nil
+}
+
+func stop(cl []*cluster) {
+	for _, c := range cl {
+		if c != nil && c.cmd != nil && c.cmd.Process != nil {
+			c.cmd.Process.Signal(os.Interrupt)
+			done := make(chan struct{})
+			go func() { c.cmd.Wait(); close(done) }()
+			select {
+			case <-done:
+			case <-time.After(10 * time.Second):
+				c.cmd.Process.Kill()
+			}
+		}
+	}
+}
+
+// runBaseline ingests the same entries into a bare Pebble in synced batches
+// of 100.
+func runBaseline(cfg *Config, dir string) (Result, error) {
+	db, err := pebble.Open(filepath.Join(dir, "baseline"), &pebble.Options{Logger: quietPebble{}})
+	if err != nil {
+		return Result{}, err
+	}
+	defer db.Close()
+	value := bytes.Repeat([]byte("v"), cfg.ValueSize)
+	start := time.Now()
+	for i := 0; i < cfg.Writes; i += 100 {
+		b := db.NewBatch()
+		for j := i; j < min(i+100, cfg.Writes); j++ {
+			b.Set([]byte(fmt.Sprintf("d%s", key("base", j))), value, nil)
+		}
+		if err := b.Commit(pebble.Sync); err != nil {
+			return Result{}, err
+		}
+	}
+	el := time.Since(start)
+	return Result{Scenario: "baseline", Writes: cfg.Writes, Seconds: el.Seconds(),
+		WritesPerSec: float64(cfg.Writes) / el.Seconds(), MBPerSec: float64(cfg.Writes*cfg.ValueSize) / el.Seconds() / 1e6,
+		Note: "raw Pebble, synced batches of 100, same keys and values"}, nil
+}
+
+type quietPebble struct{}
+
+func (quietPebble) Infof(string, ...any)              {}
+func (quietPebble) Errorf(string, ...any)             {}
+func (quietPebble) Fatalf(format string, args ...any) { panic(fmt.Sprintf(format, args...)) }
+
+func key(prefix string, i int) string { return fmt.Sprintf("%s/%012d", prefix, i) }
+
+// write issues n writes at c with keys prefix/<i> (i from first), in the
+// configured mode and concurrency.
+func write(ctx context.Context, cfg *Config, c *cluster, prefix string, first, n int) error {
+	value := strings.Repeat("v", cfg.ValueSize)
+	var next atomic.Int64
+	next.Store(int64(first))
+	end := int64(first + n)
+	var wg sync.WaitGroup
+	var errMu sync.Mutex
+	var firstErr error
+	fail := func(err error) {
+		errMu.Lock()
+		if firstErr == nil {
+			firstErr = err
+		}
+		errMu.Unlock()
+	}
+	chunk := int64(cfg.BatchOps)
+	if cfg.Mode == "bulk" {
+		chunk = int64(max(5000, n/cfg.Concurrency/4))
+	}
+	if cfg.Mode == "put" {
+		chunk = 1
+	}
+	for w := 0; w < cfg.Concurrency; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var buf bytes.Buffer
+			for ctx.Err() == nil {
+				lo := next.Add(chunk) - chunk
+				if lo >= end {
+					return
+				}
+				hi := min(lo+chunk, end)
+				buf.Reset()
+				var err error
+				switch cfg.Mode {
+				case "put":
+					var req *http.Request
+					req, err = http.NewRequestWithContext(ctx, http.MethodPut, c.url+"/v1/kv/"+key(prefix, int(lo)), strings.NewReader(value))
+					if err == nil {
+						var resp *http.Response
+						if resp, err = hc.Do(req); err == nil {
+							io.Copy(io.Discard, resp.Body)
+							resp.Body.Close()
+							if resp.StatusCode != 200 {
+								err = fmt.Errorf("put: %d", resp.StatusCode)
+							}
+						}
+					}
+				case "batch":
+					buf.WriteString(`{"ops":[`)
+					for i := lo; i < hi; i++ {
+						if i > lo {
+							buf.WriteByte(',')
+						}
+						fmt.Fprintf(&buf, `{"op":"set","key":%q,"value":%q}`, key(prefix, int(i)), value)
+					}
+					buf.WriteString(`]}`)
+					err = c.post("/v1/batch", buf.Bytes())
+				default:
+					for i := lo; i < hi; i++ {
+						fmt.Fprintf(&buf, `{"key":%q,"value":%q}`+"\n", key(prefix, int(i)), value)
+					}
+					err = c.post("/v1/bulk", buf.Bytes())
+				}
+				if err != nil {
+					fail(err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	return firstErr
+}
+
+type cpuMark map[string]float64
+
+func cpuNow(cl []*cluster) cpuMark {
+	m := cpuMark{}
+	for _, c := range cl {
+		if v, err := c.metric("process_cpu_seconds_total"); err == nil {
+			m[c.name] = v
+		}
+	}
+	return m
+}
+
+func (r *Result) finish(cl []*cluster, before cpuMark, writes int, el time.Duration, valueSize int) {
+	r.Writes, r.Seconds = writes, el.Seconds()
+	r.WritesPerSec = float64(writes) / el.Seconds()
+	r.MBPerSec = float64(writes*valueSize) / el.Seconds() / 1e6
+	after := cpuNow(cl)
+	r.CPUSecPerM = map[string]float64{}
+	r.PeakRSSMiB = map[string]float64{}
+	for _, c := range cl {
+		if b, ok := before[c.name]; ok {
+			r.CPUSecPerM[c.name] = (after[c.name] - b) / float64(writes) * 1e6
+		}
+		r.PeakRSSMiB[c.name] = float64(c.peakRSS.Load()) / (1 << 20)
+	}
+}
+
+type lagDoc struct {
+	Samples int     `json:"samples"`
+	P50     float64 `json:"p50_ms"`
+	P99     float64 `json:"p99_ms"`
+	Max     float64 `json:"max_ms"`
+}
+
+func (r *Result) lag(c *cluster, since time.Time) {
+	var l lagDoc
+	if c.getJSON(fmt.Sprintf("/admin/lag?since=%d", since.UnixNano()), &l) == nil && l.Samples > 0 {
+		r.LagP50MS, r.LagP99MS, r.LagMaxMS = l.P50, l.P99, l.Max
+	}
+}
+
+func runScenario(ctx context.Context, cfg *Config, sc string, run int, cl []*cluster) ([]Result, error) {
+	a, b := cl[0], cl[1]
+	prefix := fmt.Sprintf("bench%d", run)
+	switch sc {
+	case "oneway":
+		before := cpuNow(cl)
+		start := time.Now()
+		if err := write(ctx, cfg, a, prefix, 0, cfg.Writes); err != nil {
+			return nil, err
+		}
+		if err := waitCaughtUp(ctx, [2]*cluster{a, b}); err != nil {
+			return nil, err
+		}
+		r := Result{Scenario: "oneway", Note: fmt.Sprintf("%s writes at a (%d writers) until b holds all", cfg.Mode, cfg.Concurrency)}
+		r.finish(cl, before, cfg.Writes, time.Since(start), cfg.ValueSize)
+		r.lag(b, start)
+		return []Result{r}, nil
+	case "bidirectional":
+		keys := cfg.Keys
+		if keys == 0 {
+			keys = cfg.Writes / 2
+		}
+		before := cpuNow(cl)
+		start := time.Now()
+		var wg sync.WaitGroup
+		errs := make([]error, 2)
+		for i, c := range cl {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				// both sides write the same keys: conflicts on every key
+				errs[i] = write(ctx, cfg, c, prefix, 0, min(keys, cfg.Writes/2))
+			}()
+		}
+		wg.Wait()
+		if err := errors.Join(errs...); err != nil {
+			return nil, err
+		}
+		if err := waitCaughtUp(ctx, [2]*cluster{a, b}, [2]*cluster{b, a}); err != nil {
+			return nil, err
+		}
+		r := Result{Scenario: "bidirectional", Note: "both sides write the same keys at once"}
+		r.finish(cl, before, 2*min(keys, cfg.Writes/2), time.Since(start), cfg.ValueSize)
+		r.lag(b, start)
+		return []Result{r}, nil
+	case "steady":
+		var out []Result
+		for _, rate := range cfg.Rates {
+			n := int(float64(rate) * cfg.SteadyFor.Seconds())
+			before := cpuNow(cl)
+			start := time.Now()
+			var next atomic.Int64
+			var wg sync.WaitGroup
+			value := strings.Repeat("v", cfg.ValueSize)
+			var failed atomic.Int64
+			for w := 0; w < max(cfg.Concurrency, rate/500); w++ {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					for {
+						i := next.Add(1) - 1
+						if i >= int64(n) || ctx.Err() != nil {
+							return
+						}
+						if d := time.Until(start.Add(time.Duration(i) * time.Second / time.Duration(rate))); d > 0 {
+							time.Sleep(d)
+						}
+						req, _ := http.NewRequest(http.MethodPut, a.url+"/v1/kv/"+key(fmt.Sprint(prefix, "-", rate), int(i)), strings.NewReader(value))
+						resp, err := hc.Do(req)
+						if err != nil {
+							failed.Add(1)
+							continue
+						}
+						io.Copy(io.Discard, resp.Body)
+						resp.Body.Close()
+					}
+				}()
+			}
+			wg.Wait()
+			if err := waitCaughtUp(ctx, [2]*cluster{a, b}); err != nil {
+				return nil, err
+			}
+			r := Result{Scenario: fmt.Sprintf("steady@%d/s", rate), Note: fmt.Sprintf("single PUTs at a fixed rate for %s", cfg.SteadyFor)}
+			r.finish(cl, before, n, time.Since(start), cfg.ValueSize)
+			r.lag(b, start)
+			if f := failed.Load(); f > 0 {
+				r.Note += fmt.Sprintf("; %d writes failed", f)
+			}
+			out = append(out, r)
+		}
+		return out, nil
+	case "catchup":
+		if err := a.post("/admin/peers/b/pause", nil); err != nil {
+			return nil, err
+		}
+		if err := write(ctx, cfg, a, prefix, 0, cfg.CatchupN); err != nil {
+			return nil, err
+		}
+		before := cpuNow(cl)
+		start := time.Now()
+		if err := a.post("/admin/peers/b/resume", nil); err != nil {
+			return nil, err
+		}
+		// The live write path keeps answering during the drain.
+		pctx, pcancel := context.WithCancel(ctx)
+		var lat []time.Duration
+		var lmu sync.Mutex
+		go func() {
+			for i := 0; pctx.Err() == nil; i++ {
+				t0 := time.Now()
+				req, _ := http.NewRequest(http.MethodPut, a.url+"/v1/kv/"+key(prefix+"-live", i), strings.NewReader("live"))
+				if resp, err := hc.Do(req); err == nil {
+					io.Copy(io.Discard, resp.Body)
+					resp.Body.Close()
+					lmu.Lock()
+					lat = append(lat, time.Since(t0))
+					lmu.Unlock()
+				}
+				time.Sleep(10 * time.Millisecond)
+			}
+		}()
+		err := waitCaughtUp(ctx, [2]*cluster{a, b})
+		pcancel()
+		if err != nil {
+			return nil, err
+		}
+		r := Result{Scenario: "catchup"}
+		r.finish(cl, before, cfg.CatchupN, time.Since(start), cfg.ValueSize)
+		lmu.Lock()
+		sort.Slice(lat, func(i, j int) bool { return lat[i] < lat[j] })
+		if len(lat) > 0 {
+			r.Note = fmt.Sprintf("drain of %d entries; %d live PUTs during it, p99 %.1f ms", cfg.CatchupN, len(lat),
+				float64(lat[int(0.99*float64(len(lat)-1))].Microseconds())/1000)
+		}
+		lmu.Unlock()
+		return []Result{r}, nil
+	}
+	return nil, fmt.Errorf("unknown scenario %q", sc)
+}
+
+func machine() string {
+	b, _ := os.ReadFile("/proc/cpuinfo")
+	model := ""
+	for _, l := range strings.Split(string(b), "\n") {
+		if strings.HasPrefix(l, "model name") {
+			_, model, _ = strings.Cut(l, ":")
+			break
+		}
+	}
+	return fmt.Sprintf("%d CPUs, %s", numCPU(), strings.TrimSpace(model))
+}

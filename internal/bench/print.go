@@ -1,0 +1,49 @@
+package bench
+
+import (
+	"fmt"
+	"io"
+	"runtime"
+	"sort"
+	"strings"
+	"text/tabwriter"
+)
+
+func numCPU() int { return runtime.NumCPU() }
+
+func fmtMap(m map[string]float64, format string) string {
+	var keys []string
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	var parts []string
+	for _, k := range keys {
+		parts = append(parts, k+" "+fmt.Sprintf(format, m[k]))
+	}
+	return strings.Join(parts, ", ")
+}
+
+// Print writes the report as a table.
+func (r *Report) Print(w io.Writer) {
+	fmt.Fprintf(w, "machine: %s\n\n", r.Machine)
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "SCENARIO\tWRITES\tWRITES/S\tMB/S\tx BASELINE\tLAG p50/p99/max ms\tCPU s/M writes\tPEAK RSS MiB")
+	for _, x := range r.Results {
+		lag, ratio := "-", "-"
+		if x.LagMaxMS > 0 {
+			lag = fmt.Sprintf("%.1f / %.1f / %.1f", x.LagP50MS, x.LagP99MS, x.LagMaxMS)
+		}
+		if x.RatioBaseline > 0 {
+			ratio = fmt.Sprintf("%.2f", x.RatioBaseline)
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%.0f\t%.1f\t%s\t%s\t%s\t%s\n", x.Scenario, x.Writes, x.WritesPerSec, x.MBPerSec, ratio, lag,
+			fmtMap(x.CPUSecPerM, "%.1f"), fmtMap(x.PeakRSSMiB, "%.0f"))
+	}
+	tw.Flush()
+	for _, x := range r.Results {
+		if x.Note != "" {
+			fmt.Fprintf(w, "  %s: %s\n", x.Scenario, x.Note)
+		}
+	}
+}
