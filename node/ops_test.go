@@ -257,6 +257,12 @@ func FuzzDecodeBulkLine(f *testing.F) {
 		if _, err := DecodeBulkLine(b); err != nil && !errors.Is(err, errBadRequest) {
 			t.Fatalf("error outside the bad-request class: %v", err)
 		}
+		if fast, ok := fastBulkLine(b); ok {
+			slow, err := slowBulkLine(b)
+			if err != nil || slow.Key != fast.Key || string(slow.Value) != string(fast.Value) {
+				t.Fatalf("fast path read %+v, encoding/json %+v %v", fast, slow, err)
+			}
+		}
 	})
 }
 
@@ -316,4 +322,20 @@ func storeScan(prefix string) store.ScanOptions {
 
 func storeScanLimit(prefix string, limit int) store.ScanOptions {
 	return store.ScanOptions{Prefix: prefix, Limit: limit}
+}
+
+// TestBulkLineFastPathAgrees: the fast parser and encoding/json read the
+// same records.
+func TestBulkLineFastPathAgrees(t *testing.T) {
+	for _, line := range []string{
+		`{"key":"k","value":"v"}`, `{"key":"a/b c","value":""}`, `{"key":"ü","value":"ö"}`,
+		`{"key":"k","value":"with \"quote\""}`, `{"key":"k\\n","value":"v"}`, `{ "key":"k","value":"v"}`,
+		`{"key":"k","value":"v","x":1}`, `{"key":"k","value_b64":"AAE="}`,
+	} {
+		fast, fok := fastBulkLine([]byte(line))
+		slow, serr := slowBulkLine([]byte(line))
+		if fok && (serr != nil || fast.Key != slow.Key || string(fast.Value) != string(slow.Value)) {
+			t.Fatalf("%s: fast %+v, slow %+v %v", line, fast, slow, serr)
+		}
+	}
 }
