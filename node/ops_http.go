@@ -371,7 +371,7 @@ func DecodeBulkLine(line []byte) (BulkRecord, error) {
 // encoding/json. (The profile of a bulk load put encoding/json first.)
 func fastBulkLine(line []byte) (BulkRecord, bool) {
 	const k1, k2 = `{"key":"`, `","value":"`
-	if !bytes.HasPrefix(line, []byte(k1)) || !bytes.HasSuffix(line, []byte(`"}`)) {
+	if len(line) < len(k1)+len(k2)+2 || !bytes.HasPrefix(line, []byte(k1)) || !bytes.HasSuffix(line, []byte(`"}`)) {
 		return BulkRecord{}, false
 	}
 	rest := line[len(k1) : len(line)-2]
