@@ -129,6 +129,8 @@ type Counts struct {
 	Duplicates uint64 `json:"duplicates"` // already applied (hwm or equal stamp)
 	DroppedOwn uint64 `json:"dropped_own"`
 	Refused    uint64 `json:"refused"`
+	// DeadLettered entries broke this node's limits and were set aside.
+	DeadLettered uint64 `json:"dead_lettered"`
 }
 
 // Acceptor serves POST /v1/replicate. Safe for concurrent use.
@@ -413,6 +415,7 @@ func (a *Acceptor) Apply(sender string, b *transport.Batch) (transport.Ack, erro
 		return ack, fmt.Errorf("%w: batch declares sender %q, credentials are for %q", ErrForbidden, b.Sender, sender)
 	}
 	var maxTS hlc.Timestamp
+	var deadReasons map[uint64]string
 	ents := make([]*wal.Entry, 0, len(b.Entries))
 	dropped := 0
 	for i := range b.Entries {
@@ -430,7 +433,13 @@ func (a *Acceptor) Apply(sender string, b *transport.Batch) (transport.Ack, erro
 			return ack, fmt.Errorf("%w: entry %d is of stream %s, batch of %s", ErrBadBatch, e.Index, e.Stream, b.Stream)
 		}
 		if err := a.checkEntry(e, b.Snapshot); err != nil {
-			return ack, err
+			// The entry is well-formed but breaks one of this node's own
+			// limits: set it aside for an operator rather than wedge the
+			// link behind it.
+			if deadReasons == nil {
+				deadReasons = map[uint64]string{}
+			}
+			deadReasons[e.Index] = err.Error()
 		}
 		for _, ts := range []hlc.Timestamp{e.Commit, e.Stamp} {
 			if err := a.clock.CheckOffset(ts); err != nil {
@@ -468,7 +477,7 @@ func (a *Acceptor) Apply(sender string, b *transport.Batch) (transport.Ack, erro
 	if err != nil {
 		return ack, err
 	}
-	var applied, stale, dups int
+	var applied, stale, dups, deadLettered int
 	start := hwm.Index
 	for _, e := range ents {
 		if e.Index <= hwm.Index {
@@ -477,6 +486,18 @@ func (a *Acceptor) Apply(sender string, b *transport.Batch) (transport.Ack, erro
 		}
 		if e.Index != hwm.Index+1 {
 			return ack, &GapError{Origin: sender, Stream: b.Stream, HWM: hwm.Index, Got: e.Index}
+		}
+		if reason, dead := deadReasons[e.Index]; dead {
+			raw := wal.NewCodec().AppendEntry(nil, e, wal.Defaults{})
+			if err := batch.PutDeadLetter(store.DeadLetter{Origin: e.Origin, Stream: e.Stream, Index: e.Index,
+				At: a.opts.Now(), Reason: reason, Entry: raw}); err != nil {
+				return ack, err
+			}
+			a.opts.Logger.Error("replicate: entry set aside as a dead letter", "sender", sender, "index", e.Index, "reason", reason)
+			hwm.Index, hwm.Commit = e.Index, e.Commit
+			hwm.DeadLettered++
+			deadLettered++
+			continue
 		}
 		out, err := e.Apply(batch)
 		if err != nil {
@@ -519,6 +540,7 @@ func (a *Acceptor) Apply(sender string, b *transport.Batch) (transport.Ack, erro
 		c.Stale += uint64(stale)
 		c.Duplicates += uint64(dups)
 		c.DroppedOwn += uint64(dropped)
+		c.DeadLettered += uint64(deadLettered)
 	})
 	return ack, nil
 }

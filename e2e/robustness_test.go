@@ -245,9 +245,16 @@ func robustRun(t *testing.T, s uint64) {
 	violations = append(violations, hist.check(final, counters, keys)...)
 	for _, n := range names {
 		for _, st := range peersReport(t, m.nodes[n]).Streams {
-			if st.Merged != st.HWM {
+			if st.Merged+st.DeadLettered != st.HWM {
 				violations = append(violations, fmt.Sprintf("%s applied %d merges for %d entries of %s's stream %s: an entry applied twice", n, st.Merged, st.HWM, st.Origin, st.Stream))
 			}
+		}
+		var dl struct {
+			DeadLetters []node.DeadLetterReport `json:"dead_letters"`
+		}
+		m.nodes[n].client().Do(bg(), http.MethodGet, "/admin/deadletters", nil, nil, &dl)
+		if len(dl.DeadLetters) > 0 {
+			violations = append(violations, fmt.Sprintf("%s holds %d dead letters, e.g. %+v", n, len(dl.DeadLetters), dl.DeadLetters[0]))
 		}
 		for _, l := range peersReport(t, m.nodes[n]).Links {
 			if l.EntriesBehind != 0 || l.NeedsReseed {

@@ -36,9 +36,10 @@ type StreamReport struct {
 	Origin string `json:"origin"`
 	Stream string `json:"stream"`
 	HWM    uint64 `json:"hwm"`
-	// Merged entries went through an LWW merge; it equals HWM unless an
-	// entry was applied twice (or the stream began past index 1).
-	Merged uint64 `json:"merged"`
+	// Merged entries went through an LWW merge; with DeadLettered it sums
+	// to HWM unless an entry was applied twice.
+	Merged       uint64 `json:"merged"`
+	DeadLettered uint64 `json:"dead_lettered"`
 	// Frontier is the commit HLC of the last applied entry.
 	Frontier string `json:"frontier"`
 }
@@ -59,7 +60,7 @@ func (n *Node) PeersReport() PeersReport {
 	}
 	for _, h := range hwms {
 		r.Streams = append(r.Streams, StreamReport{Origin: h.Origin, Stream: wal.StreamID(h.Stream).String(),
-			HWM: h.Index, Merged: h.Merged, Frontier: h.Commit.String()})
+			HWM: h.Index, Merged: h.Merged, DeadLettered: h.DeadLettered, Frontier: h.Commit.String()})
 	}
 	return r
 }
@@ -166,6 +167,7 @@ func (n *Node) registerAdmin(mux *http.ServeMux) {
 	mux.Handle("/metrics", n.metrics.handler())
 	mux.HandleFunc("/admin/ui", getOnly(n.handleUI))
 	mux.HandleFunc("/admin/lag", getOnly(n.handleLag))
+	n.registerDeadLetters(mux)
 	mux.HandleFunc("/admin/peers/{name}/{action}", func(w http.ResponseWriter, r *http.Request) {
 		if r.Method != http.MethodPost {
 			methodNotAllowed(w, r, "POST")

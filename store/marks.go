@@ -30,9 +30,12 @@ type HWM struct {
 	Index  uint64
 	Commit hlc.Timestamp
 	Merged uint64
+	// DeadLettered counts the entries set aside instead (Merged +
+	// DeadLettered = Index for a stream that began at 1).
+	DeadLettered uint64
 }
 
-const hwmValueLen = 8 + hlc.EncodedLen + 8
+const hwmValueLen = 8 + hlc.EncodedLen + 8 + 8
 
 func hwmKey(origin string, stream [16]byte) []byte {
 	k := make([]byte, 0, 2+len(origin)+16)
@@ -56,6 +59,7 @@ func decodeHWM(key, v []byte) (HWM, error) {
 	}
 	h.Commit = ts
 	h.Merged = binary.BigEndian.Uint64(v[8+hlc.EncodedLen:])
+	h.DeadLettered = binary.BigEndian.Uint64(v[16+hlc.EncodedLen:])
 	return h, nil
 }
 
@@ -79,6 +83,7 @@ func (b *Batch) SetHWM(h HWM) error {
 	v := binary.BigEndian.AppendUint64(make([]byte, 0, hwmValueLen), h.Index)
 	v = h.Commit.AppendTo(v)
 	v = binary.BigEndian.AppendUint64(v, h.Merged)
+	v = binary.BigEndian.AppendUint64(v, h.DeadLettered)
 	return b.pb.Set(hwmKey(h.Origin, h.Stream), v, nil)
 }
 

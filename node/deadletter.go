@@ -1,0 +1,128 @@
+package node
+
+import (
+	"errors"
+	"fmt"
+	"net/http"
+	"time"
+
+	"github.com/replicator/replicator/store"
+	"github.com/replicator/replicator/wal"
+)
+
+// DeadLetterReport is one entry of GET /admin/deadletters.
+type DeadLetterReport struct {
+	ID     string    `json:"id"`
+	Origin string    `json:"origin"`
+	Stream string    `json:"stream"`
+	Index  uint64    `json:"index"`
+	At     time.Time `json:"at"`
+	Reason string    `json:"reason"`
+	Op     string    `json:"op"`
+	Key    string    `json:"key,omitempty"`
+}
+
+// DeadLetters lists the entries peers sent that this node set aside because
+// they broke its own limits (a larger value than it accepts, say).
+func (n *Node) DeadLetters() ([]DeadLetterReport, error) {
+	dls, err := n.store.DeadLetters()
+	if err != nil {
+		return nil, err
+	}
+	out := make([]DeadLetterReport, 0, len(dls))
+	codec := wal.NewCodec()
+	for _, d := range dls {
+		r := DeadLetterReport{ID: d.ID(), Origin: d.Origin, Stream: wal.StreamID(d.Stream).String(), Index: d.Index,
+			At: time.Unix(0, d.At).UTC(), Reason: d.Reason}
+		if e, err := codec.DecodeEntry(d.Entry, wal.Defaults{}); err == nil {
+			r.Op, r.Key = e.Op.String(), e.Key
+		}
+		out = append(out, r)
+	}
+	return out, nil
+}
+
+func (n *Node) deadLetter(id string) (store.DeadLetter, error) {
+	dls, err := n.store.DeadLetters()
+	if err != nil {
+		return store.DeadLetter{}, err
+	}
+	for _, d := range dls {
+		if d.ID() == id {
+			return d, nil
+		}
+	}
+	return store.DeadLetter{}, fmt.Errorf("%w: no dead letter %q", ErrNotFound, id)
+}
+
+// ReplayDeadLetter applies a dead letter as it is (the operator has decided
+// this node should take it, e.g. after raising a limit) and removes it.
+func (n *Node) ReplayDeadLetter(id string) error {
+	d, err := n.deadLetter(id)
+	if err != nil {
+		return err
+	}
+	e, err := wal.NewCodec().DecodeEntry(d.Entry, wal.Defaults{})
+	if err != nil {
+		return fmt.Errorf("node: dead letter %s: %w", id, err)
+	}
+	b := n.store.NewBatch()
+	defer b.Close()
+	if _, err := e.Apply(b); err != nil {
+		return err
+	}
+	if err := b.DeleteDeadLetter(d); err != nil {
+		return err
+	}
+	n.log.Warn("dead letter replayed by the operator", "id", id)
+	return b.Commit(true)
+}
+
+// DiscardDeadLetter drops a dead letter: the entry will never apply here.
+func (n *Node) DiscardDeadLetter(id string) error {
+	d, err := n.deadLetter(id)
+	if err != nil {
+		return err
+	}
+	b := n.store.NewBatch()
+	defer b.Close()
+	if err := b.DeleteDeadLetter(d); err != nil {
+		return err
+	}
+	n.log.Warn("dead letter discarded by the operator", "id", id)
+	return b.Commit(true)
+}
+
+func (n *Node) registerDeadLetters(mux *http.ServeMux) {
+	mux.HandleFunc("/admin/deadletters", getOnly(func(w http.ResponseWriter, r *http.Request) {
+		dl, err := n.DeadLetters()
+		if err != nil {
+			writeErr(w, err)
+			return
+		}
+		writeJSON(w, http.StatusOK, map[string]any{"dead_letters": dl})
+	}))
+	mux.HandleFunc("/admin/deadletters/{id}/{action}", func(w http.ResponseWriter, r *http.Request) {
+		if r.Method != http.MethodPost {
+			methodNotAllowed(w, r, "POST")
+			return
+		}
+		var err error
+		switch r.PathValue("action") {
+		case "replay":
+			err = n.ReplayDeadLetter(r.PathValue("id"))
+		case "discard":
+			err = n.DiscardDeadLetter(r.PathValue("id"))
+		default:
+			err = fmt.Errorf("%w: actions: replay, discard", ErrNotFound)
+		}
+		if err != nil {
+			if !errors.Is(err, ErrNotFound) {
+				err = fmt.Errorf("%w: %w", errBadRequest, err)
+			}
+			writeErr(w, err)
+			return
+		}
+		writeJSON(w, http.StatusOK, map[string]string{"status": "done"})
+	})
+}

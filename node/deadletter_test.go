@@ -1,0 +1,50 @@
+package node
+
+import (
+	"bytes"
+	"context"
+	"testing"
+)
+
+// TestDeadLetters: b accepts smaller values than a. An entry over b's limit
+// is set aside as a dead letter instead of wedging the link; later entries
+// flow; the operator can replay or discard it.
+func TestDeadLetters(t *testing.T) {
+	m := newTestMesh(t, nil, func(o *Options) {
+		if o.ClusterID == "b" {
+			o.MaxValueBytes = 1000
+		}
+	}, "a", "b")
+	a, b := m.nodes["a"], m.nodes["b"]
+	ctx := context.Background()
+	a.Put(ctx, "big-1", bytes.Repeat([]byte("x"), 2000))
+	a.Put(ctx, "big-2", bytes.Repeat([]byte("y"), 2000))
+	a.Put(ctx, "small", []byte("fine"))
+	m.settle()
+	if r, err := b.Get("small"); err != nil || string(r.Value) != "fine" {
+		t.Fatalf("the link is wedged behind the oversized entries: %v", err)
+	}
+	dl, err := b.DeadLetters()
+	if err != nil || len(dl) != 2 || dl[0].Key != "big-1" || dl[0].Op != "set" {
+		t.Fatalf("dead letters: %+v %v", dl, err)
+	}
+	hw, _ := b.store.HWMs()
+	if len(hw) != 1 || hw[0].Merged+hw[0].DeadLettered != hw[0].Index || hw[0].DeadLettered != 2 {
+		t.Fatalf("hwm %+v", hw)
+	}
+	if err := b.ReplayDeadLetter(dl[0].ID); err != nil {
+		t.Fatal(err)
+	}
+	if r, err := b.Get("big-1"); err != nil || len(r.Value) != 2000 {
+		t.Fatalf("replayed dead letter not applied: %v", err)
+	}
+	if err := b.DiscardDeadLetter(dl[1].ID); err != nil {
+		t.Fatal(err)
+	}
+	if dl, _ := b.DeadLetters(); len(dl) != 0 {
+		t.Fatalf("left: %+v", dl)
+	}
+	if err := b.DiscardDeadLetter("nope"); err == nil {
+		t.Fatal("discarding an unknown dead letter succeeded")
+	}
+}

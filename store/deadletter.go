@@ -1,0 +1,89 @@
+package store
+
+import (
+	"encoding/binary"
+	"fmt"
+
+	"github.com/cockroachdb/pebble/v2"
+)
+
+// Dead letters: entries a peer sent that this node would not apply (they
+// broke one of its own limits), kept for an operator instead of wedging the
+// link:
+//
+//	q<origin>\x00<stream:16><index:8>   at(8) | len(reason)(2) | reason | entry
+const prefixDead = 'q'
+
+// DeadLetter is one entry set aside.
+type DeadLetter struct {
+	Origin string
+	Stream [16]byte
+	Index  uint64
+	At     int64  // wall ns when set aside
+	Reason string // why it was not applied
+	Entry  []byte // the msgpack entry, origin and stream included
+}
+
+// ID names a dead letter in the admin API.
+func (d *DeadLetter) ID() string { return fmt.Sprintf("%s-%x-%d", d.Origin, d.Stream, d.Index) }
+
+func deadKey(origin string, stream [16]byte, index uint64) []byte {
+	k := append([]byte{prefixDead}, origin...)
+	k = append(k, 0)
+	k = append(k, stream[:]...)
+	return binary.BigEndian.AppendUint64(k, index)
+}
+
+// PutDeadLetter sets an entry aside in the batch.
+func (b *Batch) PutDeadLetter(d DeadLetter) error {
+	v := binary.BigEndian.AppendUint64(nil, uint64(d.At))
+	reason := d.Reason
+	if len(reason) > 1000 {
+		reason = reason[:1000]
+	}
+	v = binary.BigEndian.AppendUint16(v, uint16(len(reason)))
+	v = append(v, reason...)
+	v = append(v, d.Entry...)
+	return b.pb.Set(deadKey(d.Origin, d.Stream, d.Index), v, nil)
+}
+
+// DeleteDeadLetter removes one in the batch.
+func (b *Batch) DeleteDeadLetter(d DeadLetter) error {
+	return b.pb.Delete(deadKey(d.Origin, d.Stream, d.Index), nil)
+}
+
+func decodeDead(k, v []byte) (DeadLetter, error) {
+	var d DeadLetter
+	if len(k) < 1+1+1+16+8 || k[len(k)-25] != 0 || len(v) < 10 {
+		return d, fmt.Errorf("%w: dead letter", ErrCorrupt)
+	}
+	d.Origin = string(k[1 : len(k)-25])
+	copy(d.Stream[:], k[len(k)-24:len(k)-8])
+	d.Index = binary.BigEndian.Uint64(k[len(k)-8:])
+	d.At = int64(binary.BigEndian.Uint64(v))
+	n := int(binary.BigEndian.Uint16(v[8:]))
+	if len(v) < 10+n {
+		return d, fmt.Errorf("%w: dead letter reason", ErrCorrupt)
+	}
+	d.Reason = string(v[10 : 10+n])
+	d.Entry = append([]byte(nil), v[10+n:]...)
+	return d, nil
+}
+
+// DeadLetters lists the entries set aside.
+func (s *Store) DeadLetters() ([]DeadLetter, error) {
+	it, err := s.db.NewIter(&pebble.IterOptions{LowerBound: []byte{prefixDead}, UpperBound: []byte{prefixDead + 1}})
+	if err != nil {
+		return nil, err
+	}
+	defer it.Close()
+	var out []DeadLetter
+	for valid := it.First(); valid; valid = it.Next() {
+		d, err := decodeDead(it.Key(), it.Value())
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, d)
+	}
+	return out, it.Error()
+}
