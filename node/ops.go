@@ -156,7 +156,13 @@ func (n *Node) batchEntry(ops []BatchOp) (wal.Entry, error) {
 	if len(ops) > wal.MaxBatchOps {
 		return wal.Entry{}, fmt.Errorf("%w: %d ops, limit %d", errBadRequest, len(ops), wal.MaxBatchOps)
 	}
-	e := wal.Entry{Op: store.OpMulti, Ops: make([]wal.Op, len(ops))}
+	// One stamp for every op: a key twice would tie with itself, and the
+	// first would win; keep the last, as a caller reading the list expects.
+	last := make(map[string]int, len(ops))
+	for i, op := range ops {
+		last[op.Key] = i
+	}
+	e := wal.Entry{Op: store.OpMulti, Ops: make([]wal.Op, 0, len(last))}
 	size := 0
 	for i, op := range ops {
 		if err := n.checkKey(op.Key); err != nil {
@@ -169,10 +175,14 @@ func (n *Node) batchEntry(ops []BatchOp) (wal.Entry, error) {
 			return e, fmt.Errorf("%w: op %d deletes %q with a value", errBadRequest, i, op.Key)
 		}
 		size += len(op.Key) + len(op.Value)
-		e.Ops[i] = wal.Op{Op: store.OpSet, Key: op.Key, Value: op.Value}
-		if op.Delete {
-			e.Ops[i].Op = store.OpDelete
+		if last[op.Key] != i {
+			continue
 		}
+		w := wal.Op{Op: store.OpSet, Key: op.Key, Value: op.Value}
+		if op.Delete {
+			w.Op = store.OpDelete
+		}
+		e.Ops = append(e.Ops, w)
 	}
 	if int64(size) > n.opts.MaxReplicateBytes/2 {
 		return e, fmt.Errorf("%w: a batch of %d bytes would not fit a replication batch", ErrValueTooLarge, size)

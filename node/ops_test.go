@@ -166,6 +166,13 @@ func TestAtomicBatchAndRangeDelete(t *testing.T) {
 	if n.wal.Last() != 1 {
 		t.Fatalf("refused batches wrote: %d", n.wal.Last())
 	}
+	// the same key twice in one batch: the last op wins
+	if _, err := n.Batch(context.Background(), []BatchOp{{Key: "dup", Value: []byte("first")}, {Key: "dup", Delete: true}, {Key: "dup", Value: []byte("last")}}); err != nil {
+		t.Fatal(err)
+	}
+	if r, _ := n.Get("dup"); string(r.Value) != "last" {
+		t.Fatalf("a key twice in a batch: %q", r.Value)
+	}
 	// range delete
 	for i := 0; i < 10; i++ {
 		n.Put(context.Background(), fmt.Sprintf("r/%d", i), []byte("v"))

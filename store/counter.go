@@ -167,7 +167,7 @@ func (b *Batch) MergeCounter(key, cluster string, t PN, stamp Stamp) (Outcome, e
 		c.Stamp = stamp
 	}
 	if b.max.Compare(stamp) < 0 {
-		b.max = stamp
+		b.max, b.maxOwn = stamp, false
 	}
 	if err := b.pb.Set(counterKey(key), appendCounter(nil, &c), nil); err != nil {
 		return 0, err

@@ -152,7 +152,7 @@ func (b *Batch) MergeRange(r RangeTombstone) (Outcome, int, error) {
 	}
 	b.pendingRanges = append(b.pendingRanges, r)
 	if b.max.Compare(r.Stamp) < 0 {
-		b.max = r.Stamp
+		b.max, b.maxOwn = r.Stamp, false
 	}
 	return Applied, deleted, nil
 }

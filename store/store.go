@@ -285,8 +285,10 @@ type Batch struct {
 	pending map[string]pendingRecord
 	closed  bool
 	buf     []byte
-	// max is the highest stamp stored or merged so far, as this batch sees.
-	max Stamp
+	// max is the highest stamp stored or merged so far, as this batch sees;
+	// maxOwn says a blind write of this batch set it.
+	max    Stamp
+	maxOwn bool
 	// pendingIdem holds idempotency records merged in this batch.
 	pendingIdem map[string]*IdemRecord
 	// pendingCtr holds counters merged in this batch.
@@ -364,7 +366,16 @@ func (b *Batch) Merge(w Write) (Outcome, error) {
 		err      error
 		blind    bool
 	)
-	if b.max.Compare(w.Stamp) >= 0 {
+	c := b.max.Compare(w.Stamp)
+	if c == 0 && b.maxOwn {
+		// b.max is this batch's own stamp (an atomic batch writes many
+		// keys under one): above everything stored, so only the keys this
+		// batch wrote need a look.
+		if _, mine := b.pending[w.Key]; !mine {
+			c = -1
+		}
+	}
+	if c >= 0 {
 		// Something stored may be newer: compare with what the key holds.
 		// (Above b.max the write beats everything, unread. A tombstone
 		// overwritten that way leaves its index entry behind, which
@@ -375,6 +386,7 @@ func (b *Batch) Merge(w Write) (Outcome, error) {
 		}
 	} else {
 		b.max = w.Stamp
+		b.maxOwn = true
 		blind = true
 	}
 	if ok {

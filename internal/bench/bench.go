@@ -557,7 +557,7 @@ func runScenario(ctx context.Context, cfg *Config, sc string, run int, cl []*clu
 			var wg sync.WaitGroup
 			value := strings.Repeat("v", cfg.ValueSize)
 			var failed atomic.Int64
-			for w := 0; w < max(cfg.Concurrency, rate/500); w++ {
+			for w := 0; w < max(cfg.Concurrency, rate/200); w++ {
 				wg.Add(1)
 				go func() {
 					defer wg.Done()
