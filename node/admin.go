@@ -3,6 +3,7 @@ package node
 import (
 	_ "embed"
 	"net/http"
+	"net/http/pprof"
 
 	"github.com/replicator/replicator/acceptor"
 	"github.com/replicator/replicator/transport"
@@ -168,6 +169,11 @@ func (n *Node) registerAdmin(mux *http.ServeMux) {
 	mux.HandleFunc("/admin/ui", getOnly(n.handleUI))
 	mux.HandleFunc("/admin/lag", getOnly(n.handleLag))
 	n.registerDeadLetters(mux)
+	if n.opts.Pprof {
+		mux.HandleFunc("/debug/pprof/", pprof.Index)
+		mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+		mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	}
 	mux.HandleFunc("/admin/peers/{name}/{action}", func(w http.ResponseWriter, r *http.Request) {
 		if r.Method != http.MethodPost {
 			methodNotAllowed(w, r, "POST")

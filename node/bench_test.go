@@ -346,3 +346,43 @@ func BenchmarkBulkLoad(b *testing.B) {
 		nb.Close()
 	}
 }
+
+// BenchmarkHTTPWrites: durable single-key PUTs over loopback HTTP from 64
+// concurrent keep-alive clients (in this process, sharing its 2 cores).
+//
+//	go test ./node -run '^$' -bench HTTPWrites -benchtime 100000x -count 3
+func BenchmarkHTTPWrites(b *testing.B) {
+	n := openNode(b, testOptions(b.TempDir()))
+	if err := n.Start(); err != nil {
+		b.Fatal(err)
+	}
+	defer n.Close()
+	hc := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 128}}
+	value := bytes.Repeat([]byte("v"), 100)
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	b.ResetTimer()
+	for w := 0; w < 64; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				i := next.Add(1)
+				if i > int64(b.N) {
+					return
+				}
+				req, _ := http.NewRequest(http.MethodPut, n.URL()+"/v1/kv/"+fmt.Sprintf("key-%012d", i), bytes.NewReader(value))
+				resp, err := hc.Do(req)
+				if err != nil || resp.StatusCode != 200 {
+					b.Error(err)
+					return
+				}
+				io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+			}
+		}()
+	}
+	wg.Wait()
+	b.StopTimer()
+	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "writes/s")
+}

@@ -136,6 +136,9 @@ type Options struct {
 	// applied from a peer (benchmarks record exact percentiles with it).
 	ObserveLag func(origin string, lag time.Duration)
 
+	// Pprof serves net/http/pprof under /debug/pprof on the API listener
+	// (behind the API token when one is set).
+	Pprof bool
 	// TestDiskFullFile, when set, names a file that robustness tests write
 	// "full" into to make WAL appends fail as on a full disk (ENOSPC), and
 	// empty to give the space back. Tests only.

@@ -71,6 +71,7 @@ type serveConfig struct {
 	PeerListen      string   `yaml:"peer_listen"`
 	APITokenFile    string   `yaml:"api_token_file"`
 	TestDiskFull    string   `yaml:"test_disk_full_file"`
+	Pprof           bool     `yaml:"pprof"`
 }
 
 // listFlag is a repeatable string flag.
@@ -205,6 +206,7 @@ func serveFlags(cfg *serveConfig) *flag.FlagSet {
 	fs.StringVar(&cfg.LogLevel, "log-level", cfg.LogLevel, "debug, info, warn or error")
 	fs.StringVar(&cfg.LogFormat, "log-format", cfg.LogFormat, "text or json")
 	fs.Var(&cfg.ClockOffset, "test-clock-offset", "shift this node's clock (robustness tests only)")
+	fs.BoolVar(&cfg.Pprof, "pprof", cfg.Pprof, "serve /debug/pprof on the API listener (profiles)")
 	fs.StringVar(&cfg.TestDiskFull, "test-disk-full-file", cfg.TestDiskFull, "WAL appends fail with ENOSPC while this file says \"full\" (robustness tests only)")
 	fs.Var(namedFlag{func(n, v string) { cfg.peer(n).URL = v }}, "peer", "a peer cluster as NAME=URL (repeatable)")
 	fs.Var(namedFlag{func(n, v string) { cfg.peer(n).Secret = v }}, "peer-secret", "a peer's shared secret as NAME=SECRET (repeatable)")
@@ -314,6 +316,7 @@ func (cfg *serveConfig) nodeOptions(log *slog.Logger) (*node.Options, error) {
 	o.TLSCert, o.TLSKey, o.TLSClientCA, o.PeerCA = cfg.TLSCert, cfg.TLSKey, cfg.TLSClientCA, cfg.PeerCA
 	o.PeerSANMode, o.PeerListen = cfg.PeerSANMode, cfg.PeerListen
 	o.TestDiskFullFile = cfg.TestDiskFull
+	o.Pprof = cfg.Pprof
 	if cfg.APITokenFile != "" {
 		b, err := os.ReadFile(cfg.APITokenFile)
 		switch {
