@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/replicator/replicator/internal/atomicfile"
 	"github.com/replicator/replicator/transport"
 )
 
@@ -26,7 +27,7 @@ func nodeID(dir string) (string, error) {
 	var b [4]byte
 	rand.Read(b[:])
 	id := hex.EncodeToString(b[:])
-	return id, os.WriteFile(path, []byte(id+"\n"), 0o644)
+	return id, atomicfile.Write(path, []byte(id+"\n"))
 }
 
 // startGossip joins the memberlist cluster and starts shipping to the

@@ -16,6 +16,8 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
+
+	"github.com/replicator/replicator/internal/atomicfile"
 )
 
 // ErrInvalidID is the class of errors for a cluster ID that does not match
@@ -224,38 +226,8 @@ func Pin(dir, id string, reassign bool) (previous string, err error) {
 	default:
 		return "", fmt.Errorf("origin: read %s: %w", path, err)
 	}
-	if err := writeFileSync(path, []byte(id+"\n")); err != nil {
+	if err := atomicfile.Write(path, []byte(id+"\n")); err != nil {
 		return previous, fmt.Errorf("origin: pin %s: %w", path, err)
 	}
 	return previous, nil
-}
-
-// writeFileSync writes through a temporary file, fsyncs it and renames it, so
-// a crash leaves either the old content or the new.
-func writeFileSync(path string, data []byte) error {
-	tmp := path + ".tmp"
-	f, err := os.OpenFile(tmp, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o644)
-	if err != nil {
-		return err
-	}
-	if _, err := f.Write(data); err != nil {
-		f.Close()
-		return err
-	}
-	if err := f.Sync(); err != nil {
-		f.Close()
-		return err
-	}
-	if err := f.Close(); err != nil {
-		return err
-	}
-	if err := os.Rename(tmp, path); err != nil {
-		return err
-	}
-	d, err := os.Open(filepath.Dir(path))
-	if err != nil {
-		return err
-	}
-	defer d.Close()
-	return d.Sync()
 }

@@ -37,6 +37,8 @@ import (
 	"sync/atomic"
 
 	twal "github.com/tidwall/wal"
+
+	"github.com/replicator/replicator/internal/atomicfile"
 )
 
 // frameVersion is the version byte of every framed entry.
@@ -239,7 +241,7 @@ func (l *Log) loadStream() (StreamID, error) {
 			"the entries cannot be named, remove the WAL directory to start a new stream", ErrCorrupt, path, l.segDir)
 	}
 	s := NewStreamID()
-	if err := writeFileSync(path, []byte(s.String()+"\n")); err != nil {
+	if err := atomicfile.Write(path, []byte(s.String()+"\n")); err != nil {
 		return s, fmt.Errorf("wal: create %s: %w", path, err)
 	}
 	return s, nil
@@ -735,31 +737,4 @@ func (l *Log) Close() error {
 		return fmt.Errorf("wal: close: %w", err)
 	}
 	return nil
-}
-
-// writeFileSync writes via a synced temporary file and a rename, then syncs
-// the directory.
-func writeFileSync(path string, data []byte) error {
-	tmp := path + ".tmp"
-	if err := os.WriteFile(tmp, data, 0o644); err != nil {
-		return err
-	}
-	f, err := os.OpenFile(tmp, os.O_RDWR, 0)
-	if err != nil {
-		return err
-	}
-	if err := f.Sync(); err != nil {
-		f.Close()
-		return err
-	}
-	f.Close()
-	if err := os.Rename(tmp, path); err != nil {
-		return err
-	}
-	d, err := os.Open(filepath.Dir(path))
-	if err != nil {
-		return err
-	}
-	defer d.Close()
-	return d.Sync()
 }
