@@ -123,7 +123,7 @@ func Open(ctx context.Context, opts *Options) (*Node, error) {
 	for _, p := range o.Peers {
 		n.overflow[p.Name] = p.Overflow
 	}
-	n.store, err = store.Open(filepath.Join(o.DataDir, "store"), &store.Options{Logger: log})
+	n.store, err = store.Open(filepath.Join(o.DataDir, "store"), &store.Options{Logger: log, MemTableSize: o.MemTableSize})
 	if err != nil {
 		return nil, err
 	}

@@ -72,6 +72,7 @@ type serveConfig struct {
 	APITokenFile    string   `yaml:"api_token_file"`
 	TestDiskFull    string   `yaml:"test_disk_full_file"`
 	Pprof           bool     `yaml:"pprof"`
+	MemTableSize    uint64   `yaml:"memtable_size"`
 }
 
 // listFlag is a repeatable string flag.
@@ -207,6 +208,7 @@ func serveFlags(cfg *serveConfig) *flag.FlagSet {
 	fs.StringVar(&cfg.LogFormat, "log-format", cfg.LogFormat, "text or json")
 	fs.Var(&cfg.ClockOffset, "test-clock-offset", "shift this node's clock (robustness tests only)")
 	fs.BoolVar(&cfg.Pprof, "pprof", cfg.Pprof, "serve /debug/pprof on the API listener (profiles)")
+	fs.Uint64Var(&cfg.MemTableSize, "memtable-size", cfg.MemTableSize, "Pebble memtable bytes (default 16 MiB; larger: fewer compactions, more memory)")
 	fs.StringVar(&cfg.TestDiskFull, "test-disk-full-file", cfg.TestDiskFull, "WAL appends fail with ENOSPC while this file says \"full\" (robustness tests only)")
 	fs.Var(namedFlag{func(n, v string) { cfg.peer(n).URL = v }}, "peer", "a peer cluster as NAME=URL (repeatable)")
 	fs.Var(namedFlag{func(n, v string) { cfg.peer(n).Secret = v }}, "peer-secret", "a peer's shared secret as NAME=SECRET (repeatable)")
@@ -317,6 +319,7 @@ func (cfg *serveConfig) nodeOptions(log *slog.Logger) (*node.Options, error) {
 	o.PeerSANMode, o.PeerListen = cfg.PeerSANMode, cfg.PeerListen
 	o.TestDiskFullFile = cfg.TestDiskFull
 	o.Pprof = cfg.Pprof
+	o.MemTableSize = cfg.MemTableSize
 	if cfg.APITokenFile != "" {
 		b, err := os.ReadFile(cfg.APITokenFile)
 		switch {
