@@ -466,3 +466,42 @@ type recorder struct {
 func (r *recorder) Header() http.Header         { return r.header }
 func (r *recorder) Write(b []byte) (int, error) { return r.body.Write(b) }
 func (r *recorder) WriteHeader(s int)           { r.status = s }
+
+// TestDiskFullRefusesAndRecovers: while the WAL cannot be written, writes are
+// refused as not written (nothing reaches the WAL or the store) and the node
+// stays ready to serve reads; once space returns, writes are taken again
+// without a restart.
+func TestDiskFullRefusesAndRecovers(t *testing.T) {
+	dir := t.TempDir()
+	full := filepath.Join(dir, "disk-full")
+	o := testOptions(filepath.Join(dir, "data"))
+	o.TestDiskFullFile = full
+	n := startNode(t, o)
+	ctx := context.Background()
+	if _, err := n.Put(ctx, "before", []byte("v")); err != nil {
+		t.Fatal(err)
+	}
+	os.WriteFile(full, []byte("full"), 0o644)
+	last := n.wal.Last()
+	_, err := n.Put(ctx, "during", []byte("v"))
+	if !errors.Is(err, ErrNotWritten) || !strings.Contains(err.Error(), "no space left") {
+		t.Fatalf("write on a full disk: %v", err)
+	}
+	resp, b := do(t, "PUT", n.URL()+"/v1/kv/during", strings.NewReader("v"))
+	if resp.StatusCode != 503 || !strings.Contains(string(b), `"code":"not_written"`) || !strings.Contains(string(b), `"retryable":true`) {
+		t.Fatalf("HTTP write on a full disk: %d %s", resp.StatusCode, b)
+	}
+	if n.wal.Last() != last {
+		t.Fatal("a refused write reached the WAL")
+	}
+	if _, err := n.Get("during"); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("a refused write is readable: %v", err)
+	}
+	if r, err := n.Get("before"); err != nil || string(r.Value) != "v" {
+		t.Fatalf("reads fail on a full disk: %v", err)
+	}
+	os.WriteFile(full, nil, 0o644)
+	if _, err := n.Put(ctx, "after", []byte("v")); err != nil {
+		t.Fatalf("write once space returned: %v", err)
+	}
+}
