@@ -66,19 +66,9 @@ func writeAnswerOf(p *proposal) (int, []byte) {
 // answerWrite writes the answer of a (possibly keyed, possibly replayed)
 // write and logs keyed outcomes.
 func (n *Node) answerWrite(w http.ResponseWriter, r *http.Request, idem *idemRequest, res WriteResult, err error) {
-	n.logKeyed(r, idem, res, err)
-	if err != nil {
-		writeErr(w, err)
-		return
-	}
-	if res.Replay != nil {
-		w.Header().Set(HeaderReplayed, "true")
-		w.Header().Set("Content-Type", "application/json")
-		w.WriteHeader(res.Replay.Status)
-		w.Write(res.Replay.Body)
-		return
-	}
-	writeJSON(w, http.StatusOK, writeAnswer{Key: res.Key, Version: res.Version, Origin: res.Origin})
+	n.finishWrite(w, r, idem, res, err, func() {
+		writeJSON(w, http.StatusOK, writeAnswer{Key: res.Key, Version: res.Version, Origin: res.Origin})
+	})
 }
 
 // logKeyed logs the outcome of a keyed request: key, attempt, category.

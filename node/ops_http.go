@@ -85,16 +85,23 @@ func (n *Node) handleDeleteRange(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	res, err := n.deleteRange(r.Context(), start, end, idem)
+	n.finishWrite(w, r, idem, res, err, func() {
+		writeJSON(w, http.StatusOK, rangeAnswer{Start: start, End: end, Version: res.Version, Origin: res.Origin})
+	})
+}
+
+// finishWrite answers a (possibly keyed) write: the error, the recorded
+// answer of a replay, or the live answer.
+func (n *Node) finishWrite(w http.ResponseWriter, r *http.Request, idem *idemRequest, res WriteResult, err error, live func()) {
 	n.logKeyed(r, idem, res, err)
-	if err != nil {
+	switch {
+	case err != nil:
 		writeErr(w, err)
-		return
-	}
-	if res.Replay != nil {
+	case res.Replay != nil:
 		writeReplay(w, res.Replay.Status, res.Replay.Body)
-		return
+	default:
+		live()
 	}
-	writeJSON(w, http.StatusOK, rangeAnswer{Start: start, End: end, Version: res.Version, Origin: res.Origin})
 }
 
 type counterAnswer struct {
@@ -144,16 +151,9 @@ func (n *Node) handleCounter(w http.ResponseWriter, r *http.Request) {
 		}
 		p := &proposal{entry: wal.Entry{Op: store.OpCounter, Key: key}, idem: idem, delta: delta}
 		res, err := n.propose(r.Context(), p)
-		n.logKeyed(r, idem, res, err)
-		if err != nil {
-			writeErr(w, err)
-			return
-		}
-		if res.Replay != nil {
-			writeReplay(w, res.Replay.Status, res.Replay.Body)
-			return
-		}
-		writeJSON(w, http.StatusOK, counterAnswer{Key: key, Value: p.counterValue, Version: res.Version, Origin: res.Origin})
+		n.finishWrite(w, r, idem, res, err, func() {
+			writeJSON(w, http.StatusOK, counterAnswer{Key: key, Value: p.counterValue, Version: res.Version, Origin: res.Origin})
+		})
 	default:
 		methodNotAllowed(w, r, "GET, HEAD, POST")
 	}
@@ -282,21 +282,15 @@ func (n *Node) handleBatch(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	res, err := n.batch(r.Context(), ops, idem)
-	n.logKeyed(r, idem, res, err)
-	if err != nil {
-		if errors.Is(err, ErrIdempotencyConflict) && opID != "" {
-			writeError(w, http.StatusUnprocessableEntity, apiError{Code: "operation_id_reused",
-				Message: fmt.Sprintf("operation_id %q was used for a different set of operations", opID)})
-			return
-		}
-		writeErr(w, err)
+	if errors.Is(err, ErrIdempotencyConflict) && opID != "" {
+		n.logKeyed(r, idem, res, err)
+		writeError(w, http.StatusUnprocessableEntity, apiError{Code: "operation_id_reused",
+			Message: fmt.Sprintf("operation_id %q was used for a different set of operations", opID)})
 		return
 	}
-	if res.Replay != nil {
-		writeReplay(w, res.Replay.Status, res.Replay.Body)
-		return
-	}
-	writeJSON(w, http.StatusOK, batchAnswer{OperationID: opID, Ops: len(ops), Version: res.Version, Origin: res.Origin})
+	n.finishWrite(w, r, idem, res, err, func() {
+		writeJSON(w, http.StatusOK, batchAnswer{OperationID: opID, Ops: len(ops), Version: res.Version, Origin: res.Origin})
+	})
 }
 
 // BulkRecord is one record of a bulk load.
