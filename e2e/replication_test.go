@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"net/http"
 	"os"
+	"os/exec"
+	"regexp"
 	"strings"
 	"sync"
 	"testing"
@@ -400,5 +402,17 @@ func TestBadReplicateRequestsOverSockets(t *testing.T) {
 	}
 	if _, err := a.client().Put(bg(), "still", []byte("serving")); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestDemo runs the README's first command: two clusters converge, and the
+// batch whose ack was lost is absorbed as duplicates at b.
+func TestDemo(t *testing.T) {
+	out, err := exec.Command(binPath, "demo").CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "EQUAL") {
+		t.Fatalf("demo: %v\n%s", err, out)
+	}
+	if strings.Contains(string(out), "cluster b: 2000 local writes") && !regexp.MustCompile(`cluster b: .* [1-9][0-9]* duplicates absorbed`).Match(out) {
+		t.Fatalf("the lost ack was not absorbed as duplicates:\n%s", out)
 	}
 }

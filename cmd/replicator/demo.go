@@ -1,7 +1,9 @@
 package main
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -29,12 +31,23 @@ type dropFirstAck struct {
 
 func (d *dropFirstAck) RoundTrip(r *http.Request) (*http.Response, error) {
 	resp, err := d.next.RoundTrip(r)
-	if err == nil && resp.StatusCode == http.StatusOK && d.dropped.CompareAndSwap(false, true) {
-		io.Copy(io.Discard, resp.Body)
-		resp.Body.Close()
+	if err != nil || resp.StatusCode != http.StatusOK || d.dropped.Load() {
+		return resp, err
+	}
+	body, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if err != nil {
+		return nil, err
+	}
+	var ack struct {
+		Applied int `json:"applied"`
+	}
+	// Only the answer to a batch that applied entries (not a heartbeat).
+	if json.Unmarshal(body, &ack) == nil && ack.Applied > 0 && d.dropped.CompareAndSwap(false, true) {
 		return nil, errors.New("demo: ack lost on the way back")
 	}
-	return resp, err
+	resp.Body = io.NopCloser(bytes.NewReader(body))
+	return resp, nil
 }
 
 // runDemo starts clusters a and b in this process on loopback, writes on both
