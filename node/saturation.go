@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/replicator/replicator/acceptor"
@@ -67,6 +68,13 @@ type SaturationReport struct {
 }
 
 type saturation struct {
+	// saturated and evaluatedAt (nanoseconds on the monotonic clock since
+	// monoStart) mirror the last evaluation, so that admit answers the
+	// common case, a healthy node evaluated within the last millisecond,
+	// without taking mu on every write.
+	saturated   atomic.Bool
+	evaluatedAt atomic.Int64
+
 	mu struct {
 		sync.Mutex
 		state, cause, peer string
@@ -95,6 +103,9 @@ func over(bl transport.Backlog, entries uint64, bytes int64, age time.Duration) 
 	}
 	return ""
 }
+
+// monoStart anchors monotonic readings that fit an atomic.
+var monoStart = time.Now()
 
 // evaluateSaturation measures every retained link against the water marks,
 // detaches links in overflow mode detach, and moves the node's state. It
@@ -151,6 +162,8 @@ func (n *Node) evaluateSaturation(force bool) SaturationReport {
 		s.mu.changed = make(chan struct{})
 	}
 	s.mu.state, s.mu.peer, s.mu.cause = state, peer, cause
+	s.saturated.Store(state == StateSaturated)
+	s.evaluatedAt.Store(int64(time.Since(monoStart)))
 	return n.saturationReportLocked()
 }
 
@@ -167,6 +180,9 @@ func (n *Node) Saturation() SaturationReport { return n.evaluateSaturation(true)
 // admit lets a local write in unless the node is saturated; then it waits up
 // to the admission budget for the state to clear, and refuses.
 func (n *Node) admit(ctx context.Context) error {
+	if !n.sat.saturated.Load() && int64(time.Since(monoStart))-n.sat.evaluatedAt.Load() < int64(time.Millisecond) {
+		return nil
+	}
 	wait := n.opts.AdmissionWait
 	if wait < 0 {
 		wait = 0
