@@ -28,28 +28,9 @@ func BenchmarkDurableWrites(b *testing.B) {
 		b.Run(fmt.Sprintf("writers=%d", writers), func(b *testing.B) {
 			n := openNode(b, testOptions(b.TempDir()))
 			defer n.Close()
-			value := make([]byte, 100)
-			var next atomic.Int64
-			var wg sync.WaitGroup
 			b.SetBytes(100)
 			b.ResetTimer()
-			for w := 0; w < writers; w++ {
-				wg.Add(1)
-				go func() {
-					defer wg.Done()
-					for {
-						i := next.Add(1)
-						if i > int64(b.N) {
-							return
-						}
-						if _, err := n.Put(context.Background(), fmt.Sprintf("key-%012d", i), value); err != nil {
-							b.Error(err)
-							return
-						}
-					}
-				}()
-			}
-			wg.Wait()
+			putKeys(b, n, writers, int64(b.N))
 			b.StopTimer()
 			b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "writes/s")
 		})
@@ -100,28 +81,9 @@ func BenchmarkReplicationOneway(b *testing.B) {
 		b.StopTimer()
 		m := newTestMesh(b, nil, nil, "a", "b")
 		na, nb := m.nodes["a"], m.nodes["b"]
-		value := make([]byte, 100)
-		var next atomic.Int64
-		var wg sync.WaitGroup
 		b.StartTimer()
 		start := time.Now()
-		for w := 0; w < 64; w++ {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				for {
-					i := next.Add(1)
-					if i > total {
-						return
-					}
-					if _, err := na.Put(context.Background(), fmt.Sprintf("key-%012d", i), value); err != nil {
-						b.Error(err)
-						return
-					}
-				}
-			}()
-		}
-		wg.Wait()
+		putKeys(b, na, 64, total)
 		local := time.Since(start)
 		for {
 			hw, _ := nb.store.HWMs()
@@ -271,26 +233,7 @@ func BenchmarkBacklogRSS(b *testing.B) {
 		m.nodes["b"].Close()
 		time.Sleep(200 * time.Millisecond)
 		idle := rssMiB(b)
-		value := make([]byte, 100)
-		var next atomic.Int64
-		var wg sync.WaitGroup
-		for w := 0; w < 64; w++ {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				for {
-					j := next.Add(1)
-					if j > total {
-						return
-					}
-					if _, err := na.Put(context.Background(), fmt.Sprintf("key-%012d", j), value); err != nil {
-						b.Error(err)
-						return
-					}
-				}
-			}()
-		}
-		wg.Wait()
+		putKeys(b, na, 64, total)
 		st := na.PeerStatus()[0]
 		if st.EntriesBehind != total {
 			b.Fatalf("backlog %d, want %d", st.EntriesBehind, total)
@@ -385,4 +328,30 @@ func BenchmarkHTTPWrites(b *testing.B) {
 	wg.Wait()
 	b.StopTimer()
 	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "writes/s")
+}
+
+// putKeys writes key-000000000001 .. key-<total> with 100-byte values through
+// n.Put from the given number of concurrent writers, and returns once all
+// are acknowledged (a failure fails b).
+func putKeys(b *testing.B, n *Node, writers int, total int64) {
+	value := make([]byte, 100)
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	for range writers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				i := next.Add(1)
+				if i > total {
+					return
+				}
+				if _, err := n.Put(context.Background(), fmt.Sprintf("key-%012d", i), value); err != nil {
+					b.Error(err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
 }
