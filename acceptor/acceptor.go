@@ -97,7 +97,14 @@ type Options struct {
 	Permits     int
 	PermitQueue int
 	PermitWait  time.Duration
-	Logger      *slog.Logger
+	// OnReseedRequest, when set, is told that a peer asked for a re-seed
+	// (it lost its data); the request is already recorded in the store.
+	OnReseedRequest func(sender string)
+	// OnTrailer, when set, is told that a re-seed from sender ended here:
+	// requested says it was one this node asked for (its rejoin moves on),
+	// rejoin that it ended the sender's own rejoin.
+	OnTrailer func(sender string, requested, rejoin bool)
+	Logger    *slog.Logger
 }
 
 // Saturation sources of a refusal. Values appear in error bodies and
@@ -184,6 +191,23 @@ func New(st Store, clock Clock, opts Options) *Acceptor {
 		a.mu.secrets[k] = v
 	}
 	return a
+}
+
+// Peers lists every cluster this acceptor takes writes from, with or
+// without a link back to it.
+func (a *Acceptor) Peers() []string {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	out := make([]string, 0, len(a.mu.secrets))
+	for k := range a.mu.secrets {
+		out = append(out, k)
+	}
+	return out
+}
+
+// Limits are what this acceptor takes, as acks tell senders.
+func (a *Acceptor) Limits() transport.Limits {
+	return transport.Limits{MaxBody: a.opts.MaxBodyBytes, MaxKey: a.opts.MaxKeyBytes, MaxValue: a.opts.MaxValueBytes}
 }
 
 // SetPeer allows (or updates) a peer cluster and its secret: peers found by
@@ -326,7 +350,7 @@ func (a *Acceptor) refuse(w http.ResponseWriter, sender string, err error) {
 		status, e.Code = http.StatusForbidden, "forbidden"
 		a.refusals.forbidden.Add(1)
 	case errors.Is(err, ErrTooLarge):
-		status, e.Code = http.StatusRequestEntityTooLarge, "too_large"
+		status, e.Code, e.Limit = http.StatusRequestEntityTooLarge, "too_large", a.opts.MaxBodyBytes
 		a.refusals.tooLarge.Add(1)
 	case errors.Is(err, ErrClockOffset):
 		status, e.Code, e.Retryable = http.StatusBadRequest, "clock_offset", true
@@ -409,7 +433,8 @@ func (a *Acceptor) hints(ack *transport.Ack, batchLen int) {
 // sender. Nothing is applied unless everything is: a refusal leaves the store
 // as it was.
 func (a *Acceptor) Apply(sender string, b *transport.Batch) (transport.Ack, error) {
-	ack := transport.Ack{Accepted: len(b.Entries), Now: a.opts.Now()}
+	lim := a.Limits()
+	ack := transport.Ack{Accepted: len(b.Entries), Now: a.opts.Now(), Limits: &lim}
 	a.hints(&ack, len(b.Entries))
 	if b.Sender != sender {
 		return ack, fmt.Errorf("%w: batch declares sender %q, credentials are for %q", ErrForbidden, b.Sender, sender)
@@ -417,6 +442,9 @@ func (a *Acceptor) Apply(sender string, b *transport.Batch) (transport.Ack, erro
 	var maxTS hlc.Timestamp
 	var deadReasons map[uint64]string
 	ents := make([]*wal.Entry, 0, len(b.Entries))
+	// own marks snapshot entries authored by this cluster: applied only in
+	// a re-seed this node asked for.
+	var own map[uint64]bool
 	dropped := 0
 	for i := range b.Entries {
 		e := &b.Entries[i]
@@ -431,6 +459,14 @@ func (a *Acceptor) Apply(sender string, b *transport.Batch) (transport.Ack, erro
 			return ack, fmt.Errorf("%w: entry %d claims origin %q, sender is %q", ErrForbidden, e.Index, e.Origin, sender)
 		case e.Stream != b.Stream:
 			return ack, fmt.Errorf("%w: entry %d is of stream %s, batch of %s", ErrBadBatch, e.Index, e.Stream, b.Stream)
+		case e.CtrComp != "" && !b.Snapshot && store.ComponentCluster(e.CtrComp) != sender:
+			return ack, fmt.Errorf("%w: entry %d carries totals of %q, sender is %q", ErrForbidden, e.Index, e.CtrComp, sender)
+		}
+		if b.Snapshot && a.authoredHere(e) {
+			if own == nil {
+				own = map[uint64]bool{}
+			}
+			own[e.Index] = true
 		}
 		if err := a.checkEntry(e, b.Snapshot); err != nil {
 			// The entry is well-formed but breaks one of this node's own
@@ -454,19 +490,16 @@ func (a *Acceptor) Apply(sender string, b *transport.Batch) (transport.Ack, erro
 		}
 		ents = append(ents, e)
 	}
-	ack.Duplicates = dropped
-	if len(ents) == 0 {
-		// A heartbeat (or a batch of our own entries only): report where
-		// the stream stands here.
-		batch := a.store.NewBatch()
-		hwm, err := batch.HWM(sender, b.Stream)
-		batch.Close()
-		if err != nil {
-			return ack, err
+	if b.End != nil {
+		if err := a.clock.CheckOffset(b.End.Commit); err != nil {
+			return ack, fmt.Errorf("%w: snapshot end: %w", ErrClockOffset, err)
 		}
-		ack.HWM = hwm.Index
-		a.count(sender, func(c *Counts) { c.Batches++; c.DroppedOwn += uint64(dropped) })
-		return ack, nil
+	}
+	ack.Duplicates = dropped
+	if len(ents) == 0 && b.End == nil {
+		// A heartbeat (or a batch of our own entries only): report where
+		// the stream stands here, and record a request for a re-seed.
+		return a.heartbeat(sender, b, ack, dropped)
 	}
 	// Local writes stamped after this batch must sort above it.
 	a.clock.Observe(maxTS)
@@ -477,7 +510,29 @@ func (a *Acceptor) Apply(sender string, b *transport.Batch) (transport.Ack, erro
 	if err != nil {
 		return ack, err
 	}
-	var applied, stale, dups, deadLettered int
+	if b.End != nil && hwm.Index == 0 && len(ents) > 0 && ents[0].Index > 1 {
+		// The last batch of a re-seed whose trailer already committed here
+		// (its answer was lost, the sender resent it): the snapshot stream
+		// is forgotten, the real stream is at the trailer or beyond.
+		real, err := batch.HWM(sender, b.End.Stream)
+		if err != nil {
+			return ack, err
+		}
+		if real.Index >= b.End.Index {
+			ack.Duplicates += len(ents)
+			ack.HWM = ents[len(ents)-1].Index
+			a.count(sender, func(c *Counts) { c.Batches++; c.Duplicates += uint64(len(ents)) })
+			return ack, nil
+		}
+	}
+	var phase byte
+	if own != nil {
+		if phase, err = batch.RejoinPhase(sender); err != nil {
+			return ack, err
+		}
+	}
+	var frontiers map[string]hlc.Timestamp
+	var applied, stale, dups, deadLettered, droppedOwn int
 	start := hwm.Index
 	for _, e := range ents {
 		if e.Index <= hwm.Index {
@@ -487,6 +542,21 @@ func (a *Acceptor) Apply(sender string, b *transport.Batch) (transport.Ack, erro
 		if e.Index != hwm.Index+1 {
 			return ack, &GapError{Origin: sender, Stream: b.Stream, HWM: hwm.Index, Got: e.Index}
 		}
+		hwm.Index = e.Index
+		if !b.Snapshot {
+			// A snapshot stream records no commit frontier: its entries
+			// relay old stamps, and only its trailer, once all of them are
+			// in, moves the sender's frontier (on its real stream).
+			hwm.Commit = e.Commit
+		}
+		if own[e.Index] && phase != store.RejoinRequesting {
+			// A snapshot relaying this cluster's own writes, which this
+			// node did not ask for: it holds them already (or lost them
+			// and will ask).
+			droppedOwn++
+			hwm.Merged++
+			continue
+		}
 		if reason, dead := deadReasons[e.Index]; dead {
 			raw := wal.NewCodec().AppendEntry(nil, e, wal.Defaults{})
 			if err := batch.PutDeadLetter(store.DeadLetter{Origin: e.Origin, Stream: e.Stream, Index: e.Index,
@@ -494,10 +564,20 @@ func (a *Acceptor) Apply(sender string, b *transport.Batch) (transport.Ack, erro
 				return ack, err
 			}
 			a.opts.Logger.Error("replicate: entry set aside as a dead letter", "sender", sender, "index", e.Index, "reason", reason)
-			hwm.Index, hwm.Commit = e.Index, e.Commit
 			hwm.DeadLettered++
 			deadLettered++
 			continue
+		}
+		if b.Snapshot && !own[e.Index] {
+			known, err := a.reflected(batch, e, &frontiers)
+			if err != nil {
+				return ack, err
+			}
+			if known {
+				dups++
+				hwm.Merged++
+				continue
+			}
 		}
 		out, err := e.Apply(batch)
 		if err != nil {
@@ -511,11 +591,21 @@ func (a *Acceptor) Apply(sender string, b *transport.Batch) (transport.Ack, erro
 		case store.Duplicate:
 			dups++ // content duplicate: same stamp already stored
 		}
-		hwm.Index, hwm.Commit = e.Index, e.Commit
 		hwm.Merged++
 	}
-	if hwm.Index > start {
-		if err := errors.Join(batch.SetHWM(hwm), batch.SetHLC(a.clock.Last())); err != nil {
+	var requestedDone, rejoinDone bool
+	if hwm.Index > start || b.End != nil {
+		if hwm.Index > start {
+			if err := batch.SetHWM(hwm); err != nil {
+				return ack, err
+			}
+		}
+		if b.End != nil {
+			if requestedDone, rejoinDone, err = a.trailer(batch, sender, b); err != nil {
+				return ack, err
+			}
+		}
+		if err := batch.RaiseHLC(a.clock.Last()); err != nil {
 			return ack, err
 		}
 		// Nothing else holds these entries: sync before acking.
@@ -523,7 +613,7 @@ func (a *Acceptor) Apply(sender string, b *transport.Batch) (transport.Ack, erro
 			return ack, err
 		}
 	}
-	if a.opts.ObserveLag != nil && a.opts.Now != nil {
+	if a.opts.ObserveLag != nil && a.opts.Now != nil && !b.Snapshot {
 		now := a.opts.Now()
 		for _, e := range ents {
 			if e.Index > start {
@@ -531,18 +621,157 @@ func (a *Acceptor) Apply(sender string, b *transport.Batch) (transport.Ack, erro
 			}
 		}
 	}
+	if b.End != nil && a.opts.OnTrailer != nil {
+		a.opts.OnTrailer(sender, requestedDone, rejoinDone)
+	}
 	ack.Applied = applied + stale
 	ack.Duplicates += dups
 	ack.HWM = hwm.Index
+	ack.HWMCommit = hwm.Commit.String()
 	a.count(sender, func(c *Counts) {
 		c.Batches++
 		c.Applied += uint64(applied)
 		c.Stale += uint64(stale)
 		c.Duplicates += uint64(dups)
-		c.DroppedOwn += uint64(dropped)
+		c.DroppedOwn += uint64(dropped + droppedOwn)
 		c.DeadLettered += uint64(deadLettered)
 	})
 	return ack, nil
+}
+
+// heartbeat answers an empty batch: where the sender's stream stands here,
+// whether this node holds other streams of the sender's cluster (a sender
+// that starts empty learns it lost its data), and it records a request for
+// a re-seed.
+func (a *Acceptor) heartbeat(sender string, b *transport.Batch, ack transport.Ack, dropped int) (transport.Ack, error) {
+	batch := a.store.NewBatch()
+	defer batch.Close()
+	hwm, err := batch.HWM(sender, b.Stream)
+	if err != nil {
+		return ack, err
+	}
+	ack.HWM = hwm.Index
+	if hwm.Index > 0 {
+		ack.HWMCommit = hwm.Commit.String()
+	}
+	others, err := batch.HWMsOf(sender)
+	if err != nil {
+		return ack, err
+	}
+	for _, h := range others {
+		if h.Stream != b.Stream {
+			ack.SeenOrigin = true
+		}
+	}
+	requested := false
+	if b.RequestReseed {
+		flags, err := batch.ReseedRequest(sender)
+		if err != nil {
+			return ack, err
+		}
+		if flags&store.ReseedRequested == 0 {
+			err := errors.Join(batch.SetReseedRequestIn(sender, flags|store.ReseedRequested|store.AwaitRejoin), batch.Commit(true))
+			if err != nil {
+				return ack, err
+			}
+			requested = true
+			a.opts.Logger.Warn("replicate: peer asked for a re-seed (it lost data); recorded", "sender", sender)
+		}
+		ack.ReseedRecorded = true
+	}
+	batch.Close()
+	if requested && a.opts.OnReseedRequest != nil {
+		a.opts.OnReseedRequest(sender)
+	}
+	a.count(sender, func(c *Counts) { c.Batches++; c.DroppedOwn += uint64(dropped) })
+	return ack, nil
+}
+
+// trailer commits the end of a re-seed in the batch of its last entries: the
+// sender's real stream is here up to the snapshot's position (its entries up
+// to there are covered by the snapshot: seeded), the one-off snapshot stream
+// is forgotten, and a rejoin moves on.
+func (a *Acceptor) trailer(batch *store.Batch, sender string, b *transport.Batch) (requested, rejoin bool, err error) {
+	real, err := batch.HWM(sender, b.End.Stream)
+	if err != nil {
+		return false, false, err
+	}
+	if b.End.Index > real.Index {
+		real.Seeded += b.End.Index - real.Index
+		real.Index, real.Commit = b.End.Index, b.End.Commit
+		if err := batch.SetHWM(real); err != nil {
+			return false, false, err
+		}
+	}
+	if err := batch.DeleteHWM(sender, b.Stream); err != nil {
+		return false, false, err
+	}
+	if b.Requested {
+		phase, err := batch.RejoinPhase(sender)
+		if err != nil {
+			return false, false, err
+		}
+		if phase == store.RejoinRequesting {
+			if err := batch.SetRejoinIn(sender, store.RejoinSeeding); err != nil {
+				return false, false, err
+			}
+			requested = true
+		}
+	}
+	if b.Rejoin {
+		flags, err := batch.ReseedRequest(sender)
+		if err != nil {
+			return false, false, err
+		}
+		if flags&store.AwaitRejoin != 0 {
+			if err := batch.SetReseedRequestIn(sender, flags&^store.AwaitRejoin); err != nil {
+				return false, false, err
+			}
+			rejoin = true
+		}
+	}
+	a.opts.Logger.Info("replicate: re-seed received", "sender", sender, "stream", b.End.Stream, "resume_after", b.End.Index,
+		"requested", requested, "rejoin", rejoin)
+	return requested, rejoin, nil
+}
+
+// authoredHere reports whether a snapshot entry relays a write of this
+// cluster.
+func (a *Acceptor) authoredHere(e *wal.Entry) bool {
+	if e.Op == store.OpCounter {
+		return store.ComponentCluster(e.CounterComponent()) == a.opts.Local
+	}
+	return e.LWW().Origin == a.opts.Local
+}
+
+// reflected reports whether a snapshot entry's write is already reflected
+// here: a plain write whose stamp lies more than the pin window below this
+// node's applied commit frontier of every stream of its author was applied
+// here (commit HLCs grow within a stream, and a stamp lies within the pin
+// window of its commit), or superseded since. Applying it again could only
+// bring back a key whose tombstone was collected since.
+func (a *Acceptor) reflected(batch *store.Batch, e *wal.Entry, cache *map[string]hlc.Timestamp) (bool, error) {
+	if (e.Op != store.OpSet && e.Op != store.OpDelete) || a.opts.PinWindow <= 0 {
+		return false, nil
+	}
+	author := e.LWW().Origin
+	if *cache == nil {
+		*cache = map[string]hlc.Timestamp{}
+	}
+	f, ok := (*cache)[author]
+	if !ok {
+		hwms, err := batch.HWMsOf(author)
+		if err != nil {
+			return false, err
+		}
+		for i, h := range hwms {
+			if i == 0 || h.Commit.Less(f) {
+				f = h.Commit
+			}
+		}
+		(*cache)[author] = f
+	}
+	return !f.IsZero() && e.LWW().HLC.Wall+int64(a.opts.PinWindow) < f.Wall, nil
 }
 
 func (a *Acceptor) count(origin string, f func(*Counts)) {
@@ -552,6 +781,10 @@ func (a *Acceptor) count(origin string, f func(*Counts)) {
 }
 
 func (a *Acceptor) checkEntry(e *wal.Entry, snapshot bool) error {
+	if e.Oversize > 0 {
+		return fmt.Errorf("%w: entry %d of %d bytes was over this node's batch limit of %d bytes; "+
+			"the sender sent a stub (the write is only at %s)", ErrTooLarge, e.Index, e.Oversize, a.opts.MaxBodyBytes, e.Origin)
+	}
 	keys := []string{e.Key}
 	if e.End != "" {
 		keys = append(keys, e.End)

@@ -85,7 +85,7 @@ func (f *fixture) post(body []byte, hdr ...string) (int, map[string]any) {
 }
 
 func (f *fixture) postBatch(entries ...wal.Entry) (int, map[string]any) {
-	body := transport.EncodeBatch(&transport.Batch{Sender: "b", Stream: streamB, Entries: entries})
+	body := transport.EncodeBatch(&transport.Batch{Header: transport.Header{Sender: "b", Stream: streamB}, Entries: entries})
 	return f.post(body, "X-Replicator-Origin", "b", "Authorization", "Bearer secret-b")
 }
 
@@ -177,7 +177,7 @@ func TestContentDuplicateAndLWW(t *testing.T) {
 // nothing, and the acceptor still takes a good batch afterwards.
 func TestBadInput(t *testing.T) {
 	f := newFixture(t)
-	good := transport.EncodeBatch(&transport.Batch{Sender: "b", Stream: streamB, Entries: []wal.Entry{f.entry(1, "k", "v")}})
+	good := transport.EncodeBatch(&transport.Batch{Header: transport.Header{Sender: "b", Stream: streamB}, Entries: []wal.Entry{f.entry(1, "k", "v")}})
 	future := f.entry(1, "k", "v")
 	future.Commit.Wall = f.pc.Now() + int64(time.Second)
 	future.Stamp = future.Commit
@@ -185,7 +185,7 @@ func TestBadInput(t *testing.T) {
 	spoofed.Origin = "c"
 	ownOrigin := f.entry(1, "k", "v")
 	ownOrigin.Origin = "a"
-	batchC := transport.EncodeBatch(&transport.Batch{Sender: "c", Stream: streamB, Entries: []wal.Entry{f.entry(1, "k", "v")}})
+	batchC := transport.EncodeBatch(&transport.Batch{Header: transport.Header{Sender: "c", Stream: streamB}, Entries: []wal.Entry{f.entry(1, "k", "v")}})
 	v2 := bytes.Replace(good, []byte{0xa1, 'v', 0x01}, []byte{0xa1, 'v', 0x02}, 1)
 	auth := []string{"X-Replicator-Origin", "b", "Authorization", "Bearer secret-b"}
 	tests := []struct {
@@ -201,13 +201,13 @@ func TestBadInput(t *testing.T) {
 		{"unknown sender", good, []string{"X-Replicator-Origin", "z", "Authorization", "Bearer secret-b"}, 401, "unauthenticated"},
 		{"b's secret claiming c", good, []string{"X-Replicator-Origin", "c", "Authorization", "Bearer secret-b"}, 401, "unauthenticated"},
 		{"body claims another sender", batchC, auth, 403, "forbidden"},
-		{"entry of another origin", transport.EncodeBatch(&transport.Batch{Sender: "b", Stream: streamB, Entries: []wal.Entry{spoofed}}), auth, 403, "forbidden"},
+		{"entry of another origin", transport.EncodeBatch(&transport.Batch{Header: transport.Header{Sender: "b", Stream: streamB}, Entries: []wal.Entry{spoofed}}), auth, 403, "forbidden"},
 		{"malformed msgpack", []byte{0xc1, 0x00, 0xff}, auth, 400, "bad_batch"},
 		{"empty body", []byte{}, auth, 400, "bad_batch"},
 		{"truncated batch", good[:len(good)-3], auth, 400, "bad_batch"},
 		{"unknown version", v2, auth, 400, "unsupported_version"},
 		{"oversize", bytes.Repeat([]byte{0}, 65<<10), auth, 413, "too_large"},
-		{"far-future stamp", transport.EncodeBatch(&transport.Batch{Sender: "b", Stream: streamB, Entries: []wal.Entry{future}}), auth, 400, "clock_offset"},
+		{"far-future stamp", transport.EncodeBatch(&transport.Batch{Header: transport.Header{Sender: "b", Stream: streamB}, Entries: []wal.Entry{future}}), auth, 400, "clock_offset"},
 	}
 	before := f.digest()
 	for _, tc := range tests {
@@ -259,7 +259,7 @@ func TestClockObservedFromBatch(t *testing.T) {
 }
 
 func FuzzApply(f *testing.F) {
-	f.Add(transport.EncodeBatch(&transport.Batch{Sender: "b", Stream: streamB, Entries: []wal.Entry{
+	f.Add(transport.EncodeBatch(&transport.Batch{Header: transport.Header{Sender: "b", Stream: streamB}, Entries: []wal.Entry{
 		{Index: 1, Origin: "b", Stream: streamB, Commit: hlc.Timestamp{Wall: 5}, Op: store.OpSet, Key: "k", Value: []byte("v")}}}))
 	f.Add([]byte{0x80})
 	f.Fuzz(func(t *testing.T, body []byte) {

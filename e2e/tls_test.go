@@ -163,7 +163,7 @@ func TestMutualTLSLinks(t *testing.T) {
 		e := wal.Entry{Index: 1, Origin: origin, Stream: wal.StreamID{7}, Commit: hlc.Timestamp{Wall: time.Now().UnixNano()},
 			Op: store.OpSet, Key: "spoofed", Value: []byte("evil")}
 		e.Stamp = e.Commit
-		return transport.EncodeBatch(&transport.Batch{Sender: sender, Stream: wal.StreamID{7}, Entries: []wal.Entry{e}})
+		return transport.EncodeBatch(&transport.Batch{Header: transport.Header{Sender: sender, Stream: wal.StreamID{7}}, Entries: []wal.Entry{e}})
 	}
 	post := func(c *http.Client, header string, body []byte) (int, error) {
 		req, _ := http.NewRequest("POST", peerURL["a"]+"/v1/replicate", bytes.NewReader(body))

@@ -30,6 +30,9 @@ type PeersReport struct {
 	// Members are the nodes known through gossip, with their liveness and
 	// whether they are shipped to.
 	Members []transport.Member `json:"members,omitempty"`
+	// Rejoin is this node's rejoin after losing data, and the peers that
+	// asked it for a re-seed or whose rejoin it waits to end.
+	Rejoin RejoinReport `json:"rejoin"`
 }
 
 // StreamReport is what this node applied of one peer stream (persisted).
@@ -37,10 +40,12 @@ type StreamReport struct {
 	Origin string `json:"origin"`
 	Stream string `json:"stream"`
 	HWM    uint64 `json:"hwm"`
-	// Merged entries went through an LWW merge; with DeadLettered it sums
-	// to HWM unless an entry was applied twice.
+	// Merged entries went through an LWW merge; with DeadLettered and
+	// Seeded it sums to HWM unless an entry was applied twice.
 	Merged       uint64 `json:"merged"`
 	DeadLettered uint64 `json:"dead_lettered"`
+	// Seeded entries were covered by a re-seed's snapshot instead.
+	Seeded uint64 `json:"seeded"`
 	// Frontier is the commit HLC of the last applied entry.
 	Frontier string `json:"frontier"`
 }
@@ -54,6 +59,7 @@ func (n *Node) PeersReport() PeersReport {
 		Refusals: n.acceptor.Refusals(),
 		Streams:  []StreamReport{},
 		Members:  n.Members(),
+		Rejoin:   n.rejoinReport(),
 	}
 	hwms, err := n.store.HWMs()
 	if err != nil {
@@ -61,7 +67,7 @@ func (n *Node) PeersReport() PeersReport {
 	}
 	for _, h := range hwms {
 		r.Streams = append(r.Streams, StreamReport{Origin: h.Origin, Stream: wal.StreamID(h.Stream).String(),
-			HWM: h.Index, Merged: h.Merged, DeadLettered: h.DeadLettered, Frontier: h.Commit.String()})
+			HWM: h.Index, Merged: h.Merged, DeadLettered: h.DeadLettered, Seeded: h.Seeded, Frontier: h.Commit.String()})
 	}
 	return r
 }
@@ -188,8 +194,10 @@ func (n *Node) registerAdmin(mux *http.ServeMux) {
 			err = n.ResumePeer(name)
 		case "reseed":
 			err = n.ReseedPeer(name)
+		case "detach":
+			err = n.DetachPeer(name)
 		default:
-			writeError(w, http.StatusNotFound, apiError{Code: "not_found", Message: "actions: pause, resume, reseed"})
+			writeError(w, http.StatusNotFound, apiError{Code: "not_found", Message: "actions: pause, resume, reseed, detach"})
 			return
 		}
 		if err != nil {

@@ -104,6 +104,14 @@ type committer struct {
 	// keeps refusing writes until a restart recovers from the WAL.
 	failed atomic.Pointer[error]
 	exited chan struct{}
+	// groupMu is held from stamping a group to applying it: replacing the
+	// WAL's stream takes it too, so no group straddles two streams.
+	groupMu sync.Mutex
+	// floor, while a group is between stamping and its WAL append, is a
+	// timestamp below every commit HLC in it (nil otherwise): tombstone
+	// collection must not assume a peer has every entry when one is about
+	// to be appended.
+	floor atomic.Pointer[hlc.Timestamp]
 
 	pending      []*proposal // scratch of run
 	groupReplays []*proposal // proposals replaying a write of the current group
@@ -229,12 +237,14 @@ func (c *committer) run() {
 		}
 		c.linger()
 		c.prev = 0
+		c.groupMu.Lock()
 		if g := c.makeDurable(c.pending); g != nil {
 			c.applyGroup(g)
 			// Expect back the writers just answered and those already
 			// queued behind them.
 			c.prev = len(g.props) + len(c.in)
 		}
+		c.groupMu.Unlock()
 	}
 }
 
@@ -257,6 +267,9 @@ func (c *committer) makeDurable(pending []*proposal) *group {
 		return nil
 	}
 	n := c.n
+	floor := n.clock.Last()
+	c.floor.Store(&floor)
+	defer c.floor.Store(nil)
 	g.ents = make([]*wal.Entry, 0, len(g.props))
 	writing := g.props[:0]
 	var keyed map[string]*proposal
@@ -289,6 +302,9 @@ func (c *committer) makeDurable(pending []*proposal) *group {
 				continue
 			}
 			p.entry.Stamp = p.pin
+			// A pin may lie ahead of the clock (by up to the max offset):
+			// the next write, causally later, must stamp above it.
+			n.clock.Observe(p.pin)
 		}
 		if p.idem != nil {
 			st, body := p.idem.answer(p)
@@ -393,8 +409,10 @@ func (c *committer) applyGroup(g *group) {
 	}
 	if err == nil {
 		err = errors.Join(
-			b.SetLocalApplied(n.wal.Stream(), g.ents[len(g.ents)-1].Index),
-			b.SetHLC(g.high),
+			b.SetLocalApplied(store.AppliedIndex{Stream: n.wal.Stream(), Index: g.ents[len(g.ents)-1].Index, Commit: g.high}),
+			// The clock's high-water, not the group's: it covers pins
+			// observed and remote stamps too, and the store only raises it.
+			b.RaiseHLC(n.clock.Last()),
 		)
 	}
 	if err == nil {

@@ -149,7 +149,10 @@ func (o *overlay) decide(p *proposal) error {
 		if err != nil && !errors.Is(err, store.ErrNotFound) {
 			return fmt.Errorf("%w: %w", ErrNotWritten, err)
 		}
-		t := c.Totals[o.n.cluster]
+		// This stream's own totals: a node that lost its data starts a
+		// new stream, and fresh totals no max-merge can absorb.
+		comp := store.Component(o.n.cluster, o.n.wal.Stream())
+		t := c.Totals[comp]
 		if ot, ok := o.ctr[e.Key]; ok {
 			t = ot
 		}
@@ -158,11 +161,11 @@ func (o *overlay) decide(p *proposal) error {
 		} else {
 			t.N += uint64(-p.delta)
 		}
-		e.Ctr = &t
+		e.Ctr, e.CtrComp = &t, comp
 		// the counter's value here once this increment applies
 		v := int64(t.P) - int64(t.N)
-		for cluster, ct := range c.Totals {
-			if cluster != o.n.cluster {
+		for c2, ct := range c.Totals {
+			if c2 != comp {
 				v += int64(ct.P) - int64(ct.N)
 			}
 		}

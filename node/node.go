@@ -47,7 +47,7 @@ type Node struct {
 
 	clock *hlc.Clock
 	store *store.Store
-	wal   *wal.Log
+	wal   *walHandle
 	com   *committer
 
 	acceptor   *acceptor.Acceptor
@@ -65,6 +65,7 @@ type Node struct {
 	lagRing  lagRing
 	sat      saturation
 	overflow map[string]string // peer -> overflow mode
+	rejoin   rejoinState
 
 	// lifecycle
 	closing  atomic.Bool
@@ -135,7 +136,16 @@ func Open(ctx context.Context, opts *Options) (*Node, error) {
 		n.store.Close()
 		return nil, err
 	}
+	created := n.wal.cur().Created()
 	if err := n.recover(); err != nil {
+		n.wal.Close()
+		n.store.Close()
+		return nil, err
+	}
+	if n.wal.cur().Created() {
+		created = true // recovery replaced a WAL that lost entries
+	}
+	if err := n.initIdentity(created); err != nil {
 		n.wal.Close()
 		n.store.Close()
 		return nil, err
@@ -163,7 +173,10 @@ func (n *Node) openWAL() error {
 	if err != nil {
 		return err
 	}
-	n.wal = l
+	if n.wal == nil {
+		n.wal = &walHandle{}
+	}
+	n.wal.p.Store(l)
 	return nil
 }
 
@@ -175,10 +188,11 @@ func (n *Node) recover() error {
 		return err
 	}
 	n.clock.Observe(hw)
-	stream, applied, err := n.store.LocalApplied()
+	ap, err := n.store.LocalApplied()
 	if err != nil {
 		return err
 	}
+	stream, applied := ap.Stream, ap.Index
 	from := applied + 1
 	if stream != n.wal.Stream() {
 		// A new WAL (first start, or the directory was replaced): every
@@ -219,7 +233,8 @@ func (n *Node) recover() error {
 				return fmt.Errorf("node: recover entry %d: %w", i, err)
 			}
 		}
-		err := errors.Join(b.SetLocalApplied(n.wal.Stream(), to), b.SetHLC(high), b.Commit(true))
+		err := errors.Join(b.SetLocalApplied(store.AppliedIndex{Stream: n.wal.Stream(), Index: to, Commit: high}),
+			b.RaiseHLC(n.clock.Last()), b.Commit(true))
 		b.Close()
 		if err != nil {
 			return fmt.Errorf("node: recover: %w", err)
@@ -265,7 +280,7 @@ func (n *Node) rotateWAL(why string) error {
 	n.applied.Store(0)
 	b := n.store.NewBatch()
 	defer b.Close()
-	return errors.Join(b.SetLocalApplied(n.wal.Stream(), 0), b.Commit(true))
+	return errors.Join(b.SetLocalApplied(store.AppliedIndex{Stream: n.wal.Stream()}), b.Commit(true))
 }
 
 // Start listens on Options.Listen (and PeerListen) and serves the HTTP API,
@@ -520,6 +535,11 @@ func (n *Node) propose(ctx context.Context, p *proposal) (WriteResult, error) {
 	idem := p.idem
 	if n.closing.Load() {
 		return WriteResult{}, fmt.Errorf("%w: %w", ErrClosed, ErrNotWritten)
+	}
+	select {
+	case <-n.rejoin.fence:
+	case <-ctx.Done():
+		return WriteResult{}, fmt.Errorf("%w: waiting for the peers to confirm this stream's identity: %w", ErrNotWritten, ctx.Err())
 	}
 	if err := n.admit(ctx); err != nil {
 		return WriteResult{}, err

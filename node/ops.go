@@ -2,9 +2,11 @@ package node
 
 import (
 	"context"
+	"crypto/sha256"
 	"errors"
 	"fmt"
 
+	"github.com/replicator/replicator/policy"
 	"github.com/replicator/replicator/store"
 	"github.com/replicator/replicator/wal"
 )
@@ -89,7 +91,7 @@ type CounterResult struct {
 	Key     string              `json:"key"`
 	Value   int64               `json:"value"`
 	Version string              `json:"version"`
-	Totals  map[string]store.PN `json:"totals"`
+	Totals  map[string]store.PN `json:"totals"` // per cluster
 	Origin  string              `json:"origin,omitempty"` // of the increment
 }
 
@@ -104,6 +106,9 @@ func (n *Node) increment(ctx context.Context, key string, delta int64, idem *ide
 	if err := n.checkKey(key); err != nil {
 		return CounterResult{}, err
 	}
+	if idem == nil {
+		idem = scopedIncrement(ctx, key, delta)
+	}
 	res, err := n.propose(ctx, &proposal{entry: wal.Entry{Op: store.OpCounter, Key: key}, idem: idem, delta: delta})
 	if err != nil {
 		return CounterResult{}, err
@@ -111,6 +116,21 @@ func (n *Node) increment(ctx context.Context, key string, delta int64, idem *ide
 	c, err := n.Counter(key)
 	c.Origin = res.Origin
 	return c, err
+}
+
+// scopedIncrement makes an increment under an idempotency scope
+// (policy.WithKey) a keyed request: a pinned stamp makes a retried put a tie,
+// but a counter delta is not deduplicated by its stamp, so the scope's key
+// and pinned HLC identify the operation, recorded with the write, and a
+// retry replays the first answer instead of adding the delta again.
+func scopedIncrement(ctx context.Context, key string, delta int64) *idemRequest {
+	k, ok := policy.KeyFrom(ctx)
+	if !ok || k.ID == "" || len(k.ID) > wal.MaxIdemKey {
+		return nil
+	}
+	h := sha256.New()
+	fmt.Fprintf(h, "go-scope\x00counter\x00%d:%s\x00%d\x00%s", len(key), key, delta, k.HLC)
+	return &idemRequest{key: k.ID, fingerprint: h.Sum(nil), answer: counterAnswerOf}
 }
 
 // Counter reads a counter (ErrNotFound when the key holds none).
@@ -125,7 +145,17 @@ func (n *Node) Counter(key string) (CounterResult, error) {
 	if err != nil {
 		return CounterResult{}, err
 	}
-	return CounterResult{Key: key, Value: c.Value(), Version: c.Stamp.String(), Totals: c.Totals}, nil
+	// Totals are kept per stream (see store.Component); a reader wants them
+	// per cluster.
+	totals := make(map[string]store.PN, len(c.Totals))
+	for comp, t := range c.Totals {
+		cl := store.ComponentCluster(comp)
+		sum := totals[cl]
+		sum.P += t.P
+		sum.N += t.N
+		totals[cl] = sum
+	}
+	return CounterResult{Key: key, Value: c.Value(), Version: c.Stamp.String(), Totals: totals}, nil
 }
 
 // BatchOp is one write of an atomic batch.

@@ -130,6 +130,12 @@ type Options struct {
 	// NoAutoReseed leaves peers that need a re-seed marked until an
 	// operator asks (POST /admin/peers/{name}/reseed).
 	NoAutoReseed bool
+	// IdentityCheckWait is how long writes wait at start, when the node
+	// reopens a stream that existed before, for every linked peer to answer
+	// once: a peer holding entries of the stream that the WAL does not
+	// (a restored or copied data directory) is then noticed before an index
+	// is reused. Default 2s; negative does not wait.
+	IdentityCheckWait time.Duration
 	// LinkLagging and LinkStalled classify peer links (defaults 5s, 60s).
 	LinkLagging, LinkStalled time.Duration
 	// PeerTransport replaces the HTTP transport of outgoing batches (tests
@@ -221,6 +227,9 @@ func (o *Options) EnsureDefaults() {
 	}
 	if o.AdmissionWait == 0 {
 		o.AdmissionWait = 5 * time.Second
+	}
+	if o.IdentityCheckWait == 0 {
+		o.IdentityCheckWait = defaultIdentityCheckWait
 	}
 	if o.LinkLagging == 0 {
 		o.LinkLagging = 5 * time.Second

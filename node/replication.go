@@ -38,9 +38,11 @@ func (n *Node) setupReplication() error {
 				n.opts.ObserveLag(origin, d)
 			}
 		},
-		ObserveApply: func(d time.Duration) { n.metrics.applySeconds.Observe(d.Seconds()) },
-		Now:          n.clock.Physical,
-		Logger:       n.log,
+		ObserveApply:    func(d time.Duration) { n.metrics.applySeconds.Observe(d.Seconds()) },
+		OnReseedRequest: n.onReseedRequest,
+		OnTrailer:       n.onTrailer,
+		Now:             n.clock.Physical,
+		Logger:          n.log,
 	})
 	rt := n.opts.PeerTransport
 	if rt == nil {
@@ -73,11 +75,15 @@ func (n *Node) addLink(p Peer) (*transport.Shipper, error) {
 		ObserveShip: func(peer string, d time.Duration, _ int) {
 			n.metrics.shipSeconds.WithLabelValues(peer).Observe(d.Seconds())
 		},
-		Logger: n.log.With("peer", p.Name),
+		OnAck:        n.onAck,
+		OnConflict:   n.onConflict,
+		OnReseedDone: n.onReseedDone,
+		Logger:       n.log.With("peer", p.Name),
 	})
 	if err != nil {
 		return nil, err
 	}
+	n.restoreReseedState(sh)
 	n.linksMu.Lock()
 	defer n.linksMu.Unlock()
 	n.shippers = append(n.shippers, sh)
@@ -154,36 +160,93 @@ func (n *Node) TruncateWAL() error {
 	return n.wal.TruncateFront(upTo + 1)
 }
 
-// tombstoneCutoff is the stamp below which tombstones may go: older than
-// the retention window, and older (by the pin window) than the applied
-// commit frontier of every peer cluster, so that no write older than a
-// collected tombstone can still arrive and resurrect its key.
+// tombstoneCutoff is the stamp below which tombstones may go. A tombstone is
+// collected only when no write older than it can still arrive here, and
+// every peer has the delete (or a re-seed will carry it):
+//
+//   - it is older than the retention window;
+//   - inbound: for every peer cluster this node takes writes from, linked or
+//     not, it lies more than the pin window below that cluster's applied
+//     commit frontier here (a stamp lies within the pin window of its
+//     commit, and commits grow within a stream);
+//   - outbound: every link has every entry of this stream committed up to
+//     the stamp plus the pin window, and none is detached, in or owed a
+//     re-seed (the snapshot must still carry the tombstone);
+//   - no dead letter holds a write it could shadow, and no rejoin is under
+//     way (this node's, or a peer's that will re-seed this node).
 func (n *Node) tombstoneCutoff() (hlc.Timestamp, error) {
 	cutoff := hlc.Timestamp{Wall: n.clock.Physical() - int64(n.opts.TombstoneRetention)}
-	if len(n.links()) == 0 {
-		return cutoff, nil
+	lower := func(ts hlc.Timestamp) {
+		if ts.Less(cutoff) {
+			cutoff = ts
+		}
 	}
+	if rj, err := n.store.Rejoin(); err != nil || len(rj) > 0 {
+		return hlc.Timestamp{}, err
+	}
+	if rr, err := n.store.ReseedRequests(); err != nil || len(rr) > 0 {
+		return hlc.Timestamp{}, err
+	}
+	// Outbound first: read the clock, then the floor of a group being
+	// stamped, then the WAL's end, so that an entry appended after the end
+	// was read is either above the clock reading or below the floor.
+	clockNow := n.clock.Last()
+	floorp := n.com.floor.Load()
+	last := n.wal.Last()
+	for _, sh := range n.links() {
+		d := sh.Delivery()
+		switch {
+		case !d.Complete:
+			return hlc.Timestamp{}, nil
+		case d.Acked >= last:
+			bound := clockNow
+			if floorp != nil && floorp.Less(bound) {
+				bound = *floorp
+			}
+			lower(bound.Add(-n.opts.PinWindow))
+		case d.AckedCommit.IsZero():
+			return hlc.Timestamp{}, nil // not known since the cursor moved
+		default:
+			lower(d.AckedCommit.Add(-n.opts.PinWindow))
+		}
+	}
+	// Inbound: a peer cluster's frontier is the furthest of its streams (a
+	// stream it lost and replaced never advances again; what it lost comes
+	// back by its rejoin, which blocks collection while it runs). A re-seed's
+	// one-off snapshot stream records no frontier.
 	hwms, err := n.store.HWMs()
 	if err != nil {
 		return hlc.Timestamp{}, err
 	}
-	// A peer cluster's frontier is the furthest of its streams (a stream it
-	// lost and replaced never advances again).
 	frontier := map[string]hlc.Timestamp{}
 	for _, h := range hwms {
 		if f := frontier[h.Origin]; f.Less(h.Commit) {
 			frontier[h.Origin] = h.Commit
 		}
 	}
+	peers := map[string]bool{}
+	for _, p := range n.acceptor.Peers() {
+		peers[p] = true
+	}
 	for _, sh := range n.links() {
-		p := sh.Peer()
-		f, ok := frontier[p.Name]
-		if !ok {
+		peers[sh.Peer().Name] = true
+	}
+	for p := range peers {
+		f, ok := frontier[p]
+		if !ok || f.IsZero() {
 			// Nothing known from this peer yet: it may hold any old write.
 			return hlc.Timestamp{}, nil
 		}
-		if lim := f.Add(-n.opts.PinWindow); lim.Less(cutoff) {
-			cutoff = lim
+		lower(f.Add(-n.opts.PinWindow))
+	}
+	dls, err := n.store.DeadLetters()
+	if err != nil {
+		return hlc.Timestamp{}, err
+	}
+	codec := wal.NewCodec()
+	for _, d := range dls {
+		if e, err := codec.DecodeEntry(d.Entry, wal.Defaults{}); err == nil {
+			lower(e.LWW().HLC)
 		}
 	}
 	return cutoff, nil
@@ -249,8 +312,20 @@ func (n *Node) ResumePeer(peer string) error {
 func (n *Node) ReseedPeer(peer string) error {
 	sh, err := n.shipper(peer)
 	if err == nil {
-		sh.Reseed()
+		sh.Reseed("asked by the operator")
 		n.log.Info("re-seed requested by the operator", "peer", peer)
+	}
+	return err
+}
+
+// DetachPeer stops retaining the WAL for a peer (as overflow mode detach
+// does): for a peer gone for long, whose backlog should not hold the WAL.
+// It is re-seeded once it is reachable again.
+func (n *Node) DetachPeer(peer string) error {
+	sh, err := n.shipper(peer)
+	if err == nil {
+		sh.Detach("detached by the operator")
+		n.metrics.detached.WithLabelValues(peer).Inc()
 	}
 	return err
 }

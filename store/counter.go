@@ -2,9 +2,11 @@ package store
 
 import (
 	"encoding/binary"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"sort"
+	"strings"
 
 	"github.com/cockroachdb/pebble/v2"
 
@@ -24,7 +26,27 @@ const (
 	counterVersion = 1
 )
 
-// PN is one cluster's totals: increments and decrements it took.
+// MaxComponentLen bounds a counter component's name: a cluster ID, or
+// "<cluster>/<stream hex>" (see Component).
+const MaxComponentLen = 128
+
+// Component names the totals one WAL stream of a cluster keeps. Totals are
+// keyed by stream, not by cluster alone: a node that lost its data (wiped,
+// or restored from a backup) begins a new stream, and its new increments
+// start fresh totals, which a max-merge against the totals peers hold for
+// the old stream cannot absorb. (Counters written before streams named
+// their totals carry the bare cluster ID; both kinds merge side by side.)
+func Component(cluster string, stream [16]byte) string {
+	return cluster + "/" + hex.EncodeToString(stream[:])
+}
+
+// ComponentCluster is the cluster a component's totals belong to.
+func ComponentCluster(component string) string {
+	c, _, _ := strings.Cut(component, "/")
+	return c
+}
+
+// PN is one stream's totals: increments and decrements it took.
 type PN struct {
 	P, N uint64
 }
@@ -99,7 +121,7 @@ func DecodeCounter(b []byte) (Counter, error) {
 			return bad("component")
 		}
 		l := int(b[0])
-		if l == 0 || l > maxOriginLen || len(b) < 1+l+16 {
+		if l == 0 || l > MaxComponentLen || len(b) < 1+l+16 {
 			return bad("component")
 		}
 		name := string(b[1 : 1+l])

@@ -30,12 +30,19 @@ type HWM struct {
 	Index  uint64
 	Commit hlc.Timestamp
 	Merged uint64
-	// DeadLettered counts the entries set aside instead (Merged +
-	// DeadLettered = Index for a stream that began at 1).
+	// DeadLettered counts the entries set aside instead.
 	DeadLettered uint64
+	// Seeded counts the entries a re-seed covered instead: its snapshot
+	// carried their effect and its trailer raised Index past them.
+	// Merged + DeadLettered + Seeded = Index for a stream that began at 1,
+	// unless an entry was applied twice.
+	Seeded uint64
 }
 
-const hwmValueLen = 8 + hlc.EncodedLen + 8 + 8
+const (
+	hwmValueLenV1 = 8 + hlc.EncodedLen + 8 + 8
+	hwmValueLen   = hwmValueLenV1 + 8
+)
 
 func hwmKey(origin string, stream [16]byte) []byte {
 	k := make([]byte, 0, 2+len(origin)+16)
@@ -47,7 +54,7 @@ func hwmKey(origin string, stream [16]byte) []byte {
 
 func decodeHWM(key, v []byte) (HWM, error) {
 	var h HWM
-	if len(key) < 1+1+1+16 || key[len(key)-17] != 0 || len(v) != hwmValueLen {
+	if len(key) < 1+1+1+16 || key[len(key)-17] != 0 || (len(v) != hwmValueLen && len(v) != hwmValueLenV1) {
 		return h, fmt.Errorf("%w: high-water mark record", ErrCorrupt)
 	}
 	h.Origin = string(key[1 : len(key)-17])
@@ -60,6 +67,9 @@ func decodeHWM(key, v []byte) (HWM, error) {
 	h.Commit = ts
 	h.Merged = binary.BigEndian.Uint64(v[8+hlc.EncodedLen:])
 	h.DeadLettered = binary.BigEndian.Uint64(v[16+hlc.EncodedLen:])
+	if len(v) == hwmValueLen {
+		h.Seeded = binary.BigEndian.Uint64(v[24+hlc.EncodedLen:])
+	}
 	return h, nil
 }
 
@@ -78,13 +88,43 @@ func (b *Batch) HWM(origin string, stream [16]byte) (HWM, error) {
 	return decodeHWM(k, v)
 }
 
+// HWMsOf lists the high-water marks of every stream of one origin cluster.
+func (b *Batch) HWMsOf(origin string) ([]HWM, error) {
+	lower := append(append([]byte{prefixHWM}, origin...), 0)
+	upper := append(append([]byte{prefixHWM}, origin...), 1)
+	it, err := b.s.db.NewIter(&pebble.IterOptions{LowerBound: lower, UpperBound: upper})
+	if err != nil {
+		return nil, err
+	}
+	defer it.Close()
+	var out []HWM
+	for valid := it.First(); valid; valid = it.Next() {
+		if len(it.Key()) != len(lower)+16 {
+			continue
+		}
+		h, err := decodeHWM(it.Key(), it.Value())
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, h)
+	}
+	return out, it.Error()
+}
+
 // SetHWM raises an origin stream's high-water mark in the batch.
 func (b *Batch) SetHWM(h HWM) error {
 	v := binary.BigEndian.AppendUint64(make([]byte, 0, hwmValueLen), h.Index)
 	v = h.Commit.AppendTo(v)
 	v = binary.BigEndian.AppendUint64(v, h.Merged)
 	v = binary.BigEndian.AppendUint64(v, h.DeadLettered)
+	v = binary.BigEndian.AppendUint64(v, h.Seeded)
 	return b.pb.Set(hwmKey(h.Origin, h.Stream), v, nil)
+}
+
+// DeleteHWM forgets an origin stream's high-water mark in the batch (a
+// re-seed's one-off snapshot stream, once its trailer committed).
+func (b *Batch) DeleteHWM(origin string, stream [16]byte) error {
+	return b.pb.Delete(hwmKey(origin, stream), nil)
 }
 
 // HWMs lists every origin stream this node has applied entries of.
@@ -140,4 +180,132 @@ func (s *Store) SetCursor(peer string, c Cursor) error {
 		return fmt.Errorf("store: write cursor of %s: %w", peer, err)
 	}
 	return nil
+}
+
+// Re-seed bookkeeping, kept per peer cluster and synced, so that a restart
+// in the middle of a re-seed or a rejoin resumes it:
+//
+//	R<peer>   flags: what this node owes a peer or waits for from it
+//	J<peer>   phase of this node's own rejoin with a peer
+const (
+	prefixReseedReq = 'R'
+	prefixRejoin    = 'J'
+)
+
+// Flags of a peer's R record.
+const (
+	// ReseedRequested: the peer asked for a re-seed (it lost its data);
+	// this node owes it a snapshot that may carry the peer's own writes.
+	ReseedRequested byte = 1 << 0
+	// AwaitRejoin: the peer is rejoining after losing data and will re-seed
+	// this node once it has caught up; until that trailer arrives, writes
+	// older than this node's tombstones may still come from it.
+	AwaitRejoin byte = 1 << 1
+)
+
+// Phases of this node's rejoin with one peer (its J record).
+const (
+	// RejoinRequesting: waiting for the peer to record the request, then
+	// for its snapshot.
+	RejoinRequesting byte = 1
+	// RejoinSeeding: the peer's snapshot arrived; this node owes the peer
+	// a snapshot of its own (what only this node, or only some peers, had).
+	RejoinSeeding byte = 2
+)
+
+func peerRecords(db *pebble.DB, prefix byte) (map[string]byte, error) {
+	it, err := db.NewIter(&pebble.IterOptions{LowerBound: []byte{prefix}, UpperBound: []byte{prefix + 1}})
+	if err != nil {
+		return nil, err
+	}
+	defer it.Close()
+	out := map[string]byte{}
+	for valid := it.First(); valid; valid = it.Next() {
+		if len(it.Value()) != 1 || len(it.Key()) < 2 {
+			return nil, fmt.Errorf("%w: peer record %q", ErrCorrupt, it.Key())
+		}
+		out[string(it.Key()[1:])] = it.Value()[0]
+	}
+	return out, it.Error()
+}
+
+func setPeerRecord(db *pebble.DB, prefix byte, peer string, v byte) error {
+	k := append([]byte{prefix}, peer...)
+	var err error
+	if v == 0 {
+		err = db.Delete(k, pebble.Sync)
+	} else {
+		err = db.Set(k, []byte{v}, pebble.Sync)
+	}
+	if err != nil {
+		return fmt.Errorf("store: peer record %c%s: %w", prefix, peer, err)
+	}
+	return nil
+}
+
+// ReseedRequests lists the R records (peer -> flags).
+func (s *Store) ReseedRequests() (map[string]byte, error) { return peerRecords(s.db, prefixReseedReq) }
+
+// SetReseedRequest stores a peer's R flags (0 deletes the record), synced.
+func (s *Store) SetReseedRequest(peer string, flags byte) error {
+	return setPeerRecord(s.db, prefixReseedReq, peer, flags)
+}
+
+// SetReseedRequestIn stores a peer's R flags in the batch (0 deletes).
+func (b *Batch) SetReseedRequestIn(peer string, flags byte) error {
+	k := append([]byte{prefixReseedReq}, peer...)
+	if flags == 0 {
+		return b.pb.Delete(k, nil)
+	}
+	return b.pb.Set(k, []byte{flags}, nil)
+}
+
+// ReseedRequest reads one peer's R flags (0 when none) as the batch sees it.
+func (b *Batch) ReseedRequest(peer string) (byte, error) {
+	v, closer, err := b.s.db.Get(append([]byte{prefixReseedReq}, peer...))
+	if errors.Is(err, pebble.ErrNotFound) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, err
+	}
+	defer closer.Close()
+	if len(v) != 1 {
+		return 0, fmt.Errorf("%w: re-seed request of %s", ErrCorrupt, peer)
+	}
+	return v[0], nil
+}
+
+// Rejoin lists this node's rejoin phases (peer -> phase).
+func (s *Store) Rejoin() (map[string]byte, error) { return peerRecords(s.db, prefixRejoin) }
+
+// SetRejoin stores the rejoin phase with a peer (0 deletes), synced.
+func (s *Store) SetRejoin(peer string, phase byte) error {
+	return setPeerRecord(s.db, prefixRejoin, peer, phase)
+}
+
+// SetRejoinIn stores the rejoin phase with a peer in the batch (0 deletes).
+func (b *Batch) SetRejoinIn(peer string, phase byte) error {
+	k := append([]byte{prefixRejoin}, peer...)
+	if phase == 0 {
+		return b.pb.Delete(k, nil)
+	}
+	return b.pb.Set(k, []byte{phase}, nil)
+}
+
+// RejoinPhase reads the rejoin phase with one peer (0 when none) as the
+// batch sees it.
+func (b *Batch) RejoinPhase(peer string) (byte, error) {
+	v, closer, err := b.s.db.Get(append([]byte{prefixRejoin}, peer...))
+	if errors.Is(err, pebble.ErrNotFound) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, err
+	}
+	defer closer.Close()
+	if len(v) != 1 {
+		return 0, fmt.Errorf("%w: rejoin phase of %s", ErrCorrupt, peer)
+	}
+	return v[0], nil
 }

@@ -100,6 +100,11 @@ type Store struct {
 	// ranges are the range tombstones kept (few: collected like
 	// tombstones). Guarded by applyMu.
 	ranges []RangeTombstone
+	// hlcHigh is the persisted clock high-water mark. Batches only ever
+	// raise it (RaiseHLC): a local group and an inbound batch commit in
+	// either order, and the later commit must not write a lower value over
+	// the higher one. Guarded by applyMu.
+	hlcHigh hlc.Timestamp
 }
 
 // Open opens (creating if needed) the tree in dir.
@@ -124,11 +129,17 @@ func Open(dir string, opts *Options) (*Store, error) {
 		return nil, fmt.Errorf("store: open %s: %w", dir, err)
 	}
 	s := &Store{db: db, cache: cache, opts: o}
-	if err := errors.Join(s.loadMaxStamp(), s.loadRanges(), s.checkCounters()); err != nil {
+	if err := errors.Join(s.loadMaxStamp(), s.loadRanges(), s.checkCounters(), s.loadHLC()); err != nil {
 		s.Close()
 		return nil, err
 	}
 	return s, nil
+}
+
+func (s *Store) loadHLC() error {
+	ts, err := s.HLCHighWater()
+	s.hlcHigh = ts
+	return err
 }
 
 func (s *Store) loadMaxStamp() error {
@@ -297,6 +308,9 @@ type Batch struct {
 	pendingRanges []RangeTombstone
 	// replaceRanges, when set, is the store's range list after collection.
 	replaceRanges *[]RangeTombstone
+	// hlc is the clock high-water mark this batch raises the store's to
+	// (zero: it does not).
+	hlc hlc.Timestamp
 }
 
 type pendingRecord struct {
@@ -431,18 +445,51 @@ func (b *Batch) Merge(w Write) (Outcome, error) {
 	return Applied, nil
 }
 
+// AppliedIndex is how far the local stream is applied to the tree: every entry
+// of Stream up to Index, the last of which was committed at Commit.
+type AppliedIndex struct {
+	Stream [16]byte
+	Index  uint64
+	Commit hlc.Timestamp
+}
+
 // SetLocalApplied records that the local WAL stream has been applied up to
-// index. It commits with the data, so recovery knows exactly where to resume.
-func (b *Batch) SetLocalApplied(stream [16]byte, index uint64) error {
-	v := make([]byte, 0, 24)
-	v = append(v, stream[:]...)
-	v = binary.BigEndian.AppendUint64(v, index)
+// index (committed at commit). It commits with the data, so recovery knows
+// exactly where to resume, and a re-seed snapshot knows which entry its
+// state corresponds to.
+func (b *Batch) SetLocalApplied(a AppliedIndex) error {
+	v := make([]byte, 0, 24+hlc.EncodedLen)
+	v = append(v, a.Stream[:]...)
+	v = binary.BigEndian.AppendUint64(v, a.Index)
+	v = a.Commit.AppendTo(v)
 	return b.pb.Set(keyLocalApplied, v, nil)
 }
 
-// SetHLC records the clock's high-water mark with the data, so a restarted
-// node never stamps below what it stamped before.
-func (b *Batch) SetHLC(ts hlc.Timestamp) error {
+func decodeApplied(v []byte) (AppliedIndex, error) {
+	var a AppliedIndex
+	if len(v) != 24 && len(v) != 24+hlc.EncodedLen {
+		return a, fmt.Errorf("%w: applied index of %d bytes", ErrCorrupt, len(v))
+	}
+	copy(a.Stream[:], v[:16])
+	a.Index = binary.BigEndian.Uint64(v[16:24])
+	if len(v) > 24 {
+		ts, err := hlc.Decode(v[24:])
+		if err != nil {
+			return a, fmt.Errorf("%w: applied index: %v", ErrCorrupt, err)
+		}
+		a.Commit = ts
+	}
+	return a, nil
+}
+
+// RaiseHLC raises the persisted clock high-water mark to ts, never lowers
+// it: a restarted node stamps above the highest value any committed batch
+// recorded, whichever batch committed last.
+func (b *Batch) RaiseHLC(ts hlc.Timestamp) error {
+	if !b.s.hlcHigh.Less(ts) || !b.hlc.Less(ts) {
+		return nil
+	}
+	b.hlc = ts
 	enc := ts.Encode()
 	return b.pb.Set(keyHLC, enc[:], nil)
 }
@@ -478,6 +525,9 @@ func (b *Batch) Commit(sync bool) error {
 	if raised {
 		b.s.maxStamp = b.max
 	}
+	if b.s.hlcHigh.Less(b.hlc) {
+		b.s.hlcHigh = b.hlc
+	}
 	if b.replaceRanges != nil {
 		b.s.ranges = *b.replaceRanges
 	}
@@ -488,22 +538,18 @@ func (b *Batch) Commit(sync bool) error {
 	return nil
 }
 
-// LocalApplied returns the local stream and the last of its WAL indexes that
-// is applied. A zero stream means nothing was ever applied.
-func (s *Store) LocalApplied() (stream [16]byte, index uint64, err error) {
+// LocalApplied returns how far the local stream is applied. A zero stream
+// means nothing was ever applied.
+func (s *Store) LocalApplied() (AppliedIndex, error) {
 	v, closer, err := s.db.Get(keyLocalApplied)
 	if errors.Is(err, pebble.ErrNotFound) {
-		return stream, 0, nil
+		return AppliedIndex{}, nil
 	}
 	if err != nil {
-		return stream, 0, fmt.Errorf("store: read applied index: %w", err)
+		return AppliedIndex{}, fmt.Errorf("store: read applied index: %w", err)
 	}
 	defer closer.Close()
-	if len(v) != 24 {
-		return stream, 0, fmt.Errorf("%w: applied index of %d bytes", ErrCorrupt, len(v))
-	}
-	copy(stream[:], v[:16])
-	return stream, binary.BigEndian.Uint64(v[16:]), nil
+	return decodeApplied(v)
 }
 
 // HLCHighWater returns the persisted clock high-water mark (zero if none).
@@ -777,8 +823,7 @@ func (s *Store) Sync() error {
 type Snapshot struct {
 	snap    *pebble.Snapshot
 	it      *pebble.Iterator
-	stream  [16]byte
-	applied uint64
+	applied AppliedIndex
 	started bool
 }
 
@@ -829,11 +874,13 @@ func (s *Store) NewSnapshot() (*Snapshot, error) {
 		snap.Close()
 		return nil, fmt.Errorf("store: snapshot: %w", err)
 	default:
-		if len(v) == 24 {
-			copy(sn.stream[:], v[:16])
-			sn.applied = binary.BigEndian.Uint64(v[16:])
-		}
+		a, derr := decodeApplied(v)
 		closer.Close()
+		if derr != nil {
+			snap.Close()
+			return nil, derr
+		}
+		sn.applied = a
 	}
 	it, err := snap.NewIter(&pebble.IterOptions{LowerBound: []byte{prefixData}, UpperBound: []byte{prefixData + 1}})
 	if err != nil {
@@ -844,8 +891,8 @@ func (s *Store) NewSnapshot() (*Snapshot, error) {
 	return sn, nil
 }
 
-// LocalApplied is the local stream and applied index the snapshot holds.
-func (sn *Snapshot) LocalApplied() ([16]byte, uint64) { return sn.stream, sn.applied }
+// LocalApplied is how far the local stream is applied in the snapshot.
+func (sn *Snapshot) LocalApplied() AppliedIndex { return sn.applied }
 
 // Next returns the next key's record; ok is false at the end.
 func (sn *Snapshot) Next() (key string, r Record, ok bool, err error) {

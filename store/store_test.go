@@ -281,8 +281,8 @@ func TestBookkeepingCommitsWithData(t *testing.T) {
 	stream := [16]byte{1, 2, 3}
 	b := s.NewBatch()
 	b.Merge(Write{Key: "k", Value: []byte("v"), Stamp: st(7, 0, "a")})
-	b.SetLocalApplied(stream, 42)
-	b.SetHLC(hlc.Timestamp{Wall: 7})
+	b.SetLocalApplied(AppliedIndex{Stream: stream, Index: 42, Commit: hlc.Timestamp{Wall: 6, Logical: 1}})
+	b.RaiseHLC(hlc.Timestamp{Wall: 7})
 	if err := b.Commit(false); err != nil {
 		t.Fatal(err)
 	}
@@ -295,9 +295,9 @@ func TestBookkeepingCommitsWithData(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer s.Close()
-	gotStream, idx, err := s.LocalApplied()
-	if err != nil || gotStream != stream || idx != 42 {
-		t.Fatalf("applied: %x %d %v", gotStream, idx, err)
+	a, err := s.LocalApplied()
+	if err != nil || a.Stream != stream || a.Index != 42 || a.Commit != (hlc.Timestamp{Wall: 6, Logical: 1}) {
+		t.Fatalf("applied: %+v %v", a, err)
 	}
 	hw, err := s.HLCHighWater()
 	if err != nil || hw != (hlc.Timestamp{Wall: 7}) {
@@ -471,4 +471,38 @@ func FuzzDecodeCounter(f *testing.F) {
 			t.Fatalf("re-encoding differs")
 		}
 	})
+}
+
+// TestPersistedHLCOnlyGrows (operator event 8): a local group stamped at h1
+// that commits after an inbound batch recorded h2 > h1 must not write h1 over
+// h2, or a node restarted with its clock set back stamps below a value it
+// holds.
+func TestPersistedHLCOnlyGrows(t *testing.T) {
+	dir := t.TempDir()
+	s, err := Open(dir, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h1, h2 := hlc.Timestamp{Wall: 100}, hlc.Timestamp{Wall: 200, Logical: 3}
+	commit := func(ts hlc.Timestamp) {
+		b := s.NewBatch()
+		defer b.Close()
+		b.Merge(Write{Key: "k" + ts.String(), Value: []byte("v"), Stamp: Stamp{HLC: ts, Origin: "a"}})
+		if err := errors.Join(b.RaiseHLC(ts), b.Commit(false)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	commit(h2) // the inbound batch
+	commit(h1) // the local group, stamped before it, committed after
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	s, err = Open(dir, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if hw, err := s.HLCHighWater(); err != nil || hw != h2 {
+		t.Fatalf("persisted high-water %s (%v), want %s", hw, err, h2)
+	}
 }

@@ -102,7 +102,19 @@ type Options struct {
 	Heartbeat time.Duration
 	// ObserveShip, when set, is told each acknowledged batch's round trip.
 	ObserveShip func(peer string, d time.Duration, entries int)
-	Logger      *slog.Logger
+	// OnAck, when set, is told every answer the peer gives to a batch or a
+	// heartbeat of the current stream (the node learns from it whether its
+	// cluster existed before, and when every link has answered once).
+	OnAck func(peer string, ack *Ack)
+	// OnConflict, when set, is told that the peer holds an entry of this
+	// stream that the local WAL does not (a higher index, or another commit
+	// HLC at an index): the data directory was restored from a backup or
+	// copied. The shipper stops shipping the stream until Rebase.
+	OnConflict func(peer, why string)
+	// OnReseedDone, when set, is told that a re-seed's trailer was
+	// acknowledged, and whether it answered a request and ended a rejoin.
+	OnReseedDone func(peer string, requested, rejoin bool)
+	Logger       *slog.Logger
 }
 
 // EnsureDefaults fills zero fields.
@@ -180,6 +192,9 @@ const (
 	StatePaused      = "paused"
 	StateDead        = "dead" // gossip: the peer stopped answering probes
 	StateLeft        = "left" // gossip: the peer left gracefully
+	// StateConflict: the peer holds entries of this stream the WAL does
+	// not; the node is replacing the stream.
+	StateConflict = "identity_conflict"
 )
 
 // ReseedStatus is the progress of a re-seed.
@@ -191,6 +206,11 @@ type ReseedStatus struct {
 	Finished time.Time `json:"finished,omitzero"`
 	Runs     int       `json:"runs"`
 	Error    string    `json:"error,omitempty"`
+	// LastReason is why the last re-seed ran (an operator's request, a
+	// detach, a peer that asked after losing data, ...).
+	LastReason string `json:"last_reason,omitempty"`
+	// Requested: the last re-seed answered the peer's own request.
+	Requested bool `json:"requested,omitempty"`
 }
 
 // Status is a link's figures.
@@ -218,6 +238,13 @@ type Status struct {
 	Reseed            ReseedStatus `json:"reseed"`
 	ClockSkewMS       float64      `json:"clock_skew_ms"`
 	Thresholds        Thresholds   `json:"thresholds"`
+	// Conflict is set when the peer holds entries of this stream the WAL
+	// does not have (a restored or copied data directory).
+	Conflict string `json:"identity_conflict,omitempty"`
+	// ReseedOwed: the peer asked for a re-seed (it lost data), not sent yet.
+	ReseedOwed bool `json:"reseed_owed,omitempty"`
+	// Limits are what the peer said it accepts.
+	Limits *Limits `json:"peer_limits,omitempty"`
 	// Liveness is what gossip says of the peer (empty without gossip).
 	Liveness string `json:"liveness,omitempty"`
 }
@@ -261,6 +288,17 @@ type Shipper struct {
 		liveness    string // from gossip: alive, suspect, dead, left ("" without gossip)
 		oldestIdx   uint64 // oldestWall is the commit wall of entry oldestIdx
 		oldestWall  int64
+		// ackedCommit is the commit HLC of entry acked, as the peer said
+		// (zero: not known since the cursor last moved back).
+		ackedCommit hlc.Timestamp
+		limits      *Limits
+		stubs       uint64 // oversize entries sent as stubs
+		// owed: the peer asked for a re-seed; rejoinSeed: this node owes the
+		// peer the re-seed that ends its own rejoin; askReseed: this node
+		// asks the peer for a re-seed until it says it recorded the ask.
+		owed, rejoinSeed, askReseed bool
+		reseedWhy                   string // why wantReseed was set
+		conflict                    string // non-empty: stopped, see OnConflict
 	}
 	buf []byte
 }
@@ -378,8 +416,72 @@ func (s *Shipper) Pause() { s.mu.Lock(); s.mu.paused = true; s.mu.Unlock(); s.wa
 // Resume undoes Pause.
 func (s *Shipper) Resume() { s.mu.Lock(); s.mu.paused = false; s.mu.Unlock(); s.wake() }
 
-// Reseed asks for a re-seed now, needed or not.
-func (s *Shipper) Reseed() { s.mu.Lock(); s.mu.wantReseed = true; s.mu.Unlock(); s.wake() }
+// Reseed asks for a re-seed now, needed or not (why is shown in status).
+func (s *Shipper) Reseed(why string) {
+	s.mu.Lock()
+	s.mu.wantReseed, s.mu.reseedWhy = true, why
+	s.mu.Unlock()
+	s.wake()
+}
+
+// Owe records that the peer asked for a re-seed (it lost its data): the
+// next re-seed is a requested one, which may carry the peer's own writes.
+func (s *Shipper) Owe() { s.mu.Lock(); s.mu.owed = true; s.mu.Unlock(); s.wake() }
+
+// RejoinSeed asks for the re-seed that ends this node's rejoin with the
+// peer (its trailer tells the peer to stop waiting).
+func (s *Shipper) RejoinSeed() { s.mu.Lock(); s.mu.rejoinSeed = true; s.mu.Unlock(); s.wake() }
+
+// AskReseed makes heartbeats ask the peer for a re-seed until it records
+// the request (ask false stops asking).
+func (s *Shipper) AskReseed(ask bool) {
+	s.mu.Lock()
+	s.mu.askReseed = ask
+	s.mu.Unlock()
+	s.wake()
+}
+
+// Rebase points the link at the local stream after the node replaced it
+// (Log now returns the new stream): the peer has nothing of it yet, and
+// whatever it missed of the old one arrives by a re-seed.
+func (s *Shipper) Rebase() {
+	s.mu.Lock()
+	s.mu.acked, s.mu.persisted, s.mu.highShipped = 0, 0, 0
+	s.mu.ackedCommit = hlc.Timestamp{}
+	s.mu.conflict = ""
+	s.mu.oldestIdx = 0
+	s.mu.Unlock()
+	if err := s.cursors.SetCursor(s.peer.Name, store.Cursor{Stream: s.log.Stream()}); err != nil {
+		s.opts.Logger.Warn("persisting cursor", "peer", s.peer.Name, "err", err)
+	}
+	s.wake()
+}
+
+// Delivery is how far the peer has this stream, for tombstone collection.
+type Delivery struct {
+	Acked       uint64
+	AckedCommit hlc.Timestamp // zero when not known yet
+	// Complete is false while the peer may be missing entries that the WAL
+	// no longer holds for it: detached, needing or owed a re-seed, in one,
+	// or in an identity conflict.
+	Complete bool
+}
+
+// Delivery reports how far the peer has this stream.
+func (s *Shipper) Delivery() Delivery {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return Delivery{Acked: s.mu.acked, AckedCommit: s.mu.ackedCommit,
+		Complete: !s.mu.detached && !s.mu.needsReseed && !s.mu.reseed.Running && !s.mu.owed &&
+			!s.mu.wantReseed && s.mu.conflict == ""}
+}
+
+// Limits returns what the peer said it accepts (nil before it answered).
+func (s *Shipper) Limits() *Limits {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.mu.limits
+}
 
 // Detach stops retaining the WAL for the peer (overflow mode "detach"): it
 // is marked needs_reseed and, with AutoReseed, re-seeded once reachable.
@@ -401,8 +503,18 @@ func (s *Shipper) Run(ctx context.Context) {
 	for ctx.Err() == nil {
 		s.mu.Lock()
 		acked, reseed, paused, pause := s.mu.acked, s.mu.needsReseed, s.mu.paused, s.mu.pauseUntil
-		want := s.mu.wantReseed || (reseed && s.opts.AutoReseed)
+		want := s.mu.wantReseed || s.mu.owed || s.mu.rejoinSeed || (reseed && s.opts.AutoReseed)
+		conflict, ask := s.mu.conflict != "", s.mu.askReseed
 		s.mu.Unlock()
+		if conflict {
+			// Nothing more of this stream goes out: the node is replacing it.
+			select {
+			case <-ctx.Done():
+				return
+			case <-s.kick:
+			}
+			continue
+		}
 		if paused {
 			s.flushCursor(false)
 			select {
@@ -429,6 +541,12 @@ func (s *Shipper) Run(ctx context.Context) {
 				return
 			}
 			continue
+		}
+		if ask {
+			if err := s.heartbeat(ctx); err != nil && ctx.Err() == nil {
+				s.failed(ctx, fmt.Errorf("asking for a re-seed: %w", err))
+				continue
+			}
 		}
 		notify := s.log.Notify()
 		last := s.log.Last()
@@ -533,25 +651,92 @@ func (s *Shipper) idleFor() time.Duration {
 	return time.Since(s.mu.lastContact)
 }
 
-// heartbeat sends an empty batch of the stream. The ack carries the
-// receiver's high-water mark: one below the cursor means the receiver lost
-// entries (its data was wiped or restored), and the shipper rewinds.
+// heartbeat sends an empty batch of the stream (asking for a re-seed when
+// the node lost data). The ack carries the receiver's high-water mark: one
+// below the cursor means the receiver lost entries (its data was wiped or
+// restored), and the shipper rewinds; one the WAL does not hold means this
+// node's data directory was restored or copied.
 func (s *Shipper) heartbeat(ctx context.Context) error {
-	body := AppendBatchHeader(nil, s.opts.Local, s.log.Stream(), 0)
+	s.mu.Lock()
+	ask := s.mu.askReseed
+	s.mu.Unlock()
+	stream := s.log.Stream()
+	body := AppendHeader(nil, &Header{Sender: s.opts.Local, Stream: stream, RequestReseed: ask}, 0)
 	sent := s.opts.Now()
 	ack, err := s.post(ctx, body)
 	if err != nil {
 		return err
 	}
+	if !s.answered(&ack, stream) {
+		return nil
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.ackedLocked(ack, sent)
+	if ask && ack.ReseedRecorded {
+		s.mu.askReseed = false
+		s.opts.Logger.Info("peer recorded the request for a re-seed", "peer", s.peer.Name)
+	}
 	if ack.HWM < s.mu.acked && !s.mu.needsReseed {
 		s.opts.Logger.Warn("peer is behind its cursor: rewinding", "peer", s.peer.Name, "cursor", s.mu.acked, "peer_hwm", ack.HWM)
 		s.mu.rewinds++
 		s.rewindLocked(ack.HWM)
+	} else if ack.HWM == s.mu.acked {
+		s.mu.ackedCommit = parseCommit(ack.HWMCommit)
 	}
 	return nil
+}
+
+func parseCommit(v string) hlc.Timestamp {
+	ts, _ := hlc.Parse(v)
+	return ts
+}
+
+// answered checks an answer about stream (the stream the request was sent
+// for) against the WAL, tells OnAck, and reports whether the answer still
+// concerns the current stream. A peer that holds an index the WAL does not,
+// or another commit at an index it does, holds writes of a past life of this
+// data directory: the link stops and the node is told.
+func (s *Shipper) answered(ack *Ack, stream wal.StreamID) bool {
+	if stream != s.log.Stream() {
+		return false // replaced while the request was out
+	}
+	if ack.Limits != nil {
+		s.mu.Lock()
+		s.mu.limits = ack.Limits
+		s.mu.Unlock()
+	}
+	why := ""
+	switch last, first := s.log.Last(), s.log.First(); {
+	case ack.HWM > last:
+		why = fmt.Sprintf("the peer holds index %d of stream %s, the WAL ends at %d", ack.HWM, stream, last)
+	case ack.HWM >= first && ack.HWM > 0 && ack.HWMCommit != "":
+		if p, err := s.log.ReadRaw(ack.HWM); err == nil {
+			if e, err := wal.NewCodec().DecodeEntry(p, wal.Defaults{Origin: s.opts.Local, Stream: stream}); err == nil &&
+				e.Commit.String() != ack.HWMCommit {
+				why = fmt.Sprintf("the peer holds index %d of stream %s committed at %s, the WAL's was committed at %s",
+					ack.HWM, stream, ack.HWMCommit, e.Commit)
+			}
+		}
+	}
+	if why != "" {
+		s.mu.Lock()
+		first := s.mu.conflict == ""
+		s.mu.conflict = why
+		s.mu.Unlock()
+		if first {
+			s.opts.Logger.Error("identity conflict: this data directory's stream was used before (restored from a backup, or copied)",
+				"peer", s.peer.Name, "why", why)
+			if s.opts.OnConflict != nil {
+				s.opts.OnConflict(s.peer.Name, why)
+			}
+		}
+		return false
+	}
+	if s.opts.OnAck != nil {
+		s.opts.OnAck(s.peer.Name, ack)
+	}
+	return true
 }
 
 // errGap carries the receiver's high-water mark from a 409 refusal.
@@ -561,10 +746,39 @@ func (e *errGap) Error() string { return fmt.Sprintf("receiver is at index %d: r
 
 var errNoPermit = errors.New("transport: receiver has no replay permit free (429)")
 
+// errTooLarge is a 413 answer: the batch was over the receiver's body limit.
+type errTooLarge struct {
+	limit int64 // 0 when the receiver did not say
+	msg   string
+}
+
+func (e *errTooLarge) Error() string { return "transport: batch too large for the receiver: " + e.msg }
+
+// batchBudget is how many bytes of entries one batch may carry: the
+// configured bound, lowered to what the peer accepts once it said.
+func (s *Shipper) batchBudget() (budget int, peerMax int64) {
+	budget = s.opts.MaxBatchBytes
+	s.mu.Lock()
+	lim := s.mu.limits
+	s.mu.Unlock()
+	if lim != nil && lim.MaxBody > 0 {
+		peerMax = lim.MaxBody - batchOverhead
+		if peerMax < int64(budget) {
+			budget = int(max(peerMax, 1))
+		}
+	}
+	return budget, peerMax
+}
+
+// batchOverhead is room left in a peer's body limit for the batch header.
+const batchOverhead = 512
+
 // shipOnce sends one batch after acked and handles the answer.
 func (s *Shipper) shipOnce(ctx context.Context, acked uint64) error {
 	last := s.log.Last()
 	limit := s.batchLimit()
+	budget, peerMax := s.batchBudget()
+	stream := s.log.Stream()
 	var payloads [][]byte
 	size := 0
 	for i := acked + 1; i <= last && len(payloads) < limit; i++ {
@@ -576,8 +790,21 @@ func (s *Shipper) shipOnce(ctx context.Context, acked uint64) error {
 			}
 			return fmt.Errorf("transport: read wal entry %d for %s: %w", i, s.peer.Name, err)
 		}
-		if len(payloads) > 0 && size+len(p) > s.opts.MaxBatchBytes {
+		if len(payloads) > 0 && size+len(p) > budget {
 			break
+		}
+		if peerMax > 0 && int64(len(p)) > peerMax {
+			if len(payloads) > 0 {
+				break // it goes alone, next time
+			}
+			// The peer would refuse the body before reading it, and every
+			// entry behind this one would wait forever: send a stub that
+			// it sets aside as a dead letter, and move on.
+			stub, err := s.stub(p, stream)
+			if err != nil {
+				return err
+			}
+			p = stub
 		}
 		payloads = append(payloads, p)
 		size += len(p)
@@ -585,7 +812,7 @@ func (s *Shipper) shipOnce(ctx context.Context, acked uint64) error {
 	if len(payloads) == 0 {
 		return nil
 	}
-	s.buf = AppendBatchHeader(s.buf[:0], s.opts.Local, s.log.Stream(), len(payloads))
+	s.buf = AppendBatchHeader(s.buf[:0], s.opts.Local, stream, len(payloads))
 	for _, p := range payloads {
 		s.buf = append(s.buf, p...)
 	}
@@ -602,35 +829,76 @@ func (s *Shipper) shipOnce(ctx context.Context, acked uint64) error {
 	sent := s.opts.Now()
 	ack, err := s.post(ctx, s.buf)
 	s.mu.Lock()
-	defer s.mu.Unlock()
 	s.mu.inFlight--
+	s.mu.Unlock()
 	var gap *errGap
+	var big *errTooLarge
 	switch {
 	case errors.As(err, &gap):
+		s.mu.Lock()
+		defer s.mu.Unlock()
 		s.mu.lastContact = time.Now()
 		s.mu.rewinds++
 		s.mu.errors = 0
 		s.rewindLocked(gap.hwm)
 		return nil
+	case errors.As(err, &big):
+		// The peer's body limit is lower than this batch: learn it, and
+		// split (a single entry goes as a stub next time).
+		s.mu.Lock()
+		lim := Limits{MaxBody: big.limit}
+		if s.mu.limits != nil {
+			lim = *s.mu.limits
+			if big.limit > 0 {
+				lim.MaxBody = big.limit
+			}
+		}
+		if lim.MaxBody <= 0 || int64(len(s.buf)) <= lim.MaxBody {
+			// It did not say, or its limit changed: aim below this batch.
+			lim.MaxBody = int64(len(s.buf)) - 1
+		}
+		s.mu.limits = &lim
+		s.mu.Unlock()
+		return err
 	case err != nil:
 		return err
 	}
+	if !s.answered(&ack, stream) {
+		return nil
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
 	s.ackedLocked(ack, sent)
 	if s.opts.ObserveShip != nil {
 		s.opts.ObserveShip(s.peer.Name, time.Duration(s.opts.Now()-sent), len(payloads))
 	}
 	s.mu.shipped += uint64(len(payloads))
-	if ack.HWM > to {
-		// The receiver claims more than was sent: trust only what it was
-		// sent (it may have reset; the next gap answer will tell).
-		ack.HWM = to
-	}
 	if ack.HWM < acked {
 		s.rewindLocked(ack.HWM)
 	} else {
+		// A receiver ahead of what was sent had those entries already
+		// (same commits: answered checked the one at its mark).
 		s.mu.acked = ack.HWM
+		s.mu.ackedCommit = parseCommit(ack.HWMCommit)
 	}
 	return nil
+}
+
+// stub re-encodes a WAL entry as an oversize stub.
+func (s *Shipper) stub(payload []byte, stream wal.StreamID) ([]byte, error) {
+	defs := wal.Defaults{Origin: s.opts.Local, Stream: stream}
+	c := wal.NewCodec()
+	e, err := c.DecodeEntry(payload, defs)
+	if err != nil {
+		return nil, fmt.Errorf("transport: decode wal entry for a stub: %w", err)
+	}
+	st := e.Stub(len(payload))
+	s.mu.Lock()
+	s.mu.stubs++
+	s.mu.Unlock()
+	s.opts.Logger.Warn("entry too large for the peer: sent as a stub it will set aside as a dead letter",
+		"peer", s.peer.Name, "index", e.Index, "bytes", len(payload), "key", e.Key)
+	return c.AppendEntry(nil, &st, defs), nil
 }
 
 // ackedLocked records contact, flow hints and clock skew from an ack.
@@ -657,6 +925,7 @@ func (s *Shipper) rewindLocked(hwm uint64) {
 		hwm = s.log.Last()
 	}
 	s.mu.acked = hwm
+	s.mu.ackedCommit = hlc.Timestamp{}
 	if hwm+1 < s.log.First() {
 		s.mu.needsReseed = true
 		s.mu.lastErr = fmt.Sprintf("receiver is at index %d, the WAL starts at %d: needs a re-seed", hwm, s.log.First())
@@ -706,25 +975,50 @@ func (s *Shipper) post(ctx context.Context, body []byte) (Ack, error) {
 		}
 	case http.StatusTooManyRequests:
 		return ack, fmt.Errorf("%w: %s", errNoPermit, strings.TrimSpace(string(b)))
+	case http.StatusRequestEntityTooLarge:
+		var e struct {
+			Error struct {
+				Limit int64 `json:"limit"`
+			} `json:"error"`
+		}
+		_ = json.Unmarshal(b, &e)
+		return ack, &errTooLarge{limit: e.Error.Limit, msg: strings.TrimSpace(string(b))}
 	}
 	return ack, fmt.Errorf("transport: %s answered %d: %s", s.peer.Name, resp.StatusCode, strings.TrimSpace(string(b)))
 }
 
 // reseed streams a snapshot of the tree to the peer, then resumes normal
 // shipping after the snapshot's applied index. The WAL is retained for the
-// peer from before the snapshot was taken, so nothing falls in between.
+// peer from before the snapshot was taken, so nothing falls in between. The
+// last batch carries the trailer: the position in the real stream that the
+// snapshot corresponds to, which the receiver commits as its high-water
+// mark together with the batch, so the next heartbeat finds the peer where
+// the shipper resumes and the re-seed ends there.
 func (s *Shipper) reseed(ctx context.Context) error {
 	s.mu.Lock()
-	s.mu.wantReseed = false
+	requested, rejoin := s.mu.owed, s.mu.rejoinSeed
+	why := s.mu.reseedWhy
+	switch {
+	case requested:
+		why = "the peer asked for one (it lost data)"
+	case rejoin:
+		why = "this node rejoined after losing data: the peer gets what only this node, or only some peers, had"
+	case why == "" && s.mu.lastErr != "":
+		why = s.mu.lastErr
+	case why == "":
+		why = "the peer needs entries the WAL no longer holds"
+	}
+	s.mu.wantReseed, s.mu.reseedWhy = false, ""
 	s.mu.detached = false
 	if s.opts.Applied != nil {
 		// Hold the WAL from here on: entries after the snapshot's applied
 		// index must still be there when shipping resumes.
 		s.mu.acked = max(s.mu.acked, min(s.opts.Applied(), s.log.Last()))
 	}
-	s.mu.reseed = ReseedStatus{Running: true, Started: time.Now(), Runs: s.mu.reseed.Runs + 1}
+	s.mu.reseed = ReseedStatus{Running: true, Started: time.Now(), Runs: s.mu.reseed.Runs + 1,
+		LastReason: why, Requested: requested}
 	s.mu.Unlock()
-	s.opts.Logger.Info("re-seed started", "peer", s.peer.Name)
+	s.opts.Logger.Info("re-seed started", "peer", s.peer.Name, "why", why, "requested", requested, "rejoin", rejoin)
 
 	snap, err := s.opts.Snapshots.NewSnapshot()
 	if err != nil {
@@ -735,9 +1029,11 @@ func (s *Shipper) reseed(ctx context.Context) error {
 	if err != nil {
 		return s.reseedDone(err)
 	}
-	stream, applied := snap.LocalApplied()
-	if wal.StreamID(stream) != s.log.Stream() {
-		applied = 0
+	applied := snap.LocalApplied()
+	stream := s.log.Stream()
+	if wal.StreamID(applied.Stream) != stream {
+		// The stream was replaced since (or nothing was ever applied).
+		applied = store.AppliedIndex{Stream: stream}
 	}
 	s.mu.Lock()
 	s.mu.reseed.Total = total
@@ -763,9 +1059,10 @@ func (s *Shipper) reseed(ctx context.Context) error {
 		return s.reseedDone(err)
 	}
 	for key, c := range counters {
-		for cluster, t := range c.Totals {
+		for comp, t := range c.Totals {
 			t := t
-			extra = append(extra, wal.Entry{Op: store.OpCounter, Key: key, Ctr: &t, Stamp: c.Stamp.HLC, StampOrigin: cluster})
+			extra = append(extra, wal.Entry{Op: store.OpCounter, Key: key, Ctr: &t, CtrComp: comp,
+				Stamp: c.Stamp.HLC, StampOrigin: c.Stamp.Origin})
 		}
 	}
 	next := func() (wal.Entry, bool, error) {
@@ -784,10 +1081,11 @@ func (s *Shipper) reseed(ctx context.Context) error {
 		}
 		return e, true, nil
 	}
+	budget, _ := s.batchBudget()
 	for done := false; !done; {
 		var ents [][]byte
 		size := 0
-		for len(ents) < s.opts.MaxBatchEntries && size < s.opts.MaxBatchBytes {
+		for len(ents) < s.opts.MaxBatchEntries && size < budget {
 			e, ok, err := next()
 			if err != nil {
 				return s.reseedDone(err)
@@ -798,15 +1096,15 @@ func (s *Shipper) reseed(ctx context.Context) error {
 			}
 			index++
 			e.Index, e.Origin, e.Stream, e.Commit = index, s.opts.Local, snapStream, commit
-			if e.StampOrigin == s.opts.Local && e.Op != store.OpCounter {
+			if e.StampOrigin == s.opts.Local {
 				e.StampOrigin = ""
+			}
+			if e.Stamp.IsZero() {
+				e.Stamp = commit
 			}
 			p := codec.AppendEntry(nil, &e, defs)
 			ents = append(ents, p)
 			size += len(p)
-		}
-		if len(ents) == 0 {
-			break
 		}
 		s.mu.Lock()
 		detached := s.mu.detached
@@ -814,7 +1112,11 @@ func (s *Shipper) reseed(ctx context.Context) error {
 		if detached {
 			return s.reseedDone(errors.New("the peer was detached again (backlog overflow) during the re-seed"))
 		}
-		body := appendHeader(nil, s.opts.Local, snapStream, len(ents), true)
+		h := Header{Sender: s.opts.Local, Stream: snapStream, Snapshot: true, Requested: requested, Rejoin: rejoin}
+		if done {
+			h.End = &SnapshotEnd{Stream: stream, Index: applied.Index, Commit: applied.Commit}
+		}
+		body := AppendHeader(nil, &h, len(ents))
 		for _, p := range ents {
 			body = append(body, p...)
 		}
@@ -849,12 +1151,26 @@ func (s *Shipper) reseed(ctx context.Context) error {
 	}
 	s.mu.Lock()
 	s.mu.needsReseed = false
-	if applied > s.mu.acked && applied <= s.log.Last() {
-		s.mu.acked = applied
+	if applied.Index > s.mu.acked && applied.Index <= s.log.Last() {
+		s.mu.acked = applied.Index
+	}
+	if s.mu.acked == applied.Index {
+		s.mu.ackedCommit = applied.Commit
+	} else {
+		s.mu.ackedCommit = hlc.Timestamp{}
+	}
+	if requested {
+		s.mu.owed = false
+	}
+	if rejoin {
+		s.mu.rejoinSeed = false
 	}
 	s.mu.Unlock()
 	s.flushCursor(true)
-	s.opts.Logger.Info("re-seed done", "peer", s.peer.Name, "keys", sent, "resume_after", applied)
+	s.opts.Logger.Info("re-seed done", "peer", s.peer.Name, "keys", sent, "resume_after", applied.Index)
+	if s.opts.OnReseedDone != nil {
+		s.opts.OnReseedDone(s.peer.Name, requested, rejoin)
+	}
 	return s.reseedDone(nil)
 }
 
@@ -866,6 +1182,10 @@ func (s *Shipper) reseedDone(err error) error {
 	if err != nil {
 		s.mu.reseed.Error = err.Error()
 		s.mu.needsReseed = true
+		if s.mu.owed || s.mu.rejoinSeed {
+			// A requested or rejoin re-seed retries as what it was.
+			s.mu.needsReseed = false
+		}
 	} else {
 		s.mu.reseed.Error = ""
 	}
@@ -965,6 +1285,9 @@ func (s *Shipper) Status(th Thresholds, commitWall func(index uint64) (int64, bo
 		Reseed:            s.mu.reseed,
 		ClockSkewMS:       float64(s.mu.skew.Microseconds()) / 1000,
 		Thresholds:        th,
+		Conflict:          s.mu.conflict,
+		ReseedOwed:        s.mu.owed,
+		Limits:            s.mu.limits,
 	}
 	s.mu.Unlock()
 	st.Last = s.log.Last()
@@ -972,6 +1295,8 @@ func (s *Shipper) Status(th Thresholds, commitWall func(index uint64) (int64, bo
 	st.OldestUnackedAge = bl.OldestAge.Seconds()
 	sinceContact := time.Since(st.LastContact)
 	switch {
+	case st.Conflict != "":
+		st.State = StateConflict
 	case st.Reseed.Running:
 		st.State = StateReseeding
 	case st.NeedsReseed:

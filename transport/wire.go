@@ -7,6 +7,7 @@ import (
 
 	"github.com/vmihailenco/msgpack/v5"
 
+	"github.com/replicator/replicator/hlc"
 	"github.com/replicator/replicator/origin"
 	"github.com/replicator/replicator/wal"
 )
@@ -35,46 +36,131 @@ var ErrVersion = errors.New("transport: unsupported wire version")
 // Entries leave out origin and stream when they equal sender and stream, so a
 // shipper copies its WAL's bytes onto the wire unchanged.
 type Batch struct {
-	Sender  string
-	Stream  wal.StreamID
+	Header
 	Entries []wal.Entry
-	// Snapshot marks a re-seed batch: its stream is a one-off snapshot
-	// stream, and its entries relay keys with the stamps they hold.
-	Snapshot bool
 }
 
-// AppendBatchHeader appends the batch's map header and fields up to the
+// Header is a batch's fields besides its entries.
+type Header struct {
+	Sender string
+	Stream wal.StreamID
+	// Snapshot marks a re-seed batch (snap): its stream is a one-off
+	// snapshot stream, and its entries relay keys with the stamps they
+	// hold.
+	Snapshot bool
+	// End, in the last batch of a re-seed (end), is the position in the
+	// sender's real stream that the snapshot's state corresponds to: the
+	// receiver raises that stream's high-water mark to it in the same
+	// commit as the batch's entries, so shipping resumes right after it.
+	End *SnapshotEnd
+	// Requested marks a re-seed the receiver asked for (req). Only such a
+	// re-seed may bring back writes of the receiver's own origin, and the
+	// receiver also checks that it did ask.
+	Requested bool
+	// Rejoin marks the re-seed a node sends each peer once it has caught up
+	// after losing data (rj): its trailer ends the receiver's wait.
+	Rejoin bool
+	// RequestReseed, in a heartbeat (rq), asks the receiver for a re-seed:
+	// the sender lost data (wiped, or restored from a backup) and will
+	// re-seed the receiver in turn once it has caught up.
+	RequestReseed bool
+}
+
+// SnapshotEnd is a position in a stream: an index and its commit HLC.
+type SnapshotEnd struct {
+	Stream wal.StreamID
+	Index  uint64
+	Commit hlc.Timestamp
+}
+
+// AppendBatchHeader appends a plain batch's map header and fields up to the
 // entries array header; the caller then appends n encoded entries.
 func AppendBatchHeader(dst []byte, sender string, stream wal.StreamID, n int) []byte {
-	return appendHeader(dst, sender, stream, n, false)
+	return AppendHeader(dst, &Header{Sender: sender, Stream: stream}, n)
 }
 
-func appendHeader(dst []byte, sender string, stream wal.StreamID, n int, snapshot bool) []byte {
+// AppendHeader appends h's map header and fields up to the entries array
+// header; the caller then appends n encoded entries.
+func AppendHeader(dst []byte, h *Header, n int) []byte {
 	var buf bytes.Buffer
 	enc := msgpack.NewEncoder(&buf)
 	fields := 4
-	if snapshot {
-		fields = 5
+	for _, on := range []bool{h.Snapshot, h.End != nil, h.Requested, h.Rejoin, h.RequestReseed} {
+		if on {
+			fields++
+		}
 	}
 	_ = enc.EncodeMapLen(fields)
 	_ = enc.EncodeString("v")
 	_ = enc.EncodeUint(WireVersion)
 	_ = enc.EncodeString("sender")
-	_ = enc.EncodeString(sender)
+	_ = enc.EncodeString(h.Sender)
 	_ = enc.EncodeString("stream")
-	_ = enc.EncodeBytes(stream[:])
-	if snapshot {
+	_ = enc.EncodeBytes(h.Stream[:])
+	if h.Snapshot {
 		_ = enc.EncodeString("snap")
 		_ = enc.EncodeBool(true)
+	}
+	if h.End != nil {
+		_ = enc.EncodeString("end")
+		_ = enc.EncodeArrayLen(4)
+		_ = enc.EncodeBytes(h.End.Stream[:])
+		_ = enc.EncodeUint(h.End.Index)
+		_ = enc.EncodeInt(h.End.Commit.Wall)
+		_ = enc.EncodeUint(uint64(h.End.Commit.Logical))
+	}
+	for _, f := range []struct {
+		name string
+		on   bool
+	}{{"req", h.Requested}, {"rj", h.Rejoin}, {"rq", h.RequestReseed}} {
+		if f.on {
+			_ = enc.EncodeString(f.name)
+			_ = enc.EncodeBool(true)
+		}
 	}
 	_ = enc.EncodeString("entries")
 	_ = enc.EncodeArrayLen(n)
 	return append(dst, buf.Bytes()...)
 }
 
+func decodeEnd(dec *msgpack.Decoder) (*SnapshotEnd, error) {
+	n, err := dec.DecodeArrayLen()
+	if err != nil {
+		return nil, err
+	}
+	if n != 4 {
+		return nil, fmt.Errorf("end of %d elements, want 4", n)
+	}
+	var e SnapshotEnd
+	s, err := dec.DecodeBytes()
+	if err != nil {
+		return nil, err
+	}
+	if len(s) != len(e.Stream) {
+		return nil, fmt.Errorf("end stream of %d bytes", len(s))
+	}
+	copy(e.Stream[:], s)
+	if e.Stream.IsZero() {
+		return nil, errors.New("end names no stream")
+	}
+	if e.Index, err = dec.DecodeUint64(); err != nil {
+		return nil, err
+	}
+	if e.Commit.Wall, err = dec.DecodeInt64(); err != nil {
+		return nil, err
+	}
+	if e.Commit.Wall < 0 {
+		return nil, fmt.Errorf("negative end commit %d", e.Commit.Wall)
+	}
+	if e.Commit.Logical, err = dec.DecodeUint32(); err != nil {
+		return nil, err
+	}
+	return &e, nil
+}
+
 // EncodeBatch encodes b (tests and tools; the shipper copies WAL bytes).
 func EncodeBatch(b *Batch) []byte {
-	out := appendHeader(nil, b.Sender, b.Stream, len(b.Entries), b.Snapshot)
+	out := AppendHeader(nil, &b.Header, len(b.Entries))
 	c := wal.NewCodec()
 	d := wal.Defaults{Origin: b.Sender, Stream: b.Stream}
 	for i := range b.Entries {
@@ -96,7 +182,7 @@ func DecodeBatch(body []byte) (*Batch, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrMalformed, err)
 	}
-	if n < 0 || n > 8 {
+	if n < 0 || n > 10 {
 		return nil, fmt.Errorf("%w: batch map of %d fields", ErrMalformed, n)
 	}
 	var (
@@ -132,6 +218,14 @@ func DecodeBatch(body []byte) (*Batch, error) {
 			copy(b.Stream[:], s)
 		case "snap":
 			b.Snapshot, err = dec.DecodeBool()
+		case "end":
+			b.End, err = decodeEnd(dec)
+		case "req":
+			b.Requested, err = dec.DecodeBool()
+		case "rj":
+			b.Rejoin, err = dec.DecodeBool()
+		case "rq":
+			b.RequestReseed, err = dec.DecodeBool()
 		case "entries":
 			if have["sender"] && have["stream"] {
 				// The usual order: decode in place, no second pass.
@@ -158,6 +252,12 @@ func DecodeBatch(body []byte) (*Batch, error) {
 	}
 	if b.Stream.IsZero() {
 		return nil, fmt.Errorf("%w: no stream", ErrMalformed)
+	}
+	if (b.End != nil || b.Requested || b.Rejoin) && !b.Snapshot {
+		return nil, fmt.Errorf("%w: re-seed fields on a batch that is not a snapshot", ErrMalformed)
+	}
+	if b.End != nil && b.End.Stream == b.Stream {
+		return nil, fmt.Errorf("%w: a snapshot cannot end in its own stream", ErrMalformed)
 	}
 	if decoded {
 		// Entries were decoded against a sender and stream not yet
@@ -217,4 +317,24 @@ type Ack struct {
 	// Now is the receiver's physical clock (ns) when it answered; senders
 	// estimate the clock skew between the clusters from it.
 	Now int64 `json:"now,omitempty"`
+	// HWMCommit is the commit HLC of the entry at HWM ("wall.logical"), so
+	// the sender can tell its own entry from one a restored copy of its
+	// data directory wrote under the same index, and knows how far its
+	// deletes have reached the receiver.
+	HWMCommit string `json:"hwm_commit,omitempty"`
+	// SeenOrigin: the receiver holds entries of the sender's cluster from
+	// other streams (a node that starts empty learns it lost its data).
+	SeenOrigin bool `json:"seen_origin,omitempty"`
+	// ReseedRecorded answers a heartbeat's re-seed request: recorded.
+	ReseedRecorded bool `json:"reseed_recorded,omitempty"`
+	// Limits are what the receiver accepts, so the sender can refuse a
+	// write that could never replicate, and size its batches.
+	Limits *Limits `json:"limits,omitempty"`
+}
+
+// Limits are an acceptor's bounds.
+type Limits struct {
+	MaxBody  int64 `json:"max_body"`
+	MaxKey   int   `json:"max_key"`
+	MaxValue int   `json:"max_value"`
 }

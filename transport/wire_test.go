@@ -10,7 +10,7 @@ import (
 )
 
 func TestBatchRoundTrip(t *testing.T) {
-	b := &Batch{Sender: "a", Stream: wal.StreamID{1}, Entries: []wal.Entry{
+	b := &Batch{Header: Header{Sender: "a", Stream: wal.StreamID{1}}, Entries: []wal.Entry{
 		{Index: 7, Origin: "a", Stream: wal.StreamID{1}, Commit: hlc.Timestamp{Wall: 9}, Stamp: hlc.Timestamp{Wall: 9}, Op: store.OpSet, Key: "k", Value: []byte("v")},
 		{Index: 8, Origin: "a", Stream: wal.StreamID{1}, Commit: hlc.Timestamp{Wall: 10}, Stamp: hlc.Timestamp{Wall: 4}, Op: store.OpDelete, Key: "k"},
 	}}
@@ -30,7 +30,7 @@ func TestBatchRoundTrip(t *testing.T) {
 }
 
 func TestDecodeBatchRefuses(t *testing.T) {
-	good := EncodeBatch(&Batch{Sender: "a", Stream: wal.StreamID{1}})
+	good := EncodeBatch(&Batch{Header: Header{Sender: "a", Stream: wal.StreamID{1}}})
 	for name, body := range map[string][]byte{
 		"empty":     {},
 		"not a map": {0x91, 0x01},
@@ -44,7 +44,7 @@ func TestDecodeBatchRefuses(t *testing.T) {
 }
 
 func FuzzDecodeBatch(f *testing.F) {
-	f.Add(EncodeBatch(&Batch{Sender: "a", Stream: wal.StreamID{1}, Entries: []wal.Entry{
+	f.Add(EncodeBatch(&Batch{Header: Header{Sender: "a", Stream: wal.StreamID{1}}, Entries: []wal.Entry{
 		{Index: 7, Origin: "a", Stream: wal.StreamID{1}, Commit: hlc.Timestamp{Wall: 9}, Op: store.OpSet, Key: "k", Value: []byte("v")}}}))
 	f.Add([]byte{0x84})
 	f.Fuzz(func(t *testing.T, body []byte) {

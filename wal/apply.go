@@ -13,13 +13,16 @@ import (
 func (e *Entry) Apply(b *store.Batch) (store.Outcome, error) {
 	var out store.Outcome
 	var err error
+	if e.Oversize > 0 {
+		return 0, fmt.Errorf("%w: entry %d is an oversize stub of %d bytes: its payload never arrived", ErrMalformed, e.Index, e.Oversize)
+	}
 	switch e.Op {
 	case store.OpSet, store.OpDelete:
 		out, err = b.Merge(store.Write{Key: e.Key, Value: e.Value, Tombstone: e.Op == store.OpDelete, Stamp: e.LWW()})
 	case store.OpDeleteRange:
 		out, _, err = b.MergeRange(store.RangeTombstone{Start: e.Key, End: e.End, Stamp: e.LWW()})
 	case store.OpCounter:
-		out, err = b.MergeCounter(e.Key, e.CounterCluster(), *e.Ctr, e.LWW())
+		out, err = b.MergeCounter(e.Key, e.CounterComponent(), *e.Ctr, e.LWW())
 	case store.OpMulti:
 		// One stamp for every write; the caller commits them in one batch,
 		// so a reader sees all of them or none.

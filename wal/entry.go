@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"strings"
 
 	"github.com/vmihailenco/msgpack/v5"
 
@@ -60,8 +61,18 @@ type Entry struct {
 	// also the cluster whose totals Ctr carries.
 	StampOrigin string    // so
 	End         string    // end: exclusive end of a delete_range ("" = the end of the key space)
-	Ctr         *store.PN // ctr: [P, N], the origin cluster's resulting totals (op counter)
-	Ops         []Op      // ops: the writes of an atomic batch (op multi)
+	Ctr         *store.PN // ctr: [P, N], the resulting totals of the component CtrComp (op counter)
+	// CtrComp names the totals Ctr carries (cc): store.Component(origin,
+	// stream) for a local increment, any component in a re-seed snapshot.
+	// Empty in entries written before totals were kept per stream: those
+	// carry the totals of CounterCluster.
+	CtrComp string
+	Ops     []Op // ops: the writes of an atomic batch (op multi)
+	// Oversize marks a stub (ovs): the entry was too large for the peer it
+	// was shipped to, so only its identity, op and key travel, with its
+	// encoded size; the receiver sets it aside as a dead letter and the
+	// link moves on.
+	Oversize uint64
 }
 
 // Op is one write of an atomic batch; it takes the batch entry's stamp.
@@ -71,12 +82,32 @@ type Op struct {
 	Value []byte
 }
 
-// CounterCluster is the cluster whose totals a counter entry carries.
+// CounterCluster is the cluster whose totals a legacy counter entry (one
+// without CtrComp) carries.
 func (e *Entry) CounterCluster() string {
 	if e.StampOrigin != "" {
 		return e.StampOrigin
 	}
 	return e.Origin
+}
+
+// CounterComponent is the component whose totals a counter entry carries.
+func (e *Entry) CounterComponent() string {
+	if e.CtrComp != "" {
+		return e.CtrComp
+	}
+	return e.CounterCluster()
+}
+
+// Stub returns the entry as an oversize stub of the given encoded size:
+// identity, op, key and stamps, without the payload.
+func (e *Entry) Stub(size int) Entry {
+	st := Entry{Index: e.Index, Origin: e.Origin, Stream: e.Stream, Commit: e.Commit, Stamp: e.Stamp,
+		Op: e.Op, Oversize: uint64(size)}
+	if len(e.Key) <= 4096 {
+		st.Key = e.Key
+	}
+	return st
 }
 
 // Idem is the idempotency record of a keyed request: what the request was
@@ -156,7 +187,9 @@ func (c *Codec) encodeEntry(enc *msgpack.Encoder, e *Entry, d Defaults) {
 	withEnd := e.End != ""
 	withCtr := e.Ctr != nil
 	withOps := len(e.Ops) > 0
-	for _, b := range []bool{withOrigin, withStream, withStamp, withValue, withIdem, withSO, withEnd, withCtr, withOps} {
+	withCC := e.CtrComp != ""
+	withOvs := e.Oversize > 0
+	for _, b := range []bool{withOrigin, withStream, withStamp, withValue, withIdem, withSO, withEnd, withCtr, withOps, withCC, withOvs} {
 		if b {
 			n++
 		}
@@ -201,6 +234,14 @@ func (c *Codec) encodeEntry(enc *msgpack.Encoder, e *Entry, d Defaults) {
 		_ = enc.EncodeUint(e.Ctr.P)
 		_ = enc.EncodeUint(e.Ctr.N)
 	}
+	if withCC {
+		_ = enc.EncodeString("cc")
+		_ = enc.EncodeString(e.CtrComp)
+	}
+	if withOvs {
+		_ = enc.EncodeString("ovs")
+		_ = enc.EncodeUint(e.Oversize)
+	}
 	if withOps {
 		_ = enc.EncodeString("ops")
 		_ = enc.EncodeArrayLen(len(e.Ops))
@@ -234,6 +275,27 @@ func (c *Codec) encodeEntry(enc *msgpack.Encoder, e *Entry, d Defaults) {
 		_ = enc.EncodeString("x")
 		_ = enc.EncodeInt(e.Idem.Expires)
 	}
+}
+
+// checkComponent validates a counter component name: a cluster ID,
+// optionally followed by "/" and a stream ID in hex.
+func checkComponent(c string) error {
+	cluster, stream, withStream := strings.Cut(c, "/")
+	if cluster == "" || len(cluster) > 63 || len(c) > store.MaxComponentLen {
+		return fmt.Errorf("counter component %q", c)
+	}
+	for i := 0; i < len(cluster); i++ {
+		ch := cluster[i]
+		if !(ch >= 'a' && ch <= 'z' || ch >= '0' && ch <= '9' || ch == '-') {
+			return fmt.Errorf("counter component %q", c)
+		}
+	}
+	if withStream {
+		if _, err := ParseStreamID(stream); err != nil {
+			return fmt.Errorf("counter component %q: %v", c, err)
+		}
+	}
+	return nil
 }
 
 // MaxBatchOps bounds the writes of one atomic batch entry.
@@ -409,7 +471,7 @@ func DecodeEntryFrom(dec *msgpack.Decoder, d Defaults) (Entry, error) {
 	if err != nil {
 		return e, fmt.Errorf("%w: %v", ErrMalformed, err)
 	}
-	if n < 0 || n > 16 {
+	if n < 0 || n > 18 {
 		return e, fmt.Errorf("%w: entry map of %d fields", ErrMalformed, n)
 	}
 	var have uint32
@@ -463,6 +525,18 @@ func DecodeEntryFrom(dec *msgpack.Decoder, d Defaults) (Entry, error) {
 		case "ops":
 			bit = 4096
 			e.Ops, err = decodeOps(dec)
+		case "cc":
+			bit = 8192
+			e.CtrComp, err = dec.DecodeString()
+			if err == nil {
+				err = checkComponent(e.CtrComp)
+			}
+		case "ovs":
+			bit = 16384
+			e.Oversize, err = dec.DecodeUint64()
+			if err == nil && e.Oversize == 0 {
+				err = errors.New("oversize stub of 0 bytes")
+			}
 		case "so":
 			bit = 512
 			e.StampOrigin, err = dec.DecodeString()
@@ -499,6 +573,19 @@ func (e *Entry) check() error {
 		return fmt.Errorf("%w: entry %d has no commit hlc", ErrMalformed, e.Index)
 	}
 	bad := func(why string) error { return fmt.Errorf("%w: entry %d: %s: %s", ErrMalformed, e.Index, e.Op, why) }
+	if e.CtrComp != "" && e.Op != store.OpCounter {
+		return bad("a counter component")
+	}
+	if e.Oversize > 0 {
+		// A stub carries no payload; it is never applied, only set aside.
+		if e.Op < store.OpSet || e.Op > store.OpMulti {
+			return fmt.Errorf("%w: entry %d: unknown op %d", ErrMalformed, e.Index, e.Op)
+		}
+		if len(e.Value) > 0 || e.End != "" || e.Ctr != nil || len(e.Ops) > 0 || e.Idem != nil {
+			return bad("a stub with a payload")
+		}
+		return nil
+	}
 	switch e.Op {
 	case store.OpSet, store.OpDelete:
 		if e.Key == "" {

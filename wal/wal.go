@@ -145,9 +145,10 @@ type Stats struct {
 // Log is the outbound WAL. Appends come from one goroutine at a time (the
 // committer); reads and truncation may run concurrently with them.
 type Log struct {
-	dir    string
-	segDir string
-	stream StreamID
+	dir     string
+	segDir  string
+	stream  StreamID
+	created bool // the stream was minted by this Open
 	opts   Options
 	defs   Defaults
 
@@ -244,6 +245,7 @@ func (l *Log) loadStream() (StreamID, error) {
 	if err := atomicfile.Write(path, []byte(s.String()+"\n")); err != nil {
 		return s, fmt.Errorf("wal: create %s: %w", path, err)
 	}
+	l.created = true
 	return s, nil
 }
 
@@ -527,6 +529,9 @@ func peekIndex(p []byte) (uint64, bool) {
 
 // Stream returns the log's stream ID.
 func (l *Log) Stream() StreamID { return l.stream }
+
+// Created reports whether this Open minted the stream (a new WAL).
+func (l *Log) Created() bool { return l.created }
 
 // Defaults returns what encoded entries of this log leave out.
 func (l *Log) Defaults() Defaults { return l.defs }

@@ -23,6 +23,8 @@ type Error struct {
 	HWM *uint64 `json:"hwm,omitempty"`
 	// Version is the current version on a precondition failure.
 	Version string `json:"version,omitempty"`
+	// Limit is the bound a too_large refusal was measured against.
+	Limit int64 `json:"limit,omitempty"`
 }
 
 // Write answers status with v as JSON.

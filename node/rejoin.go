@@ -1,0 +1,331 @@
+package node
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/replicator/replicator/store"
+	"github.com/replicator/replicator/transport"
+)
+
+// Stream identity and rejoining after data loss.
+//
+// A stream's indexes must never mean two different writes. A data directory
+// restored from a backup (or copied) holds a WAL whose tail peers may have
+// seen with other content: a peer that answers a high-water mark the WAL
+// does not hold, or another commit HLC at an index it does, proves it. The
+// node then seals the stream (sets the WAL aside) and begins a new one, and
+// rejoins. A node whose WAL is new (wiped, or its WAL moved away) learns the
+// same from the first peer that holds streams of its cluster it no longer
+// has.
+//
+// Rejoining: the node asks every peer for a re-seed (recorded by the peer,
+// and only such a requested re-seed may bring back writes of the node's own
+// cluster: what it lost). Once every peer's snapshot is in, it re-seeds every
+// peer in turn, so that what only some peers had of its lost stream reaches
+// the others. Both sides keep tombstones until the rejoin ends. Every step
+// is recorded in the store (R and J records), so restarts resume it.
+
+// rejoinState is what the node remembers in memory of the rejoin records.
+type rejoinState struct {
+	mu struct {
+		sync.Mutex
+		// unverified: the WAL is new and no peer has said yet whether this
+		// cluster had other streams (persisted as the file UNVERIFIED).
+		unverified bool
+		answered   map[string]bool // links that answered since start
+		fenceOpen  bool
+	}
+	fence chan struct{} // closed once writes may be stamped
+}
+
+const unverifiedFile = "UNVERIFIED"
+
+// IdentityCheckWait is how long writes wait at start, when the node reopens
+// a stream that existed before, for every peer to answer once (a peer that
+// holds entries of the stream the WAL does not reveals a restored or copied
+// directory before any index is reused).
+const defaultIdentityCheckWait = 2 * time.Second
+
+// initIdentity decides, at open, whether writes wait for the peers' first
+// answers, and whether the node must learn if its cluster lost data.
+func (n *Node) initIdentity(created bool) error {
+	rs := &n.rejoin
+	rs.fence = make(chan struct{})
+	rs.mu.answered = map[string]bool{}
+	path := n.opts.DataDir + "/" + unverifiedFile
+	if created {
+		if err := os.WriteFile(path, []byte("the WAL is new: is this cluster's data lost elsewhere?\n"), 0o644); err != nil {
+			return fmt.Errorf("node: %w", err)
+		}
+	}
+	if _, err := os.Stat(path); err == nil {
+		rs.mu.unverified = true
+	}
+	if created || len(n.opts.Peers) == 0 || n.opts.IdentityCheckWait < 0 {
+		// A new stream's indexes were never used: nothing to check first.
+		n.openFence()
+		return nil
+	}
+	time.AfterFunc(n.opts.IdentityCheckWait, n.openFence)
+	return nil
+}
+
+func (n *Node) openFence() {
+	rs := &n.rejoin
+	rs.mu.Lock()
+	defer rs.mu.Unlock()
+	if !rs.mu.fenceOpen {
+		rs.mu.fenceOpen = true
+		close(rs.fence)
+	}
+}
+
+// onAck learns from a peer's answer: once every link answered, writes go
+// ahead; a peer that holds other streams of this cluster while the WAL is
+// new means the node lost data, and it rejoins.
+func (n *Node) onAck(peer string, ack *transport.Ack) {
+	rs := &n.rejoin
+	rs.mu.Lock()
+	rs.mu.answered[peer] = true
+	all := true
+	for _, sh := range n.links() {
+		if !rs.mu.answered[sh.Peer().Name] {
+			all = false
+		}
+	}
+	unverified := rs.mu.unverified
+	lost := unverified && ack.SeenOrigin
+	if lost || (unverified && all) {
+		rs.mu.unverified = false
+	}
+	rs.mu.Unlock()
+	if all {
+		n.openFence()
+	}
+	if lost || (unverified && all) {
+		if err := os.Remove(n.opts.DataDir + "/" + unverifiedFile); err != nil && !errors.Is(err, os.ErrNotExist) {
+			n.log.Warn("removing the identity marker", "err", err)
+		}
+	}
+	if lost {
+		n.startRejoin(fmt.Sprintf("the WAL is new and peer %s holds other streams of cluster %s: this node lost data", peer, n.cluster))
+	}
+}
+
+// onConflict seals the stream a peer proved was used before, and rejoins.
+// It runs on the shipper's goroutine; the replacement waits for the
+// committer's current group.
+func (n *Node) onConflict(peer, why string) {
+	go func() {
+		// Exits once the stream is replaced (or the node closes).
+		if err := n.sealStream(fmt.Sprintf("peer %s: %s", peer, why)); err != nil {
+			n.log.Error("replacing the stream after an identity conflict", "err", err)
+		}
+	}()
+}
+
+// sealStream sets the current WAL aside and begins a new stream, then
+// rejoins. Entries of the old stream the peers did not have reach them by
+// the rejoin's re-seeds (they are all applied to the store).
+func (n *Node) sealStream(why string) error {
+	c := n.com
+	c.groupMu.Lock()
+	defer c.groupMu.Unlock()
+	if n.closing.Load() {
+		return ErrClosed
+	}
+	old := n.wal.Stream()
+	if err := n.store.Sync(); err != nil {
+		return err
+	}
+	if err := n.wal.Close(); err != nil {
+		n.log.Warn("closing the sealed WAL", "err", err)
+	}
+	aside := fmt.Sprintf("%s.sealed-%s", n.walDir(), old)
+	if err := os.Rename(n.walDir(), aside); err != nil {
+		return fmt.Errorf("node: set the sealed WAL aside: %w", err)
+	}
+	if err := n.openWAL(); err != nil {
+		c.fail(fmt.Errorf("open a new WAL after sealing stream %s: %w", old, err))
+		return err
+	}
+	b := n.store.NewBatch()
+	err := errors.Join(b.SetLocalApplied(store.AppliedIndex{Stream: n.wal.Stream()}), b.Commit(true))
+	b.Close()
+	if err != nil {
+		c.fail(fmt.Errorf("record the new stream: %w", err))
+		return err
+	}
+	n.applied.Store(0)
+	for _, sh := range n.links() {
+		sh.Rebase()
+	}
+	n.log.Error("stream sealed: its indexes were used before; began a new stream and rejoining the peers",
+		"why", why, "sealed_stream", old, "new_stream", n.wal.Stream(), "kept_at", aside)
+	n.startRejoin("stream " + old.String() + " sealed: " + why)
+	return nil
+}
+
+// startRejoin asks every linked peer for a re-seed (recorded, so a restart
+// goes on asking).
+func (n *Node) startRejoin(why string) {
+	links := n.links()
+	if len(links) == 0 {
+		n.log.Warn("lost data, but no peer to rejoin", "why", why)
+		return
+	}
+	cur, err := n.store.Rejoin()
+	if err != nil {
+		n.log.Error("reading rejoin records", "err", err)
+		return
+	}
+	for _, sh := range links {
+		p := sh.Peer().Name
+		if cur[p] == store.RejoinRequesting {
+			continue
+		}
+		if err := n.store.SetRejoin(p, store.RejoinRequesting); err != nil {
+			n.log.Error("recording the rejoin", "peer", p, "err", err)
+			continue
+		}
+		sh.AskReseed(true)
+	}
+	n.log.Warn("rejoining: asking every peer for a re-seed", "why", why, "peers", len(links))
+}
+
+// restoreReseedState applies the persisted R and J records to a new link.
+func (n *Node) restoreReseedState(sh *transport.Shipper) {
+	p := sh.Peer().Name
+	req, err := n.store.ReseedRequests()
+	if err != nil {
+		n.log.Error("reading re-seed requests", "err", err)
+	}
+	if req[p]&store.ReseedRequested != 0 {
+		sh.Owe()
+	}
+	rj, err := n.store.Rejoin()
+	if err != nil {
+		n.log.Error("reading rejoin records", "err", err)
+	}
+	switch rj[p] {
+	case store.RejoinRequesting:
+		sh.AskReseed(true)
+	case store.RejoinSeeding:
+		if allSeeding(rj) {
+			sh.RejoinSeed()
+		}
+	}
+}
+
+func allSeeding(rj map[string]byte) bool {
+	for _, ph := range rj {
+		if ph != store.RejoinSeeding {
+			return false
+		}
+	}
+	return true
+}
+
+// onReseedRequest: a peer lost data and asked for a re-seed.
+func (n *Node) onReseedRequest(peer string) {
+	if sh, err := n.shipper(peer); err == nil {
+		sh.Owe()
+	}
+}
+
+// onTrailer: a re-seed ended here. When the last one this node asked for is
+// in, it re-seeds every peer in turn.
+func (n *Node) onTrailer(peer string, requested, _ bool) {
+	if !requested {
+		return
+	}
+	rj, err := n.store.Rejoin()
+	if err != nil {
+		n.log.Error("reading rejoin records", "err", err)
+		return
+	}
+	if !allSeeding(rj) {
+		n.log.Info("rejoin: re-seed received", "peer", peer, "waiting_for", waitingFor(rj))
+		return
+	}
+	n.log.Info("rejoin: every peer's re-seed is in; re-seeding the peers in turn")
+	for _, sh := range n.links() {
+		if rj[sh.Peer().Name] == store.RejoinSeeding {
+			sh.RejoinSeed()
+		}
+	}
+}
+
+func waitingFor(rj map[string]byte) []string {
+	var out []string
+	for p, ph := range rj {
+		if ph == store.RejoinRequesting {
+			out = append(out, p)
+		}
+	}
+	sort.Strings(out)
+	return out
+}
+
+// onReseedDone: a re-seed this node sent was acknowledged to its trailer.
+func (n *Node) onReseedDone(peer string, requested, rejoin bool) {
+	if requested {
+		flags, err := n.store.ReseedRequests()
+		if err == nil {
+			err = n.store.SetReseedRequest(peer, flags[peer]&^store.ReseedRequested)
+		}
+		if err != nil {
+			n.log.Error("clearing a re-seed request", "peer", peer, "err", err)
+		}
+	}
+	if rejoin {
+		if err := n.store.SetRejoin(peer, 0); err != nil {
+			n.log.Error("recording the rejoin's end", "peer", peer, "err", err)
+			return
+		}
+		if rj, err := n.store.Rejoin(); err == nil && len(rj) == 0 {
+			n.log.Info("rejoin complete: every peer has this node's data")
+		}
+	}
+}
+
+// RejoinReport is the node's own rejoin and what peers asked of it.
+type RejoinReport struct {
+	// Phases is this node's rejoin with each peer: "requesting" (waiting
+	// for its re-seed) or "seeding" (owes it one).
+	Phases map[string]string `json:"phases,omitempty"`
+	// Requests are peers that asked this node for a re-seed ("owed") or
+	// whose rejoin it waits to end ("awaiting").
+	Requests map[string][]string `json:"requests,omitempty"`
+}
+
+func (n *Node) rejoinReport() RejoinReport {
+	var r RejoinReport
+	if rj, err := n.store.Rejoin(); err == nil {
+		for p, ph := range rj {
+			if r.Phases == nil {
+				r.Phases = map[string]string{}
+			}
+			r.Phases[p] = map[byte]string{store.RejoinRequesting: "requesting", store.RejoinSeeding: "seeding"}[ph]
+		}
+	}
+	if rr, err := n.store.ReseedRequests(); err == nil {
+		for p, f := range rr {
+			if r.Requests == nil {
+				r.Requests = map[string][]string{}
+			}
+			if f&store.ReseedRequested != 0 {
+				r.Requests[p] = append(r.Requests[p], "owed")
+			}
+			if f&store.AwaitRejoin != 0 {
+				r.Requests[p] = append(r.Requests[p], "awaiting")
+			}
+		}
+	}
+	return r
+}
