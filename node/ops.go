@@ -91,7 +91,7 @@ type CounterResult struct {
 	Key     string              `json:"key"`
 	Value   int64               `json:"value"`
 	Version string              `json:"version"`
-	Totals  map[string]store.PN `json:"totals"` // per cluster
+	Totals  map[string]store.PN `json:"totals"`           // per cluster
 	Origin  string              `json:"origin,omitempty"` // of the increment
 }
 

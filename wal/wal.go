@@ -149,8 +149,8 @@ type Log struct {
 	segDir  string
 	stream  StreamID
 	created bool // the stream was minted by this Open
-	opts   Options
-	defs   Defaults
+	opts    Options
+	defs    Defaults
 
 	// mu guards tw against the swap done when a failed write forces a
 	// reopen. Normal appends and reads share it; tidwall has its own lock.
