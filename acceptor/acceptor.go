@@ -62,6 +62,23 @@ func (e *GapError) Error() string {
 	return fmt.Sprintf("acceptor: gap in stream %s of %s: got index %d, high-water mark %d", e.Stream, e.Origin, e.Got, e.HWM)
 }
 
+// ConflictError refuses a batch whose entry at this node's high-water mark
+// was committed at another HLC than the one applied here: two writes under
+// one WAL identity (the sender's data directory was restored from a backup
+// or copied). Nothing is applied; the sender must begin a new stream.
+type ConflictError struct {
+	Origin    string
+	Stream    wal.StreamID
+	HWM       uint64
+	HWMCommit hlc.Timestamp
+	Got       hlc.Timestamp
+}
+
+func (e *ConflictError) Error() string {
+	return fmt.Sprintf("acceptor: identity conflict in stream %s of %s: index %d was applied here committed at %s, the batch says %s",
+		e.Stream, e.Origin, e.HWM, e.HWMCommit, e.Got)
+}
+
 // Options configures an Acceptor.
 type Options struct {
 	// Local is this node's cluster ID. Entries of this origin are dropped.
@@ -152,7 +169,7 @@ type Acceptor struct {
 		secrets map[string]string
 	}
 	refusals struct {
-		unauthenticated, forbidden, bad, tooLarge, offset, gap, permit atomic.Uint64
+		unauthenticated, forbidden, bad, tooLarge, offset, gap, permit, conflict atomic.Uint64
 	}
 	permits chan struct{}
 	queued  atomic.Int32
@@ -335,6 +352,7 @@ func (a *Acceptor) refuse(w http.ResponseWriter, sender string, err error) {
 	e := httpjson.Error{Message: err.Error()}
 	var status int
 	var gap *GapError
+	var conflict *ConflictError
 	switch {
 	case errors.Is(err, ErrNoPermit):
 		status, e.Code, e.Source, e.Retryable = http.StatusTooManyRequests, "saturated", SourceReplayPermit, true
@@ -343,6 +361,9 @@ func (a *Acceptor) refuse(w http.ResponseWriter, sender string, err error) {
 	case errors.As(err, &gap):
 		status, e.Code, e.HWM, e.Retryable = http.StatusConflict, "gap", &gap.HWM, true
 		a.refusals.gap.Add(1)
+	case errors.As(err, &conflict):
+		status, e.Code, e.HWM, e.Version = http.StatusConflict, "identity_conflict", &conflict.HWM, conflict.HWMCommit.String()
+		a.refusals.conflict.Add(1)
 	case errors.Is(err, ErrUnauthenticated):
 		status, e.Code = http.StatusUnauthorized, "unauthenticated"
 		a.refusals.unauthenticated.Add(1)
@@ -369,7 +390,7 @@ func (a *Acceptor) refuse(w http.ResponseWriter, sender string, err error) {
 		a.countsLocked(sender).Refused++
 		a.mu.Unlock()
 	}
-	if status != http.StatusConflict && status != http.StatusTooManyRequests {
+	if (status != http.StatusConflict || conflict != nil) && status != http.StatusTooManyRequests {
 		a.opts.Logger.Warn("replicate: batch refused", "sender", sender, "status", status, "err", err)
 	}
 	httpjson.WriteError(w, status, e)
@@ -535,6 +556,9 @@ func (a *Acceptor) Apply(sender string, b *transport.Batch) (transport.Ack, erro
 	var applied, stale, dups, deadLettered, droppedOwn int
 	start := hwm.Index
 	for _, e := range ents {
+		if e.Index == hwm.Index && !b.Snapshot && !hwm.Commit.IsZero() && e.Commit != hwm.Commit {
+			return ack, &ConflictError{Origin: sender, Stream: b.Stream, HWM: hwm.Index, HWMCommit: hwm.Commit, Got: e.Commit}
+		}
 		if e.Index <= hwm.Index {
 			dups++ // exact duplicate by WAL identity
 			continue
@@ -818,12 +842,13 @@ func (a *Acceptor) checkEntry(e *wal.Entry, snapshot bool) error {
 // Refusals returns refusal counts by reason.
 func (a *Acceptor) Refusals() map[string]uint64 {
 	return map[string]uint64{
-		"unauthenticated": a.refusals.unauthenticated.Load(),
-		"forbidden":       a.refusals.forbidden.Load(),
-		"bad_batch":       a.refusals.bad.Load(),
-		"too_large":       a.refusals.tooLarge.Load(),
-		"clock_offset":    a.refusals.offset.Load(),
-		"gap":             a.refusals.gap.Load(),
-		"no_permit":       a.refusals.permit.Load(),
+		"unauthenticated":   a.refusals.unauthenticated.Load(),
+		"forbidden":         a.refusals.forbidden.Load(),
+		"bad_batch":         a.refusals.bad.Load(),
+		"too_large":         a.refusals.tooLarge.Load(),
+		"clock_offset":      a.refusals.offset.Load(),
+		"gap":               a.refusals.gap.Load(),
+		"no_permit":         a.refusals.permit.Load(),
+		"identity_conflict": a.refusals.conflict.Load(),
 	}
 }

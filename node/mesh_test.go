@@ -3,7 +3,11 @@ package node
 import (
 	"context"
 	"errors"
+	"fmt"
+	"io/fs"
 	"net"
+	"os"
+	"path/filepath"
 	"net/http"
 	"sync"
 	"testing"
@@ -38,6 +42,7 @@ func (t boardTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 type testMesh struct {
 	t     testing.TB
 	nodes map[string]*Node
+	opts  map[string]*Options
 	addrs map[string]string
 	sb    *switchboard
 }
@@ -45,7 +50,7 @@ type testMesh struct {
 // newTestMesh opens a full mesh of in-process nodes sharing one manual
 // physical clock.
 func newTestMesh(t testing.TB, pc hlc.PhysicalClock, tweak func(*Options), names ...string) *testMesh {
-	m := &testMesh{t: t, nodes: map[string]*Node{}, addrs: map[string]string{},
+	m := &testMesh{t: t, nodes: map[string]*Node{}, opts: map[string]*Options{}, addrs: map[string]string{},
 		sb: &switchboard{blocked: map[string]bool{}, next: &http.Transport{}}}
 	lns := map[string]net.Listener{}
 	for _, n := range names {
@@ -70,14 +75,97 @@ func newTestMesh(t testing.TB, pc hlc.PhysicalClock, tweak func(*Options), names
 		if tweak != nil {
 			tweak(o)
 		}
-		nd := openNode(t, o)
-		if err := nd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		m.nodes[n] = nd
-		t.Cleanup(func() { nd.Close() })
+		m.opts[n] = o
+		m.startNode(n, o)
 	}
 	return m
+}
+
+func (m *testMesh) startNode(name string, o *Options) {
+	m.t.Helper()
+	nd := openNode(m.t, o)
+	if err := nd.Start(); err != nil {
+		m.t.Fatal(err)
+	}
+	m.nodes[name] = nd
+	m.t.Cleanup(func() { nd.Close() })
+}
+
+// restart closes a node, lets between act on its data directory (back it
+// up, restore it, wipe it), and opens it again on the same address.
+func (m *testMesh) restart(name string, between func(dir string)) {
+	m.t.Helper()
+	if err := m.nodes[name].Close(); err != nil {
+		m.t.Fatal(err)
+	}
+	o := *m.opts[name]
+	if between != nil {
+		between(o.DataDir)
+	}
+	ln, err := net.Listen("tcp", m.addrs[name])
+	if err != nil {
+		m.t.Fatal(err)
+	}
+	o.Listener = ln
+	m.startNode(name, &o)
+}
+
+// copyDir copies a data directory (a backup taken while the node is down).
+func copyDir(t testing.TB, from, to string) {
+	t.Helper()
+	err := filepath.WalkDir(from, func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		rel, _ := filepath.Rel(from, path)
+		if d.IsDir() {
+			return os.MkdirAll(filepath.Join(to, rel), 0o755)
+		}
+		b, err := os.ReadFile(path)
+		if err != nil {
+			return err
+		}
+		return os.WriteFile(filepath.Join(to, rel), b, 0o644)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// converged waits until every link shipped everything and every digest
+// (and counter) agrees.
+func (m *testMesh) converged(d time.Duration) {
+	m.t.Helper()
+	deadline := time.Now().Add(d)
+	why := ""
+	for time.Now().Before(deadline) {
+		why = ""
+		var first string
+		for name, n := range m.nodes {
+			for _, l := range n.PeerStatus() {
+				if l.EntriesBehind > 0 || l.NeedsReseed || l.State == "reseeding" || l.ReseedOwed || l.Conflict != "" {
+					why = fmt.Sprintf("%s -> %s: %s, %d behind (%s)", name, l.Peer, l.State, l.EntriesBehind, l.LastError)
+				}
+			}
+			if r := n.rejoinReport(); len(r.Phases) > 0 || len(r.Requests) > 0 {
+				why = fmt.Sprintf("%s: rejoin %+v", name, r)
+			}
+			dg, err := n.Digest()
+			if err != nil {
+				m.t.Fatal(err)
+			}
+			if first == "" {
+				first = dg.Hash
+			} else if dg.Hash != first {
+				why = "digests differ"
+			}
+		}
+		if why == "" {
+			return
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	m.t.Fatalf("mesh did not converge in %s: %s", d, why)
 }
 
 func (m *testMesh) cut(from, to string, cut bool) {

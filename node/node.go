@@ -503,14 +503,45 @@ func (n *Node) checkKey(key string) error {
 	return nil
 }
 
+// checkValue bounds a write's key and value by this node's limits and by
+// what every peer said it accepts: a write a peer would refuse could never
+// replicate, so it is refused here, naming the peer.
+func (n *Node) checkValue(key string, size int) error {
+	if size > n.opts.MaxValueBytes {
+		return fmt.Errorf("%w: %d bytes, limit %d", ErrValueTooLarge, size, n.opts.MaxValueBytes)
+	}
+	for _, sh := range n.links() {
+		lim := sh.Limits()
+		if lim == nil {
+			continue
+		}
+		peer := sh.Peer().Name
+		if lim.MaxKey > 0 && len(key) > lim.MaxKey {
+			return fmt.Errorf("%w: %d bytes; peer %s accepts keys of at most %d", ErrKeyTooLarge, len(key), peer, lim.MaxKey)
+		}
+		max := int64(lim.MaxValue)
+		if body := lim.MaxBody - peerEntryOverhead - int64(len(key)); lim.MaxBody > 0 && (max <= 0 || body < max) {
+			max = body
+		}
+		if max > 0 && int64(size) > max {
+			return fmt.Errorf("%w: %d bytes; peer %s accepts at most %d (it could never replicate there)", ErrValueTooLarge, size, peer, max)
+		}
+	}
+	return nil
+}
+
+// peerEntryOverhead is room for a batch header and an entry's fields within
+// a peer's body limit.
+const peerEntryOverhead = 1024
+
 // Put durably writes value at key and returns once it is fsynced and
 // applied.
 func (n *Node) Put(ctx context.Context, key string, value []byte) (WriteResult, error) {
 	if err := n.checkKey(key); err != nil {
 		return WriteResult{}, err
 	}
-	if len(value) > n.opts.MaxValueBytes {
-		return WriteResult{}, fmt.Errorf("%w: %d bytes, limit %d", ErrValueTooLarge, len(value), n.opts.MaxValueBytes)
+	if err := n.checkValue(key, len(value)); err != nil {
+		return WriteResult{}, err
 	}
 	return n.write(ctx, wal.Entry{Op: store.OpSet, Key: key, Value: value}, nil)
 }

@@ -34,8 +34,8 @@ func (n *Node) PutIf(ctx context.Context, key string, value []byte, c Condition)
 	if err := n.checkKey(key); err != nil {
 		return WriteResult{}, err
 	}
-	if len(value) > n.opts.MaxValueBytes {
-		return WriteResult{}, fmt.Errorf("%w: %d bytes, limit %d", ErrValueTooLarge, len(value), n.opts.MaxValueBytes)
+	if err := n.checkValue(key, len(value)); err != nil {
+		return WriteResult{}, err
 	}
 	return n.writeCond(ctx, wal.Entry{Op: store.OpSet, Key: key, Value: value}, nil, c.ptr())
 }
@@ -198,8 +198,8 @@ func (n *Node) batchEntry(ops []BatchOp) (wal.Entry, error) {
 		if err := n.checkKey(op.Key); err != nil {
 			return e, fmt.Errorf("op %d: %w", i, err)
 		}
-		if len(op.Value) > n.opts.MaxValueBytes {
-			return e, fmt.Errorf("op %d: %w: %d bytes, limit %d", i, ErrValueTooLarge, len(op.Value), n.opts.MaxValueBytes)
+		if err := n.checkValue(op.Key, len(op.Value)); err != nil {
+			return e, fmt.Errorf("op %d: %w", i, err)
 		}
 		if op.Delete && len(op.Value) > 0 {
 			return e, fmt.Errorf("%w: op %d deletes %q with a value", errBadRequest, i, op.Key)
@@ -216,6 +216,9 @@ func (n *Node) batchEntry(ops []BatchOp) (wal.Entry, error) {
 	}
 	if int64(size) > n.opts.MaxReplicateBytes/2 {
 		return e, fmt.Errorf("%w: a batch of %d bytes would not fit a replication batch", ErrValueTooLarge, size)
+	}
+	if err := n.checkValue("", size); err != nil {
+		return e, fmt.Errorf("the batch as a whole: %w", err)
 	}
 	return e, nil
 }

@@ -489,7 +489,7 @@ func (s *Shipper) Detach(why string) {
 	s.mu.Lock()
 	first := !s.mu.detached
 	s.mu.detached, s.mu.needsReseed = true, true
-	s.mu.lastErr = why
+	s.mu.lastErr, s.mu.reseedWhy = why, why
 	s.mu.Unlock()
 	if first {
 		s.opts.Logger.Error("peer detached: the WAL is no longer retained for it; it needs a re-seed", "peer", s.peer.Name, "why", why)
@@ -635,6 +635,9 @@ func (s *Shipper) setReseed(why string) {
 	first := !s.mu.needsReseed
 	s.mu.needsReseed = true
 	s.mu.lastErr = why
+	if s.mu.reseedWhy == "" {
+		s.mu.reseedWhy = why
+	}
 	s.mu.Unlock()
 	if first {
 		s.opts.Logger.Error("peer needs a re-seed", "peer", s.peer.Name, "why", why)
@@ -687,6 +690,21 @@ func (s *Shipper) heartbeat(ctx context.Context) error {
 	return nil
 }
 
+// conflicted stops the link and tells the node, once.
+func (s *Shipper) conflicted(why string) {
+	s.mu.Lock()
+	first := s.mu.conflict == ""
+	s.mu.conflict = why
+	s.mu.Unlock()
+	if first {
+		s.opts.Logger.Error("identity conflict: this data directory's stream was used before (restored from a backup, or copied)",
+			"peer", s.peer.Name, "why", why)
+		if s.opts.OnConflict != nil {
+			s.opts.OnConflict(s.peer.Name, why)
+		}
+	}
+}
+
 func parseCommit(v string) hlc.Timestamp {
 	ts, _ := hlc.Parse(v)
 	return ts
@@ -720,17 +738,7 @@ func (s *Shipper) answered(ack *Ack, stream wal.StreamID) bool {
 		}
 	}
 	if why != "" {
-		s.mu.Lock()
-		first := s.mu.conflict == ""
-		s.mu.conflict = why
-		s.mu.Unlock()
-		if first {
-			s.opts.Logger.Error("identity conflict: this data directory's stream was used before (restored from a backup, or copied)",
-				"peer", s.peer.Name, "why", why)
-			if s.opts.OnConflict != nil {
-				s.opts.OnConflict(s.peer.Name, why)
-			}
-		}
+		s.conflicted(why)
 		return false
 	}
 	if s.opts.OnAck != nil {
@@ -743,6 +751,12 @@ func (s *Shipper) answered(ack *Ack, stream wal.StreamID) bool {
 type errGap struct{ hwm uint64 }
 
 func (e *errGap) Error() string { return fmt.Sprintf("receiver is at index %d: rewinding", e.hwm) }
+
+// errConflict is the receiver's proof that it applied another write under
+// one of this stream's identities.
+type errConflict struct{ msg string }
+
+func (e *errConflict) Error() string { return e.msg }
 
 var errNoPermit = errors.New("transport: receiver has no replay permit free (429)")
 
@@ -833,7 +847,11 @@ func (s *Shipper) shipOnce(ctx context.Context, acked uint64) error {
 	s.mu.Unlock()
 	var gap *errGap
 	var big *errTooLarge
+	var conflict *errConflict
 	switch {
+	case errors.As(err, &conflict):
+		s.conflicted(conflict.msg)
+		return nil
 	case errors.As(err, &gap):
 		s.mu.Lock()
 		defer s.mu.Unlock()
@@ -967,8 +985,14 @@ func (s *Shipper) post(ctx context.Context, body []byte) (Ack, error) {
 	case http.StatusConflict:
 		var e struct {
 			Error struct {
-				HWM *uint64 `json:"hwm"`
+				Code    string  `json:"code"`
+				HWM     *uint64 `json:"hwm"`
+				Version string  `json:"version"`
+				Message string  `json:"message"`
 			} `json:"error"`
+		}
+		if json.Unmarshal(b, &e) == nil && e.Error.Code == "identity_conflict" {
+			return ack, &errConflict{msg: e.Error.Message}
 		}
 		if json.Unmarshal(b, &e) == nil && e.Error.HWM != nil {
 			return ack, &errGap{hwm: *e.Error.HWM}

@@ -1,0 +1,445 @@
+package node
+
+// Operator events (issue 12): each test is named for the event it
+// reproduces, and asserts the outcome an operator relies on.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/replicator/replicator/hlc"
+	"github.com/replicator/replicator/policy"
+	"github.com/replicator/replicator/store"
+	"github.com/replicator/replicator/transport"
+	"github.com/replicator/replicator/wal"
+)
+
+func link(t testing.TB, n *Node, peer string) transport.Status {
+	t.Helper()
+	for _, l := range n.PeerStatus() {
+		if l.Peer == peer {
+			return l
+		}
+	}
+	t.Fatalf("%s has no link to %s", n.ClusterID(), peer)
+	return transport.Status{}
+}
+
+func streamsOf(n *Node, origin string) []StreamReport {
+	var out []StreamReport
+	for _, s := range n.PeersReport().Streams {
+		if s.Origin == origin {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+func putN(t testing.TB, n *Node, prefix string, count int) {
+	t.Helper()
+	for i := 0; i < count; i++ {
+		if _, err := n.Put(context.Background(), fmt.Sprintf("%s%03d", prefix, i), []byte(prefix)); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+func waitFor(t testing.TB, d time.Duration, cond func() (bool, string)) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	why := ""
+	for time.Now().Before(deadline) {
+		var ok bool
+		if ok, why = cond(); ok {
+			return
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	t.Fatalf("not reached in %s: %s", d, why)
+}
+
+// TestReseedEndsAfterDetach (event 1): a detached peer is re-seeded once,
+// its high-water mark of the real stream lands at the snapshot's index, and
+// shipping resumes after it: no re-seed after every heartbeat, and no hwm
+// record left behind per pass. The same for an operator's re-seed.
+func TestReseedEndsAfterDetach(t *testing.T) {
+	m := newTestMesh(t, hlc.SystemClock{}, nil, "a", "b")
+	a, b := m.nodes["a"], m.nodes["b"]
+	putN(t, a, "before-", 50)
+	m.settle()
+	m.cut("a", "b", true)
+	if err := a.DetachPeer("b"); err != nil {
+		t.Fatal(err)
+	}
+	putN(t, a, "detached-", 50)
+	if err := a.TruncateWAL(); err != nil {
+		t.Fatal(err)
+	}
+	if w := a.WALReport(); w.First <= w.Last {
+		t.Fatalf("the WAL still holds [%d, %d] for a detached peer", w.First, w.Last)
+	}
+	m.cut("a", "b", false)
+	m.converged(20 * time.Second)
+	putN(t, a, "after-", 20)
+	m.converged(20 * time.Second)
+	// Heartbeats come every second: give the old loop three chances.
+	time.Sleep(3500 * time.Millisecond)
+	l := link(t, a, "b")
+	if l.Reseed.Runs != 1 || l.State != transport.StateHealthy || l.Rewinds != 0 {
+		t.Fatalf("after one detach: %d re-seeds, state %s, %d rewinds (want 1, healthy, 0); last reason %q, last error %q",
+			l.Reseed.Runs, l.State, l.Rewinds, l.Reseed.LastReason, l.LastError)
+	}
+	if !strings.Contains(l.Reseed.LastReason, "detached") {
+		t.Fatalf("last re-seed reason %q does not say it followed a detach", l.Reseed.LastReason)
+	}
+	st := streamsOf(b, "a")
+	if len(st) != 1 || st[0].Stream != a.wal.Stream().String() || st[0].HWM != a.WALReport().Last ||
+		st[0].Merged+st[0].DeadLettered+st[0].Seeded != st[0].HWM || st[0].Seeded == 0 {
+		t.Fatalf("b's streams of a after the re-seed: %+v (a's stream %s, last %d)", st, a.wal.Stream(), a.WALReport().Last)
+	}
+
+	// An operator's re-seed ends the same way.
+	if err := a.ReseedPeer("b"); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 20*time.Second, func() (bool, string) {
+		l := link(t, a, "b")
+		return l.Reseed.Runs == 2 && !l.Reseed.Running, fmt.Sprintf("%+v", l.Reseed)
+	})
+	putN(t, a, "after-operator-", 10)
+	m.converged(20 * time.Second)
+	time.Sleep(2500 * time.Millisecond)
+	if l := link(t, a, "b"); l.Reseed.Runs != 2 || l.Reseed.LastReason != "asked by the operator" || l.State != transport.StateHealthy {
+		t.Fatalf("after the operator's re-seed: %+v, state %s", l.Reseed, l.State)
+	}
+	if st := streamsOf(b, "a"); len(st) != 1 {
+		t.Fatalf("b keeps %d streams of a after two re-seeds, want 1: %+v", len(st), st)
+	}
+}
+
+// TestDeleteWhileDetachedReachesPeer (event 2): a delete made while a peer is
+// detached keeps its tombstone until the peer has it, and the re-seed
+// carries it: the peer's copy of the key goes.
+func TestDeleteWhileDetachedReachesPeer(t *testing.T) {
+	pc := hlc.NewManualClock(int64(1000 * time.Hour))
+	m := newTestMesh(t, pc, func(o *Options) {
+		o.TombstoneRetention = 10 * time.Minute
+		o.PinWindow = time.Minute
+		o.NoAutoReseed = true
+	}, "a", "b")
+	a, b := m.nodes["a"], m.nodes["b"]
+	ctx := context.Background()
+	if _, err := a.Put(ctx, "k", []byte("v")); err != nil {
+		t.Fatal(err)
+	}
+	m.settle()
+	m.cut("a", "b", true)
+	if err := a.DetachPeer("b"); err != nil {
+		t.Fatal(err)
+	}
+	pc.Advance(time.Second)
+	if _, err := a.Delete(ctx, "k"); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.TruncateWAL(); err != nil {
+		t.Fatal(err)
+	}
+	// Past retention, and b's own writes keep reaching a (its frontier
+	// there moves on): only the outbound side can hold the tombstone.
+	pc.Advance(20 * time.Minute)
+	if _, err := b.Put(ctx, "from-b", []byte("x")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.Put(ctx, "later", []byte("y")); err != nil {
+		t.Fatal(err)
+	}
+	m.settle()
+	if n, err := a.CollectTombstones(); err != nil || n != 0 {
+		t.Fatalf("a collected %d tombstones (%v) while b, detached, never had the delete", n, err)
+	}
+	m.cut("a", "b", false)
+	if err := a.ReseedPeer("b"); err != nil {
+		t.Fatal(err)
+	}
+	m.converged(20 * time.Second)
+	if _, err := b.Get("k"); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("b still holds k after the re-seed: %v", err)
+	}
+	// Once b has acknowledged writes past the delete (plus the pin window),
+	// a collects it.
+	pc.Advance(2 * time.Minute)
+	if _, err := a.Put(ctx, "later-2", []byte("y")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.Put(ctx, "from-b-2", []byte("x")); err != nil {
+		t.Fatal(err)
+	}
+	m.converged(20 * time.Second)
+	waitFor(t, 5*time.Second, func() (bool, string) {
+		n, err := a.CollectTombstones()
+		return err == nil && n == 1, fmt.Sprintf("collected %d (%v)", n, err)
+	})
+}
+
+// TestRestoredBackupSealsStream (event 3): a node restored from a backup of
+// its data directory must not write new entries under indexes its peer
+// already applied. The peer's answer proves the stream was used: the node
+// seals it, begins a new one, and rejoins; the writes it acknowledged after
+// the backup and the peer holds come back; every write reaches the peer.
+func TestRestoredBackupSealsStream(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		fence bool // writes wait at start for the peers' first answers
+	}{{"answer at start", true}, {"conflict at runtime", false}} {
+		t.Run(tc.name, func(t *testing.T) {
+			m := newTestMesh(t, hlc.SystemClock{}, func(o *Options) {
+				if !tc.fence {
+					o.IdentityCheckWait = -1
+				}
+			}, "a", "b")
+			ctx := context.Background()
+			putN(t, m.nodes["a"], "one-", 5)
+			m.settle()
+			backup := t.TempDir() + "/backup"
+			m.restart("a", func(dir string) { copyDir(t, dir, backup) })
+			putN(t, m.nodes["a"], "two-", 5) // acknowledged after the backup; b has them
+			m.settle()
+			old := m.nodes["a"].wal.Stream()
+			if !tc.fence {
+				m.cut("a", "b", true)
+			}
+			m.restart("a", func(dir string) {
+				if err := os.RemoveAll(dir); err != nil {
+					t.Fatal(err)
+				}
+				copyDir(t, backup, dir)
+			})
+			a, b := m.nodes["a"], m.nodes["b"]
+			// Without the fence, more writes than b holds go out first,
+			// so b sees the same index with another commit.
+			for i := 0; i < 8; i++ {
+				if _, err := a.Put(ctx, fmt.Sprintf("three-%d", i), []byte("new")); err != nil {
+					t.Fatal(err)
+				}
+			}
+			m.cut("a", "b", false)
+			m.converged(30 * time.Second)
+			if a.wal.Stream() == old {
+				t.Fatalf("a kept stream %s after restoring a backup its peer had outrun", old)
+			}
+			for _, k := range []string{"one-000", "two-004", "three-0", "three-7"} {
+				for name, n := range m.nodes {
+					if _, err := n.Get(k); err != nil {
+						t.Fatalf("%s: %s: %v", name, k, err)
+					}
+				}
+			}
+			for _, s := range streamsOf(b, "a") {
+				if s.Merged+s.DeadLettered+s.Seeded != s.HWM {
+					t.Fatalf("b's stream of a %+v: an entry applied twice", s)
+				}
+			}
+		})
+	}
+}
+
+// TestWipedNodeCountersSurvive (event 4): a node that loses its data dir
+// and comes back with the same cluster ID keeps counting: its increments
+// start fresh totals (a new stream) that the peer's max-merge cannot absorb,
+// and the rejoin brings its old totals back.
+func TestWipedNodeCountersSurvive(t *testing.T) {
+	m := newTestMesh(t, hlc.SystemClock{}, nil, "a", "b")
+	ctx := context.Background()
+	for i := 0; i < 10; i++ {
+		if _, err := m.nodes["a"].Increment(ctx, "hits", 1); err != nil {
+			t.Fatal(err)
+		}
+	}
+	m.settle()
+	m.restart("a", func(dir string) {
+		if err := os.RemoveAll(dir); err != nil {
+			t.Fatal(err)
+		}
+	})
+	for i := 0; i < 3; i++ {
+		if _, err := m.nodes["a"].Increment(ctx, "hits", 1); err != nil {
+			t.Fatal(err)
+		}
+	}
+	m.converged(30 * time.Second)
+	for name, n := range m.nodes {
+		if c, err := n.Counter("hits"); err != nil || c.Value != 13 {
+			t.Fatalf("%s: counter %+v (%v), want 13", name, c, err)
+		}
+	}
+	if r := m.nodes["b"].PeersReport(); r.Incoming["a"].DroppedOwn != 0 {
+		t.Fatalf("b dropped %d of its own entries", r.Incoming["a"].DroppedOwn)
+	}
+}
+
+// TestUnlinkedPeerHoldsTombstones (event 5): a peer configured by secret
+// only (no URL yet) can send writes, so it holds back tombstone collection
+// like a linked one: an older write from it must not resurrect a key.
+func TestUnlinkedPeerHoldsTombstones(t *testing.T) {
+	pc := hlc.NewManualClock(int64(1000 * time.Hour))
+	o := testOptions(t.TempDir())
+	o.Clock = pc
+	o.TombstoneRetention = 10 * time.Minute
+	o.PinWindow = time.Minute
+	o.Peers = []Peer{{Name: "b", Secret: "s"}}
+	o.Gossip = &GossipOptions{Bind: "127.0.0.1:0"} // the URL would come by gossip; never started here
+	n := openNode(t, o)
+	defer n.Close()
+	ctx := context.Background()
+	if _, err := n.Put(ctx, "k", []byte("v")); err != nil {
+		t.Fatal(err)
+	}
+	pc.Advance(time.Second)
+	old := pc.Now()
+	pc.Advance(time.Second)
+	if _, err := n.Delete(ctx, "k"); err != nil {
+		t.Fatal(err)
+	}
+	pc.Advance(20 * time.Minute)
+	if c, err := n.CollectTombstones(); err != nil || c != 0 {
+		t.Fatalf("collected %d tombstones (%v) while b, which may write, sent nothing yet", c, err)
+	}
+	// b's older write arrives: it loses to the tombstone.
+	e := wal.Entry{Index: 1, Origin: "b", Stream: wal.StreamID{0xb}, Commit: hlc.Timestamp{Wall: old}, Op: store.OpSet, Key: "k", Value: []byte("old")}
+	e.Stamp = e.Commit
+	if _, err := n.acceptor.Apply("b", &transport.Batch{Header: transport.Header{Sender: "b", Stream: e.Stream}, Entries: []wal.Entry{e}}); err != nil {
+		t.Fatal(err)
+	}
+	if r, err := n.Get("k"); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("b's older write resurrected k: %q %v", r.Value, err)
+	}
+}
+
+// TestScopedIncrementRetryCountsOnce (event 6): an increment retried under
+// an idempotency scope (Go API) or an Idempotency-Key (HTTP) counts once.
+func TestScopedIncrementRetryCountsOnce(t *testing.T) {
+	pc := hlc.NewManualClock(int64(1000 * time.Hour))
+	o := testOptions(t.TempDir())
+	o.Clock = pc
+	n := openNode(t, o)
+	defer n.Close()
+	ctx := policy.WithKey(context.Background(), policy.Key{ID: "op-1", HLC: hlc.Timestamp{Wall: pc.Now()}})
+	for attempt := 0; attempt < 3; attempt++ {
+		if _, err := n.Increment(ctx, "hits", 5); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if c, err := n.Counter("hits"); err != nil || c.Value != 5 {
+		t.Fatalf("after three attempts of one scoped increment: %+v %v, want 5", c, err)
+	}
+	// Another operation (another scope) counts.
+	ctx2 := policy.WithKey(context.Background(), policy.Key{ID: "op-2", HLC: hlc.Timestamp{Wall: pc.Now()}})
+	if _, err := n.Increment(ctx2, "hits", 5); err != nil {
+		t.Fatal(err)
+	}
+	if c, _ := n.Counter("hits"); c.Value != 10 {
+		t.Fatalf("a second operation: %d, want 10", c.Value)
+	}
+}
+
+// TestWriteLargerThanPeerAcceptsRefused (event 7, first half): once a peer
+// said what it accepts, a write it would refuse is refused here, with 413
+// naming the peer, instead of waiting in the WAL forever.
+func TestWriteLargerThanPeerAcceptsRefused(t *testing.T) {
+	m := newTestMesh(t, hlc.SystemClock{}, func(o *Options) {
+		if o.ClusterID == "a" {
+			o.MaxValueBytes = 4 << 20
+		}
+	}, "a", "b")
+	a := m.nodes["a"]
+	putN(t, a, "k", 1)
+	m.settle()
+	waitFor(t, 5*time.Second, func() (bool, string) { return link(t, a, "b").Limits != nil, "b's limits unknown" })
+	_, err := a.Put(context.Background(), "big", make([]byte, 2<<20))
+	if !errors.Is(err, ErrValueTooLarge) || !strings.Contains(err.Error(), "peer b") {
+		t.Fatalf("a 2 MiB value that b cannot take: %v", err)
+	}
+	if _, err := a.Put(context.Background(), "fits", make([]byte, 512<<10)); err != nil {
+		t.Fatalf("a value b takes: %v", err)
+	}
+}
+
+// TestPinnedStampAheadIsObserved (event 9): a write pinned ahead of the
+// clock (within the max offset) is observed, so the next, causally later
+// write to the key wins instead of reporting stale.
+func TestPinnedStampAheadIsObserved(t *testing.T) {
+	pc := hlc.NewManualClock(int64(1000 * time.Hour))
+	o := testOptions(t.TempDir())
+	o.Clock = pc
+	n := openNode(t, o)
+	defer n.Close()
+	pin := hlc.Timestamp{Wall: pc.Now() + int64(300*time.Millisecond)}
+	ctx := policy.WithKey(context.Background(), policy.Key{ID: "p", HLC: pin})
+	if _, err := n.Put(ctx, "k", []byte("pinned")); err != nil {
+		t.Fatal(err)
+	}
+	res, err := n.Put(context.Background(), "k", []byte("later"))
+	if err != nil || res.Outcome != store.Applied {
+		t.Fatalf("the later write: %+v %v", res, err)
+	}
+	if r, _ := n.Get("k"); string(r.Value) != "later" {
+		t.Fatalf("k holds %q after a later write, want later", r.Value)
+	}
+}
+
+// TestDeadLetterHoldsTombstones: a dead letter is a write that can still be
+// replayed; tombstones it could shadow are kept until it is replayed or
+// discarded, so a replay cannot bring a deleted key back.
+func TestDeadLetterHoldsTombstones(t *testing.T) {
+	pc := hlc.NewManualClock(int64(1000 * time.Hour))
+	o := testOptions(t.TempDir())
+	o.Clock = pc
+	o.TombstoneRetention = 10 * time.Minute
+	o.PinWindow = time.Minute
+	o.MaxValueBytes = 16
+	o.Peers = []Peer{{Name: "b", Secret: "s"}}
+	o.Gossip = &GossipOptions{Bind: "127.0.0.1:0"}
+	n := openNode(t, o)
+	defer n.Close()
+	ctx := context.Background()
+	old := hlc.Timestamp{Wall: pc.Now()}
+	e := wal.Entry{Index: 1, Origin: "b", Stream: wal.StreamID{0xb}, Commit: old, Stamp: old, Op: store.OpSet, Key: "k", Value: make([]byte, 64)}
+	if _, err := n.acceptor.Apply("b", &transport.Batch{Header: transport.Header{Sender: "b", Stream: e.Stream}, Entries: []wal.Entry{e}}); err != nil {
+		t.Fatal(err)
+	}
+	dl, err := n.DeadLetters()
+	if err != nil || len(dl) != 1 {
+		t.Fatalf("dead letters: %+v %v", dl, err)
+	}
+	pc.Advance(time.Second)
+	if _, err := n.Put(ctx, "k", []byte("v")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := n.Delete(ctx, "k"); err != nil {
+		t.Fatal(err)
+	}
+	// b's frontier moves far past the delete.
+	pc.Advance(30 * time.Minute)
+	e2 := wal.Entry{Index: 2, Origin: "b", Stream: e.Stream, Commit: hlc.Timestamp{Wall: pc.Now()}, Op: store.OpSet, Key: "other", Value: []byte("x")}
+	e2.Stamp = e2.Commit
+	if _, err := n.acceptor.Apply("b", &transport.Batch{Header: transport.Header{Sender: "b", Stream: e.Stream}, Entries: []wal.Entry{e2}}); err != nil {
+		t.Fatal(err)
+	}
+	if c, err := n.CollectTombstones(); err != nil || c != 0 {
+		t.Fatalf("collected %d (%v) with a dead letter older than the tombstone", c, err)
+	}
+	if err := n.ReplayDeadLetter(dl[0].ID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := n.Get("k"); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("the replayed dead letter resurrected k: %v", err)
+	}
+	if c, err := n.CollectTombstones(); err != nil || c != 1 {
+		t.Fatalf("collected %d (%v) once the dead letter was replayed, want 1", c, err)
+	}
+}
