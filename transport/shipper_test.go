@@ -10,6 +10,7 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -197,4 +198,74 @@ func TestRewindOnGap(t *testing.T) {
 	if st.Rewinds == 0 {
 		t.Fatalf("no rewind counted: %+v", st)
 	}
+}
+
+// TestOversizeEntryGoesAsStub (operator event 7): an entry larger than the
+// receiver's body limit (a value allowed locally, up to 64 MiB) must not
+// wedge the link: the receiver refuses the body before reading it, so the
+// shipper sends a stub the receiver sets aside as a dead letter, and every
+// entry behind it arrives.
+func TestOversizeEntryGoesAsStub(t *testing.T) {
+	dir := t.TempDir()
+	log, _ := wal.Open(dir+"/wal", &wal.Options{Origin: "a", Logger: quiet})
+	defer log.Close()
+	src, _ := store.Open(dir+"/src", &store.Options{Logger: quiet})
+	defer src.Close()
+	dst, _ := store.Open(dir+"/dst", &store.Options{Logger: quiet})
+	defer dst.Close()
+	acc := acceptor.New(dst, hlc.NewClock(nil, 0), acceptor.Options{Local: "b", Secrets: map[string]string{"a": "s"},
+		MaxBodyBytes: 64 << 10, MaxValueBytes: 1 << 20, Logger: quiet})
+	srv := httptest.NewServer(acc)
+	defer srv.Close()
+	clock := hlc.NewClock(nil, 0)
+	var ents []*wal.Entry
+	for j := 0; j < 30; j++ {
+		v := []byte("small")
+		if j == 10 {
+			v = bytes.Repeat([]byte("x"), 200<<10) // over the receiver's 64 KiB body limit
+		}
+		ents = append(ents, &wal.Entry{Commit: clock.Now(), Op: store.OpSet, Key: fmt.Sprint("k", j), Value: v})
+	}
+	for _, e := range ents {
+		if err := log.Append([]*wal.Entry{e}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	sh, err := transport.NewShipper(transport.Peer{Name: "b", URL: srv.URL, Secret: "s"}, log, src, transport.Options{
+		Local: "a", BackoffMin: time.Millisecond, BackoffMax: 10 * time.Millisecond, Linger: -1, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { sh.Run(ctx); close(done) }()
+	deadline := time.Now().Add(10 * time.Second)
+	for sh.Acked() < 30 && time.Now().Before(deadline) {
+		time.Sleep(5 * time.Millisecond)
+	}
+	cancel()
+	<-done
+	if sh.Acked() != 30 {
+		t.Fatalf("the link stopped at %d of 30 behind an oversize entry", sh.Acked())
+	}
+	if d, _ := dst.Digest(); d.Keys != 29 {
+		t.Fatalf("receiver holds %d keys, want the 29 that fit", d.Keys)
+	}
+	dls, err := dst.DeadLetters()
+	if err != nil || len(dls) != 1 || dls[0].Index != 11 || !strings.Contains(dls[0].Reason, "stub") {
+		t.Fatalf("dead letters %+v %v, want entry 11 set aside as a stub", dls, err)
+	}
+	if hw, _ := hwmOf(dst, "a", log.Stream()); hw.Merged+hw.DeadLettered != 30 {
+		t.Fatalf("receiver's mark %+v", hw)
+	}
+}
+
+func hwmOf(s *store.Store, origin string, stream wal.StreamID) (store.HWM, error) {
+	hs, err := s.HWMs()
+	for _, h := range hs {
+		if h.Origin == origin && h.Stream == stream {
+			return h, err
+		}
+	}
+	return store.HWM{}, err
 }

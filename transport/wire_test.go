@@ -47,6 +47,14 @@ func FuzzDecodeBatch(f *testing.F) {
 	f.Add(EncodeBatch(&Batch{Header: Header{Sender: "a", Stream: wal.StreamID{1}}, Entries: []wal.Entry{
 		{Index: 7, Origin: "a", Stream: wal.StreamID{1}, Commit: hlc.Timestamp{Wall: 9}, Op: store.OpSet, Key: "k", Value: []byte("v")}}}))
 	f.Add([]byte{0x84})
+	// a re-seed's last batch, requested and ending a rejoin, with a counter
+	// of a component and an oversize stub
+	f.Add(EncodeBatch(&Batch{Header: Header{Sender: "a", Stream: wal.StreamID{2}, Snapshot: true, Requested: true, Rejoin: true,
+		End: &SnapshotEnd{Stream: wal.StreamID{1}, Index: 40, Commit: hlc.Timestamp{Wall: 8, Logical: 1}}}, Entries: []wal.Entry{
+		{Index: 1, Origin: "a", Stream: wal.StreamID{2}, Commit: hlc.Timestamp{Wall: 9}, Op: store.OpCounter, Key: "c",
+			Ctr: &store.PN{P: 3}, CtrComp: "b/0123456789abcdef0123456789abcdef", StampOrigin: "b"},
+		{Index: 2, Origin: "a", Stream: wal.StreamID{2}, Commit: hlc.Timestamp{Wall: 9}, Op: store.OpSet, Key: "k", Oversize: 1 << 30}}}))
+	f.Add(EncodeBatch(&Batch{Header: Header{Sender: "a", Stream: wal.StreamID{1}, RequestReseed: true}}))
 	f.Fuzz(func(t *testing.T, body []byte) {
 		b, err := DecodeBatch(body)
 		if err != nil {
@@ -56,7 +64,9 @@ func FuzzDecodeBatch(f *testing.F) {
 			return
 		}
 		again, err := DecodeBatch(EncodeBatch(b))
-		if err != nil || len(again.Entries) != len(b.Entries) || again.Sender != b.Sender {
+		if err != nil || len(again.Entries) != len(b.Entries) || again.Sender != b.Sender ||
+			again.Snapshot != b.Snapshot || again.Requested != b.Requested || again.Rejoin != b.Rejoin ||
+			again.RequestReseed != b.RequestReseed || (again.End == nil) != (b.End == nil) || (b.End != nil && *again.End != *b.End) {
 			t.Fatalf("re-encoded batch differs: %v", err)
 		}
 	})

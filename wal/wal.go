@@ -41,10 +41,21 @@ import (
 	"github.com/replicator/replicator/internal/atomicfile"
 )
 
-// frameVersion is the version byte of every framed entry.
-const frameVersion = 1
-
-const frameHeader = 1 + 4 // version, CRC-32C
+// Frames. Version 2, written now:
+//
+//	2 | CRC-32C(first || payload) | first(8, big-endian) | payload
+//
+// where first is the index of the first entry of the append the frame was
+// written by: a torn write is confined to the last append, so valid frames
+// found after damage tell a torn tail (they belong to that same append)
+// from corruption (a later append completed after the damaged one).
+// Version 1 (version | CRC-32C(payload) | payload) is still read.
+const (
+	frameV1       = 1
+	frameV2       = 2
+	frameHeaderV1 = 1 + 4
+	frameHeaderV2 = 1 + 4 + 8
+)
 
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
@@ -71,8 +82,9 @@ type CorruptError struct {
 }
 
 func (e *CorruptError) Error() string {
-	return fmt.Sprintf("wal: corrupt entry %d in segment %s: %v (damage before the last segment is not a torn tail; "+
-		"restore the WAL directory or remove it to start a new stream, then re-seed the peers)", e.Index, e.Segment, e.Err)
+	return fmt.Sprintf("wal: corrupt entry %d in segment %s: %v (not a torn tail: refusing to start; "+
+		"move the WAL directory aside and restart, the node then begins a new stream and rejoins its peers, "+
+		"see docs/OPERATIONS.md \"A damaged WAL\")", e.Index, e.Segment, e.Err)
 }
 
 func (e *CorruptError) Unwrap() error { return ErrCorrupt }
@@ -360,7 +372,7 @@ func scanSegmentSizes(data []byte, first uint64, onEntry func(size int)) (n int,
 			return n, good, fmt.Errorf("entry of %d bytes runs past the end of the file", size)
 		}
 		frame := data[pos+w : pos+w+int(size)]
-		payload, err := unframe(frame)
+		payload, _, err := unframe(frame)
 		if err != nil {
 			return n, good, err
 		}
@@ -417,6 +429,12 @@ func (l *Log) verifyAndRepair(keep int64) error {
 			continue
 		}
 		if problem != nil {
+			damaged := s.first + uint64(n)
+			if idx, first, later := laterWrite(data[good:], damaged); later {
+				return &CorruptError{Segment: s.name, Index: damaged, Err: fmt.Errorf(
+					"%v; entry %d, written by a later append (from index %d), follows whole: "+
+						"the damage is not a torn write", problem, idx, first)}
+			}
 			l.opts.Logger.Warn("wal: torn tail repaired", "segment", s.name,
 				"first_bad_index", s.first+uint64(n), "kept_bytes", good, "dropped_bytes", len(data)-good,
 				"problem", problem.Error())
@@ -478,30 +496,73 @@ func truncateSync(path string, size int64) error {
 	return f.Close()
 }
 
-// appendFrame appends version | CRC-32C(payload) | payload, where payload is
-// produced by fill.
-func appendFrame(dst []byte, fill func([]byte) []byte) []byte {
+// appendFrame appends a version 2 frame of the payload fill produces, for
+// an entry of the append that begins at index first.
+func appendFrame(dst []byte, first uint64, fill func([]byte) []byte) []byte {
 	start := len(dst)
-	dst = append(dst, frameVersion, 0, 0, 0, 0)
+	dst = append(dst, frameV2, 0, 0, 0, 0)
+	dst = binary.BigEndian.AppendUint64(dst, first)
 	dst = fill(dst)
-	crc := crc32.Checksum(dst[start+frameHeader:], castagnoli)
+	crc := crc32.Checksum(dst[start+5:], castagnoli)
 	binary.BigEndian.PutUint32(dst[start+1:], crc)
 	return dst
 }
 
-// unframe checks a frame and returns its payload.
-func unframe(frame []byte) ([]byte, error) {
-	if len(frame) < frameHeader {
-		return nil, fmt.Errorf("frame of %d bytes", len(frame))
+// unframe checks a frame and returns its payload and the first index of the
+// append that wrote it (0 for a version 1 frame, which does not say).
+func unframe(frame []byte) ([]byte, uint64, error) {
+	if len(frame) < frameHeaderV1 {
+		return nil, 0, fmt.Errorf("frame of %d bytes", len(frame))
 	}
-	if frame[0] != frameVersion {
-		return nil, fmt.Errorf("frame version %d, want %d", frame[0], frameVersion)
+	var payload, covered []byte
+	var first uint64
+	switch frame[0] {
+	case frameV1:
+		payload, covered = frame[frameHeaderV1:], frame[frameHeaderV1:]
+	case frameV2:
+		if len(frame) < frameHeaderV2 {
+			return nil, 0, fmt.Errorf("frame of %d bytes", len(frame))
+		}
+		payload, covered = frame[frameHeaderV2:], frame[5:]
+		first = binary.BigEndian.Uint64(frame[5:])
+	default:
+		return nil, 0, fmt.Errorf("frame version %d, want %d or %d", frame[0], frameV1, frameV2)
 	}
-	payload := frame[frameHeader:]
-	if got, want := crc32.Checksum(payload, castagnoli), binary.BigEndian.Uint32(frame[1:]); got != want {
-		return nil, fmt.Errorf("checksum mismatch (crc32c %08x, frame says %08x)", got, want)
+	if got, want := crc32.Checksum(covered, castagnoli), binary.BigEndian.Uint32(frame[1:]); got != want {
+		return nil, 0, fmt.Errorf("checksum mismatch (crc32c %08x, frame says %08x)", got, want)
 	}
-	return payload, nil
+	return payload, first, nil
+}
+
+// laterWrite looks, at every byte offset of data (what follows damage in
+// the last segment), for a whole, valid frame written by an append that
+// began after index damaged (the first entry the damage hit). Such a frame
+// means a later write completed after the damaged one: the damage is not a
+// torn tail. Frames of the damaged append itself (which may span several
+// pages, some of which reached the disk) do not count.
+func laterWrite(data []byte, damaged uint64) (index, first uint64, found bool) {
+	for off := 0; off < len(data); off++ {
+		size, w := binary.Uvarint(data[off:])
+		if w <= 0 || size < frameHeaderV2+4 || size > uint64(len(data)-off-w) {
+			continue
+		}
+		frame := data[off+w : off+w+int(size)]
+		if frame[0] != frameV2 {
+			continue
+		}
+		idx, ok := peekIndex(frame[frameHeaderV2:])
+		if !ok {
+			continue
+		}
+		payload, f, err := unframe(frame)
+		if err != nil || len(payload) == 0 || f > idx {
+			continue
+		}
+		if f > damaged {
+			return idx, f, true
+		}
+	}
+	return 0, 0, false
 }
 
 // peekIndex reads the "i" field that every encoded entry starts with, without
@@ -586,7 +647,7 @@ func (l *Log) Append(entries []*Entry) error {
 		e.Index = prev + uint64(i) + 1
 		e.Origin = l.defs.Origin
 		e.Stream = l.defs.Stream
-		l.frame = appendFrame(l.frame[:0], func(dst []byte) []byte {
+		l.frame = appendFrame(l.frame[:0], prev+1, func(dst []byte) []byte {
 			return l.codec.AppendEntry(dst, e, l.defs)
 		})
 		l.batch.Write(e.Index, l.frame)
@@ -660,7 +721,7 @@ func (l *Log) ReadRaw(index uint64) ([]byte, error) {
 	if err != nil {
 		return nil, fmt.Errorf("wal: read %d: %w", index, err)
 	}
-	payload, err := unframe(frame)
+	payload, _, err := unframe(frame)
 	if err != nil {
 		return nil, &CorruptError{Segment: "(in memory)", Index: index, Err: err}
 	}

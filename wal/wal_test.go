@@ -10,6 +10,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -152,13 +153,15 @@ func lastSegment(t *testing.T, dir string) string {
 }
 
 // TestTornTail damages the last segment at random offsets, by truncation and
-// by flipping bytes: the log must open, keep every entry before the damage,
-// and take new appends.
+// by flipping bytes. Damage confined to the last append is a torn tail: the
+// log must open, keep every entry before the damage, and take new appends.
+// A flipped byte in an earlier append, with whole later appends after it,
+// is corruption: the log refuses to open, naming the entry.
 func TestTornTail(t *testing.T) {
 	seed := uint64(time.Now().UnixNano())
 	t.Logf("seed %d", seed)
 	r := rand.New(rand.NewPCG(seed, 2))
-	for round := 0; round < 40; round++ {
+	for round := 0; round < 60; round++ {
 		dir := t.TempDir()
 		l := openTest(t, dir, 16384)
 		appendN(t, l, 0, 400)
@@ -166,8 +169,12 @@ func TestTornTail(t *testing.T) {
 		path := lastSegment(t, dir)
 		data, _ := os.ReadFile(path)
 		segFirst := segFirstIndex(t, path)
+		lastAppend := lastAppendStart(t, data)
 		off := r.IntN(len(data))
-		truncate := round%2 == 0
+		truncate := round%3 == 0
+		if round%3 == 2 {
+			off = lastAppend + r.IntN(len(data)-lastAppend) // within the last append
+		}
 		if truncate {
 			os.Truncate(path, int64(off))
 		} else {
@@ -180,8 +187,16 @@ func TestTornTail(t *testing.T) {
 		wantRepair := !truncate || wholeEnd != off
 
 		l, err := Open(dir, &Options{Origin: "a", SegmentSize: 16384, Logger: quiet})
+		if !truncate && off < lastAppend {
+			var ce *CorruptError
+			if !errors.As(err, &ce) || !errors.Is(err, ErrCorrupt) || ce.Index == 0 {
+				t.Fatalf("seed %d round %d: a flipped byte at %d, before the last append (at %d), opened: %v",
+					seed, round, off, lastAppend, err)
+			}
+			continue
+		}
 		if err != nil {
-			t.Fatalf("seed %d round %d: open after damage at %d: %v", seed, round, off, err)
+			t.Fatalf("seed %d round %d: open after damage at %d (last append at %d): %v", seed, round, off, lastAppend, err)
 		}
 		if int(l.Last()) < intact {
 			t.Fatalf("seed %d round %d: kept %d entries, %d were intact", seed, round, l.Last(), intact)
@@ -194,6 +209,118 @@ func TestTornTail(t *testing.T) {
 		appendN(t, l, n, n+5)
 		checkEntries(t, l, n+5)
 		l.Close()
+	}
+}
+
+// lastAppendStart is the byte offset in a segment where the frames of its
+// last append begin.
+func lastAppendStart(t *testing.T, data []byte) int {
+	t.Helper()
+	type fr struct {
+		off   int
+		first uint64
+	}
+	var frames []fr
+	for pos := 0; pos < len(data); {
+		size, w := binary.Uvarint(data[pos:])
+		_, first, err := unframe(data[pos+w : pos+w+int(size)])
+		if err != nil {
+			t.Fatal(err)
+		}
+		frames = append(frames, fr{pos, first})
+		pos += w + int(size)
+	}
+	last := frames[len(frames)-1].first
+	for _, f := range frames {
+		if f.first == last {
+			return f.off
+		}
+	}
+	return 0
+}
+
+// TestTornMultiPageWrite: the last append spans several 4 KiB pages and the
+// crash left a middle page unwritten (zeros) while later pages reached the
+// disk. Valid frames follow the damage, but they belong to the same append:
+// a torn tail, repaired back to the entry before the damage.
+func TestTornMultiPageWrite(t *testing.T) {
+	dir := t.TempDir()
+	l := openTest(t, dir, 1<<20)
+	appendN(t, l, 0, 50)
+	before := l.Last()
+	big := make([]*Entry, 40)
+	for i := range big {
+		big[i] = mkEntry(int(before) + i)
+		big[i].Value = bytes.Repeat([]byte{byte(i)}, 400) // ~17 KiB in all: five pages
+	}
+	if err := l.Append(big); err != nil {
+		t.Fatal(err)
+	}
+	l.Close()
+	path := lastSegment(t, dir)
+	data, _ := os.ReadFile(path)
+	start := lastAppendStart(t, data)
+	page := (start/4096 + 2) * 4096 // a page well inside the last append
+	if page+4096 >= len(data) {
+		t.Fatalf("the last append [%d, %d) does not span the page at %d", start, len(data), page)
+	}
+	clear(data[page : page+4096])
+	os.WriteFile(path, data, 0o644)
+	if _, _, found := laterWrite(data[page+4096:], before+1); found {
+		t.Fatal("laterWrite counts frames of the torn append itself")
+	}
+	l, err := Open(dir, &Options{Origin: "a", SegmentSize: 1 << 20, Logger: quiet})
+	if err != nil {
+		t.Fatalf("a torn multi-page write refused: %v", err)
+	}
+	defer l.Close()
+	whole, _ := countWhole(data[:page])
+	if int(l.Last()) < int(before) || int(l.Last()) > whole {
+		t.Fatalf("kept %d entries; %d were written before the torn append, %d whole before the hole", l.Last(), before, whole)
+	}
+	c := NewCodec()
+	for i := uint64(1); i <= l.Last(); i++ {
+		if _, err := l.Read(c, i); err != nil {
+			t.Fatalf("entry %d after the repair: %v", i, err)
+		}
+	}
+	if st := l.Stats(); st.Repairs != 1 {
+		t.Fatalf("repairs %d, want 1", st.Repairs)
+	}
+}
+
+// TestBitFlipBeforeLaterWritesRefuses: a flipped byte in the middle of the
+// last segment, with whole appends after it, is not a torn write (those
+// appends completed after it): the log refuses to open, and says why and
+// where, rather than silently cutting fsynced entries.
+func TestBitFlipBeforeLaterWritesRefuses(t *testing.T) {
+	dir := t.TempDir()
+	l := openTest(t, dir, 1<<20)
+	appendN(t, l, 0, 200)
+	l.Close()
+	path := lastSegment(t, dir)
+	data, _ := os.ReadFile(path)
+	// the 100th entry's payload
+	pos := 0
+	for i := 0; i < 99; i++ {
+		size, w := binary.Uvarint(data[pos:])
+		pos += w + int(size)
+	}
+	data[pos+20] ^= 0x40
+	os.WriteFile(path, data, 0o644)
+	_, err := Open(dir, &Options{Origin: "a", SegmentSize: 1 << 20, Logger: quiet})
+	var ce *CorruptError
+	if !errors.As(err, &ce) || ce.Index != 100 {
+		t.Fatalf("open: %v, want a CorruptError at entry 100", err)
+	}
+	for _, want := range []string{"not a torn write", "later append", "OPERATIONS.md"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("the error does not say %q: %v", want, err)
+		}
+	}
+	// nothing was cut: the segment is as it was
+	if after, _ := os.ReadFile(path); !bytes.Equal(after, data) {
+		t.Fatal("a refused open changed the segment")
 	}
 }
 
@@ -314,6 +441,9 @@ func FuzzDecodeEntry(f *testing.F) {
 	d := Defaults{Origin: "a", Stream: StreamID{9}}
 	f.Add(c.AppendEntry(nil, &Entry{Index: 3, Commit: hlc.Timestamp{Wall: 5}, Op: store.OpSet, Key: "k", Value: []byte("v"), Origin: "a", Stream: StreamID{9}}, d))
 	f.Add(c.AppendEntry(nil, &Entry{Index: 3, Commit: hlc.Timestamp{Wall: 5}, Stamp: hlc.Timestamp{Wall: 4}, Op: store.OpDelete, Key: "k", Origin: "b", Stream: StreamID{1}}, d))
+	f.Add(c.AppendEntry(nil, &Entry{Index: 4, Commit: hlc.Timestamp{Wall: 5}, Op: store.OpCounter, Key: "c", Ctr: &store.PN{P: 2, N: 1},
+		CtrComp: "a/0123456789abcdef0123456789abcdef", Origin: "a", Stream: StreamID{9}}, d))
+	f.Add(c.AppendEntry(nil, &Entry{Index: 5, Commit: hlc.Timestamp{Wall: 5}, Op: store.OpMulti, Oversize: 70 << 20, Origin: "a", Stream: StreamID{9}}, d))
 	f.Add([]byte{0x80})
 	f.Fuzz(func(t *testing.T, b []byte) {
 		dc := NewCodec()
@@ -330,7 +460,8 @@ func FuzzDecodeEntry(f *testing.F) {
 			t.Fatalf("re-encoded entry does not decode: %v", err)
 		}
 		if again.Index != e.Index || again.Key != e.Key || !bytes.Equal(again.Value, e.Value) ||
-			again.LWW() != e.LWW() || again.Commit != e.Commit || again.Op != e.Op {
+			again.LWW() != e.LWW() || again.Commit != e.Commit || again.Op != e.Op ||
+			again.CtrComp != e.CtrComp || again.Oversize != e.Oversize {
 			t.Fatalf("re-encode changed the entry: %+v -> %+v", e, again)
 		}
 	})
