@@ -1,8 +1,8 @@
 package node
 
 import (
-	"bytes"
 	"context"
+	"strings"
 	"testing"
 )
 
@@ -10,16 +10,21 @@ import (
 // is set aside as a dead letter instead of wedging the link; later entries
 // flow; the operator can replay or discard it.
 func TestDeadLetters(t *testing.T) {
-	m := newTestMesh(t, nil, func(o *Options) {
-		if o.ClusterID == "b" {
-			o.MaxValueBytes = 1000
-		}
-	}, "a", "b")
-	a, b := m.nodes["a"], m.nodes["b"]
+	m := newTestMesh(t, nil, nil, "a", "b")
+	a := m.nodes["a"]
 	ctx := context.Background()
-	a.Put(ctx, "big-1", bytes.Repeat([]byte("x"), 2000))
-	a.Put(ctx, "big-2", bytes.Repeat([]byte("y"), 2000))
-	a.Put(ctx, "small", []byte("fine"))
+	// b lowers its limit while a's entries are on their way: a took them
+	// under the limit b had said it accepts.
+	m.cut("a", "b", true)
+	for _, kv := range []struct{ k, v string }{{"big-1", strings.Repeat("x", 2000)}, {"big-2", strings.Repeat("y", 2000)}, {"small", "fine"}} {
+		if _, err := a.Put(ctx, kv.k, []byte(kv.v)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	m.opts["b"].MaxValueBytes = 1000
+	m.restart("b", nil)
+	b := m.nodes["b"]
+	m.cut("a", "b", false)
 	m.settle()
 	if r, err := b.Get("small"); err != nil || string(r.Value) != "fine" {
 		t.Fatalf("the link is wedged behind the oversized entries: %v", err)

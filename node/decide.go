@@ -151,7 +151,7 @@ func (o *overlay) decide(p *proposal) error {
 		}
 		// This stream's own totals: a node that lost its data starts a
 		// new stream, and fresh totals no max-merge can absorb.
-		comp := store.Component(o.n.cluster, o.n.wal.Stream())
+		comp := store.Component(o.n.cluster, o.n.wal.Stream(), o.n.ctrEpoch.Load())
 		t := c.Totals[comp]
 		if ot, ok := o.ctr[e.Key]; ok {
 			t = ot

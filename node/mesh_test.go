@@ -144,11 +144,11 @@ func (m *testMesh) converged(d time.Duration) {
 		for name, n := range m.nodes {
 			for _, l := range n.PeerStatus() {
 				if l.EntriesBehind > 0 || l.NeedsReseed || l.State == "reseeding" || l.ReseedOwed || l.Conflict != "" {
-					why = fmt.Sprintf("%s -> %s: %s, %d behind (%s)", name, l.Peer, l.State, l.EntriesBehind, l.LastError)
+					why += fmt.Sprintf("%s -> %s: %s, %d behind (%s); ", name, l.Peer, l.State, l.EntriesBehind, l.LastError)
 				}
 			}
 			if r := n.rejoinReport(); len(r.Phases) > 0 || len(r.Requests) > 0 {
-				why = fmt.Sprintf("%s: rejoin %+v", name, r)
+				why += fmt.Sprintf("%s: rejoin %+v; ", name, r)
 			}
 			dg, err := n.Digest()
 			if err != nil {
@@ -157,7 +157,11 @@ func (m *testMesh) converged(d time.Duration) {
 			if first == "" {
 				first = dg.Hash
 			} else if dg.Hash != first {
-				why = "digests differ"
+				why += "digests differ:"
+				for nm, nd := range m.nodes {
+					d, _ := nd.Digest()
+					why += fmt.Sprintf(" %s %+v streams %+v rejoin %+v;", nm, d, nd.PeersReport().Streams, nd.rejoinReport())
+				}
 			}
 		}
 		if why == "" {

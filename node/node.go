@@ -60,6 +60,9 @@ type Node struct {
 	gossip     *transport.Discovery
 	// applied is the last local WAL index applied to the store.
 	applied atomic.Uint64
+	// ctrEpoch is the counter epoch of the current stream (see
+	// store.Component).
+	ctrEpoch atomic.Uint32
 
 	metrics  nodeMetrics
 	lagRing  lagRing
@@ -145,6 +148,13 @@ func Open(ctx context.Context, opts *Options) (*Node, error) {
 	if n.wal.cur().Created() {
 		created = true // recovery replaced a WAL that lost entries
 	}
+	epoch, err := n.store.CounterEpoch(n.wal.Stream())
+	if err != nil {
+		n.wal.Close()
+		n.store.Close()
+		return nil, err
+	}
+	n.ctrEpoch.Store(epoch)
 	if err := n.initIdentity(created); err != nil {
 		n.wal.Close()
 		n.store.Close()

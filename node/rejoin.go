@@ -71,8 +71,41 @@ func (n *Node) initIdentity(created bool) error {
 		n.openFence()
 		return nil
 	}
-	time.AfterFunc(n.opts.IdentityCheckWait, n.openFence)
+	time.AfterFunc(n.opts.IdentityCheckWait, n.fenceTimeout)
 	return nil
+}
+
+// fenceTimeout opens the fence when some peer did not answer in time. The
+// stream goes on (its indexes are checked with that peer at its first
+// answer), but counters count under a new epoch: if that peer does hold
+// entries of this stream from a past life of the directory, the totals it
+// holds must not absorb increments taken meanwhile.
+func (n *Node) fenceTimeout() {
+	rs := &n.rejoin
+	rs.mu.Lock()
+	if rs.mu.fenceOpen || n.closing.Load() {
+		rs.mu.Unlock()
+		return
+	}
+	var silent []string
+	for _, sh := range n.links() {
+		if p := sh.Peer().Name; !rs.mu.answered[p] {
+			silent = append(silent, p)
+		}
+	}
+	rs.mu.Unlock()
+	if len(silent) > 0 {
+		stream := n.wal.Stream()
+		epoch := n.ctrEpoch.Load() + 1
+		if err := n.store.SetCounterEpoch(stream, epoch); err != nil {
+			n.log.Error("recording a new counter epoch", "err", err)
+		} else {
+			n.ctrEpoch.Store(epoch)
+			n.log.Warn("peers did not answer before writes resumed: counting under a new epoch",
+				"silent", silent, "waited", n.opts.IdentityCheckWait, "epoch", epoch)
+		}
+	}
+	n.openFence()
 }
 
 func (n *Node) openFence() {
@@ -162,6 +195,7 @@ func (n *Node) sealStream(why string) error {
 		return err
 	}
 	n.applied.Store(0)
+	n.ctrEpoch.Store(0)
 	for _, sh := range n.links() {
 		sh.Rebase()
 	}

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"sort"
+	"strconv"
 	"strings"
 
 	"github.com/cockroachdb/pebble/v2"
@@ -36,8 +37,49 @@ const MaxComponentLen = 128
 // start fresh totals, which a max-merge against the totals peers hold for
 // the old stream cannot absorb. (Counters written before streams named
 // their totals carry the bare cluster ID; both kinds merge side by side.)
-func Component(cluster string, stream [16]byte) string {
-	return cluster + "/" + hex.EncodeToString(stream[:])
+//
+// epoch > 0 names a fresh set of totals within one stream: a node that
+// restarts and cannot confirm with every peer, before it takes writes, that
+// none holds entries of its stream it does not (a restored backup whose
+// peer is unreachable), counts under a new epoch, so that increments it
+// takes meanwhile cannot be absorbed by totals that peer holds.
+func Component(cluster string, stream [16]byte, epoch uint32) string {
+	c := cluster + "/" + hex.EncodeToString(stream[:])
+	if epoch > 0 {
+		c += "." + strconv.FormatUint(uint64(epoch), 10)
+	}
+	return c
+}
+
+var keyCtrEpoch = []byte("m\x00ctrepoch")
+
+// CounterEpoch returns the counter epoch recorded for a stream (0 when none,
+// or when the record is of another stream).
+func (s *Store) CounterEpoch(stream [16]byte) (uint32, error) {
+	v, closer, err := s.db.Get(keyCtrEpoch)
+	if errors.Is(err, pebble.ErrNotFound) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, fmt.Errorf("store: read counter epoch: %w", err)
+	}
+	defer closer.Close()
+	if len(v) != 20 {
+		return 0, fmt.Errorf("%w: counter epoch of %d bytes", ErrCorrupt, len(v))
+	}
+	if [16]byte(v[:16]) != stream {
+		return 0, nil
+	}
+	return binary.BigEndian.Uint32(v[16:]), nil
+}
+
+// SetCounterEpoch records a stream's counter epoch, synced.
+func (s *Store) SetCounterEpoch(stream [16]byte, epoch uint32) error {
+	v := binary.BigEndian.AppendUint32(append([]byte(nil), stream[:]...), epoch)
+	if err := s.db.Set(keyCtrEpoch, v, pebble.Sync); err != nil {
+		return fmt.Errorf("store: write counter epoch: %w", err)
+	}
+	return nil
 }
 
 // ComponentCluster is the cluster a component's totals belong to.

@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 
 	"github.com/vmihailenco/msgpack/v5"
@@ -291,8 +292,14 @@ func checkComponent(c string) error {
 		}
 	}
 	if withStream {
-		if _, err := ParseStreamID(stream); err != nil {
+		id, epoch, withEpoch := strings.Cut(stream, ".")
+		if _, err := ParseStreamID(id); err != nil {
 			return fmt.Errorf("counter component %q: %v", c, err)
+		}
+		if withEpoch {
+			if n, err := strconv.ParseUint(epoch, 10, 32); err != nil || n == 0 || strconv.FormatUint(n, 10) != epoch {
+				return fmt.Errorf("counter component %q: epoch %q", c, epoch)
+			}
 		}
 	}
 	return nil
