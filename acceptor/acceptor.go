@@ -652,6 +652,9 @@ func (a *Acceptor) Apply(sender string, b *transport.Batch) (transport.Ack, erro
 	ack.Duplicates += dups
 	ack.HWM = hwm.Index
 	ack.HWMCommit = hwm.Commit.String()
+	if ack.SeenOrigin, err = a.seenOrigin(batch, sender, b.Stream); err != nil {
+		return ack, err
+	}
 	a.count(sender, func(c *Counts) {
 		c.Batches++
 		c.Applied += uint64(applied)
@@ -678,14 +681,8 @@ func (a *Acceptor) heartbeat(sender string, b *transport.Batch, ack transport.Ac
 	if hwm.Index > 0 {
 		ack.HWMCommit = hwm.Commit.String()
 	}
-	others, err := batch.HWMsOf(sender)
-	if err != nil {
+	if ack.SeenOrigin, err = a.seenOrigin(batch, sender, b.Stream); err != nil {
 		return ack, err
-	}
-	for _, h := range others {
-		if h.Stream != b.Stream {
-			ack.SeenOrigin = true
-		}
 	}
 	requested := false
 	if b.RequestReseed {
@@ -709,6 +706,19 @@ func (a *Acceptor) heartbeat(sender string, b *transport.Batch, ack transport.Ac
 	}
 	a.count(sender, func(c *Counts) { c.Batches++; c.DroppedOwn += uint64(dropped) })
 	return ack, nil
+}
+
+// seenOrigin reports whether this node holds entries of the sender's
+// cluster from a stream other than this one (and not a re-seed's snapshot
+// stream, which records no frontier).
+func (a *Acceptor) seenOrigin(batch *store.Batch, sender string, stream wal.StreamID) (bool, error) {
+	hs, err := batch.HWMsOf(sender)
+	for _, h := range hs {
+		if h.Stream != stream && !h.Commit.IsZero() {
+			return true, err
+		}
+	}
+	return false, err
 }
 
 // trailer commits the end of a re-seed in the batch of its last entries: the

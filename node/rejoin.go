@@ -213,17 +213,9 @@ func (n *Node) startRejoin(why string) {
 		n.log.Warn("lost data, but no peer to rejoin", "why", why)
 		return
 	}
-	cur, err := n.store.Rejoin()
-	if err != nil {
-		n.log.Error("reading rejoin records", "err", err)
-		return
-	}
 	for _, sh := range links {
 		p := sh.Peer().Name
-		if cur[p] == store.RejoinRequesting {
-			continue
-		}
-		if err := n.store.SetRejoin(p, store.RejoinRequesting); err != nil {
+		if err := n.store.UpdateRejoin(p, func(byte) byte { return store.RejoinRequesting }); err != nil {
 			n.log.Error("recording the rejoin", "peer", p, "err", err)
 			continue
 		}
@@ -309,16 +301,21 @@ func waitingFor(rj map[string]byte) []string {
 // onReseedDone: a re-seed this node sent was acknowledged to its trailer.
 func (n *Node) onReseedDone(peer string, requested, rejoin bool) {
 	if requested {
-		flags, err := n.store.ReseedRequests()
-		if err == nil {
-			err = n.store.SetReseedRequest(peer, flags[peer]&^store.ReseedRequested)
-		}
+		err := n.store.UpdateReseedRequest(peer, func(f byte) byte { return f &^ store.ReseedRequested })
 		if err != nil {
 			n.log.Error("clearing a re-seed request", "peer", peer, "err", err)
 		}
 	}
 	if rejoin {
-		if err := n.store.SetRejoin(peer, 0); err != nil {
+		// Only a rejoin still at seeding ends: a newer one (the node lost
+		// data again meanwhile) goes on.
+		err := n.store.UpdateRejoin(peer, func(ph byte) byte {
+			if ph == store.RejoinSeeding {
+				return 0
+			}
+			return ph
+		})
+		if err != nil {
 			n.log.Error("recording the rejoin's end", "peer", peer, "err", err)
 			return
 		}

@@ -229,26 +229,25 @@ func peerRecords(db *pebble.DB, prefix byte) (map[string]byte, error) {
 	return out, it.Error()
 }
 
-func setPeerRecord(db *pebble.DB, prefix byte, peer string, v byte) error {
-	k := append([]byte{prefix}, peer...)
-	var err error
-	if v == 0 {
-		err = db.Delete(k, pebble.Sync)
-	} else {
-		err = db.Set(k, []byte{v}, pebble.Sync)
-	}
-	if err != nil {
-		return fmt.Errorf("store: peer record %c%s: %w", prefix, peer, err)
-	}
-	return nil
-}
-
 // ReseedRequests lists the R records (peer -> flags).
 func (s *Store) ReseedRequests() (map[string]byte, error) { return peerRecords(s.db, prefixReseedReq) }
 
-// SetReseedRequest stores a peer's R flags (0 deletes the record), synced.
-func (s *Store) SetReseedRequest(peer string, flags byte) error {
-	return setPeerRecord(s.db, prefixReseedReq, peer, flags)
+// UpdateReseedRequest changes a peer's R flags under the apply lock (the
+// acceptor changes them in its batches too), synced; 0 deletes the record.
+func (s *Store) UpdateReseedRequest(peer string, f func(byte) byte) error {
+	b := s.NewBatch()
+	defer b.Close()
+	cur, err := b.ReseedRequest(peer)
+	if err != nil {
+		return err
+	}
+	if next := f(cur); next != cur {
+		if err := b.SetReseedRequestIn(peer, next); err != nil {
+			return err
+		}
+		return b.Commit(true)
+	}
+	return nil
 }
 
 // SetReseedRequestIn stores a peer's R flags in the batch (0 deletes).
@@ -279,9 +278,22 @@ func (b *Batch) ReseedRequest(peer string) (byte, error) {
 // Rejoin lists this node's rejoin phases (peer -> phase).
 func (s *Store) Rejoin() (map[string]byte, error) { return peerRecords(s.db, prefixRejoin) }
 
-// SetRejoin stores the rejoin phase with a peer (0 deletes), synced.
-func (s *Store) SetRejoin(peer string, phase byte) error {
-	return setPeerRecord(s.db, prefixRejoin, peer, phase)
+// UpdateRejoin changes the rejoin phase with a peer under the apply lock
+// (the acceptor moves it in its batches too), synced; 0 deletes it.
+func (s *Store) UpdateRejoin(peer string, f func(byte) byte) error {
+	b := s.NewBatch()
+	defer b.Close()
+	cur, err := b.RejoinPhase(peer)
+	if err != nil {
+		return err
+	}
+	if next := f(cur); next != cur {
+		if err := b.SetRejoinIn(peer, next); err != nil {
+			return err
+		}
+		return b.Commit(true)
+	}
+	return nil
 }
 
 // SetRejoinIn stores the rejoin phase with a peer in the batch (0 deletes).
