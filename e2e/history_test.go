@@ -106,6 +106,44 @@ type effect struct {
 	op    *callRecord
 }
 
+// excuse applies the one exception to the checker's rules: a wipe or a
+// restore destroys what existed only on the lost directory. A write its
+// node acknowledged before the kill, stamped above what every peer held of
+// the node's stream then (and, for a restore, above every write the node
+// acknowledged before the backup), may be lost: it becomes an unknown
+// outcome. Writes of the node's next life are stamped after the restart (a
+// second after the kill, by clocks at most 0.3 s apart) and never excused.
+// It returns how many acknowledged writes it excused.
+func (h *history) excuse(ex []excuse) int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	n := 0
+	for _, e := range ex {
+		above := e.Above
+		if !e.BackupStop.IsZero() {
+			for i := range h.ops {
+				op := &h.ops[i]
+				if st, ok := stampOf(op.Version); ok && op.Cluster == e.Cluster && op.Outcome == outOK &&
+					op.End2.Before(e.BackupStop) && above.Compare(st) < 0 {
+					above = st
+				}
+			}
+		}
+		for i := range h.ops {
+			op := &h.ops[i]
+			st, ok := stampOf(op.Version)
+			if !ok || op.Cluster != e.Cluster || op.Outcome != outOK || !op.Start.Before(e.Before) ||
+				st.Compare(above) <= 0 || st.HLC.Wall >= e.Before.Add(500*time.Millisecond).UnixNano() {
+				continue
+			}
+			op.Outcome = outUnknown
+			op.Err = "excused: " + e.Why
+			n++
+		}
+	}
+	return n
+}
+
 // check judges the history against the final state (equal on every
 // cluster, checked by digest before this runs). It returns every violation.
 func (h *history) check(final map[string]client.Item, counters map[string]int64, keySpace []string) []string {
@@ -267,5 +305,43 @@ func TestCheckerCatchesViolations(t *testing.T) {
 	}
 	if bad := h.check(ok, map[string]int64{"ctr/0": 2}, nil); len(bad) != 0 {
 		t.Fatalf("a valid state judged bad: %q", bad)
+	}
+}
+
+// TestExcuseIsExact: the wipe/restore exception excuses exactly the writes
+// the lost node acknowledged above what its peers held (and above its
+// backup), before the kill; nothing of other nodes, nothing the peers had,
+// nothing of its next life.
+func TestExcuseIsExact(t *testing.T) {
+	at := func(ms int) time.Time { return time.Unix(1000, 0).Add(time.Duration(ms) * time.Millisecond) }
+	v := func(ms int, origin string) string { return fmt.Sprintf("%d.0@%s", at(ms).UnixNano(), origin) }
+	h := &history{ops: []callRecord{
+		{Cluster: "a", Kind: "put", Key: "k/01", Value: "in-backup", Outcome: outOK, Version: v(100, "a"), Start: at(90), End2: at(110)},
+		{Cluster: "a", Kind: "put", Key: "k/02", Value: "peers-had", Outcome: outOK, Version: v(300, "a"), Start: at(290), End2: at(310)},
+		{Cluster: "a", Kind: "put", Key: "k/03", Value: "lost", Outcome: outOK, Version: v(600, "a"), Start: at(590), End2: at(610)},
+		{Cluster: "a", Kind: "incr", Key: "ctr/0", Delta: 1, Outcome: outOK, Version: v(610, "a"), Start: at(605), End2: at(615)},
+		{Cluster: "b", Kind: "put", Key: "k/04", Value: "other", Outcome: outOK, Version: v(700, "b"), Start: at(690), End2: at(710)},
+		{Cluster: "a", Kind: "put", Key: "k/05", Value: "next-life", Outcome: outOK, Version: v(2000, "a"), Start: at(1900), End2: at(2010)},
+	}}
+	above, _ := store.ParseStamp(v(400, "a")) // peers held up to 400
+	n := h.excuse([]excuse{{Cluster: "a", Above: above, Before: at(800), BackupStop: at(200), Why: "restore"}})
+	if n != 2 {
+		t.Fatalf("excused %d writes, want 2 (k/03 and the increment)", n)
+	}
+	want := map[string]string{"k/01": outOK, "k/02": outOK, "k/03": outUnknown, "ctr/0": outUnknown, "k/04": outOK, "k/05": outOK}
+	for _, op := range h.ops {
+		if op.Outcome != want[op.Key] {
+			t.Errorf("%s: %s, want %s", op.Key, op.Outcome, want[op.Key])
+		}
+	}
+	// The lost write may be absent now; the others may not.
+	final := map[string]client.Item{
+		"k/02": {Key: "k/02", Value: []byte("peers-had"), Version: v(300, "a")},
+		"k/04": {Key: "k/04", Value: []byte("other"), Version: v(700, "b")},
+		"k/05": {Key: "k/05", Value: []byte("next-life"), Version: v(2000, "a")},
+	}
+	bad := h.check(final, map[string]int64{"ctr/0": 0}, nil)
+	if len(bad) != 1 || !strings.Contains(bad[0], "k/01") {
+		t.Fatalf("violations %q, want exactly the write the backup held (k/01)", bad)
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io/fs"
 	"math/rand/v2"
 	"net/http"
 	"os"
@@ -18,8 +19,10 @@ import (
 	"time"
 
 	"github.com/replicator/replicator/client"
+	"github.com/replicator/replicator/hlc"
 	"github.com/replicator/replicator/node"
 	"github.com/replicator/replicator/policy"
+	"github.com/replicator/replicator/store"
 )
 
 var (
@@ -37,7 +40,12 @@ type fault struct {
 	Delay  time.Duration `json:"delay,omitempty"`
 }
 
-var faultKinds = []string{"kill", "pause", "partition-one-way", "partition", "lose-acks", "duplicate", "delay", "reset-mid-body", "disk-full"}
+var faultKinds = []string{"kill", "pause", "partition-one-way", "partition", "lose-acks", "duplicate", "delay", "reset-mid-body", "disk-full",
+	// operator events
+	"detach", "admin-pause", "reseed", "backup", "restore", "wipe", "limit"}
+
+// nodeEvents act on a node as a whole (one at a time per node).
+var nodeEvents = map[string]bool{"kill": true, "pause": true, "disk-full": true, "backup": true, "restore": true, "wipe": true, "limit": true}
 
 // schedule draws a seeded fault schedule over d.
 func schedule(r *rand.Rand, names []string, d time.Duration) []fault {
@@ -52,8 +60,8 @@ func schedule(r *rand.Rand, names []string, d time.Duration) []fault {
 	}
 	for at := 500 * time.Millisecond; at < d-2*time.Second; at += time.Duration(300+r.IntN(1200)) * time.Millisecond {
 		f := fault{At: at, Kind: faultKinds[r.IntN(len(faultKinds))], For: time.Duration(300+r.IntN(2500)) * time.Millisecond}
-		switch f.Kind {
-		case "kill", "pause", "disk-full":
+		switch {
+		case nodeEvents[f.Kind]:
 			f.Target = names[r.IntN(len(names))]
 		default:
 			f.Target = links[r.IntN(len(links))]
@@ -86,6 +94,44 @@ func TestRobustness(t *testing.T) {
 	}
 }
 
+// robust is one robustness run: the mesh, the faults in flight and what
+// the operator events recorded for the checker.
+type robust struct {
+	t        *testing.T
+	m        *mesh
+	diskFile map[string]string
+	mu       sync.Mutex // guards everything below, and proc arguments
+	busy     map[string]time.Time
+	injected map[string]int
+	// backups are each node's last backup of its data directory.
+	backups map[string]backup
+	// excused are the writes a wipe or a restore destroyed: a node's
+	// acknowledged writes above a stamp, before a time.
+	excused []excuse
+	// destroying is set while a wipe or a restore and its rejoin run: one
+	// node loses data at a time, as an operator would.
+	destroying bool
+	added      bool // the fourth cluster was added
+}
+
+type backup struct {
+	dir  string
+	stop time.Time // the node was stopped at this moment to take it
+}
+
+// excuse: writes acknowledged by cluster before the time, stamped above
+// the stamp (the backup's point, and what every peer held at the kill), may
+// be lost: they existed only on the destroyed directory.
+type excuse struct {
+	Cluster string      `json:"cluster"`
+	Above   store.Stamp `json:"above"`
+	Before  time.Time   `json:"before"`
+	// BackupStop, for a restore, is when the node was stopped to take the
+	// backup: what it acknowledged before is in the backup and survives.
+	BackupStop time.Time `json:"backup_stop,omitzero"`
+	Why        string    `json:"why"`
+}
+
 func robustRun(t *testing.T, s uint64) {
 	t.Logf("seed %d (replay with -run TestRobustness -seed %d)", s, s)
 	r := newRand(s)
@@ -95,14 +141,15 @@ func robustRun(t *testing.T, s uint64) {
 	}
 	names := []string{"a", "b", "c"}
 	m := newMesh(t, s, true, names...)
-	diskFile := map[string]string{}
+	rb := &robust{t: t, m: m, diskFile: map[string]string{}, busy: map[string]time.Time{}, injected: map[string]int{},
+		backups: map[string]backup{}}
 	skewed := names[r.IntN(3)]
 	skew := time.Duration(r.IntN(600)-300) * time.Millisecond
 	for _, n := range names {
 		p := m.nodes[n]
-		diskFile[n] = filepath.Join(t.TempDir(), "disk-full")
-		os.WriteFile(diskFile[n], nil, 0o644)
-		p.args = append(p.args, "--test-disk-full-file", diskFile[n], "--admission-wait", "200ms")
+		rb.diskFile[n] = filepath.Join(t.TempDir(), "disk-full")
+		os.WriteFile(rb.diskFile[n], nil, 0o644)
+		p.args = append(p.args, "--test-disk-full-file", rb.diskFile[n], "--admission-wait", "200ms")
 		if n == skewed {
 			p.args = append(p.args, "--test-clock-offset", skew.String())
 		}
@@ -110,13 +157,10 @@ func robustRun(t *testing.T, s uint64) {
 	m.start()
 	plan := schedule(r, names, d)
 	hist := &history{}
-	injected := map[string]int{}
 
 	// faults
 	ctx, cancel := context.WithCancel(context.Background())
 	var fwg sync.WaitGroup
-	var procMu sync.Mutex // one process fault per node at a time
-	busy := map[string]time.Time{}
 	start := time.Now()
 	fwg.Add(1)
 	go func() {
@@ -132,10 +176,22 @@ func robustRun(t *testing.T, s uint64) {
 			fwg.Add(1)
 			go func(f fault) {
 				defer fwg.Done()
-				runFault(t, m, f, diskFile, &procMu, busy, injected)
+				rb.runFault(f)
 			}(f)
 		}
 	}()
+	if d >= 20*time.Second {
+		// A peer added to the running mesh, two fifths in.
+		fwg.Add(1)
+		go func() {
+			defer fwg.Done()
+			select {
+			case <-ctx.Done():
+			case <-time.After(2 * d / 5):
+				rb.addPeer("d")
+			}
+		}()
+	}
 
 	// workload
 	keys := make([]string, 50)
@@ -168,7 +224,7 @@ func robustRun(t *testing.T, s uint64) {
 		px.heal()
 	}
 	for _, n := range names {
-		os.WriteFile(diskFile[n], nil, 0o644)
+		os.WriteFile(rb.diskFile[n], nil, 0o644)
 		m.nodes[n].signal(syscall.SIGCONT)
 	}
 	report := func(why string, violations []string) {
@@ -181,9 +237,11 @@ func robustRun(t *testing.T, s uint64) {
 		os.WriteFile(filepath.Join(dir, "seed"), []byte(fmt.Sprintln(s)), 0o644)
 		sj, _ := json.MarshalIndent(plan, "", "  ")
 		os.WriteFile(filepath.Join(dir, "schedule.json"), sj, 0o644)
+		ej, _ := json.MarshalIndent(rb.excused, "", "  ")
+		os.WriteFile(filepath.Join(dir, "excused.json"), ej, 0o644)
 		hist.write(filepath.Join(dir, "history.jsonl"))
 		os.WriteFile(filepath.Join(dir, "violations.txt"), []byte(why+"\n"+strings.Join(violations, "\n")+"\n"), 0o644)
-		for _, n := range names {
+		for _, n := range m.names {
 			p := m.nodes[n]
 			if b, err := os.ReadFile(p.log); err == nil {
 				os.WriteFile(filepath.Join(dir, n+".log"), b, 0o644)
@@ -200,6 +258,8 @@ func robustRun(t *testing.T, s uint64) {
 	var convergeErr string
 	deadline := time.Now().Add(90 * time.Second)
 	for {
+		// The operator replays what was set aside while a limit was low.
+		rb.replayDeadLetters()
 		ok, why := converged(m)
 		if ok {
 			break
@@ -229,18 +289,20 @@ func robustRun(t *testing.T, s uint64) {
 		k := fmt.Sprintf("ctr/%d", i)
 		if v, err := m.nodes["a"].client().Counter(bg(), k); err == nil {
 			counters[k] = v.Value
-			for _, n := range names[1:] {
+			for _, n := range m.names[1:] {
 				if w, err := m.nodes[n].client().Counter(bg(), k); err != nil || w.Value != v.Value {
 					violations = append(violations, fmt.Sprintf("counter %s: a has %d, %s has %d (%v)", k, v.Value, n, w.Value, err))
 				}
 			}
 		}
 	}
+	excusedOps := hist.excuse(rb.excused)
 	violations = append(violations, hist.check(final, counters, keys)...)
-	for _, n := range names {
+	for _, n := range m.names {
 		for _, st := range peersReport(t, m.nodes[n]).Streams {
-			if st.Merged+st.DeadLettered != st.HWM {
-				violations = append(violations, fmt.Sprintf("%s applied %d merges for %d entries of %s's stream %s: an entry applied twice", n, st.Merged, st.HWM, st.Origin, st.Stream))
+			if st.Merged+st.DeadLettered+st.Seeded != st.HWM {
+				violations = append(violations, fmt.Sprintf("%s applied %d merges, %d dead letters, %d seeded for %d entries of %s's stream %s: an entry applied twice",
+					n, st.Merged, st.DeadLettered, st.Seeded, st.HWM, st.Origin, st.Stream))
 			}
 		}
 		var dl struct {
@@ -260,7 +322,7 @@ func robustRun(t *testing.T, s uint64) {
 	truncated := false
 	for until := time.Now().Add(15 * time.Second); time.Now().Before(until); time.Sleep(200 * time.Millisecond) {
 		truncated = true
-		for _, n := range names {
+		for _, n := range m.names {
 			if w := walLast(t, m.nodes[n]); w.First != w.Last+1 {
 				truncated = false
 			}
@@ -277,7 +339,7 @@ func robustRun(t *testing.T, s uint64) {
 	}
 	counts := hist.counts()
 	var kinds []string
-	for k, v := range injected {
+	for k, v := range rb.injected {
 		kinds = append(kinds, fmt.Sprintf("%s=%d", k, v))
 	}
 	sort.Strings(kinds)
@@ -285,11 +347,12 @@ func robustRun(t *testing.T, s uint64) {
 	for _, v := range counts {
 		total += v
 	}
-	t.Logf("seed %d: %s of faults (%s; node %s clock %+v), %d operations %v, 0 violations",
-		s, d, strings.Join(kinds, " "), skewed, skew, total, counts)
+	t.Logf("seed %d: %s of faults (%s; node %s clock %+v), %d operations %v, %d excused by wipes and restores, 0 violations",
+		s, d, strings.Join(kinds, " "), skewed, skew, total, counts, excusedOps)
 }
 
-// converged reports whether every link drained and every digest agrees.
+// converged reports whether every link drained, no re-seed or rejoin is
+// owed or running, and every digest agrees.
 func converged(m *mesh) (bool, string) {
 	var first string
 	for _, n := range m.names {
@@ -298,9 +361,12 @@ func converged(m *mesh) (bool, string) {
 			return false, err.Error()
 		}
 		for _, l := range r.Links {
-			if l.EntriesBehind > 0 || l.NeedsReseed {
+			if l.EntriesBehind > 0 || l.NeedsReseed || l.ReseedOwed || l.Conflict != "" || l.Reseed.Running {
 				return false, fmt.Sprintf("%s is %d behind towards %s (%s: %s)", n, l.EntriesBehind, l.Peer, l.State, l.LastError)
 			}
+		}
+		if len(r.Rejoin.Phases) > 0 || len(r.Rejoin.Requests) > 0 {
+			return false, fmt.Sprintf("%s: rejoin under way %+v", n, r.Rejoin)
 		}
 		d, err := digestOf(m.nodes[n])
 		if err != nil {
@@ -315,21 +381,64 @@ func converged(m *mesh) (bool, string) {
 	return true, ""
 }
 
-func runFault(t *testing.T, m *mesh, f fault, diskFile map[string]string, procMu *sync.Mutex, busy map[string]time.Time, injected map[string]int) {
-	count := func() {
-		procMu.Lock()
-		injected[f.Kind]++
-		procMu.Unlock()
+// replayDeadLetters replays every entry set aside on every node, as an
+// operator does once a limit is back.
+func (rb *robust) replayDeadLetters() {
+	for _, n := range rb.m.names {
+		c := rb.m.nodes[n].client()
+		var dl struct {
+			DeadLetters []node.DeadLetterReport `json:"dead_letters"`
+		}
+		if _, err := c.Do(bg(), http.MethodGet, "/admin/deadletters", nil, nil, &dl); err != nil {
+			continue
+		}
+		for _, d := range dl.DeadLetters {
+			if _, err := c.Do(bg(), http.MethodPost, "/admin/deadletters/"+d.ID+"/replay", nil, nil, nil); err == nil {
+				rb.count("dead-letter-replay")
+			}
+		}
 	}
-	switch f.Kind {
-	case "kill", "pause", "disk-full":
-		procMu.Lock()
-		if time.Now().Before(busy[f.Target]) {
-			procMu.Unlock()
+}
+
+func (rb *robust) count(kind string) {
+	rb.mu.Lock()
+	rb.injected[kind]++
+	rb.mu.Unlock()
+}
+
+// claim marks a node busy for a node-level event, or says it already is.
+func (rb *robust) claim(name string, d time.Duration) bool {
+	rb.mu.Lock()
+	defer rb.mu.Unlock()
+	if time.Now().Before(rb.busy[name]) {
+		return false
+	}
+	rb.busy[name] = time.Now().Add(d)
+	return true
+}
+
+func (rb *robust) release(name string) {
+	rb.mu.Lock()
+	rb.busy[name] = time.Now()
+	rb.mu.Unlock()
+}
+
+// admin posts an admin action; errors are part of the weather (the node
+// may be down), and only counted actions count.
+func (rb *robust) admin(name, path string) bool {
+	ctx, cancel := context.WithTimeout(bg(), 3*time.Second)
+	defer cancel()
+	_, err := rb.m.nodes[name].client().Do(ctx, http.MethodPost, path, nil, nil, nil)
+	return err == nil
+}
+
+func (rb *robust) runFault(f fault) {
+	m := rb.m
+	if nodeEvents[f.Kind] {
+		if !rb.claim(f.Target, f.For+30*time.Second) {
 			return
 		}
-		busy[f.Target] = time.Now().Add(f.For + 5*time.Second)
-		procMu.Unlock()
+		defer rb.release(f.Target)
 		p := m.nodes[f.Target]
 		switch f.Kind {
 		case "kill":
@@ -341,21 +450,50 @@ func runFault(t *testing.T, m *mesh, f fault, diskFile map[string]string, procMu
 			time.Sleep(f.For)
 			p.signal(syscall.SIGCONT)
 		case "disk-full":
-			os.WriteFile(diskFile[f.Target], []byte("full"), 0o644)
+			os.WriteFile(rb.diskFile[f.Target], []byte("full"), 0o644)
 			time.Sleep(f.For)
-			os.WriteFile(diskFile[f.Target], nil, 0o644)
+			os.WriteFile(rb.diskFile[f.Target], nil, 0o644)
+		case "backup":
+			rb.backup(f.Target)
+		case "restore", "wipe":
+			if !rb.destroy(f.Target, f.Kind) {
+				return
+			}
+		case "limit":
+			rb.lowerLimit(f.Target, f.For)
 		}
-		count()
-		procMu.Lock()
-		busy[f.Target] = time.Now()
-		procMu.Unlock()
+		rb.count(f.Kind)
+		return
+	}
+	from, to, _ := strings.Cut(f.Target, "->")
+	switch f.Kind {
+	case "detach":
+		// The operator stops retaining the WAL for a peer; it is re-seeded
+		// once reachable, under live writes.
+		if rb.admin(from, "/admin/peers/"+to+"/detach") {
+			rb.count(f.Kind)
+		}
+		return
+	case "reseed":
+		if rb.admin(from, "/admin/peers/"+to+"/reseed") {
+			rb.count(f.Kind)
+		}
+		return
+	case "admin-pause":
+		if rb.admin(from, "/admin/peers/"+to+"/pause") {
+			rb.count(f.Kind)
+			time.Sleep(f.For)
+		}
+		// resumed whether or not the pause was heard: a restart forgets it
+		for i := 0; i < 20 && !rb.admin(from, "/admin/peers/"+to+"/resume"); i++ {
+			time.Sleep(250 * time.Millisecond)
+		}
 		return
 	}
 	px := m.proxies[f.Target]
 	if px == nil {
 		return
 	}
-	from, to, _ := strings.Cut(f.Target, "->")
 	switch f.Kind {
 	case "partition-one-way":
 		px.setDown(true)
@@ -378,10 +516,184 @@ func runFault(t *testing.T, m *mesh, f fault, diskFile map[string]string, procMu
 		px.setReset(f.Prob)
 		defer px.setReset(0)
 	}
-	count()
+	rb.count(f.Kind)
 	time.Sleep(f.For)
 	if strings.HasPrefix(f.Kind, "partition") {
 		px.setDown(false)
+	}
+}
+
+// backup stops a node gracefully, copies its data directory, and starts it
+// again.
+func (rb *robust) backup(name string) {
+	p := rb.m.nodes[name]
+	stop := time.Now()
+	p.stop()
+	dir := filepath.Join(rb.t.TempDir(), "backup-"+name)
+	copyTree(rb.t, p.dataDir(), dir)
+	p.startReady()
+	rb.mu.Lock()
+	rb.backups[name] = backup{dir: dir, stop: stop}
+	rb.mu.Unlock()
+}
+
+// destroy kills a node and restores its last backup (restore) or empties
+// its data directory (wipe), then starts it with the same cluster ID. It
+// records what the node acknowledged that only the lost directory held: the
+// writes above what every peer had of its stream at the kill (and above the
+// backup's point, for a restore).
+func (rb *robust) destroy(name, kind string) bool {
+	rb.mu.Lock()
+	bk, haveBackup := rb.backups[name]
+	busy := rb.destroying
+	if !busy && (kind == "wipe" || haveBackup) {
+		rb.destroying = true
+	}
+	rb.mu.Unlock()
+	if busy || (kind == "restore" && !haveBackup) {
+		return false
+	}
+	defer func() { rb.mu.Lock(); rb.destroying = false; rb.mu.Unlock() }()
+	if !rb.quiet() {
+		return false
+	}
+	p := rb.m.nodes[name]
+	var origin node.OriginReport
+	if _, err := p.client().Do(bg(), http.MethodGet, "/admin/origin", nil, nil, &origin); err != nil {
+		return false
+	}
+	p.kill()
+	killed := time.Now()
+	time.Sleep(time.Second) // what was on the wire lands (delays are < 0.4 s)
+	var above store.Stamp
+	for _, peer := range rb.m.names {
+		if peer == name {
+			continue
+		}
+		var r node.PeersReport
+		if _, err := rb.m.nodes[peer].client().Do(bg(), http.MethodGet, "/admin/peers", nil, nil, &r); err != nil {
+			// An unreachable peer (stopped for its own event) still holds
+			// what it had: wait for it rather than guess.
+			time.Sleep(3 * time.Second)
+			if _, err := rb.m.nodes[peer].client().Do(bg(), http.MethodGet, "/admin/peers", nil, nil, &r); err != nil {
+				rb.t.Logf("%s: %s unreachable while recording what it holds of %s: %v", kind, peer, name, err)
+				p.startReady()
+				return false
+			}
+		}
+		for _, st := range r.Streams {
+			if st.Origin == name && st.Stream == origin.Stream {
+				if ts, err := hlc.Parse(st.Frontier); err == nil && above.HLC.Less(ts) {
+					above = store.Stamp{HLC: ts, Origin: name}
+				}
+			}
+		}
+	}
+	why := fmt.Sprintf("%s of %s at %s: peers held its stream %s up to %s", kind, name, killed.Format("15:04:05.000"), origin.Stream, above)
+	os.RemoveAll(p.dataDir())
+	if kind == "restore" {
+		copyTree(rb.t, bk.dir, p.dataDir())
+		why += fmt.Sprintf("; backup taken at %s", bk.stop.Format("15:04:05.000"))
+	}
+	ex := excuse{Cluster: name, Above: above, Before: killed, Why: why}
+	if kind == "restore" {
+		ex.BackupStop = bk.stop // writes in the backup survive
+	}
+	rb.mu.Lock()
+	rb.excused = append(rb.excused, ex)
+	rb.mu.Unlock()
+	p.startReady()
+	// Hold further destruction until this node's rejoin has ended.
+	deadline := time.Now().Add(40 * time.Second)
+	for time.Now().Before(deadline) && !rb.quiet() {
+		time.Sleep(200 * time.Millisecond)
+	}
+	return true
+}
+
+// quiet reports whether no node is rejoining or owed a requested re-seed.
+func (rb *robust) quiet() bool {
+	for _, n := range rb.m.names {
+		var r node.PeersReport
+		if _, err := rb.m.nodes[n].client().Do(bg(), http.MethodGet, "/admin/peers", nil, nil, &r); err != nil {
+			return false
+		}
+		if len(r.Rejoin.Phases) > 0 || len(r.Rejoin.Requests) > 0 {
+			return false
+		}
+	}
+	return true
+}
+
+// lowerLimit restarts a node with a far lower value limit for a while (its
+// peers' larger entries go to its dead-letter queue), then with its limit
+// back, and replays the dead letters, as an operator would.
+func (rb *robust) lowerLimit(name string, d time.Duration) {
+	p := rb.m.nodes[name]
+	rb.mu.Lock()
+	args := append([]string(nil), p.args...)
+	p.args = append(p.args, "--max-value-bytes", "64")
+	rb.mu.Unlock()
+	p.stop()
+	p.startReady()
+	time.Sleep(d)
+	rb.mu.Lock()
+	p.args = args
+	rb.mu.Unlock()
+	p.stop()
+	p.startReady()
+	rb.replayDeadLetters()
+}
+
+// addPeer starts a fourth cluster and adds it to every running node's
+// configuration, one restart at a time: it is re-seeded by each.
+func (rb *robust) addPeer(name string) {
+	m := rb.m
+	nd := newProc(rb.t, name, name)
+	for _, other := range m.names {
+		nd.args = append(nd.args, "--peer", other+"="+m.nodes[other].url, "--peer-secret", other+"=secret-"+pair(name, other))
+	}
+	nd.start()
+	nd.waitReady(30 * time.Second)
+	for _, other := range m.names {
+		for !rb.claim(other, time.Minute) {
+			time.Sleep(100 * time.Millisecond)
+		}
+		p := m.nodes[other]
+		rb.mu.Lock()
+		p.args = append(p.args, "--peer", name+"="+nd.url, "--peer-secret", name+"=secret-"+pair(name, other))
+		rb.mu.Unlock()
+		p.stop()
+		p.startReady()
+		rb.release(other)
+	}
+	rb.mu.Lock()
+	m.nodes[name] = nd
+	m.names = append(m.names, name)
+	rb.added = true
+	rb.mu.Unlock()
+	rb.count("add-peer")
+}
+
+// copyTree copies a data directory (the node is down).
+func copyTree(t *testing.T, from, to string) {
+	t.Helper()
+	err := filepath.WalkDir(from, func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		rel, _ := filepath.Rel(from, path)
+		if d.IsDir() {
+			return os.MkdirAll(filepath.Join(to, rel), 0o755)
+		}
+		b, err := os.ReadFile(path)
+		if err != nil {
+			return err
+		}
+		return os.WriteFile(filepath.Join(to, rel), b, 0o644)
+	})
+	if err != nil {
+		t.Fatal(err)
 	}
 }
 
@@ -398,6 +710,10 @@ func workloadOp(c *client.Client, r *rand.Rand, id, cluster string, seq int, key
 	switch x := r.IntN(100); {
 	case x < 35:
 		op.Kind, op.Key, op.Value = "put", k, fmt.Sprintf("%s-%d", id, seq)
+		if r.IntN(10) == 0 {
+			// larger than a node's lowered limit (the limit event)
+			op.Value += "-" + strings.Repeat("v", 100+r.IntN(100))
+		}
 		res, err = c.Put(ctx, k, []byte(op.Value))
 	case x < 45:
 		op.Kind, op.Key = "del", k

@@ -17,7 +17,7 @@ import (
 )
 
 const adminUsage = `replicator admin wal|peers|origin|digest [--addr URL] [--json]
-replicator admin pause|resume|reseed PEER [--addr URL]`
+replicator admin pause|resume|reseed|detach PEER [--addr URL]`
 
 // runAdmin serves `replicator admin ...` (and the peers/digest shortcuts).
 func runAdmin(cmd string, args []string) error {
@@ -42,7 +42,7 @@ func runAdmin(cmd string, args []string) error {
 	ctx, cancel := context.WithTimeout(context.Background(), cf.timeout)
 	defer cancel()
 	switch cmd {
-	case "pause", "resume", "reseed":
+	case "pause", "resume", "reseed", "detach":
 		if fs.NArg() != 1 {
 			return fmt.Errorf("usage: replicator admin %s PEER", cmd)
 		}

@@ -25,7 +25,7 @@ Usage:
   replicator peers  --addr URL [--json]   replication links and what came in
   replicator digest --addr URL [--json]   hash of the live state (equal on converged clusters)
   replicator admin  wal|peers|origin|digest [--json]      the admin documents as tables
-  replicator admin  pause|resume|reseed PEER              act on a peer link (reseed shows progress)
+  replicator admin  pause|resume|reseed|detach PEER       act on a peer link (reseed shows progress)
 
 The client sub-commands default to --addr http://127.0.0.1:7400.
 `

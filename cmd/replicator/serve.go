@@ -54,6 +54,7 @@ type serveConfig struct {
 	HighAge       duration  `yaml:"wal_high_water_age"`
 	LowAge        duration  `yaml:"wal_low_water_age"`
 	AdmissionWait *duration `yaml:"admission_wait"`
+	IdentityWait  *duration `yaml:"identity_check_wait"`
 	Permits       int       `yaml:"replay_permits"`
 	PermitQueue   int       `yaml:"replay_queue"`
 	NoAutoReseed  bool      `yaml:"no_auto_reseed"`
@@ -226,6 +227,7 @@ func serveFlags(cfg *serveConfig) *flag.FlagSet {
 	fs.Int64Var(&cfg.LowBytes, "wal-low-water-bytes", cfg.LowBytes, "leave saturation below this many bytes (default half)")
 	fs.Var(&cfg.HighAge, "wal-high-water-age", "saturate when a peer's oldest unacknowledged entry is older (default 1h)")
 	fs.Var(&cfg.LowAge, "wal-low-water-age", "leave saturation below this age (default half)")
+	fs.Var(optDuration{&cfg.IdentityWait}, "identity-check-wait", "at start, how long writes wait for every peer to confirm this node's stream was not used by a restored or copied directory (default 2s; 0s does not wait)")
 	fs.Var(optDuration{&cfg.AdmissionWait}, "admission-wait", "how long a write waits while saturated before it is refused (default 5s; 0s refuses at once)")
 	fs.Var(namedFlag{func(n, v string) { cfg.peer(n).Overflow = v }}, "peer-overflow", "NAME=reject|detach: what a peer's backlog overflow does (default reject)")
 	fs.IntVar(&cfg.Permits, "replay-permits", cfg.Permits, "incoming batches applied at once (default 4)")
@@ -312,6 +314,12 @@ func (cfg *serveConfig) nodeOptions(log *slog.Logger) (*node.Options, error) {
 		o.AdmissionWait = time.Duration(*cfg.AdmissionWait)
 		if o.AdmissionWait == 0 {
 			o.AdmissionWait = -1 // refuse at once
+		}
+	}
+	if cfg.IdentityWait != nil {
+		o.IdentityCheckWait = time.Duration(*cfg.IdentityWait)
+		if o.IdentityCheckWait == 0 {
+			o.IdentityCheckWait = -1 // do not wait
 		}
 	}
 	o.Permits, o.PermitQueue, o.NoAutoReseed = cfg.Permits, cfg.PermitQueue, cfg.NoAutoReseed
