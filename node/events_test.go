@@ -71,6 +71,7 @@ func TestReseedEndsAfterDetach(t *testing.T) {
 	m := newTestMesh(t, hlc.SystemClock{}, nil, "a", "b")
 	a, b := m.nodes["a"], m.nodes["b"]
 	putN(t, a, "before-", 50)
+	putN(t, b, "from-b-", 7) // b's own writes, which a's snapshots relay back
 	m.settle()
 	m.cut("a", "b", true)
 	if err := a.DetachPeer("b"); err != nil {
@@ -119,6 +120,11 @@ func TestReseedEndsAfterDetach(t *testing.T) {
 	}
 	if st := streamsOf(b, "a"); len(st) != 1 {
 		t.Fatalf("b keeps %d streams of a after two re-seeds, want 1: %+v", len(st), st)
+	}
+	// b did not ask for these re-seeds: its own writes in them were dropped
+	// and counted, not applied again.
+	if got := b.PeersReport().Incoming["a"].DroppedOwn; got != 2*7 {
+		t.Fatalf("b dropped %d of its own writes relayed back by two unrequested re-seeds, want 14", got)
 	}
 }
 
