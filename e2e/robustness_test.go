@@ -181,7 +181,10 @@ func robustRun(t *testing.T, s uint64) {
 		}
 	}()
 	if d >= 20*time.Second {
-		// A peer added to the running mesh, two fifths in.
+		// A peer added to the running mesh, two fifths in. Its process is
+		// prepared now, so that the map of nodes never changes while
+		// faults read it.
+		m.nodes["d"] = newProc(t, "d", "d")
 		fwg.Add(1)
 		go func() {
 			defer fwg.Done()
@@ -384,7 +387,7 @@ func converged(m *mesh) (bool, string) {
 // replayDeadLetters replays every entry set aside on every node, as an
 // operator does once a limit is back.
 func (rb *robust) replayDeadLetters() {
-	for _, n := range rb.m.names {
+	for _, n := range rb.names() {
 		c := rb.m.nodes[n].client()
 		var dl struct {
 			DeadLetters []node.DeadLetterReport `json:"dead_letters"`
@@ -398,6 +401,13 @@ func (rb *robust) replayDeadLetters() {
 			}
 		}
 	}
+}
+
+// names lists the clusters of the mesh (addPeer adds one while faults run).
+func (rb *robust) names() []string {
+	rb.mu.Lock()
+	defer rb.mu.Unlock()
+	return append([]string(nil), rb.m.names...)
 }
 
 func (rb *robust) count(kind string) {
@@ -566,7 +576,7 @@ func (rb *robust) destroy(name, kind string) bool {
 	killed := time.Now()
 	time.Sleep(time.Second) // what was on the wire lands (delays are < 0.4 s)
 	var above store.Stamp
-	for _, peer := range rb.m.names {
+	for _, peer := range rb.names() {
 		if peer == name {
 			continue
 		}
@@ -613,7 +623,7 @@ func (rb *robust) destroy(name, kind string) bool {
 
 // quiet reports whether no node is rejoining or owed a requested re-seed.
 func (rb *robust) quiet() bool {
-	for _, n := range rb.m.names {
+	for _, n := range rb.names() {
 		var r node.PeersReport
 		if _, err := rb.m.nodes[n].client().Do(bg(), http.MethodGet, "/admin/peers", nil, nil, &r); err != nil {
 			return false
@@ -649,13 +659,13 @@ func (rb *robust) lowerLimit(name string, d time.Duration) {
 // configuration, one restart at a time: it is re-seeded by each.
 func (rb *robust) addPeer(name string) {
 	m := rb.m
-	nd := newProc(rb.t, name, name)
-	for _, other := range m.names {
+	nd := m.nodes[name]
+	for _, other := range rb.names() {
 		nd.args = append(nd.args, "--peer", other+"="+m.nodes[other].url, "--peer-secret", other+"=secret-"+pair(name, other))
 	}
 	nd.start()
 	nd.waitReady(30 * time.Second)
-	for _, other := range m.names {
+	for _, other := range rb.names() {
 		for !rb.claim(other, time.Minute) {
 			time.Sleep(100 * time.Millisecond)
 		}
@@ -668,7 +678,6 @@ func (rb *robust) addPeer(name string) {
 		rb.release(other)
 	}
 	rb.mu.Lock()
-	m.nodes[name] = nd
 	m.names = append(m.names, name)
 	rb.added = true
 	rb.mu.Unlock()

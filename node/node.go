@@ -155,6 +155,11 @@ func Open(ctx context.Context, opts *Options) (*Node, error) {
 		return nil, err
 	}
 	n.ctrEpoch.Store(epoch)
+	if err := n.pruneReseedState(); err != nil {
+		n.wal.Close()
+		n.store.Close()
+		return nil, err
+	}
 	if err := n.initIdentity(created); err != nil {
 		n.wal.Close()
 		n.store.Close()

@@ -10,6 +10,7 @@ import (
 
 	"github.com/replicator/replicator/store"
 	"github.com/replicator/replicator/transport"
+	"github.com/replicator/replicator/wal"
 )
 
 // Stream identity and rejoining after data loss.
@@ -153,26 +154,29 @@ func (n *Node) onAck(peer string, ack *transport.Ack) {
 // onConflict seals the stream a peer proved was used before, and rejoins.
 // It runs on the shipper's goroutine; the replacement waits for the
 // committer's current group.
-func (n *Node) onConflict(peer, why string) {
+func (n *Node) onConflict(peer string, stream wal.StreamID, why string) {
 	go func() {
 		// Exits once the stream is replaced (or the node closes).
-		if err := n.sealStream(fmt.Sprintf("peer %s: %s", peer, why)); err != nil {
+		if err := n.sealStream(stream, fmt.Sprintf("peer %s: %s", peer, why)); err != nil {
 			n.log.Error("replacing the stream after an identity conflict", "err", err)
 		}
 	}()
 }
 
-// sealStream sets the current WAL aside and begins a new stream, then
-// rejoins. Entries of the old stream the peers did not have reach them by
-// the rejoin's re-seeds (they are all applied to the store).
-func (n *Node) sealStream(why string) error {
+// sealStream sets the WAL of stream old aside and begins a new stream, then
+// rejoins (nothing when old was already replaced: several links may prove
+// the same conflict). Entries of the old stream the peers did not have reach
+// them by the rejoin's re-seeds (they are all applied to the store).
+func (n *Node) sealStream(old wal.StreamID, why string) error {
 	c := n.com
 	c.groupMu.Lock()
 	defer c.groupMu.Unlock()
 	if n.closing.Load() {
 		return ErrClosed
 	}
-	old := n.wal.Stream()
+	if n.wal.Stream() != old {
+		return nil
+	}
 	if err := n.store.Sync(); err != nil {
 		return err
 	}
@@ -222,6 +226,44 @@ func (n *Node) startRejoin(why string) {
 		sh.AskReseed(true)
 	}
 	n.log.Warn("rejoining: asking every peer for a re-seed", "why", why, "peers", len(links))
+}
+
+// pruneReseedState forgets R and J records of peers no longer configured: a
+// rejoin must not wait forever for a peer that was removed.
+func (n *Node) pruneReseedState() error {
+	if n.opts.InsecurePeers {
+		return nil // peers need no configuration: any may come back
+	}
+	configured := map[string]bool{}
+	for _, p := range n.opts.Peers {
+		configured[p.Name] = true
+	}
+	req, err := n.store.ReseedRequests()
+	if err != nil {
+		return err
+	}
+	rj, err := n.store.Rejoin()
+	if err != nil {
+		return err
+	}
+	zero := func(byte) byte { return 0 }
+	for p := range req {
+		if !configured[p] {
+			n.log.Warn("forgetting a re-seed request of a peer no longer configured", "peer", p)
+			if err := n.store.UpdateReseedRequest(p, zero); err != nil {
+				return err
+			}
+		}
+	}
+	for p := range rj {
+		if !configured[p] {
+			n.log.Warn("rejoin: forgetting a peer no longer configured", "peer", p)
+			if err := n.store.UpdateRejoin(p, zero); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
 }
 
 // restoreReseedState applies the persisted R and J records to a new link.

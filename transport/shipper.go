@@ -110,7 +110,7 @@ type Options struct {
 	// stream that the local WAL does not (a higher index, or another commit
 	// HLC at an index): the data directory was restored from a backup or
 	// copied. The shipper stops shipping the stream until Rebase.
-	OnConflict func(peer, why string)
+	OnConflict func(peer string, stream wal.StreamID, why string)
 	// OnReseedDone, when set, is told that a re-seed's trailer was
 	// acknowledged, and whether it answered a request and ended a rejoin.
 	OnReseedDone func(peer string, requested, rejoin bool)
@@ -691,7 +691,11 @@ func (s *Shipper) heartbeat(ctx context.Context) error {
 }
 
 // conflicted stops the link and tells the node, once.
-func (s *Shipper) conflicted(why string) {
+// REQUIRES: stream is the stream the request that proved it was sent for.
+func (s *Shipper) conflicted(stream wal.StreamID, why string) {
+	if stream != s.log.Stream() {
+		return // about a stream already replaced
+	}
 	s.mu.Lock()
 	first := s.mu.conflict == ""
 	s.mu.conflict = why
@@ -700,7 +704,7 @@ func (s *Shipper) conflicted(why string) {
 		s.opts.Logger.Error("identity conflict: this data directory's stream was used before (restored from a backup, or copied)",
 			"peer", s.peer.Name, "why", why)
 		if s.opts.OnConflict != nil {
-			s.opts.OnConflict(s.peer.Name, why)
+			s.opts.OnConflict(s.peer.Name, stream, why)
 		}
 	}
 }
@@ -738,7 +742,7 @@ func (s *Shipper) answered(ack *Ack, stream wal.StreamID) bool {
 		}
 	}
 	if why != "" {
-		s.conflicted(why)
+		s.conflicted(stream, why)
 		return false
 	}
 	if s.opts.OnAck != nil {
@@ -845,12 +849,15 @@ func (s *Shipper) shipOnce(ctx context.Context, acked uint64) error {
 	s.mu.Lock()
 	s.mu.inFlight--
 	s.mu.Unlock()
+	if stream != s.log.Stream() {
+		return nil // the stream was replaced meanwhile: the answer is about the old one
+	}
 	var gap *errGap
 	var big *errTooLarge
 	var conflict *errConflict
 	switch {
 	case errors.As(err, &conflict):
-		s.conflicted(conflict.msg)
+		s.conflicted(stream, conflict.msg)
 		return nil
 	case errors.As(err, &gap):
 		s.mu.Lock()
@@ -1172,6 +1179,11 @@ func (s *Shipper) reseed(ctx context.Context) error {
 		s.mu.Lock()
 		s.mu.reseed.Sent = sent
 		s.mu.Unlock()
+	}
+	if s.log.Stream() != stream {
+		// The stream was replaced during the re-seed: its trailer named the
+		// old one. The rejoin that follows re-seeds the peer again.
+		return s.reseedDone(errors.New("the stream was replaced during the re-seed"))
 	}
 	s.mu.Lock()
 	s.mu.needsReseed = false
