@@ -156,6 +156,18 @@ func printWAL(w io.Writer, r *node.WALReport) {
 func printPeers(r *node.PeersReport) {
 	fmt.Printf("cluster %s\n\n", r.Cluster)
 	printLinks(os.Stdout, r.Links)
+	for _, l := range r.Links {
+		if l.Reseed.Runs > 0 {
+			fmt.Printf("re-seeds of %s: %d, last %s (%s)\n", l.Peer, l.Reseed.Runs,
+				l.Reseed.Finished.Format(time.RFC3339), l.Reseed.LastReason)
+		}
+	}
+	for p, ph := range r.Rejoin.Phases {
+		fmt.Printf("rejoin with %s: %s\n", p, ph)
+	}
+	for p, what := range r.Rejoin.Requests {
+		fmt.Printf("peer %s lost data: %s\n", p, strings.Join(what, ", "))
+	}
 	if len(r.Incoming) > 0 {
 		fmt.Println()
 		tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
