@@ -552,7 +552,6 @@ func (a *Acceptor) Apply(sender string, b *transport.Batch) (transport.Ack, erro
 			return ack, err
 		}
 	}
-	var frontiers map[string]hlc.Timestamp
 	var applied, stale, dups, deadLettered, droppedOwn int
 	start := hwm.Index
 	for _, e := range ents {
@@ -591,17 +590,6 @@ func (a *Acceptor) Apply(sender string, b *transport.Batch) (transport.Ack, erro
 			hwm.DeadLettered++
 			deadLettered++
 			continue
-		}
-		if b.Snapshot && !own[e.Index] {
-			known, err := a.reflected(batch, e, &frontiers)
-			if err != nil {
-				return ack, err
-			}
-			if known {
-				dups++
-				hwm.Merged++
-				continue
-			}
 		}
 		out, err := e.Apply(batch)
 		if err != nil {
@@ -651,7 +639,9 @@ func (a *Acceptor) Apply(sender string, b *transport.Batch) (transport.Ack, erro
 	ack.Applied = applied + stale
 	ack.Duplicates += dups
 	ack.HWM = hwm.Index
-	ack.HWMCommit = hwm.Commit.String()
+	if !hwm.Commit.IsZero() {
+		ack.HWMCommit = hwm.Commit.String()
+	}
 	if ack.SeenOrigin, err = a.seenOrigin(batch, sender, b.Stream); err != nil {
 		return ack, err
 	}
@@ -678,7 +668,7 @@ func (a *Acceptor) heartbeat(sender string, b *transport.Batch, ack transport.Ac
 		return ack, err
 	}
 	ack.HWM = hwm.Index
-	if hwm.Index > 0 {
+	if !hwm.Commit.IsZero() {
 		ack.HWMCommit = hwm.Commit.String()
 	}
 	if ack.SeenOrigin, err = a.seenOrigin(batch, sender, b.Stream); err != nil {
@@ -776,36 +766,6 @@ func (a *Acceptor) authoredHere(e *wal.Entry) bool {
 		return store.ComponentCluster(e.CounterComponent()) == a.opts.Local
 	}
 	return e.LWW().Origin == a.opts.Local
-}
-
-// reflected reports whether a snapshot entry's write is already reflected
-// here: a plain write whose stamp lies more than the pin window below this
-// node's applied commit frontier of every stream of its author was applied
-// here (commit HLCs grow within a stream, and a stamp lies within the pin
-// window of its commit), or superseded since. Applying it again could only
-// bring back a key whose tombstone was collected since.
-func (a *Acceptor) reflected(batch *store.Batch, e *wal.Entry, cache *map[string]hlc.Timestamp) (bool, error) {
-	if (e.Op != store.OpSet && e.Op != store.OpDelete) || a.opts.PinWindow <= 0 {
-		return false, nil
-	}
-	author := e.LWW().Origin
-	if *cache == nil {
-		*cache = map[string]hlc.Timestamp{}
-	}
-	f, ok := (*cache)[author]
-	if !ok {
-		hwms, err := batch.HWMsOf(author)
-		if err != nil {
-			return false, err
-		}
-		for i, h := range hwms {
-			if i == 0 || h.Commit.Less(f) {
-				f = h.Commit
-			}
-		}
-		(*cache)[author] = f
-	}
-	return !f.IsZero() && e.LWW().HLC.Wall+int64(a.opts.PinWindow) < f.Wall, nil
 }
 
 func (a *Acceptor) count(origin string, f func(*Counts)) {

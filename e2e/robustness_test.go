@@ -591,8 +591,12 @@ func (rb *robust) destroy(name, kind string) bool {
 				return false
 			}
 		}
+		// Every stream of the node: its HLC only grows across them, and a
+		// stream it replaced reached the peers (a rejoin ended before this
+		// destruction began), so whatever is stamped at or below the
+		// highest frontier was held by some peer.
 		for _, st := range r.Streams {
-			if st.Origin == name && st.Stream == origin.Stream {
+			if st.Origin == name {
 				if ts, err := hlc.Parse(st.Frontier); err == nil && above.HLC.Less(ts) {
 					above = store.Stamp{HLC: ts, Origin: name}
 				}

@@ -138,6 +138,10 @@ func (n *Node) handleKey(w http.ResponseWriter, r *http.Request) {
 			}
 			e = wal.Entry{Op: store.OpSet, Key: key, Value: value}
 		}
+		if err := n.checkValue(key, len(e.Value)); err != nil {
+			writeErr(w, err)
+			return
+		}
 		cond, err := parseConditions(r)
 		if err != nil {
 			writeErr(w, err)

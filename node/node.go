@@ -178,6 +178,12 @@ func Open(ctx context.Context, opts *Options) (*Node, error) {
 func (n *Node) walDir() string { return filepath.Join(n.opts.DataDir, "wal") }
 
 func (n *Node) openWAL() error {
+	if _, err := os.Stat(filepath.Join(n.walDir(), "STREAM")); errors.Is(err, os.ErrNotExist) {
+		// A new stream is about to be minted: ask the peers first.
+		if err := n.markUnverified(); err != nil {
+			return err
+		}
+	}
 	l, err := wal.Open(n.walDir(), &wal.Options{
 		Origin:      n.cluster,
 		SegmentSize: n.opts.WALSegmentSize,
@@ -451,6 +457,9 @@ func (n *Node) Close() error {
 	close(n.stop)
 	n.bg.Wait()
 	n.com.close()
+	// A stream being sealed finishes first (and a later one sees closing).
+	n.com.groupMu.Lock()
+	defer n.com.groupMu.Unlock()
 	errs = append(errs, n.wal.Close(), n.store.Close())
 	return errors.Join(errs...)
 }
@@ -563,7 +572,7 @@ func (n *Node) Put(ctx context.Context, key string, value []byte) (WriteResult, 
 
 // Delete durably deletes key (a tombstone, kept for the retention window).
 func (n *Node) Delete(ctx context.Context, key string) (WriteResult, error) {
-	if err := n.checkKey(key); err != nil {
+	if err := errors.Join(n.checkKey(key), n.checkValue(key, 0)); err != nil {
 		return WriteResult{}, err
 	}
 	return n.write(ctx, wal.Entry{Op: store.OpDelete, Key: key}, nil)

@@ -42,7 +42,7 @@ func (n *Node) PutIf(ctx context.Context, key string, value []byte, c Condition)
 
 // DeleteIf deletes key if the condition holds.
 func (n *Node) DeleteIf(ctx context.Context, key string, c Condition) (WriteResult, error) {
-	if err := n.checkKey(key); err != nil {
+	if err := errors.Join(n.checkKey(key), n.checkValue(key, 0)); err != nil {
 		return WriteResult{}, err
 	}
 	return n.writeCond(ctx, wal.Entry{Op: store.OpDelete, Key: key}, nil, c.ptr())
@@ -60,11 +60,11 @@ func (n *Node) DeleteRange(ctx context.Context, start, end string) (WriteResult,
 }
 
 func (n *Node) deleteRange(ctx context.Context, start, end string, idem *idemRequest) (WriteResult, error) {
-	if err := n.checkKey(start); err != nil {
+	if err := errors.Join(n.checkKey(start), n.checkValue(start, 0)); err != nil {
 		return WriteResult{}, fmt.Errorf("start: %w", err)
 	}
 	if end != "" {
-		if err := n.checkKey(end); err != nil {
+		if err := errors.Join(n.checkKey(end), n.checkValue(end, 0)); err != nil {
 			return WriteResult{}, fmt.Errorf("end: %w", err)
 		}
 		if end <= start {
@@ -103,7 +103,7 @@ func (n *Node) Increment(ctx context.Context, key string, delta int64) (CounterR
 }
 
 func (n *Node) increment(ctx context.Context, key string, delta int64, idem *idemRequest) (CounterResult, error) {
-	if err := n.checkKey(key); err != nil {
+	if err := errors.Join(n.checkKey(key), n.checkValue(key, 0)); err != nil {
 		return CounterResult{}, err
 	}
 	if idem == nil {

@@ -140,7 +140,7 @@ func (n *Node) handleCounter(w http.ResponseWriter, r *http.Request) {
 			writeErr(w, err)
 			return
 		}
-		if err := n.checkKey(key); err != nil {
+		if err := errors.Join(n.checkKey(key), n.checkValue(key, 0)); err != nil {
 			writeErr(w, err)
 			return
 		}

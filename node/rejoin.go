@@ -4,10 +4,12 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"sort"
 	"sync"
 	"time"
 
+	"github.com/replicator/replicator/internal/atomicfile"
 	"github.com/replicator/replicator/store"
 	"github.com/replicator/replicator/transport"
 	"github.com/replicator/replicator/wal"
@@ -46,6 +48,18 @@ type rejoinState struct {
 
 const unverifiedFile = "UNVERIFIED"
 
+func (n *Node) unverifiedPath() string { return filepath.Join(n.opts.DataDir, unverifiedFile) }
+
+// markUnverified records, durably and before a new WAL stream exists, that
+// the node must learn from its peers whether its cluster lost data: a crash
+// between the two must not leave a new stream without the question.
+func (n *Node) markUnverified() error {
+	if err := atomicfile.Write(n.unverifiedPath(), []byte("the WAL is new: did this cluster lose data that peers hold?\n")); err != nil {
+		return fmt.Errorf("node: mark the new stream unverified: %w", err)
+	}
+	return nil
+}
+
 // IdentityCheckWait is how long writes wait at start, when the node reopens
 // a stream that existed before, for every peer to answer once (a peer that
 // holds entries of the stream the WAL does not reveals a restored or copied
@@ -58,13 +72,7 @@ func (n *Node) initIdentity(created bool) error {
 	rs := &n.rejoin
 	rs.fence = make(chan struct{})
 	rs.mu.answered = map[string]bool{}
-	path := n.opts.DataDir + "/" + unverifiedFile
-	if created {
-		if err := os.WriteFile(path, []byte("the WAL is new: is this cluster's data lost elsewhere?\n"), 0o644); err != nil {
-			return fmt.Errorf("node: %w", err)
-		}
-	}
-	if _, err := os.Stat(path); err == nil {
+	if _, err := os.Stat(n.unverifiedPath()); err == nil {
 		rs.mu.unverified = true
 	}
 	if created || len(n.opts.Peers) == 0 || n.opts.IdentityCheckWait < 0 {
@@ -141,13 +149,15 @@ func (n *Node) onAck(peer string, ack *transport.Ack) {
 	if all {
 		n.openFence()
 	}
+	if lost {
+		// The rejoin is recorded before the marker goes: a crash between
+		// the two asks again, never forgets.
+		n.startRejoin(fmt.Sprintf("the WAL is new and peer %s holds other streams of cluster %s: this node lost data", peer, n.cluster))
+	}
 	if lost || (unverified && all) {
-		if err := os.Remove(n.opts.DataDir + "/" + unverifiedFile); err != nil && !errors.Is(err, os.ErrNotExist) {
+		if err := os.Remove(n.unverifiedPath()); err != nil && !errors.Is(err, os.ErrNotExist) {
 			n.log.Warn("removing the identity marker", "err", err)
 		}
-	}
-	if lost {
-		n.startRejoin(fmt.Sprintf("the WAL is new and peer %s holds other streams of cluster %s: this node lost data", peer, n.cluster))
 	}
 }
 
@@ -177,9 +187,17 @@ func (n *Node) sealStream(old wal.StreamID, why string) error {
 	if n.wal.Stream() != old {
 		return nil
 	}
+	if errp := c.failed.Load(); errp != nil {
+		// The WAL may hold durable entries the store has not applied: a
+		// restart applies them; setting the WAL aside would lose them.
+		return fmt.Errorf("node: not sealing stream %s while the write path is failed (restart the node): %w", old, *errp)
+	}
 	if err := n.store.Sync(); err != nil {
 		return err
 	}
+	// The rejoin is recorded before the WAL is set aside: a crash in
+	// between restarts on a new stream that still knows it must rejoin.
+	asked := n.recordRejoin()
 	if err := n.wal.Close(); err != nil {
 		n.log.Warn("closing the sealed WAL", "err", err)
 	}
@@ -190,6 +208,13 @@ func (n *Node) sealStream(old wal.StreamID, why string) error {
 	if err := n.openWAL(); err != nil {
 		c.fail(fmt.Errorf("open a new WAL after sealing stream %s: %w", old, err))
 		return err
+	}
+	// The rejoin is recorded: the new stream needs no question to the peers.
+	n.rejoin.mu.Lock()
+	n.rejoin.mu.unverified = false
+	n.rejoin.mu.Unlock()
+	if err := os.Remove(n.unverifiedPath()); err != nil && !errors.Is(err, os.ErrNotExist) {
+		n.log.Warn("removing the identity marker", "err", err)
 	}
 	b := n.store.NewBatch()
 	err := errors.Join(b.SetLocalApplied(store.AppliedIndex{Stream: n.wal.Stream()}), b.Commit(true))
@@ -204,28 +229,40 @@ func (n *Node) sealStream(old wal.StreamID, why string) error {
 		sh.Rebase()
 	}
 	n.log.Error("stream sealed: its indexes were used before; began a new stream and rejoining the peers",
-		"why", why, "sealed_stream", old, "new_stream", n.wal.Stream(), "kept_at", aside)
-	n.startRejoin("stream " + old.String() + " sealed: " + why)
+		"why", why, "sealed_stream", old, "new_stream", n.wal.Stream(), "kept_at", aside, "peers", len(asked))
+	for _, sh := range asked {
+		sh.AskReseed(true)
+	}
 	return nil
 }
 
-// startRejoin asks every linked peer for a re-seed (recorded, so a restart
-// goes on asking).
-func (n *Node) startRejoin(why string) {
-	links := n.links()
-	if len(links) == 0 {
-		n.log.Warn("lost data, but no peer to rejoin", "why", why)
-		return
-	}
-	for _, sh := range links {
+// recordRejoin records a rejoin with every linked peer and returns their
+// links (not asked yet).
+func (n *Node) recordRejoin() []*transport.Shipper {
+	var out []*transport.Shipper
+	for _, sh := range n.links() {
 		p := sh.Peer().Name
 		if err := n.store.UpdateRejoin(p, func(byte) byte { return store.RejoinRequesting }); err != nil {
 			n.log.Error("recording the rejoin", "peer", p, "err", err)
 			continue
 		}
+		out = append(out, sh)
+	}
+	return out
+}
+
+// startRejoin asks every linked peer for a re-seed (recorded, so a restart
+// goes on asking).
+func (n *Node) startRejoin(why string) {
+	asked := n.recordRejoin()
+	if len(asked) == 0 {
+		n.log.Warn("lost data, but no peer to rejoin", "why", why)
+		return
+	}
+	for _, sh := range asked {
 		sh.AskReseed(true)
 	}
-	n.log.Warn("rejoining: asking every peer for a re-seed", "why", why, "peers", len(links))
+	n.log.Warn("rejoining: asking every peer for a re-seed", "why", why, "peers", len(asked))
 }
 
 // pruneReseedState forgets R and J records of peers no longer configured: a

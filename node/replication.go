@@ -62,6 +62,10 @@ func (n *Node) setupReplication() error {
 
 // addLink creates the shipper of a peer, and starts it if replication runs.
 func (n *Node) addLink(p Peer) (*transport.Shipper, error) {
+	empty, err := n.store.Empty()
+	if err != nil {
+		return nil, err
+	}
 	sh, err := transport.NewShipper(transport.Peer{Name: p.Name, URL: p.URL, Secret: p.Secret}, n.wal, n.store, transport.Options{
 		Local:           n.cluster,
 		MaxBatchEntries: n.opts.MaxBatchEntries,
@@ -72,6 +76,7 @@ func (n *Node) addLink(p Peer) (*transport.Shipper, error) {
 		Applied:         n.applied.Load,
 		Snapshots:       n.store,
 		AutoReseed:      !n.opts.NoAutoReseed,
+		StoreHasData:    !empty,
 		ObserveShip: func(peer string, d time.Duration, _ int) {
 			n.metrics.shipSeconds.WithLabelValues(peer).Observe(d.Seconds())
 		},
@@ -143,13 +148,16 @@ func (n *Node) startReplication() {
 // TruncateWAL cuts the WAL back to what every peer acknowledged and the
 // store holds durably.
 func (n *Node) TruncateWAL() error {
-	upTo := n.applied.Load()
+	// One log throughout: if the stream is replaced meanwhile, the bounds
+	// read here are the old stream's and only ever cut the old log.
+	w := n.wal.cur()
+	upTo := min(n.applied.Load(), w.Last())
 	for _, sh := range n.links() {
 		if sh.Retains() {
 			upTo = min(upTo, sh.Acked())
 		}
 	}
-	if upTo < n.wal.First() {
+	if upTo < w.First() || n.wal.cur() != w {
 		return nil
 	}
 	// Everything up to upTo is applied; make it durable before the redo
@@ -157,7 +165,7 @@ func (n *Node) TruncateWAL() error {
 	if err := n.store.Sync(); err != nil {
 		return err
 	}
-	return n.wal.TruncateFront(upTo + 1)
+	return w.TruncateFront(upTo + 1)
 }
 
 // tombstoneCutoff is the stamp below which tombstones may go. A tombstone is

@@ -172,6 +172,34 @@ func (s *Store) Cursor(peer string) (c Cursor, ok bool, err error) {
 	return c, true, nil
 }
 
+// InitCursor stores a peer's first cursor, synced.
+func (s *Store) InitCursor(peer string, c Cursor) error {
+	v := append(append(make([]byte, 0, 24), c.Stream[:]...), binary.BigEndian.AppendUint64(nil, c.Index)...)
+	if err := s.db.Set(cursorKey(peer), v, pebble.Sync); err != nil {
+		return fmt.Errorf("store: write cursor of %s: %w", peer, err)
+	}
+	return nil
+}
+
+// Empty reports whether the tree holds no key, tombstone, range tombstone
+// or counter.
+func (s *Store) Empty() (bool, error) {
+	for _, p := range []byte{prefixData, prefixCounter, prefixRange} {
+		it, err := s.db.NewIter(&pebble.IterOptions{LowerBound: []byte{p}, UpperBound: []byte{p + 1}})
+		if err != nil {
+			return false, err
+		}
+		found := it.First()
+		if err := it.Close(); err != nil {
+			return false, err
+		}
+		if found {
+			return false, nil
+		}
+	}
+	return true, nil
+}
+
 // SetCursor stores a peer's cursor. It is not synced: a cursor that a crash
 // takes back only makes the shipper resend what the peer drops as duplicates.
 func (s *Store) SetCursor(peer string, c Cursor) error {

@@ -44,6 +44,8 @@ type Log interface {
 type Cursors interface {
 	Cursor(peer string) (store.Cursor, bool, error)
 	SetCursor(peer string, c store.Cursor) error
+	// InitCursor stores a new link's first cursor, synced.
+	InitCursor(peer string, c store.Cursor) error
 }
 
 // Snapshots opens consistent views of the tree, for re-seeds.
@@ -95,6 +97,10 @@ type Options struct {
 	Snapshots Snapshots
 	// AutoReseed starts a re-seed by itself when the peer needs one.
 	AutoReseed bool
+	// StoreHasData: the tree holds data the WAL may not (writes replicated
+	// from other clusters, or of a stream this node replaced), so a peer
+	// with no cursor yet is re-seeded rather than fed the WAL alone.
+	StoreHasData bool
 	// Heartbeat is how often an idle link sends an empty batch: it keeps
 	// the link's health current, measures clock skew, and learns the
 	// receiver's high-water mark (a peer that lost its data is noticed and
@@ -337,11 +343,18 @@ func NewShipper(peer Peer, log Log, cursors Cursors, opts Options) (*Shipper, er
 	case log.First() > 1:
 		s.mu.needsReseed = true
 		s.mu.lastErr = "a new peer, and the WAL no longer holds every entry"
+	case opts.StoreHasData:
+		s.mu.needsReseed = true
+		s.mu.lastErr = "a new peer, and the store holds data the WAL does not (replicated from others, or of an older stream)"
+	}
+	if s.mu.needsReseed {
+		s.mu.reseedWhy = s.mu.lastErr
 	}
 	s.mu.acked, s.mu.persisted = acked, acked
 	s.mu.url = peer.URL
 	if !ok || c.Stream != stream {
-		if err := cursors.SetCursor(peer.Name, store.Cursor{Stream: stream, Index: acked}); err != nil {
+		// Synced: a cursor lost to a crash would make the peer look new.
+		if err := cursors.InitCursor(peer.Name, store.Cursor{Stream: stream, Index: acked}); err != nil {
 			return nil, err
 		}
 	}
@@ -675,6 +688,9 @@ func (s *Shipper) heartbeat(ctx context.Context) error {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if stream != s.log.Stream() {
+		return nil // replaced since answered checked: Rebase owns the cursor
+	}
 	s.ackedLocked(ack, sent)
 	if ask && ack.ReseedRecorded {
 		s.mu.askReseed = false
@@ -693,10 +709,14 @@ func (s *Shipper) heartbeat(ctx context.Context) error {
 // conflicted stops the link and tells the node, once.
 // REQUIRES: stream is the stream the request that proved it was sent for.
 func (s *Shipper) conflicted(stream wal.StreamID, why string) {
+	s.mu.Lock()
+	// Checked under the lock: the node swaps the log before it calls
+	// Rebase (which takes it), so a conflict about the old stream either
+	// sees the swap here or is cleared by Rebase after.
 	if stream != s.log.Stream() {
+		s.mu.Unlock()
 		return // about a stream already replaced
 	}
-	s.mu.Lock()
 	first := s.mu.conflict == ""
 	s.mu.conflict = why
 	s.mu.Unlock()
@@ -732,7 +752,7 @@ func (s *Shipper) answered(ack *Ack, stream wal.StreamID) bool {
 	switch last, first := s.log.Last(), s.log.First(); {
 	case ack.HWM > last:
 		why = fmt.Sprintf("the peer holds index %d of stream %s, the WAL ends at %d", ack.HWM, stream, last)
-	case ack.HWM >= first && ack.HWM > 0 && ack.HWMCommit != "":
+	case ack.HWM >= first && ack.HWM > 0 && !parseCommit(ack.HWMCommit).IsZero():
 		if p, err := s.log.ReadRaw(ack.HWM); err == nil {
 			if e, err := wal.NewCodec().DecodeEntry(p, wal.Defaults{Origin: s.opts.Local, Stream: stream}); err == nil &&
 				e.Commit.String() != ack.HWMCommit {
@@ -849,9 +869,6 @@ func (s *Shipper) shipOnce(ctx context.Context, acked uint64) error {
 	s.mu.Lock()
 	s.mu.inFlight--
 	s.mu.Unlock()
-	if stream != s.log.Stream() {
-		return nil // the stream was replaced meanwhile: the answer is about the old one
-	}
 	var gap *errGap
 	var big *errTooLarge
 	var conflict *errConflict
@@ -862,6 +879,9 @@ func (s *Shipper) shipOnce(ctx context.Context, acked uint64) error {
 	case errors.As(err, &gap):
 		s.mu.Lock()
 		defer s.mu.Unlock()
+		if stream != s.log.Stream() {
+			return nil // about a stream replaced meanwhile
+		}
 		s.mu.lastContact = time.Now()
 		s.mu.rewinds++
 		s.mu.errors = 0
@@ -893,6 +913,9 @@ func (s *Shipper) shipOnce(ctx context.Context, acked uint64) error {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if stream != s.log.Stream() {
+		return nil // replaced since answered checked: Rebase owns the cursor
+	}
 	s.ackedLocked(ack, sent)
 	if s.opts.ObserveShip != nil {
 		s.opts.ObserveShip(s.peer.Name, time.Duration(s.opts.Now()-sent), len(payloads))
