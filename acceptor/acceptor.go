@@ -115,8 +115,9 @@ type Options struct {
 	PermitQueue int
 	PermitWait  time.Duration
 	// OnReseedRequest, when set, is told that a peer asked for a re-seed
-	// (it lost its data); the request is already recorded in the store.
-	OnReseedRequest func(sender string)
+	// (owed true: it lost its data) or no longer needs one (false); the
+	// store already says so.
+	OnReseedRequest func(sender string, owed bool)
 	// OnTrailer, when set, is told that a re-seed from sender ended here:
 	// requested says it was one this node asked for (its rejoin moves on),
 	// rejoin that it ended the sender's own rejoin.
@@ -674,25 +675,32 @@ func (a *Acceptor) heartbeat(sender string, b *transport.Batch, ack transport.Ac
 	if ack.SeenOrigin, err = a.seenOrigin(batch, sender, b.Stream); err != nil {
 		return ack, err
 	}
-	requested := false
-	if b.RequestReseed {
-		flags, err := batch.ReseedRequest(sender)
-		if err != nil {
+	flags, err := batch.ReseedRequest(sender)
+	if err != nil {
+		return ack, err
+	}
+	// The sender's rejoin phase with this node, told in every heartbeat,
+	// is what the R record must say: asking (owed a re-seed, and awaited),
+	// seeding (awaited), or nothing (a record left from a rejoin that
+	// ended, or rolled back by a restore of either side, goes).
+	want := byte(0)
+	switch b.Rejoining {
+	case transport.RejoinRequesting:
+		want = store.ReseedRequested | store.AwaitRejoin
+	case transport.RejoinSeeding:
+		want = store.AwaitRejoin
+	}
+	if want != flags {
+		if err := errors.Join(batch.SetReseedRequestIn(sender, want), batch.Commit(true)); err != nil {
 			return ack, err
 		}
-		if flags&store.ReseedRequested == 0 {
-			err := errors.Join(batch.SetReseedRequestIn(sender, flags|store.ReseedRequested|store.AwaitRejoin), batch.Commit(true))
-			if err != nil {
-				return ack, err
-			}
-			requested = true
-			a.opts.Logger.Warn("replicate: peer asked for a re-seed (it lost data); recorded", "sender", sender)
-		}
-		ack.ReseedRecorded = true
+		a.opts.Logger.Warn("replicate: peer's rejoin recorded", "sender", sender, "phase", b.Rejoining,
+			"owed", want&store.ReseedRequested != 0, "awaiting", want&store.AwaitRejoin != 0)
 	}
+	ack.ReseedRecorded = want&store.ReseedRequested != 0
 	batch.Close()
-	if requested && a.opts.OnReseedRequest != nil {
-		a.opts.OnReseedRequest(sender)
+	if (want^flags)&store.ReseedRequested != 0 && a.opts.OnReseedRequest != nil {
+		a.opts.OnReseedRequest(sender, want&store.ReseedRequested != 0)
 	}
 	a.count(sender, func(c *Counts) { c.Batches++; c.DroppedOwn += uint64(dropped) })
 	return ack, nil

@@ -489,3 +489,29 @@ func TestRestoredBackupCountersWithSilentPeer(t *testing.T) {
 		}
 	}
 }
+
+// TestStaleRejoinRecordCleared: a node restored from a backup taken while a
+// peer was rejoining comes back waiting for a rejoin that ended long ago
+// (and owing a re-seed nobody needs). The peer's heartbeats say its phase,
+// so the record is set right instead of blocking tombstone collection
+// forever.
+func TestStaleRejoinRecordCleared(t *testing.T) {
+	m := newTestMesh(t, hlc.SystemClock{}, nil, "a", "b")
+	putN(t, m.nodes["a"], "k", 3)
+	m.settle()
+	m.restart("b", func(dir string) {
+		// what the backup held: a rejoin of a, in its first phase
+		s, err := store.Open(dir+"/store", &store.Options{Logger: quiet})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := s.UpdateReseedRequest("a", func(byte) byte { return store.ReseedRequested | store.AwaitRejoin }); err != nil {
+			t.Fatal(err)
+		}
+		s.Close()
+	})
+	if r := m.nodes["b"].rejoinReport(); len(r.Requests) != 1 {
+		t.Fatalf("b's restored record: %+v", r)
+	}
+	m.converged(10 * time.Second) // includes: no rejoin record left anywhere
+}

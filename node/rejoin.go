@@ -231,7 +231,7 @@ func (n *Node) sealStream(old wal.StreamID, why string) error {
 	n.log.Error("stream sealed: its indexes were used before; began a new stream and rejoining the peers",
 		"why", why, "sealed_stream", old, "new_stream", n.wal.Stream(), "kept_at", aside, "peers", len(asked))
 	for _, sh := range asked {
-		sh.AskReseed(true)
+		sh.SetRejoining(store.RejoinRequesting)
 	}
 	return nil
 }
@@ -260,7 +260,7 @@ func (n *Node) startRejoin(why string) {
 		return
 	}
 	for _, sh := range asked {
-		sh.AskReseed(true)
+		sh.SetRejoining(store.RejoinRequesting)
 	}
 	n.log.Warn("rejoining: asking every peer for a re-seed", "why", why, "peers", len(asked))
 }
@@ -317,13 +317,9 @@ func (n *Node) restoreReseedState(sh *transport.Shipper) {
 	if err != nil {
 		n.log.Error("reading rejoin records", "err", err)
 	}
-	switch rj[p] {
-	case store.RejoinRequesting:
-		sh.AskReseed(true)
-	case store.RejoinSeeding:
-		if allSeeding(rj) {
-			sh.RejoinSeed()
-		}
+	sh.SetRejoining(rj[p])
+	if rj[p] == store.RejoinSeeding && allSeeding(rj) {
+		sh.RejoinSeed()
 	}
 }
 
@@ -336,10 +332,15 @@ func allSeeding(rj map[string]byte) bool {
 	return true
 }
 
-// onReseedRequest: a peer lost data and asked for a re-seed.
-func (n *Node) onReseedRequest(peer string) {
+// onReseedRequest: a peer lost data and asked for a re-seed (or no longer
+// needs the one it asked for).
+func (n *Node) onReseedRequest(peer string, owed bool) {
 	if sh, err := n.shipper(peer); err == nil {
-		sh.Owe()
+		if owed {
+			sh.Owe()
+		} else {
+			sh.Disown()
+		}
 	}
 }
 
@@ -348,6 +349,9 @@ func (n *Node) onReseedRequest(peer string) {
 func (n *Node) onTrailer(peer string, requested, _ bool) {
 	if !requested {
 		return
+	}
+	if sh, err := n.shipper(peer); err == nil {
+		sh.SetRejoining(store.RejoinSeeding)
 	}
 	rj, err := n.store.Rejoin()
 	if err != nil {
@@ -397,6 +401,11 @@ func (n *Node) onReseedDone(peer string, requested, rejoin bool) {
 		if err != nil {
 			n.log.Error("recording the rejoin's end", "peer", peer, "err", err)
 			return
+		}
+		if rj, err := n.store.Rejoin(); err == nil {
+			if sh, err := n.shipper(peer); err == nil {
+				sh.SetRejoining(rj[peer])
+			}
 		}
 		if rj, err := n.store.Rejoin(); err == nil && len(rj) == 0 {
 			n.log.Info("rejoin complete: every peer has this node's data")

@@ -300,9 +300,12 @@ type Shipper struct {
 		limits      *Limits
 		stubs       uint64 // oversize entries sent as stubs
 		// owed: the peer asked for a re-seed; rejoinSeed: this node owes the
-		// peer the re-seed that ends its own rejoin; askReseed: this node
-		// asks the peer for a re-seed until it says it recorded the ask.
-		owed, rejoinSeed, askReseed bool
+		// peer the re-seed that ends its own rejoin.
+		owed, rejoinSeed bool
+		// rejoining is this node's rejoin phase with the peer, told in
+		// every heartbeat; phaseSent is the last one the peer confirmed.
+		rejoining, phaseSent uint8
+		lastHeartbeat        time.Time
 		reseedWhy                   string // why wantReseed was set
 		conflict                    string // non-empty: stopped, see OnConflict
 	}
@@ -445,14 +448,17 @@ func (s *Shipper) Owe() { s.mu.Lock(); s.mu.owed = true; s.mu.Unlock(); s.wake()
 // peer (its trailer tells the peer to stop waiting).
 func (s *Shipper) RejoinSeed() { s.mu.Lock(); s.mu.rejoinSeed = true; s.mu.Unlock(); s.wake() }
 
-// AskReseed makes heartbeats ask the peer for a re-seed until it records
-// the request (ask false stops asking).
-func (s *Shipper) AskReseed(ask bool) {
+// SetRejoining sets this node's rejoin phase with the peer (0, or
+// RejoinRequesting / RejoinSeeding); the next heartbeat tells it, at once.
+func (s *Shipper) SetRejoining(phase uint8) {
 	s.mu.Lock()
-	s.mu.askReseed = ask
+	s.mu.rejoining = phase
 	s.mu.Unlock()
 	s.wake()
 }
+
+// Disown forgets a re-seed the peer asked for and no longer needs.
+func (s *Shipper) Disown() { s.mu.Lock(); s.mu.owed = false; s.mu.Unlock() }
 
 // Rebase points the link at the local stream after the node replaced it
 // (Log now returns the new stream): the peer has nothing of it yet, and
@@ -517,7 +523,12 @@ func (s *Shipper) Run(ctx context.Context) {
 		s.mu.Lock()
 		acked, reseed, paused, pause := s.mu.acked, s.mu.needsReseed, s.mu.paused, s.mu.pauseUntil
 		want := s.mu.wantReseed || s.mu.owed || s.mu.rejoinSeed || (reseed && s.opts.AutoReseed)
-		conflict, ask := s.mu.conflict != "", s.mu.askReseed
+		conflict := s.mu.conflict != ""
+		// The rejoin phase goes out at once when it changed, and with every
+		// heartbeat; a busy link still sends one every few heartbeats so
+		// the peer's record of it cannot go stale.
+		ask := s.mu.rejoining != s.mu.phaseSent ||
+			(!s.mu.lastHeartbeat.IsZero() && time.Since(s.mu.lastHeartbeat) >= 5*s.opts.Heartbeat)
 		s.mu.Unlock()
 		if conflict {
 			// Nothing more of this stream goes out: the node is replacing it.
@@ -557,7 +568,7 @@ func (s *Shipper) Run(ctx context.Context) {
 		}
 		if ask {
 			if err := s.heartbeat(ctx); err != nil && ctx.Err() == nil {
-				s.failed(ctx, fmt.Errorf("asking for a re-seed: %w", err))
+				s.failed(ctx, fmt.Errorf("heartbeat: %w", err))
 				continue
 			}
 		}
@@ -674,15 +685,19 @@ func (s *Shipper) idleFor() time.Duration {
 // node's data directory was restored or copied.
 func (s *Shipper) heartbeat(ctx context.Context) error {
 	s.mu.Lock()
-	ask := s.mu.askReseed
+	phase := s.mu.rejoining
+	s.mu.lastHeartbeat = time.Now()
 	s.mu.Unlock()
 	stream := s.log.Stream()
-	body := AppendHeader(nil, &Header{Sender: s.opts.Local, Stream: stream, RequestReseed: ask}, 0)
+	body := AppendHeader(nil, &Header{Sender: s.opts.Local, Stream: stream, Rejoining: phase}, 0)
 	sent := s.opts.Now()
 	ack, err := s.post(ctx, body)
 	if err != nil {
 		return err
 	}
+	s.mu.Lock()
+	s.mu.phaseSent = phase
+	s.mu.Unlock()
 	if !s.answered(&ack, stream) {
 		return nil
 	}
@@ -692,9 +707,8 @@ func (s *Shipper) heartbeat(ctx context.Context) error {
 		return nil // replaced since answered checked: Rebase owns the cursor
 	}
 	s.ackedLocked(ack, sent)
-	if ask && ack.ReseedRecorded {
-		s.mu.askReseed = false
-		s.opts.Logger.Info("peer recorded the request for a re-seed", "peer", s.peer.Name)
+	if phase == RejoinRequesting && ack.ReseedRecorded {
+		s.opts.Logger.Debug("peer holds the request for a re-seed", "peer", s.peer.Name)
 	}
 	if ack.HWM < s.mu.acked && !s.mu.needsReseed {
 		s.opts.Logger.Warn("peer is behind its cursor: rewinding", "peer", s.peer.Name, "cursor", s.mu.acked, "peer_hwm", ack.HWM)

@@ -60,11 +60,22 @@ type Header struct {
 	// Rejoin marks the re-seed a node sends each peer once it has caught up
 	// after losing data (rj): its trailer ends the receiver's wait.
 	Rejoin bool
-	// RequestReseed, in a heartbeat (rq), asks the receiver for a re-seed:
-	// the sender lost data (wiped, or restored from a backup) and will
-	// re-seed the receiver in turn once it has caught up.
-	RequestReseed bool
+	// Rejoining, in a heartbeat (rq), is the sender's rejoin phase with the
+	// receiver: RejoinRequesting asks for a re-seed (the sender lost data,
+	// wiped or restored from a backup, and will re-seed the receiver in
+	// turn once it has caught up), RejoinSeeding says the sender got it and
+	// will re-seed the receiver, 0 says it is not rejoining. Every heartbeat
+	// says it, so a receiver whose own record of it was rolled back (it was
+	// itself restored from a backup) is set right by the next one.
+	Rejoining uint8
 }
+
+// Rejoin phases a heartbeat carries (Header.Rejoining); the values are
+// store.RejoinRequesting and store.RejoinSeeding.
+const (
+	RejoinRequesting = 1
+	RejoinSeeding    = 2
+)
 
 // SnapshotEnd is a position in a stream: an index and its commit HLC.
 type SnapshotEnd struct {
@@ -85,7 +96,7 @@ func AppendHeader(dst []byte, h *Header, n int) []byte {
 	var buf bytes.Buffer
 	enc := msgpack.NewEncoder(&buf)
 	fields := 4
-	for _, on := range []bool{h.Snapshot, h.End != nil, h.Requested, h.Rejoin, h.RequestReseed} {
+	for _, on := range []bool{h.Snapshot, h.End != nil, h.Requested, h.Rejoin, h.Rejoining != 0} {
 		if on {
 			fields++
 		}
@@ -112,11 +123,15 @@ func AppendHeader(dst []byte, h *Header, n int) []byte {
 	for _, f := range []struct {
 		name string
 		on   bool
-	}{{"req", h.Requested}, {"rj", h.Rejoin}, {"rq", h.RequestReseed}} {
+	}{{"req", h.Requested}, {"rj", h.Rejoin}} {
 		if f.on {
 			_ = enc.EncodeString(f.name)
 			_ = enc.EncodeBool(true)
 		}
+	}
+	if h.Rejoining != 0 {
+		_ = enc.EncodeString("rq")
+		_ = enc.EncodeUint(uint64(h.Rejoining))
 	}
 	_ = enc.EncodeString("entries")
 	_ = enc.EncodeArrayLen(n)
@@ -225,7 +240,10 @@ func DecodeBatch(body []byte) (*Batch, error) {
 		case "rj":
 			b.Rejoin, err = dec.DecodeBool()
 		case "rq":
-			b.RequestReseed, err = dec.DecodeBool()
+			b.Rejoining, err = dec.DecodeUint8()
+			if err == nil && (b.Rejoining < RejoinRequesting || b.Rejoining > RejoinSeeding) {
+				err = fmt.Errorf("rejoin phase %d", b.Rejoining)
+			}
 		case "entries":
 			if have["sender"] && have["stream"] {
 				// The usual order: decode in place, no second pass.
@@ -252,6 +270,9 @@ func DecodeBatch(body []byte) (*Batch, error) {
 	}
 	if b.Stream.IsZero() {
 		return nil, fmt.Errorf("%w: no stream", ErrMalformed)
+	}
+	if b.Rejoining != 0 && b.Snapshot {
+		return nil, fmt.Errorf("%w: a rejoin phase on a snapshot batch", ErrMalformed)
 	}
 	if (b.End != nil || b.Requested || b.Rejoin) && !b.Snapshot {
 		return nil, fmt.Errorf("%w: re-seed fields on a batch that is not a snapshot", ErrMalformed)

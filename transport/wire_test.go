@@ -54,7 +54,7 @@ func FuzzDecodeBatch(f *testing.F) {
 		{Index: 1, Origin: "a", Stream: wal.StreamID{2}, Commit: hlc.Timestamp{Wall: 9}, Op: store.OpCounter, Key: "c",
 			Ctr: &store.PN{P: 3}, CtrComp: "b/0123456789abcdef0123456789abcdef", StampOrigin: "b"},
 		{Index: 2, Origin: "a", Stream: wal.StreamID{2}, Commit: hlc.Timestamp{Wall: 9}, Op: store.OpSet, Key: "k", Oversize: 1 << 30}}}))
-	f.Add(EncodeBatch(&Batch{Header: Header{Sender: "a", Stream: wal.StreamID{1}, RequestReseed: true}}))
+	f.Add(EncodeBatch(&Batch{Header: Header{Sender: "a", Stream: wal.StreamID{1}, Rejoining: RejoinSeeding}}))
 	f.Fuzz(func(t *testing.T, body []byte) {
 		b, err := DecodeBatch(body)
 		if err != nil {
@@ -66,7 +66,7 @@ func FuzzDecodeBatch(f *testing.F) {
 		again, err := DecodeBatch(EncodeBatch(b))
 		if err != nil || len(again.Entries) != len(b.Entries) || again.Sender != b.Sender ||
 			again.Snapshot != b.Snapshot || again.Requested != b.Requested || again.Rejoin != b.Rejoin ||
-			again.RequestReseed != b.RequestReseed || (again.End == nil) != (b.End == nil) || (b.End != nil && *again.End != *b.End) {
+			again.Rejoining != b.Rejoining || (again.End == nil) != (b.End == nil) || (b.End != nil && *again.End != *b.End) {
 			t.Fatalf("re-encoded batch differs: %v", err)
 		}
 	})
