@@ -306,8 +306,8 @@ type Shipper struct {
 		// every heartbeat; phaseSent is the last one the peer confirmed.
 		rejoining, phaseSent uint8
 		lastHeartbeat        time.Time
-		reseedWhy                   string // why wantReseed was set
-		conflict                    string // non-empty: stopped, see OnConflict
+		reseedWhy            string // why wantReseed was set
+		conflict             string // non-empty: stopped, see OnConflict
 	}
 	buf []byte
 }
