@@ -198,6 +198,11 @@ type batchRequest struct {
 // DecodeBatchRequest reads an atomic batch request: its ops and its
 // operation id ("" when absent).
 func DecodeBatchRequest(body []byte) ([]BatchOp, string, error) {
+	if !utf8.Valid(body) {
+		// encoding/json would rewrite the bytes to U+FFFD: a key the
+		// caller did not send.
+		return nil, "", fmt.Errorf("%w: batch: not valid UTF-8 (binary values go in value_b64)", errBadRequest)
+	}
 	var req batchRequest
 	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.DisallowUnknownFields()
@@ -310,14 +315,43 @@ type BulkReader struct {
 // NewBulkReader reads NDJSON, or CSV when csvFormat.
 func NewBulkReader(r io.Reader, csvFormat bool, maxLine int) *BulkReader {
 	if csvFormat {
-		c := csv.NewReader(io.LimitReader(r, 1<<40))
+		rb := &recordBound{r: r, max: int64(maxLine)}
+		c := csv.NewReader(rb)
 		c.FieldsPerRecord = 2
 		c.ReuseRecord = true
+		rb.csv = c
 		return &BulkReader{csv: c}
 	}
 	s := bufio.NewScanner(r)
 	s.Buffer(make([]byte, 64<<10), maxLine)
 	return &BulkReader{lines: s}
+}
+
+// recordBound feeds a CSV reader at most max bytes beyond the end of the
+// last record it returned (plus its read-ahead), so one record cannot grow
+// without bound in memory: a quoted field may span lines, so the bound is on
+// bytes, not lines.
+type recordBound struct {
+	r    io.Reader
+	csv  *csv.Reader
+	max  int64
+	read int64
+}
+
+// errRecordTooLong refuses a CSV record over the line bound.
+var errRecordTooLong = errors.New("record longer than the limit")
+
+func (b *recordBound) Read(p []byte) (int, error) {
+	allowed := b.csv.InputOffset() + b.max + 64<<10 - b.read
+	if allowed <= 0 {
+		return 0, fmt.Errorf("%w of %d bytes", errRecordTooLong, b.max)
+	}
+	if int64(len(p)) > allowed {
+		p = p[:allowed]
+	}
+	n, err := b.r.Read(p)
+	b.read += int64(n)
+	return n, err
 }
 
 // Next returns the next record; io.EOF at the end.
@@ -388,6 +422,11 @@ func fastBulkLine(line []byte) (BulkRecord, bool) {
 }
 
 func slowBulkLine(line []byte) (BulkRecord, error) {
+	if !utf8.Valid(line) {
+		// encoding/json would rewrite the bytes to U+FFFD: a key the
+		// caller did not send (CSV refuses them the same way).
+		return BulkRecord{}, fmt.Errorf("%w: not valid UTF-8 (binary values go in value_b64)", errBadRequest)
+	}
 	var rec struct {
 		Key      *string `json:"key"`
 		Value    *string `json:"value"`

@@ -203,7 +203,6 @@ func DecodeBatch(body []byte) (*Batch, error) {
 	var (
 		b       Batch
 		version uint64
-		raw     []byte
 		decoded bool
 		have    = map[string]bool{}
 	)
@@ -245,13 +244,14 @@ func DecodeBatch(body []byte) (*Batch, error) {
 				err = fmt.Errorf("rejoin phase %d", b.Rejoining)
 			}
 		case "entries":
-			if have["sender"] && have["stream"] {
-				// The usual order: decode in place, no second pass.
-				b.Entries, err = decodeEntries(dec, &b)
-				decoded = true
-			} else {
-				raw, err = dec.DecodeRaw()
+			if !have["sender"] || !have["stream"] {
+				// Skipping an unread value means walking it, and a
+				// nested one recursively: entries come after the fields
+				// they default to, as every encoder writes them.
+				return nil, fmt.Errorf("%w: entries before sender and stream", ErrMalformed)
 			}
+			b.Entries, err = decodeEntries(dec, &b)
+			decoded = true
 		default:
 			return nil, fmt.Errorf("%w: unknown field %q", ErrMalformed, name)
 		}
@@ -280,22 +280,11 @@ func DecodeBatch(body []byte) (*Batch, error) {
 	if b.End != nil && b.End.Stream == b.Stream {
 		return nil, fmt.Errorf("%w: a snapshot cannot end in its own stream", ErrMalformed)
 	}
-	if decoded {
-		// Entries were decoded against a sender and stream not yet
-		// validated; they are now, and entries carry them by default.
-		return &b, nil
-	}
-	if raw == nil {
+	if !decoded {
 		return nil, fmt.Errorf("%w: no entries field", ErrMalformed)
 	}
-	erd := bytes.NewReader(raw)
-	b.Entries, err = decodeEntries(msgpack.NewDecoder(erd), &b)
-	if err != nil {
-		return nil, err
-	}
-	if erd.Len() != 0 {
-		return nil, fmt.Errorf("%w: trailing bytes after the entries", ErrMalformed)
-	}
+	// Entries were decoded against a sender and stream not yet validated;
+	// they are now, and entries carry them by default.
 	return &b, nil
 }
 

@@ -1,8 +1,11 @@
 package transport
 
 import (
+	"bytes"
 	"errors"
 	"testing"
+
+	"github.com/vmihailenco/msgpack/v5"
 
 	"github.com/replicator/replicator/hlc"
 	"github.com/replicator/replicator/store"
@@ -55,6 +58,10 @@ func FuzzDecodeBatch(f *testing.F) {
 			Ctr: &store.PN{P: 3}, CtrComp: "b/0123456789abcdef0123456789abcdef", StampOrigin: "b"},
 		{Index: 2, Origin: "a", Stream: wal.StreamID{2}, Commit: hlc.Timestamp{Wall: 9}, Op: store.OpSet, Key: "k", Oversize: 1 << 30}}}))
 	f.Add(EncodeBatch(&Batch{Header: Header{Sender: "a", Stream: wal.StreamID{1}, Rejoining: RejoinSeeding}}))
+	// nesting where the format has none, and lengths that lie
+	f.Add(append([]byte{0x84, 0xa1, 'v', 0x01, 0xa7, 'e', 'n', 't', 'r', 'i', 'e', 's'}, append(bytes.Repeat([]byte{0x91}, 20000), 0xc0)...))
+	f.Add(append(AppendBatchHeader(nil, "a", wal.StreamID{1}, 1), 0x81, 0xa1, 'k', 0xdb, 0x7f, 0xff, 0xff, 0xff, 'x'))
+	f.Add(append(AppendBatchHeader(nil, "a", wal.StreamID{1}, 1), 0x82, 0xa1, 'i', 0x01, 0xa1, 'k', 0xdd, 0x7f, 0xff, 0xff, 0xff))
 	f.Fuzz(func(t *testing.T, body []byte) {
 		b, err := DecodeBatch(body)
 		if err != nil {
@@ -70,4 +77,43 @@ func FuzzDecodeBatch(f *testing.F) {
 			t.Fatalf("re-encoded batch differs: %v", err)
 		}
 	})
+}
+
+// TestDecodeBatchDeepNesting: a 4.6 MB chain of nested arrays, where the
+// wire format has no nesting (in entries placed before sender and stream,
+// and inside an entry), is refused as malformed: it used to be skipped
+// recursively until the stack overflowed and killed the process.
+func TestDecodeBatchDeepNesting(t *testing.T) {
+	nest := append(bytes.Repeat([]byte{0x91}, 4600000), 0xc0) // [[[[...nil...]]]]
+	var buf bytes.Buffer
+	enc := msgpack.NewEncoder(&buf)
+	enc.EncodeMapLen(4)
+	enc.EncodeString("v")
+	enc.EncodeUint(WireVersion)
+	enc.EncodeString("entries")
+	buf.Write(nest)
+	enc.EncodeString("sender")
+	enc.EncodeString("a")
+	enc.EncodeString("stream")
+	enc.EncodeBytes(make([]byte, 16))
+	if _, err := DecodeBatch(buf.Bytes()); !errors.Is(err, ErrMalformed) {
+		t.Fatalf("nesting before sender: %v", err)
+	}
+	// inside an entry: the key is an array of arrays
+	head := AppendBatchHeader(nil, "a", wal.StreamID{1}, 1)
+	var e bytes.Buffer
+	ee := msgpack.NewEncoder(&e)
+	ee.EncodeMapLen(4)
+	ee.EncodeString("i")
+	ee.EncodeUint(1)
+	ee.EncodeString("k")
+	e.Write(nest)
+	if _, err := DecodeBatch(append(head, e.Bytes()...)); !errors.Is(err, ErrMalformed) {
+		t.Fatalf("nesting inside an entry: %v", err)
+	}
+	// a length that lies: a string said to be 2 GiB in a 30-byte body
+	lie := append(AppendBatchHeader(nil, "a", wal.StreamID{1}, 1), 0x81, 0xa1, 'k', 0xdb, 0x7f, 0xff, 0xff, 0xff, 'x')
+	if _, err := DecodeBatch(lie); !errors.Is(err, ErrMalformed) {
+		t.Fatalf("a lying length: %v", err)
+	}
 }

@@ -445,6 +445,10 @@ func FuzzDecodeEntry(f *testing.F) {
 		CtrComp: "a/0123456789abcdef0123456789abcdef", Origin: "a", Stream: StreamID{9}}, d))
 	f.Add(c.AppendEntry(nil, &Entry{Index: 5, Commit: hlc.Timestamp{Wall: 5}, Op: store.OpMulti, Oversize: 70 << 20, Origin: "a", Stream: StreamID{9}}, d))
 	f.Add([]byte{0x80})
+	// nesting where the format has none, and lengths that lie
+	f.Add(append([]byte{0x82, 0xa1, 'i', 0x01, 0xa3, 'o', 'p', 's'}, append(bytes.Repeat([]byte{0x91}, 20000), 0xc0)...))
+	f.Add([]byte{0x82, 0xa1, 'i', 0x01, 0xa3, 'v', 'a', 'l', 0xc6, 0x7f, 0xff, 0xff, 0xff, 'x'})
+	f.Add([]byte{0x82, 0xa1, 'i', 0x01, 0xa3, 'o', 'p', 's', 0xdd, 0x7f, 0xff, 0xff, 0xff})
 	f.Fuzz(func(t *testing.T, b []byte) {
 		dc := NewCodec()
 		e, err := dc.DecodeEntry(b, d)
