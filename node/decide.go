@@ -3,6 +3,7 @@ package node
 import (
 	"errors"
 	"fmt"
+	"math/big"
 
 	"github.com/replicator/replicator/store"
 	"github.com/replicator/replicator/wal"
@@ -161,6 +162,9 @@ func (o *overlay) decide(p *proposal) error {
 		} else {
 			t.N += uint64(-p.delta)
 		}
+		if err := counterInRange(c.Totals, comp, t, e.Key); err != nil {
+			return err
+		}
 		e.Ctr, e.CtrComp = &t, comp
 		// the counter's value here once this increment applies
 		v := int64(t.P) - int64(t.N)
@@ -170,6 +174,36 @@ func (o *overlay) decide(p *proposal) error {
 			}
 		}
 		p.counterValue = v
+	}
+	return nil
+}
+
+// ErrCounterRange refuses an increment that would take a counter, or its
+// totals, out of the 64-bit range (400, out_of_range).
+var ErrCounterRange = errors.New("node: counter out of range")
+
+// counterInRange checks that a counter whose component comp takes totals t
+// stays within int64, and its totals within uint64 (t wrapped if it fell
+// below the old ones).
+func counterInRange(totals map[string]store.PN, comp string, t store.PN, key string) error {
+	old := totals[comp]
+	if t.P < old.P || t.N < old.N {
+		return fmt.Errorf("%w: counter %q: this cluster's totals would pass 2^64", ErrCounterRange, key)
+	}
+	sum := new(big.Int)
+	for c, ct := range totals {
+		if c == comp {
+			ct = t
+		}
+		sum.Add(sum, new(big.Int).SetUint64(ct.P))
+		sum.Sub(sum, new(big.Int).SetUint64(ct.N))
+	}
+	if _, ok := totals[comp]; !ok {
+		sum.Add(sum, new(big.Int).SetUint64(t.P))
+		sum.Sub(sum, new(big.Int).SetUint64(t.N))
+	}
+	if !sum.IsInt64() {
+		return fmt.Errorf("%w: counter %q would be %s, outside the 64-bit range", ErrCounterRange, key, sum)
 	}
 	return nil
 }

@@ -76,6 +76,8 @@ func writeErr(w http.ResponseWriter, err error) {
 		writeError(w, http.StatusBadRequest, apiError{Code: "bad_key", Message: err.Error()})
 	case errors.Is(err, ErrKeyTooLarge), errors.Is(err, ErrValueTooLarge):
 		writeError(w, http.StatusRequestEntityTooLarge, apiError{Code: "too_large", Message: err.Error()})
+	case errors.Is(err, ErrCounterRange):
+		writeError(w, http.StatusBadRequest, apiError{Code: "out_of_range", Message: err.Error()})
 	case errors.Is(err, errBadRequest):
 		writeError(w, http.StatusBadRequest, apiError{Code: "bad_request", Message: err.Error()})
 	case errors.Is(err, ErrIdempotencyConflict):

@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"errors"
 	"fmt"
+	"strings"
 
 	"github.com/replicator/replicator/policy"
 	"github.com/replicator/replicator/store"
@@ -60,6 +61,10 @@ func (n *Node) DeleteRange(ctx context.Context, start, end string) (WriteResult,
 }
 
 func (n *Node) deleteRange(ctx context.Context, start, end string, idem *idemRequest) (WriteResult, error) {
+	if end == "" && strings.Trim(start, "\x00") == "" {
+		// [NUL..., end of the key space) holds every key there is.
+		return WriteResult{}, fmt.Errorf("%w: the range [%q, end) holds every key; deleting everything is not an API call", errBadRequest, start)
+	}
 	if err := errors.Join(n.checkKey(start), n.checkValue(start, 0)); err != nil {
 		return WriteResult{}, fmt.Errorf("start: %w", err)
 	}

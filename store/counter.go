@@ -5,6 +5,8 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"math"
+	"math/big"
 	"sort"
 	"strconv"
 	"strings"
@@ -103,13 +105,31 @@ type Counter struct {
 	Stamp Stamp
 }
 
-// Value is sum(P) - sum(N).
+// Value is sum(P) - sum(N), saturated at the bounds of int64: each
+// cluster's totals can fit while their sum does not (a local increment that
+// would leave the range is refused; totals merged from several clusters are
+// not). Components are summed in order, so every cluster holding the same
+// totals reads the same value.
 func (c *Counter) Value() int64 {
-	var v int64
-	for _, t := range c.Totals {
-		v += int64(t.P) - int64(t.N)
+	sum := new(big.Int)
+	names := make([]string, 0, len(c.Totals))
+	for n := range c.Totals {
+		names = append(names, n)
 	}
-	return v
+	sort.Strings(names)
+	for _, n := range names {
+		t := c.Totals[n]
+		sum.Add(sum, new(big.Int).SetUint64(t.P))
+		sum.Sub(sum, new(big.Int).SetUint64(t.N))
+	}
+	switch {
+	case sum.IsInt64():
+		return sum.Int64()
+	case sum.Sign() > 0:
+		return math.MaxInt64
+	default:
+		return math.MinInt64
+	}
 }
 
 func counterKey(key string) []byte { return append([]byte{prefixCounter}, key...) }

@@ -577,12 +577,17 @@ type ScanOptions struct {
 	End    string // exclusive; "" = no upper bound
 	After  string // resume strictly after this key (a previous page's Next)
 	Limit  int
+	// MaxBytes bounds the keys and values of one page (at least one item
+	// is returned); 0 means DefaultScanBytes.
+	MaxBytes int
 }
 
-// DefaultScanLimit and MaxScanLimit bound one page.
+// DefaultScanLimit and MaxScanLimit bound one page in items,
+// DefaultScanBytes in bytes (10,000 values of 1 MiB are not one answer).
 const (
 	DefaultScanLimit = 100
 	MaxScanLimit     = 10000
+	DefaultScanBytes = 4 << 20
 )
 
 // Item is one live key of a scan.
@@ -634,7 +639,12 @@ func (s *Store) Scan(o ScanOptions) ([]Item, string, error) {
 		return nil, "", fmt.Errorf("store: scan: %w", err)
 	}
 	defer it.Close()
+	maxBytes := o.MaxBytes
+	if maxBytes <= 0 {
+		maxBytes = DefaultScanBytes
+	}
 	var items []Item
+	size := 0
 	for valid := it.First(); valid; valid = it.Next() {
 		r, err := DecodeRecord(it.Value())
 		if err != nil {
@@ -643,9 +653,10 @@ func (s *Store) Scan(o ScanOptions) ([]Item, string, error) {
 		if r.Tombstone {
 			continue
 		}
-		if len(items) == limit {
+		if len(items) == limit || (len(items) > 0 && size+len(it.Key())+len(r.Value) > maxBytes) {
 			return items, items[len(items)-1].Key, it.Error()
 		}
+		size += len(it.Key()) + len(r.Value)
 		r.Value = bytes.Clone(r.Value)
 		items = append(items, Item{Key: string(it.Key()[1:]), Record: r})
 	}
