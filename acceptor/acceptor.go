@@ -114,6 +114,10 @@ type Options struct {
 	Permits     int
 	PermitQueue int
 	PermitWait  time.Duration
+	// MaxBodies bounds the batches being read at once (default 16): with
+	// MaxBodyBytes, the acceptor's memory bound, whatever the number of
+	// peers or their pace. Each sender reads at most a quarter of them.
+	MaxBodies int
 	// OnReseedRequest, when set, is told that a peer asked for a re-seed
 	// (owed true: it lost its data) or no longer needs one (false); the
 	// store already says so.
@@ -166,8 +170,11 @@ type Acceptor struct {
 
 	mu struct {
 		sync.Mutex
-		counts  map[string]*Counts
-		secrets map[string]string
+		counts    map[string]*Counts
+		secrets   map[string]string
+		permitsOf map[string]int // permits held per sender
+		bodies    int            // bodies being read
+		bodiesOf  map[string]int // per sender
 	}
 	refusals struct {
 		unauthenticated, forbidden, bad, tooLarge, offset, gap, permit, conflict atomic.Uint64
@@ -199,12 +206,17 @@ func New(st Store, clock Clock, opts Options) *Acceptor {
 	if opts.PermitWait <= 0 {
 		opts.PermitWait = 2 * time.Second
 	}
+	if opts.MaxBodies <= 0 {
+		opts.MaxBodies = 16
+	}
 	if opts.Now == nil {
 		opts.Now = func() int64 { return time.Now().UnixNano() }
 	}
 	a := &Acceptor{opts: opts, store: st, clock: clock, permits: make(chan struct{}, opts.Permits)}
 	a.mu.counts = map[string]*Counts{}
 	a.mu.secrets = map[string]string{}
+	a.mu.permitsOf = map[string]int{}
+	a.mu.bodiesOf = map[string]int{}
 	for k, v := range opts.Secrets {
 		a.mu.secrets[k] = v
 	}
@@ -296,32 +308,37 @@ func (a *Acceptor) authenticate(r *http.Request) (string, error) {
 	return sender, nil
 }
 
-// ServeHTTP implements POST /v1/replicate.
+// ServeHTTP implements POST /v1/replicate: authenticate, bound, read the
+// body (within a slot of the bounded body budget), decode, and only then
+// take a replay permit to apply. A slow body holds a body slot, never a
+// permit, and no peer holds more than its share of either.
 func (a *Acceptor) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if r.Method != http.MethodPost {
 		w.Header().Set("Allow", "POST")
+		w.Header().Set("Connection", "close")
 		httpjson.WriteError(w, http.StatusMethodNotAllowed, httpjson.Error{Code: "method_not_allowed", Message: "POST a msgpack batch"})
 		return
 	}
 	sender, err := a.authenticate(r)
 	if err != nil {
-		a.refuse(w, "", err)
+		a.refuseUnread(w, "", err)
 		return
 	}
-	if err := a.acquire(r); err != nil {
-		a.refuse(w, sender, err)
-		return
-	}
-	defer func() { <-a.permits }()
 	if ct := r.Header.Get("Content-Type"); ct != "" && ct != transport.ContentType {
-		a.refuse(w, sender, fmt.Errorf("%w: content type %q, want %s", ErrBadBatch, ct, transport.ContentType))
+		a.refuseUnread(w, sender, fmt.Errorf("%w: content type %q, want %s", ErrBadBatch, ct, transport.ContentType))
 		return
 	}
 	if r.ContentLength > a.opts.MaxBodyBytes {
-		a.refuse(w, sender, fmt.Errorf("%w: %d bytes, limit %d", ErrTooLarge, r.ContentLength, a.opts.MaxBodyBytes))
+		a.refuseUnread(w, sender, fmt.Errorf("%w: %d bytes, limit %d", ErrTooLarge, r.ContentLength, a.opts.MaxBodyBytes))
+		return
+	}
+	release, err := a.bodySlot(sender)
+	if err != nil {
+		a.refuseUnread(w, sender, err)
 		return
 	}
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, a.opts.MaxBodyBytes))
+	release()
 	if err != nil {
 		var mbe *http.MaxBytesError
 		if errors.As(err, &mbe) {
@@ -329,15 +346,21 @@ func (a *Acceptor) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		} else {
 			err = fmt.Errorf("%w: reading the body: %v", ErrBadBatch, err)
 		}
-		a.refuse(w, sender, err)
+		a.refuseUnread(w, sender, err)
 		return
 	}
-	start := time.Now()
 	b, err := transport.DecodeBatch(body)
 	if err != nil {
 		a.refuse(w, sender, fmt.Errorf("%w: %w", ErrBadBatch, err))
 		return
 	}
+	done, err := a.acquire(r, sender)
+	if err != nil {
+		a.refuse(w, sender, err)
+		return
+	}
+	defer done()
+	start := time.Now()
 	ack, err := a.Apply(sender, b)
 	if a.opts.ObserveApply != nil && err == nil {
 		a.opts.ObserveApply(time.Since(start))
@@ -347,6 +370,35 @@ func (a *Acceptor) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	httpjson.Write(w, http.StatusOK, ack)
+}
+
+// refuseUnread refuses a request whose body was not (wholly) read: the
+// connection closes after the answer instead of draining the body at the
+// sender's pace.
+func (a *Acceptor) refuseUnread(w http.ResponseWriter, sender string, err error) {
+	w.Header().Set("Connection", "close")
+	a.refuse(w, sender, err)
+}
+
+// bodySlot takes one of the slots for reading a body, within the sender's
+// share (a quarter of them, at least one); it does not wait.
+func (a *Acceptor) bodySlot(sender string) (release func(), err error) {
+	share := max(1, a.opts.MaxBodies/4)
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.mu.bodies >= a.opts.MaxBodies || a.mu.bodiesOf[sender] >= share {
+		a.refusals.permit.Add(1)
+		return nil, fmt.Errorf("%w: %d batches being read (%d from %s, its share %d)", ErrNoPermit,
+			a.mu.bodies, a.mu.bodiesOf[sender], sender, share)
+	}
+	a.mu.bodies++
+	a.mu.bodiesOf[sender]++
+	return func() {
+		a.mu.Lock()
+		a.mu.bodies--
+		a.mu.bodiesOf[sender]--
+		a.mu.Unlock()
+	}, nil
 }
 
 func (a *Acceptor) refuse(w http.ResponseWriter, sender string, err error) {
@@ -398,26 +450,51 @@ func (a *Acceptor) refuse(w http.ResponseWriter, sender string, err error) {
 }
 
 // acquire takes a replay permit, waiting in the bounded queue if need be.
-func (a *Acceptor) acquire(r *http.Request) error {
+// No sender holds more than its share of the permits (half, at least one),
+// so a peer whose batches are slow to apply cannot stall every other.
+func (a *Acceptor) acquire(r *http.Request, sender string) (release func(), err error) {
+	share := max(1, a.opts.Permits/2)
+	a.mu.Lock()
+	if a.mu.permitsOf[sender] >= share {
+		a.mu.Unlock()
+		a.refusals.permit.Add(1)
+		return nil, fmt.Errorf("%w: %s holds its share of %d permits", ErrNoPermit, sender, share)
+	}
+	a.mu.permitsOf[sender]++
+	a.mu.Unlock()
+	release = func() {
+		<-a.permits
+		a.mu.Lock()
+		a.mu.permitsOf[sender]--
+		a.mu.Unlock()
+	}
+	unshare := func() {
+		a.mu.Lock()
+		a.mu.permitsOf[sender]--
+		a.mu.Unlock()
+	}
 	select {
 	case a.permits <- struct{}{}:
-		return nil
+		return release, nil
 	default:
 	}
 	if int(a.queued.Add(1)) > a.opts.PermitQueue {
 		a.queued.Add(-1)
-		return fmt.Errorf("%w: %d applying, %d waiting", ErrNoPermit, a.opts.Permits, a.opts.PermitQueue)
+		unshare()
+		return nil, fmt.Errorf("%w: %d applying, %d waiting", ErrNoPermit, a.opts.Permits, a.opts.PermitQueue)
 	}
 	defer a.queued.Add(-1)
 	t := time.NewTimer(a.opts.PermitWait)
 	defer t.Stop()
 	select {
 	case a.permits <- struct{}{}:
-		return nil
+		return release, nil
 	case <-t.C:
-		return fmt.Errorf("%w: waited %s", ErrNoPermit, a.opts.PermitWait)
+		unshare()
+		return nil, fmt.Errorf("%w: waited %s", ErrNoPermit, a.opts.PermitWait)
 	case <-r.Context().Done():
-		return fmt.Errorf("%w: %v", ErrNoPermit, r.Context().Err())
+		unshare()
+		return nil, fmt.Errorf("%w: %v", ErrNoPermit, r.Context().Err())
 	}
 }
 

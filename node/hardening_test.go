@@ -3,16 +3,22 @@ package node
 // Hostile input (issue 13): each test is named for the finding it covers.
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"io"
 	"math"
+	"net/http"
 	"runtime"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/replicator/replicator/hlc"
 	"github.com/replicator/replicator/store"
+	"github.com/replicator/replicator/transport"
+	"github.com/replicator/replicator/wal"
 )
 
 // endless yields a CSV record that never ends: `"k","xxxxx...`.
@@ -140,5 +146,128 @@ func TestScanPageBoundedByBytes(t *testing.T) {
 	items, next, err := n.Scan(store.ScanOptions{Limit: store.MaxScanLimit})
 	if err != nil || len(items) != 4 || next != "big03" {
 		t.Fatalf("a page of 1 MiB values: %d items, next %q, %v; want 4 (4 MiB) and more to come", len(items), next, err)
+	}
+}
+
+// trickle starts a request whose body arrives one byte a second (chunked),
+// and returns a channel of its status (0 when the connection was cut).
+func trickle(t *testing.T, url string, hdr map[string]string) <-chan int {
+	t.Helper()
+	pr, pw := io.Pipe()
+	stop := make(chan struct{})
+	go func() {
+		// Exits when the request is answered or cut, or after a minute.
+		for i := 0; i < 60; i++ {
+			if _, err := pw.Write([]byte{0x80}); err != nil {
+				return
+			}
+			select {
+			case <-stop:
+				return
+			case <-time.After(time.Second):
+			}
+		}
+		pw.Close()
+	}()
+	req, _ := http.NewRequest(http.MethodPost, url, pr)
+	for k, v := range hdr {
+		req.Header.Set(k, v)
+	}
+	out := make(chan int, 1)
+	go func() {
+		// Exits when the answer (or the cut) arrives.
+		tr := &http.Transport{}
+		defer tr.CloseIdleConnections()
+		defer close(stop)
+		resp, err := (&http.Client{Transport: tr}).Do(req)
+		if err != nil {
+			pr.CloseWithError(err)
+			out <- 0
+			return
+		}
+		resp.Body.Close()
+		pr.Close()
+		out <- resp.StatusCode
+	}()
+	return out
+}
+
+// TestSlowBodiesHoldNothing: trickling /v1/replicate bodies with a valid
+// peer secret used to take every replay permit before their bodies were
+// read, so every genuine batch got 429; and a trickling body was held for
+// ever. Now permits are taken after the body is in, a peer reads at most
+// its share of bodies, and a body slower than the minimum rate is cut.
+func TestSlowBodiesHoldNothing(t *testing.T) {
+	o := testOptions(t.TempDir())
+	o.Peers = []Peer{{Name: "b", Secret: "sb"}, {Name: "c", Secret: "sc"}}
+	o.Gossip = &GossipOptions{Bind: "127.0.0.1:0"}
+	o.BodyGrace = 500 * time.Millisecond
+	n := openNode(t, o)
+	defer n.Close()
+	if err := n.Start(); err != nil {
+		t.Fatal(err)
+	}
+	url := n.URL() + "/v1/replicate"
+	var slow []<-chan int
+	for i := 0; i < 6; i++ {
+		slow = append(slow, trickle(t, url, map[string]string{"X-Replicator-Origin": "b", "Authorization": "Bearer sb",
+			"Content-Type": "application/msgpack"}))
+	}
+	time.Sleep(200 * time.Millisecond)
+	// c's genuine batch goes through while b trickles.
+	e := wal.Entry{Index: 1, Origin: "c", Stream: wal.StreamID{0xc}, Commit: hlc.Timestamp{Wall: time.Now().UnixNano()}, Op: store.OpSet, Key: "k", Value: []byte("v")}
+	e.Stamp = e.Commit
+	body := transport.EncodeBatch(&transport.Batch{Header: transport.Header{Sender: "c", Stream: e.Stream}, Entries: []wal.Entry{e}})
+	req, _ := http.NewRequest(http.MethodPost, url, bytes.NewReader(body))
+	req.Header.Set("X-Replicator-Origin", "c")
+	req.Header.Set("Authorization", "Bearer sc")
+	req.Header.Set("Content-Type", "application/msgpack")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 200 {
+		t.Fatalf("a genuine batch while another peer trickles: %d", resp.StatusCode)
+	}
+	// The trickles: two beyond b's share are refused at once; the others
+	// are cut once they fall below the minimum rate.
+	refused, cut := 0, 0
+	for _, ch := range slow {
+		select {
+		case st := <-ch:
+			if st == 429 {
+				refused++
+			} else {
+				cut++
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatal("a trickling body is still held after 10 s")
+		}
+	}
+	if refused != 2 || cut != 4 {
+		t.Fatalf("trickles: %d refused beyond the share, %d cut; want 2 and 4", refused, cut)
+	}
+}
+
+// TestUnauthenticatedBodyNotDrained: with an API token, a request without it
+// gets its 401 at once, although its body trickles (the server used to drain
+// the body before answering).
+func TestUnauthenticatedBodyNotDrained(t *testing.T) {
+	o := testOptions(t.TempDir())
+	o.APIToken = "tok"
+	n := openNode(t, o)
+	defer n.Close()
+	if err := n.Start(); err != nil {
+		t.Fatal(err)
+	}
+	ch := trickle(t, n.URL()+"/v1/kv/k", nil)
+	select {
+	case st := <-ch:
+		if st != 401 {
+			t.Fatalf("status %d, want 401", st)
+		}
+	case <-time.After(3 * time.Second):
+		t.Fatal("no 401 within 3 s while the body trickles")
 	}
 }

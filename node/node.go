@@ -21,6 +21,8 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"golang.org/x/net/netutil"
+
 	"github.com/replicator/replicator/acceptor"
 	"github.com/replicator/replicator/hlc"
 	"github.com/replicator/replicator/origin"
@@ -350,6 +352,9 @@ func (n *Node) listen(given net.Listener, addr string, peer bool) (net.Listener,
 			return nil, fmt.Errorf("node: listen %s: %w", addr, err)
 		}
 	}
+	if n.opts.MaxConnections > 0 {
+		ln = netutil.LimitListener(ln, n.opts.MaxConnections)
+	}
 	if c := n.serverTLS(peer); c != nil {
 		ln = tls.NewListener(ln, c)
 	}
@@ -361,6 +366,7 @@ func (n *Node) serve(ln net.Listener, h http.Handler, errc *chan error) *http.Se
 		Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			n.inflight.Add(1)
 			defer n.inflight.Done()
+			n.limitBody(w, r)
 			h.ServeHTTP(w, r)
 		}),
 		ReadHeaderTimeout: 10 * time.Second,

@@ -145,6 +145,19 @@ type Options struct {
 	// applied from a peer (benchmarks record exact percentiles with it).
 	ObserveLag func(origin string, lag time.Duration)
 
+	// MinBodyRate is the slowest a request body may arrive, in bytes per
+	// second, after BodyGrace (defaults 64 KiB/s and 10s: a 16 MiB batch
+	// at 1 MiB/s is fine, a trickle is cut); negative disables it.
+	MinBodyRate int64
+	BodyGrace   time.Duration
+	// MaxConnections bounds the connections each listener holds at once
+	// (default 512); more wait to be accepted. Negative: no bound.
+	MaxConnections int
+	// MaxBodiesInFlight bounds the replication batches being read at once
+	// (default 16, of MaxReplicateBytes each: the acceptor's memory bound),
+	// and each peer may read at most a quarter of them.
+	MaxBodiesInFlight int
+
 	// Pprof serves net/http/pprof under /debug/pprof on the API listener
 	// (behind the API token when one is set).
 	Pprof bool
@@ -227,6 +240,18 @@ func (o *Options) EnsureDefaults() {
 	}
 	if o.AdmissionWait == 0 {
 		o.AdmissionWait = 5 * time.Second
+	}
+	if o.MinBodyRate == 0 {
+		o.MinBodyRate = 64 << 10
+	}
+	if o.BodyGrace == 0 {
+		o.BodyGrace = 10 * time.Second
+	}
+	if o.MaxConnections == 0 {
+		o.MaxConnections = 512
+	}
+	if o.MaxBodiesInFlight == 0 {
+		o.MaxBodiesInFlight = 16
 	}
 	if o.IdentityCheckWait == 0 {
 		o.IdentityCheckWait = defaultIdentityCheckWait

@@ -31,6 +31,7 @@ func (n *Node) setupReplication() error {
 		Permits:       n.opts.Permits,
 		PermitQueue:   n.opts.PermitQueue,
 		PermitWait:    n.opts.PermitWait,
+		MaxBodies:     n.opts.MaxBodiesInFlight,
 		ObserveLag: func(origin string, d time.Duration) {
 			n.metrics.lagSeconds.WithLabelValues(origin).Observe(d.Seconds())
 			n.lagRing.add(time.Now().UnixNano(), d)

@@ -165,6 +165,7 @@ func (n *Node) requireToken(h http.Handler) http.Handler {
 			return
 		}
 		if subtle.ConstantTimeCompare([]byte(r.Header.Get("Authorization")), want) != 1 {
+			refuseEarly(w)
 			w.Header().Set("WWW-Authenticate", `Bearer realm="replicator"`)
 			writeError(w, http.StatusUnauthorized, apiError{Code: "unauthenticated",
 				Message: "this node requires Authorization: Bearer <token> (--api-token-file)"})

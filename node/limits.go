@@ -1,0 +1,61 @@
+package node
+
+import (
+	"io"
+	"net/http"
+	"time"
+)
+
+// Limits on what one HTTP connection or request may hold of the node, so
+// that slow or many clients bound memory and descriptors by configuration,
+// not by their number or their patience:
+//
+//   - a request body must arrive at MinBodyRate after a grace period, or the
+//     connection is cut (a trickling body would otherwise hold a handler, a
+//     replay permit or a drain forever);
+//   - each listener accepts at most MaxConnections at once;
+//   - a refusal sent before the body was read closes the connection instead
+//     of draining the body first (net/http drains up to 256 KiB to reuse a
+//     connection, at the client's pace).
+
+// rateBody enforces the minimum body rate by moving the connection's read
+// deadline ahead of each read: start + grace + bytes read / rate.
+type rateBody struct {
+	body  io.ReadCloser
+	rc    *http.ResponseController
+	start time.Time
+	grace time.Duration
+	rate  int64 // bytes per second
+	read  int64
+}
+
+func (b *rateBody) Read(p []byte) (int, error) {
+	due := b.start.Add(b.grace + time.Duration((b.read+int64(len(p)))*int64(time.Second)/b.rate))
+	_ = b.rc.SetReadDeadline(due)
+	n, err := b.body.Read(p)
+	b.read += int64(n)
+	if err == io.EOF {
+		// The body is in: the handler's own work is not bound by it (a
+		// deadline left behind would cancel the request's context).
+		_ = b.rc.SetReadDeadline(time.Time{})
+	}
+	return n, err
+}
+
+func (b *rateBody) Close() error { return b.body.Close() }
+
+// limitBody installs the minimum body rate on a request: the deadline
+// covers the first read (and net/http's drain) before any Read extends it.
+func (n *Node) limitBody(w http.ResponseWriter, r *http.Request) {
+	if r.Body == nil || r.Body == http.NoBody || n.opts.MinBodyRate <= 0 {
+		return
+	}
+	rc := http.NewResponseController(w)
+	now := time.Now()
+	_ = rc.SetReadDeadline(now.Add(n.opts.BodyGrace))
+	r.Body = &rateBody{body: r.Body, rc: rc, start: now, grace: n.opts.BodyGrace, rate: n.opts.MinBodyRate}
+}
+
+// refuseEarly marks an answer sent without reading the request's body: the
+// connection closes after it rather than waiting for the body to drain.
+func refuseEarly(w http.ResponseWriter) { w.Header().Set("Connection", "close") }
