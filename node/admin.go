@@ -175,10 +175,9 @@ func (n *Node) registerAdmin(mux *http.ServeMux) {
 	mux.HandleFunc("/admin/ui", getOnly(n.handleUI))
 	mux.HandleFunc("/admin/lag", getOnly(n.handleLag))
 	n.registerDeadLetters(mux)
-	if n.opts.Pprof {
-		mux.HandleFunc("/debug/pprof/", pprof.Index)
-		mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
-		mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	if n.opts.Pprof && n.opts.APIToken != "" {
+		// Behind the token (Validate refuses --pprof without one).
+		registerPprof(mux)
 	}
 	mux.HandleFunc("/admin/peers/{name}/{action}", func(w http.ResponseWriter, r *http.Request) {
 		if r.Method != http.MethodPost {
@@ -233,4 +232,17 @@ func (n *Node) handleUI(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Content-Type", "text/html; charset=utf-8")
 	w.Header().Set("Cache-Control", "no-store")
 	w.Write(dashboard)
+}
+
+func registerPprof(mux *http.ServeMux) {
+	mux.HandleFunc("/debug/pprof/", pprof.Index)
+	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+}
+
+// pprofMux serves profiles on a listener of their own (--pprof-listen).
+func pprofMux() http.Handler {
+	mux := http.NewServeMux()
+	registerPprof(mux)
+	return mux
 }

@@ -271,3 +271,63 @@ func TestUnauthenticatedBodyNotDrained(t *testing.T) {
 		t.Fatal("no 401 within 3 s while the body trickles")
 	}
 }
+
+// TestBrowserRequestsRefused: without a token, a cross-site form POST from a
+// web page used to reach every mutating endpoint, and a DNS name rebound to
+// 127.0.0.1 reached a loopback node. Both are refused; a script or the CLI
+// (no browser headers) and loopback names are served.
+func TestBrowserRequestsRefused(t *testing.T) {
+	n := openNode(t, testOptions(t.TempDir()))
+	defer n.Close()
+	if err := n.Start(); err != nil {
+		t.Fatal(err)
+	}
+	do := func(method, path, host string, hdr map[string]string) int {
+		req, _ := http.NewRequest(method, n.URL()+path, strings.NewReader("v"))
+		if host != "" {
+			req.Host = host
+		}
+		for k, v := range hdr {
+			req.Header.Set(k, v)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	cross := map[string]string{"Sec-Fetch-Site": "cross-site", "Content-Type": "text/plain"}
+	for _, path := range []string{"/v1/kv/k", "/v1/batch", "/v1/bulk", "/admin/peers/b/pause", "/admin/deadletters/x/discard"} {
+		method := http.MethodPost
+		if path == "/v1/kv/k" {
+			method = http.MethodPut
+		}
+		if st := do(method, path, "", cross); st != http.StatusForbidden {
+			t.Errorf("a cross-site %s %s: %d, want 403", method, path, st)
+		}
+	}
+	if st := do(http.MethodPost, "/v1/batch", "", map[string]string{"Origin": "https://evil.example"}); st != http.StatusForbidden {
+		t.Errorf("a POST with a foreign Origin: %d, want 403", st)
+	}
+	if st := do(http.MethodPut, "/v1/kv/k", "", nil); st != 200 {
+		t.Errorf("a script's PUT: %d, want 200", st)
+	}
+	if st := do(http.MethodGet, "/v1/kv/k", "rebound.evil.example:7400", nil); st != http.StatusMisdirectedRequest {
+		t.Errorf("a rebound host name: %d, want 421", st)
+	}
+	for _, h := range []string{"localhost:7400", "127.0.0.1", "[::1]:7400"} {
+		if st := do(http.MethodGet, "/v1/kv/k", h, nil); st != 200 {
+			t.Errorf("host %s: %d, want 200", h, st)
+		}
+	}
+}
+
+// TestPprofNeedsToken: profiles are not served without the API token.
+func TestPprofNeedsToken(t *testing.T) {
+	o := testOptions(t.TempDir())
+	o.Pprof = true
+	if _, err := Open(context.Background(), o); err == nil || !strings.Contains(err.Error(), "pprof") {
+		t.Fatalf("--pprof without a token: %v", err)
+	}
+}

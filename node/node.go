@@ -83,6 +83,8 @@ type Node struct {
 	peerSrv      *http.Server
 	peerLn       net.Listener
 	peerServeErr chan error
+	pprofSrv     *http.Server
+	pprofErr     chan error
 	inflight     sync.WaitGroup // HTTP handlers running
 	closeMu      sync.Mutex
 	closed       bool
@@ -323,7 +325,14 @@ func (n *Node) Start() error {
 		}
 		n.peerLn = pln
 	}
-	n.srv = n.serve(ln, n.requireToken(n.Handler()), &n.serveErr)
+	n.srv = n.serve(ln, n.protect(n.requireToken(n.Handler()), ln), &n.serveErr)
+	if n.opts.PprofListen != "" {
+		pln, err := net.Listen("tcp", n.opts.PprofListen)
+		if err != nil {
+			return fmt.Errorf("node: listen %s (pprof): %w", n.opts.PprofListen, err)
+		}
+		n.pprofSrv = n.serve(pln, pprofMux(), &n.pprofErr)
+	}
 	if n.peerLn != nil {
 		n.peerSrv = n.serve(n.peerLn, n.PeerHandler(), &n.peerServeErr)
 	}
@@ -439,7 +448,7 @@ func (n *Node) Close() error {
 		for _, sv := range []struct {
 			srv  *http.Server
 			errc chan error
-		}{{n.srv, n.serveErr}, {n.peerSrv, n.peerServeErr}} {
+		}{{n.srv, n.serveErr}, {n.peerSrv, n.peerServeErr}, {n.pprofSrv, n.pprofErr}} {
 			if sv.srv == nil {
 				continue
 			}

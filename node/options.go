@@ -158,6 +158,9 @@ type Options struct {
 	// and each peer may read at most a quarter of them.
 	MaxBodiesInFlight int
 
+	// PprofListen serves net/http/pprof on a listener of its own (keep it
+	// private: it has no token).
+	PprofListen string
 	// Pprof serves net/http/pprof under /debug/pprof on the API listener
 	// (behind the API token when one is set).
 	Pprof bool
@@ -316,6 +319,9 @@ func (o *Options) Validate() error {
 	}
 	if o.PeerSANMode != "" && o.PeerSANMode != SANModeURI && o.PeerSANMode != SANModeDNS {
 		add("PeerSANMode %q, want uri or dns", o.PeerSANMode)
+	}
+	if o.Pprof && o.APIToken == "" {
+		add("--pprof serves profiles on the API listener and needs an API token (--api-token-file); or give --pprof-listen a private address")
 	}
 	if o.LinkStalled < o.LinkLagging {
 		add("LinkStalled %s is below LinkLagging %s", o.LinkStalled, o.LinkLagging)

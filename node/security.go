@@ -6,6 +6,7 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"net"
 	"net/http"
 	"net/url"
 	"os"
@@ -173,4 +174,44 @@ func (n *Node) requireToken(h http.Handler) http.Handler {
 		}
 		h.ServeHTTP(w, r)
 	})
+}
+
+// protect guards the API against browsers: a cross-site request that
+// mutates (a form or text/plain POST from any web page the operator visits)
+// is refused by Go's cross-origin protection, and a node on a loopback
+// address without a token answers only requests that name a loopback host,
+// so a DNS name rebound to 127.0.0.1 reaches nothing.
+func (n *Node) protect(h http.Handler, ln net.Listener) http.Handler {
+	cop := http.NewCrossOriginProtection()
+	cop.SetDenyHandler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		refuseEarly(w)
+		writeError(w, http.StatusForbidden, apiError{Code: "cross_origin",
+			Message: "a cross-origin request that changes state is refused (send it from a script or the CLI, not a web page)"})
+	}))
+	h = cop.Handler(h)
+	if n.opts.APIToken != "" || !loopback(ln) {
+		return h
+	}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		host := r.Host
+		if hh, _, err := net.SplitHostPort(host); err == nil {
+			host = hh
+		}
+		host = strings.Trim(host, "[]")
+		if ip := net.ParseIP(host); (ip == nil || !ip.IsLoopback()) && !strings.EqualFold(host, "localhost") {
+			refuseEarly(w)
+			writeError(w, http.StatusMisdirectedRequest, apiError{Code: "host_not_allowed",
+				Message: fmt.Sprintf("host %q: this node listens on a loopback address without an API token, and answers only loopback names", r.Host)})
+			return
+		}
+		h.ServeHTTP(w, r)
+	})
+}
+
+func loopback(ln net.Listener) bool {
+	if ln == nil {
+		return false
+	}
+	a, ok := ln.Addr().(*net.TCPAddr)
+	return ok && a.IP.IsLoopback()
 }

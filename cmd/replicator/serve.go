@@ -56,6 +56,9 @@ type serveConfig struct {
 	AdmissionWait *duration `yaml:"admission_wait"`
 	IdentityWait  *duration `yaml:"identity_check_wait"`
 	Permits       int       `yaml:"replay_permits"`
+	MinBodyRate   int64     `yaml:"min_body_rate"`
+	MaxConns      int       `yaml:"max_connections"`
+	MaxBodies     int       `yaml:"max_bodies_in_flight"`
 	PermitQueue   int       `yaml:"replay_queue"`
 	NoAutoReseed  bool      `yaml:"no_auto_reseed"`
 
@@ -73,6 +76,7 @@ type serveConfig struct {
 	APITokenFile    string   `yaml:"api_token_file"`
 	TestDiskFull    string   `yaml:"test_disk_full_file"`
 	Pprof           bool     `yaml:"pprof"`
+	PprofListen     string   `yaml:"pprof_listen"`
 	MemTableSize    uint64   `yaml:"memtable_size"`
 }
 
@@ -208,7 +212,8 @@ func serveFlags(cfg *serveConfig) *flag.FlagSet {
 	fs.StringVar(&cfg.LogLevel, "log-level", cfg.LogLevel, "debug, info, warn or error")
 	fs.StringVar(&cfg.LogFormat, "log-format", cfg.LogFormat, "text or json")
 	fs.Var(&cfg.ClockOffset, "test-clock-offset", "shift this node's clock (robustness tests only)")
-	fs.BoolVar(&cfg.Pprof, "pprof", cfg.Pprof, "serve /debug/pprof on the API listener (profiles)")
+	fs.BoolVar(&cfg.Pprof, "pprof", cfg.Pprof, "serve /debug/pprof on the API listener, behind the API token (profiles)")
+	fs.StringVar(&cfg.PprofListen, "pprof-listen", cfg.PprofListen, "serve /debug/pprof on this address instead, without a token (keep it private)")
 	fs.Uint64Var(&cfg.MemTableSize, "memtable-size", cfg.MemTableSize, "Pebble memtable bytes (default 16 MiB; larger: fewer compactions, more memory)")
 	fs.StringVar(&cfg.TestDiskFull, "test-disk-full-file", cfg.TestDiskFull, "WAL appends fail with ENOSPC while this file says \"full\" (robustness tests only)")
 	fs.Var(namedFlag{func(n, v string) { cfg.peer(n).URL = v }}, "peer", "a peer cluster as NAME=URL (repeatable)")
@@ -231,6 +236,9 @@ func serveFlags(cfg *serveConfig) *flag.FlagSet {
 	fs.Var(optDuration{&cfg.AdmissionWait}, "admission-wait", "how long a write waits while saturated before it is refused (default 5s; 0s refuses at once)")
 	fs.Var(namedFlag{func(n, v string) { cfg.peer(n).Overflow = v }}, "peer-overflow", "NAME=reject|detach: what a peer's backlog overflow does (default reject)")
 	fs.IntVar(&cfg.Permits, "replay-permits", cfg.Permits, "incoming batches applied at once (default 4)")
+	fs.Int64Var(&cfg.MinBodyRate, "min-body-rate", cfg.MinBodyRate, "slowest a request body may arrive, bytes/s after a 10 s grace (default 65536; -1 off)")
+	fs.IntVar(&cfg.MaxConns, "max-connections", cfg.MaxConns, "connections each listener holds at once (default 512; -1 no bound)")
+	fs.IntVar(&cfg.MaxBodies, "max-bodies-in-flight", cfg.MaxBodies, "replication batches read at once (default 16; each peer a quarter)")
 	fs.IntVar(&cfg.PermitQueue, "replay-queue", cfg.PermitQueue, "incoming batches waiting for a permit (default 16)")
 	fs.BoolVar(&cfg.NoAutoReseed, "no-auto-reseed", cfg.NoAutoReseed, "re-seed peers only when asked (POST /admin/peers/NAME/reseed)")
 	fs.StringVar(&cfg.GossipBind, "gossip-bind", cfg.GossipBind, "HOST:PORT for memberlist gossip (peer discovery); off when empty")
@@ -323,10 +331,11 @@ func (cfg *serveConfig) nodeOptions(log *slog.Logger) (*node.Options, error) {
 		}
 	}
 	o.Permits, o.PermitQueue, o.NoAutoReseed = cfg.Permits, cfg.PermitQueue, cfg.NoAutoReseed
+	o.MinBodyRate, o.MaxConnections, o.MaxBodiesInFlight = cfg.MinBodyRate, cfg.MaxConns, cfg.MaxBodies
 	o.TLSCert, o.TLSKey, o.TLSClientCA, o.PeerCA = cfg.TLSCert, cfg.TLSKey, cfg.TLSClientCA, cfg.PeerCA
 	o.PeerSANMode, o.PeerListen = cfg.PeerSANMode, cfg.PeerListen
 	o.TestDiskFullFile = cfg.TestDiskFull
-	o.Pprof = cfg.Pprof
+	o.Pprof, o.PprofListen = cfg.Pprof, cfg.PprofListen
 	o.MemTableSize = cfg.MemTableSize
 	if cfg.APITokenFile != "" {
 		b, err := os.ReadFile(cfg.APITokenFile)
