@@ -114,6 +114,11 @@ type Options struct {
 	Permits     int
 	PermitQueue int
 	PermitWait  time.Duration
+	// MaxStreams bounds the streams of one peer cluster this node keeps a
+	// high-water mark for (default 4096): a peer cannot grow this node's
+	// state by inventing streams. A cluster begins a new stream only when
+	// it loses data (and each re-seed uses one, forgotten at its end).
+	MaxStreams int
 	// MaxBodies bounds the batches being read at once (default 16): with
 	// MaxBodyBytes, the acceptor's memory bound, whatever the number of
 	// peers or their pace. Each sender reads at most a quarter of them.
@@ -160,6 +165,9 @@ type Counts struct {
 	Refused    uint64 `json:"refused"`
 	// DeadLettered entries broke this node's limits and were set aside.
 	DeadLettered uint64 `json:"dead_lettered"`
+	// DroppedUnknown are snapshot entries of clusters this node does not
+	// know, not taken.
+	DroppedUnknown uint64 `json:"dropped_unknown"`
 }
 
 // Acceptor serves POST /v1/replicate. Safe for concurrent use.
@@ -208,6 +216,9 @@ func New(st Store, clock Clock, opts Options) *Acceptor {
 	}
 	if opts.MaxBodies <= 0 {
 		opts.MaxBodies = 16
+	}
+	if opts.MaxStreams <= 0 {
+		opts.MaxStreams = 4096
 	}
 	if opts.Now == nil {
 		opts.Now = func() int64 { return time.Now().UnixNano() }
@@ -543,7 +554,7 @@ func (a *Acceptor) Apply(sender string, b *transport.Batch) (transport.Ack, erro
 	ents := make([]*wal.Entry, 0, len(b.Entries))
 	// own marks snapshot entries authored by this cluster: applied only in
 	// a re-seed this node asked for.
-	var own map[uint64]bool
+	var own, unknown map[uint64]bool
 	dropped := 0
 	for i := range b.Entries {
 		e := &b.Entries[i]
@@ -566,6 +577,14 @@ func (a *Acceptor) Apply(sender string, b *transport.Batch) (transport.Ack, erro
 				own = map[uint64]bool{}
 			}
 			own[e.Index] = true
+		} else if b.Snapshot && !a.known(a.author(e)) {
+			// A snapshot relays writes of the clusters of this mesh; one
+			// of a cluster this node does not know is nobody's it can
+			// check, and is not taken.
+			if unknown == nil {
+				unknown = map[uint64]bool{}
+			}
+			unknown[e.Index] = true
 		}
 		if err := a.checkEntry(e, b.Snapshot); err != nil {
 			// The entry is well-formed but breaks one of this node's own
@@ -609,6 +628,18 @@ func (a *Acceptor) Apply(sender string, b *transport.Batch) (transport.Ack, erro
 	if err != nil {
 		return ack, err
 	}
+	if b.Snapshot && !hwm.Commit.IsZero() {
+		// Snapshot streams record no commit: this is one of the sender's
+		// real streams, which a snapshot must not write into.
+		return ack, fmt.Errorf("%w: a snapshot batch in stream %s, one of %s's own streams", ErrForbidden, b.Stream, sender)
+	}
+	if hwm.Index == 0 {
+		if all, err := batch.HWMsOf(sender); err != nil {
+			return ack, err
+		} else if len(all) >= a.opts.MaxStreams {
+			return ack, fmt.Errorf("%w: %s already has %d streams here (the bound): a new one is refused", ErrForbidden, sender, len(all))
+		}
+	}
 	if b.End != nil && hwm.Index == 0 && len(ents) > 0 && ents[0].Index > 1 {
 		// The last batch of a re-seed whose trailer already committed here
 		// (its answer was lost, the sender resent it): the snapshot stream
@@ -630,7 +661,7 @@ func (a *Acceptor) Apply(sender string, b *transport.Batch) (transport.Ack, erro
 			return ack, err
 		}
 	}
-	var applied, stale, dups, deadLettered, droppedOwn int
+	var applied, stale, dups, deadLettered, droppedOwn, droppedUnknown int
 	start := hwm.Index
 	for _, e := range ents {
 		if e.Index == hwm.Index && !b.Snapshot && !hwm.Commit.IsZero() && e.Commit != hwm.Commit {
@@ -649,6 +680,11 @@ func (a *Acceptor) Apply(sender string, b *transport.Batch) (transport.Ack, erro
 			// relay old stamps, and only its trailer, once all of them are
 			// in, moves the sender's frontier (on its real stream).
 			hwm.Commit = e.Commit
+		}
+		if unknown[e.Index] {
+			droppedUnknown++
+			hwm.Merged++
+			continue
 		}
 		if own[e.Index] && phase != store.RejoinRequesting {
 			// A snapshot relaying this cluster's own writes, which this
@@ -729,6 +765,7 @@ func (a *Acceptor) Apply(sender string, b *transport.Batch) (transport.Ack, erro
 		c.Stale += uint64(stale)
 		c.Duplicates += uint64(dups)
 		c.DroppedOwn += uint64(dropped + droppedOwn)
+		c.DroppedUnknown += uint64(droppedUnknown)
 		c.DeadLettered += uint64(deadLettered)
 	})
 	return ack, nil
@@ -844,13 +881,24 @@ func (a *Acceptor) trailer(batch *store.Batch, sender string, b *transport.Batch
 	return requested, rejoin, nil
 }
 
+// author is the cluster whose write a snapshot entry relays.
+func (a *Acceptor) author(e *wal.Entry) string {
+	if e.Op == store.OpCounter {
+		return store.ComponentCluster(e.CounterComponent())
+	}
+	return e.LWW().Origin
+}
+
 // authoredHere reports whether a snapshot entry relays a write of this
 // cluster.
-func (a *Acceptor) authoredHere(e *wal.Entry) bool {
-	if e.Op == store.OpCounter {
-		return store.ComponentCluster(e.CounterComponent()) == a.opts.Local
-	}
-	return e.LWW().Origin == a.opts.Local
+func (a *Acceptor) authoredHere(e *wal.Entry) bool { return a.author(e) == a.opts.Local }
+
+// known reports whether cluster is a peer this node takes writes from.
+func (a *Acceptor) known(cluster string) bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	_, ok := a.mu.secrets[cluster]
+	return ok
 }
 
 func (a *Acceptor) count(origin string, f func(*Counts)) {

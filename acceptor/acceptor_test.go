@@ -289,3 +289,55 @@ func FuzzApply(f *testing.F) {
 		}
 	})
 }
+
+// TestSnapshotTrust: what a peer credential may do with a snapshot batch is
+// relay writes of the clusters of the mesh, in a one-off stream, within a
+// bounded number of streams. It may not bring back this node's own writes
+// unasked, write under a cluster this node does not know, write into one of
+// its real streams, or grow this node's state by inventing streams.
+func TestSnapshotTrust(t *testing.T) {
+	f := newFixture(t)
+	f.acc.opts.MaxStreams = 3
+	snap := wal.StreamID{0x5}
+	ts := hlc.Timestamp{Wall: f.pc.Now() - int64(time.Minute)}
+	ent := func(i uint64, key, author string) wal.Entry {
+		e := wal.Entry{Index: i, Origin: "b", Stream: snap, Commit: ts, Stamp: ts, Op: store.OpSet, Key: key, Value: []byte(author)}
+		if author != "b" {
+			e.StampOrigin = author
+		}
+		return e
+	}
+	post := func(stream wal.StreamID, ents ...wal.Entry) (int, map[string]any) {
+		for i := range ents {
+			ents[i].Stream = stream
+		}
+		body := transport.EncodeBatch(&transport.Batch{Header: transport.Header{Sender: "b", Stream: stream, Snapshot: true}, Entries: ents})
+		return f.post(body, "X-Replicator-Origin", "b", "Authorization", "Bearer secret-b")
+	}
+	if st, out := post(snap, ent(1, "from-b", "b"), ent(2, "from-c", "c"), ent(3, "mine", "a"), ent(4, "from-z", "z")); st != 200 {
+		t.Fatalf("snapshot batch: %d %v", st, out)
+	}
+	for key, want := range map[string]bool{"from-b": true, "from-c": true, "mine": false, "from-z": false} {
+		_, err := f.st.Get(key)
+		if (err == nil) != want {
+			t.Errorf("%s applied: %v, want %v", key, err == nil, want)
+		}
+	}
+	if c := f.acc.Counts()["b"]; c.DroppedOwn != 1 || c.DroppedUnknown != 1 {
+		t.Errorf("counts %+v: want one own write and one of an unknown cluster dropped", c)
+	}
+	// b's real stream, as a snapshot: refused.
+	if st, _ := f.postBatch(f.entry(1, "k", "v")); st != 200 {
+		t.Fatal(st)
+	}
+	if st, out := post(streamB, ent(2, "inject", "b")); st != 403 {
+		t.Fatalf("a snapshot into b's real stream: %d %v", st, out)
+	}
+	// A third stream of b, then no more.
+	if st, _ := post(wal.StreamID{0x6}, ent(1, "s3", "b")); st != 200 {
+		t.Fatal(st)
+	}
+	if st, out := post(wal.StreamID{0x7}, ent(1, "s4", "b")); st != 403 {
+		t.Fatalf("a fourth stream past the bound of 3: %d %v", st, out)
+	}
+}
