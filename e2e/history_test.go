@@ -161,6 +161,7 @@ func (h *history) check(final map[string]client.Item, counters map[string]int64,
 	}
 	var ackedInc = map[string]int64{}
 	var unknownInc = map[string]int64{}
+	byCluster := map[string]map[string]int64{} // counter -> cluster -> acknowledged
 	for i := range h.ops {
 		op := &h.ops[i]
 		if op.Outcome == outFailed {
@@ -207,6 +208,10 @@ func (h *history) check(final map[string]client.Item, counters map[string]int64,
 		case "incr":
 			if op.Outcome == outOK {
 				ackedInc[op.Key] += op.Delta
+				if byCluster[op.Key] == nil {
+					byCluster[op.Key] = map[string]int64{}
+				}
+				byCluster[op.Key][op.Cluster] += op.Delta
 			} else {
 				unknownInc[op.Key] += op.Delta
 			}
@@ -247,7 +252,8 @@ func (h *history) check(final map[string]client.Item, counters map[string]int64,
 	for k, v := range counters {
 		lo, hi := ackedInc[k], ackedInc[k]+unknownInc[k]
 		if v < lo || v > hi {
-			bad = append(bad, fmt.Sprintf("counter %s = %d, outside [%d acknowledged, %d with every unknown increment]", k, v, lo, hi))
+			bad = append(bad, fmt.Sprintf("counter %s = %d, outside [%d acknowledged, %d with every unknown increment]; acknowledged by cluster %v",
+				k, v, lo, hi, byCluster[k]))
 		}
 	}
 	for k, v := range ackedInc {
