@@ -756,7 +756,7 @@ func (a *Acceptor) Apply(sender string, b *transport.Batch) (transport.Ack, erro
 	if !hwm.Commit.IsZero() {
 		ack.HWMCommit = hwm.Commit.String()
 	}
-	if ack.SeenOrigin, err = a.seenOrigin(batch, sender, b.Stream); err != nil {
+	if ack.OriginFrontier, err = a.originFrontier(batch, sender, b.Stream); err != nil {
 		return ack, err
 	}
 	a.count(sender, func(c *Counts) {
@@ -786,7 +786,7 @@ func (a *Acceptor) heartbeat(sender string, b *transport.Batch, ack transport.Ac
 	if !hwm.Commit.IsZero() {
 		ack.HWMCommit = hwm.Commit.String()
 	}
-	if ack.SeenOrigin, err = a.seenOrigin(batch, sender, b.Stream); err != nil {
+	if ack.OriginFrontier, err = a.originFrontier(batch, sender, b.Stream); err != nil {
 		return ack, err
 	}
 	flags, err := batch.ReseedRequest(sender)
@@ -820,17 +820,23 @@ func (a *Acceptor) heartbeat(sender string, b *transport.Batch, ack transport.Ac
 	return ack, nil
 }
 
-// seenOrigin reports whether this node holds entries of the sender's
-// cluster from a stream other than this one (and not a re-seed's snapshot
-// stream, which records no frontier).
-func (a *Acceptor) seenOrigin(batch *store.Batch, sender string, stream wal.StreamID) (bool, error) {
+// originFrontier is the highest commit HLC of the sender's cluster this
+// node applied, over its streams other than this one ("" when none): the
+// sender's current stream is its own business (a conflict there is caught
+// by index and commit); a later write on another stream than the sender
+// remembers means it lost that stream.
+func (a *Acceptor) originFrontier(batch *store.Batch, sender string, current wal.StreamID) (string, error) {
 	hs, err := batch.HWMsOf(sender)
+	var f hlc.Timestamp
 	for _, h := range hs {
-		if h.Stream != stream && !h.Commit.IsZero() {
-			return true, err
+		if h.Stream != current && f.Less(h.Commit) {
+			f = h.Commit
 		}
 	}
-	return false, err
+	if f.IsZero() {
+		return "", err
+	}
+	return f.String(), err
 }
 
 // trailer commits the end of a re-seed in the batch of its last entries: the

@@ -515,3 +515,45 @@ func TestStaleRejoinRecordCleared(t *testing.T) {
 	}
 	m.converged(10 * time.Second) // includes: no rejoin record left anywhere
 }
+
+// TestRestoredEpochNotReused (events 3 and 4): the counter epoch lives in the
+// data directory, so a restored backup remembers an older one. When the
+// restored node counts under a new epoch (a peer is silent), it must not be
+// one its later life already used: the peer holds that epoch's totals and a
+// max-merge would absorb the new increments.
+func TestRestoredEpochNotReused(t *testing.T) {
+	m := newTestMesh(t, hlc.SystemClock{}, func(o *Options) { o.IdentityCheckWait = 100 * time.Millisecond }, "a", "b")
+	ctx := context.Background()
+	incr := func(n int) {
+		for i := 0; i < n; i++ {
+			if _, err := m.nodes["a"].Increment(ctx, "hits", 1); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	incr(5)
+	m.settle()
+	backup := t.TempDir() + "/backup"
+	m.restart("a", func(dir string) { copyDir(t, dir, backup) })
+	// a later life: restarted while b is silent (a new epoch), counting
+	m.cut("a", "b", true)
+	m.restart("a", nil)
+	incr(5)
+	m.cut("a", "b", false)
+	m.settle()
+	// restored, b silent again: another new epoch, which must not be the
+	// later life's
+	m.cut("a", "b", true)
+	m.restart("a", func(dir string) {
+		os.RemoveAll(dir)
+		copyDir(t, backup, dir)
+	})
+	incr(3)
+	m.cut("a", "b", false)
+	m.converged(30 * time.Second)
+	for name, n := range m.nodes {
+		if c, err := n.Counter("hits"); err != nil || c.Value != 13 {
+			t.Fatalf("%s: %+v %v, want 13", name, c, err)
+		}
+	}
+}

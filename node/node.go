@@ -182,12 +182,6 @@ func Open(ctx context.Context, opts *Options) (*Node, error) {
 func (n *Node) walDir() string { return filepath.Join(n.opts.DataDir, "wal") }
 
 func (n *Node) openWAL() error {
-	if _, err := os.Stat(filepath.Join(n.walDir(), "STREAM")); errors.Is(err, os.ErrNotExist) {
-		// A new stream is about to be minted: ask the peers first.
-		if err := n.markUnverified(); err != nil {
-			return err
-		}
-	}
 	l, err := wal.Open(n.walDir(), &wal.Options{
 		Origin:      n.cluster,
 		SegmentSize: n.opts.WALSegmentSize,

@@ -33,7 +33,14 @@ func TestMain(m *testing.M) {
 	)
 }
 
-var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
+var quiet = slog.New(slog.NewTextHandler(testLogOut(), &slog.HandlerOptions{Level: slog.LevelDebug}))
+
+func testLogOut() io.Writer {
+	if os.Getenv("NODE_TEST_LOG") != "" {
+		return os.Stderr
+	}
+	return io.Discard
+}
 
 func testOptions(dir string) *Options {
 	return &Options{ClusterID: "a", DataDir: dir, Listen: "127.0.0.1:0", Logger: quiet}

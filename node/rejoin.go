@@ -3,13 +3,13 @@ package node
 import (
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"os"
-	"path/filepath"
 	"sort"
 	"sync"
 	"time"
 
-	"github.com/replicator/replicator/internal/atomicfile"
+	"github.com/replicator/replicator/hlc"
 	"github.com/replicator/replicator/store"
 	"github.com/replicator/replicator/transport"
 	"github.com/replicator/replicator/wal"
@@ -33,31 +33,20 @@ import (
 // the others. Both sides keep tombstones until the rejoin ends. Every step
 // is recorded in the store (R and J records), so restarts resume it.
 
-// rejoinState is what the node remembers in memory of the rejoin records.
+// rejoinState is what the node remembers in memory about its identity.
 type rejoinState struct {
 	mu struct {
 		sync.Mutex
-		// unverified: the WAL is new and no peer has said yet whether this
-		// cluster had other streams (persisted as the file UNVERIFIED).
-		unverified bool
-		answered   map[string]bool // links that answered since start
-		fenceOpen  bool
+		answered  map[string]bool // links that answered since start
+		fenceOpen bool
+		lossSeen  bool // a peer showed this node lost data: rejoin started
 	}
 	fence chan struct{} // closed once writes may be stamped
-}
-
-const unverifiedFile = "UNVERIFIED"
-
-func (n *Node) unverifiedPath() string { return filepath.Join(n.opts.DataDir, unverifiedFile) }
-
-// markUnverified records, durably and before a new WAL stream exists, that
-// the node must learn from its peers whether its cluster lost data: a crash
-// between the two must not leave a new stream without the question.
-func (n *Node) markUnverified() error {
-	if err := atomicfile.Write(n.unverifiedPath(), []byte("the WAL is new: did this cluster lose data that peers hold?\n")); err != nil {
-		return fmt.Errorf("node: mark the new stream unverified: %w", err)
-	}
-	return nil
+	// startHLC is the highest stamp this directory remembered at start
+	// (after recovery): a peer holding a write of this cluster stamped
+	// above it holds a write of a later life of the directory, which a
+	// restore from a backup or a wipe lost.
+	startHLC hlc.Timestamp
 }
 
 // IdentityCheckWait is how long writes wait at start, when the node reopens
@@ -72,9 +61,7 @@ func (n *Node) initIdentity(created bool) error {
 	rs := &n.rejoin
 	rs.fence = make(chan struct{})
 	rs.mu.answered = map[string]bool{}
-	if _, err := os.Stat(n.unverifiedPath()); err == nil {
-		rs.mu.unverified = true
-	}
+	rs.startHLC = n.clock.Last()
 	if created || len(n.opts.Peers) == 0 || n.opts.IdentityCheckWait < 0 {
 		// A new stream's indexes were never used: nothing to check first.
 		n.openFence()
@@ -105,7 +92,13 @@ func (n *Node) fenceTimeout() {
 	rs.mu.Unlock()
 	if len(silent) > 0 {
 		stream := n.wal.Stream()
-		epoch := n.ctrEpoch.Load() + 1
+		// Random, not the next number: the epoch is stored in the data
+		// directory, and a restored backup would count up to an epoch its
+		// later life already used, whose totals the peers hold.
+		epoch := rand.Uint32()
+		for epoch == 0 || epoch == n.ctrEpoch.Load() {
+			epoch = rand.Uint32()
+		}
 		if err := n.store.SetCounterEpoch(stream, epoch); err != nil {
 			n.log.Error("recording a new counter epoch", "err", err)
 		} else {
@@ -128,10 +121,12 @@ func (n *Node) openFence() {
 }
 
 // onAck learns from a peer's answer: once every link answered, writes go
-// ahead; a peer that holds other streams of this cluster while the WAL is
-// new means the node lost data, and it rejoins.
+// ahead; a peer holding a write of this cluster stamped above anything this
+// directory remembered at start means the directory lost data (restored
+// from an older backup, or wiped), and the node rejoins.
 func (n *Node) onAck(peer string, ack *transport.Ack) {
 	rs := &n.rejoin
+	theirs, _ := hlc.Parse(ack.OriginFrontier)
 	rs.mu.Lock()
 	rs.mu.answered[peer] = true
 	all := true
@@ -140,24 +135,17 @@ func (n *Node) onAck(peer string, ack *transport.Ack) {
 			all = false
 		}
 	}
-	unverified := rs.mu.unverified
-	lost := unverified && ack.SeenOrigin
-	if lost || (unverified && all) {
-		rs.mu.unverified = false
+	lost := !rs.mu.lossSeen && rs.startHLC.Less(theirs)
+	if lost {
+		rs.mu.lossSeen = true
 	}
 	rs.mu.Unlock()
 	if all {
 		n.openFence()
 	}
 	if lost {
-		// The rejoin is recorded before the marker goes: a crash between
-		// the two asks again, never forgets.
-		n.startRejoin(fmt.Sprintf("the WAL is new and peer %s holds other streams of cluster %s: this node lost data", peer, n.cluster))
-	}
-	if lost || (unverified && all) {
-		if err := os.Remove(n.unverifiedPath()); err != nil && !errors.Is(err, os.ErrNotExist) {
-			n.log.Warn("removing the identity marker", "err", err)
-		}
+		n.startRejoin(fmt.Sprintf("peer %s holds a write of cluster %s stamped %s, after anything this data directory remembers (%s): "+
+			"it lost data (a wipe, or a restore from an older backup)", peer, n.cluster, theirs, rs.startHLC))
 	}
 }
 
@@ -209,13 +197,10 @@ func (n *Node) sealStream(old wal.StreamID, why string) error {
 		c.fail(fmt.Errorf("open a new WAL after sealing stream %s: %w", old, err))
 		return err
 	}
-	// The rejoin is recorded: the new stream needs no question to the peers.
+	// The rejoin is recorded: the peers' answers need not start another.
 	n.rejoin.mu.Lock()
-	n.rejoin.mu.unverified = false
+	n.rejoin.mu.lossSeen = true
 	n.rejoin.mu.Unlock()
-	if err := os.Remove(n.unverifiedPath()); err != nil && !errors.Is(err, os.ErrNotExist) {
-		n.log.Warn("removing the identity marker", "err", err)
-	}
 	b := n.store.NewBatch()
 	err := errors.Join(b.SetLocalApplied(store.AppliedIndex{Stream: n.wal.Stream()}), b.Commit(true))
 	b.Close()

@@ -43,8 +43,8 @@ const MaxComponentLen = 128
 // epoch > 0 names a fresh set of totals within one stream: a node that
 // restarts and cannot confirm with every peer, before it takes writes, that
 // none holds entries of its stream it does not (a restored backup whose
-// peer is unreachable), counts under a new epoch, so that increments it
-// takes meanwhile cannot be absorbed by totals that peer holds.
+// peer is unreachable), counts under a new, random epoch, so that increments
+// it takes meanwhile cannot be absorbed by totals that peer holds.
 func Component(cluster string, stream [16]byte, epoch uint32) string {
 	c := cluster + "/" + hex.EncodeToString(stream[:])
 	if epoch > 0 {

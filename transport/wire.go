@@ -332,9 +332,11 @@ type Ack struct {
 	// data directory wrote under the same index, and knows how far its
 	// deletes have reached the receiver.
 	HWMCommit string `json:"hwm_commit,omitempty"`
-	// SeenOrigin: the receiver holds entries of the sender's cluster from
-	// other streams (a node that starts empty learns it lost its data).
-	SeenOrigin bool `json:"seen_origin,omitempty"`
+	// OriginFrontier is the highest commit HLC of the sender's cluster the
+	// receiver applied, over its streams other than the batch's
+	// ("wall.logical"): a sender that remembers nothing stamped that late
+	// lost data (wiped, or restored from an older backup) and rejoins.
+	OriginFrontier string `json:"origin_frontier,omitempty"`
 	// ReseedRecorded answers a heartbeat's re-seed request: recorded.
 	ReseedRecorded bool `json:"reseed_recorded,omitempty"`
 	// Limits are what the receiver accepts, so the sender can refuse a
