@@ -331,3 +331,29 @@ func TestPprofNeedsToken(t *testing.T) {
 		t.Fatalf("--pprof without a token: %v", err)
 	}
 }
+
+// TestIdleConnectionsDoNotLockOut: at the connection bound, idle keep-alive
+// connections give way to a new client (a health check must not wait two
+// minutes behind them).
+func TestIdleConnectionsDoNotLockOut(t *testing.T) {
+	o := testOptions(t.TempDir())
+	o.MaxConnections = 4
+	n := openNode(t, o)
+	defer n.Close()
+	if err := n.Start(); err != nil {
+		t.Fatal(err)
+	}
+	var idle []*http.Transport
+	for i := 0; i < 8; i++ { // twice the bound, each left idle
+		tr := &http.Transport{}
+		defer tr.CloseIdleConnections()
+		c := &http.Client{Transport: tr, Timeout: 3 * time.Second}
+		resp, err := c.Get(n.URL() + "/healthz")
+		if err != nil {
+			t.Fatalf("client %d behind %d idle connections at a bound of 4: %v", i, len(idle), err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		idle = append(idle, tr)
+	}
+}

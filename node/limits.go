@@ -2,7 +2,9 @@ package node
 
 import (
 	"io"
+	"net"
 	"net/http"
+	"sync"
 	"time"
 )
 
@@ -59,3 +61,96 @@ func (n *Node) limitBody(w http.ResponseWriter, r *http.Request) {
 // refuseEarly marks an answer sent without reading the request's body: the
 // connection closes after it rather than waiting for the body to drain.
 func refuseEarly(w http.ResponseWriter) { w.Header().Set("Connection", "close") }
+
+// connLimiter bounds the connections a listener holds. At the bound, a new
+// connection takes the place of the longest-idle keep-alive connection
+// (which a client reopens when it needs it) rather than wait behind it:
+// idle connections must not lock out a health check or a new client. With
+// none idle, Accept waits until one closes.
+type connLimiter struct {
+	net.Listener
+	max int
+
+	mu struct {
+		sync.Mutex
+		open int
+		idle map[net.Conn]time.Time
+	}
+	freed chan struct{} // signalled when a connection closes
+}
+
+func newConnLimiter(ln net.Listener, max int) *connLimiter {
+	l := &connLimiter{Listener: ln, max: max, freed: make(chan struct{}, 1)}
+	l.mu.idle = map[net.Conn]time.Time{}
+	return l
+}
+
+func (l *connLimiter) Accept() (net.Conn, error) {
+	for {
+		l.mu.Lock()
+		if l.mu.open < l.max {
+			l.mu.open++
+			l.mu.Unlock()
+			c, err := l.Listener.Accept()
+			if err != nil {
+				l.release()
+				return nil, err
+			}
+			return &limitedConn{Conn: c, l: l}, nil
+		}
+		var oldest net.Conn
+		var at time.Time
+		for c, t := range l.mu.idle {
+			if oldest == nil || t.Before(at) {
+				oldest, at = c, t
+			}
+		}
+		if oldest != nil {
+			delete(l.mu.idle, oldest)
+		}
+		l.mu.Unlock()
+		if oldest != nil {
+			oldest.Close() // frees its place
+			continue
+		}
+		<-l.freed
+	}
+}
+
+func (l *connLimiter) release() {
+	l.mu.Lock()
+	l.mu.open--
+	l.mu.Unlock()
+	select {
+	case l.freed <- struct{}{}:
+	default:
+	}
+}
+
+// connState is the server's ConnState hook: it tracks idle connections.
+func (l *connLimiter) connState(c net.Conn, s http.ConnState) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if s == http.StateIdle {
+		l.mu.idle[c] = time.Now()
+	} else {
+		delete(l.mu.idle, c)
+	}
+}
+
+type limitedConn struct {
+	net.Conn
+	l    *connLimiter
+	once sync.Once
+}
+
+func (c *limitedConn) Close() error {
+	err := c.Conn.Close()
+	c.once.Do(func() {
+		c.l.mu.Lock()
+		delete(c.l.mu.idle, c)
+		c.l.mu.Unlock()
+		c.l.release()
+	})
+	return err
+}

@@ -21,8 +21,6 @@ import (
 	"time"
 	"unicode/utf8"
 
-	"golang.org/x/net/netutil"
-
 	"github.com/replicator/replicator/acceptor"
 	"github.com/replicator/replicator/hlc"
 	"github.com/replicator/replicator/origin"
@@ -85,6 +83,8 @@ type Node struct {
 	peerServeErr chan error
 	pprofSrv     *http.Server
 	pprofErr     chan error
+	limitersMu   sync.Mutex
+	limiters     map[net.Listener]*connLimiter // of each bounded listener, by the listener served
 	inflight     sync.WaitGroup // HTTP handlers running
 	closeMu      sync.Mutex
 	closed       bool
@@ -355,11 +355,21 @@ func (n *Node) listen(given net.Listener, addr string, peer bool) (net.Listener,
 			return nil, fmt.Errorf("node: listen %s: %w", addr, err)
 		}
 	}
+	var cl *connLimiter
 	if n.opts.MaxConnections > 0 {
-		ln = netutil.LimitListener(ln, n.opts.MaxConnections)
+		cl = newConnLimiter(ln, n.opts.MaxConnections)
+		ln = cl
 	}
 	if c := n.serverTLS(peer); c != nil {
 		ln = tls.NewListener(ln, c)
+	}
+	if cl != nil {
+		n.limitersMu.Lock()
+		if n.limiters == nil {
+			n.limiters = map[net.Listener]*connLimiter{}
+		}
+		n.limiters[ln] = cl
+		n.limitersMu.Unlock()
 	}
 	return ln, nil
 }
@@ -377,6 +387,11 @@ func (n *Node) serve(ln net.Listener, h http.Handler, errc *chan error) *http.Se
 		IdleTimeout:       2 * time.Minute,
 		ErrorLog:          slog.NewLogLogger(n.log.Handler(), slog.LevelDebug),
 	}
+	n.limitersMu.Lock()
+	if cl := n.limiters[ln]; cl != nil {
+		srv.ConnState = cl.connState
+	}
+	n.limitersMu.Unlock()
 	*errc = make(chan error, 1)
 	ch := *errc
 	go func() {
