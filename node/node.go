@@ -85,7 +85,7 @@ type Node struct {
 	pprofErr     chan error
 	limitersMu   sync.Mutex
 	limiters     map[net.Listener]*connLimiter // of each bounded listener, by the listener served
-	inflight     sync.WaitGroup // HTTP handlers running
+	inflight     sync.WaitGroup                // HTTP handlers running
 	closeMu      sync.Mutex
 	closed       bool
 }
