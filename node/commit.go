@@ -363,11 +363,60 @@ func (c *committer) settleKeyed(p *proposal, keyed map[string]*proposal) bool {
 	}
 	if !bytes.Equal(rec.Fingerprint, p.idem.fingerprint) {
 		p.err = fmt.Errorf("%w: key %q", ErrIdempotencyConflict, p.idem.key)
+		close(p.done)
+		return true
+	}
+	if present, err := c.recordedWriteHere(p, &rec); err != nil {
+		p.err = fmt.Errorf("%w: %w", ErrNotWritten, err)
+	} else if !present {
+		// A record always arrives with its write, in one entry: one whose
+		// write is not here (nor anything newer on its key) was planted.
+		// Answering it would tell the caller a write happened that did
+		// not; the request is written as new.
+		c.n.log.Warn("idempotency record without its write here: ignored, the request is written",
+			"idempotency_key", p.idem.key, "recorded_version", rec.Stamp.String(), "key", p.entry.Key)
+		return false
 	} else {
 		p.replay = &rec
 	}
 	close(p.done)
 	return true
+}
+
+// recordedWriteHere reports whether the write a record answered is applied
+// here or superseded: the key (of a single-key write or a counter) holds a
+// stamp at least the record's, or a range delete at least as new covers it.
+// Writes of many keys are not checked.
+func (c *committer) recordedWriteHere(p *proposal, rec *store.IdemRecord) (bool, error) {
+	e := &p.entry
+	switch e.Op {
+	case store.OpSet, store.OpDelete:
+		st, ok, err := newOverlay(c.n).currentPlain(e.Key)
+		if err != nil {
+			return false, err
+		}
+		if ok && st.stamp.Compare(rec.Stamp) >= 0 {
+			return true, nil
+		}
+		// A newer range delete may have covered the write before it was
+		// ever stored.
+		for _, rt := range c.n.store.RangeTombstones() {
+			if rt.Covers(e.Key) && rt.Stamp.Compare(rec.Stamp) >= 0 {
+				return true, nil
+			}
+		}
+		return false, nil
+	case store.OpCounter:
+		ctr, err := c.n.store.Counter(e.Key)
+		if errors.Is(err, store.ErrNotFound) {
+			return false, nil
+		}
+		if err != nil {
+			return false, err
+		}
+		return ctr.Stamp.Compare(rec.Stamp) >= 0, nil
+	}
+	return true, nil
 }
 
 // answerReplays answers the proposals that replay a write of this group,
