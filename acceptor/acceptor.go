@@ -858,6 +858,32 @@ func (a *Acceptor) trailer(batch *store.Batch, sender string, b *transport.Batch
 	if err := batch.DeleteHWM(sender, b.Stream); err != nil {
 		return false, false, err
 	}
+	// The sender's marks of other clusters' streams: the snapshot holds the
+	// effects of their entries up to there.
+	for _, m := range b.Marks {
+		if m.Origin == a.opts.Local || m.Origin == sender || !a.known(m.Origin) {
+			continue
+		}
+		h, err := batch.HWM(m.Origin, m.Stream)
+		if err != nil {
+			return false, false, err
+		}
+		if m.Index <= h.Index {
+			continue
+		}
+		if h.Index == 0 {
+			if all, err := batch.HWMsOf(m.Origin); err != nil {
+				return false, false, err
+			} else if len(all) >= a.opts.MaxStreams {
+				continue
+			}
+		}
+		h.Seeded += m.Index - h.Index
+		h.Index, h.Commit = m.Index, m.Commit
+		if err := batch.SetHWM(h); err != nil {
+			return false, false, err
+		}
+	}
 	if b.Requested {
 		phase, err := batch.RejoinPhase(sender)
 		if err != nil {

@@ -96,8 +96,11 @@ type CounterResult struct {
 	Key     string              `json:"key"`
 	Value   int64               `json:"value"`
 	Version string              `json:"version"`
-	Totals  map[string]store.PN `json:"totals"`           // per cluster
-	Origin  string              `json:"origin,omitempty"` // of the increment
+	Totals  map[string]store.PN `json:"totals"` // per cluster
+	// Components are the totals per stream (and epoch) of each cluster, as
+	// they merge (docs/DATAMODEL.md).
+	Components map[string]store.PN `json:"components,omitempty"`
+	Origin     string              `json:"origin,omitempty"` // of the increment
 }
 
 // Increment adds delta (negative decrements) to the PN-counter at key. The
@@ -160,7 +163,7 @@ func (n *Node) Counter(key string) (CounterResult, error) {
 		sum.N += t.N
 		totals[cl] = sum
 	}
-	return CounterResult{Key: key, Value: c.Value(), Version: c.Stamp.String(), Totals: totals}, nil
+	return CounterResult{Key: key, Value: c.Value(), Version: c.Stamp.String(), Totals: totals, Components: c.Totals}, nil
 }
 
 // BatchOp is one write of an atomic batch.

@@ -140,12 +140,20 @@ func (n *Node) onAck(peer string, ack *transport.Ack) {
 		rs.mu.lossSeen = true
 	}
 	rs.mu.Unlock()
+	if lost {
+		// Seal before writes go ahead: this directory's stream (and its
+		// counter totals) may have a later life a peer holds, even where
+		// no peer holds its entries (totals relayed by a re-seed), and
+		// continuing it could reuse what that life used.
+		why := fmt.Sprintf("peer %s holds a write of cluster %s stamped %s, after anything this data directory remembers (%s): "+
+			"it lost data (a wipe, or a restore from an older backup)", peer, n.cluster, theirs, rs.startHLC)
+		if err := n.sealStream(n.wal.Stream(), why); err != nil {
+			n.log.Error("sealing the stream after a loss of data", "err", err)
+			n.startRejoin(why)
+		}
+	}
 	if all {
 		n.openFence()
-	}
-	if lost {
-		n.startRejoin(fmt.Sprintf("peer %s holds a write of cluster %s stamped %s, after anything this data directory remembers (%s): "+
-			"it lost data (a wipe, or a restore from an older backup)", peer, n.cluster, theirs, rs.startHLC))
 	}
 }
 

@@ -856,6 +856,27 @@ func (sn *Snapshot) Counters() (map[string]Counter, error) {
 	return out, it.Error()
 }
 
+// Marks lists the snapshot's high-water marks of real streams (a re-seed's
+// own snapshot streams, which record no commit, are left out).
+func (sn *Snapshot) Marks() ([]HWM, error) {
+	it, err := sn.snap.NewIter(&pebble.IterOptions{LowerBound: []byte{prefixHWM}, UpperBound: []byte{prefixHWM + 1}})
+	if err != nil {
+		return nil, err
+	}
+	defer it.Close()
+	var out []HWM
+	for valid := it.First(); valid; valid = it.Next() {
+		h, err := decodeHWM(it.Key(), it.Value())
+		if err != nil {
+			return nil, err
+		}
+		if !h.Commit.IsZero() {
+			out = append(out, h)
+		}
+	}
+	return out, it.Error()
+}
+
 // Ranges lists the snapshot's range tombstones.
 func (sn *Snapshot) Ranges() ([]RangeTombstone, error) {
 	it, err := sn.snap.NewIter(&pebble.IterOptions{LowerBound: []byte{prefixRange}, UpperBound: []byte{prefixRange + 1}})

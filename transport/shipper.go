@@ -1183,6 +1183,16 @@ func (s *Shipper) reseed(ctx context.Context) error {
 		h := Header{Sender: s.opts.Local, Stream: snapStream, Snapshot: true, Requested: requested, Rejoin: rejoin}
 		if done {
 			h.End = &SnapshotEnd{Stream: stream, Index: applied.Index, Commit: applied.Commit}
+			marks, err := snap.Marks()
+			if err != nil {
+				return s.reseedDone(err)
+			}
+			for _, m := range marks {
+				// The receiver's own streams are its business.
+				if m.Origin != s.peer.Name && len(h.Marks) < MaxMarks {
+					h.Marks = append(h.Marks, Mark{Origin: m.Origin, Stream: m.Stream, Index: m.Index, Commit: m.Commit})
+				}
+			}
 		}
 		body := AppendHeader(nil, &h, len(ents))
 		for _, p := range ents {

@@ -53,6 +53,13 @@ type Header struct {
 	// receiver raises that stream's high-water mark to it in the same
 	// commit as the batch's entries, so shipping resumes right after it.
 	End *SnapshotEnd
+	// Marks, with End, are the sender's high-water marks of other
+	// clusters' streams as of the snapshot (mk): the snapshot's state holds
+	// the effects of those entries, so the receiver raises its own marks to
+	// them, and it then knows how far each stream went even where it got
+	// the stream's effects only relayed (a node restored from a backup is
+	// caught by any peer, not only by those it shipped to).
+	Marks []Mark
 	// Requested marks a re-seed the receiver asked for (req). Only such a
 	// re-seed may bring back writes of the receiver's own origin, and the
 	// receiver also checks that it did ask.
@@ -77,6 +84,17 @@ const (
 	RejoinSeeding    = 2
 )
 
+// Mark is a high-water mark of one cluster's stream.
+type Mark struct {
+	Origin string
+	Stream wal.StreamID
+	Index  uint64
+	Commit hlc.Timestamp
+}
+
+// MaxMarks bounds the marks of one trailer.
+const MaxMarks = 1 << 16
+
 // SnapshotEnd is a position in a stream: an index and its commit HLC.
 type SnapshotEnd struct {
 	Stream wal.StreamID
@@ -96,7 +114,7 @@ func AppendHeader(dst []byte, h *Header, n int) []byte {
 	var buf bytes.Buffer
 	enc := msgpack.NewEncoder(&buf)
 	fields := 4
-	for _, on := range []bool{h.Snapshot, h.End != nil, h.Requested, h.Rejoin, h.Rejoining != 0} {
+	for _, on := range []bool{h.Snapshot, h.End != nil, h.Requested, h.Rejoin, h.Rejoining != 0, len(h.Marks) > 0} {
 		if on {
 			fields++
 		}
@@ -133,9 +151,66 @@ func AppendHeader(dst []byte, h *Header, n int) []byte {
 		_ = enc.EncodeString("rq")
 		_ = enc.EncodeUint(uint64(h.Rejoining))
 	}
+	if len(h.Marks) > 0 {
+		_ = enc.EncodeString("mk")
+		_ = enc.EncodeArrayLen(len(h.Marks))
+		for _, m := range h.Marks {
+			_ = enc.EncodeArrayLen(5)
+			_ = enc.EncodeString(m.Origin)
+			_ = enc.EncodeBytes(m.Stream[:])
+			_ = enc.EncodeUint(m.Index)
+			_ = enc.EncodeInt(m.Commit.Wall)
+			_ = enc.EncodeUint(uint64(m.Commit.Logical))
+		}
+	}
 	_ = enc.EncodeString("entries")
 	_ = enc.EncodeArrayLen(n)
 	return append(dst, buf.Bytes()...)
+}
+
+func decodeMarks(dec *msgpack.Decoder) ([]Mark, error) {
+	n, err := dec.DecodeArrayLen()
+	if err != nil {
+		return nil, err
+	}
+	if n < 1 || n > MaxMarks {
+		return nil, fmt.Errorf("marks array of %d", n)
+	}
+	out := make([]Mark, 0, min(n, 1024))
+	for i := 0; i < n; i++ {
+		if l, err := dec.DecodeArrayLen(); err != nil || l != 5 {
+			return nil, fmt.Errorf("mark %d: want an array of 5 (%v)", i, err)
+		}
+		var m Mark
+		if m.Origin, err = dec.DecodeString(); err != nil {
+			return nil, err
+		}
+		if err := origin.Validate(m.Origin); err != nil {
+			return nil, fmt.Errorf("mark %d: %v", i, err)
+		}
+		s, err := dec.DecodeBytes()
+		if err != nil {
+			return nil, err
+		}
+		if len(s) != len(m.Stream) {
+			return nil, fmt.Errorf("mark %d: stream of %d bytes", i, len(s))
+		}
+		copy(m.Stream[:], s)
+		if m.Index, err = dec.DecodeUint64(); err != nil {
+			return nil, err
+		}
+		if m.Commit.Wall, err = dec.DecodeInt64(); err != nil {
+			return nil, err
+		}
+		if m.Commit.Logical, err = dec.DecodeUint32(); err != nil {
+			return nil, err
+		}
+		if m.Stream.IsZero() || m.Index == 0 || m.Commit.Wall <= 0 {
+			return nil, fmt.Errorf("mark %d out of range", i)
+		}
+		out = append(out, m)
+	}
+	return out, nil
 }
 
 func decodeEnd(dec *msgpack.Decoder) (*SnapshotEnd, error) {
@@ -197,7 +272,7 @@ func DecodeBatch(body []byte) (*Batch, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrMalformed, err)
 	}
-	if n < 0 || n > 10 {
+	if n < 0 || n > 11 {
 		return nil, fmt.Errorf("%w: batch map of %d fields", ErrMalformed, n)
 	}
 	var (
@@ -234,6 +309,8 @@ func DecodeBatch(body []byte) (*Batch, error) {
 			b.Snapshot, err = dec.DecodeBool()
 		case "end":
 			b.End, err = decodeEnd(dec)
+		case "mk":
+			b.Marks, err = decodeMarks(dec)
 		case "req":
 			b.Requested, err = dec.DecodeBool()
 		case "rj":
@@ -273,6 +350,9 @@ func DecodeBatch(body []byte) (*Batch, error) {
 	}
 	if b.Rejoining != 0 && b.Snapshot {
 		return nil, fmt.Errorf("%w: a rejoin phase on a snapshot batch", ErrMalformed)
+	}
+	if len(b.Marks) > 0 && b.End == nil {
+		return nil, fmt.Errorf("%w: marks outside a re-seed's trailer", ErrMalformed)
 	}
 	if (b.End != nil || b.Requested || b.Rejoin) && !b.Snapshot {
 		return nil, fmt.Errorf("%w: re-seed fields on a batch that is not a snapshot", ErrMalformed)
