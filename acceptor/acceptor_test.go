@@ -341,3 +341,43 @@ func TestSnapshotTrust(t *testing.T) {
 		t.Fatalf("a fourth stream past the bound of 3: %d %v", st, out)
 	}
 }
+
+// TestTrailerMarks: a re-seed's trailer raises the receiver's marks of other
+// known clusters' streams to the sender's (the snapshot carried their
+// effects), never of its own streams or of clusters it does not know.
+func TestTrailerMarks(t *testing.T) {
+	f := newFixture(t)
+	snap := wal.StreamID{0x5}
+	ts := hlc.Timestamp{Wall: f.pc.Now() - int64(time.Minute)}
+	sc, sa, sz := wal.StreamID{0xc}, wal.StreamID{0xa}, wal.StreamID{0xf}
+	body := transport.EncodeBatch(&transport.Batch{Header: transport.Header{Sender: "b", Stream: snap, Snapshot: true,
+		End: &transport.SnapshotEnd{Stream: streamB, Index: 3, Commit: ts},
+		Marks: []transport.Mark{
+			{Origin: "c", Stream: sc, Index: 40, Commit: ts},
+			{Origin: "a", Stream: sa, Index: 9, Commit: ts},
+			{Origin: "zz", Stream: sz, Index: 9, Commit: ts},
+		}}})
+	if st, out := f.post(body, "X-Replicator-Origin", "b", "Authorization", "Bearer secret-b"); st != 200 {
+		t.Fatalf("trailer: %d %v", st, out)
+	}
+	hs, err := f.st.HWMs()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]store.HWM{}
+	for _, h := range hs {
+		got[h.Origin] = h
+	}
+	if c := got["c"]; c.Stream != sc || c.Index != 40 || c.Seeded != 40 || c.Commit != ts {
+		t.Errorf("c's mark: %+v", c)
+	}
+	if b := got["b"]; b.Stream != streamB || b.Index != 3 {
+		t.Errorf("b's own stream at the trailer: %+v", b)
+	}
+	if _, ok := got["a"]; ok {
+		t.Error("a mark of the receiver's own stream was taken")
+	}
+	if _, ok := got["zz"]; ok {
+		t.Error("a mark of an unknown cluster was taken")
+	}
+}

@@ -53,7 +53,8 @@ func FuzzDecodeBatch(f *testing.F) {
 	// a re-seed's last batch, requested and ending a rejoin, with a counter
 	// of a component and an oversize stub
 	f.Add(EncodeBatch(&Batch{Header: Header{Sender: "a", Stream: wal.StreamID{2}, Snapshot: true, Requested: true, Rejoin: true,
-		End: &SnapshotEnd{Stream: wal.StreamID{1}, Index: 40, Commit: hlc.Timestamp{Wall: 8, Logical: 1}}}, Entries: []wal.Entry{
+		End:   &SnapshotEnd{Stream: wal.StreamID{1}, Index: 40, Commit: hlc.Timestamp{Wall: 8, Logical: 1}},
+		Marks: []Mark{{Origin: "c", Stream: wal.StreamID{3}, Index: 7, Commit: hlc.Timestamp{Wall: 5}}}}, Entries: []wal.Entry{
 		{Index: 1, Origin: "a", Stream: wal.StreamID{2}, Commit: hlc.Timestamp{Wall: 9}, Op: store.OpCounter, Key: "c",
 			Ctr: &store.PN{P: 3}, CtrComp: "b/0123456789abcdef0123456789abcdef", StampOrigin: "b"},
 		{Index: 2, Origin: "a", Stream: wal.StreamID{2}, Commit: hlc.Timestamp{Wall: 9}, Op: store.OpSet, Key: "k", Oversize: 1 << 30}}}))
