@@ -188,7 +188,7 @@ func decodeMarks(dec *msgpack.Decoder) ([]Mark, error) {
 		if err := origin.Validate(m.Origin); err != nil {
 			return nil, fmt.Errorf("mark %d: %v", i, err)
 		}
-		s, err := dec.DecodeBytes()
+		s, err := wal.DecodeBytes(dec)
 		if err != nil {
 			return nil, err
 		}
@@ -222,7 +222,7 @@ func decodeEnd(dec *msgpack.Decoder) (*SnapshotEnd, error) {
 		return nil, fmt.Errorf("end of %d elements, want 4", n)
 	}
 	var e SnapshotEnd
-	s, err := dec.DecodeBytes()
+	s, err := wal.DecodeBytes(dec)
 	if err != nil {
 		return nil, err
 	}
@@ -300,7 +300,7 @@ func DecodeBatch(body []byte) (*Batch, error) {
 			b.Sender, err = dec.DecodeString()
 		case "stream":
 			var s []byte
-			s, err = dec.DecodeBytes()
+			s, err = wal.DecodeBytes(dec)
 			if err == nil && len(s) != len(b.Stream) {
 				err = fmt.Errorf("stream of %d bytes", len(s))
 			}

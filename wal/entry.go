@@ -305,6 +305,30 @@ func checkComponent(c string) error {
 	return nil
 }
 
+// DecodeBytes decodes a msgpack bin (or str) as bytes, refusing a length
+// beyond what remains of the input before allocating it: msgpack's own
+// DecodeBytes allocates whatever length the input declares, so 30 bytes that
+// claim 2 GiB would allocate 2 GiB. Every decoder here reads from a
+// bytes.Reader, whose remaining length bounds any field.
+func DecodeBytes(dec *msgpack.Decoder) ([]byte, error) {
+	n, err := dec.DecodeBytesLen()
+	if err != nil || n < 0 {
+		return nil, err
+	}
+	rest := maxFieldBytes
+	if l, ok := dec.Buffered().(interface{ Len() int }); ok {
+		rest = l.Len()
+	}
+	if n > rest {
+		return nil, fmt.Errorf("bytes of %d declared, %d remain", n, rest)
+	}
+	b := make([]byte, n)
+	return b, dec.ReadFull(b)
+}
+
+// maxFieldBytes bounds a field when the input's length is not known.
+const maxFieldBytes = 64 << 20
+
 // MaxBatchOps bounds the writes of one atomic batch entry.
 const MaxBatchOps = 100000
 
@@ -361,7 +385,7 @@ func decodeOps(dec *msgpack.Decoder) ([]Op, error) {
 				op.Key, err = dec.DecodeString()
 				seen |= 2
 			case "val":
-				op.Value, err = dec.DecodeBytes()
+				op.Value, err = DecodeBytes(dec)
 				seen |= 4
 			default:
 				return nil, fmt.Errorf("op %d: unknown field %q", i, name)
@@ -404,13 +428,13 @@ func decodeIdem(dec *msgpack.Decoder) (*Idem, error) {
 		case "k":
 			id.Key, err = dec.DecodeString()
 		case "fp":
-			id.Fingerprint, err = dec.DecodeBytes()
+			id.Fingerprint, err = DecodeBytes(dec)
 		case "st":
 			var st uint16
 			st, err = dec.DecodeUint16()
 			id.Status = int(st)
 		case "b":
-			id.Body, err = dec.DecodeBytes()
+			id.Body, err = DecodeBytes(dec)
 		case "x":
 			id.Expires, err = dec.DecodeInt64()
 		default:
@@ -498,7 +522,7 @@ func DecodeEntryFrom(dec *msgpack.Decoder, d Defaults) (Entry, error) {
 		case "s":
 			bit = 4
 			var b []byte
-			b, err = dec.DecodeBytes()
+			b, err = DecodeBytes(dec)
 			if err == nil && len(b) != len(e.Stream) {
 				err = fmt.Errorf("stream of %d bytes", len(b))
 			}
@@ -519,7 +543,7 @@ func DecodeEntryFrom(dec *msgpack.Decoder, d Defaults) (Entry, error) {
 			e.Key, err = dec.DecodeString()
 		case "val":
 			bit = 128
-			e.Value, err = dec.DecodeBytes()
+			e.Value, err = DecodeBytes(dec)
 		case "idem":
 			bit = 256
 			e.Idem, err = decodeIdem(dec)

@@ -10,6 +10,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -534,5 +535,22 @@ func TestBytesAfter(t *testing.T) {
 	// retained range
 	if got := l.BytesAfter(l.Last() - 10); got <= 0 {
 		t.Fatalf("after truncation: %d", got)
+	}
+}
+
+// TestLyingBinLengthNotAllocated: a bin field that declares 2 GiB in a
+// 14-byte entry is refused before anything that size is allocated (msgpack's
+// own DecodeBytes would allocate it: the fuzzer's worker died of it).
+func TestLyingBinLengthNotAllocated(t *testing.T) {
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	_, err := NewCodec().DecodeEntry([]byte("\x82\xa1i\x01\xa3val\xc6\x7f\xff\xff\xff\x95"), Defaults{Origin: "a", Stream: StreamID{1}})
+	runtime.ReadMemStats(&after)
+	if !errors.Is(err, ErrMalformed) {
+		t.Fatalf("a lying bin length: %v", err)
+	}
+	if grew := after.TotalAlloc - before.TotalAlloc; grew > 1<<20 {
+		t.Fatalf("allocated %d bytes for a 14-byte entry", grew)
 	}
 }
