@@ -32,7 +32,7 @@ func runAdmin(cmd string, args []string) error {
 	cf.register(fs)
 	asJSON := fs.Bool("json", false, "print the JSON document instead of a table")
 	wait := fs.Bool("wait", true, "reseed: follow the re-seed with a progress bar until it ends")
-	if err := fs.Parse(args); err != nil {
+	if err := parse(fs, args); err != nil {
 		return err
 	}
 	c, err := cf.client()

@@ -32,7 +32,7 @@ func runBench(args []string) error {
 	fs.StringVar(&cfg.AddrA, "addr", "", "target a running cluster a instead of starting two (needs --peer-addr)")
 	fs.StringVar(&cfg.AddrB, "peer-addr", "", "the running cluster b paired with --addr")
 	asJSON := fs.Bool("json", false, "print the report as JSON")
-	if err := fs.Parse(args); err != nil {
+	if err := parse(fs, args); err != nil {
 		return err
 	}
 	cfg.Scenarios = strings.Split(*scenarios, ",")

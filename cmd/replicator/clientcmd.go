@@ -34,7 +34,7 @@ type clientFlags struct {
 }
 
 func (c *clientFlags) register(fs *flag.FlagSet) {
-	fs.StringVar(&c.addr, "addr", "http://127.0.0.1:7400", "node API base URL")
+	fs.StringVar(&c.addr, "addr", envAddr(), "node API base URL (or $REPLICATOR_ADDR)")
 	fs.DurationVar(&c.timeout, "timeout", 10*time.Second, "overall deadline, retries included")
 	fs.StringVar(&c.tokenFile, "token-file", os.Getenv("REPLICATOR_TOKEN_FILE"), "file with the API bearer token (or $REPLICATOR_TOKEN_FILE)")
 	fs.StringVar(&c.caFile, "ca-file", "", "PEM CA to verify an https node")
@@ -102,7 +102,7 @@ func runClient(cmd string, args []string) error {
 		fs.StringVar(&so.End, "end", "", "last key (exclusive)")
 		fs.IntVar(&so.Limit, "limit", 0, "at most this many keys (0: all)")
 	}
-	if err := fs.Parse(args); err != nil {
+	if err := parse(fs, args); err != nil {
 		return err
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), cf.timeout)
@@ -196,7 +196,7 @@ func runStatus(args []string) error {
 	var cf clientFlags
 	cf.register(fs)
 	key := fs.String("idempotency-key", "", "the key to look up")
-	if err := fs.Parse(args); err != nil {
+	if err := parse(fs, args); err != nil {
 		return err
 	}
 	if *key == "" {

@@ -35,7 +35,7 @@ func runData(cmd string, args []string) error {
 	case "load":
 		fs.StringVar(&format, "format", "", "ndjson or csv (default: from the file name)")
 	}
-	if err := fs.Parse(args); err != nil {
+	if err := parse(fs, args); err != nil {
 		return err
 	}
 	c, err := cf.client()

@@ -58,7 +58,7 @@ func runDemo(args []string) error {
 	writes := fs.Int("writes", 2000, "writes per cluster")
 	timeout := fs.Duration("timeout", 60*time.Second, "give up converging after this long")
 	verbose := fs.Bool("v", false, "show the nodes' logs")
-	if err := fs.Parse(args); err != nil {
+	if err := parse(fs, args); err != nil {
 		return err
 	}
 	logLevel := slog.LevelWarn

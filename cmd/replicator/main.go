@@ -3,64 +3,86 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"os"
+	"strings"
+
+	"github.com/spf13/cobra"
 )
 
-const usage = `replicator replicates a key-value tree between clusters, active-active.
+const intro = `replicator replicates a key-value tree between clusters, active-active.
 
-Usage:
-  replicator demo   [--keep]           two clusters on loopback, writing at once, converging
-  replicator serve  [flags]            run a node (see 'replicator serve -h')
-  replicator bench  [flags]            two clusters, named scenarios, figures beside raw Pebble
-  replicator put    --addr URL [--idempotency-key K [--retries N]] KEY VALUE|-
-  replicator get    --addr URL KEY
-  replicator del    --addr URL [--idempotency-key K [--retries N]] KEY
-  replicator status --addr URL --idempotency-key K   what a keyed request was answered
-  replicator del-range --addr URL --prefix P | --start S [--end E]
-  replicator incr   --addr URL KEY [DELTA]     add to a PN-counter (counter KEY reads it)
-  replicator batch  --addr URL [--operation-id ID] FILE|-   atomic batch of set/delete ops
-  replicator load   --addr URL FILE            bulk load NDJSON {"key","value"} lines or CSV key,value
-  replicator scan   --addr URL [--prefix P] [--start S --end E] [--limit N]
-  replicator peers  --addr URL [--json]   replication links and what came in
-  replicator digest --addr URL [--json]   hash of the live state (equal on converged clusters)
-  replicator admin  wal|peers|origin|digest [--json]      the admin documents as tables
-  replicator admin  pause|resume|reseed|detach PEER       act on a peer link (reseed shows progress)
+The client commands talk to --addr (default $REPLICATOR_ADDR, else
+http://127.0.0.1:7400); flags may come anywhere among the arguments, and
+'replicator COMMAND -h' lists a command's flags with their defaults.`
 
-The client sub-commands default to --addr http://127.0.0.1:7400.
-`
+// command is one sub-command: its flags are parsed by run (flags anywhere,
+// -h prints them), so cobra only routes, suggests and completes.
+func command(use, short string, run func(args []string) error) *cobra.Command {
+	return &cobra.Command{
+		Use:                use,
+		Short:              short,
+		DisableFlagParsing: true,
+		RunE:               func(_ *cobra.Command, args []string) error { return run(args) },
+	}
+}
+
+func root() *cobra.Command {
+	r := &cobra.Command{
+		Use:           "replicator",
+		Short:         "active-active replication of a key-value tree between clusters",
+		Long:          intro,
+		SilenceUsage:  true, // a typo prints one line, not the whole usage
+		SilenceErrors: true,
+		Version:       version(),
+	}
+	r.SetVersionTemplate("replicator {{.Version}}\n")
+	client := func(name string) func([]string) error { return func(a []string) error { return runClient(name, a) } }
+	data := func(name string) func([]string) error { return func(a []string) error { return runData(name, a) } }
+	admin := func(name string) func([]string) error { return func(a []string) error { return runAdmin(name, a) } }
+	r.AddCommand(
+		command("serve [flags]", "run a node", runServe),
+		command("demo [--keep]", "two clusters on loopback, writing at once, converging", runDemo),
+		command("bench [flags]", "two clusters, named scenarios, figures beside raw Pebble", runBench),
+		command("put KEY VALUE|- [--idempotency-key K [--retries N]]", "write a value", client("put")),
+		command("get KEY", "read a value", client("get")),
+		command("del KEY [--idempotency-key K [--retries N]]", "delete a key", client("del")),
+		command("scan [--prefix P] [--start S --end E] [--limit N]", "list live keys", client("scan")),
+		command("status --idempotency-key K", "what a keyed request was answered", runStatus),
+		command("del-range --prefix P | --start S [--end E]", "delete a range of keys", data("del-range")),
+		command("incr KEY [DELTA]", "add to a PN-counter", data("incr")),
+		command("counter KEY", "read a PN-counter", data("counter")),
+		command("batch FILE|- [--operation-id ID]", "an atomic batch of set/delete ops", data("batch")),
+		command("load FILE", "bulk load NDJSON {\"key\",\"value\"} lines or CSV key,value", data("load")),
+		command("peers [--json]", "replication links and what came in", admin("peers")),
+		command("digest [--json]", "hash of the live state (equal on converged clusters)", admin("digest")),
+		command("admin wal|peers|origin|digest | pause|resume|reseed|detach PEER", "admin documents as tables, and peer link actions", admin("admin")),
+		&cobra.Command{
+			Use:   "version",
+			Short: "print the version",
+			Args:  cobra.NoArgs,
+			Run:   func(*cobra.Command, []string) { fmt.Println("replicator", version()) },
+		},
+	)
+	return r
+}
 
 func main() {
-	if len(os.Args) < 2 {
-		fmt.Fprint(os.Stderr, usage)
-		os.Exit(2)
-	}
-	cmd, args := os.Args[1], os.Args[2:]
-	var err error
-	switch cmd {
-	case "serve":
-		err = runServe(args)
-	case "demo":
-		err = runDemo(args)
-	case "bench":
-		err = runBench(args)
-	case "put", "get", "del", "scan":
-		err = runClient(cmd, args)
-	case "peers", "digest", "admin":
-		err = runAdmin(cmd, args)
-	case "status":
-		err = runStatus(args)
-	case "del-range", "incr", "counter", "batch", "load":
-		err = runData(cmd, args)
-	case "help", "-h", "--help":
-		fmt.Print(usage)
+	r := root()
+	err := r.Execute()
+	switch {
+	case err == nil, errors.Is(err, errHelp):
 		return
-	default:
-		fmt.Fprintf(os.Stderr, "replicator: unknown command %q\n\n%s", cmd, usage)
+	}
+	msg := strings.TrimPrefix(err.Error(), "replicator: ")
+	name := "replicator"
+	if c, _, ferr := r.Find(os.Args[1:]); ferr == nil && c != r {
+		name += " " + c.Name()
+	}
+	fmt.Fprintf(os.Stderr, "%s: %s\n", name, msg)
+	if strings.HasPrefix(err.Error(), "unknown command") || strings.HasPrefix(err.Error(), "unknown flag") {
 		os.Exit(2)
 	}
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "replicator "+cmd+":", err)
-		os.Exit(1)
-	}
+	os.Exit(1)
 }

@@ -406,7 +406,7 @@ func runServe(args []string) error {
 		}
 	}
 	fs := serveFlags(cfg)
-	if err := fs.Parse(args); err != nil {
+	if err := parse(fs, args); err != nil {
 		return err
 	}
 	if fs.NArg() > 0 {

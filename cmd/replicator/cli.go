@@ -1,0 +1,102 @@
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"runtime/debug"
+	"strings"
+)
+
+// Version is set at build time (-ldflags "-X main.Version=v1.2.3"); the
+// module's version or VCS revision stands in otherwise.
+var Version = ""
+
+// version is this build's version string.
+func version() string {
+	if Version != "" {
+		return Version
+	}
+	if bi, ok := debug.ReadBuildInfo(); ok {
+		if v := bi.Main.Version; v != "" && v != "(devel)" {
+			return v
+		}
+		rev, dirty := "", false
+		for _, s := range bi.Settings {
+			switch s.Key {
+			case "vcs.revision":
+				rev = s.Value
+			case "vcs.modified":
+				dirty = s.Value == "true"
+			}
+		}
+		if len(rev) > 12 {
+			rev = rev[:12]
+		}
+		if rev != "" {
+			if dirty {
+				rev += "-dirty"
+			}
+			return "devel-" + rev
+		}
+	}
+	return "devel"
+}
+
+// errHelp ends a command that printed its help: exit 0.
+var errHelp = errors.New("help printed")
+
+// parse parses fs from args with flags anywhere among the arguments (as
+// kubectl and etcdctl do: `put KEY VALUE --addr URL`); "--" ends the flags.
+// -h prints the command's flags, with their defaults, to stdout; flags named
+// test-* are for tests and left out.
+func parse(fs *flag.FlagSet, args []string) error {
+	fs.SetOutput(os.Stderr)
+	fs.Usage = func() {
+		fmt.Fprintf(os.Stdout, "Flags of replicator %s (anywhere among the arguments):\n", fs.Name())
+		fs.VisitAll(func(f *flag.Flag) {
+			if strings.HasPrefix(f.Name, "test-") {
+				return
+			}
+			name, usage := flag.UnquoteUsage(f)
+			line := "  --" + f.Name
+			if name != "" {
+				line += " " + name
+			}
+			line += "\n      " + usage
+			if f.DefValue != "" && f.DefValue != "false" && f.DefValue != "0" && f.DefValue != "[]" {
+				line += fmt.Sprintf(" (default %s)", f.DefValue)
+			}
+			fmt.Fprintln(os.Stdout, line)
+		})
+	}
+	var pos []string
+	for {
+		if err := fs.Parse(args); err != nil {
+			if errors.Is(err, flag.ErrHelp) {
+				return errHelp
+			}
+			return err
+		}
+		rest := fs.Args()
+		if len(rest) == 0 {
+			break
+		}
+		if i := len(args) - len(rest) - 1; i >= 0 && args[i] == "--" {
+			pos = append(pos, rest...) // after "--", everything is an argument
+			break
+		}
+		pos = append(pos, rest[0])
+		args = rest[1:]
+	}
+	return fs.Parse(append([]string{"--"}, pos...))
+}
+
+// envAddr is the default node address: $REPLICATOR_ADDR, or the default.
+func envAddr() string {
+	if a := os.Getenv("REPLICATOR_ADDR"); a != "" {
+		return a
+	}
+	return "http://127.0.0.1:7400"
+}
