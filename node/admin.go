@@ -150,11 +150,12 @@ type OriginReport struct {
 	Cluster  string `json:"cluster"`
 	Resolver string `json:"resolver"`
 	Stream   string `json:"stream"`
+	Version  string `json:"version"`
 }
 
 // OriginReport tells which cluster this node is and how it knows.
 func (n *Node) OriginReport() OriginReport {
-	return OriginReport{Cluster: n.cluster, Resolver: n.resolver, Stream: n.wal.Stream().String()}
+	return OriginReport{Cluster: n.cluster, Resolver: n.resolver, Stream: n.wal.Stream().String(), Version: Version}
 }
 
 func getOnly(f func(w http.ResponseWriter, r *http.Request)) http.HandlerFunc {

@@ -8,10 +8,13 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"math"
+	"net"
 	"net/http"
 	"runtime"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -404,3 +407,76 @@ func TestPlantedIdempotencyRecordNotReplayed(t *testing.T) {
 		t.Fatalf("a genuine retry: %d, replayed %q", resp.StatusCode, resp.Header.Get(HeaderReplayed))
 	}
 }
+
+// TestNeverAnsweringLinkAges: a peer that never answered (a mistyped URL, a
+// firewall) reads lagging, then stalled, at the thresholds, instead of
+// unknown for ever; each change is logged once, and its failures are counted
+// in /metrics from the first scrape.
+func TestNeverAnsweringLinkAges(t *testing.T) {
+	dead, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ghost := "http://" + dead.Addr().String()
+	dead.Close() // nobody answers there
+	var logs syncBuffer
+	o := testOptions(t.TempDir())
+	o.Peers = []Peer{{Name: "ghost", URL: ghost, Secret: "s"}}
+	o.LinkLagging, o.LinkStalled = 300*time.Millisecond, 900*time.Millisecond
+	o.Logger = slog.New(slog.NewTextHandler(&logs, nil))
+	n := openNode(t, o)
+	defer n.Close()
+	if err := n.Start(); err != nil {
+		t.Fatal(err)
+	}
+	seen := map[string]bool{}
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) && !seen[transport.StateStalled] {
+		seen[n.PeerStatus()[0].State] = true
+		time.Sleep(20 * time.Millisecond)
+	}
+	if !seen[transport.StateLagging] || !seen[transport.StateStalled] {
+		t.Fatalf("states seen %v: want lagging, then stalled", seen)
+	}
+	time.Sleep(300 * time.Millisecond) // a few more watch rounds: no repeats
+	out := logs.String()
+	for _, state := range []string{"lagging", "stalled"} {
+		c := 0
+		for _, line := range strings.Split(out, "\n") {
+			if strings.Contains(line, `msg="peer link degraded"`) && strings.Contains(line, "peer=ghost state="+state+" ") {
+				c++
+			}
+		}
+		if c != 1 {
+			t.Errorf("the change to %s logged %d times, want once:\n%s", state, c, out)
+		}
+	}
+	if !strings.Contains(out, "connection refused") {
+		t.Errorf("the log does not say why: %s", out)
+	}
+	resp, err := http.Get(n.URL() + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	for _, want := range []string{`replicator_peer_send_failures_total{peer="ghost"}`, `replicator_link_state{peer="ghost",state="stalled"} 1`,
+		`replicator_link_state{peer="ghost",state="healthy"} 0`, `replicator_peer_last_contact_timestamp_seconds{peer="ghost"} 0`, "replicator_build_info{"} {
+		if !strings.Contains(string(body), want) {
+			t.Errorf("/metrics lacks %s", want)
+		}
+	}
+}
+
+// syncBuffer is a bytes.Buffer safe for a logger and a test at once.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+func (s *syncBuffer) String() string { s.mu.Lock(); defer s.mu.Unlock(); return s.b.String() }

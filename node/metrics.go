@@ -2,6 +2,7 @@ package node
 
 import (
 	"net/http"
+	"runtime"
 	"sync/atomic"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -80,13 +81,28 @@ var (
 		"Node saturation: 0 healthy, 1 throttled, 2 saturated.", nil, nil)
 	descApply = prometheus.NewDesc("replicator_apply_outcomes_total",
 		"Entries received from peers, by origin and outcome (applied, stale, duplicate, refused batches).", []string{"origin", "outcome"}, nil)
-	descWrites = prometheus.NewDesc("replicator_local_writes_total", "Local writes committed.", nil, nil)
-	descGroups = prometheus.NewDesc("replicator_commit_groups_total", "WAL appends (one fsync each) the local writes took.", nil, nil)
-	descWAL    = prometheus.NewDesc("replicator_wal_entries", "Entries retained in the outbound WAL.", nil, nil)
-	descPermit = prometheus.NewDesc("replicator_replay_permits", "Replay permits by state.", []string{"state"}, nil)
-	descLink   = prometheus.NewDesc("replicator_link_state", "1 for the current state of each peer link.", []string{"peer", "state"}, nil)
-	descRefuse = prometheus.NewDesc("replicator_refusals_total", "Local writes and incoming batches refused for saturation, by source.", []string{"source"}, nil)
+	descWrites  = prometheus.NewDesc("replicator_local_writes_total", "Local writes committed.", nil, nil)
+	descGroups  = prometheus.NewDesc("replicator_commit_groups_total", "WAL appends (one fsync each) the local writes took.", nil, nil)
+	descWAL     = prometheus.NewDesc("replicator_wal_entries", "Entries retained in the outbound WAL.", nil, nil)
+	descPermit  = prometheus.NewDesc("replicator_replay_permits", "Replay permits by state.", []string{"state"}, nil)
+	descLink    = prometheus.NewDesc("replicator_link_state", "1 for the current state of each peer link.", []string{"peer", "state"}, nil)
+	descRefuse  = prometheus.NewDesc("replicator_refusals_total", "Local writes and incoming batches refused for saturation, by source.", []string{"source"}, nil)
+	descBuild   = prometheus.NewDesc("replicator_build_info", "1, labelled with this build's version and Go version.", []string{"version", "goversion"}, nil)
+	descFail    = prometheus.NewDesc("replicator_peer_send_failures_total", "Failed sends and heartbeats to a peer.", []string{"peer"}, nil)
+	descContact = prometheus.NewDesc("replicator_peer_last_contact_timestamp_seconds",
+		"When a peer last answered (Unix seconds; 0 before it ever did).", []string{"peer"}, nil)
+	descSkew = prometheus.NewDesc("replicator_peer_clock_skew_seconds", "A peer's clock minus this node's, from its last answer.", []string{"peer"}, nil)
 )
+
+// linkStates are every state a link can report: each link's series exists
+// for all of them from the start (1 for the current one, 0 for the others),
+// so an alert on one never waits for its first occurrence.
+var linkStates = []string{transport.StateUnknown, transport.StateHealthy, transport.StateLagging, transport.StateStalled,
+	transport.StateNeedsReseed, transport.StateReseeding, transport.StatePaused, transport.StateDead, transport.StateLeft,
+	transport.StateConflict}
+
+// Version is this build's version, set by the command (main.Version).
+var Version = "devel"
 
 func (n *Node) collect(ch chan<- prometheus.Metric) {
 	state := map[string]float64{StateHealthy: 0, StateThrottled: 1, StateSaturated: 2}[n.Saturation().State]
@@ -111,8 +127,22 @@ func (n *Node) collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(descPermit, prometheus.GaugeValue, float64(p.Queued), "queued")
 	ch <- prometheus.MustNewConstMetric(descPermit, prometheus.GaugeValue, float64(p.Capacity), "capacity")
 	for _, st := range n.PeerStatus() {
-		ch <- prometheus.MustNewConstMetric(descLink, prometheus.GaugeValue, 1, st.Peer, st.State)
+		for _, state := range linkStates {
+			v := 0.0
+			if state == st.State {
+				v = 1
+			}
+			ch <- prometheus.MustNewConstMetric(descLink, prometheus.GaugeValue, v, st.Peer, state)
+		}
+		ch <- prometheus.MustNewConstMetric(descFail, prometheus.CounterValue, float64(st.SendFailures), st.Peer)
+		contact := 0.0
+		if !st.LastContact.IsZero() {
+			contact = float64(st.LastContact.UnixNano()) / 1e9
+		}
+		ch <- prometheus.MustNewConstMetric(descContact, prometheus.GaugeValue, contact, st.Peer)
+		ch <- prometheus.MustNewConstMetric(descSkew, prometheus.GaugeValue, st.ClockSkewMS/1000, st.Peer)
 	}
+	ch <- prometheus.MustNewConstMetric(descBuild, prometheus.GaugeValue, 1, Version, runtime.Version())
 }
 
 func (m *nodeMetrics) handler() http.Handler {

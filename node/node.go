@@ -14,6 +14,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -69,6 +70,9 @@ type Node struct {
 	sat      saturation
 	overflow map[string]string // peer -> overflow mode
 	rejoin   rejoinState
+	// linkStates is each link's last state, to log changes once.
+	linkStatesMu sync.Mutex
+	linkStates   map[string]string
 
 	// lifecycle
 	closing  atomic.Bool
@@ -110,7 +114,9 @@ func Open(ctx context.Context, opts *Options) (*Node, error) {
 	if err := os.MkdirAll(o.DataDir, 0o755); err != nil {
 		return nil, fmt.Errorf("node: data directory: %w", err)
 	}
-	prev, err := origin.Pin(o.DataDir, cluster, o.ReassignOrigin)
+	// Checked now, written once the listeners are bound (Start): a start
+	// that fails claims no directory for its (perhaps mistyped) cluster ID.
+	prev, err := origin.CheckPin(o.DataDir, cluster, o.ReassignOrigin)
 	if err != nil {
 		return nil, err
 	}
@@ -119,13 +125,14 @@ func Open(ctx context.Context, opts *Options) (*Node, error) {
 		log.Warn("data directory reassigned to another cluster", "previous", prev, "now", cluster, "dir", o.DataDir)
 	}
 	n := &Node{
-		opts:     o,
-		log:      log,
-		cluster:  cluster,
-		resolver: r.String(),
-		clock:    hlc.NewClock(o.Clock, o.MaxClockOffset),
-		stop:     make(chan struct{}),
-		overflow: map[string]string{},
+		opts:       o,
+		log:        log,
+		cluster:    cluster,
+		resolver:   r.String(),
+		clock:      hlc.NewClock(o.Clock, o.MaxClockOffset),
+		stop:       make(chan struct{}),
+		overflow:   map[string]string{},
+		linkStates: map[string]string{},
 	}
 	n.sat.init()
 	for _, p := range o.Peers {
@@ -133,6 +140,21 @@ func Open(ctx context.Context, opts *Options) (*Node, error) {
 	}
 	n.store, err = store.Open(filepath.Join(o.DataDir, "store"), &store.Options{Logger: log, MemTableSize: o.MemTableSize})
 	if err != nil {
+		if errors.Is(err, syscall.EAGAIN) || errors.Is(err, syscall.EWOULDBLOCK) || strings.Contains(err.Error(), "lock held") {
+			holder := "another process"
+			if b, rerr := os.ReadFile(filepath.Join(o.DataDir, pidFile)); rerr == nil {
+				holder = "process " + strings.TrimSpace(string(b))
+			}
+			return nil, fmt.Errorf("node: data directory %s is in use by %s (a running node): stop it first, or give this one another --data", o.DataDir, holder)
+		}
+		return nil, err
+	}
+	if err := os.WriteFile(filepath.Join(o.DataDir, pidFile), []byte(strconv.Itoa(os.Getpid())+"\n"), 0o644); err != nil {
+		n.store.Close()
+		return nil, fmt.Errorf("node: %w", err)
+	}
+	if err := n.pinIfHolding(); err != nil {
+		n.store.Close()
 		return nil, err
 	}
 	if err := n.loadTLS(); err != nil {
@@ -180,6 +202,22 @@ func Open(ctx context.Context, opts *Options) (*Node, error) {
 }
 
 func (n *Node) walDir() string { return filepath.Join(n.opts.DataDir, "wal") }
+
+// pinIfHolding pins the data directory to this cluster once it holds data
+// (an embedded node that writes without serving, or a directory that held
+// data before its pin could be written).
+func (n *Node) pinIfHolding() error {
+	empty, err := n.store.Empty()
+	if err != nil || empty {
+		return err
+	}
+	_, err = origin.Pin(n.opts.DataDir, n.cluster, n.opts.ReassignOrigin)
+	return err
+}
+
+// pidFile names the process that holds the data directory (for the message
+// a second node gets).
+const pidFile = "PID"
 
 func (n *Node) openWAL() error {
 	l, err := wal.Open(n.walDir(), &wal.Options{
@@ -318,6 +356,13 @@ func (n *Node) Start() error {
 			return err
 		}
 		n.peerLn = pln
+	}
+	if _, err := origin.Pin(n.opts.DataDir, n.cluster, n.opts.ReassignOrigin); err != nil {
+		ln.Close()
+		if n.peerLn != nil {
+			n.peerLn.Close()
+		}
+		return err
 	}
 	n.srv = n.serve(ln, n.protect(n.requireToken(n.Handler()), ln), &n.serveErr)
 	if n.opts.PprofListen != "" {
@@ -484,7 +529,7 @@ func (n *Node) Close() error {
 	// A stream being sealed finishes first (and a later one sees closing).
 	n.com.groupMu.Lock()
 	defer n.com.groupMu.Unlock()
-	errs = append(errs, n.wal.Close(), n.store.Close())
+	errs = append(errs, n.pinIfHolding(), n.wal.Close(), n.store.Close())
 	return errors.Join(errs...)
 }
 

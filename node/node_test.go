@@ -8,6 +8,7 @@ import (
 	"io"
 	"log/slog"
 	"math/rand/v2"
+	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -30,6 +31,9 @@ func TestMain(m *testing.M) {
 		goleak.IgnoreAnyFunction("github.com/cockroachdb/pebble/v2/internal/cache.(*shard).releaseLoop"),
 		goleak.IgnoreTopFunction("internal/poll.runtime_pollWait"),
 		goleak.IgnoreTopFunction("net/http.(*persistConn).writeLoop"),
+		// Pebble leaves its disk-health ticker behind when Open fails on
+		// a held lock (TestFailedStartClaimsNothing): Pebble's, not ours.
+		goleak.IgnoreAnyFunction("github.com/cockroachdb/pebble/v2/vfs.(*diskHealthCheckingFS).startTickerLocked.func1"),
 	)
 }
 
@@ -246,6 +250,9 @@ func TestTornWALTailNodeServes(t *testing.T) {
 func TestOriginPinnedAcrossStarts(t *testing.T) {
 	dir := t.TempDir()
 	n := openNode(t, testOptions(dir))
+	if _, err := n.Put(context.Background(), "k", []byte("v")); err != nil {
+		t.Fatal(err)
+	}
 	n.Close()
 	o := testOptions(dir)
 	o.ClusterID = "b"
@@ -522,5 +529,38 @@ func TestDiskFullRefusesAndRecovers(t *testing.T) {
 	os.WriteFile(full, nil, 0o644)
 	if _, err := n.Put(ctx, "after", []byte("v")); err != nil {
 		t.Fatalf("write once space returned: %v", err)
+	}
+}
+
+// TestFailedStartClaimsNothing: a node whose listener cannot bind leaves no
+// CLUSTER_ID behind (a mistyped --cluster-id that then failed on "address in
+// use" used to pin the directory, and the corrected command was refused);
+// a second node on a held directory is told which process holds it.
+func TestFailedStartClaimsNothing(t *testing.T) {
+	busy, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer busy.Close()
+	dir := t.TempDir()
+	o := testOptions(dir)
+	o.ClusterID = "typo"
+	o.Listen = busy.Addr().String()
+	n := openNode(t, o)
+	if err := n.Start(); err == nil {
+		t.Fatal("started on a port in use")
+	}
+	n.Close()
+	if _, err := os.Stat(filepath.Join(dir, origin.PinFile)); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("a failed start pinned the directory: %v", err)
+	}
+	o = testOptions(dir)
+	o.ClusterID = "right"
+	n = openNode(t, o)
+	defer n.Close()
+	o2 := testOptions(dir)
+	o2.ClusterID = "right"
+	if _, err := Open(context.Background(), o2); err == nil || !strings.Contains(err.Error(), "in use by process") {
+		t.Fatalf("a second node on a held directory: %v", err)
 	}
 }

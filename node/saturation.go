@@ -229,6 +229,36 @@ func (n *Node) saturationLoop() {
 			return
 		case <-t.C:
 			n.evaluateSaturation(true)
+			n.watchLinks()
+		}
+	}
+}
+
+// watchLinks logs each change of a link's state once: a link that degrades
+// at WARN with the peer and its last error, one that recovers at INFO.
+func (n *Node) watchLinks() {
+	for _, st := range n.PeerStatus() {
+		n.linkStatesMu.Lock()
+		prev, seen := n.linkStates[st.Peer]
+		n.linkStates[st.Peer] = st.State
+		n.linkStatesMu.Unlock()
+		if seen && prev == st.State {
+			continue
+		}
+		switch st.State {
+		case transport.StateHealthy:
+			if seen {
+				n.log.Info("peer link recovered", "peer", st.Peer, "was", prev, "last_contact", st.LastContact)
+			}
+		case transport.StateUnknown, transport.StatePaused, transport.StateReseeding:
+			n.log.Info("peer link state", "peer", st.Peer, "state", st.State, "was", prev)
+		default:
+			contact := "never"
+			if !st.LastContact.IsZero() {
+				contact = st.LastContact.Format(time.RFC3339)
+			}
+			n.log.Warn("peer link degraded", "peer", st.Peer, "state", st.State, "was", prev, "last_contact", contact,
+				"consecutive_errors", st.ConsecutiveErrors, "last_error", st.LastError, "entries_behind", st.EntriesBehind)
 		}
 	}
 }

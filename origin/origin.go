@@ -210,6 +210,17 @@ func (e *MismatchError) Is(target error) bool { return target == ErrMismatch }
 // on every later start. With reassign, a different pinned ID is overwritten
 // (the caller logs it) and the previous ID is returned.
 func Pin(dir, id string, reassign bool) (previous string, err error) {
+	return pin(dir, id, reassign, true)
+}
+
+// CheckPin is Pin without writing: it refuses a mismatch, and returns the
+// pinned ID, so that a node can check at open and pin only once it has
+// everything (a start that fails to bind claims no directory).
+func CheckPin(dir, id string, reassign bool) (previous string, err error) {
+	return pin(dir, id, reassign, false)
+}
+
+func pin(dir, id string, reassign, write bool) (previous string, err error) {
 	path := filepath.Join(dir, PinFile)
 	b, err := os.ReadFile(path)
 	switch {
@@ -225,6 +236,9 @@ func Pin(dir, id string, reassign bool) (previous string, err error) {
 	case errors.Is(err, os.ErrNotExist):
 	default:
 		return "", fmt.Errorf("origin: read %s: %w", path, err)
+	}
+	if !write {
+		return previous, nil
 	}
 	if err := atomicfile.Write(path, []byte(id+"\n")); err != nil {
 		return previous, fmt.Errorf("origin: pin %s: %w", path, err)

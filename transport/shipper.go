@@ -189,7 +189,7 @@ func (o *Options) Validate() error {
 
 // Link states, as /admin/peers shows them.
 const (
-	StateUnknown     = "unknown" // never contacted
+	StateUnknown     = "unknown" // nothing tried yet, or the first attempt under way
 	StateHealthy     = "healthy"
 	StateLagging     = "lagging"
 	StateStalled     = "stalled"
@@ -251,6 +251,8 @@ type Status struct {
 	ReseedOwed bool `json:"reseed_owed,omitempty"`
 	// Limits are what the peer said it accepts.
 	Limits *Limits `json:"peer_limits,omitempty"`
+	// SendFailures counts every failed send or heartbeat, ever.
+	SendFailures uint64 `json:"send_failures"`
 	// Liveness is what gossip says of the peer (empty without gossip).
 	Liveness string `json:"liveness,omitempty"`
 }
@@ -298,7 +300,9 @@ type Shipper struct {
 		// (zero: not known since the cursor last moved back).
 		ackedCommit hlc.Timestamp
 		limits      *Limits
-		stubs       uint64 // oversize entries sent as stubs
+		stubs       uint64    // oversize entries sent as stubs
+		failures    uint64    // failed sends, ever (a metric)
+		firstTry    time.Time // the first send or heartbeat began
 		// owed: the peer asked for a re-seed; rejoinSeed: this node owes the
 		// peer the re-seed that ends its own rejoin.
 		owed, rejoinSeed bool
@@ -608,6 +612,7 @@ func (s *Shipper) Run(ctx context.Context) {
 func (s *Shipper) failed(ctx context.Context, err error) {
 	s.mu.Lock()
 	s.mu.errors++
+	s.mu.failures++
 	n := s.mu.errors
 	s.mu.lastErr = err.Error()
 	if errors.Is(err, errNoPermit) {
@@ -1001,6 +1006,9 @@ func (s *Shipper) post(ctx context.Context, body []byte) (Ack, error) {
 	defer cancel()
 	s.mu.Lock()
 	base := s.mu.url
+	if s.mu.firstTry.IsZero() {
+		s.mu.firstTry = time.Now()
+	}
 	s.mu.Unlock()
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, strings.TrimRight(base, "/")+"/v1/replicate", bytes.NewReader(body))
 	if err != nil {
@@ -1371,7 +1379,9 @@ func (s *Shipper) Status(th Thresholds, commitWall func(index uint64) (int64, bo
 		Conflict:          s.mu.conflict,
 		ReseedOwed:        s.mu.owed,
 		Limits:            s.mu.limits,
+		SendFailures:      s.mu.failures,
 	}
+	firstTry := s.mu.firstTry
 	s.mu.Unlock()
 	st.Last = s.log.Last()
 	st.EntriesBehind, st.BytesBehind = bl.Entries, bl.Bytes
@@ -1390,14 +1400,31 @@ func (s *Shipper) Status(th Thresholds, commitWall func(index uint64) (int64, bo
 		st.State = StateDead
 	case st.Liveness == LiveLeft:
 		st.State = StateLeft
-	case st.LastContact.IsZero():
-		st.State = StateUnknown
-	case st.EntriesBehind > 0 && (bl.OldestAge > th.Stalled || sinceContact > th.Stalled):
-		st.State = StateStalled
-	case st.EntriesBehind > 0 && (bl.OldestAge > th.Lagging || sinceContact > th.Lagging || st.ConsecutiveErrors >= 3):
-		st.State = StateLagging
+	case st.LastContact.IsZero() && firstTry.IsZero():
+		st.State = StateUnknown // nothing tried yet
 	default:
-		st.State = StateHealthy
+		// How long the link has gone without contact (since the first
+		// attempt, for a peer that never answered: a mistyped URL or a
+		// firewall ages like any outage), and how old its backlog is.
+		silent := sinceContact
+		if st.LastContact.IsZero() {
+			silent = time.Since(firstTry)
+		}
+		age := time.Duration(0)
+		if st.EntriesBehind > 0 {
+			age = bl.OldestAge
+		}
+		switch {
+		case silent > th.Stalled || age > th.Stalled:
+			st.State = StateStalled
+		case silent > th.Lagging || age > th.Lagging || st.ConsecutiveErrors >= 3 ||
+			(st.LastContact.IsZero() && st.ConsecutiveErrors > 0):
+			st.State = StateLagging
+		case st.LastContact.IsZero():
+			st.State = StateUnknown // the first attempt is under way
+		default:
+			st.State = StateHealthy
+		}
 	}
 	return st
 }

@@ -1,82 +1,76 @@
 package wal
 
 import (
-	"sort"
 	"sync"
 )
 
-// markEvery is the spacing of the byte index's marks: 2,000,000 entries
-// cost ~2,000 marks (32 KiB), not a size per entry.
-const markEvery = 1024
-
-// byteIndex answers "how many bytes of WAL lie after index i" for backlog
-// accounting, from sparse marks of cumulative on-disk size.
+// byteIndex answers "how many bytes of WAL lie after index i" exactly, for
+// backlog accounting (it decides throttling, so an estimate will not do: an
+// average over a bulk load of large entries once made thirty one-byte writes
+// read as a megabyte). It keeps the cumulative on-disk size through each
+// retained entry: 8 bytes per entry, dropped as the WAL is truncated.
 type byteIndex struct {
 	mu struct {
 		sync.Mutex
-		marks []byteMark // ascending; marks[0] is at or before First-1
-		cum   int64      // cumulative bytes through last
-		last  uint64
+		base uint64  // the index before the first entry kept
+		cum  []int64 // cum[k]: bytes of entries base+1 .. base+1+k
+		off  int64   // bytes of entries cut before base+1 (cum values include them)
 	}
-}
-
-type byteMark struct {
-	index uint64
-	cum   int64 // cumulative bytes of every entry up to and including index
 }
 
 // reset starts the index at base (the index before the first entry).
 func (b *byteIndex) reset(base uint64) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	b.mu.marks = append(b.mu.marks[:0], byteMark{index: base})
-	b.mu.cum, b.mu.last = 0, base
+	b.mu.base, b.mu.cum, b.mu.off = base, b.mu.cum[:0], 0
 }
 
 // add records the next entry's size.
 func (b *byteIndex) add(size int) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	b.mu.last++
-	b.mu.cum += int64(size)
-	if b.mu.last%markEvery == 0 {
-		b.mu.marks = append(b.mu.marks, byteMark{index: b.mu.last, cum: b.mu.cum})
+	last := b.mu.off
+	if n := len(b.mu.cum); n > 0 {
+		last = b.mu.cum[n-1]
 	}
+	b.mu.cum = append(b.mu.cum, last+int64(size))
 }
 
-// cutBefore forgets marks no longer needed once entries before first are
-// gone; it keeps the last mark at or before first-1.
+// cutBefore forgets the entries before first.
 func (b *byteIndex) cutBefore(first uint64) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	m := b.mu.marks
-	i := sort.Search(len(m), func(i int) bool { return m[i].index > first-1 }) - 1
-	if i > 0 {
-		b.mu.marks = append(m[:0], m[i:]...)
+	if first <= b.mu.base+1 {
+		return
 	}
+	drop := int(min(first-1-b.mu.base, uint64(len(b.mu.cum))))
+	if drop > 0 {
+		b.mu.off = b.mu.cum[drop-1]
+		// Copy down once the dropped part dominates, so the backing array
+		// does not grow without bound.
+		if drop > len(b.mu.cum)/2 {
+			b.mu.cum = append(b.mu.cum[:0], b.mu.cum[drop:]...)
+		} else {
+			b.mu.cum = b.mu.cum[drop:]
+		}
+	}
+	b.mu.base = first - 1
 }
 
-// after estimates the bytes of the entries after index i: exact at marks,
-// interpolated between them.
+// after returns the bytes of the entries after index i.
 func (b *byteIndex) after(i uint64) int64 {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if i >= b.mu.last {
+	n := len(b.mu.cum)
+	if n == 0 {
 		return 0
 	}
-	m := b.mu.marks
-	j := sort.Search(len(m), func(j int) bool { return m[j].index > i }) - 1
-	if j < 0 {
-		return b.mu.cum
+	total := b.mu.cum[n-1]
+	switch {
+	case i <= b.mu.base:
+		return total - b.mu.off
+	case i >= b.mu.base+uint64(n):
+		return 0
 	}
-	lo := m[j]
-	hiIdx, hiCum := b.mu.last, b.mu.cum
-	if j+1 < len(m) {
-		hiIdx, hiCum = m[j+1].index, m[j+1].cum
-	}
-	at := lo.cum
-	if hiIdx > lo.index {
-		at += (hiCum - lo.cum) * int64(i-lo.index) / int64(hiIdx-lo.index)
-	}
-	return b.mu.cum - at
+	return total - b.mu.cum[i-b.mu.base-1]
 }

@@ -554,3 +554,52 @@ func TestLyingBinLengthNotAllocated(t *testing.T) {
 		t.Fatalf("allocated %d bytes for a 14-byte entry", grew)
 	}
 }
+
+// TestBytesAfterExact: backlog bytes equal the WAL's own on-disk sizes
+// exactly, after entries of very different sizes (a bulk load of large
+// values, then one-byte writes), across a reopen and a truncation.
+func TestBytesAfterExact(t *testing.T) {
+	dir := t.TempDir()
+	l := openTest(t, dir, 64<<10)
+	var sizes []int64 // on-disk size of entry i+1
+	add := func(n, valueSize int) {
+		for k := 0; k < n; k++ {
+			e := mkEntry(len(sizes))
+			e.Value = bytes.Repeat([]byte{'v'}, valueSize)
+			if err := l.Append([]*Entry{e}); err != nil {
+				t.Fatal(err)
+			}
+			p, err := l.ReadRaw(e.Index)
+			if err != nil {
+				t.Fatal(err)
+			}
+			frame := frameHeaderV2 + len(p)
+			sizes = append(sizes, int64(uvarintLen(frame)+frame))
+		}
+	}
+	add(300, 2000) // a bulk load
+	add(30, 1)     // then small writes
+	check := func(when string) {
+		for _, i := range []uint64{l.First() - 1, l.First(), 299, 300, 310, l.Last() - 1, l.Last()} {
+			if i < l.First()-1 {
+				continue
+			}
+			var want int64
+			for j := i; j < uint64(len(sizes)); j++ {
+				want += sizes[j]
+			}
+			if got := l.BytesAfter(i); got != want {
+				t.Fatalf("%s: bytes after %d = %d, the WAL holds %d", when, i, got, want)
+			}
+		}
+	}
+	check("after appends")
+	l.Close()
+	l = openTest(t, dir, 64<<10)
+	defer l.Close()
+	check("after reopen")
+	if err := l.TruncateFront(301); err != nil {
+		t.Fatal(err)
+	}
+	check("after truncation")
+}

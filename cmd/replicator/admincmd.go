@@ -25,7 +25,20 @@ func runAdmin(cmd string, args []string) error {
 		if len(args) == 0 {
 			return fmt.Errorf("usage:\n%s", adminUsage)
 		}
-		cmd, args = args[0], args[1:]
+		if args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
+			fmt.Println(adminUsage)
+			return errHelp
+		}
+		// flags may come before the sub-command too
+		for i, a := range args {
+			if !strings.HasPrefix(a, "-") && (i == 0 || !strings.HasPrefix(args[i-1], "--") || strings.Contains(args[i-1], "=") || isBoolFlag(args[i-1])) {
+				cmd, args = a, append(append([]string(nil), args[:i]...), args[i+1:]...)
+				break
+			}
+		}
+		if cmd == "admin" {
+			return fmt.Errorf("usage:\n%s", adminUsage)
+		}
 	}
 	fs := flag.NewFlagSet(cmd, flag.ContinueOnError)
 	var cf clientFlags
@@ -195,4 +208,13 @@ func printLinks(w *os.File, links []transport.Status) {
 			l.BytesBehind, l.OldestUnackedAge, contact, l.ConsecutiveErrors, l.ClockSkewMS, l.LastError)
 	}
 	tw.Flush()
+}
+
+// isBoolFlag reports whether an admin flag takes no value.
+func isBoolFlag(arg string) bool {
+	switch strings.TrimLeft(arg, "-") {
+	case "json", "wait":
+		return true
+	}
+	return false
 }

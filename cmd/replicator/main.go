@@ -9,6 +9,8 @@ import (
 	"strings"
 
 	"github.com/spf13/cobra"
+
+	"github.com/replicator/replicator/node"
 )
 
 const intro = `replicator replicates a key-value tree between clusters, active-active.
@@ -69,6 +71,7 @@ func root() *cobra.Command {
 }
 
 func main() {
+	node.Version = version()
 	r := root()
 	err := r.Execute()
 	switch {
