@@ -123,6 +123,9 @@ func (n *Node) evaluateSaturation(force bool) SaturationReport {
 	wm := n.opts.WaterMarks
 	var highPeer, highCause, lowPeer, lowCause string
 	for _, sh := range n.links() {
+		// Every peer's detach counter exists from the start (at 0), so
+		// an alert on its increase has a series to watch.
+		n.metrics.detached.WithLabelValues(sh.Peer().Name)
 		if !sh.Retains() {
 			continue
 		}

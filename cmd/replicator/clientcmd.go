@@ -231,3 +231,20 @@ func printable(v []byte) string {
 	}
 	return string(v)
 }
+
+// runHealthcheck asks /healthz: liveness only (a saturated node is alive).
+func runHealthcheck(args []string) error {
+	fs := flag.NewFlagSet("healthcheck", flag.ContinueOnError)
+	var cf clientFlags
+	cf.register(fs)
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	c, err := cf.client()
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), min(cf.timeout, 3*time.Second))
+	defer cancel()
+	return c.Healthy(ctx)
+}
