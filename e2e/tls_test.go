@@ -17,6 +17,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -263,4 +264,101 @@ func TestAPIToken(t *testing.T) {
 func isStatus(err error, status int) bool {
 	ce, ok := err.(*client.Error)
 	return ok && ce.Status == status
+}
+
+// servedSerial is the serial number of the certificate a TLS listener
+// presents to a new connection.
+func servedSerial(t *testing.T, hostport string, pool *x509.CertPool, certs ...tls.Certificate) (string, error) {
+	c, err := tls.DialWithDialer(&net.Dialer{Timeout: 5 * time.Second}, "tcp", hostport,
+		&tls.Config{RootCAs: pool, Certificates: certs})
+	if err != nil {
+		return "", err
+	}
+	defer c.Close()
+	return c.ConnectionState().PeerCertificates[0].SerialNumber.String(), nil
+}
+
+// TestTLSCertificateRotation: a rotated certificate (cert-manager rewriting
+// the files) is served by new connections on both listeners without a
+// restart, on SIGHUP (a) or by the file watcher (b); a pair that does not
+// load leaves the current certificate serving; replication goes on.
+func TestTLSCertificateRotation(t *testing.T) {
+	ca := newPKI(t, "replicator test CA")
+	m, peerURL := tlsMesh(t, ca)
+	m.nodes["b"].args = append(m.nodes["b"].args, "--tls-reload-interval", "200ms")
+	m.nodes["a"].args = append(m.nodes["a"].args, "--tls-reload-interval", "1h")
+	for _, n := range m.names {
+		m.nodes[n].start()
+	}
+	pool := ca.pool()
+	a, b := m.nodes["a"], m.nodes["b"]
+	hostport := func(u string) string { return strings.TrimPrefix(strings.TrimPrefix(u, "https://"), "http://") }
+	for _, p := range []*proc{a, b} {
+		eventually(t, 20*time.Second, func() (bool, string) {
+			err := tlsClient(t, p, pool).Healthy(bg())
+			return err == nil, fmt.Sprint(err)
+		})
+	}
+	serial := func(p *proc) string {
+		s, err := servedSerial(t, hostport(p.url), pool)
+		if err != nil {
+			t.Fatalf("dial %s: %v", p.name, err)
+		}
+		return s
+	}
+	oldA, oldB := serial(a), serial(b)
+
+	// A broken pair on SIGHUP: logged, the old certificate keeps serving.
+	certA := filepath.Join(ca.dir, "a.pem")
+	good, _ := os.ReadFile(certA)
+	os.WriteFile(certA, []byte("-----BEGIN CERTIFICATE-----\nnot a certificate\n-----END CERTIFICATE-----\n"), 0o644)
+	a.signal(syscall.SIGHUP)
+	eventually(t, 10*time.Second, func() (bool, string) {
+		logb, _ := os.ReadFile(a.log)
+		return strings.Contains(string(logb), "TLS certificate reload failed"), "no reload failure logged"
+	})
+	if s := serial(a); s != oldA {
+		t.Fatalf("a serves %s after a broken reload, want the old %s", s, oldA)
+	}
+	os.WriteFile(certA, good, 0o644)
+
+	// Rotate both: a by SIGHUP (its watcher is an hour away), b by its watcher.
+	_, _, newA := ca.issue(t, "a")
+	_, _, newB := ca.issue(t, "b")
+	a.signal(syscall.SIGHUP)
+	want := func(c tls.Certificate) string {
+		x, _ := x509.ParseCertificate(c.Certificate[0])
+		return x.SerialNumber.String()
+	}
+	for _, tc := range []struct {
+		p        *proc
+		old, new string
+	}{{a, oldA, want(newA)}, {b, oldB, want(newB)}} {
+		eventually(t, 10*time.Second, func() (bool, string) {
+			s := serial(tc.p)
+			return s == tc.new, fmt.Sprintf("%s serves %s, want %s (old %s)", tc.p.name, s, tc.new, tc.old)
+		})
+		// the peer listener too, to a peer presenting its own new certificate
+		other := newB
+		if tc.p == b {
+			other = newA
+		}
+		s, err := servedSerial(t, hostport(peerURL[tc.p.name]), pool, other)
+		if err != nil || s != tc.new {
+			t.Fatalf("%s peer listener serves %s %v, want %s", tc.p.name, s, err, tc.new)
+		}
+	}
+	// Replication goes on across the rotation, both ways.
+	ca2, cb := tlsClient(t, a, pool), tlsClient(t, b, pool)
+	if _, err := ca2.Put(bg(), "after-rotation-a", []byte("a")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cb.Put(bg(), "after-rotation-b", []byte("b")); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 30*time.Second, func() (bool, string) {
+		v1, e1 := cb.Get(bg(), "after-rotation-a")
+		v2, e2 := ca2.Get(bg(), "after-rotation-b")
+		return e1 == nil && e2 == nil && string(v1.Value) == "a" && string(v2.Value) == "b", fmt.Sprint(e1, e2)
+	})
 }

@@ -378,6 +378,10 @@ func (n *Node) Start() error {
 	n.bg.Add(2)
 	go n.gcLoop()
 	go n.saturationLoop()
+	if n.tls.cert != nil {
+		n.bg.Add(1)
+		go n.tlsWatchLoop()
+	}
 	n.startReplication()
 	if n.opts.Gossip != nil {
 		if err := n.startGossip(); err != nil {

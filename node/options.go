@@ -50,6 +50,9 @@ type Options struct {
 	// PeerCA (PEM file) verifies peers' server certificates. Default
 	// TLSClientCA.
 	PeerCA string
+	// TLSReloadInterval is how often the certificate files are checked for
+	// a change (reloaded then; SIGHUP reloads at once). Default 10s.
+	TLSReloadInterval time.Duration
 	// PeerSANMode is how a peer certificate names its cluster: "uri"
 	// (default: URI SAN replicator://cluster/<id>) or "dns" (first label of
 	// the first DNS SAN).
@@ -244,6 +247,9 @@ func (o *Options) EnsureDefaults() {
 	if o.AdmissionWait == 0 {
 		o.AdmissionWait = 5 * time.Second
 	}
+	if o.TLSReloadInterval == 0 {
+		o.TLSReloadInterval = 10 * time.Second
+	}
 	if o.MinBodyRate == 0 {
 		o.MinBodyRate = 64 << 10
 	}
@@ -301,6 +307,9 @@ func (o *Options) Validate() error {
 	}
 	if o.GCInterval <= 0 {
 		add("GCInterval %s must be positive", o.GCInterval)
+	}
+	if o.TLSReloadInterval < 0 {
+		add("TLSReloadInterval %s must be positive (--tls-reload-interval)", o.TLSReloadInterval)
 	}
 	if o.MaxClockOffset <= 0 {
 		add("MaxClockOffset %s must be positive", o.MaxClockOffset)

@@ -84,7 +84,7 @@ func (n *Node) addLink(p Peer) (*transport.Shipper, error) {
 		OnAck:        n.onAck,
 		OnConflict:   n.onConflict,
 		OnReseedDone: n.onReseedDone,
-		Logger:       n.log.With("peer", p.Name),
+		Logger:       n.log, // the shipper names the peer on every line
 	})
 	if err != nil {
 		return nil, err

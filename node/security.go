@@ -11,6 +11,9 @@ import (
 	"net/url"
 	"os"
 	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
 
 	"github.com/replicator/replicator/origin"
 )
@@ -23,9 +26,74 @@ const (
 
 // tlsSetup holds the parsed TLS material.
 type tlsSetup struct {
-	cert     *tls.Certificate
-	clientCA *x509.CertPool // verifies peers' client certificates
-	peerCA   *x509.CertPool // verifies peers' server certificates
+	cert     *tls.Certificate // the first one loaded: TLS is on
+	clientCA *x509.CertPool   // verifies peers' client certificates
+	peerCA   *x509.CertPool   // verifies peers' server certificates
+	// live is the certificate handshakes use now: ReloadTLS replaces it,
+	// so new connections get a rotated certificate (cert-manager) and the
+	// ones open, links included, go on.
+	live atomic.Pointer[tls.Certificate]
+	mu   struct {
+		sync.Mutex
+		modTime time.Time // of the cert and key files when last tried
+	}
+}
+
+// ReloadTLS reads --tls-cert and --tls-key again (SIGHUP, or the files
+// changed): new connections, served and shipped, present the new
+// certificate. A pair that does not load leaves the old one in place.
+func (n *Node) ReloadTLS() error {
+	if n.tls.cert == nil {
+		return nil
+	}
+	n.tls.mu.Lock()
+	defer n.tls.mu.Unlock()
+	return n.reloadTLSLocked()
+}
+
+func (n *Node) reloadTLSLocked() error {
+	o := &n.opts
+	// Stamped before reading, so a pair that fails is not retried by the
+	// watcher until it changes again (SIGHUP always retries).
+	n.tls.mu.modTime = tlsModTime(o.TLSCert, o.TLSKey)
+	c, err := tls.LoadX509KeyPair(o.TLSCert, o.TLSKey)
+	if err != nil {
+		n.log.Error("TLS certificate reload failed; keeping the current one", "cert", o.TLSCert, "err", err)
+		return fmt.Errorf("node: reload --tls-cert/--tls-key: %w", err)
+	}
+	n.tls.live.Store(&c)
+	n.log.Info("TLS certificate reloaded", "cert", o.TLSCert)
+	return nil
+}
+
+func tlsModTime(paths ...string) time.Time {
+	var t time.Time
+	for _, p := range paths {
+		if fi, err := os.Stat(p); err == nil && fi.ModTime().After(t) {
+			t = fi.ModTime()
+		}
+	}
+	return t
+}
+
+// tlsWatchLoop reloads the certificate when its files change. It exits
+// when stop is closed.
+func (n *Node) tlsWatchLoop() {
+	defer n.bg.Done()
+	t := time.NewTicker(n.opts.TLSReloadInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-n.stop:
+			return
+		case <-t.C:
+			n.tls.mu.Lock()
+			if tlsModTime(n.opts.TLSCert, n.opts.TLSKey).After(n.tls.mu.modTime) {
+				_ = n.reloadTLSLocked()
+			}
+			n.tls.mu.Unlock()
+		}
+	}
 }
 
 func loadPool(path string) (*x509.CertPool, error) {
@@ -52,6 +120,8 @@ func (n *Node) loadTLS() error {
 			errs = append(errs, fmt.Errorf("node: --tls-cert/--tls-key: %w", err))
 		} else {
 			n.tls.cert = &c
+			n.tls.live.Store(&c)
+			n.tls.mu.modTime = tlsModTime(o.TLSCert, o.TLSKey)
 		}
 	}
 	if o.TLSClientCA != "" {
@@ -83,7 +153,8 @@ func (n *Node) serverTLS(requireClient bool) *tls.Config {
 	if n.tls.cert == nil {
 		return nil
 	}
-	c := &tls.Config{Certificates: []tls.Certificate{*n.tls.cert}, MinVersion: tls.VersionTLS12}
+	c := &tls.Config{MinVersion: tls.VersionTLS12,
+		GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) { return n.tls.live.Load(), nil }}
 	if n.tls.clientCA != nil {
 		c.ClientCAs = n.tls.clientCA
 		c.ClientAuth = tls.VerifyClientCertIfGiven
@@ -101,7 +172,7 @@ func (n *Node) clientTLS() *tls.Config {
 	}
 	c := &tls.Config{RootCAs: n.tls.peerCA, MinVersion: tls.VersionTLS12}
 	if n.tls.cert != nil {
-		c.Certificates = []tls.Certificate{*n.tls.cert}
+		c.GetClientCertificate = func(*tls.CertificateRequestInfo) (*tls.Certificate, error) { return n.tls.live.Load(), nil }
 	}
 	return c
 }

@@ -69,6 +69,7 @@ type serveConfig struct {
 	GossipProfile   string   `yaml:"gossip_profile"`
 	TLSCert         string   `yaml:"tls_cert"`
 	TLSKey          string   `yaml:"tls_key"`
+	TLSReload       duration `yaml:"tls_reload_interval"`
 	TLSClientCA     string   `yaml:"tls_client_ca"`
 	PeerCA          string   `yaml:"peer_ca"`
 	PeerSANMode     string   `yaml:"peer_san_mode"`
@@ -248,6 +249,7 @@ func serveFlags(cfg *serveConfig) *flag.FlagSet {
 	fs.StringVar(&cfg.GossipProfile, "gossip-profile", cfg.GossipProfile, "memberlist timing: wan (default), lan or local")
 	fs.StringVar(&cfg.TLSCert, "tls-cert", cfg.TLSCert, "PEM certificate: serve TLS, and present it to peers")
 	fs.StringVar(&cfg.TLSKey, "tls-key", cfg.TLSKey, "PEM key of --tls-cert")
+	fs.Var(&cfg.TLSReload, "tls-reload-interval", "how often --tls-cert/--tls-key are checked for a new certificate (default 10s; SIGHUP reloads at once)")
 	fs.StringVar(&cfg.TLSClientCA, "tls-client-ca", cfg.TLSClientCA, "PEM CA of peers' client certificates: mutual TLS on links")
 	fs.StringVar(&cfg.PeerCA, "peer-ca", cfg.PeerCA, "PEM CA of peers' server certificates (default --tls-client-ca)")
 	fs.StringVar(&cfg.PeerSANMode, "peer-san-mode", cfg.PeerSANMode, "how a peer certificate names its cluster: uri (replicator://cluster/ID, default) or dns (first label)")
@@ -333,6 +335,7 @@ func (cfg *serveConfig) nodeOptions(log *slog.Logger) (*node.Options, error) {
 	o.Permits, o.PermitQueue, o.NoAutoReseed = cfg.Permits, cfg.PermitQueue, cfg.NoAutoReseed
 	o.MinBodyRate, o.MaxConnections, o.MaxBodiesInFlight = cfg.MinBodyRate, cfg.MaxConns, cfg.MaxBodies
 	o.TLSCert, o.TLSKey, o.TLSClientCA, o.PeerCA = cfg.TLSCert, cfg.TLSKey, cfg.TLSClientCA, cfg.PeerCA
+	o.TLSReloadInterval = time.Duration(cfg.TLSReload)
 	o.PeerSANMode, o.PeerListen = cfg.PeerSANMode, cfg.PeerListen
 	o.TestDiskFullFile = cfg.TestDiskFull
 	o.Pprof, o.PprofListen = cfg.Pprof, cfg.PprofListen
@@ -430,7 +433,17 @@ func runServe(args []string) error {
 		n.Close()
 		return err
 	}
-	<-ctx.Done()
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
+	for done := false; !done; {
+		select {
+		case <-ctx.Done():
+			done = true
+		case <-hup:
+			_ = n.ReloadTLS() // logged either way
+		}
+	}
 	log.Info("shutting down")
 	return n.Close()
 }
