@@ -378,11 +378,11 @@ func (n *Node) Start() error {
 	n.bg.Add(2)
 	go n.gcLoop()
 	go n.saturationLoop()
-	if n.tls.cert != nil {
+	n.startReplication()
+	if n.tls.cert != nil { // after the peer client exists: a reload closes its idle links
 		n.bg.Add(1)
 		go n.tlsWatchLoop()
 	}
-	n.startReplication()
 	if n.opts.Gossip != nil {
 		if err := n.startGossip(); err != nil {
 			return err

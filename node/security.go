@@ -62,6 +62,12 @@ func (n *Node) reloadTLSLocked() error {
 		return fmt.Errorf("node: reload --tls-cert/--tls-key: %w", err)
 	}
 	n.tls.live.Store(&c)
+	// Idle links dial again with the new client certificate; busy ones
+	// keep theirs until they close (certificates are checked at the
+	// handshake only).
+	if n.peerClient != nil {
+		n.peerClient.CloseIdleConnections()
+	}
 	n.log.Info("TLS certificate reloaded", "cert", o.TLSCert)
 	return nil
 }
