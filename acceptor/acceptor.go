@@ -107,6 +107,8 @@ type Options struct {
 	ObserveApply func(d time.Duration)
 	// Now reads the physical clock (nanoseconds) for ObserveLag and acks.
 	Now func() int64
+	// Version is this build's version, told to senders in every ack.
+	Version string
 	// Permits bounds the batches applied at once (default 4); PermitQueue
 	// bounds the batches waiting for a permit (default 16) and PermitWait
 	// how long one waits (default 2s). Past those a batch is refused with
@@ -544,7 +546,7 @@ func (a *Acceptor) hints(ack *transport.Ack, batchLen int) {
 // as it was.
 func (a *Acceptor) Apply(sender string, b *transport.Batch) (transport.Ack, error) {
 	lim := a.Limits()
-	ack := transport.Ack{Accepted: len(b.Entries), Now: a.opts.Now(), Limits: &lim}
+	ack := transport.Ack{Accepted: len(b.Entries), Now: a.opts.Now(), Limits: &lim, Version: a.opts.Version}
 	a.hints(&ack, len(b.Entries))
 	if b.Sender != sender {
 		return ack, fmt.Errorf("%w: batch declares sender %q, credentials are for %q", ErrForbidden, b.Sender, sender)

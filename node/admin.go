@@ -155,7 +155,7 @@ type OriginReport struct {
 
 // OriginReport tells which cluster this node is and how it knows.
 func (n *Node) OriginReport() OriginReport {
-	return OriginReport{Cluster: n.cluster, Resolver: n.resolver, Stream: n.wal.Stream().String(), Version: Version}
+	return OriginReport{Cluster: n.cluster, Resolver: n.resolver, Stream: n.wal.Stream().String(), Version: n.opts.BuildVersion}
 }
 
 func getOnly(f func(w http.ResponseWriter, r *http.Request)) http.HandlerFunc {

@@ -480,3 +480,33 @@ func (s *syncBuffer) Write(p []byte) (int, error) {
 	return s.b.Write(p)
 }
 func (s *syncBuffer) String() string { s.mu.Lock(); defer s.mu.Unlock(); return s.b.String() }
+
+// TestPeerVersionsShown: during a rolling upgrade each link shows the build
+// its peer answered with, in /admin/peers and as replicator_peer_build_info.
+func TestPeerVersionsShown(t *testing.T) {
+	m := newTestMesh(t, hlc.SystemClock{}, func(o *Options) {
+		o.BuildVersion = map[string]string{"a": "v1.4.0", "b": "v1.5.0-rc.1"}[o.ClusterID]
+	}, "a", "b")
+	for _, tc := range []struct{ from, peer, want string }{{"a", "b", "v1.5.0-rc.1"}, {"b", "a", "v1.4.0"}} {
+		deadline := time.Now().Add(10 * time.Second)
+		for link(t, m.nodes[tc.from], tc.peer).PeerVersion != tc.want && time.Now().Before(deadline) {
+			time.Sleep(20 * time.Millisecond)
+		}
+		if got := link(t, m.nodes[tc.from], tc.peer).PeerVersion; got != tc.want {
+			t.Fatalf("%s sees %s at %q, want %q", tc.from, tc.peer, got, tc.want)
+		}
+		resp, err := http.Get(m.nodes[tc.from].URL() + "/metrics")
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		want := fmt.Sprintf(`replicator_peer_build_info{peer=%q,version=%q} 1`, tc.peer, tc.want)
+		if !strings.Contains(string(body), want) {
+			t.Errorf("%s /metrics lacks %s", tc.from, want)
+		}
+	}
+	if v := m.nodes["a"].OriginReport().Version; v != "v1.4.0" {
+		t.Fatalf("a's /admin/origin version %q", v)
+	}
+}

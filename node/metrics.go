@@ -91,7 +91,9 @@ var (
 	descFail    = prometheus.NewDesc("replicator_peer_send_failures_total", "Failed sends and heartbeats to a peer.", []string{"peer"}, nil)
 	descContact = prometheus.NewDesc("replicator_peer_last_contact_timestamp_seconds",
 		"When a peer last answered (Unix seconds; 0 before it ever did).", []string{"peer"}, nil)
-	descDead = prometheus.NewDesc("replicator_dead_letters", "Entries set aside as dead letters (GET /admin/deadletters).", nil, nil)
+	descDead      = prometheus.NewDesc("replicator_dead_letters", "Entries set aside as dead letters (GET /admin/deadletters).", nil, nil)
+	descPeerBuild = prometheus.NewDesc("replicator_peer_build_info",
+		"1, labelled with the version a peer last answered with (a rolling upgrade shows the mix).", []string{"peer", "version"}, nil)
 	descSkew = prometheus.NewDesc("replicator_peer_clock_skew_seconds", "A peer's clock minus this node's, from its last answer.", []string{"peer"}, nil)
 )
 
@@ -142,8 +144,11 @@ func (n *Node) collect(ch chan<- prometheus.Metric) {
 		}
 		ch <- prometheus.MustNewConstMetric(descContact, prometheus.GaugeValue, contact, st.Peer)
 		ch <- prometheus.MustNewConstMetric(descSkew, prometheus.GaugeValue, st.ClockSkewMS/1000, st.Peer)
+		if st.PeerVersion != "" {
+			ch <- prometheus.MustNewConstMetric(descPeerBuild, prometheus.GaugeValue, 1, st.Peer, st.PeerVersion)
+		}
 	}
-	ch <- prometheus.MustNewConstMetric(descBuild, prometheus.GaugeValue, 1, Version, runtime.Version())
+	ch <- prometheus.MustNewConstMetric(descBuild, prometheus.GaugeValue, 1, n.opts.BuildVersion, runtime.Version())
 	if dls, err := n.store.DeadLetters(); err == nil {
 		ch <- prometheus.MustNewConstMetric(descDead, prometheus.GaugeValue, float64(len(dls)))
 	}

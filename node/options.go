@@ -50,6 +50,9 @@ type Options struct {
 	// PeerCA (PEM file) verifies peers' server certificates. Default
 	// TLSClientCA.
 	PeerCA string
+	// BuildVersion is told to peers in acks and shown in /admin/origin and
+	// replicator_build_info. Default: the package's Version.
+	BuildVersion string
 	// TLSReloadInterval is how often the certificate files are checked for
 	// a change (reloaded then; SIGHUP reloads at once). Default 10s.
 	TLSReloadInterval time.Duration
@@ -246,6 +249,9 @@ func (o *Options) EnsureDefaults() {
 	}
 	if o.AdmissionWait == 0 {
 		o.AdmissionWait = 5 * time.Second
+	}
+	if o.BuildVersion == "" {
+		o.BuildVersion = Version
 	}
 	if o.TLSReloadInterval == 0 {
 		o.TLSReloadInterval = 10 * time.Second

@@ -21,6 +21,7 @@ func (n *Node) setupReplication() error {
 	}
 	n.acceptor = acceptor.New(n.store, n.clock, acceptor.Options{
 		Local:         n.cluster,
+		Version:       n.opts.BuildVersion,
 		Secrets:       secrets,
 		Insecure:      n.opts.InsecurePeers,
 		CertCluster:   n.certCluster,

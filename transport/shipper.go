@@ -255,6 +255,9 @@ type Status struct {
 	SendFailures uint64 `json:"send_failures"`
 	// Liveness is what gossip says of the peer (empty without gossip).
 	Liveness string `json:"liveness,omitempty"`
+	// PeerVersion is the build the peer last answered with (empty before
+	// its first answer, or from a build that does not tell).
+	PeerVersion string `json:"peer_version,omitempty"`
 }
 
 // Shipper ships one local stream to one peer.
@@ -300,6 +303,7 @@ type Shipper struct {
 		// (zero: not known since the cursor last moved back).
 		ackedCommit hlc.Timestamp
 		limits      *Limits
+		peerVersion string    // the build of the peer's last answer
 		stubs       uint64    // oversize entries sent as stubs
 		failures    uint64    // failed sends, ever (a metric)
 		firstTry    time.Time // the first send or heartbeat began
@@ -762,9 +766,14 @@ func (s *Shipper) answered(ack *Ack, stream wal.StreamID) bool {
 	if stream != s.log.Stream() {
 		return false // replaced while the request was out
 	}
-	if ack.Limits != nil {
+	if ack.Limits != nil || ack.Version != "" {
 		s.mu.Lock()
-		s.mu.limits = ack.Limits
+		if ack.Limits != nil {
+			s.mu.limits = ack.Limits
+		}
+		if ack.Version != "" {
+			s.mu.peerVersion = ack.Version
+		}
 		s.mu.Unlock()
 	}
 	why := ""
@@ -1379,6 +1388,7 @@ func (s *Shipper) Status(th Thresholds, commitWall func(index uint64) (int64, bo
 		Conflict:          s.mu.conflict,
 		ReseedOwed:        s.mu.owed,
 		Limits:            s.mu.limits,
+		PeerVersion:       s.mu.peerVersion,
 		SendFailures:      s.mu.failures,
 	}
 	firstTry := s.mu.firstTry

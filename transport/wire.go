@@ -422,6 +422,9 @@ type Ack struct {
 	// Limits are what the receiver accepts, so the sender can refuse a
 	// write that could never replicate, and size its batches.
 	Limits *Limits `json:"limits,omitempty"`
+	// Version is the receiver's build, so a rolling upgrade shows which
+	// peers run which version.
+	Version string `json:"version,omitempty"`
 }
 
 // Limits are an acceptor's bounds.
