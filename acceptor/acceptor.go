@@ -79,6 +79,12 @@ func (e *ConflictError) Error() string {
 		e.Stream, e.Origin, e.HWM, e.HWMCommit, e.Got)
 }
 
+// Defaults of Options.Permits and Options.PermitQueue.
+const (
+	DefaultPermits     = 4
+	DefaultPermitQueue = 16
+)
+
 // Options configures an Acceptor.
 type Options struct {
 	// Local is this node's cluster ID. Entries of this origin are dropped.
@@ -208,10 +214,10 @@ func New(st Store, clock Clock, opts Options) *Acceptor {
 		opts.Logger = slog.Default()
 	}
 	if opts.Permits <= 0 {
-		opts.Permits = 4
+		opts.Permits = DefaultPermits
 	}
 	if opts.PermitQueue <= 0 {
-		opts.PermitQueue = 16
+		opts.PermitQueue = DefaultPermitQueue
 	}
 	if opts.PermitWait <= 0 {
 		opts.PermitWait = 2 * time.Second

@@ -2,12 +2,13 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"flag"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"os"
+	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -16,7 +17,7 @@ import (
 	"github.com/replicator/replicator/transport"
 )
 
-const adminUsage = `replicator admin wal|peers|origin|digest [--addr URL] [--json]
+const adminUsage = `replicator admin wal|peers|origin|digest [--addr URL] [-o table|json]
 replicator admin pause|resume|reseed|detach PEER [--addr URL]`
 
 // runAdmin serves `replicator admin ...` (and the peers/digest shortcuts).
@@ -31,7 +32,7 @@ func runAdmin(cmd string, args []string) error {
 		}
 		// flags may come before the sub-command too
 		for i, a := range args {
-			if !strings.HasPrefix(a, "-") && (i == 0 || !strings.HasPrefix(args[i-1], "--") || strings.Contains(args[i-1], "=") || isBoolFlag(args[i-1])) {
+			if !strings.HasPrefix(a, "-") && (i == 0 || !strings.HasPrefix(args[i-1], "-") || strings.Contains(args[i-1], "=") || isBoolFlag(args[i-1])) {
 				cmd, args = a, append(append([]string(nil), args[:i]...), args[i+1:]...)
 				break
 			}
@@ -43,7 +44,6 @@ func runAdmin(cmd string, args []string) error {
 	fs := flag.NewFlagSet(cmd, flag.ContinueOnError)
 	var cf clientFlags
 	cf.register(fs)
-	asJSON := fs.Bool("json", false, "print the JSON document instead of a table")
 	wait := fs.Bool("wait", true, "reseed: follow the re-seed with a progress bar until it ends")
 	if err := parse(fs, args); err != nil {
 		return err
@@ -63,6 +63,9 @@ func runAdmin(cmd string, args []string) error {
 		var st transport.Status
 		if _, err := c.Do(ctx, http.MethodPost, "/admin/peers/"+peer+"/"+cmd, nil, nil, &st); err != nil {
 			return err
+		}
+		if cf.out.format == "json" {
+			return cf.out.print(st, nil) // a script follows a re-seed by polling /admin/peers
 		}
 		fmt.Printf("%s: %s requested; link state %s\n", peer, cmd, st.State)
 		if cmd == "reseed" && *wait {
@@ -89,22 +92,18 @@ func runAdmin(cmd string, args []string) error {
 	if _, err := c.Do(ctx, http.MethodGet, path, nil, nil, out); err != nil {
 		return err
 	}
-	if *asJSON {
-		enc := json.NewEncoder(os.Stdout)
-		enc.SetIndent("", "  ")
-		return enc.Encode(out)
-	}
-	switch v := out.(type) {
-	case *node.WALReport:
-		printWAL(os.Stdout, v)
-	case *node.PeersReport:
-		printPeers(v)
-	case *node.OriginReport:
-		fmt.Printf("cluster  %s\nresolver %s\nstream   %s\n", v.Cluster, v.Resolver, v.Stream)
-	case *node.DigestReport:
-		fmt.Printf("cluster    %s\ndigest     %s\nkeys       %d\ntombstones %d\n", v.Cluster, v.Digest, v.Keys, v.Tombstones)
-	}
-	return nil
+	return cf.out.print(out, func(w io.Writer) {
+		switch v := out.(type) {
+		case *node.WALReport:
+			printWAL(w, v)
+		case *node.PeersReport:
+			printPeers(w, v)
+		case *node.OriginReport:
+			fmt.Fprintf(w, "cluster  %s\nresolver %s\nstream   %s\nversion  %s\n", v.Cluster, v.Resolver, v.Stream, v.Version)
+		case *node.DigestReport:
+			fmt.Fprintf(w, "cluster    %s\ndigest     %s\nkeys       %s\ntombstones %s\n", v.Cluster, v.Digest, count(v.Keys), count(v.Tombstones))
+		}
+	})
 }
 
 type doFunc func(ctx context.Context, method, path string, body []byte, hdr http.Header, out any) (http.Header, error)
@@ -147,65 +146,91 @@ func bar(done, total, width int) string {
 }
 
 func printWAL(w io.Writer, r *node.WALReport) {
-	fmt.Fprintf(w, "stream %s  entries [%d, %d]  applied %d  %d bytes in %d segments\n",
-		r.Stream, r.First, r.Last, r.Applied, r.Bytes, r.Segments)
+	fmt.Fprintf(w, "stream %s  writes #%d..#%d (applied #%d)  %s in %d segments\n",
+		r.Stream, r.First, r.Last, r.Applied, human(r.Bytes), r.Segments)
 	s := r.Saturation
 	fmt.Fprintf(w, "saturation %s", strings.ToUpper(s.State))
 	if s.Cause != "" {
 		fmt.Fprintf(w, " (peer %s: %s)", s.Peer, s.Cause)
 	}
-	fmt.Fprintf(w, "\nthresholds entries %d/%d  bytes %d/%d  age %s/%s (high/low)\n",
-		s.Thresholds.HighEntries, s.Thresholds.LowEntries, s.Thresholds.HighBytes, s.Thresholds.LowBytes, s.Thresholds.HighAge, s.Thresholds.LowAge)
+	th := s.Thresholds
+	fmt.Fprintf(w, "\nthresholds (high/low): %s/%s writes, %s/%s, %s/%s old\n",
+		count(th.HighEntries), count(th.LowEntries), human(th.HighBytes), human(th.LowBytes), th.HighAge, th.LowAge)
 	fmt.Fprintf(w, "replay permits %d/%d in use, %d/%d queued (%s)\n", r.Permits.InUse, r.Permits.Capacity, r.Permits.Queued, r.Permits.QueueCap, r.Permits.State)
-	fmt.Fprintf(w, "refusals: %v\n\n", r.Refusals)
+	fmt.Fprintf(w, "refusals: %s\n\n", counts(r.Refusals))
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "PEER\tSTATE\tACKED\tBACKLOG\tBYTES\tOLDEST\tOVERFLOW\tWAL RETAINED")
+	fmt.Fprintln(tw, "PEER\tSTATE\tACKED THROUGH\tBEHIND\tBYTES BEHIND\tOLDEST\tOVERFLOW\tWAL RETAINED")
 	for _, p := range r.Peers {
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%.1fs\t%s\t%v\n", p.Peer, p.State, p.Acked, p.Entries, p.Bytes, p.OldestAgeSeconds, p.Overflow, p.Retained)
+		fmt.Fprintf(tw, "%s\t%s\t#%d\t%s writes\t%s\t%s\t%s\t%v\n", p.Peer, p.State, p.Acked, count(p.Entries), human(p.Bytes),
+			age(p.OldestAgeSeconds), dash(p.Overflow), p.Retained)
 	}
 	tw.Flush()
 }
 
-func printPeers(r *node.PeersReport) {
-	fmt.Printf("cluster %s\n\n", r.Cluster)
-	printLinks(os.Stdout, r.Links)
+// counts prints a map of counters in key order: "none" when empty.
+func counts(m map[string]uint64) string {
+	if len(m) == 0 {
+		return "none"
+	}
+	var parts []string
+	for _, k := range slices.Sorted(maps.Keys(m)) {
+		parts = append(parts, fmt.Sprintf("%s %s", k, count(m[k])))
+	}
+	return strings.Join(parts, ", ")
+}
+
+func dash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
+func printPeers(w io.Writer, r *node.PeersReport) {
+	fmt.Fprintf(w, "cluster %s\n\n", r.Cluster)
+	printLinks(w, r.Links)
 	for _, l := range r.Links {
 		if l.Reseed.Runs > 0 {
-			fmt.Printf("re-seeds of %s: %d, last %s (%s)\n", l.Peer, l.Reseed.Runs,
+			fmt.Fprintf(w, "re-seeds of %s: %d, last %s (%s)\n", l.Peer, l.Reseed.Runs,
 				l.Reseed.Finished.Format(time.RFC3339), l.Reseed.LastReason)
 		}
 	}
-	for p, ph := range r.Rejoin.Phases {
-		fmt.Printf("rejoin with %s: %s\n", p, ph)
+	for _, p := range slices.Sorted(maps.Keys(r.Rejoin.Phases)) {
+		fmt.Fprintf(w, "rejoin with %s: %s\n", p, r.Rejoin.Phases[p])
 	}
-	for p, what := range r.Rejoin.Requests {
-		fmt.Printf("peer %s lost data: %s\n", p, strings.Join(what, ", "))
+	for _, p := range slices.Sorted(maps.Keys(r.Rejoin.Requests)) {
+		fmt.Fprintf(w, "peer %s lost data: %s\n", p, strings.Join(r.Rejoin.Requests[p], ", "))
 	}
 	if len(r.Incoming) > 0 {
-		fmt.Println()
-		tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(w)
+		tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 		fmt.Fprintln(tw, "FROM\tBATCHES\tAPPLIED\tSTALE\tDUPLICATES\tREFUSED")
-		for name, c := range r.Incoming {
-			fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%d\n", name, c.Batches, c.Applied, c.Stale, c.Duplicates, c.Refused)
+		for _, name := range slices.Sorted(maps.Keys(r.Incoming)) {
+			c := r.Incoming[name]
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", name, count(c.Batches), count(c.Applied), count(c.Stale), count(c.Duplicates), count(c.Refused))
 		}
 		tw.Flush()
 	}
 }
 
-func printLinks(w *os.File, links []transport.Status) {
+// printLinks is the links table. ACKED THROUGH is a position in this
+// node's write log (one entry per write: a batch or a range delete is one,
+// whatever number of keys it touched), BEHIND the writes past it.
+func printLinks(w io.Writer, links []transport.Status) {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "PEER\tSTATE\tACKED\tBEHIND\tBYTES BEHIND\tOLDEST\tLAST CONTACT\tERRORS\tSKEW\tLAST ERROR")
+	fmt.Fprintln(tw, "PEER\tSTATE\tVERSION\tACKED THROUGH\tBEHIND\tBYTES BEHIND\tOLDEST\tLAST CONTACT\tERRORS\tSKEW\tLAST ERROR")
 	for _, l := range links {
 		contact := "never"
 		if !l.LastContact.IsZero() {
-			contact = time.Since(l.LastContact).Round(time.Millisecond).String() + " ago"
+			contact = age(time.Since(l.LastContact).Seconds()) + " ago"
 		}
 		state := l.State
 		if l.Reseed.Running {
-			state = fmt.Sprintf("%s %d/%d", state, l.Reseed.Sent, l.Reseed.Total)
+			state = fmt.Sprintf("%s %s/%s keys", state, count(l.Reseed.Sent), count(l.Reseed.Total))
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%.1fs\t%s\t%d\t%.1fms\t%s\n", l.Peer, state, l.Acked, l.EntriesBehind,
-			l.BytesBehind, l.OldestUnackedAge, contact, l.ConsecutiveErrors, l.ClockSkewMS, l.LastError)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t#%d\t%s writes\t%s\t%s\t%s\t%d\t%s\t%s\n", l.Peer, state, dash(l.PeerVersion), l.Acked,
+			count(l.EntriesBehind), human(l.BytesBehind), age(l.OldestUnackedAge), contact, l.ConsecutiveErrors,
+			(time.Duration(l.ClockSkewMS * float64(time.Millisecond))).Round(time.Millisecond), dash(l.LastError))
 	}
 	tw.Flush()
 }

@@ -4,7 +4,9 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"os"
+	"runtime"
 	"runtime/debug"
 	"strings"
 )
@@ -60,12 +62,15 @@ func parse(fs *flag.FlagSet, args []string) error {
 				return
 			}
 			name, usage := flag.UnquoteUsage(f)
+			if t, ok := f.Value.(interface{ Type() string }); ok {
+				name = t.Type()
+			}
 			line := "  --" + f.Name
 			if name != "" {
 				line += " " + name
 			}
 			line += "\n      " + usage
-			if f.DefValue != "" && f.DefValue != "false" && f.DefValue != "0" && f.DefValue != "[]" {
+			if f.DefValue != "" && f.DefValue != "false" && f.DefValue != "0" && f.DefValue != "0s" && f.DefValue != "[]" {
 				line += fmt.Sprintf(" (default %s)", f.DefValue)
 			}
 			fmt.Fprintln(os.Stdout, line)
@@ -99,4 +104,25 @@ func envAddr() string {
 		return a
 	}
 	return "http://127.0.0.1:7400"
+}
+
+// runVersion prints this build's version (the same as --version).
+func runVersion(args []string) error {
+	fs := flag.NewFlagSet("version", flag.ContinueOnError)
+	var out outputFlags
+	out.register(fs)
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	if err := out.check(); err != nil {
+		return err
+	}
+	if fs.NArg() != 0 {
+		return fmt.Errorf("version takes no arguments")
+	}
+	v := struct {
+		Version   string `json:"version"`
+		GoVersion string `json:"go_version"`
+	}{version(), runtime.Version()}
+	return out.print(v, func(w io.Writer) { fmt.Fprintln(w, "replicator", v.Version) })
 }

@@ -31,6 +31,7 @@ type clientFlags struct {
 	token     string
 	tokenFile string
 	caFile    string
+	out       outputFlags
 }
 
 func (c *clientFlags) register(fs *flag.FlagSet) {
@@ -38,6 +39,7 @@ func (c *clientFlags) register(fs *flag.FlagSet) {
 	fs.DurationVar(&c.timeout, "timeout", 10*time.Second, "overall deadline, retries included")
 	fs.StringVar(&c.tokenFile, "token-file", os.Getenv("REPLICATOR_TOKEN_FILE"), "file with the API bearer token (or $REPLICATOR_TOKEN_FILE)")
 	fs.StringVar(&c.caFile, "ca-file", "", "PEM CA to verify an https node")
+	c.out.register(fs)
 }
 
 func (c *clientFlags) registerWrite(fs *flag.FlagSet) {
@@ -46,6 +48,9 @@ func (c *clientFlags) registerWrite(fs *flag.FlagSet) {
 }
 
 func (c *clientFlags) client() (*client.Client, error) {
+	if err := c.out.check(); err != nil {
+		return nil, err
+	}
 	o := &client.Options{}
 	if c.tokenFile != "" {
 		b, err := os.ReadFile(c.tokenFile)
@@ -130,23 +135,30 @@ func runClient(cmd string, args []string) error {
 		if err != nil {
 			return unknownOutcome(err, cf.idemKey)
 		}
-		fmt.Printf("%s\tversion %s\torigin %s%s\n", res.Key, res.Version, res.Origin, replayed(res))
+		return cf.out.print(writeOut{res, res.Replayed}, func(w io.Writer) {
+			fmt.Fprintf(w, "%s\tversion %s\torigin %s%s\n", res.Key, res.Version, res.Origin, replayed(res))
+		})
 	case "get":
 		v, err := c.Get(ctx, fs.Arg(0))
 		if err != nil {
 			return err
 		}
-		os.Stdout.Write(v.Value)
-		if len(v.Value) > 0 && v.Value[len(v.Value)-1] != '\n' {
-			fmt.Println()
-		}
-		fmt.Fprintf(os.Stderr, "version %s origin %s\n", v.Version, v.Origin)
+		return cf.out.print(newValueOut(fs.Arg(0), v.Value, v.Version, v.Origin), func(w io.Writer) {
+			// the value as is, so `get K > file` round-trips; its version aside
+			w.Write(v.Value)
+			if len(v.Value) > 0 && v.Value[len(v.Value)-1] != '\n' {
+				fmt.Fprintln(w)
+			}
+			fmt.Fprintf(os.Stderr, "version %s origin %s\n", v.Version, v.Origin)
+		})
 	case "del":
 		res, err := c.Delete(ctx, fs.Arg(0))
 		if err != nil {
 			return unknownOutcome(err, cf.idemKey)
 		}
-		fmt.Printf("%s\tdeleted\tversion %s%s\n", res.Key, res.Version, replayed(res))
+		return cf.out.print(writeOut{res, res.Replayed}, func(w io.Writer) {
+			fmt.Fprintf(w, "%s\tdeleted\tversion %s%s\n", res.Key, res.Version, replayed(res))
+		})
 	case "scan":
 		var items []client.Item
 		var err error
@@ -160,12 +172,20 @@ func runClient(cmd string, args []string) error {
 		if err != nil {
 			return err
 		}
-		tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
-		fmt.Fprintln(tw, "KEY\tVALUE\tVERSION\tORIGIN")
+		out := struct {
+			Items []valueOut `json:"items"`
+		}{Items: []valueOut{}}
 		for _, it := range items {
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", it.Key, printable(it.Value), it.Version, it.Origin)
+			out.Items = append(out.Items, newValueOut(it.Key, it.Value, it.Version, it.Origin))
 		}
-		tw.Flush()
+		return cf.out.print(out, func(w io.Writer) {
+			tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "KEY\tVALUE\tVERSION\tORIGIN")
+			for _, it := range items {
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", it.Key, printable(it.Value), it.Version, it.Origin)
+			}
+			tw.Flush()
+		})
 	}
 	return nil
 }
@@ -204,18 +224,28 @@ func runStatus(args []string) error {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), cf.timeout)
 	defer cancel()
-	c, _ := cf.client()
+	c, err := cf.client()
+	if err != nil {
+		return err
+	}
 	rec, err := c.Idempotency(ctx, *key)
+	type statusOut struct {
+		Key   string `json:"key"`
+		Found bool   `json:"found"`
+		*client.IdempotencyRecord
+	}
 	if client.IsNotFound(err) {
-		fmt.Printf("no record of %q on this cluster: the request did not take effect here (yet); if it was sent elsewhere, replication may still bring it\n", *key)
-		return nil
+		return cf.out.print(statusOut{Key: *key}, func(w io.Writer) {
+			fmt.Fprintf(w, "no record of %q on this cluster: the request did not take effect here (yet); if it was sent elsewhere, replication may still bring it\n", *key)
+		})
 	}
 	if err != nil {
 		return err
 	}
-	fmt.Printf("key      %s\nanswered %d %s\nversion  %s\norigin   %s\nexpires  %s\n", rec.Key, rec.Status,
-		strings.TrimSpace(string(rec.Body)), rec.Version, rec.Origin, rec.Expires.Format(time.RFC3339))
-	return nil
+	return cf.out.print(statusOut{Key: rec.Key, Found: true, IdempotencyRecord: &rec}, func(w io.Writer) {
+		fmt.Fprintf(w, "key      %s\nanswered %d %s\nversion  %s\norigin   %s\nexpires  %s\n", rec.Key, rec.Status,
+			strings.TrimSpace(string(rec.Body)), rec.Version, rec.Origin, rec.Expires.Format(time.RFC3339))
+	})
 }
 
 // printable shows a value in a table: text as is (cut at 60 bytes), binary

@@ -6,7 +6,9 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"maps"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -62,7 +64,9 @@ func runData(cmd string, args []string) error {
 		if err != nil {
 			return unknownOutcome(err, cf.idemKey)
 		}
-		fmt.Printf("range deleted\tversion %s\torigin %s%s\n", res.Version, res.Origin, replayed(res))
+		return cf.out.print(writeOut{res, res.Replayed}, func(w io.Writer) {
+			fmt.Fprintf(w, "range deleted\tversion %s\torigin %s%s\n", res.Version, res.Origin, replayed(res))
+		})
 	case "incr":
 		if fs.NArg() < 1 || fs.NArg() > 2 {
 			return fmt.Errorf("usage: replicator incr KEY [DELTA]")
@@ -77,7 +81,13 @@ func runData(cmd string, args []string) error {
 		if err != nil {
 			return unknownOutcome(err, cf.idemKey)
 		}
-		fmt.Printf("%s\t%d\tversion %s\n", fs.Arg(0), res.Value, res.Version)
+		out := struct {
+			client.CounterValue
+			Replayed bool `json:"replayed"`
+		}{res, res.Replayed}
+		return cf.out.print(out, func(w io.Writer) {
+			fmt.Fprintf(w, "%s\t%d\tversion %s%s\n", fs.Arg(0), res.Value, res.Version, replayed(client.WriteResult{Replayed: res.Replayed}))
+		})
 	case "counter":
 		if fs.NArg() != 1 {
 			return fmt.Errorf("usage: replicator counter KEY")
@@ -86,10 +96,14 @@ func runData(cmd string, args []string) error {
 		if err != nil {
 			return err
 		}
-		fmt.Printf("%s\t%d\tversion %s\n", res.Key, res.Value, res.Version)
-		for cluster, t := range res.Totals {
-			fmt.Printf("  %s\t+%d\t-%d\n", cluster, t.P, t.N)
-		}
+		return cf.out.print(res, func(w io.Writer) {
+			fmt.Fprintf(w, "%s\t%d\tversion %s\n", res.Key, res.Value, res.Version)
+			clusters := slices.Sorted(maps.Keys(res.Totals))
+			for _, cluster := range clusters {
+				t := res.Totals[cluster]
+				fmt.Fprintf(w, "  %s\t+%d\t-%d\n", cluster, t.P, t.N)
+			}
+		})
 	case "batch":
 		if fs.NArg() != 1 {
 			return fmt.Errorf("usage: replicator batch [--operation-id ID] FILE|-   (FILE: {\"ops\":[{\"op\":\"set\",\"key\":...,\"value\":...}]})")
@@ -112,12 +126,18 @@ func runData(cmd string, args []string) error {
 		if err != nil {
 			return unknownOutcome(err, req.OperationID)
 		}
-		fmt.Printf("%d ops applied atomically\tversion %s%s\n", len(req.Ops), res.Version, replayed(res))
+		out := struct {
+			writeOut
+			Ops int `json:"ops"`
+		}{writeOut{res, res.Replayed}, len(req.Ops)}
+		return cf.out.print(out, func(w io.Writer) {
+			fmt.Fprintf(w, "%d ops applied atomically\tversion %s%s\n", len(req.Ops), res.Version, replayed(res))
+		})
 	case "load":
 		if fs.NArg() != 1 {
 			return fmt.Errorf("usage: replicator load [--format ndjson|csv] FILE")
 		}
-		return load(ctx, c, fs.Arg(0), format)
+		return load(ctx, c, fs.Arg(0), format, &cf.out)
 	}
 	return nil
 }
@@ -142,7 +162,7 @@ func (c *countingReader) Read(p []byte) (int, error) {
 }
 
 // load streams a file to /v1/bulk with a progress bar on stderr.
-func load(ctx context.Context, c *client.Client, path, format string) error {
+func load(ctx context.Context, c *client.Client, path, format string, out *outputFlags) error {
 	f, err := os.Open(path)
 	if err != nil {
 		return err
@@ -185,19 +205,14 @@ func load(ctx context.Context, c *client.Client, path, format string) error {
 	if err != nil {
 		return err
 	}
-	fmt.Printf("loaded %d keys in %d batches in %s (%.0f keys/s); last version %s\n",
-		res.Loaded, res.Batches, el.Round(time.Millisecond), float64(res.Loaded)/el.Seconds(), res.Version)
-	return nil
-}
-
-func human(n int64) string {
-	switch {
-	case n >= 1<<30:
-		return fmt.Sprintf("%.1f GiB", float64(n)/(1<<30))
-	case n >= 1<<20:
-		return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20))
-	case n >= 1<<10:
-		return fmt.Sprintf("%.1f KiB", float64(n)/(1<<10))
-	}
-	return fmt.Sprintf("%d B", n)
+	rate := float64(res.Loaded) / el.Seconds()
+	return out.print(struct {
+		client.BulkResult
+		Bytes      int64   `json:"bytes"`
+		Seconds    float64 `json:"seconds"`
+		KeysPerSec float64 `json:"keys_per_second"`
+	}{res, cr.n.Load(), el.Seconds(), rate}, func(w io.Writer) {
+		fmt.Fprintf(w, "loaded %s keys (%s) in %d batches in %s (%s keys/s); last version %s\n",
+			count(res.Loaded), human(cr.n.Load()), res.Batches, el.Round(time.Millisecond), count(int64(rate)), res.Version)
+	})
 }

@@ -61,12 +61,7 @@ func root() *cobra.Command {
 		command("digest [--json]", "hash of the live state (equal on converged clusters)", admin("digest")),
 		command("admin wal|peers|origin|digest | pause|resume|reseed|detach PEER", "admin documents as tables, and peer link actions", admin("admin")),
 		command("healthcheck [--addr URL]", "exit 0 when the node answers /healthz (container health checks)", runHealthcheck),
-		&cobra.Command{
-			Use:   "version",
-			Short: "print the version",
-			Args:  cobra.NoArgs,
-			Run:   func(*cobra.Command, []string) { fmt.Println("replicator", version()) },
-		},
+		command("version [-o json]", "print the version", runVersion),
 	)
 	return r
 }

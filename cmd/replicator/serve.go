@@ -16,8 +16,11 @@ import (
 
 	"go.yaml.in/yaml/v3"
 
+	"github.com/replicator/replicator/acceptor"
 	"github.com/replicator/replicator/node"
 	"github.com/replicator/replicator/origin"
+	"github.com/replicator/replicator/store"
+	"github.com/replicator/replicator/transport"
 )
 
 // serveConfig is what `replicator serve` takes, from flags and from a YAML
@@ -36,7 +39,7 @@ type serveConfig struct {
 	LogFormat          string   `yaml:"log_format"`
 	// ClockOffset shifts this node's physical clock. For robustness tests of
 	// clock skew only.
-	ClockOffset duration `yaml:"test_clock_offset"`
+	ClockOffset duration `yaml:"test_clock_offset,omitempty"`
 
 	Peers         map[string]*peerConfig `yaml:"peers"`
 	InsecurePeers bool                   `yaml:"insecure_peers"`
@@ -75,10 +78,34 @@ type serveConfig struct {
 	PeerSANMode     string   `yaml:"peer_san_mode"`
 	PeerListen      string   `yaml:"peer_listen"`
 	APITokenFile    string   `yaml:"api_token_file"`
-	TestDiskFull    string   `yaml:"test_disk_full_file"`
+	TestDiskFull    string   `yaml:"test_disk_full_file,omitempty"`
 	Pprof           bool     `yaml:"pprof"`
 	PprofListen     string   `yaml:"pprof_listen"`
 	MemTableSize    uint64   `yaml:"memtable_size"`
+}
+
+// defaultServeConfig is the configuration before the file, the
+// environment and the flags: the node's defaults, spelled out so that
+// `serve -h` and --print-config show them. Marks derived from others (the
+// low water marks: half the high ones) stay zero, meaning derived.
+func defaultServeConfig() *serveConfig {
+	d := node.DefaultOptions()
+	var so transport.Options
+	so.EnsureDefaults()
+	dur := func(t time.Duration) *duration { v := duration(t); return &v }
+	return &serveConfig{
+		Listen: d.Listen, MaxKeyBytes: d.MaxKeyBytes, MaxValueBytes: d.MaxValueBytes,
+		TombstoneRetention: duration(d.TombstoneRetention), MaxClockOffset: duration(d.MaxClockOffset),
+		LogLevel: "info", LogFormat: "text",
+		BatchEntries: so.MaxBatchEntries, BatchBytes: so.MaxBatchBytes, BatchLinger: duration(so.Linger),
+		ReplicateMax: d.MaxReplicateBytes, PinWindow: duration(d.PinWindow), IdemWindow: duration(d.IdempotencyWindow),
+		HighEntries: d.WaterMarks.HighEntries, HighBytes: d.WaterMarks.HighBytes, HighAge: duration(d.WaterMarks.HighAge),
+		AdmissionWait: dur(d.AdmissionWait), IdentityWait: dur(d.IdentityCheckWait),
+		Permits: acceptor.DefaultPermits, PermitQueue: acceptor.DefaultPermitQueue,
+		MinBodyRate: d.MinBodyRate, MaxConns: d.MaxConnections, MaxBodies: d.MaxBodiesInFlight,
+		GossipProfile: "wan", TLSReload: duration(d.TLSReloadInterval), PeerSANMode: node.SANModeURI,
+		MemTableSize: store.DefaultOptions().MemTableSize,
+	}
 }
 
 // listFlag is a repeatable string flag.
@@ -97,9 +124,9 @@ func (l listFlag) Set(v string) error { *l.p = append(*l.p, v); return nil }
 // --peer-secret and --peer-secret-file fill in).
 type peerConfig struct {
 	URL        string `yaml:"url"`
-	Secret     string `yaml:"secret"`
-	SecretFile string `yaml:"secret_file"`
-	Overflow   string `yaml:"overflow"`
+	Secret     string `yaml:"secret,omitempty"`
+	SecretFile string `yaml:"secret_file,omitempty"`
+	Overflow   string `yaml:"overflow,omitempty"`
 }
 
 func (cfg *serveConfig) peer(name string) *peerConfig {
@@ -116,7 +143,8 @@ func (cfg *serveConfig) peer(name string) *peerConfig {
 
 // namedFlag is a repeatable NAME=VALUE flag.
 type namedFlag struct {
-	set func(name, value string)
+	set  func(name, value string)
+	meta string // NAME=URL, as -h shows it
 }
 
 func (f namedFlag) String() string { return "" }
@@ -142,11 +170,30 @@ func (d *duration) UnmarshalYAML(n *yaml.Node) error {
 	return nil
 }
 
+func (d duration) MarshalYAML() (any, error) { return shortDuration(time.Duration(d)), nil }
+
 func (d *duration) String() string {
 	if d == nil {
 		return "0s"
 	}
-	return time.Duration(*d).String()
+	return shortDuration(time.Duration(*d))
+}
+
+func (*duration) Type() string   { return "duration" }
+func (optDuration) Type() string { return "duration" }
+func (f namedFlag) Type() string { return f.meta }
+func (listFlag) Type() string    { return "HOST:PORT" }
+
+// shortDuration is 24h rather than 24h0m0s.
+func shortDuration(d time.Duration) string {
+	s := d.String()
+	if strings.HasSuffix(s, "m0s") {
+		s = strings.TrimSuffix(s, "0s")
+	}
+	if strings.HasSuffix(s, "h0m") {
+		s = strings.TrimSuffix(s, "0m")
+	}
+	return s
 }
 
 // optDuration is a duration flag that tells "0s" from unset.
@@ -182,9 +229,11 @@ func loadConfigFile(path string, cfg *serveConfig) error {
 	return nil
 }
 
-// configPath finds --config before the flags are parsed, so that the file
-// is loaded first and every flag then overrides it.
+// configPath finds --config (or $REPLICATOR_CONFIG) before the flags are
+// parsed, so that the file is loaded first and every flag then overrides
+// it.
 func configPath(args []string) string {
+	p := os.Getenv("REPLICATOR_CONFIG")
 	for i, a := range args {
 		for _, p := range []string{"--config", "-config"} {
 			if a == p && i+1 < len(args) {
@@ -195,12 +244,81 @@ func configPath(args []string) string {
 			}
 		}
 	}
-	return ""
+	return p
+}
+
+// envPrefix names the environment variables serve reads: REPLICATOR_ and
+// the flag's name in capitals, dashes as underscores (--wal-high-water-bytes
+// is REPLICATOR_WAL_HIGH_WATER_BYTES). They sit between the file and the
+// flags: the file sets, the environment overrides it, a flag overrides
+// both. A repeatable flag takes a comma-separated list.
+const envPrefix = "REPLICATOR_"
+
+// clientEnv are the variables of the client commands, which serve ignores.
+var clientEnv = map[string]bool{"REPLICATOR_ADDR": true, "REPLICATOR_TOKEN_FILE": true, "REPLICATOR_CONFIG": true}
+
+// applyEnv sets fs's flags from the environment. It returns the
+// REPLICATOR_ variables that name no flag (a typo, warned about).
+func applyEnv(fs *flag.FlagSet, environ []string) (unknown []string, err error) {
+	var errs []error
+	for _, kv := range environ {
+		name, value, _ := strings.Cut(kv, "=")
+		if !strings.HasPrefix(name, envPrefix) || clientEnv[name] {
+			continue
+		}
+		flagName := strings.ReplaceAll(strings.ToLower(strings.TrimPrefix(name, envPrefix)), "_", "-")
+		f := fs.Lookup(flagName)
+		if f == nil || flagName == "config" || flagName == "print-config" {
+			unknown = append(unknown, name)
+			continue
+		}
+		values := []string{value}
+		if _, repeatable := f.Value.(namedFlag); repeatable {
+			values = strings.Split(value, ",")
+		} else if _, repeatable := f.Value.(listFlag); repeatable {
+			values = strings.Split(value, ",")
+		}
+		for _, v := range values {
+			if err := fs.Set(flagName, strings.TrimSpace(v)); err != nil {
+				errs = append(errs, fmt.Errorf("$%s: %w", name, err))
+			}
+		}
+	}
+	sort.Strings(unknown)
+	return unknown, errors.Join(errs...)
+}
+
+// redacted stands for a secret in --print-config; given back as a secret
+// it is refused.
+const redacted = "<redacted>"
+
+// printConfig writes the effective settings as YAML that --config takes,
+// secrets redacted, derived values (low water marks) filled in.
+func printConfig(cfg *serveConfig, o *node.Options) error {
+	c := *cfg
+	c.Peers = map[string]*peerConfig{}
+	for name, p := range cfg.Peers {
+		q := *p
+		if q.Secret != "" {
+			q.Secret = redacted
+		}
+		c.Peers[name] = &q
+	}
+	if o != nil {
+		c.LowEntries, c.LowBytes, c.LowAge = o.WaterMarks.LowEntries, o.WaterMarks.LowBytes, duration(o.WaterMarks.LowAge)
+	}
+	enc := yaml.NewEncoder(os.Stdout)
+	enc.SetIndent(2)
+	if err := enc.Encode(&c); err != nil {
+		return err
+	}
+	return enc.Close()
 }
 
 func serveFlags(cfg *serveConfig) *flag.FlagSet {
 	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
-	fs.String("config", "", "YAML file with the same settings (flags win)")
+	fs.String("config", "", "YAML file with the same settings (then $REPLICATOR_* override it, then flags)")
+	fs.Bool("print-config", false, "print the effective settings as YAML (secrets redacted) and exit")
 	fs.StringVar(&cfg.ClusterID, "cluster-id", cfg.ClusterID, "this node's cluster ID ([a-z0-9][a-z0-9-]{0,62}); same as --origin static:ID")
 	fs.StringVar(&cfg.Origin, "origin", cfg.Origin, "how the cluster ID is resolved: static:ID, env:VAR, file:PATH, hostname:REGEX")
 	fs.BoolVar(&cfg.ReassignOrigin, "reassign-origin", cfg.ReassignOrigin, "take over a data directory pinned to another cluster ID (logged)")
@@ -215,11 +333,11 @@ func serveFlags(cfg *serveConfig) *flag.FlagSet {
 	fs.Var(&cfg.ClockOffset, "test-clock-offset", "shift this node's clock (robustness tests only)")
 	fs.BoolVar(&cfg.Pprof, "pprof", cfg.Pprof, "serve /debug/pprof on the API listener, behind the API token (profiles)")
 	fs.StringVar(&cfg.PprofListen, "pprof-listen", cfg.PprofListen, "serve /debug/pprof on this address instead, without a token (keep it private)")
-	fs.Uint64Var(&cfg.MemTableSize, "memtable-size", cfg.MemTableSize, "Pebble memtable bytes (default 16 MiB; larger: fewer compactions, more memory)")
+	fs.Uint64Var(&cfg.MemTableSize, "memtable-size", cfg.MemTableSize, "Pebble memtable bytes (larger: fewer compactions, more memory)")
 	fs.StringVar(&cfg.TestDiskFull, "test-disk-full-file", cfg.TestDiskFull, "WAL appends fail with ENOSPC while this file says \"full\" (robustness tests only)")
-	fs.Var(namedFlag{func(n, v string) { cfg.peer(n).URL = v }}, "peer", "a peer cluster as NAME=URL (repeatable)")
-	fs.Var(namedFlag{func(n, v string) { cfg.peer(n).Secret = v }}, "peer-secret", "a peer's shared secret as NAME=SECRET (repeatable)")
-	fs.Var(namedFlag{func(n, v string) { cfg.peer(n).SecretFile = v }}, "peer-secret-file", "a peer's shared secret read from NAME=PATH, trimmed (repeatable)")
+	fs.Var(namedFlag{func(n, v string) { cfg.peer(n).URL = v }, "NAME=URL"}, "peer", "a peer cluster as NAME=URL (repeatable)")
+	fs.Var(namedFlag{func(n, v string) { cfg.peer(n).Secret = v }, "NAME=SECRET"}, "peer-secret", "a peer's shared secret as NAME=SECRET (repeatable)")
+	fs.Var(namedFlag{func(n, v string) { cfg.peer(n).SecretFile = v }, "NAME=PATH"}, "peer-secret-file", "a peer's shared secret read from NAME=PATH, trimmed (repeatable)")
 	fs.BoolVar(&cfg.InsecurePeers, "insecure-peers", cfg.InsecurePeers, "allow peers without a secret (closed networks and tests only)")
 	fs.IntVar(&cfg.BatchEntries, "batch-max-entries", cfg.BatchEntries, "most entries in one outgoing batch")
 	fs.IntVar(&cfg.BatchBytes, "batch-max-bytes", cfg.BatchBytes, "most bytes in one outgoing batch")
@@ -227,32 +345,32 @@ func serveFlags(cfg *serveConfig) *flag.FlagSet {
 	fs.Int64Var(&cfg.ReplicateMax, "replicate-max-bytes", cfg.ReplicateMax, "largest incoming batch in bytes")
 	fs.Var(&cfg.PinWindow, "pin-window", "how old a pinned idempotency stamp may be")
 	fs.Var(&cfg.IdemWindow, "idempotency-window", "how long an Idempotency-Key's record is kept")
-	fs.Uint64Var(&cfg.HighEntries, "wal-high-water-entries", cfg.HighEntries, "saturate when a peer's backlog passes this many entries (default 2000000)")
+	fs.Uint64Var(&cfg.HighEntries, "wal-high-water-entries", cfg.HighEntries, "saturate when a peer's backlog passes this many entries")
 	fs.Uint64Var(&cfg.LowEntries, "wal-low-water-entries", cfg.LowEntries, "leave saturation below this many (default half the high mark)")
-	fs.Int64Var(&cfg.HighBytes, "wal-high-water-bytes", cfg.HighBytes, "saturate when a peer's backlog passes this many bytes (default 1 GiB)")
-	fs.Int64Var(&cfg.LowBytes, "wal-low-water-bytes", cfg.LowBytes, "leave saturation below this many bytes (default half)")
-	fs.Var(&cfg.HighAge, "wal-high-water-age", "saturate when a peer's oldest unacknowledged entry is older (default 1h)")
-	fs.Var(&cfg.LowAge, "wal-low-water-age", "leave saturation below this age (default half)")
-	fs.Var(optDuration{&cfg.IdentityWait}, "identity-check-wait", "at start, how long writes wait for every peer to confirm this node's stream was not used by a restored or copied directory (default 2s; 0s does not wait)")
-	fs.Var(optDuration{&cfg.AdmissionWait}, "admission-wait", "how long a write waits while saturated before it is refused (default 5s; 0s refuses at once)")
-	fs.Var(namedFlag{func(n, v string) { cfg.peer(n).Overflow = v }}, "peer-overflow", "NAME=reject|detach: what a peer's backlog overflow does (default reject)")
-	fs.IntVar(&cfg.Permits, "replay-permits", cfg.Permits, "incoming batches applied at once (default 4)")
-	fs.Int64Var(&cfg.MinBodyRate, "min-body-rate", cfg.MinBodyRate, "slowest a request body may arrive, bytes/s after a 10 s grace (default 65536; -1 off)")
-	fs.IntVar(&cfg.MaxConns, "max-connections", cfg.MaxConns, "connections each listener holds at once (default 512; -1 no bound)")
-	fs.IntVar(&cfg.MaxBodies, "max-bodies-in-flight", cfg.MaxBodies, "replication batches read at once (default 16; each peer a quarter)")
-	fs.IntVar(&cfg.PermitQueue, "replay-queue", cfg.PermitQueue, "incoming batches waiting for a permit (default 16)")
+	fs.Int64Var(&cfg.HighBytes, "wal-high-water-bytes", cfg.HighBytes, "saturate when a peer's backlog passes this many bytes")
+	fs.Int64Var(&cfg.LowBytes, "wal-low-water-bytes", cfg.LowBytes, "leave saturation below this many bytes (default half the high mark)")
+	fs.Var(&cfg.HighAge, "wal-high-water-age", "saturate when a peer's oldest unacknowledged entry is older")
+	fs.Var(&cfg.LowAge, "wal-low-water-age", "leave saturation below this age (default half the high mark)")
+	fs.Var(optDuration{&cfg.IdentityWait}, "identity-check-wait", "at start, how long writes wait for every peer to confirm this node's stream was not used by a restored or copied directory (0s does not wait)")
+	fs.Var(optDuration{&cfg.AdmissionWait}, "admission-wait", "how long a write waits while saturated before it is refused (0s refuses at once)")
+	fs.Var(namedFlag{func(n, v string) { cfg.peer(n).Overflow = v }, "NAME=reject|detach"}, "peer-overflow", "NAME=reject|detach: what a peer's backlog overflow does (default reject)")
+	fs.IntVar(&cfg.Permits, "replay-permits", cfg.Permits, "incoming batches applied at once")
+	fs.Int64Var(&cfg.MinBodyRate, "min-body-rate", cfg.MinBodyRate, "slowest a request body may arrive, bytes/s after a 10 s grace (-1 off)")
+	fs.IntVar(&cfg.MaxConns, "max-connections", cfg.MaxConns, "connections each listener holds at once (-1 no bound)")
+	fs.IntVar(&cfg.MaxBodies, "max-bodies-in-flight", cfg.MaxBodies, "replication batches read at once (each peer a quarter)")
+	fs.IntVar(&cfg.PermitQueue, "replay-queue", cfg.PermitQueue, "incoming batches waiting for a permit")
 	fs.BoolVar(&cfg.NoAutoReseed, "no-auto-reseed", cfg.NoAutoReseed, "re-seed peers only when asked (POST /admin/peers/NAME/reseed)")
 	fs.StringVar(&cfg.GossipBind, "gossip-bind", cfg.GossipBind, "HOST:PORT for memberlist gossip (peer discovery); off when empty")
 	fs.StringVar(&cfg.GossipAdvertise, "gossip-advertise", cfg.GossipAdvertise, "HOST:PORT other nodes reach the gossip port at (default --gossip-bind)")
 	fs.Var(listFlag{&cfg.Join}, "join", "a gossip seed HOST:PORT (repeatable)")
 	fs.StringVar(&cfg.GossipKeyFile, "gossip-key-file", cfg.GossipKeyFile, "file with the base64 memberlist encryption key (16, 24 or 32 bytes); nodes without it cannot join")
-	fs.StringVar(&cfg.GossipProfile, "gossip-profile", cfg.GossipProfile, "memberlist timing: wan (default), lan or local")
+	fs.StringVar(&cfg.GossipProfile, "gossip-profile", cfg.GossipProfile, "memberlist timing: wan, lan or local")
 	fs.StringVar(&cfg.TLSCert, "tls-cert", cfg.TLSCert, "PEM certificate: serve TLS, and present it to peers")
 	fs.StringVar(&cfg.TLSKey, "tls-key", cfg.TLSKey, "PEM key of --tls-cert")
-	fs.Var(&cfg.TLSReload, "tls-reload-interval", "how often --tls-cert/--tls-key are checked for a new certificate (default 10s; SIGHUP reloads at once)")
+	fs.Var(&cfg.TLSReload, "tls-reload-interval", "how often --tls-cert/--tls-key are checked for a new certificate (SIGHUP reloads at once)")
 	fs.StringVar(&cfg.TLSClientCA, "tls-client-ca", cfg.TLSClientCA, "PEM CA of peers' client certificates: mutual TLS on links")
 	fs.StringVar(&cfg.PeerCA, "peer-ca", cfg.PeerCA, "PEM CA of peers' server certificates (default --tls-client-ca)")
-	fs.StringVar(&cfg.PeerSANMode, "peer-san-mode", cfg.PeerSANMode, "how a peer certificate names its cluster: uri (replicator://cluster/ID, default) or dns (first label)")
+	fs.StringVar(&cfg.PeerSANMode, "peer-san-mode", cfg.PeerSANMode, "how a peer certificate names its cluster: uri (replicator://cluster/ID) or dns (first label)")
 	fs.StringVar(&cfg.PeerListen, "peer-listen", cfg.PeerListen, "separate HOST:PORT for /v1/replicate (mutual TLS there, not on the API)")
 	fs.StringVar(&cfg.APITokenFile, "api-token-file", cfg.APITokenFile, "file with the bearer token the API and admin endpoints require")
 	return fs
@@ -309,12 +427,18 @@ func (cfg *serveConfig) nodeOptions(log *slog.Logger) (*node.Options, error) {
 				errs = append(errs, fmt.Errorf("peer %s: secret file %s is empty", name, p.SecretFile))
 			}
 		}
+		if secret == redacted {
+			errs = append(errs, fmt.Errorf("peer %s: the secret is the placeholder --print-config writes; give the real one (or secret_file)", name))
+		}
 		o.Peers = append(o.Peers, node.Peer{Name: name, URL: p.URL, Secret: secret, Overflow: p.Overflow})
 	}
 	o.InsecurePeers = cfg.InsecurePeers
 	o.MaxBatchEntries = cfg.BatchEntries
 	o.MaxBatchBytes = cfg.BatchBytes
 	o.BatchLinger = time.Duration(cfg.BatchLinger)
+	if o.BatchLinger == 0 {
+		o.BatchLinger = -1 // asked for no linger (the default is spelled out)
+	}
 	o.MaxReplicateBytes = cfg.ReplicateMax
 	o.PinWindow = time.Duration(cfg.PinWindow)
 	o.IdempotencyWindow = time.Duration(cfg.IdemWindow)
@@ -402,15 +526,19 @@ func readGossipKey(path string) ([]byte, error) {
 }
 
 func runServe(args []string) error {
-	cfg := &serveConfig{LogLevel: "info", LogFormat: "text"}
+	cfg := defaultServeConfig()
 	if p := configPath(args); p != "" {
 		if err := loadConfigFile(p, cfg); err != nil {
 			return err
 		}
 	}
 	fs := serveFlags(cfg)
+	unknownEnv, envErr := applyEnv(fs, os.Environ())
 	if err := parse(fs, args); err != nil {
 		return err
+	}
+	if envErr != nil {
+		return envErr
 	}
 	if fs.NArg() > 0 {
 		return fmt.Errorf("unexpected arguments: %q", fs.Args())
@@ -419,7 +547,16 @@ func runServe(args []string) error {
 	if err != nil {
 		return err
 	}
+	if len(unknownEnv) > 0 {
+		log.Warn("environment variables that name no serve flag are ignored", "vars", strings.Join(unknownEnv, ","))
+	}
 	opts, err := cfg.nodeOptions(log)
+	if fs.Lookup("print-config").Value.String() == "true" {
+		if perr := printConfig(cfg, opts); perr != nil {
+			return perr
+		}
+		return err // printed, and refused if it would not start
+	}
 	if err != nil {
 		return err
 	}

@@ -1,0 +1,246 @@
+package e2e
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"go.yaml.in/yaml/v3"
+)
+
+// cli runs the built binary with args (and env added); it returns stdout,
+// stderr and the exit code.
+func cli(t *testing.T, env []string, args ...string) (string, string, int) {
+	t.Helper()
+	cmd := exec.Command(binPath, args...)
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	cmd.Env = append(os.Environ(), env...)
+	err := cmd.Run()
+	code := 0
+	var ee *exec.ExitError
+	if errors.As(err, &ee) {
+		code = ee.ExitCode()
+	} else if err != nil {
+		t.Fatalf("%v: %v", args, err)
+	}
+	return stdout.String(), stderr.String(), code
+}
+
+// TestCLIHabits: every sub-command takes its flags after its arguments, -h
+// exits 0 with the flags and their defaults (test flags hidden), completion
+// scripts generate, -o json prints a document on every read command, a typo
+// prints one line with a suggestion, $REPLICATOR_ADDR is honoured and an
+// error names its command once.
+func TestCLIHabits(t *testing.T) {
+	p := newProc(t, "a", "a", "--peer", "b=http://127.0.0.1:1", "--peer-secret", "b=secret-b")
+	p.startReady()
+	dir := t.TempDir()
+	batch := filepath.Join(dir, "batch.json")
+	os.WriteFile(batch, []byte(`{"ops":[{"op":"set","key":"b1","value":"x"},{"op":"set","key":"b2","value":"y"}]}`), 0o644)
+	load := filepath.Join(dir, "load.ndjson")
+	os.WriteFile(load, []byte("{\"key\":\"l1\",\"value\":\"1\"}\n{\"key\":\"l2\",\"value\":\"2\"}\n"), 0o644)
+
+	addr := []string{"--addr", p.url}
+	// Each command with its flags after the arguments; json is what -o json
+	// must decode to (nil: the command prints no document).
+	steps := []struct {
+		args []string
+		json []string // fields the JSON document must hold
+	}{
+		{[]string{"put", "k1", "v1"}, []string{"key", "version", "origin", "replayed"}},
+		{[]string{"put", "k2", "v2", "--idempotency-key", "idem-1"}, []string{"key", "version"}},
+		{[]string{"get", "k1"}, []string{"key", "value", "version", "origin"}},
+		{[]string{"scan", "--prefix", "k"}, []string{"items"}},
+		{[]string{"status", "--idempotency-key", "idem-1"}, []string{"key", "found", "status"}},
+		{[]string{"incr", "c", "5"}, []string{"key", "value", "version"}},
+		{[]string{"counter", "c"}, []string{"key", "value", "totals"}},
+		{[]string{"batch", batch}, []string{"version", "ops"}},
+		{[]string{"load", load}, []string{"loaded", "bytes", "seconds"}},
+		{[]string{"del", "k2"}, []string{"key", "version"}},
+		{[]string{"del-range", "--prefix", "l"}, []string{"version"}},
+		{[]string{"peers"}, []string{"cluster", "links"}},
+		{[]string{"digest"}, []string{"digest", "keys"}},
+		{[]string{"admin", "wal"}, []string{"stream", "bytes", "peers", "saturation"}},
+		{[]string{"admin", "origin"}, []string{"cluster", "version"}},
+		{[]string{"admin", "pause", "b"}, []string{"peer", "state", "paused"}},
+		{[]string{"admin", "resume", "b"}, []string{"peer", "state"}},
+		{[]string{"version"}, []string{"version", "go_version"}},
+		{[]string{"healthcheck"}, nil},
+	}
+	for _, s := range steps {
+		args := append(append([]string(nil), s.args...), addr...)
+		if s.args[0] == "version" {
+			args = s.args
+		}
+		out, errOut, code := cli(t, nil, args...)
+		if code != 0 {
+			t.Fatalf("%v: exit %d\n%s%s", args, code, out, errOut)
+		}
+		if s.json == nil {
+			continue
+		}
+		// again, for scripts, with -o json after the arguments
+		if s.args[0] == "put" || s.args[0] == "incr" || s.args[0] == "batch" || s.args[0] == "load" || strings.HasPrefix(s.args[0], "del") {
+			continue // a write is not repeated; its JSON is checked below
+		}
+		out, errOut, code = cli(t, nil, append(args, "-o", "json")...)
+		checkJSON(t, args, out, errOut, code, s.json)
+	}
+	// writes print their answer as JSON too
+	for _, w := range []struct {
+		args []string
+		json []string
+	}{
+		{[]string{"put", "j1", "v", "-o", "json"}, []string{"key", "version", "origin", "replayed"}},
+		{[]string{"incr", "c", "2", "--output", "json"}, []string{"key", "value"}},
+		{[]string{"batch", batch, "--json"}, []string{"version", "ops"}},
+		{[]string{"del", "j1", "-o", "json"}, []string{"key", "version"}},
+		{[]string{"load", load, "-o", "json"}, []string{"loaded", "keys_per_second"}},
+	} {
+		out, errOut, code := cli(t, nil, append(w.args, addr...)...)
+		checkJSON(t, w.args, out, errOut, code, w.json)
+	}
+	// the values landed: the counter is exactly 5 + 2
+	out, _, _ := cli(t, nil, "counter", "c", "-o", "json", "--addr", p.url)
+	var c struct{ Value int64 }
+	if json.Unmarshal([]byte(out), &c); c.Value != 7 {
+		t.Fatalf("counter after incr 5 and 2: %s", out)
+	}
+	// flags before the admin sub-command, -o with a separate value
+	if out, errOut, code := cli(t, nil, "admin", "-o", "json", "--addr", p.url, "digest"); code != 0 || !json.Valid([]byte(out)) {
+		t.Fatalf("admin -o json --addr URL digest: %d %s %s", code, out, errOut)
+	}
+	if _, errOut, code := cli(t, nil, "digest", "-o", "yaml", "--addr", p.url); code == 0 || !strings.Contains(errOut, "want table or json") {
+		t.Fatalf("-o yaml: exit %d %s", code, errOut)
+	}
+
+	// $REPLICATOR_ADDR stands in for --addr.
+	if out, errOut, code := cli(t, []string{"REPLICATOR_ADDR=" + p.url}, "get", "k1"); code != 0 || strings.TrimSpace(out) != "v1" {
+		t.Fatalf("get with $REPLICATOR_ADDR: %d %q %s", code, out, errOut)
+	}
+	// An error names its command once.
+	_, errOut, code := cli(t, nil, "get", "missing", "--addr", p.url)
+	if code != 1 || !strings.HasPrefix(errOut, "replicator get: ") || strings.Count(errOut, "replicator") != 1 {
+		t.Fatalf("get missing: exit %d %q", code, errOut)
+	}
+	// A typo: one line and a suggestion, exit 2.
+	_, errOut, code = cli(t, nil, "pu", "k", "v")
+	if code != 2 || !strings.Contains(errOut, "Did you mean") || !strings.Contains(errOut, "put") || strings.Count(errOut, "\n") > 6 {
+		t.Fatalf("typo: exit %d %q", code, errOut)
+	}
+
+	// -h exits 0 everywhere, to stdout, with defaults; no test flags.
+	for _, sub := range []string{"serve", "demo", "bench", "put", "get", "del", "scan", "status", "del-range", "incr",
+		"counter", "batch", "load", "peers", "digest", "admin", "healthcheck", "version"} {
+		out, errOut, code := cli(t, nil, sub, "-h")
+		if code != 0 || out == "" {
+			t.Fatalf("%s -h: exit %d\n%s%s", sub, code, out, errOut)
+		}
+		if strings.Contains(out, "--test-") {
+			t.Fatalf("%s -h lists test flags:\n%s", sub, out)
+		}
+		if sub == "serve" && !strings.Contains(out, "(default 127.0.0.1:7400)") {
+			t.Fatalf("serve -h shows no defaults:\n%s", out)
+		}
+	}
+	for _, sh := range []string{"bash", "zsh", "fish"} {
+		out, errOut, code := cli(t, nil, "completion", sh)
+		if code != 0 || !strings.Contains(out, "replicator") || len(out) < 500 {
+			t.Fatalf("completion %s: exit %d, %d bytes %s", sh, code, len(out), errOut)
+		}
+	}
+}
+
+func checkJSON(t *testing.T, args []string, out, errOut string, code int, fields []string) {
+	t.Helper()
+	if code != 0 {
+		t.Fatalf("%v -o json: exit %d\n%s%s", args, code, out, errOut)
+	}
+	var doc map[string]any
+	if err := json.Unmarshal([]byte(out), &doc); err != nil {
+		t.Fatalf("%v -o json is not a JSON document: %v\n%s", args, err, out)
+	}
+	for _, f := range fields {
+		if _, ok := doc[f]; !ok {
+			t.Fatalf("%v -o json lacks %q:\n%s", args, f, out)
+		}
+	}
+}
+
+// TestServeConfigLayers: the YAML file sets, $REPLICATOR_* overrides it, a
+// flag overrides both; --print-config shows the result with the defaults
+// and derived marks filled in and secrets redacted, and what it prints is a
+// config serve takes back (the redacted secret excepted, refused by name).
+func TestServeConfigLayers(t *testing.T) {
+	dir := t.TempDir()
+	conf := filepath.Join(dir, "c.yaml")
+	os.WriteFile(conf, []byte(`cluster_id: east
+data: `+filepath.Join(dir, "data")+`
+listen: 127.0.0.1:7001
+max_key_bytes: 111
+max_value_bytes: 2222
+wal_high_water_entries: 1000
+peers:
+  west:
+    url: http://127.0.0.1:7002
+    secret: hunter2
+`), 0o644)
+	env := []string{"REPLICATOR_LISTEN=127.0.0.1:7003", "REPLICATOR_MAX_KEY_BYTES=333",
+		"REPLICATOR_PEER=south=http://127.0.0.1:7004", "REPLICATOR_PEER_SECRET=south=s0uth-secret"}
+	out, errOut, code := cli(t, env, "serve", "--config", conf, "--print-config", "--max-key-bytes", "444")
+	if code != 0 {
+		t.Fatalf("--print-config: exit %d %s", code, errOut)
+	}
+	var got map[string]any
+	if err := yaml.Unmarshal([]byte(out), &got); err != nil {
+		t.Fatalf("--print-config is not YAML: %v\n%s", err, out)
+	}
+	for k, want := range map[string]any{
+		"cluster_id":            "east",
+		"listen":                "127.0.0.1:7003", // env over file
+		"max_key_bytes":         444,              // flag over env over file
+		"max_value_bytes":       2222,             // file over default
+		"tombstone_retention":   "24h",            // default shown
+		"wal_low_water_entries": 500,              // derived: half the high mark
+	} {
+		if got[k] != want {
+			t.Errorf("%s = %v, want %v", k, got[k], want)
+		}
+	}
+	if strings.Contains(out, "hunter2") || strings.Contains(out, "s0uth-secret") || strings.Count(out, "<redacted>") != 2 {
+		t.Fatalf("secrets not redacted:\n%s", out)
+	}
+	if _, ok := got["test_clock_offset"]; ok {
+		t.Errorf("test settings printed:\n%s", out)
+	}
+	// Fed back: every key is one --config knows; the placeholder secret is
+	// refused by name rather than used.
+	printed := filepath.Join(dir, "printed.yaml")
+	os.WriteFile(printed, []byte(out), 0o644)
+	_, errOut, code = cli(t, nil, "serve", "--config", printed, "--print-config")
+	if code == 0 || !strings.Contains(errOut, "placeholder") || strings.Contains(errOut, "field") {
+		t.Fatalf("printed config fed back: exit %d %s", code, errOut)
+	}
+	noSecrets := strings.ReplaceAll(out, "secret: <redacted>", "secret_file: "+filepath.Join(dir, "secret"))
+	os.WriteFile(filepath.Join(dir, "secret"), []byte("x\n"), 0o600)
+	os.WriteFile(printed, []byte(noSecrets), 0o644)
+	if _, errOut, code = cli(t, nil, "serve", "--config", printed, "--print-config"); code != 0 {
+		t.Fatalf("printed config with secret files: exit %d %s", code, errOut)
+	}
+	// A bad environment value is named; an unknown REPLICATOR_ variable is
+	// warned about.
+	_, errOut, code = cli(t, []string{"REPLICATOR_MAX_KEY_BYTES=lots"}, "serve", "--config", conf, "--print-config")
+	if code == 0 || !strings.Contains(errOut, "$REPLICATOR_MAX_KEY_BYTES") {
+		t.Fatalf("bad env value: exit %d %s", code, errOut)
+	}
+	_, errOut, _ = cli(t, []string{"REPLICATOR_LISTNE=x"}, "serve", "--config", conf, "--print-config")
+	if !strings.Contains(errOut, "REPLICATOR_LISTNE") {
+		t.Fatalf("unknown env not warned about: %s", errOut)
+	}
+}
