@@ -73,6 +73,8 @@ type serveConfig struct {
 	TLSCert         string   `yaml:"tls_cert"`
 	TLSKey          string   `yaml:"tls_key"`
 	TLSReload       duration `yaml:"tls_reload_interval"`
+	LinkLagging     duration `yaml:"link_lagging"`
+	LinkStalled     duration `yaml:"link_stalled"`
 	TLSClientCA     string   `yaml:"tls_client_ca"`
 	PeerCA          string   `yaml:"peer_ca"`
 	PeerSANMode     string   `yaml:"peer_san_mode"`
@@ -105,6 +107,7 @@ func defaultServeConfig() *serveConfig {
 		MinBodyRate: d.MinBodyRate, MaxConns: d.MaxConnections, MaxBodies: d.MaxBodiesInFlight,
 		GossipProfile: "wan", TLSReload: duration(d.TLSReloadInterval), PeerSANMode: node.SANModeURI,
 		MemTableSize: store.DefaultOptions().MemTableSize,
+		LinkLagging:  duration(d.LinkLagging), LinkStalled: duration(d.LinkStalled),
 	}
 }
 
@@ -359,6 +362,8 @@ func serveFlags(cfg *serveConfig) *flag.FlagSet {
 	fs.IntVar(&cfg.MaxConns, "max-connections", cfg.MaxConns, "connections each listener holds at once (-1 no bound)")
 	fs.IntVar(&cfg.MaxBodies, "max-bodies-in-flight", cfg.MaxBodies, "replication batches read at once (each peer a quarter)")
 	fs.IntVar(&cfg.PermitQueue, "replay-queue", cfg.PermitQueue, "incoming batches waiting for a permit")
+	fs.Var(&cfg.LinkLagging, "link-lagging", "a link is lagging past this long without contact, or with its oldest unacknowledged write this old")
+	fs.Var(&cfg.LinkStalled, "link-stalled", "a link is stalled past this long (alert on it)")
 	fs.BoolVar(&cfg.NoAutoReseed, "no-auto-reseed", cfg.NoAutoReseed, "re-seed peers only when asked (POST /admin/peers/NAME/reseed)")
 	fs.StringVar(&cfg.GossipBind, "gossip-bind", cfg.GossipBind, "HOST:PORT for memberlist gossip (peer discovery); off when empty")
 	fs.StringVar(&cfg.GossipAdvertise, "gossip-advertise", cfg.GossipAdvertise, "HOST:PORT other nodes reach the gossip port at (default --gossip-bind)")
@@ -460,6 +465,7 @@ func (cfg *serveConfig) nodeOptions(log *slog.Logger) (*node.Options, error) {
 	o.MinBodyRate, o.MaxConnections, o.MaxBodiesInFlight = cfg.MinBodyRate, cfg.MaxConns, cfg.MaxBodies
 	o.TLSCert, o.TLSKey, o.TLSClientCA, o.PeerCA = cfg.TLSCert, cfg.TLSKey, cfg.TLSClientCA, cfg.PeerCA
 	o.TLSReloadInterval = time.Duration(cfg.TLSReload)
+	o.LinkLagging, o.LinkStalled = time.Duration(cfg.LinkLagging), time.Duration(cfg.LinkStalled)
 	o.PeerSANMode, o.PeerListen = cfg.PeerSANMode, cfg.PeerListen
 	o.TestDiskFullFile = cfg.TestDiskFull
 	o.Pprof, o.PprofListen = cfg.Pprof, cfg.PprofListen
