@@ -174,6 +174,7 @@ func (n *Node) registerAdmin(mux *http.ServeMux) {
 	}
 	mux.Handle("/metrics", n.metrics.handler())
 	mux.HandleFunc("/admin/ui", getOnly(n.handleUI))
+	mux.HandleFunc("/admin/history", getOnly(n.handleHistory))
 	mux.HandleFunc("/admin/lag", getOnly(n.handleLag))
 	n.registerDeadLetters(mux)
 	if n.opts.Pprof && n.opts.APIToken != "" {
@@ -232,6 +233,9 @@ var dashboard []byte
 func (n *Node) handleUI(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Content-Type", "text/html; charset=utf-8")
 	w.Header().Set("Cache-Control", "no-store")
+	// The page has buttons: no other site may frame it and trick a click.
+	w.Header().Set("X-Frame-Options", "DENY")
+	w.Header().Set("Content-Security-Policy", "frame-ancestors 'none'")
 	w.Write(dashboard)
 }
 

@@ -53,6 +53,7 @@ type Node struct {
 
 	acceptor   *acceptor.Acceptor
 	peerClient *http.Client
+	history    *history // the dashboard's chart, sampled by historyLoop
 	linksMu    sync.RWMutex
 	shippers   []*transport.Shipper // guarded by linksMu
 	replCtx    context.Context      // set by startReplication, under linksMu
@@ -133,6 +134,7 @@ func Open(ctx context.Context, opts *Options) (*Node, error) {
 		stop:       make(chan struct{}),
 		overflow:   map[string]string{},
 		linkStates: map[string]string{},
+		history:    newHistory(int(o.HistorySpan / o.HistoryInterval)),
 	}
 	n.sat.init()
 	for _, p := range o.Peers {
@@ -375,9 +377,10 @@ func (n *Node) Start() error {
 	if n.peerLn != nil {
 		n.peerSrv = n.serve(n.peerLn, n.PeerHandler(), &n.peerServeErr)
 	}
-	n.bg.Add(2)
+	n.bg.Add(3)
 	go n.gcLoop()
 	go n.saturationLoop()
+	go n.historyLoop()
 	n.startReplication()
 	if n.tls.cert != nil { // after the peer client exists: a reload closes its idle links
 		n.bg.Add(1)

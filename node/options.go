@@ -50,6 +50,10 @@ type Options struct {
 	// PeerCA (PEM file) verifies peers' server certificates. Default
 	// TLSClientCA.
 	PeerCA string
+	// HistoryInterval is how often the dashboard's history samples every
+	// link's backlog (default 5s); HistorySpan how far back it keeps them
+	// (default 1h).
+	HistoryInterval, HistorySpan time.Duration
 	// BuildVersion is told to peers in acks and shown in /admin/origin and
 	// replicator_build_info. Default: the package's Version.
 	BuildVersion string
@@ -250,6 +254,12 @@ func (o *Options) EnsureDefaults() {
 	if o.AdmissionWait == 0 {
 		o.AdmissionWait = 5 * time.Second
 	}
+	if o.HistoryInterval == 0 {
+		o.HistoryInterval = 5 * time.Second
+	}
+	if o.HistorySpan == 0 {
+		o.HistorySpan = time.Hour
+	}
 	if o.BuildVersion == "" {
 		o.BuildVersion = Version
 	}
@@ -313,6 +323,9 @@ func (o *Options) Validate() error {
 	}
 	if o.GCInterval <= 0 {
 		add("GCInterval %s must be positive", o.GCInterval)
+	}
+	if o.HistoryInterval <= 0 || o.HistorySpan < o.HistoryInterval || o.HistorySpan/o.HistoryInterval > 100_000 {
+		add("HistoryInterval %s and HistorySpan %s: want a positive interval and at most 100000 samples", o.HistoryInterval, o.HistorySpan)
 	}
 	if o.TLSReloadInterval < 0 {
 		add("TLSReloadInterval %s must be positive (--tls-reload-interval)", o.TLSReloadInterval)

@@ -2,7 +2,9 @@ package node
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"net/http"
 	"os"
 	"os/exec"
 	"strings"
@@ -64,11 +66,92 @@ func TestDashboardRendersLiveData(t *testing.T) {
 		`<tr data-peer="b">`, `<tr data-peer="c">`,
 		`<span id="sat" class="state saturated">saturated</span>`,
 		`<span id="cause">(c: backlog of`,
-		`<tr data-peer="c"><td>c</td><td><span class="state lagging">lagging</span></td><td class="n">0</td>`,
-		"<polyline",
+		`<tr data-peer="c"><td>c</td><td><span class="state lagging">lagging</span></td>`,
+		`<button data-action="pause" data-peer="c">Pause</button>`,
+		`<polyline data-peer="c"`,
 	} {
 		if !strings.Contains(dom, want) {
 			t.Fatalf("the rendered dashboard lacks %q:\n%s", want, dom)
 		}
+	}
+}
+
+// TestHistoryRing: the ring keeps the newest samples, oldest first, and
+// after() returns only what a page has not seen.
+func TestHistoryRing(t *testing.T) {
+	h := newHistory(4)
+	at := func(i int) time.Time { return time.Unix(1000+int64(i), 0) }
+	for i := 0; i < 3; i++ {
+		h.add(HistorySample{Time: at(i)})
+	}
+	if got := h.after(time.Time{}); len(got) != 3 || !got[0].Time.Equal(at(0)) || !got[2].Time.Equal(at(2)) {
+		t.Fatalf("before wrapping: %v", got)
+	}
+	for i := 3; i < 10; i++ {
+		h.add(HistorySample{Time: at(i)})
+	}
+	got := h.after(time.Time{})
+	if len(got) != 4 {
+		t.Fatalf("after wrapping: %d samples, want 4", len(got))
+	}
+	for i, s := range got {
+		if !s.Time.Equal(at(6 + i)) {
+			t.Fatalf("sample %d is %v, want %v (oldest first)", i, s.Time, at(6+i))
+		}
+	}
+	if got := h.after(at(8)); len(got) != 1 || !got[0].Time.Equal(at(9)) {
+		t.Fatalf("after the 8th: %v", got)
+	}
+}
+
+// TestDashboardHeadersAndHistory: the page cannot be framed by another site
+// (its buttons would be clickjacked), and /admin/history answers with the
+// node's samples and refuses a malformed ?after.
+func TestDashboardHeadersAndHistory(t *testing.T) {
+	o := testOptions(t.TempDir())
+	o.HistoryInterval = 10 * time.Millisecond
+	o.HistorySpan = time.Second
+	n := startNode(t, o)
+	resp, err := http.Get(n.URL() + "/admin/ui")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.Header.Get("X-Frame-Options") != "DENY" || !strings.Contains(resp.Header.Get("Content-Security-Policy"), "frame-ancestors 'none'") {
+		t.Fatalf("the dashboard may be framed: %v", resp.Header)
+	}
+	for len(n.history.after(time.Time{})) < 3 {
+		time.Sleep(5 * time.Millisecond)
+	}
+	var rep HistoryReport
+	resp, err = http.Get(n.URL() + "/admin/history")
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = json.NewDecoder(resp.Body).Decode(&rep)
+	resp.Body.Close()
+	if err != nil || len(rep.Samples) < 3 || rep.IntervalSeconds != 0.01 || rep.SpanSeconds != 1 {
+		t.Fatalf("history: %v %+v", err, rep)
+	}
+	last := rep.Samples[len(rep.Samples)-1].Time.UnixMilli()
+	resp, err = http.Get(n.URL() + fmt.Sprintf("/admin/history?after=%d", last))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rep = HistoryReport{}
+	json.NewDecoder(resp.Body).Decode(&rep)
+	resp.Body.Close()
+	for _, s := range rep.Samples {
+		if s.Time.UnixMilli() <= last {
+			t.Fatalf("?after=%d returned a sample at %d", last, s.Time.UnixMilli())
+		}
+	}
+	resp, err = http.Get(n.URL() + "/admin/history?after=yesterday")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusBadRequest {
+		t.Fatalf("?after=yesterday: %d, want 400", resp.StatusCode)
 	}
 }

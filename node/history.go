@@ -1,0 +1,118 @@
+package node
+
+import (
+	"net/http"
+	"strconv"
+	"sync"
+	"time"
+)
+
+// The dashboard's chart is served by the node: a ring of samples of every
+// link's backlog over the last hour, so a page opened during an incident
+// shows how it began, not an empty chart that fills from then on.
+
+// HistorySample is one point of the chart: every link's backlog, and the
+// node's saturation, at one time.
+type HistorySample struct {
+	Time       time.Time             `json:"t"`
+	Saturation string                `json:"saturation"`
+	Peers      map[string]PeerSample `json:"peers"`
+}
+
+// PeerSample is one link at one time.
+type PeerSample struct {
+	State   string  `json:"state"`
+	Entries uint64  `json:"entries_behind"`
+	Bytes   int64   `json:"bytes_behind"`
+	Oldest  float64 `json:"oldest_unacked_age_seconds"`
+}
+
+// HistoryReport is GET /admin/history: the samples after ?after (Unix
+// milliseconds; all of them without it), oldest first.
+type HistoryReport struct {
+	IntervalSeconds float64         `json:"interval_seconds"`
+	SpanSeconds     float64         `json:"span_seconds"`
+	Samples         []HistorySample `json:"samples"`
+}
+
+// history is a fixed ring of samples; the oldest is overwritten.
+type history struct {
+	mu struct {
+		sync.Mutex
+		ring []HistorySample // cap is the ring's size
+		next int             // where the next sample goes once the ring is full
+	}
+}
+
+func newHistory(size int) *history {
+	h := &history{}
+	h.mu.ring = make([]HistorySample, 0, max(size, 1))
+	return h
+}
+
+func (h *history) add(s HistorySample) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if len(h.mu.ring) < cap(h.mu.ring) {
+		h.mu.ring = append(h.mu.ring, s)
+		return
+	}
+	h.mu.ring[h.mu.next] = s
+	h.mu.next = (h.mu.next + 1) % len(h.mu.ring)
+}
+
+// after returns the samples later than t, oldest first.
+func (h *history) after(t time.Time) []HistorySample {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	out := make([]HistorySample, 0, len(h.mu.ring))
+	for i := range h.mu.ring {
+		s := h.mu.ring[(h.mu.next+i)%len(h.mu.ring)]
+		if s.Time.After(t) {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+// sampleHistory takes one sample of every link.
+func (n *Node) sampleHistory() HistorySample {
+	// Milliseconds: the page asks for ?after=<ms of the last it saw>, so a
+	// finer stamp would come back again as "after" its own truncation.
+	s := HistorySample{Time: time.UnixMilli(n.clock.Physical() / 1e6).UTC(), Saturation: n.Saturation().State,
+		Peers: map[string]PeerSample{}}
+	for _, st := range n.PeerStatus() {
+		s.Peers[st.Peer] = PeerSample{State: st.State, Entries: st.EntriesBehind, Bytes: st.BytesBehind, Oldest: st.OldestUnackedAge}
+	}
+	return s
+}
+
+// historyLoop samples every HistoryInterval. It exits when stop is closed.
+func (n *Node) historyLoop() {
+	defer n.bg.Done()
+	t := time.NewTicker(n.opts.HistoryInterval)
+	defer t.Stop()
+	n.history.add(n.sampleHistory()) // a page opened at once has a point
+	for {
+		select {
+		case <-n.stop:
+			return
+		case <-t.C:
+			n.history.add(n.sampleHistory())
+		}
+	}
+}
+
+func (n *Node) handleHistory(w http.ResponseWriter, r *http.Request) {
+	var after time.Time
+	if v := r.URL.Query().Get("after"); v != "" {
+		ms, err := strconv.ParseInt(v, 10, 64)
+		if err != nil {
+			writeError(w, http.StatusBadRequest, apiError{Code: "bad_request", Message: "after: want Unix milliseconds"})
+			return
+		}
+		after = time.UnixMilli(ms)
+	}
+	writeJSON(w, http.StatusOK, HistoryReport{IntervalSeconds: n.opts.HistoryInterval.Seconds(),
+		SpanSeconds: n.opts.HistorySpan.Seconds(), Samples: n.history.after(after)})
+}

@@ -1,0 +1,149 @@
+package node
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/chromedp/cdproto/page"
+	"github.com/chromedp/chromedp"
+)
+
+// browse starts headless Chromium under chromedp and returns a context that
+// drives one tab. Dialogs (the re-seed confirmation) are accepted.
+func browse(t *testing.T) context.Context {
+	t.Helper()
+	opts := append(chromedp.DefaultExecAllocatorOptions[:],
+		chromedp.ExecPath(chromium(t)), chromedp.NoSandbox, chromedp.DisableGPU,
+		chromedp.UserDataDir(t.TempDir()), chromedp.Flag("disable-quic", true))
+	actx, cancelAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
+	ctx, cancelCtx := chromedp.NewContext(actx)
+	ctx, cancelTimeout := context.WithTimeout(ctx, 90*time.Second)
+	t.Cleanup(func() { cancelTimeout(); cancelCtx(); cancelAlloc() })
+	// The page waits while a dialog is open; this goroutine accepts it. It
+	// ends when the tab's context is cancelled (the iterator stops).
+	dialogs := chromedp.Events(ctx, page.JavascriptDialogOpening)
+	go func() {
+		for _, err := range dialogs {
+			if err != nil {
+				return
+			}
+			chromedp.Call(ctx, page.HandleJavaScriptDialog, page.HandleJavaScriptDialogParams{Accept: true})
+		}
+	}()
+	return ctx
+}
+
+// TestDashboardActionsInBrowser drives the dashboard in headless Chromium:
+// the chart shows the node's own history the moment the page loads, the
+// Pause and Resume buttons change the link (behind the API token, which the
+// page takes from its #fragment), Re-seed asks first and then runs, and
+// another origin's page cannot do the same.
+func TestDashboardActionsInBrowser(t *testing.T) {
+	ctx := browse(t)
+	const token = "dashboard-token"
+	m := newTestMesh(t, nil, func(o *Options) {
+		o.HistoryInterval = 50 * time.Millisecond
+		o.HistorySpan = time.Minute
+		if o.ClusterID == "a" {
+			o.APIToken = token
+		}
+	}, "a", "b")
+	a, b := m.nodes["a"], m.nodes["b"]
+	m.cut("a", "b", true)
+	for i := 0; i < 40; i++ {
+		if _, err := a.Put(context.Background(), fmt.Sprint("k", i), []byte("v")); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(10 * time.Millisecond) // a rising backlog across samples
+	}
+	// The node samples whether or not a page is open: wait for history, not
+	// for a clock.
+	for len(a.history.after(time.Time{})) < 15 {
+		time.Sleep(20 * time.Millisecond)
+	}
+
+	row := `#peers tr[data-peer="b"]`
+	css := func(s string) chromedp.CSS { return chromedp.CSS(row + " " + s) }
+	if err := chromedp.Do(ctx,
+		chromedp.Navigate(a.URL()+"/admin/ui#token="+token),
+		chromedp.WaitVisible(css(`button[data-action="pause"]`)),
+	); err != nil {
+		t.Fatal(err)
+	}
+	points, err := chromedp.Run(ctx, chromedp.AttributeValue(chromedp.CSS(`polyline[data-peer="b"]`), "points"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := len(strings.Fields(points.Value)); n < 15 {
+		t.Fatalf("right after the page loaded, the chart of b has %d points (%q); the node's history holds more", n, points.Value)
+	}
+
+	// Pause: the button posts, the link pauses, the row says so.
+	if err := chromedp.Do(ctx,
+		chromedp.Click(css(`button[data-action="pause"]`)),
+		chromedp.WaitVisible(css(`button[data-action="resume"]`)),
+	); err != nil {
+		t.Fatal(err)
+	}
+	badge, err := chromedp.Run(ctx, chromedp.Text(css(`span.state`)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !link(t, a, "b").Paused || badge != "paused" {
+		t.Fatalf("after Pause: link paused %v, badge %q", link(t, a, "b").Paused, badge)
+	}
+
+	// Resume, with the path open again: the link drains and reads healthy.
+	m.cut("a", "b", false)
+	if err := chromedp.Do(ctx,
+		chromedp.Click(css(`button[data-action="resume"]`)),
+		chromedp.WaitVisible(css(`button[data-action="pause"]`)),
+		chromedp.WaitVisible(css(`span.state.healthy`)),
+	); err != nil {
+		t.Fatal(err)
+	}
+	if l := link(t, a, "b"); l.Paused || l.EntriesBehind != 0 {
+		t.Fatalf("after Resume: paused %v, %d behind", l.Paused, l.EntriesBehind)
+	}
+
+	// Re-seed: confirmed in the dialog, then it runs to the end.
+	before := link(t, a, "b").Reseed.Runs
+	if err := chromedp.Do(ctx,
+		chromedp.Click(css(`button[data-action="reseed"]`)),
+		chromedp.WaitVisible(chromedp.Search(`//div[@id="action"][contains(., "reseed b: link")]`)),
+	); err != nil {
+		t.Fatal(err)
+	}
+	said, _ := chromedp.Run(ctx, chromedp.Text(chromedp.ID("action")))
+	deadline := time.Now().Add(30 * time.Second)
+	for l := link(t, a, "b"); l.Reseed.Runs == before || l.Reseed.Running; l = link(t, a, "b") {
+		if time.Now().After(deadline) {
+			t.Fatalf("the re-seed the dashboard asked for did not run: %+v (page said %q)", l.Reseed, said)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+
+	// Another origin's page (here a different port: same site, other
+	// origin) submits a form to b's pause action. b has no token; the
+	// cross-origin protection alone must refuse it.
+	evil := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprintf(w, `<!doctype html><form id="f" method="POST" action="%s/admin/peers/a/pause"></form>
+<script>document.getElementById("f").submit()</script>`, b.URL())
+	}))
+	defer evil.Close()
+	if err := chromedp.Do(ctx,
+		chromedp.Navigate(evil.URL),
+		chromedp.WaitVisible(chromedp.Search(`//body[contains(., "cross_origin")]`)),
+	); err != nil {
+		t.Fatal(err)
+	}
+	body, _ := chromedp.Run(ctx, chromedp.Text(chromedp.CSS("body")))
+	if link(t, b, "a").Paused {
+		t.Fatalf("a cross-origin form paused b's link (the node answered %q)", body)
+	}
+}
