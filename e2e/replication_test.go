@@ -1,8 +1,10 @@
 package e2e
 
 import (
+	"bufio"
 	"context"
 	"fmt"
+	"io"
 	"net/http"
 	"os"
 	"os/exec"
@@ -414,5 +416,49 @@ func TestDemo(t *testing.T) {
 	}
 	if strings.Contains(string(out), "cluster b: 2000 local writes") && !regexp.MustCompile(`cluster b: .* [1-9][0-9]* duplicates absorbed`).Match(out) {
 		t.Fatalf("the lost ack was not absorbed as duplicates:\n%s", out)
+	}
+}
+
+// TestDemoKeep: `demo --keep` leaves both clusters up, prints where their
+// dashboards are (and they answer), and stops cleanly on Ctrl-C.
+func TestDemoKeep(t *testing.T) {
+	cmd := exec.Command(binPath, "demo", "--keep")
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Stderr = cmd.Stdout
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer cmd.Process.Kill()
+	var seen strings.Builder
+	var urls []string
+	sc := bufio.NewScanner(stdout)
+	for sc.Scan() {
+		seen.WriteString(sc.Text() + "\n")
+		if rest, ok := strings.CutPrefix(strings.TrimSpace(sc.Text()), "dashboards:"); ok {
+			urls = strings.Fields(rest)
+			break
+		}
+	}
+	if len(urls) != 2 {
+		t.Fatalf("demo --keep printed no dashboard URLs:\n%s", seen.String())
+	}
+	for _, u := range urls {
+		resp, err := http.Get(u)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 || !strings.Contains(string(body), "<title>replicator</title>") {
+			t.Fatalf("%s: %d %.200s", u, resp.StatusCode, body)
+		}
+	}
+	go io.Copy(io.Discard, stdout)
+	cmd.Process.Signal(os.Interrupt)
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("demo --keep after Ctrl-C: %v", err)
 	}
 }

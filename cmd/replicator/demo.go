@@ -175,8 +175,10 @@ func runDemo(args []string) error {
 		won["a"], won["b"], won["deleted"])
 	printReport(a, b, da, db)
 	if *keep {
-		fmt.Printf("\nBoth clusters keep running. Try:\n  curl -X PUT --data hello %s/v1/kv/greeting && curl %s/v1/kv/greeting\n", urlA, urlB)
-		fmt.Println("Ctrl-C stops them.")
+		fmt.Printf("\nBoth clusters keep running.\n  dashboards: %s/admin/ui  %s/admin/ui\n", urlA, urlB)
+		fmt.Printf("  try:        curl -X PUT --data hello %s/v1/kv/greeting && curl %s/v1/kv/greeting\n", urlA, urlB)
+		fmt.Printf("              replicator peers --addr %s\n", urlA)
+		fmt.Printf("Ctrl-C stops them; their data stays in %s (rm -rf it when done).\n", dir)
 		sig, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 		defer stop()
 		<-sig.Done()
