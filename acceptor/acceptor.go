@@ -15,6 +15,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -107,8 +108,9 @@ type Options struct {
 	// commit HLC (0: unchecked).
 	PinWindow time.Duration
 	// ObserveLag, when set, is told each applied entry's replication lag:
-	// the local physical clock at apply minus the entry's commit HLC.
-	ObserveLag func(origin string, lag time.Duration)
+	// the local physical clock at apply minus the entry's commit HLC, and
+	// its stages when the sender said when it sent the batch.
+	ObserveLag func(origin string, lag Lag)
 	// ObserveApply, when set, is told how long each applied batch took.
 	ObserveApply func(d time.Duration)
 	// Now reads the physical clock (nanoseconds) for ObserveLag and acks.
@@ -373,6 +375,10 @@ func (a *Acceptor) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		a.refuse(w, sender, fmt.Errorf("%w: %w", ErrBadBatch, err))
 		return
 	}
+	if a.opts.Now != nil {
+		b.ReceivedAt = a.opts.Now()
+		b.SentAt, _ = strconv.ParseInt(r.Header.Get(transport.HeaderSent), 10, 64)
+	}
 	done, err := a.acquire(r, sender)
 	if err != nil {
 		a.refuse(w, sender, err)
@@ -389,6 +395,17 @@ func (a *Acceptor) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	httpjson.Write(w, http.StatusOK, ack)
+}
+
+// Lag is one applied entry's replication lag and, when Staged, its parts:
+// Ship, on the sender's clock, from the entry's commit to the batch leaving
+// (the local fsync, the shipper's wait for the link, encoding); Wire, from
+// the sender's clock to this one once the body was read (the network, and
+// any clock skew between the two); Apply, on this clock, from then to the
+// synced apply (the permit queue, the apply lock, the fsync).
+type Lag struct {
+	Total, Ship, Wire, Apply time.Duration
+	Staged                   bool
 }
 
 // refuseUnread refuses a request whose body was not (wholly) read: the
@@ -749,9 +766,17 @@ func (a *Acceptor) Apply(sender string, b *transport.Batch) (transport.Ack, erro
 	}
 	if a.opts.ObserveLag != nil && a.opts.Now != nil && !b.Snapshot {
 		now := a.opts.Now()
+		staged := b.SentAt > 0 && b.ReceivedAt > 0
 		for _, e := range ents {
 			if e.Index > start {
-				a.opts.ObserveLag(sender, time.Duration(now-e.Commit.Wall))
+				l := Lag{Total: time.Duration(now - e.Commit.Wall)}
+				if staged {
+					l.Staged = true
+					l.Ship = time.Duration(b.SentAt - e.Commit.Wall)
+					l.Wire = time.Duration(b.ReceivedAt - b.SentAt)
+					l.Apply = time.Duration(now - b.ReceivedAt)
+				}
+				a.opts.ObserveLag(sender, l)
 			}
 		}
 	}

@@ -381,3 +381,43 @@ func TestTrailerMarks(t *testing.T) {
 		t.Error("a mark of an unknown cluster was taken")
 	}
 }
+
+// TestLagStages: an entry's lag is split at the sender's X-Replicator-Sent
+// and at the body's arrival; a batch without it (an older sender) or with a
+// garbled one still counts its total lag, with no stages.
+func TestLagStages(t *testing.T) {
+	f := newFixture(t)
+	var got []Lag
+	f.acc.opts.Now = f.pc.Now
+	f.acc.opts.ObserveLag = func(origin string, l Lag) {
+		if origin != "b" {
+			t.Errorf("lag attributed to %q", origin)
+		}
+		got = append(got, l)
+	}
+	e := f.entry(1, "k1", "v")
+	now := e.Commit.Wall + int64(10*time.Millisecond)
+	f.pc.Set(now)
+	body := transport.EncodeBatch(&transport.Batch{Header: transport.Header{Sender: "b", Stream: streamB}, Entries: []wal.Entry{e}})
+	sent := e.Commit.Wall + int64(3*time.Millisecond)
+	if st, out := f.post(body, "X-Replicator-Origin", "b", "Authorization", "Bearer secret-b",
+		transport.HeaderSent, fmt.Sprint(sent)); st != 200 {
+		t.Fatalf("%d %v", st, out)
+	}
+	want := Lag{Total: 10 * time.Millisecond, Ship: 3 * time.Millisecond, Wire: 7 * time.Millisecond, Apply: 0, Staged: true}
+	if len(got) != 1 || got[0] != want {
+		t.Fatalf("lag %+v, want %+v", got, want)
+	}
+	for i, hdr := range []string{"", "yesterday"} {
+		got = nil
+		e := f.entry(uint64(2+i), "k", "v")
+		f.pc.Set(e.Commit.Wall + int64(4*time.Millisecond))
+		body := transport.EncodeBatch(&transport.Batch{Header: transport.Header{Sender: "b", Stream: streamB}, Entries: []wal.Entry{e}})
+		if st, out := f.post(body, "X-Replicator-Origin", "b", "Authorization", "Bearer secret-b", transport.HeaderSent, hdr); st != 200 {
+			t.Fatalf("%d %v", st, out)
+		}
+		if len(got) != 1 || got[0] != (Lag{Total: 4 * time.Millisecond}) {
+			t.Fatalf("sent header %q: lag %+v, want the total only", hdr, got)
+		}
+	}
+}

@@ -3,6 +3,7 @@ package e2e
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
@@ -460,5 +461,49 @@ func TestDemoKeep(t *testing.T) {
 	cmd.Process.Signal(os.Interrupt)
 	if err := cmd.Wait(); err != nil {
 		t.Fatalf("demo --keep after Ctrl-C: %v", err)
+	}
+}
+
+// TestBenchReportsFloor: `replicator bench` measures this machine's floor in
+// the same run (two synced commits and a round trip) and gives every lag
+// figure as a multiple of it, with the lag split by stage.
+func TestBenchReportsFloor(t *testing.T) {
+	out, err := exec.Command(binPath, "bench", "--scenarios", "steady", "--rates", "300", "--steady-for", "2s", "--json").Output()
+	if err != nil {
+		t.Fatalf("bench: %v\n%s", err, out)
+	}
+	var rep struct {
+		Floor struct {
+			Commit float64 `json:"synced_commit_ms"`
+			Trip   float64 `json:"round_trip_ms"`
+			MS     float64 `json:"floor_ms"`
+		} `json:"floor"`
+		Results []struct {
+			Scenario string                `json:"scenario"`
+			P50      float64               `json:"lag_p50_ms"`
+			P99      float64               `json:"lag_p99_ms"`
+			P50x     float64               `json:"lag_p50_x_floor"`
+			P99x     float64               `json:"lag_p99_x_floor"`
+			Stages   map[string][2]float64 `json:"lag_stages_p50_p99_ms"`
+		} `json:"results"`
+	}
+	if err := json.Unmarshal(out, &rep); err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	f := rep.Floor
+	if f.Commit <= 0 || f.Trip <= 0 || f.MS != 2*f.Commit+f.Trip {
+		t.Fatalf("floor %+v: want 2 x commit + round trip, both measured", f)
+	}
+	if len(rep.Results) != 1 {
+		t.Fatalf("results: %s", out)
+	}
+	r := rep.Results[0]
+	if r.P50 <= 0 || r.P50x != r.P50/f.MS || r.P99x != r.P99/f.MS {
+		t.Fatalf("%s: lag %.3f/%.3f ms, as multiples %.3f/%.3f of a %.3f ms floor", r.Scenario, r.P50, r.P99, r.P50x, r.P99x, f.MS)
+	}
+	for _, stage := range []string{"ship", "wire", "apply"} {
+		if _, ok := r.Stages[stage]; !ok {
+			t.Fatalf("no %s stage: %s", stage, out)
+		}
 	}
 }

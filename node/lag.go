@@ -1,11 +1,14 @@
 package node
 
 import (
+	"math"
 	"net/http"
 	"sort"
 	"strconv"
 	"sync"
 	"time"
+
+	"github.com/replicator/replicator/acceptor"
 )
 
 // lagRing keeps the most recent replication lag samples (apply time minus
@@ -13,23 +16,38 @@ import (
 type lagRing struct {
 	mu struct {
 		sync.Mutex
-		at   []int64 // local ns when applied
-		lag  []time.Duration
-		next int
-		full bool
+		at  []int64 // local ns when applied
+		lag []time.Duration
+		// stages: ship, wire, apply in microseconds (-1<<31: unknown),
+		// int32 to keep the ring at 7 MiB rather than 10
+		stages [3][]int32
+		next   int
+		full   bool
 	}
 }
 
 const lagRingSize = 1 << 18
 
-func (r *lagRing) add(now int64, d time.Duration) {
+const stageUnknown = math.MinInt32
+
+func (r *lagRing) add(now int64, l acceptor.Lag) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.mu.at == nil {
 		r.mu.at = make([]int64, lagRingSize)
 		r.mu.lag = make([]time.Duration, lagRingSize)
+		for i := range r.mu.stages {
+			r.mu.stages[i] = make([]int32, lagRingSize)
+		}
 	}
-	r.mu.at[r.mu.next], r.mu.lag[r.mu.next] = now, d
+	r.mu.at[r.mu.next], r.mu.lag[r.mu.next] = now, l.Total
+	for i, d := range [3]time.Duration{l.Ship, l.Wire, l.Apply} {
+		us := int32(stageUnknown)
+		if l.Staged {
+			us = int32(max(min(d.Microseconds(), math.MaxInt32), math.MinInt32+1))
+		}
+		r.mu.stages[i][r.mu.next] = us
+	}
 	r.mu.next++
 	if r.mu.next == lagRingSize {
 		r.mu.next, r.mu.full = 0, true
@@ -45,7 +63,23 @@ type LagReport struct {
 	P90MS   float64   `json:"p90_ms"`
 	P99MS   float64   `json:"p99_ms"`
 	MaxMS   float64   `json:"max_ms"`
+	// Stages splits the lag of the entries whose sender said when it sent
+	// them (acceptor.Lag): ship (commit to send, on the sender's clock),
+	// wire (send to received, across the two clocks: skew shows here),
+	// apply (received to synced apply, here).
+	Stages map[string]StageReport `json:"stages,omitempty"`
 }
+
+// StageReport is one stage's percentiles.
+type StageReport struct {
+	Samples int     `json:"samples"`
+	P50MS   float64 `json:"p50_ms"`
+	P90MS   float64 `json:"p90_ms"`
+	P99MS   float64 `json:"p99_ms"`
+	MaxMS   float64 `json:"max_ms"`
+}
+
+var stageNames = [3]string{"ship", "wire", "apply"}
 
 // Lag reports the replication lag of entries applied since since.
 func (n *Node) Lag(since time.Time) LagReport {
@@ -56,9 +90,15 @@ func (n *Node) Lag(since time.Time) LagReport {
 		count = lagRingSize
 	}
 	var lags []time.Duration
+	var stages [3][]time.Duration
 	for i := 0; i < count; i++ {
 		if r.mu.at[i] >= since.UnixNano() {
 			lags = append(lags, r.mu.lag[i])
+			for j := range stages {
+				if us := r.mu.stages[j][i]; us != stageUnknown {
+					stages[j] = append(stages[j], time.Duration(us)*time.Microsecond)
+				}
+			}
 		}
 	}
 	r.mu.Unlock()
@@ -66,12 +106,27 @@ func (n *Node) Lag(since time.Time) LagReport {
 	if len(lags) == 0 {
 		return rep
 	}
-	sort.Slice(lags, func(i, j int) bool { return lags[i] < lags[j] })
-	ms := func(p float64) float64 {
-		return float64(lags[int(p*float64(len(lags)-1))].Microseconds()) / 1000
+	rep.P50MS, rep.P90MS, rep.P99MS, rep.MaxMS = percentiles(lags)
+	for j, d := range stages {
+		if len(d) > 0 {
+			if rep.Stages == nil {
+				rep.Stages = map[string]StageReport{}
+			}
+			st := StageReport{Samples: len(d)}
+			st.P50MS, st.P90MS, st.P99MS, st.MaxMS = percentiles(d)
+			rep.Stages[stageNames[j]] = st
+		}
 	}
-	rep.P50MS, rep.P90MS, rep.P99MS, rep.MaxMS = ms(0.5), ms(0.9), ms(0.99), ms(1)
 	return rep
+}
+
+// percentiles sorts d and returns its p50, p90, p99 and max in milliseconds.
+func percentiles(d []time.Duration) (p50, p90, p99, mx float64) {
+	sort.Slice(d, func(i, j int) bool { return d[i] < d[j] })
+	ms := func(p float64) float64 {
+		return float64(d[int(p*float64(len(d)-1))].Microseconds()) / 1000
+	}
+	return ms(0.5), ms(0.9), ms(0.99), ms(1)
 }
 
 func (n *Node) handleLag(w http.ResponseWriter, r *http.Request) {

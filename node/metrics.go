@@ -29,6 +29,7 @@ type nodeMetrics struct {
 	shipSeconds    *prometheus.HistogramVec
 	applySeconds   prometheus.Histogram
 	lagSeconds     *prometheus.HistogramVec
+	stageSeconds   *prometheus.HistogramVec
 	fsyncSeconds   prometheus.Histogram
 }
 
@@ -50,10 +51,13 @@ func (m *nodeMetrics) init(n *Node) {
 		Help: "Time to apply an incoming batch (decode to synced commit).", Buckets: buckets})
 	m.lagSeconds = prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "replicator_replication_lag_seconds",
 		Help: "Apply time here minus the entry's authoring commit HLC.", Buckets: buckets}, []string{"origin"})
+	m.stageSeconds = prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "replicator_replication_stage_seconds",
+		Help:    "Replication lag by stage: ship (the sender's commit to send, its clock), wire (send to received, across clocks), apply (received to synced apply, here).",
+		Buckets: buckets}, []string{"peer", "stage"})
 	m.fsyncSeconds = prometheus.NewHistogram(prometheus.HistogramOpts{Name: "replicator_wal_fsync_seconds",
 		Help: "WAL append of one commit group: one write and one fsync.", Buckets: buckets})
 	for _, c := range []prometheus.Collector{m.backlogEntries, m.backlogBytes, m.backlogAge, m.detached,
-		m.shipSeconds, m.applySeconds, m.lagSeconds, m.fsyncSeconds} {
+		m.shipSeconds, m.applySeconds, m.lagSeconds, m.stageSeconds, m.fsyncSeconds} {
 		f(c)
 	}
 	f(collectorFunc(func(ch chan<- prometheus.Metric) { n.collect(ch) }))

@@ -107,7 +107,7 @@ type Options struct {
 	// without one is a configuration error.
 	InsecurePeers bool
 	// MaxBatchEntries, MaxBatchBytes and BatchLinger bound outgoing
-	// batches (defaults 2048, 4 MiB, 2ms).
+	// batches (defaults 2048, 4 MiB, no linger: see transport.Options.Linger).
 	MaxBatchEntries int
 	MaxBatchBytes   int
 	BatchLinger     time.Duration

@@ -33,11 +33,16 @@ func (n *Node) setupReplication() error {
 		PermitQueue:   n.opts.PermitQueue,
 		PermitWait:    n.opts.PermitWait,
 		MaxBodies:     n.opts.MaxBodiesInFlight,
-		ObserveLag: func(origin string, d time.Duration) {
-			n.metrics.lagSeconds.WithLabelValues(origin).Observe(d.Seconds())
-			n.lagRing.add(time.Now().UnixNano(), d)
+		ObserveLag: func(origin string, l acceptor.Lag) {
+			n.metrics.lagSeconds.WithLabelValues(origin).Observe(l.Total.Seconds())
+			if l.Staged {
+				n.metrics.stageSeconds.WithLabelValues(origin, "ship").Observe(l.Ship.Seconds())
+				n.metrics.stageSeconds.WithLabelValues(origin, "wire").Observe(l.Wire.Seconds())
+				n.metrics.stageSeconds.WithLabelValues(origin, "apply").Observe(l.Apply.Seconds())
+			}
+			n.lagRing.add(time.Now().UnixNano(), l)
 			if n.opts.ObserveLag != nil {
-				n.opts.ObserveLag(origin, d)
+				n.opts.ObserveLag(origin, l.Total)
 			}
 		},
 		ObserveApply:    func(d time.Duration) { n.metrics.applySeconds.Observe(d.Seconds()) },

@@ -21,6 +21,11 @@ const ContentType = "application/msgpack"
 // Headers of a replicate request.
 const (
 	HeaderOrigin = "X-Replicator-Origin"
+	// HeaderSent is the sender's clock (Unix nanoseconds) as it sent the
+	// batch: the receiver splits each entry's lag into the sender's part
+	// (commit to send), the wire and its own apply. A header, not a batch
+	// field, so a receiver that does not know it ignores it.
+	HeaderSent = "X-Replicator-Sent"
 )
 
 // ErrMalformed is the class of errors for a batch that does not decode.
@@ -38,6 +43,10 @@ var ErrVersion = errors.New("transport: unsupported wire version")
 type Batch struct {
 	Header
 	Entries []wal.Entry
+	// SentAt and ReceivedAt are not on the wire: the sender's HeaderSent
+	// and the receiver's clock once the body was read (0: unknown). They
+	// split the lag into stages; nothing is decided by them.
+	SentAt, ReceivedAt int64
 }
 
 // Header is a batch's fields besides its entries.

@@ -344,7 +344,7 @@ func serveFlags(cfg *serveConfig) *flag.FlagSet {
 	fs.BoolVar(&cfg.InsecurePeers, "insecure-peers", cfg.InsecurePeers, "allow peers without a secret (closed networks and tests only)")
 	fs.IntVar(&cfg.BatchEntries, "batch-max-entries", cfg.BatchEntries, "most entries in one outgoing batch")
 	fs.IntVar(&cfg.BatchBytes, "batch-max-bytes", cfg.BatchBytes, "most bytes in one outgoing batch")
-	fs.Var(&cfg.BatchLinger, "batch-linger", "how long a batch waits to fill")
+	fs.Var(&cfg.BatchLinger, "batch-linger", "how long a batch waits to fill (0: not at all; a link's next batch fills while one is on the wire)")
 	fs.Int64Var(&cfg.ReplicateMax, "replicate-max-bytes", cfg.ReplicateMax, "largest incoming batch in bytes")
 	fs.Var(&cfg.PinWindow, "pin-window", "how old a pinned idempotency stamp may be")
 	fs.Var(&cfg.IdemWindow, "idempotency-window", "how long an Idempotency-Key's record is kept")
@@ -442,7 +442,7 @@ func (cfg *serveConfig) nodeOptions(log *slog.Logger) (*node.Options, error) {
 	o.MaxBatchBytes = cfg.BatchBytes
 	o.BatchLinger = time.Duration(cfg.BatchLinger)
 	if o.BatchLinger == 0 {
-		o.BatchLinger = -1 // asked for no linger (the default is spelled out)
+		o.BatchLinger = -1 // no linger
 	}
 	o.MaxReplicateBytes = cfg.ReplicateMax
 	o.PinWindow = time.Duration(cfg.PinWindow)

@@ -59,14 +59,82 @@ type Result struct {
 	CPUSecPerM    map[string]float64 `json:"cpu_seconds_per_million,omitempty"`
 	PeakRSSMiB    map[string]float64 `json:"peak_rss_mib,omitempty"`
 	RatioBaseline float64            `json:"ratio_to_baseline,omitempty"`
-	Note          string             `json:"note,omitempty"`
+	// LagP50Floor and LagP99Floor are the lag figures as multiples of the
+	// run's floor: how close this machine's replication is to its own limit.
+	LagP50Floor float64 `json:"lag_p50_x_floor,omitempty"`
+	LagP99Floor float64 `json:"lag_p99_x_floor,omitempty"`
+	// Stages is the lag's p50 and p99 (ms) by stage: ship (the sender's
+	// commit to send), wire, apply (received to synced apply).
+	Stages map[string][2]float64 `json:"lag_stages_p50_p99_ms,omitempty"`
+	Note   string                `json:"note,omitempty"`
+}
+
+// Floor is the least replication lag this machine allows one write,
+// measured in the same run, so that lag figures from any machine say how
+// close they are to it: the write's local synced commit, the peer's synced
+// apply, and one loopback round trip between them.
+type Floor struct {
+	// CommitMS is the median of 300 synced Pebble commits of one 100-byte
+	// entry (default options, a fresh directory on the data's filesystem).
+	CommitMS float64 `json:"synced_commit_ms"`
+	// RoundTripMS is the median of 300 loopback GET /healthz round trips to
+	// a running node.
+	RoundTripMS float64 `json:"round_trip_ms"`
+	// MS is 2 x CommitMS + RoundTripMS.
+	MS float64 `json:"floor_ms"`
 }
 
 // Report is the whole run.
 type Report struct {
 	Machine string   `json:"machine"`
+	Floor   *Floor   `json:"floor,omitempty"`
 	Config  Config   `json:"-"`
 	Results []Result `json:"results"`
+}
+
+// floorSamples is how many commits and round trips the floor's medians take.
+const floorSamples = 300
+
+// measureFloor measures the Floor: commits in a fresh Pebble under dir,
+// round trips to c.
+func measureFloor(dir string, c *cluster) (*Floor, error) {
+	db, err := pebble.Open(filepath.Join(dir, "floor"), &pebble.Options{Logger: quietPebble{}})
+	if err != nil {
+		return nil, err
+	}
+	defer db.Close()
+	value := bytes.Repeat([]byte("v"), 100)
+	commits := make([]time.Duration, 0, floorSamples)
+	for i := 0; i < floorSamples; i++ {
+		b := db.NewBatch()
+		b.Set([]byte(key("floor", i)), value, nil)
+		t0 := time.Now()
+		if err := b.Commit(pebble.Sync); err != nil {
+			return nil, err
+		}
+		commits = append(commits, time.Since(t0))
+	}
+	trips := make([]time.Duration, 0, floorSamples)
+	for i := 0; i < floorSamples+1; i++ {
+		t0 := time.Now()
+		resp, err := hc.Get(c.url + "/healthz")
+		if err != nil {
+			return nil, err
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if i > 0 { // the first one dials
+			trips = append(trips, time.Since(t0))
+		}
+	}
+	f := &Floor{CommitMS: medianMS(commits), RoundTripMS: medianMS(trips)}
+	f.MS = 2*f.CommitMS + f.RoundTripMS
+	return f, nil
+}
+
+func medianMS(d []time.Duration) float64 {
+	sort.Slice(d, func(i, j int) bool { return d[i] < d[j] })
+	return float64(d[len(d)/2].Nanoseconds()) / 1e6
 }
 
 func (c *Config) defaults() {
@@ -303,6 +371,9 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 			}
 		}(c)
 	}
+	if rep.Floor, err = measureFloor(dir, cl[0]); err != nil {
+		return rep, fmt.Errorf("floor: %w", err)
+	}
 	var baseline float64
 	run := 0
 	for _, sc := range cfg.Scenarios {
@@ -328,6 +399,9 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		for _, r := range results {
 			if baseline > 0 && r.Scenario != "baseline" && r.WritesPerSec > 0 {
 				r.RatioBaseline = r.WritesPerSec / baseline
+			}
+			if r.LagMaxMS > 0 && rep.Floor.MS > 0 {
+				r.LagP50Floor, r.LagP99Floor = r.LagP50MS/rep.Floor.MS, r.LagP99MS/rep.Floor.MS
 			}
 			rep.Results = append(rep.Results, r)
 		}
@@ -493,12 +567,22 @@ type lagDoc struct {
 	P50     float64 `json:"p50_ms"`
 	P99     float64 `json:"p99_ms"`
 	Max     float64 `json:"max_ms"`
+	Stages  map[string]struct {
+		P50 float64 `json:"p50_ms"`
+		P99 float64 `json:"p99_ms"`
+	} `json:"stages"`
 }
 
 func (r *Result) lag(c *cluster, since time.Time) {
 	var l lagDoc
 	if c.getJSON(fmt.Sprintf("/admin/lag?since=%d", since.UnixNano()), &l) == nil && l.Samples > 0 {
 		r.LagP50MS, r.LagP99MS, r.LagMaxMS = l.P50, l.P99, l.Max
+		for name, st := range l.Stages {
+			if r.Stages == nil {
+				r.Stages = map[string][2]float64{}
+			}
+			r.Stages[name] = [2]float64{st.P50, st.P99}
+		}
 	}
 }
 

@@ -26,24 +26,43 @@ func fmtMap(m map[string]float64, format string) string {
 
 // Print writes the report as a table.
 func (r *Report) Print(w io.Writer) {
-	fmt.Fprintf(w, "machine: %s\n\n", r.Machine)
+	fmt.Fprintf(w, "machine: %s\n", r.Machine)
+	if f := r.Floor; f != nil {
+		fmt.Fprintf(w, "floor: %.2f ms = 2 x %.3f ms synced Pebble commit + %.3f ms loopback round trip (medians of %d)\n",
+			f.MS, f.CommitMS, f.RoundTripMS, floorSamples)
+	}
+	fmt.Fprintln(w)
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "SCENARIO\tWRITES\tWRITES/S\tMB/S\tx BASELINE\tLAG p50/p99/max ms\tCPU s/M writes\tPEAK RSS MiB")
+	fmt.Fprintln(tw, "SCENARIO\tWRITES\tWRITES/S\tMB/S\tx BASELINE\tLAG p50/p99/max ms\tp50/p99 x FLOOR\tCPU s/M writes\tPEAK RSS MiB")
 	for _, x := range r.Results {
-		lag, ratio := "-", "-"
+		lag, ratio, floor := "-", "-", "-"
 		if x.LagMaxMS > 0 {
 			lag = fmt.Sprintf("%.1f / %.1f / %.1f", x.LagP50MS, x.LagP99MS, x.LagMaxMS)
+		}
+		if x.LagP50Floor > 0 {
+			floor = fmt.Sprintf("%.1f / %.1f", x.LagP50Floor, x.LagP99Floor)
 		}
 		if x.RatioBaseline > 0 {
 			ratio = fmt.Sprintf("%.2f", x.RatioBaseline)
 		}
-		fmt.Fprintf(tw, "%s\t%d\t%.0f\t%.1f\t%s\t%s\t%s\t%s\n", x.Scenario, x.Writes, x.WritesPerSec, x.MBPerSec, ratio, lag,
+		fmt.Fprintf(tw, "%s\t%d\t%.0f\t%.1f\t%s\t%s\t%s\t%s\t%s\n", x.Scenario, x.Writes, x.WritesPerSec, x.MBPerSec, ratio, lag, floor,
 			fmtMap(x.CPUSecPerM, "%.1f"), fmtMap(x.PeakRSSMiB, "%.0f"))
 	}
 	tw.Flush()
 	for _, x := range r.Results {
 		if x.Note != "" {
 			fmt.Fprintf(w, "  %s: %s\n", x.Scenario, x.Note)
+		}
+	}
+	for _, x := range r.Results {
+		if len(x.Stages) > 0 {
+			var parts []string
+			for _, name := range []string{"ship", "wire", "apply"} {
+				if st, ok := x.Stages[name]; ok {
+					parts = append(parts, fmt.Sprintf("%s %.2f / %.2f", name, st[0], st[1]))
+				}
+			}
+			fmt.Fprintf(w, "  %s lag by stage, p50 / p99 ms: %s\n", x.Scenario, strings.Join(parts, ", "))
 		}
 	}
 }
