@@ -859,7 +859,7 @@ func (a *Acceptor) heartbeat(sender string, b *transport.Batch, ack transport.Ac
 // by index and commit); a later write on another stream than the sender
 // remembers means it lost that stream.
 func (a *Acceptor) originFrontier(batch *store.Batch, sender string, current wal.StreamID) (string, error) {
-	hs, err := batch.HWMsOf(sender)
+	hs, err := batch.HWMsOfExcept(sender, current)
 	var f hlc.Timestamp
 	for _, h := range hs {
 		if h.Stream != current && f.Less(h.Commit) {

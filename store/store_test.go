@@ -506,3 +506,86 @@ func TestPersistedHLCOnlyGrows(t *testing.T) {
 		t.Fatalf("persisted high-water %s (%v), want %s", hw, err, h2)
 	}
 }
+
+// TestHWMsOfExcept: every stream of the origin but the one left out, in key
+// order, whatever its neighbours; other origins never leak in.
+func TestHWMsOfExcept(t *testing.T) {
+	s := openTest(t)
+	set := func(origin string, stream byte, index uint64) {
+		b := s.NewBatch()
+		defer b.Close()
+		if err := b.SetHWM(HWM{Origin: origin, Stream: [16]byte{stream}, Index: index, Commit: hlc.Timestamp{Wall: int64(index)}}); err != nil {
+			t.Fatal(err)
+		}
+		if err := b.Commit(true); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, st := range []byte{1, 5, 9} {
+		set("b", st, uint64(st))
+	}
+	set("bb", 5, 50) // an origin whose name extends b's
+	set("a", 5, 7)
+	for i := 0; i < 100; i++ {
+		set("b", 5, uint64(100+i)) // the hot stream, many versions
+	}
+	b := s.NewBatch()
+	defer b.Close()
+	for _, tc := range []struct {
+		except byte
+		want   []byte
+	}{{5, []byte{1, 9}}, {1, []byte{5, 9}}, {9, []byte{1, 5}}, {7, []byte{1, 5, 9}}} {
+		hs, err := b.HWMsOfExcept("b", [16]byte{tc.except})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var got []byte
+		for _, h := range hs {
+			if h.Origin != "b" {
+				t.Fatalf("except %d: a mark of %q", tc.except, h.Origin)
+			}
+			got = append(got, h.Stream[0])
+		}
+		if string(got) != string(tc.want) {
+			t.Fatalf("except %d: streams %v, want %v", tc.except, got, tc.want)
+		}
+	}
+	all, err := b.HWMsOf("b")
+	if err != nil || len(all) != 3 || all[1].Index != 199 {
+		t.Fatalf("HWMsOf: %v %+v", err, all)
+	}
+}
+
+// BenchmarkHWMsOfHotStream: listing an origin's other streams while one
+// stream's mark has 20,000 unflushed versions (a receiver between memtable
+// flushes). With the hot key inside the bounds the iterator steps over every
+// version.
+//
+//	go test ./store -run '^$' -bench HWMsOfHotStream
+func BenchmarkHWMsOfHotStream(b *testing.B) {
+	s := openTest(b)
+	for i := 0; i < 20000; i++ {
+		bt := s.NewBatch()
+		stream := [16]byte{5}
+		if i%1000 == 0 {
+			stream = [16]byte{byte(1 + i/1000)}
+		}
+		bt.SetHWM(HWM{Origin: "b", Stream: stream, Index: uint64(i + 1), Commit: hlc.Timestamp{Wall: int64(i + 1)}})
+		if err := bt.Commit(false); err != nil {
+			b.Fatal(err)
+		}
+		bt.Close()
+	}
+	bt := s.NewBatch()
+	defer bt.Close()
+	b.Run("all", func(b *testing.B) {
+		for b.Loop() {
+			bt.HWMsOf("b")
+		}
+	})
+	b.Run("except-hot", func(b *testing.B) {
+		for b.Loop() {
+			bt.HWMsOfExcept("b", [16]byte{5})
+		}
+	})
+}

@@ -18,7 +18,7 @@ import (
 func runBench(args []string) error {
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
 	var cfg bench.Config
-	scenarios := fs.String("scenarios", "baseline,oneway,bidirectional,steady,catchup", "comma-separated scenarios")
+	scenarios := fs.String("scenarios", "baseline,oneway,bidirectional,steady,puts,catchup", "comma-separated scenarios")
 	fs.IntVar(&cfg.Writes, "writes", 200000, "writes of oneway and bidirectional (and the baseline)")
 	fs.IntVar(&cfg.ValueSize, "value-size", 100, "value bytes")
 	fs.IntVar(&cfg.Keys, "keys", 0, "key space of bidirectional (default writes/2: every key written on both sides)")
@@ -26,9 +26,11 @@ func runBench(args []string) error {
 	fs.StringVar(&cfg.Mode, "mode", "bulk", "how writes are sent: bulk (POST /v1/bulk), batch (POST /v1/batch) or put")
 	fs.IntVar(&cfg.BatchOps, "batch-ops", 100, "writes per request in batch mode")
 	rates := fs.String("rates", "5000,20000", "steady: writes/s, comma-separated")
-	fs.DurationVar(&cfg.SteadyFor, "steady-for", 0, "steady: duration of each rate (default 10s)")
+	fs.DurationVar(&cfg.SteadyFor, "steady-for", 0, "steady and puts: how long each runs (default 10s)")
 	fs.IntVar(&cfg.CatchupN, "catchup", 1000000, "catchup: entries accumulated while the peer is paused")
+	fs.IntVar(&cfg.PutClients, "put-clients", 64, "puts: concurrent single-PUT clients (server CPU per write)")
 	serve := fs.String("serve-args", "", "extra flags for the started clusters, e.g. \"--batch-max-entries 4096\"")
+	fs.StringVar(&cfg.Binary, "server-binary", "", "start the clusters from this replicator binary (default: this one), to compare builds under one driver")
 	fs.StringVar(&cfg.AddrA, "addr", "", "target a running cluster a instead of starting two (needs --peer-addr)")
 	fs.StringVar(&cfg.AddrB, "peer-addr", "", "the running cluster b paired with --addr")
 	asJSON := fs.Bool("json", false, "print the report as JSON")

@@ -29,7 +29,7 @@ import (
 
 // Config is what the bench runs.
 type Config struct {
-	Scenarios   []string      // baseline, oneway, bidirectional, steady, catchup
+	Scenarios   []string      // baseline, oneway, bidirectional, steady, puts, catchup
 	Writes      int           // writes per scenario (oneway, bidirectional)
 	ValueSize   int           // bytes per value
 	Keys        int           // key space of bidirectional (overlapping keys); 0 = Writes
@@ -39,6 +39,7 @@ type Config struct {
 	Rates       []int         // steady: writes/s, each run in turn
 	SteadyFor   time.Duration // steady: how long each rate runs
 	CatchupN    int           // catchup: entries accumulated while the peer is paused
+	PutClients  int           // puts: concurrent single-PUT clients (default 64)
 	ServeArgs   []string      // extra `replicator serve` flags (batch bounds, ...)
 	AddrA       string        // target running clusters instead of starting them
 	AddrB       string
@@ -63,6 +64,9 @@ type Result struct {
 	// run's floor: how close this machine's replication is to its own limit.
 	LagP50Floor float64 `json:"lag_p50_x_floor,omitempty"`
 	LagP99Floor float64 `json:"lag_p99_x_floor,omitempty"`
+	// BatchesApplied counts the replication batches each node applied
+	// during the scenario (writes / batches is the batching under load).
+	BatchesApplied map[string]float64 `json:"batches_applied,omitempty"`
 	// Stages is the lag's p50 and p99 (ms) by stage: ship (the sender's
 	// commit to send), wire, apply (received to synced apply).
 	Stages map[string][2]float64 `json:"lag_stages_p50_p99_ms,omitempty"`
@@ -139,7 +143,7 @@ func medianMS(d []time.Duration) float64 {
 
 func (c *Config) defaults() {
 	if len(c.Scenarios) == 0 {
-		c.Scenarios = []string{"baseline", "oneway", "bidirectional", "steady", "catchup"}
+		c.Scenarios = []string{"baseline", "oneway", "bidirectional", "steady", "puts", "catchup"}
 	}
 	if c.Writes == 0 {
 		c.Writes = 200000
@@ -161,6 +165,9 @@ func (c *Config) defaults() {
 	}
 	if c.SteadyFor == 0 {
 		c.SteadyFor = 10 * time.Second
+	}
+	if c.PutClients == 0 {
+		c.PutClients = 64
 	}
 	if c.CatchupN == 0 {
 		c.CatchupN = 1000000
@@ -361,6 +368,9 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	sctx, scancel := context.WithCancel(ctx)
 	defer scancel()
 	for _, c := range cl {
+		if c.cmd != nil {
+			continue // a child's peak is read from /proc (VmHWM), not sampled through /metrics
+		}
 		go func(c *cluster) {
 			// Exits with the run.
 			for sctx.Err() == nil {
@@ -387,14 +397,14 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 			}
 			baseline = r.WritesPerSec
 			results = []Result{r}
-		case "oneway", "bidirectional", "steady", "catchup":
+		case "oneway", "bidirectional", "steady", "puts", "catchup":
 			run++
 			results, err = runScenario(ctx, &cfg, sc, run, cl)
 			if err != nil {
 				return rep, fmt.Errorf("%s: %w", sc, err)
 			}
 		default:
-			return rep, fmt.Errorf("unknown scenario %q (baseline, oneway, bidirectional, steady, catchup)", sc)
+			return rep, fmt.Errorf("unknown scenario %q (baseline, oneway, bidirectional, steady, puts, catchup)", sc)
 		}
 		for _, r := range results {
 			if baseline > 0 && r.Scenario != "baseline" && r.WritesPerSec > 0 {
@@ -535,6 +545,8 @@ func write(ctx context.Context, cfg *Config, c *cluster, prefix string, first, n
 	return firstErr
 }
 
+// cpuMark is each node's CPU seconds, and batches applied (keyed
+// "<name>/batches"), at one moment.
 type cpuMark map[string]float64
 
 func cpuNow(cl []*cluster) cpuMark {
@@ -542,6 +554,9 @@ func cpuNow(cl []*cluster) cpuMark {
 	for _, c := range cl {
 		if v, err := c.metric("process_cpu_seconds_total"); err == nil {
 			m[c.name] = v
+		}
+		if v, err := c.metric("replicator_apply_seconds_count"); err == nil {
+			m[c.name+"/batches"] = v
 		}
 	}
 	return m
@@ -558,8 +573,34 @@ func (r *Result) finish(cl []*cluster, before cpuMark, writes int, el time.Durat
 		if b, ok := before[c.name]; ok {
 			r.CPUSecPerM[c.name] = (after[c.name] - b) / float64(writes) * 1e6
 		}
+		if b, ok := before[c.name+"/batches"]; ok && after[c.name+"/batches"] > b {
+			if r.BatchesApplied == nil {
+				r.BatchesApplied = map[string]float64{}
+			}
+			r.BatchesApplied[c.name] = after[c.name+"/batches"] - b
+		}
+		if c.cmd != nil && c.cmd.Process != nil {
+			c.peakRSS.Store(vmHWM(c.cmd.Process.Pid))
+		}
 		r.PeakRSSMiB[c.name] = float64(c.peakRSS.Load()) / (1 << 20)
 	}
+}
+
+// vmHWM is a process's peak resident set in bytes (0 if unknown). Reading it
+// from /proc costs the node nothing, where sampling /metrics ten times a
+// second cost it CPU the figures would count.
+func vmHWM(pid int) int64 {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(l, "VmHWM:"); ok {
+			kb, _ := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
+			return kb << 10
+		}
+	}
+	return 0
 }
 
 type lagDoc struct {
@@ -677,6 +718,54 @@ func runScenario(ctx context.Context, cfg *Config, sc string, run int, cl []*clu
 			out = append(out, r)
 		}
 		return out, nil
+	case "puts":
+		// Closed-loop single PUTs from PutClients connections: the server's
+		// CPU per acknowledged write on the single-key HTTP path.
+		before := cpuNow(cl)
+		start := time.Now()
+		deadline := start.Add(cfg.SteadyFor)
+		var acked, failed atomic.Int64
+		var wg sync.WaitGroup
+		value := strings.Repeat("v", cfg.ValueSize)
+		for w := 0; w < cfg.PutClients; w++ {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for i := 0; ctx.Err() == nil && time.Now().Before(deadline); i++ {
+					req, _ := http.NewRequest(http.MethodPut, a.url+"/v1/kv/"+key(fmt.Sprint(prefix, "-", w), i), strings.NewReader(value))
+					resp, err := hc.Do(req)
+					if err != nil {
+						failed.Add(1)
+						continue
+					}
+					io.Copy(io.Discard, resp.Body)
+					resp.Body.Close()
+					if resp.StatusCode == 200 {
+						acked.Add(1)
+					} else {
+						failed.Add(1)
+					}
+				}
+			}()
+		}
+		wg.Wait()
+		r := Result{Scenario: fmt.Sprintf("puts@%d", cfg.PutClients)}
+		r.finish(cl, before, int(acked.Load()), time.Since(start), cfg.ValueSize)
+		if err := waitCaughtUp(ctx, [2]*cluster{a, b}); err != nil {
+			return nil, err
+		}
+		// Batches counted to the end of the drain, as the writes are.
+		end := cpuNow(cl)
+		if n, ok := end["b/batches"]; ok {
+			r.BatchesApplied = map[string]float64{"b": n - before["b/batches"]}
+		}
+		r.lag(b, start)
+		r.Note = fmt.Sprintf("single PUTs from %d clients for %s: server CPU per acknowledged write %.1f us at a (b: %.1f us replicating them)",
+			cfg.PutClients, cfg.SteadyFor, r.CPUSecPerM["a"], r.CPUSecPerM["b"])
+		if f := failed.Load(); f > 0 {
+			r.Note += fmt.Sprintf("; %d writes failed", f)
+		}
+		return []Result{r}, nil
 	case "catchup":
 		if err := a.post("/admin/peers/b/pause", nil); err != nil {
 			return nil, err
