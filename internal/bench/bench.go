@@ -81,6 +81,9 @@ type Floor struct {
 	// CommitMS is the median of 300 synced Pebble commits of one 100-byte
 	// entry (default options, a fresh directory on the data's filesystem).
 	CommitMS float64 `json:"synced_commit_ms"`
+	// CommitP99MS is the p99 of the same commits: the disk's own tail,
+	// which a lag p99 pays twice (the sender's fsync and the receiver's).
+	CommitP99MS float64 `json:"synced_commit_p99_ms"`
 	// RoundTripMS is the median of 300 loopback GET /healthz round trips to
 	// a running node.
 	RoundTripMS float64 `json:"round_trip_ms"`
@@ -132,6 +135,7 @@ func measureFloor(dir string, c *cluster) (*Floor, error) {
 		}
 	}
 	f := &Floor{CommitMS: medianMS(commits), RoundTripMS: medianMS(trips)}
+	f.CommitP99MS = float64(commits[len(commits)*99/100].Nanoseconds()) / 1e6 // sorted by medianMS
 	f.MS = 2*f.CommitMS + f.RoundTripMS
 	return f, nil
 }

@@ -28,8 +28,8 @@ func fmtMap(m map[string]float64, format string) string {
 func (r *Report) Print(w io.Writer) {
 	fmt.Fprintf(w, "machine: %s\n", r.Machine)
 	if f := r.Floor; f != nil {
-		fmt.Fprintf(w, "floor: %.2f ms = 2 x %.3f ms synced Pebble commit + %.3f ms loopback round trip (medians of %d)\n",
-			f.MS, f.CommitMS, f.RoundTripMS, floorSamples)
+		fmt.Fprintf(w, "floor: %.2f ms = 2 x %.3f ms synced Pebble commit + %.3f ms loopback round trip (medians of %d; the commits' p99 is %.2f ms)\n",
+			f.MS, f.CommitMS, f.RoundTripMS, floorSamples, f.CommitP99MS)
 	}
 	fmt.Fprintln(w)
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
