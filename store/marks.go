@@ -92,7 +92,7 @@ func (b *Batch) HWM(origin string, stream [16]byte) (HWM, error) {
 func (b *Batch) HWMsOf(origin string) ([]HWM, error) {
 	lower := append(append([]byte{prefixHWM}, origin...), 0)
 	upper := append(append([]byte{prefixHWM}, origin...), 1)
-	return b.hwmsIn(len(lower)+16, nil, lower, upper)
+	return hwmsIn(b.s.db, nil, lower, upper, len(lower)+16)
 }
 
 // HWMsOfExcept lists the high-water marks of every stream of one origin but
@@ -104,21 +104,24 @@ func (b *Batch) HWMsOfExcept(origin string, except [16]byte) ([]HWM, error) {
 	lower := append(append([]byte{prefixHWM}, origin...), 0)
 	upper := append(append([]byte{prefixHWM}, origin...), 1)
 	hot := hwmKey(origin, except)
-	out, err := b.hwmsIn(len(lower)+16, nil, lower, hot)
+	out, err := hwmsIn(b.s.db, nil, lower, hot, len(lower)+16)
 	if err != nil {
 		return nil, err
 	}
-	return b.hwmsIn(len(lower)+16, out, append(hot, 0), upper)
+	return hwmsIn(b.s.db, out, append(hot, 0), upper, len(lower)+16)
 }
 
-func (b *Batch) hwmsIn(keyLen int, out []HWM, lower, upper []byte) ([]HWM, error) {
-	it, err := b.s.db.NewIter(&pebble.IterOptions{LowerBound: lower, UpperBound: upper})
+// hwmsIn appends to out the marks of r in [lower, upper), only those whose
+// key is keyLen bytes long when keyLen is not 0 (a longer origin's keys can
+// share the range).
+func hwmsIn(r pebble.Reader, out []HWM, lower, upper []byte, keyLen int) ([]HWM, error) {
+	it, err := r.NewIter(&pebble.IterOptions{LowerBound: lower, UpperBound: upper})
 	if err != nil {
 		return nil, err
 	}
 	defer it.Close()
 	for valid := it.First(); valid; valid = it.Next() {
-		if len(it.Key()) != keyLen {
+		if keyLen != 0 && len(it.Key()) != keyLen {
 			continue
 		}
 		h, err := decodeHWM(it.Key(), it.Value())
@@ -148,20 +151,7 @@ func (b *Batch) DeleteHWM(origin string, stream [16]byte) error {
 
 // HWMs lists every origin stream this node has applied entries of.
 func (s *Store) HWMs() ([]HWM, error) {
-	it, err := s.db.NewIter(&pebble.IterOptions{LowerBound: []byte{prefixHWM}, UpperBound: []byte{prefixHWM + 1}})
-	if err != nil {
-		return nil, err
-	}
-	defer it.Close()
-	var out []HWM
-	for valid := it.First(); valid; valid = it.Next() {
-		h, err := decodeHWM(it.Key(), it.Value())
-		if err != nil {
-			return nil, err
-		}
-		out = append(out, h)
-	}
-	return out, it.Error()
+	return hwmsIn(s.db, nil, []byte{prefixHWM}, []byte{prefixHWM + 1}, 0)
 }
 
 func cursorKey(peer string) []byte { return append([]byte{prefixCursor}, peer...) }

@@ -859,22 +859,14 @@ func (sn *Snapshot) Counters() (map[string]Counter, error) {
 // Marks lists the snapshot's high-water marks of real streams (a re-seed's
 // own snapshot streams, which record no commit, are left out).
 func (sn *Snapshot) Marks() ([]HWM, error) {
-	it, err := sn.snap.NewIter(&pebble.IterOptions{LowerBound: []byte{prefixHWM}, UpperBound: []byte{prefixHWM + 1}})
-	if err != nil {
-		return nil, err
-	}
-	defer it.Close()
-	var out []HWM
-	for valid := it.First(); valid; valid = it.Next() {
-		h, err := decodeHWM(it.Key(), it.Value())
-		if err != nil {
-			return nil, err
-		}
+	all, err := hwmsIn(sn.snap, nil, []byte{prefixHWM}, []byte{prefixHWM + 1}, 0)
+	out := all[:0]
+	for _, h := range all {
 		if !h.Commit.IsZero() {
 			out = append(out, h)
 		}
 	}
-	return out, it.Error()
+	return out, err
 }
 
 // Ranges lists the snapshot's range tombstones.
