@@ -217,6 +217,24 @@ func (c *cluster) post(path string, body []byte) error {
 }
 
 // metric reads one unlabelled series of /metrics.
+// put writes one key with a single PUT; anything but 200 is an error.
+func (c *cluster) put(k, value string) error {
+	req, err := http.NewRequest(http.MethodPut, c.url+"/v1/kv/"+k, strings.NewReader(value))
+	if err != nil {
+		return err
+	}
+	resp, err := hc.Do(req)
+	if err != nil {
+		return err
+	}
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("put %s: %d", k, resp.StatusCode)
+	}
+	return nil
+}
+
 func (c *cluster) metric(name string) (float64, error) {
 	resp, err := hc.Get(c.url + "/metrics")
 	if err != nil {
@@ -698,14 +716,9 @@ func runScenario(ctx context.Context, cfg *Config, sc string, run int, cl []*clu
 						if d := time.Until(start.Add(time.Duration(i) * time.Second / time.Duration(rate))); d > 0 {
 							time.Sleep(d)
 						}
-						req, _ := http.NewRequest(http.MethodPut, a.url+"/v1/kv/"+key(fmt.Sprint(prefix, "-", rate), int(i)), strings.NewReader(value))
-						resp, err := hc.Do(req)
-						if err != nil {
+						if a.put(key(fmt.Sprint(prefix, "-", rate), int(i)), value) != nil {
 							failed.Add(1)
-							continue
 						}
-						io.Copy(io.Discard, resp.Body)
-						resp.Body.Close()
 					}
 				}()
 			}
@@ -736,15 +749,7 @@ func runScenario(ctx context.Context, cfg *Config, sc string, run int, cl []*clu
 			go func() {
 				defer wg.Done()
 				for i := 0; ctx.Err() == nil && time.Now().Before(deadline); i++ {
-					req, _ := http.NewRequest(http.MethodPut, a.url+"/v1/kv/"+key(fmt.Sprint(prefix, "-", w), i), strings.NewReader(value))
-					resp, err := hc.Do(req)
-					if err != nil {
-						failed.Add(1)
-						continue
-					}
-					io.Copy(io.Discard, resp.Body)
-					resp.Body.Close()
-					if resp.StatusCode == 200 {
+					if a.put(key(fmt.Sprint(prefix, "-", w), i), value) == nil {
 						acked.Add(1)
 					} else {
 						failed.Add(1)
