@@ -107,10 +107,11 @@ type Options struct {
 	// PinWindow bounds how far an entry's LWW stamp may lie behind its
 	// commit HLC (0: unchecked).
 	PinWindow time.Duration
-	// ObserveLag, when set, is told each applied entry's replication lag:
-	// the local physical clock at apply minus the entry's commit HLC, and
-	// its stages when the sender said when it sent the batch.
-	ObserveLag func(origin string, lag Lag)
+	// ObserveLag, when set, is told the replication lag of each entry a
+	// batch applied, once per batch: the local physical clock at apply minus
+	// the entry's commit HLC, and its stages when the sender said when it
+	// sent the batch.
+	ObserveLag func(origin string, lags []Lag)
 	// ObserveApply, when set, is told how long each applied batch took.
 	ObserveApply func(d time.Duration)
 	// Now reads the physical clock (nanoseconds) for ObserveLag and acks.
@@ -764,9 +765,10 @@ func (a *Acceptor) Apply(sender string, b *transport.Batch) (transport.Ack, erro
 			return ack, err
 		}
 	}
-	if a.opts.ObserveLag != nil && a.opts.Now != nil && !b.Snapshot {
+	if a.opts.ObserveLag != nil && a.opts.Now != nil && !b.Snapshot && hwm.Index > start {
 		now := a.opts.Now()
 		staged := b.SentAt > 0 && b.ReceivedAt > 0
+		lags := make([]Lag, 0, hwm.Index-start)
 		for _, e := range ents {
 			if e.Index > start {
 				l := Lag{Total: time.Duration(now - e.Commit.Wall)}
@@ -776,9 +778,10 @@ func (a *Acceptor) Apply(sender string, b *transport.Batch) (transport.Ack, erro
 					l.Wire = time.Duration(b.ReceivedAt - b.SentAt)
 					l.Apply = time.Duration(now - b.ReceivedAt)
 				}
-				a.opts.ObserveLag(sender, l)
+				lags = append(lags, l)
 			}
 		}
+		a.opts.ObserveLag(sender, lags)
 	}
 	if b.End != nil && a.opts.OnTrailer != nil {
 		a.opts.OnTrailer(sender, requestedDone, rejoinDone)

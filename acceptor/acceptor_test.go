@@ -389,11 +389,11 @@ func TestLagStages(t *testing.T) {
 	f := newFixture(t)
 	var got []Lag
 	f.acc.opts.Now = f.pc.Now
-	f.acc.opts.ObserveLag = func(origin string, l Lag) {
+	f.acc.opts.ObserveLag = func(origin string, lags []Lag) {
 		if origin != "b" {
 			t.Errorf("lag attributed to %q", origin)
 		}
-		got = append(got, l)
+		got = append(got, lags...)
 	}
 	e := f.entry(1, "k1", "v")
 	now := e.Commit.Wall + int64(10*time.Millisecond)

@@ -30,7 +30,7 @@ const lagRingSize = 1 << 18
 
 const stageUnknown = math.MinInt32
 
-func (r *lagRing) add(now int64, l acceptor.Lag) {
+func (r *lagRing) add(now int64, lags []acceptor.Lag) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.mu.at == nil {
@@ -40,17 +40,19 @@ func (r *lagRing) add(now int64, l acceptor.Lag) {
 			r.mu.stages[i] = make([]int32, lagRingSize)
 		}
 	}
-	r.mu.at[r.mu.next], r.mu.lag[r.mu.next] = now, l.Total
-	for i, d := range [3]time.Duration{l.Ship, l.Wire, l.Apply} {
-		us := int32(stageUnknown)
-		if l.Staged {
-			us = int32(max(min(d.Microseconds(), math.MaxInt32), math.MinInt32+1))
+	for _, l := range lags {
+		r.mu.at[r.mu.next], r.mu.lag[r.mu.next] = now, l.Total
+		for i, d := range [3]time.Duration{l.Ship, l.Wire, l.Apply} {
+			us := int32(stageUnknown)
+			if l.Staged {
+				us = int32(max(min(d.Microseconds(), math.MaxInt32), math.MinInt32+1))
+			}
+			r.mu.stages[i][r.mu.next] = us
 		}
-		r.mu.stages[i][r.mu.next] = us
-	}
-	r.mu.next++
-	if r.mu.next == lagRingSize {
-		r.mu.next, r.mu.full = 0, true
+		r.mu.next++
+		if r.mu.next == lagRingSize {
+			r.mu.next, r.mu.full = 0, true
+		}
 	}
 }
 

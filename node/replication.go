@@ -33,17 +33,25 @@ func (n *Node) setupReplication() error {
 		PermitQueue:   n.opts.PermitQueue,
 		PermitWait:    n.opts.PermitWait,
 		MaxBodies:     n.opts.MaxBodiesInFlight,
-		ObserveLag: func(origin string, l acceptor.Lag) {
-			n.metrics.lagSeconds.WithLabelValues(origin).Observe(l.Total.Seconds())
-			if l.Staged {
-				n.metrics.stageSeconds.WithLabelValues(origin, "ship").Observe(l.Ship.Seconds())
-				n.metrics.stageSeconds.WithLabelValues(origin, "wire").Observe(l.Wire.Seconds())
-				n.metrics.stageSeconds.WithLabelValues(origin, "apply").Observe(l.Apply.Seconds())
+		ObserveLag: func(origin string, lags []acceptor.Lag) {
+			// Label lookups once per batch, not per entry: this runs on the
+			// apply path of every replicated batch.
+			total := n.metrics.lagSeconds.WithLabelValues(origin)
+			ship := n.metrics.stageSeconds.WithLabelValues(origin, "ship")
+			wire := n.metrics.stageSeconds.WithLabelValues(origin, "wire")
+			apply := n.metrics.stageSeconds.WithLabelValues(origin, "apply")
+			for _, l := range lags {
+				total.Observe(l.Total.Seconds())
+				if l.Staged {
+					ship.Observe(l.Ship.Seconds())
+					wire.Observe(l.Wire.Seconds())
+					apply.Observe(l.Apply.Seconds())
+				}
+				if n.opts.ObserveLag != nil {
+					n.opts.ObserveLag(origin, l.Total)
+				}
 			}
-			n.lagRing.add(time.Now().UnixNano(), l)
-			if n.opts.ObserveLag != nil {
-				n.opts.ObserveLag(origin, l.Total)
-			}
+			n.lagRing.add(time.Now().UnixNano(), lags)
 		},
 		ObserveApply:    func(d time.Duration) { n.metrics.applySeconds.Observe(d.Seconds()) },
 		OnReseedRequest: n.onReseedRequest,
