@@ -87,22 +87,6 @@ func (n *Node) sampleHistory() HistorySample {
 	return s
 }
 
-// historyLoop samples every HistoryInterval. It exits when stop is closed.
-func (n *Node) historyLoop() {
-	defer n.bg.Done()
-	t := time.NewTicker(n.opts.HistoryInterval)
-	defer t.Stop()
-	n.history.add(n.sampleHistory()) // a page opened at once has a point
-	for {
-		select {
-		case <-n.stop:
-			return
-		case <-t.C:
-			n.history.add(n.sampleHistory())
-		}
-	}
-}
-
 func (n *Node) handleHistory(w http.ResponseWriter, r *http.Request) {
 	var after time.Time
 	if v := r.URL.Query().Get("after"); v != "" {

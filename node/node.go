@@ -53,7 +53,7 @@ type Node struct {
 
 	acceptor   *acceptor.Acceptor
 	peerClient *http.Client
-	history    *history // the dashboard's chart, sampled by historyLoop
+	history    *history // the dashboard's chart, sampled every HistoryInterval
 	linksMu    sync.RWMutex
 	shippers   []*transport.Shipper // guarded by linksMu
 	replCtx    context.Context      // set by startReplication, under linksMu
@@ -377,14 +377,15 @@ func (n *Node) Start() error {
 	if n.peerLn != nil {
 		n.peerSrv = n.serve(n.peerLn, n.PeerHandler(), &n.peerServeErr)
 	}
-	n.bg.Add(3)
-	go n.gcLoop()
-	go n.saturationLoop()
-	go n.historyLoop()
+	n.every(n.opts.GCInterval, n.collectExpired)
+	// Re-evaluated while no writes arrive too, so that it can clear, detach
+	// links and feed the backlog gauges; and link changes are logged.
+	n.every(100*time.Millisecond, func() { n.evaluateSaturation(true); n.watchLinks() })
+	n.history.add(n.sampleHistory()) // a page opened at once has a point
+	n.every(n.opts.HistoryInterval, func() { n.history.add(n.sampleHistory()) })
 	n.startReplication()
 	if n.tls.cert != nil { // after the peer client exists: a reload closes its idle links
-		n.bg.Add(1)
-		go n.tlsWatchLoop()
+		n.every(n.opts.TLSReloadInterval, n.reloadTLSIfChanged)
 	}
 	if n.opts.Gossip != nil {
 		if err := n.startGossip(); err != nil {
@@ -540,23 +541,32 @@ func (n *Node) Close() error {
 	return errors.Join(errs...)
 }
 
-// gcLoop collects tombstones past retention. It exits when stop is closed.
-func (n *Node) gcLoop() {
-	defer n.bg.Done()
-	t := time.NewTicker(n.opts.GCInterval)
-	defer t.Stop()
-	for {
-		select {
-		case <-n.stop:
-			return
-		case <-t.C:
-			if _, err := n.CollectTombstones(); err != nil {
-				n.log.Warn("tombstone collection", "err", err)
-			}
-			if _, err := n.store.CollectIdem(n.clock.Physical(), 0); err != nil {
-				n.log.Warn("idempotency record collection", "err", err)
+// every runs f every d in a background goroutine, which exits when stop is
+// closed (Close waits for it).
+func (n *Node) every(d time.Duration, f func()) {
+	n.bg.Add(1)
+	go func() {
+		defer n.bg.Done()
+		t := time.NewTicker(d)
+		defer t.Stop()
+		for {
+			select {
+			case <-n.stop:
+				return
+			case <-t.C:
+				f()
 			}
 		}
+	}()
+}
+
+// collectExpired removes tombstones and idempotency records past retention.
+func (n *Node) collectExpired() {
+	if _, err := n.CollectTombstones(); err != nil {
+		n.log.Warn("tombstone collection", "err", err)
+	}
+	if _, err := n.store.CollectIdem(n.clock.Physical(), 0); err != nil {
+		n.log.Warn("idempotency record collection", "err", err)
 	}
 }
 

@@ -219,24 +219,6 @@ func (n *Node) admit(ctx context.Context) error {
 	}
 }
 
-// saturationLoop re-evaluates the state while no writes arrive (so it can
-// clear, detach links, and feed the backlog gauges). It exits when stop is
-// closed.
-func (n *Node) saturationLoop() {
-	defer n.bg.Done()
-	t := time.NewTicker(100 * time.Millisecond)
-	defer t.Stop()
-	for {
-		select {
-		case <-n.stop:
-			return
-		case <-t.C:
-			n.evaluateSaturation(true)
-			n.watchLinks()
-		}
-	}
-}
-
 // watchLinks logs each change of a link's state once: a link that degrades
 // at WARN with the peer and its last error, one that recovers at INFO.
 func (n *Node) watchLinks() {

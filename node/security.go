@@ -82,23 +82,12 @@ func tlsModTime(paths ...string) time.Time {
 	return t
 }
 
-// tlsWatchLoop reloads the certificate when its files change. It exits
-// when stop is closed.
-func (n *Node) tlsWatchLoop() {
-	defer n.bg.Done()
-	t := time.NewTicker(n.opts.TLSReloadInterval)
-	defer t.Stop()
-	for {
-		select {
-		case <-n.stop:
-			return
-		case <-t.C:
-			n.tls.mu.Lock()
-			if tlsModTime(n.opts.TLSCert, n.opts.TLSKey).After(n.tls.mu.modTime) {
-				_ = n.reloadTLSLocked()
-			}
-			n.tls.mu.Unlock()
-		}
+// reloadTLSIfChanged reloads the certificate when its files changed.
+func (n *Node) reloadTLSIfChanged() {
+	n.tls.mu.Lock()
+	defer n.tls.mu.Unlock()
+	if tlsModTime(n.opts.TLSCert, n.opts.TLSKey).After(n.tls.mu.modTime) {
+		_ = n.reloadTLSLocked()
 	}
 }
 
