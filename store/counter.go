@@ -5,9 +5,10 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"maps"
 	"math"
 	"math/big"
-	"sort"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -112,12 +113,7 @@ type Counter struct {
 // totals reads the same value.
 func (c *Counter) Value() int64 {
 	sum := new(big.Int)
-	names := make([]string, 0, len(c.Totals))
-	for n := range c.Totals {
-		names = append(names, n)
-	}
-	sort.Strings(names)
-	for _, n := range names {
+	for _, n := range slices.Sorted(maps.Keys(c.Totals)) {
 		t := c.Totals[n]
 		sum.Add(sum, new(big.Int).SetUint64(t.P))
 		sum.Sub(sum, new(big.Int).SetUint64(t.N))
@@ -139,20 +135,8 @@ func appendCounter(dst []byte, c *Counter) []byte {
 	dst = c.Stamp.HLC.AppendTo(dst)
 	dst = append(dst, byte(len(c.Stamp.Origin)))
 	dst = append(dst, c.Stamp.Origin...)
-	names := make([]string, 0, len(c.Totals))
-	for n := range c.Totals {
-		names = append(names, n)
-	}
-	sort.Strings(names)
-	dst = binary.BigEndian.AppendUint16(dst, uint16(len(names)))
-	for _, n := range names {
-		t := c.Totals[n]
-		dst = append(dst, byte(len(n)))
-		dst = append(dst, n...)
-		dst = binary.BigEndian.AppendUint64(dst, t.P)
-		dst = binary.BigEndian.AppendUint64(dst, t.N)
-	}
-	return dst
+	dst = binary.BigEndian.AppendUint16(dst, uint16(len(c.Totals)))
+	return appendCounterTotals(dst, c)
 }
 
 // DecodeCounter parses a stored counter.
@@ -270,12 +254,7 @@ func (b *Batch) MergeCounter(key, cluster string, t PN, stamp Stamp) (Outcome, e
 // converged clusters agree on exactly. (The stamp, the counter's version, is
 // left out: a re-seed relays totals, not the stamps of every delta.)
 func appendCounterTotals(dst []byte, c *Counter) []byte {
-	names := make([]string, 0, len(c.Totals))
-	for n := range c.Totals {
-		names = append(names, n)
-	}
-	sort.Strings(names)
-	for _, n := range names {
+	for _, n := range slices.Sorted(maps.Keys(c.Totals)) {
 		t := c.Totals[n]
 		dst = append(dst, byte(len(n)))
 		dst = append(dst, n...)
