@@ -30,6 +30,16 @@ func link(t testing.TB, n *Node, peer string) transport.Status {
 	return transport.Status{}
 }
 
+// incrementN adds 1 to key n times at nd, each acknowledged.
+func incrementN(t testing.TB, nd *Node, key string, n int) {
+	t.Helper()
+	for i := 0; i < n; i++ {
+		if _, err := nd.Increment(context.Background(), key, 1); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
 func streamsOf(n *Node, origin string) []StreamReport {
 	var out []StreamReport
 	for _, s := range n.PeersReport().Streams {
@@ -458,14 +468,7 @@ func TestDeadLetterHoldsTombstones(t *testing.T) {
 // it proves seals the stream).
 func TestRestoredBackupCountersWithSilentPeer(t *testing.T) {
 	m := newTestMesh(t, hlc.SystemClock{}, func(o *Options) { o.IdentityCheckWait = 200 * time.Millisecond }, "a", "b")
-	ctx := context.Background()
-	incr := func(n int) {
-		for i := 0; i < n; i++ {
-			if _, err := m.nodes["a"].Increment(ctx, "hits", 1); err != nil {
-				t.Fatal(err)
-			}
-		}
-	}
+	incr := func(n int) { incrementN(t, m.nodes["a"], "hits", n) }
 	incr(5)
 	m.settle()
 	backup := t.TempDir() + "/backup"
@@ -523,14 +526,7 @@ func TestStaleRejoinRecordCleared(t *testing.T) {
 // max-merge would absorb the new increments.
 func TestRestoredEpochNotReused(t *testing.T) {
 	m := newTestMesh(t, hlc.SystemClock{}, func(o *Options) { o.IdentityCheckWait = 100 * time.Millisecond }, "a", "b")
-	ctx := context.Background()
-	incr := func(n int) {
-		for i := 0; i < n; i++ {
-			if _, err := m.nodes["a"].Increment(ctx, "hits", 1); err != nil {
-				t.Fatal(err)
-			}
-		}
-	}
+	incr := func(n int) { incrementN(t, m.nodes["a"], "hits", n) }
 	incr(5)
 	m.settle()
 	backup := t.TempDir() + "/backup"

@@ -67,6 +67,13 @@ func TestDashboardActionsInBrowser(t *testing.T) {
 		time.Sleep(20 * time.Millisecond)
 	}
 
+	// The history is an admin document: without the token, nothing.
+	if resp, err := http.Get(a.URL() + "/admin/history"); err != nil {
+		t.Fatal(err)
+	} else if resp.Body.Close(); resp.StatusCode != http.StatusUnauthorized {
+		t.Fatalf("/admin/history without the token: %d, want 401", resp.StatusCode)
+	}
+
 	row := `#peers tr[data-peer="b"]`
 	css := func(s string) chromedp.CSS { return chromedp.CSS(row + " " + s) }
 	if err := chromedp.Do(ctx,
