@@ -17,6 +17,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -236,20 +237,37 @@ func (c *cluster) put(k, value string) error {
 }
 
 func (c *cluster) metric(name string) (float64, error) {
-	resp, err := hc.Get(c.url + "/metrics")
+	m, err := c.metrics(name)
 	if err != nil {
 		return 0, err
 	}
+	v, ok := m[name]
+	if !ok {
+		return 0, fmt.Errorf("%s: no %s", c.url, name)
+	}
+	return v, nil
+}
+
+// metrics reads the named unlabelled series from one scrape; a name the
+// node does not export is left out.
+func (c *cluster) metrics(names ...string) (map[string]float64, error) {
+	resp, err := hc.Get(c.url + "/metrics")
+	if err != nil {
+		return nil, err
+	}
 	defer resp.Body.Close()
+	out := map[string]float64{}
 	sc := bufio.NewScanner(resp.Body)
 	sc.Buffer(make([]byte, 1<<20), 1<<20)
 	for sc.Scan() {
-		line := sc.Text()
-		if strings.HasPrefix(line, name+" ") {
-			return strconv.ParseFloat(strings.TrimSpace(strings.TrimPrefix(line, name)), 64)
+		name, value, ok := strings.Cut(sc.Text(), " ")
+		if ok && slices.Contains(names, name) {
+			if v, err := strconv.ParseFloat(strings.TrimSpace(value), 64); err == nil {
+				out[name] = v
+			}
 		}
 	}
-	return 0, fmt.Errorf("%s: no %s", c.url, name)
+	return out, sc.Err()
 }
 
 type walDoc struct {
@@ -567,18 +585,21 @@ func write(ctx context.Context, cfg *Config, c *cluster, prefix string, first, n
 	return firstErr
 }
 
-// cpuMark is each node's CPU seconds, and batches applied (keyed
-// "<name>/batches"), at one moment.
-type cpuMark map[string]float64
+// mark is one node's CPU seconds and batches applied at one moment.
+type mark struct {
+	cpu, batches float64
+	ok           bool
+}
+
+// cpuMark is every node's mark, by name.
+type cpuMark map[string]mark
 
 func cpuNow(cl []*cluster) cpuMark {
 	m := cpuMark{}
 	for _, c := range cl {
-		if v, err := c.metric("process_cpu_seconds_total"); err == nil {
-			m[c.name] = v
-		}
-		if v, err := c.metric("replicator_apply_seconds_count"); err == nil {
-			m[c.name+"/batches"] = v
+		v, err := c.metrics("process_cpu_seconds_total", "replicator_apply_seconds_count")
+		if err == nil {
+			m[c.name] = mark{cpu: v["process_cpu_seconds_total"], batches: v["replicator_apply_seconds_count"], ok: true}
 		}
 	}
 	return m
@@ -592,14 +613,14 @@ func (r *Result) finish(cl []*cluster, before cpuMark, writes int, el time.Durat
 	r.CPUSecPerM = map[string]float64{}
 	r.PeakRSSMiB = map[string]float64{}
 	for _, c := range cl {
-		if b, ok := before[c.name]; ok {
-			r.CPUSecPerM[c.name] = (after[c.name] - b) / float64(writes) * 1e6
-		}
-		if b, ok := before[c.name+"/batches"]; ok && after[c.name+"/batches"] > b {
-			if r.BatchesApplied == nil {
-				r.BatchesApplied = map[string]float64{}
+		if b, a := before[c.name], after[c.name]; b.ok && a.ok {
+			r.CPUSecPerM[c.name] = (a.cpu - b.cpu) / float64(writes) * 1e6
+			if a.batches > b.batches {
+				if r.BatchesApplied == nil {
+					r.BatchesApplied = map[string]float64{}
+				}
+				r.BatchesApplied[c.name] = a.batches - b.batches
 			}
-			r.BatchesApplied[c.name] = after[c.name+"/batches"] - b
 		}
 		if c.cmd != nil && c.cmd.Process != nil {
 			c.peakRSS.Store(vmHWM(c.cmd.Process.Pid))
@@ -765,8 +786,8 @@ func runScenario(ctx context.Context, cfg *Config, sc string, run int, cl []*clu
 		}
 		// Batches counted to the end of the drain, as the writes are.
 		end := cpuNow(cl)
-		if n, ok := end["b/batches"]; ok {
-			r.BatchesApplied = map[string]float64{"b": n - before["b/batches"]}
+		if e, b := end["b"], before["b"]; e.ok && b.ok {
+			r.BatchesApplied = map[string]float64{"b": e.batches - b.batches}
 		}
 		r.lag(b, start)
 		r.Note = fmt.Sprintf("single PUTs from %d clients for %s: server CPU per acknowledged write %.1f us at a (b: %.1f us replicating them)",
