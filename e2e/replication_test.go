@@ -468,7 +468,7 @@ func TestDemoKeep(t *testing.T) {
 // the same run (two synced commits and a round trip) and gives every lag
 // figure as a multiple of it, with the lag split by stage.
 func TestBenchReportsFloor(t *testing.T) {
-	out, err := exec.Command(binPath, "bench", "--scenarios", "steady", "--rates", "300", "--steady-for", "2s", "--json").Output()
+	out, err := exec.Command(binPath, "bench", "--scenarios", "steady,puts", "--rates", "300", "--steady-for", "2s", "--put-clients", "8", "--json").Output()
 	if err != nil {
 		t.Fatalf("bench: %v\n%s", err, out)
 	}
@@ -485,6 +485,8 @@ func TestBenchReportsFloor(t *testing.T) {
 			P50x     float64               `json:"lag_p50_x_floor"`
 			P99x     float64               `json:"lag_p99_x_floor"`
 			Stages   map[string][2]float64 `json:"lag_stages_p50_p99_ms"`
+			CPU      map[string]float64    `json:"cpu_seconds_per_million"`
+			HTTP     float64               `json:"http_floor_cpu_us"`
 		} `json:"results"`
 	}
 	if err := json.Unmarshal(out, &rep); err != nil {
@@ -494,8 +496,13 @@ func TestBenchReportsFloor(t *testing.T) {
 	if f.Commit <= 0 || f.Trip <= 0 || f.MS != 2*f.Commit+f.Trip {
 		t.Fatalf("floor %+v: want 2 x commit + round trip, both measured", f)
 	}
-	if len(rep.Results) != 1 {
+	if len(rep.Results) != 2 {
 		t.Fatalf("results: %s", out)
+	}
+	// puts: the server CPU per write at a, beside net/http's own share of
+	// it measured under the same load.
+	if p := rep.Results[1]; p.CPU["a"] <= 0 || p.HTTP <= 0 || p.HTTP >= p.CPU["a"] {
+		t.Fatalf("%s: CPU per write %v, net/http alone %.1f us", p.Scenario, p.CPU, p.HTTP)
 	}
 	r := rep.Results[0]
 	if r.P50 <= 0 || r.P50x != r.P50/f.MS || r.P99x != r.P99/f.MS {

@@ -510,3 +510,56 @@ func TestPeerVersionsShown(t *testing.T) {
 		t.Fatalf("a's /admin/origin version %q", v)
 	}
 }
+
+// TestShortBodyWritesNothing: a PUT whose body ends before its
+// Content-Length (the client died mid-request) writes nothing, and a body
+// that trickles below the minimum rate is cut, on the exact-length read
+// single writes use.
+func TestShortBodyWritesNothing(t *testing.T) {
+	o := testOptions(t.TempDir())
+	o.BodyGrace = 300 * time.Millisecond
+	n := openNode(t, o)
+	defer n.Close()
+	if err := n.Start(); err != nil {
+		t.Fatal(err)
+	}
+	host := strings.TrimPrefix(n.URL(), "http://")
+	c, err := net.Dial("tcp", host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fmt.Fprintf(c, "PUT /v1/kv/short HTTP/1.1\r\nHost: %s\r\nContent-Length: 10\r\n\r\nhello", host)
+	c.(*net.TCPConn).CloseWrite()
+	io.Copy(io.Discard, c)
+	c.Close()
+
+	slow, err := net.Dial("tcp", host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer slow.Close()
+	fmt.Fprintf(slow, "PUT /v1/kv/slow HTTP/1.1\r\nHost: %s\r\nContent-Length: 100000\r\n\r\nx", host)
+	slow.SetReadDeadline(time.Now().Add(10 * time.Second))
+	if _, err := io.ReadAll(slow); err != nil {
+		t.Fatalf("a trickling PUT body is still held: %v", err)
+	}
+	for _, k := range []string{"short", "slow"} {
+		if _, err := n.Get(k); !errors.Is(err, ErrNotFound) {
+			t.Fatalf("%s: a body that never completed wrote something (err %v)", k, err)
+		}
+	}
+	// The connection-level path still works for a whole body.
+	req, _ := http.NewRequest(http.MethodPut, n.URL()+"/v1/kv/whole", strings.NewReader("0123456789"))
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 {
+		t.Fatalf("whole body: %d %s", resp.StatusCode, body)
+	}
+	if rec, err := n.Get("whole"); err != nil || string(rec.Value) != "0123456789" {
+		t.Fatalf("whole body: %v %q", err, rec.Value)
+	}
+}

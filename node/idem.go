@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"time"
 
+	"github.com/replicator/replicator/internal/httpjson"
 	"github.com/replicator/replicator/store"
 	"github.com/replicator/replicator/wal"
 )
@@ -59,15 +60,27 @@ var errBadRequest = errors.New("node: bad request")
 func writeAnswerOf(p *proposal) (int, []byte) {
 	e := &p.entry
 	st := e.LWW()
-	b, _ := json.Marshal(writeAnswer{Key: e.Key, Version: st.String(), Origin: st.Origin})
-	return http.StatusOK, append(b, '\n')
+	return http.StatusOK, appendWriteAnswer(nil, e.Key, st.String(), st.Origin)
+}
+
+// appendWriteAnswer appends the JSON of writeAnswer (as encoding/json
+// writes it, newline included) without reflection: it is every single
+// write's answer.
+func appendWriteAnswer(dst []byte, key, version, origin string) []byte {
+	dst = append(dst, `{"key":`...)
+	dst = httpjson.AppendString(dst, key)
+	dst = append(dst, `,"version":`...)
+	dst = httpjson.AppendString(dst, version)
+	dst = append(dst, `,"origin":`...)
+	dst = httpjson.AppendString(dst, origin)
+	return append(dst, "}\n"...)
 }
 
 // answerWrite writes the answer of a (possibly keyed, possibly replayed)
 // write and logs keyed outcomes.
 func (n *Node) answerWrite(w http.ResponseWriter, r *http.Request, idem *idemRequest, res WriteResult, err error) {
 	n.finishWrite(w, r, idem, res, err, func() {
-		writeJSON(w, http.StatusOK, writeAnswer{Key: res.Key, Version: res.Version, Origin: res.Origin})
+		httpjson.WriteBody(w, http.StatusOK, appendWriteAnswer(make([]byte, 0, 128), res.Key, res.Version, res.Origin))
 	})
 }
 

@@ -68,3 +68,15 @@ func runBench(args []string) error {
 	}
 	return err
 }
+
+// runHTTPFloor is the hidden `replicator bench-httpfloor`: bench starts it.
+func runHTTPFloor(args []string) error {
+	fs := flag.NewFlagSet("bench-httpfloor", flag.ContinueOnError)
+	addr := fs.String("listen", "127.0.0.1:0", "address to serve on")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	return bench.ServeHTTPFloor(ctx, *addr)
+}

@@ -63,6 +63,11 @@ func root() *cobra.Command {
 		command("healthcheck [--addr URL]", "exit 0 when the node answers /healthz (container health checks)", runHealthcheck),
 		command("version [-o json]", "print the version", runVersion),
 	)
+	// bench's puts scenario starts this binary as a bare net/http server,
+	// to report the part of a write's CPU that net/http itself costs.
+	floor := command("bench-httpfloor --listen ADDR", "net/http alone, for bench", runHTTPFloor)
+	floor.Hidden = true
+	r.AddCommand(floor)
 	return r
 }
 

@@ -71,6 +71,10 @@ type Result struct {
 	// Stages is the lag's p50 and p99 (ms) by stage: ship (the sender's
 	// commit to send), wire, apply (received to synced apply).
 	Stages map[string][2]float64 `json:"lag_stages_p50_p99_ms,omitempty"`
+	// HTTPFloorUS (puts) is the CPU per request of a bare net/http server
+	// under the same load: the part of the server CPU per write that
+	// serving HTTP/1.1 with net/http costs whatever the node does.
+	HTTPFloorUS float64 `json:"http_floor_cpu_us,omitempty"`
 	Note   string                `json:"note,omitempty"`
 }
 
@@ -761,24 +765,7 @@ func runScenario(ctx context.Context, cfg *Config, sc string, run int, cl []*clu
 		// CPU per acknowledged write on the single-key HTTP path.
 		before := cpuNow(cl)
 		start := time.Now()
-		deadline := start.Add(cfg.SteadyFor)
-		var acked, failed atomic.Int64
-		var wg sync.WaitGroup
-		value := strings.Repeat("v", cfg.ValueSize)
-		for w := 0; w < cfg.PutClients; w++ {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				for i := 0; ctx.Err() == nil && time.Now().Before(deadline); i++ {
-					if a.put(key(fmt.Sprint(prefix, "-", w), i), value) == nil {
-						acked.Add(1)
-					} else {
-						failed.Add(1)
-					}
-				}
-			}()
-		}
-		wg.Wait()
+		acked, failed := closedLoop(ctx, a, cfg, prefix)
 		r := Result{Scenario: fmt.Sprintf("puts@%d", cfg.PutClients)}
 		r.finish(cl, before, int(acked.Load()), time.Since(start), cfg.ValueSize)
 		if err := waitCaughtUp(ctx, [2]*cluster{a, b}); err != nil {
@@ -792,6 +779,15 @@ func runScenario(ctx context.Context, cfg *Config, sc string, run int, cl []*clu
 		r.lag(b, start)
 		r.Note = fmt.Sprintf("single PUTs from %d clients for %s: server CPU per acknowledged write %.1f us at a (b: %.1f us replicating them)",
 			cfg.PutClients, cfg.SteadyFor, r.CPUSecPerM["a"], r.CPUSecPerM["b"])
+		if a.cmd != nil {
+			// The same load on net/http alone, started from this binary.
+			us, err := httpFloorCPU(ctx, cfg, prefix)
+			if err != nil {
+				return nil, fmt.Errorf("net/http floor: %w", err)
+			}
+			r.HTTPFloorUS = us
+			r.Note += fmt.Sprintf("; net/http alone under the same load: %.1f us", us)
+		}
 		if f := failed.Load(); f > 0 {
 			r.Note += fmt.Sprintf("; %d writes failed", f)
 		}
@@ -855,4 +851,52 @@ func machine() string {
 		}
 	}
 	return fmt.Sprintf("%d CPUs, %s", numCPU(), strings.TrimSpace(model))
+}
+
+// closedLoop runs cfg.PutClients clients that each PUT one key after
+// another at c for cfg.SteadyFor.
+func closedLoop(ctx context.Context, c *cluster, cfg *Config, prefix string) (acked, failed *atomic.Int64) {
+	acked, failed = new(atomic.Int64), new(atomic.Int64)
+	deadline := time.Now().Add(cfg.SteadyFor)
+	var wg sync.WaitGroup
+	value := strings.Repeat("v", cfg.ValueSize)
+	for w := 0; w < cfg.PutClients; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; ctx.Err() == nil && time.Now().Before(deadline); i++ {
+				if c.put(key(fmt.Sprint(prefix, "-", w), i), value) == nil {
+					acked.Add(1)
+				} else {
+					failed.Add(1)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	return acked, failed
+}
+
+// httpFloorCPU drives a bare net/http server (ServeHTTPFloor) with the puts
+// load and returns its CPU per answered request in microseconds.
+func httpFloorCPU(ctx context.Context, cfg *Config, prefix string) (float64, error) {
+	f, err := startHTTPFloor()
+	if err != nil {
+		return 0, err
+	}
+	defer stop([]*cluster{f})
+	pid := f.cmd.Process.Pid
+	c0, err := procCPU(pid)
+	if err != nil {
+		return 0, err
+	}
+	acked, _ := closedLoop(ctx, f, cfg, prefix+"-floor")
+	c1, err := procCPU(pid)
+	if err != nil {
+		return 0, err
+	}
+	if acked.Load() == 0 {
+		return 0, errors.New("no request answered")
+	}
+	return (c1 - c0) / float64(acked.Load()) * 1e6, nil
 }

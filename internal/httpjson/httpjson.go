@@ -27,11 +27,25 @@ type Error struct {
 	Limit int64 `json:"limit,omitempty"`
 }
 
+// contentType is shared by every answer: net/http only reads header
+// values, and Header.Set would allocate a new slice per answer.
+var contentType = []string{"application/json"}
+
 // Write answers status with v as JSON.
 func Write(w http.ResponseWriter, status int, v any) {
-	w.Header().Set("Content-Type", "application/json")
+	w.Header()["Content-Type"] = contentType
 	w.WriteHeader(status)
 	_ = json.NewEncoder(w).Encode(v)
+}
+
+// WriteBody answers status with body, which is JSON already, with its
+// Content-Length (net/http then writes head and body in one go).
+func WriteBody(w http.ResponseWriter, status int, body []byte) {
+	h := w.Header()
+	h["Content-Type"] = contentType
+	h["Content-Length"] = []string{strconv.Itoa(len(body))}
+	w.WriteHeader(status)
+	_, _ = w.Write(body)
 }
 
 // WriteError answers status with {"error": e}.
@@ -46,4 +60,19 @@ func RetryAfter(w http.ResponseWriter, d time.Duration) {
 		secs = 1
 	}
 	w.Header().Set("Retry-After", strconv.Itoa(secs))
+}
+
+// AppendString appends s as a JSON string, byte for byte as encoding/json
+// writes it (HTML characters escaped too), without reflection for the
+// printable ASCII that keys, versions and origins almost always are.
+func AppendString(dst []byte, s string) []byte {
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; c < 0x20 || c >= 0x7f || c == '"' || c == '\\' || c == '<' || c == '>' || c == '&' {
+			b, _ := json.Marshal(s)
+			return append(dst, b...)
+		}
+	}
+	dst = append(dst, '"')
+	dst = append(dst, s...)
+	return append(dst, '"')
 }
