@@ -75,7 +75,7 @@ type Result struct {
 	// under the same load: the part of the server CPU per write that
 	// serving HTTP/1.1 with net/http costs whatever the node does.
 	HTTPFloorUS float64 `json:"http_floor_cpu_us,omitempty"`
-	Note   string                `json:"note,omitempty"`
+	Note        string  `json:"note,omitempty"`
 }
 
 // Floor is the least replication lag this machine allows one write,
