@@ -1,9 +1,11 @@
 package store
 
 import (
+	"bytes"
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"slices"
 
 	"github.com/cockroachdb/pebble/v2"
 
@@ -73,42 +75,71 @@ func decodeHWM(key, v []byte) (HWM, error) {
 	return h, nil
 }
 
-// HWM reads the high-water mark of one origin stream inside the batch (so it
-// is consistent with the merges the batch is about to make).
+// HWM reads the committed high-water mark of one origin stream (the batch's
+// own changes are not in it until it commits).
 func (b *Batch) HWM(origin string, stream [16]byte) (HWM, error) {
-	k := hwmKey(origin, stream)
-	v, closer, err := b.s.db.Get(k)
-	if errors.Is(err, pebble.ErrNotFound) {
-		return HWM{Origin: origin, Stream: stream}, nil
+	if h, ok := b.s.marks[origin][stream]; ok {
+		return h, nil
 	}
-	if err != nil {
-		return HWM{}, fmt.Errorf("store: read hwm: %w", err)
-	}
-	defer closer.Close()
-	return decodeHWM(k, v)
+	return HWM{Origin: origin, Stream: stream}, nil
 }
 
-// HWMsOf lists the high-water marks of every stream of one origin cluster.
+// HWMsOf lists the committed high-water marks of every stream of one origin
+// cluster, ordered by stream.
 func (b *Batch) HWMsOf(origin string) ([]HWM, error) {
-	lower := append(append([]byte{prefixHWM}, origin...), 0)
-	upper := append(append([]byte{prefixHWM}, origin...), 1)
-	return hwmsIn(b.s.db, nil, lower, upper, len(lower)+16)
+	return b.hwmsOf(origin, nil), nil
 }
 
-// HWMsOfExcept lists the high-water marks of every stream of one origin but
-// one. The one left out is the stream being applied, whose key every batch
-// rewrites: until a flush the memtable holds a version of it per batch, and
-// an iterator crossing it steps over every one (it was a third of a
-// receiver's CPU under single-key load). Its bounds keep it off that key.
+// HWMsOfExcept lists the committed high-water marks of every stream of one
+// origin but one (the stream being applied), ordered by stream.
 func (b *Batch) HWMsOfExcept(origin string, except [16]byte) ([]HWM, error) {
-	lower := append(append([]byte{prefixHWM}, origin...), 0)
-	upper := append(append([]byte{prefixHWM}, origin...), 1)
-	hot := hwmKey(origin, except)
-	out, err := hwmsIn(b.s.db, nil, lower, hot, len(lower)+16)
-	if err != nil {
-		return nil, err
+	return b.hwmsOf(origin, &except), nil
+}
+
+func (b *Batch) hwmsOf(origin string, except *[16]byte) []HWM {
+	var out []HWM
+	for st, h := range b.s.marks[origin] {
+		if except == nil || st != *except {
+			out = append(out, h)
+		}
 	}
-	return hwmsIn(b.s.db, out, append(hot, 0), upper, len(lower)+16)
+	slices.SortFunc(out, func(x, y HWM) int { return bytes.Compare(x.Stream[:], y.Stream[:]) })
+	return out
+}
+
+// markChange is a high-water mark a batch sets, or deletes (Delete).
+type markChange struct {
+	HWM
+	Delete bool
+}
+
+// loadMarks reads every committed high-water mark into the store's copy.
+func (s *Store) loadMarks() error {
+	all, err := s.HWMs()
+	if err != nil {
+		return err
+	}
+	s.marks = map[string]map[[16]byte]HWM{}
+	for _, h := range all {
+		s.setMarkLocked(markChange{HWM: h})
+	}
+	return nil
+}
+
+func (s *Store) setMarkLocked(c markChange) {
+	m := s.marks[c.Origin]
+	if c.Delete {
+		delete(m, c.Stream)
+		if len(m) == 0 {
+			delete(s.marks, c.Origin)
+		}
+		return
+	}
+	if m == nil {
+		m = map[[16]byte]HWM{}
+		s.marks[c.Origin] = m
+	}
+	m[c.Stream] = c.HWM
 }
 
 // hwmsIn appends to out the marks of r in [lower, upper), only those whose
@@ -140,13 +171,21 @@ func (b *Batch) SetHWM(h HWM) error {
 	v = binary.BigEndian.AppendUint64(v, h.Merged)
 	v = binary.BigEndian.AppendUint64(v, h.DeadLettered)
 	v = binary.BigEndian.AppendUint64(v, h.Seeded)
-	return b.pb.Set(hwmKey(h.Origin, h.Stream), v, nil)
+	if err := b.pb.Set(hwmKey(h.Origin, h.Stream), v, nil); err != nil {
+		return err
+	}
+	b.marks = append(b.marks, markChange{HWM: h})
+	return nil
 }
 
 // DeleteHWM forgets an origin stream's high-water mark in the batch (a
 // re-seed's one-off snapshot stream, once its trailer committed).
 func (b *Batch) DeleteHWM(origin string, stream [16]byte) error {
-	return b.pb.Delete(hwmKey(origin, stream), nil)
+	if err := b.pb.Delete(hwmKey(origin, stream), nil); err != nil {
+		return err
+	}
+	b.marks = append(b.marks, markChange{HWM: HWM{Origin: origin, Stream: stream}, Delete: true})
+	return nil
 }
 
 // HWMs lists every origin stream this node has applied entries of.

@@ -105,6 +105,12 @@ type Store struct {
 	// either order, and the later commit must not write a lower value over
 	// the higher one. Guarded by applyMu.
 	hlcHigh hlc.Timestamp
+	// marks are the committed high-water marks by origin and stream, the
+	// same as their Pebble records (loaded at open, changed only by batch
+	// commits). Every inbound batch reads its sender's marks; from Pebble
+	// that was an iterator and seeks per batch (a tenth of a receiver's
+	// CPU at 1,000 writes/s). Guarded by applyMu.
+	marks map[string]map[[16]byte]HWM
 }
 
 // Open opens (creating if needed) the tree in dir.
@@ -129,7 +135,7 @@ func Open(dir string, opts *Options) (*Store, error) {
 		return nil, fmt.Errorf("store: open %s: %w", dir, err)
 	}
 	s := &Store{db: db, cache: cache, opts: o}
-	if err := errors.Join(s.loadMaxStamp(), s.loadRanges(), s.checkCounters(), s.loadHLC()); err != nil {
+	if err := errors.Join(s.loadMaxStamp(), s.loadRanges(), s.checkCounters(), s.loadHLC(), s.loadMarks()); err != nil {
 		s.Close()
 		return nil, err
 	}
@@ -311,6 +317,9 @@ type Batch struct {
 	// hlc is the clock high-water mark this batch raises the store's to
 	// (zero: it does not).
 	hlc hlc.Timestamp
+	// marks are the high-water marks this batch sets (deleted: a zero
+	// Origin), for the store's copy once it commits.
+	marks []markChange
 }
 
 type pendingRecord struct {
@@ -533,6 +542,9 @@ func (b *Batch) Commit(sync bool) error {
 	}
 	if len(b.pendingCtr) > 0 {
 		b.s.hasCounters.Store(true)
+	}
+	for _, c := range b.marks {
+		b.s.setMarkLocked(c)
 	}
 	b.s.ranges = append(b.s.ranges, b.pendingRanges...)
 	return nil

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"reflect"
 	"testing"
 	"time"
 
@@ -588,4 +589,78 @@ func BenchmarkHWMsOfHotStream(b *testing.B) {
 			bt.HWMsOfExcept("b", [16]byte{5})
 		}
 	})
+}
+
+// TestMarksMatchPebble: the marks batches read from memory are the ones
+// Pebble holds, through sets, deletes, a batch closed without committing
+// and a reopen.
+func TestMarksMatchPebble(t *testing.T) {
+	dir := t.TempDir()
+	s, err := Open(dir, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	check := func(s *Store, when string) {
+		t.Helper()
+		stored, err := s.HWMs()
+		if err != nil {
+			t.Fatal(err)
+		}
+		b := s.NewBatch()
+		defer b.Close()
+		var mem []HWM
+		for _, o := range []string{"a", "b", "bb"} {
+			hs, _ := b.HWMsOf(o)
+			mem = append(mem, hs...)
+			for _, h := range hs {
+				if one, _ := b.HWM(o, h.Stream); one != h {
+					t.Fatalf("%s: HWM(%s, %x) = %+v, listed %+v", when, o, h.Stream[0], one, h)
+				}
+			}
+		}
+		if !reflect.DeepEqual(stored, mem) && !(len(stored) == 0 && len(mem) == 0) {
+			t.Fatalf("%s: Pebble holds %+v, memory %+v", when, stored, mem)
+		}
+	}
+	mark := func(o string, st byte, i uint64) HWM {
+		return HWM{Origin: o, Stream: [16]byte{st}, Index: i, Commit: hlc.Timestamp{Wall: int64(i) * 10, Logical: 3}, Merged: i - 1, DeadLettered: 1, Seeded: 0}
+	}
+	b := s.NewBatch()
+	for _, h := range []HWM{mark("b", 5, 7), mark("b", 1, 3), mark("bb", 5, 9), mark("a", 2, 4)} {
+		if err := b.SetHWM(h); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := b.Commit(true); err != nil {
+		t.Fatal(err)
+	}
+	b.Close()
+	check(s, "after sets")
+	b = s.NewBatch()
+	b.SetHWM(mark("b", 5, 70))
+	b.DeleteHWM("a", [16]byte{2})
+	b.Close() // not committed: nothing changes
+	check(s, "after an uncommitted batch")
+	b = s.NewBatch()
+	b.SetHWM(mark("b", 5, 70))
+	b.DeleteHWM("a", [16]byte{2})
+	b.SetHWM(mark("a", 3, 1))
+	if err := b.Commit(false); err != nil {
+		t.Fatal(err)
+	}
+	b.Close()
+	check(s, "after set and delete")
+	b = s.NewBatch()
+	if h, _ := b.HWM("b", [16]byte{5}); h.Index != 70 {
+		t.Fatalf("b/5 at %d, want 70", h.Index)
+	}
+	b.Close()
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if s, err = Open(dir, nil); err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	check(s, "after reopen")
 }
