@@ -533,17 +533,20 @@ func TestShortBodyWritesNothing(t *testing.T) {
 	io.Copy(io.Discard, c)
 	c.Close()
 
-	slow, err := net.Dial("tcp", host)
-	if err != nil {
-		t.Fatal(err)
+	// Declared lengths read at once (small) and as they arrive (large).
+	for _, size := range []int{1000, 100000} {
+		slow, err := net.Dial("tcp", host)
+		if err != nil {
+			t.Fatal(err)
+		}
+		fmt.Fprintf(slow, "PUT /v1/kv/slow-%d HTTP/1.1\r\nHost: %s\r\nContent-Length: %d\r\n\r\nx", size, host, size)
+		slow.SetReadDeadline(time.Now().Add(10 * time.Second))
+		if _, err := io.ReadAll(slow); err != nil {
+			t.Fatalf("a trickling PUT body of %d bytes is still held: %v", size, err)
+		}
+		slow.Close()
 	}
-	defer slow.Close()
-	fmt.Fprintf(slow, "PUT /v1/kv/slow HTTP/1.1\r\nHost: %s\r\nContent-Length: 100000\r\n\r\nx", host)
-	slow.SetReadDeadline(time.Now().Add(10 * time.Second))
-	if _, err := io.ReadAll(slow); err != nil {
-		t.Fatalf("a trickling PUT body is still held: %v", err)
-	}
-	for _, k := range []string{"short", "slow"} {
+	for _, k := range []string{"short", "slow-1000", "slow-100000"} {
 		if _, err := n.Get(k); !errors.Is(err, ErrNotFound) {
 			t.Fatalf("%s: a body that never completed wrote something (err %v)", k, err)
 		}

@@ -167,17 +167,23 @@ func methodNotAllowed(w http.ResponseWriter, r *http.Request, allow string) {
 		Message: fmt.Sprintf("%s is not allowed on %s (allowed: %s)", r.Method, r.URL.Path, allow)})
 }
 
+// exactReadMax is the largest declared body readBody allocates before it
+// arrives.
+const exactReadMax = 16 << 10
+
 // readBody reads at most limit bytes, refusing a larger body before reading
 // it when Content-Length says so, and after limit+1 bytes otherwise.
 func readBody(w http.ResponseWriter, r *http.Request, limit int) ([]byte, error) {
 	if r.ContentLength > int64(limit) {
 		return nil, fmt.Errorf("%w: %d bytes, limit %d", ErrValueTooLarge, r.ContentLength, limit)
 	}
-	if n := r.ContentLength; n >= 0 {
-		// The length is known: one exact allocation instead of ReadAll's
-		// growth from 512 bytes. The buffer has room for one byte more so
-		// that the last read sees the end of the body (which also clears
-		// the body-rate deadline, see rateBody).
+	if n := r.ContentLength; n >= 0 && n <= exactReadMax {
+		// The length is known and small: one exact allocation instead of
+		// ReadAll's growth from 512 bytes. (A large declared length is read
+		// as it arrives, so that headers alone cannot make the node
+		// allocate a megabyte per connection.) The buffer has room for one
+		// byte more so that the last read sees the end of the body (which
+		// also clears the body-rate deadline, see rateBody).
 		b := make([]byte, n+1)
 		got, err := io.ReadFull(r.Body, b)
 		if int64(got) == n && (err == io.ErrUnexpectedEOF || n == 0 && err == io.EOF) {

@@ -1,0 +1,331 @@
+// Package raftconn secures the raft port (issue 15, docs/CLUSTER.md). The
+// raft transport carries every write of a cluster, so every connection on it
+// is TLS 1.3 with a certificate on both ends, and each end checks that the
+// other names the same cluster: a node with other credentials can neither
+// join nor append, and cannot read what the others exchange.
+//
+// Two sources of certificates:
+//
+//   - the node's own (mutual TLS): the peer's chain is verified against the
+//     cluster's CA and its certificate must name the cluster;
+//   - a gossip key, when TLS is off: a CA is derived from the key (HKDF to an
+//     Ed25519 key), and each node signs a certificate of its own with it at
+//     start. Whoever holds the gossip key can join, the trust gossip already
+//     has; nobody else can complete a handshake.
+package raftconn
+
+import (
+	"context"
+	"crypto/ed25519"
+	"crypto/hkdf"
+	"crypto/rand"
+	"crypto/sha256"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"errors"
+	"fmt"
+	"math/big"
+	"net"
+	"net/url"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/raft"
+)
+
+// ErrNoCredentials is returned when neither certificates nor a gossip key
+// were given and the insecure mode was not asked for.
+var ErrNoCredentials = errors.New("raftconn: the raft port needs TLS certificates or a gossip key (or the insecure test mode)")
+
+// serverName is the name every derived certificate carries and every dial
+// asks for: the cluster is checked from the URI, not from DNS.
+const serverName = "replicator-raft"
+
+// Options configures a Layer. Give Certificate and CA, or GossipKey, or
+// Insecure.
+type Options struct {
+	// Cluster is this node's cluster ID; a peer must name the same.
+	Cluster string
+	// Node is this node's ID, written into a derived certificate.
+	Node string
+	// Certificate returns the node's certificate (called per handshake, so
+	// a reloaded certificate is used at once); CA verifies the other end.
+	// ClusterOf says which cluster a verified certificate names.
+	Certificate func() (*tls.Certificate, error)
+	CA          *x509.CertPool
+	ClusterOf   func(*x509.Certificate) (string, error)
+	// GossipKey derives the cluster's CA when Certificate is nil.
+	GossipKey []byte
+	// Insecure serves plain TCP: tests of other things only.
+	Insecure bool
+	// HandshakeTimeout bounds an accepted connection's handshake (default
+	// 10s), so that a silent client does not hold a goroutine.
+	HandshakeTimeout time.Duration
+}
+
+// Layer is a raft.StreamLayer on TCP with TLS on both ends.
+type Layer struct {
+	ln        net.Listener
+	advertise net.Addr
+	server    *tls.Config // nil: insecure
+	client    *tls.Config
+	timeout   time.Duration
+}
+
+var _ raft.StreamLayer = (*Layer)(nil)
+
+// Listen opens the raft port on addr. advertise, when set, is the address
+// other nodes dial (addr may be a wildcard).
+func Listen(addr string, advertise net.Addr, o Options) (*Layer, error) {
+	server, client, err := configs(o)
+	if err != nil {
+		return nil, err
+	}
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("raftconn: listen %s: %w", addr, err)
+	}
+	if advertise == nil {
+		advertise = ln.Addr()
+	}
+	t := o.HandshakeTimeout
+	if t <= 0 {
+		t = 10 * time.Second
+	}
+	return &Layer{ln: ln, advertise: advertise, server: server, client: client, timeout: t}, nil
+}
+
+// Accept returns the next connection; its handshake runs (bounded) on its
+// first read or write, in raft's handler goroutine, so a slow client cannot
+// stall the accept loop.
+func (l *Layer) Accept() (net.Conn, error) {
+	c, err := l.ln.Accept()
+	if err != nil || l.server == nil {
+		return c, err
+	}
+	return &lazyConn{Conn: tls.Server(c, l.server), timeout: l.timeout}, nil
+}
+
+// Close stops accepting.
+func (l *Layer) Close() error { return l.ln.Close() }
+
+// Addr is the advertised address.
+func (l *Layer) Addr() net.Addr { return l.advertise }
+
+// Dial connects to another node of the cluster and completes the handshake
+// within timeout.
+func (l *Layer) Dial(address raft.ServerAddress, timeout time.Duration) (net.Conn, error) {
+	d := &net.Dialer{Timeout: timeout}
+	if l.client == nil {
+		return d.Dial("tcp", string(address))
+	}
+	td := &tls.Dialer{NetDialer: d, Config: l.client}
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	c, err := td.DialContext(ctx, "tcp", string(address))
+	if err != nil {
+		return nil, fmt.Errorf("raftconn: dial %s: %w", address, err)
+	}
+	return c, nil
+}
+
+// lazyConn completes the server handshake before the first read or write.
+type lazyConn struct {
+	*tls.Conn
+	timeout time.Duration
+	once    sync.Once
+	err     error
+}
+
+func (c *lazyConn) handshake() error {
+	c.once.Do(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), c.timeout)
+		defer cancel()
+		if c.err = c.Conn.HandshakeContext(ctx); c.err != nil {
+			c.Conn.Close()
+		}
+	})
+	return c.err
+}
+
+func (c *lazyConn) Read(p []byte) (int, error) {
+	if err := c.handshake(); err != nil {
+		return 0, err
+	}
+	return c.Conn.Read(p)
+}
+
+func (c *lazyConn) Write(p []byte) (int, error) {
+	if err := c.handshake(); err != nil {
+		return 0, err
+	}
+	return c.Conn.Write(p)
+}
+
+// configs builds the server and client TLS configurations (both nil in the
+// insecure mode).
+func configs(o Options) (server, client *tls.Config, err error) {
+	if o.Cluster == "" {
+		return nil, nil, errors.New("raftconn: Cluster is required")
+	}
+	getCert := o.Certificate
+	pool := o.CA
+	clusterOf := o.ClusterOf
+	switch {
+	case getCert != nil:
+		if pool == nil || clusterOf == nil {
+			return nil, nil, errors.New("raftconn: a certificate needs CA and ClusterOf to check the other end")
+		}
+	case len(o.GossipKey) > 0:
+		ca, caKey, err := DeriveCA(o.GossipKey)
+		if err != nil {
+			return nil, nil, err
+		}
+		leaf, err := issue(ca, caKey, o.Cluster, o.Node)
+		if err != nil {
+			return nil, nil, err
+		}
+		pool = x509.NewCertPool()
+		pool.AddCert(ca)
+		getCert = func() (*tls.Certificate, error) { return leaf, nil }
+		clusterOf = clusterOfDerived
+	case o.Insecure:
+		return nil, nil, nil
+	default:
+		return nil, nil, ErrNoCredentials
+	}
+	// Both ends check the chain (standard verification against pool) and
+	// then that the verified certificate names this cluster.
+	sameCluster := func(cs tls.ConnectionState) error {
+		if len(cs.VerifiedChains) == 0 || len(cs.VerifiedChains[0]) == 0 {
+			return errors.New("raftconn: the other end presented no verified certificate")
+		}
+		got, err := clusterOf(cs.VerifiedChains[0][0])
+		if err != nil {
+			return fmt.Errorf("raftconn: the other end's certificate: %w", err)
+		}
+		if got != o.Cluster {
+			return fmt.Errorf("raftconn: the other end belongs to cluster %q, not %q", got, o.Cluster)
+		}
+		return nil
+	}
+	server = &tls.Config{
+		MinVersion:             tls.VersionTLS13,
+		GetCertificate:         func(*tls.ClientHelloInfo) (*tls.Certificate, error) { return getCert() },
+		ClientAuth:             tls.RequireAndVerifyClientCert,
+		ClientCAs:              pool,
+		VerifyConnection:       sameCluster,
+		NextProtos:             []string{"replicator-raft/1"},
+		SessionTicketsDisabled: true,
+	}
+	client = &tls.Config{
+		MinVersion:           tls.VersionTLS13,
+		GetClientCertificate: func(*tls.CertificateRequestInfo) (*tls.Certificate, error) { return getCert() },
+		RootCAs:              pool,
+		VerifyConnection:     sameCluster,
+		NextProtos:           []string{"replicator-raft/1"},
+	}
+	if o.Certificate == nil {
+		client.ServerName = serverName
+	} else {
+		// Operator certificates name hosts, not a fixed name: the chain is
+		// verified against the CA, the host name is not (nodes dial each
+		// other by the addresses gossip reports), and the cluster check
+		// above decides.
+		client.InsecureSkipVerify = true
+		client.VerifyConnection = func(cs tls.ConnectionState) error {
+			if len(cs.PeerCertificates) == 0 {
+				return errors.New("raftconn: the other end presented no certificate")
+			}
+			chains, err := cs.PeerCertificates[0].Verify(x509.VerifyOptions{Roots: pool, Intermediates: intermediates(cs.PeerCertificates),
+				KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}})
+			if err != nil {
+				return err
+			}
+			cs.VerifiedChains = chains
+			return sameCluster(cs)
+		}
+	}
+	return server, client, nil
+}
+
+func intermediates(certs []*x509.Certificate) *x509.CertPool {
+	p := x509.NewCertPool()
+	for _, c := range certs[1:] {
+		p.AddCert(c)
+	}
+	return p
+}
+
+// DeriveCA derives the cluster's raft CA from a gossip key: the same key
+// gives the same CA key on every node, so no CA file has to be shipped.
+func DeriveCA(key []byte) (*x509.Certificate, ed25519.PrivateKey, error) {
+	if len(key) < 16 {
+		return nil, nil, fmt.Errorf("raftconn: gossip key of %d bytes, want at least 16", len(key))
+	}
+	seed, err := hkdf.Key(sha256.New, key, nil, "replicator raft CA v1", ed25519.SeedSize)
+	if err != nil {
+		return nil, nil, err
+	}
+	priv := ed25519.NewKeyFromSeed(seed)
+	tmpl := &x509.Certificate{
+		SerialNumber:          big.NewInt(1),
+		Subject:               pkix.Name{CommonName: "replicator raft CA (derived from the gossip key)"},
+		NotBefore:             time.Unix(0, 0),
+		NotAfter:              time.Date(9999, 12, 31, 0, 0, 0, 0, time.UTC),
+		IsCA:                  true,
+		BasicConstraintsValid: true,
+		KeyUsage:              x509.KeyUsageCertSign,
+	}
+	der, err := x509.CreateCertificate(nil, tmpl, tmpl, priv.Public(), priv)
+	if err != nil {
+		return nil, nil, err
+	}
+	ca, err := x509.ParseCertificate(der)
+	return ca, priv, err
+}
+
+// issue makes this node's certificate, signed by the derived CA, naming its
+// cluster and node in a URI: replicator-raft://CLUSTER/NODE.
+func issue(ca *x509.Certificate, caKey ed25519.PrivateKey, cluster, node string) (*tls.Certificate, error) {
+	pub, priv, err := ed25519.GenerateKey(rand.Reader)
+	if err != nil {
+		return nil, err
+	}
+	serial, err := rand.Int(rand.Reader, new(big.Int).Lsh(big.NewInt(1), 120))
+	if err != nil {
+		return nil, err
+	}
+	u := &url.URL{Scheme: "replicator-raft", Host: cluster, Path: "/" + node}
+	tmpl := &x509.Certificate{
+		SerialNumber: serial,
+		Subject:      pkix.Name{CommonName: cluster + "/" + node},
+		NotBefore:    time.Now().Add(-time.Hour),
+		NotAfter:     time.Now().Add(10 * 365 * 24 * time.Hour),
+		DNSNames:     []string{serverName},
+		URIs:         []*url.URL{u},
+		KeyUsage:     x509.KeyUsageDigitalSignature,
+		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca, pub, caKey)
+	if err != nil {
+		return nil, err
+	}
+	leaf, err := x509.ParseCertificate(der)
+	if err != nil {
+		return nil, err
+	}
+	return &tls.Certificate{Certificate: [][]byte{der}, PrivateKey: priv, Leaf: leaf}, nil
+}
+
+// clusterOfDerived reads the cluster from a derived certificate's URI.
+func clusterOfDerived(c *x509.Certificate) (string, error) {
+	for _, u := range c.URIs {
+		if u.Scheme == "replicator-raft" && u.Host != "" && strings.HasPrefix(u.Path, "/") {
+			return u.Host, nil
+		}
+	}
+	return "", errors.New("no replicator-raft:// URI naming a cluster")
+}

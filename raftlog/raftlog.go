@@ -1,0 +1,574 @@
+// Package raftlog is a cluster's raft log and raft's stable state on disk
+// (issue 15, docs/CLUSTER.md): the raft log on tidwall/wal, each record
+// checksummed and every append fsynced (it is the redo log, as the outbound
+// WAL is for a single node), and the stable state (term, vote) in one small
+// file replaced atomically.
+//
+// tidwall/wal numbers its entries from 1 and only appends at last+1; raft
+// indexes start wherever a snapshot left them. A log directory is therefore
+// named for its base, log-<base>, and raft index = base + tidwall index. When
+// raft deletes every entry (after installing a snapshot) or appends where the
+// empty log does not continue, a new directory with the right base replaces
+// the old one; at open, the directory with the highest base wins and the
+// others are removed (a crash between the two steps leaves both).
+package raftlog
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"io/fs"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/raft"
+	twal "github.com/tidwall/wal"
+	"github.com/vmihailenco/msgpack/v5"
+
+	"github.com/replicator/replicator/internal/atomicfile"
+)
+
+// Errors.
+var (
+	// ErrCorrupt is damage that is not a torn tail: a record in the middle
+	// of the log fails its checksum. Not retryable.
+	ErrCorrupt = errors.New("raftlog: corrupt")
+	// ErrNotFound is a log index outside the log.
+	ErrNotFound = raft.ErrLogNotFound
+)
+
+const (
+	recordV1   = 1
+	headerLen  = 1 + 4 // version, CRC-32C of the rest
+	stableName = "stable"
+	dirPrefix  = "log-"
+)
+
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+
+// Options configures a Store. Zero fields take defaults.
+type Options struct {
+	// SegmentSize is the target size of one segment file (default 4 MiB).
+	SegmentSize int
+	// NoSync skips fsync: benchmarks only.
+	NoSync bool
+	// Logger receives repairs (default slog.Default()).
+	Logger *slog.Logger
+}
+
+// EnsureDefaults fills zero fields.
+func (o *Options) EnsureDefaults() {
+	if o.SegmentSize == 0 {
+		o.SegmentSize = 4 << 20
+	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+}
+
+// Validate reports every problem at once.
+func (o *Options) Validate() error {
+	var errs []error
+	if o.SegmentSize < 4096 {
+		errs = append(errs, fmt.Errorf("raftlog: SegmentSize %d is below 4096", o.SegmentSize))
+	}
+	return errors.Join(errs...)
+}
+
+// Store is a raft.LogStore, raft.MonotonicLogStore and raft.StableStore.
+// Safe for concurrent use.
+type Store struct {
+	dir  string
+	opts Options
+
+	mu struct {
+		sync.Mutex
+		tw     *twal.Log
+		base   uint64 // raft index = base + tidwall index
+		first  uint64 // raft indexes held, 0 when empty
+		last   uint64
+		stable map[string][]byte
+		buf    []byte
+	}
+}
+
+var (
+	_ raft.LogStore          = (*Store)(nil)
+	_ raft.MonotonicLogStore = (*Store)(nil)
+	_ raft.StableStore       = (*Store)(nil)
+)
+
+// Open opens (creating if needed) the raft log and stable state in dir.
+func Open(dir string, opts *Options) (*Store, error) {
+	var o Options
+	if opts != nil {
+		o = *opts
+	}
+	o.EnsureDefaults()
+	if err := o.Validate(); err != nil {
+		return nil, err
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, fmt.Errorf("raftlog: open %s: %w", dir, err)
+	}
+	s := &Store{dir: dir, opts: o}
+	if err := s.loadStable(); err != nil {
+		return nil, err
+	}
+	bases, err := s.bases()
+	if err != nil {
+		return nil, err
+	}
+	base := uint64(0)
+	if len(bases) > 0 {
+		base = bases[len(bases)-1]
+		for _, b := range bases[:len(bases)-1] {
+			// A replacement that a crash interrupted: the newer one won.
+			if err := os.RemoveAll(s.logDir(b)); err != nil {
+				return nil, fmt.Errorf("raftlog: remove replaced log %s: %w", s.logDir(b), err)
+			}
+		}
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err := s.openLocked(base); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+func (s *Store) logDir(base uint64) string {
+	return filepath.Join(s.dir, fmt.Sprintf("%s%020d", dirPrefix, base))
+}
+
+// bases lists the bases of the log directories, ascending.
+func (s *Store) bases() ([]uint64, error) {
+	ents, err := os.ReadDir(s.dir)
+	if err != nil {
+		return nil, fmt.Errorf("raftlog: list %s: %w", s.dir, err)
+	}
+	var out []uint64
+	for _, e := range ents {
+		if !e.IsDir() || !strings.HasPrefix(e.Name(), dirPrefix) {
+			continue
+		}
+		b, err := strconv.ParseUint(strings.TrimPrefix(e.Name(), dirPrefix), 10, 64)
+		if err != nil {
+			continue
+		}
+		out = append(out, b)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i] < out[j] })
+	return out, nil
+}
+
+func (s *Store) openLocked(base uint64) error {
+	dir := s.logDir(base)
+	if err := repairTail(dir, base, s.opts.Logger); err != nil {
+		return err
+	}
+	tw, err := twal.Open(dir, &twal.Options{
+		SegmentSize: s.opts.SegmentSize,
+		NoSync:      s.opts.NoSync,
+		NoCopy:      true,
+		AllowEmpty:  true,
+		LogFormat:   twal.Binary,
+		DirPerms:    0o755,
+		FilePerms:   0o644,
+	})
+	if err != nil {
+		return fmt.Errorf("raftlog: open %s: %w", dir, err)
+	}
+	first, err1 := tw.FirstIndex()
+	last, err2 := tw.LastIndex()
+	if err := errors.Join(err1, err2); err != nil {
+		tw.Close()
+		return fmt.Errorf("raftlog: open %s: %w", dir, err)
+	}
+	s.mu.tw, s.mu.base = tw, base
+	s.mu.first, s.mu.last = 0, 0
+	if last > 0 {
+		s.mu.first, s.mu.last = base+first, base+last
+	}
+	return nil
+}
+
+// resetLocked replaces the log with an empty one whose next index is
+// base+1. The new directory is created (and synced) before the old one is
+// removed, so a crash leaves one of the two whole.
+func (s *Store) resetLocked(base uint64) error {
+	old := s.mu.base
+	if err := s.mu.tw.Close(); err != nil {
+		return fmt.Errorf("raftlog: close %s: %w", s.logDir(old), err)
+	}
+	s.mu.tw = nil
+	if base != old {
+		if err := os.RemoveAll(s.logDir(base)); err != nil {
+			return err
+		}
+		if err := os.MkdirAll(s.logDir(base), 0o755); err != nil {
+			return err
+		}
+		if err := syncDir(s.dir); err != nil {
+			return err
+		}
+	}
+	if err := os.RemoveAll(s.logDir(old)); err != nil {
+		return fmt.Errorf("raftlog: remove %s: %w", s.logDir(old), err)
+	}
+	if err := syncDir(s.dir); err != nil {
+		return err
+	}
+	return s.openLocked(base)
+}
+
+// FirstIndex is the first index held, 0 when the log is empty.
+func (s *Store) FirstIndex() (uint64, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.mu.first, nil
+}
+
+// LastIndex is the last index held, 0 when the log is empty.
+func (s *Store) LastIndex() (uint64, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.mu.last, nil
+}
+
+// GetLog reads one entry.
+func (s *Store) GetLog(index uint64, l *raft.Log) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.mu.tw == nil {
+		return errClosed
+	}
+	if s.mu.last == 0 || index < s.mu.first || index > s.mu.last {
+		return ErrNotFound
+	}
+	data, err := s.mu.tw.Read(index - s.mu.base)
+	if err != nil {
+		return fmt.Errorf("raftlog: read %d: %w", index, err)
+	}
+	if err := decode(data, l); err != nil {
+		return fmt.Errorf("%w: entry %d: %v", ErrCorrupt, index, err)
+	}
+	if l.Index != index {
+		return fmt.Errorf("%w: entry at %d says index %d", ErrCorrupt, index, l.Index)
+	}
+	return nil
+}
+
+// StoreLog appends one entry.
+func (s *Store) StoreLog(l *raft.Log) error { return s.StoreLogs([]*raft.Log{l}) }
+
+// StoreLogs appends entries, contiguous with the log, in one write and one
+// fsync.
+func (s *Store) StoreLogs(logs []*raft.Log) error {
+	if len(logs) == 0 {
+		return nil
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.mu.tw == nil {
+		return errClosed
+	}
+	for i, l := range logs[1:] {
+		if l.Index != logs[i].Index+1 {
+			return fmt.Errorf("raftlog: entries %d and %d are not contiguous", logs[i].Index, l.Index)
+		}
+	}
+	next := logs[0].Index
+	switch {
+	case s.mu.last == 0 && next != s.mu.base+1:
+		// Empty, and raft continues elsewhere (after a snapshot).
+		if next == 0 {
+			return errors.New("raftlog: entry index 0")
+		}
+		if err := s.resetLocked(next - 1); err != nil {
+			return err
+		}
+	case s.mu.last != 0 && next != s.mu.last+1:
+		return fmt.Errorf("raftlog: entry %d does not follow the last, %d", next, s.mu.last)
+	}
+	var b twal.Batch
+	s.mu.buf = s.mu.buf[:0]
+	offs := make([]int, 0, len(logs)+1)
+	for _, l := range logs {
+		offs = append(offs, len(s.mu.buf))
+		var err error
+		if s.mu.buf, err = encode(s.mu.buf, l); err != nil {
+			return err
+		}
+	}
+	offs = append(offs, len(s.mu.buf))
+	for i, l := range logs {
+		b.Write(l.Index-s.mu.base, s.mu.buf[offs[i]:offs[i+1]])
+	}
+	if err := s.mu.tw.WriteBatch(&b); err != nil {
+		return fmt.Errorf("raftlog: append %d-%d: %w", next, logs[len(logs)-1].Index, err)
+	}
+	if s.mu.last == 0 {
+		s.mu.first = next
+	}
+	s.mu.last = logs[len(logs)-1].Index
+	return nil
+}
+
+// DeleteRange deletes [min, max]: a prefix (compaction after a snapshot), a
+// suffix (entries a new leader overrides), or everything.
+func (s *Store) DeleteRange(min, max uint64) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.mu.tw == nil {
+		return errClosed
+	}
+	if s.mu.last == 0 || max < s.mu.first || min > s.mu.last || min > max {
+		return nil
+	}
+	first, last := s.mu.first, s.mu.last
+	switch {
+	case min <= first && max >= last:
+		// Everything: the next entry continues after max (or after the
+		// snapshot raft installs, which StoreLogs handles).
+		return s.resetLocked(max)
+	case min <= first:
+		if err := s.mu.tw.TruncateFront(max + 1 - s.mu.base); err != nil {
+			return fmt.Errorf("raftlog: drop through %d: %w", max, err)
+		}
+		s.mu.first = max + 1
+	case max >= last:
+		if err := s.mu.tw.TruncateBack(min - 1 - s.mu.base); err != nil {
+			return fmt.Errorf("raftlog: drop from %d: %w", min, err)
+		}
+		s.mu.last = min - 1
+	default:
+		return fmt.Errorf("raftlog: delete %d-%d from the middle of %d-%d", min, max, first, last)
+	}
+	return nil
+}
+
+// IsMonotonic tells raft that the log holds no gaps: after restoring a
+// snapshot it deletes every entry instead of leaving a gap.
+func (s *Store) IsMonotonic() bool { return true }
+
+var errClosed = errors.New("raftlog: closed")
+
+// Close closes the log.
+func (s *Store) Close() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.mu.tw == nil {
+		return nil
+	}
+	err := s.mu.tw.Close()
+	s.mu.tw = nil
+	return err
+}
+
+// Set stores one stable value, durably.
+func (s *Store) Set(key, val []byte) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	next := make(map[string][]byte, len(s.mu.stable)+1)
+	for k, v := range s.mu.stable {
+		next[k] = v
+	}
+	next[string(key)] = append([]byte(nil), val...)
+	data, err := msgpack.Marshal(next)
+	if err != nil {
+		return err
+	}
+	if err := atomicfile.Write(filepath.Join(s.dir, stableName), frame(nil, data)); err != nil {
+		return fmt.Errorf("raftlog: write stable state: %w", err)
+	}
+	s.mu.stable = next
+	return nil
+}
+
+// Get returns a stable value, empty when never set.
+func (s *Store) Get(key []byte) ([]byte, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]byte(nil), s.mu.stable[string(key)]...), nil
+}
+
+// SetUint64 stores a stable number.
+func (s *Store) SetUint64(key []byte, val uint64) error {
+	return s.Set(key, binary.BigEndian.AppendUint64(nil, val))
+}
+
+// GetUint64 returns a stable number, 0 when never set.
+func (s *Store) GetUint64(key []byte) (uint64, error) {
+	v, _ := s.Get(key)
+	if len(v) == 0 {
+		return 0, nil
+	}
+	if len(v) != 8 {
+		return 0, fmt.Errorf("%w: stable value %q of %d bytes", ErrCorrupt, key, len(v))
+	}
+	return binary.BigEndian.Uint64(v), nil
+}
+
+func (s *Store) loadStable() error {
+	data, err := os.ReadFile(filepath.Join(s.dir, stableName))
+	if errors.Is(err, fs.ErrNotExist) {
+		s.mu.stable = map[string][]byte{}
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("raftlog: read stable state: %w", err)
+	}
+	body, err := unframe(data)
+	if err != nil {
+		// Written whole or not at all (atomicfile): damage is not a torn
+		// write, and a lost vote could let this node vote twice in a term.
+		return fmt.Errorf("%w: stable state: %v", ErrCorrupt, err)
+	}
+	m := map[string][]byte{}
+	if err := msgpack.Unmarshal(body, &m); err != nil {
+		return fmt.Errorf("%w: stable state: %v", ErrCorrupt, err)
+	}
+	s.mu.stable = m
+	return nil
+}
+
+// frame prepends the version and the CRC-32C of body.
+func frame(dst, body []byte) []byte {
+	dst = append(dst, recordV1)
+	dst = binary.BigEndian.AppendUint32(dst, crc32.Checksum(body, castagnoli))
+	return append(dst, body...)
+}
+
+func unframe(rec []byte) ([]byte, error) {
+	if len(rec) < headerLen {
+		return nil, fmt.Errorf("record of %d bytes", len(rec))
+	}
+	if rec[0] != recordV1 {
+		return nil, fmt.Errorf("record version %d, want %d", rec[0], recordV1)
+	}
+	body := rec[headerLen:]
+	if got, want := crc32.Checksum(body, castagnoli), binary.BigEndian.Uint32(rec[1:]); got != want {
+		return nil, fmt.Errorf("checksum mismatch (crc32c %08x, record says %08x)", got, want)
+	}
+	return body, nil
+}
+
+// encode appends one log entry's record: index, term, type, data,
+// extensions, appended-at.
+func encode(dst []byte, l *raft.Log) ([]byte, error) {
+	var body []byte
+	body = binary.AppendUvarint(body, l.Index)
+	body = binary.AppendUvarint(body, l.Term)
+	body = append(body, byte(l.Type))
+	body = binary.AppendUvarint(body, uint64(len(l.Data)))
+	body = append(body, l.Data...)
+	body = binary.AppendUvarint(body, uint64(len(l.Extensions)))
+	body = append(body, l.Extensions...)
+	var at int64
+	if !l.AppendedAt.IsZero() {
+		at = l.AppendedAt.UnixNano()
+	}
+	body = binary.AppendVarint(body, at)
+	return frame(dst, body), nil
+}
+
+// decode reads a record, bounding every length by what is there.
+func decode(rec []byte, l *raft.Log) error {
+	body, err := unframe(rec)
+	if err != nil {
+		return err
+	}
+	r := reader{b: body}
+	l.Index = r.uvarint()
+	l.Term = r.uvarint()
+	l.Type = raft.LogType(r.byte())
+	l.Data = r.bytes()
+	l.Extensions = r.bytes()
+	at := r.varint()
+	l.AppendedAt = time.Time{}
+	if at != 0 {
+		l.AppendedAt = time.Unix(0, at)
+	}
+	if r.err == nil && len(r.b) != 0 {
+		r.err = fmt.Errorf("%d bytes after the entry", len(r.b))
+	}
+	return r.err
+}
+
+type reader struct {
+	b   []byte
+	err error
+}
+
+func (r *reader) uvarint() uint64 {
+	if r.err != nil {
+		return 0
+	}
+	v, n := binary.Uvarint(r.b)
+	if n <= 0 {
+		r.err = errors.New("bad uvarint")
+		return 0
+	}
+	r.b = r.b[n:]
+	return v
+}
+
+func (r *reader) varint() int64 {
+	if r.err != nil {
+		return 0
+	}
+	v, n := binary.Varint(r.b)
+	if n <= 0 {
+		r.err = errors.New("bad varint")
+		return 0
+	}
+	r.b = r.b[n:]
+	return v
+}
+
+func (r *reader) byte() byte {
+	if r.err != nil {
+		return 0
+	}
+	if len(r.b) == 0 {
+		r.err = errors.New("short record")
+		return 0
+	}
+	c := r.b[0]
+	r.b = r.b[1:]
+	return c
+}
+
+func (r *reader) bytes() []byte {
+	n := r.uvarint()
+	if r.err != nil {
+		return nil
+	}
+	if n > uint64(len(r.b)) {
+		r.err = fmt.Errorf("length %d beyond the record's %d bytes", n, len(r.b))
+		return nil
+	}
+	if n == 0 {
+		return nil
+	}
+	out := append([]byte(nil), r.b[:n]...)
+	r.b = r.b[n:]
+	return out
+}
+
+func syncDir(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	return d.Sync()
+}
