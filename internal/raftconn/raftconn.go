@@ -72,6 +72,47 @@ type Layer struct {
 	server    *tls.Config // nil: insecure
 	client    *tls.Config
 	timeout   time.Duration
+
+	// conns are the connections open through the layer. raft's transport
+	// closes neither the ones it accepted nor its pooled ones when it
+	// closes, and its handlers block reading them; Close closes them all.
+	mu struct {
+		sync.Mutex
+		conns  map[*trackedConn]struct{}
+		closed bool
+	}
+}
+
+// trackedConn leaves the layer's set when closed.
+type trackedConn struct {
+	net.Conn
+	l    *Layer
+	once sync.Once
+}
+
+func (c *trackedConn) Close() error {
+	c.once.Do(func() {
+		c.l.mu.Lock()
+		delete(c.l.mu.conns, c)
+		c.l.mu.Unlock()
+	})
+	return c.Conn.Close()
+}
+
+// track adds c to the layer's set (closing it at once if the layer closed).
+func (l *Layer) track(c net.Conn) (net.Conn, error) {
+	t := &trackedConn{Conn: c, l: l}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.mu.closed {
+		c.Close()
+		return nil, net.ErrClosed
+	}
+	if l.mu.conns == nil {
+		l.mu.conns = map[*trackedConn]struct{}{}
+	}
+	l.mu.conns[t] = struct{}{}
+	return t, nil
 }
 
 var _ raft.StreamLayer = (*Layer)(nil)
@@ -102,14 +143,28 @@ func Listen(addr string, advertise net.Addr, o Options) (*Layer, error) {
 // stall the accept loop.
 func (l *Layer) Accept() (net.Conn, error) {
 	c, err := l.ln.Accept()
-	if err != nil || l.server == nil {
-		return c, err
+	if err != nil {
+		return nil, err
 	}
-	return &lazyConn{Conn: tls.Server(c, l.server), timeout: l.timeout}, nil
+	if l.server != nil {
+		c = &lazyConn{Conn: tls.Server(c, l.server), timeout: l.timeout}
+	}
+	return l.track(c)
 }
 
-// Close stops accepting.
-func (l *Layer) Close() error { return l.ln.Close() }
+// Close stops accepting and closes every connection open through the layer.
+func (l *Layer) Close() error {
+	err := l.ln.Close()
+	l.mu.Lock()
+	l.mu.closed = true
+	conns := l.mu.conns
+	l.mu.conns = nil
+	l.mu.Unlock()
+	for c := range conns {
+		c.Conn.Close()
+	}
+	return err
+}
 
 // Addr is the advertised address.
 func (l *Layer) Addr() net.Addr { return l.advertise }
@@ -118,17 +173,20 @@ func (l *Layer) Addr() net.Addr { return l.advertise }
 // within timeout.
 func (l *Layer) Dial(address raft.ServerAddress, timeout time.Duration) (net.Conn, error) {
 	d := &net.Dialer{Timeout: timeout}
+	var c net.Conn
+	var err error
 	if l.client == nil {
-		return d.Dial("tcp", string(address))
+		c, err = d.Dial("tcp", string(address))
+	} else {
+		td := &tls.Dialer{NetDialer: d, Config: l.client}
+		ctx, cancel := context.WithTimeout(context.Background(), timeout)
+		defer cancel()
+		c, err = td.DialContext(ctx, "tcp", string(address))
 	}
-	td := &tls.Dialer{NetDialer: d, Config: l.client}
-	ctx, cancel := context.WithTimeout(context.Background(), timeout)
-	defer cancel()
-	c, err := td.DialContext(ctx, "tcp", string(address))
 	if err != nil {
 		return nil, fmt.Errorf("raftconn: dial %s: %w", address, err)
 	}
-	return c, nil
+	return l.track(c)
 }
 
 // lazyConn completes the server handshake before the first read or write.

@@ -238,7 +238,9 @@ type member struct {
 	fsm   *fsm
 }
 
-func startRaft(t *testing.T, id string, o Options) *member {
+// startRaft starts a raft node over the layer; timeout is its heartbeat and
+// election timeout.
+func startRaft(t *testing.T, id string, o Options, timeout time.Duration) *member {
 	t.Helper()
 	l, err := Listen("127.0.0.1:0", nil, o)
 	if err != nil {
@@ -248,7 +250,7 @@ func startRaft(t *testing.T, id string, o Options) *member {
 		Logger: hclog.NewNullLogger()})
 	cfg := raft.DefaultConfig()
 	cfg.LocalID = raft.ServerID(id)
-	cfg.HeartbeatTimeout, cfg.ElectionTimeout, cfg.LeaderLeaseTimeout = 200*time.Millisecond, 200*time.Millisecond, 100*time.Millisecond
+	cfg.HeartbeatTimeout, cfg.ElectionTimeout, cfg.LeaderLeaseTimeout = timeout, timeout, timeout/2
 	cfg.Logger = hclog.NewNullLogger()
 	store := raft.NewInmemStore()
 	f := &fsm{}
@@ -283,7 +285,9 @@ func waitFor(t *testing.T, what string, ok func() bool) {
 // leader, its term and exactly its own commands.
 func TestWrongCredentialsCannotJoinOrAppend(t *testing.T) {
 	good := func(n string) Options { return Options{Cluster: "a", Node: n, GossipKey: keyA} }
-	a1, a2 := startRaft(t, "a1", good("a1")), startRaft(t, "a2", good("a2"))
+	// The pair's timeouts are long enough that a loaded machine does not
+	// make it change leaders by itself (the test checks its term).
+	a1, a2 := startRaft(t, "a1", good("a1"), time.Second), startRaft(t, "a2", good("a2"), time.Second)
 	cfg := raft.Configuration{Servers: []raft.Server{a1.server(), a2.server()}}
 	if err := a1.raft.BootstrapCluster(cfg).Error(); err != nil {
 		t.Fatal(err)
@@ -304,7 +308,7 @@ func TestWrongCredentialsCannotJoinOrAppend(t *testing.T) {
 	// The intruder believes it belongs: it is bootstrapped with the pair in
 	// its configuration, campaigns, and as leader of its own group of one
 	// tries to add a member and append to it.
-	x := startRaft(t, "x", Options{Cluster: "a", Node: "x", GossipKey: keyB})
+	x := startRaft(t, "x", Options{Cluster: "a", Node: "x", GossipKey: keyB}, 200*time.Millisecond)
 	if err := x.raft.BootstrapCluster(raft.Configuration{Servers: []raft.Server{x.server()}}).Error(); err != nil {
 		t.Fatal(err)
 	}

@@ -1,0 +1,460 @@
+// Package cluster is one cluster's raft group (issue 15, docs/CLUSTER.md):
+// it forms the group from the nodes gossip finds, keeps its membership, and
+// applies commands through a state machine it is given. What the commands
+// mean is the state machine's business; this package decides only who
+// leads, who belongs, and that a command is committed on a quorum before it
+// is applied.
+//
+// The raft log and stable state live in raftlog (tidwall/wal, fsynced); the
+// raft port is raftconn (TLS both ways, the cluster checked at each end).
+package cluster
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/hashicorp/raft"
+
+	"github.com/replicator/replicator/internal/raftconn"
+	"github.com/replicator/replicator/raftlog"
+)
+
+// Errors.
+var (
+	// ErrNotLeader: this node cannot commit; NotLeaderError names the
+	// leader when one is known.
+	ErrNotLeader = errors.New("cluster: not the leader")
+	// ErrQuorum refuses a removal that would leave the group without a
+	// quorum of live voters.
+	ErrQuorum = errors.New("cluster: the change would lose quorum")
+	// ErrUnknownNode is a removal of a node that is not a member.
+	ErrUnknownNode = errors.New("cluster: no such node")
+)
+
+// NotLeaderError says who leads (empty when nobody is known to).
+type NotLeaderError struct{ LeaderID, LeaderAddr string }
+
+func (e *NotLeaderError) Error() string {
+	if e.LeaderID == "" {
+		return "cluster: not the leader, and no leader is known"
+	}
+	return fmt.Sprintf("cluster: not the leader (the leader is %s at %s)", e.LeaderID, e.LeaderAddr)
+}
+
+func (e *NotLeaderError) Unwrap() error { return ErrNotLeader }
+
+// Member is a node of this cluster as gossip reports it.
+type Member struct {
+	ID       string
+	RaftAddr string
+	Alive    bool
+	// Fresh: the node holds no raft state and no data, so it may take part
+	// in bootstrapping a new group.
+	Fresh bool
+}
+
+// Membership is what the group needs from gossip: the nodes of its own
+// cluster it currently knows of (itself included).
+type Membership interface {
+	Members() []Member
+}
+
+// Options configures a Group. Zero fields take defaults.
+type Options struct {
+	Cluster, Node string
+	// Dir holds the raft log, stable state and snapshots.
+	Dir string
+	// Listen is the raft port; Advertise the address the others dial
+	// (default: the bound address).
+	Listen, Advertise string
+	// Conn carries the raft port's credentials (Cluster and Node are
+	// filled from above).
+	Conn raftconn.Options
+	// BootstrapExpect is how many fresh nodes form a new group (0: never
+	// bootstrap; the node waits to be added).
+	BootstrapExpect int
+	// HasData reports that this node holds data: such a node never
+	// bootstraps a new group (its data would fork from its old one).
+	HasData func() bool
+	// FSM applies committed commands.
+	FSM raft.FSM
+	// Members is gossip's view of this cluster.
+	Members Membership
+	// Reconcile is how often bootstrap and membership are checked
+	// (default 250ms).
+	Reconcile time.Duration
+	// Timing of raft (defaults: hashicorp/raft's, tuned for LAN).
+	HeartbeatTimeout, ElectionTimeout, LeaderLeaseTimeout time.Duration
+	Logger                                                *slog.Logger
+}
+
+// EnsureDefaults fills zero fields.
+func (o *Options) EnsureDefaults() {
+	if o.Reconcile == 0 {
+		o.Reconcile = 250 * time.Millisecond
+	}
+	d := raft.DefaultConfig()
+	if o.HeartbeatTimeout == 0 {
+		o.HeartbeatTimeout = d.HeartbeatTimeout
+	}
+	if o.ElectionTimeout == 0 {
+		o.ElectionTimeout = d.ElectionTimeout
+	}
+	if o.LeaderLeaseTimeout == 0 {
+		o.LeaderLeaseTimeout = min(d.LeaderLeaseTimeout, o.HeartbeatTimeout)
+	}
+	if o.HasData == nil {
+		o.HasData = func() bool { return false }
+	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+}
+
+// Validate reports every problem at once.
+func (o *Options) Validate() error {
+	var errs []error
+	add := func(f string, a ...any) { errs = append(errs, fmt.Errorf("cluster: "+f, a...)) }
+	if o.Cluster == "" {
+		add("Cluster is required")
+	}
+	if o.Node == "" {
+		add("Node is required (--node-id)")
+	}
+	if o.Dir == "" {
+		add("Dir is required")
+	}
+	if o.Listen == "" {
+		add("Listen is required (--raft-listen)")
+	}
+	if o.FSM == nil {
+		add("FSM is required")
+	}
+	if o.Members == nil {
+		add("Members is required")
+	}
+	if o.BootstrapExpect < 0 {
+		add("BootstrapExpect %d is negative", o.BootstrapExpect)
+	}
+	return errors.Join(errs...)
+}
+
+// Group is this node's part of its cluster's raft group.
+type Group struct {
+	opts  Options
+	raft  *raft.Raft
+	log   *raftlog.Store
+	trans *raft.NetworkTransport
+	stop  chan struct{}
+	done  chan struct{}
+
+	mu struct {
+		sync.Mutex
+		bootstrapped bool
+	}
+}
+
+// Open starts the node's raft: it takes part in an existing group at once,
+// and forms a new one with the others once BootstrapExpect fresh nodes are
+// seen.
+func Open(opts *Options) (*Group, error) {
+	var o Options
+	if opts != nil {
+		o = *opts
+	}
+	o.EnsureDefaults()
+	if err := o.Validate(); err != nil {
+		return nil, err
+	}
+	if err := os.MkdirAll(o.Dir, 0o755); err != nil {
+		return nil, fmt.Errorf("cluster: %w", err)
+	}
+	store, err := raftlog.Open(filepath.Join(o.Dir, "raft"), &raftlog.Options{Logger: o.Logger})
+	if err != nil {
+		return nil, err
+	}
+	snaps, err := raft.NewFileSnapshotStoreWithLogger(filepath.Join(o.Dir, "snapshots"), 2, hclog.NewNullLogger())
+	if err != nil {
+		store.Close()
+		return nil, fmt.Errorf("cluster: snapshots: %w", err)
+	}
+	co := o.Conn
+	co.Cluster, co.Node = o.Cluster, o.Node
+	var adv net.Addr
+	if o.Advertise != "" {
+		adv = advertised(o.Advertise)
+	}
+	layer, err := raftconn.Listen(o.Listen, adv, co)
+	if err != nil {
+		store.Close()
+		return nil, err
+	}
+	trans := raft.NewNetworkTransportWithConfig(&raft.NetworkTransportConfig{Stream: layer, MaxPool: 4,
+		Timeout: 5 * time.Second, Logger: hclog.NewNullLogger()})
+	cfg := raft.DefaultConfig()
+	cfg.LocalID = raft.ServerID(o.Node)
+	cfg.HeartbeatTimeout, cfg.ElectionTimeout, cfg.LeaderLeaseTimeout = o.HeartbeatTimeout, o.ElectionTimeout, o.LeaderLeaseTimeout
+	cfg.Logger = hclog.NewNullLogger()
+	existing, err := raft.HasExistingState(store, store, snaps)
+	if err != nil {
+		trans.Close()
+		store.Close()
+		return nil, fmt.Errorf("cluster: %w", err)
+	}
+	r, err := raft.NewRaft(cfg, o.FSM, store, store, snaps, trans)
+	if err != nil {
+		trans.Close()
+		store.Close()
+		return nil, fmt.Errorf("cluster: start raft: %w", err)
+	}
+	g := &Group{opts: o, raft: r, log: store, trans: trans, stop: make(chan struct{}), done: make(chan struct{})}
+	g.mu.bootstrapped = existing
+	go g.run()
+	return g, nil
+}
+
+// advertised is the raft address the others dial, when it is not the
+// bound one.
+type advertised string
+
+func (a advertised) Network() string { return "tcp" }
+func (a advertised) String() string  { return string(a) }
+
+// Fresh reports whether this node may take part in forming a new group: no
+// raft state, no data.
+func (g *Group) Fresh() bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return !g.mu.bootstrapped && !g.opts.HasData()
+}
+
+// Addr is the advertised raft address.
+func (g *Group) Addr() string { return string(g.trans.LocalAddr()) }
+
+// run bootstraps when the time comes and, while leading, adds the members
+// gossip reports to the configuration. It exits at Close.
+func (g *Group) run() {
+	defer close(g.done)
+	t := time.NewTicker(g.opts.Reconcile)
+	defer t.Stop()
+	for {
+		g.reconcile()
+		select {
+		case <-g.stop:
+			return
+		case <-t.C:
+		}
+	}
+}
+
+func (g *Group) reconcile() {
+	members := g.opts.Members.Members()
+	if g.raft.State() == raft.Leader {
+		g.addMembers(members)
+		return
+	}
+	g.mu.Lock()
+	bootstrapped := g.mu.bootstrapped
+	g.mu.Unlock()
+	if bootstrapped || g.opts.BootstrapExpect == 0 || g.opts.HasData() {
+		return
+	}
+	// Consul's rule, with one writer of the first configuration: once
+	// exactly the expected number of nodes is seen, all fresh (none holds a
+	// group's state or data, which would mean a group exists to join), the
+	// lowest ID bootstraps with all of them; the others are told of it by
+	// the leader's first append.
+	var fresh []Member
+	for _, m := range members {
+		if !m.Fresh {
+			return
+		}
+		if m.Alive {
+			fresh = append(fresh, m)
+		}
+	}
+	if len(fresh) != g.opts.BootstrapExpect {
+		return
+	}
+	slices.SortFunc(fresh, func(a, b Member) int {
+		switch {
+		case a.ID < b.ID:
+			return -1
+		case a.ID > b.ID:
+			return 1
+		}
+		return 0
+	})
+	if fresh[0].ID != g.opts.Node {
+		return
+	}
+	var servers []raft.Server
+	for _, m := range fresh {
+		servers = append(servers, raft.Server{ID: raft.ServerID(m.ID), Address: raft.ServerAddress(m.RaftAddr)})
+	}
+	err := g.raft.BootstrapCluster(raft.Configuration{Servers: servers}).Error()
+	if err != nil && !errors.Is(err, raft.ErrCantBootstrap) {
+		g.opts.Logger.Warn("bootstrap failed", "err", err)
+		return
+	}
+	g.mu.Lock()
+	g.mu.bootstrapped = true
+	g.mu.Unlock()
+	g.opts.Logger.Info("cluster bootstrapped", "nodes", len(servers))
+}
+
+// addMembers adds live members missing from the configuration as voters.
+func (g *Group) addMembers(members []Member) {
+	cf := g.raft.GetConfiguration()
+	if cf.Error() != nil {
+		return
+	}
+	in := map[raft.ServerID]raft.ServerAddress{}
+	for _, s := range cf.Configuration().Servers {
+		in[s.ID] = s.Address
+	}
+	for _, m := range members {
+		if !m.Alive || m.ID == "" || m.RaftAddr == "" {
+			continue
+		}
+		if addr, ok := in[raft.ServerID(m.ID)]; ok && string(addr) == m.RaftAddr {
+			continue
+		}
+		if err := g.raft.AddVoter(raft.ServerID(m.ID), raft.ServerAddress(m.RaftAddr), 0, 5*time.Second).Error(); err != nil {
+			g.opts.Logger.Warn("adding a node failed", "node", m.ID, "err", err)
+			continue
+		}
+		g.opts.Logger.Info("node added", "node", m.ID, "raft", m.RaftAddr)
+	}
+}
+
+// Apply commits cmd on a quorum and applies it on this node (the leader),
+// returning what the state machine returned.
+func (g *Group) Apply(cmd []byte, timeout time.Duration) (any, error) {
+	f := g.raft.Apply(cmd, timeout)
+	if err := f.Error(); err != nil {
+		if errors.Is(err, raft.ErrNotLeader) || errors.Is(err, raft.ErrLeadershipLost) || errors.Is(err, raft.ErrLeadershipTransferInProgress) {
+			addr, id := g.raft.LeaderWithID()
+			return nil, &NotLeaderError{LeaderID: string(id), LeaderAddr: string(addr)}
+		}
+		return nil, fmt.Errorf("cluster: apply: %w", err)
+	}
+	return f.Response(), nil
+}
+
+// Barrier returns once every command committed before it is applied here:
+// a new leader calls it before it stamps anything.
+func (g *Group) Barrier(timeout time.Duration) error { return g.raft.Barrier(timeout).Error() }
+
+// IsLeader reports whether this node leads now.
+func (g *Group) IsLeader() bool { return g.raft.State() == raft.Leader }
+
+// LeaderCh reports leadership changes of this node (see raft.LeaderCh).
+func (g *Group) LeaderCh() <-chan bool { return g.raft.LeaderCh() }
+
+// Leader is the known leader's ID and raft address (empty: none known).
+func (g *Group) Leader() (id, addr string) {
+	a, i := g.raft.LeaderWithID()
+	return string(i), string(a)
+}
+
+// Server is one voter of the configuration.
+type Server struct {
+	ID     string `json:"id"`
+	Raft   string `json:"raft"`
+	Leader bool   `json:"leader"`
+	Alive  bool   `json:"alive"`
+}
+
+// Status is /admin/cluster's document.
+type Status struct {
+	Cluster string   `json:"cluster"`
+	Node    string   `json:"node"`
+	State   string   `json:"state"`
+	Leader  string   `json:"leader"`
+	Term    uint64   `json:"term"`
+	Commit  uint64   `json:"commit_index"`
+	Applied uint64   `json:"applied_index"`
+	Last    uint64   `json:"last_log_index"`
+	Servers []Server `json:"servers"`
+}
+
+// Status reports this node's view of the group.
+func (g *Group) Status() Status {
+	st := g.raft.Stats()
+	num := func(k string) uint64 { v, _ := strconv.ParseUint(st[k], 10, 64); return v }
+	leader, _ := g.Leader()
+	s := Status{Cluster: g.opts.Cluster, Node: g.opts.Node, State: g.raft.State().String(), Leader: leader,
+		Term: num("term"), Commit: g.raft.CommitIndex(), Applied: g.raft.AppliedIndex(), Last: num("last_log_index")}
+	alive := map[string]bool{}
+	for _, m := range g.opts.Members.Members() {
+		alive[m.ID] = m.Alive
+	}
+	if cf := g.raft.GetConfiguration(); cf.Error() == nil {
+		for _, sv := range cf.Configuration().Servers {
+			s.Servers = append(s.Servers, Server{ID: string(sv.ID), Raft: string(sv.Address), Leader: string(sv.ID) == leader,
+				Alive: alive[string(sv.ID)] || string(sv.ID) == g.opts.Node})
+		}
+	}
+	return s
+}
+
+// Remove takes a node out of the group. It is refused when the voters left
+// that gossip sees alive would not be a majority of the new configuration.
+func (g *Group) Remove(id string) error {
+	if !g.IsLeader() {
+		lid, addr := g.Leader()
+		return &NotLeaderError{LeaderID: lid, LeaderAddr: addr}
+	}
+	cf := g.raft.GetConfiguration()
+	if err := cf.Error(); err != nil {
+		return fmt.Errorf("cluster: remove %s: %w", id, err)
+	}
+	alive := map[string]bool{g.opts.Node: true}
+	for _, m := range g.opts.Members.Members() {
+		if m.Alive {
+			alive[m.ID] = true
+		}
+	}
+	found, voters, live := false, 0, 0
+	for _, s := range cf.Configuration().Servers {
+		if string(s.ID) == id {
+			found = true
+			continue
+		}
+		if s.Suffrage == raft.Voter {
+			voters++
+			if alive[string(s.ID)] {
+				live++
+			}
+		}
+	}
+	if !found {
+		return fmt.Errorf("%w: %s", ErrUnknownNode, id)
+	}
+	if voters == 0 || live < voters/2+1 {
+		return fmt.Errorf("%w: removing %s leaves %d voters, %d of them alive (a quorum is %d)", ErrQuorum, id, voters, live, voters/2+1)
+	}
+	if err := g.raft.RemoveServer(raft.ServerID(id), 0, 10*time.Second).Error(); err != nil {
+		return fmt.Errorf("cluster: remove %s: %w", id, err)
+	}
+	return nil
+}
+
+// Close leaves the group's work to the others: raft stops, the port
+// closes, the log is closed.
+func (g *Group) Close() error {
+	close(g.stop)
+	<-g.done
+	err := g.raft.Shutdown().Error()
+	return errors.Join(err, g.trans.Close(), g.log.Close())
+}
