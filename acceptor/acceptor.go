@@ -194,6 +194,10 @@ type Acceptor struct {
 		permitsOf map[string]int // permits held per sender
 		bodies    int            // bodies being read
 		bodiesOf  map[string]int // per sender
+		// arrivals orders each sender's requests: a batch that finds a
+		// gap waits for the ones that arrived before it (a shipper keeps
+		// up to two batches of a stream on the wire).
+		arrivals map[string]*arrivals
 	}
 	refusals struct {
 		unauthenticated, forbidden, bad, tooLarge, offset, gap, permit, conflict atomic.Uint64
@@ -239,6 +243,7 @@ func New(st Store, clock Clock, opts Options) *Acceptor {
 	a.mu.secrets = map[string]string{}
 	a.mu.permitsOf = map[string]int{}
 	a.mu.bodiesOf = map[string]int{}
+	a.mu.arrivals = map[string]*arrivals{}
 	for k, v := range opts.Secrets {
 		a.mu.secrets[k] = v
 	}
@@ -259,7 +264,11 @@ func (a *Acceptor) Peers() []string {
 
 // Limits are what this acceptor takes, as acks tell senders.
 func (a *Acceptor) Limits() transport.Limits {
-	return transport.Limits{MaxBody: a.opts.MaxBodyBytes, MaxKey: a.opts.MaxKeyBytes, MaxValue: a.opts.MaxValueBytes}
+	// Two batches of a sender on the wire need two of its permits and two
+	// of its body slots; a batch that arrives before the one it follows
+	// waits for it (waitEarlier) instead of being refused as a gap.
+	pipe := min(max(1, a.opts.Permits/2), max(1, a.opts.MaxBodies/4), 2)
+	return transport.Limits{MaxBody: a.opts.MaxBodyBytes, MaxKey: a.opts.MaxKeyBytes, MaxValue: a.opts.MaxValueBytes, Pipeline: pipe}
 }
 
 // SetPeer allows (or updates) a peer cluster and its secret: peers found by
@@ -346,6 +355,8 @@ func (a *Acceptor) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		a.refuseUnread(w, "", err)
 		return
 	}
+	seq, left := a.arrive(sender)
+	defer left()
 	if ct := r.Header.Get("Content-Type"); ct != "" && ct != transport.ContentType {
 		a.refuseUnread(w, sender, fmt.Errorf("%w: content type %q, want %s", ErrBadBatch, ct, transport.ContentType))
 		return
@@ -388,6 +399,12 @@ func (a *Acceptor) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	defer done()
 	start := time.Now()
 	ack, err := a.Apply(sender, b)
+	var gap *GapError
+	if errors.As(err, &gap) && a.waitEarlier(r, sender, seq) {
+		// The batch before it was still on its way (read, decoded, or
+		// waiting for a permit): decide again now that it is through.
+		ack, err = a.Apply(sender, b)
+	}
 	if a.opts.ObserveApply != nil && err == nil {
 		a.opts.ObserveApply(time.Since(start))
 	}
@@ -396,6 +413,69 @@ func (a *Acceptor) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	httpjson.Write(w, http.StatusOK, ack)
+}
+
+// arrivals are one sender's requests in progress, by arrival number.
+type arrivals struct {
+	next   uint64
+	active map[uint64]chan struct{} // closed when the request ends
+}
+
+// arrive numbers a sender's request; left ends it.
+func (a *Acceptor) arrive(sender string) (seq uint64, left func()) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	ar := a.mu.arrivals[sender]
+	if ar == nil {
+		ar = &arrivals{active: map[uint64]chan struct{}{}}
+		a.mu.arrivals[sender] = ar
+	}
+	ar.next++
+	seq = ar.next
+	done := make(chan struct{})
+	ar.active[seq] = done
+	return seq, func() {
+		a.mu.Lock()
+		delete(ar.active, seq)
+		if len(ar.active) == 0 {
+			delete(a.mu.arrivals, sender)
+		}
+		a.mu.Unlock()
+		close(done)
+	}
+}
+
+// waitEarlier waits until every request of sender that arrived before seq
+// has ended, within PermitWait and the request's life. It reports whether
+// there was one to wait for (and the wait ended with them all gone).
+// Only earlier arrivals are waited for, so two batches never wait for
+// each other.
+func (a *Acceptor) waitEarlier(r *http.Request, sender string, seq uint64) bool {
+	a.mu.Lock()
+	var earlier []chan struct{}
+	if ar := a.mu.arrivals[sender]; ar != nil {
+		for s, done := range ar.active {
+			if s < seq {
+				earlier = append(earlier, done)
+			}
+		}
+	}
+	a.mu.Unlock()
+	if len(earlier) == 0 {
+		return false
+	}
+	t := time.NewTimer(a.opts.PermitWait)
+	defer t.Stop()
+	for _, done := range earlier {
+		select {
+		case <-done:
+		case <-t.C:
+			return false
+		case <-r.Context().Done():
+			return false
+		}
+	}
+	return true
 }
 
 // Lag is one applied entry's replication lag and, when Staged, its parts:

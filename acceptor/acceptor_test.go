@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -419,5 +420,94 @@ func TestLagStages(t *testing.T) {
 		if len(got) != 1 || got[0] != (Lag{Total: 4 * time.Millisecond}) {
 			t.Fatalf("sent header %q: lag %+v, want the total only", hdr, got)
 		}
+	}
+}
+
+// slowBody holds its second half until release is closed.
+type slowBody struct {
+	first, rest []byte
+	release     chan struct{}
+	sentFirst   chan struct{}
+}
+
+func (b *slowBody) Read(p []byte) (int, error) {
+	if len(b.first) > 0 {
+		n := copy(p, b.first)
+		b.first = b.first[n:]
+		if len(b.first) == 0 {
+			close(b.sentFirst)
+		}
+		return n, nil
+	}
+	<-b.release
+	if len(b.rest) == 0 {
+		return 0, io.EOF
+	}
+	n := copy(p, b.rest)
+	b.rest = b.rest[n:]
+	return n, nil
+}
+
+// TestLaterBatchWaitsForEarlier: a sender keeps two batches of a stream on
+// the wire. The second reaches the apply while the first is still being
+// read: it waits for the first (which arrived before it) instead of being
+// refused as a gap, and both apply in order. A gap with nothing before it
+// is still refused at once.
+func TestLaterBatchWaitsForEarlier(t *testing.T) {
+	f := newFixture(t)
+	var first, second []wal.Entry
+	for i := uint64(1); i <= 10; i++ {
+		first = append(first, f.entry(i, fmt.Sprint("k", i%4), fmt.Sprint("v", i)))
+	}
+	for i := uint64(11); i <= 20; i++ {
+		second = append(second, f.entry(i, fmt.Sprint("k", i%4), fmt.Sprint("v", i)))
+	}
+	b1 := transport.EncodeBatch(&transport.Batch{Header: transport.Header{Sender: "b", Stream: streamB}, Entries: first})
+	body := &slowBody{first: b1[:len(b1)/2], rest: b1[len(b1)/2:], release: make(chan struct{}), sentFirst: make(chan struct{})}
+	var releaseOnce sync.Once
+	release := func() { releaseOnce.Do(func() { close(body.release) }) }
+	defer release() // a failing test must not leave the first request hanging
+	req, _ := http.NewRequest("POST", f.srv.URL+"/v1/replicate", body)
+	req.ContentLength = int64(len(b1))
+	req.Header.Set("Content-Type", transport.ContentType)
+	req.Header.Set("X-Replicator-Origin", "b")
+	req.Header.Set("Authorization", "Bearer secret-b")
+	firstDone := make(chan int, 1)
+	go func() {
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			firstDone <- 0
+			return
+		}
+		resp.Body.Close()
+		firstDone <- resp.StatusCode
+	}()
+	<-body.sentFirst // the first batch has arrived and is being read
+	secondDone := make(chan int, 1)
+	go func() {
+		code, _ := f.postBatch(second...)
+		secondDone <- code
+	}()
+	select {
+	case code := <-secondDone:
+		t.Fatalf("the second batch was answered (%d) before the first was even read", code)
+	case <-time.After(200 * time.Millisecond):
+	}
+	release()
+	if c1, c2 := <-firstDone, <-secondDone; c1 != 200 || c2 != 200 {
+		t.Fatalf("answers %d and %d, want 200 and 200", c1, c2)
+	}
+	hb := f.st.NewBatch()
+	h, err := hb.HWM("b", streamB)
+	hb.Close()
+	if err != nil || h.Index != 20 || h.Merged != 20 {
+		t.Fatalf("hwm %+v %v, want 20 merged", h, err)
+	}
+	if g := f.acc.Refusals()["gap"]; g != 0 {
+		t.Fatalf("%d gaps refused", g)
+	}
+	// A real gap, with nothing of b's before it, is refused.
+	if code, out := f.postBatch(f.entry(30, "k", "v")); code != 409 {
+		t.Fatalf("a gap: %d %v", code, out)
 	}
 }

@@ -20,6 +20,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"net/http"
+	"net/http/httptrace"
 	"strconv"
 	"strings"
 	"sync"
@@ -318,7 +319,9 @@ type Shipper struct {
 		reseedWhy            string // why wantReseed was set
 		conflict             string // non-empty: stopped, see OnConflict
 	}
-	buf []byte
+	// buf and buf2 hold the bodies of the (at most two) batches on the
+	// wire.
+	buf, buf2 []byte
 }
 
 // NewShipper loads the peer's cursor. A cursor of another stream means the
@@ -840,22 +843,111 @@ func (s *Shipper) batchBudget() (budget int, peerMax int64) {
 // batchOverhead is room left in a peer's body limit for the batch header.
 const batchOverhead = 512
 
-// shipOnce sends one batch after acked and handles the answer.
+// flight is one batch on the wire.
+type flight struct {
+	acked    uint64 // the cursor it was built after
+	from, to uint64
+	n        int
+	stub     bool // it carries an oversize stub: it goes alone
+	stream   wal.StreamID
+	body     []byte
+	sent     int64
+	res      chan flightResult // buffered: the post never blocks on it
+	// wrote is closed once the request is written out (or failed): a
+	// second batch starts only then, so that it reaches the receiver
+	// behind the first.
+	wrote chan struct{}
+}
+
+type flightResult struct {
+	ack Ack
+	err error
+}
+
+// shipOnce sends the batch after acked and handles the answer. While it is
+// on the wire, entries written meanwhile go out in a second batch right
+// behind it when the peer takes two in order (Limits.Pipeline): the next
+// batch no longer waits a whole round trip for the one before. The answers
+// are handled in order; the cursor moves only on acks, and after any
+// failure the loop resends from the cursor (the receiver drops what it
+// has by its high-water mark).
 func (s *Shipper) shipOnce(ctx context.Context, acked uint64) error {
+	f1, err := s.build(acked, &s.buf)
+	if err != nil || f1 == nil {
+		return err
+	}
+	s.launch(ctx, f1)
+	var r1 *flightResult
+	var f2 *flight
+	if !f1.stub && s.pipeline() >= 2 {
+		written := f1.wrote
+	wait:
+		for f2 == nil && r1 == nil {
+			notify := s.log.Notify()
+			if written == nil && s.log.Last() > f1.to {
+				next, err := s.build(f1.to, &s.buf2)
+				if err != nil || next == nil || next.stub || next.stream != f1.stream {
+					break wait // it goes after f1's answer, as before
+				}
+				f2 = next
+				s.launch(ctx, f2)
+				break
+			}
+			select {
+			case r := <-f1.res:
+				r1 = &r
+			case <-written:
+				written = nil
+			case <-notify:
+			case <-ctx.Done():
+				break wait
+			}
+		}
+	}
+	if r1 == nil {
+		r := <-f1.res
+		r1 = &r
+	}
+	err1 := s.settle(f1, r1.ack, r1.err)
+	if f2 == nil {
+		return err1
+	}
+	r2 := <-f2.res
+	var gap *errGap
+	if err1 == nil && errors.As(r2.err, &gap) {
+		// The second batch overtook the first on the way in (another
+		// connection): the first's ack is the newer word on the cursor,
+		// and the loop sends on from it.
+		s.mu.Lock()
+		s.mu.inFlight--
+		s.mu.Unlock()
+		return nil
+	}
+	err2 := s.settle(f2, r2.ack, r2.err)
+	if err1 != nil {
+		return err1
+	}
+	return err2
+}
+
+// build reads the entries after acked into a batch body in *buf (nil: none
+// to send).
+func (s *Shipper) build(acked uint64, buf *[]byte) (*flight, error) {
 	last := s.log.Last()
 	limit := s.batchLimit()
 	budget, peerMax := s.batchBudget()
 	stream := s.log.Stream()
 	var payloads [][]byte
 	size := 0
+	stubbed := false
 	for i := acked + 1; i <= last && len(payloads) < limit; i++ {
 		p, err := s.log.ReadRaw(i)
 		if err != nil {
 			if errors.Is(err, wal.ErrNotFound) && i < s.log.First() {
 				s.setReseed(fmt.Sprintf("entry %d was truncated before the peer acked it", i))
-				return nil
+				return nil, nil
 			}
-			return fmt.Errorf("transport: read wal entry %d for %s: %w", i, s.peer.Name, err)
+			return nil, fmt.Errorf("transport: read wal entry %d for %s: %w", i, s.peer.Name, err)
 		}
 		if len(payloads) > 0 && size+len(p) > budget {
 			break
@@ -869,35 +961,69 @@ func (s *Shipper) shipOnce(ctx context.Context, acked uint64) error {
 			// it sets aside as a dead letter, and move on.
 			stub, err := s.stub(p, stream)
 			if err != nil {
-				return err
+				return nil, err
 			}
 			p = stub
+			stubbed = true
 		}
 		payloads = append(payloads, p)
 		size += len(p)
 	}
 	if len(payloads) == 0 {
-		return nil
+		return nil, nil
 	}
-	s.buf = AppendBatchHeader(s.buf[:0], s.opts.Local, stream, len(payloads))
+	b := AppendBatchHeader((*buf)[:0], s.opts.Local, stream, len(payloads))
 	for _, p := range payloads {
-		s.buf = append(s.buf, p...)
+		b = append(b, p...)
 	}
-	from, to := acked+1, acked+uint64(len(payloads))
+	*buf = b
+	return &flight{acked: acked, from: acked + 1, to: acked + uint64(len(payloads)), n: len(payloads), stub: stubbed,
+		stream: stream, body: b, res: make(chan flightResult, 1)}, nil
+}
+
+// launch posts f in a goroutine of its own, which exits once the post
+// returns (bounded by RequestTimeout and ctx).
+func (s *Shipper) launch(ctx context.Context, f *flight) {
 	s.mu.Lock()
 	s.mu.inFlight++
-	if from <= s.mu.highShipped {
-		s.mu.resent += min(to, s.mu.highShipped) - from + 1
+	if f.from <= s.mu.highShipped {
+		s.mu.resent += min(f.to, s.mu.highShipped) - f.from + 1
 	}
-	if to > s.mu.highShipped {
-		s.mu.highShipped = to
+	if f.to > s.mu.highShipped {
+		s.mu.highShipped = f.to
 	}
 	s.mu.Unlock()
-	sent := s.opts.Now()
-	ack, err := s.post(ctx, s.buf)
+	f.sent = s.opts.Now()
+	f.wrote = make(chan struct{})
+	var once sync.Once
+	wrote := func() { once.Do(func() { close(f.wrote) }) }
+	tctx := httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{WroteRequest: func(httptrace.WroteRequestInfo) { wrote() }})
+	go func() {
+		// Exits once the post returns (RequestTimeout bounds it).
+		ack, err := s.post(tctx, f.body)
+		wrote()
+		f.res <- flightResult{ack, err}
+	}()
+}
+
+// pipeline is how many batches the peer takes at once (from its last
+// ack); one while it asks for smaller batches or a pause.
+func (s *Shipper) pipeline() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.mu.limits == nil || (s.mu.suggested > 0 && s.mu.suggested < s.opts.MaxBatchEntries) || time.Now().Before(s.mu.pauseUntil) {
+		return 1
+	}
+	return s.mu.limits.Pipeline
+}
+
+// settle handles the answer to f: the cursor moves on an ack; a gap
+// rewinds it to the receiver's mark; a body limit is learned.
+func (s *Shipper) settle(f *flight, ack Ack, err error) error {
 	s.mu.Lock()
 	s.mu.inFlight--
 	s.mu.Unlock()
+	stream, acked, sent := f.stream, f.acked, f.sent
 	var gap *errGap
 	var big *errTooLarge
 	var conflict *errConflict
@@ -927,9 +1053,9 @@ func (s *Shipper) shipOnce(ctx context.Context, acked uint64) error {
 				lim.MaxBody = big.limit
 			}
 		}
-		if lim.MaxBody <= 0 || int64(len(s.buf)) <= lim.MaxBody {
+		if lim.MaxBody <= 0 || int64(len(f.body)) <= lim.MaxBody {
 			// It did not say, or its limit changed: aim below this batch.
-			lim.MaxBody = int64(len(s.buf)) - 1
+			lim.MaxBody = int64(len(f.body)) - 1
 		}
 		s.mu.limits = &lim
 		s.mu.Unlock()
@@ -947,9 +1073,9 @@ func (s *Shipper) shipOnce(ctx context.Context, acked uint64) error {
 	}
 	s.ackedLocked(ack, sent)
 	if s.opts.ObserveShip != nil {
-		s.opts.ObserveShip(s.peer.Name, time.Duration(s.opts.Now()-sent), len(payloads))
+		s.opts.ObserveShip(s.peer.Name, time.Duration(s.opts.Now()-sent), f.n)
 	}
-	s.mu.shipped += uint64(len(payloads))
+	s.mu.shipped += uint64(f.n)
 	if ack.HWM < acked {
 		s.rewindLocked(ack.HWM)
 	} else {

@@ -269,3 +269,96 @@ func hwmOf(s *store.Store, origin string, stream wal.StreamID) (store.HWM, error
 	}
 	return store.HWM{}, err
 }
+
+// overlapTransport delays each request and records how many were on the
+// wire at once.
+type overlapTransport struct {
+	next      http.RoundTripper
+	delay     time.Duration
+	now, peak atomic.Int64
+	requests  atomic.Int64
+}
+
+func (o *overlapTransport) RoundTrip(r *http.Request) (*http.Response, error) {
+	n := o.now.Add(1)
+	defer o.now.Add(-1)
+	for p := o.peak.Load(); n > p && !o.peak.CompareAndSwap(p, n); p = o.peak.Load() {
+	}
+	o.requests.Add(1)
+	time.Sleep(o.delay) // a slow link: the next batch forms while this one is out
+	return o.next.RoundTrip(r)
+}
+
+// TestPipelinedBatches: with writes arriving while a batch is on the wire,
+// the next batch goes out behind it when the receiver takes two in order,
+// never more than two; with a receiver that takes one (one permit per
+// sender), one at a time as before. Either way every entry is applied
+// exactly once and in order (the last value of each key wins).
+func TestPipelinedBatches(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		permits  int
+		wantPeak int64
+	}{{"receiver takes two", 4, 2}, {"receiver takes one", 1, 1}} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			log, err := wal.Open(dir+"/wal", &wal.Options{Origin: "a", Logger: quiet})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer log.Close()
+			src, _ := store.Open(dir+"/src", &store.Options{Logger: quiet})
+			defer src.Close()
+			dst, _ := store.Open(dir+"/dst", &store.Options{Logger: quiet})
+			defer dst.Close()
+			acc := acceptor.New(dst, hlc.NewClock(nil, 0), acceptor.Options{Local: "b", Secrets: map[string]string{"a": "s"},
+				Permits: tc.permits, Logger: quiet})
+			srv := httptest.NewServer(acc)
+			defer srv.Close()
+			ot := &overlapTransport{next: http.DefaultTransport, delay: 5 * time.Millisecond}
+			sh, err := transport.NewShipper(transport.Peer{Name: "b", URL: srv.URL, Secret: "s"}, log, src, transport.Options{
+				Local: "a", MaxBatchEntries: 16, BackoffMin: time.Millisecond, BackoffMax: 5 * time.Millisecond,
+				Client: &http.Client{Transport: ot}, Logger: quiet,
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx, cancel := context.WithCancel(context.Background())
+			done := make(chan struct{})
+			go func() { sh.Run(ctx); close(done) }()
+			clock := hlc.NewClock(nil, 0)
+			const total = 1500
+			for i := 0; i < total; i += 5 {
+				var ents []*wal.Entry
+				for j := i; j < i+5; j++ {
+					ents = append(ents, &wal.Entry{Commit: clock.Now(), Op: store.OpSet, Key: fmt.Sprintf("k%03d", j%300), Value: []byte(fmt.Sprint(j))})
+				}
+				if err := log.Append(ents); err != nil {
+					t.Fatal(err)
+				}
+				time.Sleep(200 * time.Microsecond) // a steady trickle, as writers make it
+			}
+			for deadline := time.Now().Add(30 * time.Second); sh.Acked() < total && time.Now().Before(deadline); {
+				time.Sleep(5 * time.Millisecond)
+			}
+			cancel()
+			<-done
+			if sh.Acked() != total {
+				t.Fatalf("acked %d of %d", sh.Acked(), total)
+			}
+			c := acc.Counts()["a"]
+			if c.Applied+c.Stale != total {
+				t.Fatalf("%d entries applied for %d WAL identities", c.Applied+c.Stale, total)
+			}
+			for j := total - 300; j < total; j++ {
+				if r, err := dst.Get(fmt.Sprintf("k%03d", j%300)); err != nil || string(r.Value) != fmt.Sprint(j) {
+					t.Fatalf("k%03d = %q %v, want %d", j%300, r.Value, err, j)
+				}
+			}
+			if p := ot.peak.Load(); p != tc.wantPeak {
+				t.Fatalf("at most %d batches were on the wire at once, want %d (%d requests)", p, tc.wantPeak, ot.requests.Load())
+			}
+			t.Logf("%d requests, at most %d at once, %d gaps refused", ot.requests.Load(), ot.peak.Load(), acc.Refusals()["gap"])
+		})
+	}
+}

@@ -441,4 +441,8 @@ type Limits struct {
 	MaxBody  int64 `json:"max_body"`
 	MaxKey   int   `json:"max_key"`
 	MaxValue int   `json:"max_value"`
+	// Pipeline is how many batches of one stream the receiver takes from
+	// a sender at once, applying them in the order they arrived (0 or 1:
+	// one at a time, as receivers before it did).
+	Pipeline int `json:"pipeline,omitempty"`
 }
