@@ -194,9 +194,9 @@ type Acceptor struct {
 		permitsOf map[string]int // permits held per sender
 		bodies    int            // bodies being read
 		bodiesOf  map[string]int // per sender
-		// arrivals orders each sender's requests: a batch that finds a
-		// gap waits for the ones that arrived before it (a shipper keeps
-		// up to two batches of a stream on the wire).
+		// arrivals are each sender's requests in progress: a batch that
+		// finds a gap waits for them to move (a shipper keeps up to two
+		// batches of a stream on the wire).
 		arrivals map[string]*arrivals
 	}
 	refusals struct {
@@ -355,7 +355,7 @@ func (a *Acceptor) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		a.refuseUnread(w, "", err)
 		return
 	}
-	seq, left := a.arrive(sender)
+	left := a.arrive(sender)
 	defer left()
 	if ct := r.Header.Get("Content-Type"); ct != "" && ct != transport.ContentType {
 		a.refuseUnread(w, sender, fmt.Errorf("%w: content type %q, want %s", ErrBadBatch, ct, transport.ContentType))
@@ -399,11 +399,18 @@ func (a *Acceptor) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	defer done()
 	start := time.Now()
 	ack, err := a.Apply(sender, b)
-	var gap *GapError
-	if errors.As(err, &gap) && a.waitEarlier(r, sender, seq) {
-		// The batch before it was still on its way (read, decoded, or
-		// waiting for a permit): decide again now that it is through.
+	for deadline := time.Now().Add(a.opts.PermitWait); ; {
+		// A gap may be the batch before this one still on its way (sent
+		// on another connection, being read, or waiting for a permit):
+		// decide again each time the sender's requests move.
+		var gap *GapError
+		if !errors.As(err, &gap) || !a.awaitSender(r, sender, deadline) {
+			break
+		}
 		ack, err = a.Apply(sender, b)
+	}
+	if err == nil {
+		a.senderMoved(sender)
 	}
 	if a.opts.ObserveApply != nil && err == nil {
 		a.opts.ObserveApply(time.Since(start))
@@ -415,67 +422,89 @@ func (a *Acceptor) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	httpjson.Write(w, http.StatusOK, ack)
 }
 
-// arrivals are one sender's requests in progress, by arrival number.
+// arrivals are one sender's requests in progress.
 type arrivals struct {
-	next   uint64
-	active map[uint64]chan struct{} // closed when the request ends
+	active int
+	// moved is closed (and replaced) when one of the sender's requests
+	// arrives, ends or applies.
+	moved chan struct{}
 }
 
-// arrive numbers a sender's request; left ends it.
-func (a *Acceptor) arrive(sender string) (seq uint64, left func()) {
+// gapGrace is how long a batch that finds a gap, with no other request of
+// its sender in progress, waits for the one before it to arrive: a sender
+// keeps two batches on the wire, and on two connections the second can
+// arrive first.
+const gapGrace = 100 * time.Millisecond
+
+// arrive counts a request of sender in; left counts it out.
+func (a *Acceptor) arrive(sender string) (left func()) {
 	a.mu.Lock()
-	defer a.mu.Unlock()
 	ar := a.mu.arrivals[sender]
 	if ar == nil {
-		ar = &arrivals{active: map[uint64]chan struct{}{}}
+		ar = &arrivals{moved: make(chan struct{})}
 		a.mu.arrivals[sender] = ar
 	}
-	ar.next++
-	seq = ar.next
-	done := make(chan struct{})
-	ar.active[seq] = done
-	return seq, func() {
+	ar.active++
+	a.movedLocked(ar)
+	a.mu.Unlock()
+	return func() {
 		a.mu.Lock()
-		delete(ar.active, seq)
-		if len(ar.active) == 0 {
+		defer a.mu.Unlock()
+		ar.active--
+		a.movedLocked(ar)
+		if ar.active == 0 {
 			delete(a.mu.arrivals, sender)
 		}
-		a.mu.Unlock()
-		close(done)
 	}
 }
 
-// waitEarlier waits until every request of sender that arrived before seq
-// has ended, within PermitWait and the request's life. It reports whether
-// there was one to wait for (and the wait ended with them all gone).
-// Only earlier arrivals are waited for, so two batches never wait for
-// each other.
-func (a *Acceptor) waitEarlier(r *http.Request, sender string, seq uint64) bool {
+func (a *Acceptor) movedLocked(ar *arrivals) {
+	close(ar.moved)
+	ar.moved = make(chan struct{})
+}
+
+// senderMoved tells waiting batches of sender that one of its batches
+// applied.
+func (a *Acceptor) senderMoved(sender string) {
 	a.mu.Lock()
-	var earlier []chan struct{}
+	defer a.mu.Unlock()
 	if ar := a.mu.arrivals[sender]; ar != nil {
-		for s, done := range ar.active {
-			if s < seq {
-				earlier = append(earlier, done)
-			}
-		}
+		a.movedLocked(ar)
 	}
-	a.mu.Unlock()
-	if len(earlier) == 0 {
+}
+
+// awaitSender waits, for a batch that found a gap, until another request
+// of the same sender arrives, ends or applies, and reports whether it is
+// worth deciding again. With none of the sender's other requests in
+// progress it waits at most gapGrace (a real gap is refused soon); in all
+// cases no later than deadline, nor past the request's life. Nobody waits
+// for a particular request, so two waiting batches cannot hold each other.
+func (a *Acceptor) awaitSender(r *http.Request, sender string, deadline time.Time) bool {
+	a.mu.Lock()
+	ar := a.mu.arrivals[sender]
+	if ar == nil {
+		a.mu.Unlock()
 		return false
 	}
-	t := time.NewTimer(a.opts.PermitWait)
-	defer t.Stop()
-	for _, done := range earlier {
-		select {
-		case <-done:
-		case <-t.C:
-			return false
-		case <-r.Context().Done():
-			return false
-		}
+	others, moved := ar.active > 1, ar.moved
+	a.mu.Unlock()
+	wait := time.Until(deadline)
+	if !others {
+		wait = min(wait, gapGrace)
 	}
-	return true
+	if wait <= 0 {
+		return false
+	}
+	t := time.NewTimer(wait)
+	defer t.Stop()
+	select {
+	case <-moved:
+		return true
+	case <-t.C:
+		return false
+	case <-r.Context().Done():
+		return false
+	}
 }
 
 // Lag is one applied entry's replication lag and, when Staged, its parts:

@@ -506,8 +506,31 @@ func TestLaterBatchWaitsForEarlier(t *testing.T) {
 	if g := f.acc.Refusals()["gap"]; g != 0 {
 		t.Fatalf("%d gaps refused", g)
 	}
-	// A real gap, with nothing of b's before it, is refused.
-	if code, out := f.postBatch(f.entry(30, "k", "v")); code != 409 {
+	// The later batch arrives first, on its own (two connections): it
+	// waits for the one before it to arrive and apply.
+	var third, fourth []wal.Entry
+	for i := uint64(21); i <= 30; i++ {
+		third = append(third, f.entry(i, fmt.Sprint("k", i%4), fmt.Sprint("v", i)))
+	}
+	for i := uint64(31); i <= 40; i++ {
+		fourth = append(fourth, f.entry(i, fmt.Sprint("k", i%4), fmt.Sprint("v", i)))
+	}
+	go func() {
+		code, _ := f.postBatch(fourth...)
+		secondDone <- code
+	}()
+	time.Sleep(5 * time.Millisecond) // within the grace a gap waits for
+	if c3, c4 := func() int { c, _ := f.postBatch(third...); return c }(), <-secondDone; c3 != 200 || c4 != 200 {
+		t.Fatalf("batches sent out of order: answers %d and %d, want 200 and 200", c3, c4)
+	}
+	hb = f.st.NewBatch()
+	h, _ = hb.HWM("b", streamB)
+	hb.Close()
+	if h.Index != 40 || h.Merged != 40 {
+		t.Fatalf("hwm %+v, want 40 merged", h)
+	}
+	// A real gap, with nothing of b's in progress, is refused.
+	if code, out := f.postBatch(f.entry(50, "k", "v")); code != 409 {
 		t.Fatalf("a gap: %d %v", code, out)
 	}
 }

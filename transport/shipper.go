@@ -319,9 +319,8 @@ type Shipper struct {
 		reseedWhy            string // why wantReseed was set
 		conflict             string // non-empty: stopped, see OnConflict
 	}
-	// buf and buf2 hold the bodies of the (at most two) batches on the
-	// wire.
-	buf, buf2 []byte
+	// free holds batch bodies for reuse; only Run's goroutine uses it.
+	free [][]byte
 }
 
 // NewShipper loads the peer's cursor. A cursor of another stream means the
@@ -864,70 +863,114 @@ type flightResult struct {
 	err error
 }
 
-// shipOnce sends the batch after acked and handles the answer. While it is
-// on the wire, entries written meanwhile go out in a second batch right
-// behind it when the peer takes two in order (Limits.Pipeline): the next
-// batch no longer waits a whole round trip for the one before. The answers
-// are handled in order; the cursor moves only on acks, and after any
-// failure the loop resends from the cursor (the receiver drops what it
-// has by its high-water mark).
+// shipOnce sends the batch after acked and handles the answer. When the
+// peer takes two batches in order (Limits.Pipeline), the entries written
+// while one is on the wire go out right behind it (once its request is
+// written), and each answer makes room for the next: a window of two, so a
+// batch no longer waits a whole round trip for the one before. Answers are
+// handled in the order sent; the cursor moves only on acks; after any
+// failure nothing more is added, the rest is drained, and the loop resends
+// from the cursor (the receiver drops what it has by its high-water mark).
+// It returns to the loop (pauses, heartbeats, re-seeds) when the window
+// empties, or after maxWindowRounds batches.
 func (s *Shipper) shipOnce(ctx context.Context, acked uint64) error {
-	f1, err := s.build(acked, &s.buf)
-	if err != nil || f1 == nil {
+	take := func() *[]byte {
+		b := new([]byte)
+		if n := len(s.free); n > 0 {
+			*b, s.free = s.free[n-1], s.free[:n-1]
+		}
+		return b
+	}
+	f, err := s.build(acked, take())
+	if err != nil || f == nil {
 		return err
 	}
-	s.launch(ctx, f1)
-	var r1 *flightResult
-	var f2 *flight
-	if !f1.stub && s.pipeline() >= 2 {
-		written := f1.wrote
-	wait:
-		for f2 == nil && r1 == nil {
+	s.launch(ctx, f)
+	window := []*flight{f}
+	var firstErr error
+	settled, rounds := false, 1
+	for len(window) > 0 {
+		head, tail := window[0], window[len(window)-1]
+		var r *flightResult
+		// Room behind the tail: wait for its request to be out and for
+		// entries after it, or for the head's answer.
+		var written chan struct{}
+		adding := firstErr == nil && len(window) < 2 && rounds < maxWindowRounds && !tail.stub && s.windowOpen()
+		if adding {
+			written = tail.wrote
+		}
+		for r == nil {
 			notify := s.log.Notify()
-			if written == nil && s.log.Last() > f1.to {
-				next, err := s.build(f1.to, &s.buf2)
-				if err != nil || next == nil || next.stub || next.stream != f1.stream {
-					break wait // it goes after f1's answer, as before
+			if adding && written == nil && s.log.Last() > tail.to {
+				adding = false
+				next, err := s.build(tail.to, take())
+				if err == nil && next != nil && !next.stub && next.stream == tail.stream {
+					s.launch(ctx, next)
+					window = append(window, next)
+					rounds++
 				}
-				f2 = next
-				s.launch(ctx, f2)
-				break
+				continue
+			}
+			var wake <-chan struct{}
+			if adding {
+				wake = notify
 			}
 			select {
-			case r := <-f1.res:
-				r1 = &r
+			case res := <-head.res:
+				r = &res
 			case <-written:
 				written = nil
-			case <-notify:
+			case <-wake:
 			case <-ctx.Done():
-				break wait
+				adding = false
 			}
 		}
+		window = window[1:]
+		s.free = append(s.free, head.body[:0])
+		var gap *errGap
+		if settled && errors.As(r.err, &gap) {
+			// It overtook the batch before it on the way in (another
+			// connection): that batch's ack is the newer word on the
+			// cursor, and the loop sends on from it.
+			s.mu.Lock()
+			s.mu.inFlight--
+			s.mu.Unlock()
+			if firstErr == nil {
+				firstErr = errOvertaken
+			}
+			continue
+		}
+		if err := s.settle(head, r.ack, r.err); err != nil && firstErr == nil {
+			firstErr = err
+		} else if err == nil && r.err == nil {
+			settled = true
+		}
 	}
-	if r1 == nil {
-		r := <-f1.res
-		r1 = &r
-	}
-	err1 := s.settle(f1, r1.ack, r1.err)
-	if f2 == nil {
-		return err1
-	}
-	r2 := <-f2.res
-	var gap *errGap
-	if err1 == nil && errors.As(r2.err, &gap) {
-		// The second batch overtook the first on the way in (another
-		// connection): the first's ack is the newer word on the cursor,
-		// and the loop sends on from it.
-		s.mu.Lock()
-		s.mu.inFlight--
-		s.mu.Unlock()
+	if errors.Is(firstErr, errOvertaken) {
 		return nil
 	}
-	err2 := s.settle(f2, r2.ack, r2.err)
-	if err1 != nil {
-		return err1
+	return firstErr
+}
+
+// maxWindowRounds bounds the batches one shipOnce sends, so that pauses,
+// heartbeats and re-seeds are looked at under a steady stream of writes.
+const maxWindowRounds = 64
+
+// errOvertaken marks a window that stopped because a batch overtook the
+// one before it: nothing failed.
+var errOvertaken = errors.New("transport: a batch overtook the one before it")
+
+// windowOpen says whether a second batch may go out: the peer takes two,
+// does not ask for smaller batches or a pause, and the link is not being
+// paused, re-seeded or stopped.
+func (s *Shipper) windowOpen() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.mu.limits == nil || s.mu.limits.Pipeline < 2 || s.mu.paused || s.mu.wantReseed || s.mu.conflict != "" ||
+		(s.mu.suggested > 0 && s.mu.suggested < s.opts.MaxBatchEntries) || time.Now().Before(s.mu.pauseUntil) {
+		return false
 	}
-	return err2
+	return true
 }
 
 // build reads the entries after acked into a batch body in *buf (nil: none
@@ -1004,17 +1047,6 @@ func (s *Shipper) launch(ctx context.Context, f *flight) {
 		wrote()
 		f.res <- flightResult{ack, err}
 	}()
-}
-
-// pipeline is how many batches the peer takes at once (from its last
-// ack); one while it asks for smaller batches or a pause.
-func (s *Shipper) pipeline() int {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.mu.limits == nil || (s.mu.suggested > 0 && s.mu.suggested < s.opts.MaxBatchEntries) || time.Now().Before(s.mu.pauseUntil) {
-		return 1
-	}
-	return s.mu.limits.Pipeline
 }
 
 // settle handles the answer to f: the cursor moves on an ack; a gap
