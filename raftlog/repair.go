@@ -10,10 +10,10 @@ import (
 	"path/filepath"
 	"sort"
 	"strconv"
-	"strings"
 
 	"github.com/hashicorp/raft"
-	twal "github.com/tidwall/wal"
+
+	"github.com/replicator/replicator/internal/segfile"
 )
 
 // repairTail makes a log directory openable after a crash: tidwall refuses
@@ -21,8 +21,8 @@ import (
 // before raft is told it is stored, so a damaged last segment's tail was
 // never acknowledged and is cut; damage anywhere else is corruption.
 func repairTail(dir string, base uint64, logger *slog.Logger) error {
-	if err := finishPendingTruncation(dir); err != nil {
-		return err
+	if err := segfile.FinishPendingTruncation(dir); err != nil {
+		return fmt.Errorf("raftlog: %w", err)
 	}
 	ents, err := os.ReadDir(dir)
 	if errors.Is(err, fs.ErrNotExist) {
@@ -60,7 +60,7 @@ func repairTail(dir string, base uint64, logger *slog.Logger) error {
 		}
 		logger.Warn("raftlog: torn tail repaired", "segment", path, "first_bad_index", base+s.first+uint64(n),
 			"dropped_bytes", len(data)-good, "problem", problem.Error())
-		if err := truncateSync(path, int64(good)); err != nil {
+		if err := segfile.TruncateSync(path, int64(good)); err != nil {
 			return fmt.Errorf("raftlog: repair %s: %w", path, err)
 		}
 	}
@@ -91,43 +91,4 @@ func scan(data []byte, first uint64) (n, good int, problem error) {
 		good = pos
 	}
 	return n, good, nil
-}
-
-// finishPendingTruncation lets tidwall complete a truncation a crash
-// interrupted (its .START/.END files) before the segments are scanned.
-func finishPendingTruncation(dir string) error {
-	ents, err := os.ReadDir(dir)
-	if errors.Is(err, fs.ErrNotExist) {
-		return nil
-	}
-	if err != nil {
-		return fmt.Errorf("raftlog: list %s: %w", dir, err)
-	}
-	for _, e := range ents {
-		if strings.HasSuffix(e.Name(), ".START") || strings.HasSuffix(e.Name(), ".END") {
-			// tidwall renames these before it loads the tail, so even an
-			// Open that then fails on a torn tail has finished them.
-			if tw, err := twal.Open(dir, &twal.Options{AllowEmpty: true, NoCopy: true, LogFormat: twal.Binary}); err == nil {
-				tw.Close()
-			}
-			return nil
-		}
-	}
-	return nil
-}
-
-func truncateSync(path string, size int64) error {
-	f, err := os.OpenFile(path, os.O_WRONLY, 0)
-	if err != nil {
-		return err
-	}
-	if err := f.Truncate(size); err != nil {
-		f.Close()
-		return err
-	}
-	if err := f.Sync(); err != nil {
-		f.Close()
-		return err
-	}
-	return f.Close()
 }

@@ -77,42 +77,65 @@ func (f *faultyTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 	return resp, err
 }
 
+// link is a shipper from a's WAL to a real acceptor of b's, over HTTP.
+type link struct {
+	log      *wal.Log
+	src, dst *store.Store
+	acc      *acceptor.Acceptor
+	sh       *transport.Shipper
+}
+
+// newLink builds a link whose requests go through rt; acc's Local, Secrets
+// and Logger are filled in.
+func newLink(t *testing.T, acc acceptor.Options, rt http.RoundTripper, maxBatch int) *link {
+	t.Helper()
+	dir := t.TempDir()
+	l := &link{}
+	var err error
+	if l.log, err = wal.Open(dir+"/wal", &wal.Options{Origin: "a", Logger: quiet}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.log.Close() })
+	if l.src, err = store.Open(dir+"/src", &store.Options{Logger: quiet}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.src.Close() })
+	if l.dst, err = store.Open(dir+"/dst", &store.Options{Logger: quiet}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.dst.Close() })
+	acc.Local, acc.Secrets, acc.Logger = "b", map[string]string{"a": "s"}, quiet
+	l.acc = acceptor.New(l.dst, hlc.NewClock(nil, 0), acc)
+	srv := httptest.NewServer(l.acc)
+	t.Cleanup(srv.Close)
+	l.sh, err = transport.NewShipper(transport.Peer{Name: "b", URL: srv.URL, Secret: "s"}, l.log, l.src, transport.Options{
+		Local: "a", MaxBatchEntries: maxBatch, BackoffMin: time.Millisecond, BackoffMax: 5 * time.Millisecond,
+		Client: &http.Client{Transport: rt}, Logger: quiet,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l
+}
+
+// run starts the shipper; the function it returns stops it and waits.
+func (l *link) run() (stop func()) {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { l.sh.Run(ctx); close(done) }()
+	return func() { cancel(); <-done }
+}
+
 // TestShipperExactUnderLostAcksAndDuplicates ships a WAL through a link that
 // loses answers and duplicates batches: the receiver must end up with every
 // entry applied exactly once.
 func TestShipperExactUnderLostAcksAndDuplicates(t *testing.T) {
 	seed := uint64(time.Now().UnixNano())
 	t.Logf("seed %d", seed)
-	dir := t.TempDir()
-	log, err := wal.Open(dir+"/wal", &wal.Options{Origin: "a", Logger: quiet})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer log.Close()
-	src, err := store.Open(dir+"/src", &store.Options{Logger: quiet})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer src.Close()
-	dst, err := store.Open(dir+"/dst", &store.Options{Logger: quiet})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer dst.Close()
-	acc := acceptor.New(dst, hlc.NewClock(nil, 0), acceptor.Options{Local: "b", Secrets: map[string]string{"a": "s"}, Logger: quiet})
-	srv := httptest.NewServer(acc)
-	defer srv.Close()
 	ft := &faultyTransport{next: http.DefaultTransport, r: rand.New(rand.NewPCG(seed, 7)), loseAck: 0.3, dup: 0.2}
-	sh, err := transport.NewShipper(transport.Peer{Name: "b", URL: srv.URL, Secret: "s"}, log, src, transport.Options{
-		Local: "a", MaxBatchEntries: 37, BackoffMin: time.Millisecond, BackoffMax: 5 * time.Millisecond,
-		Client: &http.Client{Transport: ft}, Logger: quiet,
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { sh.Run(ctx); close(done) }()
+	l := newLink(t, acceptor.Options{}, ft, 37)
+	log, src, dst, acc, sh := l.log, l.src, l.dst, l.acc, l.sh
+	stop := l.run()
 
 	clock := hlc.NewClock(nil, 0)
 	const total = 2000
@@ -129,8 +152,7 @@ func TestShipperExactUnderLostAcksAndDuplicates(t *testing.T) {
 	for sh.Acked() < total && time.Now().Before(deadline) {
 		time.Sleep(10 * time.Millisecond)
 	}
-	cancel()
-	<-done
+	stop()
 	if sh.Acked() != total {
 		t.Fatalf("seed %d: acked %d of %d", seed, sh.Acked(), total)
 	}
@@ -301,31 +323,10 @@ func TestPipelinedBatches(t *testing.T) {
 		wantPeak int64
 	}{{"receiver takes two", 4, 2}, {"receiver takes one", 1, 1}} {
 		t.Run(tc.name, func(t *testing.T) {
-			dir := t.TempDir()
-			log, err := wal.Open(dir+"/wal", &wal.Options{Origin: "a", Logger: quiet})
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer log.Close()
-			src, _ := store.Open(dir+"/src", &store.Options{Logger: quiet})
-			defer src.Close()
-			dst, _ := store.Open(dir+"/dst", &store.Options{Logger: quiet})
-			defer dst.Close()
-			acc := acceptor.New(dst, hlc.NewClock(nil, 0), acceptor.Options{Local: "b", Secrets: map[string]string{"a": "s"},
-				Permits: tc.permits, Logger: quiet})
-			srv := httptest.NewServer(acc)
-			defer srv.Close()
 			ot := &overlapTransport{next: http.DefaultTransport, delay: 5 * time.Millisecond}
-			sh, err := transport.NewShipper(transport.Peer{Name: "b", URL: srv.URL, Secret: "s"}, log, src, transport.Options{
-				Local: "a", MaxBatchEntries: 16, BackoffMin: time.Millisecond, BackoffMax: 5 * time.Millisecond,
-				Client: &http.Client{Transport: ot}, Logger: quiet,
-			})
-			if err != nil {
-				t.Fatal(err)
-			}
-			ctx, cancel := context.WithCancel(context.Background())
-			done := make(chan struct{})
-			go func() { sh.Run(ctx); close(done) }()
+			l := newLink(t, acceptor.Options{Permits: tc.permits}, ot, 16)
+			log, dst, acc, sh := l.log, l.dst, l.acc, l.sh
+			stop := l.run()
 			clock := hlc.NewClock(nil, 0)
 			const total = 1500
 			for i := 0; i < total; i += 5 {
@@ -341,8 +342,7 @@ func TestPipelinedBatches(t *testing.T) {
 			for deadline := time.Now().Add(30 * time.Second); sh.Acked() < total && time.Now().Before(deadline); {
 				time.Sleep(5 * time.Millisecond)
 			}
-			cancel()
-			<-done
+			stop()
 			if sh.Acked() != total {
 				t.Fatalf("acked %d of %d", sh.Acked(), total)
 			}

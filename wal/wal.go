@@ -39,6 +39,7 @@ import (
 	twal "github.com/tidwall/wal"
 
 	"github.com/replicator/replicator/internal/atomicfile"
+	"github.com/replicator/replicator/internal/segfile"
 )
 
 // Frames. Version 2, written now:
@@ -268,8 +269,8 @@ func (l *Log) openTidwall(keep int64) error {
 	if err := os.MkdirAll(l.segDir, 0o755); err != nil {
 		return fmt.Errorf("wal: open %s: %w", l.segDir, err)
 	}
-	if err := finishPendingTruncation(l.segDir); err != nil {
-		return err
+	if err := segfile.FinishPendingTruncation(l.segDir); err != nil {
+		return fmt.Errorf("wal: %w", err)
 	}
 	if err := l.verifyAndRepair(keep); err != nil {
 		return err
@@ -296,31 +297,6 @@ func (l *Log) openTidwall(keep int64) error {
 	l.tw = tw
 	l.first.Store(first)
 	l.last.Store(last)
-	return nil
-}
-
-// finishPendingTruncation lets tidwall complete a truncation a crash
-// interrupted (its .START/.END files) before the segments are scanned.
-func finishPendingTruncation(segDir string) error {
-	ents, err := os.ReadDir(segDir)
-	if err != nil {
-		return fmt.Errorf("wal: list %s: %w", segDir, err)
-	}
-	pending := false
-	for _, e := range ents {
-		if strings.HasSuffix(e.Name(), ".START") || strings.HasSuffix(e.Name(), ".END") {
-			pending = true
-		}
-	}
-	if !pending {
-		return nil
-	}
-	// tidwall renames START/END files before it loads the tail, so even an
-	// Open that then fails on a torn tail has finished the truncation.
-	tw, err := twal.Open(segDir, &twal.Options{AllowEmpty: true, NoCopy: true})
-	if err == nil {
-		tw.Close()
-	}
 	return nil
 }
 
@@ -450,7 +426,7 @@ func (l *Log) verifyAndRepair(keep int64) error {
 			}
 		}
 		if good < len(data) {
-			if err := truncateSync(path, int64(good)); err != nil {
+			if err := segfile.TruncateSync(path, int64(good)); err != nil {
 				return fmt.Errorf("wal: repair segment %s: %w", path, err)
 			}
 			// keep the sizes of the entries that stay
@@ -478,22 +454,6 @@ func frameEnd(data []byte, k int) int {
 		pos += w + int(size)
 	}
 	return pos
-}
-
-func truncateSync(path string, size int64) error {
-	f, err := os.OpenFile(path, os.O_WRONLY, 0)
-	if err != nil {
-		return err
-	}
-	if err := f.Truncate(size); err != nil {
-		f.Close()
-		return err
-	}
-	if err := f.Sync(); err != nil {
-		f.Close()
-		return err
-	}
-	return f.Close()
 }
 
 // appendFrame appends a version 2 frame of the payload fill produces, for
