@@ -2,7 +2,6 @@ package cluster
 
 import (
 	"bytes"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -14,59 +13,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/hashicorp/raft"
-
 	"github.com/replicator/replicator/internal/raftconn"
+	"github.com/replicator/replicator/internal/raftfsm"
 )
 
 var gossipKey = bytes.Repeat([]byte{7}, 32)
-
-// commands is a state machine that records every command, with snapshots.
-type commands struct {
-	mu   sync.Mutex
-	list []string
-}
-
-func (c *commands) Apply(l *raft.Log) any {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.list = append(c.list, string(l.Data))
-	return len(c.list)
-}
-
-func (c *commands) all() []string {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return append([]string(nil), c.list...)
-}
-
-func (c *commands) Snapshot() (raft.FSMSnapshot, error) {
-	b, err := json.Marshal(c.all())
-	return snap(b), err
-}
-
-func (c *commands) Restore(r io.ReadCloser) error {
-	defer r.Close()
-	var l []string
-	if err := json.NewDecoder(r).Decode(&l); err != nil {
-		return err
-	}
-	c.mu.Lock()
-	c.list = l
-	c.mu.Unlock()
-	return nil
-}
-
-type snap []byte
-
-func (s snap) Persist(sink raft.SnapshotSink) error {
-	if _, err := sink.Write(s); err != nil {
-		sink.Cancel()
-		return err
-	}
-	return sink.Close()
-}
-func (s snap) Release() {}
 
 // view is what gossip would report: each node's raft address, whether it
 // runs, and whether it is fresh. Gossip itself is memberlist's job, tested
@@ -80,7 +31,7 @@ type node struct {
 	id, addr, dir string
 	hasData       bool
 	g             *Group
-	fsm           *commands
+	fsm           *raftfsm.Recorder
 }
 
 func (v *view) Members() []Member {
@@ -119,7 +70,7 @@ func (v *view) start(t *testing.T, id string, expect int) *node {
 		v.nodes[id] = n
 	}
 	v.mu.Unlock()
-	n.fsm = &commands{}
+	n.fsm = &raftfsm.Recorder{}
 	g, err := Open(&Options{Cluster: "a", Node: id, Dir: n.dir, Listen: n.addr, Conn: raftconn.Options{GossipKey: gossipKey},
 		BootstrapExpect: expect, HasData: func() bool { return n.hasData }, FSM: n.fsm, Members: v, Reconcile: 50 * time.Millisecond,
 		HeartbeatTimeout: 500 * time.Millisecond, ElectionTimeout: 500 * time.Millisecond, LeaderLeaseTimeout: 250 * time.Millisecond,
@@ -199,8 +150,8 @@ func apply(t *testing.T, v *view, prefix string, count int) {
 
 func expectCommands(t *testing.T, n *node, want []string) {
 	t.Helper()
-	waitFor(t, fmt.Sprintf("%s applies %d commands", n.id, len(want)), func() bool { return len(n.fsm.all()) >= len(want) })
-	if got := n.fsm.all(); fmt.Sprint(got) != fmt.Sprint(want) {
+	waitFor(t, fmt.Sprintf("%s applies %d commands", n.id, len(want)), func() bool { return len(n.fsm.Applied()) >= len(want) })
+	if got := n.fsm.Applied(); fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Fatalf("%s applied %v, want %v", n.id, got, want)
 	}
 }

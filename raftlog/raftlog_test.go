@@ -4,15 +4,15 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"path/filepath"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/raft"
+
+	"github.com/replicator/replicator/internal/raftfsm"
 )
 
 func open(t *testing.T, dir string) *Store {
@@ -247,28 +247,13 @@ func FuzzDecode(f *testing.F) {
 	})
 }
 
-type counter struct {
-	mu   sync.Mutex
-	cmds []string
-}
-
-func (c *counter) Apply(l *raft.Log) any {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.cmds = append(c.cmds, string(l.Data))
-	return nil
-}
-func (c *counter) n() int                              { c.mu.Lock(); defer c.mu.Unlock(); return len(c.cmds) }
-func (c *counter) Snapshot() (raft.FSMSnapshot, error) { return nil, errors.New("not in this test") }
-func (c *counter) Restore(io.ReadCloser) error         { return errors.New("not in this test") }
-
 // TestRaftRestart: hashicorp/raft on this store, a group of one: what it
 // committed before a restart is applied again from the log after it (the
 // state machine's skip of already-applied indexes is its own job), and the
 // term it persisted does not go back.
 func TestRaftRestart(t *testing.T) {
 	dir := t.TempDir()
-	start := func() (*raft.Raft, *counter, *Store, raft.Transport) {
+	start := func() (*raft.Raft, *raftfsm.Recorder, *Store, raft.Transport) {
 		s, err := Open(dir, nil)
 		if err != nil {
 			t.Fatal(err)
@@ -278,7 +263,7 @@ func TestRaftRestart(t *testing.T) {
 		cfg.LocalID = "n1"
 		cfg.HeartbeatTimeout, cfg.ElectionTimeout, cfg.LeaderLeaseTimeout = 100*time.Millisecond, 100*time.Millisecond, 50*time.Millisecond
 		cfg.Logger = hclog.NewNullLogger()
-		c := &counter{}
+		c := &raftfsm.Recorder{}
 		if ok, _ := raft.HasExistingState(s, s, raft.NewDiscardSnapshotStore()); !ok {
 			if err := raft.BootstrapCluster(cfg, s, s, raft.NewDiscardSnapshotStore(), trans,
 				raft.Configuration{Servers: []raft.Server{{ID: "n1", Address: addr}}}); err != nil {
@@ -302,8 +287,8 @@ func TestRaftRestart(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if c.n() != 50 {
-		t.Fatalf("applied %d of 50", c.n())
+	if len(c.Applied()) != 50 {
+		t.Fatalf("applied %d of 50", len(c.Applied()))
 	}
 	term, _ := s.GetUint64([]byte("CurrentTerm"))
 	if err := r.Shutdown().Error(); err != nil {
@@ -316,8 +301,8 @@ func TestRaftRestart(t *testing.T) {
 	if err := r.Barrier(5 * time.Second).Error(); err != nil {
 		t.Fatal(err)
 	}
-	if c.n() != 50 {
-		t.Fatalf("after the restart %d of the 50 commands were applied again", c.n())
+	if len(c.Applied()) != 50 {
+		t.Fatalf("after the restart %d of the 50 commands were applied again", len(c.Applied()))
 	}
 	if t2, _ := s.GetUint64([]byte("CurrentTerm")); t2 < term || t2 == 0 {
 		t.Fatalf("term went from %d to %d", term, t2)

@@ -14,12 +14,13 @@ import (
 	"math/big"
 	"net"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/raft"
+
+	"github.com/replicator/replicator/internal/raftfsm"
 )
 
 var (
@@ -210,32 +211,12 @@ func TestMutualTLS(t *testing.T) {
 	}
 }
 
-// fsm records the commands it applied.
-type fsm struct {
-	mu   sync.Mutex
-	cmds []string
-}
-
-func (f *fsm) Apply(l *raft.Log) any {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	f.cmds = append(f.cmds, string(l.Data))
-	return nil
-}
-func (f *fsm) applied() []string {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	return append([]string(nil), f.cmds...)
-}
-func (f *fsm) Snapshot() (raft.FSMSnapshot, error) { return nil, errors.New("not in this test") }
-func (f *fsm) Restore(io.ReadCloser) error         { return errors.New("not in this test") }
-
 type member struct {
 	id    raft.ServerID
 	layer *Layer
 	trans *raft.NetworkTransport
 	raft  *raft.Raft
-	fsm   *fsm
+	fsm   *raftfsm.Recorder
 }
 
 // startRaft starts a raft node over the layer; timeout is its heartbeat and
@@ -253,7 +234,7 @@ func startRaft(t *testing.T, id string, o Options, timeout time.Duration) *membe
 	cfg.HeartbeatTimeout, cfg.ElectionTimeout, cfg.LeaderLeaseTimeout = timeout, timeout, timeout/2
 	cfg.Logger = hclog.NewNullLogger()
 	store := raft.NewInmemStore()
-	f := &fsm{}
+	f := &raftfsm.Recorder{}
 	r, err := raft.NewRaft(cfg, f, store, store, raft.NewInmemSnapshotStore(), trans)
 	if err != nil {
 		t.Fatal(err)
@@ -302,7 +283,7 @@ func TestWrongCredentialsCannotJoinOrAppend(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	waitFor(t, "both applied", func() bool { return len(a1.fsm.applied()) == 3 && len(a2.fsm.applied()) == 3 })
+	waitFor(t, "both applied", func() bool { return len(a1.fsm.Applied()) == 3 && len(a2.fsm.Applied()) == 3 })
 	term := leader.raft.Stats()["term"]
 
 	// The intruder believes it belongs: it is bootstrapped with the pair in
@@ -321,7 +302,7 @@ func TestWrongCredentialsCannotJoinOrAppend(t *testing.T) {
 	x.raft.AddVoter(a2.id, a2.server().Address, 0, time.Second)
 	time.Sleep(1500 * time.Millisecond) // several heartbeat and election timeouts of the intruder
 	for _, m := range []*member{a1, a2} {
-		if got := m.fsm.applied(); strings.Join(got, ",") != "good-0,good-1,good-2" {
+		if got := m.fsm.Applied(); strings.Join(got, ",") != "good-0,good-1,good-2" {
 			t.Fatalf("%s applied %v", m.id, got)
 		}
 		if got := m.raft.Stats()["term"]; got != term {
