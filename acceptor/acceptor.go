@@ -266,7 +266,7 @@ func (a *Acceptor) Peers() []string {
 func (a *Acceptor) Limits() transport.Limits {
 	// Two batches of a sender on the wire need two of its permits and two
 	// of its body slots; a batch that arrives before the one it follows
-	// waits for it (waitEarlier) instead of being refused as a gap.
+	// waits for it (awaitSender) instead of being refused as a gap.
 	pipe := min(max(1, a.opts.Permits/2), max(1, a.opts.MaxBodies/4), 2)
 	return transport.Limits{MaxBody: a.opts.MaxBodyBytes, MaxKey: a.opts.MaxKeyBytes, MaxValue: a.opts.MaxValueBytes, Pipeline: pipe}
 }
@@ -398,13 +398,18 @@ func (a *Acceptor) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	defer done()
 	start := time.Now()
+	moved := a.movedOf(sender)
 	ack, err := a.Apply(sender, b)
 	for deadline := time.Now().Add(a.opts.PermitWait); ; {
 		// A gap may be the batch before this one still on its way (sent
 		// on another connection, being read, or waiting for a permit):
 		// decide again each time the sender's requests move.
 		var gap *GapError
-		if !errors.As(err, &gap) || !a.awaitSender(r, sender, deadline) {
+		if !errors.As(err, &gap) {
+			break
+		}
+		var again bool
+		if moved, again = a.awaitSender(r, sender, moved, deadline); !again {
 			break
 		}
 		ack, err = a.Apply(sender, b)
@@ -424,16 +429,17 @@ func (a *Acceptor) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 
 // arrivals are one sender's requests in progress.
 type arrivals struct {
-	active int
+	active  int
+	waiting int // of them, batches waiting in awaitSender
 	// moved is closed (and replaced) when one of the sender's requests
 	// arrives, ends or applies.
 	moved chan struct{}
 }
 
-// gapGrace is how long a batch that finds a gap, with no other request of
-// its sender in progress, waits for the one before it to arrive: a sender
-// keeps two batches on the wire, and on two connections the second can
-// arrive first.
+// gapGrace is how long a batch that finds a gap, with none of its sender's
+// other requests in progress (or all of them waiting too), waits for the
+// one before it to arrive: a sender keeps two batches on the wire, and on
+// two connections the second can arrive first.
 const gapGrace = 100 * time.Millisecond
 
 // arrive counts a request of sender in; left counts it out.
@@ -463,6 +469,16 @@ func (a *Acceptor) movedLocked(ar *arrivals) {
 	ar.moved = make(chan struct{})
 }
 
+// movedOf is the sender's current moved channel (nil if none in progress).
+func (a *Acceptor) movedOf(sender string) chan struct{} {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if ar := a.mu.arrivals[sender]; ar != nil {
+		return ar.moved
+	}
+	return nil
+}
+
 // senderMoved tells waiting batches of sender that one of its batches
 // applied.
 func (a *Acceptor) senderMoved(sender string) {
@@ -473,37 +489,44 @@ func (a *Acceptor) senderMoved(sender string) {
 	}
 }
 
-// awaitSender waits, for a batch that found a gap, until another request
-// of the same sender arrives, ends or applies, and reports whether it is
-// worth deciding again. With none of the sender's other requests in
-// progress it waits at most gapGrace (a real gap is refused soon); in all
-// cases no later than deadline, nor past the request's life. Nobody waits
-// for a particular request, so two waiting batches cannot hold each other.
-func (a *Acceptor) awaitSender(r *http.Request, sender string, deadline time.Time) bool {
+// awaitSender is for a batch that found a gap: it returns at once if the
+// sender's requests moved since before that attempt (moved, taken then, is
+// closed), else it waits until they move. With none of the sender's other
+// requests in progress, or all of them waiting too, it waits at most
+// gapGrace: nothing else will fill the gap, and a real one is refused
+// soon. It never waits past deadline nor the request's life, and it reports
+// whether to try again, with the channel to wait on next.
+func (a *Acceptor) awaitSender(r *http.Request, sender string, moved chan struct{}, deadline time.Time) (chan struct{}, bool) {
 	a.mu.Lock()
 	ar := a.mu.arrivals[sender]
-	if ar == nil {
+	if ar == nil || moved == nil {
 		a.mu.Unlock()
-		return false
+		return nil, false
 	}
-	others, moved := ar.active > 1, ar.moved
+	others := ar.active-ar.waiting-1 > 0
+	ar.waiting++
 	a.mu.Unlock()
+	defer func() {
+		a.mu.Lock()
+		ar.waiting--
+		a.mu.Unlock()
+	}()
 	wait := time.Until(deadline)
 	if !others {
 		wait = min(wait, gapGrace)
 	}
 	if wait <= 0 {
-		return false
+		return nil, false
 	}
 	t := time.NewTimer(wait)
 	defer t.Stop()
 	select {
 	case <-moved:
-		return true
+		return a.movedOf(sender), true
 	case <-t.C:
-		return false
+		return nil, false
 	case <-r.Context().Done():
-		return false
+		return nil, false
 	}
 }
 

@@ -534,3 +534,41 @@ func TestLaterBatchWaitsForEarlier(t *testing.T) {
 		t.Fatalf("a gap: %d %v", code, out)
 	}
 }
+
+// TestGapWaitersDoNotHoldEachOther: two batches of a sender that both find
+// a gap (the receiver lost what came before them) are refused after the
+// short grace, not after PermitWait: waiting batches do not count as
+// requests that could fill the gap.
+func TestGapWaitersDoNotHoldEachOther(t *testing.T) {
+	f := newFixture(t)
+	acc := New(f.st, f.clock, Options{Local: "a", Secrets: map[string]string{"b": "secret-b"}, PermitWait: time.Hour, Logger: quiet})
+	srv := httptest.NewServer(acc)
+	defer srv.Close()
+	client := &http.Client{Timeout: 30 * time.Second} // far below PermitWait
+	codes := make(chan int, 2)
+	for _, first := range []uint64{100, 110} {
+		var ents []wal.Entry
+		for i := first; i < first+10; i++ {
+			ents = append(ents, f.entry(i, fmt.Sprint("k", i), "v"))
+		}
+		body := transport.EncodeBatch(&transport.Batch{Header: transport.Header{Sender: "b", Stream: streamB}, Entries: ents})
+		go func() {
+			req, _ := http.NewRequest("POST", srv.URL+"/v1/replicate", bytes.NewReader(body))
+			req.Header.Set("Content-Type", transport.ContentType)
+			req.Header.Set("X-Replicator-Origin", "b")
+			req.Header.Set("Authorization", "Bearer secret-b")
+			resp, err := client.Do(req)
+			if err != nil {
+				codes <- 0
+				return
+			}
+			resp.Body.Close()
+			codes <- resp.StatusCode
+		}()
+	}
+	for i := 0; i < 2; i++ {
+		if c := <-codes; c != http.StatusConflict {
+			t.Fatalf("a batch beyond the receiver's mark: %d, want 409 (0: still waiting after 30 s)", c)
+		}
+	}
+}

@@ -514,3 +514,27 @@ func TestBenchReportsFloor(t *testing.T) {
 		}
 	}
 }
+
+// TestBenchPeerDelay: --peer-delay puts the clusters' replication traffic
+// through a proxy that holds it, so every batch's wire stage is at least
+// the delay (the proxy never delivers earlier; both ends share one clock).
+func TestBenchPeerDelay(t *testing.T) {
+	out, err := exec.Command(binPath, "bench", "--scenarios", "steady", "--rates", "200", "--steady-for", "1s", "--peer-delay", "15ms", "--json").Output()
+	if err != nil {
+		t.Fatalf("bench: %v\n%s", err, out)
+	}
+	var rep struct {
+		Results []struct {
+			Stages map[string][2]float64 `json:"lag_stages_p50_p99_ms"`
+		} `json:"results"`
+	}
+	if err := json.Unmarshal(out, &rep); err != nil || len(rep.Results) != 1 {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	if w := rep.Results[0].Stages["wire"]; w[0] < 15 {
+		t.Fatalf("wire stage p50 %.2f ms through a 15 ms delay", w[0])
+	}
+	if err := exec.Command(binPath, "bench", "--addr", "http://127.0.0.1:1", "--peer-addr", "http://127.0.0.1:2", "--peer-delay", "1ms").Run(); err == nil {
+		t.Fatal("--peer-delay with --addr was accepted")
+	}
+}

@@ -718,6 +718,9 @@ func (s *Shipper) heartbeat(ctx context.Context) error {
 	if stream != s.log.Stream() {
 		return nil // replaced since answered checked: Rebase owns the cursor
 	}
+	if s.mu.conflict != "" {
+		return nil // the link stopped on an earlier answer of this window
+	}
 	s.ackedLocked(ack, sent)
 	if phase == RejoinRequesting && ack.ReseedRecorded {
 		s.opts.Logger.Debug("peer holds the request for a re-seed", "peer", s.peer.Name)
@@ -881,38 +884,50 @@ func (s *Shipper) shipOnce(ctx context.Context, acked uint64) error {
 		}
 		return b
 	}
-	f, err := s.build(acked, take())
+	f, err := s.build(acked, take(), true)
 	if err != nil || f == nil {
 		return err
 	}
 	s.launch(ctx, f)
 	window := []*flight{f}
 	var firstErr error
-	settled, rounds := false, 1
+	// open: more may be added. It closes for good at the first answer
+	// that is not an ack moving the cursor to its batch's end (a failure,
+	// a gap, a rewind, a conflict), when ctx ends, or after
+	// maxWindowRounds batches.
+	open, settled, rounds := true, false, 1
+	done := ctx.Done()
 	for len(window) > 0 {
 		head, tail := window[0], window[len(window)-1]
 		var r *flightResult
-		// Room behind the tail: wait for its request to be out and for
+		// Room behind the tail: wait for its request to be out, then for
 		// entries after it, or for the head's answer.
+		adding := open && len(window) < 2 && rounds < maxWindowRounds && !tail.stub && s.windowOpen()
 		var written chan struct{}
-		adding := firstErr == nil && len(window) < 2 && rounds < maxWindowRounds && !tail.stub && s.windowOpen()
 		if adding {
 			written = tail.wrote
 		}
 		for r == nil {
-			notify := s.log.Notify()
-			if adding && written == nil && s.log.Last() > tail.to {
-				adding = false
-				next, err := s.build(tail.to, take())
-				if err == nil && next != nil && !next.stub && next.stream == tail.stream {
-					s.launch(ctx, next)
-					window = append(window, next)
-					rounds++
-				}
-				continue
-			}
 			var wake <-chan struct{}
-			if adding {
+			if adding && written == nil {
+				notify := s.log.Notify()
+				if s.log.Last() > tail.to {
+					adding = false
+					// A stub goes alone: build stops before an entry that
+					// would need one.
+					next, err := s.build(tail.to, take(), false)
+					switch {
+					case err != nil:
+						open = false // the next round reports it
+					case next != nil && next.stream == tail.stream:
+						s.launch(ctx, next)
+						window = append(window, next)
+						rounds++
+					case next != nil:
+						s.free = append(s.free, next.body[:0])
+					}
+					continue
+				}
 				wake = notify
 			}
 			select {
@@ -921,8 +936,8 @@ func (s *Shipper) shipOnce(ctx context.Context, acked uint64) error {
 			case <-written:
 				written = nil
 			case <-wake:
-			case <-ctx.Done():
-				adding = false
+			case <-done:
+				done, adding, open = nil, false, false
 			}
 		}
 		window = window[1:]
@@ -930,24 +945,24 @@ func (s *Shipper) shipOnce(ctx context.Context, acked uint64) error {
 		var gap *errGap
 		if settled && errors.As(r.err, &gap) {
 			// It overtook the batch before it on the way in (another
-			// connection): that batch's ack is the newer word on the
-			// cursor, and the loop sends on from it.
+			// connection), or followed one the receiver did not apply:
+			// the cursor stands where the acks left it, and the next round
+			// sends on from there.
 			s.mu.Lock()
 			s.mu.inFlight--
 			s.mu.Unlock()
-			if firstErr == nil {
-				firstErr = errOvertaken
-			}
+			open = false
 			continue
 		}
-		if err := s.settle(head, r.ack, r.err); err != nil && firstErr == nil {
+		err := s.settle(head, r.ack, r.err)
+		if err != nil && firstErr == nil {
 			firstErr = err
-		} else if err == nil && r.err == nil {
+		}
+		if err != nil || r.err != nil || s.Acked() != head.to {
+			open = false
+		} else {
 			settled = true
 		}
-	}
-	if errors.Is(firstErr, errOvertaken) {
-		return nil
 	}
 	return firstErr
 }
@@ -955,10 +970,6 @@ func (s *Shipper) shipOnce(ctx context.Context, acked uint64) error {
 // maxWindowRounds bounds the batches one shipOnce sends, so that pauses,
 // heartbeats and re-seeds are looked at under a steady stream of writes.
 const maxWindowRounds = 64
-
-// errOvertaken marks a window that stopped because a batch overtook the
-// one before it: nothing failed.
-var errOvertaken = errors.New("transport: a batch overtook the one before it")
 
 // windowOpen says whether a second batch may go out: the peer takes two,
 // does not ask for smaller batches or a pause, and the link is not being
@@ -974,8 +985,9 @@ func (s *Shipper) windowOpen() bool {
 }
 
 // build reads the entries after acked into a batch body in *buf (nil: none
-// to send).
-func (s *Shipper) build(acked uint64, buf *[]byte) (*flight, error) {
+// to send). Without stubs it stops before an entry too large for the peer
+// (nil if that is the first), which then goes alone in a batch of its own.
+func (s *Shipper) build(acked uint64, buf *[]byte, stubs bool) (*flight, error) {
 	last := s.log.Last()
 	limit := s.batchLimit()
 	budget, peerMax := s.batchBudget()
@@ -996,7 +1008,7 @@ func (s *Shipper) build(acked uint64, buf *[]byte) (*flight, error) {
 			break
 		}
 		if peerMax > 0 && int64(len(p)) > peerMax {
-			if len(payloads) > 0 {
+			if len(payloads) > 0 || !stubs {
 				break // it goes alone, next time
 			}
 			// The peer would refuse the body before reading it, and every
@@ -1102,6 +1114,9 @@ func (s *Shipper) settle(f *flight, ack Ack, err error) error {
 	defer s.mu.Unlock()
 	if stream != s.log.Stream() {
 		return nil // replaced since answered checked: Rebase owns the cursor
+	}
+	if s.mu.conflict != "" {
+		return nil // the link stopped on an earlier answer of this window
 	}
 	s.ackedLocked(ack, sent)
 	if s.opts.ObserveShip != nil {

@@ -31,6 +31,7 @@ func runBench(args []string) error {
 	fs.IntVar(&cfg.PutClients, "put-clients", 64, "puts: concurrent single-PUT clients (server CPU per write)")
 	serve := fs.String("serve-args", "", "extra flags for the started clusters, e.g. \"--batch-max-entries 4096\"")
 	fs.StringVar(&cfg.Binary, "server-binary", "", "start the clusters from this replicator binary (default: this one), to compare builds under one driver")
+	fs.DurationVar(&cfg.PeerDelay, "peer-delay", 0, "hold replication traffic this long each way (a proxy between the clusters): the round trip of two regions is twice it")
 	fs.StringVar(&cfg.AddrA, "addr", "", "target a running cluster a instead of starting two (needs --peer-addr)")
 	fs.StringVar(&cfg.AddrB, "peer-addr", "", "the running cluster b paired with --addr")
 	asJSON := fs.Bool("json", false, "print the report as JSON")
@@ -50,6 +51,9 @@ func runBench(args []string) error {
 	}
 	if (cfg.AddrA == "") != (cfg.AddrB == "") {
 		return fmt.Errorf("--addr and --peer-addr go together")
+	}
+	if cfg.AddrA != "" && cfg.PeerDelay > 0 {
+		return fmt.Errorf("--peer-delay puts a proxy between the clusters bench starts; with --addr, put one between your own")
 	}
 	if !*asJSON {
 		cfg.Log = os.Stderr

@@ -42,10 +42,14 @@ type Config struct {
 	CatchupN    int           // catchup: entries accumulated while the peer is paused
 	PutClients  int           // puts: concurrent single-PUT clients (default 64)
 	ServeArgs   []string      // extra `replicator serve` flags (batch bounds, ...)
-	AddrA       string        // target running clusters instead of starting them
-	AddrB       string
-	Binary      string // the replicator binary (default: this process's)
-	Log         io.Writer
+	// PeerDelay holds the clusters' replication traffic for this long in
+	// each direction (a proxy between them), for the round trip of two
+	// regions; 0: none.
+	PeerDelay time.Duration
+	AddrA     string // target running clusters instead of starting them
+	AddrB     string
+	Binary    string // the replicator binary (default: this process's)
+	Log       io.Writer
 }
 
 // Result is one scenario's figures.
@@ -191,6 +195,7 @@ type cluster struct {
 	name, url string
 	cmd       *exec.Cmd
 	peakRSS   atomic.Int64
+	proxy     *delayProxy // in front of its peer endpoint (PeerDelay), or nil
 }
 
 var hc = &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 256, IdleConnTimeout: time.Minute}}
@@ -355,11 +360,28 @@ func start(cfg *Config, dir string) ([]*cluster, error) {
 		}
 		addrs[n] = a
 	}
+	// What each cluster dials to reach the other: the other's address, or a
+	// proxy that delays the traffic.
+	via := map[string]string{"a": addrs["a"], "b": addrs["b"]}
+	proxies := map[string]*delayProxy{}
+	if cfg.PeerDelay > 0 {
+		for _, n := range []string{"a", "b"} {
+			p, err := startDelayProxy(addrs[n], cfg.PeerDelay)
+			if err != nil {
+				for _, p := range proxies {
+					p.close()
+				}
+				return nil, err
+			}
+			proxies[n] = p
+			via[n] = p.addr()
+		}
+	}
 	var out []*cluster
 	for _, n := range []string{"a", "b"} {
 		peer := map[string]string{"a": "b", "b": "a"}[n]
 		args := append([]string{"serve", "--cluster-id", n, "--data", filepath.Join(dir, n), "--listen", addrs[n],
-			"--peer", peer + "=http://" + addrs[peer], "--peer-secret", peer + "=bench",
+			"--peer", peer + "=http://" + via[peer], "--peer-secret", peer + "=bench",
 			"--wal-high-water-entries", "100000000", "--wal-high-water-bytes", "1099511627776", "--wal-high-water-age", "24h",
 			"--log-level", "warn"}, cfg.ServeArgs...)
 		logf, err := os.Create(filepath.Join(dir, n+".log"))
@@ -371,7 +393,7 @@ func start(cfg *Config, dir string) ([]*cluster, error) {
 		if err := cmd.Start(); err != nil {
 			return nil, err
 		}
-		out = append(out, &cluster{name: n, url: "http://" + addrs[n], cmd: cmd})
+		out = append(out, &cluster{name: n, url: "http://" + addrs[n], cmd: cmd, proxy: proxies[n]})
 	}
 	for _, c := range out {
 		deadline := time.Now().Add(30 * time.Second)
@@ -474,6 +496,9 @@ func stop(cl []*cluster) {
 			case <-time.After(10 * time.Second):
 				c.cmd.Process.Kill()
 			}
+		}
+		if c != nil && c.proxy != nil {
+			c.proxy.close()
 		}
 	}
 }
