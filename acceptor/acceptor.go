@@ -416,6 +416,7 @@ func (a *Acceptor) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	if err == nil {
 		a.senderMoved(sender)
+		ack.ApplyMicros = max(1, time.Since(start).Microseconds())
 	}
 	if a.opts.ObserveApply != nil && err == nil {
 		a.opts.ObserveApply(time.Since(start))

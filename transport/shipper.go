@@ -280,6 +280,10 @@ type Shipper struct {
 		persisted   uint64
 		lastFlush   time.Time
 		lastContact time.Time
+		// wireShare says the last ack's round trip was mostly wire (the
+		// rest beyond the receiver's apply at least as long as the apply):
+		// then a second batch on the wire pays off.
+		wireShare bool
 		errors      int
 		lastErr     string
 		inFlight    int
@@ -977,7 +981,7 @@ const maxWindowRounds = 64
 func (s *Shipper) windowOpen() bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.mu.limits == nil || s.mu.limits.Pipeline < 2 || s.mu.paused || s.mu.wantReseed || s.mu.conflict != "" ||
+	if s.mu.limits == nil || s.mu.limits.Pipeline < 2 || !s.mu.wireShare || s.mu.paused || s.mu.wantReseed || s.mu.conflict != "" ||
 		(s.mu.suggested > 0 && s.mu.suggested < s.opts.MaxBatchEntries) || time.Now().Before(s.mu.pauseUntil) {
 		return false
 	}
@@ -1119,9 +1123,16 @@ func (s *Shipper) settle(f *flight, ack Ack, err error) error {
 		return nil // the link stopped on an earlier answer of this window
 	}
 	s.ackedLocked(ack, sent)
+	rtt := time.Duration(s.opts.Now() - sent)
 	if s.opts.ObserveShip != nil {
-		s.opts.ObserveShip(s.peer.Name, time.Duration(s.opts.Now()-sent), f.n)
+		s.opts.ObserveShip(s.peer.Name, rtt, f.n)
 	}
+	// Where the receiver's apply (its fsync) is most of the round trip, as
+	// between two nodes on one LAN, a second batch on the wire only adds
+	// fsyncs there; where the wire is, as between regions, it halves the
+	// wait behind the batch in flight.
+	apply := time.Duration(ack.ApplyMicros) * time.Microsecond
+	s.mu.wireShare = ack.ApplyMicros > 0 && rtt-apply >= apply
 	s.mu.shipped += uint64(f.n)
 	if ack.HWM < acked {
 		s.rewindLocked(ack.HWM)

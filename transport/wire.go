@@ -434,6 +434,10 @@ type Ack struct {
 	// Version is the receiver's build, so a rolling upgrade shows which
 	// peers run which version.
 	Version string `json:"version,omitempty"`
+	// ApplyMicros is how long the receiver took to apply the batch (its
+	// synced commit included): the sender opens a second batch only when
+	// the rest of the round trip, the wire, is the longer part.
+	ApplyMicros int64 `json:"apply_us,omitempty"`
 }
 
 // Limits are an acceptor's bounds.
