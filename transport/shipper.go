@@ -283,7 +283,7 @@ type Shipper struct {
 		// wireShare says the last ack's round trip was mostly wire (the
 		// rest beyond the receiver's apply at least as long as the apply):
 		// then a second batch on the wire pays off.
-		wireShare bool
+		wireShare   bool
 		errors      int
 		lastErr     string
 		inFlight    int
