@@ -945,7 +945,12 @@ func (s *Shipper) shipOnce(ctx context.Context, acked uint64) error {
 			}
 		}
 		window = window[1:]
-		s.free = append(s.free, head.body[:0])
+		if r.err == nil {
+			// Answered 200: the receiver read the whole body, so net/http
+			// is done with it. (After a refusal it may still be writing it:
+			// that buffer is left to the collector.)
+			s.free = append(s.free, head.body[:0])
+		}
 		var gap *errGap
 		if settled && errors.As(r.err, &gap) {
 			// It overtook the batch before it on the way in (another
