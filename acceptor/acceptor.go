@@ -397,8 +397,11 @@ func (a *Acceptor) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	defer done()
-	start := time.Now()
+	// start is the last attempt's: a wait for the batch before this one
+	// is neither the apply's time (metrics) nor the receiver's share of
+	// the round trip (apply_us, which opens the sender's window).
 	moved := a.movedOf(sender)
+	start := time.Now()
 	ack, err := a.Apply(sender, b)
 	for deadline := time.Now().Add(a.opts.PermitWait); ; {
 		// A gap may be the batch before this one still on its way (sent
@@ -412,14 +415,16 @@ func (a *Acceptor) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		if moved, again = a.awaitSender(r, sender, moved, deadline); !again {
 			break
 		}
+		start = time.Now()
 		ack, err = a.Apply(sender, b)
 	}
 	if err == nil {
+		took := time.Since(start)
 		a.senderMoved(sender)
-		ack.ApplyMicros = max(1, time.Since(start).Microseconds())
-	}
-	if a.opts.ObserveApply != nil && err == nil {
-		a.opts.ObserveApply(time.Since(start))
+		ack.ApplyMicros = max(1, took.Microseconds())
+		if a.opts.ObserveApply != nil {
+			a.opts.ObserveApply(took)
+		}
 	}
 	if err != nil {
 		a.refuse(w, sender, err)

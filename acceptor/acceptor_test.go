@@ -484,8 +484,11 @@ func TestLaterBatchWaitsForEarlier(t *testing.T) {
 	}()
 	<-body.sentFirst // the first batch has arrived and is being read
 	secondDone := make(chan int, 1)
+	secondApply := make(chan float64, 1)
 	go func() {
-		code, _ := f.postBatch(second...)
+		code, out := f.postBatch(second...)
+		us, _ := out["apply_us"].(float64)
+		secondApply <- us
 		secondDone <- code
 	}()
 	select {
@@ -496,6 +499,11 @@ func TestLaterBatchWaitsForEarlier(t *testing.T) {
 	release()
 	if c1, c2 := <-firstDone, <-secondDone; c1 != 200 || c2 != 200 {
 		t.Fatalf("answers %d and %d, want 200 and 200", c1, c2)
+	}
+	// The second waited 200 ms for the first; its apply time (which opens
+	// a sender's window) is its own apply's, not that wait.
+	if us := <-secondApply; us <= 0 || us >= 150_000 {
+		t.Fatalf("the waiting batch's ack says apply_us %.0f", us)
 	}
 	hb := f.st.NewBatch()
 	h, err := hb.HWM("b", streamB)
