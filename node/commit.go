@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/replicator/replicator/hlc"
+	"github.com/replicator/replicator/machine"
 	"github.com/replicator/replicator/store"
 	"github.com/replicator/replicator/wal"
 )
@@ -44,7 +45,7 @@ var (
 	ErrNotWritten = errors.New("node: not written")
 	// ErrIdempotencyConflict refuses a request whose Idempotency-Key was
 	// already used by a different request.
-	ErrIdempotencyConflict = errors.New("node: idempotency key reused for a different request")
+	ErrIdempotencyConflict = machine.ErrIdempotencyConflict
 	// ErrPinOutOfWindow refuses a write whose pinned stamp is older than the
 	// pin window or further ahead than the max clock offset.
 	ErrPinOutOfWindow = errors.New("node: pinned stamp outside the pin window")
@@ -65,7 +66,7 @@ type proposal struct {
 	idem *idemRequest
 	// cond is a precondition decided in commit order (If-Match,
 	// If-None-Match).
-	cond *condition
+	cond *Condition
 	// delta is a counter increment (op counter): the entry then carries
 	// this cluster's resulting totals, computed in commit order, and
 	// counterValue the counter's value right after it, here.
@@ -88,8 +89,10 @@ type proposal struct {
 type idemRequest struct {
 	key         string
 	fingerprint []byte
-	// answer renders the recorded answer of the stamped proposal.
-	answer func(p *proposal) (status int, body []byte)
+	// answer is the shape of the recorded answer, opID a batch's
+	// operation ID (machine.Answer).
+	answer machine.AnswerKind
+	opID   string
 }
 
 type committer struct {
@@ -273,7 +276,7 @@ func (c *committer) makeDurable(pending []*proposal) *group {
 	g.ents = make([]*wal.Entry, 0, len(g.props))
 	writing := g.props[:0]
 	var keyed map[string]*proposal
-	ov := newOverlay(n)
+	ov := machine.NewOverlay(n.store, store.Component(n.cluster, n.wal.Stream(), n.ctrEpoch.Load()))
 	for _, p := range g.props {
 		if p.idem != nil {
 			// Decided in commit order, so two concurrent first attempts
@@ -281,12 +284,17 @@ func (c *committer) makeDurable(pending []*proposal) *group {
 			if keyed == nil {
 				keyed = map[string]*proposal{}
 			}
-			if done := c.settleKeyed(p, keyed); done {
+			if done := c.settleKeyed(ov, p, keyed); done {
 				continue
 			}
 			keyed[p.idem.key] = p
 		}
-		if err := ov.decide(p); err != nil {
+		v, err := ov.Decide(&p.entry, p.cond, p.delta)
+		if errors.Is(err, machine.ErrUnreadable) {
+			err = fmt.Errorf("%w: %w", ErrNotWritten, err)
+		}
+		p.counterValue = v
+		if err != nil {
 			p.err = err
 			close(p.done)
 			continue
@@ -307,11 +315,11 @@ func (c *committer) makeDurable(pending []*proposal) *group {
 			n.clock.Observe(p.pin)
 		}
 		if p.idem != nil {
-			st, body := p.idem.answer(p)
+			st, body := machine.Answer(p.idem.answer, &p.entry, p.counterValue, p.idem.opID)
 			p.entry.Idem = &wal.Idem{Key: p.idem.key, Fingerprint: p.idem.fingerprint, Status: st, Body: body,
 				Expires: p.entry.Commit.Wall + int64(n.opts.IdempotencyWindow)}
 		}
-		ov.record(&p.entry)
+		ov.Record(&p.entry)
 		g.high = p.entry.Commit
 		g.ents = append(g.ents, &p.entry)
 		writing = append(writing, p)
@@ -341,7 +349,7 @@ func (c *committer) makeDurable(pending []*proposal) *group {
 // replay, or 422 for another request under the key), or parks it behind an
 // earlier proposal of the same key in this group. It reports whether p needs
 // no write of its own.
-func (c *committer) settleKeyed(p *proposal, keyed map[string]*proposal) bool {
+func (c *committer) settleKeyed(ov *machine.Overlay, p *proposal, keyed map[string]*proposal) bool {
 	if first, ok := keyed[p.idem.key]; ok {
 		if !bytes.Equal(first.idem.fingerprint, p.idem.fingerprint) {
 			p.err = fmt.Errorf("%w: key %q", ErrIdempotencyConflict, p.idem.key)
@@ -352,71 +360,23 @@ func (c *committer) settleKeyed(p *proposal, keyed map[string]*proposal) bool {
 		c.groupReplays = append(c.groupReplays, p)
 		return true
 	}
-	rec, ok, err := c.n.store.Idem(p.idem.key)
-	if err != nil {
+	d, rec, err := ov.LookupKey(p.idem.key, p.idem.fingerprint, c.n.clock.Physical(), &p.entry)
+	switch {
+	case err != nil:
 		p.err = fmt.Errorf("%w: %w", ErrNotWritten, err)
-		close(p.done)
-		return true
-	}
-	if !ok || rec.Expires <= c.n.clock.Physical() {
+	case d == machine.KeyNew:
 		return false
-	}
-	if !bytes.Equal(rec.Fingerprint, p.idem.fingerprint) {
+	case d == machine.KeyConflict:
 		p.err = fmt.Errorf("%w: key %q", ErrIdempotencyConflict, p.idem.key)
-		close(p.done)
-		return true
-	}
-	if present, err := c.recordedWriteHere(p, &rec); err != nil {
-		p.err = fmt.Errorf("%w: %w", ErrNotWritten, err)
-	} else if !present {
-		// A record always arrives with its write, in one entry: one whose
-		// write is not here (nor anything newer on its key) was planted.
-		// Answering it would tell the caller a write happened that did
-		// not; the request is written as new.
+	case d == machine.KeyPlanted:
 		c.n.log.Warn("idempotency record without its write here: ignored, the request is written",
 			"idempotency_key", p.idem.key, "recorded_version", rec.Stamp.String(), "key", p.entry.Key)
 		return false
-	} else {
-		p.replay = &rec
+	default:
+		p.replay = rec
 	}
 	close(p.done)
 	return true
-}
-
-// recordedWriteHere reports whether the write a record answered is applied
-// here or superseded: the key (of a single-key write or a counter) holds a
-// stamp at least the record's, or a range delete at least as new covers it.
-// Writes of many keys are not checked.
-func (c *committer) recordedWriteHere(p *proposal, rec *store.IdemRecord) (bool, error) {
-	e := &p.entry
-	switch e.Op {
-	case store.OpSet, store.OpDelete:
-		st, ok, err := newOverlay(c.n).currentPlain(e.Key)
-		if err != nil {
-			return false, err
-		}
-		if ok && st.stamp.Compare(rec.Stamp) >= 0 {
-			return true, nil
-		}
-		// A newer range delete may have covered the write before it was
-		// ever stored.
-		for _, rt := range c.n.store.RangeTombstones() {
-			if rt.Covers(e.Key) && rt.Stamp.Compare(rec.Stamp) >= 0 {
-				return true, nil
-			}
-		}
-		return false, nil
-	case store.OpCounter:
-		ctr, err := c.n.store.Counter(e.Key)
-		if errors.Is(err, store.ErrNotFound) {
-			return false, nil
-		}
-		if err != nil {
-			return false, err
-		}
-		return ctr.Stamp.Compare(rec.Stamp) >= 0, nil
-	}
-	return true, nil
 }
 
 // answerReplays answers the proposals that replay a write of this group,

@@ -9,6 +9,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/replicator/replicator/internal/httpjson"
+	"github.com/replicator/replicator/machine"
 	"github.com/replicator/replicator/store"
 	"github.com/replicator/replicator/wal"
 )
@@ -61,7 +62,7 @@ var (
 // writeErr maps an error of the Go API to its HTTP answer.
 func writeErr(w http.ResponseWriter, err error) {
 	var se *SaturatedError
-	var pe *PreconditionError
+	var pe *machine.PreconditionError
 	switch {
 	case errors.As(err, &se):
 		writeSaturated(w, se)
@@ -70,13 +71,13 @@ func writeErr(w http.ResponseWriter, err error) {
 			w.Header().Set("ETag", `"`+pe.Current+`"`)
 		}
 		writeError(w, http.StatusPreconditionFailed, apiError{Code: "precondition_failed", Message: err.Error(), Version: pe.Current})
-	case errors.Is(err, ErrKindConflict):
+	case errors.Is(err, machine.ErrKindConflict):
 		writeError(w, http.StatusConflict, apiError{Code: "kind_conflict", Message: err.Error()})
 	case errors.Is(err, ErrInvalidKey):
 		writeError(w, http.StatusBadRequest, apiError{Code: "bad_key", Message: err.Error()})
 	case errors.Is(err, ErrKeyTooLarge), errors.Is(err, ErrValueTooLarge):
 		writeError(w, http.StatusRequestEntityTooLarge, apiError{Code: "too_large", Message: err.Error()})
-	case errors.Is(err, ErrCounterRange):
+	case errors.Is(err, machine.ErrCounterRange):
 		writeError(w, http.StatusBadRequest, apiError{Code: "out_of_range", Message: err.Error()})
 	case errors.Is(err, errBadRequest):
 		writeError(w, http.StatusBadRequest, apiError{Code: "bad_request", Message: err.Error()})
@@ -100,12 +101,6 @@ func writeErr(w http.ResponseWriter, err error) {
 	default:
 		writeError(w, http.StatusInternalServerError, apiError{Code: "internal", Message: err.Error()})
 	}
-}
-
-type writeAnswer struct {
-	Key     string `json:"key"`
-	Version string `json:"version"`
-	Origin  string `json:"origin"`
 }
 
 func (n *Node) handleKey(w http.ResponseWriter, r *http.Request) {
@@ -149,12 +144,12 @@ func (n *Node) handleKey(w http.ResponseWriter, r *http.Request) {
 			writeErr(w, err)
 			return
 		}
-		idem, err := idemFor(r, key, e.Value, writeAnswerOf)
+		idem, err := idemFor(r, key, e.Value, machine.AnswerWrite)
 		if err != nil {
 			writeErr(w, err)
 			return
 		}
-		res, err := n.propose(r.Context(), &proposal{entry: e, idem: idem, cond: cond.ptr()})
+		res, err := n.propose(r.Context(), &proposal{entry: e, idem: idem, cond: condPtr(cond)})
 		n.answerWrite(w, r, idem, res, err)
 	default:
 		methodNotAllowed(w, r, "GET, HEAD, PUT, DELETE")

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/replicator/replicator/internal/httpjson"
+	"github.com/replicator/replicator/machine"
 	"github.com/replicator/replicator/store"
 	"github.com/replicator/replicator/wal"
 )
@@ -37,7 +38,7 @@ func fingerprint(r *http.Request, key string, body []byte) []byte {
 }
 
 // idemFor returns the keyed request of r, or nil when it carries no key.
-func idemFor(r *http.Request, key string, body []byte, answer func(*proposal) (int, []byte)) (*idemRequest, error) {
+func idemFor(r *http.Request, key string, body []byte, answer machine.AnswerKind) (*idemRequest, error) {
 	k := r.Header.Get(HeaderIdempotencyKey)
 	if k == "" {
 		return nil, nil
@@ -55,32 +56,11 @@ func idemFor(r *http.Request, key string, body []byte, answer func(*proposal) (i
 
 var errBadRequest = errors.New("node: bad request")
 
-// writeAnswerOf renders the answer of a single-key write; it is what an
-// Idempotency-Key records.
-func writeAnswerOf(p *proposal) (int, []byte) {
-	e := &p.entry
-	st := e.LWW()
-	return http.StatusOK, appendWriteAnswer(nil, e.Key, st.String(), st.Origin)
-}
-
-// appendWriteAnswer appends the JSON of writeAnswer (as encoding/json
-// writes it, newline included) without reflection: it is every single
-// write's answer.
-func appendWriteAnswer(dst []byte, key, version, origin string) []byte {
-	dst = append(dst, `{"key":`...)
-	dst = httpjson.AppendString(dst, key)
-	dst = append(dst, `,"version":`...)
-	dst = httpjson.AppendString(dst, version)
-	dst = append(dst, `,"origin":`...)
-	dst = httpjson.AppendString(dst, origin)
-	return append(dst, "}\n"...)
-}
-
 // answerWrite writes the answer of a (possibly keyed, possibly replayed)
 // write and logs keyed outcomes.
 func (n *Node) answerWrite(w http.ResponseWriter, r *http.Request, idem *idemRequest, res WriteResult, err error) {
 	n.finishWrite(w, r, idem, res, err, func() {
-		httpjson.WriteBody(w, http.StatusOK, appendWriteAnswer(make([]byte, 0, 128), res.Key, res.Version, res.Origin))
+		httpjson.WriteBody(w, http.StatusOK, machine.AppendWriteAnswer(make([]byte, 0, 128), res.Key, res.Version, res.Origin))
 	})
 }
 

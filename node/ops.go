@@ -7,26 +7,38 @@ import (
 	"fmt"
 	"strings"
 
+	"github.com/replicator/replicator/machine"
 	"github.com/replicator/replicator/policy"
 	"github.com/replicator/replicator/store"
 	"github.com/replicator/replicator/wal"
 )
 
 // Condition is a precondition of a single-key write, decided at this cluster
-// in commit order. It is a local decision: what replicates is the resulting
-// write; it is not a lock across clusters (docs/DATAMODEL.md).
-type Condition struct {
-	// IfMatch: the key must hold exactly this version.
-	IfMatch string
-	// IfNoneMatch: the key must hold no live value (get-or-set).
-	IfNoneMatch bool
-}
+// in commit order.
+type Condition = machine.Condition
 
-func (c Condition) ptr() *condition {
+// The write path's refusals, decided in commit order (package machine).
+var (
+	// ErrPrecondition refuses a conditional write whose condition does
+	// not hold (412); the error is a *PreconditionError.
+	ErrPrecondition = machine.ErrPrecondition
+	// ErrKindConflict refuses a counter operation on a plain key, or a
+	// plain write on a counter key (409).
+	ErrKindConflict = machine.ErrKindConflict
+	// ErrCounterRange refuses an increment that would take a counter, or
+	// its totals, out of the 64-bit range (400, out_of_range).
+	ErrCounterRange = machine.ErrCounterRange
+)
+
+// PreconditionError carries the key's current version ("" when absent).
+type PreconditionError = machine.PreconditionError
+
+// condPtr is c, or nil when it asks nothing.
+func condPtr(c Condition) *Condition {
 	if c.IfMatch == "" && !c.IfNoneMatch {
 		return nil
 	}
-	return &condition{ifMatch: c.IfMatch, ifNoneMatch: c.IfNoneMatch}
+	return &c
 }
 
 // PutIf writes value at key if the condition holds (ErrPrecondition, a
@@ -38,7 +50,7 @@ func (n *Node) PutIf(ctx context.Context, key string, value []byte, c Condition)
 	if err := n.checkValue(key, len(value)); err != nil {
 		return WriteResult{}, err
 	}
-	return n.writeCond(ctx, wal.Entry{Op: store.OpSet, Key: key, Value: value}, nil, c.ptr())
+	return n.writeCond(ctx, wal.Entry{Op: store.OpSet, Key: key, Value: value}, nil, condPtr(c))
 }
 
 // DeleteIf deletes key if the condition holds.
@@ -46,10 +58,10 @@ func (n *Node) DeleteIf(ctx context.Context, key string, c Condition) (WriteResu
 	if err := errors.Join(n.checkKey(key), n.checkValue(key, 0)); err != nil {
 		return WriteResult{}, err
 	}
-	return n.writeCond(ctx, wal.Entry{Op: store.OpDelete, Key: key}, nil, c.ptr())
+	return n.writeCond(ctx, wal.Entry{Op: store.OpDelete, Key: key}, nil, condPtr(c))
 }
 
-func (n *Node) writeCond(ctx context.Context, e wal.Entry, idem *idemRequest, c *condition) (WriteResult, error) {
+func (n *Node) writeCond(ctx context.Context, e wal.Entry, idem *idemRequest, c *Condition) (WriteResult, error) {
 	return n.propose(ctx, &proposal{entry: e, idem: idem, cond: c})
 }
 
@@ -138,7 +150,7 @@ func scopedIncrement(ctx context.Context, key string, delta int64) *idemRequest 
 	}
 	h := sha256.New()
 	fmt.Fprintf(h, "go-scope\x00counter\x00%d:%s\x00%d\x00%s", len(key), key, delta, k.HLC)
-	return &idemRequest{key: k.ID, fingerprint: h.Sum(nil), answer: counterAnswerOf}
+	return &idemRequest{key: k.ID, fingerprint: h.Sum(nil), answer: machine.AnswerCounter}
 }
 
 // Counter reads a counter (ErrNotFound when the key holds none).

@@ -13,6 +13,7 @@ import (
 	"strings"
 	"unicode/utf8"
 
+	"github.com/replicator/replicator/machine"
 	"github.com/replicator/replicator/store"
 	"github.com/replicator/replicator/wal"
 )
@@ -51,20 +52,6 @@ func parseConditions(r *http.Request) (Condition, error) {
 	return c, nil
 }
 
-// rangeAnswer is the answer to a range delete.
-type rangeAnswer struct {
-	Start   string `json:"start"`
-	End     string `json:"end"`
-	Version string `json:"version"`
-	Origin  string `json:"origin"`
-}
-
-func rangeAnswerOf(p *proposal) (int, []byte) {
-	st := p.entry.LWW()
-	b, _ := json.Marshal(rangeAnswer{Start: p.entry.Key, End: p.entry.End, Version: st.String(), Origin: st.Origin})
-	return http.StatusOK, append(b, '\n')
-}
-
 // handleDeleteRange serves DELETE /v1/kv?start=&end= and ?prefix=.
 func (n *Node) handleDeleteRange(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
@@ -79,14 +66,14 @@ func (n *Node) handleDeleteRange(w http.ResponseWriter, r *http.Request) {
 		writeErr(w, fmt.Errorf("%w: a range delete needs start (and end) or prefix; deleting everything is not an API call", errBadRequest))
 		return
 	}
-	idem, err := idemFor(r, start+"\x00"+end, nil, rangeAnswerOf)
+	idem, err := idemFor(r, start+"\x00"+end, nil, machine.AnswerRange)
 	if err != nil {
 		writeErr(w, err)
 		return
 	}
 	res, err := n.deleteRange(r.Context(), start, end, idem)
 	n.finishWrite(w, r, idem, res, err, func() {
-		writeJSON(w, http.StatusOK, rangeAnswer{Start: start, End: end, Version: res.Version, Origin: res.Origin})
+		writeJSON(w, http.StatusOK, machine.RangeAnswer{Start: start, End: end, Version: res.Version, Origin: res.Origin})
 	})
 }
 
@@ -102,19 +89,6 @@ func (n *Node) finishWrite(w http.ResponseWriter, r *http.Request, idem *idemReq
 	default:
 		live()
 	}
-}
-
-type counterAnswer struct {
-	Key     string `json:"key"`
-	Value   int64  `json:"value"`
-	Version string `json:"version"`
-	Origin  string `json:"origin"`
-}
-
-func counterAnswerOf(p *proposal) (int, []byte) {
-	st := p.entry.LWW()
-	b, _ := json.Marshal(counterAnswer{Key: p.entry.Key, Value: p.counterValue, Version: st.String(), Origin: st.Origin})
-	return http.StatusOK, append(b, '\n')
 }
 
 // handleCounter serves POST and GET /v1/counters/{key...}.
@@ -144,7 +118,7 @@ func (n *Node) handleCounter(w http.ResponseWriter, r *http.Request) {
 			writeErr(w, err)
 			return
 		}
-		idem, err := idemFor(r, key, body, counterAnswerOf)
+		idem, err := idemFor(r, key, body, machine.AnswerCounter)
 		if err != nil {
 			writeErr(w, err)
 			return
@@ -152,7 +126,7 @@ func (n *Node) handleCounter(w http.ResponseWriter, r *http.Request) {
 		p := &proposal{entry: wal.Entry{Op: store.OpCounter, Key: key}, idem: idem, delta: delta}
 		res, err := n.propose(r.Context(), p)
 		n.finishWrite(w, r, idem, res, err, func() {
-			writeJSON(w, http.StatusOK, counterAnswer{Key: key, Value: p.counterValue, Version: res.Version, Origin: res.Origin})
+			writeJSON(w, http.StatusOK, machine.CounterAnswer{Key: key, Value: p.counterValue, Version: res.Version, Origin: res.Origin})
 		})
 	default:
 		methodNotAllowed(w, r, "GET, HEAD, POST")
@@ -247,13 +221,6 @@ func DecodeBatchRequest(body []byte) ([]BatchOp, string, error) {
 	return ops, req.OperationID, nil
 }
 
-type batchAnswer struct {
-	OperationID string `json:"operation_id,omitempty"`
-	Ops         int    `json:"ops"`
-	Version     string `json:"version"`
-	Origin      string `json:"origin"`
-}
-
 // handleBatch serves POST /v1/batch. The operation_id makes it idempotent
 // like an Idempotency-Key (the header also works); reusing it for other ops
 // is refused with 422.
@@ -272,17 +239,12 @@ func (n *Node) handleBatch(w http.ResponseWriter, r *http.Request) {
 		writeErr(w, err)
 		return
 	}
-	answer := func(p *proposal) (int, []byte) {
-		st := p.entry.LWW()
-		b, _ := json.Marshal(batchAnswer{OperationID: opID, Ops: len(p.entry.Ops), Version: st.String(), Origin: st.Origin})
-		return http.StatusOK, append(b, '\n')
-	}
 	// the fingerprint covers the ops, not how the JSON spelled them
 	canon, _ := json.Marshal(ops)
 	var idem *idemRequest
 	if opID != "" {
-		idem = &idemRequest{key: "op:" + opID, fingerprint: fingerprint(r, "batch", canon), answer: answer}
-	} else if idem, err = idemFor(r, "batch", canon, answer); err != nil {
+		idem = &idemRequest{key: "op:" + opID, fingerprint: fingerprint(r, "batch", canon), answer: machine.AnswerBatch, opID: opID}
+	} else if idem, err = idemFor(r, "batch", canon, machine.AnswerBatch); err != nil {
 		writeErr(w, err)
 		return
 	}
@@ -294,7 +256,7 @@ func (n *Node) handleBatch(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	n.finishWrite(w, r, idem, res, err, func() {
-		writeJSON(w, http.StatusOK, batchAnswer{OperationID: opID, Ops: len(ops), Version: res.Version, Origin: res.Origin})
+		writeJSON(w, http.StatusOK, machine.BatchAnswer{OperationID: opID, Ops: len(ops), Version: res.Version, Origin: res.Origin})
 	})
 }
 

@@ -39,6 +39,7 @@ import (
 	twal "github.com/tidwall/wal"
 
 	"github.com/replicator/replicator/internal/atomicfile"
+	"github.com/replicator/replicator/internal/byteindex"
 	"github.com/replicator/replicator/internal/segfile"
 )
 
@@ -180,7 +181,7 @@ type Log struct {
 
 	repairs, dropped, writeFailures atomic.Int64
 
-	bytes byteIndex
+	bytes byteindex.Index
 
 	// Owned by the appending goroutine.
 	codec      *Codec
@@ -196,7 +197,7 @@ func uvarintLen(n int) int {
 
 // BytesAfter estimates the on-disk bytes of the entries after index i (a
 // peer's backlog when i is its acked index).
-func (l *Log) BytesAfter(i uint64) int64 { return l.bytes.after(i) }
+func (l *Log) BytesAfter(i uint64) int64 { return l.bytes.After(i) }
 
 // Open opens the WAL in dir, creating it (and minting its stream ID) if
 // needed, and repairing a torn tail.
@@ -438,9 +439,9 @@ func (l *Log) verifyAndRepair(keep int64) error {
 	if len(segs) > 0 {
 		base = segs[0].first - 1
 	}
-	l.bytes.reset(base)
+	l.bytes.Reset(base)
 	for _, sz := range sizes {
-		l.bytes.add(int(sz))
+		l.bytes.Add(int(sz))
 	}
 	return nil
 }
@@ -619,7 +620,7 @@ func (l *Log) Append(entries []*Entry) error {
 		return l.recoverWrite(prev, err)
 	}
 	for _, e := range l.batchSizes {
-		l.bytes.add(e)
+		l.bytes.Add(e)
 	}
 	l.last.Store(prev + uint64(len(entries)))
 	l.wake()
@@ -723,7 +724,7 @@ func (l *Log) TruncateFront(index uint64) error {
 		return fmt.Errorf("wal: truncate front to %d: %w", index, err)
 	}
 	l.first.Store(index)
-	l.bytes.cutBefore(index)
+	l.bytes.CutBefore(index)
 	return nil
 }
 

@@ -1,15 +1,16 @@
-package wal
+// Package byteindex answers how many bytes of a log lie after an index.
+package byteindex
 
 import (
 	"sync"
 )
 
-// byteIndex answers "how many bytes of WAL lie after index i" exactly, for
+// Index answers "how many bytes of WAL lie after index i" exactly, for
 // backlog accounting (it decides throttling, so an estimate will not do: an
 // average over a bulk load of large entries once made thirty one-byte writes
 // read as a megabyte). It keeps the cumulative on-disk size through each
 // retained entry: 8 bytes per entry, dropped as the WAL is truncated.
-type byteIndex struct {
+type Index struct {
 	mu struct {
 		sync.Mutex
 		base uint64  // the index before the first entry kept
@@ -18,15 +19,15 @@ type byteIndex struct {
 	}
 }
 
-// reset starts the index at base (the index before the first entry).
-func (b *byteIndex) reset(base uint64) {
+// Reset starts the index at base (the index before the first entry).
+func (b *Index) Reset(base uint64) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.mu.base, b.mu.cum, b.mu.off = base, b.mu.cum[:0], 0
 }
 
-// add records the next entry's size.
-func (b *byteIndex) add(size int) {
+// Add records the next entry's size.
+func (b *Index) Add(size int) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	last := b.mu.off
@@ -36,8 +37,8 @@ func (b *byteIndex) add(size int) {
 	b.mu.cum = append(b.mu.cum, last+int64(size))
 }
 
-// cutBefore forgets the entries before first.
-func (b *byteIndex) cutBefore(first uint64) {
+// CutBefore forgets the entries before first.
+func (b *Index) CutBefore(first uint64) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if first <= b.mu.base+1 {
@@ -57,8 +58,8 @@ func (b *byteIndex) cutBefore(first uint64) {
 	b.mu.base = first - 1
 }
 
-// after returns the bytes of the entries after index i.
-func (b *byteIndex) after(i uint64) int64 {
+// After returns the bytes of the entries after index i.
+func (b *Index) After(i uint64) int64 {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	n := len(b.mu.cum)

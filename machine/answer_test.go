@@ -1,4 +1,4 @@
-package node
+package machine
 
 import (
 	"bytes"
@@ -13,12 +13,12 @@ func TestWriteAnswerMatchesEncodingJSON(t *testing.T) {
 		{`a"b\c<d>&e`, "1.0.x", "x"},
 		{"é\u2028\x01", "2.0.y", "y"},
 	} {
-		want, err := json.Marshal(writeAnswer{Key: c[0], Version: c[1], Origin: c[2]})
+		want, err := json.Marshal(WriteAnswer{Key: c[0], Version: c[1], Origin: c[2]})
 		if err != nil {
 			t.Fatal(err)
 		}
 		want = append(want, '\n')
-		if got := appendWriteAnswer(nil, c[0], c[1], c[2]); !bytes.Equal(got, want) {
+		if got := AppendWriteAnswer(nil, c[0], c[1], c[2]); !bytes.Equal(got, want) {
 			t.Errorf("%q: got %s want %s", c[0], got, want)
 		}
 	}

@@ -1,0 +1,352 @@
+package machine
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"math/big"
+
+	"github.com/replicator/replicator/store"
+	"github.com/replicator/replicator/wal"
+)
+
+// Local decisions of the write path, taken in commit order: preconditions,
+// the kind of a key (plain value or counter), and a counter's next totals.
+// They see the store as committed plus the effects of the earlier proposals
+// of the same group (the overlay), so two writes in one group decide as if
+// one after the other. They read the tree and nothing else (no clock, no
+// node state), so every node of a cluster that applies the same command to
+// the same state decides the same.
+
+var (
+	// ErrPrecondition refuses a conditional write whose condition does
+	// not hold (412).
+	ErrPrecondition = errors.New("machine: precondition failed")
+	// ErrKindConflict refuses a counter operation on a plain key, or a
+	// plain write on a counter key (409).
+	ErrKindConflict = errors.New("machine: key holds another kind")
+)
+
+// PreconditionError carries the key's current version ("" when absent).
+type PreconditionError struct {
+	Key     string
+	Current string
+	Why     string
+}
+
+func (e *PreconditionError) Error() string {
+	return fmt.Sprintf("machine: precondition failed on %q: %s", e.Key, e.Why)
+}
+
+func (e *PreconditionError) Is(target error) bool { return target == ErrPrecondition }
+
+// Condition is a precondition of a single-key write (HTTP If-Match,
+// If-None-Match), decided in commit order. It is a local decision: what
+// replicates is the resulting write; it is not a lock across clusters
+// (docs/DATAMODEL.md).
+type Condition struct {
+	// IfMatch: the key must hold exactly this version ("" = no condition).
+	IfMatch string
+	// IfNoneMatch: the key must hold no live value (get-or-set).
+	IfNoneMatch bool
+}
+
+// Reader is what decisions read: the tree as committed (*store.Store).
+type Reader interface {
+	Get(key string) (store.Record, error)
+	HasCounters() bool
+	Counter(key string) (store.Counter, error)
+	Idem(key string) (store.IdemRecord, bool, error)
+	RangeTombstones() []store.RangeTombstone
+}
+
+type plainState struct {
+	stamp store.Stamp
+	tomb  bool
+}
+
+// Overlay decides a group's writes in order: the tree as committed plus the
+// effects of the group's earlier writes.
+type Overlay struct {
+	st Reader
+	// comp is the counter component this stream's increments count under.
+	comp   string
+	plain  map[string]plainState
+	ranges []store.RangeTombstone
+	ctr    map[string]store.PN
+}
+
+// NewOverlay starts a group's decisions over st; increments count under
+// the counter component comp (store.Component of the cluster, its stream
+// and counter epoch).
+func NewOverlay(st Reader, comp string) *Overlay { return &Overlay{st: st, comp: comp} }
+
+// currentPlain returns what a plain key holds: ok false when nothing.
+func (o *Overlay) currentPlain(key string) (plainState, bool, error) {
+	st, ok := o.plain[key]
+	if !ok {
+		r, err := o.st.Get(key)
+		switch {
+		case errors.Is(err, store.ErrNotFound):
+		case err != nil:
+			return st, false, err
+		default:
+			st, ok = plainState{stamp: r.Stamp, tomb: r.Tombstone}, true
+		}
+	}
+	for _, rt := range o.ranges {
+		if rt.Covers(key) && (!ok || rt.Stamp.Compare(st.stamp) > 0) {
+			st, ok = plainState{stamp: rt.Stamp, tomb: true}, true
+		}
+	}
+	return st, ok, nil
+}
+
+// isCounter reports whether a key holds a counter.
+func (o *Overlay) isCounter(key string) (bool, error) {
+	if _, ok := o.ctr[key]; ok {
+		return true, nil
+	}
+	if !o.st.HasCounters() {
+		return false, nil
+	}
+	_, err := o.st.Counter(key)
+	if errors.Is(err, store.ErrNotFound) {
+		return false, nil
+	}
+	return err == nil, err
+}
+
+func (o *Overlay) plainKeys(e *wal.Entry) []string {
+	switch e.Op {
+	case store.OpSet, store.OpDelete:
+		return []string{e.Key}
+	case store.OpMulti:
+		keys := make([]string, len(e.Ops))
+		for i, op := range e.Ops {
+			keys[i] = op.Key
+		}
+		return keys
+	}
+	return nil
+}
+
+// Decide checks e's local conditions (cond may be nil) and, for an
+// increment by delta, fills in the counter's totals and returns its value
+// here once the increment applies. Refusals are ErrPrecondition,
+// ErrKindConflict and ErrCounterRange; a failed read is ErrUnreadable.
+func (o *Overlay) Decide(e *wal.Entry, cond *Condition, delta int64) (counterValue int64, err error) {
+	for _, k := range o.plainKeys(e) {
+		c, err := o.isCounter(k)
+		if err != nil {
+			return 0, fmt.Errorf("%w: %w", ErrUnreadable, err)
+		}
+		if c {
+			return 0, fmt.Errorf("%w: %q is a counter; use /v1/counters", ErrKindConflict, k)
+		}
+	}
+	if cond != nil {
+		st, ok, err := o.currentPlain(e.Key)
+		if err != nil {
+			return 0, fmt.Errorf("%w: %w", ErrUnreadable, err)
+		}
+		live := ok && !st.tomb
+		cur := ""
+		if live {
+			cur = st.stamp.String()
+		}
+		switch {
+		case cond.IfMatch != "" && !live:
+			return 0, &PreconditionError{Key: e.Key, Why: "If-Match on a key that holds no value"}
+		case cond.IfMatch != "" && cond.IfMatch != cur:
+			return 0, &PreconditionError{Key: e.Key, Current: cur, Why: fmt.Sprintf("it holds version %s, not %s", cur, cond.IfMatch)}
+		case cond.IfNoneMatch && live:
+			return 0, &PreconditionError{Key: e.Key, Current: cur, Why: "If-None-Match: * on a key that holds a value"}
+		}
+	}
+	if e.Op == store.OpCounter {
+		st, ok, err := o.currentPlain(e.Key)
+		if err != nil {
+			return 0, fmt.Errorf("%w: %w", ErrUnreadable, err)
+		}
+		if ok && !st.tomb {
+			return 0, fmt.Errorf("%w: %q holds a plain value; counters need a key of their own", ErrKindConflict, e.Key)
+		}
+		c, err := o.st.Counter(e.Key)
+		if err != nil && !errors.Is(err, store.ErrNotFound) {
+			return 0, fmt.Errorf("%w: %w", ErrUnreadable, err)
+		}
+		// This stream's own totals: a node that lost its data starts a
+		// new stream, and fresh totals no max-merge can absorb.
+		comp := o.comp
+		t := c.Totals[comp]
+		if ot, ok := o.ctr[e.Key]; ok {
+			t = ot
+		}
+		if delta >= 0 {
+			t.P += uint64(delta)
+		} else {
+			t.N += uint64(-delta)
+		}
+		if err := counterInRange(c.Totals, comp, t, e.Key); err != nil {
+			return 0, err
+		}
+		e.Ctr, e.CtrComp = &t, comp
+		// the counter's value here once this increment applies
+		v := int64(t.P) - int64(t.N)
+		for c2, ct := range c.Totals {
+			if c2 != comp {
+				v += int64(ct.P) - int64(ct.N)
+			}
+		}
+		counterValue = v
+	}
+	return counterValue, nil
+}
+
+// ErrCounterRange refuses an increment that would take a counter, or its
+// totals, out of the 64-bit range (400, out_of_range).
+var ErrCounterRange = errors.New("machine: counter out of range")
+
+// counterInRange checks that a counter whose component comp takes totals t
+// stays within int64, and its totals within uint64 (t wrapped if it fell
+// below the old ones).
+func counterInRange(totals map[string]store.PN, comp string, t store.PN, key string) error {
+	old := totals[comp]
+	if t.P < old.P || t.N < old.N {
+		return fmt.Errorf("%w: counter %q: this cluster's totals would pass 2^64", ErrCounterRange, key)
+	}
+	sum := new(big.Int)
+	for c, ct := range totals {
+		if c == comp {
+			ct = t
+		}
+		sum.Add(sum, new(big.Int).SetUint64(ct.P))
+		sum.Sub(sum, new(big.Int).SetUint64(ct.N))
+	}
+	if _, ok := totals[comp]; !ok {
+		sum.Add(sum, new(big.Int).SetUint64(t.P))
+		sum.Sub(sum, new(big.Int).SetUint64(t.N))
+	}
+	if !sum.IsInt64() {
+		return fmt.Errorf("%w: counter %q would be %s, outside the 64-bit range", ErrCounterRange, key, sum)
+	}
+	return nil
+}
+
+// Record adds an accepted entry's effect to the overlay.
+func (o *Overlay) Record(e *wal.Entry) {
+	st := e.LWW()
+	switch e.Op {
+	case store.OpSet, store.OpDelete:
+		o.setPlain(e.Key, plainState{stamp: st, tomb: e.Op == store.OpDelete})
+	case store.OpMulti:
+		for _, op := range e.Ops {
+			o.setPlain(op.Key, plainState{stamp: st, tomb: op.Op == store.OpDelete})
+		}
+	case store.OpDeleteRange:
+		o.ranges = append(o.ranges, store.RangeTombstone{Start: e.Key, End: e.End, Stamp: st})
+	case store.OpCounter:
+		if o.ctr == nil {
+			o.ctr = map[string]store.PN{}
+		}
+		o.ctr[e.Key] = *e.Ctr
+	}
+}
+
+func (o *Overlay) setPlain(k string, st plainState) {
+	if o.plain == nil {
+		o.plain = map[string]plainState{}
+	}
+	if cur, ok := o.plain[k]; ok && cur.stamp.Compare(st.stamp) > 0 {
+		return
+	}
+	o.plain[k] = st
+}
+
+// ErrUnreadable wraps a failed read of the tree during a decision: nothing
+// was decided.
+var ErrUnreadable = errors.New("machine: tree unreadable")
+
+// ErrIdempotencyConflict refuses a request whose idempotency key was already
+// used by a different request (422).
+var ErrIdempotencyConflict = errors.New("machine: idempotency key reused for a different request")
+
+// KeyedDecision is what the tree says of a keyed request.
+type KeyedDecision uint8
+
+const (
+	// KeyNew: no live record under the key; the request is written.
+	KeyNew KeyedDecision = iota
+	// KeyReplay: the same request was answered; its record is replayed
+	// and nothing is written.
+	KeyReplay
+	// KeyConflict: another request was answered under the key.
+	KeyConflict
+	// KeyPlanted: a live record of this request whose write is not here
+	// (nor anything newer on its key): a record always arrives with its
+	// write, in one entry, so this one was planted. Answering it would tell
+	// the caller a write happened that did not; the request is written as
+	// new (and the caller should log it).
+	KeyPlanted
+)
+
+// LookupKey decides a keyed request (its key, its request's fingerprint and
+// its write e) against the tree at time now (wall ns; a record expired by
+// then is no record). The record is returned with KeyReplay and
+// KeyPlanted.
+func (o *Overlay) LookupKey(key string, fingerprint []byte, now int64, e *wal.Entry) (KeyedDecision, *store.IdemRecord, error) {
+	rec, ok, err := o.st.Idem(key)
+	if err != nil {
+		return KeyNew, nil, fmt.Errorf("%w: %w", ErrUnreadable, err)
+	}
+	if !ok || rec.Expires <= now {
+		return KeyNew, nil, nil
+	}
+	if !bytes.Equal(rec.Fingerprint, fingerprint) {
+		return KeyConflict, nil, nil
+	}
+	present, err := o.recordedWriteHere(e, &rec)
+	if err != nil {
+		return KeyNew, nil, fmt.Errorf("%w: %w", ErrUnreadable, err)
+	}
+	if !present {
+		return KeyPlanted, &rec, nil
+	}
+	return KeyReplay, &rec, nil
+}
+
+// recordedWriteHere reports whether the write a record answered is applied
+// here or superseded: the key (of a single-key write or a counter) holds a
+// stamp at least the record's, or a range delete at least as new covers it.
+// Writes of many keys are not checked.
+func (o *Overlay) recordedWriteHere(e *wal.Entry, rec *store.IdemRecord) (bool, error) {
+	switch e.Op {
+	case store.OpSet, store.OpDelete:
+		st, ok, err := NewOverlay(o.st, o.comp).currentPlain(e.Key)
+		if err != nil {
+			return false, err
+		}
+		if ok && st.stamp.Compare(rec.Stamp) >= 0 {
+			return true, nil
+		}
+		// A newer range delete may have covered the write before it was
+		// ever stored.
+		for _, rt := range o.st.RangeTombstones() {
+			if rt.Covers(e.Key) && rt.Stamp.Compare(rec.Stamp) >= 0 {
+				return true, nil
+			}
+		}
+		return false, nil
+	case store.OpCounter:
+		ctr, err := o.st.Counter(e.Key)
+		if errors.Is(err, store.ErrNotFound) {
+			return false, nil
+		}
+		if err != nil {
+			return false, err
+		}
+		return ctr.Stamp.Compare(rec.Stamp) >= 0, nil
+	}
+	return true, nil
+}
