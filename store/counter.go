@@ -85,6 +85,11 @@ func (s *Store) SetCounterEpoch(stream [16]byte, epoch uint32) error {
 	return nil
 }
 
+// SetCounterEpoch records a stream's counter epoch in the batch.
+func (b *Batch) SetCounterEpoch(stream [16]byte, epoch uint32) error {
+	return b.pb.Set(keyCtrEpoch, binary.BigEndian.AppendUint32(append([]byte(nil), stream[:]...), epoch), nil)
+}
+
 // ComponentCluster is the cluster a component's totals belong to.
 func ComponentCluster(component string) string {
 	c, _, _ := strings.Cut(component, "/")

@@ -248,6 +248,11 @@ func (s *Store) Empty() (bool, error) {
 	return true, nil
 }
 
+// SetCursor stores a peer's cursor in the batch.
+func (b *Batch) SetCursor(peer string, c Cursor) error {
+	return b.pb.Set(cursorKey(peer), append(append(make([]byte, 0, 24), c.Stream[:]...), binary.BigEndian.AppendUint64(nil, c.Index)...), nil)
+}
+
 // SetCursor stores a peer's cursor. It is not synced: a cursor that a crash
 // takes back only makes the shipper resend what the peer drops as duplicates.
 func (s *Store) SetCursor(peer string, c Cursor) error {

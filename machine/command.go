@@ -1,0 +1,373 @@
+package machine
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+
+	"github.com/vmihailenco/msgpack/v5"
+
+	"github.com/replicator/replicator/store"
+	"github.com/replicator/replicator/wal"
+)
+
+// Commands are what the cluster's log carries: every mutation of a
+// cluster's state is one, applied by every node in log order. A command is
+// a version byte and a msgpack array whose first element is its kind.
+
+// ErrMalformed is the class of errors for command bytes that do not decode:
+// the log is checksummed, so on a node these are corruption or a command of
+// a newer version, and applying past it is never safe.
+var ErrMalformed = errors.New("machine: malformed command")
+
+// commandVersion is the encoding written now.
+const commandVersion = 1
+
+// Kind names a command.
+type Kind uint8
+
+const (
+	// KindLocal is a group of local writes, stamped by the leader.
+	KindLocal Kind = iota + 1
+	// KindCursor records that a peer acknowledged the stream through an
+	// index.
+	KindCursor
+	// KindTruncate drops the outbound entries before an index (every peer
+	// acknowledged them).
+	KindTruncate
+	// KindMint starts the cluster's stream (and seals the one before it):
+	// at bootstrap, and after a lost majority.
+	KindMint
+	kinds
+)
+
+func (k Kind) String() string {
+	switch k {
+	case KindLocal:
+		return "local"
+	case KindCursor:
+		return "cursor"
+	case KindTruncate:
+		return "truncate"
+	case KindMint:
+		return "mint"
+	}
+	return fmt.Sprintf("kind(%d)", uint8(k))
+}
+
+// Command is one entry of the cluster's log.
+type Command struct {
+	Kind Kind
+	// Local: the group's writes in the order the leader stamped them.
+	Local []Proposal
+	// Cursor: Peer acknowledged the stream Cursor.Stream through
+	// Cursor.Index.
+	Peer   string
+	Cursor store.Cursor
+	// Truncate: the outbound entries of the current stream before First go.
+	First uint64
+	// Mint: the new stream, and the counter epoch it counts under.
+	Stream wal.StreamID
+	Epoch  uint32
+}
+
+// Proposal is one local write of a group.
+type Proposal struct {
+	// Entry is the write: op, key, value, end, ops, and its stamps (Commit,
+	// and Stamp when the caller pinned one). Origin, stream, index, a
+	// counter's totals and the idempotency record are the machine's to
+	// fill.
+	Entry wal.Entry
+	// Cond is a precondition (nil: none).
+	Cond *Condition
+	// Delta is an increment (op counter).
+	Delta int64
+	// Keyed is the request's idempotency key (nil: none).
+	Keyed *Keyed
+}
+
+// Keyed is a request that carries an idempotency key.
+type Keyed struct {
+	Key         string
+	Fingerprint []byte
+	Answer      AnswerKind
+	OpID        string // a batch's operation ID, for its answer
+	// Expires is when the record may be collected (wall ns): the leader's
+	// commit stamp plus the window, fixed in the command so every node
+	// records the same.
+	Expires int64
+}
+
+// A proposal's entry is encoded with the entry codec, so that it is checked
+// as a WAL entry is; its identity is the machine's to assign, so it is
+// encoded with placeholders the codec accepts (and leaves out).
+var placeholder = wal.Defaults{Origin: "-", Stream: wal.StreamID{0: 1}}
+
+// Encoder encodes commands, keeping its buffers between calls; not safe for
+// concurrent use.
+type Encoder struct {
+	buf   bytes.Buffer
+	enc   *msgpack.Encoder
+	codec *wal.Codec
+	ent   []byte
+}
+
+// NewEncoder returns an encoder.
+func NewEncoder() *Encoder {
+	e := &Encoder{codec: wal.NewCodec()}
+	e.enc = msgpack.NewEncoder(&e.buf)
+	return e
+}
+
+// Encode returns c's bytes (a new slice).
+func (e *Encoder) Encode(c *Command) ([]byte, error) {
+	e.buf.Reset()
+	e.buf.WriteByte(commandVersion)
+	enc := e.enc
+	var err error
+	switch c.Kind {
+	case KindLocal:
+		err = errors.Join(enc.EncodeArrayLen(2), enc.EncodeUint(uint64(c.Kind)), enc.EncodeArrayLen(len(c.Local)))
+		for i := range c.Local {
+			err = errors.Join(err, e.encodeProposal(&c.Local[i]))
+		}
+	case KindCursor:
+		err = errors.Join(enc.EncodeArrayLen(4), enc.EncodeUint(uint64(c.Kind)), enc.EncodeString(c.Peer),
+			enc.EncodeBytes(c.Cursor.Stream[:]), enc.EncodeUint(c.Cursor.Index))
+	case KindTruncate:
+		err = errors.Join(enc.EncodeArrayLen(2), enc.EncodeUint(uint64(c.Kind)), enc.EncodeUint(c.First))
+	case KindMint:
+		err = errors.Join(enc.EncodeArrayLen(3), enc.EncodeUint(uint64(c.Kind)), enc.EncodeBytes(c.Stream[:]),
+			enc.EncodeUint(uint64(c.Epoch)))
+	default:
+		return nil, fmt.Errorf("machine: encode: unknown kind %d", c.Kind)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("machine: encode %s: %w", c.Kind, err)
+	}
+	return bytes.Clone(e.buf.Bytes()), nil
+}
+
+func (e *Encoder) encodeProposal(p *Proposal) error {
+	ent := p.Entry
+	ent.Index, ent.Origin, ent.Stream, ent.Idem, ent.CtrComp = 1, placeholder.Origin, placeholder.Stream, nil, ""
+	if ent.Op == store.OpCounter {
+		ent.Ctr = &store.PN{}
+	}
+	e.ent = e.codec.AppendEntry(e.ent[:0], &ent, placeholder)
+	enc := e.enc
+	err := errors.Join(enc.EncodeArrayLen(4), enc.EncodeBytes(e.ent))
+	if p.Cond == nil {
+		err = errors.Join(err, enc.EncodeNil())
+	} else {
+		err = errors.Join(err, enc.EncodeArrayLen(2), enc.EncodeString(p.Cond.IfMatch), enc.EncodeBool(p.Cond.IfNoneMatch))
+	}
+	err = errors.Join(err, enc.EncodeInt(p.Delta))
+	if k := p.Keyed; k == nil {
+		err = errors.Join(err, enc.EncodeNil())
+	} else {
+		err = errors.Join(err, enc.EncodeArrayLen(5), enc.EncodeString(k.Key), enc.EncodeBytes(k.Fingerprint),
+			enc.EncodeUint(uint64(k.Answer)), enc.EncodeString(k.OpID), enc.EncodeInt(k.Expires))
+	}
+	return err
+}
+
+// maxGroup bounds the proposals of one local command.
+const maxGroup = 1 << 16
+
+// Decode decodes a command. Everything is checked before anything is
+// applied: unknown versions and kinds, wrong shapes, trailing bytes, and each
+// write as the entry codec checks a WAL entry.
+func Decode(b []byte) (Command, error) {
+	var c Command
+	if len(b) == 0 {
+		return c, fmt.Errorf("%w: empty", ErrMalformed)
+	}
+	if b[0] != commandVersion {
+		return c, fmt.Errorf("%w: version %d (this build reads %d)", ErrMalformed, b[0], commandVersion)
+	}
+	rd := bytes.NewReader(b[1:])
+	dec := msgpack.NewDecoder(rd)
+	if err := decodeInto(dec, &c); err != nil {
+		return Command{}, fmt.Errorf("%w: %v", ErrMalformed, err)
+	}
+	if rd.Len() != 0 {
+		return Command{}, fmt.Errorf("%w: %d trailing bytes", ErrMalformed, rd.Len())
+	}
+	return c, nil
+}
+
+func decodeInto(dec *msgpack.Decoder, c *Command) error {
+	n, err := dec.DecodeArrayLen()
+	if err != nil {
+		return err
+	}
+	k, err := dec.DecodeUint8()
+	if err != nil {
+		return fmt.Errorf("kind: %v", err)
+	}
+	c.Kind = Kind(k)
+	want := map[Kind]int{KindLocal: 2, KindCursor: 4, KindTruncate: 2, KindMint: 3}[c.Kind]
+	if want == 0 {
+		return fmt.Errorf("unknown kind %d", k)
+	}
+	if n != want {
+		return fmt.Errorf("%s: array of %d elements, want %d", c.Kind, n, want)
+	}
+	switch c.Kind {
+	case KindLocal:
+		m, err := dec.DecodeArrayLen()
+		if err != nil {
+			return err
+		}
+		if m < 1 || m > maxGroup {
+			return fmt.Errorf("local group of %d writes", m)
+		}
+		codec := wal.NewCodec()
+		c.Local = make([]Proposal, 0, min(m, 256))
+		for i := 0; i < m; i++ {
+			p, err := decodeProposal(dec, codec)
+			if err != nil {
+				return fmt.Errorf("write %d: %v", i, err)
+			}
+			c.Local = append(c.Local, p)
+		}
+	case KindCursor:
+		if c.Peer, err = dec.DecodeString(); err != nil {
+			return err
+		}
+		if c.Peer == "" || len(c.Peer) > 63 {
+			return fmt.Errorf("cursor of peer %q", c.Peer)
+		}
+		if err := decodeStream(dec, (*wal.StreamID)(&c.Cursor.Stream)); err != nil {
+			return err
+		}
+		if c.Cursor.Index, err = dec.DecodeUint64(); err != nil {
+			return err
+		}
+	case KindTruncate:
+		if c.First, err = dec.DecodeUint64(); err != nil {
+			return err
+		}
+	case KindMint:
+		if err := decodeStream(dec, &c.Stream); err != nil {
+			return err
+		}
+		if c.Stream.IsZero() {
+			return errors.New("mint of a zero stream")
+		}
+		if c.Epoch, err = dec.DecodeUint32(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func decodeStream(dec *msgpack.Decoder, s *wal.StreamID) error {
+	b, err := wal.DecodeBytes(dec)
+	if err != nil {
+		return err
+	}
+	if len(b) != len(s) {
+		return fmt.Errorf("stream of %d bytes", len(b))
+	}
+	copy(s[:], b)
+	return nil
+}
+
+func decodeProposal(dec *msgpack.Decoder, codec *wal.Codec) (Proposal, error) {
+	var p Proposal
+	n, err := dec.DecodeArrayLen()
+	if err != nil {
+		return p, err
+	}
+	if n != 4 {
+		return p, fmt.Errorf("array of %d elements, want 4", n)
+	}
+	raw, err := wal.DecodeBytes(dec)
+	if err != nil {
+		return p, err
+	}
+	if p.Entry, err = codec.DecodeEntry(raw, placeholder); err != nil {
+		return p, err
+	}
+	if p.Entry.Index != 1 || p.Entry.Origin != placeholder.Origin || p.Entry.Stream != placeholder.Stream || p.Entry.Idem != nil || p.Entry.CtrComp != "" ||
+		p.Entry.Oversize != 0 || p.Entry.StampOrigin != "" {
+		return p, errors.New("entry with fields the machine assigns")
+	}
+	p.Entry.Index, p.Entry.Origin, p.Entry.Stream = 0, "", wal.StreamID{}
+	if p.Entry.Op == store.OpCounter {
+		if *p.Entry.Ctr != (store.PN{}) {
+			return p, errors.New("increment with totals")
+		}
+		p.Entry.Ctr = nil
+	}
+	if n, err := decodeNilOrArray(dec); err != nil {
+		return p, fmt.Errorf("condition: %v", err)
+	} else if n >= 0 {
+		if n != 2 {
+			return p, fmt.Errorf("condition of %d elements", n)
+		}
+		p.Cond = &Condition{}
+		if p.Cond.IfMatch, err = dec.DecodeString(); err != nil {
+			return p, err
+		}
+		if p.Cond.IfNoneMatch, err = dec.DecodeBool(); err != nil {
+			return p, err
+		}
+	}
+	if p.Delta, err = dec.DecodeInt64(); err != nil {
+		return p, fmt.Errorf("delta: %v", err)
+	}
+	if p.Delta != 0 && p.Entry.Op != store.OpCounter {
+		return p, fmt.Errorf("a delta on %s", p.Entry.Op)
+	}
+	if n, err := decodeNilOrArray(dec); err != nil {
+		return p, fmt.Errorf("keyed: %v", err)
+	} else if n >= 0 {
+		if n != 5 {
+			return p, fmt.Errorf("keyed of %d elements", n)
+		}
+		k := &Keyed{}
+		if k.Key, err = dec.DecodeString(); err != nil {
+			return p, err
+		}
+		if k.Key == "" || len(k.Key) > wal.MaxIdemKey+3 { // "op:" + an operation ID
+			return p, fmt.Errorf("idempotency key of %d bytes", len(k.Key))
+		}
+		if k.Fingerprint, err = wal.DecodeBytes(dec); err != nil {
+			return p, err
+		}
+		var a uint8
+		if a, err = dec.DecodeUint8(); err != nil {
+			return p, err
+		}
+		if k.Answer = AnswerKind(a); k.Answer == 0 || k.Answer >= answerKinds {
+			return p, fmt.Errorf("answer kind %d", a)
+		}
+		if k.OpID, err = dec.DecodeString(); err != nil {
+			return p, err
+		}
+		if k.Expires, err = dec.DecodeInt64(); err != nil {
+			return p, err
+		}
+		p.Keyed = k
+	}
+	return p, nil
+}
+
+// decodeNilOrArray returns -1 for nil, else the array's length.
+func decodeNilOrArray(dec *msgpack.Decoder) (int, error) {
+	c, err := dec.PeekCode()
+	if err != nil {
+		return 0, err
+	}
+	if c == 0xc0 { // msgpack nil
+		return -1, dec.DecodeNil()
+	}
+	n, err := dec.DecodeArrayLen()
+	if err == nil && n < 0 {
+		err = errors.New("nil array")
+	}
+	return n, err
+}

@@ -1,0 +1,375 @@
+// Package machine is a cluster's state machine: every mutation of a
+// cluster's state is a command of its replicated log, and Apply turns one
+// command into one Pebble batch, with nothing else read than the tree and
+// nothing else written than the batch (no clock, no network, no files). Every
+// node of a cluster applies the same commands in the same order to the same
+// state, so each decides the same: conditions, idempotency and counters are
+// decided here, never twice across a leader change (docs/CLUSTER.md).
+//
+// Each batch records the log index it applies, and a command at or below the
+// recorded index is skipped: replaying the log after a crash changes
+// nothing. A local write's outbound entry, with its dense index in the
+// cluster's stream, is written in the same batch under a prefix of its own;
+// shippers read the stream back through Outbound.
+package machine
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"log/slog"
+
+	"github.com/cockroachdb/pebble/v2"
+
+	"github.com/replicator/replicator/hlc"
+	"github.com/replicator/replicator/store"
+	"github.com/replicator/replicator/wal"
+)
+
+var (
+	// ErrNoStream refuses local writes before the cluster's stream is
+	// minted: nothing is written.
+	ErrNoStream = errors.New("machine: the cluster has no stream yet")
+	// ErrStaleStamp refuses a write stamped at or below the stream's last
+	// commit (a deposed leader's proposal): commit HLCs must grow with
+	// stream indexes. Nothing is written; the caller may retry.
+	ErrStaleStamp = errors.New("machine: stamped below the stream's last commit")
+	// ErrFirstRefused answers a retry in the same group whose first attempt
+	// was refused.
+	ErrFirstRefused = errors.New("machine: the first attempt under the key was refused")
+)
+
+// keyApplied holds the last log index applied (8 bytes, big-endian).
+var keyApplied = []byte("m\x00machine.applied")
+
+// Options configure a machine.
+type Options struct {
+	// Cluster is this cluster's ID: the origin of every local write.
+	Cluster string
+	// Logger receives what the machine notices (planted idempotency
+	// records); nil discards.
+	Logger *slog.Logger
+}
+
+// Machine applies a cluster's commands to its tree. Apply is called from
+// one goroutine at a time (raft's FSM goroutine, or a group of one's
+// committer); the accessors are safe from any.
+type Machine struct {
+	st      *store.Store
+	cluster string
+	log     *slog.Logger
+	codec   *wal.Codec
+	buf     []byte
+	out     *Outbound
+
+	// Changed only by Apply.
+	applied    uint64
+	stream     wal.StreamID
+	last       uint64        // the last index of the stream
+	lastCommit hlc.Timestamp // its commit HLC
+	epoch      uint32
+}
+
+// Open reads the machine's state from st. st must stay open while the
+// machine is used.
+func Open(st *store.Store, opts Options) (*Machine, error) {
+	if opts.Cluster == "" {
+		return nil, errors.New("machine: open: no cluster ID")
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slog.DiscardHandler)
+	}
+	m := &Machine{st: st, cluster: opts.Cluster, log: opts.Logger, codec: wal.NewCodec()}
+	v, closer, err := st.DB().Get(keyApplied)
+	switch {
+	case errors.Is(err, pebble.ErrNotFound):
+	case err != nil:
+		return nil, fmt.Errorf("machine: open: %w", err)
+	default:
+		if len(v) != 8 {
+			closer.Close()
+			return nil, fmt.Errorf("machine: open: %w: applied index of %d bytes", store.ErrCorrupt, len(v))
+		}
+		m.applied = binary.BigEndian.Uint64(v)
+		closer.Close()
+	}
+	a, err := st.LocalApplied()
+	if err != nil {
+		return nil, fmt.Errorf("machine: open: %w", err)
+	}
+	m.stream, m.last, m.lastCommit = a.Stream, a.Index, a.Commit
+	if !m.stream.IsZero() {
+		if m.epoch, err = st.CounterEpoch(m.stream); err != nil {
+			return nil, fmt.Errorf("machine: open: %w", err)
+		}
+	}
+	if m.out, err = openOutbound(st, m.stream, m.last); err != nil {
+		return nil, err
+	}
+	return m, nil
+}
+
+// Applied is the last log index applied.
+func (m *Machine) Applied() uint64 { return m.applied }
+
+// Stream is the cluster's stream (zero before one is minted).
+func (m *Machine) Stream() wal.StreamID { return m.out.Stream() }
+
+// Outbound is the cluster's outbound log, for shippers.
+func (m *Machine) Outbound() *Outbound { return m.out }
+
+// Result is what applying a command decided.
+type Result struct {
+	// Skipped: the command was at or below the applied index and changed
+	// nothing (a replay).
+	Skipped bool
+	// Writes answers a local group, one per proposal in its order.
+	Writes []Write
+	// High is the highest stamp the command wrote: a node observes it so
+	// that, leading later, it stamps above.
+	High hlc.Timestamp
+}
+
+// Write is what became of one proposal.
+type Write struct {
+	// Err is the refusal (ErrPrecondition, ErrKindConflict,
+	// ErrCounterRange, ErrIdempotencyConflict, ErrStaleStamp, ErrNoStream,
+	// ErrFirstRefused): nothing was written for it.
+	Err error
+	// Replay is the recorded answer of an earlier request under the same
+	// key: nothing was written for it.
+	Replay *store.IdemRecord
+	// Entry is the write as applied: origin, stream, index, stamps, a
+	// counter's totals and the idempotency record filled in.
+	Entry wal.Entry
+	// Outcome is what the write did to the tree.
+	Outcome store.Outcome
+	// CounterValue is an increment's counter here once it applied.
+	CounterValue int64
+}
+
+// Apply applies the command at log index. An error is a failure of the
+// tree (a read or the batch's commit): nothing of the command was applied,
+// and the caller must stop applying, since the next command assumes this one.
+func (m *Machine) Apply(index uint64, data []byte) (*Result, error) {
+	if index <= m.applied {
+		return &Result{Skipped: true}, nil
+	}
+	c, err := Decode(data)
+	if err != nil {
+		return nil, fmt.Errorf("machine: apply %d: %w", index, err)
+	}
+	return m.ApplyCommand(index, &c)
+}
+
+// ApplyCommand is Apply of a decoded command.
+func (m *Machine) ApplyCommand(index uint64, c *Command) (*Result, error) {
+	if index <= m.applied {
+		return &Result{Skipped: true}, nil
+	}
+	var (
+		res  *Result
+		next func()
+		err  error
+	)
+	b := m.st.NewBatch()
+	defer b.Close()
+	switch c.Kind {
+	case KindLocal:
+		res, next, err = m.applyLocal(b, c.Local)
+	case KindCursor:
+		res, err = &Result{}, m.applyCursor(b, c.Peer, c.Cursor)
+	case KindTruncate:
+		res, next, err = m.applyTruncate(b, c.First)
+	case KindMint:
+		res, next, err = m.applyMint(b, c.Stream, c.Epoch)
+	default:
+		err = fmt.Errorf("%w: kind %d", ErrMalformed, c.Kind)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("machine: apply %d (%s): %w", index, c.Kind, err)
+	}
+	if err := b.SetRaw(keyApplied, binary.BigEndian.AppendUint64(nil, index)); err != nil {
+		return nil, fmt.Errorf("machine: apply %d: %w", index, err)
+	}
+	// The log is the redo log and is already synced: Pebble's own WAL need
+	// not be.
+	if err := b.Commit(false); err != nil {
+		return nil, fmt.Errorf("machine: apply %d (%s): %w", index, c.Kind, err)
+	}
+	m.applied = index
+	if next != nil {
+		next()
+	}
+	return res, nil
+}
+
+// applyLocal decides a group in order, then writes what it accepted. next
+// publishes the new entries once the batch committed.
+func (m *Machine) applyLocal(b *store.Batch, props []Proposal) (*Result, func(), error) {
+	res := &Result{Writes: make([]Write, len(props))}
+	if m.stream.IsZero() {
+		for i := range res.Writes {
+			res.Writes[i].Err = ErrNoStream
+		}
+		return res, nil, nil
+	}
+	ov := NewOverlay(m.st, store.Component(m.cluster, m.stream, m.epoch))
+	keyed := map[string]int{} // key -> the group's first proposal under it
+	last, lastCommit := m.last, m.lastCommit
+	var accepted []int
+	for i := range props {
+		p, w := &props[i], &res.Writes[i]
+		if k := p.Keyed; k != nil {
+			if first, ok := keyed[k.Key]; ok {
+				m.settleRepeat(w, &props[first], &res.Writes[first], p)
+				continue
+			}
+			keyed[k.Key] = i
+			d, rec, err := ov.LookupKey(k.Key, k.Fingerprint, p.Entry.Commit.Wall, &p.Entry)
+			switch {
+			case err != nil:
+				return nil, nil, err
+			case d == KeyConflict:
+				w.Err = fmt.Errorf("%w: key %q", ErrIdempotencyConflict, k.Key)
+				continue
+			case d == KeyReplay:
+				w.Replay = rec
+				continue
+			case d == KeyPlanted:
+				m.log.Warn("idempotency record without its write here: ignored, the request is written",
+					"idempotency_key", k.Key, "recorded_version", rec.Stamp.String(), "key", p.Entry.Key)
+			}
+		}
+		if !lastCommit.Less(p.Entry.Commit) {
+			w.Err = fmt.Errorf("%w: %s at or below %s", ErrStaleStamp, p.Entry.Commit, lastCommit)
+			continue
+		}
+		e := p.Entry
+		v, err := ov.Decide(&e, p.Cond, p.Delta)
+		if errors.Is(err, ErrUnreadable) {
+			return nil, nil, err
+		}
+		if err != nil {
+			w.Err = err
+			continue
+		}
+		last++
+		e.Origin, e.Stream, e.Index = m.cluster, m.stream, last
+		if e.Stamp.IsZero() {
+			e.Stamp = e.Commit
+		}
+		w.CounterValue = v
+		if k := p.Keyed; k != nil {
+			st, body := Answer(k.Answer, &e, v, k.OpID)
+			e.Idem = &wal.Idem{Key: k.Key, Fingerprint: k.Fingerprint, Status: st, Body: body, Expires: k.Expires}
+		}
+		ov.Record(&e)
+		lastCommit = e.Commit
+		w.Entry = e
+		accepted = append(accepted, i)
+		res.High = maxStamp(res.High, e.Commit, e.Stamp)
+	}
+	if len(accepted) == 0 {
+		return res, nil, nil
+	}
+	sizes := make([]int, 0, len(accepted))
+	for _, i := range accepted {
+		w := &res.Writes[i]
+		out, err := w.Entry.Apply(b)
+		if err != nil {
+			return nil, nil, err
+		}
+		w.Outcome = out
+		m.buf = m.codec.AppendEntry(m.buf[:0], &w.Entry, wal.Defaults{Origin: m.cluster, Stream: m.stream})
+		if err := b.PutOutbound(m.stream, w.Entry.Index, m.buf); err != nil {
+			return nil, nil, err
+		}
+		sizes = append(sizes, len(m.buf))
+	}
+	err := errors.Join(
+		b.SetLocalApplied(store.AppliedIndex{Stream: m.stream, Index: last, Commit: lastCommit}),
+		b.RaiseHLC(res.High),
+	)
+	if err != nil {
+		return nil, nil, err
+	}
+	return res, func() {
+		m.last, m.lastCommit = last, lastCommit
+		m.out.appended(sizes)
+	}, nil
+}
+
+// settleRepeat answers a proposal repeating a key an earlier proposal of the
+// group (first, answered by fw) used: a replay of that one's answer, or a
+// conflict when it is another request.
+func (m *Machine) settleRepeat(w *Write, first *Proposal, fw *Write, p *Proposal) {
+	k := p.Keyed
+	switch {
+	case string(first.Keyed.Fingerprint) != string(k.Fingerprint):
+		w.Err = fmt.Errorf("%w: key %q", ErrIdempotencyConflict, k.Key)
+	case fw.Replay != nil:
+		w.Replay = fw.Replay
+	case fw.Err != nil:
+		w.Err = fmt.Errorf("%w: %w", ErrFirstRefused, fw.Err)
+	default:
+		id := fw.Entry.Idem
+		w.Replay = &store.IdemRecord{Key: k.Key, Fingerprint: id.Fingerprint, Status: id.Status, Body: id.Body,
+			Stamp: fw.Entry.LWW(), Expires: id.Expires}
+	}
+}
+
+func maxStamp(ts ...hlc.Timestamp) hlc.Timestamp {
+	var hi hlc.Timestamp
+	for _, t := range ts {
+		if hi.Less(t) {
+			hi = t
+		}
+	}
+	return hi
+}
+
+// applyCursor records a peer's acknowledgement. A cursor only moves
+// forward within a stream: an old leader's late acknowledgement cannot
+// take it back.
+func (m *Machine) applyCursor(b *store.Batch, peer string, c store.Cursor) error {
+	cur, ok, err := m.st.Cursor(peer)
+	if err != nil {
+		return err
+	}
+	if ok && cur.Stream == c.Stream && cur.Index >= c.Index {
+		return nil
+	}
+	return b.SetCursor(peer, c)
+}
+
+// applyTruncate drops the stream's outbound entries before first.
+func (m *Machine) applyTruncate(b *store.Batch, first uint64) (*Result, func(), error) {
+	if m.stream.IsZero() || first <= m.out.First() {
+		return &Result{}, nil, nil
+	}
+	first = min(first, m.last+1)
+	if err := b.CutOutbound(m.stream, first); err != nil {
+		return nil, nil, err
+	}
+	return &Result{}, func() { m.out.cut(first) }, nil
+}
+
+// applyMint starts a new stream. The entries of the one before stay where
+// they are (shipping a sealed stream's tail is the shippers' to finish).
+func (m *Machine) applyMint(b *store.Batch, stream wal.StreamID, epoch uint32) (*Result, func(), error) {
+	if stream == m.stream {
+		return &Result{}, nil, nil
+	}
+	err := errors.Join(
+		b.SetLocalApplied(store.AppliedIndex{Stream: stream}),
+		b.SetCounterEpoch(stream, epoch),
+	)
+	if err != nil {
+		return nil, nil, err
+	}
+	return &Result{}, func() {
+		m.stream, m.last, m.lastCommit, m.epoch = stream, 0, hlc.Timestamp{}, epoch
+		m.out.reset(stream, 0)
+	}, nil
+}

@@ -1,0 +1,554 @@
+package machine
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"path/filepath"
+	"reflect"
+	"testing"
+
+	"github.com/replicator/replicator/hlc"
+	"github.com/replicator/replicator/store"
+	"github.com/replicator/replicator/wal"
+)
+
+var testStream = wal.StreamID{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16}
+
+func openMachine(t *testing.T, dir string) (*Machine, *store.Store) {
+	t.Helper()
+	st, err := store.Open(dir, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := Open(st, Options{Cluster: "a"})
+	if err != nil {
+		st.Close()
+		t.Fatal(err)
+	}
+	return m, st
+}
+
+// stamper hands out growing commit stamps, as a leader's clock does.
+type stamper struct{ wall int64 }
+
+func (s *stamper) next() hlc.Timestamp {
+	s.wall += 1000
+	return hlc.Timestamp{Wall: s.wall}
+}
+
+func (s *stamper) put(key, val string) Proposal {
+	return Proposal{Entry: wal.Entry{Op: store.OpSet, Key: key, Value: []byte(val), Commit: s.next()}}
+}
+
+func (s *stamper) incr(key string, d int64) Proposal {
+	return Proposal{Entry: wal.Entry{Op: store.OpCounter, Key: key, Commit: s.next()}, Delta: d}
+}
+
+func keyed(p Proposal, key, fp string, kind AnswerKind) Proposal {
+	p.Keyed = &Keyed{Key: key, Fingerprint: []byte(fp), Answer: kind, Expires: p.Entry.Commit.Wall + 1e12}
+	return p
+}
+
+func encode(t testing.TB, c *Command) []byte {
+	t.Helper()
+	b, err := NewEncoder().Encode(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+func mustApply(t *testing.T, m *Machine, index uint64, c *Command) *Result {
+	t.Helper()
+	res, err := m.Apply(index, encode(t, c))
+	if err != nil {
+		t.Fatalf("apply %d: %v", index, err)
+	}
+	return res
+}
+
+// script is a log of commands exercising every decision: writes,
+// conditions, counters, kinds, keyed retries in and across groups,
+// conflicts, a stale stamp, truncation and cursors.
+func script(t testing.TB) [][]byte {
+	s := &stamper{wall: 1e15}
+	var cmds []*Command
+	local := func(ps ...Proposal) { cmds = append(cmds, &Command{Kind: KindLocal, Local: ps}) }
+	cmds = append(cmds, &Command{Kind: KindMint, Stream: testStream})
+	local(s.put("x", "1"), s.put("y", "1"), s.incr("hits", 5))
+	cas := s.put("x", "2")
+	cas.Cond = &Condition{IfNoneMatch: true} // refused: x holds a value
+	local(cas, s.incr("hits", -2), s.put("hits", "plain")) // the last refused: a counter key
+	k1 := keyed(s.incr("hits", 10), "k1", "fp1", AnswerCounter)
+	k1again := keyed(s.incr("hits", 10), "k1", "fp1", AnswerCounter)
+	k1other := keyed(s.incr("hits", 7), "k1", "fp-other", AnswerCounter)
+	local(k1, k1again, k1other)
+	local(keyed(s.incr("hits", 10), "k1", "fp1", AnswerCounter)) // a retry in a later group
+	stale := s.put("z", "stale")
+	stale.Entry.Commit = hlc.Timestamp{Wall: 1} // a deposed leader's stamp
+	local(stale, Proposal{Entry: wal.Entry{Op: store.OpDeleteRange, Key: "y", End: "yz", Commit: s.next()}})
+	batch := Proposal{Entry: wal.Entry{Op: store.OpMulti, Commit: s.next(),
+		Ops: []wal.Op{{Op: store.OpSet, Key: "b1", Value: []byte("v")}, {Op: store.OpDelete, Key: "x"}}}}
+	local(keyed(batch, "op:o1", "fpb", AnswerBatch))
+	cmds = append(cmds, &Command{Kind: KindCursor, Peer: "b", Cursor: store.Cursor{Stream: testStream, Index: 3}})
+	cmds = append(cmds, &Command{Kind: KindCursor, Peer: "b", Cursor: store.Cursor{Stream: testStream, Index: 2}})
+	cmds = append(cmds, &Command{Kind: KindTruncate, First: 3})
+	local(s.put("late", "1"))
+	out := make([][]byte, len(cmds))
+	enc := NewEncoder()
+	for i, c := range cmds {
+		b, err := enc.Encode(c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out[i] = b
+	}
+	return out
+}
+
+type outcome struct {
+	digest   store.Digest
+	hits     int64
+	cursor   store.Cursor
+	first    uint64
+	last     uint64
+	outbound [][]byte
+	results  []string
+}
+
+func observe(t *testing.T, m *Machine, st *store.Store, results []*Result) outcome {
+	t.Helper()
+	d, err := st.Digest()
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := st.Counter("hits")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cur, _, err := st.Cursor("b")
+	if err != nil {
+		t.Fatal(err)
+	}
+	o := outcome{digest: d, hits: c.Value(), cursor: cur, first: m.Outbound().First(), last: m.Outbound().Last()}
+	for i := o.first; i <= o.last; i++ {
+		raw, err := m.Outbound().ReadRaw(i)
+		if err != nil {
+			t.Fatalf("outbound %d: %v", i, err)
+		}
+		o.outbound = append(o.outbound, raw)
+	}
+	for _, r := range results {
+		for _, w := range r.Writes {
+			s := fmt.Sprintf("err=%v index=%d value=%d", w.Err, w.Entry.Index, w.CounterValue)
+			if w.Replay != nil {
+				s += " replay=" + string(w.Replay.Body)
+			}
+			o.results = append(o.results, s)
+		}
+	}
+	return o
+}
+
+func TestScriptDecisions(t *testing.T) {
+	m, st := openMachine(t, t.TempDir())
+	defer st.Close()
+	var results []*Result
+	for i, c := range script(t) {
+		res, err := m.Apply(uint64(i+1), c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		results = append(results, res)
+	}
+	w := func(cmd, p int) Write { return results[cmd].Writes[p] }
+	if e := w(1, 2).Entry; e.Index != 3 || e.Ctr == nil || *e.Ctr != (store.PN{P: 5}) || e.Stream != testStream || e.Origin != "a" {
+		t.Fatalf("first increment: %+v", e)
+	}
+	if err := w(2, 0).Err; !errors.Is(err, ErrPrecondition) {
+		t.Fatalf("If-None-Match on a live key: %v", err)
+	}
+	if err := w(2, 2).Err; !errors.Is(err, ErrKindConflict) {
+		t.Fatalf("a plain write on a counter: %v", err)
+	}
+	if got := w(2, 1).CounterValue; got != 3 {
+		t.Fatalf("counter after -2: %d", got)
+	}
+	first := w(3, 0)
+	if first.Err != nil || first.CounterValue != 13 || first.Entry.Idem == nil {
+		t.Fatalf("keyed increment: %+v", first)
+	}
+	if r := w(3, 1).Replay; r == nil || !bytes.Equal(r.Body, first.Entry.Idem.Body) {
+		t.Fatalf("retry in the same group: %+v", w(3, 1))
+	}
+	if err := w(3, 2).Err; !errors.Is(err, ErrIdempotencyConflict) {
+		t.Fatalf("another request under the key: %v", err)
+	}
+	if r := w(4, 0).Replay; r == nil || !bytes.Equal(r.Body, first.Entry.Idem.Body) {
+		t.Fatalf("retry in a later group: %+v", w(4, 0))
+	}
+	if err := w(5, 0).Err; !errors.Is(err, ErrStaleStamp) {
+		t.Fatalf("a stale stamp: %v", err)
+	}
+	if e := w(5, 1).Entry; e.Index != 6 {
+		t.Fatalf("indexes stay dense past a refused write: %d", e.Index)
+	}
+	if c, err := st.Counter("hits"); err != nil || c.Value() != 13 {
+		t.Fatalf("hits = %d (%v), want 13: 5 - 2 + 10 once", c.Value(), err)
+	}
+	if _, err := st.Get("z"); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("the stale write was stored: %v", err)
+	}
+	if cur, _, _ := st.Cursor("b"); cur.Index != 3 {
+		t.Fatalf("cursor went back to %d", cur.Index)
+	}
+	ob := m.Outbound()
+	if ob.First() != 3 || ob.Last() != 8 {
+		t.Fatalf("outbound [%d, %d], want [3, 8]", ob.First(), ob.Last())
+	}
+	if _, err := ob.ReadRaw(2); !errors.Is(err, wal.ErrNotFound) {
+		t.Fatalf("a truncated entry: %v", err)
+	}
+	codec := wal.NewCodec()
+	for i := ob.First(); i <= ob.Last(); i++ {
+		raw, err := ob.ReadRaw(i)
+		if err != nil {
+			t.Fatal(err)
+		}
+		e, err := codec.DecodeEntry(raw, wal.Defaults{Origin: "a", Stream: testStream})
+		if err != nil || e.Index != i {
+			t.Fatalf("outbound %d decodes to %d: %v", i, e.Index, err)
+		}
+	}
+	if got, want := ob.BytesAfter(ob.First()-1), int64(sizeOf(t, ob)); got != want {
+		t.Fatalf("bytes after first-1 = %d, entries hold %d", got, want)
+	}
+	a, err := st.LocalApplied()
+	if err != nil || a.Index != 8 || a.Stream != testStream {
+		t.Fatalf("local applied %+v %v", a, err)
+	}
+	hw, _ := st.HLCHighWater()
+	if hw != results[len(results)-1].Writes[0].Entry.Commit {
+		t.Fatalf("hlc high water %s, last commit %s", hw, results[len(results)-1].Writes[0].Entry.Commit)
+	}
+}
+
+func sizeOf(t *testing.T, ob *Outbound) int {
+	n := 0
+	for i := ob.First(); i <= ob.Last(); i++ {
+		raw, err := ob.ReadRaw(i)
+		if err != nil {
+			t.Fatal(err)
+		}
+		n += len(raw)
+	}
+	return n
+}
+
+// Every node applying the same log decides the same and holds the same
+// bytes, whatever it applied before a restart.
+func TestSameLogSameState(t *testing.T) {
+	cmds := script(t)
+	run := func(restartAt int) outcome {
+		dir := t.TempDir()
+		m, st := openMachine(t, dir)
+		var results []*Result
+		for i, c := range cmds {
+			if i == restartAt {
+				st.Close()
+				m, st = openMachine(t, dir)
+			}
+			res, err := m.Apply(uint64(i+1), c)
+			if err != nil {
+				t.Fatal(err)
+			}
+			results = append(results, res)
+		}
+		defer st.Close()
+		return observe(t, m, st, results)
+	}
+	want := run(-1)
+	for _, at := range []int{1, 3, 5, len(cmds) - 1} {
+		if got := run(at); !reflect.DeepEqual(got, want) {
+			t.Fatalf("restarted before command %d: %+v\nwant %+v", at+1, got, want)
+		}
+	}
+}
+
+// A replay of the log after a restart changes nothing: the commands at or
+// below the recorded index are skipped, the rest apply once.
+func TestReplayChangesNothing(t *testing.T) {
+	cmds := script(t)
+	dir := t.TempDir()
+	m, st := openMachine(t, dir)
+	var results []*Result
+	for i, c := range cmds[:6] {
+		res, err := m.Apply(uint64(i+1), c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		results = append(results, res)
+	}
+	st.Close()
+	m, st = openMachine(t, dir)
+	defer st.Close()
+	if m.Applied() != 6 {
+		t.Fatalf("applied %d after reopen, want 6", m.Applied())
+	}
+	for i, c := range cmds {
+		res, err := m.Apply(uint64(i+1), c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.Skipped != (i < 6) {
+			t.Fatalf("command %d skipped=%v", i+1, res.Skipped)
+		}
+		if i >= 6 {
+			results = append(results, res)
+		}
+	}
+	got := observe(t, m, st, results)
+
+	m2, st2 := openMachine(t, t.TempDir())
+	defer st2.Close()
+	var once []*Result
+	for i, c := range cmds {
+		once = append(once, mustApplyRaw(t, m2, uint64(i+1), c))
+	}
+	if want := observe(t, m2, st2, once); !reflect.DeepEqual(got, want) {
+		t.Fatalf("replayed:\n%+v\napplied once:\n%+v", got, want)
+	}
+	if got.hits != 13 {
+		t.Fatalf("hits %d", got.hits)
+	}
+}
+
+func mustApplyRaw(t *testing.T, m *Machine, index uint64, b []byte) *Result {
+	t.Helper()
+	res, err := m.Apply(index, b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return res
+}
+
+func TestLocalBeforeMintWritesNothing(t *testing.T) {
+	m, st := openMachine(t, t.TempDir())
+	defer st.Close()
+	s := &stamper{wall: 1e15}
+	res := mustApply(t, m, 1, &Command{Kind: KindLocal, Local: []Proposal{s.put("k", "v")}})
+	if !errors.Is(res.Writes[0].Err, ErrNoStream) {
+		t.Fatalf("%v", res.Writes[0].Err)
+	}
+	if _, err := st.Get("k"); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("written: %v", err)
+	}
+}
+
+// A new stream starts at index 1, and increments count under its own
+// component (fresh totals no max-merge of the old stream's can absorb).
+func TestMintStartsAStream(t *testing.T) {
+	dir := t.TempDir()
+	m, st := openMachine(t, dir)
+	s := &stamper{wall: 1e15}
+	mustApply(t, m, 1, &Command{Kind: KindMint, Stream: testStream})
+	mustApply(t, m, 2, &Command{Kind: KindLocal, Local: []Proposal{s.put("k", "v"), s.incr("c", 2)}})
+	next := wal.StreamID{9}
+	notify := m.Outbound().Notify()
+	mustApply(t, m, 3, &Command{Kind: KindMint, Stream: next, Epoch: 7})
+	select {
+	case <-notify:
+	default:
+		t.Fatal("a new stream did not wake the readers")
+	}
+	res := mustApply(t, m, 4, &Command{Kind: KindLocal, Local: []Proposal{s.incr("c", 3)}})
+	e := res.Writes[0].Entry
+	if e.Stream != next || e.Index != 1 || e.CtrComp != store.Component("a", next, 7) || *e.Ctr != (store.PN{P: 3}) {
+		t.Fatalf("first entry of the new stream: %+v", e)
+	}
+	if res.Writes[0].CounterValue != 5 {
+		t.Fatalf("counter %d, want 5", res.Writes[0].CounterValue)
+	}
+	st.Close()
+	m, st = openMachine(t, dir)
+	defer st.Close()
+	if m.Stream() != next || m.Outbound().Last() != 1 || m.Outbound().First() != 1 {
+		t.Fatalf("after reopen: stream %s [%d, %d]", m.Stream(), m.Outbound().First(), m.Outbound().Last())
+	}
+	if raw, err := st.Outbound(testStream, 2); err != nil || len(raw) == 0 {
+		t.Fatalf("the sealed stream's entries went: %v", err)
+	}
+}
+
+// A batch that does not commit leaves nothing: the applied index, the
+// stream's bounds and the tree stay as they were.
+func TestFailedApplyChangesNothing(t *testing.T) {
+	dir := t.TempDir()
+	m, st := openMachine(t, dir)
+	s := &stamper{wall: 1e15}
+	mustApply(t, m, 1, &Command{Kind: KindMint, Stream: testStream})
+	mustApply(t, m, 2, &Command{Kind: KindLocal, Local: []Proposal{s.put("k", "v")}})
+	st.Close() // every read and commit fails from here
+	func() {
+		defer func() { recover() }() // pebble may panic on a closed DB
+		if _, err := m.Apply(3, encode(t, &Command{Kind: KindLocal, Local: []Proposal{s.put("k2", "v")}})); err == nil {
+			t.Error("an apply on a closed store succeeded")
+		}
+	}()
+	if m.Applied() != 2 || m.Outbound().Last() != 1 {
+		t.Fatalf("after a failed apply: applied %d, last %d", m.Applied(), m.Outbound().Last())
+	}
+}
+
+func TestEncodeDecodeRoundTrip(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	for i := 0; i < 200; i++ {
+		c := randomCommand(rng)
+		b := encode(t, &c)
+		got, err := Decode(b)
+		if err != nil {
+			t.Fatalf("%+v: %v", c, err)
+		}
+		if !reflect.DeepEqual(normalize(got), normalize(c)) {
+			t.Fatalf("round trip:\n%+v\n%+v", got, c)
+		}
+	}
+}
+
+// normalize fills what decoding fills (an unpinned stamp is the commit).
+func normalize(c Command) Command {
+	for i := range c.Local {
+		e := &c.Local[i].Entry
+		if e.Stamp.IsZero() {
+			e.Stamp = e.Commit
+		}
+	}
+	return c
+}
+
+func randomCommand(rng *rand.Rand) Command {
+	stamp := func() hlc.Timestamp {
+		return hlc.Timestamp{Wall: rng.Int64N(1 << 62), Logical: rng.Uint32N(3)}
+	}
+	switch Kind(rng.IntN(int(kinds)-1) + 1) {
+	case KindCursor:
+		return Command{Kind: KindCursor, Peer: "b", Cursor: store.Cursor{Stream: testStream, Index: rng.Uint64()}}
+	case KindTruncate:
+		return Command{Kind: KindTruncate, First: rng.Uint64()}
+	case KindMint:
+		return Command{Kind: KindMint, Stream: wal.StreamID{byte(rng.IntN(255) + 1)}, Epoch: rng.Uint32()}
+	}
+	var ps []Proposal
+	for j := rng.IntN(4); j >= 0; j-- {
+		e := wal.Entry{Commit: stamp(), Key: fmt.Sprintf("k%d", rng.IntN(9))}
+		p := Proposal{}
+		switch rng.IntN(5) {
+		case 0:
+			e.Op, e.Value = store.OpSet, []byte("v")
+		case 1:
+			e.Op = store.OpDelete
+		case 2:
+			e.Op, e.End = store.OpDeleteRange, e.Key+"z"
+		case 3:
+			e.Op, p.Delta = store.OpCounter, rng.Int64N(100)-50
+		case 4:
+			e.Op, e.Key, e.Ops = store.OpMulti, "", []wal.Op{{Op: store.OpSet, Key: "m", Value: []byte("1")}}
+		}
+		if rng.IntN(3) == 0 {
+			e.Stamp = stamp()
+		}
+		p.Entry = e
+		if rng.IntN(3) == 0 {
+			p.Cond = &Condition{IfMatch: "1.0.a", IfNoneMatch: rng.IntN(2) == 0}
+		}
+		if rng.IntN(3) == 0 {
+			p.Keyed = &Keyed{Key: "key", Fingerprint: []byte{1, 2}, Answer: AnswerWrite, OpID: "o", Expires: rng.Int64()}
+		}
+		ps = append(ps, p)
+	}
+	return Command{Kind: KindLocal, Local: ps}
+}
+
+func TestDecodeRefuses(t *testing.T) {
+	good := encode(t, &Command{Kind: KindTruncate, First: 5})
+	cases := map[string][]byte{
+		"empty":          nil,
+		"newer version":  append([]byte{9}, good[1:]...),
+		"trailing bytes": append(append([]byte{}, good...), 0),
+		"unknown kind":   {1, 0x92, 0x63, 0x01},
+		"short":          good[:len(good)-1],
+	}
+	for name, b := range cases {
+		if _, err := Decode(b); !errors.Is(err, ErrMalformed) {
+			t.Errorf("%s: %v", name, err)
+		}
+	}
+	// a proposal carrying what the machine assigns
+	s := &stamper{wall: 1}
+	p := s.put("k", "v")
+	p.Entry.Idem = &wal.Idem{Key: "x"}
+	b, err := NewEncoder().Encode(&Command{Kind: KindLocal, Local: []Proposal{p}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Decode(b); err != nil {
+		t.Fatalf("the encoder must drop an entry's idempotency record: %v", err)
+	}
+}
+
+func FuzzDecode(f *testing.F) {
+	for _, b := range script(f) {
+		f.Add(b)
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		c, err := Decode(b)
+		if err != nil {
+			return
+		}
+		again, err := NewEncoder().Encode(&c)
+		if err != nil {
+			t.Fatalf("a decoded command does not encode: %v", err)
+		}
+		c2, err := Decode(again)
+		if err != nil {
+			t.Fatalf("a re-encoded command does not decode: %v", err)
+		}
+		if !reflect.DeepEqual(c, c2) {
+			t.Fatalf("decode(encode(c)) != c:\n%+v\n%+v", c, c2)
+		}
+	})
+}
+
+func TestOutboundReopenKeepsBounds(t *testing.T) {
+	dir := t.TempDir()
+	m, st := openMachine(t, dir)
+	s := &stamper{wall: 1e15}
+	mustApply(t, m, 1, &Command{Kind: KindMint, Stream: testStream})
+	for i := 0; i < 5; i++ {
+		mustApply(t, m, uint64(i+2), &Command{Kind: KindLocal, Local: []Proposal{s.put(fmt.Sprint(i), "v"), s.put("x", "y")}})
+	}
+	mustApply(t, m, 7, &Command{Kind: KindTruncate, First: 4})
+	before := []int64{m.Outbound().BytesAfter(3), m.Outbound().BytesAfter(7), m.Outbound().BytesAfter(10)}
+	st.Close()
+	m, st = openMachine(t, dir)
+	ob := m.Outbound()
+	if ob.First() != 4 || ob.Last() != 10 {
+		t.Fatalf("[%d, %d] after reopen, want [4, 10]", ob.First(), ob.Last())
+	}
+	after := []int64{ob.BytesAfter(3), ob.BytesAfter(7), ob.BytesAfter(10)}
+	if !reflect.DeepEqual(before, after) || after[0] == 0 || after[2] != 0 {
+		t.Fatalf("bytes after 3, 7, 10: %v before, %v after", before, after)
+	}
+	mustApply(t, m, 8, &Command{Kind: KindTruncate, First: 100})
+	if ob.First() != 11 || ob.Last() != 10 || ob.BytesAfter(3) != 0 {
+		t.Fatalf("emptied: [%d, %d], %d bytes", ob.First(), ob.Last(), ob.BytesAfter(3))
+	}
+	st.Close()
+	m, st = openMachine(t, filepath.Clean(dir))
+	if m.Outbound().First() != 11 || m.Outbound().Last() != 10 {
+		t.Fatalf("emptied, reopened: [%d, %d]", m.Outbound().First(), m.Outbound().Last())
+	}
+	st.Close()
+}

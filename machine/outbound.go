@@ -1,0 +1,143 @@
+package machine
+
+import (
+	"errors"
+	"fmt"
+	"sync"
+
+	"github.com/replicator/replicator/internal/byteindex"
+	"github.com/replicator/replicator/store"
+	"github.com/replicator/replicator/wal"
+)
+
+// Outbound is the cluster's stream as the machine wrote it into the tree,
+// read by shippers (it is what transport.Log asks for). Its bounds change
+// only when a batch that moves them has committed, so a reader never sees
+// an index whose entry is not readable yet.
+type Outbound struct {
+	st    *store.Store
+	bytes byteindex.Index
+	mu    struct {
+		sync.Mutex
+		stream      wal.StreamID
+		first, last uint64
+		notify      chan struct{}
+	}
+}
+
+// openOutbound loads the bounds and sizes of stream's entries; last is the
+// stream's last index as the machine recorded it.
+func openOutbound(st *store.Store, stream wal.StreamID, last uint64) (*Outbound, error) {
+	o := &Outbound{st: st}
+	o.mu.notify = make(chan struct{})
+	o.reset(stream, last)
+	if stream.IsZero() {
+		return o, nil
+	}
+	first, prev := uint64(0), uint64(0)
+	err := st.EachOutbound(stream, func(i uint64, size int) error {
+		if first == 0 {
+			first = i
+			o.bytes.Reset(i - 1)
+		}
+		prev = i
+		o.bytes.Add(size)
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("machine: open outbound: %w", err)
+	}
+	switch {
+	case first == 0:
+		// every entry truncated: the next one is last+1
+	case prev != last:
+		return nil, fmt.Errorf("machine: open outbound: %w: entries %d-%d, the stream's last is %d",
+			store.ErrCorrupt, first, prev, last)
+	default:
+		o.mu.first = first
+	}
+	return o, nil
+}
+
+// reset starts the view at stream, empty after last.
+func (o *Outbound) reset(stream wal.StreamID, last uint64) {
+	o.mu.Lock()
+	o.mu.stream, o.mu.first, o.mu.last = stream, last+1, last
+	o.mu.Unlock()
+	o.bytes.Reset(last)
+	o.wake()
+}
+
+// appended publishes entries last+1.. of the given encoded sizes.
+func (o *Outbound) appended(sizes []int) {
+	for _, s := range sizes {
+		o.bytes.Add(s)
+	}
+	o.mu.Lock()
+	o.mu.last += uint64(len(sizes))
+	o.mu.Unlock()
+	o.wake()
+}
+
+// cut forgets the entries before first.
+func (o *Outbound) cut(first uint64) {
+	o.mu.Lock()
+	o.mu.first = max(o.mu.first, first)
+	o.mu.Unlock()
+	o.bytes.CutBefore(first)
+}
+
+func (o *Outbound) wake() {
+	o.mu.Lock()
+	close(o.mu.notify)
+	o.mu.notify = make(chan struct{})
+	o.mu.Unlock()
+}
+
+// Stream is the cluster's current stream.
+func (o *Outbound) Stream() wal.StreamID {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.mu.stream
+}
+
+// First is the first index kept (Last()+1 when none is).
+func (o *Outbound) First() uint64 {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.mu.first
+}
+
+// Last is the stream's last index, 0 before its first write.
+func (o *Outbound) Last() uint64 {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.mu.last
+}
+
+// Notify returns a channel closed at the next append (or a new stream).
+func (o *Outbound) Notify() <-chan struct{} {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.mu.notify
+}
+
+// BytesAfter is the encoded size of the entries after index i.
+func (o *Outbound) BytesAfter(i uint64) int64 { return o.bytes.After(i) }
+
+// ReadRaw returns entry index as the entry codec encodes it, origin and
+// stream left out; wal.ErrNotFound when it is not kept.
+func (o *Outbound) ReadRaw(index uint64) ([]byte, error) {
+	o.mu.Lock()
+	stream, first, last := o.mu.stream, o.mu.first, o.mu.last
+	o.mu.Unlock()
+	if index < first || index > last {
+		return nil, fmt.Errorf("%w: %d (first %d, last %d)", wal.ErrNotFound, index, first, last)
+	}
+	raw, err := o.st.Outbound(stream, index)
+	if errors.Is(err, store.ErrNotFound) {
+		// truncated between the bounds check and the read
+		return nil, fmt.Errorf("%w: %d: %w", wal.ErrNotFound, index, err)
+	}
+	return raw, err
+}
