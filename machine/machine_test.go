@@ -79,7 +79,7 @@ func script(t testing.TB) [][]byte {
 	cmds = append(cmds, &Command{Kind: KindMint, Stream: testStream})
 	local(s.put("x", "1"), s.put("y", "1"), s.incr("hits", 5))
 	cas := s.put("x", "2")
-	cas.Cond = &Condition{IfNoneMatch: true} // refused: x holds a value
+	cas.Cond = &Condition{IfNoneMatch: true}               // refused: x holds a value
 	local(cas, s.incr("hits", -2), s.put("hits", "plain")) // the last refused: a counter key
 	k1 := keyed(s.incr("hits", 10), "k1", "fp1", AnswerCounter)
 	k1again := keyed(s.incr("hits", 10), "k1", "fp1", AnswerCounter)
