@@ -61,6 +61,9 @@ type Options struct {
 	NoSync bool
 	// Logger receives repairs (default slog.Default()).
 	Logger *slog.Logger
+	// BeforeWrite, when set, runs before each append and fails it with its
+	// error (tests: a disk that fills).
+	BeforeWrite func() error
 }
 
 // EnsureDefaults fills zero fields.
@@ -91,6 +94,7 @@ type Store struct {
 	mu struct {
 		sync.Mutex
 		tw     *twal.Log
+		broken error  // set when a failed append could not be cut back
 		base   uint64 // raft index = base + tidwall index
 		first  uint64 // raft indexes held, 0 when empty
 		last   uint64
@@ -280,6 +284,14 @@ func (s *Store) StoreLogs(logs []*raft.Log) error {
 	if s.mu.tw == nil {
 		return errClosed
 	}
+	if s.mu.broken != nil {
+		return s.mu.broken
+	}
+	if s.opts.BeforeWrite != nil {
+		if err := s.opts.BeforeWrite(); err != nil {
+			return fmt.Errorf("raftlog: append: %w", err)
+		}
+	}
 	for i, l := range logs[1:] {
 		if l.Index != logs[i].Index+1 {
 			return fmt.Errorf("raftlog: entries %d and %d are not contiguous", logs[i].Index, l.Index)
@@ -313,7 +325,7 @@ func (s *Store) StoreLogs(logs []*raft.Log) error {
 		b.Write(l.Index-s.mu.base, s.mu.buf[offs[i]:offs[i+1]])
 	}
 	if err := s.mu.tw.WriteBatch(&b); err != nil {
-		return fmt.Errorf("raftlog: append %d-%d: %w", next, logs[len(logs)-1].Index, err)
+		return s.recoverWriteLocked(fmt.Errorf("raftlog: append %d-%d: %w", next, logs[len(logs)-1].Index, err))
 	}
 	if s.mu.last == 0 {
 		s.mu.first = next
@@ -360,6 +372,55 @@ func (s *Store) DeleteRange(min, max uint64) error {
 func (s *Store) IsMonotonic() bool { return true }
 
 var errClosed = errors.New("raftlog: closed")
+
+// ErrBroken is returned by every append after one that failed and could not
+// be cut back: what the file holds is unknown until a restart repairs it.
+var ErrBroken = errors.New("raftlog: broken after an unrecoverable i/o error; restart the node")
+
+// recoverWriteLocked puts the log back to what it held before a failed
+// append: tidwall has taken the failed entries into its in-memory segment, so
+// only a reopen from disk gets it back in step, and entries the write did
+// get to disk are cut (raft was told the append failed, and will write
+// those indexes again). If the file cannot be closed (its fsync failed too)
+// or reopened, the log turns broken.
+//
+// REQUIRES: s.mu held.
+func (s *Store) recoverWriteLocked(cause error) error {
+	first, last, base := s.mu.first, s.mu.last, s.mu.base
+	closeErr := s.mu.tw.Close()
+	s.mu.tw = nil
+	if closeErr != nil && !errors.Is(closeErr, twal.ErrClosed) {
+		s.mu.broken = fmt.Errorf("%w: %v, then sync on close failed (%v)", ErrBroken, cause, closeErr)
+		return s.mu.broken
+	}
+	if err := s.openLocked(base); err != nil {
+		s.mu.broken = fmt.Errorf("%w: %v, then reopen failed (%v)", ErrBroken, cause, err)
+		return s.mu.broken
+	}
+	if s.mu.last > last {
+		var err error
+		if last == 0 {
+			err = s.resetLocked(base)
+		} else {
+			err = s.mu.tw.TruncateBack(last - base)
+		}
+		if err != nil {
+			s.mu.broken = fmt.Errorf("%w: %v, then cutting back failed (%v)", ErrBroken, cause, err)
+			return s.mu.broken
+		}
+		s.mu.last = last
+		if last == 0 {
+			s.mu.first = 0
+		}
+	}
+	if s.mu.first != first || s.mu.last != last {
+		s.mu.broken = fmt.Errorf("%w: %v, and the log holds [%d, %d] after repair, want [%d, %d]",
+			ErrBroken, cause, s.mu.first, s.mu.last, first, last)
+		return s.mu.broken
+	}
+	s.opts.Logger.Warn("raftlog: append failed; log cut back to the last entry", "last", last, "err", cause)
+	return cause
+}
 
 // Close closes the log.
 func (s *Store) Close() error {

@@ -11,6 +11,7 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/raft"
+	twal "github.com/tidwall/wal"
 
 	"github.com/replicator/replicator/internal/raftfsm"
 )
@@ -306,5 +307,75 @@ func TestRaftRestart(t *testing.T) {
 	}
 	if t2, _ := s.GetUint64([]byte("CurrentTerm")); t2 < term || t2 == 0 {
 		t.Fatalf("term went from %d to %d", term, t2)
+	}
+}
+
+// A refused append (a full disk) leaves the log as it was, and raft can
+// write the same indexes once the disk has room.
+func TestFailedAppendLeavesNothing(t *testing.T) {
+	full := errors.New("no space left on device")
+	var failing bool
+	dir := t.TempDir()
+	s, err := Open(dir, &Options{SegmentSize: 4096, BeforeWrite: func() error {
+		if failing {
+			return full
+		}
+		return nil
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	store(t, s, 1, 5)
+	failing = true
+	if err := s.StoreLogs([]*raft.Log{entry(6)}); !errors.Is(err, full) {
+		t.Fatalf("append on a full disk: %v", err)
+	}
+	holds(t, s, 1, 5)
+	failing = false
+	store(t, s, 6, 9)
+	holds(t, s, 1, 9)
+}
+
+// An append whose write reached the file but reported failure (an fsync
+// that failed) is cut back: the log holds what it held before, on disk too,
+// and the indexes can be written again.
+func TestFailedWriteCutBack(t *testing.T) {
+	for _, before := range []uint64{0, 5} {
+		t.Run(fmt.Sprint(before), func(t *testing.T) {
+			dir := t.TempDir()
+			s := open(t, dir)
+			if before > 0 {
+				store(t, s, 1, before)
+			}
+			// The failed write: entries reach tidwall, the caller sees an error.
+			s.mu.Lock()
+			var b twal.Batch
+			for i := before + 1; i <= before+3; i++ {
+				buf, err := encode(nil, entry(i))
+				if err != nil {
+					t.Fatal(err)
+				}
+				b.Write(i-s.mu.base, buf)
+			}
+			if err := s.mu.tw.WriteBatch(&b); err != nil {
+				t.Fatal(err)
+			}
+			cause := errors.New("fsync: input/output error")
+			err := s.recoverWriteLocked(cause)
+			s.mu.Unlock()
+			if !errors.Is(err, cause) || errors.Is(err, ErrBroken) {
+				t.Fatalf("recover: %v", err)
+			}
+			if before == 0 {
+				holds(t, s, 0, 0)
+			} else {
+				holds(t, s, 1, before)
+			}
+			store(t, s, before+1, before+4)
+			holds(t, s, 1, before+4)
+			s.Close()
+			holds(t, open(t, dir), 1, before+4)
+		})
 	}
 }
