@@ -12,6 +12,7 @@ package cluster
 import (
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"os"
@@ -73,6 +74,12 @@ type Options struct {
 	Cluster, Node string
 	// Dir holds the raft log, stable state and snapshots.
 	Dir string
+	// Solo: the group is this node alone (a cluster of one node, as every
+	// cluster was before issue 15). It needs no raft port (raft talks to
+	// itself in memory) and bootstraps itself at its first start whatever
+	// it holds: that is how a single node's data directory becomes a group
+	// of one. Listen, Members and BootstrapExpect are not used.
+	Solo bool
 	// Listen is the raft port; Advertise the address the others dial
 	// (default: the bound address).
 	Listen, Advertise string
@@ -92,9 +99,12 @@ type Options struct {
 	// Reconcile is how often bootstrap and membership are checked
 	// (default 250ms).
 	Reconcile time.Duration
-	// Timing of raft (defaults: hashicorp/raft's, tuned for LAN).
+	// Timing of raft (defaults: hashicorp/raft's, tuned for LAN; a solo
+	// group's are 20ms, the time it waits before electing itself).
 	HeartbeatTimeout, ElectionTimeout, LeaderLeaseTimeout time.Duration
-	Logger                                                *slog.Logger
+	// Log configures the raft log (Logger is filled from below).
+	Log    raftlog.Options
+	Logger *slog.Logger
 }
 
 // EnsureDefaults fills zero fields.
@@ -103,6 +113,15 @@ func (o *Options) EnsureDefaults() {
 		o.Reconcile = 250 * time.Millisecond
 	}
 	d := raft.DefaultConfig()
+	if o.Solo {
+		// Nobody to hear from: the timeouts are only how long a node
+		// alone waits before it elects itself, at start and after a
+		// failed append made it step down.
+		d.HeartbeatTimeout, d.ElectionTimeout, d.LeaderLeaseTimeout = 20*time.Millisecond, 20*time.Millisecond, 20*time.Millisecond
+		if o.Members == nil {
+			o.Members = soloMembers{}
+		}
+	}
 	if o.HeartbeatTimeout == 0 {
 		o.HeartbeatTimeout = d.HeartbeatTimeout
 	}
@@ -133,7 +152,7 @@ func (o *Options) Validate() error {
 	if o.Dir == "" {
 		add("Dir is required")
 	}
-	if o.Listen == "" {
+	if o.Listen == "" && !o.Solo {
 		add("Listen is required (--raft-listen)")
 	}
 	if o.FSM == nil {
@@ -148,14 +167,21 @@ func (o *Options) Validate() error {
 	return errors.Join(errs...)
 }
 
+// soloMembers is a solo group's membership: nobody gossips.
+type soloMembers struct{}
+
+func (soloMembers) Members() []Member { return nil }
+
 // Group is this node's part of its cluster's raft group.
 type Group struct {
 	opts  Options
 	raft  *raft.Raft
 	log   *raftlog.Store
-	trans *raft.NetworkTransport
-	stop  chan struct{}
-	done  chan struct{}
+	trans raft.Transport
+	// closeTrans closes the transport (the network one has a port).
+	closeTrans func()
+	stop       chan struct{}
+	done       chan struct{}
 
 	mu struct {
 		sync.Mutex
@@ -178,7 +204,9 @@ func Open(opts *Options) (*Group, error) {
 	if err := os.MkdirAll(o.Dir, 0o755); err != nil {
 		return nil, fmt.Errorf("cluster: %w", err)
 	}
-	store, err := raftlog.Open(filepath.Join(o.Dir, "raft"), &raftlog.Options{Logger: o.Logger})
+	lo := o.Log
+	lo.Logger = o.Logger
+	store, err := raftlog.Open(filepath.Join(o.Dir, "raft"), &lo)
 	if err != nil {
 		return nil, err
 	}
@@ -187,39 +215,107 @@ func Open(opts *Options) (*Group, error) {
 		store.Close()
 		return nil, fmt.Errorf("cluster: snapshots: %w", err)
 	}
-	co := o.Conn
-	co.Cluster, co.Node = o.Cluster, o.Node
-	var adv net.Addr
-	if o.Advertise != "" {
-		adv = advertised(o.Advertise)
+	var trans raft.Transport
+	if o.Solo {
+		_, trans = raft.NewInmemTransport(raft.ServerAddress(o.Node))
+	} else {
+		co := o.Conn
+		co.Cluster, co.Node = o.Cluster, o.Node
+		var adv net.Addr
+		if o.Advertise != "" {
+			adv = advertised(o.Advertise)
+		}
+		layer, err := raftconn.Listen(o.Listen, adv, co)
+		if err != nil {
+			store.Close()
+			return nil, err
+		}
+		trans = raft.NewNetworkTransportWithConfig(&raft.NetworkTransportConfig{Stream: layer, MaxPool: 4,
+			Timeout: 5 * time.Second, Logger: hclog.NewNullLogger()})
 	}
-	layer, err := raftconn.Listen(o.Listen, adv, co)
-	if err != nil {
-		store.Close()
-		return nil, err
-	}
-	trans := raft.NewNetworkTransportWithConfig(&raft.NetworkTransportConfig{Stream: layer, MaxPool: 4,
-		Timeout: 5 * time.Second, Logger: hclog.NewNullLogger()})
 	cfg := raft.DefaultConfig()
 	cfg.LocalID = raft.ServerID(o.Node)
 	cfg.HeartbeatTimeout, cfg.ElectionTimeout, cfg.LeaderLeaseTimeout = o.HeartbeatTimeout, o.ElectionTimeout, o.LeaderLeaseTimeout
 	cfg.Logger = hclog.NewNullLogger()
+	// The state machine keeps its state in Pebble and skips what it has
+	// applied: a snapshot is never restored at start (the node checks that
+	// the tree is at least as new as the newest snapshot before it opens
+	// the group: Inspect).
+	cfg.NoSnapshotRestoreOnStart = true
+	closeTrans := func() {
+		if c, ok := trans.(io.Closer); ok {
+			c.Close()
+		}
+	}
 	existing, err := raft.HasExistingState(store, store, snaps)
 	if err != nil {
-		trans.Close()
+		closeTrans()
 		store.Close()
 		return nil, fmt.Errorf("cluster: %w", err)
 	}
 	r, err := raft.NewRaft(cfg, o.FSM, store, store, snaps, trans)
 	if err != nil {
-		trans.Close()
+		closeTrans()
 		store.Close()
 		return nil, fmt.Errorf("cluster: start raft: %w", err)
 	}
-	g := &Group{opts: o, raft: r, log: store, trans: trans, stop: make(chan struct{}), done: make(chan struct{})}
+	g := &Group{opts: o, raft: r, log: store, trans: trans, closeTrans: closeTrans, stop: make(chan struct{}), done: make(chan struct{})}
 	g.mu.bootstrapped = existing
+	if o.Solo && !existing {
+		self := raft.Server{ID: cfg.LocalID, Address: trans.LocalAddr()}
+		if err := r.BootstrapCluster(raft.Configuration{Servers: []raft.Server{self}}).Error(); err != nil {
+			r.Shutdown().Error()
+			closeTrans()
+			store.Close()
+			return nil, fmt.Errorf("cluster: bootstrap a group of one: %w", err)
+		}
+		g.mu.bootstrapped = true
+	}
 	go g.run()
 	return g, nil
+}
+
+// LogState is what a node's raft directory holds.
+type LogState struct {
+	// Existing: the directory holds raft state (a log, a term or a
+	// snapshot).
+	Existing bool
+	// First and Last are the log's bounds (0 when empty).
+	First, Last uint64
+	// Snapshot is the newest snapshot's index (0: none).
+	Snapshot uint64
+}
+
+// Inspect reads the state of the raft directory under dir without starting
+// raft: a node compares it with what its state machine applied before it
+// opens the group.
+func Inspect(dir string, logger *slog.Logger) (LogState, error) {
+	var st LogState
+	if _, err := os.Stat(filepath.Join(dir, "raft")); errors.Is(err, os.ErrNotExist) {
+		return st, nil
+	}
+	store, err := raftlog.Open(filepath.Join(dir, "raft"), &raftlog.Options{Logger: logger})
+	if err != nil {
+		return st, err
+	}
+	defer store.Close()
+	snaps, err := raft.NewFileSnapshotStoreWithLogger(filepath.Join(dir, "snapshots"), 2, hclog.NewNullLogger())
+	if err != nil {
+		return st, fmt.Errorf("cluster: snapshots: %w", err)
+	}
+	if st.Existing, err = raft.HasExistingState(store, store, snaps); err != nil {
+		return st, fmt.Errorf("cluster: %w", err)
+	}
+	st.First, _ = store.FirstIndex()
+	st.Last, _ = store.LastIndex()
+	metas, err := snaps.List()
+	if err != nil {
+		return st, fmt.Errorf("cluster: snapshots: %w", err)
+	}
+	if len(metas) > 0 {
+		st.Snapshot = metas[0].Index
+	}
+	return st, nil
 }
 
 // advertised is the raft address the others dial, when it is not the
@@ -338,11 +434,14 @@ func (g *Group) addMembers(members []Member) {
 }
 
 // Apply commits cmd on a quorum and applies it on this node (the leader),
-// returning what the state machine returned.
+// returning what the state machine returned. A NotLeaderError means the
+// command never entered the log; any other error leaves its fate unknown
+// (raft.ErrLeadershipLost: it was in flight when this node stopped leading,
+// and a new leader may yet commit it).
 func (g *Group) Apply(cmd []byte, timeout time.Duration) (any, error) {
 	f := g.raft.Apply(cmd, timeout)
 	if err := f.Error(); err != nil {
-		if errors.Is(err, raft.ErrNotLeader) || errors.Is(err, raft.ErrLeadershipLost) || errors.Is(err, raft.ErrLeadershipTransferInProgress) {
+		if errors.Is(err, raft.ErrNotLeader) || errors.Is(err, raft.ErrLeadershipTransferInProgress) {
 			addr, id := g.raft.LeaderWithID()
 			return nil, &NotLeaderError{LeaderID: string(id), LeaderAddr: string(addr)}
 		}
@@ -350,6 +449,9 @@ func (g *Group) Apply(cmd []byte, timeout time.Duration) (any, error) {
 	}
 	return f.Response(), nil
 }
+
+// LogStats describe the raft log's files.
+func (g *Group) LogStats() raftlog.Stats { return g.log.Stats() }
 
 // Barrier returns once every command committed before it is applied here:
 // a new leader calls it before it stamps anything.
@@ -456,5 +558,6 @@ func (g *Group) Close() error {
 	close(g.stop)
 	<-g.done
 	err := g.raft.Shutdown().Error()
-	return errors.Join(err, g.trans.Close(), g.log.Close())
+	g.closeTrans()
+	return errors.Join(err, g.log.Close())
 }

@@ -64,9 +64,11 @@ type Command struct {
 	// Cursor.Index.
 	Peer   string
 	Cursor store.Cursor
-	// Truncate: the outbound entries of the current stream before First go.
+	// Truncate: the outbound entries of Stream before First go (nothing,
+	// when Stream is no longer the current stream).
 	First uint64
 	// Mint: the new stream, and the counter epoch it counts under.
+	// Truncate: the stream it cuts.
 	Stream wal.StreamID
 	Epoch  uint32
 }
@@ -135,7 +137,7 @@ func (e *Encoder) Encode(c *Command) ([]byte, error) {
 		err = errors.Join(enc.EncodeArrayLen(4), enc.EncodeUint(uint64(c.Kind)), enc.EncodeString(c.Peer),
 			enc.EncodeBytes(c.Cursor.Stream[:]), enc.EncodeUint(c.Cursor.Index))
 	case KindTruncate:
-		err = errors.Join(enc.EncodeArrayLen(2), enc.EncodeUint(uint64(c.Kind)), enc.EncodeUint(c.First))
+		err = errors.Join(enc.EncodeArrayLen(3), enc.EncodeUint(uint64(c.Kind)), enc.EncodeUint(c.First), enc.EncodeBytes(c.Stream[:]))
 	case KindMint:
 		err = errors.Join(enc.EncodeArrayLen(3), enc.EncodeUint(uint64(c.Kind)), enc.EncodeBytes(c.Stream[:]),
 			enc.EncodeUint(uint64(c.Epoch)))
@@ -207,7 +209,7 @@ func decodeInto(dec *msgpack.Decoder, c *Command) error {
 		return fmt.Errorf("kind: %v", err)
 	}
 	c.Kind = Kind(k)
-	want := map[Kind]int{KindLocal: 2, KindCursor: 4, KindTruncate: 2, KindMint: 3}[c.Kind]
+	want := map[Kind]int{KindLocal: 2, KindCursor: 4, KindTruncate: 3, KindMint: 3}[c.Kind]
 	if want == 0 {
 		return fmt.Errorf("unknown kind %d", k)
 	}
@@ -247,6 +249,9 @@ func decodeInto(dec *msgpack.Decoder, c *Command) error {
 		}
 	case KindTruncate:
 		if c.First, err = dec.DecodeUint64(); err != nil {
+			return err
+		}
+		if err := decodeStream(dec, &c.Stream); err != nil {
 			return err
 		}
 	case KindMint:

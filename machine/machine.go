@@ -18,6 +18,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync/atomic"
 
 	"github.com/cockroachdb/pebble/v2"
 
@@ -67,7 +68,8 @@ type Machine struct {
 	stream     wal.StreamID
 	last       uint64        // the last index of the stream
 	lastCommit hlc.Timestamp // its commit HLC
-	epoch      uint32
+	// epoch is the stream's counter epoch (read by the node too).
+	epoch atomic.Uint32
 }
 
 // Open reads the machine's state from st. st must stay open while the
@@ -99,9 +101,11 @@ func Open(st *store.Store, opts Options) (*Machine, error) {
 	}
 	m.stream, m.last, m.lastCommit = a.Stream, a.Index, a.Commit
 	if !m.stream.IsZero() {
-		if m.epoch, err = st.CounterEpoch(m.stream); err != nil {
+		epoch, err := st.CounterEpoch(m.stream)
+		if err != nil {
 			return nil, fmt.Errorf("machine: open: %w", err)
 		}
+		m.epoch.Store(epoch)
 	}
 	if m.out, err = openOutbound(st, m.stream, m.last); err != nil {
 		return nil, err
@@ -114,6 +118,21 @@ func (m *Machine) Applied() uint64 { return m.applied }
 
 // Stream is the cluster's stream (zero before one is minted).
 func (m *Machine) Stream() wal.StreamID { return m.out.Stream() }
+
+// Epoch is the stream's counter epoch (store.Component).
+func (m *Machine) Epoch() uint32 { return m.epoch.Load() }
+
+// ForgetLog records that the log the applied index counted in is gone (a
+// raft directory lost or set aside): the next log starts again from index
+// 1, and its commands must apply. The tree, the stream and its entries stay.
+// Not for use while commands are being applied.
+func (m *Machine) ForgetLog() error {
+	if err := m.st.DB().Set(keyApplied, binary.BigEndian.AppendUint64(nil, 0), pebble.Sync); err != nil {
+		return fmt.Errorf("machine: forget the log: %w", err)
+	}
+	m.applied = 0
+	return nil
+}
 
 // Outbound is the cluster's outbound log, for shippers.
 func (m *Machine) Outbound() *Outbound { return m.out }
@@ -171,16 +190,24 @@ func (m *Machine) ApplyCommand(index uint64, c *Command) (*Result, error) {
 		res  *Result
 		next func()
 		err  error
+		dec  *decided
 	)
+	if c.Kind == KindLocal {
+		// Decisions read the tree before the batch takes the store's apply
+		// lock (reads of range tombstones take it too).
+		if dec, err = m.decideLocal(c.Local); err != nil {
+			return nil, fmt.Errorf("machine: apply %d (%s): %w", index, c.Kind, err)
+		}
+	}
 	b := m.st.NewBatch()
 	defer b.Close()
 	switch c.Kind {
 	case KindLocal:
-		res, next, err = m.applyLocal(b, c.Local)
+		res, next, err = m.writeLocal(b, dec)
 	case KindCursor:
 		res, err = &Result{}, m.applyCursor(b, c.Peer, c.Cursor)
 	case KindTruncate:
-		res, next, err = m.applyTruncate(b, c.First)
+		res, next, err = m.applyTruncate(b, c.Stream, c.First)
 	case KindMint:
 		res, next, err = m.applyMint(b, c.Stream, c.Epoch)
 	default:
@@ -204,17 +231,24 @@ func (m *Machine) ApplyCommand(index uint64, c *Command) (*Result, error) {
 	return res, nil
 }
 
-// applyLocal decides a group in order, then writes what it accepted. next
-// publishes the new entries once the batch committed.
-func (m *Machine) applyLocal(b *store.Batch, props []Proposal) (*Result, func(), error) {
+// decided is a local group as decided, before it is written.
+type decided struct {
+	res        *Result
+	accepted   []int // the proposals written, in order
+	last       uint64
+	lastCommit hlc.Timestamp
+}
+
+// decideLocal decides a group in order: what each proposal becomes.
+func (m *Machine) decideLocal(props []Proposal) (*decided, error) {
 	res := &Result{Writes: make([]Write, len(props))}
 	if m.stream.IsZero() {
 		for i := range res.Writes {
 			res.Writes[i].Err = ErrNoStream
 		}
-		return res, nil, nil
+		return &decided{res: res}, nil
 	}
-	ov := NewOverlay(m.st, store.Component(m.cluster, m.stream, m.epoch))
+	ov := NewOverlay(m.st, store.Component(m.cluster, m.stream, m.epoch.Load()))
 	keyed := map[string]int{} // key -> the group's first proposal under it
 	last, lastCommit := m.last, m.lastCommit
 	var accepted []int
@@ -229,7 +263,7 @@ func (m *Machine) applyLocal(b *store.Batch, props []Proposal) (*Result, func(),
 			d, rec, err := ov.LookupKey(k.Key, k.Fingerprint, p.Entry.Commit.Wall, &p.Entry)
 			switch {
 			case err != nil:
-				return nil, nil, err
+				return nil, err
 			case d == KeyConflict:
 				w.Err = fmt.Errorf("%w: key %q", ErrIdempotencyConflict, k.Key)
 				continue
@@ -248,7 +282,7 @@ func (m *Machine) applyLocal(b *store.Batch, props []Proposal) (*Result, func(),
 		e := p.Entry
 		v, err := ov.Decide(&e, p.Cond, p.Delta)
 		if errors.Is(err, ErrUnreadable) {
-			return nil, nil, err
+			return nil, err
 		}
 		if err != nil {
 			w.Err = err
@@ -270,11 +304,18 @@ func (m *Machine) applyLocal(b *store.Batch, props []Proposal) (*Result, func(),
 		accepted = append(accepted, i)
 		res.High = maxStamp(res.High, e.Commit, e.Stamp)
 	}
-	if len(accepted) == 0 {
+	return &decided{res: res, accepted: accepted, last: last, lastCommit: lastCommit}, nil
+}
+
+// writeLocal writes a decided group. next publishes the new entries once
+// the batch committed.
+func (m *Machine) writeLocal(b *store.Batch, d *decided) (*Result, func(), error) {
+	res, last, lastCommit := d.res, d.last, d.lastCommit
+	if len(d.accepted) == 0 {
 		return res, nil, nil
 	}
-	sizes := make([]int, 0, len(accepted))
-	for _, i := range accepted {
+	sizes := make([]int, 0, len(d.accepted))
+	for _, i := range d.accepted {
 		w := &res.Writes[i]
 		out, err := w.Entry.Apply(b)
 		if err != nil {
@@ -344,8 +385,8 @@ func (m *Machine) applyCursor(b *store.Batch, peer string, c store.Cursor) error
 }
 
 // applyTruncate drops the stream's outbound entries before first.
-func (m *Machine) applyTruncate(b *store.Batch, first uint64) (*Result, func(), error) {
-	if m.stream.IsZero() || first <= m.out.First() {
+func (m *Machine) applyTruncate(b *store.Batch, stream wal.StreamID, first uint64) (*Result, func(), error) {
+	if m.stream.IsZero() || stream != m.stream || first <= m.out.First() {
 		return &Result{}, nil, nil
 	}
 	first = min(first, m.last+1)
@@ -356,10 +397,18 @@ func (m *Machine) applyTruncate(b *store.Batch, first uint64) (*Result, func(), 
 }
 
 // applyMint starts a new stream. The entries of the one before stay where
-// they are (shipping a sealed stream's tail is the shippers' to finish).
+// they are (shipping a sealed stream's tail is the shippers' to finish). A
+// mint of the current stream with another epoch only changes the epoch: its
+// increments count under fresh totals from then on.
 func (m *Machine) applyMint(b *store.Batch, stream wal.StreamID, epoch uint32) (*Result, func(), error) {
 	if stream == m.stream {
-		return &Result{}, nil, nil
+		if epoch == m.epoch.Load() {
+			return &Result{}, nil, nil
+		}
+		if err := b.SetCounterEpoch(stream, epoch); err != nil {
+			return nil, nil, err
+		}
+		return &Result{}, func() { m.epoch.Store(epoch) }, nil
 	}
 	err := errors.Join(
 		b.SetLocalApplied(store.AppliedIndex{Stream: stream}),
@@ -369,7 +418,8 @@ func (m *Machine) applyMint(b *store.Batch, stream wal.StreamID, epoch uint32) (
 		return nil, nil, err
 	}
 	return &Result{}, func() {
-		m.stream, m.last, m.lastCommit, m.epoch = stream, 0, hlc.Timestamp{}, epoch
+		m.stream, m.last, m.lastCommit = stream, 0, hlc.Timestamp{}
+		m.epoch.Store(epoch)
 		m.out.reset(stream, 0)
 	}, nil
 }

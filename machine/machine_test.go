@@ -94,8 +94,13 @@ func script(t testing.TB) [][]byte {
 	local(keyed(batch, "op:o1", "fpb", AnswerBatch))
 	cmds = append(cmds, &Command{Kind: KindCursor, Peer: "b", Cursor: store.Cursor{Stream: testStream, Index: 3}})
 	cmds = append(cmds, &Command{Kind: KindCursor, Peer: "b", Cursor: store.Cursor{Stream: testStream, Index: 2}})
-	cmds = append(cmds, &Command{Kind: KindTruncate, First: 3})
+	cmds = append(cmds, &Command{Kind: KindTruncate, Stream: testStream, First: 3})
 	local(s.put("late", "1"))
+	// a keyed write, a range delete over it, the write's retry: the
+	// record's write is superseded by the range, so the retry replays
+	local(keyed(s.put("p", "v"), "kp", "fpp", AnswerWrite))
+	local(Proposal{Entry: wal.Entry{Op: store.OpDeleteRange, Key: "p", End: "q", Commit: s.next()}})
+	local(keyed(s.put("p", "v"), "kp", "fpp", AnswerWrite))
 	out := make([][]byte, len(cmds))
 	enc := NewEncoder()
 	for i, c := range cmds {
@@ -205,8 +210,8 @@ func TestScriptDecisions(t *testing.T) {
 		t.Fatalf("cursor went back to %d", cur.Index)
 	}
 	ob := m.Outbound()
-	if ob.First() != 3 || ob.Last() != 8 {
-		t.Fatalf("outbound [%d, %d], want [3, 8]", ob.First(), ob.Last())
+	if ob.First() != 3 || ob.Last() != 10 {
+		t.Fatalf("outbound [%d, %d], want [3, 10]", ob.First(), ob.Last())
 	}
 	if _, err := ob.ReadRaw(2); !errors.Is(err, wal.ErrNotFound) {
 		t.Fatalf("a truncated entry: %v", err)
@@ -226,12 +231,15 @@ func TestScriptDecisions(t *testing.T) {
 		t.Fatalf("bytes after first-1 = %d, entries hold %d", got, want)
 	}
 	a, err := st.LocalApplied()
-	if err != nil || a.Index != 8 || a.Stream != testStream {
+	if err != nil || a.Index != 10 || a.Stream != testStream {
 		t.Fatalf("local applied %+v %v", a, err)
 	}
+	if r := results[len(results)-1].Writes[0].Replay; r == nil || !bytes.Equal(r.Body, results[len(results)-3].Writes[0].Entry.Idem.Body) {
+		t.Fatalf("a retry of a write a range delete superseded: %+v", results[len(results)-1].Writes[0])
+	}
 	hw, _ := st.HLCHighWater()
-	if hw != results[len(results)-1].Writes[0].Entry.Commit {
-		t.Fatalf("hlc high water %s, last commit %s", hw, results[len(results)-1].Writes[0].Entry.Commit)
+	if hw != results[len(results)-2].Writes[0].Entry.Commit {
+		t.Fatalf("hlc high water %s, last commit %s", hw, results[len(results)-2].Writes[0].Entry.Commit)
 	}
 }
 
@@ -436,7 +444,7 @@ func randomCommand(rng *rand.Rand) Command {
 	case KindCursor:
 		return Command{Kind: KindCursor, Peer: "b", Cursor: store.Cursor{Stream: testStream, Index: rng.Uint64()}}
 	case KindTruncate:
-		return Command{Kind: KindTruncate, First: rng.Uint64()}
+		return Command{Kind: KindTruncate, Stream: testStream, First: rng.Uint64()}
 	case KindMint:
 		return Command{Kind: KindMint, Stream: wal.StreamID{byte(rng.IntN(255) + 1)}, Epoch: rng.Uint32()}
 	}
@@ -472,7 +480,7 @@ func randomCommand(rng *rand.Rand) Command {
 }
 
 func TestDecodeRefuses(t *testing.T) {
-	good := encode(t, &Command{Kind: KindTruncate, First: 5})
+	good := encode(t, &Command{Kind: KindTruncate, Stream: testStream, First: 5})
 	cases := map[string][]byte{
 		"empty":          nil,
 		"newer version":  append([]byte{9}, good[1:]...),
@@ -529,7 +537,7 @@ func TestOutboundReopenKeepsBounds(t *testing.T) {
 	for i := 0; i < 5; i++ {
 		mustApply(t, m, uint64(i+2), &Command{Kind: KindLocal, Local: []Proposal{s.put(fmt.Sprint(i), "v"), s.put("x", "y")}})
 	}
-	mustApply(t, m, 7, &Command{Kind: KindTruncate, First: 4})
+	mustApply(t, m, 7, &Command{Kind: KindTruncate, Stream: testStream, First: 4})
 	before := []int64{m.Outbound().BytesAfter(3), m.Outbound().BytesAfter(7), m.Outbound().BytesAfter(10)}
 	st.Close()
 	m, st = openMachine(t, dir)
@@ -541,7 +549,7 @@ func TestOutboundReopenKeepsBounds(t *testing.T) {
 	if !reflect.DeepEqual(before, after) || after[0] == 0 || after[2] != 0 {
 		t.Fatalf("bytes after 3, 7, 10: %v before, %v after", before, after)
 	}
-	mustApply(t, m, 8, &Command{Kind: KindTruncate, First: 100})
+	mustApply(t, m, 8, &Command{Kind: KindTruncate, Stream: testStream, First: 100})
 	if ob.First() != 11 || ob.Last() != 10 || ob.BytesAfter(3) != 0 {
 		t.Fatalf("emptied: [%d, %d], %d bytes", ob.First(), ob.Last(), ob.BytesAfter(3))
 	}
@@ -551,4 +559,46 @@ func TestOutboundReopenKeepsBounds(t *testing.T) {
 		t.Fatalf("emptied, reopened: [%d, %d]", m.Outbound().First(), m.Outbound().Last())
 	}
 	st.Close()
+}
+
+// A mint of the current stream with another epoch changes only the epoch:
+// the stream goes on, increments count under fresh totals.
+func TestMintNewEpoch(t *testing.T) {
+	m, st := openMachine(t, t.TempDir())
+	defer st.Close()
+	s := &stamper{wall: 1e15}
+	mustApply(t, m, 1, &Command{Kind: KindMint, Stream: testStream})
+	mustApply(t, m, 2, &Command{Kind: KindLocal, Local: []Proposal{s.incr("c", 2)}})
+	mustApply(t, m, 3, &Command{Kind: KindMint, Stream: testStream, Epoch: 5})
+	res := mustApply(t, m, 4, &Command{Kind: KindLocal, Local: []Proposal{s.incr("c", 3)}})
+	e := res.Writes[0].Entry
+	if m.Epoch() != 5 || e.Stream != testStream || e.Index != 2 || e.CtrComp != store.Component("a", testStream, 5) || *e.Ctr != (store.PN{P: 3}) {
+		t.Fatalf("after the new epoch: epoch %d, entry %+v", m.Epoch(), e)
+	}
+	if res.Writes[0].CounterValue != 5 {
+		t.Fatalf("counter %d", res.Writes[0].CounterValue)
+	}
+}
+
+// After the log is forgotten, the next log's commands apply from index 1
+// and continue the stream.
+func TestForgetLog(t *testing.T) {
+	dir := t.TempDir()
+	m, st := openMachine(t, dir)
+	s := &stamper{wall: 1e15}
+	mustApply(t, m, 1, &Command{Kind: KindMint, Stream: testStream})
+	mustApply(t, m, 2, &Command{Kind: KindLocal, Local: []Proposal{s.put("a", "1")}})
+	if err := m.ForgetLog(); err != nil {
+		t.Fatal(err)
+	}
+	st.Close()
+	m, st = openMachine(t, dir)
+	defer st.Close()
+	if m.Applied() != 0 {
+		t.Fatalf("applied %d after forgetting the log", m.Applied())
+	}
+	res := mustApply(t, m, 1, &Command{Kind: KindLocal, Local: []Proposal{s.put("b", "1")}})
+	if res.Skipped || res.Writes[0].Entry.Index != 2 || res.Writes[0].Entry.Stream != testStream {
+		t.Fatalf("first command of the new log: %+v", res)
+	}
 }

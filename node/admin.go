@@ -123,10 +123,11 @@ type PeerBacklog struct {
 
 // WALReport describes the outbound WAL.
 func (n *Node) WALReport() WALReport {
-	st := n.wal.Stats()
+	st := n.group.LogStats()
+	first := n.out.First()
 	r := WALReport{
-		Stream: st.Stream.String(), First: st.First, Last: st.Last, Applied: n.applied.Load(),
-		Bytes: st.Bytes, Segments: st.Segments, Repairs: st.Repairs, DroppedBytes: st.DroppedBytes,
+		Stream: n.out.Stream().String(), First: first, Last: n.out.Last(), Applied: n.applied.Load(),
+		Bytes: n.out.BytesAfter(first - 1), Segments: st.Segments, Repairs: st.Repairs, DroppedBytes: st.DroppedBytes,
 		WriteFailures: st.WriteFailures, Writes: n.metrics.writes.Load(), Groups: n.metrics.groups.Load(),
 		Peers: []PeerBacklog{}, Saturation: n.Saturation(), Permits: n.acceptor.Permits(),
 	}
@@ -155,7 +156,7 @@ type OriginReport struct {
 
 // OriginReport tells which cluster this node is and how it knows.
 func (n *Node) OriginReport() OriginReport {
-	return OriginReport{Cluster: n.cluster, Resolver: n.resolver, Stream: n.wal.Stream().String(), Version: n.opts.BuildVersion}
+	return OriginReport{Cluster: n.cluster, Resolver: n.resolver, Stream: n.out.Stream().String(), Version: n.opts.BuildVersion}
 }
 
 func getOnly(f func(w http.ResponseWriter, r *http.Request)) http.HandlerFunc {

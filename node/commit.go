@@ -1,7 +1,6 @@
 package node
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -10,26 +9,29 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/hashicorp/raft"
+
+	"github.com/replicator/replicator/cluster"
 	"github.com/replicator/replicator/hlc"
 	"github.com/replicator/replicator/machine"
+	"github.com/replicator/replicator/raftlog"
 	"github.com/replicator/replicator/store"
 	"github.com/replicator/replicator/wal"
 )
 
-// The committer is the write path's single writer. Concurrent writes queue
-// as proposals; the committer takes as many as are waiting (up to
-// MaxGroupEntries), stamps them in order, appends them to the WAL with one
-// write and one fsync, applies them to Pebble in one batch together with the
-// applied index and the HLC high-water mark, and only then answers them.
-//
-// One goroutine does all of it, so groups reach Pebble in WAL order and the
-// store's applied index only grows. (A two-stage pipeline, fsyncing group
-// N+1 while applying group N, measured slower on 2 cores: it splits the
-// writers over two half-size groups, and the fsync's fixed cost dominates.)
+// The committer is the write path's single proposer. Concurrent writes
+// queue as proposals; the committer takes as many as are waiting (up to
+// MaxGroupEntries), stamps them in order, and commits them as one command of
+// the cluster's log (one append, one fsync); the state machine then decides
+// them in order (conditions, idempotency keys, counters), assigns each
+// accepted write its stream index, and applies the group to Pebble in one
+// batch with the log index, the stream's end and the HLC high-water mark.
+// Only then are they answered.
 //
 // Crash points and what they leave:
-//   - before the WAL fsync: nothing acknowledged, nothing durable;
-//   - after the fsync, before Pebble: recovery re-applies from the WAL;
+//   - before the log's fsync: nothing acknowledged, nothing durable;
+//   - after the fsync, before Pebble: the log replays the command at start
+//     (its decisions are the same: the machine decides from the tree);
 //   - after Pebble, before the answer: the write is durable, the caller saw
 //     a failed call, which is an unknown outcome by contract.
 
@@ -79,10 +81,7 @@ type proposal struct {
 	outcome store.Outcome
 	// replay is set when the answer is a recorded one: nothing was written.
 	replay *store.IdemRecord
-	// replayOf is an earlier proposal of the same group under the same key:
-	// this one is answered with its record.
-	replayOf *proposal
-	err      error
+	err    error
 }
 
 // idemRequest is a request carrying an Idempotency-Key.
@@ -103,12 +102,13 @@ type committer struct {
 		sync.RWMutex
 		closed bool
 	}
-	// failed is set when a group reached the WAL but not Pebble: the node
-	// keeps refusing writes until a restart recovers from the WAL.
+	// failed is set when a command reached the log but not Pebble: the node
+	// keeps refusing writes until a restart replays the log.
 	failed atomic.Pointer[error]
 	exited chan struct{}
 	// groupMu is held from stamping a group to applying it: replacing the
-	// WAL's stream takes it too, so no group straddles two streams.
+	// stream takes it too, so a group's writes stamped under one stream are
+	// not applied under the next.
 	groupMu sync.Mutex
 	// floor, while a group is between stamping and its WAL append, is a
 	// timestamp below every commit HLC in it (nil otherwise): tombstone
@@ -116,9 +116,10 @@ type committer struct {
 	// to be appended.
 	floor atomic.Pointer[hlc.Timestamp]
 
-	pending      []*proposal // scratch of run
-	groupReplays []*proposal // proposals replaying a write of the current group
-	prev         int         // writers expected back for the next group
+	pending []*proposal // scratch of run
+	enc     *machine.Encoder
+	cmd     machine.Command
+	prev    int // writers expected back for the next group
 }
 
 // maxLinger bounds how long a group waits for more writers; lingerGap is how
@@ -162,18 +163,12 @@ func (c *committer) linger() {
 	}
 }
 
-// group is a set of proposals durable in the WAL together.
-type group struct {
-	props []*proposal
-	ents  []*wal.Entry
-	high  hlc.Timestamp // the highest commit HLC in the group
-}
-
 func newCommitter(n *Node) *committer {
 	c := &committer{
 		n:      n,
 		in:     make(chan *proposal, n.opts.MaxGroupEntries),
 		exited: make(chan struct{}),
+		enc:    machine.NewEncoder(),
 	}
 	go c.run()
 	return c
@@ -241,210 +236,135 @@ func (c *committer) run() {
 		c.linger()
 		c.prev = 0
 		c.groupMu.Lock()
-		if g := c.makeDurable(c.pending); g != nil {
-			c.applyGroup(g)
+		if n := c.commit(c.pending); n > 0 {
 			// Expect back the writers just answered and those already
 			// queued behind them.
-			c.prev = len(g.props) + len(c.in)
+			c.prev = n + len(c.in)
 		}
 		c.groupMu.Unlock()
 	}
 }
 
-// makeDurable stamps the live proposals and appends them to the WAL. It
-// answers them itself on failure and returns nil then.
-func (c *committer) makeDurable(pending []*proposal) *group {
+// commit stamps the live proposals, commits them as one command and answers
+// them. It returns how many were written.
+func (c *committer) commit(pending []*proposal) int {
 	// Take the proposals whose callers still wait; a cancelled one was never
 	// stamped and is simply dropped.
-	g := &group{}
+	var props []*proposal
 	for _, p := range pending {
 		if p.state.CompareAndSwap(stateQueued, stateTaken) {
-			g.props = append(g.props, p)
+			props = append(props, p)
 		}
 	}
-	if len(g.props) == 0 {
-		return nil
+	if len(props) == 0 {
+		return 0
 	}
 	if errp := c.failed.Load(); errp != nil {
-		answerAll(g.props, fmt.Errorf("%w: %w", ErrNotWritten, *errp))
-		return nil
+		answerAll(props, fmt.Errorf("%w: %w", ErrNotWritten, *errp))
+		return 0
 	}
 	n := c.n
 	floor := n.clock.Last()
 	c.floor.Store(&floor)
 	defer c.floor.Store(nil)
-	g.ents = make([]*wal.Entry, 0, len(g.props))
-	writing := g.props[:0]
-	var keyed map[string]*proposal
-	ov := machine.NewOverlay(n.store, store.Component(n.cluster, n.wal.Stream(), n.ctrEpoch.Load()))
-	for _, p := range g.props {
-		if p.idem != nil {
-			// Decided in commit order, so two concurrent first attempts
-			// of one key cannot both write.
-			if keyed == nil {
-				keyed = map[string]*proposal{}
-			}
-			if done := c.settleKeyed(ov, p, keyed); done {
-				continue
-			}
-			keyed[p.idem.key] = p
-		}
-		v, err := ov.Decide(&p.entry, p.cond, p.delta)
-		if errors.Is(err, machine.ErrUnreadable) {
-			err = fmt.Errorf("%w: %w", ErrNotWritten, err)
-		}
-		p.counterValue = v
-		if err != nil {
-			p.err = err
-			close(p.done)
-			continue
-		}
-		// Stamp inside the commit order: commit HLCs grow with WAL indexes.
-		p.entry.Origin = n.cluster
-		p.entry.Commit = n.clock.Now()
-		p.entry.Stamp = p.entry.Commit
+	c.cmd = machine.Command{Kind: machine.KindLocal, Local: c.cmd.Local[:0]}
+	sent := props[:0]
+	for _, p := range props {
+		// Stamp in commit order: commit HLCs grow with stream indexes (the
+		// machine refuses one that does not).
+		mp := machine.Proposal{Entry: p.entry, Cond: p.cond, Delta: p.delta}
+		mp.Entry.Commit = n.clock.Now()
+		mp.Entry.Stamp = hlc.Timestamp{}
 		if !p.pin.IsZero() {
-			if err := n.checkPin(p.pin, p.entry.Commit); err != nil {
+			if err := n.checkPin(p.pin, mp.Entry.Commit); err != nil {
 				p.err = err
 				close(p.done)
 				continue
 			}
-			p.entry.Stamp = p.pin
+			mp.Entry.Stamp = p.pin
 			// A pin may lie ahead of the clock (by up to the max offset):
 			// the next write, causally later, must stamp above it.
 			n.clock.Observe(p.pin)
 		}
 		if p.idem != nil {
-			st, body := machine.Answer(p.idem.answer, &p.entry, p.counterValue, p.idem.opID)
-			p.entry.Idem = &wal.Idem{Key: p.idem.key, Fingerprint: p.idem.fingerprint, Status: st, Body: body,
-				Expires: p.entry.Commit.Wall + int64(n.opts.IdempotencyWindow)}
+			mp.Keyed = &machine.Keyed{Key: p.idem.key, Fingerprint: p.idem.fingerprint, Answer: p.idem.answer,
+				OpID: p.idem.opID, Expires: mp.Entry.Commit.Wall + int64(n.opts.IdempotencyWindow)}
 		}
-		ov.Record(&p.entry)
-		g.high = p.entry.Commit
-		g.ents = append(g.ents, &p.entry)
-		writing = append(writing, p)
+		c.cmd.Local = append(c.cmd.Local, mp)
+		sent = append(sent, p)
 	}
-	g.props = writing
-	if len(g.ents) == 0 {
-		c.answerReplays()
-		return nil
+	if len(sent) == 0 {
+		return 0
+	}
+	data, err := c.enc.Encode(&c.cmd)
+	if err != nil {
+		answerAll(sent, fmt.Errorf("%w: %w", ErrNotWritten, err))
+		return 0
 	}
 	t0 := time.Now()
-	err := n.wal.Append(g.ents)
-	n.metrics.fsyncSeconds.Observe(time.Since(t0).Seconds())
-	if err != nil {
-		if errors.Is(err, wal.ErrBroken) {
-			c.fail(err)
-			answerAll(g.props, fmt.Errorf("%w: %w", ErrUnknownOutcome, err))
-		} else {
-			answerAll(g.props, fmt.Errorf("%w: %w", ErrNotWritten, err))
-		}
-		c.answerReplays()
-		return nil
-	}
-	return g
-}
-
-// settleKeyed answers a keyed proposal whose key is already recorded (a
-// replay, or 422 for another request under the key), or parks it behind an
-// earlier proposal of the same key in this group. It reports whether p needs
-// no write of its own.
-func (c *committer) settleKeyed(ov *machine.Overlay, p *proposal, keyed map[string]*proposal) bool {
-	if first, ok := keyed[p.idem.key]; ok {
-		if !bytes.Equal(first.idem.fingerprint, p.idem.fingerprint) {
-			p.err = fmt.Errorf("%w: key %q", ErrIdempotencyConflict, p.idem.key)
-			close(p.done)
-			return true
-		}
-		p.replayOf = first
-		c.groupReplays = append(c.groupReplays, p)
-		return true
-	}
-	d, rec, err := ov.LookupKey(p.idem.key, p.idem.fingerprint, c.n.clock.Physical(), &p.entry)
-	switch {
-	case err != nil:
-		p.err = fmt.Errorf("%w: %w", ErrNotWritten, err)
-	case d == machine.KeyNew:
-		return false
-	case d == machine.KeyConflict:
-		p.err = fmt.Errorf("%w: key %q", ErrIdempotencyConflict, p.idem.key)
-	case d == machine.KeyPlanted:
-		c.n.log.Warn("idempotency record without its write here: ignored, the request is written",
-			"idempotency_key", p.idem.key, "recorded_version", rec.Stamp.String(), "key", p.entry.Key)
-		return false
-	default:
-		p.replay = rec
-	}
-	close(p.done)
-	return true
-}
-
-// answerReplays answers the proposals that replay a write of this group,
-// once that write is applied (or failed).
-func (c *committer) answerReplays() {
-	for _, p := range c.groupReplays {
-		first := p.replayOf
-		switch {
-		case first.err != nil:
-			p.err = first.err
-		case first.entry.Idem != nil:
-			p.replay = &store.IdemRecord{Key: first.idem.key, Fingerprint: first.idem.fingerprint,
-				Status: first.entry.Idem.Status, Body: first.entry.Idem.Body, Stamp: first.entry.LWW(),
-				Expires: first.entry.Idem.Expires}
-		default:
-			p.err = fmt.Errorf("%w: the first attempt under the key was refused", ErrNotWritten)
-		}
-		close(p.done)
-	}
-	c.groupReplays = c.groupReplays[:0]
-}
-
-// applyGroup applies a durable group to Pebble with the applied index and
-// the clock's high-water mark, then answers it.
-func (c *committer) applyGroup(g *group) {
-	if errp := c.failed.Load(); errp != nil {
-		// In the WAL, so a restart applies it; not readable until then.
-		answerAll(g.props, fmt.Errorf("%w: in the WAL but not applied: %w", ErrUnknownOutcome, *errp))
-		c.answerReplays()
-		return
-	}
-	n := c.n
-	b := n.store.NewBatch()
-	var err error
-	for _, p := range g.props {
-		if p.outcome, err = p.entry.Apply(b); err != nil {
+	out, err := n.group.Apply(data, enqueueTimeout)
+	// A group of one steps down after a failed append (a full disk) and
+	// elects itself again a moment later: the command never entered the
+	// log, so it is sent again once this node leads.
+	for try := 0; try < 3 && errors.As(err, new(*cluster.NotLeaderError)); try++ {
+		if n.awaitLead(time.Second) != nil {
 			break
 		}
+		out, err = n.group.Apply(data, enqueueTimeout)
 	}
+	n.metrics.fsyncSeconds.Observe(time.Since(t0).Seconds())
 	if err == nil {
-		err = errors.Join(
-			b.SetLocalApplied(store.AppliedIndex{Stream: n.wal.Stream(), Index: g.ents[len(g.ents)-1].Index, Commit: g.high}),
-			// The clock's high-water, not the group's: it covers pins
-			// observed and remote stamps too, and the store only raises it.
-			b.RaiseHLC(n.clock.Last()),
-		)
+		if e, ok := out.(error); ok {
+			// Committed, not applied: a restart applies it.
+			err = fmt.Errorf("%w: in the log but not applied: %w", ErrUnknownOutcome, e)
+		}
 	}
-	if err == nil {
-		// The WAL is the redo log and is already synced: Pebble's own
-		// WAL need not be fsynced here.
-		err = b.Commit(false)
-	}
-	b.Close()
 	if err != nil {
-		// Durable in the WAL, not applied: a restart re-applies it. Until
-		// then the node must not take writes whose reads would miss it.
-		c.fail(fmt.Errorf("apply to the store: %w", err))
-		answerAll(g.props, fmt.Errorf("%w: in the WAL but not applied: %w", ErrUnknownOutcome, err))
-		c.answerReplays()
-		return
+		answerAll(sent, applyError(err))
+		return 0
 	}
-	n.applied.Store(g.ents[len(g.ents)-1].Index)
-	n.metrics.writes.Add(uint64(len(g.props)))
-	n.metrics.groups.Add(1)
-	for _, p := range g.props {
+	res := out.(*machine.Result)
+	written := 0
+	for i, p := range sent {
+		w := &res.Writes[i]
+		switch {
+		case w.Replay != nil:
+			p.replay = w.Replay
+		case errors.Is(w.Err, machine.ErrNoStream), errors.Is(w.Err, machine.ErrStaleStamp):
+			p.err = fmt.Errorf("%w: %w", ErrNotWritten, w.Err)
+		case w.Err != nil:
+			p.err = w.Err
+		default:
+			p.entry, p.outcome, p.counterValue = w.Entry, w.Outcome, w.CounterValue
+			written++
+		}
 		close(p.done)
 	}
-	c.answerReplays()
+	n.metrics.writes.Add(uint64(written))
+	n.metrics.groups.Add(1)
+	return written
+}
+
+// enqueueTimeout bounds the wait for raft to take a command.
+const enqueueTimeout = 10 * time.Second
+
+// applyError is what a failed commit means to its writers: not written when
+// the command certainly never reached the log, an unknown outcome otherwise.
+func applyError(err error) error {
+	var nl *cluster.NotLeaderError
+	switch {
+	case errors.As(err, &nl), errors.Is(err, raft.ErrEnqueueTimeout):
+		return fmt.Errorf("%w: %w", ErrNotWritten, err)
+	case errors.Is(err, raftlog.ErrAppendFailed) && !errors.Is(err, raftlog.ErrBroken):
+		// The log refused the append and cut itself back (a full disk):
+		// nothing of the command is in it.
+		return fmt.Errorf("%w: %w", ErrNotWritten, err)
+	case errors.Is(err, ErrUnknownOutcome):
+		return err
+	}
+	// Leadership lost or raft shut down with the command in flight, a log
+	// that cannot tell what it holds: it may yet apply.
+	return fmt.Errorf("%w: %w", ErrUnknownOutcome, err)
 }
 
 func (c *committer) fail(err error) {

@@ -109,9 +109,9 @@ func TestReseedEndsAfterDetach(t *testing.T) {
 		t.Fatalf("last re-seed reason %q does not say it followed a detach", l.Reseed.LastReason)
 	}
 	st := streamsOf(b, "a")
-	if len(st) != 1 || st[0].Stream != a.wal.Stream().String() || st[0].HWM != a.WALReport().Last ||
+	if len(st) != 1 || st[0].Stream != a.out.Stream().String() || st[0].HWM != a.WALReport().Last ||
 		st[0].Merged+st[0].DeadLettered+st[0].Seeded != st[0].HWM || st[0].Seeded == 0 {
-		t.Fatalf("b's streams of a after the re-seed: %+v (a's stream %s, last %d)", st, a.wal.Stream(), a.WALReport().Last)
+		t.Fatalf("b's streams of a after the re-seed: %+v (a's stream %s, last %d)", st, a.out.Stream(), a.WALReport().Last)
 	}
 
 	// An operator's re-seed ends the same way.
@@ -225,7 +225,7 @@ func TestRestoredBackupSealsStream(t *testing.T) {
 			m.restart("a", func(dir string) { copyDir(t, dir, backup) })
 			putN(t, m.nodes["a"], "two-", 5) // acknowledged after the backup; b has them
 			m.settle()
-			old := m.nodes["a"].wal.Stream()
+			old := m.nodes["a"].out.Stream()
 			if !tc.fence {
 				m.cut("a", "b", true)
 			}
@@ -245,7 +245,7 @@ func TestRestoredBackupSealsStream(t *testing.T) {
 			}
 			m.cut("a", "b", false)
 			m.converged(30 * time.Second)
-			if a.wal.Stream() == old {
+			if a.out.Stream() == old {
 				t.Fatalf("a kept stream %s after restoring a backup its peer had outrun", old)
 			}
 			for _, k := range []string{"one-000", "two-004", "three-0", "three-7"} {

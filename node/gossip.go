@@ -38,7 +38,7 @@ func (n *Node) startGossip() error {
 	if err != nil {
 		return fmt.Errorf("node: node id: %w", err)
 	}
-	meta := transport.MemberMeta{V: transport.GossipVersion, Cluster: n.cluster, Stream: n.wal.Stream().String(),
+	meta := transport.MemberMeta{V: transport.GossipVersion, Cluster: n.cluster, Stream: n.out.Stream().String(),
 		API: g.APIURL, Replicate: g.ReplicateURL}
 	if meta.API == "" {
 		meta.API = n.URL()

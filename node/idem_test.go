@@ -65,8 +65,8 @@ func TestPinOutOfWindowRefused(t *testing.T) {
 			t.Fatalf("%s: %v", name, err)
 		}
 	}
-	if n.wal.Last() != 0 {
-		t.Fatalf("refused pinned writes reached the WAL (%d entries)", n.wal.Last())
+	if n.out.Last() != 0 {
+		t.Fatalf("refused pinned writes reached the WAL (%d entries)", n.out.Last())
 	}
 	if _, err := n.Get("k"); !errors.Is(err, ErrNotFound) {
 		t.Fatalf("refused pinned write stored: %v", err)
@@ -113,14 +113,14 @@ func TestConcurrentFirstAttempts(t *testing.T) {
 		}()
 	}
 	wg.Wait()
-	if len(versions) != 1 || replayed != 23 || n.wal.Last() != 1 {
-		t.Fatalf("versions %v, replayed %d, WAL entries %d; want one version, 23 replays, 1 entry", versions, replayed, n.wal.Last())
+	if len(versions) != 1 || replayed != 23 || n.out.Last() != 1 {
+		t.Fatalf("versions %v, replayed %d, WAL entries %d; want one version, 23 replays, 1 entry", versions, replayed, n.out.Last())
 	}
 	st, out, _ := keyedPut(t, n.URL(), "k", "same-key", "other value")
 	if st != 422 || !strings.Contains(out["error"].(map[string]any)["code"].(string), "idempotency") {
 		t.Fatalf("same key, other request: %d %v", st, out)
 	}
-	if n.wal.Last() != 1 {
+	if n.out.Last() != 1 {
 		t.Fatal("refused reuse wrote")
 	}
 	rep, err := n.Idempotency("same-key")
@@ -151,14 +151,14 @@ func TestRetryAtPeerAfterReplication(t *testing.T) {
 		t.Fatalf("%d %v", st, first)
 	}
 	m.settle()
-	la, lb := a.wal.Last(), b.wal.Last()
+	la, lb := a.out.Last(), b.out.Last()
 	st, again, h := keyedPut(t, "http://"+m.addrs["b"], "orders/42", "K1", "hello")
 	if st != 200 || h.Get("Idempotent-Replayed") != "true" || again["version"] != first["version"] {
 		t.Fatalf("retry at b: %d %v %v (first %v)", st, again, h, first)
 	}
 	m.settle()
-	if a.wal.Last() != la || b.wal.Last() != lb {
-		t.Fatalf("the replayed retry wrote: a %d->%d, b %d->%d", la, a.wal.Last(), lb, b.wal.Last())
+	if a.out.Last() != la || b.out.Last() != lb {
+		t.Fatalf("the replayed retry wrote: a %d->%d, b %d->%d", la, a.out.Last(), lb, b.out.Last())
 	}
 	if ra, rb := getRecord(t, a, "K1"), getRecord(t, b, "K1"); ra.Version != rb.Version || !bytes.Equal(ra.Body, rb.Body) {
 		t.Fatal("records differ")

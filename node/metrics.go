@@ -126,8 +126,8 @@ func (n *Node) collect(ch chan<- prometheus.Metric) {
 	}
 	ch <- prometheus.MustNewConstMetric(descWrites, prometheus.CounterValue, float64(n.metrics.writes.Load()))
 	ch <- prometheus.MustNewConstMetric(descGroups, prometheus.CounterValue, float64(n.metrics.groups.Load()))
-	if l := n.wal.Last(); l+1 >= n.wal.First() {
-		ch <- prometheus.MustNewConstMetric(descWAL, prometheus.GaugeValue, float64(l+1-n.wal.First()))
+	if l, f := n.out.Last(), n.out.First(); l+1 >= f {
+		ch <- prometheus.MustNewConstMetric(descWAL, prometheus.GaugeValue, float64(l+1-f))
 	}
 	p := n.acceptor.Permits()
 	ch <- prometheus.MustNewConstMetric(descPermit, prometheus.GaugeValue, float64(p.InUse), "in_use")

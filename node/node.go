@@ -23,7 +23,9 @@ import (
 	"unicode/utf8"
 
 	"github.com/replicator/replicator/acceptor"
+	"github.com/replicator/replicator/cluster"
 	"github.com/replicator/replicator/hlc"
+	"github.com/replicator/replicator/machine"
 	"github.com/replicator/replicator/origin"
 	"github.com/replicator/replicator/policy"
 	"github.com/replicator/replicator/store"
@@ -46,10 +48,13 @@ type Node struct {
 	cluster  string
 	resolver string
 
-	clock *hlc.Clock
-	store *store.Store
-	wal   *walHandle
-	com   *committer
+	clock   *hlc.Clock
+	store   *store.Store
+	machine *machine.Machine
+	out     *machine.Outbound // the stream, as shippers read it
+	group   *cluster.Group
+	fsm     *fsm
+	com     *committer
 
 	acceptor   *acceptor.Acceptor
 	peerClient *http.Client
@@ -60,11 +65,8 @@ type Node struct {
 	linkWG     sync.WaitGroup       // shipper goroutines
 	tls        tlsSetup
 	gossip     *transport.Discovery
-	// applied is the last local WAL index applied to the store.
+	// applied is the last index of the stream applied to the store.
 	applied atomic.Uint64
-	// ctrEpoch is the counter epoch of the current stream (see
-	// store.Component).
-	ctrEpoch atomic.Uint32
 
 	metrics  nodeMetrics
 	lagRing  lagRing
@@ -163,47 +165,39 @@ func Open(ctx context.Context, opts *Options) (*Node, error) {
 		n.store.Close()
 		return nil, err
 	}
-	if err := n.openWAL(); err != nil {
+	if err := n.restoreClock(); err != nil {
 		n.store.Close()
 		return nil, err
 	}
-	created := n.wal.cur().Created()
-	if err := n.recover(); err != nil {
-		n.wal.Close()
-		n.store.Close()
-		return nil, err
-	}
-	if n.wal.cur().Created() {
-		created = true // recovery replaced a WAL that lost entries
-	}
-	epoch, err := n.store.CounterEpoch(n.wal.Stream())
+	// The committer exists before the group: the state machine reports a
+	// failed apply to it. It takes no proposal before Open returns.
+	n.com = newCommitter(n)
+	created, err := n.openGroup()
 	if err != nil {
-		n.wal.Close()
+		n.com.close()
 		n.store.Close()
 		return nil, err
 	}
-	n.ctrEpoch.Store(epoch)
-	if err := n.pruneReseedState(); err != nil {
-		n.wal.Close()
+	closeAll := func() {
+		n.com.close()
+		n.group.Close()
 		n.store.Close()
+	}
+	if err := n.pruneReseedState(); err != nil {
+		closeAll()
 		return nil, err
 	}
 	if err := n.initIdentity(created); err != nil {
-		n.wal.Close()
-		n.store.Close()
+		closeAll()
 		return nil, err
 	}
 	if err := n.setupReplication(); err != nil {
-		n.wal.Close()
-		n.store.Close()
+		closeAll()
 		return nil, err
 	}
 	n.metrics.init(n)
-	n.com = newCommitter(n)
 	return n, nil
 }
-
-func (n *Node) walDir() string { return filepath.Join(n.opts.DataDir, "wal") }
 
 // pinIfHolding pins the data directory to this cluster once it holds data
 // (an embedded node that writes without serving, or a directory that held
@@ -221,88 +215,13 @@ func (n *Node) pinIfHolding() error {
 // a second node gets).
 const pidFile = "PID"
 
-func (n *Node) openWAL() error {
-	l, err := wal.Open(n.walDir(), &wal.Options{
-		Origin:      n.cluster,
-		SegmentSize: n.opts.WALSegmentSize,
-		NoSync:      n.opts.UnsafeNoSync,
-		Logger:      n.log,
-		BeforeWrite: n.diskFull(),
-	})
-	if err != nil {
-		return err
-	}
-	if n.wal == nil {
-		n.wal = &walHandle{}
-	}
-	n.wal.p.Store(l)
-	return nil
-}
-
-// recover restores the clock and re-applies the WAL entries past the store's
-// applied index.
-func (n *Node) recover() error {
+// restoreClock raises the clock above every stamp the store recorded.
+func (n *Node) restoreClock() error {
 	hw, err := n.store.HLCHighWater()
 	if err != nil {
 		return err
 	}
 	n.clock.Observe(hw)
-	ap, err := n.store.LocalApplied()
-	if err != nil {
-		return err
-	}
-	stream, applied := ap.Stream, ap.Index
-	from := applied + 1
-	if stream != n.wal.Stream() {
-		// A new WAL (first start, or the directory was replaced): every
-		// entry it holds may be missing from the store. Re-applying one the
-		// store has is a duplicate, so start from its beginning.
-		from = n.wal.First()
-	}
-	last := n.wal.Last()
-	if stream == n.wal.Stream() && (applied > last || (from <= last && from < n.wal.First())) {
-		// The WAL lost entries the store applied, or the ones it must
-		// re-apply. Reusing those indexes would make peers drop new writes
-		// as duplicates, so the WAL starts over as a new stream.
-		return n.rotateWAL(fmt.Sprintf("the WAL holds [%d, %d] but the store applied up to %d", n.wal.First(), last, applied))
-	}
-	n.applied.Store(applied)
-	if stream != n.wal.Stream() {
-		n.applied.Store(0)
-	}
-	if from > last {
-		return nil
-	}
-	codec := wal.NewCodec()
-	replayed := 0
-	for from <= last {
-		b := n.store.NewBatch()
-		var high hlc.Timestamp
-		to := min(last, from+1023)
-		for i := from; i <= to; i++ {
-			e, err := n.wal.Read(codec, i)
-			if err != nil {
-				b.Close()
-				return fmt.Errorf("node: recover: %w", err)
-			}
-			n.clock.Observe(e.Commit)
-			high = e.Commit
-			if _, err := e.Apply(b); err != nil {
-				b.Close()
-				return fmt.Errorf("node: recover entry %d: %w", i, err)
-			}
-		}
-		err := errors.Join(b.SetLocalApplied(store.AppliedIndex{Stream: n.wal.Stream(), Index: to, Commit: high}),
-			b.RaiseHLC(n.clock.Last()), b.Commit(true))
-		b.Close()
-		if err != nil {
-			return fmt.Errorf("node: recover: %w", err)
-		}
-		n.applied.Store(to)
-		replayed += int(to - from + 1)
-		from = to + 1
-	}
-	n.log.Info("recovered from the WAL", "entries", replayed, "last_index", last)
 	return nil
 }
 
@@ -319,27 +238,6 @@ func (n *Node) diskFull() func() error {
 		}
 		return nil
 	}
-}
-
-// rotateWAL sets the damaged WAL aside and starts a new stream.
-func (n *Node) rotateWAL(why string) error {
-	old := n.wal.Stream()
-	if err := n.wal.Close(); err != nil {
-		n.log.Warn("closing the damaged WAL", "err", err)
-	}
-	aside := fmt.Sprintf("%s.lost-%s", n.walDir(), old)
-	if err := os.Rename(n.walDir(), aside); err != nil {
-		return fmt.Errorf("node: set the damaged WAL aside: %w", err)
-	}
-	if err := n.openWAL(); err != nil {
-		return err
-	}
-	n.log.Error("WAL lost entries; started a new stream (peers need a re-seed)",
-		"why", why, "old_stream", old, "new_stream", n.wal.Stream(), "kept_at", aside)
-	n.applied.Store(0)
-	b := n.store.NewBatch()
-	defer b.Close()
-	return errors.Join(b.SetLocalApplied(store.AppliedIndex{Stream: n.wal.Stream()}), b.Commit(true))
 }
 
 // Start listens on Options.Listen (and PeerListen) and serves the HTTP API,
@@ -392,7 +290,7 @@ func (n *Node) Start() error {
 			return err
 		}
 	}
-	n.log.Info("serving", "addr", ln.Addr().String(), "peer_addr", n.PeerURL(), "stream", n.wal.Stream().String())
+	n.log.Info("serving", "addr", ln.Addr().String(), "peer_addr", n.PeerURL(), "stream", n.out.Stream().String())
 	return nil
 }
 
@@ -537,7 +435,7 @@ func (n *Node) Close() error {
 	// A stream being sealed finishes first (and a later one sees closing).
 	n.com.groupMu.Lock()
 	defer n.com.groupMu.Unlock()
-	errs = append(errs, n.pinIfHolding(), n.wal.Close(), n.store.Close())
+	errs = append(errs, n.pinIfHolding(), n.group.Close(), n.store.Close())
 	return errors.Join(errs...)
 }
 

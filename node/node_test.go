@@ -17,10 +17,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/hashicorp/raft"
 	"go.uber.org/goleak"
 
 	"github.com/replicator/replicator/hlc"
+	"github.com/replicator/replicator/machine"
 	"github.com/replicator/replicator/origin"
+	"github.com/replicator/replicator/raftlog"
 	"github.com/replicator/replicator/store"
 	"github.com/replicator/replicator/wal"
 )
@@ -141,29 +144,23 @@ func TestRestartWithClockSetBack(t *testing.T) {
 	}
 }
 
-// TestRecoveryReplaysWAL puts entries in the WAL that the store never saw (a
-// crash between fsync and apply) and checks that Open applies them and
-// restores the clock above them.
-func TestRecoveryReplaysWAL(t *testing.T) {
+// TestRecoveryReplaysLog puts a command in the raft log that the store
+// never saw (a crash between the log's fsync and the apply) and checks that
+// Open applies it before it returns, and restores the clock above it.
+func TestRecoveryReplaysLog(t *testing.T) {
 	dir := t.TempDir()
 	n := openNode(t, testOptions(dir))
 	n.Put(context.Background(), "before", []byte("x"))
 	n.Close()
 
-	l, err := wal.Open(filepath.Join(dir, "wal"), &wal.Options{Origin: "a", Logger: quiet})
-	if err != nil {
-		t.Fatal(err)
-	}
 	future := hlc.Timestamp{Wall: time.Now().Add(time.Hour).UnixNano()}
-	var ents []*wal.Entry
+	cmd := machine.Command{Kind: machine.KindLocal}
 	for i := 0; i < 300; i++ {
-		ents = append(ents, &wal.Entry{Commit: future.Add(time.Duration(i)), Op: store.OpSet, Key: fmt.Sprintf("r/%03d", i), Value: []byte("replayed")})
+		cmd.Local = append(cmd.Local, machine.Proposal{Entry: wal.Entry{Commit: future.Add(time.Duration(i)), Op: store.OpSet,
+			Key: fmt.Sprintf("r/%03d", i), Value: []byte("replayed")}})
 	}
-	ents = append(ents, &wal.Entry{Commit: future.Add(time.Second), Op: store.OpDelete, Key: "before"})
-	if err := l.Append(ents); err != nil {
-		t.Fatal(err)
-	}
-	l.Close()
+	cmd.Local = append(cmd.Local, machine.Proposal{Entry: wal.Entry{Commit: future.Add(time.Second), Op: store.OpDelete, Key: "before"}})
+	appendCommand(t, dir, &cmd)
 
 	n = openNode(t, testOptions(dir))
 	defer n.Close()
@@ -180,14 +177,39 @@ func TestRecoveryReplaysWAL(t *testing.T) {
 		t.Fatalf("clock not restored above replayed entries: %s", st)
 	}
 	if r.Index != 303 {
-		t.Fatalf("new write got WAL index %d, want 303", r.Index)
+		t.Fatalf("new write got stream index %d, want 303", r.Index)
 	}
 }
 
-// TestTornWALTailNodeServes damages the WAL's last segment at random offsets
-// between runs: the node must start, keep every acknowledged write (they are
-// in the store), and keep taking writes under indexes it never used before.
-func TestTornWALTailNodeServes(t *testing.T) {
+// appendCommand writes c at the end of a stopped node's raft log, in its
+// current term: committed by the node's next election, as a command whose
+// append was fsynced before a crash.
+func appendCommand(t *testing.T, dir string, c *machine.Command) {
+	t.Helper()
+	data, err := machine.NewEncoder().Encode(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rl, err := raftlog.Open(filepath.Join(dir, "cluster", "raft"), &raftlog.Options{Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rl.Close()
+	last, _ := rl.LastIndex()
+	term, _ := rl.GetUint64([]byte("CurrentTerm"))
+	if last == 0 || term == 0 {
+		t.Fatalf("no raft state: last %d, term %d", last, term)
+	}
+	if err := rl.StoreLog(&raft.Log{Index: last + 1, Term: term, Type: raft.LogCommand, Data: data, AppendedAt: time.Now()}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestTornLogTailNodeServes damages the raft log's last segment at random
+// offsets between runs: the node must start, keep every acknowledged write
+// (they are in the store), and keep taking writes under stream indexes it
+// never used before.
+func TestTornLogTailNodeServes(t *testing.T) {
 	seed := uint64(time.Now().UnixNano())
 	t.Logf("seed %d", seed)
 	r := rand.New(rand.NewPCG(seed, 3))
@@ -198,11 +220,12 @@ func TestTornWALTailNodeServes(t *testing.T) {
 	seen := map[string]bool{} // stream/index pairs handed out
 	for round := 0; round < 10; round++ {
 		n, err := Open(context.Background(), o)
-		if errors.Is(err, wal.ErrCorrupt) {
+		if errors.Is(err, raftlog.ErrCorrupt) {
 			// A flipped byte with whole later appends after it is not a
-			// torn tail: the documented recovery moves the WAL aside (the
-			// store holds every applied write) and starts a new stream.
-			if err := os.Rename(filepath.Join(dir, "wal"), filepath.Join(dir, fmt.Sprintf("wal.corrupt-%d", round))); err != nil {
+			// torn tail: the documented recovery moves the raft directory
+			// aside (the store holds every applied write); the stream goes
+			// on.
+			if err := os.Rename(filepath.Join(dir, "cluster"), filepath.Join(dir, fmt.Sprintf("cluster.corrupt-%d", round))); err != nil {
 				t.Fatal(err)
 			}
 			n, err = Open(context.Background(), o)
@@ -217,7 +240,7 @@ func TestTornWALTailNodeServes(t *testing.T) {
 			if err != nil {
 				t.Fatalf("seed %d round %d: put: %v", seed, round, err)
 			}
-			id := n.wal.Stream().String() + fmt.Sprint(res.Index)
+			id := n.out.Stream().String() + fmt.Sprint(res.Index)
 			if seen[id] {
 				t.Fatalf("seed %d: WAL identity %s reused", seed, id)
 			}
@@ -231,8 +254,15 @@ func TestTornWALTailNodeServes(t *testing.T) {
 			}
 		}
 		n.Close()
-		segs, _ := os.ReadDir(filepath.Join(dir, "wal", "segments"))
-		last := filepath.Join(dir, "wal", "segments", segs[len(segs)-1].Name())
+		logs, _ := filepath.Glob(filepath.Join(dir, "cluster", "raft", "log-*"))
+		if len(logs) != 1 {
+			t.Fatalf("raft log directories: %v", logs)
+		}
+		segs, _ := os.ReadDir(logs[0])
+		if len(segs) == 0 {
+			continue
+		}
+		last := filepath.Join(logs[0], segs[len(segs)-1].Name())
 		data, _ := os.ReadFile(last)
 		if len(data) == 0 {
 			continue
@@ -297,8 +327,8 @@ func TestValidation(t *testing.T) {
 			t.Errorf("put %q (%d bytes): %v, want %v", tc.key, len(tc.value), err, tc.want)
 		}
 	}
-	if n.wal.Last() != 0 {
-		t.Fatalf("refused writes reached the WAL: last index %d", n.wal.Last())
+	if n.out.Last() != 0 {
+		t.Fatalf("refused writes reached the WAL: last index %d", n.out.Last())
 	}
 }
 
@@ -434,8 +464,8 @@ func TestHTTPErrors(t *testing.T) {
 			t.Errorf("%s: %d %s, want %d with code %s", c.name, resp.StatusCode, b, c.status, c.code)
 		}
 	}
-	if n.wal.Last() != 0 {
-		t.Fatalf("bad requests wrote %d WAL entries", n.wal.Last())
+	if n.out.Last() != 0 {
+		t.Fatalf("bad requests wrote %d WAL entries", n.out.Last())
 	}
 	resp, _ := do(t, "PUT", u+"/v1/kv/ok", strings.NewReader("fine"))
 	if resp.StatusCode != 200 {
@@ -508,7 +538,7 @@ func TestDiskFullRefusesAndRecovers(t *testing.T) {
 		t.Fatal(err)
 	}
 	os.WriteFile(full, []byte("full"), 0o644)
-	last := n.wal.Last()
+	last := n.out.Last()
 	_, err := n.Put(ctx, "during", []byte("v"))
 	if !errors.Is(err, ErrNotWritten) || !strings.Contains(err.Error(), "no space left") {
 		t.Fatalf("write on a full disk: %v", err)
@@ -517,7 +547,7 @@ func TestDiskFullRefusesAndRecovers(t *testing.T) {
 	if resp.StatusCode != 503 || !strings.Contains(string(b), `"code":"not_written"`) || !strings.Contains(string(b), `"retryable":true`) {
 		t.Fatalf("HTTP write on a full disk: %d %s", resp.StatusCode, b)
 	}
-	if n.wal.Last() != last {
+	if n.out.Last() != last {
 		t.Fatal("a refused write reached the WAL")
 	}
 	if _, err := n.Get("during"); !errors.Is(err, ErrNotFound) {

@@ -141,8 +141,8 @@ func TestAtomicBatchAndRangeDelete(t *testing.T) {
 	n := startNode(t, testOptions(t.TempDir()))
 	body := `{"ops":[{"op":"set","key":"t/1","value":"x"},{"op":"set","key":"t/2","value_b64":"AAE="},{"op":"delete","key":"t/3"}],"operation_id":"op-1"}`
 	resp, b := do(t, "POST", n.URL()+"/v1/batch", strings.NewReader(body))
-	if resp.StatusCode != 200 || n.wal.Last() != 1 {
-		t.Fatalf("batch: %d %s (WAL %d)", resp.StatusCode, b, n.wal.Last())
+	if resp.StatusCode != 200 || n.out.Last() != 1 {
+		t.Fatalf("batch: %d %s (WAL %d)", resp.StatusCode, b, n.out.Last())
 	}
 	r1, _ := n.Get("t/1")
 	r2, _ := n.Get("t/2")
@@ -150,7 +150,7 @@ func TestAtomicBatchAndRangeDelete(t *testing.T) {
 		t.Fatalf("batch applied: %+v %+v", r1, r2)
 	}
 	resp, _ = do(t, "POST", n.URL()+"/v1/batch", strings.NewReader(body))
-	if resp.StatusCode != 200 || resp.Header.Get("Idempotent-Replayed") != "true" || n.wal.Last() != 1 {
+	if resp.StatusCode != 200 || resp.Header.Get("Idempotent-Replayed") != "true" || n.out.Last() != 1 {
 		t.Fatalf("same operation_id again: %d %v", resp.StatusCode, resp.Header)
 	}
 	other := strings.Replace(body, `"value":"x"`, `"value":"y"`, 1)
@@ -163,8 +163,8 @@ func TestAtomicBatchAndRangeDelete(t *testing.T) {
 			t.Errorf("%s: %d", bad, resp.StatusCode)
 		}
 	}
-	if n.wal.Last() != 1 {
-		t.Fatalf("refused batches wrote: %d", n.wal.Last())
+	if n.out.Last() != 1 {
+		t.Fatalf("refused batches wrote: %d", n.out.Last())
 	}
 	// the same key twice in one batch: the last op wins
 	if _, err := n.Batch(context.Background(), []BatchOp{{Key: "dup", Value: []byte("first")}, {Key: "dup", Delete: true}, {Key: "dup", Value: []byte("last")}}); err != nil {

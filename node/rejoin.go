@@ -1,15 +1,14 @@
 package node
 
 import (
-	"errors"
 	"fmt"
 	"math/rand/v2"
-	"os"
 	"sort"
 	"sync"
 	"time"
 
 	"github.com/replicator/replicator/hlc"
+	"github.com/replicator/replicator/machine"
 	"github.com/replicator/replicator/store"
 	"github.com/replicator/replicator/transport"
 	"github.com/replicator/replicator/wal"
@@ -91,18 +90,21 @@ func (n *Node) fenceTimeout() {
 	}
 	rs.mu.Unlock()
 	if len(silent) > 0 {
-		stream := n.wal.Stream()
 		// Random, not the next number: the epoch is stored in the data
 		// directory, and a restored backup would count up to an epoch its
 		// later life already used, whose totals the peers hold.
 		epoch := rand.Uint32()
-		for epoch == 0 || epoch == n.ctrEpoch.Load() {
+		for epoch == 0 || epoch == n.machine.Epoch() {
 			epoch = rand.Uint32()
 		}
-		if err := n.store.SetCounterEpoch(stream, epoch); err != nil {
+		// Through the log, between groups: an increment stamped before is
+		// counted under the old epoch, every later one under the new.
+		n.com.groupMu.Lock()
+		err := n.applyCommand(&machine.Command{Kind: machine.KindMint, Stream: n.out.Stream(), Epoch: epoch})
+		n.com.groupMu.Unlock()
+		if err != nil {
 			n.log.Error("recording a new counter epoch", "err", err)
 		} else {
-			n.ctrEpoch.Store(epoch)
 			n.log.Warn("peers did not answer before writes resumed: counting under a new epoch",
 				"silent", silent, "waited", n.opts.IdentityCheckWait, "epoch", epoch)
 		}
@@ -147,7 +149,7 @@ func (n *Node) onAck(peer string, ack *transport.Ack) {
 		// continuing it could reuse what that life used.
 		why := fmt.Sprintf("peer %s holds a write of cluster %s stamped %s, after anything this data directory remembers (%s): "+
 			"it lost data (a wipe, or a restore from an older backup)", peer, n.cluster, theirs, rs.startHLC)
-		if err := n.sealStream(n.wal.Stream(), why); err != nil {
+		if err := n.sealStream(n.out.Stream(), why); err != nil {
 			n.log.Error("sealing the stream after a loss of data", "err", err)
 			n.startRejoin(why)
 		}
@@ -169,10 +171,11 @@ func (n *Node) onConflict(peer string, stream wal.StreamID, why string) {
 	}()
 }
 
-// sealStream sets the WAL of stream old aside and begins a new stream, then
-// rejoins (nothing when old was already replaced: several links may prove
-// the same conflict). Entries of the old stream the peers did not have reach
-// them by the rejoin's re-seeds (they are all applied to the store).
+// sealStream ends stream old and begins a new one through the cluster's
+// log, then rejoins (nothing when old was already replaced: several links
+// may prove the same conflict). Entries of the old stream the peers did not
+// have reach them by the rejoin's re-seeds (they are all applied to the
+// store); the old stream's entries stay in the tree until then.
 func (n *Node) sealStream(old wal.StreamID, why string) error {
 	c := n.com
 	c.groupMu.Lock()
@@ -180,49 +183,27 @@ func (n *Node) sealStream(old wal.StreamID, why string) error {
 	if n.closing.Load() {
 		return ErrClosed
 	}
-	if n.wal.Stream() != old {
+	if n.out.Stream() != old {
 		return nil
 	}
 	if errp := c.failed.Load(); errp != nil {
-		// The WAL may hold durable entries the store has not applied: a
-		// restart applies them; setting the WAL aside would lose them.
 		return fmt.Errorf("node: not sealing stream %s while the write path is failed (restart the node): %w", old, *errp)
 	}
-	if err := n.store.Sync(); err != nil {
-		return err
-	}
-	// The rejoin is recorded before the WAL is set aside: a crash in
-	// between restarts on a new stream that still knows it must rejoin.
+	// The rejoin is recorded before the new stream: a crash in between
+	// restarts on the old stream, which a peer proves used again.
 	asked := n.recordRejoin()
-	if err := n.wal.Close(); err != nil {
-		n.log.Warn("closing the sealed WAL", "err", err)
-	}
-	aside := fmt.Sprintf("%s.sealed-%s", n.walDir(), old)
-	if err := os.Rename(n.walDir(), aside); err != nil {
-		return fmt.Errorf("node: set the sealed WAL aside: %w", err)
-	}
-	if err := n.openWAL(); err != nil {
-		c.fail(fmt.Errorf("open a new WAL after sealing stream %s: %w", old, err))
-		return err
+	if err := n.applyCommand(&machine.Command{Kind: machine.KindMint, Stream: wal.NewStreamID()}); err != nil {
+		return fmt.Errorf("node: begin a new stream after sealing %s: %w", old, err)
 	}
 	// The rejoin is recorded: the peers' answers need not start another.
 	n.rejoin.mu.Lock()
 	n.rejoin.mu.lossSeen = true
 	n.rejoin.mu.Unlock()
-	b := n.store.NewBatch()
-	err := errors.Join(b.SetLocalApplied(store.AppliedIndex{Stream: n.wal.Stream()}), b.Commit(true))
-	b.Close()
-	if err != nil {
-		c.fail(fmt.Errorf("record the new stream: %w", err))
-		return err
-	}
-	n.applied.Store(0)
-	n.ctrEpoch.Store(0)
 	for _, sh := range n.links() {
 		sh.Rebase()
 	}
 	n.log.Error("stream sealed: its indexes were used before; began a new stream and rejoining the peers",
-		"why", why, "sealed_stream", old, "new_stream", n.wal.Stream(), "kept_at", aside, "peers", len(asked))
+		"why", why, "sealed_stream", old, "new_stream", n.out.Stream(), "peers", len(asked))
 	for _, sh := range asked {
 		sh.SetRejoining(store.RejoinRequesting)
 	}

@@ -8,6 +8,7 @@ import (
 
 	"github.com/replicator/replicator/acceptor"
 	"github.com/replicator/replicator/hlc"
+	"github.com/replicator/replicator/machine"
 	"github.com/replicator/replicator/transport"
 	"github.com/replicator/replicator/wal"
 )
@@ -81,7 +82,7 @@ func (n *Node) addLink(p Peer) (*transport.Shipper, error) {
 	if err != nil {
 		return nil, err
 	}
-	sh, err := transport.NewShipper(transport.Peer{Name: p.Name, URL: p.URL, Secret: p.Secret}, n.wal, n.store, transport.Options{
+	sh, err := transport.NewShipper(transport.Peer{Name: p.Name, URL: p.URL, Secret: p.Secret}, n.out, n.store, transport.Options{
 		Local:           n.cluster,
 		MaxBatchEntries: n.opts.MaxBatchEntries,
 		MaxBatchBytes:   n.opts.MaxBatchBytes,
@@ -160,27 +161,27 @@ func (n *Node) startReplication() {
 	}()
 }
 
-// TruncateWAL cuts the WAL back to what every peer acknowledged and the
-// store holds durably.
+// TruncateWAL drops the stream's outbound entries every peer acknowledged,
+// through the cluster's log (every node drops the same).
 func (n *Node) TruncateWAL() error {
-	// One log throughout: if the stream is replaced meanwhile, the bounds
-	// read here are the old stream's and only ever cut the old log.
-	w := n.wal.cur()
-	upTo := min(n.applied.Load(), w.Last())
+	c := n.com
+	// Between groups, so the stream read here is the one the command cuts.
+	c.groupMu.Lock()
+	defer c.groupMu.Unlock()
+	if errp := c.failed.Load(); errp != nil || n.closing.Load() {
+		return nil
+	}
+	stream := n.out.Stream()
+	upTo := min(n.applied.Load(), n.out.Last())
 	for _, sh := range n.links() {
 		if sh.Retains() {
 			upTo = min(upTo, sh.Acked())
 		}
 	}
-	if upTo < w.First() || n.wal.cur() != w {
+	if upTo < n.out.First() || stream.IsZero() {
 		return nil
 	}
-	// Everything up to upTo is applied; make it durable before the redo
-	// log forgets it.
-	if err := n.store.Sync(); err != nil {
-		return err
-	}
-	return w.TruncateFront(upTo + 1)
+	return n.applyCommand(&machine.Command{Kind: machine.KindTruncate, Stream: stream, First: upTo + 1})
 }
 
 // tombstoneCutoff is the stamp below which tombstones may go. A tombstone is
@@ -215,7 +216,7 @@ func (n *Node) tombstoneCutoff() (hlc.Timestamp, error) {
 	// was read is either above the clock reading or below the floor.
 	clockNow := n.clock.Last()
 	floorp := n.com.floor.Load()
-	last := n.wal.Last()
+	last := n.out.Last()
 	for _, sh := range n.links() {
 		d := sh.Delivery()
 		switch {
@@ -278,11 +279,11 @@ func (n *Node) tombstoneCutoff() (hlc.Timestamp, error) {
 // oldestCommitWall reads the commit HLC's wall time of a WAL entry, for the
 // age of a link's oldest unacknowledged entry.
 func (n *Node) oldestCommitWall(index uint64) (int64, bool) {
-	p, err := n.wal.ReadRaw(index)
+	p, err := n.out.ReadRaw(index)
 	if err != nil {
 		return 0, false
 	}
-	e, err := wal.NewCodec().DecodeEntry(p, n.wal.Defaults())
+	e, err := wal.NewCodec().DecodeEntry(p, wal.Defaults{Origin: n.cluster, Stream: n.out.Stream()})
 	if err != nil {
 		return 0, false
 	}

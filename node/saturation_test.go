@@ -85,9 +85,9 @@ func TestSaturationRefusesAndRecovers(t *testing.T) {
 	if refused == nil || refused.Peer != "b" || refused.Source != "outbound_backlog" {
 		t.Fatalf("no refusal naming the source and peer: %+v", refused)
 	}
-	last := a.wal.Last()
-	if _, err := a.Put(ctx, "more", []byte("v")); !errors.Is(err, ErrSaturated) || a.wal.Last() != last {
-		t.Fatalf("refused write reached the WAL: %v (%d -> %d)", err, last, a.wal.Last())
+	last := a.out.Last()
+	if _, err := a.Put(ctx, "more", []byte("v")); !errors.Is(err, ErrSaturated) || a.out.Last() != last {
+		t.Fatalf("refused write reached the WAL: %v (%d -> %d)", err, last, a.out.Last())
 	}
 	if a.Ready() == nil {
 		t.Fatal("ready while saturated")

@@ -95,6 +95,9 @@ type Store struct {
 		sync.Mutex
 		tw     *twal.Log
 		broken error  // set when a failed append could not be cut back
+		// repairs and dropped count torn tails cut at open and their
+		// bytes; failures counts failed appends.
+		repairs, dropped, failures int64
 		base   uint64 // raft index = base + tidwall index
 		first  uint64 // raft indexes held, 0 when empty
 		last   uint64
@@ -175,8 +178,13 @@ func (s *Store) bases() ([]uint64, error) {
 
 func (s *Store) openLocked(base uint64) error {
 	dir := s.logDir(base)
-	if err := repairTail(dir, base, s.opts.Logger); err != nil {
+	dropped, err := repairTail(dir, base, s.opts.Logger)
+	if err != nil {
 		return err
+	}
+	if dropped > 0 {
+		s.mu.repairs++
+		s.mu.dropped += dropped
 	}
 	tw, err := twal.Open(dir, &twal.Options{
 		SegmentSize: s.opts.SegmentSize,
@@ -231,6 +239,29 @@ func (s *Store) resetLocked(base uint64) error {
 		return err
 	}
 	return s.openLocked(base)
+}
+
+// Stats describe the log's files and what went wrong with them.
+type Stats struct {
+	Segments      int   // segment files of the current log
+	Repairs       int64 // torn tails cut at open
+	DroppedBytes  int64 // bytes those cuts dropped
+	WriteFailures int64 // appends that failed
+}
+
+// Stats reports the log's files and failures.
+func (s *Store) Stats() Stats {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	st := Stats{Repairs: s.mu.repairs, DroppedBytes: s.mu.dropped, WriteFailures: s.mu.failures}
+	if ents, err := os.ReadDir(s.logDir(s.mu.base)); err == nil {
+		for _, e := range ents {
+			if !e.IsDir() && len(e.Name()) == 20 {
+				st.Segments++
+			}
+		}
+	}
+	return st
 }
 
 // FirstIndex is the first index held, 0 when the log is empty.
@@ -289,7 +320,8 @@ func (s *Store) StoreLogs(logs []*raft.Log) error {
 	}
 	if s.opts.BeforeWrite != nil {
 		if err := s.opts.BeforeWrite(); err != nil {
-			return fmt.Errorf("raftlog: append: %w", err)
+			s.mu.failures++
+			return fmt.Errorf("%w: %w", ErrAppendFailed, err)
 		}
 	}
 	for i, l := range logs[1:] {
@@ -373,6 +405,10 @@ func (s *Store) IsMonotonic() bool { return true }
 
 var errClosed = errors.New("raftlog: closed")
 
+// ErrAppendFailed wraps an append that failed and left the log as it was:
+// nothing of it is in the log.
+var ErrAppendFailed = errors.New("raftlog: append failed, nothing appended")
+
 // ErrBroken is returned by every append after one that failed and could not
 // be cut back: what the file holds is unknown until a restart repairs it.
 var ErrBroken = errors.New("raftlog: broken after an unrecoverable i/o error; restart the node")
@@ -386,6 +422,7 @@ var ErrBroken = errors.New("raftlog: broken after an unrecoverable i/o error; re
 //
 // REQUIRES: s.mu held.
 func (s *Store) recoverWriteLocked(cause error) error {
+	s.mu.failures++
 	first, last, base := s.mu.first, s.mu.last, s.mu.base
 	closeErr := s.mu.tw.Close()
 	s.mu.tw = nil
@@ -419,7 +456,7 @@ func (s *Store) recoverWriteLocked(cause error) error {
 		return s.mu.broken
 	}
 	s.opts.Logger.Warn("raftlog: append failed; log cut back to the last entry", "last", last, "err", cause)
-	return cause
+	return fmt.Errorf("%w: %w", ErrAppendFailed, cause)
 }
 
 // Close closes the log.

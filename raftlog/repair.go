@@ -20,16 +20,16 @@ import (
 // a segment whose last entry is torn. An entry is appended and fsynced
 // before raft is told it is stored, so a damaged last segment's tail was
 // never acknowledged and is cut; damage anywhere else is corruption.
-func repairTail(dir string, base uint64, logger *slog.Logger) error {
+func repairTail(dir string, base uint64, logger *slog.Logger) (dropped int64, err error) {
 	if err := segfile.FinishPendingTruncation(dir); err != nil {
-		return fmt.Errorf("raftlog: %w", err)
+		return 0, fmt.Errorf("raftlog: %w", err)
 	}
 	ents, err := os.ReadDir(dir)
 	if errors.Is(err, fs.ErrNotExist) {
-		return nil
+		return 0, nil
 	}
 	if err != nil {
-		return fmt.Errorf("raftlog: list %s: %w", dir, err)
+		return 0, fmt.Errorf("raftlog: list %s: %w", dir, err)
 	}
 	type seg struct {
 		name  string
@@ -49,22 +49,23 @@ func repairTail(dir string, base uint64, logger *slog.Logger) error {
 		path := filepath.Join(dir, s.name)
 		data, err := os.ReadFile(path)
 		if err != nil {
-			return fmt.Errorf("raftlog: read %s: %w", path, err)
+			return 0, fmt.Errorf("raftlog: read %s: %w", path, err)
 		}
 		n, good, problem := scan(data, base+s.first)
 		if problem == nil {
 			continue
 		}
 		if i < len(segs)-1 {
-			return fmt.Errorf("%w: segment %s, entry %d: %v", ErrCorrupt, path, base+s.first+uint64(n), problem)
+			return 0, fmt.Errorf("%w: segment %s, entry %d: %v", ErrCorrupt, path, base+s.first+uint64(n), problem)
 		}
 		logger.Warn("raftlog: torn tail repaired", "segment", path, "first_bad_index", base+s.first+uint64(n),
 			"dropped_bytes", len(data)-good, "problem", problem.Error())
 		if err := segfile.TruncateSync(path, int64(good)); err != nil {
-			return fmt.Errorf("raftlog: repair %s: %w", path, err)
+			return 0, fmt.Errorf("raftlog: repair %s: %w", path, err)
 		}
+		dropped += int64(len(data) - good)
 	}
-	return nil
+	return dropped, nil
 }
 
 // scan walks tidwall's binary framing (uvarint length, data) and the

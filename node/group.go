@@ -1,0 +1,343 @@
+package node
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"sync/atomic"
+	"time"
+
+	"github.com/hashicorp/raft"
+
+	"github.com/replicator/replicator/cluster"
+	"github.com/replicator/replicator/hlc"
+	"github.com/replicator/replicator/machine"
+	"github.com/replicator/replicator/raftlog"
+	"github.com/replicator/replicator/store"
+	"github.com/replicator/replicator/wal"
+)
+
+// The node's state changes through its cluster's log (docs/CLUSTER.md): a
+// node alone is a raft group of one, so a single node and a node of a
+// larger cluster run one write path. The raft log (raftlog, fsynced) is the
+// redo log; the state machine (package machine) applies each command into
+// one Pebble batch that records the log index it applied.
+
+// fsm is the raft.FSM of the node's group: the machine, and what the node
+// learns from each command it applies.
+type fsm struct {
+	n *Node
+	m *machine.Machine
+	// broken is set at the first command the machine could not apply:
+	// every later command assumes it, so none is applied until a restart
+	// replays the log from the machine's applied index.
+	broken atomic.Pointer[error]
+}
+
+// Apply applies one committed command. It returns the *machine.Result, or
+// the error that stopped the machine.
+func (f *fsm) Apply(l *raft.Log) any {
+	if errp := f.broken.Load(); errp != nil {
+		return *errp
+	}
+	res, err := f.m.Apply(l.Index, l.Data)
+	if err != nil {
+		f.broken.Store(&err)
+		f.n.com.fail(fmt.Errorf("apply log entry %d: %w", l.Index, err))
+		return err
+	}
+	if !res.High.IsZero() {
+		f.n.clock.Observe(res.High)
+	}
+	f.n.applied.Store(f.m.Outbound().Last())
+	return res
+}
+
+// snapshotDoc is a snapshot's content for now: the index the tree holds
+// durably. The tree itself stays where it is (a node of a group of one never
+// installs a snapshot; shipping the tree as a Pebble checkpoint to a lagging
+// follower is docs/CLUSTER.md's step 6).
+type snapshotDoc struct {
+	Format  string `json:"format"`
+	Applied uint64 `json:"applied"`
+}
+
+const snapshotFormat = "replicator-machine/0"
+
+// Snapshot makes the tree durable through the last command applied, so that
+// raft may then drop the log before it: the tree, not the log, holds it.
+func (f *fsm) Snapshot() (raft.FSMSnapshot, error) {
+	if errp := f.broken.Load(); errp != nil {
+		return nil, *errp
+	}
+	if err := f.n.store.Sync(); err != nil {
+		return nil, err
+	}
+	return snapshotDoc{Format: snapshotFormat, Applied: f.m.Applied()}, nil
+}
+
+// Restore installs a snapshot: only one the tree already holds.
+func (f *fsm) Restore(rc io.ReadCloser) error {
+	defer rc.Close()
+	var d snapshotDoc
+	if err := json.NewDecoder(io.LimitReader(rc, 1<<20)).Decode(&d); err != nil || d.Format != snapshotFormat {
+		return fmt.Errorf("node: restore: not a snapshot this build reads (%v)", err)
+	}
+	if f.m.Applied() < d.Applied {
+		return fmt.Errorf("node: restore: the tree applied up to %d, the snapshot holds %d: installing a snapshot from another node is not built yet",
+			f.m.Applied(), d.Applied)
+	}
+	return nil
+}
+
+// Persist writes the snapshot's document.
+func (d snapshotDoc) Persist(sink raft.SnapshotSink) error {
+	if err := json.NewEncoder(sink).Encode(d); err != nil {
+		sink.Cancel()
+		return err
+	}
+	return sink.Close()
+}
+
+// Release has nothing to release.
+func (snapshotDoc) Release() {}
+
+// groupDir holds the raft log, its stable state and snapshots.
+func (n *Node) groupDir() string { return filepath.Join(n.opts.DataDir, "cluster") }
+
+// openGroup opens the machine, squares it with the raft directory, starts
+// the group, and waits until the node leads and has applied its whole log.
+// It reports whether the stream is new (minted now).
+func (n *Node) openGroup() (created bool, err error) {
+	m, err := machine.Open(n.store, machine.Options{Cluster: n.cluster, Logger: n.log})
+	if err != nil {
+		return false, err
+	}
+	migrated, err := n.migrateWAL(m)
+	if err != nil {
+		return false, err
+	}
+	if migrated {
+		if m, err = machine.Open(n.store, machine.Options{Cluster: n.cluster, Logger: n.log}); err != nil {
+			return false, err
+		}
+	}
+	mint, err := n.reconcileLog(m)
+	if err != nil {
+		return false, err
+	}
+	n.machine, n.out = m, m.Outbound()
+	n.applied.Store(n.out.Last())
+	n.fsm = &fsm{n: n, m: m}
+	id, err := nodeID(n.opts.DataDir)
+	if err != nil {
+		return false, fmt.Errorf("node: node id: %w", err)
+	}
+	g, err := cluster.Open(&cluster.Options{
+		Cluster: n.cluster,
+		Node:    id,
+		Dir:     n.groupDir(),
+		Solo:    true,
+		FSM:     n.fsm,
+		Logger:  n.log,
+		Log: raftlog.Options{
+			SegmentSize: n.opts.WALSegmentSize,
+			NoSync:      n.opts.UnsafeNoSync,
+			BeforeWrite: n.diskFull(),
+		},
+	})
+	if err != nil {
+		return false, err
+	}
+	n.group = g
+	if err := n.awaitLead(30 * time.Second); err != nil {
+		n.group.Close()
+		return false, err
+	}
+	if m.Stream().IsZero() || mint != "" {
+		old := m.Stream()
+		if err := n.applyCommand(&machine.Command{Kind: machine.KindMint, Stream: wal.NewStreamID()}); err != nil {
+			n.group.Close()
+			return false, fmt.Errorf("node: start the stream: %w", err)
+		}
+		if mint != "" {
+			n.log.Error("the log lost commands the store never applied; started a new stream (peers need a re-seed)",
+				"why", mint, "old_stream", old, "new_stream", m.Stream())
+		}
+		created = true
+	}
+	return created, nil
+}
+
+// awaitLead waits up to wait for the group to elect this node and for every
+// command in its log to be applied (a barrier): nothing is stamped before.
+func (n *Node) awaitLead(wait time.Duration) error {
+	deadline := time.Now().Add(wait)
+	for !n.group.IsLeader() {
+		if time.Now().After(deadline) {
+			return fmt.Errorf("node: the group of one did not elect itself in %s", wait)
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+	if err := n.group.Barrier(wait); err != nil {
+		return fmt.Errorf("node: apply the log: %w", err)
+	}
+	if errp := n.fsm.broken.Load(); errp != nil {
+		return fmt.Errorf("node: apply the log: %w", *errp)
+	}
+	return nil
+}
+
+// applyCommand commits a command of the node's own (not a write group) and
+// applies it.
+func (n *Node) applyCommand(c *machine.Command) error {
+	data, err := machine.NewEncoder().Encode(c)
+	if err != nil {
+		return err
+	}
+	res, err := n.group.Apply(data, 30*time.Second)
+	if err != nil {
+		return err
+	}
+	if err, ok := res.(error); ok {
+		return err
+	}
+	return nil
+}
+
+// reconcileLog squares the machine's applied index with the raft directory
+// before raft starts, since raft applies from its newest snapshot onward
+// and numbers new commands after its last one:
+//
+//   - the log lost commands the tree applied (a raft directory wiped, or
+//     older than the tree): the tree holds everything, so the stream goes
+//     on; the directory is set aside and the machine counts from a new log;
+//   - the tree lacks commands the log no longer holds (the tree restored
+//     alone from an older backup): those commands' entries may have been
+//     shipped, so their indexes must not mean other writes: the directory is
+//     set aside and a new stream is minted (the returned reason).
+func (n *Node) reconcileLog(m *machine.Machine) (mint string, err error) {
+	ls, err := cluster.Inspect(n.groupDir(), n.log)
+	if err != nil {
+		return "", err
+	}
+	applied := m.Applied()
+	var why string
+	switch {
+	case applied < ls.Snapshot:
+		why = fmt.Sprintf("the store applied the log up to %d, its snapshot is at %d", applied, ls.Snapshot)
+		mint = why
+	case applied > max(ls.Last, ls.Snapshot):
+		why = fmt.Sprintf("the log ends at %d, the store applied up to %d", max(ls.Last, ls.Snapshot), applied)
+	default:
+		return "", nil
+	}
+	if ls.Existing {
+		aside := fmt.Sprintf("%s.lost-%d", n.groupDir(), time.Now().UnixNano())
+		if err := os.Rename(n.groupDir(), aside); err != nil {
+			return "", fmt.Errorf("node: set the raft directory aside: %w", err)
+		}
+		n.log.Warn("raft directory set aside", "why", why, "kept_at", aside)
+	}
+	return mint, m.ForgetLog()
+}
+
+// migrateWAL moves a data directory of a build before the cluster's log
+// into it, in place: the WAL's entries the store has not applied are applied,
+// its retained entries become the stream's outbound entries in the tree, and
+// the stream is kept. The WAL is kept as wal.migrated-<stream> for the
+// operator to remove. It reports whether there was a WAL to migrate.
+func (n *Node) migrateWAL(m *machine.Machine) (bool, error) {
+	dir := filepath.Join(n.opts.DataDir, "wal")
+	if _, err := os.Stat(dir); errors.Is(err, os.ErrNotExist) {
+		return false, nil
+	}
+	if m.Applied() > 0 {
+		return false, fmt.Errorf("node: %s exists beside the cluster's log: set it aside, or remove it if it was migrated", dir)
+	}
+	l, err := wal.Open(dir, &wal.Options{Origin: n.cluster, Logger: n.log, NoSync: n.opts.UnsafeNoSync})
+	if err != nil {
+		return false, err
+	}
+	stream, first, last := l.Stream(), l.First(), l.Last()
+	err = n.migrateEntries(l)
+	if cerr := l.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return false, fmt.Errorf("node: migrate the WAL: %w", err)
+	}
+	aside := fmt.Sprintf("%s.migrated-%s", dir, stream)
+	if err := os.Rename(dir, aside); err != nil {
+		return false, fmt.Errorf("node: set the migrated WAL aside: %w", err)
+	}
+	n.log.Info("migrated the WAL into the cluster's log; the stream goes on", "stream", stream,
+		"entries", last+1-first, "last_index", last, "kept_at", aside)
+	return true, nil
+}
+
+// migrateEntries applies what the store lacks of the WAL and copies its
+// retained entries into the tree, synced, with the stream and its end.
+func (n *Node) migrateEntries(l *wal.Log) error {
+	ap, err := n.store.LocalApplied()
+	if err != nil {
+		return err
+	}
+	stream, first, last := l.Stream(), l.First(), l.Last()
+	if ap.Stream == stream && ap.Index > last {
+		// The WAL lost entries the store applied (the case a new stream
+		// answered before the log): the stream cannot go on.
+		return fmt.Errorf("the WAL holds [%d, %d] but the store applied up to %d; set the WAL aside to start a new stream", first, last, ap.Index)
+	}
+	from := ap.Index + 1
+	if ap.Stream != stream {
+		from = first
+	}
+	if from < first && from <= last {
+		return fmt.Errorf("the store applied up to %d, the WAL holds [%d, %d]; set the WAL aside to start a new stream", ap.Index, first, last)
+	}
+	codec := wal.NewCodec()
+	var commit hlc.Timestamp
+	for i := first; i <= last; {
+		b := n.store.NewBatch()
+		to := min(last, i+1023)
+		for ; i <= to; i++ {
+			raw, err := l.ReadRaw(i)
+			if err != nil {
+				b.Close()
+				return err
+			}
+			e, err := codec.DecodeEntry(raw, l.Defaults())
+			if err != nil {
+				b.Close()
+				return err
+			}
+			commit = e.Commit
+			n.clock.Observe(e.Commit)
+			if i >= from {
+				if _, err := e.Apply(b); err != nil {
+					b.Close()
+					return fmt.Errorf("entry %d: %w", i, err)
+				}
+			}
+			if err := b.PutOutbound(stream, i, raw); err != nil {
+				b.Close()
+				return err
+			}
+		}
+		err := errors.Join(b.RaiseHLC(n.clock.Last()), b.Commit(true))
+		b.Close()
+		if err != nil {
+			return err
+		}
+	}
+	if last == 0 || (ap.Stream == stream && ap.Index == last && last < first) {
+		commit = ap.Commit
+	}
+	b := n.store.NewBatch()
+	defer b.Close()
+	return errors.Join(b.SetLocalApplied(store.AppliedIndex{Stream: stream, Index: last, Commit: commit}), b.Commit(true))
+}
