@@ -94,15 +94,15 @@ type Store struct {
 	mu struct {
 		sync.Mutex
 		tw     *twal.Log
-		broken error  // set when a failed append could not be cut back
+		broken error // set when a failed append could not be cut back
 		// repairs and dropped count torn tails cut at open and their
 		// bytes; failures counts failed appends.
 		repairs, dropped, failures int64
-		base   uint64 // raft index = base + tidwall index
-		first  uint64 // raft indexes held, 0 when empty
-		last   uint64
-		stable map[string][]byte
-		buf    []byte
+		base                       uint64 // raft index = base + tidwall index
+		first                      uint64 // raft indexes held, 0 when empty
+		last                       uint64
+		stable                     map[string][]byte
+		buf                        []byte
 	}
 }
 
