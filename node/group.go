@@ -1,6 +1,7 @@
 package node
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -212,23 +213,49 @@ func (n *Node) applyCommand(c *machine.Command) error {
 // before raft starts, since raft applies from its newest snapshot onward
 // and numbers new commands after its last one:
 //
+//   - the tree lacks commands up to the snapshot (the store directory
+//     restored alone from an older backup) that the log still holds: they
+//     are committed, so the machine applies them from the log first;
 //   - the log lost commands the tree applied (a raft directory wiped, or
 //     older than the tree): the tree holds everything, so the stream goes
 //     on; the directory is set aside and the machine counts from a new log;
-//   - the tree lacks commands the log no longer holds (the tree restored
-//     alone from an older backup): those commands' entries may have been
-//     shipped, so their indexes must not mean other writes: the directory is
-//     set aside and a new stream is minted (the returned reason).
+//   - the tree lacks commands the log no longer holds: those commands'
+//     entries may have been shipped, so their indexes must not mean other
+//     writes: the directory is set aside and a new stream is minted (the
+//     returned reason).
 func (n *Node) reconcileLog(m *machine.Machine) (mint string, err error) {
 	ls, err := cluster.Inspect(n.groupDir(), n.log)
 	if err != nil {
 		return "", err
 	}
 	applied := m.Applied()
+	// The snapshot's index counts raft's own entries too; what the tree
+	// must hold is the last command the machine had applied when it was
+	// taken, which the snapshot records.
+	var snap snapshotDoc
+	if ls.Snapshot > 0 {
+		if err := json.NewDecoder(bytes.NewReader(ls.SnapshotHead)).Decode(&snap); err != nil || snap.Format != snapshotFormat {
+			return "", fmt.Errorf("node: the raft directory's snapshot at %d is not one this build reads (%v)", ls.Snapshot, err)
+		}
+	}
+	if applied < snap.Applied && ls.First > 0 && ls.First <= applied+1 {
+		err := cluster.ReadLog(n.groupDir(), applied+1, ls.Snapshot, n.log, func(i uint64, data []byte) error {
+			res, err := m.Apply(i, data)
+			if err == nil && !res.High.IsZero() {
+				n.clock.Observe(res.High)
+			}
+			return err
+		})
+		if err != nil {
+			return "", fmt.Errorf("node: apply the log's committed commands the store lacks: %w", err)
+		}
+		n.log.Warn("the store lacked committed commands the log holds: applied them", "from", applied+1, "to", ls.Snapshot)
+		applied = m.Applied()
+	}
 	var why string
 	switch {
-	case applied < ls.Snapshot:
-		why = fmt.Sprintf("the store applied the log up to %d, its snapshot is at %d", applied, ls.Snapshot)
+	case applied < snap.Applied:
+		why = fmt.Sprintf("the store applied the log up to %d, its snapshot holds up to %d", applied, snap.Applied)
 		mint = why
 	case applied > max(ls.Last, ls.Snapshot):
 		why = fmt.Sprintf("the log ends at %d, the store applied up to %d", max(ls.Last, ls.Snapshot), applied)

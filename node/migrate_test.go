@@ -1,0 +1,199 @@
+package node
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/replicator/replicator/hlc"
+	"github.com/replicator/replicator/store"
+	"github.com/replicator/replicator/wal"
+)
+
+// TestMigrateWALInPlace opens a data directory as a build before the
+// cluster's log left it (a WAL whose first entries were shipped and cut,
+// whose last ones the store never applied) and checks that the node keeps
+// its stream: every entry applied, the unshipped ones readable for the
+// shippers byte for byte, and the next write numbered after the last.
+func TestMigrateWALInPlace(t *testing.T) {
+	dir := t.TempDir()
+	st, err := store.Open(filepath.Join(dir, "store"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := wal.Open(filepath.Join(dir, "wal"), &wal.Options{Origin: "a", Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	base := hlc.Timestamp{Wall: time.Now().UnixNano()}
+	var ents []*wal.Entry
+	for i := 0; i < 10; i++ {
+		ents = append(ents, &wal.Entry{Commit: base.Add(time.Duration(i)), Op: store.OpSet, Key: fmt.Sprintf("k%d", i), Value: []byte("old")})
+	}
+	if err := l.Append(ents); err != nil {
+		t.Fatal(err)
+	}
+	b := st.NewBatch()
+	for _, e := range ents[:6] {
+		if _, err := e.Apply(b); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := b.SetLocalApplied(store.AppliedIndex{Stream: l.Stream(), Index: 6, Commit: ents[5].Commit}); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Commit(true); err != nil {
+		t.Fatal(err)
+	}
+	b.Close()
+	if err := l.TruncateFront(3); err != nil {
+		t.Fatal(err)
+	}
+	stream := l.Stream()
+	var raws [][]byte
+	for i := uint64(3); i <= 10; i++ {
+		raw, err := l.ReadRaw(i)
+		if err != nil {
+			t.Fatal(err)
+		}
+		raws = append(raws, bytes.Clone(raw))
+	}
+	l.Close()
+	st.Close()
+
+	for start := 0; start < 2; start++ {
+		n := openNode(t, testOptions(dir))
+		if n.out.Stream() != stream || n.out.First() != 3 || n.out.Last() != uint64(10+start) {
+			t.Fatalf("start %d: stream %s [%d, %d], want %s [3, %d]", start, n.out.Stream(), n.out.First(), n.out.Last(), stream, 10+start)
+		}
+		for i := uint64(3); i <= 10; i++ {
+			raw, err := n.out.ReadRaw(i)
+			if err != nil || !bytes.Equal(raw, raws[i-3]) {
+				t.Fatalf("start %d: entry %d differs from the WAL's: %v", start, i, err)
+			}
+		}
+		for i := 0; i < 10; i++ {
+			if r, err := n.Get(fmt.Sprintf("k%d", i)); err != nil || string(r.Value) != "old" {
+				t.Fatalf("start %d: k%d = %q %v", start, i, r.Value, err)
+			}
+		}
+		if start == 0 {
+			res, err := n.Put(context.Background(), "new", []byte("v"))
+			if err != nil || res.Index != 11 {
+				t.Fatalf("first write after the migration: index %d, %v", res.Index, err)
+			}
+			st, _ := store.ParseStamp(res.Version)
+			if !ents[9].Commit.Less(st.HLC) {
+				t.Fatalf("stamped %s, not above the WAL's last commit %s", st.HLC, ents[9].Commit)
+			}
+		}
+		n.Close()
+	}
+	if _, err := os.Stat(filepath.Join(dir, "wal")); !os.IsNotExist(err) {
+		t.Fatalf("the WAL is still in place: %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "wal.migrated-"+stream.String())); err != nil {
+		t.Fatalf("the migrated WAL is not kept: %v", err)
+	}
+}
+
+// TestLostRaftDirectoryContinuesStream: a node whose raft directory is gone
+// (wiped, or set aside after damage) holds everything it applied in its
+// tree: it starts a new log and its stream goes on, no index used twice.
+func TestLostRaftDirectoryContinuesStream(t *testing.T) {
+	dir := t.TempDir()
+	n := openNode(t, testOptions(dir))
+	for i := 0; i < 5; i++ {
+		if _, err := n.Put(context.Background(), fmt.Sprintf("k%d", i), []byte("v")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	stream := n.out.Stream()
+	n.Close()
+	if err := os.RemoveAll(filepath.Join(dir, "cluster")); err != nil {
+		t.Fatal(err)
+	}
+	n = openNode(t, testOptions(dir))
+	defer n.Close()
+	res, err := n.Put(context.Background(), "after", []byte("v"))
+	if err != nil || res.Index != 6 || n.out.Stream() != stream {
+		t.Fatalf("after the raft directory was lost: index %d on %s (%v), want 6 on %s", res.Index, n.out.Stream(), err, stream)
+	}
+	for i := 0; i < 5; i++ {
+		if _, err := n.Get(fmt.Sprintf("k%d", i)); err != nil {
+			t.Fatalf("k%d: %v", i, err)
+		}
+	}
+}
+
+// TestTreeBehindSnapshot: a tree older than the raft log's snapshot (the
+// store directory restored alone from a backup) lacks committed commands.
+// While the log still holds them, the node applies them from it and the
+// stream goes on; once the log was compacted past them, their entries may
+// have been shipped and the node must not number writes with their indexes
+// again: it sets the raft directory aside and starts a new stream.
+func TestTreeBehindSnapshot(t *testing.T) {
+	for _, compacted := range []bool{false, true} {
+		t.Run(fmt.Sprintf("compacted=%v", compacted), func(t *testing.T) {
+			dir := t.TempDir()
+			n := openNode(t, testOptions(dir))
+			if _, err := n.Put(context.Background(), "early", []byte("v")); err != nil {
+				t.Fatal(err)
+			}
+			old := n.out.Stream()
+			n.Close()
+			backup := filepath.Join(t.TempDir(), "store")
+			if err := os.CopyFS(backup, os.DirFS(filepath.Join(dir, "store"))); err != nil {
+				t.Fatal(err)
+			}
+			n = openNode(t, testOptions(dir))
+			late := 5
+			if compacted {
+				late = 300 // past the 128 commands a solo group's log keeps
+			}
+			for i := 0; i < late; i++ {
+				if _, err := n.Put(context.Background(), fmt.Sprintf("late%d", i), []byte("v")); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if err := n.group.Snapshot(); err != nil {
+				t.Fatal(err)
+			}
+			n.Close()
+			if err := os.RemoveAll(filepath.Join(dir, "store")); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Rename(backup, filepath.Join(dir, "store")); err != nil {
+				t.Fatal(err)
+			}
+			n = openNode(t, testOptions(dir))
+			defer n.Close()
+			res, err := n.Put(context.Background(), "after", []byte("v"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := n.Get("early"); err != nil {
+				t.Fatalf("the restored tree's write: %v", err)
+			}
+			aside, _ := filepath.Glob(filepath.Join(dir, "cluster.lost-*"))
+			if !compacted {
+				if n.out.Stream() != old || res.Index != uint64(late+2) || len(aside) != 0 {
+					t.Fatalf("stream %s index %d (set aside %v), want %s index %d", n.out.Stream(), res.Index, aside, old, late+2)
+				}
+				for i := 0; i < late; i++ {
+					if _, err := n.Get(fmt.Sprintf("late%d", i)); err != nil {
+						t.Fatalf("late%d not applied from the log: %v", i, err)
+					}
+				}
+				return
+			}
+			if n.out.Stream() == old || res.Index != 1 || len(aside) != 1 {
+				t.Fatalf("stream %s (old %s), index %d, set aside %v: want a new stream from index 1", n.out.Stream(), old, res.Index, aside)
+			}
+		})
+	}
+}
