@@ -62,6 +62,9 @@ type Machine struct {
 	codec   *wal.Codec
 	buf     []byte
 	out     *Outbound
+	// logged: the tree has applied commands of a log (or forgot one); a
+	// tree without it was written by a build before the log.
+	logged bool
 
 	// Changed only by Apply.
 	applied    uint64
@@ -93,6 +96,7 @@ func Open(st *store.Store, opts Options) (*Machine, error) {
 			return nil, fmt.Errorf("machine: open: %w: applied index of %d bytes", store.ErrCorrupt, len(v))
 		}
 		m.applied = binary.BigEndian.Uint64(v)
+		m.logged = true
 		closer.Close()
 	}
 	a, err := st.LocalApplied()
@@ -119,6 +123,10 @@ func (m *Machine) Applied() uint64 { return m.applied }
 // Stream is the cluster's stream (zero before one is minted).
 func (m *Machine) Stream() wal.StreamID { return m.out.Stream() }
 
+// Logged reports whether the tree was ever written through a log (false: a
+// new tree, or one a build before the log wrote).
+func (m *Machine) Logged() bool { return m.logged }
+
 // Epoch is the stream's counter epoch (store.Component).
 func (m *Machine) Epoch() uint32 { return m.epoch.Load() }
 
@@ -130,7 +138,7 @@ func (m *Machine) ForgetLog() error {
 	if err := m.st.DB().Set(keyApplied, binary.BigEndian.AppendUint64(nil, 0), pebble.Sync); err != nil {
 		return fmt.Errorf("machine: forget the log: %w", err)
 	}
-	m.applied = 0
+	m.applied, m.logged = 0, true
 	return nil
 }
 
@@ -224,7 +232,7 @@ func (m *Machine) ApplyCommand(index uint64, c *Command) (*Result, error) {
 	if err := b.Commit(false); err != nil {
 		return nil, fmt.Errorf("machine: apply %d (%s): %w", index, c.Kind, err)
 	}
-	m.applied = index
+	m.applied, m.logged = index, true
 	if next != nil {
 		next()
 	}
@@ -396,9 +404,10 @@ func (m *Machine) applyTruncate(b *store.Batch, stream wal.StreamID, first uint6
 	return &Result{}, func() { m.out.cut(first) }, nil
 }
 
-// applyMint starts a new stream. The entries of the one before stay where
-// they are (shipping a sealed stream's tail is the shippers' to finish). A
-// mint of the current stream with another epoch only changes the epoch: its
+// applyMint starts a new stream. The entries of the one before are dropped:
+// a stream is replaced when its indexes cannot be trusted (a peer proved them
+// used, or the tree lost some), and what its writes did reaches the peers by
+// re-seeds, from the tree. A mint of the current stream with another epoch only changes the epoch: its
 // increments count under fresh totals from then on.
 func (m *Machine) applyMint(b *store.Batch, stream wal.StreamID, epoch uint32) (*Result, func(), error) {
 	if stream == m.stream {
@@ -414,6 +423,9 @@ func (m *Machine) applyMint(b *store.Batch, stream wal.StreamID, epoch uint32) (
 		b.SetLocalApplied(store.AppliedIndex{Stream: stream}),
 		b.SetCounterEpoch(stream, epoch),
 	)
+	if !m.stream.IsZero() {
+		err = errors.Join(err, b.DropOutbound(m.stream))
+	}
 	if err != nil {
 		return nil, nil, err
 	}

@@ -121,6 +121,14 @@ func (n *Node) openGroup() (created bool, err error) {
 	if err != nil {
 		return false, err
 	}
+	var lostWAL string
+	if !migrated && !m.Logged() && !m.Stream().IsZero() {
+		// A build before the log wrote this tree, and its WAL is gone:
+		// entries past what the store applied may have been appended and
+		// shipped, then lost, so the stream cannot go on (as that build
+		// did, a new stream begins).
+		lostWAL = fmt.Sprintf("the store applied stream %s up to %d but its WAL is gone", m.Stream(), m.Outbound().Last())
+	}
 	if migrated {
 		if m, err = machine.Open(n.store, machine.Options{Cluster: n.cluster, Logger: n.log}); err != nil {
 			return false, err
@@ -129,6 +137,9 @@ func (n *Node) openGroup() (created bool, err error) {
 	mint, err := n.reconcileLog(m)
 	if err != nil {
 		return false, err
+	}
+	if mint == "" {
+		mint = lostWAL
 	}
 	n.machine, n.out = m, m.Outbound()
 	n.applied.Store(n.out.Last())
@@ -165,7 +176,7 @@ func (n *Node) openGroup() (created bool, err error) {
 			return false, fmt.Errorf("node: start the stream: %w", err)
 		}
 		if mint != "" {
-			n.log.Error("the log lost commands the store never applied; started a new stream (peers need a re-seed)",
+			n.log.Error("the stream lost entries; started a new stream (peers need a re-seed)",
 				"why", mint, "old_stream", old, "new_stream", m.Stream())
 		}
 		created = true

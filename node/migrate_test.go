@@ -3,6 +3,7 @@ package node
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -195,5 +196,40 @@ func TestTreeBehindSnapshot(t *testing.T) {
 				t.Fatalf("stream %s (old %s), index %d, set aside %v: want a new stream from index 1", n.out.Stream(), old, res.Index, aside)
 			}
 		})
+	}
+}
+
+// TestOldDirectoryWithoutWALStartsNewStream: a data directory of a build
+// before the log whose WAL is gone (moved away, or lost) may have shipped
+// entries past what its store applied: the node begins a new stream, as
+// that build did.
+func TestOldDirectoryWithoutWALStartsNewStream(t *testing.T) {
+	dir := t.TempDir()
+	st, err := store.Open(filepath.Join(dir, "store"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	old := wal.NewStreamID()
+	e := wal.Entry{Index: 1, Origin: "a", Stream: old, Commit: hlc.Timestamp{Wall: time.Now().UnixNano()}, Op: store.OpSet, Key: "k", Value: []byte("v")}
+	b := st.NewBatch()
+	if _, err := e.Apply(b); err != nil {
+		t.Fatal(err)
+	}
+	if err := errors.Join(b.SetLocalApplied(store.AppliedIndex{Stream: old, Index: 1, Commit: e.Commit}), b.Commit(true)); err != nil {
+		t.Fatal(err)
+	}
+	b.Close()
+	st.Close()
+	n := openNode(t, testOptions(dir))
+	defer n.Close()
+	if n.out.Stream() == old {
+		t.Fatal("the stream went on without its WAL")
+	}
+	res, err := n.Put(context.Background(), "new", []byte("v"))
+	if err != nil || res.Index != 1 {
+		t.Fatalf("first write: index %d, %v", res.Index, err)
+	}
+	if r, err := n.Get("k"); err != nil || string(r.Value) != "v" {
+		t.Fatalf("the store's write: %v", err)
 	}
 }
