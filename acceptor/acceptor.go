@@ -24,6 +24,7 @@ import (
 
 	"github.com/replicator/replicator/hlc"
 	"github.com/replicator/replicator/internal/httpjson"
+	"github.com/replicator/replicator/machine"
 	"github.com/replicator/replicator/store"
 	"github.com/replicator/replicator/transport"
 	"github.com/replicator/replicator/wal"
@@ -51,33 +52,18 @@ var (
 )
 
 // GapError refuses a batch that does not continue the stream: the sender
-// must rewind to HWM and resend from HWM+1.
-type GapError struct {
-	Origin string
-	Stream wal.StreamID
-	HWM    uint64
-	Got    uint64
-}
-
-func (e *GapError) Error() string {
-	return fmt.Sprintf("acceptor: gap in stream %s of %s: got index %d, high-water mark %d", e.Stream, e.Origin, e.Got, e.HWM)
-}
+// must rewind to HWM and resend from HWM+1 (decided by the state machine).
+type GapError = machine.GapError
 
 // ConflictError refuses a batch whose entry at this node's high-water mark
-// was committed at another HLC than the one applied here: two writes under
-// one WAL identity (the sender's data directory was restored from a backup
-// or copied). Nothing is applied; the sender must begin a new stream.
-type ConflictError struct {
-	Origin    string
-	Stream    wal.StreamID
-	HWM       uint64
-	HWMCommit hlc.Timestamp
-	Got       hlc.Timestamp
-}
+// was committed at another HLC than the one applied here.
+type ConflictError = machine.ConflictError
 
-func (e *ConflictError) Error() string {
-	return fmt.Sprintf("acceptor: identity conflict in stream %s of %s: index %d was applied here committed at %s, the batch says %s",
-		e.Stream, e.Origin, e.HWM, e.HWMCommit, e.Got)
+// Log commits an admitted batch through the cluster's log and returns what
+// the state machine decided of it (the node's group; machine.Direct in
+// tests). raw is the batch as it arrived (nil: encoded again).
+type Log interface {
+	ApplyInbound(in *machine.Inbound, raw []byte) (*machine.InboundResult, error)
 }
 
 // Defaults of Options.Permits and Options.PermitQueue.
@@ -185,6 +171,7 @@ type Counts struct {
 type Acceptor struct {
 	opts  Options
 	store Store
+	log   Log
 	clock Clock
 
 	mu struct {
@@ -206,8 +193,8 @@ type Acceptor struct {
 	queued  atomic.Int32
 }
 
-// New returns an acceptor over st and clock.
-func New(st Store, clock Clock, opts Options) *Acceptor {
+// New returns an acceptor that reads st and applies batches through log.
+func New(st Store, log Log, clock Clock, opts Options) *Acceptor {
 	if opts.MaxBodyBytes <= 0 {
 		opts.MaxBodyBytes = 16 << 20
 	}
@@ -238,7 +225,7 @@ func New(st Store, clock Clock, opts Options) *Acceptor {
 	if opts.Now == nil {
 		opts.Now = func() int64 { return time.Now().UnixNano() }
 	}
-	a := &Acceptor{opts: opts, store: st, clock: clock, permits: make(chan struct{}, opts.Permits)}
+	a := &Acceptor{opts: opts, store: st, log: log, clock: clock, permits: make(chan struct{}, opts.Permits)}
 	a.mu.counts = map[string]*Counts{}
 	a.mu.secrets = map[string]string{}
 	a.mu.permitsOf = map[string]int{}
@@ -785,128 +772,40 @@ func (a *Acceptor) Apply(sender string, b *transport.Batch) (transport.Ack, erro
 	}
 	// Local writes stamped after this batch must sort above it.
 	a.clock.Observe(maxTS)
-
-	batch := a.store.NewBatch()
-	defer batch.Close()
-	hwm, err := batch.HWM(sender, b.Stream)
+	in := &machine.Inbound{Sender: sender, Batch: b, Own: own, Unknown: unknown, Dead: deadReasons, At: a.opts.Now(),
+		HLC: a.clock.Last(), MaxStreams: a.opts.MaxStreams}
+	if b.End != nil {
+		in.KnownMarks = make([]bool, len(b.Marks))
+		for i, m := range b.Marks {
+			in.KnownMarks[i] = a.known(m.Origin)
+		}
+	}
+	res, err := a.log.ApplyInbound(in, b.Raw)
 	if err != nil {
 		return ack, err
 	}
-	if b.Snapshot && !hwm.Commit.IsZero() {
-		// Snapshot streams record no commit: this is one of the sender's
-		// real streams, which a snapshot must not write into.
-		return ack, fmt.Errorf("%w: a snapshot batch in stream %s, one of %s's own streams", ErrForbidden, b.Stream, sender)
+	var gap *GapError
+	var conflict *ConflictError
+	switch {
+	case res.Err == nil:
+	case errors.As(res.Err, &gap), errors.As(res.Err, &conflict):
+		return ack, res.Err
+	case errors.Is(res.Err, machine.ErrForbidden):
+		return ack, fmt.Errorf("%w: %w", ErrForbidden, res.Err)
+	default:
+		return ack, fmt.Errorf("%w: %w", ErrBadBatch, res.Err)
 	}
-	if hwm.Index == 0 {
-		if all, err := batch.HWMsOf(sender); err != nil {
-			return ack, err
-		} else if len(all) >= a.opts.MaxStreams {
-			return ack, fmt.Errorf("%w: %s already has %d streams here (the bound): a new one is refused", ErrForbidden, sender, len(all))
-		}
+	if res.Resent {
+		ack.Duplicates += res.Duplicates
+		ack.HWM = res.HWM
+		a.count(sender, func(c *Counts) { c.Batches++; c.Duplicates += uint64(res.Duplicates) })
+		return ack, nil
 	}
-	if b.End != nil && hwm.Index == 0 && len(ents) > 0 && ents[0].Index > 1 {
-		// The last batch of a re-seed whose trailer already committed here
-		// (its answer was lost, the sender resent it): the snapshot stream
-		// is forgotten, the real stream is at the trailer or beyond.
-		real, err := batch.HWM(sender, b.End.Stream)
-		if err != nil {
-			return ack, err
-		}
-		if real.Index >= b.End.Index {
-			ack.Duplicates += len(ents)
-			ack.HWM = ents[len(ents)-1].Index
-			a.count(sender, func(c *Counts) { c.Batches++; c.Duplicates += uint64(len(ents)) })
-			return ack, nil
-		}
-	}
-	var phase byte
-	if own != nil {
-		if phase, err = batch.RejoinPhase(sender); err != nil {
-			return ack, err
-		}
-	}
-	var applied, stale, dups, deadLettered, droppedOwn, droppedUnknown int
-	start := hwm.Index
-	for _, e := range ents {
-		if e.Index == hwm.Index && !b.Snapshot && !hwm.Commit.IsZero() && e.Commit != hwm.Commit {
-			return ack, &ConflictError{Origin: sender, Stream: b.Stream, HWM: hwm.Index, HWMCommit: hwm.Commit, Got: e.Commit}
-		}
-		if e.Index <= hwm.Index {
-			dups++ // exact duplicate by WAL identity
-			continue
-		}
-		if e.Index != hwm.Index+1 {
-			return ack, &GapError{Origin: sender, Stream: b.Stream, HWM: hwm.Index, Got: e.Index}
-		}
-		hwm.Index = e.Index
-		if !b.Snapshot {
-			// A snapshot stream records no commit frontier: its entries
-			// relay old stamps, and only its trailer, once all of them are
-			// in, moves the sender's frontier (on its real stream).
-			hwm.Commit = e.Commit
-		}
-		if unknown[e.Index] {
-			droppedUnknown++
-			hwm.Merged++
-			continue
-		}
-		if own[e.Index] && phase != store.RejoinRequesting {
-			// A snapshot relaying this cluster's own writes, which this
-			// node did not ask for: it holds them already (or lost them
-			// and will ask).
-			droppedOwn++
-			hwm.Merged++
-			continue
-		}
-		if reason, dead := deadReasons[e.Index]; dead {
-			raw := wal.NewCodec().AppendEntry(nil, e, wal.Defaults{})
-			if err := batch.PutDeadLetter(store.DeadLetter{Origin: e.Origin, Stream: e.Stream, Index: e.Index,
-				At: a.opts.Now(), Reason: reason, Entry: raw}); err != nil {
-				return ack, err
-			}
-			a.opts.Logger.Error("replicate: entry set aside as a dead letter", "sender", sender, "index", e.Index, "reason", reason)
-			hwm.DeadLettered++
-			deadLettered++
-			continue
-		}
-		out, err := e.Apply(batch)
-		if err != nil {
-			return ack, err
-		}
-		switch out {
-		case store.Applied:
-			applied++
-		case store.Stale:
-			stale++
-		case store.Duplicate:
-			dups++ // content duplicate: same stamp already stored
-		}
-		hwm.Merged++
-	}
-	var requestedDone, rejoinDone bool
-	if hwm.Index > start || b.End != nil {
-		if hwm.Index > start {
-			if err := batch.SetHWM(hwm); err != nil {
-				return ack, err
-			}
-		}
-		if b.End != nil {
-			if requestedDone, rejoinDone, err = a.trailer(batch, sender, b); err != nil {
-				return ack, err
-			}
-		}
-		if err := batch.RaiseHLC(a.clock.Last()); err != nil {
-			return ack, err
-		}
-		// Nothing else holds these entries: sync before acking.
-		if err := batch.Commit(true); err != nil {
-			return ack, err
-		}
-	}
-	if a.opts.ObserveLag != nil && a.opts.Now != nil && !b.Snapshot && hwm.Index > start {
+	start := res.Start
+	if a.opts.ObserveLag != nil && a.opts.Now != nil && !b.Snapshot && res.HWM > start {
 		now := a.opts.Now()
 		staged := b.SentAt > 0 && b.ReceivedAt > 0
-		lags := make([]Lag, 0, hwm.Index-start)
+		lags := make([]Lag, 0, res.HWM-start)
 		for _, e := range ents {
 			if e.Index > start {
 				l := Lag{Total: time.Duration(now - e.Commit.Wall)}
@@ -922,25 +821,25 @@ func (a *Acceptor) Apply(sender string, b *transport.Batch) (transport.Ack, erro
 		a.opts.ObserveLag(sender, lags)
 	}
 	if b.End != nil && a.opts.OnTrailer != nil {
-		a.opts.OnTrailer(sender, requestedDone, rejoinDone)
+		a.opts.OnTrailer(sender, res.Requested, res.Rejoin)
 	}
-	ack.Applied = applied + stale
-	ack.Duplicates += dups
-	ack.HWM = hwm.Index
-	if !hwm.Commit.IsZero() {
-		ack.HWMCommit = hwm.Commit.String()
+	ack.Applied = res.Applied + res.Stale
+	ack.Duplicates += res.Duplicates
+	ack.HWM = res.HWM
+	if !res.HWMCommit.IsZero() {
+		ack.HWMCommit = res.HWMCommit.String()
 	}
-	if ack.OriginFrontier, err = a.originFrontier(batch, sender, b.Stream); err != nil {
-		return ack, err
+	if !res.OriginFrontier.IsZero() {
+		ack.OriginFrontier = res.OriginFrontier.String()
 	}
 	a.count(sender, func(c *Counts) {
 		c.Batches++
-		c.Applied += uint64(applied)
-		c.Stale += uint64(stale)
-		c.Duplicates += uint64(dups)
-		c.DroppedOwn += uint64(dropped + droppedOwn)
-		c.DroppedUnknown += uint64(droppedUnknown)
-		c.DeadLettered += uint64(deadLettered)
+		c.Applied += uint64(res.Applied)
+		c.Stale += uint64(res.Stale)
+		c.Duplicates += uint64(res.Duplicates)
+		c.DroppedOwn += uint64(dropped + res.DroppedOwn)
+		c.DroppedUnknown += uint64(res.DroppedUnknown)
+		c.DeadLettered += uint64(res.DeadLettered)
 	})
 	return ack, nil
 }
@@ -1011,80 +910,6 @@ func (a *Acceptor) originFrontier(batch *store.Batch, sender string, current wal
 		return "", err
 	}
 	return f.String(), err
-}
-
-// trailer commits the end of a re-seed in the batch of its last entries: the
-// sender's real stream is here up to the snapshot's position (its entries up
-// to there are covered by the snapshot: seeded), the one-off snapshot stream
-// is forgotten, and a rejoin moves on.
-func (a *Acceptor) trailer(batch *store.Batch, sender string, b *transport.Batch) (requested, rejoin bool, err error) {
-	real, err := batch.HWM(sender, b.End.Stream)
-	if err != nil {
-		return false, false, err
-	}
-	if b.End.Index > real.Index {
-		real.Seeded += b.End.Index - real.Index
-		real.Index, real.Commit = b.End.Index, b.End.Commit
-		if err := batch.SetHWM(real); err != nil {
-			return false, false, err
-		}
-	}
-	if err := batch.DeleteHWM(sender, b.Stream); err != nil {
-		return false, false, err
-	}
-	// The sender's marks of other clusters' streams: the snapshot holds the
-	// effects of their entries up to there.
-	for _, m := range b.Marks {
-		if m.Origin == a.opts.Local || m.Origin == sender || !a.known(m.Origin) {
-			continue
-		}
-		h, err := batch.HWM(m.Origin, m.Stream)
-		if err != nil {
-			return false, false, err
-		}
-		if m.Index <= h.Index {
-			continue
-		}
-		if h.Index == 0 {
-			if all, err := batch.HWMsOf(m.Origin); err != nil {
-				return false, false, err
-			} else if len(all) >= a.opts.MaxStreams {
-				continue
-			}
-		}
-		h.Seeded += m.Index - h.Index
-		h.Index, h.Commit = m.Index, m.Commit
-		if err := batch.SetHWM(h); err != nil {
-			return false, false, err
-		}
-	}
-	if b.Requested {
-		phase, err := batch.RejoinPhase(sender)
-		if err != nil {
-			return false, false, err
-		}
-		if phase == store.RejoinRequesting {
-			if err := batch.SetRejoinIn(sender, store.RejoinSeeding); err != nil {
-				return false, false, err
-			}
-			requested = true
-		}
-	}
-	if b.Rejoin {
-		flags, err := batch.ReseedRequest(sender)
-		if err != nil {
-			return false, false, err
-		}
-		if flags&store.AwaitRejoin != 0 {
-			if err := batch.SetReseedRequestIn(sender, flags&^store.AwaitRejoin); err != nil {
-				return false, false, err
-			}
-			rejoin = true
-		}
-	}
-	a.opts.Logger.Info("replicate: re-seed received", "sender", sender, "stream", b.End.Stream, "resume_after", b.End.Index,
-		"requested", requested, "rejoin", rejoin)
-	return requested, rejoin, nil
 }
 
 // author is the cluster whose write a snapshot entry relays.

@@ -14,12 +14,24 @@ import (
 	"time"
 
 	"github.com/replicator/replicator/hlc"
+	"github.com/replicator/replicator/machine"
 	"github.com/replicator/replicator/store"
 	"github.com/replicator/replicator/transport"
 	"github.com/replicator/replicator/wal"
 )
 
 var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
+
+// direct is the acceptor's log in tests: the state machine on st, applied
+// in order without raft.
+func direct(t testing.TB, st *store.Store, local string) *machine.Direct {
+	t.Helper()
+	m, err := machine.Open(st, machine.Options{Cluster: local, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return machine.NewDirect(m)
+}
 
 var streamB = wal.StreamID{0xb}
 
@@ -40,7 +52,7 @@ func newFixture(t *testing.T) *fixture {
 	t.Cleanup(func() { st.Close() })
 	pc := hlc.NewManualClock(int64(1000 * time.Hour))
 	clock := hlc.NewClock(pc, 500*time.Millisecond)
-	acc := New(st, clock, Options{
+	acc := New(st, direct(t, st, "a"), clock, Options{
 		Local:        "a",
 		Secrets:      map[string]string{"b": "secret-b", "c": "secret-c"},
 		MaxBodyBytes: 64 << 10,
@@ -274,7 +286,7 @@ func FuzzApply(f *testing.F) {
 		}
 		defer st.Close()
 		clock := hlc.NewClock(hlc.NewManualClock(10), time.Hour)
-		acc := New(st, clock, Options{Local: "a", Secrets: map[string]string{b.Sender: "s"}, Logger: quiet})
+		acc := New(st, direct(t, st, "a"), clock, Options{Local: "a", Secrets: map[string]string{b.Sender: "s"}, Logger: quiet})
 		// Whatever decodes either applies or is refused; it never panics,
 		// and a second delivery applies nothing new.
 		ack1, err := acc.Apply(b.Sender, b)
@@ -549,7 +561,7 @@ func TestLaterBatchWaitsForEarlier(t *testing.T) {
 // requests that could fill the gap.
 func TestGapWaitersDoNotHoldEachOther(t *testing.T) {
 	f := newFixture(t)
-	acc := New(f.st, f.clock, Options{Local: "a", Secrets: map[string]string{"b": "secret-b"}, PermitWait: time.Hour, Logger: quiet})
+	acc := New(f.st, direct(t, f.st, "a"), f.clock, Options{Local: "a", Secrets: map[string]string{"b": "secret-b"}, PermitWait: time.Hour, Logger: quiet})
 	srv := httptest.NewServer(acc)
 	defer srv.Close()
 	client := &http.Client{Timeout: 30 * time.Second} // far below PermitWait

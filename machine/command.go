@@ -4,10 +4,13 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"sort"
 
 	"github.com/vmihailenco/msgpack/v5"
 
+	"github.com/replicator/replicator/hlc"
 	"github.com/replicator/replicator/store"
+	"github.com/replicator/replicator/transport"
 	"github.com/replicator/replicator/wal"
 )
 
@@ -38,6 +41,8 @@ const (
 	// KindMint starts the cluster's stream (and seals the one before it):
 	// at bootstrap, and after a lost majority.
 	KindMint
+	// KindInbound is a peer's batch the acceptor admitted.
+	KindInbound
 	kinds
 )
 
@@ -51,6 +56,8 @@ func (k Kind) String() string {
 		return "truncate"
 	case KindMint:
 		return "mint"
+	case KindInbound:
+		return "inbound"
 	}
 	return fmt.Sprintf("kind(%d)", uint8(k))
 }
@@ -71,6 +78,11 @@ type Command struct {
 	// Truncate: the stream it cuts.
 	Stream wal.StreamID
 	Epoch  uint32
+	// Inbound: the batch and what the acceptor decided of it. Encoding
+	// writes Inbound.Batch as the wire encodes it, or RawBatch when set
+	// (the body as it arrived: no second encoding).
+	Inbound  *Inbound
+	RawBatch []byte
 }
 
 // Proposal is one local write of a group.
@@ -141,6 +153,8 @@ func (e *Encoder) Encode(c *Command) ([]byte, error) {
 	case KindMint:
 		err = errors.Join(enc.EncodeArrayLen(3), enc.EncodeUint(uint64(c.Kind)), enc.EncodeBytes(c.Stream[:]),
 			enc.EncodeUint(uint64(c.Epoch)))
+	case KindInbound:
+		err = e.encodeInbound(c)
 	default:
 		return nil, fmt.Errorf("machine: encode: unknown kind %d", c.Kind)
 	}
@@ -172,6 +186,44 @@ func (e *Encoder) encodeProposal(p *Proposal) error {
 			enc.EncodeUint(uint64(k.Answer)), enc.EncodeString(k.OpID), enc.EncodeInt(k.Expires))
 	}
 	return err
+}
+
+func (e *Encoder) encodeInbound(c *Command) error {
+	in := c.Inbound
+	if in == nil || in.Batch == nil {
+		return errors.New("no batch")
+	}
+	raw := c.RawBatch
+	if raw == nil {
+		raw = transport.EncodeBatch(in.Batch)
+	}
+	enc := e.enc
+	err := errors.Join(enc.EncodeArrayLen(11), enc.EncodeUint(uint64(c.Kind)), enc.EncodeString(in.Sender), enc.EncodeBytes(raw))
+	for _, set := range []map[uint64]bool{in.Own, in.Unknown} {
+		idx := sortedIndexes(set)
+		err = errors.Join(err, enc.EncodeArrayLen(len(idx)))
+		for _, i := range idx {
+			err = errors.Join(err, enc.EncodeUint(i))
+		}
+	}
+	dead := make([]uint64, 0, len(in.Dead))
+	for i := range in.Dead {
+		dead = append(dead, i)
+	}
+	sort.Slice(dead, func(a, b int) bool { return dead[a] < dead[b] })
+	err = errors.Join(err, enc.EncodeArrayLen(len(dead)))
+	for _, i := range dead {
+		err = errors.Join(err, enc.EncodeUint(i), enc.EncodeString(in.Dead[i]))
+	}
+	hlcb := in.HLC.Encode()
+	err = errors.Join(err, enc.EncodeInt(in.At), enc.EncodeBytes(hlcb[:]), enc.EncodeInt(int64(in.MaxStreams)),
+		enc.EncodeArrayLen(len(in.KnownMarks)))
+	for _, k := range in.KnownMarks {
+		err = errors.Join(err, enc.EncodeBool(k))
+	}
+	// Reserved for what a later version adds, so that this one refuses it
+	// instead of skipping it: always nil now.
+	return errors.Join(err, enc.EncodeNil())
 }
 
 // maxGroup bounds the proposals of one local command.
@@ -209,7 +261,7 @@ func decodeInto(dec *msgpack.Decoder, c *Command) error {
 		return fmt.Errorf("kind: %v", err)
 	}
 	c.Kind = Kind(k)
-	want := map[Kind]int{KindLocal: 2, KindCursor: 4, KindTruncate: 3, KindMint: 3}[c.Kind]
+	want := map[Kind]int{KindLocal: 2, KindCursor: 4, KindTruncate: 3, KindMint: 3, KindInbound: 11}[c.Kind]
 	if want == 0 {
 		return fmt.Errorf("unknown kind %d", k)
 	}
@@ -264,7 +316,107 @@ func decodeInto(dec *msgpack.Decoder, c *Command) error {
 		if c.Epoch, err = dec.DecodeUint32(); err != nil {
 			return err
 		}
+	case KindInbound:
+		return decodeInbound(dec, c)
 	}
+	return nil
+}
+
+func decodeInbound(dec *msgpack.Decoder, c *Command) error {
+	in := &Inbound{}
+	var err error
+	if in.Sender, err = dec.DecodeString(); err != nil {
+		return err
+	}
+	if in.Sender == "" || len(in.Sender) > 63 {
+		return fmt.Errorf("inbound from %q", in.Sender)
+	}
+	raw, err := wal.DecodeBytes(dec)
+	if err != nil {
+		return err
+	}
+	if in.Batch, err = transport.DecodeBatch(raw); err != nil {
+		return err
+	}
+	if in.Batch.Sender != in.Sender {
+		return fmt.Errorf("a batch of %q from %q", in.Batch.Sender, in.Sender)
+	}
+	c.RawBatch = raw
+	sets := [2]map[uint64]bool{}
+	for s := range sets {
+		n, err := dec.DecodeArrayLen()
+		if err != nil {
+			return err
+		}
+		if n < 0 || n > len(in.Batch.Entries) {
+			return fmt.Errorf("an index set of %d for %d entries", n, len(in.Batch.Entries))
+		}
+		if n > 0 {
+			sets[s] = make(map[uint64]bool, n)
+		}
+		for j := 0; j < n; j++ {
+			i, err := dec.DecodeUint64()
+			if err != nil {
+				return err
+			}
+			sets[s][i] = true
+		}
+	}
+	in.Own, in.Unknown = sets[0], sets[1]
+	n, err := dec.DecodeArrayLen()
+	if err != nil {
+		return err
+	}
+	if n < 0 || n > len(in.Batch.Entries) {
+		return fmt.Errorf("%d dead letters for %d entries", n, len(in.Batch.Entries))
+	}
+	if n > 0 {
+		in.Dead = make(map[uint64]string, n)
+	}
+	for j := 0; j < n; j++ {
+		i, err := dec.DecodeUint64()
+		if err != nil {
+			return err
+		}
+		if in.Dead[i], err = dec.DecodeString(); err != nil {
+			return err
+		}
+	}
+	if in.At, err = dec.DecodeInt64(); err != nil {
+		return err
+	}
+	hb, err := wal.DecodeBytes(dec)
+	if err != nil {
+		return err
+	}
+	if in.HLC, err = hlc.Decode(hb); err != nil {
+		return err
+	}
+	ms, err := dec.DecodeInt64()
+	if err != nil {
+		return err
+	}
+	if ms < 1 || ms > 1<<20 {
+		return fmt.Errorf("max streams %d", ms)
+	}
+	in.MaxStreams = int(ms)
+	if n, err = dec.DecodeArrayLen(); err != nil {
+		return err
+	}
+	if n != len(in.Batch.Marks) {
+		return fmt.Errorf("%d known flags for %d marks", n, len(in.Batch.Marks))
+	}
+	for j := 0; j < n; j++ {
+		k, err := dec.DecodeBool()
+		if err != nil {
+			return err
+		}
+		in.KnownMarks = append(in.KnownMarks, k)
+	}
+	if err := dec.DecodeNil(); err != nil {
+		return fmt.Errorf("a field this version does not know: %v", err)
+	}
+	c.Inbound = in
 	return nil
 }
 

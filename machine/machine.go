@@ -155,6 +155,8 @@ type Result struct {
 	// High is the highest stamp the command wrote: a node observes it so
 	// that, leading later, it stamps above.
 	High hlc.Timestamp
+	// Inbound answers an inbound batch.
+	Inbound *InboundResult
 }
 
 // Write is what became of one proposal.
@@ -208,7 +210,7 @@ func (m *Machine) ApplyCommand(index uint64, c *Command) (*Result, error) {
 		}
 	}
 	b := m.st.NewBatch()
-	defer b.Close()
+	defer func() { b.Close() }()
 	switch c.Kind {
 	case KindLocal:
 		res, next, err = m.writeLocal(b, dec)
@@ -218,6 +220,17 @@ func (m *Machine) ApplyCommand(index uint64, c *Command) (*Result, error) {
 		res, next, err = m.applyTruncate(b, c.Stream, c.First)
 	case KindMint:
 		res, next, err = m.applyMint(b, c.Stream, c.Epoch)
+	case KindInbound:
+		var ir *InboundResult
+		if ir, err = m.applyInbound(b, c.Inbound); err == nil {
+			res = &Result{Inbound: ir, High: c.Inbound.HLC}
+			if ir.Err != nil {
+				// A refused batch applies nothing: only the log index is
+				// recorded.
+				b.Close()
+				b = m.st.NewBatch()
+			}
+		}
 	default:
 		err = fmt.Errorf("%w: kind %d", ErrMalformed, c.Kind)
 	}

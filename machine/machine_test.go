@@ -11,10 +11,14 @@ import (
 
 	"github.com/replicator/replicator/hlc"
 	"github.com/replicator/replicator/store"
+	"github.com/replicator/replicator/transport"
 	"github.com/replicator/replicator/wal"
 )
 
-var testStream = wal.StreamID{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16}
+var (
+	testStream = wal.StreamID{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16}
+	streamB    = wal.StreamID{0xb}
+)
 
 func openMachine(t *testing.T, dir string) (*Machine, *store.Store) {
 	t.Helper()
@@ -101,6 +105,18 @@ func script(t testing.TB) [][]byte {
 	local(keyed(s.put("p", "v"), "kp", "fpp", AnswerWrite))
 	local(Proposal{Entry: wal.Entry{Op: store.OpDeleteRange, Key: "p", End: "q", Commit: s.next()}})
 	local(keyed(s.put("p", "v"), "kp", "fpp", AnswerWrite))
+	// a peer's batch, the same batch again, and one past a gap
+	inbound := func(from, to uint64) *Command {
+		bt := &transport.Batch{Header: transport.Header{Sender: "b", Stream: streamB}}
+		for i := from; i <= to; i++ {
+			ts := hlc.Timestamp{Wall: 2e15 + int64(i)}
+			bt.Entries = append(bt.Entries, wal.Entry{Index: i, Origin: "b", Stream: streamB, Commit: ts, Stamp: ts,
+				Op: store.OpSet, Key: fmt.Sprintf("from-b/%d", i), Value: []byte("v")})
+		}
+		return &Command{Kind: KindInbound, Inbound: &Inbound{Sender: "b", Batch: bt, At: 1, HLC: hlc.Timestamp{Wall: 2e15 + 100},
+			MaxStreams: 16, Dead: map[uint64]string{to: "over a limit"}}}
+	}
+	cmds = append(cmds, inbound(1, 3), inbound(1, 3), inbound(5, 6), inbound(4, 4))
 	out := make([][]byte, len(cmds))
 	enc := NewEncoder()
 	for i, c := range cmds {
@@ -146,6 +162,9 @@ func observe(t *testing.T, m *Machine, st *store.Store, results []*Result) outco
 		o.outbound = append(o.outbound, raw)
 	}
 	for _, r := range results {
+		if r.Inbound != nil {
+			o.results = append(o.results, fmt.Sprintf("%+v", *r.Inbound))
+		}
 		for _, w := range r.Writes {
 			s := fmt.Sprintf("err=%v index=%d value=%d", w.Err, w.Entry.Index, w.CounterValue)
 			if w.Replay != nil {
@@ -234,12 +253,35 @@ func TestScriptDecisions(t *testing.T) {
 	if err != nil || a.Index != 10 || a.Stream != testStream {
 		t.Fatalf("local applied %+v %v", a, err)
 	}
-	if r := results[len(results)-1].Writes[0].Replay; r == nil || !bytes.Equal(r.Body, results[len(results)-3].Writes[0].Entry.Idem.Body) {
-		t.Fatalf("a retry of a write a range delete superseded: %+v", results[len(results)-1].Writes[0])
+	if r := results[len(results)-5].Writes[0].Replay; r == nil || !bytes.Equal(r.Body, results[len(results)-7].Writes[0].Entry.Idem.Body) {
+		t.Fatalf("a retry of a write a range delete superseded: %+v", results[len(results)-5].Writes[0])
+	}
+	in := results[len(results)-4:]
+	if r := in[0].Inbound; r == nil || r.Err != nil || r.Applied != 2 || r.DeadLettered != 1 || r.HWM != 3 {
+		t.Fatalf("a peer's batch: %+v", in[0].Inbound)
+	}
+	if r := in[1].Inbound; r.Err != nil || r.Duplicates != 3 || r.Applied != 0 || r.HWM != 3 {
+		t.Fatalf("the same batch again: %+v", r)
+	}
+	var gap *GapError
+	if r := in[2].Inbound; !errors.As(r.Err, &gap) || gap.HWM != 3 || gap.Got != 5 {
+		t.Fatalf("a batch past a gap: %+v", r)
+	}
+	if _, err := st.Get("from-b/5"); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("a refused batch applied: %v", err)
+	}
+	if r := in[3].Inbound; r.Err != nil || r.HWM != 4 || r.Applied != 0 || r.DeadLettered != 1 {
+		t.Fatalf("the batch that fills the gap: %+v", r)
+	}
+	if h, err := st.HWMs(); err != nil || len(h) != 1 || h[0].Index != 4 || h[0].Merged != 2 || h[0].DeadLettered != 2 {
+		t.Fatalf("marks %+v %v", h, err)
+	}
+	if dl, err := st.DeadLetters(); err != nil || len(dl) != 2 {
+		t.Fatalf("dead letters %d %v", len(dl), err)
 	}
 	hw, _ := st.HLCHighWater()
-	if hw != results[len(results)-2].Writes[0].Entry.Commit {
-		t.Fatalf("hlc high water %s, last commit %s", hw, results[len(results)-2].Writes[0].Entry.Commit)
+	if hw != (hlc.Timestamp{Wall: 2e15 + 100}) {
+		t.Fatalf("hlc high water %s, want the last batch's reading", hw)
 	}
 }
 

@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -218,6 +219,41 @@ func (n *Node) applyCommand(c *machine.Command) error {
 		return err
 	}
 	return nil
+}
+
+// encoders are the command encoders of inbound batches (many at once).
+var encoders = sync.Pool{New: func() any { return machine.NewEncoder() }}
+
+// ApplyInbound commits a batch the acceptor admitted through the group and
+// returns what the machine decided (acceptor.Log). A failed commit is
+// answered as a refusal the sender retries; the high-water mark makes a
+// batch that did commit a duplicate then.
+func (n *Node) ApplyInbound(in *machine.Inbound, raw []byte) (*machine.InboundResult, error) {
+	enc := encoders.Get().(*machine.Encoder)
+	data, err := enc.Encode(&machine.Command{Kind: machine.KindInbound, Inbound: in, RawBatch: raw})
+	encoders.Put(enc)
+	if err != nil {
+		return nil, err
+	}
+	out, err := n.group.Apply(data, enqueueTimeout)
+	for try := 0; try < 3 && errors.As(err, new(*cluster.NotLeaderError)); try++ {
+		// A group of one re-electing itself after a failed append.
+		if n.awaitLead(time.Second) != nil {
+			break
+		}
+		out, err = n.group.Apply(data, enqueueTimeout)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("node: commit an inbound batch: %w", err)
+	}
+	if e, ok := out.(error); ok {
+		return nil, fmt.Errorf("node: apply an inbound batch: %w", e)
+	}
+	res := out.(*machine.Result)
+	if res.Inbound == nil {
+		return nil, errors.New("node: an inbound batch's command was skipped as applied")
+	}
+	return res.Inbound, nil
 }
 
 // reconcileLog squares the machine's applied index with the raft directory

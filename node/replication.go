@@ -20,7 +20,7 @@ func (n *Node) setupReplication() error {
 	for _, p := range n.opts.Peers {
 		secrets[p.Name] = p.Secret
 	}
-	n.acceptor = acceptor.New(n.store, n.clock, acceptor.Options{
+	n.acceptor = acceptor.New(n.store, n, n.clock, acceptor.Options{
 		Local:         n.cluster,
 		Version:       n.opts.BuildVersion,
 		Secrets:       secrets,

@@ -18,6 +18,7 @@ import (
 
 	"github.com/replicator/replicator/acceptor"
 	"github.com/replicator/replicator/hlc"
+	"github.com/replicator/replicator/machine"
 	"github.com/replicator/replicator/policy"
 	"github.com/replicator/replicator/store"
 	"github.com/replicator/replicator/transport"
@@ -105,7 +106,7 @@ func newLink(t *testing.T, acc acceptor.Options, rt http.RoundTripper, maxBatch 
 	}
 	t.Cleanup(func() { l.dst.Close() })
 	acc.Local, acc.Secrets, acc.Logger = "b", map[string]string{"a": "s"}, quiet
-	l.acc = acceptor.New(l.dst, hlc.NewClock(nil, 0), acc)
+	l.acc = acceptor.New(l.dst, direct(t, l.dst, "b"), hlc.NewClock(nil, 0), acc)
 	srv := httptest.NewServer(l.acc)
 	t.Cleanup(srv.Close)
 	l.sh, err = transport.NewShipper(transport.Peer{Name: "b", URL: srv.URL, Secret: "s"}, l.log, l.src, transport.Options{
@@ -185,7 +186,7 @@ func TestRewindOnGap(t *testing.T) {
 	defer src.Close()
 	dst, _ := store.Open(dir+"/dst", &store.Options{Logger: quiet})
 	defer dst.Close()
-	acc := acceptor.New(dst, hlc.NewClock(nil, 0), acceptor.Options{Local: "b", Secrets: map[string]string{"a": "s"}, Logger: quiet})
+	acc := acceptor.New(dst, direct(t, dst, "b"), hlc.NewClock(nil, 0), acceptor.Options{Local: "b", Secrets: map[string]string{"a": "s"}, Logger: quiet})
 	srv := httptest.NewServer(acc)
 	defer srv.Close()
 	clock := hlc.NewClock(nil, 0)
@@ -235,7 +236,7 @@ func TestOversizeEntryGoesAsStub(t *testing.T) {
 	defer src.Close()
 	dst, _ := store.Open(dir+"/dst", &store.Options{Logger: quiet})
 	defer dst.Close()
-	acc := acceptor.New(dst, hlc.NewClock(nil, 0), acceptor.Options{Local: "b", Secrets: map[string]string{"a": "s"},
+	acc := acceptor.New(dst, direct(t, dst, "b"), hlc.NewClock(nil, 0), acceptor.Options{Local: "b", Secrets: map[string]string{"a": "s"},
 		MaxBodyBytes: 64 << 10, MaxValueBytes: 1 << 20, Logger: quiet})
 	srv := httptest.NewServer(acc)
 	defer srv.Close()
@@ -361,4 +362,15 @@ func TestPipelinedBatches(t *testing.T) {
 			t.Logf("%d requests, at most %d at once, %d gaps refused", ot.requests.Load(), ot.peak.Load(), acc.Refusals()["gap"])
 		})
 	}
+}
+
+// direct is the acceptor's log in tests: the state machine on st, applied
+// in order without raft.
+func direct(t testing.TB, st *store.Store, local string) *machine.Direct {
+	t.Helper()
+	m, err := machine.Open(st, machine.Options{Cluster: local, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return machine.NewDirect(m)
 }

@@ -47,6 +47,9 @@ type Batch struct {
 	// and the receiver's clock once the body was read (0: unknown). They
 	// split the lag into stages; nothing is decided by them.
 	SentAt, ReceivedAt int64
+	// Raw is the body DecodeBatch decoded (not on the wire): the receiver
+	// logs it as it arrived instead of encoding it again.
+	Raw []byte
 }
 
 // Header is a batch's fields besides its entries.
@@ -374,6 +377,7 @@ func DecodeBatch(body []byte) (*Batch, error) {
 	}
 	// Entries were decoded against a sender and stream not yet validated;
 	// they are now, and entries carry them by default.
+	b.Raw = body
 	return &b, nil
 }
 

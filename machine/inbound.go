@@ -1,0 +1,321 @@
+package machine
+
+import (
+	"errors"
+	"fmt"
+	"sort"
+
+	"github.com/replicator/replicator/hlc"
+	"github.com/replicator/replicator/store"
+	"github.com/replicator/replicator/transport"
+	"github.com/replicator/replicator/wal"
+)
+
+// Inbound batches: a peer's batch is applied here, in the cluster's log, so
+// that every node holds the same high-water marks and the dedup of one WAL
+// identity is decided once for the cluster. The acceptor admits a batch
+// first (authentication, shape, limits, the clock's offset: what depends on
+// this node's configuration and clock) and hands over what it decided; the
+// machine decides what depends on the tree: the sender's high-water mark,
+// gaps and conflicts, the merge, dead letters, a re-seed's trailer.
+
+var (
+	// ErrForbidden refuses a batch the tree shows the sender may not send
+	// (a snapshot into one of its real streams, a stream over the bound).
+	ErrForbidden = errors.New("machine: forbidden")
+)
+
+// GapError refuses a batch that does not continue the stream: the sender
+// must rewind to HWM and resend from HWM+1.
+type GapError struct {
+	Origin string
+	Stream wal.StreamID
+	HWM    uint64
+	Got    uint64
+}
+
+func (e *GapError) Error() string {
+	return fmt.Sprintf("replicate: gap in stream %s of %s: got index %d, high-water mark %d", e.Stream, e.Origin, e.Got, e.HWM)
+}
+
+// ConflictError refuses a batch whose entry at this node's high-water mark
+// was committed at another HLC than the one applied here: two writes under
+// one WAL identity (the sender's data directory was restored from a backup
+// or copied). Nothing is applied; the sender must begin a new stream.
+type ConflictError struct {
+	Origin    string
+	Stream    wal.StreamID
+	HWM       uint64
+	HWMCommit hlc.Timestamp
+	Got       hlc.Timestamp
+}
+
+func (e *ConflictError) Error() string {
+	return fmt.Sprintf("replicate: identity conflict in stream %s of %s: index %d was applied here committed at %s, the batch says %s",
+		e.Stream, e.Origin, e.HWM, e.HWMCommit, e.Got)
+}
+
+// Inbound is an admitted batch and what the acceptor decided of it.
+type Inbound struct {
+	Sender string
+	Batch  *transport.Batch
+	// Own are the indexes of a snapshot's entries relaying this cluster's
+	// writes; Unknown those relaying writes of clusters this node does not
+	// take writes from (dropped).
+	Own, Unknown map[uint64]bool
+	// Dead are entries set aside as dead letters, with why.
+	Dead map[uint64]string
+	// At is the time dead letters record (wall ns).
+	At int64
+	// HLC is the clock's reading after it observed the batch: the
+	// persisted high-water mark rises to it.
+	HLC hlc.Timestamp
+	// MaxStreams bounds a sender's streams here; KnownMarks says, for each
+	// of the batch's marks, whether its origin is a cluster this node takes
+	// writes from (others are not raised).
+	MaxStreams int
+	KnownMarks []bool
+}
+
+// InboundResult is what applying a batch did.
+type InboundResult struct {
+	// Err is a refusal (a *GapError, a *ConflictError, ErrForbidden):
+	// nothing of the batch was applied.
+	Err error
+	// Start and HWM are the sender's mark of the batch's stream before and
+	// after; HWMCommit the commit at HWM.
+	Start, HWM uint64
+	HWMCommit  hlc.Timestamp
+	// Resent: the batch was the resent last batch of a re-seed whose
+	// trailer had already committed; nothing was applied.
+	Resent bool
+	// Counts of the batch's entries.
+	Applied, Stale, Duplicates, DeadLettered, DroppedOwn, DroppedUnknown int
+	// Requested, Rejoin: the trailer ended a requested re-seed, a rejoin.
+	Requested, Rejoin bool
+	// OriginFrontier is the highest commit of the sender's cluster applied
+	// here over its streams other than this one (zero: none).
+	OriginFrontier hlc.Timestamp
+}
+
+// applyInbound applies an admitted batch in b.
+func (m *Machine) applyInbound(b *store.Batch, in *Inbound) (*InboundResult, error) {
+	bt, sender := in.Batch, in.Sender
+	res := &InboundResult{}
+	hwm, err := b.HWM(sender, bt.Stream)
+	if err != nil {
+		return nil, err
+	}
+	res.Start, res.HWM, res.HWMCommit = hwm.Index, hwm.Index, hwm.Commit
+	refuse := func(err error) (*InboundResult, error) {
+		res.Err = err
+		return res, nil
+	}
+	if bt.Snapshot && !hwm.Commit.IsZero() {
+		// Snapshot streams record no commit: this is one of the sender's
+		// real streams, which a snapshot must not write into.
+		return refuse(fmt.Errorf("%w: a snapshot batch in stream %s, one of %s's own streams", ErrForbidden, bt.Stream, sender))
+	}
+	if hwm.Index == 0 {
+		if all, err := b.HWMsOf(sender); err != nil {
+			return nil, err
+		} else if len(all) >= in.MaxStreams {
+			return refuse(fmt.Errorf("%w: %s already has %d streams here (the bound): a new one is refused", ErrForbidden, sender, len(all)))
+		}
+	}
+	ents := bt.Entries
+	if bt.End != nil && hwm.Index == 0 && len(ents) > 0 && ents[0].Index > 1 {
+		// The last batch of a re-seed whose trailer already committed here
+		// (its answer was lost, the sender resent it): the snapshot stream
+		// is forgotten, the real stream is at the trailer or beyond.
+		real, err := b.HWM(sender, bt.End.Stream)
+		if err != nil {
+			return nil, err
+		}
+		if real.Index >= bt.End.Index {
+			res.Resent, res.Duplicates, res.HWM = true, len(ents), ents[len(ents)-1].Index
+			return res, nil
+		}
+	}
+	var phase byte
+	if in.Own != nil {
+		if phase, err = b.RejoinPhase(sender); err != nil {
+			return nil, err
+		}
+	}
+	var codec *wal.Codec
+	for i := range ents {
+		e := &ents[i]
+		if e.Index == hwm.Index && !bt.Snapshot && !hwm.Commit.IsZero() && e.Commit != hwm.Commit {
+			return refuse(&ConflictError{Origin: sender, Stream: bt.Stream, HWM: hwm.Index, HWMCommit: hwm.Commit, Got: e.Commit})
+		}
+		if e.Index <= hwm.Index {
+			res.Duplicates++ // exact duplicate by WAL identity
+			continue
+		}
+		if e.Index != hwm.Index+1 {
+			return refuse(&GapError{Origin: sender, Stream: bt.Stream, HWM: hwm.Index, Got: e.Index})
+		}
+		hwm.Index = e.Index
+		if !bt.Snapshot {
+			// A snapshot stream records no commit frontier: its entries
+			// relay old stamps, and only its trailer, once all of them are
+			// in, moves the sender's frontier (on its real stream).
+			hwm.Commit = e.Commit
+		}
+		if in.Unknown[e.Index] {
+			res.DroppedUnknown++
+			hwm.Merged++
+			continue
+		}
+		if in.Own[e.Index] && phase != store.RejoinRequesting {
+			// A snapshot relaying this cluster's own writes, which this
+			// node did not ask for: it holds them already (or lost them
+			// and will ask).
+			res.DroppedOwn++
+			hwm.Merged++
+			continue
+		}
+		if reason, dead := in.Dead[e.Index]; dead {
+			if codec == nil {
+				codec = wal.NewCodec()
+			}
+			raw := codec.AppendEntry(nil, e, wal.Defaults{})
+			if err := b.PutDeadLetter(store.DeadLetter{Origin: e.Origin, Stream: e.Stream, Index: e.Index,
+				At: in.At, Reason: reason, Entry: raw}); err != nil {
+				return nil, err
+			}
+			m.log.Error("replicate: entry set aside as a dead letter", "sender", sender, "index", e.Index, "reason", reason)
+			hwm.DeadLettered++
+			res.DeadLettered++
+			continue
+		}
+		out, err := e.Apply(b)
+		if err != nil {
+			return nil, err
+		}
+		switch out {
+		case store.Applied:
+			res.Applied++
+		case store.Stale:
+			res.Stale++
+		case store.Duplicate:
+			res.Duplicates++ // content duplicate: same stamp already stored
+		}
+		hwm.Merged++
+	}
+	if hwm.Index > res.Start {
+		if err := b.SetHWM(hwm); err != nil {
+			return nil, err
+		}
+	}
+	if bt.End != nil {
+		if res.Requested, res.Rejoin, err = m.trailer(b, in); err != nil {
+			return nil, err
+		}
+	}
+	if hwm.Index > res.Start || bt.End != nil {
+		if err := b.RaiseHLC(in.HLC); err != nil {
+			return nil, err
+		}
+	}
+	res.HWM, res.HWMCommit = hwm.Index, hwm.Commit
+	hs, err := b.HWMsOfExcept(sender, bt.Stream)
+	if err != nil {
+		return nil, err
+	}
+	for _, h := range hs {
+		if h.Stream != bt.Stream && res.OriginFrontier.Less(h.Commit) {
+			res.OriginFrontier = h.Commit
+		}
+	}
+	return res, nil
+}
+
+// trailer commits the end of a re-seed in the batch of its last entries: the
+// sender's real stream is here up to the snapshot's position (its entries up
+// to there are covered by the snapshot: seeded), the one-off snapshot stream
+// is forgotten, and a rejoin moves on.
+func (m *Machine) trailer(b *store.Batch, in *Inbound) (requested, rejoin bool, err error) {
+	bt, sender := in.Batch, in.Sender
+	real, err := b.HWM(sender, bt.End.Stream)
+	if err != nil {
+		return false, false, err
+	}
+	if bt.End.Index > real.Index {
+		real.Seeded += bt.End.Index - real.Index
+		real.Index, real.Commit = bt.End.Index, bt.End.Commit
+		if err := b.SetHWM(real); err != nil {
+			return false, false, err
+		}
+	}
+	if err := b.DeleteHWM(sender, bt.Stream); err != nil {
+		return false, false, err
+	}
+	// The sender's marks of other clusters' streams: the snapshot holds the
+	// effects of their entries up to there.
+	for i, mk := range bt.Marks {
+		if mk.Origin == m.cluster || mk.Origin == sender || i >= len(in.KnownMarks) || !in.KnownMarks[i] {
+			continue
+		}
+		h, err := b.HWM(mk.Origin, mk.Stream)
+		if err != nil {
+			return false, false, err
+		}
+		if mk.Index <= h.Index {
+			continue
+		}
+		if h.Index == 0 {
+			if all, err := b.HWMsOf(mk.Origin); err != nil {
+				return false, false, err
+			} else if len(all) >= in.MaxStreams {
+				continue
+			}
+		}
+		h.Seeded += mk.Index - h.Index
+		h.Index, h.Commit = mk.Index, mk.Commit
+		if err := b.SetHWM(h); err != nil {
+			return false, false, err
+		}
+	}
+	if bt.Requested {
+		phase, err := b.RejoinPhase(sender)
+		if err != nil {
+			return false, false, err
+		}
+		if phase == store.RejoinRequesting {
+			if err := b.SetRejoinIn(sender, store.RejoinSeeding); err != nil {
+				return false, false, err
+			}
+			requested = true
+		}
+	}
+	if bt.Rejoin {
+		flags, err := b.ReseedRequest(sender)
+		if err != nil {
+			return false, false, err
+		}
+		if flags&store.AwaitRejoin != 0 {
+			if err := b.SetReseedRequestIn(sender, flags&^store.AwaitRejoin); err != nil {
+				return false, false, err
+			}
+			rejoin = true
+		}
+	}
+	m.log.Info("replicate: re-seed received", "sender", sender, "stream", bt.End.Stream, "resume_after", bt.End.Index,
+		"requested", requested, "rejoin", rejoin)
+	return requested, rejoin, nil
+}
+
+// sortedIndexes lists a set's indexes in order (commands encode sets as
+// lists, so that one set always encodes to the same bytes).
+func sortedIndexes(set map[uint64]bool) []uint64 {
+	out := make([]uint64, 0, len(set))
+	for i, ok := range set {
+		if ok {
+			out = append(out, i)
+		}
+	}
+	sort.Slice(out, func(a, b int) bool { return out[a] < out[b] })
+	return out
+}
