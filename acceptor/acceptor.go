@@ -64,6 +64,9 @@ type ConflictError = machine.ConflictError
 // tests). raw is the batch as it arrived (nil: encoded again).
 type Log interface {
 	ApplyInbound(in *machine.Inbound, raw []byte) (*machine.InboundResult, error)
+	// UpdateRecord changes a peer's record (machine.RecordReseed: the
+	// re-seed request flags) to f of what it holds, returning what it held.
+	UpdateRecord(peer string, record byte, f func(byte) byte) (byte, error)
 }
 
 // Defaults of Options.Permits and Options.PermitQueue.
@@ -862,10 +865,7 @@ func (a *Acceptor) heartbeat(sender string, b *transport.Batch, ack transport.Ac
 	if ack.OriginFrontier, err = a.originFrontier(batch, sender, b.Stream); err != nil {
 		return ack, err
 	}
-	flags, err := batch.ReseedRequest(sender)
-	if err != nil {
-		return ack, err
-	}
+	batch.Close()
 	// The sender's rejoin phase with this node, told in every heartbeat,
 	// is what the R record must say: asking (owed a re-seed, and awaited),
 	// seeding (awaited), or nothing (a record left from a rejoin that
@@ -877,15 +877,15 @@ func (a *Acceptor) heartbeat(sender string, b *transport.Batch, ack transport.Ac
 	case transport.RejoinSeeding:
 		want = store.AwaitRejoin
 	}
+	flags, err := a.log.UpdateRecord(sender, machine.RecordReseed, func(byte) byte { return want })
+	if err != nil {
+		return ack, err
+	}
 	if want != flags {
-		if err := errors.Join(batch.SetReseedRequestIn(sender, want), batch.Commit(true)); err != nil {
-			return ack, err
-		}
 		a.opts.Logger.Warn("replicate: peer's rejoin recorded", "sender", sender, "phase", b.Rejoining,
 			"owed", want&store.ReseedRequested != 0, "awaiting", want&store.AwaitRejoin != 0)
 	}
 	ack.ReseedRecorded = want&store.ReseedRequested != 0
-	batch.Close()
 	if (want^flags)&store.ReseedRequested != 0 && a.opts.OnReseedRequest != nil {
 		a.opts.OnReseedRequest(sender, want&store.ReseedRequested != 0)
 	}

@@ -43,6 +43,10 @@ const (
 	KindMint
 	// KindInbound is a peer's batch the acceptor admitted.
 	KindInbound
+	// KindRecord changes a peer's re-seed request flags (R) or this
+	// node's rejoin phase with it (J), if it still holds what the proposer
+	// read (compare and set).
+	KindRecord
 	kinds
 )
 
@@ -58,6 +62,8 @@ func (k Kind) String() string {
 		return "mint"
 	case KindInbound:
 		return "inbound"
+	case KindRecord:
+		return "record"
 	}
 	return fmt.Sprintf("kind(%d)", uint8(k))
 }
@@ -83,7 +89,16 @@ type Command struct {
 	// (the body as it arrived: no second encoding).
 	Inbound  *Inbound
 	RawBatch []byte
+	// Record: Peer's record Record (RecordReseed or RecordRejoin) is set to
+	// Set if it holds Expect (0: no record).
+	Record, Expect, Set byte
 }
+
+// The peer records a KindRecord command changes.
+const (
+	RecordReseed byte = 'R'
+	RecordRejoin byte = 'J'
+)
 
 // Proposal is one local write of a group.
 type Proposal struct {
@@ -155,6 +170,9 @@ func (e *Encoder) Encode(c *Command) ([]byte, error) {
 			enc.EncodeUint(uint64(c.Epoch)))
 	case KindInbound:
 		err = e.encodeInbound(c)
+	case KindRecord:
+		err = errors.Join(enc.EncodeArrayLen(5), enc.EncodeUint(uint64(c.Kind)), enc.EncodeString(c.Peer),
+			enc.EncodeUint(uint64(c.Record)), enc.EncodeUint(uint64(c.Expect)), enc.EncodeUint(uint64(c.Set)))
 	default:
 		return nil, fmt.Errorf("machine: encode: unknown kind %d", c.Kind)
 	}
@@ -261,7 +279,7 @@ func decodeInto(dec *msgpack.Decoder, c *Command) error {
 		return fmt.Errorf("kind: %v", err)
 	}
 	c.Kind = Kind(k)
-	want := map[Kind]int{KindLocal: 2, KindCursor: 4, KindTruncate: 3, KindMint: 3, KindInbound: 11}[c.Kind]
+	want := map[Kind]int{KindLocal: 2, KindCursor: 4, KindTruncate: 3, KindMint: 3, KindInbound: 11, KindRecord: 5}[c.Kind]
 	if want == 0 {
 		return fmt.Errorf("unknown kind %d", k)
 	}
@@ -318,6 +336,21 @@ func decodeInto(dec *msgpack.Decoder, c *Command) error {
 		}
 	case KindInbound:
 		return decodeInbound(dec, c)
+	case KindRecord:
+		if c.Peer, err = dec.DecodeString(); err != nil {
+			return err
+		}
+		if c.Peer == "" || len(c.Peer) > 63 {
+			return fmt.Errorf("record of peer %q", c.Peer)
+		}
+		for _, f := range []*byte{&c.Record, &c.Expect, &c.Set} {
+			if *f, err = dec.DecodeUint8(); err != nil {
+				return err
+			}
+		}
+		if c.Record != RecordReseed && c.Record != RecordRejoin {
+			return fmt.Errorf("record %q", c.Record)
+		}
 	}
 	return nil
 }

@@ -29,6 +29,11 @@ func (d *Direct) Apply(c *Command) (*Result, error) {
 	return d.m.Apply(d.m.Applied()+1, data)
 }
 
+// UpdateRecord changes a peer record (acceptor.Log).
+func (d *Direct) UpdateRecord(peer string, record byte, f func(byte) byte) (byte, error) {
+	return UpdateRecord(d.m.st, d.Apply, peer, record, f)
+}
+
 // ApplyInbound applies an admitted batch (acceptor.Log).
 func (d *Direct) ApplyInbound(in *Inbound, raw []byte) (*InboundResult, error) {
 	res, err := d.Apply(&Command{Kind: KindInbound, Inbound: in, RawBatch: raw})

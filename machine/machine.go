@@ -157,6 +157,8 @@ type Result struct {
 	High hlc.Timestamp
 	// Inbound answers an inbound batch.
 	Inbound *InboundResult
+	// Swapped: a record command found what it expected and set it.
+	Swapped bool
 }
 
 // Write is what became of one proposal.
@@ -220,6 +222,9 @@ func (m *Machine) ApplyCommand(index uint64, c *Command) (*Result, error) {
 		res, next, err = m.applyTruncate(b, c.Stream, c.First)
 	case KindMint:
 		res, next, err = m.applyMint(b, c.Stream, c.Epoch)
+	case KindRecord:
+		res = &Result{}
+		res.Swapped, err = m.applyRecord(b, c)
 	case KindInbound:
 		var ir *InboundResult
 		if ir, err = m.applyInbound(b, c.Inbound); err == nil {
@@ -391,18 +396,58 @@ func maxStamp(ts ...hlc.Timestamp) hlc.Timestamp {
 	return hi
 }
 
-// applyCursor records a peer's acknowledgement. A cursor only moves
-// forward within a stream: an old leader's late acknowledgement cannot
-// take it back.
+// applyCursor records where a link stands with a peer: what the shipper
+// last recorded, in log order (a link rewinds when a peer shows it lost
+// entries). A cursor only decides where shipping resumes, so one an old
+// leader recorded late costs a resend the peer drops, never a lost entry.
 func (m *Machine) applyCursor(b *store.Batch, peer string, c store.Cursor) error {
-	cur, ok, err := m.st.Cursor(peer)
-	if err != nil {
-		return err
-	}
-	if ok && cur.Stream == c.Stream && cur.Index >= c.Index {
-		return nil
-	}
 	return b.SetCursor(peer, c)
+}
+
+// applyRecord sets a peer record if it holds what the proposer read.
+func (m *Machine) applyRecord(b *store.Batch, c *Command) (bool, error) {
+	get, set := b.ReseedRequest, b.SetReseedRequestIn
+	if c.Record == RecordRejoin {
+		get, set = b.RejoinPhase, b.SetRejoinIn
+	}
+	cur, err := get(c.Peer)
+	if err != nil || cur != c.Expect {
+		return false, err
+	}
+	return true, set(c.Peer, c.Set)
+}
+
+// UpdateRecord changes a peer record to f of what it holds, through apply
+// (a log, or Direct): read, propose a compare-and-set, again if another
+// change came first. It returns what the record held before.
+func UpdateRecord(st *store.Store, apply func(*Command) (*Result, error), peer string, record byte, f func(byte) byte) (byte, error) {
+	for try := 0; ; try++ {
+		var recs map[string]byte
+		var err error
+		if record == RecordRejoin {
+			recs, err = st.Rejoin()
+		} else {
+			recs, err = st.ReseedRequests()
+		}
+		if err != nil {
+			return 0, err
+		}
+		cur := recs[peer]
+		next := f(cur)
+		if next == cur {
+			return cur, nil
+		}
+		res, err := apply(&Command{Kind: KindRecord, Peer: peer, Record: record, Expect: cur, Set: next})
+		if err != nil {
+			return cur, err
+		}
+		if res.Swapped {
+			return cur, nil
+		}
+		if try == 100 {
+			return cur, fmt.Errorf("machine: record %c of %s kept changing under 100 attempts", record, peer)
+		}
+	}
 }
 
 // applyTruncate drops the stream's outbound entries before first.

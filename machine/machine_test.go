@@ -225,8 +225,8 @@ func TestScriptDecisions(t *testing.T) {
 	if _, err := st.Get("z"); !errors.Is(err, store.ErrNotFound) {
 		t.Fatalf("the stale write was stored: %v", err)
 	}
-	if cur, _, _ := st.Cursor("b"); cur.Index != 3 {
-		t.Fatalf("cursor went back to %d", cur.Index)
+	if cur, _, _ := st.Cursor("b"); cur.Index != 2 {
+		t.Fatalf("cursor %d, want the last recorded, 2", cur.Index)
 	}
 	ob := m.Outbound()
 	if ob.First() != 3 || ob.Last() != 10 {
@@ -642,5 +642,37 @@ func TestForgetLog(t *testing.T) {
 	res := mustApply(t, m, 1, &Command{Kind: KindLocal, Local: []Proposal{s.put("b", "1")}})
 	if res.Skipped || res.Writes[0].Entry.Index != 2 || res.Writes[0].Entry.Stream != testStream {
 		t.Fatalf("first command of the new log: %+v", res)
+	}
+}
+
+// Peer records change by compare-and-set: a change proposed from a stale
+// read does nothing, and UpdateRecord reads again.
+func TestPeerRecords(t *testing.T) {
+	m, st := openMachine(t, t.TempDir())
+	defer st.Close()
+	d := NewDirect(m)
+	if before, err := d.UpdateRecord("b", RecordReseed, func(byte) byte { return 3 }); err != nil || before != 0 {
+		t.Fatalf("set: before %d, %v", before, err)
+	}
+	res, err := d.Apply(&Command{Kind: KindRecord, Peer: "b", Record: RecordReseed, Expect: 0, Set: 7})
+	if err != nil || res.Swapped {
+		t.Fatalf("a change from a stale read: swapped %v, %v", res.Swapped, err)
+	}
+	if before, err := d.UpdateRecord("b", RecordReseed, func(f byte) byte { return f &^ 1 }); err != nil || before != 3 {
+		t.Fatalf("clear a flag: before %d, %v", before, err)
+	}
+	if _, err := d.UpdateRecord("b", RecordRejoin, func(byte) byte { return store.RejoinSeeding }); err != nil {
+		t.Fatal(err)
+	}
+	r, _ := st.ReseedRequests()
+	j, _ := st.Rejoin()
+	if r["b"] != 2 || j["b"] != store.RejoinSeeding {
+		t.Fatalf("records R %v J %v", r, j)
+	}
+	if _, err := d.UpdateRecord("b", RecordRejoin, func(byte) byte { return 0 }); err != nil {
+		t.Fatal(err)
+	}
+	if j, _ := st.Rejoin(); len(j) != 0 {
+		t.Fatalf("a zero record stays: %v", j)
 	}
 }

@@ -207,30 +207,14 @@ func (n *Node) awaitLead(wait time.Duration) error {
 // applyCommand commits a command of the node's own (not a write group) and
 // applies it.
 func (n *Node) applyCommand(c *machine.Command) error {
-	data, err := machine.NewEncoder().Encode(c)
-	if err != nil {
-		return err
-	}
-	res, err := n.group.Apply(data, 30*time.Second)
-	if err != nil {
-		return err
-	}
-	if err, ok := res.(error); ok {
-		return err
-	}
-	return nil
+	_, err := n.commitCommand(c)
+	return err
 }
 
-// encoders are the command encoders of inbound batches (many at once).
-var encoders = sync.Pool{New: func() any { return machine.NewEncoder() }}
-
-// ApplyInbound commits a batch the acceptor admitted through the group and
-// returns what the machine decided (acceptor.Log). A failed commit is
-// answered as a refusal the sender retries; the high-water mark makes a
-// batch that did commit a duplicate then.
-func (n *Node) ApplyInbound(in *machine.Inbound, raw []byte) (*machine.InboundResult, error) {
+// commitCommand commits a command and returns what the machine decided.
+func (n *Node) commitCommand(c *machine.Command) (*machine.Result, error) {
 	enc := encoders.Get().(*machine.Encoder)
-	data, err := enc.Encode(&machine.Command{Kind: machine.KindInbound, Inbound: in, RawBatch: raw})
+	data, err := enc.Encode(c)
 	encoders.Put(enc)
 	if err != nil {
 		return nil, err
@@ -244,14 +228,48 @@ func (n *Node) ApplyInbound(in *machine.Inbound, raw []byte) (*machine.InboundRe
 		out, err = n.group.Apply(data, enqueueTimeout)
 	}
 	if err != nil {
-		return nil, fmt.Errorf("node: commit an inbound batch: %w", err)
+		return nil, fmt.Errorf("node: commit a %s command: %w", c.Kind, err)
 	}
 	if e, ok := out.(error); ok {
-		return nil, fmt.Errorf("node: apply an inbound batch: %w", e)
+		return nil, fmt.Errorf("node: apply a %s command: %w", c.Kind, e)
 	}
 	res := out.(*machine.Result)
-	if res.Inbound == nil {
-		return nil, errors.New("node: an inbound batch's command was skipped as applied")
+	if res.Skipped {
+		return nil, fmt.Errorf("node: a %s command was skipped as applied", c.Kind)
+	}
+	return res, nil
+}
+
+// UpdateRecord changes a peer's re-seed request flags or this node's rejoin
+// phase with it through the log (acceptor.Log); it returns what the record
+// held before.
+func (n *Node) UpdateRecord(peer string, record byte, f func(byte) byte) (byte, error) {
+	return machine.UpdateRecord(n.store, n.commitCommand, peer, record, f)
+}
+
+// cursors keep the shippers' positions through the log, so that every node
+// of the cluster knows how far each peer has the stream.
+type cursors struct{ n *Node }
+
+func (c cursors) Cursor(peer string) (store.Cursor, bool, error) { return c.n.store.Cursor(peer) }
+
+func (c cursors) SetCursor(peer string, cur store.Cursor) error {
+	return c.n.applyCommand(&machine.Command{Kind: machine.KindCursor, Peer: peer, Cursor: cur})
+}
+
+func (c cursors) InitCursor(peer string, cur store.Cursor) error { return c.SetCursor(peer, cur) }
+
+// encoders are the command encoders of inbound batches (many at once).
+var encoders = sync.Pool{New: func() any { return machine.NewEncoder() }}
+
+// ApplyInbound commits a batch the acceptor admitted through the group and
+// returns what the machine decided (acceptor.Log). A failed commit is
+// answered as a refusal the sender retries; the high-water mark makes a
+// batch that did commit a duplicate then.
+func (n *Node) ApplyInbound(in *machine.Inbound, raw []byte) (*machine.InboundResult, error) {
+	res, err := n.commitCommand(&machine.Command{Kind: machine.KindInbound, Inbound: in, RawBatch: raw})
+	if err != nil {
+		return nil, err
 	}
 	return res.Inbound, nil
 }

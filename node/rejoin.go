@@ -216,7 +216,7 @@ func (n *Node) recordRejoin() []*transport.Shipper {
 	var out []*transport.Shipper
 	for _, sh := range n.links() {
 		p := sh.Peer().Name
-		if err := n.store.UpdateRejoin(p, func(byte) byte { return store.RejoinRequesting }); err != nil {
+		if err := n.updateRejoin(p, func(byte) byte { return store.RejoinRequesting }); err != nil {
 			n.log.Error("recording the rejoin", "peer", p, "err", err)
 			continue
 		}
@@ -261,7 +261,7 @@ func (n *Node) pruneReseedState() error {
 	for p := range req {
 		if !configured[p] {
 			n.log.Warn("forgetting a re-seed request of a peer no longer configured", "peer", p)
-			if err := n.store.UpdateReseedRequest(p, zero); err != nil {
+			if err := n.updateReseed(p, zero); err != nil {
 				return err
 			}
 		}
@@ -269,7 +269,7 @@ func (n *Node) pruneReseedState() error {
 	for p := range rj {
 		if !configured[p] {
 			n.log.Warn("rejoin: forgetting a peer no longer configured", "peer", p)
-			if err := n.store.UpdateRejoin(p, zero); err != nil {
+			if err := n.updateRejoin(p, zero); err != nil {
 				return err
 			}
 		}
@@ -358,7 +358,7 @@ func waitingFor(rj map[string]byte) []string {
 // onReseedDone: a re-seed this node sent was acknowledged to its trailer.
 func (n *Node) onReseedDone(peer string, requested, rejoin bool) {
 	if requested {
-		err := n.store.UpdateReseedRequest(peer, func(f byte) byte { return f &^ store.ReseedRequested })
+		err := n.updateReseed(peer, func(f byte) byte { return f &^ store.ReseedRequested })
 		if err != nil {
 			n.log.Error("clearing a re-seed request", "peer", peer, "err", err)
 		}
@@ -366,7 +366,7 @@ func (n *Node) onReseedDone(peer string, requested, rejoin bool) {
 	if rejoin {
 		// Only a rejoin still at seeding ends: a newer one (the node lost
 		// data again meanwhile) goes on.
-		err := n.store.UpdateRejoin(peer, func(ph byte) byte {
+		err := n.updateRejoin(peer, func(ph byte) byte {
 			if ph == store.RejoinSeeding {
 				return 0
 			}
@@ -421,4 +421,16 @@ func (n *Node) rejoinReport() RejoinReport {
 		}
 	}
 	return r
+}
+
+// updateReseed and updateRejoin change a peer's R record (re-seed request
+// flags) and J record (this node's rejoin phase) through the log.
+func (n *Node) updateReseed(peer string, f func(byte) byte) error {
+	_, err := n.UpdateRecord(peer, machine.RecordReseed, f)
+	return err
+}
+
+func (n *Node) updateRejoin(peer string, f func(byte) byte) error {
+	_, err := n.UpdateRecord(peer, machine.RecordRejoin, f)
+	return err
 }
