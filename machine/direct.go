@@ -3,6 +3,8 @@ package machine
 import (
 	"errors"
 	"sync"
+
+	"github.com/replicator/replicator/store"
 )
 
 // Direct applies commands to a machine in order without a log, each at the
@@ -17,6 +19,15 @@ type Direct struct {
 
 // NewDirect drives m.
 func NewDirect(m *Machine) *Direct { return &Direct{m: m, enc: NewEncoder()} }
+
+// OpenDirect opens the machine of st and drives it.
+func OpenDirect(st *store.Store, opts Options) (*Direct, error) {
+	m, err := Open(st, opts)
+	if err != nil {
+		return nil, err
+	}
+	return NewDirect(m), nil
+}
 
 // Apply applies c at the next index.
 func (d *Direct) Apply(c *Command) (*Result, error) {

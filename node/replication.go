@@ -164,13 +164,11 @@ func (n *Node) startReplication() {
 // TruncateWAL drops the stream's outbound entries every peer acknowledged,
 // through the cluster's log (every node drops the same).
 func (n *Node) TruncateWAL() error {
-	c := n.com
-	// Between groups, so the stream read here is the one the command cuts.
-	c.groupMu.Lock()
-	defer c.groupMu.Unlock()
-	if errp := c.failed.Load(); errp != nil || n.closing.Load() {
+	if errp := n.com.failed.Load(); errp != nil || n.closing.Load() {
 		return nil
 	}
+	// The command names the stream read here: if a new stream began
+	// meanwhile, it cuts nothing.
 	stream := n.out.Stream()
 	upTo := min(n.applied.Load(), n.out.Last())
 	for _, sh := range n.links() {

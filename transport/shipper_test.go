@@ -368,9 +368,9 @@ func TestPipelinedBatches(t *testing.T) {
 // in order without raft.
 func direct(t testing.TB, st *store.Store, local string) *machine.Direct {
 	t.Helper()
-	m, err := machine.Open(st, machine.Options{Cluster: local, Logger: quiet})
+	d, err := machine.OpenDirect(st, machine.Options{Cluster: local, Logger: quiet})
 	if err != nil {
 		t.Fatal(err)
 	}
-	return machine.NewDirect(m)
+	return d
 }
