@@ -302,7 +302,7 @@ func (c *committer) commit(pending []*proposal) int {
 		return 0
 	}
 	t0 := time.Now()
-	out, err := n.group.Apply(data, enqueueTimeout)
+	out, err := n.apply(data, &c.cmd)
 	// A group of one steps down after a failed append (a full disk) and
 	// elects itself again a moment later: the command never entered the
 	// log, so it is sent again once this node leads.
@@ -310,7 +310,7 @@ func (c *committer) commit(pending []*proposal) int {
 		if n.awaitLead(time.Second) != nil {
 			break
 		}
-		out, err = n.group.Apply(data, enqueueTimeout)
+		out, err = n.apply(data, &c.cmd)
 	}
 	n.metrics.fsyncSeconds.Observe(time.Since(t0).Seconds())
 	if err == nil {

@@ -11,6 +11,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unsafe"
 
 	"github.com/hashicorp/raft"
 
@@ -45,7 +46,13 @@ func (f *fsm) Apply(l *raft.Log) any {
 	if errp := f.broken.Load(); errp != nil {
 		return *errp
 	}
-	res, err := f.m.Apply(l.Index, l.Data)
+	var res *machine.Result
+	var err error
+	if c := f.n.proposed.get(l.Data); c != nil {
+		res, err = f.m.ApplyCommand(l.Index, c)
+	} else {
+		res, err = f.m.Apply(l.Index, l.Data)
+	}
 	if err != nil {
 		f.broken.Store(&err)
 		f.n.com.fail(fmt.Errorf("apply log entry %d: %w", l.Index, err))
@@ -56,6 +63,49 @@ func (f *fsm) Apply(l *raft.Log) any {
 	}
 	f.n.applied.Store(f.m.Outbound().Last())
 	return res
+}
+
+// proposed are the commands this node has in flight, by their encoded
+// bytes. Raft hands the leader's state machine the very slice it was given,
+// so the FSM applies the command the proposer built instead of decoding its
+// bytes again (a peer's batch was decoded once already, to admit it).
+// Followers and replays decode: the machine's tests hold the two paths to
+// the same result (TestDecodedAppliesAsBuilt).
+type proposed struct {
+	mu sync.Mutex
+	m  map[*byte]*machine.Command
+}
+
+func (p *proposed) add(data []byte, c *machine.Command) {
+	p.mu.Lock()
+	if p.m == nil {
+		p.m = map[*byte]*machine.Command{}
+	}
+	p.m[unsafe.SliceData(data)] = c
+	p.mu.Unlock()
+}
+
+func (p *proposed) remove(data []byte) {
+	p.mu.Lock()
+	delete(p.m, unsafe.SliceData(data))
+	p.mu.Unlock()
+}
+
+func (p *proposed) get(data []byte) *machine.Command {
+	if len(data) == 0 {
+		return nil
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.m[unsafe.SliceData(data)]
+}
+
+// apply commits data, the encoding of c, and returns what the state
+// machine returned.
+func (n *Node) apply(data []byte, c *machine.Command) (any, error) {
+	n.proposed.add(data, c)
+	defer n.proposed.remove(data)
+	return n.group.Apply(data, enqueueTimeout)
 }
 
 // snapshotDoc is a snapshot's content for now: the index the tree holds
@@ -219,13 +269,13 @@ func (n *Node) commitCommand(c *machine.Command) (*machine.Result, error) {
 	if err != nil {
 		return nil, err
 	}
-	out, err := n.group.Apply(data, enqueueTimeout)
+	out, err := n.apply(data, c)
 	for try := 0; try < 3 && errors.As(err, new(*cluster.NotLeaderError)); try++ {
 		// A group of one re-electing itself after a failed append.
 		if n.awaitLead(time.Second) != nil {
 			break
 		}
-		out, err = n.group.Apply(data, enqueueTimeout)
+		out, err = n.apply(data, c)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("node: commit a %s command: %w", c.Kind, err)

@@ -54,7 +54,9 @@ type Node struct {
 	out     *machine.Outbound // the stream, as shippers read it
 	group   *cluster.Group
 	fsm     *fsm
-	com     *committer
+	// proposed are the commands in flight (the FSM applies them as built)
+	proposed proposed
+	com      *committer
 
 	acceptor   *acceptor.Acceptor
 	peerClient *http.Client
