@@ -773,6 +773,21 @@ func (a *Acceptor) Apply(sender string, b *transport.Batch) (transport.Ack, erro
 		// the stream stands here, and record a request for a re-seed.
 		return a.heartbeat(sender, b, ack, dropped)
 	}
+	// A batch that does not continue the stream here is refused without
+	// a command of the log (the machine would refuse it the same way, at
+	// the cost of an append): the batch before it is often still on its
+	// way, and ServeHTTP asks again as the sender's requests move.
+	if len(ents) > 0 && !b.Snapshot {
+		rd := a.store.NewBatch()
+		hwm, err := rd.HWM(sender, b.Stream)
+		rd.Close()
+		if err != nil {
+			return ack, err
+		}
+		if first := ents[0].Index; hwm.Index > 0 && first > hwm.Index+1 {
+			return ack, &GapError{Origin: sender, Stream: b.Stream, HWM: hwm.Index, Got: first}
+		}
+	}
 	// Local writes stamped after this batch must sort above it.
 	a.clock.Observe(maxTS)
 	in := &machine.Inbound{Sender: sender, Batch: b, Own: own, Unknown: unknown, Dead: deadReasons, At: a.opts.Now(),

@@ -324,6 +324,11 @@ func (c *committer) commit(pending []*proposal) int {
 		return 0
 	}
 	res := out.(*machine.Result)
+	if len(res.Writes) != len(sent) {
+		// Never: a new command is above the applied index.
+		answerAll(sent, fmt.Errorf("%w: the machine answered %d of %d writes (skipped %v)", ErrUnknownOutcome, len(res.Writes), len(sent), res.Skipped))
+		return 0
+	}
 	written := 0
 	for i, p := range sent {
 		w := &res.Writes[i]
