@@ -331,13 +331,16 @@ func (n *Node) ApplyInbound(in *machine.Inbound, raw []byte) (*machine.InboundRe
 //   - the tree lacks commands up to the snapshot (the store directory
 //     restored alone from an older backup) that the log still holds: they
 //     are committed, so the machine applies them from the log first;
-//   - the log lost commands the tree applied (a raft directory wiped, or
-//     older than the tree): the tree holds everything, so the stream goes
-//     on; the directory is set aside and the machine counts from a new log;
-//   - the tree lacks commands the log no longer holds: those commands'
-//     entries may have been shipped, so their indexes must not mean other
-//     writes: the directory is set aside and a new stream is minted (the
-//     returned reason).
+//   - the log lost commands the tree applied (a raft directory damaged,
+//     wiped, or older than the tree; a torn append never does this, since
+//     the tree applies a command only after its append is synced): the tree
+//     holds what it applied, but the tree's commits are not synced, so a
+//     crash may have taken later commands from both after their entries
+//     were shipped; their indexes must not mean other writes: the directory
+//     is set aside and a new stream is minted (the returned reason), as
+//     the WAL before the log did;
+//   - the tree lacks commands the log no longer holds: the same, for the
+//     same reason.
 func (n *Node) reconcileLog(m *machine.Machine) (mint string, err error) {
 	ls, err := cluster.Inspect(n.groupDir(), n.log)
 	if err != nil {
@@ -374,6 +377,7 @@ func (n *Node) reconcileLog(m *machine.Machine) (mint string, err error) {
 		mint = why
 	case applied > max(ls.Last, ls.Snapshot):
 		why = fmt.Sprintf("the log ends at %d, the store applied up to %d", max(ls.Last, ls.Snapshot), applied)
+		mint = why
 	default:
 		return "", nil
 	}
@@ -410,6 +414,13 @@ func (n *Node) migrateWAL(m *machine.Machine) (bool, error) {
 		err = cerr
 	}
 	if err != nil {
+		return false, fmt.Errorf("node: migrate the WAL: %w", err)
+	}
+	// Marked before the WAL goes aside: a start that then finds no WAL and
+	// no mark would take the tree for one whose WAL was lost, and begin a
+	// new stream. (A crash before the mark migrates again, which changes
+	// nothing: the store's applied index skips what was applied.)
+	if err := m.ForgetLog(); err != nil {
 		return false, fmt.Errorf("node: migrate the WAL: %w", err)
 	}
 	aside := fmt.Sprintf("%s.migrated-%s", dir, stream)
@@ -476,7 +487,8 @@ func (n *Node) migrateEntries(l *wal.Log) error {
 			return err
 		}
 	}
-	if last == 0 || (ap.Stream == stream && ap.Index == last && last < first) {
+	if first > last && ap.Stream == stream {
+		// every entry was shipped and cut: the store knows the last commit
 		commit = ap.Commit
 	}
 	b := n.store.NewBatch()

@@ -223,8 +223,8 @@ func TestTornLogTailNodeServes(t *testing.T) {
 		if errors.Is(err, raftlog.ErrCorrupt) {
 			// A flipped byte with whole later appends after it is not a
 			// torn tail: the documented recovery moves the raft directory
-			// aside (the store holds every applied write); the stream goes
-			// on.
+			// aside (the store holds every applied write; a new stream
+			// begins).
 			if err := os.Rename(filepath.Join(dir, "cluster"), filepath.Join(dir, fmt.Sprintf("cluster.corrupt-%d", round))); err != nil {
 				t.Fatal(err)
 			}
