@@ -303,15 +303,6 @@ func (c *committer) commit(pending []*proposal) int {
 	}
 	t0 := time.Now()
 	out, err := n.apply(data, &c.cmd)
-	// A group of one steps down after a failed append (a full disk) and
-	// elects itself again a moment later: the command never entered the
-	// log, so it is sent again once this node leads.
-	for try := 0; try < 3 && errors.As(err, new(*cluster.NotLeaderError)); try++ {
-		if n.awaitLead(time.Second) != nil {
-			break
-		}
-		out, err = n.apply(data, &c.cmd)
-	}
 	n.metrics.fsyncSeconds.Observe(time.Since(t0).Seconds())
 	if err == nil {
 		if e, ok := out.(error); ok {

@@ -101,11 +101,21 @@ func (p *proposed) get(data []byte) *machine.Command {
 }
 
 // apply commits data, the encoding of c, and returns what the state
-// machine returned.
+// machine returned. A group of one steps down after a failed append (a full
+// disk) and elects itself again a moment later: a command refused for want
+// of a leader never entered the log, so it is sent again once this node
+// leads.
 func (n *Node) apply(data []byte, c *machine.Command) (any, error) {
 	n.proposed.add(data, c)
 	defer n.proposed.remove(data)
-	return n.group.Apply(data, enqueueTimeout)
+	out, err := n.group.Apply(data, enqueueTimeout)
+	for try := 0; try < 3 && errors.As(err, new(*cluster.NotLeaderError)); try++ {
+		if n.awaitLead(time.Second) != nil {
+			break
+		}
+		out, err = n.group.Apply(data, enqueueTimeout)
+	}
+	return out, err
 }
 
 // snapshotDoc is a snapshot's content for now: the index the tree holds
@@ -270,13 +280,6 @@ func (n *Node) commitCommand(c *machine.Command) (*machine.Result, error) {
 		return nil, err
 	}
 	out, err := n.apply(data, c)
-	for try := 0; try < 3 && errors.As(err, new(*cluster.NotLeaderError)); try++ {
-		// A group of one re-electing itself after a failed append.
-		if n.awaitLead(time.Second) != nil {
-			break
-		}
-		out, err = n.apply(data, c)
-	}
 	if err != nil {
 		return nil, fmt.Errorf("node: commit a %s command: %w", c.Kind, err)
 	}
