@@ -131,8 +131,36 @@ type Options struct {
 	// requested says it was one this node asked for (its rejoin moves on),
 	// rejoin that it ended the sender's own rejoin.
 	OnTrailer func(sender string, requested, rejoin bool)
-	Logger    *slog.Logger
+	// Leadership, when set (a cluster of several nodes), says whether this
+	// node takes batches now: only the leader does. A follower refuses an
+	// authenticated batch unread with 503 not_leader naming the leader's
+	// replicate URL and every node's, and the sender follows.
+	Leadership func() (leading bool, leader string, nodes []string)
+	// Nodes, when set, lists the replicate URLs of every node of this
+	// cluster in each ack, so that senders fail over without
+	// configuration.
+	Nodes  func() []string
+	Logger *slog.Logger
 }
+
+// ErrNotLeader refuses a batch sent to a node that does not lead its
+// cluster (NotLeaderError names the one that does).
+var ErrNotLeader = errors.New("acceptor: this node does not lead its cluster")
+
+// NotLeaderError is ErrNotLeader with where to go instead.
+type NotLeaderError struct {
+	Leader string   // the leader's replicate URL ("" while none is known)
+	Nodes  []string // every node's
+}
+
+func (e *NotLeaderError) Error() string {
+	if e.Leader == "" {
+		return ErrNotLeader.Error() + ", and no leader is known yet"
+	}
+	return ErrNotLeader.Error() + "; the leader is at " + e.Leader
+}
+
+func (e *NotLeaderError) Unwrap() error { return ErrNotLeader }
 
 // Saturation sources of a refusal. Values appear in error bodies and
 // metrics; never rename them.
@@ -345,6 +373,12 @@ func (a *Acceptor) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		a.refuseUnread(w, "", err)
 		return
 	}
+	if a.opts.Leadership != nil {
+		if leading, leader, nodes := a.opts.Leadership(); !leading {
+			a.refuseUnread(w, sender, &NotLeaderError{Leader: leader, Nodes: nodes})
+			return
+		}
+	}
 	left := a.arrive(sender)
 	defer left()
 	if ct := r.Header.Get("Content-Type"); ct != "" && ct != transport.ContentType {
@@ -419,6 +453,9 @@ func (a *Acceptor) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if err != nil {
 		a.refuse(w, sender, err)
 		return
+	}
+	if a.opts.Nodes != nil {
+		ack.Nodes = a.opts.Nodes()
 	}
 	httpjson.Write(w, http.StatusOK, ack)
 }
@@ -571,7 +608,11 @@ func (a *Acceptor) refuse(w http.ResponseWriter, sender string, err error) {
 	var status int
 	var gap *GapError
 	var conflict *ConflictError
+	var nl *NotLeaderError
 	switch {
+	case errors.As(err, &nl):
+		status, e.Code, e.Retryable, e.Leader, e.Nodes = http.StatusServiceUnavailable, "not_leader", true, nl.Leader, nl.Nodes
+		httpjson.RetryAfter(w, time.Second)
 	case errors.Is(err, ErrNoPermit):
 		status, e.Code, e.Source, e.Retryable = http.StatusTooManyRequests, "saturated", SourceReplayPermit, true
 		httpjson.RetryAfter(w, time.Second)
@@ -608,7 +649,7 @@ func (a *Acceptor) refuse(w http.ResponseWriter, sender string, err error) {
 		a.countsLocked(sender).Refused++
 		a.mu.Unlock()
 	}
-	if (status != http.StatusConflict || conflict != nil) && status != http.StatusTooManyRequests {
+	if (status != http.StatusConflict || conflict != nil) && status != http.StatusTooManyRequests && nl == nil {
 		a.opts.Logger.Warn("replicate: batch refused", "sender", sender, "status", status, "err", err)
 	}
 	httpjson.WriteError(w, status, e)

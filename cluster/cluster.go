@@ -19,6 +19,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -39,6 +40,10 @@ var (
 	ErrQuorum = errors.New("cluster: the change would lose quorum")
 	// ErrUnknownNode is a removal of a node that is not a member.
 	ErrUnknownNode = errors.New("cluster: no such node")
+	// ErrNotAlone refuses to start a node of several as a node alone.
+	ErrNotAlone = errors.New("cluster: the node belongs to a cluster of several")
+	// ErrRemoved refuses a node ID that was removed from the group.
+	ErrRemoved = errors.New("cluster: the node ID was removed")
 )
 
 // NotLeaderError says who leads (empty when nobody is known to).
@@ -80,6 +85,11 @@ type Options struct {
 	// it holds: that is how a single node's data directory becomes a group
 	// of one. Listen, Members and BootstrapExpect are not used.
 	Solo bool
+	// BootstrapAlone: a node without raft state bootstraps a group of
+	// itself at once, on its raft port (a single node's data directory of
+	// a build before the log, upgraded with the raft port given: it grows
+	// as the others join). Solo groups always do.
+	BootstrapAlone bool
 	// Listen is the raft port; Advertise the address the others dial
 	// (default: the bound address).
 	Listen, Advertise string
@@ -94,6 +104,10 @@ type Options struct {
 	HasData func() bool
 	// FSM applies committed commands.
 	FSM raft.FSM
+	// Removed reports a node ID that was removed from the group: the leader
+	// never adds it back, however alive gossip says it is (a removed ID is
+	// not reused). Default: none is.
+	Removed func(id string) bool
 	// Members is gossip's view of this cluster.
 	Members Membership
 	// Reconcile is how often bootstrap and membership are checked
@@ -153,6 +167,9 @@ func (o *Options) EnsureDefaults() {
 	}
 	if o.HasData == nil {
 		o.HasData = func() bool { return false }
+	}
+	if o.Removed == nil {
+		o.Removed = func(string) bool { return false }
 	}
 	if o.Logger == nil {
 		o.Logger = slog.Default()
@@ -282,7 +299,18 @@ func Open(opts *Options) (*Group, error) {
 	}
 	g := &Group{opts: o, raft: r, log: store, trans: trans, closeTrans: closeTrans, stop: make(chan struct{}), done: make(chan struct{})}
 	g.mu.bootstrapped = existing
-	if o.Solo && !existing {
+	if o.Solo && existing {
+		// A node of several started as a node alone would wait for ever
+		// for the votes of nodes it cannot reach.
+		if cf := r.GetConfiguration(); cf.Error() == nil && len(cf.Configuration().Servers) > 1 {
+			r.Shutdown().Error()
+			closeTrans()
+			store.Close()
+			return nil, fmt.Errorf("%w: this node is one of %d of cluster %s (%s): start it with its raft port (--raft-listen)",
+				ErrNotAlone, len(cf.Configuration().Servers), o.Cluster, serverIDs(cf.Configuration()))
+		}
+	}
+	if (o.Solo || o.BootstrapAlone) && !existing {
 		self := raft.Server{ID: cfg.LocalID, Address: trans.LocalAddr()}
 		if err := r.BootstrapCluster(raft.Configuration{Servers: []raft.Server{self}}).Error(); err != nil {
 			r.Shutdown().Error()
@@ -294,6 +322,14 @@ func Open(opts *Options) (*Group, error) {
 	}
 	go g.run()
 	return g, nil
+}
+
+func serverIDs(c raft.Configuration) string {
+	var ids []string
+	for _, s := range c.Servers {
+		ids = append(ids, string(s.ID))
+	}
+	return strings.Join(ids, ", ")
 }
 
 // ReadLog calls f with the commands of the raft log under dir from index
@@ -476,7 +512,7 @@ func (g *Group) addMembers(members []Member) {
 		in[s.ID] = s.Address
 	}
 	for _, m := range members {
-		if !m.Alive || m.ID == "" || m.RaftAddr == "" {
+		if !m.Alive || m.ID == "" || m.RaftAddr == "" || g.opts.Removed(m.ID) {
 			continue
 		}
 		if addr, ok := in[raft.ServerID(m.ID)]; ok && string(addr) == m.RaftAddr {
@@ -520,8 +556,63 @@ func (g *Group) Barrier(timeout time.Duration) error { return g.raft.Barrier(tim
 // IsLeader reports whether this node leads now.
 func (g *Group) IsLeader() bool { return g.raft.State() == raft.Leader }
 
-// LeaderCh reports leadership changes of this node (see raft.LeaderCh).
-func (g *Group) LeaderCh() <-chan bool { return g.raft.LeaderCh() }
+// Term is the current raft term.
+func (g *Group) Term() uint64 { return g.raft.CurrentTerm() }
+
+// CommitIndex is the highest log index this node knows committed.
+func (g *Group) CommitIndex() uint64 { return g.raft.CommitIndex() }
+
+// VerifyLeader confirms that this node still leads (a quorum answered it
+// since it was asked): a read after it sees every write committed before.
+func (g *Group) VerifyLeader(timeout time.Duration) error {
+	f := g.raft.VerifyLeader()
+	done := make(chan error, 1)
+	go func() { done <- f.Error() }()
+	select {
+	case err := <-done:
+		if errors.Is(err, raft.ErrNotLeader) || errors.Is(err, raft.ErrLeadershipLost) {
+			id, addr := g.Leader()
+			return &NotLeaderError{LeaderID: id, LeaderAddr: addr}
+		}
+		return err
+	case <-time.After(timeout):
+		return fmt.Errorf("cluster: leadership not confirmed within %s", timeout)
+	}
+}
+
+// HasCommand reports whether the log holds a command (not one of raft's
+// own entries) at an index in [from, to].
+func (g *Group) HasCommand(from, to uint64) (bool, error) {
+	for i := from; i <= to; i++ {
+		var l raft.Log
+		if err := g.log.GetLog(i, &l); err != nil {
+			return false, fmt.Errorf("cluster: read log entry %d: %w", i, err)
+		}
+		if l.Type == raft.LogCommand {
+			return true, nil
+		}
+	}
+	return false, nil
+}
+
+// Join adds a node as a voter (an operator's join, or one gossip does not
+// report). A removed ID is refused: node IDs are never reused.
+func (g *Group) Join(id, addr string) error {
+	if !g.IsLeader() {
+		lid, laddr := g.Leader()
+		return &NotLeaderError{LeaderID: lid, LeaderAddr: laddr}
+	}
+	if id == "" || addr == "" {
+		return fmt.Errorf("cluster: join: a node ID and a raft address are required")
+	}
+	if g.opts.Removed(id) {
+		return fmt.Errorf("%w: %s was removed from the cluster; a removed ID is not reused: give the node a new ID (and an empty data directory)", ErrRemoved, id)
+	}
+	if err := g.raft.AddVoter(raft.ServerID(id), raft.ServerAddress(addr), 0, 10*time.Second).Error(); err != nil {
+		return fmt.Errorf("cluster: join %s at %s: %w", id, addr, err)
+	}
+	return nil
+}
 
 // Leader is the known leader's ID and raft address (empty: none known).
 func (g *Group) Leader() (id, addr string) {

@@ -264,6 +264,11 @@ func (c *committer) commit(pending []*proposal) int {
 		return 0
 	}
 	n := c.n
+	if n.multi() && !n.lead.ready.Load() {
+		// Deposed since the writers were admitted: nothing is stamped.
+		answerAll(props, n.notLeader())
+		return 0
+	}
 	floor := n.clock.Last()
 	c.floor.Store(&floor)
 	defer c.floor.Store(nil)

@@ -1,45 +1,22 @@
 package node
 
 import (
-	"crypto/rand"
-	"encoding/hex"
-	"errors"
 	"fmt"
-	"os"
-	"path/filepath"
-	"strings"
 	"time"
 
-	"github.com/replicator/replicator/internal/atomicfile"
 	"github.com/replicator/replicator/transport"
 )
-
-// nodeID is this node's own name within its cluster, minted once and kept in
-// the data directory (a cluster will have several nodes; gossip names them
-// <cluster>-<node id>).
-func nodeID(dir string) (string, error) {
-	path := filepath.Join(dir, "NODE_ID")
-	if b, err := os.ReadFile(path); err == nil {
-		return strings.TrimSpace(string(b)), nil
-	} else if !errors.Is(err, os.ErrNotExist) {
-		return "", err
-	}
-	var b [4]byte
-	rand.Read(b[:])
-	id := hex.EncodeToString(b[:])
-	return id, atomicfile.Write(path, []byte(id+"\n"))
-}
 
 // startGossip joins the memberlist cluster and starts shipping to the
 // members of clusters whose secret is configured.
 func (n *Node) startGossip() error {
 	g := n.opts.Gossip
-	id, err := nodeID(n.opts.DataDir)
-	if err != nil {
-		return fmt.Errorf("node: node id: %w", err)
-	}
+	id := n.nodeID
 	meta := transport.MemberMeta{V: transport.GossipVersion, Cluster: n.cluster, Stream: n.out.Stream().String(),
-		API: g.APIURL, Replicate: g.ReplicateURL}
+		API: g.APIURL, Replicate: g.ReplicateURL, Node: id}
+	if n.multi() {
+		meta.Raft, meta.Fresh = n.group.Addr(), n.group.Fresh()
+	}
 	if meta.API == "" {
 		meta.API = n.URL()
 	}
@@ -100,6 +77,16 @@ func (n *Node) onMember(m transport.Member) {
 		p.Secret, p.Overflow = cfg.Secret, cfg.Overflow
 	} else {
 		n.acceptor.SetPeer(c, "")
+	}
+	if n.multi() {
+		// Every term links to it; the current one at once.
+		n.discoveredMu.Lock()
+		n.discovered[c] = p
+		n.discoveredMu.Unlock()
+		if !n.lead.ready.Load() {
+			n.gossip.SetNote(m.Node, false, "this node does not lead its cluster: the leader ships")
+			return
+		}
 	}
 	sh, err := n.addLink(p)
 	if err != nil {

@@ -62,6 +62,7 @@ func (f *fsm) Apply(l *raft.Log) any {
 		f.n.clock.Observe(res.High)
 	}
 	f.n.applied.Store(f.m.Outbound().Last())
+	f.n.progress.set(l.Index)
 	return res
 }
 
@@ -108,7 +109,14 @@ func (p *proposed) get(data []byte) *machine.Command {
 func (n *Node) apply(data []byte, c *machine.Command) (any, error) {
 	n.proposed.add(data, c)
 	defer n.proposed.remove(data)
+	t0 := time.Now()
 	out, err := n.group.Apply(data, enqueueTimeout)
+	if err == nil && n.metrics.commitSeconds != nil {
+		n.metrics.commitSeconds.Observe(time.Since(t0).Seconds())
+	}
+	if n.multi() {
+		return out, err // another node leads: the caller hears so
+	}
 	for try := 0; try < 3 && errors.As(err, new(*cluster.NotLeaderError)); try++ {
 		if n.awaitLead(time.Second) != nil {
 			break
@@ -204,16 +212,17 @@ func (n *Node) openGroup() (created bool, err error) {
 	}
 	n.machine, n.out = m, m.Outbound()
 	n.applied.Store(n.out.Last())
+	n.progress.set(m.Applied())
 	n.fsm = &fsm{n: n, m: m}
-	id, err := nodeID(n.opts.DataDir)
-	if err != nil {
-		return false, fmt.Errorf("node: node id: %w", err)
+	if n.multi() && mint != "" {
+		return false, fmt.Errorf("node: %s; a node of a cluster of several never begins a stream of its own: "+
+			"set this data directory aside and start the node with an empty one and a new --node-id (it catches up from the leader)", mint)
 	}
-	g, err := cluster.Open(&cluster.Options{
+	co := &cluster.Options{
 		Cluster: n.cluster,
-		Node:    id,
+		Node:    n.nodeID,
 		Dir:     n.groupDir(),
-		Solo:    true,
+		Solo:    !n.multi(),
 		FSM:     n.fsm,
 		Logger:  n.log,
 		Log: raftlog.Options{
@@ -221,9 +230,28 @@ func (n *Node) openGroup() (created bool, err error) {
 			NoSync:      n.opts.UnsafeNoSync,
 			BeforeWrite: n.diskFull(),
 		},
-	})
+	}
+	if r := n.opts.Raft; r != nil {
+		if co.Conn, err = n.raftConn(); err != nil {
+			return false, err
+		}
+		co.Listen, co.Advertise, co.BootstrapExpect = r.Listen, r.Advertise, r.BootstrapExpect
+		co.HeartbeatTimeout, co.ElectionTimeout, co.LeaderLeaseTimeout = r.ElectionTimeout, r.ElectionTimeout, r.ElectionTimeout/2
+		co.SnapshotThreshold, co.TrailingLogs = r.SnapshotThreshold, r.TrailingLogs
+		co.Members = groupMembers{n}
+		co.HasData = n.hasData
+		// A single node's directory of a build before the log, upgraded
+		// with its raft port: the cluster it was goes on as a group of it,
+		// and grows as the others join.
+		co.BootstrapAlone = migrated
+	}
+	g, err := cluster.Open(co)
 	if err != nil {
 		return false, err
+	}
+	n.group = g
+	if n.multi() {
+		return false, nil // the first term mints the stream (term.go)
 	}
 	n.group = g
 	if err := n.awaitLead(30 * time.Second); err != nil {
@@ -243,6 +271,16 @@ func (n *Node) openGroup() (created bool, err error) {
 		created = true
 	}
 	return created, nil
+}
+
+// hasData reports that this node holds data, so that it never takes part
+// in forming a new cluster (its data would fork from its old one).
+func (n *Node) hasData() bool {
+	if n.progress.get() > 0 || !n.out.Stream().IsZero() {
+		return true
+	}
+	empty, err := n.store.Empty()
+	return err != nil || !empty
 }
 
 // awaitLead waits up to wait for the group to elect this node and for every

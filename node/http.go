@@ -49,7 +49,7 @@ func (n *Node) Handler() http.Handler {
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, apiError{Code: "not_found", Message: "no such endpoint: " + r.URL.Path})
 	})
-	return mux
+	return n.route(mux)
 }
 
 type apiError = httpjson.Error

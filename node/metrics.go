@@ -31,6 +31,11 @@ type nodeMetrics struct {
 	lagSeconds     *prometheus.HistogramVec
 	stageSeconds   *prometheus.HistogramVec
 	fsyncSeconds   prometheus.Histogram
+	// The cluster's log: commands committed here (leader), terms begun,
+	// forwarded requests by outcome.
+	commitSeconds prometheus.Histogram
+	leaderChanges prometheus.Counter
+	forwards      *prometheus.CounterVec
 }
 
 func (m *nodeMetrics) init(n *Node) {
@@ -56,8 +61,14 @@ func (m *nodeMetrics) init(n *Node) {
 		Buckets: buckets}, []string{"peer", "stage"})
 	m.fsyncSeconds = prometheus.NewHistogram(prometheus.HistogramOpts{Name: "replicator_wal_fsync_seconds",
 		Help: "WAL append of one commit group: one write and one fsync.", Buckets: buckets})
+	m.commitSeconds = prometheus.NewHistogram(prometheus.HistogramOpts{Name: "replicator_raft_commit_seconds",
+		Help: "A command of the cluster's log from proposal to applied here: a quorum's synced append, then the state machine.", Buckets: buckets})
+	m.leaderChanges = prometheus.NewCounter(prometheus.CounterOpts{Name: "replicator_raft_leader_terms_total",
+		Help: "Terms this node began as its cluster's leader."})
+	m.forwards = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "replicator_forwarded_requests_total",
+		Help: "Requests this node forwarded to its cluster's leader, by outcome (answered, not_sent, unknown_outcome)."}, []string{"outcome"})
 	for _, c := range []prometheus.Collector{m.backlogEntries, m.backlogBytes, m.backlogAge, m.detached,
-		m.shipSeconds, m.applySeconds, m.lagSeconds, m.stageSeconds, m.fsyncSeconds} {
+		m.shipSeconds, m.applySeconds, m.lagSeconds, m.stageSeconds, m.fsyncSeconds, m.commitSeconds, m.leaderChanges, m.forwards} {
 		f(c)
 	}
 	f(collectorFunc(func(ch chan<- prometheus.Metric) { n.collect(ch) }))
@@ -99,6 +110,13 @@ var (
 	descPeerBuild = prometheus.NewDesc("replicator_peer_build_info",
 		"1, labelled with the version a peer last answered with (a rolling upgrade shows the mix).", []string{"peer", "version"}, nil)
 	descSkew = prometheus.NewDesc("replicator_peer_clock_skew_seconds", "A peer's clock minus this node's, from its last answer.", []string{"peer"}, nil)
+
+	descLeader   = prometheus.NewDesc("replicator_raft_leader", "1 while this node leads its cluster (and its term began).", nil, nil)
+	descTerm     = prometheus.NewDesc("replicator_raft_term", "The raft term this node is in.", nil, nil)
+	descCommit   = prometheus.NewDesc("replicator_raft_commit_index", "The highest log index this node knows committed.", nil, nil)
+	descApplied  = prometheus.NewDesc("replicator_raft_applied_index", "The last log command this node's state machine applied.", nil, nil)
+	descApplyLag = prometheus.NewDesc("replicator_raft_apply_lag", "Log entries committed and not yet applied here.", nil, nil)
+	descVoters   = prometheus.NewDesc("replicator_raft_voters", "Voters of the cluster's configuration, as this node knows it.", nil, nil)
 )
 
 // linkStates are every state a link can report: each link's series exists
@@ -106,7 +124,7 @@ var (
 // so an alert on one never waits for its first occurrence.
 var linkStates = []string{transport.StateUnknown, transport.StateHealthy, transport.StateLagging, transport.StateStalled,
 	transport.StateNeedsReseed, transport.StateReseeding, transport.StatePaused, transport.StateDead, transport.StateLeft,
-	transport.StateConflict}
+	transport.StateConflict, transport.StateFollower}
 
 // Version is this build's version, set by the command (main.Version).
 var Version = "devel"
@@ -153,6 +171,21 @@ func (n *Node) collect(ch chan<- prometheus.Metric) {
 		}
 	}
 	ch <- prometheus.MustNewConstMetric(descBuild, prometheus.GaugeValue, 1, n.opts.BuildVersion, runtime.Version())
+	leading := 0.0
+	if n.lead.ready.Load() || !n.multi() {
+		leading = 1
+	}
+	ch <- prometheus.MustNewConstMetric(descLeader, prometheus.GaugeValue, leading)
+	ch <- prometheus.MustNewConstMetric(descTerm, prometheus.GaugeValue, float64(n.group.Term()))
+	commit, applied := n.group.CommitIndex(), n.progress.get()
+	ch <- prometheus.MustNewConstMetric(descCommit, prometheus.GaugeValue, float64(commit))
+	ch <- prometheus.MustNewConstMetric(descApplied, prometheus.GaugeValue, float64(applied))
+	lag := 0.0
+	if commit > applied {
+		lag = float64(commit - applied)
+	}
+	ch <- prometheus.MustNewConstMetric(descApplyLag, prometheus.GaugeValue, lag)
+	ch <- prometheus.MustNewConstMetric(descVoters, prometheus.GaugeValue, float64(len(n.group.Status().Servers)))
 	if dls, err := n.store.DeadLetters(); err == nil {
 		ch <- prometheus.MustNewConstMetric(descDead, prometheus.GaugeValue, float64(len(dls)))
 	}

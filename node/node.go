@@ -58,12 +58,29 @@ type Node struct {
 	proposed proposed
 	com      *committer
 
+	// nodeID names this node within its cluster; lead is its leadership
+	// (a cluster of several: term.go); progress the last log index its
+	// state machine applied.
+	nodeID   string
+	lead     leadState
+	progress progress
+	nodeURLs nodeURLs
+	// fwdClient forwards what needs the leader to it (forward.go).
+	fwdClient *http.Client
+	// discovered are peers gossip found (a term links to them too).
+	discoveredMu sync.Mutex
+	discovered   map[string]Peer
+
 	acceptor   *acceptor.Acceptor
 	peerClient *http.Client
 	history    *history // the dashboard's chart, sampled every HistoryInterval
 	linksMu    sync.RWMutex
 	shippers   []*transport.Shipper // guarded by linksMu
 	replCtx    context.Context      // set by startReplication, under linksMu
+	// linkCtx is what shippers run under (guarded by linksMu): replCtx
+	// for a node alone; a term's, in a cluster of several (nil between
+	// terms: no shipper runs).
+	linkCtx    context.Context
 	linkWG     sync.WaitGroup       // shipper goroutines
 	tls        tlsSetup
 	gossip     *transport.Discovery
@@ -138,6 +155,7 @@ func Open(ctx context.Context, opts *Options) (*Node, error) {
 		stop:       make(chan struct{}),
 		overflow:   map[string]string{},
 		linkStates: map[string]string{},
+		discovered: map[string]Peer{},
 		history:    newHistory(int(o.HistorySpan / o.HistoryInterval)),
 	}
 	n.sat.init()
@@ -171,6 +189,12 @@ func Open(ctx context.Context, opts *Options) (*Node, error) {
 		n.store.Close()
 		return nil, err
 	}
+	if n.nodeID, err = resolveNodeID(o.DataDir, o.NodeID); err != nil {
+		n.store.Close()
+		return nil, err
+	}
+	n.log = n.log.With("node", n.nodeID)
+	n.rejoin.init()
 	// The committer exists before the group: the state machine reports a
 	// failed apply to it. It takes no proposal before Open returns.
 	n.com = newCommitter(n)
@@ -185,13 +209,17 @@ func Open(ctx context.Context, opts *Options) (*Node, error) {
 		n.group.Close()
 		n.store.Close()
 	}
-	if err := n.pruneReseedState(); err != nil {
-		closeAll()
-		return nil, err
-	}
-	if err := n.initIdentity(created); err != nil {
-		closeAll()
-		return nil, err
+	if !n.multi() {
+		// A node alone leads from here on; in a cluster of several, the
+		// node's first term does these (term.go).
+		if err := n.pruneReseedState(); err != nil {
+			closeAll()
+			return nil, err
+		}
+		if err := n.initIdentity(created); err != nil {
+			closeAll()
+			return nil, err
+		}
 	}
 	if err := n.setupReplication(); err != nil {
 		closeAll()
@@ -284,6 +312,10 @@ func (n *Node) Start() error {
 	n.history.add(n.sampleHistory()) // a page opened at once has a point
 	n.every(n.opts.HistoryInterval, func() { n.history.add(n.sampleHistory()) })
 	n.startReplication()
+	if n.multi() {
+		n.bg.Add(1)
+		go n.leadLoop()
+	}
 	if n.tls.cert != nil { // after the peer client exists: a reload closes its idle links
 		n.every(n.opts.TLSReloadInterval, n.reloadTLSIfChanged)
 	}
@@ -291,6 +323,12 @@ func (n *Node) Start() error {
 		if err := n.startGossip(); err != nil {
 			return err
 		}
+		n.refreshMeta()
+		n.every(250*time.Millisecond, n.refreshMeta)
+	}
+	if n.multi() {
+		n.log.Info("serving", "addr", ln.Addr().String(), "peer_addr", n.PeerURL(), "raft", n.group.Addr(), "stream", n.out.Stream().String())
+		return nil
 	}
 	n.log.Info("serving", "addr", ln.Addr().String(), "peer_addr", n.PeerURL(), "stream", n.out.Stream().String())
 	return nil
@@ -462,6 +500,9 @@ func (n *Node) every(d time.Duration, f func()) {
 
 // collectExpired removes tombstones and idempotency records past retention.
 func (n *Node) collectExpired() {
+	if n.multi() && !n.lead.ready.Load() {
+		return // the leader collects, through the log
+	}
 	if _, err := n.CollectTombstones(); err != nil {
 		n.log.Warn("tombstone collection", "err", err)
 	}
@@ -577,6 +618,9 @@ func (n *Node) propose(ctx context.Context, p *proposal) (WriteResult, error) {
 	if n.closing.Load() {
 		return WriteResult{}, fmt.Errorf("%w: %w", ErrClosed, ErrNotWritten)
 	}
+	if err := n.awaitTerm(ctx); err != nil {
+		return WriteResult{}, err
+	}
 	select {
 	case <-n.rejoin.fence:
 	case <-ctx.Done():
@@ -640,6 +684,11 @@ func (n *Node) Ready() error {
 	}
 	if errp := n.com.failed.Load(); errp != nil {
 		return *errp
+	}
+	if n.multi() {
+		if id, _ := n.group.Leader(); id == "" {
+			return fmt.Errorf("%w: this node knows no leader of its cluster (an election, or a majority down)", ErrNotWritten)
+		}
 	}
 	if r := n.Saturation(); r.State == StateSaturated {
 		return fmt.Errorf("%w: %s (peer %s)", ErrSaturated, r.Cause, r.Peer)

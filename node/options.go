@@ -25,8 +25,17 @@ type Options struct {
 	// taken over (logged). Off by default: a node refuses to start instead.
 	ReassignOrigin bool
 
-	// DataDir holds CLUSTER_ID, store/ (Pebble) and wal/ (the outbound WAL).
+	// DataDir holds CLUSTER_ID, NODE_ID, store/ (Pebble) and cluster/
+	// (the raft log and its snapshots).
 	DataDir string
+	// NodeID names this node within its cluster (--node-id). Default: the
+	// ID the data directory was given at its first start (minted then). A
+	// data directory keeps its ID: another one is refused.
+	NodeID string
+	// Raft, when set, makes this node one of several nodes of its cluster,
+	// which share one raft log over the raft port (docs/CLUSTER.md). Unset,
+	// the node is a group of one, as every cluster was before.
+	Raft *RaftOptions
 	// Listen is the HTTP API address. Default 127.0.0.1:7400; ":0" picks a
 	// free port (see Node.Addr).
 	Listen string
@@ -293,6 +302,9 @@ func (o *Options) EnsureDefaults() {
 	if o.Logger == nil {
 		o.Logger = slog.Default()
 	}
+	if o.Raft != nil && o.Raft.ElectionTimeout == 0 {
+		o.Raft.ElectionTimeout = time.Second
+	}
 }
 
 // Validate reports every problem at once.
@@ -354,6 +366,27 @@ func (o *Options) Validate() error {
 	if o.LinkStalled < o.LinkLagging {
 		add("LinkStalled %s is below LinkLagging %s", o.LinkStalled, o.LinkLagging)
 	}
+	if o.NodeID != "" {
+		if err := origin.Validate(o.NodeID); err != nil {
+			errs = append(errs, fmt.Errorf("node: --node-id: %w", err))
+		}
+	}
+	if r := o.Raft; r != nil {
+		switch {
+		case r.Listen == "":
+			add("a node of a cluster of several needs a raft port (--raft-listen)")
+		case r.BootstrapExpect < 0:
+			add("--bootstrap-expect %d is negative", r.BootstrapExpect)
+		case r.BootstrapExpect > 1 && o.Gossip == nil:
+			add("--bootstrap-expect %d: the nodes find each other by gossip (--gossip-bind and --join)", r.BootstrapExpect)
+		}
+		if r.ElectionTimeout < 50*time.Millisecond {
+			add("--raft-election-timeout %s is below 50ms", r.ElectionTimeout)
+		}
+		if _, err := o.raftCredentials(); err != nil {
+			errs = append(errs, err)
+		}
+	}
 	seen := map[string]bool{}
 	for _, p := range o.Peers {
 		if err := origin.Validate(p.Name); err != nil {
@@ -380,6 +413,28 @@ func (o *Options) Validate() error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// RaftOptions configure a node of a cluster of several nodes.
+type RaftOptions struct {
+	// Listen is the raft port (--raft-listen); Advertise the address the
+	// other nodes dial (default: the bound one).
+	Listen, Advertise string
+	// BootstrapExpect is how many nodes form a new cluster (--bootstrap-
+	// expect): once that many fresh nodes of the cluster are seen by
+	// gossip, the one with the lowest ID bootstraps it with all of them.
+	// 0: this node never bootstraps; it waits to be added.
+	BootstrapExpect int
+	// ElectionTimeout is how long followers wait without hearing from a
+	// leader before they elect another (default 1s; the heartbeat timeout
+	// is the same, the leader lease half).
+	ElectionTimeout time.Duration
+	// SnapshotThreshold and TrailingLogs: the tree is made durable and the
+	// log compacted once SnapshotThreshold commands were applied since the
+	// last time, keeping the last TrailingLogs commands for followers that
+	// lag (defaults hashicorp/raft's: 8192 and 10240); a follower further
+	// behind is sent the tree.
+	SnapshotThreshold, TrailingLogs uint64
 }
 
 // GossipOptions configure peer discovery.

@@ -54,12 +54,18 @@ type rejoinState struct {
 // directory before any index is reused).
 const defaultIdentityCheckWait = 2 * time.Second
 
-// initIdentity decides, at open, whether writes wait for the peers' first
+// init makes the fence writes wait behind; initIdentity decides when it
+// opens.
+func (rs *rejoinState) init() {
+	rs.fence = make(chan struct{})
+	rs.mu.answered = map[string]bool{}
+}
+
+// initIdentity decides, at open (in a cluster of several: at this
+// process's first term), whether writes wait for the peers' first
 // answers, and whether the node must learn if its cluster lost data.
 func (n *Node) initIdentity(created bool) error {
 	rs := &n.rejoin
-	rs.fence = make(chan struct{})
-	rs.mu.answered = map[string]bool{}
 	rs.startHLC = n.clock.Last()
 	if created || len(n.opts.Peers) == 0 || n.opts.IdentityCheckWait < 0 {
 		// A new stream's indexes were never used: nothing to check first.

@@ -57,6 +57,8 @@ func (n *Node) setupReplication() error {
 		ObserveApply:    func(d time.Duration) { n.metrics.applySeconds.Observe(d.Seconds()) },
 		OnReseedRequest: n.onReseedRequest,
 		OnTrailer:       n.onTrailer,
+		Leadership:      n.leadership(),
+		Nodes:           n.ackNodes(),
 		Now:             n.clock.Physical,
 		Logger:          n.log,
 	})
@@ -65,6 +67,11 @@ func (n *Node) setupReplication() error {
 		rt = &http.Transport{MaxIdleConnsPerHost: 4, IdleConnTimeout: 90 * time.Second, TLSClientConfig: n.clientTLS()}
 	}
 	n.peerClient = &http.Client{Transport: rt}
+	if n.multi() {
+		n.fwdClient = &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64, IdleConnTimeout: 90 * time.Second,
+			TLSClientConfig: n.clientTLS()}}
+		return nil // each term links to the peers (term.go)
+	}
 	for _, p := range n.opts.Peers {
 		if p.URL == "" {
 			continue
@@ -116,12 +123,44 @@ func (n *Node) addLink(p Peer) (*transport.Shipper, error) {
 
 // REQUIRES: n.linksMu held.
 func (n *Node) runLinkLocked(sh *transport.Shipper) {
+	ctx := n.linkCtx
+	if ctx == nil {
+		return
+	}
 	n.linkWG.Add(1)
 	go func() {
-		// Exits when replCtx is cancelled (Close).
+		// Exits when linkCtx is cancelled (Close; the end of a term).
 		defer n.linkWG.Done()
-		sh.Run(n.replCtx)
+		sh.Run(ctx)
 	}()
+}
+
+// leadership tells the acceptor whether this node takes batches (nil for
+// a node alone: it always does).
+func (n *Node) leadership() func() (bool, string, []string) {
+	if !n.multi() {
+		return nil
+	}
+	return func() (bool, string, []string) {
+		if n.lead.ready.Load() {
+			return true, "", nil
+		}
+		leader := ""
+		if id, _ := n.group.Leader(); id != "" && id != n.nodeID {
+			if m, ok := n.member(id); ok {
+				leader = m.Meta.Replicate
+			}
+		}
+		return false, leader, n.nodeURLs.get()
+	}
+}
+
+// ackNodes lists this cluster's nodes in acks (nil for a node alone).
+func (n *Node) ackNodes() func() []string {
+	if !n.multi() {
+		return nil
+	}
+	return n.nodeURLs.get
 }
 
 // links returns the current peer links.
@@ -136,6 +175,9 @@ func (n *Node) startReplication() {
 	ctx, cancel := context.WithCancel(context.Background())
 	n.linksMu.Lock()
 	n.replCtx = ctx
+	if !n.multi() {
+		n.linkCtx = ctx
+	}
 	for _, sh := range n.shippers {
 		n.runLinkLocked(sh)
 	}
@@ -166,6 +208,9 @@ func (n *Node) startReplication() {
 func (n *Node) TruncateWAL() error {
 	if errp := n.com.failed.Load(); errp != nil || n.closing.Load() {
 		return nil
+	}
+	if n.multi() && !n.lead.ready.Load() {
+		return nil // the leader's links know what the peers hold
 	}
 	// The command names the stream read here: if a new stream began
 	// meanwhile, it cuts nothing.
@@ -290,6 +335,9 @@ func (n *Node) oldestCommitWall(index uint64) (int64, bool) {
 
 // PeerStatus reports every link.
 func (n *Node) PeerStatus() []transport.Status {
+	if n.multi() && !n.lead.ready.Load() {
+		return n.followerLinks()
+	}
 	th := transport.Thresholds{Lagging: n.opts.LinkLagging, Stalled: n.opts.LinkStalled}
 	links := n.links()
 	out := make([]transport.Status, 0, len(links))

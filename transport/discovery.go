@@ -28,6 +28,12 @@ type MemberMeta struct {
 	Stream    string `json:"s"`
 	API       string `json:"api"`
 	Replicate string `json:"rep"`
+	// Node, Raft and Fresh describe a node of a cluster of several: its
+	// node ID, its raft address, and whether it holds no raft state and no
+	// data (it may take part in forming a new cluster).
+	Node  string `json:"n,omitempty"`
+	Raft  string `json:"raft,omitempty"`
+	Fresh bool   `json:"fresh,omitempty"`
 	// Leaving is set just before a graceful leave, so that the others can
 	// tell a node that left from one that died (memberlist's leave event
 	// does not say which).
@@ -194,10 +200,33 @@ func (d *Discovery) Members() []Member {
 	return out
 }
 
+// SetMeta replaces what this node gossips about itself and tells the
+// others (within timeout; they learn it at the next push-pull otherwise).
+func (d *Discovery) SetMeta(meta MemberMeta, timeout time.Duration) error {
+	b, err := json.Marshal(meta)
+	if err != nil {
+		return err
+	}
+	if len(b) > memberlist.MetaMaxSize {
+		return fmt.Errorf("transport: gossip metadata of %d bytes over %d", len(b), memberlist.MetaMaxSize)
+	}
+	d.mu.Lock()
+	d.opts.Meta, d.meta = meta, b
+	d.mu.Unlock()
+	return d.ml.UpdateNode(timeout)
+}
+
+// Meta is what this node gossips about itself now.
+func (d *Discovery) Meta() MemberMeta {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.opts.Meta
+}
+
 // Leave announces a graceful departure (first as metadata, so that the
 // others record "left" rather than "dead"), then shuts gossip down.
 func (d *Discovery) Leave(timeout time.Duration) error {
-	meta := d.opts.Meta
+	meta := d.Meta()
 	meta.Leaving = true
 	if b, err := json.Marshal(meta); err == nil {
 		d.mu.Lock()

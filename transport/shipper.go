@@ -21,6 +21,7 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"net/http/httptrace"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -203,6 +204,9 @@ const (
 	// StateConflict: the peer holds entries of this stream the WAL does
 	// not; the node is replacing the stream.
 	StateConflict = "identity_conflict"
+	// StateFollower: this node does not lead its cluster (of several
+	// nodes); the leader ships, and this node only shows the cursor.
+	StateFollower = "follower"
 )
 
 // ReseedStatus is the progress of a re-seed.
@@ -257,6 +261,9 @@ type Status struct {
 	SendFailures uint64 `json:"send_failures"`
 	// Liveness is what gossip says of the peer (empty without gossip).
 	Liveness string `json:"liveness,omitempty"`
+	// Nodes are the peer cluster's nodes its answers listed (a cluster
+	// of several): where the link fails over to.
+	Nodes []string `json:"peer_nodes,omitempty"`
 	// PeerVersion is the build the peer last answered with (empty before
 	// its first answer, or from a build that does not tell).
 	PeerVersion string `json:"peer_version,omitempty"`
@@ -302,9 +309,12 @@ type Shipper struct {
 		pauseUntil  time.Time
 		skew        time.Duration
 		url         string
-		liveness    string // from gossip: alive, suspect, dead, left ("" without gossip)
-		oldestIdx   uint64 // oldestWall is the commit wall of entry oldestIdx
-		oldestWall  int64
+		// nodes are the replicate URLs of the peer cluster's nodes, as its
+		// answers list them: a post that cannot reach one tries the next.
+		nodes      []string
+		liveness   string // from gossip: alive, suspect, dead, left ("" without gossip)
+		oldestIdx  uint64 // oldestWall is the commit wall of entry oldestIdx
+		oldestWall int64
 		// ackedCommit is the commit HLC of entry acked, as the peer said
 		// (zero: not known since the cursor last moved back).
 		ackedCommit hlc.Timestamp
@@ -776,10 +786,13 @@ func (s *Shipper) answered(ack *Ack, stream wal.StreamID) bool {
 	if stream != s.log.Stream() {
 		return false // replaced while the request was out
 	}
-	if ack.Limits != nil || ack.Version != "" {
+	if ack.Limits != nil || ack.Version != "" || len(ack.Nodes) > 0 {
 		s.mu.Lock()
 		if ack.Limits != nil {
 			s.mu.limits = ack.Limits
+		}
+		if len(ack.Nodes) > 0 {
+			s.learnNodesLocked(ack.Nodes)
 		}
 		if ack.Version != "" {
 			s.mu.peerVersion = ack.Version
@@ -1220,6 +1233,61 @@ func (s *Shipper) rewindLocked(hwm uint64) {
 
 // post sends one batch and decodes the answer.
 func (s *Shipper) post(ctx context.Context, body []byte) (Ack, error) {
+	// A node of the peer cluster that does not lead names the one that
+	// does: the batch goes there at once (a redirect is never a failure).
+	for hop := 0; ; hop++ {
+		ack, err := s.postOnce(ctx, body)
+		var nl *errNotLeader
+		if !errors.As(err, &nl) || nl.leader == "" || hop == 2 {
+			return ack, err
+		}
+		s.mu.Lock()
+		from := s.mu.url
+		s.mu.url = nl.leader
+		s.mu.Unlock()
+		s.opts.Logger.Info("peer node does not lead: following its leader", "peer", s.peer.Name, "from", from, "to", nl.leader)
+	}
+}
+
+// errNotLeader is a 503 not_leader answer: a node of a cluster of several
+// that does not lead now, naming the one that does when it knows.
+type errNotLeader struct {
+	leader string
+	msg    string
+}
+
+func (e *errNotLeader) Error() string { return "transport: " + e.msg }
+
+// learnNodesLocked records the peer cluster's nodes.
+// REQUIRES: s.mu held.
+func (s *Shipper) learnNodesLocked(nodes []string) {
+	if len(nodes) > 64 {
+		nodes = nodes[:64]
+	}
+	if slices.Equal(s.mu.nodes, nodes) {
+		return
+	}
+	s.mu.nodes = slices.Clone(nodes)
+}
+
+// rotateLocked points the link at the next node of the peer cluster it
+// knows (the configured URL among them), after the current one failed.
+// REQUIRES: s.mu held.
+func (s *Shipper) rotateLocked() {
+	cands := []string{s.peer.URL}
+	for _, u := range s.mu.nodes {
+		if u != "" && !slices.Contains(cands, u) {
+			cands = append(cands, u)
+		}
+	}
+	if len(cands) < 2 {
+		return
+	}
+	i := slices.Index(cands, s.mu.url)
+	s.mu.url = cands[(i+1)%len(cands)]
+}
+
+func (s *Shipper) postOnce(ctx context.Context, body []byte) (Ack, error) {
 	var ack Ack
 	ctx, cancel := context.WithTimeout(ctx, s.opts.RequestTimeout)
 	defer cancel()
@@ -1241,6 +1309,15 @@ func (s *Shipper) post(ctx context.Context, body []byte) (Ack, error) {
 	req.Header.Set(HeaderSent, strconv.FormatInt(time.Now().UnixNano(), 10))
 	resp, err := s.opts.Client.Do(req)
 	if err != nil {
+		if ctx.Err() == nil || errors.Is(ctx.Err(), context.DeadlineExceeded) {
+			// This node of the peer is unreachable or too slow: the next try
+			// goes to another (a follower there names the leader).
+			s.mu.Lock()
+			if s.mu.url == base {
+				s.rotateLocked()
+			}
+			s.mu.Unlock()
+		}
 		return ack, fmt.Errorf("transport: post to %s: %w", s.peer.Name, err)
 	}
 	defer resp.Body.Close()
@@ -1271,6 +1348,23 @@ func (s *Shipper) post(ctx context.Context, body []byte) (Ack, error) {
 		}
 	case http.StatusTooManyRequests:
 		return ack, fmt.Errorf("%w: %s", errNoPermit, strings.TrimSpace(string(b)))
+	case http.StatusServiceUnavailable:
+		var e struct {
+			Error struct {
+				Code    string   `json:"code"`
+				Message string   `json:"message"`
+				Leader  string   `json:"leader"`
+				Nodes   []string `json:"nodes"`
+			} `json:"error"`
+		}
+		if json.Unmarshal(b, &e) == nil && e.Error.Code == "not_leader" {
+			s.mu.Lock()
+			if len(e.Error.Nodes) > 0 {
+				s.learnNodesLocked(e.Error.Nodes)
+			}
+			s.mu.Unlock()
+			return ack, &errNotLeader{leader: e.Error.Leader, msg: fmt.Sprintf("%s at %s does not lead: %s", s.peer.Name, base, e.Error.Message)}
+		}
 	case http.StatusRequestEntityTooLarge:
 		var e struct {
 			Error struct {
@@ -1580,6 +1674,7 @@ func (s *Shipper) Status(th Thresholds, commitWall func(index uint64) (int64, bo
 		Peer:              s.peer.Name,
 		URL:               s.mu.url,
 		Liveness:          s.mu.liveness,
+		Nodes:             slices.Clone(s.mu.nodes),
 		Acked:             s.mu.acked,
 		LastContact:       s.mu.lastContact,
 		ConsecutiveErrors: s.mu.errors,

@@ -442,6 +442,10 @@ type Ack struct {
 	// synced commit included): the sender opens a second batch only when
 	// the rest of the round trip, the wire, is the longer part.
 	ApplyMicros int64 `json:"apply_us,omitempty"`
+	// Nodes are the replicate URLs of every node of the receiver's cluster
+	// (a cluster of several nodes): the sender fails over to them when the
+	// one it posts to stops answering, without configuration.
+	Nodes []string `json:"nodes,omitempty"`
 }
 
 // Limits are an acceptor's bounds.

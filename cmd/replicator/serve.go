@@ -30,6 +30,11 @@ type serveConfig struct {
 	Origin             string   `yaml:"origin"`
 	ReassignOrigin     bool     `yaml:"reassign_origin"`
 	Data               string   `yaml:"data"`
+	NodeID             string   `yaml:"node_id"`
+	RaftListen         string   `yaml:"raft_listen"`
+	RaftAdvertise      string   `yaml:"raft_advertise"`
+	BootstrapExpect    int      `yaml:"bootstrap_expect"`
+	RaftElection       duration `yaml:"raft_election_timeout"`
 	Listen             string   `yaml:"listen"`
 	MaxKeyBytes        int      `yaml:"max_key_bytes"`
 	MaxValueBytes      int      `yaml:"max_value_bytes"`
@@ -108,6 +113,7 @@ func defaultServeConfig() *serveConfig {
 		GossipProfile: "wan", TLSReload: duration(d.TLSReloadInterval), PeerSANMode: node.SANModeURI,
 		MemTableSize: store.DefaultOptions().MemTableSize,
 		LinkLagging:  duration(d.LinkLagging), LinkStalled: duration(d.LinkStalled),
+		RaftElection: duration(time.Second),
 	}
 }
 
@@ -326,6 +332,11 @@ func serveFlags(cfg *serveConfig) *flag.FlagSet {
 	fs.StringVar(&cfg.Origin, "origin", cfg.Origin, "how the cluster ID is resolved: static:ID, env:VAR, file:PATH, hostname:REGEX")
 	fs.BoolVar(&cfg.ReassignOrigin, "reassign-origin", cfg.ReassignOrigin, "take over a data directory pinned to another cluster ID (logged)")
 	fs.StringVar(&cfg.Data, "data", cfg.Data, "data directory (created if missing)")
+	fs.StringVar(&cfg.NodeID, "node-id", cfg.NodeID, "this node's ID within its cluster (default: the data directory's, minted at its first start)")
+	fs.StringVar(&cfg.RaftListen, "raft-listen", cfg.RaftListen, "HOST:PORT of the raft port: this node is one of several of its cluster (docs/CLUSTER.md)")
+	fs.StringVar(&cfg.RaftAdvertise, "raft-advertise", cfg.RaftAdvertise, "HOST:PORT the cluster's other nodes reach the raft port at (default --raft-listen)")
+	fs.IntVar(&cfg.BootstrapExpect, "bootstrap-expect", cfg.BootstrapExpect, "how many fresh nodes found by gossip form a new cluster (0: wait to be added)")
+	fs.Var(&cfg.RaftElection, "raft-election-timeout", "how long the cluster's nodes wait without a leader before they elect another")
 	fs.StringVar(&cfg.Listen, "listen", cfg.Listen, "HTTP API address")
 	fs.IntVar(&cfg.MaxKeyBytes, "max-key-bytes", cfg.MaxKeyBytes, "largest key in bytes")
 	fs.IntVar(&cfg.MaxValueBytes, "max-value-bytes", cfg.MaxValueBytes, "largest value in bytes")
@@ -403,6 +414,7 @@ func (cfg *serveConfig) nodeOptions(log *slog.Logger) (*node.Options, error) {
 		ClusterID:          cfg.ClusterID,
 		ReassignOrigin:     cfg.ReassignOrigin,
 		DataDir:            cfg.Data,
+		NodeID:             cfg.NodeID,
 		Listen:             cfg.Listen,
 		MaxKeyBytes:        cfg.MaxKeyBytes,
 		MaxValueBytes:      cfg.MaxValueBytes,
@@ -493,6 +505,12 @@ func (cfg *serveConfig) nodeOptions(log *slog.Logger) (*node.Options, error) {
 		o.Gossip = g
 	} else if len(cfg.Join) > 0 || cfg.GossipKeyFile != "" {
 		errs = append(errs, errors.New("--join and --gossip-key-file need --gossip-bind"))
+	}
+	if cfg.RaftListen != "" {
+		o.Raft = &node.RaftOptions{Listen: cfg.RaftListen, Advertise: cfg.RaftAdvertise, BootstrapExpect: cfg.BootstrapExpect,
+			ElectionTimeout: time.Duration(cfg.RaftElection)}
+	} else if cfg.RaftAdvertise != "" || cfg.BootstrapExpect != 0 {
+		errs = append(errs, errors.New("--raft-advertise and --bootstrap-expect need --raft-listen (a node of a cluster of several)"))
 	}
 	if cfg.Origin != "" {
 		if cfg.ClusterID != "" {

@@ -25,6 +25,11 @@ type Error struct {
 	Version string `json:"version,omitempty"`
 	// Limit is the bound a too_large refusal was measured against.
 	Limit int64 `json:"limit,omitempty"`
+	// Leader and Nodes, on a not_leader refusal, are where the request
+	// belongs: the leader's URL (empty while none is known) and every
+	// node's of the cluster.
+	Leader string   `json:"leader,omitempty"`
+	Nodes  []string `json:"nodes,omitempty"`
 }
 
 // contentType is shared by every answer: net/http only reads header

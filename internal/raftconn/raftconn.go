@@ -60,6 +60,11 @@ type Options struct {
 	GossipKey []byte
 	// Insecure serves plain TCP: tests of other things only.
 	Insecure bool
+	// Loopback serves plain TCP on a loopback address only, and dials and
+	// accepts loopback addresses only: every node of the cluster runs on
+	// this machine (tests, demos), and the port has the trust of a
+	// loopback API without a token (any local process can reach it).
+	Loopback bool
 	// HandshakeTimeout bounds an accepted connection's handshake (default
 	// 10s), so that a silent client does not hold a goroutine.
 	HandshakeTimeout time.Duration
@@ -69,6 +74,7 @@ type Options struct {
 type Layer struct {
 	ln        net.Listener
 	advertise net.Addr
+	loopback  bool        // plain TCP between loopback addresses only
 	server    *tls.Config // nil: insecure
 	client    *tls.Config
 	timeout   time.Duration
@@ -124,6 +130,13 @@ func Listen(addr string, advertise net.Addr, o Options) (*Layer, error) {
 	if err != nil {
 		return nil, err
 	}
+	loopback := server == nil && o.Loopback && !o.Insecure
+	if loopback && !IsLoopback(addr) {
+		return nil, fmt.Errorf("%w: %s is not a loopback address (without credentials the raft port serves loopback only)", ErrNoCredentials, addr)
+	}
+	if loopback && advertise != nil && !IsLoopback(advertise.String()) {
+		return nil, fmt.Errorf("%w: advertised %s is not a loopback address", ErrNoCredentials, advertise)
+	}
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, fmt.Errorf("raftconn: listen %s: %w", addr, err)
@@ -135,7 +148,17 @@ func Listen(addr string, advertise net.Addr, o Options) (*Layer, error) {
 	if t <= 0 {
 		t = 10 * time.Second
 	}
-	return &Layer{ln: ln, advertise: advertise, server: server, client: client, timeout: t}, nil
+	return &Layer{ln: ln, advertise: advertise, loopback: loopback, server: server, client: client, timeout: t}, nil
+}
+
+// IsLoopback reports whether host:port names a loopback IP.
+func IsLoopback(hostport string) bool {
+	h, _, err := net.SplitHostPort(hostport)
+	if err != nil {
+		return false
+	}
+	ip := net.ParseIP(h)
+	return ip != nil && ip.IsLoopback()
 }
 
 // Accept returns the next connection; its handshake runs (bounded) on its
@@ -145,6 +168,11 @@ func (l *Layer) Accept() (net.Conn, error) {
 	c, err := l.ln.Accept()
 	if err != nil {
 		return nil, err
+	}
+	if l.loopback && !IsLoopback(c.RemoteAddr().String()) {
+		// Not an error of the listener: raft's accept loop would back off.
+		c.Close()
+		return l.Accept()
 	}
 	if l.server != nil {
 		c = &lazyConn{Conn: tls.Server(c, l.server), timeout: l.timeout}
@@ -175,6 +203,9 @@ func (l *Layer) Dial(address raft.ServerAddress, timeout time.Duration) (net.Con
 	d := &net.Dialer{Timeout: timeout}
 	var c net.Conn
 	var err error
+	if l.loopback && !IsLoopback(string(address)) {
+		return nil, fmt.Errorf("raftconn: dial %s: not a loopback address, and the raft port has no credentials", address)
+	}
 	if l.client == nil {
 		c, err = d.Dial("tcp", string(address))
 	} else {
@@ -249,7 +280,7 @@ func configs(o Options) (server, client *tls.Config, err error) {
 		pool.AddCert(ca)
 		getCert = func() (*tls.Certificate, error) { return leaf, nil }
 		clusterOf = clusterOfDerived
-	case o.Insecure:
+	case o.Insecure, o.Loopback:
 		return nil, nil, nil
 	default:
 		return nil, nil, ErrNoCredentials

@@ -1,0 +1,274 @@
+package node
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Who answers, in a cluster of several nodes (docs/CLUSTER.md). Any node
+// takes a request: what needs the leader (a write, an action, a consistent
+// read) is forwarded to it, one hop at most, and the answer waits until
+// this node applied the command the leader answered after, so a client that
+// stays on one node reads its own writes. Everything else is answered from
+// this node's tree.
+
+const (
+	// headerForwarded marks a request a node forwarded (its node ID): it
+	// is answered where it arrives, never forwarded again.
+	headerForwarded = "X-Replicator-Forwarded"
+	// headerApplied, on the answer to a forwarded request, is the last log
+	// index the leader had applied when it answered: the forwarding node
+	// answers once it has applied as far.
+	headerApplied = "X-Replicator-Applied"
+)
+
+// needsLeader reports a request only the leader answers.
+func needsLeader(r *http.Request) bool {
+	if r.URL.Path == pathReplicate {
+		return false // the acceptor redirects the sender itself
+	}
+	if r.Method == http.MethodGet || r.Method == http.MethodHead || r.Method == http.MethodOptions {
+		return consistent(r)
+	}
+	return true
+}
+
+// consistent reports a read that asked to see every write committed before
+// it (?consistent=true).
+func consistent(r *http.Request) bool {
+	v := r.URL.Query().Get("consistent")
+	return v == "true" || v == "1"
+}
+
+// route sends what needs the leader to it.
+func (n *Node) route(h http.Handler) http.Handler {
+	if !n.multi() {
+		return h
+	}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !needsLeader(r) {
+			h.ServeHTTP(w, r)
+			return
+		}
+		if r.Header.Get(headerForwarded) != "" || n.group.IsLeader() {
+			n.answerAsLeader(h, w, r)
+			return
+		}
+		n.forward(h, w, r)
+	})
+}
+
+// answerAsLeader answers a request here, as the leader (or as the node that
+// was the leader when it was forwarded: a write then finds it no longer
+// leads and is not written).
+func (n *Node) answerAsLeader(h http.Handler, w http.ResponseWriter, r *http.Request) {
+	if consistent(r) {
+		if err := n.consistentRead(r.Context()); err != nil {
+			writeErr(w, err)
+			return
+		}
+	}
+	if r.Header.Get(headerForwarded) != "" {
+		w = &appliedWriter{ResponseWriter: w, n: n}
+	}
+	h.ServeHTTP(w, r)
+}
+
+// consistentRead returns once this node has applied every command committed
+// before the call, having confirmed that it still leads.
+func (n *Node) consistentRead(ctx context.Context) error {
+	if err := n.awaitTerm(ctx); err != nil {
+		return err
+	}
+	if !n.lead.ready.Load() {
+		return n.notLeader()
+	}
+	if err := n.group.VerifyLeader(n.opts.Raft.ElectionTimeout); err != nil {
+		return fmt.Errorf("%w: confirming leadership: %w", ErrNotWritten, err)
+	}
+	ci := n.group.CommitIndex()
+	for {
+		at := n.progress.get()
+		if at >= ci {
+			return nil
+		}
+		// Raft's own entries (configuration, barriers) never reach the
+		// state machine: only a command after the applied one is waited for.
+		more, err := n.group.HasCommand(at+1, ci)
+		if err != nil {
+			return fmt.Errorf("%w: %w", ErrNotWritten, err)
+		}
+		if !more {
+			return nil
+		}
+		wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		err = n.progress.wait(wctx, at+1)
+		cancel()
+		if err != nil {
+			return fmt.Errorf("%w: waiting to apply the log up to %d: %w", ErrNotWritten, ci, err)
+		}
+	}
+}
+
+// appliedWriter adds headerApplied to the answer of a forwarded request:
+// the handler answers after its command applied, so the index read as the
+// answer's header goes out covers it.
+type appliedWriter struct {
+	http.ResponseWriter
+	n     *Node
+	wrote bool
+}
+
+func (a *appliedWriter) WriteHeader(code int) {
+	if !a.wrote {
+		a.wrote = true
+		a.Header().Set(headerApplied, strconv.FormatUint(a.n.progress.get(), 10))
+	}
+	a.ResponseWriter.WriteHeader(code)
+}
+
+func (a *appliedWriter) Write(b []byte) (int, error) {
+	if !a.wrote {
+		a.WriteHeader(http.StatusOK)
+	}
+	return a.ResponseWriter.Write(b)
+}
+
+func (a *appliedWriter) Unwrap() http.ResponseWriter { return a.ResponseWriter }
+
+// hopHeaders are not forwarded: hop-by-hop headers, and the browser's
+// cross-origin ones (this node checked them; the leader would see its own
+// host differ from the page's).
+var hopHeaders = []string{"Connection", "Keep-Alive", "Proxy-Authenticate", "Proxy-Authorization", "Proxy-Connection",
+	"Te", "Trailer", "Transfer-Encoding", "Upgrade", "Origin", "Referer", "Sec-Fetch-Site", "Sec-Fetch-Mode", "Sec-Fetch-Dest", "Sec-Fetch-User"}
+
+// countingBody counts what was read of a request body: a forward whose
+// body was never read can go to another leader.
+type countingBody struct {
+	io.ReadCloser
+	read int64
+}
+
+func (c *countingBody) Read(p []byte) (int, error) {
+	k, err := c.ReadCloser.Read(p)
+	c.read += int64(k)
+	return k, err
+}
+
+// forward sends r to the leader and relays its answer once this node has
+// applied as far as the leader had. A request that never reached the
+// leader is not written (a dial that failed is tried once more, at the
+// leader elected meanwhile); one that reached it and got no answer has an
+// unknown outcome.
+func (n *Node) forward(h http.Handler, w http.ResponseWriter, r *http.Request) {
+	body := &countingBody{ReadCloser: r.Body}
+	if r.Body == nil || r.Body == http.NoBody {
+		body = nil
+	}
+	var last error
+	for attempt := 0; attempt < 2; attempt++ {
+		api, err := n.leaderAPI(r.Context())
+		if err != nil {
+			writeErr(w, fmt.Errorf("%w: %w", ErrNotWritten, err))
+			return
+		}
+		if api == "" {
+			n.answerAsLeader(h, w, r) // elected meanwhile
+			return
+		}
+		out, err := http.NewRequestWithContext(r.Context(), r.Method, strings.TrimRight(api, "/")+r.URL.RequestURI(), nil)
+		if err != nil {
+			writeErr(w, fmt.Errorf("%w: %w", ErrNotWritten, err))
+			return
+		}
+		if body != nil {
+			out.Body, out.ContentLength = io.NopCloser(body), r.ContentLength
+		}
+		out.Header = r.Header.Clone()
+		for _, k := range hopHeaders {
+			out.Header.Del(k)
+		}
+		out.Header.Set(headerForwarded, n.nodeID)
+		resp, err := n.fwdClient.Do(out)
+		if err != nil {
+			var op *net.OpError
+			if errors.As(err, &op) && op.Op == "dial" && (body == nil || body.read == 0) {
+				last = err
+				n.metrics.forwards.WithLabelValues("not_sent").Inc()
+				continue
+			}
+			n.metrics.forwards.WithLabelValues("unknown_outcome").Inc()
+			writeErr(w, fmt.Errorf("%w: forwarded to the leader at %s, no answer: %w", ErrUnknownOutcome, api, err))
+			return
+		}
+		n.relay(w, r, resp, api)
+		return
+	}
+	writeErr(w, fmt.Errorf("%w: the leader could not be reached: %w", ErrNotWritten, last))
+}
+
+// relay answers with the leader's answer, once this node applied what the
+// leader had when it answered.
+func (n *Node) relay(w http.ResponseWriter, r *http.Request, resp *http.Response, api string) {
+	defer resp.Body.Close()
+	idx, _ := strconv.ParseUint(resp.Header.Get(headerApplied), 10, 64)
+	if idx > 0 && resp.StatusCode < 500 {
+		ctx, cancel := context.WithTimeout(r.Context(), 10*time.Second)
+		err := n.progress.wait(ctx, idx)
+		cancel()
+		if err != nil && resp.StatusCode < 300 {
+			n.metrics.forwards.WithLabelValues("unknown_outcome").Inc()
+			writeErr(w, fmt.Errorf("%w: the leader at %s wrote it, and this node has not applied it yet (%v): read it from the leader, or retry under the same Idempotency-Key",
+				ErrUnknownOutcome, api, err))
+			return
+		}
+	}
+	n.metrics.forwards.WithLabelValues("answered").Inc()
+	hd := w.Header()
+	for k, vs := range resp.Header {
+		if k == headerApplied {
+			continue
+		}
+		hd[k] = vs
+	}
+	for _, k := range hopHeaders {
+		hd.Del(k)
+	}
+	w.WriteHeader(resp.StatusCode)
+	_, _ = io.Copy(w, resp.Body)
+}
+
+// leaderAPI returns the leader's API URL ("" when this node leads), waiting
+// up to twice the election timeout for a leader gossip knows the URL of.
+func (n *Node) leaderAPI(ctx context.Context) (string, error) {
+	deadline := time.Now().Add(2*n.opts.Raft.ElectionTimeout + time.Second)
+	for {
+		id, _ := n.group.Leader()
+		switch {
+		case id == n.nodeID:
+			return "", nil
+		case id != "":
+			if m, ok := n.member(id); ok && m.Meta.API != "" {
+				return m.Meta.API, nil
+			}
+		}
+		if time.Now().After(deadline) {
+			if id != "" {
+				return "", fmt.Errorf("the leader is %s, and gossip does not know its API URL yet", id)
+			}
+			return "", errors.New("this node does not lead its cluster and knows no leader (an election may be under way, or a majority is down)")
+		}
+		select {
+		case <-ctx.Done():
+			return "", ctx.Err()
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+}

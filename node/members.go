@@ -1,0 +1,179 @@
+package node
+
+import (
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/replicator/replicator/cluster"
+	"github.com/replicator/replicator/internal/atomicfile"
+	"github.com/replicator/replicator/internal/raftconn"
+	"github.com/replicator/replicator/transport"
+)
+
+// The nodes of one cluster find each other by gossip: each gossips its
+// node ID, raft address, API and replicate URLs, and whether it is fresh
+// (no raft state, no data). The group (package cluster) reads them to
+// bootstrap and to add members; the node reads them to forward to the
+// leader, and tells peers every node's replicate URL.
+
+// resolveNodeID returns this node's ID: the data directory's, minted at its
+// first start (or the one asked for then). A directory keeps its ID: the
+// raft configuration names the node by it.
+func resolveNodeID(dir, want string) (string, error) {
+	path := filepath.Join(dir, "NODE_ID")
+	b, err := os.ReadFile(path)
+	switch {
+	case err == nil:
+		have := strings.TrimSpace(string(b))
+		if want != "" && want != have {
+			return "", fmt.Errorf("node: --node-id %s, but the data directory %s belongs to node %s: start it as %s (or omit --node-id), or give %s an empty data directory",
+				want, dir, have, have, want)
+		}
+		return have, nil
+	case !errors.Is(err, os.ErrNotExist):
+		return "", fmt.Errorf("node: node id: %w", err)
+	}
+	id := want
+	if id == "" {
+		var r [4]byte
+		rand.Read(r[:])
+		id = hex.EncodeToString(r[:])
+	}
+	if err := atomicfile.Write(path, []byte(id+"\n")); err != nil {
+		return "", fmt.Errorf("node: node id: %w", err)
+	}
+	return id, nil
+}
+
+// raftCredentials says how the raft port is secured, or why it cannot be.
+func (o *Options) raftCredentials() (string, error) {
+	r := o.Raft
+	switch {
+	case o.TLSCert != "" && o.TLSClientCA != "":
+		return "tls", nil
+	case o.Gossip != nil && len(o.Gossip.Key) > 0:
+		return "gossip-key", nil
+	case raftconn.IsLoopback(r.Listen) && (r.Advertise == "" || raftconn.IsLoopback(r.Advertise)):
+		return "loopback", nil
+	case o.InsecurePeers:
+		return "insecure", nil
+	}
+	return "", errors.New("node: the raft port carries every write and needs credentials: mutual TLS (--tls-cert, --tls-key, --tls-client-ca), " +
+		"or a gossip key (--gossip-key-file); without them it serves a loopback address only (every node on this machine), or --insecure-peers in tests")
+}
+
+// raftConn builds the raft port's credentials.
+func (n *Node) raftConn() (raftconn.Options, error) {
+	kind, err := n.opts.raftCredentials()
+	if err != nil {
+		return raftconn.Options{}, err
+	}
+	var co raftconn.Options
+	switch kind {
+	case "tls":
+		co.Certificate = func() (*tls.Certificate, error) { return n.tls.live.Load(), nil }
+		co.CA = n.tls.clientCA
+		co.ClusterOf = func(c *x509.Certificate) (string, error) { return ClusterFromCert(c, n.opts.PeerSANMode) }
+	case "gossip-key":
+		co.GossipKey = n.opts.Gossip.Key
+	case "loopback":
+		co.Loopback = true
+		n.log.Warn("the raft port has no credentials and serves loopback only: any local process can reach it; give --gossip-key-file or mutual TLS outside tests",
+			"raft", n.opts.Raft.Listen)
+	case "insecure":
+		co.Insecure = true
+		n.log.Warn("the raft port is plain TCP (--insecure-peers): anyone who reaches it can join the cluster and append writes", "raft", n.opts.Raft.Listen)
+	}
+	return co, nil
+}
+
+// groupMembers is the group's view of gossip: the nodes of this cluster,
+// this one included.
+type groupMembers struct{ n *Node }
+
+func (gm groupMembers) Members() []cluster.Member {
+	n := gm.n
+	var out []cluster.Member
+	if g := n.group; g != nil {
+		out = append(out, cluster.Member{ID: n.nodeID, RaftAddr: g.Addr(), Alive: true, Fresh: g.Fresh()})
+	}
+	for _, m := range n.sameCluster() {
+		out = append(out, cluster.Member{ID: m.Meta.Node, RaftAddr: m.Meta.Raft, Alive: m.State == transport.LiveAlive, Fresh: m.Meta.Fresh})
+	}
+	return out
+}
+
+// sameCluster lists the gossip members of this node's cluster (not this
+// node) that gossip a node ID.
+func (n *Node) sameCluster() []transport.Member {
+	if n.gossip == nil {
+		return nil
+	}
+	var out []transport.Member
+	for _, m := range n.gossip.Members() {
+		if m.Meta.Cluster == n.cluster && m.Meta.Node != "" && m.Meta.Node != n.nodeID && m.Note == "" {
+			out = append(out, m)
+		}
+	}
+	return out
+}
+
+// member returns the gossip member of this cluster with node ID id.
+func (n *Node) member(id string) (transport.Member, bool) {
+	for _, m := range n.sameCluster() {
+		if m.Meta.Node == id {
+			return m, true
+		}
+	}
+	return transport.Member{}, false
+}
+
+// nodeURLs are the replicate URLs of this cluster's nodes (this one first),
+// which acks tell the senders; cached, refreshed by refreshMeta.
+type nodeURLs struct{ v atomic.Pointer[[]string] }
+
+func (u *nodeURLs) get() []string {
+	if p := u.v.Load(); p != nil {
+		return *p
+	}
+	return nil
+}
+
+// refreshMeta keeps what this node gossips current (fresh turns false at
+// bootstrap or at the first append; the stream changes when one is
+// minted), and the cached node URLs. It runs every 250 ms.
+func (n *Node) refreshMeta() {
+	if n.gossip == nil {
+		return
+	}
+	meta := n.gossip.Meta()
+	want := meta
+	want.Stream = n.out.Stream().String()
+	if n.multi() {
+		want.Fresh = n.group.Fresh()
+	}
+	if want != meta {
+		if err := n.gossip.SetMeta(want, time.Second); err != nil {
+			n.log.Debug("gossip: updating this node's metadata", "err", err)
+		}
+	}
+	if !n.multi() {
+		return
+	}
+	urls := []string{n.PeerURL()}
+	for _, m := range n.sameCluster() {
+		if m.State == transport.LiveAlive && m.Meta.Replicate != "" {
+			urls = append(urls, m.Meta.Replicate)
+		}
+	}
+	n.nodeURLs.v.Store(&urls)
+}

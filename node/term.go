@@ -1,0 +1,291 @@
+package node
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/replicator/replicator/cluster"
+	"github.com/replicator/replicator/machine"
+	"github.com/replicator/replicator/store"
+	"github.com/replicator/replicator/transport"
+	"github.com/replicator/replicator/wal"
+)
+
+// Leadership terms, in a cluster of several nodes (docs/CLUSTER.md). The
+// leader stamps, ships and accepts; every node applies what the log
+// commits, and the others forward what needs the leader. A node's time as
+// leader is a term: it begins once the node leads and has applied its whole
+// log (a barrier: nothing is stamped below a committed stamp), and it ends
+// when the node stops leading. A term owns the shippers: they are made from
+// the cursors the log holds when it begins, so a new leader ships from
+// where the old one recorded, and they stop when it ends (a cursor an old
+// leader still records is a command that fails, or one that costs the peer
+// a resend it drops).
+//
+// A node alone (a group of one) begins its only term in Open and never
+// ends it: a failed append makes it step down and elect itself again a
+// moment later, and its links go on.
+
+// leadState is this node's leadership, as the lead loop sees it.
+type leadState struct {
+	// ready: this node leads and its term began (log applied, stream
+	// minted, shippers made). Writes are stamped only while it is set.
+	ready atomic.Bool
+	// changes counts the terms this node began and ended (a metric).
+	changes atomic.Uint64
+	// Of the lead loop's goroutine only.
+	term     uint64
+	cancel   context.CancelFunc
+	began    bool // a term began in this process (the identity check ran)
+	failures int  // consecutive failed starts, to log once
+}
+
+// multi reports a node of a cluster of several.
+func (n *Node) multi() bool { return n.opts.Raft != nil }
+
+// leadLoop follows this node's leadership until stop: it begins a term
+// when the node is elected and ends it when the node is deposed (or a new
+// term of its own began in between). It exits at stop, after ending the
+// term.
+func (n *Node) leadLoop() {
+	defer n.bg.Done()
+	t := time.NewTicker(10 * time.Millisecond)
+	defer t.Stop()
+	for {
+		select {
+		case <-n.stop:
+			n.endTerm("shutting down")
+			return
+		case <-t.C:
+		}
+		leading, term := n.group.IsLeader(), n.group.Term()
+		if n.lead.ready.Load() && (!leading || term != n.lead.term) {
+			n.endTerm("no longer the leader")
+		}
+		if leading && !n.lead.ready.Load() {
+			if err := n.beginTerm(term); err != nil {
+				if n.lead.failures++; n.lead.failures == 1 {
+					n.log.Warn("elected, but the term could not begin (trying again)", "term", term, "err", err)
+				}
+				continue
+			}
+			n.lead.failures = 0
+		}
+	}
+}
+
+// beginTerm makes this node the one that stamps, ships and accepts.
+func (n *Node) beginTerm(term uint64) error {
+	start := time.Now()
+	if err := n.group.Barrier(5 * time.Second); err != nil {
+		return fmt.Errorf("apply the log: %w", err)
+	}
+	if errp := n.fsm.broken.Load(); errp != nil {
+		return fmt.Errorf("apply the log: %w", *errp)
+	}
+	// The FSM observed every command's stamps; the tree's high-water mark
+	// covers the commands a snapshot brought.
+	if err := n.restoreClock(); err != nil {
+		return err
+	}
+	created := false
+	if n.machine.Stream().IsZero() {
+		// The cluster's first leader mints its stream, through the log, so
+		// that every node (and every later leader) holds the same one.
+		if err := n.applyCommand(&machine.Command{Kind: machine.KindMint, Stream: wal.NewStreamID()}); err != nil {
+			return fmt.Errorf("start the cluster's stream: %w", err)
+		}
+		created = true
+		n.log.Info("the cluster's stream begins", "stream", n.out.Stream())
+	}
+	if !n.lead.began {
+		// Once per process: what a node checks when it reopens a stream
+		// (docs/ARCHITECTURE.md, "Stream identity"). A later term of the
+		// same process continues what the log holds.
+		if err := n.pruneReseedState(); err != nil {
+			return err
+		}
+		if err := n.initIdentity(created); err != nil {
+			return err
+		}
+		n.lead.began = true
+	}
+	ctx, cancel := context.WithCancel(n.replCtx)
+	n.linksMu.Lock()
+	n.linkCtx = ctx
+	n.linksMu.Unlock()
+	var errs []error
+	for _, p := range n.linkPeers() {
+		if _, err := n.addLink(p); err != nil {
+			errs = append(errs, fmt.Errorf("link to %s: %w", p.Name, err))
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		n.linksMu.Lock()
+		n.linkCtx = nil
+		n.linksMu.Unlock()
+		cancel()
+		n.stopLinks()
+		return err
+	}
+	n.lead.term, n.lead.cancel = term, cancel
+	n.lead.ready.Store(true)
+	n.lead.changes.Add(1)
+	n.metrics.leaderChanges.Inc()
+	n.log.Info("leading the cluster: stamping, shipping and accepting", "term", term, "node", n.nodeID,
+		"took", time.Since(start).Round(time.Millisecond), "links", len(n.links()))
+	return nil
+}
+
+// endTerm stops what only the leader does: stamping, its shippers.
+func (n *Node) endTerm(why string) {
+	if !n.lead.ready.Swap(false) {
+		return
+	}
+	n.linksMu.Lock()
+	n.linkCtx = nil
+	n.linksMu.Unlock()
+	n.lead.cancel()
+	n.stopLinks()
+	n.lead.changes.Add(1)
+	n.log.Info("stopped leading the cluster", "term", n.lead.term, "why", why)
+}
+
+// stopLinks waits for the term's shippers to stop and forgets them.
+func (n *Node) stopLinks() {
+	n.linkWG.Wait()
+	n.linksMu.Lock()
+	n.shippers = nil
+	n.linksMu.Unlock()
+}
+
+// linkPeers are the peers a term links to: the configured ones with a URL,
+// and those gossip found.
+func (n *Node) linkPeers() []Peer {
+	var out []Peer
+	for _, p := range n.opts.Peers {
+		if p.URL != "" {
+			out = append(out, p)
+		}
+	}
+	n.discoveredMu.Lock()
+	defer n.discoveredMu.Unlock()
+	for _, p := range n.discovered {
+		if !containsPeer(out, p.Name) {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+func containsPeer(ps []Peer, name string) bool {
+	for _, p := range ps {
+		if p.Name == name {
+			return true
+		}
+	}
+	return false
+}
+
+// notLeader is the answer to what needs the leader on a node that does not
+// lead: nothing was done.
+func (n *Node) notLeader() error {
+	id, addr := n.group.Leader()
+	if id == n.nodeID {
+		return fmt.Errorf("%w: this node was just elected and is applying the log", ErrNotWritten)
+	}
+	return fmt.Errorf("%w: %w", ErrNotWritten, &cluster.NotLeaderError{LeaderID: id, LeaderAddr: addr})
+}
+
+// awaitTerm waits, while this node leads, for its term to begin (at most
+// twice the election timeout): a write that reaches a node elected a
+// moment ago is stamped once the log is applied, not refused.
+func (n *Node) awaitTerm(ctx context.Context) error {
+	if !n.multi() || n.lead.ready.Load() {
+		return nil
+	}
+	deadline := time.Now().Add(2 * n.opts.Raft.ElectionTimeout)
+	for !n.lead.ready.Load() {
+		if !n.group.IsLeader() || time.Now().After(deadline) {
+			return n.notLeader()
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("%w: %w", ErrNotWritten, ctx.Err())
+		case <-time.After(2 * time.Millisecond):
+		}
+	}
+	return nil
+}
+
+// progress is the last log index the state machine applied, with a way to
+// wait for one.
+type progress struct {
+	idx atomic.Uint64
+	mu  sync.Mutex
+	ch  chan struct{} // closed at the next advance
+}
+
+func (p *progress) set(i uint64) {
+	p.idx.Store(i)
+	p.mu.Lock()
+	if p.ch != nil {
+		close(p.ch)
+		p.ch = nil
+	}
+	p.mu.Unlock()
+}
+
+func (p *progress) get() uint64 { return p.idx.Load() }
+
+// wait returns once the index reaches i, or when ctx ends.
+func (p *progress) wait(ctx context.Context, i uint64) error {
+	for {
+		if p.idx.Load() >= i {
+			return nil
+		}
+		p.mu.Lock()
+		if p.ch == nil {
+			p.ch = make(chan struct{})
+		}
+		ch := p.ch
+		p.mu.Unlock()
+		if p.idx.Load() >= i {
+			return nil
+		}
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}
+
+// followerLinks is what a node that does not lead shows of its cluster's
+// links: where each peer's cursor stands in the log, state follower.
+func (n *Node) followerLinks() []transport.Status {
+	var out []transport.Status
+	last := n.out.Last()
+	for _, p := range n.linkPeers() {
+		st := transport.Status{Peer: p.Name, URL: p.URL, State: transport.StateFollower, Last: last}
+		if c, ok, err := n.store.Cursor(p.Name); err == nil && ok && c.Stream == n.out.Stream() {
+			st.Acked = c.Index
+			if last > c.Index {
+				st.EntriesBehind = last - c.Index
+				st.BytesBehind = n.out.BytesAfter(c.Index)
+			}
+		}
+		out = append(out, st)
+	}
+	return out
+}
+
+// cursorOf reads a peer's cursor as the log holds it.
+func (n *Node) cursorOf(peer string) (store.Cursor, bool) {
+	c, ok, err := n.store.Cursor(peer)
+	return c, ok && err == nil
+}
