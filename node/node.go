@@ -80,10 +80,10 @@ type Node struct {
 	// linkCtx is what shippers run under (guarded by linksMu): replCtx
 	// for a node alone; a term's, in a cluster of several (nil between
 	// terms: no shipper runs).
-	linkCtx    context.Context
-	linkWG     sync.WaitGroup       // shipper goroutines
-	tls        tlsSetup
-	gossip     *transport.Discovery
+	linkCtx context.Context
+	linkWG  sync.WaitGroup // shipper goroutines
+	tls     tlsSetup
+	gossip  *transport.Discovery
 	// applied is the last index of the stream applied to the store.
 	applied atomic.Uint64
 
