@@ -47,6 +47,16 @@ const (
 	// node's rejoin phase with it (J), if it still holds what the proposer
 	// read (compare and set).
 	KindRecord
+	// KindCollect drops tombstones stamped below a cutoff and idempotency
+	// records expired before a time (the leader decides both from what
+	// every peer holds; every node drops the same).
+	KindCollect
+	// KindDeadLetter replays or discards a dead letter (an operator's
+	// decision).
+	KindDeadLetter
+	// KindRemoveNode records that a node was removed from the cluster: its
+	// ID is never added back.
+	KindRemoveNode
 	kinds
 )
 
@@ -64,6 +74,12 @@ func (k Kind) String() string {
 		return "inbound"
 	case KindRecord:
 		return "record"
+	case KindCollect:
+		return "collect"
+	case KindDeadLetter:
+		return "dead_letter"
+	case KindRemoveNode:
+		return "remove_node"
 	}
 	return fmt.Sprintf("kind(%d)", uint8(k))
 }
@@ -92,7 +108,24 @@ type Command struct {
 	// Record: Peer's record Record (RecordReseed or RecordRejoin) is set to
 	// Set if it holds Expect (0: no record).
 	Record, Expect, Set byte
+	// Collect: tombstones stamped below Cutoff (zero: none) and idempotency
+	// records expired before IdemBefore (0: none) go, at most Max of each.
+	Cutoff     hlc.Timestamp
+	IdemBefore int64
+	Max        int
+	// DeadLetter: the dead letter (Peer as its origin, Stream, First as its
+	// index) is replayed (Set DeadReplay) or discarded (DeadDiscard).
+	// RemoveNode: Peer is the node ID.
 }
+
+// Dead-letter actions (Command.Set of a KindDeadLetter).
+const (
+	DeadReplay  byte = 1
+	DeadDiscard byte = 2
+)
+
+// maxCollect bounds what one collect command drops of each kind.
+const maxCollect = 1 << 20
 
 // The peer records a KindRecord command changes.
 const (
@@ -173,6 +206,15 @@ func (e *Encoder) Encode(c *Command) ([]byte, error) {
 	case KindRecord:
 		err = errors.Join(enc.EncodeArrayLen(5), enc.EncodeUint(uint64(c.Kind)), enc.EncodeString(c.Peer),
 			enc.EncodeUint(uint64(c.Record)), enc.EncodeUint(uint64(c.Expect)), enc.EncodeUint(uint64(c.Set)))
+	case KindCollect:
+		cut := c.Cutoff.Encode()
+		err = errors.Join(enc.EncodeArrayLen(4), enc.EncodeUint(uint64(c.Kind)), enc.EncodeBytes(cut[:]),
+			enc.EncodeInt(c.IdemBefore), enc.EncodeInt(int64(c.Max)))
+	case KindDeadLetter:
+		err = errors.Join(enc.EncodeArrayLen(5), enc.EncodeUint(uint64(c.Kind)), enc.EncodeString(c.Peer),
+			enc.EncodeBytes(c.Stream[:]), enc.EncodeUint(c.First), enc.EncodeUint(uint64(c.Set)))
+	case KindRemoveNode:
+		err = errors.Join(enc.EncodeArrayLen(2), enc.EncodeUint(uint64(c.Kind)), enc.EncodeString(c.Peer))
 	default:
 		return nil, fmt.Errorf("machine: encode: unknown kind %d", c.Kind)
 	}
@@ -279,7 +321,8 @@ func decodeInto(dec *msgpack.Decoder, c *Command) error {
 		return fmt.Errorf("kind: %v", err)
 	}
 	c.Kind = Kind(k)
-	want := map[Kind]int{KindLocal: 2, KindCursor: 4, KindTruncate: 3, KindMint: 3, KindInbound: 11, KindRecord: 5}[c.Kind]
+	want := map[Kind]int{KindLocal: 2, KindCursor: 4, KindTruncate: 3, KindMint: 3, KindInbound: 11, KindRecord: 5,
+		KindCollect: 4, KindDeadLetter: 5, KindRemoveNode: 2}[c.Kind]
 	if want == 0 {
 		return fmt.Errorf("unknown kind %d", k)
 	}
@@ -350,6 +393,51 @@ func decodeInto(dec *msgpack.Decoder, c *Command) error {
 		}
 		if c.Record != RecordReseed && c.Record != RecordRejoin {
 			return fmt.Errorf("record %q", c.Record)
+		}
+	case KindCollect:
+		hb, err := wal.DecodeBytes(dec)
+		if err != nil {
+			return err
+		}
+		if c.Cutoff, err = hlc.Decode(hb); err != nil {
+			return err
+		}
+		if c.IdemBefore, err = dec.DecodeInt64(); err != nil {
+			return err
+		}
+		m, err := dec.DecodeInt64()
+		if err != nil {
+			return err
+		}
+		if m < 1 || m > maxCollect {
+			return fmt.Errorf("collect of at most %d", m)
+		}
+		c.Max = int(m)
+	case KindDeadLetter:
+		if c.Peer, err = dec.DecodeString(); err != nil {
+			return err
+		}
+		if c.Peer == "" || len(c.Peer) > 63 {
+			return fmt.Errorf("dead letter of origin %q", c.Peer)
+		}
+		if err := decodeStream(dec, &c.Stream); err != nil {
+			return err
+		}
+		if c.First, err = dec.DecodeUint64(); err != nil {
+			return err
+		}
+		if c.Set, err = dec.DecodeUint8(); err != nil {
+			return err
+		}
+		if c.Set != DeadReplay && c.Set != DeadDiscard {
+			return fmt.Errorf("dead-letter action %d", c.Set)
+		}
+	case KindRemoveNode:
+		if c.Peer, err = dec.DecodeString(); err != nil {
+			return err
+		}
+		if c.Peer == "" || len(c.Peer) > 63 {
+			return fmt.Errorf("removal of node %q", c.Peer)
 		}
 	}
 	return nil

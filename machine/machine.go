@@ -159,6 +159,10 @@ type Result struct {
 	Inbound *InboundResult
 	// Swapped: a record command found what it expected and set it.
 	Swapped bool
+	// Collected and CollectedIdem count what a collect command dropped.
+	Collected, CollectedIdem int
+	// Found: a dead-letter command found its dead letter.
+	Found bool
 }
 
 // Write is what became of one proposal.
@@ -225,6 +229,12 @@ func (m *Machine) ApplyCommand(index uint64, c *Command) (*Result, error) {
 	case KindRecord:
 		res = &Result{}
 		res.Swapped, err = m.applyRecord(b, c)
+	case KindCollect:
+		res, err = m.applyCollect(b, c)
+	case KindDeadLetter:
+		res, err = m.applyDeadLetter(b, c)
+	case KindRemoveNode:
+		res, err = &Result{}, b.SetRaw(removedKey(c.Peer), []byte{1})
 	case KindInbound:
 		var ir *InboundResult
 		if ir, err = m.applyInbound(b, c.Inbound); err == nil {
@@ -448,6 +458,60 @@ func UpdateRecord(st *store.Store, apply func(*Command) (*Result, error), peer s
 			return cur, fmt.Errorf("machine: record %c of %s kept changing under 100 attempts", record, peer)
 		}
 	}
+}
+
+// applyCollect drops what the leader found no peer can need any more.
+func (m *Machine) applyCollect(b *store.Batch, c *Command) (*Result, error) {
+	res := &Result{}
+	var err error
+	if !c.Cutoff.IsZero() {
+		if res.Collected, err = b.CollectTombstones(c.Cutoff, c.Max); err != nil {
+			return nil, err
+		}
+	}
+	if c.IdemBefore > 0 {
+		if res.CollectedIdem, err = b.CollectIdem(c.IdemBefore, c.Max); err != nil {
+			return nil, err
+		}
+	}
+	return res, nil
+}
+
+// applyDeadLetter replays a dead letter (applies its entry as it is) or
+// discards it; either way it goes.
+func (m *Machine) applyDeadLetter(b *store.Batch, c *Command) (*Result, error) {
+	d, ok, err := b.DeadLetter(c.Peer, c.Stream, c.First)
+	if err != nil || !ok {
+		return &Result{}, err
+	}
+	if c.Set == DeadReplay {
+		e, err := m.codec.DecodeEntry(d.Entry, wal.Defaults{})
+		if err != nil {
+			// Stored by this build from an entry the codec took: the
+			// tree is damaged.
+			return nil, fmt.Errorf("dead letter %s: %w: %v", d.ID(), store.ErrCorrupt, err)
+		}
+		if _, err := e.Apply(b); err != nil {
+			return nil, err
+		}
+	}
+	return &Result{Found: true}, b.DeleteDeadLetter(d)
+}
+
+// removedKey records a node ID removed from the cluster.
+func removedKey(id string) []byte { return append([]byte("m\x00machine.removed/"), id...) }
+
+// Removed reports whether node id was removed from the cluster.
+func (m *Machine) Removed(id string) (bool, error) {
+	_, closer, err := m.st.DB().Get(removedKey(id))
+	if errors.Is(err, pebble.ErrNotFound) {
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	closer.Close()
+	return true, nil
 }
 
 // applyTruncate drops the stream's outbound entries before first.

@@ -539,6 +539,12 @@ func randomCommand(rng *rand.Rand) Command {
 		return Command{Kind: KindTruncate, Stream: testStream, First: rng.Uint64()}
 	case KindMint:
 		return Command{Kind: KindMint, Stream: wal.StreamID{byte(rng.IntN(255) + 1)}, Epoch: rng.Uint32()}
+	case KindCollect:
+		return Command{Kind: KindCollect, Cutoff: stamp(), IdemBefore: rng.Int64(), Max: rng.IntN(maxCollect) + 1}
+	case KindDeadLetter:
+		return Command{Kind: KindDeadLetter, Peer: "b", Stream: testStream, First: rng.Uint64(), Set: DeadReplay + byte(rng.IntN(2))}
+	case KindRemoveNode:
+		return Command{Kind: KindRemoveNode, Peer: fmt.Sprintf("n%d", rng.IntN(9))}
 	}
 	var ps []Proposal
 	for j := rng.IntN(4); j >= 0; j-- {
@@ -603,6 +609,9 @@ func FuzzDecode(f *testing.F) {
 		f.Add(b)
 	}
 	f.Add(encode(f, &Command{Kind: KindRecord, Peer: "b", Record: RecordRejoin, Expect: 1, Set: 2}))
+	f.Add(encode(f, &Command{Kind: KindCollect, Cutoff: hlc.Timestamp{Wall: 5, Logical: 1}, IdemBefore: 9, Max: 100}))
+	f.Add(encode(f, &Command{Kind: KindDeadLetter, Peer: "b", Stream: testStream, First: 3, Set: DeadDiscard}))
+	f.Add(encode(f, &Command{Kind: KindRemoveNode, Peer: "a3"}))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		c, err := Decode(b)
 		if err != nil {
@@ -725,5 +734,94 @@ func TestPeerRecords(t *testing.T) {
 	}
 	if j, _ := st.Rejoin(); len(j) != 0 {
 		t.Fatalf("a zero record stays: %v", j)
+	}
+}
+
+// Collection, dead-letter decisions and node removals are commands: every
+// node drops, replays and records the same, and a replay changes nothing.
+func TestCollectDeadLettersAndRemovals(t *testing.T) {
+	s := &stamper{wall: 3e15}
+	extra := []*Command{
+		{Kind: KindLocal, Local: []Proposal{{Entry: wal.Entry{Op: store.OpDelete, Key: "late", Commit: s.next()}},
+			keyed(s.put("kept", "v"), "kk", "fpk", AnswerWrite)}},
+		{Kind: KindDeadLetter, Peer: "b", Stream: streamB, First: 3, Set: DeadReplay},
+		{Kind: KindDeadLetter, Peer: "b", Stream: streamB, First: 4, Set: DeadDiscard},
+		{Kind: KindDeadLetter, Peer: "b", Stream: streamB, First: 9, Set: DeadDiscard}, // none
+		// tombstones below 3e15 (the script's) and idempotency records
+		// expired by 1e15+1e12+1e6 (the script's keyed writes') go
+		{Kind: KindCollect, Cutoff: hlc.Timestamp{Wall: 3e15}, IdemBefore: 1e15 + 1e12 + 1e6, Max: 1000},
+		{Kind: KindRemoveNode, Peer: "a3"},
+	}
+	cmds := script(t)
+	for _, c := range extra {
+		cmds = append(cmds, encode(t, c))
+	}
+	type seen struct {
+		results                []string
+		tombstones, idem, dead int
+		late, fromB3, fromB4   bool
+		removed, removedOther  bool
+		digest                 store.Digest
+	}
+	run := func(restartAt int) seen {
+		dir := t.TempDir()
+		m, st := openMachine(t, dir)
+		var sn seen
+		for i, c := range cmds {
+			if i == restartAt {
+				st.Close()
+				m, st = openMachine(t, dir)
+				// a replay of what the tree holds changes nothing
+				for j := 0; j < i; j++ {
+					if res, err := m.Apply(uint64(j+1), cmds[j]); err != nil || !res.Skipped {
+						t.Fatalf("replay of %d: %+v %v", j+1, res, err)
+					}
+				}
+			}
+			res, err := m.Apply(uint64(i+1), c)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if i >= len(cmds)-len(extra) {
+				sn.results = append(sn.results, fmt.Sprintf("collected=%d/%d found=%v", res.Collected, res.CollectedIdem, res.Found))
+			}
+		}
+		defer st.Close()
+		r, err := st.Get("late")
+		sn.late = err == nil && r.Tombstone // stamped above the cutoff: kept
+		_, err = st.Get("from-b/3")
+		sn.fromB3 = err == nil
+		_, err = st.Get("from-b/4")
+		sn.fromB4 = err == nil
+		dl, err := st.DeadLetters()
+		if err != nil {
+			t.Fatal(err)
+		}
+		sn.dead = len(dl)
+		for _, k := range []string{"k1", "kk"} {
+			if _, ok, err := st.Idem(k); err != nil {
+				t.Fatal(err)
+			} else if ok {
+				sn.idem++
+			}
+		}
+		sn.removed, _ = m.Removed("a3")
+		sn.removedOther, _ = m.Removed("a2")
+		if sn.digest, err = st.Digest(); err != nil {
+			t.Fatal(err)
+		}
+		return sn
+	}
+	want := run(-1)
+	if !want.late || !want.fromB3 || want.fromB4 || want.dead != 0 || want.idem != 1 || !want.removed || want.removedOther {
+		t.Fatalf("after the commands: %+v", want)
+	}
+	if want.results[4] != "collected=5/3 found=false" || want.results[1] != "collected=0/0 found=true" || want.results[3] != "collected=0/0 found=false" {
+		t.Fatalf("results %v", want.results)
+	}
+	for _, at := range []int{len(cmds) - len(extra), len(cmds) - 2, len(cmds) - 1} {
+		if got := run(at); !reflect.DeepEqual(got, want) {
+			t.Fatalf("restarted before command %d:\n%+v\nwant %+v", at+1, got, want)
+		}
 	}
 }

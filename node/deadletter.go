@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"time"
 
+	"github.com/replicator/replicator/machine"
 	"github.com/replicator/replicator/store"
 	"github.com/replicator/replicator/wal"
 )
@@ -56,41 +57,31 @@ func (n *Node) deadLetter(id string) (store.DeadLetter, error) {
 }
 
 // ReplayDeadLetter applies a dead letter as it is (the operator has decided
-// this node should take it, e.g. after raising a limit) and removes it.
+// this node should take it, e.g. after raising a limit) and removes it,
+// through the cluster's log: every node of the cluster takes it.
 func (n *Node) ReplayDeadLetter(id string) error {
-	d, err := n.deadLetter(id)
-	if err != nil {
-		return err
-	}
-	e, err := wal.NewCodec().DecodeEntry(d.Entry, wal.Defaults{})
-	if err != nil {
-		return fmt.Errorf("node: dead letter %s: %w", id, err)
-	}
-	b := n.store.NewBatch()
-	defer b.Close()
-	if _, err := e.Apply(b); err != nil {
-		return err
-	}
-	if err := b.DeleteDeadLetter(d); err != nil {
-		return err
-	}
-	n.log.Warn("dead letter replayed by the operator", "id", id)
-	return b.Commit(true)
+	return n.decideDeadLetter(id, machine.DeadReplay, "dead letter replayed by the operator")
 }
 
 // DiscardDeadLetter drops a dead letter: the entry will never apply here.
 func (n *Node) DiscardDeadLetter(id string) error {
+	return n.decideDeadLetter(id, machine.DeadDiscard, "dead letter discarded by the operator")
+}
+
+func (n *Node) decideDeadLetter(id string, action byte, msg string) error {
 	d, err := n.deadLetter(id)
 	if err != nil {
 		return err
 	}
-	b := n.store.NewBatch()
-	defer b.Close()
-	if err := b.DeleteDeadLetter(d); err != nil {
+	res, err := n.commitCommand(&machine.Command{Kind: machine.KindDeadLetter, Peer: d.Origin, Stream: d.Stream, First: d.Index, Set: action})
+	if err != nil {
 		return err
 	}
-	n.log.Warn("dead letter discarded by the operator", "id", id)
-	return b.Commit(true)
+	if !res.Found {
+		return fmt.Errorf("%w: dead letter %q (decided meanwhile)", ErrNotFound, id)
+	}
+	n.log.Warn(msg, "id", id)
+	return nil
 }
 
 func (n *Node) registerDeadLetters(mux *http.ServeMux) {

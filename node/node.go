@@ -498,32 +498,38 @@ func (n *Node) every(d time.Duration, f func()) {
 	}()
 }
 
-// collectExpired removes tombstones and idempotency records past retention.
+// collectExpired removes tombstones and idempotency records past retention,
+// through the cluster's log (the leader decides; every node drops the same).
 func (n *Node) collectExpired() {
 	if n.multi() && !n.lead.ready.Load() {
-		return // the leader collects, through the log
+		return // the leader collects
 	}
 	if _, err := n.CollectTombstones(); err != nil {
-		n.log.Warn("tombstone collection", "err", err)
-	}
-	if _, err := n.store.CollectIdem(n.clock.Physical(), 0); err != nil {
-		n.log.Warn("idempotency record collection", "err", err)
+		n.log.Warn("tombstone and idempotency record collection", "err", err)
 	}
 }
 
+// collectBatch bounds what one collect command drops of each kind.
+const collectBatch = 10000
+
 // CollectTombstones removes the tombstones no write can resurrect any more
-// (see tombstoneCutoff).
+// (see tombstoneCutoff), and the idempotency records expired, and reports
+// how many tombstones went.
 func (n *Node) CollectTombstones() (int, error) {
 	cutoff, err := n.tombstoneCutoff()
-	if err != nil || cutoff.IsZero() {
+	if err != nil {
 		return 0, err
 	}
 	total := 0
 	for {
-		c, err := n.store.CollectTombstones(cutoff, 10000)
-		total += c
-		if err != nil || c < 10000 {
+		res, err := n.commitCommand(&machine.Command{Kind: machine.KindCollect, Cutoff: cutoff,
+			IdemBefore: n.clock.Physical(), Max: collectBatch})
+		if err != nil {
 			return total, err
+		}
+		total += res.Collected
+		if res.Collected < collectBatch && res.CollectedIdem < collectBatch {
+			return total, nil
 		}
 	}
 }

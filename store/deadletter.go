@@ -2,6 +2,7 @@ package store
 
 import (
 	"encoding/binary"
+	"errors"
 	"fmt"
 
 	"github.com/cockroachdb/pebble/v2"
@@ -86,4 +87,19 @@ func (s *Store) DeadLetters() ([]DeadLetter, error) {
 		out = append(out, d)
 	}
 	return out, it.Error()
+}
+
+// DeadLetter reads one dead letter as the batch sees it.
+func (b *Batch) DeadLetter(origin string, stream [16]byte, index uint64) (DeadLetter, bool, error) {
+	k := deadKey(origin, stream, index)
+	v, closer, err := b.s.db.Get(k)
+	if errors.Is(err, pebble.ErrNotFound) {
+		return DeadLetter{}, false, nil
+	}
+	if err != nil {
+		return DeadLetter{}, false, err
+	}
+	defer closer.Close()
+	d, err := decodeDead(k, v)
+	return d, err == nil, err
 }

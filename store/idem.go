@@ -145,13 +145,23 @@ func (b *Batch) MergeIdem(r *IdemRecord) (Outcome, error) {
 
 // CollectIdem removes records expired before now (at most max per call).
 func (s *Store) CollectIdem(now int64, max int) (int, error) {
+	b := s.NewBatch()
+	defer b.Close()
+	n, err := b.CollectIdem(now, max)
+	if err != nil {
+		return n, err
+	}
+	return n, b.Commit(false)
+}
+
+// CollectIdem is Store.CollectIdem in the batch (a command of the cluster's
+// log: every node collects the same).
+func (b *Batch) CollectIdem(now int64, max int) (int, error) {
 	if max <= 0 {
 		max = 10000
 	}
-	b := s.NewBatch()
-	defer b.Close()
 	upper := idemExpiryKey(now, "")
-	it, err := s.db.NewIter(&pebble.IterOptions{LowerBound: []byte{prefixIdemExpiry}, UpperBound: upper})
+	it, err := b.s.db.NewIter(&pebble.IterOptions{LowerBound: []byte{prefixIdemExpiry}, UpperBound: upper})
 	if err != nil {
 		return 0, err
 	}
@@ -169,8 +179,5 @@ func (s *Store) CollectIdem(now int64, max int) (int, error) {
 		}
 		n++
 	}
-	if err := it.Close(); err != nil {
-		return n, err
-	}
-	return n, b.Commit(false)
+	return n, it.Close()
 }

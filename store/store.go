@@ -768,13 +768,23 @@ func appendDigestEntry(dst, key []byte, r *Record) []byte {
 // max tombstones go per call, so a large backlog does not hold the apply lock
 // for long; max <= 0 means 10,000.
 func (s *Store) CollectTombstones(cutoff hlc.Timestamp, max int) (int, error) {
+	b := s.NewBatch()
+	defer b.Close()
+	n, err := b.CollectTombstones(cutoff, max)
+	if err != nil {
+		return n, err
+	}
+	return n, b.Commit(true)
+}
+
+// CollectTombstones is Store.CollectTombstones in the batch (a command of
+// the cluster's log: every node collects the same).
+func (b *Batch) CollectTombstones(cutoff hlc.Timestamp, max int) (int, error) {
 	if max <= 0 {
 		max = 10000
 	}
-	b := s.NewBatch()
-	defer b.Close()
 	upper := tombstoneKey(cutoff, "")
-	it, err := s.db.NewIter(&pebble.IterOptions{LowerBound: []byte{prefixTombstone}, UpperBound: upper})
+	it, err := b.s.db.NewIter(&pebble.IterOptions{LowerBound: []byte{prefixTombstone}, UpperBound: upper})
 	if err != nil {
 		return 0, fmt.Errorf("store: collect tombstones: %w", err)
 	}
@@ -810,10 +820,7 @@ func (s *Store) CollectTombstones(cutoff hlc.Timestamp, max int) (int, error) {
 		return n, fmt.Errorf("store: collect tombstones: %w", err)
 	}
 	rn, err := b.collectRanges(cutoff)
-	if err != nil {
-		return n, err
-	}
-	return n + rn, b.Commit(true)
+	return n + rn, err
 }
 
 type pebbleLogger struct{ l *slog.Logger }
