@@ -663,7 +663,12 @@ func (g *Group) Status() Status {
 
 // Remove takes a node out of the group. It is refused when the voters left
 // that gossip sees alive would not be a majority of the new configuration.
-func (g *Group) Remove(id string) error {
+func (g *Group) Remove(id string) error { return g.RemoveWith(id, nil) }
+
+// RemoveWith is Remove, calling before (when set) once the removal was
+// found to keep a quorum and before it is made: the node records that the
+// ID was removed, so that the leader never adds it back.
+func (g *Group) RemoveWith(id string, before func() error) error {
 	if !g.IsLeader() {
 		lid, addr := g.Leader()
 		return &NotLeaderError{LeaderID: lid, LeaderAddr: addr}
@@ -696,6 +701,11 @@ func (g *Group) Remove(id string) error {
 	}
 	if voters == 0 || live < voters/2+1 {
 		return fmt.Errorf("%w: removing %s leaves %d voters, %d of them alive (a quorum is %d)", ErrQuorum, id, voters, live, voters/2+1)
+	}
+	if before != nil {
+		if err := before(); err != nil {
+			return fmt.Errorf("cluster: remove %s: %w", id, err)
+		}
 	}
 	if err := g.raft.RemoveServer(raft.ServerID(id), 0, 10*time.Second).Error(); err != nil {
 		return fmt.Errorf("cluster: remove %s: %w", id, err)

@@ -178,6 +178,7 @@ func (n *Node) registerAdmin(mux *http.ServeMux) {
 	mux.HandleFunc("/admin/history", getOnly(n.handleHistory))
 	mux.HandleFunc("/admin/lag", getOnly(n.handleLag))
 	n.registerDeadLetters(mux)
+	n.registerCluster(mux)
 	if n.opts.Pprof && n.opts.APIToken != "" {
 		// Behind the token (Validate refuses --pprof without one).
 		registerPprof(mux)

@@ -240,6 +240,7 @@ func (n *Node) openGroup() (created bool, err error) {
 		co.SnapshotThreshold, co.TrailingLogs = r.SnapshotThreshold, r.TrailingLogs
 		co.Members = groupMembers{n}
 		co.HasData = n.hasData
+		co.Removed = func(id string) bool { r, err := m.Removed(id); return r || err != nil }
 		// A single node's directory of a build before the log, upgraded
 		// with its raft port: the cluster it was goes on as a group of it,
 		// and grows as the others join.

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"flag"
 	"fmt"
 	"io"
@@ -17,8 +18,9 @@ import (
 	"github.com/replicator/replicator/transport"
 )
 
-const adminUsage = `replicator admin wal|peers|origin|digest [--addr URL] [-o table|json]
-replicator admin pause|resume|reseed|detach PEER [--addr URL]`
+const adminUsage = `replicator admin wal|peers|origin|digest|cluster [--addr URL] [-o table|json]
+replicator admin pause|resume|reseed|detach PEER [--addr URL]
+replicator admin cluster join NODE-ID RAFT-ADDR | cluster remove NODE-ID [--addr URL]`
 
 // runAdmin serves `replicator admin ...` (and the peers/digest shortcuts).
 func runAdmin(cmd string, args []string) error {
@@ -73,7 +75,28 @@ func runAdmin(cmd string, args []string) error {
 		}
 		return nil
 	}
-	paths := map[string]string{"wal": "/admin/wal", "peers": "/admin/peers", "origin": "/admin/origin", "digest": "/admin/digest"}
+	if cmd == "cluster" && fs.NArg() > 0 {
+		var body []byte
+		switch {
+		case fs.Arg(0) == "join" && fs.NArg() == 3:
+			body, _ = json.Marshal(map[string]string{"id": fs.Arg(1), "raft": fs.Arg(2)})
+		case fs.Arg(0) == "remove" && fs.NArg() == 2:
+			body, _ = json.Marshal(map[string]string{"id": fs.Arg(1)})
+		default:
+			return fmt.Errorf("usage: replicator admin cluster join NODE-ID RAFT-ADDR | cluster remove NODE-ID")
+		}
+		var r node.ClusterReport
+		if _, err := c.Do(ctx, http.MethodPost, "/admin/cluster/"+fs.Arg(0), body, http.Header{"Content-Type": {"application/json"}}, &r); err != nil {
+			return err
+		}
+		if cf.out.format == "json" {
+			return cf.out.print(r, nil)
+		}
+		fmt.Printf("%s %s: done\n", fs.Arg(0), fs.Arg(1))
+		return nil
+	}
+	paths := map[string]string{"wal": "/admin/wal", "peers": "/admin/peers", "origin": "/admin/origin", "digest": "/admin/digest",
+		"cluster": "/admin/cluster"}
 	path, ok := paths[cmd]
 	if !ok {
 		return fmt.Errorf("unknown admin command %q\nusage:\n%s", cmd, adminUsage)
@@ -88,6 +111,8 @@ func runAdmin(cmd string, args []string) error {
 		out = &node.OriginReport{}
 	case "digest":
 		out = &node.DigestReport{}
+	case "cluster":
+		out = &node.ClusterReport{}
 	}
 	if _, err := c.Do(ctx, http.MethodGet, path, nil, nil, out); err != nil {
 		return err
@@ -102,8 +127,31 @@ func runAdmin(cmd string, args []string) error {
 			fmt.Fprintf(w, "cluster  %s\nresolver %s\nstream   %s\nversion  %s\n", v.Cluster, v.Resolver, v.Stream, v.Version)
 		case *node.DigestReport:
 			fmt.Fprintf(w, "cluster    %s\ndigest     %s\nkeys       %s\ntombstones %s\n", v.Cluster, v.Digest, count(v.Keys), count(v.Tombstones))
+		case *node.ClusterReport:
+			printCluster(w, v)
 		}
 	})
+}
+
+// printCluster is the nodes table of `replicator admin cluster`.
+func printCluster(w io.Writer, r *node.ClusterReport) {
+	leader := r.Leader
+	if leader == "" {
+		leader = "none known"
+	}
+	fmt.Fprintf(w, "cluster %s (%s)  leader %s  term %d  commit #%d  stream %s\n(answered by %s: %s, applied #%d)\n\n",
+		r.Cluster, r.Mode, leader, r.Term, r.Commit, r.Stream, r.Node, r.State, r.Applied)
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "NODE\tSTATE\tVOTER\tRAFT\tAPI\tGOSSIP\tAPPLIED\tLAG\tERROR")
+	for _, cn := range r.Nodes {
+		state := cn.State
+		if cn.Leader && !strings.HasPrefix(state, "leader") {
+			state += " (the leader, as the others know)"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%v\t%s\t%s\t%s\t#%d\t%d\t%s\n", cn.ID, state, cn.Voter, cn.Raft, dash(cn.API), dash(cn.Gossip),
+			cn.Applied, cn.Lag, dash(cn.Error))
+	}
+	tw.Flush()
 }
 
 type doFunc func(ctx context.Context, method, path string, body []byte, hdr http.Header, out any) (http.Header, error)

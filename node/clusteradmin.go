@@ -1,0 +1,228 @@
+package node
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/replicator/replicator/cluster"
+	"github.com/replicator/replicator/machine"
+)
+
+// ClusterReport is GET /admin/cluster: the nodes of this node's cluster,
+// who leads, and how far each has applied the log.
+type ClusterReport struct {
+	Cluster string `json:"cluster"`
+	// Node answered; Mode is "single" (a node alone: a group of one) or
+	// "raft" (one of several nodes).
+	Node    string        `json:"node"`
+	Mode    string        `json:"mode"`
+	State   string        `json:"state"`
+	Leader  string        `json:"leader"`
+	Term    uint64        `json:"term"`
+	Commit  uint64        `json:"commit_index"`
+	Applied uint64        `json:"applied_index"`
+	Last    uint64        `json:"last_log_index"`
+	Stream  string        `json:"stream"`
+	Nodes   []ClusterNode `json:"nodes"`
+}
+
+// ClusterNode is one node of the cluster's configuration (or one gossip
+// sees that is not in it yet).
+type ClusterNode struct {
+	ID     string `json:"id"`
+	Raft   string `json:"raft"`
+	API    string `json:"api,omitempty"`
+	Voter  bool   `json:"voter"`
+	Leader bool   `json:"leader"`
+	// Gossip is what memberlist says of it (alive, suspect, dead, left;
+	// "self" for the node that answered).
+	Gossip string `json:"gossip,omitempty"`
+	// State, Applied and Term are the node's own answer (State
+	// "unreachable" when it gave none); Lag is how many log entries it
+	// has yet to apply of what the cluster committed.
+	State   string `json:"state"`
+	Term    uint64 `json:"term,omitempty"`
+	Applied uint64 `json:"applied_index"`
+	Lag     uint64 `json:"lag"`
+	Error   string `json:"error,omitempty"`
+}
+
+// localCluster is this node's own part of the report.
+func (n *Node) localCluster() ClusterReport {
+	st := n.group.Status()
+	r := ClusterReport{Cluster: n.cluster, Node: n.nodeID, Mode: "single", State: strings.ToLower(st.State), Leader: st.Leader,
+		Term: st.Term, Commit: st.Commit, Applied: n.progress.get(), Last: st.Last, Stream: n.out.Stream().String()}
+	if n.multi() {
+		r.Mode = "raft"
+		if st.State == "Leader" && !n.lead.ready.Load() {
+			r.State = "leader (applying the log)"
+		}
+	}
+	for _, sv := range st.Servers {
+		cn := ClusterNode{ID: sv.ID, Raft: sv.Raft, Voter: true, Leader: sv.Leader}
+		if sv.ID == n.nodeID {
+			cn.Gossip, cn.API, cn.State, cn.Applied, cn.Term = "self", n.URL(), r.State, r.Applied, r.Term
+		} else if m, ok := n.member(sv.ID); ok {
+			cn.Gossip, cn.API = m.State, m.Meta.API
+		}
+		r.Nodes = append(r.Nodes, cn)
+	}
+	// Nodes gossip sees that the configuration does not hold (yet): a
+	// node waiting to be added, or one removed.
+	for _, m := range n.sameCluster() {
+		if !slices.ContainsFunc(r.Nodes, func(c ClusterNode) bool { return c.ID == m.Meta.Node }) {
+			state := "not a member"
+			if removed, _ := n.machine.Removed(m.Meta.Node); removed {
+				state = "removed"
+			}
+			r.Nodes = append(r.Nodes, ClusterNode{ID: m.Meta.Node, Raft: m.Meta.Raft, API: m.Meta.API, Gossip: m.State, State: state})
+		}
+	}
+	return r
+}
+
+// ClusterReport asks every node of the configuration for its own state
+// (with the caller's credentials) and puts the answers together.
+func (n *Node) ClusterReport(ctx context.Context, auth string) ClusterReport {
+	r := n.localCluster()
+	var wg sync.WaitGroup
+	for i := range r.Nodes {
+		cn := &r.Nodes[i]
+		if cn.Gossip == "self" || !cn.Voter {
+			continue
+		}
+		if cn.API == "" {
+			cn.State, cn.Error = "unreachable", "gossip does not know its API URL"
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			theirs, err := n.askCluster(ctx, cn.API, auth)
+			if err != nil {
+				cn.State, cn.Error = "unreachable", err.Error()
+				return
+			}
+			cn.State, cn.Applied, cn.Term = theirs.State, theirs.Applied, theirs.Term
+			if theirs.Commit > r.Commit {
+				r.Commit = theirs.Commit // a follower may know more than a deposed node
+			}
+		}()
+	}
+	wg.Wait()
+	for i := range r.Nodes {
+		if cn := &r.Nodes[i]; cn.Voter && cn.State != "unreachable" && r.Commit > cn.Applied {
+			cn.Lag = r.Commit - cn.Applied
+		}
+	}
+	return r
+}
+
+func (n *Node) askCluster(ctx context.Context, api, auth string) (ClusterReport, error) {
+	var r ClusterReport
+	ctx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, strings.TrimRight(api, "/")+"/admin/cluster?local=1", nil)
+	if err != nil {
+		return r, err
+	}
+	if auth != "" {
+		req.Header.Set("Authorization", auth)
+	}
+	client := n.fwdClient
+	if client == nil {
+		client = http.DefaultClient
+	}
+	resp, err := client.Do(req)
+	if err != nil {
+		return r, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return r, fmt.Errorf("answered %s", resp.Status)
+	}
+	return r, json.NewDecoder(http.MaxBytesReader(nil, resp.Body, 1<<20)).Decode(&r)
+}
+
+// JoinNode adds a node to the cluster as a voter (the leader does it for
+// every node gossip finds; this is for one it does not).
+func (n *Node) JoinNode(id, raftAddr string) error {
+	if !n.multi() {
+		return fmt.Errorf("%w: this node is alone in its cluster (no --raft-listen): restart it with a raft port first", errClusterAction)
+	}
+	return n.group.Join(id, raftAddr)
+}
+
+// RemoveNode takes a node out of the cluster, for good: its ID is recorded
+// as removed (through the log) before the configuration changes, and is
+// never added back. A removal that would leave no quorum of live voters is
+// refused.
+func (n *Node) RemoveNode(id string) error {
+	if !n.multi() {
+		return fmt.Errorf("%w: this node is alone in its cluster", errClusterAction)
+	}
+	return n.group.RemoveWith(id, func() error {
+		return n.applyCommand(&machine.Command{Kind: machine.KindRemoveNode, Peer: id})
+	})
+}
+
+var errClusterAction = errors.New("node: not a cluster of several nodes")
+
+func (n *Node) registerCluster(mux *http.ServeMux) {
+	mux.HandleFunc("/admin/cluster", getOnly(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Query().Get("local") != "" {
+			writeJSON(w, http.StatusOK, n.localCluster())
+			return
+		}
+		writeJSON(w, http.StatusOK, n.ClusterReport(r.Context(), r.Header.Get("Authorization")))
+	}))
+	mux.HandleFunc("/admin/cluster/{action}", func(w http.ResponseWriter, r *http.Request) {
+		if r.Method != http.MethodPost {
+			methodNotAllowed(w, r, "POST")
+			return
+		}
+		var req struct {
+			ID   string `json:"id"`
+			Raft string `json:"raft"`
+		}
+		if err := json.NewDecoder(http.MaxBytesReader(w, r.Body, 4096)).Decode(&req); err != nil || req.ID == "" {
+			writeError(w, http.StatusBadRequest, apiError{Code: "bad_request", Message: `want {"id": "NODE", "raft": "HOST:PORT"} (raft: join only)`})
+			return
+		}
+		var err error
+		switch r.PathValue("action") {
+		case "join":
+			err = n.JoinNode(req.ID, req.Raft)
+		case "remove":
+			err = n.RemoveNode(req.ID)
+		default:
+			writeError(w, http.StatusNotFound, apiError{Code: "not_found", Message: "actions: join, remove"})
+			return
+		}
+		var nl *cluster.NotLeaderError
+		switch {
+		case err == nil:
+			n.log.Info("cluster membership changed by the operator", "action", r.PathValue("action"), "node", req.ID)
+			writeJSON(w, http.StatusOK, n.localCluster())
+		case errors.Is(err, cluster.ErrQuorum):
+			writeError(w, http.StatusConflict, apiError{Code: "quorum", Message: err.Error()})
+		case errors.Is(err, cluster.ErrRemoved):
+			writeError(w, http.StatusConflict, apiError{Code: "removed", Message: err.Error()})
+		case errors.Is(err, cluster.ErrUnknownNode):
+			writeError(w, http.StatusNotFound, apiError{Code: "not_found", Message: err.Error()})
+		case errors.Is(err, errClusterAction):
+			writeError(w, http.StatusConflict, apiError{Code: "single_node", Message: err.Error()})
+		case errors.As(err, &nl):
+			writeErr(w, fmt.Errorf("%w: %w", ErrNotWritten, err))
+		default:
+			writeErr(w, fmt.Errorf("%w: %w", ErrUnknownOutcome, err))
+		}
+	})
+}
