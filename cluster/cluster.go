@@ -10,6 +10,7 @@
 package cluster
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -247,10 +248,10 @@ func Open(opts *Options) (*Group, error) {
 	if err != nil {
 		return nil, err
 	}
-	snaps, err := raft.NewFileSnapshotStoreWithLogger(filepath.Join(o.Dir, "snapshots"), 2, hclog.NewNullLogger())
+	snaps, err := openSnapshots(filepath.Join(o.Dir, "snapshots"))
 	if err != nil {
 		store.Close()
-		return nil, fmt.Errorf("cluster: snapshots: %w", err)
+		return nil, err
 	}
 	var trans raft.Transport
 	if o.Solo {
@@ -273,7 +274,7 @@ func Open(opts *Options) (*Group, error) {
 	cfg := raft.DefaultConfig()
 	cfg.LocalID = raft.ServerID(o.Node)
 	cfg.HeartbeatTimeout, cfg.ElectionTimeout, cfg.LeaderLeaseTimeout = o.HeartbeatTimeout, o.ElectionTimeout, o.LeaderLeaseTimeout
-	cfg.Logger = hclog.NewNullLogger()
+	cfg.Logger = raftLogger(o.Logger)
 	cfg.SnapshotThreshold, cfg.SnapshotInterval, cfg.TrailingLogs = o.SnapshotThreshold, o.SnapshotInterval, o.TrailingLogs
 	// The state machine keeps its state in Pebble and skips what it has
 	// applied: a snapshot is never restored at start (the node checks that
@@ -332,6 +333,25 @@ func serverIDs(c raft.Configuration) string {
 	return strings.Join(ids, ", ")
 }
 
+// raftLogger passes raft's warnings and errors to the node's log (its
+// info lines are every heartbeat's business).
+func raftLogger(l *slog.Logger) hclog.Logger {
+	return hclog.New(&hclog.LoggerOptions{Name: "raft", Level: hclog.Warn, Output: lineWriter{l}, DisableTime: true})
+}
+
+// lineWriter logs each line hclog writes.
+type lineWriter struct{ l *slog.Logger }
+
+func (w lineWriter) Write(p []byte) (int, error) {
+	msg := strings.TrimSpace(string(p))
+	level := slog.LevelWarn
+	if strings.Contains(msg, "[ERROR]") {
+		level = slog.LevelError
+	}
+	w.l.Log(context.Background(), level, msg, "component", "raft")
+	return len(p), nil
+}
+
 // ReadLog calls f with the commands of the raft log under dir from index
 // from through to, in order, without starting raft. Only indexes at or below
 // a snapshot's are known to be committed.
@@ -368,6 +388,8 @@ type LogState struct {
 	// writes what it needs to know without reading the whole snapshot).
 	Snapshot     uint64
 	SnapshotHead []byte
+	// SnapshotTree is the newest snapshot's tree directory ("" without).
+	SnapshotTree string
 }
 
 // Inspect reads the state of the raft directory under dir without starting
@@ -383,9 +405,9 @@ func Inspect(dir string, logger *slog.Logger) (LogState, error) {
 		return st, err
 	}
 	defer store.Close()
-	snaps, err := raft.NewFileSnapshotStoreWithLogger(filepath.Join(dir, "snapshots"), 2, hclog.NewNullLogger())
+	snaps, err := openSnapshots(filepath.Join(dir, "snapshots"))
 	if err != nil {
-		return st, fmt.Errorf("cluster: snapshots: %w", err)
+		return st, err
 	}
 	if st.Existing, err = raft.HasExistingState(store, store, snaps); err != nil {
 		return st, fmt.Errorf("cluster: %w", err)
@@ -401,6 +423,9 @@ func Inspect(dir string, logger *slog.Logger) (LogState, error) {
 		_, rc, err := snaps.Open(metas[0].ID)
 		if err != nil {
 			return st, fmt.Errorf("cluster: snapshot %s: %w", metas[0].ID, err)
+		}
+		if ts, ok := rc.(TreeSnapshot); ok {
+			st.SnapshotTree = ts.TreeDir()
 		}
 		st.SnapshotHead, err = io.ReadAll(io.LimitReader(rc, 4096))
 		rc.Close()
@@ -545,6 +570,13 @@ func (g *Group) Apply(cmd []byte, timeout time.Duration) (any, error) {
 
 // Snapshot snapshots the state machine now and compacts the log.
 func (g *Group) Snapshot() error { return g.raft.Snapshot().Error() }
+
+// LogBounds are the first and last indexes the raft log holds.
+func (g *Group) LogBounds() (first, last uint64) {
+	first, _ = g.log.FirstIndex()
+	last, _ = g.log.LastIndex()
+	return first, last
+}
 
 // LogStats describe the raft log's files.
 func (g *Group) LogStats() raftlog.Stats { return g.log.Stats() }

@@ -85,15 +85,25 @@ func Open(st *store.Store, opts Options) (*Machine, error) {
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}
 	m := &Machine{st: st, cluster: opts.Cluster, log: opts.Logger, codec: wal.NewCodec()}
+	if err := m.load(); err != nil {
+		return nil, err
+	}
+	return m, nil
+}
+
+// load reads the machine's state from the tree.
+func (m *Machine) load() error {
+	st := m.st
+	m.applied, m.logged = 0, false
 	v, closer, err := st.DB().Get(keyApplied)
 	switch {
 	case errors.Is(err, pebble.ErrNotFound):
 	case err != nil:
-		return nil, fmt.Errorf("machine: open: %w", err)
+		return fmt.Errorf("machine: open: %w", err)
 	default:
 		if len(v) != 8 {
 			closer.Close()
-			return nil, fmt.Errorf("machine: open: %w: applied index of %d bytes", store.ErrCorrupt, len(v))
+			return fmt.Errorf("machine: open: %w: applied index of %d bytes", store.ErrCorrupt, len(v))
 		}
 		m.applied = binary.BigEndian.Uint64(v)
 		m.logged = true
@@ -101,21 +111,28 @@ func Open(st *store.Store, opts Options) (*Machine, error) {
 	}
 	a, err := st.LocalApplied()
 	if err != nil {
-		return nil, fmt.Errorf("machine: open: %w", err)
+		return fmt.Errorf("machine: open: %w", err)
 	}
 	m.stream, m.last, m.lastCommit = a.Stream, a.Index, a.Commit
+	m.epoch.Store(0)
 	if !m.stream.IsZero() {
 		epoch, err := st.CounterEpoch(m.stream)
 		if err != nil {
-			return nil, fmt.Errorf("machine: open: %w", err)
+			return fmt.Errorf("machine: open: %w", err)
 		}
 		m.epoch.Store(epoch)
 	}
-	if m.out, err = openOutbound(st, m.stream, m.last); err != nil {
-		return nil, err
+	if m.out == nil {
+		m.out, err = openOutbound(st, m.stream, m.last)
+		return err
 	}
-	return m, nil
+	return m.out.load(m.stream, m.last)
 }
+
+// Reload reads the machine's state again after the tree was replaced (a
+// snapshot installed): the outbound view is the same object, reloaded.
+// Not for use while commands are being applied.
+func (m *Machine) Reload() error { return m.load() }
 
 // Applied is the last log index applied.
 func (m *Machine) Applied() uint64 { return m.applied }

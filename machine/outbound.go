@@ -30,12 +30,17 @@ type Outbound struct {
 func openOutbound(st *store.Store, stream wal.StreamID, last uint64) (*Outbound, error) {
 	o := &Outbound{st: st}
 	o.mu.notify = make(chan struct{})
+	return o, o.load(stream, last)
+}
+
+// load reads the bounds and sizes of stream's entries from the tree.
+func (o *Outbound) load(stream wal.StreamID, last uint64) error {
 	o.reset(stream, last)
 	if stream.IsZero() {
-		return o, nil
+		return nil
 	}
 	first, prev := uint64(0), uint64(0)
-	err := st.EachOutbound(stream, func(i uint64, size int) error {
+	err := o.st.EachOutbound(stream, func(i uint64, size int) error {
 		if first == 0 {
 			first = i
 			o.bytes.Reset(i - 1)
@@ -45,18 +50,20 @@ func openOutbound(st *store.Store, stream wal.StreamID, last uint64) (*Outbound,
 		return nil
 	})
 	if err != nil {
-		return nil, fmt.Errorf("machine: open outbound: %w", err)
+		return fmt.Errorf("machine: open outbound: %w", err)
 	}
 	switch {
 	case first == 0:
 		// every entry truncated: the next one is last+1
 	case prev != last:
-		return nil, fmt.Errorf("machine: open outbound: %w: entries %d-%d, the stream's last is %d",
+		return fmt.Errorf("machine: open outbound: %w: entries %d-%d, the stream's last is %d",
 			store.ErrCorrupt, first, prev, last)
 	default:
+		o.mu.Lock()
 		o.mu.first = first
+		o.mu.Unlock()
 	}
-	return o, nil
+	return nil
 }
 
 // reset starts the view at stream, empty after last.

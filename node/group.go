@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -17,6 +18,7 @@ import (
 
 	"github.com/replicator/replicator/cluster"
 	"github.com/replicator/replicator/hlc"
+	"github.com/replicator/replicator/internal/atomicfile"
 	"github.com/replicator/replicator/machine"
 	"github.com/replicator/replicator/raftlog"
 	"github.com/replicator/replicator/store"
@@ -126,54 +128,169 @@ func (n *Node) apply(data []byte, c *machine.Command) (any, error) {
 	return out, err
 }
 
-// snapshotDoc is a snapshot's content for now: the index the tree holds
-// durably. The tree itself stays where it is (a node of a group of one never
-// installs a snapshot; shipping the tree as a Pebble checkpoint to a lagging
-// follower is docs/CLUSTER.md's step 6).
+// snapshotDoc is a snapshot's head: the last command the tree applied when
+// it was taken. A node of a cluster of several also puts a checkpoint of the
+// whole tree in the snapshot (Tree), which the leader sends a follower that
+// lags behind its log; a node alone needs none (nobody follows it: the tree
+// in place is its snapshot).
 type snapshotDoc struct {
 	Format  string `json:"format"`
 	Applied uint64 `json:"applied"`
+	Tree    bool   `json:"tree,omitempty"`
 }
 
 const snapshotFormat = "replicator-machine/0"
 
+// treeSnapshot is a snapshot taken: its head, and the checkpoint directory
+// (empty for a node alone) that Persist hands to the sink.
+type treeSnapshot struct {
+	doc snapshotDoc
+	dir string
+}
+
 // Snapshot makes the tree durable through the last command applied, so that
-// raft may then drop the log before it: the tree, not the log, holds it.
+// raft may then drop the log before it: the tree, not the log, holds it. In
+// a cluster of several it takes a checkpoint of the tree (hard links, on the
+// FSM's goroutine so that it holds exactly what was applied).
 func (f *fsm) Snapshot() (raft.FSMSnapshot, error) {
 	if errp := f.broken.Load(); errp != nil {
 		return nil, *errp
 	}
-	if err := f.n.store.Sync(); err != nil {
+	ts := &treeSnapshot{doc: snapshotDoc{Format: snapshotFormat, Applied: f.m.Applied()}}
+	if !f.n.multi() {
+		return ts, f.n.store.Sync()
+	}
+	ts.doc.Tree = true
+	ts.dir = filepath.Join(f.n.groupDir(), fmt.Sprintf("checkpoint-%d-%d", ts.doc.Applied, time.Now().UnixNano()))
+	if err := f.n.store.Checkpoint(ts.dir); err != nil {
+		os.RemoveAll(ts.dir)
 		return nil, err
 	}
-	return snapshotDoc{Format: snapshotFormat, Applied: f.m.Applied()}, nil
+	return ts, nil
 }
 
-// Restore installs a snapshot: only one the tree already holds.
-func (f *fsm) Restore(rc io.ReadCloser) error {
-	defer rc.Close()
-	var d snapshotDoc
-	if err := json.NewDecoder(io.LimitReader(rc, 1<<20)).Decode(&d); err != nil || d.Format != snapshotFormat {
-		return fmt.Errorf("node: restore: not a snapshot this build reads (%v)", err)
-	}
-	if f.m.Applied() < d.Applied {
-		return fmt.Errorf("node: restore: the tree applied up to %d, the snapshot holds %d: installing a snapshot from another node is not built yet",
-			f.m.Applied(), d.Applied)
-	}
-	return nil
-}
-
-// Persist writes the snapshot's document.
-func (d snapshotDoc) Persist(sink raft.SnapshotSink) error {
-	if err := json.NewEncoder(sink).Encode(d); err != nil {
+// Persist hands the snapshot's head and checkpoint to the sink.
+func (ts *treeSnapshot) Persist(sink raft.SnapshotSink) error {
+	head, err := json.Marshal(ts.doc)
+	if err != nil {
 		sink.Cancel()
 		return err
+	}
+	head = append(head, '\n')
+	tsink, ok := sink.(cluster.TreeSink)
+	if !ok {
+		sink.Cancel()
+		return fmt.Errorf("node: snapshot: a sink of %T cannot take a tree", sink)
+	}
+	tsink.SetHead(head)
+	if ts.dir != "" {
+		if err := tsink.AdoptTree(ts.dir); err != nil {
+			sink.Cancel()
+			return err
+		}
+		ts.dir = ""
 	}
 	return sink.Close()
 }
 
-// Release has nothing to release.
-func (snapshotDoc) Release() {}
+// Release drops a checkpoint that was not persisted.
+func (ts *treeSnapshot) Release() {
+	if ts.dir != "" {
+		os.RemoveAll(ts.dir)
+	}
+}
+
+// Restore installs a snapshot: one the tree already holds changes nothing;
+// a newer one (the leader's, sent because this node lagged behind its log)
+// replaces the tree with the snapshot's.
+func (f *fsm) Restore(rc io.ReadCloser) error {
+	defer rc.Close()
+	var d snapshotDoc
+	inner := io.ReadCloser(rc)
+	for {
+		w, ok := inner.(raft.ReadCloserWrapper) // raft counts what is read
+		if !ok {
+			break
+		}
+		inner = w.WrappedReadCloser()
+	}
+	ts, isTree := inner.(cluster.TreeSnapshot)
+	var err error
+	if isTree {
+		err = json.Unmarshal(ts.Head(), &d)
+	} else {
+		err = json.NewDecoder(io.LimitReader(rc, 1<<20)).Decode(&d)
+	}
+	if err != nil || d.Format != snapshotFormat {
+		return fmt.Errorf("node: restore: not a snapshot this build reads (%v)", err)
+	}
+	if d.Applied <= f.m.Applied() {
+		return nil
+	}
+	if !d.Tree || !isTree || ts.TreeDir() == "" {
+		return fmt.Errorf("node: restore: the tree applied up to %d, the snapshot holds %d and no tree to install", f.m.Applied(), d.Applied)
+	}
+	return f.n.installTree(ts.TreeDir(), d.Applied)
+}
+
+// restoringFile names, while a snapshot's tree replaces the store's, the
+// tree being installed: a crash halfway leaves a mix, which the next start
+// replaces again before anything reads it.
+func (n *Node) restoringFile() string { return filepath.Join(n.groupDir(), "RESTORING") }
+
+// installTree replaces the store's tree with a snapshot's. It runs on the
+// FSM's goroutine (nothing applies meanwhile); local reads are refused
+// until it is done.
+func (n *Node) installTree(dir string, applied uint64) error {
+	start := time.Now()
+	n.restoring.Store(true)
+	defer n.restoring.Store(false)
+	if err := atomicfile.Write(n.restoringFile(), []byte(dir+"\n")); err != nil {
+		return fmt.Errorf("node: restore: %w", err)
+	}
+	if err := n.store.ReplaceFrom(dir); err != nil {
+		return fmt.Errorf("node: restore: %w", err)
+	}
+	if err := n.machine.Reload(); err != nil {
+		return fmt.Errorf("node: restore: %w", err)
+	}
+	if got := n.machine.Applied(); got != applied {
+		return fmt.Errorf("node: restore: %w: the snapshot's tree applied %d, its head says %d", store.ErrCorrupt, got, applied)
+	}
+	if err := os.Remove(n.restoringFile()); err != nil {
+		return fmt.Errorf("node: restore: %w", err)
+	}
+	if err := n.restoreClock(); err != nil {
+		return err
+	}
+	n.applied.Store(n.out.Last())
+	n.progress.set(applied)
+	n.log.Warn("installed a snapshot of the cluster's tree: this node lagged behind the log", "applied", applied,
+		"stream", n.out.Stream(), "took", time.Since(start).Round(time.Millisecond))
+	return nil
+}
+
+// finishRestore completes a tree replacement a crash interrupted, before
+// the machine reads the tree.
+func (n *Node) finishRestore() error {
+	b, err := os.ReadFile(n.restoringFile())
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("node: %w", err)
+	}
+	dir := strings.TrimSpace(string(b))
+	if _, err := os.Stat(dir); err != nil {
+		return fmt.Errorf("node: a snapshot's tree was being installed from %s when the node stopped, and it is gone (%v): "+
+			"the store is a mix; set this data directory aside and start the node with an empty one and a new --node-id", dir, err)
+	}
+	n.log.Warn("finishing the installation of a snapshot's tree a stop interrupted", "from", dir)
+	if err := n.store.ReplaceFrom(dir); err != nil {
+		return fmt.Errorf("node: finish a restore: %w", err)
+	}
+	return os.Remove(n.restoringFile())
+}
 
 // groupDir holds the raft log, its stable state and snapshots.
 func (n *Node) groupDir() string { return filepath.Join(n.opts.DataDir, "cluster") }
@@ -182,6 +299,9 @@ func (n *Node) groupDir() string { return filepath.Join(n.opts.DataDir, "cluster
 // the group, and waits until the node leads and has applied its whole log.
 // It reports whether the stream is new (minted now).
 func (n *Node) openGroup() (created bool, err error) {
+	if err := n.finishRestore(); err != nil {
+		return false, err
+	}
 	m, err := machine.Open(n.store, machine.Options{Cluster: n.cluster, Logger: n.log})
 	if err != nil {
 		return false, err
@@ -203,6 +323,7 @@ func (n *Node) openGroup() (created bool, err error) {
 			return false, err
 		}
 	}
+	n.machine, n.out = m, m.Outbound()
 	mint, err := n.reconcileLog(m)
 	if err != nil {
 		return false, err
@@ -410,6 +531,14 @@ func (n *Node) reconcileLog(m *machine.Machine) (mint string, err error) {
 			return "", fmt.Errorf("node: apply the log's committed commands the store lacks: %w", err)
 		}
 		n.log.Warn("the store lacked committed commands the log holds: applied them", "from", applied+1, "to", ls.Snapshot)
+		applied = m.Applied()
+	}
+	if applied < snap.Applied && n.multi() && snap.Tree && ls.SnapshotTree != "" {
+		// A node of several keeps the tree in its snapshot: the store
+		// restored alone from an older backup takes it back.
+		if err := n.installTree(ls.SnapshotTree, snap.Applied); err != nil {
+			return "", err
+		}
 		applied = m.Applied()
 	}
 	var why string

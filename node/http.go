@@ -92,7 +92,7 @@ func writeErr(w http.ResponseWriter, err error) {
 		// The write may have happened: say so instead of guessing.
 		writeError(w, http.StatusServiceUnavailable, apiError{Code: "unknown_outcome", Retryable: true,
 			Message: err.Error() + "; the write may or may not have taken effect: read it back, or retry under the same Idempotency-Key"})
-	case errors.Is(err, ErrClosed):
+	case errors.Is(err, ErrClosed), errors.Is(err, ErrCatchingUp):
 		w.Header().Set("Retry-After", "1")
 		writeError(w, http.StatusServiceUnavailable, apiError{Code: "unavailable", Retryable: true, Message: err.Error()})
 	case errors.Is(err, ErrNotWritten):

@@ -39,6 +39,9 @@ var (
 	ErrKeyTooLarge   = errors.New("node: key too large")
 	ErrValueTooLarge = errors.New("node: value too large")
 	ErrNotFound      = errors.New("node: not found")
+	// ErrCatchingUp refuses a local read while the node installs the
+	// leader's snapshot of the tree (it lagged behind the log).
+	ErrCatchingUp = errors.New("node: installing the leader's snapshot of the tree; reads resume once it is in")
 )
 
 // Node is one cluster node. Its methods are safe for concurrent use.
@@ -86,6 +89,9 @@ type Node struct {
 	gossip  *transport.Discovery
 	// applied is the last index of the stream applied to the store.
 	applied atomic.Uint64
+	// restoring is set while a snapshot's tree replaces the store's: local
+	// reads are refused.
+	restoring atomic.Bool
 
 	metrics  nodeMetrics
 	lagRing  lagRing
@@ -668,6 +674,9 @@ func (n *Node) Get(key string) (store.Record, error) {
 	if err := n.checkKey(key); err != nil {
 		return store.Record{}, err
 	}
+	if n.restoring.Load() {
+		return store.Record{}, ErrCatchingUp
+	}
 	r, err := n.store.Get(key)
 	if errors.Is(err, store.ErrNotFound) || (err == nil && r.Tombstone) {
 		return store.Record{}, fmt.Errorf("%w: %q", ErrNotFound, key)
@@ -677,11 +686,19 @@ func (n *Node) Get(key string) (store.Record, error) {
 
 // Scan returns a page of live keys in order.
 func (n *Node) Scan(o store.ScanOptions) ([]store.Item, string, error) {
+	if n.restoring.Load() {
+		return nil, "", ErrCatchingUp
+	}
 	return n.store.Scan(o)
 }
 
 // Digest hashes the live state.
-func (n *Node) Digest() (store.Digest, error) { return n.store.Digest() }
+func (n *Node) Digest() (store.Digest, error) {
+	if n.restoring.Load() {
+		return store.Digest{}, ErrCatchingUp
+	}
+	return n.store.Digest()
+}
 
 // Ready reports whether the node takes writes, and why not.
 func (n *Node) Ready() error {

@@ -664,3 +664,57 @@ func TestMarksMatchPebble(t *testing.T) {
 	defer s.Close()
 	check(s, "after reopen")
 }
+
+// ReplaceFrom makes a tree hold exactly another's (a snapshot installed):
+// its keys, tombstones, range tombstones and marks, and nothing it held
+// before, with what the store keeps in memory read again.
+func TestReplaceFromCheckpoint(t *testing.T) {
+	src := openTest(t)
+	b := src.NewBatch()
+	for i := 0; i < 1000; i++ {
+		if _, err := b.Merge(Write{Key: fmt.Sprintf("k%04d", i), Value: bytes.Repeat([]byte("v"), 100), Stamp: st(int64(100+i), 0, "a")}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := b.Merge(Write{Key: "gone", Tombstone: true, Stamp: st(5000, 0, "b")}); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := b.MergeRange(RangeTombstone{Start: "r", End: "s", Stamp: st(6000, 0, "a")}); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.SetHWM(HWM{Origin: "b", Stream: [16]byte{1}, Index: 7, Commit: hlc.Timestamp{Wall: 5000}, Merged: 7}); err != nil {
+		t.Fatal(err)
+	}
+	if err := errors.Join(b.Commit(false)); err != nil {
+		t.Fatal(err)
+	}
+	b.Close()
+	dir := t.TempDir() + "/checkpoint"
+	if err := src.Checkpoint(dir); err != nil {
+		t.Fatal(err)
+	}
+	dst := openTest(t)
+	if _, err := dst.Set("stale", []byte("x"), st(99999, 0, "c")); err != nil {
+		t.Fatal(err)
+	}
+	if err := dst.ReplaceFrom(dir); err != nil {
+		t.Fatal(err)
+	}
+	want, _ := src.Digest()
+	got, err := dst.Digest()
+	if err != nil || got != want {
+		t.Fatalf("digest %+v, want %+v (%v)", got, want, err)
+	}
+	if _, err := dst.Get("stale"); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("a key the replaced tree held survived: %v", err)
+	}
+	if h, err := dst.HWMs(); err != nil || len(h) != 1 || h[0].Index != 7 {
+		t.Fatalf("marks %+v %v", h, err)
+	}
+	// What the store keeps in memory is the new tree's: the max stamp (a
+	// write below the old tree's max but above the new one's applies
+	// without a read), the range tombstones.
+	if dst.maxStamp != src.maxStamp || len(dst.ranges) != 1 {
+		t.Fatalf("max stamp %v (want %v), ranges %v", dst.maxStamp, src.maxStamp, dst.ranges)
+	}
+}

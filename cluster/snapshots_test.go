@@ -1,0 +1,165 @@
+package cluster
+
+import (
+	"bytes"
+	"errors"
+	"io"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/hashicorp/raft"
+)
+
+func makeSnapshot(t *testing.T, st *dirSnapshots, head string, files map[string]string) string {
+	t.Helper()
+	_, trans := raft.NewInmemTransport("x")
+	sink, err := st.Create(1, 10, 2, raft.Configuration{Servers: []raft.Server{{ID: "a1", Address: "x"}}}, 1, trans)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ts := sink.(TreeSink)
+	ts.SetHead([]byte(head))
+	if files != nil {
+		dir := filepath.Join(t.TempDir(), "checkpoint")
+		os.Mkdir(dir, 0o755)
+		for n, c := range files {
+			os.WriteFile(filepath.Join(dir, n), []byte(c), 0o644)
+		}
+		if err := ts.AdoptTree(dir); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := sink.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return sink.ID()
+}
+
+// A snapshot streamed by one store and received by another arrives whole:
+// the same head, the same files, the size raft was promised.
+func TestSnapshotStreamRoundTrip(t *testing.T) {
+	src, _ := openSnapshots(t.TempDir())
+	files := map[string]string{"000001.sst": "table", "MANIFEST-000001": "manifest", "empty": ""}
+	id := makeSnapshot(t, src, "{\"applied\":7}\n", files)
+	meta, rc, err := src.Open(id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stream, err := io.ReadAll(rc)
+	rc.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if int64(len(stream)) != meta.Size {
+		t.Fatalf("streamed %d bytes, meta says %d", len(stream), meta.Size)
+	}
+	dst, _ := openSnapshots(t.TempDir())
+	_, trans := raft.NewInmemTransport("y")
+	sink, err := dst.Create(1, meta.Index, meta.Term, meta.Configuration, meta.ConfigurationIndex, trans)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, chunk := range [][]byte{stream[:5], stream[5:40], stream[40:]} { // as the RPC hands it over
+		if _, err := sink.Write(chunk); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := sink.Close(); err != nil {
+		t.Fatal(err)
+	}
+	got, rc2, err := dst.Open(sink.ID())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rc2.Close()
+	ts := rc2.(TreeSnapshot)
+	if string(ts.Head()) != "{\"applied\":7}\n" || got.Size != meta.Size || got.Index != 10 {
+		t.Fatalf("received %q, %+v", ts.Head(), got)
+	}
+	for n, c := range files {
+		b, err := os.ReadFile(filepath.Join(ts.TreeDir(), n))
+		if err != nil || string(b) != c {
+			t.Fatalf("file %s: %q %v", n, b, err)
+		}
+	}
+	// A head alone (a node alone's snapshot) has no tree.
+	id = makeSnapshot(t, src, "{\"applied\":9}\n", nil)
+	if _, rc, err := src.Open(id); err != nil || rc.(TreeSnapshot).TreeDir() != "" {
+		t.Fatalf("a head-only snapshot: %v", err)
+	} else {
+		rc.Close()
+	}
+	if metas, _ := src.List(); len(metas) != keepSnaps {
+		t.Fatalf("%d snapshots kept, want %d", len(metas), keepSnaps)
+	}
+}
+
+// A stream cut short, with a hostile name, or with bytes after its end is
+// refused, and nothing of it is kept.
+func TestSnapshotStreamRefusesDamage(t *testing.T) {
+	src, _ := openSnapshots(t.TempDir())
+	id := makeSnapshot(t, src, "{}\n", map[string]string{"a": "0123456789"})
+	_, rc, _ := src.Open(id)
+	good, _ := io.ReadAll(rc)
+	rc.Close()
+	evil := append([]byte("{}\n\x01"), 0, 5)
+	evil = append(evil, "../x"...)
+	for name, stream := range map[string][]byte{
+		"cut":      good[:len(good)-4],
+		"trailing": append(append([]byte(nil), good...), 7),
+		"escape":   append(evil, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0),
+		"no head":  []byte("no newline"),
+		"mark":     []byte("{}\n\x07"),
+	} {
+		dst, _ := openSnapshots(t.TempDir())
+		_, trans := raft.NewInmemTransport("y")
+		sink, _ := dst.Create(1, 10, 2, raft.Configuration{}, 1, trans)
+		sink.Write(stream)
+		if err := sink.Close(); !errors.Is(err, ErrBadSnapshot) {
+			t.Errorf("%s: closed with %v", name, err)
+		}
+		if metas, _ := dst.List(); len(metas) != 0 {
+			t.Errorf("%s: a damaged snapshot was kept", name)
+		}
+		if _, err := os.Stat(filepath.Join(filepath.Dir(dst.dir), "x")); err == nil {
+			t.Errorf("%s: a file escaped the snapshot", name)
+		}
+	}
+}
+
+func FuzzUnpack(f *testing.F) {
+	f.Add([]byte("{}\n\x00"))
+	f.Add([]byte("{}\n\x01\x00\x01a\x00\x00\x00\x00\x00\x00\x00\x02hi\x00\x00"))
+	f.Add([]byte("{}\n\x01\x00\x02..\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00"))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		dir := t.TempDir()
+		var head []byte
+		if err := unpack(bytes.NewReader(b), dir, &head); err != nil {
+			return
+		}
+		// What unpacked stays inside the directory, and streams back to
+		// the same bytes.
+		st := &dirSnapshots{dir: t.TempDir()}
+		if err := os.WriteFile(filepath.Join(dir, snapHead), head, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		os.WriteFile(filepath.Join(dir, snapMeta), []byte(`{"ID":"x"}`), 0o644)
+		os.Rename(dir, filepath.Join(st.dir, "x"))
+		_, rc, err := st.Open("x")
+		if err != nil {
+			t.Fatal(err)
+		}
+		again, err := io.ReadAll(rc)
+		rc.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, _, err := treeFiles(filepath.Join(st.dir, "x", snapTree)); err != nil {
+			t.Fatal(err)
+		}
+		if len(again) != len(b) {
+			t.Fatalf("unpacked %d bytes, streams back %d", len(b), len(again))
+		}
+	})
+}

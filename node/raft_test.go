@@ -1,0 +1,331 @@
+package node
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/replicator/replicator/client"
+	"github.com/replicator/replicator/store"
+)
+
+// raftCluster is one cluster of several in-process nodes on loopback: real
+// raft over the raft port, real gossip, real HTTP.
+type raftCluster struct {
+	t     *testing.T
+	id    string
+	names []string
+	dirs  map[string]string
+	opts  map[string]*Options
+	nodes map[string]*Node
+}
+
+func freeTCP(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
+}
+
+// newRaftCluster starts n nodes of cluster id that form by gossip;
+// tweak adjusts each node's options.
+func newRaftCluster(t *testing.T, id string, n int, tweak func(name string, o *Options)) *raftCluster {
+	c := &raftCluster{t: t, id: id, dirs: map[string]string{}, opts: map[string]*Options{}, nodes: map[string]*Node{}}
+	gossip := map[string]string{}
+	for i := 1; i <= n; i++ {
+		name := fmt.Sprintf("%s%d", id, i)
+		c.names = append(c.names, name)
+		gossip[name] = freeTCP(t)
+	}
+	for _, name := range c.names {
+		o := testOptions(filepath.Join(t.TempDir(), name))
+		o.ClusterID, o.NodeID = id, name
+		o.Listen = freeTCP(t) // the same address at every restart
+		o.Raft = &RaftOptions{Listen: freeTCP(t), BootstrapExpect: n, ElectionTimeout: 300 * time.Millisecond}
+		o.Gossip = &GossipOptions{Bind: gossip[name], Profile: "local"}
+		for _, other := range c.names {
+			if other != name {
+				o.Gossip.Join = append(o.Gossip.Join, gossip[other])
+			}
+		}
+		o.IdentityCheckWait = -1
+		if tweak != nil {
+			tweak(name, o)
+		}
+		c.dirs[name], c.opts[name] = o.DataDir, o
+	}
+	for _, name := range c.names {
+		c.start(name)
+	}
+	t.Cleanup(func() {
+		for _, name := range c.names {
+			c.stop(name)
+		}
+	})
+	return c
+}
+
+func (c *raftCluster) start(name string) {
+	c.t.Helper()
+	o := *c.opts[name]
+	r := *o.Raft
+	o.Raft = &r
+	nd := openNode(c.t, &o)
+	if err := nd.Start(); err != nil {
+		nd.Close()
+		c.t.Fatal(err)
+	}
+	c.nodes[name] = nd
+}
+
+func (c *raftCluster) stop(name string) {
+	if nd := c.nodes[name]; nd != nil {
+		if err := nd.Close(); err != nil {
+			c.t.Errorf("close %s: %v", name, err)
+		}
+		delete(c.nodes, name)
+	}
+}
+
+// leader waits for a node that leads with its term begun.
+func (c *raftCluster) leader() string {
+	c.t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for time.Now().Before(deadline) {
+		for _, name := range c.names {
+			if nd := c.nodes[name]; nd != nil && nd.lead.ready.Load() {
+				return name
+			}
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	c.t.Fatalf("cluster %s elected no leader in 20s", c.id)
+	return ""
+}
+
+func (c *raftCluster) follower() string {
+	l := c.leader()
+	for _, name := range c.names {
+		if name != l && c.nodes[name] != nil {
+			return name
+		}
+	}
+	c.t.Fatal("no follower running")
+	return ""
+}
+
+func (c *raftCluster) client(name string) *client.Client { return client.New(c.nodes[name].URL(), nil) }
+
+// converged waits until every running node holds the same digest, and
+// returns it.
+func (c *raftCluster) converged() store.Digest {
+	c.t.Helper()
+	var last string
+	deadline := time.Now().Add(20 * time.Second)
+	for time.Now().Before(deadline) {
+		var ds []store.Digest
+		for _, name := range c.names {
+			if nd := c.nodes[name]; nd != nil {
+				if d, err := nd.Digest(); err == nil {
+					ds = append(ds, d)
+				}
+			}
+		}
+		same := len(ds) == len(c.nodes)
+		for _, d := range ds {
+			same = same && d == ds[0]
+		}
+		if same && len(ds) > 0 {
+			return ds[0]
+		}
+		last = fmt.Sprint(ds)
+		time.Sleep(20 * time.Millisecond)
+	}
+	c.t.Fatalf("nodes of %s did not converge: %s", c.id, last)
+	return store.Digest{}
+}
+
+func TestClusterOfThreeNodes(t *testing.T) {
+	c := newRaftCluster(t, "a", 3, nil)
+	leader := c.leader()
+	f := c.follower()
+	stream := c.nodes[leader].out.Stream()
+	// A write at a follower is forwarded to the leader, and the follower
+	// answers once it applied it: it reads its own write at once.
+	ctx := context.Background()
+	for i := 0; i < 50; i++ {
+		k := fmt.Sprintf("k%d", i)
+		if _, err := c.client(f).Put(ctx, k, []byte("v")); err != nil {
+			t.Fatalf("put at follower %s: %v", f, err)
+		}
+		if _, err := c.nodes[f].Get(k); err != nil {
+			t.Fatalf("follower %s does not read its own write %s: %v", f, k, err)
+		}
+	}
+	if _, err := c.client(f).Increment(ctx, "hits", 5); err != nil {
+		t.Fatal(err)
+	}
+	// A consistent read at a follower goes to the leader.
+	resp, err := http.Get(c.nodes[f].URL() + "/v1/counters/hits?consistent=true")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("consistent read at a follower: %s", resp.Status)
+	}
+	d := c.converged()
+	if d.Keys != 50 || d.Counters != 1 {
+		t.Fatalf("%+v, want 50 keys and a counter", d)
+	}
+	for _, name := range c.names {
+		if got := c.nodes[name].out.Stream(); got != stream {
+			t.Fatalf("%s's stream is %s, the leader's %s: one stream per cluster", name, got, stream)
+		}
+	}
+	// The go API at a follower does not stamp: not written, naming the
+	// leader.
+	if _, err := c.nodes[f].Put(ctx, "direct", []byte("v")); !errors.Is(err, ErrNotWritten) {
+		t.Fatalf("a write at a follower through the Go API: %v", err)
+	}
+	// The report lists the three nodes, one leader, all applied.
+	r := c.nodes[f].ClusterReport(ctx, "")
+	leaders := 0
+	for _, cn := range r.Nodes {
+		if cn.State == "unreachable" {
+			t.Fatalf("node %s unreachable in the report: %+v", cn.ID, cn)
+		}
+		if cn.Leader {
+			leaders++
+		}
+	}
+	if len(r.Nodes) != 3 || leaders != 1 || r.Leader != leader || r.Mode != "raft" {
+		t.Fatalf("cluster report %+v", r)
+	}
+}
+
+// A follower that was down while the leader compacted its log gets the
+// leader's tree (a snapshot that is a Pebble checkpoint), and so does a
+// follower whose data directory was wiped; neither begins a stream.
+func TestLaggingAndWipedFollowersCatchUpFromTheTree(t *testing.T) {
+	c := newRaftCluster(t, "a", 3, func(_ string, o *Options) {
+		o.Raft.SnapshotThreshold, o.Raft.TrailingLogs = 16, 4
+	})
+	leader := c.leader()
+	f := c.follower()
+	stream := c.nodes[leader].out.Stream()
+	c.stop(f)
+	ctx := context.Background()
+	put := func(from, to int) {
+		for i := from; i < to; i++ {
+			if _, err := c.client(leader).Put(ctx, fmt.Sprintf("k%03d", i), []byte("v")); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	put(0, 100)
+	if _, err := c.client(leader).Delete(ctx, "k000"); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.nodes[leader].group.Snapshot(); err != nil {
+		t.Fatal(err)
+	}
+	if first, _ := c.nodes[leader].group.LogBounds(); first < 50 {
+		t.Fatalf("the leader's log still starts at %d: nothing to catch up from but the tree", first)
+	}
+	c.start(f)
+	d := c.converged()
+	if d.Keys != 99 || d.Tombstones != 1 {
+		t.Fatalf("after catching up: %+v", d)
+	}
+	if got := c.nodes[f].out.Stream(); got != stream {
+		t.Fatalf("the follower's stream %s, the cluster's %s", got, stream)
+	}
+	// Wiped: an empty data directory under the same node ID.
+	c.stop(f)
+	if err := os.RemoveAll(c.dirs[f]); err != nil {
+		t.Fatal(err)
+	}
+	put(100, 150)
+	if err := c.nodes[leader].group.Snapshot(); err != nil {
+		t.Fatal(err)
+	}
+	c.start(f)
+	d = c.converged()
+	if d.Keys != 149 {
+		t.Fatalf("after the wiped follower caught up: %+v", d)
+	}
+	if got := c.nodes[f].out.Stream(); got != stream {
+		t.Fatalf("the wiped follower's stream %s, the cluster's %s", got, stream)
+	}
+	// And it takes part: writes through it land everywhere.
+	if _, err := c.client(f).Put(ctx, "after", []byte("v")); err != nil {
+		t.Fatal(err)
+	}
+	if d := c.converged(); d.Keys != 150 {
+		t.Fatalf("%+v", d)
+	}
+}
+
+// The leader stops: another is elected, writes resume on the same stream,
+// and the old leader rejoins as a follower and catches up.
+func TestLeaderFailover(t *testing.T) {
+	c := newRaftCluster(t, "a", 3, nil)
+	old := c.leader()
+	stream := c.nodes[old].out.Stream()
+	ctx := context.Background()
+	for i := 0; i < 20; i++ {
+		if _, err := c.client(old).Put(ctx, fmt.Sprintf("before%d", i), []byte("v")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c.stop(old)
+	next := c.leader()
+	if next == old {
+		t.Fatal("the stopped node still leads")
+	}
+	for i := 0; i < 20; i++ {
+		if _, err := c.client(next).Put(ctx, fmt.Sprintf("after%d", i), []byte("v")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := c.nodes[next].out.Stream(); got != stream {
+		t.Fatalf("a new leader began stream %s; the cluster's is %s", got, stream)
+	}
+	c.start(old)
+	if d := c.converged(); d.Keys != 40 {
+		t.Fatalf("%+v", d)
+	}
+	if last := c.nodes[old].out.Last(); last != 40 {
+		t.Fatalf("the stream holds %d entries on the old leader, want 40", last)
+	}
+}
+
+func TestNodeIDIsTheDirectorys(t *testing.T) {
+	dir := t.TempDir()
+	o := testOptions(dir)
+	o.NodeID = "a1"
+	n := openNode(t, o)
+	n.Close()
+	o = testOptions(dir)
+	o.NodeID = "a2"
+	if _, err := Open(context.Background(), o); err == nil || !strings.Contains(err.Error(), "belongs to node a1") {
+		t.Fatalf("a directory of a1 opened as a2: %v", err)
+	}
+	o = testOptions(dir) // no ID given: the directory's
+	n = openNode(t, o)
+	if n.nodeID != "a1" {
+		t.Fatalf("node ID %q", n.nodeID)
+	}
+	n.Close()
+}
