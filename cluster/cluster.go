@@ -220,6 +220,9 @@ type Group struct {
 	closeTrans func()
 	stop       chan struct{}
 	done       chan struct{}
+	// recovered: this open rewrote the configuration from peers.json (a
+	// majority was lost).
+	recovered bool
 
 	mu struct {
 		sync.Mutex
@@ -292,13 +295,20 @@ func Open(opts *Options) (*Group, error) {
 		store.Close()
 		return nil, fmt.Errorf("cluster: %w", err)
 	}
+	recovered, err := recoverIfAsked(&o, cfg, store, snaps, trans)
+	if err != nil {
+		closeTrans()
+		store.Close()
+		return nil, err
+	}
 	r, err := raft.NewRaft(cfg, o.FSM, store, store, snaps, trans)
 	if err != nil {
 		closeTrans()
 		store.Close()
 		return nil, fmt.Errorf("cluster: start raft: %w", err)
 	}
-	g := &Group{opts: o, raft: r, log: store, trans: trans, closeTrans: closeTrans, stop: make(chan struct{}), done: make(chan struct{})}
+	g := &Group{opts: o, raft: r, log: store, trans: trans, closeTrans: closeTrans, stop: make(chan struct{}), done: make(chan struct{}),
+		recovered: recovered}
 	g.mu.bootstrapped = existing
 	if o.Solo && existing {
 		// A node of several started as a node alone would wait for ever
@@ -351,6 +361,46 @@ func (w lineWriter) Write(p []byte) (int, error) {
 	w.l.Log(context.Background(), level, msg, "component", "raft")
 	return len(p), nil
 }
+
+// PeersFile is where an operator puts the configuration of the nodes that
+// survive the loss of a majority (hashicorp/raft's peers.json, version 3:
+// [{"id": "a1", "address": "10.0.0.1:7500", "non_voter": false}]), on every
+// survivor, before starting them again.
+const PeersFile = "peers.json"
+
+// recoverIfAsked rewrites the group's configuration from peers.json when
+// the operator put one there (raft.RecoverCluster: the log this node holds
+// is applied, committed or not, and compacted into a snapshot with the new
+// configuration). The file is kept as peers.json.recovered-<time>.
+func recoverIfAsked(o *Options, cfg *raft.Config, store *raftlog.Store, snaps raft.SnapshotStore, trans raft.Transport) (bool, error) {
+	path := filepath.Join(o.Dir, PeersFile)
+	if _, err := os.Stat(path); errors.Is(err, os.ErrNotExist) {
+		return false, nil
+	}
+	if o.Solo {
+		return false, fmt.Errorf("cluster: %s is a recovery of a cluster of several: start the node with its raft port (--raft-listen)", path)
+	}
+	conf, err := raft.ReadConfigJSON(path)
+	if err != nil {
+		return false, fmt.Errorf("cluster: %s: %w", path, err)
+	}
+	if !slices.ContainsFunc(conf.Servers, func(s raft.Server) bool { return string(s.ID) == o.Node }) {
+		return false, fmt.Errorf("cluster: %s does not name this node (%s)", path, o.Node)
+	}
+	if err := raft.RecoverCluster(cfg, o.FSM, store, store, snaps, trans, conf); err != nil {
+		return false, fmt.Errorf("cluster: recover from %s: %w", path, err)
+	}
+	done := fmt.Sprintf("%s.recovered-%d", path, time.Now().Unix())
+	if err := os.Rename(path, done); err != nil {
+		return false, fmt.Errorf("cluster: %w", err)
+	}
+	o.Logger.Warn("recovered the cluster's configuration after the loss of a majority", "servers", serverIDs(conf), "kept_at", done)
+	return true, nil
+}
+
+// Recovered reports whether this open recovered the configuration from
+// peers.json.
+func (g *Group) Recovered() bool { return g.recovered }
 
 // ReadLog calls f with the commands of the raft log under dir from index
 // from through to, in order, without starting raft. Only indexes at or below

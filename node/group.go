@@ -233,6 +233,10 @@ func (f *fsm) Restore(rc io.ReadCloser) error {
 	return f.n.installTree(ts.TreeDir(), d.Applied)
 }
 
+// sealFile, after a recovery from the loss of a majority, names the stream
+// the next term seals.
+func (n *Node) sealFile() string { return filepath.Join(n.groupDir(), "SEAL") }
+
 // restoringFile names, while a snapshot's tree replaces the store's, the
 // tree being installed: a crash halfway leaves a mix, which the next start
 // replaces again before anything reads it.
@@ -372,6 +376,15 @@ func (n *Node) openGroup() (created bool, err error) {
 		return false, err
 	}
 	n.group = g
+	if g.Recovered() {
+		// Writes the lost majority committed and shipped may be missing
+		// here: the stream's next indexes could mean two writes. The next
+		// leader seals it (term.go).
+		if err := atomicfile.Write(n.sealFile(), []byte(n.out.Stream().String()+"\n")); err != nil {
+			g.Close()
+			return false, fmt.Errorf("node: %w", err)
+		}
+	}
 	if n.multi() {
 		return false, nil // the first term mints the stream (term.go)
 	}

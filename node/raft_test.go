@@ -329,3 +329,54 @@ func TestNodeIDIsTheDirectorys(t *testing.T) {
 	}
 	n.Close()
 }
+
+// Two of three nodes are lost: the survivor cannot commit. The operator
+// recovers it with peers.json naming it alone; it leads again, keeps the
+// data, and seals the stream (writes the lost nodes shipped may be missing
+// here, so their indexes must not be reused).
+func TestRecoverAfterLosingTheMajority(t *testing.T) {
+	c := newRaftCluster(t, "a", 3, nil)
+	leader := c.leader()
+	ctx := context.Background()
+	for i := 0; i < 30; i++ {
+		if _, err := c.client(leader).Put(ctx, fmt.Sprintf("k%d", i), []byte("v")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c.converged()
+	survivor := c.follower()
+	old := c.nodes[survivor].out.Stream()
+	for _, name := range c.names {
+		if name != survivor {
+			c.stop(name)
+		}
+	}
+	wctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+	_, err := c.client(survivor).Put(wctx, "lost", []byte("v"))
+	cancel()
+	if err == nil {
+		t.Fatal("a node without a majority acknowledged a write")
+	}
+	c.stop(survivor)
+	peers := fmt.Sprintf(`[{"id": %q, "address": %q, "non_voter": false}]`, survivor, c.opts[survivor].Raft.Listen)
+	if err := os.WriteFile(filepath.Join(c.dirs[survivor], "cluster", "peers.json"), []byte(peers), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	c.start(survivor)
+	if l := c.leader(); l != survivor {
+		t.Fatalf("%s leads, not the survivor", l)
+	}
+	nd := c.nodes[survivor]
+	if nd.out.Stream() == old {
+		t.Fatal("the stream goes on after a recovery: its next indexes may mean writes the lost nodes shipped")
+	}
+	if _, err := c.client(survivor).Put(ctx, "after", []byte("v")); err != nil {
+		t.Fatal(err)
+	}
+	if d, err := nd.Digest(); err != nil || d.Keys != 31 {
+		t.Fatalf("%+v %v", d, err)
+	}
+	if _, err := os.Stat(nd.sealFile()); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("the seal mark is left: %v", err)
+	}
+}

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -132,6 +134,14 @@ func (n *Node) beginTerm(term uint64) error {
 		n.stopLinks()
 		return err
 	}
+	if err := n.sealAfterRecovery(); err != nil {
+		n.linksMu.Lock()
+		n.linkCtx = nil
+		n.linksMu.Unlock()
+		cancel()
+		n.stopLinks()
+		return err
+	}
 	n.lead.term, n.lead.cancel = term, cancel
 	n.lead.ready.Store(true)
 	n.lead.changes.Add(1)
@@ -139,6 +149,27 @@ func (n *Node) beginTerm(term uint64) error {
 	n.log.Info("leading the cluster: stamping, shipping and accepting", "term", term, "node", n.nodeID,
 		"took", time.Since(start).Round(time.Millisecond), "links", len(n.links()))
 	return nil
+}
+
+// sealAfterRecovery seals the stream a recovery from the loss of a
+// majority left (docs/OPERATIONS.md): a new one begins, and the node
+// rejoins its peers so that what only the lost nodes had shipped comes
+// back by re-seeds. Another survivor may have sealed it first.
+func (n *Node) sealAfterRecovery() error {
+	b, err := os.ReadFile(n.sealFile())
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	if old := strings.TrimSpace(string(b)); old == n.out.Stream().String() {
+		if err := n.sealStream(n.out.Stream(), "the cluster was recovered after the loss of a majority: "+
+			"writes the lost nodes committed and shipped may be missing here"); err != nil {
+			return err
+		}
+	}
+	return os.Remove(n.sealFile())
 }
 
 // endTerm stops what only the leader does: stamping, its shippers.
