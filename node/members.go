@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -93,7 +94,30 @@ func (n *Node) raftConn() (raftconn.Options, error) {
 		co.Insecure = true
 		n.log.Warn("the raft port is plain TCP (--insecure-peers): anyone who reaches it can join the cluster and append writes", "raft", n.opts.Raft.Listen)
 	}
+	if path := n.opts.TestRaftBlockFile; path != "" {
+		co.Blocked = blockList(path)
+	}
 	return co, nil
+}
+
+// blockList reads the test partition file (at most every 20 ms).
+func blockList(path string) func(string) bool {
+	var mu sync.Mutex
+	var read time.Time
+	var set map[string]bool
+	return func(addr string) bool {
+		mu.Lock()
+		defer mu.Unlock()
+		if time.Since(read) > 20*time.Millisecond {
+			read, set = time.Now(), map[string]bool{}
+			if b, err := os.ReadFile(path); err == nil {
+				for _, l := range strings.Fields(string(b)) {
+					set[l] = true
+				}
+			}
+		}
+		return set[addr]
+	}
 }
 
 // groupMembers is the group's view of gossip: the nodes of this cluster,

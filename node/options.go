@@ -187,6 +187,10 @@ type Options struct {
 	// "full" into to make WAL appends fail as on a full disk (ENOSPC), and
 	// empty to give the space back. Tests only.
 	TestDiskFullFile string
+	// TestRaftBlockFile, when set, names a file of raft addresses (one a
+	// line) this node may not reach: robustness tests partition a cluster's
+	// nodes with it. Tests only.
+	TestRaftBlockFile string
 
 	// Clock is the physical clock. Default the system clock. Tests pass a
 	// manual clock; robustness runs an offset clock.

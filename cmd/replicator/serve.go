@@ -86,6 +86,7 @@ type serveConfig struct {
 	PeerListen      string   `yaml:"peer_listen"`
 	APITokenFile    string   `yaml:"api_token_file"`
 	TestDiskFull    string   `yaml:"test_disk_full_file,omitempty"`
+	TestRaftBlock   string   `yaml:"test_raft_block_file,omitempty"`
 	Pprof           bool     `yaml:"pprof"`
 	PprofListen     string   `yaml:"pprof_listen"`
 	MemTableSize    uint64   `yaml:"memtable_size"`
@@ -348,6 +349,7 @@ func serveFlags(cfg *serveConfig) *flag.FlagSet {
 	fs.BoolVar(&cfg.Pprof, "pprof", cfg.Pprof, "serve /debug/pprof on the API listener, behind the API token (profiles)")
 	fs.StringVar(&cfg.PprofListen, "pprof-listen", cfg.PprofListen, "serve /debug/pprof on this address instead, without a token (keep it private)")
 	fs.Uint64Var(&cfg.MemTableSize, "memtable-size", cfg.MemTableSize, "Pebble memtable bytes (larger: fewer compactions, more memory)")
+	fs.StringVar(&cfg.TestRaftBlock, "test-raft-block-file", cfg.TestRaftBlock, "raft addresses (one a line) this node may not reach while listed (robustness tests only)")
 	fs.StringVar(&cfg.TestDiskFull, "test-disk-full-file", cfg.TestDiskFull, "WAL appends fail with ENOSPC while this file says \"full\" (robustness tests only)")
 	fs.Var(namedFlag{func(n, v string) { cfg.peer(n).URL = v }, "NAME=URL"}, "peer", "a peer cluster as NAME=URL (repeatable)")
 	fs.Var(namedFlag{func(n, v string) { cfg.peer(n).Secret = v }, "NAME=SECRET"}, "peer-secret", "a peer's shared secret as NAME=SECRET (repeatable)")
@@ -479,7 +481,7 @@ func (cfg *serveConfig) nodeOptions(log *slog.Logger) (*node.Options, error) {
 	o.TLSReloadInterval = time.Duration(cfg.TLSReload)
 	o.LinkLagging, o.LinkStalled = time.Duration(cfg.LinkLagging), time.Duration(cfg.LinkStalled)
 	o.PeerSANMode, o.PeerListen = cfg.PeerSANMode, cfg.PeerListen
-	o.TestDiskFullFile = cfg.TestDiskFull
+	o.TestDiskFullFile, o.TestRaftBlockFile = cfg.TestDiskFull, cfg.TestRaftBlock
 	o.Pprof, o.PprofListen = cfg.Pprof, cfg.PprofListen
 	o.MemTableSize = cfg.MemTableSize
 	if cfg.APITokenFile != "" {

@@ -68,12 +68,19 @@ type Options struct {
 	// HandshakeTimeout bounds an accepted connection's handshake (default
 	// 10s), so that a silent client does not hold a goroutine.
 	HandshakeTimeout time.Duration
+	// Blocked, when set, says that this node may not reach the raft
+	// address it names: a dial to it fails, and a connection to it fails
+	// its next write. A partition for tests: one node's Blocked cuts what
+	// it sends (its requests; the answers to them too), both nodes' cut
+	// the link.
+	Blocked func(addr string) bool
 }
 
 // Layer is a raft.StreamLayer on TCP with TLS on both ends.
 type Layer struct {
 	ln        net.Listener
 	advertise net.Addr
+	blocked   func(addr string) bool
 	loopback  bool        // plain TCP between loopback addresses only
 	server    *tls.Config // nil: insecure
 	client    *tls.Config
@@ -94,6 +101,15 @@ type trackedConn struct {
 	net.Conn
 	l    *Layer
 	once sync.Once
+	to   string // the address dialed ("" when accepted)
+}
+
+func (c *trackedConn) Write(p []byte) (int, error) {
+	if c.to != "" && c.l.blocked != nil && c.l.blocked(c.to) {
+		c.Close()
+		return 0, fmt.Errorf("raftconn: %s is blocked (a test partition)", c.to)
+	}
+	return c.Conn.Write(p)
 }
 
 func (c *trackedConn) Close() error {
@@ -106,8 +122,10 @@ func (c *trackedConn) Close() error {
 }
 
 // track adds c to the layer's set (closing it at once if the layer closed).
-func (l *Layer) track(c net.Conn) (net.Conn, error) {
-	t := &trackedConn{Conn: c, l: l}
+func (l *Layer) track(c net.Conn) (net.Conn, error) { return l.trackTo(c, "") }
+
+func (l *Layer) trackTo(c net.Conn, to string) (net.Conn, error) {
+	t := &trackedConn{Conn: c, l: l, to: to}
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.mu.closed {
@@ -148,7 +166,7 @@ func Listen(addr string, advertise net.Addr, o Options) (*Layer, error) {
 	if t <= 0 {
 		t = 10 * time.Second
 	}
-	return &Layer{ln: ln, advertise: advertise, loopback: loopback, server: server, client: client, timeout: t}, nil
+	return &Layer{ln: ln, advertise: advertise, blocked: o.Blocked, loopback: loopback, server: server, client: client, timeout: t}, nil
 }
 
 // IsLoopback reports whether host:port names a loopback IP.
@@ -206,6 +224,9 @@ func (l *Layer) Dial(address raft.ServerAddress, timeout time.Duration) (net.Con
 	if l.loopback && !IsLoopback(string(address)) {
 		return nil, fmt.Errorf("raftconn: dial %s: not a loopback address, and the raft port has no credentials", address)
 	}
+	if l.blocked != nil && l.blocked(string(address)) {
+		return nil, fmt.Errorf("raftconn: dial %s: blocked (a test partition)", address)
+	}
 	if l.client == nil {
 		c, err = d.Dial("tcp", string(address))
 	} else {
@@ -217,7 +238,7 @@ func (l *Layer) Dial(address raft.ServerAddress, timeout time.Duration) (net.Con
 	if err != nil {
 		return nil, fmt.Errorf("raftconn: dial %s: %w", address, err)
 	}
-	return l.track(c)
+	return l.trackTo(c, string(address))
 }
 
 // lazyConn completes the server handshake before the first read or write.
