@@ -193,7 +193,7 @@ func (n *Node) refreshMeta() {
 	if !n.multi() {
 		return
 	}
-	urls := []string{n.PeerURL()}
+	urls := []string{meta.Replicate}
 	for _, m := range n.sameCluster() {
 		if m.State == transport.LiveAlive && m.Meta.Replicate != "" {
 			urls = append(urls, m.Meta.Replicate)

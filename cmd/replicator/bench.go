@@ -34,6 +34,7 @@ func runBench(args []string) error {
 	fs.DurationVar(&cfg.PeerDelay, "peer-delay", 0, "hold replication traffic this long each way (a proxy between the clusters): the round trip of two regions is twice it")
 	fs.StringVar(&cfg.AddrA, "addr", "", "target a running cluster a instead of starting two (needs --peer-addr)")
 	fs.StringVar(&cfg.AddrB, "peer-addr", "", "the running cluster b paired with --addr")
+	nodes := fs.String("nodes", "1", "cluster sizes to run the scenarios with, in turn, e.g. 1,3 (the ratio of each to a node alone is printed)")
 	asJSON := fs.Bool("json", false, "print the report as JSON")
 	if err := parse(fs, args); err != nil {
 		return err
@@ -45,6 +46,16 @@ func runBench(args []string) error {
 			return fmt.Errorf("--rates %q: want positive integers", *rates)
 		}
 		cfg.Rates = append(cfg.Rates, v)
+	}
+	for _, n := range strings.Split(*nodes, ",") {
+		v, err := strconv.Atoi(strings.TrimSpace(n))
+		if err != nil || v < 1 || v > 7 {
+			return fmt.Errorf("--nodes %q: want cluster sizes from 1 to 7", *nodes)
+		}
+		cfg.Nodes = append(cfg.Nodes, v)
+	}
+	if cfg.AddrA != "" && len(cfg.Nodes) > 1 {
+		return fmt.Errorf("--nodes with --addr: the clusters given are what they are")
 	}
 	if *serve != "" {
 		cfg.ServeArgs = strings.Fields(*serve)

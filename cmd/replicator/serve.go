@@ -75,6 +75,8 @@ type serveConfig struct {
 	Join            []string `yaml:"join"`
 	GossipKeyFile   string   `yaml:"gossip_key_file"`
 	GossipProfile   string   `yaml:"gossip_profile"`
+	AdvertiseAPI    string   `yaml:"advertise_api"`
+	AdvertiseRepl   string   `yaml:"advertise_replicate"`
 	TLSCert         string   `yaml:"tls_cert"`
 	TLSKey          string   `yaml:"tls_key"`
 	TLSReload       duration `yaml:"tls_reload_interval"`
@@ -383,6 +385,8 @@ func serveFlags(cfg *serveConfig) *flag.FlagSet {
 	fs.Var(listFlag{&cfg.Join}, "join", "a gossip seed HOST:PORT (repeatable)")
 	fs.StringVar(&cfg.GossipKeyFile, "gossip-key-file", cfg.GossipKeyFile, "file with the base64 memberlist encryption key (16, 24 or 32 bytes); nodes without it cannot join")
 	fs.StringVar(&cfg.GossipProfile, "gossip-profile", cfg.GossipProfile, "memberlist timing: wan, lan or local")
+	fs.StringVar(&cfg.AdvertiseAPI, "advertise-api", cfg.AdvertiseAPI, "URL the other nodes reach this node's API at, gossiped (default from --listen)")
+	fs.StringVar(&cfg.AdvertiseRepl, "advertise-replicate", cfg.AdvertiseRepl, "URL peers reach this node's replicate endpoint at, gossiped and told in acks (default from --peer-listen or --listen)")
 	fs.StringVar(&cfg.TLSCert, "tls-cert", cfg.TLSCert, "PEM certificate: serve TLS, and present it to peers")
 	fs.StringVar(&cfg.TLSKey, "tls-key", cfg.TLSKey, "PEM key of --tls-cert")
 	fs.Var(&cfg.TLSReload, "tls-reload-interval", "how often --tls-cert/--tls-key are checked for a new certificate (SIGHUP reloads at once)")
@@ -496,7 +500,8 @@ func (cfg *serveConfig) nodeOptions(log *slog.Logger) (*node.Options, error) {
 		}
 	}
 	if cfg.GossipBind != "" {
-		g := &node.GossipOptions{Bind: cfg.GossipBind, Advertise: cfg.GossipAdvertise, Join: cfg.Join, Profile: cfg.GossipProfile}
+		g := &node.GossipOptions{Bind: cfg.GossipBind, Advertise: cfg.GossipAdvertise, Join: cfg.Join, Profile: cfg.GossipProfile,
+			APIURL: cfg.AdvertiseAPI, ReplicateURL: cfg.AdvertiseRepl}
 		if cfg.GossipKeyFile != "" {
 			key, err := readGossipKey(cfg.GossipKeyFile)
 			if err != nil {
@@ -505,8 +510,8 @@ func (cfg *serveConfig) nodeOptions(log *slog.Logger) (*node.Options, error) {
 			g.Key = key
 		}
 		o.Gossip = g
-	} else if len(cfg.Join) > 0 || cfg.GossipKeyFile != "" {
-		errs = append(errs, errors.New("--join and --gossip-key-file need --gossip-bind"))
+	} else if len(cfg.Join) > 0 || cfg.GossipKeyFile != "" || cfg.AdvertiseAPI != "" || cfg.AdvertiseRepl != "" {
+		errs = append(errs, errors.New("--join, --gossip-key-file, --advertise-api and --advertise-replicate need --gossip-bind"))
 	}
 	if cfg.RaftListen != "" {
 		o.Raft = &node.RaftOptions{Listen: cfg.RaftListen, Advertise: cfg.RaftAdvertise, BootstrapExpect: cfg.BootstrapExpect,

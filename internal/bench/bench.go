@@ -48,8 +48,12 @@ type Config struct {
 	PeerDelay time.Duration
 	AddrA     string // target running clusters instead of starting them
 	AddrB     string
-	Binary    string // the replicator binary (default: this process's)
-	Log       io.Writer
+	// Nodes are the cluster sizes the scenarios run with, in turn, each
+	// pair started afresh (default 1: a node alone per cluster). With a
+	// cluster of several, writes go to its leader.
+	Nodes  []int
+	Binary string // the replicator binary (default: this process's)
+	Log    io.Writer
 }
 
 // Result is one scenario's figures.
@@ -79,6 +83,11 @@ type Result struct {
 	// under the same load: the part of the server CPU per write that
 	// serving HTTP/1.1 with net/http costs whatever the node does.
 	HTTPFloorUS float64 `json:"http_floor_cpu_us,omitempty"`
+	// Nodes is the size of each cluster of the pair; RatioSingle, for a
+	// cluster of several, is its writes/s over the same scenario's with a
+	// node alone per cluster, measured in the same run.
+	Nodes       int     `json:"nodes"`
+	RatioSingle float64 `json:"ratio_to_single_node,omitempty"`
 	Note        string  `json:"note,omitempty"`
 }
 
@@ -98,6 +107,10 @@ type Floor struct {
 	RoundTripMS float64 `json:"round_trip_ms"`
 	// MS is 2 x CommitMS + RoundTripMS.
 	MS float64 `json:"floor_ms"`
+	// RaftMS, for clusters of several nodes, adds each cluster's raft
+	// round trip (a quorum's append): MS + 2 x RoundTripMS. The quorum's
+	// fsyncs run beside the leader's, so they add no commit.
+	RaftMS float64 `json:"floor_raft_ms"`
 }
 
 // Report is the whole run.
@@ -146,6 +159,7 @@ func measureFloor(dir string, c *cluster) (*Floor, error) {
 	f := &Floor{CommitMS: medianMS(commits), RoundTripMS: medianMS(trips)}
 	f.CommitP99MS = float64(commits[len(commits)*99/100].Nanoseconds()) / 1e6 // sorted by medianMS
 	f.MS = 2*f.CommitMS + f.RoundTripMS
+	f.RaftMS = f.MS + 2*f.RoundTripMS
 	return f, nil
 }
 
@@ -175,6 +189,9 @@ func (c *Config) defaults() {
 	}
 	if len(c.Rates) == 0 {
 		c.Rates = []int{5000, 20000}
+	}
+	if len(c.Nodes) == 0 {
+		c.Nodes = []int{1}
 	}
 	if c.SteadyFor == 0 {
 		c.SteadyFor = 10 * time.Second
@@ -343,8 +360,10 @@ func freeAddr() (string, error) {
 	return l.Addr().String(), nil
 }
 
-// start launches the two clusters as child processes.
-func start(cfg *Config, dir string) ([]*cluster, error) {
+// start launches the two clusters as child processes: a node alone each,
+// or nodes of several (raft) each, with the writes' target (the leader)
+// first for each.
+func start(cfg *Config, dir string, nodes int) ([]*cluster, error) {
 	bin := cfg.Binary
 	if bin == "" {
 		var err error
@@ -352,13 +371,29 @@ func start(cfg *Config, dir string) ([]*cluster, error) {
 			return nil, err
 		}
 	}
-	addrs := map[string]string{}
+	type spec struct{ cluster, id, api, raft, gossip string }
+	var specs []spec
+	addrs := map[string]string{} // cluster -> its first node's API address
 	for _, n := range []string{"a", "b"} {
-		a, err := freeAddr()
-		if err != nil {
-			return nil, err
+		for i := 1; i <= nodes; i++ {
+			sp := spec{cluster: n, id: fmt.Sprintf("%s%d", n, i)}
+			var err error
+			if sp.api, err = freeAddr(); err != nil {
+				return nil, err
+			}
+			if nodes > 1 {
+				if sp.raft, err = freeAddr(); err != nil {
+					return nil, err
+				}
+				if sp.gossip, err = freeAddr(); err != nil {
+					return nil, err
+				}
+			}
+			if i == 1 {
+				addrs[n] = sp.api
+			}
+			specs = append(specs, sp)
 		}
-		addrs[n] = a
 	}
 	// What each cluster dials to reach the other: the other's address, or a
 	// proxy that delays the traffic.
@@ -378,13 +413,30 @@ func start(cfg *Config, dir string) ([]*cluster, error) {
 		}
 	}
 	var out []*cluster
-	for _, n := range []string{"a", "b"} {
+	for _, sp := range specs {
+		n := sp.cluster
 		peer := map[string]string{"a": "b", "b": "a"}[n]
-		args := append([]string{"serve", "--cluster-id", n, "--data", filepath.Join(dir, n), "--listen", addrs[n],
+		args := []string{"serve", "--cluster-id", n, "--data", filepath.Join(dir, sp.id), "--listen", sp.api,
 			"--peer", peer + "=http://" + via[peer], "--peer-secret", peer + "=bench",
 			"--wal-high-water-entries", "100000000", "--wal-high-water-bytes", "1099511627776", "--wal-high-water-age", "24h",
-			"--log-level", "warn"}, cfg.ServeArgs...)
-		logf, err := os.Create(filepath.Join(dir, n+".log"))
+			"--log-level", "warn"}
+		if nodes > 1 {
+			args = append(args, "--node-id", sp.id, "--raft-listen", sp.raft, "--gossip-bind", sp.gossip, "--gossip-profile", "local",
+				"--bootstrap-expect", strconv.Itoa(nodes))
+			if proxies[n] != nil && sp.api == addrs[n] {
+				// Peers reach the first node through the delay; the
+				// others they learn of by the answers would be direct, so
+				// each node says its replicate URL is that one.
+				args = append(args, "--advertise-replicate", "http://"+proxies[n].addr())
+			}
+			for _, o := range specs {
+				if o.cluster == n && o.id != sp.id {
+					args = append(args, "--join", o.gossip)
+				}
+			}
+		}
+		args = append(args, cfg.ServeArgs...)
+		logf, err := os.Create(filepath.Join(dir, sp.id+".log"))
 		if err != nil {
 			return nil, err
 		}
@@ -393,7 +445,15 @@ func start(cfg *Config, dir string) ([]*cluster, error) {
 		if err := cmd.Start(); err != nil {
 			return nil, err
 		}
-		out = append(out, &cluster{name: n, url: "http://" + addrs[n], cmd: cmd, proxy: proxies[n]})
+		name := n
+		if nodes > 1 {
+			name = sp.id
+		}
+		c := &cluster{name: name, url: "http://" + sp.api, cmd: cmd}
+		if sp.api == addrs[n] {
+			c.proxy = proxies[n]
+		}
+		out = append(out, c)
 	}
 	for _, c := range out {
 		deadline := time.Now().Add(30 * time.Second)
@@ -403,15 +463,48 @@ func start(cfg *Config, dir string) ([]*cluster, error) {
 				break
 			}
 			if time.Now().After(deadline) {
-				return out, fmt.Errorf("cluster %s did not start (log in %s)", c.name, dir)
+				return out, fmt.Errorf("node %s did not start (log in %s)", c.name, dir)
 			}
 			time.Sleep(50 * time.Millisecond)
 		}
 	}
-	return out, nil
+	if nodes == 1 {
+		return out, nil
+	}
+	// Each cluster's leader first (named for the cluster), its followers
+	// after both.
+	var leaders, followers []*cluster
+	for _, n := range []string{"a", "b"} {
+		var lead *cluster
+		deadline := time.Now().Add(30 * time.Second)
+		for lead == nil {
+			for _, c := range out {
+				var r struct {
+					State string `json:"state"`
+				}
+				if strings.HasPrefix(c.name, n) && c.getJSON("/admin/cluster?local=1", &r) == nil && r.State == "leader" {
+					lead = c
+				}
+			}
+			if lead == nil {
+				if time.Now().After(deadline) {
+					return out, fmt.Errorf("cluster %s elected no leader in 30 s (logs in %s)", n, dir)
+				}
+				time.Sleep(50 * time.Millisecond)
+			}
+		}
+		for _, c := range out {
+			if strings.HasPrefix(c.name, n) && c != lead {
+				followers = append(followers, c)
+			}
+		}
+		lead.name = n
+		leaders = append(leaders, lead)
+	}
+	return append(leaders, followers...), nil
 }
 
-// Run runs the scenarios.
+// Run runs the scenarios, for each cluster size in turn.
 func Run(ctx context.Context, cfg Config) (*Report, error) {
 	cfg.defaults()
 	rep := &Report{Config: cfg, Machine: machine()}
@@ -420,16 +513,49 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		return nil, err
 	}
 	defer os.RemoveAll(dir)
-	var cl []*cluster
-	if cfg.AddrA != "" {
-		cl = []*cluster{{name: "a", url: strings.TrimRight(cfg.AddrA, "/")}, {name: "b", url: strings.TrimRight(cfg.AddrB, "/")}}
-	} else {
-		if cl, err = start(&cfg, dir); err != nil {
-			stop(cl)
-			return nil, err
+	var baseline float64
+	run := 0
+	single := map[string]float64{} // scenario -> writes/s with a node alone per cluster
+	for ti, nodes := range cfg.Nodes {
+		if cfg.AddrA != "" && ti > 0 {
+			break
 		}
-		defer stop(cl)
+		tdir := filepath.Join(dir, fmt.Sprintf("nodes-%d", nodes))
+		var cl []*cluster
+		if cfg.AddrA != "" {
+			cl = []*cluster{{name: "a", url: strings.TrimRight(cfg.AddrA, "/")}, {name: "b", url: strings.TrimRight(cfg.AddrB, "/")}}
+		} else {
+			fmt.Fprintf(cfg.Log, "starting two clusters of %d node(s)...\n", nodes)
+			if err := os.MkdirAll(tdir, 0o755); err != nil {
+				return rep, err
+			}
+			if cl, err = start(&cfg, tdir, nodes); err != nil {
+				stop(cl)
+				return rep, err
+			}
+		}
+		results, err := runTopology(ctx, &cfg, rep, tdir, cl, nodes, ti == 0, &baseline, &run)
+		if cfg.AddrA == "" {
+			stop(cl)
+		}
+		for _, r := range results {
+			r.Nodes = nodes
+			if nodes == 1 {
+				single[r.Scenario] = r.WritesPerSec
+			} else if v := single[r.Scenario]; v > 0 && r.WritesPerSec > 0 {
+				r.RatioSingle = r.WritesPerSec / v
+			}
+			rep.Results = append(rep.Results, r)
+		}
+		if err != nil {
+			return rep, err
+		}
 	}
+	return rep, nil
+}
+
+// runTopology runs the scenarios against one started pair.
+func runTopology(ctx context.Context, cfg *Config, rep *Report, dir string, cl []*cluster, nodes int, first bool, baseline *float64, run *int) ([]Result, error) {
 	// Sample each node's RSS for the peaks.
 	sctx, scancel := context.WithCancel(ctx)
 	defer scancel()
@@ -447,42 +573,52 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 			}
 		}(c)
 	}
-	if rep.Floor, err = measureFloor(dir, cl[0]); err != nil {
-		return rep, fmt.Errorf("floor: %w", err)
+	if rep.Floor == nil {
+		var err error
+		if rep.Floor, err = measureFloor(dir, cl[0]); err != nil {
+			return nil, fmt.Errorf("floor: %w", err)
+		}
 	}
-	var baseline float64
-	run := 0
+	floorMS := rep.Floor.MS
+	if nodes > 1 {
+		floorMS = rep.Floor.RaftMS
+	}
+	var out []Result
 	for _, sc := range cfg.Scenarios {
-		fmt.Fprintf(cfg.Log, "running %s...\n", sc)
+		fmt.Fprintf(cfg.Log, "running %s (%d node(s) a cluster)...\n", sc, nodes)
 		var results []Result
+		var err error
 		switch sc {
 		case "baseline":
-			r, err := runBaseline(&cfg, dir)
-			if err != nil {
-				return rep, err
+			if !first {
+				continue
 			}
-			baseline = r.WritesPerSec
+			r, err := runBaseline(cfg, dir)
+			if err != nil {
+				return out, err
+			}
+			*baseline = r.WritesPerSec
 			results = []Result{r}
 		case "oneway", "bidirectional", "steady", "puts", "catchup":
-			run++
-			results, err = runScenario(ctx, &cfg, sc, run, cl)
+			*run++
+			results, err = runScenario(ctx, cfg, sc, *run, cl)
 			if err != nil {
-				return rep, fmt.Errorf("%s: %w", sc, err)
+				return out, fmt.Errorf("%s: %w", sc, err)
 			}
 		default:
-			return rep, fmt.Errorf("unknown scenario %q (baseline, oneway, bidirectional, steady, puts, catchup)", sc)
+			return out, fmt.Errorf("unknown scenario %q (baseline, oneway, bidirectional, steady, puts, catchup)", sc)
 		}
 		for _, r := range results {
-			if baseline > 0 && r.Scenario != "baseline" && r.WritesPerSec > 0 {
-				r.RatioBaseline = r.WritesPerSec / baseline
+			if *baseline > 0 && r.Scenario != "baseline" && r.WritesPerSec > 0 {
+				r.RatioBaseline = r.WritesPerSec / *baseline
 			}
-			if r.LagMaxMS > 0 && rep.Floor.MS > 0 {
-				r.LagP50Floor, r.LagP99Floor = r.LagP50MS/rep.Floor.MS, r.LagP99MS/rep.Floor.MS
+			if r.LagMaxMS > 0 && floorMS > 0 {
+				r.LagP50Floor, r.LagP99Floor = r.LagP50MS/floorMS, r.LagP99MS/floorMS
 			}
-			rep.Results = append(rep.Results, r)
+			out = append(out, r)
 		}
 	}
-	return rep, nil
+	return out, nil
 }
 
 func stop(cl []*cluster) {

@@ -30,12 +30,21 @@ func (r *Report) Print(w io.Writer) {
 	if f := r.Floor; f != nil {
 		fmt.Fprintf(w, "floor: %.2f ms = 2 x %.3f ms synced Pebble commit + %.3f ms loopback round trip (medians of %d; the commits' p99 is %.2f ms)\n",
 			f.MS, f.CommitMS, f.RoundTripMS, floorSamples, f.CommitP99MS)
+		for _, x := range r.Results {
+			if x.Nodes > 1 {
+				fmt.Fprintf(w, "floor of clusters of several nodes: %.2f ms (adds each cluster's raft round trip, 2 x %.3f ms)\n", f.RaftMS, f.RoundTripMS)
+				break
+			}
+		}
 	}
 	fmt.Fprintln(w)
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "SCENARIO\tWRITES\tWRITES/S\tMB/S\tx BASELINE\tLAG p50/p99/max ms\tp50/p99 x FLOOR\tCPU s/M writes\tPEAK RSS MiB")
+	fmt.Fprintln(tw, "SCENARIO\tNODES\tWRITES\tWRITES/S\tMB/S\tx BASELINE\tx 1 NODE\tLAG p50/p99/max ms\tp50/p99 x FLOOR\tCPU s/M writes\tPEAK RSS MiB")
 	for _, x := range r.Results {
-		lag, ratio, floor := "-", "-", "-"
+		lag, ratio, floor, single := "-", "-", "-", "-"
+		if x.RatioSingle > 0 {
+			single = fmt.Sprintf("%.2f", x.RatioSingle)
+		}
 		if x.LagMaxMS > 0 {
 			lag = fmt.Sprintf("%.1f / %.1f / %.1f", x.LagP50MS, x.LagP99MS, x.LagMaxMS)
 		}
@@ -45,13 +54,17 @@ func (r *Report) Print(w io.Writer) {
 		if x.RatioBaseline > 0 {
 			ratio = fmt.Sprintf("%.2f", x.RatioBaseline)
 		}
-		fmt.Fprintf(tw, "%s\t%d\t%.0f\t%.1f\t%s\t%s\t%s\t%s\t%s\n", x.Scenario, x.Writes, x.WritesPerSec, x.MBPerSec, ratio, lag, floor,
+		nodes := "-"
+		if x.Nodes > 0 {
+			nodes = fmt.Sprint(x.Nodes)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%.0f\t%.1f\t%s\t%s\t%s\t%s\t%s\t%s\n", x.Scenario, nodes, x.Writes, x.WritesPerSec, x.MBPerSec, ratio, single, lag, floor,
 			fmtMap(x.CPUSecPerM, "%.1f"), fmtMap(x.PeakRSSMiB, "%.0f"))
 	}
 	tw.Flush()
 	for _, x := range r.Results {
 		if x.Note != "" {
-			fmt.Fprintf(w, "  %s: %s\n", x.Scenario, x.Note)
+			fmt.Fprintf(w, "  %s (%d node(s)): %s\n", x.Scenario, x.Nodes, x.Note)
 		}
 	}
 	for _, x := range r.Results {
@@ -62,7 +75,7 @@ func (r *Report) Print(w io.Writer) {
 					parts = append(parts, fmt.Sprintf("%s %.2f / %.2f", name, st[0], st[1]))
 				}
 			}
-			fmt.Fprintf(w, "  %s lag by stage, p50 / p99 ms: %s\n", x.Scenario, strings.Join(parts, ", "))
+			fmt.Fprintf(w, "  %s (%d node(s)) lag by stage, p50 / p99 ms: %s\n", x.Scenario, x.Nodes, strings.Join(parts, ", "))
 		}
 	}
 }
