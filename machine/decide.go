@@ -74,12 +74,16 @@ type Overlay struct {
 	plain  map[string]plainState
 	ranges []store.RangeTombstone
 	ctr    map[string]store.PN
+	expect int // keys the group is about to decide (Reserve)
 }
 
 // NewOverlay starts a group's decisions over st; increments count under
 // the counter component comp (store.Component of the cluster, its stream
 // and counter epoch).
 func NewOverlay(st Reader, comp string) *Overlay { return &Overlay{st: st, comp: comp} }
+
+// Reserve sizes the overlay for about n keys.
+func (o *Overlay) Reserve(n int) { o.expect = n }
 
 // currentPlain returns what a plain key holds: ok false when nothing.
 func (o *Overlay) currentPlain(key string) (plainState, bool, error) {
@@ -256,7 +260,7 @@ func (o *Overlay) Record(e *wal.Entry) {
 
 func (o *Overlay) setPlain(k string, st plainState) {
 	if o.plain == nil {
-		o.plain = map[string]plainState{}
+		o.plain = make(map[string]plainState, o.expect)
 	}
 	if cur, ok := o.plain[k]; ok && cur.stamp.Compare(st.stamp) > 0 {
 		return

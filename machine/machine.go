@@ -302,6 +302,7 @@ func (m *Machine) decideLocal(props []Proposal) (*decided, error) {
 		return &decided{res: res}, nil
 	}
 	ov := NewOverlay(m.st, store.Component(m.cluster, m.stream, m.epoch.Load()))
+	ov.Reserve(keysOf(props))
 	keyed := map[string]int{} // key -> the group's first proposal under it
 	last, lastCommit := m.last, m.lastCommit
 	var accepted []int
@@ -368,6 +369,11 @@ func (m *Machine) writeLocal(b *store.Batch, d *decided) (*Result, func(), error
 		return res, nil, nil
 	}
 	sizes := make([]int, 0, len(d.accepted))
+	keys := 0
+	for _, i := range d.accepted {
+		keys += max(1, len(res.Writes[i].Entry.Ops))
+	}
+	b.Reserve(keys)
 	for _, i := range d.accepted {
 		w := &res.Writes[i]
 		out, err := w.Entry.Apply(b)
@@ -392,6 +398,15 @@ func (m *Machine) writeLocal(b *store.Batch, d *decided) (*Result, func(), error
 		m.last, m.lastCommit = last, lastCommit
 		m.out.appended(sizes)
 	}, nil
+}
+
+// keysOf is about how many keys a group writes.
+func keysOf(props []Proposal) int {
+	n := 0
+	for i := range props {
+		n += max(1, len(props[i].Entry.Ops))
+	}
+	return n
 }
 
 // settleRepeat answers a proposal repeating a key an earlier proposal of the

@@ -100,7 +100,7 @@ type Options struct {
 	// MaxGroupEntries bounds how many writes share one WAL append and fsync.
 	// Default 1024.
 	MaxGroupEntries int
-	// MemTableSize is Pebble's memtable size (default 16 MiB): larger means
+	// MemTableSize is Pebble's memtable size (default 64 MiB): larger means
 	// fewer flushes and compactions under heavy ingest, and more memory.
 	MemTableSize uint64
 	// WALSegmentSize is the WAL's segment file size. Default 4 MiB.

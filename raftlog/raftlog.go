@@ -103,8 +103,20 @@ type Store struct {
 		last                       uint64
 		stable                     map[string][]byte
 		buf                        []byte
+		// recent are the last entries appended, as raft handed them over:
+		// a leader reads back what it just stored to send it to its
+		// followers, and a read from here costs no checksum and no decode.
+		// Oldest first; bounded by recentMax entries and recentBytes.
+		recent      []*raft.Log
+		recentBytes int
 	}
 }
+
+// Bounds of the recent entries kept in memory.
+const (
+	recentMax   = 256
+	recentBytes = 16 << 20
+)
 
 var (
 	_ raft.LogStore          = (*Store)(nil)
@@ -216,6 +228,7 @@ func (s *Store) openLocked(base uint64) error {
 // base+1. The new directory is created (and synced) before the old one is
 // removed, so a crash leaves one of the two whole.
 func (s *Store) resetLocked(base uint64) error {
+	s.forgetLocked()
 	old := s.mu.base
 	if err := s.mu.tw.Close(); err != nil {
 		return fmt.Errorf("raftlog: close %s: %w", s.logDir(old), err)
@@ -287,6 +300,10 @@ func (s *Store) GetLog(index uint64, l *raft.Log) error {
 	}
 	if s.mu.last == 0 || index < s.mu.first || index > s.mu.last {
 		return ErrNotFound
+	}
+	if r := s.mu.recent; len(r) > 0 && index >= r[0].Index && index <= r[len(r)-1].Index {
+		*l = *r[index-r[0].Index]
+		return nil
 	}
 	data, err := s.mu.tw.Read(index - s.mu.base)
 	if err != nil {
@@ -363,8 +380,31 @@ func (s *Store) StoreLogs(logs []*raft.Log) error {
 		s.mu.first = next
 	}
 	s.mu.last = logs[len(logs)-1].Index
+	s.rememberLocked(logs)
 	return nil
 }
+
+// rememberLocked keeps entries just appended among the recent ones.
+func (s *Store) rememberLocked(logs []*raft.Log) {
+	if r := s.mu.recent; len(r) > 0 && r[len(r)-1].Index+1 != logs[0].Index {
+		s.forgetLocked()
+	}
+	for _, l := range logs {
+		s.mu.recent = append(s.mu.recent, l)
+		s.mu.recentBytes += len(l.Data) + len(l.Extensions)
+	}
+	drop := 0
+	for len(s.mu.recent)-drop > recentMax || (s.mu.recentBytes > recentBytes && len(s.mu.recent)-drop > 1) {
+		s.mu.recentBytes -= len(s.mu.recent[drop].Data) + len(s.mu.recent[drop].Extensions)
+		drop++
+	}
+	if drop > 0 {
+		s.mu.recent = append(s.mu.recent[:0:0], s.mu.recent[drop:]...)
+	}
+}
+
+// forgetLocked drops the recent entries (the log was cut or replaced).
+func (s *Store) forgetLocked() { s.mu.recent, s.mu.recentBytes = nil, 0 }
 
 // DeleteRange deletes [min, max]: a prefix (compaction after a snapshot), a
 // suffix (entries a new leader overrides), or everything.
@@ -378,6 +418,7 @@ func (s *Store) DeleteRange(min, max uint64) error {
 		return nil
 	}
 	first, last := s.mu.first, s.mu.last
+	s.forgetLocked()
 	switch {
 	case min <= first && max >= last:
 		// Everything: the next entry continues after max (or after the
@@ -422,6 +463,7 @@ var ErrBroken = errors.New("raftlog: broken after an unrecoverable i/o error; re
 //
 // REQUIRES: s.mu held.
 func (s *Store) recoverWriteLocked(cause error) error {
+	s.forgetLocked()
 	s.mu.failures++
 	first, last, base := s.mu.first, s.mu.last, s.mu.base
 	closeErr := s.mu.tw.Close()

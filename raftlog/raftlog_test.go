@@ -379,3 +379,41 @@ func TestFailedWriteCutBack(t *testing.T) {
 		})
 	}
 }
+
+// Entries a new leader overrides are read back as rewritten, from memory
+// and from disk: the recent entries kept in memory never outlive a cut.
+func TestRecentEntriesFollowCuts(t *testing.T) {
+	dir := t.TempDir()
+	s := open(t, dir)
+	store(t, s, 1, 20)
+	holds(t, s, 1, 20)
+	if err := s.DeleteRange(15, 20); err != nil {
+		t.Fatal(err)
+	}
+	other := func(i uint64) *raft.Log { l := entry(i); l.Term, l.Data = 9, []byte(fmt.Sprintf("new-%d", i)); return l }
+	if err := s.StoreLogs([]*raft.Log{other(15), other(16)}); err != nil {
+		t.Fatal(err)
+	}
+	check := func(s *Store) {
+		for i := uint64(15); i <= 16; i++ {
+			var got raft.Log
+			if err := s.GetLog(i, &got); err != nil || got.Term != 9 || string(got.Data) != fmt.Sprintf("new-%d", i) {
+				t.Fatalf("entry %d after the cut: %+v %v", i, got, err)
+			}
+		}
+		var got raft.Log
+		if err := s.GetLog(14, &got); err != nil || !bytes.Equal(got.Data, entry(14).Data) {
+			t.Fatalf("entry 14: %+v %v", got, err)
+		}
+		if err := s.GetLog(17, &got); !errors.Is(err, raft.ErrLogNotFound) {
+			t.Fatalf("entry 17 is cut: %v", err)
+		}
+	}
+	check(s)
+	s.Close()
+	check(open(t, dir))
+	// More than the recent bound: the oldest are read from disk.
+	s2 := open(t, t.TempDir())
+	store(t, s2, 1, recentMax+50)
+	holds(t, s2, 1, recentMax+50)
+}

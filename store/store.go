@@ -44,7 +44,9 @@ type Options struct {
 	Logger *slog.Logger
 	// CacheSize is Pebble's block cache in bytes. Default 32 MiB.
 	CacheSize int64
-	// MemTableSize is Pebble's memtable size in bytes. Default 16 MiB.
+	// MemTableSize is Pebble's memtable size in bytes. Default 64 MiB: a
+	// write's outbound entry is cut once every peer has it, usually while
+	// it is still in the memtable, and then never reaches a table.
 	MemTableSize uint64
 }
 
@@ -64,7 +66,7 @@ func (o *Options) EnsureDefaults() {
 		o.CacheSize = 32 << 20
 	}
 	if o.MemTableSize == 0 {
-		o.MemTableSize = 16 << 20
+		o.MemTableSize = 64 << 20
 	}
 }
 
@@ -300,6 +302,7 @@ type Batch struct {
 	s       *Store
 	pb      *pebble.Batch
 	pending map[string]pendingRecord
+	expect  int // keys the batch expects to write (Reserve)
 	closed  bool
 	buf     []byte
 	// max is the highest stamp stored or merged so far, as this batch sees;
@@ -448,7 +451,7 @@ func (b *Batch) Merge(w Write) (Outcome, error) {
 		}
 	}
 	if b.pending == nil {
-		b.pending = make(map[string]pendingRecord)
+		b.pending = make(map[string]pendingRecord, b.expect)
 	}
 	b.pending[w.Key] = pendingRecord{stamp: w.Stamp, flags: flags}
 	return Applied, nil
@@ -460,6 +463,15 @@ type AppliedIndex struct {
 	Stream [16]byte
 	Index  uint64
 	Commit hlc.Timestamp
+}
+
+// Reserve tells the batch it is about to write about n keys, so that it
+// sizes its bookkeeping once (a group of thousands of keys grew it a
+// little at a time).
+func (b *Batch) Reserve(n int) {
+	if b.pending == nil {
+		b.expect = n
+	}
 }
 
 // SetLocalApplied records that the local WAL stream has been applied up to
