@@ -390,7 +390,11 @@ func TestRecentEntriesFollowCuts(t *testing.T) {
 	if err := s.DeleteRange(15, 20); err != nil {
 		t.Fatal(err)
 	}
-	other := func(i uint64) *raft.Log { l := entry(i); l.Term, l.Data = 9, []byte(fmt.Sprintf("new-%d", i)); return l }
+	other := func(i uint64) *raft.Log {
+		l := entry(i)
+		l.Term, l.Data = 9, []byte(fmt.Sprintf("new-%d", i))
+		return l
+	}
 	if err := s.StoreLogs([]*raft.Log{other(15), other(16)}); err != nil {
 		t.Fatal(err)
 	}
