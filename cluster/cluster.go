@@ -346,19 +346,60 @@ func serverIDs(c raft.Configuration) string {
 // raftLogger passes raft's warnings and errors to the node's log (its
 // info lines are every heartbeat's business).
 func raftLogger(l *slog.Logger) hclog.Logger {
-	return hclog.New(&hclog.LoggerOptions{Name: "raft", Level: hclog.Warn, Output: lineWriter{l}, DisableTime: true})
+	return hclog.New(&hclog.LoggerOptions{Name: "raft", Level: hclog.Warn, Output: &lineWriter{l: l, last: map[string]time.Time{}},
+		DisableTime: true})
 }
 
-// lineWriter logs each line hclog writes.
-type lineWriter struct{ l *slog.Logger }
+// lineWriter logs each line hclog writes. A peer that is down makes raft
+// log a failed heartbeat or append every few milliseconds: a line of one
+// kind about one peer is logged at most every repeatEvery, with how many
+// were left out.
+type lineWriter struct {
+	l    *slog.Logger
+	mu   sync.Mutex
+	last map[string]time.Time
+	left map[string]int
+}
 
-func (w lineWriter) Write(p []byte) (int, error) {
+const repeatEvery = 10 * time.Second
+
+func (w *lineWriter) Write(p []byte) (int, error) {
 	msg := strings.TrimSpace(string(p))
 	level := slog.LevelWarn
 	if strings.Contains(msg, "[ERROR]") {
 		level = slog.LevelError
 	}
-	w.l.Log(context.Background(), level, msg, "component", "raft")
+	// The kind of line: its text up to the first field, and the peer.
+	kind, _, _ := strings.Cut(msg, ":")
+	if i := strings.Index(msg, "peer="); i >= 0 {
+		peer, _, _ := strings.Cut(msg[i:], " ")
+		kind += " " + peer
+	} else if i := strings.Index(msg, "target="); i >= 0 {
+		peer, _, _ := strings.Cut(msg[i:], " ")
+		kind += " " + peer
+	}
+	w.mu.Lock()
+	now := time.Now()
+	if t, ok := w.last[kind]; ok && now.Sub(t) < repeatEvery {
+		if w.left == nil {
+			w.left = map[string]int{}
+		}
+		w.left[kind]++
+		w.mu.Unlock()
+		return len(p), nil
+	}
+	w.last[kind] = now
+	left := w.left[kind]
+	delete(w.left, kind)
+	if len(w.last) > 1000 {
+		w.last = map[string]time.Time{}
+	}
+	w.mu.Unlock()
+	if left > 0 {
+		w.l.Log(context.Background(), level, msg, "component", "raft", "repeats_left_out", left)
+	} else {
+		w.l.Log(context.Background(), level, msg, "component", "raft")
+	}
 	return len(p), nil
 }
 

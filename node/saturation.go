@@ -235,7 +235,7 @@ func (n *Node) watchLinks() {
 			if seen {
 				n.log.Info("peer link recovered", "peer", st.Peer, "was", prev, "last_contact", st.LastContact)
 			}
-		case transport.StateUnknown, transport.StatePaused, transport.StateReseeding:
+		case transport.StateUnknown, transport.StatePaused, transport.StateReseeding, transport.StateFollower:
 			n.log.Info("peer link state", "peer", st.Peer, "state", st.State, "was", prev)
 		default:
 			contact := "never"

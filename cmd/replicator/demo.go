@@ -58,8 +58,15 @@ func runDemo(args []string) error {
 	writes := fs.Int("writes", 2000, "writes per cluster")
 	timeout := fs.Duration("timeout", 60*time.Second, "give up converging after this long")
 	verbose := fs.Bool("v", false, "show the nodes' logs")
+	nodes := fs.Int("nodes", 1, "nodes per cluster: with several, each cluster is a raft group of child processes, and a's leader is killed mid-run")
 	if err := parse(fs, args); err != nil {
 		return err
+	}
+	if *nodes > 1 {
+		if *nodes > 7 {
+			return fmt.Errorf("--nodes %d: at most 7", *nodes)
+		}
+		return runDemoNodes(*nodes, *writes, *keep, *timeout)
 	}
 	logLevel := slog.LevelWarn
 	if *verbose {
