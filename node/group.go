@@ -363,7 +363,13 @@ func (n *Node) openGroup() (created bool, err error) {
 		co.Listen, co.Advertise, co.BootstrapExpect = r.Listen, r.Advertise, r.BootstrapExpect
 		co.HeartbeatTimeout, co.ElectionTimeout, co.LeaderLeaseTimeout = r.ElectionTimeout, r.ElectionTimeout, r.ElectionTimeout/2
 		co.SnapshotThreshold, co.TrailingLogs = r.SnapshotThreshold, r.TrailingLogs
-		co.Members = groupMembers{n}
+		gm := &groupMembers{n: n}
+		co.Members = gm
+		defer func() {
+			if n.group != nil {
+				gm.g.Store(n.group)
+			}
+		}()
 		co.HasData = n.hasData
 		co.Removed = func(id string) bool { r, err := m.Removed(id); return r || err != nil }
 		// A single node's directory of a build before the log, upgraded

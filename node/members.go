@@ -121,13 +121,17 @@ func blockList(path string) func(string) bool {
 }
 
 // groupMembers is the group's view of gossip: the nodes of this cluster,
-// this one included.
-type groupMembers struct{ n *Node }
+// this one included once the group is open (its own goroutine asks before
+// Open has returned it).
+type groupMembers struct {
+	n *Node
+	g atomic.Pointer[cluster.Group]
+}
 
-func (gm groupMembers) Members() []cluster.Member {
+func (gm *groupMembers) Members() []cluster.Member {
 	n := gm.n
 	var out []cluster.Member
-	if g := n.group; g != nil {
+	if g := gm.g.Load(); g != nil {
 		out = append(out, cluster.Member{ID: n.nodeID, RaftAddr: g.Addr(), Alive: true, Fresh: g.Fresh()})
 	}
 	for _, m := range n.sameCluster() {

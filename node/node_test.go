@@ -37,6 +37,9 @@ func TestMain(m *testing.M) {
 		// Pebble leaves its disk-health ticker behind when Open fails on
 		// a held lock (TestFailedStartClaimsNothing): Pebble's, not ours.
 		goleak.IgnoreAnyFunction("github.com/cockroachdb/pebble/v2/vfs.(*diskHealthCheckingFS).startTickerLocked.func1"),
+		// memberlist's Shutdown does not wait for a probe in flight; it ends
+		// at its probe timeout.
+		goleak.IgnoreAnyFunction("github.com/hashicorp/memberlist.(*Memberlist).probeNode"),
 	)
 }
 

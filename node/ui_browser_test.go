@@ -154,3 +154,39 @@ func TestDashboardActionsInBrowser(t *testing.T) {
 		t.Fatalf("a cross-origin form paused b's link (the node answered %q)", body)
 	}
 }
+
+// TestDashboardShowsTheNodes: the dashboard of a follower of a cluster of
+// three lists the three nodes, which one leads, and each one's applied
+// index.
+func TestDashboardShowsTheNodes(t *testing.T) {
+	ctx := browse(t)
+	c := newRaftCluster(t, "a", 3, nil)
+	leader := c.leader()
+	f := c.follower()
+	if _, err := c.client(f).Put(context.Background(), "k", []byte("v")); err != nil {
+		t.Fatal(err)
+	}
+	if err := chromedp.Do(ctx,
+		chromedp.Navigate(c.nodes[f].URL()+"/admin/ui"),
+		chromedp.WaitVisible(chromedp.CSS(`#nodes tr[data-node="`+leader+`"] span.state`)),
+	); err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range c.names {
+		state, err := chromedp.Run(ctx, chromedp.Text(chromedp.CSS(`#nodes tr[data-node="`+name+`"] span.state`)))
+		if err != nil {
+			t.Fatalf("node %s not shown: %v", name, err)
+		}
+		want := "follower"
+		if name == leader {
+			want = "leader"
+		}
+		if state != want {
+			t.Fatalf("node %s shown as %q, want %q", name, state, want)
+		}
+	}
+	mode, _ := chromedp.Run(ctx, chromedp.Text(chromedp.ID("mode")))
+	if !strings.Contains(mode, "leader "+leader) {
+		t.Fatalf("the cluster line says %q", mode)
+	}
+}

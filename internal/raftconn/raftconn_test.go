@@ -14,6 +14,7 @@ import (
 	"math/big"
 	"net"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -317,3 +318,45 @@ func TestWrongCredentialsCannotJoinOrAppend(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// Without credentials the port is loopback only: it will not listen on
+// another address, dial one, or be advertised as one; and a test partition
+// cuts a link both at the dial and on a connection already open.
+func TestLoopbackOnlyAndBlocked(t *testing.T) {
+	if _, err := Listen("0.0.0.0:0", nil, Options{Cluster: "a", Loopback: true}); !errors.Is(err, ErrNoCredentials) {
+		t.Fatalf("a wildcard raft port without credentials: %v", err)
+	}
+	if _, err := Listen("127.0.0.1:0", advertised("192.0.2.1:7500"), Options{Cluster: "a", Loopback: true}); !errors.Is(err, ErrNoCredentials) {
+		t.Fatalf("advertised off loopback without credentials: %v", err)
+	}
+	var blocked atomic.Bool
+	a := listen(t, Options{Cluster: "a", Loopback: true, Blocked: func(string) bool { return blocked.Load() }})
+	b := listen(t, Options{Cluster: "a", Loopback: true})
+	if _, err := a.Dial("192.0.2.1:7500", time.Second); err == nil || !strings.Contains(err.Error(), "loopback") {
+		t.Fatalf("a dial off loopback: %v", err)
+	}
+	done := echo(b)
+	if err := roundTrip(a, b); err != nil {
+		t.Fatalf("loopback round trip: %v", err)
+	}
+	<-done
+	// an open connection fails its next write once blocked
+	echo(b)
+	c, err := a.Dial(raft.ServerAddress(b.Addr().String()), time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	blocked.Store(true)
+	if _, err := c.Write([]byte("hello")); err == nil {
+		t.Fatal("a write on a blocked link went through")
+	}
+	if _, err := a.Dial(raft.ServerAddress(b.Addr().String()), time.Second); err == nil {
+		t.Fatal("a dial on a blocked link went through")
+	}
+}
+
+type advertised string
+
+func (a advertised) Network() string { return "tcp" }
+func (a advertised) String() string  { return string(a) }
