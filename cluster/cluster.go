@@ -679,6 +679,10 @@ func (g *Group) Barrier(timeout time.Duration) error { return g.raft.Barrier(tim
 // IsLeader reports whether this node leads now.
 func (g *Group) IsLeader() bool { return g.raft.State() == raft.Leader }
 
+// TransferLeadership asks raft to hand leadership to another voter (a
+// node whose state machine stopped must not lead).
+func (g *Group) TransferLeadership() error { return g.raft.LeadershipTransfer().Error() }
+
 // Term is the current raft term.
 func (g *Group) Term() uint64 { return g.raft.CurrentTerm() }
 

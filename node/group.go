@@ -363,6 +363,16 @@ func (n *Node) openGroup() (created bool, err error) {
 		co.Listen, co.Advertise, co.BootstrapExpect = r.Listen, r.Advertise, r.BootstrapExpect
 		co.HeartbeatTimeout, co.ElectionTimeout, co.LeaderLeaseTimeout = r.ElectionTimeout, r.ElectionTimeout, r.ElectionTimeout/2
 		co.SnapshotThreshold, co.TrailingLogs = r.SnapshotThreshold, r.TrailingLogs
+		// Snapshots are checkpoints (cheap): take them often enough that
+		// the log a node keeps for its followers stays small even when its
+		// commands are large (bulk loads: up to a MiB each).
+		if co.SnapshotThreshold == 0 {
+			co.SnapshotThreshold = 4096
+		}
+		if co.TrailingLogs == 0 {
+			co.TrailingLogs = 4096
+		}
+		co.SnapshotInterval = 30 * time.Second
 		gm := &groupMembers{n: n}
 		co.Members = gm
 		defer func() {

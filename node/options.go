@@ -433,11 +433,11 @@ type RaftOptions struct {
 	// leader before they elect another (default 1s; the heartbeat timeout
 	// is the same, the leader lease half).
 	ElectionTimeout time.Duration
-	// SnapshotThreshold and TrailingLogs: the tree is made durable and the
-	// log compacted once SnapshotThreshold commands were applied since the
-	// last time, keeping the last TrailingLogs commands for followers that
-	// lag (defaults hashicorp/raft's: 8192 and 10240); a follower further
-	// behind is sent the tree.
+	// SnapshotThreshold and TrailingLogs: a snapshot (a checkpoint of the
+	// tree) is taken and the log compacted once SnapshotThreshold commands
+	// were applied since the last one (checked every 30 s), keeping the last
+	// TrailingLogs commands for followers that lag (defaults 4096 and
+	// 4096); a follower further behind is sent the snapshot.
 	SnapshotThreshold, TrailingLogs uint64
 }
 

@@ -87,6 +87,10 @@ func (n *Node) beginTerm(term uint64) error {
 		return fmt.Errorf("apply the log: %w", err)
 	}
 	if errp := n.fsm.broken.Load(); errp != nil {
+		// This node cannot apply the log: another must lead.
+		if err := n.group.TransferLeadership(); err != nil {
+			n.log.Error("handing leadership over", "err", err)
+		}
 		return fmt.Errorf("apply the log: %w", *errp)
 	}
 	// The FSM observed every command's stamps; the tree's high-water mark
