@@ -474,3 +474,59 @@ func TestRemovedNodeStaysOut(t *testing.T) {
 		}
 	}
 }
+
+// A node alone holding data, restarted with a raft port, goes on as the
+// first of a cluster: its group of one elects itself on the network, the
+// nodes started beside it are added, catch up, and the stream goes on.
+func TestSingleNodeGrowsToThree(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "a1")
+	o := testOptions(dir)
+	o.NodeID = "a1"
+	alone := openNode(t, o)
+	ctx := context.Background()
+	for i := 0; i < 20; i++ {
+		if _, err := alone.Put(ctx, fmt.Sprintf("k%d", i), []byte("v")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	stream := alone.out.Stream()
+	if err := alone.Close(); err != nil {
+		t.Fatal(err)
+	}
+	c := newRaftCluster(t, "a", 3, func(name string, o *Options) {
+		if name == "a1" {
+			o.DataDir = dir
+		}
+	})
+	leader := c.leader()
+	if leader != "a1" {
+		t.Fatalf("%s leads; the node that held the data should (it is the only voter until it adds the others)", leader)
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for time.Now().Before(deadline) && len(c.nodes["a1"].group.Status().Servers) < 3 {
+		time.Sleep(50 * time.Millisecond)
+	}
+	if n := len(c.nodes["a1"].group.Status().Servers); n != 3 {
+		t.Fatalf("%d voters, want 3", n)
+	}
+	if _, err := c.client("a3").Put(ctx, "after", []byte("v")); err != nil {
+		t.Fatal(err)
+	}
+	if d := c.converged(); d.Keys != 21 {
+		t.Fatalf("%+v", d)
+	}
+	for _, name := range c.names {
+		if got := c.nodes[name].out.Stream(); got != stream {
+			t.Fatalf("%s's stream %s, the single node's was %s", name, got, stream)
+		}
+	}
+	// The voters' addresses are the network's (the group of one's was its
+	// in-memory transport's): the cluster survives its first node.
+	c.stop("a1")
+	if l := c.leader(); l == "a1" {
+		t.Fatal("a stopped node leads")
+	}
+	if _, err := c.client("a2").Put(ctx, "without-a1", []byte("v")); err != nil {
+		t.Fatal(err)
+	}
+}
