@@ -425,8 +425,12 @@ func recoverIfAsked(o *Options, cfg *raft.Config, store *raftlog.Store, snaps ra
 	if err != nil {
 		return false, fmt.Errorf("cluster: %s: %w", path, err)
 	}
-	if !slices.ContainsFunc(conf.Servers, func(s raft.Server) bool { return string(s.ID) == o.Node }) {
-		return false, fmt.Errorf("cluster: %s does not name this node (%s)", path, o.Node)
+	if len(conf.Servers) != 1 || string(conf.Servers[0].ID) != o.Node {
+		// Each survivor would apply its own log's tail, committed or not,
+		// and their trees could differ for ever: one recovers, the others
+		// join it with empty data directories.
+		return false, fmt.Errorf("cluster: %s must name this node (%s) alone: recover one survivor, then start the others "+
+			"with empty data directories and new node IDs (they catch up from it)", path, o.Node)
 	}
 	if err := raft.RecoverCluster(cfg, o.FSM, store, store, snaps, trans, conf); err != nil {
 		return false, fmt.Errorf("cluster: recover from %s: %w", path, err)
@@ -481,6 +485,12 @@ type LogState struct {
 	SnapshotHead []byte
 	// SnapshotTree is the newest snapshot's tree directory ("" without).
 	SnapshotTree string
+	// SnapshotTerm is the newest snapshot's term, and LogTermAtSnapshot the
+	// term of the log's own entry at the snapshot's index (0: the log does
+	// not hold it). When they are equal the log holds exactly the commands
+	// the snapshot covers (raft's log matching); otherwise the snapshot came
+	// from a leader whose log this node's tail does not match.
+	SnapshotTerm, LogTermAtSnapshot uint64
 }
 
 // Inspect reads the state of the raft directory under dir without starting
@@ -510,7 +520,11 @@ func Inspect(dir string, logger *slog.Logger) (LogState, error) {
 		return st, fmt.Errorf("cluster: snapshots: %w", err)
 	}
 	if len(metas) > 0 {
-		st.Snapshot = metas[0].Index
+		st.Snapshot, st.SnapshotTerm = metas[0].Index, metas[0].Term
+		var l raft.Log
+		if st.Snapshot >= st.First && st.Snapshot <= st.Last && store.GetLog(st.Snapshot, &l) == nil {
+			st.LogTermAtSnapshot = l.Term
+		}
 		_, rc, err := snaps.Open(metas[0].ID)
 		if err != nil {
 			return st, fmt.Errorf("cluster: snapshot %s: %w", metas[0].ID, err)

@@ -68,7 +68,7 @@ const (
 // dirSnapshots is the raft.SnapshotStore of a group.
 type dirSnapshots struct {
 	dir string
-	mu  sync.Mutex // serialises creation and reaping
+	mu  sync.Mutex // serialises reaping
 }
 
 func openSnapshots(dir string) (*dirSnapshots, error) {
@@ -92,7 +92,7 @@ func (s *dirSnapshots) Create(version raft.SnapshotVersion, index, term uint64, 
 	if version != 1 {
 		return nil, fmt.Errorf("cluster: snapshot version %d, this build writes 1", version)
 	}
-	id := fmt.Sprintf("%d-%d-%d", term, index, time.Now().UnixMilli())
+	id := fmt.Sprintf("%d-%d-%d", term, index, time.Now().UnixNano())
 	tmp := filepath.Join(s.dir, id+snapTmp)
 	if err := os.MkdirAll(tmp, 0o755); err != nil {
 		return nil, fmt.Errorf("cluster: snapshot: %w", err)
@@ -124,6 +124,9 @@ func (s *dirSnapshots) List() ([]*raft.SnapshotMeta, error) {
 			continue
 		}
 		m, err := readMeta(filepath.Join(s.dir, e.Name()))
+		if errors.Is(err, os.ErrNotExist) {
+			continue // half reaped: its meta goes first
+		}
 		if err != nil {
 			return nil, err
 		}
@@ -182,6 +185,17 @@ func (s *dirSnapshots) Open(id string) (*raft.SnapshotMeta, io.ReadCloser, error
 	r := &snapReader{head: head, dir: dir, files: files}
 	if files != nil {
 		r.tree = filepath.Join(dir, snapTree)
+		// Every file is opened now: a newer snapshot may reap this one
+		// while a slow follower is still being sent it, and an open file
+		// outlives its name.
+		for _, fi := range files {
+			f, err := os.Open(filepath.Join(r.tree, fi.Name()))
+			if err != nil {
+				r.closeFiles()
+				return nil, nil, fmt.Errorf("cluster: snapshot %s: %w", id, err)
+			}
+			r.open = append(r.open, f)
+		}
 	}
 	pr, pw := io.Pipe()
 	r.ReadCloser = pr
@@ -222,12 +236,21 @@ type snapReader struct {
 	dir   string
 	tree  string
 	files []os.FileInfo
+	open  []*os.File // files[i], opened by Open; the stream closes them
+}
+
+func (r *snapReader) closeFiles() {
+	for _, f := range r.open {
+		f.Close()
+	}
+	r.open = nil
 }
 
 func (r *snapReader) Head() []byte    { return r.head }
 func (r *snapReader) TreeDir() string { return r.tree }
 
 func (r *snapReader) stream(pw *io.PipeWriter) {
+	defer r.closeFiles()
 	w := bufio.NewWriterSize(pw, 256<<10)
 	err := func() error {
 		if _, err := w.Write(r.head); err != nil {
@@ -240,7 +263,7 @@ func (r *snapReader) stream(pw *io.PipeWriter) {
 			return err
 		}
 		var hdr [10]byte
-		for _, fi := range r.files {
+		for i, fi := range r.files {
 			binary.BigEndian.PutUint16(hdr[:2], uint16(len(fi.Name())))
 			if _, err := w.Write(hdr[:2]); err != nil {
 				return err
@@ -252,14 +275,9 @@ func (r *snapReader) stream(pw *io.PipeWriter) {
 			if _, err := w.Write(hdr[2:]); err != nil {
 				return err
 			}
-			f, err := os.Open(filepath.Join(r.tree, fi.Name()))
-			if err != nil {
-				return err
-			}
 			// Exactly the size announced: a file of the checkpoint never
 			// changes, and the stream's size was promised.
-			k, err := io.Copy(w, io.LimitReader(f, fi.Size()))
-			f.Close()
+			k, err := io.Copy(w, io.LimitReader(r.open[i], fi.Size()))
 			if err == nil && k != fi.Size() {
 				err = fmt.Errorf("%w: %s shrank to %d bytes", ErrBadSnapshot, fi.Name(), k)
 			}
@@ -279,14 +297,13 @@ func (r *snapReader) stream(pw *io.PipeWriter) {
 // dirSink receives a snapshot: from the state machine (SetHead, AdoptTree)
 // or as a stream from the leader (Write), unpacked as it arrives.
 type dirSink struct {
-	store       *dirSnapshots
-	tmp, final  string
-	meta        raft.SnapshotMeta
-	head        []byte
-	pw          *io.PipeWriter
-	unpacked    chan error
-	done        bool
-	streamBytes int64
+	store      *dirSnapshots
+	tmp, final string
+	meta       raft.SnapshotMeta
+	head       []byte
+	pw         *io.PipeWriter
+	unpacked   chan error
+	done       bool
 }
 
 func (s *dirSink) ID() string { return s.meta.ID }
@@ -310,7 +327,6 @@ func (s *dirSink) Write(p []byte) (int, error) {
 			s.unpacked <- err
 		}()
 	}
-	s.streamBytes += int64(len(p))
 	return s.pw.Write(p)
 }
 
@@ -502,6 +518,9 @@ func (s *dirSnapshots) reap() error {
 		return err
 	}
 	for _, m := range metas[min(len(metas), keepSnaps):] {
+		// The meta first: a reap a crash interrupts leaves a directory
+		// List skips, never half a snapshot it lists.
+		os.Remove(filepath.Join(s.dir, m.ID, snapMeta))
 		if err := os.RemoveAll(filepath.Join(s.dir, m.ID)); err != nil {
 			return fmt.Errorf("cluster: reap snapshot %s: %w", m.ID, err)
 		}

@@ -163,3 +163,24 @@ func FuzzUnpack(f *testing.F) {
 		}
 	})
 }
+
+// A snapshot being sent to a slow follower is whole even when newer
+// snapshots reap it meanwhile.
+func TestSnapshotStreamOutlivesItsReap(t *testing.T) {
+	st, _ := openSnapshots(t.TempDir())
+	id := makeSnapshot(t, st, "{}\n", map[string]string{"a": "0123456789", "b": "abc"})
+	meta, rc, err := st.Open(id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rc.Close()
+	makeSnapshot(t, st, "{}\n", nil)
+	makeSnapshot(t, st, "{}\n", nil) // the first is reaped now
+	if _, err := os.Stat(filepath.Join(st.dir, id)); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("the first snapshot was not reaped: %v", err)
+	}
+	b, err := io.ReadAll(rc)
+	if err != nil || int64(len(b)) != meta.Size {
+		t.Fatalf("read %d of %d bytes: %v", len(b), meta.Size, err)
+	}
+}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/replicator/replicator/cluster"
 	"github.com/replicator/replicator/machine"
+	"github.com/replicator/replicator/origin"
 )
 
 // ClusterReport is GET /admin/cluster: the nodes of this node's cluster,
@@ -93,6 +94,7 @@ func (n *Node) localCluster() ClusterReport {
 func (n *Node) ClusterReport(ctx context.Context, auth string) ClusterReport {
 	r := n.localCluster()
 	var wg sync.WaitGroup
+	commits := make([]uint64, len(r.Nodes))
 	for i := range r.Nodes {
 		cn := &r.Nodes[i]
 		if cn.Gossip == "self" || !cn.Voter {
@@ -111,12 +113,13 @@ func (n *Node) ClusterReport(ctx context.Context, auth string) ClusterReport {
 				return
 			}
 			cn.State, cn.Applied, cn.Term = theirs.State, theirs.Applied, theirs.Term
-			if theirs.Commit > r.Commit {
-				r.Commit = theirs.Commit // a follower may know more than a deposed node
-			}
+			commits[i] = theirs.Commit
 		}()
 	}
 	wg.Wait()
+	for _, c := range commits {
+		r.Commit = max(r.Commit, c) // a follower may know more than a deposed node
+	}
 	for i := range r.Nodes {
 		if cn := &r.Nodes[i]; cn.Voter && cn.State != "unreachable" && r.Commit > cn.Applied {
 			cn.Lag = r.Commit - cn.Applied
@@ -157,6 +160,9 @@ func (n *Node) JoinNode(id, raftAddr string) error {
 	if !n.multi() {
 		return fmt.Errorf("%w: this node is alone in its cluster (no --raft-listen): restart it with a raft port first", errClusterAction)
 	}
+	if err := origin.Validate(id); err != nil {
+		return fmt.Errorf("%w: node ID: %w", errBadRequest, err)
+	}
 	return n.group.Join(id, raftAddr)
 }
 
@@ -167,6 +173,9 @@ func (n *Node) JoinNode(id, raftAddr string) error {
 func (n *Node) RemoveNode(id string) error {
 	if !n.multi() {
 		return fmt.Errorf("%w: this node is alone in its cluster", errClusterAction)
+	}
+	if err := origin.Validate(id); err != nil {
+		return fmt.Errorf("%w: node ID: %w", errBadRequest, err)
 	}
 	return n.group.RemoveWith(id, func() error {
 		return n.applyCommand(&machine.Command{Kind: machine.KindRemoveNode, Peer: id})
@@ -217,6 +226,8 @@ func (n *Node) registerCluster(mux *http.ServeMux) {
 			writeError(w, http.StatusConflict, apiError{Code: "removed", Message: err.Error()})
 		case errors.Is(err, cluster.ErrUnknownNode):
 			writeError(w, http.StatusNotFound, apiError{Code: "not_found", Message: err.Error()})
+		case errors.Is(err, errBadRequest):
+			writeErr(w, err)
 		case errors.Is(err, errClusterAction):
 			writeError(w, http.StatusConflict, apiError{Code: "single_node", Message: err.Error()})
 		case errors.As(err, &nl):

@@ -31,6 +31,7 @@ func (n *Node) startGossip() error {
 		return err
 	}
 	n.gossip = d
+	n.gossipP.Store(d)
 	n.bg.Add(1)
 	go func() {
 		// Exits once a seed answered, or at stop.

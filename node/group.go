@@ -264,6 +264,9 @@ func (n *Node) installTree(dir string, applied uint64) error {
 	if err := os.Remove(n.restoringFile()); err != nil {
 		return fmt.Errorf("node: restore: %w", err)
 	}
+	if err := syncDir(n.groupDir()); err != nil {
+		return fmt.Errorf("node: restore: %w", err)
+	}
 	if err := n.restoreClock(); err != nil {
 		return err
 	}
@@ -293,7 +296,30 @@ func (n *Node) finishRestore() error {
 	if err := n.store.ReplaceFrom(dir); err != nil {
 		return fmt.Errorf("node: finish a restore: %w", err)
 	}
-	return os.Remove(n.restoringFile())
+	if err := os.Remove(n.restoringFile()); err != nil {
+		return err
+	}
+	return syncDir(n.groupDir())
+}
+
+// dropCheckpoints removes checkpoints a stop left between a snapshot and
+// its persisting (their hard links would keep old tables on disk).
+func (n *Node) dropCheckpoints() {
+	ms, _ := filepath.Glob(filepath.Join(n.groupDir(), "checkpoint-*"))
+	for _, m := range ms {
+		if err := os.RemoveAll(m); err != nil {
+			n.log.Warn("removing a checkpoint left by a stop", "dir", m, "err", err)
+		}
+	}
+}
+
+func syncDir(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	return d.Sync()
 }
 
 // groupDir holds the raft log, its stable state and snapshots.
@@ -306,6 +332,7 @@ func (n *Node) openGroup() (created bool, err error) {
 	if err := n.finishRestore(); err != nil {
 		return false, err
 	}
+	n.dropCheckpoints()
 	m, err := machine.Open(n.store, machine.Options{Cluster: n.cluster, Logger: n.log})
 	if err != nil {
 		return false, err
@@ -468,6 +495,15 @@ func (n *Node) commitCommand(c *machine.Command) (*machine.Result, error) {
 	if err != nil {
 		return nil, err
 	}
+	if c.Kind != machine.KindLocal && c.Kind != machine.KindInbound {
+		// The leader applies what it built, the followers what they decode:
+		// a command the decoder would refuse must not enter the log (it
+		// would stop every follower's machine). Local groups and inbound
+		// batches are checked by the codecs that built them.
+		if _, err := machine.Decode(data); err != nil {
+			return nil, fmt.Errorf("node: a %s command this build would not read back: %w", c.Kind, err)
+		}
+	}
 	out, err := n.apply(data, c)
 	if err != nil {
 		return nil, fmt.Errorf("node: commit a %s command: %w", c.Kind, err)
@@ -548,7 +584,12 @@ func (n *Node) reconcileLog(m *machine.Machine) (mint string, err error) {
 			return "", fmt.Errorf("node: the raft directory's snapshot at %d is not one this build reads (%v)", ls.Snapshot, err)
 		}
 	}
-	if applied < snap.Applied && ls.First > 0 && ls.First <= applied+1 {
+	// The log's own commands up to the snapshot are the committed ones only
+	// when its entry at the snapshot's index has the snapshot's term (a
+	// snapshot installed from the leader, the node stopped before its tree
+	// was: the tail may be a deposed leader's, never committed).
+	logMatches := ls.LogTermAtSnapshot != 0 && ls.LogTermAtSnapshot == ls.SnapshotTerm
+	if applied < snap.Applied && ls.First > 0 && ls.First <= applied+1 && logMatches {
 		err := cluster.ReadLog(n.groupDir(), applied+1, ls.Snapshot, n.log, func(i uint64, data []byte) error {
 			res, err := m.Apply(i, data)
 			if err == nil && !res.High.IsZero() {
@@ -580,6 +621,12 @@ func (n *Node) reconcileLog(m *machine.Machine) (mint string, err error) {
 		mint = why
 	default:
 		return "", nil
+	}
+	if n.multi() {
+		// A voter never sets its raft directory aside (its term and vote
+		// are in it) nor forgets its log: the start is refused, and stays
+		// refused, with both as they are.
+		return mint, nil
 	}
 	if ls.Existing {
 		aside := fmt.Sprintf("%s.lost-%d", n.groupDir(), time.Now().UnixNano())

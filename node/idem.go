@@ -97,6 +97,9 @@ type IdemReport struct {
 // Idempotency looks up the record of an Idempotency-Key, so a caller whose
 // call timed out can learn its outcome instead of retrying blindly.
 func (n *Node) Idempotency(key string) (IdemReport, error) {
+	if n.restoring.Load() {
+		return IdemReport{}, ErrCatchingUp
+	}
 	rec, ok, err := n.store.Idem(key)
 	if err != nil {
 		return IdemReport{}, err

@@ -143,11 +143,12 @@ func (gm *groupMembers) Members() []cluster.Member {
 // sameCluster lists the gossip members of this node's cluster (not this
 // node) that gossip a node ID.
 func (n *Node) sameCluster() []transport.Member {
-	if n.gossip == nil {
+	d := n.gossipP.Load()
+	if d == nil {
 		return nil
 	}
 	var out []transport.Member
-	for _, m := range n.gossip.Members() {
+	for _, m := range d.Members() {
 		if m.Meta.Cluster == n.cluster && m.Meta.Node != "" && m.Meta.Node != n.nodeID && m.Note == "" {
 			out = append(out, m)
 		}

@@ -84,9 +84,14 @@ type Node struct {
 	// for a node alone; a term's, in a cluster of several (nil between
 	// terms: no shipper runs).
 	linkCtx context.Context
-	linkWG  sync.WaitGroup // shipper goroutines
-	tls     tlsSetup
-	gossip  *transport.Discovery
+	// linksBuilding: a term is making its links (they start once it began).
+	linksBuilding bool
+	linkWG        sync.WaitGroup // shipper goroutines
+	tls           tlsSetup
+	gossip        *transport.Discovery
+	// gossipP is gossip for goroutines that may run before Start set it
+	// (the group\'s reconciliation).
+	gossipP atomic.Pointer[transport.Discovery]
 	// applied is the last index of the stream applied to the store.
 	applied atomic.Uint64
 	// restoring is set while a snapshot's tree replaces the store's: local
@@ -473,6 +478,13 @@ func (n *Node) Close() error {
 		case <-done:
 		case <-time.After(30 * time.Second):
 			errs = append(errs, errors.New("node: http handlers still running after 30s"))
+		}
+	}
+	if n.multi() && n.lead.ready.Load() && len(n.group.Status().Servers) > 1 {
+		// Another node leads before this one goes: the cluster does not
+		// wait an election timeout for it (a rolling restart).
+		if err := n.group.TransferLeadership(); err != nil {
+			n.log.Warn("handing leadership over before stopping", "err", err)
 		}
 	}
 	close(n.stop)

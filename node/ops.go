@@ -158,6 +158,9 @@ func (n *Node) Counter(key string) (CounterResult, error) {
 	if err := n.checkKey(key); err != nil {
 		return CounterResult{}, err
 	}
+	if n.restoring.Load() {
+		return CounterResult{}, ErrCatchingUp
+	}
 	c, err := n.store.Counter(key)
 	if errors.Is(err, store.ErrNotFound) {
 		return CounterResult{}, fmt.Errorf("%w: no counter %q", ErrNotFound, key)

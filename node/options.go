@@ -381,8 +381,12 @@ func (o *Options) Validate() error {
 			add("a node of a cluster of several needs a raft port (--raft-listen)")
 		case r.BootstrapExpect < 0:
 			add("--bootstrap-expect %d is negative", r.BootstrapExpect)
-		case r.BootstrapExpect > 1 && o.Gossip == nil:
-			add("--bootstrap-expect %d: the nodes find each other by gossip (--gossip-bind and --join)", r.BootstrapExpect)
+		case o.Gossip == nil:
+			add("a node of a cluster of several finds the others, and the leader's API, by gossip (--gossip-bind and --join)")
+		case o.Gossip.APIURL == "" && unspecifiedHost(o.Listen) && o.Listener == nil:
+			add("--listen %s is every address: give --advertise-api, the URL the cluster's other nodes reach this node's API at", o.Listen)
+		case o.Gossip.ReplicateURL == "" && o.PeerListen != "" && unspecifiedHost(o.PeerListen):
+			add("--peer-listen %s is every address: give --advertise-replicate, the URL peers reach it at", o.PeerListen)
 		}
 		if r.ElectionTimeout < 50*time.Millisecond {
 			add("--raft-election-timeout %s is below 50ms", r.ElectionTimeout)
@@ -417,6 +421,17 @@ func (o *Options) Validate() error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// unspecifiedHost reports a listen address of every interface (":7400",
+// "0.0.0.0:7400", "[::]:7400"), which no other node can dial.
+func unspecifiedHost(hostport string) bool {
+	h, _, err := net.SplitHostPort(hostport)
+	if err != nil {
+		return false
+	}
+	ip := net.ParseIP(h)
+	return h == "" || (ip != nil && ip.IsUnspecified())
 }
 
 // RaftOptions configure a node of a cluster of several nodes.

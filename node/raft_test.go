@@ -393,6 +393,7 @@ func TestRaftPortNeedsCredentials(t *testing.T) {
 	base := func(listen string) *Options {
 		o := testOptions(t.TempDir())
 		o.Raft = &RaftOptions{Listen: listen}
+		o.Gossip = &GossipOptions{Bind: "127.0.0.1:7600"}
 		o.EnsureDefaults()
 		return o
 	}
@@ -408,9 +409,18 @@ func TestRaftPortNeedsCredentials(t *testing.T) {
 		t.Fatalf("with a gossip key: %v", err)
 	}
 	o = base("127.0.0.1:7500")
-	o.Raft.BootstrapExpect = 3
+	o.Gossip = nil
 	if err := o.Validate(); err == nil || !strings.Contains(err.Error(), "gossip") {
-		t.Fatalf("bootstrap-expect without gossip: %v", err)
+		t.Fatalf("a node of several without gossip: %v", err)
+	}
+	o = base("127.0.0.1:7500")
+	o.Listen = "0.0.0.0:7400"
+	if err := o.Validate(); err == nil || !strings.Contains(err.Error(), "--advertise-api") {
+		t.Fatalf("an API on every address without an advertised URL: %v", err)
+	}
+	o.Gossip.APIURL = "http://10.0.0.1:7400"
+	if err := o.Validate(); err != nil {
+		t.Fatalf("with --advertise-api: %v", err)
 	}
 }
 

@@ -2,6 +2,7 @@ package node
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
 	"time"
@@ -114,12 +115,22 @@ func (n *Node) addLink(p Peer) (*transport.Shipper, error) {
 	n.restoreReseedState(sh)
 	n.linksMu.Lock()
 	defer n.linksMu.Unlock()
-	n.shippers = append(n.shippers, sh)
-	if n.replCtx != nil {
-		n.runLinkLocked(sh)
+	for _, have := range n.shippers {
+		if have.Peer().Name == p.Name {
+			return have, nil // made meanwhile (gossip and a term at once)
+		}
 	}
+	if n.multi() && n.linkCtx == nil && !n.linksBuilding {
+		// The term ended while the link was being made: the next one links.
+		return nil, errNoTerm
+	}
+	n.shippers = append(n.shippers, sh)
+	n.runLinkLocked(sh)
 	return sh, nil
 }
+
+// errNoTerm refuses a link at a node that does not lead now.
+var errNoTerm = errors.New("node: this node does not lead its cluster now")
 
 // REQUIRES: n.linksMu held.
 func (n *Node) runLinkLocked(sh *transport.Shipper) {

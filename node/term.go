@@ -43,7 +43,10 @@ type leadState struct {
 	term     uint64
 	cancel   context.CancelFunc
 	began    bool // a term began in this process (the identity check ran)
-	failures int  // consecutive failed starts, to log once
+	failures int  // consecutive failed starts
+	// sawOther: another node led the cluster during this process's life,
+	// so the stream's identity was checked by a leader already.
+	sawOther bool
 }
 
 // multi reports a node of a cluster of several.
@@ -57,6 +60,7 @@ func (n *Node) leadLoop() {
 	defer n.bg.Done()
 	t := time.NewTicker(10 * time.Millisecond)
 	defer t.Stop()
+	var retryAt time.Time
 	for {
 		select {
 		case <-n.stop:
@@ -65,18 +69,53 @@ func (n *Node) leadLoop() {
 		case <-t.C:
 		}
 		leading, term := n.group.IsLeader(), n.group.Term()
+		if id, _ := n.group.Leader(); id != "" && id != n.nodeID {
+			n.lead.sawOther = true
+		}
 		if n.lead.ready.Load() && (!leading || term != n.lead.term) {
 			n.endTerm("no longer the leader")
 		}
-		if leading && !n.lead.ready.Load() {
-			if err := n.beginTerm(term); err != nil {
-				if n.lead.failures++; n.lead.failures == 1 {
-					n.log.Warn("elected, but the term could not begin (trying again)", "term", term, "err", err)
-				}
-				continue
-			}
-			n.lead.failures = 0
+		if n.lead.ready.Load() && n.fsm.broken.Load() != nil {
+			// The state machine stopped mid-term: every write here is
+			// refused, so another node must lead.
+			n.endTerm("the state machine stopped")
+			n.handOver()
+			continue
 		}
+		if !leading {
+			n.lead.failures, retryAt = 0, time.Time{}
+			continue
+		}
+		if n.lead.ready.Load() || time.Now().Before(retryAt) {
+			continue
+		}
+		if err := n.beginTerm(term); err != nil {
+			// Each try appends a barrier: back off, and after a few hand
+			// leadership to a node that may manage.
+			n.lead.failures++
+			retryAt = time.Now().Add(min(10*time.Millisecond<<n.lead.failures, time.Second))
+			if n.lead.failures == 1 {
+				n.log.Warn("elected, but the term could not begin (trying again)", "term", term, "err", err)
+			}
+			if n.lead.failures == termTries {
+				n.log.Error("the term could not begin; handing leadership over", "term", term, "err", err)
+				n.handOver()
+			}
+			continue
+		}
+		n.lead.failures, retryAt = 0, time.Time{}
+	}
+}
+
+// termTries is how many times a term is tried before leadership is handed
+// over.
+const termTries = 6
+
+// handOver asks raft to make another voter the leader (a node alone has
+// none: it keeps trying).
+func (n *Node) handOver() {
+	if err := n.group.TransferLeadership(); err != nil {
+		n.log.Warn("handing leadership over", "err", err)
 	}
 }
 
@@ -87,10 +126,7 @@ func (n *Node) beginTerm(term uint64) error {
 		return fmt.Errorf("apply the log: %w", err)
 	}
 	if errp := n.fsm.broken.Load(); errp != nil {
-		// This node cannot apply the log: another must lead.
-		if err := n.group.TransferLeadership(); err != nil {
-			n.log.Error("handing leadership over", "err", err)
-		}
+		n.handOver() // this node cannot apply the log: another must lead
 		return fmt.Errorf("apply the log: %w", *errp)
 	}
 	// The FSM observed every command's stamps; the tree's high-water mark
@@ -111,19 +147,30 @@ func (n *Node) beginTerm(term uint64) error {
 	if !n.lead.began {
 		// Once per process: what a node checks when it reopens a stream
 		// (docs/ARCHITECTURE.md, "Stream identity"). A later term of the
-		// same process continues what the log holds.
+		// same process continues what the log holds, and so does the first
+		// when another node led meanwhile (that leader checked it).
 		if err := n.pruneReseedState(); err != nil {
 			return err
 		}
-		if err := n.initIdentity(created); err != nil {
+		if err := n.initIdentity(created || n.lead.sawOther); err != nil {
 			return err
 		}
 		n.lead.began = true
 	}
+	// The links are made from the log's cursors, and start once the term's
+	// bookkeeping (a seal after a recovery) is done.
 	ctx, cancel := context.WithCancel(n.replCtx)
 	n.linksMu.Lock()
-	n.linkCtx = ctx
+	n.linksBuilding = true
 	n.linksMu.Unlock()
+	fail := func(err error) error {
+		n.linksMu.Lock()
+		n.linksBuilding = false
+		n.linksMu.Unlock()
+		cancel()
+		n.stopLinks()
+		return err
+	}
 	var errs []error
 	for _, p := range n.linkPeers() {
 		if _, err := n.addLink(p); err != nil {
@@ -131,25 +178,31 @@ func (n *Node) beginTerm(term uint64) error {
 		}
 	}
 	if err := errors.Join(errs...); err != nil {
-		n.linksMu.Lock()
-		n.linkCtx = nil
-		n.linksMu.Unlock()
-		cancel()
-		n.stopLinks()
-		return err
+		return fail(err)
 	}
 	if err := n.sealAfterRecovery(); err != nil {
-		n.linksMu.Lock()
-		n.linkCtx = nil
-		n.linksMu.Unlock()
-		cancel()
-		n.stopLinks()
-		return err
+		return fail(err)
 	}
+	n.linksMu.Lock()
+	n.linksBuilding = false
+	n.linkCtx = ctx
+	for _, sh := range n.shippers {
+		n.runLinkLocked(sh)
+	}
+	n.linksMu.Unlock()
 	n.lead.term, n.lead.cancel = term, cancel
 	n.lead.ready.Store(true)
 	n.lead.changes.Add(1)
 	n.metrics.leaderChanges.Inc()
+	// A peer gossip found while the term began (too early to be linked by
+	// it, too late for the list above).
+	for _, p := range n.linkPeers() {
+		if _, err := n.shipper(p.Name); err != nil {
+			if _, err := n.addLink(p); err != nil {
+				n.log.Warn("linking a peer found while the term began", "peer", p.Name, "err", err)
+			}
+		}
+	}
 	n.log.Info("leading the cluster: stamping, shipping and accepting", "term", term, "node", n.nodeID,
 		"took", time.Since(start).Round(time.Millisecond), "links", len(n.links()))
 	return nil

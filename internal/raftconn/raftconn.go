@@ -184,13 +184,13 @@ func IsLoopback(hostport string) bool {
 // stall the accept loop.
 func (l *Layer) Accept() (net.Conn, error) {
 	c, err := l.ln.Accept()
-	if err != nil {
-		return nil, err
-	}
-	if l.loopback && !IsLoopback(c.RemoteAddr().String()) {
+	for err == nil && l.loopback && !IsLoopback(c.RemoteAddr().String()) {
 		// Not an error of the listener: raft's accept loop would back off.
 		c.Close()
-		return l.Accept()
+		c, err = l.ln.Accept()
+	}
+	if err != nil {
+		return nil, err
 	}
 	if l.server != nil {
 		c = &lazyConn{Conn: tls.Server(c, l.server), timeout: l.timeout}
