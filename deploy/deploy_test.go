@@ -289,11 +289,15 @@ func TestKubernetesManifests(t *testing.T) {
 	if peer, ok := services["replicator-peer"]; !ok || !peer.Spec.PublishNotReadyAddresses {
 		t.Error("the peer Service must publish not-ready addresses: a saturated node still takes replication")
 	}
+	if sts.Spec.Replicas == nil || *sts.Spec.Replicas != 3 {
+		t.Error("a cluster of three nodes survives the loss of one")
+	}
 	if sc := sts.Spec.Template.Spec.SecurityContext; sc == nil || sc.RunAsNonRoot == nil || !*sc.RunAsNonRoot {
 		t.Error("the pod must run as non-root")
 	}
 	args := strings.Join(c.Args, " ")
-	for _, want := range []string{"--peer-secret-file", "--data=/data", "--peer-listen"} {
+	for _, want := range []string{"--peer-secret-file", "--data=/data", "--peer-listen", "--node-id=$(POD_NAME)", "--raft-listen",
+		"--bootstrap-expect=3", "--gossip-key-file", "--advertise-api", "--raft-advertise"} {
 		if !strings.Contains(args, want) {
 			t.Errorf("the node's arguments lack %s: %s", want, args)
 		}
