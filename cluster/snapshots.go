@@ -16,6 +16,8 @@ import (
 	"time"
 
 	"github.com/hashicorp/raft"
+
+	"github.com/replicator/replicator/internal/atomicfile"
 )
 
 // Snapshots are directories (docs/CLUSTER.md): meta.json (raft's
@@ -401,7 +403,7 @@ func unpack(r io.Reader, dir string, head *[]byte) error {
 			return fmt.Errorf("cluster: snapshot file %s (%d of %d bytes): %w", name, k, size, err)
 		}
 	}
-	if err := syncDir(tree); err != nil {
+	if err := atomicfile.SyncDir(tree); err != nil {
 		return err
 	}
 	return expectEOF(br)
@@ -429,15 +431,6 @@ func expectEOF(br *bufio.Reader) error {
 		return fmt.Errorf("%w: bytes after the end", ErrBadSnapshot)
 	}
 	return nil
-}
-
-func syncDir(dir string) error {
-	d, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	defer d.Close()
-	return d.Sync()
 }
 
 func (s *dirSink) Close() error {
@@ -470,13 +463,13 @@ func (s *dirSink) Close() error {
 		err = writeSynced(filepath.Join(s.tmp, snapMeta), meta)
 	}
 	if err == nil {
-		err = syncDir(s.tmp)
+		err = atomicfile.SyncDir(s.tmp)
 	}
 	if err == nil {
 		err = os.Rename(s.tmp, s.final)
 	}
 	if err == nil {
-		err = syncDir(s.store.dir)
+		err = atomicfile.SyncDir(s.store.dir)
 	}
 	if err != nil {
 		os.RemoveAll(s.tmp)

@@ -264,7 +264,7 @@ func (n *Node) installTree(dir string, applied uint64) error {
 	if err := os.Remove(n.restoringFile()); err != nil {
 		return fmt.Errorf("node: restore: %w", err)
 	}
-	if err := syncDir(n.groupDir()); err != nil {
+	if err := atomicfile.SyncDir(n.groupDir()); err != nil {
 		return fmt.Errorf("node: restore: %w", err)
 	}
 	if err := n.restoreClock(); err != nil {
@@ -299,7 +299,7 @@ func (n *Node) finishRestore() error {
 	if err := os.Remove(n.restoringFile()); err != nil {
 		return err
 	}
-	return syncDir(n.groupDir())
+	return atomicfile.SyncDir(n.groupDir())
 }
 
 // dropCheckpoints removes checkpoints a stop left between a snapshot and
@@ -311,15 +311,6 @@ func (n *Node) dropCheckpoints() {
 			n.log.Warn("removing a checkpoint left by a stop", "dir", m, "err", err)
 		}
 	}
-}
-
-func syncDir(dir string) error {
-	d, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	defer d.Close()
-	return d.Sync()
 }
 
 // groupDir holds the raft log, its stable state and snapshots.

@@ -241,14 +241,14 @@ func (s *Store) resetLocked(base uint64) error {
 		if err := os.MkdirAll(s.logDir(base), 0o755); err != nil {
 			return err
 		}
-		if err := syncDir(s.dir); err != nil {
+		if err := atomicfile.SyncDir(s.dir); err != nil {
 			return err
 		}
 	}
 	if err := os.RemoveAll(s.logDir(old)); err != nil {
 		return fmt.Errorf("raftlog: remove %s: %w", s.logDir(old), err)
 	}
-	if err := syncDir(s.dir); err != nil {
+	if err := atomicfile.SyncDir(s.dir); err != nil {
 		return err
 	}
 	return s.openLocked(base)
@@ -702,13 +702,4 @@ func (r *reader) bytes() []byte {
 	out := append([]byte(nil), r.b[:n]...)
 	r.b = r.b[n:]
 	return out
-}
-
-func syncDir(dir string) error {
-	d, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	defer d.Close()
-	return d.Sync()
 }
