@@ -379,7 +379,10 @@ func (n *Node) openGroup() (created bool, err error) {
 			return false, err
 		}
 		co.Listen, co.Advertise, co.BootstrapExpect = r.Listen, r.Advertise, r.BootstrapExpect
-		co.HeartbeatTimeout, co.ElectionTimeout, co.LeaderLeaseTimeout = r.ElectionTimeout, r.ElectionTimeout, r.ElectionTimeout/2
+		// The election timeout is the operator's bound on a failover's
+		// detection: raft's followers campaign after one to two heartbeat
+		// timeouts without a leader, so that is half of it.
+		co.HeartbeatTimeout, co.ElectionTimeout, co.LeaderLeaseTimeout = r.ElectionTimeout/2, r.ElectionTimeout/2, r.ElectionTimeout/4
 		co.SnapshotThreshold, co.TrailingLogs = r.SnapshotThreshold, r.TrailingLogs
 		// Snapshots are checkpoints (cheap): take them often enough that
 		// the log a node keeps for its followers stays small even when its

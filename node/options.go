@@ -388,8 +388,8 @@ func (o *Options) Validate() error {
 		case o.Gossip.ReplicateURL == "" && o.PeerListen != "" && unspecifiedHost(o.PeerListen):
 			add("--peer-listen %s is every address: give --advertise-replicate, the URL peers reach it at", o.PeerListen)
 		}
-		if r.ElectionTimeout < 50*time.Millisecond {
-			add("--raft-election-timeout %s is below 50ms", r.ElectionTimeout)
+		if r.ElectionTimeout < 100*time.Millisecond {
+			add("--raft-election-timeout %s is below 100ms", r.ElectionTimeout)
 		}
 		if _, err := o.raftCredentials(); err != nil {
 			errs = append(errs, err)
@@ -444,9 +444,10 @@ type RaftOptions struct {
 	// gossip, the one with the lowest ID bootstraps it with all of them.
 	// 0: this node never bootstraps; it waits to be added.
 	BootstrapExpect int
-	// ElectionTimeout is how long followers wait without hearing from a
-	// leader before they elect another (default 1s; the heartbeat timeout
-	// is the same, the leader lease half).
+	// ElectionTimeout bounds how long followers wait without hearing from
+	// a leader before they elect another (default 1s: raft's heartbeat
+	// timeout is half of it, and a follower campaigns after one to two of
+	// those; the leader lease is a quarter).
 	ElectionTimeout time.Duration
 	// SnapshotThreshold and TrailingLogs: a snapshot (a checkpoint of the
 	// tree) is taken and the log compacted once SnapshotThreshold commands

@@ -339,7 +339,7 @@ func serveFlags(cfg *serveConfig) *flag.FlagSet {
 	fs.StringVar(&cfg.RaftListen, "raft-listen", cfg.RaftListen, "HOST:PORT of the raft port: this node is one of several of its cluster (docs/CLUSTER.md)")
 	fs.StringVar(&cfg.RaftAdvertise, "raft-advertise", cfg.RaftAdvertise, "HOST:PORT the cluster's other nodes reach the raft port at (default --raft-listen)")
 	fs.IntVar(&cfg.BootstrapExpect, "bootstrap-expect", cfg.BootstrapExpect, "how many fresh nodes found by gossip form a new cluster (0: wait to be added)")
-	fs.Var(&cfg.RaftElection, "raft-election-timeout", "how long the cluster's nodes wait without a leader before they elect another")
+	fs.Var(&cfg.RaftElection, "raft-election-timeout", "bounds how long the cluster's nodes wait without a leader before they elect another (raft's heartbeat timeout is half of it)")
 	fs.StringVar(&cfg.Listen, "listen", cfg.Listen, "HTTP API address")
 	fs.IntVar(&cfg.MaxKeyBytes, "max-key-bytes", cfg.MaxKeyBytes, "largest key in bytes")
 	fs.IntVar(&cfg.MaxValueBytes, "max-value-bytes", cfg.MaxValueBytes, "largest value in bytes")
