@@ -211,6 +211,8 @@ func (c *Config) defaults() {
 type cluster struct {
 	name, url string
 	cmd       *exec.Cmd
+	exited    chan struct{} // closed once cmd was waited for (a child only)
+	log       string
 	peakRSS   atomic.Int64
 	proxy     *delayProxy // in front of its peer endpoint (PeerDelay), or nil
 }
@@ -351,6 +353,15 @@ func waitCaughtUp(ctx context.Context, pairs ...[2]*cluster) error {
 	}
 }
 
+// errStart is a node that did not come up.
+var errStart = errors.New("bench: a node did not start")
+
+// lastLine is the last non-empty line of a log.
+func lastLine(b []byte) string {
+	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
+	return lines[len(lines)-1]
+}
+
 func freeAddr() (string, error) {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -373,6 +384,22 @@ func start(cfg *Config, dir string, nodes int) ([]*cluster, error) {
 	}
 	type spec struct{ cluster, id, api, raft, gossip string }
 	var specs []spec
+	// Every address is held until all are chosen, so that no two nodes get
+	// the same port.
+	var held []net.Listener
+	defer func() {
+		for _, l := range held {
+			l.Close()
+		}
+	}()
+	freeAddr := func() (string, error) {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return "", err
+		}
+		held = append(held, l)
+		return l.Addr().String(), nil
+	}
 	addrs := map[string]string{} // cluster -> its first node's API address
 	for _, n := range []string{"a", "b"} {
 		for i := 1; i <= nodes; i++ {
@@ -412,6 +439,10 @@ func start(cfg *Config, dir string, nodes int) ([]*cluster, error) {
 			via[n] = p.addr()
 		}
 	}
+	for _, l := range held {
+		l.Close()
+	}
+	held = nil
 	var out []*cluster
 	for _, sp := range specs {
 		n := sp.cluster
@@ -449,7 +480,8 @@ func start(cfg *Config, dir string, nodes int) ([]*cluster, error) {
 		if nodes > 1 {
 			name = sp.id
 		}
-		c := &cluster{name: name, url: "http://" + sp.api, cmd: cmd}
+		c := &cluster{name: name, url: "http://" + sp.api, cmd: cmd, exited: make(chan struct{}), log: logf.Name()}
+		go func() { cmd.Wait(); close(c.exited) }() // the child's only waiter; ends with it
 		if sp.api == addrs[n] {
 			c.proxy = proxies[n]
 		}
@@ -462,8 +494,14 @@ func start(cfg *Config, dir string, nodes int) ([]*cluster, error) {
 			if c.getJSON("/healthz", &v) == nil {
 				break
 			}
+			select {
+			case <-c.exited:
+				b, _ := os.ReadFile(c.log)
+				return out, fmt.Errorf("%w: node %s exited at start (logs in %s): %s", errStart, c.name, dir, lastLine(b))
+			default:
+			}
 			if time.Now().After(deadline) {
-				return out, fmt.Errorf("node %s did not start (log in %s)", c.name, dir)
+				return out, fmt.Errorf("%w: node %s did not start (log in %s)", errStart, c.name, dir)
 			}
 			time.Sleep(50 * time.Millisecond)
 		}
@@ -529,7 +567,16 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 			if err := os.MkdirAll(tdir, 0o755); err != nil {
 				return rep, err
 			}
-			if cl, err = start(&cfg, tdir, nodes); err != nil {
+			cl, err = start(&cfg, tdir, nodes)
+			if errors.Is(err, errStart) {
+				// A port chosen free was taken meanwhile: once more, afresh.
+				fmt.Fprintf(cfg.Log, "%v; starting them again\n", err)
+				stop(cl)
+				os.RemoveAll(tdir)
+				os.MkdirAll(tdir, 0o755)
+				cl, err = start(&cfg, tdir, nodes)
+			}
+			if err != nil {
 				stop(cl)
 				return rep, err
 			}
@@ -625,12 +672,11 @@ func stop(cl []*cluster) {
 	for _, c := range cl {
 		if c != nil && c.cmd != nil && c.cmd.Process != nil {
 			c.cmd.Process.Signal(os.Interrupt)
-			done := make(chan struct{})
-			go func() { c.cmd.Wait(); close(done) }()
 			select {
-			case <-done:
+			case <-c.exited:
 			case <-time.After(10 * time.Second):
 				c.cmd.Process.Kill()
+				<-c.exited
 			}
 		}
 		if c != nil && c.proxy != nil {
