@@ -670,7 +670,7 @@ func runTopology(ctx context.Context, cfg *Config, rep *Report, dir string, cl [
 
 func stop(cl []*cluster) {
 	for _, c := range cl {
-		if c != nil && c.cmd != nil && c.cmd.Process != nil {
+		if c != nil && c.cmd != nil && c.cmd.Process != nil && c.exited != nil {
 			c.cmd.Process.Signal(os.Interrupt)
 			select {
 			case <-c.exited:

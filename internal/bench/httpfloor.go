@@ -70,7 +70,8 @@ func startHTTPFloor() (*cluster, error) {
 	if err := cmd.Start(); err != nil {
 		return nil, err
 	}
-	c := &cluster{name: "httpfloor", url: "http://" + addr, cmd: cmd}
+	c := &cluster{name: "httpfloor", url: "http://" + addr, cmd: cmd, exited: make(chan struct{})}
+	go func() { cmd.Wait(); close(c.exited) }() // the child's only waiter; ends with it
 	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
 		var v map[string]any
 		if c.getJSON("/healthz", &v) == nil {
