@@ -112,5 +112,5 @@ func (n *Node) stopGossip() error {
 		return nil
 	}
 	// A graceful leave tells the others this node left, rather than died.
-	return n.gossip.Leave(2 * time.Second)
+	return n.gossip.Leave(5 * time.Second)
 }
