@@ -233,6 +233,18 @@ func (d *Discovery) Leave(timeout time.Duration) error {
 		d.meta = b
 		d.mu.Unlock()
 		d.ml.UpdateNode(timeout / 2)
+		// The update is gossip (UDP): a push-pull with each live member
+		// (TCP) makes sure they hold it before the leave, which otherwise
+		// may overtake it under load and make them record "dead".
+		var addrs []string
+		for _, n := range d.ml.Members() {
+			if n.Name != d.opts.NodeName {
+				addrs = append(addrs, n.FullAddress().Addr)
+			}
+		}
+		if len(addrs) > 0 {
+			d.ml.Join(addrs)
+		}
 	}
 	err := d.ml.Leave(timeout / 2)
 	return errors.Join(err, d.ml.Shutdown())
