@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -16,6 +15,7 @@ import (
 	"time"
 
 	"github.com/replicator/replicator/client"
+	"github.com/replicator/replicator/internal/loopback"
 	"github.com/replicator/replicator/node"
 	"github.com/replicator/replicator/policy"
 )
@@ -77,15 +77,6 @@ func (d *demoNode) report(ctx context.Context) (node.ClusterReport, error) {
 	return r, err
 }
 
-func freeLoopback() (string, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return "", err
-	}
-	defer l.Close()
-	return l.Addr().String(), nil
-}
-
 // runDemoNodes is `demo --nodes N`: two clusters of N nodes each as child
 // processes on loopback, writes at every node of both, the leader of a
 // SIGKILLed mid-run, the failover and the convergence shown.
@@ -100,15 +91,15 @@ func runDemoNodes(size, writes int, keep bool, timeout time.Duration) error {
 	type addrs struct{ api, raft, gossip string }
 	all := map[string]addrs{}
 	var order []string
+	free, err := loopback.Addrs(2 * size * 3)
+	if err != nil {
+		return err
+	}
 	for _, c := range []string{"a", "b"} {
 		for i := 1; i <= size; i++ {
 			id := fmt.Sprintf("%s%d", c, i)
-			var a addrs
-			for _, p := range []*string{&a.api, &a.raft, &a.gossip} {
-				if *p, err = freeLoopback(); err != nil {
-					return err
-				}
-			}
+			a := addrs{free[0], free[1], free[2]}
+			free = free[3:]
 			all[id] = a
 			order = append(order, id)
 		}

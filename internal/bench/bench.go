@@ -11,8 +11,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/replicator/replicator/internal/loopback"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -362,15 +362,6 @@ func lastLine(b []byte) string {
 	return lines[len(lines)-1]
 }
 
-func freeAddr() (string, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return "", err
-	}
-	defer l.Close()
-	return l.Addr().String(), nil
-}
-
 // start launches the two clusters as child processes: a node alone each,
 // or nodes of several (raft) each, with the writes' target (the leader)
 // first for each.
@@ -384,37 +375,27 @@ func start(cfg *Config, dir string, nodes int) ([]*cluster, error) {
 	}
 	type spec struct{ cluster, id, api, raft, gossip string }
 	var specs []spec
-	// Every address is held until all are chosen, so that no two nodes get
-	// the same port.
-	var held []net.Listener
-	defer func() {
-		for _, l := range held {
-			l.Close()
-		}
-	}()
-	freeAddr := func() (string, error) {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return "", err
-		}
-		held = append(held, l)
-		return l.Addr().String(), nil
+	perNode := 1
+	if nodes > 1 {
+		perNode = 3
+	}
+	// Held until the proxies are up, so that none of them takes a node's.
+	free, release, err := loopback.Hold(2 * nodes * perNode)
+	if err != nil {
+		return nil, err
+	}
+	defer release()
+	next := func() string {
+		a := free[0]
+		free = free[1:]
+		return a
 	}
 	addrs := map[string]string{} // cluster -> its first node's API address
 	for _, n := range []string{"a", "b"} {
 		for i := 1; i <= nodes; i++ {
-			sp := spec{cluster: n, id: fmt.Sprintf("%s%d", n, i)}
-			var err error
-			if sp.api, err = freeAddr(); err != nil {
-				return nil, err
-			}
+			sp := spec{cluster: n, id: fmt.Sprintf("%s%d", n, i), api: next()}
 			if nodes > 1 {
-				if sp.raft, err = freeAddr(); err != nil {
-					return nil, err
-				}
-				if sp.gossip, err = freeAddr(); err != nil {
-					return nil, err
-				}
+				sp.raft, sp.gossip = next(), next()
 			}
 			if i == 1 {
 				addrs[n] = sp.api
@@ -439,10 +420,7 @@ func start(cfg *Config, dir string, nodes int) ([]*cluster, error) {
 			via[n] = p.addr()
 		}
 	}
-	for _, l := range held {
-		l.Close()
-	}
-	held = nil
+	release()
 	var out []*cluster
 	for _, sp := range specs {
 		n := sp.cluster

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/replicator/replicator/internal/loopback"
 	"io"
 	"net"
 	"net/http"
@@ -62,10 +63,11 @@ func startHTTPFloor() (*cluster, error) {
 	if err != nil {
 		return nil, err
 	}
-	addr, err := freeAddr()
+	free, err := loopback.Addrs(1)
 	if err != nil {
 		return nil, err
 	}
+	addr := free[0]
 	cmd := exec.Command(self, "bench-httpfloor", "--listen", addr)
 	if err := cmd.Start(); err != nil {
 		return nil, err
