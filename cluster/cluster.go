@@ -369,15 +369,7 @@ func (w *lineWriter) Write(p []byte) (int, error) {
 	if strings.Contains(msg, "[ERROR]") {
 		level = slog.LevelError
 	}
-	// The kind of line: its text up to the first field, and the peer.
-	kind, _, _ := strings.Cut(msg, ":")
-	if i := strings.Index(msg, "peer="); i >= 0 {
-		peer, _, _ := strings.Cut(msg[i:], " ")
-		kind += " " + peer
-	} else if i := strings.Index(msg, "target="); i >= 0 {
-		peer, _, _ := strings.Cut(msg[i:], " ")
-		kind += " " + peer
-	}
+	kind := lineKind(msg)
 	w.mu.Lock()
 	now := time.Now()
 	if t, ok := w.last[kind]; ok && now.Sub(t) < repeatEvery {
@@ -401,6 +393,32 @@ func (w *lineWriter) Write(p []byte) (int, error) {
 		w.l.Log(context.Background(), level, msg, "component", "raft")
 	}
 	return len(p), nil
+}
+
+// lineKind is what makes two of raft's lines the same kind: the message
+// (hclog writes "[LEVEL]  raft: message: key=value ..."), its level, and
+// the peer or target it is about (a quoted value may hold spaces).
+func lineKind(line string) string {
+	level, rest, _ := strings.Cut(line, "raft: ")
+	msg, fields, _ := strings.Cut(rest, ": ")
+	kind := strings.TrimSpace(level) + " " + msg
+	for _, key := range []string{"peer=", "target=", "server-id=", "id="} {
+		i := strings.Index(fields, key)
+		if i < 0 || (i > 0 && fields[i-1] != ' ') {
+			continue
+		}
+		v := fields[i+len(key):]
+		if strings.HasPrefix(v, `"`) {
+			if end := strings.Index(v[1:], `"`); end >= 0 {
+				v = v[:end+2]
+			}
+		} else {
+			v, _, _ = strings.Cut(v, " ")
+		}
+		kind += " " + key + v
+		break
+	}
+	return kind
 }
 
 // PeersFile is where an operator puts the configuration of the nodes that
