@@ -93,12 +93,14 @@ func (n *Node) leadLoop() {
 			// Each try appends a barrier: back off, and after a few hand
 			// leadership to a node that may manage.
 			n.lead.failures++
-			retryAt = time.Now().Add(min(10*time.Millisecond<<n.lead.failures, time.Second))
+			retryAt = time.Now().Add(termBackoff(n.lead.failures))
 			if n.lead.failures == 1 {
 				n.log.Warn("elected, but the term could not begin (trying again)", "term", term, "err", err)
 			}
-			if n.lead.failures == termTries {
-				n.log.Error("the term could not begin; handing leadership over", "term", term, "err", err)
+			if n.lead.failures%termTries == 0 {
+				// Again every termTries failures: a transfer that found no
+				// target (the others down) is tried once they may be back.
+				n.log.Error("the term could not begin; handing leadership over", "term", term, "err", err, "tries", n.lead.failures)
 				n.handOver()
 			}
 			continue
@@ -110,6 +112,17 @@ func (n *Node) leadLoop() {
 // termTries is how many times a term is tried before leadership is handed
 // over.
 const termTries = 6
+
+// termBackoff is the wait after the nth failed try to begin a term: 20 ms
+// doubling to at most a second (the shift is bounded: unbounded, it wrapped
+// to zero after a minute of failures, and every 10 ms tick appended a
+// barrier again).
+func termBackoff(failures int) time.Duration {
+	if failures >= 7 {
+		return time.Second
+	}
+	return 10 * time.Millisecond << failures
+}
 
 // handOver asks raft to make another voter the leader (a node alone has
 // none: it keeps trying).
