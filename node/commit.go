@@ -118,7 +118,6 @@ type committer struct {
 
 	pending []*proposal // scratch of run
 	enc     *machine.Encoder
-	cmd     machine.Command
 	prev    int // writers expected back for the next group
 }
 
@@ -272,7 +271,12 @@ func (c *committer) commit(pending []*proposal) int {
 	floor := n.clock.Last()
 	c.floor.Store(&floor)
 	defer c.floor.Store(nil)
-	c.cmd = machine.Command{Kind: machine.KindLocal, Local: c.cmd.Local[:0]}
+	// A command of its own per group, never reused: the state machine may
+	// still be applying a group's command (as this node's follower, after
+	// it lost the lead with the group in flight: raft's log hands it the
+	// very bytes, which n.proposed maps to this command) when the group's
+	// writers were already answered.
+	cmd := &machine.Command{Kind: machine.KindLocal, Local: make([]machine.Proposal, 0, len(props))}
 	sent := props[:0]
 	for _, p := range props {
 		// Stamp in commit order: commit HLCs grow with stream indexes (the
@@ -295,19 +299,19 @@ func (c *committer) commit(pending []*proposal) int {
 			mp.Keyed = &machine.Keyed{Key: p.idem.key, Fingerprint: p.idem.fingerprint, Answer: p.idem.answer,
 				OpID: p.idem.opID, Expires: mp.Entry.Commit.Wall + int64(n.opts.IdempotencyWindow)}
 		}
-		c.cmd.Local = append(c.cmd.Local, mp)
+		cmd.Local = append(cmd.Local, mp)
 		sent = append(sent, p)
 	}
 	if len(sent) == 0 {
 		return 0
 	}
-	data, err := c.enc.Encode(&c.cmd)
+	data, err := c.enc.Encode(cmd)
 	if err != nil {
 		answerAll(sent, fmt.Errorf("%w: %w", ErrNotWritten, err))
 		return 0
 	}
 	t0 := time.Now()
-	out, err := n.apply(data, &c.cmd)
+	out, err := n.apply(data, cmd)
 	n.metrics.fsyncSeconds.Observe(time.Since(t0).Seconds())
 	if err == nil {
 		if e, ok := out.(error); ok {
