@@ -235,15 +235,27 @@ func (d *Discovery) Leave(timeout time.Duration) error {
 		d.ml.UpdateNode(timeout / 2)
 		// The update is gossip (UDP): a push-pull with each live member
 		// (TCP) makes sure they hold it before the leave, which otherwise
-		// may overtake it under load and make them record "dead".
-		var addrs []string
+		// may overtake it under load and make them record "dead". All at
+		// once, and waited for at most timeout/4: one after another, a
+		// member that does not answer would hold the shutdown a TCP
+		// timeout each. A push still running after the wait exits when its
+		// dial or exchange times out (the gossip profile's TCP timeout).
+		var wg sync.WaitGroup
 		for _, n := range d.ml.Members() {
-			if n.Name != d.opts.NodeName {
-				addrs = append(addrs, n.FullAddress().Addr)
+			if n.Name == d.opts.NodeName || n.State != memberlist.StateAlive {
+				continue
 			}
+			wg.Add(1)
+			go func(addr string) {
+				defer wg.Done()
+				d.ml.Join([]string{addr})
+			}(n.FullAddress().Addr)
 		}
-		if len(addrs) > 0 {
-			d.ml.Join(addrs)
+		pushed := make(chan struct{})
+		go func() { wg.Wait(); close(pushed) }() // exits with the last push
+		select {
+		case <-pushed:
+		case <-time.After(timeout / 4):
 		}
 	}
 	err := d.ml.Leave(timeout / 2)
