@@ -82,8 +82,17 @@ func openSnapshots(dir string) (*dirSnapshots, error) {
 		return nil, fmt.Errorf("cluster: snapshots: %w", err)
 	}
 	for _, e := range ents {
-		if strings.HasSuffix(e.Name(), snapTmp) {
-			os.RemoveAll(filepath.Join(dir, e.Name())) // a crash during Create
+		path := filepath.Join(dir, e.Name())
+		switch {
+		case strings.HasSuffix(e.Name(), snapTmp):
+			os.RemoveAll(path) // a crash during Create
+		case e.IsDir():
+			// A snapshot's meta is synced before it is renamed in place and
+			// removed first when it is reaped: without one, a crash cut its
+			// reap short, and its tree's hard links would hold old tables.
+			if _, err := os.Stat(filepath.Join(path, snapMeta)); errors.Is(err, os.ErrNotExist) {
+				os.RemoveAll(path)
+			}
 		}
 	}
 	return &dirSnapshots{dir: dir}, nil

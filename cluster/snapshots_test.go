@@ -184,3 +184,31 @@ func TestSnapshotStreamOutlivesItsReap(t *testing.T) {
 		t.Fatalf("read %d of %d bytes: %v", len(b), meta.Size, err)
 	}
 }
+
+// A reap a crash cut short (its meta gone, its tree left) is finished when
+// the store opens; whole snapshots stay.
+func TestHalfReapedSnapshotRemovedAtOpen(t *testing.T) {
+	dir := t.TempDir()
+	st, _ := openSnapshots(dir)
+	keep := makeSnapshot(t, st, "{}\n", map[string]string{"a": "0123456789"})
+	half := makeSnapshot(t, st, "{}\n", map[string]string{"b": "abc"})
+	if err := os.Remove(filepath.Join(dir, half, snapMeta)); err != nil {
+		t.Fatal(err)
+	}
+	st, err := openSnapshots(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, half)); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("the half-reaped snapshot is still there: %v", err)
+	}
+	metas, err := st.List()
+	if err != nil || len(metas) != 1 || metas[0].ID != keep {
+		t.Fatalf("List after open = %v, %v; want only %s", metas, err, keep)
+	}
+	if _, rc, err := st.Open(keep); err != nil {
+		t.Fatalf("the whole snapshot cannot be opened: %v", err)
+	} else {
+		rc.Close()
+	}
+}
