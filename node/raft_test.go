@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -14,6 +13,7 @@ import (
 
 	"github.com/replicator/replicator/client"
 	"github.com/replicator/replicator/cluster"
+	ports "github.com/replicator/replicator/internal/loopback"
 	"github.com/replicator/replicator/store"
 )
 
@@ -28,31 +28,32 @@ type raftCluster struct {
 	nodes map[string]*Node
 }
 
-func freeTCP(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().String()
-}
-
 // newRaftCluster starts n nodes of cluster id that form by gossip;
 // tweak adjusts each node's options.
 func newRaftCluster(t *testing.T, id string, n int, tweak func(name string, o *Options)) *raftCluster {
 	c := &raftCluster{t: t, id: id, dirs: map[string]string{}, opts: map[string]*Options{}, nodes: map[string]*Node{}}
+	// Every node's three ports are held until all are chosen: released one
+	// by one, the same port could come back for two of them.
+	free, release, err := ports.Hold(3 * n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	next := func() string {
+		a := free[0]
+		free = free[1:]
+		return a
+	}
 	gossip := map[string]string{}
 	for i := 1; i <= n; i++ {
 		name := fmt.Sprintf("%s%d", id, i)
 		c.names = append(c.names, name)
-		gossip[name] = freeTCP(t)
+		gossip[name] = next()
 	}
 	for _, name := range c.names {
 		o := testOptions(filepath.Join(t.TempDir(), name))
 		o.ClusterID, o.NodeID = id, name
-		o.Listen = freeTCP(t) // the same address at every restart
-		o.Raft = &RaftOptions{Listen: freeTCP(t), BootstrapExpect: n, ElectionTimeout: 300 * time.Millisecond}
+		o.Listen = next() // the same address at every restart
+		o.Raft = &RaftOptions{Listen: next(), BootstrapExpect: n, ElectionTimeout: 300 * time.Millisecond}
 		o.Gossip = &GossipOptions{Bind: gossip[name], Profile: "local"}
 		for _, other := range c.names {
 			if other != name {
@@ -65,6 +66,7 @@ func newRaftCluster(t *testing.T, id string, n int, tweak func(name string, o *O
 		}
 		c.dirs[name], c.opts[name] = o.DataDir, o
 	}
+	release()
 	for _, name := range c.names {
 		c.start(name)
 	}
