@@ -18,10 +18,9 @@ import (
 	"net"
 	"os"
 	"path/filepath"
-	"slices"
-	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
@@ -61,9 +60,12 @@ func (e *NotLeaderError) Unwrap() error { return ErrNotLeader }
 
 // Member is a node of this cluster as gossip reports it.
 type Member struct {
-	ID       string
-	RaftAddr string
-	Alive    bool
+	// ID is the node ID; Incarnation its data directory's (docs/CLUSTER.md
+	// "A node's identity"): raft knows it as ServerID(ID, Incarnation).
+	ID          string
+	Incarnation string
+	RaftAddr    string
+	Alive       bool
 	// Fresh: the node holds no raft state and no data, so it may take part
 	// in bootstrapping a new group.
 	Fresh bool
@@ -78,6 +80,11 @@ type Membership interface {
 // Options configures a Group. Zero fields take defaults.
 type Options struct {
 	Cluster, Node string
+	// Incarnation is this node's data directory's: raft knows the node as
+	// ServerID(Node, Incarnation), so a node whose directory was wiped or
+	// put back from a copy is a new member (empty: a directory that joined
+	// a group before incarnations, known by its bare node ID).
+	Incarnation string
 	// Dir holds the raft log, stable state and snapshots.
 	Dir string
 	// Solo: the group is this node alone (a cluster of one node, as every
@@ -105,10 +112,20 @@ type Options struct {
 	HasData func() bool
 	// FSM applies committed commands.
 	FSM raft.FSM
-	// Removed reports a node ID that was removed from the group: the leader
-	// never adds it back, however alive gossip says it is (a removed ID is
-	// not reused). Default: none is.
-	Removed func(id string) bool
+	// Removed says why a raft server (node ID and incarnation) may not be a
+	// member ("" when it may): its node ID was removed by an operator, or
+	// this incarnation was replaced or lost in a recovery. The leader never
+	// adds it back, however alive gossip says it is, and the raft port
+	// tells it why it is refused. Default: none is.
+	Removed func(id raft.ServerID) string
+	// RecordRemoved records, through the log, that a server is out for good
+	// (an incarnation replaced by a newer one), before the leader takes it
+	// out of the configuration. Default: nothing is recorded.
+	RecordRemoved func(id raft.ServerID, why Removal) error
+	// Applied reports the last log index the state machine applied (the
+	// raft port tells a leader that asks, to judge a new member's
+	// catch-up). Default: raft's applied index.
+	Applied func() uint64
 	// Members is gossip's view of this cluster.
 	Members Membership
 	// Reconcile is how often bootstrap and membership are checked
@@ -170,8 +187,12 @@ func (o *Options) EnsureDefaults() {
 		o.HasData = func() bool { return false }
 	}
 	if o.Removed == nil {
-		o.Removed = func(string) bool { return false }
+		o.Removed = func(raft.ServerID) string { return "" }
 	}
+	if o.RecordRemoved == nil {
+		o.RecordRemoved = func(raft.ServerID, Removal) error { return nil }
+	}
+
 	if o.Logger == nil {
 		o.Logger = slog.Default()
 	}
@@ -202,6 +223,9 @@ func (o *Options) Validate() error {
 	if o.BootstrapExpect < 0 {
 		add("BootstrapExpect %d is negative", o.BootstrapExpect)
 	}
+	if strings.ContainsAny(o.Node, ".@") || strings.ContainsAny(o.Incarnation, ".@") {
+		add("Node %q and Incarnation %q may not hold '.' or '@'", o.Node, o.Incarnation)
+	}
 	return errors.Join(errs...)
 }
 
@@ -213,20 +237,33 @@ func (soloMembers) Members() []Member { return nil }
 // Group is this node's part of its cluster's raft group.
 type Group struct {
 	opts  Options
+	id    raft.ServerID // this node's: ServerID(Node, Incarnation)
 	raft  *raft.Raft
 	log   *raftlog.Store
 	trans raft.Transport
+	// layer is the raft port (nil for a group of one).
+	layer *raftconn.Layer
 	// closeTrans closes the transport (the network one has a port).
 	closeTrans func()
 	stop       chan struct{}
 	done       chan struct{}
-	// recovered: this open rewrote the configuration from peers.json (a
-	// majority was lost).
-	recovered bool
+	// recovery: this open rewrote the configuration from peers.json (a
+	// majority was lost); nil otherwise.
+	recovery *Recovery
+
+	// lead is the leader's bookkeeping of membership, of the run
+	// goroutine only: the commit index each new member must reach before
+	// it votes, and the lines already logged.
+	lead struct {
+		learners map[raft.ServerID]uint64
+		logged   map[string]time.Time
+	}
 
 	mu struct {
 		sync.Mutex
 		bootstrapped bool
+		// refused are the members the leader keeps out, and why.
+		refused map[raft.ServerID]string
 	}
 }
 
@@ -256,26 +293,43 @@ func Open(opts *Options) (*Group, error) {
 		store.Close()
 		return nil, err
 	}
+	self := ServerID(o.Node, o.Incarnation)
+	var started atomic.Pointer[raft.Raft]
 	var trans raft.Transport
+	var layer *raftconn.Layer
 	if o.Solo {
 		_, trans = raft.NewInmemTransport(raft.ServerAddress(o.Node))
 	} else {
 		co := o.Conn
-		co.Cluster, co.Node = o.Cluster, o.Node
+		co.Cluster, co.Node, co.ID, co.Applied = o.Cluster, o.Node, string(self), o.Applied
+		if co.Applied == nil {
+			co.Applied = func() uint64 {
+				if r := started.Load(); r != nil {
+					return r.AppliedIndex()
+				}
+				return 0
+			}
+		}
+		co.Refuse = func(sender string) string { return o.Removed(raft.ServerID(sender)) }
+		if co.Logger == nil {
+			co.Logger = o.Logger
+		}
 		var adv net.Addr
 		if o.Advertise != "" {
 			adv = advertised(o.Advertise)
 		}
-		layer, err := raftconn.Listen(o.Listen, adv, co)
-		if err != nil {
+		var err error
+		if layer, err = raftconn.Listen(o.Listen, adv, co); err != nil {
 			store.Close()
 			return nil, err
 		}
-		trans = raft.NewNetworkTransportWithConfig(&raft.NetworkTransportConfig{Stream: layer, MaxPool: 4,
+		// Every RPC names the server it is meant for: a node that lost its
+		// memory is another identity, and answers none of them.
+		trans = raftconn.NewTransport(layer, &raft.NetworkTransportConfig{MaxPool: 4,
 			Timeout: 5 * time.Second, Logger: hclog.NewNullLogger()})
 	}
 	cfg := raft.DefaultConfig()
-	cfg.LocalID = raft.ServerID(o.Node)
+	cfg.LocalID = self
 	cfg.HeartbeatTimeout, cfg.ElectionTimeout, cfg.LeaderLeaseTimeout = o.HeartbeatTimeout, o.ElectionTimeout, o.LeaderLeaseTimeout
 	cfg.Logger = raftLogger(o.Logger)
 	cfg.SnapshotThreshold, cfg.SnapshotInterval, cfg.TrailingLogs = o.SnapshotThreshold, o.SnapshotInterval, o.TrailingLogs
@@ -295,7 +349,7 @@ func Open(opts *Options) (*Group, error) {
 		store.Close()
 		return nil, fmt.Errorf("cluster: %w", err)
 	}
-	recovered, err := recoverIfAsked(&o, cfg, store, snaps, trans)
+	recovery, err := recoverIfAsked(&o, cfg, store, snaps, trans)
 	if err != nil {
 		closeTrans()
 		store.Close()
@@ -307,8 +361,9 @@ func Open(opts *Options) (*Group, error) {
 		store.Close()
 		return nil, fmt.Errorf("cluster: start raft: %w", err)
 	}
-	g := &Group{opts: o, raft: r, log: store, trans: trans, closeTrans: closeTrans, stop: make(chan struct{}), done: make(chan struct{}),
-		recovered: recovered}
+	started.Store(r)
+	g := &Group{opts: o, id: self, raft: r, log: store, trans: trans, layer: layer, closeTrans: closeTrans, stop: make(chan struct{}),
+		done: make(chan struct{}), recovery: recovery}
 	g.mu.bootstrapped = existing
 	if o.Solo && existing {
 		// A node of several started as a node alone would wait for ever
@@ -322,8 +377,8 @@ func Open(opts *Options) (*Group, error) {
 		}
 	}
 	if (o.Solo || o.BootstrapAlone) && !existing {
-		self := raft.Server{ID: cfg.LocalID, Address: trans.LocalAddr()}
-		if err := r.BootstrapCluster(raft.Configuration{Servers: []raft.Server{self}}).Error(); err != nil {
+		me := raft.Server{ID: cfg.LocalID, Address: trans.LocalAddr()}
+		if err := r.BootstrapCluster(raft.Configuration{Servers: []raft.Server{me}}).Error(); err != nil {
 			r.Shutdown().Error()
 			closeTrans()
 			store.Close()
@@ -420,50 +475,6 @@ func lineKind(line string) string {
 	}
 	return kind
 }
-
-// PeersFile is where an operator puts the configuration of the nodes that
-// survive the loss of a majority (hashicorp/raft's peers.json, version 3:
-// [{"id": "a1", "address": "10.0.0.1:7500", "non_voter": false}]), on every
-// survivor, before starting them again.
-const PeersFile = "peers.json"
-
-// recoverIfAsked rewrites the group's configuration from peers.json when
-// the operator put one there (raft.RecoverCluster: the log this node holds
-// is applied, committed or not, and compacted into a snapshot with the new
-// configuration). The file is kept as peers.json.recovered-<time>.
-func recoverIfAsked(o *Options, cfg *raft.Config, store *raftlog.Store, snaps raft.SnapshotStore, trans raft.Transport) (bool, error) {
-	path := filepath.Join(o.Dir, PeersFile)
-	if _, err := os.Stat(path); errors.Is(err, os.ErrNotExist) {
-		return false, nil
-	}
-	if o.Solo {
-		return false, fmt.Errorf("cluster: %s is a recovery of a cluster of several: start the node with its raft port (--raft-listen)", path)
-	}
-	conf, err := raft.ReadConfigJSON(path)
-	if err != nil {
-		return false, fmt.Errorf("cluster: %s: %w", path, err)
-	}
-	if len(conf.Servers) != 1 || string(conf.Servers[0].ID) != o.Node {
-		// Each survivor would apply its own log's tail, committed or not,
-		// and their trees could differ for ever: one recovers, the others
-		// join it with empty data directories.
-		return false, fmt.Errorf("cluster: %s must name this node (%s) alone: recover one survivor, then start the others "+
-			"with empty data directories and new node IDs (they catch up from it)", path, o.Node)
-	}
-	if err := raft.RecoverCluster(cfg, o.FSM, store, store, snaps, trans, conf); err != nil {
-		return false, fmt.Errorf("cluster: recover from %s: %w", path, err)
-	}
-	done := fmt.Sprintf("%s.recovered-%d", path, time.Now().Unix())
-	if err := os.Rename(path, done); err != nil {
-		return false, fmt.Errorf("cluster: %w", err)
-	}
-	o.Logger.Warn("recovered the cluster's configuration after the loss of a majority", "servers", serverIDs(conf), "kept_at", done)
-	return true, nil
-}
-
-// Recovered reports whether this open recovered the configuration from
-// peers.json.
-func (g *Group) Recovered() bool { return g.recovered }
 
 // ReadLog calls f with the commands of the raft log under dir from index
 // from through to, in order, without starting raft. Only indexes at or below
@@ -577,103 +588,6 @@ func (g *Group) Fresh() bool {
 // Addr is the advertised raft address.
 func (g *Group) Addr() string { return string(g.trans.LocalAddr()) }
 
-// run bootstraps when the time comes and, while leading, adds the members
-// gossip reports to the configuration. It exits at Close.
-func (g *Group) run() {
-	defer close(g.done)
-	t := time.NewTicker(g.opts.Reconcile)
-	defer t.Stop()
-	for {
-		g.reconcile()
-		select {
-		case <-g.stop:
-			return
-		case <-t.C:
-		}
-	}
-}
-
-func (g *Group) reconcile() {
-	members := g.opts.Members.Members()
-	if g.raft.State() == raft.Leader {
-		g.addMembers(members)
-		return
-	}
-	g.mu.Lock()
-	bootstrapped := g.mu.bootstrapped
-	g.mu.Unlock()
-	if bootstrapped || g.opts.BootstrapExpect == 0 || g.opts.HasData() {
-		return
-	}
-	// Consul's rule, with one writer of the first configuration: once
-	// exactly the expected number of nodes is seen, all fresh (none holds a
-	// group's state or data, which would mean a group exists to join), the
-	// lowest ID bootstraps with all of them; the others are told of it by
-	// the leader's first append.
-	var fresh []Member
-	for _, m := range members {
-		if !m.Fresh {
-			return
-		}
-		if m.Alive {
-			fresh = append(fresh, m)
-		}
-	}
-	if len(fresh) != g.opts.BootstrapExpect {
-		return
-	}
-	slices.SortFunc(fresh, func(a, b Member) int {
-		switch {
-		case a.ID < b.ID:
-			return -1
-		case a.ID > b.ID:
-			return 1
-		}
-		return 0
-	})
-	if fresh[0].ID != g.opts.Node {
-		return
-	}
-	var servers []raft.Server
-	for _, m := range fresh {
-		servers = append(servers, raft.Server{ID: raft.ServerID(m.ID), Address: raft.ServerAddress(m.RaftAddr)})
-	}
-	err := g.raft.BootstrapCluster(raft.Configuration{Servers: servers}).Error()
-	if err != nil && !errors.Is(err, raft.ErrCantBootstrap) {
-		g.opts.Logger.Warn("bootstrap failed", "err", err)
-		return
-	}
-	g.mu.Lock()
-	g.mu.bootstrapped = true
-	g.mu.Unlock()
-	g.opts.Logger.Info("cluster bootstrapped", "nodes", len(servers))
-}
-
-// addMembers adds live members missing from the configuration as voters.
-func (g *Group) addMembers(members []Member) {
-	cf := g.raft.GetConfiguration()
-	if cf.Error() != nil {
-		return
-	}
-	in := map[raft.ServerID]raft.ServerAddress{}
-	for _, s := range cf.Configuration().Servers {
-		in[s.ID] = s.Address
-	}
-	for _, m := range members {
-		if !m.Alive || m.ID == "" || m.RaftAddr == "" || g.opts.Removed(m.ID) {
-			continue
-		}
-		if addr, ok := in[raft.ServerID(m.ID)]; ok && string(addr) == m.RaftAddr {
-			continue
-		}
-		if err := g.raft.AddVoter(raft.ServerID(m.ID), raft.ServerAddress(m.RaftAddr), 0, 5*time.Second).Error(); err != nil {
-			g.opts.Logger.Warn("adding a node failed", "node", m.ID, "err", err)
-			continue
-		}
-		g.opts.Logger.Info("node added", "node", m.ID, "raft", m.RaftAddr)
-	}
-}
-
 // Apply commits cmd on a quorum and applies it on this node (the leader),
 // returning what the state machine returned. A NotLeaderError means the
 // command never entered the log; any other error leaves its fate unknown
@@ -752,124 +666,6 @@ func (g *Group) HasCommand(from, to uint64) (bool, error) {
 		}
 	}
 	return false, nil
-}
-
-// Join adds a node as a voter (an operator's join, or one gossip does not
-// report). A removed ID is refused: node IDs are never reused.
-func (g *Group) Join(id, addr string) error {
-	if !g.IsLeader() {
-		lid, laddr := g.Leader()
-		return &NotLeaderError{LeaderID: lid, LeaderAddr: laddr}
-	}
-	if id == "" || addr == "" {
-		return fmt.Errorf("cluster: join: a node ID and a raft address are required")
-	}
-	if g.opts.Removed(id) {
-		return fmt.Errorf("%w: %s was removed from the cluster; a removed ID is not reused: give the node a new ID (and an empty data directory)", ErrRemoved, id)
-	}
-	if err := g.raft.AddVoter(raft.ServerID(id), raft.ServerAddress(addr), 0, 10*time.Second).Error(); err != nil {
-		return fmt.Errorf("cluster: join %s at %s: %w", id, addr, err)
-	}
-	return nil
-}
-
-// Leader is the known leader's ID and raft address (empty: none known).
-func (g *Group) Leader() (id, addr string) {
-	a, i := g.raft.LeaderWithID()
-	return string(i), string(a)
-}
-
-// Server is one voter of the configuration.
-type Server struct {
-	ID     string `json:"id"`
-	Raft   string `json:"raft"`
-	Leader bool   `json:"leader"`
-	Alive  bool   `json:"alive"`
-}
-
-// Status is /admin/cluster's document.
-type Status struct {
-	Cluster string   `json:"cluster"`
-	Node    string   `json:"node"`
-	State   string   `json:"state"`
-	Leader  string   `json:"leader"`
-	Term    uint64   `json:"term"`
-	Commit  uint64   `json:"commit_index"`
-	Applied uint64   `json:"applied_index"`
-	Last    uint64   `json:"last_log_index"`
-	Servers []Server `json:"servers"`
-}
-
-// Status reports this node's view of the group.
-func (g *Group) Status() Status {
-	st := g.raft.Stats()
-	num := func(k string) uint64 { v, _ := strconv.ParseUint(st[k], 10, 64); return v }
-	leader, _ := g.Leader()
-	s := Status{Cluster: g.opts.Cluster, Node: g.opts.Node, State: g.raft.State().String(), Leader: leader,
-		Term: num("term"), Commit: g.raft.CommitIndex(), Applied: g.raft.AppliedIndex(), Last: num("last_log_index")}
-	alive := map[string]bool{}
-	for _, m := range g.opts.Members.Members() {
-		alive[m.ID] = m.Alive
-	}
-	if cf := g.raft.GetConfiguration(); cf.Error() == nil {
-		for _, sv := range cf.Configuration().Servers {
-			s.Servers = append(s.Servers, Server{ID: string(sv.ID), Raft: string(sv.Address), Leader: string(sv.ID) == leader,
-				Alive: alive[string(sv.ID)] || string(sv.ID) == g.opts.Node})
-		}
-	}
-	return s
-}
-
-// Remove takes a node out of the group. It is refused when the voters left
-// that gossip sees alive would not be a majority of the new configuration.
-func (g *Group) Remove(id string) error { return g.RemoveWith(id, nil) }
-
-// RemoveWith is Remove, calling before (when set) once the removal was
-// found to keep a quorum and before it is made: the node records that the
-// ID was removed, so that the leader never adds it back.
-func (g *Group) RemoveWith(id string, before func() error) error {
-	if !g.IsLeader() {
-		lid, addr := g.Leader()
-		return &NotLeaderError{LeaderID: lid, LeaderAddr: addr}
-	}
-	cf := g.raft.GetConfiguration()
-	if err := cf.Error(); err != nil {
-		return fmt.Errorf("cluster: remove %s: %w", id, err)
-	}
-	alive := map[string]bool{g.opts.Node: true}
-	for _, m := range g.opts.Members.Members() {
-		if m.Alive {
-			alive[m.ID] = true
-		}
-	}
-	found, voters, live := false, 0, 0
-	for _, s := range cf.Configuration().Servers {
-		if string(s.ID) == id {
-			found = true
-			continue
-		}
-		if s.Suffrage == raft.Voter {
-			voters++
-			if alive[string(s.ID)] {
-				live++
-			}
-		}
-	}
-	if !found {
-		return fmt.Errorf("%w: %s", ErrUnknownNode, id)
-	}
-	if voters == 0 || live < voters/2+1 {
-		return fmt.Errorf("%w: removing %s leaves %d voters, %d of them alive (a quorum is %d)", ErrQuorum, id, voters, live, voters/2+1)
-	}
-	if before != nil {
-		if err := before(); err != nil {
-			return fmt.Errorf("cluster: remove %s: %w", id, err)
-		}
-	}
-	if err := g.raft.RemoveServer(raft.ServerID(id), 0, 10*time.Second).Error(); err != nil {
-		return fmt.Errorf("cluster: remove %s: %w", id, err)
-	}
-	return nil
 }
 
 // Close leaves the group's work to the others: raft stops, the port

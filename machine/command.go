@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"regexp"
 	"sort"
 
 	"github.com/vmihailenco/msgpack/v5"
@@ -54,8 +55,10 @@ const (
 	// KindDeadLetter replays or discards a dead letter (an operator's
 	// decision).
 	KindDeadLetter
-	// KindRemoveNode records that a node was removed from the cluster: its
-	// ID is never added back.
+	// KindRemoveNode records that a node was removed from the cluster (a
+	// node ID: every incarnation of it) or that one incarnation of a node
+	// is out for good (replaced by a newer one, or lost in a recovery): it
+	// is never added back.
 	KindRemoveNode
 	kinds
 )
@@ -115,7 +118,9 @@ type Command struct {
 	Max        int
 	// DeadLetter: the dead letter (Peer as its origin, Stream, First as its
 	// index) is replayed (Set DeadReplay) or discarded (DeadDiscard).
-	// RemoveNode: Peer is the node ID.
+	// RemoveNode: Peer is the node ID, or a raft server ID ("node.inc";
+	// "node." for a node known before incarnations) for one incarnation;
+	// Set is why (a cluster.Removal; 0 is an operator's removal).
 }
 
 // Dead-letter actions (Command.Set of a KindDeadLetter).
@@ -214,7 +219,12 @@ func (e *Encoder) Encode(c *Command) ([]byte, error) {
 		err = errors.Join(enc.EncodeArrayLen(5), enc.EncodeUint(uint64(c.Kind)), enc.EncodeString(c.Peer),
 			enc.EncodeBytes(c.Stream[:]), enc.EncodeUint(c.First), enc.EncodeUint(uint64(c.Set)))
 	case KindRemoveNode:
-		err = errors.Join(enc.EncodeArrayLen(2), enc.EncodeUint(uint64(c.Kind)), enc.EncodeString(c.Peer))
+		if c.Set <= 1 {
+			// The shape every build reads (an operator's removal).
+			err = errors.Join(enc.EncodeArrayLen(2), enc.EncodeUint(uint64(c.Kind)), enc.EncodeString(c.Peer))
+		} else {
+			err = errors.Join(enc.EncodeArrayLen(3), enc.EncodeUint(uint64(c.Kind)), enc.EncodeString(c.Peer), enc.EncodeUint(uint64(c.Set)))
+		}
 	default:
 		return nil, fmt.Errorf("machine: encode: unknown kind %d", c.Kind)
 	}
@@ -286,6 +296,10 @@ func (e *Encoder) encodeInbound(c *Command) error {
 	return errors.Join(err, enc.EncodeNil())
 }
 
+// removalID is a node ID, or a node ID and an incarnation after a dot (an
+// empty one for a node known before incarnations).
+var removalID = regexp.MustCompile(`^[a-z0-9][a-z0-9-]{0,62}(\.([0-9a-f]{8})?)?$`)
+
 // maxGroup bounds the proposals of one local command.
 const maxGroup = 1 << 16
 
@@ -325,6 +339,9 @@ func decodeInto(dec *msgpack.Decoder, c *Command) error {
 		KindCollect: 4, KindDeadLetter: 5, KindRemoveNode: 2}[c.Kind]
 	if want == 0 {
 		return fmt.Errorf("unknown kind %d", k)
+	}
+	if c.Kind == KindRemoveNode && n == 3 {
+		want = 3 // with its reason
 	}
 	if n != want {
 		return fmt.Errorf("%s: array of %d elements, want %d", c.Kind, n, want)
@@ -436,8 +453,16 @@ func decodeInto(dec *msgpack.Decoder, c *Command) error {
 		if c.Peer, err = dec.DecodeString(); err != nil {
 			return err
 		}
-		if c.Peer == "" || len(c.Peer) > 63 {
+		if !removalID.MatchString(c.Peer) {
 			return fmt.Errorf("removal of node %q", c.Peer)
+		}
+		if n == 3 {
+			if c.Set, err = dec.DecodeUint8(); err != nil {
+				return err
+			}
+			if c.Set < 1 || c.Set > 3 {
+				return fmt.Errorf("removal reason %d", c.Set)
+			}
 		}
 	}
 	return nil

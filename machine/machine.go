@@ -18,6 +18,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"sync/atomic"
 
 	"github.com/cockroachdb/pebble/v2"
@@ -251,7 +252,8 @@ func (m *Machine) ApplyCommand(index uint64, c *Command) (*Result, error) {
 	case KindDeadLetter:
 		res, err = m.applyDeadLetter(b, c)
 	case KindRemoveNode:
-		res, err = &Result{}, b.SetRaw(removedKey(c.Peer), []byte{1})
+		why := max(c.Set, 1)
+		res, err = &Result{}, b.SetRaw(removedKey(c.Peer), []byte{why})
 	case KindInbound:
 		var ir *InboundResult
 		if ir, err = m.applyInbound(b, c.Inbound); err == nil {
@@ -530,20 +532,41 @@ func (m *Machine) applyDeadLetter(b *store.Batch, c *Command) (*Result, error) {
 	return &Result{Found: true}, b.DeleteDeadLetter(d)
 }
 
-// removedKey records a node ID removed from the cluster.
+// removedKey records a node ID removed from the cluster, or one
+// incarnation of it ("node.inc").
 func removedKey(id string) []byte { return append([]byte("m\x00machine.removed/"), id...) }
 
-// Removed reports whether node id was removed from the cluster.
-func (m *Machine) Removed(id string) (bool, error) {
-	_, closer, err := m.st.DB().Get(removedKey(id))
-	if errors.Is(err, pebble.ErrNotFound) {
-		return false, nil
+// RemovalKey is what a KindRemoveNode command names for one incarnation of
+// a node ("node." for a node known before incarnations).
+func RemovalKey(node, incarnation string) string { return node + "." + incarnation }
+
+// Removed reports whether node id (a node ID, or "node.inc" for one
+// incarnation) was removed from the cluster, and why (the command's Set: 1
+// an operator's removal, 2 replaced by a newer incarnation, 3 lost in a
+// recovery; 0 when it was not removed). An incarnation is out when its node
+// ID is.
+func (m *Machine) Removed(id string) (byte, error) {
+	node, _, one := strings.Cut(id, ".")
+	keys := []string{node}
+	if one {
+		keys = append(keys, id)
 	}
-	if err != nil {
-		return false, err
+	for _, k := range keys {
+		v, closer, err := m.st.DB().Get(removedKey(k))
+		if errors.Is(err, pebble.ErrNotFound) {
+			continue
+		}
+		if err != nil {
+			return 0, err
+		}
+		why := byte(1)
+		if len(v) == 1 && v[0] > 0 {
+			why = v[0]
+		}
+		closer.Close()
+		return why, nil
 	}
-	closer.Close()
-	return true, nil
+	return 0, nil
 }
 
 // applyTruncate drops the stream's outbound entries before first.

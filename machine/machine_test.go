@@ -612,6 +612,8 @@ func FuzzDecode(f *testing.F) {
 	f.Add(encode(f, &Command{Kind: KindCollect, Cutoff: hlc.Timestamp{Wall: 5, Logical: 1}, IdemBefore: 9, Max: 100}))
 	f.Add(encode(f, &Command{Kind: KindDeadLetter, Peer: "b", Stream: testStream, First: 3, Set: DeadDiscard}))
 	f.Add(encode(f, &Command{Kind: KindRemoveNode, Peer: "a3"}))
+	f.Add(encode(f, &Command{Kind: KindRemoveNode, Peer: "a3.0badcafe", Set: 3}))
+	f.Add(encode(f, &Command{Kind: KindRemoveNode, Peer: "a3.", Set: 2}))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		c, err := Decode(b)
 		if err != nil {
@@ -751,6 +753,8 @@ func TestCollectDeadLettersAndRemovals(t *testing.T) {
 		// expired by 1e15+1e12+1e6 (the script's keyed writes') go
 		{Kind: KindCollect, Cutoff: hlc.Timestamp{Wall: 3e15}, IdemBefore: 1e15 + 1e12 + 1e6, Max: 1000},
 		{Kind: KindRemoveNode, Peer: "a3"},
+		// one incarnation of a2, replaced: a2 itself stays a member
+		{Kind: KindRemoveNode, Peer: "a2.1234abcd", Set: 2},
 	}
 	cmds := script(t)
 	for _, c := range extra {
@@ -761,6 +765,7 @@ func TestCollectDeadLettersAndRemovals(t *testing.T) {
 		tombstones, idem, dead int
 		late, fromB3, fromB4   bool
 		removed, removedOther  bool
+		incarnations           []byte
 		digest                 store.Digest
 	}
 	run := func(restartAt int) seen {
@@ -805,21 +810,27 @@ func TestCollectDeadLettersAndRemovals(t *testing.T) {
 				sn.idem++
 			}
 		}
-		sn.removed, _ = m.Removed("a3")
-		sn.removedOther, _ = m.Removed("a2")
+		why, _ := m.Removed("a3")
+		other, _ := m.Removed("a2")
+		sn.removed, sn.removedOther = why == 1, other != 0
+		for _, id := range []string{"a2.1234abcd", "a2.ffffffff", "a2.", "a3.1234abcd"} {
+			why, _ := m.Removed(id)
+			sn.incarnations = append(sn.incarnations, why)
+		}
 		if sn.digest, err = st.Digest(); err != nil {
 			t.Fatal(err)
 		}
 		return sn
 	}
 	want := run(-1)
-	if !want.late || !want.fromB3 || want.fromB4 || want.dead != 0 || want.idem != 1 || !want.removed || want.removedOther {
+	if !want.late || !want.fromB3 || want.fromB4 || want.dead != 0 || want.idem != 1 || !want.removed || want.removedOther ||
+		!bytes.Equal(want.incarnations, []byte{2, 0, 0, 1}) {
 		t.Fatalf("after the commands: %+v", want)
 	}
 	if want.results[4] != "collected=5/3 found=false" || want.results[1] != "collected=0/0 found=true" || want.results[3] != "collected=0/0 found=false" {
 		t.Fatalf("results %v", want.results)
 	}
-	for _, at := range []int{len(cmds) - len(extra), len(cmds) - 2, len(cmds) - 1} {
+	for _, at := range []int{len(cmds) - len(extra), len(cmds) - 3, len(cmds) - 1} {
 		if got := run(at); !reflect.DeepEqual(got, want) {
 			t.Fatalf("restarted before command %d:\n%+v\nwant %+v", at+1, got, want)
 		}

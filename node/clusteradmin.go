@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/replicator/replicator/cluster"
+	"github.com/replicator/replicator/internal/raftconn"
 	"github.com/replicator/replicator/machine"
 	"github.com/replicator/replicator/origin"
 )
@@ -32,22 +33,33 @@ type ClusterReport struct {
 	Last    uint64        `json:"last_log_index"`
 	Stream  string        `json:"stream"`
 	Nodes   []ClusterNode `json:"nodes"`
+	// Incarnation is the answering node's data directory's (its raft
+	// identity is its node ID and this).
+	Incarnation string `json:"incarnation,omitempty"`
+	// RefusedBy: another node refused this one lately (it was removed,
+	// replaced by a newer incarnation, or lost in a recovery), and why.
+	RefusedBy *raftconn.Refusal `json:"refused_by,omitempty"`
 }
 
 // ClusterNode is one node of the cluster's configuration (or one gossip
 // sees that is not in it yet).
 type ClusterNode struct {
-	ID     string `json:"id"`
-	Raft   string `json:"raft"`
-	API    string `json:"api,omitempty"`
-	Voter  bool   `json:"voter"`
-	Leader bool   `json:"leader"`
+	ID string `json:"id"`
+	// Incarnation is its data directory's: a node ID shows twice while a
+	// new incarnation (a wiped or restored directory) replaces the old.
+	Incarnation string `json:"incarnation,omitempty"`
+	Raft        string `json:"raft"`
+	API         string `json:"api,omitempty"`
+	Voter       bool   `json:"voter"`
+	Leader      bool   `json:"leader"`
 	// Gossip is what memberlist says of it (alive, suspect, dead, left;
 	// "self" for the node that answered).
 	Gossip string `json:"gossip,omitempty"`
 	// State, Applied and Term are the node's own answer (State
-	// "unreachable" when it gave none); Lag is how many log entries it
-	// has yet to apply of what the cluster committed.
+	// "unreachable" when it gave none; "removed" or "not a member" for a
+	// node gossip sees that the configuration does not hold, with Error
+	// saying why); Lag is how many log entries it has yet to apply of what
+	// the cluster committed.
 	State   string `json:"state"`
 	Term    uint64 `json:"term,omitempty"`
 	Applied uint64 `json:"applied_index"`
@@ -66,25 +78,34 @@ func (n *Node) localCluster() ClusterReport {
 			r.State = "leader (applying the log)"
 		}
 	}
+	r.Incarnation, r.RefusedBy = n.incarnation, st.RefusedBy
 	for _, sv := range st.Servers {
-		cn := ClusterNode{ID: sv.ID, Raft: sv.Raft, Voter: true, Leader: sv.Leader}
-		if sv.ID == n.nodeID {
+		cn := ClusterNode{ID: sv.ID, Incarnation: sv.Incarnation, Raft: sv.Raft, Voter: sv.Voter, Leader: sv.Leader}
+		m, seen := n.member(sv.ID)
+		switch {
+		case sv.ID == n.nodeID && sv.Incarnation == n.incarnation:
 			cn.Gossip, cn.API, cn.State, cn.Applied, cn.Term = "self", n.URL(), r.State, r.Applied, r.Term
-		} else if m, ok := n.member(sv.ID); ok {
+		case sv.ID == n.nodeID || (seen && m.Meta.Inc != sv.Incarnation):
+			// Another incarnation of the node runs now: this one is taken
+			// out once the new one votes.
+			cn.Gossip, cn.State, cn.Error = "replaced", "replaced", "a newer incarnation of this node ID runs: this one goes once that one votes"
+		case seen:
 			cn.Gossip, cn.API = m.State, m.Meta.API
 		}
 		r.Nodes = append(r.Nodes, cn)
 	}
 	// Nodes gossip sees that the configuration does not hold (yet): a
-	// node waiting to be added, or one removed.
+	// node waiting to be added, or one kept out.
 	for _, m := range n.sameCluster() {
-		if !slices.ContainsFunc(r.Nodes, func(c ClusterNode) bool { return c.ID == m.Meta.Node }) {
-			state := "not a member"
-			if removed, _ := n.machine.Removed(m.Meta.Node); removed {
-				state = "removed"
-			}
-			r.Nodes = append(r.Nodes, ClusterNode{ID: m.Meta.Node, Raft: m.Meta.Raft, API: m.Meta.API, Gossip: m.State, State: state})
+		held := slices.ContainsFunc(r.Nodes, func(c ClusterNode) bool { return c.ID == m.Meta.Node && c.Incarnation == m.Meta.Inc })
+		if held {
+			continue
 		}
+		cn := ClusterNode{ID: m.Meta.Node, Incarnation: m.Meta.Inc, Raft: m.Meta.Raft, API: m.Meta.API, Gossip: m.State, State: "not a member"}
+		if why := n.removedServer(cluster.ServerID(m.Meta.Node, m.Meta.Inc)); why != "" {
+			cn.State, cn.Error = "removed", why
+		}
+		r.Nodes = append(r.Nodes, cn)
 	}
 	return r
 }
@@ -97,7 +118,7 @@ func (n *Node) ClusterReport(ctx context.Context, auth string) ClusterReport {
 	commits := make([]uint64, len(r.Nodes))
 	for i := range r.Nodes {
 		cn := &r.Nodes[i]
-		if cn.Gossip == "self" || !cn.Voter {
+		if cn.Gossip == "self" || cn.State == "removed" || cn.State == "not a member" || cn.State == "replaced" {
 			continue
 		}
 		if cn.API == "" {
@@ -121,7 +142,8 @@ func (n *Node) ClusterReport(ctx context.Context, auth string) ClusterReport {
 		r.Commit = max(r.Commit, c) // a follower may know more than a deposed node
 	}
 	for i := range r.Nodes {
-		if cn := &r.Nodes[i]; cn.Voter && cn.State != "unreachable" && r.Commit > cn.Applied {
+		if cn := &r.Nodes[i]; cn.Raft != "" && cn.State != "unreachable" && cn.State != "removed" && cn.State != "not a member" &&
+			cn.State != "replaced" && r.Commit > cn.Applied {
 			cn.Lag = r.Commit - cn.Applied
 		}
 	}
@@ -154,28 +176,44 @@ func (n *Node) askCluster(ctx context.Context, api, auth string) (ClusterReport,
 	return r, json.NewDecoder(http.MaxBytesReader(nil, resp.Body, 1<<20)).Decode(&r)
 }
 
-// JoinNode adds a node to the cluster as a voter (the leader does it for
-// every node gossip finds; this is for one it does not).
+// JoinNode adds a node to the cluster (the leader does it for every node
+// gossip finds; this is for one it does not): as a non-voter, made a voter
+// once it caught up. id is a node ID (its raft port tells its incarnation)
+// or a raft server ID ("node.incarnation").
 func (n *Node) JoinNode(id, raftAddr string) error {
 	if !n.multi() {
 		return fmt.Errorf("%w: this node is alone in its cluster (no --raft-listen): restart it with a raft port first", errClusterAction)
 	}
-	if err := origin.Validate(id); err != nil {
-		return fmt.Errorf("%w: node ID: %w", errBadRequest, err)
+	if err := validServerRef(id); err != nil {
+		return err
 	}
 	return n.group.Join(id, raftAddr)
 }
 
+// validServerRef checks a node ID, or a node ID and an incarnation.
+func validServerRef(id string) error {
+	node, inc, one := strings.Cut(id, ".")
+	if err := origin.Validate(node); err != nil {
+		return fmt.Errorf("%w: node ID: %w", errBadRequest, err)
+	}
+	if one && (inc == "" || !origin.ValidIncarnation(inc)) {
+		return fmt.Errorf("%w: %q: an incarnation is 8 hex digits after the node ID and a dot", errBadRequest, id)
+	}
+	return nil
+}
+
 // RemoveNode takes a node out of the cluster, for good: its ID is recorded
 // as removed (through the log) before the configuration changes, and is
-// never added back. A removal that would leave no quorum of live voters is
+// never added back. id is a node ID (every incarnation of it goes) or a
+// raft server ID ("node.incarnation": that incarnation goes, the node ID
+// stays usable). A removal that would leave no quorum of live voters is
 // refused.
 func (n *Node) RemoveNode(id string) error {
 	if !n.multi() {
 		return fmt.Errorf("%w: this node is alone in its cluster", errClusterAction)
 	}
-	if err := origin.Validate(id); err != nil {
-		return fmt.Errorf("%w: node ID: %w", errBadRequest, err)
+	if err := validServerRef(id); err != nil {
+		return err
 	}
 	return n.group.RemoveWith(id, func() error {
 		return n.applyCommand(&machine.Command{Kind: machine.KindRemoveNode, Peer: id})

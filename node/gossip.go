@@ -15,7 +15,7 @@ func (n *Node) startGossip() error {
 	meta := transport.MemberMeta{V: transport.GossipVersion, Cluster: n.cluster, Stream: n.out.Stream().String(),
 		API: g.APIURL, Replicate: g.ReplicateURL, Node: id}
 	if n.multi() {
-		meta.Raft, meta.Fresh = n.group.Addr(), n.group.Fresh()
+		meta.Raft, meta.Fresh, meta.Inc = n.group.Addr(), n.group.Fresh(), n.incarnation
 	}
 	if meta.API == "" {
 		meta.API = n.URL()

@@ -233,8 +233,9 @@ func (f *fsm) Restore(rc io.ReadCloser) error {
 	return f.n.installTree(ts.TreeDir(), d.Applied)
 }
 
-// sealFile, after a recovery from the loss of a majority, names the stream
-// the next term seals.
+// sealFile, after a recovery from the loss of a majority by a build before
+// the recovery's record (cluster.RecoveryFile), names the stream the next
+// term seals.
 func (n *Node) sealFile() string { return filepath.Join(n.groupDir(), "SEAL") }
 
 // restoringFile names, while a snapshot's tree replaces the store's, the
@@ -362,12 +363,14 @@ func (n *Node) openGroup() (created bool, err error) {
 			"set this data directory aside and start the node with an empty one and a new --node-id (it catches up from the leader)", mint)
 	}
 	co := &cluster.Options{
-		Cluster: n.cluster,
-		Node:    n.nodeID,
-		Dir:     n.groupDir(),
-		Solo:    !n.multi(),
-		FSM:     n.fsm,
-		Logger:  n.log,
+		Cluster:     n.cluster,
+		Node:        n.nodeID,
+		Incarnation: n.incarnation,
+		Dir:         n.groupDir(),
+		Solo:        !n.multi(),
+		FSM:         n.fsm,
+		Applied:     n.progress.get,
+		Logger:      n.log,
 		Log: raftlog.Options{
 			SegmentSize: n.opts.WALSegmentSize,
 			NoSync:      n.opts.UnsafeNoSync,
@@ -402,7 +405,11 @@ func (n *Node) openGroup() (created bool, err error) {
 			}
 		}()
 		co.HasData = n.hasData
-		co.Removed = func(id string) bool { r, err := m.Removed(id); return r || err != nil }
+		co.Removed = n.removedServer
+		co.RecordRemoved = func(id raft.ServerID, why cluster.Removal) error {
+			node, inc := cluster.SplitServerID(id)
+			return n.applyCommand(&machine.Command{Kind: machine.KindRemoveNode, Peer: machine.RemovalKey(node, inc), Set: byte(why)})
+		}
 		// A single node's directory of a build before the log, upgraded
 		// with its raft port: the cluster it was goes on as a group of it,
 		// and grows as the others join.
@@ -413,13 +420,14 @@ func (n *Node) openGroup() (created bool, err error) {
 		return false, err
 	}
 	n.group = g
-	if g.Recovered() {
+	if rec := g.Recovery(); rec != nil {
 		// Writes the lost majority committed and shipped may be missing
-		// here: the stream's next indexes could mean two writes. The next
-		// leader seals it (term.go).
-		if err := atomicfile.Write(n.sealFile(), []byte(n.out.Stream().String()+"\n")); err != nil {
+		// here: the stream's next indexes could mean two writes. The first
+		// term seals the stream the recovery left (term.go); a start after
+		// that seal keeps the stream it began.
+		if err := rec.SetStream(n.out.Stream().String()); err != nil {
 			g.Close()
-			return false, fmt.Errorf("node: %w", err)
+			return false, err
 		}
 	}
 	if n.multi() {

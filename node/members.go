@@ -14,9 +14,13 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/hashicorp/raft"
+
 	"github.com/replicator/replicator/cluster"
 	"github.com/replicator/replicator/internal/atomicfile"
 	"github.com/replicator/replicator/internal/raftconn"
+	"github.com/replicator/replicator/machine"
+	"github.com/replicator/replicator/origin"
 	"github.com/replicator/replicator/transport"
 )
 
@@ -53,6 +57,47 @@ func resolveNodeID(dir, want string) (string, error) {
 		return "", fmt.Errorf("node: node id: %w", err)
 	}
 	return id, nil
+}
+
+// resolveIncarnation returns the data directory's incarnation, minted at
+// its first start (origin.Incarnation): raft knows a node of several by its
+// node ID and incarnation, so a wiped directory comes back as a new member.
+// A directory that joined a group before incarnations keeps its bare node
+// ID. A node of several whose directory was copied since its incarnation
+// was recorded is refused (it would forget what it acknowledged since the
+// copy); a node alone makes the directory its own (it has no voter to
+// fool).
+func (n *Node) resolveIncarnation() (string, error) {
+	dir := n.opts.DataDir
+	_, err := os.Stat(filepath.Join(n.groupDir(), "raft"))
+	hasRaft := err == nil
+	_, err = os.Stat(filepath.Join(dir, origin.IncarnationFile))
+	legacy := hasRaft && errors.Is(err, os.ErrNotExist)
+	inc, err := origin.Incarnation(dir, legacy)
+	if err != nil {
+		return "", err
+	}
+	switch {
+	case !n.multi():
+		err = origin.Refingerprint(dir)
+	case hasRaft:
+		err = origin.CheckNotCopied(dir)
+	}
+	return inc, err
+}
+
+// removedServer says why a raft server may not be a member ("" when it
+// may), from what the log recorded.
+func (n *Node) removedServer(id raft.ServerID) string {
+	node, inc := cluster.SplitServerID(id)
+	why, err := n.machine.Removed(machine.RemovalKey(node, inc))
+	switch {
+	case err != nil:
+		return "its removal record could not be read: " + err.Error()
+	case why == 0:
+		return ""
+	}
+	return cluster.Removal(why).String()
 }
 
 // raftCredentials says how the raft port is secured, or why it cannot be.
@@ -132,10 +177,11 @@ func (gm *groupMembers) Members() []cluster.Member {
 	n := gm.n
 	var out []cluster.Member
 	if g := gm.g.Load(); g != nil {
-		out = append(out, cluster.Member{ID: n.nodeID, RaftAddr: g.Addr(), Alive: true, Fresh: g.Fresh()})
+		out = append(out, cluster.Member{ID: n.nodeID, Incarnation: n.incarnation, RaftAddr: g.Addr(), Alive: true, Fresh: g.Fresh()})
 	}
 	for _, m := range n.sameCluster() {
-		out = append(out, cluster.Member{ID: m.Meta.Node, RaftAddr: m.Meta.Raft, Alive: m.State == transport.LiveAlive, Fresh: m.Meta.Fresh})
+		out = append(out, cluster.Member{ID: m.Meta.Node, Incarnation: m.Meta.Inc, RaftAddr: m.Meta.Raft, Alive: m.State == transport.LiveAlive,
+			Fresh: m.Meta.Fresh})
 	}
 	return out
 }

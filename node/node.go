@@ -61,13 +61,16 @@ type Node struct {
 	proposed proposed
 	com      *committer
 
-	// nodeID names this node within its cluster; lead is its leadership
+	// nodeID names this node within its cluster, incarnation its data
+	// directory's life (raft knows the node by both: origin.Incarnation);
+	// lead is its leadership
 	// (a cluster of several: term.go); progress the last log index its
 	// state machine applied.
-	nodeID   string
-	lead     leadState
-	progress progress
-	nodeURLs nodeURLs
+	nodeID      string
+	incarnation string
+	lead        leadState
+	progress    progress
+	nodeURLs    nodeURLs
 	// fwdClient forwards what needs the leader to it (forward.go).
 	fwdClient *http.Client
 	// discovered are peers gossip found (a term links to them too).
@@ -201,6 +204,10 @@ func Open(ctx context.Context, opts *Options) (*Node, error) {
 		return nil, err
 	}
 	if n.nodeID, err = resolveNodeID(o.DataDir, o.NodeID); err != nil {
+		n.store.Close()
+		return nil, err
+	}
+	if n.incarnation, err = n.resolveIncarnation(); err != nil {
 		n.store.Close()
 		return nil, err
 	}

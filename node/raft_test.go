@@ -514,12 +514,21 @@ func TestSingleNodeGrowsToThree(t *testing.T) {
 	if leader != "a1" {
 		t.Fatalf("%s leads; the node that held the data should (it is the only voter until it adds the others)", leader)
 	}
+	voters := func() int {
+		n := 0
+		for _, sv := range c.nodes["a1"].group.Status().Servers {
+			if sv.Voter {
+				n++
+			}
+		}
+		return n
+	}
 	deadline := time.Now().Add(20 * time.Second)
-	for time.Now().Before(deadline) && len(c.nodes["a1"].group.Status().Servers) < 3 {
+	for time.Now().Before(deadline) && voters() < 3 {
 		time.Sleep(50 * time.Millisecond)
 	}
-	if n := len(c.nodes["a1"].group.Status().Servers); n != 3 {
-		t.Fatalf("%d voters, want 3", n)
+	if n := voters(); n != 3 {
+		t.Fatalf("%d voters, want 3 (the others join as non-voters and vote once caught up)", n)
 	}
 	if _, err := c.client("a3").Put(ctx, "after", []byte("v")); err != nil {
 		t.Fatal(err)
@@ -540,5 +549,136 @@ func TestSingleNodeGrowsToThree(t *testing.T) {
 	}
 	if _, err := c.client("a2").Put(ctx, "without-a1", []byte("v")); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestWipedOrRestoredVoterDoesNotLoseAcknowledgedWrites is the audit's
+// sequence (issue 24): nodes L (leader), W, F; F stops; L acknowledges 5
+// writes, committed by L and W; L and W stop; W comes back with an empty
+// data directory (wiped) or with a copy taken before the 5 writes
+// (restored), and F comes back. Before incarnations, W's new life voted for
+// F, whose log lacks the 5 writes, and they were lost. Now W is a new
+// member nobody counts a vote from: no leader is elected until L returns,
+// then W joins as a non-voter, votes once caught up, its old incarnation is
+// out for good, and every node holds every acknowledged write.
+func TestWipedOrRestoredVoterDoesNotLoseAcknowledgedWrites(t *testing.T) {
+	for _, how := range []string{"wiped", "restored"} {
+		t.Run(how, func(t *testing.T) {
+			c := newRaftCluster(t, "a", 3, nil)
+			l := c.leader()
+			var w, f string
+			for _, name := range c.names {
+				if name != l {
+					if w == "" {
+						w = name
+					} else {
+						f = name
+					}
+				}
+			}
+			ctx := context.Background()
+			put := func(at, k string) {
+				t.Helper()
+				if _, err := c.client(at).Put(ctx, k, []byte("v")); err != nil {
+					t.Fatalf("put %s at %s: %v", k, at, err)
+				}
+			}
+			for i := 0; i < 10; i++ {
+				put(l, fmt.Sprintf("before%d", i))
+			}
+			c.converged()
+			backup := filepath.Join(t.TempDir(), "backup")
+			if how == "restored" {
+				c.stop(w)
+				copyDir(t, c.dirs[w], backup)
+				c.start(w)
+				c.converged()
+			}
+			oldInc := c.nodes[w].incarnation
+			c.stop(f)
+			l = c.leader()
+			for i := 0; i < 5; i++ {
+				put(l, fmt.Sprintf("acked%d", i))
+			}
+			for _, name := range []string{l, w} {
+				if name != "" {
+					c.stop(name)
+				}
+			}
+			if err := os.RemoveAll(c.dirs[w]); err != nil {
+				t.Fatal(err)
+			}
+			if how == "restored" {
+				copyDir(t, backup, c.dirs[w])
+				// A raw copy of a voter is refused: it would forget what it
+				// acknowledged since the copy.
+				o := *c.opts[w]
+				if _, err := Open(ctx, &o); err == nil || !strings.Contains(err.Error(), "replicator restore") {
+					t.Fatalf("a voter started from a raw copy: %v", err)
+				}
+				rep, err := Restore(c.dirs[w])
+				if err != nil || !rep.Replaced || rep.Previous != oldInc || rep.Incarnation == oldInc {
+					t.Fatalf("restore: %+v %v", rep, err)
+				}
+			}
+			c.start(w)
+			c.start(f)
+			if got := c.nodes[w].incarnation; got == oldInc {
+				t.Fatalf("%s came back %s under its old incarnation %s", w, how, got)
+			}
+			// Many election timeouts: F's log lacks the 5 writes, and W's
+			// new life is no voter of this configuration.
+			time.Sleep(3 * time.Second)
+			for _, name := range []string{w, f} {
+				if c.nodes[name].group.IsLeader() {
+					t.Fatalf("%s was elected without the 5 acknowledged writes", name)
+				}
+			}
+			c.start(l)
+			c.leader()
+			d := c.converged()
+			if d.Keys != 15 {
+				t.Fatalf("%d keys on every node, want 15 (10 before, 5 acknowledged): %+v", d.Keys, d)
+			}
+			for i := 0; i < 5; i++ {
+				for _, name := range c.names {
+					if _, err := c.nodes[name].Get(fmt.Sprintf("acked%d", i)); err != nil {
+						t.Fatalf("%s lost acknowledged write acked%d: %v", name, i, err)
+					}
+				}
+			}
+			// W's new incarnation votes; the old one is out for good.
+			ld := c.nodes[c.leader()]
+			deadline := time.Now().Add(20 * time.Second)
+			for {
+				var ok bool
+				voters := 0
+				for _, sv := range ld.group.Status().Servers {
+					if sv.Voter {
+						voters++
+					}
+					if sv.ID == w && sv.Voter && sv.Incarnation == c.nodes[w].incarnation {
+						ok = true
+					}
+				}
+				if ok && voters == 3 && len(ld.group.Status().Servers) == 3 {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("configuration %+v: want %s's new incarnation voting and its old one gone", ld.group.Status().Servers, w)
+				}
+				time.Sleep(50 * time.Millisecond)
+			}
+			if why := ld.removedServer(cluster.ServerID(w, oldInc)); why == "" {
+				t.Fatalf("%s's old incarnation %s is not recorded as removed", w, oldInc)
+			}
+			// And the cluster takes writes at every node.
+			for _, name := range c.names {
+				put(name, "after-"+name)
+			}
+			if d := c.converged(); d.Keys != 18 {
+				t.Fatalf("%+v", d)
+			}
+		})
 	}
 }

@@ -10,6 +10,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/hashicorp/raft"
+
 	"github.com/replicator/replicator/cluster"
 	"github.com/replicator/replicator/machine"
 	"github.com/replicator/replicator/store"
@@ -221,11 +223,38 @@ func (n *Node) beginTerm(term uint64) error {
 	return nil
 }
 
-// sealAfterRecovery seals the stream a recovery from the loss of a
-// majority left (docs/OPERATIONS.md): a new one begins, and the node
-// rejoins its peers so that what only the lost nodes had shipped comes
-// back by re-seeds. Another survivor may have sealed it first.
+// sealAfterRecovery finishes a recovery from the loss of a majority
+// (docs/OPERATIONS.md): every server of the configuration before it but
+// this one is recorded as lost (refused for good, and told why, if it comes
+// back with its old directory), and the stream the recovery left is sealed:
+// a new one begins, and the node rejoins its peers so that what only the
+// lost nodes had shipped comes back by re-seeds. Only then does peers.json
+// go (cluster.FinishRecovery): a stop before starts the recovery again.
 func (n *Node) sealAfterRecovery() error {
+	if rec := n.group.Recovery(); rec != nil {
+		for _, id := range rec.Lost {
+			node, inc := cluster.SplitServerID(raft.ServerID(id))
+			key := machine.RemovalKey(node, inc)
+			if why, err := n.machine.Removed(key); err != nil {
+				return err
+			} else if why != 0 {
+				continue
+			}
+			if err := n.applyCommand(&machine.Command{Kind: machine.KindRemoveNode, Peer: key, Set: byte(cluster.RemovedInRecovery)}); err != nil {
+				return fmt.Errorf("record %s as lost in the recovery: %w", id, err)
+			}
+		}
+		if rec.Stream == n.out.Stream().String() {
+			if err := n.sealStream(n.out.Stream(), "the cluster was recovered after the loss of a majority: "+
+				"writes the lost nodes committed and shipped may be missing here"); err != nil {
+				return err
+			}
+		}
+		if err := n.group.FinishRecovery(); err != nil {
+			return err
+		}
+	}
+	// A recovery a build before the record began.
 	b, err := os.ReadFile(n.sealFile())
 	if errors.Is(err, os.ErrNotExist) {
 		return nil

@@ -28,10 +28,13 @@ type MemberMeta struct {
 	Stream    string `json:"s"`
 	API       string `json:"api"`
 	Replicate string `json:"rep"`
-	// Node, Raft and Fresh describe a node of a cluster of several: its
-	// node ID, its raft address, and whether it holds no raft state and no
-	// data (it may take part in forming a new cluster).
+	// Node, Inc, Raft and Fresh describe a node of a cluster of several:
+	// its node ID, its data directory's incarnation (raft knows the node by
+	// both; the leader confirms them on the raft port before it adds it),
+	// its raft address, and whether it holds no raft state and no data (it
+	// may take part in forming a new cluster).
 	Node  string `json:"n,omitempty"`
+	Inc   string `json:"inc,omitempty"`
 	Raft  string `json:"raft,omitempty"`
 	Fresh bool   `json:"fresh,omitempty"`
 	// Leaving is set just before a graceful leave, so that the others can

@@ -25,6 +25,7 @@ import (
 	"crypto/x509/pkix"
 	"errors"
 	"fmt"
+	"log/slog"
 	"math/big"
 	"net"
 	"net/url"
@@ -68,6 +69,17 @@ type Options struct {
 	// HandshakeTimeout bounds an accepted connection's handshake (default
 	// 10s), so that a silent client does not hold a goroutine.
 	HandshakeTimeout time.Duration
+	// ID is this node's raft server ID (its node ID and incarnation): it
+	// answers only connections bound to it (bind.go). Default: Node.
+	ID string
+	// Applied reports the last log index the state machine applied, told
+	// to a node that asks who answers (Identify). Optional.
+	Applied func() uint64
+	// Refuse, when set, returns why a node may not talk raft with this
+	// one ("" to accept): a removed or lost node is told why.
+	Refuse func(sender string) string
+	// Logger receives refusals, at most one line of a kind every 10 s.
+	Logger *slog.Logger
 	// Blocked, when set, says that this node may not reach the raft
 	// address it names: a dial to it fails, and a connection to it fails
 	// its next write. A partition for tests: one node's Blocked cuts what
@@ -85,6 +97,16 @@ type Layer struct {
 	server    *tls.Config // nil: insecure
 	client    *tls.Config
 	timeout   time.Duration
+	id        string
+	appliedFn func() uint64
+	refuse    func(string) string
+	logger    *slog.Logger
+
+	notes struct {
+		sync.Mutex
+		refusal Refusal
+		logged  map[string]time.Time
+	}
 
 	// conns are the connections open through the layer. raft's transport
 	// closes neither the ones it accepted nor its pooled ones when it
@@ -166,7 +188,12 @@ func Listen(addr string, advertise net.Addr, o Options) (*Layer, error) {
 	if t <= 0 {
 		t = 10 * time.Second
 	}
-	return &Layer{ln: ln, advertise: advertise, blocked: o.Blocked, loopback: loopback, server: server, client: client, timeout: t}, nil
+	id := o.ID
+	if id == "" {
+		id = o.Node
+	}
+	return &Layer{ln: ln, advertise: advertise, blocked: o.Blocked, loopback: loopback, server: server, client: client, timeout: t,
+		id: id, appliedFn: o.Applied, refuse: o.Refuse, logger: o.Logger}, nil
 }
 
 // IsLoopback reports whether host:port names a loopback IP.
@@ -195,7 +222,11 @@ func (l *Layer) Accept() (net.Conn, error) {
 	if l.server != nil {
 		c = &lazyConn{Conn: tls.Server(c, l.server), timeout: l.timeout}
 	}
-	return l.track(c)
+	tc, err := l.track(c)
+	if err != nil {
+		return nil, err
+	}
+	return &boundConn{Conn: tc, l: l}, nil
 }
 
 // Close stops accepting and closes every connection open through the layer.
@@ -216,29 +247,46 @@ func (l *Layer) Close() error {
 func (l *Layer) Addr() net.Addr { return l.advertise }
 
 // Dial connects to another node of the cluster and completes the handshake
-// within timeout.
+// within timeout. An address made by BindAddress names the server meant:
+// the node there must be it (bind.go).
 func (l *Layer) Dial(address raft.ServerAddress, timeout time.Duration) (net.Conn, error) {
+	target, addr, bound := splitBound(address)
+	c, err := l.dialRaw(addr, timeout)
+	if err != nil {
+		return nil, err
+	}
+	if bound && bindsTo(c) {
+		if _, err := l.bind(c, target, addr, timeout); err != nil {
+			c.Close()
+			return nil, err
+		}
+	}
+	return l.trackTo(c, addr)
+}
+
+// dialRaw connects to addr and completes the TLS handshake.
+func (l *Layer) dialRaw(addr string, timeout time.Duration) (net.Conn, error) {
 	d := &net.Dialer{Timeout: timeout}
 	var c net.Conn
 	var err error
-	if l.loopback && !IsLoopback(string(address)) {
-		return nil, fmt.Errorf("raftconn: dial %s: not a loopback address, and the raft port has no credentials", address)
+	if l.loopback && !IsLoopback(addr) {
+		return nil, fmt.Errorf("raftconn: dial %s: not a loopback address, and the raft port has no credentials", addr)
 	}
-	if l.blocked != nil && l.blocked(string(address)) {
-		return nil, fmt.Errorf("raftconn: dial %s: blocked (a test partition)", address)
+	if l.blocked != nil && l.blocked(addr) {
+		return nil, fmt.Errorf("raftconn: dial %s: blocked (a test partition)", addr)
 	}
 	if l.client == nil {
-		c, err = d.Dial("tcp", string(address))
+		c, err = d.Dial("tcp", addr)
 	} else {
 		td := &tls.Dialer{NetDialer: d, Config: l.client}
 		ctx, cancel := context.WithTimeout(context.Background(), timeout)
 		defer cancel()
-		c, err = td.DialContext(ctx, "tcp", string(address))
+		c, err = td.DialContext(ctx, "tcp", addr)
 	}
 	if err != nil {
-		return nil, fmt.Errorf("raftconn: dial %s: %w", address, err)
+		return nil, fmt.Errorf("raftconn: dial %s: %w", addr, err)
 	}
-	return l.trackTo(c, string(address))
+	return c, nil
 }
 
 // lazyConn completes the server handshake before the first read or write.
@@ -327,7 +375,7 @@ func configs(o Options) (server, client *tls.Config, err error) {
 		ClientAuth:             tls.RequireAndVerifyClientCert,
 		ClientCAs:              pool,
 		VerifyConnection:       sameCluster,
-		NextProtos:             []string{"replicator-raft/1"},
+		NextProtos:             []string{alpnBound, alpnLegacy},
 		SessionTicketsDisabled: true,
 	}
 	client = &tls.Config{
@@ -335,7 +383,7 @@ func configs(o Options) (server, client *tls.Config, err error) {
 		GetClientCertificate: func(*tls.CertificateRequestInfo) (*tls.Certificate, error) { return getCert() },
 		RootCAs:              pool,
 		VerifyConnection:     sameCluster,
-		NextProtos:           []string{"replicator-raft/1"},
+		NextProtos:           []string{alpnBound, alpnLegacy},
 	}
 	if o.Certificate == nil {
 		client.ServerName = serverName

@@ -1,0 +1,392 @@
+package raftconn
+
+import (
+	"context"
+	"crypto/tls"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/raft"
+)
+
+// Binding (issue 24, docs/CLUSTER.md "A node's identity"): raft counts a
+// vote under the server ID it dialled and grants one whenever its own
+// configuration is empty. A node whose data directory was wiped (or put back
+// from an older copy) listens at the same address as before, remembers no
+// vote and no acknowledged entry, and would answer for the identity it had.
+// So every connection a node dials names the raft server ID it means, and
+// the node that accepts it answers only for its own: its data directory's
+// incarnation is part of that ID, so a node that lost its memory is a new
+// identity nobody counts a vote from, and it joins as a new member.
+//
+// A bound connection opens with a preamble, inside TLS when the port has
+// TLS:
+//
+//	0xA7 | version 1 | len(target) | target | len(sender) | sender
+//
+// and the accepting end answers
+//
+//	status | len(id) | id (its own server ID) | applied (8, big-endian) | len(msg) (2) | msg
+//
+// status ok lets raft's RPCs follow on the same connection; any other
+// status closes it. An empty target asks who answers (Identify): the leader
+// learns a node's incarnation and how far it applied without trusting
+// gossip. raft's own streams begin with an RPC type (0-4), so a connection
+// without the preamble (a node of an older build, in a rolling upgrade) is
+// told apart by its first byte and served unbound, as before.
+
+const (
+	preambleMagic   = 0xA7
+	preambleVersion = 1
+	// alpnBound is offered first by nodes that bind; an older build's
+	// port answers alpnLegacy, and the dial then does not bind.
+	alpnBound  = "replicator-raft/2"
+	alpnLegacy = "replicator-raft/1"
+)
+
+// Answer statuses.
+const (
+	statusOK        = 0
+	statusWrongID   = 1 // the target is not the server ID that answers here
+	statusRefused   = 2 // the sender is refused (Options.Refuse)
+	statusIdentity  = 3 // an answer to Identify: no RPC follows
+	statusMalformed = 4
+)
+
+// ErrWrongIdentity: the node at a raft address is not the server the dial
+// meant (its data directory was wiped or replaced: a new incarnation).
+var ErrWrongIdentity = errors.New("raftconn: another identity answers at this address")
+
+// ErrRefused: the node dialled refuses this node (it was removed from the
+// cluster, or lost in a recovery).
+var ErrRefused = errors.New("raftconn: refused by the other node")
+
+// BindAddress is the address raft's transport dials to reach server id at
+// addr: the layer connects to addr and names id in the preamble.
+func BindAddress(id raft.ServerID, addr raft.ServerAddress) raft.ServerAddress {
+	return raft.ServerAddress(string(id) + "@" + string(addr))
+}
+
+// splitBound undoes BindAddress.
+func splitBound(a raft.ServerAddress) (id, addr string, bound bool) {
+	id, addr, bound = strings.Cut(string(a), "@")
+	if !bound {
+		return "", string(a), false
+	}
+	return id, addr, true
+}
+
+// Identity is what a node's raft port says of itself.
+type Identity struct {
+	// ID is its raft server ID (node ID and incarnation).
+	ID string
+	// Applied is the last log index its state machine applied.
+	Applied uint64
+}
+
+// Transport binds every RPC raft sends to the server ID it is meant for.
+// It is raft's NetworkTransport over a Layer, with the target's ID put into
+// the address the layer dials.
+type Transport struct {
+	*raft.NetworkTransport
+}
+
+var (
+	_ raft.Transport   = Transport{}
+	_ raft.WithPreVote = Transport{}
+	_ raft.WithClose   = Transport{}
+)
+
+// NewTransport returns raft's network transport over the layer, bound.
+func NewTransport(l *Layer, cfg *raft.NetworkTransportConfig) Transport {
+	c := *cfg
+	c.Stream = l
+	return Transport{raft.NewNetworkTransportWithConfig(&c)}
+}
+
+func (t Transport) AppendEntriesPipeline(id raft.ServerID, target raft.ServerAddress) (raft.AppendPipeline, error) {
+	return t.NetworkTransport.AppendEntriesPipeline(id, BindAddress(id, target))
+}
+
+func (t Transport) AppendEntries(id raft.ServerID, target raft.ServerAddress, args *raft.AppendEntriesRequest, resp *raft.AppendEntriesResponse) error {
+	return t.NetworkTransport.AppendEntries(id, BindAddress(id, target), args, resp)
+}
+
+func (t Transport) RequestVote(id raft.ServerID, target raft.ServerAddress, args *raft.RequestVoteRequest, resp *raft.RequestVoteResponse) error {
+	return t.NetworkTransport.RequestVote(id, BindAddress(id, target), args, resp)
+}
+
+func (t Transport) RequestPreVote(id raft.ServerID, target raft.ServerAddress, args *raft.RequestPreVoteRequest, resp *raft.RequestPreVoteResponse) error {
+	return t.NetworkTransport.RequestPreVote(id, BindAddress(id, target), args, resp)
+}
+
+func (t Transport) InstallSnapshot(id raft.ServerID, target raft.ServerAddress, args *raft.InstallSnapshotRequest, resp *raft.InstallSnapshotResponse, data io.Reader) error {
+	return t.NetworkTransport.InstallSnapshot(id, BindAddress(id, target), args, resp, data)
+}
+
+func (t Transport) TimeoutNow(id raft.ServerID, target raft.ServerAddress, args *raft.TimeoutNowRequest, resp *raft.TimeoutNowResponse) error {
+	return t.NetworkTransport.TimeoutNow(id, BindAddress(id, target), args, resp)
+}
+
+// writePreamble names target (empty: Identify) and this node.
+func writePreamble(w io.Writer, target, sender string) error {
+	if len(target) > 255 || len(sender) > 255 {
+		return fmt.Errorf("raftconn: server ID longer than 255 bytes")
+	}
+	b := make([]byte, 0, 4+len(target)+len(sender))
+	b = append(b, preambleMagic, preambleVersion, byte(len(target)))
+	b = append(b, target...)
+	b = append(b, byte(len(sender)))
+	b = append(b, sender...)
+	_, err := w.Write(b)
+	return err
+}
+
+// readPreamble reads what follows the magic byte.
+func readPreamble(r io.Reader) (target, sender string, err error) {
+	var hdr [2]byte
+	if _, err := io.ReadFull(r, hdr[:]); err != nil {
+		return "", "", err
+	}
+	if hdr[0] != preambleVersion {
+		return "", "", fmt.Errorf("preamble version %d, want %d", hdr[0], preambleVersion)
+	}
+	t := make([]byte, hdr[1])
+	if _, err := io.ReadFull(r, t); err != nil {
+		return "", "", err
+	}
+	var n [1]byte
+	if _, err := io.ReadFull(r, n[:]); err != nil {
+		return "", "", err
+	}
+	s := make([]byte, n[0])
+	if _, err := io.ReadFull(r, s); err != nil {
+		return "", "", err
+	}
+	return string(t), string(s), nil
+}
+
+func writeAnswer(w io.Writer, status byte, id string, applied uint64, msg string) error {
+	if len(msg) > 4096 {
+		msg = msg[:4096]
+	}
+	if len(id) > 255 {
+		id = id[:255]
+	}
+	b := make([]byte, 0, 12+len(id)+len(msg))
+	b = append(b, status, byte(len(id)))
+	b = append(b, id...)
+	b = binary.BigEndian.AppendUint64(b, applied)
+	b = binary.BigEndian.AppendUint16(b, uint16(len(msg)))
+	b = append(b, msg...)
+	_, err := w.Write(b)
+	return err
+}
+
+func readAnswer(r io.Reader) (status byte, id string, applied uint64, msg string, err error) {
+	var h [2]byte
+	if _, err = io.ReadFull(r, h[:]); err != nil {
+		return
+	}
+	status = h[0]
+	idb := make([]byte, h[1])
+	if _, err = io.ReadFull(r, idb); err != nil {
+		return
+	}
+	var rest [10]byte
+	if _, err = io.ReadFull(r, rest[:]); err != nil {
+		return
+	}
+	applied = binary.BigEndian.Uint64(rest[:8])
+	mb := make([]byte, binary.BigEndian.Uint16(rest[8:]))
+	if _, err = io.ReadFull(r, mb); err != nil {
+		return
+	}
+	return status, string(idb), applied, string(mb), nil
+}
+
+// bindsTo reports whether a dialled connection speaks the preamble: every
+// plain one (loopback and the insecure mode serve one build's nodes), and a
+// TLS one whose other end chose the bound protocol (an older build chooses
+// the legacy one, and cannot be bound).
+func bindsTo(c net.Conn) bool {
+	if tc, ok := c.(*tls.Conn); ok {
+		return tc.ConnectionState().NegotiatedProtocol == alpnBound
+	}
+	return true
+}
+
+// bind sends the preamble on a dialled connection and reads the answer.
+// It returns the answering node's identity.
+func (l *Layer) bind(c net.Conn, target, addr string, timeout time.Duration) (Identity, error) {
+	c.SetDeadline(time.Now().Add(timeout))
+	defer c.SetDeadline(time.Time{})
+	if err := writePreamble(c, target, l.id); err != nil {
+		return Identity{}, fmt.Errorf("raftconn: dial %s at %s: %w", target, addr, err)
+	}
+	status, id, applied, msg, err := readAnswer(c)
+	if err != nil {
+		return Identity{}, fmt.Errorf("raftconn: dial %s at %s: no answer to the preamble: %w", target, addr, err)
+	}
+	who := Identity{ID: id, Applied: applied}
+	switch status {
+	case statusOK, statusIdentity:
+		return who, nil
+	case statusWrongID:
+		err = fmt.Errorf("%w: %s answers at %s, not %s (%s)", ErrWrongIdentity, id, addr, target, msg)
+	case statusRefused:
+		err = fmt.Errorf("%w: %s at %s refuses this node (%s): %s", ErrRefused, id, addr, l.id, msg)
+		l.noteRefused(id, msg)
+	default:
+		err = fmt.Errorf("raftconn: dial %s at %s: refused (status %d): %s", target, addr, status, msg)
+	}
+	l.logOnce("dial:"+addr+":"+fmt.Sprint(status), slog.LevelWarn, err.Error())
+	return who, err
+}
+
+// Identify asks the node at a raft address which server it is and how far
+// it applied the log.
+func (l *Layer) Identify(addr string, timeout time.Duration) (Identity, error) {
+	c, err := l.dialRaw(addr, timeout)
+	if err != nil {
+		return Identity{}, err
+	}
+	defer c.Close()
+	if !bindsTo(c) {
+		return Identity{}, fmt.Errorf("raftconn: identify %s: the node runs an older build (no identity on its raft port)", addr)
+	}
+	return l.bind(c, "", addr, timeout)
+}
+
+// boundConn is an accepted connection: its first read takes the preamble,
+// when there is one, and answers it.
+type boundConn struct {
+	net.Conn
+	l    *Layer
+	once sync.Once
+	err  error
+	// peeked is the first byte of a connection without a preamble, given
+	// back to raft.
+	peeked []byte
+}
+
+func (c *boundConn) Read(p []byte) (int, error) {
+	c.once.Do(c.check)
+	if c.err != nil {
+		return 0, c.err
+	}
+	if len(c.peeked) > 0 {
+		n := copy(p, c.peeked)
+		c.peeked = c.peeked[n:]
+		return n, nil
+	}
+	return c.Conn.Read(p)
+}
+
+// check reads the preamble within the handshake timeout and answers it.
+func (c *boundConn) check() {
+	l := c.l
+	c.Conn.SetReadDeadline(time.Now().Add(l.timeout))
+	defer c.Conn.SetReadDeadline(time.Time{})
+	var first [1]byte
+	if _, err := io.ReadFull(c.Conn, first[:]); err != nil {
+		c.fail(err)
+		return
+	}
+	if first[0] != preambleMagic {
+		c.peeked = first[:] // an older build's node: raft's stream as is
+		return
+	}
+	target, sender, err := readPreamble(c.Conn)
+	if err != nil {
+		writeAnswer(c.Conn, statusMalformed, l.id, l.applied(), err.Error())
+		c.fail(fmt.Errorf("raftconn: malformed preamble: %w", err))
+		return
+	}
+	c.Conn.SetWriteDeadline(time.Now().Add(l.timeout))
+	defer c.Conn.SetWriteDeadline(time.Time{})
+	switch {
+	case target == "":
+		writeAnswer(c.Conn, statusIdentity, l.id, l.applied(), "")
+		c.fail(io.EOF)
+		return
+	case target != l.id:
+		msg := fmt.Sprintf("this node is %s; %s is another incarnation (a data directory wiped or put back from a copy is a new member)", l.id, target)
+		writeAnswer(c.Conn, statusWrongID, l.id, l.applied(), msg)
+		l.logOnce("wrong:"+target, slog.LevelWarn, "raftconn: refused a connection meant for "+target+" from "+sender+": "+msg)
+		c.fail(fmt.Errorf("%w: %s", ErrWrongIdentity, msg))
+		return
+	}
+	if l.refuse != nil {
+		if why := l.refuse(sender); why != "" {
+			writeAnswer(c.Conn, statusRefused, l.id, l.applied(), why)
+			l.logOnce("refused:"+sender, slog.LevelWarn, "raftconn: refused raft traffic from "+sender+": "+why)
+			c.fail(fmt.Errorf("%w: %s: %s", ErrRefused, sender, why))
+			return
+		}
+	}
+	if err := writeAnswer(c.Conn, statusOK, l.id, l.applied(), ""); err != nil {
+		c.fail(err)
+	}
+}
+
+func (c *boundConn) fail(err error) {
+	c.err = err
+	c.Conn.Close()
+}
+
+func (l *Layer) applied() uint64 {
+	if l.appliedFn == nil {
+		return 0
+	}
+	return l.appliedFn()
+}
+
+// Refusal is the last time another node refused this one.
+type Refusal struct {
+	By     string    `json:"by"`
+	Reason string    `json:"reason"`
+	At     time.Time `json:"at"`
+}
+
+func (l *Layer) noteRefused(by, why string) {
+	l.notes.Lock()
+	l.notes.refusal = Refusal{By: by, Reason: why, At: time.Now()}
+	l.notes.Unlock()
+}
+
+// Refused returns the last refusal this node got (zero: none).
+func (l *Layer) Refused() Refusal {
+	l.notes.Lock()
+	defer l.notes.Unlock()
+	return l.notes.refusal
+}
+
+// logOnce logs a line of a kind at most every 10 s: raft retries every few
+// milliseconds.
+func (l *Layer) logOnce(kind string, level slog.Level, msg string) {
+	if l.logger == nil {
+		return
+	}
+	l.notes.Lock()
+	if l.notes.logged == nil {
+		l.notes.logged = map[string]time.Time{}
+	}
+	if t, ok := l.notes.logged[kind]; ok && time.Since(t) < 10*time.Second {
+		l.notes.Unlock()
+		return
+	}
+	if len(l.notes.logged) > 1000 {
+		l.notes.logged = map[string]time.Time{}
+	}
+	l.notes.logged[kind] = time.Now()
+	l.notes.Unlock()
+	l.logger.Log(context.Background(), level, msg, "component", "raft")
+}
