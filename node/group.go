@@ -375,6 +375,10 @@ func (n *Node) openGroup() (created bool, err error) {
 			SegmentSize: n.opts.WALSegmentSize,
 			NoSync:      n.opts.UnsafeNoSync,
 			BeforeWrite: n.diskFull(),
+			// A tripwire: raft never cuts a committed entry, and only
+			// committed entries are applied.
+			AppliedIndex: n.progress.get,
+			OnFatal:      n.stopFatal,
 		},
 	}
 	if r := n.opts.Raft; r != nil {

@@ -110,6 +110,12 @@ type Node struct {
 	linkStatesMu sync.Mutex
 	linkStates   map[string]string
 
+	// fatal is closed when the node must stop for a reason a restart does
+	// not fix (fatalErr says which): serve exits with it.
+	fatal     chan struct{}
+	fatalOnce sync.Once
+	fatalErr  atomic.Pointer[error]
+
 	// lifecycle
 	closing  atomic.Bool
 	stop     chan struct{}
@@ -167,6 +173,7 @@ func Open(ctx context.Context, opts *Options) (*Node, error) {
 		resolver:   r.String(),
 		clock:      hlc.NewClock(o.Clock, o.MaxClockOffset),
 		stop:       make(chan struct{}),
+		fatal:      make(chan struct{}),
 		overflow:   map[string]string{},
 		linkStates: map[string]string{},
 		discovered: map[string]Peer{},
@@ -257,6 +264,35 @@ func (n *Node) pinIfHolding() error {
 	}
 	_, err = origin.Pin(n.opts.DataDir, n.cluster, n.opts.ReassignOrigin)
 	return err
+}
+
+// stopFatal stops the node for a reason a restart does not fix (its raft
+// log was about to lose entries its state machine applied: raft's
+// assumptions broke): nothing more is applied or written, leadership is
+// handed over, and Fatal is closed (serve exits with the error, so an
+// operator looks before it runs again).
+func (n *Node) stopFatal(err error) {
+	n.fatalOnce.Do(func() {
+		n.fatalErr.Store(&err)
+		n.log.Error("stopping the node: it cannot go on safely; keep its data directory for inspection and see docs/OPERATIONS.md", "err", err)
+		n.com.fail(err)
+		if n.fsm != nil {
+			n.fsm.broken.CompareAndSwap(nil, &err)
+		}
+		close(n.fatal)
+	})
+}
+
+// Fatal is closed when the node stopped for a reason a restart does not
+// fix; FatalErr says which.
+func (n *Node) Fatal() <-chan struct{} { return n.fatal }
+
+// FatalErr is why the node stopped (nil: it did not).
+func (n *Node) FatalErr() error {
+	if p := n.fatalErr.Load(); p != nil {
+		return *p
+	}
+	return nil
 }
 
 // pidFile names the process that holds the data directory (for the message
@@ -723,6 +759,9 @@ func (n *Node) Digest() (store.Digest, error) {
 func (n *Node) Ready() error {
 	if n.closing.Load() {
 		return ErrClosed
+	}
+	if err := n.FatalErr(); err != nil {
+		return err
 	}
 	if errp := n.com.failed.Load(); errp != nil {
 		return *errp

@@ -8,12 +8,17 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
+
+	"github.com/hashicorp/raft"
 
 	"github.com/replicator/replicator/client"
 	"github.com/replicator/replicator/cluster"
 	ports "github.com/replicator/replicator/internal/loopback"
+	"github.com/replicator/replicator/origin"
+	"github.com/replicator/replicator/raftlog"
 	"github.com/replicator/replicator/store"
 )
 
@@ -680,5 +685,222 @@ func TestWipedOrRestoredVoterDoesNotLoseAcknowledgedWrites(t *testing.T) {
 				t.Fatalf("%+v", d)
 			}
 		})
+	}
+}
+
+// TestRecoveryRecordsTheLostAndSealsOnce (issue 24): after the loss of a
+// majority, the survivor recovered with peers.json records the lost nodes
+// as removed and seals the stream in its first term, and only then lets
+// peers.json go. A stop at any step of that (before the term, after the
+// lost were recorded, after the seal) recovers again at the next start and
+// ends the same: the stream sealed once, the lost recorded. A lost node
+// that comes back with its old directory is refused and told why, and the
+// report shows it; wiped, it comes back as a new member.
+func TestRecoveryRecordsTheLostAndSealsOnce(t *testing.T) {
+	for _, stopAt := range []string{"begin", "lost-recorded", "sealed"} {
+		t.Run(stopAt, func(t *testing.T) {
+			c := newRaftCluster(t, "a", 3, nil)
+			leader := c.leader()
+			ctx := context.Background()
+			for i := 0; i < 20; i++ {
+				if _, err := c.client(leader).Put(ctx, fmt.Sprintf("k%d", i), []byte("v")); err != nil {
+					t.Fatal(err)
+				}
+			}
+			c.converged()
+			survivor := c.follower()
+			var lost []string
+			lostIDs := map[string]raft.ServerID{}
+			for _, name := range c.names {
+				if name != survivor {
+					lost = append(lost, name)
+					lostIDs[name] = c.nodes[name].group.ID()
+				}
+			}
+			old := c.nodes[survivor].out.Stream()
+			for _, name := range c.names {
+				c.stop(name)
+			}
+			peers := fmt.Sprintf(`[{"id": %q, "address": %q, "non_voter": false}]`, survivor, c.opts[survivor].Raft.Listen)
+			gdir := filepath.Join(c.dirs[survivor], "cluster")
+			if err := os.WriteFile(filepath.Join(gdir, cluster.PeersFile), []byte(peers), 0o644); err != nil {
+				t.Fatal(err)
+			}
+
+			// The first start stops at a step of the recovery's first term.
+			fired := make(chan struct{})
+			var once sync.Once
+			hook := func(step string) error {
+				if step != stopAt {
+					return nil
+				}
+				once.Do(func() { close(fired) })
+				return fmt.Errorf("stopped at %s (a crash, in a test)", step)
+			}
+			testRecoveryStep.Store(&hook)
+			c.start(survivor)
+			select {
+			case <-fired:
+			case <-time.After(20 * time.Second):
+				t.Fatalf("the recovery's first term never reached %s", stopAt)
+			}
+			sealedInto := c.nodes[survivor].out.Stream()
+			c.stop(survivor)
+			testRecoveryStep.Store(nil)
+			if _, err := os.Stat(filepath.Join(gdir, cluster.PeersFile)); err != nil {
+				t.Fatalf("peers.json went before the recovery's commands committed: %v", err)
+			}
+
+			c.start(survivor)
+			if l := c.leader(); l != survivor {
+				t.Fatalf("%s leads", l)
+			}
+			nd := c.nodes[survivor]
+			switch got := nd.out.Stream(); {
+			case got == old:
+				t.Fatal("the stream goes on after a recovery: its next indexes may mean writes the lost nodes shipped")
+			case stopAt == "sealed" && got != sealedInto:
+				t.Fatalf("sealed twice: the stream %s became %s at the restart", sealedInto, got)
+			}
+			for _, f := range []string{cluster.PeersFile, cluster.RecoveryFile} {
+				if _, err := os.Stat(filepath.Join(gdir, f)); !errors.Is(err, os.ErrNotExist) {
+					t.Fatalf("%s left after the recovery: %v", f, err)
+				}
+			}
+			for name, id := range lostIDs {
+				if why := nd.removedServer(id); !strings.Contains(why, "recovered") {
+					t.Fatalf("%s (%s) is not recorded as lost in the recovery: %q", name, id, why)
+				}
+			}
+			if _, err := c.client(survivor).Put(ctx, "after", []byte("v")); err != nil {
+				t.Fatal(err)
+			}
+
+			// A lost node comes back with its old directory: refused, told
+			// why, shown as removed; it never applies the survivor's writes.
+			back := lost[0]
+			c.start(back)
+			deadline := time.Now().Add(15 * time.Second)
+			for {
+				r := c.nodes[back].localCluster()
+				if r.RefusedBy != nil && strings.Contains(r.RefusedBy.Reason, "recovered") {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("the lost node was not told why it is refused: %+v", r)
+				}
+				time.Sleep(50 * time.Millisecond)
+			}
+			rep := nd.ClusterReport(ctx, "")
+			shown := false
+			for _, cn := range rep.Nodes {
+				if cn.ID == back && cn.State == "removed" && strings.Contains(cn.Error, "recovered") {
+					shown = true
+				}
+				if cn.ID == back && cn.Voter {
+					t.Fatalf("the lost node is a voter again: %+v", rep.Nodes)
+				}
+			}
+			if !shown {
+				t.Fatalf("the report does not show the lost node as removed: %+v", rep.Nodes)
+			}
+			if _, err := c.nodes[back].Get("after"); err == nil {
+				t.Fatal("the lost node applied a write of the recovered cluster")
+			}
+			if len(nd.group.Status().Servers) != 1 {
+				t.Fatalf("configuration %+v", nd.group.Status().Servers)
+			}
+
+			// Wiped, both lost nodes come back as new members.
+			for _, name := range lost {
+				c.stop(name)
+				if err := os.RemoveAll(c.dirs[name]); err != nil {
+					t.Fatal(err)
+				}
+				c.start(name)
+			}
+			if d := c.converged(); d.Keys != 21 {
+				t.Fatalf("%+v", d)
+			}
+		})
+	}
+}
+
+// TestTruncationOfAppliedEntriesStopsTheNode (issue 24): raft cuts only
+// entries that were never committed, and a node applies only committed
+// ones, so raft cutting an applied entry is proof that its assumptions
+// broke. Here a voter loses its log but keeps its identity (what a block
+// snapshot of its disk put back would do: nothing can tell), votes for a
+// node whose log lacks 5 acknowledged writes, and that node leads. When
+// the old leader, which applied the 5 writes, comes back, the new leader's
+// log overrides them: the old leader stops with a clear error instead of
+// cutting its log and keeping a tree of another history.
+func TestTruncationOfAppliedEntriesStopsTheNode(t *testing.T) {
+	c := newRaftCluster(t, "a", 3, nil)
+	l := c.leader()
+	var w, f string
+	for _, name := range c.names {
+		if name != l {
+			if w == "" {
+				w = name
+			} else {
+				f = name
+			}
+		}
+	}
+	ctx := context.Background()
+	for i := 0; i < 5; i++ {
+		if _, err := c.client(l).Put(ctx, fmt.Sprintf("before%d", i), []byte("v")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c.converged()
+	c.stop(f)
+	l = c.leader()
+	for i := 0; i < 5; i++ {
+		if _, err := c.client(l).Put(ctx, fmt.Sprintf("acked%d", i), []byte("v")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	applied := c.nodes[l].progress.get()
+	c.stop(l)
+	c.stop(w)
+	// W loses everything but its identity files.
+	ents, _ := os.ReadDir(c.dirs[w])
+	for _, e := range ents {
+		if e.Name() != "NODE_ID" && e.Name() != origin.IncarnationFile {
+			os.RemoveAll(filepath.Join(c.dirs[w], e.Name()))
+		}
+	}
+	c.start(w)
+	c.start(f)
+	deadline := time.Now().Add(20 * time.Second)
+	for !c.nodes[f].lead.ready.Load() {
+		if time.Now().After(deadline) {
+			t.Fatal("F was not elected with the vote of W's emptied log (the hazard this test needs)")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	c.start(l)
+	select {
+	case <-c.nodes[l].Fatal():
+	case <-time.After(20 * time.Second):
+		t.Fatal("the old leader did not stop when raft cut entries it applied")
+	}
+	err := c.nodes[l].FatalErr()
+	if !errors.Is(err, raftlog.ErrAppliedTruncated) {
+		t.Fatalf("stopped with %v", err)
+	}
+	// Its tree and log are as they were: the evidence is kept.
+	if got := c.nodes[l].progress.get(); got != applied {
+		t.Fatalf("applied %d, was %d", got, applied)
+	}
+	for i := 0; i < 5; i++ {
+		if _, err := c.nodes[l].Get(fmt.Sprintf("acked%d", i)); err != nil {
+			t.Fatalf("the stopped node lost acked%d: %v", i, err)
+		}
+	}
+	if err := c.nodes[l].Ready(); err == nil {
+		t.Fatal("a stopped node says it is ready")
 	}
 }

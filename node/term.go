@@ -232,6 +232,9 @@ func (n *Node) beginTerm(term uint64) error {
 // go (cluster.FinishRecovery): a stop before starts the recovery again.
 func (n *Node) sealAfterRecovery() error {
 	if rec := n.group.Recovery(); rec != nil {
+		if err := recoveryStep("begin"); err != nil {
+			return err
+		}
 		for _, id := range rec.Lost {
 			node, inc := cluster.SplitServerID(raft.ServerID(id))
 			key := machine.RemovalKey(node, inc)
@@ -244,11 +247,17 @@ func (n *Node) sealAfterRecovery() error {
 				return fmt.Errorf("record %s as lost in the recovery: %w", id, err)
 			}
 		}
+		if err := recoveryStep("lost-recorded"); err != nil {
+			return err
+		}
 		if rec.Stream == n.out.Stream().String() {
 			if err := n.sealStream(n.out.Stream(), "the cluster was recovered after the loss of a majority: "+
 				"writes the lost nodes committed and shipped may be missing here"); err != nil {
 				return err
 			}
+		}
+		if err := recoveryStep("sealed"); err != nil {
+			return err
 		}
 		if err := n.group.FinishRecovery(); err != nil {
 			return err
@@ -269,6 +278,17 @@ func (n *Node) sealAfterRecovery() error {
 		}
 	}
 	return os.Remove(n.sealFile())
+}
+
+// testRecoveryStep, in tests, stops a recovery's first term at a step (a
+// crash there): its error fails the term.
+var testRecoveryStep atomic.Pointer[func(step string) error]
+
+func recoveryStep(step string) error {
+	if f := testRecoveryStep.Load(); f != nil {
+		return (*f)(step)
+	}
+	return nil
 }
 
 // endTerm stops what only the leader does: stamping, its shippers.

@@ -1,8 +1,9 @@
 // Package raftlog is a cluster's raft log and raft's stable state on disk
 // (issue 15, docs/CLUSTER.md): the raft log on tidwall/wal, each record
-// checksummed and every append fsynced (it is the redo log, as the outbound
-// WAL is for a single node), and the stable state (term, vote) in one small
-// file replaced atomically.
+// checksummed and naming the append that wrote it (record.go), every append
+// fsynced (it is the redo log, as the outbound WAL is for a single node), and
+// the stable state (term, vote) in one small file replaced atomically. At
+// open, a torn last append is cut and other damage refused (repair.go).
 //
 // tidwall/wal numbers its entries from 1 and only appends at last+1; raft
 // indexes start wherever a snapshot left them. A log directory is therefore
@@ -17,7 +18,6 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"hash/crc32"
 	"io/fs"
 	"log/slog"
 	"os"
@@ -26,7 +26,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"time"
 
 	"github.com/hashicorp/raft"
 	twal "github.com/tidwall/wal"
@@ -37,21 +36,18 @@ import (
 
 // Errors.
 var (
-	// ErrCorrupt is damage that is not a torn tail: a record in the middle
-	// of the log fails its checksum. Not retryable.
+	// ErrCorrupt is damage that is not a torn tail: a record before the
+	// last segment, or one followed by a later append's whole record, fails
+	// its checksum (Open reports a *CorruptError). Not retryable.
 	ErrCorrupt = errors.New("raftlog: corrupt")
 	// ErrNotFound is a log index outside the log.
 	ErrNotFound = raft.ErrLogNotFound
 )
 
 const (
-	recordV1   = 1
-	headerLen  = 1 + 4 // version, CRC-32C of the rest
 	stableName = "stable"
 	dirPrefix  = "log-"
 )
-
-var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
 // Options configures a Store. Zero fields take defaults.
 type Options struct {
@@ -64,6 +60,15 @@ type Options struct {
 	// BeforeWrite, when set, runs before each append and fails it with its
 	// error (tests: a disk that fills).
 	BeforeWrite func() error
+	// AppliedIndex, when set, returns the last raft index the state machine
+	// applied. A suffix delete reaching it is refused (ErrAppliedTruncated):
+	// raft only cuts entries that were never committed, and only committed
+	// entries are applied. It is called without the store's lock held.
+	AppliedIndex func() uint64
+	// OnFatal, when set, is called once, without the store's lock held, when
+	// the store refuses to go on for a reason a restart does not fix
+	// (ErrAppliedTruncated): the node must stop.
+	OnFatal func(error)
 }
 
 // EnsureDefaults fills zero fields.
@@ -93,8 +98,12 @@ type Store struct {
 
 	mu struct {
 		sync.Mutex
-		tw     *twal.Log
-		broken error // set when a failed append could not be cut back
+		tw *twal.Log
+		// broken is set when a failed append could not be cut back
+		// (ErrBroken) or a suffix delete reached applied entries
+		// (ErrAppliedTruncated); every later append returns it.
+		broken error
+		fatal  bool // OnFatal was called
 		// repairs and dropped count torn tails cut at open and their
 		// bytes; failures counts failed appends.
 		repairs, dropped, failures int64
@@ -309,7 +318,7 @@ func (s *Store) GetLog(index uint64, l *raft.Log) error {
 	if err != nil {
 		return fmt.Errorf("raftlog: read %d: %w", index, err)
 	}
-	if err := decode(data, l); err != nil {
+	if _, err := decode(data, l); err != nil {
 		return fmt.Errorf("%w: entry %d: %v", ErrCorrupt, index, err)
 	}
 	if l.Index != index {
@@ -365,7 +374,7 @@ func (s *Store) StoreLogs(logs []*raft.Log) error {
 	for _, l := range logs {
 		offs = append(offs, len(s.mu.buf))
 		var err error
-		if s.mu.buf, err = encode(s.mu.buf, l); err != nil {
+		if s.mu.buf, err = encode(s.mu.buf, next, l); err != nil {
 			return err
 		}
 	}
@@ -408,36 +417,71 @@ func (s *Store) forgetLocked() { s.mu.recent, s.mu.recentBytes = nil, 0 }
 
 // DeleteRange deletes [min, max]: a prefix (compaction after a snapshot), a
 // suffix (entries a new leader overrides), or everything.
+//
+// A suffix delete of entries the state machine applied (Options.AppliedIndex)
+// is refused with ErrAppliedTruncated, and the store turns broken: see
+// ErrAppliedTruncated.
 func (s *Store) DeleteRange(min, max uint64) error {
+	// Read before taking s.mu: the state machine's locks are its own. The
+	// applied index only grows, so a value read early is at most the one at
+	// the delete: the check never refuses a delete it should allow.
+	var applied uint64
+	if s.opts.AppliedIndex != nil {
+		applied = s.opts.AppliedIndex()
+	}
+	fatal, err := s.deleteRange(min, max, applied)
+	if fatal && s.opts.OnFatal != nil {
+		// Outside s.mu: stopping the node may call back into the store
+		// (raft's shutdown).
+		s.opts.OnFatal(err)
+	}
+	return err
+}
+
+// deleteRange is DeleteRange under s.mu; fatal says OnFatal is due.
+func (s *Store) deleteRange(min, max, applied uint64) (fatal bool, err error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.mu.tw == nil {
-		return errClosed
+		return false, errClosed
+	}
+	if errors.Is(s.mu.broken, ErrAppliedTruncated) {
+		// The log is the evidence of what went wrong: nothing changes it.
+		return false, s.mu.broken
 	}
 	if s.mu.last == 0 || max < s.mu.first || min > s.mu.last || min > max {
-		return nil
+		return false, nil
 	}
 	first, last := s.mu.first, s.mu.last
+	if s.opts.AppliedIndex != nil && min > first && max >= last && min <= applied {
+		// A suffix, not a compaction nor the whole log after a snapshot.
+		s.mu.broken = fmt.Errorf("%w: raft asked to delete %d-%d (the log holds %d-%d), but the state machine "+
+			"applied through %d: raft only cuts entries never committed, so a voter lost entries it "+
+			"acknowledged; the log is left as it was and the node stops", ErrAppliedTruncated, min, max, first, last, applied)
+		s.opts.Logger.Error("raftlog: refusing to delete applied entries", "err", s.mu.broken)
+		fatal, s.mu.fatal = !s.mu.fatal, true
+		return fatal, s.mu.broken
+	}
 	s.forgetLocked()
 	switch {
 	case min <= first && max >= last:
 		// Everything: the next entry continues after max (or after the
 		// snapshot raft installs, which StoreLogs handles).
-		return s.resetLocked(max)
+		return false, s.resetLocked(max)
 	case min <= first:
 		if err := s.mu.tw.TruncateFront(max + 1 - s.mu.base); err != nil {
-			return fmt.Errorf("raftlog: drop through %d: %w", max, err)
+			return false, fmt.Errorf("raftlog: drop through %d: %w", max, err)
 		}
 		s.mu.first = max + 1
 	case max >= last:
 		if err := s.mu.tw.TruncateBack(min - 1 - s.mu.base); err != nil {
-			return fmt.Errorf("raftlog: drop from %d: %w", min, err)
+			return false, fmt.Errorf("raftlog: drop from %d: %w", min, err)
 		}
 		s.mu.last = min - 1
 	default:
-		return fmt.Errorf("raftlog: delete %d-%d from the middle of %d-%d", min, max, first, last)
+		return false, fmt.Errorf("raftlog: delete %d-%d from the middle of %d-%d", min, max, first, last)
 	}
-	return nil
+	return false, nil
 }
 
 // IsMonotonic tells raft that the log holds no gaps: after restoring a
@@ -453,6 +497,16 @@ var ErrAppendFailed = errors.New("raftlog: append failed, nothing appended")
 // ErrBroken is returned by every append after one that failed and could not
 // be cut back: what the file holds is unknown until a restart repairs it.
 var ErrBroken = errors.New("raftlog: broken after an unrecoverable i/o error; restart the node")
+
+// ErrAppliedTruncated is returned by a suffix delete that reaches entries the
+// state machine applied, and by every append and delete after it. Raft only
+// cuts a suffix that was never committed, and only committed entries are
+// applied: raft's assumptions broke (a voter forgot entries it acknowledged:
+// a disk that lied about fsync, a log repaired or replaced by hand), and
+// going on could diverge this node's state machine from the others'. Not
+// retryable, and a restart does not fix it: the node stops
+// (Options.OnFatal).
+var ErrAppliedTruncated = errors.New("raftlog: refusing to delete entries the state machine applied")
 
 // recoverWriteLocked puts the log back to what it held before a failed
 // append: tidwall has taken the failed entries into its in-memory segment, so
@@ -566,7 +620,7 @@ func (s *Store) loadStable() error {
 	if err != nil {
 		return fmt.Errorf("raftlog: read stable state: %w", err)
 	}
-	body, err := unframe(data)
+	body, _, err := unframe(data)
 	if err != nil {
 		// Written whole or not at all (atomicfile): damage is not a torn
 		// write, and a lost vote could let this node vote twice in a term.
@@ -578,128 +632,4 @@ func (s *Store) loadStable() error {
 	}
 	s.mu.stable = m
 	return nil
-}
-
-// frame prepends the version and the CRC-32C of body.
-func frame(dst, body []byte) []byte {
-	dst = append(dst, recordV1)
-	dst = binary.BigEndian.AppendUint32(dst, crc32.Checksum(body, castagnoli))
-	return append(dst, body...)
-}
-
-func unframe(rec []byte) ([]byte, error) {
-	if len(rec) < headerLen {
-		return nil, fmt.Errorf("record of %d bytes", len(rec))
-	}
-	if rec[0] != recordV1 {
-		return nil, fmt.Errorf("record version %d, want %d", rec[0], recordV1)
-	}
-	body := rec[headerLen:]
-	if got, want := crc32.Checksum(body, castagnoli), binary.BigEndian.Uint32(rec[1:]); got != want {
-		return nil, fmt.Errorf("checksum mismatch (crc32c %08x, record says %08x)", got, want)
-	}
-	return body, nil
-}
-
-// encode appends one log entry's record: index, term, type, data,
-// extensions, appended-at.
-func encode(dst []byte, l *raft.Log) ([]byte, error) {
-	var body []byte
-	body = binary.AppendUvarint(body, l.Index)
-	body = binary.AppendUvarint(body, l.Term)
-	body = append(body, byte(l.Type))
-	body = binary.AppendUvarint(body, uint64(len(l.Data)))
-	body = append(body, l.Data...)
-	body = binary.AppendUvarint(body, uint64(len(l.Extensions)))
-	body = append(body, l.Extensions...)
-	var at int64
-	if !l.AppendedAt.IsZero() {
-		at = l.AppendedAt.UnixNano()
-	}
-	body = binary.AppendVarint(body, at)
-	return frame(dst, body), nil
-}
-
-// decode reads a record, bounding every length by what is there.
-func decode(rec []byte, l *raft.Log) error {
-	body, err := unframe(rec)
-	if err != nil {
-		return err
-	}
-	r := reader{b: body}
-	l.Index = r.uvarint()
-	l.Term = r.uvarint()
-	l.Type = raft.LogType(r.byte())
-	l.Data = r.bytes()
-	l.Extensions = r.bytes()
-	at := r.varint()
-	l.AppendedAt = time.Time{}
-	if at != 0 {
-		l.AppendedAt = time.Unix(0, at)
-	}
-	if r.err == nil && len(r.b) != 0 {
-		r.err = fmt.Errorf("%d bytes after the entry", len(r.b))
-	}
-	return r.err
-}
-
-type reader struct {
-	b   []byte
-	err error
-}
-
-func (r *reader) uvarint() uint64 {
-	if r.err != nil {
-		return 0
-	}
-	v, n := binary.Uvarint(r.b)
-	if n <= 0 {
-		r.err = errors.New("bad uvarint")
-		return 0
-	}
-	r.b = r.b[n:]
-	return v
-}
-
-func (r *reader) varint() int64 {
-	if r.err != nil {
-		return 0
-	}
-	v, n := binary.Varint(r.b)
-	if n <= 0 {
-		r.err = errors.New("bad varint")
-		return 0
-	}
-	r.b = r.b[n:]
-	return v
-}
-
-func (r *reader) byte() byte {
-	if r.err != nil {
-		return 0
-	}
-	if len(r.b) == 0 {
-		r.err = errors.New("short record")
-		return 0
-	}
-	c := r.b[0]
-	r.b = r.b[1:]
-	return c
-}
-
-func (r *reader) bytes() []byte {
-	n := r.uvarint()
-	if r.err != nil {
-		return nil
-	}
-	if n > uint64(len(r.b)) {
-		r.err = fmt.Errorf("length %d beyond the record's %d bytes", n, len(r.b))
-		return nil
-	}
-	if n == 0 {
-		return nil
-	}
-	out := append([]byte(nil), r.b[:n]...)
-	r.b = r.b[n:]
-	return out
 }

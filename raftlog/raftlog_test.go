@@ -231,18 +231,31 @@ func TestStable(t *testing.T) {
 
 func FuzzDecode(f *testing.F) {
 	for _, i := range []uint64{1, 77, 1 << 40} {
-		rec, _ := encode(nil, entry(i))
-		f.Add(rec)
+		for _, first := range []uint64{i, i - i/2} {
+			rec, _ := encode(nil, first, entry(i))
+			f.Add(rec)
+		}
+		f.Add(frame(nil, appendBody(nil, entry(i)))) // version 1
 	}
 	f.Add([]byte{recordV1, 0, 0, 0, 0})
+	f.Add(append([]byte{recordV2}, make([]byte, headerV2-1)...))
 	f.Fuzz(func(t *testing.T, rec []byte) {
 		var l raft.Log
-		if err := decode(rec, &l); err != nil {
+		first, err := decode(rec, &l)
+		if err != nil {
 			return
 		}
-		again, _ := encode(nil, &l)
+		if rec[0] == recordV1 && first != 0 || first > l.Index {
+			t.Fatalf("version %d record of entry %d decoded with its append at %d", rec[0], l.Index, first)
+		}
+		again, err := encode(nil, first, &l)
+		if err != nil {
+			t.Fatal(err)
+		}
 		var l2 raft.Log
-		if err := decode(again, &l2); err != nil || l2.Index != l.Index || !bytes.Equal(l2.Data, l.Data) {
+		first2, err := decode(again, &l2)
+		if err != nil || first2 != first || l2.Index != l.Index || l2.Term != l.Term || l2.Type != l.Type ||
+			!bytes.Equal(l2.Data, l.Data) || !bytes.Equal(l2.Extensions, l.Extensions) || !l2.AppendedAt.Equal(l.AppendedAt) {
 			t.Fatalf("a decoded entry does not round-trip: %v", err)
 		}
 	})
@@ -352,7 +365,7 @@ func TestFailedWriteCutBack(t *testing.T) {
 			s.mu.Lock()
 			var b twal.Batch
 			for i := before + 1; i <= before+3; i++ {
-				buf, err := encode(nil, entry(i))
+				buf, err := encode(nil, before+1, entry(i))
 				if err != nil {
 					t.Fatal(err)
 				}

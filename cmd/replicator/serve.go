@@ -608,6 +608,11 @@ func runServe(args []string) error {
 		select {
 		case <-ctx.Done():
 			done = true
+		case <-n.Fatal():
+			// A reason a restart does not fix (logged by the node): exit
+			// non-zero, so that the operator looks.
+			cerr := n.Close()
+			return errors.Join(n.FatalErr(), cerr)
 		case <-hup:
 			_ = n.ReloadTLS() // logged either way
 		}
