@@ -514,6 +514,9 @@ type LogState struct {
 	SnapshotHead []byte
 	// SnapshotTree is the newest snapshot's tree directory ("" without).
 	SnapshotTree string
+	// LastCommand is the last command (not one of raft's own entries) the
+	// log holds (0: none).
+	LastCommand uint64
 	// SnapshotTerm is the newest snapshot's term, and LogTermAtSnapshot the
 	// term of the log's own entry at the snapshot's index (0: the log does
 	// not hold it). When they are equal the log holds exactly the commands
@@ -544,6 +547,7 @@ func Inspect(dir string, logger *slog.Logger) (LogState, error) {
 	}
 	st.First, _ = store.FirstIndex()
 	st.Last, _ = store.LastIndex()
+	st.LastCommand = lastCommand(store, st.Last)
 	metas, err := snaps.List()
 	if err != nil {
 		return st, fmt.Errorf("cluster: snapshots: %w", err)
@@ -676,4 +680,44 @@ func (g *Group) Close() error {
 	err := g.raft.Shutdown().Error()
 	g.closeTrans()
 	return errors.Join(err, g.log.Close())
+}
+
+// CommitOfTerm returns the commit index this node learned when the entry
+// there belongs to the current term: its leader committed in its term, so
+// the index covers every command committed before the term (a leader just
+// elected may still send an older commit index, which does not).
+func (g *Group) CommitOfTerm() (uint64, bool) {
+	c := g.raft.CommitIndex()
+	if c == 0 {
+		return 0, false
+	}
+	if _, id := g.raft.LeaderWithID(); id == "" {
+		return 0, false
+	}
+	var l raft.Log
+	if err := g.log.GetLog(c, &l); err != nil {
+		return 0, false
+	}
+	return c, l.Term == g.raft.CurrentTerm()
+}
+
+// LastCommandAtOrBelow is the last command the log holds at or below index
+// i (0: none).
+func (g *Group) LastCommandAtOrBelow(i uint64) uint64 { return lastCommand(g.log, i) }
+
+// lastCommand scans back from index i to the log's first entry for a
+// command (a state machine's, not one of raft's own entries).
+func lastCommand(store *raftlog.Store, i uint64) uint64 {
+	first, _ := store.FirstIndex()
+	last, _ := store.LastIndex()
+	for i = min(i, last); i >= first && i > 0; i-- {
+		var l raft.Log
+		if err := store.GetLog(i, &l); err != nil {
+			return 0
+		}
+		if l.Type == raft.LogCommand {
+			return i
+		}
+	}
+	return 0
 }

@@ -27,10 +27,12 @@ var (
 	ErrKindConflict = errors.New("machine: key holds another kind")
 )
 
-// PreconditionError carries the key's current version ("" when absent).
+// PreconditionError carries the key's current version ("" when absent),
+// and the delete's version when the key holds a tombstone.
 type PreconditionError struct {
 	Key     string
 	Current string
+	Deleted string
 	Why     string
 }
 
@@ -161,7 +163,11 @@ func (o *Overlay) Decide(e *wal.Entry, cond *Condition, delta int64) (counterVal
 		}
 		switch {
 		case cond.IfMatch != "" && !live:
-			return 0, &PreconditionError{Key: e.Key, Why: "If-Match on a key that holds no value"}
+			pe := &PreconditionError{Key: e.Key, Why: "If-Match on a key that holds no value"}
+			if ok && st.tomb {
+				pe.Deleted, pe.Why = st.stamp.String(), "If-Match on a key deleted at "+st.stamp.String()
+			}
+			return 0, pe
 		case cond.IfMatch != "" && cond.IfMatch != cur:
 			return 0, &PreconditionError{Key: e.Key, Current: cur, Why: fmt.Sprintf("it holds version %s, not %s", cur, cond.IfMatch)}
 		case cond.IfNoneMatch && live:

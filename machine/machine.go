@@ -502,6 +502,15 @@ func (m *Machine) applyCollect(b *store.Batch, c *Command) (*Result, error) {
 		if res.Collected, err = b.CollectTombstones(c.Cutoff, c.Max); err != nil {
 			return nil, err
 		}
+		// The horizon a 404 reports (CollectedBelow): only raised.
+		if prev, err := m.CollectedBelow(); err != nil {
+			return nil, err
+		} else if prev.Less(c.Cutoff) {
+			cut := c.Cutoff.Encode()
+			if err := b.SetRaw(collectedKey, cut[:]); err != nil {
+				return nil, err
+			}
+		}
 	}
 	if c.IdemBefore > 0 {
 		if res.CollectedIdem, err = b.CollectIdem(c.IdemBefore, c.Max); err != nil {
@@ -530,6 +539,36 @@ func (m *Machine) applyDeadLetter(b *store.Batch, c *Command) (*Result, error) {
 		}
 	}
 	return &Result{Found: true}, b.DeleteDeadLetter(d)
+}
+
+// collectedKey holds the newest cutoff below which tombstones were
+// collected.
+var collectedKey = []byte("m\x00machine.collected")
+
+// CollectedBelow is the newest cutoff below which tombstones were collected
+// here (zero: none ever was): a key of which nothing is kept was never
+// written, or deleted by a delete stamped below it.
+func (m *Machine) CollectedBelow() (hlc.Timestamp, error) {
+	v, closer, err := m.st.DB().Get(collectedKey)
+	if errors.Is(err, pebble.ErrNotFound) {
+		return hlc.Timestamp{}, nil
+	}
+	if err != nil {
+		return hlc.Timestamp{}, err
+	}
+	defer closer.Close()
+	return hlc.Decode(v)
+}
+
+// Replays reports whether a keyed write would be answered from its record
+// (one exists, unexpired at now, for this fingerprint, and its write is
+// here): the leader then checks nothing else of it, its pinned stamp
+// included (a retry at a new leader whose clock is behind must get the
+// first attempt's answer, not a refusal). Safe beside Apply: a read.
+func (m *Machine) Replays(key string, fingerprint []byte, now int64, e *wal.Entry) bool {
+	ov := NewOverlay(m.st, store.Component(m.cluster, m.Stream(), m.epoch.Load()))
+	d, _, err := ov.LookupKey(key, fingerprint, now, e)
+	return err == nil && d == KeyReplay
 }
 
 // removedKey records a node ID removed from the cluster, or one

@@ -285,15 +285,23 @@ func (c *committer) commit(pending []*proposal) int {
 		mp.Entry.Commit = n.clock.Now()
 		mp.Entry.Stamp = hlc.Timestamp{}
 		if !p.pin.IsZero() {
-			if err := n.checkPin(p.pin, mp.Entry.Commit); err != nil {
-				p.err = err
-				close(p.done)
-				continue
+			// A retry whose record exists is answered from it (the machine
+			// replays it) before its pin is checked: the first attempt
+			// applied, perhaps at a leader whose clock was ahead of this
+			// one's, and a refusal now would be a lie.
+			replay := p.idem != nil && n.machine.Replays(p.idem.key, p.idem.fingerprint, mp.Entry.Commit.Wall, &mp.Entry)
+			if !replay {
+				if err := n.checkPin(p.pin, mp.Entry.Commit); err != nil {
+					p.err = err
+					close(p.done)
+					continue
+				}
+				// A pin may lie ahead of the clock (by up to the max
+				// offset): the next write, causally later, must stamp
+				// above it.
+				n.clock.Observe(p.pin)
 			}
 			mp.Entry.Stamp = p.pin
-			// A pin may lie ahead of the clock (by up to the max offset):
-			// the next write, causally later, must stamp above it.
-			n.clock.Observe(p.pin)
 		}
 		if p.idem != nil {
 			mp.Keyed = &machine.Keyed{Key: p.idem.key, Fingerprint: p.idem.fingerprint, Answer: p.idem.answer,

@@ -580,7 +580,10 @@ func (n *Node) reconcileLog(m *machine.Machine) (mint string, err error) {
 	if err != nil {
 		return "", err
 	}
+	// What this node may have acknowledged before it stopped is in its log:
+	// local reads wait until it applied that much (readable).
 	applied := m.Applied()
+	n.reads.startLast = max(ls.LastCommand, applied)
 	// The snapshot's index counts raft's own entries too; what the tree
 	// must hold is the last command the machine had applied when it was
 	// taken, which the snapshot records.

@@ -63,14 +63,18 @@ var (
 func writeErr(w http.ResponseWriter, err error) {
 	var se *SaturatedError
 	var pe *machine.PreconditionError
+	var nf *NotFoundError
 	switch {
 	case errors.As(err, &se):
 		writeSaturated(w, se)
 	case errors.As(err, &pe):
+		e := apiError{Code: "precondition_failed", Message: err.Error(), Version: pe.Current}
 		if pe.Current != "" {
 			w.Header().Set("ETag", `"`+pe.Current+`"`)
+		} else if pe.Deleted != "" {
+			e.Version, e.Deleted = pe.Deleted, true
 		}
-		writeError(w, http.StatusPreconditionFailed, apiError{Code: "precondition_failed", Message: err.Error(), Version: pe.Current})
+		writeError(w, http.StatusPreconditionFailed, e)
 	case errors.Is(err, machine.ErrKindConflict):
 		writeError(w, http.StatusConflict, apiError{Code: "kind_conflict", Message: err.Error()})
 	case errors.Is(err, ErrInvalidKey):
@@ -86,18 +90,29 @@ func writeErr(w http.ResponseWriter, err error) {
 			Message: err.Error() + ": an Idempotency-Key names one request; use a new key for a new request"})
 	case errors.Is(err, ErrPinOutOfWindow):
 		writeError(w, http.StatusBadRequest, apiError{Code: "pin_out_of_window", Message: err.Error()})
+	case errors.As(err, &nf):
+		writeError(w, http.StatusNotFound, apiError{Code: "not_found", Message: err.Error(), Version: nf.Deleted, Deleted: nf.Deleted != "",
+			CollectedBelow: nf.CollectedBelow})
 	case errors.Is(err, ErrNotFound):
 		writeError(w, http.StatusNotFound, apiError{Code: "not_found", Message: err.Error()})
 	case errors.Is(err, ErrUnknownOutcome):
 		// The write may have happened: say so instead of guessing.
-		writeError(w, http.StatusServiceUnavailable, apiError{Code: "unknown_outcome", Retryable: true,
+		writeError(w, http.StatusServiceUnavailable, apiError{Code: "unknown_outcome", Retryable: true, Outcome: "unknown",
 			Message: err.Error() + "; the write may or may not have taken effect: read it back, or retry under the same Idempotency-Key"})
-	case errors.Is(err, ErrClosed), errors.Is(err, ErrCatchingUp):
+	case errors.Is(err, ErrClosed):
+		// A write refused as the node shuts down says whether it happened.
+		e := apiError{Code: "unavailable", Retryable: true, Message: err.Error()}
+		if errors.Is(err, ErrNotWritten) {
+			e.Outcome, e.Message = "not_written", err.Error()+"; nothing was written"
+		}
 		w.Header().Set("Retry-After", "1")
-		writeError(w, http.StatusServiceUnavailable, apiError{Code: "unavailable", Retryable: true, Message: err.Error()})
+		writeError(w, http.StatusServiceUnavailable, e)
+	case errors.Is(err, ErrCatchingUp):
+		w.Header().Set("Retry-After", "1")
+		writeError(w, http.StatusServiceUnavailable, apiError{Code: "catching_up", Retryable: true, Message: err.Error()})
 	case errors.Is(err, ErrNotWritten):
 		w.Header().Set("Retry-After", "1")
-		writeError(w, http.StatusServiceUnavailable, apiError{Code: "not_written", Retryable: true, Message: err.Error()})
+		writeError(w, http.StatusServiceUnavailable, apiError{Code: "not_written", Retryable: true, Outcome: "not_written", Message: err.Error()})
 	default:
 		writeError(w, http.StatusInternalServerError, apiError{Code: "internal", Message: err.Error()})
 	}

@@ -97,8 +97,8 @@ type IdemReport struct {
 // Idempotency looks up the record of an Idempotency-Key, so a caller whose
 // call timed out can learn its outcome instead of retrying blindly.
 func (n *Node) Idempotency(key string) (IdemReport, error) {
-	if n.restoring.Load() {
-		return IdemReport{}, ErrCatchingUp
+	if err := n.readable(); err != nil {
+		return IdemReport{}, err
 	}
 	rec, ok, err := n.store.Idem(key)
 	if err != nil {

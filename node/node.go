@@ -39,9 +39,10 @@ var (
 	ErrKeyTooLarge   = errors.New("node: key too large")
 	ErrValueTooLarge = errors.New("node: value too large")
 	ErrNotFound      = errors.New("node: not found")
-	// ErrCatchingUp refuses a local read while the node installs the
+	// ErrCatchingUp refuses a local read while the node has not applied
+	// what it may have acknowledged before it stopped, or installs the
 	// leader's snapshot of the tree (it lagged behind the log).
-	ErrCatchingUp = errors.New("node: installing the leader's snapshot of the tree; reads resume once it is in")
+	ErrCatchingUp = errors.New("node: catching up with the cluster's log; local reads resume once it has")
 )
 
 // Node is one cluster node. Its methods are safe for concurrent use.
@@ -100,6 +101,8 @@ type Node struct {
 	// restoring is set while a snapshot's tree replaces the store's: local
 	// reads are refused.
 	restoring atomic.Bool
+	// reads gates local reads after a start (readable).
+	reads readGate
 
 	metrics  nodeMetrics
 	lagRing  lagRing
@@ -698,6 +701,7 @@ func (n *Node) propose(ctx context.Context, p *proposal) (WriteResult, error) {
 	}
 	if k, ok := policy.KeyFrom(ctx); ok && idem == nil {
 		p.pin = k.HLC
+		p.idem = scopedWrite(k, p)
 	}
 	if err := n.com.propose(ctx, p); err != nil {
 		return WriteResult{}, err
@@ -729,28 +733,62 @@ func (n *Node) Get(key string) (store.Record, error) {
 	if err := n.checkKey(key); err != nil {
 		return store.Record{}, err
 	}
-	if n.restoring.Load() {
-		return store.Record{}, ErrCatchingUp
+	if err := n.readable(); err != nil {
+		return store.Record{}, err
 	}
 	r, err := n.store.Get(key)
-	if errors.Is(err, store.ErrNotFound) || (err == nil && r.Tombstone) {
-		return store.Record{}, fmt.Errorf("%w: %q", ErrNotFound, key)
+	switch {
+	case err == nil && r.Tombstone:
+		return store.Record{}, &NotFoundError{Key: key, Deleted: r.Stamp.String()}
+	case errors.Is(err, store.ErrNotFound):
+		nf := &NotFoundError{Key: key}
+		if cut, err := n.machine.CollectedBelow(); err == nil && !cut.IsZero() {
+			nf.CollectedBelow = cut.String()
+		}
+		return store.Record{}, nf
 	}
 	return r, err
 }
 
+// NotFoundError is a read of a key that holds no live value. It says what
+// this node knows of why, so that a client can place the answer in a
+// history: the delete's version while its tombstone is kept, or the cutoff
+// below which tombstones were collected.
+type NotFoundError struct {
+	Key string
+	// Deleted is the version of the delete the key holds ("" when none is
+	// kept).
+	Deleted string
+	// CollectedBelow: nothing is kept of the key, and tombstones stamped
+	// below this were collected ("" when none ever was: the key was never
+	// written here).
+	CollectedBelow string
+}
+
+func (e *NotFoundError) Error() string {
+	switch {
+	case e.Deleted != "":
+		return fmt.Sprintf("node: not found: %q was deleted at version %s", e.Key, e.Deleted)
+	case e.CollectedBelow != "":
+		return fmt.Sprintf("node: not found: %q holds nothing (never written, or deleted below %s, where deletes were collected)", e.Key, e.CollectedBelow)
+	}
+	return fmt.Sprintf("node: not found: %q was never written here", e.Key)
+}
+
+func (e *NotFoundError) Unwrap() error { return ErrNotFound }
+
 // Scan returns a page of live keys in order.
 func (n *Node) Scan(o store.ScanOptions) ([]store.Item, string, error) {
-	if n.restoring.Load() {
-		return nil, "", ErrCatchingUp
+	if err := n.readable(); err != nil {
+		return nil, "", err
 	}
 	return n.store.Scan(o)
 }
 
 // Digest hashes the live state.
 func (n *Node) Digest() (store.Digest, error) {
-	if n.restoring.Load() {
-		return store.Digest{}, ErrCatchingUp
+	if err := n.readable(); err != nil {
+		return store.Digest{}, err
 	}
 	return n.store.Digest()
 }
@@ -765,6 +803,9 @@ func (n *Node) Ready() error {
 	}
 	if errp := n.com.failed.Load(); errp != nil {
 		return *errp
+	}
+	if err := n.readable(); err != nil {
+		return err
 	}
 	if n.multi() {
 		if id, _ := n.group.Leader(); id == "" {

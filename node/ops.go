@@ -138,6 +138,38 @@ func (n *Node) increment(ctx context.Context, key string, delta int64, idem *ide
 	return c, err
 }
 
+// scopedWrite makes a write under an idempotency scope (policy.WithKey) a
+// keyed request, as scopedIncrement does for increments: its pinned stamp
+// makes a retry a tie, and its record makes a retry that reaches another
+// leader (whose clock may be behind the pin by more than the clock offset)
+// answered from the first attempt's record before the pin is checked,
+// instead of refused although it applied.
+func scopedWrite(k policy.Key, p *proposal) *idemRequest {
+	if k.ID == "" || len(k.ID) > wal.MaxIdemKey || p.entry.Op == store.OpCounter {
+		return nil
+	}
+	answer := machine.AnswerWrite
+	switch p.entry.Op {
+	case store.OpDeleteRange:
+		answer = machine.AnswerRange
+	case store.OpMulti:
+		answer = machine.AnswerBatch
+	}
+	h := sha256.New()
+	e := &p.entry
+	fmt.Fprintf(h, "go-scope\x00write\x00%d\x00%d:%s\x00%d:%s\x00%d:", e.Op, len(e.Key), e.Key, len(e.End), e.End, len(e.Value))
+	h.Write(e.Value)
+	for _, op := range e.Ops {
+		fmt.Fprintf(h, "\x00%d\x00%d:%s\x00%d:", op.Op, len(op.Key), op.Key, len(op.Value))
+		h.Write(op.Value)
+	}
+	if c := p.cond; c != nil {
+		fmt.Fprintf(h, "\x00if-match:%s\x00if-none-match:%v", c.IfMatch, c.IfNoneMatch)
+	}
+	fmt.Fprintf(h, "\x00%s", k.HLC)
+	return &idemRequest{key: k.ID, fingerprint: h.Sum(nil), answer: answer}
+}
+
 // scopedIncrement makes an increment under an idempotency scope
 // (policy.WithKey) a keyed request: a pinned stamp makes a retried put a tie,
 // but a counter delta is not deduplicated by its stamp, so the scope's key
@@ -158,8 +190,8 @@ func (n *Node) Counter(key string) (CounterResult, error) {
 	if err := n.checkKey(key); err != nil {
 		return CounterResult{}, err
 	}
-	if n.restoring.Load() {
-		return CounterResult{}, ErrCatchingUp
+	if err := n.readable(); err != nil {
+		return CounterResult{}, err
 	}
 	c, err := n.store.Counter(key)
 	if errors.Is(err, store.ErrNotFound) {

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -16,8 +17,10 @@ import (
 
 	"github.com/replicator/replicator/client"
 	"github.com/replicator/replicator/cluster"
+	"github.com/replicator/replicator/hlc"
 	ports "github.com/replicator/replicator/internal/loopback"
 	"github.com/replicator/replicator/origin"
+	"github.com/replicator/replicator/policy"
 	"github.com/replicator/replicator/raftlog"
 	"github.com/replicator/replicator/store"
 )
@@ -902,5 +905,51 @@ func TestTruncationOfAppliedEntriesStopsTheNode(t *testing.T) {
 	}
 	if err := c.nodes[l].Ready(); err == nil {
 		t.Fatal("a stopped node says it is ready")
+	}
+}
+
+// skewedClock is the system clock moved by an offset a test changes.
+type skewedClock struct{ offset atomic.Int64 }
+
+func (c *skewedClock) Now() int64 { return hlc.SystemClock{}.Now() + c.offset.Load() }
+
+// TestRetryAtALeaderWhoseClockIsBehindIsAnsweredFromItsRecord (issue 24):
+// a write under an idempotency scope applies at a leader; the leader goes,
+// and the one elected next runs 2 s behind the scope's pinned stamp (more
+// than the 500 ms clock offset allowed). The retry is answered from the
+// first attempt's record, not refused as a pin out of the window although
+// it applied.
+func TestRetryAtALeaderWhoseClockIsBehindIsAnsweredFromItsRecord(t *testing.T) {
+	clocks := map[string]*skewedClock{}
+	c := newRaftCluster(t, "a", 3, func(name string, o *Options) {
+		clocks[name] = &skewedClock{}
+		o.Clock, o.MaxClockOffset = clocks[name], 500*time.Millisecond
+	})
+	first := c.leader()
+	ctx := policy.WithKey(context.Background(), policy.KeyFromID("order-17", time.Now()))
+	res, err := c.nodes[first].Put(ctx, "order/17", []byte("paid"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.converged()
+	for name, ck := range clocks {
+		if name != first {
+			ck.offset.Store(int64(-2 * time.Second))
+		}
+	}
+	c.stop(first)
+	next := c.leader()
+	again, err := c.nodes[next].Put(ctx, "order/17", []byte("paid"))
+	if err != nil {
+		t.Fatalf("the retry at %s (clock 2 s behind the pin): %v", next, err)
+	}
+	if again.Version != res.Version || again.Replay == nil {
+		t.Fatalf("the retry was not answered from the first attempt's record: %+v, first %+v", again, res)
+	}
+	// A new write under another scope pinned 2 s ahead is still refused:
+	// the pin check stands for what did not apply.
+	fresh := policy.WithKey(context.Background(), policy.KeyFromID("order-18", time.Now()))
+	if _, err := c.nodes[next].Put(fresh, "order/18", []byte("paid")); !errors.Is(err, ErrPinOutOfWindow) {
+		t.Fatalf("a new write pinned 2 s ahead of the leader's clock: %v", err)
 	}
 }

@@ -381,7 +381,14 @@ type progress struct {
 }
 
 func (p *progress) set(i uint64) {
-	p.idx.Store(i)
+	// Only forward: raft replays commands the tree applied (skipped) from
+	// its snapshot on after a restart.
+	for {
+		cur := p.idx.Load()
+		if i <= cur || p.idx.CompareAndSwap(cur, i) {
+			break
+		}
+	}
 	p.mu.Lock()
 	if p.ch != nil {
 		close(p.ch)

@@ -20,7 +20,7 @@ import (
 
 const adminUsage = `replicator admin wal|peers|origin|digest|cluster [--addr URL] [-o table|json]
 replicator admin pause|resume|reseed|detach PEER [--addr URL]
-replicator admin cluster join NODE-ID RAFT-ADDR | cluster remove NODE-ID [--addr URL]`
+replicator admin cluster join NODE-ID RAFT-ADDR | cluster remove NODE-ID[.INCARNATION] [--addr URL]`
 
 // runAdmin serves `replicator admin ...` (and the peers/digest shortcuts).
 func runAdmin(cmd string, args []string) error {
@@ -139,17 +139,24 @@ func printCluster(w io.Writer, r *node.ClusterReport) {
 	if leader == "" {
 		leader = "none known"
 	}
-	fmt.Fprintf(w, "cluster %s (%s)  leader %s  term %d  commit #%d  stream %s\n(answered by %s: %s, applied #%d)\n\n",
+	fmt.Fprintf(w, "cluster %s (%s)  leader %s  term %d  commit #%d  stream %s\n(answered by %s: %s, applied #%d)\n",
 		r.Cluster, r.Mode, leader, r.Term, r.Commit, r.Stream, r.Node, r.State, r.Applied)
+	if rb := r.RefusedBy; rb != nil {
+		fmt.Fprintf(w, "REFUSED: %s refuses this node (%s) since %s: %s\n", rb.By, r.Node, rb.At.Format(time.RFC3339), rb.Reason)
+	}
+	fmt.Fprintln(w)
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "NODE\tSTATE\tVOTER\tRAFT\tAPI\tGOSSIP\tAPPLIED\tLAG\tERROR")
+	fmt.Fprintln(tw, "NODE\tINCARNATION\tSTATE\tVOTER\tRAFT\tAPI\tGOSSIP\tAPPLIED\tLAG\tERROR")
 	for _, cn := range r.Nodes {
 		state := cn.State
 		if cn.Leader && !strings.HasPrefix(state, "leader") {
 			state += " (the leader, as the others know)"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%v\t%s\t%s\t%s\t#%d\t%d\t%s\n", cn.ID, state, cn.Voter, cn.Raft, dash(cn.API), dash(cn.Gossip),
-			cn.Applied, cn.Lag, dash(cn.Error))
+		if !cn.Voter && cn.Raft != "" && state != "removed" && state != "not a member" && state != "replaced" {
+			state += " (non-voter: votes once caught up)"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%v\t%s\t%s\t%s\t#%d\t%d\t%s\n", cn.ID, dash(cn.Incarnation), state, cn.Voter, cn.Raft, dash(cn.API),
+			dash(cn.Gossip), cn.Applied, cn.Lag, dash(cn.Error))
 	}
 	tw.Flush()
 }

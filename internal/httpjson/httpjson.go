@@ -21,8 +21,20 @@ type Error struct {
 	Peer   string `json:"peer,omitempty"`
 	// HWM is the receiver's high-water mark on a replication gap refusal.
 	HWM *uint64 `json:"hwm,omitempty"`
-	// Version is the current version on a precondition failure.
+	// Version is the current version on a precondition failure, and on a
+	// 404 or 412 for a deleted key the delete's version (Deleted set)
+	// while its tombstone is kept: a client can place the answer in a
+	// history.
 	Version string `json:"version,omitempty"`
+	Deleted bool   `json:"deleted,omitempty"`
+	// CollectedBelow, on a 404 for a key of which nothing is kept, is the
+	// newest cutoff below which tombstones were collected here: a delete
+	// of the key, if there was one, was stamped below it.
+	CollectedBelow string `json:"collected_below,omitempty"`
+	// Outcome, on a failed write, says whether it may have happened:
+	// "not_written" (certainly not) or "unknown" (it may have: read it
+	// back, or retry under the same Idempotency-Key).
+	Outcome string `json:"outcome,omitempty"`
 	// Limit is the bound a too_large refusal was measured against.
 	Limit int64 `json:"limit,omitempty"`
 	// Leader and Nodes, on a not_leader refusal, are where the request

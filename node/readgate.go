@@ -1,0 +1,53 @@
+package node
+
+import (
+	"fmt"
+	"sync/atomic"
+)
+
+// After a start, a node of several answers local reads only once it applied
+// everything it may have acknowledged before it stopped (issue 24, docs/
+// CLUSTER.md "Who answers"). Its applies reach Pebble without a sync (the
+// raft log is the synced redo log), so a SIGKILL can take the tree back by
+// a few hundred commands, and raft applies them again only once a leader
+// tells it they are committed: until then its tree is older than writes it
+// acknowledged, and a client that stays on it would read the past.
+//
+// Everything it acknowledged it had applied, so it was in its log: reads
+// open once it applied the log's last index at start, or, when a leader
+// cut that log's tail (entries never committed), once it applied a commit
+// index of the current term's leader (which covers every command committed
+// before the term: a stale commit index from a leader just elected does
+// not). A node alone applied its whole log before Open returned.
+
+// readGate is the state of the gate.
+type readGate struct {
+	// open latches once reads were allowed.
+	open atomic.Bool
+	// startLast is the last command the raft log held at start (or what
+	// its snapshot applied).
+	startLast uint64
+}
+
+// readable reports whether local reads may be answered, or why not.
+func (n *Node) readable() error {
+	if n.restoring.Load() {
+		return fmt.Errorf("%w: installing the leader's snapshot of the tree (this node lagged behind the log)", ErrCatchingUp)
+	}
+	if n.reads.open.Load() || !n.multi() || n.group == nil {
+		return nil
+	}
+	// progress counts commands only (raft's own entries never reach the
+	// state machine), so the targets are commands too.
+	applied := n.progress.get()
+	if applied >= n.reads.startLast {
+		n.reads.open.Store(true)
+		return nil
+	}
+	if c, ok := n.group.CommitOfTerm(); ok && applied >= n.group.LastCommandAtOrBelow(c) {
+		n.reads.open.Store(true)
+		return nil
+	}
+	return fmt.Errorf("%w: this node restarted and has applied its log up to %d of the %d it held (what it may have acknowledged before it stopped)",
+		ErrCatchingUp, applied, n.reads.startLast)
+}
