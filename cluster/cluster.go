@@ -515,8 +515,8 @@ type LogState struct {
 	// SnapshotTree is the newest snapshot's tree directory ("" without).
 	SnapshotTree string
 	// LastCommand is the last command (not one of raft's own entries) the
-	// log holds (0: none).
-	LastCommand uint64
+	// log holds (0: none); LastTerm the term of the log's last entry.
+	LastCommand, LastTerm uint64
 	// SnapshotTerm is the newest snapshot's term, and LogTermAtSnapshot the
 	// term of the log's own entry at the snapshot's index (0: the log does
 	// not hold it). When they are equal the log holds exactly the commands
@@ -548,6 +548,12 @@ func Inspect(dir string, logger *slog.Logger) (LogState, error) {
 	st.First, _ = store.FirstIndex()
 	st.Last, _ = store.LastIndex()
 	st.LastCommand = lastCommand(store, st.Last)
+	if st.Last > 0 {
+		var l raft.Log
+		if err := store.GetLog(st.Last, &l); err == nil {
+			st.LastTerm = l.Term
+		}
+	}
 	metas, err := snaps.List()
 	if err != nil {
 		return st, fmt.Errorf("cluster: snapshots: %w", err)
@@ -699,6 +705,21 @@ func (g *Group) CommitOfTerm() (uint64, bool) {
 		return 0, false
 	}
 	return c, l.Term == g.raft.CurrentTerm()
+}
+
+// IsVoter reports whether this node is a voter of the latest configuration
+// it knows.
+func (g *Group) IsVoter() bool {
+	cf := g.raft.GetConfiguration()
+	if cf.Error() != nil {
+		return false
+	}
+	for _, s := range cf.Configuration().Servers {
+		if s.ID == g.id {
+			return s.Suffrage == raft.Voter
+		}
+	}
+	return false
 }
 
 // LastCommandAtOrBelow is the last command the log holds at or below index

@@ -289,9 +289,73 @@ func TestMultiNodeRobustness(t *testing.T) {
 		go func() {
 			defer fwg.Done()
 			added, removed := false, false
+			// The operator events of issue 24 happen once each at a fixed
+			// point of every run (then at random in long ones).
+			forced := map[string][]opEvent{"a": {{"backup", 0.1}, {"wipe", 0.25}, {"restore", 0.8}}, "b": {{"bitflip", 0.2}, {"recover", 0.5}}}[c]
+			backups := map[string]string{}
+			operator := func(kind string) {
+				members := m.members(c)
+				l := m.leader(c)
+				pick := func(followerOnly bool) *rnode {
+					var out []*rnode
+					for _, o := range members {
+						if (!followerOnly || l == nil || o.id != l.id) && (kind != "restore" || backups[o.id] != "") {
+							out = append(out, o)
+						}
+					}
+					if len(out) == 0 {
+						return nil
+					}
+					return out[cr.IntN(len(out))]
+				}
+				var err error
+				switch kind {
+				case "backup":
+					n := pick(false)
+					var b string
+					if b, err = m.backup(n); err == nil {
+						backups[n.id] = b
+					}
+				case "wipe":
+					m.wipe(pick(false))
+				case "restore":
+					n := pick(false)
+					if n == nil {
+						return
+					}
+					err = m.restoreBackup(n, backups[n.id])
+					delete(backups, n.id) // its incarnation is replaced: the backup is of the old one
+				case "bitflip":
+					var flipped bool
+					if flipped, err = m.bitflip(pick(true)); err == nil && !flipped {
+						count("bitflip-skipped (one append in the segment)")
+						return
+					}
+				case "recover":
+					err = m.recoverMajority(c)
+					backups = map[string]string{}
+				}
+				if err != nil {
+					t.Errorf("%s on cluster %s: %v", kind, c, err)
+				}
+				count(kind)
+			}
 			for time.Since(start) < d-3*time.Second {
 				time.Sleep(time.Duration(300+cr.IntN(900)) * time.Millisecond)
 				el := time.Since(start)
+				if len(forced) > 0 && el > time.Duration(forced[0].at*float64(d)) {
+					operator(forced[0].kind)
+					forced = forced[1:]
+					continue
+				}
+				if d >= 2*time.Minute && cr.IntN(8) == 0 {
+					kinds := []string{"backup", "wipe", "restore", "bitflip", "backup"}
+					if cr.IntN(6) == 0 && !(c == "a" && added && !removed) {
+						kinds = []string{"recover"}
+					}
+					operator(kinds[cr.IntN(len(kinds))])
+					continue
+				}
 				switch {
 				case c == "a" && !added && el > 2*d/5:
 					added = true
@@ -442,6 +506,12 @@ func TestMultiNodeRobustness(t *testing.T) {
 	sort.Strings(kinds)
 	t.Logf("seed %d: %s of faults on 2 clusters x 3 nodes (%s), operations %v, %d nodes converged, 0 violations",
 		s, d, strings.Join(kinds, " "), counts, len(running))
+}
+
+// opEvent is an operator event forced at a fraction of the run.
+type opEvent struct {
+	kind string
+	at   float64
 }
 
 // waitVoter waits until the leader of c lists id as a voter.

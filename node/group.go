@@ -291,7 +291,8 @@ func (n *Node) finishRestore() error {
 	dir := strings.TrimSpace(string(b))
 	if _, err := os.Stat(dir); err != nil {
 		return fmt.Errorf("node: a snapshot's tree was being installed from %s when the node stopped, and it is gone (%v): "+
-			"the store is a mix; set this data directory aside and start the node with an empty one and a new --node-id", dir, err)
+			"the store is a mix; set this data directory aside and start the node with an empty one (a node of several comes back as a new incarnation "+
+			"and catches up from the leader)", dir, err)
 	}
 	n.log.Warn("finishing the installation of a snapshot's tree a stop interrupted", "from", dir)
 	if err := n.store.ReplaceFrom(dir); err != nil {
@@ -360,7 +361,7 @@ func (n *Node) openGroup() (created bool, err error) {
 	n.fsm = &fsm{n: n, m: m}
 	if n.multi() && mint != "" {
 		return false, fmt.Errorf("node: %s; a node of a cluster of several never begins a stream of its own: "+
-			"set this data directory aside and start the node with an empty one and a new --node-id (it catches up from the leader)", mint)
+			"set this data directory aside and start the node with an empty one (it comes back as a new incarnation and catches up from the leader)", mint)
 	}
 	co := &cluster.Options{
 		Cluster:     n.cluster,

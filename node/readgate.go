@@ -18,7 +18,11 @@ import (
 // cut that log's tail (entries never committed), once it applied a commit
 // index of the current term's leader (which covers every command committed
 // before the term: a stale commit index from a leader just elected does
-// not). A node alone applied its whole log before Open returned.
+// not). A node that is not a voter (a new incarnation: a wiped or restored
+// directory, joining) acknowledged nothing as itself, but clients may have
+// as it through its address: it answers once it caught up with a leader of
+// the current term. A node alone applied its whole log before Open
+// returned.
 
 // readGate is the state of the gate.
 type readGate struct {
@@ -40,7 +44,7 @@ func (n *Node) readable() error {
 	// progress counts commands only (raft's own entries never reach the
 	// state machine), so the targets are commands too.
 	applied := n.progress.get()
-	if applied >= n.reads.startLast {
+	if applied >= n.reads.startLast && n.group.IsVoter() {
 		n.reads.open.Store(true)
 		return nil
 	}

@@ -10,6 +10,7 @@ import (
 	"strings"
 
 	"github.com/replicator/replicator/cluster"
+	"github.com/replicator/replicator/machine"
 	"github.com/replicator/replicator/origin"
 	"github.com/replicator/replicator/store"
 )
@@ -82,5 +83,78 @@ func Restore(dir string) (RestoreReport, error) {
 	r.Next = fmt.Sprintf("a node of several comes back as a new member %s: the leader adds it as a non-voter, makes it a voter once it "+
 		"caught up, and takes out %s for good (a voter put back from a copy would have forgotten what it acknowledged since)",
 		cluster.ServerID(r.Node, r.Incarnation), cluster.ServerID(r.Node, r.Previous))
+	return r, nil
+}
+
+// InspectReport is what a stopped node's data directory holds (`replicator
+// inspect --data DIR`): which node it is, and how far its raft log and its
+// tree go. After the loss of a majority, the survivor to recover is the one
+// whose log is the most up to date: the highest LastTerm, then the highest
+// LastIndex (raft's own rule: that log holds every committed command).
+type InspectReport struct {
+	Dir         string   `json:"dir"`
+	Cluster     string   `json:"cluster"`
+	Node        string   `json:"node"`
+	Incarnation string   `json:"incarnation"`
+	ServerID    string   `json:"server_id"`
+	FirstIndex  uint64   `json:"first_index"`
+	LastIndex   uint64   `json:"last_index"`
+	LastTerm    uint64   `json:"last_term"`
+	Snapshot    uint64   `json:"snapshot_index"`
+	Applied     uint64   `json:"applied_index"`
+	Stream      string   `json:"stream"`
+	Voters      []string `json:"voters"`
+	// Copied says the directory was copied since its incarnation was
+	// recorded (a node of several must go through Restore).
+	Copied string `json:"copied,omitempty"`
+}
+
+// Inspect reads a stopped node's data directory.
+func Inspect(dir string) (InspectReport, error) {
+	r := InspectReport{Dir: dir}
+	b, err := os.ReadFile(filepath.Join(dir, "NODE_ID"))
+	if err != nil {
+		return r, fmt.Errorf("node: inspect %s: not a data directory of a node (%w)", dir, err)
+	}
+	r.Node = strings.TrimSpace(string(b))
+	if b, err := os.ReadFile(filepath.Join(dir, "CLUSTER_ID")); err == nil {
+		r.Cluster = strings.TrimSpace(string(b))
+	}
+	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+	st, err := store.Open(filepath.Join(dir, "store"), &store.Options{Logger: quiet})
+	if err != nil {
+		return r, fmt.Errorf("node: inspect %s: stop the node first (%w)", dir, err)
+	}
+	cl := r.Cluster
+	if cl == "" {
+		cl = "-" // never pinned: the machine reads nothing of its own cluster here
+	}
+	m, err := machine.Open(st, machine.Options{Cluster: cl, Logger: quiet})
+	if err == nil {
+		r.Applied, r.Stream = m.Applied(), m.Stream().String()
+	}
+	st.Close()
+	if err != nil {
+		return r, err
+	}
+	ls, err := cluster.Inspect(filepath.Join(dir, "cluster"), quiet)
+	if err != nil {
+		return r, err
+	}
+	r.FirstIndex, r.LastIndex, r.LastTerm, r.Snapshot = ls.First, ls.Last, ls.LastTerm, ls.Snapshot
+	conf, err := cluster.LatestConfiguration(filepath.Join(dir, "cluster"))
+	if err != nil {
+		return r, err
+	}
+	for _, id := range cluster.Voters(conf) {
+		r.Voters = append(r.Voters, string(id))
+	}
+	if b, err := os.ReadFile(filepath.Join(dir, origin.IncarnationFile)); err == nil && len(b) > 0 {
+		r.Incarnation, _ = origin.Incarnation(dir, true)
+	}
+	r.ServerID = string(cluster.ServerID(r.Node, r.Incarnation))
+	if err := origin.CheckNotCopied(dir); err != nil {
+		r.Copied = err.Error()
+	}
 	return r, nil
 }

@@ -61,6 +61,7 @@ func root() *cobra.Command {
 		command("digest [--json]", "hash of the live state (equal on converged clusters)", admin("digest")),
 		command("admin wal|peers|origin|digest | pause|resume|reseed|detach PEER", "admin documents as tables, and peer link actions", admin("admin")),
 		command("healthcheck [--addr URL]", "exit 0 when the node answers /healthz (container health checks)", runHealthcheck),
+		command("inspect --data DIR [--data DIR...]", "what a stopped node's data directory holds (the survivor to recover after losing a majority)", runInspect),
 		command("restore --data DIR", "prepare a data directory put back from a backup or copy, before the node starts on it", runRestore),
 		command("version [-o json]", "print the version", runVersion),
 	)

@@ -5,6 +5,8 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"strings"
+	"text/tabwriter"
 
 	"github.com/replicator/replicator/node"
 )
@@ -37,5 +39,53 @@ func runRestore(args []string) error {
 			fmt.Fprintf(w, "%s: node %s alone in its cluster: identity kept\n", r.Dir, r.Node)
 		}
 		fmt.Fprintf(w, "next: %s\n", r.Next)
+	})
+}
+
+// runInspect serves `replicator inspect --data DIR`: what a stopped node's
+// data directory holds (after the loss of a majority, recover the node
+// whose log is the most up to date: LAST TERM, then LAST INDEX).
+func runInspect(args []string) error {
+	fs := flag.NewFlagSet("inspect", flag.ContinueOnError)
+	var dirs []string
+	fs.Var(listFlag{&dirs}, "data", "a stopped node's data directory (repeatable: the most up-to-date log is marked)")
+	var out outputFlags
+	out.register(fs)
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	if err := out.check(); err != nil {
+		return err
+	}
+	if len(dirs) == 0 || fs.NArg() > 0 {
+		return errors.New("usage: replicator inspect --data DIR [--data DIR...]")
+	}
+	var rs []node.InspectReport
+	best := -1
+	for _, d := range dirs {
+		r, err := node.Inspect(d)
+		if err != nil {
+			return err
+		}
+		rs = append(rs, r)
+		if i := len(rs) - 1; best < 0 || r.LastTerm > rs[best].LastTerm || (r.LastTerm == rs[best].LastTerm && r.LastIndex > rs[best].LastIndex) {
+			best = i
+		}
+	}
+	return out.print(rs, func(w io.Writer) {
+		tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "DIR\tNODE\tINCARNATION\tLAST TERM\tLAST INDEX\tAPPLIED\tVOTERS\tNOTE")
+		for i, r := range rs {
+			note := ""
+			if len(rs) > 1 && i == best {
+				note = "most up to date: the survivor to recover"
+			}
+			if r.Copied != "" {
+				note = strings.TrimSpace(note + " COPIED: run replicator restore first")
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t#%d\t#%d\t%s\t%s\n", r.Dir, r.Node, dash(r.Incarnation), r.LastTerm, r.LastIndex, r.Applied,
+				strings.Join(r.Voters, ","), dash(note))
+		}
+		tw.Flush()
 	})
 }

@@ -1,0 +1,285 @@
+package e2e
+
+import (
+	"encoding/binary"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/replicator/replicator/node"
+)
+
+// Operator events on a cluster of several nodes (issue 24), each done as
+// docs/OPERATIONS.md tells an operator to, under the robustness workload.
+// Each keeps the promise: nothing acknowledged lost, equal digests on every
+// node of a cluster, merged + dead_lettered + seeded = hwm on every stream.
+
+// waitExit waits up to d for the node's process to exit, and reports
+// whether it did.
+func (p *proc) waitExit(d time.Duration) bool {
+	p.mu.Lock()
+	exited := p.exited
+	p.mu.Unlock()
+	select {
+	case <-exited:
+		p.mu.Lock()
+		p.cmd = nil
+		p.mu.Unlock()
+		return true
+	case <-time.After(d):
+		return false
+	}
+}
+
+func (p *proc) logText() string {
+	b, _ := os.ReadFile(p.log)
+	return string(b)
+}
+
+// backup stops a node gracefully, copies its data directory (as a backup
+// tool would: every file written anew) and starts it again.
+func (m *rmesh) backup(n *rnode) (string, error) {
+	m.setDown(n.id, true)
+	defer m.setDown(n.id, false)
+	if err := n.stop(); err != nil {
+		return "", fmt.Errorf("stop %s: %w", n.id, err)
+	}
+	dst := filepath.Join(m.t.TempDir(), n.id+"-backup")
+	out, err := exec.Command("cp", "-a", n.dataDir(), dst).CombinedOutput()
+	n.startReady()
+	if err != nil {
+		return "", fmt.Errorf("cp: %v %s", err, out)
+	}
+	return dst, nil
+}
+
+// wipe kills a node, empties its data directory and starts it: it comes
+// back as a new incarnation, a non-voter until it caught up.
+func (m *rmesh) wipe(n *rnode) {
+	m.setDown(n.id, true)
+	n.kill()
+	os.RemoveAll(n.dataDir())
+	n.startReady()
+	m.setDown(n.id, false)
+}
+
+// restoreBackup kills a node and puts a backup in place of its data
+// directory. Started as it is, the node refuses (a voter put back from a
+// copy would forget what it acknowledged since); after `replicator
+// restore` it comes back as a new incarnation.
+func (m *rmesh) restoreBackup(n *rnode, backup string) error {
+	m.setDown(n.id, true)
+	defer m.setDown(n.id, false)
+	n.kill()
+	os.RemoveAll(n.dataDir())
+	if out, err := exec.Command("cp", "-a", backup, n.dataDir()).CombinedOutput(); err != nil {
+		return fmt.Errorf("cp: %v %s", err, out)
+	}
+	n.start()
+	if !n.waitExit(20*time.Second) || !strings.Contains(n.logText(), "replicator restore") {
+		n.kill()
+		n.startReady()
+		return fmt.Errorf("%s started from a raw copy of its directory", n.id)
+	}
+	out, err := exec.Command(binPath, "restore", "--data", n.dataDir()).CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "new incarnation") {
+		n.startReady()
+		return fmt.Errorf("replicator restore: %v %s", err, out)
+	}
+	n.startReady()
+	return nil
+}
+
+// raftRecord is one record of a raft log segment: where it is, and which
+// append wrote it.
+type raftRecord struct {
+	off, size    int
+	index, first uint64
+}
+
+func raftRecords(data []byte) []raftRecord {
+	var out []raftRecord
+	for pos := 0; pos < len(data); {
+		size, w := binary.Uvarint(data[pos:])
+		if w <= 0 || int(size) > len(data)-pos-w {
+			break
+		}
+		rec := data[pos+w : pos+w+int(size)]
+		if len(rec) > 14 && rec[0] == 2 {
+			idx, _ := binary.Uvarint(rec[13:])
+			out = append(out, raftRecord{off: pos + w, size: int(size), index: idx, first: binary.BigEndian.Uint64(rec[5:13])})
+		}
+		pos += w + int(size)
+	}
+	return out
+}
+
+// flipBeforeLastAppend flips one bit in a record of the node's last raft
+// segment that a later append follows (damage a torn write cannot do). It
+// reports false when the segment holds one append only.
+func flipBeforeLastAppend(dataDir string) (bool, error) {
+	logs, _ := filepath.Glob(filepath.Join(dataDir, "cluster", "raft", "log-*"))
+	if len(logs) == 0 {
+		return false, nil
+	}
+	sort.Strings(logs)
+	segs, _ := filepath.Glob(filepath.Join(logs[len(logs)-1], strings.Repeat("[0-9]", 20)))
+	if len(segs) == 0 {
+		return false, nil
+	}
+	sort.Strings(segs)
+	path := segs[len(segs)-1]
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return false, err
+	}
+	recs := raftRecords(data)
+	if len(recs) < 2 {
+		return false, nil
+	}
+	lastFirst := recs[len(recs)-1].first
+	for i := len(recs) - 1; i >= 0; i-- {
+		if r := recs[i]; r.first < lastFirst {
+			data[r.off+r.size/2] ^= 0x10
+			return true, os.WriteFile(path, data, 0o644)
+		}
+	}
+	return false, nil
+}
+
+// bitflip kills a node and flips a bit of its raft log that a later append
+// follows. Its start must refuse (corruption, not a torn tail: cutting
+// there would forget entries it acknowledged); the operator sets the data
+// directory aside and starts it empty, as a new incarnation.
+func (m *rmesh) bitflip(n *rnode) (bool, error) {
+	m.setDown(n.id, true)
+	defer m.setDown(n.id, false)
+	n.kill()
+	flipped, err := flipBeforeLastAppend(n.dataDir())
+	if err != nil || !flipped {
+		n.startReady()
+		return false, err
+	}
+	n.start()
+	if !n.waitExit(20*time.Second) || !strings.Contains(n.logText(), "not a torn tail") {
+		n.kill()
+		os.RemoveAll(n.dataDir())
+		n.startReady()
+		return true, fmt.Errorf("%s started with a flipped bit before a later append of its raft log", n.id)
+	}
+	if err := os.Rename(n.dataDir(), fmt.Sprintf("%s.corrupt-%d", n.dataDir(), time.Now().UnixNano())); err != nil {
+		return true, err
+	}
+	n.startReady()
+	return true, nil
+}
+
+// recoverMajority: every node of cluster c is lost at once (SIGKILL). As
+// docs/OPERATIONS.md "Losing a majority" says, the operator inspects the
+// directories, recovers the node whose log is the most up to date with a
+// peers.json naming it, and starts it; one lost node comes back with its
+// old directory and must be refused (told why, shown as removed); then the
+// lost nodes are started with empty data directories and rejoin as new
+// members.
+func (m *rmesh) recoverMajority(c string) error {
+	members := m.members(c)
+	args := []string{"inspect", "-o", "json"}
+	for _, n := range members {
+		m.setDown(n.id, true)
+		n.kill()
+		args = append(args, "--data", n.dataDir())
+	}
+	defer func() {
+		for _, n := range members {
+			m.setDown(n.id, false)
+		}
+	}()
+	out, err := exec.Command(binPath, args...).Output()
+	if err != nil {
+		return fmt.Errorf("replicator inspect: %v %s", err, out)
+	}
+	var reps []node.InspectReport
+	if err := json.Unmarshal(out, &reps); err != nil {
+		return err
+	}
+	best := 0
+	for i, r := range reps {
+		if r.LastTerm > reps[best].LastTerm || (r.LastTerm == reps[best].LastTerm && r.LastIndex > reps[best].LastIndex) {
+			best = i
+		}
+	}
+	survivor := members[best]
+	peers := fmt.Sprintf(`[{"id": %q, "address": %q, "non_voter": false}]`, survivor.id, survivor.raft)
+	if err := os.WriteFile(filepath.Join(survivor.dataDir(), "cluster", "peers.json"), []byte(peers), 0o644); err != nil {
+		return err
+	}
+	survivor.startReady()
+	m.setDown(survivor.id, false)
+	if l := m.waitLeader(c, 30*time.Second); l != survivor {
+		return fmt.Errorf("%s leads after recovering %s", l.id, survivor.id)
+	}
+	var lost []*rnode
+	for _, n := range members {
+		if n != survivor {
+			lost = append(lost, n)
+		}
+	}
+	back := lost[0]
+	back.startReady()
+	refused := false
+	for deadline := time.Now().Add(20 * time.Second); time.Now().Before(deadline) && !refused; time.Sleep(100 * time.Millisecond) {
+		var mine node.ClusterReport
+		if _, err := back.client().Do(bg(), http.MethodGet, "/admin/cluster?local=1", nil, nil, &mine); err != nil || mine.RefusedBy == nil {
+			continue
+		}
+		var theirs node.ClusterReport
+		if _, err := survivor.client().Do(bg(), http.MethodGet, "/admin/cluster?local=1", nil, nil, &theirs); err != nil {
+			continue
+		}
+		for _, cn := range theirs.Nodes {
+			if cn.ID == back.id && cn.State == "removed" && !cn.Voter {
+				refused = true
+			}
+		}
+	}
+	back.kill()
+	if !refused {
+		return fmt.Errorf("%s, lost in the recovery of %s, came back with its old directory and was not refused and shown removed", back.id, c)
+	}
+	for _, n := range lost {
+		os.RemoveAll(n.dataDir())
+		n.startReady()
+		m.setDown(n.id, false)
+	}
+	for _, n := range lost {
+		if !waitVoter(m, c, n.id, 60*time.Second) {
+			return fmt.Errorf("%s did not come back as a voter of %s", n.id, c)
+		}
+	}
+	return nil
+}
+
+// voters counts the voters the leader of c lists.
+func (m *rmesh) voters(c string) int {
+	l := m.leader(c)
+	if l == nil {
+		return 0
+	}
+	r, err := localCluster(l)
+	if err != nil {
+		return 0
+	}
+	v := 0
+	for _, cn := range r.Nodes {
+		if cn.Voter {
+			v++
+		}
+	}
+	return v
+}
