@@ -126,6 +126,10 @@ type Options struct {
 	// raft port tells a leader that asks, to judge a new member's
 	// catch-up). Default: raft's applied index.
 	Applied func() uint64
+	// OnRefused is called when another node refuses this one (it was
+	// removed, replaced, or lost in a recovery): the node must stop. Open
+	// refuses to start such a node when a member says so at once.
+	OnRefused func(by, why string)
 	// Members is gossip's view of this cluster.
 	Members Membership
 	// Reconcile is how often bootstrap and membership are checked
@@ -310,7 +314,20 @@ func Open(opts *Options) (*Group, error) {
 				return 0
 			}
 		}
-		co.Refuse = func(sender string) string { return o.Removed(raft.ServerID(sender)) }
+		co.Refuse = func(sender string) string {
+			// A member of the configuration is never refused: a removal
+			// is recorded before the configuration change, which must
+			// still reach it.
+			if r := started.Load(); r != nil {
+				for _, s := range r.GetConfiguration().Configuration().Servers {
+					if string(s.ID) == sender {
+						return ""
+					}
+				}
+			}
+			return o.Removed(raft.ServerID(sender))
+		}
+		co.OnRefused = o.OnRefused
 		if co.Logger == nil {
 			co.Logger = o.Logger
 		}
@@ -368,12 +385,40 @@ func Open(opts *Options) (*Group, error) {
 	if o.Solo && existing {
 		// A node of several started as a node alone would wait for ever
 		// for the votes of nodes it cannot reach.
-		if cf := r.GetConfiguration(); cf.Error() == nil && len(cf.Configuration().Servers) > 1 {
+		cf := r.GetConfiguration()
+		if cf.Error() == nil && len(cf.Configuration().Servers) > 1 {
 			r.Shutdown().Error()
 			closeTrans()
 			store.Close()
 			return nil, fmt.Errorf("%w: this node is one of %d of cluster %s (%s): start it with its raft port (--raft-listen)",
 				ErrNotAlone, len(cf.Configuration().Servers), o.Cluster, serverIDs(cf.Configuration()))
+		}
+		if servers := cf.Configuration().Servers; cf.Error() == nil && len(servers) == 1 && servers[0].ID != self {
+			// A node alone whose directory got a new incarnation (a
+			// restore): it is its group's only voter, under its new name.
+			r.Shutdown().Error()
+			me := raft.Configuration{Servers: []raft.Server{{ID: self, Address: trans.LocalAddr()}}}
+			if err := raft.RecoverCluster(cfg, o.FSM, store, store, snaps, trans, me); err != nil {
+				closeTrans()
+				store.Close()
+				return nil, fmt.Errorf("cluster: a group of one renamed %s: %w", self, err)
+			}
+			if r, err = raft.NewRaft(cfg, o.FSM, store, store, snaps, trans); err != nil {
+				closeTrans()
+				store.Close()
+				return nil, fmt.Errorf("cluster: start raft: %w", err)
+			}
+			started.Store(r)
+			g.raft = r
+			o.Logger.Info("a node alone under a new incarnation: its group of one renamed", "was", servers[0].ID, "now", self)
+		}
+	}
+	if !o.Solo && existing {
+		if err := g.fence(); err != nil {
+			r.Shutdown().Error()
+			closeTrans()
+			store.Close()
+			return nil, err
 		}
 	}
 	if (o.Solo || o.BootstrapAlone) && !existing {
@@ -678,6 +723,53 @@ func (g *Group) HasCommand(from, to uint64) (bool, error) {
 	return false, nil
 }
 
+// fence asks the other members of the configuration, before raft's first
+// election timeout, whether they keep this node out (removed, replaced, or
+// lost in a recovery): such a node must not start, or two of them coming
+// back could elect each other as a majority of an old configuration. A
+// member that does not answer in time says nothing; a refusal later stops
+// the node (OnRefused).
+func (g *Group) fence() error {
+	if g.layer == nil {
+		return nil
+	}
+	cf := g.raft.GetConfiguration()
+	if cf.Error() != nil {
+		return nil
+	}
+	wait := min(g.opts.HeartbeatTimeout/2, time.Second)
+	refusals := make(chan error, len(cf.Configuration().Servers))
+	n := 0
+	for _, s := range cf.Configuration().Servers {
+		if s.ID == g.id {
+			continue
+		}
+		n++
+		go func() {
+			// Exits after at most wait (the dial's and the answer's
+			// timeout).
+			_, err := g.layer.Identify(string(s.Address), wait)
+			if !errors.Is(err, raftconn.ErrRefused) {
+				err = nil
+			}
+			refusals <- err
+		}()
+	}
+	for ; n > 0; n-- {
+		if err := <-refusals; err != nil {
+			return fmt.Errorf("%w: %w: start the node with an empty data directory (it comes back as a new member)", ErrRemoved, err)
+		}
+	}
+	return nil
+}
+
+// Halt stops this node's raft at once (a node that must not go on: it was
+// refused by its cluster, or its log was about to lose applied entries).
+// Safe from any goroutine, raft's own included; Close still closes.
+func (g *Group) Halt() {
+	go g.raft.Shutdown() // waits for raft's goroutines: not on one of them
+}
+
 // Close leaves the group's work to the others: raft stops, the port
 // closes, the log is closed.
 func (g *Group) Close() error {
@@ -741,4 +833,12 @@ func lastCommand(store *raftlog.Store, i uint64) uint64 {
 		}
 	}
 	return 0
+}
+
+// applied is the last log index this node's state machine applied.
+func (g *Group) applied() uint64 {
+	if g.opts.Applied != nil {
+		return g.opts.Applied()
+	}
+	return g.raft.AppliedIndex()
 }

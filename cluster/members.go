@@ -165,11 +165,28 @@ func (g *Group) confirmed(id raft.ServerID, addr string) bool {
 // reconcileMembers is the leader's round: add new members as non-voters,
 // promote those that caught up, retire replaced incarnations.
 func (g *Group) reconcileMembers(members []Member) {
+	if g.recovery != nil {
+		// Until the recovery's first term recorded who was lost, a lost
+		// node back in gossip would look like a new one.
+		return
+	}
 	cf := g.raft.GetConfiguration()
 	if cf.Error() != nil {
 		return
 	}
 	servers := cf.Configuration().Servers
+	// The configuration never keeps a removed server (one added in a race
+	// with its removal record).
+	for _, s := range servers {
+		if why := g.opts.Removed(s.ID); why != "" && s.ID != g.id {
+			if err := g.removeServers([]raft.ServerID{s.ID}, nil); err != nil {
+				g.logOnce("sweep:"+string(s.ID), "taking a removed server out of the configuration failed", "server", s.ID, "err", err)
+				continue
+			}
+			g.opts.Logger.Warn("took a removed server out of the configuration", "server", s.ID, "why", why)
+			return
+		}
+	}
 	in := map[raft.ServerID]raft.Server{}
 	for _, s := range servers {
 		in[s.ID] = s
@@ -196,7 +213,7 @@ func (g *Group) reconcileMembers(members []Member) {
 	for _, m := range candidates {
 		id := ServerID(m.ID, m.Incarnation)
 		if s, ok := in[id]; ok {
-			if string(s.Address) != m.RaftAddr {
+			if string(s.Address) != m.RaftAddr && (id == g.id || g.confirmed(id, m.RaftAddr)) {
 				g.moveServer(s, m.RaftAddr)
 			}
 			continue
@@ -265,7 +282,10 @@ func (g *Group) promote(servers []raft.Server) bool {
 		}
 		target, ok := g.lead.learners[s.ID]
 		if !ok {
-			target = g.raft.CommitIndex()
+			// What this leader applied when it first met the learner, in
+			// the learner's unit: the state machine's commands (raft's own
+			// entries never reach it).
+			target = g.applied()
 			g.lead.learners[s.ID] = target
 		}
 		if g.layer == nil {
@@ -435,13 +455,25 @@ func (g *Group) Status() Status {
 		}
 	}
 	g.mu.Lock()
-	if len(g.mu.refused) > 0 {
-		s.Refused = map[string]string{}
-		for id, why := range g.mu.refused {
-			s.Refused[string(id)] = why
+	for id, why := range g.mu.refused {
+		if s.Refused == nil {
+			s.Refused = map[string]string{}
 		}
+		s.Refused[string(id)] = why
 	}
 	g.mu.Unlock()
+	if g.layer != nil {
+		// And those whose raft traffic it refused lately (a lost node that
+		// came back, perhaps never seen by gossip: it stopped at once).
+		for id, r := range g.layer.Refusing(10 * time.Minute) {
+			if s.Refused == nil {
+				s.Refused = map[string]string{}
+			}
+			if _, ok := s.Refused[id]; !ok {
+				s.Refused[id] = fmt.Sprintf("%s (its raft traffic refused at %s)", r.Reason, r.At.UTC().Format(time.RFC3339))
+			}
+		}
+	}
 	if g.layer != nil {
 		if r := g.layer.Refused(); !r.At.IsZero() && time.Since(r.At) < time.Minute {
 			s.RefusedBy = &r

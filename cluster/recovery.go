@@ -240,3 +240,16 @@ func Voters(c raft.Configuration) []raft.ServerID {
 	slices.Sort(out)
 	return out
 }
+
+// HasState reports whether the raft directory under dir holds raft state: a
+// term or vote, a log entry, or a snapshot (without starting raft).
+func HasState(dir string) bool {
+	if _, err := os.Stat(filepath.Join(dir, "raft", "stable")); err == nil {
+		return true
+	}
+	if segs, _ := filepath.Glob(filepath.Join(dir, "raft", "log-*", "*")); len(segs) > 0 {
+		return true
+	}
+	snaps, _ := filepath.Glob(filepath.Join(dir, "snapshots", "*", "meta.json"))
+	return len(snaps) > 0
+}

@@ -183,10 +183,10 @@ func (m *rmesh) bitflip(n *rnode) (bool, error) {
 // recoverMajority: every node of cluster c is lost at once (SIGKILL). As
 // docs/OPERATIONS.md "Losing a majority" says, the operator inspects the
 // directories, recovers the node whose log is the most up to date with a
-// peers.json naming it, and starts it; one lost node comes back with its
-// old directory and must be refused (told why, shown as removed); then the
-// lost nodes are started with empty data directories and rejoin as new
-// members.
+// peers.json naming it, and starts it; both lost nodes come back with their
+// old directories and must be refused (each stops, saying why; the survivor
+// shows them removed); then they are started with empty data directories
+// and rejoin as new members.
 func (m *rmesh) recoverMajority(c string) error {
 	members := m.members(c)
 	args := []string{"inspect", "-o", "json"}
@@ -210,7 +210,9 @@ func (m *rmesh) recoverMajority(c string) error {
 	}
 	best := 0
 	for i, r := range reps {
-		if r.LastTerm > reps[best].LastTerm || (r.LastTerm == reps[best].LastTerm && r.LastIndex > reps[best].LastIndex) {
+		t, ix := r.Newest()
+		bt, bix := reps[best].Newest()
+		if t > bt || (t == bt && ix > bix) {
 			best = i
 		}
 	}
@@ -230,27 +232,34 @@ func (m *rmesh) recoverMajority(c string) error {
 			lost = append(lost, n)
 		}
 	}
-	back := lost[0]
-	back.startReady()
-	refused := false
-	for deadline := time.Now().Add(20 * time.Second); time.Now().Before(deadline) && !refused; time.Sleep(100 * time.Millisecond) {
-		var mine node.ClusterReport
-		if _, err := back.client().Do(bg(), http.MethodGet, "/admin/cluster?local=1", nil, nil, &mine); err != nil || mine.RefusedBy == nil {
-			continue
+	// Both lost nodes come back with their old directories (a majority of
+	// the old configuration): each must be refused and stop, saying why,
+	// and the survivor must show it removed.
+	for _, back := range lost {
+		back.start()
+		if !back.waitExit(30*time.Second) || !strings.Contains(back.logText(), "recovered") {
+			back.kill()
+			return fmt.Errorf("%s, lost in the recovery of %s, came back with its old directory and was not refused", back.id, c)
 		}
+	}
+	shown := 0
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline) && shown < len(lost); time.Sleep(100 * time.Millisecond) {
 		var theirs node.ClusterReport
 		if _, err := survivor.client().Do(bg(), http.MethodGet, "/admin/cluster?local=1", nil, nil, &theirs); err != nil {
 			continue
 		}
-		for _, cn := range theirs.Nodes {
-			if cn.ID == back.id && cn.State == "removed" && !cn.Voter {
-				refused = true
+		shown = 0
+		for _, back := range lost {
+			for _, cn := range theirs.Nodes {
+				if cn.ID == back.id && cn.State == "removed" && !cn.Voter {
+					shown++
+					break
+				}
 			}
 		}
 	}
-	back.kill()
-	if !refused {
-		return fmt.Errorf("%s, lost in the recovery of %s, came back with its old directory and was not refused and shown removed", back.id, c)
+	if shown < len(lost) {
+		return fmt.Errorf("the survivor %s does not show the lost nodes of %s as removed", survivor.id, c)
 	}
 	for _, n := range lost {
 		os.RemoveAll(n.dataDir())

@@ -291,7 +291,7 @@ func TestMultiNodeRobustness(t *testing.T) {
 			added, removed := false, false
 			// The operator events of issue 24 happen once each at a fixed
 			// point of every run (then at random in long ones).
-			forced := map[string][]opEvent{"a": {{"backup", 0.1}, {"wipe", 0.25}, {"restore", 0.8}}, "b": {{"bitflip", 0.2}, {"recover", 0.5}}}[c]
+			forced := map[string][]opEvent{"a": {{"backup", 0.05}, {"restore", 0.15}, {"wipe", 0.3}}, "b": {{"bitflip", 0.15}, {"recover", 0.45}}}[c]
 			backups := map[string]string{}
 			operator := func(kind string) {
 				members := m.members(c)
@@ -441,6 +441,10 @@ func TestMultiNodeRobustness(t *testing.T) {
 					m.setDown(target.id, false)
 				}
 				count(kind)
+			}
+			for _, f := range forced {
+				// Every run has each operator event once, even a short one.
+				operator(f.kind)
 			}
 		}()
 	}

@@ -36,7 +36,7 @@ func TestAnswersPlaceableInAHistory(t *testing.T) {
 
 	resp, body := do(t, http.MethodGet, url+"never", nil)
 	if e := errorBody(t, body); resp.StatusCode != http.StatusNotFound || e.Deleted || e.Version != "" || e.CollectedBelow != "" ||
-		!strings.Contains(e.Message, "never written") {
+		!strings.Contains(e.Message, "no value and no tombstone") {
 		t.Fatalf("a key never written: %d %+v", resp.StatusCode, e)
 	}
 	if _, err := n.Put(ctx, "k", []byte("v")); err != nil {

@@ -11,6 +11,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/hashicorp/raft"
+
 	"github.com/replicator/replicator/cluster"
 	"github.com/replicator/replicator/internal/raftconn"
 	"github.com/replicator/replicator/machine"
@@ -106,6 +108,14 @@ func (n *Node) localCluster() ClusterReport {
 			cn.State, cn.Error = "removed", why
 		}
 		r.Nodes = append(r.Nodes, cn)
+	}
+	// Nodes kept out whose raft traffic this node refused lately, gossip or
+	// not.
+	for id, why := range st.Refused {
+		node, inc := cluster.SplitServerID(raft.ServerID(id))
+		if !slices.ContainsFunc(r.Nodes, func(c ClusterNode) bool { return c.ID == node && c.Incarnation == inc }) {
+			r.Nodes = append(r.Nodes, ClusterNode{ID: node, Incarnation: inc, State: "removed", Error: why})
+		}
 	}
 	return r
 }

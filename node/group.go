@@ -411,6 +411,10 @@ func (n *Node) openGroup() (created bool, err error) {
 		}()
 		co.HasData = n.hasData
 		co.Removed = n.removedServer
+		co.OnRefused = func(by, why string) {
+			n.stopFatal(fmt.Errorf("%w: %s refuses this node (%s): %s; start it with an empty data directory: it comes back as a new member",
+				cluster.ErrRemoved, by, cluster.ServerID(n.nodeID, n.incarnation), why))
+		}
 		co.RecordRemoved = func(id raft.ServerID, why cluster.Removal) error {
 			node, inc := cluster.SplitServerID(id)
 			return n.applyCommand(&machine.Command{Kind: machine.KindRemoveNode, Peer: machine.RemovalKey(node, inc), Set: byte(why)})

@@ -69,11 +69,20 @@ func resolveNodeID(dir, want string) (string, error) {
 // fool).
 func (n *Node) resolveIncarnation() (string, error) {
 	dir := n.opts.DataDir
-	_, err := os.Stat(filepath.Join(n.groupDir(), "raft"))
-	hasRaft := err == nil
-	_, err = os.Stat(filepath.Join(dir, origin.IncarnationFile))
-	legacy := hasRaft && errors.Is(err, os.ErrNotExist)
-	inc, err := origin.Incarnation(dir, legacy)
+	hasRaft := cluster.HasState(n.groupDir())
+	_, err := os.Stat(filepath.Join(dir, origin.IncarnationFile))
+	recorded := err == nil
+	if n.multi() && !hasRaft && recorded {
+		// Its raft state is gone (a partial wipe, identity files kept on
+		// another volume): whatever it voted or acknowledged as its old
+		// incarnation is forgotten, so it is a new one.
+		inc, err := origin.NewIncarnation(dir)
+		if err == nil {
+			n.log.Warn("no raft state beside the incarnation record: this node comes back as a new incarnation", "incarnation", inc)
+		}
+		return inc, err
+	}
+	inc, err := origin.Incarnation(dir, hasRaft && !recorded)
 	if err != nil {
 		return "", err
 	}

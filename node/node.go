@@ -282,6 +282,9 @@ func (n *Node) stopFatal(err error) {
 		if n.fsm != nil {
 			n.fsm.broken.CompareAndSwap(nil, &err)
 		}
+		if n.group != nil {
+			n.group.Halt() // no vote, no append, no apply from here on
+		}
 		close(n.fatal)
 	})
 }
@@ -772,7 +775,7 @@ func (e *NotFoundError) Error() string {
 	case e.CollectedBelow != "":
 		return fmt.Sprintf("node: not found: %q holds nothing (never written, or deleted below %s, where deletes were collected)", e.Key, e.CollectedBelow)
 	}
-	return fmt.Sprintf("node: not found: %q was never written here", e.Key)
+	return fmt.Sprintf("node: not found: %q holds no value and no tombstone here", e.Key)
 }
 
 func (e *NotFoundError) Unwrap() error { return ErrNotFound }

@@ -130,7 +130,8 @@ type Options struct {
 	PinWindow time.Duration
 	// IdempotencyWindow is how long an Idempotency-Key's record is kept
 	// (and a retry under it replays the recorded answer). It must exceed
-	// the callers' whole retry budget. Default 24h.
+	// the callers' whole retry budget, and may not exceed TombstoneRetention.
+	// Default 24h, or TombstoneRetention when that is shorter.
 	IdempotencyWindow time.Duration
 	// TruncateInterval is how often the WAL is cut back to what every peer
 	// acknowledged. Default 1s.
@@ -240,7 +241,8 @@ func (o *Options) EnsureDefaults() {
 		o.PinWindow = time.Hour
 	}
 	if o.IdempotencyWindow == 0 {
-		o.IdempotencyWindow = 24 * time.Hour
+		// At most the tombstone retention (Validate says why).
+		o.IdempotencyWindow = min(24*time.Hour, o.TombstoneRetention)
 	}
 	if o.TruncateInterval == 0 {
 		o.TruncateInterval = time.Second
@@ -357,6 +359,12 @@ func (o *Options) Validate() error {
 	}
 	if wm := o.WaterMarks; wm.LowEntries > wm.HighEntries || wm.LowBytes > wm.HighBytes || wm.LowAge > wm.HighAge {
 		add("a low-water mark is above its high-water mark: %+v", wm)
+	}
+	if o.IdempotencyWindow > o.TombstoneRetention {
+		// A retry whose record exists is answered from it without a look at
+		// its pinned stamp: a record that outlived the tombstone of a later
+		// delete could let a retried write's old stamp back in.
+		add("IdempotencyWindow %s must be at most TombstoneRetention %s", o.IdempotencyWindow, o.TombstoneRetention)
 	}
 	if o.IdempotencyWindow < time.Minute {
 		add("IdempotencyWindow %s is below 1m", o.IdempotencyWindow)

@@ -67,19 +67,18 @@ func Restore(dir string) (RestoreReport, error) {
 	if r.Previous, err = origin.Incarnation(dir, legacy); err != nil {
 		return r, err
 	}
-	r.Incarnation = r.Previous
-	if r.Servers <= 1 {
-		if err := origin.Refingerprint(dir); err != nil {
-			return r, err
-		}
-		r.Next = "a node alone keeps its identity: at its start it reopens its stream, and the first peer that holds writes the copy " +
-			"lacks makes it seal the stream and rejoin (docs/OPERATIONS.md \"Restoring a node from a backup\")"
-		return r, nil
-	}
+	// Always a new incarnation: a copy whose configuration holds this node
+	// alone may be of a node that grew into a cluster since.
 	if r.Incarnation, err = origin.NewIncarnation(dir); err != nil {
 		return r, err
 	}
 	r.Replaced = true
+	if r.Servers <= 1 {
+		r.Next = "started alone, it renames its group of one and reopens its stream, and the first peer that holds writes the copy " +
+			"lacks makes it seal the stream and rejoin (docs/OPERATIONS.md \"Restoring a node from a backup\"); started as a node of " +
+			"several, it is a new member its cluster's leader adds"
+		return r, nil
+	}
 	r.Next = fmt.Sprintf("a node of several comes back as a new member %s: the leader adds it as a non-voter, makes it a voter once it "+
 		"caught up, and takes out %s for good (a voter put back from a copy would have forgotten what it acknowledged since)",
 		cluster.ServerID(r.Node, r.Incarnation), cluster.ServerID(r.Node, r.Previous))
@@ -92,21 +91,32 @@ func Restore(dir string) (RestoreReport, error) {
 // whose log is the most up to date: the highest LastTerm, then the highest
 // LastIndex (raft's own rule: that log holds every committed command).
 type InspectReport struct {
-	Dir         string   `json:"dir"`
-	Cluster     string   `json:"cluster"`
-	Node        string   `json:"node"`
-	Incarnation string   `json:"incarnation"`
-	ServerID    string   `json:"server_id"`
-	FirstIndex  uint64   `json:"first_index"`
-	LastIndex   uint64   `json:"last_index"`
-	LastTerm    uint64   `json:"last_term"`
-	Snapshot    uint64   `json:"snapshot_index"`
-	Applied     uint64   `json:"applied_index"`
-	Stream      string   `json:"stream"`
-	Voters      []string `json:"voters"`
+	Dir          string   `json:"dir"`
+	Cluster      string   `json:"cluster"`
+	Node         string   `json:"node"`
+	Incarnation  string   `json:"incarnation"`
+	ServerID     string   `json:"server_id"`
+	FirstIndex   uint64   `json:"first_index"`
+	LastIndex    uint64   `json:"last_index"`
+	LastTerm     uint64   `json:"last_term"`
+	Snapshot     uint64   `json:"snapshot_index"`
+	SnapshotTerm uint64   `json:"snapshot_term"`
+	Applied      uint64   `json:"applied_index"`
+	Stream       string   `json:"stream"`
+	Voters       []string `json:"voters"`
 	// Copied says the directory was copied since its incarnation was
 	// recorded (a node of several must go through Restore).
 	Copied string `json:"copied,omitempty"`
+}
+
+// Newest is the last entry the directory's raft state holds, as raft ranks
+// logs: its log's last, or its snapshot's when that is further (a snapshot
+// installed from the leader past the log).
+func (r *InspectReport) Newest() (term, index uint64) {
+	if r.Snapshot > r.LastIndex {
+		return r.SnapshotTerm, r.Snapshot
+	}
+	return r.LastTerm, r.LastIndex
 }
 
 // Inspect reads a stopped node's data directory.
@@ -141,7 +151,7 @@ func Inspect(dir string) (InspectReport, error) {
 	if err != nil {
 		return r, err
 	}
-	r.FirstIndex, r.LastIndex, r.LastTerm, r.Snapshot = ls.First, ls.Last, ls.LastTerm, ls.Snapshot
+	r.FirstIndex, r.LastIndex, r.LastTerm, r.Snapshot, r.SnapshotTerm = ls.First, ls.Last, ls.LastTerm, ls.Snapshot, ls.SnapshotTerm
 	conf, err := cluster.LatestConfiguration(filepath.Join(dir, "cluster"))
 	if err != nil {
 		return r, err

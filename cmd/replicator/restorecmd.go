@@ -68,9 +68,14 @@ func runInspect(args []string) error {
 			return err
 		}
 		rs = append(rs, r)
-		if i := len(rs) - 1; best < 0 || r.LastTerm > rs[best].LastTerm || (r.LastTerm == rs[best].LastTerm && r.LastIndex > rs[best].LastIndex) {
-			best = i
+		t, ix := r.Newest()
+		if best >= 0 {
+			bt, bix := rs[best].Newest()
+			if t < bt || (t == bt && ix <= bix) {
+				continue
+			}
 		}
+		best = len(rs) - 1
 	}
 	return out.print(rs, func(w io.Writer) {
 		tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
@@ -83,7 +88,8 @@ func runInspect(args []string) error {
 			if r.Copied != "" {
 				note = strings.TrimSpace(note + " COPIED: run replicator restore first")
 			}
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t#%d\t#%d\t%s\t%s\n", r.Dir, r.Node, dash(r.Incarnation), r.LastTerm, r.LastIndex, r.Applied,
+			t, ix := r.Newest()
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t#%d\t#%d\t%s\t%s\n", r.Dir, r.Node, dash(r.Incarnation), t, ix, r.Applied,
 				strings.Join(r.Voters, ","), dash(note))
 		}
 		tw.Flush()

@@ -108,7 +108,7 @@ func defaultServeConfig() *serveConfig {
 		TombstoneRetention: duration(d.TombstoneRetention), MaxClockOffset: duration(d.MaxClockOffset),
 		LogLevel: "info", LogFormat: "text",
 		BatchEntries: so.MaxBatchEntries, BatchBytes: so.MaxBatchBytes, BatchLinger: duration(so.Linger),
-		ReplicateMax: d.MaxReplicateBytes, PinWindow: duration(d.PinWindow), IdemWindow: duration(d.IdempotencyWindow),
+		ReplicateMax: d.MaxReplicateBytes, PinWindow: duration(d.PinWindow),
 		HighEntries: d.WaterMarks.HighEntries, HighBytes: d.WaterMarks.HighBytes, HighAge: duration(d.WaterMarks.HighAge),
 		AdmissionWait: dur(d.AdmissionWait), IdentityWait: dur(d.IdentityCheckWait),
 		Permits: acceptor.DefaultPermits, PermitQueue: acceptor.DefaultPermitQueue,
@@ -318,6 +318,7 @@ func printConfig(cfg *serveConfig, o *node.Options) error {
 	}
 	if o != nil {
 		c.LowEntries, c.LowBytes, c.LowAge = o.WaterMarks.LowEntries, o.WaterMarks.LowBytes, duration(o.WaterMarks.LowAge)
+		c.IdemWindow = duration(o.IdempotencyWindow)
 	}
 	enc := yaml.NewEncoder(os.Stdout)
 	enc.SetIndent(2)
@@ -362,7 +363,7 @@ func serveFlags(cfg *serveConfig) *flag.FlagSet {
 	fs.Var(&cfg.BatchLinger, "batch-linger", "how long a batch waits to fill (0: not at all; a link's next batch fills while one is on the wire)")
 	fs.Int64Var(&cfg.ReplicateMax, "replicate-max-bytes", cfg.ReplicateMax, "largest incoming batch in bytes")
 	fs.Var(&cfg.PinWindow, "pin-window", "how old a pinned idempotency stamp may be")
-	fs.Var(&cfg.IdemWindow, "idempotency-window", "how long an Idempotency-Key's record is kept")
+	fs.Var(&cfg.IdemWindow, "idempotency-window", "how long an Idempotency-Key's record is kept (default 24h, or the tombstone retention when shorter; never above it)")
 	fs.Uint64Var(&cfg.HighEntries, "wal-high-water-entries", cfg.HighEntries, "saturate when a peer's backlog passes this many entries")
 	fs.Uint64Var(&cfg.LowEntries, "wal-low-water-entries", cfg.LowEntries, "leave saturation below this many (default half the high mark)")
 	fs.Int64Var(&cfg.HighBytes, "wal-high-water-bytes", cfg.HighBytes, "saturate when a peer's backlog passes this many bytes")

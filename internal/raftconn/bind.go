@@ -312,6 +312,17 @@ func (c *boundConn) check() {
 	}
 	c.Conn.SetWriteDeadline(time.Now().Add(l.timeout))
 	defer c.Conn.SetWriteDeadline(time.Time{})
+	if l.refuse != nil {
+		// Before anything else, Identify included: a node kept out learns
+		// it at its first dial.
+		if why := l.refuse(sender); why != "" {
+			writeAnswer(c.Conn, statusRefused, l.id, l.applied(), why)
+			l.noteRefusing(sender, why)
+			l.logOnce("refused:"+sender, slog.LevelWarn, "raftconn: refused raft traffic from "+sender+": "+why)
+			c.fail(fmt.Errorf("%w: %s: %s", ErrRefused, sender, why))
+			return
+		}
+	}
 	switch {
 	case target == "":
 		writeAnswer(c.Conn, statusIdentity, l.id, l.applied(), "")
@@ -323,14 +334,6 @@ func (c *boundConn) check() {
 		l.logOnce("wrong:"+target, slog.LevelWarn, "raftconn: refused a connection meant for "+target+" from "+sender+": "+msg)
 		c.fail(fmt.Errorf("%w: %s", ErrWrongIdentity, msg))
 		return
-	}
-	if l.refuse != nil {
-		if why := l.refuse(sender); why != "" {
-			writeAnswer(c.Conn, statusRefused, l.id, l.applied(), why)
-			l.logOnce("refused:"+sender, slog.LevelWarn, "raftconn: refused raft traffic from "+sender+": "+why)
-			c.fail(fmt.Errorf("%w: %s: %s", ErrRefused, sender, why))
-			return
-		}
 	}
 	if err := writeAnswer(c.Conn, statusOK, l.id, l.applied(), ""); err != nil {
 		c.fail(err)
@@ -360,6 +363,33 @@ func (l *Layer) noteRefused(by, why string) {
 	l.notes.Lock()
 	l.notes.refusal = Refusal{By: by, Reason: why, At: time.Now()}
 	l.notes.Unlock()
+	if l.onRefused != nil {
+		l.onRefused(by, why)
+	}
+}
+
+// noteRefusing keeps who this node refused lately (an operator sees them in
+// admin cluster even when gossip does not).
+func (l *Layer) noteRefusing(sender, why string) {
+	l.notes.Lock()
+	defer l.notes.Unlock()
+	if l.notes.refusing == nil || len(l.notes.refusing) > 100 {
+		l.notes.refusing = map[string]Refusal{}
+	}
+	l.notes.refusing[sender] = Refusal{By: l.id, Reason: why, At: time.Now()}
+}
+
+// Refusing returns whom this node refused within the last d, and why.
+func (l *Layer) Refusing(d time.Duration) map[string]Refusal {
+	l.notes.Lock()
+	defer l.notes.Unlock()
+	out := map[string]Refusal{}
+	for id, r := range l.notes.refusing {
+		if time.Since(r.At) < d {
+			out[id] = r
+		}
+	}
+	return out
 }
 
 // Refused returns the last refusal this node got (zero: none).

@@ -71,7 +71,9 @@ func TestBoundDialReachesOnlyItsIdentity(t *testing.T) {
 
 // A node that refuses another says why, and the refused node keeps it.
 func TestRefusedSenderIsToldWhy(t *testing.T) {
-	a := listen(t, Options{Cluster: "a", Node: "a1", ID: "a1.11111111", Loopback: true})
+	told := make(chan string, 4)
+	a := listen(t, Options{Cluster: "a", Node: "a1", ID: "a1.11111111", Loopback: true,
+		OnRefused: func(by, why string) { told <- by + ": " + why }})
 	b := listen(t, Options{Cluster: "a", Node: "a2", ID: "a2.22222222", Loopback: true,
 		Refuse: func(sender string) string {
 			if sender == "a1.11111111" {
@@ -86,6 +88,18 @@ func TestRefusedSenderIsToldWhy(t *testing.T) {
 	}
 	if r := a.Refused(); r.By != "a2.22222222" || !strings.Contains(r.Reason, "lost in the recovery") || r.At.IsZero() {
 		t.Fatalf("the refusal kept: %+v", r)
+	}
+	if got := <-told; !strings.HasPrefix(got, "a2.22222222: ") {
+		t.Fatalf("OnRefused: %q", got)
+	}
+	// Asking who answers is refused too: a node kept out learns it at its
+	// first dial, before raft could campaign.
+	echo(b)
+	if _, err := a.Identify(b.Addr().String(), 2*time.Second); !errors.Is(err, ErrRefused) {
+		t.Fatalf("identify by a refused sender: %v", err)
+	}
+	if r := b.Refusing(time.Minute); r["a1.11111111"].Reason == "" {
+		t.Fatalf("the refusing side keeps whom it refused: %+v", r)
 	}
 }
 

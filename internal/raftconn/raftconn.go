@@ -78,6 +78,10 @@ type Options struct {
 	// Refuse, when set, returns why a node may not talk raft with this
 	// one ("" to accept): a removed or lost node is told why.
 	Refuse func(sender string) string
+	// OnRefused, when set, is called when another node refused this one
+	// (by, its server ID, and why): a node kept out of its cluster must
+	// stop, or two such nodes could form a quorum of an old configuration.
+	OnRefused func(by, why string)
 	// Logger receives refusals, at most one line of a kind every 10 s.
 	Logger *slog.Logger
 	// Blocked, when set, says that this node may not reach the raft
@@ -100,12 +104,14 @@ type Layer struct {
 	id        string
 	appliedFn func() uint64
 	refuse    func(string) string
+	onRefused func(by, why string)
 	logger    *slog.Logger
 
 	notes struct {
 		sync.Mutex
-		refusal Refusal
-		logged  map[string]time.Time
+		refusal  Refusal
+		refusing map[string]Refusal
+		logged   map[string]time.Time
 	}
 
 	// conns are the connections open through the layer. raft's transport
@@ -193,7 +199,7 @@ func Listen(addr string, advertise net.Addr, o Options) (*Layer, error) {
 		id = o.Node
 	}
 	return &Layer{ln: ln, advertise: advertise, blocked: o.Blocked, loopback: loopback, server: server, client: client, timeout: t,
-		id: id, appliedFn: o.Applied, refuse: o.Refuse, logger: o.Logger}, nil
+		id: id, appliedFn: o.Applied, refuse: o.Refuse, onRefused: o.OnRefused, logger: o.Logger}, nil
 }
 
 // IsLoopback reports whether host:port names a loopback IP.
