@@ -563,14 +563,14 @@ func TestSingleNodeGrowsToThree(t *testing.T) {
 // TestWipedOrRestoredVoterDoesNotLoseAcknowledgedWrites is the audit's
 // sequence (issue 24): nodes L (leader), W, F; F stops; L acknowledges 5
 // writes, committed by L and W; L and W stop; W comes back with an empty
-// data directory (wiped) or with a copy taken before the 5 writes
-// (restored), and F comes back. Before incarnations, W's new life voted for
+// data directory (wiped), with everything but its identity files gone, or
+// with a copy taken before the 5 writes (restored), and F comes back. Before incarnations, W's new life voted for
 // F, whose log lacks the 5 writes, and they were lost. Now W is a new
 // member nobody counts a vote from: no leader is elected until L returns,
 // then W joins as a non-voter, votes once caught up, its old incarnation is
 // out for good, and every node holds every acknowledged write.
 func TestWipedOrRestoredVoterDoesNotLoseAcknowledgedWrites(t *testing.T) {
-	for _, how := range []string{"wiped", "restored"} {
+	for _, how := range []string{"wiped", "restored", "identity-kept"} {
 		t.Run(how, func(t *testing.T) {
 			c := newRaftCluster(t, "a", 3, nil)
 			l := c.leader()
@@ -613,7 +613,17 @@ func TestWipedOrRestoredVoterDoesNotLoseAcknowledgedWrites(t *testing.T) {
 					c.stop(name)
 				}
 			}
-			if err := os.RemoveAll(c.dirs[w]); err != nil {
+			if how == "identity-kept" {
+				// Everything but its identity files goes (a partial wipe, or
+				// identity files on a volume of their own): its raft state
+				// is gone, so it is a new incarnation all the same.
+				ents, _ := os.ReadDir(c.dirs[w])
+				for _, e := range ents {
+					if e.Name() != "NODE_ID" && e.Name() != origin.IncarnationFile {
+						os.RemoveAll(filepath.Join(c.dirs[w], e.Name()))
+					}
+				}
+			} else if err := os.RemoveAll(c.dirs[w]); err != nil {
 				t.Fatal(err)
 			}
 			if how == "restored" {
@@ -974,5 +984,42 @@ func TestRetryAtALeaderWhoseClockIsBehindIsAnsweredFromItsRecord(t *testing.T) {
 	fresh := policy.WithKey(context.Background(), policy.KeyFromID("order-18", time.Now()))
 	if _, err := c.nodes[next].Put(fresh, "order/18", []byte("paid")); !errors.Is(err, ErrPinOutOfWindow) {
 		t.Fatalf("a new write pinned 2 s ahead of the leader's clock: %v", err)
+	}
+}
+
+// A node alone put back from a copy goes through replicator restore too: it
+// gets a new incarnation, renames its group of one, and goes on with its
+// data.
+func TestRestoredNodeAloneRenamesItsGroup(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "a1")
+	o := testOptions(dir)
+	n := openNode(t, o)
+	ctx := context.Background()
+	if _, err := n.Put(ctx, "k", []byte("v")); err != nil {
+		t.Fatal(err)
+	}
+	inc := n.incarnation
+	if err := n.Close(); err != nil {
+		t.Fatal(err)
+	}
+	copied := filepath.Join(t.TempDir(), "a1-copy")
+	copyDir(t, dir, copied)
+	rep, err := Restore(copied)
+	if err != nil || !rep.Replaced || rep.Previous != inc || rep.Servers != 1 {
+		t.Fatalf("restore: %+v %v", rep, err)
+	}
+	n = openNode(t, testOptions(copied))
+	defer n.Close()
+	if n.incarnation != rep.Incarnation {
+		t.Fatalf("incarnation %s, restore minted %s", n.incarnation, rep.Incarnation)
+	}
+	if rec, err := n.Get("k"); err != nil || string(rec.Value) != "v" {
+		t.Fatalf("the restored node's data: %v %v", rec, err)
+	}
+	if _, err := n.Put(ctx, "after", []byte("v")); err != nil {
+		t.Fatalf("a write after the restore: %v", err)
+	}
+	if id := n.group.ID(); id != cluster.ServerID(n.nodeID, rep.Incarnation) {
+		t.Fatalf("raft knows the node as %s", id)
 	}
 }
