@@ -94,7 +94,7 @@ func newProc(t *testing.T, name, cluster string, extra ...string) *proc {
 	p := &proc{
 		t:    t,
 		name: name,
-		log:  filepath.Join(dir, name+".log"),
+		log:  filepath.Join(logDir(dir), name+".log"),
 		url:  fmt.Sprintf("http://127.0.0.1:%d", port),
 		args: append([]string{"serve", "--cluster-id", cluster, "--data", filepath.Join(dir, "data"),
 			"--listen", fmt.Sprintf("127.0.0.1:%d", port), "--log-level", "debug"}, extra...),
@@ -111,6 +111,16 @@ func newProc(t *testing.T, name, cluster string, extra ...string) *proc {
 		}
 	})
 	return p
+}
+
+// logDir is where a node's log goes: its test directory, or
+// $E2E_KEEP_LOGS (kept after the run, to read a long run's failure whole).
+func logDir(dir string) string {
+	if d := os.Getenv("E2E_KEEP_LOGS"); d != "" {
+		os.MkdirAll(d, 0o755)
+		return d
+	}
+	return dir
 }
 
 func (p *proc) dataDir() string {

@@ -3,6 +3,7 @@ package e2e
 import (
 	"encoding/binary"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
 	"os"
@@ -37,9 +38,22 @@ func (p *proc) waitExit(d time.Duration) bool {
 	}
 }
 
-func (p *proc) logText() string {
+// logMark is where the node's log ends now; logSince is what it wrote
+// after a mark (one start's lines, not an earlier life's).
+func (p *proc) logMark() int {
+	fi, err := os.Stat(p.log)
+	if err != nil {
+		return 0
+	}
+	return int(fi.Size())
+}
+
+func (p *proc) logSince(mark int) string {
 	b, _ := os.ReadFile(p.log)
-	return string(b)
+	if mark > len(b) {
+		return ""
+	}
+	return string(b[mark:])
 }
 
 // backup stops a node gracefully, copies its data directory (as a backup
@@ -81,8 +95,9 @@ func (m *rmesh) restoreBackup(n *rnode, backup string) error {
 	if out, err := exec.Command("cp", "-a", backup, n.dataDir()).CombinedOutput(); err != nil {
 		return fmt.Errorf("cp: %v %s", err, out)
 	}
+	mark := n.logMark()
 	n.start()
-	if !n.waitExit(20*time.Second) || !strings.Contains(n.logText(), "replicator restore") {
+	if !n.waitExit(20*time.Second) || !strings.Contains(n.logSince(mark), "replicator restore") {
 		n.kill()
 		n.startReady()
 		return fmt.Errorf("%s started from a raw copy of its directory", n.id)
@@ -166,8 +181,9 @@ func (m *rmesh) bitflip(n *rnode) (bool, error) {
 		n.startReady()
 		return false, err
 	}
+	mark := n.logMark()
 	n.start()
-	if !n.waitExit(20*time.Second) || !strings.Contains(n.logText(), "not a torn tail") {
+	if !n.waitExit(20*time.Second) || !strings.Contains(n.logSince(mark), "not a torn tail") {
 		n.kill()
 		os.RemoveAll(n.dataDir())
 		n.startReady()
@@ -233,23 +249,42 @@ func (m *rmesh) recoverMajority(c string) error {
 		}
 	}
 	// Both lost nodes come back with their old directories (a majority of
-	// the old configuration): each must be refused and stop, saying why,
-	// and the survivor must show it removed.
-	for _, back := range lost {
+	// the old configuration): each that was a member of the configuration
+	// the recovery replaced must be refused and stop, saying why, and the
+	// survivor must show it removed. (A node that was not a member then, a
+	// new incarnation the leader had not added yet, would be a new member
+	// like any other: it is only started empty below.) Whatever happens,
+	// the procedure goes on: the lost nodes are then started empty.
+	member := map[string]bool{}
+	for _, id := range reps[best].Servers {
+		member[id] = true
+	}
+	var errs []error
+	var kept []*rnode
+	for i, back := range members {
+		if back == survivor {
+			continue
+		}
+		if !member[reps[i].ServerID] {
+			continue // not lost: it never was a member of what the recovery replaced
+		}
+		kept = append(kept, back)
+		mark := back.logMark()
 		back.start()
-		if !back.waitExit(30*time.Second) || !strings.Contains(back.logText(), "recovered") {
+		if !back.waitExit(30*time.Second) || !strings.Contains(back.logSince(mark), "recovered") {
 			back.kill()
-			return fmt.Errorf("%s, lost in the recovery of %s, came back with its old directory and was not refused", back.id, c)
+			errs = append(errs, fmt.Errorf("%s (%s), lost in the recovery of %s, came back with its old directory and was not refused",
+				back.id, reps[i].ServerID, c))
 		}
 	}
 	shown := 0
-	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline) && shown < len(lost); time.Sleep(100 * time.Millisecond) {
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline) && shown < len(kept); time.Sleep(100 * time.Millisecond) {
 		var theirs node.ClusterReport
 		if _, err := survivor.client().Do(bg(), http.MethodGet, "/admin/cluster?local=1", nil, nil, &theirs); err != nil {
 			continue
 		}
 		shown = 0
-		for _, back := range lost {
+		for _, back := range kept {
 			for _, cn := range theirs.Nodes {
 				if cn.ID == back.id && cn.State == "removed" && !cn.Voter {
 					shown++
@@ -258,13 +293,16 @@ func (m *rmesh) recoverMajority(c string) error {
 			}
 		}
 	}
-	if shown < len(lost) {
-		return fmt.Errorf("the survivor %s does not show the lost nodes of %s as removed", survivor.id, c)
+	if shown < len(kept) {
+		errs = append(errs, fmt.Errorf("the survivor %s does not show the lost nodes of %s as removed", survivor.id, c))
 	}
 	for _, n := range lost {
 		os.RemoveAll(n.dataDir())
 		n.startReady()
 		m.setDown(n.id, false)
+	}
+	if err := errors.Join(errs...); err != nil {
+		return err
 	}
 	for _, n := range lost {
 		if !waitVoter(m, c, n.id, 60*time.Second) {

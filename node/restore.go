@@ -104,6 +104,8 @@ type InspectReport struct {
 	Applied      uint64   `json:"applied_index"`
 	Stream       string   `json:"stream"`
 	Voters       []string `json:"voters"`
+	// Servers are every member of the configuration, non-voters too.
+	Servers []string `json:"servers"`
 	// Copied says the directory was copied since its incarnation was
 	// recorded (a node of several must go through Restore).
 	Copied string `json:"copied,omitempty"`
@@ -158,6 +160,9 @@ func Inspect(dir string) (InspectReport, error) {
 	}
 	for _, id := range cluster.Voters(conf) {
 		r.Voters = append(r.Voters, string(id))
+	}
+	for _, s := range conf.Servers {
+		r.Servers = append(r.Servers, string(s.ID))
 	}
 	if b, err := os.ReadFile(filepath.Join(dir, origin.IncarnationFile)); err == nil && len(b) > 0 {
 		r.Incarnation, _ = origin.Incarnation(dir, true)
