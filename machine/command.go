@@ -460,7 +460,9 @@ func decodeInto(dec *msgpack.Decoder, c *Command) error {
 			if c.Set, err = dec.DecodeUint8(); err != nil {
 				return err
 			}
-			if c.Set < 1 || c.Set > 3 {
+			// The reasons only this shape carries (an operator's removal is
+			// the two-element shape): one encoding per command.
+			if c.Set < 2 || c.Set > 3 {
 				return fmt.Errorf("removal reason %d", c.Set)
 			}
 		}
