@@ -124,6 +124,22 @@ func (c *raftCluster) leader() string {
 	return ""
 }
 
+// roles names the audit's three nodes of a cluster of three: L the leader,
+// W and F the others.
+func (c *raftCluster) roles() (l, w, f string) {
+	l = c.leader()
+	for _, name := range c.names {
+		switch {
+		case name == l:
+		case w == "":
+			w = name
+		default:
+			f = name
+		}
+	}
+	return l, w, f
+}
+
 func (c *raftCluster) follower() string {
 	l := c.leader()
 	for _, name := range c.names {
@@ -573,17 +589,7 @@ func TestWipedOrRestoredVoterDoesNotLoseAcknowledgedWrites(t *testing.T) {
 	for _, how := range []string{"wiped", "restored", "identity-kept"} {
 		t.Run(how, func(t *testing.T) {
 			c := newRaftCluster(t, "a", 3, nil)
-			l := c.leader()
-			var w, f string
-			for _, name := range c.names {
-				if name != l {
-					if w == "" {
-						w = name
-					} else {
-						f = name
-					}
-				}
-			}
+			l, w, f := c.roles()
 			ctx := context.Background()
 			put := func(at, k string) {
 				t.Helper()
@@ -865,17 +871,7 @@ func TestRecoveryRecordsTheLostAndSealsOnce(t *testing.T) {
 // cutting its log and keeping a tree of another history.
 func TestTruncationOfAppliedEntriesStopsTheNode(t *testing.T) {
 	c := newRaftCluster(t, "a", 3, nil)
-	l := c.leader()
-	var w, f string
-	for _, name := range c.names {
-		if name != l {
-			if w == "" {
-				w = name
-			} else {
-				f = name
-			}
-		}
-	}
+	l, w, f := c.roles()
 	ctx := context.Background()
 	for i := 0; i < 5; i++ {
 		if _, err := c.client(l).Put(ctx, fmt.Sprintf("before%d", i), []byte("v")); err != nil {
