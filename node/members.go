@@ -117,10 +117,18 @@ func (o *Options) raftCredentials() (string, error) {
 		return "tls", nil
 	case o.Gossip != nil && len(o.Gossip.Key) > 0:
 		return "gossip-key", nil
-	case raftconn.IsLoopback(r.Listen) && (r.Advertise == "" || raftconn.IsLoopback(r.Advertise)):
-		return "loopback", nil
 	case o.InsecurePeers:
 		return "insecure", nil
+	case raftconn.IsLoopback(r.Listen) && (r.Advertise == "" || raftconn.IsLoopback(r.Advertise)):
+		if o.APIToken != "" {
+			// Any local process reaches a loopback port: with the API
+			// closed to it by a token, raft must not be open to it (it
+			// would join, read every write and depose the leader).
+			return "", errors.New("node: the API needs a token, so the raft port needs credentials too: a loopback raft port without them " +
+				"lets any local process without the token join the cluster and read every write; give mutual TLS (--tls-cert, --tls-key, " +
+				"--tls-client-ca) or a gossip key (--gossip-key-file)")
+		}
+		return "loopback", nil
 	}
 	return "", errors.New("node: the raft port carries every write and needs credentials: mutual TLS (--tls-cert, --tls-key, --tls-client-ca), " +
 		"or a gossip key (--gossip-key-file); without them it serves a loopback address only (every node on this machine), or --insecure-peers in tests")
@@ -151,6 +159,7 @@ func (n *Node) raftConn() (raftconn.Options, error) {
 	if path := n.opts.TestRaftBlockFile; path != "" {
 		co.Blocked = blockList(path)
 	}
+	co.MaxConns = n.opts.MaxConnections
 	return co, nil
 }
 

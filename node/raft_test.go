@@ -435,6 +435,11 @@ func TestRaftPortNeedsCredentials(t *testing.T) {
 		t.Fatalf("with a gossip key: %v", err)
 	}
 	o = base("127.0.0.1:7500")
+	o.APIToken = "secret"
+	if err := o.Validate(); err == nil || !strings.Contains(err.Error(), "token") {
+		t.Fatalf("a loopback raft port without credentials beside an API token: %v", err)
+	}
+	o = base("127.0.0.1:7500")
 	o.Gossip = nil
 	if err := o.Validate(); err == nil || !strings.Contains(err.Error(), "gossip") {
 		t.Fatalf("a node of several without gossip: %v", err)

@@ -89,6 +89,19 @@ func TestDashboardActionsInBrowser(t *testing.T) {
 	if n := len(strings.Fields(points.Value)); n < 15 {
 		t.Fatalf("right after the page loaded, the chart of b has %d points (%q); the node's history holds more", n, points.Value)
 	}
+	// The legend is built under the page's CSP (no style attributes): b's
+	// mark is there, in b's line's colour.
+	legend, err := chromedp.Run(ctx, chromedp.Text(chromedp.CSS(`#legend`)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	color, err := chromedp.Run(ctx, chromedp.Evaluate[string](`document.querySelector("#legend span").style.color`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(legend, "■") || !strings.Contains(legend, "b") || color == "" {
+		t.Fatalf("the chart's legend: %q, colour %q", legend, color)
+	}
 
 	// Pause: the button posts, the link pauses, the row says so.
 	if err := chromedp.Do(ctx,

@@ -120,6 +120,16 @@ func TestDashboardHeadersAndHistory(t *testing.T) {
 	if resp.Header.Get("X-Frame-Options") != "DENY" || !strings.Contains(resp.Header.Get("Content-Security-Policy"), "frame-ancestors 'none'") {
 		t.Fatalf("the dashboard may be framed: %v", resp.Header)
 	}
+	// Scripts and styles of its own only (issue 25), and no sniffing.
+	csp := resp.Header.Get("Content-Security-Policy")
+	for _, want := range []string{"default-src 'none'", "script-src 'sha256-", "style-src 'sha256-", "connect-src 'self'"} {
+		if !strings.Contains(csp, want) {
+			t.Fatalf("the dashboard's CSP lacks %q: %s", want, csp)
+		}
+	}
+	if strings.Contains(csp, "unsafe") || resp.Header.Get("X-Content-Type-Options") != "nosniff" {
+		t.Fatalf("the dashboard's headers: %v", resp.Header)
+	}
 	for len(n.history.after(time.Time{})) < 3 {
 		time.Sleep(5 * time.Millisecond)
 	}

@@ -261,3 +261,65 @@ func TestWipedVoterCannotElectAStaleCandidate(t *testing.T) {
 		})
 	}
 }
+
+// The port holds at most MaxConns connections others dialled: one over it
+// is closed at once, and a slot freed takes the next (a flood of idle
+// connections cannot hold the port, issue 25).
+func TestConnectionsBounded(t *testing.T) {
+	l := listen(t, Options{Cluster: "a", ID: "a1.11111111", Loopback: true, MaxConns: 5})
+	accepted := make(chan net.Conn, 100)
+	go func() {
+		// Exits when the layer closes (the test's cleanup).
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			accepted <- c
+		}
+	}()
+	var clients []net.Conn
+	for i := 0; i < 10; i++ {
+		c, err := net.Dial("tcp", l.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		clients = append(clients, c)
+	}
+	var held []net.Conn
+	for len(held) < 5 {
+		select {
+		case c := <-accepted:
+			held = append(held, c)
+		case <-time.After(5 * time.Second):
+			t.Fatalf("%d connections accepted, want 5", len(held))
+		}
+	}
+	closed := 0
+	for _, c := range clients {
+		c.SetReadDeadline(time.Now().Add(300 * time.Millisecond))
+		if _, err := c.Read(make([]byte, 1)); err != nil && !isTimeout(err) {
+			closed++
+		}
+	}
+	if closed != 5 {
+		t.Fatalf("%d of the 10 connections were closed by the port, want the 5 over the bound", closed)
+	}
+	held[0].Close()
+	c, err := net.Dial("tcp", l.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	select {
+	case <-accepted:
+	case <-time.After(5 * time.Second):
+		t.Fatal("a freed slot did not take the next connection")
+	}
+}
+
+func isTimeout(err error) bool {
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout()
+}

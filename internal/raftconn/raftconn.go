@@ -69,6 +69,11 @@ type Options struct {
 	// HandshakeTimeout bounds an accepted connection's handshake (default
 	// 10s), so that a silent client does not hold a goroutine.
 	HandshakeTimeout time.Duration
+	// MaxConns bounds the connections the port holds open that other
+	// nodes dialled (default 512): one over it is closed at once. A node
+	// needs a few per member (raft pools 4, plus a snapshot's), so only a
+	// flood reaches it.
+	MaxConns int
 	// ID is this node's raft server ID (its node ID and incarnation): it
 	// answers only connections bound to it (bind.go). Default: Node.
 	ID string
@@ -107,6 +112,8 @@ type Layer struct {
 	onRefused func(by, why string)
 	logger    *slog.Logger
 
+	maxConns int
+
 	notes struct {
 		sync.Mutex
 		refusal  Refusal
@@ -119,8 +126,9 @@ type Layer struct {
 	// closes, and its handlers block reading them; Close closes them all.
 	mu struct {
 		sync.Mutex
-		conns  map[*trackedConn]struct{}
-		closed bool
+		conns    map[*trackedConn]struct{}
+		accepted int // of conns, those dialled by others
+		closed   bool
 	}
 }
 
@@ -143,6 +151,9 @@ func (c *trackedConn) Write(p []byte) (int, error) {
 func (c *trackedConn) Close() error {
 	c.once.Do(func() {
 		c.l.mu.Lock()
+		if _, ok := c.l.mu.conns[c]; ok && c.to == "" {
+			c.l.mu.accepted--
+		}
 		delete(c.l.mu.conns, c)
 		c.l.mu.Unlock()
 	})
@@ -163,9 +174,19 @@ func (l *Layer) trackTo(c net.Conn, to string) (net.Conn, error) {
 	if l.mu.conns == nil {
 		l.mu.conns = map[*trackedConn]struct{}{}
 	}
+	if to == "" {
+		if l.maxConns > 0 && l.mu.accepted >= l.maxConns {
+			c.Close()
+			return nil, errTooMany
+		}
+		l.mu.accepted++
+	}
 	l.mu.conns[t] = struct{}{}
 	return t, nil
 }
+
+// errTooMany refuses a connection over Options.MaxConns.
+var errTooMany = errors.New("raftconn: too many connections")
 
 var _ raft.StreamLayer = (*Layer)(nil)
 
@@ -198,8 +219,12 @@ func Listen(addr string, advertise net.Addr, o Options) (*Layer, error) {
 	if id == "" {
 		id = o.Node
 	}
+	maxConns := o.MaxConns
+	if maxConns == 0 {
+		maxConns = 512
+	}
 	return &Layer{ln: ln, advertise: advertise, blocked: o.Blocked, loopback: loopback, server: server, client: client, timeout: t,
-		id: id, appliedFn: o.Applied, refuse: o.Refuse, onRefused: o.OnRefused, logger: o.Logger}, nil
+		id: id, appliedFn: o.Applied, refuse: o.Refuse, onRefused: o.OnRefused, logger: o.Logger, maxConns: maxConns}, nil
 }
 
 // IsLoopback reports whether host:port names a loopback IP.
@@ -225,14 +250,31 @@ func (l *Layer) Accept() (net.Conn, error) {
 	if err != nil {
 		return nil, err
 	}
-	if l.server != nil {
-		c = &lazyConn{Conn: tls.Server(c, l.server), timeout: l.timeout}
+	for {
+		if l.server != nil {
+			c = &lazyConn{Conn: tls.Server(c, l.server), timeout: l.timeout}
+		}
+		tc, err := l.track(c)
+		if errors.Is(err, errTooMany) {
+			// Not an error of the listener (raft's accept loop would back
+			// off): the connection is closed, the next one waits.
+			l.logOnce("too-many", slog.LevelWarn, fmt.Sprintf("raftconn: refused a connection: %d are open (the bound)", l.maxConns))
+			if c, err = l.ln.Accept(); err != nil {
+				return nil, err
+			}
+			for l.loopback && !IsLoopback(c.RemoteAddr().String()) {
+				c.Close()
+				if c, err = l.ln.Accept(); err != nil {
+					return nil, err
+				}
+			}
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		return &boundConn{Conn: tc, l: l}, nil
 	}
-	tc, err := l.track(c)
-	if err != nil {
-		return nil, err
-	}
-	return &boundConn{Conn: tc, l: l}, nil
 }
 
 // Close stops accepting and closes every connection open through the layer.
