@@ -1024,3 +1024,31 @@ func TestRestoredNodeAloneRenamesItsGroup(t *testing.T) {
 		t.Fatalf("raft knows the node as %s", id)
 	}
 }
+
+// Issue 25, finding 5: three joins of unreachable addresses left the
+// cluster unable to elect (each was added as a voter at once). A join now
+// asks the node's raft port who it is first, and adds it as a non-voter:
+// an address nobody answers at is refused, and the voters stay as they were.
+func TestJoinOfUnreachableAddressesRefused(t *testing.T) {
+	c := newRaftCluster(t, "a", 3, nil)
+	l := c.leader()
+	free, release, err := ports.Hold(3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	release() // nobody listens there
+	for i, addr := range free {
+		if err := c.nodes[l].JoinNode(fmt.Sprintf("ghost%d", i), addr); err == nil {
+			t.Fatalf("a join of %s, where nobody answers, was accepted", addr)
+		}
+	}
+	if n := len(c.nodes[l].group.Status().Servers); n != 3 {
+		t.Fatalf("%d servers after the refused joins", n)
+	}
+	// And the cluster elects and commits after its leader goes.
+	c.stop(l)
+	next := c.leader()
+	if _, err := c.client(next).Put(context.Background(), "after", []byte("v")); err != nil {
+		t.Fatal(err)
+	}
+}

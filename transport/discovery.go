@@ -75,6 +75,14 @@ type DiscoveryOptions struct {
 	// OnChange is called (from memberlist's goroutines) after a member
 	// joins, updates, leaves or dies.
 	OnChange func(Member)
+	// MaxMembers bounds the member table (default 1024): anyone who can
+	// send a gossip packet (no key) can describe made-up members. A new one
+	// over the bound takes the place of the member departed longest ago,
+	// or is not recorded when none departed.
+	MaxMembers int
+	// ReapAfter is how long a departed (dead or left) member is still
+	// shown (default 1h).
+	ReapAfter time.Duration
 	Logger   *slog.Logger
 }
 
@@ -87,6 +95,7 @@ type Discovery struct {
 	mu struct {
 		sync.Mutex
 		members map[string]*Member
+		full    bool // the table is full (logged once until room is made)
 	}
 }
 
@@ -124,6 +133,12 @@ func StartDiscovery(opts DiscoveryOptions) (*Discovery, error) {
 		opts.Logger = slog.Default()
 	}
 	conf.Logger = log.New(&slogWriter{opts.Logger}, "", 0)
+	if opts.MaxMembers <= 0 {
+		opts.MaxMembers = 1024
+	}
+	if opts.ReapAfter <= 0 {
+		opts.ReapAfter = time.Hour
+	}
 	d := &Discovery{opts: opts}
 	d.mu.members = map[string]*Member{}
 	d.meta, err = json.Marshal(opts.Meta)
@@ -190,6 +205,7 @@ func (d *Discovery) Members() []Member {
 		live[n.Name] = n.State
 	}
 	d.mu.Lock()
+	d.reapLocked()
 	out := make([]Member, 0, len(d.mu.members))
 	for name, m := range d.mu.members {
 		c := *m
@@ -279,6 +295,17 @@ func (d *Discovery) record(n *memberlist.Node, state string) {
 	d.mu.Lock()
 	m := d.mu.members[n.Name]
 	if m == nil {
+		d.reapLocked()
+		if len(d.mu.members) >= d.opts.MaxMembers && !d.evictLocked() {
+			full := !d.mu.full
+			d.mu.full = true
+			d.mu.Unlock()
+			if full {
+				d.opts.Logger.Warn("gossip: the member table is full; new members are not recorded until some depart",
+					"max", d.opts.MaxMembers, "refused", n.Name)
+			}
+			return
+		}
 		m = &Member{Node: n.Name}
 		d.mu.members[n.Name] = m
 	}
@@ -298,6 +325,35 @@ func (d *Discovery) record(n *memberlist.Node, state string) {
 	if d.opts.OnChange != nil {
 		d.opts.OnChange(c)
 	}
+}
+
+// departed reports a member that is dead or left.
+func departed(m *Member) bool { return m.State == LiveDead || m.State == LiveLeft }
+
+// reapLocked forgets the members departed longer than ReapAfter ago.
+func (d *Discovery) reapLocked() {
+	for name, m := range d.mu.members {
+		if departed(m) && time.Since(m.Since) > d.opts.ReapAfter {
+			delete(d.mu.members, name)
+			d.mu.full = false
+		}
+	}
+}
+
+// evictLocked forgets the member departed longest ago, to make room; it
+// reports false when none departed.
+func (d *Discovery) evictLocked() bool {
+	var oldest *Member
+	for _, m := range d.mu.members {
+		if departed(m) && (oldest == nil || m.Since.Before(oldest.Since)) {
+			oldest = m
+		}
+	}
+	if oldest == nil {
+		return false
+	}
+	delete(d.mu.members, oldest.Node)
+	return true
 }
 
 // SetNote annotates a member (why it is, or is not, shipped to).

@@ -1,0 +1,74 @@
+package transport
+
+import (
+	"fmt"
+	"io"
+	"log/slog"
+	"testing"
+	"time"
+
+	"github.com/replicator/replicator/internal/loopback"
+)
+
+func quietDiscovery(t *testing.T, name, bind string, join []string, max int, reap time.Duration) *Discovery {
+	t.Helper()
+	d, err := StartDiscovery(DiscoveryOptions{NodeName: name, Bind: bind, Join: join, Profile: "local", MaxMembers: max, ReapAfter: reap,
+		Meta: MemberMeta{V: GossipVersion, Cluster: "x"}, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(join) > 0 {
+		if _, err := d.ml.Join(join); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return d
+}
+
+// The member table is bounded and departed members are reaped (issue 25,
+// finding 8: anyone who can send a gossip packet can describe made-up
+// members, and 20,000 of them grew a node by 82 MB). Real memberlist nodes
+// on loopback.
+func TestMemberTableBoundedAndReaped(t *testing.T) {
+	addrs, release, err := loopback.Hold(10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	release()
+	d := quietDiscovery(t, "watcher", addrs[0], nil, 5, 2*time.Second)
+	defer d.ml.Shutdown()
+	var others []*Discovery
+	for i := 1; i < 9; i++ {
+		others = append(others, quietDiscovery(t, fmt.Sprintf("m%d", i), addrs[i], []string{addrs[0]}, 0, 0))
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for len(d.ml.Members()) < 9 && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+	}
+	if n := len(d.ml.Members()); n < 9 {
+		t.Fatalf("memberlist knows %d members, want 9", n)
+	}
+	if n := len(d.Members()); n != 5 {
+		t.Fatalf("the table holds %d members, bounded at 5", n)
+	}
+	// They leave: shown as departed, then reaped, and room is made.
+	for _, o := range others {
+		o.Leave(time.Second)
+	}
+	deadline = time.Now().Add(15 * time.Second)
+	for len(d.Members()) > 0 && time.Now().Before(deadline) {
+		time.Sleep(100 * time.Millisecond)
+	}
+	if ms := d.Members(); len(ms) != 0 {
+		t.Fatalf("departed members not reaped: %+v", ms)
+	}
+	late := quietDiscovery(t, "late", addrs[9], []string{addrs[0]}, 0, 0)
+	defer late.ml.Shutdown()
+	deadline = time.Now().Add(10 * time.Second)
+	for len(d.Members()) != 1 && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+	}
+	if ms := d.Members(); len(ms) != 1 || ms[0].Node != "late" {
+		t.Fatalf("a member joining once room was made: %+v", ms)
+	}
+}
