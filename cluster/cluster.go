@@ -253,7 +253,7 @@ type Group struct {
 	done       chan struct{}
 	// recovery: this open rewrote the configuration from peers.json (a
 	// majority was lost); nil otherwise.
-	recovery *Recovery
+	recovery atomic.Pointer[Recovery]
 
 	// lead is the leader's bookkeeping of membership, of the run
 	// goroutine only: the commit index each new member must reach before
@@ -380,7 +380,8 @@ func Open(opts *Options) (*Group, error) {
 	}
 	started.Store(r)
 	g := &Group{opts: o, id: self, raft: r, log: store, trans: trans, layer: layer, closeTrans: closeTrans, stop: make(chan struct{}),
-		done: make(chan struct{}), recovery: recovery}
+		done: make(chan struct{})}
+	g.recovery.Store(recovery)
 	g.mu.bootstrapped = existing
 	if o.Solo && existing {
 		// A node of several started as a node alone would wait for ever

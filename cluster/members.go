@@ -165,7 +165,7 @@ func (g *Group) confirmed(id raft.ServerID, addr string) bool {
 // reconcileMembers is the leader's round: add new members as non-voters,
 // promote those that caught up, retire replaced incarnations.
 func (g *Group) reconcileMembers(members []Member) {
-	if g.recovery != nil {
+	if g.recovery.Load() != nil {
 		// Until the recovery's first term recorded who was lost, a lost
 		// node back in gossip would look like a new one.
 		return

@@ -145,7 +145,7 @@ func (r *Recovery) save() error {
 }
 
 // Recovery returns the recovery under way (nil: none).
-func (g *Group) Recovery() *Recovery { return g.recovery }
+func (g *Group) Recovery() *Recovery { return g.recovery.Load() }
 
 // SetStream records the stream the recovery seals (the node reads it once
 // the recovery applied the log).
@@ -160,7 +160,8 @@ func (r *Recovery) SetStream(stream string) error {
 // FinishRecovery ends a recovery once its commands committed: peers.json is
 // kept as peers.json.recovered-<time>, then the record goes.
 func (g *Group) FinishRecovery() error {
-	if g.recovery == nil {
+	rec := g.recovery.Load()
+	if rec == nil {
 		return nil
 	}
 	path := filepath.Join(g.opts.Dir, PeersFile)
@@ -174,8 +175,8 @@ func (g *Group) FinishRecovery() error {
 	if err := atomicfile.SyncDir(g.opts.Dir); err != nil {
 		return fmt.Errorf("cluster: %w", err)
 	}
-	g.opts.Logger.Info("the recovery is complete: the lost nodes are recorded as removed", "kept_at", done, "lost", g.recovery.Lost)
-	g.recovery = nil
+	g.opts.Logger.Info("the recovery is complete: the lost nodes are recorded as removed", "kept_at", done, "lost", rec.Lost)
+	g.recovery.Store(nil)
 	return nil
 }
 
