@@ -83,7 +83,7 @@ type DiscoveryOptions struct {
 	// ReapAfter is how long a departed (dead or left) member is still
 	// shown (default 1h).
 	ReapAfter time.Duration
-	Logger   *slog.Logger
+	Logger    *slog.Logger
 }
 
 // Discovery finds and watches peers through hashicorp/memberlist.
