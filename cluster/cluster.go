@@ -327,7 +327,23 @@ func Open(opts *Options) (*Group, error) {
 			}
 			return o.Removed(raft.ServerID(sender))
 		}
-		co.OnRefused = o.OnRefused
+		co.OnRefused = func(by, addr, why string) {
+			// Only a member of this node's configuration, answering at the
+			// address the configuration holds for it, keeps this node out:
+			// a probe of an address gossip reported (anyone can gossip)
+			// must not stop a node.
+			r := started.Load()
+			if o.OnRefused == nil || r == nil {
+				return
+			}
+			for _, s := range r.GetConfiguration().Configuration().Servers {
+				if string(s.ID) == by && string(s.Address) == addr && s.ID != self {
+					o.OnRefused(by, why)
+					return
+				}
+			}
+			o.Logger.Warn("a refusal from a node that is not a member at that address: ignored", "by", by, "addr", addr, "why", why)
+		}
 		if co.Logger == nil {
 			co.Logger = o.Logger
 		}
@@ -749,9 +765,9 @@ func (g *Group) fence() error {
 		go func() {
 			// Exits after at most wait (the dial's and the answer's
 			// timeout).
-			_, err := g.layer.Identify(string(s.Address), wait)
-			if !errors.Is(err, raftconn.ErrRefused) {
-				err = nil
+			who, err := g.layer.Identify(string(s.Address), wait)
+			if !errors.Is(err, raftconn.ErrRefused) || who.ID != string(s.ID) {
+				err = nil // only the member itself, at its address, says so
 			}
 			refusals <- err
 		}()

@@ -19,10 +19,12 @@ import (
 	"github.com/replicator/replicator/cluster"
 	"github.com/replicator/replicator/hlc"
 	ports "github.com/replicator/replicator/internal/loopback"
+	"github.com/replicator/replicator/internal/raftconn"
 	"github.com/replicator/replicator/origin"
 	"github.com/replicator/replicator/policy"
 	"github.com/replicator/replicator/raftlog"
 	"github.com/replicator/replicator/store"
+	"github.com/replicator/replicator/transport"
 )
 
 // raftCluster is one cluster of several in-process nodes on loopback: real
@@ -1049,6 +1051,64 @@ func TestJoinOfUnreachableAddressesRefused(t *testing.T) {
 	c.stop(l)
 	next := c.leader()
 	if _, err := c.client(next).Put(context.Background(), "after", []byte("v")); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// Whoever answers at an address gossip reports may claim to be a member and
+// refuse the leader: only a member of the configuration, at the address the
+// configuration holds for it, can make a node stop. Here a process with the
+// same libraries gossips a made-up node of cluster a whose "raft port"
+// answers every dial as an existing member and refuses it: the leader goes
+// on leading and adds nothing.
+func TestRefusalFromAnImpostorDoesNotStopTheLeader(t *testing.T) {
+	c := newRaftCluster(t, "a", 3, nil)
+	l, w, _ := c.roles()
+	fake, err := raftconn.Listen("127.0.0.1:0", nil, raftconn.Options{Cluster: "a", ID: string(c.nodes[w].group.ID()), Loopback: true,
+		Refuse: func(string) string { return "removed by an operator (an impostor says)" }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer fake.Close()
+	go func() {
+		// Exits when fake closes.
+		for {
+			conn, err := fake.Accept()
+			if err != nil {
+				return
+			}
+			go func() { conn.Read(make([]byte, 1)); conn.Close() }() // the check answers the preamble
+		}
+	}()
+	free, release, err := ports.Hold(1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	release()
+	evil, err := transport.StartDiscovery(transport.DiscoveryOptions{NodeName: "a-evil", Bind: free[0], Profile: "local",
+		Join: []string{c.opts[l].Gossip.Bind}, Logger: quiet,
+		Meta: transport.MemberMeta{V: transport.GossipVersion, Cluster: "a", Node: "evil", Inc: "0badc0de", Raft: fake.Addr().String()}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer evil.Leave(time.Second)
+	evil.JoinLoop(make(chan struct{}))
+	time.Sleep(3 * time.Second) // a dozen membership rounds
+	nd := c.nodes[l]
+	select {
+	case <-nd.Fatal():
+		t.Fatalf("an impostor's refusal stopped the leader: %v", nd.FatalErr())
+	default:
+	}
+	if !nd.lead.ready.Load() {
+		t.Fatal("the leader no longer leads")
+	}
+	for _, sv := range nd.group.Status().Servers {
+		if sv.ID == "evil" {
+			t.Fatalf("the impostor was added: %+v", sv)
+		}
+	}
+	if _, err := c.client(l).Put(context.Background(), "after", []byte("v")); err != nil {
 		t.Fatal(err)
 	}
 }

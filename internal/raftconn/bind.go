@@ -243,7 +243,7 @@ func (l *Layer) bind(c net.Conn, target, addr string, timeout time.Duration) (Id
 		err = fmt.Errorf("%w: %s answers at %s, not %s (%s)", ErrWrongIdentity, id, addr, target, msg)
 	case statusRefused:
 		err = fmt.Errorf("%w: %s at %s refuses this node (%s): %s", ErrRefused, id, addr, l.id, msg)
-		l.noteRefused(id, msg)
+		l.noteRefused(id, addr, msg)
 	default:
 		err = fmt.Errorf("raftconn: dial %s at %s: refused (status %d): %s", target, addr, status, msg)
 	}
@@ -359,12 +359,12 @@ type Refusal struct {
 	At     time.Time `json:"at"`
 }
 
-func (l *Layer) noteRefused(by, why string) {
+func (l *Layer) noteRefused(by, addr, why string) {
 	l.notes.Lock()
 	l.notes.refusal = Refusal{By: by, Reason: why, At: time.Now()}
 	l.notes.Unlock()
 	if l.onRefused != nil {
-		l.onRefused(by, why)
+		l.onRefused(by, addr, why)
 	}
 }
 

@@ -73,7 +73,7 @@ func TestBoundDialReachesOnlyItsIdentity(t *testing.T) {
 func TestRefusedSenderIsToldWhy(t *testing.T) {
 	told := make(chan string, 4)
 	a := listen(t, Options{Cluster: "a", Node: "a1", ID: "a1.11111111", Loopback: true,
-		OnRefused: func(by, why string) { told <- by + ": " + why }})
+		OnRefused: func(by, _, why string) { told <- by + ": " + why }})
 	b := listen(t, Options{Cluster: "a", Node: "a2", ID: "a2.22222222", Loopback: true,
 		Refuse: func(sender string) string {
 			if sender == "a1.11111111" {

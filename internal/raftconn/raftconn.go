@@ -84,9 +84,11 @@ type Options struct {
 	// one ("" to accept): a removed or lost node is told why.
 	Refuse func(sender string) string
 	// OnRefused, when set, is called when another node refused this one
-	// (by, its server ID, and why): a node kept out of its cluster must
-	// stop, or two such nodes could form a quorum of an old configuration.
-	OnRefused func(by, why string)
+	// (by, the server ID it answered as, at addr, and why): a node kept
+	// out of its cluster must stop, or two such nodes could form a quorum
+	// of an old configuration. Whoever answers at an address may say
+	// anything: the caller acts only on a member it knows at that address.
+	OnRefused func(by, addr, why string)
 	// Logger receives refusals, at most one line of a kind every 10 s.
 	Logger *slog.Logger
 	// Blocked, when set, says that this node may not reach the raft
@@ -109,7 +111,7 @@ type Layer struct {
 	id        string
 	appliedFn func() uint64
 	refuse    func(string) string
-	onRefused func(by, why string)
+	onRefused func(by, addr, why string)
 	logger    *slog.Logger
 
 	maxConns int
