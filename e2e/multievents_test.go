@@ -13,6 +13,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/replicator/replicator/datadir"
 	"github.com/replicator/replicator/node"
 )
 
@@ -220,7 +221,7 @@ func (m *rmesh) recoverMajority(c string) error {
 	if err != nil {
 		return fmt.Errorf("replicator inspect: %v %s", err, out)
 	}
-	var reps []node.InspectReport
+	var reps []datadir.InspectReport
 	if err := json.Unmarshal(out, &reps); err != nil {
 		return err
 	}

@@ -17,6 +17,7 @@ import (
 
 	"github.com/replicator/replicator/client"
 	"github.com/replicator/replicator/cluster"
+	"github.com/replicator/replicator/datadir"
 	"github.com/replicator/replicator/hlc"
 	ports "github.com/replicator/replicator/internal/loopback"
 	"github.com/replicator/replicator/internal/raftconn"
@@ -647,7 +648,7 @@ func TestWipedOrRestoredVoterDoesNotLoseAcknowledgedWrites(t *testing.T) {
 				if _, err := Open(ctx, &o); err == nil || !strings.Contains(err.Error(), "replicator restore") {
 					t.Fatalf("a voter started from a raw copy: %v", err)
 				}
-				rep, err := Restore(c.dirs[w])
+				rep, err := datadir.Restore(c.dirs[w])
 				if err != nil || !rep.Replaced || rep.Previous != oldInc || rep.Incarnation == oldInc {
 					t.Fatalf("restore: %+v %v", rep, err)
 				}
@@ -1007,7 +1008,7 @@ func TestRestoredNodeAloneRenamesItsGroup(t *testing.T) {
 	}
 	copied := filepath.Join(t.TempDir(), "a1-copy")
 	copyDir(t, dir, copied)
-	rep, err := Restore(copied)
+	rep, err := datadir.Restore(copied)
 	if err != nil || !rep.Replaced || rep.Previous != inc || rep.Servers != 1 {
 		t.Fatalf("restore: %+v %v", rep, err)
 	}

@@ -8,7 +8,7 @@ import (
 	"strings"
 	"text/tabwriter"
 
-	"github.com/replicator/replicator/node"
+	"github.com/replicator/replicator/datadir"
 )
 
 // runRestore serves `replicator restore --data DIR`: run it on a stopped
@@ -28,7 +28,7 @@ func runRestore(args []string) error {
 	if *dir == "" || fs.NArg() > 0 {
 		return errors.New("usage: replicator restore --data DIR")
 	}
-	r, err := node.Restore(*dir)
+	r, err := datadir.Restore(*dir)
 	if err != nil {
 		return err
 	}
@@ -60,10 +60,10 @@ func runInspect(args []string) error {
 	if len(dirs) == 0 || fs.NArg() > 0 {
 		return errors.New("usage: replicator inspect --data DIR [--data DIR...]")
 	}
-	var rs []node.InspectReport
+	var rs []datadir.InspectReport
 	best := -1
 	for _, d := range dirs {
-		r, err := node.Inspect(d)
+		r, err := datadir.Inspect(d)
 		if err != nil {
 			return err
 		}

@@ -1,4 +1,8 @@
-package node
+// Package datadir reads and prepares a stopped node's data directory, for
+// the operator's offline commands (`replicator inspect`, `replicator
+// restore`; docs/OPERATIONS.md): which node it is, how far its raft log and
+// tree go, and a new identity for a directory put back from a copy.
+package datadir
 
 import (
 	"errors"
@@ -48,18 +52,18 @@ func Restore(dir string) (RestoreReport, error) {
 	r := RestoreReport{Dir: dir}
 	b, err := os.ReadFile(filepath.Join(dir, "NODE_ID"))
 	if err != nil {
-		return r, fmt.Errorf("node: restore %s: not a data directory of a node (%w)", dir, err)
+		return r, fmt.Errorf("datadir: restore %s: not a data directory of a node (%w)", dir, err)
 	}
 	r.Node = strings.TrimSpace(string(b))
 	// The node must be stopped: Pebble's lock says whether it runs.
 	st, err := store.Open(filepath.Join(dir, "store"), &store.Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	if err != nil {
-		return r, fmt.Errorf("node: restore %s: stop the node first (%w)", dir, err)
+		return r, fmt.Errorf("datadir: restore %s: stop the node first (%w)", dir, err)
 	}
 	st.Close()
 	conf, err := cluster.LatestConfiguration(filepath.Join(dir, "cluster"))
 	if err != nil {
-		return r, fmt.Errorf("node: restore %s: %w", dir, err)
+		return r, fmt.Errorf("datadir: restore %s: %w", dir, err)
 	}
 	r.Servers = len(conf.Servers)
 	_, rerr := os.Stat(filepath.Join(dir, origin.IncarnationFile))
@@ -126,7 +130,7 @@ func Inspect(dir string) (InspectReport, error) {
 	r := InspectReport{Dir: dir}
 	b, err := os.ReadFile(filepath.Join(dir, "NODE_ID"))
 	if err != nil {
-		return r, fmt.Errorf("node: inspect %s: not a data directory of a node (%w)", dir, err)
+		return r, fmt.Errorf("datadir: inspect %s: not a data directory of a node (%w)", dir, err)
 	}
 	r.Node = strings.TrimSpace(string(b))
 	if b, err := os.ReadFile(filepath.Join(dir, "CLUSTER_ID")); err == nil {
@@ -135,7 +139,7 @@ func Inspect(dir string) (InspectReport, error) {
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
 	st, err := store.Open(filepath.Join(dir, "store"), &store.Options{Logger: quiet})
 	if err != nil {
-		return r, fmt.Errorf("node: inspect %s: stop the node first (%w)", dir, err)
+		return r, fmt.Errorf("datadir: inspect %s: stop the node first (%w)", dir, err)
 	}
 	cl := r.Cluster
 	if cl == "" {
