@@ -269,38 +269,6 @@ func (n *Node) pinIfHolding() error {
 	return err
 }
 
-// stopFatal stops the node for a reason a restart does not fix (its raft
-// log was about to lose entries its state machine applied: raft's
-// assumptions broke): nothing more is applied or written, leadership is
-// handed over, and Fatal is closed (serve exits with the error, so an
-// operator looks before it runs again).
-func (n *Node) stopFatal(err error) {
-	n.fatalOnce.Do(func() {
-		n.fatalErr.Store(&err)
-		n.log.Error("stopping the node: it cannot go on safely; keep its data directory for inspection and see docs/OPERATIONS.md", "err", err)
-		n.com.fail(err)
-		if n.fsm != nil {
-			n.fsm.broken.CompareAndSwap(nil, &err)
-		}
-		if n.group != nil {
-			n.group.Halt() // no vote, no append, no apply from here on
-		}
-		close(n.fatal)
-	})
-}
-
-// Fatal is closed when the node stopped for a reason a restart does not
-// fix; FatalErr says which.
-func (n *Node) Fatal() <-chan struct{} { return n.fatal }
-
-// FatalErr is why the node stopped (nil: it did not).
-func (n *Node) FatalErr() error {
-	if p := n.fatalErr.Load(); p != nil {
-		return *p
-	}
-	return nil
-}
-
 // pidFile names the process that holds the data directory (for the message
 // a second node gets).
 const pidFile = "PID"
@@ -752,33 +720,6 @@ func (n *Node) Get(key string) (store.Record, error) {
 	}
 	return r, err
 }
-
-// NotFoundError is a read of a key that holds no live value. It says what
-// this node knows of why, so that a client can place the answer in a
-// history: the delete's version while its tombstone is kept, or the cutoff
-// below which tombstones were collected.
-type NotFoundError struct {
-	Key string
-	// Deleted is the version of the delete the key holds ("" when none is
-	// kept).
-	Deleted string
-	// CollectedBelow: nothing is kept of the key, and tombstones stamped
-	// below this were collected ("" when none ever was: the key was never
-	// written here).
-	CollectedBelow string
-}
-
-func (e *NotFoundError) Error() string {
-	switch {
-	case e.Deleted != "":
-		return fmt.Sprintf("node: not found: %q was deleted at version %s", e.Key, e.Deleted)
-	case e.CollectedBelow != "":
-		return fmt.Sprintf("node: not found: %q holds nothing (never written, or deleted below %s, where deletes were collected)", e.Key, e.CollectedBelow)
-	}
-	return fmt.Sprintf("node: not found: %q holds no value and no tombstone here", e.Key)
-}
-
-func (e *NotFoundError) Unwrap() error { return ErrNotFound }
 
 // Scan returns a page of live keys in order.
 func (n *Node) Scan(o store.ScanOptions) ([]store.Item, string, error) {
