@@ -183,7 +183,10 @@ func TestTornTailRepaired(t *testing.T) {
 	}
 }
 
-func TestCorruptMiddleRefused(t *testing.T) {
+// severalSegments writes entries 1-300 into a log of 4 KiB segments and
+// returns its directory and segment files (at least three).
+func severalSegments(t *testing.T) (string, []string) {
+	t.Helper()
 	dir := t.TempDir()
 	s := open(t, dir)
 	store(t, s, 1, 300)
@@ -192,6 +195,11 @@ func TestCorruptMiddleRefused(t *testing.T) {
 	if len(segs) < 3 {
 		t.Fatalf("want several segments, have %d", len(segs))
 	}
+	return dir, segs
+}
+
+func TestCorruptMiddleRefused(t *testing.T) {
+	dir, segs := severalSegments(t)
 	data, _ := os.ReadFile(segs[0])
 	data[len(data)/2] ^= 0xff
 	os.WriteFile(segs[0], data, 0o644)

@@ -158,14 +158,7 @@ func TestBitFlipBeforeLaterAppendRefused(t *testing.T) {
 // TestDamagedMiddleSegmentLocated: damage before the last segment is
 // corruption, located by file and offset.
 func TestDamagedMiddleSegmentLocated(t *testing.T) {
-	dir := t.TempDir()
-	s := open(t, dir)
-	store(t, s, 1, 300)
-	s.Close()
-	segs, _ := filepath.Glob(filepath.Join(dir, "log-*", "0*"))
-	if len(segs) < 3 {
-		t.Fatalf("want several segments, have %d", len(segs))
-	}
+	dir, segs := severalSegments(t)
 	path := segs[1]
 	recs := layout(t, path)
 	victim := recs[len(recs)-1] // the segment's last record: nothing of it follows in this file

@@ -109,12 +109,8 @@ func envAddr() string {
 // runVersion prints this build's version (the same as --version).
 func runVersion(args []string) error {
 	fs := flag.NewFlagSet("version", flag.ContinueOnError)
-	var out outputFlags
-	out.register(fs)
-	if err := parse(fs, args); err != nil {
-		return err
-	}
-	if err := out.check(); err != nil {
+	out, err := parseOut(fs, args)
+	if err != nil {
 		return err
 	}
 	if fs.NArg() != 0 {

@@ -38,6 +38,17 @@ func (o *outputFlags) check() error {
 	return fmt.Errorf("-o %q: want table or json", o.format)
 }
 
+// parseOut registers -o on fs, parses args and checks the format: the
+// start of every command that prints a result and takes no client flags.
+func parseOut(fs *flag.FlagSet, args []string) (*outputFlags, error) {
+	var out outputFlags
+	out.register(fs)
+	if err := parse(fs, args); err != nil {
+		return nil, err
+	}
+	return &out, out.check()
+}
+
 // print writes v as indented JSON, or calls table with stdout.
 func (o *outputFlags) print(v any, table func(w io.Writer)) error {
 	if o.format == "json" {

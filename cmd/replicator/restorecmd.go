@@ -17,12 +17,8 @@ import (
 func runRestore(args []string) error {
 	fs := flag.NewFlagSet("restore", flag.ContinueOnError)
 	dir := fs.String("data", "", "the data directory put back from a backup or copy (the node stopped)")
-	var out outputFlags
-	out.register(fs)
-	if err := parse(fs, args); err != nil {
-		return err
-	}
-	if err := out.check(); err != nil {
+	out, err := parseOut(fs, args)
+	if err != nil {
 		return err
 	}
 	if *dir == "" || fs.NArg() > 0 {
@@ -49,12 +45,8 @@ func runInspect(args []string) error {
 	fs := flag.NewFlagSet("inspect", flag.ContinueOnError)
 	var dirs []string
 	fs.Var(listFlag{&dirs}, "data", "a stopped node's data directory (repeatable: the most up-to-date log is marked)")
-	var out outputFlags
-	out.register(fs)
-	if err := parse(fs, args); err != nil {
-		return err
-	}
-	if err := out.check(); err != nil {
+	out, err := parseOut(fs, args)
+	if err != nil {
 		return err
 	}
 	if len(dirs) == 0 || fs.NArg() > 0 {
