@@ -247,6 +247,9 @@ type Group struct {
 	trans raft.Transport
 	// layer is the raft port (nil for a group of one).
 	layer *raftconn.Layer
+	// refusedBy is the last refusal of this node by a member of its
+	// configuration (nil: none).
+	refusedBy *atomic.Pointer[raftconn.Refusal]
 	// closeTrans closes the transport (the network one has a port).
 	closeTrans func()
 	stop       chan struct{}
@@ -299,6 +302,8 @@ func Open(opts *Options) (*Group, error) {
 	}
 	self := ServerID(o.Node, o.Incarnation)
 	var started atomic.Pointer[raft.Raft]
+	refusedBy := &atomic.Pointer[raftconn.Refusal]{}
+	var ignoredAt atomic.Int64
 	var trans raft.Transport
 	var layer *raftconn.Layer
 	if o.Solo {
@@ -333,16 +338,22 @@ func Open(opts *Options) (*Group, error) {
 			// a probe of an address gossip reported (anyone can gossip)
 			// must not stop a node.
 			r := started.Load()
-			if o.OnRefused == nil || r == nil {
+			if r == nil {
 				return
 			}
 			for _, s := range r.GetConfiguration().Configuration().Servers {
 				if string(s.ID) == by && string(s.Address) == addr && s.ID != self {
-					o.OnRefused(by, why)
+					refusedBy.Store(&raftconn.Refusal{By: by, Reason: why, At: time.Now()})
+					if o.OnRefused != nil {
+						o.OnRefused(by, why)
+					}
 					return
 				}
 			}
-			o.Logger.Warn("a refusal from a node that is not a member at that address: ignored", "by", by, "addr", addr, "why", why)
+			if now := time.Now().UnixNano(); now-ignoredAt.Load() > int64(10*time.Second) { // raft and the probes retry often
+				ignoredAt.Store(now)
+				o.Logger.Warn("a refusal from a node that is not a member at that address: ignored", "by", by, "addr", addr, "why", why)
+			}
 		}
 		if co.Logger == nil {
 			co.Logger = o.Logger
@@ -395,7 +406,7 @@ func Open(opts *Options) (*Group, error) {
 		return nil, fmt.Errorf("cluster: start raft: %w", err)
 	}
 	started.Store(r)
-	g := &Group{opts: o, id: self, raft: r, log: store, trans: trans, layer: layer, closeTrans: closeTrans, stop: make(chan struct{}),
+	g := &Group{opts: o, id: self, refusedBy: refusedBy, raft: r, log: store, trans: trans, layer: layer, closeTrans: closeTrans, stop: make(chan struct{}),
 		done: make(chan struct{})}
 	g.recovery.Store(recovery)
 	g.mu.bootstrapped = existing

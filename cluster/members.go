@@ -475,8 +475,8 @@ func (g *Group) Status() Status {
 		}
 	}
 	if g.layer != nil {
-		if r := g.layer.Refused(); !r.At.IsZero() && time.Since(r.At) < time.Minute {
-			s.RefusedBy = &r
+		if r := g.refusedBy.Load(); r != nil && time.Since(r.At) < time.Minute {
+			s.RefusedBy = r
 		}
 	}
 	return s

@@ -85,10 +85,6 @@ func (n *Node) finishWrite(w http.ResponseWriter, r *http.Request, idem *idemReq
 	n.logKeyed(r, idem, res, err)
 	switch {
 	case err != nil:
-		if errors.Is(err, ErrClosed) && !errors.Is(err, ErrNotWritten) && !errors.Is(err, ErrUnknownOutcome) {
-			// Nothing said the write did not happen: it may have.
-			err = fmt.Errorf("%w: %w", ErrUnknownOutcome, err)
-		}
 		writeErr(w, err)
 	case res.Replay != nil:
 		writeReplay(w, res.Replay.Status, res.Replay.Body)
