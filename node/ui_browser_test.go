@@ -13,6 +13,19 @@ import (
 	"github.com/chromedp/chromedp"
 )
 
+// click clicks a button of a table the page rebuilds every second: a node
+// replaced between chromedp's query and its click ("Could not find node":
+// nothing was clicked) is looked up and clicked again.
+func click(ctx context.Context, sel chromedp.CSS) error {
+	var err error
+	for range 5 {
+		if err = chromedp.Do(ctx, chromedp.Click(sel)); err == nil || !strings.Contains(err.Error(), "Could not find node") {
+			return err
+		}
+	}
+	return err
+}
+
 // browse starts headless Chromium under chromedp and returns a context that
 // drives one tab. Dialogs (the re-seed confirmation) are accepted.
 func browse(t *testing.T) context.Context {
@@ -104,8 +117,10 @@ func TestDashboardActionsInBrowser(t *testing.T) {
 	}
 
 	// Pause: the button posts, the link pauses, the row says so.
+	if err := click(ctx, css(`button[data-action="pause"]`)); err != nil {
+		t.Fatal(err)
+	}
 	if err := chromedp.Do(ctx,
-		chromedp.Click(css(`button[data-action="pause"]`)),
 		chromedp.WaitVisible(css(`button[data-action="resume"]`)),
 	); err != nil {
 		t.Fatal(err)
@@ -120,8 +135,10 @@ func TestDashboardActionsInBrowser(t *testing.T) {
 
 	// Resume, with the path open again: the link drains and reads healthy.
 	m.cut("a", "b", false)
+	if err := click(ctx, css(`button[data-action="resume"]`)); err != nil {
+		t.Fatal(err)
+	}
 	if err := chromedp.Do(ctx,
-		chromedp.Click(css(`button[data-action="resume"]`)),
 		chromedp.WaitVisible(css(`button[data-action="pause"]`)),
 		chromedp.WaitVisible(css(`span.state.healthy`)),
 	); err != nil {
@@ -133,8 +150,10 @@ func TestDashboardActionsInBrowser(t *testing.T) {
 
 	// Re-seed: confirmed in the dialog, then it runs to the end.
 	before := link(t, a, "b").Reseed.Runs
+	if err := click(ctx, css(`button[data-action="reseed"]`)); err != nil {
+		t.Fatal(err)
+	}
 	if err := chromedp.Do(ctx,
-		chromedp.Click(css(`button[data-action="reseed"]`)),
 		chromedp.WaitVisible(chromedp.Search(`//div[@id="action"][contains(., "reseed b: link")]`)),
 	); err != nil {
 		t.Fatal(err)
