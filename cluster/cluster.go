@@ -336,13 +336,17 @@ func Open(opts *Options) (*Group, error) {
 			// Only a member of this node's configuration, answering at the
 			// address the configuration holds for it, keeps this node out:
 			// a probe of an address gossip reported (anyone can gossip)
-			// must not stop a node.
+			// must not stop a node. The member may answer as a later
+			// incarnation of its node than this node's configuration
+			// names (it was wiped and rejoined while this node was away):
+			// it is at the member's address with the cluster's raft
+			// credential, and its record of removals is the log's.
 			r := started.Load()
 			if r == nil {
 				return
 			}
 			for _, s := range r.GetConfiguration().Configuration().Servers {
-				if string(s.ID) == by && string(s.Address) == addr && s.ID != self {
+				if sameNode(s.ID, raft.ServerID(by)) && string(s.Address) == addr && s.ID != self {
 					refusedBy.Store(&raftconn.Refusal{By: by, Reason: why, At: time.Now()})
 					if o.OnRefused != nil {
 						o.OnRefused(by, why)

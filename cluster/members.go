@@ -48,6 +48,13 @@ func SplitServerID(id raft.ServerID) (node, incarnation string) {
 	return node, incarnation
 }
 
+// sameNode reports whether two server IDs name incarnations of one node.
+func sameNode(a, b raft.ServerID) bool {
+	an, _ := SplitServerID(a)
+	bn, _ := SplitServerID(b)
+	return an == bn
+}
+
 // Removal is why a server is out of the group for good.
 type Removal uint8
 

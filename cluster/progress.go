@@ -3,6 +3,7 @@ package cluster
 import (
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/hashicorp/raft"
@@ -37,14 +38,17 @@ func (g *Group) fence() error {
 			// Exits after at most wait (the dial's and the answer's
 			// timeout).
 			who, err := g.layer.Identify(string(s.Address), wait)
-			if !errors.Is(err, raftconn.ErrRefused) || who.ID != string(s.ID) {
-				err = nil // only the member itself, at its address, says so
+			if !errors.Is(err, raftconn.ErrRefused) || !sameNode(s.ID, raft.ServerID(who.ID)) {
+				err = nil // only the member (any incarnation of it), at its address, says so
 			}
 			refusals <- err
 		}()
 	}
 	for ; n > 0; n-- {
 		if err := <-refusals; err != nil {
+			if strings.Contains(err.Error(), "empty data directory") {
+				return fmt.Errorf("%w: %w", ErrRemoved, err) // the refusal says what to do
+			}
 			return fmt.Errorf("%w: %w: start the node with an empty data directory (it comes back as a new member)", ErrRemoved, err)
 		}
 	}

@@ -234,6 +234,10 @@ func (m *rmesh) recoverMajority(c string) error {
 		}
 	}
 	survivor := members[best]
+	for i, r := range reps {
+		t, ix := r.Newest()
+		m.t.Logf("recover %s: %s is %s at term %d index %d (snapshot %d, applied %d), configuration %v", c, members[i].id, r.ServerID, t, ix, r.Snapshot, r.Applied, r.Servers)
+	}
 	peers := fmt.Sprintf(`[{"id": %q, "address": %q, "non_voter": false}]`, survivor.id, survivor.raft)
 	if err := os.WriteFile(filepath.Join(survivor.dataDir(), "cluster", "peers.json"), []byte(peers), 0o644); err != nil {
 		return err

@@ -482,6 +482,7 @@ func TestMultiNodeRobustness(t *testing.T) {
 			continue
 		}
 		counters[k] = v.Value
+		t.Logf("counter %s at %s: %d, totals by cluster %v", k, running[0].id, v.Value, v.Totals)
 		for _, n := range running[1:] {
 			if w, err := n.client().Counter(bg(), k); err != nil || w.Value != v.Value {
 				violations = append(violations, fmt.Sprintf("counter %s: %s has %d, %s has %d (%v)", k, running[0].id, v.Value, n.id, w.Value, err))

@@ -1113,3 +1113,106 @@ func TestRefusalFromAnImpostorDoesNotStopTheLeader(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// A node lost in a recovery may hold a configuration older than the
+// survivor's: here the survivor W was wiped and rejoined as a new
+// incarnation while F was down (five nodes, so that three keep a quorum
+// through it), so F's configuration names W's old incarnation at W's
+// address. When F comes back with its old directory, the node answering at
+// that address is W, a later incarnation of the member F knows there, and
+// its refusal (F was lost in the recovery) must stop F: F ignored it
+// before, and ran on with a log the cluster no longer counts (seen in the
+// multi-node robustness run, seed 11).
+func TestLostNodeRefusedByALaterIncarnationOfAMember(t *testing.T) {
+	c := newRaftCluster(t, "a", 5, nil)
+	l := c.leader()
+	var w, f string
+	for _, name := range c.names {
+		switch {
+		case name == l:
+		case w == "":
+			w = name
+		case f == "":
+			f = name
+		}
+	}
+	ctx := context.Background()
+	if _, err := c.client(l).Put(ctx, "k", []byte("v")); err != nil {
+		t.Fatal(err)
+	}
+	c.converged()
+	fID := c.nodes[f].group.ID()
+	c.stop(f)
+	oldW := c.nodes[w].group.ID()
+	c.stop(w)
+	if err := os.RemoveAll(c.dirs[w]); err != nil {
+		t.Fatal(err)
+	}
+	c.start(w)
+	newW := c.nodes[w].group.ID()
+	if newW == oldW {
+		t.Fatalf("the wiped node kept its identity %s", oldW)
+	}
+	_, newInc := cluster.SplitServerID(newW)
+	// W's new incarnation votes, and its old one is gone, before the
+	// majority is lost.
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		voter, n := false, 0
+		for _, sv := range c.nodes[l].group.Status().Servers {
+			if sv.ID == w {
+				n++
+				voter = sv.Incarnation == newInc && sv.Voter
+			}
+		}
+		if voter && n == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s is not a voter in place of %s: %+v", newW, oldW, c.nodes[l].group.Status().Servers)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if _, err := c.client(l).Put(ctx, "k2", []byte("v")); err != nil {
+		t.Fatal(err)
+	}
+	c.converged()
+	// Every node but F goes; W is recovered alone.
+	for _, name := range c.names {
+		c.stop(name)
+	}
+	peers := fmt.Sprintf(`[{"id": %q, "address": %q, "non_voter": false}]`, newW, c.opts[w].Raft.Listen)
+	if err := os.WriteFile(filepath.Join(c.dirs[w], "cluster", cluster.PeersFile), []byte(peers), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	c.start(w)
+	if got := c.leader(); got != w {
+		t.Fatalf("%s leads after recovering %s", got, w)
+	}
+	if why := c.nodes[w].removedServer(fID); !strings.Contains(why, "recovered") {
+		t.Fatalf("F (%s) is not recorded as lost in the recovery: %q", fID, why)
+	}
+	// F comes back with its old directory: it must stop, saying why.
+	o := *c.opts[f]
+	r := *o.Raft
+	o.Raft = &r
+	nd, err := Open(ctx, &o)
+	if err == nil {
+		defer nd.Close()
+		err = nd.Start()
+	}
+	if err != nil {
+		if !strings.Contains(err.Error(), "recovered") {
+			t.Fatalf("F refused to start, but not for the recovery: %v", err)
+		}
+		return
+	}
+	select {
+	case <-nd.Fatal():
+		if err := nd.FatalErr(); !strings.Contains(err.Error(), "recovered") {
+			t.Fatalf("F stopped, but not for the recovery: %v", err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("F, lost in the recovery, runs on with its old directory: the refusal by W's new incarnation was ignored")
+	}
+}
