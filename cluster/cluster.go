@@ -126,6 +126,10 @@ type Options struct {
 	// raft port tells a leader that asks, to judge a new member's
 	// catch-up). Default: raft's applied index.
 	Applied func() uint64
+	// Describe, when set, is what this node says of itself to the nodes
+	// that ask (its API and replication URLs): they trust it because it
+	// crossed the raft port (service.go).
+	Describe func() string
 	// OnRefused is called when another node refuses this one (it was
 	// removed, replaced, or lost in a recovery): the node must stop. Open
 	// refuses to start such a node when a member says so at once.
@@ -257,6 +261,8 @@ type Group struct {
 	// recovery: this open rewrote the configuration from peers.json (a
 	// majority was lost); nil otherwise.
 	recovery atomic.Pointer[Recovery]
+	// desc caches what members said of themselves (service.go).
+	desc described
 
 	// lead is the leader's bookkeeping of membership, of the run
 	// goroutine only: the commit index each new member must reach before
@@ -359,6 +365,7 @@ func Open(opts *Options) (*Group, error) {
 				o.Logger.Warn("a refusal from a node that is not a member at that address: ignored", "by", by, "addr", addr, "why", why)
 			}
 		}
+		co.Describe = o.Describe
 		if co.Logger == nil {
 			co.Logger = o.Logger
 		}

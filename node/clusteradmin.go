@@ -121,8 +121,11 @@ func (n *Node) localCluster() ClusterReport {
 }
 
 // ClusterReport asks every node of the configuration for its own state
-// (with the caller's credentials) and puts the answers together.
-func (n *Node) ClusterReport(ctx context.Context, auth string) ClusterReport {
+// and puts the answers together. It asks over the raft port, the member
+// the configuration names at the address it holds (service.go): no caller
+// credential goes anywhere, and a gossip member claiming a member's node ID
+// is never asked.
+func (n *Node) ClusterReport(ctx context.Context) ClusterReport {
 	r := n.localCluster()
 	var wg sync.WaitGroup
 	commits := make([]uint64, len(r.Nodes))
@@ -131,15 +134,19 @@ func (n *Node) ClusterReport(ctx context.Context, auth string) ClusterReport {
 		if cn.Gossip == "self" || cn.State == "removed" || cn.State == "not a member" || cn.State == "replaced" {
 			continue
 		}
-		if cn.API == "" {
-			cn.State, cn.Error = "unreachable", "gossip does not know its API URL"
-			continue
-		}
+		id := cluster.ServerID(cn.ID, cn.Incarnation)
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			theirs, err := n.askCluster(ctx, cn.API, auth)
-			if err != nil {
+			if d, ok := n.proven(id, true); ok {
+				cn.API = d.API // what it says of itself, not gossip's
+			}
+			theirs, err := n.askCluster(ctx, id)
+			switch {
+			case errors.Is(err, cluster.ErrOlderBuild):
+				cn.State, cn.Error = "older build", "it runs a build that answers no requests on its raft port: its state is not asked (no credential goes to the URL gossip reports)"
+				return
+			case err != nil:
 				cn.State, cn.Error = "unreachable", err.Error()
 				return
 			}
@@ -160,22 +167,16 @@ func (n *Node) ClusterReport(ctx context.Context, auth string) ClusterReport {
 	return r
 }
 
-func (n *Node) askCluster(ctx context.Context, api, auth string) (ClusterReport, error) {
+// askCluster asks member id its own part of the report, over the raft port.
+func (n *Node) askCluster(ctx context.Context, id raft.ServerID) (ClusterReport, error) {
 	var r ClusterReport
 	ctx, cancel := context.WithTimeout(ctx, time.Second)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, strings.TrimRight(api, "/")+"/admin/cluster?local=1", nil)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, serviceURL(id, "/admin/cluster?local=1"), nil)
 	if err != nil {
 		return r, err
 	}
-	if auth != "" {
-		req.Header.Set("Authorization", auth)
-	}
-	client := n.fwdClient
-	if client == nil {
-		client = http.DefaultClient
-	}
-	resp, err := client.Do(req)
+	resp, err := n.svcClient.Do(req)
 	if err != nil {
 		return r, err
 	}
@@ -238,7 +239,7 @@ func (n *Node) registerCluster(mux *http.ServeMux) {
 			writeJSON(w, http.StatusOK, n.localCluster())
 			return
 		}
-		writeJSON(w, http.StatusOK, n.ClusterReport(r.Context(), r.Header.Get("Authorization")))
+		writeJSON(w, http.StatusOK, n.ClusterReport(r.Context()))
 	}))
 	mux.HandleFunc("/admin/cluster/{action}", func(w http.ResponseWriter, r *http.Request) {
 		if r.Method != http.MethodPost {

@@ -10,6 +10,10 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/hashicorp/raft"
+
+	"github.com/replicator/replicator/cluster"
 )
 
 // Who answers, in a cluster of several nodes (docs/CLUSTER.md). Any node
@@ -57,7 +61,7 @@ func (n *Node) route(h http.Handler) http.Handler {
 			h.ServeHTTP(w, r)
 			return
 		}
-		if r.Header.Get(headerForwarded) != "" || n.group.IsLeader() {
+		if forwarded(r) || n.group.IsLeader() {
 			n.answerAsLeader(h, w, r)
 			return
 		}
@@ -75,7 +79,7 @@ func (n *Node) answerAsLeader(h http.Handler, w http.ResponseWriter, r *http.Req
 			return
 		}
 	}
-	if r.Header.Get(headerForwarded) != "" {
+	if forwarded(r) {
 		w = &appliedWriter{ResponseWriter: w, n: n}
 	}
 	h.ServeHTTP(w, r)
@@ -163,10 +167,15 @@ func (c *countingBody) Read(p []byte) (int, error) {
 }
 
 // forward sends r to the leader and relays its answer once this node has
-// applied as far as the leader had. A request that never reached the
-// leader is not written (a dial that failed is tried once more, at the
-// leader elected meanwhile); one that reached it and got no answer has an
-// unknown outcome.
+// applied as far as the leader had. It goes over the raft port to the
+// server raft names as leader (service.go), without the caller's
+// credentials: headerCaller says what this node verified. A request that
+// never reached the leader is not written (a dial that failed is tried once
+// more, at the leader elected meanwhile); one that reached it and got no
+// answer has an unknown outcome. A leader of an older build takes no
+// requests on its raft port: it is sent the request the way that build
+// forwarded, on its API at the URL gossip reports, with the caller's
+// headers (a rolling upgrade).
 func (n *Node) forward(h http.Handler, w http.ResponseWriter, r *http.Request) {
 	body := &countingBody{ReadCloser: r.Body}
 	if r.Body == nil || r.Body == http.NoBody {
@@ -174,16 +183,16 @@ func (n *Node) forward(h http.Handler, w http.ResponseWriter, r *http.Request) {
 	}
 	var last error
 	for attempt := 0; attempt < 2; attempt++ {
-		api, err := n.leaderAPI(r.Context())
+		id, err := n.leaderServer(r.Context())
 		if err != nil {
 			writeErr(w, fmt.Errorf("%w: %w", ErrNotWritten, err))
 			return
 		}
-		if api == "" {
+		if id == n.group.ID() {
 			n.answerAsLeader(h, w, r) // elected meanwhile
 			return
 		}
-		out, err := http.NewRequestWithContext(r.Context(), r.Method, strings.TrimRight(api, "/")+r.URL.RequestURI(), nil)
+		out, err := http.NewRequestWithContext(r.Context(), r.Method, serviceURL(id, r.URL.RequestURI()), nil)
 		if err != nil {
 			writeErr(w, fmt.Errorf("%w: %w", ErrNotWritten, err))
 			return
@@ -195,23 +204,70 @@ func (n *Node) forward(h http.Handler, w http.ResponseWriter, r *http.Request) {
 		for _, k := range hopHeaders {
 			out.Header.Del(k)
 		}
+		// The caller's credentials stay here: the raft port's
+		// authenticates this node, which says whom it verified.
+		out.Header.Del("Authorization")
+		out.Header.Del("Cookie")
+		out.Header.Set(headerCaller, n.callerIdentity(r))
 		out.Header.Set(headerForwarded, n.nodeID)
-		resp, err := n.fwdClient.Do(out)
+		resp, err := n.svcClient.Do(out)
 		if err != nil {
-			var op *net.OpError
-			if errors.As(err, &op) && op.Op == "dial" && (body == nil || body.read == 0) {
+			var ns errNotSent
+			if errors.As(err, &ns) && errors.Is(err, cluster.ErrOlderBuild) && (body == nil || body.read == 0) {
+				n.forwardLegacy(h, w, r, body, id)
+				return
+			}
+			if errors.As(err, &ns) && (body == nil || body.read == 0) {
 				last = err
 				n.metrics.forwards.WithLabelValues("not_sent").Inc()
 				continue
 			}
 			n.metrics.forwards.WithLabelValues("unknown_outcome").Inc()
-			writeErr(w, fmt.Errorf("%w: forwarded to the leader at %s, no answer: %w", ErrUnknownOutcome, api, err))
+			writeErr(w, fmt.Errorf("%w: forwarded to the leader %s, no answer: %w", ErrUnknownOutcome, id, err))
 			return
 		}
-		n.relay(w, r, resp, api)
+		n.relay(w, r, resp, string(id))
 		return
 	}
 	writeErr(w, fmt.Errorf("%w: the leader could not be reached: %w", ErrNotWritten, last))
+}
+
+// forwardLegacy forwards to a leader of an older build, on its API at the
+// URL gossip reports for it, as that build's followers do.
+func (n *Node) forwardLegacy(h http.Handler, w http.ResponseWriter, r *http.Request, body *countingBody, id raft.ServerID) {
+	node, inc := cluster.SplitServerID(id)
+	m, ok := n.member(node)
+	if !ok || m.Meta.API == "" || (inc != "" && m.Meta.Inc != inc) {
+		writeErr(w, fmt.Errorf("%w: the leader %s runs an older build, and gossip does not know its API URL", ErrNotWritten, id))
+		return
+	}
+	api := m.Meta.API
+	out, err := http.NewRequestWithContext(r.Context(), r.Method, strings.TrimRight(api, "/")+r.URL.RequestURI(), nil)
+	if err != nil {
+		writeErr(w, fmt.Errorf("%w: %w", ErrNotWritten, err))
+		return
+	}
+	if body != nil {
+		out.Body, out.ContentLength = io.NopCloser(body), r.ContentLength
+	}
+	out.Header = r.Header.Clone()
+	for _, k := range hopHeaders {
+		out.Header.Del(k)
+	}
+	out.Header.Set(headerForwarded, n.nodeID)
+	resp, err := n.fwdClient.Do(out)
+	if err != nil {
+		var op *net.OpError
+		if errors.As(err, &op) && op.Op == "dial" && (body == nil || body.read == 0) {
+			n.metrics.forwards.WithLabelValues("not_sent").Inc()
+			writeErr(w, fmt.Errorf("%w: the leader at %s could not be reached: %w", ErrNotWritten, api, err))
+			return
+		}
+		n.metrics.forwards.WithLabelValues("unknown_outcome").Inc()
+		writeErr(w, fmt.Errorf("%w: forwarded to the leader at %s, no answer: %w", ErrUnknownOutcome, api, err))
+		return
+	}
+	n.relay(w, r, resp, api)
 }
 
 // relay answers with the leader's answer, once this node applied what the
@@ -245,24 +301,18 @@ func (n *Node) relay(w http.ResponseWriter, r *http.Request, resp *http.Response
 	_, _ = io.Copy(w, resp.Body)
 }
 
-// leaderAPI returns the leader's API URL ("" when this node leads), waiting
-// up to twice the election timeout for a leader gossip knows the URL of.
-func (n *Node) leaderAPI(ctx context.Context) (string, error) {
+// leaderServer returns the leader's raft server ID (this node's when it
+// leads), waiting up to twice the election timeout for one.
+func (n *Node) leaderServer(ctx context.Context) (raft.ServerID, error) {
 	deadline := time.Now().Add(2*n.opts.Raft.ElectionTimeout + time.Second)
 	for {
-		id, _ := n.group.Leader()
-		switch {
-		case id == n.nodeID:
-			return "", nil
-		case id != "":
-			if m, ok := n.member(id); ok && m.Meta.API != "" {
-				return m.Meta.API, nil
-			}
+		if n.group.IsLeader() {
+			return n.group.ID(), nil
+		}
+		if id := n.group.LeaderServer(); id != "" {
+			return id, nil
 		}
 		if time.Now().After(deadline) {
-			if id != "" {
-				return "", fmt.Errorf("the leader is %s, and gossip does not know its API URL yet", id)
-			}
 			return "", errors.New("this node does not lead its cluster and knows no leader (an election may be under way, or a majority is down)")
 		}
 		select {

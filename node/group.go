@@ -371,6 +371,7 @@ func (n *Node) openGroup() (created bool, err error) {
 		Solo:        !n.multi(),
 		FSM:         n.fsm,
 		Applied:     n.progress.get,
+		Describe:    n.describeSelf,
 		Logger:      n.log,
 		Log: raftlog.Options{
 			SegmentSize: n.opts.WALSegmentSize,

@@ -231,7 +231,8 @@ func (n *Node) member(id string) (transport.Member, bool) {
 }
 
 // nodeURLs are the replicate URLs of this cluster's nodes (this one first),
-// which acks tell the senders; cached, refreshed by refreshMeta.
+// which acks tell the senders: what each member said of itself over the
+// raft port; cached, refreshed by refreshProven.
 type nodeURLs struct{ v atomic.Pointer[[]string] }
 
 func (u *nodeURLs) get() []string {
@@ -259,14 +260,4 @@ func (n *Node) refreshMeta() {
 			n.log.Debug("gossip: updating this node's metadata", "err", err)
 		}
 	}
-	if !n.multi() {
-		return
-	}
-	urls := []string{meta.Replicate}
-	for _, m := range n.sameCluster() {
-		if m.State == transport.LiveAlive && m.Meta.Replicate != "" {
-			urls = append(urls, m.Meta.Replicate)
-		}
-	}
-	n.nodeURLs.v.Store(&urls)
 }

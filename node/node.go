@@ -72,8 +72,14 @@ type Node struct {
 	lead        leadState
 	progress    progress
 	nodeURLs    nodeURLs
-	// fwdClient forwards what needs the leader to it (forward.go).
+	// fwdClient forwards what needs the leader to a leader of an older
+	// build, at its gossiped URL (forward.go); svcClient sends requests to
+	// other nodes over the raft port (service.go).
 	fwdClient *http.Client
+	svcClient *http.Client
+	// svcSrv serves the requests other nodes send over the raft port.
+	svcSrv *http.Server
+	svcErr chan error
 	// discovered are peers gossip found (a term links to them too).
 	discoveredMu sync.Mutex
 	discovered   map[string]Peer
@@ -333,6 +339,10 @@ func (n *Node) Start() error {
 	if n.peerLn != nil {
 		n.peerSrv = n.serve(n.peerLn, n.PeerHandler(), &n.peerServeErr)
 	}
+	if n.multi() {
+		n.serveService()
+		n.every(time.Second, n.refreshProven)
+	}
 	n.every(n.opts.GCInterval, n.collectExpired)
 	// Re-evaluated while no writes arrive too, so that it can clear, detach
 	// links and feed the backlog gauges; and link changes are logged.
@@ -476,7 +486,7 @@ func (n *Node) Close() error {
 		for _, sv := range []struct {
 			srv  *http.Server
 			errc chan error
-		}{{n.srv, n.serveErr}, {n.peerSrv, n.peerServeErr}, {n.pprofSrv, n.pprofErr}} {
+		}{{n.srv, n.serveErr}, {n.peerSrv, n.peerServeErr}, {n.pprofSrv, n.pprofErr}, {n.svcSrv, n.svcErr}} {
 			if sv.srv == nil {
 				continue
 			}

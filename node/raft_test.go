@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
@@ -229,7 +231,7 @@ func TestClusterOfThreeNodes(t *testing.T) {
 		t.Fatalf("a write at a follower through the Go API: %v", err)
 	}
 	// The report lists the three nodes, one leader, all applied.
-	r := c.nodes[f].ClusterReport(ctx, "")
+	r := c.nodes[f].ClusterReport(ctx)
 	leaders := 0
 	for _, cn := range r.Nodes {
 		if cn.State == "unreachable" {
@@ -511,7 +513,7 @@ func TestRemovedNodeStaysOut(t *testing.T) {
 	if err := c.nodes[leader].JoinNode(victim, c.opts[victim].Raft.Listen); !errors.Is(err, cluster.ErrRemoved) {
 		t.Fatalf("joining a removed ID: %v", err)
 	}
-	r := c.nodes[leader].ClusterReport(context.Background(), "")
+	r := c.nodes[leader].ClusterReport(context.Background())
 	for _, cn := range r.Nodes {
 		if cn.ID == victim && (cn.Voter || cn.State != "removed") {
 			t.Fatalf("the report shows the removed node as %+v", cn)
@@ -833,7 +835,7 @@ func TestRecoveryRecordsTheLostAndSealsOnce(t *testing.T) {
 					t.Fatalf("the lost node %s came back with its old directory and was not refused and told why: %q", back, why)
 				}
 			}
-			rep := nd.ClusterReport(ctx, "")
+			rep := nd.ClusterReport(ctx)
 			for _, back := range lost {
 				shown := false
 				for _, cn := range rep.Nodes {
@@ -1214,5 +1216,93 @@ func TestLostNodeRefusedByALaterIncarnationOfAMember(t *testing.T) {
 		}
 	case <-time.After(20 * time.Second):
 		t.Fatal("F, lost in the recovery, runs on with its old directory: the refusal by W's new incarnation was ignored")
+	}
+}
+
+// Issue 25, finding 2: a gossip member without any credential advertised
+// the leader's node ID with URLs of its own. Followers forwarded client
+// writes there with the client's bearer token and acknowledged its fake
+// answers; /admin/cluster sent it the token; a follower's not_leader
+// answer named it. Now a follower forwards to the server raft names as
+// leader, over the raft port, and hands out only what that server said of
+// itself there: the impostor receives nothing.
+func TestImpostorOfTheLeaderGetsNoRequests(t *testing.T) {
+	c := newRaftCluster(t, "a", 3, func(_ string, o *Options) {
+		o.APIToken = "the-token"
+		o.InsecurePeers = true // the raft port without credentials, beside a token (tests only)
+	})
+	l, w, _ := c.roles()
+	var mu sync.Mutex
+	var got []string
+	fake := httptest.NewServer(http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		got = append(got, r.Method+" "+r.URL.Path+" auth="+r.Header.Get("Authorization"))
+		mu.Unlock()
+		rw.Header().Set("Content-Type", "application/json")
+		io.WriteString(rw, `{"key":"k","version":"1.0@a","origin":"a"}`)
+	}))
+	defer fake.Close()
+	free, release, err := ports.Hold(1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	release()
+	evil, err := transport.StartDiscovery(transport.DiscoveryOptions{NodeName: "a-" + l + "-evil", Bind: free[0], Profile: "local",
+		Join: []string{c.opts[w].Gossip.Bind}, Logger: quiet,
+		Meta: transport.MemberMeta{V: transport.GossipVersion, Cluster: "a", Node: l, Inc: c.nodes[l].incarnation,
+			Raft: c.nodes[l].group.Addr(), API: fake.URL, Replicate: fake.URL}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer evil.Leave(time.Second)
+	evil.JoinLoop(make(chan struct{}))
+	// Until the follower's gossip holds the impostor.
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		seen := false
+		for _, m := range c.nodes[w].sameCluster() {
+			seen = seen || m.Meta.API == fake.URL
+		}
+		if seen {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the follower's gossip never saw the impostor")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	cl := client.New(c.nodes[w].URL(), &client.Options{Token: "the-token"})
+	ctx := context.Background()
+	for i := 0; i < 20; i++ {
+		k := fmt.Sprintf("k%d", i)
+		if _, err := cl.Put(ctx, k, []byte("v")); err != nil {
+			t.Fatal(err)
+		}
+		if rec, err := c.nodes[l].Get(k); err != nil || string(rec.Value) != "v" {
+			t.Fatalf("a write the follower acknowledged is not on the leader: %v %v", rec, err)
+		}
+	}
+	var rep ClusterReport
+	if _, err := cl.Do(ctx, http.MethodGet, "/admin/cluster", nil, nil, &rep); err != nil {
+		t.Fatal(err)
+	}
+	for _, cn := range rep.Nodes {
+		if cn.API == fake.URL {
+			t.Fatalf("admin cluster shows the impostor's URL for %s", cn.ID)
+		}
+	}
+	leads, leader, nodes := c.nodes[w].leadership()()
+	if leads || leader != c.nodes[l].PeerURL() {
+		t.Fatalf("a follower's not_leader answer names %q, not the leader's %q", leader, c.nodes[l].PeerURL())
+	}
+	for _, u := range nodes {
+		if u == fake.URL {
+			t.Fatalf("acks name the impostor's URL: %v", nodes)
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(got) > 0 {
+		t.Fatalf("the impostor received %d requests: %v", len(got), got)
 	}
 }

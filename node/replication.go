@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/replicator/replicator/acceptor"
+	"github.com/replicator/replicator/cluster"
 	"github.com/replicator/replicator/hlc"
 	"github.com/replicator/replicator/machine"
 	"github.com/replicator/replicator/transport"
@@ -71,6 +72,7 @@ func (n *Node) setupReplication() error {
 	if n.multi() {
 		n.fwdClient = &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64, IdleConnTimeout: 90 * time.Second,
 			TLSClientConfig: n.clientTLS()}}
+		n.svcClient = n.newServiceClient()
 		return nil // each term links to the peers (term.go)
 	}
 	for _, p := range n.opts.Peers {
@@ -156,10 +158,21 @@ func (n *Node) leadership() func() (bool, string, []string) {
 		if n.lead.ready.Load() {
 			return true, "", nil
 		}
+		// The leader's URL is what it said of itself over the raft port
+		// (refreshProven asks every member each second), never what
+		// gossip reports; a leader of an older build says nothing, and
+		// its gossiped URL is handed out, as that build did.
 		leader := ""
-		if id, _ := n.group.Leader(); id != "" && id != n.nodeID {
-			if m, ok := n.member(id); ok {
-				leader = m.Meta.Replicate
+		if id := n.group.LeaderServer(); id != "" && id != n.group.ID() {
+			if s, ok := n.group.Described(id); ok && s != "" {
+				if d, ok := n.proven(id, false); ok {
+					leader = d.Replicate
+				}
+			} else if ok && s == "" {
+				node, inc := cluster.SplitServerID(id)
+				if m, seen := n.member(node); seen && m.Meta.Inc == inc {
+					leader = m.Meta.Replicate
+				}
 			}
 		}
 		return false, leader, n.nodeURLs.get()

@@ -38,13 +38,31 @@ import (
 // status ok lets raft's RPCs follow on the same connection; any other
 // status closes it. An empty target asks who answers (Identify): the leader
 // learns a node's incarnation and how far it applied without trusting
-// gossip. raft's own streams begin with an RPC type (0-4), so a connection
+// gossip, and the answer's message carries what the node says of itself
+// (Options.Describe: its API and replication URLs), which a node trusts
+// because it came over the raft port, from the address the configuration
+// holds. raft's own streams begin with an RPC type (0-4), so a connection
 // without the preamble (a node of an older build, in a rolling upgrade) is
 // told apart by its first byte and served unbound, as before.
+//
+// Version 2 of the preamble names a purpose after the version:
+//
+//	0xA7 | version 2 | purpose | len(target) | target | len(sender) | sender
+//
+// purpose 0 is raft (the dial writes version 1 for it, which every build
+// reads); purpose 1 is a request of one node of the cluster to another
+// (forwarding to the leader, asking a member's state: ServiceListener,
+// DialService), authenticated by the raft port's credential. A build that
+// reads version 1 only answers a version-2 preamble as malformed: the
+// dialler learns it runs an older build (ErrOlderBuild).
 
 const (
 	preambleMagic   = 0xA7
 	preambleVersion = 1
+	// preambleService is the preamble's version that names a purpose.
+	preambleService = 2
+	purposeRaft     = 0
+	purposeService  = 1
 	// alpnBound is offered first by nodes that bind; an older build's
 	// port answers alpnLegacy, and the dial then does not bind.
 	alpnBound  = "replicator-raft/2"
@@ -68,6 +86,10 @@ var ErrWrongIdentity = errors.New("raftconn: another identity answers at this ad
 // cluster, or lost in a recovery).
 var ErrRefused = errors.New("raftconn: refused by the other node")
 
+// ErrOlderBuild: the node dialled runs a build that serves raft only on its
+// port (a rolling upgrade is under way).
+var ErrOlderBuild = errors.New("raftconn: the other node runs an older build")
+
 // BindAddress is the address raft's transport dials to reach server id at
 // addr: the layer connects to addr and names id in the preamble.
 func BindAddress(id raft.ServerID, addr raft.ServerAddress) raft.ServerAddress {
@@ -89,6 +111,9 @@ type Identity struct {
 	ID string
 	// Applied is the last log index its state machine applied.
 	Applied uint64
+	// Description is what the node says of itself (Options.Describe):
+	// empty from an older build.
+	Description string
 }
 
 // Transport binds every RPC raft sends to the server ID it is meant for.
@@ -135,13 +160,24 @@ func (t Transport) TimeoutNow(id raft.ServerID, target raft.ServerAddress, args 
 	return t.NetworkTransport.TimeoutNow(id, BindAddress(id, target), args, resp)
 }
 
-// writePreamble names target (empty: Identify) and this node.
+// writePreamble names target (empty: Identify) and this node, for raft.
 func writePreamble(w io.Writer, target, sender string) error {
+	return writePreambleFor(w, purposeRaft, target, sender)
+}
+
+// writePreambleFor writes the preamble of a purpose: raft's in version 1
+// (which every build reads), another in version 2.
+func writePreambleFor(w io.Writer, purpose byte, target, sender string) error {
 	if len(target) > 255 || len(sender) > 255 {
 		return fmt.Errorf("raftconn: server ID longer than 255 bytes")
 	}
-	b := make([]byte, 0, 4+len(target)+len(sender))
-	b = append(b, preambleMagic, preambleVersion, byte(len(target)))
+	b := make([]byte, 0, 5+len(target)+len(sender))
+	if purpose == purposeRaft {
+		b = append(b, preambleMagic, preambleVersion)
+	} else {
+		b = append(b, preambleMagic, preambleService, purpose)
+	}
+	b = append(b, byte(len(target)))
 	b = append(b, target...)
 	b = append(b, byte(len(sender)))
 	b = append(b, sender...)
@@ -150,27 +186,41 @@ func writePreamble(w io.Writer, target, sender string) error {
 }
 
 // readPreamble reads what follows the magic byte.
-func readPreamble(r io.Reader) (target, sender string, err error) {
-	var hdr [2]byte
-	if _, err := io.ReadFull(r, hdr[:]); err != nil {
-		return "", "", err
+func readPreamble(r io.Reader) (purpose byte, target, sender string, err error) {
+	var v [1]byte
+	if _, err := io.ReadFull(r, v[:]); err != nil {
+		return 0, "", "", err
 	}
-	if hdr[0] != preambleVersion {
-		return "", "", fmt.Errorf("preamble version %d, want %d", hdr[0], preambleVersion)
-	}
-	t := make([]byte, hdr[1])
-	if _, err := io.ReadFull(r, t); err != nil {
-		return "", "", err
+	switch v[0] {
+	case preambleVersion:
+	case preambleService:
+		var p [1]byte
+		if _, err := io.ReadFull(r, p[:]); err != nil {
+			return 0, "", "", err
+		}
+		if p[0] != purposeRaft && p[0] != purposeService {
+			return 0, "", "", fmt.Errorf("preamble purpose %d is unknown", p[0])
+		}
+		purpose = p[0]
+	default:
+		return 0, "", "", fmt.Errorf("preamble version %d, want %d or %d", v[0], preambleVersion, preambleService)
 	}
 	var n [1]byte
 	if _, err := io.ReadFull(r, n[:]); err != nil {
-		return "", "", err
+		return 0, "", "", err
+	}
+	t := make([]byte, n[0])
+	if _, err := io.ReadFull(r, t); err != nil {
+		return 0, "", "", err
+	}
+	if _, err := io.ReadFull(r, n[:]); err != nil {
+		return 0, "", "", err
 	}
 	s := make([]byte, n[0])
 	if _, err := io.ReadFull(r, s); err != nil {
-		return "", "", err
+		return 0, "", "", err
 	}
-	return string(t), string(s), nil
+	return purpose, string(t), string(s), nil
 }
 
 func writeAnswer(w io.Writer, status byte, id string, applied uint64, msg string) error {
@@ -226,9 +276,13 @@ func bindsTo(c net.Conn) bool {
 // bind sends the preamble on a dialled connection and reads the answer.
 // It returns the answering node's identity.
 func (l *Layer) bind(c net.Conn, target, addr string, timeout time.Duration) (Identity, error) {
+	return l.bindFor(c, purposeRaft, target, addr, timeout)
+}
+
+func (l *Layer) bindFor(c net.Conn, purpose byte, target, addr string, timeout time.Duration) (Identity, error) {
 	c.SetDeadline(time.Now().Add(timeout))
 	defer c.SetDeadline(time.Time{})
-	if err := writePreamble(c, target, l.id); err != nil {
+	if err := writePreambleFor(c, purpose, target, l.id); err != nil {
 		return Identity{}, fmt.Errorf("raftconn: dial %s at %s: %w", target, addr, err)
 	}
 	status, id, applied, msg, err := readAnswer(c)
@@ -237,8 +291,16 @@ func (l *Layer) bind(c net.Conn, target, addr string, timeout time.Duration) (Id
 	}
 	who := Identity{ID: id, Applied: applied}
 	switch status {
-	case statusOK, statusIdentity:
+	case statusOK:
 		return who, nil
+	case statusIdentity:
+		who.Description = msg
+		return who, nil
+	case statusMalformed:
+		if purpose != purposeRaft && strings.HasPrefix(msg, "preamble version") {
+			return who, fmt.Errorf("%w: %s at %s: %s", ErrOlderBuild, id, addr, msg)
+		}
+		err = fmt.Errorf("raftconn: dial %s at %s: refused (status %d): %s", target, addr, status, msg)
 	case statusWrongID:
 		err = fmt.Errorf("%w: %s answers at %s, not %s (%s)", ErrWrongIdentity, id, addr, target, msg)
 	case statusRefused:
@@ -265,6 +327,81 @@ func (l *Layer) Identify(addr string, timeout time.Duration) (Identity, error) {
 	return l.bind(c, "", addr, timeout)
 }
 
+// DialService connects to server target at addr for a request of one node
+// to another (ServiceListener): the node there must be target, and must not
+// refuse this one.
+func (l *Layer) DialService(target, addr string, timeout time.Duration) (net.Conn, error) {
+	if target == "" {
+		return nil, fmt.Errorf("raftconn: dial a service at %s: no server named", addr)
+	}
+	c, err := l.dialRaw(addr, timeout)
+	if err != nil {
+		return nil, err
+	}
+	if !bindsTo(c) {
+		c.Close()
+		return nil, fmt.Errorf("%w: %s at %s speaks the legacy protocol", ErrOlderBuild, target, addr)
+	}
+	if _, err := l.bindFor(c, purposeService, target, addr, timeout); err != nil {
+		c.Close()
+		return nil, err
+	}
+	return l.trackTo(c, addr)
+}
+
+// ServiceConn is a connection another node of the cluster dialled for a
+// request (DialService): the raft port's credential authenticated it, and
+// the preamble named Sender.
+type ServiceConn struct {
+	net.Conn
+	// Sender is the raft server ID the other node named.
+	Sender string
+}
+
+// ServiceListener returns the connections other nodes dial for requests
+// (DialService). Without a call, such a dial is refused. Closing it stops
+// them; the layer's Close closes it too.
+func (l *Layer) ServiceListener() net.Listener {
+	l.svc.serving.Store(true)
+	return serviceListener{l}
+}
+
+type serviceListener struct{ l *Layer }
+
+func (s serviceListener) Accept() (net.Conn, error) {
+	select {
+	case c := <-s.l.svc.ch:
+		return c, nil
+	case <-s.l.svc.done:
+		return nil, net.ErrClosed
+	}
+}
+
+func (s serviceListener) Close() error {
+	s.l.closeService()
+	return nil
+}
+
+func (s serviceListener) Addr() net.Addr { return s.l.advertise }
+
+func (l *Layer) closeService() {
+	l.svc.closeOnce.Do(func() { close(l.svc.done) })
+}
+
+// handOff gives a service connection to the listener, waiting at most the
+// handshake timeout for it to be taken.
+func (l *Layer) handOff(c *ServiceConn) bool {
+	t := time.NewTimer(l.timeout)
+	defer t.Stop()
+	select {
+	case l.svc.ch <- c:
+		return true
+	case <-l.svc.done:
+	case <-t.C:
+	}
+	return false
+}
+
 // boundConn is an accepted connection: its first read takes the preamble,
 // when there is one, and answers it.
 type boundConn struct {
@@ -275,6 +412,21 @@ type boundConn struct {
 	// peeked is the first byte of a connection without a preamble, given
 	// back to raft.
 	peeked []byte
+	// handed: the connection went to the service listener, and raft's
+	// handler (which closes what it stops reading) must leave it open.
+	handed bool
+}
+
+// errHandedOff ends raft's handling of a service connection.
+var errHandedOff = errors.New("raftconn: a service connection, not raft's")
+
+// Close closes the connection unless it went to the service listener
+// (raft's handler, the only caller, reads and closes in one goroutine).
+func (c *boundConn) Close() error {
+	if c.handed {
+		return nil
+	}
+	return c.Conn.Close()
 }
 
 func (c *boundConn) Read(p []byte) (int, error) {
@@ -304,7 +456,7 @@ func (c *boundConn) check() {
 		c.peeked = first[:] // an older build's node: raft's stream as is
 		return
 	}
-	target, sender, err := readPreamble(c.Conn)
+	purpose, target, sender, err := readPreamble(c.Conn)
 	if err != nil {
 		writeAnswer(c.Conn, statusMalformed, l.id, l.applied(), err.Error())
 		c.fail(fmt.Errorf("raftconn: malformed preamble: %w", err))
@@ -325,7 +477,7 @@ func (c *boundConn) check() {
 	}
 	switch {
 	case target == "":
-		writeAnswer(c.Conn, statusIdentity, l.id, l.applied(), "")
+		writeAnswer(c.Conn, statusIdentity, l.id, l.applied(), l.describe())
 		c.fail(io.EOF)
 		return
 	case target != l.id:
@@ -335,9 +487,36 @@ func (c *boundConn) check() {
 		c.fail(fmt.Errorf("%w: %s", ErrWrongIdentity, msg))
 		return
 	}
+	if purpose == purposeService {
+		if !l.svc.serving.Load() {
+			writeAnswer(c.Conn, statusMalformed, l.id, l.applied(), "this node serves no requests on its raft port")
+			c.fail(errHandedOff)
+			return
+		}
+		if err := writeAnswer(c.Conn, statusOK, l.id, l.applied(), ""); err != nil {
+			c.fail(err)
+			return
+		}
+		c.Conn.SetWriteDeadline(time.Time{})
+		if l.handOff(&ServiceConn{Conn: c.Conn, Sender: sender}) {
+			c.handed = true
+			c.err = errHandedOff
+			return
+		}
+		c.fail(errHandedOff)
+		return
+	}
 	if err := writeAnswer(c.Conn, statusOK, l.id, l.applied(), ""); err != nil {
 		c.fail(err)
 	}
+}
+
+// describe is what this node says of itself to Identify.
+func (l *Layer) describe() string {
+	if l.describeFn == nil {
+		return ""
+	}
+	return l.describeFn()
 }
 
 func (c *boundConn) fail(err error) {

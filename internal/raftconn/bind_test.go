@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"strings"
 	"testing"
@@ -339,19 +340,23 @@ func FuzzPreamble(f *testing.F) {
 	var p, a bytes.Buffer
 	writePreamble(&p, "a2.22222222", "a1.11111111")
 	writeAnswer(&a, statusRefused, "a2.22222222", 42, "lost in a recovery")
-	f.Add(p.Bytes())
+	var sv bytes.Buffer
+	writePreambleFor(&sv, purposeService, "a2.22222222", "a1.11111111")
+	f.Add(p.Bytes()[1:])
+	f.Add(sv.Bytes()[1:])
 	f.Add(a.Bytes())
 	f.Add([]byte{preambleVersion, 255})
+	f.Add([]byte{preambleService, 7, 0, 0})
 	f.Add([]byte{statusOK, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff})
 	f.Fuzz(func(t *testing.T, b []byte) {
-		if target, sender, err := readPreamble(bytes.NewReader(b)); err == nil {
+		if purpose, target, sender, err := readPreamble(bytes.NewReader(b)); err == nil {
 			var w bytes.Buffer
-			if err := writePreamble(&w, target, sender); err != nil {
+			if err := writePreambleFor(&w, purpose, target, sender); err != nil {
 				t.Fatal(err)
 			}
-			t2, s2, err := readPreamble(bytes.NewReader(w.Bytes()[1:]))
-			if err != nil || t2 != target || s2 != sender {
-				t.Fatalf("%q %q read back as %q %q %v", target, sender, t2, s2, err)
+			p2, t2, s2, err := readPreamble(bytes.NewReader(w.Bytes()[1:]))
+			if err != nil || p2 != purpose || t2 != target || s2 != sender {
+				t.Fatalf("%d %q %q read back as %d %q %q %v", purpose, target, sender, p2, t2, s2, err)
 			}
 		}
 		if status, id, applied, msg, err := readAnswer(bytes.NewReader(b)); err == nil {
@@ -363,4 +368,117 @@ func FuzzPreamble(f *testing.F) {
 			}
 		}
 	})
+}
+
+// A node's request to another (issue 25: forwarding to the leader, asking a
+// member's state) goes over the raft port, to the server meant, and the
+// accepting side learns who sent it from the preamble: the raft port's
+// credential authenticates both ends, no API token crosses.
+func TestServiceConnections(t *testing.T) {
+	for _, mode := range []string{"gossip-key", "loopback"} {
+		t.Run(mode, func(t *testing.T) {
+			opts := func(id string) Options {
+				o := Options{Cluster: "a", Node: strings.Split(id, ".")[0], ID: id,
+					Describe: func() string { return `{"api":"https://` + id + `"}` }}
+				if mode == "gossip-key" {
+					o.GossipKey = keyA
+				} else {
+					o.Loopback = true
+				}
+				return o
+			}
+			a, b := listen(t, opts("a1.11111111")), listen(t, opts("a2.22222222"))
+			addr := b.Addr().String()
+
+			// Not serving requests yet: refused, and not taken for an
+			// older build.
+			echo(b)
+			if _, err := a.DialService("a2.22222222", addr, 2*time.Second); err == nil || errors.Is(err, ErrOlderBuild) {
+				t.Fatalf("a node serving no requests: %v", err)
+			}
+
+			svc := b.ServiceListener()
+			served := make(chan error, 1)
+			go func() {
+				// Exits after one connection, or when the listener closes.
+				c, err := svc.Accept()
+				if err != nil {
+					served <- err
+					return
+				}
+				defer c.Close()
+				if s := c.(*ServiceConn).Sender; s != "a1.11111111" {
+					served <- fmt.Errorf("the sender named %q", s)
+					return
+				}
+				buf := make([]byte, 5)
+				if _, err := io.ReadFull(c, buf); err != nil {
+					served <- err
+					return
+				}
+				_, err = c.Write(buf)
+				served <- err
+			}()
+			raftSide := echo(b) // raft's accept loop sees the connection first
+			c, err := a.DialService("a2.22222222", addr, 2*time.Second)
+			if err != nil {
+				t.Fatal(err)
+			}
+			c.SetDeadline(time.Now().Add(2 * time.Second))
+			c.Write([]byte("hello"))
+			buf := make([]byte, 5)
+			if _, err := io.ReadFull(c, buf); err != nil || string(buf) != "hello" {
+				t.Fatalf("round trip: %q %v", buf, err)
+			}
+			c.Close()
+			if err := <-served; err != nil {
+				t.Fatal(err)
+			}
+			if err := <-raftSide; !errors.Is(err, errHandedOff) {
+				t.Fatalf("raft's side of a service connection: %v", err)
+			}
+
+			// Meant for another incarnation: refused like raft's.
+			echo(b)
+			if _, err := a.DialService("a2.33333333", addr, 2*time.Second); !errors.Is(err, ErrWrongIdentity) {
+				t.Fatalf("a service dial meant for another incarnation: %v", err)
+			}
+			// Identify carries what the node says of itself.
+			echo(b)
+			who, err := a.Identify(addr, 2*time.Second)
+			if err != nil || who.Description != `{"api":"https://a2.22222222"}` {
+				t.Fatalf("identify: %+v %v", who, err)
+			}
+			svc.Close()
+			if _, err := svc.Accept(); !errors.Is(err, net.ErrClosed) {
+				t.Fatalf("accept after close: %v", err)
+			}
+		})
+	}
+}
+
+// A node of the build before service connections reads preamble version 1
+// only, and answers version 2 as malformed: the dialler learns it is an
+// older build (and forwards the old way), rather than a refusal.
+func TestServiceDialToAnOlderBuild(t *testing.T) {
+	a := listen(t, Options{Cluster: "a", Node: "a1", ID: "a1.11111111", Loopback: true})
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		// Exits after one connection.
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		hdr := make([]byte, 2)
+		io.ReadFull(c, hdr)
+		writeAnswer(c, statusMalformed, "a2.22222222", 0, fmt.Sprintf("preamble version %d, want %d", hdr[1], preambleVersion))
+	}()
+	if _, err := a.DialService("a2.22222222", ln.Addr().String(), 2*time.Second); !errors.Is(err, ErrOlderBuild) {
+		t.Fatalf("a service dial to an older build: %v", err)
+	}
 }

@@ -31,6 +31,7 @@ import (
 	"net/url"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/raft"
@@ -89,6 +90,10 @@ type Options struct {
 	// of an old configuration. Whoever answers at an address may say
 	// anything: the caller acts only on a member it knows at that address.
 	OnRefused func(by, addr, why string)
+	// Describe, when set, is what this node tells a node that asks who it
+	// is (Identify): its API and replication URLs, which the cluster then
+	// trusts over what gossip reports.
+	Describe func() string
 	// Logger receives refusals, at most one line of a kind every 10 s.
 	Logger *slog.Logger
 	// Blocked, when set, says that this node may not reach the raft
@@ -101,18 +106,27 @@ type Options struct {
 
 // Layer is a raft.StreamLayer on TCP with TLS on both ends.
 type Layer struct {
-	ln        net.Listener
-	advertise net.Addr
-	blocked   func(addr string) bool
-	loopback  bool        // plain TCP between loopback addresses only
-	server    *tls.Config // nil: insecure
-	client    *tls.Config
-	timeout   time.Duration
-	id        string
-	appliedFn func() uint64
-	refuse    func(string) string
-	onRefused func(by, addr, why string)
-	logger    *slog.Logger
+	ln         net.Listener
+	advertise  net.Addr
+	blocked    func(addr string) bool
+	loopback   bool        // plain TCP between loopback addresses only
+	server     *tls.Config // nil: insecure
+	client     *tls.Config
+	timeout    time.Duration
+	id         string
+	appliedFn  func() uint64
+	refuse     func(string) string
+	onRefused  func(by, addr, why string)
+	describeFn func() string
+	logger     *slog.Logger
+
+	// svc hands service connections (bind.go) to ServiceListener.
+	svc struct {
+		serving   atomic.Bool
+		closeOnce sync.Once
+		ch        chan *ServiceConn
+		done      chan struct{}
+	}
 
 	maxConns int
 
@@ -225,8 +239,10 @@ func Listen(addr string, advertise net.Addr, o Options) (*Layer, error) {
 	if maxConns == 0 {
 		maxConns = 512
 	}
-	return &Layer{ln: ln, advertise: advertise, blocked: o.Blocked, loopback: loopback, server: server, client: client, timeout: t,
-		id: id, appliedFn: o.Applied, refuse: o.Refuse, onRefused: o.OnRefused, logger: o.Logger, maxConns: maxConns}, nil
+	l := &Layer{ln: ln, advertise: advertise, blocked: o.Blocked, loopback: loopback, server: server, client: client, timeout: t,
+		id: id, appliedFn: o.Applied, refuse: o.Refuse, onRefused: o.OnRefused, describeFn: o.Describe, logger: o.Logger, maxConns: maxConns}
+	l.svc.ch, l.svc.done = make(chan *ServiceConn), make(chan struct{})
+	return l, nil
 }
 
 // IsLoopback reports whether host:port names a loopback IP.
@@ -282,6 +298,7 @@ func (l *Layer) Accept() (net.Conn, error) {
 // Close stops accepting and closes every connection open through the layer.
 func (l *Layer) Close() error {
 	err := l.ln.Close()
+	l.closeService()
 	l.mu.Lock()
 	l.mu.closed = true
 	conns := l.mu.conns

@@ -1,0 +1,227 @@
+package node
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/hashicorp/raft"
+
+	"github.com/replicator/replicator/cluster"
+	"github.com/replicator/replicator/internal/raftconn"
+	"github.com/replicator/replicator/transport"
+)
+
+// Requests between the nodes of a cluster (issue 25, docs/SECURITY.md
+// "Who may be a member"). Gossip finds nodes; it never says where a
+// request goes. A follower forwards to the server raft names as leader, and
+// a node asks another its state, over the raft port (cluster.DialService):
+// to the member the configuration names, at the address it holds, with
+// the raft port's credential on both ends. The caller's bearer token never
+// crosses: the node that checked it says so in headerCaller, which only a
+// request over the raft port can carry. A member's API and replication
+// URLs, handed out in not_leader answers and acks, are what it said of
+// itself over the raft port (Describe), never what gossip reports.
+
+// headerCaller, on a request one node sends another over the raft port, is
+// the identity the sending node verified ("token", "certificate <subject>",
+// or "none" on a node without credentials). Read on the raft port only.
+const headerCaller = "X-Replicator-Caller"
+
+// serviceHost is the pseudo host of a request to another node over the raft
+// port: its raft server ID, which the dial turns into the address the
+// configuration holds.
+const serviceHost = ".raft.internal"
+
+// described is what a node says of itself on its raft port.
+type described struct {
+	API       string `json:"api"`
+	Replicate string `json:"replicate"`
+}
+
+// describeSelf is this node's description (cluster.Options.Describe).
+func (n *Node) describeSelf() string {
+	if n.ln == nil {
+		return "" // not serving yet: nothing to hand out
+	}
+	d := described{API: n.URL(), Replicate: n.PeerURL()}
+	if g := n.opts.Gossip; g != nil {
+		if g.APIURL != "" {
+			d.API = g.APIURL
+		}
+		if g.ReplicateURL != "" {
+			d.Replicate = g.ReplicateURL
+		}
+	}
+	b, _ := json.Marshal(d)
+	return string(b)
+}
+
+// proven returns what member id said of itself over the raft port; wait
+// says whether to ask it now when the last answer is too old (a path that
+// must not block passes false). ok is false when nothing is known, and
+// when the member runs an older build (it describes nothing).
+func (n *Node) proven(id raft.ServerID, wait bool) (described, bool) {
+	var s string
+	if wait {
+		var err error
+		if s, err = n.group.Describe(id, time.Second); err != nil {
+			return described{}, false
+		}
+	} else {
+		var ok bool
+		if s, ok = n.group.Described(id); !ok {
+			return described{}, false
+		}
+	}
+	var d described
+	if s == "" || json.Unmarshal([]byte(s), &d) != nil {
+		return described{}, false
+	}
+	return d, true
+}
+
+// refreshProven asks every member of the configuration what it says of
+// itself (each at most every 30 s: cluster.Describe caches), and keeps the
+// replicate URLs acks list. It runs with refreshMeta.
+func (n *Node) refreshProven() {
+	urls := []string{n.PeerURL()}
+	if g := n.opts.Gossip; g != nil && g.ReplicateURL != "" {
+		urls[0] = g.ReplicateURL
+	}
+	for _, sv := range n.group.Status().Servers {
+		id := cluster.ServerID(sv.ID, sv.Incarnation)
+		if id == n.group.ID() {
+			continue
+		}
+		if d, ok := n.proven(id, true); ok && d.Replicate != "" {
+			urls = append(urls, d.Replicate)
+		} else if m, ok := n.member(sv.ID); ok && m.Meta.Inc == sv.Incarnation && m.State == transport.LiveAlive && !n.describes(id) {
+			// A member of an older build (a rolling upgrade) says
+			// nothing of itself: gossip's URL, as that build did.
+			urls = append(urls, m.Meta.Replicate)
+		}
+	}
+	n.nodeURLs.v.Store(&urls)
+}
+
+// describes reports whether member id answers Identify with a description
+// (false for an older build, and for one that could not be asked).
+func (n *Node) describes(id raft.ServerID) bool {
+	s, err := n.group.Describe(id, time.Second)
+	return err == nil && s != ""
+}
+
+// serveService serves the requests other nodes send over the raft port:
+// the API's routes, answered here (never forwarded again), without the
+// token check (the raft port's credential authenticated the sender).
+func (n *Node) serveService() {
+	ln := n.group.ServiceListener()
+	if ln == nil {
+		return
+	}
+	h := n.Handler()
+	srv := &http.Server{
+		Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			n.inflight.Add(1)
+			defer n.inflight.Done()
+			n.limitBody(w, r)
+			h.ServeHTTP(w, r)
+		}),
+		ConnContext: func(ctx context.Context, c net.Conn) context.Context {
+			if sc, ok := c.(*raftconn.ServiceConn); ok {
+				return context.WithValue(ctx, serviceSenderKey{}, sc.Sender)
+			}
+			return ctx
+		},
+		ReadHeaderTimeout: 10 * time.Second,
+		MaxHeaderBytes:    64 << 10,
+		IdleTimeout:       2 * time.Minute,
+		ErrorLog:          slog.NewLogLogger(n.log.Handler(), slog.LevelDebug),
+	}
+	n.svcSrv, n.svcErr = srv, make(chan error, 1)
+	go func() {
+		// Exits when Close shuts the server down (or the raft port
+		// closes).
+		err := srv.Serve(ln)
+		if errors.Is(err, http.ErrServerClosed) || errors.Is(err, net.ErrClosed) {
+			err = nil
+		}
+		n.svcErr <- err
+	}()
+}
+
+type serviceSenderKey struct{}
+
+// serviceSender is the raft server ID of the node that sent r over the
+// raft port ("" for a request on the API).
+func serviceSender(r *http.Request) string {
+	s, _ := r.Context().Value(serviceSenderKey{}).(string)
+	return s
+}
+
+// forwarded reports a request another node forwarded: over the raft port,
+// or (from a node of an older build) on the API with headerForwarded.
+func forwarded(r *http.Request) bool {
+	return serviceSender(r) != "" || r.Header.Get(headerForwarded) != ""
+}
+
+// errNotSent wraps a failed dial to another node: the request never left.
+type errNotSent struct{ err error }
+
+func (e errNotSent) Error() string { return e.err.Error() }
+func (e errNotSent) Unwrap() error { return e.err }
+
+// newServiceClient returns the client of requests to other nodes over the
+// raft port: the URL's host names the server (serviceURL).
+func (n *Node) newServiceClient() *http.Client {
+	return &http.Client{Transport: &http.Transport{
+		DialContext: func(ctx context.Context, _, addr string) (net.Conn, error) {
+			host, _, err := net.SplitHostPort(addr)
+			if err != nil {
+				host = addr
+			}
+			id, ok := strings.CutSuffix(host, serviceHost)
+			if !ok {
+				return nil, errNotSent{fmt.Errorf("node: %s is not a member's service address", addr)}
+			}
+			timeout := 5 * time.Second
+			if d, ok := ctx.Deadline(); ok {
+				timeout = min(timeout, time.Until(d))
+			}
+			c, err := n.group.DialService(raft.ServerID(id), timeout)
+			if err != nil {
+				return nil, errNotSent{err}
+			}
+			return c, nil
+		},
+		MaxIdleConnsPerHost: 64,
+		IdleConnTimeout:     90 * time.Second,
+		// A fresh connection per request would cost a preamble and a TLS
+		// handshake each: connections are kept, and one to a member that
+		// changed (another incarnation at the address) fails its next
+		// request, which is retried on a new dial.
+	}}
+}
+
+// serviceURL is the URL of a request to member id over the raft port.
+func serviceURL(id raft.ServerID, requestURI string) string {
+	return "http://" + string(id) + serviceHost + requestURI
+}
+
+// callerIdentity is what this node verified of r's caller, for headerCaller.
+func (n *Node) callerIdentity(r *http.Request) string {
+	switch {
+	case r.TLS != nil && len(r.TLS.PeerCertificates) > 0:
+		return "certificate " + r.TLS.PeerCertificates[0].Subject.String()
+	case n.opts.APIToken != "":
+		return "token"
+	}
+	return "none"
+}
