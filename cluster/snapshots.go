@@ -57,12 +57,29 @@ type TreeSnapshot interface {
 }
 
 const (
-	snapMeta   = "meta.json"
-	snapHead   = "head"
-	snapTree   = "tree"
-	snapTmp    = ".tmp"
-	maxHead    = 1 << 20
-	maxName    = 255
+	snapMeta = "meta.json"
+	snapHead = "head"
+	snapTree = "tree"
+	snapTmp  = ".tmp"
+	maxHead  = 1 << 20
+	maxName  = 255
+	// diskReserve is left free by a snapshot being received: a stream
+	// whose files announce more than the free space less this is
+	// refused at the file that does, before its bytes are written (a
+	// file announced at 2^62 bytes used to be written until the stream
+	// ended).
+	diskReserve = 64 << 20
+)
+
+var (
+	// maxFiles bounds the files of a snapshot stream (issue 25, finding
+	// 9: a stream of 20,001 files was taken whole). A checkpoint of the
+	// tree has a few files per level plus its 64 MiB tables: 10,000 of
+	// them is a tree of over 600 GiB. (A variable for tests.)
+	maxFiles = 10_000
+)
+
+const (
 	keepSnaps  = 2
 	treeMarker = 1
 )
@@ -368,14 +385,22 @@ func unpack(r io.Reader, dir string, head *[]byte) error {
 	if err := os.Mkdir(tree, 0o755); err != nil {
 		return err
 	}
+	budget, err := freeBytes(tree)
+	if err != nil {
+		return fmt.Errorf("cluster: snapshot: free space of %s: %w", tree, err)
+	}
+	budget -= diskReserve
 	var hdr [8]byte
-	for {
+	for files := 0; ; files++ {
 		if _, err := io.ReadFull(br, hdr[:2]); err != nil {
 			return fmt.Errorf("%w: %v", ErrBadSnapshot, err)
 		}
 		nl := int(binary.BigEndian.Uint16(hdr[:2]))
 		if nl == 0 {
 			break
+		}
+		if files >= maxFiles {
+			return fmt.Errorf("%w: more than %d files", ErrBadSnapshot, maxFiles)
 		}
 		if nl > maxName {
 			return fmt.Errorf("%w: a name of %d bytes", ErrBadSnapshot, nl)
@@ -394,6 +419,11 @@ func unpack(r io.Reader, dir string, head *[]byte) error {
 		if size < 0 {
 			return fmt.Errorf("%w: size %d", ErrBadSnapshot, size)
 		}
+		if size > budget {
+			return fmt.Errorf("%w: file %s announces %d bytes, and %d are free for it (%d kept free)",
+				ErrBadSnapshot, name, size, max(budget, 0), diskReserve)
+		}
+		budget -= size
 		f, err := os.OpenFile(filepath.Join(tree, string(name)), os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o644)
 		if err != nil {
 			return err

@@ -2,8 +2,11 @@ package cluster
 
 import (
 	"bytes"
+	"encoding/binary"
 	"errors"
+	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"testing"
@@ -124,6 +127,55 @@ func TestSnapshotStreamRefusesDamage(t *testing.T) {
 		}
 		if _, err := os.Stat(filepath.Join(filepath.Dir(dst.dir), "x")); err == nil {
 			t.Errorf("%s: a file escaped the snapshot", name)
+		}
+	}
+}
+
+// Issue 25, finding 9: a snapshot stream could carry any number of files
+// of any announced size (20,001 files were taken; 64 MiB were written for a
+// file announced at 2^62 bytes). A stream over the bound of files, or a
+// file announcing more than the free disk, is refused when its header
+// arrives, before its bytes are written.
+func TestSnapshotStreamBounded(t *testing.T) {
+	defer func(n int) { maxFiles = n }(maxFiles)
+	maxFiles = 50
+	file := func(name string, size uint64, body []byte) []byte {
+		b := binary.BigEndian.AppendUint16(nil, uint16(len(name)))
+		b = append(b, name...)
+		b = binary.BigEndian.AppendUint64(b, size)
+		return append(b, body...)
+	}
+	many := []byte("{}\n\x01")
+	for i := 0; i <= maxFiles; i++ {
+		many = append(many, file(fmt.Sprintf("f%d", i), 1, []byte("x"))...)
+	}
+	many = append(many, 0, 0)
+	huge := append([]byte("{}\n\x01"), file("a", 1<<62, bytes.Repeat([]byte("y"), 1<<20))...)
+	for name, stream := range map[string][]byte{"files": many, "size": huge} {
+		dst, _ := openSnapshots(t.TempDir())
+		_, trans := raft.NewInmemTransport("y")
+		sink, _ := dst.Create(1, 10, 2, raft.Configuration{}, 1, trans)
+		for off := 0; off < len(stream); off += 64 << 10 {
+			if _, err := sink.Write(stream[off:min(off+64<<10, len(stream))]); err != nil {
+				break // refused as it arrives
+			}
+		}
+		err := sink.Close()
+		if !errors.Is(err, ErrBadSnapshot) {
+			t.Fatalf("%s: closed with %v", name, err)
+		}
+		t.Logf("%s: %v", name, err)
+		var written int64
+		filepath.WalkDir(dst.dir, func(_ string, d fs.DirEntry, _ error) error {
+			if d != nil && d.Type().IsRegular() {
+				if fi, err := d.Info(); err == nil {
+					written += fi.Size()
+				}
+			}
+			return nil
+		})
+		if metas, _ := dst.List(); len(metas) != 0 || written > 0 {
+			t.Fatalf("%s: the refused stream left %d snapshots, %d bytes", name, len(metas), written)
 		}
 	}
 }

@@ -94,6 +94,8 @@ type proc struct {
 	env  []string
 	log  string
 	url  string
+	// token, when set, is the API token client() sends.
+	token string
 
 	mu      sync.Mutex
 	cmd     *exec.Cmd
@@ -239,7 +241,12 @@ func (p *proc) signalWait(sig syscall.Signal) error {
 	return p.waitErr
 }
 
-func (p *proc) client() *client.Client { return client.New(p.url, nil) }
+func (p *proc) client() *client.Client {
+	if p.token != "" {
+		return client.New(p.url, &client.Options{Token: p.token})
+	}
+	return client.New(p.url, nil)
+}
 
 func tail(s string, n int) string {
 	lines := strings.Split(strings.TrimSpace(s), "\n")

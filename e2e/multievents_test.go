@@ -76,12 +76,50 @@ func (m *rmesh) backup(n *rnode) (string, error) {
 
 // wipe kills a node, empties its data directory and starts it: it comes
 // back as a new incarnation, a non-voter until it caught up.
-func (m *rmesh) wipe(n *rnode) {
+func (m *rmesh) wipe(n *rnode) error {
 	m.setDown(n.id, true)
 	n.kill()
 	os.RemoveAll(n.dataDir())
 	n.startReady()
 	m.setDown(n.id, false)
+	return m.waitReplaced(n)
+}
+
+// waitReplaced waits until the new incarnation of n (a wiped, restored or
+// set-aside directory) votes in place of the old one, as docs/OPERATIONS.md
+// asks an operator to before replacing another disk: until then the old
+// incarnation is a voter that will never answer, and losing another node
+// would cost the quorum (two disks lost of three is a majority lost).
+func (m *rmesh) waitReplaced(n *rnode) error {
+	mine, err := localCluster(n)
+	for deadline := time.Now().Add(30 * time.Second); err != nil && time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+		mine, err = localCluster(n)
+	}
+	if err != nil {
+		return fmt.Errorf("%s does not answer: %v", n.id, err)
+	}
+	for deadline := time.Now().Add(60 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+		l := m.leader(n.cluster)
+		if l == nil {
+			continue
+		}
+		r, err := localCluster(l)
+		if err != nil {
+			continue
+		}
+		held, voter := 0, false
+		for _, cn := range r.Nodes {
+			if cn.ID != n.id || cn.State == "not a member" || cn.State == "removed" {
+				continue
+			}
+			held++
+			voter = cn.Voter && cn.Incarnation == mine.Incarnation
+		}
+		if held == 1 && voter {
+			return nil
+		}
+	}
+	return fmt.Errorf("%s's new incarnation %s did not replace the old one as a voter in 60 s", n.id, mine.Incarnation)
 }
 
 // restoreBackup kills a node and puts a backup in place of its data
@@ -109,7 +147,7 @@ func (m *rmesh) restoreBackup(n *rnode, backup string) error {
 		return fmt.Errorf("replicator restore: %v %s", err, out)
 	}
 	n.startReady()
-	return nil
+	return m.waitReplaced(n)
 }
 
 // raftRecord is one record of a raft log segment: where it is, and which
@@ -194,7 +232,7 @@ func (m *rmesh) bitflip(n *rnode) (bool, error) {
 		return true, err
 	}
 	n.startReady()
-	return true, nil
+	return true, m.waitReplaced(n)
 }
 
 // recoverMajority: every node of cluster c is lost at once (SIGKILL). As

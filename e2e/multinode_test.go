@@ -317,7 +317,7 @@ func TestMultiNodeRobustness(t *testing.T) {
 						backups[n.id] = b
 					}
 				case "wipe":
-					m.wipe(pick(false))
+					err = m.wipe(pick(false))
 				case "restore":
 					n := pick(false)
 					if n == nil {

@@ -2,12 +2,20 @@ package e2e
 
 import (
 	"fmt"
+	"io"
+	"log/slog"
 	"net"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
+
+	"github.com/replicator/replicator/node"
+	"github.com/replicator/replicator/transport"
 )
 
 // Issue 25, finding 3: with an API token, a loopback raft port without
@@ -88,4 +96,93 @@ func TestRaftPortConnectionsBounded(t *testing.T) {
 func isTimeout(err error) bool {
 	ne, ok := err.(net.Error)
 	return ok && ne.Timeout()
+}
+
+// Issue 25, finding 2, with real processes: a gossip member without any
+// credential (gossip has no key here) advertises the leader's node ID with
+// URLs of its own. Followers used to forward client writes there with the
+// client's bearer token and acknowledge its fake answers, and /admin/cluster
+// sent it the token. Now followers forward over the raft port to the server
+// raft names as leader: every acknowledged write is on the leader, and the
+// impostor receives no request at all.
+func TestGossipImpostorOfTheLeaderGetsNoRequests(t *testing.T) {
+	tok := filepath.Join(t.TempDir(), "token")
+	if err := os.WriteFile(tok, []byte("s3cret\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	m := newRaftMesh(t, []string{"a"}, 3, "--api-token-file", tok, "--insecure-peers")
+	for _, n := range m.nodes {
+		n.token = "s3cret"
+	}
+	m.start()
+	l := m.waitLeader("a", 30*time.Second)
+	var lr node.ClusterReport
+	if _, err := l.client().Do(bg(), http.MethodGet, "/admin/cluster?local=1", nil, nil, &lr); err != nil {
+		t.Fatal(err)
+	}
+	var follower *rnode
+	for _, n := range m.members("a") {
+		if n != l {
+			follower = n
+		}
+	}
+	var mu sync.Mutex
+	var got []string
+	fake := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		got = append(got, r.Method+" "+r.URL.Path+" auth="+r.Header.Get("Authorization"))
+		mu.Unlock()
+		w.Header().Set("Content-Type", "application/json")
+		io.WriteString(w, `{"key":"k","version":"1.0@a","origin":"a"}`)
+	}))
+	defer fake.Close()
+	evil, err := transport.StartDiscovery(transport.DiscoveryOptions{NodeName: "a-" + l.id + "-evil",
+		Bind: fmt.Sprintf("127.0.0.1:%d", freePort(t)), Profile: "local", Join: []string{follower.gossip},
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+		Meta: transport.MemberMeta{V: transport.GossipVersion, Cluster: "a", Node: l.id, Inc: lr.Incarnation, Raft: l.raft,
+			API: fake.URL, Replicate: fake.URL}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer evil.Leave(time.Second)
+	evil.JoinLoop(make(chan struct{}))
+	// Until the follower's gossip lists the impostor.
+	eventually(t, 15*time.Second, func() (bool, string) {
+		var peers struct {
+			Members []struct {
+				Node string `json:"node"`
+			} `json:"members"`
+		}
+		follower.client().Do(bg(), http.MethodGet, "/admin/peers", nil, nil, &peers)
+		for _, mb := range peers.Members {
+			if strings.HasSuffix(mb.Node, "-evil") {
+				return true, ""
+			}
+		}
+		return false, "the follower's gossip does not list the impostor"
+	})
+	for i := 0; i < 30; i++ {
+		k := fmt.Sprintf("k%d", i)
+		if _, err := follower.client().Put(bg(), k, []byte("v")); err != nil {
+			t.Fatal(err)
+		}
+		it, err := l.client().Get(bg(), k)
+		if err != nil || string(it.Value) != "v" {
+			t.Fatalf("a write the follower acknowledged is not on the leader: %+v %v", it, err)
+		}
+	}
+	var rep node.ClusterReport
+	if _, err := follower.client().Do(bg(), http.MethodGet, "/admin/cluster", nil, nil, &rep); err != nil {
+		t.Fatal(err)
+	}
+	for _, cn := range rep.Nodes {
+		if cn.API == fake.URL {
+			t.Fatalf("admin cluster shows the impostor's URL for %s", cn.ID)
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(got) > 0 {
+		t.Fatalf("the impostor received %d requests: %v", len(got), got[:min(5, len(got))])
+	}
 }
