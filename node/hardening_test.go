@@ -566,3 +566,51 @@ func TestShortBodyWritesNothing(t *testing.T) {
 		t.Fatalf("whole body: %v %q", err, rec.Value)
 	}
 }
+
+// Issue 25, finding 5: the API token was the only credential, for data and
+// admin alike: every client that could write could also join and remove
+// nodes. With --admin-token-file, the admin endpoints take that token only,
+// and the data endpoints the API token only; without it, the API token
+// opens both (as before, with a warning at start).
+func TestAdminTokenSeparate(t *testing.T) {
+	status := func(n *Node, method, path, token string) int {
+		req, _ := http.NewRequest(method, n.URL()+path, strings.NewReader("v"))
+		if token != "" {
+			req.Header.Set("Authorization", "Bearer "+token)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	o := testOptions(t.TempDir())
+	o.APIToken, o.AdminToken = "data", "adm"
+	n := startNode(t, o)
+	for _, c := range []struct {
+		method, path, token string
+		want                int
+	}{
+		{http.MethodPut, "/v1/kv/k", "data", 200},
+		{http.MethodPut, "/v1/kv/k", "adm", 401},
+		{http.MethodGet, "/v1/kv/k", "", 401},
+		{http.MethodGet, "/admin/peers", "adm", 200},
+		{http.MethodGet, "/admin/peers", "data", 401},
+		{http.MethodGet, "/admin/cluster", "data", 401},
+		{http.MethodGet, "/admin/cluster", "adm", 200},
+		{http.MethodGet, "/metrics", "data", 200},
+		{http.MethodGet, "/healthz", "", 200},
+	} {
+		if got := status(n, c.method, c.path, c.token); got != c.want {
+			t.Errorf("%s %s with %q: %d, want %d", c.method, c.path, c.token, got, c.want)
+		}
+	}
+	o = testOptions(t.TempDir())
+	o.APIToken = "data"
+	n = startNode(t, o)
+	if got := status(n, http.MethodGet, "/admin/peers", "data"); got != 200 {
+		t.Errorf("without an admin token, the API token opens the admin endpoints: %d", got)
+	}
+}

@@ -120,7 +120,7 @@ func (o *Options) raftCredentials() (string, error) {
 	case o.InsecurePeers:
 		return "insecure", nil
 	case raftconn.IsLoopback(r.Listen) && (r.Advertise == "" || raftconn.IsLoopback(r.Advertise)):
-		if o.APIToken != "" {
+		if o.APIToken != "" || o.AdminToken != "" {
 			// Any local process reaches a loopback port: with the API
 			// closed to it by a token, raft must not be open to it (it
 			// would join, read every write and depose the leader).

@@ -328,6 +328,9 @@ func (n *Node) Start() error {
 		}
 		return err
 	}
+	if n.opts.APIToken != "" && n.opts.AdminToken == "" {
+		n.log.Warn("the admin endpoints (membership, peers, detach) accept the API token: every client that may write may also join and remove nodes; give them a token of their own with --admin-token-file (docs/OPERATIONS.md)")
+	}
 	n.srv = n.serve(ln, n.protect(n.requireToken(n.Handler()), ln), &n.serveErr)
 	if n.opts.PprofListen != "" {
 		pln, err := net.Listen("tcp", n.opts.PprofListen)

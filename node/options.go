@@ -79,8 +79,14 @@ type Options struct {
 	// wins. A member of an unknown cluster is shown, not shipped to.
 	Gossip *GossipOptions
 	// APIToken, when set, is required as "Authorization: Bearer <token>" by
-	// the client API and the admin endpoints (not /healthz, /readyz).
+	// the client API and /metrics (not /healthz, /readyz), and by the admin
+	// endpoints when AdminToken is empty (a warning at start says so).
 	APIToken string
+	// AdminToken, when set, is required by the admin endpoints (/admin/*:
+	// membership, peers, detach, the dashboard's data) instead of the API
+	// token, which then opens none of them (issue 25: one credential for
+	// data and admin alike let every client join and remove nodes).
+	AdminToken string
 
 	// MaxKeyBytes bounds keys. Default 4096.
 	MaxKeyBytes int

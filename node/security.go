@@ -221,25 +221,42 @@ func ClusterURI(id string) *url.URL {
 // carry the token) and the peer endpoint (it has its own authentication)
 // stay open.
 func (n *Node) requireToken(h http.Handler) http.Handler {
-	if n.opts.APIToken == "" {
+	api, admin := n.opts.APIToken, n.adminToken()
+	if api == "" && admin == "" {
 		return h
 	}
-	want := []byte("Bearer " + n.opts.APIToken)
+	wantAPI, wantAdmin := []byte("Bearer "+api), []byte("Bearer "+admin)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case pathHealthz, pathReadyz, pathReplicate, "/admin/ui":
 			h.ServeHTTP(w, r)
 			return
 		}
-		if subtle.ConstantTimeCompare([]byte(r.Header.Get("Authorization")), want) != 1 {
+		want, flag, needed := wantAPI, "--api-token-file", api != ""
+		if strings.HasPrefix(r.URL.Path, "/admin/") {
+			want, flag, needed = wantAdmin, "--admin-token-file", admin != ""
+			if n.opts.AdminToken == "" {
+				flag = "--api-token-file, which opens the admin endpoints while no --admin-token-file is given"
+			}
+		}
+		if needed && subtle.ConstantTimeCompare([]byte(r.Header.Get("Authorization")), want) != 1 {
 			refuseEarly(w)
 			w.Header().Set("WWW-Authenticate", `Bearer realm="replicator"`)
 			writeError(w, http.StatusUnauthorized, apiError{Code: "unauthenticated",
-				Message: "this node requires Authorization: Bearer <token> (--api-token-file)"})
+				Message: "this node requires Authorization: Bearer <token> (" + flag + ")"})
 			return
 		}
 		h.ServeHTTP(w, r)
 	})
+}
+
+// adminToken is the token the admin endpoints require: AdminToken, or the
+// API token when none is given.
+func (n *Node) adminToken() string {
+	if n.opts.AdminToken != "" {
+		return n.opts.AdminToken
+	}
+	return n.opts.APIToken
 }
 
 // protect guards the API against browsers: a cross-site request that

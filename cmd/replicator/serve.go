@@ -87,6 +87,7 @@ type serveConfig struct {
 	PeerSANMode     string   `yaml:"peer_san_mode"`
 	PeerListen      string   `yaml:"peer_listen"`
 	APITokenFile    string   `yaml:"api_token_file"`
+	AdminTokenFile  string   `yaml:"admin_token_file"`
 	TestDiskFull    string   `yaml:"test_disk_full_file,omitempty"`
 	TestRaftBlock   string   `yaml:"test_raft_block_file,omitempty"`
 	Pprof           bool     `yaml:"pprof"`
@@ -395,7 +396,8 @@ func serveFlags(cfg *serveConfig) *flag.FlagSet {
 	fs.StringVar(&cfg.PeerCA, "peer-ca", cfg.PeerCA, "PEM CA of peers' server certificates (default --tls-client-ca)")
 	fs.StringVar(&cfg.PeerSANMode, "peer-san-mode", cfg.PeerSANMode, "how a peer certificate names its cluster: uri (replicator://cluster/ID) or dns (first label)")
 	fs.StringVar(&cfg.PeerListen, "peer-listen", cfg.PeerListen, "separate HOST:PORT for /v1/replicate (mutual TLS there, not on the API)")
-	fs.StringVar(&cfg.APITokenFile, "api-token-file", cfg.APITokenFile, "file with the bearer token the API and admin endpoints require")
+	fs.StringVar(&cfg.APITokenFile, "api-token-file", cfg.APITokenFile, "file with the bearer token the API (and, without --admin-token-file, the admin endpoints) require")
+	fs.StringVar(&cfg.AdminTokenFile, "admin-token-file", cfg.AdminTokenFile, "file with the bearer token the admin endpoints (/admin/*: membership, peers, detach) require instead of the API token")
 	return fs
 }
 
@@ -489,15 +491,21 @@ func (cfg *serveConfig) nodeOptions(log *slog.Logger) (*node.Options, error) {
 	o.TestDiskFullFile, o.TestRaftBlockFile = cfg.TestDiskFull, cfg.TestRaftBlock
 	o.Pprof, o.PprofListen = cfg.Pprof, cfg.PprofListen
 	o.MemTableSize = cfg.MemTableSize
-	if cfg.APITokenFile != "" {
-		b, err := os.ReadFile(cfg.APITokenFile)
+	for _, tf := range []struct {
+		flag, path string
+		into       *string
+	}{{"--api-token-file", cfg.APITokenFile, &o.APIToken}, {"--admin-token-file", cfg.AdminTokenFile, &o.AdminToken}} {
+		if tf.path == "" {
+			continue
+		}
+		b, err := os.ReadFile(tf.path)
 		switch {
 		case err != nil:
-			errs = append(errs, fmt.Errorf("--api-token-file: %w", err))
+			errs = append(errs, fmt.Errorf("%s: %w", tf.flag, err))
 		case strings.TrimSpace(string(b)) == "":
-			errs = append(errs, fmt.Errorf("--api-token-file %s is empty", cfg.APITokenFile))
+			errs = append(errs, fmt.Errorf("%s %s is empty", tf.flag, tf.path))
 		default:
-			o.APIToken = strings.TrimSpace(string(b))
+			*tf.into = strings.TrimSpace(string(b))
 		}
 	}
 	if cfg.GossipBind != "" {
