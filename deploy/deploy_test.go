@@ -24,6 +24,7 @@ import (
 	"go.yaml.in/yaml/v3"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	sigsyaml "sigs.k8s.io/yaml"
 
 	"github.com/replicator/replicator/node"
@@ -226,6 +227,7 @@ func TestKubernetesManifests(t *testing.T) {
 	}
 	kinds := map[string]int{}
 	var sts appsv1.StatefulSet
+	var netpol networkingv1.NetworkPolicy
 	services := map[string]corev1.Service{}
 	for i, doc := range strings.Split(string(b), "\n---\n") {
 		var head struct {
@@ -260,9 +262,13 @@ func TestKubernetesManifests(t *testing.T) {
 						MatchLabels map[string]string `json:"matchLabels"`
 					} `json:"selector"`
 					Endpoints []struct {
-						Port     string `json:"port"`
-						Path     string `json:"path"`
-						Interval string `json:"interval"`
+						Port              string `json:"port"`
+						Path              string `json:"path"`
+						Interval          string `json:"interval"`
+						BearerTokenSecret struct {
+							Name string `json:"name"`
+							Key  string `json:"key"`
+						} `json:"bearerTokenSecret"`
 					} `json:"endpoints"`
 				} `json:"spec"`
 			}
@@ -270,6 +276,11 @@ func TestKubernetesManifests(t *testing.T) {
 			if err == nil && (len(m.Spec.Endpoints) != 1 || m.Spec.Endpoints[0].Path != "/metrics") {
 				err = fmt.Errorf("ServiceMonitor does not scrape /metrics: %+v", m.Spec)
 			}
+			if err == nil && m.Spec.Endpoints[0].BearerTokenSecret.Key != "api.token" {
+				err = fmt.Errorf("ServiceMonitor scrapes without the API token: %+v", m.Spec.Endpoints[0])
+			}
+		case "NetworkPolicy":
+			err = sigsyaml.UnmarshalStrict([]byte(doc), &netpol)
 		default:
 			err = fmt.Errorf("unexpected kind %q", head.Kind)
 		}
@@ -277,7 +288,7 @@ func TestKubernetesManifests(t *testing.T) {
 			t.Fatalf("document %d (%s): %v", i, head.Kind, err)
 		}
 	}
-	for _, k := range []string{"StatefulSet", "Secret", "ServiceMonitor"} {
+	for _, k := range []string{"StatefulSet", "Secret", "ServiceMonitor", "NetworkPolicy"} {
 		if kinds[k] != 1 {
 			t.Errorf("%d %s, want 1", kinds[k], k)
 		}
@@ -295,9 +306,39 @@ func TestKubernetesManifests(t *testing.T) {
 	if sc := sts.Spec.Template.Spec.SecurityContext; sc == nil || sc.RunAsNonRoot == nil || !*sc.RunAsNonRoot {
 		t.Error("the pod must run as non-root")
 	}
+	// Issue 25, finding 6: any pod could write and join or remove nodes;
+	// no seccomp profile; the service-account token was mounted.
+	ps := sts.Spec.Template.Spec
+	if ps.SecurityContext.SeccompProfile == nil || ps.SecurityContext.SeccompProfile.Type != corev1.SeccompProfileTypeRuntimeDefault {
+		t.Error("the pod must run with the runtime's seccomp profile")
+	}
+	if ps.AutomountServiceAccountToken == nil || *ps.AutomountServiceAccountToken {
+		t.Error("the pod must not mount a service-account token (replicator never calls the Kubernetes API)")
+	}
+	// The NetworkPolicy: raft and gossip from the set's pods only; the API
+	// and the peer listener open (with their credentials).
+	from := map[int32]bool{} // port -> open to any source
+	for _, rule := range netpol.Spec.Ingress {
+		sameSet := len(rule.From) == 1 && rule.From[0].PodSelector != nil &&
+			rule.From[0].PodSelector.MatchLabels["app.kubernetes.io/name"] == "replicator" && rule.From[0].NamespaceSelector == nil
+		if len(rule.From) > 0 && !sameSet {
+			t.Errorf("an ingress rule from other sources: %+v", rule.From)
+		}
+		for _, p := range rule.Ports {
+			from[p.Port.IntVal] = from[p.Port.IntVal] || len(rule.From) == 0
+		}
+	}
+	if netpol.Spec.PodSelector.MatchLabels["app.kubernetes.io/name"] != "replicator" {
+		t.Error("the NetworkPolicy must select the set's pods")
+	}
+	for port, open := range map[int32]bool{7400: true, 7401: true, 7500: false, 7600: false} {
+		if got, ok := from[port]; !ok || got != open {
+			t.Errorf("port %d: listed %v, open to any source %v; want open=%v", port, ok, got, open)
+		}
+	}
 	args := strings.Join(c.Args, " ")
 	for _, want := range []string{"--peer-secret-file", "--data=/data", "--peer-listen", "--node-id=$(POD_NAME)", "--raft-listen",
-		"--bootstrap-expect=3", "--gossip-key-file", "--advertise-api", "--raft-advertise"} {
+		"--bootstrap-expect=3", "--gossip-key-file", "--advertise-api", "--raft-advertise", "--api-token-file", "--admin-token-file"} {
 		if !strings.Contains(args, want) {
 			t.Errorf("the node's arguments lack %s: %s", want, args)
 		}
