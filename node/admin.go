@@ -175,6 +175,7 @@ func getOnly(f func(w http.ResponseWriter, r *http.Request)) http.HandlerFunc {
 func (n *Node) registerAdmin(mux *http.ServeMux) {
 	if n.opts.PeerListen == "" && n.opts.PeerListener == nil {
 		mux.Handle(pathReplicate, n.acceptor)
+		mux.Handle(transport.PathProve, n.acceptor)
 	}
 	mux.Handle("/metrics", n.metrics.handler())
 	mux.HandleFunc("/admin/ui", getOnly(n.handleUI))

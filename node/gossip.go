@@ -75,7 +75,7 @@ func (n *Node) onMember(m transport.Member) {
 	}
 	p := Peer{Name: c, URL: m.Meta.Replicate}
 	if cfg != nil {
-		p.Secret, p.Overflow = cfg.Secret, cfg.Overflow
+		p.Secret, p.Overflow, p.AllowUnproven = cfg.Secret, cfg.Overflow, cfg.AllowUnproven
 	} else {
 		n.acceptor.SetPeer(c, "")
 	}

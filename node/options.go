@@ -492,6 +492,10 @@ type Peer struct {
 	URL string
 	// Secret authenticates the two clusters to each other (both directions).
 	Secret string
+	// AllowUnproven sends the secret to a node of the peer that cannot
+	// prove it holds it because it runs a build before proofs (issue 25):
+	// for the window of an upgrade of the peer only.
+	AllowUnproven bool
 	// Overflow is what happens when the peer's backlog passes a high-water
 	// mark: OverflowReject (default) refuses local writes, OverflowDetach
 	// stops retaining the WAL for the peer and marks it for a re-seed.

@@ -92,7 +92,7 @@ func (n *Node) addLink(p Peer) (*transport.Shipper, error) {
 	if err != nil {
 		return nil, err
 	}
-	sh, err := transport.NewShipper(transport.Peer{Name: p.Name, URL: p.URL, Secret: p.Secret}, n.out, cursors{n}, transport.Options{
+	sh, err := transport.NewShipper(transport.Peer{Name: p.Name, URL: p.URL, Secret: p.Secret, AllowUnproven: p.AllowUnproven}, n.out, cursors{n}, transport.Options{
 		Local:           n.cluster,
 		MaxBatchEntries: n.opts.MaxBatchEntries,
 		MaxBatchBytes:   n.opts.MaxBatchBytes,

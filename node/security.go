@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/replicator/replicator/origin"
+	"github.com/replicator/replicator/transport"
 )
 
 // SAN modes: how a peer's certificate names its cluster.
@@ -228,7 +229,7 @@ func (n *Node) requireToken(h http.Handler) http.Handler {
 	wantAPI, wantAdmin := []byte("Bearer "+api), []byte("Bearer "+admin)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
-		case pathHealthz, pathReadyz, pathReplicate, "/admin/ui":
+		case pathHealthz, pathReadyz, pathReplicate, transport.PathProve, "/admin/ui":
 			h.ServeHTTP(w, r)
 			return
 		}

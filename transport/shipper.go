@@ -61,6 +61,10 @@ type Peer struct {
 	Name   string // its cluster ID
 	URL    string // base URL of its replicate endpoint
 	Secret string // shared secret; "" with insecure peers
+	// AllowUnproven sends the secret to a node of this peer that cannot
+	// prove it holds it because it runs a build before proofs (its proof
+	// endpoint answers 404): for the window of an upgrade only (proof.go).
+	AllowUnproven bool
 }
 
 // Options configure shippers. Zero fields take defaults.
@@ -283,6 +287,9 @@ type Shipper struct {
 
 	mu struct {
 		sync.Mutex
+		// proven are the peer URLs whose node proved the secret lately,
+		// and when (legacy: an older build, let through by AllowUnproven).
+		proven      map[string]provenURL
 		acked       uint64 // the peer has every entry up to here
 		persisted   uint64
 		lastFlush   time.Time
@@ -1287,6 +1294,79 @@ func (s *Shipper) rotateLocked() {
 	s.mu.url = cands[(i+1)%len(cands)]
 }
 
+// provenURL is a peer URL whose node proved the secret.
+type provenURL struct {
+	at     time.Time
+	legacy bool // a build before proofs, let through by Peer.AllowUnproven
+}
+
+// proofTTL is how long a node's proof of the secret stands for its URL:
+// every answer is authenticated besides (HeaderMAC), and the proof is what
+// lets the secret go there at all.
+const proofTTL = time.Minute
+
+// prove makes the node at base prove it holds the secret before anything
+// is sent there (proof.go). It reports whether the node runs a build
+// before proofs (let through by Peer.AllowUnproven).
+func (s *Shipper) prove(ctx context.Context, base string) (legacy bool, err error) {
+	s.mu.Lock()
+	if p, ok := s.mu.proven[base]; ok && time.Since(p.at) < proofTTL {
+		s.mu.Unlock()
+		return p.legacy, nil
+	}
+	s.mu.Unlock()
+	nonce := NewNonce()
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, strings.TrimRight(base, "/")+PathProve, http.NoBody)
+	if err != nil {
+		return false, err
+	}
+	req.Header.Set(HeaderOrigin, s.opts.Local)
+	req.Header.Set(HeaderNonce, nonce)
+	resp, err := s.opts.Client.Do(req)
+	if err != nil {
+		return false, fmt.Errorf("transport: ask %s at %s to prove the secret: %w", s.peer.Name, base, err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
+	if err != nil {
+		return false, fmt.Errorf("transport: read the proof of %s at %s: %w", s.peer.Name, base, err)
+	}
+	var p Proof
+	switch {
+	case resp.StatusCode == http.StatusNotFound && s.peer.AllowUnproven:
+		s.opts.Logger.Warn("a node of the peer runs a build that cannot prove it holds the secret: sending it the secret unproven (--peer-allow-unproven); remove that once the peer is upgraded",
+			"peer", s.peer.Name, "url", base)
+		legacy = true
+	case resp.StatusCode != http.StatusOK:
+		return false, fmt.Errorf("%w: %s at %s answered %d to the proof request (nothing sent there): %s",
+			ErrUnproven, s.peer.Name, base, resp.StatusCode, strings.TrimSpace(string(b)))
+	case json.Unmarshal(b, &p) != nil:
+		return false, fmt.Errorf("%w: %s at %s answered the proof request with %q (nothing sent there)", ErrUnproven, s.peer.Name, base, b)
+	case p.Cluster != s.peer.Name:
+		return false, fmt.Errorf("%w: the node at %s is of cluster %q, not %s (nothing sent there)", ErrUnproven, base, p.Cluster, s.peer.Name)
+	case !VerifyMAC(p.Proof, ProofMAC(s.peer.Secret, s.opts.Local, s.peer.Name, nonce)):
+		return false, fmt.Errorf("%w: the node at %s does not hold the secret shared with %s (nothing sent there)", ErrUnproven, base, s.peer.Name)
+	}
+	s.mu.Lock()
+	if s.mu.proven == nil || len(s.mu.proven) > 64 {
+		s.mu.proven = map[string]provenURL{}
+	}
+	s.mu.proven[base] = provenURL{at: time.Now(), legacy: legacy}
+	s.mu.Unlock()
+	return legacy, nil
+}
+
+// unproven forgets base's proof and points the link at the next node: its
+// answer did not verify.
+func (s *Shipper) unproven(base string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	delete(s.mu.proven, base)
+	if s.mu.url == base {
+		s.rotateLocked()
+	}
+}
+
 func (s *Shipper) postOnce(ctx context.Context, body []byte) (Ack, error) {
 	var ack Ack
 	ctx, cancel := context.WithTimeout(ctx, s.opts.RequestTimeout)
@@ -1297,6 +1377,17 @@ func (s *Shipper) postOnce(ctx context.Context, body []byte) (Ack, error) {
 		s.mu.firstTry = time.Now()
 	}
 	s.mu.Unlock()
+	var nonce string
+	if s.peer.Secret != "" {
+		legacy, err := s.prove(ctx, base)
+		if err != nil {
+			s.unproven(base)
+			return ack, err
+		}
+		if !legacy {
+			nonce = NewNonce()
+		}
+	}
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, strings.TrimRight(base, "/")+"/v1/replicate", bytes.NewReader(body))
 	if err != nil {
 		return ack, err
@@ -1305,6 +1396,9 @@ func (s *Shipper) postOnce(ctx context.Context, body []byte) (Ack, error) {
 	req.Header.Set(HeaderOrigin, s.opts.Local)
 	if s.peer.Secret != "" {
 		req.Header.Set("Authorization", "Bearer "+s.peer.Secret)
+	}
+	if nonce != "" {
+		req.Header.Set(HeaderNonce, nonce)
 	}
 	req.Header.Set(HeaderSent, strconv.FormatInt(time.Now().UnixNano(), 10))
 	resp, err := s.opts.Client.Do(req)
@@ -1324,6 +1418,16 @@ func (s *Shipper) postOnce(ctx context.Context, body []byte) (Ack, error) {
 	b, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
 	if err != nil {
 		return ack, fmt.Errorf("transport: read answer of %s: %w", s.peer.Name, err)
+	}
+	// An answer that moves anything (the cursor, the URL, the batch's
+	// size) must come from a holder of the secret.
+	// (A 503 moves the URL only when it is a not_leader answer; another
+	// one, such as a node shutting down, is a failure like any.)
+	moves := resp.StatusCode == http.StatusOK || resp.StatusCode == http.StatusConflict || resp.StatusCode == http.StatusRequestEntityTooLarge ||
+		(resp.StatusCode == http.StatusServiceUnavailable && bytes.Contains(b, []byte(`"not_leader"`)))
+	if moves && nonce != "" && !VerifyMAC(resp.Header.Get(HeaderMAC), AnswerMAC(s.peer.Secret, nonce, resp.StatusCode, b)) {
+		s.unproven(base)
+		return ack, fmt.Errorf("%w: %s at %s answered %d without a valid %s: ignored", ErrUnproven, s.peer.Name, base, resp.StatusCode, HeaderMAC)
 	}
 	switch resp.StatusCode {
 	case http.StatusOK:

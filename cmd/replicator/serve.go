@@ -140,6 +140,8 @@ type peerConfig struct {
 	Secret     string `yaml:"secret,omitempty"`
 	SecretFile string `yaml:"secret_file,omitempty"`
 	Overflow   string `yaml:"overflow,omitempty"`
+	// AllowUnproven: see --peer-allow-unproven.
+	AllowUnproven bool `yaml:"allow_unproven,omitempty"`
 }
 
 func (cfg *serveConfig) peer(name string) *peerConfig {
@@ -358,6 +360,8 @@ func serveFlags(cfg *serveConfig) *flag.FlagSet {
 	fs.Var(namedFlag{func(n, v string) { cfg.peer(n).URL = v }, "NAME=URL"}, "peer", "a peer cluster as NAME=URL (repeatable)")
 	fs.Var(namedFlag{func(n, v string) { cfg.peer(n).Secret = v }, "NAME=SECRET"}, "peer-secret", "a peer's shared secret as NAME=SECRET (repeatable)")
 	fs.Var(namedFlag{func(n, v string) { cfg.peer(n).SecretFile = v }, "NAME=PATH"}, "peer-secret-file", "a peer's shared secret read from NAME=PATH, trimmed (repeatable)")
+	fs.Var(namedFlag{func(n, v string) { cfg.peer(n).AllowUnproven = v == "true" }, "NAME=true"}, "peer-allow-unproven",
+		"NAME=true: send the secret to nodes of peer NAME that cannot prove they hold it because they run a build before proofs (only while NAME upgrades)")
 	fs.BoolVar(&cfg.InsecurePeers, "insecure-peers", cfg.InsecurePeers, "allow peers without a secret (closed networks and tests only)")
 	fs.IntVar(&cfg.BatchEntries, "batch-max-entries", cfg.BatchEntries, "most entries in one outgoing batch")
 	fs.IntVar(&cfg.BatchBytes, "batch-max-bytes", cfg.BatchBytes, "most bytes in one outgoing batch")
@@ -456,7 +460,7 @@ func (cfg *serveConfig) nodeOptions(log *slog.Logger) (*node.Options, error) {
 		if secret == redacted {
 			errs = append(errs, fmt.Errorf("peer %s: the secret is the placeholder --print-config writes; give the real one (or secret_file)", name))
 		}
-		o.Peers = append(o.Peers, node.Peer{Name: name, URL: p.URL, Secret: secret, Overflow: p.Overflow})
+		o.Peers = append(o.Peers, node.Peer{Name: name, URL: p.URL, Secret: secret, Overflow: p.Overflow, AllowUnproven: p.AllowUnproven})
 	}
 	o.InsecurePeers = cfg.InsecurePeers
 	o.MaxBatchEntries = cfg.BatchEntries
