@@ -372,7 +372,12 @@ func (g *Group) logOnce(kind, msg string, args ...any) {
 // not report); the leader makes it a voter once it caught up. id is a node
 // ID, whose incarnation the node's raft port tells, or a raft server ID. A
 // removed one is refused.
-func (g *Group) Join(id, addr string) error {
+//
+// force skips asking the node's raft port who it is (the operator's stated
+// emergency): id is then taken as given, and the node is still added as a
+// non-voter, which the membership round promotes only once it answered as
+// id and caught up.
+func (g *Group) Join(id, addr string, force bool) error {
 	if !g.IsLeader() {
 		lid, laddr := g.Leader()
 		return &NotLeaderError{LeaderID: lid, LeaderAddr: laddr}
@@ -381,7 +386,7 @@ func (g *Group) Join(id, addr string) error {
 		return fmt.Errorf("cluster: join: a node ID and a raft address are required")
 	}
 	sid := raft.ServerID(id)
-	if g.layer != nil {
+	if g.layer != nil && !force {
 		who, err := g.layer.Identify(addr, 5*time.Second)
 		if err != nil {
 			return fmt.Errorf("cluster: join %s at %s: its raft port did not say who it is: %w", id, addr, err)

@@ -191,14 +191,22 @@ func (n *Node) askCluster(ctx context.Context, id raft.ServerID) (ClusterReport,
 // gossip finds; this is for one it does not): as a non-voter, made a voter
 // once it caught up. id is a node ID (its raft port tells its incarnation)
 // or a raft server ID ("node.incarnation").
-func (n *Node) JoinNode(id, raftAddr string) error {
+//
+// force, when not empty, is the operator's reason to add the node although
+// its raft port does not say who it is (a node of an older build, one not
+// started yet): it is still added as a non-voter, and votes only once it
+// answered and caught up, so an unreachable address costs no quorum.
+func (n *Node) JoinNode(id, raftAddr, force string) error {
 	if !n.multi() {
 		return fmt.Errorf("%w: this node is alone in its cluster (no --raft-listen): restart it with a raft port first", errClusterAction)
 	}
 	if err := validServerRef(id); err != nil {
 		return err
 	}
-	return n.group.Join(id, raftAddr)
+	if force != "" {
+		n.log.Warn("admin cluster join --force: adding a node its raft port did not confirm", "node", id, "raft", raftAddr, "reason", force)
+	}
+	return n.group.Join(id, raftAddr, force != "")
 }
 
 // validServerRef checks a node ID, or a node ID and an incarnation.
@@ -249,6 +257,9 @@ func (n *Node) registerCluster(mux *http.ServeMux) {
 		var req struct {
 			ID   string `json:"id"`
 			Raft string `json:"raft"`
+			// Force, on a join, is the operator's reason to add a node
+			// whose raft port does not say who it is.
+			Force string `json:"force"`
 		}
 		if err := json.NewDecoder(http.MaxBytesReader(w, r.Body, 4096)).Decode(&req); err != nil || req.ID == "" {
 			writeError(w, http.StatusBadRequest, apiError{Code: "bad_request", Message: `want {"id": "NODE", "raft": "HOST:PORT"} (raft: join only)`})
@@ -257,7 +268,7 @@ func (n *Node) registerCluster(mux *http.ServeMux) {
 		var err error
 		switch r.PathValue("action") {
 		case "join":
-			err = n.JoinNode(req.ID, req.Raft)
+			err = n.JoinNode(req.ID, req.Raft, req.Force)
 		case "remove":
 			err = n.RemoveNode(req.ID)
 		default:

@@ -510,7 +510,7 @@ func TestRemovedNodeStaysOut(t *testing.T) {
 			t.Fatalf("%s is back in the configuration", victim)
 		}
 	}
-	if err := c.nodes[leader].JoinNode(victim, c.opts[victim].Raft.Listen); !errors.Is(err, cluster.ErrRemoved) {
+	if err := c.nodes[leader].JoinNode(victim, c.opts[victim].Raft.Listen, ""); !errors.Is(err, cluster.ErrRemoved) {
 		t.Fatalf("joining a removed ID: %v", err)
 	}
 	r := c.nodes[leader].ClusterReport(context.Background())
@@ -1043,12 +1043,28 @@ func TestJoinOfUnreachableAddressesRefused(t *testing.T) {
 	}
 	release() // nobody listens there
 	for i, addr := range free {
-		if err := c.nodes[l].JoinNode(fmt.Sprintf("ghost%d", i), addr); err == nil {
+		if err := c.nodes[l].JoinNode(fmt.Sprintf("ghost%d", i), addr, ""); err == nil {
 			t.Fatalf("a join of %s, where nobody answers, was accepted", addr)
 		}
 	}
 	if n := len(c.nodes[l].group.Status().Servers); n != 3 {
 		t.Fatalf("%d servers after the refused joins", n)
+	}
+	// Forced (the operator's stated emergency), they are added, as
+	// non-voters: the voters stay the three.
+	for i, addr := range free {
+		if err := c.nodes[l].JoinNode(fmt.Sprintf("ghost%d", i), addr, "the node is being rebuilt"); err != nil {
+			t.Fatalf("a forced join of %s: %v", addr, err)
+		}
+	}
+	voters := 0
+	for _, sv := range c.nodes[l].group.Status().Servers {
+		if sv.Voter {
+			voters++
+		}
+	}
+	if voters != 3 {
+		t.Fatalf("%d voters after the forced joins, want 3", voters)
 	}
 	// And the cluster elects and commits after its leader goes.
 	c.stop(l)

@@ -47,6 +47,7 @@ func runAdmin(cmd string, args []string) error {
 	var cf clientFlags
 	cf.register(fs)
 	wait := fs.Bool("wait", true, "reseed: follow the re-seed with a progress bar until it ends")
+	force := fs.String("force", "", "cluster join: add the node although its raft port does not say who it is (an emergency: give the reason, which the leader logs)")
 	if err := parse(fs, args); err != nil {
 		return err
 	}
@@ -79,7 +80,7 @@ func runAdmin(cmd string, args []string) error {
 		var body []byte
 		switch {
 		case fs.Arg(0) == "join" && fs.NArg() == 3:
-			body, _ = json.Marshal(map[string]string{"id": fs.Arg(1), "raft": fs.Arg(2)})
+			body, _ = json.Marshal(map[string]any{"id": fs.Arg(1), "raft": fs.Arg(2), "force": *force})
 		case fs.Arg(0) == "remove" && fs.NArg() == 2:
 			body, _ = json.Marshal(map[string]string{"id": fs.Arg(1)})
 		default:
