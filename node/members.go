@@ -115,6 +115,11 @@ func (o *Options) raftCredentials() (string, error) {
 	switch {
 	case o.TLSCert != "" && o.TLSClientCA != "":
 		return "tls", nil
+	case len(r.Key) > 0:
+		if r.AcceptGossipKey && (o.Gossip == nil || len(o.Gossip.Key) == 0) {
+			return "", errors.New("node: accepting the gossip key's credential on the raft port (--raft-accept-gossip-key) needs the gossip key (--gossip-key-file)")
+		}
+		return "raft-key", nil
 	case o.Gossip != nil && len(o.Gossip.Key) > 0:
 		return "gossip-key", nil
 	case o.InsecurePeers:
@@ -146,8 +151,17 @@ func (n *Node) raftConn() (raftconn.Options, error) {
 		co.Certificate = func() (*tls.Certificate, error) { return n.tls.live.Load(), nil }
 		co.CA = n.tls.clientCA
 		co.ClusterOf = func(c *x509.Certificate) (string, error) { return ClusterFromCert(c, n.opts.PeerSANMode) }
+	case "raft-key":
+		co.RaftKey, co.AcceptGossipKey = n.opts.Raft.Key, n.opts.Raft.AcceptGossipKey
+		if co.AcceptGossipKey {
+			co.GossipKey = n.opts.Gossip.Key
+			n.log.Warn("the raft port also takes the gossip key's credential (--raft-accept-gossip-key): any holder of the gossip key can join; drop the flag once every node has the raft key",
+				"raft", n.opts.Raft.Listen)
+		}
 	case "gossip-key":
 		co.GossipKey = n.opts.Gossip.Key
+		n.log.Warn("the raft port's credential derives from the gossip key, which the clusters of a mesh may share (any holder can join this cluster): give the cluster a raft key of its own (--raft-key-file, docs/OPERATIONS.md)",
+			"raft", n.opts.Raft.Listen)
 	case "loopback":
 		co.Loopback = true
 		n.log.Warn("the raft port has no credentials and serves loopback only: any local process can reach it; give --gossip-key-file or mutual TLS outside tests",

@@ -469,6 +469,13 @@ type RaftOptions struct {
 	// TrailingLogs commands for followers that lag (defaults 4096 and
 	// 4096); a follower further behind is sent the snapshot.
 	SnapshotThreshold, TrailingLogs uint64
+	// Key is the cluster's own raft key (--raft-key-file, issue 25): the
+	// raft port's CA derives from it and the cluster ID, so that a gossip
+	// key shared by the clusters of a mesh lets no other cluster in.
+	// AcceptGossipKey also shows and takes the gossip key's credential
+	// (the older scheme), while the cluster moves to the raft key.
+	Key             []byte
+	AcceptGossipKey bool
 }
 
 // GossipOptions configure peer discovery.

@@ -1,6 +1,7 @@
 package node
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -1320,5 +1321,97 @@ func TestImpostorOfTheLeaderGetsNoRequests(t *testing.T) {
 	defer mu.Unlock()
 	if len(got) > 0 {
 		t.Fatalf("the impostor received %d requests: %v", len(got), got)
+	}
+}
+
+// Issue 25, finding 4, a mixed cluster: the raft port's credential moves
+// from the gossip key (which the clusters of a mesh may share) to the
+// cluster's own raft key in a rolling upgrade. a1 has the gossip key only
+// (the older scheme), a2 and a3 the raft key and --raft-accept-gossip-key:
+// the three form one cluster and take writes; a1 gets the raft key; then
+// each drops the older credential in turn, writes going on; at the end a
+// node holding only the gossip key (another cluster of the mesh) is not
+// added.
+func TestRaftKeyRollingUpgrade(t *testing.T) {
+	gossipKey := bytes.Repeat([]byte{0x42}, 32)
+	raftKey := bytes.Repeat([]byte{0x17}, 32)
+	c := newRaftCluster(t, "a", 3, func(name string, o *Options) {
+		o.Gossip.Key = gossipKey
+		if name != "a1" {
+			o.Raft.Key, o.Raft.AcceptGossipKey = raftKey, true
+		}
+	})
+	ctx := context.Background()
+	write := func(round int) {
+		t.Helper()
+		for _, name := range c.names {
+			if c.nodes[name] == nil {
+				continue
+			}
+			k := fmt.Sprintf("r%d/%s", round, name)
+			var err error
+			for try := 0; try < 50; try++ { // an election may be under way after a restart
+				if _, err = c.client(name).Put(ctx, k, []byte("v")); err == nil {
+					break
+				}
+				time.Sleep(100 * time.Millisecond)
+			}
+			if err != nil {
+				t.Fatalf("round %d: a write through %s: %v", round, name, err)
+			}
+		}
+	}
+	c.leader()
+	write(0)
+	c.converged()
+	restart := func(name string, key []byte, accept bool) {
+		t.Helper()
+		c.stop(name)
+		c.opts[name].Raft.Key, c.opts[name].Raft.AcceptGossipKey = key, accept
+		c.start(name)
+		c.leader()
+	}
+	restart("a1", raftKey, true)
+	write(1)
+	for i, name := range c.names {
+		restart(name, raftKey, false)
+		write(2 + i)
+	}
+	d := c.converged()
+	if d.Keys != 3*5 {
+		t.Fatalf("%d keys after the upgrade, want %d", d.Keys, 3*5)
+	}
+	// Another cluster's node with the shared gossip key claims cluster a.
+	free, release, err := ports.Hold(3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	release()
+	o := testOptions(filepath.Join(t.TempDir(), "a9"))
+	o.NodeID, o.Listen = "a9", free[0]
+	o.Raft = &RaftOptions{Listen: free[1], ElectionTimeout: 300 * time.Millisecond}
+	o.Gossip = &GossipOptions{Bind: free[2], Profile: "local", Key: gossipKey, Join: []string{c.opts["a1"].Gossip.Bind}}
+	o.IdentityCheckWait = -1
+	evil := openNode(t, o)
+	defer evil.Close()
+	if err := evil.Start(); err != nil {
+		t.Fatal(err)
+	}
+	l := c.leader()
+	deadline := time.Now().Add(3 * time.Second)
+	for time.Now().Before(deadline) {
+		for _, sv := range c.nodes[l].group.Status().Servers {
+			if sv.ID == "a9" {
+				t.Fatalf("a node holding only the shared gossip key was added: %+v", sv)
+			}
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	seen := false
+	for _, m := range c.nodes[l].sameCluster() {
+		seen = seen || m.Meta.Node == "a9"
+	}
+	if !seen {
+		t.Fatal("the leader's gossip never saw a9: the test proved nothing")
 	}
 }

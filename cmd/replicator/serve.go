@@ -32,6 +32,8 @@ type serveConfig struct {
 	Data               string   `yaml:"data"`
 	NodeID             string   `yaml:"node_id"`
 	RaftListen         string   `yaml:"raft_listen"`
+	RaftKeyFile        string   `yaml:"raft_key_file"`
+	RaftAcceptGossip   bool     `yaml:"raft_accept_gossip_key"`
 	RaftAdvertise      string   `yaml:"raft_advertise"`
 	BootstrapExpect    int      `yaml:"bootstrap_expect"`
 	RaftElection       duration `yaml:"raft_election_timeout"`
@@ -342,6 +344,8 @@ func serveFlags(cfg *serveConfig) *flag.FlagSet {
 	fs.StringVar(&cfg.NodeID, "node-id", cfg.NodeID, "this node's ID within its cluster (default: the data directory's, minted at its first start)")
 	fs.StringVar(&cfg.RaftListen, "raft-listen", cfg.RaftListen, "HOST:PORT of the raft port: this node is one of several of its cluster (docs/CLUSTER.md)")
 	fs.StringVar(&cfg.RaftAdvertise, "raft-advertise", cfg.RaftAdvertise, "HOST:PORT the cluster's other nodes reach the raft port at (default --raft-listen)")
+	fs.StringVar(&cfg.RaftKeyFile, "raft-key-file", cfg.RaftKeyFile, "file with the cluster's own base64 raft key (openssl rand -base64 32; the same on its nodes, on no other cluster's): secures the raft port")
+	fs.BoolVar(&cfg.RaftAcceptGossip, "raft-accept-gossip-key", cfg.RaftAcceptGossip, "with --raft-key-file: also take nodes that have only the gossip key (while the cluster moves to the raft key)")
 	fs.IntVar(&cfg.BootstrapExpect, "bootstrap-expect", cfg.BootstrapExpect, "how many fresh nodes found by gossip form a new cluster (0: wait to be added)")
 	fs.Var(&cfg.RaftElection, "raft-election-timeout", "bounds how long the cluster's nodes wait without a leader before they elect another (raft's heartbeat timeout is half of it)")
 	fs.StringVar(&cfg.Listen, "listen", cfg.Listen, "HTTP API address")
@@ -528,9 +532,21 @@ func (cfg *serveConfig) nodeOptions(log *slog.Logger) (*node.Options, error) {
 	}
 	if cfg.RaftListen != "" {
 		o.Raft = &node.RaftOptions{Listen: cfg.RaftListen, Advertise: cfg.RaftAdvertise, BootstrapExpect: cfg.BootstrapExpect,
-			ElectionTimeout: time.Duration(cfg.RaftElection)}
-	} else if cfg.RaftAdvertise != "" || cfg.BootstrapExpect != 0 {
-		errs = append(errs, errors.New("--raft-advertise and --bootstrap-expect need --raft-listen (a node of a cluster of several)"))
+			ElectionTimeout: time.Duration(cfg.RaftElection), AcceptGossipKey: cfg.RaftAcceptGossip}
+		if cfg.RaftKeyFile != "" {
+			key, err := readKey("--raft-key-file", cfg.RaftKeyFile)
+			if err == nil && len(key) < 16 {
+				err = fmt.Errorf("--raft-key-file %s: a key of %d bytes, want at least 16 (openssl rand -base64 32)", cfg.RaftKeyFile, len(key))
+			}
+			if err != nil {
+				errs = append(errs, err)
+			}
+			o.Raft.Key = key
+		} else if cfg.RaftAcceptGossip {
+			errs = append(errs, errors.New("--raft-accept-gossip-key needs --raft-key-file"))
+		}
+	} else if cfg.RaftAdvertise != "" || cfg.BootstrapExpect != 0 || cfg.RaftKeyFile != "" {
+		errs = append(errs, errors.New("--raft-advertise, --raft-key-file and --bootstrap-expect need --raft-listen (a node of a cluster of several)"))
 	}
 	if cfg.Origin != "" {
 		if cfg.ClusterID != "" {
@@ -555,16 +571,25 @@ func (cfg *serveConfig) nodeOptions(log *slog.Logger) (*node.Options, error) {
 // readGossipKey reads a base64 memberlist key (as `openssl rand -base64 32`
 // prints), trimmed.
 func readGossipKey(path string) ([]byte, error) {
-	b, err := os.ReadFile(path)
+	key, err := readKey("--gossip-key-file", path)
 	if err != nil {
-		return nil, fmt.Errorf("--gossip-key-file: %w", err)
-	}
-	key, err := base64.StdEncoding.DecodeString(strings.TrimSpace(string(b)))
-	if err != nil {
-		return nil, fmt.Errorf("--gossip-key-file %s: not base64: %w", path, err)
+		return nil, err
 	}
 	if n := len(key); n != 16 && n != 24 && n != 32 {
 		return nil, fmt.Errorf("--gossip-key-file %s: a key of %d bytes, want 16, 24 or 32", path, n)
+	}
+	return key, nil
+}
+
+// readKey reads a base64 key (as `openssl rand -base64 32` prints), trimmed.
+func readKey(flag, path string) ([]byte, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", flag, err)
+	}
+	key, err := base64.StdEncoding.DecodeString(strings.TrimSpace(string(b)))
+	if err != nil {
+		return nil, fmt.Errorf("%s %s: not base64: %w", flag, path, err)
 	}
 	return key, nil
 }

@@ -15,6 +15,7 @@
 package raftconn
 
 import (
+	"bytes"
 	"context"
 	"crypto/ed25519"
 	"crypto/hkdf"
@@ -58,8 +59,17 @@ type Options struct {
 	Certificate func() (*tls.Certificate, error)
 	CA          *x509.CertPool
 	ClusterOf   func(*x509.Certificate) (string, error)
-	// GossipKey derives the cluster's CA when Certificate is nil.
-	GossipKey []byte
+	// RaftKey, the cluster's own raft secret (issue 25), derives the
+	// cluster's CA when Certificate is nil: unlike the gossip key, which a
+	// mesh may share among its clusters, nobody outside the cluster holds
+	// it.
+	RaftKey []byte
+	// GossipKey derives the CA of the older scheme: the cluster's CA when
+	// neither Certificate nor RaftKey is given, and, with AcceptGossipKey,
+	// the credential shown to and accepted from nodes that have no raft
+	// key yet (a rolling upgrade to the raft key).
+	GossipKey       []byte
+	AcceptGossipKey bool
 	// Insecure serves plain TCP: tests of other things only.
 	Insecure bool
 	// Loopback serves plain TCP on a loopback address only, and dials and
@@ -403,12 +413,14 @@ func configs(o Options) (server, client *tls.Config, err error) {
 		if pool == nil || clusterOf == nil {
 			return nil, nil, errors.New("raftconn: a certificate needs CA and ClusterOf to check the other end")
 		}
+	case len(o.RaftKey) > 0:
+		return derivedConfigs(o)
 	case len(o.GossipKey) > 0:
 		ca, caKey, err := DeriveCA(o.GossipKey)
 		if err != nil {
 			return nil, nil, err
 		}
-		leaf, err := issue(ca, caKey, o.Cluster, o.Node)
+		leaf, err := issue(ca, caKey, o.Cluster, o.Node, serverName)
 		if err != nil {
 			return nil, nil, err
 		}
@@ -512,9 +524,137 @@ func DeriveCA(key []byte) (*x509.Certificate, ed25519.PrivateKey, error) {
 	return ca, priv, err
 }
 
+// serverNameRaftKey is the name a node of the raft-key scheme asks for:
+// one that also holds the older scheme's certificate (AcceptGossipKey)
+// shows the raft key's to it, and the older one to a node of the older
+// build, which asks for serverName.
+const serverNameRaftKey = "replicator-raft-2"
+
+// DeriveClusterCA derives the CA of a cluster's raft key (Options.RaftKey).
+// The cluster is part of the derivation, so a key reused by mistake for
+// two clusters still makes two CAs.
+func DeriveClusterCA(key []byte, cluster string) (*x509.Certificate, ed25519.PrivateKey, error) {
+	if len(key) < 16 {
+		return nil, nil, fmt.Errorf("raftconn: raft key of %d bytes, want at least 16", len(key))
+	}
+	seed, err := hkdf.Key(sha256.New, key, nil, "replicator raft CA v2 "+cluster, ed25519.SeedSize)
+	if err != nil {
+		return nil, nil, err
+	}
+	priv := ed25519.NewKeyFromSeed(seed)
+	tmpl := &x509.Certificate{
+		SerialNumber:          big.NewInt(2),
+		Subject:               pkix.Name{CommonName: "replicator raft CA of cluster " + cluster + " (its raft key)"},
+		NotBefore:             time.Unix(0, 0),
+		NotAfter:              time.Date(9999, 12, 31, 0, 0, 0, 0, time.UTC),
+		IsCA:                  true,
+		BasicConstraintsValid: true,
+		KeyUsage:              x509.KeyUsageCertSign,
+	}
+	der, err := x509.CreateCertificate(nil, tmpl, tmpl, priv.Public(), priv)
+	if err != nil {
+		return nil, nil, err
+	}
+	ca, err := x509.ParseCertificate(der)
+	return ca, priv, err
+}
+
+// derivedConfigs builds the TLS configurations of the raft-key scheme:
+// the node's certificate is signed by its cluster's raft-key CA, and the
+// other end's must be. With AcceptGossipKey, the node also holds a
+// certificate of the gossip key's CA and trusts that CA: it shows that
+// certificate to a node that asks for the older scheme's name (as a server)
+// or lists only the older CA (as a client), so that the two schemes talk
+// while a cluster moves to the raft key; the older CA is dropped with
+// AcceptGossipKey once every node has the raft key.
+func derivedConfigs(o Options) (server, client *tls.Config, err error) {
+	ca, caKey, err := DeriveClusterCA(o.RaftKey, o.Cluster)
+	if err != nil {
+		return nil, nil, err
+	}
+	leaf, err := issue(ca, caKey, o.Cluster, o.Node, serverNameRaftKey)
+	if err != nil {
+		return nil, nil, err
+	}
+	pool := x509.NewCertPool()
+	pool.AddCert(ca)
+	var legacy *tls.Certificate
+	if o.AcceptGossipKey {
+		if len(o.GossipKey) == 0 {
+			return nil, nil, errors.New("raftconn: accepting the gossip key's credential needs the gossip key")
+		}
+		lca, lkey, err := DeriveCA(o.GossipKey)
+		if err != nil {
+			return nil, nil, err
+		}
+		if legacy, err = issue(lca, lkey, o.Cluster, o.Node, serverName); err != nil {
+			return nil, nil, err
+		}
+		pool.AddCert(lca)
+	}
+	caSubject := ca.RawSubject
+	verify := func(cs tls.ConnectionState, usage x509.ExtKeyUsage) error {
+		if len(cs.PeerCertificates) == 0 {
+			return errors.New("raftconn: the other end presented no certificate")
+		}
+		// The chain, against this cluster's CA (and the older one while
+		// accepted); no host name: every certificate of a derived CA
+		// names the cluster, which decides.
+		if _, err := cs.PeerCertificates[0].Verify(x509.VerifyOptions{Roots: pool, Intermediates: intermediates(cs.PeerCertificates),
+			KeyUsages: []x509.ExtKeyUsage{usage}}); err != nil {
+			return err
+		}
+		got, err := clusterOfDerived(cs.PeerCertificates[0])
+		if err != nil {
+			return fmt.Errorf("raftconn: the other end's certificate: %w", err)
+		}
+		if got != o.Cluster {
+			return fmt.Errorf("raftconn: the other end belongs to cluster %q, not %q", got, o.Cluster)
+		}
+		return nil
+	}
+	server = &tls.Config{
+		MinVersion: tls.VersionTLS13,
+		GetCertificate: func(h *tls.ClientHelloInfo) (*tls.Certificate, error) {
+			if legacy != nil && h.ServerName != serverNameRaftKey {
+				return legacy, nil // a node of the older scheme asks
+			}
+			return leaf, nil
+		},
+		// The chain is verified in VerifyConnection (against both CAs
+		// while the older one is accepted); ClientCAs only tells the
+		// client which CAs this node takes.
+		ClientAuth:             tls.RequireAnyClientCert,
+		ClientCAs:              pool,
+		VerifyConnection:       func(cs tls.ConnectionState) error { return verify(cs, x509.ExtKeyUsageClientAuth) },
+		NextProtos:             []string{alpnBound, alpnLegacy},
+		SessionTicketsDisabled: true,
+	}
+	client = &tls.Config{
+		MinVersion: tls.VersionTLS13,
+		GetClientCertificate: func(cri *tls.CertificateRequestInfo) (*tls.Certificate, error) {
+			if legacy == nil {
+				return leaf, nil
+			}
+			for _, s := range cri.AcceptableCAs {
+				if bytes.Equal(s, caSubject) {
+					return leaf, nil
+				}
+			}
+			return legacy, nil // a node of the older scheme takes only its CA
+		},
+		ServerName:         serverNameRaftKey,
+		InsecureSkipVerify: true, // verified in VerifyConnection, without a host name
+		VerifyConnection:   func(cs tls.ConnectionState) error { return verify(cs, x509.ExtKeyUsageServerAuth) },
+		NextProtos:         []string{alpnBound, alpnLegacy},
+	}
+	return server, client, nil
+}
+
 // issue makes this node's certificate, signed by the derived CA, naming its
-// cluster and node in a URI: replicator-raft://CLUSTER/NODE.
-func issue(ca *x509.Certificate, caKey ed25519.PrivateKey, cluster, node string) (*tls.Certificate, error) {
+// cluster and node in a URI: replicator-raft://CLUSTER/NODE, and the name
+// the dialling side asks for.
+func issue(ca *x509.Certificate, caKey ed25519.PrivateKey, cluster, node, name string) (*tls.Certificate, error) {
 	pub, priv, err := ed25519.GenerateKey(rand.Reader)
 	if err != nil {
 		return nil, err
@@ -529,7 +669,7 @@ func issue(ca *x509.Certificate, caKey ed25519.PrivateKey, cluster, node string)
 		Subject:      pkix.Name{CommonName: cluster + "/" + node},
 		NotBefore:    time.Now().Add(-time.Hour),
 		NotAfter:     time.Now().Add(10 * 365 * 24 * time.Hour),
-		DNSNames:     []string{serverName},
+		DNSNames:     []string{name},
 		URIs:         []*url.URL{u},
 		KeyUsage:     x509.KeyUsageDigitalSignature,
 		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},

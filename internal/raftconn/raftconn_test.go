@@ -360,3 +360,58 @@ type advertised string
 
 func (a advertised) Network() string { return "tcp" }
 func (a advertised) String() string  { return string(a) }
+
+// Issue 25, finding 4: the raft CA derived from the gossip key alone, and a
+// mesh may share one gossip key among its clusters: anyone holding it could
+// mint a certificate naming any cluster. A cluster's raft key is its own.
+// While a cluster moves to it (a rolling upgrade), a node with the raft key
+// and AcceptGossipKey talks both ways with nodes of the older scheme and
+// with nodes of the raft key alone; once every node has the raft key, a
+// holder of the gossip key (another cluster of the mesh) reaches none.
+func TestRaftKeySchemes(t *testing.T) {
+	raftKey := bytes.Repeat([]byte{0x5}, 32)
+	old := func(node string) Options { return Options{Cluster: "a", Node: node, GossipKey: keyA} }
+	mixed := func(node string) Options {
+		return Options{Cluster: "a", Node: node, RaftKey: raftKey, GossipKey: keyA, AcceptGossipKey: true}
+	}
+	strict := func(node string) Options { return Options{Cluster: "a", Node: node, RaftKey: raftKey} }
+	for _, c := range []struct {
+		name  string
+		from  Options
+		to    Options
+		talks bool
+	}{
+		{"older scheme to mixed", old("a1"), mixed("a2"), true},
+		{"mixed to older scheme", mixed("a2"), old("a1"), true},
+		{"mixed to raft key", mixed("a2"), strict("a3"), true},
+		{"raft key to mixed", strict("a3"), mixed("a2"), true},
+		{"raft key to raft key", strict("a3"), strict("a4"), true},
+		{"older scheme to raft key", old("a1"), strict("a3"), false},
+		{"raft key to older scheme", strict("a3"), old("a1"), false},
+		// Another cluster of the mesh holds the gossip key and names
+		// cluster a in the certificate it mints: the raft key keeps it out.
+		{"gossip key holder to raft key", Options{Cluster: "a", Node: "evil", GossipKey: keyA}, strict("a3"), false},
+		// The raft key of another cluster, even the same bytes, makes
+		// another CA.
+		{"raft key of cluster b", Options{Cluster: "b", Node: "b1", RaftKey: raftKey}, strict("a3"), false},
+		{"wrong raft key", Options{Cluster: "a", Node: "x", RaftKey: bytes.Repeat([]byte{0x6}, 32)}, strict("a3"), false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			a, b := listen(t, c.from), listen(t, c.to)
+			done := echo(b)
+			err := roundTrip(a, b)
+			if c.talks {
+				if err != nil {
+					t.Fatal(err)
+				}
+				if err := <-done; err != nil {
+					t.Fatal(err)
+				}
+				return
+			}
+			if err == nil {
+				t.Fatal("the two schemes talked")
+			}
+		})
+	}
+}
