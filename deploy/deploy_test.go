@@ -338,7 +338,7 @@ func TestKubernetesManifests(t *testing.T) {
 	}
 	args := strings.Join(c.Args, " ")
 	for _, want := range []string{"--peer-secret-file", "--data=/data", "--peer-listen", "--node-id=$(POD_NAME)", "--raft-listen",
-		"--bootstrap-expect=3", "--gossip-key-file", "--advertise-api", "--raft-advertise", "--api-token-file", "--admin-token-file"} {
+		"--bootstrap-expect=3", "--gossip-key-file", "--advertise-api", "--raft-advertise", "--api-token-file", "--admin-token-file", "--raft-key-file"} {
 		if !strings.Contains(args, want) {
 			t.Errorf("the node's arguments lack %s: %s", want, args)
 		}
