@@ -186,3 +186,62 @@ func TestGossipImpostorOfTheLeaderGetsNoRequests(t *testing.T) {
 		t.Fatalf("the impostor received %d requests: %v", len(got), got[:min(5, len(got))])
 	}
 }
+
+// Issue 25, findings 1 and 5, with real processes. Forged gossip members
+// describing made-up nodes of cluster a (no gossip key, as documented for a
+// closed network) made the leader add three voters it never reached: six
+// voters, three alive, no leader ever again. And three `admin cluster join`s
+// of addresses nobody answers at did the same. Now the leader adds a node
+// only once its raft port said who it is, and only as a non-voter: the
+// made-up members and the joins change no voter, and the cluster elects a
+// new leader when its leader is killed.
+func TestForgedMembersAndJoinsDoNotTakeTheQuorum(t *testing.T) {
+	m := newRaftMesh(t, []string{"a"}, 3)
+	m.start()
+	l := m.waitLeader("a", 30*time.Second)
+	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+	for i := 0; i < 3; i++ {
+		ghost := fmt.Sprintf("127.0.0.1:%d", freePort(t)) // nobody listens
+		d, err := transport.StartDiscovery(transport.DiscoveryOptions{NodeName: fmt.Sprintf("a-ghost%d", i),
+			Bind: fmt.Sprintf("127.0.0.1:%d", freePort(t)), Profile: "local", Join: []string{l.gossip}, Logger: quiet,
+			Meta: transport.MemberMeta{V: transport.GossipVersion, Cluster: "a", Node: fmt.Sprintf("ghost%d", i), Inc: "0badc0de",
+				Raft: ghost, API: "http://" + ghost, Replicate: "http://" + ghost}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer d.Leave(time.Second)
+		d.JoinLoop(make(chan struct{}))
+		// The operator's join of an address nobody answers at.
+		body := fmt.Appendf(nil, `{"id": "joined%d", "raft": %q}`, i, fmt.Sprintf("127.0.0.1:%d", freePort(t)))
+		if _, err := l.client().Do(bg(), http.MethodPost, "/admin/cluster/join", body, http.Header{"Content-Type": {"application/json"}}, nil); err == nil {
+			t.Fatalf("a join of an address nobody answers at was accepted")
+		}
+	}
+	// A dozen membership rounds.
+	time.Sleep(3 * time.Second)
+	r, err := localCluster(l)
+	if err != nil {
+		t.Fatal(err)
+	}
+	voters, ghosts := 0, 0
+	for _, cn := range r.Nodes {
+		if cn.Voter {
+			voters++
+		}
+		if strings.HasPrefix(cn.ID, "ghost") && cn.State == "not a member" {
+			ghosts++
+		}
+	}
+	if voters != 3 {
+		t.Fatalf("%d voters after the forged members and joins, want 3: %+v", voters, r.Nodes)
+	}
+	if ghosts != 3 {
+		t.Fatalf("admin cluster shows %d of the 3 made-up members as not members (the leader's gossip must see them, or the test proved nothing): %+v", ghosts, r.Nodes)
+	}
+	m.setDown(l.id, true)
+	l.kill()
+	next := m.waitLeader("a", 30*time.Second)
+	if _, err := next.client().Put(bg(), "after", []byte("v")); err != nil {
+		t.Fatalf("a write after the leader was killed: %v", err)
+	}
+}
