@@ -243,6 +243,8 @@ func TestMultiNodeRobustness(t *testing.T) {
 	}
 	m := newRaftMesh(t, []string{"a", "b"}, 3)
 	m.start()
+	// A hostile gossip member in both clusters all along (issue 25).
+	hostile := startHostile(t, m)
 	hist := &history{}
 	injected := map[string]int{}
 	var imu sync.Mutex
@@ -450,6 +452,7 @@ func TestMultiNodeRobustness(t *testing.T) {
 	}
 	wwg.Wait()
 	fwg.Wait()
+	hostileBad := hostile.end()
 	for _, c := range m.clusters {
 		m.heal(c)
 	}
@@ -490,6 +493,7 @@ func TestMultiNodeRobustness(t *testing.T) {
 		}
 	}
 	violations = append(violations, hist.check(final, counters, keys)...)
+	violations = append(violations, hostileBad...)
 	for _, n := range running {
 		for _, st := range peersReport(t, n.proc).Streams {
 			if st.Merged+st.DeadLettered+st.Seeded != st.HWM {
@@ -509,8 +513,9 @@ func TestMultiNodeRobustness(t *testing.T) {
 		kinds = append(kinds, fmt.Sprintf("%s=%d", k, v))
 	}
 	sort.Strings(kinds)
-	t.Logf("seed %d: %s of faults on 2 clusters x 3 nodes (%s), operations %v, %d nodes converged, 0 violations",
-		s, d, strings.Join(kinds, " "), counts, len(running))
+	t.Logf("seed %d: %s of faults on 2 clusters x 3 nodes (%s), operations %v, %d nodes converged, 0 violations; "+
+		"a hostile gossip member impersonated a leader %d times, flooded %d members, and got 0 requests",
+		s, d, strings.Join(kinds, " "), counts, len(running), hostile.rounds.Load(), hostile.flooded.Load())
 }
 
 // opEvent is an operator event forced at a fraction of the run.
