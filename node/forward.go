@@ -193,24 +193,16 @@ func (n *Node) forward(h http.Handler, w http.ResponseWriter, r *http.Request) {
 			n.answerAsLeader(h, w, r) // elected meanwhile
 			return
 		}
-		out, err := http.NewRequestWithContext(r.Context(), r.Method, serviceURL(id, r.URL.RequestURI()), nil)
+		out, err := n.outRequest(r, serviceURL(id, r.URL.RequestURI()), body)
 		if err != nil {
 			writeErr(w, fmt.Errorf("%w: %w", ErrNotWritten, err))
 			return
-		}
-		if body != nil {
-			out.Body, out.ContentLength = io.NopCloser(body), r.ContentLength
-		}
-		out.Header = r.Header.Clone()
-		for _, k := range hopHeaders {
-			out.Header.Del(k)
 		}
 		// The caller's credentials stay here: the raft port's
 		// authenticates this node, which says whom it verified.
 		out.Header.Del("Authorization")
 		out.Header.Del("Cookie")
 		out.Header.Set(headerCaller, n.callerIdentity(r))
-		out.Header.Set(headerForwarded, n.nodeID)
 		resp, err := n.svcClient.Do(out)
 		if err != nil {
 			var ns errNotSent
@@ -233,6 +225,24 @@ func (n *Node) forward(h http.Handler, w http.ResponseWriter, r *http.Request) {
 	writeErr(w, fmt.Errorf("%w: the leader could not be reached: %w", ErrNotWritten, last))
 }
 
+// outRequest is r as forwarded to url: its body (unless none), its headers
+// but the hop-by-hop and browser ones, marked forwarded.
+func (n *Node) outRequest(r *http.Request, url string, body *countingBody) (*http.Request, error) {
+	out, err := http.NewRequestWithContext(r.Context(), r.Method, url, nil)
+	if err != nil {
+		return nil, err
+	}
+	if body != nil {
+		out.Body, out.ContentLength = io.NopCloser(body), r.ContentLength
+	}
+	out.Header = r.Header.Clone()
+	for _, k := range hopHeaders {
+		out.Header.Del(k)
+	}
+	out.Header.Set(headerForwarded, n.nodeID)
+	return out, nil
+}
+
 // forwardLegacy forwards to a leader of an older build, on its API at the
 // URL gossip reports for it, as that build's followers do.
 func (n *Node) forwardLegacy(h http.Handler, w http.ResponseWriter, r *http.Request, body *countingBody, id raft.ServerID) {
@@ -243,19 +253,11 @@ func (n *Node) forwardLegacy(h http.Handler, w http.ResponseWriter, r *http.Requ
 		return
 	}
 	api := m.Meta.API
-	out, err := http.NewRequestWithContext(r.Context(), r.Method, strings.TrimRight(api, "/")+r.URL.RequestURI(), nil)
+	out, err := n.outRequest(r, strings.TrimRight(api, "/")+r.URL.RequestURI(), body)
 	if err != nil {
 		writeErr(w, fmt.Errorf("%w: %w", ErrNotWritten, err))
 		return
 	}
-	if body != nil {
-		out.Body, out.ContentLength = io.NopCloser(body), r.ContentLength
-	}
-	out.Header = r.Header.Clone()
-	for _, k := range hopHeaders {
-		out.Header.Del(k)
-	}
-	out.Header.Set(headerForwarded, n.nodeID)
 	resp, err := n.fwdClient.Do(out)
 	if err != nil {
 		var op *net.OpError

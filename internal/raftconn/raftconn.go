@@ -502,14 +502,19 @@ func DeriveCA(key []byte) (*x509.Certificate, ed25519.PrivateKey, error) {
 	if len(key) < 16 {
 		return nil, nil, fmt.Errorf("raftconn: gossip key of %d bytes, want at least 16", len(key))
 	}
-	seed, err := hkdf.Key(sha256.New, key, nil, "replicator raft CA v1", ed25519.SeedSize)
+	return deriveCA(key, "replicator raft CA v1", "replicator raft CA (derived from the gossip key)", 1)
+}
+
+// deriveCA makes a self-signed Ed25519 CA whose key is HKDF(key, info).
+func deriveCA(key []byte, info, name string, serial int64) (*x509.Certificate, ed25519.PrivateKey, error) {
+	seed, err := hkdf.Key(sha256.New, key, nil, info, ed25519.SeedSize)
 	if err != nil {
 		return nil, nil, err
 	}
 	priv := ed25519.NewKeyFromSeed(seed)
 	tmpl := &x509.Certificate{
-		SerialNumber:          big.NewInt(1),
-		Subject:               pkix.Name{CommonName: "replicator raft CA (derived from the gossip key)"},
+		SerialNumber:          big.NewInt(serial),
+		Subject:               pkix.Name{CommonName: name},
 		NotBefore:             time.Unix(0, 0),
 		NotAfter:              time.Date(9999, 12, 31, 0, 0, 0, 0, time.UTC),
 		IsCA:                  true,
@@ -537,26 +542,7 @@ func DeriveClusterCA(key []byte, cluster string) (*x509.Certificate, ed25519.Pri
 	if len(key) < 16 {
 		return nil, nil, fmt.Errorf("raftconn: raft key of %d bytes, want at least 16", len(key))
 	}
-	seed, err := hkdf.Key(sha256.New, key, nil, "replicator raft CA v2 "+cluster, ed25519.SeedSize)
-	if err != nil {
-		return nil, nil, err
-	}
-	priv := ed25519.NewKeyFromSeed(seed)
-	tmpl := &x509.Certificate{
-		SerialNumber:          big.NewInt(2),
-		Subject:               pkix.Name{CommonName: "replicator raft CA of cluster " + cluster + " (its raft key)"},
-		NotBefore:             time.Unix(0, 0),
-		NotAfter:              time.Date(9999, 12, 31, 0, 0, 0, 0, time.UTC),
-		IsCA:                  true,
-		BasicConstraintsValid: true,
-		KeyUsage:              x509.KeyUsageCertSign,
-	}
-	der, err := x509.CreateCertificate(nil, tmpl, tmpl, priv.Public(), priv)
-	if err != nil {
-		return nil, nil, err
-	}
-	ca, err := x509.ParseCertificate(der)
-	return ca, priv, err
+	return deriveCA(key, "replicator raft CA v2 "+cluster, "replicator raft CA of cluster "+cluster+" (its raft key)", 2)
 }
 
 // derivedConfigs builds the TLS configurations of the raft-key scheme:
