@@ -245,3 +245,104 @@ func TestForgedMembersAndJoinsDoNotTakeTheQuorum(t *testing.T) {
 		t.Fatalf("a write after the leader was killed: %v", err)
 	}
 }
+
+// Issue 25, finding 4, with real processes: a cluster moves its raft port
+// from the gossip key (which the clusters of a mesh may share: whoever
+// holds it could join any of them) to a raft key of its own, in a rolling
+// upgrade. a1 starts with the gossip key only (the older scheme), a2 and a3
+// with the raft key and --raft-accept-gossip-key: they form one cluster and
+// take writes at every node. Then each node in turn is restarted with the
+// raft key alone (a1 first through the accepting step), writes going on;
+// at the end, a node holding only the shared gossip key is never added.
+func TestRaftKeyRollingUpgradeOfAMixedCluster(t *testing.T) {
+	gossipKey, raftKey := writeKey(t, 41), writeKey(t, 42)
+	m := &rmesh{t: t, clusters: []string{"a"}, nodes: map[string]*rnode{}, removed: map[string]bool{}, down: map[string]bool{}}
+	m.prepare("a", "a1", 3, "--gossip-key-file", gossipKey)
+	for _, id := range []string{"a2", "a3"} {
+		m.prepare("a", id, 3, "--gossip-key-file", gossipKey, "--raft-key-file", raftKey, "--raft-accept-gossip-key")
+	}
+	m.start()
+	round := 0
+	write := func() {
+		t.Helper()
+		round++
+		for _, n := range m.members("a") {
+			k := fmt.Sprintf("r%d/%s", round, n.id)
+			eventually(t, 20*time.Second, func() (bool, string) {
+				if _, err := n.client().Put(bg(), k, []byte("v")); err != nil {
+					return false, fmt.Sprintf("a write through %s: %v", n.id, err)
+				}
+				return true, ""
+			})
+		}
+	}
+	write()
+	restart := func(n *rnode, args ...string) {
+		t.Helper()
+		n.stop()
+		var kept []string
+		for i := 0; i < len(n.args); i++ {
+			switch n.args[i] {
+			case "--raft-key-file":
+				i++
+				continue
+			case "--raft-accept-gossip-key":
+				continue
+			}
+			kept = append(kept, n.args[i])
+		}
+		n.args = append(kept, args...)
+		n.startReady()
+		m.waitLeader("a", 30*time.Second)
+		write()
+	}
+	restart(m.nodes["a1"], "--raft-key-file", raftKey, "--raft-accept-gossip-key")
+	for _, id := range []string{"a1", "a2", "a3"} {
+		restart(m.nodes[id], "--raft-key-file", raftKey)
+	}
+	var leaderDigest node.DigestReport
+	eventually(t, 20*time.Second, func() (bool, string) {
+		var ds []node.DigestReport
+		for _, n := range m.members("a") {
+			d, err := digestOf(n.proc)
+			if err != nil {
+				return false, err.Error()
+			}
+			ds = append(ds, d)
+		}
+		for _, d := range ds[1:] {
+			if d.Digest != ds[0].Digest {
+				return false, "digests differ"
+			}
+		}
+		leaderDigest = ds[0]
+		return ds[0].Keys == 3*round, fmt.Sprintf("%d keys, want %d", ds[0].Keys, 3*round)
+	})
+	// Another cluster's node holding the shared gossip key, claiming a.
+	evil := m.prepare("a", "a9", 3, "--gossip-key-file", gossipKey)
+	for _, n := range m.members("a") {
+		if n.id != "a9" {
+			evil.args = append(evil.args, "--join", n.gossip)
+		}
+	}
+	evil.start()
+	time.Sleep(5 * time.Second) // a score of membership rounds
+	l := m.waitLeader("a", 10*time.Second)
+	r, err := localCluster(l)
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen := false
+	for _, cn := range r.Nodes {
+		if cn.ID == "a9" {
+			seen = true
+			if cn.State != "not a member" {
+				t.Fatalf("a node holding only the shared gossip key is in the configuration: %+v", cn)
+			}
+		}
+	}
+	if !seen {
+		t.Fatalf("the leader's gossip never saw a9: the test proved nothing (%+v)", r.Nodes)
+	}
+	t.Logf("upgraded in %d rounds of writes; %d keys on every node", round, leaderDigest.Keys)
+}
