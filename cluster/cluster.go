@@ -263,6 +263,12 @@ type Group struct {
 	recovery atomic.Pointer[Recovery]
 	// desc caches what members said of themselves (service.go).
 	desc described
+	// unconfirmed: members whose raft port did not confirm them, and
+	// until when they are left alone (members.go confirmed).
+	unconfirmed struct {
+		sync.Mutex
+		m map[string]time.Time
+	}
 
 	// lead is the leader's bookkeeping of membership, of the run
 	// goroutine only: the commit index each new member must reach before

@@ -154,20 +154,42 @@ func (g *Group) reconcile() {
 
 // confirmed asks the raft port at addr who answers there: gossip says which
 // incarnation runs, the authenticated raft port confirms it.
+//
+// A member whose raft port did not confirm it is asked again only after
+// unconfirmedBackoff: gossip without a key may report any number of
+// made-up members (a flood), and each would otherwise cost a dial every
+// round.
 func (g *Group) confirmed(id raft.ServerID, addr string) bool {
 	if g.layer == nil {
 		return true
 	}
+	key := string(id) + "@" + addr
+	g.unconfirmed.Lock()
+	if until, ok := g.unconfirmed.m[key]; ok && time.Now().Before(until) {
+		g.unconfirmed.Unlock()
+		return false
+	}
+	g.unconfirmed.Unlock()
 	who, err := g.layer.Identify(addr, time.Second)
 	if err == nil && who.ID == string(id) {
 		return true
 	}
+	g.unconfirmed.Lock()
+	if g.unconfirmed.m == nil || len(g.unconfirmed.m) > 4096 {
+		g.unconfirmed.m = map[string]time.Time{}
+	}
+	g.unconfirmed.m[key] = time.Now().Add(unconfirmedBackoff)
+	g.unconfirmed.Unlock()
 	if err == nil {
 		err = fmt.Errorf("%s answers there", who.ID)
 	}
 	g.logOnce("confirm:"+string(id), "gossip reports a node its raft port does not confirm: not added", "server", id, "raft", addr, "err", err)
 	return false
 }
+
+// unconfirmedBackoff is how long a member its raft port did not confirm is
+// left alone before it is asked again.
+const unconfirmedBackoff = 2 * time.Second
 
 // reconcileMembers is the leader's round: add new members as non-voters,
 // promote those that caught up, retire replaced incarnations.
