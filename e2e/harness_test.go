@@ -158,6 +158,10 @@ func (p *proc) start() {
 	}
 	cmd := exec.Command(binPath, p.args...)
 	cmd.Stdout, cmd.Stderr = f, f
+	// A node dies with the test binary, even one that crashed or was
+	// killed before its cleanups ran (orphaned nodes took CPU from the
+	// runs after them).
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	cmd.Env = append(os.Environ(), p.env...)
 	if err := cmd.Start(); err != nil {
 		p.t.Fatal(err)

@@ -56,7 +56,9 @@ func startHostile(t *testing.T, m *rmesh) *hostile {
 		for _, n := range m.members(cluster) {
 			seeds = append(seeds, n.gossip)
 		}
-		d, err := transport.StartDiscovery(transport.DiscoveryOptions{NodeName: name, Bind: fmt.Sprintf("127.0.0.1:%d", freePort(t)),
+		// Port 0: memberlist binds a free one (freePort hands each port out
+		// once, and a flood of ten minutes would use them all up).
+		d, err := transport.StartDiscovery(transport.DiscoveryOptions{NodeName: name, Bind: "127.0.0.1:0",
 			Profile: "local", Join: seeds, Logger: quiet,
 			Meta: transport.MemberMeta{V: transport.GossipVersion, Cluster: cluster, Node: node, Inc: inc, Raft: raftAddr, API: url, Replicate: url}})
 		if err != nil {
@@ -69,7 +71,7 @@ func startHostile(t *testing.T, m *rmesh) *hostile {
 	var made []*transport.Discovery
 	for _, c := range m.clusters {
 		for i := 0; i < 10; i++ {
-			ghost := fmt.Sprintf("127.0.0.1:%d", freePort(t))
+			ghost := fmt.Sprintf("127.0.0.1:%d", 1+i) // nobody listens on ports 1-10
 			if d := member(fmt.Sprintf("%s-ghost%d", c, i), c, fmt.Sprintf("ghost%d", i), "0badc0de", ghost, h.fake.URL); d != nil {
 				made = append(made, d)
 			}
@@ -109,7 +111,7 @@ func startHostile(t *testing.T, m *rmesh) *hostile {
 					}
 				}
 				if d := member(fmt.Sprintf("%s-flood-%d", c, i), c, fmt.Sprintf("flood%d", i%50), "0badc0de",
-					fmt.Sprintf("127.0.0.1:%d", freePort(t)), h.fake.URL); d != nil {
+					fmt.Sprintf("127.0.0.1:%d", 11+i%50), h.fake.URL); d != nil {
 					h.flooded.Add(1)
 					h.done.Add(1)
 					go func() {
