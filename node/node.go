@@ -80,6 +80,9 @@ type Node struct {
 	// svcSrv serves the requests other nodes send over the raft port.
 	svcSrv *http.Server
 	svcErr chan error
+	// selfDesc is what this node says of itself on its raft port
+	// (service.go), set once Start bound the listeners.
+	selfDesc atomic.Pointer[string]
 	// discovered are peers gossip found (a term links to them too).
 	discoveredMu sync.Mutex
 	discovered   map[string]Peer
@@ -343,6 +346,7 @@ func (n *Node) Start() error {
 		n.peerSrv = n.serve(n.peerLn, n.PeerHandler(), &n.peerServeErr)
 	}
 	if n.multi() {
+		n.setDescription()
 		n.serveService()
 		n.every(time.Second, n.refreshProven)
 	}

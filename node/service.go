@@ -45,11 +45,18 @@ type described struct {
 	Replicate string `json:"replicate"`
 }
 
-// describeSelf is this node's description (cluster.Options.Describe).
+// describeSelf is this node's description (cluster.Options.Describe): ""
+// until Start has bound the listeners (the raft port answers before).
 func (n *Node) describeSelf() string {
-	if n.ln == nil {
-		return "" // not serving yet: nothing to hand out
+	if p := n.selfDesc.Load(); p != nil {
+		return *p
 	}
+	return ""
+}
+
+// setDescription records what this node says of itself, once its listeners
+// are bound (Start).
+func (n *Node) setDescription() {
 	d := described{API: n.URL(), Replicate: n.PeerURL()}
 	if g := n.opts.Gossip; g != nil {
 		if g.APIURL != "" {
@@ -60,7 +67,8 @@ func (n *Node) describeSelf() string {
 		}
 	}
 	b, _ := json.Marshal(d)
-	return string(b)
+	desc := string(b)
+	n.selfDesc.Store(&desc)
 }
 
 // proven returns what member id said of itself over the raft port; wait
