@@ -39,7 +39,10 @@ func (g *Group) ServiceListener() net.Listener {
 	return g.layer.ServiceListener()
 }
 
-// address returns the raft address the latest configuration holds for id.
+// address returns the raft address the latest configuration holds for id,
+// or, for the leader, the one raft learned from it: a node just added knows
+// its leader (its appends came over the raft port, with the cluster's
+// credential) before its log holds a configuration naming it.
 func (g *Group) address(id raft.ServerID) (string, error) {
 	cf := g.raft.GetConfiguration()
 	if err := cf.Error(); err != nil {
@@ -49,6 +52,9 @@ func (g *Group) address(id raft.ServerID) (string, error) {
 		if s.ID == id {
 			return string(s.Address), nil
 		}
+	}
+	if addr, lid := g.raft.LeaderWithID(); lid == id && addr != "" {
+		return string(addr), nil
 	}
 	return "", fmt.Errorf("%w: %s", ErrNotMember, id)
 }
