@@ -473,19 +473,31 @@ func configs(o Options) (server, client *tls.Config, err error) {
 		// above decides.
 		client.InsecureSkipVerify = true
 		client.VerifyConnection = func(cs tls.ConnectionState) error {
-			if len(cs.PeerCertificates) == 0 {
-				return errors.New("raftconn: the other end presented no certificate")
-			}
-			chains, err := cs.PeerCertificates[0].Verify(x509.VerifyOptions{Roots: pool, Intermediates: intermediates(cs.PeerCertificates),
-				KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}})
-			if err != nil {
-				return err
-			}
-			cs.VerifiedChains = chains
-			return sameCluster(cs)
+			return verifyPeer(cs, pool, x509.ExtKeyUsageServerAuth, clusterOf, o.Cluster)
 		}
 	}
 	return server, client, nil
+}
+
+// verifyPeer checks the other end's chain against pool, without a host
+// name, and that its certificate names cluster.
+func verifyPeer(cs tls.ConnectionState, pool *x509.CertPool, usage x509.ExtKeyUsage,
+	clusterOf func(*x509.Certificate) (string, error), cluster string) error {
+	if len(cs.PeerCertificates) == 0 {
+		return errors.New("raftconn: the other end presented no certificate")
+	}
+	if _, err := cs.PeerCertificates[0].Verify(x509.VerifyOptions{Roots: pool, Intermediates: intermediates(cs.PeerCertificates),
+		KeyUsages: []x509.ExtKeyUsage{usage}}); err != nil {
+		return err
+	}
+	got, err := clusterOf(cs.PeerCertificates[0])
+	if err != nil {
+		return fmt.Errorf("raftconn: the other end's certificate: %w", err)
+	}
+	if got != cluster {
+		return fmt.Errorf("raftconn: the other end belongs to cluster %q, not %q", got, cluster)
+	}
+	return nil
 }
 
 func intermediates(certs []*x509.Certificate) *x509.CertPool {
@@ -579,25 +591,11 @@ func derivedConfigs(o Options) (server, client *tls.Config, err error) {
 		pool.AddCert(lca)
 	}
 	caSubject := ca.RawSubject
+	// The chain, against this cluster's CA (and the older one while
+	// accepted); no host name: every certificate of a derived CA names the
+	// cluster, which decides.
 	verify := func(cs tls.ConnectionState, usage x509.ExtKeyUsage) error {
-		if len(cs.PeerCertificates) == 0 {
-			return errors.New("raftconn: the other end presented no certificate")
-		}
-		// The chain, against this cluster's CA (and the older one while
-		// accepted); no host name: every certificate of a derived CA
-		// names the cluster, which decides.
-		if _, err := cs.PeerCertificates[0].Verify(x509.VerifyOptions{Roots: pool, Intermediates: intermediates(cs.PeerCertificates),
-			KeyUsages: []x509.ExtKeyUsage{usage}}); err != nil {
-			return err
-		}
-		got, err := clusterOfDerived(cs.PeerCertificates[0])
-		if err != nil {
-			return fmt.Errorf("raftconn: the other end's certificate: %w", err)
-		}
-		if got != o.Cluster {
-			return fmt.Errorf("raftconn: the other end belongs to cluster %q, not %q", got, o.Cluster)
-		}
-		return nil
+		return verifyPeer(cs, pool, usage, clusterOfDerived, o.Cluster)
 	}
 	server = &tls.Config{
 		MinVersion: tls.VersionTLS13,
