@@ -79,4 +79,3 @@ func (m *macWriter) finish() {
 	m.ResponseWriter.WriteHeader(m.status)
 	m.ResponseWriter.Write(m.body.Bytes())
 }
-
