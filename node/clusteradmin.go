@@ -138,7 +138,7 @@ func (n *Node) ClusterReport(ctx context.Context) ClusterReport {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			if d, ok := n.proven(id, true); ok {
+			if d, state := n.proven(id, true); state == descKnown {
 				cn.API = d.API // what it says of itself, not gossip's
 			}
 			theirs, err := n.askCluster(ctx, id)

@@ -1317,6 +1317,44 @@ func TestImpostorOfTheLeaderGetsNoRequests(t *testing.T) {
 			t.Fatalf("acks name the impostor's URL: %v", nodes)
 		}
 	}
+	// A member that cannot be asked (down) is not replaced by what gossip
+	// says of it: an impostor claiming it is not handed out in acks.
+	_, _, f := c.roles()
+	fInc := c.nodes[f].incarnation
+	c.stop(f)
+	free2, release2, err := ports.Hold(1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	release2()
+	evil2, err := transport.StartDiscovery(transport.DiscoveryOptions{NodeName: "a-" + f + "-evil", Bind: free2[0], Profile: "local",
+		Join: []string{c.opts[w].Gossip.Bind}, Logger: quiet,
+		Meta: transport.MemberMeta{V: transport.GossipVersion, Cluster: "a", Node: f, Inc: fInc,
+			Raft: c.opts[f].Raft.Listen, API: fake.URL, Replicate: fake.URL}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer evil2.Leave(time.Second)
+	evil2.JoinLoop(make(chan struct{}))
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		alive := false
+		for _, m := range c.nodes[w].sameCluster() {
+			alive = alive || (m.Meta.Node == f && m.Meta.API == fake.URL && m.State == transport.LiveAlive)
+		}
+		if alive {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the follower's gossip never saw the impostor of the stopped node")
+		}
+	}
+	time.Sleep(2500 * time.Millisecond) // two refreshes of the URLs acks hand out
+	_, _, nodes = c.nodes[w].leadership()()
+	for _, u := range nodes {
+		if u == fake.URL {
+			t.Fatalf("acks name the impostor of a node that is down: %v", nodes)
+		}
+	}
 	mu.Lock()
 	defer mu.Unlock()
 	if len(got) > 0 {

@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/replicator/replicator/acceptor"
-	"github.com/replicator/replicator/cluster"
 	"github.com/replicator/replicator/hlc"
 	"github.com/replicator/replicator/machine"
 	"github.com/replicator/replicator/transport"
@@ -164,15 +163,11 @@ func (n *Node) leadership() func() (bool, string, []string) {
 		// its gossiped URL is handed out, as that build did.
 		leader := ""
 		if id := n.group.LeaderServer(); id != "" && id != n.group.ID() {
-			if s, ok := n.group.Described(id); ok && s != "" {
-				if d, ok := n.proven(id, false); ok {
-					leader = d.Replicate
-				}
-			} else if ok && s == "" {
-				node, inc := cluster.SplitServerID(id)
-				if m, seen := n.member(node); seen && m.Meta.Inc == inc {
-					leader = m.Meta.Replicate
-				}
+			switch d, state := n.proven(id, false); state {
+			case descKnown:
+				leader = d.Replicate
+			case descOlder:
+				leader = n.gossipedReplicate(id)
 			}
 		}
 		return false, leader, n.nodeURLs.get()

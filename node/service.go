@@ -71,33 +71,54 @@ func (n *Node) setDescription() {
 	n.selfDesc.Store(&desc)
 }
 
+// What a member said of itself, as far as this node knows.
+const (
+	descUnknown = iota // not asked yet, or it could not be asked
+	descOlder          // it answered, and runs a build that describes nothing
+	descKnown
+)
+
 // proven returns what member id said of itself over the raft port; wait
 // says whether to ask it now when the last answer is too old (a path that
-// must not block passes false). ok is false when nothing is known, and
-// when the member runs an older build (it describes nothing).
-func (n *Node) proven(id raft.ServerID, wait bool) (described, bool) {
+// must not block passes false).
+func (n *Node) proven(id raft.ServerID, wait bool) (described, int) {
 	var s string
 	if wait {
 		var err error
 		if s, err = n.group.Describe(id, time.Second); err != nil {
-			return described{}, false
+			return described{}, descUnknown
 		}
 	} else {
 		var ok bool
 		if s, ok = n.group.Described(id); !ok {
-			return described{}, false
+			return described{}, descUnknown
 		}
 	}
-	var d described
-	if s == "" || json.Unmarshal([]byte(s), &d) != nil {
-		return described{}, false
+	if s == "" {
+		return described{}, descOlder
 	}
-	return d, true
+	var d described
+	if json.Unmarshal([]byte(s), &d) != nil {
+		return described{}, descUnknown
+	}
+	return d, descKnown
+}
+
+// gossipedReplicate is the replicate URL gossip reports for member id, used
+// only for a member that answered on its raft port and runs an older build
+// (a rolling upgrade), as that build handed it out. Never for a member
+// that could not be asked: gossip may be anyone's.
+func (n *Node) gossipedReplicate(id raft.ServerID) string {
+	node, inc := cluster.SplitServerID(id)
+	if m, ok := n.member(node); ok && m.Meta.Inc == inc && m.State == transport.LiveAlive {
+		return m.Meta.Replicate
+	}
+	return ""
 }
 
 // refreshProven asks every member of the configuration what it says of
 // itself (each at most every 30 s: cluster.Describe caches), and keeps the
-// replicate URLs acks list. It runs with refreshMeta.
+// replicate URLs acks list. It runs every second.
 func (n *Node) refreshProven() {
 	urls := []string{n.PeerURL()}
 	if g := n.opts.Gossip; g != nil && g.ReplicateURL != "" {
@@ -108,22 +129,16 @@ func (n *Node) refreshProven() {
 		if id == n.group.ID() {
 			continue
 		}
-		if d, ok := n.proven(id, true); ok && d.Replicate != "" {
+		switch d, state := n.proven(id, true); {
+		case state == descKnown && d.Replicate != "":
 			urls = append(urls, d.Replicate)
-		} else if m, ok := n.member(sv.ID); ok && m.Meta.Inc == sv.Incarnation && m.State == transport.LiveAlive && !n.describes(id) {
-			// A member of an older build (a rolling upgrade) says
-			// nothing of itself: gossip's URL, as that build did.
-			urls = append(urls, m.Meta.Replicate)
+		case state == descOlder:
+			if u := n.gossipedReplicate(id); u != "" {
+				urls = append(urls, u)
+			}
 		}
 	}
 	n.nodeURLs.v.Store(&urls)
-}
-
-// describes reports whether member id answers Identify with a description
-// (false for an older build, and for one that could not be asked).
-func (n *Node) describes(id raft.ServerID) bool {
-	s, err := n.group.Describe(id, time.Second)
-	return err == nil && s != ""
 }
 
 // serveService serves the requests other nodes send over the raft port:
