@@ -268,6 +268,9 @@ func (n *Node) registerCluster(mux *http.ServeMux) {
 		var err error
 		switch r.PathValue("action") {
 		case "join":
+			if req.Force != "" {
+				n.log.Warn("admin cluster join --force", "node", req.ID, "caller", n.callerOf(r))
+			}
 			err = n.JoinNode(req.ID, req.Raft, req.Force)
 		case "remove":
 			err = n.RemoveNode(req.ID)
@@ -278,7 +281,7 @@ func (n *Node) registerCluster(mux *http.ServeMux) {
 		var nl *cluster.NotLeaderError
 		switch {
 		case err == nil:
-			n.log.Info("cluster membership changed by the operator", "action", r.PathValue("action"), "node", req.ID)
+			n.log.Info("cluster membership changed by the operator", "action", r.PathValue("action"), "node", req.ID, "caller", n.callerOf(r))
 			writeJSON(w, http.StatusOK, n.localCluster())
 		case errors.Is(err, cluster.ErrQuorum):
 			writeError(w, http.StatusConflict, apiError{Code: "quorum", Message: err.Error()})

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -1452,4 +1453,43 @@ func TestRaftKeyRollingUpgrade(t *testing.T) {
 	if !seen {
 		t.Fatal("the leader's gossip never saw a9: the test proved nothing")
 	}
+}
+
+// A membership change sent to a follower reaches the leader over the raft
+// port without the caller's token; the leader logs whom the follower
+// verified (X-Replicator-Caller, trusted on the raft port only) and which
+// node forwarded it. A caller's own X-Replicator-Caller on the API is not
+// believed.
+func TestForwardedChangeNamesItsCaller(t *testing.T) {
+	logs := map[string]*syncBuffer{}
+	c := newRaftCluster(t, "a", 3, func(name string, o *Options) {
+		logs[name] = &syncBuffer{}
+		o.Logger = slog.New(slog.NewTextHandler(logs[name], nil))
+		o.APIToken = "the-token"
+		o.InsecurePeers = true // the raft port without credentials, beside a token (tests only)
+	})
+	l, w, _ := c.roles()
+	cl := client.New(c.nodes[w].URL(), &client.Options{Token: "the-token"})
+	free, release, err := ports.Hold(1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	release()
+	body := fmt.Appendf(nil, `{"id": "ghost", "raft": %q, "force": "a drill"}`, free[0])
+	if _, err := cl.Do(context.Background(), http.MethodPost, "/admin/cluster/join", body,
+		http.Header{"Content-Type": {"application/json"}, headerCaller: {"certificate CN=admin (forged)"}}, nil); err != nil {
+		t.Fatal(err)
+	}
+	want := fmt.Sprintf(`caller="token, forwarded by %s"`, c.nodes[w].group.ID())
+	if got := logs[l].String(); !strings.Contains(got, want) {
+		t.Fatalf("the leader's log does not name the caller as %s:\n%s", want, tail(got, 5))
+	}
+	if strings.Contains(logs[l].String(), "forged") {
+		t.Fatal("the caller's own X-Replicator-Caller reached the leader's log")
+	}
+}
+
+func tail(s string, n int) string {
+	lines := strings.Split(strings.TrimSpace(s), "\n")
+	return strings.Join(lines[max(0, len(lines)-n):], "\n")
 }

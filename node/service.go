@@ -238,6 +238,20 @@ func serviceURL(id raft.ServerID, requestURI string) string {
 	return "http://" + string(id) + serviceHost + requestURI
 }
 
+// callerOf is who made r, for the logs of what it changes: what this node
+// verified, or, for a request another node forwarded over the raft port,
+// what that node verified (headerCaller, trusted there only).
+func (n *Node) callerOf(r *http.Request) string {
+	if sender := serviceSender(r); sender != "" {
+		c := r.Header.Get(headerCaller)
+		if c == "" {
+			c = "unknown"
+		}
+		return c + ", forwarded by " + sender
+	}
+	return n.callerIdentity(r)
+}
+
 // callerIdentity is what this node verified of r's caller, for headerCaller.
 func (n *Node) callerIdentity(r *http.Request) string {
 	switch {
