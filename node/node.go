@@ -410,7 +410,7 @@ func (n *Node) listen(given net.Listener, addr string, peer bool) (net.Listener,
 	return ln, nil
 }
 
-func (n *Node) serve(ln net.Listener, h http.Handler, errc *chan error) *http.Server {
+func (n *Node) serve(ln net.Listener, h http.Handler, errc *chan error, tweak ...func(*http.Server)) *http.Server {
 	srv := &http.Server{
 		Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			n.inflight.Add(1)
@@ -428,13 +428,16 @@ func (n *Node) serve(ln net.Listener, h http.Handler, errc *chan error) *http.Se
 		srv.ConnState = cl.connState
 	}
 	n.limitersMu.Unlock()
+	for _, f := range tweak {
+		f(srv)
+	}
 	*errc = make(chan error, 1)
 	ch := *errc
 	go func() {
 		// Exits when Close shuts the server down.
 		err := srv.Serve(ln)
-		if errors.Is(err, http.ErrServerClosed) {
-			err = nil
+		if errors.Is(err, http.ErrServerClosed) || errors.Is(err, net.ErrClosed) {
+			err = nil // shut down, or its listener closed under it (the raft port's requests)
 		}
 		ch <- err
 	}()

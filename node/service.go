@@ -3,9 +3,7 @@ package node
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
-	"log/slog"
 	"net"
 	"net/http"
 	"strings"
@@ -149,35 +147,15 @@ func (n *Node) serveService() {
 	if ln == nil {
 		return
 	}
-	h := n.Handler()
-	srv := &http.Server{
-		Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			n.inflight.Add(1)
-			defer n.inflight.Done()
-			n.limitBody(w, r)
-			h.ServeHTTP(w, r)
-		}),
-		ConnContext: func(ctx context.Context, c net.Conn) context.Context {
+	// Exits when Close shuts the server down (or the raft port closes).
+	n.svcSrv = n.serve(ln, n.Handler(), &n.svcErr, func(srv *http.Server) {
+		srv.ConnContext = func(ctx context.Context, c net.Conn) context.Context {
 			if sc, ok := c.(*raftconn.ServiceConn); ok {
 				return context.WithValue(ctx, serviceSenderKey{}, sc.Sender)
 			}
 			return ctx
-		},
-		ReadHeaderTimeout: 10 * time.Second,
-		MaxHeaderBytes:    64 << 10,
-		IdleTimeout:       2 * time.Minute,
-		ErrorLog:          slog.NewLogLogger(n.log.Handler(), slog.LevelDebug),
-	}
-	n.svcSrv, n.svcErr = srv, make(chan error, 1)
-	go func() {
-		// Exits when Close shuts the server down (or the raft port
-		// closes).
-		err := srv.Serve(ln)
-		if errors.Is(err, http.ErrServerClosed) || errors.Is(err, net.ErrClosed) {
-			err = nil
 		}
-		n.svcErr <- err
-	}()
+	})
 }
 
 type serviceSenderKey struct{}
