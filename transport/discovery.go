@@ -259,16 +259,24 @@ func (d *Discovery) Leave(timeout time.Duration) error {
 		// member that does not answer would hold the shutdown a TCP
 		// timeout each. A push still running after the wait exits when its
 		// dial or exchange times out (the gossip profile's TCP timeout).
-		var wg sync.WaitGroup
-		for _, n := range d.ml.Members() {
-			if n.Name == d.opts.NodeName || n.State != memberlist.StateAlive {
-				continue
+		// The addresses come from this node's own member table: the nodes
+		// memberlist hands out are its live records, which its packet
+		// handler writes meanwhile (a data race).
+		var addrs []string
+		d.mu.Lock()
+		for _, m := range d.mu.members {
+			if m.State == LiveAlive && m.Addr != "" {
+				addrs = append(addrs, m.Addr)
 			}
+		}
+		d.mu.Unlock()
+		var wg sync.WaitGroup
+		for _, addr := range addrs {
 			wg.Add(1)
-			go func(addr string) {
+			go func() {
 				defer wg.Done()
 				d.ml.Join([]string{addr})
-			}(n.FullAddress().Addr)
+			}()
 		}
 		pushed := make(chan struct{})
 		go func() { wg.Wait(); close(pushed) }() // exits with the last push
