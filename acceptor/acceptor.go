@@ -22,12 +22,12 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/replicator/replicator/entry"
 	"github.com/replicator/replicator/hlc"
 	"github.com/replicator/replicator/internal/httpjson"
 	"github.com/replicator/replicator/machine"
 	"github.com/replicator/replicator/store"
 	"github.com/replicator/replicator/transport"
-	"github.com/replicator/replicator/wal"
 )
 
 // Store is what the acceptor needs of the tree.
@@ -759,7 +759,7 @@ func (a *Acceptor) Apply(sender string, b *transport.Batch) (transport.Ack, erro
 	}
 	var maxTS hlc.Timestamp
 	var deadReasons map[uint64]string
-	ents := make([]*wal.Entry, 0, len(b.Entries))
+	ents := make([]*entry.Entry, 0, len(b.Entries))
 	// own marks snapshot entries authored by this cluster: applied only in
 	// a re-seed this node asked for.
 	var own, unknown map[uint64]bool
@@ -777,7 +777,7 @@ func (a *Acceptor) Apply(sender string, b *transport.Batch) (transport.Ack, erro
 			return ack, fmt.Errorf("%w: entry %d claims origin %q, sender is %q", ErrForbidden, e.Index, e.Origin, sender)
 		case e.Stream != b.Stream:
 			return ack, fmt.Errorf("%w: entry %d is of stream %s, batch of %s", ErrBadBatch, e.Index, e.Stream, b.Stream)
-		case e.CtrComp != "" && !b.Snapshot && store.ComponentCluster(e.CtrComp) != sender:
+		case e.CtrComp != "" && !b.Snapshot && entry.ComponentCluster(e.CtrComp) != sender:
 			return ack, fmt.Errorf("%w: entry %d carries totals of %q, sender is %q", ErrForbidden, e.Index, e.CtrComp, sender)
 		}
 		if b.Snapshot && a.authoredHere(e) {
@@ -967,7 +967,7 @@ func (a *Acceptor) heartbeat(sender string, b *transport.Batch, ack transport.Ac
 // sender's current stream is its own business (a conflict there is caught
 // by index and commit); a later write on another stream than the sender
 // remembers means it lost that stream.
-func (a *Acceptor) originFrontier(batch *store.Batch, sender string, current wal.StreamID) (string, error) {
+func (a *Acceptor) originFrontier(batch *store.Batch, sender string, current entry.StreamID) (string, error) {
 	hs, err := batch.HWMsOfExcept(sender, current)
 	var f hlc.Timestamp
 	for _, h := range hs {
@@ -982,16 +982,16 @@ func (a *Acceptor) originFrontier(batch *store.Batch, sender string, current wal
 }
 
 // author is the cluster whose write a snapshot entry relays.
-func (a *Acceptor) author(e *wal.Entry) string {
-	if e.Op == store.OpCounter {
-		return store.ComponentCluster(e.CounterComponent())
+func (a *Acceptor) author(e *entry.Entry) string {
+	if e.Op == entry.OpCounter {
+		return entry.ComponentCluster(e.CounterComponent())
 	}
 	return e.LWW().Origin
 }
 
 // authoredHere reports whether a snapshot entry relays a write of this
 // cluster.
-func (a *Acceptor) authoredHere(e *wal.Entry) bool { return a.author(e) == a.opts.Local }
+func (a *Acceptor) authoredHere(e *entry.Entry) bool { return a.author(e) == a.opts.Local }
 
 // known reports whether cluster is a peer this node takes writes from.
 func (a *Acceptor) known(cluster string) bool {
@@ -1007,7 +1007,7 @@ func (a *Acceptor) count(origin string, f func(*Counts)) {
 	a.mu.Unlock()
 }
 
-func (a *Acceptor) checkEntry(e *wal.Entry, snapshot bool) error {
+func (a *Acceptor) checkEntry(e *entry.Entry, snapshot bool) error {
 	if e.Oversize > 0 {
 		return fmt.Errorf("%w: entry %d of %d bytes was over this node's batch limit of %d bytes; "+
 			"the sender sent a stub (the write is only at %s)", ErrTooLarge, e.Index, e.Oversize, a.opts.MaxBodyBytes, e.Origin)

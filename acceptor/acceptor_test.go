@@ -13,11 +13,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/replicator/replicator/entry"
 	"github.com/replicator/replicator/hlc"
 	"github.com/replicator/replicator/machine"
 	"github.com/replicator/replicator/store"
 	"github.com/replicator/replicator/transport"
-	"github.com/replicator/replicator/wal"
 )
 
 var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
@@ -33,7 +33,7 @@ func direct(t testing.TB, st *store.Store, local string) *machine.Direct {
 	return d
 }
 
-var streamB = wal.StreamID{0xb}
+var streamB = entry.StreamID{0xb}
 
 type fixture struct {
 	t     *testing.T
@@ -64,11 +64,11 @@ func newFixture(t *testing.T) *fixture {
 }
 
 // entry i of b's stream, stamped near the fixture's clock.
-func (f *fixture) entry(i uint64, key, value string) wal.Entry {
+func (f *fixture) entry(i uint64, key, value string) entry.Entry {
 	ts := hlc.Timestamp{Wall: f.pc.Now() - int64(time.Minute) + int64(i)}
-	e := wal.Entry{Index: i, Origin: "b", Stream: streamB, Commit: ts, Stamp: ts, Op: store.OpSet, Key: key, Value: []byte(value)}
+	e := entry.Entry{Index: i, Origin: "b", Stream: streamB, Commit: ts, Stamp: ts, Op: entry.OpSet, Key: key, Value: []byte(value)}
 	if value == "" {
-		e.Op, e.Value = store.OpDelete, nil
+		e.Op, e.Value = entry.OpDelete, nil
 	}
 	return e
 }
@@ -97,7 +97,7 @@ func (f *fixture) post(body []byte, hdr ...string) (int, map[string]any) {
 	return resp.StatusCode, out
 }
 
-func (f *fixture) postBatch(entries ...wal.Entry) (int, map[string]any) {
+func (f *fixture) postBatch(entries ...entry.Entry) (int, map[string]any) {
 	body := transport.EncodeBatch(&transport.Batch{Header: transport.Header{Sender: "b", Stream: streamB}, Entries: entries})
 	return f.post(body, "X-Replicator-Origin", "b", "Authorization", "Bearer secret-b")
 }
@@ -133,7 +133,7 @@ func TestDedupStateMachine(t *testing.T) {
 		{"old duplicate", []uint64{1}, 200, 0, 1, 7, 7, 7},
 	}
 	for _, s := range steps {
-		var ents []wal.Entry
+		var ents []entry.Entry
 		for _, i := range s.idx {
 			ents = append(ents, f.entry(i, fmt.Sprintf("k%d", i), fmt.Sprintf("v%d", i)))
 		}
@@ -190,7 +190,7 @@ func TestContentDuplicateAndLWW(t *testing.T) {
 // nothing, and the acceptor still takes a good batch afterwards.
 func TestBadInput(t *testing.T) {
 	f := newFixture(t)
-	good := transport.EncodeBatch(&transport.Batch{Header: transport.Header{Sender: "b", Stream: streamB}, Entries: []wal.Entry{f.entry(1, "k", "v")}})
+	good := transport.EncodeBatch(&transport.Batch{Header: transport.Header{Sender: "b", Stream: streamB}, Entries: []entry.Entry{f.entry(1, "k", "v")}})
 	future := f.entry(1, "k", "v")
 	future.Commit.Wall = f.pc.Now() + int64(time.Second)
 	future.Stamp = future.Commit
@@ -198,7 +198,7 @@ func TestBadInput(t *testing.T) {
 	spoofed.Origin = "c"
 	ownOrigin := f.entry(1, "k", "v")
 	ownOrigin.Origin = "a"
-	batchC := transport.EncodeBatch(&transport.Batch{Header: transport.Header{Sender: "c", Stream: streamB}, Entries: []wal.Entry{f.entry(1, "k", "v")}})
+	batchC := transport.EncodeBatch(&transport.Batch{Header: transport.Header{Sender: "c", Stream: streamB}, Entries: []entry.Entry{f.entry(1, "k", "v")}})
 	v2 := bytes.Replace(good, []byte{0xa1, 'v', 0x01}, []byte{0xa1, 'v', 0x02}, 1)
 	auth := []string{"X-Replicator-Origin", "b", "Authorization", "Bearer secret-b"}
 	tests := []struct {
@@ -214,13 +214,13 @@ func TestBadInput(t *testing.T) {
 		{"unknown sender", good, []string{"X-Replicator-Origin", "z", "Authorization", "Bearer secret-b"}, 401, "unauthenticated"},
 		{"b's secret claiming c", good, []string{"X-Replicator-Origin", "c", "Authorization", "Bearer secret-b"}, 401, "unauthenticated"},
 		{"body claims another sender", batchC, auth, 403, "forbidden"},
-		{"entry of another origin", transport.EncodeBatch(&transport.Batch{Header: transport.Header{Sender: "b", Stream: streamB}, Entries: []wal.Entry{spoofed}}), auth, 403, "forbidden"},
+		{"entry of another origin", transport.EncodeBatch(&transport.Batch{Header: transport.Header{Sender: "b", Stream: streamB}, Entries: []entry.Entry{spoofed}}), auth, 403, "forbidden"},
 		{"malformed msgpack", []byte{0xc1, 0x00, 0xff}, auth, 400, "bad_batch"},
 		{"empty body", []byte{}, auth, 400, "bad_batch"},
 		{"truncated batch", good[:len(good)-3], auth, 400, "bad_batch"},
 		{"unknown version", v2, auth, 400, "unsupported_version"},
 		{"oversize", bytes.Repeat([]byte{0}, 65<<10), auth, 413, "too_large"},
-		{"far-future stamp", transport.EncodeBatch(&transport.Batch{Header: transport.Header{Sender: "b", Stream: streamB}, Entries: []wal.Entry{future}}), auth, 400, "clock_offset"},
+		{"far-future stamp", transport.EncodeBatch(&transport.Batch{Header: transport.Header{Sender: "b", Stream: streamB}, Entries: []entry.Entry{future}}), auth, 400, "clock_offset"},
 	}
 	before := f.digest()
 	for _, tc := range tests {
@@ -272,8 +272,8 @@ func TestClockObservedFromBatch(t *testing.T) {
 }
 
 func FuzzApply(f *testing.F) {
-	f.Add(transport.EncodeBatch(&transport.Batch{Header: transport.Header{Sender: "b", Stream: streamB}, Entries: []wal.Entry{
-		{Index: 1, Origin: "b", Stream: streamB, Commit: hlc.Timestamp{Wall: 5}, Op: store.OpSet, Key: "k", Value: []byte("v")}}}))
+	f.Add(transport.EncodeBatch(&transport.Batch{Header: transport.Header{Sender: "b", Stream: streamB}, Entries: []entry.Entry{
+		{Index: 1, Origin: "b", Stream: streamB, Commit: hlc.Timestamp{Wall: 5}, Op: entry.OpSet, Key: "k", Value: []byte("v")}}}))
 	f.Add([]byte{0x80})
 	f.Fuzz(func(t *testing.T, body []byte) {
 		b, err := transport.DecodeBatch(body)
@@ -311,16 +311,16 @@ func FuzzApply(f *testing.F) {
 func TestSnapshotTrust(t *testing.T) {
 	f := newFixture(t)
 	f.acc.opts.MaxStreams = 3
-	snap := wal.StreamID{0x5}
+	snap := entry.StreamID{0x5}
 	ts := hlc.Timestamp{Wall: f.pc.Now() - int64(time.Minute)}
-	ent := func(i uint64, key, author string) wal.Entry {
-		e := wal.Entry{Index: i, Origin: "b", Stream: snap, Commit: ts, Stamp: ts, Op: store.OpSet, Key: key, Value: []byte(author)}
+	ent := func(i uint64, key, author string) entry.Entry {
+		e := entry.Entry{Index: i, Origin: "b", Stream: snap, Commit: ts, Stamp: ts, Op: entry.OpSet, Key: key, Value: []byte(author)}
 		if author != "b" {
 			e.StampOrigin = author
 		}
 		return e
 	}
-	post := func(stream wal.StreamID, ents ...wal.Entry) (int, map[string]any) {
+	post := func(stream entry.StreamID, ents ...entry.Entry) (int, map[string]any) {
 		for i := range ents {
 			ents[i].Stream = stream
 		}
@@ -347,10 +347,10 @@ func TestSnapshotTrust(t *testing.T) {
 		t.Fatalf("a snapshot into b's real stream: %d %v", st, out)
 	}
 	// A third stream of b, then no more.
-	if st, _ := post(wal.StreamID{0x6}, ent(1, "s3", "b")); st != 200 {
+	if st, _ := post(entry.StreamID{0x6}, ent(1, "s3", "b")); st != 200 {
 		t.Fatal(st)
 	}
-	if st, out := post(wal.StreamID{0x7}, ent(1, "s4", "b")); st != 403 {
+	if st, out := post(entry.StreamID{0x7}, ent(1, "s4", "b")); st != 403 {
 		t.Fatalf("a fourth stream past the bound of 3: %d %v", st, out)
 	}
 }
@@ -360,9 +360,9 @@ func TestSnapshotTrust(t *testing.T) {
 // effects), never of its own streams or of clusters it does not know.
 func TestTrailerMarks(t *testing.T) {
 	f := newFixture(t)
-	snap := wal.StreamID{0x5}
+	snap := entry.StreamID{0x5}
 	ts := hlc.Timestamp{Wall: f.pc.Now() - int64(time.Minute)}
-	sc, sa, sz := wal.StreamID{0xc}, wal.StreamID{0xa}, wal.StreamID{0xf}
+	sc, sa, sz := entry.StreamID{0xc}, entry.StreamID{0xa}, entry.StreamID{0xf}
 	body := transport.EncodeBatch(&transport.Batch{Header: transport.Header{Sender: "b", Stream: snap, Snapshot: true,
 		End: &transport.SnapshotEnd{Stream: streamB, Index: 3, Commit: ts},
 		Marks: []transport.Mark{
@@ -377,7 +377,7 @@ func TestTrailerMarks(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	got := map[string]store.HWM{}
+	got := map[string]entry.HWM{}
 	for _, h := range hs {
 		got[h.Origin] = h
 	}
@@ -411,7 +411,7 @@ func TestLagStages(t *testing.T) {
 	e := f.entry(1, "k1", "v")
 	now := e.Commit.Wall + int64(10*time.Millisecond)
 	f.pc.Set(now)
-	body := transport.EncodeBatch(&transport.Batch{Header: transport.Header{Sender: "b", Stream: streamB}, Entries: []wal.Entry{e}})
+	body := transport.EncodeBatch(&transport.Batch{Header: transport.Header{Sender: "b", Stream: streamB}, Entries: []entry.Entry{e}})
 	sent := e.Commit.Wall + int64(3*time.Millisecond)
 	if st, out := f.post(body, "X-Replicator-Origin", "b", "Authorization", "Bearer secret-b",
 		transport.HeaderSent, fmt.Sprint(sent)); st != 200 {
@@ -425,7 +425,7 @@ func TestLagStages(t *testing.T) {
 		got = nil
 		e := f.entry(uint64(2+i), "k", "v")
 		f.pc.Set(e.Commit.Wall + int64(4*time.Millisecond))
-		body := transport.EncodeBatch(&transport.Batch{Header: transport.Header{Sender: "b", Stream: streamB}, Entries: []wal.Entry{e}})
+		body := transport.EncodeBatch(&transport.Batch{Header: transport.Header{Sender: "b", Stream: streamB}, Entries: []entry.Entry{e}})
 		if st, out := f.post(body, "X-Replicator-Origin", "b", "Authorization", "Bearer secret-b", transport.HeaderSent, hdr); st != 200 {
 			t.Fatalf("%d %v", st, out)
 		}
@@ -467,7 +467,7 @@ func (b *slowBody) Read(p []byte) (int, error) {
 // is still refused at once.
 func TestLaterBatchWaitsForEarlier(t *testing.T) {
 	f := newFixture(t)
-	var first, second []wal.Entry
+	var first, second []entry.Entry
 	for i := uint64(1); i <= 10; i++ {
 		first = append(first, f.entry(i, fmt.Sprint("k", i%4), fmt.Sprint("v", i)))
 	}
@@ -528,7 +528,7 @@ func TestLaterBatchWaitsForEarlier(t *testing.T) {
 	}
 	// The later batch arrives first, on its own (two connections): it
 	// waits for the one before it to arrive and apply.
-	var third, fourth []wal.Entry
+	var third, fourth []entry.Entry
 	for i := uint64(21); i <= 30; i++ {
 		third = append(third, f.entry(i, fmt.Sprint("k", i%4), fmt.Sprint("v", i)))
 	}
@@ -567,7 +567,7 @@ func TestGapWaitersDoNotHoldEachOther(t *testing.T) {
 	client := &http.Client{Timeout: 30 * time.Second} // far below PermitWait
 	codes := make(chan int, 2)
 	for _, first := range []uint64{100, 110} {
-		var ents []wal.Entry
+		var ents []entry.Entry
 		for i := first; i < first+10; i++ {
 			ents = append(ents, f.entry(i, fmt.Sprint("k", i), "v"))
 		}

@@ -15,11 +15,10 @@ import (
 	"github.com/vmihailenco/msgpack/v5"
 
 	"github.com/replicator/replicator/client"
+	"github.com/replicator/replicator/entry"
 	"github.com/replicator/replicator/hlc"
 	"github.com/replicator/replicator/node"
-	"github.com/replicator/replicator/store"
 	"github.com/replicator/replicator/transport"
-	"github.com/replicator/replicator/wal"
 )
 
 // TestAdversarialPeer: a peer with a valid credential (cluster m, secret
@@ -82,9 +81,9 @@ func TestAdversarialPeer(t *testing.T) {
 			}
 		}()
 	}
-	mStream := wal.StreamID{0x6d}
+	mStream := entry.StreamID{0x6d}
 	now := func() hlc.Timestamp { return hlc.Timestamp{Wall: time.Now().UnixNano()} }
-	batch := func(h transport.Header, ents ...wal.Entry) []byte {
+	batch := func(h transport.Header, ents ...entry.Entry) []byte {
 		h.Sender = "m"
 		for i := range ents {
 			ents[i].Origin, ents[i].Stream = "m", h.Stream
@@ -92,10 +91,10 @@ func TestAdversarialPeer(t *testing.T) {
 		return transport.EncodeBatch(&transport.Batch{Header: h, Entries: ents})
 	}
 	// one genuine batch of m's, replayed for ever
-	var genuine []wal.Entry
+	var genuine []entry.Entry
 	for i := 1; i <= 10; i++ {
 		ts := now()
-		genuine = append(genuine, wal.Entry{Index: uint64(i), Commit: ts, Stamp: ts, Op: store.OpSet, Key: fmt.Sprintf("m/%d", i), Value: []byte("m")})
+		genuine = append(genuine, entry.Entry{Index: uint64(i), Commit: ts, Stamp: ts, Op: entry.OpSet, Key: fmt.Sprintf("m/%d", i), Value: []byte("m")})
 	}
 	replay := batch(transport.Header{Stream: mStream}, genuine...)
 	nested := func() []byte {
@@ -125,18 +124,18 @@ func TestAdversarialPeer(t *testing.T) {
 		// into m's real stream as a snapshot, an entry of a's, a's own
 		// write relayed back unasked, a write of an unknown cluster
 		for _, body := range [][]byte{
-			batch(transport.Header{Stream: mStream, Snapshot: true}, wal.Entry{Index: 11, Commit: ts, Stamp: ts, Op: store.OpSet, Key: "x", Value: []byte("x")}),
-			transport.EncodeBatch(&transport.Batch{Header: transport.Header{Sender: "m", Stream: mStream}, Entries: []wal.Entry{
-				{Index: 11, Origin: "a", Stream: mStream, Commit: ts, Stamp: ts, Op: store.OpSet, Key: "x", Value: []byte("x")}}}),
+			batch(transport.Header{Stream: mStream, Snapshot: true}, entry.Entry{Index: 11, Commit: ts, Stamp: ts, Op: entry.OpSet, Key: "x", Value: []byte("x")}),
+			transport.EncodeBatch(&transport.Batch{Header: transport.Header{Sender: "m", Stream: mStream}, Entries: []entry.Entry{
+				{Index: 11, Origin: "a", Stream: mStream, Commit: ts, Stamp: ts, Op: entry.OpSet, Key: "x", Value: []byte("x")}}}),
 		} {
 			// refused (403), or not taken: a gap before m's stream began
 			// here (409), a's own write dropped (200)
 			post("injected", bytes.NewReader(body), int64(len(body)), nil, 403, 409, 200, 429)
 		}
-		snap := wal.StreamID{0x73, byte(time.Now().UnixNano())}
+		snap := entry.StreamID{0x73, byte(time.Now().UnixNano())}
 		body := batch(transport.Header{Stream: snap, Snapshot: true},
-			wal.Entry{Index: 1, Commit: ts, Stamp: ts, StampOrigin: "a", Op: store.OpSet, Key: "a/forged", Value: []byte("x")},
-			wal.Entry{Index: 2, Commit: ts, Stamp: ts, StampOrigin: "zz", Op: store.OpSet, Key: "zz/forged", Value: []byte("x")})
+			entry.Entry{Index: 1, Commit: ts, Stamp: ts, StampOrigin: "a", Op: entry.OpSet, Key: "a/forged", Value: []byte("x")},
+			entry.Entry{Index: 2, Commit: ts, Stamp: ts, StampOrigin: "zz", Op: entry.OpSet, Key: "zz/forged", Value: []byte("x")})
 		post("injected", bytes.NewReader(body), int64(len(body)), nil, 200, 429, 403)
 	})
 	for i := 0; i < 20; i++ {

@@ -12,7 +12,7 @@ import (
 	"time"
 
 	"github.com/replicator/replicator/client"
-	"github.com/replicator/replicator/store"
+	"github.com/replicator/replicator/entry"
 )
 
 // Outcomes of a recorded call.
@@ -94,14 +94,14 @@ func (h *history) counts() map[string]int {
 	return c
 }
 
-func stampOf(v string) (store.Stamp, bool) {
-	st, err := store.ParseStamp(v)
+func stampOf(v string) (entry.Stamp, bool) {
+	st, err := entry.ParseStamp(v)
 	return st, err == nil
 }
 
 // effect is what an acknowledged op did to one key, with its stamp.
 type effect struct {
-	st    store.Stamp
+	st    entry.Stamp
 	value string // "" for a delete
 	op    *callRecord
 }
@@ -329,7 +329,7 @@ func TestExcuseIsExact(t *testing.T) {
 		{Cluster: "b", Kind: "put", Key: "k/04", Value: "other", Outcome: outOK, Version: v(700, "b"), Start: at(690), End2: at(710)},
 		{Cluster: "a", Kind: "put", Key: "k/05", Value: "next-life", Outcome: outOK, Version: v(2000, "a"), Start: at(1900), End2: at(2010)},
 	}}
-	above, _ := store.ParseStamp(v(400, "a")) // peers held up to 400
+	above, _ := entry.ParseStamp(v(400, "a")) // peers held up to 400
 	n := h.excuse([]excuse{{Cluster: "a", Above: above, Before: at(800), BackupStop: at(200), Why: "restore"}})
 	if n != 2 {
 		t.Fatalf("excused %d writes, want 2 (k/03 and the increment)", n)

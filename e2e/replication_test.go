@@ -16,8 +16,8 @@ import (
 	"time"
 
 	"github.com/replicator/replicator/client"
+	"github.com/replicator/replicator/entry"
 	"github.com/replicator/replicator/node"
-	"github.com/replicator/replicator/store"
 )
 
 // mesh is a set of clusters in a full mesh, each link optionally through a
@@ -141,9 +141,9 @@ func checkHighestStampWins(t *testing.T, p *proc, writes map[string][]written) {
 	}
 	for key, ws := range writes {
 		best := ws[0]
-		bestSt, _ := store.ParseStamp(best.version)
+		bestSt, _ := entry.ParseStamp(best.version)
 		for _, w := range ws[1:] {
-			st, _ := store.ParseStamp(w.version)
+			st, _ := entry.ParseStamp(w.version)
 			if st.Compare(bestSt) > 0 {
 				best, bestSt = w, st
 			}

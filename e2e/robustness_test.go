@@ -19,10 +19,10 @@ import (
 	"time"
 
 	"github.com/replicator/replicator/client"
+	"github.com/replicator/replicator/entry"
 	"github.com/replicator/replicator/hlc"
 	"github.com/replicator/replicator/node"
 	"github.com/replicator/replicator/policy"
-	"github.com/replicator/replicator/store"
 )
 
 var (
@@ -124,7 +124,7 @@ type backup struct {
 // be lost: they existed only on the destroyed directory.
 type excuse struct {
 	Cluster string      `json:"cluster"`
-	Above   store.Stamp `json:"above"`
+	Above   entry.Stamp `json:"above"`
 	Before  time.Time   `json:"before"`
 	// BackupStop, for a restore, is when the node was stopped to take the
 	// backup: what it acknowledged before is in the backup and survives.
@@ -575,7 +575,7 @@ func (rb *robust) destroy(name, kind string) bool {
 	p.kill()
 	killed := time.Now()
 	time.Sleep(time.Second) // what was on the wire lands (delays are < 0.4 s)
-	var above store.Stamp
+	var above entry.Stamp
 	for _, peer := range rb.names() {
 		if peer == name {
 			continue
@@ -598,7 +598,7 @@ func (rb *robust) destroy(name, kind string) bool {
 		for _, st := range r.Streams {
 			if st.Origin == name {
 				if ts, err := hlc.Parse(st.Frontier); err == nil && above.HLC.Less(ts) {
-					above = store.Stamp{HLC: ts, Origin: name}
+					above = entry.Stamp{HLC: ts, Origin: name}
 				}
 			}
 		}

@@ -22,11 +22,10 @@ import (
 	"time"
 
 	"github.com/replicator/replicator/client"
+	"github.com/replicator/replicator/entry"
 	"github.com/replicator/replicator/hlc"
 	"github.com/replicator/replicator/node"
-	"github.com/replicator/replicator/store"
 	"github.com/replicator/replicator/transport"
-	"github.com/replicator/replicator/wal"
 )
 
 // pki is a throwaway CA and the certificates it signs, written as PEM files.
@@ -161,10 +160,10 @@ func TestMutualTLSLinks(t *testing.T) {
 			TLSClientConfig: &tls.Config{RootCAs: pool, Certificates: certs}}}
 	}
 	batch := func(sender, origin string) []byte {
-		e := wal.Entry{Index: 1, Origin: origin, Stream: wal.StreamID{7}, Commit: hlc.Timestamp{Wall: time.Now().UnixNano()},
-			Op: store.OpSet, Key: "spoofed", Value: []byte("evil")}
+		e := entry.Entry{Index: 1, Origin: origin, Stream: entry.StreamID{7}, Commit: hlc.Timestamp{Wall: time.Now().UnixNano()},
+			Op: entry.OpSet, Key: "spoofed", Value: []byte("evil")}
 		e.Stamp = e.Commit
-		return transport.EncodeBatch(&transport.Batch{Header: transport.Header{Sender: sender, Stream: wal.StreamID{7}}, Entries: []wal.Entry{e}})
+		return transport.EncodeBatch(&transport.Batch{Header: transport.Header{Sender: sender, Stream: entry.StreamID{7}}, Entries: []entry.Entry{e}})
 	}
 	post := func(c *http.Client, header string, body []byte) (int, error) {
 		req, _ := http.NewRequest("POST", peerURL["a"]+"/v1/replicate", bytes.NewReader(body))

@@ -4,8 +4,8 @@ import (
 	"encoding/json"
 	"net/http"
 
+	"github.com/replicator/replicator/entry"
 	"github.com/replicator/replicator/internal/httpjson"
-	"github.com/replicator/replicator/wal"
 )
 
 // The answers a keyed request records. A keyed write's record (status and
@@ -61,7 +61,7 @@ type BatchAnswer struct {
 
 // Answer renders the answer of kind to the stamped write e; counterValue is
 // an increment's result here, opID a batch's operation ID.
-func Answer(kind AnswerKind, e *wal.Entry, counterValue int64, opID string) (status int, body []byte) {
+func Answer(kind AnswerKind, e *entry.Entry, counterValue int64, opID string) (status int, body []byte) {
 	st := e.LWW()
 	var v any
 	switch kind {

@@ -9,8 +9,8 @@ import (
 
 	"github.com/vmihailenco/msgpack/v5"
 
+	"github.com/replicator/replicator/entry"
 	"github.com/replicator/replicator/hlc"
-	"github.com/replicator/replicator/store"
 	"github.com/replicator/replicator/transport"
 	"github.com/replicator/replicator/wal"
 )
@@ -95,13 +95,13 @@ type Command struct {
 	// Cursor: Peer acknowledged the stream Cursor.Stream through
 	// Cursor.Index.
 	Peer   string
-	Cursor store.Cursor
+	Cursor entry.Cursor
 	// Truncate: the outbound entries of Stream before First go (nothing,
 	// when Stream is no longer the current stream).
 	First uint64
 	// Mint: the new stream, and the counter epoch it counts under.
 	// Truncate: the stream it cuts.
-	Stream wal.StreamID
+	Stream entry.StreamID
 	Epoch  uint32
 	// Inbound: the batch and what the acceptor decided of it. Encoding
 	// writes Inbound.Batch as the wire encodes it, or RawBatch when set
@@ -144,7 +144,7 @@ type Proposal struct {
 	// and Stamp when the caller pinned one). Origin, stream, index, a
 	// counter's totals and the idempotency record are the machine's to
 	// fill.
-	Entry wal.Entry
+	Entry entry.Entry
 	// Cond is a precondition (nil: none).
 	Cond *Condition
 	// Delta is an increment (op counter).
@@ -168,7 +168,7 @@ type Keyed struct {
 // A proposal's entry is encoded with the entry codec, so that it is checked
 // as a WAL entry is; its identity is the machine's to assign, so it is
 // encoded with placeholders the codec accepts (and leaves out).
-var placeholder = wal.Defaults{Origin: "-", Stream: wal.StreamID{0: 1}}
+var placeholder = wal.Defaults{Origin: "-", Stream: entry.StreamID{0: 1}}
 
 // Encoder encodes commands, keeping its buffers between calls; not safe for
 // concurrent use.
@@ -237,8 +237,8 @@ func (e *Encoder) Encode(c *Command) ([]byte, error) {
 func (e *Encoder) encodeProposal(p *Proposal) error {
 	ent := p.Entry
 	ent.Index, ent.Origin, ent.Stream, ent.Idem, ent.CtrComp = 1, placeholder.Origin, placeholder.Stream, nil, ""
-	if ent.Op == store.OpCounter {
-		ent.Ctr = &store.PN{}
+	if ent.Op == entry.OpCounter {
+		ent.Ctr = &entry.PN{}
 	}
 	e.ent = e.codec.AppendEntry(e.ent[:0], &ent, placeholder)
 	enc := e.enc
@@ -371,7 +371,7 @@ func decodeInto(dec *msgpack.Decoder, c *Command) error {
 		if c.Peer == "" || len(c.Peer) > 63 {
 			return fmt.Errorf("cursor of peer %q", c.Peer)
 		}
-		if err := decodeStream(dec, (*wal.StreamID)(&c.Cursor.Stream)); err != nil {
+		if err := decodeStream(dec, (*entry.StreamID)(&c.Cursor.Stream)); err != nil {
 			return err
 		}
 		if c.Cursor.Index, err = dec.DecodeUint64(); err != nil {
@@ -568,7 +568,7 @@ func decodeInbound(dec *msgpack.Decoder, c *Command) error {
 	return nil
 }
 
-func decodeStream(dec *msgpack.Decoder, s *wal.StreamID) error {
+func decodeStream(dec *msgpack.Decoder, s *entry.StreamID) error {
 	b, err := wal.DecodeBytes(dec)
 	if err != nil {
 		return err
@@ -600,9 +600,9 @@ func decodeProposal(dec *msgpack.Decoder, codec *wal.Codec) (Proposal, error) {
 		p.Entry.Oversize != 0 || p.Entry.StampOrigin != "" {
 		return p, errors.New("entry with fields the machine assigns")
 	}
-	p.Entry.Index, p.Entry.Origin, p.Entry.Stream = 0, "", wal.StreamID{}
-	if p.Entry.Op == store.OpCounter {
-		if *p.Entry.Ctr != (store.PN{}) {
+	p.Entry.Index, p.Entry.Origin, p.Entry.Stream = 0, "", entry.StreamID{}
+	if p.Entry.Op == entry.OpCounter {
+		if *p.Entry.Ctr != (entry.PN{}) {
 			return p, errors.New("increment with totals")
 		}
 		p.Entry.Ctr = nil
@@ -624,7 +624,7 @@ func decodeProposal(dec *msgpack.Decoder, codec *wal.Codec) (Proposal, error) {
 	if p.Delta, err = dec.DecodeInt64(); err != nil {
 		return p, fmt.Errorf("delta: %v", err)
 	}
-	if p.Delta != 0 && p.Entry.Op != store.OpCounter {
+	if p.Delta != 0 && p.Entry.Op != entry.OpCounter {
 		return p, fmt.Errorf("a delta on %s", p.Entry.Op)
 	}
 	if n, err := decodeNilOrArray(dec); err != nil {
@@ -637,7 +637,7 @@ func decodeProposal(dec *msgpack.Decoder, codec *wal.Codec) (Proposal, error) {
 		if k.Key, err = dec.DecodeString(); err != nil {
 			return p, err
 		}
-		if k.Key == "" || len(k.Key) > wal.MaxIdemKey+3 { // "op:" + an operation ID
+		if k.Key == "" || len(k.Key) > entry.MaxIdemKey+3 { // "op:" + an operation ID
 			return p, fmt.Errorf("idempotency key of %d bytes", len(k.Key))
 		}
 		if k.Fingerprint, err = wal.DecodeBytes(dec); err != nil {

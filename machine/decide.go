@@ -6,8 +6,8 @@ import (
 	"fmt"
 	"math/big"
 
+	"github.com/replicator/replicator/entry"
 	"github.com/replicator/replicator/store"
-	"github.com/replicator/replicator/wal"
 )
 
 // Local decisions of the write path, taken in commit order: preconditions,
@@ -63,7 +63,7 @@ type Reader interface {
 }
 
 type plainState struct {
-	stamp store.Stamp
+	stamp entry.Stamp
 	tomb  bool
 }
 
@@ -75,12 +75,12 @@ type Overlay struct {
 	comp   string
 	plain  map[string]plainState
 	ranges []store.RangeTombstone
-	ctr    map[string]store.PN
+	ctr    map[string]entry.PN
 	expect int // keys the group is about to decide (Reserve)
 }
 
 // NewOverlay starts a group's decisions over st; increments count under
-// the counter component comp (store.Component of the cluster, its stream
+// the counter component comp (entry.Component of the cluster, its stream
 // and counter epoch).
 func NewOverlay(st Reader, comp string) *Overlay { return &Overlay{st: st, comp: comp} }
 
@@ -123,11 +123,11 @@ func (o *Overlay) isCounter(key string) (bool, error) {
 	return err == nil, err
 }
 
-func (o *Overlay) plainKeys(e *wal.Entry) []string {
+func (o *Overlay) plainKeys(e *entry.Entry) []string {
 	switch e.Op {
-	case store.OpSet, store.OpDelete:
+	case entry.OpSet, entry.OpDelete:
 		return []string{e.Key}
-	case store.OpMulti:
+	case entry.OpMulti:
 		keys := make([]string, len(e.Ops))
 		for i, op := range e.Ops {
 			keys[i] = op.Key
@@ -141,7 +141,7 @@ func (o *Overlay) plainKeys(e *wal.Entry) []string {
 // increment by delta, fills in the counter's totals and returns its value
 // here once the increment applies. Refusals are ErrPrecondition,
 // ErrKindConflict and ErrCounterRange; a failed read is ErrUnreadable.
-func (o *Overlay) Decide(e *wal.Entry, cond *Condition, delta int64) (counterValue int64, err error) {
+func (o *Overlay) Decide(e *entry.Entry, cond *Condition, delta int64) (counterValue int64, err error) {
 	for _, k := range o.plainKeys(e) {
 		c, err := o.isCounter(k)
 		if err != nil {
@@ -174,7 +174,7 @@ func (o *Overlay) Decide(e *wal.Entry, cond *Condition, delta int64) (counterVal
 			return 0, &PreconditionError{Key: e.Key, Current: cur, Why: "If-None-Match: * on a key that holds a value"}
 		}
 	}
-	if e.Op == store.OpCounter {
+	if e.Op == entry.OpCounter {
 		st, ok, err := o.currentPlain(e.Key)
 		if err != nil {
 			return 0, fmt.Errorf("%w: %w", ErrUnreadable, err)
@@ -221,7 +221,7 @@ var ErrCounterRange = errors.New("machine: counter out of range")
 // counterInRange checks that a counter whose component comp takes totals t
 // stays within int64, and its totals within uint64 (t wrapped if it fell
 // below the old ones).
-func counterInRange(totals map[string]store.PN, comp string, t store.PN, key string) error {
+func counterInRange(totals map[string]entry.PN, comp string, t entry.PN, key string) error {
 	old := totals[comp]
 	if t.P < old.P || t.N < old.N {
 		return fmt.Errorf("%w: counter %q: this cluster's totals would pass 2^64", ErrCounterRange, key)
@@ -245,20 +245,20 @@ func counterInRange(totals map[string]store.PN, comp string, t store.PN, key str
 }
 
 // Record adds an accepted entry's effect to the overlay.
-func (o *Overlay) Record(e *wal.Entry) {
+func (o *Overlay) Record(e *entry.Entry) {
 	st := e.LWW()
 	switch e.Op {
-	case store.OpSet, store.OpDelete:
-		o.setPlain(e.Key, plainState{stamp: st, tomb: e.Op == store.OpDelete})
-	case store.OpMulti:
+	case entry.OpSet, entry.OpDelete:
+		o.setPlain(e.Key, plainState{stamp: st, tomb: e.Op == entry.OpDelete})
+	case entry.OpMulti:
 		for _, op := range e.Ops {
-			o.setPlain(op.Key, plainState{stamp: st, tomb: op.Op == store.OpDelete})
+			o.setPlain(op.Key, plainState{stamp: st, tomb: op.Op == entry.OpDelete})
 		}
-	case store.OpDeleteRange:
+	case entry.OpDeleteRange:
 		o.ranges = append(o.ranges, store.RangeTombstone{Start: e.Key, End: e.End, Stamp: st})
-	case store.OpCounter:
+	case entry.OpCounter:
 		if o.ctr == nil {
-			o.ctr = map[string]store.PN{}
+			o.ctr = map[string]entry.PN{}
 		}
 		o.ctr[e.Key] = *e.Ctr
 	}
@@ -305,7 +305,7 @@ const (
 // its write e) against the tree at time now (wall ns; a record expired by
 // then is no record). The record is returned with KeyReplay and
 // KeyPlanted.
-func (o *Overlay) LookupKey(key string, fingerprint []byte, now int64, e *wal.Entry) (KeyedDecision, *store.IdemRecord, error) {
+func (o *Overlay) LookupKey(key string, fingerprint []byte, now int64, e *entry.Entry) (KeyedDecision, *store.IdemRecord, error) {
 	rec, ok, err := o.st.Idem(key)
 	if err != nil {
 		return KeyNew, nil, fmt.Errorf("%w: %w", ErrUnreadable, err)
@@ -330,9 +330,9 @@ func (o *Overlay) LookupKey(key string, fingerprint []byte, now int64, e *wal.En
 // here or superseded: the key (of a single-key write or a counter) holds a
 // stamp at least the record's, or a range delete at least as new covers it.
 // Writes of many keys are not checked.
-func (o *Overlay) recordedWriteHere(e *wal.Entry, rec *store.IdemRecord) (bool, error) {
+func (o *Overlay) recordedWriteHere(e *entry.Entry, rec *store.IdemRecord) (bool, error) {
 	switch e.Op {
-	case store.OpSet, store.OpDelete:
+	case entry.OpSet, entry.OpDelete:
 		st, ok, err := NewOverlay(o.st, o.comp).currentPlain(e.Key)
 		if err != nil {
 			return false, err
@@ -348,7 +348,7 @@ func (o *Overlay) recordedWriteHere(e *wal.Entry, rec *store.IdemRecord) (bool, 
 			}
 		}
 		return false, nil
-	case store.OpCounter:
+	case entry.OpCounter:
 		ctr, err := o.st.Counter(e.Key)
 		if errors.Is(err, store.ErrNotFound) {
 			return false, nil

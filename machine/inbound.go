@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"sort"
 
+	"github.com/replicator/replicator/entry"
 	"github.com/replicator/replicator/hlc"
 	"github.com/replicator/replicator/store"
 	"github.com/replicator/replicator/transport"
@@ -29,7 +30,7 @@ var (
 // must rewind to HWM and resend from HWM+1.
 type GapError struct {
 	Origin string
-	Stream wal.StreamID
+	Stream entry.StreamID
 	HWM    uint64
 	Got    uint64
 }
@@ -44,7 +45,7 @@ func (e *GapError) Error() string {
 // or copied). Nothing is applied; the sender must begin a new stream.
 type ConflictError struct {
 	Origin    string
-	Stream    wal.StreamID
+	Stream    entry.StreamID
 	HWM       uint64
 	HWMCommit hlc.Timestamp
 	Got       hlc.Timestamp
@@ -190,16 +191,16 @@ func (m *Machine) applyInbound(b *store.Batch, in *Inbound) (*InboundResult, err
 			res.DeadLettered++
 			continue
 		}
-		out, err := e.Apply(b)
+		out, err := b.ApplyEntry(e)
 		if err != nil {
 			return nil, err
 		}
 		switch out {
-		case store.Applied:
+		case entry.Applied:
 			res.Applied++
-		case store.Stale:
+		case entry.Stale:
 			res.Stale++
-		case store.Duplicate:
+		case entry.Duplicate:
 			res.Duplicates++ // content duplicate: same stamp already stored
 		}
 		hwm.Merged++

@@ -23,6 +23,7 @@ import (
 
 	"github.com/cockroachdb/pebble/v2"
 
+	"github.com/replicator/replicator/entry"
 	"github.com/replicator/replicator/hlc"
 	"github.com/replicator/replicator/store"
 	"github.com/replicator/replicator/wal"
@@ -69,7 +70,7 @@ type Machine struct {
 
 	// Changed only by Apply.
 	applied    uint64
-	stream     wal.StreamID
+	stream     entry.StreamID
 	last       uint64        // the last index of the stream
 	lastCommit hlc.Timestamp // its commit HLC
 	// epoch is the stream's counter epoch (read by the node too).
@@ -139,13 +140,13 @@ func (m *Machine) Reload() error { return m.load() }
 func (m *Machine) Applied() uint64 { return m.applied }
 
 // Stream is the cluster's stream (zero before one is minted).
-func (m *Machine) Stream() wal.StreamID { return m.out.Stream() }
+func (m *Machine) Stream() entry.StreamID { return m.out.Stream() }
 
 // Logged reports whether the tree was ever written through a log (false: a
 // new tree, or one a build before the log wrote).
 func (m *Machine) Logged() bool { return m.logged }
 
-// Epoch is the stream's counter epoch (store.Component).
+// Epoch is the stream's counter epoch (entry.Component).
 func (m *Machine) Epoch() uint32 { return m.epoch.Load() }
 
 // ForgetLog records that the log the applied index counted in is gone (a
@@ -194,9 +195,9 @@ type Write struct {
 	Replay *store.IdemRecord
 	// Entry is the write as applied: origin, stream, index, stamps, a
 	// counter's totals and the idempotency record filled in.
-	Entry wal.Entry
+	Entry entry.Entry
 	// Outcome is what the write did to the tree.
-	Outcome store.Outcome
+	Outcome entry.Outcome
 	// CounterValue is an increment's counter here once it applied.
 	CounterValue int64
 }
@@ -303,7 +304,7 @@ func (m *Machine) decideLocal(props []Proposal) (*decided, error) {
 		}
 		return &decided{res: res}, nil
 	}
-	ov := NewOverlay(m.st, store.Component(m.cluster, m.stream, m.epoch.Load()))
+	ov := NewOverlay(m.st, entry.Component(m.cluster, m.stream, m.epoch.Load()))
 	ov.Reserve(keysOf(props))
 	keyed := map[string]int{} // key -> the group's first proposal under it
 	last, lastCommit := m.last, m.lastCommit
@@ -352,7 +353,7 @@ func (m *Machine) decideLocal(props []Proposal) (*decided, error) {
 		w.CounterValue = v
 		if k := p.Keyed; k != nil {
 			st, body := Answer(k.Answer, &e, v, k.OpID)
-			e.Idem = &wal.Idem{Key: k.Key, Fingerprint: k.Fingerprint, Status: st, Body: body, Expires: k.Expires}
+			e.Idem = &entry.Idem{Key: k.Key, Fingerprint: k.Fingerprint, Status: st, Body: body, Expires: k.Expires}
 		}
 		ov.Record(&e)
 		lastCommit = e.Commit
@@ -378,7 +379,7 @@ func (m *Machine) writeLocal(b *store.Batch, d *decided) (*Result, func(), error
 	b.Reserve(keys)
 	for _, i := range d.accepted {
 		w := &res.Writes[i]
-		out, err := w.Entry.Apply(b)
+		out, err := b.ApplyEntry(&w.Entry)
 		if err != nil {
 			return nil, nil, err
 		}
@@ -444,7 +445,7 @@ func maxStamp(ts ...hlc.Timestamp) hlc.Timestamp {
 // last recorded, in log order (a link rewinds when a peer shows it lost
 // entries). A cursor only decides where shipping resumes, so one an old
 // leader recorded late costs a resend the peer drops, never a lost entry.
-func (m *Machine) applyCursor(b *store.Batch, peer string, c store.Cursor) error {
+func (m *Machine) applyCursor(b *store.Batch, peer string, c entry.Cursor) error {
 	return b.SetCursor(peer, c)
 }
 
@@ -534,7 +535,7 @@ func (m *Machine) applyDeadLetter(b *store.Batch, c *Command) (*Result, error) {
 			// tree is damaged.
 			return nil, fmt.Errorf("dead letter %s: %w: %v", d.ID(), store.ErrCorrupt, err)
 		}
-		if _, err := e.Apply(b); err != nil {
+		if _, err := b.ApplyEntry(&e); err != nil {
 			return nil, err
 		}
 	}
@@ -565,8 +566,8 @@ func (m *Machine) CollectedBelow() (hlc.Timestamp, error) {
 // here): the leader then checks nothing else of it, its pinned stamp
 // included (a retry at a new leader whose clock is behind must get the
 // first attempt's answer, not a refusal). Safe beside Apply: a read.
-func (m *Machine) Replays(key string, fingerprint []byte, now int64, e *wal.Entry) bool {
-	ov := NewOverlay(m.st, store.Component(m.cluster, m.Stream(), m.epoch.Load()))
+func (m *Machine) Replays(key string, fingerprint []byte, now int64, e *entry.Entry) bool {
+	ov := NewOverlay(m.st, entry.Component(m.cluster, m.Stream(), m.epoch.Load()))
 	d, _, err := ov.LookupKey(key, fingerprint, now, e)
 	return err == nil && d == KeyReplay
 }
@@ -609,7 +610,7 @@ func (m *Machine) Removed(id string) (byte, error) {
 }
 
 // applyTruncate drops the stream's outbound entries before first.
-func (m *Machine) applyTruncate(b *store.Batch, stream wal.StreamID, first uint64) (*Result, func(), error) {
+func (m *Machine) applyTruncate(b *store.Batch, stream entry.StreamID, first uint64) (*Result, func(), error) {
 	if m.stream.IsZero() || stream != m.stream || first <= m.out.First() {
 		return &Result{}, nil, nil
 	}
@@ -625,7 +626,7 @@ func (m *Machine) applyTruncate(b *store.Batch, stream wal.StreamID, first uint6
 // used, or the tree lost some), and what its writes did reaches the peers by
 // re-seeds, from the tree. A mint of the current stream with another epoch only changes the epoch: its
 // increments count under fresh totals from then on.
-func (m *Machine) applyMint(b *store.Batch, stream wal.StreamID, epoch uint32) (*Result, func(), error) {
+func (m *Machine) applyMint(b *store.Batch, stream entry.StreamID, epoch uint32) (*Result, func(), error) {
 	if stream == m.stream {
 		if epoch == m.epoch.Load() {
 			return &Result{}, nil, nil

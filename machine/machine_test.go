@@ -9,6 +9,7 @@ import (
 	"reflect"
 	"testing"
 
+	"github.com/replicator/replicator/entry"
 	"github.com/replicator/replicator/hlc"
 	"github.com/replicator/replicator/store"
 	"github.com/replicator/replicator/transport"
@@ -16,8 +17,8 @@ import (
 )
 
 var (
-	testStream = wal.StreamID{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16}
-	streamB    = wal.StreamID{0xb}
+	testStream = entry.StreamID{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16}
+	streamB    = entry.StreamID{0xb}
 )
 
 func openMachine(t *testing.T, dir string) (*Machine, *store.Store) {
@@ -43,11 +44,11 @@ func (s *stamper) next() hlc.Timestamp {
 }
 
 func (s *stamper) put(key, val string) Proposal {
-	return Proposal{Entry: wal.Entry{Op: store.OpSet, Key: key, Value: []byte(val), Commit: s.next()}}
+	return Proposal{Entry: entry.Entry{Op: entry.OpSet, Key: key, Value: []byte(val), Commit: s.next()}}
 }
 
 func (s *stamper) incr(key string, d int64) Proposal {
-	return Proposal{Entry: wal.Entry{Op: store.OpCounter, Key: key, Commit: s.next()}, Delta: d}
+	return Proposal{Entry: entry.Entry{Op: entry.OpCounter, Key: key, Commit: s.next()}, Delta: d}
 }
 
 func keyed(p Proposal, key, fp string, kind AnswerKind) Proposal {
@@ -107,26 +108,26 @@ func scriptCommands() []*Command {
 	local(keyed(s.incr("hits", 10), "k1", "fp1", AnswerCounter)) // a retry in a later group
 	stale := s.put("z", "stale")
 	stale.Entry.Commit = hlc.Timestamp{Wall: 1} // a deposed leader's stamp
-	local(stale, Proposal{Entry: wal.Entry{Op: store.OpDeleteRange, Key: "y", End: "yz", Commit: s.next()}})
-	batch := Proposal{Entry: wal.Entry{Op: store.OpMulti, Commit: s.next(),
-		Ops: []wal.Op{{Op: store.OpSet, Key: "b1", Value: []byte("v")}, {Op: store.OpDelete, Key: "x"}}}}
+	local(stale, Proposal{Entry: entry.Entry{Op: entry.OpDeleteRange, Key: "y", End: "yz", Commit: s.next()}})
+	batch := Proposal{Entry: entry.Entry{Op: entry.OpMulti, Commit: s.next(),
+		Ops: []entry.BatchOp{{Op: entry.OpSet, Key: "b1", Value: []byte("v")}, {Op: entry.OpDelete, Key: "x"}}}}
 	local(keyed(batch, "op:o1", "fpb", AnswerBatch))
-	cmds = append(cmds, &Command{Kind: KindCursor, Peer: "b", Cursor: store.Cursor{Stream: testStream, Index: 3}})
-	cmds = append(cmds, &Command{Kind: KindCursor, Peer: "b", Cursor: store.Cursor{Stream: testStream, Index: 2}})
+	cmds = append(cmds, &Command{Kind: KindCursor, Peer: "b", Cursor: entry.Cursor{Stream: testStream, Index: 3}})
+	cmds = append(cmds, &Command{Kind: KindCursor, Peer: "b", Cursor: entry.Cursor{Stream: testStream, Index: 2}})
 	cmds = append(cmds, &Command{Kind: KindTruncate, Stream: testStream, First: 3})
 	local(s.put("late", "1"))
 	// a keyed write, a range delete over it, the write's retry: the
 	// record's write is superseded by the range, so the retry replays
 	local(keyed(s.put("p", "v"), "kp", "fpp", AnswerWrite))
-	local(Proposal{Entry: wal.Entry{Op: store.OpDeleteRange, Key: "p", End: "q", Commit: s.next()}})
+	local(Proposal{Entry: entry.Entry{Op: entry.OpDeleteRange, Key: "p", End: "q", Commit: s.next()}})
 	local(keyed(s.put("p", "v"), "kp", "fpp", AnswerWrite))
 	// a peer's batch, the same batch again, and one past a gap
 	inbound := func(from, to uint64) *Command {
 		bt := &transport.Batch{Header: transport.Header{Sender: "b", Stream: streamB}}
 		for i := from; i <= to; i++ {
 			ts := hlc.Timestamp{Wall: 2e15 + int64(i)}
-			bt.Entries = append(bt.Entries, wal.Entry{Index: i, Origin: "b", Stream: streamB, Commit: ts, Stamp: ts,
-				Op: store.OpSet, Key: fmt.Sprintf("from-b/%d", i), Value: []byte("v")})
+			bt.Entries = append(bt.Entries, entry.Entry{Index: i, Origin: "b", Stream: streamB, Commit: ts, Stamp: ts,
+				Op: entry.OpSet, Key: fmt.Sprintf("from-b/%d", i), Value: []byte("v")})
 		}
 		return &Command{Kind: KindInbound, Inbound: &Inbound{Sender: "b", Batch: bt, At: 1, HLC: hlc.Timestamp{Wall: 2e15 + 100},
 			MaxStreams: 16, Dead: map[uint64]string{to: "over a limit"}}}
@@ -169,7 +170,7 @@ func TestDecodedAppliesAsBuilt(t *testing.T) {
 type outcome struct {
 	digest   store.Digest
 	hits     int64
-	cursor   store.Cursor
+	cursor   entry.Cursor
 	first    uint64
 	last     uint64
 	outbound [][]byte
@@ -225,7 +226,7 @@ func TestScriptDecisions(t *testing.T) {
 		results = append(results, res)
 	}
 	w := func(cmd, p int) Write { return results[cmd].Writes[p] }
-	if e := w(1, 2).Entry; e.Index != 3 || e.Ctr == nil || *e.Ctr != (store.PN{P: 5}) || e.Stream != testStream || e.Origin != "a" {
+	if e := w(1, 2).Entry; e.Index != 3 || e.Ctr == nil || *e.Ctr != (entry.PN{P: 5}) || e.Stream != testStream || e.Origin != "a" {
 		t.Fatalf("first increment: %+v", e)
 	}
 	if err := w(2, 0).Err; !errors.Is(err, ErrPrecondition) {
@@ -442,7 +443,7 @@ func TestMintStartsAStream(t *testing.T) {
 	s := &stamper{wall: 1e15}
 	mustApply(t, m, 1, &Command{Kind: KindMint, Stream: testStream})
 	mustApply(t, m, 2, &Command{Kind: KindLocal, Local: []Proposal{s.put("k", "v"), s.incr("c", 2)}})
-	next := wal.StreamID{9}
+	next := entry.StreamID{9}
 	notify := m.Outbound().Notify()
 	mustApply(t, m, 3, &Command{Kind: KindMint, Stream: next, Epoch: 7})
 	select {
@@ -452,7 +453,7 @@ func TestMintStartsAStream(t *testing.T) {
 	}
 	res := mustApply(t, m, 4, &Command{Kind: KindLocal, Local: []Proposal{s.incr("c", 3)}})
 	e := res.Writes[0].Entry
-	if e.Stream != next || e.Index != 1 || e.CtrComp != store.Component("a", next, 7) || *e.Ctr != (store.PN{P: 3}) {
+	if e.Stream != next || e.Index != 1 || e.CtrComp != entry.Component("a", next, 7) || *e.Ctr != (entry.PN{P: 3}) {
 		t.Fatalf("first entry of the new stream: %+v", e)
 	}
 	if res.Writes[0].CounterValue != 5 {
@@ -478,10 +479,10 @@ func TestFailedApplyChangesNothing(t *testing.T) {
 	defer st.Close()
 	mustApply(t, m, 1, &Command{Kind: KindMint, Stream: testStream})
 	ts := hlc.Timestamp{Wall: 2e15}
-	good := wal.Entry{Index: 1, Origin: "b", Stream: streamB, Commit: ts, Stamp: ts, Op: store.OpSet, Key: "from-b/1", Value: []byte("v")}
-	stub := wal.Entry{Index: 2, Origin: "b", Stream: streamB, Commit: ts.Add(1), Stamp: ts.Add(1), Op: store.OpSet, Key: "from-b/2", Oversize: 5 << 20}
+	good := entry.Entry{Index: 1, Origin: "b", Stream: streamB, Commit: ts, Stamp: ts, Op: entry.OpSet, Key: "from-b/1", Value: []byte("v")}
+	stub := entry.Entry{Index: 2, Origin: "b", Stream: streamB, Commit: ts.Add(1), Stamp: ts.Add(1), Op: entry.OpSet, Key: "from-b/2", Oversize: 5 << 20}
 	bad := &Command{Kind: KindInbound, Inbound: &Inbound{Sender: "b", MaxStreams: 16, HLC: ts.Add(1),
-		Batch: &transport.Batch{Header: transport.Header{Sender: "b", Stream: streamB}, Entries: []wal.Entry{good, stub}}}}
+		Batch: &transport.Batch{Header: transport.Header{Sender: "b", Stream: streamB}, Entries: []entry.Entry{good, stub}}}}
 	if _, err := m.Apply(2, encode(t, bad)); err == nil {
 		t.Fatal("a stub that was not set aside applied")
 	}
@@ -495,7 +496,7 @@ func TestFailedApplyChangesNothing(t *testing.T) {
 		t.Fatalf("marks after a failed batch: %+v %v", h, err)
 	}
 	fixed := &Command{Kind: KindInbound, Inbound: &Inbound{Sender: "b", MaxStreams: 16, HLC: ts.Add(1), Dead: map[uint64]string{2: "too large"},
-		Batch: &transport.Batch{Header: transport.Header{Sender: "b", Stream: streamB}, Entries: []wal.Entry{good, stub}}}}
+		Batch: &transport.Batch{Header: transport.Header{Sender: "b", Stream: streamB}, Entries: []entry.Entry{good, stub}}}}
 	res := mustApply(t, m, 2, fixed)
 	if r := res.Inbound; r == nil || r.Err != nil || r.Applied != 1 || r.DeadLettered != 1 || r.HWM != 2 {
 		t.Fatalf("the command at the same index, the stub set aside: %+v", res.Inbound)
@@ -534,11 +535,11 @@ func randomCommand(rng *rand.Rand) Command {
 	}
 	switch Kind(rng.IntN(int(kinds)-1) + 1) {
 	case KindCursor:
-		return Command{Kind: KindCursor, Peer: "b", Cursor: store.Cursor{Stream: testStream, Index: rng.Uint64()}}
+		return Command{Kind: KindCursor, Peer: "b", Cursor: entry.Cursor{Stream: testStream, Index: rng.Uint64()}}
 	case KindTruncate:
 		return Command{Kind: KindTruncate, Stream: testStream, First: rng.Uint64()}
 	case KindMint:
-		return Command{Kind: KindMint, Stream: wal.StreamID{byte(rng.IntN(255) + 1)}, Epoch: rng.Uint32()}
+		return Command{Kind: KindMint, Stream: entry.StreamID{byte(rng.IntN(255) + 1)}, Epoch: rng.Uint32()}
 	case KindCollect:
 		return Command{Kind: KindCollect, Cutoff: stamp(), IdemBefore: rng.Int64(), Max: rng.IntN(maxCollect) + 1}
 	case KindDeadLetter:
@@ -548,19 +549,19 @@ func randomCommand(rng *rand.Rand) Command {
 	}
 	var ps []Proposal
 	for j := rng.IntN(4); j >= 0; j-- {
-		e := wal.Entry{Commit: stamp(), Key: fmt.Sprintf("k%d", rng.IntN(9))}
+		e := entry.Entry{Commit: stamp(), Key: fmt.Sprintf("k%d", rng.IntN(9))}
 		p := Proposal{}
 		switch rng.IntN(5) {
 		case 0:
-			e.Op, e.Value = store.OpSet, []byte("v")
+			e.Op, e.Value = entry.OpSet, []byte("v")
 		case 1:
-			e.Op = store.OpDelete
+			e.Op = entry.OpDelete
 		case 2:
-			e.Op, e.End = store.OpDeleteRange, e.Key+"z"
+			e.Op, e.End = entry.OpDeleteRange, e.Key+"z"
 		case 3:
-			e.Op, p.Delta = store.OpCounter, rng.Int64N(100)-50
+			e.Op, p.Delta = entry.OpCounter, rng.Int64N(100)-50
 		case 4:
-			e.Op, e.Key, e.Ops = store.OpMulti, "", []wal.Op{{Op: store.OpSet, Key: "m", Value: []byte("1")}}
+			e.Op, e.Key, e.Ops = entry.OpMulti, "", []entry.BatchOp{{Op: entry.OpSet, Key: "m", Value: []byte("1")}}
 		}
 		if rng.IntN(3) == 0 {
 			e.Stamp = stamp()
@@ -594,7 +595,7 @@ func TestDecodeRefuses(t *testing.T) {
 	// a proposal carrying what the machine assigns
 	s := &stamper{wall: 1}
 	p := s.put("k", "v")
-	p.Entry.Idem = &wal.Idem{Key: "x"}
+	p.Entry.Idem = &entry.Idem{Key: "x"}
 	b, err := NewEncoder().Encode(&Command{Kind: KindLocal, Local: []Proposal{p}})
 	if err != nil {
 		t.Fatal(err)
@@ -676,7 +677,7 @@ func TestMintNewEpoch(t *testing.T) {
 	mustApply(t, m, 3, &Command{Kind: KindMint, Stream: testStream, Epoch: 5})
 	res := mustApply(t, m, 4, &Command{Kind: KindLocal, Local: []Proposal{s.incr("c", 3)}})
 	e := res.Writes[0].Entry
-	if m.Epoch() != 5 || e.Stream != testStream || e.Index != 2 || e.CtrComp != store.Component("a", testStream, 5) || *e.Ctr != (store.PN{P: 3}) {
+	if m.Epoch() != 5 || e.Stream != testStream || e.Index != 2 || e.CtrComp != entry.Component("a", testStream, 5) || *e.Ctr != (entry.PN{P: 3}) {
 		t.Fatalf("after the new epoch: epoch %d, entry %+v", m.Epoch(), e)
 	}
 	if res.Writes[0].CounterValue != 5 {
@@ -744,7 +745,7 @@ func TestPeerRecords(t *testing.T) {
 func TestCollectDeadLettersAndRemovals(t *testing.T) {
 	s := &stamper{wall: 3e15}
 	extra := []*Command{
-		{Kind: KindLocal, Local: []Proposal{{Entry: wal.Entry{Op: store.OpDelete, Key: "late", Commit: s.next()}},
+		{Kind: KindLocal, Local: []Proposal{{Entry: entry.Entry{Op: entry.OpDelete, Key: "late", Commit: s.next()}},
 			keyed(s.put("kept", "v"), "kk", "fpk", AnswerWrite)}},
 		{Kind: KindDeadLetter, Peer: "b", Stream: streamB, First: 3, Set: DeadReplay},
 		{Kind: KindDeadLetter, Peer: "b", Stream: streamB, First: 4, Set: DeadDiscard},

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"sync"
 
+	"github.com/replicator/replicator/entry"
 	"github.com/replicator/replicator/internal/byteindex"
 	"github.com/replicator/replicator/store"
 	"github.com/replicator/replicator/wal"
@@ -19,7 +20,7 @@ type Outbound struct {
 	bytes byteindex.Index
 	mu    struct {
 		sync.Mutex
-		stream      wal.StreamID
+		stream      entry.StreamID
 		first, last uint64
 		notify      chan struct{}
 	}
@@ -27,14 +28,14 @@ type Outbound struct {
 
 // openOutbound loads the bounds and sizes of stream's entries; last is the
 // stream's last index as the machine recorded it.
-func openOutbound(st *store.Store, stream wal.StreamID, last uint64) (*Outbound, error) {
+func openOutbound(st *store.Store, stream entry.StreamID, last uint64) (*Outbound, error) {
 	o := &Outbound{st: st}
 	o.mu.notify = make(chan struct{})
 	return o, o.load(stream, last)
 }
 
 // load reads the bounds and sizes of stream's entries from the tree.
-func (o *Outbound) load(stream wal.StreamID, last uint64) error {
+func (o *Outbound) load(stream entry.StreamID, last uint64) error {
 	o.reset(stream, last)
 	if stream.IsZero() {
 		return nil
@@ -67,7 +68,7 @@ func (o *Outbound) load(stream wal.StreamID, last uint64) error {
 }
 
 // reset starts the view at stream, empty after last.
-func (o *Outbound) reset(stream wal.StreamID, last uint64) {
+func (o *Outbound) reset(stream entry.StreamID, last uint64) {
 	o.mu.Lock()
 	o.mu.stream, o.mu.first, o.mu.last = stream, last+1, last
 	o.mu.Unlock()
@@ -102,7 +103,7 @@ func (o *Outbound) wake() {
 }
 
 // Stream is the cluster's current stream.
-func (o *Outbound) Stream() wal.StreamID {
+func (o *Outbound) Stream() entry.StreamID {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	return o.mu.stream

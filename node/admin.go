@@ -9,8 +9,8 @@ import (
 	"net/http/pprof"
 
 	"github.com/replicator/replicator/acceptor"
+	"github.com/replicator/replicator/entry"
 	"github.com/replicator/replicator/transport"
-	"github.com/replicator/replicator/wal"
 )
 
 // Admin paths. Each handler is a thin wrapper over a method that returns a
@@ -69,7 +69,7 @@ func (n *Node) PeersReport() PeersReport {
 		n.log.Warn("reading high-water marks", "err", err)
 	}
 	for _, h := range hwms {
-		r.Streams = append(r.Streams, StreamReport{Origin: h.Origin, Stream: wal.StreamID(h.Stream).String(),
+		r.Streams = append(r.Streams, StreamReport{Origin: h.Origin, Stream: entry.StreamID(h.Stream).String(),
 			HWM: h.Index, Merged: h.Merged, DeadLettered: h.DeadLettered, Seeded: h.Seeded, Frontier: h.Commit.String()})
 	}
 	return r

@@ -8,9 +8,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/replicator/replicator/entry"
 	"github.com/replicator/replicator/hlc"
 	"github.com/replicator/replicator/internal/httpjson"
-	"github.com/replicator/replicator/store"
 )
 
 func errorBody(t *testing.T, body []byte) httpjson.Error {
@@ -69,7 +69,7 @@ func TestAnswersPlaceableInAHistory(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if deleted, err := store.ParseStamp(del.Version); err != nil || !deleted.HLC.Less(below) {
+	if deleted, err := entry.ParseStamp(del.Version); err != nil || !deleted.HLC.Less(below) {
 		t.Fatalf("collected below %s, but the delete %s is not below it", below, del.Version)
 	}
 

@@ -12,11 +12,11 @@ import (
 	"github.com/hashicorp/raft"
 
 	"github.com/replicator/replicator/cluster"
+	"github.com/replicator/replicator/entry"
 	"github.com/replicator/replicator/hlc"
 	"github.com/replicator/replicator/machine"
 	"github.com/replicator/replicator/raftlog"
 	"github.com/replicator/replicator/store"
-	"github.com/replicator/replicator/wal"
 )
 
 // The committer is the write path's single proposer. Concurrent writes
@@ -60,7 +60,7 @@ const (
 )
 
 type proposal struct {
-	entry wal.Entry
+	entry entry.Entry
 	// pin is the caller's pinned LWW stamp (an idempotency scope); zero
 	// means the commit HLC.
 	pin hlc.Timestamp
@@ -78,7 +78,7 @@ type proposal struct {
 	done         chan struct{}
 
 	// results, valid after done is closed
-	outcome store.Outcome
+	outcome entry.Outcome
 	// replay is set when the answer is a recorded one: nothing was written.
 	replay *store.IdemRecord
 	err    error

@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"time"
 
+	"github.com/replicator/replicator/entry"
 	"github.com/replicator/replicator/machine"
 	"github.com/replicator/replicator/store"
 	"github.com/replicator/replicator/wal"
@@ -33,7 +34,7 @@ func (n *Node) DeadLetters() ([]DeadLetterReport, error) {
 	out := make([]DeadLetterReport, 0, len(dls))
 	codec := wal.NewCodec()
 	for _, d := range dls {
-		r := DeadLetterReport{ID: d.ID(), Origin: d.Origin, Stream: wal.StreamID(d.Stream).String(), Index: d.Index,
+		r := DeadLetterReport{ID: d.ID(), Origin: d.Origin, Stream: entry.StreamID(d.Stream).String(), Index: d.Index,
 			At: time.Unix(0, d.At).UTC(), Reason: d.Reason}
 		if e, err := codec.DecodeEntry(d.Entry, wal.Defaults{}); err == nil {
 			r.Op, r.Key = e.Op.String(), e.Key

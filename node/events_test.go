@@ -12,11 +12,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/replicator/replicator/entry"
 	"github.com/replicator/replicator/hlc"
 	"github.com/replicator/replicator/policy"
 	"github.com/replicator/replicator/store"
 	"github.com/replicator/replicator/transport"
-	"github.com/replicator/replicator/wal"
 )
 
 func link(t testing.TB, n *Node, peer string) transport.Status {
@@ -326,9 +326,9 @@ func TestUnlinkedPeerHoldsTombstones(t *testing.T) {
 		t.Fatalf("collected %d tombstones (%v) while b, which may write, sent nothing yet", c, err)
 	}
 	// b's older write arrives: it loses to the tombstone.
-	e := wal.Entry{Index: 1, Origin: "b", Stream: wal.StreamID{0xb}, Commit: hlc.Timestamp{Wall: old}, Op: store.OpSet, Key: "k", Value: []byte("old")}
+	e := entry.Entry{Index: 1, Origin: "b", Stream: entry.StreamID{0xb}, Commit: hlc.Timestamp{Wall: old}, Op: entry.OpSet, Key: "k", Value: []byte("old")}
 	e.Stamp = e.Commit
-	if _, err := n.acceptor.Apply("b", &transport.Batch{Header: transport.Header{Sender: "b", Stream: e.Stream}, Entries: []wal.Entry{e}}); err != nil {
+	if _, err := n.acceptor.Apply("b", &transport.Batch{Header: transport.Header{Sender: "b", Stream: e.Stream}, Entries: []entry.Entry{e}}); err != nil {
 		t.Fatal(err)
 	}
 	if r, err := n.Get("k"); !errors.Is(err, ErrNotFound) {
@@ -400,7 +400,7 @@ func TestPinnedStampAheadIsObserved(t *testing.T) {
 		t.Fatal(err)
 	}
 	res, err := n.Put(context.Background(), "k", []byte("later"))
-	if err != nil || res.Outcome != store.Applied {
+	if err != nil || res.Outcome != entry.Applied {
 		t.Fatalf("the later write: %+v %v", res, err)
 	}
 	if r, _ := n.Get("k"); string(r.Value) != "later" {
@@ -424,8 +424,8 @@ func TestDeadLetterHoldsTombstones(t *testing.T) {
 	defer n.Close()
 	ctx := context.Background()
 	old := hlc.Timestamp{Wall: pc.Now()}
-	e := wal.Entry{Index: 1, Origin: "b", Stream: wal.StreamID{0xb}, Commit: old, Stamp: old, Op: store.OpSet, Key: "k", Value: make([]byte, 64)}
-	if _, err := n.acceptor.Apply("b", &transport.Batch{Header: transport.Header{Sender: "b", Stream: e.Stream}, Entries: []wal.Entry{e}}); err != nil {
+	e := entry.Entry{Index: 1, Origin: "b", Stream: entry.StreamID{0xb}, Commit: old, Stamp: old, Op: entry.OpSet, Key: "k", Value: make([]byte, 64)}
+	if _, err := n.acceptor.Apply("b", &transport.Batch{Header: transport.Header{Sender: "b", Stream: e.Stream}, Entries: []entry.Entry{e}}); err != nil {
 		t.Fatal(err)
 	}
 	dl, err := n.DeadLetters()
@@ -441,9 +441,9 @@ func TestDeadLetterHoldsTombstones(t *testing.T) {
 	}
 	// b's frontier moves far past the delete.
 	pc.Advance(30 * time.Minute)
-	e2 := wal.Entry{Index: 2, Origin: "b", Stream: e.Stream, Commit: hlc.Timestamp{Wall: pc.Now()}, Op: store.OpSet, Key: "other", Value: []byte("x")}
+	e2 := entry.Entry{Index: 2, Origin: "b", Stream: e.Stream, Commit: hlc.Timestamp{Wall: pc.Now()}, Op: entry.OpSet, Key: "other", Value: []byte("x")}
 	e2.Stamp = e2.Commit
-	if _, err := n.acceptor.Apply("b", &transport.Batch{Header: transport.Header{Sender: "b", Stream: e.Stream}, Entries: []wal.Entry{e2}}); err != nil {
+	if _, err := n.acceptor.Apply("b", &transport.Batch{Header: transport.Header{Sender: "b", Stream: e.Stream}, Entries: []entry.Entry{e2}}); err != nil {
 		t.Fatal(err)
 	}
 	if c, err := n.CollectTombstones(); err != nil || c != 0 {

@@ -17,6 +17,7 @@ import (
 	"github.com/hashicorp/raft"
 
 	"github.com/replicator/replicator/cluster"
+	"github.com/replicator/replicator/entry"
 	"github.com/replicator/replicator/hlc"
 	"github.com/replicator/replicator/internal/atomicfile"
 	"github.com/replicator/replicator/machine"
@@ -450,7 +451,7 @@ func (n *Node) openGroup() (created bool, err error) {
 	}
 	if m.Stream().IsZero() || mint != "" {
 		old := m.Stream()
-		if err := n.applyCommand(&machine.Command{Kind: machine.KindMint, Stream: wal.NewStreamID()}); err != nil {
+		if err := n.applyCommand(&machine.Command{Kind: machine.KindMint, Stream: entry.NewStreamID()}); err != nil {
 			n.group.Close()
 			return false, fmt.Errorf("node: start the stream: %w", err)
 		}
@@ -541,13 +542,13 @@ func (n *Node) UpdateRecord(peer string, record byte, f func(byte) byte) (byte, 
 // of the cluster knows how far each peer has the stream.
 type cursors struct{ n *Node }
 
-func (c cursors) Cursor(peer string) (store.Cursor, bool, error) { return c.n.store.Cursor(peer) }
+func (c cursors) Cursor(peer string) (entry.Cursor, bool, error) { return c.n.store.Cursor(peer) }
 
-func (c cursors) SetCursor(peer string, cur store.Cursor) error {
+func (c cursors) SetCursor(peer string, cur entry.Cursor) error {
 	return c.n.applyCommand(&machine.Command{Kind: machine.KindCursor, Peer: peer, Cursor: cur})
 }
 
-func (c cursors) InitCursor(peer string, cur store.Cursor) error { return c.SetCursor(peer, cur) }
+func (c cursors) InitCursor(peer string, cur entry.Cursor) error { return c.SetCursor(peer, cur) }
 
 // encoders are the command encoders of inbound batches (many at once).
 var encoders = sync.Pool{New: func() any { return machine.NewEncoder() }}
@@ -733,7 +734,7 @@ func (n *Node) migrateEntries(l *wal.Log) error {
 			commit = e.Commit
 			n.clock.Observe(e.Commit)
 			if i >= from {
-				if _, err := e.Apply(b); err != nil {
+				if _, err := b.ApplyEntry(&e); err != nil {
 					b.Close()
 					return fmt.Errorf("entry %d: %w", i, err)
 				}

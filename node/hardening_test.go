@@ -18,10 +18,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/replicator/replicator/entry"
 	"github.com/replicator/replicator/hlc"
 	"github.com/replicator/replicator/store"
 	"github.com/replicator/replicator/transport"
-	"github.com/replicator/replicator/wal"
 )
 
 // endless yields a CSV record that never ends: `"k","xxxxx...`.
@@ -103,11 +103,11 @@ func TestCounterRange(t *testing.T) {
 	}
 	// Totals merged from two clusters can each fit while their sum does
 	// not: the value saturates, the same on every cluster.
-	c := store.Counter{Totals: map[string]store.PN{"a": {P: math.MaxInt64}, "b": {P: math.MaxInt64}}}
+	c := store.Counter{Totals: map[string]entry.PN{"a": {P: math.MaxInt64}, "b": {P: math.MaxInt64}}}
 	if c.Value() != math.MaxInt64 {
 		t.Fatalf("merged value %d, want saturation at MaxInt64", c.Value())
 	}
-	c = store.Counter{Totals: map[string]store.PN{"a": {N: math.MaxInt64}, "b": {N: math.MaxInt64}}}
+	c = store.Counter{Totals: map[string]entry.PN{"a": {N: math.MaxInt64}, "b": {N: math.MaxInt64}}}
 	if c.Value() != math.MinInt64 {
 		t.Fatalf("merged value %d, want saturation at MinInt64", c.Value())
 	}
@@ -218,9 +218,9 @@ func TestSlowBodiesHoldNothing(t *testing.T) {
 	}
 	time.Sleep(200 * time.Millisecond)
 	// c's genuine batch goes through while b trickles.
-	e := wal.Entry{Index: 1, Origin: "c", Stream: wal.StreamID{0xc}, Commit: hlc.Timestamp{Wall: time.Now().UnixNano()}, Op: store.OpSet, Key: "k", Value: []byte("v")}
+	e := entry.Entry{Index: 1, Origin: "c", Stream: entry.StreamID{0xc}, Commit: hlc.Timestamp{Wall: time.Now().UnixNano()}, Op: entry.OpSet, Key: "k", Value: []byte("v")}
 	e.Stamp = e.Commit
-	body := transport.EncodeBatch(&transport.Batch{Header: transport.Header{Sender: "c", Stream: e.Stream}, Entries: []wal.Entry{e}})
+	body := transport.EncodeBatch(&transport.Batch{Header: transport.Header{Sender: "c", Stream: e.Stream}, Entries: []entry.Entry{e}})
 	req, _ := http.NewRequest(http.MethodPost, url, bytes.NewReader(body))
 	req.Header.Set("X-Replicator-Origin", "c")
 	req.Header.Set("Authorization", "Bearer sc")
@@ -376,10 +376,10 @@ func TestPlantedIdempotencyRecordNotReplayed(t *testing.T) {
 	target, _ := http.NewRequest(http.MethodPut, n.URL()+"/v1/kv/target", strings.NewReader("mine"))
 	fp := fingerprint(target, "target", []byte("mine"))
 	ts := hlc.Timestamp{Wall: time.Now().UnixNano()}
-	e := wal.Entry{Index: 1, Origin: "b", Stream: wal.StreamID{0xb}, Commit: ts, Stamp: ts, Op: store.OpSet, Key: "elsewhere", Value: []byte("x"),
-		Idem: &wal.Idem{Key: "victim-key", Fingerprint: fp, Status: 200, Body: []byte(`{"key":"target","version":"forged","origin":"b"}`),
+	e := entry.Entry{Index: 1, Origin: "b", Stream: entry.StreamID{0xb}, Commit: ts, Stamp: ts, Op: entry.OpSet, Key: "elsewhere", Value: []byte("x"),
+		Idem: &entry.Idem{Key: "victim-key", Fingerprint: fp, Status: 200, Body: []byte(`{"key":"target","version":"forged","origin":"b"}`),
 			Expires: ts.Wall + int64(time.Hour)}}
-	if _, err := n.acceptor.Apply("b", &transport.Batch{Header: transport.Header{Sender: "b", Stream: e.Stream}, Entries: []wal.Entry{e}}); err != nil {
+	if _, err := n.acceptor.Apply("b", &transport.Batch{Header: transport.Header{Sender: "b", Stream: e.Stream}, Entries: []entry.Entry{e}}); err != nil {
 		t.Fatal(err)
 	}
 	target.Header.Set(HeaderIdempotencyKey, "victim-key")

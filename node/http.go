@@ -8,11 +8,11 @@ import (
 	"strconv"
 	"unicode/utf8"
 
+	"github.com/replicator/replicator/entry"
 	"github.com/replicator/replicator/internal/httpjson"
 	"github.com/replicator/replicator/machine"
 	"github.com/replicator/replicator/store"
 	"github.com/replicator/replicator/transport"
-	"github.com/replicator/replicator/wal"
 )
 
 // API paths; every route is registered on one mux in Handler.
@@ -143,14 +143,14 @@ func (n *Node) handleKey(w http.ResponseWriter, r *http.Request) {
 			writeErr(w, err)
 			return
 		}
-		e := wal.Entry{Op: store.OpDelete, Key: key}
+		e := entry.Entry{Op: entry.OpDelete, Key: key}
 		if r.Method == http.MethodPut {
 			value, err := readBody(w, r, n.opts.MaxValueBytes)
 			if err != nil {
 				writeErr(w, err)
 				return
 			}
-			e = wal.Entry{Op: store.OpSet, Key: key, Value: value}
+			e = entry.Entry{Op: entry.OpSet, Key: key, Value: value}
 		}
 		if err := n.checkValue(key, len(e.Value)); err != nil {
 			writeErr(w, err)

@@ -8,10 +8,10 @@ import (
 	"net/http"
 	"time"
 
+	"github.com/replicator/replicator/entry"
 	"github.com/replicator/replicator/internal/httpjson"
 	"github.com/replicator/replicator/machine"
 	"github.com/replicator/replicator/store"
-	"github.com/replicator/replicator/wal"
 )
 
 // Idempotency headers.
@@ -43,8 +43,8 @@ func idemFor(r *http.Request, key string, body []byte, answer machine.AnswerKind
 	if k == "" {
 		return nil, nil
 	}
-	if len(k) > wal.MaxIdemKey {
-		return nil, fmt.Errorf("%w: Idempotency-Key of %d bytes, limit %d", errBadRequest, len(k), wal.MaxIdemKey)
+	if len(k) > entry.MaxIdemKey {
+		return nil, fmt.Errorf("%w: Idempotency-Key of %d bytes, limit %d", errBadRequest, len(k), entry.MaxIdemKey)
 	}
 	for _, c := range []byte(k) {
 		if c < 0x21 || c > 0x7e {

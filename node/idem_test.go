@@ -11,9 +11,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/replicator/replicator/entry"
 	"github.com/replicator/replicator/hlc"
 	"github.com/replicator/replicator/policy"
-	"github.com/replicator/replicator/store"
 )
 
 // TestScopedRetryTies: library writes under one scope are stamped with its
@@ -29,12 +29,12 @@ func TestScopedRetryTies(t *testing.T) {
 	key.HLC = hlc.Timestamp{Wall: pc.Now() - int64(time.Minute)}
 	ctx = policy.WithKey(ctx, key)
 	r1, err := n.Put(ctx, "orders/42", []byte("v"))
-	if err != nil || r1.Outcome != store.Applied {
+	if err != nil || r1.Outcome != entry.Applied {
 		t.Fatalf("first attempt: %+v %v", r1, err)
 	}
 	pc.Advance(time.Second)
 	r2, err := n.Put(ctx, "orders/42", []byte("v"))
-	if err != nil || r2.Outcome != store.Duplicate || r2.Version != r1.Version {
+	if err != nil || r2.Outcome != entry.Duplicate || r2.Version != r1.Version {
 		t.Fatalf("retry: %+v %v (first %+v)", r2, err, r1)
 	}
 	rec, _ := n.Get("orders/42")
@@ -43,7 +43,7 @@ func TestScopedRetryTies(t *testing.T) {
 	}
 	// A write outside the scope is stamped fresh and wins.
 	r3, _ := n.Put(context.Background(), "orders/42", []byte("w"))
-	if r3.Outcome != store.Applied || r3.Version == r1.Version {
+	if r3.Outcome != entry.Applied || r3.Version == r1.Version {
 		t.Fatalf("unscoped write: %+v", r3)
 	}
 }

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/replicator/replicator/entry"
 	"github.com/replicator/replicator/hlc"
 	"github.com/replicator/replicator/store"
 	"github.com/replicator/replicator/wal"
@@ -31,16 +32,16 @@ func TestMigrateWALInPlace(t *testing.T) {
 		t.Fatal(err)
 	}
 	base := hlc.Timestamp{Wall: time.Now().UnixNano()}
-	var ents []*wal.Entry
+	var ents []*entry.Entry
 	for i := 0; i < 10; i++ {
-		ents = append(ents, &wal.Entry{Commit: base.Add(time.Duration(i)), Op: store.OpSet, Key: fmt.Sprintf("k%d", i), Value: []byte("old")})
+		ents = append(ents, &entry.Entry{Commit: base.Add(time.Duration(i)), Op: entry.OpSet, Key: fmt.Sprintf("k%d", i), Value: []byte("old")})
 	}
 	if err := l.Append(ents); err != nil {
 		t.Fatal(err)
 	}
 	b := st.NewBatch()
 	for _, e := range ents[:6] {
-		if _, err := e.Apply(b); err != nil {
+		if _, err := b.ApplyEntry(e); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -93,7 +94,7 @@ func TestMigrateWALInPlace(t *testing.T) {
 			if err != nil || res.Index != 11 {
 				t.Fatalf("first write after the migration: index %d, %v", res.Index, err)
 			}
-			st, _ := store.ParseStamp(res.Version)
+			st, _ := entry.ParseStamp(res.Version)
 			if !ents[9].Commit.Less(st.HLC) {
 				t.Fatalf("stamped %s, not above the WAL's last commit %s", st.HLC, ents[9].Commit)
 			}
@@ -216,10 +217,10 @@ func TestOldDirectoryWithoutWALStartsNewStream(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	old := wal.NewStreamID()
-	e := wal.Entry{Index: 1, Origin: "a", Stream: old, Commit: hlc.Timestamp{Wall: time.Now().UnixNano()}, Op: store.OpSet, Key: "k", Value: []byte("v")}
+	old := entry.NewStreamID()
+	e := entry.Entry{Index: 1, Origin: "a", Stream: old, Commit: hlc.Timestamp{Wall: time.Now().UnixNano()}, Op: entry.OpSet, Key: "k", Value: []byte("v")}
 	b := st.NewBatch()
-	if _, err := e.Apply(b); err != nil {
+	if _, err := b.ApplyEntry(&e); err != nil {
 		t.Fatal(err)
 	}
 	if err := errors.Join(b.SetLocalApplied(store.AppliedIndex{Stream: old, Index: 1, Commit: e.Commit}), b.Commit(true)); err != nil {

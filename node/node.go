@@ -24,13 +24,13 @@ import (
 
 	"github.com/replicator/replicator/acceptor"
 	"github.com/replicator/replicator/cluster"
+	"github.com/replicator/replicator/entry"
 	"github.com/replicator/replicator/hlc"
 	"github.com/replicator/replicator/machine"
 	"github.com/replicator/replicator/origin"
 	"github.com/replicator/replicator/policy"
 	"github.com/replicator/replicator/store"
 	"github.com/replicator/replicator/transport"
-	"github.com/replicator/replicator/wal"
 )
 
 // Validation errors of the Go API; the HTTP API maps them to 400 and 413.
@@ -596,7 +596,7 @@ type WriteResult struct {
 	Origin  string
 	// Outcome is Applied, or Stale when a higher stamp already held the key
 	// (possible only against a pinned or replicated stamp).
-	Outcome store.Outcome
+	Outcome entry.Outcome
 	Index   uint64 // the entry's WAL index
 	// Replay is the recorded answer when an Idempotency-Key was seen before;
 	// nothing was written then.
@@ -655,7 +655,7 @@ func (n *Node) Put(ctx context.Context, key string, value []byte) (WriteResult, 
 	if err := n.checkValue(key, len(value)); err != nil {
 		return WriteResult{}, err
 	}
-	return n.write(ctx, wal.Entry{Op: store.OpSet, Key: key, Value: value}, nil)
+	return n.write(ctx, entry.Entry{Op: entry.OpSet, Key: key, Value: value}, nil)
 }
 
 // Delete durably deletes key (a tombstone, kept for the retention window).
@@ -663,12 +663,12 @@ func (n *Node) Delete(ctx context.Context, key string) (WriteResult, error) {
 	if err := errors.Join(n.checkKey(key), n.checkValue(key, 0)); err != nil {
 		return WriteResult{}, err
 	}
-	return n.write(ctx, wal.Entry{Op: store.OpDelete, Key: key}, nil)
+	return n.write(ctx, entry.Entry{Op: entry.OpDelete, Key: key}, nil)
 }
 
 // write proposes e. Under an idempotency scope on ctx (policy.WithKey) the
 // write is stamped with the scope's pinned HLC, so every retry ties.
-func (n *Node) write(ctx context.Context, e wal.Entry, idem *idemRequest) (WriteResult, error) {
+func (n *Node) write(ctx context.Context, e entry.Entry, idem *idemRequest) (WriteResult, error) {
 	return n.propose(ctx, &proposal{entry: e, idem: idem})
 }
 
@@ -699,7 +699,7 @@ func (n *Node) propose(ctx context.Context, p *proposal) (WriteResult, error) {
 	}
 	if p.replay != nil {
 		return WriteResult{Key: e.Key, Version: p.replay.Stamp.String(), Origin: p.replay.Stamp.Origin,
-			Outcome: store.Duplicate, Replay: p.replay}, nil
+			Outcome: entry.Duplicate, Replay: p.replay}, nil
 	}
 	st := p.entry.LWW()
 	return WriteResult{Key: e.Key, Version: st.String(), Origin: st.Origin, Outcome: p.outcome, Index: p.entry.Index}, nil

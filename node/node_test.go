@@ -20,12 +20,12 @@ import (
 	"github.com/hashicorp/raft"
 	"go.uber.org/goleak"
 
+	"github.com/replicator/replicator/entry"
 	"github.com/replicator/replicator/hlc"
 	"github.com/replicator/replicator/machine"
 	"github.com/replicator/replicator/origin"
 	"github.com/replicator/replicator/raftlog"
 	"github.com/replicator/replicator/store"
-	"github.com/replicator/replicator/wal"
 )
 
 func TestMain(m *testing.M) {
@@ -87,7 +87,7 @@ func TestPutGetDeleteScan(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if r1.Origin != "a" || r1.Outcome != store.Applied || r1.Index != 1 {
+	if r1.Origin != "a" || r1.Outcome != entry.Applied || r1.Index != 1 {
 		t.Fatalf("put result %+v", r1)
 	}
 	rec, err := n.Get("a/1")
@@ -121,13 +121,13 @@ func TestRestartWithClockSetBack(t *testing.T) {
 	o := testOptions(dir)
 	o.Clock = pc
 	n := openNode(t, o)
-	var last store.Stamp
+	var last entry.Stamp
 	for i := 0; i < 50; i++ {
 		r, err := n.Put(context.Background(), "k", []byte(fmt.Sprint(i)))
 		if err != nil {
 			t.Fatal(err)
 		}
-		last, _ = store.ParseStamp(r.Version)
+		last, _ = entry.ParseStamp(r.Version)
 	}
 	n.Close()
 
@@ -138,7 +138,7 @@ func TestRestartWithClockSetBack(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	st, _ := store.ParseStamp(r.Version)
+	st, _ := entry.ParseStamp(r.Version)
 	if st.Compare(last) <= 0 {
 		t.Fatalf("after restart with the clock an hour back: stamped %s, not above %s", st, last)
 	}
@@ -159,10 +159,10 @@ func TestRecoveryReplaysLog(t *testing.T) {
 	future := hlc.Timestamp{Wall: time.Now().Add(time.Hour).UnixNano()}
 	cmd := machine.Command{Kind: machine.KindLocal}
 	for i := 0; i < 300; i++ {
-		cmd.Local = append(cmd.Local, machine.Proposal{Entry: wal.Entry{Commit: future.Add(time.Duration(i)), Op: store.OpSet,
+		cmd.Local = append(cmd.Local, machine.Proposal{Entry: entry.Entry{Commit: future.Add(time.Duration(i)), Op: entry.OpSet,
 			Key: fmt.Sprintf("r/%03d", i), Value: []byte("replayed")}})
 	}
-	cmd.Local = append(cmd.Local, machine.Proposal{Entry: wal.Entry{Commit: future.Add(time.Second), Op: store.OpDelete, Key: "before"}})
+	cmd.Local = append(cmd.Local, machine.Proposal{Entry: entry.Entry{Commit: future.Add(time.Second), Op: entry.OpDelete, Key: "before"}})
 	appendCommand(t, dir, &cmd)
 
 	n = openNode(t, testOptions(dir))
@@ -175,7 +175,7 @@ func TestRecoveryReplaysLog(t *testing.T) {
 		t.Fatalf("replayed delete not applied: %v", err)
 	}
 	r, _ := n.Put(context.Background(), "new", []byte("y"))
-	st, _ := store.ParseStamp(r.Version)
+	st, _ := entry.ParseStamp(r.Version)
 	if st.HLC.Compare(future.Add(time.Second)) <= 0 {
 		t.Fatalf("clock not restored above replayed entries: %s", st)
 	}

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"strings"
 
+	"github.com/replicator/replicator/entry"
 	"github.com/replicator/replicator/machine"
 	"github.com/replicator/replicator/policy"
 	"github.com/replicator/replicator/store"
@@ -50,7 +51,7 @@ func (n *Node) PutIf(ctx context.Context, key string, value []byte, c Condition)
 	if err := n.checkValue(key, len(value)); err != nil {
 		return WriteResult{}, err
 	}
-	return n.writeCond(ctx, wal.Entry{Op: store.OpSet, Key: key, Value: value}, nil, condPtr(c))
+	return n.writeCond(ctx, entry.Entry{Op: entry.OpSet, Key: key, Value: value}, nil, condPtr(c))
 }
 
 // DeleteIf deletes key if the condition holds.
@@ -58,10 +59,10 @@ func (n *Node) DeleteIf(ctx context.Context, key string, c Condition) (WriteResu
 	if err := errors.Join(n.checkKey(key), n.checkValue(key, 0)); err != nil {
 		return WriteResult{}, err
 	}
-	return n.writeCond(ctx, wal.Entry{Op: store.OpDelete, Key: key}, nil, condPtr(c))
+	return n.writeCond(ctx, entry.Entry{Op: entry.OpDelete, Key: key}, nil, condPtr(c))
 }
 
-func (n *Node) writeCond(ctx context.Context, e wal.Entry, idem *idemRequest, c *Condition) (WriteResult, error) {
+func (n *Node) writeCond(ctx context.Context, e entry.Entry, idem *idemRequest, c *Condition) (WriteResult, error) {
 	return n.propose(ctx, &proposal{entry: e, idem: idem, cond: c})
 }
 
@@ -88,7 +89,7 @@ func (n *Node) deleteRange(ctx context.Context, start, end string, idem *idemReq
 			return WriteResult{}, fmt.Errorf("%w: the range [%q, %q) is empty", ErrInvalidKey, start, end)
 		}
 	}
-	return n.propose(ctx, &proposal{entry: wal.Entry{Op: store.OpDeleteRange, Key: start, End: end}, idem: idem})
+	return n.propose(ctx, &proposal{entry: entry.Entry{Op: entry.OpDeleteRange, Key: start, End: end}, idem: idem})
 }
 
 // PrefixRange is the [start, end) of every key with prefix.
@@ -108,10 +109,10 @@ type CounterResult struct {
 	Key     string              `json:"key"`
 	Value   int64               `json:"value"`
 	Version string              `json:"version"`
-	Totals  map[string]store.PN `json:"totals"` // per cluster
+	Totals  map[string]entry.PN `json:"totals"` // per cluster
 	// Components are the totals per stream (and epoch) of each cluster, as
 	// they merge (docs/DATAMODEL.md).
-	Components map[string]store.PN `json:"components,omitempty"`
+	Components map[string]entry.PN `json:"components,omitempty"`
 	Origin     string              `json:"origin,omitempty"` // of the increment
 }
 
@@ -129,7 +130,7 @@ func (n *Node) increment(ctx context.Context, key string, delta int64, idem *ide
 	if idem == nil {
 		idem = scopedIncrement(ctx, key, delta)
 	}
-	res, err := n.propose(ctx, &proposal{entry: wal.Entry{Op: store.OpCounter, Key: key}, idem: idem, delta: delta})
+	res, err := n.propose(ctx, &proposal{entry: entry.Entry{Op: entry.OpCounter, Key: key}, idem: idem, delta: delta})
 	if err != nil {
 		return CounterResult{}, err
 	}
@@ -145,14 +146,14 @@ func (n *Node) increment(ctx context.Context, key string, delta int64, idem *ide
 // answered from the first attempt's record before the pin is checked,
 // instead of refused although it applied.
 func scopedWrite(k policy.Key, p *proposal) *idemRequest {
-	if k.ID == "" || len(k.ID) > wal.MaxIdemKey || p.entry.Op == store.OpCounter {
+	if k.ID == "" || len(k.ID) > entry.MaxIdemKey || p.entry.Op == entry.OpCounter {
 		return nil
 	}
 	answer := machine.AnswerWrite
 	switch p.entry.Op {
-	case store.OpDeleteRange:
+	case entry.OpDeleteRange:
 		answer = machine.AnswerRange
-	case store.OpMulti:
+	case entry.OpMulti:
 		answer = machine.AnswerBatch
 	}
 	h := sha256.New()
@@ -177,7 +178,7 @@ func scopedWrite(k policy.Key, p *proposal) *idemRequest {
 // retry replays the first answer instead of adding the delta again.
 func scopedIncrement(ctx context.Context, key string, delta int64) *idemRequest {
 	k, ok := policy.KeyFrom(ctx)
-	if !ok || k.ID == "" || len(k.ID) > wal.MaxIdemKey {
+	if !ok || k.ID == "" || len(k.ID) > entry.MaxIdemKey {
 		return nil
 	}
 	h := sha256.New()
@@ -200,11 +201,11 @@ func (n *Node) Counter(key string) (CounterResult, error) {
 	if err != nil {
 		return CounterResult{}, err
 	}
-	// Totals are kept per stream (see store.Component); a reader wants them
+	// Totals are kept per stream (see entry.Component); a reader wants them
 	// per cluster.
-	totals := make(map[string]store.PN, len(c.Totals))
+	totals := make(map[string]entry.PN, len(c.Totals))
 	for comp, t := range c.Totals {
-		cl := store.ComponentCluster(comp)
+		cl := entry.ComponentCluster(comp)
 		sum := totals[cl]
 		sum.P += t.P
 		sum.N += t.N
@@ -234,12 +235,12 @@ func (n *Node) batch(ctx context.Context, ops []BatchOp, idem *idemRequest) (Wri
 	return n.propose(ctx, &proposal{entry: e, idem: idem})
 }
 
-func (n *Node) batchEntry(ops []BatchOp) (wal.Entry, error) {
+func (n *Node) batchEntry(ops []BatchOp) (entry.Entry, error) {
 	if len(ops) == 0 {
-		return wal.Entry{}, fmt.Errorf("%w: a batch needs at least one op", errBadRequest)
+		return entry.Entry{}, fmt.Errorf("%w: a batch needs at least one op", errBadRequest)
 	}
 	if len(ops) > wal.MaxBatchOps {
-		return wal.Entry{}, fmt.Errorf("%w: %d ops, limit %d", errBadRequest, len(ops), wal.MaxBatchOps)
+		return entry.Entry{}, fmt.Errorf("%w: %d ops, limit %d", errBadRequest, len(ops), wal.MaxBatchOps)
 	}
 	// One stamp for every op: a key twice would tie with itself, and the
 	// first would win; keep the last, as a caller reading the list expects.
@@ -247,7 +248,7 @@ func (n *Node) batchEntry(ops []BatchOp) (wal.Entry, error) {
 	for i, op := range ops {
 		last[op.Key] = i
 	}
-	e := wal.Entry{Op: store.OpMulti, Ops: make([]wal.Op, 0, len(last))}
+	e := entry.Entry{Op: entry.OpMulti, Ops: make([]entry.BatchOp, 0, len(last))}
 	size := 0
 	for i, op := range ops {
 		if err := n.checkKey(op.Key); err != nil {
@@ -263,9 +264,9 @@ func (n *Node) batchEntry(ops []BatchOp) (wal.Entry, error) {
 		if last[op.Key] != i {
 			continue
 		}
-		w := wal.Op{Op: store.OpSet, Key: op.Key, Value: op.Value}
+		w := entry.BatchOp{Op: entry.OpSet, Key: op.Key, Value: op.Value}
 		if op.Delete {
-			w.Op = store.OpDelete
+			w.Op = entry.OpDelete
 		}
 		e.Ops = append(e.Ops, w)
 	}

@@ -15,9 +15,8 @@ import (
 
 	jsonv2 "github.com/go-json-experiment/json"
 
+	"github.com/replicator/replicator/entry"
 	"github.com/replicator/replicator/machine"
-	"github.com/replicator/replicator/store"
-	"github.com/replicator/replicator/wal"
 )
 
 const (
@@ -125,7 +124,7 @@ func (n *Node) handleCounter(w http.ResponseWriter, r *http.Request) {
 			writeErr(w, err)
 			return
 		}
-		p := &proposal{entry: wal.Entry{Op: store.OpCounter, Key: key}, idem: idem, delta: delta}
+		p := &proposal{entry: entry.Entry{Op: entry.OpCounter, Key: key}, idem: idem, delta: delta}
 		res, err := n.propose(r.Context(), p)
 		n.finishWrite(w, r, idem, res, err, func() {
 			writeJSON(w, http.StatusOK, machine.CounterAnswer{Key: key, Value: p.counterValue, Version: res.Version, Origin: res.Origin})
@@ -187,7 +186,7 @@ func DecodeBatchRequest(body []byte) ([]BatchOp, string, error) {
 	if err := jsonv2.Unmarshal(body, &req, jsonv2.RejectUnknownMembers(true)); err != nil {
 		return nil, "", fmt.Errorf("%w: batch: %v", errBadRequest, err)
 	}
-	if len(req.OperationID) > wal.MaxIdemKey-3 {
+	if len(req.OperationID) > entry.MaxIdemKey-3 {
 		return nil, "", fmt.Errorf("%w: operation_id of %d bytes", errBadRequest, len(req.OperationID))
 	}
 	ops := make([]BatchOp, 0, len(req.Ops))

@@ -7,11 +7,11 @@ import (
 	"sync"
 	"time"
 
+	"github.com/replicator/replicator/entry"
 	"github.com/replicator/replicator/hlc"
 	"github.com/replicator/replicator/machine"
 	"github.com/replicator/replicator/store"
 	"github.com/replicator/replicator/transport"
-	"github.com/replicator/replicator/wal"
 )
 
 // Stream identity and rejoining after data loss.
@@ -168,7 +168,7 @@ func (n *Node) onAck(peer string, ack *transport.Ack) {
 // onConflict seals the stream a peer proved was used before, and rejoins.
 // It runs on the shipper's goroutine; the replacement waits for the
 // committer's current group.
-func (n *Node) onConflict(peer string, stream wal.StreamID, why string) {
+func (n *Node) onConflict(peer string, stream entry.StreamID, why string) {
 	go func() {
 		// Exits once the stream is replaced (or the node closes).
 		if err := n.sealStream(stream, fmt.Sprintf("peer %s: %s", peer, why)); err != nil {
@@ -182,7 +182,7 @@ func (n *Node) onConflict(peer string, stream wal.StreamID, why string) {
 // may prove the same conflict). Entries of the old stream the peers did not
 // have reach them by the rejoin's re-seeds (they are all applied to the
 // store); the old stream's entries stay in the tree until then.
-func (n *Node) sealStream(old wal.StreamID, why string) error {
+func (n *Node) sealStream(old entry.StreamID, why string) error {
 	c := n.com
 	c.groupMu.Lock()
 	defer c.groupMu.Unlock()
@@ -198,7 +198,7 @@ func (n *Node) sealStream(old wal.StreamID, why string) error {
 	// The rejoin is recorded before the new stream: a crash in between
 	// restarts on the old stream, which a peer proves used again.
 	asked := n.recordRejoin()
-	if err := n.applyCommand(&machine.Command{Kind: machine.KindMint, Stream: wal.NewStreamID()}); err != nil {
+	if err := n.applyCommand(&machine.Command{Kind: machine.KindMint, Stream: entry.NewStreamID()}); err != nil {
 		return fmt.Errorf("node: begin a new stream after sealing %s: %w", old, err)
 	}
 	// The rejoin is recorded: the peers' answers need not start another.

@@ -13,10 +13,9 @@ import (
 	"github.com/hashicorp/raft"
 
 	"github.com/replicator/replicator/cluster"
+	"github.com/replicator/replicator/entry"
 	"github.com/replicator/replicator/machine"
-	"github.com/replicator/replicator/store"
 	"github.com/replicator/replicator/transport"
-	"github.com/replicator/replicator/wal"
 )
 
 // Leadership terms, in a cluster of several nodes (docs/CLUSTER.md). The
@@ -153,7 +152,7 @@ func (n *Node) beginTerm(term uint64) error {
 	if n.machine.Stream().IsZero() {
 		// The cluster's first leader mints its stream, through the log, so
 		// that every node (and every later leader) holds the same one.
-		if err := n.applyCommand(&machine.Command{Kind: machine.KindMint, Stream: wal.NewStreamID()}); err != nil {
+		if err := n.applyCommand(&machine.Command{Kind: machine.KindMint, Stream: entry.NewStreamID()}); err != nil {
 			return fmt.Errorf("start the cluster's stream: %w", err)
 		}
 		created = true
@@ -442,7 +441,7 @@ func (n *Node) followerLinks() []transport.Status {
 }
 
 // cursorOf reads a peer's cursor as the log holds it.
-func (n *Node) cursorOf(peer string) (store.Cursor, bool) {
+func (n *Node) cursorOf(peer string) (entry.Cursor, bool) {
 	c, ok, err := n.store.Cursor(peer)
 	return c, ok && err == nil
 }

@@ -6,6 +6,7 @@ import (
 
 	"github.com/cockroachdb/pebble/v2"
 
+	"github.com/replicator/replicator/entry"
 	"github.com/replicator/replicator/hlc"
 )
 
@@ -67,7 +68,7 @@ func (s *Store) ReplaceFrom(dir string) error {
 	if err := b.Commit(pebble.Sync); err != nil {
 		return fmt.Errorf("store: copy the tree: %w", err)
 	}
-	s.maxStamp, s.ranges, s.hlcHigh, s.marks = Stamp{}, nil, hlc.Timestamp{}, nil
+	s.maxStamp, s.ranges, s.hlcHigh, s.marks = entry.Stamp{}, nil, hlc.Timestamp{}, nil
 	s.hasCounters.Store(false)
 	return errors.Join(s.loadMaxStamp(), s.loadRanges(), s.checkCounters(), s.loadHLC(), s.loadMarks())
 }

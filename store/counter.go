@@ -2,18 +2,16 @@ package store
 
 import (
 	"encoding/binary"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"maps"
 	"math"
 	"math/big"
 	"slices"
-	"strconv"
-	"strings"
 
 	"github.com/cockroachdb/pebble/v2"
 
+	"github.com/replicator/replicator/entry"
 	"github.com/replicator/replicator/hlc"
 )
 
@@ -29,30 +27,6 @@ const (
 	prefixCounter  = 'k'
 	counterVersion = 1
 )
-
-// MaxComponentLen bounds a counter component's name: a cluster ID, or
-// "<cluster>/<stream hex>" (see Component).
-const MaxComponentLen = 128
-
-// Component names the totals one WAL stream of a cluster keeps. Totals are
-// keyed by stream, not by cluster alone: a node that lost its data (wiped,
-// or restored from a backup) begins a new stream, and its new increments
-// start fresh totals, which a max-merge against the totals peers hold for
-// the old stream cannot absorb. (Counters written before streams named
-// their totals carry the bare cluster ID; both kinds merge side by side.)
-//
-// epoch > 0 names a fresh set of totals within one stream: a node that
-// restarts and cannot confirm with every peer, before it takes writes, that
-// none holds entries of its stream it does not (a restored backup whose
-// peer is unreachable), counts under a new, random epoch, so that increments
-// it takes meanwhile cannot be absorbed by totals that peer holds.
-func Component(cluster string, stream [16]byte, epoch uint32) string {
-	c := cluster + "/" + hex.EncodeToString(stream[:])
-	if epoch > 0 {
-		c += "." + strconv.FormatUint(uint64(epoch), 10)
-	}
-	return c
-}
 
 var keyCtrEpoch = []byte("m\x00ctrepoch")
 
@@ -90,25 +64,14 @@ func (b *Batch) SetCounterEpoch(stream [16]byte, epoch uint32) error {
 	return b.pb.Set(keyCtrEpoch, binary.BigEndian.AppendUint32(append([]byte(nil), stream[:]...), epoch), nil)
 }
 
-// ComponentCluster is the cluster a component's totals belong to.
-func ComponentCluster(component string) string {
-	c, _, _ := strings.Cut(component, "/")
-	return c
-}
-
-// PN is one stream's totals: increments and decrements it took.
-type PN struct {
-	P, N uint64
-}
-
 // Counter is a PN-counter: per-cluster totals merged by pointwise maximum,
 // so re-applying a delta (which carries its cluster's resulting totals) is a
 // no-op. Its value is sum(P) - sum(N).
 type Counter struct {
-	Totals map[string]PN
+	Totals map[string]entry.PN
 	// Stamp is the highest stamp of the deltas merged: the counter's
 	// version, equal on every cluster that merged the same deltas.
-	Stamp Stamp
+	Stamp entry.Stamp
 }
 
 // Value is sum(P) - sum(N), saturated at the bounds of int64: each
@@ -146,7 +109,7 @@ func appendCounter(dst []byte, c *Counter) []byte {
 
 // DecodeCounter parses a stored counter.
 func DecodeCounter(b []byte) (Counter, error) {
-	c := Counter{Totals: map[string]PN{}}
+	c := Counter{Totals: map[string]entry.PN{}}
 	bad := func(what string) (Counter, error) {
 		return Counter{}, fmt.Errorf("%w: counter record: %s", ErrCorrupt, what)
 	}
@@ -162,7 +125,7 @@ func DecodeCounter(b []byte) (Counter, error) {
 	if n == 0 || n > maxOriginLen || len(b) < 1+n+2 {
 		return bad("origin")
 	}
-	c.Stamp = Stamp{HLC: ts, Origin: string(b[1 : 1+n])}
+	c.Stamp = entry.Stamp{HLC: ts, Origin: string(b[1 : 1+n])}
 	b = b[1+n:]
 	count := int(binary.BigEndian.Uint16(b))
 	b = b[2:]
@@ -172,7 +135,7 @@ func DecodeCounter(b []byte) (Counter, error) {
 			return bad("component")
 		}
 		l := int(b[0])
-		if l == 0 || l > MaxComponentLen || len(b) < 1+l+16 {
+		if l == 0 || l > entry.MaxComponentLen || len(b) < 1+l+16 {
 			return bad("component")
 		}
 		name := string(b[1 : 1+l])
@@ -180,7 +143,7 @@ func DecodeCounter(b []byte) (Counter, error) {
 			return bad("components out of order")
 		}
 		prev = name
-		c.Totals[name] = PN{P: binary.BigEndian.Uint64(b[1+l:]), N: binary.BigEndian.Uint64(b[9+l:])}
+		c.Totals[name] = entry.PN{P: binary.BigEndian.Uint64(b[1+l:]), N: binary.BigEndian.Uint64(b[9+l:])}
 		b = b[1+l+16:]
 	}
 	if len(b) != 0 {
@@ -209,13 +172,13 @@ func (b *Batch) Counter(key string) (Counter, bool, error) {
 	}
 	c, err := b.s.Counter(key)
 	if errors.Is(err, ErrNotFound) {
-		return Counter{Totals: map[string]PN{}}, false, nil
+		return Counter{Totals: map[string]entry.PN{}}, false, nil
 	}
 	return c, err == nil, err
 }
 
 func copyCounter(c *Counter) Counter {
-	out := Counter{Totals: make(map[string]PN, len(c.Totals)), Stamp: c.Stamp}
+	out := Counter{Totals: make(map[string]entry.PN, len(c.Totals)), Stamp: c.Stamp}
 	for k, v := range c.Totals {
 		out.Totals[k] = v
 	}
@@ -225,15 +188,15 @@ func copyCounter(c *Counter) Counter {
 // MergeCounter folds one cluster's totals into a counter by pointwise
 // maximum. Applied if that changed anything; Duplicate otherwise (a delta
 // delivered again).
-func (b *Batch) MergeCounter(key, cluster string, t PN, stamp Stamp) (Outcome, error) {
+func (b *Batch) MergeCounter(key, cluster string, t entry.PN, stamp entry.Stamp) (entry.Outcome, error) {
 	c, _, err := b.Counter(key)
 	if err != nil {
 		return 0, err
 	}
 	cur := c.Totals[cluster]
-	next := PN{P: max(cur.P, t.P), N: max(cur.N, t.N)}
+	next := entry.PN{P: max(cur.P, t.P), N: max(cur.N, t.N)}
 	if next == cur && c.Stamp.Compare(stamp) >= 0 {
-		return Duplicate, nil
+		return entry.Duplicate, nil
 	}
 	c.Totals[cluster] = next
 	if c.Stamp.Compare(stamp) < 0 {
@@ -250,9 +213,9 @@ func (b *Batch) MergeCounter(key, cluster string, t PN, stamp Stamp) (Outcome, e
 	}
 	b.pendingCtr[key] = &c
 	if next == cur {
-		return Duplicate, nil
+		return entry.Duplicate, nil
 	}
-	return Applied, nil
+	return entry.Applied, nil
 }
 
 // appendCounterTotals encodes only the per-cluster totals, sorted: what two

@@ -8,6 +8,7 @@ import (
 
 	"github.com/cockroachdb/pebble/v2"
 
+	"github.com/replicator/replicator/entry"
 	"github.com/replicator/replicator/hlc"
 )
 
@@ -30,8 +31,8 @@ type IdemRecord struct {
 	Fingerprint []byte
 	Status      int
 	Body        []byte
-	Stamp       Stamp // the stamp of the write that created it
-	Expires     int64 // wall ns
+	Stamp       entry.Stamp // the stamp of the write that created it
+	Expires     int64       // wall ns
 }
 
 func idemKey(k string) []byte { return append([]byte{prefixIdem}, k...) }
@@ -73,7 +74,7 @@ func DecodeIdem(key string, b []byte) (IdemRecord, error) {
 	if n == 0 || n > maxOriginLen || len(b) < 1+n+8+2+1 {
 		return bad("origin")
 	}
-	r.Stamp = Stamp{HLC: ts, Origin: string(b[1 : 1+n])}
+	r.Stamp = entry.Stamp{HLC: ts, Origin: string(b[1 : 1+n])}
 	b = b[1+n:]
 	r.Expires = int64(binary.BigEndian.Uint64(b))
 	r.Status = int(binary.BigEndian.Uint16(b[8:]))
@@ -101,7 +102,7 @@ func (s *Store) Idem(key string) (IdemRecord, bool, error) {
 }
 
 // MergeIdem stores r unless the key holds a record of a higher stamp.
-func (b *Batch) MergeIdem(r *IdemRecord) (Outcome, error) {
+func (b *Batch) MergeIdem(r *IdemRecord) (entry.Outcome, error) {
 	k := idemKey(r.Key)
 	cur, found := b.pendingIdem[r.Key]
 	if !found {
@@ -122,9 +123,9 @@ func (b *Batch) MergeIdem(r *IdemRecord) (Outcome, error) {
 	if found {
 		switch c := r.Stamp.Compare(cur.Stamp); {
 		case c == 0:
-			return Duplicate, nil
+			return entry.Duplicate, nil
 		case c < 0:
-			return Stale, nil
+			return entry.Stale, nil
 		}
 		if err := b.pb.Delete(idemExpiryKey(cur.Expires, r.Key), nil); err != nil {
 			return 0, err
@@ -140,7 +141,7 @@ func (b *Batch) MergeIdem(r *IdemRecord) (Outcome, error) {
 		b.pendingIdem = map[string]*IdemRecord{}
 	}
 	b.pendingIdem[r.Key] = r
-	return Applied, nil
+	return entry.Applied, nil
 }
 
 // CollectIdem removes records expired before now (at most max per call).

@@ -9,6 +9,7 @@ import (
 
 	"github.com/cockroachdb/pebble/v2"
 
+	"github.com/replicator/replicator/entry"
 	"github.com/replicator/replicator/hlc"
 )
 
@@ -20,26 +21,6 @@ const (
 	prefixHWM    = 'h'
 	prefixCursor = 'c'
 )
-
-// HWM is what this node applied of one origin stream: every index at or
-// below Index is applied, and Commit is the commit HLC of that entry (the
-// stream's applied commit frontier). Merged counts the entries that went
-// through a merge; it commits with them, so it survives crashes exactly and
-// exceeds the number of distinct indexes only if an entry was applied twice.
-type HWM struct {
-	Origin string
-	Stream [16]byte
-	Index  uint64
-	Commit hlc.Timestamp
-	Merged uint64
-	// DeadLettered counts the entries set aside instead.
-	DeadLettered uint64
-	// Seeded counts the entries a re-seed covered instead: its snapshot
-	// carried their effect and its trailer raised Index past them.
-	// Merged + DeadLettered + Seeded = Index for a stream that began at 1,
-	// unless an entry was applied twice.
-	Seeded uint64
-}
 
 const (
 	hwmValueLenV1 = 8 + hlc.EncodedLen + 8 + 8
@@ -54,8 +35,8 @@ func hwmKey(origin string, stream [16]byte) []byte {
 	return append(k, stream[:]...)
 }
 
-func decodeHWM(key, v []byte) (HWM, error) {
-	var h HWM
+func decodeHWM(key, v []byte) (entry.HWM, error) {
+	var h entry.HWM
 	if len(key) < 1+1+1+16 || key[len(key)-17] != 0 || (len(v) != hwmValueLen && len(v) != hwmValueLenV1) {
 		return h, fmt.Errorf("%w: high-water mark record", ErrCorrupt)
 	}
@@ -77,39 +58,39 @@ func decodeHWM(key, v []byte) (HWM, error) {
 
 // HWM reads the committed high-water mark of one origin stream (the batch's
 // own changes are not in it until it commits).
-func (b *Batch) HWM(origin string, stream [16]byte) (HWM, error) {
+func (b *Batch) HWM(origin string, stream [16]byte) (entry.HWM, error) {
 	if h, ok := b.s.marks[origin][stream]; ok {
 		return h, nil
 	}
-	return HWM{Origin: origin, Stream: stream}, nil
+	return entry.HWM{Origin: origin, Stream: stream}, nil
 }
 
 // HWMsOf lists the committed high-water marks of every stream of one origin
 // cluster, ordered by stream.
-func (b *Batch) HWMsOf(origin string) ([]HWM, error) {
+func (b *Batch) HWMsOf(origin string) ([]entry.HWM, error) {
 	return b.hwmsOf(origin, nil), nil
 }
 
 // HWMsOfExcept lists the committed high-water marks of every stream of one
 // origin but one (the stream being applied), ordered by stream.
-func (b *Batch) HWMsOfExcept(origin string, except [16]byte) ([]HWM, error) {
+func (b *Batch) HWMsOfExcept(origin string, except [16]byte) ([]entry.HWM, error) {
 	return b.hwmsOf(origin, &except), nil
 }
 
-func (b *Batch) hwmsOf(origin string, except *[16]byte) []HWM {
-	var out []HWM
+func (b *Batch) hwmsOf(origin string, except *[16]byte) []entry.HWM {
+	var out []entry.HWM
 	for st, h := range b.s.marks[origin] {
 		if except == nil || st != *except {
 			out = append(out, h)
 		}
 	}
-	slices.SortFunc(out, func(x, y HWM) int { return bytes.Compare(x.Stream[:], y.Stream[:]) })
+	slices.SortFunc(out, func(x, y entry.HWM) int { return bytes.Compare(x.Stream[:], y.Stream[:]) })
 	return out
 }
 
 // markChange is a high-water mark a batch sets, or deletes (Delete).
 type markChange struct {
-	HWM
+	entry.HWM
 	Delete bool
 }
 
@@ -119,7 +100,7 @@ func (s *Store) loadMarks() error {
 	if err != nil {
 		return err
 	}
-	s.marks = map[string]map[[16]byte]HWM{}
+	s.marks = map[string]map[[16]byte]entry.HWM{}
 	for _, h := range all {
 		s.setMarkLocked(markChange{HWM: h})
 	}
@@ -136,7 +117,7 @@ func (s *Store) setMarkLocked(c markChange) {
 		return
 	}
 	if m == nil {
-		m = map[[16]byte]HWM{}
+		m = map[[16]byte]entry.HWM{}
 		s.marks[c.Origin] = m
 	}
 	m[c.Stream] = c.HWM
@@ -145,7 +126,7 @@ func (s *Store) setMarkLocked(c markChange) {
 // hwmsIn appends to out the marks of r in [lower, upper), only those whose
 // key is keyLen bytes long when keyLen is not 0 (a longer origin's keys can
 // share the range).
-func hwmsIn(r pebble.Reader, out []HWM, lower, upper []byte, keyLen int) ([]HWM, error) {
+func hwmsIn(r pebble.Reader, out []entry.HWM, lower, upper []byte, keyLen int) ([]entry.HWM, error) {
 	it, err := r.NewIter(&pebble.IterOptions{LowerBound: lower, UpperBound: upper})
 	if err != nil {
 		return nil, err
@@ -165,7 +146,7 @@ func hwmsIn(r pebble.Reader, out []HWM, lower, upper []byte, keyLen int) ([]HWM,
 }
 
 // SetHWM raises an origin stream's high-water mark in the batch.
-func (b *Batch) SetHWM(h HWM) error {
+func (b *Batch) SetHWM(h entry.HWM) error {
 	v := binary.BigEndian.AppendUint64(make([]byte, 0, hwmValueLen), h.Index)
 	v = h.Commit.AppendTo(v)
 	v = binary.BigEndian.AppendUint64(v, h.Merged)
@@ -184,26 +165,19 @@ func (b *Batch) DeleteHWM(origin string, stream [16]byte) error {
 	if err := b.pb.Delete(hwmKey(origin, stream), nil); err != nil {
 		return err
 	}
-	b.marks = append(b.marks, markChange{HWM: HWM{Origin: origin, Stream: stream}, Delete: true})
+	b.marks = append(b.marks, markChange{HWM: entry.HWM{Origin: origin, Stream: stream}, Delete: true})
 	return nil
 }
 
 // HWMs lists every origin stream this node has applied entries of.
-func (s *Store) HWMs() ([]HWM, error) {
+func (s *Store) HWMs() ([]entry.HWM, error) {
 	return hwmsIn(s.db, nil, []byte{prefixHWM}, []byte{prefixHWM + 1}, 0)
 }
 
 func cursorKey(peer string) []byte { return append([]byte{prefixCursor}, peer...) }
 
-// Cursor is a shipper's position for one peer: the peer acknowledged every
-// entry of Stream up to Index.
-type Cursor struct {
-	Stream [16]byte
-	Index  uint64
-}
-
 // Cursor reads the cursor of a peer; ok is false when none was ever stored.
-func (s *Store) Cursor(peer string) (c Cursor, ok bool, err error) {
+func (s *Store) Cursor(peer string) (c entry.Cursor, ok bool, err error) {
 	v, closer, err := s.db.Get(cursorKey(peer))
 	if errors.Is(err, pebble.ErrNotFound) {
 		return c, false, nil
@@ -221,7 +195,7 @@ func (s *Store) Cursor(peer string) (c Cursor, ok bool, err error) {
 }
 
 // InitCursor stores a peer's first cursor, synced.
-func (s *Store) InitCursor(peer string, c Cursor) error {
+func (s *Store) InitCursor(peer string, c entry.Cursor) error {
 	v := append(append(make([]byte, 0, 24), c.Stream[:]...), binary.BigEndian.AppendUint64(nil, c.Index)...)
 	if err := s.db.Set(cursorKey(peer), v, pebble.Sync); err != nil {
 		return fmt.Errorf("store: write cursor of %s: %w", peer, err)
@@ -249,13 +223,13 @@ func (s *Store) Empty() (bool, error) {
 }
 
 // SetCursor stores a peer's cursor in the batch.
-func (b *Batch) SetCursor(peer string, c Cursor) error {
+func (b *Batch) SetCursor(peer string, c entry.Cursor) error {
 	return b.pb.Set(cursorKey(peer), append(append(make([]byte, 0, 24), c.Stream[:]...), binary.BigEndian.AppendUint64(nil, c.Index)...), nil)
 }
 
 // SetCursor stores a peer's cursor. It is not synced: a cursor that a crash
 // takes back only makes the shipper resend what the peer drops as duplicates.
-func (s *Store) SetCursor(peer string, c Cursor) error {
+func (s *Store) SetCursor(peer string, c entry.Cursor) error {
 	v := append(append(make([]byte, 0, 24), c.Stream[:]...), binary.BigEndian.AppendUint64(nil, c.Index)...)
 	if err := s.db.Set(cursorKey(peer), v, pebble.NoSync); err != nil {
 		return fmt.Errorf("store: write cursor of %s: %w", peer, err)

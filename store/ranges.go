@@ -7,6 +7,7 @@ import (
 
 	"github.com/cockroachdb/pebble/v2"
 
+	"github.com/replicator/replicator/entry"
 	"github.com/replicator/replicator/hlc"
 )
 
@@ -24,7 +25,7 @@ const prefixRange = 'r'
 // space) as of Stamp.
 type RangeTombstone struct {
 	Start, End string
-	Stamp      Stamp
+	Stamp      entry.Stamp
 }
 
 // Covers reports whether key lies in the range.
@@ -53,7 +54,7 @@ func decodeRange(k, v []byte) (RangeTombstone, error) {
 	if i <= 0 {
 		return RangeTombstone{}, fmt.Errorf("%w: range tombstone origin", ErrCorrupt)
 	}
-	return RangeTombstone{Start: string(rest[i+1:]), End: string(v), Stamp: Stamp{HLC: ts, Origin: string(rest[:i])}}, nil
+	return RangeTombstone{Start: string(rest[i+1:]), End: string(v), Stamp: entry.Stamp{HLC: ts, Origin: string(rest[:i])}}, nil
 }
 
 func (s *Store) loadRanges() error {
@@ -80,7 +81,7 @@ func (s *Store) RangeTombstones() []RangeTombstone {
 }
 
 // coveredLocked reports whether a range tombstone newer than st covers key.
-func (b *Batch) coveredLocked(key string, st Stamp) bool {
+func (b *Batch) coveredLocked(key string, st entry.Stamp) bool {
 	for _, list := range [][]RangeTombstone{b.s.ranges, b.pendingRanges} {
 		for i := range list {
 			if list[i].Stamp.Compare(st) > 0 && list[i].Covers(key) {
@@ -95,14 +96,14 @@ func (b *Batch) coveredLocked(key string, st Stamp) bool {
 // stamp gets a tombstone under the range's stamp, and the range tombstone is
 // kept. It reports how many keys it deleted; Duplicate when the very range
 // delete was applied before.
-func (b *Batch) MergeRange(r RangeTombstone) (Outcome, int, error) {
+func (b *Batch) MergeRange(r RangeTombstone) (entry.Outcome, int, error) {
 	if r.End != "" && r.End <= r.Start {
 		return 0, 0, fmt.Errorf("store: range [%q, %q) is empty", r.Start, r.End)
 	}
 	for _, list := range [][]RangeTombstone{b.s.ranges, b.pendingRanges} {
 		for _, x := range list {
 			if x.Stamp == r.Stamp && x.Start == r.Start && x.End == r.End {
-				return Duplicate, 0, nil
+				return entry.Duplicate, 0, nil
 			}
 		}
 	}
@@ -154,7 +155,7 @@ func (b *Batch) MergeRange(r RangeTombstone) (Outcome, int, error) {
 	if b.max.Compare(r.Stamp) < 0 {
 		b.max, b.maxOwn = r.Stamp, false
 	}
-	return Applied, deleted, nil
+	return entry.Applied, deleted, nil
 }
 
 // collectRanges drops range tombstones older than cutoff (the store's list

@@ -3,9 +3,8 @@ package store
 import (
 	"errors"
 	"fmt"
-	"strconv"
-	"strings"
 
+	"github.com/replicator/replicator/entry"
 	"github.com/replicator/replicator/hlc"
 )
 
@@ -15,66 +14,6 @@ var ErrCorrupt = errors.New("store: corrupt")
 
 // ErrNotFound is returned for a key that holds no live value.
 var ErrNotFound = errors.New("store: not found")
-
-// Op is what a mutation does. Values travel on the wire and sit in the WAL:
-// the list is append-only, never renumber.
-type Op uint8
-
-const (
-	OpSet         Op = 1
-	OpDelete      Op = 2
-	OpDeleteRange Op = 3
-	OpCounter     Op = 4
-	OpMulti       Op = 5
-)
-
-func (o Op) String() string {
-	switch o {
-	case OpSet:
-		return "set"
-	case OpDelete:
-		return "delete"
-	case OpDeleteRange:
-		return "delete_range"
-	case OpCounter:
-		return "counter"
-	case OpMulti:
-		return "multi"
-	}
-	return "op(" + strconv.Itoa(int(o)) + ")"
-}
-
-// Stamp is the total order last-writer-wins resolves by: the HLC, then the
-// origin cluster as the tie-break. Equal stamps mean the same write.
-type Stamp struct {
-	HLC    hlc.Timestamp
-	Origin string
-}
-
-// Compare returns -1, 0, +1 as s sorts before, equal to or after t.
-func (s Stamp) Compare(t Stamp) int {
-	if c := s.HLC.Compare(t.HLC); c != 0 {
-		return c
-	}
-	return strings.Compare(s.Origin, t.Origin)
-}
-
-// String is a write's version: "<wall>.<logical>@<origin>". The same write
-// shows the same version on every cluster.
-func (s Stamp) String() string { return s.HLC.String() + "@" + s.Origin }
-
-// ParseStamp reads the output of Stamp.String.
-func ParseStamp(v string) (Stamp, error) {
-	h, o, ok := strings.Cut(v, "@")
-	if !ok || o == "" {
-		return Stamp{}, fmt.Errorf("store: version %q: want <wall>.<logical>@<origin>", v)
-	}
-	ts, err := hlc.Parse(h)
-	if err != nil {
-		return Stamp{}, fmt.Errorf("store: version %q: %w", v, err)
-	}
-	return Stamp{HLC: ts, Origin: o}, nil
-}
 
 // Kind tells plain values from counters; a key keeps its kind until its
 // tombstone is collected.
@@ -87,7 +26,7 @@ const (
 
 // Record is what one key holds.
 type Record struct {
-	Stamp     Stamp
+	Stamp     entry.Stamp
 	Tombstone bool
 	Kind      Kind
 	Value     []byte
@@ -143,7 +82,7 @@ func DecodeRecord(b []byte) (Record, error) {
 	if n == 0 || n > maxOriginLen || len(b) < recordHeader+n {
 		return r, fmt.Errorf("%w: record origin length %d", ErrCorrupt, n)
 	}
-	r.Stamp = Stamp{HLC: ts, Origin: string(b[recordHeader : recordHeader+n])}
+	r.Stamp = entry.Stamp{HLC: ts, Origin: string(b[recordHeader : recordHeader+n])}
 	r.Tombstone = flags&flagTombstone != 0
 	if flags&flagCounter != 0 {
 		r.Kind = KindCounter
@@ -158,18 +97,18 @@ func DecodeRecord(b []byte) (Record, error) {
 // decodeStampOnly reads only the stamp and flags of a stored record, without
 // copying the value; the merge path compares stamps far more often than it
 // needs values.
-func decodeStampOnly(b []byte) (Stamp, byte, error) {
+func decodeStampOnly(b []byte) (entry.Stamp, byte, error) {
 	if len(b) < recordHeader || b[0] != recordVersion {
 		_, err := DecodeRecord(b)
-		return Stamp{}, 0, err
+		return entry.Stamp{}, 0, err
 	}
 	n := int(b[recordHeader-1])
 	if n == 0 || n > maxOriginLen || len(b) < recordHeader+n {
-		return Stamp{}, 0, fmt.Errorf("%w: record origin length %d", ErrCorrupt, n)
+		return entry.Stamp{}, 0, fmt.Errorf("%w: record origin length %d", ErrCorrupt, n)
 	}
 	ts, err := hlc.Decode(b[2 : 2+hlc.EncodedLen])
 	if err != nil {
-		return Stamp{}, 0, fmt.Errorf("%w: %v", ErrCorrupt, err)
+		return entry.Stamp{}, 0, fmt.Errorf("%w: %v", ErrCorrupt, err)
 	}
-	return Stamp{HLC: ts, Origin: string(b[recordHeader : recordHeader+n])}, b[1], nil
+	return entry.Stamp{HLC: ts, Origin: string(b[recordHeader : recordHeader+n])}, b[1], nil
 }

@@ -23,6 +23,7 @@ import (
 
 	"github.com/cockroachdb/pebble/v2"
 
+	"github.com/replicator/replicator/entry"
 	"github.com/replicator/replicator/hlc"
 )
 
@@ -96,7 +97,7 @@ type Store struct {
 	// with each batch that raises it). A write stamped above it beats
 	// whatever the key holds, so it needs no read: that is the common case
 	// of local writes, whose commit HLCs only grow. Guarded by applyMu.
-	maxStamp Stamp
+	maxStamp entry.Stamp
 	// hasCounters turns true at the first counter (or at open if any).
 	hasCounters atomic.Bool
 	// ranges are the range tombstones kept (few: collected like
@@ -112,7 +113,7 @@ type Store struct {
 	// commits). Every inbound batch reads its sender's marks; from Pebble
 	// that was an iterator and seeks per batch (a tenth of a receiver's
 	// CPU at 1,000 writes/s). Guarded by applyMu.
-	marks map[string]map[[16]byte]HWM
+	marks map[string]map[[16]byte]entry.HWM
 }
 
 // Open opens (creating if needed) the tree in dir.
@@ -166,7 +167,7 @@ func (s *Store) loadMaxStamp() error {
 	if err != nil {
 		return fmt.Errorf("%w: max stamp: %v", ErrCorrupt, err)
 	}
-	s.maxStamp = Stamp{HLC: ts, Origin: string(v[hlc.EncodedLen:])}
+	s.maxStamp = entry.Stamp{HLC: ts, Origin: string(v[hlc.EncodedLen:])}
 	return nil
 }
 
@@ -237,54 +238,29 @@ func (s *Store) Get(key string) (Record, error) {
 	return r, nil
 }
 
-// Outcome is what a merge did.
-type Outcome uint8
-
-const (
-	// Applied: the write's stamp was higher than the stored one (or nothing
-	// was stored); it is now the key's state.
-	Applied Outcome = iota + 1
-	// Duplicate: the stored stamp equals the write's; it was already applied.
-	Duplicate
-	// Stale: the stored stamp is higher; the write lost and changed nothing.
-	Stale
-)
-
-func (o Outcome) String() string {
-	switch o {
-	case Applied:
-		return "applied"
-	case Duplicate:
-		return "duplicate"
-	case Stale:
-		return "stale"
-	}
-	return "unknown"
-}
-
 // Write is one single-key mutation with its LWW stamp.
 type Write struct {
 	Key       string
 	Value     []byte
 	Tombstone bool
 	Kind      Kind
-	Stamp     Stamp
+	Stamp     entry.Stamp
 }
 
 // Set merges a value under stamp in its own synced batch.
-func (s *Store) Set(key string, value []byte, stamp Stamp) (Outcome, error) {
+func (s *Store) Set(key string, value []byte, stamp entry.Stamp) (entry.Outcome, error) {
 	return s.mergeOne(Write{Key: key, Value: value, Stamp: stamp})
 }
 
 // Delete merges a tombstone under stamp in its own synced batch.
-func (s *Store) Delete(key string, stamp Stamp) (Outcome, error) {
+func (s *Store) Delete(key string, stamp entry.Stamp) (entry.Outcome, error) {
 	return s.mergeOne(Write{Key: key, Tombstone: true, Stamp: stamp})
 }
 
 // Merge applies w last-writer-wins in its own synced batch.
-func (s *Store) Merge(w Write) (Outcome, error) { return s.mergeOne(w) }
+func (s *Store) Merge(w Write) (entry.Outcome, error) { return s.mergeOne(w) }
 
-func (s *Store) mergeOne(w Write) (Outcome, error) {
+func (s *Store) mergeOne(w Write) (entry.Outcome, error) {
 	b := s.NewBatch()
 	defer b.Close()
 	out, err := b.Merge(w)
@@ -307,7 +283,7 @@ type Batch struct {
 	buf     []byte
 	// max is the highest stamp stored or merged so far, as this batch sees;
 	// maxOwn says a blind write of this batch set it.
-	max    Stamp
+	max    entry.Stamp
 	maxOwn bool
 	// pendingIdem holds idempotency records merged in this batch.
 	pendingIdem map[string]*IdemRecord
@@ -326,7 +302,7 @@ type Batch struct {
 }
 
 type pendingRecord struct {
-	stamp Stamp
+	stamp entry.Stamp
 	flags byte
 }
 
@@ -351,28 +327,28 @@ func (b *Batch) Len() int { return int(b.pb.Count()) }
 
 // currentLocked returns the stamp and flags stored for key, looking at the
 // batch's own pending writes first.
-func (b *Batch) currentLocked(key string, dk []byte) (Stamp, byte, bool, error) {
+func (b *Batch) currentLocked(key string, dk []byte) (entry.Stamp, byte, bool, error) {
 	if p, ok := b.pending[key]; ok {
 		return p.stamp, p.flags, true, nil
 	}
 	v, closer, err := b.s.db.Get(dk)
 	if errors.Is(err, pebble.ErrNotFound) {
-		return Stamp{}, 0, false, nil
+		return entry.Stamp{}, 0, false, nil
 	}
 	if err != nil {
-		return Stamp{}, 0, false, fmt.Errorf("store: get %q: %w", key, err)
+		return entry.Stamp{}, 0, false, fmt.Errorf("store: get %q: %w", key, err)
 	}
 	st, flags, err := decodeStampOnly(v)
 	closer.Close()
 	if err != nil {
-		return Stamp{}, 0, false, fmt.Errorf("store: key %q: %w", key, err)
+		return entry.Stamp{}, 0, false, fmt.Errorf("store: key %q: %w", key, err)
 	}
 	return st, flags, true, nil
 }
 
 // Stored returns the stamp stored for key as this batch would see it, and
 // whether the key holds a tombstone. ok is false when nothing is stored.
-func (b *Batch) Stored(key string) (st Stamp, tombstone, ok bool, err error) {
+func (b *Batch) Stored(key string) (st entry.Stamp, tombstone, ok bool, err error) {
 	st, flags, ok, err := b.currentLocked(key, dataKey(key))
 	return st, flags&flagTombstone != 0, ok, err
 }
@@ -380,13 +356,13 @@ func (b *Batch) Stored(key string) (st Stamp, tombstone, ok bool, err error) {
 // Merge applies w last-writer-wins and reports what it did. A tombstone is
 // written even for a key that was never stored: it keeps an older write that
 // arrives later from resurrecting the key.
-func (b *Batch) Merge(w Write) (Outcome, error) {
+func (b *Batch) Merge(w Write) (entry.Outcome, error) {
 	if w.Stamp.Origin == "" || len(w.Stamp.Origin) > maxOriginLen {
 		return 0, fmt.Errorf("store: merge %q: origin %q out of range", w.Key, w.Stamp.Origin)
 	}
 	dk := dataKey(w.Key)
 	var (
-		cur      Stamp
+		cur      entry.Stamp
 		curFlags byte
 		ok       bool
 		err      error
@@ -418,14 +394,14 @@ func (b *Batch) Merge(w Write) (Outcome, error) {
 	if ok {
 		switch c := w.Stamp.Compare(cur); {
 		case c == 0:
-			return Duplicate, nil
+			return entry.Duplicate, nil
 		case c < 0:
-			return Stale, nil
+			return entry.Stale, nil
 		}
 	}
 	if !blind && b.coveredLocked(w.Key, w.Stamp) {
 		// A range delete newer than this write covers its key.
-		return Stale, nil
+		return entry.Stale, nil
 	}
 	if ok {
 		if curFlags&flagTombstone != 0 {
@@ -454,7 +430,7 @@ func (b *Batch) Merge(w Write) (Outcome, error) {
 		b.pending = make(map[string]pendingRecord, b.expect)
 	}
 	b.pending[w.Key] = pendingRecord{stamp: w.Stamp, flags: flags}
-	return Applied, nil
+	return entry.Applied, nil
 }
 
 // AppliedIndex is how far the local stream is applied to the tree: every entry
@@ -889,7 +865,7 @@ func (sn *Snapshot) Counters() (map[string]Counter, error) {
 
 // Marks lists the snapshot's high-water marks of real streams (a re-seed's
 // own snapshot streams, which record no commit, are left out).
-func (sn *Snapshot) Marks() ([]HWM, error) {
+func (sn *Snapshot) Marks() ([]entry.HWM, error) {
 	all, err := hwmsIn(sn.snap, nil, []byte{prefixHWM}, []byte{prefixHWM + 1}, 0)
 	out := all[:0]
 	for _, h := range all {

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/replicator/replicator/entry"
 	"github.com/replicator/replicator/hlc"
 )
 
@@ -22,8 +23,8 @@ func openTest(t testing.TB) *Store {
 	return s
 }
 
-func st(wall int64, logical uint32, origin string) Stamp {
-	return Stamp{HLC: hlc.Timestamp{Wall: wall, Logical: logical}, Origin: origin}
+func st(wall int64, logical uint32, origin string) entry.Stamp {
+	return entry.Stamp{HLC: hlc.Timestamp{Wall: wall, Logical: logical}, Origin: origin}
 }
 
 func TestMergeOutcomes(t *testing.T) {
@@ -31,22 +32,22 @@ func TestMergeOutcomes(t *testing.T) {
 	steps := []struct {
 		name string
 		w    Write
-		want Outcome
+		want entry.Outcome
 		// expected state after the step
 		value     string
 		tombstone bool
-		stamp     Stamp
+		stamp     entry.Stamp
 	}{
-		{"first write", Write{Key: "k", Value: []byte("v1"), Stamp: st(10, 0, "a")}, Applied, "v1", false, st(10, 0, "a")},
-		{"equal stamp is a duplicate", Write{Key: "k", Value: []byte("v1"), Stamp: st(10, 0, "a")}, Duplicate, "v1", false, st(10, 0, "a")},
-		{"lower stamp is stale", Write{Key: "k", Value: []byte("old"), Stamp: st(9, 5, "z")}, Stale, "v1", false, st(10, 0, "a")},
-		{"origin breaks a tie", Write{Key: "k", Value: []byte("fromB"), Stamp: st(10, 0, "b")}, Applied, "fromB", false, st(10, 0, "b")},
-		{"older tombstone loses", Write{Key: "k", Tombstone: true, Stamp: st(10, 0, "a")}, Stale, "fromB", false, st(10, 0, "b")},
-		{"newer tombstone wins", Write{Key: "k", Tombstone: true, Stamp: st(11, 0, "a")}, Applied, "", true, st(11, 0, "a")},
-		{"duplicate tombstone", Write{Key: "k", Tombstone: true, Stamp: st(11, 0, "a")}, Duplicate, "", true, st(11, 0, "a")},
-		{"older value stays deleted", Write{Key: "k", Value: []byte("zombie"), Stamp: st(10, 9, "c")}, Stale, "", true, st(11, 0, "a")},
-		{"newer value after tombstone", Write{Key: "k", Value: []byte("v2"), Stamp: st(11, 1, "a")}, Applied, "v2", false, st(11, 1, "a")},
-		{"tombstone for a key never stored", Write{Key: "never", Tombstone: true, Stamp: st(5, 0, "a")}, Applied, "", true, st(5, 0, "a")},
+		{"first write", Write{Key: "k", Value: []byte("v1"), Stamp: st(10, 0, "a")}, entry.Applied, "v1", false, st(10, 0, "a")},
+		{"equal stamp is a duplicate", Write{Key: "k", Value: []byte("v1"), Stamp: st(10, 0, "a")}, entry.Duplicate, "v1", false, st(10, 0, "a")},
+		{"lower stamp is stale", Write{Key: "k", Value: []byte("old"), Stamp: st(9, 5, "z")}, entry.Stale, "v1", false, st(10, 0, "a")},
+		{"origin breaks a tie", Write{Key: "k", Value: []byte("fromB"), Stamp: st(10, 0, "b")}, entry.Applied, "fromB", false, st(10, 0, "b")},
+		{"older tombstone loses", Write{Key: "k", Tombstone: true, Stamp: st(10, 0, "a")}, entry.Stale, "fromB", false, st(10, 0, "b")},
+		{"newer tombstone wins", Write{Key: "k", Tombstone: true, Stamp: st(11, 0, "a")}, entry.Applied, "", true, st(11, 0, "a")},
+		{"duplicate tombstone", Write{Key: "k", Tombstone: true, Stamp: st(11, 0, "a")}, entry.Duplicate, "", true, st(11, 0, "a")},
+		{"older value stays deleted", Write{Key: "k", Value: []byte("zombie"), Stamp: st(10, 9, "c")}, entry.Stale, "", true, st(11, 0, "a")},
+		{"newer value after tombstone", Write{Key: "k", Value: []byte("v2"), Stamp: st(11, 1, "a")}, entry.Applied, "v2", false, st(11, 1, "a")},
+		{"tombstone for a key never stored", Write{Key: "never", Tombstone: true, Stamp: st(5, 0, "a")}, entry.Applied, "", true, st(5, 0, "a")},
 	}
 	for _, step := range steps {
 		got, err := s.Merge(step.w)
@@ -114,7 +115,7 @@ func TestMergeOrderIndependence(t *testing.T) {
 				t.Fatal(err)
 			}
 			if n%7 == 0 { // duplicate delivery
-				if out, err := b.Merge(writes[i]); err != nil || out == Applied {
+				if out, err := b.Merge(writes[i]); err != nil || out == entry.Applied {
 					t.Fatalf("re-merge of the same write: %s %v", out, err)
 				}
 			}
@@ -268,7 +269,7 @@ func TestCollectTombstones(t *testing.T) {
 	}
 	// Once collected, an old write may come back: that is why the caller
 	// only collects below the frontier no older write can still arrive from.
-	if out, _ := s.Set("old", []byte("zombie"), st(5, 0, "c")); out != Applied {
+	if out, _ := s.Set("old", []byte("zombie"), st(5, 0, "c")); out != entry.Applied {
 		t.Fatalf("write after collection: %s", out)
 	}
 }
@@ -356,10 +357,10 @@ func FuzzDecodeRecord(f *testing.F) {
 
 func TestCounterMerge(t *testing.T) {
 	s := openTest(t)
-	merge := func(cluster string, p, n uint64, wall int64) Outcome {
+	merge := func(cluster string, p, n uint64, wall int64) entry.Outcome {
 		b := s.NewBatch()
 		defer b.Close()
-		out, err := b.MergeCounter("hits", cluster, PN{P: p, N: n}, st(wall, 0, cluster))
+		out, err := b.MergeCounter("hits", cluster, entry.PN{P: p, N: n}, st(wall, 0, cluster))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -368,13 +369,13 @@ func TestCounterMerge(t *testing.T) {
 		}
 		return out
 	}
-	if merge("a", 3, 0, 10) != Applied || merge("b", 5, 1, 11) != Applied {
+	if merge("a", 3, 0, 10) != entry.Applied || merge("b", 5, 1, 11) != entry.Applied {
 		t.Fatal("first merges")
 	}
-	if out := merge("a", 3, 0, 10); out != Duplicate {
+	if out := merge("a", 3, 0, 10); out != entry.Duplicate {
 		t.Fatalf("re-applied delta: %s", out)
 	}
-	if out := merge("a", 2, 0, 9); out != Duplicate {
+	if out := merge("a", 2, 0, 9); out != entry.Duplicate {
 		t.Fatalf("older totals of a: %s", out)
 	}
 	merge("a", 4, 2, 12)
@@ -393,7 +394,7 @@ func TestCounterMerge(t *testing.T) {
 		w    int64
 	}{{"a", 4, 2, 12}, {"a", 3, 0, 10}, {"b", 5, 1, 11}} {
 		b := s2.NewBatch()
-		b.MergeCounter("hits", d.c, PN{P: d.p, N: d.n}, st(d.w, 0, d.c))
+		b.MergeCounter("hits", d.c, entry.PN{P: d.p, N: d.n}, st(d.w, 0, d.c))
 		b.Commit(true)
 		b.Close()
 	}
@@ -416,7 +417,7 @@ func TestRangeTombstone(t *testing.T) {
 	s.Set("r/4", []byte("newer"), st(100, 0, "b"))
 	b := s.NewBatch()
 	out, deleted, err := b.MergeRange(RangeTombstone{Start: "r/", End: "r0", Stamp: st(50, 0, "c")})
-	if err != nil || out != Applied || deleted != 3 {
+	if err != nil || out != entry.Applied || deleted != 3 {
 		t.Fatalf("range delete: %s %d %v", out, deleted, err)
 	}
 	b.Commit(true)
@@ -429,17 +430,17 @@ func TestRangeTombstone(t *testing.T) {
 	}
 	// an older write arriving later stays deleted; a newer one lands; a key
 	// of the range never written before too
-	if out, _ := s.Set("r/2", []byte("late"), st(40, 0, "d")); out != Stale {
+	if out, _ := s.Set("r/2", []byte("late"), st(40, 0, "d")); out != entry.Stale {
 		t.Fatalf("older write after the range delete: %s", out)
 	}
-	if out, _ := s.Set("r/9", []byte("late"), st(40, 0, "d")); out != Stale {
+	if out, _ := s.Set("r/9", []byte("late"), st(40, 0, "d")); out != entry.Stale {
 		t.Fatalf("older write to a new key of the range: %s", out)
 	}
-	if out, _ := s.Set("r/2", []byte("new"), st(60, 0, "d")); out != Applied {
+	if out, _ := s.Set("r/2", []byte("new"), st(60, 0, "d")); out != entry.Applied {
 		t.Fatalf("newer write after the range delete: %s", out)
 	}
 	b = s.NewBatch()
-	if out, _, _ := b.MergeRange(RangeTombstone{Start: "r/", End: "r0", Stamp: st(50, 0, "c")}); out != Duplicate {
+	if out, _, _ := b.MergeRange(RangeTombstone{Start: "r/", End: "r0", Stamp: st(50, 0, "c")}); out != entry.Duplicate {
 		t.Fatalf("the same range delete again: %s", out)
 	}
 	b.Close()
@@ -449,7 +450,7 @@ func TestRangeTombstone(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer s.Close()
-	if out, _ := s.Set("r/3", []byte("late"), st(45, 0, "d")); out != Stale {
+	if out, _ := s.Set("r/3", []byte("late"), st(45, 0, "d")); out != entry.Stale {
 		t.Fatalf("range tombstone lost across a reopen: %s", out)
 	}
 	if n, _ := s.CollectTombstones(hlc.Timestamp{Wall: 55}, 0); n == 0 || len(s.RangeTombstones()) != 0 {
@@ -458,7 +459,7 @@ func TestRangeTombstone(t *testing.T) {
 }
 
 func FuzzDecodeCounter(f *testing.F) {
-	f.Add(appendCounter(nil, &Counter{Totals: map[string]PN{"a": {3, 1}, "b": {0, 7}}, Stamp: st(5, 0, "a")}))
+	f.Add(appendCounter(nil, &Counter{Totals: map[string]entry.PN{"a": {P: 3, N: 1}, "b": {P: 0, N: 7}}, Stamp: st(5, 0, "a")}))
 	f.Add([]byte{1})
 	f.Fuzz(func(t *testing.T, b []byte) {
 		c, err := DecodeCounter(b)
@@ -488,7 +489,7 @@ func TestPersistedHLCOnlyGrows(t *testing.T) {
 	commit := func(ts hlc.Timestamp) {
 		b := s.NewBatch()
 		defer b.Close()
-		b.Merge(Write{Key: "k" + ts.String(), Value: []byte("v"), Stamp: Stamp{HLC: ts, Origin: "a"}})
+		b.Merge(Write{Key: "k" + ts.String(), Value: []byte("v"), Stamp: entry.Stamp{HLC: ts, Origin: "a"}})
 		if err := errors.Join(b.RaiseHLC(ts), b.Commit(false)); err != nil {
 			t.Fatal(err)
 		}
@@ -515,7 +516,7 @@ func TestHWMsOfExcept(t *testing.T) {
 	set := func(origin string, stream byte, index uint64) {
 		b := s.NewBatch()
 		defer b.Close()
-		if err := b.SetHWM(HWM{Origin: origin, Stream: [16]byte{stream}, Index: index, Commit: hlc.Timestamp{Wall: int64(index)}}); err != nil {
+		if err := b.SetHWM(entry.HWM{Origin: origin, Stream: [16]byte{stream}, Index: index, Commit: hlc.Timestamp{Wall: int64(index)}}); err != nil {
 			t.Fatal(err)
 		}
 		if err := b.Commit(true); err != nil {
@@ -571,7 +572,7 @@ func BenchmarkHWMsOfHotStream(b *testing.B) {
 		if i%1000 == 0 {
 			stream = [16]byte{byte(1 + i/1000)}
 		}
-		bt.SetHWM(HWM{Origin: "b", Stream: stream, Index: uint64(i + 1), Commit: hlc.Timestamp{Wall: int64(i + 1)}})
+		bt.SetHWM(entry.HWM{Origin: "b", Stream: stream, Index: uint64(i + 1), Commit: hlc.Timestamp{Wall: int64(i + 1)}})
 		if err := bt.Commit(false); err != nil {
 			b.Fatal(err)
 		}
@@ -608,7 +609,7 @@ func TestMarksMatchPebble(t *testing.T) {
 		}
 		b := s.NewBatch()
 		defer b.Close()
-		var mem []HWM
+		var mem []entry.HWM
 		for _, o := range []string{"a", "b", "bb"} {
 			hs, _ := b.HWMsOf(o)
 			mem = append(mem, hs...)
@@ -622,11 +623,11 @@ func TestMarksMatchPebble(t *testing.T) {
 			t.Fatalf("%s: Pebble holds %+v, memory %+v", when, stored, mem)
 		}
 	}
-	mark := func(o string, st byte, i uint64) HWM {
-		return HWM{Origin: o, Stream: [16]byte{st}, Index: i, Commit: hlc.Timestamp{Wall: int64(i) * 10, Logical: 3}, Merged: i - 1, DeadLettered: 1, Seeded: 0}
+	mark := func(o string, st byte, i uint64) entry.HWM {
+		return entry.HWM{Origin: o, Stream: [16]byte{st}, Index: i, Commit: hlc.Timestamp{Wall: int64(i) * 10, Logical: 3}, Merged: i - 1, DeadLettered: 1, Seeded: 0}
 	}
 	b := s.NewBatch()
-	for _, h := range []HWM{mark("b", 5, 7), mark("b", 1, 3), mark("bb", 5, 9), mark("a", 2, 4)} {
+	for _, h := range []entry.HWM{mark("b", 5, 7), mark("b", 1, 3), mark("bb", 5, 9), mark("a", 2, 4)} {
 		if err := b.SetHWM(h); err != nil {
 			t.Fatal(err)
 		}
@@ -682,7 +683,7 @@ func TestReplaceFromCheckpoint(t *testing.T) {
 	if _, _, err := b.MergeRange(RangeTombstone{Start: "r", End: "s", Stamp: st(6000, 0, "a")}); err != nil {
 		t.Fatal(err)
 	}
-	if err := b.SetHWM(HWM{Origin: "b", Stream: [16]byte{1}, Index: 7, Commit: hlc.Timestamp{Wall: 5000}, Merged: 7}); err != nil {
+	if err := b.SetHWM(entry.HWM{Origin: "b", Stream: [16]byte{1}, Index: 7, Commit: hlc.Timestamp{Wall: 5000}, Merged: 7}); err != nil {
 		t.Fatal(err)
 	}
 	if err := errors.Join(b.Commit(false)); err != nil {

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/replicator/replicator/acceptor"
+	"github.com/replicator/replicator/entry"
 	"github.com/replicator/replicator/hlc"
 	"github.com/replicator/replicator/store"
 	"github.com/replicator/replicator/transport"
@@ -43,9 +44,9 @@ func (f *forger) RoundTrip(r *http.Request) (*http.Response, error) {
 func appendN(t *testing.T, log *wal.Log, from, n int) {
 	t.Helper()
 	clock := hlc.NewClock(nil, 0)
-	var ents []*wal.Entry
+	var ents []*entry.Entry
 	for j := from; j < from+n; j++ {
-		ents = append(ents, &wal.Entry{Commit: clock.Now(), Op: store.OpSet, Key: fmt.Sprintf("k%04d", j), Value: []byte("v")})
+		ents = append(ents, &entry.Entry{Commit: clock.Now(), Op: entry.OpSet, Key: fmt.Sprintf("k%04d", j), Value: []byte("v")})
 	}
 	if err := log.Append(ents); err != nil {
 		t.Fatal(err)

@@ -27,6 +27,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/replicator/replicator/entry"
 	"github.com/replicator/replicator/hlc"
 	"github.com/replicator/replicator/policy"
 	"github.com/replicator/replicator/store"
@@ -35,7 +36,7 @@ import (
 
 // Log is what a shipper reads: the local WAL.
 type Log interface {
-	Stream() wal.StreamID
+	Stream() entry.StreamID
 	First() uint64
 	Last() uint64
 	ReadRaw(index uint64) ([]byte, error)
@@ -45,10 +46,10 @@ type Log interface {
 
 // Cursors persists shippers' positions.
 type Cursors interface {
-	Cursor(peer string) (store.Cursor, bool, error)
-	SetCursor(peer string, c store.Cursor) error
+	Cursor(peer string) (entry.Cursor, bool, error)
+	SetCursor(peer string, c entry.Cursor) error
 	// InitCursor stores a new link's first cursor, synced.
-	InitCursor(peer string, c store.Cursor) error
+	InitCursor(peer string, c entry.Cursor) error
 }
 
 // Snapshots opens consistent views of the tree, for re-seeds.
@@ -126,7 +127,7 @@ type Options struct {
 	// stream that the local WAL does not (a higher index, or another commit
 	// HLC at an index): the data directory was restored from a backup or
 	// copied. The shipper stops shipping the stream until Rebase.
-	OnConflict func(peer string, stream wal.StreamID, why string)
+	OnConflict func(peer string, stream entry.StreamID, why string)
 	// OnReseedDone, when set, is told that a re-seed's trailer was
 	// acknowledged, and whether it answered a request and ended a rejoin.
 	OnReseedDone func(peer string, requested, rejoin bool)
@@ -389,7 +390,7 @@ func NewShipper(peer Peer, log Log, cursors Cursors, opts Options) (*Shipper, er
 	s.mu.url = peer.URL
 	if !ok || c.Stream != stream {
 		// Synced: a cursor lost to a crash would make the peer look new.
-		if err := cursors.InitCursor(peer.Name, store.Cursor{Stream: stream, Index: acked}); err != nil {
+		if err := cursors.InitCursor(peer.Name, entry.Cursor{Stream: stream, Index: acked}); err != nil {
 			return nil, err
 		}
 	}
@@ -502,7 +503,7 @@ func (s *Shipper) Rebase() {
 	s.mu.conflict = ""
 	s.mu.oldestIdx = 0
 	s.mu.Unlock()
-	if err := s.cursors.SetCursor(s.peer.Name, store.Cursor{Stream: s.log.Stream()}); err != nil {
+	if err := s.cursors.SetCursor(s.peer.Name, entry.Cursor{Stream: s.log.Stream()}); err != nil {
 		s.opts.Logger.Warn("persisting cursor", "peer", s.peer.Name, "err", err)
 	}
 	s.wake()
@@ -758,7 +759,7 @@ func (s *Shipper) heartbeat(ctx context.Context) error {
 
 // conflicted stops the link and tells the node, once.
 // REQUIRES: stream is the stream the request that proved it was sent for.
-func (s *Shipper) conflicted(stream wal.StreamID, why string) {
+func (s *Shipper) conflicted(stream entry.StreamID, why string) {
 	s.mu.Lock()
 	// Checked under the lock: the node swaps the log before it calls
 	// Rebase (which takes it), so a conflict about the old stream either
@@ -789,7 +790,7 @@ func parseCommit(v string) hlc.Timestamp {
 // concerns the current stream. A peer that holds an index the WAL does not,
 // or another commit at an index it does, holds writes of a past life of this
 // data directory: the link stops and the node is told.
-func (s *Shipper) answered(ack *Ack, stream wal.StreamID) bool {
+func (s *Shipper) answered(ack *Ack, stream entry.StreamID) bool {
 	if stream != s.log.Stream() {
 		return false // replaced while the request was out
 	}
@@ -875,7 +876,7 @@ type flight struct {
 	from, to uint64
 	n        int
 	stub     bool // it carries an oversize stub: it goes alone
-	stream   wal.StreamID
+	stream   entry.StreamID
 	body     []byte
 	sent     int64
 	res      chan flightResult // buffered: the post never blocks on it
@@ -1191,7 +1192,7 @@ func (s *Shipper) settle(f *flight, ack Ack, err error) error {
 }
 
 // stub re-encodes a WAL entry as an oversize stub.
-func (s *Shipper) stub(payload []byte, stream wal.StreamID) ([]byte, error) {
+func (s *Shipper) stub(payload []byte, stream entry.StreamID) ([]byte, error) {
 	defs := wal.Defaults{Origin: s.opts.Local, Stream: stream}
 	c := wal.NewCodec()
 	e, err := c.DecodeEntry(payload, defs)
@@ -1525,7 +1526,7 @@ func (s *Shipper) reseed(ctx context.Context) error {
 	}
 	applied := snap.LocalApplied()
 	stream := s.log.Stream()
-	if wal.StreamID(applied.Stream) != stream {
+	if entry.StreamID(applied.Stream) != stream {
 		// The stream was replaced since (or nothing was ever applied).
 		applied = store.AppliedIndex{Stream: stream}
 	}
@@ -1533,20 +1534,20 @@ func (s *Shipper) reseed(ctx context.Context) error {
 	s.mu.reseed.Total = total
 	s.mu.Unlock()
 
-	snapStream := wal.NewStreamID()
+	snapStream := entry.NewStreamID()
 	commit := hlc.Timestamp{Wall: s.opts.Now()}
 	codec := wal.NewCodec()
 	defs := wal.Defaults{Origin: s.opts.Local, Stream: snapStream}
 	var index uint64
 	sent := 0
 	// Range tombstones and counters go first (they are few), then every key.
-	var extra []wal.Entry
+	var extra []entry.Entry
 	ranges, err := snap.Ranges()
 	if err != nil {
 		return s.reseedDone(err)
 	}
 	for _, r := range ranges {
-		extra = append(extra, wal.Entry{Op: store.OpDeleteRange, Key: r.Start, End: r.End, Stamp: r.Stamp.HLC, StampOrigin: r.Stamp.Origin})
+		extra = append(extra, entry.Entry{Op: entry.OpDeleteRange, Key: r.Start, End: r.End, Stamp: r.Stamp.HLC, StampOrigin: r.Stamp.Origin})
 	}
 	counters, err := snap.Counters()
 	if err != nil {
@@ -1555,11 +1556,11 @@ func (s *Shipper) reseed(ctx context.Context) error {
 	for key, c := range counters {
 		for comp, t := range c.Totals {
 			t := t
-			extra = append(extra, wal.Entry{Op: store.OpCounter, Key: key, Ctr: &t, CtrComp: comp,
+			extra = append(extra, entry.Entry{Op: entry.OpCounter, Key: key, Ctr: &t, CtrComp: comp,
 				Stamp: c.Stamp.HLC, StampOrigin: c.Stamp.Origin})
 		}
 	}
-	next := func() (wal.Entry, bool, error) {
+	next := func() (entry.Entry, bool, error) {
 		if len(extra) > 0 {
 			e := extra[0]
 			extra = extra[1:]
@@ -1567,11 +1568,11 @@ func (s *Shipper) reseed(ctx context.Context) error {
 		}
 		key, rec, ok, err := snap.Next()
 		if err != nil || !ok {
-			return wal.Entry{}, false, err
+			return entry.Entry{}, false, err
 		}
-		e := wal.Entry{Stamp: rec.Stamp.HLC, Op: store.OpSet, Key: key, Value: rec.Value, StampOrigin: rec.Stamp.Origin}
+		e := entry.Entry{Stamp: rec.Stamp.HLC, Op: entry.OpSet, Key: key, Value: rec.Value, StampOrigin: rec.Stamp.Origin}
 		if rec.Tombstone {
-			e.Op, e.Value = store.OpDelete, nil
+			e.Op, e.Value = entry.OpDelete, nil
 		}
 		return e, true, nil
 	}
@@ -1712,7 +1713,7 @@ func (s *Shipper) flushCursor(force bool) {
 		return
 	}
 	s.mu.Unlock()
-	if err := s.cursors.SetCursor(s.peer.Name, store.Cursor{Stream: s.log.Stream(), Index: acked}); err != nil {
+	if err := s.cursors.SetCursor(s.peer.Name, entry.Cursor{Stream: s.log.Stream(), Index: acked}); err != nil {
 		s.opts.Logger.Warn("persisting cursor", "peer", s.peer.Name, "err", err)
 		return
 	}

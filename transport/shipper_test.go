@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/replicator/replicator/acceptor"
+	"github.com/replicator/replicator/entry"
 	"github.com/replicator/replicator/hlc"
 	"github.com/replicator/replicator/machine"
 	"github.com/replicator/replicator/policy"
@@ -141,9 +142,9 @@ func TestShipperExactUnderLostAcksAndDuplicates(t *testing.T) {
 	clock := hlc.NewClock(nil, 0)
 	const total = 2000
 	for i := 0; i < total; i += 50 {
-		var ents []*wal.Entry
+		var ents []*entry.Entry
 		for j := i; j < i+50; j++ {
-			ents = append(ents, &wal.Entry{Commit: clock.Now(), Op: store.OpSet, Key: fmt.Sprintf("k%04d", j%700), Value: []byte(fmt.Sprint(j))})
+			ents = append(ents, &entry.Entry{Commit: clock.Now(), Op: entry.OpSet, Key: fmt.Sprintf("k%04d", j%700), Value: []byte(fmt.Sprint(j))})
 		}
 		if err := log.Append(ents); err != nil {
 			t.Fatal(err)
@@ -190,14 +191,14 @@ func TestRewindOnGap(t *testing.T) {
 	srv := httptest.NewServer(acc)
 	defer srv.Close()
 	clock := hlc.NewClock(nil, 0)
-	var ents []*wal.Entry
+	var ents []*entry.Entry
 	for j := 0; j < 100; j++ {
-		ents = append(ents, &wal.Entry{Commit: clock.Now(), Op: store.OpSet, Key: fmt.Sprint(j), Value: []byte("v")})
+		ents = append(ents, &entry.Entry{Commit: clock.Now(), Op: entry.OpSet, Key: fmt.Sprint(j), Value: []byte("v")})
 	}
 	log.Append(ents)
 	// The cursor claims the peer has 60 entries; it has none (its data was
 	// wiped): the gap answer must rewind the shipper to 0.
-	src.SetCursor("b", store.Cursor{Stream: log.Stream(), Index: 60})
+	src.SetCursor("b", entry.Cursor{Stream: log.Stream(), Index: 60})
 	sh, err := transport.NewShipper(transport.Peer{Name: "b", URL: srv.URL, Secret: "s"}, log, src, transport.Options{Local: "a", Logger: quiet})
 	if err != nil {
 		t.Fatal(err)
@@ -241,16 +242,16 @@ func TestOversizeEntryGoesAsStub(t *testing.T) {
 	srv := httptest.NewServer(acc)
 	defer srv.Close()
 	clock := hlc.NewClock(nil, 0)
-	var ents []*wal.Entry
+	var ents []*entry.Entry
 	for j := 0; j < 30; j++ {
 		v := []byte("small")
 		if j == 10 {
 			v = bytes.Repeat([]byte("x"), 200<<10) // over the receiver's 64 KiB body limit
 		}
-		ents = append(ents, &wal.Entry{Commit: clock.Now(), Op: store.OpSet, Key: fmt.Sprint("k", j), Value: v})
+		ents = append(ents, &entry.Entry{Commit: clock.Now(), Op: entry.OpSet, Key: fmt.Sprint("k", j), Value: v})
 	}
 	for _, e := range ents {
-		if err := log.Append([]*wal.Entry{e}); err != nil {
+		if err := log.Append([]*entry.Entry{e}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -283,14 +284,14 @@ func TestOversizeEntryGoesAsStub(t *testing.T) {
 	}
 }
 
-func hwmOf(s *store.Store, origin string, stream wal.StreamID) (store.HWM, error) {
+func hwmOf(s *store.Store, origin string, stream entry.StreamID) (entry.HWM, error) {
 	hs, err := s.HWMs()
 	for _, h := range hs {
 		if h.Origin == origin && h.Stream == stream {
 			return h, err
 		}
 	}
-	return store.HWM{}, err
+	return entry.HWM{}, err
 }
 
 // overlapTransport delays each request and records how many were on the
@@ -331,9 +332,9 @@ func TestPipelinedBatches(t *testing.T) {
 			clock := hlc.NewClock(nil, 0)
 			const total = 1500
 			for i := 0; i < total; i += 5 {
-				var ents []*wal.Entry
+				var ents []*entry.Entry
 				for j := i; j < i+5; j++ {
-					ents = append(ents, &wal.Entry{Commit: clock.Now(), Op: store.OpSet, Key: fmt.Sprintf("k%03d", j%300), Value: []byte(fmt.Sprint(j))})
+					ents = append(ents, &entry.Entry{Commit: clock.Now(), Op: entry.OpSet, Key: fmt.Sprintf("k%03d", j%300), Value: []byte(fmt.Sprint(j))})
 				}
 				if err := log.Append(ents); err != nil {
 					t.Fatal(err)

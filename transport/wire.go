@@ -7,6 +7,7 @@ import (
 
 	"github.com/vmihailenco/msgpack/v5"
 
+	"github.com/replicator/replicator/entry"
 	"github.com/replicator/replicator/hlc"
 	"github.com/replicator/replicator/origin"
 	"github.com/replicator/replicator/wal"
@@ -42,7 +43,7 @@ var ErrVersion = errors.New("transport: unsupported wire version")
 // shipper copies its WAL's bytes onto the wire unchanged.
 type Batch struct {
 	Header
-	Entries []wal.Entry
+	Entries []entry.Entry
 	// SentAt and ReceivedAt are not on the wire: the sender's HeaderSent
 	// and the receiver's clock once the body was read (0: unknown). They
 	// split the lag into stages; nothing is decided by them.
@@ -55,7 +56,7 @@ type Batch struct {
 // Header is a batch's fields besides its entries.
 type Header struct {
 	Sender string
-	Stream wal.StreamID
+	Stream entry.StreamID
 	// Snapshot marks a re-seed batch (snap): its stream is a one-off
 	// snapshot stream, and its entries relay keys with the stamps they
 	// hold.
@@ -99,7 +100,7 @@ const (
 // Mark is a high-water mark of one cluster's stream.
 type Mark struct {
 	Origin string
-	Stream wal.StreamID
+	Stream entry.StreamID
 	Index  uint64
 	Commit hlc.Timestamp
 }
@@ -109,14 +110,14 @@ const MaxMarks = 1 << 16
 
 // SnapshotEnd is a position in a stream: an index and its commit HLC.
 type SnapshotEnd struct {
-	Stream wal.StreamID
+	Stream entry.StreamID
 	Index  uint64
 	Commit hlc.Timestamp
 }
 
 // AppendBatchHeader appends a plain batch's map header and fields up to the
 // entries array header; the caller then appends n encoded entries.
-func AppendBatchHeader(dst []byte, sender string, stream wal.StreamID, n int) []byte {
+func AppendBatchHeader(dst []byte, sender string, stream entry.StreamID, n int) []byte {
 	return AppendHeader(dst, &Header{Sender: sender, Stream: stream}, n)
 }
 
@@ -381,13 +382,13 @@ func DecodeBatch(body []byte) (*Batch, error) {
 	return &b, nil
 }
 
-func decodeEntries(dec *msgpack.Decoder, b *Batch) ([]wal.Entry, error) {
+func decodeEntries(dec *msgpack.Decoder, b *Batch) ([]entry.Entry, error) {
 	count, err := dec.DecodeArrayLen()
 	if err != nil || count < 0 || count > MaxBatchEntries {
 		return nil, fmt.Errorf("%w: entries: want an array of at most %d", ErrMalformed, MaxBatchEntries)
 	}
 	d := wal.Defaults{Origin: b.Sender, Stream: b.Stream}
-	ents := make([]wal.Entry, 0, min(count, 4096))
+	ents := make([]entry.Entry, 0, min(count, 4096))
 	for i := 0; i < count; i++ {
 		e, err := wal.DecodeEntryFrom(dec, d)
 		if err != nil {

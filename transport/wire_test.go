@@ -7,15 +7,14 @@ import (
 
 	"github.com/vmihailenco/msgpack/v5"
 
+	"github.com/replicator/replicator/entry"
 	"github.com/replicator/replicator/hlc"
-	"github.com/replicator/replicator/store"
-	"github.com/replicator/replicator/wal"
 )
 
 func TestBatchRoundTrip(t *testing.T) {
-	b := &Batch{Header: Header{Sender: "a", Stream: wal.StreamID{1}}, Entries: []wal.Entry{
-		{Index: 7, Origin: "a", Stream: wal.StreamID{1}, Commit: hlc.Timestamp{Wall: 9}, Stamp: hlc.Timestamp{Wall: 9}, Op: store.OpSet, Key: "k", Value: []byte("v")},
-		{Index: 8, Origin: "a", Stream: wal.StreamID{1}, Commit: hlc.Timestamp{Wall: 10}, Stamp: hlc.Timestamp{Wall: 4}, Op: store.OpDelete, Key: "k"},
+	b := &Batch{Header: Header{Sender: "a", Stream: entry.StreamID{1}}, Entries: []entry.Entry{
+		{Index: 7, Origin: "a", Stream: entry.StreamID{1}, Commit: hlc.Timestamp{Wall: 9}, Stamp: hlc.Timestamp{Wall: 9}, Op: entry.OpSet, Key: "k", Value: []byte("v")},
+		{Index: 8, Origin: "a", Stream: entry.StreamID{1}, Commit: hlc.Timestamp{Wall: 10}, Stamp: hlc.Timestamp{Wall: 4}, Op: entry.OpDelete, Key: "k"},
 	}}
 	got, err := DecodeBatch(EncodeBatch(b))
 	if err != nil {
@@ -33,7 +32,7 @@ func TestBatchRoundTrip(t *testing.T) {
 }
 
 func TestDecodeBatchRefuses(t *testing.T) {
-	good := EncodeBatch(&Batch{Header: Header{Sender: "a", Stream: wal.StreamID{1}}})
+	good := EncodeBatch(&Batch{Header: Header{Sender: "a", Stream: entry.StreamID{1}}})
 	for name, body := range map[string][]byte{
 		"empty":     {},
 		"not a map": {0x91, 0x01},
@@ -47,22 +46,22 @@ func TestDecodeBatchRefuses(t *testing.T) {
 }
 
 func FuzzDecodeBatch(f *testing.F) {
-	f.Add(EncodeBatch(&Batch{Header: Header{Sender: "a", Stream: wal.StreamID{1}}, Entries: []wal.Entry{
-		{Index: 7, Origin: "a", Stream: wal.StreamID{1}, Commit: hlc.Timestamp{Wall: 9}, Op: store.OpSet, Key: "k", Value: []byte("v")}}}))
+	f.Add(EncodeBatch(&Batch{Header: Header{Sender: "a", Stream: entry.StreamID{1}}, Entries: []entry.Entry{
+		{Index: 7, Origin: "a", Stream: entry.StreamID{1}, Commit: hlc.Timestamp{Wall: 9}, Op: entry.OpSet, Key: "k", Value: []byte("v")}}}))
 	f.Add([]byte{0x84})
 	// a re-seed's last batch, requested and ending a rejoin, with a counter
 	// of a component and an oversize stub
-	f.Add(EncodeBatch(&Batch{Header: Header{Sender: "a", Stream: wal.StreamID{2}, Snapshot: true, Requested: true, Rejoin: true,
-		End:   &SnapshotEnd{Stream: wal.StreamID{1}, Index: 40, Commit: hlc.Timestamp{Wall: 8, Logical: 1}},
-		Marks: []Mark{{Origin: "c", Stream: wal.StreamID{3}, Index: 7, Commit: hlc.Timestamp{Wall: 5}}}}, Entries: []wal.Entry{
-		{Index: 1, Origin: "a", Stream: wal.StreamID{2}, Commit: hlc.Timestamp{Wall: 9}, Op: store.OpCounter, Key: "c",
-			Ctr: &store.PN{P: 3}, CtrComp: "b/0123456789abcdef0123456789abcdef", StampOrigin: "b"},
-		{Index: 2, Origin: "a", Stream: wal.StreamID{2}, Commit: hlc.Timestamp{Wall: 9}, Op: store.OpSet, Key: "k", Oversize: 1 << 30}}}))
-	f.Add(EncodeBatch(&Batch{Header: Header{Sender: "a", Stream: wal.StreamID{1}, Rejoining: RejoinSeeding}}))
+	f.Add(EncodeBatch(&Batch{Header: Header{Sender: "a", Stream: entry.StreamID{2}, Snapshot: true, Requested: true, Rejoin: true,
+		End:   &SnapshotEnd{Stream: entry.StreamID{1}, Index: 40, Commit: hlc.Timestamp{Wall: 8, Logical: 1}},
+		Marks: []Mark{{Origin: "c", Stream: entry.StreamID{3}, Index: 7, Commit: hlc.Timestamp{Wall: 5}}}}, Entries: []entry.Entry{
+		{Index: 1, Origin: "a", Stream: entry.StreamID{2}, Commit: hlc.Timestamp{Wall: 9}, Op: entry.OpCounter, Key: "c",
+			Ctr: &entry.PN{P: 3}, CtrComp: "b/0123456789abcdef0123456789abcdef", StampOrigin: "b"},
+		{Index: 2, Origin: "a", Stream: entry.StreamID{2}, Commit: hlc.Timestamp{Wall: 9}, Op: entry.OpSet, Key: "k", Oversize: 1 << 30}}}))
+	f.Add(EncodeBatch(&Batch{Header: Header{Sender: "a", Stream: entry.StreamID{1}, Rejoining: RejoinSeeding}}))
 	// nesting where the format has none, and lengths that lie
 	f.Add(append([]byte{0x84, 0xa1, 'v', 0x01, 0xa7, 'e', 'n', 't', 'r', 'i', 'e', 's'}, append(bytes.Repeat([]byte{0x91}, 20000), 0xc0)...))
-	f.Add(append(AppendBatchHeader(nil, "a", wal.StreamID{1}, 1), 0x81, 0xa1, 'k', 0xdb, 0x7f, 0xff, 0xff, 0xff, 'x'))
-	f.Add(append(AppendBatchHeader(nil, "a", wal.StreamID{1}, 1), 0x82, 0xa1, 'i', 0x01, 0xa1, 'k', 0xdd, 0x7f, 0xff, 0xff, 0xff))
+	f.Add(append(AppendBatchHeader(nil, "a", entry.StreamID{1}, 1), 0x81, 0xa1, 'k', 0xdb, 0x7f, 0xff, 0xff, 0xff, 'x'))
+	f.Add(append(AppendBatchHeader(nil, "a", entry.StreamID{1}, 1), 0x82, 0xa1, 'i', 0x01, 0xa1, 'k', 0xdd, 0x7f, 0xff, 0xff, 0xff))
 	f.Fuzz(func(t *testing.T, body []byte) {
 		b, err := DecodeBatch(body)
 		if err != nil {
@@ -101,7 +100,7 @@ func TestDecodeBatchDeepNesting(t *testing.T) {
 		t.Fatalf("nesting before sender: %v", err)
 	}
 	// inside an entry: the key is an array of arrays
-	head := AppendBatchHeader(nil, "a", wal.StreamID{1}, 1)
+	head := AppendBatchHeader(nil, "a", entry.StreamID{1}, 1)
 	var e bytes.Buffer
 	ee := msgpack.NewEncoder(&e)
 	ee.EncodeMapLen(4)
@@ -113,7 +112,7 @@ func TestDecodeBatchDeepNesting(t *testing.T) {
 		t.Fatalf("nesting inside an entry: %v", err)
 	}
 	// a length that lies: a string said to be 2 GiB in a 30-byte body
-	lie := append(AppendBatchHeader(nil, "a", wal.StreamID{1}, 1), 0x81, 0xa1, 'k', 0xdb, 0x7f, 0xff, 0xff, 0xff, 'x')
+	lie := append(AppendBatchHeader(nil, "a", entry.StreamID{1}, 1), 0x81, 0xa1, 'k', 0xdb, 0x7f, 0xff, 0xff, 0xff, 'x')
 	if _, err := DecodeBatch(lie); !errors.Is(err, ErrMalformed) {
 		t.Fatalf("a lying length: %v", err)
 	}

@@ -38,6 +38,7 @@ import (
 
 	twal "github.com/tidwall/wal"
 
+	"github.com/replicator/replicator/entry"
 	"github.com/replicator/replicator/internal/atomicfile"
 	"github.com/replicator/replicator/internal/byteindex"
 	"github.com/replicator/replicator/internal/segfile"
@@ -143,7 +144,7 @@ func (o *Options) Validate() error {
 
 // Stats describe the log for the admin surface.
 type Stats struct {
-	Stream   StreamID
+	Stream   entry.StreamID
 	First    uint64 // first retained index (Last+1 when empty)
 	Last     uint64 // last written index (0 before the first write)
 	Bytes    int64  // bytes on disk across segments
@@ -161,7 +162,7 @@ type Stats struct {
 type Log struct {
 	dir     string
 	segDir  string
-	stream  StreamID
+	stream  entry.StreamID
 	created bool // the stream was minted by this Open
 	opts    Options
 	defs    Defaults
@@ -234,28 +235,28 @@ func Open(dir string, opts *Options) (*Log, error) {
 
 const streamFile = "STREAM"
 
-func (l *Log) loadStream() (StreamID, error) {
+func (l *Log) loadStream() (entry.StreamID, error) {
 	path := filepath.Join(l.dir, streamFile)
 	b, err := os.ReadFile(path)
 	if err == nil {
-		s, perr := ParseStreamID(strings.TrimSpace(string(b)))
+		s, perr := entry.ParseStreamID(strings.TrimSpace(string(b)))
 		if perr != nil {
 			return s, fmt.Errorf("%w: %s: %v", ErrCorrupt, path, perr)
 		}
 		return s, nil
 	}
 	if !errors.Is(err, fs.ErrNotExist) {
-		return StreamID{}, fmt.Errorf("wal: read %s: %w", path, err)
+		return entry.StreamID{}, fmt.Errorf("wal: read %s: %w", path, err)
 	}
 	segs, err := listSegments(l.segDir)
 	if err != nil {
-		return StreamID{}, err
+		return entry.StreamID{}, err
 	}
 	if len(segs) > 0 {
-		return StreamID{}, fmt.Errorf("%w: %s is missing but %s holds segments; "+
+		return entry.StreamID{}, fmt.Errorf("%w: %s is missing but %s holds segments; "+
 			"the entries cannot be named, remove the WAL directory to start a new stream", ErrCorrupt, path, l.segDir)
 	}
-	s := NewStreamID()
+	s := entry.NewStreamID()
 	if err := atomicfile.Write(path, []byte(s.String()+"\n")); err != nil {
 		return s, fmt.Errorf("wal: create %s: %w", path, err)
 	}
@@ -550,7 +551,7 @@ func peekIndex(p []byte) (uint64, bool) {
 }
 
 // Stream returns the log's stream ID.
-func (l *Log) Stream() StreamID { return l.stream }
+func (l *Log) Stream() entry.StreamID { return l.stream }
 
 // Created reports whether this Open minted the stream (a new WAL).
 func (l *Log) Created() bool { return l.created }
@@ -585,7 +586,7 @@ func (l *Log) wake() {
 //
 // On error nothing was appended: a failed write is cut back before Append
 // returns, or the log turns broken (ErrBroken) when it cannot know.
-func (l *Log) Append(entries []*Entry) error {
+func (l *Log) Append(entries []*entry.Entry) error {
 	if len(entries) == 0 {
 		return nil
 	}
@@ -691,10 +692,10 @@ func (l *Log) ReadRaw(index uint64) ([]byte, error) {
 
 // Read returns the decoded entry at index. Not safe for concurrent use with
 // other Read calls on the same codec: pass one codec per goroutine.
-func (l *Log) Read(c *Codec, index uint64) (Entry, error) {
+func (l *Log) Read(c *Codec, index uint64) (entry.Entry, error) {
 	p, err := l.ReadRaw(index)
 	if err != nil {
-		return Entry{}, err
+		return entry.Entry{}, err
 	}
 	e, err := c.DecodeEntry(p, l.defs)
 	if err != nil {

@@ -15,8 +15,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/replicator/replicator/entry"
 	"github.com/replicator/replicator/hlc"
-	"github.com/replicator/replicator/store"
 )
 
 var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
@@ -30,10 +30,10 @@ func openTest(t testing.TB, dir string, segSize int) *Log {
 	return l
 }
 
-func mkEntry(i int) *Entry {
-	return &Entry{
+func mkEntry(i int) *entry.Entry {
+	return &entry.Entry{
 		Commit: hlc.Timestamp{Wall: int64(1000 + i), Logical: uint32(i % 3)},
-		Op:     store.OpSet,
+		Op:     entry.OpSet,
 		Key:    fmt.Sprintf("key-%06d", i),
 		Value:  bytes.Repeat([]byte{byte(i)}, 20+i%50),
 	}
@@ -43,7 +43,7 @@ func mkEntry(i int) *Entry {
 func appendN(t testing.TB, l *Log, from, to int) {
 	t.Helper()
 	for i := from; i < to; {
-		var group []*Entry
+		var group []*entry.Entry
 		for j := 0; j < 7 && i < to; j++ {
 			group = append(group, mkEntry(i))
 			i++
@@ -249,7 +249,7 @@ func TestTornMultiPageWrite(t *testing.T) {
 	l := openTest(t, dir, 1<<20)
 	appendN(t, l, 0, 50)
 	before := l.Last()
-	big := make([]*Entry, 40)
+	big := make([]*entry.Entry, 40)
 	for i := range big {
 		big[i] = mkEntry(int(before) + i)
 		big[i].Value = bytes.Repeat([]byte{byte(i)}, 400) // ~17 KiB in all: five pages
@@ -413,11 +413,11 @@ func TestRecoverWriteCutsBack(t *testing.T) {
 
 func TestEntryCodecRoundTrip(t *testing.T) {
 	c := NewCodec()
-	d := Defaults{Origin: "a", Stream: StreamID{9}}
-	for _, e := range []Entry{
-		{Index: 1, Origin: "a", Stream: StreamID{9}, Commit: hlc.Timestamp{Wall: 5}, Op: store.OpSet, Key: "k", Value: []byte("v")},
-		{Index: 1 << 40, Origin: "b", Stream: StreamID{7}, Commit: hlc.Timestamp{Wall: 5, Logical: 2}, Stamp: hlc.Timestamp{Wall: 3}, Op: store.OpDelete, Key: "k/ü"},
-		{Index: 2, Origin: "a", Stream: StreamID{9}, Commit: hlc.Timestamp{Wall: 5}, Op: store.OpSet, Key: "empty"},
+	d := Defaults{Origin: "a", Stream: entry.StreamID{9}}
+	for _, e := range []entry.Entry{
+		{Index: 1, Origin: "a", Stream: entry.StreamID{9}, Commit: hlc.Timestamp{Wall: 5}, Op: entry.OpSet, Key: "k", Value: []byte("v")},
+		{Index: 1 << 40, Origin: "b", Stream: entry.StreamID{7}, Commit: hlc.Timestamp{Wall: 5, Logical: 2}, Stamp: hlc.Timestamp{Wall: 3}, Op: entry.OpDelete, Key: "k/ü"},
+		{Index: 2, Origin: "a", Stream: entry.StreamID{9}, Commit: hlc.Timestamp{Wall: 5}, Op: entry.OpSet, Key: "empty"},
 	} {
 		b := c.AppendEntry(nil, &e, d)
 		got, err := c.DecodeEntry(b, d)
@@ -439,12 +439,12 @@ func TestEntryCodecRoundTrip(t *testing.T) {
 
 func FuzzDecodeEntry(f *testing.F) {
 	c := NewCodec()
-	d := Defaults{Origin: "a", Stream: StreamID{9}}
-	f.Add(c.AppendEntry(nil, &Entry{Index: 3, Commit: hlc.Timestamp{Wall: 5}, Op: store.OpSet, Key: "k", Value: []byte("v"), Origin: "a", Stream: StreamID{9}}, d))
-	f.Add(c.AppendEntry(nil, &Entry{Index: 3, Commit: hlc.Timestamp{Wall: 5}, Stamp: hlc.Timestamp{Wall: 4}, Op: store.OpDelete, Key: "k", Origin: "b", Stream: StreamID{1}}, d))
-	f.Add(c.AppendEntry(nil, &Entry{Index: 4, Commit: hlc.Timestamp{Wall: 5}, Op: store.OpCounter, Key: "c", Ctr: &store.PN{P: 2, N: 1},
-		CtrComp: "a/0123456789abcdef0123456789abcdef", Origin: "a", Stream: StreamID{9}}, d))
-	f.Add(c.AppendEntry(nil, &Entry{Index: 5, Commit: hlc.Timestamp{Wall: 5}, Op: store.OpMulti, Oversize: 70 << 20, Origin: "a", Stream: StreamID{9}}, d))
+	d := Defaults{Origin: "a", Stream: entry.StreamID{9}}
+	f.Add(c.AppendEntry(nil, &entry.Entry{Index: 3, Commit: hlc.Timestamp{Wall: 5}, Op: entry.OpSet, Key: "k", Value: []byte("v"), Origin: "a", Stream: entry.StreamID{9}}, d))
+	f.Add(c.AppendEntry(nil, &entry.Entry{Index: 3, Commit: hlc.Timestamp{Wall: 5}, Stamp: hlc.Timestamp{Wall: 4}, Op: entry.OpDelete, Key: "k", Origin: "b", Stream: entry.StreamID{1}}, d))
+	f.Add(c.AppendEntry(nil, &entry.Entry{Index: 4, Commit: hlc.Timestamp{Wall: 5}, Op: entry.OpCounter, Key: "c", Ctr: &entry.PN{P: 2, N: 1},
+		CtrComp: "a/0123456789abcdef0123456789abcdef", Origin: "a", Stream: entry.StreamID{9}}, d))
+	f.Add(c.AppendEntry(nil, &entry.Entry{Index: 5, Commit: hlc.Timestamp{Wall: 5}, Op: entry.OpMulti, Oversize: 70 << 20, Origin: "a", Stream: entry.StreamID{9}}, d))
 	f.Add([]byte{0x80})
 	// nesting where the format has none, and lengths that lie
 	f.Add(append([]byte{0x82, 0xa1, 'i', 0x01, 0xa3, 'o', 'p', 's'}, append(bytes.Repeat([]byte{0x91}, 20000), 0xc0)...))
@@ -454,7 +454,7 @@ func FuzzDecodeEntry(f *testing.F) {
 		dc := NewCodec()
 		e, err := dc.DecodeEntry(b, d)
 		if err != nil {
-			if !errors.Is(err, ErrMalformed) {
+			if !errors.Is(err, entry.ErrMalformed) {
 				t.Fatalf("error outside the malformed class: %v", err)
 			}
 			return
@@ -545,9 +545,9 @@ func TestLyingBinLengthNotAllocated(t *testing.T) {
 	var before, after runtime.MemStats
 	runtime.GC()
 	runtime.ReadMemStats(&before)
-	_, err := NewCodec().DecodeEntry([]byte("\x82\xa1i\x01\xa3val\xc6\x7f\xff\xff\xff\x95"), Defaults{Origin: "a", Stream: StreamID{1}})
+	_, err := NewCodec().DecodeEntry([]byte("\x82\xa1i\x01\xa3val\xc6\x7f\xff\xff\xff\x95"), Defaults{Origin: "a", Stream: entry.StreamID{1}})
 	runtime.ReadMemStats(&after)
-	if !errors.Is(err, ErrMalformed) {
+	if !errors.Is(err, entry.ErrMalformed) {
 		t.Fatalf("a lying bin length: %v", err)
 	}
 	if grew := after.TotalAlloc - before.TotalAlloc; grew > 1<<20 {
@@ -566,7 +566,7 @@ func TestBytesAfterExact(t *testing.T) {
 		for k := 0; k < n; k++ {
 			e := mkEntry(len(sizes))
 			e.Value = bytes.Repeat([]byte{'v'}, valueSize)
-			if err := l.Append([]*Entry{e}); err != nil {
+			if err := l.Append([]*entry.Entry{e}); err != nil {
 				t.Fatal(err)
 			}
 			p, err := l.ReadRaw(e.Index)

@@ -11,7 +11,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"github.com/replicator/replicator/internal/loopback"
 	"io"
 	"net/http"
 	"os"
@@ -24,6 +23,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/replicator/replicator/internal/loopback"
 
 	"github.com/cockroachdb/pebble/v2"
 )

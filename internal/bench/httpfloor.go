@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/replicator/replicator/internal/loopback"
 	"io"
 	"net"
 	"net/http"
@@ -14,6 +13,8 @@ import (
 	"strings"
 	"sync/atomic"
 	"time"
+
+	"github.com/replicator/replicator/internal/loopback"
 )
 
 // ServeHTTPFloor serves what a single PUT costs net/http alone: the node's

@@ -1,0 +1,232 @@
+package entry
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+
+	"github.com/replicator/replicator/hlc"
+)
+
+// StreamID names one outbound WAL. It is random, minted when the WAL is
+// created, so a WAL that is lost and recreated never reuses identities.
+type StreamID [16]byte
+
+// NewStreamID mints a random stream ID.
+func NewStreamID() StreamID {
+	var s StreamID
+	if _, err := rand.Read(s[:]); err != nil {
+		panic("entry: no randomness for a stream id: " + err.Error())
+	}
+	return s
+}
+
+func (s StreamID) String() string { return hex.EncodeToString(s[:]) }
+
+// IsZero reports whether s is the zero ID (no stream).
+func (s StreamID) IsZero() bool { return s == StreamID{} }
+
+// ParseStreamID reads the output of String.
+func ParseStreamID(v string) (StreamID, error) {
+	var s StreamID
+	b, err := hex.DecodeString(v)
+	if err != nil || len(b) != len(s) {
+		return s, fmt.Errorf("entry: stream id %q: want 32 hex digits", v)
+	}
+	copy(s[:], b)
+	return s, nil
+}
+
+// Entry is one replicated mutation. Its WAL identity (Origin, Stream, Index)
+// never changes, whichever cluster forwards it; receivers dedup on it.
+type Entry struct {
+	Index  uint64        // i: position in the origin stream, from 1
+	Origin string        // o: authoring cluster, resolved by infrastructure
+	Stream StreamID      // s: the origin's stream
+	Commit hlc.Timestamp // c: commit HLC, assigned at append; grows with Index
+	Stamp  hlc.Timestamp // t: LWW stamp; equals Commit unless a caller pinned one
+	Op     Op            // op
+	Key    string        // k
+	Value  []byte        // val
+	Idem   *Idem         // idem: the idempotency record this write creates
+	// StampOrigin is the origin of the LWW stamp when it differs from the
+	// entry's origin: only in a re-seed snapshot, which relays every key
+	// with the stamp it holds, whoever wrote it. For a counter entry it is
+	// also the cluster whose totals Ctr carries.
+	StampOrigin string // so
+	End         string // end: exclusive end of a delete_range ("" = the end of the key space)
+	Ctr         *PN    // ctr: [P, N], the resulting totals of the component CtrComp (op counter)
+	// CtrComp names the totals Ctr carries (cc): Component(origin,
+	// stream) for a local increment, any component in a re-seed snapshot.
+	// Empty in entries written before totals were kept per stream: those
+	// carry the totals of CounterCluster.
+	CtrComp string
+	Ops     []BatchOp // ops: the writes of an atomic batch (op multi)
+	// Oversize marks a stub (ovs): the entry was too large for the peer it
+	// was shipped to, so only its identity, op and key travel, with its
+	// encoded size; the receiver sets it aside as a dead letter and the
+	// link moves on.
+	Oversize uint64
+}
+
+// BatchOp is one write of an atomic batch; it takes the batch entry's stamp.
+type BatchOp struct {
+	Op    Op // set or delete
+	Key   string
+	Value []byte
+}
+
+// CounterCluster is the cluster whose totals a legacy counter entry (one
+// without CtrComp) carries.
+func (e *Entry) CounterCluster() string {
+	if e.StampOrigin != "" {
+		return e.StampOrigin
+	}
+	return e.Origin
+}
+
+// CounterComponent is the component whose totals a counter entry carries.
+func (e *Entry) CounterComponent() string {
+	if e.CtrComp != "" {
+		return e.CtrComp
+	}
+	return e.CounterCluster()
+}
+
+// Stub returns the entry as an oversize stub of the given encoded size:
+// identity, op, key and stamps, without the payload.
+func (e *Entry) Stub(size int) Entry {
+	st := Entry{Index: e.Index, Origin: e.Origin, Stream: e.Stream, Commit: e.Commit, Stamp: e.Stamp,
+		Op: e.Op, Oversize: uint64(size)}
+	if len(e.Key) <= 4096 {
+		st.Key = e.Key
+	}
+	return st
+}
+
+// Idem is the idempotency record of a keyed request: what the request was
+// (its fingerprint) and what it was answered. It rides in the entry so every
+// cluster stores it with the write, and a retry sent to any of them replays
+// the answer instead of writing again.
+type Idem struct {
+	Key         string // k: the client's Idempotency-Key
+	Fingerprint []byte // fp: SHA-256 of the request
+	Status      int    // st: the HTTP status answered
+	Body        []byte // b: the answer's body
+	Expires     int64  // x: wall ns after which the record may be collected
+}
+
+// MaxIdemKey bounds an idempotency key.
+const MaxIdemKey = 256
+
+// LWW returns the entry's last-writer-wins stamp.
+func (e *Entry) LWW() Stamp {
+	ts := e.Stamp
+	if ts.IsZero() {
+		ts = e.Commit
+	}
+	o := e.Origin
+	if e.StampOrigin != "" {
+		o = e.StampOrigin
+	}
+	return Stamp{HLC: ts, Origin: o}
+}
+
+// ErrMalformed is the class of errors for entry bytes that do not decode to a
+// valid entry. Input from a peer that fails this way is refused with a 4xx;
+// bytes from the local WAL that fail this way are corruption.
+var ErrMalformed = errors.New("entry: malformed")
+
+// CheckComponent validates a counter component name: a cluster ID,
+// optionally followed by "/" and a stream ID in hex.
+func CheckComponent(c string) error {
+	cluster, stream, withStream := strings.Cut(c, "/")
+	if cluster == "" || len(cluster) > 63 || len(c) > MaxComponentLen {
+		return fmt.Errorf("counter component %q", c)
+	}
+	for i := 0; i < len(cluster); i++ {
+		ch := cluster[i]
+		if !(ch >= 'a' && ch <= 'z' || ch >= '0' && ch <= '9' || ch == '-') {
+			return fmt.Errorf("counter component %q", c)
+		}
+	}
+	if withStream {
+		id, epoch, withEpoch := strings.Cut(stream, ".")
+		if _, err := ParseStreamID(id); err != nil {
+			return fmt.Errorf("counter component %q: %v", c, err)
+		}
+		if withEpoch {
+			if n, err := strconv.ParseUint(epoch, 10, 32); err != nil || n == 0 || strconv.FormatUint(n, 10) != epoch {
+				return fmt.Errorf("counter component %q: epoch %q", c, epoch)
+			}
+		}
+	}
+	return nil
+}
+
+// Validate checks what every entry must satisfy, wherever it came from.
+func (e *Entry) Validate() error {
+	switch {
+	case e.Index == 0:
+		return fmt.Errorf("%w: index 0", ErrMalformed)
+	case e.Origin == "" || len(e.Origin) > 63:
+		return fmt.Errorf("%w: origin %q", ErrMalformed, e.Origin)
+	case e.Stream.IsZero():
+		return fmt.Errorf("%w: zero stream", ErrMalformed)
+	case e.Commit.IsZero():
+		return fmt.Errorf("%w: entry %d has no commit hlc", ErrMalformed, e.Index)
+	}
+	bad := func(why string) error { return fmt.Errorf("%w: entry %d: %s: %s", ErrMalformed, e.Index, e.Op, why) }
+	if e.CtrComp != "" && e.Op != OpCounter {
+		return bad("a counter component")
+	}
+	if e.Oversize > 0 {
+		// A stub carries no payload; it is never applied, only set aside.
+		if e.Op < OpSet || e.Op > OpMulti {
+			return fmt.Errorf("%w: entry %d: unknown op %d", ErrMalformed, e.Index, e.Op)
+		}
+		if len(e.Value) > 0 || e.End != "" || e.Ctr != nil || len(e.Ops) > 0 || e.Idem != nil {
+			return bad("a stub with a payload")
+		}
+		return nil
+	}
+	switch e.Op {
+	case OpSet, OpDelete:
+		if e.Key == "" {
+			return bad("empty key")
+		}
+		if e.Op == OpDelete && len(e.Value) > 0 {
+			return bad("a value")
+		}
+		if e.End != "" || e.Ctr != nil || len(e.Ops) > 0 {
+			return bad("fields of another op")
+		}
+	case OpDeleteRange:
+		if e.End != "" && e.End <= e.Key {
+			return bad(fmt.Sprintf("empty range [%q, %q)", e.Key, e.End))
+		}
+		if len(e.Value) > 0 || e.Ctr != nil || len(e.Ops) > 0 {
+			return bad("fields of another op")
+		}
+	case OpCounter:
+		if e.Key == "" || e.Ctr == nil {
+			return bad("needs a key and totals")
+		}
+		if len(e.Value) > 0 || e.End != "" || len(e.Ops) > 0 {
+			return bad("fields of another op")
+		}
+	case OpMulti:
+		if len(e.Ops) == 0 {
+			return bad("no ops")
+		}
+		if e.Key != "" || len(e.Value) > 0 || e.End != "" || e.Ctr != nil {
+			return bad("fields of another op")
+		}
+	default:
+		return fmt.Errorf("%w: entry %d: unknown op %d", ErrMalformed, e.Index, e.Op)
+	}
+	return nil
+}

@@ -1,0 +1,30 @@
+package entry
+
+import "github.com/replicator/replicator/hlc"
+
+// HWM is what this node applied of one origin stream: every index at or
+// below Index is applied, and Commit is the commit HLC of that entry (the
+// stream's applied commit frontier). Merged counts the entries that went
+// through a merge; it commits with them, so it survives crashes exactly and
+// exceeds the number of distinct indexes only if an entry was applied twice.
+type HWM struct {
+	Origin string
+	Stream [16]byte
+	Index  uint64
+	Commit hlc.Timestamp
+	Merged uint64
+	// DeadLettered counts the entries set aside instead.
+	DeadLettered uint64
+	// Seeded counts the entries a re-seed covered instead: its snapshot
+	// carried their effect and its trailer raised Index past them.
+	// Merged + DeadLettered + Seeded = Index for a stream that began at 1,
+	// unless an entry was applied twice.
+	Seeded uint64
+}
+
+// Cursor is a shipper's position for one peer: the peer acknowledged every
+// entry of Stream up to Index.
+type Cursor struct {
+	Stream [16]byte
+	Index  uint64
+}

@@ -1,0 +1,53 @@
+package store
+
+import (
+	"fmt"
+
+	"github.com/replicator/replicator/entry"
+)
+
+// ApplyEntry merges an entry into the batch: its write last-writer-wins, and
+// the idempotency record it carries, if any. Every path that applies entries
+// (the local committer, recovery from the WAL, the acceptor) goes through it,
+// so an entry means the same wherever it lands.
+func (b *Batch) ApplyEntry(e *entry.Entry) (entry.Outcome, error) {
+	var out entry.Outcome
+	var err error
+	if e.Oversize > 0 {
+		return 0, fmt.Errorf("%w: entry %d is an oversize stub of %d bytes: its payload never arrived", entry.ErrMalformed, e.Index, e.Oversize)
+	}
+	switch e.Op {
+	case entry.OpSet, entry.OpDelete:
+		out, err = b.Merge(Write{Key: e.Key, Value: e.Value, Tombstone: e.Op == entry.OpDelete, Stamp: e.LWW()})
+	case entry.OpDeleteRange:
+		out, _, err = b.MergeRange(RangeTombstone{Start: e.Key, End: e.End, Stamp: e.LWW()})
+	case entry.OpCounter:
+		out, err = b.MergeCounter(e.Key, e.CounterComponent(), *e.Ctr, e.LWW())
+	case entry.OpMulti:
+		// One stamp for every write; the caller commits them in one batch,
+		// so a reader sees all of them or none.
+		out = entry.Duplicate
+		for _, op := range e.Ops {
+			o, err := b.Merge(Write{Key: op.Key, Value: op.Value, Tombstone: op.Op == entry.OpDelete, Stamp: e.LWW()})
+			if err != nil {
+				return 0, err
+			}
+			if o == entry.Applied || (o == entry.Stale && out == entry.Duplicate) {
+				out = o
+			}
+		}
+	default:
+		return 0, fmt.Errorf("%w: entry %d: unknown op %d", entry.ErrMalformed, e.Index, e.Op)
+	}
+	if err != nil {
+		return 0, err
+	}
+	if e.Idem != nil {
+		rec := IdemRecord{Key: e.Idem.Key, Fingerprint: e.Idem.Fingerprint, Status: e.Idem.Status,
+			Body: e.Idem.Body, Stamp: e.LWW(), Expires: e.Idem.Expires}
+		if _, err := b.MergeIdem(&rec); err != nil {
+			return 0, err
+		}
+	}
+	return out, nil
+}
