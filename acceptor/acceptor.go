@@ -27,7 +27,7 @@ import (
 	"github.com/replicator/replicator/internal/httpjson"
 	"github.com/replicator/replicator/machine"
 	"github.com/replicator/replicator/store"
-	"github.com/replicator/replicator/transport"
+	"github.com/replicator/replicator/wire"
 )
 
 // Store is what the acceptor needs of the tree.
@@ -281,12 +281,12 @@ func (a *Acceptor) Peers() []string {
 }
 
 // Limits are what this acceptor takes, as acks tell senders.
-func (a *Acceptor) Limits() transport.Limits {
+func (a *Acceptor) Limits() wire.Limits {
 	// Two batches of a sender on the wire need two of its permits and two
 	// of its body slots; a batch that arrives before the one it follows
 	// waits for it (awaitSender) instead of being refused as a gap.
 	pipe := min(max(1, a.opts.Permits/2), max(1, a.opts.MaxBodies/4), 2)
-	return transport.Limits{MaxBody: a.opts.MaxBodyBytes, MaxKey: a.opts.MaxKeyBytes, MaxValue: a.opts.MaxValueBytes, Pipeline: pipe}
+	return wire.Limits{MaxBody: a.opts.MaxBodyBytes, MaxKey: a.opts.MaxKeyBytes, MaxValue: a.opts.MaxValueBytes, Pipeline: pipe}
 }
 
 // SetPeer allows (or updates) a peer cluster and its secret: peers found by
@@ -321,9 +321,9 @@ func (a *Acceptor) countsLocked(origin string) *Counts {
 // authenticate resolves the sender's cluster from its credentials, never
 // from the body.
 func (a *Acceptor) authenticate(r *http.Request) (string, error) {
-	sender := r.Header.Get(transport.HeaderOrigin)
+	sender := r.Header.Get(wire.HeaderOrigin)
 	if sender == "" {
-		return "", fmt.Errorf("%w: no %s header", ErrUnauthenticated, transport.HeaderOrigin)
+		return "", fmt.Errorf("%w: no %s header", ErrUnauthenticated, wire.HeaderOrigin)
 	}
 	a.mu.Lock()
 	secret, known := a.mu.secrets[sender]
@@ -362,7 +362,7 @@ func (a *Acceptor) authenticate(r *http.Request) (string, error) {
 // take a replay permit to apply. A slow body holds a body slot, never a
 // permit, and no peer holds more than its share of either.
 func (a *Acceptor) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	if r.URL.Path == transport.PathProve {
+	if r.URL.Path == wire.PathProve {
 		a.ServeProve(w, r)
 		return
 	}
@@ -377,10 +377,10 @@ func (a *Acceptor) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		a.refuseUnread(w, "", err)
 		return
 	}
-	if nonce := r.Header.Get(transport.HeaderNonce); nonce != "" {
+	if nonce := r.Header.Get(wire.HeaderNonce); nonce != "" {
 		// Every answer to an authenticated post says it came from a
 		// holder of the secret (transport/proof.go).
-		if secret := a.secretOf(sender); secret != "" && transport.ValidNonce(nonce) {
+		if secret := a.secretOf(sender); secret != "" && wire.ValidNonce(nonce) {
 			mw := &macWriter{ResponseWriter: w, secret: secret, nonce: nonce}
 			defer mw.finish()
 			w = mw
@@ -394,8 +394,8 @@ func (a *Acceptor) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	left := a.arrive(sender)
 	defer left()
-	if ct := r.Header.Get("Content-Type"); ct != "" && ct != transport.ContentType {
-		a.refuseUnread(w, sender, fmt.Errorf("%w: content type %q, want %s", ErrBadBatch, ct, transport.ContentType))
+	if ct := r.Header.Get("Content-Type"); ct != "" && ct != wire.ContentType {
+		a.refuseUnread(w, sender, fmt.Errorf("%w: content type %q, want %s", ErrBadBatch, ct, wire.ContentType))
 		return
 	}
 	if r.ContentLength > a.opts.MaxBodyBytes {
@@ -419,14 +419,14 @@ func (a *Acceptor) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		a.refuseUnread(w, sender, err)
 		return
 	}
-	b, err := transport.DecodeBatch(body)
+	b, err := wire.DecodeBatch(body)
 	if err != nil {
 		a.refuse(w, sender, fmt.Errorf("%w: %w", ErrBadBatch, err))
 		return
 	}
 	if a.opts.Now != nil {
 		b.ReceivedAt = a.opts.Now()
-		b.SentAt, _ = strconv.ParseInt(r.Header.Get(transport.HeaderSent), 10, 64)
+		b.SentAt, _ = strconv.ParseInt(r.Header.Get(wire.HeaderSent), 10, 64)
 	}
 	done, err := a.acquire(r, sender)
 	if err != nil {
@@ -650,7 +650,7 @@ func (a *Acceptor) refuse(w http.ResponseWriter, sender string, err error) {
 		a.refusals.offset.Add(1)
 	case errors.Is(err, ErrBadBatch):
 		status, e.Code = http.StatusBadRequest, "bad_batch"
-		if errors.Is(err, transport.ErrVersion) {
+		if errors.Is(err, wire.ErrVersion) {
 			e.Code = "unsupported_version"
 		}
 		a.refusals.bad.Add(1)
@@ -738,7 +738,7 @@ func (a *Acceptor) pressure(st PermitStats) string {
 // hints fills the ack's flow hints from the permits' pressure: throttled
 // halves the sender's batches and pauses it briefly; saturated asks for
 // batches of one and a longer pause.
-func (a *Acceptor) hints(ack *transport.Ack, batchLen int) {
+func (a *Acceptor) hints(ack *wire.Ack, batchLen int) {
 	switch a.pressure(PermitStats{Capacity: a.opts.Permits, InUse: len(a.permits) - 1, Queued: int(a.queued.Load()), QueueCap: a.opts.PermitQueue}) {
 	case "saturated":
 		ack.SuggestedBatch, ack.PauseMS = 1, 200
@@ -750,9 +750,9 @@ func (a *Acceptor) hints(ack *transport.Ack, batchLen int) {
 // Apply runs the acceptor's steps on a decoded batch from an authenticated
 // sender. Nothing is applied unless everything is: a refusal leaves the store
 // as it was.
-func (a *Acceptor) Apply(sender string, b *transport.Batch) (transport.Ack, error) {
+func (a *Acceptor) Apply(sender string, b *wire.Batch) (wire.Ack, error) {
 	lim := a.Limits()
-	ack := transport.Ack{Accepted: len(b.Entries), Now: a.opts.Now(), Limits: &lim, Version: a.opts.Version}
+	ack := wire.Ack{Accepted: len(b.Entries), Now: a.opts.Now(), Limits: &lim, Version: a.opts.Version}
 	a.hints(&ack, len(b.Entries))
 	if b.Sender != sender {
 		return ack, fmt.Errorf("%w: batch declares sender %q, credentials are for %q", ErrForbidden, b.Sender, sender)
@@ -920,7 +920,7 @@ func (a *Acceptor) Apply(sender string, b *transport.Batch) (transport.Ack, erro
 // whether this node holds other streams of the sender's cluster (a sender
 // that starts empty learns it lost its data), and it records a request for
 // a re-seed.
-func (a *Acceptor) heartbeat(sender string, b *transport.Batch, ack transport.Ack, dropped int) (transport.Ack, error) {
+func (a *Acceptor) heartbeat(sender string, b *wire.Batch, ack wire.Ack, dropped int) (wire.Ack, error) {
 	batch := a.store.NewBatch()
 	defer batch.Close()
 	hwm, err := batch.HWM(sender, b.Stream)
@@ -941,9 +941,9 @@ func (a *Acceptor) heartbeat(sender string, b *transport.Batch, ack transport.Ac
 	// ended, or rolled back by a restore of either side, goes).
 	want := byte(0)
 	switch b.Rejoining {
-	case transport.RejoinRequesting:
+	case wire.RejoinRequesting:
 		want = store.ReseedRequested | store.AwaitRejoin
-	case transport.RejoinSeeding:
+	case wire.RejoinSeeding:
 		want = store.AwaitRejoin
 	}
 	flags, err := a.log.UpdateRecord(sender, machine.RecordReseed, func(byte) byte { return want })

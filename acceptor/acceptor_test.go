@@ -17,7 +17,7 @@ import (
 	"github.com/replicator/replicator/hlc"
 	"github.com/replicator/replicator/machine"
 	"github.com/replicator/replicator/store"
-	"github.com/replicator/replicator/transport"
+	"github.com/replicator/replicator/wire"
 )
 
 var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
@@ -76,7 +76,7 @@ func (f *fixture) entry(i uint64, key, value string) entry.Entry {
 func (f *fixture) post(body []byte, hdr ...string) (int, map[string]any) {
 	f.t.Helper()
 	req, _ := http.NewRequest("POST", f.srv.URL+"/v1/replicate", bytes.NewReader(body))
-	req.Header.Set("Content-Type", transport.ContentType)
+	req.Header.Set("Content-Type", wire.ContentType)
 	for i := 0; i+1 < len(hdr); i += 2 {
 		if hdr[i+1] == "" {
 			req.Header.Del(hdr[i])
@@ -98,7 +98,7 @@ func (f *fixture) post(body []byte, hdr ...string) (int, map[string]any) {
 }
 
 func (f *fixture) postBatch(entries ...entry.Entry) (int, map[string]any) {
-	body := transport.EncodeBatch(&transport.Batch{Header: transport.Header{Sender: "b", Stream: streamB}, Entries: entries})
+	body := wire.EncodeBatch(&wire.Batch{Header: wire.Header{Sender: "b", Stream: streamB}, Entries: entries})
 	return f.post(body, "X-Replicator-Origin", "b", "Authorization", "Bearer secret-b")
 }
 
@@ -190,7 +190,7 @@ func TestContentDuplicateAndLWW(t *testing.T) {
 // nothing, and the acceptor still takes a good batch afterwards.
 func TestBadInput(t *testing.T) {
 	f := newFixture(t)
-	good := transport.EncodeBatch(&transport.Batch{Header: transport.Header{Sender: "b", Stream: streamB}, Entries: []entry.Entry{f.entry(1, "k", "v")}})
+	good := wire.EncodeBatch(&wire.Batch{Header: wire.Header{Sender: "b", Stream: streamB}, Entries: []entry.Entry{f.entry(1, "k", "v")}})
 	future := f.entry(1, "k", "v")
 	future.Commit.Wall = f.pc.Now() + int64(time.Second)
 	future.Stamp = future.Commit
@@ -198,7 +198,7 @@ func TestBadInput(t *testing.T) {
 	spoofed.Origin = "c"
 	ownOrigin := f.entry(1, "k", "v")
 	ownOrigin.Origin = "a"
-	batchC := transport.EncodeBatch(&transport.Batch{Header: transport.Header{Sender: "c", Stream: streamB}, Entries: []entry.Entry{f.entry(1, "k", "v")}})
+	batchC := wire.EncodeBatch(&wire.Batch{Header: wire.Header{Sender: "c", Stream: streamB}, Entries: []entry.Entry{f.entry(1, "k", "v")}})
 	v2 := bytes.Replace(good, []byte{0xa1, 'v', 0x01}, []byte{0xa1, 'v', 0x02}, 1)
 	auth := []string{"X-Replicator-Origin", "b", "Authorization", "Bearer secret-b"}
 	tests := []struct {
@@ -214,13 +214,13 @@ func TestBadInput(t *testing.T) {
 		{"unknown sender", good, []string{"X-Replicator-Origin", "z", "Authorization", "Bearer secret-b"}, 401, "unauthenticated"},
 		{"b's secret claiming c", good, []string{"X-Replicator-Origin", "c", "Authorization", "Bearer secret-b"}, 401, "unauthenticated"},
 		{"body claims another sender", batchC, auth, 403, "forbidden"},
-		{"entry of another origin", transport.EncodeBatch(&transport.Batch{Header: transport.Header{Sender: "b", Stream: streamB}, Entries: []entry.Entry{spoofed}}), auth, 403, "forbidden"},
+		{"entry of another origin", wire.EncodeBatch(&wire.Batch{Header: wire.Header{Sender: "b", Stream: streamB}, Entries: []entry.Entry{spoofed}}), auth, 403, "forbidden"},
 		{"malformed msgpack", []byte{0xc1, 0x00, 0xff}, auth, 400, "bad_batch"},
 		{"empty body", []byte{}, auth, 400, "bad_batch"},
 		{"truncated batch", good[:len(good)-3], auth, 400, "bad_batch"},
 		{"unknown version", v2, auth, 400, "unsupported_version"},
 		{"oversize", bytes.Repeat([]byte{0}, 65<<10), auth, 413, "too_large"},
-		{"far-future stamp", transport.EncodeBatch(&transport.Batch{Header: transport.Header{Sender: "b", Stream: streamB}, Entries: []entry.Entry{future}}), auth, 400, "clock_offset"},
+		{"far-future stamp", wire.EncodeBatch(&wire.Batch{Header: wire.Header{Sender: "b", Stream: streamB}, Entries: []entry.Entry{future}}), auth, 400, "clock_offset"},
 	}
 	before := f.digest()
 	for _, tc := range tests {
@@ -272,11 +272,11 @@ func TestClockObservedFromBatch(t *testing.T) {
 }
 
 func FuzzApply(f *testing.F) {
-	f.Add(transport.EncodeBatch(&transport.Batch{Header: transport.Header{Sender: "b", Stream: streamB}, Entries: []entry.Entry{
+	f.Add(wire.EncodeBatch(&wire.Batch{Header: wire.Header{Sender: "b", Stream: streamB}, Entries: []entry.Entry{
 		{Index: 1, Origin: "b", Stream: streamB, Commit: hlc.Timestamp{Wall: 5}, Op: entry.OpSet, Key: "k", Value: []byte("v")}}}))
 	f.Add([]byte{0x80})
 	f.Fuzz(func(t *testing.T, body []byte) {
-		b, err := transport.DecodeBatch(body)
+		b, err := wire.DecodeBatch(body)
 		if err != nil {
 			return
 		}
@@ -324,7 +324,7 @@ func TestSnapshotTrust(t *testing.T) {
 		for i := range ents {
 			ents[i].Stream = stream
 		}
-		body := transport.EncodeBatch(&transport.Batch{Header: transport.Header{Sender: "b", Stream: stream, Snapshot: true}, Entries: ents})
+		body := wire.EncodeBatch(&wire.Batch{Header: wire.Header{Sender: "b", Stream: stream, Snapshot: true}, Entries: ents})
 		return f.post(body, "X-Replicator-Origin", "b", "Authorization", "Bearer secret-b")
 	}
 	if st, out := post(snap, ent(1, "from-b", "b"), ent(2, "from-c", "c"), ent(3, "mine", "a"), ent(4, "from-z", "z")); st != 200 {
@@ -363,9 +363,9 @@ func TestTrailerMarks(t *testing.T) {
 	snap := entry.StreamID{0x5}
 	ts := hlc.Timestamp{Wall: f.pc.Now() - int64(time.Minute)}
 	sc, sa, sz := entry.StreamID{0xc}, entry.StreamID{0xa}, entry.StreamID{0xf}
-	body := transport.EncodeBatch(&transport.Batch{Header: transport.Header{Sender: "b", Stream: snap, Snapshot: true,
-		End: &transport.SnapshotEnd{Stream: streamB, Index: 3, Commit: ts},
-		Marks: []transport.Mark{
+	body := wire.EncodeBatch(&wire.Batch{Header: wire.Header{Sender: "b", Stream: snap, Snapshot: true,
+		End: &wire.SnapshotEnd{Stream: streamB, Index: 3, Commit: ts},
+		Marks: []wire.Mark{
 			{Origin: "c", Stream: sc, Index: 40, Commit: ts},
 			{Origin: "a", Stream: sa, Index: 9, Commit: ts},
 			{Origin: "zz", Stream: sz, Index: 9, Commit: ts},
@@ -411,10 +411,10 @@ func TestLagStages(t *testing.T) {
 	e := f.entry(1, "k1", "v")
 	now := e.Commit.Wall + int64(10*time.Millisecond)
 	f.pc.Set(now)
-	body := transport.EncodeBatch(&transport.Batch{Header: transport.Header{Sender: "b", Stream: streamB}, Entries: []entry.Entry{e}})
+	body := wire.EncodeBatch(&wire.Batch{Header: wire.Header{Sender: "b", Stream: streamB}, Entries: []entry.Entry{e}})
 	sent := e.Commit.Wall + int64(3*time.Millisecond)
 	if st, out := f.post(body, "X-Replicator-Origin", "b", "Authorization", "Bearer secret-b",
-		transport.HeaderSent, fmt.Sprint(sent)); st != 200 {
+		wire.HeaderSent, fmt.Sprint(sent)); st != 200 {
 		t.Fatalf("%d %v", st, out)
 	}
 	want := Lag{Total: 10 * time.Millisecond, Ship: 3 * time.Millisecond, Wire: 7 * time.Millisecond, Apply: 0, Staged: true}
@@ -425,8 +425,8 @@ func TestLagStages(t *testing.T) {
 		got = nil
 		e := f.entry(uint64(2+i), "k", "v")
 		f.pc.Set(e.Commit.Wall + int64(4*time.Millisecond))
-		body := transport.EncodeBatch(&transport.Batch{Header: transport.Header{Sender: "b", Stream: streamB}, Entries: []entry.Entry{e}})
-		if st, out := f.post(body, "X-Replicator-Origin", "b", "Authorization", "Bearer secret-b", transport.HeaderSent, hdr); st != 200 {
+		body := wire.EncodeBatch(&wire.Batch{Header: wire.Header{Sender: "b", Stream: streamB}, Entries: []entry.Entry{e}})
+		if st, out := f.post(body, "X-Replicator-Origin", "b", "Authorization", "Bearer secret-b", wire.HeaderSent, hdr); st != 200 {
 			t.Fatalf("%d %v", st, out)
 		}
 		if len(got) != 1 || got[0] != (Lag{Total: 4 * time.Millisecond}) {
@@ -474,14 +474,14 @@ func TestLaterBatchWaitsForEarlier(t *testing.T) {
 	for i := uint64(11); i <= 20; i++ {
 		second = append(second, f.entry(i, fmt.Sprint("k", i%4), fmt.Sprint("v", i)))
 	}
-	b1 := transport.EncodeBatch(&transport.Batch{Header: transport.Header{Sender: "b", Stream: streamB}, Entries: first})
+	b1 := wire.EncodeBatch(&wire.Batch{Header: wire.Header{Sender: "b", Stream: streamB}, Entries: first})
 	body := &slowBody{first: b1[:len(b1)/2], rest: b1[len(b1)/2:], release: make(chan struct{}), sentFirst: make(chan struct{})}
 	var releaseOnce sync.Once
 	release := func() { releaseOnce.Do(func() { close(body.release) }) }
 	defer release() // a failing test must not leave the first request hanging
 	req, _ := http.NewRequest("POST", f.srv.URL+"/v1/replicate", body)
 	req.ContentLength = int64(len(b1))
-	req.Header.Set("Content-Type", transport.ContentType)
+	req.Header.Set("Content-Type", wire.ContentType)
 	req.Header.Set("X-Replicator-Origin", "b")
 	req.Header.Set("Authorization", "Bearer secret-b")
 	firstDone := make(chan int, 1)
@@ -571,10 +571,10 @@ func TestGapWaitersDoNotHoldEachOther(t *testing.T) {
 		for i := first; i < first+10; i++ {
 			ents = append(ents, f.entry(i, fmt.Sprint("k", i), "v"))
 		}
-		body := transport.EncodeBatch(&transport.Batch{Header: transport.Header{Sender: "b", Stream: streamB}, Entries: ents})
+		body := wire.EncodeBatch(&wire.Batch{Header: wire.Header{Sender: "b", Stream: streamB}, Entries: ents})
 		go func() {
 			req, _ := http.NewRequest("POST", srv.URL+"/v1/replicate", bytes.NewReader(body))
-			req.Header.Set("Content-Type", transport.ContentType)
+			req.Header.Set("Content-Type", wire.ContentType)
 			req.Header.Set("X-Replicator-Origin", "b")
 			req.Header.Set("Authorization", "Bearer secret-b")
 			resp, err := client.Do(req)

@@ -6,7 +6,7 @@ import (
 	"net/http"
 
 	"github.com/replicator/replicator/internal/httpjson"
-	"github.com/replicator/replicator/transport"
+	"github.com/replicator/replicator/wire"
 )
 
 // Proofs (issue 25, transport/proof.go): the node proves to a shipper that
@@ -21,7 +21,7 @@ func (a *Acceptor) secretOf(sender string) string {
 	return a.mu.secrets[sender]
 }
 
-// ServeProve answers a shipper's proof request (transport.PathProve): the
+// ServeProve answers a shipper's proof request (wire.PathProve): the
 // MAC of its nonce under the secret shared with the cluster it names, so
 // that it sends its secret and its batches only to a node that holds the
 // secret too. A cluster with no secret here (unknown, or authenticated by
@@ -33,10 +33,10 @@ func (a *Acceptor) ServeProve(w http.ResponseWriter, r *http.Request) {
 		httpjson.WriteError(w, http.StatusMethodNotAllowed, httpjson.Error{Code: "method_not_allowed", Message: "POST a nonce"})
 		return
 	}
-	sender, nonce := r.Header.Get(transport.HeaderOrigin), r.Header.Get(transport.HeaderNonce)
-	if !transport.ValidNonce(nonce) {
+	sender, nonce := r.Header.Get(wire.HeaderOrigin), r.Header.Get(wire.HeaderNonce)
+	if !wire.ValidNonce(nonce) {
 		httpjson.WriteError(w, http.StatusBadRequest, httpjson.Error{Code: "bad_request",
-			Message: fmt.Sprintf("%s must be 64 hex digits", transport.HeaderNonce)})
+			Message: fmt.Sprintf("%s must be 64 hex digits", wire.HeaderNonce)})
 		return
 	}
 	secret := a.secretOf(sender)
@@ -46,11 +46,11 @@ func (a *Acceptor) ServeProve(w http.ResponseWriter, r *http.Request) {
 			Message: fmt.Sprintf("no secret is shared with %q here", sender)})
 		return
 	}
-	httpjson.Write(w, http.StatusOK, transport.Proof{Cluster: a.opts.Local, Proof: transport.ProofMAC(secret, sender, a.opts.Local, nonce)})
+	httpjson.Write(w, http.StatusOK, wire.Proof{Cluster: a.opts.Local, Proof: wire.ProofMAC(secret, sender, a.opts.Local, nonce)})
 }
 
 // macWriter holds an answer until it is whole, then sends it with its MAC
-// (transport.AnswerMAC). Answers to posts are small (an ack, an error).
+// (wire.AnswerMAC). Answers to posts are small (an ack, an error).
 type macWriter struct {
 	http.ResponseWriter
 	secret, nonce string
@@ -75,7 +75,7 @@ func (m *macWriter) finish() {
 	if m.status == 0 {
 		m.status = http.StatusOK
 	}
-	m.ResponseWriter.Header().Set(transport.HeaderMAC, transport.AnswerMAC(m.secret, m.nonce, m.status, m.body.Bytes()))
+	m.ResponseWriter.Header().Set(wire.HeaderMAC, wire.AnswerMAC(m.secret, m.nonce, m.status, m.body.Bytes()))
 	m.ResponseWriter.WriteHeader(m.status)
 	m.ResponseWriter.Write(m.body.Bytes())
 }

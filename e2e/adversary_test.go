@@ -18,7 +18,7 @@ import (
 	"github.com/replicator/replicator/entry"
 	"github.com/replicator/replicator/hlc"
 	"github.com/replicator/replicator/node"
-	"github.com/replicator/replicator/transport"
+	"github.com/replicator/replicator/wire"
 )
 
 // TestAdversarialPeer: a peer with a valid credential (cluster m, secret
@@ -48,7 +48,7 @@ func TestAdversarialPeer(t *testing.T) {
 		req.ContentLength = length
 		req.Header.Set("X-Replicator-Origin", "m")
 		req.Header.Set("Authorization", "Bearer secret-m")
-		req.Header.Set("Content-Type", transport.ContentType)
+		req.Header.Set("Content-Type", wire.ContentType)
 		for k, v := range hdr {
 			req.Header.Set(k, v)
 		}
@@ -83,12 +83,12 @@ func TestAdversarialPeer(t *testing.T) {
 	}
 	mStream := entry.StreamID{0x6d}
 	now := func() hlc.Timestamp { return hlc.Timestamp{Wall: time.Now().UnixNano()} }
-	batch := func(h transport.Header, ents ...entry.Entry) []byte {
+	batch := func(h wire.Header, ents ...entry.Entry) []byte {
 		h.Sender = "m"
 		for i := range ents {
 			ents[i].Origin, ents[i].Stream = "m", h.Stream
 		}
-		return transport.EncodeBatch(&transport.Batch{Header: h, Entries: ents})
+		return wire.EncodeBatch(&wire.Batch{Header: h, Entries: ents})
 	}
 	// one genuine batch of m's, replayed for ever
 	var genuine []entry.Entry
@@ -96,7 +96,7 @@ func TestAdversarialPeer(t *testing.T) {
 		ts := now()
 		genuine = append(genuine, entry.Entry{Index: uint64(i), Commit: ts, Stamp: ts, Op: entry.OpSet, Key: fmt.Sprintf("m/%d", i), Value: []byte("m")})
 	}
-	replay := batch(transport.Header{Stream: mStream}, genuine...)
+	replay := batch(wire.Header{Stream: mStream}, genuine...)
 	nested := func() []byte {
 		var buf bytes.Buffer
 		enc := msgpack.NewEncoder(&buf)
@@ -112,7 +112,7 @@ func TestAdversarialPeer(t *testing.T) {
 		enc.EncodeBytes(mStream[:])
 		return buf.Bytes()
 	}()
-	lying := append(transport.AppendBatchHeader(nil, "m", mStream, 1), 0x81, 0xa1, 'k', 0xdb, 0x7f, 0xff, 0xff, 0xff, 'x')
+	lying := append(wire.AppendBatchHeader(nil, "m", mStream, 1), 0x81, 0xa1, 'k', 0xdb, 0x7f, 0xff, 0xff, 0xff, 'x')
 	big := make([]byte, 20<<20)
 	loop("nested", func() { post("nested", bytes.NewReader(nested), int64(len(nested)), nil, 400, 429) })
 	loop("oversized", func() { post("oversized", bytes.NewReader(big), int64(len(big)), nil, 413, 429) })
@@ -124,8 +124,8 @@ func TestAdversarialPeer(t *testing.T) {
 		// into m's real stream as a snapshot, an entry of a's, a's own
 		// write relayed back unasked, a write of an unknown cluster
 		for _, body := range [][]byte{
-			batch(transport.Header{Stream: mStream, Snapshot: true}, entry.Entry{Index: 11, Commit: ts, Stamp: ts, Op: entry.OpSet, Key: "x", Value: []byte("x")}),
-			transport.EncodeBatch(&transport.Batch{Header: transport.Header{Sender: "m", Stream: mStream}, Entries: []entry.Entry{
+			batch(wire.Header{Stream: mStream, Snapshot: true}, entry.Entry{Index: 11, Commit: ts, Stamp: ts, Op: entry.OpSet, Key: "x", Value: []byte("x")}),
+			wire.EncodeBatch(&wire.Batch{Header: wire.Header{Sender: "m", Stream: mStream}, Entries: []entry.Entry{
 				{Index: 11, Origin: "a", Stream: mStream, Commit: ts, Stamp: ts, Op: entry.OpSet, Key: "x", Value: []byte("x")}}}),
 		} {
 			// refused (403), or not taken: a gap before m's stream began
@@ -133,7 +133,7 @@ func TestAdversarialPeer(t *testing.T) {
 			post("injected", bytes.NewReader(body), int64(len(body)), nil, 403, 409, 200, 429)
 		}
 		snap := entry.StreamID{0x73, byte(time.Now().UnixNano())}
-		body := batch(transport.Header{Stream: snap, Snapshot: true},
+		body := batch(wire.Header{Stream: snap, Snapshot: true},
 			entry.Entry{Index: 1, Commit: ts, Stamp: ts, StampOrigin: "a", Op: entry.OpSet, Key: "a/forged", Value: []byte("x")},
 			entry.Entry{Index: 2, Commit: ts, Stamp: ts, StampOrigin: "zz", Op: entry.OpSet, Key: "zz/forged", Value: []byte("x")})
 		post("injected", bytes.NewReader(body), int64(len(body)), nil, 200, 429, 403)

@@ -25,7 +25,7 @@ import (
 	"github.com/replicator/replicator/entry"
 	"github.com/replicator/replicator/hlc"
 	"github.com/replicator/replicator/node"
-	"github.com/replicator/replicator/transport"
+	"github.com/replicator/replicator/wire"
 )
 
 // pki is a throwaway CA and the certificates it signs, written as PEM files.
@@ -163,12 +163,12 @@ func TestMutualTLSLinks(t *testing.T) {
 		e := entry.Entry{Index: 1, Origin: origin, Stream: entry.StreamID{7}, Commit: hlc.Timestamp{Wall: time.Now().UnixNano()},
 			Op: entry.OpSet, Key: "spoofed", Value: []byte("evil")}
 		e.Stamp = e.Commit
-		return transport.EncodeBatch(&transport.Batch{Header: transport.Header{Sender: sender, Stream: entry.StreamID{7}}, Entries: []entry.Entry{e}})
+		return wire.EncodeBatch(&wire.Batch{Header: wire.Header{Sender: sender, Stream: entry.StreamID{7}}, Entries: []entry.Entry{e}})
 	}
 	post := func(c *http.Client, header string, body []byte) (int, error) {
 		req, _ := http.NewRequest("POST", peerURL["a"]+"/v1/replicate", bytes.NewReader(body))
-		req.Header.Set("Content-Type", transport.ContentType)
-		req.Header.Set(transport.HeaderOrigin, header)
+		req.Header.Set("Content-Type", wire.ContentType)
+		req.Header.Set(wire.HeaderOrigin, header)
 		resp, err := c.Do(req)
 		if err != nil {
 			return 0, err
@@ -217,7 +217,7 @@ func TestMutualTLSLinks(t *testing.T) {
 		t.Fatalf("keys %d -> %d: a refused batch applied something", before.Keys, after.Keys)
 	}
 	// The API listener does not serve the peer endpoint.
-	resp, err := withCert(bCert).Post(a.url+"/v1/replicate", transport.ContentType, bytes.NewReader(batch("b", "b")))
+	resp, err := withCert(bCert).Post(a.url+"/v1/replicate", wire.ContentType, bytes.NewReader(batch("b", "b")))
 	if err != nil || resp.StatusCode != 404 {
 		t.Fatalf("peer endpoint on the API listener: %v %v", resp, err)
 	}

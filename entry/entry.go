@@ -230,3 +230,22 @@ func (e *Entry) Validate() error {
 	}
 	return nil
 }
+
+// ClusterIDPattern is the syntax of a cluster ID: lower-case letters, digits
+// and '-', 1 to 63 characters, not starting with '-' (a DNS label, so it fits
+// hostnames, metric labels and file names alike).
+const ClusterIDPattern = `^[a-z0-9][a-z0-9-]{0,62}$`
+
+// ValidClusterID reports whether id matches ClusterIDPattern. Every origin
+// and sender that arrives on the wire passes it before anything is applied.
+func ValidClusterID(id string) bool {
+	if id == "" || len(id) > 63 || id[0] == '-' {
+		return false
+	}
+	for i := 0; i < len(id); i++ {
+		if c := id[i]; !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '-') {
+			return false
+		}
+	}
+	return true
+}

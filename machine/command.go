@@ -11,8 +11,7 @@ import (
 
 	"github.com/replicator/replicator/entry"
 	"github.com/replicator/replicator/hlc"
-	"github.com/replicator/replicator/transport"
-	"github.com/replicator/replicator/wal"
+	"github.com/replicator/replicator/wire"
 )
 
 // Commands are what the cluster's log carries: every mutation of a
@@ -168,20 +167,20 @@ type Keyed struct {
 // A proposal's entry is encoded with the entry codec, so that it is checked
 // as a WAL entry is; its identity is the machine's to assign, so it is
 // encoded with placeholders the codec accepts (and leaves out).
-var placeholder = wal.Defaults{Origin: "-", Stream: entry.StreamID{0: 1}}
+var placeholder = wire.Defaults{Origin: "-", Stream: entry.StreamID{0: 1}}
 
 // Encoder encodes commands, keeping its buffers between calls; not safe for
 // concurrent use.
 type Encoder struct {
 	buf   bytes.Buffer
 	enc   *msgpack.Encoder
-	codec *wal.Codec
+	codec *wire.Codec
 	ent   []byte
 }
 
 // NewEncoder returns an encoder.
 func NewEncoder() *Encoder {
-	e := &Encoder{codec: wal.NewCodec()}
+	e := &Encoder{codec: wire.NewCodec()}
 	e.enc = msgpack.NewEncoder(&e.buf)
 	return e
 }
@@ -265,7 +264,7 @@ func (e *Encoder) encodeInbound(c *Command) error {
 	}
 	raw := c.RawBatch
 	if raw == nil {
-		raw = transport.EncodeBatch(in.Batch)
+		raw = wire.EncodeBatch(in.Batch)
 	}
 	enc := e.enc
 	err := errors.Join(enc.EncodeArrayLen(11), enc.EncodeUint(uint64(c.Kind)), enc.EncodeString(in.Sender), enc.EncodeBytes(raw))
@@ -355,7 +354,7 @@ func decodeInto(dec *msgpack.Decoder, c *Command) error {
 		if m < 1 || m > maxGroup {
 			return fmt.Errorf("local group of %d writes", m)
 		}
-		codec := wal.NewCodec()
+		codec := wire.NewCodec()
 		c.Local = make([]Proposal, 0, min(m, 256))
 		for i := 0; i < m; i++ {
 			p, err := decodeProposal(dec, codec)
@@ -412,7 +411,7 @@ func decodeInto(dec *msgpack.Decoder, c *Command) error {
 			return fmt.Errorf("record %q", c.Record)
 		}
 	case KindCollect:
-		hb, err := wal.DecodeBytes(dec)
+		hb, err := wire.DecodeBytes(dec)
 		if err != nil {
 			return err
 		}
@@ -479,11 +478,11 @@ func decodeInbound(dec *msgpack.Decoder, c *Command) error {
 	if in.Sender == "" || len(in.Sender) > 63 {
 		return fmt.Errorf("inbound from %q", in.Sender)
 	}
-	raw, err := wal.DecodeBytes(dec)
+	raw, err := wire.DecodeBytes(dec)
 	if err != nil {
 		return err
 	}
-	if in.Batch, err = transport.DecodeBatch(raw); err != nil {
+	if in.Batch, err = wire.DecodeBatch(raw); err != nil {
 		return err
 	}
 	if in.Batch.Sender != in.Sender {
@@ -533,7 +532,7 @@ func decodeInbound(dec *msgpack.Decoder, c *Command) error {
 	if in.At, err = dec.DecodeInt64(); err != nil {
 		return err
 	}
-	hb, err := wal.DecodeBytes(dec)
+	hb, err := wire.DecodeBytes(dec)
 	if err != nil {
 		return err
 	}
@@ -569,7 +568,7 @@ func decodeInbound(dec *msgpack.Decoder, c *Command) error {
 }
 
 func decodeStream(dec *msgpack.Decoder, s *entry.StreamID) error {
-	b, err := wal.DecodeBytes(dec)
+	b, err := wire.DecodeBytes(dec)
 	if err != nil {
 		return err
 	}
@@ -580,7 +579,7 @@ func decodeStream(dec *msgpack.Decoder, s *entry.StreamID) error {
 	return nil
 }
 
-func decodeProposal(dec *msgpack.Decoder, codec *wal.Codec) (Proposal, error) {
+func decodeProposal(dec *msgpack.Decoder, codec *wire.Codec) (Proposal, error) {
 	var p Proposal
 	n, err := dec.DecodeArrayLen()
 	if err != nil {
@@ -589,7 +588,7 @@ func decodeProposal(dec *msgpack.Decoder, codec *wal.Codec) (Proposal, error) {
 	if n != 4 {
 		return p, fmt.Errorf("array of %d elements, want 4", n)
 	}
-	raw, err := wal.DecodeBytes(dec)
+	raw, err := wire.DecodeBytes(dec)
 	if err != nil {
 		return p, err
 	}
@@ -640,7 +639,7 @@ func decodeProposal(dec *msgpack.Decoder, codec *wal.Codec) (Proposal, error) {
 		if k.Key == "" || len(k.Key) > entry.MaxIdemKey+3 { // "op:" + an operation ID
 			return p, fmt.Errorf("idempotency key of %d bytes", len(k.Key))
 		}
-		if k.Fingerprint, err = wal.DecodeBytes(dec); err != nil {
+		if k.Fingerprint, err = wire.DecodeBytes(dec); err != nil {
 			return p, err
 		}
 		var a uint8

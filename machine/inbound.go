@@ -8,8 +8,7 @@ import (
 	"github.com/replicator/replicator/entry"
 	"github.com/replicator/replicator/hlc"
 	"github.com/replicator/replicator/store"
-	"github.com/replicator/replicator/transport"
-	"github.com/replicator/replicator/wal"
+	"github.com/replicator/replicator/wire"
 )
 
 // Inbound batches: a peer's batch is applied here, in the cluster's log, so
@@ -59,7 +58,7 @@ func (e *ConflictError) Error() string {
 // Inbound is an admitted batch and what the acceptor decided of it.
 type Inbound struct {
 	Sender string
-	Batch  *transport.Batch
+	Batch  *wire.Batch
 	// Own are the indexes of a snapshot's entries relaying this cluster's
 	// writes; Unknown those relaying writes of clusters this node does not
 	// take writes from (dropped).
@@ -144,7 +143,7 @@ func (m *Machine) applyInbound(b *store.Batch, in *Inbound) (*InboundResult, err
 			return nil, err
 		}
 	}
-	var codec *wal.Codec
+	var codec *wire.Codec
 	for i := range ents {
 		e := &ents[i]
 		if e.Index == hwm.Index && !bt.Snapshot && !hwm.Commit.IsZero() && e.Commit != hwm.Commit {
@@ -179,9 +178,9 @@ func (m *Machine) applyInbound(b *store.Batch, in *Inbound) (*InboundResult, err
 		}
 		if reason, dead := in.Dead[e.Index]; dead {
 			if codec == nil {
-				codec = wal.NewCodec()
+				codec = wire.NewCodec()
 			}
-			raw := codec.AppendEntry(nil, e, wal.Defaults{})
+			raw := codec.AppendEntry(nil, e, wire.Defaults{})
 			if err := b.PutDeadLetter(store.DeadLetter{Origin: e.Origin, Stream: e.Stream, Index: e.Index,
 				At: in.At, Reason: reason, Entry: raw}); err != nil {
 				return nil, err

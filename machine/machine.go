@@ -26,7 +26,7 @@ import (
 	"github.com/replicator/replicator/entry"
 	"github.com/replicator/replicator/hlc"
 	"github.com/replicator/replicator/store"
-	"github.com/replicator/replicator/wal"
+	"github.com/replicator/replicator/wire"
 )
 
 var (
@@ -61,7 +61,7 @@ type Machine struct {
 	st      *store.Store
 	cluster string
 	log     *slog.Logger
-	codec   *wal.Codec
+	codec   *wire.Codec
 	buf     []byte
 	out     *Outbound
 	// logged: the tree has applied commands of a log (or forgot one); a
@@ -86,7 +86,7 @@ func Open(st *store.Store, opts Options) (*Machine, error) {
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}
-	m := &Machine{st: st, cluster: opts.Cluster, log: opts.Logger, codec: wal.NewCodec()}
+	m := &Machine{st: st, cluster: opts.Cluster, log: opts.Logger, codec: wire.NewCodec()}
 	if err := m.load(); err != nil {
 		return nil, err
 	}
@@ -384,7 +384,7 @@ func (m *Machine) writeLocal(b *store.Batch, d *decided) (*Result, func(), error
 			return nil, nil, err
 		}
 		w.Outcome = out
-		m.buf = m.codec.AppendEntry(m.buf[:0], &w.Entry, wal.Defaults{Origin: m.cluster, Stream: m.stream})
+		m.buf = m.codec.AppendEntry(m.buf[:0], &w.Entry, wire.Defaults{Origin: m.cluster, Stream: m.stream})
 		if err := b.PutOutbound(m.stream, w.Entry.Index, m.buf); err != nil {
 			return nil, nil, err
 		}
@@ -529,7 +529,7 @@ func (m *Machine) applyDeadLetter(b *store.Batch, c *Command) (*Result, error) {
 		return &Result{}, err
 	}
 	if c.Set == DeadReplay {
-		e, err := m.codec.DecodeEntry(d.Entry, wal.Defaults{})
+		e, err := m.codec.DecodeEntry(d.Entry, wire.Defaults{})
 		if err != nil {
 			// Stored by this build from an entry the codec took: the
 			// tree is damaged.

@@ -12,8 +12,8 @@ import (
 	"github.com/replicator/replicator/entry"
 	"github.com/replicator/replicator/hlc"
 	"github.com/replicator/replicator/store"
-	"github.com/replicator/replicator/transport"
 	"github.com/replicator/replicator/wal"
+	"github.com/replicator/replicator/wire"
 )
 
 var (
@@ -123,7 +123,7 @@ func scriptCommands() []*Command {
 	local(keyed(s.put("p", "v"), "kp", "fpp", AnswerWrite))
 	// a peer's batch, the same batch again, and one past a gap
 	inbound := func(from, to uint64) *Command {
-		bt := &transport.Batch{Header: transport.Header{Sender: "b", Stream: streamB}}
+		bt := &wire.Batch{Header: wire.Header{Sender: "b", Stream: streamB}}
 		for i := from; i <= to; i++ {
 			ts := hlc.Timestamp{Wall: 2e15 + int64(i)}
 			bt.Entries = append(bt.Entries, entry.Entry{Index: i, Origin: "b", Stream: streamB, Commit: ts, Stamp: ts,
@@ -273,13 +273,13 @@ func TestScriptDecisions(t *testing.T) {
 	if _, err := ob.ReadRaw(2); !errors.Is(err, wal.ErrNotFound) {
 		t.Fatalf("a truncated entry: %v", err)
 	}
-	codec := wal.NewCodec()
+	codec := wire.NewCodec()
 	for i := ob.First(); i <= ob.Last(); i++ {
 		raw, err := ob.ReadRaw(i)
 		if err != nil {
 			t.Fatal(err)
 		}
-		e, err := codec.DecodeEntry(raw, wal.Defaults{Origin: "a", Stream: testStream})
+		e, err := codec.DecodeEntry(raw, wire.Defaults{Origin: "a", Stream: testStream})
 		if err != nil || e.Index != i {
 			t.Fatalf("outbound %d decodes to %d: %v", i, e.Index, err)
 		}
@@ -482,7 +482,7 @@ func TestFailedApplyChangesNothing(t *testing.T) {
 	good := entry.Entry{Index: 1, Origin: "b", Stream: streamB, Commit: ts, Stamp: ts, Op: entry.OpSet, Key: "from-b/1", Value: []byte("v")}
 	stub := entry.Entry{Index: 2, Origin: "b", Stream: streamB, Commit: ts.Add(1), Stamp: ts.Add(1), Op: entry.OpSet, Key: "from-b/2", Oversize: 5 << 20}
 	bad := &Command{Kind: KindInbound, Inbound: &Inbound{Sender: "b", MaxStreams: 16, HLC: ts.Add(1),
-		Batch: &transport.Batch{Header: transport.Header{Sender: "b", Stream: streamB}, Entries: []entry.Entry{good, stub}}}}
+		Batch: &wire.Batch{Header: wire.Header{Sender: "b", Stream: streamB}, Entries: []entry.Entry{good, stub}}}}
 	if _, err := m.Apply(2, encode(t, bad)); err == nil {
 		t.Fatal("a stub that was not set aside applied")
 	}
@@ -496,7 +496,7 @@ func TestFailedApplyChangesNothing(t *testing.T) {
 		t.Fatalf("marks after a failed batch: %+v %v", h, err)
 	}
 	fixed := &Command{Kind: KindInbound, Inbound: &Inbound{Sender: "b", MaxStreams: 16, HLC: ts.Add(1), Dead: map[uint64]string{2: "too large"},
-		Batch: &transport.Batch{Header: transport.Header{Sender: "b", Stream: streamB}, Entries: []entry.Entry{good, stub}}}}
+		Batch: &wire.Batch{Header: wire.Header{Sender: "b", Stream: streamB}, Entries: []entry.Entry{good, stub}}}}
 	res := mustApply(t, m, 2, fixed)
 	if r := res.Inbound; r == nil || r.Err != nil || r.Applied != 1 || r.DeadLettered != 1 || r.HWM != 2 {
 		t.Fatalf("the command at the same index, the stub set aside: %+v", res.Inbound)

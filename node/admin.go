@@ -11,6 +11,7 @@ import (
 	"github.com/replicator/replicator/acceptor"
 	"github.com/replicator/replicator/entry"
 	"github.com/replicator/replicator/transport"
+	"github.com/replicator/replicator/wire"
 )
 
 // Admin paths. Each handler is a thin wrapper over a method that returns a
@@ -175,7 +176,7 @@ func getOnly(f func(w http.ResponseWriter, r *http.Request)) http.HandlerFunc {
 func (n *Node) registerAdmin(mux *http.ServeMux) {
 	if n.opts.PeerListen == "" && n.opts.PeerListener == nil {
 		mux.Handle(pathReplicate, n.acceptor)
-		mux.Handle(transport.PathProve, n.acceptor)
+		mux.Handle(wire.PathProve, n.acceptor)
 	}
 	mux.Handle("/metrics", n.metrics.handler())
 	mux.HandleFunc("/admin/ui", getOnly(n.handleUI))

@@ -9,7 +9,7 @@ import (
 	"github.com/replicator/replicator/entry"
 	"github.com/replicator/replicator/machine"
 	"github.com/replicator/replicator/store"
-	"github.com/replicator/replicator/wal"
+	"github.com/replicator/replicator/wire"
 )
 
 // DeadLetterReport is one entry of GET /admin/deadletters.
@@ -32,11 +32,11 @@ func (n *Node) DeadLetters() ([]DeadLetterReport, error) {
 		return nil, err
 	}
 	out := make([]DeadLetterReport, 0, len(dls))
-	codec := wal.NewCodec()
+	codec := wire.NewCodec()
 	for _, d := range dls {
 		r := DeadLetterReport{ID: d.ID(), Origin: d.Origin, Stream: entry.StreamID(d.Stream).String(), Index: d.Index,
 			At: time.Unix(0, d.At).UTC(), Reason: d.Reason}
-		if e, err := codec.DecodeEntry(d.Entry, wal.Defaults{}); err == nil {
+		if e, err := codec.DecodeEntry(d.Entry, wire.Defaults{}); err == nil {
 			r.Op, r.Key = e.Op.String(), e.Key
 		}
 		out = append(out, r)

@@ -17,6 +17,7 @@ import (
 	"github.com/replicator/replicator/policy"
 	"github.com/replicator/replicator/store"
 	"github.com/replicator/replicator/transport"
+	"github.com/replicator/replicator/wire"
 )
 
 func link(t testing.TB, n *Node, peer string) transport.Status {
@@ -328,7 +329,7 @@ func TestUnlinkedPeerHoldsTombstones(t *testing.T) {
 	// b's older write arrives: it loses to the tombstone.
 	e := entry.Entry{Index: 1, Origin: "b", Stream: entry.StreamID{0xb}, Commit: hlc.Timestamp{Wall: old}, Op: entry.OpSet, Key: "k", Value: []byte("old")}
 	e.Stamp = e.Commit
-	if _, err := n.acceptor.Apply("b", &transport.Batch{Header: transport.Header{Sender: "b", Stream: e.Stream}, Entries: []entry.Entry{e}}); err != nil {
+	if _, err := n.acceptor.Apply("b", &wire.Batch{Header: wire.Header{Sender: "b", Stream: e.Stream}, Entries: []entry.Entry{e}}); err != nil {
 		t.Fatal(err)
 	}
 	if r, err := n.Get("k"); !errors.Is(err, ErrNotFound) {
@@ -425,7 +426,7 @@ func TestDeadLetterHoldsTombstones(t *testing.T) {
 	ctx := context.Background()
 	old := hlc.Timestamp{Wall: pc.Now()}
 	e := entry.Entry{Index: 1, Origin: "b", Stream: entry.StreamID{0xb}, Commit: old, Stamp: old, Op: entry.OpSet, Key: "k", Value: make([]byte, 64)}
-	if _, err := n.acceptor.Apply("b", &transport.Batch{Header: transport.Header{Sender: "b", Stream: e.Stream}, Entries: []entry.Entry{e}}); err != nil {
+	if _, err := n.acceptor.Apply("b", &wire.Batch{Header: wire.Header{Sender: "b", Stream: e.Stream}, Entries: []entry.Entry{e}}); err != nil {
 		t.Fatal(err)
 	}
 	dl, err := n.DeadLetters()
@@ -443,7 +444,7 @@ func TestDeadLetterHoldsTombstones(t *testing.T) {
 	pc.Advance(30 * time.Minute)
 	e2 := entry.Entry{Index: 2, Origin: "b", Stream: e.Stream, Commit: hlc.Timestamp{Wall: pc.Now()}, Op: entry.OpSet, Key: "other", Value: []byte("x")}
 	e2.Stamp = e2.Commit
-	if _, err := n.acceptor.Apply("b", &transport.Batch{Header: transport.Header{Sender: "b", Stream: e.Stream}, Entries: []entry.Entry{e2}}); err != nil {
+	if _, err := n.acceptor.Apply("b", &wire.Batch{Header: wire.Header{Sender: "b", Stream: e.Stream}, Entries: []entry.Entry{e2}}); err != nil {
 		t.Fatal(err)
 	}
 	if c, err := n.CollectTombstones(); err != nil || c != 0 {

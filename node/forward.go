@@ -14,7 +14,7 @@ import (
 	"github.com/hashicorp/raft"
 
 	"github.com/replicator/replicator/cluster"
-	"github.com/replicator/replicator/transport"
+	"github.com/replicator/replicator/wire"
 )
 
 // Who answers, in a cluster of several nodes (docs/CLUSTER.md). Any node
@@ -36,7 +36,7 @@ const (
 
 // needsLeader reports a request only the leader answers.
 func needsLeader(r *http.Request) bool {
-	if r.URL.Path == pathReplicate || r.URL.Path == transport.PathProve {
+	if r.URL.Path == pathReplicate || r.URL.Path == wire.PathProve {
 		return false // the acceptor redirects the sender itself; any node proves
 	}
 	if r.Method == http.MethodGet || r.Method == http.MethodHead || r.Method == http.MethodOptions {

@@ -24,6 +24,7 @@ import (
 	"github.com/replicator/replicator/raftlog"
 	"github.com/replicator/replicator/store"
 	"github.com/replicator/replicator/wal"
+	"github.com/replicator/replicator/wire"
 )
 
 // The node's state changes through its cluster's log (docs/CLUSTER.md): a
@@ -715,7 +716,7 @@ func (n *Node) migrateEntries(l *wal.Log) error {
 	if from < first && from <= last {
 		return fmt.Errorf("the store applied up to %d, the WAL holds [%d, %d]; set the WAL aside to start a new stream", ap.Index, first, last)
 	}
-	codec := wal.NewCodec()
+	codec := wire.NewCodec()
 	var commit hlc.Timestamp
 	for i := first; i <= last; {
 		b := n.store.NewBatch()

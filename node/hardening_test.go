@@ -22,6 +22,7 @@ import (
 	"github.com/replicator/replicator/hlc"
 	"github.com/replicator/replicator/store"
 	"github.com/replicator/replicator/transport"
+	"github.com/replicator/replicator/wire"
 )
 
 // endless yields a CSV record that never ends: `"k","xxxxx...`.
@@ -220,7 +221,7 @@ func TestSlowBodiesHoldNothing(t *testing.T) {
 	// c's genuine batch goes through while b trickles.
 	e := entry.Entry{Index: 1, Origin: "c", Stream: entry.StreamID{0xc}, Commit: hlc.Timestamp{Wall: time.Now().UnixNano()}, Op: entry.OpSet, Key: "k", Value: []byte("v")}
 	e.Stamp = e.Commit
-	body := transport.EncodeBatch(&transport.Batch{Header: transport.Header{Sender: "c", Stream: e.Stream}, Entries: []entry.Entry{e}})
+	body := wire.EncodeBatch(&wire.Batch{Header: wire.Header{Sender: "c", Stream: e.Stream}, Entries: []entry.Entry{e}})
 	req, _ := http.NewRequest(http.MethodPost, url, bytes.NewReader(body))
 	req.Header.Set("X-Replicator-Origin", "c")
 	req.Header.Set("Authorization", "Bearer sc")
@@ -379,7 +380,7 @@ func TestPlantedIdempotencyRecordNotReplayed(t *testing.T) {
 	e := entry.Entry{Index: 1, Origin: "b", Stream: entry.StreamID{0xb}, Commit: ts, Stamp: ts, Op: entry.OpSet, Key: "elsewhere", Value: []byte("x"),
 		Idem: &entry.Idem{Key: "victim-key", Fingerprint: fp, Status: 200, Body: []byte(`{"key":"target","version":"forged","origin":"b"}`),
 			Expires: ts.Wall + int64(time.Hour)}}
-	if _, err := n.acceptor.Apply("b", &transport.Batch{Header: transport.Header{Sender: "b", Stream: e.Stream}, Entries: []entry.Entry{e}}); err != nil {
+	if _, err := n.acceptor.Apply("b", &wire.Batch{Header: wire.Header{Sender: "b", Stream: e.Stream}, Entries: []entry.Entry{e}}); err != nil {
 		t.Fatal(err)
 	}
 	target.Header.Set(HeaderIdempotencyKey, "victim-key")

@@ -12,7 +12,7 @@ import (
 	"github.com/replicator/replicator/internal/httpjson"
 	"github.com/replicator/replicator/machine"
 	"github.com/replicator/replicator/store"
-	"github.com/replicator/replicator/transport"
+	"github.com/replicator/replicator/wire"
 )
 
 // API paths; every route is registered on one mux in Handler.
@@ -27,10 +27,10 @@ const (
 func (n *Node) PeerHandler() http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle(pathReplicate, n.acceptor)
-	mux.Handle(transport.PathProve, n.acceptor)
+	mux.Handle(wire.PathProve, n.acceptor)
 	mux.HandleFunc(pathHealthz, n.handleHealthz)
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
-		writeError(w, http.StatusNotFound, apiError{Code: "not_found", Message: "the peer listener serves " + pathReplicate + " and " + transport.PathProve + " only"})
+		writeError(w, http.StatusNotFound, apiError{Code: "not_found", Message: "the peer listener serves " + pathReplicate + " and " + wire.PathProve + " only"})
 	})
 	return mux
 }

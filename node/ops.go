@@ -11,7 +11,7 @@ import (
 	"github.com/replicator/replicator/machine"
 	"github.com/replicator/replicator/policy"
 	"github.com/replicator/replicator/store"
-	"github.com/replicator/replicator/wal"
+	"github.com/replicator/replicator/wire"
 )
 
 // Condition is a precondition of a single-key write, decided at this cluster
@@ -239,8 +239,8 @@ func (n *Node) batchEntry(ops []BatchOp) (entry.Entry, error) {
 	if len(ops) == 0 {
 		return entry.Entry{}, fmt.Errorf("%w: a batch needs at least one op", errBadRequest)
 	}
-	if len(ops) > wal.MaxBatchOps {
-		return entry.Entry{}, fmt.Errorf("%w: %d ops, limit %d", errBadRequest, len(ops), wal.MaxBatchOps)
+	if len(ops) > wire.MaxBatchOps {
+		return entry.Entry{}, fmt.Errorf("%w: %d ops, limit %d", errBadRequest, len(ops), wire.MaxBatchOps)
 	}
 	// One stamp for every op: a key twice would tie with itself, and the
 	// first would win; keep the last, as a caller reading the list expects.

@@ -12,6 +12,7 @@ import (
 	"github.com/replicator/replicator/machine"
 	"github.com/replicator/replicator/store"
 	"github.com/replicator/replicator/transport"
+	"github.com/replicator/replicator/wire"
 )
 
 // Stream identity and rejoining after data loss.
@@ -132,7 +133,7 @@ func (n *Node) openFence() {
 // ahead; a peer holding a write of this cluster stamped above anything this
 // directory remembered at start means the directory lost data (restored
 // from an older backup, or wiped), and the node rejoins.
-func (n *Node) onAck(peer string, ack *transport.Ack) {
+func (n *Node) onAck(peer string, ack *wire.Ack) {
 	rs := &n.rejoin
 	theirs, _ := hlc.Parse(ack.OriginFrontier)
 	rs.mu.Lock()

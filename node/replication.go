@@ -11,7 +11,7 @@ import (
 	"github.com/replicator/replicator/hlc"
 	"github.com/replicator/replicator/machine"
 	"github.com/replicator/replicator/transport"
-	"github.com/replicator/replicator/wal"
+	"github.com/replicator/replicator/wire"
 )
 
 // setupReplication builds the acceptor and one shipper per peer with a URL
@@ -329,9 +329,9 @@ func (n *Node) tombstoneCutoff() (hlc.Timestamp, error) {
 	if err != nil {
 		return hlc.Timestamp{}, err
 	}
-	codec := wal.NewCodec()
+	codec := wire.NewCodec()
 	for _, d := range dls {
-		if e, err := codec.DecodeEntry(d.Entry, wal.Defaults{}); err == nil {
+		if e, err := codec.DecodeEntry(d.Entry, wire.Defaults{}); err == nil {
 			lower(e.LWW().HLC)
 		}
 	}
@@ -345,7 +345,7 @@ func (n *Node) oldestCommitWall(index uint64) (int64, bool) {
 	if err != nil {
 		return 0, false
 	}
-	e, err := wal.NewCodec().DecodeEntry(p, wal.Defaults{Origin: n.cluster, Stream: n.out.Stream()})
+	e, err := wire.NewCodec().DecodeEntry(p, wire.Defaults{Origin: n.cluster, Stream: n.out.Stream()})
 	if err != nil {
 		return 0, false
 	}

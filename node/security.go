@@ -16,7 +16,7 @@ import (
 	"time"
 
 	"github.com/replicator/replicator/origin"
-	"github.com/replicator/replicator/transport"
+	"github.com/replicator/replicator/wire"
 )
 
 // SAN modes: how a peer's certificate names its cluster.
@@ -229,7 +229,7 @@ func (n *Node) requireToken(h http.Handler) http.Handler {
 	wantAPI, wantAdmin := []byte("Bearer "+api), []byte("Bearer "+admin)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
-		case pathHealthz, pathReadyz, pathReplicate, transport.PathProve, "/admin/ui":
+		case pathHealthz, pathReadyz, pathReplicate, wire.PathProve, "/admin/ui":
 			h.ServeHTTP(w, r)
 			return
 		}

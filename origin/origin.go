@@ -17,6 +17,7 @@ import (
 	"regexp"
 	"strings"
 
+	"github.com/replicator/replicator/entry"
 	"github.com/replicator/replicator/internal/atomicfile"
 )
 
@@ -29,14 +30,12 @@ var ErrInvalidID = errors.New("origin: invalid cluster id")
 var ErrMismatch = errors.New("origin: data directory belongs to another cluster")
 
 // IDPattern is the syntax of a cluster ID.
-const IDPattern = `^[a-z0-9][a-z0-9-]{0,62}$`
-
-var idRE = regexp.MustCompile(IDPattern)
+const IDPattern = entry.ClusterIDPattern
 
 // Validate reports whether id is a well-formed cluster ID, with an error that
 // quotes the offending input.
 func Validate(id string) error {
-	if !idRE.MatchString(id) {
+	if !entry.ValidClusterID(id) {
 		return fmt.Errorf("%w %q: want %s (lower-case letters, digits and '-', 1 to 63 characters, not starting with '-')",
 			ErrInvalidID, id, IDPattern)
 	}

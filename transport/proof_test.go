@@ -18,6 +18,7 @@ import (
 	"github.com/replicator/replicator/store"
 	"github.com/replicator/replicator/transport"
 	"github.com/replicator/replicator/wal"
+	"github.com/replicator/replicator/wire"
 )
 
 // forger answers posts in the receiver's place, without the secret, while
@@ -31,7 +32,7 @@ type forger struct {
 }
 
 func (f *forger) RoundTrip(r *http.Request) (*http.Response, error) {
-	if !f.on.Load() || strings.HasSuffix(r.URL.Path, transport.PathProve) {
+	if !f.on.Load() || strings.HasSuffix(r.URL.Path, wire.PathProve) {
 		return f.next.RoundTrip(r)
 	}
 	io.Copy(io.Discard, r.Body)
@@ -128,7 +129,7 @@ func TestShipperSendsNothingToAnUnprovenNode(t *testing.T) {
 			io.WriteString(w, `{"cluster":"b","proof":"`+strings.Repeat("0", 64)+`"}`)
 		}, false, false},
 		{"replayed proof of another nonce", func(w http.ResponseWriter, _ string) {
-			io.WriteString(w, `{"cluster":"b","proof":"`+transport.ProofMAC("s", "a", "b", transport.NewNonce())+`"}`)
+			io.WriteString(w, `{"cluster":"b","proof":"`+wire.ProofMAC("s", "a", "b", wire.NewNonce())+`"}`)
 		}, false, false},
 		{"older build", func(w http.ResponseWriter, _ string) { http.NotFound(w, nil) }, false, false},
 		{"older build, allowed", func(w http.ResponseWriter, _ string) { http.NotFound(w, nil) }, true, true},
@@ -142,8 +143,8 @@ func TestShipperSendsNothingToAnUnprovenNode(t *testing.T) {
 					secrets++
 				}
 				mu.Unlock()
-				if r.URL.Path == transport.PathProve {
-					c.prove(w, r.Header.Get(transport.HeaderNonce))
+				if r.URL.Path == wire.PathProve {
+					c.prove(w, r.Header.Get(wire.HeaderNonce))
 					return
 				}
 				mu.Lock()

@@ -32,6 +32,7 @@ import (
 	"github.com/replicator/replicator/policy"
 	"github.com/replicator/replicator/store"
 	"github.com/replicator/replicator/wal"
+	"github.com/replicator/replicator/wire"
 )
 
 // Log is what a shipper reads: the local WAL.
@@ -122,7 +123,7 @@ type Options struct {
 	// OnAck, when set, is told every answer the peer gives to a batch or a
 	// heartbeat of the current stream (the node learns from it whether its
 	// cluster existed before, and when every link has answered once).
-	OnAck func(peer string, ack *Ack)
+	OnAck func(peer string, ack *wire.Ack)
 	// OnConflict, when set, is told that the peer holds an entry of this
 	// stream that the local WAL does not (a higher index, or another commit
 	// HLC at an index): the data directory was restored from a backup or
@@ -261,7 +262,7 @@ type Status struct {
 	// ReseedOwed: the peer asked for a re-seed (it lost data), not sent yet.
 	ReseedOwed bool `json:"reseed_owed,omitempty"`
 	// Limits are what the peer said it accepts.
-	Limits *Limits `json:"peer_limits,omitempty"`
+	Limits *wire.Limits `json:"peer_limits,omitempty"`
 	// SendFailures counts every failed send or heartbeat, ever.
 	SendFailures uint64 `json:"send_failures"`
 	// Liveness is what gossip says of the peer (empty without gossip).
@@ -326,7 +327,7 @@ type Shipper struct {
 		// ackedCommit is the commit HLC of entry acked, as the peer said
 		// (zero: not known since the cursor last moved back).
 		ackedCommit hlc.Timestamp
-		limits      *Limits
+		limits      *wire.Limits
 		peerVersion string    // the build of the peer's last answer
 		stubs       uint64    // oversize entries sent as stubs
 		failures    uint64    // failed sends, ever (a metric)
@@ -529,7 +530,7 @@ func (s *Shipper) Delivery() Delivery {
 }
 
 // Limits returns what the peer said it accepts (nil before it answered).
-func (s *Shipper) Limits() *Limits {
+func (s *Shipper) Limits() *wire.Limits {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.mu.limits
@@ -723,7 +724,7 @@ func (s *Shipper) heartbeat(ctx context.Context) error {
 	s.mu.lastHeartbeat = time.Now()
 	s.mu.Unlock()
 	stream := s.log.Stream()
-	body := AppendHeader(nil, &Header{Sender: s.opts.Local, Stream: stream, Rejoining: phase}, 0)
+	body := wire.AppendHeader(nil, &wire.Header{Sender: s.opts.Local, Stream: stream, Rejoining: phase}, 0)
 	sent := s.opts.Now()
 	ack, err := s.post(ctx, body)
 	if err != nil {
@@ -744,7 +745,7 @@ func (s *Shipper) heartbeat(ctx context.Context) error {
 		return nil // the link stopped on an earlier answer of this window
 	}
 	s.ackedLocked(ack, sent)
-	if phase == RejoinRequesting && ack.ReseedRecorded {
+	if phase == wire.RejoinRequesting && ack.ReseedRecorded {
 		s.opts.Logger.Debug("peer holds the request for a re-seed", "peer", s.peer.Name)
 	}
 	if ack.HWM < s.mu.acked && !s.mu.needsReseed {
@@ -790,7 +791,7 @@ func parseCommit(v string) hlc.Timestamp {
 // concerns the current stream. A peer that holds an index the WAL does not,
 // or another commit at an index it does, holds writes of a past life of this
 // data directory: the link stops and the node is told.
-func (s *Shipper) answered(ack *Ack, stream entry.StreamID) bool {
+func (s *Shipper) answered(ack *wire.Ack, stream entry.StreamID) bool {
 	if stream != s.log.Stream() {
 		return false // replaced while the request was out
 	}
@@ -813,7 +814,7 @@ func (s *Shipper) answered(ack *Ack, stream entry.StreamID) bool {
 		why = fmt.Sprintf("the peer holds index %d of stream %s, the WAL ends at %d", ack.HWM, stream, last)
 	case ack.HWM >= first && ack.HWM > 0 && !parseCommit(ack.HWMCommit).IsZero():
 		if p, err := s.log.ReadRaw(ack.HWM); err == nil {
-			if e, err := wal.NewCodec().DecodeEntry(p, wal.Defaults{Origin: s.opts.Local, Stream: stream}); err == nil &&
+			if e, err := wire.NewCodec().DecodeEntry(p, wire.Defaults{Origin: s.opts.Local, Stream: stream}); err == nil &&
 				e.Commit.String() != ack.HWMCommit {
 				why = fmt.Sprintf("the peer holds index %d of stream %s committed at %s, the WAL's was committed at %s",
 					ack.HWM, stream, ack.HWMCommit, e.Commit)
@@ -887,7 +888,7 @@ type flight struct {
 }
 
 type flightResult struct {
-	ack Ack
+	ack wire.Ack
 	err error
 }
 
@@ -1071,7 +1072,7 @@ func (s *Shipper) build(acked uint64, buf *[]byte, stubs bool) (*flight, error) 
 	if len(payloads) == 0 {
 		return nil, nil
 	}
-	b := AppendBatchHeader((*buf)[:0], s.opts.Local, stream, len(payloads))
+	b := wire.AppendBatchHeader((*buf)[:0], s.opts.Local, stream, len(payloads))
 	for _, p := range payloads {
 		b = append(b, p...)
 	}
@@ -1113,7 +1114,7 @@ func (s *Shipper) launch(ctx context.Context, f *flight) {
 
 // settle handles the answer to f: the cursor moves on an ack; a gap
 // rewinds it to the receiver's mark; a body limit is learned.
-func (s *Shipper) settle(f *flight, ack Ack, err error) error {
+func (s *Shipper) settle(f *flight, ack wire.Ack, err error) error {
 	s.mu.Lock()
 	s.mu.inFlight--
 	s.mu.Unlock()
@@ -1140,7 +1141,7 @@ func (s *Shipper) settle(f *flight, ack Ack, err error) error {
 		// The peer's body limit is lower than this batch: learn it, and
 		// split (a single entry goes as a stub next time).
 		s.mu.Lock()
-		lim := Limits{MaxBody: big.limit}
+		lim := wire.Limits{MaxBody: big.limit}
 		if s.mu.limits != nil {
 			lim = *s.mu.limits
 			if big.limit > 0 {
@@ -1193,8 +1194,8 @@ func (s *Shipper) settle(f *flight, ack Ack, err error) error {
 
 // stub re-encodes a WAL entry as an oversize stub.
 func (s *Shipper) stub(payload []byte, stream entry.StreamID) ([]byte, error) {
-	defs := wal.Defaults{Origin: s.opts.Local, Stream: stream}
-	c := wal.NewCodec()
+	defs := wire.Defaults{Origin: s.opts.Local, Stream: stream}
+	c := wire.NewCodec()
 	e, err := c.DecodeEntry(payload, defs)
 	if err != nil {
 		return nil, fmt.Errorf("transport: decode wal entry for a stub: %w", err)
@@ -1210,7 +1211,7 @@ func (s *Shipper) stub(payload []byte, stream entry.StreamID) ([]byte, error) {
 
 // ackedLocked records contact, flow hints and clock skew from an ack.
 // REQUIRES: s.mu held.
-func (s *Shipper) ackedLocked(ack Ack, sent int64) {
+func (s *Shipper) ackedLocked(ack wire.Ack, sent int64) {
 	s.mu.lastContact = time.Now()
 	s.mu.errors = 0
 	s.mu.lastErr = ""
@@ -1240,7 +1241,7 @@ func (s *Shipper) rewindLocked(hwm uint64) {
 }
 
 // post sends one batch and decodes the answer.
-func (s *Shipper) post(ctx context.Context, body []byte) (Ack, error) {
+func (s *Shipper) post(ctx context.Context, body []byte) (wire.Ack, error) {
 	// A node of the peer cluster that does not lead names the one that
 	// does: the batch goes there at once (a redirect is never a failure).
 	for hop := 0; ; hop++ {
@@ -1316,13 +1317,13 @@ func (s *Shipper) prove(ctx context.Context, base string) (legacy bool, err erro
 		return p.legacy, nil
 	}
 	s.mu.Unlock()
-	nonce := NewNonce()
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, strings.TrimRight(base, "/")+PathProve, http.NoBody)
+	nonce := wire.NewNonce()
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, strings.TrimRight(base, "/")+wire.PathProve, http.NoBody)
 	if err != nil {
 		return false, err
 	}
-	req.Header.Set(HeaderOrigin, s.opts.Local)
-	req.Header.Set(HeaderNonce, nonce)
+	req.Header.Set(wire.HeaderOrigin, s.opts.Local)
+	req.Header.Set(wire.HeaderNonce, nonce)
 	resp, err := s.opts.Client.Do(req)
 	if err != nil {
 		return false, fmt.Errorf("transport: ask %s at %s to prove the secret: %w", s.peer.Name, base, err)
@@ -1332,7 +1333,7 @@ func (s *Shipper) prove(ctx context.Context, base string) (legacy bool, err erro
 	if err != nil {
 		return false, fmt.Errorf("transport: read the proof of %s at %s: %w", s.peer.Name, base, err)
 	}
-	var p Proof
+	var p wire.Proof
 	switch {
 	case resp.StatusCode == http.StatusNotFound && s.peer.AllowUnproven:
 		s.opts.Logger.Warn("a node of the peer runs a build that cannot prove it holds the secret: sending it the secret unproven (--peer-allow-unproven); remove that once the peer is upgraded",
@@ -1345,7 +1346,7 @@ func (s *Shipper) prove(ctx context.Context, base string) (legacy bool, err erro
 		return false, fmt.Errorf("%w: %s at %s answered the proof request with %q (nothing sent there)", ErrUnproven, s.peer.Name, base, b)
 	case p.Cluster != s.peer.Name:
 		return false, fmt.Errorf("%w: the node at %s is of cluster %q, not %s (nothing sent there)", ErrUnproven, base, p.Cluster, s.peer.Name)
-	case !VerifyMAC(p.Proof, ProofMAC(s.peer.Secret, s.opts.Local, s.peer.Name, nonce)):
+	case !wire.VerifyMAC(p.Proof, wire.ProofMAC(s.peer.Secret, s.opts.Local, s.peer.Name, nonce)):
 		return false, fmt.Errorf("%w: the node at %s does not hold the secret shared with %s (nothing sent there)", ErrUnproven, base, s.peer.Name)
 	}
 	s.mu.Lock()
@@ -1368,8 +1369,8 @@ func (s *Shipper) unproven(base string) {
 	}
 }
 
-func (s *Shipper) postOnce(ctx context.Context, body []byte) (Ack, error) {
-	var ack Ack
+func (s *Shipper) postOnce(ctx context.Context, body []byte) (wire.Ack, error) {
+	var ack wire.Ack
 	ctx, cancel := context.WithTimeout(ctx, s.opts.RequestTimeout)
 	defer cancel()
 	s.mu.Lock()
@@ -1386,22 +1387,22 @@ func (s *Shipper) postOnce(ctx context.Context, body []byte) (Ack, error) {
 			return ack, err
 		}
 		if !legacy {
-			nonce = NewNonce()
+			nonce = wire.NewNonce()
 		}
 	}
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, strings.TrimRight(base, "/")+"/v1/replicate", bytes.NewReader(body))
 	if err != nil {
 		return ack, err
 	}
-	req.Header.Set("Content-Type", ContentType)
-	req.Header.Set(HeaderOrigin, s.opts.Local)
+	req.Header.Set("Content-Type", wire.ContentType)
+	req.Header.Set(wire.HeaderOrigin, s.opts.Local)
 	if s.peer.Secret != "" {
 		req.Header.Set("Authorization", "Bearer "+s.peer.Secret)
 	}
 	if nonce != "" {
-		req.Header.Set(HeaderNonce, nonce)
+		req.Header.Set(wire.HeaderNonce, nonce)
 	}
-	req.Header.Set(HeaderSent, strconv.FormatInt(time.Now().UnixNano(), 10))
+	req.Header.Set(wire.HeaderSent, strconv.FormatInt(time.Now().UnixNano(), 10))
 	resp, err := s.opts.Client.Do(req)
 	if err != nil {
 		if ctx.Err() == nil || errors.Is(ctx.Err(), context.DeadlineExceeded) {
@@ -1426,9 +1427,9 @@ func (s *Shipper) postOnce(ctx context.Context, body []byte) (Ack, error) {
 	// one, such as a node shutting down, is a failure like any.)
 	moves := resp.StatusCode == http.StatusOK || resp.StatusCode == http.StatusConflict || resp.StatusCode == http.StatusRequestEntityTooLarge ||
 		(resp.StatusCode == http.StatusServiceUnavailable && bytes.Contains(b, []byte(`"not_leader"`)))
-	if moves && nonce != "" && !VerifyMAC(resp.Header.Get(HeaderMAC), AnswerMAC(s.peer.Secret, nonce, resp.StatusCode, b)) {
+	if moves && nonce != "" && !wire.VerifyMAC(resp.Header.Get(wire.HeaderMAC), wire.AnswerMAC(s.peer.Secret, nonce, resp.StatusCode, b)) {
 		s.unproven(base)
-		return ack, fmt.Errorf("%w: %s at %s answered %d without a valid %s: ignored", ErrUnproven, s.peer.Name, base, resp.StatusCode, HeaderMAC)
+		return ack, fmt.Errorf("%w: %s at %s answered %d without a valid %s: ignored", ErrUnproven, s.peer.Name, base, resp.StatusCode, wire.HeaderMAC)
 	}
 	switch resp.StatusCode {
 	case http.StatusOK:
@@ -1536,8 +1537,8 @@ func (s *Shipper) reseed(ctx context.Context) error {
 
 	snapStream := entry.NewStreamID()
 	commit := hlc.Timestamp{Wall: s.opts.Now()}
-	codec := wal.NewCodec()
-	defs := wal.Defaults{Origin: s.opts.Local, Stream: snapStream}
+	codec := wire.NewCodec()
+	defs := wire.Defaults{Origin: s.opts.Local, Stream: snapStream}
 	var index uint64
 	sent := 0
 	// Range tombstones and counters go first (they are few), then every key.
@@ -1607,21 +1608,21 @@ func (s *Shipper) reseed(ctx context.Context) error {
 		if detached {
 			return s.reseedDone(errors.New("the peer was detached again (backlog overflow) during the re-seed"))
 		}
-		h := Header{Sender: s.opts.Local, Stream: snapStream, Snapshot: true, Requested: requested, Rejoin: rejoin}
+		h := wire.Header{Sender: s.opts.Local, Stream: snapStream, Snapshot: true, Requested: requested, Rejoin: rejoin}
 		if done {
-			h.End = &SnapshotEnd{Stream: stream, Index: applied.Index, Commit: applied.Commit}
+			h.End = &wire.SnapshotEnd{Stream: stream, Index: applied.Index, Commit: applied.Commit}
 			marks, err := snap.Marks()
 			if err != nil {
 				return s.reseedDone(err)
 			}
 			for _, m := range marks {
 				// The receiver's own streams are its business.
-				if m.Origin != s.peer.Name && len(h.Marks) < MaxMarks {
-					h.Marks = append(h.Marks, Mark{Origin: m.Origin, Stream: m.Stream, Index: m.Index, Commit: m.Commit})
+				if m.Origin != s.peer.Name && len(h.Marks) < wire.MaxMarks {
+					h.Marks = append(h.Marks, wire.Mark{Origin: m.Origin, Stream: m.Stream, Index: m.Index, Commit: m.Commit})
 				}
 			}
 		}
-		body := AppendHeader(nil, &h, len(ents))
+		body := wire.AppendHeader(nil, &h, len(ents))
 		for _, p := range ents {
 			body = append(body, p...)
 		}
@@ -1860,3 +1861,7 @@ func sleep(ctx context.Context, d time.Duration) bool {
 		return true
 	}
 }
+
+// ErrUnproven: the peer node did not prove it holds the shared secret, or
+// its answer did not carry a valid HeaderMAC.
+var ErrUnproven = errors.New("transport: the peer node did not prove it holds the shared secret")

@@ -42,6 +42,7 @@ import (
 	"github.com/replicator/replicator/internal/atomicfile"
 	"github.com/replicator/replicator/internal/byteindex"
 	"github.com/replicator/replicator/internal/segfile"
+	"github.com/replicator/replicator/wire"
 )
 
 // Frames. Version 2, written now:
@@ -165,7 +166,7 @@ type Log struct {
 	stream  entry.StreamID
 	created bool // the stream was minted by this Open
 	opts    Options
-	defs    Defaults
+	defs    wire.Defaults
 
 	// mu guards tw against the swap done when a failed write forces a
 	// reopen. Normal appends and reads share it; tidwall has its own lock.
@@ -185,7 +186,7 @@ type Log struct {
 	bytes byteindex.Index
 
 	// Owned by the appending goroutine.
-	codec      *Codec
+	codec      *wire.Codec
 	batch      twal.Batch
 	frame      []byte
 	batchSizes []int
@@ -215,7 +216,7 @@ func Open(dir string, opts *Options) (*Log, error) {
 		dir:    dir,
 		segDir: filepath.Join(dir, "segments"),
 		opts:   o,
-		codec:  NewCodec(),
+		codec:  wire.NewCodec(),
 		notify: make(chan struct{}),
 	}
 	if err := os.MkdirAll(dir, 0o755); err != nil {
@@ -226,7 +227,7 @@ func Open(dir string, opts *Options) (*Log, error) {
 		return nil, err
 	}
 	l.stream = stream
-	l.defs = Defaults{Origin: o.Origin, Stream: stream}
+	l.defs = wire.Defaults{Origin: o.Origin, Stream: stream}
 	if err := l.openTidwall(-1); err != nil {
 		return nil, err
 	}
@@ -557,7 +558,7 @@ func (l *Log) Stream() entry.StreamID { return l.stream }
 func (l *Log) Created() bool { return l.created }
 
 // Defaults returns what encoded entries of this log leave out.
-func (l *Log) Defaults() Defaults { return l.defs }
+func (l *Log) Defaults() wire.Defaults { return l.defs }
 
 // First returns the first retained index (Last()+1 when the log is empty).
 func (l *Log) First() uint64 { return l.first.Load() }
@@ -692,7 +693,7 @@ func (l *Log) ReadRaw(index uint64) ([]byte, error) {
 
 // Read returns the decoded entry at index. Not safe for concurrent use with
 // other Read calls on the same codec: pass one codec per goroutine.
-func (l *Log) Read(c *Codec, index uint64) (entry.Entry, error) {
+func (l *Log) Read(c *wire.Codec, index uint64) (entry.Entry, error) {
 	p, err := l.ReadRaw(index)
 	if err != nil {
 		return entry.Entry{}, err

@@ -10,13 +10,13 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/replicator/replicator/entry"
 	"github.com/replicator/replicator/hlc"
+	"github.com/replicator/replicator/wire"
 )
 
 var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
@@ -59,7 +59,7 @@ func checkEntries(t testing.TB, l *Log, n int) {
 	if l.Last() != uint64(n) {
 		t.Fatalf("last index %d, want %d", l.Last(), n)
 	}
-	c := NewCodec()
+	c := wire.NewCodec()
 	for i := 1; i <= n; i++ {
 		e, err := l.Read(c, uint64(i))
 		if err != nil {
@@ -279,7 +279,7 @@ func TestTornMultiPageWrite(t *testing.T) {
 	if int(l.Last()) < int(before) || int(l.Last()) > whole {
 		t.Fatalf("kept %d entries; %d were written before the torn append, %d whole before the hole", l.Last(), before, whole)
 	}
-	c := NewCodec()
+	c := wire.NewCodec()
 	for i := uint64(1); i <= l.Last(); i++ {
 		if _, err := l.Read(c, i); err != nil {
 			t.Fatalf("entry %d after the repair: %v", i, err)
@@ -411,67 +411,6 @@ func TestRecoverWriteCutsBack(t *testing.T) {
 	checkEntries(t, l, 60)
 }
 
-func TestEntryCodecRoundTrip(t *testing.T) {
-	c := NewCodec()
-	d := Defaults{Origin: "a", Stream: entry.StreamID{9}}
-	for _, e := range []entry.Entry{
-		{Index: 1, Origin: "a", Stream: entry.StreamID{9}, Commit: hlc.Timestamp{Wall: 5}, Op: entry.OpSet, Key: "k", Value: []byte("v")},
-		{Index: 1 << 40, Origin: "b", Stream: entry.StreamID{7}, Commit: hlc.Timestamp{Wall: 5, Logical: 2}, Stamp: hlc.Timestamp{Wall: 3}, Op: entry.OpDelete, Key: "k/ü"},
-		{Index: 2, Origin: "a", Stream: entry.StreamID{9}, Commit: hlc.Timestamp{Wall: 5}, Op: entry.OpSet, Key: "empty"},
-	} {
-		b := c.AppendEntry(nil, &e, d)
-		got, err := c.DecodeEntry(b, d)
-		if err != nil {
-			t.Fatalf("%+v: %v", e, err)
-		}
-		if e.Stamp.IsZero() {
-			e.Stamp = e.Commit
-		}
-		if got.Index != e.Index || got.Origin != e.Origin || got.Stream != e.Stream || got.Commit != e.Commit ||
-			got.Stamp != e.Stamp || got.Op != e.Op || got.Key != e.Key || !bytes.Equal(got.Value, e.Value) {
-			t.Fatalf("round trip %+v -> %+v", e, got)
-		}
-		if idx, ok := peekIndex(b); !ok || idx != e.Index {
-			t.Fatalf("peekIndex %d %v", idx, ok)
-		}
-	}
-}
-
-func FuzzDecodeEntry(f *testing.F) {
-	c := NewCodec()
-	d := Defaults{Origin: "a", Stream: entry.StreamID{9}}
-	f.Add(c.AppendEntry(nil, &entry.Entry{Index: 3, Commit: hlc.Timestamp{Wall: 5}, Op: entry.OpSet, Key: "k", Value: []byte("v"), Origin: "a", Stream: entry.StreamID{9}}, d))
-	f.Add(c.AppendEntry(nil, &entry.Entry{Index: 3, Commit: hlc.Timestamp{Wall: 5}, Stamp: hlc.Timestamp{Wall: 4}, Op: entry.OpDelete, Key: "k", Origin: "b", Stream: entry.StreamID{1}}, d))
-	f.Add(c.AppendEntry(nil, &entry.Entry{Index: 4, Commit: hlc.Timestamp{Wall: 5}, Op: entry.OpCounter, Key: "c", Ctr: &entry.PN{P: 2, N: 1},
-		CtrComp: "a/0123456789abcdef0123456789abcdef", Origin: "a", Stream: entry.StreamID{9}}, d))
-	f.Add(c.AppendEntry(nil, &entry.Entry{Index: 5, Commit: hlc.Timestamp{Wall: 5}, Op: entry.OpMulti, Oversize: 70 << 20, Origin: "a", Stream: entry.StreamID{9}}, d))
-	f.Add([]byte{0x80})
-	// nesting where the format has none, and lengths that lie
-	f.Add(append([]byte{0x82, 0xa1, 'i', 0x01, 0xa3, 'o', 'p', 's'}, append(bytes.Repeat([]byte{0x91}, 20000), 0xc0)...))
-	f.Add([]byte{0x82, 0xa1, 'i', 0x01, 0xa3, 'v', 'a', 'l', 0xc6, 0x7f, 0xff, 0xff, 0xff, 'x'})
-	f.Add([]byte{0x82, 0xa1, 'i', 0x01, 0xa3, 'o', 'p', 's', 0xdd, 0x7f, 0xff, 0xff, 0xff})
-	f.Fuzz(func(t *testing.T, b []byte) {
-		dc := NewCodec()
-		e, err := dc.DecodeEntry(b, d)
-		if err != nil {
-			if !errors.Is(err, entry.ErrMalformed) {
-				t.Fatalf("error outside the malformed class: %v", err)
-			}
-			return
-		}
-		// Whatever decodes must survive a re-encode unchanged.
-		again, err := dc.DecodeEntry(dc.AppendEntry(nil, &e, d), d)
-		if err != nil {
-			t.Fatalf("re-encoded entry does not decode: %v", err)
-		}
-		if again.Index != e.Index || again.Key != e.Key || !bytes.Equal(again.Value, e.Value) ||
-			again.LWW() != e.LWW() || again.Commit != e.Commit || again.Op != e.Op ||
-			again.CtrComp != e.CtrComp || again.Oversize != e.Oversize {
-			t.Fatalf("re-encode changed the entry: %+v -> %+v", e, again)
-		}
-	})
-}
-
 // FuzzScanSegment feeds arbitrary segment bytes to the open-time scanner: it
 // must never panic, and what it calls good must re-scan clean.
 func FuzzScanSegment(f *testing.F) {
@@ -541,20 +480,6 @@ func TestBytesAfter(t *testing.T) {
 // TestLyingBinLengthNotAllocated: a bin field that declares 2 GiB in a
 // 14-byte entry is refused before anything that size is allocated (msgpack's
 // own DecodeBytes would allocate it: the fuzzer's worker died of it).
-func TestLyingBinLengthNotAllocated(t *testing.T) {
-	var before, after runtime.MemStats
-	runtime.GC()
-	runtime.ReadMemStats(&before)
-	_, err := NewCodec().DecodeEntry([]byte("\x82\xa1i\x01\xa3val\xc6\x7f\xff\xff\xff\x95"), Defaults{Origin: "a", Stream: entry.StreamID{1}})
-	runtime.ReadMemStats(&after)
-	if !errors.Is(err, entry.ErrMalformed) {
-		t.Fatalf("a lying bin length: %v", err)
-	}
-	if grew := after.TotalAlloc - before.TotalAlloc; grew > 1<<20 {
-		t.Fatalf("allocated %d bytes for a 14-byte entry", grew)
-	}
-}
-
 // TestBytesAfterExact: backlog bytes equal the WAL's own on-disk sizes
 // exactly, after entries of very different sizes (a bulk load of large
 // values, then one-byte writes), across a reopen and a truncation.
@@ -602,4 +527,17 @@ func TestBytesAfterExact(t *testing.T) {
 		t.Fatal(err)
 	}
 	check("after truncation")
+}
+
+// TestPeekIndex: the index a log segment's scanner reads without decoding is
+// the one the codec wrote.
+func TestPeekIndex(t *testing.T) {
+	c := wire.NewCodec()
+	d := wire.Defaults{Origin: "a", Stream: entry.StreamID{9}}
+	for _, i := range []uint64{1, 127, 128, 1 << 16, 1 << 40} {
+		b := c.AppendEntry(nil, &entry.Entry{Index: i, Origin: "a", Stream: entry.StreamID{9}, Commit: hlc.Timestamp{Wall: 5}, Op: entry.OpSet, Key: "k"}, d)
+		if idx, ok := peekIndex(b); !ok || idx != i {
+			t.Fatalf("peekIndex of entry %d: %d %v", i, idx, ok)
+		}
+	}
 }

@@ -1,4 +1,4 @@
-package transport
+package wire
 
 import (
 	"bytes"
@@ -9,12 +9,10 @@ import (
 
 	"github.com/replicator/replicator/entry"
 	"github.com/replicator/replicator/hlc"
-	"github.com/replicator/replicator/origin"
-	"github.com/replicator/replicator/wal"
 )
 
-// WireVersion is the only batch version this build speaks.
-const WireVersion = 1
+// Version is the only batch version this build speaks.
+const Version = 1
 
 // ContentType is the media type of a batch.
 const ContentType = "application/msgpack"
@@ -30,10 +28,10 @@ const (
 )
 
 // ErrMalformed is the class of errors for a batch that does not decode.
-var ErrMalformed = errors.New("transport: malformed batch")
+var ErrMalformed = errors.New("wire: malformed batch")
 
 // ErrVersion is the class of errors for a batch of another wire version.
-var ErrVersion = errors.New("transport: unsupported wire version")
+var ErrVersion = errors.New("wire: unsupported version")
 
 // Batch is what a shipper POSTs to a peer's /v1/replicate:
 //
@@ -134,7 +132,7 @@ func AppendHeader(dst []byte, h *Header, n int) []byte {
 	}
 	_ = enc.EncodeMapLen(fields)
 	_ = enc.EncodeString("v")
-	_ = enc.EncodeUint(WireVersion)
+	_ = enc.EncodeUint(Version)
 	_ = enc.EncodeString("sender")
 	_ = enc.EncodeString(h.Sender)
 	_ = enc.EncodeString("stream")
@@ -198,10 +196,10 @@ func decodeMarks(dec *msgpack.Decoder) ([]Mark, error) {
 		if m.Origin, err = dec.DecodeString(); err != nil {
 			return nil, err
 		}
-		if err := origin.Validate(m.Origin); err != nil {
+		if err := checkCluster(m.Origin); err != nil {
 			return nil, fmt.Errorf("mark %d: %v", i, err)
 		}
-		s, err := wal.DecodeBytes(dec)
+		s, err := DecodeBytes(dec)
 		if err != nil {
 			return nil, err
 		}
@@ -235,7 +233,7 @@ func decodeEnd(dec *msgpack.Decoder) (*SnapshotEnd, error) {
 		return nil, fmt.Errorf("end of %d elements, want 4", n)
 	}
 	var e SnapshotEnd
-	s, err := wal.DecodeBytes(dec)
+	s, err := DecodeBytes(dec)
 	if err != nil {
 		return nil, err
 	}
@@ -264,8 +262,8 @@ func decodeEnd(dec *msgpack.Decoder) (*SnapshotEnd, error) {
 // EncodeBatch encodes b (tests and tools; the shipper copies WAL bytes).
 func EncodeBatch(b *Batch) []byte {
 	out := AppendHeader(nil, &b.Header, len(b.Entries))
-	c := wal.NewCodec()
-	d := wal.Defaults{Origin: b.Sender, Stream: b.Stream}
+	c := NewCodec()
+	d := Defaults{Origin: b.Sender, Stream: b.Stream}
 	for i := range b.Entries {
 		out = c.AppendEntry(out, &b.Entries[i], d)
 	}
@@ -306,14 +304,14 @@ func DecodeBatch(body []byte) (*Batch, error) {
 		switch name {
 		case "v":
 			version, err = dec.DecodeUint64()
-			if err == nil && version != WireVersion {
-				return nil, fmt.Errorf("%w %d: this node speaks version %d", ErrVersion, version, WireVersion)
+			if err == nil && version != Version {
+				return nil, fmt.Errorf("%w %d: this node speaks version %d", ErrVersion, version, Version)
 			}
 		case "sender":
 			b.Sender, err = dec.DecodeString()
 		case "stream":
 			var s []byte
-			s, err = wal.DecodeBytes(dec)
+			s, err = DecodeBytes(dec)
 			if err == nil && len(s) != len(b.Stream) {
 				err = fmt.Errorf("stream of %d bytes", len(s))
 			}
@@ -350,12 +348,12 @@ func DecodeBatch(body []byte) (*Batch, error) {
 		}
 	}
 	if !have["v"] {
-		return nil, fmt.Errorf("%w: no version field: this node speaks version %d", ErrVersion, WireVersion)
+		return nil, fmt.Errorf("%w: no version field: this node speaks version %d", ErrVersion, Version)
 	}
 	if rd.Len() != 0 {
 		return nil, fmt.Errorf("%w: trailing bytes after the batch", ErrMalformed)
 	}
-	if err := origin.Validate(b.Sender); err != nil {
+	if err := checkCluster(b.Sender); err != nil {
 		return nil, fmt.Errorf("%w: sender: %v", ErrMalformed, err)
 	}
 	if b.Stream.IsZero() {
@@ -387,10 +385,10 @@ func decodeEntries(dec *msgpack.Decoder, b *Batch) ([]entry.Entry, error) {
 	if err != nil || count < 0 || count > MaxBatchEntries {
 		return nil, fmt.Errorf("%w: entries: want an array of at most %d", ErrMalformed, MaxBatchEntries)
 	}
-	d := wal.Defaults{Origin: b.Sender, Stream: b.Stream}
+	d := Defaults{Origin: b.Sender, Stream: b.Stream}
 	ents := make([]entry.Entry, 0, min(count, 4096))
 	for i := 0; i < count; i++ {
-		e, err := wal.DecodeEntryFrom(dec, d)
+		e, err := DecodeEntryFrom(dec, d)
 		if err != nil {
 			return nil, fmt.Errorf("%w: entry %d: %v", ErrMalformed, i, err)
 		}
@@ -458,4 +456,12 @@ type Limits struct {
 	// a sender at once, applying them in the order they arrived (0 or 1:
 	// one at a time, as receivers before it did).
 	Pipeline int `json:"pipeline,omitempty"`
+}
+
+// checkCluster refuses a cluster ID that does not match entry.ClusterIDPattern.
+func checkCluster(id string) error {
+	if !entry.ValidClusterID(id) {
+		return fmt.Errorf("invalid cluster id %q: want %s", id, entry.ClusterIDPattern)
+	}
+	return nil
 }

@@ -1,11 +1,10 @@
-package transport
+package wire
 
 import (
 	"crypto/hmac"
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
-	"errors"
 	"strconv"
 )
 
@@ -29,10 +28,6 @@ const (
 	// HeaderMAC carries AnswerMAC on an answer to a post.
 	HeaderMAC = "X-Replicator-MAC"
 )
-
-// ErrUnproven: the peer node did not prove it holds the shared secret, or
-// its answer did not carry a valid HeaderMAC.
-var ErrUnproven = errors.New("transport: the peer node did not prove it holds the shared secret")
 
 // Proof is the answer at PathProve.
 type Proof struct {

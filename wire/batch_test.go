@@ -1,4 +1,4 @@
-package transport
+package wire
 
 import (
 	"bytes"
@@ -89,7 +89,7 @@ func TestDecodeBatchDeepNesting(t *testing.T) {
 	enc := msgpack.NewEncoder(&buf)
 	enc.EncodeMapLen(4)
 	enc.EncodeString("v")
-	enc.EncodeUint(WireVersion)
+	enc.EncodeUint(Version)
 	enc.EncodeString("entries")
 	buf.Write(nest)
 	enc.EncodeString("sender")
