@@ -9,6 +9,7 @@ import (
 	"net/http/pprof"
 
 	"github.com/replicator/replicator/acceptor"
+	"github.com/replicator/replicator/client"
 	"github.com/replicator/replicator/entry"
 	"github.com/replicator/replicator/transport"
 	"github.com/replicator/replicator/wire"
@@ -27,7 +28,7 @@ const (
 // PeersReport is GET /admin/peers.
 type PeersReport struct {
 	Cluster  string                     `json:"cluster"`
-	Links    []transport.Status         `json:"links"`
+	Links    []client.LinkStatus        `json:"links"`
 	Incoming map[string]acceptor.Counts `json:"incoming"`
 	Refusals map[string]uint64          `json:"refusals"`
 	Streams  []StreamReport             `json:"streams"`

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/replicator/replicator/client"
 	"github.com/replicator/replicator/entry"
 	"github.com/replicator/replicator/hlc"
 	"github.com/replicator/replicator/policy"
@@ -20,7 +21,7 @@ import (
 	"github.com/replicator/replicator/wire"
 )
 
-func link(t testing.TB, n *Node, peer string) transport.Status {
+func link(t testing.TB, n *Node, peer string) client.LinkStatus {
 	t.Helper()
 	for _, l := range n.PeerStatus() {
 		if l.Peer == peer {
@@ -28,7 +29,7 @@ func link(t testing.TB, n *Node, peer string) transport.Status {
 		}
 	}
 	t.Fatalf("%s has no link to %s", n.ClusterID(), peer)
-	return transport.Status{}
+	return client.LinkStatus{}
 }
 
 // incrementN adds 1 to key n times at nd, each acknowledged.

@@ -9,8 +9,11 @@ import (
 	"net/url"
 	"time"
 
+	"github.com/replicator/replicator/acceptor"
 	"github.com/replicator/replicator/hlc"
 	"github.com/replicator/replicator/origin"
+	"github.com/replicator/replicator/store"
+	"github.com/replicator/replicator/transport"
 )
 
 // Options configures a node. The zero value of a field means its default;
@@ -313,6 +316,25 @@ func (o *Options) EnsureDefaults() {
 	}
 	if o.Logger == nil {
 		o.Logger = slog.Default()
+	}
+	// The sub-packages' own defaults, filled here so that a caller (cmd's
+	// `serve -h` and --print-config) reads every default from node alone.
+	so := transport.Options{}
+	so.EnsureDefaults()
+	if o.MaxBatchEntries == 0 {
+		o.MaxBatchEntries = so.MaxBatchEntries
+	}
+	if o.MaxBatchBytes == 0 {
+		o.MaxBatchBytes = so.MaxBatchBytes
+	}
+	if o.Permits == 0 {
+		o.Permits = acceptor.DefaultPermits
+	}
+	if o.PermitQueue == 0 {
+		o.PermitQueue = acceptor.DefaultPermitQueue
+	}
+	if o.MemTableSize == 0 {
+		o.MemTableSize = store.DefaultOptions().MemTableSize
 	}
 	if o.Raft != nil && o.Raft.ElectionTimeout == 0 {
 		o.Raft.ElectionTimeout = time.Second

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/replicator/replicator/acceptor"
+	"github.com/replicator/replicator/client"
 	"github.com/replicator/replicator/hlc"
 	"github.com/replicator/replicator/machine"
 	"github.com/replicator/replicator/transport"
@@ -353,15 +354,37 @@ func (n *Node) oldestCommitWall(index uint64) (int64, bool) {
 }
 
 // PeerStatus reports every link.
-func (n *Node) PeerStatus() []transport.Status {
+func (n *Node) PeerStatus() []client.LinkStatus {
 	if n.multi() && !n.lead.ready.Load() {
 		return n.followerLinks()
 	}
 	th := transport.Thresholds{Lagging: n.opts.LinkLagging, Stalled: n.opts.LinkStalled}
 	links := n.links()
-	out := make([]transport.Status, 0, len(links))
+	out := make([]client.LinkStatus, 0, len(links))
 	for _, sh := range links {
-		out = append(out, sh.Status(th, n.oldestCommitWall))
+		out = append(out, linkStatus(sh.Status(th, n.oldestCommitWall)))
+	}
+	return out
+}
+
+// linkStatus is a shipper's figures as the API answers them: client's
+// LinkStatus, which the CLI and other callers decode without importing
+// transport (TestLinkStatusCarriesEveryField keeps the two in step).
+func linkStatus(s transport.Status) client.LinkStatus {
+	out := client.LinkStatus{
+		Peer: s.Peer, URL: s.URL, State: s.State, Acked: s.Acked, Last: s.Last,
+		EntriesBehind: s.EntriesBehind, BytesBehind: s.BytesBehind, OldestUnackedAge: s.OldestUnackedAge,
+		LastContact: s.LastContact, ConsecutiveErrors: s.ConsecutiveErrors, LastError: s.LastError,
+		InFlight: s.InFlight, Shipped: s.Shipped, Resent: s.Resent, Batches: s.Batches, Rewinds: s.Rewinds,
+		PermitRefusals: s.PermitRefusals, Paused: s.Paused, Detached: s.Detached, NeedsReseed: s.NeedsReseed,
+		Reseed:      client.ReseedStatus(s.Reseed),
+		ClockSkewMS: s.ClockSkewMS, Thresholds: client.Thresholds(s.Thresholds),
+		Conflict: s.Conflict, ReseedOwed: s.ReseedOwed, SendFailures: s.SendFailures, Liveness: s.Liveness,
+		Nodes: s.Nodes, PeerVersion: s.PeerVersion,
+	}
+	if s.Limits != nil {
+		l := client.PeerLimits(*s.Limits)
+		out.Limits = &l
 	}
 	return out
 }

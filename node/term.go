@@ -12,6 +12,7 @@ import (
 
 	"github.com/hashicorp/raft"
 
+	"github.com/replicator/replicator/client"
 	"github.com/replicator/replicator/cluster"
 	"github.com/replicator/replicator/entry"
 	"github.com/replicator/replicator/machine"
@@ -423,11 +424,11 @@ func (p *progress) wait(ctx context.Context, i uint64) error {
 
 // followerLinks is what a node that does not lead shows of its cluster's
 // links: where each peer's cursor stands in the log, state follower.
-func (n *Node) followerLinks() []transport.Status {
-	var out []transport.Status
+func (n *Node) followerLinks() []client.LinkStatus {
+	var out []client.LinkStatus
 	last := n.out.Last()
 	for _, p := range n.linkPeers() {
-		st := transport.Status{Peer: p.Name, URL: p.URL, State: transport.StateFollower, Last: last}
+		st := client.LinkStatus{Peer: p.Name, URL: p.URL, State: transport.StateFollower, Last: last}
 		if c, ok, err := n.store.Cursor(p.Name); err == nil && ok && c.Stream == n.out.Stream() {
 			st.Acked = c.Index
 			if last > c.Index {

@@ -14,8 +14,8 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/replicator/replicator/client"
 	"github.com/replicator/replicator/node"
-	"github.com/replicator/replicator/transport"
 )
 
 const adminUsage = `replicator admin wal|peers|origin|digest|cluster [--addr URL] [-o table|json]
@@ -63,7 +63,7 @@ func runAdmin(cmd string, args []string) error {
 			return fmt.Errorf("usage: replicator admin %s PEER", cmd)
 		}
 		peer := fs.Arg(0)
-		var st transport.Status
+		var st client.LinkStatus
 		if _, err := c.Do(ctx, http.MethodPost, "/admin/peers/"+peer+"/"+cmd, nil, nil, &st); err != nil {
 			return err
 		}
@@ -272,7 +272,7 @@ func printPeers(w io.Writer, r *node.PeersReport) {
 // printLinks is the links table. ACKED THROUGH is a position in this
 // node's write log (one entry per write: a batch or a range delete is one,
 // whatever number of keys it touched), BEHIND the writes past it.
-func printLinks(w io.Writer, links []transport.Status) {
+func printLinks(w io.Writer, links []client.LinkStatus) {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "PEER\tSTATE\tVERSION\tACKED THROUGH\tBEHIND\tBYTES BEHIND\tOLDEST\tLAST CONTACT\tERRORS\tSKEW\tLAST ERROR")
 	for _, l := range links {

@@ -16,11 +16,8 @@ import (
 
 	"go.yaml.in/yaml/v3"
 
-	"github.com/replicator/replicator/acceptor"
 	"github.com/replicator/replicator/node"
 	"github.com/replicator/replicator/origin"
-	"github.com/replicator/replicator/store"
-	"github.com/replicator/replicator/transport"
 )
 
 // serveConfig is what `replicator serve` takes, from flags and from a YAML
@@ -103,21 +100,19 @@ type serveConfig struct {
 // low water marks: half the high ones) stay zero, meaning derived.
 func defaultServeConfig() *serveConfig {
 	d := node.DefaultOptions()
-	var so transport.Options
-	so.EnsureDefaults()
 	dur := func(t time.Duration) *duration { v := duration(t); return &v }
 	return &serveConfig{
 		Listen: d.Listen, MaxKeyBytes: d.MaxKeyBytes, MaxValueBytes: d.MaxValueBytes,
 		TombstoneRetention: duration(d.TombstoneRetention), MaxClockOffset: duration(d.MaxClockOffset),
 		LogLevel: "info", LogFormat: "text",
-		BatchEntries: so.MaxBatchEntries, BatchBytes: so.MaxBatchBytes, BatchLinger: duration(so.Linger),
+		BatchEntries: d.MaxBatchEntries, BatchBytes: d.MaxBatchBytes, BatchLinger: duration(d.BatchLinger),
 		ReplicateMax: d.MaxReplicateBytes, PinWindow: duration(d.PinWindow),
 		HighEntries: d.WaterMarks.HighEntries, HighBytes: d.WaterMarks.HighBytes, HighAge: duration(d.WaterMarks.HighAge),
 		AdmissionWait: dur(d.AdmissionWait), IdentityWait: dur(d.IdentityCheckWait),
-		Permits: acceptor.DefaultPermits, PermitQueue: acceptor.DefaultPermitQueue,
+		Permits: d.Permits, PermitQueue: d.PermitQueue,
 		MinBodyRate: d.MinBodyRate, MaxConns: d.MaxConnections, MaxBodies: d.MaxBodiesInFlight,
 		GossipProfile: "wan", TLSReload: duration(d.TLSReloadInterval), PeerSANMode: node.SANModeURI,
-		MemTableSize: store.DefaultOptions().MemTableSize,
+		MemTableSize: d.MemTableSize,
 		LinkLagging:  duration(d.LinkLagging), LinkStalled: duration(d.LinkStalled),
 		RaftElection: duration(time.Second),
 	}

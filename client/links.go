@@ -1,0 +1,77 @@
+package client
+
+import "time"
+
+// LinkStatus is one outgoing link as GET /admin/peers reports it (the
+// "links" array) and as the pause, resume, reseed and detach endpoints
+// answer. The node fills it from its shipper's figures; the JSON names are
+// the contract.
+type LinkStatus struct {
+	Peer              string       `json:"peer"`
+	URL               string       `json:"url"`
+	State             string       `json:"state"`
+	Acked             uint64       `json:"acked_index"`
+	Last              uint64       `json:"last_index"`
+	EntriesBehind     uint64       `json:"entries_behind"`
+	BytesBehind       int64        `json:"bytes_behind"`
+	OldestUnackedAge  float64      `json:"oldest_unacked_age_seconds"`
+	LastContact       time.Time    `json:"last_contact,omitzero"`
+	ConsecutiveErrors int          `json:"consecutive_errors"`
+	LastError         string       `json:"last_error,omitempty"`
+	InFlight          int          `json:"in_flight_batches"`
+	Shipped           uint64       `json:"shipped_entries"`
+	Resent            uint64       `json:"resent_entries"`
+	Batches           uint64       `json:"batches"`
+	Rewinds           uint64       `json:"rewinds"`
+	PermitRefusals    uint64       `json:"permit_refusals"`
+	Paused            bool         `json:"paused"`
+	Detached          bool         `json:"detached"`
+	NeedsReseed       bool         `json:"needs_reseed"`
+	Reseed            ReseedStatus `json:"reseed"`
+	ClockSkewMS       float64      `json:"clock_skew_ms"`
+	Thresholds        Thresholds   `json:"thresholds"`
+	// Conflict is set when the peer holds entries of this stream that this
+	// cluster does not (a restored or copied data directory).
+	Conflict string `json:"identity_conflict,omitempty"`
+	// ReseedOwed: the peer asked for a re-seed (it lost data), not sent yet.
+	ReseedOwed bool `json:"reseed_owed,omitempty"`
+	// Limits are what the peer said it accepts.
+	Limits *PeerLimits `json:"peer_limits,omitempty"`
+	// SendFailures counts every failed send or heartbeat, ever.
+	SendFailures uint64 `json:"send_failures"`
+	// Liveness is what gossip says of the peer (empty without gossip).
+	Liveness string `json:"liveness,omitempty"`
+	// Nodes are the peer cluster's nodes its answers listed: where the
+	// link fails over to.
+	Nodes []string `json:"peer_nodes,omitempty"`
+	// PeerVersion is the build the peer last answered with.
+	PeerVersion string `json:"peer_version,omitempty"`
+}
+
+// ReseedStatus is the progress of a link's re-seed.
+type ReseedStatus struct {
+	Running    bool      `json:"running"`
+	Sent       int       `json:"sent_keys"`
+	Total      int       `json:"total_keys"`
+	Started    time.Time `json:"started,omitzero"`
+	Finished   time.Time `json:"finished,omitzero"`
+	Runs       int       `json:"runs"`
+	Error      string    `json:"error,omitempty"`
+	LastReason string    `json:"last_reason,omitempty"`
+	Requested  bool      `json:"requested,omitempty"`
+}
+
+// Thresholds are the backlog ages at which a link reports lagging and
+// stalled.
+type Thresholds struct {
+	Lagging time.Duration `json:"lagging"`
+	Stalled time.Duration `json:"stalled"`
+}
+
+// PeerLimits are the bounds a peer's acceptor announced.
+type PeerLimits struct {
+	MaxBody  int64 `json:"max_body"`
+	MaxKey   int   `json:"max_key"`
+	MaxValue int   `json:"max_value"`
+	Pipeline int   `json:"pipeline,omitempty"`
+}
