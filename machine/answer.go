@@ -2,16 +2,22 @@ package machine
 
 import (
 	"encoding/json"
-	"net/http"
 
 	"github.com/replicator/replicator/entry"
-	"github.com/replicator/replicator/internal/httpjson"
+	"github.com/replicator/replicator/internal/jsonstring"
 )
 
 // The answers a keyed request records. A keyed write's record (status and
 // body) rides in its entry, so it is decided where the write is, in commit
 // order, from the entry and the decision alone: every node of a cluster
 // records the same bytes, and a retry sent to any of them replays them.
+
+// recordedStatus is the status every recorded answer carries: only a write
+// that succeeded records one (a refusal is answered, never recorded), and a
+// retry replays it as the HTTP status. The answer is bytes by nature, since
+// any node of any cluster replays it verbatim, so the machine encodes the
+// answer's value itself; it never sees a request or a response.
+const recordedStatus = 200
 
 // AnswerKind names the shape of a recorded answer.
 type AnswerKind uint8
@@ -66,7 +72,7 @@ func Answer(kind AnswerKind, e *entry.Entry, counterValue int64, opID string) (s
 	var v any
 	switch kind {
 	case AnswerWrite:
-		return http.StatusOK, AppendWriteAnswer(nil, e.Key, st.String(), st.Origin)
+		return recordedStatus, AppendWriteAnswer(nil, e.Key, st.String(), st.Origin)
 	case AnswerRange:
 		v = RangeAnswer{Start: e.Key, End: e.End, Version: st.String(), Origin: st.Origin}
 	case AnswerCounter:
@@ -75,17 +81,17 @@ func Answer(kind AnswerKind, e *entry.Entry, counterValue int64, opID string) (s
 		v = BatchAnswer{OperationID: opID, Ops: len(e.Ops), Version: st.String(), Origin: st.Origin}
 	}
 	b, _ := json.Marshal(v)
-	return http.StatusOK, append(b, '\n')
+	return recordedStatus, append(b, '\n')
 }
 
 // AppendWriteAnswer appends the JSON of WriteAnswer (as encoding/json
 // writes it, newline included) without reflection: it is every single write's answer.
 func AppendWriteAnswer(dst []byte, key, version, origin string) []byte {
 	dst = append(dst, `{"key":`...)
-	dst = httpjson.AppendString(dst, key)
+	dst = jsonstring.Append(dst, key)
 	dst = append(dst, `,"version":`...)
-	dst = httpjson.AppendString(dst, version)
+	dst = jsonstring.Append(dst, version)
 	dst = append(dst, `,"origin":`...)
-	dst = httpjson.AppendString(dst, origin)
+	dst = jsonstring.Append(dst, origin)
 	return append(dst, "}\n"...)
 }

@@ -78,18 +78,3 @@ func RetryAfter(w http.ResponseWriter, d time.Duration) {
 	}
 	w.Header().Set("Retry-After", strconv.Itoa(secs))
 }
-
-// AppendString appends s as a JSON string, byte for byte as encoding/json
-// writes it (HTML characters escaped too), without reflection for the
-// printable ASCII that keys, versions and origins almost always are.
-func AppendString(dst []byte, s string) []byte {
-	for i := 0; i < len(s); i++ {
-		if c := s[i]; c < 0x20 || c >= 0x7f || c == '"' || c == '\\' || c == '<' || c == '>' || c == '&' {
-			b, _ := json.Marshal(s)
-			return append(dst, b...)
-		}
-	}
-	dst = append(dst, '"')
-	dst = append(dst, s...)
-	return append(dst, '"')
-}

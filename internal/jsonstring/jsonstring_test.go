@@ -1,4 +1,4 @@
-package httpjson
+package jsonstring
 
 import (
 	"bytes"
@@ -6,7 +6,7 @@ import (
 	"testing"
 )
 
-func FuzzAppendString(f *testing.F) {
+func FuzzAppend(f *testing.F) {
 	for _, s := range []string{"", "k", "a/b c", `q"uote`, `back\slash`, "<script>&", "tab\t", "\x00", "é", "\u2028", "\xff", "1764546000000000000.3.a"} {
 		f.Add(s)
 	}
@@ -15,8 +15,8 @@ func FuzzAppendString(f *testing.F) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if got := AppendString([]byte("x"), s); !bytes.Equal(got, append([]byte("x"), want...)) {
-			t.Fatalf("AppendString(%q) = %s, encoding/json writes %s", s, got[1:], want)
+		if got := Append([]byte("x"), s); !bytes.Equal(got, append([]byte("x"), want...)) {
+			t.Fatalf("Append(%q) = %s, encoding/json writes %s", s, got[1:], want)
 		}
 	})
 }
