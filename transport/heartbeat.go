@@ -1,0 +1,72 @@
+package transport
+
+import (
+	"context"
+	"time"
+
+	"github.com/replicator/replicator/wire"
+)
+
+// SetRejoining sets this node's rejoin phase with the peer (0, or
+// RejoinRequesting / RejoinSeeding); the next heartbeat tells it, at once.
+func (s *Shipper) SetRejoining(phase uint8) {
+	s.mu.Lock()
+	s.mu.rejoining = phase
+	s.mu.Unlock()
+	s.wake()
+}
+
+// idleFor is how long since the peer last answered (or since ever).
+func (s *Shipper) idleFor() time.Duration {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.mu.lastContact.IsZero() {
+		return time.Duration(1 << 62)
+	}
+	return time.Since(s.mu.lastContact)
+}
+
+// heartbeat sends an empty batch of the stream (asking for a re-seed when
+// the node lost data). The ack carries the receiver's high-water mark: one
+// below the cursor means the receiver lost entries (its data was wiped or
+// restored), and the shipper rewinds; one the WAL does not hold means this
+// node's data directory was restored or copied.
+func (s *Shipper) heartbeat(ctx context.Context) error {
+	s.mu.Lock()
+	phase := s.mu.rejoining
+	s.mu.lastHeartbeat = time.Now()
+	s.mu.Unlock()
+	stream := s.log.Stream()
+	body := wire.AppendHeader(nil, &wire.Header{Sender: s.opts.Local, Stream: stream, Rejoining: phase}, 0)
+	sent := s.opts.Now()
+	ack, err := s.post(ctx, body)
+	if err != nil {
+		return err
+	}
+	s.mu.Lock()
+	s.mu.phaseSent = phase
+	s.mu.Unlock()
+	if !s.answered(&ack, stream) {
+		return nil
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if stream != s.log.Stream() {
+		return nil // replaced since answered checked: Rebase owns the cursor
+	}
+	if s.mu.conflict != "" {
+		return nil // the link stopped on an earlier answer of this window
+	}
+	s.ackedLocked(ack, sent)
+	if phase == wire.RejoinRequesting && ack.ReseedRecorded {
+		s.opts.Logger.Debug("peer holds the request for a re-seed", "peer", s.peer.Name)
+	}
+	if ack.HWM < s.mu.acked && !s.mu.needsReseed {
+		s.opts.Logger.Warn("peer is behind its cursor: rewinding", "peer", s.peer.Name, "cursor", s.mu.acked, "peer_hwm", ack.HWM)
+		s.mu.rewinds++
+		s.rewindLocked(ack.HWM)
+	} else if ack.HWM == s.mu.acked {
+		s.mu.ackedCommit = parseCommit(ack.HWMCommit)
+	}
+	return nil
+}

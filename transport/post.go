@@ -1,0 +1,187 @@
+package transport
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/replicator/replicator/wire"
+)
+
+// errGap carries the receiver's high-water mark from a 409 refusal.
+type errGap struct{ hwm uint64 }
+
+func (e *errGap) Error() string { return fmt.Sprintf("receiver is at index %d: rewinding", e.hwm) }
+
+// errConflict is the receiver's proof that it applied another write under
+// one of this stream's identities.
+type errConflict struct{ msg string }
+
+func (e *errConflict) Error() string { return e.msg }
+
+var errNoPermit = errors.New("transport: receiver has no replay permit free (429)")
+
+// errTooLarge is a 413 answer: the batch was over the receiver's body limit.
+type errTooLarge struct {
+	limit int64 // 0 when the receiver did not say
+	msg   string
+}
+
+func (e *errTooLarge) Error() string { return "transport: batch too large for the receiver: " + e.msg }
+
+// post sends one batch and decodes the answer.
+func (s *Shipper) post(ctx context.Context, body []byte) (wire.Ack, error) {
+	// A node of the peer cluster that does not lead names the one that
+	// does: the batch goes there at once (a redirect is never a failure).
+	for hop := 0; ; hop++ {
+		ack, err := s.postOnce(ctx, body)
+		var nl *errNotLeader
+		if !errors.As(err, &nl) || nl.leader == "" || hop == 2 {
+			return ack, err
+		}
+		s.mu.Lock()
+		from := s.mu.url
+		s.mu.url = nl.leader
+		s.mu.Unlock()
+		s.opts.Logger.Info("peer node does not lead: following its leader", "peer", s.peer.Name, "from", from, "to", nl.leader)
+	}
+}
+
+// errNotLeader is a 503 not_leader answer: a node of a cluster of several
+// that does not lead now, naming the one that does when it knows.
+type errNotLeader struct {
+	leader string
+	msg    string
+}
+
+func (e *errNotLeader) Error() string { return "transport: " + e.msg }
+
+// postOnce posts body once to the peer node the link points at (after that
+// node proved it holds the secret) and decodes the answer.
+func (s *Shipper) postOnce(ctx context.Context, body []byte) (wire.Ack, error) {
+	var ack wire.Ack
+	ctx, cancel := context.WithTimeout(ctx, s.opts.RequestTimeout)
+	defer cancel()
+	s.mu.Lock()
+	base := s.mu.url
+	if s.mu.firstTry.IsZero() {
+		s.mu.firstTry = time.Now()
+	}
+	s.mu.Unlock()
+	var nonce string
+	if s.peer.Secret != "" {
+		legacy, err := s.prove(ctx, base)
+		if err != nil {
+			s.unproven(base)
+			return ack, err
+		}
+		if !legacy {
+			nonce = wire.NewNonce()
+		}
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, strings.TrimRight(base, "/")+"/v1/replicate", bytes.NewReader(body))
+	if err != nil {
+		return ack, err
+	}
+	req.Header.Set("Content-Type", wire.ContentType)
+	req.Header.Set(wire.HeaderOrigin, s.opts.Local)
+	if s.peer.Secret != "" {
+		req.Header.Set("Authorization", "Bearer "+s.peer.Secret)
+	}
+	if nonce != "" {
+		req.Header.Set(wire.HeaderNonce, nonce)
+	}
+	req.Header.Set(wire.HeaderSent, strconv.FormatInt(time.Now().UnixNano(), 10))
+	resp, err := s.opts.Client.Do(req)
+	if err != nil {
+		if ctx.Err() == nil || errors.Is(ctx.Err(), context.DeadlineExceeded) {
+			// This node of the peer is unreachable or too slow: the next try
+			// goes to another (a follower there names the leader).
+			s.mu.Lock()
+			if s.mu.url == base {
+				s.rotateLocked()
+			}
+			s.mu.Unlock()
+		}
+		return ack, fmt.Errorf("transport: post to %s: %w", s.peer.Name, err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	if err != nil {
+		return ack, fmt.Errorf("transport: read answer of %s: %w", s.peer.Name, err)
+	}
+	// An answer that moves anything (the cursor, the URL, the batch's
+	// size) must come from a holder of the secret.
+	// (A 503 moves the URL only when it is a not_leader answer; another
+	// one, such as a node shutting down, is a failure like any.)
+	moves := resp.StatusCode == http.StatusOK || resp.StatusCode == http.StatusConflict || resp.StatusCode == http.StatusRequestEntityTooLarge ||
+		(resp.StatusCode == http.StatusServiceUnavailable && bytes.Contains(b, []byte(`"not_leader"`)))
+	if moves && nonce != "" && !wire.VerifyMAC(resp.Header.Get(wire.HeaderMAC), wire.AnswerMAC(s.peer.Secret, nonce, resp.StatusCode, b)) {
+		s.unproven(base)
+		return ack, fmt.Errorf("%w: %s at %s answered %d without a valid %s: ignored", ErrUnproven, s.peer.Name, base, resp.StatusCode, wire.HeaderMAC)
+	}
+	return s.decodeAnswer(base, resp.StatusCode, b)
+}
+
+// decodeAnswer turns the answer of the node at base (its status and body
+// b) into an ack, or into the error it stands for.
+func (s *Shipper) decodeAnswer(base string, status int, b []byte) (wire.Ack, error) {
+	var ack wire.Ack
+	switch status {
+	case http.StatusOK:
+		if err := json.Unmarshal(b, &ack); err != nil {
+			return ack, fmt.Errorf("transport: ack of %s: %w", s.peer.Name, err)
+		}
+		return ack, nil
+	case http.StatusConflict:
+		var e struct {
+			Error struct {
+				Code    string  `json:"code"`
+				HWM     *uint64 `json:"hwm"`
+				Version string  `json:"version"`
+				Message string  `json:"message"`
+			} `json:"error"`
+		}
+		if json.Unmarshal(b, &e) == nil && e.Error.Code == "identity_conflict" {
+			return ack, &errConflict{msg: e.Error.Message}
+		}
+		if json.Unmarshal(b, &e) == nil && e.Error.HWM != nil {
+			return ack, &errGap{hwm: *e.Error.HWM}
+		}
+	case http.StatusTooManyRequests:
+		return ack, fmt.Errorf("%w: %s", errNoPermit, strings.TrimSpace(string(b)))
+	case http.StatusServiceUnavailable:
+		var e struct {
+			Error struct {
+				Code    string   `json:"code"`
+				Message string   `json:"message"`
+				Leader  string   `json:"leader"`
+				Nodes   []string `json:"nodes"`
+			} `json:"error"`
+		}
+		if json.Unmarshal(b, &e) == nil && e.Error.Code == "not_leader" {
+			s.mu.Lock()
+			if len(e.Error.Nodes) > 0 {
+				s.learnNodesLocked(e.Error.Nodes)
+			}
+			s.mu.Unlock()
+			return ack, &errNotLeader{leader: e.Error.Leader, msg: fmt.Sprintf("%s at %s does not lead: %s", s.peer.Name, base, e.Error.Message)}
+		}
+	case http.StatusRequestEntityTooLarge:
+		var e struct {
+			Error struct {
+				Limit int64 `json:"limit"`
+			} `json:"error"`
+		}
+		_ = json.Unmarshal(b, &e)
+		return ack, &errTooLarge{limit: e.Error.Limit, msg: strings.TrimSpace(string(b))}
+	}
+	return ack, fmt.Errorf("transport: %s answered %d: %s", s.peer.Name, status, strings.TrimSpace(string(b)))
+}

@@ -1,0 +1,241 @@
+package transport
+
+import (
+	"slices"
+	"time"
+
+	"github.com/replicator/replicator/hlc"
+	"github.com/replicator/replicator/wire"
+)
+
+// Link states, as /admin/peers shows them.
+const (
+	StateUnknown     = "unknown" // nothing tried yet, or the first attempt under way
+	StateHealthy     = "healthy"
+	StateLagging     = "lagging"
+	StateStalled     = "stalled"
+	StateNeedsReseed = "needs_reseed"
+	StateReseeding   = "reseeding"
+	StatePaused      = "paused"
+	StateDead        = "dead" // gossip: the peer stopped answering probes
+	StateLeft        = "left" // gossip: the peer left gracefully
+	// StateConflict: the peer holds entries of this stream the WAL does
+	// not; the node is replacing the stream.
+	StateConflict = "identity_conflict"
+	// StateFollower: this node does not lead its cluster (of several
+	// nodes); the leader ships, and this node only shows the cursor.
+	StateFollower = "follower"
+)
+
+// ReseedStatus is the progress of a re-seed.
+type ReseedStatus struct {
+	Running  bool      `json:"running"`
+	Sent     int       `json:"sent_keys"`
+	Total    int       `json:"total_keys"`
+	Started  time.Time `json:"started,omitzero"`
+	Finished time.Time `json:"finished,omitzero"`
+	Runs     int       `json:"runs"`
+	Error    string    `json:"error,omitempty"`
+	// LastReason is why the last re-seed ran (an operator's request, a
+	// detach, a peer that asked after losing data, ...).
+	LastReason string `json:"last_reason,omitempty"`
+	// Requested: the last re-seed answered the peer's own request.
+	Requested bool `json:"requested,omitempty"`
+}
+
+// Status is a link's figures.
+type Status struct {
+	Peer              string       `json:"peer"`
+	URL               string       `json:"url"`
+	State             string       `json:"state"`
+	Acked             uint64       `json:"acked_index"`
+	Last              uint64       `json:"last_index"`
+	EntriesBehind     uint64       `json:"entries_behind"`
+	BytesBehind       int64        `json:"bytes_behind"`
+	OldestUnackedAge  float64      `json:"oldest_unacked_age_seconds"`
+	LastContact       time.Time    `json:"last_contact,omitzero"`
+	ConsecutiveErrors int          `json:"consecutive_errors"`
+	LastError         string       `json:"last_error,omitempty"`
+	InFlight          int          `json:"in_flight_batches"`
+	Shipped           uint64       `json:"shipped_entries"`
+	Resent            uint64       `json:"resent_entries"`
+	Batches           uint64       `json:"batches"`
+	Rewinds           uint64       `json:"rewinds"`
+	PermitRefusals    uint64       `json:"permit_refusals"`
+	Paused            bool         `json:"paused"`
+	Detached          bool         `json:"detached"`
+	NeedsReseed       bool         `json:"needs_reseed"`
+	Reseed            ReseedStatus `json:"reseed"`
+	ClockSkewMS       float64      `json:"clock_skew_ms"`
+	Thresholds        Thresholds   `json:"thresholds"`
+	// Conflict is set when the peer holds entries of this stream the WAL
+	// does not have (a restored or copied data directory).
+	Conflict string `json:"identity_conflict,omitempty"`
+	// ReseedOwed: the peer asked for a re-seed (it lost data), not sent yet.
+	ReseedOwed bool `json:"reseed_owed,omitempty"`
+	// Limits are what the peer said it accepts.
+	Limits *wire.Limits `json:"peer_limits,omitempty"`
+	// SendFailures counts every failed send or heartbeat, ever.
+	SendFailures uint64 `json:"send_failures"`
+	// Liveness is what gossip says of the peer (empty without gossip).
+	Liveness string `json:"liveness,omitempty"`
+	// Nodes are the peer cluster's nodes its answers listed (a cluster
+	// of several): where the link fails over to.
+	Nodes []string `json:"peer_nodes,omitempty"`
+	// PeerVersion is the build the peer last answered with (empty before
+	// its first answer, or from a build that does not tell).
+	PeerVersion string `json:"peer_version,omitempty"`
+}
+
+// Delivery is how far the peer has this stream, for tombstone collection.
+type Delivery struct {
+	Acked       uint64
+	AckedCommit hlc.Timestamp // zero when not known yet
+	// Complete is false while the peer may be missing entries that the WAL
+	// no longer holds for it: detached, needing or owed a re-seed, in one,
+	// or in an identity conflict.
+	Complete bool
+}
+
+// Delivery reports how far the peer has this stream.
+func (s *Shipper) Delivery() Delivery {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return Delivery{Acked: s.mu.acked, AckedCommit: s.mu.ackedCommit,
+		Complete: !s.mu.detached && !s.mu.needsReseed && !s.mu.reseed.Running && !s.mu.owed &&
+			!s.mu.wantReseed && s.mu.conflict == ""}
+}
+
+// Limits returns what the peer said it accepts (nil before it answered).
+func (s *Shipper) Limits() *wire.Limits {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.mu.limits
+}
+
+// Thresholds classify a link's health.
+type Thresholds struct {
+	// Lagging: entries behind whose oldest is older than this, or no
+	// contact for this long while behind. Default 5s.
+	Lagging time.Duration `json:"lagging"`
+	// Stalled: the same past this. Default 60s.
+	Stalled time.Duration `json:"stalled"`
+}
+
+// Backlog is what a peer has not acknowledged yet.
+type Backlog struct {
+	Entries   uint64
+	Bytes     int64
+	OldestAge time.Duration
+}
+
+// Backlog measures the link's backlog. commitWall reads the commit HLC wall
+// time of a WAL entry (cached per cursor position).
+func (s *Shipper) Backlog(commitWall func(index uint64) (int64, bool)) Backlog {
+	s.mu.Lock()
+	acked := s.mu.acked
+	oldestIdx, oldestWall := s.mu.oldestIdx, s.mu.oldestWall
+	s.mu.Unlock()
+	last := s.log.Last()
+	if last <= acked {
+		return Backlog{}
+	}
+	b := Backlog{Entries: last - acked, Bytes: s.log.BytesAfter(acked)}
+	if oldestIdx != acked+1 {
+		wall, ok := commitWall(acked + 1)
+		if !ok {
+			return b
+		}
+		oldestIdx, oldestWall = acked+1, wall
+		s.mu.Lock()
+		s.mu.oldestIdx, s.mu.oldestWall = oldestIdx, oldestWall
+		s.mu.Unlock()
+	}
+	b.OldestAge = max(0, time.Duration(s.opts.Now()-oldestWall))
+	return b
+}
+
+// Status reports the link's figures.
+func (s *Shipper) Status(th Thresholds, commitWall func(index uint64) (int64, bool)) Status {
+	if th.Lagging == 0 {
+		th.Lagging = 5 * time.Second
+	}
+	if th.Stalled == 0 {
+		th.Stalled = 60 * time.Second
+	}
+	bl := s.Backlog(commitWall)
+	s.mu.Lock()
+	st := Status{
+		Peer:              s.peer.Name,
+		URL:               s.mu.url,
+		Liveness:          s.mu.liveness,
+		Nodes:             slices.Clone(s.mu.nodes),
+		Acked:             s.mu.acked,
+		LastContact:       s.mu.lastContact,
+		ConsecutiveErrors: s.mu.errors,
+		LastError:         s.mu.lastErr,
+		InFlight:          s.mu.inFlight,
+		Shipped:           s.mu.shipped,
+		Resent:            s.mu.resent,
+		Batches:           s.mu.batches,
+		Rewinds:           s.mu.rewinds,
+		PermitRefusals:    s.mu.permitRefs,
+		Paused:            s.mu.paused,
+		Detached:          s.mu.detached,
+		NeedsReseed:       s.mu.needsReseed,
+		Reseed:            s.mu.reseed,
+		ClockSkewMS:       float64(s.mu.skew.Microseconds()) / 1000,
+		Thresholds:        th,
+		Conflict:          s.mu.conflict,
+		ReseedOwed:        s.mu.owed,
+		Limits:            s.mu.limits,
+		PeerVersion:       s.mu.peerVersion,
+		SendFailures:      s.mu.failures,
+	}
+	firstTry := s.mu.firstTry
+	s.mu.Unlock()
+	st.Last = s.log.Last()
+	st.EntriesBehind, st.BytesBehind = bl.Entries, bl.Bytes
+	st.OldestUnackedAge = bl.OldestAge.Seconds()
+	sinceContact := time.Since(st.LastContact)
+	switch {
+	case st.Conflict != "":
+		st.State = StateConflict
+	case st.Reseed.Running:
+		st.State = StateReseeding
+	case st.NeedsReseed:
+		st.State = StateNeedsReseed
+	case st.Paused:
+		st.State = StatePaused
+	case st.Liveness == LiveDead:
+		st.State = StateDead
+	case st.Liveness == LiveLeft:
+		st.State = StateLeft
+	case st.LastContact.IsZero() && firstTry.IsZero():
+		st.State = StateUnknown // nothing tried yet
+	default:
+		// How long the link has gone without contact (since the first
+		// attempt, for a peer that never answered: a mistyped URL or a
+		// firewall ages like any outage), and how old its backlog is.
+		silent := sinceContact
+		if st.LastContact.IsZero() {
+			silent = time.Since(firstTry)
+		}
+		age := time.Duration(0)
+		if st.EntriesBehind > 0 {
+			age = bl.OldestAge
+		}
+		switch {
+		case silent > th.Stalled || age > th.Stalled:
+			st.State = StateStalled
+		case silent > th.Lagging || age > th.Lagging || st.ConsecutiveErrors >= 3 ||
+			(st.LastContact.IsZero() && st.ConsecutiveErrors > 0):
+			st.State = StateLagging
+		case st.LastContact.IsZero():
+			st.State = StateUnknown // the first attempt is under way
+		default:
+			st.State = StateHealthy
+		}
+	}
+	return st
+}
