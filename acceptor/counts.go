@@ -1,0 +1,43 @@
+package acceptor
+
+// Counts are the acceptor's outcome counters, per origin cluster.
+type Counts struct {
+	Batches    uint64 `json:"batches"`
+	Applied    uint64 `json:"applied"`    // newly applied and won LWW
+	Stale      uint64 `json:"stale"`      // newly applied, lost LWW
+	Duplicates uint64 `json:"duplicates"` // already applied (hwm or equal stamp)
+	DroppedOwn uint64 `json:"dropped_own"`
+	Refused    uint64 `json:"refused"`
+	// DeadLettered entries broke this node's limits and were set aside.
+	DeadLettered uint64 `json:"dead_lettered"`
+	// DroppedUnknown are snapshot entries of clusters this node does not
+	// know, not taken.
+	DroppedUnknown uint64 `json:"dropped_unknown"`
+}
+
+// Counts returns a copy of the per-origin counters.
+func (a *Acceptor) Counts() map[string]Counts {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	out := make(map[string]Counts, len(a.mu.counts))
+	for k, v := range a.mu.counts {
+		out[k] = *v
+	}
+	return out
+}
+
+// REQUIRES: a.mu held.
+func (a *Acceptor) countsLocked(origin string) *Counts {
+	c := a.mu.counts[origin]
+	if c == nil {
+		c = &Counts{}
+		a.mu.counts[origin] = c
+	}
+	return c
+}
+
+func (a *Acceptor) count(origin string, f func(*Counts)) {
+	a.mu.Lock()
+	f(a.countsLocked(origin))
+	a.mu.Unlock()
+}

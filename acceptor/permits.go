@@ -1,0 +1,131 @@
+package acceptor
+
+import (
+	"errors"
+	"fmt"
+	"net/http"
+	"time"
+
+	"github.com/replicator/replicator/wire"
+)
+
+// Saturation sources of a refusal. Values appear in error bodies and
+// metrics; never rename them.
+const (
+	SourceReplayPermit    = "replay_permit_admission"
+	SourceOutboundBacklog = "outbound_backlog"
+)
+
+// ErrNoPermit refuses a batch when every replay permit is taken and the
+// wait queue is full (or the wait ran out).
+var ErrNoPermit = errors.New("acceptor: no replay permit free")
+
+// PermitStats describe the replay permits.
+type PermitStats struct {
+	Capacity int    `json:"capacity"`
+	InUse    int    `json:"in_use"`
+	Queued   int    `json:"queued"`
+	QueueCap int    `json:"queue_capacity"`
+	Refused  uint64 `json:"refused"`
+	State    string `json:"state"` // healthy, throttled, saturated
+}
+
+// bodySlot takes one of the slots for reading a body, within the sender's
+// share (a quarter of them, at least one); it does not wait.
+func (a *Acceptor) bodySlot(sender string) (release func(), err error) {
+	share := max(1, a.opts.MaxBodies/4)
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.mu.bodies >= a.opts.MaxBodies || a.mu.bodiesOf[sender] >= share {
+		a.refusals.permit.Add(1)
+		return nil, fmt.Errorf("%w: %d batches being read (%d from %s, its share %d)", ErrNoPermit,
+			a.mu.bodies, a.mu.bodiesOf[sender], sender, share)
+	}
+	a.mu.bodies++
+	a.mu.bodiesOf[sender]++
+	return func() {
+		a.mu.Lock()
+		a.mu.bodies--
+		a.mu.bodiesOf[sender]--
+		a.mu.Unlock()
+	}, nil
+}
+
+// acquire takes a replay permit, waiting in the bounded queue if need be.
+// No sender holds more than its share of the permits (half, at least one),
+// so a peer whose batches are slow to apply cannot stall every other.
+func (a *Acceptor) acquire(r *http.Request, sender string) (release func(), err error) {
+	share := max(1, a.opts.Permits/2)
+	a.mu.Lock()
+	if a.mu.permitsOf[sender] >= share {
+		a.mu.Unlock()
+		a.refusals.permit.Add(1)
+		return nil, fmt.Errorf("%w: %s holds its share of %d permits", ErrNoPermit, sender, share)
+	}
+	a.mu.permitsOf[sender]++
+	a.mu.Unlock()
+	release = func() {
+		<-a.permits
+		a.mu.Lock()
+		a.mu.permitsOf[sender]--
+		a.mu.Unlock()
+	}
+	unshare := func() {
+		a.mu.Lock()
+		a.mu.permitsOf[sender]--
+		a.mu.Unlock()
+	}
+	select {
+	case a.permits <- struct{}{}:
+		return release, nil
+	default:
+	}
+	if int(a.queued.Add(1)) > a.opts.PermitQueue {
+		a.queued.Add(-1)
+		unshare()
+		return nil, fmt.Errorf("%w: %d applying, %d waiting", ErrNoPermit, a.opts.Permits, a.opts.PermitQueue)
+	}
+	defer a.queued.Add(-1)
+	t := time.NewTimer(a.opts.PermitWait)
+	defer t.Stop()
+	select {
+	case a.permits <- struct{}{}:
+		return release, nil
+	case <-t.C:
+		unshare()
+		return nil, fmt.Errorf("%w: waited %s", ErrNoPermit, a.opts.PermitWait)
+	case <-r.Context().Done():
+		unshare()
+		return nil, fmt.Errorf("%w: %v", ErrNoPermit, r.Context().Err())
+	}
+}
+
+// Permits reports the replay permits and the pressure they are under.
+func (a *Acceptor) Permits() PermitStats {
+	st := PermitStats{Capacity: a.opts.Permits, InUse: len(a.permits), Queued: int(a.queued.Load()),
+		QueueCap: a.opts.PermitQueue, Refused: a.refusals.permit.Load()}
+	st.State = a.pressure(st)
+	return st
+}
+
+func (a *Acceptor) pressure(st PermitStats) string {
+	switch {
+	case st.Queued*2 >= st.QueueCap:
+		return "saturated"
+	case st.Queued > 0 || st.InUse >= st.Capacity:
+		return "throttled"
+	}
+	return "healthy"
+}
+
+// hints fills the ack's flow hints from the permits' pressure: throttled
+// halves the sender's batches and pauses it briefly; saturated asks for
+// batches of one and a longer pause.
+func (a *Acceptor) hints(ack *wire.Ack, batchLen int) {
+	switch a.pressure(PermitStats{Capacity: a.opts.Permits, InUse: len(a.permits) - 1, Queued: int(a.queued.Load()), QueueCap: a.opts.PermitQueue}) {
+	case "saturated":
+		ack.SuggestedBatch, ack.PauseMS = 1, 200
+	case "throttled":
+		ack.SuggestedBatch, ack.PauseMS = max(1, batchLen/2), 20
+	}
+}
