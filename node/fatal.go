@@ -11,7 +11,7 @@ func (n *Node) stopFatal(err error) {
 		n.log.Error("stopping the node: it cannot go on safely; keep its data directory for inspection and see docs/OPERATIONS.md", "err", err)
 		n.com.fail(err)
 		if n.fsm != nil {
-			n.fsm.broken.CompareAndSwap(nil, &err)
+			n.fsm.Break(err)
 		}
 		if n.group != nil {
 			n.group.Halt() // no vote, no append, no apply from here on

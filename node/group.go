@@ -1,16 +1,11 @@
 package node
 
 import (
-	"bytes"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"path/filepath"
-	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 	"unsafe"
 
@@ -19,56 +14,12 @@ import (
 	"github.com/replicator/replicator/cluster"
 	"github.com/replicator/replicator/entry"
 	"github.com/replicator/replicator/hlc"
-	"github.com/replicator/replicator/internal/atomicfile"
 	"github.com/replicator/replicator/machine"
 	"github.com/replicator/replicator/raftlog"
 	"github.com/replicator/replicator/store"
 	"github.com/replicator/replicator/wal"
 	"github.com/replicator/replicator/wire"
 )
-
-// The node's state changes through its cluster's log (docs/CLUSTER.md): a
-// node alone is a raft group of one, so a single node and a node of a
-// larger cluster run one write path. The raft log (raftlog, fsynced) is the
-// redo log; the state machine (package machine) applies each command into
-// one Pebble batch that records the log index it applied.
-
-// fsm is the raft.FSM of the node's group: the machine, and what the node
-// learns from each command it applies.
-type fsm struct {
-	n *Node
-	m *machine.Machine
-	// broken is set at the first command the machine could not apply:
-	// every later command assumes it, so none is applied until a restart
-	// replays the log from the machine's applied index.
-	broken atomic.Pointer[error]
-}
-
-// Apply applies one committed command. It returns the *machine.Result, or
-// the error that stopped the machine.
-func (f *fsm) Apply(l *raft.Log) any {
-	if errp := f.broken.Load(); errp != nil {
-		return *errp
-	}
-	var res *machine.Result
-	var err error
-	if c := f.n.proposed.get(l.Data); c != nil {
-		res, err = f.m.ApplyCommand(l.Index, c)
-	} else {
-		res, err = f.m.Apply(l.Index, l.Data)
-	}
-	if err != nil {
-		f.broken.Store(&err)
-		f.n.com.fail(fmt.Errorf("apply log entry %d: %w", l.Index, err))
-		return err
-	}
-	if !res.High.IsZero() {
-		f.n.clock.Observe(res.High)
-	}
-	f.n.applied.Store(f.m.Outbound().Last())
-	f.n.progress.set(l.Index)
-	return res
-}
 
 // proposed are the commands this node has in flight, by their encoded
 // bytes. Raft hands the leader's state machine the very slice it was given,
@@ -130,192 +81,10 @@ func (n *Node) apply(data []byte, c *machine.Command) (any, error) {
 	return out, err
 }
 
-// snapshotDoc is a snapshot's head: the last command the tree applied when
-// it was taken. A node of a cluster of several also puts a checkpoint of the
-// whole tree in the snapshot (Tree), which the leader sends a follower that
-// lags behind its log; a node alone needs none (nobody follows it: the tree
-// in place is its snapshot).
-type snapshotDoc struct {
-	Format  string `json:"format"`
-	Applied uint64 `json:"applied"`
-	Tree    bool   `json:"tree,omitempty"`
-}
-
-const snapshotFormat = "replicator-machine/0"
-
-// treeSnapshot is a snapshot taken: its head, and the checkpoint directory
-// (empty for a node alone) that Persist hands to the sink.
-type treeSnapshot struct {
-	doc snapshotDoc
-	dir string
-}
-
-// Snapshot makes the tree durable through the last command applied, so that
-// raft may then drop the log before it: the tree, not the log, holds it. In
-// a cluster of several it takes a checkpoint of the tree (hard links, on the
-// FSM's goroutine so that it holds exactly what was applied).
-func (f *fsm) Snapshot() (raft.FSMSnapshot, error) {
-	if errp := f.broken.Load(); errp != nil {
-		return nil, *errp
-	}
-	ts := &treeSnapshot{doc: snapshotDoc{Format: snapshotFormat, Applied: f.m.Applied()}}
-	if !f.n.multi() {
-		return ts, f.n.store.Sync()
-	}
-	ts.doc.Tree = true
-	ts.dir = filepath.Join(f.n.groupDir(), fmt.Sprintf("checkpoint-%d-%d", ts.doc.Applied, time.Now().UnixNano()))
-	if err := f.n.store.Checkpoint(ts.dir); err != nil {
-		os.RemoveAll(ts.dir)
-		return nil, err
-	}
-	return ts, nil
-}
-
-// Persist hands the snapshot's head and checkpoint to the sink.
-func (ts *treeSnapshot) Persist(sink raft.SnapshotSink) error {
-	head, err := json.Marshal(ts.doc)
-	if err != nil {
-		sink.Cancel()
-		return err
-	}
-	head = append(head, '\n')
-	tsink, ok := sink.(cluster.TreeSink)
-	if !ok {
-		sink.Cancel()
-		return fmt.Errorf("node: snapshot: a sink of %T cannot take a tree", sink)
-	}
-	tsink.SetHead(head)
-	if ts.dir != "" {
-		if err := tsink.AdoptTree(ts.dir); err != nil {
-			sink.Cancel()
-			return err
-		}
-		ts.dir = ""
-	}
-	return sink.Close()
-}
-
-// Release drops a checkpoint that was not persisted.
-func (ts *treeSnapshot) Release() {
-	if ts.dir != "" {
-		os.RemoveAll(ts.dir)
-	}
-}
-
-// Restore installs a snapshot: one the tree already holds changes nothing;
-// a newer one (the leader's, sent because this node lagged behind its log)
-// replaces the tree with the snapshot's.
-func (f *fsm) Restore(rc io.ReadCloser) error {
-	defer rc.Close()
-	var d snapshotDoc
-	inner := io.ReadCloser(rc)
-	for {
-		w, ok := inner.(raft.ReadCloserWrapper) // raft counts what is read
-		if !ok {
-			break
-		}
-		inner = w.WrappedReadCloser()
-	}
-	ts, isTree := inner.(cluster.TreeSnapshot)
-	var err error
-	if isTree {
-		err = json.Unmarshal(ts.Head(), &d)
-	} else {
-		err = json.NewDecoder(io.LimitReader(rc, 1<<20)).Decode(&d)
-	}
-	if err != nil || d.Format != snapshotFormat {
-		return fmt.Errorf("node: restore: not a snapshot this build reads (%v)", err)
-	}
-	if d.Applied <= f.m.Applied() {
-		return nil
-	}
-	if !d.Tree || !isTree || ts.TreeDir() == "" {
-		return fmt.Errorf("node: restore: the tree applied up to %d, the snapshot holds %d and no tree to install", f.m.Applied(), d.Applied)
-	}
-	return f.n.installTree(ts.TreeDir(), d.Applied)
-}
-
 // sealFile, after a recovery from the loss of a majority by a build before
 // the recovery's record (cluster.RecoveryFile), names the stream the next
 // term seals.
 func (n *Node) sealFile() string { return filepath.Join(n.groupDir(), "SEAL") }
-
-// restoringFile names, while a snapshot's tree replaces the store's, the
-// tree being installed: a crash halfway leaves a mix, which the next start
-// replaces again before anything reads it.
-func (n *Node) restoringFile() string { return filepath.Join(n.groupDir(), "RESTORING") }
-
-// installTree replaces the store's tree with a snapshot's. It runs on the
-// FSM's goroutine (nothing applies meanwhile); local reads are refused
-// until it is done.
-func (n *Node) installTree(dir string, applied uint64) error {
-	start := time.Now()
-	n.restoring.Store(true)
-	defer n.restoring.Store(false)
-	if err := atomicfile.Write(n.restoringFile(), []byte(dir+"\n")); err != nil {
-		return fmt.Errorf("node: restore: %w", err)
-	}
-	if err := n.store.ReplaceFrom(dir); err != nil {
-		return fmt.Errorf("node: restore: %w", err)
-	}
-	if err := n.machine.Reload(); err != nil {
-		return fmt.Errorf("node: restore: %w", err)
-	}
-	if got := n.machine.Applied(); got != applied {
-		return fmt.Errorf("node: restore: %w: the snapshot's tree applied %d, its head says %d", store.ErrCorrupt, got, applied)
-	}
-	if err := os.Remove(n.restoringFile()); err != nil {
-		return fmt.Errorf("node: restore: %w", err)
-	}
-	if err := atomicfile.SyncDir(n.groupDir()); err != nil {
-		return fmt.Errorf("node: restore: %w", err)
-	}
-	if err := n.restoreClock(); err != nil {
-		return err
-	}
-	n.applied.Store(n.out.Last())
-	n.progress.set(applied)
-	n.log.Warn("installed a snapshot of the cluster's tree: this node lagged behind the log", "applied", applied,
-		"stream", n.out.Stream(), "took", time.Since(start).Round(time.Millisecond))
-	return nil
-}
-
-// finishRestore completes a tree replacement a crash interrupted, before
-// the machine reads the tree.
-func (n *Node) finishRestore() error {
-	b, err := os.ReadFile(n.restoringFile())
-	if errors.Is(err, os.ErrNotExist) {
-		return nil
-	}
-	if err != nil {
-		return fmt.Errorf("node: %w", err)
-	}
-	dir := strings.TrimSpace(string(b))
-	if _, err := os.Stat(dir); err != nil {
-		return fmt.Errorf("node: a snapshot's tree was being installed from %s when the node stopped, and it is gone (%v): "+
-			"the store is a mix; set this data directory aside and start the node with an empty one (a node of several comes back as a new incarnation "+
-			"and catches up from the leader)", dir, err)
-	}
-	n.log.Warn("finishing the installation of a snapshot's tree a stop interrupted", "from", dir)
-	if err := n.store.ReplaceFrom(dir); err != nil {
-		return fmt.Errorf("node: finish a restore: %w", err)
-	}
-	if err := os.Remove(n.restoringFile()); err != nil {
-		return err
-	}
-	return atomicfile.SyncDir(n.groupDir())
-}
-
-// dropCheckpoints removes checkpoints a stop left between a snapshot and
-// its persisting (their hard links would keep old tables on disk).
-func (n *Node) dropCheckpoints() {
-	ms, _ := filepath.Glob(filepath.Join(n.groupDir(), "checkpoint-*"))
-	for _, m := range ms {
-		if err := os.RemoveAll(m); err != nil {
-			n.log.Warn("removing a checkpoint left by a stop", "dir", m, "err", err)
-		}
-	}
-}
 
 // groupDir holds the raft log, its stable state and snapshots.
 func (n *Node) groupDir() string { return filepath.Join(n.opts.DataDir, "cluster") }
@@ -324,10 +93,9 @@ func (n *Node) groupDir() string { return filepath.Join(n.opts.DataDir, "cluster
 // the group, and waits until the node leads and has applied its whole log.
 // It reports whether the stream is new (minted now).
 func (n *Node) openGroup() (created bool, err error) {
-	if err := n.finishRestore(); err != nil {
+	if err := machine.FinishRestore(n.groupDir(), n.store, n.log); err != nil {
 		return false, err
 	}
-	n.dropCheckpoints()
 	m, err := machine.Open(n.store, machine.Options{Cluster: n.cluster, Logger: n.log})
 	if err != nil {
 		return false, err
@@ -350,6 +118,14 @@ func (n *Node) openGroup() (created bool, err error) {
 		}
 	}
 	n.machine, n.out = m, m.Outbound()
+	n.fsm = machine.NewFSM(machine.Deps{
+		Machine: m, Store: n.store, Dir: n.groupDir(), Trees: n.multi(), Logger: n.log,
+		Proposed:  n.proposed.get,
+		Applied:   n.onApplied,
+		Broken:    n.com.fail,
+		Restoring: n.restoring.Store,
+		Installed: n.onInstalled,
+	})
 	mint, err := n.reconcileLog(m)
 	if err != nil {
 		return false, err
@@ -360,7 +136,6 @@ func (n *Node) openGroup() (created bool, err error) {
 	n.machine, n.out = m, m.Outbound()
 	n.applied.Store(n.out.Last())
 	n.progress.set(m.Applied())
-	n.fsm = &fsm{n: n, m: m}
 	if n.multi() && mint != "" {
 		return false, fmt.Errorf("node: %s; a node of a cluster of several never begins a stream of its own: "+
 			"set this data directory aside and start the node with an empty one (it comes back as a new incarnation and catches up from the leader)", mint)
@@ -488,8 +263,8 @@ func (n *Node) awaitLead(wait time.Duration) error {
 	if err := n.group.Barrier(wait); err != nil {
 		return fmt.Errorf("node: apply the log: %w", err)
 	}
-	if errp := n.fsm.broken.Load(); errp != nil {
-		return fmt.Errorf("node: apply the log: %w", *errp)
+	if err := n.fsm.Err(); err != nil {
+		return fmt.Errorf("node: apply the log: %w", err)
 	}
 	return nil
 }
@@ -595,10 +370,10 @@ func (n *Node) reconcileLog(m *machine.Machine) (mint string, err error) {
 	// The snapshot's index counts raft's own entries too; what the tree
 	// must hold is the last command the machine had applied when it was
 	// taken, which the snapshot records.
-	var snap snapshotDoc
+	var snap machine.SnapshotHead
 	if ls.Snapshot > 0 {
-		if err := json.NewDecoder(bytes.NewReader(ls.SnapshotHead)).Decode(&snap); err != nil || snap.Format != snapshotFormat {
-			return "", fmt.Errorf("node: the raft directory's snapshot at %d is not one this build reads (%v)", ls.Snapshot, err)
+		if snap, err = machine.DecodeSnapshotHead(ls.SnapshotHead); err != nil {
+			return "", fmt.Errorf("node: the raft directory's snapshot at %d: %w", ls.Snapshot, err)
 		}
 	}
 	// The log's own commands up to the snapshot are the committed ones only
@@ -623,7 +398,7 @@ func (n *Node) reconcileLog(m *machine.Machine) (mint string, err error) {
 	if applied < snap.Applied && n.multi() && snap.Tree && ls.SnapshotTree != "" {
 		// A node of several keeps the tree in its snapshot: the store
 		// restored alone from an older backup takes it back.
-		if err := n.installTree(ls.SnapshotTree, snap.Applied); err != nil {
+		if err := n.fsm.InstallTree(ls.SnapshotTree, snap.Applied); err != nil {
 			return "", err
 		}
 		applied = m.Applied()
@@ -758,4 +533,24 @@ func (n *Node) migrateEntries(l *wal.Log) error {
 	b := n.store.NewBatch()
 	defer b.Close()
 	return errors.Join(b.SetLocalApplied(store.AppliedIndex{Stream: stream, Index: last, Commit: commit}), b.Commit(true))
+}
+
+// onApplied follows the commands the FSM applied: the clock observes their
+// stamps, and readers and waiters see the stream and the log advance.
+func (n *Node) onApplied(index uint64, res *machine.Result) {
+	if !res.High.IsZero() {
+		n.clock.Observe(res.High)
+	}
+	n.applied.Store(n.out.Last())
+	n.progress.set(index)
+}
+
+// onInstalled follows a snapshot's tree installed in place of the store's.
+func (n *Node) onInstalled(applied uint64) error {
+	if err := n.restoreClock(); err != nil {
+		return err
+	}
+	n.applied.Store(n.out.Last())
+	n.progress.set(applied)
+	return nil
 }

@@ -57,7 +57,7 @@ type Node struct {
 	machine *machine.Machine
 	out     *machine.Outbound // the stream, as shippers read it
 	group   *cluster.Group
-	fsm     *fsm
+	fsm     *machine.FSM
 	// proposed are the commands in flight (the FSM applies them as built)
 	proposed proposed
 	com      *committer

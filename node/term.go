@@ -77,7 +77,7 @@ func (n *Node) leadLoop() {
 		if n.lead.ready.Load() && (!leading || term != n.lead.term) {
 			n.endTerm("no longer the leader")
 		}
-		if n.lead.ready.Load() && n.fsm.broken.Load() != nil {
+		if n.lead.ready.Load() && n.fsm.Err() != nil {
 			// The state machine stopped mid-term: every write here is
 			// refused, so another node must lead.
 			n.endTerm("the state machine stopped")
@@ -140,9 +140,9 @@ func (n *Node) beginTerm(term uint64) error {
 	if err := n.group.Barrier(5 * time.Second); err != nil {
 		return fmt.Errorf("apply the log: %w", err)
 	}
-	if errp := n.fsm.broken.Load(); errp != nil {
+	if err := n.fsm.Err(); err != nil {
 		n.handOver() // this node cannot apply the log: another must lead
-		return fmt.Errorf("apply the log: %w", *errp)
+		return fmt.Errorf("apply the log: %w", err)
 	}
 	// The FSM observed every command's stamps; the tree's high-water mark
 	// covers the commands a snapshot brought.
