@@ -24,11 +24,8 @@ import (
 // refuses one kind of write on a key that holds the other, and writes that
 // raced at two clusters end up side by side, the same everywhere.
 const (
-	prefixCounter  = 'k'
 	counterVersion = 1
 )
-
-var keyCtrEpoch = []byte("m\x00ctrepoch")
 
 // CounterEpoch returns the counter epoch recorded for a stream (0 when none,
 // or when the record is of another stream).
@@ -95,8 +92,6 @@ func (c *Counter) Value() int64 {
 		return math.MinInt64
 	}
 }
-
-func counterKey(key string) []byte { return append([]byte{prefixCounter}, key...) }
 
 func appendCounter(dst []byte, c *Counter) []byte {
 	dst = append(dst, counterVersion)

@@ -8,12 +8,9 @@ import (
 	"github.com/cockroachdb/pebble/v2"
 )
 
-// Dead letters: entries a peer sent that this node would not apply (they
-// broke one of its own limits), kept for an operator instead of wedging the
-// link:
-//
-//	q<origin>\x00<stream:16><index:8>   at(8) | len(reason)(2) | reason | entry
-const prefixDead = 'q'
+// Dead letters (key space q, keys.go): entries a peer sent that this node
+// would not apply (they broke one of its own limits), kept for an operator
+// instead of wedging the link.
 
 // DeadLetter is one entry set aside.
 type DeadLetter struct {
@@ -27,13 +24,6 @@ type DeadLetter struct {
 
 // ID names a dead letter in the admin API.
 func (d *DeadLetter) ID() string { return fmt.Sprintf("%s-%x-%d", d.Origin, d.Stream, d.Index) }
-
-func deadKey(origin string, stream [16]byte, index uint64) []byte {
-	k := append([]byte{prefixDead}, origin...)
-	k = append(k, 0)
-	k = append(k, stream[:]...)
-	return binary.BigEndian.AppendUint64(k, index)
-}
 
 // PutDeadLetter sets an entry aside in the batch.
 func (b *Batch) PutDeadLetter(d DeadLetter) error {

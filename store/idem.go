@@ -12,14 +12,10 @@ import (
 	"github.com/replicator/replicator/hlc"
 )
 
-// Idempotency records:
-//
-//	i<key>                  record (see appendIdem)
-//	x<expires:8><key>       expiry index, for collection
+// Idempotency records live in key space i, with an expiry index in x
+// (keys.go).
 const (
-	prefixIdem       = 'i'
-	prefixIdemExpiry = 'x'
-	idemVersion      = 1
+	idemVersion = 1
 )
 
 // IdemRecord is what an Idempotency-Key answered. Records resolve
@@ -33,13 +29,6 @@ type IdemRecord struct {
 	Body        []byte
 	Stamp       entry.Stamp // the stamp of the write that created it
 	Expires     int64       // wall ns
-}
-
-func idemKey(k string) []byte { return append([]byte{prefixIdem}, k...) }
-
-func idemExpiryKey(expires int64, k string) []byte {
-	b := binary.BigEndian.AppendUint64([]byte{prefixIdemExpiry}, uint64(expires))
-	return append(b, k...)
 }
 
 // appendIdem encodes: version(1) | hlc(12) | len(origin)(1) | origin |

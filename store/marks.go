@@ -13,27 +13,10 @@ import (
 	"github.com/replicator/replicator/hlc"
 )
 
-// Key spaces of replication bookkeeping:
-//
-//	h<origin>\x00<stream:16>   acceptor high-water mark: index(8) | commit hlc(12) | merged(8)
-//	c<peer>                    shipper cursor: stream(16) | acked index(8)
-const (
-	prefixHWM    = 'h'
-	prefixCursor = 'c'
-)
-
 const (
 	hwmValueLenV1 = 8 + hlc.EncodedLen + 8 + 8
 	hwmValueLen   = hwmValueLenV1 + 8
 )
-
-func hwmKey(origin string, stream [16]byte) []byte {
-	k := make([]byte, 0, 2+len(origin)+16)
-	k = append(k, prefixHWM)
-	k = append(k, origin...)
-	k = append(k, 0)
-	return append(k, stream[:]...)
-}
 
 func decodeHWM(key, v []byte) (entry.HWM, error) {
 	var h entry.HWM
@@ -174,8 +157,6 @@ func (s *Store) HWMs() ([]entry.HWM, error) {
 	return hwmsIn(s.db, nil, []byte{prefixHWM}, []byte{prefixHWM + 1}, 0)
 }
 
-func cursorKey(peer string) []byte { return append([]byte{prefixCursor}, peer...) }
-
 // Cursor reads the cursor of a peer; ok is false when none was ever stored.
 func (s *Store) Cursor(peer string) (c entry.Cursor, ok bool, err error) {
 	v, closer, err := s.db.Get(cursorKey(peer))
@@ -237,15 +218,9 @@ func (s *Store) SetCursor(peer string, c entry.Cursor) error {
 	return nil
 }
 
-// Re-seed bookkeeping, kept per peer cluster and synced, so that a restart
-// in the middle of a re-seed or a rejoin resumes it:
-//
-//	R<peer>   flags: what this node owes a peer or waits for from it
-//	J<peer>   phase of this node's own rejoin with a peer
-const (
-	prefixReseedReq = 'R'
-	prefixRejoin    = 'J'
-)
+// Re-seed bookkeeping (key spaces R and J, keys.go), kept per peer cluster
+// and synced, so that a restart in the middle of a re-seed or a rejoin
+// resumes it.
 
 // Flags of a peer's R record.
 const (
@@ -307,7 +282,7 @@ func (s *Store) UpdateReseedRequest(peer string, f func(byte) byte) error {
 
 // SetReseedRequestIn stores a peer's R flags in the batch (0 deletes).
 func (b *Batch) SetReseedRequestIn(peer string, flags byte) error {
-	k := append([]byte{prefixReseedReq}, peer...)
+	k := reseedReqKey(peer)
 	if flags == 0 {
 		return b.pb.Delete(k, nil)
 	}
@@ -316,7 +291,7 @@ func (b *Batch) SetReseedRequestIn(peer string, flags byte) error {
 
 // ReseedRequest reads one peer's R flags (0 when none) as the batch sees it.
 func (b *Batch) ReseedRequest(peer string) (byte, error) {
-	v, closer, err := b.s.db.Get(append([]byte{prefixReseedReq}, peer...))
+	v, closer, err := b.s.db.Get(reseedReqKey(peer))
 	if errors.Is(err, pebble.ErrNotFound) {
 		return 0, nil
 	}
@@ -353,7 +328,7 @@ func (s *Store) UpdateRejoin(peer string, f func(byte) byte) error {
 
 // SetRejoinIn stores the rejoin phase with a peer in the batch (0 deletes).
 func (b *Batch) SetRejoinIn(peer string, phase byte) error {
-	k := append([]byte{prefixRejoin}, peer...)
+	k := rejoinKey(peer)
 	if phase == 0 {
 		return b.pb.Delete(k, nil)
 	}
@@ -363,7 +338,7 @@ func (b *Batch) SetRejoinIn(peer string, phase byte) error {
 // RejoinPhase reads the rejoin phase with one peer (0 when none) as the
 // batch sees it.
 func (b *Batch) RejoinPhase(peer string) (byte, error) {
-	v, closer, err := b.s.db.Get(append([]byte{prefixRejoin}, peer...))
+	v, closer, err := b.s.db.Get(rejoinKey(peer))
 	if errors.Is(err, pebble.ErrNotFound) {
 		return 0, nil
 	}

@@ -8,21 +8,14 @@ import (
 	"github.com/cockroachdb/pebble/v2"
 )
 
-// Outbound entries: a cluster's own stream kept in the tree, beside the data
-// its entries wrote, so that every node of a cluster holds the same outbound
-// log and a new leader ships from where the old one stopped (docs/CLUSTER.md).
-// The state machine writes them, with their dense stream index, in the batch
-// that applies them; shippers read them back; a replicated truncation drops
-// what every peer acknowledged. Values are entries as the WAL codec encodes
-// them (origin and stream left out), so a shipper sends them unchanged.
-const prefixOutbound = 'o'
-
-func outboundKey(stream [16]byte, index uint64) []byte {
-	k := make([]byte, 0, 1+16+8)
-	k = append(k, prefixOutbound)
-	k = append(k, stream[:]...)
-	return binary.BigEndian.AppendUint64(k, index)
-}
+// Outbound entries (key space o, keys.go): a cluster's own stream kept in the
+// tree, beside the data its entries wrote, so that every node of a cluster
+// holds the same outbound log and a new leader ships from where the old one
+// stopped (docs/CLUSTER.md). The state machine writes them, with their dense
+// stream index, in the batch that applies them; shippers read them back; a
+// replicated truncation drops what every peer acknowledged. Values are
+// entries as the WAL codec encodes them (origin and stream left out), so a
+// shipper sends them unchanged.
 
 // PutOutbound writes entry index of stream, encoded.
 func (b *Batch) PutOutbound(stream [16]byte, index uint64, raw []byte) error {

@@ -11,15 +11,11 @@ import (
 	"github.com/replicator/replicator/hlc"
 )
 
-// Range tombstones:
-//
-//	r<hlc:12><origin>\x00<start>   end
-//
-// A range delete writes a point tombstone, under its own stamp, on every key
-// of the range holding an older stamp, and keeps a range tombstone so that
-// an older write arriving later for a key of the range stays deleted. Newer
-// writes survive. They are collected like point tombstones.
-const prefixRange = 'r'
+// Range tombstones (key space r, keys.go): a range delete writes a point
+// tombstone, under its own stamp, on every key of the range holding an older
+// stamp, and keeps a range tombstone so that an older write arriving later
+// for a key of the range stays deleted. Newer writes survive. They are
+// collected like point tombstones.
 
 // RangeTombstone deletes [Start, End) (End "" means the end of the key
 // space) as of Stamp.
@@ -31,14 +27,6 @@ type RangeTombstone struct {
 // Covers reports whether key lies in the range.
 func (r *RangeTombstone) Covers(key string) bool {
 	return key >= r.Start && (r.End == "" || key < r.End)
-}
-
-func rangeKey(r *RangeTombstone) []byte {
-	k := []byte{prefixRange}
-	k = r.Stamp.HLC.AppendTo(k)
-	k = append(k, r.Stamp.Origin...)
-	k = append(k, 0)
-	return append(k, r.Start...)
 }
 
 func decodeRange(k, v []byte) (RangeTombstone, error) {

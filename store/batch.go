@@ -1,0 +1,229 @@
+package store
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/cockroachdb/pebble/v2"
+	"github.com/replicator/replicator/entry"
+	"github.com/replicator/replicator/hlc"
+)
+
+// Batch gathers merges and bookkeeping that commit atomically. It holds the
+// store's apply lock from NewBatch to Close, so reads inside it see every
+// committed write and the batch's own earlier merges. Not safe for concurrent
+// use; always Close it.
+type Batch struct {
+	s       *Store
+	pb      *pebble.Batch
+	pending map[string]pendingRecord
+	expect  int // keys the batch expects to write (Reserve)
+	closed  bool
+	buf     []byte
+	// max is the highest stamp stored or merged so far, as this batch sees;
+	// maxOwn says a blind write of this batch set it.
+	max    entry.Stamp
+	maxOwn bool
+	// pendingIdem holds idempotency records merged in this batch.
+	pendingIdem map[string]*IdemRecord
+	// pendingCtr holds counters merged in this batch.
+	pendingCtr map[string]*Counter
+	// pendingRanges are range tombstones added by this batch.
+	pendingRanges []RangeTombstone
+	// replaceRanges, when set, is the store's range list after collection.
+	replaceRanges *[]RangeTombstone
+	// hlc is the clock high-water mark this batch raises the store's to
+	// (zero: it does not).
+	hlc hlc.Timestamp
+	// marks are the high-water marks this batch sets (deleted: a zero
+	// Origin), for the store's copy once it commits.
+	marks []markChange
+}
+
+type pendingRecord struct {
+	stamp entry.Stamp
+	flags byte
+}
+
+// NewBatch starts a batch and takes the apply lock.
+func (s *Store) NewBatch() *Batch {
+	s.applyMu.Lock()
+	return &Batch{s: s, pb: s.db.NewBatch(), max: s.maxStamp}
+}
+
+// Close releases the batch and the apply lock; committed or not.
+func (b *Batch) Close() {
+	if b.closed {
+		return
+	}
+	b.closed = true
+	b.pb.Close()
+	b.s.applyMu.Unlock()
+}
+
+// Len is the number of Pebble operations in the batch.
+func (b *Batch) Len() int { return int(b.pb.Count()) }
+
+// currentLocked returns the stamp and flags stored for key, looking at the
+// batch's own pending writes first.
+func (b *Batch) currentLocked(key string, dk []byte) (entry.Stamp, byte, bool, error) {
+	if p, ok := b.pending[key]; ok {
+		return p.stamp, p.flags, true, nil
+	}
+	v, closer, err := b.s.db.Get(dk)
+	if errors.Is(err, pebble.ErrNotFound) {
+		return entry.Stamp{}, 0, false, nil
+	}
+	if err != nil {
+		return entry.Stamp{}, 0, false, fmt.Errorf("store: get %q: %w", key, err)
+	}
+	st, flags, err := decodeStampOnly(v)
+	closer.Close()
+	if err != nil {
+		return entry.Stamp{}, 0, false, fmt.Errorf("store: key %q: %w", key, err)
+	}
+	return st, flags, true, nil
+}
+
+// Stored returns the stamp stored for key as this batch would see it, and
+// whether the key holds a tombstone. ok is false when nothing is stored.
+func (b *Batch) Stored(key string) (st entry.Stamp, tombstone, ok bool, err error) {
+	st, flags, ok, err := b.currentLocked(key, dataKey(key))
+	return st, flags&flagTombstone != 0, ok, err
+}
+
+// Merge applies w last-writer-wins and reports what it did. A tombstone is
+// written even for a key that was never stored: it keeps an older write that
+// arrives later from resurrecting the key.
+func (b *Batch) Merge(w Write) (entry.Outcome, error) {
+	if w.Stamp.Origin == "" || len(w.Stamp.Origin) > maxOriginLen {
+		return 0, fmt.Errorf("store: merge %q: origin %q out of range", w.Key, w.Stamp.Origin)
+	}
+	dk := dataKey(w.Key)
+	var (
+		cur      entry.Stamp
+		curFlags byte
+		ok       bool
+		err      error
+		blind    bool
+	)
+	c := b.max.Compare(w.Stamp)
+	if c == 0 && b.maxOwn {
+		// b.max is this batch's own stamp (an atomic batch writes many
+		// keys under one): above everything stored, so only the keys this
+		// batch wrote need a look.
+		if _, mine := b.pending[w.Key]; !mine {
+			c = -1
+		}
+	}
+	if c >= 0 {
+		// Something stored may be newer: compare with what the key holds.
+		// (Above b.max the write beats everything, unread. A tombstone
+		// overwritten that way leaves its index entry behind, which
+		// collection recognises as stale.)
+		cur, curFlags, ok, err = b.currentLocked(w.Key, dk)
+		if err != nil {
+			return 0, err
+		}
+	} else {
+		b.max = w.Stamp
+		b.maxOwn = true
+		blind = true
+	}
+	if ok {
+		switch c := w.Stamp.Compare(cur); {
+		case c == 0:
+			return entry.Duplicate, nil
+		case c < 0:
+			return entry.Stale, nil
+		}
+	}
+	if !blind && b.coveredLocked(w.Key, w.Stamp) {
+		// A range delete newer than this write covers its key.
+		return entry.Stale, nil
+	}
+	if ok {
+		if curFlags&flagTombstone != 0 {
+			// The old tombstone's index entry is dropped with it.
+			if err := b.pb.Delete(tombstoneKey(cur.HLC, w.Key), nil); err != nil {
+				return 0, err
+			}
+		}
+	}
+	r := Record{Stamp: w.Stamp, Tombstone: w.Tombstone, Kind: w.Kind, Value: w.Value}
+	if w.Tombstone && w.Kind == KindPlain {
+		r.Value = nil
+	}
+	b.buf = AppendRecord(b.buf[:0], &r)
+	if err := b.pb.Set(dk, b.buf, nil); err != nil {
+		return 0, err
+	}
+	var flags byte
+	if w.Tombstone {
+		flags |= flagTombstone
+		if err := b.pb.Set(tombstoneKey(w.Stamp.HLC, w.Key), nil, nil); err != nil {
+			return 0, err
+		}
+	}
+	if b.pending == nil {
+		b.pending = make(map[string]pendingRecord, b.expect)
+	}
+	b.pending[w.Key] = pendingRecord{stamp: w.Stamp, flags: flags}
+	return entry.Applied, nil
+}
+
+// Reserve tells the batch it is about to write about n keys, so that it
+// sizes its bookkeeping once (a group of thousands of keys grew it a
+// little at a time).
+func (b *Batch) Reserve(n int) {
+	if b.pending == nil {
+		b.expect = n
+	}
+}
+
+// SetRaw writes a key of another package's key space in this batch.
+func (b *Batch) SetRaw(key, value []byte) error { return b.pb.Set(key, value, nil) }
+
+// DeleteRaw deletes a key of another package's key space in this batch.
+func (b *Batch) DeleteRaw(key []byte) error { return b.pb.Delete(key, nil) }
+
+// Commit writes the batch atomically. sync asks Pebble to fsync its own WAL;
+// the node's local write path passes false because the outbound WAL, already
+// fsynced, is the redo log; the acceptor passes true because nothing else
+// holds what it applies.
+func (b *Batch) Commit(sync bool) error {
+	if b.pb.Empty() {
+		return nil
+	}
+	raised := b.s.maxStamp.Compare(b.max) < 0
+	if raised {
+		v := b.max.HLC.AppendTo(make([]byte, 0, hlc.EncodedLen+len(b.max.Origin)))
+		if err := b.pb.Set(keyMaxStamp, append(v, b.max.Origin...), nil); err != nil {
+			return err
+		}
+	}
+	wo := pebble.NoSync
+	if sync {
+		wo = pebble.Sync
+	}
+	if err := b.pb.Commit(wo); err != nil {
+		return fmt.Errorf("store: commit: %w", err)
+	}
+	if raised {
+		b.s.maxStamp = b.max
+	}
+	if b.s.hlcHigh.Less(b.hlc) {
+		b.s.hlcHigh = b.hlc
+	}
+	if b.replaceRanges != nil {
+		b.s.ranges = *b.replaceRanges
+	}
+	if len(b.pendingCtr) > 0 {
+		b.s.hasCounters.Store(true)
+	}
+	for _, c := range b.marks {
+		b.s.setMarkLocked(c)
+	}
+	b.s.ranges = append(b.s.ranges, b.pendingRanges...)
+	return nil
+}

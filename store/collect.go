@@ -1,0 +1,70 @@
+package store
+
+import (
+	"bytes"
+	"fmt"
+
+	"github.com/cockroachdb/pebble/v2"
+	"github.com/replicator/replicator/hlc"
+)
+
+// CollectTombstones removes tombstones whose stamp is below cutoff and reports
+// how many it removed. The caller picks cutoff so that no write older than a
+// collected tombstone can still arrive (see DESIGN.md "Replication"). At most
+// max tombstones go per call, so a large backlog does not hold the apply lock
+// for long; max <= 0 means 10,000.
+func (s *Store) CollectTombstones(cutoff hlc.Timestamp, max int) (int, error) {
+	b := s.NewBatch()
+	defer b.Close()
+	n, err := b.CollectTombstones(cutoff, max)
+	if err != nil {
+		return n, err
+	}
+	return n, b.Commit(true)
+}
+
+// CollectTombstones is Store.CollectTombstones in the batch (a command of
+// the cluster's log: every node collects the same).
+func (b *Batch) CollectTombstones(cutoff hlc.Timestamp, max int) (int, error) {
+	if max <= 0 {
+		max = 10000
+	}
+	upper := tombstoneKey(cutoff, "")
+	it, err := b.s.db.NewIter(&pebble.IterOptions{LowerBound: []byte{prefixTombstone}, UpperBound: upper})
+	if err != nil {
+		return 0, fmt.Errorf("store: collect tombstones: %w", err)
+	}
+	n := 0
+	for valid := it.First(); valid && n < max; valid = it.Next() {
+		ik := it.Key()
+		ts, err := hlc.Decode(ik[1 : 1+hlc.EncodedLen])
+		if err != nil {
+			it.Close()
+			return n, fmt.Errorf("store: tombstone index: %w: %v", ErrCorrupt, err)
+		}
+		key := string(ik[1+hlc.EncodedLen:])
+		if err := b.pb.Delete(bytes.Clone(ik), nil); err != nil {
+			it.Close()
+			return n, err
+		}
+		st, flags, ok, err := b.currentLocked(key, dataKey(key))
+		if err != nil {
+			it.Close()
+			return n, err
+		}
+		// Only the very tombstone this index entry names goes; a key that
+		// was written again since keeps its newer state.
+		if ok && flags&flagTombstone != 0 && st.HLC == ts {
+			if err := b.pb.Delete(dataKey(key), nil); err != nil {
+				it.Close()
+				return n, err
+			}
+			n++
+		}
+	}
+	if err := it.Close(); err != nil {
+		return n, fmt.Errorf("store: collect tombstones: %w", err)
+	}
+	rn, err := b.collectRanges(cutoff)
+	return n + rn, err
+}

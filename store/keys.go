@@ -1,0 +1,139 @@
+package store
+
+import (
+	"bytes"
+	"encoding/binary"
+
+	"github.com/replicator/replicator/hlc"
+)
+
+// The key spaces of the tree. Every key begins with one byte naming its
+// space, an ASCII letter (ReplaceFrom clears the whole tree by that). This is
+// every key space, of every package:
+//
+//	d<key>                              data record (AppendRecord, record.go)
+//	t<hlc:12><key>                      empty: tombstone index, ordered by stamp, for collection
+//	m\x00<name>                         node metadata, one record per name (below)
+//	k<key>                              PN-counter (appendCounter, counter.go)
+//	r<hlc:12><origin>\x00<start>        range tombstone: end (ranges.go)
+//	h<origin>\x00<stream:16>            acceptor high-water mark: index(8) | commit hlc(12) |
+//	                                    merged(8) | dead-lettered(8) | seeded(8) (marks.go)
+//	c<peer>                             shipper cursor: stream(16) | acked index(8) (marks.go)
+//	R<peer>                             flags(1): what this node owes a peer or waits for from it (marks.go)
+//	J<peer>                             phase(1) of this node's own rejoin with a peer (marks.go)
+//	q<origin>\x00<stream:16><index:8>   dead letter: at(8) | len(reason)(2) | reason | entry (deadletter.go)
+//	i<key>                              idempotency record (appendIdem, idem.go)
+//	x<expires:8><key>                   empty: idempotency expiry index, for collection (idem.go)
+//	o<stream:16><index:8>               outbound entry, as the WAL codec encodes it (outbound.go)
+//
+// The m keys:
+//
+//	m\x00applied                  last local WAL index applied: stream(16) | index(8) | commit hlc(12) (meta.go)
+//	m\x00hlc                      clock high-water mark: hlc(12) (meta.go)
+//	m\x00maxstamp                 highest stamp ever merged: hlc(12) | origin (meta.go)
+//	m\x00ctrepoch                 counter epoch: stream(16) | epoch(4) (counter.go)
+//	m\x00machine.applied          machine's: last log index applied: index(8)
+//	m\x00machine.collected        machine's: cutoff below which tombstones were collected: hlc(12)
+//	m\x00machine.removed/<id>     machine's: a node ID or incarnation removed from the cluster: why(1)
+//
+// The machine.* keys are package machine's (machine/machine.go): it declares
+// them itself, writes them through Batch.SetRaw and reads them through
+// Store.DB. They are listed here so that this table names every key of the
+// tree: a new key, of any package, belongs in it.
+const (
+	prefixData      = 'd'
+	prefixTombstone = 't'
+	prefixMeta      = 'm'
+)
+
+// The m keys of this package.
+var (
+	keyLocalApplied = []byte("m\x00applied")
+	keyHLC          = []byte("m\x00hlc")
+	keyMaxStamp     = []byte("m\x00maxstamp")
+	keyCtrEpoch     = []byte("m\x00ctrepoch")
+)
+
+// The other key spaces, laid out as the table above says.
+const (
+	prefixCounter    = 'k' // PN-counters (counter.go)
+	prefixRange      = 'r' // range tombstones (ranges.go)
+	prefixHWM        = 'h' // acceptor high-water marks (marks.go)
+	prefixCursor     = 'c' // shipper cursors (marks.go)
+	prefixReseedReq  = 'R' // re-seed flags per peer (marks.go)
+	prefixRejoin     = 'J' // rejoin phase per peer (marks.go)
+	prefixDead       = 'q' // dead letters (deadletter.go)
+	prefixIdem       = 'i' // idempotency records (idem.go)
+	prefixIdemExpiry = 'x' // their expiry index (idem.go)
+	prefixOutbound   = 'o' // outbound entries (outbound.go)
+)
+
+func dataKey(key string) []byte {
+	k := make([]byte, 0, 1+len(key))
+	k = append(k, prefixData)
+	return append(k, key...)
+}
+
+func tombstoneKey(ts hlc.Timestamp, key string) []byte {
+	k := make([]byte, 0, 1+hlc.EncodedLen+len(key))
+	k = append(k, prefixTombstone)
+	k = ts.AppendTo(k)
+	return append(k, key...)
+}
+
+func counterKey(key string) []byte { return append([]byte{prefixCounter}, key...) }
+
+func rangeKey(r *RangeTombstone) []byte {
+	k := []byte{prefixRange}
+	k = r.Stamp.HLC.AppendTo(k)
+	k = append(k, r.Stamp.Origin...)
+	k = append(k, 0)
+	return append(k, r.Start...)
+}
+
+func hwmKey(origin string, stream [16]byte) []byte {
+	k := make([]byte, 0, 2+len(origin)+16)
+	k = append(k, prefixHWM)
+	k = append(k, origin...)
+	k = append(k, 0)
+	return append(k, stream[:]...)
+}
+
+func cursorKey(peer string) []byte { return append([]byte{prefixCursor}, peer...) }
+
+func reseedReqKey(peer string) []byte { return append([]byte{prefixReseedReq}, peer...) }
+
+func rejoinKey(peer string) []byte { return append([]byte{prefixRejoin}, peer...) }
+
+func deadKey(origin string, stream [16]byte, index uint64) []byte {
+	k := append([]byte{prefixDead}, origin...)
+	k = append(k, 0)
+	k = append(k, stream[:]...)
+	return binary.BigEndian.AppendUint64(k, index)
+}
+
+func idemKey(k string) []byte { return append([]byte{prefixIdem}, k...) }
+
+func idemExpiryKey(expires int64, k string) []byte {
+	b := binary.BigEndian.AppendUint64([]byte{prefixIdemExpiry}, uint64(expires))
+	return append(b, k...)
+}
+
+func outboundKey(stream [16]byte, index uint64) []byte {
+	k := make([]byte, 0, 1+16+8)
+	k = append(k, prefixOutbound)
+	k = append(k, stream[:]...)
+	return binary.BigEndian.AppendUint64(k, index)
+}
+
+// prefixEnd returns the smallest key above every key with prefix p, or nil.
+func prefixEnd(p []byte) []byte {
+	end := bytes.Clone(p)
+	for i := len(end) - 1; i >= 0; i-- {
+		if end[i] < 0xff {
+			end[i]++
+			return end[:i+1]
+		}
+	}
+	return nil
+}
