@@ -105,3 +105,27 @@ func procCPU(pid int) (float64, error) {
 	}
 	return (u + st) / 100, nil // USER_HZ is 100 on Linux
 }
+
+// httpFloorCPU drives a bare net/http server (ServeHTTPFloor) with the puts
+// load and returns its CPU per answered request in microseconds.
+func httpFloorCPU(ctx context.Context, cfg *Config, prefix string) (float64, error) {
+	f, err := startHTTPFloor()
+	if err != nil {
+		return 0, err
+	}
+	defer stop([]*cluster{f})
+	pid := f.cmd.Process.Pid
+	c0, err := procCPU(pid)
+	if err != nil {
+		return 0, err
+	}
+	acked, _ := closedLoop(ctx, f, cfg, prefix+"-floor")
+	c1, err := procCPU(pid)
+	if err != nil {
+		return 0, err
+	}
+	if acked.Load() == 0 {
+		return 0, errors.New("no request answered")
+	}
+	return (c1 - c0) / float64(acked.Load()) * 1e6, nil
+}
