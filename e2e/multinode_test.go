@@ -72,7 +72,8 @@ func (m *rmesh) prepare(c, id string, size int, extra ...string) *rnode {
 	m.mu.Unlock()
 	n.proc = newProc(m.t, id, c, append([]string{"--node-id", id, "--raft-listen", n.raft, "--gossip-bind", n.gossip,
 		"--gossip-profile", "local", "--bootstrap-expect", fmt.Sprint(size), "--raft-election-timeout", "500ms",
-		"--test-raft-block-file", n.block}, extra...)...)
+	}, extra...)...)
+	n.proc.env = append(n.proc.env, node.TestingEnvPrefix+"RAFT_BLOCK_FILE="+n.block)
 	return n
 }
 

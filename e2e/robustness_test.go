@@ -149,9 +149,10 @@ func robustRun(t *testing.T, s uint64) {
 		p := m.nodes[n]
 		rb.diskFile[n] = filepath.Join(t.TempDir(), "disk-full")
 		os.WriteFile(rb.diskFile[n], nil, 0o644)
-		p.args = append(p.args, "--test-disk-full-file", rb.diskFile[n], "--admission-wait", "200ms")
+		p.args = append(p.args, "--admission-wait", "200ms")
+		p.env = append(p.env, node.TestingEnvPrefix+"DISK_FULL_FILE="+rb.diskFile[n])
 		if n == skewed {
-			p.args = append(p.args, "--test-clock-offset", skew.String())
+			p.env = append(p.env, node.TestingEnvPrefix+"CLOCK_OFFSET="+skew.String())
 		}
 	}
 	m.start()

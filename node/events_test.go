@@ -510,9 +510,14 @@ func TestStaleRejoinRecordCleared(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if err := s.UpdateReseedRequest("a", func(byte) byte { return store.ReseedRequested | store.AwaitRejoin }); err != nil {
+		b := s.NewBatch()
+		if err := b.SetReseedRequestIn("a", store.ReseedRequested|store.AwaitRejoin); err != nil {
 			t.Fatal(err)
 		}
+		if err := b.Commit(true); err != nil {
+			t.Fatal(err)
+		}
+		b.Close()
 		s.Close()
 	})
 	if r := m.nodes["b"].rejoinReport(); len(r.Requests) != 1 {

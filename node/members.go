@@ -170,7 +170,7 @@ func (n *Node) raftConn() (raftconn.Options, error) {
 		co.Insecure = true
 		n.log.Warn("the raft port is plain TCP (--insecure-peers): anyone who reaches it can join the cluster and append writes", "raft", n.opts.Raft.Listen)
 	}
-	if path := n.opts.TestRaftBlockFile; path != "" {
+	if path := n.opts.Testing.RaftBlockFile; path != "" {
 		co.Blocked = blockList(path)
 	}
 	co.MaxConns = n.opts.MaxConnections

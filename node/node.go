@@ -295,7 +295,7 @@ func (n *Node) restoreClock() error {
 // diskFull returns the test hook that fails WAL appends while the test's
 // disk-full file says "full".
 func (n *Node) diskFull() func() error {
-	path := n.opts.TestDiskFullFile
+	path := n.opts.Testing.DiskFullFile
 	if path == "" {
 		return nil
 	}

@@ -534,7 +534,7 @@ func TestDiskFullRefusesAndRecovers(t *testing.T) {
 	dir := t.TempDir()
 	full := filepath.Join(dir, "disk-full")
 	o := testOptions(filepath.Join(dir, "data"))
-	o.TestDiskFullFile = full
+	o.Testing.DiskFullFile = full
 	n := startNode(t, o)
 	ctx := context.Background()
 	if _, err := n.Put(ctx, "before", []byte("v")); err != nil {

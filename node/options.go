@@ -193,14 +193,11 @@ type Options struct {
 	// Pprof serves net/http/pprof under /debug/pprof on the API listener
 	// (behind the API token when one is set).
 	Pprof bool
-	// TestDiskFullFile, when set, names a file that robustness tests write
-	// "full" into to make WAL appends fail as on a full disk (ENOSPC), and
-	// empty to give the space back. Tests only.
-	TestDiskFullFile string
-	// TestRaftBlockFile, when set, names a file of raft addresses (one a
-	// line) this node may not reach: robustness tests partition a cluster's
-	// nodes with it. Tests only.
-	TestRaftBlockFile string
+	// Testing holds the faults the robustness suites inject into a real
+	// process. Neither the configuration file nor a flag reaches it: cmd
+	// fills it from REPLICATOR_TESTING_* environment variables only
+	// (TestingFromEnv), so an operator's configuration cannot turn a fault on.
+	Testing Testing
 
 	// Clock is the physical clock. Default the system clock. Tests pass a
 	// manual clock; robustness runs an offset clock.
@@ -310,6 +307,9 @@ func (o *Options) EnsureDefaults() {
 	}
 	if o.LinkStalled == 0 {
 		o.LinkStalled = time.Minute
+	}
+	if o.Clock == nil && o.Testing.ClockOffset != 0 {
+		o.Clock = hlc.OffsetClock{Base: hlc.SystemClock{}, Offset: o.Testing.ClockOffset}
 	}
 	if o.Clock == nil {
 		o.Clock = hlc.SystemClock{}
@@ -536,4 +536,40 @@ func (o *Options) resolver() origin.Resolver {
 		return o.Origin
 	}
 	return origin.Static(o.ClusterID)
+}
+
+// Testing are faults a test injects.
+type Testing struct {
+	// DiskFullFile names a file that robustness tests write "full" into to
+	// make log appends fail as on a full disk (ENOSPC), and empty to give
+	// the space back.
+	DiskFullFile string
+	// RaftBlockFile names a file of raft addresses (one a line) this node
+	// may not reach: robustness tests partition a cluster's nodes with it.
+	RaftBlockFile string
+	// ClockOffset shifts the node's physical clock (a skewed node), unless
+	// Options.Clock is set.
+	ClockOffset time.Duration
+}
+
+// TestingEnvPrefix begins the environment variables TestingFromEnv reads.
+const TestingEnvPrefix = "REPLICATOR_TESTING_"
+
+// TestingFromEnv reads the faults of a robustness suite from the
+// environment of a child process it started: REPLICATOR_TESTING_DISK_FULL_FILE,
+// REPLICATOR_TESTING_RAFT_BLOCK_FILE and REPLICATOR_TESTING_CLOCK_OFFSET (a
+// duration).
+func TestingFromEnv(getenv func(string) string) (Testing, error) {
+	t := Testing{
+		DiskFullFile:  getenv(TestingEnvPrefix + "DISK_FULL_FILE"),
+		RaftBlockFile: getenv(TestingEnvPrefix + "RAFT_BLOCK_FILE"),
+	}
+	if v := getenv(TestingEnvPrefix + "CLOCK_OFFSET"); v != "" {
+		d, err := time.ParseDuration(v)
+		if err != nil {
+			return t, fmt.Errorf("node: $%sCLOCK_OFFSET: %w", TestingEnvPrefix, err)
+		}
+		t.ClockOffset = d
+	}
+	return t, nil
 }

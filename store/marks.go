@@ -262,24 +262,6 @@ func peerRecords(db *pebble.DB, prefix byte) (map[string]byte, error) {
 // ReseedRequests lists the R records (peer -> flags).
 func (s *Store) ReseedRequests() (map[string]byte, error) { return peerRecords(s.db, prefixReseedReq) }
 
-// UpdateReseedRequest changes a peer's R flags under the apply lock (the
-// acceptor changes them in its batches too), synced; 0 deletes the record.
-func (s *Store) UpdateReseedRequest(peer string, f func(byte) byte) error {
-	b := s.NewBatch()
-	defer b.Close()
-	cur, err := b.ReseedRequest(peer)
-	if err != nil {
-		return err
-	}
-	if next := f(cur); next != cur {
-		if err := b.SetReseedRequestIn(peer, next); err != nil {
-			return err
-		}
-		return b.Commit(true)
-	}
-	return nil
-}
-
 // SetReseedRequestIn stores a peer's R flags in the batch (0 deletes).
 func (b *Batch) SetReseedRequestIn(peer string, flags byte) error {
 	k := reseedReqKey(peer)
@@ -307,24 +289,6 @@ func (b *Batch) ReseedRequest(peer string) (byte, error) {
 
 // Rejoin lists this node's rejoin phases (peer -> phase).
 func (s *Store) Rejoin() (map[string]byte, error) { return peerRecords(s.db, prefixRejoin) }
-
-// UpdateRejoin changes the rejoin phase with a peer under the apply lock
-// (the acceptor moves it in its batches too), synced; 0 deletes it.
-func (s *Store) UpdateRejoin(peer string, f func(byte) byte) error {
-	b := s.NewBatch()
-	defer b.Close()
-	cur, err := b.RejoinPhase(peer)
-	if err != nil {
-		return err
-	}
-	if next := f(cur); next != cur {
-		if err := b.SetRejoinIn(peer, next); err != nil {
-			return err
-		}
-		return b.Commit(true)
-	}
-	return nil
-}
 
 // SetRejoinIn stores the rejoin phase with a peer in the batch (0 deletes).
 func (b *Batch) SetRejoinIn(peer string, phase byte) error {

@@ -15,13 +15,8 @@ import (
 	"time"
 
 	"github.com/replicator/replicator/client"
-	"github.com/replicator/replicator/hlc"
 	"github.com/replicator/replicator/policy"
 )
-
-func offsetClock(d time.Duration) hlc.PhysicalClock {
-	return hlc.OffsetClock{Base: hlc.SystemClock{}, Offset: d}
-}
 
 type clientFlags struct {
 	addr      string

@@ -41,9 +41,6 @@ type serveConfig struct {
 	MaxClockOffset     duration `yaml:"max_clock_offset"`
 	LogLevel           string   `yaml:"log_level"`
 	LogFormat          string   `yaml:"log_format"`
-	// ClockOffset shifts this node's physical clock. For robustness tests of
-	// clock skew only.
-	ClockOffset duration `yaml:"test_clock_offset,omitempty"`
 
 	Peers         map[string]*peerConfig `yaml:"peers"`
 	InsecurePeers bool                   `yaml:"insecure_peers"`
@@ -87,8 +84,6 @@ type serveConfig struct {
 	PeerListen      string   `yaml:"peer_listen"`
 	APITokenFile    string   `yaml:"api_token_file"`
 	AdminTokenFile  string   `yaml:"admin_token_file"`
-	TestDiskFull    string   `yaml:"test_disk_full_file,omitempty"`
-	TestRaftBlock   string   `yaml:"test_raft_block_file,omitempty"`
 	Pprof           bool     `yaml:"pprof"`
 	PprofListen     string   `yaml:"pprof_listen"`
 	MemTableSize    uint64   `yaml:"memtable_size"`
@@ -275,7 +270,7 @@ func applyEnv(fs *flag.FlagSet, environ []string) (unknown []string, err error) 
 	var errs []error
 	for _, kv := range environ {
 		name, value, _ := strings.Cut(kv, "=")
-		if !strings.HasPrefix(name, envPrefix) || clientEnv[name] {
+		if !strings.HasPrefix(name, envPrefix) || clientEnv[name] || strings.HasPrefix(name, node.TestingEnvPrefix) {
 			continue
 		}
 		flagName := strings.ReplaceAll(strings.ToLower(strings.TrimPrefix(name, envPrefix)), "_", "-")
@@ -350,12 +345,9 @@ func serveFlags(cfg *serveConfig) *flag.FlagSet {
 	fs.Var(&cfg.MaxClockOffset, "max-clock-offset", "how far ahead of the local clock a remote stamp may be")
 	fs.StringVar(&cfg.LogLevel, "log-level", cfg.LogLevel, "debug, info, warn or error")
 	fs.StringVar(&cfg.LogFormat, "log-format", cfg.LogFormat, "text or json")
-	fs.Var(&cfg.ClockOffset, "test-clock-offset", "shift this node's clock (robustness tests only)")
 	fs.BoolVar(&cfg.Pprof, "pprof", cfg.Pprof, "serve /debug/pprof on the API listener, behind the API token (profiles)")
 	fs.StringVar(&cfg.PprofListen, "pprof-listen", cfg.PprofListen, "serve /debug/pprof on this address instead, without a token (keep it private)")
 	fs.Uint64Var(&cfg.MemTableSize, "memtable-size", cfg.MemTableSize, "Pebble memtable bytes (larger: fewer compactions, more memory)")
-	fs.StringVar(&cfg.TestRaftBlock, "test-raft-block-file", cfg.TestRaftBlock, "raft addresses (one a line) this node may not reach while listed (robustness tests only)")
-	fs.StringVar(&cfg.TestDiskFull, "test-disk-full-file", cfg.TestDiskFull, "WAL appends fail with ENOSPC while this file says \"full\" (robustness tests only)")
 	fs.Var(namedFlag{func(n, v string) { cfg.peer(n).URL = v }, "NAME=URL"}, "peer", "a peer cluster as NAME=URL (repeatable)")
 	fs.Var(namedFlag{func(n, v string) { cfg.peer(n).Secret = v }, "NAME=SECRET"}, "peer-secret", "a peer's shared secret as NAME=SECRET (repeatable)")
 	fs.Var(namedFlag{func(n, v string) { cfg.peer(n).SecretFile = v }, "NAME=PATH"}, "peer-secret-file", "a peer's shared secret read from NAME=PATH, trimmed (repeatable)")
@@ -491,7 +483,11 @@ func (cfg *serveConfig) nodeOptions(log *slog.Logger) (*node.Options, error) {
 	o.TLSReloadInterval = time.Duration(cfg.TLSReload)
 	o.LinkLagging, o.LinkStalled = time.Duration(cfg.LinkLagging), time.Duration(cfg.LinkStalled)
 	o.PeerSANMode, o.PeerListen = cfg.PeerSANMode, cfg.PeerListen
-	o.TestDiskFullFile, o.TestRaftBlockFile = cfg.TestDiskFull, cfg.TestRaftBlock
+	testing, err := node.TestingFromEnv(os.Getenv)
+	if err != nil {
+		errs = append(errs, err)
+	}
+	o.Testing = testing
 	o.Pprof, o.PprofListen = cfg.Pprof, cfg.PprofListen
 	o.MemTableSize = cfg.MemTableSize
 	for _, tf := range []struct {
@@ -552,9 +548,6 @@ func (cfg *serveConfig) nodeOptions(log *slog.Logger) (*node.Options, error) {
 			errs = append(errs, err)
 		}
 		o.ClusterID, o.Origin = "", r
-	}
-	if cfg.ClockOffset != 0 {
-		o.Clock = offsetClock(time.Duration(cfg.ClockOffset))
 	}
 	o.EnsureDefaults()
 	if err := o.Validate(); err != nil {
