@@ -231,6 +231,11 @@ func (e *Entry) Validate() error {
 	return nil
 }
 
+// ErrNotKept: a stream does not hold an entry at that index (any more): it
+// was cut once every peer acknowledged it, or lies past the stream's end. A
+// shipper that needs it must re-seed its peer instead.
+var ErrNotKept = errors.New("entry: not kept in the stream")
+
 // ClusterIDPattern is the syntax of a cluster ID: lower-case letters, digits
 // and '-', 1 to 63 characters, not starting with '-' (a DNS label, so it fits
 // hostnames, metric labels and file names alike).

@@ -12,7 +12,6 @@ import (
 	"github.com/replicator/replicator/entry"
 	"github.com/replicator/replicator/hlc"
 	"github.com/replicator/replicator/store"
-	"github.com/replicator/replicator/wal"
 	"github.com/replicator/replicator/wire"
 )
 
@@ -270,7 +269,7 @@ func TestScriptDecisions(t *testing.T) {
 	if ob.First() != 3 || ob.Last() != 10 {
 		t.Fatalf("outbound [%d, %d], want [3, 10]", ob.First(), ob.Last())
 	}
-	if _, err := ob.ReadRaw(2); !errors.Is(err, wal.ErrNotFound) {
+	if _, err := ob.ReadRaw(2); !errors.Is(err, entry.ErrNotKept) {
 		t.Fatalf("a truncated entry: %v", err)
 	}
 	codec := wire.NewCodec()

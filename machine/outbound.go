@@ -8,7 +8,6 @@ import (
 	"github.com/replicator/replicator/entry"
 	"github.com/replicator/replicator/internal/byteindex"
 	"github.com/replicator/replicator/store"
-	"github.com/replicator/replicator/wal"
 )
 
 // Outbound is the cluster's stream as the machine wrote it into the tree,
@@ -134,18 +133,18 @@ func (o *Outbound) Notify() <-chan struct{} {
 func (o *Outbound) BytesAfter(i uint64) int64 { return o.bytes.After(i) }
 
 // ReadRaw returns entry index as the entry codec encodes it, origin and
-// stream left out; wal.ErrNotFound when it is not kept.
+// stream left out; entry.ErrNotKept when it is not kept.
 func (o *Outbound) ReadRaw(index uint64) ([]byte, error) {
 	o.mu.Lock()
 	stream, first, last := o.mu.stream, o.mu.first, o.mu.last
 	o.mu.Unlock()
 	if index < first || index > last {
-		return nil, fmt.Errorf("%w: %d (first %d, last %d)", wal.ErrNotFound, index, first, last)
+		return nil, fmt.Errorf("%w: %d (first %d, last %d)", entry.ErrNotKept, index, first, last)
 	}
 	raw, err := o.st.Outbound(stream, index)
 	if errors.Is(err, store.ErrNotFound) {
 		// truncated between the bounds check and the read
-		return nil, fmt.Errorf("%w: %d: %w", wal.ErrNotFound, index, err)
+		return nil, fmt.Errorf("%w: %d: %w", entry.ErrNotKept, index, err)
 	}
 	return raw, err
 }

@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/replicator/replicator/entry"
-	"github.com/replicator/replicator/wal"
 	"github.com/replicator/replicator/wire"
 )
 
@@ -233,7 +232,7 @@ func (s *Shipper) build(acked uint64, buf *[]byte, stubs bool) (*flight, error) 
 	for i := acked + 1; i <= last && len(payloads) < limit; i++ {
 		p, err := s.log.ReadRaw(i)
 		if err != nil {
-			if errors.Is(err, wal.ErrNotFound) && i < s.log.First() {
+			if errors.Is(err, entry.ErrNotKept) && i < s.log.First() {
 				s.setReseed(fmt.Sprintf("entry %d was truncated before the peer acked it", i))
 				return nil, nil
 			}

@@ -17,7 +17,6 @@ import (
 	"github.com/replicator/replicator/hlc"
 	"github.com/replicator/replicator/store"
 	"github.com/replicator/replicator/transport"
-	"github.com/replicator/replicator/wal"
 	"github.com/replicator/replicator/wire"
 )
 
@@ -42,7 +41,7 @@ func (f *forger) RoundTrip(r *http.Request) (*http.Response, error) {
 		Body: io.NopCloser(strings.NewReader(body)), Request: r}, nil
 }
 
-func appendN(t *testing.T, log *wal.Log, from, n int) {
+func appendN(t *testing.T, log *outLog, from, n int) {
 	t.Helper()
 	clock := hlc.NewClock(nil, 0)
 	var ents []*entry.Entry
@@ -154,8 +153,7 @@ func TestShipperSendsNothingToAnUnprovenNode(t *testing.T) {
 			}))
 			defer fake.Close()
 			dir := t.TempDir()
-			log, _ := wal.Open(dir+"/wal", &wal.Options{Origin: "a", Logger: quiet})
-			defer log.Close()
+			log := newOutLog(t, dir+"/wal")
 			src, _ := store.Open(dir+"/src", &store.Options{Logger: quiet})
 			defer src.Close()
 			appendN(t, log, 0, 10)

@@ -23,7 +23,6 @@ import (
 	"github.com/replicator/replicator/policy"
 	"github.com/replicator/replicator/store"
 	"github.com/replicator/replicator/transport"
-	"github.com/replicator/replicator/wal"
 )
 
 var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
@@ -81,7 +80,7 @@ func (f *faultyTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 
 // link is a shipper from a's WAL to a real acceptor of b's, over HTTP.
 type link struct {
-	log      *wal.Log
+	log      *outLog
 	src, dst *store.Store
 	acc      *acceptor.Acceptor
 	sh       *transport.Shipper
@@ -94,10 +93,7 @@ func newLink(t *testing.T, acc acceptor.Options, rt http.RoundTripper, maxBatch 
 	dir := t.TempDir()
 	l := &link{}
 	var err error
-	if l.log, err = wal.Open(dir+"/wal", &wal.Options{Origin: "a", Logger: quiet}); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { l.log.Close() })
+	l.log = newOutLog(t, dir+"/wal")
 	if l.src, err = store.Open(dir+"/src", &store.Options{Logger: quiet}); err != nil {
 		t.Fatal(err)
 	}
@@ -181,8 +177,7 @@ func TestShipperExactUnderLostAcksAndDuplicates(t *testing.T) {
 
 func TestRewindOnGap(t *testing.T) {
 	dir := t.TempDir()
-	log, _ := wal.Open(dir+"/wal", &wal.Options{Origin: "a", Logger: quiet})
-	defer log.Close()
+	log := newOutLog(t, dir+"/wal")
 	src, _ := store.Open(dir+"/src", &store.Options{Logger: quiet})
 	defer src.Close()
 	dst, _ := store.Open(dir+"/dst", &store.Options{Logger: quiet})
@@ -231,8 +226,7 @@ func TestRewindOnGap(t *testing.T) {
 // entry behind it arrives.
 func TestOversizeEntryGoesAsStub(t *testing.T) {
 	dir := t.TempDir()
-	log, _ := wal.Open(dir+"/wal", &wal.Options{Origin: "a", Logger: quiet})
-	defer log.Close()
+	log := newOutLog(t, dir+"/wal")
 	src, _ := store.Open(dir+"/src", &store.Options{Logger: quiet})
 	defer src.Close()
 	dst, _ := store.Open(dir+"/dst", &store.Options{Logger: quiet})
