@@ -5,7 +5,7 @@
 // leads, who belongs, and that a command is committed on a quorum before it
 // is applied.
 //
-// The raft log and stable state live in raftlog (tidwall/wal, fsynced); the
+// The raft log and stable state live in package wal (tidwall/wal, fsynced); the
 // raft port is raftconn (TLS both ways, the cluster checked at each end).
 package cluster
 
@@ -27,7 +27,7 @@ import (
 	"github.com/hashicorp/raft"
 
 	"github.com/replicator/replicator/internal/raftconn"
-	"github.com/replicator/replicator/raftlog"
+	"github.com/replicator/replicator/wal"
 )
 
 // Errors.
@@ -143,7 +143,7 @@ type Options struct {
 	// group's are 20ms, the time it waits before electing itself).
 	HeartbeatTimeout, ElectionTimeout, LeaderLeaseTimeout time.Duration
 	// Log configures the raft log (Logger is filled from below).
-	Log raftlog.Options
+	Log wal.Options
 	// Snapshots: raft snapshots the state machine when SnapshotThreshold
 	// commands were applied since the last one (checked every
 	// SnapshotInterval), then drops the log before it but the last
@@ -247,7 +247,7 @@ type Group struct {
 	opts  Options
 	id    raft.ServerID // this node's: ServerID(Node, Incarnation)
 	raft  *raft.Raft
-	log   *raftlog.Store
+	log   *wal.Store
 	trans raft.Transport
 	// layer is the raft port (nil for a group of one).
 	layer *raftconn.Layer
@@ -303,7 +303,7 @@ func Open(opts *Options) (*Group, error) {
 	}
 	lo := o.Log
 	lo.Logger = o.Logger
-	store, err := raftlog.Open(filepath.Join(o.Dir, "raft"), &lo)
+	store, err := wal.Open(filepath.Join(o.Dir, "raft"), &lo)
 	if err != nil {
 		return nil, err
 	}
@@ -570,7 +570,7 @@ func lineKind(line string) string {
 // from through to, in order, without starting raft. Only indexes at or below
 // a snapshot's are known to be committed.
 func ReadLog(dir string, from, to uint64, logger *slog.Logger, f func(index uint64, data []byte) error) error {
-	store, err := raftlog.Open(filepath.Join(dir, "raft"), &raftlog.Options{Logger: logger})
+	store, err := wal.Open(filepath.Join(dir, "raft"), &wal.Options{Logger: logger})
 	if err != nil {
 		return err
 	}
@@ -623,7 +623,7 @@ func Inspect(dir string, logger *slog.Logger) (LogState, error) {
 	if _, err := os.Stat(filepath.Join(dir, "raft")); errors.Is(err, os.ErrNotExist) {
 		return st, nil
 	}
-	store, err := raftlog.Open(filepath.Join(dir, "raft"), &raftlog.Options{Logger: logger})
+	store, err := wal.Open(filepath.Join(dir, "raft"), &wal.Options{Logger: logger})
 	if err != nil {
 		return st, err
 	}
@@ -716,7 +716,7 @@ func (g *Group) LogBounds() (first, last uint64) {
 }
 
 // LogStats describe the raft log's files.
-func (g *Group) LogStats() raftlog.Stats { return g.log.Stats() }
+func (g *Group) LogStats() wal.Stats { return g.log.Stats() }
 
 // Barrier returns once every command committed before it is applied here:
 // a new leader calls it before it stamps anything.

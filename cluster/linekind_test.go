@@ -18,7 +18,7 @@ func TestLineKind(t *testing.T) {
 		`[WARN]  raft: failed to appendEntries to: peer="{Voter a2 127.0.0.1:7001}" error="dial tcp: refused"`,
 		`[WARN]  raft: failed to appendEntries to: peer="{Voter a3 127.0.0.1:7002}" error="dial tcp: refused"`,
 		`[WARN]  raft: failed to heartbeat to: peer=127.0.0.1:7001 backoff time=10ms error="EOF"`,
-		`[ERROR] raft: failed to commit logs: error="raftlog: append 7-9: no space left on device"`,
+		`[ERROR] raft: failed to commit logs: error="wal: append 7-9: no space left on device"`,
 		`[ERROR] raft: failed to take snapshot: error="disk"`,
 		`[WARN]  raft: failed to take snapshot: error="disk"`,
 		`[WARN]  raft: clearing log suffix: from=10 to=12`,

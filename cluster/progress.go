@@ -9,7 +9,7 @@ import (
 	"github.com/hashicorp/raft"
 
 	"github.com/replicator/replicator/internal/raftconn"
-	"github.com/replicator/replicator/raftlog"
+	"github.com/replicator/replicator/wal"
 )
 
 // fence asks the other members of the configuration, before raft's first
@@ -102,7 +102,7 @@ func (g *Group) LastCommandAtOrBelow(i uint64) uint64 { return lastCommand(g.log
 
 // lastCommand scans back from index i to the log's first entry for a
 // command (a state machine's, not one of raft's own entries).
-func lastCommand(store *raftlog.Store, i uint64) uint64 {
+func lastCommand(store *wal.Store, i uint64) uint64 {
 	first, _ := store.FirstIndex()
 	last, _ := store.LastIndex()
 	for i = min(i, last); i >= first && i > 0; i-- {

@@ -12,7 +12,7 @@ import (
 	"github.com/hashicorp/raft"
 
 	"github.com/replicator/replicator/internal/atomicfile"
-	"github.com/replicator/replicator/raftlog"
+	"github.com/replicator/replicator/wal"
 )
 
 // Recovering from the loss of a majority (docs/OPERATIONS.md "Losing a
@@ -62,7 +62,7 @@ type Recovery struct {
 // recoverIfAsked rewrites the group's configuration from peers.json when
 // the operator put one there. It returns the recovery under way (nil when
 // none is).
-func recoverIfAsked(o *Options, cfg *raft.Config, store *raftlog.Store, snaps raft.SnapshotStore, trans raft.Transport) (*Recovery, error) {
+func recoverIfAsked(o *Options, cfg *raft.Config, store *wal.Store, snaps raft.SnapshotStore, trans raft.Transport) (*Recovery, error) {
 	path := filepath.Join(o.Dir, PeersFile)
 	recPath := filepath.Join(o.Dir, RecoveryFile)
 	if _, err := os.Stat(path); errors.Is(err, os.ErrNotExist) {
@@ -183,7 +183,7 @@ func (g *Group) FinishRecovery() error {
 // latestConfiguration is the configuration the log and snapshots hold
 // (raft's own rule: the newest snapshot's, then every configuration entry
 // after it).
-func latestConfiguration(store *raftlog.Store, snaps raft.SnapshotStore) (conf raft.Configuration, err error) {
+func latestConfiguration(store *wal.Store, snaps raft.SnapshotStore) (conf raft.Configuration, err error) {
 	from := uint64(1)
 	metas, err := snaps.List()
 	if err != nil {
@@ -197,7 +197,7 @@ func latestConfiguration(store *raftlog.Store, snaps raft.SnapshotStore) (conf r
 	defer func() {
 		// raft.DecodeConfiguration panics on bytes it cannot read.
 		if r := recover(); r != nil {
-			err = fmt.Errorf("%w: a configuration entry: %v", raftlog.ErrCorrupt, r)
+			err = fmt.Errorf("%w: a configuration entry: %v", wal.ErrCorrupt, r)
 		}
 	}()
 	for i := max(from, first); i <= last && first > 0; i++ {
@@ -218,7 +218,7 @@ func LatestConfiguration(dir string) (raft.Configuration, error) {
 	if _, err := os.Stat(filepath.Join(dir, "raft")); errors.Is(err, os.ErrNotExist) {
 		return raft.Configuration{}, nil
 	}
-	store, err := raftlog.Open(filepath.Join(dir, "raft"), nil)
+	store, err := wal.Open(filepath.Join(dir, "raft"), nil)
 	if err != nil {
 		return raft.Configuration{}, err
 	}

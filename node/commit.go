@@ -15,8 +15,8 @@ import (
 	"github.com/replicator/replicator/entry"
 	"github.com/replicator/replicator/hlc"
 	"github.com/replicator/replicator/machine"
-	"github.com/replicator/replicator/raftlog"
 	"github.com/replicator/replicator/store"
+	"github.com/replicator/replicator/wal"
 )
 
 // The committer is the write path's single proposer. Concurrent writes
@@ -368,7 +368,7 @@ func applyError(err error) error {
 	switch {
 	case errors.As(err, &nl), errors.Is(err, raft.ErrEnqueueTimeout):
 		return fmt.Errorf("%w: %w", ErrNotWritten, err)
-	case errors.Is(err, raftlog.ErrAppendFailed) && !errors.Is(err, raftlog.ErrBroken):
+	case errors.Is(err, wal.ErrAppendFailed) && !errors.Is(err, wal.ErrBroken):
 		// The log refused the append and cut itself back (a full disk):
 		// nothing of the command is in it.
 		return fmt.Errorf("%w: %w", ErrNotWritten, err)

@@ -14,8 +14,8 @@ import (
 	"github.com/replicator/replicator/cluster"
 	"github.com/replicator/replicator/entry"
 	"github.com/replicator/replicator/hlc"
+	"github.com/replicator/replicator/internal/legacywal"
 	"github.com/replicator/replicator/machine"
-	"github.com/replicator/replicator/raftlog"
 	"github.com/replicator/replicator/store"
 	"github.com/replicator/replicator/wal"
 	"github.com/replicator/replicator/wire"
@@ -150,7 +150,7 @@ func (n *Node) openGroup() (created bool, err error) {
 		Applied:     n.progress.get,
 		Describe:    n.describeSelf,
 		Logger:      n.log,
-		Log: raftlog.Options{
+		Log: wal.Options{
 			SegmentSize: n.opts.WALSegmentSize,
 			NoSync:      n.opts.UnsafeNoSync,
 			BeforeWrite: n.diskFull(),
@@ -443,7 +443,14 @@ func (n *Node) migrateWAL(m *machine.Machine) (bool, error) {
 	if m.Applied() > 0 {
 		return false, fmt.Errorf("node: %s exists beside the cluster's log: set it aside, or remove it if it was migrated", dir)
 	}
-	l, err := wal.Open(dir, &wal.Options{Origin: n.cluster, Logger: n.log, NoSync: n.opts.UnsafeNoSync})
+	l, err := legacywal.Open(dir, &legacywal.Options{Origin: n.cluster, Logger: n.log})
+	if errors.Is(err, legacywal.ErrEmpty) {
+		// A WAL its build never began: nothing to migrate (a tree with a
+		// stream and no WAL begins a new stream, as that build did).
+		aside := fmt.Sprintf("%s.empty-%d", dir, time.Now().UnixNano())
+		n.log.Warn("the WAL directory holds no stream: set aside", "kept_at", aside)
+		return false, os.Rename(dir, aside)
+	}
 	if err != nil {
 		return false, err
 	}
@@ -473,7 +480,7 @@ func (n *Node) migrateWAL(m *machine.Machine) (bool, error) {
 
 // migrateEntries applies what the store lacks of the WAL and copies its
 // retained entries into the tree, synced, with the stream and its end.
-func (n *Node) migrateEntries(l *wal.Log) error {
+func (n *Node) migrateEntries(l *legacywal.Log) error {
 	ap, err := n.store.LocalApplied()
 	if err != nil {
 		return err

@@ -12,8 +12,8 @@ import (
 
 	"github.com/replicator/replicator/entry"
 	"github.com/replicator/replicator/hlc"
+	"github.com/replicator/replicator/internal/legacywal"
 	"github.com/replicator/replicator/store"
-	"github.com/replicator/replicator/wal"
 )
 
 // TestMigrateWALInPlace opens a data directory as a build before the
@@ -23,36 +23,18 @@ import (
 // shippers byte for byte, and the next write numbered after the last.
 func TestMigrateWALInPlace(t *testing.T) {
 	dir := t.TempDir()
-	st, err := store.Open(filepath.Join(dir, "store"), nil)
-	if err != nil {
+	// The old directory's WAL (made by legacywal's TestOldDirectoryFixture):
+	// these ten writes, the first two shipped and cut.
+	if err := os.CopyFS(filepath.Join(dir, "wal"), os.DirFS("testdata/legacy-wal")); err != nil {
 		t.Fatal(err)
 	}
-	l, err := wal.Open(filepath.Join(dir, "wal"), &wal.Options{Origin: "a", Logger: quiet})
-	if err != nil {
-		t.Fatal(err)
-	}
-	base := hlc.Timestamp{Wall: time.Now().UnixNano()}
 	var ents []*entry.Entry
 	for i := 0; i < 10; i++ {
-		ents = append(ents, &entry.Entry{Commit: base.Add(time.Duration(i)), Op: entry.OpSet, Key: fmt.Sprintf("k%d", i), Value: []byte("old")})
+		ents = append(ents, &entry.Entry{Commit: hlc.Timestamp{Wall: 1_764_000_000_000_000_000 + int64(i)}, Op: entry.OpSet,
+			Key: fmt.Sprintf("k%d", i), Value: []byte("old")})
 	}
-	if err := l.Append(ents); err != nil {
-		t.Fatal(err)
-	}
-	b := st.NewBatch()
-	for _, e := range ents[:6] {
-		if _, err := b.ApplyEntry(e); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if err := b.SetLocalApplied(store.AppliedIndex{Stream: l.Stream(), Index: 6, Commit: ents[5].Commit}); err != nil {
-		t.Fatal(err)
-	}
-	if err := b.Commit(true); err != nil {
-		t.Fatal(err)
-	}
-	b.Close()
-	if err := l.TruncateFront(3); err != nil {
+	l, err := legacywal.Open(filepath.Join(dir, "wal"), &legacywal.Options{Origin: "a", Logger: quiet})
+	if err != nil {
 		t.Fatal(err)
 	}
 	stream := l.Stream()
@@ -65,6 +47,25 @@ func TestMigrateWALInPlace(t *testing.T) {
 		raws = append(raws, bytes.Clone(raw))
 	}
 	l.Close()
+	// The old build's store applied the first six.
+	st, err := store.Open(filepath.Join(dir, "store"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := st.NewBatch()
+	for i, e := range ents[:6] {
+		e.Index, e.Origin, e.Stream = uint64(i+1), "a", stream
+		if _, err := b.ApplyEntry(e); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := b.SetLocalApplied(store.AppliedIndex{Stream: stream, Index: 6, Commit: ents[5].Commit}); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Commit(true); err != nil {
+		t.Fatal(err)
+	}
+	b.Close()
 	st.Close()
 
 	for start := 0; start < 3; start++ {

@@ -24,8 +24,8 @@ import (
 	"github.com/replicator/replicator/hlc"
 	"github.com/replicator/replicator/machine"
 	"github.com/replicator/replicator/origin"
-	"github.com/replicator/replicator/raftlog"
 	"github.com/replicator/replicator/store"
+	"github.com/replicator/replicator/wal"
 )
 
 func TestMain(m *testing.M) {
@@ -193,7 +193,7 @@ func appendCommand(t *testing.T, dir string, c *machine.Command) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rl, err := raftlog.Open(filepath.Join(dir, "cluster", "raft"), &raftlog.Options{Logger: quiet})
+	rl, err := wal.Open(filepath.Join(dir, "cluster", "raft"), &wal.Options{Logger: quiet})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -223,7 +223,7 @@ func TestTornLogTailNodeServes(t *testing.T) {
 	seen := map[string]bool{} // stream/index pairs handed out
 	for round := 0; round < 10; round++ {
 		n, err := Open(context.Background(), o)
-		if errors.Is(err, raftlog.ErrCorrupt) {
+		if errors.Is(err, wal.ErrCorrupt) {
 			// A flipped byte with whole later appends after it is not a
 			// torn tail: the documented recovery moves the raft directory
 			// aside (the store holds every applied write; a new stream

@@ -112,7 +112,8 @@ type Options struct {
 	// MemTableSize is Pebble's memtable size (default 64 MiB): larger means
 	// fewer flushes and compactions under heavy ingest, and more memory.
 	MemTableSize uint64
-	// WALSegmentSize is the WAL's segment file size. Default 4 MiB.
+	// WALSegmentSize is the segment file size of the cluster's log (package
+	// wal). Default 4 MiB.
 	WALSegmentSize int
 	// UnsafeNoSync skips every fsync. It gives up durability: benchmarks
 	// of CPU cost only.

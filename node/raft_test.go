@@ -27,9 +27,9 @@ import (
 	"github.com/replicator/replicator/internal/raftconn"
 	"github.com/replicator/replicator/origin"
 	"github.com/replicator/replicator/policy"
-	"github.com/replicator/replicator/raftlog"
 	"github.com/replicator/replicator/store"
 	"github.com/replicator/replicator/transport"
+	"github.com/replicator/replicator/wal"
 )
 
 // raftCluster is one cluster of several in-process nodes on loopback: real
@@ -932,7 +932,7 @@ func TestTruncationOfAppliedEntriesStopsTheNode(t *testing.T) {
 		t.Fatal("the old leader did not stop when raft cut entries it applied")
 	}
 	err := c.nodes[l].FatalErr()
-	if !errors.Is(err, raftlog.ErrAppliedTruncated) {
+	if !errors.Is(err, wal.ErrAppliedTruncated) {
 		t.Fatalf("stopped with %v", err)
 	}
 	// Its tree and log are as they were: the evidence is kept.

@@ -1,31 +1,24 @@
-// Package wal is the outbound write-ahead log: every local write, checksummed,
-// in commit order, kept until every peer has it.
+// Package wal is the cluster's write-ahead log (docs/CLUSTER.md): raft's
+// LogStore and StableStore on disk. Every mutation of a cluster, a node
+// alone included, is a command in it before it is applied: the log on
+// tidwall/wal, each record checksummed and naming the append that wrote it
+// (record.go), every append fsynced (it is the redo log), and the stable
+// state (term, vote) in one small file replaced atomically. At open, a torn
+// last append is cut and other damage refused (repair.go).
 //
-// It wraps tidwall/wal and files down its sharp edges:
-//
-//   - tidwall/wal has no checksums: each entry is framed as
-//     version(1) | CRC-32C(4) | msgpack payload and verified on read.
-//   - A crash can tear the tail, and tidwall's Open then fails with ErrCorrupt:
-//     Open scans the segments itself first, truncates a torn or
-//     checksum-failing tail back to the last valid entry (logged and counted),
-//     and refuses to open on damage before the last segment, naming the
-//     segment and index.
-//   - tidwall's in-memory view goes out of step with the file when a write
-//     fails halfway: after a failed write the log is reopened and truncated back
-//     to the last committed index, so a full disk refuses writes cleanly.
-//   - Indexes are assigned here, never by callers.
-//   - tidwall's Open writes defaults into the options it is given: it only ever
-//     sees a private copy.
-//
-// The log directory holds STREAM (the stream ID, minted at creation) and
-// segments/ (tidwall's files).
+// tidwall/wal numbers its entries from 1 and only appends at last+1; raft
+// indexes start wherever a snapshot left them. A log directory is therefore
+// named for its base, log-<base>, and raft index = base + tidwall index. When
+// raft deletes every entry (after installing a snapshot) or appends where the
+// empty log does not continue, a new directory with the right base replaces
+// the old one; at open, the directory with the highest base wins and the
+// others are removed (a crash between the two steps leaves both).
 package wal
 
 import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"hash/crc32"
 	"io/fs"
 	"log/slog"
 	"os"
@@ -34,94 +27,55 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 
+	"github.com/hashicorp/raft"
 	twal "github.com/tidwall/wal"
+	"github.com/vmihailenco/msgpack/v5"
 
-	"github.com/replicator/replicator/entry"
 	"github.com/replicator/replicator/internal/atomicfile"
-	"github.com/replicator/replicator/internal/byteindex"
-	"github.com/replicator/replicator/internal/segfile"
-	"github.com/replicator/replicator/wire"
 )
 
-// Frames. Version 2, written now:
-//
-//	2 | CRC-32C(first || payload) | first(8, big-endian) | payload
-//
-// where first is the index of the first entry of the append the frame was
-// written by: a torn write is confined to the last append, so valid frames
-// found after damage tell a torn tail (they belong to that same append)
-// from corruption (a later append completed after the damaged one).
-// Version 1 (version | CRC-32C(payload) | payload) is still read.
+// Errors.
+var (
+	// ErrCorrupt is damage that is not a torn tail: a record before the
+	// last segment, or one followed by a later append's whole record, fails
+	// its checksum (Open reports a *CorruptError). Not retryable.
+	ErrCorrupt = errors.New("wal: corrupt")
+	// ErrNotFound is a log index outside the log.
+	ErrNotFound = raft.ErrLogNotFound
+)
+
 const (
-	frameV1       = 1
-	frameV2       = 2
-	frameHeaderV1 = 1 + 4
-	frameHeaderV2 = 1 + 4 + 8
+	stableName = "stable"
+	dirPrefix  = "log-"
 )
 
-var castagnoli = crc32.MakeTable(crc32.Castagnoli)
-
-// ErrCorrupt is the class of errors for damage the log cannot repair (before
-// the tail, or a missing stream file). Never retryable.
-var ErrCorrupt = errors.New("wal: corrupt")
-
-// ErrBroken is returned by every call after a failure the log cannot recover
-// from in place (a failed fsync: what reached the disk is unknown). A restart
-// reopens, repairs and recovers.
-var ErrBroken = errors.New("wal: broken after an unrecoverable i/o error; restart the node")
-
-// ErrClosed is returned after Close.
-var ErrClosed = errors.New("wal: closed")
-
-// ErrNotFound is returned for an index outside [First, Last].
-var ErrNotFound = errors.New("wal: index not in the log")
-
-// CorruptError locates damage the log refuses to repair.
-type CorruptError struct {
-	Segment string // file name
-	Index   uint64 // the first index that failed
-	Err     error
-}
-
-func (e *CorruptError) Error() string {
-	return fmt.Sprintf("wal: corrupt entry %d in segment %s: %v (not a torn tail: refusing to start; "+
-		"move the WAL directory aside and restart, the node then begins a new stream and rejoins its peers, "+
-		"see docs/OPERATIONS.md \"A damaged WAL\")", e.Index, e.Segment, e.Err)
-}
-
-func (e *CorruptError) Unwrap() error { return ErrCorrupt }
-
-// Options configures a Log. Zero fields take defaults.
+// Options configures a Store. Zero fields take defaults.
 type Options struct {
-	// Origin is the local cluster ID. Encoded entries of the local stream
-	// leave it out. Required.
-	Origin string
-	// SegmentSize is the target size of one segment file. tidwall/wal holds
-	// the tail segment and SegmentCacheSize others in memory whole, so this
-	// bounds the log's memory. Default 8 MiB.
+	// SegmentSize is the target size of one segment file (default 4 MiB).
 	SegmentSize int
-	// SegmentCacheSize is how many non-tail segments stay in memory for
-	// readers. Default 2.
-	SegmentCacheSize int
-	// NoSync skips fsync. It gives up durability; benchmarks only.
+	// NoSync skips fsync: benchmarks only.
 	NoSync bool
-	// Logger receives repairs. Default slog.Default().
+	// Logger receives repairs (default slog.Default()).
 	Logger *slog.Logger
 	// BeforeWrite, when set, runs before each append and fails it with its
-	// error, as the disk would. Robustness tests fill the "disk" with it on
-	// demand (a real disk cannot be filled and emptied at will).
+	// error (tests: a disk that fills).
 	BeforeWrite func() error
+	// AppliedIndex, when set, returns the last raft index the state machine
+	// applied. A suffix delete reaching it is refused (ErrAppliedTruncated):
+	// raft only cuts entries that were never committed, and only committed
+	// entries are applied. It is called without the store's lock held.
+	AppliedIndex func() uint64
+	// OnFatal, when set, is called once, without the store's lock held, when
+	// the store refuses to go on for a reason a restart does not fix
+	// (ErrAppliedTruncated): the node must stop.
+	OnFatal func(error)
 }
 
 // EnsureDefaults fills zero fields.
 func (o *Options) EnsureDefaults() {
 	if o.SegmentSize == 0 {
-		o.SegmentSize = 8 << 20
-	}
-	if o.SegmentCacheSize == 0 {
-		o.SegmentCacheSize = 2
+		o.SegmentSize = 4 << 20
 	}
 	if o.Logger == nil {
 		o.Logger = slog.Default()
@@ -131,79 +85,57 @@ func (o *Options) EnsureDefaults() {
 // Validate reports every problem at once.
 func (o *Options) Validate() error {
 	var errs []error
-	if o.Origin == "" {
-		errs = append(errs, errors.New("wal: Origin is required"))
-	}
 	if o.SegmentSize < 4096 {
 		errs = append(errs, fmt.Errorf("wal: SegmentSize %d is below 4096", o.SegmentSize))
-	}
-	if o.SegmentCacheSize < 1 {
-		errs = append(errs, fmt.Errorf("wal: SegmentCacheSize %d is below 1", o.SegmentCacheSize))
 	}
 	return errors.Join(errs...)
 }
 
-// Stats describe the log for the admin surface.
-type Stats struct {
-	Stream   entry.StreamID
-	First    uint64 // first retained index (Last+1 when empty)
-	Last     uint64 // last written index (0 before the first write)
-	Bytes    int64  // bytes on disk across segments
-	Segments int
-	// Repairs counts torn tails truncated at open (this process's lifetime).
-	Repairs int64
-	// DroppedBytes counts bytes cut off by those repairs.
-	DroppedBytes int64
-	// WriteFailures counts appends refused because the disk write failed.
-	WriteFailures int64
+// Store is a raft.LogStore, raft.MonotonicLogStore and raft.StableStore.
+// Safe for concurrent use.
+type Store struct {
+	dir  string
+	opts Options
+
+	mu struct {
+		sync.Mutex
+		tw *twal.Log
+		// broken is set when a failed append could not be cut back
+		// (ErrBroken) or a suffix delete reached applied entries
+		// (ErrAppliedTruncated); every later append returns it.
+		broken error
+		fatal  bool // OnFatal was called
+		// repairs and dropped count torn tails cut at open and their
+		// bytes; failures counts failed appends.
+		repairs, dropped, failures int64
+		base                       uint64 // raft index = base + tidwall index
+		first                      uint64 // raft indexes held, 0 when empty
+		last                       uint64
+		stable                     map[string][]byte
+		buf                        []byte
+		// recent are the last entries appended, as raft handed them over:
+		// a leader reads back what it just stored to send it to its
+		// followers, and a read from here costs no checksum and no decode.
+		// Oldest first; bounded by recentMax entries and recentBytes.
+		recent      []*raft.Log
+		recentBytes int
+	}
 }
 
-// Log is the outbound WAL. Appends come from one goroutine at a time (the
-// committer); reads and truncation may run concurrently with them.
-type Log struct {
-	dir     string
-	segDir  string
-	stream  entry.StreamID
-	created bool // the stream was minted by this Open
-	opts    Options
-	defs    wire.Defaults
+// Bounds of the recent entries kept in memory.
+const (
+	recentMax   = 256
+	recentBytes = 16 << 20
+)
 
-	// mu guards tw against the swap done when a failed write forces a
-	// reopen. Normal appends and reads share it; tidwall has its own lock.
-	mu     sync.RWMutex
-	tw     *twal.Log
-	broken error // sticky; set under mu
-	closed bool
+var (
+	_ raft.LogStore          = (*Store)(nil)
+	_ raft.MonotonicLogStore = (*Store)(nil)
+	_ raft.StableStore       = (*Store)(nil)
+)
 
-	first atomic.Uint64
-	last  atomic.Uint64
-
-	notifyMu sync.Mutex
-	notify   chan struct{}
-
-	repairs, dropped, writeFailures atomic.Int64
-
-	bytes byteindex.Index
-
-	// Owned by the appending goroutine.
-	codec      *wire.Codec
-	batch      twal.Batch
-	frame      []byte
-	batchSizes []int
-}
-
-func uvarintLen(n int) int {
-	var b [binary.MaxVarintLen64]byte
-	return binary.PutUvarint(b[:], uint64(n))
-}
-
-// BytesAfter estimates the on-disk bytes of the entries after index i (a
-// peer's backlog when i is its acked index).
-func (l *Log) BytesAfter(i uint64) int64 { return l.bytes.After(i) }
-
-// Open opens the WAL in dir, creating it (and minting its stream ID) if
-// needed, and repairing a torn tail.
-func Open(dir string, opts *Options) (*Log, error) {
+// Open opens (creating if needed) the raft log and stable state in dir.
+func Open(dir string, opts *Options) (*Store, error) {
 	var o Options
 	if opts != nil {
 		o = *opts
@@ -212,558 +144,493 @@ func Open(dir string, opts *Options) (*Log, error) {
 	if err := o.Validate(); err != nil {
 		return nil, err
 	}
-	l := &Log{
-		dir:    dir,
-		segDir: filepath.Join(dir, "segments"),
-		opts:   o,
-		codec:  wire.NewCodec(),
-		notify: make(chan struct{}),
-	}
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, fmt.Errorf("wal: open %s: %w", dir, err)
 	}
-	stream, err := l.loadStream()
+	s := &Store{dir: dir, opts: o}
+	if err := s.loadStable(); err != nil {
+		return nil, err
+	}
+	bases, err := s.bases()
 	if err != nil {
 		return nil, err
 	}
-	l.stream = stream
-	l.defs = wire.Defaults{Origin: o.Origin, Stream: stream}
-	if err := l.openTidwall(-1); err != nil {
-		return nil, err
-	}
-	return l, nil
-}
-
-const streamFile = "STREAM"
-
-func (l *Log) loadStream() (entry.StreamID, error) {
-	path := filepath.Join(l.dir, streamFile)
-	b, err := os.ReadFile(path)
-	if err == nil {
-		s, perr := entry.ParseStreamID(strings.TrimSpace(string(b)))
-		if perr != nil {
-			return s, fmt.Errorf("%w: %s: %v", ErrCorrupt, path, perr)
+	base := uint64(0)
+	if len(bases) > 0 {
+		base = bases[len(bases)-1]
+		for _, b := range bases[:len(bases)-1] {
+			// A replacement that a crash interrupted: the newer one won.
+			if err := os.RemoveAll(s.logDir(b)); err != nil {
+				return nil, fmt.Errorf("wal: remove replaced log %s: %w", s.logDir(b), err)
+			}
 		}
-		return s, nil
 	}
-	if !errors.Is(err, fs.ErrNotExist) {
-		return entry.StreamID{}, fmt.Errorf("wal: read %s: %w", path, err)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err := s.openLocked(base); err != nil {
+		return nil, err
 	}
-	segs, err := listSegments(l.segDir)
-	if err != nil {
-		return entry.StreamID{}, err
-	}
-	if len(segs) > 0 {
-		return entry.StreamID{}, fmt.Errorf("%w: %s is missing but %s holds segments; "+
-			"the entries cannot be named, remove the WAL directory to start a new stream", ErrCorrupt, path, l.segDir)
-	}
-	s := entry.NewStreamID()
-	if err := atomicfile.Write(path, []byte(s.String()+"\n")); err != nil {
-		return s, fmt.Errorf("wal: create %s: %w", path, err)
-	}
-	l.created = true
 	return s, nil
 }
 
-// openTidwall verifies and repairs the segments, then opens tidwall on them.
-// keep >= 0 also cuts every entry after index keep (used after a failed
-// write, whose entries nobody was told are durable); keep < 0 keeps all.
-func (l *Log) openTidwall(keep int64) error {
-	if err := os.MkdirAll(l.segDir, 0o755); err != nil {
-		return fmt.Errorf("wal: open %s: %w", l.segDir, err)
+func (s *Store) logDir(base uint64) string {
+	return filepath.Join(s.dir, fmt.Sprintf("%s%020d", dirPrefix, base))
+}
+
+// bases lists the bases of the log directories, ascending.
+func (s *Store) bases() ([]uint64, error) {
+	ents, err := os.ReadDir(s.dir)
+	if err != nil {
+		return nil, fmt.Errorf("wal: list %s: %w", s.dir, err)
 	}
-	if err := segfile.FinishPendingTruncation(l.segDir); err != nil {
-		return fmt.Errorf("wal: %w", err)
+	var out []uint64
+	for _, e := range ents {
+		if !e.IsDir() || !strings.HasPrefix(e.Name(), dirPrefix) {
+			continue
+		}
+		b, err := strconv.ParseUint(strings.TrimPrefix(e.Name(), dirPrefix), 10, 64)
+		if err != nil {
+			continue
+		}
+		out = append(out, b)
 	}
-	if err := l.verifyAndRepair(keep); err != nil {
+	sort.Slice(out, func(i, j int) bool { return out[i] < out[j] })
+	return out, nil
+}
+
+func (s *Store) openLocked(base uint64) error {
+	dir := s.logDir(base)
+	dropped, err := repairTail(dir, base, s.opts.Logger)
+	if err != nil {
 		return err
 	}
-	tw, err := twal.Open(l.segDir, &twal.Options{
-		SegmentSize:      l.opts.SegmentSize,
-		SegmentCacheSize: l.opts.SegmentCacheSize,
-		NoSync:           l.opts.NoSync,
-		NoCopy:           true,
-		AllowEmpty:       true,
-		LogFormat:        twal.Binary,
-		DirPerms:         0o755,
-		FilePerms:        0o644,
+	if dropped > 0 {
+		s.mu.repairs++
+		s.mu.dropped += dropped
+	}
+	tw, err := twal.Open(dir, &twal.Options{
+		SegmentSize: s.opts.SegmentSize,
+		NoSync:      s.opts.NoSync,
+		NoCopy:      true,
+		AllowEmpty:  true,
+		LogFormat:   twal.Binary,
+		DirPerms:    0o755,
+		FilePerms:   0o644,
 	})
 	if err != nil {
-		return fmt.Errorf("wal: open segments in %s: %w", l.segDir, err)
+		return fmt.Errorf("wal: open %s: %w", dir, err)
 	}
 	first, err1 := tw.FirstIndex()
 	last, err2 := tw.LastIndex()
 	if err := errors.Join(err1, err2); err != nil {
 		tw.Close()
-		return fmt.Errorf("wal: open %s: %w", l.segDir, err)
+		return fmt.Errorf("wal: open %s: %w", dir, err)
 	}
-	l.tw = tw
-	l.first.Store(first)
-	l.last.Store(last)
+	s.mu.tw, s.mu.base = tw, base
+	s.mu.first, s.mu.last = 0, 0
+	if last > 0 {
+		s.mu.first, s.mu.last = base+first, base+last
+	}
 	return nil
 }
 
-type segFile struct {
-	name  string
-	first uint64
-}
-
-func listSegments(segDir string) ([]segFile, error) {
-	ents, err := os.ReadDir(segDir)
-	if errors.Is(err, fs.ErrNotExist) {
-		return nil, nil
+// resetLocked replaces the log with an empty one whose next index is
+// base+1. The new directory is created (and synced) before the old one is
+// removed, so a crash leaves one of the two whole.
+func (s *Store) resetLocked(base uint64) error {
+	s.forgetLocked()
+	old := s.mu.base
+	if err := s.mu.tw.Close(); err != nil {
+		return fmt.Errorf("wal: close %s: %w", s.logDir(old), err)
 	}
-	if err != nil {
-		return nil, fmt.Errorf("wal: list %s: %w", segDir, err)
+	s.mu.tw = nil
+	if base != old {
+		if err := os.RemoveAll(s.logDir(base)); err != nil {
+			return err
+		}
+		if err := os.MkdirAll(s.logDir(base), 0o755); err != nil {
+			return err
+		}
+		if err := atomicfile.SyncDir(s.dir); err != nil {
+			return err
+		}
 	}
-	var segs []segFile
-	for _, e := range ents {
-		name := e.Name()
-		if len(name) != 20 || e.IsDir() {
-			continue
-		}
-		idx, err := strconv.ParseUint(name, 10, 64)
-		if err != nil || idx == 0 {
-			continue
-		}
-		segs = append(segs, segFile{name: name, first: idx})
+	if err := os.RemoveAll(s.logDir(old)); err != nil {
+		return fmt.Errorf("wal: remove %s: %w", s.logDir(old), err)
 	}
-	sort.Slice(segs, func(i, j int) bool { return segs[i].first < segs[j].first })
-	return segs, nil
-}
-
-// scanSegment walks tidwall's binary framing (uvarint length, data) and our
-// frame inside it. It returns how many entries are whole and valid, the byte
-// length they cover, and the problem that stopped it (nil at a clean end).
-func scanSegment(data []byte, first uint64) (n int, good int, problem error) {
-	return scanSegmentSizes(data, first, nil)
-}
-
-// scanSegmentSizes is scanSegment telling onEntry the on-disk size of each
-// valid entry.
-func scanSegmentSizes(data []byte, first uint64, onEntry func(size int)) (n int, good int, problem error) {
-	for pos := 0; pos < len(data); {
-		size, w := binary.Uvarint(data[pos:])
-		if w <= 0 {
-			return n, good, errors.New("unreadable length prefix")
-		}
-		if size > uint64(len(data)-pos-w) {
-			return n, good, fmt.Errorf("entry of %d bytes runs past the end of the file", size)
-		}
-		frame := data[pos+w : pos+w+int(size)]
-		payload, _, err := unframe(frame)
-		if err != nil {
-			return n, good, err
-		}
-		if idx, ok := peekIndex(payload); !ok || idx != first+uint64(n) {
-			return n, good, fmt.Errorf("entry says index %d, position says %d", idx, first+uint64(n))
-		}
-		if onEntry != nil {
-			onEntry(w + int(size))
-		}
-		pos += w + int(size)
-		n++
-		good = pos
-	}
-	return n, good, nil
-}
-
-// verifyAndRepair scans every segment. Damage in the last segment is a torn
-// tail: cut back to the last valid entry. Damage anywhere else refuses.
-// keep >= 0 additionally cuts every entry after index keep.
-func (l *Log) verifyAndRepair(keep int64) error {
-	segs, err := listSegments(l.segDir)
-	if err != nil {
+	if err := atomicfile.SyncDir(s.dir); err != nil {
 		return err
 	}
-	if keep >= 0 {
-		// Segments that start past keep hold only entries of the failed
-		// write; the first segment stays (emptied below) so the log keeps
-		// its position.
-		for len(segs) > 1 && int64(segs[len(segs)-1].first) > keep {
-			last := segs[len(segs)-1]
-			if err := os.Remove(filepath.Join(l.segDir, last.name)); err != nil {
-				return fmt.Errorf("wal: drop unacknowledged segment %s: %w", last.name, err)
+	return s.openLocked(base)
+}
+
+// Stats describe the log's files and what went wrong with them.
+type Stats struct {
+	Segments      int   // segment files of the current log
+	Repairs       int64 // torn tails cut at open
+	DroppedBytes  int64 // bytes those cuts dropped
+	WriteFailures int64 // appends that failed
+}
+
+// Stats reports the log's files and failures.
+func (s *Store) Stats() Stats {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	st := Stats{Repairs: s.mu.repairs, DroppedBytes: s.mu.dropped, WriteFailures: s.mu.failures}
+	if ents, err := os.ReadDir(s.logDir(s.mu.base)); err == nil {
+		for _, e := range ents {
+			if !e.IsDir() && len(e.Name()) == 20 {
+				st.Segments++
 			}
-			segs = segs[:len(segs)-1]
 		}
 	}
-	var sizes []uint32 // of every valid entry, for the byte index
-	for i, s := range segs {
-		path := filepath.Join(l.segDir, s.name)
-		data, err := os.ReadFile(path)
-		if err != nil {
-			return fmt.Errorf("wal: read segment %s: %w", path, err)
-		}
-		segStart := len(sizes)
-		n, good, problem := scanSegmentSizes(data, s.first, func(size int) { sizes = append(sizes, uint32(size)) })
-		if i < len(segs)-1 {
-			if problem != nil {
-				return &CorruptError{Segment: s.name, Index: s.first + uint64(n), Err: problem}
-			}
-			if next := segs[i+1].first; s.first+uint64(n) != next {
-				return &CorruptError{Segment: s.name, Index: s.first + uint64(n),
-					Err: fmt.Errorf("segment holds %d entries but the next segment starts at %d", n, next)}
-			}
-			continue
-		}
-		if problem != nil {
-			damaged := s.first + uint64(n)
-			if idx, first, later := laterWrite(data[good:], damaged); later {
-				return &CorruptError{Segment: s.name, Index: damaged, Err: fmt.Errorf(
-					"%v; entry %d, written by a later append (from index %d), follows whole: "+
-						"the damage is not a torn write", problem, idx, first)}
-			}
-			l.opts.Logger.Warn("wal: torn tail repaired", "segment", s.name,
-				"first_bad_index", s.first+uint64(n), "kept_bytes", good, "dropped_bytes", len(data)-good,
-				"problem", problem.Error())
-			l.repairs.Add(1)
-			l.dropped.Add(int64(len(data) - good))
-		}
-		if keep >= 0 {
-			if want := keep + 1 - int64(s.first); want < int64(n) {
-				if want < 0 {
-					want = 0
-				}
-				good = frameEnd(data, int(want))
-			}
-		}
-		if good < len(data) {
-			if err := segfile.TruncateSync(path, int64(good)); err != nil {
-				return fmt.Errorf("wal: repair segment %s: %w", path, err)
-			}
-			// keep the sizes of the entries that stay
-			kept, _, _ := scanSegment(data[:good], s.first)
-			sizes = sizes[:segStart+kept]
-		}
+	return st
+}
+
+// FirstIndex is the first index held, 0 when the log is empty.
+func (s *Store) FirstIndex() (uint64, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.mu.first, nil
+}
+
+// LastIndex is the last index held, 0 when the log is empty.
+func (s *Store) LastIndex() (uint64, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.mu.last, nil
+}
+
+// GetLog reads one entry.
+func (s *Store) GetLog(index uint64, l *raft.Log) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.mu.tw == nil {
+		return errClosed
 	}
-	base := uint64(0)
-	if len(segs) > 0 {
-		base = segs[0].first - 1
+	if s.mu.last == 0 || index < s.mu.first || index > s.mu.last {
+		return ErrNotFound
 	}
-	l.bytes.Reset(base)
-	for _, sz := range sizes {
-		l.bytes.Add(int(sz))
+	if r := s.mu.recent; len(r) > 0 && index >= r[0].Index && index <= r[len(r)-1].Index {
+		*l = *r[index-r[0].Index]
+		return nil
+	}
+	data, err := s.mu.tw.Read(index - s.mu.base)
+	if err != nil {
+		return fmt.Errorf("wal: read %d: %w", index, err)
+	}
+	if _, err := decode(data, l); err != nil {
+		return fmt.Errorf("%w: entry %d: %v", ErrCorrupt, index, err)
+	}
+	if l.Index != index {
+		return fmt.Errorf("%w: entry at %d says index %d", ErrCorrupt, index, l.Index)
 	}
 	return nil
 }
 
-// frameEnd returns the byte offset after the first k entries of a segment
-// already known to hold at least k valid entries.
-func frameEnd(data []byte, k int) int {
-	pos := 0
-	for i := 0; i < k; i++ {
-		size, w := binary.Uvarint(data[pos:])
-		pos += w + int(size)
-	}
-	return pos
-}
+// StoreLog appends one entry.
+func (s *Store) StoreLog(l *raft.Log) error { return s.StoreLogs([]*raft.Log{l}) }
 
-// appendFrame appends a version 2 frame of the payload fill produces, for
-// an entry of the append that begins at index first.
-func appendFrame(dst []byte, first uint64, fill func([]byte) []byte) []byte {
-	start := len(dst)
-	dst = append(dst, frameV2, 0, 0, 0, 0)
-	dst = binary.BigEndian.AppendUint64(dst, first)
-	dst = fill(dst)
-	crc := crc32.Checksum(dst[start+5:], castagnoli)
-	binary.BigEndian.PutUint32(dst[start+1:], crc)
-	return dst
-}
-
-// unframe checks a frame and returns its payload and the first index of the
-// append that wrote it (0 for a version 1 frame, which does not say).
-func unframe(frame []byte) ([]byte, uint64, error) {
-	if len(frame) < frameHeaderV1 {
-		return nil, 0, fmt.Errorf("frame of %d bytes", len(frame))
+// StoreLogs appends entries, contiguous with the log, in one write and one
+// fsync.
+func (s *Store) StoreLogs(logs []*raft.Log) error {
+	if len(logs) == 0 {
+		return nil
 	}
-	var payload, covered []byte
-	var first uint64
-	switch frame[0] {
-	case frameV1:
-		payload, covered = frame[frameHeaderV1:], frame[frameHeaderV1:]
-	case frameV2:
-		if len(frame) < frameHeaderV2 {
-			return nil, 0, fmt.Errorf("frame of %d bytes", len(frame))
-		}
-		payload, covered = frame[frameHeaderV2:], frame[5:]
-		first = binary.BigEndian.Uint64(frame[5:])
-	default:
-		return nil, 0, fmt.Errorf("frame version %d, want %d or %d", frame[0], frameV1, frameV2)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.mu.tw == nil {
+		return errClosed
 	}
-	if got, want := crc32.Checksum(covered, castagnoli), binary.BigEndian.Uint32(frame[1:]); got != want {
-		return nil, 0, fmt.Errorf("checksum mismatch (crc32c %08x, frame says %08x)", got, want)
+	if s.mu.broken != nil {
+		return s.mu.broken
 	}
-	return payload, first, nil
-}
-
-// laterWrite looks, at every byte offset of data (what follows damage in
-// the last segment), for a whole, valid frame written by an append that
-// began after index damaged (the first entry the damage hit). Such a frame
-// means a later write completed after the damaged one: the damage is not a
-// torn tail. Frames of the damaged append itself (which may span several
-// pages, some of which reached the disk) do not count.
-func laterWrite(data []byte, damaged uint64) (index, first uint64, found bool) {
-	for off := 0; off < len(data); off++ {
-		size, w := binary.Uvarint(data[off:])
-		if w <= 0 || size < frameHeaderV2+4 || size > uint64(len(data)-off-w) {
-			continue
-		}
-		frame := data[off+w : off+w+int(size)]
-		if frame[0] != frameV2 {
-			continue
-		}
-		idx, ok := peekIndex(frame[frameHeaderV2:])
-		if !ok {
-			continue
-		}
-		payload, f, err := unframe(frame)
-		if err != nil || len(payload) == 0 || f > idx {
-			continue
-		}
-		if f > damaged {
-			return idx, f, true
+	if s.opts.BeforeWrite != nil {
+		if err := s.opts.BeforeWrite(); err != nil {
+			s.mu.failures++
+			return fmt.Errorf("%w: %w", ErrAppendFailed, err)
 		}
 	}
-	return 0, 0, false
-}
-
-// peekIndex reads the "i" field that every encoded entry starts with, without
-// decoding the rest.
-func peekIndex(p []byte) (uint64, bool) {
-	// fixmap header, then fixstr "i".
-	if len(p) < 4 || p[0]&0xf0 != 0x80 || p[1] != 0xa1 || p[2] != 'i' {
-		return 0, false
+	for i, l := range logs[1:] {
+		if l.Index != logs[i].Index+1 {
+			return fmt.Errorf("wal: entries %d and %d are not contiguous", logs[i].Index, l.Index)
+		}
 	}
-	c, rest := p[3], p[4:]
+	next := logs[0].Index
 	switch {
-	case c <= 0x7f:
-		return uint64(c), true
-	case c == 0xcc && len(rest) >= 1:
-		return uint64(rest[0]), true
-	case c == 0xcd && len(rest) >= 2:
-		return uint64(binary.BigEndian.Uint16(rest)), true
-	case c == 0xce && len(rest) >= 4:
-		return uint64(binary.BigEndian.Uint32(rest)), true
-	case c == 0xcf && len(rest) >= 8:
-		return binary.BigEndian.Uint64(rest), true
+	case s.mu.last == 0 && next != s.mu.base+1:
+		// Empty, and raft continues elsewhere (after a snapshot).
+		if next == 0 {
+			return errors.New("wal: entry index 0")
+		}
+		if err := s.resetLocked(next - 1); err != nil {
+			return err
+		}
+	case s.mu.last != 0 && next != s.mu.last+1:
+		return fmt.Errorf("wal: entry %d does not follow the last, %d", next, s.mu.last)
 	}
-	return 0, false
+	var b twal.Batch
+	s.mu.buf = s.mu.buf[:0]
+	offs := make([]int, 0, len(logs)+1)
+	for _, l := range logs {
+		offs = append(offs, len(s.mu.buf))
+		var err error
+		if s.mu.buf, err = encode(s.mu.buf, next, l); err != nil {
+			return err
+		}
+	}
+	offs = append(offs, len(s.mu.buf))
+	for i, l := range logs {
+		b.Write(l.Index-s.mu.base, s.mu.buf[offs[i]:offs[i+1]])
+	}
+	if err := s.mu.tw.WriteBatch(&b); err != nil {
+		return s.recoverWriteLocked(fmt.Errorf("wal: append %d-%d: %w", next, logs[len(logs)-1].Index, err))
+	}
+	if s.mu.last == 0 {
+		s.mu.first = next
+	}
+	s.mu.last = logs[len(logs)-1].Index
+	s.rememberLocked(logs)
+	return nil
 }
 
-// Stream returns the log's stream ID.
-func (l *Log) Stream() entry.StreamID { return l.stream }
-
-// Created reports whether this Open minted the stream (a new WAL).
-func (l *Log) Created() bool { return l.created }
-
-// Defaults returns what encoded entries of this log leave out.
-func (l *Log) Defaults() wire.Defaults { return l.defs }
-
-// First returns the first retained index (Last()+1 when the log is empty).
-func (l *Log) First() uint64 { return l.first.Load() }
-
-// Last returns the last written index, 0 before the first write.
-func (l *Log) Last() uint64 { return l.last.Load() }
-
-// Notify returns a channel closed at the next append. Readers waiting for new
-// entries select on it, then call Notify again.
-func (l *Log) Notify() <-chan struct{} {
-	l.notifyMu.Lock()
-	defer l.notifyMu.Unlock()
-	return l.notify
+// rememberLocked keeps entries just appended among the recent ones.
+func (s *Store) rememberLocked(logs []*raft.Log) {
+	if r := s.mu.recent; len(r) > 0 && r[len(r)-1].Index+1 != logs[0].Index {
+		s.forgetLocked()
+	}
+	for _, l := range logs {
+		s.mu.recent = append(s.mu.recent, l)
+		s.mu.recentBytes += len(l.Data) + len(l.Extensions)
+	}
+	drop := 0
+	for len(s.mu.recent)-drop > recentMax || (s.mu.recentBytes > recentBytes && len(s.mu.recent)-drop > 1) {
+		s.mu.recentBytes -= len(s.mu.recent[drop].Data) + len(s.mu.recent[drop].Extensions)
+		drop++
+	}
+	if drop > 0 {
+		s.mu.recent = append(s.mu.recent[:0:0], s.mu.recent[drop:]...)
+	}
 }
 
-func (l *Log) wake() {
-	l.notifyMu.Lock()
-	close(l.notify)
-	l.notify = make(chan struct{})
-	l.notifyMu.Unlock()
-}
+// forgetLocked drops the recent entries (the log was cut or replaced).
+func (s *Store) forgetLocked() { s.mu.recent, s.mu.recentBytes = nil, 0 }
 
-// Append gives entries the next indexes, sets their origin and stream to the
-// log's own, and makes them durable with one write and one fsync. Callers
-// must not call Append concurrently (the committer is the one appender).
+// DeleteRange deletes [min, max]: a prefix (compaction after a snapshot), a
+// suffix (entries a new leader overrides), or everything.
 //
-// On error nothing was appended: a failed write is cut back before Append
-// returns, or the log turns broken (ErrBroken) when it cannot know.
-func (l *Log) Append(entries []*entry.Entry) error {
-	if len(entries) == 0 {
-		return nil
+// A suffix delete of entries the state machine applied (Options.AppliedIndex)
+// is refused with ErrAppliedTruncated, and the store turns broken: see
+// ErrAppliedTruncated.
+func (s *Store) DeleteRange(min, max uint64) error {
+	// Read before taking s.mu: the state machine's locks are its own. The
+	// applied index only grows, so a value read early is at most the one at
+	// the delete: the check never refuses a delete it should allow.
+	var applied uint64
+	if s.opts.AppliedIndex != nil {
+		applied = s.opts.AppliedIndex()
 	}
-	l.mu.RLock()
-	if err := l.usableLocked(); err != nil {
-		l.mu.RUnlock()
-		return err
+	fatal, err := s.deleteRange(min, max, applied)
+	if fatal && s.opts.OnFatal != nil {
+		// Outside s.mu: stopping the node may call back into the store
+		// (raft's shutdown).
+		s.opts.OnFatal(err)
 	}
-	if l.opts.BeforeWrite != nil {
-		if err := l.opts.BeforeWrite(); err != nil {
-			l.mu.RUnlock()
-			l.writeFailures.Add(1)
-			return fmt.Errorf("wal: append: %w", err)
-		}
-	}
-	prev := l.last.Load()
-	l.batch.Clear()
-	l.batchSizes = l.batchSizes[:0]
-	for i, e := range entries {
-		e.Index = prev + uint64(i) + 1
-		e.Origin = l.defs.Origin
-		e.Stream = l.defs.Stream
-		l.frame = appendFrame(l.frame[:0], prev+1, func(dst []byte) []byte {
-			return l.codec.AppendEntry(dst, e, l.defs)
-		})
-		l.batch.Write(e.Index, l.frame)
-		l.batchSizes = append(l.batchSizes, uvarintLen(len(l.frame))+len(l.frame))
-	}
-	err := l.tw.WriteBatch(&l.batch)
-	l.mu.RUnlock()
-	if err != nil {
-		return l.recoverWrite(prev, err)
-	}
-	for _, e := range l.batchSizes {
-		l.bytes.Add(e)
-	}
-	l.last.Store(prev + uint64(len(entries)))
-	l.wake()
-	return nil
+	return err
 }
 
-// recoverWrite puts the log back to exactly prev entries after a failed
-// write. tidwall has already taken the failed entries into its in-memory
-// segment, so only a reopen from disk gets it back in step.
-func (l *Log) recoverWrite(prev uint64, cause error) error {
-	l.writeFailures.Add(1)
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	// A write that failed before fsync is repairable; tidwall does not tell
-	// which step failed, so Close's own fsync decides: if that fails too,
-	// nothing about the file can be trusted until a restart.
-	closeErr := l.tw.Close()
+// deleteRange is DeleteRange under s.mu; fatal says OnFatal is due.
+func (s *Store) deleteRange(min, max, applied uint64) (fatal bool, err error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.mu.tw == nil {
+		return false, errClosed
+	}
+	if errors.Is(s.mu.broken, ErrAppliedTruncated) {
+		// The log is the evidence of what went wrong: nothing changes it.
+		return false, s.mu.broken
+	}
+	if s.mu.last == 0 || max < s.mu.first || min > s.mu.last || min > max {
+		return false, nil
+	}
+	first, last := s.mu.first, s.mu.last
+	if s.opts.AppliedIndex != nil && min > first && max >= last && min <= applied {
+		// A suffix, not a compaction nor the whole log after a snapshot.
+		s.mu.broken = fmt.Errorf("%w: raft asked to delete %d-%d (the log holds %d-%d), but the state machine "+
+			"applied through %d: raft only cuts entries never committed, so a voter lost entries it "+
+			"acknowledged; the log is left as it was and the node stops", ErrAppliedTruncated, min, max, first, last, applied)
+		s.opts.Logger.Error("wal: refusing to delete applied entries", "err", s.mu.broken)
+		fatal, s.mu.fatal = !s.mu.fatal, true
+		return fatal, s.mu.broken
+	}
+	s.forgetLocked()
+	switch {
+	case min <= first && max >= last:
+		// Everything: the next entry continues after max (or after the
+		// snapshot raft installs, which StoreLogs handles).
+		return false, s.resetLocked(max)
+	case min <= first:
+		if err := s.mu.tw.TruncateFront(max + 1 - s.mu.base); err != nil {
+			return false, fmt.Errorf("wal: drop through %d: %w", max, err)
+		}
+		s.mu.first = max + 1
+	case max >= last:
+		if err := s.mu.tw.TruncateBack(min - 1 - s.mu.base); err != nil {
+			return false, fmt.Errorf("wal: drop from %d: %w", min, err)
+		}
+		s.mu.last = min - 1
+	default:
+		return false, fmt.Errorf("wal: delete %d-%d from the middle of %d-%d", min, max, first, last)
+	}
+	return false, nil
+}
+
+// IsMonotonic tells raft that the log holds no gaps: after restoring a
+// snapshot it deletes every entry instead of leaving a gap.
+func (s *Store) IsMonotonic() bool { return true }
+
+var errClosed = errors.New("wal: closed")
+
+// ErrAppendFailed wraps an append that failed and left the log as it was:
+// nothing of it is in the log.
+var ErrAppendFailed = errors.New("wal: append failed, nothing appended")
+
+// ErrBroken is returned by every append after one that failed and could not
+// be cut back: what the file holds is unknown until a restart repairs it.
+var ErrBroken = errors.New("wal: broken after an unrecoverable i/o error; restart the node")
+
+// ErrAppliedTruncated is returned by a suffix delete that reaches entries the
+// state machine applied, and by every append and delete after it. Raft only
+// cuts a suffix that was never committed, and only committed entries are
+// applied: raft's assumptions broke (a voter forgot entries it acknowledged:
+// a disk that lied about fsync, a log repaired or replaced by hand), and
+// going on could diverge this node's state machine from the others'. Not
+// retryable, and a restart does not fix it: the node stops
+// (Options.OnFatal).
+var ErrAppliedTruncated = errors.New("wal: refusing to delete entries the state machine applied")
+
+// recoverWriteLocked puts the log back to what it held before a failed
+// append: tidwall has taken the failed entries into its in-memory segment, so
+// only a reopen from disk gets it back in step, and entries the write did
+// get to disk are cut (raft was told the append failed, and will write
+// those indexes again). If the file cannot be closed (its fsync failed too)
+// or reopened, the log turns broken.
+//
+// REQUIRES: s.mu held.
+func (s *Store) recoverWriteLocked(cause error) error {
+	s.forgetLocked()
+	s.mu.failures++
+	first, last, base := s.mu.first, s.mu.last, s.mu.base
+	closeErr := s.mu.tw.Close()
+	s.mu.tw = nil
 	if closeErr != nil && !errors.Is(closeErr, twal.ErrClosed) {
-		l.broken = fmt.Errorf("%w: append failed (%v), then sync on close failed (%v)", ErrBroken, cause, closeErr)
-		l.opts.Logger.Error("wal: broken", "err", l.broken)
-		return l.broken
+		s.mu.broken = fmt.Errorf("%w: %v, then sync on close failed (%v)", ErrBroken, cause, closeErr)
+		return s.mu.broken
 	}
-	if err := l.openTidwall(int64(prev)); err != nil {
-		l.broken = fmt.Errorf("%w: append failed (%v), then reopen failed (%v)", ErrBroken, cause, err)
-		l.opts.Logger.Error("wal: broken", "err", l.broken)
-		return l.broken
+	if err := s.openLocked(base); err != nil {
+		s.mu.broken = fmt.Errorf("%w: %v, then reopen failed (%v)", ErrBroken, cause, err)
+		return s.mu.broken
 	}
-	if got := l.last.Load(); got != prev {
-		l.broken = fmt.Errorf("%w: append failed (%v) and the log holds %d entries after repair, want %d", ErrBroken, cause, got, prev)
-		return l.broken
+	if s.mu.last > last {
+		var err error
+		if last == 0 {
+			err = s.resetLocked(base)
+		} else {
+			err = s.mu.tw.TruncateBack(last - base)
+		}
+		if err != nil {
+			s.mu.broken = fmt.Errorf("%w: %v, then cutting back failed (%v)", ErrBroken, cause, err)
+			return s.mu.broken
+		}
+		s.mu.last = last
+		if last == 0 {
+			s.mu.first = 0
+		}
 	}
-	l.opts.Logger.Warn("wal: append failed; log cut back to the last committed entry", "last", prev, "err", cause)
-	return fmt.Errorf("wal: append after index %d: %w", prev, cause)
+	if s.mu.first != first || s.mu.last != last {
+		s.mu.broken = fmt.Errorf("%w: %v, and the log holds [%d, %d] after repair, want [%d, %d]",
+			ErrBroken, cause, s.mu.first, s.mu.last, first, last)
+		return s.mu.broken
+	}
+	s.opts.Logger.Warn("wal: append failed; log cut back to the last entry", "last", last, "err", cause)
+	return fmt.Errorf("%w: %w", ErrAppendFailed, cause)
 }
 
-// REQUIRES: l.mu held (either mode).
-func (l *Log) usableLocked() error {
-	if l.closed {
-		return ErrClosed
-	}
-	return l.broken
-}
-
-// ReadRaw returns the verified payload (the msgpack entry) at index. The
-// bytes are shared with the log's segment cache: do not modify them.
-func (l *Log) ReadRaw(index uint64) ([]byte, error) {
-	l.mu.RLock()
-	defer l.mu.RUnlock()
-	if err := l.usableLocked(); err != nil {
-		return nil, err
-	}
-	if index < l.first.Load() || index > l.last.Load() {
-		return nil, fmt.Errorf("%w: %d (first %d, last %d)", ErrNotFound, index, l.first.Load(), l.last.Load())
-	}
-	frame, err := l.tw.Read(index)
-	if errors.Is(err, twal.ErrNotFound) {
-		return nil, fmt.Errorf("%w: %d", ErrNotFound, index)
-	}
-	if err != nil {
-		return nil, fmt.Errorf("wal: read %d: %w", index, err)
-	}
-	payload, _, err := unframe(frame)
-	if err != nil {
-		return nil, &CorruptError{Segment: "(in memory)", Index: index, Err: err}
-	}
-	return payload, nil
-}
-
-// Read returns the decoded entry at index. Not safe for concurrent use with
-// other Read calls on the same codec: pass one codec per goroutine.
-func (l *Log) Read(c *wire.Codec, index uint64) (entry.Entry, error) {
-	p, err := l.ReadRaw(index)
-	if err != nil {
-		return entry.Entry{}, err
-	}
-	e, err := c.DecodeEntry(p, l.defs)
-	if err != nil {
-		return e, &CorruptError{Segment: "(in memory)", Index: index, Err: err}
-	}
-	if e.Index != index {
-		return e, &CorruptError{Segment: "(in memory)", Index: index, Err: fmt.Errorf("entry says index %d", e.Index)}
-	}
-	return e, nil
-}
-
-// TruncateFront drops every entry before index. It is a no-op for an index at
-// or below First; index may be Last()+1 to empty the log.
-func (l *Log) TruncateFront(index uint64) error {
-	l.mu.RLock()
-	defer l.mu.RUnlock()
-	if err := l.usableLocked(); err != nil {
-		return err
-	}
-	if index <= l.first.Load() {
+// Close closes the log.
+func (s *Store) Close() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.mu.tw == nil {
 		return nil
 	}
-	if last := l.last.Load(); index > last+1 {
-		index = last + 1
+	err := s.mu.tw.Close()
+	s.mu.tw = nil
+	return err
+}
+
+// Set stores one stable value, durably.
+func (s *Store) Set(key, val []byte) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	next := make(map[string][]byte, len(s.mu.stable)+1)
+	for k, v := range s.mu.stable {
+		next[k] = v
 	}
-	if err := l.tw.TruncateFront(index); err != nil {
-		return fmt.Errorf("wal: truncate front to %d: %w", index, err)
+	next[string(key)] = append([]byte(nil), val...)
+	data, err := msgpack.Marshal(next)
+	if err != nil {
+		return err
 	}
-	l.first.Store(index)
-	l.bytes.CutBefore(index)
+	if err := atomicfile.Write(filepath.Join(s.dir, stableName), frame(nil, data)); err != nil {
+		return fmt.Errorf("wal: write stable state: %w", err)
+	}
+	s.mu.stable = next
 	return nil
 }
 
-// Stats reads the log's figures; it stats the segment files.
-func (l *Log) Stats() Stats {
-	s := Stats{
-		Stream:        l.stream,
-		First:         l.first.Load(),
-		Last:          l.last.Load(),
-		Repairs:       l.repairs.Load(),
-		DroppedBytes:  l.dropped.Load(),
-		WriteFailures: l.writeFailures.Load(),
-	}
-	segs, _ := listSegments(l.segDir)
-	s.Segments = len(segs)
-	for _, seg := range segs {
-		if fi, err := os.Stat(filepath.Join(l.segDir, seg.name)); err == nil {
-			s.Bytes += fi.Size()
-		}
-	}
-	return s
+// Get returns a stable value, empty when never set.
+func (s *Store) Get(key []byte) ([]byte, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]byte(nil), s.mu.stable[string(key)]...), nil
 }
 
-// Close syncs and closes the log.
-func (l *Log) Close() error {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.closed {
+// SetUint64 stores a stable number.
+func (s *Store) SetUint64(key []byte, val uint64) error {
+	return s.Set(key, binary.BigEndian.AppendUint64(nil, val))
+}
+
+// GetUint64 returns a stable number, 0 when never set.
+func (s *Store) GetUint64(key []byte) (uint64, error) {
+	v, _ := s.Get(key)
+	if len(v) == 0 {
+		return 0, nil
+	}
+	if len(v) != 8 {
+		return 0, fmt.Errorf("%w: stable value %q of %d bytes", ErrCorrupt, key, len(v))
+	}
+	return binary.BigEndian.Uint64(v), nil
+}
+
+func (s *Store) loadStable() error {
+	data, err := os.ReadFile(filepath.Join(s.dir, stableName))
+	if errors.Is(err, fs.ErrNotExist) {
+		s.mu.stable = map[string][]byte{}
 		return nil
 	}
-	l.closed = true
-	if l.broken != nil {
-		l.tw.Close()
-		return nil
+	if err != nil {
+		return fmt.Errorf("wal: read stable state: %w", err)
 	}
-	if err := l.tw.Close(); err != nil {
-		return fmt.Errorf("wal: close: %w", err)
+	body, _, err := unframe(data)
+	if err != nil {
+		// Written whole or not at all (atomicfile): damage is not a torn
+		// write, and a lost vote could let this node vote twice in a term.
+		return fmt.Errorf("%w: stable state: %v", ErrCorrupt, err)
 	}
+	m := map[string][]byte{}
+	if err := msgpack.Unmarshal(body, &m); err != nil {
+		return fmt.Errorf("%w: stable state: %v", ErrCorrupt, err)
+	}
+	s.mu.stable = m
 	return nil
 }

@@ -2,542 +2,443 @@ package wal
 
 import (
 	"bytes"
-	"encoding/binary"
 	"errors"
 	"fmt"
-	"io"
-	"log/slog"
-	"math/rand/v2"
 	"os"
 	"path/filepath"
-	"strings"
 	"testing"
 	"time"
 
-	"github.com/replicator/replicator/entry"
-	"github.com/replicator/replicator/hlc"
-	"github.com/replicator/replicator/wire"
+	"github.com/hashicorp/go-hclog"
+	"github.com/hashicorp/raft"
+	twal "github.com/tidwall/wal"
+
+	"github.com/replicator/replicator/internal/raftfsm"
 )
 
-var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
-
-func openTest(t testing.TB, dir string, segSize int) *Log {
+func open(t *testing.T, dir string) *Store {
 	t.Helper()
-	l, err := Open(dir, &Options{Origin: "a", SegmentSize: segSize, Logger: quiet})
+	s, err := Open(dir, &Options{SegmentSize: 4096})
 	if err != nil {
 		t.Fatal(err)
 	}
-	return l
+	t.Cleanup(func() { s.Close() })
+	return s
 }
 
-func mkEntry(i int) *entry.Entry {
-	return &entry.Entry{
-		Commit: hlc.Timestamp{Wall: int64(1000 + i), Logical: uint32(i % 3)},
-		Op:     entry.OpSet,
-		Key:    fmt.Sprintf("key-%06d", i),
-		Value:  bytes.Repeat([]byte{byte(i)}, 20+i%50),
-	}
+func entry(i uint64) *raft.Log {
+	return &raft.Log{Index: i, Term: 1 + i/10, Type: raft.LogCommand, Data: []byte(fmt.Sprintf("cmd-%d-%s", i, bytes.Repeat([]byte("x"), int(i%50)))),
+		Extensions: []byte{byte(i)}, AppendedAt: time.Unix(1764546000, int64(i))}
 }
 
-// appendN appends entries numbered from..to-1 in groups of up to 7.
-func appendN(t testing.TB, l *Log, from, to int) {
+func store(t *testing.T, s *Store, from, to uint64) {
 	t.Helper()
-	for i := from; i < to; {
-		var group []*entry.Entry
-		for j := 0; j < 7 && i < to; j++ {
-			group = append(group, mkEntry(i))
-			i++
-		}
-		if err := l.Append(group); err != nil {
-			t.Fatal(err)
+	var logs []*raft.Log
+	for i := from; i <= to; i++ {
+		logs = append(logs, entry(i))
+		if len(logs) == 7 || i == to {
+			if err := s.StoreLogs(logs); err != nil {
+				t.Fatal(err)
+			}
+			logs = nil
 		}
 	}
 }
 
-func checkEntries(t testing.TB, l *Log, n int) {
+// holds checks the log holds exactly [first, last], each entry as written.
+func holds(t *testing.T, s *Store, first, last uint64) {
 	t.Helper()
-	if l.Last() != uint64(n) {
-		t.Fatalf("last index %d, want %d", l.Last(), n)
+	f, _ := s.FirstIndex()
+	l, _ := s.LastIndex()
+	if f != first || l != last {
+		t.Fatalf("log holds %d-%d, want %d-%d", f, l, first, last)
 	}
-	c := wire.NewCodec()
-	for i := 1; i <= n; i++ {
-		e, err := l.Read(c, uint64(i))
-		if err != nil {
-			t.Fatalf("read %d: %v", i, err)
+	if first == 0 {
+		return
+	}
+	for i := first; i <= last; i++ {
+		var got raft.Log
+		if err := s.GetLog(i, &got); err != nil {
+			t.Fatalf("entry %d: %v", i, err)
 		}
-		want := mkEntry(i - 1)
-		if e.Index != uint64(i) || e.Key != want.Key || !bytes.Equal(e.Value, want.Value) ||
-			e.Commit != want.Commit || e.Origin != "a" || e.Stream != l.Stream() {
-			t.Fatalf("entry %d: %+v", i, e)
+		want := entry(i)
+		if got.Index != want.Index || got.Term != want.Term || got.Type != want.Type || !bytes.Equal(got.Data, want.Data) ||
+			!bytes.Equal(got.Extensions, want.Extensions) || !got.AppendedAt.Equal(want.AppendedAt) {
+			t.Fatalf("entry %d: got %+v want %+v", i, got, *want)
+		}
+	}
+	var l0 raft.Log
+	if err := s.GetLog(last+1, &l0); !errors.Is(err, raft.ErrLogNotFound) {
+		t.Fatalf("entry past the end: %v", err)
+	}
+	if first > 1 {
+		if err := s.GetLog(first-1, &l0); !errors.Is(err, raft.ErrLogNotFound) {
+			t.Fatalf("entry before the start: %v", err)
 		}
 	}
 }
 
-func TestAppendReadReopen(t *testing.T) {
+func TestLogRoundTripAndReopen(t *testing.T) {
 	dir := t.TempDir()
-	l := openTest(t, dir, 4096)
-	stream := l.Stream()
-	if stream.IsZero() {
-		t.Fatal("zero stream id")
+	s := open(t, dir)
+	holds(t, s, 0, 0)
+	store(t, s, 1, 300) // several 4 KiB segments
+	holds(t, s, 1, 300)
+	if err := s.StoreLogs([]*raft.Log{entry(302)}); err == nil {
+		t.Fatal("a gap was stored")
 	}
-	appendN(t, l, 0, 500)
-	checkEntries(t, l, 500)
-	if st := l.Stats(); st.Segments < 3 {
-		t.Fatalf("4 KiB segments should give several files: %+v", st)
-	}
-	if err := l.Close(); err != nil {
+	s.Close()
+	s = open(t, dir)
+	holds(t, s, 1, 300)
+}
+
+func TestDeleteRange(t *testing.T) {
+	dir := t.TempDir()
+	s := open(t, dir)
+	store(t, s, 1, 300)
+	if err := s.DeleteRange(1, 120); err != nil { // compaction
 		t.Fatal(err)
 	}
-	l = openTest(t, dir, 4096)
-	defer l.Close()
-	if l.Stream() != stream {
-		t.Fatalf("stream id changed across reopen: %s -> %s", stream, l.Stream())
+	holds(t, s, 121, 300)
+	if err := s.DeleteRange(251, 300); err != nil { // a new leader's conflict
+		t.Fatal(err)
 	}
-	checkEntries(t, l, 500)
-	appendN(t, l, 500, 510)
-	checkEntries(t, l, 510)
-	if _, err := l.ReadRaw(511); !errors.Is(err, ErrNotFound) {
-		t.Fatalf("read past the end: %v", err)
+	holds(t, s, 121, 250)
+	store(t, s, 251, 260)
+	holds(t, s, 121, 260)
+	s.Close()
+	s = open(t, dir)
+	holds(t, s, 121, 260)
+	// A snapshot installed at 1,000: everything goes, the log continues there.
+	if err := s.DeleteRange(121, 260); err != nil {
+		t.Fatal(err)
+	}
+	holds(t, s, 0, 0)
+	store(t, s, 1001, 1050)
+	holds(t, s, 1001, 1050)
+	s.Close()
+	s = open(t, dir)
+	holds(t, s, 1001, 1050)
+	if dirs, _ := filepath.Glob(filepath.Join(dir, "log-*")); len(dirs) != 1 {
+		t.Fatalf("log directories: %v", dirs)
 	}
 }
 
-func TestNewWALNewStream(t *testing.T) {
-	a := openTest(t, t.TempDir(), 0)
-	b := openTest(t, t.TempDir(), 0)
-	defer a.Close()
-	defer b.Close()
-	if a.Stream() == b.Stream() {
-		t.Fatal("two WALs share a stream id")
-	}
-}
-
-func TestTruncateFront(t *testing.T) {
+// TestInterruptedReplacement: a crash between creating the replacement log
+// and removing the old one leaves both; the newer (higher base) wins.
+func TestInterruptedReplacement(t *testing.T) {
 	dir := t.TempDir()
-	l := openTest(t, dir, 4096)
-	appendN(t, l, 0, 300)
-	if err := l.TruncateFront(200); err != nil {
+	s := open(t, dir)
+	store(t, s, 1, 50)
+	s.Close()
+	if err := os.MkdirAll(filepath.Join(dir, fmt.Sprintf("log-%020d", 1000)), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	if l.First() != 200 {
-		t.Fatalf("first %d", l.First())
-	}
-	if _, err := l.ReadRaw(199); !errors.Is(err, ErrNotFound) {
-		t.Fatalf("truncated entry still readable: %v", err)
-	}
-	l.Close()
-	l = openTest(t, dir, 4096)
-	if l.First() != 200 || l.Last() != 300 {
-		t.Fatalf("after reopen: first %d last %d", l.First(), l.Last())
-	}
-	// Emptying the log keeps its position.
-	if err := l.TruncateFront(301); err != nil {
-		t.Fatal(err)
-	}
-	l.Close()
-	l = openTest(t, dir, 4096)
-	defer l.Close()
-	if l.First() != 301 || l.Last() != 300 {
-		t.Fatalf("after emptying and reopen: first %d last %d", l.First(), l.Last())
-	}
-	appendN(t, l, 300, 301)
-	if l.Last() != 301 {
-		t.Fatalf("append after emptying: last %d", l.Last())
+	s = open(t, dir)
+	holds(t, s, 0, 0)
+	store(t, s, 1001, 1010)
+	holds(t, s, 1001, 1010)
+	if _, err := os.Stat(filepath.Join(dir, fmt.Sprintf("log-%020d", 0))); !os.IsNotExist(err) {
+		t.Fatalf("the replaced log is still there: %v", err)
 	}
 }
 
 func lastSegment(t *testing.T, dir string) string {
-	segs, err := listSegments(filepath.Join(dir, "segments"))
-	if err != nil || len(segs) == 0 {
-		t.Fatal(err, segs)
-	}
-	return filepath.Join(dir, "segments", segs[len(segs)-1].name)
-}
-
-// TestTornTail damages the last segment at random offsets, by truncation and
-// by flipping bytes. Damage confined to the last append is a torn tail: the
-// log must open, keep every entry before the damage, and take new appends.
-// A flipped byte in an earlier append, with whole later appends after it,
-// is corruption: the log refuses to open, naming the entry.
-func TestTornTail(t *testing.T) {
-	seed := uint64(time.Now().UnixNano())
-	t.Logf("seed %d", seed)
-	r := rand.New(rand.NewPCG(seed, 2))
-	for round := 0; round < 60; round++ {
-		dir := t.TempDir()
-		l := openTest(t, dir, 16384)
-		appendN(t, l, 0, 400)
-		l.Close()
-		path := lastSegment(t, dir)
-		data, _ := os.ReadFile(path)
-		segFirst := segFirstIndex(t, path)
-		lastAppend := lastAppendStart(t, data)
-		off := r.IntN(len(data))
-		truncate := round%3 == 0
-		if round%3 == 2 {
-			off = lastAppend + r.IntN(len(data)-lastAppend) // within the last append
-		}
-		if truncate {
-			os.Truncate(path, int64(off))
-		} else {
-			data[off] ^= byte(1 + r.IntN(255))
-			os.WriteFile(path, data, 0o644)
-		}
-		// Entries whose bytes end at or before off are intact.
-		whole, wholeEnd := countWhole(data[:off])
-		intact := whole + int(segFirst) - 1
-		wantRepair := !truncate || wholeEnd != off
-
-		l, err := Open(dir, &Options{Origin: "a", SegmentSize: 16384, Logger: quiet})
-		if !truncate && off < lastAppend {
-			var ce *CorruptError
-			if !errors.As(err, &ce) || !errors.Is(err, ErrCorrupt) || ce.Index == 0 {
-				t.Fatalf("seed %d round %d: a flipped byte at %d, before the last append (at %d), opened: %v",
-					seed, round, off, lastAppend, err)
-			}
-			continue
-		}
-		if err != nil {
-			t.Fatalf("seed %d round %d: open after damage at %d (last append at %d): %v", seed, round, off, lastAppend, err)
-		}
-		if int(l.Last()) < intact {
-			t.Fatalf("seed %d round %d: kept %d entries, %d were intact", seed, round, l.Last(), intact)
-		}
-		checkEntries(t, l, int(l.Last()))
-		if st := l.Stats(); (st.Repairs == 1) != wantRepair {
-			t.Fatalf("seed %d round %d: repairs %d, want a repair: %v", seed, round, st.Repairs, wantRepair)
-		}
-		n := int(l.Last())
-		appendN(t, l, n, n+5)
-		checkEntries(t, l, n+5)
-		l.Close()
-	}
-}
-
-// lastAppendStart is the byte offset in a segment where the frames of its
-// last append begin.
-func lastAppendStart(t *testing.T, data []byte) int {
 	t.Helper()
-	type fr struct {
-		off   int
-		first uint64
+	segs, _ := filepath.Glob(filepath.Join(dir, "log-*", "0*"))
+	if len(segs) == 0 {
+		t.Fatal("no segments")
 	}
-	var frames []fr
-	for pos := 0; pos < len(data); {
-		size, w := binary.Uvarint(data[pos:])
-		_, first, err := unframe(data[pos+w : pos+w+int(size)])
+	return segs[len(segs)-1]
+}
+
+// TestTornTailRepaired: the last append was cut short by a crash (a partial
+// frame, or a whole frame whose bytes did not all reach the disk): the
+// entries before it are kept and the log takes appends again.
+func TestTornTailRepaired(t *testing.T) {
+	for name, tear := range map[string]func(data []byte) []byte{
+		"partial frame":  func(d []byte) []byte { return append(d, 0x40, recordV1, 1, 2) },
+		"zeroed bytes":   func(d []byte) []byte { copy(d[len(d)-6:], make([]byte, 6)); return d },
+		"half the frame": func(d []byte) []byte { return d[:len(d)-10] },
+	} {
+		t.Run(name, func(t *testing.T) {
+			dir := t.TempDir()
+			s := open(t, dir)
+			store(t, s, 1, 100)
+			s.Close()
+			seg := lastSegment(t, dir)
+			data, _ := os.ReadFile(seg)
+			if err := os.WriteFile(seg, tear(data), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			s = open(t, dir)
+			last, _ := s.LastIndex()
+			if last != 100 && last != 99 {
+				t.Fatalf("after repair the log ends at %d", last)
+			}
+			holds(t, s, 1, last)
+			store(t, s, last+1, last+10)
+			holds(t, s, 1, last+10)
+		})
+	}
+}
+
+// severalSegments writes entries 1-300 into a log of 4 KiB segments and
+// returns its directory and segment files (at least three).
+func severalSegments(t *testing.T) (string, []string) {
+	t.Helper()
+	dir := t.TempDir()
+	s := open(t, dir)
+	store(t, s, 1, 300)
+	s.Close()
+	segs, _ := filepath.Glob(filepath.Join(dir, "log-*", "0*"))
+	if len(segs) < 3 {
+		t.Fatalf("want several segments, have %d", len(segs))
+	}
+	return dir, segs
+}
+
+func TestCorruptMiddleRefused(t *testing.T) {
+	dir, segs := severalSegments(t)
+	data, _ := os.ReadFile(segs[0])
+	data[len(data)/2] ^= 0xff
+	os.WriteFile(segs[0], data, 0o644)
+	if _, err := Open(dir, &Options{SegmentSize: 4096}); !errors.Is(err, ErrCorrupt) {
+		t.Fatalf("a damaged first segment: %v", err)
+	}
+}
+
+func TestStable(t *testing.T) {
+	dir := t.TempDir()
+	s := open(t, dir)
+	if v, err := s.GetUint64([]byte("CurrentTerm")); v != 0 || err != nil {
+		t.Fatalf("unset term: %d %v", v, err)
+	}
+	if v, err := s.Get([]byte("LastVoteCand")); len(v) != 0 || err != nil {
+		t.Fatalf("unset vote: %q %v", v, err)
+	}
+	s.SetUint64([]byte("CurrentTerm"), 7)
+	s.Set([]byte("LastVoteCand"), []byte("a2"))
+	s.Close()
+	s = open(t, dir)
+	if v, _ := s.GetUint64([]byte("CurrentTerm")); v != 7 {
+		t.Fatalf("term after reopen: %d", v)
+	}
+	if v, _ := s.Get([]byte("LastVoteCand")); string(v) != "a2" {
+		t.Fatalf("vote after reopen: %q", v)
+	}
+	s.Close()
+	path := filepath.Join(dir, stableName)
+	data, _ := os.ReadFile(path)
+	data[len(data)-1] ^= 1
+	os.WriteFile(path, data, 0o644)
+	if _, err := Open(dir, nil); !errors.Is(err, ErrCorrupt) {
+		t.Fatalf("a damaged stable file: %v", err)
+	}
+}
+
+func FuzzDecode(f *testing.F) {
+	for _, i := range []uint64{1, 77, 1 << 40} {
+		for _, first := range []uint64{i, i - i/2} {
+			rec, _ := encode(nil, first, entry(i))
+			f.Add(rec)
+		}
+		f.Add(frame(nil, appendBody(nil, entry(i)))) // version 1
+	}
+	f.Add([]byte{recordV1, 0, 0, 0, 0})
+	f.Add(append([]byte{recordV2}, make([]byte, headerV2-1)...))
+	f.Fuzz(func(t *testing.T, rec []byte) {
+		var l raft.Log
+		first, err := decode(rec, &l)
+		if err != nil {
+			return
+		}
+		if rec[0] == recordV1 && first != 0 || first > l.Index {
+			t.Fatalf("version %d record of entry %d decoded with its append at %d", rec[0], l.Index, first)
+		}
+		again, err := encode(nil, first, &l)
 		if err != nil {
 			t.Fatal(err)
 		}
-		frames = append(frames, fr{pos, first})
-		pos += w + int(size)
-	}
-	last := frames[len(frames)-1].first
-	for _, f := range frames {
-		if f.first == last {
-			return f.off
-		}
-	}
-	return 0
-}
-
-// TestTornMultiPageWrite: the last append spans several 4 KiB pages and the
-// crash left a middle page unwritten (zeros) while later pages reached the
-// disk. Valid frames follow the damage, but they belong to the same append:
-// a torn tail, repaired back to the entry before the damage.
-func TestTornMultiPageWrite(t *testing.T) {
-	dir := t.TempDir()
-	l := openTest(t, dir, 1<<20)
-	appendN(t, l, 0, 50)
-	before := l.Last()
-	big := make([]*entry.Entry, 40)
-	for i := range big {
-		big[i] = mkEntry(int(before) + i)
-		big[i].Value = bytes.Repeat([]byte{byte(i)}, 400) // ~17 KiB in all: five pages
-	}
-	if err := l.Append(big); err != nil {
-		t.Fatal(err)
-	}
-	l.Close()
-	path := lastSegment(t, dir)
-	data, _ := os.ReadFile(path)
-	start := lastAppendStart(t, data)
-	page := (start/4096 + 2) * 4096 // a page well inside the last append
-	if page+4096 >= len(data) {
-		t.Fatalf("the last append [%d, %d) does not span the page at %d", start, len(data), page)
-	}
-	clear(data[page : page+4096])
-	os.WriteFile(path, data, 0o644)
-	if _, _, found := laterWrite(data[page+4096:], before+1); found {
-		t.Fatal("laterWrite counts frames of the torn append itself")
-	}
-	l, err := Open(dir, &Options{Origin: "a", SegmentSize: 1 << 20, Logger: quiet})
-	if err != nil {
-		t.Fatalf("a torn multi-page write refused: %v", err)
-	}
-	defer l.Close()
-	whole, _ := countWhole(data[:page])
-	if int(l.Last()) < int(before) || int(l.Last()) > whole {
-		t.Fatalf("kept %d entries; %d were written before the torn append, %d whole before the hole", l.Last(), before, whole)
-	}
-	c := wire.NewCodec()
-	for i := uint64(1); i <= l.Last(); i++ {
-		if _, err := l.Read(c, i); err != nil {
-			t.Fatalf("entry %d after the repair: %v", i, err)
-		}
-	}
-	if st := l.Stats(); st.Repairs != 1 {
-		t.Fatalf("repairs %d, want 1", st.Repairs)
-	}
-}
-
-// TestBitFlipBeforeLaterWritesRefuses: a flipped byte in the middle of the
-// last segment, with whole appends after it, is not a torn write (those
-// appends completed after it): the log refuses to open, and says why and
-// where, rather than silently cutting fsynced entries.
-func TestBitFlipBeforeLaterWritesRefuses(t *testing.T) {
-	dir := t.TempDir()
-	l := openTest(t, dir, 1<<20)
-	appendN(t, l, 0, 200)
-	l.Close()
-	path := lastSegment(t, dir)
-	data, _ := os.ReadFile(path)
-	// the 100th entry's payload
-	pos := 0
-	for i := 0; i < 99; i++ {
-		size, w := binary.Uvarint(data[pos:])
-		pos += w + int(size)
-	}
-	data[pos+20] ^= 0x40
-	os.WriteFile(path, data, 0o644)
-	_, err := Open(dir, &Options{Origin: "a", SegmentSize: 1 << 20, Logger: quiet})
-	var ce *CorruptError
-	if !errors.As(err, &ce) || ce.Index != 100 {
-		t.Fatalf("open: %v, want a CorruptError at entry 100", err)
-	}
-	for _, want := range []string{"not a torn write", "later append", "OPERATIONS.md"} {
-		if !strings.Contains(err.Error(), want) {
-			t.Errorf("the error does not say %q: %v", want, err)
-		}
-	}
-	// nothing was cut: the segment is as it was
-	if after, _ := os.ReadFile(path); !bytes.Equal(after, data) {
-		t.Fatal("a refused open changed the segment")
-	}
-}
-
-func segFirstIndex(t *testing.T, path string) uint64 {
-	var idx uint64
-	fmt.Sscanf(filepath.Base(path), "%d", &idx)
-	return idx
-}
-
-// countWhole counts complete tidwall records in a prefix of a segment and
-// the byte offset where they end.
-func countWhole(data []byte) (n, end int) {
-	for pos := 0; pos < len(data); {
-		size, w := binary.Uvarint(data[pos:])
-		if w <= 0 || int(size) > len(data)-pos-w {
-			break
-		}
-		pos += w + int(size)
-		n++
-		end = pos
-	}
-	return n, end
-}
-
-func TestDamageBeforeTailRefuses(t *testing.T) {
-	dir := t.TempDir()
-	l := openTest(t, dir, 4096)
-	appendN(t, l, 0, 300)
-	l.Close()
-	segs, _ := listSegments(filepath.Join(dir, "segments"))
-	if len(segs) < 3 {
-		t.Fatal("want several segments")
-	}
-	victim := filepath.Join(dir, "segments", segs[1].name)
-	data, _ := os.ReadFile(victim)
-	data[len(data)/2] ^= 0xff
-	os.WriteFile(victim, data, 0o644)
-	_, err := Open(dir, &Options{Origin: "a", SegmentSize: 4096, Logger: quiet})
-	var ce *CorruptError
-	if !errors.As(err, &ce) || !errors.Is(err, ErrCorrupt) {
-		t.Fatalf("open with a damaged middle segment: %v", err)
-	}
-	if ce.Segment != segs[1].name || ce.Index < segs[1].first || ce.Index >= segs[2].first {
-		t.Fatalf("error names segment %s index %d; damage is in %s", ce.Segment, ce.Index, segs[1].name)
-	}
-
-	// A missing segment in the middle is refused too.
-	dir2 := t.TempDir()
-	l = openTest(t, dir2, 4096)
-	appendN(t, l, 0, 300)
-	l.Close()
-	segs, _ = listSegments(filepath.Join(dir2, "segments"))
-	os.Remove(filepath.Join(dir2, "segments", segs[1].name))
-	if _, err := Open(dir2, &Options{Origin: "a", SegmentSize: 4096, Logger: quiet}); !errors.Is(err, ErrCorrupt) {
-		t.Fatalf("open with a missing segment: %v", err)
-	}
-}
-
-func TestMissingStreamFileRefuses(t *testing.T) {
-	dir := t.TempDir()
-	l := openTest(t, dir, 0)
-	appendN(t, l, 0, 3)
-	l.Close()
-	os.Remove(filepath.Join(dir, streamFile))
-	if _, err := Open(dir, &Options{Origin: "a", Logger: quiet}); !errors.Is(err, ErrCorrupt) {
-		t.Fatalf("open without STREAM: %v", err)
-	}
-}
-
-func TestRecoverWriteCutsBack(t *testing.T) {
-	dir := t.TempDir()
-	l := openTest(t, dir, 4096)
-	defer l.Close()
-	appendN(t, l, 0, 50)
-	// Simulate a write that reached the file partly: append garbage and a
-	// whole extra entry behind the log's back, then run the recovery.
-	path := lastSegment(t, dir)
-	f, _ := os.OpenFile(path, os.O_APPEND|os.O_WRONLY, 0)
-	f.Write([]byte{0x05, 1, 2})
-	f.Close()
-	err := l.recoverWrite(50, errors.New("no space left on device"))
-	if err == nil || errors.Is(err, ErrBroken) {
-		t.Fatalf("recoverWrite: %v", err)
-	}
-	checkEntries(t, l, 50)
-	appendN(t, l, 50, 60)
-	checkEntries(t, l, 60)
-}
-
-// FuzzScanSegment feeds arbitrary segment bytes to the open-time scanner: it
-// must never panic, and what it calls good must re-scan clean.
-func FuzzScanSegment(f *testing.F) {
-	dir := f.TempDir()
-	l, err := Open(dir, &Options{Origin: "a", Logger: quiet})
-	if err != nil {
-		f.Fatal(err)
-	}
-	appendN(f, l, 0, 5)
-	l.Close()
-	segs, _ := listSegments(filepath.Join(dir, "segments"))
-	data, _ := os.ReadFile(filepath.Join(dir, "segments", segs[0].name))
-	f.Add(data)
-	f.Add(data[:len(data)/2])
-	f.Fuzz(func(t *testing.T, b []byte) {
-		n, good, _ := scanSegment(b, 1)
-		n2, good2, problem := scanSegment(b[:good], 1)
-		if problem != nil || n2 != n || good2 != good {
-			t.Fatalf("prefix the scanner called good does not re-scan clean: %d/%d vs %d/%d %v", n, good, n2, good2, problem)
+		var l2 raft.Log
+		first2, err := decode(again, &l2)
+		if err != nil || first2 != first || l2.Index != l.Index || l2.Term != l.Term || l2.Type != l.Type ||
+			!bytes.Equal(l2.Data, l.Data) || !bytes.Equal(l2.Extensions, l.Extensions) || !l2.AppendedAt.Equal(l.AppendedAt) {
+			t.Fatalf("a decoded entry does not round-trip: %v", err)
 		}
 	})
 }
 
-// TestBytesAfter: the byte index matches the files: exactly for the whole
-// log, and within one entry's size at any cursor.
-func TestBytesAfter(t *testing.T) {
+// TestRaftRestart: hashicorp/raft on this store, a group of one: what it
+// committed before a restart is applied again from the log after it (the
+// state machine's skip of already-applied indexes is its own job), and the
+// term it persisted does not go back.
+func TestRaftRestart(t *testing.T) {
 	dir := t.TempDir()
-	l := openTest(t, dir, 16384)
-	appendN(t, l, 0, 3000)
-	check := func(when string) {
-		st := l.Stats()
-		if got := l.BytesAfter(l.First() - 1); got != st.Bytes {
-			t.Fatalf("%s: bytes after first-1 = %d, files hold %d", when, got, st.Bytes)
+	start := func() (*raft.Raft, *raftfsm.Recorder, *Store, raft.Transport) {
+		s, err := Open(dir, nil)
+		if err != nil {
+			t.Fatal(err)
 		}
-		if l.BytesAfter(l.Last()) != 0 {
-			t.Fatalf("%s: bytes after last = %d", when, l.BytesAfter(l.Last()))
+		addr, trans := raft.NewInmemTransport("n1")
+		cfg := raft.DefaultConfig()
+		cfg.LocalID = "n1"
+		cfg.HeartbeatTimeout, cfg.ElectionTimeout, cfg.LeaderLeaseTimeout = 100*time.Millisecond, 100*time.Millisecond, 50*time.Millisecond
+		cfg.Logger = hclog.NewNullLogger()
+		c := &raftfsm.Recorder{}
+		if ok, _ := raft.HasExistingState(s, s, raft.NewDiscardSnapshotStore()); !ok {
+			if err := raft.BootstrapCluster(cfg, s, s, raft.NewDiscardSnapshotStore(), trans,
+				raft.Configuration{Servers: []raft.Server{{ID: "n1", Address: addr}}}); err != nil {
+				t.Fatal(err)
+			}
 		}
-		// Monotone in the cursor, and about the average entry size per entry.
-		prev := int64(1 << 62)
-		avg := float64(st.Bytes) / float64(l.Last()-l.First()+1)
-		for i := l.First() - 1; i <= l.Last(); i += 97 {
-			b := l.BytesAfter(i)
-			if b > prev {
-				t.Fatalf("%s: bytes after %d (%d) above bytes after an earlier index (%d)", when, i, b, prev)
+		r, err := raft.NewRaft(cfg, c, s, s, raft.NewDiscardSnapshotStore(), trans)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for deadline := time.Now().Add(10 * time.Second); r.State() != raft.Leader; time.Sleep(10 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatal("no leader")
 			}
-			if want := avg * float64(l.Last()-i); float64(b) < 0.8*want-100 || float64(b) > 1.2*want+100 {
-				t.Fatalf("%s: bytes after %d = %d, about %f expected", when, i, b, want)
-			}
-			prev = b
+		}
+		return r, c, s, trans
+	}
+	r, c, s, _ := start()
+	for i := 0; i < 50; i++ {
+		if err := r.Apply([]byte(fmt.Sprint("w", i)), time.Second).Error(); err != nil {
+			t.Fatal(err)
 		}
 	}
-	check("after appends")
-	l.Close()
-	l = openTest(t, dir, 16384)
-	defer l.Close()
-	check("after reopen")
-	if err := l.TruncateFront(2222); err != nil {
+	if len(c.Applied()) != 50 {
+		t.Fatalf("applied %d of 50", len(c.Applied()))
+	}
+	term, _ := s.GetUint64([]byte("CurrentTerm"))
+	if err := r.Shutdown().Error(); err != nil {
 		t.Fatal(err)
 	}
-	// whole segments before 2222 are gone; the index still answers for the
-	// retained range
-	if got := l.BytesAfter(l.Last() - 10); got <= 0 {
-		t.Fatalf("after truncation: %d", got)
+	s.Close()
+
+	r, c, s, _ = start()
+	defer func() { r.Shutdown().Error(); s.Close() }()
+	if err := r.Barrier(5 * time.Second).Error(); err != nil {
+		t.Fatal(err)
+	}
+	if len(c.Applied()) != 50 {
+		t.Fatalf("after the restart %d of the 50 commands were applied again", len(c.Applied()))
+	}
+	if t2, _ := s.GetUint64([]byte("CurrentTerm")); t2 < term || t2 == 0 {
+		t.Fatalf("term went from %d to %d", term, t2)
 	}
 }
 
-// TestLyingBinLengthNotAllocated: a bin field that declares 2 GiB in a
-// 14-byte entry is refused before anything that size is allocated (msgpack's
-// own DecodeBytes would allocate it: the fuzzer's worker died of it).
-// TestBytesAfterExact: backlog bytes equal the WAL's own on-disk sizes
-// exactly, after entries of very different sizes (a bulk load of large
-// values, then one-byte writes), across a reopen and a truncation.
-func TestBytesAfterExact(t *testing.T) {
+// A refused append (a full disk) leaves the log as it was, and raft can
+// write the same indexes once the disk has room.
+func TestFailedAppendLeavesNothing(t *testing.T) {
+	full := errors.New("no space left on device")
+	var failing bool
 	dir := t.TempDir()
-	l := openTest(t, dir, 64<<10)
-	var sizes []int64 // on-disk size of entry i+1
-	add := func(n, valueSize int) {
-		for k := 0; k < n; k++ {
-			e := mkEntry(len(sizes))
-			e.Value = bytes.Repeat([]byte{'v'}, valueSize)
-			if err := l.Append([]*entry.Entry{e}); err != nil {
-				t.Fatal(err)
-			}
-			p, err := l.ReadRaw(e.Index)
-			if err != nil {
-				t.Fatal(err)
-			}
-			frame := frameHeaderV2 + len(p)
-			sizes = append(sizes, int64(uvarintLen(frame)+frame))
+	s, err := Open(dir, &Options{SegmentSize: 4096, BeforeWrite: func() error {
+		if failing {
+			return full
 		}
-	}
-	add(300, 2000) // a bulk load
-	add(30, 1)     // then small writes
-	check := func(when string) {
-		for _, i := range []uint64{l.First() - 1, l.First(), 299, 300, 310, l.Last() - 1, l.Last()} {
-			if i < l.First()-1 {
-				continue
-			}
-			var want int64
-			for j := i; j < uint64(len(sizes)); j++ {
-				want += sizes[j]
-			}
-			if got := l.BytesAfter(i); got != want {
-				t.Fatalf("%s: bytes after %d = %d, the WAL holds %d", when, i, got, want)
-			}
-		}
-	}
-	check("after appends")
-	l.Close()
-	l = openTest(t, dir, 64<<10)
-	defer l.Close()
-	check("after reopen")
-	if err := l.TruncateFront(301); err != nil {
+		return nil
+	}})
+	if err != nil {
 		t.Fatal(err)
 	}
-	check("after truncation")
+	defer s.Close()
+	store(t, s, 1, 5)
+	failing = true
+	if err := s.StoreLogs([]*raft.Log{entry(6)}); !errors.Is(err, full) {
+		t.Fatalf("append on a full disk: %v", err)
+	}
+	holds(t, s, 1, 5)
+	failing = false
+	store(t, s, 6, 9)
+	holds(t, s, 1, 9)
 }
 
-// TestPeekIndex: the index a log segment's scanner reads without decoding is
-// the one the codec wrote.
-func TestPeekIndex(t *testing.T) {
-	c := wire.NewCodec()
-	d := wire.Defaults{Origin: "a", Stream: entry.StreamID{9}}
-	for _, i := range []uint64{1, 127, 128, 1 << 16, 1 << 40} {
-		b := c.AppendEntry(nil, &entry.Entry{Index: i, Origin: "a", Stream: entry.StreamID{9}, Commit: hlc.Timestamp{Wall: 5}, Op: entry.OpSet, Key: "k"}, d)
-		if idx, ok := peekIndex(b); !ok || idx != i {
-			t.Fatalf("peekIndex of entry %d: %d %v", i, idx, ok)
+// An append whose write reached the file but reported failure (an fsync
+// that failed) is cut back: the log holds what it held before, on disk too,
+// and the indexes can be written again.
+func TestFailedWriteCutBack(t *testing.T) {
+	for _, before := range []uint64{0, 5} {
+		t.Run(fmt.Sprint(before), func(t *testing.T) {
+			dir := t.TempDir()
+			s := open(t, dir)
+			if before > 0 {
+				store(t, s, 1, before)
+			}
+			// The failed write: entries reach tidwall, the caller sees an error.
+			s.mu.Lock()
+			var b twal.Batch
+			for i := before + 1; i <= before+3; i++ {
+				buf, err := encode(nil, before+1, entry(i))
+				if err != nil {
+					t.Fatal(err)
+				}
+				b.Write(i-s.mu.base, buf)
+			}
+			if err := s.mu.tw.WriteBatch(&b); err != nil {
+				t.Fatal(err)
+			}
+			cause := errors.New("fsync: input/output error")
+			err := s.recoverWriteLocked(cause)
+			s.mu.Unlock()
+			if !errors.Is(err, cause) || errors.Is(err, ErrBroken) {
+				t.Fatalf("recover: %v", err)
+			}
+			if before == 0 {
+				holds(t, s, 0, 0)
+			} else {
+				holds(t, s, 1, before)
+			}
+			store(t, s, before+1, before+4)
+			holds(t, s, 1, before+4)
+			s.Close()
+			holds(t, open(t, dir), 1, before+4)
+		})
+	}
+}
+
+// Entries a new leader overrides are read back as rewritten, from memory
+// and from disk: the recent entries kept in memory never outlive a cut.
+func TestRecentEntriesFollowCuts(t *testing.T) {
+	dir := t.TempDir()
+	s := open(t, dir)
+	store(t, s, 1, 20)
+	holds(t, s, 1, 20)
+	if err := s.DeleteRange(15, 20); err != nil {
+		t.Fatal(err)
+	}
+	other := func(i uint64) *raft.Log {
+		l := entry(i)
+		l.Term, l.Data = 9, []byte(fmt.Sprintf("new-%d", i))
+		return l
+	}
+	if err := s.StoreLogs([]*raft.Log{other(15), other(16)}); err != nil {
+		t.Fatal(err)
+	}
+	check := func(s *Store) {
+		for i := uint64(15); i <= 16; i++ {
+			var got raft.Log
+			if err := s.GetLog(i, &got); err != nil || got.Term != 9 || string(got.Data) != fmt.Sprintf("new-%d", i) {
+				t.Fatalf("entry %d after the cut: %+v %v", i, got, err)
+			}
+		}
+		var got raft.Log
+		if err := s.GetLog(14, &got); err != nil || !bytes.Equal(got.Data, entry(14).Data) {
+			t.Fatalf("entry 14: %+v %v", got, err)
+		}
+		if err := s.GetLog(17, &got); !errors.Is(err, raft.ErrLogNotFound) {
+			t.Fatalf("entry 17 is cut: %v", err)
 		}
 	}
+	check(s)
+	s.Close()
+	check(open(t, dir))
+	// More than the recent bound: the oldest are read from disk.
+	s2 := open(t, t.TempDir())
+	store(t, s2, 1, recentMax+50)
+	holds(t, s2, 1, recentMax+50)
 }

@@ -1,5 +1,5 @@
 // Package raftfsm is a raft state machine that records the commands it
-// applies, for the tests of the raft pieces (raftlog, raftconn, cluster):
+// applies, for the tests of the raft pieces (wal, raftconn, cluster):
 // what each node applied, in which order, is the outcome they check.
 package raftfsm
 

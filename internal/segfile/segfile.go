@@ -1,5 +1,5 @@
 // Package segfile repairs tidwall/wal segment directories before tidwall
-// opens them: the outbound WAL (wal) and the raft log (raftlog) share it.
+// opens them: the cluster's log (wal) and the old outbound WAL it migrates (internal/legacywal) share it.
 package segfile
 
 import (

@@ -1,4 +1,4 @@
-package raftlog
+package wal
 
 import (
 	"encoding/binary"
@@ -77,7 +77,7 @@ func encode(dst []byte, first uint64, l *raft.Log) ([]byte, error) {
 	if first > l.Index {
 		// decode would refuse the record: a caller's bug, caught before it
 		// reaches the disk.
-		return dst, fmt.Errorf("raftlog: entry %d in an append from %d", l.Index, first)
+		return dst, fmt.Errorf("wal: entry %d in an append from %d", l.Index, first)
 	}
 	start := len(dst)
 	dst = append(dst, recordV2, 0, 0, 0, 0)

@@ -1,4 +1,4 @@
-package raftlog
+package wal
 
 import (
 	"encoding/binary"
@@ -26,7 +26,7 @@ type CorruptError struct {
 }
 
 func (e *CorruptError) Error() string {
-	return fmt.Sprintf("raftlog: corrupt entry %d at byte %d of %s: %v (not a torn tail: refusing to start; "+
+	return fmt.Sprintf("wal: corrupt entry %d at byte %d of %s: %v (not a torn tail: refusing to start; "+
 		"see docs/OPERATIONS.md \"A torn or damaged raft log\")", e.Index, e.Offset, e.Segment, e.Err)
 }
 
@@ -45,14 +45,14 @@ func (e *CorruptError) Unwrap() error { return ErrCorrupt }
 // segment, is corruption (*CorruptError), and nothing is changed.
 func repairTail(dir string, base uint64, logger *slog.Logger) (dropped int64, err error) {
 	if err := segfile.FinishPendingTruncation(dir); err != nil {
-		return 0, fmt.Errorf("raftlog: %w", err)
+		return 0, fmt.Errorf("wal: %w", err)
 	}
 	ents, err := os.ReadDir(dir)
 	if errors.Is(err, fs.ErrNotExist) {
 		return 0, nil
 	}
 	if err != nil {
-		return 0, fmt.Errorf("raftlog: list %s: %w", dir, err)
+		return 0, fmt.Errorf("wal: list %s: %w", dir, err)
 	}
 	type seg struct {
 		name  string
@@ -72,7 +72,7 @@ func repairTail(dir string, base uint64, logger *slog.Logger) (dropped int64, er
 		path := filepath.Join(dir, s.name)
 		data, err := os.ReadFile(path)
 		if err != nil {
-			return 0, fmt.Errorf("raftlog: read %s: %w", path, err)
+			return 0, fmt.Errorf("wal: read %s: %w", path, err)
 		}
 		n, good, problem := scan(data, base+s.first)
 		if problem == nil {
@@ -88,10 +88,10 @@ func repairTail(dir string, base uint64, logger *slog.Logger) (dropped int64, er
 				"%v; entry %d, written by a later append (from index %d), follows whole at byte %d: "+
 					"the damage was synced before it, and is not a torn write", problem, idx, first, good+off)}
 		}
-		logger.Warn("raftlog: torn tail repaired", "segment", path, "first_bad_index", damaged,
+		logger.Warn("wal: torn tail repaired", "segment", path, "first_bad_index", damaged,
 			"offset", good, "dropped_bytes", len(data)-good, "problem", problem.Error())
 		if err := segfile.TruncateSync(path, int64(good)); err != nil {
-			return 0, fmt.Errorf("raftlog: repair %s: %w", path, err)
+			return 0, fmt.Errorf("wal: repair %s: %w", path, err)
 		}
 		dropped += int64(len(data) - good)
 	}
