@@ -130,6 +130,11 @@ type Options struct {
 	// that ask (its API and replication URLs): they trust it because it
 	// crossed the raft port (service.go).
 	Describe func() string
+	// Admit, when set, decides whether a node may join, from what it says
+	// of itself on its raft port (its Identify description; empty from a
+	// build that describes nothing): the leader adds a member only when it
+	// returns nil (a node that cannot read the log's commands, say).
+	Admit func(description string) error
 	// OnRefused is called when another node refuses this one (it was
 	// removed, replaced, or lost in a recovery): the node must stop. Open
 	// refuses to start such a node when a member says so at once.

@@ -172,7 +172,13 @@ func (g *Group) confirmed(id raft.ServerID, addr string) bool {
 	g.unconfirmed.Unlock()
 	who, err := g.layer.Identify(addr, time.Second)
 	if err == nil && who.ID == string(id) {
-		return true
+		if g.opts.Admit == nil {
+			return true
+		}
+		if err = g.opts.Admit(who.Description); err == nil {
+			return true
+		}
+		err = fmt.Errorf("%s answers there, and is not admitted: %w", who.ID, err)
 	}
 	g.unconfirmed.Lock()
 	if g.unconfirmed.m == nil || len(g.unconfirmed.m) > 4096 {
@@ -418,6 +424,11 @@ func (g *Group) Join(id, addr string, force bool) error {
 			return fmt.Errorf("cluster: join %s at %s: %s answers there", id, addr, who.ID)
 		}
 		sid = raft.ServerID(who.ID)
+		if g.opts.Admit != nil {
+			if err := g.opts.Admit(who.Description); err != nil {
+				return fmt.Errorf("cluster: join %s at %s: %w", id, addr, err)
+			}
+		}
 	}
 	if why := g.opts.Removed(sid); why != "" {
 		return fmt.Errorf("%w: %s: %s", ErrRemoved, sid, why)

@@ -135,6 +135,18 @@ func (g *Group) Describe(id raft.ServerID, timeout time.Duration) (string, error
 	return who.Description, nil
 }
 
+// DescribeAgain is Describe without the answer kept from the last
+// describedTTL: for a decision that waits on a member's next build (the
+// end of a rolling upgrade), which a restart at the same address brings.
+func (g *Group) DescribeAgain(id raft.ServerID, timeout time.Duration) (string, error) {
+	if addr, err := g.address(id); err == nil {
+		g.desc.mu.Lock()
+		delete(g.desc.m, string(id)+"@"+addr)
+		g.desc.mu.Unlock()
+	}
+	return g.Describe(id, timeout)
+}
+
 // Described returns what member id said of itself when last asked, if it
 // was within describedTTL, without asking (for paths that must not wait).
 func (g *Group) Described(id raft.ServerID) (string, bool) {

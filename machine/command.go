@@ -16,15 +16,23 @@ import (
 
 // Commands are what the cluster's log carries: every mutation of a
 // cluster's state is one, applied by every node in log order. A command is
-// a version byte and a msgpack array whose first element is its kind.
+// a version byte and a msgpack array whose first element is its kind;
+// version 2 puts the proposal's ID between the two (proposal.go).
 
 // ErrMalformed is the class of errors for command bytes that do not decode:
 // the log is checksummed, so on a node these are corruption or a command of
 // a newer version, and applying past it is never safe.
 var ErrMalformed = errors.New("machine: malformed command")
 
-// commandVersion is the encoding written now.
-const commandVersion = 1
+// Command encodings. Version 1 is what every build reads; version 2 adds the
+// proposal's ID. A leader writes version 2 only once the log says every
+// node reads it (a Format command, proposal.go).
+const (
+	commandV1 = 1
+	commandV2 = 2
+	// ReadsFormat is the newest encoding this build reads.
+	ReadsFormat = commandV2
+)
 
 // Kind names a command.
 type Kind uint8
@@ -59,6 +67,8 @@ const (
 	// is out for good (replaced by a newer one, or lost in a recovery): it
 	// is never added back.
 	KindRemoveNode
+	// KindFormat records the command encoding every node reads from now on.
+	KindFormat
 	kinds
 )
 
@@ -82,47 +92,122 @@ func (k Kind) String() string {
 		return "dead_letter"
 	case KindRemoveNode:
 		return "remove_node"
+	case KindFormat:
+		return "format"
 	}
 	return fmt.Sprintf("kind(%d)", uint8(k))
 }
 
-// Command is one entry of the cluster's log.
+// Command is one entry of the cluster's log. Exactly one of its fields
+// besides ID is set, and names its kind (etcd's InternalRaftRequest).
 type Command struct {
-	Kind Kind
-	// Local: the group's writes in the order the leader stamped them.
+	// ID names the proposal (encoding 2): the node that proposed it finds
+	// the command it built by it when raft hands the entry back. Zero in a
+	// command of encoding 1.
+	ID ProposalID
+
+	// Local is a group of local writes in the order the leader stamped
+	// them.
 	Local []Proposal
-	// Cursor: Peer acknowledged the stream Cursor.Stream through
-	// Cursor.Index.
-	Peer   string
-	Cursor entry.Cursor
-	// Truncate: the outbound entries of Stream before First go (nothing,
-	// when Stream is no longer the current stream).
-	First uint64
-	// Mint: the new stream, and the counter epoch it counts under.
-	// Truncate: the stream it cuts.
+	// Cursor records that a peer acknowledged the stream through an index.
+	Cursor *CursorCmd
+	// Truncate drops outbound entries every peer acknowledged.
+	Truncate *TruncateCmd
+	// Mint starts the cluster's stream (and seals the one before it).
+	Mint *MintCmd
+	// Inbound is a peer's batch the acceptor admitted.
+	Inbound *Inbound
+	// Record changes a peer record if it holds what the proposer read.
+	Record *RecordCmd
+	// Collect drops tombstones and expired idempotency records.
+	Collect *CollectCmd
+	// DeadLetter replays or discards a dead letter.
+	DeadLetter *DeadLetterCmd
+	// RemoveNode records a node (or one incarnation) out for good.
+	RemoveNode *RemoveNodeCmd
+	// Format records the command encoding every node reads from now on.
+	Format *FormatCmd
+}
+
+// Kind is the kind the set field names (0 when none or several are set).
+func (c *Command) Kind() Kind {
+	k, n := Kind(0), 0
+	for _, f := range []struct {
+		set  bool
+		kind Kind
+	}{
+		{len(c.Local) > 0, KindLocal}, {c.Cursor != nil, KindCursor}, {c.Truncate != nil, KindTruncate},
+		{c.Mint != nil, KindMint}, {c.Inbound != nil, KindInbound}, {c.Record != nil, KindRecord},
+		{c.Collect != nil, KindCollect}, {c.DeadLetter != nil, KindDeadLetter}, {c.RemoveNode != nil, KindRemoveNode},
+		{c.Format != nil, KindFormat},
+	} {
+		if f.set {
+			k, n = f.kind, n+1
+		}
+	}
+	if n != 1 {
+		return 0
+	}
+	return k
+}
+
+// CursorCmd: Peer acknowledged the stream At.Stream through At.Index.
+type CursorCmd struct {
+	Peer string
+	At   entry.Cursor
+}
+
+// TruncateCmd: the outbound entries of Stream before First go (nothing,
+// when Stream is no longer the current stream).
+type TruncateCmd struct {
+	Stream entry.StreamID
+	First  uint64
+}
+
+// MintCmd: the new stream, and the counter epoch it counts under.
+type MintCmd struct {
 	Stream entry.StreamID
 	Epoch  uint32
-	// Inbound: the batch and what the acceptor decided of it. Encoding
-	// writes Inbound.Batch as the wire encodes it, or RawBatch when set
-	// (the body as it arrived: no second encoding).
-	Inbound  *Inbound
-	RawBatch []byte
-	// Record: Peer's record Record (RecordReseed or RecordRejoin) is set to
-	// Set if it holds Expect (0: no record).
+}
+
+// RecordCmd: Peer's record Record (RecordReseed or RecordRejoin) is set to
+// Set if it holds Expect (0: no record).
+type RecordCmd struct {
+	Peer                string
 	Record, Expect, Set byte
-	// Collect: tombstones stamped below Cutoff (zero: none) and idempotency
-	// records expired before IdemBefore (0: none) go, at most Max of each.
+}
+
+// CollectCmd: tombstones stamped below Cutoff (zero: none) and idempotency
+// records expired before IdemBefore (0: none) go, at most Max of each.
+type CollectCmd struct {
 	Cutoff     hlc.Timestamp
 	IdemBefore int64
 	Max        int
-	// DeadLetter: the dead letter (Peer as its origin, Stream, First as its
-	// index) is replayed (Set DeadReplay) or discarded (DeadDiscard).
-	// RemoveNode: Peer is the node ID, or a raft server ID ("node.inc";
-	// "node." for a node known before incarnations) for one incarnation;
-	// Set is why (a cluster.Removal; 0 is an operator's removal).
 }
 
-// Dead-letter actions (Command.Set of a KindDeadLetter).
+// DeadLetterCmd: the dead letter of Origin's Stream at Index is replayed
+// (Action DeadReplay) or discarded (DeadDiscard).
+type DeadLetterCmd struct {
+	Origin string
+	Stream entry.StreamID
+	Index  uint64
+	Action byte
+}
+
+// RemoveNodeCmd: ID is a node ID (every incarnation of it), or a raft server
+// ID ("node.inc"; "node." for a node known before incarnations) for one
+// incarnation; Why is a cluster.Removal (0 or 1: an operator's removal).
+type RemoveNodeCmd struct {
+	ID  string
+	Why byte
+}
+
+// FormatCmd: every command from the next on may be of encoding Version.
+type FormatCmd struct {
+	Version uint8
+}
+
+// Dead-letter actions (DeadLetterCmd.Action).
 const (
 	DeadReplay  byte = 1
 	DeadDiscard byte = 2
@@ -185,50 +270,66 @@ func NewEncoder() *Encoder {
 	return e
 }
 
-// Encode returns c's bytes (a new slice).
+// Encode returns c's bytes (a new slice) in encoding 1, or 2 when c has
+// an ID.
 func (e *Encoder) Encode(c *Command) ([]byte, error) {
 	e.buf.Reset()
-	e.buf.WriteByte(commandVersion)
 	enc := e.enc
 	var err error
-	switch c.Kind {
+	if c.ID.IsZero() {
+		e.buf.WriteByte(commandV1)
+	} else {
+		e.buf.WriteByte(commandV2)
+		err = errors.Join(enc.EncodeArrayLen(3), enc.EncodeString(c.ID.Node), enc.EncodeUint(c.ID.Process), enc.EncodeUint(c.ID.Seq))
+	}
+	kind := c.Kind()
+	switch kind {
 	case KindLocal:
-		err = errors.Join(enc.EncodeArrayLen(2), enc.EncodeUint(uint64(c.Kind)), enc.EncodeArrayLen(len(c.Local)))
+		err = errors.Join(err, enc.EncodeArrayLen(2), enc.EncodeUint(uint64(kind)), enc.EncodeArrayLen(len(c.Local)))
 		for i := range c.Local {
 			err = errors.Join(err, e.encodeProposal(&c.Local[i]))
 		}
 	case KindCursor:
-		err = errors.Join(enc.EncodeArrayLen(4), enc.EncodeUint(uint64(c.Kind)), enc.EncodeString(c.Peer),
-			enc.EncodeBytes(c.Cursor.Stream[:]), enc.EncodeUint(c.Cursor.Index))
+		cc := c.Cursor
+		err = errors.Join(err, enc.EncodeArrayLen(4), enc.EncodeUint(uint64(kind)), enc.EncodeString(cc.Peer),
+			enc.EncodeBytes(cc.At.Stream[:]), enc.EncodeUint(cc.At.Index))
 	case KindTruncate:
-		err = errors.Join(enc.EncodeArrayLen(3), enc.EncodeUint(uint64(c.Kind)), enc.EncodeUint(c.First), enc.EncodeBytes(c.Stream[:]))
+		tc := c.Truncate
+		err = errors.Join(err, enc.EncodeArrayLen(3), enc.EncodeUint(uint64(kind)), enc.EncodeUint(tc.First), enc.EncodeBytes(tc.Stream[:]))
 	case KindMint:
-		err = errors.Join(enc.EncodeArrayLen(3), enc.EncodeUint(uint64(c.Kind)), enc.EncodeBytes(c.Stream[:]),
-			enc.EncodeUint(uint64(c.Epoch)))
+		mc := c.Mint
+		err = errors.Join(err, enc.EncodeArrayLen(3), enc.EncodeUint(uint64(kind)), enc.EncodeBytes(mc.Stream[:]),
+			enc.EncodeUint(uint64(mc.Epoch)))
 	case KindInbound:
-		err = e.encodeInbound(c)
+		err = errors.Join(err, e.encodeInbound(c.Inbound))
 	case KindRecord:
-		err = errors.Join(enc.EncodeArrayLen(5), enc.EncodeUint(uint64(c.Kind)), enc.EncodeString(c.Peer),
-			enc.EncodeUint(uint64(c.Record)), enc.EncodeUint(uint64(c.Expect)), enc.EncodeUint(uint64(c.Set)))
+		rc := c.Record
+		err = errors.Join(err, enc.EncodeArrayLen(5), enc.EncodeUint(uint64(kind)), enc.EncodeString(rc.Peer),
+			enc.EncodeUint(uint64(rc.Record)), enc.EncodeUint(uint64(rc.Expect)), enc.EncodeUint(uint64(rc.Set)))
 	case KindCollect:
-		cut := c.Cutoff.Encode()
-		err = errors.Join(enc.EncodeArrayLen(4), enc.EncodeUint(uint64(c.Kind)), enc.EncodeBytes(cut[:]),
-			enc.EncodeInt(c.IdemBefore), enc.EncodeInt(int64(c.Max)))
+		cc := c.Collect
+		cut := cc.Cutoff.Encode()
+		err = errors.Join(err, enc.EncodeArrayLen(4), enc.EncodeUint(uint64(kind)), enc.EncodeBytes(cut[:]),
+			enc.EncodeInt(cc.IdemBefore), enc.EncodeInt(int64(cc.Max)))
 	case KindDeadLetter:
-		err = errors.Join(enc.EncodeArrayLen(5), enc.EncodeUint(uint64(c.Kind)), enc.EncodeString(c.Peer),
-			enc.EncodeBytes(c.Stream[:]), enc.EncodeUint(c.First), enc.EncodeUint(uint64(c.Set)))
+		dc := c.DeadLetter
+		err = errors.Join(err, enc.EncodeArrayLen(5), enc.EncodeUint(uint64(kind)), enc.EncodeString(dc.Origin),
+			enc.EncodeBytes(dc.Stream[:]), enc.EncodeUint(dc.Index), enc.EncodeUint(uint64(dc.Action)))
 	case KindRemoveNode:
-		if c.Set <= 1 {
+		rc := c.RemoveNode
+		if rc.Why <= 1 {
 			// The shape every build reads (an operator's removal).
-			err = errors.Join(enc.EncodeArrayLen(2), enc.EncodeUint(uint64(c.Kind)), enc.EncodeString(c.Peer))
+			err = errors.Join(err, enc.EncodeArrayLen(2), enc.EncodeUint(uint64(kind)), enc.EncodeString(rc.ID))
 		} else {
-			err = errors.Join(enc.EncodeArrayLen(3), enc.EncodeUint(uint64(c.Kind)), enc.EncodeString(c.Peer), enc.EncodeUint(uint64(c.Set)))
+			err = errors.Join(err, enc.EncodeArrayLen(3), enc.EncodeUint(uint64(kind)), enc.EncodeString(rc.ID), enc.EncodeUint(uint64(rc.Why)))
 		}
+	case KindFormat:
+		err = errors.Join(err, enc.EncodeArrayLen(2), enc.EncodeUint(uint64(kind)), enc.EncodeUint(uint64(c.Format.Version)))
 	default:
-		return nil, fmt.Errorf("machine: encode: unknown kind %d", c.Kind)
+		return nil, fmt.Errorf("machine: encode: a command of no one kind")
 	}
 	if err != nil {
-		return nil, fmt.Errorf("machine: encode %s: %w", c.Kind, err)
+		return nil, fmt.Errorf("machine: encode %s: %w", kind, err)
 	}
 	return bytes.Clone(e.buf.Bytes()), nil
 }
@@ -257,17 +358,16 @@ func (e *Encoder) encodeProposal(p *Proposal) error {
 	return err
 }
 
-func (e *Encoder) encodeInbound(c *Command) error {
-	in := c.Inbound
-	if in == nil || in.Batch == nil {
+func (e *Encoder) encodeInbound(in *Inbound) error {
+	if in.Batch == nil {
 		return errors.New("no batch")
 	}
-	raw := c.RawBatch
+	raw := in.Raw
 	if raw == nil {
 		raw = wire.EncodeBatch(in.Batch)
 	}
 	enc := e.enc
-	err := errors.Join(enc.EncodeArrayLen(11), enc.EncodeUint(uint64(c.Kind)), enc.EncodeString(in.Sender), enc.EncodeBytes(raw))
+	err := errors.Join(enc.EncodeArrayLen(11), enc.EncodeUint(uint64(KindInbound)), enc.EncodeString(in.Sender), enc.EncodeBytes(raw))
 	for _, set := range []map[uint64]bool{in.Own, in.Unknown} {
 		idx := sortedIndexes(set)
 		err = errors.Join(err, enc.EncodeArrayLen(len(idx)))
@@ -310,11 +410,18 @@ func Decode(b []byte) (Command, error) {
 	if len(b) == 0 {
 		return c, fmt.Errorf("%w: empty", ErrMalformed)
 	}
-	if b[0] != commandVersion {
-		return c, fmt.Errorf("%w: version %d (this build reads %d)", ErrMalformed, b[0], commandVersion)
+	if b[0] != commandV1 && b[0] != commandV2 {
+		return c, fmt.Errorf("%w: version %d (this build reads %d to %d)", ErrMalformed, b[0], commandV1, ReadsFormat)
 	}
 	rd := bytes.NewReader(b[1:])
 	dec := msgpack.NewDecoder(rd)
+	if b[0] == commandV2 {
+		id, err := decodeID(dec)
+		if err != nil {
+			return Command{}, fmt.Errorf("%w: proposal id: %v", ErrMalformed, err)
+		}
+		c.ID = id
+	}
 	if err := decodeInto(dec, &c); err != nil {
 		return Command{}, fmt.Errorf("%w: %v", ErrMalformed, err)
 	}
@@ -333,19 +440,19 @@ func decodeInto(dec *msgpack.Decoder, c *Command) error {
 	if err != nil {
 		return fmt.Errorf("kind: %v", err)
 	}
-	c.Kind = Kind(k)
+	kind := Kind(k)
 	want := map[Kind]int{KindLocal: 2, KindCursor: 4, KindTruncate: 3, KindMint: 3, KindInbound: 11, KindRecord: 5,
-		KindCollect: 4, KindDeadLetter: 5, KindRemoveNode: 2}[c.Kind]
+		KindCollect: 4, KindDeadLetter: 5, KindRemoveNode: 2, KindFormat: 2}[kind]
 	if want == 0 {
 		return fmt.Errorf("unknown kind %d", k)
 	}
-	if c.Kind == KindRemoveNode && n == 3 {
+	if kind == KindRemoveNode && n == 3 {
 		want = 3 // with its reason
 	}
 	if n != want {
-		return fmt.Errorf("%s: array of %d elements, want %d", c.Kind, n, want)
+		return fmt.Errorf("%s: array of %d elements, want %d", kind, n, want)
 	}
-	switch c.Kind {
+	switch kind {
 	case KindLocal:
 		m, err := dec.DecodeArrayLen()
 		if err != nil {
@@ -364,61 +471,70 @@ func decodeInto(dec *msgpack.Decoder, c *Command) error {
 			c.Local = append(c.Local, p)
 		}
 	case KindCursor:
-		if c.Peer, err = dec.DecodeString(); err != nil {
+		cc := &CursorCmd{}
+		if cc.Peer, err = dec.DecodeString(); err != nil {
 			return err
 		}
-		if c.Peer == "" || len(c.Peer) > 63 {
-			return fmt.Errorf("cursor of peer %q", c.Peer)
+		if cc.Peer == "" || len(cc.Peer) > 63 {
+			return fmt.Errorf("cursor of peer %q", cc.Peer)
 		}
-		if err := decodeStream(dec, (*entry.StreamID)(&c.Cursor.Stream)); err != nil {
+		if err := decodeStream(dec, (*entry.StreamID)(&cc.At.Stream)); err != nil {
 			return err
 		}
-		if c.Cursor.Index, err = dec.DecodeUint64(); err != nil {
+		if cc.At.Index, err = dec.DecodeUint64(); err != nil {
 			return err
 		}
+		c.Cursor = cc
 	case KindTruncate:
-		if c.First, err = dec.DecodeUint64(); err != nil {
+		tc := &TruncateCmd{}
+		if tc.First, err = dec.DecodeUint64(); err != nil {
 			return err
 		}
-		if err := decodeStream(dec, &c.Stream); err != nil {
+		if err := decodeStream(dec, &tc.Stream); err != nil {
 			return err
 		}
+		c.Truncate = tc
 	case KindMint:
-		if err := decodeStream(dec, &c.Stream); err != nil {
+		mc := &MintCmd{}
+		if err := decodeStream(dec, &mc.Stream); err != nil {
 			return err
 		}
-		if c.Stream.IsZero() {
+		if mc.Stream.IsZero() {
 			return errors.New("mint of a zero stream")
 		}
-		if c.Epoch, err = dec.DecodeUint32(); err != nil {
+		if mc.Epoch, err = dec.DecodeUint32(); err != nil {
 			return err
 		}
+		c.Mint = mc
 	case KindInbound:
 		return decodeInbound(dec, c)
 	case KindRecord:
-		if c.Peer, err = dec.DecodeString(); err != nil {
+		rc := &RecordCmd{}
+		if rc.Peer, err = dec.DecodeString(); err != nil {
 			return err
 		}
-		if c.Peer == "" || len(c.Peer) > 63 {
-			return fmt.Errorf("record of peer %q", c.Peer)
+		if rc.Peer == "" || len(rc.Peer) > 63 {
+			return fmt.Errorf("record of peer %q", rc.Peer)
 		}
-		for _, f := range []*byte{&c.Record, &c.Expect, &c.Set} {
+		for _, f := range []*byte{&rc.Record, &rc.Expect, &rc.Set} {
 			if *f, err = dec.DecodeUint8(); err != nil {
 				return err
 			}
 		}
-		if c.Record != RecordReseed && c.Record != RecordRejoin {
-			return fmt.Errorf("record %q", c.Record)
+		if rc.Record != RecordReseed && rc.Record != RecordRejoin {
+			return fmt.Errorf("record %q", rc.Record)
 		}
+		c.Record = rc
 	case KindCollect:
+		cc := &CollectCmd{}
 		hb, err := wire.DecodeBytes(dec)
 		if err != nil {
 			return err
 		}
-		if c.Cutoff, err = hlc.Decode(hb); err != nil {
+		if cc.Cutoff, err = hlc.Decode(hb); err != nil {
 			return err
 		}
-		if c.IdemBefore, err = dec.DecodeInt64(); err != nil {
+		if cc.IdemBefore, err = dec.DecodeInt64(); err != nil {
 			return err
 		}
 		m, err := dec.DecodeInt64()
@@ -428,43 +544,57 @@ func decodeInto(dec *msgpack.Decoder, c *Command) error {
 		if m < 1 || m > maxCollect {
 			return fmt.Errorf("collect of at most %d", m)
 		}
-		c.Max = int(m)
+		cc.Max = int(m)
+		c.Collect = cc
 	case KindDeadLetter:
-		if c.Peer, err = dec.DecodeString(); err != nil {
+		dc := &DeadLetterCmd{}
+		if dc.Origin, err = dec.DecodeString(); err != nil {
 			return err
 		}
-		if c.Peer == "" || len(c.Peer) > 63 {
-			return fmt.Errorf("dead letter of origin %q", c.Peer)
+		if dc.Origin == "" || len(dc.Origin) > 63 {
+			return fmt.Errorf("dead letter of origin %q", dc.Origin)
 		}
-		if err := decodeStream(dec, &c.Stream); err != nil {
+		if err := decodeStream(dec, &dc.Stream); err != nil {
 			return err
 		}
-		if c.First, err = dec.DecodeUint64(); err != nil {
+		if dc.Index, err = dec.DecodeUint64(); err != nil {
 			return err
 		}
-		if c.Set, err = dec.DecodeUint8(); err != nil {
+		if dc.Action, err = dec.DecodeUint8(); err != nil {
 			return err
 		}
-		if c.Set != DeadReplay && c.Set != DeadDiscard {
-			return fmt.Errorf("dead-letter action %d", c.Set)
+		if dc.Action != DeadReplay && dc.Action != DeadDiscard {
+			return fmt.Errorf("dead-letter action %d", dc.Action)
 		}
+		c.DeadLetter = dc
 	case KindRemoveNode:
-		if c.Peer, err = dec.DecodeString(); err != nil {
+		rc := &RemoveNodeCmd{}
+		if rc.ID, err = dec.DecodeString(); err != nil {
 			return err
 		}
-		if !removalID.MatchString(c.Peer) {
-			return fmt.Errorf("removal of node %q", c.Peer)
+		if !removalID.MatchString(rc.ID) {
+			return fmt.Errorf("removal of node %q", rc.ID)
 		}
 		if n == 3 {
-			if c.Set, err = dec.DecodeUint8(); err != nil {
+			if rc.Why, err = dec.DecodeUint8(); err != nil {
 				return err
 			}
 			// The reasons only this shape carries (an operator's removal is
 			// the two-element shape): one encoding per command.
-			if c.Set < 2 || c.Set > 3 {
-				return fmt.Errorf("removal reason %d", c.Set)
+			if rc.Why < 2 || rc.Why > 3 {
+				return fmt.Errorf("removal reason %d", rc.Why)
 			}
 		}
+		c.RemoveNode = rc
+	case KindFormat:
+		v, err := dec.DecodeUint8()
+		if err != nil {
+			return err
+		}
+		if v < commandV2 || v > ReadsFormat {
+			return fmt.Errorf("format %d (this build reads %d to %d)", v, commandV1, ReadsFormat)
+		}
+		c.Format = &FormatCmd{Version: v}
 	}
 	return nil
 }
@@ -488,7 +618,7 @@ func decodeInbound(dec *msgpack.Decoder, c *Command) error {
 	if in.Batch.Sender != in.Sender {
 		return fmt.Errorf("a batch of %q from %q", in.Batch.Sender, in.Sender)
 	}
-	c.RawBatch = raw
+	in.Raw = raw
 	sets := [2]map[uint64]bool{}
 	for s := range sets {
 		n, err := dec.DecodeArrayLen()

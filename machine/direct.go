@@ -47,7 +47,8 @@ func (d *Direct) UpdateRecord(peer string, record byte, f func(byte) byte) (byte
 
 // ApplyInbound applies an admitted batch (acceptor.Log).
 func (d *Direct) ApplyInbound(in *Inbound, raw []byte) (*InboundResult, error) {
-	res, err := d.Apply(&Command{Kind: KindInbound, Inbound: in, RawBatch: raw})
+	in.Raw = raw
+	res, err := d.Apply(&Command{Inbound: in})
 	if err != nil {
 		return nil, err
 	}

@@ -59,6 +59,9 @@ func (e *ConflictError) Error() string {
 type Inbound struct {
 	Sender string
 	Batch  *wire.Batch
+	// Raw is the batch's body as it arrived, which the command carries
+	// instead of encoding Batch again (nil: Batch is encoded).
+	Raw []byte
 	// Own are the indexes of a snapshot's entries relaying this cluster's
 	// writes; Unknown those relaying writes of clusters this node does not
 	// take writes from (dropped).

@@ -45,6 +45,9 @@ var (
 // keyApplied holds the last log index applied (8 bytes, big-endian).
 var keyApplied = []byte("m\x00machine.applied")
 
+// keyFormat holds the command encoding every node reads (1 byte; absent: 1).
+var keyFormat = []byte("m\x00machine.format")
+
 // Options configure a machine.
 type Options struct {
 	// Cluster is this cluster's ID: the origin of every local write.
@@ -52,6 +55,11 @@ type Options struct {
 	// Logger receives what the machine notices (planted idempotency
 	// records); nil discards.
 	Logger *slog.Logger
+	// ReadsFormat, when 1, makes the machine read the log as a build before
+	// command encoding 2 did: it refuses a command of encoding 2 and a
+	// Format command. Tests of a mixed-version cluster play such a build
+	// with it; 0 reads everything this build reads.
+	ReadsFormat int
 }
 
 // Machine applies a cluster's commands to its tree. Apply is called from
@@ -75,6 +83,11 @@ type Machine struct {
 	lastCommit hlc.Timestamp // its commit HLC
 	// epoch is the stream's counter epoch (read by the node too).
 	epoch atomic.Uint32
+	// format is the command encoding the log says every node reads (read
+	// by proposers).
+	format atomic.Uint32
+	// readsFormat is Options.ReadsFormat.
+	readsFormat int
 }
 
 // Open reads the machine's state from st. st must stay open while the
@@ -86,7 +99,7 @@ func Open(st *store.Store, opts Options) (*Machine, error) {
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}
-	m := &Machine{st: st, cluster: opts.Cluster, log: opts.Logger, codec: wire.NewCodec()}
+	m := &Machine{st: st, cluster: opts.Cluster, log: opts.Logger, codec: wire.NewCodec(), readsFormat: opts.ReadsFormat}
 	if err := m.load(); err != nil {
 		return nil, err
 	}
@@ -116,6 +129,17 @@ func (m *Machine) load() error {
 		return fmt.Errorf("machine: open: %w", err)
 	}
 	m.stream, m.last, m.lastCommit = a.Stream, a.Index, a.Commit
+	m.format.Store(commandV1)
+	if v, closer, err := st.DB().Get(keyFormat); err == nil {
+		f := v
+		closer.Close()
+		if len(f) != 1 || f[0] < commandV2 || f[0] > ReadsFormat {
+			return fmt.Errorf("machine: open: %w: command format %v (this build reads up to %d)", store.ErrCorrupt, f, ReadsFormat)
+		}
+		m.format.Store(uint32(f[0]))
+	} else if !errors.Is(err, pebble.ErrNotFound) {
+		return fmt.Errorf("machine: open: %w", err)
+	}
 	m.epoch.Store(0)
 	if !m.stream.IsZero() {
 		epoch, err := st.CounterEpoch(m.stream)
@@ -145,6 +169,10 @@ func (m *Machine) Stream() entry.StreamID { return m.out.Stream() }
 // Logged reports whether the tree was ever written through a log (false: a
 // new tree, or one a build before the log wrote).
 func (m *Machine) Logged() bool { return m.logged }
+
+// Format is the command encoding the log says every node reads: a
+// proposer writes commands of it (1: no proposal IDs).
+func (m *Machine) Format() int { return int(m.format.Load()) }
 
 // Epoch is the stream's counter epoch (entry.Component).
 func (m *Machine) Epoch() uint32 { return m.epoch.Load() }
@@ -210,6 +238,9 @@ func (m *Machine) Apply(index uint64, data []byte) (*Result, error) {
 		return &Result{Skipped: true}, nil
 	}
 	c, err := Decode(data)
+	if err == nil && m.readsFormat == commandV1 && (data[0] != commandV1 || c.Format != nil) {
+		err = fmt.Errorf("%w: version %d or kind %s (this build plays one that reads version 1 only)", ErrMalformed, data[0], c.Kind())
+	}
 	if err != nil {
 		return nil, fmt.Errorf("machine: apply %d: %w", index, err)
 	}
@@ -227,34 +258,35 @@ func (m *Machine) ApplyCommand(index uint64, c *Command) (*Result, error) {
 		err  error
 		dec  *decided
 	)
-	if c.Kind == KindLocal {
+	kind := c.Kind()
+	if kind == KindLocal {
 		// Decisions read the tree before the batch takes the store's apply
 		// lock (reads of range tombstones take it too).
 		if dec, err = m.decideLocal(c.Local); err != nil {
-			return nil, fmt.Errorf("machine: apply %d (%s): %w", index, c.Kind, err)
+			return nil, fmt.Errorf("machine: apply %d (%s): %w", index, kind, err)
 		}
 	}
 	b := m.st.NewBatch()
 	defer func() { b.Close() }()
-	switch c.Kind {
+	switch kind {
 	case KindLocal:
 		res, next, err = m.writeLocal(b, dec)
 	case KindCursor:
-		res, err = &Result{}, m.applyCursor(b, c.Peer, c.Cursor)
+		res, err = &Result{}, m.applyCursor(b, c.Cursor.Peer, c.Cursor.At)
 	case KindTruncate:
-		res, next, err = m.applyTruncate(b, c.Stream, c.First)
+		res, next, err = m.applyTruncate(b, c.Truncate.Stream, c.Truncate.First)
 	case KindMint:
-		res, next, err = m.applyMint(b, c.Stream, c.Epoch)
+		res, next, err = m.applyMint(b, c.Mint.Stream, c.Mint.Epoch)
 	case KindRecord:
 		res = &Result{}
-		res.Swapped, err = m.applyRecord(b, c)
+		res.Swapped, err = m.applyRecord(b, c.Record)
 	case KindCollect:
-		res, err = m.applyCollect(b, c)
+		res, err = m.applyCollect(b, c.Collect)
 	case KindDeadLetter:
-		res, err = m.applyDeadLetter(b, c)
+		res, err = m.applyDeadLetter(b, c.DeadLetter)
 	case KindRemoveNode:
-		why := max(c.Set, 1)
-		res, err = &Result{}, b.SetRaw(removedKey(c.Peer), []byte{why})
+		why := max(c.RemoveNode.Why, 1)
+		res, err = &Result{}, b.SetRaw(removedKey(c.RemoveNode.ID), []byte{why})
 	case KindInbound:
 		var ir *InboundResult
 		if ir, err = m.applyInbound(b, c.Inbound); err == nil {
@@ -266,11 +298,20 @@ func (m *Machine) ApplyCommand(index uint64, c *Command) (*Result, error) {
 				b = m.st.NewBatch()
 			}
 		}
+	case KindFormat:
+		// Only raised: a command of a later encoding may already be in the
+		// log behind a second Format of the same version.
+		v := c.Format.Version
+		res = &Result{}
+		if uint32(v) > m.format.Load() {
+			err = b.SetRaw(keyFormat, []byte{v})
+			next = func() { m.format.Store(uint32(v)) }
+		}
 	default:
-		err = fmt.Errorf("%w: kind %d", ErrMalformed, c.Kind)
+		err = fmt.Errorf("%w: a command of no one kind", ErrMalformed)
 	}
 	if err != nil {
-		return nil, fmt.Errorf("machine: apply %d (%s): %w", index, c.Kind, err)
+		return nil, fmt.Errorf("machine: apply %d (%s): %w", index, kind, err)
 	}
 	if err := b.SetRaw(keyApplied, binary.BigEndian.AppendUint64(nil, index)); err != nil {
 		return nil, fmt.Errorf("machine: apply %d: %w", index, err)
@@ -278,7 +319,7 @@ func (m *Machine) ApplyCommand(index uint64, c *Command) (*Result, error) {
 	// The log is the redo log and is already synced: Pebble's own WAL need
 	// not be.
 	if err := b.Commit(false); err != nil {
-		return nil, fmt.Errorf("machine: apply %d (%s): %w", index, c.Kind, err)
+		return nil, fmt.Errorf("machine: apply %d (%s): %w", index, kind, err)
 	}
 	m.applied, m.logged = index, true
 	if next != nil {
@@ -450,7 +491,7 @@ func (m *Machine) applyCursor(b *store.Batch, peer string, c entry.Cursor) error
 }
 
 // applyRecord sets a peer record if it holds what the proposer read.
-func (m *Machine) applyRecord(b *store.Batch, c *Command) (bool, error) {
+func (m *Machine) applyRecord(b *store.Batch, c *RecordCmd) (bool, error) {
 	get, set := b.ReseedRequest, b.SetReseedRequestIn
 	if c.Record == RecordRejoin {
 		get, set = b.RejoinPhase, b.SetRejoinIn
@@ -482,7 +523,7 @@ func UpdateRecord(st *store.Store, apply func(*Command) (*Result, error), peer s
 		if next == cur {
 			return cur, nil
 		}
-		res, err := apply(&Command{Kind: KindRecord, Peer: peer, Record: record, Expect: cur, Set: next})
+		res, err := apply(&Command{Record: &RecordCmd{Peer: peer, Record: record, Expect: cur, Set: next}})
 		if err != nil {
 			return cur, err
 		}
@@ -496,7 +537,7 @@ func UpdateRecord(st *store.Store, apply func(*Command) (*Result, error), peer s
 }
 
 // applyCollect drops what the leader found no peer can need any more.
-func (m *Machine) applyCollect(b *store.Batch, c *Command) (*Result, error) {
+func (m *Machine) applyCollect(b *store.Batch, c *CollectCmd) (*Result, error) {
 	res := &Result{}
 	var err error
 	if !c.Cutoff.IsZero() {
@@ -523,12 +564,12 @@ func (m *Machine) applyCollect(b *store.Batch, c *Command) (*Result, error) {
 
 // applyDeadLetter replays a dead letter (applies its entry as it is) or
 // discards it; either way it goes.
-func (m *Machine) applyDeadLetter(b *store.Batch, c *Command) (*Result, error) {
-	d, ok, err := b.DeadLetter(c.Peer, c.Stream, c.First)
+func (m *Machine) applyDeadLetter(b *store.Batch, c *DeadLetterCmd) (*Result, error) {
+	d, ok, err := b.DeadLetter(c.Origin, c.Stream, c.Index)
 	if err != nil || !ok {
 		return &Result{}, err
 	}
-	if c.Set == DeadReplay {
+	if c.Action == DeadReplay {
 		e, err := m.codec.DecodeEntry(d.Entry, wire.Defaults{})
 		if err != nil {
 			// Stored by this build from an entry the codec took: the

@@ -94,8 +94,8 @@ func script(t testing.TB) [][]byte {
 func scriptCommands() []*Command {
 	s := &stamper{wall: 1e15}
 	var cmds []*Command
-	local := func(ps ...Proposal) { cmds = append(cmds, &Command{Kind: KindLocal, Local: ps}) }
-	cmds = append(cmds, &Command{Kind: KindMint, Stream: testStream})
+	local := func(ps ...Proposal) { cmds = append(cmds, &Command{Local: ps}) }
+	cmds = append(cmds, &Command{Mint: &MintCmd{Stream: testStream}})
 	local(s.put("x", "1"), s.put("y", "1"), s.incr("hits", 5))
 	cas := s.put("x", "2")
 	cas.Cond = &Condition{IfNoneMatch: true}               // refused: x holds a value
@@ -111,9 +111,9 @@ func scriptCommands() []*Command {
 	batch := Proposal{Entry: entry.Entry{Op: entry.OpMulti, Commit: s.next(),
 		Ops: []entry.BatchOp{{Op: entry.OpSet, Key: "b1", Value: []byte("v")}, {Op: entry.OpDelete, Key: "x"}}}}
 	local(keyed(batch, "op:o1", "fpb", AnswerBatch))
-	cmds = append(cmds, &Command{Kind: KindCursor, Peer: "b", Cursor: entry.Cursor{Stream: testStream, Index: 3}})
-	cmds = append(cmds, &Command{Kind: KindCursor, Peer: "b", Cursor: entry.Cursor{Stream: testStream, Index: 2}})
-	cmds = append(cmds, &Command{Kind: KindTruncate, Stream: testStream, First: 3})
+	cmds = append(cmds, &Command{Cursor: &CursorCmd{Peer: "b", At: entry.Cursor{Stream: testStream, Index: 3}}})
+	cmds = append(cmds, &Command{Cursor: &CursorCmd{Peer: "b", At: entry.Cursor{Stream: testStream, Index: 2}}})
+	cmds = append(cmds, &Command{Truncate: &TruncateCmd{Stream: testStream, First: 3}})
 	local(s.put("late", "1"))
 	// a keyed write, a range delete over it, the write's retry: the
 	// record's write is superseded by the range, so the retry replays
@@ -128,7 +128,7 @@ func scriptCommands() []*Command {
 			bt.Entries = append(bt.Entries, entry.Entry{Index: i, Origin: "b", Stream: streamB, Commit: ts, Stamp: ts,
 				Op: entry.OpSet, Key: fmt.Sprintf("from-b/%d", i), Value: []byte("v")})
 		}
-		return &Command{Kind: KindInbound, Inbound: &Inbound{Sender: "b", Batch: bt, At: 1, HLC: hlc.Timestamp{Wall: 2e15 + 100},
+		return &Command{Inbound: &Inbound{Sender: "b", Batch: bt, At: 1, HLC: hlc.Timestamp{Wall: 2e15 + 100},
 			MaxStreams: 16, Dead: map[uint64]string{to: "over a limit"}}}
 	}
 	cmds = append(cmds, inbound(1, 3), inbound(1, 3), inbound(5, 6), inbound(4, 4))
@@ -425,7 +425,7 @@ func TestLocalBeforeMintWritesNothing(t *testing.T) {
 	m, st := openMachine(t, t.TempDir())
 	defer st.Close()
 	s := &stamper{wall: 1e15}
-	res := mustApply(t, m, 1, &Command{Kind: KindLocal, Local: []Proposal{s.put("k", "v")}})
+	res := mustApply(t, m, 1, &Command{Local: []Proposal{s.put("k", "v")}})
 	if !errors.Is(res.Writes[0].Err, ErrNoStream) {
 		t.Fatalf("%v", res.Writes[0].Err)
 	}
@@ -440,17 +440,17 @@ func TestMintStartsAStream(t *testing.T) {
 	dir := t.TempDir()
 	m, st := openMachine(t, dir)
 	s := &stamper{wall: 1e15}
-	mustApply(t, m, 1, &Command{Kind: KindMint, Stream: testStream})
-	mustApply(t, m, 2, &Command{Kind: KindLocal, Local: []Proposal{s.put("k", "v"), s.incr("c", 2)}})
+	mustApply(t, m, 1, &Command{Mint: &MintCmd{Stream: testStream}})
+	mustApply(t, m, 2, &Command{Local: []Proposal{s.put("k", "v"), s.incr("c", 2)}})
 	next := entry.StreamID{9}
 	notify := m.Outbound().Notify()
-	mustApply(t, m, 3, &Command{Kind: KindMint, Stream: next, Epoch: 7})
+	mustApply(t, m, 3, &Command{Mint: &MintCmd{Stream: next, Epoch: 7}})
 	select {
 	case <-notify:
 	default:
 		t.Fatal("a new stream did not wake the readers")
 	}
-	res := mustApply(t, m, 4, &Command{Kind: KindLocal, Local: []Proposal{s.incr("c", 3)}})
+	res := mustApply(t, m, 4, &Command{Local: []Proposal{s.incr("c", 3)}})
 	e := res.Writes[0].Entry
 	if e.Stream != next || e.Index != 1 || e.CtrComp != entry.Component("a", next, 7) || *e.Ctr != (entry.PN{P: 3}) {
 		t.Fatalf("first entry of the new stream: %+v", e)
@@ -476,11 +476,11 @@ func TestMintStartsAStream(t *testing.T) {
 func TestFailedApplyChangesNothing(t *testing.T) {
 	m, st := openMachine(t, t.TempDir())
 	defer st.Close()
-	mustApply(t, m, 1, &Command{Kind: KindMint, Stream: testStream})
+	mustApply(t, m, 1, &Command{Mint: &MintCmd{Stream: testStream}})
 	ts := hlc.Timestamp{Wall: 2e15}
 	good := entry.Entry{Index: 1, Origin: "b", Stream: streamB, Commit: ts, Stamp: ts, Op: entry.OpSet, Key: "from-b/1", Value: []byte("v")}
 	stub := entry.Entry{Index: 2, Origin: "b", Stream: streamB, Commit: ts.Add(1), Stamp: ts.Add(1), Op: entry.OpSet, Key: "from-b/2", Oversize: 5 << 20}
-	bad := &Command{Kind: KindInbound, Inbound: &Inbound{Sender: "b", MaxStreams: 16, HLC: ts.Add(1),
+	bad := &Command{Inbound: &Inbound{Sender: "b", MaxStreams: 16, HLC: ts.Add(1),
 		Batch: &wire.Batch{Header: wire.Header{Sender: "b", Stream: streamB}, Entries: []entry.Entry{good, stub}}}}
 	if _, err := m.Apply(2, encode(t, bad)); err == nil {
 		t.Fatal("a stub that was not set aside applied")
@@ -494,7 +494,7 @@ func TestFailedApplyChangesNothing(t *testing.T) {
 	if h, err := st.HWMs(); err != nil || len(h) != 0 {
 		t.Fatalf("marks after a failed batch: %+v %v", h, err)
 	}
-	fixed := &Command{Kind: KindInbound, Inbound: &Inbound{Sender: "b", MaxStreams: 16, HLC: ts.Add(1), Dead: map[uint64]string{2: "too large"},
+	fixed := &Command{Inbound: &Inbound{Sender: "b", MaxStreams: 16, HLC: ts.Add(1), Dead: map[uint64]string{2: "too large"},
 		Batch: &wire.Batch{Header: wire.Header{Sender: "b", Stream: streamB}, Entries: []entry.Entry{good, stub}}}}
 	res := mustApply(t, m, 2, fixed)
 	if r := res.Inbound; r == nil || r.Err != nil || r.Applied != 1 || r.DeadLettered != 1 || r.HWM != 2 {
@@ -506,6 +506,9 @@ func TestEncodeDecodeRoundTrip(t *testing.T) {
 	rng := rand.New(rand.NewPCG(1, 2))
 	for i := 0; i < 200; i++ {
 		c := randomCommand(rng)
+		if i%2 == 1 {
+			c.ID = ProposalID{Node: fmt.Sprintf("n%d", rng.IntN(9)), Process: rng.Uint64(), Seq: rng.Uint64N(1<<40) + 1}
+		}
 		b := encode(t, &c)
 		got, err := Decode(b)
 		if err != nil {
@@ -534,17 +537,19 @@ func randomCommand(rng *rand.Rand) Command {
 	}
 	switch Kind(rng.IntN(int(kinds)-1) + 1) {
 	case KindCursor:
-		return Command{Kind: KindCursor, Peer: "b", Cursor: entry.Cursor{Stream: testStream, Index: rng.Uint64()}}
+		return Command{Cursor: &CursorCmd{Peer: "b", At: entry.Cursor{Stream: testStream, Index: rng.Uint64()}}}
 	case KindTruncate:
-		return Command{Kind: KindTruncate, Stream: testStream, First: rng.Uint64()}
+		return Command{Truncate: &TruncateCmd{Stream: testStream, First: rng.Uint64()}}
 	case KindMint:
-		return Command{Kind: KindMint, Stream: entry.StreamID{byte(rng.IntN(255) + 1)}, Epoch: rng.Uint32()}
+		return Command{Mint: &MintCmd{Stream: entry.StreamID{byte(rng.IntN(255) + 1)}, Epoch: rng.Uint32()}}
 	case KindCollect:
-		return Command{Kind: KindCollect, Cutoff: stamp(), IdemBefore: rng.Int64(), Max: rng.IntN(maxCollect) + 1}
+		return Command{Collect: &CollectCmd{Cutoff: stamp(), IdemBefore: rng.Int64(), Max: rng.IntN(maxCollect) + 1}}
 	case KindDeadLetter:
-		return Command{Kind: KindDeadLetter, Peer: "b", Stream: testStream, First: rng.Uint64(), Set: DeadReplay + byte(rng.IntN(2))}
+		return Command{DeadLetter: &DeadLetterCmd{Origin: "b", Stream: testStream, Index: rng.Uint64(), Action: DeadReplay + byte(rng.IntN(2))}}
 	case KindRemoveNode:
-		return Command{Kind: KindRemoveNode, Peer: fmt.Sprintf("n%d", rng.IntN(9))}
+		return Command{RemoveNode: &RemoveNodeCmd{ID: fmt.Sprintf("n%d", rng.IntN(9))}}
+	case KindFormat:
+		return Command{Format: &FormatCmd{Version: ReadsFormat}}
 	}
 	var ps []Proposal
 	for j := rng.IntN(4); j >= 0; j-- {
@@ -574,11 +579,11 @@ func randomCommand(rng *rand.Rand) Command {
 		}
 		ps = append(ps, p)
 	}
-	return Command{Kind: KindLocal, Local: ps}
+	return Command{Local: ps}
 }
 
 func TestDecodeRefuses(t *testing.T) {
-	good := encode(t, &Command{Kind: KindTruncate, Stream: testStream, First: 5})
+	good := encode(t, &Command{Truncate: &TruncateCmd{Stream: testStream, First: 5}})
 	cases := map[string][]byte{
 		"empty":          nil,
 		"newer version":  append([]byte{9}, good[1:]...),
@@ -595,7 +600,7 @@ func TestDecodeRefuses(t *testing.T) {
 	s := &stamper{wall: 1}
 	p := s.put("k", "v")
 	p.Entry.Idem = &entry.Idem{Key: "x"}
-	b, err := NewEncoder().Encode(&Command{Kind: KindLocal, Local: []Proposal{p}})
+	b, err := NewEncoder().Encode(&Command{Local: []Proposal{p}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -608,12 +613,19 @@ func FuzzDecode(f *testing.F) {
 	for _, b := range script(f) {
 		f.Add(b)
 	}
-	f.Add(encode(f, &Command{Kind: KindRecord, Peer: "b", Record: RecordRejoin, Expect: 1, Set: 2}))
-	f.Add(encode(f, &Command{Kind: KindCollect, Cutoff: hlc.Timestamp{Wall: 5, Logical: 1}, IdemBefore: 9, Max: 100}))
-	f.Add(encode(f, &Command{Kind: KindDeadLetter, Peer: "b", Stream: testStream, First: 3, Set: DeadDiscard}))
-	f.Add(encode(f, &Command{Kind: KindRemoveNode, Peer: "a3"}))
-	f.Add(encode(f, &Command{Kind: KindRemoveNode, Peer: "a3.0badcafe", Set: 3}))
-	f.Add(encode(f, &Command{Kind: KindRemoveNode, Peer: "a3.", Set: 2}))
+	f.Add(encode(f, &Command{Record: &RecordCmd{Peer: "b", Record: RecordRejoin, Expect: 1, Set: 2}}))
+	f.Add(encode(f, &Command{Collect: &CollectCmd{Cutoff: hlc.Timestamp{Wall: 5, Logical: 1}, IdemBefore: 9, Max: 100}}))
+	f.Add(encode(f, &Command{DeadLetter: &DeadLetterCmd{Origin: "b", Stream: testStream, Index: 3, Action: DeadDiscard}}))
+	f.Add(encode(f, &Command{RemoveNode: &RemoveNodeCmd{ID: "a3"}}))
+	f.Add(encode(f, &Command{RemoveNode: &RemoveNodeCmd{ID: "a3.0badcafe", Why: 3}}))
+	f.Add(encode(f, &Command{RemoveNode: &RemoveNodeCmd{ID: "a3.", Why: 2}}))
+	// encoding 2: the proposal's ID, then a command; and the Format command
+	f.Add(encode(f, &Command{Format: &FormatCmd{Version: 2}}))
+	f.Add(encode(f, &Command{ID: ProposalID{Node: "a1", Process: 7, Seq: 1}, Truncate: &TruncateCmd{Stream: testStream, First: 5}}))
+	for _, c := range scriptCommands() {
+		c.ID = ProposalID{Node: "a2", Process: 1 << 60, Seq: 1 << 33}
+		f.Add(encode(f, c))
+	}
 	f.Fuzz(func(t *testing.T, b []byte) {
 		c, err := Decode(b)
 		if err != nil {
@@ -637,11 +649,11 @@ func TestOutboundReopenKeepsBounds(t *testing.T) {
 	dir := t.TempDir()
 	m, st := openMachine(t, dir)
 	s := &stamper{wall: 1e15}
-	mustApply(t, m, 1, &Command{Kind: KindMint, Stream: testStream})
+	mustApply(t, m, 1, &Command{Mint: &MintCmd{Stream: testStream}})
 	for i := 0; i < 5; i++ {
-		mustApply(t, m, uint64(i+2), &Command{Kind: KindLocal, Local: []Proposal{s.put(fmt.Sprint(i), "v"), s.put("x", "y")}})
+		mustApply(t, m, uint64(i+2), &Command{Local: []Proposal{s.put(fmt.Sprint(i), "v"), s.put("x", "y")}})
 	}
-	mustApply(t, m, 7, &Command{Kind: KindTruncate, Stream: testStream, First: 4})
+	mustApply(t, m, 7, &Command{Truncate: &TruncateCmd{Stream: testStream, First: 4}})
 	before := []int64{m.Outbound().BytesAfter(3), m.Outbound().BytesAfter(7), m.Outbound().BytesAfter(10)}
 	st.Close()
 	m, st = openMachine(t, dir)
@@ -653,7 +665,7 @@ func TestOutboundReopenKeepsBounds(t *testing.T) {
 	if !reflect.DeepEqual(before, after) || after[0] == 0 || after[2] != 0 {
 		t.Fatalf("bytes after 3, 7, 10: %v before, %v after", before, after)
 	}
-	mustApply(t, m, 8, &Command{Kind: KindTruncate, Stream: testStream, First: 100})
+	mustApply(t, m, 8, &Command{Truncate: &TruncateCmd{Stream: testStream, First: 100}})
 	if ob.First() != 11 || ob.Last() != 10 || ob.BytesAfter(3) != 0 {
 		t.Fatalf("emptied: [%d, %d], %d bytes", ob.First(), ob.Last(), ob.BytesAfter(3))
 	}
@@ -671,10 +683,10 @@ func TestMintNewEpoch(t *testing.T) {
 	m, st := openMachine(t, t.TempDir())
 	defer st.Close()
 	s := &stamper{wall: 1e15}
-	mustApply(t, m, 1, &Command{Kind: KindMint, Stream: testStream})
-	mustApply(t, m, 2, &Command{Kind: KindLocal, Local: []Proposal{s.incr("c", 2)}})
-	mustApply(t, m, 3, &Command{Kind: KindMint, Stream: testStream, Epoch: 5})
-	res := mustApply(t, m, 4, &Command{Kind: KindLocal, Local: []Proposal{s.incr("c", 3)}})
+	mustApply(t, m, 1, &Command{Mint: &MintCmd{Stream: testStream}})
+	mustApply(t, m, 2, &Command{Local: []Proposal{s.incr("c", 2)}})
+	mustApply(t, m, 3, &Command{Mint: &MintCmd{Stream: testStream, Epoch: 5}})
+	res := mustApply(t, m, 4, &Command{Local: []Proposal{s.incr("c", 3)}})
 	e := res.Writes[0].Entry
 	if m.Epoch() != 5 || e.Stream != testStream || e.Index != 2 || e.CtrComp != entry.Component("a", testStream, 5) || *e.Ctr != (entry.PN{P: 3}) {
 		t.Fatalf("after the new epoch: epoch %d, entry %+v", m.Epoch(), e)
@@ -690,8 +702,8 @@ func TestForgetLog(t *testing.T) {
 	dir := t.TempDir()
 	m, st := openMachine(t, dir)
 	s := &stamper{wall: 1e15}
-	mustApply(t, m, 1, &Command{Kind: KindMint, Stream: testStream})
-	mustApply(t, m, 2, &Command{Kind: KindLocal, Local: []Proposal{s.put("a", "1")}})
+	mustApply(t, m, 1, &Command{Mint: &MintCmd{Stream: testStream}})
+	mustApply(t, m, 2, &Command{Local: []Proposal{s.put("a", "1")}})
 	if err := m.ForgetLog(); err != nil {
 		t.Fatal(err)
 	}
@@ -701,7 +713,7 @@ func TestForgetLog(t *testing.T) {
 	if m.Applied() != 0 {
 		t.Fatalf("applied %d after forgetting the log", m.Applied())
 	}
-	res := mustApply(t, m, 1, &Command{Kind: KindLocal, Local: []Proposal{s.put("b", "1")}})
+	res := mustApply(t, m, 1, &Command{Local: []Proposal{s.put("b", "1")}})
 	if res.Skipped || res.Writes[0].Entry.Index != 2 || res.Writes[0].Entry.Stream != testStream {
 		t.Fatalf("first command of the new log: %+v", res)
 	}
@@ -716,7 +728,7 @@ func TestPeerRecords(t *testing.T) {
 	if before, err := d.UpdateRecord("b", RecordReseed, func(byte) byte { return 3 }); err != nil || before != 0 {
 		t.Fatalf("set: before %d, %v", before, err)
 	}
-	res, err := d.Apply(&Command{Kind: KindRecord, Peer: "b", Record: RecordReseed, Expect: 0, Set: 7})
+	res, err := d.Apply(&Command{Record: &RecordCmd{Peer: "b", Record: RecordReseed, Expect: 0, Set: 7}})
 	if err != nil || res.Swapped {
 		t.Fatalf("a change from a stale read: swapped %v, %v", res.Swapped, err)
 	}
@@ -744,17 +756,17 @@ func TestPeerRecords(t *testing.T) {
 func TestCollectDeadLettersAndRemovals(t *testing.T) {
 	s := &stamper{wall: 3e15}
 	extra := []*Command{
-		{Kind: KindLocal, Local: []Proposal{{Entry: entry.Entry{Op: entry.OpDelete, Key: "late", Commit: s.next()}},
+		{Local: []Proposal{{Entry: entry.Entry{Op: entry.OpDelete, Key: "late", Commit: s.next()}},
 			keyed(s.put("kept", "v"), "kk", "fpk", AnswerWrite)}},
-		{Kind: KindDeadLetter, Peer: "b", Stream: streamB, First: 3, Set: DeadReplay},
-		{Kind: KindDeadLetter, Peer: "b", Stream: streamB, First: 4, Set: DeadDiscard},
-		{Kind: KindDeadLetter, Peer: "b", Stream: streamB, First: 9, Set: DeadDiscard}, // none
+		{DeadLetter: &DeadLetterCmd{Origin: "b", Stream: streamB, Index: 3, Action: DeadReplay}},
+		{DeadLetter: &DeadLetterCmd{Origin: "b", Stream: streamB, Index: 4, Action: DeadDiscard}},
+		{DeadLetter: &DeadLetterCmd{Origin: "b", Stream: streamB, Index: 9, Action: DeadDiscard}}, // none
 		// tombstones below 3e15 (the script's) and idempotency records
 		// expired by 1e15+1e12+1e6 (the script's keyed writes') go
-		{Kind: KindCollect, Cutoff: hlc.Timestamp{Wall: 3e15}, IdemBefore: 1e15 + 1e12 + 1e6, Max: 1000},
-		{Kind: KindRemoveNode, Peer: "a3"},
+		{Collect: &CollectCmd{Cutoff: hlc.Timestamp{Wall: 3e15}, IdemBefore: 1e15 + 1e12 + 1e6, Max: 1000}},
+		{RemoveNode: &RemoveNodeCmd{ID: "a3"}},
 		// one incarnation of a2, replaced: a2 itself stays a member
-		{Kind: KindRemoveNode, Peer: "a2.1234abcd", Set: 2},
+		{RemoveNode: &RemoveNodeCmd{ID: "a2.1234abcd", Why: 2}},
 	}
 	cmds := script(t)
 	for _, c := range extra {
@@ -835,4 +847,83 @@ func TestCollectDeadLettersAndRemovals(t *testing.T) {
 			t.Fatalf("restarted before command %d:\n%+v\nwant %+v", at+1, got, want)
 		}
 	}
+}
+
+// TestProposalIDs: a command of encoding 2 carries its proposal's ID, read
+// back whole by Decode and alone by PeekID; one of encoding 1 has none.
+func TestProposalIDs(t *testing.T) {
+	p := NewProposer("a1")
+	q := NewProposer("a1") // the same node after a restart
+	id1, id2, other := p.Next(), p.Next(), q.Next()
+	if id1 == id2 || id1 == other || id1.IsZero() || id1.Seq != 1 || id2.Seq != 2 {
+		t.Fatalf("ids %s %s %s", id1, id2, other)
+	}
+	c := &Command{ID: id2, Truncate: &TruncateCmd{Stream: testStream, First: 9}}
+	b := encode(t, c)
+	if b[0] != commandV2 {
+		t.Fatalf("encoding %d", b[0])
+	}
+	if got, ok := PeekID(b); !ok || got != id2 {
+		t.Fatalf("peek: %v %v", got, ok)
+	}
+	d, err := Decode(b)
+	if err != nil || d.ID != id2 || d.Truncate == nil || *d.Truncate != *c.Truncate {
+		t.Fatalf("decode: %+v %v", d, err)
+	}
+	c.ID = ProposalID{}
+	b = encode(t, c)
+	if _, ok := PeekID(b); ok || b[0] != commandV1 {
+		t.Fatalf("a command without an id: encoding %d, peek %v", b[0], ok)
+	}
+	if _, err := NewEncoder().Encode(&Command{Truncate: c.Truncate, Mint: &MintCmd{Stream: testStream}}); err == nil {
+		t.Fatal("a command of two kinds encoded")
+	}
+}
+
+// TestFormatCommand: the log's command encoding moves only through a
+// Format command, is kept in the tree (a reopen, and a snapshot's tree,
+// have it), and never goes back. A machine playing a build before encoding
+// 2 refuses both the Format command and a command of encoding 2, as such a
+// build does.
+func TestFormatCommand(t *testing.T) {
+	dir := t.TempDir()
+	m, st := openMachine(t, dir)
+	if m.Format() != 1 {
+		t.Fatalf("a new machine at format %d", m.Format())
+	}
+	mustApply(t, m, 1, &Command{Mint: &MintCmd{Stream: testStream}})
+	mustApply(t, m, 2, &Command{Format: &FormatCmd{Version: 2}})
+	if m.Format() != 2 {
+		t.Fatalf("format %d after the Format command", m.Format())
+	}
+	id := NewProposer("a1").Next()
+	s := &stamper{wall: 1e15}
+	res := mustApply(t, m, 3, &Command{ID: id, Local: []Proposal{s.put("k", "v")}})
+	if res.Writes[0].Entry.Index != 1 {
+		t.Fatalf("a command of encoding 2: %+v", res.Writes[0])
+	}
+	st.Close()
+	m, st = openMachine(t, dir)
+	if m.Format() != 2 {
+		t.Fatalf("format %d after a reopen", m.Format())
+	}
+	st.Close()
+
+	old, err := store.Open(t.TempDir(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer old.Close()
+	om, err := Open(old, Options{Cluster: "a", ReadsFormat: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mustApply(t, om, 1, &Command{Mint: &MintCmd{Stream: testStream}})
+	if _, err := om.Apply(2, encode(t, &Command{Format: &FormatCmd{Version: 2}})); !errors.Is(err, ErrMalformed) {
+		t.Fatalf("an old build took the Format command: %v", err)
+	}
+	if _, err := om.Apply(2, encode(t, &Command{ID: id, Local: []Proposal{s.put("k", "v")}})); !errors.Is(err, ErrMalformed) {
+		t.Fatalf("an old build took a command of encoding 2: %v", err)
+	}
+	mustApply(t, om, 2, &Command{Local: []Proposal{s.put("k", "v")}})
 }

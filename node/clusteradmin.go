@@ -235,7 +235,7 @@ func (n *Node) RemoveNode(id string) error {
 		return err
 	}
 	return n.group.RemoveWith(id, func() error {
-		return n.applyCommand(&machine.Command{Kind: machine.KindRemoveNode, Peer: id})
+		return n.applyCommand(&machine.Command{RemoveNode: &machine.RemoveNodeCmd{ID: id}})
 	})
 }
 

@@ -276,7 +276,7 @@ func (c *committer) commit(pending []*proposal) int {
 	// it lost the lead with the group in flight: raft's log hands it the
 	// very bytes, which n.proposed maps to this command) when the group's
 	// writers were already answered.
-	cmd := &machine.Command{Kind: machine.KindLocal, Local: make([]machine.Proposal, 0, len(props))}
+	cmd := &machine.Command{Local: make([]machine.Proposal, 0, len(props))}
 	sent := props[:0]
 	for _, p := range props {
 		// Stamp in commit order: commit HLCs grow with stream indexes (the
@@ -313,6 +313,7 @@ func (c *committer) commit(pending []*proposal) int {
 	if len(sent) == 0 {
 		return 0
 	}
+	n.identify(cmd)
 	data, err := c.enc.Encode(cmd)
 	if err != nil {
 		answerAll(sent, fmt.Errorf("%w: %w", ErrNotWritten, err))

@@ -74,7 +74,7 @@ func (n *Node) decideDeadLetter(id string, action byte, msg string) error {
 	if err != nil {
 		return err
 	}
-	res, err := n.commitCommand(&machine.Command{Kind: machine.KindDeadLetter, Peer: d.Origin, Stream: d.Stream, First: d.Index, Set: action})
+	res, err := n.commitCommand(&machine.Command{DeadLetter: &machine.DeadLetterCmd{Origin: d.Origin, Stream: d.Stream, Index: d.Index, Action: action}})
 	if err != nil {
 		return err
 	}

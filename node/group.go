@@ -1,13 +1,13 @@
 package node
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
 	"sync"
 	"time"
-	"unsafe"
 
 	"github.com/hashicorp/raft"
 
@@ -21,39 +21,117 @@ import (
 	"github.com/replicator/replicator/wire"
 )
 
-// proposed are the commands this node has in flight, by their encoded
-// bytes. Raft hands the leader's state machine the very slice it was given,
-// so the FSM applies the command the proposer built instead of decoding its
-// bytes again (a peer's batch was decoded once already, to admit it).
-// Followers and replays decode: the machine's tests hold the two paths to
-// the same result (TestDecodedAppliesAsBuilt).
+// proposed are the commands this node has in flight, by their proposal
+// IDs (machine/proposal.go): the FSM applies the command the proposer built
+// instead of decoding its bytes again (a peer's batch was decoded once
+// already, to admit it). Followers, replays and commands of encoding 1 (no
+// ID) decode: the machine's tests hold the two paths to the same result
+// (TestDecodedAppliesAsBuilt).
 type proposed struct {
 	mu sync.Mutex
-	m  map[*byte]*machine.Command
+	m  map[machine.ProposalID]*machine.Command
 }
 
-func (p *proposed) add(data []byte, c *machine.Command) {
+func (p *proposed) add(c *machine.Command) {
+	if c.ID.IsZero() {
+		return
+	}
 	p.mu.Lock()
 	if p.m == nil {
-		p.m = map[*byte]*machine.Command{}
+		p.m = map[machine.ProposalID]*machine.Command{}
 	}
-	p.m[unsafe.SliceData(data)] = c
+	p.m[c.ID] = c
 	p.mu.Unlock()
 }
 
-func (p *proposed) remove(data []byte) {
+func (p *proposed) remove(c *machine.Command) {
+	if c.ID.IsZero() {
+		return
+	}
 	p.mu.Lock()
-	delete(p.m, unsafe.SliceData(data))
+	delete(p.m, c.ID)
 	p.mu.Unlock()
 }
 
 func (p *proposed) get(data []byte) *machine.Command {
-	if len(data) == 0 {
+	id, ok := machine.PeekID(data)
+	if !ok {
 		return nil
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return p.m[unsafe.SliceData(data)]
+	return p.m[id]
+}
+
+// readsFormat is the newest command encoding this node reads.
+func (n *Node) readsFormat() int {
+	if f := n.opts.Testing.ReadsFormat; f > 0 {
+		return f
+	}
+	return machine.ReadsFormat
+}
+
+// admitMember lets a node join only if it reads the commands the log carries
+// now (cluster.Options.Admit): once the log went to encoding 2, a build
+// before it would stop at its first command. A build that describes
+// nothing is before it.
+func (n *Node) admitMember(description string) error {
+	f := n.machine.Format()
+	if f <= 1 {
+		return nil
+	}
+	var d described
+	if description != "" {
+		if err := json.Unmarshal([]byte(description), &d); err != nil {
+			return fmt.Errorf("its description does not read: %w", err)
+		}
+	}
+	if d.Commands < f {
+		return fmt.Errorf("it reads commands of encoding %d at most, the log carries encoding %d: upgrade it first", max(d.Commands, 1), f)
+	}
+	return nil
+}
+
+// raiseFormat moves the log to the newest command encoding once every
+// member of the configuration reads it (after a rolling upgrade, the first
+// term of a new cluster, or at once for a node alone): one Format command,
+// after which proposals carry their IDs. Only the leader proposes it.
+func (n *Node) raiseFormat() {
+	want := n.readsFormat()
+	if n.machine.Format() >= want || !n.group.IsLeader() || (n.multi() && !n.lead.ready.Load()) {
+		return
+	}
+	if n.multi() {
+		for _, sv := range n.group.Status().Servers {
+			id := cluster.ServerID(sv.ID, sv.Incarnation)
+			if id == n.group.ID() {
+				continue
+			}
+			if d, state := n.proven(id, false); state == descKnown && d.Commands >= want {
+				continue
+			}
+			// Not known to read it (yet): asked afresh, since the member
+			// may have restarted on a new build at the same address.
+			s, err := n.group.DescribeAgain(id, time.Second)
+			var d described
+			if err != nil || s == "" || json.Unmarshal([]byte(s), &d) != nil || d.Commands < want {
+				return // asked again at the next round
+			}
+		}
+	}
+	if err := n.applyCommand(&machine.Command{Format: &machine.FormatCmd{Version: uint8(want)}}); err != nil {
+		n.log.Warn("could not move the log to the newest command encoding; trying again later", "format", want, "err", err)
+		return
+	}
+	n.log.Info("the log's commands now carry proposal IDs: every member reads encoding "+fmt.Sprint(want), "format", want)
+}
+
+// identify gives c a proposal ID once the log says every node reads
+// commands that carry one (machine.Format).
+func (n *Node) identify(c *machine.Command) {
+	if n.machine.Format() >= 2 {
+		c.ID = n.proposer.Next()
+	}
 }
 
 // apply commits data, the encoding of c, and returns what the state
@@ -62,8 +140,8 @@ func (p *proposed) get(data []byte) *machine.Command {
 // of a leader never entered the log, so it is sent again once this node
 // leads.
 func (n *Node) apply(data []byte, c *machine.Command) (any, error) {
-	n.proposed.add(data, c)
-	defer n.proposed.remove(data)
+	n.proposed.add(c)
+	defer n.proposed.remove(c)
 	t0 := time.Now()
 	out, err := n.group.Apply(data, enqueueTimeout)
 	if err == nil && n.metrics.commitSeconds != nil {
@@ -96,7 +174,7 @@ func (n *Node) openGroup() (created bool, err error) {
 	if err := machine.FinishRestore(n.groupDir(), n.store, n.log); err != nil {
 		return false, err
 	}
-	m, err := machine.Open(n.store, machine.Options{Cluster: n.cluster, Logger: n.log})
+	m, err := machine.Open(n.store, machine.Options{Cluster: n.cluster, Logger: n.log, ReadsFormat: n.opts.Testing.ReadsFormat})
 	if err != nil {
 		return false, err
 	}
@@ -113,7 +191,7 @@ func (n *Node) openGroup() (created bool, err error) {
 		lostWAL = fmt.Sprintf("the store applied stream %s up to %d but its WAL is gone", m.Stream(), m.Outbound().Last())
 	}
 	if migrated {
-		if m, err = machine.Open(n.store, machine.Options{Cluster: n.cluster, Logger: n.log}); err != nil {
+		if m, err = machine.Open(n.store, machine.Options{Cluster: n.cluster, Logger: n.log, ReadsFormat: n.opts.Testing.ReadsFormat}); err != nil {
 			return false, err
 		}
 	}
@@ -149,6 +227,7 @@ func (n *Node) openGroup() (created bool, err error) {
 		FSM:         n.fsm,
 		Applied:     n.progress.get,
 		Describe:    n.describeSelf,
+		Admit:       n.admitMember,
 		Logger:      n.log,
 		Log: wal.Options{
 			SegmentSize: n.opts.WALSegmentSize,
@@ -195,7 +274,7 @@ func (n *Node) openGroup() (created bool, err error) {
 		}
 		co.RecordRemoved = func(id raft.ServerID, why cluster.Removal) error {
 			node, inc := cluster.SplitServerID(id)
-			return n.applyCommand(&machine.Command{Kind: machine.KindRemoveNode, Peer: machine.RemovalKey(node, inc), Set: byte(why)})
+			return n.applyCommand(&machine.Command{RemoveNode: &machine.RemoveNodeCmd{ID: machine.RemovalKey(node, inc), Why: byte(why)}})
 		}
 		// A single node's directory of a build before the log, upgraded
 		// with its raft port: the cluster it was goes on as a group of it,
@@ -227,7 +306,7 @@ func (n *Node) openGroup() (created bool, err error) {
 	}
 	if m.Stream().IsZero() || mint != "" {
 		old := m.Stream()
-		if err := n.applyCommand(&machine.Command{Kind: machine.KindMint, Stream: entry.NewStreamID()}); err != nil {
+		if err := n.applyCommand(&machine.Command{Mint: &machine.MintCmd{Stream: entry.NewStreamID()}}); err != nil {
 			n.group.Close()
 			return false, fmt.Errorf("node: start the stream: %w", err)
 		}
@@ -237,6 +316,7 @@ func (n *Node) openGroup() (created bool, err error) {
 		}
 		created = true
 	}
+	n.raiseFormat()
 	return created, nil
 }
 
@@ -278,31 +358,32 @@ func (n *Node) applyCommand(c *machine.Command) error {
 
 // commitCommand commits a command and returns what the machine decided.
 func (n *Node) commitCommand(c *machine.Command) (*machine.Result, error) {
+	n.identify(c)
 	enc := encoders.Get().(*machine.Encoder)
 	data, err := enc.Encode(c)
 	encoders.Put(enc)
 	if err != nil {
 		return nil, err
 	}
-	if c.Kind != machine.KindLocal && c.Kind != machine.KindInbound {
+	if c.Kind() != machine.KindLocal && c.Kind() != machine.KindInbound {
 		// The leader applies what it built, the followers what they decode:
 		// a command the decoder would refuse must not enter the log (it
 		// would stop every follower's machine). Local groups and inbound
 		// batches are checked by the codecs that built them.
 		if _, err := machine.Decode(data); err != nil {
-			return nil, fmt.Errorf("node: a %s command this build would not read back: %w", c.Kind, err)
+			return nil, fmt.Errorf("node: a %s command this build would not read back: %w", c.Kind(), err)
 		}
 	}
 	out, err := n.apply(data, c)
 	if err != nil {
-		return nil, fmt.Errorf("node: commit a %s command: %w", c.Kind, err)
+		return nil, fmt.Errorf("node: commit a %s command: %w", c.Kind(), err)
 	}
 	if e, ok := out.(error); ok {
-		return nil, fmt.Errorf("node: apply a %s command: %w", c.Kind, e)
+		return nil, fmt.Errorf("node: apply a %s command: %w", c.Kind(), e)
 	}
 	res := out.(*machine.Result)
 	if res.Skipped {
-		return nil, fmt.Errorf("node: a %s command was skipped as applied", c.Kind)
+		return nil, fmt.Errorf("node: a %s command was skipped as applied", c.Kind())
 	}
 	return res, nil
 }
@@ -321,7 +402,7 @@ type cursors struct{ n *Node }
 func (c cursors) Cursor(peer string) (entry.Cursor, bool, error) { return c.n.store.Cursor(peer) }
 
 func (c cursors) SetCursor(peer string, cur entry.Cursor) error {
-	return c.n.applyCommand(&machine.Command{Kind: machine.KindCursor, Peer: peer, Cursor: cur})
+	return c.n.applyCommand(&machine.Command{Cursor: &machine.CursorCmd{Peer: peer, At: cur}})
 }
 
 func (c cursors) InitCursor(peer string, cur entry.Cursor) error { return c.SetCursor(peer, cur) }
@@ -334,7 +415,8 @@ var encoders = sync.Pool{New: func() any { return machine.NewEncoder() }}
 // answered as a refusal the sender retries; the high-water mark makes a
 // batch that did commit a duplicate then.
 func (n *Node) ApplyInbound(in *machine.Inbound, raw []byte) (*machine.InboundResult, error) {
-	res, err := n.commitCommand(&machine.Command{Kind: machine.KindInbound, Inbound: in, RawBatch: raw})
+	in.Raw = raw
+	res, err := n.commitCommand(&machine.Command{Inbound: in})
 	if err != nil {
 		return nil, err
 	}

@@ -60,6 +60,8 @@ type Node struct {
 	fsm     *machine.FSM
 	// proposed are the commands in flight (the FSM applies them as built)
 	proposed proposed
+	// proposer names this process's proposals (machine.ProposalID).
+	proposer *machine.Proposer
 	com      *committer
 
 	// nodeID names this node within its cluster, incarnation its data
@@ -231,6 +233,7 @@ func Open(ctx context.Context, opts *Options) (*Node, error) {
 		return nil, err
 	}
 	n.log = n.log.With("node", n.nodeID)
+	n.proposer = machine.NewProposer(n.nodeID)
 	n.rejoin.init()
 	// The committer exists before the group: the state machine reports a
 	// failed apply to it. It takes no proposal before Open returns.
@@ -349,6 +352,7 @@ func (n *Node) Start() error {
 		n.setDescription()
 		n.serveService()
 		n.every(time.Second, n.refreshProven)
+		n.every(500*time.Millisecond, n.raiseFormat)
 	}
 	n.every(n.opts.GCInterval, n.collectExpired)
 	// Re-evaluated while no writes arrive too, so that it can clear, detach
@@ -577,8 +581,7 @@ func (n *Node) CollectTombstones() (int, error) {
 	}
 	total := 0
 	for {
-		res, err := n.commitCommand(&machine.Command{Kind: machine.KindCollect, Cutoff: cutoff,
-			IdemBefore: n.clock.Physical(), Max: collectBatch})
+		res, err := n.commitCommand(&machine.Command{Collect: &machine.CollectCmd{Cutoff: cutoff, IdemBefore: n.clock.Physical(), Max: collectBatch}})
 		if err != nil {
 			return total, err
 		}

@@ -157,7 +157,7 @@ func TestRecoveryReplaysLog(t *testing.T) {
 	n.Close()
 
 	future := hlc.Timestamp{Wall: time.Now().Add(time.Hour).UnixNano()}
-	cmd := machine.Command{Kind: machine.KindLocal}
+	cmd := machine.Command{}
 	for i := 0; i < 300; i++ {
 		cmd.Local = append(cmd.Local, machine.Proposal{Entry: entry.Entry{Commit: future.Add(time.Duration(i)), Op: entry.OpSet,
 			Key: fmt.Sprintf("r/%03d", i), Value: []byte("replayed")}})

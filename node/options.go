@@ -551,6 +551,10 @@ type Testing struct {
 	// ClockOffset shifts the node's physical clock (a skewed node), unless
 	// Options.Clock is set.
 	ClockOffset time.Duration
+	// ReadsFormat, when 1, plays a build before command encoding 2 in a
+	// mixed-version cluster: the node says it reads encoding 1 only, and its
+	// machine refuses encoding 2 (machine.Options.ReadsFormat).
+	ReadsFormat int
 }
 
 // TestingEnvPrefix begins the environment variables TestingFromEnv reads.

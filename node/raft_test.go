@@ -25,6 +25,7 @@ import (
 	"github.com/replicator/replicator/hlc"
 	ports "github.com/replicator/replicator/internal/loopback"
 	"github.com/replicator/replicator/internal/raftconn"
+	"github.com/replicator/replicator/machine"
 	"github.com/replicator/replicator/origin"
 	"github.com/replicator/replicator/policy"
 	"github.com/replicator/replicator/store"
@@ -90,6 +91,21 @@ func newRaftCluster(t *testing.T, id string, n int, tweak func(name string, o *O
 			c.stop(name)
 		}
 	})
+	// The leader moves the log to the newest command encoding in the first
+	// seconds (one command of its own); tests that count applied commands
+	// begin after it.
+	mixed := false
+	for _, o := range c.opts {
+		mixed = mixed || o.Testing.ReadsFormat != 0
+	}
+	for deadline := time.Now().Add(20 * time.Second); !mixed; time.Sleep(20 * time.Millisecond) {
+		if c.nodes[c.leader()].machine.Format() == machine.ReadsFormat {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the log did not move to the newest command encoding")
+		}
+	}
 	return c
 }
 

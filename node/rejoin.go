@@ -107,7 +107,7 @@ func (n *Node) fenceTimeout() {
 		// Through the log, between groups: an increment stamped before is
 		// counted under the old epoch, every later one under the new.
 		n.com.groupMu.Lock()
-		err := n.applyCommand(&machine.Command{Kind: machine.KindMint, Stream: n.out.Stream(), Epoch: epoch})
+		err := n.applyCommand(&machine.Command{Mint: &machine.MintCmd{Stream: n.out.Stream(), Epoch: epoch}})
 		n.com.groupMu.Unlock()
 		if err != nil {
 			n.log.Error("recording a new counter epoch", "err", err)
@@ -199,7 +199,7 @@ func (n *Node) sealStream(old entry.StreamID, why string) error {
 	// The rejoin is recorded before the new stream: a crash in between
 	// restarts on the old stream, which a peer proves used again.
 	asked := n.recordRejoin()
-	if err := n.applyCommand(&machine.Command{Kind: machine.KindMint, Stream: entry.NewStreamID()}); err != nil {
+	if err := n.applyCommand(&machine.Command{Mint: &machine.MintCmd{Stream: entry.NewStreamID()}}); err != nil {
 		return fmt.Errorf("node: begin a new stream after sealing %s: %w", old, err)
 	}
 	// The rejoin is recorded: the peers' answers need not start another.

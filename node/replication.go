@@ -244,7 +244,7 @@ func (n *Node) TruncateWAL() error {
 	if upTo < n.out.First() || stream.IsZero() {
 		return nil
 	}
-	return n.applyCommand(&machine.Command{Kind: machine.KindTruncate, Stream: stream, First: upTo + 1})
+	return n.applyCommand(&machine.Command{Truncate: &machine.TruncateCmd{Stream: stream, First: upTo + 1}})
 }
 
 // tombstoneCutoff is the stamp below which tombstones may go. A tombstone is

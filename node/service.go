@@ -41,6 +41,9 @@ const serviceHost = ".raft.internal"
 type described struct {
 	API       string `json:"api"`
 	Replicate string `json:"replicate"`
+	// Commands is the newest command encoding the node reads (0: a build
+	// before encodings were described, which reads encoding 1).
+	Commands int `json:"commands,omitempty"`
 }
 
 // describeSelf is this node's description (cluster.Options.Describe): ""
@@ -55,7 +58,7 @@ func (n *Node) describeSelf() string {
 // setDescription records what this node says of itself, once its listeners
 // are bound (Start).
 func (n *Node) setDescription() {
-	d := described{API: n.URL(), Replicate: n.PeerURL()}
+	d := described{API: n.URL(), Replicate: n.PeerURL(), Commands: n.readsFormat()}
 	if g := n.opts.Gossip; g != nil {
 		if g.APIURL != "" {
 			d.API = g.APIURL

@@ -153,7 +153,7 @@ func (n *Node) beginTerm(term uint64) error {
 	if n.machine.Stream().IsZero() {
 		// The cluster's first leader mints its stream, through the log, so
 		// that every node (and every later leader) holds the same one.
-		if err := n.applyCommand(&machine.Command{Kind: machine.KindMint, Stream: entry.NewStreamID()}); err != nil {
+		if err := n.applyCommand(&machine.Command{Mint: &machine.MintCmd{Stream: entry.NewStreamID()}}); err != nil {
 			return fmt.Errorf("start the cluster's stream: %w", err)
 		}
 		created = true
@@ -243,7 +243,7 @@ func (n *Node) sealAfterRecovery() error {
 			} else if why != 0 {
 				continue
 			}
-			if err := n.applyCommand(&machine.Command{Kind: machine.KindRemoveNode, Peer: key, Set: byte(cluster.RemovedInRecovery)}); err != nil {
+			if err := n.applyCommand(&machine.Command{RemoveNode: &machine.RemoveNodeCmd{ID: key, Why: byte(cluster.RemovedInRecovery)}}); err != nil {
 				return fmt.Errorf("record %s as lost in the recovery: %w", id, err)
 			}
 		}

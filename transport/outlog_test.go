@@ -34,7 +34,7 @@ func newOutLog(t testing.TB, dir string) *outLog {
 		t.Fatal(err)
 	}
 	l := &outLog{Outbound: m.Outbound(), m: m, st: st, enc: machine.NewEncoder()}
-	if err := l.apply(&machine.Command{Kind: machine.KindMint, Stream: entry.NewStreamID()}); err != nil {
+	if err := l.apply(&machine.Command{Mint: &machine.MintCmd{Stream: entry.NewStreamID()}}); err != nil {
 		st.Close()
 		t.Fatal(err)
 	}
@@ -68,7 +68,7 @@ func (l *outLog) Append(ents []*entry.Entry) error {
 		ps[i] = machine.Proposal{Entry: *e}
 	}
 	first := l.Last() + 1
-	if err := l.apply(&machine.Command{Kind: machine.KindLocal, Local: ps}); err != nil {
+	if err := l.apply(&machine.Command{Local: ps}); err != nil {
 		return err
 	}
 	for i, e := range ents {
