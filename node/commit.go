@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"runtime"
 	"sync"
 	"sync/atomic"
@@ -95,8 +96,8 @@ type idemRequest struct {
 }
 
 type committer struct {
-	n  *Node
-	in chan *proposal
+	env commitEnv
+	in  chan *proposal
 
 	mu struct {
 		sync.RWMutex
@@ -135,7 +136,7 @@ const (
 // once arrivals pause for lingerGap, and does not wait at all for a writer
 // alone.
 func (c *committer) linger() {
-	target := min(c.prev, c.n.opts.MaxGroupEntries)
+	target := min(c.prev, c.env.maxGroup)
 	var start, last time.Time
 	for len(c.pending) < target {
 		select {
@@ -162,10 +163,40 @@ func (c *committer) linger() {
 	}
 }
 
-func newCommitter(n *Node) *committer {
+// commitEnv is what the committer sees of the node: values and functions,
+// never the node (Pebble's commitEnv), so that it can be read, and driven
+// in a test, alone.
+type commitEnv struct {
+	// maxGroup bounds the writes of one group; idemWindow is how long a
+	// keyed write's record is kept.
+	maxGroup   int
+	idemWindow time.Duration
+	clock      *hlc.Clock
+	logger     *slog.Logger
+	// leading reports whether this node may stamp writes now; notLeader is
+	// the refusal when it may not.
+	leading   func() bool
+	notLeader func() error
+	// replays reports whether a keyed write's record answers it (and fills
+	// e from the record); checkPin refuses a pinned stamp out of the window.
+	replays  func(key string, fingerprint []byte, now int64, e *entry.Entry) bool
+	checkPin func(pin, commit hlc.Timestamp) error
+	// commit puts one command in the log and returns what the state machine
+	// returned for it (a *machine.Result, or the error that stopped it); an
+	// error of errEncode never reached the log.
+	commit func(cmd *machine.Command, enc *machine.Encoder) (any, error)
+	// committed is told of each group applied, with its writes.
+	committed func(writes int)
+}
+
+// errEncode: a command that did not encode (it never reached the log).
+var errEncode = errors.New("node: encode a command")
+
+// newCommitter starts the committer goroutine; close stops it.
+func newCommitter(env commitEnv) *committer {
 	c := &committer{
-		n:      n,
-		in:     make(chan *proposal, n.opts.MaxGroupEntries),
+		env:    env,
+		in:     make(chan *proposal, env.maxGroup),
 		exited: make(chan struct{}),
 		enc:    machine.NewEncoder(),
 	}
@@ -221,7 +252,7 @@ func (c *committer) run() {
 	for p := range c.in {
 		c.pending = append(c.pending[:0], p)
 	drain:
-		for len(c.pending) < c.n.opts.MaxGroupEntries {
+		for len(c.pending) < c.env.maxGroup {
 			select {
 			case q, ok := <-c.in:
 				if !ok {
@@ -262,19 +293,19 @@ func (c *committer) commit(pending []*proposal) int {
 		answerAll(props, fmt.Errorf("%w: %w", ErrNotWritten, *errp))
 		return 0
 	}
-	n := c.n
-	if n.multi() && !n.lead.ready.Load() {
+	env := c.env
+	if !env.leading() {
 		// Deposed since the writers were admitted: nothing is stamped.
-		answerAll(props, n.notLeader())
+		answerAll(props, env.notLeader())
 		return 0
 	}
-	floor := n.clock.Last()
+	floor := env.clock.Last()
 	c.floor.Store(&floor)
 	defer c.floor.Store(nil)
 	// A command of its own per group, never reused: the state machine may
 	// still be applying a group's command (as this node's follower, after
 	// it lost the lead with the group in flight: raft's log hands it the
-	// very bytes, which n.proposed maps to this command) when the group's
+	// very bytes, which the node maps to this command) when the group's
 	// writers were already answered.
 	cmd := &machine.Command{Local: make([]machine.Proposal, 0, len(props))}
 	sent := props[:0]
@@ -282,16 +313,16 @@ func (c *committer) commit(pending []*proposal) int {
 		// Stamp in commit order: commit HLCs grow with stream indexes (the
 		// machine refuses one that does not).
 		mp := machine.Proposal{Entry: p.entry, Cond: p.cond, Delta: p.delta}
-		mp.Entry.Commit = n.clock.Now()
+		mp.Entry.Commit = env.clock.Now()
 		mp.Entry.Stamp = hlc.Timestamp{}
 		if !p.pin.IsZero() {
 			// A retry whose record exists is answered from it (the machine
 			// replays it) before its pin is checked: the first attempt
 			// applied, perhaps at a leader whose clock was ahead of this
 			// one's, and a refusal now would be a lie.
-			replay := p.idem != nil && n.machine.Replays(p.idem.key, p.idem.fingerprint, mp.Entry.Commit.Wall, &mp.Entry)
+			replay := p.idem != nil && env.replays(p.idem.key, p.idem.fingerprint, mp.Entry.Commit.Wall, &mp.Entry)
 			if !replay {
-				if err := n.checkPin(p.pin, mp.Entry.Commit); err != nil {
+				if err := env.checkPin(p.pin, mp.Entry.Commit); err != nil {
 					p.err = err
 					close(p.done)
 					continue
@@ -299,13 +330,13 @@ func (c *committer) commit(pending []*proposal) int {
 				// A pin may lie ahead of the clock (by up to the max
 				// offset): the next write, causally later, must stamp
 				// above it.
-				n.clock.Observe(p.pin)
+				env.clock.Observe(p.pin)
 			}
 			mp.Entry.Stamp = p.pin
 		}
 		if p.idem != nil {
 			mp.Keyed = &machine.Keyed{Key: p.idem.key, Fingerprint: p.idem.fingerprint, Answer: p.idem.answer,
-				OpID: p.idem.opID, Expires: mp.Entry.Commit.Wall + int64(n.opts.IdempotencyWindow)}
+				OpID: p.idem.opID, Expires: mp.Entry.Commit.Wall + int64(env.idemWindow)}
 		}
 		cmd.Local = append(cmd.Local, mp)
 		sent = append(sent, p)
@@ -313,15 +344,11 @@ func (c *committer) commit(pending []*proposal) int {
 	if len(sent) == 0 {
 		return 0
 	}
-	n.identify(cmd)
-	data, err := c.enc.Encode(cmd)
-	if err != nil {
+	out, err := env.commit(cmd, c.enc)
+	if errors.Is(err, errEncode) {
 		answerAll(sent, fmt.Errorf("%w: %w", ErrNotWritten, err))
 		return 0
 	}
-	t0 := time.Now()
-	out, err := n.apply(data, cmd)
-	n.metrics.fsyncSeconds.Observe(time.Since(t0).Seconds())
 	if err == nil {
 		if e, ok := out.(error); ok {
 			// Committed, not applied: a restart applies it.
@@ -354,8 +381,7 @@ func (c *committer) commit(pending []*proposal) int {
 		}
 		close(p.done)
 	}
-	n.metrics.writes.Add(uint64(written))
-	n.metrics.groups.Add(1)
+	env.committed(written)
 	return written
 }
 
@@ -383,7 +409,7 @@ func applyError(err error) error {
 
 func (c *committer) fail(err error) {
 	c.failed.CompareAndSwap(nil, &err)
-	c.n.opts.Logger.Error("write path failed; refusing writes until restart", "err", err)
+	c.env.logger.Error("write path failed; refusing writes until restart", "err", err)
 }
 
 func answerAll(props []*proposal, err error) {

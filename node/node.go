@@ -237,7 +237,28 @@ func Open(ctx context.Context, opts *Options) (*Node, error) {
 	n.rejoin.init()
 	// The committer exists before the group: the state machine reports a
 	// failed apply to it. It takes no proposal before Open returns.
-	n.com = newCommitter(n)
+	n.com = newCommitter(commitEnv{
+		maxGroup: o.MaxGroupEntries, idemWindow: o.IdempotencyWindow, clock: n.clock, logger: o.Logger,
+		leading:   func() bool { return !n.multi() || n.lead.ready.Load() },
+		notLeader: n.notLeader,
+		replays:   func(key string, fp []byte, now int64, e *entry.Entry) bool { return n.machine.Replays(key, fp, now, e) },
+		checkPin:  n.checkPin,
+		commit: func(cmd *machine.Command, enc *machine.Encoder) (any, error) {
+			n.identify(cmd)
+			data, err := enc.Encode(cmd)
+			if err != nil {
+				return nil, fmt.Errorf("%w: %w", errEncode, err)
+			}
+			t0 := time.Now()
+			out, err := n.apply(data, cmd)
+			n.metrics.fsyncSeconds.Observe(time.Since(t0).Seconds())
+			return out, err
+		},
+		committed: func(writes int) {
+			n.metrics.writes.Add(uint64(writes))
+			n.metrics.groups.Add(1)
+		},
+	})
 	created, err := n.openGroup()
 	if err != nil {
 		n.com.close()
