@@ -244,3 +244,26 @@ peers:
 		t.Fatalf("unknown env not warned about: %s", errOut)
 	}
 }
+
+// TestFaultHooksReachNoOperator: the faults the robustness suites inject
+// (a full disk, a partition, a skewed clock) are neither flags nor
+// configuration keys: only REPLICATOR_TESTING_* variables reach them, so an
+// operator's configuration cannot turn one on.
+func TestFaultHooksReachNoOperator(t *testing.T) {
+	dir := t.TempDir()
+	for _, flag := range []string{"--test-disk-full-file", "--test-raft-block-file", "--test-clock-offset"} {
+		_, errOut, code := cli(t, nil, "serve", "--cluster-id", "a", "--data", dir, flag, "x", "--print-config")
+		if code == 0 || !strings.Contains(errOut, "not defined") {
+			t.Errorf("serve %s: exit %d, %s", flag, code, errOut)
+		}
+	}
+	cfg := filepath.Join(dir, "c.yaml")
+	os.WriteFile(cfg, []byte("cluster_id: a\ntest_disk_full_file: /tmp/x\n"), 0o644)
+	if _, errOut, code := cli(t, nil, "serve", "--config", cfg, "--data", dir, "--print-config"); code == 0 {
+		t.Errorf("a configuration with a fault key was taken: %s", errOut)
+	}
+	out, errOut, code := cli(t, []string{"REPLICATOR_TESTING_CLOCK_OFFSET=1s"}, "serve", "--cluster-id", "a", "--data", dir, "--print-config")
+	if code != 0 || strings.Contains(errOut, "REPLICATOR_TESTING") || strings.Contains(out, "offset: 1s") {
+		t.Errorf("a testing variable: exit %d, warned or printed:\n%s\n%s", code, errOut, out)
+	}
+}

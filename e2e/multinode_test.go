@@ -25,7 +25,7 @@ var multiDuration = flag.Duration("multi-duration", 0, "multi-node robustness: h
 
 // Clusters of several nodes as real processes (issue 15): each node has
 // its raft port, its gossip port and a partition file (the raft addresses
-// it may not reach while listed: --test-raft-block-file). Peers are
+// it may not reach while listed: $REPLICATOR_TESTING_RAFT_BLOCK_FILE). Peers are
 // configured with the other cluster's first node only: a link follows the
 // leader there by the answers.
 
