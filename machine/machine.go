@@ -14,14 +14,11 @@
 package machine
 
 import (
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"log/slog"
 	"strings"
 	"sync/atomic"
-
-	"github.com/cockroachdb/pebble/v2"
 
 	"github.com/replicator/replicator/entry"
 	"github.com/replicator/replicator/hlc"
@@ -41,12 +38,6 @@ var (
 	// was refused.
 	ErrFirstRefused = errors.New("machine: the first attempt under the key was refused")
 )
-
-// keyApplied holds the last log index applied (8 bytes, big-endian).
-var keyApplied = []byte("m\x00machine.applied")
-
-// keyFormat holds the command encoding every node reads (1 byte; absent: 1).
-var keyFormat = []byte("m\x00machine.format")
 
 // Options configure a machine.
 type Options struct {
@@ -109,36 +100,25 @@ func Open(st *store.Store, opts Options) (*Machine, error) {
 // load reads the machine's state from the tree.
 func (m *Machine) load() error {
 	st := m.st
-	m.applied, m.logged = 0, false
-	v, closer, err := st.DB().Get(keyApplied)
-	switch {
-	case errors.Is(err, pebble.ErrNotFound):
-	case err != nil:
+	var err error
+	if m.applied, m.logged, err = st.MachineApplied(); err != nil {
 		return fmt.Errorf("machine: open: %w", err)
-	default:
-		if len(v) != 8 {
-			closer.Close()
-			return fmt.Errorf("machine: open: %w: applied index of %d bytes", store.ErrCorrupt, len(v))
-		}
-		m.applied = binary.BigEndian.Uint64(v)
-		m.logged = true
-		closer.Close()
 	}
 	a, err := st.LocalApplied()
 	if err != nil {
 		return fmt.Errorf("machine: open: %w", err)
 	}
 	m.stream, m.last, m.lastCommit = a.Stream, a.Index, a.Commit
-	m.format.Store(commandV1)
-	if v, closer, err := st.DB().Get(keyFormat); err == nil {
-		f := v
-		closer.Close()
-		if len(f) != 1 || f[0] < commandV2 || f[0] > ReadsFormat {
-			return fmt.Errorf("machine: open: %w: command format %v (this build reads up to %d)", store.ErrCorrupt, f, ReadsFormat)
-		}
-		m.format.Store(uint32(f[0]))
-	} else if !errors.Is(err, pebble.ErrNotFound) {
+	f, err := st.CommandFormat()
+	switch {
+	case err != nil:
 		return fmt.Errorf("machine: open: %w", err)
+	case f == 0:
+		m.format.Store(commandV1)
+	case f < commandV2 || f > ReadsFormat:
+		return fmt.Errorf("machine: open: %w: the log carries command encoding %d (this build reads up to %d)", store.ErrCorrupt, f, ReadsFormat)
+	default:
+		m.format.Store(uint32(f))
 	}
 	m.epoch.Store(0)
 	if !m.stream.IsZero() {
@@ -182,8 +162,8 @@ func (m *Machine) Epoch() uint32 { return m.epoch.Load() }
 // 1, and its commands must apply. The tree, the stream and its entries stay.
 // Not for use while commands are being applied.
 func (m *Machine) ForgetLog() error {
-	if err := m.st.DB().Set(keyApplied, binary.BigEndian.AppendUint64(nil, 0), pebble.Sync); err != nil {
-		return fmt.Errorf("machine: forget the log: %w", err)
+	if err := m.st.ForgetMachineLog(); err != nil {
+		return fmt.Errorf("machine: %w", err)
 	}
 	m.applied, m.logged = 0, true
 	return nil
@@ -286,7 +266,7 @@ func (m *Machine) ApplyCommand(index uint64, c *Command) (*Result, error) {
 		res, err = m.applyDeadLetter(b, c.DeadLetter)
 	case KindRemoveNode:
 		why := max(c.RemoveNode.Why, 1)
-		res, err = &Result{}, b.SetRaw(removedKey(c.RemoveNode.ID), []byte{why})
+		res, err = &Result{}, b.SetNodeRemoved(c.RemoveNode.ID, why)
 	case KindInbound:
 		var ir *InboundResult
 		if ir, err = m.applyInbound(b, c.Inbound); err == nil {
@@ -304,7 +284,7 @@ func (m *Machine) ApplyCommand(index uint64, c *Command) (*Result, error) {
 		v := c.Format.Version
 		res = &Result{}
 		if uint32(v) > m.format.Load() {
-			err = b.SetRaw(keyFormat, []byte{v})
+			err = b.SetCommandFormat(v)
 			next = func() { m.format.Store(uint32(v)) }
 		}
 	default:
@@ -313,7 +293,7 @@ func (m *Machine) ApplyCommand(index uint64, c *Command) (*Result, error) {
 	if err != nil {
 		return nil, fmt.Errorf("machine: apply %d (%s): %w", index, kind, err)
 	}
-	if err := b.SetRaw(keyApplied, binary.BigEndian.AppendUint64(nil, index)); err != nil {
+	if err := b.SetMachineApplied(index); err != nil {
 		return nil, fmt.Errorf("machine: apply %d: %w", index, err)
 	}
 	// The log is the redo log and is already synced: Pebble's own WAL need
@@ -548,8 +528,7 @@ func (m *Machine) applyCollect(b *store.Batch, c *CollectCmd) (*Result, error) {
 		if prev, err := m.CollectedBelow(); err != nil {
 			return nil, err
 		} else if prev.Less(c.Cutoff) {
-			cut := c.Cutoff.Encode()
-			if err := b.SetRaw(collectedKey, cut[:]); err != nil {
+			if err := b.SetCollectedBelow(c.Cutoff); err != nil {
 				return nil, err
 			}
 		}
@@ -583,24 +562,10 @@ func (m *Machine) applyDeadLetter(b *store.Batch, c *DeadLetterCmd) (*Result, er
 	return &Result{Found: true}, b.DeleteDeadLetter(d)
 }
 
-// collectedKey holds the newest cutoff below which tombstones were
-// collected.
-var collectedKey = []byte("m\x00machine.collected")
-
 // CollectedBelow is the newest cutoff below which tombstones were collected
 // here (zero: none ever was): a key of which nothing is kept was never
 // written, or deleted by a delete stamped below it.
-func (m *Machine) CollectedBelow() (hlc.Timestamp, error) {
-	v, closer, err := m.st.DB().Get(collectedKey)
-	if errors.Is(err, pebble.ErrNotFound) {
-		return hlc.Timestamp{}, nil
-	}
-	if err != nil {
-		return hlc.Timestamp{}, err
-	}
-	defer closer.Close()
-	return hlc.Decode(v)
-}
+func (m *Machine) CollectedBelow() (hlc.Timestamp, error) { return m.st.CollectedBelow() }
 
 // Replays reports whether a keyed write would be answered from its record
 // (one exists, unexpired at now, for this fingerprint, and its write is
@@ -612,10 +577,6 @@ func (m *Machine) Replays(key string, fingerprint []byte, now int64, e *entry.En
 	d, _, err := ov.LookupKey(key, fingerprint, now, e)
 	return err == nil && d == KeyReplay
 }
-
-// removedKey records a node ID removed from the cluster, or one
-// incarnation of it ("node.inc").
-func removedKey(id string) []byte { return append([]byte("m\x00machine.removed/"), id...) }
 
 // RemovalKey is what a KindRemoveNode command names for one incarnation of
 // a node ("node." for a node known before incarnations).
@@ -633,19 +594,14 @@ func (m *Machine) Removed(id string) (byte, error) {
 		keys = append(keys, id)
 	}
 	for _, k := range keys {
-		v, closer, err := m.st.DB().Get(removedKey(k))
-		if errors.Is(err, pebble.ErrNotFound) {
-			continue
-		}
+		why, removed, err := m.st.NodeRemoved(k)
 		if err != nil {
 			return 0, err
 		}
-		why := byte(1)
-		if len(v) == 1 && v[0] > 0 {
-			why = v[0]
+		if !removed {
+			continue
 		}
-		closer.Close()
-		return why, nil
+		return max(why, 1), nil
 	}
 	return 0, nil
 }

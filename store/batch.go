@@ -181,12 +181,6 @@ func (b *Batch) Reserve(n int) {
 	}
 }
 
-// SetRaw writes a key of another package's key space in this batch.
-func (b *Batch) SetRaw(key, value []byte) error { return b.pb.Set(key, value, nil) }
-
-// DeleteRaw deletes a key of another package's key space in this batch.
-func (b *Batch) DeleteRaw(key []byte) error { return b.pb.Delete(key, nil) }
-
 // Commit writes the batch atomically. sync asks Pebble to fsync its own WAL;
 // the node's local write path passes false because the outbound WAL, already
 // fsynced, is the redo log; the acceptor passes true because nothing else

@@ -32,14 +32,13 @@ import (
 //	m\x00hlc                      clock high-water mark: hlc(12) (meta.go)
 //	m\x00maxstamp                 highest stamp ever merged: hlc(12) | origin (meta.go)
 //	m\x00ctrepoch                 counter epoch: stream(16) | epoch(4) (counter.go)
-//	m\x00machine.applied          machine's: last log index applied: index(8)
-//	m\x00machine.collected        machine's: cutoff below which tombstones were collected: hlc(12)
-//	m\x00machine.removed/<id>     machine's: a node ID or incarnation removed from the cluster: why(1)
+//	m\x00machine.applied          the state machine's last log index applied: index(8) (machine.go)
+//	m\x00machine.format           the command encoding the log carries: version(1) (machine.go)
+//	m\x00machine.collected        cutoff below which tombstones were collected: hlc(12) (machine.go)
+//	m\x00machine.removed/<id>     a node ID or incarnation removed from the cluster: why(1) (machine.go)
 //
-// The machine.* keys are package machine's (machine/machine.go): it declares
-// them itself, writes them through Batch.SetRaw and reads them through
-// Store.DB. They are listed here so that this table names every key of the
-// tree: a new key, of any package, belongs in it.
+// No other package writes a key of the tree: each record has its reader and
+// writer here, and a new key belongs in this table.
 const (
 	prefixData      = 'd'
 	prefixTombstone = 't'
@@ -52,7 +51,15 @@ var (
 	keyHLC          = []byte("m\x00hlc")
 	keyMaxStamp     = []byte("m\x00maxstamp")
 	keyCtrEpoch     = []byte("m\x00ctrepoch")
+
+	keyMachineApplied = []byte("m\x00machine.applied")
+	keyCommandFormat  = []byte("m\x00machine.format")
+	keyCollectedBelow = []byte("m\x00machine.collected")
 )
+
+// removedNodeKey records a node ID removed from the cluster, or one
+// incarnation of it ("node.inc").
+func removedNodeKey(id string) []byte { return append([]byte("m\x00machine.removed/"), id...) }
 
 // The other key spaces, laid out as the table above says.
 const (

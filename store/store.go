@@ -139,10 +139,6 @@ func (s *Store) Close() error {
 	return nil
 }
 
-// DB exposes the Pebble handle to packages that keep their own key spaces in
-// the same tree (cursors, high-water marks).
-func (s *Store) DB() *pebble.DB { return s.db }
-
 // Get returns the record stored at key, tombstones included (check
 // Record.Tombstone). ErrNotFound means nothing at all is stored.
 func (s *Store) Get(key string) (Record, error) {
