@@ -108,20 +108,11 @@ func DecodeCounter(b []byte) (Counter, error) {
 	bad := func(what string) (Counter, error) {
 		return Counter{}, fmt.Errorf("%w: counter record: %s", ErrCorrupt, what)
 	}
-	if len(b) < 1+hlc.EncodedLen+1 || b[0] != counterVersion {
-		return bad("header")
+	st, b, what := decodeStampHead(b, counterVersion, 2)
+	if what != "" {
+		return bad(what)
 	}
-	ts, err := hlc.Decode(b[1 : 1+hlc.EncodedLen])
-	if err != nil {
-		return bad(err.Error())
-	}
-	b = b[1+hlc.EncodedLen:]
-	n := int(b[0])
-	if n == 0 || n > maxOriginLen || len(b) < 1+n+2 {
-		return bad("origin")
-	}
-	c.Stamp = entry.Stamp{HLC: ts, Origin: string(b[1 : 1+n])}
-	b = b[1+n:]
+	c.Stamp = st
 	count := int(binary.BigEndian.Uint16(b))
 	b = b[2:]
 	prev := ""
@@ -250,3 +241,23 @@ func (s *Store) checkCounters() error {
 // HasCounters reports whether the tree may hold a counter; false means it
 // certainly holds none, so plain writes skip the check.
 func (s *Store) HasCounters() bool { return s.hasCounters.Load() }
+
+// decodeStampHead reads the head a counter and an idempotency record start
+// with, version(1) | hlc(12) | len(origin)(1) | origin, and checks that at
+// least more bytes follow it. It returns the stamp and the rest, or what is
+// wrong.
+func decodeStampHead(b []byte, version byte, more int) (st entry.Stamp, rest []byte, what string) {
+	if len(b) < 1+hlc.EncodedLen+1 || b[0] != version {
+		return st, nil, "header"
+	}
+	ts, err := hlc.Decode(b[1 : 1+hlc.EncodedLen])
+	if err != nil {
+		return st, nil, err.Error()
+	}
+	b = b[1+hlc.EncodedLen:]
+	n := int(b[0])
+	if n == 0 || n > maxOriginLen || len(b) < 1+n+more {
+		return st, nil, "origin"
+	}
+	return entry.Stamp{HLC: ts, Origin: string(b[1 : 1+n])}, b[1+n:], ""
+}

@@ -9,7 +9,6 @@ import (
 	"github.com/cockroachdb/pebble/v2"
 
 	"github.com/replicator/replicator/entry"
-	"github.com/replicator/replicator/hlc"
 )
 
 // Idempotency records live in key space i, with an expiry index in x
@@ -51,20 +50,11 @@ func DecodeIdem(key string, b []byte) (IdemRecord, error) {
 	bad := func(what string) (IdemRecord, error) {
 		return IdemRecord{}, fmt.Errorf("%w: idempotency record %q: %s", ErrCorrupt, key, what)
 	}
-	if len(b) < 1+hlc.EncodedLen+1 || b[0] != idemVersion {
-		return bad("header")
+	st, b, what := decodeStampHead(b, idemVersion, 8+2+1)
+	if what != "" {
+		return bad(what)
 	}
-	ts, err := hlc.Decode(b[1 : 1+hlc.EncodedLen])
-	if err != nil {
-		return bad(err.Error())
-	}
-	b = b[1+hlc.EncodedLen:]
-	n := int(b[0])
-	if n == 0 || n > maxOriginLen || len(b) < 1+n+8+2+1 {
-		return bad("origin")
-	}
-	r.Stamp = entry.Stamp{HLC: ts, Origin: string(b[1 : 1+n])}
-	b = b[1+n:]
+	r.Stamp = st
 	r.Expires = int64(binary.BigEndian.Uint64(b))
 	r.Status = int(binary.BigEndian.Uint16(b[8:]))
 	fl := int(b[10])

@@ -264,27 +264,12 @@ func (s *Store) ReseedRequests() (map[string]byte, error) { return peerRecords(s
 
 // SetReseedRequestIn stores a peer's R flags in the batch (0 deletes).
 func (b *Batch) SetReseedRequestIn(peer string, flags byte) error {
-	k := reseedReqKey(peer)
-	if flags == 0 {
-		return b.pb.Delete(k, nil)
-	}
-	return b.pb.Set(k, []byte{flags}, nil)
+	return b.setPeerRecord(reseedReqKey(peer), flags)
 }
 
 // ReseedRequest reads one peer's R flags (0 when none) as the batch sees it.
 func (b *Batch) ReseedRequest(peer string) (byte, error) {
-	v, closer, err := b.s.db.Get(reseedReqKey(peer))
-	if errors.Is(err, pebble.ErrNotFound) {
-		return 0, nil
-	}
-	if err != nil {
-		return 0, err
-	}
-	defer closer.Close()
-	if len(v) != 1 {
-		return 0, fmt.Errorf("%w: re-seed request of %s", ErrCorrupt, peer)
-	}
-	return v[0], nil
+	return b.peerRecord(reseedReqKey(peer), "re-seed request of "+peer)
 }
 
 // Rejoin lists this node's rejoin phases (peer -> phase).
@@ -292,17 +277,26 @@ func (s *Store) Rejoin() (map[string]byte, error) { return peerRecords(s.db, pre
 
 // SetRejoinIn stores the rejoin phase with a peer in the batch (0 deletes).
 func (b *Batch) SetRejoinIn(peer string, phase byte) error {
-	k := rejoinKey(peer)
-	if phase == 0 {
-		return b.pb.Delete(k, nil)
-	}
-	return b.pb.Set(k, []byte{phase}, nil)
+	return b.setPeerRecord(rejoinKey(peer), phase)
 }
 
 // RejoinPhase reads the rejoin phase with one peer (0 when none) as the
 // batch sees it.
 func (b *Batch) RejoinPhase(peer string) (byte, error) {
-	v, closer, err := b.s.db.Get(rejoinKey(peer))
+	return b.peerRecord(rejoinKey(peer), "rejoin phase of "+peer)
+}
+
+// setPeerRecord stores a one-byte peer record (0 deletes it).
+func (b *Batch) setPeerRecord(k []byte, v byte) error {
+	if v == 0 {
+		return b.pb.Delete(k, nil)
+	}
+	return b.pb.Set(k, []byte{v}, nil)
+}
+
+// peerRecord reads a one-byte peer record (0 when none).
+func (b *Batch) peerRecord(k []byte, what string) (byte, error) {
+	v, closer, err := b.s.db.Get(k)
 	if errors.Is(err, pebble.ErrNotFound) {
 		return 0, nil
 	}
@@ -311,7 +305,7 @@ func (b *Batch) RejoinPhase(peer string) (byte, error) {
 	}
 	defer closer.Close()
 	if len(v) != 1 {
-		return 0, fmt.Errorf("%w: rejoin phase of %s", ErrCorrupt, peer)
+		return 0, fmt.Errorf("%w: %s", ErrCorrupt, what)
 	}
 	return v[0], nil
 }

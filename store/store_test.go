@@ -719,3 +719,24 @@ func TestReplaceFromCheckpoint(t *testing.T) {
 		t.Fatalf("max stamp %v (want %v), ranges %v", dst.maxStamp, src.maxStamp, dst.ranges)
 	}
 }
+
+func FuzzDecodeIdem(f *testing.F) {
+	f.Add(appendIdem(nil, &IdemRecord{Key: "k", Fingerprint: []byte("fp"), Status: 200, Body: []byte(`{"ok":1}`),
+		Stamp: st(5, 1, "a"), Expires: 99}))
+	f.Add(appendIdem(nil, &IdemRecord{Key: "k", Stamp: st(1, 0, "b")}))
+	f.Add([]byte{1})
+	f.Fuzz(func(t *testing.T, b []byte) {
+		r, err := DecodeIdem("k", b)
+		if err != nil {
+			if !errors.Is(err, ErrCorrupt) {
+				t.Fatalf("error outside the corrupt class: %v", err)
+			}
+			return
+		}
+		again, err := DecodeIdem("k", appendIdem(nil, &r))
+		if err != nil || again.Stamp != r.Stamp || again.Expires != r.Expires || again.Status != r.Status ||
+			!bytes.Equal(again.Fingerprint, r.Fingerprint) || !bytes.Equal(again.Body, r.Body) {
+			t.Fatalf("re-encoding changed the record: %+v -> %+v (%v)", r, again, err)
+		}
+	})
+}

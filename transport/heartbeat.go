@@ -51,13 +51,9 @@ func (s *Shipper) heartbeat(ctx context.Context) error {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if stream != s.log.Stream() {
-		return nil // replaced since answered checked: Rebase owns the cursor
+	if !s.takeAckLocked(ack, stream, sent) {
+		return nil
 	}
-	if s.mu.conflict != "" {
-		return nil // the link stopped on an earlier answer of this window
-	}
-	s.ackedLocked(ack, sent)
 	if phase == wire.RejoinRequesting && ack.ReseedRecorded {
 		s.opts.Logger.Debug("peer holds the request for a re-seed", "peer", s.peer.Name)
 	}

@@ -352,13 +352,9 @@ func (s *Shipper) settle(f *flight, ack wire.Ack, err error) error {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if stream != s.log.Stream() {
-		return nil // replaced since answered checked: Rebase owns the cursor
+	if !s.takeAckLocked(ack, stream, sent) {
+		return nil
 	}
-	if s.mu.conflict != "" {
-		return nil // the link stopped on an earlier answer of this window
-	}
-	s.ackedLocked(ack, sent)
 	rtt := time.Duration(s.opts.Now() - sent)
 	if s.opts.ObserveShip != nil {
 		s.opts.ObserveShip(s.peer.Name, rtt, f.n)
@@ -396,4 +392,16 @@ func (s *Shipper) stub(payload []byte, stream entry.StreamID) ([]byte, error) {
 	s.opts.Logger.Warn("entry too large for the peer: sent as a stub it will set aside as a dead letter",
 		"peer", s.peer.Name, "index", e.Index, "bytes", len(payload), "key", e.Key)
 	return c.AppendEntry(nil, &st, defs), nil
+}
+
+// takeAckLocked moves the cursor on the peer's answer to a post of stream
+// sent at sent, unless the link was replaced since answered checked it
+// (Rebase owns the cursor then) or stopped on an earlier answer of the
+// window; it reports whether it did. REQUIRES: s.mu held.
+func (s *Shipper) takeAckLocked(ack wire.Ack, stream entry.StreamID, sent int64) bool {
+	if stream != s.log.Stream() || s.mu.conflict != "" {
+		return false
+	}
+	s.ackedLocked(ack, sent)
+	return true
 }
