@@ -98,7 +98,7 @@ func (n *Node) admitMember(description string) error {
 // after which proposals carry their IDs. Only the leader proposes it.
 func (n *Node) raiseFormat() {
 	want := n.readsFormat()
-	if n.machine.Format() >= want || !n.group.IsLeader() || (n.multi() && !n.lead.ready.Load()) {
+	if n.machine.Format() >= want || !n.group.IsLeader() || !n.lead.ready.Load() {
 		return
 	}
 	if n.multi() {
@@ -316,6 +316,9 @@ func (n *Node) openGroup() (created bool, err error) {
 		}
 		created = true
 	}
+	// A node alone's term is ready once its log is applied and its stream
+	// begun: from here it takes the path a leader of several takes.
+	n.lead.ready.Store(true)
 	n.raiseFormat()
 	return created, nil
 }

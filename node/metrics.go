@@ -172,7 +172,7 @@ func (n *Node) collect(ch chan<- prometheus.Metric) {
 	}
 	ch <- prometheus.MustNewConstMetric(descBuild, prometheus.GaugeValue, 1, n.opts.BuildVersion, runtime.Version())
 	leading := 0.0
-	if n.lead.ready.Load() || !n.multi() {
+	if n.lead.ready.Load() {
 		leading = 1
 	}
 	ch <- prometheus.MustNewConstMetric(descLeader, prometheus.GaugeValue, leading)

@@ -239,7 +239,7 @@ func Open(ctx context.Context, opts *Options) (*Node, error) {
 	// failed apply to it. It takes no proposal before Open returns.
 	n.com = newCommitter(commitEnv{
 		maxGroup: o.MaxGroupEntries, idemWindow: o.IdempotencyWindow, clock: n.clock, logger: o.Logger,
-		leading:   func() bool { return !n.multi() || n.lead.ready.Load() },
+		leading:   n.lead.ready.Load,
 		notLeader: n.notLeader,
 		replays:   func(key string, fp []byte, now int64, e *entry.Entry) bool { return n.machine.Replays(key, fp, now, e) },
 		checkPin:  n.checkPin,
@@ -542,7 +542,7 @@ func (n *Node) Close() error {
 			errs = append(errs, errors.New("node: http handlers still running after 30s"))
 		}
 	}
-	if n.multi() && n.lead.ready.Load() && len(n.group.Status().Servers) > 1 {
+	if n.lead.ready.Load() && len(n.group.Status().Servers) > 1 {
 		// Another node leads before this one goes: the cluster does not
 		// wait an election timeout for it (a rolling restart).
 		if err := n.group.TransferLeadership(); err != nil {
@@ -581,7 +581,7 @@ func (n *Node) every(d time.Duration, f func()) {
 // collectExpired removes tombstones and idempotency records past retention,
 // through the cluster's log (the leader decides; every node drops the same).
 func (n *Node) collectExpired() {
-	if n.multi() && !n.lead.ready.Load() {
+	if !n.lead.ready.Load() {
 		return // the leader collects
 	}
 	if _, err := n.CollectTombstones(); err != nil {

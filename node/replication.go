@@ -229,7 +229,7 @@ func (n *Node) TruncateWAL() error {
 	if errp := n.com.failed.Load(); errp != nil || n.closing.Load() {
 		return nil
 	}
-	if n.multi() && !n.lead.ready.Load() {
+	if !n.lead.ready.Load() {
 		return nil // the leader's links know what the peers hold
 	}
 	// The command names the stream read here: if a new stream began
@@ -355,7 +355,7 @@ func (n *Node) oldestCommitWall(index uint64) (int64, bool) {
 
 // PeerStatus reports every link.
 func (n *Node) PeerStatus() []client.LinkStatus {
-	if n.multi() && !n.lead.ready.Load() {
+	if !n.lead.ready.Load() {
 		return n.followerLinks()
 	}
 	th := transport.Thresholds{Lagging: n.opts.LinkLagging, Stalled: n.opts.LinkStalled}

@@ -355,7 +355,7 @@ func (n *Node) notLeader() error {
 // twice the election timeout): a write that reaches a node elected a
 // moment ago is stamped once the log is applied, not refused.
 func (n *Node) awaitTerm(ctx context.Context) error {
-	if !n.multi() || n.lead.ready.Load() {
+	if n.lead.ready.Load() {
 		return nil
 	}
 	deadline := time.Now().Add(2 * n.opts.Raft.ElectionTimeout)
