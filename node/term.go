@@ -51,7 +51,14 @@ type leadState struct {
 	sawOther bool
 }
 
-// multi reports a node of a cluster of several.
+// multi reports a node of a cluster of several. A node alone takes the
+// same path (a raft group of one, the same committer, machine and FSM; its
+// term is ready once Open returns); what multi() still forks is only what
+// has no meaning without other nodes: a raft port and its requests
+// (forwarding to a leader, asking members, admitting and removing them),
+// terms that begin and end while the process runs (a leadership loop,
+// follower views of the links), snapshots that carry a tree for a follower,
+// and the starts a voter must refuse instead of beginning a new stream.
 func (n *Node) multi() bool { return n.opts.Raft != nil }
 
 // leadLoop follows this node's leadership until stop: it begins a term
