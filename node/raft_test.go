@@ -496,9 +496,23 @@ func TestRemovedNodeStaysOut(t *testing.T) {
 	if err := c.nodes[other].RemoveNode(victim); err == nil {
 		t.Fatal("a removal at a follower was made (the HTTP API forwards it; the Go API refuses)")
 	}
-	// other down: removing victim would leave the leader and a dead node
+	// other down: removing victim would leave the leader and a dead node.
+	// The leader judges liveness by gossip: the removal is tried once
+	// gossip says other is gone (before, it would rightly be taken, and
+	// the test would remove a live voter with the third one down).
 	c.stop(other)
 	deadline := time.Now().Add(10 * time.Second)
+	for gone := false; !gone; time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the leader's gossip still sees %s alive", other)
+		}
+		gone = true
+		for _, sv := range c.nodes[leader].group.Status().Servers {
+			if sv.ID == other && sv.Alive {
+				gone = false
+			}
+		}
+	}
 	var err error
 	for time.Now().Before(deadline) {
 		if err = c.nodes[leader].RemoveNode(victim); errors.Is(err, cluster.ErrQuorum) {
