@@ -314,11 +314,6 @@ func TestLostAcksThroughProxy(t *testing.T) {
 	px := m.proxies["a->b"]
 	px.setLoseAck(0.3)
 	px.setDup(0.1)
-	// Batches of at most 50 entries: the 2,000 writes cross in 40 or more
-	// batches, whichever pace the writers keep, so the faults meet batches
-	// (not only proofs and heartbeats) and the check below cannot pass or
-	// fail by luck of one large batch.
-	m.nodes["a"].args = append(m.nodes["a"].args, "--batch-max-entries", "50")
 	m.start()
 	writes := workload(t, m, s, 2000, 200, true)
 	px.setLoseAck(0)
