@@ -199,7 +199,10 @@ func TestSystemdUnit(t *testing.T) {
 	}
 	dir := t.TempDir()
 	bin := filepath.Join(dir, "replicator")
-	build := exec.Command("go", "build", "-o", bin, "../cmd/replicator")
+	// Built in the product's module (the repository root): deploy/ is a
+	// module of its own, whose go.sum lists only what its tests import.
+	build := exec.Command("go", "build", "-o", bin, "./cmd/replicator")
+	build.Dir = ".."
 	build.Env = append(os.Environ(), "CGO_ENABLED=0") // as the image builds it: one compile for both tests
 	if out, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("build: %v\n%s", err, out)

@@ -40,7 +40,8 @@ func TestDockerfile(t *testing.T) {
 	if err := exec.Command("docker", "info").Run(); err != nil {
 		// No engine (a docker client only): the checks above and a static
 		// build of the same binary stand in.
-		build := exec.Command("go", "build", "-o", os.DevNull, "../cmd/replicator")
+		build := exec.Command("go", "build", "-o", os.DevNull, "./cmd/replicator")
+		build.Dir = ".." // the product's module: deploy/ is a module of its own
 		build.Env = append(os.Environ(), "CGO_ENABLED=0")
 		out, berr := build.CombinedOutput()
 		if berr != nil {
