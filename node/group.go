@@ -54,6 +54,12 @@ func (p *proposed) remove(c *machine.Command) {
 }
 
 func (p *proposed) get(data []byte) *machine.Command {
+	p.mu.Lock()
+	none := len(p.m) == 0
+	p.mu.Unlock()
+	if none {
+		return nil // a follower, or a replay: nothing of this node's in flight, no ID to read
+	}
 	id, ok := machine.PeekID(data)
 	if !ok {
 		return nil
