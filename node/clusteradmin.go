@@ -14,63 +14,12 @@ import (
 	"github.com/hashicorp/raft"
 
 	"github.com/replicator/replicator/cluster"
-	"github.com/replicator/replicator/internal/raftconn"
 	"github.com/replicator/replicator/machine"
 	"github.com/replicator/replicator/origin"
 )
 
-// ClusterReport is GET /admin/cluster: the nodes of this node's cluster,
-// who leads, and how far each has applied the log.
-type ClusterReport struct {
-	Cluster string `json:"cluster"`
-	// Node answered; Mode is "single" (a node alone: a group of one) or
-	// "raft" (one of several nodes).
-	Node    string        `json:"node"`
-	Mode    string        `json:"mode"`
-	State   string        `json:"state"`
-	Leader  string        `json:"leader"`
-	Term    uint64        `json:"term"`
-	Commit  uint64        `json:"commit_index"`
-	Applied uint64        `json:"applied_index"`
-	Last    uint64        `json:"last_log_index"`
-	Stream  string        `json:"stream"`
-	Nodes   []ClusterNode `json:"nodes"`
-	// Incarnation is the answering node's data directory's (its raft
-	// identity is its node ID and this).
-	Incarnation string `json:"incarnation,omitempty"`
-	// RefusedBy: another node refused this one lately (it was removed,
-	// replaced by a newer incarnation, or lost in a recovery), and why.
-	RefusedBy *raftconn.Refusal `json:"refused_by,omitempty"`
-}
-
-// ClusterNode is one node of the cluster's configuration (or one gossip
-// sees that is not in it yet).
-type ClusterNode struct {
-	ID string `json:"id"`
-	// Incarnation is its data directory's: a node ID shows twice while a
-	// new incarnation (a wiped or restored directory) replaces the old.
-	Incarnation string `json:"incarnation,omitempty"`
-	Raft        string `json:"raft"`
-	API         string `json:"api,omitempty"`
-	Voter       bool   `json:"voter"`
-	Leader      bool   `json:"leader"`
-	// Gossip is what memberlist says of it (alive, suspect, dead, left;
-	// "self" for the node that answered).
-	Gossip string `json:"gossip,omitempty"`
-	// State, Applied and Term are the node's own answer (State
-	// "unreachable" when it gave none; "removed" or "not a member" for a
-	// node gossip sees that the configuration does not hold, with Error
-	// saying why); Lag is how many log entries it has yet to apply of what
-	// the cluster committed.
-	State   string `json:"state"`
-	Term    uint64 `json:"term,omitempty"`
-	Applied uint64 `json:"applied_index"`
-	Lag     uint64 `json:"lag"`
-	Error   string `json:"error,omitempty"`
-}
-
 // localCluster is this node's own part of the report.
-func (n *Node) localCluster() ClusterReport {
+func (n *Node) LocalCluster() ClusterReport {
 	st := n.group.Status()
 	r := ClusterReport{Cluster: n.cluster, Node: n.nodeID, Mode: "single", State: strings.ToLower(st.State), Leader: st.Leader,
 		Term: st.Term, Commit: st.Commit, Applied: n.progress.get(), Last: st.Last, Stream: n.out.Stream().String()}
@@ -126,7 +75,7 @@ func (n *Node) localCluster() ClusterReport {
 // credential goes anywhere, and a gossip member claiming a member's node ID
 // is never asked.
 func (n *Node) ClusterReport(ctx context.Context) ClusterReport {
-	r := n.localCluster()
+	r := n.LocalCluster()
 	var wg sync.WaitGroup
 	commits := make([]uint64, len(r.Nodes))
 	for i := range r.Nodes {
@@ -236,67 +185,5 @@ func (n *Node) RemoveNode(id string) error {
 	}
 	return n.group.RemoveWith(id, func() error {
 		return n.applyCommand(&machine.Command{RemoveNode: &machine.RemoveNodeCmd{ID: id}})
-	})
-}
-
-var errClusterAction = errors.New("node: not a cluster of several nodes")
-
-func (n *Node) registerCluster(mux *http.ServeMux) {
-	mux.HandleFunc("/admin/cluster", getOnly(func(w http.ResponseWriter, r *http.Request) {
-		if r.URL.Query().Get("local") != "" {
-			writeJSON(w, http.StatusOK, n.localCluster())
-			return
-		}
-		writeJSON(w, http.StatusOK, n.ClusterReport(r.Context()))
-	}))
-	mux.HandleFunc("/admin/cluster/{action}", func(w http.ResponseWriter, r *http.Request) {
-		if r.Method != http.MethodPost {
-			methodNotAllowed(w, r, "POST")
-			return
-		}
-		var req struct {
-			ID   string `json:"id"`
-			Raft string `json:"raft"`
-			// Force, on a join, is the operator's reason to add a node
-			// whose raft port does not say who it is.
-			Force string `json:"force"`
-		}
-		if err := json.NewDecoder(http.MaxBytesReader(w, r.Body, 4096)).Decode(&req); err != nil || req.ID == "" {
-			writeError(w, http.StatusBadRequest, apiError{Code: "bad_request", Message: `want {"id": "NODE", "raft": "HOST:PORT"} (raft: join only)`})
-			return
-		}
-		var err error
-		switch r.PathValue("action") {
-		case "join":
-			if req.Force != "" {
-				n.log.Warn("admin cluster join --force", "node", req.ID, "caller", n.callerOf(r))
-			}
-			err = n.JoinNode(req.ID, req.Raft, req.Force)
-		case "remove":
-			err = n.RemoveNode(req.ID)
-		default:
-			writeError(w, http.StatusNotFound, apiError{Code: "not_found", Message: "actions: join, remove"})
-			return
-		}
-		var nl *cluster.NotLeaderError
-		switch {
-		case err == nil:
-			n.log.Info("cluster membership changed by the operator", "action", r.PathValue("action"), "node", req.ID, "caller", n.callerOf(r))
-			writeJSON(w, http.StatusOK, n.localCluster())
-		case errors.Is(err, cluster.ErrQuorum):
-			writeError(w, http.StatusConflict, apiError{Code: "quorum", Message: err.Error()})
-		case errors.Is(err, cluster.ErrRemoved):
-			writeError(w, http.StatusConflict, apiError{Code: "removed", Message: err.Error()})
-		case errors.Is(err, cluster.ErrUnknownNode):
-			writeError(w, http.StatusNotFound, apiError{Code: "not_found", Message: err.Error()})
-		case errors.Is(err, errBadRequest):
-			writeErr(w, err)
-		case errors.Is(err, errClusterAction):
-			writeError(w, http.StatusConflict, apiError{Code: "single_node", Message: err.Error()})
-		case errors.As(err, &nl):
-			writeErr(w, fmt.Errorf("%w: %w", ErrNotWritten, err))
-		default:
-			writeErr(w, fmt.Errorf("%w: %w", ErrUnknownOutcome, err))
-		}
 	})
 }

@@ -16,6 +16,7 @@ import (
 	"github.com/replicator/replicator/entry"
 	"github.com/replicator/replicator/hlc"
 	"github.com/replicator/replicator/machine"
+	"github.com/replicator/replicator/node/api"
 	"github.com/replicator/replicator/store"
 	"github.com/replicator/replicator/wal"
 )
@@ -36,24 +37,6 @@ import (
 //   - after Pebble, before the answer: the write is durable, the caller saw
 //     a failed call, which is an unknown outcome by contract.
 
-var (
-	// ErrClosed is returned for writes after shutdown began.
-	ErrClosed = errors.New("node: shutting down")
-	// ErrUnknownOutcome wraps failures after which a write may or may not
-	// have taken effect: the caller must look or retry under the same
-	// idempotency key, never assume.
-	ErrUnknownOutcome = errors.New("node: outcome unknown")
-	// ErrNotWritten wraps failures after which the write certainly did not
-	// take effect.
-	ErrNotWritten = errors.New("node: not written")
-	// ErrIdempotencyConflict refuses a request whose Idempotency-Key was
-	// already used by a different request.
-	ErrIdempotencyConflict = machine.ErrIdempotencyConflict
-	// ErrPinOutOfWindow refuses a write whose pinned stamp is older than the
-	// pin window or further ahead than the max clock offset.
-	ErrPinOutOfWindow = errors.New("node: pinned stamp outside the pin window")
-)
-
 const (
 	stateQueued int32 = iota
 	stateTaken
@@ -66,7 +49,7 @@ type proposal struct {
 	// means the commit HLC.
 	pin hlc.Timestamp
 	// idem is the keyed request this write answers, if any.
-	idem *idemRequest
+	idem *api.Keyed
 	// cond is a precondition decided in commit order (If-Match,
 	// If-None-Match).
 	cond *Condition
@@ -83,16 +66,6 @@ type proposal struct {
 	// replay is set when the answer is a recorded one: nothing was written.
 	replay *store.IdemRecord
 	err    error
-}
-
-// idemRequest is a request carrying an Idempotency-Key.
-type idemRequest struct {
-	key         string
-	fingerprint []byte
-	// answer is the shape of the recorded answer, opID a batch's
-	// operation ID (machine.Answer).
-	answer machine.AnswerKind
-	opID   string
 }
 
 type committer struct {
@@ -320,7 +293,7 @@ func (c *committer) commit(pending []*proposal) int {
 			// replays it) before its pin is checked: the first attempt
 			// applied, perhaps at a leader whose clock was ahead of this
 			// one's, and a refusal now would be a lie.
-			replay := p.idem != nil && env.replays(p.idem.key, p.idem.fingerprint, mp.Entry.Commit.Wall, &mp.Entry)
+			replay := p.idem != nil && env.replays(p.idem.Key, p.idem.Fingerprint, mp.Entry.Commit.Wall, &mp.Entry)
 			if !replay {
 				if err := env.checkPin(p.pin, mp.Entry.Commit); err != nil {
 					p.err = err
@@ -335,8 +308,8 @@ func (c *committer) commit(pending []*proposal) int {
 			mp.Entry.Stamp = p.pin
 		}
 		if p.idem != nil {
-			mp.Keyed = &machine.Keyed{Key: p.idem.key, Fingerprint: p.idem.fingerprint, Answer: p.idem.answer,
-				OpID: p.idem.opID, Expires: mp.Entry.Commit.Wall + int64(env.idemWindow)}
+			mp.Keyed = &machine.Keyed{Key: p.idem.Key, Fingerprint: p.idem.Fingerprint, Answer: p.idem.Answer,
+				OpID: p.idem.OpID, Expires: mp.Entry.Commit.Wall + int64(env.idemWindow)}
 		}
 		cmd.Local = append(cmd.Local, mp)
 		sent = append(sent, p)

@@ -1,9 +1,7 @@
 package node
 
 import (
-	"errors"
 	"fmt"
-	"net/http"
 	"time"
 
 	"github.com/replicator/replicator/entry"
@@ -11,18 +9,6 @@ import (
 	"github.com/replicator/replicator/store"
 	"github.com/replicator/replicator/wire"
 )
-
-// DeadLetterReport is one entry of GET /admin/deadletters.
-type DeadLetterReport struct {
-	ID     string    `json:"id"`
-	Origin string    `json:"origin"`
-	Stream string    `json:"stream"`
-	Index  uint64    `json:"index"`
-	At     time.Time `json:"at"`
-	Reason string    `json:"reason"`
-	Op     string    `json:"op"`
-	Key    string    `json:"key,omitempty"`
-}
 
 // DeadLetters lists the entries peers sent that this node set aside because
 // they broke its own limits (a larger value than it accepts, say).
@@ -83,38 +69,4 @@ func (n *Node) decideDeadLetter(id string, action byte, msg string) error {
 	}
 	n.log.Warn(msg, "id", id)
 	return nil
-}
-
-func (n *Node) registerDeadLetters(mux *http.ServeMux) {
-	mux.HandleFunc("/admin/deadletters", getOnly(func(w http.ResponseWriter, r *http.Request) {
-		dl, err := n.DeadLetters()
-		if err != nil {
-			writeErr(w, err)
-			return
-		}
-		writeJSON(w, http.StatusOK, map[string]any{"dead_letters": dl})
-	}))
-	mux.HandleFunc("/admin/deadletters/{id}/{action}", func(w http.ResponseWriter, r *http.Request) {
-		if r.Method != http.MethodPost {
-			methodNotAllowed(w, r, "POST")
-			return
-		}
-		var err error
-		switch r.PathValue("action") {
-		case "replay":
-			err = n.ReplayDeadLetter(r.PathValue("id"))
-		case "discard":
-			err = n.DiscardDeadLetter(r.PathValue("id"))
-		default:
-			err = fmt.Errorf("%w: actions: replay, discard", ErrNotFound)
-		}
-		if err != nil {
-			if !errors.Is(err, ErrNotFound) {
-				err = fmt.Errorf("%w: %w", errBadRequest, err)
-			}
-			writeErr(w, err)
-			return
-		}
-		writeJSON(w, http.StatusOK, map[string]string{"status": "done"})
-	})
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/hashicorp/raft"
 
 	"github.com/replicator/replicator/cluster"
+	"github.com/replicator/replicator/node/httpapi"
 	"github.com/replicator/replicator/wire"
 )
 
@@ -36,7 +37,7 @@ const (
 
 // needsLeader reports a request only the leader answers.
 func needsLeader(r *http.Request) bool {
-	if r.URL.Path == pathReplicate || r.URL.Path == wire.PathProve {
+	if r.URL.Path == wire.PathReplicate || r.URL.Path == wire.PathProve {
 		return false // the acceptor redirects the sender itself; any node proves
 	}
 	if r.Method == http.MethodGet || r.Method == http.MethodHead || r.Method == http.MethodOptions {
@@ -76,7 +77,7 @@ func (n *Node) route(h http.Handler) http.Handler {
 func (n *Node) answerAsLeader(h http.Handler, w http.ResponseWriter, r *http.Request) {
 	if consistent(r) {
 		if err := n.consistentRead(r.Context()); err != nil {
-			writeErr(w, err)
+			httpapi.WriteErr(w, err)
 			return
 		}
 	}
@@ -186,7 +187,7 @@ func (n *Node) forward(h http.Handler, w http.ResponseWriter, r *http.Request) {
 	for attempt := 0; attempt < 2; attempt++ {
 		id, err := n.leaderServer(r.Context())
 		if err != nil {
-			writeErr(w, fmt.Errorf("%w: %w", ErrNotWritten, err))
+			httpapi.WriteErr(w, fmt.Errorf("%w: %w", ErrNotWritten, err))
 			return
 		}
 		if id == n.group.ID() {
@@ -195,7 +196,7 @@ func (n *Node) forward(h http.Handler, w http.ResponseWriter, r *http.Request) {
 		}
 		out, err := n.outRequest(r, serviceURL(id, r.URL.RequestURI()), body)
 		if err != nil {
-			writeErr(w, fmt.Errorf("%w: %w", ErrNotWritten, err))
+			httpapi.WriteErr(w, fmt.Errorf("%w: %w", ErrNotWritten, err))
 			return
 		}
 		// The caller's credentials stay here: the raft port's
@@ -216,13 +217,13 @@ func (n *Node) forward(h http.Handler, w http.ResponseWriter, r *http.Request) {
 				continue
 			}
 			n.metrics.forwards.WithLabelValues("unknown_outcome").Inc()
-			writeErr(w, fmt.Errorf("%w: forwarded to the leader %s, no answer: %w", ErrUnknownOutcome, id, err))
+			httpapi.WriteErr(w, fmt.Errorf("%w: forwarded to the leader %s, no answer: %w", ErrUnknownOutcome, id, err))
 			return
 		}
 		n.relay(w, r, resp, string(id))
 		return
 	}
-	writeErr(w, fmt.Errorf("%w: the leader could not be reached: %w", ErrNotWritten, last))
+	httpapi.WriteErr(w, fmt.Errorf("%w: the leader could not be reached: %w", ErrNotWritten, last))
 }
 
 // outRequest is r as forwarded to url: its body (unless none), its headers
@@ -249,13 +250,13 @@ func (n *Node) forwardLegacy(h http.Handler, w http.ResponseWriter, r *http.Requ
 	node, inc := cluster.SplitServerID(id)
 	m, ok := n.member(node)
 	if !ok || m.Meta.API == "" || (inc != "" && m.Meta.Inc != inc) {
-		writeErr(w, fmt.Errorf("%w: the leader %s runs an older build, and gossip does not know its API URL", ErrNotWritten, id))
+		httpapi.WriteErr(w, fmt.Errorf("%w: the leader %s runs an older build, and gossip does not know its API URL", ErrNotWritten, id))
 		return
 	}
 	api := m.Meta.API
 	out, err := n.outRequest(r, strings.TrimRight(api, "/")+r.URL.RequestURI(), body)
 	if err != nil {
-		writeErr(w, fmt.Errorf("%w: %w", ErrNotWritten, err))
+		httpapi.WriteErr(w, fmt.Errorf("%w: %w", ErrNotWritten, err))
 		return
 	}
 	resp, err := n.fwdClient.Do(out)
@@ -263,11 +264,11 @@ func (n *Node) forwardLegacy(h http.Handler, w http.ResponseWriter, r *http.Requ
 		var op *net.OpError
 		if errors.As(err, &op) && op.Op == "dial" && (body == nil || body.read == 0) {
 			n.metrics.forwards.WithLabelValues("not_sent").Inc()
-			writeErr(w, fmt.Errorf("%w: the leader at %s could not be reached: %w", ErrNotWritten, api, err))
+			httpapi.WriteErr(w, fmt.Errorf("%w: the leader at %s could not be reached: %w", ErrNotWritten, api, err))
 			return
 		}
 		n.metrics.forwards.WithLabelValues("unknown_outcome").Inc()
-		writeErr(w, fmt.Errorf("%w: forwarded to the leader at %s, no answer: %w", ErrUnknownOutcome, api, err))
+		httpapi.WriteErr(w, fmt.Errorf("%w: forwarded to the leader at %s, no answer: %w", ErrUnknownOutcome, api, err))
 		return
 	}
 	n.relay(w, r, resp, api)
@@ -284,7 +285,7 @@ func (n *Node) relay(w http.ResponseWriter, r *http.Request, resp *http.Response
 		cancel()
 		if err != nil && resp.StatusCode < 300 {
 			n.metrics.forwards.WithLabelValues("unknown_outcome").Inc()
-			writeErr(w, fmt.Errorf("%w: the leader at %s wrote it, and this node has not applied it yet (%v): read it from the leader, or retry under the same Idempotency-Key",
+			httpapi.WriteErr(w, fmt.Errorf("%w: the leader at %s wrote it, and this node has not applied it yet (%v): read it from the leader, or retry under the same Idempotency-Key",
 				ErrUnknownOutcome, api, err))
 			return
 		}

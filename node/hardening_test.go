@@ -20,6 +20,7 @@ import (
 
 	"github.com/replicator/replicator/entry"
 	"github.com/replicator/replicator/hlc"
+	"github.com/replicator/replicator/node/httpapi"
 	"github.com/replicator/replicator/store"
 	"github.com/replicator/replicator/transport"
 	"github.com/replicator/replicator/wire"
@@ -52,7 +53,7 @@ func TestBulkCSVRecordBounded(t *testing.T) {
 	runtime.GC()
 	runtime.ReadMemStats(&before)
 	src := &endless{}
-	br := NewBulkReader(src, true, 2<<20)
+	br := httpapi.NewBulkReader(src, true, 2<<20)
 	_, err := br.Next()
 	runtime.ReadMemStats(&after)
 	if !errors.Is(err, errBadRequest) || !strings.Contains(err.Error(), "longer than") {
@@ -74,11 +75,11 @@ func TestBulkInvalidUTF8Refused(t *testing.T) {
 		"{\"value\":\"v\",\"key\":\"k\xff\"}",        // slow path (field order)
 		"{\"key\":\"k\\u00e9\xff\",\"value\":\"v\"}", // slow path (escape)
 	} {
-		if rec, err := DecodeBulkLine([]byte(line)); !errors.Is(err, errBadRequest) {
+		if rec, err := httpapi.DecodeBulkLine([]byte(line)); !errors.Is(err, errBadRequest) {
 			t.Errorf("%q: %+v %v", line, rec, err)
 		}
 	}
-	if _, _, err := DecodeBatchRequest([]byte("{\"ops\":[{\"op\":\"set\",\"key\":\"k\xff\",\"value\":\"v\"}]}")); !errors.Is(err, errBadRequest) {
+	if _, _, err := httpapi.DecodeBatchRequest([]byte("{\"ops\":[{\"op\":\"set\",\"key\":\"k\xff\",\"value\":\"v\"}]}")); !errors.Is(err, errBadRequest) {
 		t.Errorf("batch with an invalid UTF-8 key: %v", err)
 	}
 }
@@ -375,7 +376,7 @@ func TestPlantedIdempotencyRecordNotReplayed(t *testing.T) {
 		t.Fatal(err)
 	}
 	target, _ := http.NewRequest(http.MethodPut, n.URL()+"/v1/kv/target", strings.NewReader("mine"))
-	fp := fingerprint(target, "target", []byte("mine"))
+	fp := httpapi.Fingerprint(target, "target", []byte("mine"))
 	ts := hlc.Timestamp{Wall: time.Now().UnixNano()}
 	e := entry.Entry{Index: 1, Origin: "b", Stream: entry.StreamID{0xb}, Commit: ts, Stamp: ts, Op: entry.OpSet, Key: "elsewhere", Value: []byte("x"),
 		Idem: &entry.Idem{Key: "victim-key", Fingerprint: fp, Status: 200, Body: []byte(`{"key":"target","version":"forged","origin":"b"}`),
@@ -383,29 +384,29 @@ func TestPlantedIdempotencyRecordNotReplayed(t *testing.T) {
 	if _, err := n.acceptor.Apply("b", &wire.Batch{Header: wire.Header{Sender: "b", Stream: e.Stream}, Entries: []entry.Entry{e}}); err != nil {
 		t.Fatal(err)
 	}
-	target.Header.Set(HeaderIdempotencyKey, "victim-key")
+	target.Header.Set(httpapi.HeaderIdempotencyKey, "victim-key")
 	resp, err := http.DefaultClient.Do(target)
 	if err != nil {
 		t.Fatal(err)
 	}
 	body, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
-	if resp.StatusCode != 200 || resp.Header.Get(HeaderReplayed) != "" || strings.Contains(string(body), "forged") {
-		t.Fatalf("the client's keyed write answered %d %q (replayed %q)", resp.StatusCode, body, resp.Header.Get(HeaderReplayed))
+	if resp.StatusCode != 200 || resp.Header.Get(httpapi.HeaderReplayed) != "" || strings.Contains(string(body), "forged") {
+		t.Fatalf("the client's keyed write answered %d %q (replayed %q)", resp.StatusCode, body, resp.Header.Get(httpapi.HeaderReplayed))
 	}
 	if r, err := n.Get("target"); err != nil || string(r.Value) != "mine" {
 		t.Fatalf("target after the keyed write: %q %v", r.Value, err)
 	}
 	// and a genuine retry of it replays
 	retry, _ := http.NewRequest(http.MethodPut, n.URL()+"/v1/kv/target", strings.NewReader("mine"))
-	retry.Header.Set(HeaderIdempotencyKey, "victim-key")
+	retry.Header.Set(httpapi.HeaderIdempotencyKey, "victim-key")
 	resp, err = http.DefaultClient.Do(retry)
 	if err != nil {
 		t.Fatal(err)
 	}
 	resp.Body.Close()
-	if resp.StatusCode != 200 || resp.Header.Get(HeaderReplayed) != "true" {
-		t.Fatalf("a genuine retry: %d, replayed %q", resp.StatusCode, resp.Header.Get(HeaderReplayed))
+	if resp.StatusCode != 200 || resp.Header.Get(httpapi.HeaderReplayed) != "true" {
+		t.Fatalf("a genuine retry: %d, replayed %q", resp.StatusCode, resp.Header.Get(httpapi.HeaderReplayed))
 	}
 }
 

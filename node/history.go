@@ -1,8 +1,6 @@
 package node
 
 import (
-	"net/http"
-	"strconv"
 	"sync"
 	"time"
 )
@@ -10,30 +8,6 @@ import (
 // The dashboard's chart is served by the node: a ring of samples of every
 // link's backlog over the last hour, so a page opened during an incident
 // shows how it began, not an empty chart that fills from then on.
-
-// HistorySample is one point of the chart: every link's backlog, and the
-// node's saturation, at one time.
-type HistorySample struct {
-	Time       time.Time             `json:"t"`
-	Saturation string                `json:"saturation"`
-	Peers      map[string]PeerSample `json:"peers"`
-}
-
-// PeerSample is one link at one time.
-type PeerSample struct {
-	State   string  `json:"state"`
-	Entries uint64  `json:"entries_behind"`
-	Bytes   int64   `json:"bytes_behind"`
-	Oldest  float64 `json:"oldest_unacked_age_seconds"`
-}
-
-// HistoryReport is GET /admin/history: the samples after ?after (Unix
-// milliseconds; all of them without it), oldest first.
-type HistoryReport struct {
-	IntervalSeconds float64         `json:"interval_seconds"`
-	SpanSeconds     float64         `json:"span_seconds"`
-	Samples         []HistorySample `json:"samples"`
-}
 
 // history is a fixed ring of samples; the oldest is overwritten.
 type history struct {
@@ -87,16 +61,9 @@ func (n *Node) sampleHistory() HistorySample {
 	return s
 }
 
-func (n *Node) handleHistory(w http.ResponseWriter, r *http.Request) {
-	var after time.Time
-	if v := r.URL.Query().Get("after"); v != "" {
-		ms, err := strconv.ParseInt(v, 10, 64)
-		if err != nil {
-			writeError(w, http.StatusBadRequest, apiError{Code: "bad_request", Message: "after: want Unix milliseconds"})
-			return
-		}
-		after = time.UnixMilli(ms)
-	}
-	writeJSON(w, http.StatusOK, HistoryReport{IntervalSeconds: n.opts.HistoryInterval.Seconds(),
-		SpanSeconds: n.opts.HistorySpan.Seconds(), Samples: n.history.after(after)})
+// History is the dashboard's chart: the samples later than after, oldest
+// first.
+func (n *Node) History(after time.Time) HistoryReport {
+	return HistoryReport{IntervalSeconds: n.opts.HistoryInterval.Seconds(),
+		SpanSeconds: n.opts.HistorySpan.Seconds(), Samples: n.history.after(after)}
 }

@@ -2,9 +2,7 @@ package node
 
 import (
 	"math"
-	"net/http"
 	"sort"
-	"strconv"
 	"sync"
 	"time"
 
@@ -56,31 +54,6 @@ func (r *lagRing) add(now int64, lags []acceptor.Lag) {
 	}
 }
 
-// LagReport is GET /admin/lag: replication lag percentiles of the entries
-// applied here since a time (at most the last 262,144 entries).
-type LagReport struct {
-	Since   time.Time `json:"since"`
-	Samples int       `json:"samples"`
-	P50MS   float64   `json:"p50_ms"`
-	P90MS   float64   `json:"p90_ms"`
-	P99MS   float64   `json:"p99_ms"`
-	MaxMS   float64   `json:"max_ms"`
-	// Stages splits the lag of the entries whose sender said when it sent
-	// them (acceptor.Lag): ship (commit to send, on the sender's clock),
-	// wire (send to received, across the two clocks: skew shows here),
-	// apply (received to synced apply, here).
-	Stages map[string]StageReport `json:"stages,omitempty"`
-}
-
-// StageReport is one stage's percentiles.
-type StageReport struct {
-	Samples int     `json:"samples"`
-	P50MS   float64 `json:"p50_ms"`
-	P90MS   float64 `json:"p90_ms"`
-	P99MS   float64 `json:"p99_ms"`
-	MaxMS   float64 `json:"max_ms"`
-}
-
 var stageNames = [3]string{"ship", "wire", "apply"}
 
 // Lag reports the replication lag of entries applied since since.
@@ -129,17 +102,4 @@ func percentiles(d []time.Duration) (p50, p90, p99, mx float64) {
 		return float64(d[int(p*float64(len(d)-1))].Microseconds()) / 1000
 	}
 	return ms(0.5), ms(0.9), ms(0.99), ms(1)
-}
-
-func (n *Node) handleLag(w http.ResponseWriter, r *http.Request) {
-	since := time.Now().Add(-time.Minute)
-	if s := r.URL.Query().Get("since"); s != "" {
-		ns, err := strconv.ParseInt(s, 10, 64)
-		if err != nil {
-			writeError(w, http.StatusBadRequest, apiError{Code: "bad_request", Message: "since: unix nanoseconds"})
-			return
-		}
-		since = time.Unix(0, ns)
-	}
-	writeJSON(w, http.StatusOK, n.Lag(since))
 }

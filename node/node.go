@@ -19,29 +19,18 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
-	"unicode/utf8"
 
 	"github.com/replicator/replicator/acceptor"
 	"github.com/replicator/replicator/cluster"
 	"github.com/replicator/replicator/entry"
 	"github.com/replicator/replicator/hlc"
 	"github.com/replicator/replicator/machine"
+	"github.com/replicator/replicator/node/api"
+	"github.com/replicator/replicator/node/httpapi"
 	"github.com/replicator/replicator/origin"
 	"github.com/replicator/replicator/policy"
 	"github.com/replicator/replicator/store"
 	"github.com/replicator/replicator/transport"
-)
-
-// Validation errors of the Go API; the HTTP API maps them to 400 and 413.
-var (
-	ErrInvalidKey    = errors.New("node: invalid key")
-	ErrKeyTooLarge   = errors.New("node: key too large")
-	ErrValueTooLarge = errors.New("node: value too large")
-	ErrNotFound      = errors.New("node: not found")
-	// ErrCatchingUp refuses a local read while the node has not applied
-	// what it may have acknowledged before it stopped, or installs the
-	// leader's snapshot of the tree (it lagged behind the log).
-	ErrCatchingUp = errors.New("node: catching up with the cluster's log; local reads resume once it has")
 )
 
 // Node is one cluster node. Its methods are safe for concurrent use.
@@ -363,10 +352,10 @@ func (n *Node) Start() error {
 		if err != nil {
 			return fmt.Errorf("node: listen %s (pprof): %w", n.opts.PprofListen, err)
 		}
-		n.pprofSrv = n.serve(pln, pprofMux(), &n.pprofErr)
+		n.pprofSrv = n.serve(pln, httpapi.PprofHandler(), &n.pprofErr)
 	}
 	if n.peerLn != nil {
-		n.peerSrv = n.serve(n.peerLn, n.PeerHandler(), &n.peerServeErr)
+		n.peerSrv = n.serve(n.peerLn, surface(n).PeerHandler(n.acceptor), &n.peerServeErr)
 	}
 	if n.multi() {
 		n.setDescription()
@@ -547,31 +536,7 @@ func (n *Node) CollectTombstones() (int, error) {
 	}
 }
 
-// WriteResult is the answer to a write.
-type WriteResult struct {
-	Key     string
-	Version string // the write's stamp; the same on every cluster
-	Origin  string
-	// Outcome is Applied, or Stale when a higher stamp already held the key
-	// (possible only against a pinned or replicated stamp).
-	Outcome entry.Outcome
-	Index   uint64 // the entry's WAL index
-	// Replay is the recorded answer when an Idempotency-Key was seen before;
-	// nothing was written then.
-	Replay *store.IdemRecord
-}
-
-func (n *Node) checkKey(key string) error {
-	switch {
-	case key == "":
-		return fmt.Errorf("%w: empty", ErrInvalidKey)
-	case len(key) > n.opts.MaxKeyBytes:
-		return fmt.Errorf("%w: %d bytes, limit %d", ErrKeyTooLarge, len(key), n.opts.MaxKeyBytes)
-	case !utf8.ValidString(key):
-		return fmt.Errorf("%w: not valid UTF-8", ErrInvalidKey)
-	}
-	return nil
-}
+func (n *Node) checkKey(key string) error { return api.CheckKey(key, n.opts.MaxKeyBytes) }
 
 // checkValue bounds a write's key and value by this node's limits and by
 // what every peer said it accepts: a write a peer would refuse could never
@@ -607,27 +572,41 @@ const peerEntryOverhead = 1024
 // Put durably writes value at key and returns once it is fsynced and
 // applied.
 func (n *Node) Put(ctx context.Context, key string, value []byte) (WriteResult, error) {
-	if err := n.checkKey(key); err != nil {
-		return WriteResult{}, err
-	}
-	if err := n.checkValue(key, len(value)); err != nil {
-		return WriteResult{}, err
-	}
-	return n.write(ctx, entry.Entry{Op: entry.OpSet, Key: key, Value: value}, nil)
+	return n.Propose(ctx, api.Write{Entry: entry.Entry{Op: entry.OpSet, Key: key, Value: value}})
 }
 
 // Delete durably deletes key (a tombstone, kept for the retention window).
 func (n *Node) Delete(ctx context.Context, key string) (WriteResult, error) {
-	if err := errors.Join(n.checkKey(key), n.checkValue(key, 0)); err != nil {
-		return WriteResult{}, err
-	}
-	return n.write(ctx, entry.Entry{Op: entry.OpDelete, Key: key}, nil)
+	return n.Propose(ctx, api.Write{Entry: entry.Entry{Op: entry.OpDelete, Key: key}})
 }
 
-// write proposes e. Under an idempotency scope on ctx (policy.WithKey) the
-// write is stamped with the scope's pinned HLC, so every retry ties.
-func (n *Node) write(ctx context.Context, e entry.Entry, idem *idemRequest) (WriteResult, error) {
-	return n.propose(ctx, &proposal{entry: e, idem: idem})
+// Propose checks and proposes one write: a set, delete or counter increment
+// of one key, a range delete, or an atomic batch (w.Ops), with its
+// precondition and idempotency key. Under an idempotency scope on ctx
+// (policy.WithKey) the write is stamped with the scope's pinned HLC, so
+// every retry ties. The other write methods are its shorthands.
+func (n *Node) Propose(ctx context.Context, w api.Write) (WriteResult, error) {
+	e := w.Entry
+	var err error
+	switch {
+	case w.Ops != nil:
+		e, err = n.batchEntry(w.Ops)
+	case e.Op == entry.OpDeleteRange:
+		err = n.checkRange(e.Key, e.End)
+	case e.Op == entry.OpSet || e.Op == entry.OpDelete || e.Op == entry.OpCounter:
+		if err = n.checkKey(e.Key); err == nil {
+			err = n.checkValue(e.Key, len(e.Value))
+		}
+	default:
+		err = fmt.Errorf("%w: op %d is not a write of the API", errBadRequest, e.Op)
+	}
+	if err != nil {
+		return WriteResult{}, err
+	}
+	p := &proposal{entry: e, idem: w.Keyed, cond: w.Cond, delta: w.Delta}
+	res, err := n.propose(ctx, p)
+	res.Counter = p.counterValue
+	return res, err
 }
 
 // propose runs a prepared proposal through admission and the committer.

@@ -9,30 +9,11 @@ import (
 
 	"github.com/replicator/replicator/entry"
 	"github.com/replicator/replicator/machine"
+	"github.com/replicator/replicator/node/api"
 	"github.com/replicator/replicator/policy"
 	"github.com/replicator/replicator/store"
 	"github.com/replicator/replicator/wire"
 )
-
-// Condition is a precondition of a single-key write, decided at this cluster
-// in commit order.
-type Condition = machine.Condition
-
-// The write path's refusals, decided in commit order (package machine).
-var (
-	// ErrPrecondition refuses a conditional write whose condition does
-	// not hold (412); the error is a *PreconditionError.
-	ErrPrecondition = machine.ErrPrecondition
-	// ErrKindConflict refuses a counter operation on a plain key, or a
-	// plain write on a counter key (409).
-	ErrKindConflict = machine.ErrKindConflict
-	// ErrCounterRange refuses an increment that would take a counter, or
-	// its totals, out of the 64-bit range (400, out_of_range).
-	ErrCounterRange = machine.ErrCounterRange
-)
-
-// PreconditionError carries the key's current version ("" when absent).
-type PreconditionError = machine.PreconditionError
 
 // condPtr is c, or nil when it asks nothing.
 func condPtr(c Condition) *Condition {
@@ -45,92 +26,47 @@ func condPtr(c Condition) *Condition {
 // PutIf writes value at key if the condition holds (ErrPrecondition, a
 // *PreconditionError with the current version, otherwise).
 func (n *Node) PutIf(ctx context.Context, key string, value []byte, c Condition) (WriteResult, error) {
-	if err := n.checkKey(key); err != nil {
-		return WriteResult{}, err
-	}
-	if err := n.checkValue(key, len(value)); err != nil {
-		return WriteResult{}, err
-	}
-	return n.writeCond(ctx, entry.Entry{Op: entry.OpSet, Key: key, Value: value}, nil, condPtr(c))
+	return n.Propose(ctx, api.Write{Entry: entry.Entry{Op: entry.OpSet, Key: key, Value: value}, Cond: condPtr(c)})
 }
 
 // DeleteIf deletes key if the condition holds.
 func (n *Node) DeleteIf(ctx context.Context, key string, c Condition) (WriteResult, error) {
-	if err := errors.Join(n.checkKey(key), n.checkValue(key, 0)); err != nil {
-		return WriteResult{}, err
-	}
-	return n.writeCond(ctx, entry.Entry{Op: entry.OpDelete, Key: key}, nil, condPtr(c))
-}
-
-func (n *Node) writeCond(ctx context.Context, e entry.Entry, idem *idemRequest, c *Condition) (WriteResult, error) {
-	return n.propose(ctx, &proposal{entry: e, idem: idem, cond: c})
+	return n.Propose(ctx, api.Write{Entry: entry.Entry{Op: entry.OpDelete, Key: key}, Cond: condPtr(c)})
 }
 
 // DeleteRange deletes every key in [start, end) (end "" = to the end of the
 // key space) as of one stamp, on every cluster: keys with an older stamp go,
 // newer writes survive, and older writes that arrive later stay deleted.
 func (n *Node) DeleteRange(ctx context.Context, start, end string) (WriteResult, error) {
-	return n.deleteRange(ctx, start, end, nil)
+	return n.Propose(ctx, api.Write{Entry: entry.Entry{Op: entry.OpDeleteRange, Key: start, End: end}})
 }
 
-func (n *Node) deleteRange(ctx context.Context, start, end string, idem *idemRequest) (WriteResult, error) {
+// checkRange refuses a range delete of no key or of every key.
+func (n *Node) checkRange(start, end string) error {
 	if end == "" && strings.Trim(start, "\x00") == "" {
 		// [NUL..., end of the key space) holds every key there is.
-		return WriteResult{}, fmt.Errorf("%w: the range [%q, end) holds every key; deleting everything is not an API call", errBadRequest, start)
+		return fmt.Errorf("%w: the range [%q, end) holds every key; deleting everything is not an API call", errBadRequest, start)
 	}
 	if err := errors.Join(n.checkKey(start), n.checkValue(start, 0)); err != nil {
-		return WriteResult{}, fmt.Errorf("start: %w", err)
+		return fmt.Errorf("start: %w", err)
 	}
 	if end != "" {
 		if err := errors.Join(n.checkKey(end), n.checkValue(end, 0)); err != nil {
-			return WriteResult{}, fmt.Errorf("end: %w", err)
+			return fmt.Errorf("end: %w", err)
 		}
 		if end <= start {
-			return WriteResult{}, fmt.Errorf("%w: the range [%q, %q) is empty", ErrInvalidKey, start, end)
+			return fmt.Errorf("%w: the range [%q, %q) is empty", ErrInvalidKey, start, end)
 		}
 	}
-	return n.propose(ctx, &proposal{entry: entry.Entry{Op: entry.OpDeleteRange, Key: start, End: end}, idem: idem})
-}
-
-// PrefixRange is the [start, end) of every key with prefix.
-func PrefixRange(prefix string) (string, string) {
-	b := []byte(prefix)
-	for i := len(b) - 1; i >= 0; i-- {
-		if b[i] < 0xff {
-			b[i]++
-			return prefix, string(b[:i+1])
-		}
-	}
-	return prefix, ""
-}
-
-// CounterResult is a counter's state.
-type CounterResult struct {
-	Key     string              `json:"key"`
-	Value   int64               `json:"value"`
-	Version string              `json:"version"`
-	Totals  map[string]entry.PN `json:"totals"` // per cluster
-	// Components are the totals per stream (and epoch) of each cluster, as
-	// they merge (docs/DATAMODEL.md).
-	Components map[string]entry.PN `json:"components,omitempty"`
-	Origin     string              `json:"origin,omitempty"` // of the increment
+	return nil
 }
 
 // Increment adds delta (negative decrements) to the PN-counter at key. The
 // write carries this cluster's resulting totals, so a re-applied increment
 // is a no-op wherever it lands.
 func (n *Node) Increment(ctx context.Context, key string, delta int64) (CounterResult, error) {
-	return n.increment(ctx, key, delta, nil)
-}
-
-func (n *Node) increment(ctx context.Context, key string, delta int64, idem *idemRequest) (CounterResult, error) {
-	if err := errors.Join(n.checkKey(key), n.checkValue(key, 0)); err != nil {
-		return CounterResult{}, err
-	}
-	if idem == nil {
-		idem = scopedIncrement(ctx, key, delta)
-	}
-	res, err := n.propose(ctx, &proposal{entry: entry.Entry{Op: entry.OpCounter, Key: key}, idem: idem, delta: delta})
+	res, err := n.Propose(ctx, api.Write{Entry: entry.Entry{Op: entry.OpCounter, Key: key}, Delta: delta,
+		Keyed: scopedIncrement(ctx, key, delta)})
 	if err != nil {
 		return CounterResult{}, err
 	}
@@ -145,7 +81,7 @@ func (n *Node) increment(ctx context.Context, key string, delta int64, idem *ide
 // leader (whose clock may be behind the pin by more than the clock offset)
 // answered from the first attempt's record before the pin is checked,
 // instead of refused although it applied.
-func scopedWrite(k policy.Key, p *proposal) *idemRequest {
+func scopedWrite(k policy.Key, p *proposal) *api.Keyed {
 	if k.ID == "" || len(k.ID) > entry.MaxIdemKey || p.entry.Op == entry.OpCounter {
 		return nil
 	}
@@ -168,7 +104,7 @@ func scopedWrite(k policy.Key, p *proposal) *idemRequest {
 		fmt.Fprintf(h, "\x00if-match:%s\x00if-none-match:%v", c.IfMatch, c.IfNoneMatch)
 	}
 	fmt.Fprintf(h, "\x00%s", k.HLC)
-	return &idemRequest{key: k.ID, fingerprint: h.Sum(nil), answer: answer}
+	return &api.Keyed{Key: k.ID, Fingerprint: h.Sum(nil), Answer: answer}
 }
 
 // scopedIncrement makes an increment under an idempotency scope
@@ -176,14 +112,14 @@ func scopedWrite(k policy.Key, p *proposal) *idemRequest {
 // but a counter delta is not deduplicated by its stamp, so the scope's key
 // and pinned HLC identify the operation, recorded with the write, and a
 // retry replays the first answer instead of adding the delta again.
-func scopedIncrement(ctx context.Context, key string, delta int64) *idemRequest {
+func scopedIncrement(ctx context.Context, key string, delta int64) *api.Keyed {
 	k, ok := policy.KeyFrom(ctx)
 	if !ok || k.ID == "" || len(k.ID) > entry.MaxIdemKey {
 		return nil
 	}
 	h := sha256.New()
 	fmt.Fprintf(h, "go-scope\x00counter\x00%d:%s\x00%d\x00%s", len(key), key, delta, k.HLC)
-	return &idemRequest{key: k.ID, fingerprint: h.Sum(nil), answer: machine.AnswerCounter}
+	return &api.Keyed{Key: k.ID, Fingerprint: h.Sum(nil), Answer: machine.AnswerCounter}
 }
 
 // Counter reads a counter (ErrNotFound when the key holds none).
@@ -214,25 +150,13 @@ func (n *Node) Counter(key string) (CounterResult, error) {
 	return CounterResult{Key: key, Value: c.Value(), Version: c.Stamp.String(), Totals: totals, Components: c.Totals}, nil
 }
 
-// BatchOp is one write of an atomic batch.
-type BatchOp struct {
-	Delete bool
-	Key    string
-	Value  []byte
-}
-
 // Batch applies ops atomically under one stamp: one WAL entry, one Pebble
 // batch here and at every peer, never partly visible.
 func (n *Node) Batch(ctx context.Context, ops []BatchOp) (WriteResult, error) {
-	return n.batch(ctx, ops, nil)
-}
-
-func (n *Node) batch(ctx context.Context, ops []BatchOp, idem *idemRequest) (WriteResult, error) {
-	e, err := n.batchEntry(ops)
-	if err != nil {
-		return WriteResult{}, err
+	if ops == nil {
+		ops = []BatchOp{} // refused as empty, as a batch
 	}
-	return n.propose(ctx, &proposal{entry: e, idem: idem})
+	return n.Propose(ctx, api.Write{Ops: ops})
 }
 
 func (n *Node) batchEntry(ops []BatchOp) (entry.Entry, error) {

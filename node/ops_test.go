@@ -224,55 +224,6 @@ func TestBulkLoad(t *testing.T) {
 	}
 }
 
-func FuzzDecodeDelta(f *testing.F) {
-	f.Add([]byte(`{"delta": 1}`))
-	f.Add([]byte(`{"delta": -9223372036854775807}`))
-	f.Fuzz(func(t *testing.T, b []byte) {
-		d, err := DecodeDelta(b)
-		if err == nil && d == 0 {
-			t.Fatal("zero delta accepted")
-		}
-		if err != nil && !errors.Is(err, errBadRequest) {
-			t.Fatalf("error outside the bad-request class: %v", err)
-		}
-	})
-}
-
-func FuzzDecodeBatchRequest(f *testing.F) {
-	f.Add([]byte(`{"ops":[{"op":"set","key":"t/1","value":"x"},{"op":"delete","key":"t/3"}],"operation_id":"op-1"}`))
-	f.Add([]byte(`{"ops":[{"op":"set","key":"k","value_b64":"AAE="}]}`))
-	f.Fuzz(func(t *testing.T, b []byte) {
-		ops, _, err := DecodeBatchRequest(b)
-		if err != nil {
-			if !errors.Is(err, errBadRequest) {
-				t.Fatalf("error outside the bad-request class: %v", err)
-			}
-			return
-		}
-		for _, op := range ops {
-			if op.Delete && len(op.Value) > 0 {
-				t.Fatal("a delete with a value decoded")
-			}
-		}
-	})
-}
-
-func FuzzDecodeBulkLine(f *testing.F) {
-	f.Add([]byte(`{"key":"k","value":"v"}`))
-	f.Add([]byte(`{"key":"k","value_b64":"AAE="}`))
-	f.Fuzz(func(t *testing.T, b []byte) {
-		if _, err := DecodeBulkLine(b); err != nil && !errors.Is(err, errBadRequest) {
-			t.Fatalf("error outside the bad-request class: %v", err)
-		}
-		if fast, ok := fastBulkLine(b); ok {
-			slow, err := slowBulkLine(b)
-			if err != nil || slow.Key != fast.Key || string(slow.Value) != string(fast.Value) {
-				t.Fatalf("fast path read %+v, encoding/json %+v %v", fast, slow, err)
-			}
-		}
-	})
-}
-
 // TestBatchNeverPartlyVisible polls a peer while atomic batches replicate:
 // every read sees all of a batch's keys at one version, or none.
 func TestBatchNeverPartlyVisible(t *testing.T) {
@@ -329,20 +280,4 @@ func storeScan(prefix string) store.ScanOptions {
 
 func storeScanLimit(prefix string, limit int) store.ScanOptions {
 	return store.ScanOptions{Prefix: prefix, Limit: limit}
-}
-
-// TestBulkLineFastPathAgrees: the fast parser and encoding/json read the
-// same records.
-func TestBulkLineFastPathAgrees(t *testing.T) {
-	for _, line := range []string{
-		`{"key":"k","value":"v"}`, `{"key":"a/b c","value":""}`, `{"key":"ü","value":"ö"}`,
-		`{"key":"k","value":"with \"quote\""}`, `{"key":"k\\n","value":"v"}`, `{ "key":"k","value":"v"}`,
-		`{"key":"k","value":"v","x":1}`, `{"key":"k","value_b64":"AAE="}`,
-	} {
-		fast, fok := fastBulkLine([]byte(line))
-		slow, serr := slowBulkLine([]byte(line))
-		if fok && (serr != nil || fast.Key != slow.Key || string(fast.Value) != string(slow.Value)) {
-			t.Fatalf("%s: fast %+v, slow %+v %v", line, fast, slow, serr)
-		}
-	}
 }

@@ -55,30 +55,3 @@ func (n *Node) readable() error {
 	return fmt.Errorf("%w: this node restarted and has applied its log up to %d of the %d it held (what it may have acknowledged before it stopped)",
 		ErrCatchingUp, applied, n.reads.startLast)
 }
-
-// NotFoundError is a read of a key that holds no live value. It says what
-// this node knows of why, so that a client can place the answer in a
-// history: the delete's version while its tombstone is kept, or the cutoff
-// below which tombstones were collected.
-type NotFoundError struct {
-	Key string
-	// Deleted is the version of the delete the key holds ("" when none is
-	// kept).
-	Deleted string
-	// CollectedBelow: nothing is kept of the key, and tombstones stamped
-	// below this were collected ("" when none ever was: the key was never
-	// written here).
-	CollectedBelow string
-}
-
-func (e *NotFoundError) Error() string {
-	switch {
-	case e.Deleted != "":
-		return fmt.Sprintf("node: not found: %q was deleted at version %s", e.Key, e.Deleted)
-	case e.CollectedBelow != "":
-		return fmt.Sprintf("node: not found: %q holds nothing (never written, or deleted below %s, where deletes were collected)", e.Key, e.CollectedBelow)
-	}
-	return fmt.Sprintf("node: not found: %q holds no value and no tombstone here", e.Key)
-}
-
-func (e *NotFoundError) Unwrap() error { return ErrNotFound }

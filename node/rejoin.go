@@ -394,16 +394,6 @@ func (n *Node) onReseedDone(peer string, requested, rejoin bool) {
 	}
 }
 
-// RejoinReport is the node's own rejoin and what peers asked of it.
-type RejoinReport struct {
-	// Phases is this node's rejoin with each peer: "requesting" (waiting
-	// for its re-seed) or "seeding" (owes it one).
-	Phases map[string]string `json:"phases,omitempty"`
-	// Requests are peers that asked this node for a re-seed ("owed") or
-	// whose rejoin it waits to end ("awaiting").
-	Requests map[string][]string `json:"requests,omitempty"`
-}
-
 func (n *Node) rejoinReport() RejoinReport {
 	var r RejoinReport
 	if rj, err := n.store.Rejoin(); err == nil {

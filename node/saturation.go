@@ -2,70 +2,14 @@ package node
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"net/http"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/replicator/replicator/acceptor"
-	"github.com/replicator/replicator/internal/httpjson"
 	"github.com/replicator/replicator/transport"
 )
-
-// Saturation states, in order.
-const (
-	StateHealthy   = "healthy"
-	StateThrottled = "throttled"
-	StateSaturated = "saturated"
-)
-
-// Overflow modes of a peer link.
-const (
-	OverflowReject = "reject" // refuse local writes while the peer's backlog is over its high-water mark
-	OverflowDetach = "detach" // stop retaining the WAL for the peer; it needs a re-seed
-)
-
-// WaterMarks bound a peer link's backlog. A link over any high-water mark
-// saturates the node; it leaves saturation only once every link is under
-// every low-water mark (hysteresis), passing through throttled.
-type WaterMarks struct {
-	HighEntries uint64        `json:"high_entries"`
-	LowEntries  uint64        `json:"low_entries"`
-	HighBytes   int64         `json:"high_bytes"`
-	LowBytes    int64         `json:"low_bytes"`
-	HighAge     time.Duration `json:"high_age"`
-	LowAge      time.Duration `json:"low_age"`
-}
-
-// ErrSaturated is the class of refusals of a local write while the node is
-// saturated. Test with errors.Is; *SaturatedError carries the source.
-var ErrSaturated = errors.New("node: saturated")
-
-// SaturatedError refuses a local write: nothing was written.
-type SaturatedError struct {
-	Source string // acceptor.SourceOutboundBacklog
-	Peer   string
-	Cause  string
-	Waited time.Duration
-}
-
-func (e *SaturatedError) Error() string {
-	return fmt.Sprintf("node: saturated (%s, peer %s): %s; refused after waiting %s, nothing was written", e.Source, e.Peer, e.Cause, e.Waited)
-}
-
-func (e *SaturatedError) Is(target error) bool { return target == ErrSaturated }
-
-// SaturationReport is the node's saturation state and why.
-type SaturationReport struct {
-	State      string     `json:"state"`
-	Cause      string     `json:"cause,omitempty"`
-	Peer       string     `json:"peer,omitempty"`
-	Since      time.Time  `json:"since"`
-	Thresholds WaterMarks `json:"thresholds"`
-	Refusals   uint64     `json:"refusals"`
-}
 
 type saturation struct {
 	// saturated and evaluatedAt (nanoseconds on the monotonic clock since
@@ -246,10 +190,4 @@ func (n *Node) watchLinks() {
 				"consecutive_errors", st.ConsecutiveErrors, "last_error", st.LastError, "entries_behind", st.EntriesBehind)
 		}
 	}
-}
-
-func writeSaturated(w http.ResponseWriter, e *SaturatedError) {
-	httpjson.RetryAfter(w, time.Second)
-	writeError(w, http.StatusServiceUnavailable, apiError{Code: "saturated", Source: e.Source, Peer: e.Peer,
-		Retryable: false, Message: e.Error() + "; slow down, or bring the peer back (replicator admin peers)"})
 }

@@ -15,6 +15,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/replicator/replicator/node/httpapi"
 	"github.com/replicator/replicator/origin"
 	"github.com/replicator/replicator/wire"
 )
@@ -229,7 +230,7 @@ func (n *Node) requireToken(h http.Handler) http.Handler {
 	wantAPI, wantAdmin := []byte("Bearer "+api), []byte("Bearer "+admin)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
-		case pathHealthz, pathReadyz, pathReplicate, wire.PathProve, "/admin/ui":
+		case httpapi.PathHealthz, httpapi.PathReadyz, wire.PathReplicate, wire.PathProve, httpapi.PathUI:
 			h.ServeHTTP(w, r)
 			return
 		}

@@ -86,7 +86,7 @@ func (s *Shipper) postOnce(ctx context.Context, body []byte) (wire.Ack, error) {
 			nonce = wire.NewNonce()
 		}
 	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, strings.TrimRight(base, "/")+"/v1/replicate", bytes.NewReader(body))
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, strings.TrimRight(base, "/")+wire.PathReplicate, bytes.NewReader(body))
 	if err != nil {
 		return ack, err
 	}

@@ -20,6 +20,8 @@ import (
 // answer named is thus harmless until its node proves the secret.
 
 const (
+	// PathReplicate is where a shipper posts its batches.
+	PathReplicate = "/v1/replicate"
 	// PathProve is where a shipper asks a peer node to prove the secret.
 	PathProve = "/v1/replicate/prove"
 	// HeaderNonce carries the shipper's fresh nonce (64 hex digits), on a

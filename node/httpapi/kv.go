@@ -1,4 +1,4 @@
-package node
+package httpapi
 
 import (
 	"errors"
@@ -11,47 +11,52 @@ import (
 	"github.com/replicator/replicator/entry"
 	"github.com/replicator/replicator/internal/httpjson"
 	"github.com/replicator/replicator/machine"
+	"github.com/replicator/replicator/node/api"
 	"github.com/replicator/replicator/store"
 	"github.com/replicator/replicator/wire"
 )
 
 // API paths; every route is registered on one mux in Handler.
 const (
-	pathKV      = "/v1/kv"
-	pathKVKey   = "/v1/kv/{key...}"
-	pathHealthz = "/healthz"
-	pathReadyz  = "/readyz"
+	pathKV    = "/v1/kv"
+	pathKVKey = "/v1/kv/{key...}"
+	// PathHealthz, PathReadyz and PathUI stay open behind a token (the
+	// page's data calls carry it).
+	PathHealthz = "/healthz"
+	PathReadyz  = "/readyz"
+	PathUI      = "/admin/ui"
 )
 
-// PeerHandler serves the peer endpoint alone (on --peer-listen).
-func (n *Node) PeerHandler() http.Handler {
+// PeerHandler serves the peer endpoint, peer, alone (on --peer-listen),
+// with the health check.
+func (a *API) PeerHandler(peer http.Handler) http.Handler {
 	mux := http.NewServeMux()
-	mux.Handle(pathReplicate, n.acceptor)
-	mux.Handle(wire.PathProve, n.acceptor)
-	mux.HandleFunc(pathHealthz, n.handleHealthz)
+	mux.Handle(wire.PathReplicate, peer)
+	mux.Handle(wire.PathProve, peer)
+	mux.HandleFunc(PathHealthz, a.handleHealthz)
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
-		writeError(w, http.StatusNotFound, apiError{Code: "not_found", Message: "the peer listener serves " + pathReplicate + " and " + wire.PathProve + " only"})
+		writeError(w, http.StatusNotFound, apiError{Code: "not_found", Message: "the peer listener serves " + wire.PathReplicate + " and " + wire.PathProve + " only"})
 	})
 	return mux
 }
 
 // Handler returns the node's HTTP API (and the peer endpoint, unless it has
 // a listener of its own).
-func (n *Node) Handler() http.Handler {
+func (a *API) Handler() http.Handler {
 	mux := http.NewServeMux()
-	mux.HandleFunc(pathKVKey, n.handleKey)
-	mux.HandleFunc(pathKV, n.handleRange)
-	mux.HandleFunc(pathHealthz, n.handleHealthz)
-	mux.HandleFunc(pathReadyz, n.handleReadyz)
-	mux.HandleFunc(pathIdem, n.handleIdem)
-	mux.HandleFunc(pathCounters, n.handleCounter)
-	mux.HandleFunc(pathBatch, n.handleBatch)
-	mux.HandleFunc(pathBulk, n.handleBulk)
-	n.registerAdmin(mux)
+	mux.HandleFunc(pathKVKey, a.handleKey)
+	mux.HandleFunc(pathKV, a.handleRange)
+	mux.HandleFunc(PathHealthz, a.handleHealthz)
+	mux.HandleFunc(PathReadyz, a.handleReadyz)
+	mux.HandleFunc(pathIdem, a.handleIdem)
+	mux.HandleFunc(pathCounters, a.handleCounter)
+	mux.HandleFunc(pathBatch, a.handleBatch)
+	mux.HandleFunc(pathBulk, a.handleBulk)
+	a.registerAdmin(mux)
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, apiError{Code: "not_found", Message: "no such endpoint: " + r.URL.Path})
 	})
-	return n.route(mux)
+	return mux
 }
 
 type apiError = httpjson.Error
@@ -61,11 +66,11 @@ var (
 	writeError = httpjson.WriteError
 )
 
-// writeErr maps an error of the Go API to its HTTP answer.
-func writeErr(w http.ResponseWriter, err error) {
-	var se *SaturatedError
+// WriteErr maps an error of the node's Go API to its HTTP answer.
+func WriteErr(w http.ResponseWriter, err error) {
+	var se *api.SaturatedError
 	var pe *machine.PreconditionError
-	var nf *NotFoundError
+	var nf *api.NotFoundError
 	switch {
 	case errors.As(err, &se):
 		writeSaturated(w, se)
@@ -79,40 +84,40 @@ func writeErr(w http.ResponseWriter, err error) {
 		writeError(w, http.StatusPreconditionFailed, e)
 	case errors.Is(err, machine.ErrKindConflict):
 		writeError(w, http.StatusConflict, apiError{Code: "kind_conflict", Message: err.Error()})
-	case errors.Is(err, ErrInvalidKey):
+	case errors.Is(err, api.ErrInvalidKey):
 		writeError(w, http.StatusBadRequest, apiError{Code: "bad_key", Message: err.Error()})
-	case errors.Is(err, ErrKeyTooLarge), errors.Is(err, ErrValueTooLarge):
+	case errors.Is(err, api.ErrKeyTooLarge), errors.Is(err, api.ErrValueTooLarge):
 		writeError(w, http.StatusRequestEntityTooLarge, apiError{Code: "too_large", Message: err.Error()})
 	case errors.Is(err, machine.ErrCounterRange):
 		writeError(w, http.StatusBadRequest, apiError{Code: "out_of_range", Message: err.Error()})
-	case errors.Is(err, errBadRequest):
+	case errors.Is(err, api.ErrBadRequest):
 		writeError(w, http.StatusBadRequest, apiError{Code: "bad_request", Message: err.Error()})
-	case errors.Is(err, ErrIdempotencyConflict):
+	case errors.Is(err, api.ErrIdempotencyConflict):
 		writeError(w, http.StatusUnprocessableEntity, apiError{Code: "idempotency_key_reused",
 			Message: err.Error() + ": an Idempotency-Key names one request; use a new key for a new request"})
-	case errors.Is(err, ErrPinOutOfWindow):
+	case errors.Is(err, api.ErrPinOutOfWindow):
 		writeError(w, http.StatusBadRequest, apiError{Code: "pin_out_of_window", Message: err.Error()})
 	case errors.As(err, &nf):
 		writeError(w, http.StatusNotFound, apiError{Code: "not_found", Message: err.Error(), Version: nf.Deleted, Deleted: nf.Deleted != "",
 			CollectedBelow: nf.CollectedBelow})
-	case errors.Is(err, ErrNotFound):
+	case errors.Is(err, api.ErrNotFound):
 		writeError(w, http.StatusNotFound, apiError{Code: "not_found", Message: err.Error()})
-	case errors.Is(err, ErrUnknownOutcome):
+	case errors.Is(err, api.ErrUnknownOutcome):
 		// The write may have happened: say so instead of guessing.
 		writeError(w, http.StatusServiceUnavailable, apiError{Code: "unknown_outcome", Retryable: true, Outcome: "unknown",
 			Message: err.Error() + "; the write may or may not have taken effect: read it back, or retry under the same Idempotency-Key"})
-	case errors.Is(err, ErrClosed):
+	case errors.Is(err, api.ErrClosed):
 		// A write refused as the node shuts down says whether it happened.
 		e := apiError{Code: "unavailable", Retryable: true, Message: err.Error()}
-		if errors.Is(err, ErrNotWritten) {
+		if errors.Is(err, api.ErrNotWritten) {
 			e.Outcome, e.Message = "not_written", err.Error()+"; nothing was written"
 		}
 		w.Header().Set("Retry-After", "1")
 		writeError(w, http.StatusServiceUnavailable, e)
-	case errors.Is(err, ErrCatchingUp):
+	case errors.Is(err, api.ErrCatchingUp):
 		w.Header().Set("Retry-After", "1")
 		writeError(w, http.StatusServiceUnavailable, apiError{Code: "catching_up", Retryable: true, Message: err.Error()})
-	case errors.Is(err, ErrNotWritten):
+	case errors.Is(err, api.ErrNotWritten):
 		w.Header().Set("Retry-After", "1")
 		writeError(w, http.StatusServiceUnavailable, apiError{Code: "not_written", Retryable: true, Outcome: "not_written", Message: err.Error()})
 	default:
@@ -120,13 +125,13 @@ func writeErr(w http.ResponseWriter, err error) {
 	}
 }
 
-func (n *Node) handleKey(w http.ResponseWriter, r *http.Request) {
+func (a *API) handleKey(w http.ResponseWriter, r *http.Request) {
 	key := r.PathValue("key")
 	switch r.Method {
 	case http.MethodGet, http.MethodHead:
-		rec, err := n.Get(key)
+		rec, err := a.node.Get(key)
 		if err != nil {
-			writeErr(w, err)
+			WriteErr(w, err)
 			return
 		}
 		h := w.Header()
@@ -139,35 +144,32 @@ func (n *Node) handleKey(w http.ResponseWriter, r *http.Request) {
 			_, _ = w.Write(rec.Value)
 		}
 	case http.MethodPut, http.MethodDelete:
-		if err := n.checkKey(key); err != nil {
-			writeErr(w, err)
+		// The key is checked before the body is read.
+		if err := api.CheckKey(key, a.opts.MaxKeyBytes); err != nil {
+			WriteErr(w, err)
 			return
 		}
 		e := entry.Entry{Op: entry.OpDelete, Key: key}
 		if r.Method == http.MethodPut {
-			value, err := readBody(w, r, n.opts.MaxValueBytes)
+			value, err := readBody(w, r, a.opts.MaxValueBytes)
 			if err != nil {
-				writeErr(w, err)
+				WriteErr(w, err)
 				return
 			}
 			e = entry.Entry{Op: entry.OpSet, Key: key, Value: value}
 		}
-		if err := n.checkValue(key, len(e.Value)); err != nil {
-			writeErr(w, err)
-			return
-		}
 		cond, err := parseConditions(r)
 		if err != nil {
-			writeErr(w, err)
+			WriteErr(w, err)
 			return
 		}
 		idem, err := idemFor(r, key, e.Value, machine.AnswerWrite)
 		if err != nil {
-			writeErr(w, err)
+			WriteErr(w, err)
 			return
 		}
-		res, err := n.propose(r.Context(), &proposal{entry: e, idem: idem, cond: condPtr(cond)})
-		n.answerWrite(w, r, idem, res, err)
+		res, err := a.node.Propose(r.Context(), api.Write{Entry: e, Keyed: idem, Cond: cond})
+		a.answerWrite(w, r, idem, res, err)
 	default:
 		methodNotAllowed(w, r, "GET, HEAD, PUT, DELETE")
 	}
@@ -187,7 +189,7 @@ const exactReadMax = 16 << 10
 // it when Content-Length says so, and after limit+1 bytes otherwise.
 func readBody(w http.ResponseWriter, r *http.Request, limit int) ([]byte, error) {
 	if r.ContentLength > int64(limit) {
-		return nil, fmt.Errorf("%w: %d bytes, limit %d", ErrValueTooLarge, r.ContentLength, limit)
+		return nil, fmt.Errorf("%w: %d bytes, limit %d", api.ErrValueTooLarge, r.ContentLength, limit)
 	}
 	if n := r.ContentLength; n >= 0 && n <= exactReadMax {
 		// The length is known and small: one exact allocation instead of
@@ -204,16 +206,16 @@ func readBody(w http.ResponseWriter, r *http.Request, limit int) ([]byte, error)
 		if err == nil {
 			err = errors.New("body longer than its Content-Length")
 		}
-		return nil, fmt.Errorf("%w: reading the body: %w", ErrNotWritten, err)
+		return nil, fmt.Errorf("%w: reading the body: %w", api.ErrNotWritten, err)
 	}
 	body := http.MaxBytesReader(w, r.Body, int64(limit))
 	b, err := io.ReadAll(body)
 	var mbe *http.MaxBytesError
 	if errors.As(err, &mbe) {
-		return nil, fmt.Errorf("%w: more than %d bytes", ErrValueTooLarge, limit)
+		return nil, fmt.Errorf("%w: more than %d bytes", api.ErrValueTooLarge, limit)
 	}
 	if err != nil {
-		return nil, fmt.Errorf("%w: reading the body: %w", ErrNotWritten, err)
+		return nil, fmt.Errorf("%w: reading the body: %w", api.ErrNotWritten, err)
 	}
 	return b, nil
 }
@@ -230,9 +232,9 @@ type scanPage struct {
 	Next  string     `json:"next"`
 }
 
-func (n *Node) handleRange(w http.ResponseWriter, r *http.Request) {
+func (a *API) handleRange(w http.ResponseWriter, r *http.Request) {
 	if r.Method == http.MethodDelete {
-		n.handleDeleteRange(w, r)
+		a.handleDeleteRange(w, r)
 		return
 	}
 	if r.Method != http.MethodGet && r.Method != http.MethodHead {
@@ -251,14 +253,14 @@ func (n *Node) handleRange(w http.ResponseWriter, r *http.Request) {
 		o.Limit = l
 	}
 	for name, v := range map[string]string{"prefix": o.Prefix, "start": o.Start, "end": o.End, "after": o.After} {
-		if len(v) > n.opts.MaxKeyBytes || !utf8.ValidString(v) {
+		if len(v) > a.opts.MaxKeyBytes || !utf8.ValidString(v) {
 			writeError(w, http.StatusBadRequest, apiError{Code: "bad_key", Message: name + " is not a valid key bound"})
 			return
 		}
 	}
-	items, next, err := n.Scan(o)
+	items, next, err := a.node.Scan(o)
 	if err != nil {
-		writeErr(w, err)
+		WriteErr(w, err)
 		return
 	}
 	page := scanPage{Items: make([]scanItem, 0, len(items)), Next: next}
@@ -268,12 +270,12 @@ func (n *Node) handleRange(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, page)
 }
 
-func (n *Node) handleHealthz(w http.ResponseWriter, r *http.Request) {
-	writeJSON(w, http.StatusOK, map[string]string{"status": "ok", "cluster": n.cluster})
+func (a *API) handleHealthz(w http.ResponseWriter, r *http.Request) {
+	writeJSON(w, http.StatusOK, map[string]string{"status": "ok", "cluster": a.node.ClusterID()})
 }
 
-func (n *Node) handleReadyz(w http.ResponseWriter, r *http.Request) {
-	if err := n.Ready(); err != nil {
+func (a *API) handleReadyz(w http.ResponseWriter, r *http.Request) {
+	if err := a.node.Ready(); err != nil {
 		w.Header().Set("Retry-After", "1")
 		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"status": "unavailable", "reason": err.Error()})
 		return

@@ -1,4 +1,4 @@
-package node
+package httpapi
 
 import (
 	"bufio"
@@ -17,6 +17,7 @@ import (
 
 	"github.com/replicator/replicator/entry"
 	"github.com/replicator/replicator/machine"
+	"github.com/replicator/replicator/node/api"
 )
 
 const (
@@ -25,66 +26,70 @@ const (
 	pathBulk     = "/v1/bulk"
 )
 
-// parseConditions reads If-Match and If-None-Match.
-func parseConditions(r *http.Request) (Condition, error) {
-	var c Condition
+// parseConditions reads If-Match and If-None-Match (nil when neither is
+// set).
+func parseConditions(r *http.Request) (*api.Condition, error) {
+	var c api.Condition
 	if v := r.Header.Get("If-Match"); v != "" {
 		v = strings.TrimSpace(strings.TrimPrefix(v, "W/"))
 		if len(v) < 2 || v[0] != '"' || v[len(v)-1] != '"' {
-			return c, fmt.Errorf("%w: If-Match wants a quoted version, got %s", errBadRequest, v)
+			return nil, fmt.Errorf("%w: If-Match wants a quoted version, got %s", api.ErrBadRequest, v)
 		}
 		c.IfMatch = v[1 : len(v)-1]
 		if c.IfMatch == "" {
-			return c, fmt.Errorf("%w: If-Match with an empty version", errBadRequest)
+			return nil, fmt.Errorf("%w: If-Match with an empty version", api.ErrBadRequest)
 		}
 	}
 	if v := r.Header.Get("If-None-Match"); v != "" {
 		if strings.TrimSpace(v) != "*" {
-			return c, fmt.Errorf("%w: If-None-Match supports only *", errBadRequest)
+			return nil, fmt.Errorf("%w: If-None-Match supports only *", api.ErrBadRequest)
 		}
 		if r.Method != http.MethodPut {
-			return c, fmt.Errorf("%w: If-None-Match: * is for PUT", errBadRequest)
+			return nil, fmt.Errorf("%w: If-None-Match: * is for PUT", api.ErrBadRequest)
 		}
 		c.IfNoneMatch = true
 	}
 	if c.IfMatch != "" && c.IfNoneMatch {
-		return c, fmt.Errorf("%w: If-Match and If-None-Match together", errBadRequest)
+		return nil, fmt.Errorf("%w: If-Match and If-None-Match together", api.ErrBadRequest)
 	}
-	return c, nil
+	if c.IfMatch == "" && !c.IfNoneMatch {
+		return nil, nil
+	}
+	return &c, nil
 }
 
 // handleDeleteRange serves DELETE /v1/kv?start=&end= and ?prefix=.
-func (n *Node) handleDeleteRange(w http.ResponseWriter, r *http.Request) {
+func (a *API) handleDeleteRange(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
 	start, end, prefix := q.Get("start"), q.Get("end"), q.Get("prefix")
 	switch {
 	case prefix != "" && (start != "" || end != ""):
-		writeErr(w, fmt.Errorf("%w: give prefix, or start and end, not both", errBadRequest))
+		WriteErr(w, fmt.Errorf("%w: give prefix, or start and end, not both", api.ErrBadRequest))
 		return
 	case prefix != "":
-		start, end = PrefixRange(prefix)
+		start, end = api.PrefixRange(prefix)
 	case start == "":
-		writeErr(w, fmt.Errorf("%w: a range delete needs start (and end) or prefix; deleting everything is not an API call", errBadRequest))
+		WriteErr(w, fmt.Errorf("%w: a range delete needs start (and end) or prefix; deleting everything is not an API call", api.ErrBadRequest))
 		return
 	}
 	idem, err := idemFor(r, start+"\x00"+end, nil, machine.AnswerRange)
 	if err != nil {
-		writeErr(w, err)
+		WriteErr(w, err)
 		return
 	}
-	res, err := n.deleteRange(r.Context(), start, end, idem)
-	n.finishWrite(w, r, idem, res, err, func() {
+	res, err := a.node.Propose(r.Context(), api.Write{Entry: entry.Entry{Op: entry.OpDeleteRange, Key: start, End: end}, Keyed: idem})
+	a.finishWrite(w, r, idem, res, err, func() {
 		writeJSON(w, http.StatusOK, machine.RangeAnswer{Start: start, End: end, Version: res.Version, Origin: res.Origin})
 	})
 }
 
 // finishWrite answers a (possibly keyed) write: the error, the recorded
 // answer of a replay, or the live answer.
-func (n *Node) finishWrite(w http.ResponseWriter, r *http.Request, idem *idemRequest, res WriteResult, err error, live func()) {
-	n.logKeyed(r, idem, res, err)
+func (a *API) finishWrite(w http.ResponseWriter, r *http.Request, idem *api.Keyed, res api.WriteResult, err error, live func()) {
+	a.logKeyed(r, idem, res, err)
 	switch {
 	case err != nil:
-		writeErr(w, err)
+		WriteErr(w, err)
 	case res.Replay != nil:
 		writeReplay(w, res.Replay.Status, res.Replay.Body)
 	default:
@@ -93,13 +98,13 @@ func (n *Node) finishWrite(w http.ResponseWriter, r *http.Request, idem *idemReq
 }
 
 // handleCounter serves POST and GET /v1/counters/{key...}.
-func (n *Node) handleCounter(w http.ResponseWriter, r *http.Request) {
+func (a *API) handleCounter(w http.ResponseWriter, r *http.Request) {
 	key := r.PathValue("key")
 	switch r.Method {
 	case http.MethodGet, http.MethodHead:
-		c, err := n.Counter(key)
+		c, err := a.node.Counter(key)
 		if err != nil {
-			writeErr(w, err)
+			WriteErr(w, err)
 			return
 		}
 		w.Header().Set("ETag", `"`+c.Version+`"`)
@@ -107,27 +112,22 @@ func (n *Node) handleCounter(w http.ResponseWriter, r *http.Request) {
 	case http.MethodPost:
 		body, err := readBody(w, r, 4096)
 		if err != nil {
-			writeErr(w, err)
+			WriteErr(w, err)
 			return
 		}
 		delta, err := DecodeDelta(body)
 		if err != nil {
-			writeErr(w, err)
-			return
-		}
-		if err := errors.Join(n.checkKey(key), n.checkValue(key, 0)); err != nil {
-			writeErr(w, err)
+			WriteErr(w, err)
 			return
 		}
 		idem, err := idemFor(r, key, body, machine.AnswerCounter)
 		if err != nil {
-			writeErr(w, err)
+			WriteErr(w, err)
 			return
 		}
-		p := &proposal{entry: entry.Entry{Op: entry.OpCounter, Key: key}, idem: idem, delta: delta}
-		res, err := n.propose(r.Context(), p)
-		n.finishWrite(w, r, idem, res, err, func() {
-			writeJSON(w, http.StatusOK, machine.CounterAnswer{Key: key, Value: p.counterValue, Version: res.Version, Origin: res.Origin})
+		res, err := a.node.Propose(r.Context(), api.Write{Entry: entry.Entry{Op: entry.OpCounter, Key: key}, Delta: delta, Keyed: idem})
+		a.finishWrite(w, r, idem, res, err, func() {
+			writeJSON(w, http.StatusOK, machine.CounterAnswer{Key: key, Value: res.Counter, Version: res.Version, Origin: res.Origin})
 		})
 	default:
 		methodNotAllowed(w, r, "GET, HEAD, POST")
@@ -144,17 +144,17 @@ func DecodeDelta(body []byte) (int64, error) {
 	dec.DisallowUnknownFields()
 	dec.UseNumber()
 	if err := dec.Decode(&req); err != nil {
-		return 0, fmt.Errorf("%w: want {\"delta\": <integer>}: %v", errBadRequest, err)
+		return 0, fmt.Errorf("%w: want {\"delta\": <integer>}: %v", api.ErrBadRequest, err)
 	}
 	if dec.More() {
-		return 0, fmt.Errorf("%w: trailing data after the JSON object", errBadRequest)
+		return 0, fmt.Errorf("%w: trailing data after the JSON object", api.ErrBadRequest)
 	}
 	if req.Delta == nil {
-		return 0, fmt.Errorf("%w: want {\"delta\": <integer>}", errBadRequest)
+		return 0, fmt.Errorf("%w: want {\"delta\": <integer>}", api.ErrBadRequest)
 	}
 	d, err := req.Delta.Int64()
 	if err != nil || d == 0 || d == -1<<63 {
-		return 0, fmt.Errorf("%w: delta %s: want a non-zero 64-bit integer", errBadRequest, req.Delta.String())
+		return 0, fmt.Errorf("%w: delta %s: want a non-zero 64-bit integer", api.ErrBadRequest, req.Delta.String())
 	}
 	return d, nil
 }
@@ -172,11 +172,11 @@ type batchRequest struct {
 
 // DecodeBatchRequest reads an atomic batch request: its ops and its
 // operation id ("" when absent).
-func DecodeBatchRequest(body []byte) ([]BatchOp, string, error) {
+func DecodeBatchRequest(body []byte) ([]api.BatchOp, string, error) {
 	if !utf8.Valid(body) {
 		// encoding/json would rewrite the bytes to U+FFFD: a key the
 		// caller did not send.
-		return nil, "", fmt.Errorf("%w: batch: not valid UTF-8 (binary values go in value_b64)", errBadRequest)
+		return nil, "", fmt.Errorf("%w: batch: not valid UTF-8 (binary values go in value_b64)", api.ErrBadRequest)
 	}
 	// go-json-experiment (encoding/json/v2's implementation) decodes a
 	// batch three times faster than encoding/json (a third of a leader's
@@ -184,25 +184,25 @@ func DecodeBatchRequest(body []byte) ([]BatchOp, string, error) {
 	// name twice, an unknown member or trailing data is refused.
 	var req batchRequest
 	if err := jsonv2.Unmarshal(body, &req, jsonv2.RejectUnknownMembers(true)); err != nil {
-		return nil, "", fmt.Errorf("%w: batch: %v", errBadRequest, err)
+		return nil, "", fmt.Errorf("%w: batch: %v", api.ErrBadRequest, err)
 	}
 	if len(req.OperationID) > entry.MaxIdemKey-3 {
-		return nil, "", fmt.Errorf("%w: operation_id of %d bytes", errBadRequest, len(req.OperationID))
+		return nil, "", fmt.Errorf("%w: operation_id of %d bytes", api.ErrBadRequest, len(req.OperationID))
 	}
-	ops := make([]BatchOp, 0, len(req.Ops))
+	ops := make([]api.BatchOp, 0, len(req.Ops))
 	for i, o := range req.Ops {
-		op := BatchOp{Key: o.Key}
+		op := api.BatchOp{Key: o.Key}
 		switch o.Op {
 		case "set":
 			switch {
 			case o.Value != nil && o.ValueB64 != nil:
-				return nil, "", fmt.Errorf("%w: op %d: value or value_b64, not both", errBadRequest, i)
+				return nil, "", fmt.Errorf("%w: op %d: value or value_b64, not both", api.ErrBadRequest, i)
 			case o.Value != nil:
 				op.Value = []byte(*o.Value)
 			case o.ValueB64 != nil:
 				v, err := base64.StdEncoding.DecodeString(*o.ValueB64)
 				if err != nil {
-					return nil, "", fmt.Errorf("%w: op %d: value_b64: %v", errBadRequest, i, err)
+					return nil, "", fmt.Errorf("%w: op %d: value_b64: %v", api.ErrBadRequest, i, err)
 				}
 				op.Value = v
 			default:
@@ -210,11 +210,11 @@ func DecodeBatchRequest(body []byte) ([]BatchOp, string, error) {
 			}
 		case "delete":
 			if o.Value != nil || o.ValueB64 != nil {
-				return nil, "", fmt.Errorf("%w: op %d: a delete takes no value", errBadRequest, i)
+				return nil, "", fmt.Errorf("%w: op %d: a delete takes no value", api.ErrBadRequest, i)
 			}
 			op.Delete = true
 		default:
-			return nil, "", fmt.Errorf("%w: op %d: op %q, want set or delete", errBadRequest, i, o.Op)
+			return nil, "", fmt.Errorf("%w: op %d: op %q, want set or delete", api.ErrBadRequest, i, o.Op)
 		}
 		ops = append(ops, op)
 	}
@@ -224,46 +224,40 @@ func DecodeBatchRequest(body []byte) ([]BatchOp, string, error) {
 // handleBatch serves POST /v1/batch. The operation_id makes it idempotent
 // like an Idempotency-Key (the header also works); reusing it for other ops
 // is refused with 422.
-func (n *Node) handleBatch(w http.ResponseWriter, r *http.Request) {
+func (a *API) handleBatch(w http.ResponseWriter, r *http.Request) {
 	if r.Method != http.MethodPost {
 		methodNotAllowed(w, r, "POST")
 		return
 	}
-	body, err := readBody(w, r, int(n.opts.MaxReplicateBytes/2))
+	body, err := readBody(w, r, int(a.opts.MaxBatchBytes))
 	if err != nil {
-		writeErr(w, err)
+		WriteErr(w, err)
 		return
 	}
 	ops, opID, err := DecodeBatchRequest(body)
 	if err != nil {
-		writeErr(w, err)
+		WriteErr(w, err)
 		return
 	}
 	// the fingerprint covers the ops, not how the JSON spelled them
 	canon, _ := json.Marshal(ops)
-	var idem *idemRequest
+	var idem *api.Keyed
 	if opID != "" {
-		idem = &idemRequest{key: "op:" + opID, fingerprint: fingerprint(r, "batch", canon), answer: machine.AnswerBatch, opID: opID}
+		idem = &api.Keyed{Key: "op:" + opID, Fingerprint: Fingerprint(r, "batch", canon), Answer: machine.AnswerBatch, OpID: opID}
 	} else if idem, err = idemFor(r, "batch", canon, machine.AnswerBatch); err != nil {
-		writeErr(w, err)
+		WriteErr(w, err)
 		return
 	}
-	res, err := n.batch(r.Context(), ops, idem)
-	if errors.Is(err, ErrIdempotencyConflict) && opID != "" {
-		n.logKeyed(r, idem, res, err)
+	res, err := a.node.Propose(r.Context(), api.Write{Ops: ops, Keyed: idem})
+	if errors.Is(err, api.ErrIdempotencyConflict) && opID != "" {
+		a.logKeyed(r, idem, res, err)
 		writeError(w, http.StatusUnprocessableEntity, apiError{Code: "operation_id_reused",
 			Message: fmt.Sprintf("operation_id %q was used for a different set of operations", opID)})
 		return
 	}
-	n.finishWrite(w, r, idem, res, err, func() {
+	a.finishWrite(w, r, idem, res, err, func() {
 		writeJSON(w, http.StatusOK, machine.BatchAnswer{OperationID: opID, Ops: len(ops), Version: res.Version, Origin: res.Origin})
 	})
-}
-
-// BulkRecord is one record of a bulk load.
-type BulkRecord struct {
-	Key   string
-	Value []byte
 }
 
 // BulkReader reads bulk-load records: NDJSON lines {"key","value"} (or
@@ -317,17 +311,17 @@ func (b *recordBound) Read(p []byte) (int, error) {
 }
 
 // Next returns the next record; io.EOF at the end.
-func (b *BulkReader) Next() (BulkRecord, error) {
+func (b *BulkReader) Next() (api.BulkRecord, error) {
 	if b.csv != nil {
 		rec, err := b.csv.Read()
 		b.line++
 		if err != nil {
 			if err == io.EOF {
-				return BulkRecord{}, io.EOF
+				return api.BulkRecord{}, io.EOF
 			}
-			return BulkRecord{}, fmt.Errorf("%w: csv row %d: %v", errBadRequest, b.line, err)
+			return api.BulkRecord{}, fmt.Errorf("%w: csv row %d: %v", api.ErrBadRequest, b.line, err)
 		}
-		return BulkRecord{Key: rec[0], Value: []byte(rec[1])}, nil
+		return api.BulkRecord{Key: rec[0], Value: []byte(rec[1])}, nil
 	}
 	for b.lines.Scan() {
 		b.line++
@@ -342,14 +336,14 @@ func (b *BulkReader) Next() (BulkRecord, error) {
 		return rec, nil
 	}
 	if err := b.lines.Err(); err != nil {
-		return BulkRecord{}, fmt.Errorf("%w: line %d: %v", errBadRequest, b.line+1, err)
+		return api.BulkRecord{}, fmt.Errorf("%w: line %d: %v", api.ErrBadRequest, b.line+1, err)
 	}
-	return BulkRecord{}, io.EOF
+	return api.BulkRecord{}, io.EOF
 }
 
 // DecodeBulkLine reads one NDJSON record {"key": ..., "value": ...} or
 // {"key": ..., "value_b64": ...}.
-func DecodeBulkLine(line []byte) (BulkRecord, error) {
+func DecodeBulkLine(line []byte) (api.BulkRecord, error) {
 	if rec, ok := fastBulkLine(line); ok {
 		return rec, nil
 	}
@@ -359,35 +353,35 @@ func DecodeBulkLine(line []byte) (BulkRecord, error) {
 // fastBulkLine parses the common spelling {"key":"...","value":"..."} with
 // no escapes in either string, without reflection; anything else is left to
 // encoding/json. (The profile of a bulk load put encoding/json first.)
-func fastBulkLine(line []byte) (BulkRecord, bool) {
+func fastBulkLine(line []byte) (api.BulkRecord, bool) {
 	const k1, k2 = `{"key":"`, `","value":"`
 	if len(line) < len(k1)+len(k2)+2 || !bytes.HasPrefix(line, []byte(k1)) || !bytes.HasSuffix(line, []byte(`"}`)) {
-		return BulkRecord{}, false
+		return api.BulkRecord{}, false
 	}
 	rest := line[len(k1) : len(line)-2]
 	i := bytes.Index(rest, []byte(k2))
 	if i < 0 {
-		return BulkRecord{}, false
+		return api.BulkRecord{}, false
 	}
 	key, val := rest[:i], rest[i+len(k2):]
 	for _, part := range [][]byte{key, val} {
 		for _, c := range part {
 			if c == '\\' || c == '"' || c < 0x20 {
-				return BulkRecord{}, false
+				return api.BulkRecord{}, false
 			}
 		}
 	}
 	if !utf8.Valid(key) || !utf8.Valid(val) {
-		return BulkRecord{}, false
+		return api.BulkRecord{}, false
 	}
-	return BulkRecord{Key: string(key), Value: bytes.Clone(val)}, true
+	return api.BulkRecord{Key: string(key), Value: bytes.Clone(val)}, true
 }
 
-func slowBulkLine(line []byte) (BulkRecord, error) {
+func slowBulkLine(line []byte) (api.BulkRecord, error) {
 	if !utf8.Valid(line) {
 		// encoding/json would rewrite the bytes to U+FFFD: a key the
 		// caller did not send (CSV refuses them the same way).
-		return BulkRecord{}, fmt.Errorf("%w: not valid UTF-8 (binary values go in value_b64)", errBadRequest)
+		return api.BulkRecord{}, fmt.Errorf("%w: not valid UTF-8 (binary values go in value_b64)", api.ErrBadRequest)
 	}
 	var rec struct {
 		Key      *string `json:"key"`
@@ -397,32 +391,25 @@ func slowBulkLine(line []byte) (BulkRecord, error) {
 	dec := json.NewDecoder(bytes.NewReader(line))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&rec); err != nil {
-		return BulkRecord{}, fmt.Errorf("%w: %v", errBadRequest, err)
+		return api.BulkRecord{}, fmt.Errorf("%w: %v", api.ErrBadRequest, err)
 	}
 	if dec.More() {
-		return BulkRecord{}, fmt.Errorf("%w: one JSON object per line", errBadRequest)
+		return api.BulkRecord{}, fmt.Errorf("%w: one JSON object per line", api.ErrBadRequest)
 	}
 	if rec.Key == nil || (rec.Value == nil) == (rec.ValueB64 == nil) {
-		return BulkRecord{}, fmt.Errorf("%w: want {\"key\", \"value\"} or {\"key\", \"value_b64\"}", errBadRequest)
+		return api.BulkRecord{}, fmt.Errorf("%w: want {\"key\", \"value\"} or {\"key\", \"value_b64\"}", api.ErrBadRequest)
 	}
-	out := BulkRecord{Key: *rec.Key}
+	out := api.BulkRecord{Key: *rec.Key}
 	if rec.Value != nil {
 		out.Value = []byte(*rec.Value)
 	} else {
 		v, err := base64.StdEncoding.DecodeString(*rec.ValueB64)
 		if err != nil {
-			return BulkRecord{}, fmt.Errorf("%w: value_b64: %v", errBadRequest, err)
+			return api.BulkRecord{}, fmt.Errorf("%w: value_b64: %v", api.ErrBadRequest, err)
 		}
 		out.Value = v
 	}
 	return out, nil
-}
-
-// BulkResult is the answer to a bulk load.
-type BulkResult struct {
-	Loaded  int    `json:"loaded"`
-	Batches int    `json:"batches"`
-	Version string `json:"last_version,omitempty"`
 }
 
 // BulkChunk is how many records one bulk batch (one WAL entry) holds.
@@ -431,9 +418,11 @@ const BulkChunk = 1000
 // Bulk loads records in chunks: each chunk is one atomic batch entry in the
 // WAL, shipped to peers as normal replication. A failure stops the load;
 // the chunks before it stay loaded (Loaded says how many records).
-func (n *Node) Bulk(r interface{ Next() (BulkRecord, error) }, write func(ops []BatchOp) (WriteResult, error)) (BulkResult, error) {
-	var res BulkResult
-	chunk := make([]BatchOp, 0, BulkChunk)
+func Bulk(r interface {
+	Next() (api.BulkRecord, error)
+}, write func(ops []api.BatchOp) (api.WriteResult, error)) (api.BulkResult, error) {
+	var res api.BulkResult
+	chunk := make([]api.BatchOp, 0, BulkChunk)
 	size := 0
 	flush := func() error {
 		if len(chunk) == 0 {
@@ -458,9 +447,9 @@ func (n *Node) Bulk(r interface{ Next() (BulkRecord, error) }, write func(ops []
 			return res, errors.Join(flush(), err)
 		}
 		if !utf8.ValidString(rec.Key) {
-			return res, errors.Join(flush(), fmt.Errorf("%w: key %q is not UTF-8", ErrInvalidKey, rec.Key))
+			return res, errors.Join(flush(), fmt.Errorf("%w: key %q is not UTF-8", api.ErrInvalidKey, rec.Key))
 		}
-		chunk = append(chunk, BatchOp{Key: rec.Key, Value: rec.Value})
+		chunk = append(chunk, api.BatchOp{Key: rec.Key, Value: rec.Value})
 		size += len(rec.Key) + len(rec.Value)
 		if len(chunk) == BulkChunk || size >= 1<<20 {
 			if err := flush(); err != nil {
@@ -472,19 +461,21 @@ func (n *Node) Bulk(r interface{ Next() (BulkRecord, error) }, write func(ops []
 
 // handleBulk serves POST /v1/bulk: an NDJSON (or, with Content-Type
 // text/csv, CSV) stream of records, written as it arrives.
-func (n *Node) handleBulk(w http.ResponseWriter, r *http.Request) {
+func (a *API) handleBulk(w http.ResponseWriter, r *http.Request) {
 	if r.Method != http.MethodPost {
 		methodNotAllowed(w, r, "POST")
 		return
 	}
 	csvFormat := strings.HasPrefix(r.Header.Get("Content-Type"), "text/csv")
-	maxLine := 2*n.opts.MaxValueBytes + n.opts.MaxKeyBytes + 1024
+	maxLine := 2*a.opts.MaxValueBytes + a.opts.MaxKeyBytes + 1024
 	br := NewBulkReader(r.Body, csvFormat, maxLine)
-	res, err := n.Bulk(br, func(ops []BatchOp) (WriteResult, error) { return n.batch(r.Context(), ops, nil) })
+	res, err := Bulk(br, func(ops []api.BatchOp) (api.WriteResult, error) {
+		return a.node.Propose(r.Context(), api.Write{Ops: ops})
+	})
 	if err != nil {
 		e := apiError{Code: "bulk_failed", Message: fmt.Sprintf("%v; %d records were loaded before it", err, res.Loaded)}
 		status := http.StatusBadRequest
-		if !errors.Is(err, errBadRequest) && !errors.Is(err, ErrInvalidKey) && !errors.Is(err, ErrKeyTooLarge) && !errors.Is(err, ErrValueTooLarge) {
+		if !errors.Is(err, api.ErrBadRequest) && !errors.Is(err, api.ErrInvalidKey) && !errors.Is(err, api.ErrKeyTooLarge) && !errors.Is(err, api.ErrValueTooLarge) {
 			status, e.Retryable = http.StatusServiceUnavailable, true
 		}
 		writeError(w, status, e)

@@ -1,0 +1,255 @@
+package api
+
+import (
+	"encoding/json"
+	"time"
+
+	"github.com/replicator/replicator/acceptor"
+	"github.com/replicator/replicator/client"
+	"github.com/replicator/replicator/internal/raftconn"
+	"github.com/replicator/replicator/transport"
+)
+
+// PeersReport is GET /admin/peers.
+type PeersReport struct {
+	Cluster  string                     `json:"cluster"`
+	Links    []client.LinkStatus        `json:"links"`
+	Incoming map[string]acceptor.Counts `json:"incoming"`
+	Refusals map[string]uint64          `json:"refusals"`
+	Streams  []StreamReport             `json:"streams"`
+	// Members are the nodes known through gossip, with their liveness and
+	// whether they are shipped to.
+	Members []transport.Member `json:"members,omitempty"`
+	// Rejoin is this node's rejoin after losing data, and the peers that
+	// asked it for a re-seed or whose rejoin it waits to end.
+	Rejoin RejoinReport `json:"rejoin"`
+}
+
+// StreamReport is what this node applied of one peer stream (persisted).
+type StreamReport struct {
+	Origin string `json:"origin"`
+	Stream string `json:"stream"`
+	HWM    uint64 `json:"hwm"`
+	// Merged entries went through an LWW merge; with DeadLettered and
+	// Seeded it sums to HWM unless an entry was applied twice.
+	Merged       uint64 `json:"merged"`
+	DeadLettered uint64 `json:"dead_lettered"`
+	// Seeded entries were covered by a re-seed's snapshot instead.
+	Seeded uint64 `json:"seeded"`
+	// Frontier is the commit HLC of the last applied entry.
+	Frontier string `json:"frontier"`
+}
+
+// DigestReport is GET /admin/digest.
+type DigestReport struct {
+	Cluster    string `json:"cluster"`
+	Digest     string `json:"digest"`
+	Keys       int    `json:"keys"`
+	Tombstones int    `json:"tombstones"`
+}
+
+// WALReport is GET /admin/wal: the outbound WAL, each peer's backlog in it,
+// the node's saturation, and the replay permits of incoming batches.
+type WALReport struct {
+	Stream        string               `json:"stream"`
+	First         uint64               `json:"first_index"`
+	Last          uint64               `json:"last_index"`
+	Applied       uint64               `json:"applied_index"`
+	Bytes         int64                `json:"bytes"`
+	Segments      int                  `json:"segments"`
+	Repairs       int64                `json:"torn_tail_repairs"`
+	DroppedBytes  int64                `json:"torn_tail_dropped_bytes"`
+	WriteFailures int64                `json:"write_failures"`
+	Writes        uint64               `json:"writes"`
+	Groups        uint64               `json:"commit_groups"`
+	Peers         []PeerBacklog        `json:"peers"`
+	Saturation    SaturationReport     `json:"saturation"`
+	Permits       acceptor.PermitStats `json:"permits"`
+	Refusals      map[string]uint64    `json:"refusals_by_source"`
+}
+
+// PeerBacklog is one peer's share of the WAL.
+type PeerBacklog struct {
+	Peer             string  `json:"peer"`
+	Acked            uint64  `json:"acked_index"`
+	Entries          uint64  `json:"backlog_entries"`
+	Bytes            int64   `json:"backlog_bytes"`
+	OldestAgeSeconds float64 `json:"oldest_age_seconds"`
+	Overflow         string  `json:"overflow"`
+	State            string  `json:"state"`
+	Retained         bool    `json:"wal_retained"`
+}
+
+// OriginReport is GET /admin/origin.
+type OriginReport struct {
+	Cluster  string `json:"cluster"`
+	Resolver string `json:"resolver"`
+	Stream   string `json:"stream"`
+	Version  string `json:"version"`
+}
+
+// ClusterReport is GET /admin/cluster: the nodes of this node's cluster,
+// who leads, and how far each has applied the log.
+type ClusterReport struct {
+	Cluster string `json:"cluster"`
+	// Node answered; Mode is "single" (a node alone: a group of one) or
+	// "raft" (one of several nodes).
+	Node    string        `json:"node"`
+	Mode    string        `json:"mode"`
+	State   string        `json:"state"`
+	Leader  string        `json:"leader"`
+	Term    uint64        `json:"term"`
+	Commit  uint64        `json:"commit_index"`
+	Applied uint64        `json:"applied_index"`
+	Last    uint64        `json:"last_log_index"`
+	Stream  string        `json:"stream"`
+	Nodes   []ClusterNode `json:"nodes"`
+	// Incarnation is the answering node's data directory's (its raft
+	// identity is its node ID and this).
+	Incarnation string `json:"incarnation,omitempty"`
+	// RefusedBy: another node refused this one lately (it was removed,
+	// replaced by a newer incarnation, or lost in a recovery), and why.
+	RefusedBy *raftconn.Refusal `json:"refused_by,omitempty"`
+}
+
+// ClusterNode is one node of the cluster's configuration (or one gossip
+// sees that is not in it yet).
+type ClusterNode struct {
+	ID string `json:"id"`
+	// Incarnation is its data directory's: a node ID shows twice while a
+	// new incarnation (a wiped or restored directory) replaces the old.
+	Incarnation string `json:"incarnation,omitempty"`
+	Raft        string `json:"raft"`
+	API         string `json:"api,omitempty"`
+	Voter       bool   `json:"voter"`
+	Leader      bool   `json:"leader"`
+	// Gossip is what memberlist says of it (alive, suspect, dead, left;
+	// "self" for the node that answered).
+	Gossip string `json:"gossip,omitempty"`
+	// State, Applied and Term are the node's own answer (State
+	// "unreachable" when it gave none; "removed" or "not a member" for a
+	// node gossip sees that the configuration does not hold, with Error
+	// saying why); Lag is how many log entries it has yet to apply of what
+	// the cluster committed.
+	State   string `json:"state"`
+	Term    uint64 `json:"term,omitempty"`
+	Applied uint64 `json:"applied_index"`
+	Lag     uint64 `json:"lag"`
+	Error   string `json:"error,omitempty"`
+}
+
+// DeadLetterReport is one entry of GET /admin/deadletters.
+type DeadLetterReport struct {
+	ID     string    `json:"id"`
+	Origin string    `json:"origin"`
+	Stream string    `json:"stream"`
+	Index  uint64    `json:"index"`
+	At     time.Time `json:"at"`
+	Reason string    `json:"reason"`
+	Op     string    `json:"op"`
+	Key    string    `json:"key,omitempty"`
+}
+
+// HistorySample is one point of the chart: every link's backlog, and the
+// node's saturation, at one time.
+type HistorySample struct {
+	Time       time.Time             `json:"t"`
+	Saturation string                `json:"saturation"`
+	Peers      map[string]PeerSample `json:"peers"`
+}
+
+// PeerSample is one link at one time.
+type PeerSample struct {
+	State   string  `json:"state"`
+	Entries uint64  `json:"entries_behind"`
+	Bytes   int64   `json:"bytes_behind"`
+	Oldest  float64 `json:"oldest_unacked_age_seconds"`
+}
+
+// HistoryReport is GET /admin/history: the samples after ?after (Unix
+// milliseconds; all of them without it), oldest first.
+type HistoryReport struct {
+	IntervalSeconds float64         `json:"interval_seconds"`
+	SpanSeconds     float64         `json:"span_seconds"`
+	Samples         []HistorySample `json:"samples"`
+}
+
+// IdemReport is GET /v1/idempotency/{key}: what a keyed request was answered.
+type IdemReport struct {
+	Key     string          `json:"key"`
+	Status  int             `json:"status"`
+	Body    json.RawMessage `json:"body"`
+	Version string          `json:"version"`
+	Origin  string          `json:"origin"`
+	Expires time.Time       `json:"expires"`
+}
+
+// LagReport is GET /admin/lag: replication lag percentiles of the entries
+// applied here since a time (at most the last 262,144 entries).
+type LagReport struct {
+	Since   time.Time `json:"since"`
+	Samples int       `json:"samples"`
+	P50MS   float64   `json:"p50_ms"`
+	P90MS   float64   `json:"p90_ms"`
+	P99MS   float64   `json:"p99_ms"`
+	MaxMS   float64   `json:"max_ms"`
+	// Stages splits the lag of the entries whose sender said when it sent
+	// them (acceptor.Lag): ship (commit to send, on the sender's clock),
+	// wire (send to received, across the two clocks: skew shows here),
+	// apply (received to synced apply, here).
+	Stages map[string]StageReport `json:"stages,omitempty"`
+}
+
+// StageReport is one stage's percentiles.
+type StageReport struct {
+	Samples int     `json:"samples"`
+	P50MS   float64 `json:"p50_ms"`
+	P90MS   float64 `json:"p90_ms"`
+	P99MS   float64 `json:"p99_ms"`
+	MaxMS   float64 `json:"max_ms"`
+}
+
+// RejoinReport is the node's own rejoin and what peers asked of it.
+type RejoinReport struct {
+	// Phases is this node's rejoin with each peer: "requesting" (waiting
+	// for its re-seed) or "seeding" (owes it one).
+	Phases map[string]string `json:"phases,omitempty"`
+	// Requests are peers that asked this node for a re-seed ("owed") or
+	// whose rejoin it waits to end ("awaiting").
+	Requests map[string][]string `json:"requests,omitempty"`
+}
+
+// Saturation states, in order.
+const (
+	StateHealthy   = "healthy"
+	StateThrottled = "throttled"
+	StateSaturated = "saturated"
+)
+
+// Overflow modes of a peer link.
+const (
+	OverflowReject = "reject" // refuse local writes while the peer's backlog is over its high-water mark
+	OverflowDetach = "detach" // stop retaining the WAL for the peer; it needs a re-seed
+)
+
+// WaterMarks bound a peer link's backlog. A link over any high-water mark
+// saturates the node; it leaves saturation only once every link is under
+// every low-water mark (hysteresis), passing through throttled.
+type WaterMarks struct {
+	HighEntries uint64        `json:"high_entries"`
+	LowEntries  uint64        `json:"low_entries"`
+	HighBytes   int64         `json:"high_bytes"`
+	LowBytes    int64         `json:"low_bytes"`
+	HighAge     time.Duration `json:"high_age"`
+	LowAge      time.Duration `json:"low_age"`
+}
+
+// SaturationReport is the node's saturation state and why.
+type SaturationReport struct {
+	State      string     `json:"state"`
+	Cause      string     `json:"cause,omitempty"`
+	Peer       string     `json:"peer,omitempty"`
+	Since      time.Time  `json:"since"`
+	Thresholds WaterMarks `json:"thresholds"`
+	Refusals   uint64     `json:"refusals"`
+}

@@ -1,0 +1,83 @@
+package api
+
+import (
+	"github.com/replicator/replicator/entry"
+	"github.com/replicator/replicator/machine"
+	"github.com/replicator/replicator/store"
+)
+
+// WriteResult is the answer to a write.
+type WriteResult struct {
+	Key     string
+	Version string // the write's stamp; the same on every cluster
+	Origin  string
+	// Outcome is Applied, or Stale when a higher stamp already held the key
+	// (possible only against a pinned or replicated stamp).
+	Outcome entry.Outcome
+	Index   uint64 // the entry's WAL index
+	// Replay is the recorded answer when an Idempotency-Key was seen before;
+	// nothing was written then.
+	Replay *store.IdemRecord
+	// Counter is a counter's value right after the increment, in commit
+	// order (an increment only).
+	Counter int64
+}
+
+// CounterResult is a counter's state.
+type CounterResult struct {
+	Key     string              `json:"key"`
+	Value   int64               `json:"value"`
+	Version string              `json:"version"`
+	Totals  map[string]entry.PN `json:"totals"` // per cluster
+	// Components are the totals per stream (and epoch) of each cluster, as
+	// they merge (docs/DATAMODEL.md).
+	Components map[string]entry.PN `json:"components,omitempty"`
+	Origin     string              `json:"origin,omitempty"` // of the increment
+}
+
+// BatchOp is one write of an atomic batch.
+type BatchOp struct {
+	Delete bool
+	Key    string
+	Value  []byte
+}
+
+// BulkRecord is one record of a bulk load.
+type BulkRecord struct {
+	Key   string
+	Value []byte
+}
+
+// BulkResult is the answer to a bulk load.
+type BulkResult struct {
+	Loaded  int    `json:"loaded"`
+	Batches int    `json:"batches"`
+	Version string `json:"last_version,omitempty"`
+}
+
+// Keyed is a request that carries an idempotency key (an Idempotency-Key
+// header, or a batch's operation ID): the same key with another fingerprint
+// is a different request, and is refused.
+type Keyed struct {
+	Key string
+	// Fingerprint covers what decides the write and nothing
+	// cluster-specific, so every cluster computes the same.
+	Fingerprint []byte
+	// Answer is the shape of the recorded answer, OpID a batch's operation
+	// ID (machine.Answer).
+	Answer machine.AnswerKind
+	OpID   string
+}
+
+// Write is one write as the HTTP API proposes it: a set, delete, counter
+// increment or range delete in Entry (Key, Value, End), or the ops of an
+// atomic batch; with its precondition and idempotency key.
+type Write struct {
+	Entry entry.Entry
+	// Ops is an atomic batch (Entry is then unused).
+	Ops []BatchOp
+	// Delta is a counter increment (Entry.Op is entry.OpCounter).
+	Delta int64
+	Cond  *Condition
+	Keyed *Keyed
+}

@@ -1,0 +1,176 @@
+package httpapi
+
+import (
+	"bytes"
+	"crypto/sha256"
+	_ "embed"
+	"encoding/base64"
+	"net/http"
+	"net/http/pprof"
+	"strconv"
+	"time"
+
+	"github.com/replicator/replicator/internal/httpjson"
+	"github.com/replicator/replicator/node/api"
+	"github.com/replicator/replicator/wire"
+)
+
+// Admin paths. Each handler is a thin wrapper over a method that returns a
+// struct, so tests and the CLI see exactly what the endpoint serves.
+const (
+	pathAdminPeers  = "/admin/peers"
+	pathAdminDigest = "/admin/digest"
+	pathAdminWAL    = "/admin/wal"
+	pathAdminOrigin = "/admin/origin"
+)
+
+func getOnly(f func(w http.ResponseWriter, r *http.Request)) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		if r.Method != http.MethodGet && r.Method != http.MethodHead {
+			methodNotAllowed(w, r, "GET, HEAD")
+			return
+		}
+		f(w, r)
+	}
+}
+
+func (a *API) registerAdmin(mux *http.ServeMux) {
+	if a.opts.Peer != nil {
+		mux.Handle(wire.PathReplicate, a.opts.Peer)
+		mux.Handle(wire.PathProve, a.opts.Peer)
+	}
+	mux.Handle("/metrics", a.opts.Metrics)
+	mux.HandleFunc(PathUI, getOnly(a.handleUI))
+	mux.HandleFunc("/admin/history", getOnly(a.handleHistory))
+	mux.HandleFunc("/admin/lag", getOnly(a.handleLag))
+	a.registerDeadLetters(mux)
+	a.registerCluster(mux)
+	if a.opts.Pprof {
+		registerPprof(mux)
+	}
+	mux.HandleFunc("/admin/peers/{name}/{action}", func(w http.ResponseWriter, r *http.Request) {
+		if r.Method != http.MethodPost {
+			methodNotAllowed(w, r, "POST")
+			return
+		}
+		name := r.PathValue("name")
+		var err error
+		switch r.PathValue("action") {
+		case "pause":
+			err = a.node.PausePeer(name)
+		case "resume":
+			err = a.node.ResumePeer(name)
+		case "reseed":
+			err = a.node.ReseedPeer(name)
+		case "detach":
+			err = a.node.DetachPeer(name)
+		default:
+			writeError(w, http.StatusNotFound, apiError{Code: "not_found", Message: "actions: pause, resume, reseed, detach"})
+			return
+		}
+		if err != nil {
+			WriteErr(w, err)
+			return
+		}
+		for _, st := range a.node.PeerStatus() {
+			if st.Peer == name {
+				writeJSON(w, http.StatusOK, st)
+				return
+			}
+		}
+		writeError(w, http.StatusNotFound, apiError{Code: "not_found", Message: "no peer " + name})
+	})
+	mux.HandleFunc(pathAdminPeers, getOnly(func(w http.ResponseWriter, r *http.Request) {
+		writeJSON(w, http.StatusOK, a.node.PeersReport())
+	}))
+	mux.HandleFunc(pathAdminDigest, getOnly(func(w http.ResponseWriter, r *http.Request) {
+		d, err := a.node.DigestReport()
+		if err != nil {
+			WriteErr(w, err)
+			return
+		}
+		writeJSON(w, http.StatusOK, d)
+	}))
+	mux.HandleFunc(pathAdminWAL, getOnly(func(w http.ResponseWriter, r *http.Request) {
+		writeJSON(w, http.StatusOK, a.node.WALReport())
+	}))
+	mux.HandleFunc(pathAdminOrigin, getOnly(func(w http.ResponseWriter, r *http.Request) {
+		writeJSON(w, http.StatusOK, a.node.OriginReport())
+	}))
+}
+
+//go:embed ui/index.html
+var dashboard []byte
+
+// dashboardCSP lets the page run its own inline script and style (by their
+// hashes) and nothing else: no other script, no style attribute, requests
+// to its own origin only, and no other site may frame it (the page has
+// buttons: a framed page could trick a click).
+var dashboardCSP = "default-src 'none'; script-src " + inlineHash(dashboard, "script") + "; style-src " + inlineHash(dashboard, "style") +
+	"; connect-src 'self'; img-src 'self' data:; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
+
+// inlineHash is the CSP source of the page's one inline element of tag.
+func inlineHash(page []byte, tag string) string {
+	_, rest, ok := bytes.Cut(page, []byte("<"+tag+">"))
+	body, _, ok2 := bytes.Cut(rest, []byte("</"+tag+">"))
+	if !ok || !ok2 {
+		panic("node: the dashboard has no inline " + tag)
+	}
+	sum := sha256.Sum256(body)
+	return "'sha256-" + base64.StdEncoding.EncodeToString(sum[:]) + "'"
+}
+
+func (a *API) handleUI(w http.ResponseWriter, r *http.Request) {
+	h := w.Header()
+	h.Set("Content-Type", "text/html; charset=utf-8")
+	h.Set("Cache-Control", "no-store")
+	h.Set("X-Frame-Options", "DENY")
+	h.Set("X-Content-Type-Options", "nosniff")
+	h.Set("Content-Security-Policy", dashboardCSP)
+	w.Write(dashboard)
+}
+
+func registerPprof(mux *http.ServeMux) {
+	mux.HandleFunc("/debug/pprof/", pprof.Index)
+	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+}
+
+// PprofHandler serves profiles on a listener of their own (--pprof-listen).
+func PprofHandler() http.Handler {
+	mux := http.NewServeMux()
+	registerPprof(mux)
+	return mux
+}
+
+func (a *API) handleHistory(w http.ResponseWriter, r *http.Request) {
+	var after time.Time
+	if v := r.URL.Query().Get("after"); v != "" {
+		ms, err := strconv.ParseInt(v, 10, 64)
+		if err != nil {
+			writeError(w, http.StatusBadRequest, apiError{Code: "bad_request", Message: "after: want Unix milliseconds"})
+			return
+		}
+		after = time.UnixMilli(ms)
+	}
+	writeJSON(w, http.StatusOK, a.node.History(after))
+}
+
+func (a *API) handleLag(w http.ResponseWriter, r *http.Request) {
+	since := time.Now().Add(-time.Minute)
+	if s := r.URL.Query().Get("since"); s != "" {
+		ns, err := strconv.ParseInt(s, 10, 64)
+		if err != nil {
+			writeError(w, http.StatusBadRequest, apiError{Code: "bad_request", Message: "since: unix nanoseconds"})
+			return
+		}
+		since = time.Unix(0, ns)
+	}
+	writeJSON(w, http.StatusOK, a.node.Lag(since))
+}
+
+func writeSaturated(w http.ResponseWriter, e *api.SaturatedError) {
+	httpjson.RetryAfter(w, time.Second)
+	writeError(w, http.StatusServiceUnavailable, apiError{Code: "saturated", Source: e.Source, Peer: e.Peer,
+		Retryable: false, Message: e.Error() + "; slow down, or bring the peer back (replicator admin peers)"})
+}

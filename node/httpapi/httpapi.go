@@ -1,0 +1,110 @@
+// Package httpapi is a node's HTTP surface: the client API (/v1/...), the
+// admin endpoints and the dashboard. Every handler decodes a request, calls
+// the node's Go API and renders its answer; it decides nothing a node
+// decides. The node it serves is the Node interface declared here, so the
+// package depends on the API's words (package api), not on package node,
+// which composes it: node owns the listeners, TLS, the token and the
+// forwarding of requests to its cluster's leader, and wraps this handler in
+// them.
+package httpapi
+
+import (
+	"context"
+	"log/slog"
+	"net/http"
+	"time"
+
+	"github.com/replicator/replicator/client"
+	"github.com/replicator/replicator/node/api"
+	"github.com/replicator/replicator/store"
+)
+
+// Reader is what the read endpoints ask of a node.
+type Reader interface {
+	ClusterID() string
+	Ready() error
+	Get(key string) (store.Record, error)
+	Scan(o store.ScanOptions) ([]store.Item, string, error)
+	Counter(key string) (api.CounterResult, error)
+	Idempotency(key string) (api.IdemReport, error)
+}
+
+// Writer is what the write endpoints ask of a node: one write, with its
+// idempotency key and precondition.
+type Writer interface {
+	Propose(ctx context.Context, w api.Write) (api.WriteResult, error)
+}
+
+// Links is what the link endpoints ask of a node.
+type Links interface {
+	PeerStatus() []client.LinkStatus
+	PausePeer(peer string) error
+	ResumePeer(peer string) error
+	ReseedPeer(peer string) error
+	DetachPeer(peer string) error
+	PeersReport() api.PeersReport
+	Lag(since time.Time) api.LagReport
+	History(after time.Time) api.HistoryReport
+	DeadLetters() ([]api.DeadLetterReport, error)
+	ReplayDeadLetter(id string) error
+	DiscardDeadLetter(id string) error
+}
+
+// Reports is what the node's other admin endpoints ask of it.
+type Reports interface {
+	DigestReport() (api.DigestReport, error)
+	WALReport() api.WALReport
+	OriginReport() api.OriginReport
+	ClusterReport(ctx context.Context) api.ClusterReport
+	// LocalCluster is what this node alone knows of its cluster (what
+	// ClusterReport asks each node).
+	LocalCluster() api.ClusterReport
+	JoinNode(id, raftAddr, force string) error
+	RemoveNode(id string) error
+}
+
+// Node is the node the API serves.
+type Node interface {
+	Reader
+	Writer
+	Links
+	Reports
+}
+
+// Options configure the API.
+type Options struct {
+	// MaxKeyBytes and MaxValueBytes bound a key and a value (the node
+	// checks them again); MaxBatchBytes bounds a batch request's body.
+	MaxKeyBytes   int
+	MaxValueBytes int
+	MaxBatchBytes int
+	// Peer serves the peer endpoint (/v1/replicate and the proof) on this
+	// handler; nil when it has a listener of its own.
+	Peer http.Handler
+	// Metrics serves /metrics.
+	Metrics http.Handler
+	// Pprof serves /debug/pprof (the node asks for it only behind a
+	// token).
+	Pprof bool
+	// Caller names who sent a request, for the logs of admin actions.
+	Caller func(*http.Request) string
+	Logger *slog.Logger
+}
+
+// API serves a node over HTTP.
+type API struct {
+	node Node
+	opts Options
+	log  *slog.Logger
+}
+
+// New returns the API of a.
+func New(n Node, o Options) *API {
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.DiscardHandler)
+	}
+	if o.Caller == nil {
+		o.Caller = func(r *http.Request) string { return r.RemoteAddr }
+	}
+	return &API{node: n, opts: o, log: o.Logger}
+}

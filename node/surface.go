@@ -1,0 +1,39 @@
+package node
+
+import (
+	"net/http"
+
+	"github.com/replicator/replicator/internal/httpjson"
+	"github.com/replicator/replicator/node/httpapi"
+)
+
+// The node's HTTP surface is package httpapi; the node composes it with
+// what belongs to its listeners: forwarding to the leader (forward.go), the
+// token and the origin checks (security.go).
+
+type apiError = httpjson.Error
+
+var writeError = httpjson.WriteError
+
+// Handler returns the node's HTTP API as its listener serves it, without
+// the token and origin checks: what needs the leader is forwarded to it.
+func (n *Node) Handler() http.Handler { return n.route(surface(n).Handler()) }
+
+// surface is the node's HTTP API, with the peer endpoint unless it has a
+// listener of its own.
+func surface(n *Node) *httpapi.API {
+	o := httpapi.Options{
+		MaxKeyBytes:   n.opts.MaxKeyBytes,
+		MaxValueBytes: n.opts.MaxValueBytes,
+		MaxBatchBytes: int(n.opts.MaxReplicateBytes / 2),
+		Metrics:       n.metrics.handler(),
+		// Behind the token (Validate refuses --pprof without one).
+		Pprof:  n.opts.Pprof && n.opts.APIToken != "",
+		Caller: n.callerOf,
+		Logger: n.log,
+	}
+	if n.opts.PeerListen == "" && n.opts.PeerListener == nil {
+		o.Peer = n.acceptor
+	}
+	return httpapi.New(n, o)
+}
