@@ -30,7 +30,7 @@ func (n *Node) listen(given net.Listener, addr string, peer bool) (net.Listener,
 		cl = newConnLimiter(ln, n.opts.MaxConnections)
 		ln = cl
 	}
-	if c := n.serverTLS(peer); c != nil {
+	if c := n.tls.server(peer); c != nil {
 		ln = tls.NewListener(ln, c)
 	}
 	if cl != nil {

@@ -204,7 +204,13 @@ func Open(ctx context.Context, opts *Options) (*Node, error) {
 		n.store.Close()
 		return nil, err
 	}
-	if err := n.loadTLS(); err != nil {
+	n.tls.opts, n.tls.log = &n.opts, n.log
+	n.tls.reloaded = func() {
+		if n.peerClient != nil {
+			n.peerClient.CloseIdleConnections()
+		}
+	}
+	if err := n.tls.load(); err != nil {
 		n.store.Close()
 		return nil, err
 	}
@@ -346,7 +352,7 @@ func (n *Node) Start() error {
 	if n.opts.APIToken != "" && n.opts.AdminToken == "" {
 		n.log.Warn("the admin endpoints (membership, peers, detach) accept the API token: every client that may write may also join and remove nodes; give them a token of their own with --admin-token-file (docs/OPERATIONS.md)")
 	}
-	n.srv = n.serve(ln, n.protect(n.requireToken(n.Handler()), ln), &n.serveErr)
+	n.srv = n.serve(ln, protect(&n.opts, requireToken(&n.opts, n.Handler()), ln), &n.serveErr)
 	if n.opts.PprofListen != "" {
 		pln, err := net.Listen("tcp", n.opts.PprofListen)
 		if err != nil {
@@ -375,7 +381,7 @@ func (n *Node) Start() error {
 		go n.leadLoop()
 	}
 	if n.tls.cert != nil { // after the peer client exists: a reload closes its idle links
-		n.every(n.opts.TLSReloadInterval, n.reloadTLSIfChanged)
+		n.every(n.opts.TLSReloadInterval, n.tls.reloadIfChanged)
 	}
 	if n.opts.Gossip != nil {
 		if err := n.startGossip(); err != nil {

@@ -27,7 +27,7 @@ func (n *Node) setupReplication() error {
 		Version:       n.opts.BuildVersion,
 		Secrets:       secrets,
 		Insecure:      n.opts.InsecurePeers,
-		CertCluster:   n.certCluster,
+		CertCluster:   n.tls.certCluster,
 		MaxBodyBytes:  n.opts.MaxReplicateBytes,
 		MaxKeyBytes:   n.opts.MaxKeyBytes,
 		MaxValueBytes: n.opts.MaxValueBytes,
@@ -66,12 +66,12 @@ func (n *Node) setupReplication() error {
 	})
 	rt := n.opts.PeerTransport
 	if rt == nil {
-		rt = &http.Transport{MaxIdleConnsPerHost: 4, IdleConnTimeout: 90 * time.Second, TLSClientConfig: n.clientTLS()}
+		rt = &http.Transport{MaxIdleConnsPerHost: 4, IdleConnTimeout: 90 * time.Second, TLSClientConfig: n.tls.client()}
 	}
 	n.peerClient = &http.Client{Transport: rt}
 	if n.multi() {
 		n.fwdClient = &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64, IdleConnTimeout: 90 * time.Second,
-			TLSClientConfig: n.clientTLS()}}
+			TLSClientConfig: n.tls.client()}}
 		n.svcClient = n.newServiceClient()
 		return nil // each term links to the peers (term.go)
 	}

@@ -6,6 +6,7 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/url"
@@ -28,6 +29,12 @@ const (
 
 // tlsSetup holds the parsed TLS material.
 type tlsSetup struct {
+	opts *Options
+	log  *slog.Logger
+	// reloaded runs after a new certificate is in place (the peer client
+	// closes its idle links, so the next batch presents it).
+	reloaded func()
+
 	cert     *tls.Certificate // the first one loaded: TLS is on
 	clientCA *x509.CertPool   // verifies peers' client certificates
 	peerCA   *x509.CertPool   // verifies peers' server certificates
@@ -50,27 +57,27 @@ func (n *Node) ReloadTLS() error {
 	}
 	n.tls.mu.Lock()
 	defer n.tls.mu.Unlock()
-	return n.reloadTLSLocked()
+	return n.tls.reloadLocked()
 }
 
-func (n *Node) reloadTLSLocked() error {
-	o := &n.opts
+func (t *tlsSetup) reloadLocked() error {
+	o := t.opts
 	// Stamped before reading, so a pair that fails is not retried by the
 	// watcher until it changes again (SIGHUP always retries).
-	n.tls.mu.modTime = tlsModTime(o.TLSCert, o.TLSKey)
+	t.mu.modTime = tlsModTime(o.TLSCert, o.TLSKey)
 	c, err := tls.LoadX509KeyPair(o.TLSCert, o.TLSKey)
 	if err != nil {
-		n.log.Error("TLS certificate reload failed; keeping the current one", "cert", o.TLSCert, "err", err)
+		t.log.Error("TLS certificate reload failed; keeping the current one", "cert", o.TLSCert, "err", err)
 		return fmt.Errorf("node: reload --tls-cert/--tls-key: %w", err)
 	}
-	n.tls.live.Store(&c)
+	t.live.Store(&c)
 	// Idle links dial again with the new client certificate; busy ones
 	// keep theirs until they close (certificates are checked at the
 	// handshake only).
-	if n.peerClient != nil {
-		n.peerClient.CloseIdleConnections()
+	if t.reloaded != nil {
+		t.reloaded()
 	}
-	n.log.Info("TLS certificate reloaded", "cert", o.TLSCert)
+	t.log.Info("TLS certificate reloaded", "cert", o.TLSCert)
 	return nil
 }
 
@@ -85,11 +92,11 @@ func tlsModTime(paths ...string) time.Time {
 }
 
 // reloadTLSIfChanged reloads the certificate when its files changed.
-func (n *Node) reloadTLSIfChanged() {
-	n.tls.mu.Lock()
-	defer n.tls.mu.Unlock()
-	if tlsModTime(n.opts.TLSCert, n.opts.TLSKey).After(n.tls.mu.modTime) {
-		_ = n.reloadTLSLocked()
+func (t *tlsSetup) reloadIfChanged() {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if tlsModTime(t.opts.TLSCert, t.opts.TLSKey).After(t.mu.modTime) {
+		_ = t.reloadLocked()
 	}
 }
 
@@ -105,8 +112,8 @@ func loadPool(path string) (*x509.CertPool, error) {
 	return pool, nil
 }
 
-func (n *Node) loadTLS() error {
-	o := &n.opts
+func (t *tlsSetup) load() error {
+	o := t.opts
 	if o.TLSCert == "" && o.TLSKey == "" && o.TLSClientCA == "" && o.PeerCA == "" {
 		return nil
 	}
@@ -116,9 +123,9 @@ func (n *Node) loadTLS() error {
 		if err != nil {
 			errs = append(errs, fmt.Errorf("node: --tls-cert/--tls-key: %w", err))
 		} else {
-			n.tls.cert = &c
-			n.tls.live.Store(&c)
-			n.tls.mu.modTime = tlsModTime(o.TLSCert, o.TLSKey)
+			t.cert = &c
+			t.live.Store(&c)
+			t.mu.modTime = tlsModTime(o.TLSCert, o.TLSKey)
 		}
 	}
 	if o.TLSClientCA != "" {
@@ -126,7 +133,7 @@ func (n *Node) loadTLS() error {
 		if err != nil {
 			errs = append(errs, fmt.Errorf("node: --tls-client-ca: %w", err))
 		}
-		n.tls.clientCA = p
+		t.clientCA = p
 	}
 	peerCA := o.PeerCA
 	if peerCA == "" {
@@ -137,23 +144,23 @@ func (n *Node) loadTLS() error {
 		if err != nil {
 			errs = append(errs, fmt.Errorf("node: --peer-ca: %w", err))
 		}
-		n.tls.peerCA = p
+		t.peerCA = p
 	}
-	if n.tls.clientCA != nil && n.tls.cert == nil && len(errs) == 0 {
+	if t.clientCA != nil && t.cert == nil && len(errs) == 0 {
 		errs = append(errs, errors.New("node: --tls-client-ca needs --tls-cert and --tls-key"))
 	}
 	return errors.Join(errs...)
 }
 
 // serverTLS is the TLS config of a listener; requireClient makes it mutual.
-func (n *Node) serverTLS(requireClient bool) *tls.Config {
-	if n.tls.cert == nil {
+func (t *tlsSetup) server(requireClient bool) *tls.Config {
+	if t.cert == nil {
 		return nil
 	}
 	c := &tls.Config{MinVersion: tls.VersionTLS12,
-		GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) { return n.tls.live.Load(), nil }}
-	if n.tls.clientCA != nil {
-		c.ClientCAs = n.tls.clientCA
+		GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) { return t.live.Load(), nil }}
+	if t.clientCA != nil {
+		c.ClientCAs = t.clientCA
 		c.ClientAuth = tls.VerifyClientCertIfGiven
 		if requireClient {
 			c.ClientAuth = tls.RequireAndVerifyClientCert
@@ -163,25 +170,25 @@ func (n *Node) serverTLS(requireClient bool) *tls.Config {
 }
 
 // clientTLS is what the shippers present to peers and how they verify them.
-func (n *Node) clientTLS() *tls.Config {
-	if n.tls.cert == nil && n.tls.peerCA == nil {
+func (t *tlsSetup) client() *tls.Config {
+	if t.cert == nil && t.peerCA == nil {
 		return nil
 	}
-	c := &tls.Config{RootCAs: n.tls.peerCA, MinVersion: tls.VersionTLS12}
-	if n.tls.cert != nil {
-		c.GetClientCertificate = func(*tls.CertificateRequestInfo) (*tls.Certificate, error) { return n.tls.live.Load(), nil }
+	c := &tls.Config{RootCAs: t.peerCA, MinVersion: tls.VersionTLS12}
+	if t.cert != nil {
+		c.GetClientCertificate = func(*tls.CertificateRequestInfo) (*tls.Certificate, error) { return t.live.Load(), nil }
 	}
 	return c
 }
 
 // certCluster resolves the cluster of a peer from its verified client
 // certificate, if it presented one.
-func (n *Node) certCluster(cs *tls.ConnectionState) (string, bool, error) {
+func (t *tlsSetup) certCluster(cs *tls.ConnectionState) (string, bool, error) {
 	if cs == nil || len(cs.VerifiedChains) == 0 || len(cs.VerifiedChains[0]) == 0 {
 		return "", false, nil
 	}
 	leaf := cs.VerifiedChains[0][0]
-	id, err := ClusterFromCert(leaf, n.opts.PeerSANMode)
+	id, err := ClusterFromCert(leaf, t.opts.PeerSANMode)
 	return id, true, err
 }
 
@@ -222,8 +229,8 @@ func ClusterURI(id string) *url.URL {
 // one is configured. Health, readiness, the dashboard page (its data calls
 // carry the token) and the peer endpoint (it has its own authentication)
 // stay open.
-func (n *Node) requireToken(h http.Handler) http.Handler {
-	api, admin := n.opts.APIToken, n.adminToken()
+func requireToken(o *Options, h http.Handler) http.Handler {
+	api, admin := o.APIToken, adminToken(o)
 	if api == "" && admin == "" {
 		return h
 	}
@@ -237,7 +244,7 @@ func (n *Node) requireToken(h http.Handler) http.Handler {
 		want, flag, needed := wantAPI, "--api-token-file", api != ""
 		if strings.HasPrefix(r.URL.Path, "/admin/") {
 			want, flag, needed = wantAdmin, "--admin-token-file", admin != ""
-			if n.opts.AdminToken == "" {
+			if o.AdminToken == "" {
 				flag = "--api-token-file, which opens the admin endpoints while no --admin-token-file is given"
 			}
 		}
@@ -254,11 +261,11 @@ func (n *Node) requireToken(h http.Handler) http.Handler {
 
 // adminToken is the token the admin endpoints require: AdminToken, or the
 // API token when none is given.
-func (n *Node) adminToken() string {
-	if n.opts.AdminToken != "" {
-		return n.opts.AdminToken
+func adminToken(o *Options) string {
+	if o.AdminToken != "" {
+		return o.AdminToken
 	}
-	return n.opts.APIToken
+	return o.APIToken
 }
 
 // protect guards the API against browsers: a cross-site request that
@@ -266,7 +273,7 @@ func (n *Node) adminToken() string {
 // is refused by Go's cross-origin protection, and a node on a loopback
 // address without a token answers only requests that name a loopback host,
 // so a DNS name rebound to 127.0.0.1 reaches nothing.
-func (n *Node) protect(h http.Handler, ln net.Listener) http.Handler {
+func protect(o *Options, h http.Handler, ln net.Listener) http.Handler {
 	cop := http.NewCrossOriginProtection()
 	cop.SetDenyHandler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		refuseEarly(w)
@@ -274,7 +281,7 @@ func (n *Node) protect(h http.Handler, ln net.Listener) http.Handler {
 			Message: "a cross-origin request that changes state is refused (send it from a script or the CLI, not a web page)"})
 	}))
 	h = cop.Handler(h)
-	if n.opts.APIToken != "" || !loopback(ln) {
+	if o.APIToken != "" || !loopback(ln) {
 		return h
 	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
