@@ -49,7 +49,7 @@ func (n *Node) WALReport() WALReport {
 		Peers: []PeerBacklog{}, Saturation: n.Saturation(), Permits: n.acceptor.Permits(),
 	}
 	for _, ls := range n.PeerStatus() {
-		mode := n.overflow[ls.Peer]
+		mode := n.sat.overflow[ls.Peer]
 		if mode == "" {
 			mode = OverflowReject
 		}

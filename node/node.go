@@ -103,11 +103,10 @@ type Node struct {
 	// reads gates local reads after a start (readable).
 	reads readGate
 
-	metrics  nodeMetrics
-	lagRing  lagRing
-	sat      saturation
-	overflow map[string]string // peer -> overflow mode
-	rejoin   rejoinState
+	metrics nodeMetrics
+	lagRing lagRing
+	sat     saturation
+	rejoin  rejoinState
 	// linkStates is each link's last state, to log changes once.
 	linkStatesMu sync.Mutex
 	linkStates   map[string]string
@@ -176,14 +175,16 @@ func Open(ctx context.Context, opts *Options) (*Node, error) {
 		clock:      hlc.NewClock(o.Clock, o.MaxClockOffset),
 		stop:       make(chan struct{}),
 		fatal:      make(chan struct{}),
-		overflow:   map[string]string{},
 		linkStates: map[string]string{},
 		discovered: map[string]Peer{},
 		history:    newHistory(int(o.HistorySpan / o.HistoryInterval)),
 	}
 	n.sat.init()
+	n.sat.marks, n.sat.wait, n.sat.log, n.sat.metrics = o.WaterMarks, o.AdmissionWait, log, &n.metrics
+	n.sat.links, n.sat.oldest = n.links, n.oldestCommitWall
+	n.sat.overflow = map[string]string{}
 	for _, p := range o.Peers {
-		n.overflow[p.Name] = p.Overflow
+		n.sat.overflow[p.Name] = p.Overflow
 	}
 	n.store, err = store.Open(filepath.Join(o.DataDir, "store"), &store.Options{Logger: log, MemTableSize: o.MemTableSize})
 	if err != nil {
@@ -372,7 +373,7 @@ func (n *Node) Start() error {
 	n.every(n.opts.GCInterval, n.collectExpired)
 	// Re-evaluated while no writes arrive too, so that it can clear, detach
 	// links and feed the backlog gauges; and link changes are logged.
-	n.every(100*time.Millisecond, func() { n.evaluateSaturation(true); n.watchLinks() })
+	n.every(100*time.Millisecond, func() { n.sat.evaluate(true); n.watchLinks() })
 	n.history.add(n.sampleHistory()) // a page opened at once has a point
 	n.every(n.opts.HistoryInterval, func() { n.history.add(n.sampleHistory()) })
 	n.startReplication()
@@ -630,7 +631,7 @@ func (n *Node) propose(ctx context.Context, p *proposal) (WriteResult, error) {
 	case <-ctx.Done():
 		return WriteResult{}, fmt.Errorf("%w: waiting for the peers to confirm this stream's identity: %w", ErrNotWritten, ctx.Err())
 	}
-	if err := n.admit(ctx); err != nil {
+	if err := n.sat.admit(ctx); err != nil {
 		return WriteResult{}, err
 	}
 	if k, ok := policy.KeyFrom(ctx); ok && idem == nil {

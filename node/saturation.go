@@ -3,6 +3,7 @@ package node
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -12,6 +13,16 @@ import (
 )
 
 type saturation struct {
+	marks    WaterMarks
+	wait     time.Duration // how long a write waits for saturation to clear
+	overflow map[string]string
+	log      *slog.Logger
+	metrics  *nodeMetrics
+	// links are the node's links now; oldest the commit wall time of a
+	// stream index (the backlog's age).
+	links  func() []*transport.Shipper
+	oldest func(index uint64) (int64, bool)
+
 	// saturated and evaluatedAt (nanoseconds on the monotonic clock since
 	// monoStart) mirror the last evaluation, so that admit answers the
 	// common case, a healthy node evaluated within the last millisecond,
@@ -54,31 +65,30 @@ var monoStart = time.Now()
 // evaluateSaturation measures every retained link against the water marks,
 // detaches links in overflow mode detach, and moves the node's state. It
 // runs at most once a millisecond unless forced.
-func (n *Node) evaluateSaturation(force bool) SaturationReport {
-	s := &n.sat
+func (s *saturation) evaluate(force bool) SaturationReport {
 	s.mu.Lock()
 	if !force && time.Since(s.mu.evaluated) < time.Millisecond {
-		r := n.saturationReportLocked()
+		r := s.reportLocked()
 		s.mu.Unlock()
 		return r
 	}
 	s.mu.Unlock()
 
-	wm := n.opts.WaterMarks
+	wm := s.marks
 	var highPeer, highCause, lowPeer, lowCause string
-	for _, sh := range n.links() {
+	for _, sh := range s.links() {
 		// Every peer's detach counter exists from the start (at 0), so
 		// an alert on its increase has a series to watch.
-		n.metrics.detached.WithLabelValues(sh.Peer().Name)
+		s.metrics.detached.WithLabelValues(sh.Peer().Name)
 		if !sh.Retains() {
 			continue
 		}
-		bl := sh.Backlog(n.oldestCommitWall)
-		n.metrics.backlog(sh.Peer().Name, bl)
+		bl := sh.Backlog(s.oldest)
+		s.metrics.backlog(sh.Peer().Name, bl)
 		if c := over(bl, wm.HighEntries, wm.HighBytes, wm.HighAge); c != "" {
-			if n.overflow[sh.Peer().Name] == OverflowDetach {
+			if s.overflow[sh.Peer().Name] == OverflowDetach {
 				sh.Detach("overflow: " + c)
-				n.metrics.detached.WithLabelValues(sh.Peer().Name).Inc()
+				s.metrics.detached.WithLabelValues(sh.Peer().Name).Inc()
 				continue
 			}
 			if highPeer == "" {
@@ -103,7 +113,7 @@ func (n *Node) evaluateSaturation(force bool) SaturationReport {
 		state, peer, cause = StateThrottled, lowPeer, lowCause
 	}
 	if state != s.mu.state {
-		n.log.Warn("saturation state changed", "from", s.mu.state, "to", state, "peer", peer, "cause", cause)
+		s.log.Warn("saturation state changed", "from", s.mu.state, "to", state, "peer", peer, "cause", cause)
 		s.mu.since = time.Now()
 		close(s.mu.changed)
 		s.mu.changed = make(chan struct{})
@@ -111,45 +121,44 @@ func (n *Node) evaluateSaturation(force bool) SaturationReport {
 	s.mu.state, s.mu.peer, s.mu.cause = state, peer, cause
 	s.saturated.Store(state == StateSaturated)
 	s.evaluatedAt.Store(int64(time.Since(monoStart)))
-	return n.saturationReportLocked()
+	return s.reportLocked()
 }
 
 // REQUIRES: n.sat.mu held.
-func (n *Node) saturationReportLocked() SaturationReport {
-	s := &n.sat
+func (s *saturation) reportLocked() SaturationReport {
 	return SaturationReport{State: s.mu.state, Cause: s.mu.cause, Peer: s.mu.peer, Since: s.mu.since,
-		Thresholds: n.opts.WaterMarks, Refusals: s.mu.refusals}
+		Thresholds: s.marks, Refusals: s.mu.refusals}
 }
 
 // Saturation reports the node's saturation state.
-func (n *Node) Saturation() SaturationReport { return n.evaluateSaturation(true) }
+func (n *Node) Saturation() SaturationReport { return n.sat.evaluate(true) }
 
 // admit lets a local write in unless the node is saturated; then it waits up
 // to the admission budget for the state to clear, and refuses.
-func (n *Node) admit(ctx context.Context) error {
-	if !n.sat.saturated.Load() && int64(time.Since(monoStart))-n.sat.evaluatedAt.Load() < int64(time.Millisecond) {
+func (s *saturation) admit(ctx context.Context) error {
+	if !s.saturated.Load() && int64(time.Since(monoStart))-s.evaluatedAt.Load() < int64(time.Millisecond) {
 		return nil
 	}
-	wait := n.opts.AdmissionWait
+	wait := s.wait
 	if wait < 0 {
 		wait = 0
 	}
 	start := time.Now()
 	for {
-		r := n.evaluateSaturation(false)
+		r := s.evaluate(false)
 		if r.State != StateSaturated {
 			return nil
 		}
 		waited := time.Since(start)
 		if waited >= wait {
-			n.sat.mu.Lock()
-			n.sat.mu.refusals++
-			n.sat.mu.Unlock()
+			s.mu.Lock()
+			s.mu.refusals++
+			s.mu.Unlock()
 			return &SaturatedError{Source: acceptor.SourceOutboundBacklog, Peer: r.Peer, Cause: r.Cause, Waited: waited}
 		}
-		n.sat.mu.Lock()
-		changed := n.sat.mu.changed
-		n.sat.mu.Unlock()
+		s.mu.Lock()
+		changed := s.mu.changed
+		s.mu.Unlock()
 		t := time.NewTimer(min(wait-waited, 50*time.Millisecond))
 		select {
 		case <-ctx.Done():
@@ -159,7 +168,7 @@ func (n *Node) admit(ctx context.Context) error {
 		case <-t.C:
 		}
 		t.Stop()
-		n.evaluateSaturation(true)
+		s.evaluate(true)
 	}
 }
 
