@@ -16,7 +16,7 @@ func (n *Node) PeersReport() PeersReport {
 		Refusals: n.acceptor.Refusals(),
 		Streams:  []StreamReport{},
 		Members:  n.Members(),
-		Rejoin:   n.rejoinReport(),
+		Rejoin:   n.rejoin.rejoinReport(),
 	}
 	hwms, err := n.store.HWMs()
 	if err != nil {

@@ -106,7 +106,7 @@ type Node struct {
 	metrics nodeMetrics
 	lagRing lagRing
 	sat     saturation
-	rejoin  rejoinState
+	rejoin  rejoiner
 	// linkStates is each link's last state, to log changes once.
 	linkStatesMu sync.Mutex
 	linkStates   map[string]string
@@ -180,6 +180,7 @@ func Open(ctx context.Context, opts *Options) (*Node, error) {
 		history:    newHistory(int(o.HistorySpan / o.HistoryInterval)),
 	}
 	n.sat.init()
+	n.rejoin.n = n
 	n.sat.marks, n.sat.wait, n.sat.log, n.sat.metrics = o.WaterMarks, o.AdmissionWait, log, &n.metrics
 	n.sat.links, n.sat.oldest = n.links, n.oldestCommitWall
 	n.sat.overflow = map[string]string{}
@@ -268,11 +269,11 @@ func Open(ctx context.Context, opts *Options) (*Node, error) {
 	if !n.multi() {
 		// A node alone leads from here on; in a cluster of several, the
 		// node's first term does these (term.go).
-		if err := n.pruneReseedState(); err != nil {
+		if err := n.rejoin.pruneReseedState(); err != nil {
 			closeAll()
 			return nil, err
 		}
-		if err := n.initIdentity(created); err != nil {
+		if err := n.rejoin.initIdentity(created); err != nil {
 			closeAll()
 			return nil, err
 		}

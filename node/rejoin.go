@@ -33,8 +33,9 @@ import (
 // the others. Both sides keep tombstones until the rejoin ends. Every step
 // is recorded in the store (R and J records), so restarts resume it.
 
-// rejoinState is what the node remembers in memory about its identity.
-type rejoinState struct {
+// rejoiner is what the node remembers in memory about its identity.
+type rejoiner struct {
+	n *Node // whose stream, store and links the rejoin coordinates
 	mu struct {
 		sync.Mutex
 		answered  map[string]bool // links that answered since start
@@ -57,7 +58,7 @@ const defaultIdentityCheckWait = 2 * time.Second
 
 // init makes the fence writes wait behind; initIdentity decides when it
 // opens.
-func (rs *rejoinState) init() {
+func (rs *rejoiner) init() {
 	rs.fence = make(chan struct{})
 	rs.mu.answered = map[string]bool{}
 }
@@ -65,15 +66,16 @@ func (rs *rejoinState) init() {
 // initIdentity decides, at open (in a cluster of several: at this
 // process's first term), whether writes wait for the peers' first
 // answers, and whether the node must learn if its cluster lost data.
-func (n *Node) initIdentity(created bool) error {
-	rs := &n.rejoin
+func (j *rejoiner) initIdentity(created bool) error {
+	n := j.n
+	rs := j
 	rs.startHLC = n.clock.Last()
 	if created || len(n.opts.Peers) == 0 || n.opts.IdentityCheckWait < 0 {
 		// A new stream's indexes were never used: nothing to check first.
-		n.openFence()
+		j.openFence()
 		return nil
 	}
-	time.AfterFunc(n.opts.IdentityCheckWait, n.fenceTimeout)
+	time.AfterFunc(n.opts.IdentityCheckWait, j.fenceTimeout)
 	return nil
 }
 
@@ -82,8 +84,9 @@ func (n *Node) initIdentity(created bool) error {
 // answer), but counters count under a new epoch: if that peer does hold
 // entries of this stream from a past life of the directory, the totals it
 // holds must not absorb increments taken meanwhile.
-func (n *Node) fenceTimeout() {
-	rs := &n.rejoin
+func (j *rejoiner) fenceTimeout() {
+	n := j.n
+	rs := j
 	rs.mu.Lock()
 	if rs.mu.fenceOpen || n.closing.Load() {
 		rs.mu.Unlock()
@@ -116,11 +119,11 @@ func (n *Node) fenceTimeout() {
 				"silent", silent, "waited", n.opts.IdentityCheckWait, "epoch", epoch)
 		}
 	}
-	n.openFence()
+	j.openFence()
 }
 
-func (n *Node) openFence() {
-	rs := &n.rejoin
+func (j *rejoiner) openFence() {
+	rs := j
 	rs.mu.Lock()
 	defer rs.mu.Unlock()
 	if !rs.mu.fenceOpen {
@@ -133,8 +136,9 @@ func (n *Node) openFence() {
 // ahead; a peer holding a write of this cluster stamped above anything this
 // directory remembered at start means the directory lost data (restored
 // from an older backup, or wiped), and the node rejoins.
-func (n *Node) onAck(peer string, ack *wire.Ack) {
-	rs := &n.rejoin
+func (j *rejoiner) onAck(peer string, ack *wire.Ack) {
+	n := j.n
+	rs := j
 	theirs, _ := hlc.Parse(ack.OriginFrontier)
 	rs.mu.Lock()
 	rs.mu.answered[peer] = true
@@ -156,23 +160,24 @@ func (n *Node) onAck(peer string, ack *wire.Ack) {
 		// continuing it could reuse what that life used.
 		why := fmt.Sprintf("peer %s holds a write of cluster %s stamped %s, after anything this data directory remembers (%s): "+
 			"it lost data (a wipe, or a restore from an older backup)", peer, n.cluster, theirs, rs.startHLC)
-		if err := n.sealStream(n.out.Stream(), why); err != nil {
+		if err := j.sealStream(n.out.Stream(), why); err != nil {
 			n.log.Error("sealing the stream after a loss of data", "err", err)
-			n.startRejoin(why)
+			j.startRejoin(why)
 		}
 	}
 	if all {
-		n.openFence()
+		j.openFence()
 	}
 }
 
 // onConflict seals the stream a peer proved was used before, and rejoins.
 // It runs on the shipper's goroutine; the replacement waits for the
 // committer's current group.
-func (n *Node) onConflict(peer string, stream entry.StreamID, why string) {
+func (j *rejoiner) onConflict(peer string, stream entry.StreamID, why string) {
+	n := j.n
 	go func() {
 		// Exits once the stream is replaced (or the node closes).
-		if err := n.sealStream(stream, fmt.Sprintf("peer %s: %s", peer, why)); err != nil {
+		if err := j.sealStream(stream, fmt.Sprintf("peer %s: %s", peer, why)); err != nil {
 			n.log.Error("replacing the stream after an identity conflict", "err", err)
 		}
 	}()
@@ -183,7 +188,8 @@ func (n *Node) onConflict(peer string, stream entry.StreamID, why string) {
 // may prove the same conflict). Entries of the old stream the peers did not
 // have reach them by the rejoin's re-seeds (they are all applied to the
 // store); the old stream's entries stay in the tree until then.
-func (n *Node) sealStream(old entry.StreamID, why string) error {
+func (j *rejoiner) sealStream(old entry.StreamID, why string) error {
+	n := j.n
 	c := n.com
 	c.groupMu.Lock()
 	defer c.groupMu.Unlock()
@@ -198,14 +204,14 @@ func (n *Node) sealStream(old entry.StreamID, why string) error {
 	}
 	// The rejoin is recorded before the new stream: a crash in between
 	// restarts on the old stream, which a peer proves used again.
-	asked := n.recordRejoin()
+	asked := j.recordRejoin()
 	if err := n.applyCommand(&machine.Command{Mint: &machine.MintCmd{Stream: entry.NewStreamID()}}); err != nil {
 		return fmt.Errorf("node: begin a new stream after sealing %s: %w", old, err)
 	}
 	// The rejoin is recorded: the peers' answers need not start another.
-	n.rejoin.mu.Lock()
-	n.rejoin.mu.lossSeen = true
-	n.rejoin.mu.Unlock()
+	j.mu.Lock()
+	j.mu.lossSeen = true
+	j.mu.Unlock()
 	for _, sh := range n.links() {
 		sh.Rebase()
 	}
@@ -219,11 +225,12 @@ func (n *Node) sealStream(old entry.StreamID, why string) error {
 
 // recordRejoin records a rejoin with every linked peer and returns their
 // links (not asked yet).
-func (n *Node) recordRejoin() []*transport.Shipper {
+func (j *rejoiner) recordRejoin() []*transport.Shipper {
+	n := j.n
 	var out []*transport.Shipper
 	for _, sh := range n.links() {
 		p := sh.Peer().Name
-		if err := n.updateRejoin(p, func(byte) byte { return store.RejoinRequesting }); err != nil {
+		if err := j.updateRejoin(p, func(byte) byte { return store.RejoinRequesting }); err != nil {
 			n.log.Error("recording the rejoin", "peer", p, "err", err)
 			continue
 		}
@@ -234,8 +241,9 @@ func (n *Node) recordRejoin() []*transport.Shipper {
 
 // startRejoin asks every linked peer for a re-seed (recorded, so a restart
 // goes on asking).
-func (n *Node) startRejoin(why string) {
-	asked := n.recordRejoin()
+func (j *rejoiner) startRejoin(why string) {
+	n := j.n
+	asked := j.recordRejoin()
 	if len(asked) == 0 {
 		n.log.Warn("lost data, but no peer to rejoin", "why", why)
 		return
@@ -248,7 +256,8 @@ func (n *Node) startRejoin(why string) {
 
 // pruneReseedState forgets R and J records of peers no longer configured: a
 // rejoin must not wait forever for a peer that was removed.
-func (n *Node) pruneReseedState() error {
+func (j *rejoiner) pruneReseedState() error {
+	n := j.n
 	if n.opts.InsecurePeers {
 		return nil // peers need no configuration: any may come back
 	}
@@ -268,7 +277,7 @@ func (n *Node) pruneReseedState() error {
 	for p := range req {
 		if !configured[p] {
 			n.log.Warn("forgetting a re-seed request of a peer no longer configured", "peer", p)
-			if err := n.updateReseed(p, zero); err != nil {
+			if err := j.updateReseed(p, zero); err != nil {
 				return err
 			}
 		}
@@ -276,7 +285,7 @@ func (n *Node) pruneReseedState() error {
 	for p := range rj {
 		if !configured[p] {
 			n.log.Warn("rejoin: forgetting a peer no longer configured", "peer", p)
-			if err := n.updateRejoin(p, zero); err != nil {
+			if err := j.updateRejoin(p, zero); err != nil {
 				return err
 			}
 		}
@@ -285,7 +294,8 @@ func (n *Node) pruneReseedState() error {
 }
 
 // restoreReseedState applies the persisted R and J records to a new link.
-func (n *Node) restoreReseedState(sh *transport.Shipper) {
+func (j *rejoiner) restoreReseedState(sh *transport.Shipper) {
+	n := j.n
 	p := sh.Peer().Name
 	req, err := n.store.ReseedRequests()
 	if err != nil {
@@ -315,7 +325,8 @@ func allSeeding(rj map[string]byte) bool {
 
 // onReseedRequest: a peer lost data and asked for a re-seed (or no longer
 // needs the one it asked for).
-func (n *Node) onReseedRequest(peer string, owed bool) {
+func (j *rejoiner) onReseedRequest(peer string, owed bool) {
+	n := j.n
 	if sh, err := n.shipper(peer); err == nil {
 		if owed {
 			sh.Owe()
@@ -327,7 +338,8 @@ func (n *Node) onReseedRequest(peer string, owed bool) {
 
 // onTrailer: a re-seed ended here. When the last one this node asked for is
 // in, it re-seeds every peer in turn.
-func (n *Node) onTrailer(peer string, requested, _ bool) {
+func (j *rejoiner) onTrailer(peer string, requested, _ bool) {
+	n := j.n
 	if !requested {
 		return
 	}
@@ -363,9 +375,10 @@ func waitingFor(rj map[string]byte) []string {
 }
 
 // onReseedDone: a re-seed this node sent was acknowledged to its trailer.
-func (n *Node) onReseedDone(peer string, requested, rejoin bool) {
+func (j *rejoiner) onReseedDone(peer string, requested, rejoin bool) {
+	n := j.n
 	if requested {
-		err := n.updateReseed(peer, func(f byte) byte { return f &^ store.ReseedRequested })
+		err := j.updateReseed(peer, func(f byte) byte { return f &^ store.ReseedRequested })
 		if err != nil {
 			n.log.Error("clearing a re-seed request", "peer", peer, "err", err)
 		}
@@ -373,7 +386,7 @@ func (n *Node) onReseedDone(peer string, requested, rejoin bool) {
 	if rejoin {
 		// Only a rejoin still at seeding ends: a newer one (the node lost
 		// data again meanwhile) goes on.
-		err := n.updateRejoin(peer, func(ph byte) byte {
+		err := j.updateRejoin(peer, func(ph byte) byte {
 			if ph == store.RejoinSeeding {
 				return 0
 			}
@@ -394,7 +407,8 @@ func (n *Node) onReseedDone(peer string, requested, rejoin bool) {
 	}
 }
 
-func (n *Node) rejoinReport() RejoinReport {
+func (j *rejoiner) rejoinReport() RejoinReport {
+	n := j.n
 	var r RejoinReport
 	if rj, err := n.store.Rejoin(); err == nil {
 		for p, ph := range rj {
@@ -422,12 +436,14 @@ func (n *Node) rejoinReport() RejoinReport {
 
 // updateReseed and updateRejoin change a peer's R record (re-seed request
 // flags) and J record (this node's rejoin phase) through the log.
-func (n *Node) updateReseed(peer string, f func(byte) byte) error {
+func (j *rejoiner) updateReseed(peer string, f func(byte) byte) error {
+	n := j.n
 	_, err := n.UpdateRecord(peer, machine.RecordReseed, f)
 	return err
 }
 
-func (n *Node) updateRejoin(peer string, f func(byte) byte) error {
+func (j *rejoiner) updateRejoin(peer string, f func(byte) byte) error {
+	n := j.n
 	_, err := n.UpdateRecord(peer, machine.RecordRejoin, f)
 	return err
 }

@@ -57,8 +57,8 @@ func (n *Node) setupReplication() error {
 			n.lagRing.add(time.Now().UnixNano(), lags)
 		},
 		ObserveApply:    func(d time.Duration) { n.metrics.applySeconds.Observe(d.Seconds()) },
-		OnReseedRequest: n.onReseedRequest,
-		OnTrailer:       n.onTrailer,
+		OnReseedRequest: n.rejoin.onReseedRequest,
+		OnTrailer:       n.rejoin.onTrailer,
 		Leadership:      n.leadership(),
 		Nodes:           n.ackNodes(),
 		Now:             n.clock.Physical,
@@ -106,15 +106,15 @@ func (n *Node) addLink(p Peer) (*transport.Shipper, error) {
 		ObserveShip: func(peer string, d time.Duration, _ int) {
 			n.metrics.shipSeconds.WithLabelValues(peer).Observe(d.Seconds())
 		},
-		OnAck:        n.onAck,
-		OnConflict:   n.onConflict,
-		OnReseedDone: n.onReseedDone,
+		OnAck:        n.rejoin.onAck,
+		OnConflict:   n.rejoin.onConflict,
+		OnReseedDone: n.rejoin.onReseedDone,
 		Logger:       n.log, // the shipper names the peer on every line
 	})
 	if err != nil {
 		return nil, err
 	}
-	n.restoreReseedState(sh)
+	n.rejoin.restoreReseedState(sh)
 	n.linksMu.Lock()
 	defer n.linksMu.Unlock()
 	for _, have := range n.shippers {

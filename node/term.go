@@ -171,10 +171,10 @@ func (n *Node) beginTerm(term uint64) error {
 		// (docs/ARCHITECTURE.md, "Stream identity"). A later term of the
 		// same process continues what the log holds, and so does the first
 		// when another node led meanwhile (that leader checked it).
-		if err := n.pruneReseedState(); err != nil {
+		if err := n.rejoin.pruneReseedState(); err != nil {
 			return err
 		}
-		if err := n.initIdentity(created || n.lead.sawOther); err != nil {
+		if err := n.rejoin.initIdentity(created || n.lead.sawOther); err != nil {
 			return err
 		}
 		n.lead.began = true
@@ -258,7 +258,7 @@ func (n *Node) sealAfterRecovery() error {
 			return err
 		}
 		if rec.Stream == n.out.Stream().String() {
-			if err := n.sealStream(n.out.Stream(), "the cluster was recovered after the loss of a majority: "+
+			if err := n.rejoin.sealStream(n.out.Stream(), "the cluster was recovered after the loss of a majority: "+
 				"writes the lost nodes committed and shipped may be missing here"); err != nil {
 				return err
 			}
@@ -279,7 +279,7 @@ func (n *Node) sealAfterRecovery() error {
 		return err
 	}
 	if old := strings.TrimSpace(string(b)); old == n.out.Stream().String() {
-		if err := n.sealStream(n.out.Stream(), "the cluster was recovered after the loss of a majority: "+
+		if err := n.rejoin.sealStream(n.out.Stream(), "the cluster was recovered after the loss of a majority: "+
 			"writes the lost nodes committed and shipped may be missing here"); err != nil {
 			return err
 		}
