@@ -54,7 +54,7 @@ func (n *Node) onMember(m transport.Member) {
 			cfg = &n.opts.Peers[i]
 		}
 	}
-	if sh, err := n.shipper(c); err == nil {
+	if sh, err := n.repl.shipper(c); err == nil {
 		sh.SetLiveness(m.State)
 		if cfg != nil && cfg.URL != "" {
 			n.gossip.SetNote(m.Node, true, "static --peer URL wins over gossip")
@@ -89,7 +89,7 @@ func (n *Node) onMember(m transport.Member) {
 			return
 		}
 	}
-	sh, err := n.addLink(p)
+	sh, err := n.repl.addLink(p)
 	if err != nil {
 		n.log.Error("gossip: cannot ship to a discovered peer", "cluster", c, "err", err)
 		return

@@ -79,19 +79,10 @@ type Node struct {
 
 	acceptor   *acceptor.Acceptor
 	peerClient *http.Client
-	history    *history // the dashboard's chart, sampled every HistoryInterval
-	linksMu    sync.RWMutex
-	shippers   []*transport.Shipper // guarded by linksMu
-	replCtx    context.Context      // set by startReplication, under linksMu
-	// linkCtx is what shippers run under (guarded by linksMu): replCtx
-	// for a node alone; a term's, in a cluster of several (nil between
-	// terms: no shipper runs).
-	linkCtx context.Context
-	// linksBuilding: a term is making its links (they start once it began).
-	linksBuilding bool
-	linkWG        sync.WaitGroup // shipper goroutines
-	tls           tlsSetup
-	gossip        *transport.Discovery
+	history    *history    // the dashboard's chart, sampled every HistoryInterval
+	repl       replication // the links to peer clusters
+	tls        tlsSetup
+	gossip     *transport.Discovery
 	// gossipP is gossip for goroutines that may run before Start set it
 	// (the group\'s reconciliation).
 	gossipP atomic.Pointer[transport.Discovery]
@@ -107,9 +98,6 @@ type Node struct {
 	lagRing lagRing
 	sat     saturation
 	rejoin  rejoiner
-	// linkStates is each link's last state, to log changes once.
-	linkStatesMu sync.Mutex
-	linkStates   map[string]string
 
 	// fatal is closed when the node must stop for a reason a restart does
 	// not fix (fatalErr says which): serve exits with it.
@@ -175,14 +163,14 @@ func Open(ctx context.Context, opts *Options) (*Node, error) {
 		clock:      hlc.NewClock(o.Clock, o.MaxClockOffset),
 		stop:       make(chan struct{}),
 		fatal:      make(chan struct{}),
-		linkStates: map[string]string{},
 		discovered: map[string]Peer{},
 		history:    newHistory(int(o.HistorySpan / o.HistoryInterval)),
 	}
 	n.sat.init()
 	n.rejoin.n = n
+	n.repl.n, n.repl.linkStates = n, map[string]string{}
 	n.sat.marks, n.sat.wait, n.sat.log, n.sat.metrics = o.WaterMarks, o.AdmissionWait, log, &n.metrics
-	n.sat.links, n.sat.oldest = n.links, n.oldestCommitWall
+	n.sat.links, n.sat.oldest = n.repl.links, n.repl.oldestCommitWall
 	n.sat.overflow = map[string]string{}
 	for _, p := range o.Peers {
 		n.sat.overflow[p.Name] = p.Overflow
@@ -278,7 +266,7 @@ func Open(ctx context.Context, opts *Options) (*Node, error) {
 			return nil, err
 		}
 	}
-	if err := n.setupReplication(); err != nil {
+	if err := n.repl.setupReplication(); err != nil {
 		closeAll()
 		return nil, err
 	}
@@ -374,10 +362,10 @@ func (n *Node) Start() error {
 	n.every(n.opts.GCInterval, n.collectExpired)
 	// Re-evaluated while no writes arrive too, so that it can clear, detach
 	// links and feed the backlog gauges; and link changes are logged.
-	n.every(100*time.Millisecond, func() { n.sat.evaluate(true); n.watchLinks() })
+	n.every(100*time.Millisecond, func() { n.sat.evaluate(true); n.repl.watchLinks() })
 	n.history.add(n.sampleHistory()) // a page opened at once has a point
 	n.every(n.opts.HistoryInterval, func() { n.history.add(n.sampleHistory()) })
-	n.startReplication()
+	n.repl.startReplication()
 	if n.multi() {
 		n.bg.Add(1)
 		go n.leadLoop()
@@ -527,7 +515,7 @@ const collectBatch = 10000
 // (see tombstoneCutoff), and the idempotency records expired, and reports
 // how many tombstones went.
 func (n *Node) CollectTombstones() (int, error) {
-	cutoff, err := n.tombstoneCutoff()
+	cutoff, err := n.repl.tombstoneCutoff()
 	if err != nil {
 		return 0, err
 	}
@@ -553,7 +541,7 @@ func (n *Node) checkValue(key string, size int) error {
 	if size > n.opts.MaxValueBytes {
 		return fmt.Errorf("%w: %d bytes, limit %d", ErrValueTooLarge, size, n.opts.MaxValueBytes)
 	}
-	for _, sh := range n.links() {
+	for _, sh := range n.repl.links() {
 		lim := sh.Limits()
 		if lim == nil {
 			continue

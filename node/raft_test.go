@@ -1339,7 +1339,7 @@ func TestImpostorOfTheLeaderGetsNoRequests(t *testing.T) {
 			t.Fatalf("admin cluster shows the impostor's URL for %s", cn.ID)
 		}
 	}
-	leads, leader, nodes := c.nodes[w].leadership()()
+	leads, leader, nodes := c.nodes[w].repl.leadership()()
 	if leads || leader != c.nodes[l].PeerURL() {
 		t.Fatalf("a follower's not_leader answer names %q, not the leader's %q", leader, c.nodes[l].PeerURL())
 	}
@@ -1380,7 +1380,7 @@ func TestImpostorOfTheLeaderGetsNoRequests(t *testing.T) {
 		}
 	}
 	time.Sleep(2500 * time.Millisecond) // two refreshes of the URLs acks hand out
-	_, _, nodes = c.nodes[w].leadership()()
+	_, _, nodes = c.nodes[w].repl.leadership()()
 	for _, u := range nodes {
 		if u == fake.URL {
 			t.Fatalf("acks name the impostor of a node that is down: %v", nodes)

@@ -35,7 +35,7 @@ import (
 
 // rejoiner is what the node remembers in memory about its identity.
 type rejoiner struct {
-	n *Node // whose stream, store and links the rejoin coordinates
+	n  *Node // whose stream, store and links the rejoin coordinates
 	mu struct {
 		sync.Mutex
 		answered  map[string]bool // links that answered since start
@@ -93,7 +93,7 @@ func (j *rejoiner) fenceTimeout() {
 		return
 	}
 	var silent []string
-	for _, sh := range n.links() {
+	for _, sh := range n.repl.links() {
 		if p := sh.Peer().Name; !rs.mu.answered[p] {
 			silent = append(silent, p)
 		}
@@ -143,7 +143,7 @@ func (j *rejoiner) onAck(peer string, ack *wire.Ack) {
 	rs.mu.Lock()
 	rs.mu.answered[peer] = true
 	all := true
-	for _, sh := range n.links() {
+	for _, sh := range n.repl.links() {
 		if !rs.mu.answered[sh.Peer().Name] {
 			all = false
 		}
@@ -212,7 +212,7 @@ func (j *rejoiner) sealStream(old entry.StreamID, why string) error {
 	j.mu.Lock()
 	j.mu.lossSeen = true
 	j.mu.Unlock()
-	for _, sh := range n.links() {
+	for _, sh := range n.repl.links() {
 		sh.Rebase()
 	}
 	n.log.Error("stream sealed: its indexes were used before; began a new stream and rejoining the peers",
@@ -228,7 +228,7 @@ func (j *rejoiner) sealStream(old entry.StreamID, why string) error {
 func (j *rejoiner) recordRejoin() []*transport.Shipper {
 	n := j.n
 	var out []*transport.Shipper
-	for _, sh := range n.links() {
+	for _, sh := range n.repl.links() {
 		p := sh.Peer().Name
 		if err := j.updateRejoin(p, func(byte) byte { return store.RejoinRequesting }); err != nil {
 			n.log.Error("recording the rejoin", "peer", p, "err", err)
@@ -327,7 +327,7 @@ func allSeeding(rj map[string]byte) bool {
 // needs the one it asked for).
 func (j *rejoiner) onReseedRequest(peer string, owed bool) {
 	n := j.n
-	if sh, err := n.shipper(peer); err == nil {
+	if sh, err := n.repl.shipper(peer); err == nil {
 		if owed {
 			sh.Owe()
 		} else {
@@ -343,7 +343,7 @@ func (j *rejoiner) onTrailer(peer string, requested, _ bool) {
 	if !requested {
 		return
 	}
-	if sh, err := n.shipper(peer); err == nil {
+	if sh, err := n.repl.shipper(peer); err == nil {
 		sh.SetRejoining(store.RejoinSeeding)
 	}
 	rj, err := n.store.Rejoin()
@@ -356,7 +356,7 @@ func (j *rejoiner) onTrailer(peer string, requested, _ bool) {
 		return
 	}
 	n.log.Info("rejoin: every peer's re-seed is in; re-seeding the peers in turn")
-	for _, sh := range n.links() {
+	for _, sh := range n.repl.links() {
 		if rj[sh.Peer().Name] == store.RejoinSeeding {
 			sh.RejoinSeed()
 		}
@@ -397,7 +397,7 @@ func (j *rejoiner) onReseedDone(peer string, requested, rejoin bool) {
 			return
 		}
 		if rj, err := n.store.Rejoin(); err == nil {
-			if sh, err := n.shipper(peer); err == nil {
+			if sh, err := n.repl.shipper(peer); err == nil {
 				sh.SetRejoining(rj[peer])
 			}
 		}

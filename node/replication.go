@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"sync"
 	"time"
 
 	"github.com/replicator/replicator/acceptor"
@@ -17,7 +18,29 @@ import (
 
 // setupReplication builds the acceptor and one shipper per peer with a URL
 // (peers known only by a secret get theirs when gossip finds them).
-func (n *Node) setupReplication() error {
+// replication is the node's links to its peer clusters: a shipper per
+// peer, started for the node's stream while it may ship (a node alone: from
+// Start; a cluster of several: during each term of its leader), and the
+// operator's actions on them.
+type replication struct {
+	n        *Node // whose stream, store and leadership the links follow
+	linksMu  sync.RWMutex
+	shippers []*transport.Shipper // guarded by linksMu
+	replCtx  context.Context      // set by startReplication, under linksMu
+	// linkCtx is what shippers run under (guarded by linksMu): replCtx
+	// for a node alone; a term's, in a cluster of several (nil between
+	// terms: no shipper runs).
+	linkCtx context.Context
+	// linksBuilding: a term is making its links (they start once it began).
+	linksBuilding bool
+	linkWG        sync.WaitGroup // shipper goroutines
+	// linkStates is each link's last state, to log changes once.
+	linkStatesMu sync.Mutex
+	linkStates   map[string]string
+}
+
+func (r *replication) setupReplication() error {
+	n := r.n
 	secrets := make(map[string]string, len(n.opts.Peers))
 	for _, p := range n.opts.Peers {
 		secrets[p.Name] = p.Secret
@@ -59,8 +82,8 @@ func (n *Node) setupReplication() error {
 		ObserveApply:    func(d time.Duration) { n.metrics.applySeconds.Observe(d.Seconds()) },
 		OnReseedRequest: n.rejoin.onReseedRequest,
 		OnTrailer:       n.rejoin.onTrailer,
-		Leadership:      n.leadership(),
-		Nodes:           n.ackNodes(),
+		Leadership:      r.leadership(),
+		Nodes:           r.ackNodes(),
 		Now:             n.clock.Physical,
 		Logger:          n.log,
 	})
@@ -79,7 +102,7 @@ func (n *Node) setupReplication() error {
 		if p.URL == "" {
 			continue
 		}
-		if _, err := n.addLink(p); err != nil {
+		if _, err := r.addLink(p); err != nil {
 			return err
 		}
 	}
@@ -87,7 +110,8 @@ func (n *Node) setupReplication() error {
 }
 
 // addLink creates the shipper of a peer, and starts it if replication runs.
-func (n *Node) addLink(p Peer) (*transport.Shipper, error) {
+func (r *replication) addLink(p Peer) (*transport.Shipper, error) {
+	n := r.n
 	empty, err := n.store.Empty()
 	if err != nil {
 		return nil, err
@@ -115,42 +139,43 @@ func (n *Node) addLink(p Peer) (*transport.Shipper, error) {
 		return nil, err
 	}
 	n.rejoin.restoreReseedState(sh)
-	n.linksMu.Lock()
-	defer n.linksMu.Unlock()
-	for _, have := range n.shippers {
+	r.linksMu.Lock()
+	defer r.linksMu.Unlock()
+	for _, have := range r.shippers {
 		if have.Peer().Name == p.Name {
 			return have, nil // made meanwhile (gossip and a term at once)
 		}
 	}
-	if n.multi() && n.linkCtx == nil && !n.linksBuilding {
+	if n.multi() && r.linkCtx == nil && !r.linksBuilding {
 		// The term ended while the link was being made: the next one links.
 		return nil, errNoTerm
 	}
-	n.shippers = append(n.shippers, sh)
-	n.runLinkLocked(sh)
+	r.shippers = append(r.shippers, sh)
+	r.runLinkLocked(sh)
 	return sh, nil
 }
 
 // errNoTerm refuses a link at a node that does not lead now.
 var errNoTerm = errors.New("node: this node does not lead its cluster now")
 
-// REQUIRES: n.linksMu held.
-func (n *Node) runLinkLocked(sh *transport.Shipper) {
-	ctx := n.linkCtx
+// REQUIRES: n.repl.linksMu held.
+func (r *replication) runLinkLocked(sh *transport.Shipper) {
+	ctx := r.linkCtx
 	if ctx == nil {
 		return
 	}
-	n.linkWG.Add(1)
+	r.linkWG.Add(1)
 	go func() {
 		// Exits when linkCtx is cancelled (Close; the end of a term).
-		defer n.linkWG.Done()
+		defer r.linkWG.Done()
 		sh.Run(ctx)
 	}()
 }
 
 // leadership tells the acceptor whether this node takes batches (nil for
 // a node alone: it always does).
-func (n *Node) leadership() func() (bool, string, []string) {
+func (r *replication) leadership() func() (bool, string, []string) {
+	n := r.n
 	if !n.multi() {
 		return nil
 	}
@@ -176,7 +201,8 @@ func (n *Node) leadership() func() (bool, string, []string) {
 }
 
 // ackNodes lists this cluster's nodes in acks (nil for a node alone).
-func (n *Node) ackNodes() func() []string {
+func (r *replication) ackNodes() func() []string {
+	n := r.n
 	if !n.multi() {
 		return nil
 	}
@@ -184,24 +210,25 @@ func (n *Node) ackNodes() func() []string {
 }
 
 // links returns the current peer links.
-func (n *Node) links() []*transport.Shipper {
-	n.linksMu.RLock()
-	defer n.linksMu.RUnlock()
-	return append([]*transport.Shipper(nil), n.shippers...)
+func (r *replication) links() []*transport.Shipper {
+	r.linksMu.RLock()
+	defer r.linksMu.RUnlock()
+	return append([]*transport.Shipper(nil), r.shippers...)
 }
 
 // startReplication runs the shippers and the truncation loop until stop.
-func (n *Node) startReplication() {
+func (r *replication) startReplication() {
+	n := r.n
 	ctx, cancel := context.WithCancel(context.Background())
-	n.linksMu.Lock()
-	n.replCtx = ctx
+	r.linksMu.Lock()
+	r.replCtx = ctx
 	if !n.multi() {
-		n.linkCtx = ctx
+		r.linkCtx = ctx
 	}
-	for _, sh := range n.shippers {
-		n.runLinkLocked(sh)
+	for _, sh := range r.shippers {
+		r.runLinkLocked(sh)
 	}
-	n.linksMu.Unlock()
+	r.linksMu.Unlock()
 	n.bg.Add(1)
 	go func() {
 		// Exits when stop is closed, after the shippers it cancels.
@@ -212,7 +239,7 @@ func (n *Node) startReplication() {
 			select {
 			case <-n.stop:
 				cancel()
-				n.linkWG.Wait()
+				r.linkWG.Wait()
 				return
 			case <-t.C:
 				if err := n.TruncateWAL(); err != nil {
@@ -236,7 +263,7 @@ func (n *Node) TruncateWAL() error {
 	// meanwhile, it cuts nothing.
 	stream := n.out.Stream()
 	upTo := min(n.applied.Load(), n.out.Last())
-	for _, sh := range n.links() {
+	for _, sh := range n.repl.links() {
 		if sh.Retains() {
 			upTo = min(upTo, sh.Acked())
 		}
@@ -261,7 +288,8 @@ func (n *Node) TruncateWAL() error {
 //     re-seed (the snapshot must still carry the tombstone);
 //   - no dead letter holds a write it could shadow, and no rejoin is under
 //     way (this node's, or a peer's that will re-seed this node).
-func (n *Node) tombstoneCutoff() (hlc.Timestamp, error) {
+func (r *replication) tombstoneCutoff() (hlc.Timestamp, error) {
+	n := r.n
 	cutoff := hlc.Timestamp{Wall: n.clock.Physical() - int64(n.opts.TombstoneRetention)}
 	lower := func(ts hlc.Timestamp) {
 		if ts.Less(cutoff) {
@@ -280,7 +308,7 @@ func (n *Node) tombstoneCutoff() (hlc.Timestamp, error) {
 	clockNow := n.clock.Last()
 	floorp := n.com.floor.Load()
 	last := n.out.Last()
-	for _, sh := range n.links() {
+	for _, sh := range r.links() {
 		d := sh.Delivery()
 		switch {
 		case !d.Complete:
@@ -315,7 +343,7 @@ func (n *Node) tombstoneCutoff() (hlc.Timestamp, error) {
 	for _, p := range n.acceptor.Peers() {
 		peers[p] = true
 	}
-	for _, sh := range n.links() {
+	for _, sh := range r.links() {
 		peers[sh.Peer().Name] = true
 	}
 	for p := range peers {
@@ -341,7 +369,8 @@ func (n *Node) tombstoneCutoff() (hlc.Timestamp, error) {
 
 // oldestCommitWall reads the commit HLC's wall time of a WAL entry, for the
 // age of a link's oldest unacknowledged entry.
-func (n *Node) oldestCommitWall(index uint64) (int64, bool) {
+func (r *replication) oldestCommitWall(index uint64) (int64, bool) {
+	n := r.n
 	p, err := n.out.ReadRaw(index)
 	if err != nil {
 		return 0, false
@@ -356,13 +385,13 @@ func (n *Node) oldestCommitWall(index uint64) (int64, bool) {
 // PeerStatus reports every link.
 func (n *Node) PeerStatus() []client.LinkStatus {
 	if !n.lead.ready.Load() {
-		return n.followerLinks()
+		return n.repl.followerLinks()
 	}
 	th := transport.Thresholds{Lagging: n.opts.LinkLagging, Stalled: n.opts.LinkStalled}
-	links := n.links()
+	links := n.repl.links()
 	out := make([]client.LinkStatus, 0, len(links))
 	for _, sh := range links {
-		out = append(out, linkStatus(sh.Status(th, n.oldestCommitWall)))
+		out = append(out, linkStatus(sh.Status(th, n.repl.oldestCommitWall)))
 	}
 	return out
 }
@@ -390,8 +419,8 @@ func linkStatus(s transport.Status) client.LinkStatus {
 }
 
 // shipper returns the link to a peer.
-func (n *Node) shipper(peer string) (*transport.Shipper, error) {
-	for _, sh := range n.links() {
+func (r *replication) shipper(peer string) (*transport.Shipper, error) {
+	for _, sh := range r.links() {
 		if sh.Peer().Name == peer {
 			return sh, nil
 		}
@@ -401,7 +430,7 @@ func (n *Node) shipper(peer string) (*transport.Shipper, error) {
 
 // PausePeer stops shipping to a peer (its backlog is still retained).
 func (n *Node) PausePeer(peer string) error {
-	sh, err := n.shipper(peer)
+	sh, err := n.repl.shipper(peer)
 	if err == nil {
 		sh.Pause()
 		n.log.Info("peer paused by the operator", "peer", peer)
@@ -411,7 +440,7 @@ func (n *Node) PausePeer(peer string) error {
 
 // ResumePeer undoes PausePeer.
 func (n *Node) ResumePeer(peer string) error {
-	sh, err := n.shipper(peer)
+	sh, err := n.repl.shipper(peer)
 	if err == nil {
 		sh.Resume()
 		n.log.Info("peer resumed by the operator", "peer", peer)
@@ -422,7 +451,7 @@ func (n *Node) ResumePeer(peer string) error {
 // ReseedPeer starts a re-seed of a peer: a snapshot of the whole tree
 // streamed through its acceptor, then normal shipping.
 func (n *Node) ReseedPeer(peer string) error {
-	sh, err := n.shipper(peer)
+	sh, err := n.repl.shipper(peer)
 	if err == nil {
 		sh.Reseed("asked by the operator")
 		n.log.Info("re-seed requested by the operator", "peer", peer)
@@ -434,7 +463,7 @@ func (n *Node) ReseedPeer(peer string) error {
 // does): for a peer gone for long, whose backlog should not hold the WAL.
 // It is re-seeded once it is reachable again.
 func (n *Node) DetachPeer(peer string) error {
-	sh, err := n.shipper(peer)
+	sh, err := n.repl.shipper(peer)
 	if err == nil {
 		sh.Detach("detached by the operator")
 		n.metrics.detached.WithLabelValues(peer).Inc()

@@ -174,12 +174,13 @@ func (s *saturation) admit(ctx context.Context) error {
 
 // watchLinks logs each change of a link's state once: a link that degrades
 // at WARN with the peer and its last error, one that recovers at INFO.
-func (n *Node) watchLinks() {
+func (r *replication) watchLinks() {
+	n := r.n
 	for _, st := range n.PeerStatus() {
-		n.linkStatesMu.Lock()
-		prev, seen := n.linkStates[st.Peer]
-		n.linkStates[st.Peer] = st.State
-		n.linkStatesMu.Unlock()
+		r.linkStatesMu.Lock()
+		prev, seen := r.linkStates[st.Peer]
+		r.linkStates[st.Peer] = st.State
+		r.linkStatesMu.Unlock()
 		if seen && prev == st.State {
 			continue
 		}

@@ -181,21 +181,21 @@ func (n *Node) beginTerm(term uint64) error {
 	}
 	// The links are made from the log's cursors, and start once the term's
 	// bookkeeping (a seal after a recovery) is done.
-	ctx, cancel := context.WithCancel(n.replCtx)
-	n.linksMu.Lock()
-	n.linksBuilding = true
-	n.linksMu.Unlock()
+	ctx, cancel := context.WithCancel(n.repl.replCtx)
+	n.repl.linksMu.Lock()
+	n.repl.linksBuilding = true
+	n.repl.linksMu.Unlock()
 	fail := func(err error) error {
-		n.linksMu.Lock()
-		n.linksBuilding = false
-		n.linksMu.Unlock()
+		n.repl.linksMu.Lock()
+		n.repl.linksBuilding = false
+		n.repl.linksMu.Unlock()
 		cancel()
-		n.stopLinks()
+		n.repl.stopLinks()
 		return err
 	}
 	var errs []error
-	for _, p := range n.linkPeers() {
-		if _, err := n.addLink(p); err != nil {
+	for _, p := range n.repl.linkPeers() {
+		if _, err := n.repl.addLink(p); err != nil {
 			errs = append(errs, fmt.Errorf("link to %s: %w", p.Name, err))
 		}
 	}
@@ -205,28 +205,28 @@ func (n *Node) beginTerm(term uint64) error {
 	if err := n.sealAfterRecovery(); err != nil {
 		return fail(err)
 	}
-	n.linksMu.Lock()
-	n.linksBuilding = false
-	n.linkCtx = ctx
-	for _, sh := range n.shippers {
-		n.runLinkLocked(sh)
+	n.repl.linksMu.Lock()
+	n.repl.linksBuilding = false
+	n.repl.linkCtx = ctx
+	for _, sh := range n.repl.shippers {
+		n.repl.runLinkLocked(sh)
 	}
-	n.linksMu.Unlock()
+	n.repl.linksMu.Unlock()
 	n.lead.term, n.lead.cancel = term, cancel
 	n.lead.ready.Store(true)
 	n.lead.changes.Add(1)
 	n.metrics.leaderChanges.Inc()
 	// A peer gossip found while the term began (too early to be linked by
 	// it, too late for the list above).
-	for _, p := range n.linkPeers() {
-		if _, err := n.shipper(p.Name); err != nil {
-			if _, err := n.addLink(p); err != nil {
+	for _, p := range n.repl.linkPeers() {
+		if _, err := n.repl.shipper(p.Name); err != nil {
+			if _, err := n.repl.addLink(p); err != nil {
 				n.log.Warn("linking a peer found while the term began", "peer", p.Name, "err", err)
 			}
 		}
 	}
 	n.log.Info("leading the cluster: stamping, shipping and accepting", "term", term, "node", n.nodeID,
-		"took", time.Since(start).Round(time.Millisecond), "links", len(n.links()))
+		"took", time.Since(start).Round(time.Millisecond), "links", len(n.repl.links()))
 	return nil
 }
 
@@ -303,26 +303,27 @@ func (n *Node) endTerm(why string) {
 	if !n.lead.ready.Swap(false) {
 		return
 	}
-	n.linksMu.Lock()
-	n.linkCtx = nil
-	n.linksMu.Unlock()
+	n.repl.linksMu.Lock()
+	n.repl.linkCtx = nil
+	n.repl.linksMu.Unlock()
 	n.lead.cancel()
-	n.stopLinks()
+	n.repl.stopLinks()
 	n.lead.changes.Add(1)
 	n.log.Info("stopped leading the cluster", "term", n.lead.term, "why", why)
 }
 
 // stopLinks waits for the term's shippers to stop and forgets them.
-func (n *Node) stopLinks() {
-	n.linkWG.Wait()
-	n.linksMu.Lock()
-	n.shippers = nil
-	n.linksMu.Unlock()
+func (r *replication) stopLinks() {
+	r.linkWG.Wait()
+	r.linksMu.Lock()
+	r.shippers = nil
+	r.linksMu.Unlock()
 }
 
 // linkPeers are the peers a term links to: the configured ones with a URL,
 // and those gossip found.
-func (n *Node) linkPeers() []Peer {
+func (r *replication) linkPeers() []Peer {
+	n := r.n
 	var out []Peer
 	for _, p := range n.opts.Peers {
 		if p.URL != "" {
@@ -431,10 +432,11 @@ func (p *progress) wait(ctx context.Context, i uint64) error {
 
 // followerLinks is what a node that does not lead shows of its cluster's
 // links: where each peer's cursor stands in the log, state follower.
-func (n *Node) followerLinks() []client.LinkStatus {
+func (r *replication) followerLinks() []client.LinkStatus {
+	n := r.n
 	var out []client.LinkStatus
 	last := n.out.Last()
-	for _, p := range n.linkPeers() {
+	for _, p := range r.linkPeers() {
 		st := client.LinkStatus{Peer: p.Name, URL: p.URL, State: transport.StateFollower, Last: last}
 		if c, ok, err := n.store.Cursor(p.Name); err == nil && ok && c.Stream == n.out.Stream() {
 			st.Acked = c.Index
@@ -449,7 +451,8 @@ func (n *Node) followerLinks() []client.LinkStatus {
 }
 
 // cursorOf reads a peer's cursor as the log holds it.
-func (n *Node) cursorOf(peer string) (entry.Cursor, bool) {
+func (r *replication) cursorOf(peer string) (entry.Cursor, bool) {
+	n := r.n
 	c, ok, err := n.store.Cursor(peer)
 	return c, ok && err == nil
 }
