@@ -35,6 +35,16 @@ const (
 	headerApplied = "X-Replicator-Applied"
 )
 
+// router sends what needs the leader to it: one hop at most, over the raft
+// port (service.go), and answers once this node applied what the leader
+// had.
+type router struct {
+	n *Node // whose group, progress and service client it routes by
+	// fwdClient forwards to a leader of an older build, at its gossiped
+	// URL.
+	fwdClient *http.Client
+}
+
 // needsLeader reports a request only the leader answers.
 func needsLeader(r *http.Request) bool {
 	if r.URL.Path == wire.PathReplicate || r.URL.Path == wire.PathProve {
@@ -54,7 +64,8 @@ func consistent(r *http.Request) bool {
 }
 
 // route sends what needs the leader to it.
-func (n *Node) route(h http.Handler) http.Handler {
+func (f *router) route(h http.Handler) http.Handler {
+	n := f.n
 	if !n.multi() {
 		return h
 	}
@@ -64,19 +75,20 @@ func (n *Node) route(h http.Handler) http.Handler {
 			return
 		}
 		if forwarded(r) || n.group.IsLeader() {
-			n.answerAsLeader(h, w, r)
+			f.answerAsLeader(h, w, r)
 			return
 		}
-		n.forward(h, w, r)
+		f.forward(h, w, r)
 	})
 }
 
 // answerAsLeader answers a request here, as the leader (or as the node that
 // was the leader when it was forwarded: a write then finds it no longer
 // leads and is not written).
-func (n *Node) answerAsLeader(h http.Handler, w http.ResponseWriter, r *http.Request) {
+func (f *router) answerAsLeader(h http.Handler, w http.ResponseWriter, r *http.Request) {
+	n := f.n
 	if consistent(r) {
-		if err := n.consistentRead(r.Context()); err != nil {
+		if err := f.consistentRead(r.Context()); err != nil {
 			httpapi.WriteErr(w, err)
 			return
 		}
@@ -89,7 +101,8 @@ func (n *Node) answerAsLeader(h http.Handler, w http.ResponseWriter, r *http.Req
 
 // consistentRead returns once this node has applied every command committed
 // before the call, having confirmed that it still leads.
-func (n *Node) consistentRead(ctx context.Context) error {
+func (f *router) consistentRead(ctx context.Context) error {
+	n := f.n
 	if err := n.awaitTerm(ctx); err != nil {
 		return err
 	}
@@ -178,23 +191,24 @@ func (c *countingBody) Read(p []byte) (int, error) {
 // requests on its raft port: it is sent the request the way that build
 // forwarded, on its API at the URL gossip reports, with the caller's
 // headers (a rolling upgrade).
-func (n *Node) forward(h http.Handler, w http.ResponseWriter, r *http.Request) {
+func (f *router) forward(h http.Handler, w http.ResponseWriter, r *http.Request) {
+	n := f.n
 	body := &countingBody{ReadCloser: r.Body}
 	if r.Body == nil || r.Body == http.NoBody {
 		body = nil
 	}
 	var last error
 	for attempt := 0; attempt < 2; attempt++ {
-		id, err := n.leaderServer(r.Context())
+		id, err := f.leaderServer(r.Context())
 		if err != nil {
 			httpapi.WriteErr(w, fmt.Errorf("%w: %w", ErrNotWritten, err))
 			return
 		}
 		if id == n.group.ID() {
-			n.answerAsLeader(h, w, r) // elected meanwhile
+			f.answerAsLeader(h, w, r) // elected meanwhile
 			return
 		}
-		out, err := n.outRequest(r, serviceURL(id, r.URL.RequestURI()), body)
+		out, err := f.outRequest(r, serviceURL(id, r.URL.RequestURI()), body)
 		if err != nil {
 			httpapi.WriteErr(w, fmt.Errorf("%w: %w", ErrNotWritten, err))
 			return
@@ -208,7 +222,7 @@ func (n *Node) forward(h http.Handler, w http.ResponseWriter, r *http.Request) {
 		if err != nil {
 			var ns errNotSent
 			if errors.As(err, &ns) && errors.Is(err, cluster.ErrOlderBuild) && (body == nil || body.read == 0) {
-				n.forwardLegacy(h, w, r, body, id)
+				f.forwardLegacy(h, w, r, body, id)
 				return
 			}
 			if errors.As(err, &ns) && (body == nil || body.read == 0) {
@@ -220,7 +234,7 @@ func (n *Node) forward(h http.Handler, w http.ResponseWriter, r *http.Request) {
 			httpapi.WriteErr(w, fmt.Errorf("%w: forwarded to the leader %s, no answer: %w", ErrUnknownOutcome, id, err))
 			return
 		}
-		n.relay(w, r, resp, string(id))
+		f.relay(w, r, resp, string(id))
 		return
 	}
 	httpapi.WriteErr(w, fmt.Errorf("%w: the leader could not be reached: %w", ErrNotWritten, last))
@@ -228,7 +242,8 @@ func (n *Node) forward(h http.Handler, w http.ResponseWriter, r *http.Request) {
 
 // outRequest is r as forwarded to url: its body (unless none), its headers
 // but the hop-by-hop and browser ones, marked forwarded.
-func (n *Node) outRequest(r *http.Request, url string, body *countingBody) (*http.Request, error) {
+func (f *router) outRequest(r *http.Request, url string, body *countingBody) (*http.Request, error) {
+	n := f.n
 	out, err := http.NewRequestWithContext(r.Context(), r.Method, url, nil)
 	if err != nil {
 		return nil, err
@@ -246,7 +261,8 @@ func (n *Node) outRequest(r *http.Request, url string, body *countingBody) (*htt
 
 // forwardLegacy forwards to a leader of an older build, on its API at the
 // URL gossip reports for it, as that build's followers do.
-func (n *Node) forwardLegacy(h http.Handler, w http.ResponseWriter, r *http.Request, body *countingBody, id raft.ServerID) {
+func (f *router) forwardLegacy(h http.Handler, w http.ResponseWriter, r *http.Request, body *countingBody, id raft.ServerID) {
+	n := f.n
 	node, inc := cluster.SplitServerID(id)
 	m, ok := n.member(node)
 	if !ok || m.Meta.API == "" || (inc != "" && m.Meta.Inc != inc) {
@@ -254,12 +270,12 @@ func (n *Node) forwardLegacy(h http.Handler, w http.ResponseWriter, r *http.Requ
 		return
 	}
 	api := m.Meta.API
-	out, err := n.outRequest(r, strings.TrimRight(api, "/")+r.URL.RequestURI(), body)
+	out, err := f.outRequest(r, strings.TrimRight(api, "/")+r.URL.RequestURI(), body)
 	if err != nil {
 		httpapi.WriteErr(w, fmt.Errorf("%w: %w", ErrNotWritten, err))
 		return
 	}
-	resp, err := n.fwdClient.Do(out)
+	resp, err := f.fwdClient.Do(out)
 	if err != nil {
 		var op *net.OpError
 		if errors.As(err, &op) && op.Op == "dial" && (body == nil || body.read == 0) {
@@ -271,12 +287,13 @@ func (n *Node) forwardLegacy(h http.Handler, w http.ResponseWriter, r *http.Requ
 		httpapi.WriteErr(w, fmt.Errorf("%w: forwarded to the leader at %s, no answer: %w", ErrUnknownOutcome, api, err))
 		return
 	}
-	n.relay(w, r, resp, api)
+	f.relay(w, r, resp, api)
 }
 
 // relay answers with the leader's answer, once this node applied what the
 // leader had when it answered.
-func (n *Node) relay(w http.ResponseWriter, r *http.Request, resp *http.Response, api string) {
+func (f *router) relay(w http.ResponseWriter, r *http.Request, resp *http.Response, api string) {
+	n := f.n
 	defer resp.Body.Close()
 	idx, _ := strconv.ParseUint(resp.Header.Get(headerApplied), 10, 64)
 	if idx > 0 && resp.StatusCode < 500 {
@@ -307,7 +324,8 @@ func (n *Node) relay(w http.ResponseWriter, r *http.Request, resp *http.Response
 
 // leaderServer returns the leader's raft server ID (this node's when it
 // leads), waiting up to twice the election timeout for one.
-func (n *Node) leaderServer(ctx context.Context) (raft.ServerID, error) {
+func (f *router) leaderServer(ctx context.Context) (raft.ServerID, error) {
+	n := f.n
 	deadline := time.Now().Add(2*n.opts.Raft.ElectionTimeout + time.Second)
 	for {
 		if n.group.IsLeader() {

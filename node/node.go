@@ -62,10 +62,9 @@ type Node struct {
 	lead        leadState
 	progress    progress
 	nodeURLs    nodeURLs
-	// fwdClient forwards what needs the leader to a leader of an older
-	// build, at its gossiped URL (forward.go); svcClient sends requests to
-	// other nodes over the raft port (service.go).
-	fwdClient *http.Client
+	// fwd forwards what needs the leader to it (forward.go); svcClient
+	// sends requests to other nodes over the raft port (service.go).
+	fwd       router
 	svcClient *http.Client
 	// svcSrv serves the requests other nodes send over the raft port.
 	svcSrv *http.Server
@@ -167,7 +166,7 @@ func Open(ctx context.Context, opts *Options) (*Node, error) {
 		history:    newHistory(int(o.HistorySpan / o.HistoryInterval)),
 	}
 	n.sat.init()
-	n.rejoin.n = n
+	n.rejoin.n, n.fwd.n = n, n
 	n.repl.n, n.repl.linkStates = n, map[string]string{}
 	n.sat.marks, n.sat.wait, n.sat.log, n.sat.metrics = o.WaterMarks, o.AdmissionWait, log, &n.metrics
 	n.sat.links, n.sat.oldest = n.repl.links, n.repl.oldestCommitWall

@@ -93,7 +93,7 @@ func (r *replication) setupReplication() error {
 	}
 	n.peerClient = &http.Client{Transport: rt}
 	if n.multi() {
-		n.fwdClient = &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64, IdleConnTimeout: 90 * time.Second,
+		n.fwd.fwdClient = &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64, IdleConnTimeout: 90 * time.Second,
 			TLSClientConfig: n.tls.client()}}
 		n.svcClient = n.newServiceClient()
 		return nil // each term links to the peers (term.go)

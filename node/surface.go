@@ -17,7 +17,7 @@ var writeError = httpjson.WriteError
 
 // Handler returns the node's HTTP API as its listener serves it, without
 // the token and origin checks: what needs the leader is forwarded to it.
-func (n *Node) Handler() http.Handler { return n.route(surface(n).Handler()) }
+func (n *Node) Handler() http.Handler { return n.fwd.route(surface(n).Handler()) }
 
 // surface is the node's HTTP API, with the peer endpoint unless it has a
 // listener of its own.
