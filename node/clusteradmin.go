@@ -87,10 +87,10 @@ func (n *Node) ClusterReport(ctx context.Context) ClusterReport {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			if d, state := n.proven(id, true); state == descKnown {
+			if d, state := n.svc.proven(id, true); state == descKnown {
 				cn.API = d.API // what it says of itself, not gossip's
 			}
-			theirs, err := n.askCluster(ctx, id)
+			theirs, err := n.svc.askCluster(ctx, id)
 			switch {
 			case errors.Is(err, cluster.ErrOlderBuild):
 				cn.State, cn.Error = "older build", "it runs a build that answers no requests on its raft port: its state is not asked (no credential goes to the URL gossip reports)"
@@ -117,7 +117,7 @@ func (n *Node) ClusterReport(ctx context.Context) ClusterReport {
 }
 
 // askCluster asks member id its own part of the report, over the raft port.
-func (n *Node) askCluster(ctx context.Context, id raft.ServerID) (ClusterReport, error) {
+func (s *service) askCluster(ctx context.Context, id raft.ServerID) (ClusterReport, error) {
 	var r ClusterReport
 	ctx, cancel := context.WithTimeout(ctx, time.Second)
 	defer cancel()
@@ -125,7 +125,7 @@ func (n *Node) askCluster(ctx context.Context, id raft.ServerID) (ClusterReport,
 	if err != nil {
 		return r, err
 	}
-	resp, err := n.svcClient.Do(req)
+	resp, err := s.svcClient.Do(req)
 	if err != nil {
 		return r, err
 	}

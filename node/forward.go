@@ -217,8 +217,8 @@ func (f *router) forward(h http.Handler, w http.ResponseWriter, r *http.Request)
 		// authenticates this node, which says whom it verified.
 		out.Header.Del("Authorization")
 		out.Header.Del("Cookie")
-		out.Header.Set(headerCaller, n.callerIdentity(r))
-		resp, err := n.svcClient.Do(out)
+		out.Header.Set(headerCaller, n.svc.callerIdentity(r))
+		resp, err := n.svc.svcClient.Do(out)
 		if err != nil {
 			var ns errNotSent
 			if errors.As(err, &ns) && errors.Is(err, cluster.ErrOlderBuild) && (body == nil || body.read == 0) {

@@ -113,7 +113,7 @@ func (n *Node) raiseFormat() {
 			if id == n.group.ID() {
 				continue
 			}
-			if d, state := n.proven(id, false); state == descKnown && d.Commands >= want {
+			if d, state := n.svc.proven(id, false); state == descKnown && d.Commands >= want {
 				continue
 			}
 			// Not known to read it (yet): asked afresh, since the member
@@ -232,7 +232,7 @@ func (n *Node) openGroup() (created bool, err error) {
 		Solo:        !n.multi(),
 		FSM:         n.fsm,
 		Applied:     n.progress.get,
-		Describe:    n.describeSelf,
+		Describe:    n.svc.describeSelf,
 		Admit:       n.admitMember,
 		Logger:      n.log,
 		Log: wal.Options{

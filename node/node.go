@@ -62,16 +62,10 @@ type Node struct {
 	lead        leadState
 	progress    progress
 	nodeURLs    nodeURLs
-	// fwd forwards what needs the leader to it (forward.go); svcClient
-	// sends requests to other nodes over the raft port (service.go).
-	fwd       router
-	svcClient *http.Client
-	// svcSrv serves the requests other nodes send over the raft port.
-	svcSrv *http.Server
-	svcErr chan error
-	// selfDesc is what this node says of itself on its raft port
-	// (service.go), set once Start bound the listeners.
-	selfDesc atomic.Pointer[string]
+	// fwd forwards what needs the leader to it (forward.go); svc talks
+	// to the other nodes over the raft port (service.go).
+	fwd router
+	svc service
 	// discovered are peers gossip found (a term links to them too).
 	discoveredMu sync.Mutex
 	discovered   map[string]Peer
@@ -166,7 +160,7 @@ func Open(ctx context.Context, opts *Options) (*Node, error) {
 		history:    newHistory(int(o.HistorySpan / o.HistoryInterval)),
 	}
 	n.sat.init()
-	n.rejoin.n, n.fwd.n = n, n
+	n.rejoin.n, n.fwd.n, n.svc.n = n, n, n
 	n.repl.n, n.repl.linkStates = n, map[string]string{}
 	n.sat.marks, n.sat.wait, n.sat.log, n.sat.metrics = o.WaterMarks, o.AdmissionWait, log, &n.metrics
 	n.sat.links, n.sat.oldest = n.repl.links, n.repl.oldestCommitWall
@@ -353,9 +347,9 @@ func (n *Node) Start() error {
 		n.peerSrv = n.serve(n.peerLn, surface(n).PeerHandler(n.acceptor), &n.peerServeErr)
 	}
 	if n.multi() {
-		n.setDescription()
-		n.serveService()
-		n.every(time.Second, n.refreshProven)
+		n.svc.setDescription()
+		n.svc.serveService()
+		n.every(time.Second, n.svc.refreshProven)
 		n.every(500*time.Millisecond, n.raiseFormat)
 	}
 	n.every(n.opts.GCInterval, n.collectExpired)
@@ -439,7 +433,7 @@ func (n *Node) Close() error {
 		for _, sv := range []struct {
 			srv  *http.Server
 			errc chan error
-		}{{n.srv, n.serveErr}, {n.peerSrv, n.peerServeErr}, {n.pprofSrv, n.pprofErr}, {n.svcSrv, n.svcErr}} {
+		}{{n.srv, n.serveErr}, {n.peerSrv, n.peerServeErr}, {n.pprofSrv, n.pprofErr}, {n.svc.svcSrv, n.svc.svcErr}} {
 			if sv.srv == nil {
 				continue
 			}

@@ -95,7 +95,7 @@ func (r *replication) setupReplication() error {
 	if n.multi() {
 		n.fwd.fwdClient = &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64, IdleConnTimeout: 90 * time.Second,
 			TLSClientConfig: n.tls.client()}}
-		n.svcClient = n.newServiceClient()
+		n.svc.svcClient = n.svc.newServiceClient()
 		return nil // each term links to the peers (term.go)
 	}
 	for _, p := range n.opts.Peers {
@@ -189,11 +189,11 @@ func (r *replication) leadership() func() (bool, string, []string) {
 		// its gossiped URL is handed out, as that build did.
 		leader := ""
 		if id := n.group.LeaderServer(); id != "" && id != n.group.ID() {
-			switch d, state := n.proven(id, false); state {
+			switch d, state := n.svc.proven(id, false); state {
 			case descKnown:
 				leader = d.Replicate
 			case descOlder:
-				leader = n.gossipedReplicate(id)
+				leader = n.svc.gossipedReplicate(id)
 			}
 		}
 		return false, leader, n.nodeURLs.get()

@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/http"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/raft"
@@ -37,6 +38,21 @@ const headerCaller = "X-Replicator-Caller"
 // configuration holds.
 const serviceHost = ".raft.internal"
 
+// service is the node's side of the raft port's requests: it serves what
+// other nodes of its cluster ask (this node's description, its view of the
+// cluster, forwarded requests) and asks them the same.
+type service struct {
+	n *Node
+	// client sends requests to other nodes over the raft port; srv serves
+	// theirs (errc: its exit).
+	svcClient *http.Client
+	svcSrv    *http.Server
+	svcErr    chan error
+	// selfDesc is what this node says of itself on its raft port, set
+	// once Start bound the listeners.
+	selfDesc atomic.Pointer[string]
+}
+
 // described is what a node says of itself on its raft port.
 type described struct {
 	API       string `json:"api"`
@@ -48,8 +64,8 @@ type described struct {
 
 // describeSelf is this node's description (cluster.Options.Describe): ""
 // until Start has bound the listeners (the raft port answers before).
-func (n *Node) describeSelf() string {
-	if p := n.selfDesc.Load(); p != nil {
+func (s *service) describeSelf() string {
+	if p := s.selfDesc.Load(); p != nil {
 		return *p
 	}
 	return ""
@@ -57,7 +73,8 @@ func (n *Node) describeSelf() string {
 
 // setDescription records what this node says of itself, once its listeners
 // are bound (Start).
-func (n *Node) setDescription() {
+func (s *service) setDescription() {
+	n := s.n
 	d := described{API: n.URL(), Replicate: n.PeerURL(), Commands: n.readsFormat()}
 	if g := n.opts.Gossip; g != nil {
 		if g.APIURL != "" {
@@ -69,7 +86,7 @@ func (n *Node) setDescription() {
 	}
 	b, _ := json.Marshal(d)
 	desc := string(b)
-	n.selfDesc.Store(&desc)
+	s.selfDesc.Store(&desc)
 }
 
 // What a member said of itself, as far as this node knows.
@@ -82,7 +99,8 @@ const (
 // proven returns what member id said of itself over the raft port; wait
 // says whether to ask it now when the last answer is too old (a path that
 // must not block passes false).
-func (n *Node) proven(id raft.ServerID, wait bool) (described, int) {
+func (sv *service) proven(id raft.ServerID, wait bool) (described, int) {
+	n := sv.n
 	var s string
 	if wait {
 		var err error
@@ -109,7 +127,8 @@ func (n *Node) proven(id raft.ServerID, wait bool) (described, int) {
 // only for a member that answered on its raft port and runs an older build
 // (a rolling upgrade), as that build handed it out. Never for a member
 // that could not be asked: gossip may be anyone's.
-func (n *Node) gossipedReplicate(id raft.ServerID) string {
+func (s *service) gossipedReplicate(id raft.ServerID) string {
+	n := s.n
 	node, inc := cluster.SplitServerID(id)
 	if m, ok := n.member(node); ok && m.Meta.Inc == inc && m.State == transport.LiveAlive {
 		return m.Meta.Replicate
@@ -120,7 +139,8 @@ func (n *Node) gossipedReplicate(id raft.ServerID) string {
 // refreshProven asks every member of the configuration what it says of
 // itself (each at most every 30 s: cluster.Describe caches), and keeps the
 // replicate URLs acks list. It runs every second.
-func (n *Node) refreshProven() {
+func (s *service) refreshProven() {
+	n := s.n
 	urls := []string{n.PeerURL()}
 	if g := n.opts.Gossip; g != nil && g.ReplicateURL != "" {
 		urls[0] = g.ReplicateURL
@@ -130,11 +150,11 @@ func (n *Node) refreshProven() {
 		if id == n.group.ID() {
 			continue
 		}
-		switch d, state := n.proven(id, true); {
+		switch d, state := s.proven(id, true); {
 		case state == descKnown && d.Replicate != "":
 			urls = append(urls, d.Replicate)
 		case state == descOlder:
-			if u := n.gossipedReplicate(id); u != "" {
+			if u := s.gossipedReplicate(id); u != "" {
 				urls = append(urls, u)
 			}
 		}
@@ -145,13 +165,14 @@ func (n *Node) refreshProven() {
 // serveService serves the requests other nodes send over the raft port:
 // the API's routes, answered here (never forwarded again), without the
 // token check (the raft port's credential authenticated the sender).
-func (n *Node) serveService() {
+func (s *service) serveService() {
+	n := s.n
 	ln := n.group.ServiceListener()
 	if ln == nil {
 		return
 	}
 	// Exits when Close shuts the server down (or the raft port closes).
-	n.svcSrv = n.serve(ln, n.Handler(), &n.svcErr, func(srv *http.Server) {
+	s.svcSrv = n.serve(ln, n.Handler(), &s.svcErr, func(srv *http.Server) {
 		srv.ConnContext = func(ctx context.Context, c net.Conn) context.Context {
 			if sc, ok := c.(*raftconn.ServiceConn); ok {
 				return context.WithValue(ctx, serviceSenderKey{}, sc.Sender)
@@ -184,7 +205,8 @@ func (e errNotSent) Unwrap() error { return e.err }
 
 // newServiceClient returns the client of requests to other nodes over the
 // raft port: the URL's host names the server (serviceURL).
-func (n *Node) newServiceClient() *http.Client {
+func (s *service) newServiceClient() *http.Client {
+	n := s.n
 	return &http.Client{Transport: &http.Transport{
 		DialContext: func(ctx context.Context, _, addr string) (net.Conn, error) {
 			host, _, err := net.SplitHostPort(addr)
@@ -222,7 +244,7 @@ func serviceURL(id raft.ServerID, requestURI string) string {
 // callerOf is who made r, for the logs of what it changes: what this node
 // verified, or, for a request another node forwarded over the raft port,
 // what that node verified (headerCaller, trusted there only).
-func (n *Node) callerOf(r *http.Request) string {
+func (s *service) callerOf(r *http.Request) string {
 	if sender := serviceSender(r); sender != "" {
 		c := r.Header.Get(headerCaller)
 		if c == "" {
@@ -230,11 +252,12 @@ func (n *Node) callerOf(r *http.Request) string {
 		}
 		return c + ", forwarded by " + sender
 	}
-	return n.callerIdentity(r)
+	return s.callerIdentity(r)
 }
 
 // callerIdentity is what this node verified of r's caller, for headerCaller.
-func (n *Node) callerIdentity(r *http.Request) string {
+func (s *service) callerIdentity(r *http.Request) string {
+	n := s.n
 	switch {
 	case r.TLS != nil && len(r.TLS.PeerCertificates) > 0:
 		return "certificate " + r.TLS.PeerCertificates[0].Subject.String()

@@ -29,7 +29,7 @@ func surface(n *Node) *httpapi.API {
 		Metrics:       n.metrics.handler(),
 		// Behind the token (Validate refuses --pprof without one).
 		Pprof:  n.opts.Pprof && n.opts.APIToken != "",
-		Caller: n.callerOf,
+		Caller: n.svc.callerOf,
 		Logger: n.log,
 	}
 	if n.opts.PeerListen == "" && n.opts.PeerListener == nil {
