@@ -264,7 +264,7 @@ func (f *router) outRequest(r *http.Request, url string, body *countingBody) (*h
 func (f *router) forwardLegacy(h http.Handler, w http.ResponseWriter, r *http.Request, body *countingBody, id raft.ServerID) {
 	n := f.n
 	node, inc := cluster.SplitServerID(id)
-	m, ok := n.member(node)
+	m, ok := n.mem.member(node)
 	if !ok || m.Meta.API == "" || (inc != "" && m.Meta.Inc != inc) {
 		httpapi.WriteErr(w, fmt.Errorf("%w: the leader %s runs an older build, and gossip does not know its API URL", ErrNotWritten, id))
 		return

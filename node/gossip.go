@@ -9,7 +9,8 @@ import (
 
 // startGossip joins the memberlist cluster and starts shipping to the
 // members of clusters whose secret is configured.
-func (n *Node) startGossip() error {
+func (ms *membership) startGossip() error {
+	n := ms.n
 	g := n.opts.Gossip
 	id := n.nodeID
 	meta := transport.MemberMeta{V: transport.GossipVersion, Cluster: n.cluster, Stream: n.out.Stream().String(),
@@ -25,13 +26,13 @@ func (n *Node) startGossip() error {
 	}
 	d, err := transport.StartDiscovery(transport.DiscoveryOptions{
 		NodeName: n.cluster + "-" + id, Bind: g.Bind, Advertise: g.Advertise, Join: g.Join, Key: g.Key,
-		Profile: g.Profile, Meta: meta, OnChange: n.onMember, Logger: n.log.With("component", "gossip"),
+		Profile: g.Profile, Meta: meta, OnChange: ms.onMember, Logger: n.log.With("component", "gossip"),
 	})
 	if err != nil {
 		return err
 	}
-	n.gossip = d
-	n.gossipP.Store(d)
+	ms.gossip = d
+	ms.gossipP.Store(d)
 	n.bg.Add(1)
 	go func() {
 		// Exits once a seed answered, or at stop.
@@ -43,7 +44,8 @@ func (n *Node) startGossip() error {
 }
 
 // onMember reacts to a member's join, update, departure or death.
-func (n *Node) onMember(m transport.Member) {
+func (ms *membership) onMember(m transport.Member) {
+	n := ms.n
 	c := m.Meta.Cluster
 	if c == "" || c == n.cluster || m.Note != "" {
 		return
@@ -57,18 +59,18 @@ func (n *Node) onMember(m transport.Member) {
 	if sh, err := n.repl.shipper(c); err == nil {
 		sh.SetLiveness(m.State)
 		if cfg != nil && cfg.URL != "" {
-			n.gossip.SetNote(m.Node, true, "static --peer URL wins over gossip")
+			ms.gossip.SetNote(m.Node, true, "static --peer URL wins over gossip")
 			return
 		}
 		if m.Meta.Replicate != "" && m.State == transport.LiveAlive {
 			sh.SetURL(m.Meta.Replicate)
 		}
-		n.gossip.SetNote(m.Node, true, "")
+		ms.gossip.SetNote(m.Node, true, "")
 		return
 	}
 	switch {
 	case cfg == nil && !n.opts.InsecurePeers:
-		n.gossip.SetNote(m.Node, false, fmt.Sprintf("no secret configured for cluster %s: shown, not shipped to", c))
+		ms.gossip.SetNote(m.Node, false, fmt.Sprintf("no secret configured for cluster %s: shown, not shipped to", c))
 		return
 	case m.State != transport.LiveAlive || m.Meta.Replicate == "":
 		return
@@ -81,11 +83,11 @@ func (n *Node) onMember(m transport.Member) {
 	}
 	if n.multi() {
 		// Every term links to it; the current one at once.
-		n.discoveredMu.Lock()
-		n.discovered[c] = p
-		n.discoveredMu.Unlock()
+		ms.discoveredMu.Lock()
+		ms.discovered[c] = p
+		ms.discoveredMu.Unlock()
 		if !n.lead.ready.Load() {
-			n.gossip.SetNote(m.Node, false, "this node does not lead its cluster: the leader ships")
+			ms.gossip.SetNote(m.Node, false, "this node does not lead its cluster: the leader ships")
 			return
 		}
 	}
@@ -95,22 +97,22 @@ func (n *Node) onMember(m transport.Member) {
 		return
 	}
 	sh.SetLiveness(m.State)
-	n.gossip.SetNote(m.Node, true, "")
+	ms.gossip.SetNote(m.Node, true, "")
 	n.log.Info("gossip: shipping to a discovered peer", "cluster", c, "url", m.Meta.Replicate)
 }
 
 // Members lists the nodes known through gossip (nil without gossip).
 func (n *Node) Members() []transport.Member {
-	if n.gossip == nil {
+	if n.mem.gossip == nil {
 		return nil
 	}
-	return n.gossip.Members()
+	return n.mem.gossip.Members()
 }
 
-func (n *Node) stopGossip() error {
-	if n.gossip == nil {
+func (ms *membership) stopGossip() error {
+	if ms.gossip == nil {
 		return nil
 	}
 	// A graceful leave tells the others this node left, rather than died.
-	return n.gossip.Leave(5 * time.Second)
+	return ms.gossip.Leave(5 * time.Second)
 }

@@ -246,7 +246,7 @@ func (n *Node) openGroup() (created bool, err error) {
 		},
 	}
 	if r := n.opts.Raft; r != nil {
-		if co.Conn, err = n.raftConn(); err != nil {
+		if co.Conn, err = n.mem.raftConn(); err != nil {
 			return false, err
 		}
 		co.Listen, co.Advertise, co.BootstrapExpect = r.Listen, r.Advertise, r.BootstrapExpect
@@ -273,7 +273,7 @@ func (n *Node) openGroup() (created bool, err error) {
 			}
 		}()
 		co.HasData = n.hasData
-		co.Removed = n.removedServer
+		co.Removed = n.mem.removedServer
 		co.OnRefused = func(by, why string) {
 			n.stopFatal(fmt.Errorf("%w: %s refuses this node (%s): %s; start it with an empty data directory: it comes back as a new member",
 				cluster.ErrRemoved, by, cluster.ServerID(n.nodeID, n.incarnation), why))

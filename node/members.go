@@ -33,6 +33,19 @@ import (
 // resolveNodeID returns this node's ID: the data directory's, minted at its
 // first start (or the one asked for then). A directory keeps its ID: the
 // raft configuration names the node by it.
+// membership is what gossip tells the node: the nodes of its cluster (their
+// URLs and incarnations, for raft's membership) and the peer clusters found.
+type membership struct {
+	n      *Node
+	gossip *transport.Discovery
+	// gossipP is gossip for goroutines that may run before Start set it
+	// (the group\'s reconciliation).
+	gossipP atomic.Pointer[transport.Discovery]
+	// discovered are peers gossip found (a term links to them too).
+	discoveredMu sync.Mutex
+	discovered   map[string]Peer
+}
+
 func resolveNodeID(dir, want string) (string, error) {
 	path := filepath.Join(dir, "NODE_ID")
 	b, err := os.ReadFile(path)
@@ -67,7 +80,8 @@ func resolveNodeID(dir, want string) (string, error) {
 // was recorded is refused (it would forget what it acknowledged since the
 // copy); a node alone makes the directory its own (it has no voter to
 // fool).
-func (n *Node) resolveIncarnation() (string, error) {
+func (ms *membership) resolveIncarnation() (string, error) {
+	n := ms.n
 	dir := n.opts.DataDir
 	hasRaft := cluster.HasState(n.groupDir())
 	_, err := os.Stat(filepath.Join(dir, origin.IncarnationFile))
@@ -97,7 +111,8 @@ func (n *Node) resolveIncarnation() (string, error) {
 
 // removedServer says why a raft server may not be a member ("" when it
 // may), from what the log recorded.
-func (n *Node) removedServer(id raft.ServerID) string {
+func (ms *membership) removedServer(id raft.ServerID) string {
+	n := ms.n
 	node, inc := cluster.SplitServerID(id)
 	why, err := n.machine.Removed(machine.RemovalKey(node, inc))
 	switch {
@@ -140,7 +155,8 @@ func (o *Options) raftCredentials() (string, error) {
 }
 
 // raftConn builds the raft port's credentials.
-func (n *Node) raftConn() (raftconn.Options, error) {
+func (ms *membership) raftConn() (raftconn.Options, error) {
+	n := ms.n
 	kind, err := n.opts.raftCredentials()
 	if err != nil {
 		return raftconn.Options{}, err
@@ -211,7 +227,7 @@ func (gm *groupMembers) Members() []cluster.Member {
 	if g := gm.g.Load(); g != nil {
 		out = append(out, cluster.Member{ID: n.nodeID, Incarnation: n.incarnation, RaftAddr: g.Addr(), Alive: true, Fresh: g.Fresh()})
 	}
-	for _, m := range n.sameCluster() {
+	for _, m := range n.mem.sameCluster() {
 		out = append(out, cluster.Member{ID: m.Meta.Node, Incarnation: m.Meta.Inc, RaftAddr: m.Meta.Raft, Alive: m.State == transport.LiveAlive,
 			Fresh: m.Meta.Fresh})
 	}
@@ -220,8 +236,9 @@ func (gm *groupMembers) Members() []cluster.Member {
 
 // sameCluster lists the gossip members of this node's cluster (not this
 // node) that gossip a node ID.
-func (n *Node) sameCluster() []transport.Member {
-	d := n.gossipP.Load()
+func (ms *membership) sameCluster() []transport.Member {
+	n := ms.n
+	d := ms.gossipP.Load()
 	if d == nil {
 		return nil
 	}
@@ -235,8 +252,8 @@ func (n *Node) sameCluster() []transport.Member {
 }
 
 // member returns the gossip member of this cluster with node ID id.
-func (n *Node) member(id string) (transport.Member, bool) {
-	for _, m := range n.sameCluster() {
+func (ms *membership) member(id string) (transport.Member, bool) {
+	for _, m := range ms.sameCluster() {
 		if m.Meta.Node == id {
 			return m, true
 		}
@@ -259,18 +276,19 @@ func (u *nodeURLs) get() []string {
 // refreshMeta keeps what this node gossips current (fresh turns false at
 // bootstrap or at the first append; the stream changes when one is
 // minted), and the cached node URLs. It runs every 250 ms.
-func (n *Node) refreshMeta() {
-	if n.gossip == nil {
+func (ms *membership) refreshMeta() {
+	n := ms.n
+	if ms.gossip == nil {
 		return
 	}
-	meta := n.gossip.Meta()
+	meta := ms.gossip.Meta()
 	want := meta
 	want.Stream = n.out.Stream().String()
 	if n.multi() {
 		want.Fresh = n.group.Fresh()
 	}
 	if want != meta {
-		if err := n.gossip.SetMeta(want, time.Second); err != nil {
+		if err := ms.gossip.SetMeta(want, time.Second); err != nil {
 			n.log.Debug("gossip: updating this node's metadata", "err", err)
 		}
 	}

@@ -30,7 +30,6 @@ import (
 	"github.com/replicator/replicator/origin"
 	"github.com/replicator/replicator/policy"
 	"github.com/replicator/replicator/store"
-	"github.com/replicator/replicator/transport"
 )
 
 // Node is one cluster node. Its methods are safe for concurrent use.
@@ -66,19 +65,13 @@ type Node struct {
 	// to the other nodes over the raft port (service.go).
 	fwd router
 	svc service
-	// discovered are peers gossip found (a term links to them too).
-	discoveredMu sync.Mutex
-	discovered   map[string]Peer
 
 	acceptor   *acceptor.Acceptor
 	peerClient *http.Client
 	history    *history    // the dashboard's chart, sampled every HistoryInterval
 	repl       replication // the links to peer clusters
 	tls        tlsSetup
-	gossip     *transport.Discovery
-	// gossipP is gossip for goroutines that may run before Start set it
-	// (the group\'s reconciliation).
-	gossipP atomic.Pointer[transport.Discovery]
+	mem        membership // gossip: the nodes of this cluster and the peers found
 	// applied is the last index of the stream applied to the store.
 	applied atomic.Uint64
 	// restoring is set while a snapshot's tree replaces the store's: local
@@ -149,18 +142,18 @@ func Open(ctx context.Context, opts *Options) (*Node, error) {
 		log.Warn("data directory reassigned to another cluster", "previous", prev, "now", cluster, "dir", o.DataDir)
 	}
 	n := &Node{
-		opts:       o,
-		log:        log,
-		cluster:    cluster,
-		resolver:   r.String(),
-		clock:      hlc.NewClock(o.Clock, o.MaxClockOffset),
-		stop:       make(chan struct{}),
-		fatal:      make(chan struct{}),
-		discovered: map[string]Peer{},
-		history:    newHistory(int(o.HistorySpan / o.HistoryInterval)),
+		opts:     o,
+		log:      log,
+		cluster:  cluster,
+		resolver: r.String(),
+		clock:    hlc.NewClock(o.Clock, o.MaxClockOffset),
+		stop:     make(chan struct{}),
+		fatal:    make(chan struct{}),
+		history:  newHistory(int(o.HistorySpan / o.HistoryInterval)),
 	}
 	n.sat.init()
-	n.rejoin.n, n.fwd.n, n.svc.n = n, n, n
+	n.rejoin.n, n.fwd.n, n.svc.n, n.mem.n = n, n, n, n
+	n.mem.discovered = map[string]Peer{}
 	n.repl.n, n.repl.linkStates = n, map[string]string{}
 	n.sat.marks, n.sat.wait, n.sat.log, n.sat.metrics = o.WaterMarks, o.AdmissionWait, log, &n.metrics
 	n.sat.links, n.sat.oldest = n.repl.links, n.repl.oldestCommitWall
@@ -205,7 +198,7 @@ func Open(ctx context.Context, opts *Options) (*Node, error) {
 		n.store.Close()
 		return nil, err
 	}
-	if n.incarnation, err = n.resolveIncarnation(); err != nil {
+	if n.incarnation, err = n.mem.resolveIncarnation(); err != nil {
 		n.store.Close()
 		return nil, err
 	}
@@ -367,11 +360,11 @@ func (n *Node) Start() error {
 		n.every(n.opts.TLSReloadInterval, n.tls.reloadIfChanged)
 	}
 	if n.opts.Gossip != nil {
-		if err := n.startGossip(); err != nil {
+		if err := n.mem.startGossip(); err != nil {
 			return err
 		}
-		n.refreshMeta()
-		n.every(250*time.Millisecond, n.refreshMeta)
+		n.mem.refreshMeta()
+		n.every(250*time.Millisecond, n.mem.refreshMeta)
 	}
 	if n.multi() {
 		n.log.Info("serving", "addr", ln.Addr().String(), "peer_addr", n.PeerURL(), "raft", n.group.Addr(), "stream", n.out.Stream().String())
@@ -422,7 +415,7 @@ func (n *Node) Close() error {
 	n.closed = true
 	n.closing.Store(true)
 	var errs []error
-	if err := n.stopGossip(); err != nil {
+	if err := n.mem.stopGossip(); err != nil {
 		n.log.Warn("leaving gossip", "err", err)
 	}
 	if n.srv != nil {

@@ -130,7 +130,7 @@ func (sv *service) proven(id raft.ServerID, wait bool) (described, int) {
 func (s *service) gossipedReplicate(id raft.ServerID) string {
 	n := s.n
 	node, inc := cluster.SplitServerID(id)
-	if m, ok := n.member(node); ok && m.Meta.Inc == inc && m.State == transport.LiveAlive {
+	if m, ok := n.mem.member(node); ok && m.Meta.Inc == inc && m.State == transport.LiveAlive {
 		return m.Meta.Replicate
 	}
 	return ""

@@ -330,9 +330,9 @@ func (r *replication) linkPeers() []Peer {
 			out = append(out, p)
 		}
 	}
-	n.discoveredMu.Lock()
-	defer n.discoveredMu.Unlock()
-	for _, p := range n.discovered {
+	n.mem.discoveredMu.Lock()
+	defer n.mem.discoveredMu.Unlock()
+	for _, p := range n.mem.discovered {
 		if !containsPeer(out, p.Name) {
 			out = append(out, p)
 		}
