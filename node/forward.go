@@ -103,11 +103,11 @@ func (f *router) answerAsLeader(h http.Handler, w http.ResponseWriter, r *http.R
 // before the call, having confirmed that it still leads.
 func (f *router) consistentRead(ctx context.Context) error {
 	n := f.n
-	if err := n.awaitTerm(ctx); err != nil {
+	if err := n.lead.awaitTerm(ctx); err != nil {
 		return err
 	}
 	if !n.lead.ready.Load() {
-		return n.notLeader()
+		return n.lead.notLeader()
 	}
 	if err := n.group.VerifyLeader(n.opts.Raft.ElectionTimeout); err != nil {
 		return fmt.Errorf("%w: confirming leadership: %w", ErrNotWritten, err)

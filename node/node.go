@@ -152,7 +152,7 @@ func Open(ctx context.Context, opts *Options) (*Node, error) {
 		history:  newHistory(int(o.HistorySpan / o.HistoryInterval)),
 	}
 	n.sat.init()
-	n.rejoin.n, n.fwd.n, n.svc.n, n.mem.n = n, n, n, n
+	n.rejoin.n, n.fwd.n, n.svc.n, n.mem.n, n.lead.n = n, n, n, n, n
 	n.mem.discovered = map[string]Peer{}
 	n.repl.n, n.repl.linkStates = n, map[string]string{}
 	n.sat.marks, n.sat.wait, n.sat.log, n.sat.metrics = o.WaterMarks, o.AdmissionWait, log, &n.metrics
@@ -210,7 +210,7 @@ func Open(ctx context.Context, opts *Options) (*Node, error) {
 	n.com = newCommitter(commitEnv{
 		maxGroup: o.MaxGroupEntries, idemWindow: o.IdempotencyWindow, clock: n.clock, logger: o.Logger,
 		leading:   n.lead.ready.Load,
-		notLeader: n.notLeader,
+		notLeader: n.lead.notLeader,
 		replays:   func(key string, fp []byte, now int64, e *entry.Entry) bool { return n.machine.Replays(key, fp, now, e) },
 		checkPin:  n.checkPin,
 		commit: func(cmd *machine.Command, enc *machine.Encoder) (any, error) {
@@ -354,7 +354,7 @@ func (n *Node) Start() error {
 	n.repl.startReplication()
 	if n.multi() {
 		n.bg.Add(1)
-		go n.leadLoop()
+		go n.lead.leadLoop()
 	}
 	if n.tls.cert != nil { // after the peer client exists: a reload closes its idle links
 		n.every(n.opts.TLSReloadInterval, n.tls.reloadIfChanged)
@@ -598,7 +598,7 @@ func (n *Node) propose(ctx context.Context, p *proposal) (WriteResult, error) {
 	if n.closing.Load() {
 		return WriteResult{}, fmt.Errorf("%w: %w", ErrClosed, ErrNotWritten)
 	}
-	if err := n.awaitTerm(ctx); err != nil {
+	if err := n.lead.awaitTerm(ctx); err != nil {
 		return WriteResult{}, err
 	}
 	select {

@@ -36,6 +36,7 @@ import (
 
 // leadState is this node's leadership, as the lead loop sees it.
 type leadState struct {
+	n *Node // whose links, stream and committer a term starts and stops
 	// ready: this node leads and its term began (log applied, stream
 	// minted, shippers made). Writes are stamped only while it is set.
 	ready atomic.Bool
@@ -65,7 +66,8 @@ func (n *Node) multi() bool { return n.opts.Raft != nil }
 // when the node is elected and ends it when the node is deposed (or a new
 // term of its own began in between). It exits at stop, after ending the
 // term.
-func (n *Node) leadLoop() {
+func (l *leadState) leadLoop() {
+	n := l.n
 	defer n.bg.Done()
 	t := time.NewTicker(10 * time.Millisecond)
 	defer t.Stop()
@@ -73,48 +75,48 @@ func (n *Node) leadLoop() {
 	for {
 		select {
 		case <-n.stop:
-			n.endTerm("shutting down")
+			l.endTerm("shutting down")
 			return
 		case <-t.C:
 		}
 		leading, term := n.group.IsLeader(), n.group.Term()
 		if id, _ := n.group.Leader(); id != "" && id != n.nodeID {
-			n.lead.sawOther = true
+			l.sawOther = true
 		}
-		if n.lead.ready.Load() && (!leading || term != n.lead.term) {
-			n.endTerm("no longer the leader")
+		if l.ready.Load() && (!leading || term != l.term) {
+			l.endTerm("no longer the leader")
 		}
-		if n.lead.ready.Load() && n.fsm.Err() != nil {
+		if l.ready.Load() && n.fsm.Err() != nil {
 			// The state machine stopped mid-term: every write here is
 			// refused, so another node must lead.
-			n.endTerm("the state machine stopped")
-			n.handOver()
+			l.endTerm("the state machine stopped")
+			l.handOver()
 			continue
 		}
 		if !leading {
-			n.lead.failures, retryAt = 0, time.Time{}
+			l.failures, retryAt = 0, time.Time{}
 			continue
 		}
-		if n.lead.ready.Load() || time.Now().Before(retryAt) {
+		if l.ready.Load() || time.Now().Before(retryAt) {
 			continue
 		}
-		if err := n.beginTerm(term); err != nil {
+		if err := l.beginTerm(term); err != nil {
 			// Each try appends a barrier: back off, and after a few hand
 			// leadership to a node that may manage.
-			n.lead.failures++
-			retryAt = time.Now().Add(termBackoff(n.lead.failures))
-			if n.lead.failures == 1 {
+			l.failures++
+			retryAt = time.Now().Add(termBackoff(l.failures))
+			if l.failures == 1 {
 				n.log.Warn("elected, but the term could not begin (trying again)", "term", term, "err", err)
 			}
-			if n.lead.failures%termTries == 0 {
+			if l.failures%termTries == 0 {
 				// Again every termTries failures: a transfer that found no
 				// target (the others down) is tried once they may be back.
-				n.log.Error("the term could not begin; handing leadership over", "term", term, "err", err, "tries", n.lead.failures)
-				n.handOver()
+				n.log.Error("the term could not begin; handing leadership over", "term", term, "err", err, "tries", l.failures)
+				l.handOver()
 			}
 			continue
 		}
-		n.lead.failures, retryAt = 0, time.Time{}
+		l.failures, retryAt = 0, time.Time{}
 	}
 }
 
@@ -135,20 +137,22 @@ func termBackoff(failures int) time.Duration {
 
 // handOver asks raft to make another voter the leader (a node alone has
 // none: it keeps trying).
-func (n *Node) handOver() {
+func (l *leadState) handOver() {
+	n := l.n
 	if err := n.group.TransferLeadership(); err != nil {
 		n.log.Warn("handing leadership over", "err", err)
 	}
 }
 
 // beginTerm makes this node the one that stamps, ships and accepts.
-func (n *Node) beginTerm(term uint64) error {
+func (l *leadState) beginTerm(term uint64) error {
+	n := l.n
 	start := time.Now()
 	if err := n.group.Barrier(5 * time.Second); err != nil {
 		return fmt.Errorf("apply the log: %w", err)
 	}
 	if err := n.fsm.Err(); err != nil {
-		n.handOver() // this node cannot apply the log: another must lead
+		l.handOver() // this node cannot apply the log: another must lead
 		return fmt.Errorf("apply the log: %w", err)
 	}
 	// The FSM observed every command's stamps; the tree's high-water mark
@@ -166,7 +170,7 @@ func (n *Node) beginTerm(term uint64) error {
 		created = true
 		n.log.Info("the cluster's stream begins", "stream", n.out.Stream())
 	}
-	if !n.lead.began {
+	if !l.began {
 		// Once per process: what a node checks when it reopens a stream
 		// (docs/ARCHITECTURE.md, "Stream identity"). A later term of the
 		// same process continues what the log holds, and so does the first
@@ -174,10 +178,10 @@ func (n *Node) beginTerm(term uint64) error {
 		if err := n.rejoin.pruneReseedState(); err != nil {
 			return err
 		}
-		if err := n.rejoin.initIdentity(created || n.lead.sawOther); err != nil {
+		if err := n.rejoin.initIdentity(created || l.sawOther); err != nil {
 			return err
 		}
-		n.lead.began = true
+		l.began = true
 	}
 	// The links are made from the log's cursors, and start once the term's
 	// bookkeeping (a seal after a recovery) is done.
@@ -202,7 +206,7 @@ func (n *Node) beginTerm(term uint64) error {
 	if err := errors.Join(errs...); err != nil {
 		return fail(err)
 	}
-	if err := n.sealAfterRecovery(); err != nil {
+	if err := l.sealAfterRecovery(); err != nil {
 		return fail(err)
 	}
 	n.repl.linksMu.Lock()
@@ -212,9 +216,9 @@ func (n *Node) beginTerm(term uint64) error {
 		n.repl.runLinkLocked(sh)
 	}
 	n.repl.linksMu.Unlock()
-	n.lead.term, n.lead.cancel = term, cancel
-	n.lead.ready.Store(true)
-	n.lead.changes.Add(1)
+	l.term, l.cancel = term, cancel
+	l.ready.Store(true)
+	l.changes.Add(1)
 	n.metrics.leaderChanges.Inc()
 	// A peer gossip found while the term began (too early to be linked by
 	// it, too late for the list above).
@@ -237,7 +241,8 @@ func (n *Node) beginTerm(term uint64) error {
 // a new one begins, and the node rejoins its peers so that what only the
 // lost nodes had shipped comes back by re-seeds. Only then does peers.json
 // go (cluster.FinishRecovery): a stop before starts the recovery again.
-func (n *Node) sealAfterRecovery() error {
+func (l *leadState) sealAfterRecovery() error {
+	n := l.n
 	if rec := n.group.Recovery(); rec != nil {
 		if err := recoveryStep("begin"); err != nil {
 			return err
@@ -299,17 +304,18 @@ func recoveryStep(step string) error {
 }
 
 // endTerm stops what only the leader does: stamping, its shippers.
-func (n *Node) endTerm(why string) {
-	if !n.lead.ready.Swap(false) {
+func (l *leadState) endTerm(why string) {
+	n := l.n
+	if !l.ready.Swap(false) {
 		return
 	}
 	n.repl.linksMu.Lock()
 	n.repl.linkCtx = nil
 	n.repl.linksMu.Unlock()
-	n.lead.cancel()
+	l.cancel()
 	n.repl.stopLinks()
-	n.lead.changes.Add(1)
-	n.log.Info("stopped leading the cluster", "term", n.lead.term, "why", why)
+	l.changes.Add(1)
+	n.log.Info("stopped leading the cluster", "term", l.term, "why", why)
 }
 
 // stopLinks waits for the term's shippers to stop and forgets them.
@@ -351,7 +357,8 @@ func containsPeer(ps []Peer, name string) bool {
 
 // notLeader is the answer to what needs the leader on a node that does not
 // lead: nothing was done.
-func (n *Node) notLeader() error {
+func (l *leadState) notLeader() error {
+	n := l.n
 	id, addr := n.group.Leader()
 	if id == n.nodeID {
 		return fmt.Errorf("%w: this node was just elected and is applying the log", ErrNotWritten)
@@ -362,14 +369,15 @@ func (n *Node) notLeader() error {
 // awaitTerm waits, while this node leads, for its term to begin (at most
 // twice the election timeout): a write that reaches a node elected a
 // moment ago is stamped once the log is applied, not refused.
-func (n *Node) awaitTerm(ctx context.Context) error {
-	if n.lead.ready.Load() {
+func (l *leadState) awaitTerm(ctx context.Context) error {
+	n := l.n
+	if l.ready.Load() {
 		return nil
 	}
 	deadline := time.Now().Add(2 * n.opts.Raft.ElectionTimeout)
-	for !n.lead.ready.Load() {
+	for !l.ready.Load() {
 		if !n.group.IsLeader() || time.Now().After(deadline) {
-			return n.notLeader()
+			return l.notLeader()
 		}
 		select {
 		case <-ctx.Done():
