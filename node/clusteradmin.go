@@ -184,6 +184,6 @@ func (n *Node) RemoveNode(id string) error {
 		return err
 	}
 	return n.group.RemoveWith(id, func() error {
-		return n.applyCommand(&machine.Command{RemoveNode: &machine.RemoveNodeCmd{ID: id}})
+		return n.cons.applyCommand(&machine.Command{RemoveNode: &machine.RemoveNodeCmd{ID: id}})
 	})
 }

@@ -60,7 +60,7 @@ func (n *Node) decideDeadLetter(id string, action byte, msg string) error {
 	if err != nil {
 		return err
 	}
-	res, err := n.commitCommand(&machine.Command{DeadLetter: &machine.DeadLetterCmd{Origin: d.Origin, Stream: d.Stream, Index: d.Index, Action: action}})
+	res, err := n.cons.commitCommand(&machine.Command{DeadLetter: &machine.DeadLetterCmd{Origin: d.Origin, Stream: d.Stream, Index: d.Index, Action: action}})
 	if err != nil {
 		return err
 	}

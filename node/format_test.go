@@ -140,13 +140,13 @@ func TestMixedVersionClusterKeepsEncoding1(t *testing.T) {
 		}
 	}
 	ld := c.nodes[c.leader()]
-	if err := ld.admitMember(""); err == nil {
+	if err := ld.cons.admitMember(""); err == nil {
 		t.Fatal("a build that describes nothing was admitted to a log of encoding 2")
 	}
-	if err := ld.admitMember(`{"api":"x","replicate":"y","commands":1}`); err == nil {
+	if err := ld.cons.admitMember(`{"api":"x","replicate":"y","commands":1}`); err == nil {
 		t.Fatal("a build that reads encoding 1 was admitted to a log of encoding 2")
 	}
-	if err := ld.admitMember(fmt.Sprintf(`{"api":"x","replicate":"y","commands":%d}`, machine.ReadsFormat)); err != nil {
+	if err := ld.cons.admitMember(fmt.Sprintf(`{"api":"x","replicate":"y","commands":%d}`, machine.ReadsFormat)); err != nil {
 		t.Fatalf("a build of this version refused: %v", err)
 	}
 }

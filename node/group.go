@@ -32,6 +32,14 @@ type proposed struct {
 	m  map[machine.ProposalID]*machine.Command
 }
 
+// consensus is the node's side of its raft group: it opens the group (and
+// migrates an old directory into it), proposes commands and waits for them
+// to apply, hands raft's FSM its callbacks, and raises the log's format
+// once every node reads it.
+type consensus struct {
+	n *Node
+}
+
 func (p *proposed) add(c *machine.Command) {
 	if c.ID.IsZero() {
 		return
@@ -70,7 +78,8 @@ func (p *proposed) get(data []byte) *machine.Command {
 }
 
 // readsFormat is the newest command encoding this node reads.
-func (n *Node) readsFormat() int {
+func (cs *consensus) readsFormat() int {
+	n := cs.n
 	if f := n.opts.Testing.ReadsFormat; f > 0 {
 		return f
 	}
@@ -81,7 +90,8 @@ func (n *Node) readsFormat() int {
 // now (cluster.Options.Admit): once the log went to encoding 2, a build
 // before it would stop at its first command. A build that describes
 // nothing is before it.
-func (n *Node) admitMember(description string) error {
+func (cs *consensus) admitMember(description string) error {
+	n := cs.n
 	f := n.machine.Format()
 	if f <= 1 {
 		return nil
@@ -102,8 +112,9 @@ func (n *Node) admitMember(description string) error {
 // member of the configuration reads it (after a rolling upgrade, the first
 // term of a new cluster, or at once for a node alone): one Format command,
 // after which proposals carry their IDs. Only the leader proposes it.
-func (n *Node) raiseFormat() {
-	want := n.readsFormat()
+func (cs *consensus) raiseFormat() {
+	n := cs.n
+	want := cs.readsFormat()
 	if n.machine.Format() >= want || !n.group.IsLeader() || !n.lead.ready.Load() {
 		return
 	}
@@ -125,7 +136,7 @@ func (n *Node) raiseFormat() {
 			}
 		}
 	}
-	if err := n.applyCommand(&machine.Command{Format: &machine.FormatCmd{Version: uint8(want)}}); err != nil {
+	if err := cs.applyCommand(&machine.Command{Format: &machine.FormatCmd{Version: uint8(want)}}); err != nil {
 		n.log.Warn("could not move the log to the newest command encoding; trying again later", "format", want, "err", err)
 		return
 	}
@@ -134,7 +145,8 @@ func (n *Node) raiseFormat() {
 
 // identify gives c a proposal ID once the log says every node reads
 // commands that carry one (machine.Format).
-func (n *Node) identify(c *machine.Command) {
+func (cs *consensus) identify(c *machine.Command) {
+	n := cs.n
 	if n.machine.Format() >= 2 {
 		c.ID = n.proposer.Next()
 	}
@@ -145,7 +157,8 @@ func (n *Node) identify(c *machine.Command) {
 // disk) and elects itself again a moment later: a command refused for want
 // of a leader never entered the log, so it is sent again once this node
 // leads.
-func (n *Node) apply(data []byte, c *machine.Command) (any, error) {
+func (cs *consensus) apply(data []byte, c *machine.Command) (any, error) {
+	n := cs.n
 	n.proposed.add(c)
 	defer n.proposed.remove(c)
 	t0 := time.Now()
@@ -157,7 +170,7 @@ func (n *Node) apply(data []byte, c *machine.Command) (any, error) {
 		return out, err // another node leads: the caller hears so
 	}
 	for try := 0; try < 3 && errors.As(err, new(*cluster.NotLeaderError)); try++ {
-		if n.awaitLead(time.Second) != nil {
+		if cs.awaitLead(time.Second) != nil {
 			break
 		}
 		out, err = n.group.Apply(data, enqueueTimeout)
@@ -168,23 +181,24 @@ func (n *Node) apply(data []byte, c *machine.Command) (any, error) {
 // sealFile, after a recovery from the loss of a majority by a build before
 // the recovery's record (cluster.RecoveryFile), names the stream the next
 // term seals.
-func (n *Node) sealFile() string { return filepath.Join(n.groupDir(), "SEAL") }
+func (cs *consensus) sealFile() string { return filepath.Join(cs.groupDir(), "SEAL") }
 
 // groupDir holds the raft log, its stable state and snapshots.
-func (n *Node) groupDir() string { return filepath.Join(n.opts.DataDir, "cluster") }
+func (cs *consensus) groupDir() string { return filepath.Join(cs.n.opts.DataDir, "cluster") }
 
 // openGroup opens the machine, squares it with the raft directory, starts
 // the group, and waits until the node leads and has applied its whole log.
 // It reports whether the stream is new (minted now).
-func (n *Node) openGroup() (created bool, err error) {
-	if err := machine.FinishRestore(n.groupDir(), n.store, n.log); err != nil {
+func (cs *consensus) openGroup() (created bool, err error) {
+	n := cs.n
+	if err := machine.FinishRestore(cs.groupDir(), n.store, n.log); err != nil {
 		return false, err
 	}
 	m, err := machine.Open(n.store, machine.Options{Cluster: n.cluster, Logger: n.log, ReadsFormat: n.opts.Testing.ReadsFormat})
 	if err != nil {
 		return false, err
 	}
-	migrated, err := n.migrateWAL(m)
+	migrated, err := cs.migrateWAL(m)
 	if err != nil {
 		return false, err
 	}
@@ -203,14 +217,14 @@ func (n *Node) openGroup() (created bool, err error) {
 	}
 	n.machine, n.out = m, m.Outbound()
 	n.fsm = machine.NewFSM(machine.Deps{
-		Machine: m, Store: n.store, Dir: n.groupDir(), Trees: n.multi(), Logger: n.log,
+		Machine: m, Store: n.store, Dir: cs.groupDir(), Trees: n.multi(), Logger: n.log,
 		Proposed:  n.proposed.get,
-		Applied:   n.onApplied,
+		Applied:   cs.onApplied,
 		Broken:    n.com.fail,
 		Restoring: n.restoring.Store,
-		Installed: n.onInstalled,
+		Installed: cs.onInstalled,
 	})
-	mint, err := n.reconcileLog(m)
+	mint, err := cs.reconcileLog(m)
 	if err != nil {
 		return false, err
 	}
@@ -228,12 +242,12 @@ func (n *Node) openGroup() (created bool, err error) {
 		Cluster:     n.cluster,
 		Node:        n.nodeID,
 		Incarnation: n.incarnation,
-		Dir:         n.groupDir(),
+		Dir:         cs.groupDir(),
 		Solo:        !n.multi(),
 		FSM:         n.fsm,
 		Applied:     n.progress.get,
 		Describe:    n.svc.describeSelf,
-		Admit:       n.admitMember,
+		Admit:       cs.admitMember,
 		Logger:      n.log,
 		Log: wal.Options{
 			SegmentSize: n.opts.WALSegmentSize,
@@ -272,7 +286,7 @@ func (n *Node) openGroup() (created bool, err error) {
 				gm.g.Store(n.group)
 			}
 		}()
-		co.HasData = n.hasData
+		co.HasData = cs.hasData
 		co.Removed = n.mem.removedServer
 		co.OnRefused = func(by, why string) {
 			n.stopFatal(fmt.Errorf("%w: %s refuses this node (%s): %s; start it with an empty data directory: it comes back as a new member",
@@ -280,7 +294,7 @@ func (n *Node) openGroup() (created bool, err error) {
 		}
 		co.RecordRemoved = func(id raft.ServerID, why cluster.Removal) error {
 			node, inc := cluster.SplitServerID(id)
-			return n.applyCommand(&machine.Command{RemoveNode: &machine.RemoveNodeCmd{ID: machine.RemovalKey(node, inc), Why: byte(why)}})
+			return cs.applyCommand(&machine.Command{RemoveNode: &machine.RemoveNodeCmd{ID: machine.RemovalKey(node, inc), Why: byte(why)}})
 		}
 		// A single node's directory of a build before the log, upgraded
 		// with its raft port: the cluster it was goes on as a group of it,
@@ -306,13 +320,13 @@ func (n *Node) openGroup() (created bool, err error) {
 		return false, nil // the first term mints the stream (term.go)
 	}
 	n.group = g
-	if err := n.awaitLead(30 * time.Second); err != nil {
+	if err := cs.awaitLead(30 * time.Second); err != nil {
 		n.group.Close()
 		return false, err
 	}
 	if m.Stream().IsZero() || mint != "" {
 		old := m.Stream()
-		if err := n.applyCommand(&machine.Command{Mint: &machine.MintCmd{Stream: entry.NewStreamID()}}); err != nil {
+		if err := cs.applyCommand(&machine.Command{Mint: &machine.MintCmd{Stream: entry.NewStreamID()}}); err != nil {
 			n.group.Close()
 			return false, fmt.Errorf("node: start the stream: %w", err)
 		}
@@ -325,13 +339,14 @@ func (n *Node) openGroup() (created bool, err error) {
 	// A node alone's term is ready once its log is applied and its stream
 	// begun: from here it takes the path a leader of several takes.
 	n.lead.ready.Store(true)
-	n.raiseFormat()
+	cs.raiseFormat()
 	return created, nil
 }
 
 // hasData reports that this node holds data, so that it never takes part
 // in forming a new cluster (its data would fork from its old one).
-func (n *Node) hasData() bool {
+func (cs *consensus) hasData() bool {
+	n := cs.n
 	if n.progress.get() > 0 || !n.out.Stream().IsZero() {
 		return true
 	}
@@ -341,7 +356,8 @@ func (n *Node) hasData() bool {
 
 // awaitLead waits up to wait for the group to elect this node and for every
 // command in its log to be applied (a barrier): nothing is stamped before.
-func (n *Node) awaitLead(wait time.Duration) error {
+func (cs *consensus) awaitLead(wait time.Duration) error {
+	n := cs.n
 	deadline := time.Now().Add(wait)
 	for !n.group.IsLeader() {
 		if time.Now().After(deadline) {
@@ -360,14 +376,14 @@ func (n *Node) awaitLead(wait time.Duration) error {
 
 // applyCommand commits a command of the node's own (not a write group) and
 // applies it.
-func (n *Node) applyCommand(c *machine.Command) error {
-	_, err := n.commitCommand(c)
+func (cs *consensus) applyCommand(c *machine.Command) error {
+	_, err := cs.commitCommand(c)
 	return err
 }
 
 // commitCommand commits a command and returns what the machine decided.
-func (n *Node) commitCommand(c *machine.Command) (*machine.Result, error) {
-	n.identify(c)
+func (cs *consensus) commitCommand(c *machine.Command) (*machine.Result, error) {
+	cs.identify(c)
 	enc := encoders.Get().(*machine.Encoder)
 	data, err := enc.Encode(c)
 	encoders.Put(enc)
@@ -383,7 +399,7 @@ func (n *Node) commitCommand(c *machine.Command) (*machine.Result, error) {
 			return nil, fmt.Errorf("node: a %s command this build would not read back: %w", c.Kind(), err)
 		}
 	}
-	out, err := n.apply(data, c)
+	out, err := cs.apply(data, c)
 	if err != nil {
 		return nil, fmt.Errorf("node: commit a %s command: %w", c.Kind(), err)
 	}
@@ -400,8 +416,9 @@ func (n *Node) commitCommand(c *machine.Command) (*machine.Result, error) {
 // UpdateRecord changes a peer's re-seed request flags or this node's rejoin
 // phase with it through the log (acceptor.Log); it returns what the record
 // held before.
-func (n *Node) UpdateRecord(peer string, record byte, f func(byte) byte) (byte, error) {
-	return machine.UpdateRecord(n.store, n.commitCommand, peer, record, f)
+func (cs *consensus) UpdateRecord(peer string, record byte, f func(byte) byte) (byte, error) {
+	n := cs.n
+	return machine.UpdateRecord(n.store, cs.commitCommand, peer, record, f)
 }
 
 // cursors keep the shippers' positions through the log, so that every node
@@ -411,7 +428,7 @@ type cursors struct{ n *Node }
 func (c cursors) Cursor(peer string) (entry.Cursor, bool, error) { return c.n.store.Cursor(peer) }
 
 func (c cursors) SetCursor(peer string, cur entry.Cursor) error {
-	return c.n.applyCommand(&machine.Command{Cursor: &machine.CursorCmd{Peer: peer, At: cur}})
+	return c.n.cons.applyCommand(&machine.Command{Cursor: &machine.CursorCmd{Peer: peer, At: cur}})
 }
 
 func (c cursors) InitCursor(peer string, cur entry.Cursor) error { return c.SetCursor(peer, cur) }
@@ -423,9 +440,9 @@ var encoders = sync.Pool{New: func() any { return machine.NewEncoder() }}
 // returns what the machine decided (acceptor.Log). A failed commit is
 // answered as a refusal the sender retries; the high-water mark makes a
 // batch that did commit a duplicate then.
-func (n *Node) ApplyInbound(in *machine.Inbound, raw []byte) (*machine.InboundResult, error) {
+func (cs *consensus) ApplyInbound(in *machine.Inbound, raw []byte) (*machine.InboundResult, error) {
 	in.Raw = raw
-	res, err := n.commitCommand(&machine.Command{Inbound: in})
+	res, err := cs.commitCommand(&machine.Command{Inbound: in})
 	if err != nil {
 		return nil, err
 	}
@@ -449,8 +466,9 @@ func (n *Node) ApplyInbound(in *machine.Inbound, raw []byte) (*machine.InboundRe
 //     the WAL before the log did;
 //   - the tree lacks commands the log no longer holds: the same, for the
 //     same reason.
-func (n *Node) reconcileLog(m *machine.Machine) (mint string, err error) {
-	ls, err := cluster.Inspect(n.groupDir(), n.log)
+func (cs *consensus) reconcileLog(m *machine.Machine) (mint string, err error) {
+	n := cs.n
+	ls, err := cluster.Inspect(cs.groupDir(), n.log)
 	if err != nil {
 		return "", err
 	}
@@ -473,7 +491,7 @@ func (n *Node) reconcileLog(m *machine.Machine) (mint string, err error) {
 	// was: the tail may be a deposed leader's, never committed).
 	logMatches := ls.LogTermAtSnapshot != 0 && ls.LogTermAtSnapshot == ls.SnapshotTerm
 	if applied < snap.Applied && ls.First > 0 && ls.First <= applied+1 && logMatches {
-		err := cluster.ReadLog(n.groupDir(), applied+1, ls.Snapshot, n.log, func(i uint64, data []byte) error {
+		err := cluster.ReadLog(cs.groupDir(), applied+1, ls.Snapshot, n.log, func(i uint64, data []byte) error {
 			res, err := m.Apply(i, data)
 			if err == nil && !res.High.IsZero() {
 				n.clock.Observe(res.High)
@@ -512,8 +530,8 @@ func (n *Node) reconcileLog(m *machine.Machine) (mint string, err error) {
 		return mint, nil
 	}
 	if ls.Existing {
-		aside := fmt.Sprintf("%s.lost-%d", n.groupDir(), time.Now().UnixNano())
-		if err := os.Rename(n.groupDir(), aside); err != nil {
+		aside := fmt.Sprintf("%s.lost-%d", cs.groupDir(), time.Now().UnixNano())
+		if err := os.Rename(cs.groupDir(), aside); err != nil {
 			return "", fmt.Errorf("node: set the raft directory aside: %w", err)
 		}
 		n.log.Warn("raft directory set aside", "why", why, "kept_at", aside)
@@ -526,7 +544,8 @@ func (n *Node) reconcileLog(m *machine.Machine) (mint string, err error) {
 // its retained entries become the stream's outbound entries in the tree, and
 // the stream is kept. The WAL is kept as wal.migrated-<stream> for the
 // operator to remove. It reports whether there was a WAL to migrate.
-func (n *Node) migrateWAL(m *machine.Machine) (bool, error) {
+func (cs *consensus) migrateWAL(m *machine.Machine) (bool, error) {
+	n := cs.n
 	dir := filepath.Join(n.opts.DataDir, "wal")
 	if _, err := os.Stat(dir); errors.Is(err, os.ErrNotExist) {
 		return false, nil
@@ -546,7 +565,7 @@ func (n *Node) migrateWAL(m *machine.Machine) (bool, error) {
 		return false, err
 	}
 	stream, first, last := l.Stream(), l.First(), l.Last()
-	err = n.migrateEntries(l)
+	err = cs.migrateEntries(l)
 	if cerr := l.Close(); err == nil {
 		err = cerr
 	}
@@ -571,7 +590,8 @@ func (n *Node) migrateWAL(m *machine.Machine) (bool, error) {
 
 // migrateEntries applies what the store lacks of the WAL and copies its
 // retained entries into the tree, synced, with the stream and its end.
-func (n *Node) migrateEntries(l *legacywal.Log) error {
+func (cs *consensus) migrateEntries(l *legacywal.Log) error {
+	n := cs.n
 	ap, err := n.store.LocalApplied()
 	if err != nil {
 		return err
@@ -635,7 +655,8 @@ func (n *Node) migrateEntries(l *legacywal.Log) error {
 
 // onApplied follows the commands the FSM applied: the clock observes their
 // stamps, and readers and waiters see the stream and the log advance.
-func (n *Node) onApplied(index uint64, res *machine.Result) {
+func (cs *consensus) onApplied(index uint64, res *machine.Result) {
+	n := cs.n
 	if !res.High.IsZero() {
 		n.clock.Observe(res.High)
 	}
@@ -644,7 +665,8 @@ func (n *Node) onApplied(index uint64, res *machine.Result) {
 }
 
 // onInstalled follows a snapshot's tree installed in place of the store's.
-func (n *Node) onInstalled(applied uint64) error {
+func (cs *consensus) onInstalled(applied uint64) error {
+	n := cs.n
 	if err := n.restoreClock(); err != nil {
 		return err
 	}

@@ -83,7 +83,7 @@ func resolveNodeID(dir, want string) (string, error) {
 func (ms *membership) resolveIncarnation() (string, error) {
 	n := ms.n
 	dir := n.opts.DataDir
-	hasRaft := cluster.HasState(n.groupDir())
+	hasRaft := cluster.HasState(n.cons.groupDir())
 	_, err := os.Stat(filepath.Join(dir, origin.IncarnationFile))
 	recorded := err == nil
 	if n.multi() && !hasRaft && recorded {

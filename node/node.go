@@ -59,6 +59,7 @@ type Node struct {
 	nodeID      string
 	incarnation string
 	lead        leadState
+	cons        consensus // the raft group
 	progress    progress
 	nodeURLs    nodeURLs
 	// fwd forwards what needs the leader to it (forward.go); svc talks
@@ -152,7 +153,7 @@ func Open(ctx context.Context, opts *Options) (*Node, error) {
 		history:  newHistory(int(o.HistorySpan / o.HistoryInterval)),
 	}
 	n.sat.init()
-	n.rejoin.n, n.fwd.n, n.svc.n, n.mem.n, n.lead.n = n, n, n, n, n
+	n.rejoin.n, n.fwd.n, n.svc.n, n.mem.n, n.lead.n, n.cons.n = n, n, n, n, n, n
 	n.mem.discovered = map[string]Peer{}
 	n.repl.n, n.repl.linkStates = n, map[string]string{}
 	n.sat.marks, n.sat.wait, n.sat.log, n.sat.metrics = o.WaterMarks, o.AdmissionWait, log, &n.metrics
@@ -214,13 +215,13 @@ func Open(ctx context.Context, opts *Options) (*Node, error) {
 		replays:   func(key string, fp []byte, now int64, e *entry.Entry) bool { return n.machine.Replays(key, fp, now, e) },
 		checkPin:  n.checkPin,
 		commit: func(cmd *machine.Command, enc *machine.Encoder) (any, error) {
-			n.identify(cmd)
+			n.cons.identify(cmd)
 			data, err := enc.Encode(cmd)
 			if err != nil {
 				return nil, fmt.Errorf("%w: %w", errEncode, err)
 			}
 			t0 := time.Now()
-			out, err := n.apply(data, cmd)
+			out, err := n.cons.apply(data, cmd)
 			n.metrics.fsyncSeconds.Observe(time.Since(t0).Seconds())
 			return out, err
 		},
@@ -229,7 +230,7 @@ func Open(ctx context.Context, opts *Options) (*Node, error) {
 			n.metrics.groups.Add(1)
 		},
 	})
-	created, err := n.openGroup()
+	created, err := n.cons.openGroup()
 	if err != nil {
 		n.com.close()
 		n.store.Close()
@@ -343,7 +344,7 @@ func (n *Node) Start() error {
 		n.svc.setDescription()
 		n.svc.serveService()
 		n.every(time.Second, n.svc.refreshProven)
-		n.every(500*time.Millisecond, n.raiseFormat)
+		n.every(500*time.Millisecond, n.cons.raiseFormat)
 	}
 	n.every(n.opts.GCInterval, n.collectExpired)
 	// Re-evaluated while no writes arrive too, so that it can clear, detach
@@ -507,7 +508,7 @@ func (n *Node) CollectTombstones() (int, error) {
 	}
 	total := 0
 	for {
-		res, err := n.commitCommand(&machine.Command{Collect: &machine.CollectCmd{Cutoff: cutoff, IdemBefore: n.clock.Physical(), Max: collectBatch}})
+		res, err := n.cons.commitCommand(&machine.Command{Collect: &machine.CollectCmd{Cutoff: cutoff, IdemBefore: n.clock.Physical(), Max: collectBatch}})
 		if err != nil {
 			return total, err
 		}

@@ -432,7 +432,7 @@ func TestRecoverAfterLosingTheMajority(t *testing.T) {
 	if d, err := nd.Digest(); err != nil || d.Keys != want {
 		t.Fatalf("%+v %v, want %d keys", d, err, want)
 	}
-	if _, err := os.Stat(nd.sealFile()); !errors.Is(err, os.ErrNotExist) {
+	if _, err := os.Stat(nd.cons.sealFile()); !errors.Is(err, os.ErrNotExist) {
 		t.Fatalf("the seal mark is left: %v", err)
 	}
 }

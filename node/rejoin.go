@@ -110,7 +110,7 @@ func (j *rejoiner) fenceTimeout() {
 		// Through the log, between groups: an increment stamped before is
 		// counted under the old epoch, every later one under the new.
 		n.com.groupMu.Lock()
-		err := n.applyCommand(&machine.Command{Mint: &machine.MintCmd{Stream: n.out.Stream(), Epoch: epoch}})
+		err := n.cons.applyCommand(&machine.Command{Mint: &machine.MintCmd{Stream: n.out.Stream(), Epoch: epoch}})
 		n.com.groupMu.Unlock()
 		if err != nil {
 			n.log.Error("recording a new counter epoch", "err", err)
@@ -205,7 +205,7 @@ func (j *rejoiner) sealStream(old entry.StreamID, why string) error {
 	// The rejoin is recorded before the new stream: a crash in between
 	// restarts on the old stream, which a peer proves used again.
 	asked := j.recordRejoin()
-	if err := n.applyCommand(&machine.Command{Mint: &machine.MintCmd{Stream: entry.NewStreamID()}}); err != nil {
+	if err := n.cons.applyCommand(&machine.Command{Mint: &machine.MintCmd{Stream: entry.NewStreamID()}}); err != nil {
 		return fmt.Errorf("node: begin a new stream after sealing %s: %w", old, err)
 	}
 	// The rejoin is recorded: the peers' answers need not start another.
@@ -438,12 +438,12 @@ func (j *rejoiner) rejoinReport() RejoinReport {
 // flags) and J record (this node's rejoin phase) through the log.
 func (j *rejoiner) updateReseed(peer string, f func(byte) byte) error {
 	n := j.n
-	_, err := n.UpdateRecord(peer, machine.RecordReseed, f)
+	_, err := n.cons.UpdateRecord(peer, machine.RecordReseed, f)
 	return err
 }
 
 func (j *rejoiner) updateRejoin(peer string, f func(byte) byte) error {
 	n := j.n
-	_, err := n.UpdateRecord(peer, machine.RecordRejoin, f)
+	_, err := n.cons.UpdateRecord(peer, machine.RecordRejoin, f)
 	return err
 }

@@ -45,7 +45,7 @@ func (r *replication) setupReplication() error {
 	for _, p := range n.opts.Peers {
 		secrets[p.Name] = p.Secret
 	}
-	n.acceptor = acceptor.New(n.store, n, n.clock, acceptor.Options{
+	n.acceptor = acceptor.New(n.store, &n.cons, n.clock, acceptor.Options{
 		Local:         n.cluster,
 		Version:       n.opts.BuildVersion,
 		Secrets:       secrets,
@@ -271,7 +271,7 @@ func (n *Node) TruncateWAL() error {
 	if upTo < n.out.First() || stream.IsZero() {
 		return nil
 	}
-	return n.applyCommand(&machine.Command{Truncate: &machine.TruncateCmd{Stream: stream, First: upTo + 1}})
+	return n.cons.applyCommand(&machine.Command{Truncate: &machine.TruncateCmd{Stream: stream, First: upTo + 1}})
 }
 
 // tombstoneCutoff is the stamp below which tombstones may go. A tombstone is

@@ -75,7 +75,7 @@ func (s *service) describeSelf() string {
 // are bound (Start).
 func (s *service) setDescription() {
 	n := s.n
-	d := described{API: n.URL(), Replicate: n.PeerURL(), Commands: n.readsFormat()}
+	d := described{API: n.URL(), Replicate: n.PeerURL(), Commands: n.cons.readsFormat()}
 	if g := n.opts.Gossip; g != nil {
 		if g.APIURL != "" {
 			d.API = g.APIURL

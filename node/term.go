@@ -164,7 +164,7 @@ func (l *leadState) beginTerm(term uint64) error {
 	if n.machine.Stream().IsZero() {
 		// The cluster's first leader mints its stream, through the log, so
 		// that every node (and every later leader) holds the same one.
-		if err := n.applyCommand(&machine.Command{Mint: &machine.MintCmd{Stream: entry.NewStreamID()}}); err != nil {
+		if err := n.cons.applyCommand(&machine.Command{Mint: &machine.MintCmd{Stream: entry.NewStreamID()}}); err != nil {
 			return fmt.Errorf("start the cluster's stream: %w", err)
 		}
 		created = true
@@ -255,7 +255,7 @@ func (l *leadState) sealAfterRecovery() error {
 			} else if why != 0 {
 				continue
 			}
-			if err := n.applyCommand(&machine.Command{RemoveNode: &machine.RemoveNodeCmd{ID: key, Why: byte(cluster.RemovedInRecovery)}}); err != nil {
+			if err := n.cons.applyCommand(&machine.Command{RemoveNode: &machine.RemoveNodeCmd{ID: key, Why: byte(cluster.RemovedInRecovery)}}); err != nil {
 				return fmt.Errorf("record %s as lost in the recovery: %w", id, err)
 			}
 		}
@@ -276,7 +276,7 @@ func (l *leadState) sealAfterRecovery() error {
 		}
 	}
 	// A recovery a build before the record began.
-	b, err := os.ReadFile(n.sealFile())
+	b, err := os.ReadFile(n.cons.sealFile())
 	if errors.Is(err, os.ErrNotExist) {
 		return nil
 	}
@@ -289,7 +289,7 @@ func (l *leadState) sealAfterRecovery() error {
 			return err
 		}
 	}
-	return os.Remove(n.sealFile())
+	return os.Remove(n.cons.sealFile())
 }
 
 // testRecoveryStep, in tests, stops a recovery's first term at a step (a
