@@ -48,14 +48,14 @@ func (b *rateBody) Close() error { return b.body.Close() }
 
 // limitBody installs the minimum body rate on a request: the deadline
 // covers the first read (and net/http's drain) before any Read extends it.
-func (n *Node) limitBody(w http.ResponseWriter, r *http.Request) {
-	if r.Body == nil || r.Body == http.NoBody || n.opts.MinBodyRate <= 0 {
+func (l *listeners) limitBody(w http.ResponseWriter, r *http.Request) {
+	if r.Body == nil || r.Body == http.NoBody || l.opts.MinBodyRate <= 0 {
 		return
 	}
 	rc := http.NewResponseController(w)
 	now := time.Now()
-	_ = rc.SetReadDeadline(now.Add(n.opts.BodyGrace))
-	r.Body = &rateBody{body: r.Body, rc: rc, start: now, grace: n.opts.BodyGrace, rate: n.opts.MinBodyRate}
+	_ = rc.SetReadDeadline(now.Add(l.opts.BodyGrace))
+	r.Body = &rateBody{body: r.Body, rc: rc, start: now, grace: l.opts.BodyGrace, rate: l.opts.MinBodyRate}
 }
 
 // refuseEarly marks an answer sent without reading the request's body: the

@@ -10,13 +10,27 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"sync"
 	"time"
 )
+
+// listeners are the node's bound listeners: each bounded in connections
+// and wrapped in TLS when configured, each request counted (Close waits for
+// those in flight) and its body held to a minimum rate.
+type listeners struct {
+	opts *Options
+	log  *slog.Logger
+	tls  *tlsSetup
+
+	limitersMu sync.Mutex
+	limiters   map[net.Listener]*connLimiter // of each bounded listener, by the listener served
+	inflight   sync.WaitGroup                // HTTP handlers running
+}
 
 // listen binds an address (or takes a given listener), with TLS when
 // configured; the peer listener requires client certificates when a client
 // CA is set.
-func (n *Node) listen(given net.Listener, addr string, peer bool) (net.Listener, error) {
+func (l *listeners) listen(given net.Listener, addr string, peer bool) (net.Listener, error) {
 	ln := given
 	if ln == nil {
 		var err error
@@ -26,42 +40,42 @@ func (n *Node) listen(given net.Listener, addr string, peer bool) (net.Listener,
 		}
 	}
 	var cl *connLimiter
-	if n.opts.MaxConnections > 0 {
-		cl = newConnLimiter(ln, n.opts.MaxConnections)
+	if l.opts.MaxConnections > 0 {
+		cl = newConnLimiter(ln, l.opts.MaxConnections)
 		ln = cl
 	}
-	if c := n.tls.server(peer); c != nil {
+	if c := l.tls.server(peer); c != nil {
 		ln = tls.NewListener(ln, c)
 	}
 	if cl != nil {
-		n.limitersMu.Lock()
-		if n.limiters == nil {
-			n.limiters = map[net.Listener]*connLimiter{}
+		l.limitersMu.Lock()
+		if l.limiters == nil {
+			l.limiters = map[net.Listener]*connLimiter{}
 		}
-		n.limiters[ln] = cl
-		n.limitersMu.Unlock()
+		l.limiters[ln] = cl
+		l.limitersMu.Unlock()
 	}
 	return ln, nil
 }
 
-func (n *Node) serve(ln net.Listener, h http.Handler, errc *chan error, tweak ...func(*http.Server)) *http.Server {
+func (l *listeners) serve(ln net.Listener, h http.Handler, errc *chan error, tweak ...func(*http.Server)) *http.Server {
 	srv := &http.Server{
 		Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			n.inflight.Add(1)
-			defer n.inflight.Done()
-			n.limitBody(w, r)
+			l.inflight.Add(1)
+			defer l.inflight.Done()
+			l.limitBody(w, r)
 			h.ServeHTTP(w, r)
 		}),
 		ReadHeaderTimeout: 10 * time.Second,
 		MaxHeaderBytes:    64 << 10,
 		IdleTimeout:       2 * time.Minute,
-		ErrorLog:          slog.NewLogLogger(n.log.Handler(), slog.LevelDebug),
+		ErrorLog:          slog.NewLogLogger(l.log.Handler(), slog.LevelDebug),
 	}
-	n.limitersMu.Lock()
-	if cl := n.limiters[ln]; cl != nil {
+	l.limitersMu.Lock()
+	if cl := l.limiters[ln]; cl != nil {
 		srv.ConnState = cl.connState
 	}
-	n.limitersMu.Unlock()
+	l.limitersMu.Unlock()
 	for _, f := range tweak {
 		f(srv)
 	}

@@ -105,9 +105,7 @@ type Node struct {
 	peerServeErr chan error
 	pprofSrv     *http.Server
 	pprofErr     chan error
-	limitersMu   sync.Mutex
-	limiters     map[net.Listener]*connLimiter // of each bounded listener, by the listener served
-	inflight     sync.WaitGroup                // HTTP handlers running
+	lis          listeners // the API's and the peer endpoint's
 	closeMu      sync.Mutex
 	closed       bool
 }
@@ -182,6 +180,7 @@ func Open(ctx context.Context, opts *Options) (*Node, error) {
 		return nil, err
 	}
 	n.tls.opts, n.tls.log = &n.opts, n.log
+	n.lis.opts, n.lis.log, n.lis.tls = &n.opts, n.log, &n.tls
 	n.tls.reloaded = func() {
 		if n.peerClient != nil {
 			n.peerClient.CloseIdleConnections()
@@ -306,13 +305,13 @@ func (n *Node) diskFull() func() error {
 // starts the background loops, and joins gossip. It returns once the
 // listeners are bound.
 func (n *Node) Start() error {
-	ln, err := n.listen(n.opts.Listener, n.opts.Listen, false)
+	ln, err := n.lis.listen(n.opts.Listener, n.opts.Listen, false)
 	if err != nil {
 		return err
 	}
 	n.ln = ln
 	if n.opts.PeerListen != "" || n.opts.PeerListener != nil {
-		pln, err := n.listen(n.opts.PeerListener, n.opts.PeerListen, true)
+		pln, err := n.lis.listen(n.opts.PeerListener, n.opts.PeerListen, true)
 		if err != nil {
 			ln.Close()
 			return err
@@ -329,16 +328,16 @@ func (n *Node) Start() error {
 	if n.opts.APIToken != "" && n.opts.AdminToken == "" {
 		n.log.Warn("the admin endpoints (membership, peers, detach) accept the API token: every client that may write may also join and remove nodes; give them a token of their own with --admin-token-file (docs/OPERATIONS.md)")
 	}
-	n.srv = n.serve(ln, protect(&n.opts, requireToken(&n.opts, n.Handler()), ln), &n.serveErr)
+	n.srv = n.lis.serve(ln, protect(&n.opts, requireToken(&n.opts, n.Handler()), ln), &n.serveErr)
 	if n.opts.PprofListen != "" {
 		pln, err := net.Listen("tcp", n.opts.PprofListen)
 		if err != nil {
 			return fmt.Errorf("node: listen %s (pprof): %w", n.opts.PprofListen, err)
 		}
-		n.pprofSrv = n.serve(pln, httpapi.PprofHandler(), &n.pprofErr)
+		n.pprofSrv = n.lis.serve(pln, httpapi.PprofHandler(), &n.pprofErr)
 	}
 	if n.peerLn != nil {
-		n.peerSrv = n.serve(n.peerLn, surface(n).PeerHandler(n.acceptor), &n.peerServeErr)
+		n.peerSrv = n.lis.serve(n.peerLn, surface(n).PeerHandler(n.acceptor), &n.peerServeErr)
 	}
 	if n.multi() {
 		n.svc.setDescription()
@@ -441,7 +440,7 @@ func (n *Node) Close() error {
 			}
 		}
 		done := make(chan struct{})
-		go func() { n.inflight.Wait(); close(done) }()
+		go func() { n.lis.inflight.Wait(); close(done) }()
 		select {
 		case <-done:
 		case <-time.After(30 * time.Second):

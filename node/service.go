@@ -172,7 +172,7 @@ func (s *service) serveService() {
 		return
 	}
 	// Exits when Close shuts the server down (or the raft port closes).
-	s.svcSrv = n.serve(ln, n.Handler(), &s.svcErr, func(srv *http.Server) {
+	s.svcSrv = n.lis.serve(ln, n.Handler(), &s.svcErr, func(srv *http.Server) {
 		srv.ConnContext = func(ctx context.Context, c net.Conn) context.Context {
 			if sc, ok := c.(*raftconn.ServiceConn); ok {
 				return context.WithValue(ctx, serviceSenderKey{}, sc.Sender)
