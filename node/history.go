@@ -3,6 +3,8 @@ package node
 import (
 	"sync"
 	"time"
+
+	"github.com/replicator/replicator/client"
 )
 
 // The dashboard's chart is served by the node: a ring of samples of every
@@ -49,13 +51,13 @@ func (h *history) after(t time.Time) []HistorySample {
 	return out
 }
 
-// sampleHistory takes one sample of every link.
-func (n *Node) sampleHistory() HistorySample {
+// sample is one point of the chart: the links' states and backlogs, and the
+// node's saturation state, at now (ns since the epoch).
+func sample(now int64, saturation string, links []client.LinkStatus) HistorySample {
 	// Milliseconds: the page asks for ?after=<ms of the last it saw>, so a
 	// finer stamp would come back again as "after" its own truncation.
-	s := HistorySample{Time: time.UnixMilli(n.clock.Physical() / 1e6).UTC(), Saturation: n.Saturation().State,
-		Peers: map[string]PeerSample{}}
-	for _, st := range n.PeerStatus() {
+	s := HistorySample{Time: time.UnixMilli(now / 1e6).UTC(), Saturation: saturation, Peers: map[string]PeerSample{}}
+	for _, st := range links {
 		s.Peers[st.Peer] = PeerSample{State: st.State, Entries: st.EntriesBehind, Bytes: st.BytesBehind, Oldest: st.OldestUnackedAge}
 	}
 	return s

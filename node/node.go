@@ -105,6 +105,7 @@ type Node struct {
 	peerServeErr chan error
 	pprofSrv     *http.Server
 	pprofErr     chan error
+	bounds       bounds    // what a write may be
 	lis          listeners // the API's and the peer endpoint's
 	closeMu      sync.Mutex
 	closed       bool
@@ -181,6 +182,7 @@ func Open(ctx context.Context, opts *Options) (*Node, error) {
 	}
 	n.tls.opts, n.tls.log = &n.opts, n.log
 	n.lis.opts, n.lis.log, n.lis.tls = &n.opts, n.log, &n.tls
+	n.bounds = bounds{opts: &n.opts, clock: n.clock, links: n.repl.links}
 	n.tls.reloaded = func() {
 		if n.peerClient != nil {
 			n.peerClient.CloseIdleConnections()
@@ -212,7 +214,7 @@ func Open(ctx context.Context, opts *Options) (*Node, error) {
 		leading:   n.lead.ready.Load,
 		notLeader: n.lead.notLeader,
 		replays:   func(key string, fp []byte, now int64, e *entry.Entry) bool { return n.machine.Replays(key, fp, now, e) },
-		checkPin:  n.checkPin,
+		checkPin:  n.bounds.checkPin,
 		commit: func(cmd *machine.Command, enc *machine.Encoder) (any, error) {
 			n.cons.identify(cmd)
 			data, err := enc.Encode(cmd)
@@ -349,8 +351,9 @@ func (n *Node) Start() error {
 	// Re-evaluated while no writes arrive too, so that it can clear, detach
 	// links and feed the backlog gauges; and link changes are logged.
 	n.every(100*time.Millisecond, func() { n.sat.evaluate(true); n.repl.watchLinks() })
-	n.history.add(n.sampleHistory()) // a page opened at once has a point
-	n.every(n.opts.HistoryInterval, func() { n.history.add(n.sampleHistory()) })
+	takeSample := func() { n.history.add(sample(n.clock.Physical(), n.Saturation().State, n.PeerStatus())) }
+	takeSample() // a page opened at once has a point
+	n.every(n.opts.HistoryInterval, takeSample)
 	n.repl.startReplication()
 	if n.multi() {
 		n.bg.Add(1)
@@ -518,16 +521,16 @@ func (n *Node) CollectTombstones() (int, error) {
 	}
 }
 
-func (n *Node) checkKey(key string) error { return api.CheckKey(key, n.opts.MaxKeyBytes) }
+func (b *bounds) checkKey(key string) error { return api.CheckKey(key, b.opts.MaxKeyBytes) }
 
 // checkValue bounds a write's key and value by this node's limits and by
 // what every peer said it accepts: a write a peer would refuse could never
 // replicate, so it is refused here, naming the peer.
-func (n *Node) checkValue(key string, size int) error {
-	if size > n.opts.MaxValueBytes {
-		return fmt.Errorf("%w: %d bytes, limit %d", ErrValueTooLarge, size, n.opts.MaxValueBytes)
+func (b *bounds) checkValue(key string, size int) error {
+	if size > b.opts.MaxValueBytes {
+		return fmt.Errorf("%w: %d bytes, limit %d", ErrValueTooLarge, size, b.opts.MaxValueBytes)
 	}
-	for _, sh := range n.repl.links() {
+	for _, sh := range b.links() {
 		lim := sh.Limits()
 		if lim == nil {
 			continue
@@ -572,12 +575,12 @@ func (n *Node) Propose(ctx context.Context, w api.Write) (WriteResult, error) {
 	var err error
 	switch {
 	case w.Ops != nil:
-		e, err = n.batchEntry(w.Ops)
+		e, err = n.bounds.batchEntry(w.Ops)
 	case e.Op == entry.OpDeleteRange:
-		err = n.checkRange(e.Key, e.End)
+		err = n.bounds.checkRange(e.Key, e.End)
 	case e.Op == entry.OpSet || e.Op == entry.OpDelete || e.Op == entry.OpCounter:
-		if err = n.checkKey(e.Key); err == nil {
-			err = n.checkValue(e.Key, len(e.Value))
+		if err = n.bounds.checkKey(e.Key); err == nil {
+			err = n.bounds.checkValue(e.Key, len(e.Value))
 		}
 	default:
 		err = fmt.Errorf("%w: op %d is not a write of the API", errBadRequest, e.Op)
@@ -627,12 +630,12 @@ func (n *Node) propose(ctx context.Context, p *proposal) (WriteResult, error) {
 // checkPin refuses a pinned stamp older than the pin window of the commit
 // clock (it could resurrect a collected tombstone) or further ahead of the
 // physical clock than the max offset.
-func (n *Node) checkPin(pin, commit hlc.Timestamp) error {
-	if pin.Wall < commit.Wall-int64(n.opts.PinWindow) {
+func (b *bounds) checkPin(pin, commit hlc.Timestamp) error {
+	if pin.Wall < commit.Wall-int64(b.opts.PinWindow) {
 		return fmt.Errorf("%w: %s is %s older than the commit clock %s (pin window %s)", ErrPinOutOfWindow,
-			pin, time.Duration(commit.Wall-pin.Wall).Round(time.Millisecond), commit, n.opts.PinWindow)
+			pin, time.Duration(commit.Wall-pin.Wall).Round(time.Millisecond), commit, b.opts.PinWindow)
 	}
-	if err := n.clock.CheckOffset(pin); err != nil {
+	if err := b.clock.CheckOffset(pin); err != nil {
 		return fmt.Errorf("%w: %w", ErrPinOutOfWindow, err)
 	}
 	return nil
@@ -640,7 +643,7 @@ func (n *Node) checkPin(pin, commit hlc.Timestamp) error {
 
 // Get returns the live record at key, or ErrNotFound (absent or deleted).
 func (n *Node) Get(key string) (store.Record, error) {
-	if err := n.checkKey(key); err != nil {
+	if err := n.bounds.checkKey(key); err != nil {
 		return store.Record{}, err
 	}
 	if err := n.readable(); err != nil {

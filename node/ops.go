@@ -8,12 +8,25 @@ import (
 	"strings"
 
 	"github.com/replicator/replicator/entry"
+	"github.com/replicator/replicator/hlc"
 	"github.com/replicator/replicator/machine"
 	"github.com/replicator/replicator/node/api"
 	"github.com/replicator/replicator/policy"
 	"github.com/replicator/replicator/store"
+	"github.com/replicator/replicator/transport"
 	"github.com/replicator/replicator/wire"
 )
+
+// bounds are what a write may be: a key and a value within this node's
+// limits and within what every peer said it accepts (a write a peer would
+// refuse could never replicate there), a batch that fits a replication
+// batch, a range that is neither empty nor everything, a pinned stamp
+// within the pin window.
+type bounds struct {
+	opts  *Options
+	clock *hlc.Clock
+	links func() []*transport.Shipper
+}
 
 // condPtr is c, or nil when it asks nothing.
 func condPtr(c Condition) *Condition {
@@ -42,16 +55,16 @@ func (n *Node) DeleteRange(ctx context.Context, start, end string) (WriteResult,
 }
 
 // checkRange refuses a range delete of no key or of every key.
-func (n *Node) checkRange(start, end string) error {
+func (b *bounds) checkRange(start, end string) error {
 	if end == "" && strings.Trim(start, "\x00") == "" {
 		// [NUL..., end of the key space) holds every key there is.
 		return fmt.Errorf("%w: the range [%q, end) holds every key; deleting everything is not an API call", errBadRequest, start)
 	}
-	if err := errors.Join(n.checkKey(start), n.checkValue(start, 0)); err != nil {
+	if err := errors.Join(b.checkKey(start), b.checkValue(start, 0)); err != nil {
 		return fmt.Errorf("start: %w", err)
 	}
 	if end != "" {
-		if err := errors.Join(n.checkKey(end), n.checkValue(end, 0)); err != nil {
+		if err := errors.Join(b.checkKey(end), b.checkValue(end, 0)); err != nil {
 			return fmt.Errorf("end: %w", err)
 		}
 		if end <= start {
@@ -124,7 +137,7 @@ func scopedIncrement(ctx context.Context, key string, delta int64) *api.Keyed {
 
 // Counter reads a counter (ErrNotFound when the key holds none).
 func (n *Node) Counter(key string) (CounterResult, error) {
-	if err := n.checkKey(key); err != nil {
+	if err := n.bounds.checkKey(key); err != nil {
 		return CounterResult{}, err
 	}
 	if err := n.readable(); err != nil {
@@ -159,7 +172,7 @@ func (n *Node) Batch(ctx context.Context, ops []BatchOp) (WriteResult, error) {
 	return n.Propose(ctx, api.Write{Ops: ops})
 }
 
-func (n *Node) batchEntry(ops []BatchOp) (entry.Entry, error) {
+func (b *bounds) batchEntry(ops []BatchOp) (entry.Entry, error) {
 	if len(ops) == 0 {
 		return entry.Entry{}, fmt.Errorf("%w: a batch needs at least one op", errBadRequest)
 	}
@@ -175,10 +188,10 @@ func (n *Node) batchEntry(ops []BatchOp) (entry.Entry, error) {
 	e := entry.Entry{Op: entry.OpMulti, Ops: make([]entry.BatchOp, 0, len(last))}
 	size := 0
 	for i, op := range ops {
-		if err := n.checkKey(op.Key); err != nil {
+		if err := b.checkKey(op.Key); err != nil {
 			return e, fmt.Errorf("op %d: %w", i, err)
 		}
-		if err := n.checkValue(op.Key, len(op.Value)); err != nil {
+		if err := b.checkValue(op.Key, len(op.Value)); err != nil {
 			return e, fmt.Errorf("op %d: %w", i, err)
 		}
 		if op.Delete && len(op.Value) > 0 {
@@ -194,10 +207,10 @@ func (n *Node) batchEntry(ops []BatchOp) (entry.Entry, error) {
 		}
 		e.Ops = append(e.Ops, w)
 	}
-	if int64(size) > n.opts.MaxReplicateBytes/2 {
+	if int64(size) > b.opts.MaxReplicateBytes/2 {
 		return e, fmt.Errorf("%w: a batch of %d bytes would not fit a replication batch", ErrValueTooLarge, size)
 	}
-	if err := n.checkValue("", size); err != nil {
+	if err := b.checkValue("", size); err != nil {
 		return e, fmt.Errorf("the batch as a whole: %w", err)
 	}
 	return e, nil
