@@ -1,7 +1,9 @@
-// Package node is the composition root: it opens the store and the WAL,
-// recovers, runs the write path, and serves the HTTP API. It is the one
-// package that sees every other; cmd/replicator and the e2e tests build on it,
-// and an application can embed a node through Open.
+// Package node is the composition root: it opens the store and the cluster's
+// log, recovers, runs the write path and the links, and serves the HTTP API
+// (package httpapi) on its listeners. It is the one package that sees every
+// other; cmd/replicator and the e2e tests build on it, and an application can
+// embed a node through Open. *Node is the Go API; its parts are types of
+// their own, one per file (docs/ARCHITECTURE.md lists them).
 package node
 
 import (
