@@ -17,7 +17,7 @@ import (
 	"github.com/replicator/replicator/client"
 	"github.com/replicator/replicator/entry"
 	"github.com/replicator/replicator/hlc"
-	"github.com/replicator/replicator/node"
+	"github.com/replicator/replicator/node/api"
 	"github.com/replicator/replicator/wire"
 )
 
@@ -209,7 +209,7 @@ func TestAdversarialPeer(t *testing.T) {
 	if n := slowHealth.Load(); n > 0 {
 		t.Errorf("a's /healthz failed or took over a second %d times during the attack", n)
 	}
-	var lag node.LagReport
+	var lag api.LagReport
 	if _, err := a.client().Do(bg(), http.MethodGet, fmt.Sprintf("/admin/lag?since=%d", start.UnixNano()), nil, nil, &lag); err != nil {
 		t.Fatal(err)
 	}

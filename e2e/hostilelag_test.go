@@ -13,7 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/replicator/replicator/node"
+	"github.com/replicator/replicator/node/api"
 )
 
 var (
@@ -73,7 +73,7 @@ func TestLagUnderHostileGossip(t *testing.T) {
 				cpus[on] = append(cpus[on], cpu.Seconds()*1000/float64(max(1, sent.Load())))
 				for _, c := range m.clusters {
 					l := m.waitLeader(c, 10*time.Second)
-					var lr node.LagReport
+					var lr api.LagReport
 					eventually(t, 10*time.Second, func() (bool, string) {
 						if _, err := l.client().Do(bg(), http.MethodGet, fmt.Sprintf("/admin/lag?since=%d", start.UnixNano()), nil, nil, &lr); err != nil {
 							return false, err.Error()

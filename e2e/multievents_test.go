@@ -14,7 +14,7 @@ import (
 	"time"
 
 	"github.com/replicator/replicator/datadir"
-	"github.com/replicator/replicator/node"
+	"github.com/replicator/replicator/node/api"
 )
 
 // Operator events on a cluster of several nodes (issue 24), each done as
@@ -322,7 +322,7 @@ func (m *rmesh) recoverMajority(c string) error {
 	}
 	shown := 0
 	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline) && shown < len(kept); time.Sleep(100 * time.Millisecond) {
-		var theirs node.ClusterReport
+		var theirs api.ClusterReport
 		if _, err := survivor.client().Do(bg(), http.MethodGet, "/admin/cluster?local=1", nil, nil, &theirs); err != nil {
 			continue
 		}

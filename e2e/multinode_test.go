@@ -18,6 +18,7 @@ import (
 
 	"github.com/replicator/replicator/client"
 	"github.com/replicator/replicator/node"
+	"github.com/replicator/replicator/node/api"
 	"github.com/replicator/replicator/policy"
 )
 
@@ -135,8 +136,8 @@ func (m *rmesh) running() []*rnode {
 	return out
 }
 
-func localCluster(n *rnode) (node.ClusterReport, error) {
-	var r node.ClusterReport
+func localCluster(n *rnode) (api.ClusterReport, error) {
+	var r api.ClusterReport
 	ctx, cancel := context.WithTimeout(bg(), time.Second)
 	defer cancel()
 	_, err := n.client().Do(ctx, http.MethodGet, "/admin/cluster?local=1", nil, nil, &r)
@@ -202,7 +203,7 @@ func (m *rmesh) converged() (bool, string) {
 		if l == nil {
 			return false, "no leader in " + c
 		}
-		var r node.PeersReport
+		var r api.PeersReport
 		if _, err := l.client().Do(bg(), http.MethodGet, "/admin/peers", nil, nil, &r); err != nil {
 			return false, err.Error()
 		}

@@ -10,11 +10,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/replicator/replicator/node"
+	"github.com/replicator/replicator/node/api"
 )
 
-func originOf(t *testing.T, p *proc) node.OriginReport {
-	var o node.OriginReport
+func originOf(t *testing.T, p *proc) api.OriginReport {
+	var o api.OriginReport
 	if _, err := p.client().Do(bg(), http.MethodGet, "/admin/origin", nil, nil, &o); err != nil {
 		t.Fatal(err)
 	}

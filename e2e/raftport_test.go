@@ -14,7 +14,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/replicator/replicator/node"
+	"github.com/replicator/replicator/node/api"
 	"github.com/replicator/replicator/transport"
 )
 
@@ -116,7 +116,7 @@ func TestGossipImpostorOfTheLeaderGetsNoRequests(t *testing.T) {
 	}
 	m.start()
 	l := m.waitLeader("a", 30*time.Second)
-	var lr node.ClusterReport
+	var lr api.ClusterReport
 	if _, err := l.client().Do(bg(), http.MethodGet, "/admin/cluster?local=1", nil, nil, &lr); err != nil {
 		t.Fatal(err)
 	}
@@ -171,7 +171,7 @@ func TestGossipImpostorOfTheLeaderGetsNoRequests(t *testing.T) {
 			t.Fatalf("a write the follower acknowledged is not on the leader: %+v %v", it, err)
 		}
 	}
-	var rep node.ClusterReport
+	var rep api.ClusterReport
 	if _, err := follower.client().Do(bg(), http.MethodGet, "/admin/cluster", nil, nil, &rep); err != nil {
 		t.Fatal(err)
 	}
@@ -300,9 +300,9 @@ func TestRaftKeyRollingUpgradeOfAMixedCluster(t *testing.T) {
 	for _, id := range []string{"a1", "a2", "a3"} {
 		restart(m.nodes[id], "--raft-key-file", raftKey)
 	}
-	var leaderDigest node.DigestReport
+	var leaderDigest api.DigestReport
 	eventually(t, 20*time.Second, func() (bool, string) {
-		var ds []node.DigestReport
+		var ds []api.DigestReport
 		for _, n := range m.members("a") {
 			d, err := digestOf(n.proc)
 			if err != nil {

@@ -17,7 +17,7 @@ import (
 
 	"github.com/replicator/replicator/client"
 	"github.com/replicator/replicator/entry"
-	"github.com/replicator/replicator/node"
+	"github.com/replicator/replicator/node/api"
 )
 
 // mesh is a set of clusters in a full mesh, each link optionally through a
@@ -70,31 +70,31 @@ func (m *mesh) start() {
 	}
 }
 
-func peersReport(t *testing.T, p *proc) node.PeersReport {
+func peersReport(t *testing.T, p *proc) api.PeersReport {
 	t.Helper()
-	var r node.PeersReport
+	var r api.PeersReport
 	if _, err := p.client().Do(bg(), http.MethodGet, "/admin/peers", nil, nil, &r); err != nil {
 		t.Fatalf("%s /admin/peers: %v", p.name, err)
 	}
 	return r
 }
 
-func digestOf(p *proc) (node.DigestReport, error) {
-	var d node.DigestReport
+func digestOf(p *proc) (api.DigestReport, error) {
+	var d api.DigestReport
 	_, err := p.client().Do(bg(), http.MethodGet, "/admin/digest", nil, nil, &d)
 	return d, err
 }
 
 // converge waits until every node has shipped everything and all digests
 // are equal.
-func (m *mesh) converge(d time.Duration) node.DigestReport {
+func (m *mesh) converge(d time.Duration) api.DigestReport {
 	m.t.Helper()
-	var last node.DigestReport
+	var last api.DigestReport
 	eventually(m.t, d, func() (bool, string) {
-		var first *node.DigestReport
+		var first *api.DigestReport
 		for _, n := range m.names {
 			p := m.nodes[n]
-			var r node.PeersReport
+			var r api.PeersReport
 			if _, err := p.client().Do(bg(), http.MethodGet, "/admin/peers", nil, nil, &r); err != nil {
 				return false, err.Error()
 			}
@@ -239,16 +239,16 @@ func TestThreeClusterMeshWithDeletes(t *testing.T) {
 
 // streamsOf returns what a node applied of each origin, from the persisted
 // high-water marks.
-func streamsOf(t *testing.T, p *proc) map[string]node.StreamReport {
-	out := map[string]node.StreamReport{}
+func streamsOf(t *testing.T, p *proc) map[string]api.StreamReport {
+	out := map[string]api.StreamReport{}
 	for _, s := range peersReport(t, p).Streams {
 		out[s.Origin+"/"+s.Stream] = s
 	}
 	return out
 }
 
-func walLast(t *testing.T, p *proc) node.WALReport {
-	var w node.WALReport
+func walLast(t *testing.T, p *proc) api.WALReport {
+	var w api.WALReport
 	if _, err := p.client().Do(bg(), http.MethodGet, "/admin/wal", nil, nil, &w); err != nil {
 		t.Fatal(err)
 	}

@@ -22,6 +22,7 @@ import (
 	"github.com/replicator/replicator/entry"
 	"github.com/replicator/replicator/hlc"
 	"github.com/replicator/replicator/node"
+	"github.com/replicator/replicator/node/api"
 	"github.com/replicator/replicator/policy"
 )
 
@@ -310,7 +311,7 @@ func robustRun(t *testing.T, s uint64) {
 			}
 		}
 		var dl struct {
-			DeadLetters []node.DeadLetterReport `json:"dead_letters"`
+			DeadLetters []api.DeadLetterReport `json:"dead_letters"`
 		}
 		m.nodes[n].client().Do(bg(), http.MethodGet, "/admin/deadletters", nil, nil, &dl)
 		if len(dl.DeadLetters) > 0 {
@@ -360,7 +361,7 @@ func robustRun(t *testing.T, s uint64) {
 func converged(m *mesh) (bool, string) {
 	var first string
 	for _, n := range m.names {
-		var r node.PeersReport
+		var r api.PeersReport
 		if _, err := m.nodes[n].client().Do(bg(), http.MethodGet, "/admin/peers", nil, nil, &r); err != nil {
 			return false, err.Error()
 		}
@@ -391,7 +392,7 @@ func (rb *robust) replayDeadLetters() {
 	for _, n := range rb.names() {
 		c := rb.m.nodes[n].client()
 		var dl struct {
-			DeadLetters []node.DeadLetterReport `json:"dead_letters"`
+			DeadLetters []api.DeadLetterReport `json:"dead_letters"`
 		}
 		if _, err := c.Do(bg(), http.MethodGet, "/admin/deadletters", nil, nil, &dl); err != nil {
 			continue
@@ -569,7 +570,7 @@ func (rb *robust) destroy(name, kind string) bool {
 		return false
 	}
 	p := rb.m.nodes[name]
-	var origin node.OriginReport
+	var origin api.OriginReport
 	if _, err := p.client().Do(bg(), http.MethodGet, "/admin/origin", nil, nil, &origin); err != nil {
 		return false
 	}
@@ -581,7 +582,7 @@ func (rb *robust) destroy(name, kind string) bool {
 		if peer == name {
 			continue
 		}
-		var r node.PeersReport
+		var r api.PeersReport
 		if _, err := rb.m.nodes[peer].client().Do(bg(), http.MethodGet, "/admin/peers", nil, nil, &r); err != nil {
 			// An unreachable peer (stopped for its own event) still holds
 			// what it had: wait for it rather than guess.
@@ -629,7 +630,7 @@ func (rb *robust) destroy(name, kind string) bool {
 // quiet reports whether no node is rejoining or owed a requested re-seed.
 func (rb *robust) quiet() bool {
 	for _, n := range rb.names() {
-		var r node.PeersReport
+		var r api.PeersReport
 		if _, err := rb.m.nodes[n].client().Do(bg(), http.MethodGet, "/admin/peers", nil, nil, &r); err != nil {
 			return false
 		}

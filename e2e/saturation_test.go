@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/replicator/replicator/node"
+	"github.com/replicator/replicator/node/api"
 )
 
 func linkState(t *testing.T, p *proc, peer string) (string, bool) {
@@ -47,7 +47,7 @@ func TestDetachAndReseed(t *testing.T) {
 	b.startReady()
 	m.converge(60 * time.Second)
 	checkHighestStampWins(t, b, writes)
-	var rs node.PeersReport = peersReport(t, a)
+	var rs api.PeersReport = peersReport(t, a)
 	if rs.Links[0].Reseed.Runs == 0 || rs.Links[0].State != "healthy" {
 		t.Fatalf("after re-seed: %+v", rs.Links[0])
 	}

@@ -25,6 +25,7 @@ import (
 	"github.com/replicator/replicator/entry"
 	"github.com/replicator/replicator/hlc"
 	"github.com/replicator/replicator/node"
+	"github.com/replicator/replicator/node/api"
 	"github.com/replicator/replicator/wire"
 )
 
@@ -151,7 +152,7 @@ func TestMutualTLSLinks(t *testing.T) {
 		return e1 == nil && e2 == nil && string(v1.Value) == "a" && string(v2.Value) == "b", fmt.Sprint(e1, e2)
 	})
 
-	var before node.DigestReport
+	var before api.DigestReport
 	ca2.Do(bg(), http.MethodGet, "/admin/digest", nil, nil, &before)
 
 	_, _, bCert := ca.issue(t, "b")
@@ -211,7 +212,7 @@ func TestMutualTLSLinks(t *testing.T) {
 		// only the honest batch may have landed, under b's origin
 		t.Fatalf("after the refused batches: %+v %v", v, err)
 	}
-	var after node.DigestReport
+	var after api.DigestReport
 	ca2.Do(bg(), http.MethodGet, "/admin/digest", nil, nil, &after)
 	if after.Keys != before.Keys+1 {
 		t.Fatalf("keys %d -> %d: a refused batch applied something", before.Keys, after.Keys)

@@ -5,16 +5,17 @@ import (
 
 	"github.com/replicator/replicator/acceptor"
 	"github.com/replicator/replicator/entry"
+	"github.com/replicator/replicator/node/api"
 )
 
 // PeersReport reports outgoing links and what came in from each peer.
-func (n *Node) PeersReport() PeersReport {
-	r := PeersReport{
+func (n *Node) PeersReport() api.PeersReport {
+	r := api.PeersReport{
 		Cluster:  n.cluster,
 		Links:    n.PeerStatus(),
 		Incoming: n.acceptor.Counts(),
 		Refusals: n.acceptor.Refusals(),
-		Streams:  []StreamReport{},
+		Streams:  []api.StreamReport{},
 		Members:  n.Members(),
 		Rejoin:   n.rejoin.rejoinReport(),
 	}
@@ -23,37 +24,37 @@ func (n *Node) PeersReport() PeersReport {
 		n.log.Warn("reading high-water marks", "err", err)
 	}
 	for _, h := range hwms {
-		r.Streams = append(r.Streams, StreamReport{Origin: h.Origin, Stream: entry.StreamID(h.Stream).String(),
+		r.Streams = append(r.Streams, api.StreamReport{Origin: h.Origin, Stream: entry.StreamID(h.Stream).String(),
 			HWM: h.Index, Merged: h.Merged, DeadLettered: h.DeadLettered, Seeded: h.Seeded, Frontier: h.Commit.String()})
 	}
 	return r
 }
 
 // DigestReport hashes the live state.
-func (n *Node) DigestReport() (DigestReport, error) {
+func (n *Node) DigestReport() (api.DigestReport, error) {
 	d, err := n.Digest()
 	if err != nil {
-		return DigestReport{}, err
+		return api.DigestReport{}, err
 	}
-	return DigestReport{Cluster: n.cluster, Digest: d.Hash, Keys: d.Keys, Tombstones: d.Tombstones}, nil
+	return api.DigestReport{Cluster: n.cluster, Digest: d.Hash, Keys: d.Keys, Tombstones: d.Tombstones}, nil
 }
 
 // WALReport describes the outbound WAL.
-func (n *Node) WALReport() WALReport {
+func (n *Node) WALReport() api.WALReport {
 	st := n.group.LogStats()
 	first := n.out.First()
-	r := WALReport{
+	r := api.WALReport{
 		Stream: n.out.Stream().String(), First: first, Last: n.out.Last(), Applied: n.applied.Load(),
 		Bytes: n.out.BytesAfter(first - 1), Segments: st.Segments, Repairs: st.Repairs, DroppedBytes: st.DroppedBytes,
 		WriteFailures: st.WriteFailures, Writes: n.metrics.writes.Load(), Groups: n.metrics.groups.Load(),
-		Peers: []PeerBacklog{}, Saturation: n.Saturation(), Permits: n.acceptor.Permits(),
+		Peers: []api.PeerBacklog{}, Saturation: n.Saturation(), Permits: n.acceptor.Permits(),
 	}
 	for _, ls := range n.PeerStatus() {
 		mode := n.sat.overflow[ls.Peer]
 		if mode == "" {
-			mode = OverflowReject
+			mode = api.OverflowReject
 		}
-		r.Peers = append(r.Peers, PeerBacklog{Peer: ls.Peer, Acked: ls.Acked, Entries: ls.EntriesBehind,
+		r.Peers = append(r.Peers, api.PeerBacklog{Peer: ls.Peer, Acked: ls.Acked, Entries: ls.EntriesBehind,
 			Bytes: ls.BytesBehind, OldestAgeSeconds: ls.OldestUnackedAge, Overflow: mode, State: ls.State, Retained: !ls.Detached})
 	}
 	r.Refusals = map[string]uint64{
@@ -64,6 +65,6 @@ func (n *Node) WALReport() WALReport {
 }
 
 // OriginReport tells which cluster this node is and how it knows.
-func (n *Node) OriginReport() OriginReport {
-	return OriginReport{Cluster: n.cluster, Resolver: n.resolver, Stream: n.out.Stream().String(), Version: n.opts.BuildVersion}
+func (n *Node) OriginReport() api.OriginReport {
+	return api.OriginReport{Cluster: n.cluster, Resolver: n.resolver, Stream: n.out.Stream().String(), Version: n.opts.BuildVersion}
 }

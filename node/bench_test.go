@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/cockroachdb/pebble/v2"
+	"github.com/replicator/replicator/node/api"
 	twal "github.com/tidwall/wal"
 )
 
@@ -227,7 +228,7 @@ func BenchmarkBacklogRSS(b *testing.B) {
 	const total = 2_000_000
 	for i := 0; i < b.N; i++ {
 		m := newTestMesh(b, nil, func(o *Options) {
-			o.WaterMarks = WaterMarks{HighEntries: 3 * total}
+			o.WaterMarks = api.WaterMarks{HighEntries: 3 * total}
 		}, "a", "b")
 		na := m.nodes["a"]
 		m.nodes["b"].Close()

@@ -15,13 +15,14 @@ import (
 
 	"github.com/replicator/replicator/cluster"
 	"github.com/replicator/replicator/machine"
+	"github.com/replicator/replicator/node/api"
 	"github.com/replicator/replicator/origin"
 )
 
 // localCluster is this node's own part of the report.
-func (n *Node) LocalCluster() ClusterReport {
+func (n *Node) LocalCluster() api.ClusterReport {
 	st := n.group.Status()
-	r := ClusterReport{Cluster: n.cluster, Node: n.nodeID, Mode: "single", State: strings.ToLower(st.State), Leader: st.Leader,
+	r := api.ClusterReport{Cluster: n.cluster, Node: n.nodeID, Mode: "single", State: strings.ToLower(st.State), Leader: st.Leader,
 		Term: st.Term, Commit: st.Commit, Applied: n.progress.get(), Last: st.Last, Stream: n.out.Stream().String()}
 	if n.multi() {
 		r.Mode = "raft"
@@ -31,7 +32,7 @@ func (n *Node) LocalCluster() ClusterReport {
 	}
 	r.Incarnation, r.RefusedBy = n.incarnation, st.RefusedBy
 	for _, sv := range st.Servers {
-		cn := ClusterNode{ID: sv.ID, Incarnation: sv.Incarnation, Raft: sv.Raft, Voter: sv.Voter, Leader: sv.Leader}
+		cn := api.ClusterNode{ID: sv.ID, Incarnation: sv.Incarnation, Raft: sv.Raft, Voter: sv.Voter, Leader: sv.Leader}
 		m, seen := n.mem.member(sv.ID)
 		switch {
 		case sv.ID == n.nodeID && sv.Incarnation == n.incarnation:
@@ -48,11 +49,11 @@ func (n *Node) LocalCluster() ClusterReport {
 	// Nodes gossip sees that the configuration does not hold (yet): a
 	// node waiting to be added, or one kept out.
 	for _, m := range n.mem.sameCluster() {
-		held := slices.ContainsFunc(r.Nodes, func(c ClusterNode) bool { return c.ID == m.Meta.Node && c.Incarnation == m.Meta.Inc })
+		held := slices.ContainsFunc(r.Nodes, func(c api.ClusterNode) bool { return c.ID == m.Meta.Node && c.Incarnation == m.Meta.Inc })
 		if held {
 			continue
 		}
-		cn := ClusterNode{ID: m.Meta.Node, Incarnation: m.Meta.Inc, Raft: m.Meta.Raft, API: m.Meta.API, Gossip: m.State, State: "not a member"}
+		cn := api.ClusterNode{ID: m.Meta.Node, Incarnation: m.Meta.Inc, Raft: m.Meta.Raft, API: m.Meta.API, Gossip: m.State, State: "not a member"}
 		if why := n.mem.removedServer(cluster.ServerID(m.Meta.Node, m.Meta.Inc)); why != "" {
 			cn.State, cn.Error = "removed", why
 		}
@@ -62,8 +63,8 @@ func (n *Node) LocalCluster() ClusterReport {
 	// not.
 	for id, why := range st.Refused {
 		node, inc := cluster.SplitServerID(raft.ServerID(id))
-		if !slices.ContainsFunc(r.Nodes, func(c ClusterNode) bool { return c.ID == node && c.Incarnation == inc }) {
-			r.Nodes = append(r.Nodes, ClusterNode{ID: node, Incarnation: inc, State: "removed", Error: why})
+		if !slices.ContainsFunc(r.Nodes, func(c api.ClusterNode) bool { return c.ID == node && c.Incarnation == inc }) {
+			r.Nodes = append(r.Nodes, api.ClusterNode{ID: node, Incarnation: inc, State: "removed", Error: why})
 		}
 	}
 	return r
@@ -74,7 +75,7 @@ func (n *Node) LocalCluster() ClusterReport {
 // the configuration names at the address it holds (service.go): no caller
 // credential goes anywhere, and a gossip member claiming a member's node ID
 // is never asked.
-func (n *Node) ClusterReport(ctx context.Context) ClusterReport {
+func (n *Node) ClusterReport(ctx context.Context) api.ClusterReport {
 	r := n.LocalCluster()
 	var wg sync.WaitGroup
 	commits := make([]uint64, len(r.Nodes))
@@ -117,8 +118,8 @@ func (n *Node) ClusterReport(ctx context.Context) ClusterReport {
 }
 
 // askCluster asks member id its own part of the report, over the raft port.
-func (s *service) askCluster(ctx context.Context, id raft.ServerID) (ClusterReport, error) {
-	var r ClusterReport
+func (s *service) askCluster(ctx context.Context, id raft.ServerID) (api.ClusterReport, error) {
+	var r api.ClusterReport
 	ctx, cancel := context.WithTimeout(ctx, time.Second)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, serviceURL(id, "/admin/cluster?local=1"), nil)
@@ -147,7 +148,7 @@ func (s *service) askCluster(ctx context.Context, id raft.ServerID) (ClusterRepo
 // answered and caught up, so an unreachable address costs no quorum.
 func (n *Node) JoinNode(id, raftAddr, force string) error {
 	if !n.multi() {
-		return fmt.Errorf("%w: this node is alone in its cluster (no --raft-listen): restart it with a raft port first", errClusterAction)
+		return fmt.Errorf("%w: this node is alone in its cluster (no --raft-listen): restart it with a raft port first", api.ErrNotACluster)
 	}
 	if err := validServerRef(id); err != nil {
 		return err
@@ -162,10 +163,10 @@ func (n *Node) JoinNode(id, raftAddr, force string) error {
 func validServerRef(id string) error {
 	node, inc, one := strings.Cut(id, ".")
 	if err := origin.Validate(node); err != nil {
-		return fmt.Errorf("%w: node ID: %w", errBadRequest, err)
+		return fmt.Errorf("%w: node ID: %w", api.ErrBadRequest, err)
 	}
 	if one && (inc == "" || !origin.ValidIncarnation(inc)) {
-		return fmt.Errorf("%w: %q: an incarnation is 8 hex digits after the node ID and a dot", errBadRequest, id)
+		return fmt.Errorf("%w: %q: an incarnation is 8 hex digits after the node ID and a dot", api.ErrBadRequest, id)
 	}
 	return nil
 }
@@ -178,7 +179,7 @@ func validServerRef(id string) error {
 // refused.
 func (n *Node) RemoveNode(id string) error {
 	if !n.multi() {
-		return fmt.Errorf("%w: this node is alone in its cluster", errClusterAction)
+		return fmt.Errorf("%w: this node is alone in its cluster", api.ErrNotACluster)
 	}
 	if err := validServerRef(id); err != nil {
 		return err

@@ -52,7 +52,7 @@ type proposal struct {
 	idem *api.Keyed
 	// cond is a precondition decided in commit order (If-Match,
 	// If-None-Match).
-	cond *Condition
+	cond *api.Condition
 	// delta is a counter increment (op counter): the entry then carries
 	// this cluster's resulting totals, computed in commit order, and
 	// counterValue the counter's value right after it, here.
@@ -180,19 +180,19 @@ func newCommitter(env commitEnv) *committer {
 // propose queues p and waits for its answer.
 func (c *committer) propose(ctx context.Context, p *proposal) error {
 	if errp := c.failed.Load(); errp != nil {
-		return fmt.Errorf("%w: %w", ErrNotWritten, *errp)
+		return fmt.Errorf("%w: %w", api.ErrNotWritten, *errp)
 	}
 	p.done = make(chan struct{})
 	c.mu.RLock()
 	if c.mu.closed {
 		c.mu.RUnlock()
-		return fmt.Errorf("%w: %w", ErrNotWritten, ErrClosed)
+		return fmt.Errorf("%w: %w", api.ErrNotWritten, api.ErrClosed)
 	}
 	select {
 	case c.in <- p:
 	case <-ctx.Done():
 		c.mu.RUnlock()
-		return fmt.Errorf("%w: %w", ErrNotWritten, ctx.Err())
+		return fmt.Errorf("%w: %w", api.ErrNotWritten, ctx.Err())
 	}
 	c.mu.RUnlock()
 	select {
@@ -200,10 +200,10 @@ func (c *committer) propose(ctx context.Context, p *proposal) error {
 		return p.err
 	case <-ctx.Done():
 		if p.state.CompareAndSwap(stateQueued, stateCancelled) {
-			return fmt.Errorf("%w: %w", ErrNotWritten, ctx.Err())
+			return fmt.Errorf("%w: %w", api.ErrNotWritten, ctx.Err())
 		}
 		// Already in a group: its fate is being decided right now.
-		return fmt.Errorf("%w: %w", ErrUnknownOutcome, ctx.Err())
+		return fmt.Errorf("%w: %w", api.ErrUnknownOutcome, ctx.Err())
 	}
 }
 
@@ -263,7 +263,7 @@ func (c *committer) commit(pending []*proposal) int {
 		return 0
 	}
 	if errp := c.failed.Load(); errp != nil {
-		answerAll(props, fmt.Errorf("%w: %w", ErrNotWritten, *errp))
+		answerAll(props, fmt.Errorf("%w: %w", api.ErrNotWritten, *errp))
 		return 0
 	}
 	env := c.env
@@ -319,13 +319,13 @@ func (c *committer) commit(pending []*proposal) int {
 	}
 	out, err := env.commit(cmd, c.enc)
 	if errors.Is(err, errEncode) {
-		answerAll(sent, fmt.Errorf("%w: %w", ErrNotWritten, err))
+		answerAll(sent, fmt.Errorf("%w: %w", api.ErrNotWritten, err))
 		return 0
 	}
 	if err == nil {
 		if e, ok := out.(error); ok {
 			// Committed, not applied: a restart applies it.
-			err = fmt.Errorf("%w: in the log but not applied: %w", ErrUnknownOutcome, e)
+			err = fmt.Errorf("%w: in the log but not applied: %w", api.ErrUnknownOutcome, e)
 		}
 	}
 	if err != nil {
@@ -335,7 +335,7 @@ func (c *committer) commit(pending []*proposal) int {
 	res := out.(*machine.Result)
 	if len(res.Writes) != len(sent) {
 		// Never: a new command is above the applied index.
-		answerAll(sent, fmt.Errorf("%w: the machine answered %d of %d writes (skipped %v)", ErrUnknownOutcome, len(res.Writes), len(sent), res.Skipped))
+		answerAll(sent, fmt.Errorf("%w: the machine answered %d of %d writes (skipped %v)", api.ErrUnknownOutcome, len(res.Writes), len(sent), res.Skipped))
 		return 0
 	}
 	written := 0
@@ -345,7 +345,7 @@ func (c *committer) commit(pending []*proposal) int {
 		case w.Replay != nil:
 			p.replay = w.Replay
 		case errors.Is(w.Err, machine.ErrNoStream), errors.Is(w.Err, machine.ErrStaleStamp):
-			p.err = fmt.Errorf("%w: %w", ErrNotWritten, w.Err)
+			p.err = fmt.Errorf("%w: %w", api.ErrNotWritten, w.Err)
 		case w.Err != nil:
 			p.err = w.Err
 		default:
@@ -367,17 +367,17 @@ func applyError(err error) error {
 	var nl *cluster.NotLeaderError
 	switch {
 	case errors.As(err, &nl), errors.Is(err, raft.ErrEnqueueTimeout):
-		return fmt.Errorf("%w: %w", ErrNotWritten, err)
+		return fmt.Errorf("%w: %w", api.ErrNotWritten, err)
 	case errors.Is(err, wal.ErrAppendFailed) && !errors.Is(err, wal.ErrBroken):
 		// The log refused the append and cut itself back (a full disk):
 		// nothing of the command is in it.
-		return fmt.Errorf("%w: %w", ErrNotWritten, err)
-	case errors.Is(err, ErrUnknownOutcome):
+		return fmt.Errorf("%w: %w", api.ErrNotWritten, err)
+	case errors.Is(err, api.ErrUnknownOutcome):
 		return err
 	}
 	// Leadership lost or raft shut down with the command in flight, a log
 	// that cannot tell what it holds: it may yet apply.
-	return fmt.Errorf("%w: %w", ErrUnknownOutcome, err)
+	return fmt.Errorf("%w: %w", api.ErrUnknownOutcome, err)
 }
 
 func (c *committer) fail(err error) {

@@ -6,21 +6,22 @@ import (
 
 	"github.com/replicator/replicator/entry"
 	"github.com/replicator/replicator/machine"
+	"github.com/replicator/replicator/node/api"
 	"github.com/replicator/replicator/store"
 	"github.com/replicator/replicator/wire"
 )
 
 // DeadLetters lists the entries peers sent that this node set aside because
 // they broke its own limits (a larger value than it accepts, say).
-func (n *Node) DeadLetters() ([]DeadLetterReport, error) {
+func (n *Node) DeadLetters() ([]api.DeadLetterReport, error) {
 	dls, err := n.store.DeadLetters()
 	if err != nil {
 		return nil, err
 	}
-	out := make([]DeadLetterReport, 0, len(dls))
+	out := make([]api.DeadLetterReport, 0, len(dls))
 	codec := wire.NewCodec()
 	for _, d := range dls {
-		r := DeadLetterReport{ID: d.ID(), Origin: d.Origin, Stream: entry.StreamID(d.Stream).String(), Index: d.Index,
+		r := api.DeadLetterReport{ID: d.ID(), Origin: d.Origin, Stream: entry.StreamID(d.Stream).String(), Index: d.Index,
 			At: time.Unix(0, d.At).UTC(), Reason: d.Reason}
 		if e, err := codec.DecodeEntry(d.Entry, wire.Defaults{}); err == nil {
 			r.Op, r.Key = e.Op.String(), e.Key
@@ -40,7 +41,7 @@ func (n *Node) deadLetter(id string) (store.DeadLetter, error) {
 			return d, nil
 		}
 	}
-	return store.DeadLetter{}, fmt.Errorf("%w: no dead letter %q", ErrNotFound, id)
+	return store.DeadLetter{}, fmt.Errorf("%w: no dead letter %q", api.ErrNotFound, id)
 }
 
 // ReplayDeadLetter applies a dead letter as it is (the operator has decided
@@ -65,7 +66,7 @@ func (n *Node) decideDeadLetter(id string, action byte, msg string) error {
 		return err
 	}
 	if !res.Found {
-		return fmt.Errorf("%w: dead letter %q (decided meanwhile)", ErrNotFound, id)
+		return fmt.Errorf("%w: dead letter %q (decided meanwhile)", api.ErrNotFound, id)
 	}
 	n.log.Warn(msg, "id", id)
 	return nil

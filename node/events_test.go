@@ -15,6 +15,7 @@ import (
 	"github.com/replicator/replicator/client"
 	"github.com/replicator/replicator/entry"
 	"github.com/replicator/replicator/hlc"
+	"github.com/replicator/replicator/node/api"
 	"github.com/replicator/replicator/policy"
 	"github.com/replicator/replicator/store"
 	"github.com/replicator/replicator/transport"
@@ -42,8 +43,8 @@ func incrementN(t testing.TB, nd *Node, key string, n int) {
 	}
 }
 
-func streamsOf(n *Node, origin string) []StreamReport {
-	var out []StreamReport
+func streamsOf(n *Node, origin string) []api.StreamReport {
+	var out []api.StreamReport
 	for _, s := range n.PeersReport().Streams {
 		if s.Origin == origin {
 			out = append(out, s)
@@ -185,7 +186,7 @@ func TestDeleteWhileDetachedReachesPeer(t *testing.T) {
 		t.Fatal(err)
 	}
 	m.converged(20 * time.Second)
-	if _, err := b.Get("k"); !errors.Is(err, ErrNotFound) {
+	if _, err := b.Get("k"); !errors.Is(err, api.ErrNotFound) {
 		t.Fatalf("b still holds k after the re-seed: %v", err)
 	}
 	// Once b has acknowledged writes past the delete (plus the pin window),
@@ -333,7 +334,7 @@ func TestUnlinkedPeerHoldsTombstones(t *testing.T) {
 	if _, err := n.acceptor.Apply("b", &wire.Batch{Header: wire.Header{Sender: "b", Stream: e.Stream}, Entries: []entry.Entry{e}}); err != nil {
 		t.Fatal(err)
 	}
-	if r, err := n.Get("k"); !errors.Is(err, ErrNotFound) {
+	if r, err := n.Get("k"); !errors.Is(err, api.ErrNotFound) {
 		t.Fatalf("b's older write resurrected k: %q %v", r.Value, err)
 	}
 }
@@ -379,7 +380,7 @@ func TestWriteLargerThanPeerAcceptsRefused(t *testing.T) {
 	m.settle()
 	waitFor(t, 5*time.Second, func() (bool, string) { return link(t, a, "b").Limits != nil, "b's limits unknown" })
 	_, err := a.Put(context.Background(), "big", make([]byte, 2<<20))
-	if !errors.Is(err, ErrValueTooLarge) || !strings.Contains(err.Error(), "peer b") {
+	if !errors.Is(err, api.ErrValueTooLarge) || !strings.Contains(err.Error(), "peer b") {
 		t.Fatalf("a 2 MiB value that b cannot take: %v", err)
 	}
 	if _, err := a.Put(context.Background(), "fits", make([]byte, 512<<10)); err != nil {
@@ -454,7 +455,7 @@ func TestDeadLetterHoldsTombstones(t *testing.T) {
 	if err := n.ReplayDeadLetter(dl[0].ID); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := n.Get("k"); !errors.Is(err, ErrNotFound) {
+	if _, err := n.Get("k"); !errors.Is(err, api.ErrNotFound) {
 		t.Fatalf("the replayed dead letter resurrected k: %v", err)
 	}
 	if c, err := n.CollectTombstones(); err != nil || c != 1 {

@@ -14,6 +14,7 @@ import (
 	"github.com/hashicorp/raft"
 
 	"github.com/replicator/replicator/cluster"
+	"github.com/replicator/replicator/node/api"
 	"github.com/replicator/replicator/node/httpapi"
 	"github.com/replicator/replicator/wire"
 )
@@ -110,7 +111,7 @@ func (f *router) consistentRead(ctx context.Context) error {
 		return n.lead.notLeader()
 	}
 	if err := n.group.VerifyLeader(n.opts.Raft.ElectionTimeout); err != nil {
-		return fmt.Errorf("%w: confirming leadership: %w", ErrNotWritten, err)
+		return fmt.Errorf("%w: confirming leadership: %w", api.ErrNotWritten, err)
 	}
 	ci := n.group.CommitIndex()
 	for {
@@ -122,7 +123,7 @@ func (f *router) consistentRead(ctx context.Context) error {
 		// state machine: only a command after the applied one is waited for.
 		more, err := n.group.HasCommand(at+1, ci)
 		if err != nil {
-			return fmt.Errorf("%w: %w", ErrNotWritten, err)
+			return fmt.Errorf("%w: %w", api.ErrNotWritten, err)
 		}
 		if !more {
 			return nil
@@ -131,7 +132,7 @@ func (f *router) consistentRead(ctx context.Context) error {
 		err = n.progress.wait(wctx, at+1)
 		cancel()
 		if err != nil {
-			return fmt.Errorf("%w: waiting to apply the log up to %d: %w", ErrNotWritten, ci, err)
+			return fmt.Errorf("%w: waiting to apply the log up to %d: %w", api.ErrNotWritten, ci, err)
 		}
 	}
 }
@@ -201,7 +202,7 @@ func (f *router) forward(h http.Handler, w http.ResponseWriter, r *http.Request)
 	for attempt := 0; attempt < 2; attempt++ {
 		id, err := f.leaderServer(r.Context())
 		if err != nil {
-			httpapi.WriteErr(w, fmt.Errorf("%w: %w", ErrNotWritten, err))
+			httpapi.WriteErr(w, fmt.Errorf("%w: %w", api.ErrNotWritten, err))
 			return
 		}
 		if id == n.group.ID() {
@@ -210,7 +211,7 @@ func (f *router) forward(h http.Handler, w http.ResponseWriter, r *http.Request)
 		}
 		out, err := f.outRequest(r, serviceURL(id, r.URL.RequestURI()), body)
 		if err != nil {
-			httpapi.WriteErr(w, fmt.Errorf("%w: %w", ErrNotWritten, err))
+			httpapi.WriteErr(w, fmt.Errorf("%w: %w", api.ErrNotWritten, err))
 			return
 		}
 		// The caller's credentials stay here: the raft port's
@@ -231,13 +232,13 @@ func (f *router) forward(h http.Handler, w http.ResponseWriter, r *http.Request)
 				continue
 			}
 			n.metrics.forwards.WithLabelValues("unknown_outcome").Inc()
-			httpapi.WriteErr(w, fmt.Errorf("%w: forwarded to the leader %s, no answer: %w", ErrUnknownOutcome, id, err))
+			httpapi.WriteErr(w, fmt.Errorf("%w: forwarded to the leader %s, no answer: %w", api.ErrUnknownOutcome, id, err))
 			return
 		}
 		f.relay(w, r, resp, string(id))
 		return
 	}
-	httpapi.WriteErr(w, fmt.Errorf("%w: the leader could not be reached: %w", ErrNotWritten, last))
+	httpapi.WriteErr(w, fmt.Errorf("%w: the leader could not be reached: %w", api.ErrNotWritten, last))
 }
 
 // outRequest is r as forwarded to url: its body (unless none), its headers
@@ -266,13 +267,13 @@ func (f *router) forwardLegacy(h http.Handler, w http.ResponseWriter, r *http.Re
 	node, inc := cluster.SplitServerID(id)
 	m, ok := n.mem.member(node)
 	if !ok || m.Meta.API == "" || (inc != "" && m.Meta.Inc != inc) {
-		httpapi.WriteErr(w, fmt.Errorf("%w: the leader %s runs an older build, and gossip does not know its API URL", ErrNotWritten, id))
+		httpapi.WriteErr(w, fmt.Errorf("%w: the leader %s runs an older build, and gossip does not know its API URL", api.ErrNotWritten, id))
 		return
 	}
-	api := m.Meta.API
-	out, err := f.outRequest(r, strings.TrimRight(api, "/")+r.URL.RequestURI(), body)
+	apiURL := m.Meta.API
+	out, err := f.outRequest(r, strings.TrimRight(apiURL, "/")+r.URL.RequestURI(), body)
 	if err != nil {
-		httpapi.WriteErr(w, fmt.Errorf("%w: %w", ErrNotWritten, err))
+		httpapi.WriteErr(w, fmt.Errorf("%w: %w", api.ErrNotWritten, err))
 		return
 	}
 	resp, err := f.fwdClient.Do(out)
@@ -280,19 +281,19 @@ func (f *router) forwardLegacy(h http.Handler, w http.ResponseWriter, r *http.Re
 		var op *net.OpError
 		if errors.As(err, &op) && op.Op == "dial" && (body == nil || body.read == 0) {
 			n.metrics.forwards.WithLabelValues("not_sent").Inc()
-			httpapi.WriteErr(w, fmt.Errorf("%w: the leader at %s could not be reached: %w", ErrNotWritten, api, err))
+			httpapi.WriteErr(w, fmt.Errorf("%w: the leader at %s could not be reached: %w", api.ErrNotWritten, apiURL, err))
 			return
 		}
 		n.metrics.forwards.WithLabelValues("unknown_outcome").Inc()
-		httpapi.WriteErr(w, fmt.Errorf("%w: forwarded to the leader at %s, no answer: %w", ErrUnknownOutcome, api, err))
+		httpapi.WriteErr(w, fmt.Errorf("%w: forwarded to the leader at %s, no answer: %w", api.ErrUnknownOutcome, apiURL, err))
 		return
 	}
-	f.relay(w, r, resp, api)
+	f.relay(w, r, resp, apiURL)
 }
 
 // relay answers with the leader's answer, once this node applied what the
 // leader had when it answered.
-func (f *router) relay(w http.ResponseWriter, r *http.Request, resp *http.Response, api string) {
+func (f *router) relay(w http.ResponseWriter, r *http.Request, resp *http.Response, apiURL string) {
 	n := f.n
 	defer resp.Body.Close()
 	idx, _ := strconv.ParseUint(resp.Header.Get(headerApplied), 10, 64)
@@ -303,7 +304,7 @@ func (f *router) relay(w http.ResponseWriter, r *http.Request, resp *http.Respon
 		if err != nil && resp.StatusCode < 300 {
 			n.metrics.forwards.WithLabelValues("unknown_outcome").Inc()
 			httpapi.WriteErr(w, fmt.Errorf("%w: the leader at %s wrote it, and this node has not applied it yet (%v): read it from the leader, or retry under the same Idempotency-Key",
-				ErrUnknownOutcome, api, err))
+				api.ErrUnknownOutcome, apiURL, err))
 			return
 		}
 	}

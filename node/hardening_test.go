@@ -20,6 +20,7 @@ import (
 
 	"github.com/replicator/replicator/entry"
 	"github.com/replicator/replicator/hlc"
+	"github.com/replicator/replicator/node/api"
 	"github.com/replicator/replicator/node/httpapi"
 	"github.com/replicator/replicator/store"
 	"github.com/replicator/replicator/transport"
@@ -56,7 +57,7 @@ func TestBulkCSVRecordBounded(t *testing.T) {
 	br := httpapi.NewBulkReader(src, true, 2<<20)
 	_, err := br.Next()
 	runtime.ReadMemStats(&after)
-	if !errors.Is(err, errBadRequest) || !strings.Contains(err.Error(), "longer than") {
+	if !errors.Is(err, api.ErrBadRequest) || !strings.Contains(err.Error(), "longer than") {
 		t.Fatalf("an endless record: %v", err)
 	}
 	if src.sent > 8<<20 {
@@ -75,11 +76,11 @@ func TestBulkInvalidUTF8Refused(t *testing.T) {
 		"{\"value\":\"v\",\"key\":\"k\xff\"}",        // slow path (field order)
 		"{\"key\":\"k\\u00e9\xff\",\"value\":\"v\"}", // slow path (escape)
 	} {
-		if rec, err := httpapi.DecodeBulkLine([]byte(line)); !errors.Is(err, errBadRequest) {
+		if rec, err := httpapi.DecodeBulkLine([]byte(line)); !errors.Is(err, api.ErrBadRequest) {
 			t.Errorf("%q: %+v %v", line, rec, err)
 		}
 	}
-	if _, _, err := httpapi.DecodeBatchRequest([]byte("{\"ops\":[{\"op\":\"set\",\"key\":\"k\xff\",\"value\":\"v\"}]}")); !errors.Is(err, errBadRequest) {
+	if _, _, err := httpapi.DecodeBatchRequest([]byte("{\"ops\":[{\"op\":\"set\",\"key\":\"k\xff\",\"value\":\"v\"}]}")); !errors.Is(err, api.ErrBadRequest) {
 		t.Errorf("batch with an invalid UTF-8 key: %v", err)
 	}
 }
@@ -94,7 +95,7 @@ func TestCounterRange(t *testing.T) {
 	if _, err := n.Increment(ctx, "c", math.MaxInt64); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := n.Increment(ctx, "c", math.MaxInt64); !errors.Is(err, ErrCounterRange) {
+	if _, err := n.Increment(ctx, "c", math.MaxInt64); !errors.Is(err, api.ErrCounterRange) {
 		t.Fatalf("a second +MaxInt64: %v", err)
 	}
 	if c, _ := n.Counter("c"); c.Value != math.MaxInt64 {
@@ -124,7 +125,7 @@ func TestRangeDeleteGuard(t *testing.T) {
 	ctx := context.Background()
 	putN(t, n, "k", 3)
 	for _, start := range []string{"\x00", "\x00\x00"} {
-		if _, err := n.DeleteRange(ctx, start, ""); !errors.Is(err, errBadRequest) {
+		if _, err := n.DeleteRange(ctx, start, ""); !errors.Is(err, api.ErrBadRequest) {
 			t.Fatalf("DeleteRange(%q, \"\"): %v", start, err)
 		}
 	}
@@ -549,7 +550,7 @@ func TestShortBodyWritesNothing(t *testing.T) {
 		slow.Close()
 	}
 	for _, k := range []string{"short", "slow-1000", "slow-100000"} {
-		if _, err := n.Get(k); !errors.Is(err, ErrNotFound) {
+		if _, err := n.Get(k); !errors.Is(err, api.ErrNotFound) {
 			t.Fatalf("%s: a body that never completed wrote something (err %v)", k, err)
 		}
 	}

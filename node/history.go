@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/replicator/replicator/client"
+	"github.com/replicator/replicator/node/api"
 )
 
 // The dashboard's chart is served by the node: a ring of samples of every
@@ -15,18 +16,18 @@ import (
 type history struct {
 	mu struct {
 		sync.Mutex
-		ring []HistorySample // cap is the ring's size
-		next int             // where the next sample goes once the ring is full
+		ring []api.HistorySample // cap is the ring's size
+		next int                 // where the next sample goes once the ring is full
 	}
 }
 
 func newHistory(size int) *history {
 	h := &history{}
-	h.mu.ring = make([]HistorySample, 0, max(size, 1))
+	h.mu.ring = make([]api.HistorySample, 0, max(size, 1))
 	return h
 }
 
-func (h *history) add(s HistorySample) {
+func (h *history) add(s api.HistorySample) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if len(h.mu.ring) < cap(h.mu.ring) {
@@ -38,10 +39,10 @@ func (h *history) add(s HistorySample) {
 }
 
 // after returns the samples later than t, oldest first.
-func (h *history) after(t time.Time) []HistorySample {
+func (h *history) after(t time.Time) []api.HistorySample {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	out := make([]HistorySample, 0, len(h.mu.ring))
+	out := make([]api.HistorySample, 0, len(h.mu.ring))
 	for i := range h.mu.ring {
 		s := h.mu.ring[(h.mu.next+i)%len(h.mu.ring)]
 		if s.Time.After(t) {
@@ -53,19 +54,19 @@ func (h *history) after(t time.Time) []HistorySample {
 
 // sample is one point of the chart: the links' states and backlogs, and the
 // node's saturation state, at now (ns since the epoch).
-func sample(now int64, saturation string, links []client.LinkStatus) HistorySample {
+func sample(now int64, saturation string, links []client.LinkStatus) api.HistorySample {
 	// Milliseconds: the page asks for ?after=<ms of the last it saw>, so a
 	// finer stamp would come back again as "after" its own truncation.
-	s := HistorySample{Time: time.UnixMilli(now / 1e6).UTC(), Saturation: saturation, Peers: map[string]PeerSample{}}
+	s := api.HistorySample{Time: time.UnixMilli(now / 1e6).UTC(), Saturation: saturation, Peers: map[string]api.PeerSample{}}
 	for _, st := range links {
-		s.Peers[st.Peer] = PeerSample{State: st.State, Entries: st.EntriesBehind, Bytes: st.BytesBehind, Oldest: st.OldestUnackedAge}
+		s.Peers[st.Peer] = api.PeerSample{State: st.State, Entries: st.EntriesBehind, Bytes: st.BytesBehind, Oldest: st.OldestUnackedAge}
 	}
 	return s
 }
 
 // History is the dashboard's chart: the samples later than after, oldest
 // first.
-func (n *Node) History(after time.Time) HistoryReport {
-	return HistoryReport{IntervalSeconds: n.opts.HistoryInterval.Seconds(),
+func (n *Node) History(after time.Time) api.HistoryReport {
+	return api.HistoryReport{IntervalSeconds: n.opts.HistoryInterval.Seconds(),
 		SpanSeconds: n.opts.HistorySpan.Seconds(), Samples: n.history.after(after)}
 }

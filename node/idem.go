@@ -5,30 +5,31 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/replicator/replicator/node/api"
 	"github.com/replicator/replicator/store"
 )
 
 // Idempotency looks up the record of an Idempotency-Key, so a caller whose
 // call timed out can learn its outcome instead of retrying blindly.
-func (n *Node) Idempotency(key string) (IdemReport, error) {
+func (n *Node) Idempotency(key string) (api.IdemReport, error) {
 	if err := n.readable(); err != nil {
-		return IdemReport{}, err
+		return api.IdemReport{}, err
 	}
 	rec, ok, err := n.store.Idem(key)
 	if err != nil {
-		return IdemReport{}, err
+		return api.IdemReport{}, err
 	}
 	if !ok || rec.Expires <= n.clock.Physical() {
-		return IdemReport{}, fmt.Errorf("%w: no record of idempotency key %q on cluster %s", ErrNotFound, key, n.cluster)
+		return api.IdemReport{}, fmt.Errorf("%w: no record of idempotency key %q on cluster %s", api.ErrNotFound, key, n.cluster)
 	}
 	return idemReport(&rec), nil
 }
 
-func idemReport(rec *store.IdemRecord) IdemReport {
+func idemReport(rec *store.IdemRecord) api.IdemReport {
 	body := json.RawMessage(rec.Body)
 	if !json.Valid(body) {
 		body, _ = json.Marshal(rec.Body)
 	}
-	return IdemReport{Key: rec.Key, Status: rec.Status, Body: body, Version: rec.Stamp.String(),
+	return api.IdemReport{Key: rec.Key, Status: rec.Status, Body: body, Version: rec.Stamp.String(),
 		Origin: rec.Stamp.Origin, Expires: time.Unix(0, rec.Expires).UTC()}
 }

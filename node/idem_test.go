@@ -13,6 +13,7 @@ import (
 
 	"github.com/replicator/replicator/entry"
 	"github.com/replicator/replicator/hlc"
+	"github.com/replicator/replicator/node/api"
 	"github.com/replicator/replicator/policy"
 )
 
@@ -61,14 +62,14 @@ func TestPinOutOfWindowRefused(t *testing.T) {
 	} {
 		ctx := policy.WithKey(context.Background(), policy.Key{ID: "k", HLC: pin})
 		_, err := n.Put(ctx, "k", []byte("v"))
-		if !errors.Is(err, ErrPinOutOfWindow) {
+		if !errors.Is(err, api.ErrPinOutOfWindow) {
 			t.Fatalf("%s: %v", name, err)
 		}
 	}
 	if n.out.Last() != 0 {
 		t.Fatalf("refused pinned writes reached the WAL (%d entries)", n.out.Last())
 	}
-	if _, err := n.Get("k"); !errors.Is(err, ErrNotFound) {
+	if _, err := n.Get("k"); !errors.Is(err, api.ErrNotFound) {
 		t.Fatalf("refused pinned write stored: %v", err)
 	}
 }
@@ -127,12 +128,12 @@ func TestConcurrentFirstAttempts(t *testing.T) {
 	if err != nil || rep.Status != 200 || !bytes.Contains(rep.Body, []byte(`"version"`)) {
 		t.Fatalf("record: %+v %v", rep, err)
 	}
-	if _, err := n.Idempotency("never-used"); !errors.Is(err, ErrNotFound) {
+	if _, err := n.Idempotency("never-used"); !errors.Is(err, api.ErrNotFound) {
 		t.Fatalf("unknown key: %v", err)
 	}
 }
 
-func getRecord(t *testing.T, n *Node, key string) IdemReport {
+func getRecord(t *testing.T, n *Node, key string) api.IdemReport {
 	t.Helper()
 	r, err := n.Idempotency(key)
 	if err != nil {

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/replicator/replicator/acceptor"
+	"github.com/replicator/replicator/node/api"
 )
 
 // lagRing keeps the most recent replication lag samples (apply time minus
@@ -57,7 +58,7 @@ func (r *lagRing) add(now int64, lags []acceptor.Lag) {
 var stageNames = [3]string{"ship", "wire", "apply"}
 
 // Lag reports the replication lag of entries applied since since.
-func (n *Node) Lag(since time.Time) LagReport {
+func (n *Node) Lag(since time.Time) api.LagReport {
 	r := &n.lagRing
 	r.mu.Lock()
 	count := r.mu.next
@@ -77,7 +78,7 @@ func (n *Node) Lag(since time.Time) LagReport {
 		}
 	}
 	r.mu.Unlock()
-	rep := LagReport{Since: since, Samples: len(lags)}
+	rep := api.LagReport{Since: since, Samples: len(lags)}
 	if len(lags) == 0 {
 		return rep
 	}
@@ -85,9 +86,9 @@ func (n *Node) Lag(since time.Time) LagReport {
 	for j, d := range stages {
 		if len(d) > 0 {
 			if rep.Stages == nil {
-				rep.Stages = map[string]StageReport{}
+				rep.Stages = map[string]api.StageReport{}
 			}
-			st := StageReport{Samples: len(d)}
+			st := api.StageReport{Samples: len(d)}
 			st.P50MS, st.P90MS, st.P99MS, st.MaxMS = percentiles(d)
 			rep.Stages[stageNames[j]] = st
 		}

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/replicator/replicator/hlc"
+	"github.com/replicator/replicator/node/api"
 )
 
 // switchboard is the PeerTransport of in-process meshes: it lets the test
@@ -232,7 +233,7 @@ func TestTombstoneOutlivesDelayedOlderWrite(t *testing.T) {
 		t.Fatal(err)
 	}
 	m.settle()
-	if _, err := a.Get("k"); !errors.Is(err, ErrNotFound) {
+	if _, err := a.Get("k"); !errors.Is(err, api.ErrNotFound) {
 		t.Fatalf("a before the late write: %v", err)
 	}
 
@@ -243,7 +244,7 @@ func TestTombstoneOutlivesDelayedOlderWrite(t *testing.T) {
 
 	m.cut("c", "a", false)
 	m.settle()
-	if r, err := a.Get("k"); !errors.Is(err, ErrNotFound) {
+	if r, err := a.Get("k"); !errors.Is(err, api.ErrNotFound) {
 		t.Fatalf("c's late, older write resurrected k at a: %q %v", r.Value, err)
 	}
 	da, _ := a.Digest()

@@ -9,6 +9,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/replicator/replicator/acceptor"
+	"github.com/replicator/replicator/node/api"
 	"github.com/replicator/replicator/transport"
 )
 
@@ -130,7 +131,7 @@ var linkStates = []string{transport.StateUnknown, transport.StateHealthy, transp
 var Version = "devel"
 
 func (n *Node) collect(ch chan<- prometheus.Metric) {
-	state := map[string]float64{StateHealthy: 0, StateThrottled: 1, StateSaturated: 2}[n.Saturation().State]
+	state := map[string]float64{api.StateHealthy: 0, api.StateThrottled: 1, api.StateSaturated: 2}[n.Saturation().State]
 	ch <- prometheus.MustNewConstMetric(descSaturation, prometheus.GaugeValue, state)
 	n.sat.mu.Lock()
 	outbound := n.sat.mu.refusals

@@ -530,7 +530,7 @@ func (b *bounds) checkKey(key string) error { return api.CheckKey(key, b.opts.Ma
 // replicate, so it is refused here, naming the peer.
 func (b *bounds) checkValue(key string, size int) error {
 	if size > b.opts.MaxValueBytes {
-		return fmt.Errorf("%w: %d bytes, limit %d", ErrValueTooLarge, size, b.opts.MaxValueBytes)
+		return fmt.Errorf("%w: %d bytes, limit %d", api.ErrValueTooLarge, size, b.opts.MaxValueBytes)
 	}
 	for _, sh := range b.links() {
 		lim := sh.Limits()
@@ -539,14 +539,14 @@ func (b *bounds) checkValue(key string, size int) error {
 		}
 		peer := sh.Peer().Name
 		if lim.MaxKey > 0 && len(key) > lim.MaxKey {
-			return fmt.Errorf("%w: %d bytes; peer %s accepts keys of at most %d", ErrKeyTooLarge, len(key), peer, lim.MaxKey)
+			return fmt.Errorf("%w: %d bytes; peer %s accepts keys of at most %d", api.ErrKeyTooLarge, len(key), peer, lim.MaxKey)
 		}
 		max := int64(lim.MaxValue)
 		if body := lim.MaxBody - peerEntryOverhead - int64(len(key)); lim.MaxBody > 0 && (max <= 0 || body < max) {
 			max = body
 		}
 		if max > 0 && int64(size) > max {
-			return fmt.Errorf("%w: %d bytes; peer %s accepts at most %d (it could never replicate there)", ErrValueTooLarge, size, peer, max)
+			return fmt.Errorf("%w: %d bytes; peer %s accepts at most %d (it could never replicate there)", api.ErrValueTooLarge, size, peer, max)
 		}
 	}
 	return nil
@@ -558,12 +558,12 @@ const peerEntryOverhead = 1024
 
 // Put durably writes value at key and returns once it is fsynced and
 // applied.
-func (n *Node) Put(ctx context.Context, key string, value []byte) (WriteResult, error) {
+func (n *Node) Put(ctx context.Context, key string, value []byte) (api.WriteResult, error) {
 	return n.Propose(ctx, api.Write{Entry: entry.Entry{Op: entry.OpSet, Key: key, Value: value}})
 }
 
 // Delete durably deletes key (a tombstone, kept for the retention window).
-func (n *Node) Delete(ctx context.Context, key string) (WriteResult, error) {
+func (n *Node) Delete(ctx context.Context, key string) (api.WriteResult, error) {
 	return n.Propose(ctx, api.Write{Entry: entry.Entry{Op: entry.OpDelete, Key: key}})
 }
 
@@ -572,7 +572,7 @@ func (n *Node) Delete(ctx context.Context, key string) (WriteResult, error) {
 // precondition and idempotency key. Under an idempotency scope on ctx
 // (policy.WithKey) the write is stamped with the scope's pinned HLC, so
 // every retry ties. The other write methods are its shorthands.
-func (n *Node) Propose(ctx context.Context, w api.Write) (WriteResult, error) {
+func (n *Node) Propose(ctx context.Context, w api.Write) (api.WriteResult, error) {
 	e := w.Entry
 	var err error
 	switch {
@@ -585,10 +585,10 @@ func (n *Node) Propose(ctx context.Context, w api.Write) (WriteResult, error) {
 			err = n.bounds.checkValue(e.Key, len(e.Value))
 		}
 	default:
-		err = fmt.Errorf("%w: op %d is not a write of the API", errBadRequest, e.Op)
+		err = fmt.Errorf("%w: op %d is not a write of the API", api.ErrBadRequest, e.Op)
 	}
 	if err != nil {
-		return WriteResult{}, err
+		return api.WriteResult{}, err
 	}
 	p := &proposal{entry: e, idem: w.Keyed, cond: w.Cond, delta: w.Delta}
 	res, err := n.propose(ctx, p)
@@ -597,36 +597,36 @@ func (n *Node) Propose(ctx context.Context, w api.Write) (WriteResult, error) {
 }
 
 // propose runs a prepared proposal through admission and the committer.
-func (n *Node) propose(ctx context.Context, p *proposal) (WriteResult, error) {
+func (n *Node) propose(ctx context.Context, p *proposal) (api.WriteResult, error) {
 	e := p.entry
 	idem := p.idem
 	if n.closing.Load() {
-		return WriteResult{}, fmt.Errorf("%w: %w", ErrClosed, ErrNotWritten)
+		return api.WriteResult{}, fmt.Errorf("%w: %w", api.ErrClosed, api.ErrNotWritten)
 	}
 	if err := n.lead.awaitTerm(ctx); err != nil {
-		return WriteResult{}, err
+		return api.WriteResult{}, err
 	}
 	select {
 	case <-n.rejoin.fence:
 	case <-ctx.Done():
-		return WriteResult{}, fmt.Errorf("%w: waiting for the peers to confirm this stream's identity: %w", ErrNotWritten, ctx.Err())
+		return api.WriteResult{}, fmt.Errorf("%w: waiting for the peers to confirm this stream's identity: %w", api.ErrNotWritten, ctx.Err())
 	}
 	if err := n.sat.admit(ctx); err != nil {
-		return WriteResult{}, err
+		return api.WriteResult{}, err
 	}
 	if k, ok := policy.KeyFrom(ctx); ok && idem == nil {
 		p.pin = k.HLC
 		p.idem = scopedWrite(k, p)
 	}
 	if err := n.com.propose(ctx, p); err != nil {
-		return WriteResult{}, err
+		return api.WriteResult{}, err
 	}
 	if p.replay != nil {
-		return WriteResult{Key: e.Key, Version: p.replay.Stamp.String(), Origin: p.replay.Stamp.Origin,
+		return api.WriteResult{Key: e.Key, Version: p.replay.Stamp.String(), Origin: p.replay.Stamp.Origin,
 			Outcome: entry.Duplicate, Replay: p.replay}, nil
 	}
 	st := p.entry.LWW()
-	return WriteResult{Key: e.Key, Version: st.String(), Origin: st.Origin, Outcome: p.outcome, Index: p.entry.Index}, nil
+	return api.WriteResult{Key: e.Key, Version: st.String(), Origin: st.Origin, Outcome: p.outcome, Index: p.entry.Index}, nil
 }
 
 // checkPin refuses a pinned stamp older than the pin window of the commit
@@ -634,11 +634,11 @@ func (n *Node) propose(ctx context.Context, p *proposal) (WriteResult, error) {
 // physical clock than the max offset.
 func (b *bounds) checkPin(pin, commit hlc.Timestamp) error {
 	if pin.Wall < commit.Wall-int64(b.opts.PinWindow) {
-		return fmt.Errorf("%w: %s is %s older than the commit clock %s (pin window %s)", ErrPinOutOfWindow,
+		return fmt.Errorf("%w: %s is %s older than the commit clock %s (pin window %s)", api.ErrPinOutOfWindow,
 			pin, time.Duration(commit.Wall-pin.Wall).Round(time.Millisecond), commit, b.opts.PinWindow)
 	}
 	if err := b.clock.CheckOffset(pin); err != nil {
-		return fmt.Errorf("%w: %w", ErrPinOutOfWindow, err)
+		return fmt.Errorf("%w: %w", api.ErrPinOutOfWindow, err)
 	}
 	return nil
 }
@@ -654,9 +654,9 @@ func (n *Node) Get(key string) (store.Record, error) {
 	r, err := n.store.Get(key)
 	switch {
 	case err == nil && r.Tombstone:
-		return store.Record{}, &NotFoundError{Key: key, Deleted: r.Stamp.String()}
+		return store.Record{}, &api.NotFoundError{Key: key, Deleted: r.Stamp.String()}
 	case errors.Is(err, store.ErrNotFound):
-		nf := &NotFoundError{Key: key}
+		nf := &api.NotFoundError{Key: key}
 		if cut, err := n.machine.CollectedBelow(); err == nil && !cut.IsZero() {
 			nf.CollectedBelow = cut.String()
 		}
@@ -684,7 +684,7 @@ func (n *Node) Digest() (store.Digest, error) {
 // Ready reports whether the node takes writes, and why not.
 func (n *Node) Ready() error {
 	if n.closing.Load() {
-		return ErrClosed
+		return api.ErrClosed
 	}
 	if err := n.FatalErr(); err != nil {
 		return err
@@ -697,11 +697,11 @@ func (n *Node) Ready() error {
 	}
 	if n.multi() {
 		if id, _ := n.group.Leader(); id == "" {
-			return fmt.Errorf("%w: this node knows no leader of its cluster (an election, or a majority down)", ErrNotWritten)
+			return fmt.Errorf("%w: this node knows no leader of its cluster (an election, or a majority down)", api.ErrNotWritten)
 		}
 	}
-	if r := n.Saturation(); r.State == StateSaturated {
-		return fmt.Errorf("%w: %s (peer %s)", ErrSaturated, r.Cause, r.Peer)
+	if r := n.Saturation(); r.State == api.StateSaturated {
+		return fmt.Errorf("%w: %s (peer %s)", api.ErrSaturated, r.Cause, r.Peer)
 	}
 	return nil
 }

@@ -23,6 +23,7 @@ import (
 	"github.com/replicator/replicator/entry"
 	"github.com/replicator/replicator/hlc"
 	"github.com/replicator/replicator/machine"
+	"github.com/replicator/replicator/node/api"
 	"github.com/replicator/replicator/origin"
 	"github.com/replicator/replicator/store"
 	"github.com/replicator/replicator/wal"
@@ -103,7 +104,7 @@ func TestPutGetDeleteScan(t *testing.T) {
 	if _, err := n.Delete(ctx, "a/2"); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := n.Get("a/2"); !errors.Is(err, ErrNotFound) {
+	if _, err := n.Get("a/2"); !errors.Is(err, api.ErrNotFound) {
 		t.Fatalf("deleted key: %v", err)
 	}
 	items, next, err := n.Scan(store.ScanOptions{Prefix: "a/"})
@@ -171,7 +172,7 @@ func TestRecoveryReplaysLog(t *testing.T) {
 	if len(items) != 300 {
 		t.Fatalf("replayed %d of 300 entries", len(items))
 	}
-	if _, err := n.Get("before"); !errors.Is(err, ErrNotFound) {
+	if _, err := n.Get("before"); !errors.Is(err, api.ErrNotFound) {
 		t.Fatalf("replayed delete not applied: %v", err)
 	}
 	r, _ := n.Put(context.Background(), "new", []byte("y"))
@@ -321,10 +322,10 @@ func TestValidation(t *testing.T) {
 		value []byte
 		want  error
 	}{
-		{"", nil, ErrInvalidKey},
-		{"\xff\xfe", nil, ErrInvalidKey},
-		{"12345678901", nil, ErrKeyTooLarge},
-		{"k", make([]byte, 21), ErrValueTooLarge},
+		{"", nil, api.ErrInvalidKey},
+		{"\xff\xfe", nil, api.ErrInvalidKey},
+		{"12345678901", nil, api.ErrKeyTooLarge},
+		{"k", make([]byte, 21), api.ErrValueTooLarge},
 	} {
 		if _, err := n.Put(ctx, tc.key, tc.value); !errors.Is(err, tc.want) {
 			t.Errorf("put %q (%d bytes): %v, want %v", tc.key, len(tc.value), err, tc.want)
@@ -350,7 +351,7 @@ func TestGracefulShutdown(t *testing.T) {
 			for i := 0; ; i++ {
 				k := fmt.Sprintf("w%d-%d", w, i)
 				if _, err := n.Put(context.Background(), k, []byte("v")); err != nil {
-					if !errors.Is(err, ErrClosed) {
+					if !errors.Is(err, api.ErrClosed) {
 						t.Errorf("write during shutdown: %v", err)
 					}
 					return
@@ -543,7 +544,7 @@ func TestDiskFullRefusesAndRecovers(t *testing.T) {
 	os.WriteFile(full, []byte("full"), 0o644)
 	last := n.out.Last()
 	_, err := n.Put(ctx, "during", []byte("v"))
-	if !errors.Is(err, ErrNotWritten) || !strings.Contains(err.Error(), "no space left") {
+	if !errors.Is(err, api.ErrNotWritten) || !strings.Contains(err.Error(), "no space left") {
 		t.Fatalf("write on a full disk: %v", err)
 	}
 	resp, b := do(t, "PUT", n.URL()+"/v1/kv/during", strings.NewReader("v"))
@@ -553,7 +554,7 @@ func TestDiskFullRefusesAndRecovers(t *testing.T) {
 	if n.out.Last() != last {
 		t.Fatal("a refused write reached the WAL")
 	}
-	if _, err := n.Get("during"); !errors.Is(err, ErrNotFound) {
+	if _, err := n.Get("during"); !errors.Is(err, api.ErrNotFound) {
 		t.Fatalf("a refused write is readable: %v", err)
 	}
 	if r, err := n.Get("before"); err != nil || string(r.Value) != "v" {

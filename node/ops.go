@@ -29,7 +29,7 @@ type bounds struct {
 }
 
 // condPtr is c, or nil when it asks nothing.
-func condPtr(c Condition) *Condition {
+func condPtr(c api.Condition) *api.Condition {
 	if c.IfMatch == "" && !c.IfNoneMatch {
 		return nil
 	}
@@ -38,19 +38,19 @@ func condPtr(c Condition) *Condition {
 
 // PutIf writes value at key if the condition holds (ErrPrecondition, a
 // *PreconditionError with the current version, otherwise).
-func (n *Node) PutIf(ctx context.Context, key string, value []byte, c Condition) (WriteResult, error) {
+func (n *Node) PutIf(ctx context.Context, key string, value []byte, c api.Condition) (api.WriteResult, error) {
 	return n.Propose(ctx, api.Write{Entry: entry.Entry{Op: entry.OpSet, Key: key, Value: value}, Cond: condPtr(c)})
 }
 
 // DeleteIf deletes key if the condition holds.
-func (n *Node) DeleteIf(ctx context.Context, key string, c Condition) (WriteResult, error) {
+func (n *Node) DeleteIf(ctx context.Context, key string, c api.Condition) (api.WriteResult, error) {
 	return n.Propose(ctx, api.Write{Entry: entry.Entry{Op: entry.OpDelete, Key: key}, Cond: condPtr(c)})
 }
 
 // DeleteRange deletes every key in [start, end) (end "" = to the end of the
 // key space) as of one stamp, on every cluster: keys with an older stamp go,
 // newer writes survive, and older writes that arrive later stay deleted.
-func (n *Node) DeleteRange(ctx context.Context, start, end string) (WriteResult, error) {
+func (n *Node) DeleteRange(ctx context.Context, start, end string) (api.WriteResult, error) {
 	return n.Propose(ctx, api.Write{Entry: entry.Entry{Op: entry.OpDeleteRange, Key: start, End: end}})
 }
 
@@ -58,7 +58,7 @@ func (n *Node) DeleteRange(ctx context.Context, start, end string) (WriteResult,
 func (b *bounds) checkRange(start, end string) error {
 	if end == "" && strings.Trim(start, "\x00") == "" {
 		// [NUL..., end of the key space) holds every key there is.
-		return fmt.Errorf("%w: the range [%q, end) holds every key; deleting everything is not an API call", errBadRequest, start)
+		return fmt.Errorf("%w: the range [%q, end) holds every key; deleting everything is not an API call", api.ErrBadRequest, start)
 	}
 	if err := errors.Join(b.checkKey(start), b.checkValue(start, 0)); err != nil {
 		return fmt.Errorf("start: %w", err)
@@ -68,7 +68,7 @@ func (b *bounds) checkRange(start, end string) error {
 			return fmt.Errorf("end: %w", err)
 		}
 		if end <= start {
-			return fmt.Errorf("%w: the range [%q, %q) is empty", ErrInvalidKey, start, end)
+			return fmt.Errorf("%w: the range [%q, %q) is empty", api.ErrInvalidKey, start, end)
 		}
 	}
 	return nil
@@ -77,11 +77,11 @@ func (b *bounds) checkRange(start, end string) error {
 // Increment adds delta (negative decrements) to the PN-counter at key. The
 // write carries this cluster's resulting totals, so a re-applied increment
 // is a no-op wherever it lands.
-func (n *Node) Increment(ctx context.Context, key string, delta int64) (CounterResult, error) {
+func (n *Node) Increment(ctx context.Context, key string, delta int64) (api.CounterResult, error) {
 	res, err := n.Propose(ctx, api.Write{Entry: entry.Entry{Op: entry.OpCounter, Key: key}, Delta: delta,
 		Keyed: scopedIncrement(ctx, key, delta)})
 	if err != nil {
-		return CounterResult{}, err
+		return api.CounterResult{}, err
 	}
 	c, err := n.Counter(key)
 	c.Origin = res.Origin
@@ -136,19 +136,19 @@ func scopedIncrement(ctx context.Context, key string, delta int64) *api.Keyed {
 }
 
 // Counter reads a counter (ErrNotFound when the key holds none).
-func (n *Node) Counter(key string) (CounterResult, error) {
+func (n *Node) Counter(key string) (api.CounterResult, error) {
 	if err := n.bounds.checkKey(key); err != nil {
-		return CounterResult{}, err
+		return api.CounterResult{}, err
 	}
 	if err := n.readable(); err != nil {
-		return CounterResult{}, err
+		return api.CounterResult{}, err
 	}
 	c, err := n.store.Counter(key)
 	if errors.Is(err, store.ErrNotFound) {
-		return CounterResult{}, fmt.Errorf("%w: no counter %q", ErrNotFound, key)
+		return api.CounterResult{}, fmt.Errorf("%w: no counter %q", api.ErrNotFound, key)
 	}
 	if err != nil {
-		return CounterResult{}, err
+		return api.CounterResult{}, err
 	}
 	// Totals are kept per stream (see entry.Component); a reader wants them
 	// per cluster.
@@ -160,24 +160,24 @@ func (n *Node) Counter(key string) (CounterResult, error) {
 		sum.N += t.N
 		totals[cl] = sum
 	}
-	return CounterResult{Key: key, Value: c.Value(), Version: c.Stamp.String(), Totals: totals, Components: c.Totals}, nil
+	return api.CounterResult{Key: key, Value: c.Value(), Version: c.Stamp.String(), Totals: totals, Components: c.Totals}, nil
 }
 
 // Batch applies ops atomically under one stamp: one WAL entry, one Pebble
 // batch here and at every peer, never partly visible.
-func (n *Node) Batch(ctx context.Context, ops []BatchOp) (WriteResult, error) {
+func (n *Node) Batch(ctx context.Context, ops []api.BatchOp) (api.WriteResult, error) {
 	if ops == nil {
-		ops = []BatchOp{} // refused as empty, as a batch
+		ops = []api.BatchOp{} // refused as empty, as a batch
 	}
 	return n.Propose(ctx, api.Write{Ops: ops})
 }
 
-func (b *bounds) batchEntry(ops []BatchOp) (entry.Entry, error) {
+func (b *bounds) batchEntry(ops []api.BatchOp) (entry.Entry, error) {
 	if len(ops) == 0 {
-		return entry.Entry{}, fmt.Errorf("%w: a batch needs at least one op", errBadRequest)
+		return entry.Entry{}, fmt.Errorf("%w: a batch needs at least one op", api.ErrBadRequest)
 	}
 	if len(ops) > wire.MaxBatchOps {
-		return entry.Entry{}, fmt.Errorf("%w: %d ops, limit %d", errBadRequest, len(ops), wire.MaxBatchOps)
+		return entry.Entry{}, fmt.Errorf("%w: %d ops, limit %d", api.ErrBadRequest, len(ops), wire.MaxBatchOps)
 	}
 	// One stamp for every op: a key twice would tie with itself, and the
 	// first would win; keep the last, as a caller reading the list expects.
@@ -195,7 +195,7 @@ func (b *bounds) batchEntry(ops []BatchOp) (entry.Entry, error) {
 			return e, fmt.Errorf("op %d: %w", i, err)
 		}
 		if op.Delete && len(op.Value) > 0 {
-			return e, fmt.Errorf("%w: op %d deletes %q with a value", errBadRequest, i, op.Key)
+			return e, fmt.Errorf("%w: op %d deletes %q with a value", api.ErrBadRequest, i, op.Key)
 		}
 		size += len(op.Key) + len(op.Value)
 		if last[op.Key] != i {
@@ -208,7 +208,7 @@ func (b *bounds) batchEntry(ops []BatchOp) (entry.Entry, error) {
 		e.Ops = append(e.Ops, w)
 	}
 	if int64(size) > b.opts.MaxReplicateBytes/2 {
-		return e, fmt.Errorf("%w: a batch of %d bytes would not fit a replication batch", ErrValueTooLarge, size)
+		return e, fmt.Errorf("%w: a batch of %d bytes would not fit a replication batch", api.ErrValueTooLarge, size)
 	}
 	if err := b.checkValue("", size); err != nil {
 		return e, fmt.Errorf("the batch as a whole: %w", err)

@@ -10,34 +10,35 @@ import (
 	"testing"
 	"time"
 
+	"github.com/replicator/replicator/node/api"
 	"github.com/replicator/replicator/store"
 )
 
 func TestConditionalWrites(t *testing.T) {
 	n := startNode(t, testOptions(t.TempDir()))
 	ctx := context.Background()
-	var pe *PreconditionError
-	if _, err := n.PutIf(ctx, "cas", []byte("x"), Condition{IfMatch: "1.0@a"}); !errors.As(err, &pe) || pe.Current != "" {
+	var pe *api.PreconditionError
+	if _, err := n.PutIf(ctx, "cas", []byte("x"), api.Condition{IfMatch: "1.0@a"}); !errors.As(err, &pe) || pe.Current != "" {
 		t.Fatalf("If-Match on an absent key: %v", err)
 	}
-	r1, err := n.PutIf(ctx, "cas", []byte("one"), Condition{IfNoneMatch: true})
+	r1, err := n.PutIf(ctx, "cas", []byte("one"), api.Condition{IfNoneMatch: true})
 	if err != nil {
 		t.Fatalf("get-or-set on an absent key: %v", err)
 	}
-	if _, err := n.PutIf(ctx, "cas", []byte("two"), Condition{IfNoneMatch: true}); !errors.As(err, &pe) || pe.Current != r1.Version {
+	if _, err := n.PutIf(ctx, "cas", []byte("two"), api.Condition{IfNoneMatch: true}); !errors.As(err, &pe) || pe.Current != r1.Version {
 		t.Fatalf("get-or-set on an existing key: %v", err)
 	}
-	if _, err := n.PutIf(ctx, "cas", []byte("two"), Condition{IfMatch: "9.9@z"}); !errors.As(err, &pe) || pe.Current != r1.Version {
+	if _, err := n.PutIf(ctx, "cas", []byte("two"), api.Condition{IfMatch: "9.9@z"}); !errors.As(err, &pe) || pe.Current != r1.Version {
 		t.Fatalf("set-if-version mismatch: %v", err)
 	}
-	r2, err := n.PutIf(ctx, "cas", []byte("two"), Condition{IfMatch: r1.Version})
+	r2, err := n.PutIf(ctx, "cas", []byte("two"), api.Condition{IfMatch: r1.Version})
 	if err != nil {
 		t.Fatalf("set-if-version match: %v", err)
 	}
-	if _, err := n.DeleteIf(ctx, "cas", Condition{IfMatch: r1.Version}); !errors.Is(err, ErrPrecondition) {
+	if _, err := n.DeleteIf(ctx, "cas", api.Condition{IfMatch: r1.Version}); !errors.Is(err, api.ErrPrecondition) {
 		t.Fatalf("delete-if-version with a stale version: %v", err)
 	}
-	if _, err := n.DeleteIf(ctx, "cas", Condition{IfMatch: r2.Version}); err != nil {
+	if _, err := n.DeleteIf(ctx, "cas", api.Condition{IfMatch: r2.Version}); err != nil {
 		t.Fatalf("delete-if-version: %v", err)
 	}
 	// Two conditional writes racing on one version: exactly one wins.
@@ -49,11 +50,11 @@ func TestConditionalWrites(t *testing.T) {
 		wg.Add(1)
 		go func(i int) {
 			defer wg.Done()
-			if _, err := n.PutIf(ctx, "race", []byte(fmt.Sprint(i)), Condition{IfMatch: r3.Version}); err == nil {
+			if _, err := n.PutIf(ctx, "race", []byte(fmt.Sprint(i)), api.Condition{IfMatch: r3.Version}); err == nil {
 				mu.Lock()
 				wins++
 				mu.Unlock()
-			} else if !errors.Is(err, ErrPrecondition) {
+			} else if !errors.Is(err, api.ErrPrecondition) {
 				t.Error(err)
 			}
 		}(i)
@@ -98,11 +99,11 @@ func TestCountersAndKinds(t *testing.T) {
 	if err != nil || c.Value != want || c.Totals["a"].P != 8*40 || c.Totals["a"].N != 8*10*2 {
 		t.Fatalf("counter %+v %v, want value %d", c, err, want)
 	}
-	if _, err := n.Put(ctx, "hits", []byte("x")); !errors.Is(err, ErrKindConflict) {
+	if _, err := n.Put(ctx, "hits", []byte("x")); !errors.Is(err, api.ErrKindConflict) {
 		t.Fatalf("plain write on a counter: %v", err)
 	}
 	n.Put(ctx, "plain", []byte("x"))
-	if _, err := n.Increment(ctx, "plain", 1); !errors.Is(err, ErrKindConflict) {
+	if _, err := n.Increment(ctx, "plain", 1); !errors.Is(err, api.ErrKindConflict) {
 		t.Fatalf("increment of a plain key: %v", err)
 	}
 	// over HTTP
@@ -111,7 +112,7 @@ func TestCountersAndKinds(t *testing.T) {
 		t.Fatalf("POST counter: %d %s", resp.StatusCode, b)
 	}
 	resp, b = do(t, "GET", n.URL()+"/v1/counters/hits", nil)
-	var got CounterResult
+	var got api.CounterResult
 	json.Unmarshal(b, &got)
 	if resp.StatusCode != 200 || got.Value != want+5 {
 		t.Fatalf("GET counter: %d %s", resp.StatusCode, b)
@@ -167,7 +168,7 @@ func TestAtomicBatchAndRangeDelete(t *testing.T) {
 		t.Fatalf("refused batches wrote: %d", n.out.Last())
 	}
 	// the same key twice in one batch: the last op wins
-	if _, err := n.Batch(context.Background(), []BatchOp{{Key: "dup", Value: []byte("first")}, {Key: "dup", Delete: true}, {Key: "dup", Value: []byte("last")}}); err != nil {
+	if _, err := n.Batch(context.Background(), []api.BatchOp{{Key: "dup", Value: []byte("first")}, {Key: "dup", Delete: true}, {Key: "dup", Value: []byte("last")}}); err != nil {
 		t.Fatal(err)
 	}
 	if r, _ := n.Get("dup"); string(r.Value) != "last" {
@@ -203,7 +204,7 @@ func TestBulkLoad(t *testing.T) {
 		fmt.Fprintf(&sb, `{"key":"bulk/%05d","value":"v%d"}`+"\n", i, i)
 	}
 	resp, b := do(t, "POST", n.URL()+"/v1/bulk", strings.NewReader(sb.String()), "Content-Type", "application/x-ndjson")
-	var res BulkResult
+	var res api.BulkResult
 	json.Unmarshal(b, &res)
 	if resp.StatusCode != 200 || res.Loaded != 2500 || res.Batches != 3 {
 		t.Fatalf("bulk: %d %s", resp.StatusCode, b)
@@ -257,9 +258,9 @@ func TestBatchNeverPartlyVisible(t *testing.T) {
 		}
 	}()
 	for i := 0; i < 100; i++ {
-		ops := make([]BatchOp, 20)
+		ops := make([]api.BatchOp, 20)
 		for j := range ops {
-			ops[j] = BatchOp{Key: fmt.Sprintf("g/%02d", j), Value: []byte(fmt.Sprint(i))}
+			ops[j] = api.BatchOp{Key: fmt.Sprintf("g/%02d", j), Value: []byte(fmt.Sprint(i))}
 		}
 		if _, err := a.Batch(context.Background(), ops); err != nil {
 			t.Fatal(err)

@@ -11,6 +11,7 @@ import (
 
 	"github.com/replicator/replicator/acceptor"
 	"github.com/replicator/replicator/hlc"
+	"github.com/replicator/replicator/node/api"
 	"github.com/replicator/replicator/origin"
 	"github.com/replicator/replicator/store"
 	"github.com/replicator/replicator/transport"
@@ -148,7 +149,7 @@ type Options struct {
 	TruncateInterval time.Duration
 	// WaterMarks bound each peer link's backlog (defaults: high 2,000,000
 	// entries, 1 GiB, 1h; low half of each). See WaterMarks.
-	WaterMarks WaterMarks
+	WaterMarks api.WaterMarks
 	// AdmissionWait is how long a local write waits for a saturated node
 	// to clear before it is refused. Default 5s; negative refuses at once.
 	AdmissionWait time.Duration
@@ -453,7 +454,7 @@ func (o *Options) Validate() error {
 		if p.Secret == "" && !o.InsecurePeers && o.TLSClientCA == "" {
 			add("peer %q has no secret (--peer-secret %s=SECRET, mutual TLS with --tls-client-ca, or --insecure-peers)", p.Name, p.Name)
 		}
-		if p.Overflow != "" && p.Overflow != OverflowReject && p.Overflow != OverflowDetach {
+		if p.Overflow != "" && p.Overflow != api.OverflowReject && p.Overflow != api.OverflowDetach {
 			add("peer %q: overflow %q, want reject or detach", p.Name, p.Overflow)
 		}
 	}

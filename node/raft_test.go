@@ -26,6 +26,7 @@ import (
 	ports "github.com/replicator/replicator/internal/loopback"
 	"github.com/replicator/replicator/internal/raftconn"
 	"github.com/replicator/replicator/machine"
+	"github.com/replicator/replicator/node/api"
 	"github.com/replicator/replicator/origin"
 	"github.com/replicator/replicator/policy"
 	"github.com/replicator/replicator/store"
@@ -245,7 +246,7 @@ func TestClusterOfThreeNodes(t *testing.T) {
 	}
 	// The go API at a follower does not stamp: not written, naming the
 	// leader.
-	if _, err := c.nodes[f].Put(ctx, "direct", []byte("v")); !errors.Is(err, ErrNotWritten) {
+	if _, err := c.nodes[f].Put(ctx, "direct", []byte("v")); !errors.Is(err, api.ErrNotWritten) {
 		t.Fatalf("a write at a follower through the Go API: %v", err)
 	}
 	// The report lists the three nodes, one leader, all applied.
@@ -858,7 +859,7 @@ func TestRecoveryRecordsTheLostAndSealsOnce(t *testing.T) {
 						why = nd2.FatalErr().Error()
 					case <-time.After(15 * time.Second):
 					}
-					if _, err := nd2.Get("after"); !errors.Is(err, ErrNotFound) {
+					if _, err := nd2.Get("after"); !errors.Is(err, api.ErrNotFound) {
 						t.Fatalf("the lost node %s holds a write of the recovered cluster: %v", back, err)
 					}
 					nd2.Close()
@@ -1020,7 +1021,7 @@ func TestRetryAtALeaderWhoseClockIsBehindIsAnsweredFromItsRecord(t *testing.T) {
 	// A new write under another scope pinned 2 s ahead is still refused:
 	// the pin check stands for what did not apply.
 	fresh := policy.WithKey(context.Background(), policy.KeyFromID("order-18", time.Now()))
-	if _, err := c.nodes[next].Put(fresh, "order/18", []byte("paid")); !errors.Is(err, ErrPinOutOfWindow) {
+	if _, err := c.nodes[next].Put(fresh, "order/18", []byte("paid")); !errors.Is(err, api.ErrPinOutOfWindow) {
 		t.Fatalf("a new write pinned 2 s ahead of the leader's clock: %v", err)
 	}
 }
@@ -1330,7 +1331,7 @@ func TestImpostorOfTheLeaderGetsNoRequests(t *testing.T) {
 			t.Fatalf("a write the follower acknowledged is not on the leader: %v %v", rec, err)
 		}
 	}
-	var rep ClusterReport
+	var rep api.ClusterReport
 	if _, err := cl.Do(ctx, http.MethodGet, "/admin/cluster", nil, nil, &rep); err != nil {
 		t.Fatal(err)
 	}

@@ -3,6 +3,8 @@ package node
 import (
 	"fmt"
 	"sync/atomic"
+
+	"github.com/replicator/replicator/node/api"
 )
 
 // After a start, a node of several answers local reads only once it applied
@@ -36,7 +38,7 @@ type readGate struct {
 // readable reports whether local reads may be answered, or why not.
 func (n *Node) readable() error {
 	if n.restoring.Load() {
-		return fmt.Errorf("%w: installing the leader's snapshot of the tree (this node lagged behind the log)", ErrCatchingUp)
+		return fmt.Errorf("%w: installing the leader's snapshot of the tree (this node lagged behind the log)", api.ErrCatchingUp)
 	}
 	if n.reads.open.Load() || !n.multi() || n.group == nil {
 		return nil
@@ -53,5 +55,5 @@ func (n *Node) readable() error {
 		return nil
 	}
 	return fmt.Errorf("%w: this node restarted and has applied its log up to %d of the %d it held (what it may have acknowledged before it stopped)",
-		ErrCatchingUp, applied, n.reads.startLast)
+		api.ErrCatchingUp, applied, n.reads.startLast)
 }

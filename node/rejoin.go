@@ -10,6 +10,7 @@ import (
 	"github.com/replicator/replicator/entry"
 	"github.com/replicator/replicator/hlc"
 	"github.com/replicator/replicator/machine"
+	"github.com/replicator/replicator/node/api"
 	"github.com/replicator/replicator/store"
 	"github.com/replicator/replicator/transport"
 	"github.com/replicator/replicator/wire"
@@ -194,7 +195,7 @@ func (j *rejoiner) sealStream(old entry.StreamID, why string) error {
 	c.groupMu.Lock()
 	defer c.groupMu.Unlock()
 	if n.closing.Load() {
-		return ErrClosed
+		return api.ErrClosed
 	}
 	if n.out.Stream() != old {
 		return nil
@@ -407,9 +408,9 @@ func (j *rejoiner) onReseedDone(peer string, requested, rejoin bool) {
 	}
 }
 
-func (j *rejoiner) rejoinReport() RejoinReport {
+func (j *rejoiner) rejoinReport() api.RejoinReport {
 	n := j.n
-	var r RejoinReport
+	var r api.RejoinReport
 	if rj, err := n.store.Rejoin(); err == nil {
 		for p, ph := range rj {
 			if r.Phases == nil {

@@ -12,6 +12,7 @@ import (
 	"github.com/replicator/replicator/client"
 	"github.com/replicator/replicator/hlc"
 	"github.com/replicator/replicator/machine"
+	"github.com/replicator/replicator/node/api"
 	"github.com/replicator/replicator/transport"
 	"github.com/replicator/replicator/wire"
 )
@@ -425,7 +426,7 @@ func (r *replication) shipper(peer string) (*transport.Shipper, error) {
 			return sh, nil
 		}
 	}
-	return nil, fmt.Errorf("%w: no peer %q", ErrNotFound, peer)
+	return nil, fmt.Errorf("%w: no peer %q", api.ErrNotFound, peer)
 }
 
 // PausePeer stops shipping to a peer (its backlog is still retained).

@@ -9,11 +9,12 @@ import (
 	"time"
 
 	"github.com/replicator/replicator/acceptor"
+	"github.com/replicator/replicator/node/api"
 	"github.com/replicator/replicator/transport"
 )
 
 type saturation struct {
-	marks    WaterMarks
+	marks    api.WaterMarks
 	wait     time.Duration // how long a write waits for saturation to clear
 	overflow map[string]string
 	log      *slog.Logger
@@ -41,7 +42,7 @@ type saturation struct {
 }
 
 func (s *saturation) init() {
-	s.mu.state = StateHealthy
+	s.mu.state = api.StateHealthy
 	s.mu.since = time.Now()
 	s.mu.changed = make(chan struct{})
 }
@@ -65,7 +66,7 @@ var monoStart = time.Now()
 // evaluateSaturation measures every retained link against the water marks,
 // detaches links in overflow mode detach, and moves the node's state. It
 // runs at most once a millisecond unless forced.
-func (s *saturation) evaluate(force bool) SaturationReport {
+func (s *saturation) evaluate(force bool) api.SaturationReport {
 	s.mu.Lock()
 	if !force && time.Since(s.mu.evaluated) < time.Millisecond {
 		r := s.reportLocked()
@@ -86,7 +87,7 @@ func (s *saturation) evaluate(force bool) SaturationReport {
 		bl := sh.Backlog(s.oldest)
 		s.metrics.backlog(sh.Peer().Name, bl)
 		if c := over(bl, wm.HighEntries, wm.HighBytes, wm.HighAge); c != "" {
-			if s.overflow[sh.Peer().Name] == OverflowDetach {
+			if s.overflow[sh.Peer().Name] == api.OverflowDetach {
 				sh.Detach("overflow: " + c)
 				s.metrics.detached.WithLabelValues(sh.Peer().Name).Inc()
 				continue
@@ -103,14 +104,14 @@ func (s *saturation) evaluate(force bool) SaturationReport {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.mu.evaluated = time.Now()
-	state, peer, cause := StateHealthy, "", ""
+	state, peer, cause := api.StateHealthy, "", ""
 	switch {
 	case highPeer != "":
-		state, peer, cause = StateSaturated, highPeer, highCause
-	case lowPeer != "" && s.mu.state == StateSaturated:
-		state, peer, cause = StateSaturated, lowPeer, "draining: "+lowCause+" (low-water mark)"
+		state, peer, cause = api.StateSaturated, highPeer, highCause
+	case lowPeer != "" && s.mu.state == api.StateSaturated:
+		state, peer, cause = api.StateSaturated, lowPeer, "draining: "+lowCause+" (low-water mark)"
 	case lowPeer != "":
-		state, peer, cause = StateThrottled, lowPeer, lowCause
+		state, peer, cause = api.StateThrottled, lowPeer, lowCause
 	}
 	if state != s.mu.state {
 		s.log.Warn("saturation state changed", "from", s.mu.state, "to", state, "peer", peer, "cause", cause)
@@ -119,19 +120,19 @@ func (s *saturation) evaluate(force bool) SaturationReport {
 		s.mu.changed = make(chan struct{})
 	}
 	s.mu.state, s.mu.peer, s.mu.cause = state, peer, cause
-	s.saturated.Store(state == StateSaturated)
+	s.saturated.Store(state == api.StateSaturated)
 	s.evaluatedAt.Store(int64(time.Since(monoStart)))
 	return s.reportLocked()
 }
 
 // REQUIRES: n.sat.mu held.
-func (s *saturation) reportLocked() SaturationReport {
-	return SaturationReport{State: s.mu.state, Cause: s.mu.cause, Peer: s.mu.peer, Since: s.mu.since,
+func (s *saturation) reportLocked() api.SaturationReport {
+	return api.SaturationReport{State: s.mu.state, Cause: s.mu.cause, Peer: s.mu.peer, Since: s.mu.since,
 		Thresholds: s.marks, Refusals: s.mu.refusals}
 }
 
 // Saturation reports the node's saturation state.
-func (n *Node) Saturation() SaturationReport { return n.sat.evaluate(true) }
+func (n *Node) Saturation() api.SaturationReport { return n.sat.evaluate(true) }
 
 // admit lets a local write in unless the node is saturated; then it waits up
 // to the admission budget for the state to clear, and refuses.
@@ -146,7 +147,7 @@ func (s *saturation) admit(ctx context.Context) error {
 	start := time.Now()
 	for {
 		r := s.evaluate(false)
-		if r.State != StateSaturated {
+		if r.State != api.StateSaturated {
 			return nil
 		}
 		waited := time.Since(start)
@@ -154,7 +155,7 @@ func (s *saturation) admit(ctx context.Context) error {
 			s.mu.Lock()
 			s.mu.refusals++
 			s.mu.Unlock()
-			return &SaturatedError{Source: acceptor.SourceOutboundBacklog, Peer: r.Peer, Cause: r.Cause, Waited: waited}
+			return &api.SaturatedError{Source: acceptor.SourceOutboundBacklog, Peer: r.Peer, Cause: r.Cause, Waited: waited}
 		}
 		s.mu.Lock()
 		changed := s.mu.changed
@@ -163,7 +164,7 @@ func (s *saturation) admit(ctx context.Context) error {
 		select {
 		case <-ctx.Done():
 			t.Stop()
-			return fmt.Errorf("%w: %w", ErrNotWritten, ctx.Err())
+			return fmt.Errorf("%w: %w", api.ErrNotWritten, ctx.Err())
 		case <-changed:
 		case <-t.C:
 		}

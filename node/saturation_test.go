@@ -9,6 +9,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/replicator/replicator/node/api"
 )
 
 // TestPermitRefusalsRetried: with one replay permit and a queue of one,
@@ -69,13 +71,13 @@ func TestPermitRefusalsRetried(t *testing.T) {
 // once the peer drains below the low-water mark writes are taken again.
 func TestSaturationRefusesAndRecovers(t *testing.T) {
 	m := newTestMesh(t, nil, func(o *Options) {
-		o.WaterMarks = WaterMarks{HighEntries: 50, LowEntries: 20}
+		o.WaterMarks = api.WaterMarks{HighEntries: 50, LowEntries: 20}
 		o.AdmissionWait = -1
 	}, "a", "b")
 	a := m.nodes["a"]
 	m.cut("a", "b", true)
 	ctx := context.Background()
-	var refused *SaturatedError
+	var refused *api.SaturatedError
 	for i := 0; i < 200 && refused == nil; i++ {
 		_, err := a.Put(ctx, fmt.Sprint("k", i), []byte("v"))
 		if err != nil && !errors.As(err, &refused) {
@@ -86,7 +88,7 @@ func TestSaturationRefusesAndRecovers(t *testing.T) {
 		t.Fatalf("no refusal naming the source and peer: %+v", refused)
 	}
 	last := a.out.Last()
-	if _, err := a.Put(ctx, "more", []byte("v")); !errors.Is(err, ErrSaturated) || a.out.Last() != last {
+	if _, err := a.Put(ctx, "more", []byte("v")); !errors.Is(err, api.ErrSaturated) || a.out.Last() != last {
 		t.Fatalf("refused write reached the WAL: %v (%d -> %d)", err, last, a.out.Last())
 	}
 	if a.Ready() == nil {
@@ -103,7 +105,7 @@ func TestSaturationRefusesAndRecovers(t *testing.T) {
 	}
 	m.cut("a", "b", false)
 	deadline := time.Now().Add(20 * time.Second)
-	for a.Saturation().State == StateSaturated && time.Now().Before(deadline) {
+	for a.Saturation().State == api.StateSaturated && time.Now().Before(deadline) {
 		time.Sleep(10 * time.Millisecond)
 	}
 	if _, err := a.Put(ctx, "after", []byte("v")); err != nil {
@@ -121,7 +123,7 @@ func TestSaturationRefusesAndRecovers(t *testing.T) {
 // for the state to clear within its admission budget, and then succeeds.
 func TestAdmissionWaitsForDrain(t *testing.T) {
 	m := newTestMesh(t, nil, func(o *Options) {
-		o.WaterMarks = WaterMarks{HighEntries: 30, LowEntries: 10}
+		o.WaterMarks = api.WaterMarks{HighEntries: 30, LowEntries: 10}
 		o.AdmissionWait = 10 * time.Second
 	}, "a", "b")
 	a := m.nodes["a"]
@@ -131,7 +133,7 @@ func TestAdmissionWaitsForDrain(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if a.Saturation().State != StateSaturated {
+	if a.Saturation().State != api.StateSaturated {
 		t.Fatalf("state %s", a.Saturation().State)
 	}
 	done := make(chan error, 1)

@@ -16,6 +16,7 @@ import (
 	"github.com/replicator/replicator/cluster"
 	"github.com/replicator/replicator/entry"
 	"github.com/replicator/replicator/machine"
+	"github.com/replicator/replicator/node/api"
 	"github.com/replicator/replicator/transport"
 )
 
@@ -361,9 +362,9 @@ func (l *leadState) notLeader() error {
 	n := l.n
 	id, addr := n.group.Leader()
 	if id == n.nodeID {
-		return fmt.Errorf("%w: this node was just elected and is applying the log", ErrNotWritten)
+		return fmt.Errorf("%w: this node was just elected and is applying the log", api.ErrNotWritten)
 	}
-	return fmt.Errorf("%w: %w", ErrNotWritten, &cluster.NotLeaderError{LeaderID: id, LeaderAddr: addr})
+	return fmt.Errorf("%w: %w", api.ErrNotWritten, &cluster.NotLeaderError{LeaderID: id, LeaderAddr: addr})
 }
 
 // awaitTerm waits, while this node leads, for its term to begin (at most
@@ -381,7 +382,7 @@ func (l *leadState) awaitTerm(ctx context.Context) error {
 		}
 		select {
 		case <-ctx.Done():
-			return fmt.Errorf("%w: %w", ErrNotWritten, ctx.Err())
+			return fmt.Errorf("%w: %w", api.ErrNotWritten, ctx.Err())
 		case <-time.After(2 * time.Millisecond):
 		}
 	}

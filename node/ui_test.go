@@ -10,6 +10,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/replicator/replicator/node/api"
 )
 
 // chromium finds Debian's headless Chromium. .ci/run installs it and sets
@@ -48,7 +50,7 @@ func dumpDOM(t *testing.T, browser, url string) string {
 func TestDashboardRendersLiveData(t *testing.T) {
 	browser := chromium(t)
 	m := newTestMesh(t, nil, func(o *Options) {
-		o.WaterMarks = WaterMarks{HighEntries: 20, LowEntries: 5}
+		o.WaterMarks = api.WaterMarks{HighEntries: 20, LowEntries: 5}
 		o.AdmissionWait = -1
 	}, "a", "b", "c")
 	a := m.nodes["a"]
@@ -57,7 +59,7 @@ func TestDashboardRendersLiveData(t *testing.T) {
 		a.Put(context.Background(), fmt.Sprint("k", i), []byte("v"))
 	}
 	m.settle() // b has everything; c is cut off
-	if a.Saturation().State != StateSaturated {
+	if a.Saturation().State != api.StateSaturated {
 		t.Fatalf("state %s", a.Saturation().State)
 	}
 	dom := dumpDOM(t, browser, a.URL()+"/admin/ui")
@@ -82,13 +84,13 @@ func TestHistoryRing(t *testing.T) {
 	h := newHistory(4)
 	at := func(i int) time.Time { return time.Unix(1000+int64(i), 0) }
 	for i := 0; i < 3; i++ {
-		h.add(HistorySample{Time: at(i)})
+		h.add(api.HistorySample{Time: at(i)})
 	}
 	if got := h.after(time.Time{}); len(got) != 3 || !got[0].Time.Equal(at(0)) || !got[2].Time.Equal(at(2)) {
 		t.Fatalf("before wrapping: %v", got)
 	}
 	for i := 3; i < 10; i++ {
-		h.add(HistorySample{Time: at(i)})
+		h.add(api.HistorySample{Time: at(i)})
 	}
 	got := h.after(time.Time{})
 	if len(got) != 4 {
@@ -133,7 +135,7 @@ func TestDashboardHeadersAndHistory(t *testing.T) {
 	for len(n.history.after(time.Time{})) < 3 {
 		time.Sleep(5 * time.Millisecond)
 	}
-	var rep HistoryReport
+	var rep api.HistoryReport
 	resp, err = http.Get(n.URL() + "/admin/history")
 	if err != nil {
 		t.Fatal(err)
@@ -148,7 +150,7 @@ func TestDashboardHeadersAndHistory(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rep = HistoryReport{}
+	rep = api.HistoryReport{}
 	json.NewDecoder(resp.Body).Decode(&rep)
 	resp.Body.Close()
 	for _, s := range rep.Samples {

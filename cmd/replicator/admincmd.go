@@ -15,7 +15,7 @@ import (
 	"time"
 
 	"github.com/replicator/replicator/client"
-	"github.com/replicator/replicator/node"
+	"github.com/replicator/replicator/node/api"
 )
 
 const adminUsage = `replicator admin wal|peers|origin|digest|cluster [--addr URL] [-o table|json]
@@ -86,7 +86,7 @@ func runAdmin(cmd string, args []string) error {
 		default:
 			return fmt.Errorf("usage: replicator admin cluster join NODE-ID RAFT-ADDR | cluster remove NODE-ID")
 		}
-		var r node.ClusterReport
+		var r api.ClusterReport
 		if _, err := c.Do(ctx, http.MethodPost, "/admin/cluster/"+fs.Arg(0), body, http.Header{"Content-Type": {"application/json"}}, &r); err != nil {
 			return err
 		}
@@ -105,37 +105,37 @@ func runAdmin(cmd string, args []string) error {
 	var out any
 	switch cmd {
 	case "wal":
-		out = &node.WALReport{}
+		out = &api.WALReport{}
 	case "peers":
-		out = &node.PeersReport{}
+		out = &api.PeersReport{}
 	case "origin":
-		out = &node.OriginReport{}
+		out = &api.OriginReport{}
 	case "digest":
-		out = &node.DigestReport{}
+		out = &api.DigestReport{}
 	case "cluster":
-		out = &node.ClusterReport{}
+		out = &api.ClusterReport{}
 	}
 	if _, err := c.Do(ctx, http.MethodGet, path, nil, nil, out); err != nil {
 		return err
 	}
 	return cf.out.print(out, func(w io.Writer) {
 		switch v := out.(type) {
-		case *node.WALReport:
+		case *api.WALReport:
 			printWAL(w, v)
-		case *node.PeersReport:
+		case *api.PeersReport:
 			printPeers(w, v)
-		case *node.OriginReport:
+		case *api.OriginReport:
 			fmt.Fprintf(w, "cluster  %s\nresolver %s\nstream   %s\nversion  %s\n", v.Cluster, v.Resolver, v.Stream, v.Version)
-		case *node.DigestReport:
+		case *api.DigestReport:
 			fmt.Fprintf(w, "cluster    %s\ndigest     %s\nkeys       %s\ntombstones %s\n", v.Cluster, v.Digest, count(v.Keys), count(v.Tombstones))
-		case *node.ClusterReport:
+		case *api.ClusterReport:
 			printCluster(w, v)
 		}
 	})
 }
 
 // printCluster is the nodes table of `replicator admin cluster`.
-func printCluster(w io.Writer, r *node.ClusterReport) {
+func printCluster(w io.Writer, r *api.ClusterReport) {
 	leader := r.Leader
 	if leader == "" {
 		leader = "none known"
@@ -168,7 +168,7 @@ type doFunc func(ctx context.Context, method, path string, body []byte, hdr http
 func followReseed(do doFunc, peer string, w io.Writer) error {
 	for {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		var r node.PeersReport
+		var r api.PeersReport
 		_, err := do(ctx, http.MethodGet, "/admin/peers", nil, nil, &r)
 		cancel()
 		if err != nil {
@@ -201,7 +201,7 @@ func bar(done, total, width int) string {
 	return "[" + strings.Repeat("#", n) + strings.Repeat(".", width-n) + "]"
 }
 
-func printWAL(w io.Writer, r *node.WALReport) {
+func printWAL(w io.Writer, r *api.WALReport) {
 	fmt.Fprintf(w, "stream %s  writes #%d..#%d (applied #%d)  %s in %d segments\n",
 		r.Stream, r.First, r.Last, r.Applied, human(r.Bytes), r.Segments)
 	s := r.Saturation
@@ -242,7 +242,7 @@ func dash(s string) string {
 	return s
 }
 
-func printPeers(w io.Writer, r *node.PeersReport) {
+func printPeers(w io.Writer, r *api.PeersReport) {
 	fmt.Fprintf(w, "cluster %s\n\n", r.Cluster)
 	printLinks(w, r.Links)
 	for _, l := range r.Links {

@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/replicator/replicator/node"
+	"github.com/replicator/replicator/node/api"
 )
 
 // dropFirstAck forwards batches but loses the answer to the first one, as a
@@ -146,7 +147,7 @@ func runDemo(args []string) error {
 	}
 
 	deadline := time.Now().Add(*timeout)
-	var da, db node.DigestReport
+	var da, db api.DigestReport
 	for {
 		da, err = a.DigestReport()
 		if err != nil {
@@ -202,7 +203,7 @@ func caughtUp(n *node.Node) bool {
 	return true
 }
 
-func printReport(a, b *node.Node, da, db node.DigestReport) {
+func printReport(a, b *node.Node, da, db api.DigestReport) {
 	for _, n := range []*node.Node{a, b} {
 		r := n.PeersReport()
 		var dups, applied uint64

@@ -16,7 +16,7 @@ import (
 
 	"github.com/replicator/replicator/client"
 	"github.com/replicator/replicator/internal/loopback"
-	"github.com/replicator/replicator/node"
+	"github.com/replicator/replicator/node/api"
 	"github.com/replicator/replicator/policy"
 )
 
@@ -69,8 +69,8 @@ func (d *demoNode) stop() {
 
 func (d *demoNode) client() *client.Client { return client.New(d.url, nil) }
 
-func (d *demoNode) report(ctx context.Context) (node.ClusterReport, error) {
-	var r node.ClusterReport
+func (d *demoNode) report(ctx context.Context) (api.ClusterReport, error) {
+	var r api.ClusterReport
 	ctx, cancel := context.WithTimeout(ctx, time.Second)
 	defer cancel()
 	_, err := d.client().Do(ctx, http.MethodGet, "/admin/cluster?local=1", nil, nil, &r)
@@ -224,7 +224,7 @@ func runDemoNodes(size, writes int, keep bool, timeout time.Duration) error {
 		same := true
 		first := ""
 		for _, id := range order {
-			var d node.DigestReport
+			var d api.DigestReport
 			if _, err := nodes[id].client().Do(ctx, http.MethodGet, "/admin/digest", nil, nil, &d); err != nil {
 				same = false
 				break
@@ -250,12 +250,12 @@ func runDemoNodes(size, writes int, keep bool, timeout time.Duration) error {
 		if l == nil {
 			continue
 		}
-		var r node.ClusterReport
+		var r api.ClusterReport
 		if _, err := l.client().Do(ctx, http.MethodGet, "/admin/cluster", nil, nil, &r); err == nil {
 			fmt.Println()
 			printCluster(os.Stdout, &r)
 		}
-		var pr node.PeersReport
+		var pr api.PeersReport
 		if _, err := l.client().Do(ctx, http.MethodGet, "/admin/peers", nil, nil, &pr); err == nil {
 			fmt.Printf("\nlinks of cluster %s (shipped by its leader %s):\n", c, l.id)
 			printLinks(os.Stdout, pr.Links)

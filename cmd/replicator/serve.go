@@ -17,6 +17,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/replicator/replicator/node"
+	"github.com/replicator/replicator/node/api"
 	"github.com/replicator/replicator/origin"
 )
 
@@ -463,7 +464,7 @@ func (cfg *serveConfig) nodeOptions(log *slog.Logger) (*node.Options, error) {
 	o.MaxReplicateBytes = cfg.ReplicateMax
 	o.PinWindow = time.Duration(cfg.PinWindow)
 	o.IdempotencyWindow = time.Duration(cfg.IdemWindow)
-	o.WaterMarks = node.WaterMarks{HighEntries: cfg.HighEntries, LowEntries: cfg.LowEntries, HighBytes: cfg.HighBytes,
+	o.WaterMarks = api.WaterMarks{HighEntries: cfg.HighEntries, LowEntries: cfg.LowEntries, HighBytes: cfg.HighBytes,
 		LowBytes: cfg.LowBytes, HighAge: time.Duration(cfg.HighAge), LowAge: time.Duration(cfg.LowAge)}
 	if cfg.AdmissionWait != nil {
 		o.AdmissionWait = time.Duration(*cfg.AdmissionWait)
