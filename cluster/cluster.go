@@ -26,6 +26,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/raft"
 
+	"github.com/replicator/replicator/internal/options"
 	"github.com/replicator/replicator/internal/raftconn"
 	"github.com/replicator/replicator/wal"
 )
@@ -295,12 +296,8 @@ type Group struct {
 // and forms a new one with the others once BootstrapExpect fresh nodes are
 // seen.
 func Open(opts *Options) (*Group, error) {
-	var o Options
-	if opts != nil {
-		o = *opts
-	}
-	o.EnsureDefaults()
-	if err := o.Validate(); err != nil {
+	o, err := options.Resolve(opts)
+	if err != nil {
 		return nil, err
 	}
 	if err := os.MkdirAll(o.Dir, 0o755); err != nil {

@@ -26,6 +26,7 @@ import (
 	"github.com/replicator/replicator/cluster"
 	"github.com/replicator/replicator/entry"
 	"github.com/replicator/replicator/hlc"
+	"github.com/replicator/replicator/internal/options"
 	"github.com/replicator/replicator/machine"
 	"github.com/replicator/replicator/node/api"
 	"github.com/replicator/replicator/node/httpapi"
@@ -117,12 +118,8 @@ type Node struct {
 // re-applies WAL entries the store has not applied, and starts the write
 // path. It does not listen; call Start for that.
 func Open(ctx context.Context, opts *Options) (*Node, error) {
-	var o Options
-	if opts != nil {
-		o = *opts
-	}
-	o.EnsureDefaults()
-	if err := o.Validate(); err != nil {
+	o, err := options.Resolve(opts)
+	if err != nil {
 		return nil, err
 	}
 	r := o.resolver()

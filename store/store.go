@@ -20,6 +20,7 @@ import (
 
 	"github.com/replicator/replicator/entry"
 	"github.com/replicator/replicator/hlc"
+	"github.com/replicator/replicator/internal/options"
 )
 
 // Options configures a Store. The zero value of a field means its default.
@@ -101,12 +102,8 @@ type Store struct {
 
 // Open opens (creating if needed) the tree in dir.
 func Open(dir string, opts *Options) (*Store, error) {
-	var o Options
-	if opts != nil {
-		o = *opts
-	}
-	o.EnsureDefaults()
-	if err := o.Validate(); err != nil {
+	o, err := options.Resolve(opts)
+	if err != nil {
 		return nil, err
 	}
 	cache := pebble.NewCache(o.CacheSize)

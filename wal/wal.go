@@ -33,6 +33,7 @@ import (
 	"github.com/vmihailenco/msgpack/v5"
 
 	"github.com/replicator/replicator/internal/atomicfile"
+	"github.com/replicator/replicator/internal/options"
 )
 
 // Errors.
@@ -136,12 +137,8 @@ var (
 
 // Open opens (creating if needed) the raft log and stable state in dir.
 func Open(dir string, opts *Options) (*Store, error) {
-	var o Options
-	if opts != nil {
-		o = *opts
-	}
-	o.EnsureDefaults()
-	if err := o.Validate(); err != nil {
+	o, err := options.Resolve(opts)
+	if err != nil {
 		return nil, err
 	}
 	if err := os.MkdirAll(dir, 0o755); err != nil {

@@ -38,6 +38,7 @@ import (
 	twal "github.com/tidwall/wal"
 
 	"github.com/replicator/replicator/entry"
+	"github.com/replicator/replicator/internal/options"
 	"github.com/replicator/replicator/internal/segfile"
 	"github.com/replicator/replicator/wire"
 )
@@ -153,12 +154,8 @@ var ErrEmpty = errors.New("legacywal: no stream in the directory")
 // Open opens the WAL in dir, repairing a torn tail. A directory without a
 // stream file or segments is ErrEmpty.
 func Open(dir string, opts *Options) (*Log, error) {
-	var o Options
-	if opts != nil {
-		o = *opts
-	}
-	o.EnsureDefaults()
-	if err := o.Validate(); err != nil {
+	o, err := options.Resolve(opts)
+	if err != nil {
 		return nil, err
 	}
 	l := &Log{
