@@ -134,8 +134,12 @@ type Options struct {
 	// Admit, when set, decides whether a node may join, from what it says
 	// of itself on its raft port (its Identify description; empty from a
 	// build that describes nothing): the leader adds a member only when it
-	// returns nil (a node that cannot read the log's commands, say).
-	Admit func(description string) error
+	// returns nil (a node that cannot read the log's commands, say). The
+	// admission holds until the group calls release, once the node is in
+	// the configuration or adding it failed, so that a decision of the
+	// caller's that depends on who the members are (raising the log's
+	// format, node/group.go) can wait for admissions in flight.
+	Admit func(description string) (release func(), err error)
 	// OnRefused is called when another node refuses this one (it was
 	// removed, replaced, or lost in a recovery): the node must stop. Open
 	// refuses to start such a node when a member says so at once.

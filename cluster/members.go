@@ -136,8 +136,15 @@ func (g *Group) reconcile() {
 	var servers []raft.Server
 	for _, m := range fresh {
 		id := ServerID(m.ID, m.Incarnation)
-		if id != g.id && !g.confirmed(id, m.RaftAddr) {
-			return // asked again at the next round
+		if id != g.id {
+			release, ok := g.confirmed(id, m.RaftAddr)
+			if !ok {
+				return // asked again at the next round
+			}
+			// Released at once: no member of a group not formed yet
+			// decides anything by who the members are, and admissions
+			// do not nest.
+			release()
 		}
 		servers = append(servers, raft.Server{ID: id, Address: raft.ServerAddress(m.RaftAddr)})
 	}
@@ -159,24 +166,27 @@ func (g *Group) reconcile() {
 // unconfirmedBackoff: gossip without a key may report any number of
 // made-up members (a flood), and each would otherwise cost a dial every
 // round.
-func (g *Group) confirmed(id raft.ServerID, addr string) bool {
+//
+// An admitted node's admission holds until the caller calls release, once
+// the node is in the configuration or its change failed (Options.Admit).
+func (g *Group) confirmed(id raft.ServerID, addr string) (release func(), ok bool) {
 	if g.layer == nil {
-		return true
+		return func() {}, true
 	}
 	key := string(id) + "@" + addr
 	g.unconfirmed.Lock()
 	if until, ok := g.unconfirmed.m[key]; ok && time.Now().Before(until) {
 		g.unconfirmed.Unlock()
-		return false
+		return nil, false
 	}
 	g.unconfirmed.Unlock()
 	who, err := g.layer.Identify(addr, time.Second)
 	if err == nil && who.ID == string(id) {
 		if g.opts.Admit == nil {
-			return true
+			return func() {}, true
 		}
-		if err = g.opts.Admit(who.Description); err == nil {
-			return true
+		if release, err = g.opts.Admit(who.Description); err == nil {
+			return release, true
 		}
 		err = fmt.Errorf("%s answers there, and is not admitted: %w", who.ID, err)
 	}
@@ -190,7 +200,7 @@ func (g *Group) confirmed(id raft.ServerID, addr string) bool {
 		err = fmt.Errorf("%s answers there", who.ID)
 	}
 	g.logOnce("confirm:"+string(id), "gossip reports a node its raft port does not confirm: not added", "server", id, "raft", addr, "err", err)
-	return false
+	return nil, false
 }
 
 // unconfirmedBackoff is how long a member its raft port did not confirm is
@@ -248,12 +258,19 @@ func (g *Group) reconcileMembers(members []Member) {
 	for _, m := range candidates {
 		id := ServerID(m.ID, m.Incarnation)
 		if s, ok := in[id]; ok {
-			if string(s.Address) != m.RaftAddr && (id == g.id || g.confirmed(id, m.RaftAddr)) {
+			if string(s.Address) == m.RaftAddr {
+				continue
+			}
+			if id == g.id {
 				g.moveServer(s, m.RaftAddr)
+			} else if release, ok := g.confirmed(id, m.RaftAddr); ok {
+				g.moveServer(s, m.RaftAddr)
+				release()
 			}
 			continue
 		}
-		if !g.confirmed(id, m.RaftAddr) {
+		release, ok := g.confirmed(id, m.RaftAddr)
+		if !ok {
 			continue
 		}
 		if old := serverAt(servers, m.RaftAddr); old != nil {
@@ -263,14 +280,18 @@ func (g *Group) reconcileMembers(members []Member) {
 			// vote or entry any more. It goes first (recorded as replaced);
 			// the new one is added at the next round.
 			if node, _ := SplitServerID(old.ID); node != m.ID {
+				release()
 				g.logOnce("addr:"+string(id), "a node gossip reports is at the raft address of another member: not added",
 					"server", id, "raft", m.RaftAddr, "member", old.ID)
 				continue
 			}
+			release()
 			g.retireOne(*old, id)
 			return
 		}
-		if err := g.raft.AddNonvoter(id, raft.ServerAddress(m.RaftAddr), 0, 5*time.Second).Error(); err != nil {
+		err := g.raft.AddNonvoter(id, raft.ServerAddress(m.RaftAddr), 0, 5*time.Second).Error()
+		release()
+		if err != nil {
 			g.logOnce("add:"+string(id), "adding a node failed", "server", id, "err", err)
 			continue
 		}
@@ -425,9 +446,11 @@ func (g *Group) Join(id, addr string, force bool) error {
 		}
 		sid = raft.ServerID(who.ID)
 		if g.opts.Admit != nil {
-			if err := g.opts.Admit(who.Description); err != nil {
+			release, err := g.opts.Admit(who.Description)
+			if err != nil {
 				return fmt.Errorf("cluster: join %s at %s: %w", id, addr, err)
 			}
+			defer release() // until the configuration holds the node
 		}
 	}
 	if why := g.opts.Removed(sid); why != "" {

@@ -116,6 +116,25 @@ func TestMixedVersionClusterKeepsEncoding1(t *testing.T) {
 		t.Logf("the old build led")
 	}
 
+	// A node of the old build being added holds its admission until the
+	// configuration has it: the leader's raise of the format waits for it
+	// (else it could check the members without it and commit encoding 2
+	// just before it joins).
+	ld := c.nodes[c.leader()]
+	release, err := ld.cons.admitMember(`{"api":"x","replicate":"y","commands":1}`)
+	if err != nil {
+		t.Fatalf("a build of encoding 1 refused by a log of encoding 1: %v", err)
+	}
+	raised := make(chan struct{})
+	go func() { ld.cons.raiseFormat(); close(raised) }()
+	select {
+	case <-raised:
+		t.Fatal("the format's raise checked the members while an admission was in flight")
+	case <-time.After(300 * time.Millisecond):
+	}
+	release()
+	<-raised
+
 	// m3 is upgraded: restarted on this build.
 	c.stop("m3")
 	c.opts["m3"].Testing.ReadsFormat = 0
@@ -139,14 +158,16 @@ func TestMixedVersionClusterKeepsEncoding1(t *testing.T) {
 			t.Fatalf("%s at format %d", name, f)
 		}
 	}
-	ld := c.nodes[c.leader()]
-	if err := ld.cons.admitMember(""); err == nil {
+	ld = c.nodes[c.leader()]
+	if _, err := ld.cons.admitMember(""); err == nil {
 		t.Fatal("a build that describes nothing was admitted to a log of encoding 2")
 	}
-	if err := ld.cons.admitMember(`{"api":"x","replicate":"y","commands":1}`); err == nil {
+	if _, err := ld.cons.admitMember(`{"api":"x","replicate":"y","commands":1}`); err == nil {
 		t.Fatal("a build that reads encoding 1 was admitted to a log of encoding 2")
 	}
-	if err := ld.cons.admitMember(fmt.Sprintf(`{"api":"x","replicate":"y","commands":%d}`, machine.ReadsFormat)); err != nil {
+	release, err = ld.cons.admitMember(fmt.Sprintf(`{"api":"x","replicate":"y","commands":%d}`, machine.ReadsFormat))
+	if err != nil {
 		t.Fatalf("a build of this version refused: %v", err)
 	}
+	release()
 }

@@ -38,6 +38,9 @@ type proposed struct {
 // once every node reads it.
 type consensus struct {
 	n *Node
+	// formatMu is held by raiseFormat and by each admission of a member
+	// until it is in the configuration.
+	formatMu sync.Mutex
 }
 
 func (p *proposed) add(c *machine.Command) {
@@ -89,8 +92,22 @@ func (cs *consensus) readsFormat() int {
 // admitMember lets a node join only if it reads the commands the log carries
 // now (cluster.Options.Admit): once the log went to encoding 2, a build
 // before it would stop at its first command. A build that describes
-// nothing is before it.
-func (cs *consensus) admitMember(description string) error {
+// nothing is before it. The admission holds formatMu until the group
+// released it (the node is in the configuration, or adding it failed), so
+// raiseFormat, which holds it too, never checks the members while one it
+// does not see yet is being added.
+func (cs *consensus) admitMember(description string) (release func(), err error) {
+	cs.formatMu.Lock()
+	if err := cs.admissible(description); err != nil {
+		cs.formatMu.Unlock()
+		return nil, err
+	}
+	return cs.formatMu.Unlock, nil
+}
+
+// admissible reports whether a node that describes itself so reads the
+// log's commands.
+func (cs *consensus) admissible(description string) error {
 	n := cs.n
 	f := n.machine.Format()
 	if f <= 1 {
@@ -118,6 +135,10 @@ func (cs *consensus) raiseFormat() {
 	if n.machine.Format() >= want || !n.group.IsLeader() || !n.lead.ready.Load() {
 		return
 	}
+	// From the check of every member to the Format command's commit, no
+	// node is added (admitMember): one added in between might not read it.
+	cs.formatMu.Lock()
+	defer cs.formatMu.Unlock()
 	if n.multi() {
 		for _, sv := range n.group.Status().Servers {
 			id := cluster.ServerID(sv.ID, sv.Incarnation)
