@@ -16,6 +16,7 @@ import (
 	"github.com/replicator/replicator/cluster"
 	"github.com/replicator/replicator/node/api"
 	"github.com/replicator/replicator/node/httpapi"
+	"github.com/replicator/replicator/transport"
 	"github.com/replicator/replicator/wire"
 )
 
@@ -40,7 +41,17 @@ const (
 // port (service.go), and answers once this node applied what the leader
 // had.
 type router struct {
-	n *Node // whose group, progress and service client it routes by
+	// multi: the node is one of several (a node alone answers all).
+	multi    bool
+	nodeID   string
+	group    *cluster.Group
+	lead     *leadState
+	progress *progress // this node's applied index
+	svc      *service  // the raft port's client, and who verified a caller
+	// member is what gossip says of a node (an older leader's API URL).
+	member          func(id string) (transport.Member, bool)
+	metrics         *nodeMetrics
+	electionTimeout time.Duration
 	// fwdClient forwards to a leader of an older build, at its gossiped
 	// URL.
 	fwdClient *http.Client
@@ -66,8 +77,7 @@ func consistent(r *http.Request) bool {
 
 // route sends what needs the leader to it.
 func (f *router) route(h http.Handler) http.Handler {
-	n := f.n
-	if !n.multi() {
+	if !f.multi {
 		return h
 	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -75,7 +85,7 @@ func (f *router) route(h http.Handler) http.Handler {
 			h.ServeHTTP(w, r)
 			return
 		}
-		if forwarded(r) || n.group.IsLeader() {
+		if forwarded(r) || f.group.IsLeader() {
 			f.answerAsLeader(h, w, r)
 			return
 		}
@@ -87,7 +97,6 @@ func (f *router) route(h http.Handler) http.Handler {
 // was the leader when it was forwarded: a write then finds it no longer
 // leads and is not written).
 func (f *router) answerAsLeader(h http.Handler, w http.ResponseWriter, r *http.Request) {
-	n := f.n
 	if consistent(r) {
 		if err := f.consistentRead(r.Context()); err != nil {
 			httpapi.WriteErr(w, err)
@@ -95,7 +104,7 @@ func (f *router) answerAsLeader(h http.Handler, w http.ResponseWriter, r *http.R
 		}
 	}
 	if forwarded(r) {
-		w = &appliedWriter{ResponseWriter: w, n: n}
+		w = &appliedWriter{ResponseWriter: w, progress: f.progress}
 	}
 	h.ServeHTTP(w, r)
 }
@@ -103,25 +112,24 @@ func (f *router) answerAsLeader(h http.Handler, w http.ResponseWriter, r *http.R
 // consistentRead returns once this node has applied every command committed
 // before the call, having confirmed that it still leads.
 func (f *router) consistentRead(ctx context.Context) error {
-	n := f.n
-	if err := n.lead.awaitTerm(ctx); err != nil {
+	if err := f.lead.awaitTerm(ctx); err != nil {
 		return err
 	}
-	if !n.lead.ready.Load() {
-		return n.lead.notLeader()
+	if !f.lead.ready.Load() {
+		return f.lead.notLeader()
 	}
-	if err := n.group.VerifyLeader(n.opts.Raft.ElectionTimeout); err != nil {
+	if err := f.group.VerifyLeader(f.electionTimeout); err != nil {
 		return fmt.Errorf("%w: confirming leadership: %w", api.ErrNotWritten, err)
 	}
-	ci := n.group.CommitIndex()
+	ci := f.group.CommitIndex()
 	for {
-		at := n.progress.get()
+		at := f.progress.get()
 		if at >= ci {
 			return nil
 		}
 		// Raft's own entries (configuration, barriers) never reach the
 		// state machine: only a command after the applied one is waited for.
-		more, err := n.group.HasCommand(at+1, ci)
+		more, err := f.group.HasCommand(at+1, ci)
 		if err != nil {
 			return fmt.Errorf("%w: %w", api.ErrNotWritten, err)
 		}
@@ -129,7 +137,7 @@ func (f *router) consistentRead(ctx context.Context) error {
 			return nil
 		}
 		wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		err = n.progress.wait(wctx, at+1)
+		err = f.progress.wait(wctx, at+1)
 		cancel()
 		if err != nil {
 			return fmt.Errorf("%w: waiting to apply the log up to %d: %w", api.ErrNotWritten, ci, err)
@@ -142,14 +150,14 @@ func (f *router) consistentRead(ctx context.Context) error {
 // answer's header goes out covers it.
 type appliedWriter struct {
 	http.ResponseWriter
-	n     *Node
-	wrote bool
+	progress *progress
+	wrote    bool
 }
 
 func (a *appliedWriter) WriteHeader(code int) {
 	if !a.wrote {
 		a.wrote = true
-		a.Header().Set(headerApplied, strconv.FormatUint(a.n.progress.get(), 10))
+		a.Header().Set(headerApplied, strconv.FormatUint(a.progress.get(), 10))
 	}
 	a.ResponseWriter.WriteHeader(code)
 }
@@ -193,7 +201,6 @@ func (c *countingBody) Read(p []byte) (int, error) {
 // forwarded, on its API at the URL gossip reports, with the caller's
 // headers (a rolling upgrade).
 func (f *router) forward(h http.Handler, w http.ResponseWriter, r *http.Request) {
-	n := f.n
 	body := &countingBody{ReadCloser: r.Body}
 	if r.Body == nil || r.Body == http.NoBody {
 		body = nil
@@ -205,7 +212,7 @@ func (f *router) forward(h http.Handler, w http.ResponseWriter, r *http.Request)
 			httpapi.WriteErr(w, fmt.Errorf("%w: %w", api.ErrNotWritten, err))
 			return
 		}
-		if id == n.group.ID() {
+		if id == f.group.ID() {
 			f.answerAsLeader(h, w, r) // elected meanwhile
 			return
 		}
@@ -218,8 +225,8 @@ func (f *router) forward(h http.Handler, w http.ResponseWriter, r *http.Request)
 		// authenticates this node, which says whom it verified.
 		out.Header.Del("Authorization")
 		out.Header.Del("Cookie")
-		out.Header.Set(headerCaller, n.svc.callerIdentity(r))
-		resp, err := n.svc.svcClient.Do(out)
+		out.Header.Set(headerCaller, f.svc.callerIdentity(r))
+		resp, err := f.svc.svcClient.Do(out)
 		if err != nil {
 			var ns errNotSent
 			if errors.As(err, &ns) && errors.Is(err, cluster.ErrOlderBuild) && (body == nil || body.read == 0) {
@@ -228,10 +235,10 @@ func (f *router) forward(h http.Handler, w http.ResponseWriter, r *http.Request)
 			}
 			if errors.As(err, &ns) && (body == nil || body.read == 0) {
 				last = err
-				n.metrics.forwards.WithLabelValues("not_sent").Inc()
+				f.metrics.forwards.WithLabelValues("not_sent").Inc()
 				continue
 			}
-			n.metrics.forwards.WithLabelValues("unknown_outcome").Inc()
+			f.metrics.forwards.WithLabelValues("unknown_outcome").Inc()
 			httpapi.WriteErr(w, fmt.Errorf("%w: forwarded to the leader %s, no answer: %w", api.ErrUnknownOutcome, id, err))
 			return
 		}
@@ -244,7 +251,6 @@ func (f *router) forward(h http.Handler, w http.ResponseWriter, r *http.Request)
 // outRequest is r as forwarded to url: its body (unless none), its headers
 // but the hop-by-hop and browser ones, marked forwarded.
 func (f *router) outRequest(r *http.Request, url string, body *countingBody) (*http.Request, error) {
-	n := f.n
 	out, err := http.NewRequestWithContext(r.Context(), r.Method, url, nil)
 	if err != nil {
 		return nil, err
@@ -256,16 +262,15 @@ func (f *router) outRequest(r *http.Request, url string, body *countingBody) (*h
 	for _, k := range hopHeaders {
 		out.Header.Del(k)
 	}
-	out.Header.Set(headerForwarded, n.nodeID)
+	out.Header.Set(headerForwarded, f.nodeID)
 	return out, nil
 }
 
 // forwardLegacy forwards to a leader of an older build, on its API at the
 // URL gossip reports for it, as that build's followers do.
 func (f *router) forwardLegacy(h http.Handler, w http.ResponseWriter, r *http.Request, body *countingBody, id raft.ServerID) {
-	n := f.n
 	node, inc := cluster.SplitServerID(id)
-	m, ok := n.mem.member(node)
+	m, ok := f.member(node)
 	if !ok || m.Meta.API == "" || (inc != "" && m.Meta.Inc != inc) {
 		httpapi.WriteErr(w, fmt.Errorf("%w: the leader %s runs an older build, and gossip does not know its API URL", api.ErrNotWritten, id))
 		return
@@ -280,11 +285,11 @@ func (f *router) forwardLegacy(h http.Handler, w http.ResponseWriter, r *http.Re
 	if err != nil {
 		var op *net.OpError
 		if errors.As(err, &op) && op.Op == "dial" && (body == nil || body.read == 0) {
-			n.metrics.forwards.WithLabelValues("not_sent").Inc()
+			f.metrics.forwards.WithLabelValues("not_sent").Inc()
 			httpapi.WriteErr(w, fmt.Errorf("%w: the leader at %s could not be reached: %w", api.ErrNotWritten, apiURL, err))
 			return
 		}
-		n.metrics.forwards.WithLabelValues("unknown_outcome").Inc()
+		f.metrics.forwards.WithLabelValues("unknown_outcome").Inc()
 		httpapi.WriteErr(w, fmt.Errorf("%w: forwarded to the leader at %s, no answer: %w", api.ErrUnknownOutcome, apiURL, err))
 		return
 	}
@@ -294,21 +299,20 @@ func (f *router) forwardLegacy(h http.Handler, w http.ResponseWriter, r *http.Re
 // relay answers with the leader's answer, once this node applied what the
 // leader had when it answered.
 func (f *router) relay(w http.ResponseWriter, r *http.Request, resp *http.Response, apiURL string) {
-	n := f.n
 	defer resp.Body.Close()
 	idx, _ := strconv.ParseUint(resp.Header.Get(headerApplied), 10, 64)
 	if idx > 0 && resp.StatusCode < 500 {
 		ctx, cancel := context.WithTimeout(r.Context(), 10*time.Second)
-		err := n.progress.wait(ctx, idx)
+		err := f.progress.wait(ctx, idx)
 		cancel()
 		if err != nil && resp.StatusCode < 300 {
-			n.metrics.forwards.WithLabelValues("unknown_outcome").Inc()
+			f.metrics.forwards.WithLabelValues("unknown_outcome").Inc()
 			httpapi.WriteErr(w, fmt.Errorf("%w: the leader at %s wrote it, and this node has not applied it yet (%v): read it from the leader, or retry under the same Idempotency-Key",
 				api.ErrUnknownOutcome, apiURL, err))
 			return
 		}
 	}
-	n.metrics.forwards.WithLabelValues("answered").Inc()
+	f.metrics.forwards.WithLabelValues("answered").Inc()
 	hd := w.Header()
 	for k, vs := range resp.Header {
 		if k == headerApplied {
@@ -326,13 +330,12 @@ func (f *router) relay(w http.ResponseWriter, r *http.Request, resp *http.Respon
 // leaderServer returns the leader's raft server ID (this node's when it
 // leads), waiting up to twice the election timeout for one.
 func (f *router) leaderServer(ctx context.Context) (raft.ServerID, error) {
-	n := f.n
-	deadline := time.Now().Add(2*n.opts.Raft.ElectionTimeout + time.Second)
+	deadline := time.Now().Add(2*f.electionTimeout + time.Second)
 	for {
-		if n.group.IsLeader() {
-			return n.group.ID(), nil
+		if f.group.IsLeader() {
+			return f.group.ID(), nil
 		}
-		if id := n.group.LeaderServer(); id != "" {
+		if id := f.group.LeaderServer(); id != "" {
 			return id, nil
 		}
 		if time.Now().After(deadline) {

@@ -151,7 +151,7 @@ func Open(ctx context.Context, opts *Options) (*Node, error) {
 		history:  newHistory(int(o.HistorySpan / o.HistoryInterval)),
 	}
 	n.sat.init()
-	n.rejoin.n, n.fwd.n, n.svc.n, n.mem.n, n.lead.n, n.cons.n = n, n, n, n, n, n
+	n.rejoin.n, n.mem.n, n.lead.n, n.cons.n = n, n, n, n
 	n.mem.discovered = map[string]Peer{}
 	n.repl.n, n.repl.linkStates = n, map[string]string{}
 	n.sat.marks, n.sat.wait, n.sat.log, n.sat.metrics = o.WaterMarks, o.AdmissionWait, log, &n.metrics
@@ -235,6 +235,12 @@ func Open(ctx context.Context, opts *Options) (*Node, error) {
 		n.com.close()
 		n.store.Close()
 		return nil, err
+	}
+	n.svc.group, n.svc.token, n.svc.member, n.svc.urls = n.group, o.APIToken != "", n.mem.member, &n.nodeURLs
+	n.fwd = router{multi: n.multi(), nodeID: n.nodeID, group: n.group, lead: &n.lead, progress: &n.progress, svc: &n.svc,
+		member: n.mem.member, metrics: &n.metrics}
+	if o.Raft != nil {
+		n.fwd.electionTimeout = o.Raft.ElectionTimeout
 	}
 	closeAll := func() {
 		n.com.close()
@@ -341,8 +347,8 @@ func (n *Node) Start() error {
 		n.peerSrv = n.lis.serve(n.peerLn, surface(n).PeerHandler(n.acceptor), &n.peerServeErr)
 	}
 	if n.multi() {
-		n.svc.setDescription()
-		n.svc.serveService()
+		n.svc.setDescription(described{API: n.URL(), Replicate: n.PeerURL(), Commands: n.cons.readsFormat()}, n.opts.Gossip)
+		n.svc.serveService(&n.lis, n.Handler())
 		n.every(time.Second, n.svc.refreshProven)
 		n.every(500*time.Millisecond, n.cons.raiseFormat)
 	}

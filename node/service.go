@@ -42,7 +42,15 @@ const serviceHost = ".raft.internal"
 // other nodes of its cluster ask (this node's description, its view of the
 // cluster, forwarded requests) and asks them the same.
 type service struct {
-	n *Node
+	group *cluster.Group
+	// token: callers of the API authenticate with a token.
+	token bool
+	// member is what gossip says of a node; urls the replicate URLs of
+	// the members, which acks list (refreshProven keeps them).
+	member func(id string) (transport.Member, bool)
+	urls   *nodeURLs
+	// replicate is this node's own replicate URL (setDescription).
+	replicate string
 	// client sends requests to other nodes over the raft port; srv serves
 	// theirs (errc: its exit).
 	svcClient *http.Client
@@ -72,11 +80,10 @@ func (s *service) describeSelf() string {
 }
 
 // setDescription records what this node says of itself, once its listeners
-// are bound (Start).
-func (s *service) setDescription() {
-	n := s.n
-	d := described{API: n.URL(), Replicate: n.PeerURL(), Commands: n.cons.readsFormat()}
-	if g := n.opts.Gossip; g != nil {
+// are bound (Start): its URLs (gossip's, when set, name them as others reach
+// them) and the command encodings it reads.
+func (s *service) setDescription(d described, g *GossipOptions) {
+	if g != nil {
 		if g.APIURL != "" {
 			d.API = g.APIURL
 		}
@@ -84,6 +91,7 @@ func (s *service) setDescription() {
 			d.Replicate = g.ReplicateURL
 		}
 	}
+	s.replicate = d.Replicate
 	b, _ := json.Marshal(d)
 	desc := string(b)
 	s.selfDesc.Store(&desc)
@@ -100,16 +108,15 @@ const (
 // says whether to ask it now when the last answer is too old (a path that
 // must not block passes false).
 func (sv *service) proven(id raft.ServerID, wait bool) (described, int) {
-	n := sv.n
 	var s string
 	if wait {
 		var err error
-		if s, err = n.group.Describe(id, time.Second); err != nil {
+		if s, err = sv.group.Describe(id, time.Second); err != nil {
 			return described{}, descUnknown
 		}
 	} else {
 		var ok bool
-		if s, ok = n.group.Described(id); !ok {
+		if s, ok = sv.group.Described(id); !ok {
 			return described{}, descUnknown
 		}
 	}
@@ -128,9 +135,8 @@ func (sv *service) proven(id raft.ServerID, wait bool) (described, int) {
 // (a rolling upgrade), as that build handed it out. Never for a member
 // that could not be asked: gossip may be anyone's.
 func (s *service) gossipedReplicate(id raft.ServerID) string {
-	n := s.n
 	node, inc := cluster.SplitServerID(id)
-	if m, ok := n.mem.member(node); ok && m.Meta.Inc == inc && m.State == transport.LiveAlive {
+	if m, ok := s.member(node); ok && m.Meta.Inc == inc && m.State == transport.LiveAlive {
 		return m.Meta.Replicate
 	}
 	return ""
@@ -140,14 +146,10 @@ func (s *service) gossipedReplicate(id raft.ServerID) string {
 // itself (each at most every 30 s: cluster.Describe caches), and keeps the
 // replicate URLs acks list. It runs every second.
 func (s *service) refreshProven() {
-	n := s.n
-	urls := []string{n.PeerURL()}
-	if g := n.opts.Gossip; g != nil && g.ReplicateURL != "" {
-		urls[0] = g.ReplicateURL
-	}
-	for _, sv := range n.group.Status().Servers {
+	urls := []string{s.replicate}
+	for _, sv := range s.group.Status().Servers {
 		id := cluster.ServerID(sv.ID, sv.Incarnation)
-		if id == n.group.ID() {
+		if id == s.group.ID() {
 			continue
 		}
 		switch d, state := s.proven(id, true); {
@@ -159,20 +161,19 @@ func (s *service) refreshProven() {
 			}
 		}
 	}
-	n.nodeURLs.v.Store(&urls)
+	s.urls.v.Store(&urls)
 }
 
 // serveService serves the requests other nodes send over the raft port:
 // the API's routes, answered here (never forwarded again), without the
 // token check (the raft port's credential authenticated the sender).
-func (s *service) serveService() {
-	n := s.n
-	ln := n.group.ServiceListener()
+func (s *service) serveService(lis *listeners, h http.Handler) {
+	ln := s.group.ServiceListener()
 	if ln == nil {
 		return
 	}
 	// Exits when Close shuts the server down (or the raft port closes).
-	s.svcSrv = n.lis.serve(ln, n.Handler(), &s.svcErr, func(srv *http.Server) {
+	s.svcSrv = lis.serve(ln, h, &s.svcErr, func(srv *http.Server) {
 		srv.ConnContext = func(ctx context.Context, c net.Conn) context.Context {
 			if sc, ok := c.(*raftconn.ServiceConn); ok {
 				return context.WithValue(ctx, serviceSenderKey{}, sc.Sender)
@@ -206,7 +207,6 @@ func (e errNotSent) Unwrap() error { return e.err }
 // newServiceClient returns the client of requests to other nodes over the
 // raft port: the URL's host names the server (serviceURL).
 func (s *service) newServiceClient() *http.Client {
-	n := s.n
 	return &http.Client{Transport: &http.Transport{
 		DialContext: func(ctx context.Context, _, addr string) (net.Conn, error) {
 			host, _, err := net.SplitHostPort(addr)
@@ -221,7 +221,7 @@ func (s *service) newServiceClient() *http.Client {
 			if d, ok := ctx.Deadline(); ok {
 				timeout = min(timeout, time.Until(d))
 			}
-			c, err := n.group.DialService(raft.ServerID(id), timeout)
+			c, err := s.group.DialService(raft.ServerID(id), timeout)
 			if err != nil {
 				return nil, errNotSent{err}
 			}
@@ -257,11 +257,10 @@ func (s *service) callerOf(r *http.Request) string {
 
 // callerIdentity is what this node verified of r's caller, for headerCaller.
 func (s *service) callerIdentity(r *http.Request) string {
-	n := s.n
 	switch {
 	case r.TLS != nil && len(r.TLS.PeerCertificates) > 0:
 		return "certificate " + r.TLS.PeerCertificates[0].Subject.String()
-	case n.opts.APIToken != "":
+	case s.token:
 		return "token"
 	}
 	return "none"
