@@ -471,3 +471,33 @@ func (n *Node) DetachPeer(peer string) error {
 	}
 	return err
 }
+
+// watchLinks logs each change of a link's state once: a link that degrades
+// at WARN with the peer and its last error, one that recovers at INFO.
+func (r *replication) watchLinks() {
+	n := r.n
+	for _, st := range n.PeerStatus() {
+		r.linkStatesMu.Lock()
+		prev, seen := r.linkStates[st.Peer]
+		r.linkStates[st.Peer] = st.State
+		r.linkStatesMu.Unlock()
+		if seen && prev == st.State {
+			continue
+		}
+		switch st.State {
+		case transport.StateHealthy:
+			if seen {
+				n.log.Info("peer link recovered", "peer", st.Peer, "was", prev, "last_contact", st.LastContact)
+			}
+		case transport.StateUnknown, transport.StatePaused, transport.StateReseeding, transport.StateFollower:
+			n.log.Info("peer link state", "peer", st.Peer, "state", st.State, "was", prev)
+		default:
+			contact := "never"
+			if !st.LastContact.IsZero() {
+				contact = st.LastContact.Format(time.RFC3339)
+			}
+			n.log.Warn("peer link degraded", "peer", st.Peer, "state", st.State, "was", prev, "last_contact", contact,
+				"consecutive_errors", st.ConsecutiveErrors, "last_error", st.LastError, "entries_behind", st.EntriesBehind)
+		}
+	}
+}
