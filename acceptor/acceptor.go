@@ -14,15 +14,16 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/replicator/replicator/entry"
 	"github.com/replicator/replicator/hlc"
-	"github.com/replicator/replicator/machine"
-	"github.com/replicator/replicator/store"
 	"github.com/replicator/replicator/wire"
 )
 
-// Store is what the acceptor needs of the tree.
+// Store is what the acceptor reads of the tree: the committed high-water
+// marks of the senders' streams.
 type Store interface {
-	NewBatch() *store.Batch
+	HWM(origin string, stream [16]byte) (entry.HWM, error)
+	HWMsOfExcept(origin string, except [16]byte) ([]entry.HWM, error)
 }
 
 // Clock is what the acceptor needs of the hybrid logical clock.
@@ -36,10 +37,10 @@ type Clock interface {
 // the state machine decided of it (the node's group; machine.Direct in
 // tests). raw is the batch as it arrived (nil: encoded again).
 type Log interface {
-	ApplyInbound(in *machine.Inbound, raw []byte) (*machine.InboundResult, error)
-	// UpdateRecord changes a peer's record (machine.RecordReseed: the
-	// re-seed request flags) to f of what it holds, returning what it held.
-	UpdateRecord(peer string, record byte, f func(byte) byte) (byte, error)
+	ApplyInbound(in *wire.Inbound, raw []byte) (*wire.InboundResult, error)
+	// UpdateReseed changes a peer's re-seed record (entry.ReseedRequested,
+	// entry.AwaitRejoin) to f of what it holds, returning what it held.
+	UpdateReseed(peer string, f func(byte) byte) (byte, error)
 }
 
 // Defaults of Options.Permits and Options.PermitQueue.

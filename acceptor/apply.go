@@ -8,7 +8,6 @@ import (
 
 	"github.com/replicator/replicator/entry"
 	"github.com/replicator/replicator/hlc"
-	"github.com/replicator/replicator/machine"
 	"github.com/replicator/replicator/wire"
 )
 
@@ -175,9 +174,7 @@ func (a *Acceptor) screen(sender string, b *wire.Batch) (*screened, error) {
 // continues refuses a batch of stream whose first entry does not follow
 // the sender's high-water mark here.
 func (a *Acceptor) continues(sender string, stream entry.StreamID, first uint64) error {
-	rd := a.store.NewBatch()
-	hwm, err := rd.HWM(sender, stream)
-	rd.Close()
+	hwm, err := a.store.HWM(sender, stream)
 	if err != nil {
 		return err
 	}
@@ -189,8 +186,8 @@ func (a *Acceptor) continues(sender string, stream entry.StreamID, first uint64)
 
 // commit hands the screened batch to the log and returns what the state
 // machine decided of it; a refusal of the machine becomes the acceptor's.
-func (a *Acceptor) commit(sender string, b *wire.Batch, sc *screened) (*machine.InboundResult, error) {
-	in := &machine.Inbound{Sender: sender, Batch: b, Own: sc.own, Unknown: sc.unknown, Dead: sc.deadReasons, At: a.opts.Now(),
+func (a *Acceptor) commit(sender string, b *wire.Batch, sc *screened) (*wire.InboundResult, error) {
+	in := &wire.Inbound{Sender: sender, Batch: b, Own: sc.own, Unknown: sc.unknown, Dead: sc.deadReasons, At: a.opts.Now(),
 		HLC: a.clock.Last(), MaxStreams: a.opts.MaxStreams}
 	if b.End != nil {
 		in.KnownMarks = make([]bool, len(b.Marks))
@@ -208,7 +205,7 @@ func (a *Acceptor) commit(sender string, b *wire.Batch, sc *screened) (*machine.
 	case res.Err == nil:
 	case errors.As(res.Err, &gap), errors.As(res.Err, &conflict):
 		return nil, res.Err
-	case errors.Is(res.Err, machine.ErrForbidden):
+	case errors.Is(res.Err, wire.ErrForbidden):
 		return nil, fmt.Errorf("%w: %w", ErrForbidden, res.Err)
 	default:
 		return nil, fmt.Errorf("%w: %w", ErrBadBatch, res.Err)
@@ -218,7 +215,7 @@ func (a *Acceptor) commit(sender string, b *wire.Batch, sc *screened) (*machine.
 
 // observeLag tells ObserveLag the replication lag of each entry the batch
 // newly applied (those after res.Start).
-func (a *Acceptor) observeLag(sender string, b *wire.Batch, ents []*entry.Entry, res *machine.InboundResult) {
+func (a *Acceptor) observeLag(sender string, b *wire.Batch, ents []*entry.Entry, res *wire.InboundResult) {
 	start := res.Start
 	if a.opts.ObserveLag != nil && a.opts.Now != nil && !b.Snapshot && res.HWM > start {
 		now := a.opts.Now()

@@ -3,8 +3,6 @@ package acceptor
 import (
 	"github.com/replicator/replicator/entry"
 	"github.com/replicator/replicator/hlc"
-	"github.com/replicator/replicator/machine"
-	"github.com/replicator/replicator/store"
 	"github.com/replicator/replicator/wire"
 )
 
@@ -13,9 +11,7 @@ import (
 // that starts empty learns it lost its data), and it records a request for
 // a re-seed.
 func (a *Acceptor) heartbeat(sender string, b *wire.Batch, ack wire.Ack, dropped int) (wire.Ack, error) {
-	batch := a.store.NewBatch()
-	defer batch.Close()
-	hwm, err := batch.HWM(sender, b.Stream)
+	hwm, err := a.store.HWM(sender, b.Stream)
 	if err != nil {
 		return ack, err
 	}
@@ -23,10 +19,9 @@ func (a *Acceptor) heartbeat(sender string, b *wire.Batch, ack wire.Ack, dropped
 	if !hwm.Commit.IsZero() {
 		ack.HWMCommit = hwm.Commit.String()
 	}
-	if ack.OriginFrontier, err = a.originFrontier(batch, sender, b.Stream); err != nil {
+	if ack.OriginFrontier, err = a.originFrontier(sender, b.Stream); err != nil {
 		return ack, err
 	}
-	batch.Close()
 	// The sender's rejoin phase with this node, told in every heartbeat,
 	// is what the R record must say: asking (owed a re-seed, and awaited),
 	// seeding (awaited), or nothing (a record left from a rejoin that
@@ -34,21 +29,21 @@ func (a *Acceptor) heartbeat(sender string, b *wire.Batch, ack wire.Ack, dropped
 	want := byte(0)
 	switch b.Rejoining {
 	case wire.RejoinRequesting:
-		want = store.ReseedRequested | store.AwaitRejoin
+		want = entry.ReseedRequested | entry.AwaitRejoin
 	case wire.RejoinSeeding:
-		want = store.AwaitRejoin
+		want = entry.AwaitRejoin
 	}
-	flags, err := a.log.UpdateRecord(sender, machine.RecordReseed, func(byte) byte { return want })
+	flags, err := a.log.UpdateReseed(sender, func(byte) byte { return want })
 	if err != nil {
 		return ack, err
 	}
 	if want != flags {
 		a.opts.Logger.Warn("replicate: peer's rejoin recorded", "sender", sender, "phase", b.Rejoining,
-			"owed", want&store.ReseedRequested != 0, "awaiting", want&store.AwaitRejoin != 0)
+			"owed", want&entry.ReseedRequested != 0, "awaiting", want&entry.AwaitRejoin != 0)
 	}
-	ack.ReseedRecorded = want&store.ReseedRequested != 0
-	if (want^flags)&store.ReseedRequested != 0 && a.opts.OnReseedRequest != nil {
-		a.opts.OnReseedRequest(sender, want&store.ReseedRequested != 0)
+	ack.ReseedRecorded = want&entry.ReseedRequested != 0
+	if (want^flags)&entry.ReseedRequested != 0 && a.opts.OnReseedRequest != nil {
+		a.opts.OnReseedRequest(sender, want&entry.ReseedRequested != 0)
 	}
 	a.count(sender, func(c *Counts) { c.Batches++; c.DroppedOwn += uint64(dropped) })
 	return ack, nil
@@ -59,8 +54,8 @@ func (a *Acceptor) heartbeat(sender string, b *wire.Batch, ack wire.Ack, dropped
 // sender's current stream is its own business (a conflict there is caught
 // by index and commit); a later write on another stream than the sender
 // remembers means it lost that stream.
-func (a *Acceptor) originFrontier(batch *store.Batch, sender string, current entry.StreamID) (string, error) {
-	hs, err := batch.HWMsOfExcept(sender, current)
+func (a *Acceptor) originFrontier(sender string, current entry.StreamID) (string, error) {
+	hs, err := a.store.HWMsOfExcept(sender, current)
 	var f hlc.Timestamp
 	for _, h := range hs {
 		if h.Stream != current && f.Less(h.Commit) {

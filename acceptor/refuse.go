@@ -6,7 +6,6 @@ import (
 	"time"
 
 	"github.com/replicator/replicator/internal/httpjson"
-	"github.com/replicator/replicator/machine"
 	"github.com/replicator/replicator/wire"
 )
 
@@ -21,11 +20,11 @@ var (
 
 // GapError refuses a batch that does not continue the stream: the sender
 // must rewind to HWM and resend from HWM+1 (decided by the state machine).
-type GapError = machine.GapError
+type GapError = wire.GapError
 
 // ConflictError refuses a batch whose entry at this node's high-water mark
 // was committed at another HLC than the one applied here.
-type ConflictError = machine.ConflictError
+type ConflictError = wire.ConflictError
 
 // ErrNotLeader refuses a batch sent to a node that does not lead its
 // cluster (NotLeaderError names the one that does).

@@ -28,3 +28,15 @@ type Cursor struct {
 	Stream [16]byte
 	Index  uint64
 }
+
+// Flags of a peer's re-seed record (a store's R record), which the
+// acceptor sets from a peer's heartbeat and the links read.
+const (
+	// ReseedRequested: the peer asked for a re-seed (it lost its data);
+	// this node owes it a snapshot that may carry the peer's own writes.
+	ReseedRequested byte = 1 << 0
+	// AwaitRejoin: the peer is rejoining after losing data and will re-seed
+	// this node once it has caught up; until that trailer arrives, writes
+	// older than this node's tombstones may still come from it.
+	AwaitRejoin byte = 1 << 1
+)

@@ -45,6 +45,11 @@ func (d *Direct) UpdateRecord(peer string, record byte, f func(byte) byte) (byte
 	return UpdateRecord(d.m.st, d.Apply, peer, record, f)
 }
 
+// UpdateReseed changes a peer's re-seed record (acceptor.Log).
+func (d *Direct) UpdateReseed(peer string, f func(byte) byte) (byte, error) {
+	return d.UpdateRecord(peer, RecordReseed, f)
+}
+
 // ApplyInbound applies an admitted batch (acceptor.Log).
 func (d *Direct) ApplyInbound(in *Inbound, raw []byte) (*InboundResult, error) {
 	in.Raw = raw

@@ -1,12 +1,10 @@
 package machine
 
 import (
-	"errors"
 	"fmt"
 	"sort"
 
 	"github.com/replicator/replicator/entry"
-	"github.com/replicator/replicator/hlc"
 	"github.com/replicator/replicator/store"
 	"github.com/replicator/replicator/wire"
 )
@@ -18,88 +16,6 @@ import (
 // this node's configuration and clock) and hands over what it decided; the
 // machine decides what depends on the tree: the sender's high-water mark,
 // gaps and conflicts, the merge, dead letters, a re-seed's trailer.
-
-var (
-	// ErrForbidden refuses a batch the tree shows the sender may not send
-	// (a snapshot into one of its real streams, a stream over the bound).
-	ErrForbidden = errors.New("machine: forbidden")
-)
-
-// GapError refuses a batch that does not continue the stream: the sender
-// must rewind to HWM and resend from HWM+1.
-type GapError struct {
-	Origin string
-	Stream entry.StreamID
-	HWM    uint64
-	Got    uint64
-}
-
-func (e *GapError) Error() string {
-	return fmt.Sprintf("replicate: gap in stream %s of %s: got index %d, high-water mark %d", e.Stream, e.Origin, e.Got, e.HWM)
-}
-
-// ConflictError refuses a batch whose entry at this node's high-water mark
-// was committed at another HLC than the one applied here: two writes under
-// one WAL identity (the sender's data directory was restored from a backup
-// or copied). Nothing is applied; the sender must begin a new stream.
-type ConflictError struct {
-	Origin    string
-	Stream    entry.StreamID
-	HWM       uint64
-	HWMCommit hlc.Timestamp
-	Got       hlc.Timestamp
-}
-
-func (e *ConflictError) Error() string {
-	return fmt.Sprintf("replicate: identity conflict in stream %s of %s: index %d was applied here committed at %s, the batch says %s",
-		e.Stream, e.Origin, e.HWM, e.HWMCommit, e.Got)
-}
-
-// Inbound is an admitted batch and what the acceptor decided of it.
-type Inbound struct {
-	Sender string
-	Batch  *wire.Batch
-	// Raw is the batch's body as it arrived, which the command carries
-	// instead of encoding Batch again (nil: Batch is encoded).
-	Raw []byte
-	// Own are the indexes of a snapshot's entries relaying this cluster's
-	// writes; Unknown those relaying writes of clusters this node does not
-	// take writes from (dropped).
-	Own, Unknown map[uint64]bool
-	// Dead are entries set aside as dead letters, with why.
-	Dead map[uint64]string
-	// At is the time dead letters record (wall ns).
-	At int64
-	// HLC is the clock's reading after it observed the batch: the
-	// persisted high-water mark rises to it.
-	HLC hlc.Timestamp
-	// MaxStreams bounds a sender's streams here; KnownMarks says, for each
-	// of the batch's marks, whether its origin is a cluster this node takes
-	// writes from (others are not raised).
-	MaxStreams int
-	KnownMarks []bool
-}
-
-// InboundResult is what applying a batch did.
-type InboundResult struct {
-	// Err is a refusal (a *GapError, a *ConflictError, ErrForbidden):
-	// nothing of the batch was applied.
-	Err error
-	// Start and HWM are the sender's mark of the batch's stream before and
-	// after; HWMCommit the commit at HWM.
-	Start, HWM uint64
-	HWMCommit  hlc.Timestamp
-	// Resent: the batch was the resent last batch of a re-seed whose
-	// trailer had already committed; nothing was applied.
-	Resent bool
-	// Counts of the batch's entries.
-	Applied, Stale, Duplicates, DeadLettered, DroppedOwn, DroppedUnknown int
-	// Requested, Rejoin: the trailer ended a requested re-seed, a rejoin.
-	Requested, Rejoin bool
-	// OriginFrontier is the highest commit of the sender's cluster applied
-	// here over its streams other than this one (zero: none).
-	OriginFrontier hlc.Timestamp
-}
 
 // applyInbound applies an admitted batch in b.
 func (m *Machine) applyInbound(b *store.Batch, in *Inbound) (*InboundResult, error) {
@@ -322,3 +238,14 @@ func sortedIndexes(set map[uint64]bool) []uint64 {
 	sort.Slice(out, func(a, b int) bool { return out[a] < out[b] })
 	return out
 }
+
+// The inbound path's words live in wire (the acceptor shares them).
+type (
+	Inbound       = wire.Inbound
+	InboundResult = wire.InboundResult
+	GapError      = wire.GapError
+	ConflictError = wire.ConflictError
+)
+
+// ErrForbidden refuses a batch the tree shows the sender may not send.
+var ErrForbidden = wire.ErrForbidden

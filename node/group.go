@@ -434,6 +434,12 @@ func (cs *consensus) commitCommand(c *machine.Command) (*machine.Result, error) 
 	return res, nil
 }
 
+// UpdateReseed changes a peer's re-seed record through the log
+// (acceptor.Log).
+func (cs *consensus) UpdateReseed(peer string, f func(byte) byte) (byte, error) {
+	return cs.UpdateRecord(peer, machine.RecordReseed, f)
+}
+
 // UpdateRecord changes a peer's re-seed request flags or this node's rejoin
 // phase with it through the log (acceptor.Log); it returns what the record
 // held before.

@@ -48,6 +48,21 @@ func (b *Batch) HWM(origin string, stream [16]byte) (entry.HWM, error) {
 	return entry.HWM{Origin: origin, Stream: stream}, nil
 }
 
+// HWM reads the committed high-water mark of one origin stream.
+func (s *Store) HWM(origin string, stream [16]byte) (entry.HWM, error) {
+	b := s.NewBatch()
+	defer b.Close()
+	return b.HWM(origin, stream)
+}
+
+// HWMsOfExcept lists the committed high-water marks of every stream of one
+// origin but one, ordered by stream.
+func (s *Store) HWMsOfExcept(origin string, except [16]byte) ([]entry.HWM, error) {
+	b := s.NewBatch()
+	defer b.Close()
+	return b.HWMsOfExcept(origin, except)
+}
+
 // HWMsOf lists the committed high-water marks of every stream of one origin
 // cluster, ordered by stream.
 func (b *Batch) HWMsOf(origin string) ([]entry.HWM, error) {
@@ -222,15 +237,10 @@ func (s *Store) SetCursor(peer string, c entry.Cursor) error {
 // and synced, so that a restart in the middle of a re-seed or a rejoin
 // resumes it.
 
-// Flags of a peer's R record.
+// Flags of a peer's R record (entry.ReseedRequested, entry.AwaitRejoin).
 const (
-	// ReseedRequested: the peer asked for a re-seed (it lost its data);
-	// this node owes it a snapshot that may carry the peer's own writes.
-	ReseedRequested byte = 1 << 0
-	// AwaitRejoin: the peer is rejoining after losing data and will re-seed
-	// this node once it has caught up; until that trailer arrives, writes
-	// older than this node's tombstones may still come from it.
-	AwaitRejoin byte = 1 << 1
+	ReseedRequested = entry.ReseedRequested
+	AwaitRejoin     = entry.AwaitRejoin
 )
 
 // Phases of this node's rejoin with one peer (its J record).
