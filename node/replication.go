@@ -13,6 +13,7 @@ import (
 	"github.com/replicator/replicator/hlc"
 	"github.com/replicator/replicator/machine"
 	"github.com/replicator/replicator/node/api"
+	"github.com/replicator/replicator/store"
 	"github.com/replicator/replicator/transport"
 	"github.com/replicator/replicator/wire"
 )
@@ -125,7 +126,7 @@ func (r *replication) addLink(p Peer) (*transport.Shipper, error) {
 		Client:          n.peerClient,
 		Now:             n.clock.Physical,
 		Applied:         n.applied.Load,
-		Snapshots:       n.store,
+		Snapshots:       snapshots{n.store},
 		AutoReseed:      !n.opts.NoAutoReseed,
 		StoreHasData:    !empty,
 		ObserveShip: func(peer string, d time.Duration, _ int) {
@@ -500,4 +501,15 @@ func (r *replication) watchLinks() {
 				"consecutive_errors", st.ConsecutiveErrors, "last_error", st.LastError, "entries_behind", st.EntriesBehind)
 		}
 	}
+}
+
+// snapshots opens the store's snapshots as the shippers read them.
+type snapshots struct{ s *store.Store }
+
+func (s snapshots) NewSnapshot() (transport.Snapshot, error) {
+	sn, err := s.s.NewSnapshot()
+	if err != nil {
+		return nil, err // not a nil *store.Snapshot in a non-nil interface
+	}
+	return sn, nil
 }

@@ -5,8 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"maps"
-	"math"
-	"math/big"
 	"slices"
 
 	"github.com/cockroachdb/pebble/v2"
@@ -59,38 +57,6 @@ func (s *Store) SetCounterEpoch(stream [16]byte, epoch uint32) error {
 // SetCounterEpoch records a stream's counter epoch in the batch.
 func (b *Batch) SetCounterEpoch(stream [16]byte, epoch uint32) error {
 	return b.pb.Set(keyCtrEpoch, binary.BigEndian.AppendUint32(append([]byte(nil), stream[:]...), epoch), nil)
-}
-
-// Counter is a PN-counter: per-cluster totals merged by pointwise maximum,
-// so re-applying a delta (which carries its cluster's resulting totals) is a
-// no-op. Its value is sum(P) - sum(N).
-type Counter struct {
-	Totals map[string]entry.PN
-	// Stamp is the highest stamp of the deltas merged: the counter's
-	// version, equal on every cluster that merged the same deltas.
-	Stamp entry.Stamp
-}
-
-// Value is sum(P) - sum(N), saturated at the bounds of int64: each
-// cluster's totals can fit while their sum does not (a local increment that
-// would leave the range is refused; totals merged from several clusters are
-// not). Components are summed in order, so every cluster holding the same
-// totals reads the same value.
-func (c *Counter) Value() int64 {
-	sum := new(big.Int)
-	for _, n := range slices.Sorted(maps.Keys(c.Totals)) {
-		t := c.Totals[n]
-		sum.Add(sum, new(big.Int).SetUint64(t.P))
-		sum.Sub(sum, new(big.Int).SetUint64(t.N))
-	}
-	switch {
-	case sum.IsInt64():
-		return sum.Int64()
-	case sum.Sign() > 0:
-		return math.MaxInt64
-	default:
-		return math.MinInt64
-	}
 }
 
 func appendCounter(dst []byte, c *Counter) []byte {

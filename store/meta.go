@@ -56,14 +56,6 @@ func (s *Store) deriveMaxStamp() error {
 	return it.Error()
 }
 
-// AppliedIndex is how far the local stream is applied to the tree: every entry
-// of Stream up to Index, the last of which was committed at Commit.
-type AppliedIndex struct {
-	Stream [16]byte
-	Index  uint64
-	Commit hlc.Timestamp
-}
-
 // SetLocalApplied records that the local WAL stream has been applied up to
 // index (committed at commit). It commits with the data, so recovery knows
 // exactly where to resume, and a re-seed snapshot knows which entry its

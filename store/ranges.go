@@ -17,18 +17,6 @@ import (
 // for a key of the range stays deleted. Newer writes survive. They are
 // collected like point tombstones.
 
-// RangeTombstone deletes [Start, End) (End "" means the end of the key
-// space) as of Stamp.
-type RangeTombstone struct {
-	Start, End string
-	Stamp      entry.Stamp
-}
-
-// Covers reports whether key lies in the range.
-func (r *RangeTombstone) Covers(key string) bool {
-	return key >= r.Start && (r.End == "" || key < r.End)
-}
-
 func decodeRange(k, v []byte) (RangeTombstone, error) {
 	if len(k) < 1+hlc.EncodedLen+2 {
 		return RangeTombstone{}, fmt.Errorf("%w: range tombstone key", ErrCorrupt)

@@ -15,23 +15,6 @@ var ErrCorrupt = errors.New("store: corrupt")
 // ErrNotFound is returned for a key that holds no live value.
 var ErrNotFound = errors.New("store: not found")
 
-// Kind tells plain values from counters; a key keeps its kind until its
-// tombstone is collected.
-type Kind uint8
-
-const (
-	KindPlain   Kind = 0
-	KindCounter Kind = 1
-)
-
-// Record is what one key holds.
-type Record struct {
-	Stamp     entry.Stamp
-	Tombstone bool
-	Kind      Kind
-	Value     []byte
-}
-
 const (
 	recordVersion = 1
 

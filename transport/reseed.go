@@ -8,7 +8,6 @@ import (
 
 	"github.com/replicator/replicator/entry"
 	"github.com/replicator/replicator/hlc"
-	"github.com/replicator/replicator/store"
 	"github.com/replicator/replicator/wire"
 )
 
@@ -75,7 +74,7 @@ func (s *Shipper) reseed(ctx context.Context) error {
 	stream := s.log.Stream()
 	if entry.StreamID(applied.Stream) != stream {
 		// The stream was replaced since (or nothing was ever applied).
-		applied = store.AppliedIndex{Stream: stream}
+		applied = entry.AppliedIndex{Stream: stream}
 	}
 	s.mu.Lock()
 	s.mu.reseed.Total = total
@@ -133,7 +132,7 @@ func (s *Shipper) beginReseed() (requested, rejoin bool) {
 // sendSnapshot streams snap to the peer in batches of a stream of their
 // own, the last one carrying the trailer (stream at applied), and returns
 // how many entries it sent.
-func (s *Shipper) sendSnapshot(ctx context.Context, snap *store.Snapshot, stream entry.StreamID, applied store.AppliedIndex,
+func (s *Shipper) sendSnapshot(ctx context.Context, snap Snapshot, stream entry.StreamID, applied entry.AppliedIndex,
 	requested, rejoin bool) (int, error) {
 	feed, err := newSnapshotFeed(snap, s.opts.Local, s.opts.Now())
 	if err != nil {
@@ -177,7 +176,7 @@ func (s *Shipper) sendSnapshot(ctx context.Context, snap *store.Snapshot, stream
 // snapshotFeed reads a snapshot's entries as entries of a stream of their
 // own, all committed at the re-seed's start, and encodes them.
 type snapshotFeed struct {
-	snap   *store.Snapshot
+	snap   Snapshot
 	local  string
 	stream entry.StreamID // the snapshot's own stream
 	commit hlc.Timestamp
@@ -190,7 +189,7 @@ type snapshotFeed struct {
 
 // newSnapshotFeed starts reading snap as a stream of its own, committed at
 // now.
-func newSnapshotFeed(snap *store.Snapshot, local string, now int64) (*snapshotFeed, error) {
+func newSnapshotFeed(snap Snapshot, local string, now int64) (*snapshotFeed, error) {
 	f := &snapshotFeed{snap: snap, local: local, stream: entry.NewStreamID(), commit: hlc.Timestamp{Wall: now}, codec: wire.NewCodec()}
 	f.defs = wire.Defaults{Origin: local, Stream: f.stream}
 	// Range tombstones and counters go first (they are few), then every key.
@@ -264,7 +263,7 @@ func (f *snapshotFeed) batch(maxEntries, budget int) (ents [][]byte, done bool, 
 // trailer ends the re-seed in its last batch's header h: the position in
 // the real stream the snapshot corresponds to, and the marks of the other
 // clusters' streams it holds.
-func (s *Shipper) trailer(h *wire.Header, snap *store.Snapshot, stream entry.StreamID, applied store.AppliedIndex) error {
+func (s *Shipper) trailer(h *wire.Header, snap Snapshot, stream entry.StreamID, applied entry.AppliedIndex) error {
 	h.End = &wire.SnapshotEnd{Stream: stream, Index: applied.Index, Commit: applied.Commit}
 	marks, err := snap.Marks()
 	if err != nil {
@@ -310,7 +309,7 @@ func (s *Shipper) postReseedBatch(ctx context.Context, body []byte, index uint64
 
 // resumeAfterReseed moves the cursor to the snapshot's applied index, where
 // shipping resumes, and clears the request or rejoin the re-seed answered.
-func (s *Shipper) resumeAfterReseed(applied store.AppliedIndex, requested, rejoin bool) {
+func (s *Shipper) resumeAfterReseed(applied entry.AppliedIndex, requested, rejoin bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.mu.needsReseed = false

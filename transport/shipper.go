@@ -23,7 +23,6 @@ import (
 	"github.com/replicator/replicator/entry"
 	"github.com/replicator/replicator/hlc"
 	"github.com/replicator/replicator/policy"
-	"github.com/replicator/replicator/store"
 	"github.com/replicator/replicator/wire"
 )
 
@@ -47,7 +46,22 @@ type Cursors interface {
 
 // Snapshots opens consistent views of the tree, for re-seeds.
 type Snapshots interface {
-	NewSnapshot() (*store.Snapshot, error)
+	NewSnapshot() (Snapshot, error)
+}
+
+// Snapshot is a consistent view of the tree, read once from start to end.
+type Snapshot interface {
+	// Count is how many keys Next returns.
+	Count() (int, error)
+	// LocalApplied is how far the local stream is applied in the view.
+	LocalApplied() entry.AppliedIndex
+	Ranges() ([]entry.RangeTombstone, error)
+	Counters() (map[string]entry.Counter, error)
+	// Marks are the high-water marks of every stream the view holds.
+	Marks() ([]entry.HWM, error)
+	// Next returns the next key and its record; ok is false at the end.
+	Next() (key string, r entry.Record, ok bool, err error)
+	Close()
 }
 
 // Peer is one configured peer cluster.
