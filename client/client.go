@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/url"
 	"strconv"
@@ -63,6 +64,10 @@ type Error struct {
 	Code     string `json:"code"`
 	Message  string `json:"message"`
 	CanRetry bool   `json:"retryable"`
+	// Outcome, on a failed write, is what the server knows of it:
+	// "not_written" (nothing was), "unknown" (it may have been), or ""
+	// (a refusal: nothing was).
+	Outcome string `json:"outcome,omitempty"`
 	// Source and Peer are set on saturation refusals.
 	Source string `json:"source,omitempty"`
 	Peer   string `json:"peer,omitempty"`
@@ -125,10 +130,60 @@ func (c *Client) write(ctx context.Context, method, path string, body []byte, hd
 		}
 		return err
 	}
-	if scoped && c.retry != nil {
-		return c.retry.Execute(ctx, op)
+	maybe := false // some attempt may have written
+	attempt := func(ctx context.Context) error {
+		err := op(ctx)
+		if err != nil && !notWritten(err) {
+			maybe = true
+		}
+		return err
 	}
-	return op(ctx)
+	var err error
+	if scoped && c.retry != nil {
+		err = c.retry.Execute(ctx, attempt)
+	} else {
+		err = attempt(ctx)
+	}
+	if err != nil {
+		return &WriteError{Err: err, MayHaveWritten: maybe}
+	}
+	return nil
+}
+
+// WriteError is a failed write, with what is known of its effect over
+// every attempt made.
+type WriteError struct {
+	Err error
+	// MayHaveWritten: some attempt may have taken effect (it reached the
+	// server and no answer says it did not). False when every attempt was
+	// refused, answered "not_written", or never left (no connection).
+	MayHaveWritten bool
+}
+
+func (e *WriteError) Error() string { return e.Err.Error() }
+func (e *WriteError) Unwrap() error { return e.Err }
+
+// MayHaveWritten reports whether a failed write may have taken effect: true
+// unless the server said it did not, or no request reached it. An error
+// that is not from a write is taken as unknown.
+func MayHaveWritten(err error) bool {
+	var we *WriteError
+	if errors.As(err, &we) {
+		return we.MayHaveWritten
+	}
+	return err != nil && !notWritten(err)
+}
+
+// notWritten reports an attempt that certainly did not write: a refusal
+// (4xx), an answer that says so (saturated, not_written), or a request
+// that never left (the connection could not be made).
+func notWritten(err error) bool {
+	var e *Error
+	if errors.As(err, &e) {
+		return e.Status < 500 || e.Outcome == "not_written" || e.Code == "saturated"
+	}
+	var op *net.OpError
+	return errors.As(err, &op) && op.Op == "dial"
 }
 
 // Value is a read value with its version.

@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -265,5 +267,42 @@ func TestFaultHooksReachNoOperator(t *testing.T) {
 	out, errOut, code := cli(t, []string{"REPLICATOR_TESTING_CLOCK_OFFSET=1s"}, "serve", "--cluster-id", "a", "--data", dir, "--print-config")
 	if code != 0 || strings.Contains(errOut, "REPLICATOR_TESTING") || strings.Contains(out, "offset: 1s") {
 		t.Errorf("a testing variable: exit %d, warned or printed:\n%s\n%s", code, errOut, out)
+	}
+}
+
+// TestCLIWriteOutcomes: the CLI says what the server and the connection
+// say of a failed write. A write to a port where nothing listens, and one a
+// saturated node refuses, were not written; the CLI never says "may or may
+// not have happened" of them.
+func TestCLIWriteOutcomes(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	closed := "http://" + ln.Addr().String()
+	ln.Close()
+	_, errOut, code := cli(t, nil, "put", "k", "v", "--addr", closed)
+	if code == 0 || !strings.Contains(errOut, "nothing was written") || strings.Contains(errOut, "may or may not") {
+		t.Fatalf("put to a closed port: exit %d\n%s", code, errOut)
+	}
+
+	// A node saturated at once: its peer is down and one entry is over
+	// the high-water mark.
+	p := newProc(t, "a", "a", "--peer", "b=http://127.0.0.1:1", "--peer-secret", "b=secret-b",
+		"--wal-high-water-entries", "1", "--wal-low-water-entries", "1", "--admission-wait", "0s")
+	p.startReady()
+	refused := false
+	for i := 0; i < 50 && !refused; i++ {
+		_, errOut, code = cli(t, nil, "put", fmt.Sprint("s", i), "v", "--addr", p.url)
+		if code == 0 {
+			continue
+		}
+		refused = true
+		if !strings.Contains(errOut, "saturated") || !strings.Contains(errOut, "nothing was written") || strings.Contains(errOut, "may or may not") {
+			t.Fatalf("a saturated refusal: exit %d\n%s", code, errOut)
+		}
+	}
+	if !refused {
+		t.Fatal("50 writes taken by a node whose peer is down, over a high-water mark of 1")
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/pem"
+	"errors"
 	"fmt"
 	"io"
 	"math/big"
@@ -262,8 +263,8 @@ func TestAPIToken(t *testing.T) {
 }
 
 func isStatus(err error, status int) bool {
-	ce, ok := err.(*client.Error)
-	return ok && ce.Status == status
+	var ce *client.Error
+	return errors.As(err, &ce) && ce.Status == status
 }
 
 // servedSerial is the serial number of the certificate a TLS listener

@@ -192,14 +192,17 @@ func replayed(r client.WriteResult) string {
 	return ""
 }
 
-// unknownOutcome tells the user what a failed write means and how to find
-// out what happened.
+// unknownOutcome tells the user what a failed write means, as the server
+// and the connection tell it: nothing written, or maybe, and how to find
+// out (docs/OPERATIONS.md, "Errors").
 func unknownOutcome(err error, key string) error {
 	var ce *client.Error
-	if errors.As(err, &ce) && ce.Status < 500 {
-		return err // refused: definitely not written
-	}
-	if key == "" {
+	switch {
+	case errors.As(err, &ce) && ce.Status < 500:
+		return err // refused: nothing was written, the message says why
+	case !client.MayHaveWritten(err):
+		return fmt.Errorf("%w\nnothing was written", err)
+	case key == "":
 		return fmt.Errorf("%w\nthe write may or may not have happened; next time send --idempotency-key to be able to ask", err)
 	}
 	return fmt.Errorf("%w\nthe write may or may not have happened: ask with 'replicator status --idempotency-key %s'", err, key)

@@ -169,8 +169,13 @@ func (a *API) handleLag(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, a.node.Lag(since))
 }
 
+// writeSaturated refuses a write of a saturated node: nothing was written
+// ("outcome": "not_written"), and the shipped clients do not retry it
+// ("retryable": false: the backlog does not drain because a client tries
+// again). Retry-After stays, for proxies and load balancers that honour it
+// and never read the body (docs/SATURATION.md says why both).
 func writeSaturated(w http.ResponseWriter, e *api.SaturatedError) {
 	httpjson.RetryAfter(w, time.Second)
 	writeError(w, http.StatusServiceUnavailable, apiError{Code: "saturated", Source: e.Source, Peer: e.Peer,
-		Retryable: false, Message: e.Error() + "; slow down, or bring the peer back (replicator admin peers)"})
+		Retryable: false, Outcome: "not_written", Message: e.Error() + "; slow down, or bring the peer back (replicator admin peers)"})
 }
