@@ -443,7 +443,7 @@ func (p *progress) wait(ctx context.Context, i uint64) error {
 // links: where each peer's cursor stands in the log, state follower.
 func (r *replication) followerLinks() []client.LinkStatus {
 	n := r.n
-	var out []client.LinkStatus
+	out := []client.LinkStatus{} // [] in JSON, as a leader answers: the dashboard iterates it
 	last := n.out.Last()
 	for _, p := range r.linkPeers() {
 		st := client.LinkStatus{Peer: p.Name, URL: p.URL, State: transport.StateFollower, Last: last}

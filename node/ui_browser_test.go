@@ -2,7 +2,9 @@ package node
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -221,4 +223,31 @@ func TestDashboardShowsTheNodes(t *testing.T) {
 	if !strings.Contains(mode, "leader "+leader) {
 		t.Fatalf("the cluster line says %q", mode)
 	}
+	// A follower of a cluster with no peers (the README's recipe) has no
+	// links: the page shows none, and no error.
+	var peers struct {
+		Links []any `json:"links"`
+	}
+	raw, err := httpGetJSON(c.nodes[f].URL()+"/admin/peers", &peers)
+	if err != nil || !strings.Contains(raw, `"links":[]`) {
+		t.Fatalf("a follower's links: %s %v (want [])", raw, err)
+	}
+	time.Sleep(1500 * time.Millisecond) // the page refreshes every second
+	if msg, _ := chromedp.Run(ctx, chromedp.Text(chromedp.ID("error"))); msg != "" {
+		t.Fatalf("the follower's dashboard says %q", msg)
+	}
+}
+
+// httpGetJSON decodes the JSON document at url into v and returns it raw.
+func httpGetJSON(url string, v any) (string, error) {
+	resp, err := http.Get(url)
+	if err != nil {
+		return "", err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return "", err
+	}
+	return string(b), json.Unmarshal(b, v)
 }
