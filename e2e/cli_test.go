@@ -305,4 +305,14 @@ func TestCLIWriteOutcomes(t *testing.T) {
 	if !refused {
 		t.Fatal("50 writes taken by a node whose peer is down, over a high-water mark of 1")
 	}
+
+	// --addr takes host:port without a scheme, as etcdctl and
+	// CONSUL_HTTP_ADDR do.
+	hostport := strings.TrimPrefix(p.url, "http://")
+	if out, errOut, code := cli(t, nil, "admin", "wal", "--addr", hostport); code != 0 || !strings.Contains(out, "SATURATED") {
+		t.Fatalf("--addr %s: exit %d\n%s%s", hostport, code, out, errOut)
+	}
+	if _, errOut, code := cli(t, nil, "get", "k", "--addr", "ftp://"+hostport); code == 0 || !strings.Contains(errOut, "want host:port") {
+		t.Fatalf("--addr ftp://...: exit %d\n%s", code, errOut)
+	}
 }

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/url"
 	"os"
 	"strings"
 	"text/tabwriter"
@@ -77,7 +78,29 @@ func (c *clientFlags) client() (*client.Client, error) {
 		}
 		o.Retry = p
 	}
-	return client.New(c.addr, o), nil
+	base, err := nodeURL(c.addr, c.caFile != "")
+	if err != nil {
+		return nil, err
+	}
+	return client.New(base, o), nil
+}
+
+// nodeURL is the base URL --addr names. Like etcdctl's endpoints and
+// CONSUL_HTTP_ADDR, it takes host:port without a scheme: http, or https
+// when a CA is given to verify the node.
+func nodeURL(addr string, secure bool) (string, error) {
+	if !strings.Contains(addr, "://") {
+		scheme := "http://"
+		if secure {
+			scheme = "https://"
+		}
+		addr = scheme + addr
+	}
+	u, err := url.Parse(addr)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return "", fmt.Errorf("--addr %q: want host:port, or http(s)://host:port", strings.TrimPrefix(strings.TrimPrefix(addr, "http://"), "https://"))
+	}
+	return strings.TrimRight(addr, "/"), nil
 }
 
 // scope pins the --idempotency-key on ctx, if given.
