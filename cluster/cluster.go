@@ -268,6 +268,10 @@ type Group struct {
 	closeTrans func()
 	stop       chan struct{}
 	done       chan struct{}
+	// beats is the leader's view of which voters answer its heartbeats
+	// (heartbeats.go); obs its registration with raft.
+	beats *heartbeats
+	obs   *raft.Observer
 	// recovery: this open rewrote the configuration from peers.json (a
 	// majority was lost); nil otherwise.
 	recovery atomic.Pointer[Recovery]
@@ -482,6 +486,10 @@ func Open(opts *Options) (*Group, error) {
 		}
 		g.mu.bootstrapped = true
 	}
+	g.beats = newHeartbeats()
+	g.obs = g.beats.observer()
+	g.raft.RegisterObserver(g.obs)
+	go g.beats.watch(g.stop) // exits at Close
 	go g.run()
 	return g, nil
 }
@@ -779,6 +787,8 @@ func (g *Group) HasCommand(from, to uint64) (bool, error) {
 func (g *Group) Close() error {
 	close(g.stop)
 	<-g.done
+	<-g.beats.done
+	g.raft.DeregisterObserver(g.obs)
 	err := g.raft.Shutdown().Error()
 	g.closeTrans()
 	return errors.Join(err, g.log.Close())

@@ -273,3 +273,39 @@ func TestOptionsReportEveryProblem(t *testing.T) {
 		}
 	}
 }
+
+// TestVotersLiveSeesALostVoter: the leader counts a voter that stops
+// answering its heartbeats as down at once (not when gossip notices, tens of
+// seconds later), and live again when it is back; a follower does not
+// claim to know.
+func TestVotersLiveSeesALostVoter(t *testing.T) {
+	v := newView(t)
+	var ns []*node
+	for _, id := range []string{"a1", "a2", "a3"} {
+		ns = append(ns, v.start(t, id, 3))
+	}
+	ld := v.leader(t)
+	waitFor(t, "three voters live", func() bool {
+		live, voters, ok := ld.g.VotersLive()
+		return ok && live == 3 && voters == 3
+	})
+	var f *node
+	for _, n := range ns {
+		if n != ld {
+			if _, _, ok := n.g.VotersLive(); ok {
+				t.Fatalf("follower %s claims to know which voters are live", n.id)
+			}
+			f = n
+		}
+	}
+	v.stop(f)
+	waitFor(t, "the stopped voter seen down", func() bool {
+		live, voters, ok := ld.g.VotersLive()
+		return ok && live == 2 && voters == 3
+	})
+	v.start(t, f.id, 3)
+	waitFor(t, "the voter seen back", func() bool {
+		live, voters, ok := ld.g.VotersLive()
+		return ok && live == 3 && voters == 3
+	})
+}

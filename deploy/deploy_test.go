@@ -152,7 +152,7 @@ func TestAlertRules(t *testing.T) {
 		}
 	}
 	for _, want := range []string{"ReplicatorLinkStalled", "ReplicatorBacklogOld", "ReplicatorSaturated", "ReplicatorPeerDetached",
-		"ReplicatorDeadLetters", "ReplicatorClockSkew"} {
+		"ReplicatorDeadLetters", "ReplicatorClockSkew", "ReplicatorNoLeader", "ReplicatorVoterDown", "ReplicatorSendFailures"} {
 		if !alerts[want] {
 			t.Errorf("no alert %s", want)
 		}
@@ -164,6 +164,13 @@ func TestAlertRules(t *testing.T) {
 	}
 	if out, err := exec.Command(promtool, "check", "rules", "prometheus/alerts.yaml").CombinedOutput(); err != nil {
 		t.Fatalf("promtool check rules: %v\n%s", err, out)
+	}
+	// What each rule does: it fires when it should and stays quiet
+	// otherwise (prometheus/alerts_test.yaml).
+	test := exec.Command(promtool, "test", "rules", "alerts_test.yaml")
+	test.Dir = "prometheus"
+	if out, err := test.CombinedOutput(); err != nil {
+		t.Fatalf("promtool test rules: %v\n%s", err, out)
 	}
 }
 

@@ -129,7 +129,7 @@ func TestSaturationSurfaces(t *testing.T) {
 	resp, _ = http.Get(a.url + "/metrics")
 	mb, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
-	for _, want := range []string{"replicator_saturation_state 2", `replicator_backlog_entries{peer="b"}`, `replicator_refusals_total{source="outbound_backlog"} 1`} {
+	for _, want := range []string{`replicator_saturation_state{cluster="a"} 2`, `replicator_backlog_entries{cluster="a",peer="b"}`, `replicator_refusals_total{cluster="a",source="outbound_backlog"} 1`} {
 		if !strings.Contains(string(mb), want) {
 			t.Fatalf("/metrics lacks %q", want)
 		}

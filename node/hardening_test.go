@@ -463,8 +463,8 @@ func TestNeverAnsweringLinkAges(t *testing.T) {
 	}
 	body, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
-	for _, want := range []string{`replicator_peer_send_failures_total{peer="ghost"}`, `replicator_link_state{peer="ghost",state="stalled"} 1`,
-		`replicator_link_state{peer="ghost",state="healthy"} 0`, `replicator_peer_last_contact_timestamp_seconds{peer="ghost"} 0`, "replicator_build_info{"} {
+	for _, want := range []string{`replicator_peer_send_failures_total{cluster="a",peer="ghost"}`, `replicator_link_state{cluster="a",peer="ghost",state="stalled"} 1`,
+		`replicator_link_state{cluster="a",peer="ghost",state="healthy"} 0`, `replicator_peer_last_contact_timestamp_seconds{cluster="a",peer="ghost"} 0`, "replicator_build_info{"} {
 		if !strings.Contains(string(body), want) {
 			t.Errorf("/metrics lacks %s", want)
 		}
@@ -504,7 +504,7 @@ func TestPeerVersionsShown(t *testing.T) {
 		}
 		body, _ := io.ReadAll(resp.Body)
 		resp.Body.Close()
-		want := fmt.Sprintf(`replicator_peer_build_info{peer=%q,version=%q} 1`, tc.peer, tc.want)
+		want := fmt.Sprintf(`replicator_peer_build_info{cluster=%q,peer=%q,version=%q} 1`, tc.from, tc.peer, tc.want)
 		if !strings.Contains(string(body), want) {
 			t.Errorf("%s /metrics lacks %s", tc.from, want)
 		}

@@ -43,7 +43,7 @@ func TestLagStagesReported(t *testing.T) {
 	body, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
 	for _, stage := range []string{"ship", "wire", "apply"} {
-		want := fmt.Sprintf(`replicator_replication_stage_seconds_count{peer="a",stage="%s"} 50`, stage)
+		want := fmt.Sprintf(`replicator_replication_stage_seconds_count{cluster="b",peer="a",stage="%s"} 50`, stage)
 		if !strings.Contains(string(body), want) {
 			t.Errorf("/metrics lacks %s", want)
 		}

@@ -41,7 +41,12 @@ type nodeMetrics struct {
 
 func (m *nodeMetrics) init(n *Node) {
 	m.reg = prometheus.NewRegistry()
-	f := func(c prometheus.Collector) { m.reg.MustRegister(c) }
+	// Every replicator_ series carries the node's cluster ID as a label of
+	// its own (docs/OPERATIONS.md "Metrics"): the ID the node resolved and
+	// enforces, so that rules group by cluster however Prometheus scrapes
+	// (two clusters in one job included), with no relabelling to get right.
+	own := prometheus.WrapRegistererWith(prometheus.Labels{"cluster": n.cluster}, m.reg)
+	f := func(c prometheus.Collector) { own.MustRegister(c) }
 	m.backlogEntries = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "replicator_backlog_entries",
 		Help: "WAL entries a peer has not acknowledged."}, []string{"peer"})
 	m.backlogBytes = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "replicator_backlog_bytes",
@@ -73,8 +78,8 @@ func (m *nodeMetrics) init(n *Node) {
 		f(c)
 	}
 	f(collectorFunc(func(ch chan<- prometheus.Metric) { n.collect(ch) }))
-	f(prometheus.NewGoCollector())
-	f(prometheus.NewProcessCollector(prometheus.ProcessCollectorOpts{}))
+	m.reg.MustRegister(prometheus.NewGoCollector())
+	m.reg.MustRegister(prometheus.NewProcessCollector(prometheus.ProcessCollectorOpts{}))
 }
 
 func (m *nodeMetrics) backlog(peer string, bl transport.Backlog) {
@@ -118,6 +123,8 @@ var (
 	descApplied  = prometheus.NewDesc("replicator_raft_applied_index", "The last log command this node's state machine applied.", nil, nil)
 	descApplyLag = prometheus.NewDesc("replicator_raft_apply_lag", "Log entries committed and not yet applied here.", nil, nil)
 	descVoters   = prometheus.NewDesc("replicator_raft_voters", "Voters of the cluster's configuration, as this node knows it.", nil, nil)
+	descLive     = prometheus.NewDesc("replicator_raft_voters_live",
+		"Voters answering the leader's heartbeats (the leader exports it; a follower does not know).", nil, nil)
 )
 
 // linkStates are every state a link can report: each link's series exists
@@ -186,7 +193,16 @@ func (n *Node) collect(ch chan<- prometheus.Metric) {
 		lag = float64(commit - applied)
 	}
 	ch <- prometheus.MustNewConstMetric(descApplyLag, prometheus.GaugeValue, lag)
-	ch <- prometheus.MustNewConstMetric(descVoters, prometheus.GaugeValue, float64(len(n.group.Status().Servers)))
+	voters := 0
+	for _, sv := range n.group.Status().Servers {
+		if sv.Voter {
+			voters++
+		}
+	}
+	ch <- prometheus.MustNewConstMetric(descVoters, prometheus.GaugeValue, float64(voters))
+	if live, _, ok := n.group.VotersLive(); ok {
+		ch <- prometheus.MustNewConstMetric(descLive, prometheus.GaugeValue, float64(live))
+	}
 	if dls, err := n.store.DeadLetters(); err == nil {
 		ch <- prometheus.MustNewConstMetric(descDead, prometheus.GaugeValue, float64(len(dls)))
 	}

@@ -100,7 +100,7 @@ func TestSaturationRefusesAndRecovers(t *testing.T) {
 		t.Fatalf("HTTP refusal: %d %v %s", rec.status, rec.header, rec.body)
 	}
 	metrics := httpDo(t, "GET", a.URL()+"/metrics", "")
-	if !strings.Contains(metrics.body, "replicator_saturation_state 2") || !strings.Contains(metrics.body, `replicator_refusals_total{source="outbound_backlog"}`) {
+	if !strings.Contains(metrics.body, `replicator_saturation_state{cluster="a"} 2`) || !strings.Contains(metrics.body, `replicator_refusals_total{cluster="a",source="outbound_backlog"}`) {
 		t.Fatal("metrics do not show the saturation")
 	}
 	m.cut("a", "b", false)
