@@ -316,3 +316,28 @@ func TestCLIWriteOutcomes(t *testing.T) {
 		t.Fatalf("--addr ftp://...: exit %d\n%s", code, errOut)
 	}
 }
+
+// TestCLIFlagHelp: an unknown flag is said once, without the flag list;
+// each command lists its own flags only, one-letter ones as typed (-o);
+// help admin names the cluster commands.
+func TestCLIFlagHelp(t *testing.T) {
+	out, errOut, code := cli(t, nil, "get", "k", "--bogus")
+	if code == 0 || strings.Count(errOut, "bogus") != 1 || strings.Contains(out+errOut, "--timeout") || !strings.Contains(errOut, "get -h") {
+		t.Fatalf("an unknown flag: exit %d\nstdout %q\nstderr %q", code, out, errOut)
+	}
+	for _, cmd := range [][]string{{"peers", "-h"}, {"digest", "-h"}, {"admin", "wal", "-h"}} {
+		out, errOut, _ := cli(t, nil, cmd...)
+		if strings.Contains(out+errOut, "--wait") || strings.Contains(out+errOut, "--force") {
+			t.Fatalf("%v lists another command's flags:\n%s%s", cmd, out, errOut)
+		}
+	}
+	if out, errOut, _ := cli(t, nil, "admin", "reseed", "-h"); !strings.Contains(out+errOut, "--wait") {
+		t.Fatalf("admin reseed -h lacks --wait:\n%s%s", out, errOut)
+	}
+	if out, errOut, _ := cli(t, nil, "get", "-h"); !strings.Contains(out+errOut, "\n  -o string") || strings.Contains(out+errOut, "--o ") {
+		t.Fatalf("get -h lists -o as:\n%s%s", out, errOut)
+	}
+	if out, errOut, _ := cli(t, nil, "help", "admin"); !strings.Contains(out+errOut, "cluster join") {
+		t.Fatalf("help admin omits the cluster commands:\n%s%s", out, errOut)
+	}
+}

@@ -46,8 +46,15 @@ func runAdmin(cmd string, args []string) error {
 	fs := flag.NewFlagSet(cmd, flag.ContinueOnError)
 	var cf clientFlags
 	cf.register(fs)
-	wait := fs.Bool("wait", true, "reseed: follow the re-seed with a progress bar until it ends")
-	force := fs.String("force", "", "cluster join: add the node although its raft port does not say who it is (an emergency: give the reason, which the leader logs)")
+	// Each command lists (and takes) only its own flags.
+	wait, force := new(bool), new(string)
+	*wait = true
+	switch cmd {
+	case "reseed":
+		fs.BoolVar(wait, "wait", true, "follow the re-seed with a progress bar until it ends")
+	case "cluster":
+		fs.StringVar(force, "force", "", "join: add the node although its raft port does not say who it is (an emergency: give the reason, which the leader logs)")
+	}
 	if err := parse(fs, args); err != nil {
 		return err
 	}

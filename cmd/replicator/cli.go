@@ -54,8 +54,11 @@ var errHelp = errors.New("help printed")
 // -h prints the command's flags, with their defaults, to stdout; flags named
 // test-* are for tests and left out.
 func parse(fs *flag.FlagSet, args []string) error {
-	fs.SetOutput(os.Stderr)
-	fs.Usage = func() {
+	// The flag package's own messages are off: a parse error is printed
+	// once, by the caller, with a pointer to -h; the list is printed for -h
+	// alone.
+	fs.SetOutput(io.Discard)
+	usage := func() {
 		fmt.Fprintf(os.Stdout, "Flags of replicator %s (anywhere among the arguments):\n", fs.Name())
 		fs.VisitAll(func(f *flag.Flag) {
 			if strings.HasPrefix(f.Name, "test-") {
@@ -66,6 +69,9 @@ func parse(fs *flag.FlagSet, args []string) error {
 				name = t.Type()
 			}
 			line := "  --" + f.Name
+			if len(f.Name) == 1 {
+				line = "  -" + f.Name // -o, as it is typed
+			}
 			if name != "" {
 				line += " " + name
 			}
@@ -80,9 +86,10 @@ func parse(fs *flag.FlagSet, args []string) error {
 	for {
 		if err := fs.Parse(args); err != nil {
 			if errors.Is(err, flag.ErrHelp) {
+				usage()
 				return errHelp
 			}
-			return err
+			return fmt.Errorf("%w (replicator %s -h lists its flags)", err, fs.Name())
 		}
 		rest := fs.Args()
 		if len(rest) == 0 {

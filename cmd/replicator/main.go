@@ -59,7 +59,7 @@ func root() *cobra.Command {
 		command("load FILE", "bulk load NDJSON {\"key\",\"value\"} lines or CSV key,value", data("load")),
 		command("peers [--json]", "replication links and what came in", admin("peers")),
 		command("digest [--json]", "hash of the live state (equal on converged clusters)", admin("digest")),
-		command("admin wal|peers|origin|digest | pause|resume|reseed|detach PEER", "admin documents as tables, and peer link actions", admin("admin")),
+		command("admin wal|peers|origin|digest|cluster | pause|resume|reseed|detach PEER | cluster join|remove NODE", "admin documents as tables, peer link actions and the cluster's membership", admin("admin")),
 		command("healthcheck [--addr URL]", "exit 0 when the node answers /healthz (container health checks)", runHealthcheck),
 		command("inspect --data DIR [--data DIR...]", "what a stopped node's data directory holds (the survivor to recover after losing a majority)", runInspect),
 		command("restore --data DIR", "prepare a data directory put back from a backup or copy, before the node starts on it", runRestore),
