@@ -55,6 +55,9 @@ type router struct {
 	// fwdClient forwards to a leader of an older build, at its gossiped
 	// URL.
 	fwdClient *http.Client
+	// removed is why the cluster keeps this node out (nil: it does not):
+	// then nothing is forwarded.
+	removed func() error
 }
 
 // needsLeader reports a request only the leader answers.
@@ -83,6 +86,10 @@ func (f *router) route(h http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if !needsLeader(r) {
 			h.ServeHTTP(w, r)
+			return
+		}
+		if err := f.removed(); err != nil {
+			httpapi.WriteErr(w, err) // 503 removed: no leader of this node's any more
 			return
 		}
 		if forwarded(r) || f.group.IsLeader() {

@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/raft"
@@ -16,6 +17,7 @@ import (
 	"github.com/replicator/replicator/hlc"
 	"github.com/replicator/replicator/internal/legacywal"
 	"github.com/replicator/replicator/machine"
+	"github.com/replicator/replicator/node/api"
 	"github.com/replicator/replicator/store"
 	"github.com/replicator/replicator/wal"
 	"github.com/replicator/replicator/wire"
@@ -38,6 +40,8 @@ type proposed struct {
 // once every node reads it.
 type consensus struct {
 	n *Node
+	// removed is why the cluster keeps this node out (nil: it does not).
+	removed atomic.Pointer[error]
 	// formatMu is held by raiseFormat and by each admission of a member
 	// until it is in the configuration.
 	formatMu sync.Mutex
@@ -310,8 +314,8 @@ func (cs *consensus) openGroup() (created bool, err error) {
 		co.HasData = cs.hasData
 		co.Removed = n.mem.removedServer
 		co.OnRefused = func(by, why string) {
-			n.stopFatal(fmt.Errorf("%w: %s refuses this node (%s): %s; start it with an empty data directory: it comes back as a new member",
-				cluster.ErrRemoved, by, cluster.ServerID(n.nodeID, n.incarnation), why))
+			cs.refused(fmt.Errorf("%w: %w: %s refuses this node (%s): %s; start it with an empty data directory: it comes back as a new member",
+				api.ErrRemoved, cluster.ErrRemoved, by, cluster.ServerID(n.nodeID, n.incarnation), why))
 		}
 		co.RecordRemoved = func(id raft.ServerID, why cluster.Removal) error {
 			node, inc := cluster.SplitServerID(id)
@@ -700,4 +704,23 @@ func (cs *consensus) onInstalled(applied uint64) error {
 	n.applied.Store(n.out.Last())
 	n.progress.set(applied)
 	return nil
+}
+
+// refused puts the node out of its cluster for good, as a member told it:
+// no vote, append or apply from here on, and every read and write refused
+// with err (api.ErrRemoved). The process stays up, failing /readyz, so that
+// a supervisor does not restart it in a loop; the operator wipes it to
+// bring it back as a new member (docs/OPERATIONS.md).
+func (cs *consensus) refused(err error) {
+	if !cs.removed.CompareAndSwap(nil, &err) {
+		return
+	}
+	n := cs.n
+	n.log.Error("this node was removed from its cluster: it refuses reads and writes, and stays up until it is stopped", "err", err)
+	if n.fsm != nil {
+		n.fsm.Break(err)
+	}
+	if n.group != nil {
+		n.group.Halt()
+	}
 }

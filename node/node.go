@@ -238,7 +238,12 @@ func Open(ctx context.Context, opts *Options) (*Node, error) {
 	}
 	n.svc.group, n.svc.token, n.svc.member, n.svc.urls = n.group, o.APIToken != "", n.mem.member, &n.nodeURLs
 	n.fwd = router{multi: n.multi(), nodeID: n.nodeID, group: n.group, lead: &n.lead, progress: &n.progress, svc: &n.svc,
-		member: n.mem.member, metrics: &n.metrics}
+		member: n.mem.member, metrics: &n.metrics, removed: func() error {
+			if p := n.cons.removed.Load(); p != nil {
+				return *p
+			}
+			return nil
+		}}
 	if o.Raft != nil {
 		n.fwd.electionTimeout = o.Raft.ElectionTimeout
 	}
@@ -606,6 +611,9 @@ func (n *Node) propose(ctx context.Context, p *proposal) (api.WriteResult, error
 	if n.closing.Load() {
 		return api.WriteResult{}, fmt.Errorf("%w: %w", api.ErrClosed, api.ErrNotWritten)
 	}
+	if p := n.cons.removed.Load(); p != nil {
+		return api.WriteResult{}, fmt.Errorf("%w: %w", api.ErrNotWritten, *p)
+	}
 	if err := n.lead.awaitTerm(ctx); err != nil {
 		return api.WriteResult{}, err
 	}
@@ -691,6 +699,9 @@ func (n *Node) Ready() error {
 	}
 	if err := n.FatalErr(); err != nil {
 		return err
+	}
+	if p := n.cons.removed.Load(); p != nil {
+		return *p
 	}
 	if errp := n.com.failed.Load(); errp != nil {
 		return *errp

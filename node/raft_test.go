@@ -552,6 +552,34 @@ func TestRemovedNodeStaysOut(t *testing.T) {
 			t.Fatalf("the report shows the removed node as %+v", cn)
 		}
 	}
+	// The removed node, still running, learns it from the members that
+	// refuse it: it stays up, and answers every read and write 503
+	// removed (not stale values, not "knows no leader"), and fails
+	// /readyz.
+	v := c.nodes[victim]
+	if why := awaitRemoved(v, 20*time.Second); why == "" {
+		t.Fatalf("%s, removed, was never told (Ready: %v)", victim, v.Ready())
+	}
+	if _, err := v.Get("anything"); !errors.Is(err, api.ErrRemoved) {
+		t.Fatalf("a read of the removed node: %v", err)
+	}
+	for _, req := range []struct{ method, path string }{{http.MethodGet, "/v1/kv/k"}, {http.MethodPut, "/v1/kv/k"}, {http.MethodGet, "/readyz"}} {
+		hr, _ := http.NewRequest(req.method, v.URL()+req.path, strings.NewReader("v"))
+		resp, err := http.DefaultClient.Do(hr)
+		if err != nil {
+			t.Fatalf("%s %s: %v", req.method, req.path, err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusServiceUnavailable || !strings.Contains(string(body), "removed") {
+			t.Fatalf("%s %s on the removed node: %d %s", req.method, req.path, resp.StatusCode, body)
+		}
+	}
+	select {
+	case <-v.Fatal():
+		t.Fatalf("the removed node stopped (a supervisor would restart it in a loop): %v", v.FatalErr())
+	default:
+	}
 }
 
 // A node alone holding data, restarted with a raft port, goes on as the
@@ -854,13 +882,17 @@ func TestRecoveryRecordsTheLostAndSealsOnce(t *testing.T) {
 					if err := nd2.Start(); err != nil {
 						t.Fatal(err)
 					}
+					why = awaitRemoved(nd2, 15*time.Second)
+					if _, err := nd2.Get("after"); why != "" && !errors.Is(err, api.ErrRemoved) {
+						t.Fatalf("the lost node %s, refused, still serves reads: %v", back, err)
+					}
+					if _, err := nd2.store.Get("after"); !errors.Is(err, store.ErrNotFound) {
+						t.Fatalf("the lost node %s holds a write of the recovered cluster: %v", back, err)
+					}
 					select {
 					case <-nd2.Fatal():
-						why = nd2.FatalErr().Error()
-					case <-time.After(15 * time.Second):
-					}
-					if _, err := nd2.Get("after"); !errors.Is(err, api.ErrNotFound) {
-						t.Fatalf("the lost node %s holds a write of the recovered cluster: %v", back, err)
+						t.Fatalf("the lost node %s stopped (a supervisor would restart it in a loop): %v", back, nd2.FatalErr())
+					default:
 					}
 					nd2.Close()
 				}
@@ -1152,6 +1184,9 @@ func TestRefusalFromAnImpostorDoesNotStopTheLeader(t *testing.T) {
 		t.Fatalf("an impostor's refusal stopped the leader: %v", nd.FatalErr())
 	default:
 	}
+	if p := nd.cons.removed.Load(); p != nil {
+		t.Fatalf("an impostor's refusal put the leader out of its cluster: %v", *p)
+	}
 	if !nd.lead.ready.Load() {
 		t.Fatal("the leader no longer leads")
 	}
@@ -1256,16 +1291,55 @@ func TestLostNodeRefusedByALaterIncarnationOfAMember(t *testing.T) {
 		if !strings.Contains(err.Error(), "recovered") {
 			t.Fatalf("F refused to start, but not for the recovery: %v", err)
 		}
+		t.Logf("F refused to start: %v", err)
 		return
+	}
+	why := awaitRemoved(nd, 20*time.Second)
+	if why == "" {
+		t.Fatal("F, lost in the recovery, runs on with its old directory: the refusal by W's new incarnation was ignored")
+	}
+	if !strings.Contains(why, "recovered") {
+		t.Fatalf("F was put out, but not for the recovery: %v", why)
+	}
+	if _, err := nd.Put(context.Background(), "k", []byte("v")); !errors.Is(err, api.ErrRemoved) || !errors.Is(err, api.ErrNotWritten) {
+		t.Fatalf("F, removed, answered a write with %v", err)
+	}
+	// Over HTTP: reads and writes answer 503 removed, /readyz fails, and
+	// the node stays up (it answers).
+	for _, req := range []struct{ method, path, want string }{
+		{http.MethodGet, "/v1/kv/k", `"code":"removed"`},
+		{http.MethodPut, "/v1/kv/k", `"code":"removed"`},
+		{http.MethodGet, "/readyz", "removed"},
+	} {
+		r, _ := http.NewRequest(req.method, nd.URL()+req.path, strings.NewReader("v"))
+		resp, err := http.DefaultClient.Do(r)
+		if err != nil {
+			t.Fatalf("%s %s: %v", req.method, req.path, err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusServiceUnavailable || !strings.Contains(string(body), req.want) {
+			t.Fatalf("%s %s on a removed node: %d %s", req.method, req.path, resp.StatusCode, body)
+		}
 	}
 	select {
 	case <-nd.Fatal():
-		if err := nd.FatalErr(); !strings.Contains(err.Error(), "recovered") {
-			t.Fatalf("F stopped, but not for the recovery: %v", err)
-		}
-	case <-time.After(20 * time.Second):
-		t.Fatal("F, lost in the recovery, runs on with its old directory: the refusal by W's new incarnation was ignored")
+		t.Fatalf("F stopped: %v", nd.FatalErr())
+	default:
 	}
+}
+
+// awaitRemoved waits for n to learn its cluster removed it, and returns why
+// ("" if it did not within d).
+func awaitRemoved(n *Node, d time.Duration) string {
+	deadline := time.Now().Add(d)
+	for time.Now().Before(deadline) {
+		if err := n.Ready(); errors.Is(err, api.ErrRemoved) {
+			return err.Error()
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return ""
 }
 
 // Issue 25, finding 2: a gossip member without any credential advertised

@@ -37,6 +37,9 @@ type readGate struct {
 
 // readable reports whether local reads may be answered, or why not.
 func (n *Node) readable() error {
+	if p := n.cons.removed.Load(); p != nil {
+		return *p
+	}
 	if n.restoring.Load() {
 		return fmt.Errorf("%w: installing the leader's snapshot of the tree (this node lagged behind the log)", api.ErrCatchingUp)
 	}

@@ -35,6 +35,11 @@ var (
 	ErrPinOutOfWindow = errors.New("node: pinned stamp outside the pin window")
 )
 
+// ErrRemoved refuses every read and write of a node its cluster removed
+// (or lost in a recovery): it stays up, answering 503 removed, so that a
+// supervisor does not restart it in a loop; its clients go to another node.
+var ErrRemoved = errors.New("node: removed from its cluster")
+
 // ErrBadRequest refuses a malformed request (400).
 var ErrBadRequest = errors.New("node: bad request")
 

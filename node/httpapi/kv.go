@@ -72,6 +72,11 @@ func WriteErr(w http.ResponseWriter, err error) {
 	var pe *machine.PreconditionError
 	var nf *api.NotFoundError
 	switch {
+	case errors.Is(err, api.ErrRemoved):
+		// Before the other classes: a removed node's refusal of a write
+		// also says not written, and its reads must not look transient.
+		writeError(w, http.StatusServiceUnavailable, apiError{Code: "removed", Outcome: "not_written",
+			Message: err.Error() + "; this node takes no reads or writes: send them to another node of the cluster"})
 	case errors.As(err, &se):
 		writeSaturated(w, se)
 	case errors.As(err, &pe):
