@@ -724,3 +724,23 @@ func (cs *consensus) refused(err error) {
 		n.group.Halt()
 	}
 }
+
+// checkRemoved puts the node out when the cluster's log, as this node
+// applied it, records its own removal: a node removed while it runs may
+// never be refused by a member (once it holds the configuration without
+// itself, it asks nobody for a vote), and must not go on serving reads.
+// It runs every second (Start).
+func (cs *consensus) checkRemoved() {
+	n := cs.n
+	if cs.removed.Load() != nil {
+		return
+	}
+	id := n.group.ID()
+	node, inc := cluster.SplitServerID(id)
+	why, err := n.machine.Removed(machine.RemovalKey(node, inc))
+	if err != nil || why == 0 {
+		return
+	}
+	cs.refused(fmt.Errorf("%w: %w: the cluster's log records this node (%s) as %s; start it with an empty data directory: it comes back as a new member",
+		api.ErrRemoved, cluster.ErrRemoved, id, cluster.Removal(why)))
+}

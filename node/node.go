@@ -356,6 +356,7 @@ func (n *Node) Start() error {
 		n.svc.serveService(&n.lis, n.Handler())
 		n.every(time.Second, n.svc.refreshProven)
 		n.every(500*time.Millisecond, n.cons.raiseFormat)
+		n.every(time.Second, n.cons.checkRemoved)
 	}
 	n.every(n.opts.GCInterval, n.collectExpired)
 	// Re-evaluated while no writes arrive too, so that it can clear, detach
