@@ -563,23 +563,7 @@ func TestRemovedNodeStaysOut(t *testing.T) {
 	if _, err := v.Get("anything"); !errors.Is(err, api.ErrRemoved) {
 		t.Fatalf("a read of the removed node: %v", err)
 	}
-	for _, req := range []struct{ method, path string }{{http.MethodGet, "/v1/kv/k"}, {http.MethodPut, "/v1/kv/k"}, {http.MethodGet, "/readyz"}} {
-		hr, _ := http.NewRequest(req.method, v.URL()+req.path, strings.NewReader("v"))
-		resp, err := http.DefaultClient.Do(hr)
-		if err != nil {
-			t.Fatalf("%s %s: %v", req.method, req.path, err)
-		}
-		body, _ := io.ReadAll(resp.Body)
-		resp.Body.Close()
-		if resp.StatusCode != http.StatusServiceUnavailable || !strings.Contains(string(body), "removed") {
-			t.Fatalf("%s %s on the removed node: %d %s", req.method, req.path, resp.StatusCode, body)
-		}
-	}
-	select {
-	case <-v.Fatal():
-		t.Fatalf("the removed node stopped (a supervisor would restart it in a loop): %v", v.FatalErr())
-	default:
-	}
+	expectRemovedOverHTTP(t, v)
 }
 
 // A node alone holding data, restarted with a raft port, goes on as the
@@ -1304,14 +1288,21 @@ func TestLostNodeRefusedByALaterIncarnationOfAMember(t *testing.T) {
 	if _, err := nd.Put(context.Background(), "k", []byte("v")); !errors.Is(err, api.ErrRemoved) || !errors.Is(err, api.ErrNotWritten) {
 		t.Fatalf("F, removed, answered a write with %v", err)
 	}
-	// Over HTTP: reads and writes answer 503 removed, /readyz fails, and
-	// the node stays up (it answers).
+	expectRemovedOverHTTP(t, nd)
+}
+
+// expectRemovedOverHTTP: a node its cluster put out answers reads and
+// writes 503 removed and fails /readyz, and stays up (it answers, and its
+// Fatal is not closed: a supervisor would restart an exiting node in a
+// loop).
+func expectRemovedOverHTTP(t *testing.T, n *Node) {
+	t.Helper()
 	for _, req := range []struct{ method, path, want string }{
 		{http.MethodGet, "/v1/kv/k", `"code":"removed"`},
 		{http.MethodPut, "/v1/kv/k", `"code":"removed"`},
 		{http.MethodGet, "/readyz", "removed"},
 	} {
-		r, _ := http.NewRequest(req.method, nd.URL()+req.path, strings.NewReader("v"))
+		r, _ := http.NewRequest(req.method, n.URL()+req.path, strings.NewReader("v"))
 		resp, err := http.DefaultClient.Do(r)
 		if err != nil {
 			t.Fatalf("%s %s: %v", req.method, req.path, err)
@@ -1323,8 +1314,8 @@ func TestLostNodeRefusedByALaterIncarnationOfAMember(t *testing.T) {
 		}
 	}
 	select {
-	case <-nd.Fatal():
-		t.Fatalf("F stopped: %v", nd.FatalErr())
+	case <-n.Fatal():
+		t.Fatalf("the removed node stopped: %v", n.FatalErr())
 	default:
 	}
 }
