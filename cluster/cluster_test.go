@@ -104,6 +104,15 @@ func newView(t *testing.T) *view {
 	return v
 }
 
+// startThree starts a1, a2 and a3, expecting three to form the group.
+func (v *view) startThree(t *testing.T) []*node {
+	var ns []*node
+	for _, id := range []string{"a1", "a2", "a3"} {
+		ns = append(ns, v.start(t, id, 3))
+	}
+	return ns
+}
+
 func waitFor(t *testing.T, what string, ok func() bool) time.Duration {
 	t.Helper()
 	start := time.Now()
@@ -169,10 +178,7 @@ func seq(prefix string, count int) []string {
 // back and catches up; a fourth node is added by the leader and catches up.
 func TestFormsAndFailsOver(t *testing.T) {
 	v := newView(t)
-	var ns []*node
-	for _, id := range []string{"a1", "a2", "a3"} {
-		ns = append(ns, v.start(t, id, 3))
-	}
+	ns := v.startThree(t)
 	first := v.leader(t)
 	apply(t, v, "w", 10)
 	for _, n := range ns {
@@ -211,9 +217,7 @@ func TestFormsAndFailsOver(t *testing.T) {
 func TestNodeWithDataDoesNotBootstrap(t *testing.T) {
 	v := newView(t)
 	v.nodes["a1"] = &node{id: "a1", addr: freeAddr(t), dir: filepath.Join(t.TempDir(), "a1"), hasData: true}
-	for _, id := range []string{"a1", "a2", "a3"} {
-		v.start(t, id, 3)
-	}
+	v.startThree(t)
 	time.Sleep(time.Second) // many reconcile rounds and election timeouts
 	for _, n := range v.nodes {
 		if id, _ := n.g.Leader(); id != "" || n.g.IsLeader() {
@@ -229,9 +233,7 @@ func TestNodeWithDataDoesNotBootstrap(t *testing.T) {
 // a quorum is refused; removing the dead node is not.
 func TestRemoveKeepsQuorum(t *testing.T) {
 	v := newView(t)
-	for _, id := range []string{"a1", "a2", "a3"} {
-		v.start(t, id, 3)
-	}
+	v.startThree(t)
 	l := v.leader(t)
 	apply(t, v, "w", 3)
 	var dead, other *node
@@ -280,10 +282,7 @@ func TestOptionsReportEveryProblem(t *testing.T) {
 // claim to know.
 func TestVotersLiveSeesALostVoter(t *testing.T) {
 	v := newView(t)
-	var ns []*node
-	for _, id := range []string{"a1", "a2", "a3"} {
-		ns = append(ns, v.start(t, id, 3))
-	}
+	ns := v.startThree(t)
 	ld := v.leader(t)
 	waitFor(t, "three voters live", func() bool {
 		live, voters, ok := ld.g.VotersLive()
