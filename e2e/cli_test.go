@@ -59,7 +59,9 @@ func TestCLIHabits(t *testing.T) {
 		{[]string{"put", "k2", "v2", "--idempotency-key", "idem-1"}, []string{"key", "version"}},
 		{[]string{"get", "k1"}, []string{"key", "value", "version", "origin"}},
 		{[]string{"scan", "--prefix", "k"}, []string{"items"}},
-		{[]string{"status", "--idempotency-key", "idem-1"}, []string{"key", "found", "status"}},
+		{[]string{"status", "--idempotency-key", "idem-1"}, []string{"key", "found", "status"}}, // the first name of outcome
+		{[]string{"outcome", "--idempotency-key", "idem-1"}, []string{"key", "found", "status"}},
+		{[]string{"status"}, []string{"ready", "cluster", "links", "saturation", "voters_live"}},
 		{[]string{"incr", "c", "5"}, []string{"key", "value", "version"}},
 		{[]string{"counter", "c"}, []string{"key", "value", "totals"}},
 		{[]string{"batch", batch}, []string{"version", "ops"}},
@@ -126,9 +128,9 @@ func TestCLIHabits(t *testing.T) {
 	if out, errOut, code := cli(t, []string{"REPLICATOR_ADDR=" + p.url}, "get", "k1"); code != 0 || strings.TrimSpace(out) != "v1" {
 		t.Fatalf("get with $REPLICATOR_ADDR: %d %q %s", code, out, errOut)
 	}
-	// An error names its command once.
+	// An error names its command once; not found is exit 3.
 	_, errOut, code := cli(t, nil, "get", "missing", "--addr", p.url)
-	if code != 1 || !strings.HasPrefix(errOut, "replicator get: ") || strings.Count(errOut, "replicator") != 1 {
+	if code != 3 || !strings.HasPrefix(errOut, "replicator get: ") || strings.Count(errOut, "replicator") != 1 {
 		t.Fatalf("get missing: exit %d %q", code, errOut)
 	}
 	// A typo: one line and a suggestion, exit 2.
@@ -138,7 +140,7 @@ func TestCLIHabits(t *testing.T) {
 	}
 
 	// -h exits 0 everywhere, to stdout, with defaults; no test flags.
-	for _, sub := range []string{"serve", "demo", "bench", "put", "get", "del", "scan", "status", "del-range", "incr",
+	for _, sub := range []string{"serve", "demo", "bench", "put", "get", "del", "scan", "status", "outcome", "del-range", "incr",
 		"counter", "batch", "load", "peers", "digest", "admin", "healthcheck", "version"} {
 		out, errOut, code := cli(t, nil, sub, "-h")
 		if code != 0 || out == "" {
@@ -150,6 +152,17 @@ func TestCLIHabits(t *testing.T) {
 		if sub == "serve" && !strings.Contains(out, "(default 127.0.0.1:7400)") {
 			t.Fatalf("serve -h shows no defaults:\n%s", out)
 		}
+	}
+	// Completion completes flags too, each command its own.
+	for args, want := range map[string]string{"put k --idem": "--idempotency-key", "admin reseed --w": "--wait", "serve --peer-sec": "--peer-secret-file",
+		"status -": "--timeout"} {
+		out, errOut, code := cli(t, nil, append([]string{"__complete"}, strings.Fields(args)...)...)
+		if code != 0 || !strings.Contains(out, want) {
+			t.Fatalf("__complete %s: exit %d, want %s in\n%s%s", args, code, want, out, errOut)
+		}
+	}
+	if out, _, _ := cli(t, nil, "__complete", "get", "k", "--w"); strings.Contains(out, "--wait") {
+		t.Fatalf("get completes reseed's --wait:\n%s", out)
 	}
 	for _, sh := range []string{"bash", "zsh", "fish"} {
 		out, errOut, code := cli(t, nil, "completion", sh)
@@ -314,6 +327,72 @@ func TestCLIWriteOutcomes(t *testing.T) {
 	}
 	if _, errOut, code := cli(t, nil, "get", "k", "--addr", "ftp://"+hostport); code == 0 || !strings.Contains(errOut, "want host:port") {
 		t.Fatalf("--addr ftp://...: exit %d\n%s", code, errOut)
+	}
+}
+
+// TestCLIExitCodes: a script tells the classes of failure apart by exit
+// code (docs/OPERATIONS.md, "Errors and exit codes"), and with -o json reads
+// the error as a document on stdout.
+func TestCLIExitCodes(t *testing.T) {
+	p := newProc(t, "a", "a", "--peer", "b=http://127.0.0.1:1", "--peer-secret", "b=secret-b")
+	p.startReady()
+	// A port that accepts and never answers: a write sent there may have
+	// happened (exit 5); a read there got no answer (exit 4).
+	mute, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { mute.Close() })
+	go func() {
+		for {
+			c, err := mute.Accept()
+			if err != nil {
+				return
+			}
+			t.Cleanup(func() { c.Close() })
+		}
+	}()
+	closed, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	closedAddr := closed.Addr().String()
+	closed.Close()
+	for _, c := range []struct {
+		args       []string
+		exit       int
+		code       string
+		mayWritten bool
+	}{
+		{[]string{"get", "nothing-here", "--addr", p.url}, 3, "not_found", false},
+		{[]string{"put", "k\xff", "v", "--addr", p.url}, 1, "bad_key", false},
+		{[]string{"get", "k", "--bogus"}, 2, "usage", false},
+		{[]string{"put", "k"}, 2, "usage", false},
+		{[]string{"get", "k", "--addr", closedAddr}, 4, "unreachable", false},
+		{[]string{"put", "k", "v", "--addr", closedAddr}, 4, "unreachable", false},
+		{[]string{"get", "k", "--addr", mute.Addr().String(), "--timeout", "300ms"}, 4, "no_answer", false},
+		{[]string{"put", "k", "v", "--addr", mute.Addr().String(), "--timeout", "300ms"}, 5, "no_answer", true},
+		{[]string{"admin", "pause", "nobody", "--addr", p.url}, 3, "not_found", false},
+	} {
+		_, errOut, code := cli(t, nil, c.args...)
+		if code != c.exit || errOut == "" {
+			t.Fatalf("%v: exit %d, want %d\n%s", c.args, code, c.exit, errOut)
+		}
+		out, errOut, code := cli(t, nil, append(c.args, "-o", "json")...)
+		var doc struct {
+			Error struct {
+				Code           string `json:"code"`
+				Message        string `json:"message"`
+				MayHaveWritten bool   `json:"may_have_written"`
+				ExitCode       int    `json:"exit_code"`
+			} `json:"error"`
+		}
+		if err := json.Unmarshal([]byte(out), &doc); err != nil || code != c.exit || errOut != "" {
+			t.Fatalf("%v -o json: exit %d, stdout %q, stderr %q: %v", c.args, code, out, errOut, err)
+		}
+		if e := doc.Error; e.Code != c.code || e.ExitCode != c.exit || e.MayHaveWritten != c.mayWritten || e.Message == "" {
+			t.Fatalf("%v -o json: %+v, want code %s exit %d may_have_written %v", c.args, e, c.code, c.exit, c.mayWritten)
+		}
 	}
 }
 

@@ -26,7 +26,7 @@ replicator admin cluster join NODE-ID RAFT-ADDR | cluster remove NODE-ID[.INCARN
 func runAdmin(cmd string, args []string) error {
 	if cmd == "admin" {
 		if len(args) == 0 {
-			return fmt.Errorf("usage:\n%s", adminUsage)
+			return usagef("usage:\n%s", adminUsage)
 		}
 		if args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
 			fmt.Println(adminUsage)
@@ -40,7 +40,7 @@ func runAdmin(cmd string, args []string) error {
 			}
 		}
 		if cmd == "admin" {
-			return fmt.Errorf("usage:\n%s", adminUsage)
+			return usagef("usage:\n%s", adminUsage)
 		}
 	}
 	fs := flag.NewFlagSet(cmd, flag.ContinueOnError)
@@ -67,7 +67,7 @@ func runAdmin(cmd string, args []string) error {
 	switch cmd {
 	case "pause", "resume", "reseed", "detach":
 		if fs.NArg() != 1 {
-			return fmt.Errorf("usage: replicator admin %s PEER", cmd)
+			return usagef("usage: replicator admin %s PEER", cmd)
 		}
 		peer := fs.Arg(0)
 		var st client.LinkStatus
@@ -91,7 +91,7 @@ func runAdmin(cmd string, args []string) error {
 		case fs.Arg(0) == "remove" && fs.NArg() == 2:
 			body, _ = json.Marshal(map[string]string{"id": fs.Arg(1)})
 		default:
-			return fmt.Errorf("usage: replicator admin cluster join NODE-ID RAFT-ADDR | cluster remove NODE-ID")
+			return usagef("usage: replicator admin cluster join NODE-ID RAFT-ADDR | cluster remove NODE-ID")
 		}
 		var r api.ClusterReport
 		if _, err := c.Do(ctx, http.MethodPost, "/admin/cluster/"+fs.Arg(0), body, http.Header{"Content-Type": {"application/json"}}, &r); err != nil {
@@ -107,7 +107,7 @@ func runAdmin(cmd string, args []string) error {
 		"cluster": "/admin/cluster"}
 	path, ok := paths[cmd]
 	if !ok {
-		return fmt.Errorf("unknown admin command %q\nusage:\n%s", cmd, adminUsage)
+		return usagef("unknown admin command %q\nusage:\n%s", cmd, adminUsage)
 	}
 	var out any
 	switch cmd {
@@ -163,8 +163,9 @@ func printCluster(w io.Writer, r *api.ClusterReport) {
 		if !cn.Voter && cn.Raft != "" && state != "removed" && state != "not a member" && state != "replaced" {
 			state += " (non-voter: votes once caught up)"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%v\t%s\t%s\t%s\t#%d\t%d\t%s\n", cn.ID, dash(cn.Incarnation), state, cn.Voter, cn.Raft, dash(cn.API),
-			dash(cn.Gossip), cn.Applied, cn.Lag, dash(cn.Error))
+		applied, lag := appliedLag(cn)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%v\t%s\t%s\t%s\t%s\t%s\t%s\n", cn.ID, dash(cn.Incarnation), state, cn.Voter, cn.Raft, dash(cn.API),
+			dash(cn.Gossip), applied, lag, dash(cn.Error))
 	}
 	tw.Flush()
 }

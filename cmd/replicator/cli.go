@@ -54,6 +54,10 @@ var errHelp = errors.New("help printed")
 // -h prints the command's flags, with their defaults, to stdout; flags named
 // test-* are for tests and left out.
 func parse(fs *flag.FlagSet, args []string) error {
+	if completing != nil {
+		completing(fs) // shell completion asks which flags there are
+		return errHelp
+	}
 	// The flag package's own messages are off: a parse error is printed
 	// once, by the caller, with a pointer to -h; the list is printed for -h
 	// alone.
@@ -89,7 +93,7 @@ func parse(fs *flag.FlagSet, args []string) error {
 				usage()
 				return errHelp
 			}
-			return fmt.Errorf("%w (replicator %s -h lists its flags)", err, fs.Name())
+			return usageError{fmt.Errorf("%w (replicator %s -h lists its flags)", err, fs.Name())}
 		}
 		rest := fs.Args()
 		if len(rest) == 0 {
@@ -103,6 +107,33 @@ func parse(fs *flag.FlagSet, args []string) error {
 		args = rest[1:]
 	}
 	return fs.Parse(append([]string{"--"}, pos...))
+}
+
+// completing, while the shell completes a command line, receives the
+// command's flag set from parse instead of a parse: each command builds its
+// flags once, for running and for completing alike.
+var completing func(fs *flag.FlagSet)
+
+// completeFlags lists the flags run would parse that start with prefix.
+func completeFlags(run func([]string) error, args []string, prefix string) []string {
+	var names []string
+	completing = func(fs *flag.FlagSet) {
+		fs.VisitAll(func(f *flag.Flag) {
+			if strings.HasPrefix(f.Name, "test-") {
+				return
+			}
+			name := "--" + f.Name
+			if len(f.Name) == 1 {
+				name = "-" + f.Name
+			}
+			if strings.HasPrefix(name, prefix) {
+				names = append(names, name+"\t"+f.Usage)
+			}
+		})
+	}
+	defer func() { completing = nil }()
+	_ = run(args)
+	return names
 }
 
 // envAddr is the default node address: $REPLICATOR_ADDR, or the default.
@@ -121,7 +152,7 @@ func runVersion(args []string) error {
 		return err
 	}
 	if fs.NArg() != 0 {
-		return fmt.Errorf("version takes no arguments")
+		return usagef("version takes no arguments")
 	}
 	v := struct {
 		Version   string `json:"version"`

@@ -68,7 +68,7 @@ func (c *clientFlags) client() (*client.Client, error) {
 	}
 	if c.retries > 0 {
 		if c.idemKey == "" {
-			return nil, fmt.Errorf("--retries needs --idempotency-key: a write is never retried without an identity")
+			return nil, usagef("--retries needs --idempotency-key: a write is never retried without an identity")
 		}
 		p, err := policy.New(policy.Options{MaxAttempts: c.retries + 1, OnRetry: func(n int, d time.Duration, err error) {
 			fmt.Fprintf(os.Stderr, "attempt %d failed (%v); retrying in %s\n", n, err, d.Round(time.Millisecond))
@@ -98,7 +98,7 @@ func nodeURL(addr string, secure bool) (string, error) {
 	}
 	u, err := url.Parse(addr)
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		return "", fmt.Errorf("--addr %q: want host:port, or http(s)://host:port", strings.TrimPrefix(strings.TrimPrefix(addr, "http://"), "https://"))
+		return "", usagef("--addr %q: want host:port, or http(s)://host:port", strings.TrimPrefix(strings.TrimPrefix(addr, "http://"), "https://"))
 	}
 	return strings.TrimRight(addr, "/"), nil
 }
@@ -137,7 +137,7 @@ func runClient(cmd string, args []string) error {
 	}
 	want := map[string]int{"put": 2, "get": 1, "del": 1, "scan": 0}[cmd]
 	if fs.NArg() != want {
-		return fmt.Errorf("want %d argument(s), got %d", want, fs.NArg())
+		return usagef("want %d argument(s), got %d", want, fs.NArg())
 	}
 	switch cmd {
 	case "put":
@@ -228,20 +228,26 @@ func unknownOutcome(err error, key string) error {
 	case key == "":
 		return fmt.Errorf("%w\nthe write may or may not have happened; next time send --idempotency-key to be able to ask", err)
 	}
-	return fmt.Errorf("%w\nthe write may or may not have happened: ask with 'replicator status --idempotency-key %s'", err, key)
+	return fmt.Errorf("%w\nthe write may or may not have happened: ask with 'replicator outcome --idempotency-key %s'", err, key)
 }
 
-// runStatus looks up what an Idempotency-Key's request was answered.
-func runStatus(args []string) error {
-	fs := flag.NewFlagSet("status", flag.ContinueOnError)
+// runOutcome looks up what an Idempotency-Key's request was answered
+// (`status --idempotency-key K`, its first name, still runs it).
+func runOutcome(args []string) error {
+	fs := flag.NewFlagSet("outcome", flag.ContinueOnError)
 	var cf clientFlags
 	cf.register(fs)
-	key := fs.String("idempotency-key", "", "the key to look up")
+	key := fs.String("idempotency-key", "", "the key to look up (or as the argument)")
 	if err := parse(fs, args); err != nil {
 		return err
 	}
+	if *key == "" && fs.NArg() == 1 {
+		*key = fs.Arg(0)
+	} else if fs.NArg() > 0 {
+		return usagef("want one key, as --idempotency-key K or as the argument")
+	}
 	if *key == "" {
-		return fmt.Errorf("--idempotency-key is required")
+		return usagef("--idempotency-key is required")
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), cf.timeout)
 	defer cancel()

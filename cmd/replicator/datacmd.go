@@ -53,7 +53,7 @@ func runData(cmd string, args []string) error {
 	switch cmd {
 	case "del-range":
 		if fs.NArg() != 0 || (prefix == "") == (start == "") {
-			return fmt.Errorf("usage: replicator del-range --prefix P | --start S [--end E]")
+			return usagef("usage: replicator del-range --prefix P | --start S [--end E]")
 		}
 		var res client.WriteResult
 		if prefix != "" {
@@ -69,12 +69,12 @@ func runData(cmd string, args []string) error {
 		})
 	case "incr":
 		if fs.NArg() < 1 || fs.NArg() > 2 {
-			return fmt.Errorf("usage: replicator incr KEY [DELTA]")
+			return usagef("usage: replicator incr KEY [DELTA]")
 		}
 		delta := int64(1)
 		if fs.NArg() == 2 {
 			if delta, err = strconv.ParseInt(fs.Arg(1), 10, 64); err != nil || delta == 0 {
-				return fmt.Errorf("DELTA %q: want a non-zero integer", fs.Arg(1))
+				return usagef("DELTA %q: want a non-zero integer", fs.Arg(1))
 			}
 		}
 		res, err := c.Increment(ctx, fs.Arg(0), delta)
@@ -90,7 +90,7 @@ func runData(cmd string, args []string) error {
 		})
 	case "counter":
 		if fs.NArg() != 1 {
-			return fmt.Errorf("usage: replicator counter KEY")
+			return usagef("usage: replicator counter KEY")
 		}
 		res, err := c.Counter(ctx, fs.Arg(0))
 		if err != nil {
@@ -106,7 +106,7 @@ func runData(cmd string, args []string) error {
 		})
 	case "batch":
 		if fs.NArg() != 1 {
-			return fmt.Errorf("usage: replicator batch [--operation-id ID] FILE|-   (FILE: {\"ops\":[{\"op\":\"set\",\"key\":...,\"value\":...}]})")
+			return usagef("usage: replicator batch [--operation-id ID] FILE|-   (FILE: {\"ops\":[{\"op\":\"set\",\"key\":...,\"value\":...}]})")
 		}
 		b, err := readArg(fs.Arg(0))
 		if err != nil {
@@ -135,7 +135,7 @@ func runData(cmd string, args []string) error {
 		})
 	case "load":
 		if fs.NArg() != 1 {
-			return fmt.Errorf("usage: replicator load [--format ndjson|csv] FILE")
+			return usagef("usage: replicator load [--format ndjson|csv] FILE")
 		}
 		return load(ctx, c, fs.Arg(0), format, &cf.out)
 	}
@@ -179,7 +179,7 @@ func load(ctx context.Context, c *client.Client, path, format string, out *outpu
 		}
 	}
 	if format != "ndjson" && format != "csv" {
-		return fmt.Errorf("--format %q: want ndjson or csv", format)
+		return usagef("--format %q: want ndjson or csv", format)
 	}
 	cr := &countingReader{r: f}
 	done := make(chan struct{})

@@ -4,7 +4,6 @@ package main
 
 import (
 	"errors"
-	"fmt"
 	"os"
 	"strings"
 
@@ -27,6 +26,14 @@ func command(use, short string, run func(args []string) error) *cobra.Command {
 		Short:              short,
 		DisableFlagParsing: true,
 		RunE:               func(_ *cobra.Command, args []string) error { return run(args) },
+		// With flag parsing off, cobra leaves flags to us: a word that
+		// starts with "-" completes to the command's own flags.
+		ValidArgsFunction: func(_ *cobra.Command, args []string, toComplete string) ([]cobra.Completion, cobra.ShellCompDirective) {
+			if !strings.HasPrefix(toComplete, "-") {
+				return nil, cobra.ShellCompDirectiveDefault
+			}
+			return completeFlags(run, args, toComplete), cobra.ShellCompDirectiveNoFileComp
+		},
 	}
 }
 
@@ -51,7 +58,8 @@ func root() *cobra.Command {
 		command("get KEY", "read a value", client("get")),
 		command("del KEY [--idempotency-key K [--retries N]]", "delete a key", client("del")),
 		command("scan [--prefix P] [--start S --end E] [--limit N]", "list live keys", client("scan")),
-		command("status --idempotency-key K", "what a keyed request was answered", runStatus),
+		command("status", "the cluster at a glance: leader, nodes, links, saturation, readiness", runStatus),
+		command("outcome --idempotency-key K", "what a keyed request was answered (also: status --idempotency-key K)", runOutcome),
 		command("del-range --prefix P | --start S [--end E]", "delete a range of keys", data("del-range")),
 		command("incr KEY [DELTA]", "add to a PN-counter", data("incr")),
 		command("counter KEY", "read a PN-counter", data("counter")),
@@ -81,14 +89,9 @@ func main() {
 	case err == nil, errors.Is(err, errHelp):
 		return
 	}
-	msg := strings.TrimPrefix(err.Error(), "replicator: ")
 	name := "replicator"
 	if c, _, ferr := r.Find(os.Args[1:]); ferr == nil && c != r {
 		name += " " + c.Name()
 	}
-	fmt.Fprintf(os.Stderr, "%s: %s\n", name, msg)
-	if strings.HasPrefix(err.Error(), "unknown command") || strings.HasPrefix(err.Error(), "unknown flag") {
-		os.Exit(2)
-	}
-	os.Exit(1)
+	exit(err, name, os.Args[1:])
 }

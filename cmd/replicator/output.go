@@ -35,7 +35,7 @@ func (o *outputFlags) check() error {
 	case "table", "json":
 		return nil
 	}
-	return fmt.Errorf("-o %q: want table or json", o.format)
+	return usagef("-o %q: want table or json", o.format)
 }
 
 // parseOut registers -o on fs, parses args and checks the format: the
