@@ -19,9 +19,9 @@ import (
 
 // tableRow is one row of the error table in docs/OPERATIONS.md.
 type tableRow struct {
-	code, outcome        string
-	status               int // 0: the CLI's own
-	retryable, may       bool
+	code, outcome       string
+	status              int // 0: the CLI's own
+	retryable, may      bool
 	exitRead, exitWrite int
 }
 
