@@ -371,9 +371,20 @@ func (c *Client) Healthy(ctx context.Context) error {
 	return err
 }
 
-// Ready reports whether /readyz answers 200.
+// Ready reports whether /readyz answers 200; a 503's *Error says why not
+// (the body's reason).
 func (c *Client) Ready(ctx context.Context) error {
 	_, err := c.Do(ctx, http.MethodGet, "/readyz", nil, nil, nil)
+	var e *Error
+	if errors.As(err, &e) && strings.HasPrefix(e.Code, "http_") {
+		var body struct {
+			Status string `json:"status"`
+			Reason string `json:"reason"`
+		}
+		if json.Unmarshal([]byte(e.Message), &body) == nil && body.Reason != "" {
+			e.Code, e.Message = body.Status, body.Reason
+		}
+	}
 	return err
 }
 

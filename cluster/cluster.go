@@ -546,11 +546,22 @@ func (w *lineWriter) Write(p []byte) (int, error) {
 		w.last = map[string]time.Time{}
 	}
 	w.mu.Unlock()
-	if left > 0 {
-		w.l.Log(context.Background(), level, msg, "component", "raft", "repeats_left_out", left)
-	} else {
-		w.l.Log(context.Background(), level, msg, "component", "raft")
+	// hclog's "[ERROR] raft: what: key=value ..." as one of our lines:
+	// the level is the line's level, what it says the message, the rest
+	// one attribute.
+	_, rest, ok := strings.Cut(msg, "raft: ")
+	if !ok {
+		rest = msg
 	}
+	what, detail, _ := strings.Cut(rest, ": ")
+	attrs := []any{"component", "raft"}
+	if detail != "" {
+		attrs = append(attrs, "detail", detail)
+	}
+	if left > 0 {
+		attrs = append(attrs, "repeats_left_out", left)
+	}
+	w.l.Log(context.Background(), level, "raft: "+what, attrs...)
 	return len(p), nil
 }
 

@@ -236,6 +236,24 @@ func TestDashboardShowsTheNodes(t *testing.T) {
 	if msg, _ := chromedp.Run(ctx, chromedp.Text(chromedp.ID("error"))); msg != "" {
 		t.Fatalf("the follower's dashboard says %q", msg)
 	}
+	// The third node stops: it shows unreachable, with its applied index
+	// and lag unknown ("-"), not #0 and 0.
+	var other string
+	for _, name := range c.names {
+		if name != leader && name != f {
+			other = name
+		}
+	}
+	c.stop(other)
+	row := `#nodes tr[data-node="` + other + `"]`
+	if err := chromedp.Do(ctx, chromedp.WaitVisible(chromedp.CSS(row+` span.state.unreachable`))); err != nil {
+		t.Fatalf("a stopped node is not shown unreachable: %v", err)
+	}
+	applied, err1 := chromedp.Run(ctx, chromedp.Text(chromedp.CSS(row+` td:nth-child(7)`)))
+	lag, err2 := chromedp.Run(ctx, chromedp.Text(chromedp.CSS(row+` td:nth-child(8)`)))
+	if applied != "-" || lag != "-" {
+		t.Fatalf("the stopped node's applied %q and lag %q, want - and - (%v %v)", applied, lag, err1, err2)
+	}
 }
 
 // httpGetJSON decodes the JSON document at url into v and returns it raw.

@@ -66,6 +66,11 @@ type serveConfig struct {
 	MaxBodies     int       `yaml:"max_bodies_in_flight"`
 	PermitQueue   int       `yaml:"replay_queue"`
 	NoAutoReseed  bool      `yaml:"no_auto_reseed"`
+	// ShutdownTimeout bounds a graceful stop (SIGTERM, SIGINT): past it the
+	// process exits at once. Supervisors wait this plus a margin
+	// (deploy/systemd TimeoutStopSec, deploy/kubernetes
+	// terminationGracePeriodSeconds).
+	ShutdownTimeout duration `yaml:"shutdown_timeout"`
 
 	GossipBind      string   `yaml:"gossip_bind"`
 	GossipAdvertise string   `yaml:"gossip_advertise"`
@@ -104,7 +109,7 @@ func defaultServeConfig() *serveConfig {
 		BatchEntries: d.MaxBatchEntries, BatchBytes: d.MaxBatchBytes, BatchLinger: duration(d.BatchLinger),
 		ReplicateMax: d.MaxReplicateBytes, PinWindow: duration(d.PinWindow),
 		HighEntries: d.WaterMarks.HighEntries, HighBytes: d.WaterMarks.HighBytes, HighAge: duration(d.WaterMarks.HighAge),
-		AdmissionWait: dur(d.AdmissionWait), IdentityWait: dur(d.IdentityCheckWait),
+		AdmissionWait: dur(d.AdmissionWait), IdentityWait: dur(d.IdentityCheckWait), ShutdownTimeout: duration(defaultShutdownTimeout),
 		Permits: d.Permits, PermitQueue: d.PermitQueue,
 		MinBodyRate: d.MinBodyRate, MaxConns: d.MaxConnections, MaxBodies: d.MaxBodiesInFlight,
 		GossipProfile: "wan", TLSReload: duration(d.TLSReloadInterval), PeerSANMode: node.SANModeURI,
@@ -357,6 +362,7 @@ func serveFlags(cfg *serveConfig) *flag.FlagSet {
 	fs.BoolVar(&cfg.InsecurePeers, "insecure-peers", cfg.InsecurePeers, "allow peers without a secret (closed networks and tests only)")
 	fs.IntVar(&cfg.BatchEntries, "batch-max-entries", cfg.BatchEntries, "most entries in one outgoing batch")
 	fs.IntVar(&cfg.BatchBytes, "batch-max-bytes", cfg.BatchBytes, "most bytes in one outgoing batch")
+	fs.Var(&cfg.ShutdownTimeout, "shutdown-timeout", "bound on a graceful stop (SIGTERM): past it the node exits at once, as after a crash, which loses nothing acknowledged; a second signal exits at once too")
 	fs.Var(&cfg.BatchLinger, "batch-linger", "how long a batch waits to fill (0: not at all; a link's next batch fills while one is on the wire)")
 	fs.Int64Var(&cfg.ReplicateMax, "replicate-max-bytes", cfg.ReplicateMax, "largest incoming batch in bytes")
 	fs.Var(&cfg.PinWindow, "pin-window", "how old a pinned idempotency stamp may be")
@@ -442,11 +448,16 @@ func (cfg *serveConfig) nodeOptions(log *slog.Logger) (*node.Options, error) {
 			}
 			b, err := os.ReadFile(p.SecretFile)
 			if err != nil {
-				errs = append(errs, fmt.Errorf("peer %s: secret file: %w", name, err))
+				// The file is what to fix: the peer is left out of the
+				// node's options, whose "has no secret" would point at
+				// --insecure-peers.
+				errs = append(errs, secretFileError("peer "+name+": secret file", p.SecretFile, err))
+				continue
 			}
 			secret = strings.TrimSpace(string(b))
-			if secret == "" && err == nil {
+			if secret == "" {
 				errs = append(errs, fmt.Errorf("peer %s: secret file %s is empty", name, p.SecretFile))
+				continue
 			}
 		}
 		if secret == redacted {
@@ -557,6 +568,18 @@ func (cfg *serveConfig) nodeOptions(log *slog.Logger) (*node.Options, error) {
 	return o, errors.Join(errs...)
 }
 
+// secretFileError says why a secret file could not be read. One that is
+// there but not readable by this process says so and names the uid the node
+// runs as: a file made under umask 077 and mounted into the image, which
+// runs as 65532, is the usual case, and no other flag is the fix.
+func secretFileError(what, path string, err error) error {
+	if errors.Is(err, os.ErrPermission) {
+		return fmt.Errorf("%s %s: permission denied: this node runs as uid %d (gid %d), and the file must be readable by it "+
+			"(give the file to that user, or run the node as the file's owner)", what, path, os.Getuid(), os.Getgid())
+	}
+	return fmt.Errorf("%s: %w", what, err)
+}
+
 // readGossipKey reads a base64 memberlist key (as `openssl rand -base64 32`
 // prints), trimmed.
 func readGossipKey(path string) ([]byte, error) {
@@ -644,6 +667,43 @@ func runServe(args []string) error {
 			_ = n.ReloadTLS() // logged either way
 		}
 	}
-	log.Info("shutting down")
-	return n.Close()
+	again := make(chan os.Signal, 1)
+	signal.Notify(again, syscall.SIGINT, syscall.SIGTERM)
+	defer signal.Stop(again)
+	return closeBounded(n.Close, time.Duration(cfg.ShutdownTimeout), again, log)
+}
+
+// defaultShutdownTimeout is --shutdown-timeout's default: a stop hands
+// leadership over (an election's worth), lets handlers finish their
+// commits (bounded at 30 s inside the node, but they take milliseconds) and
+// closes the stores. The supervisors' limits are this plus 15 s.
+const defaultShutdownTimeout = 30 * time.Second
+
+// closeBounded runs a graceful close, bounded: past the timeout, or on a
+// second SIGTERM or SIGINT, it returns an error at once and the process
+// exits with what is still running. That is a crash as the node sees it at
+// its next start: every acknowledged write is on disk already (each was
+// synced before its answer), and a crash is what recovery is built for; an
+// unbounded stop instead meets the supervisor's SIGKILL at a moment nobody
+// chose, with nothing logged.
+func closeBounded(closeFn func() error, timeout time.Duration, again <-chan os.Signal, log *slog.Logger) error {
+	log.Info("shutting down", "bound", timeout)
+	start := time.Now()
+	done := make(chan error, 1)
+	go func() { done <- closeFn() }() // left running if the bound passes: the process exits
+	var t <-chan time.Time
+	if timeout > 0 {
+		timer := time.NewTimer(timeout)
+		defer timer.Stop()
+		t = timer.C
+	}
+	select {
+	case err := <-done:
+		log.Info("stopped", "took", time.Since(start).Round(time.Millisecond))
+		return err
+	case <-t:
+		return fmt.Errorf("the stop took longer than --shutdown-timeout %s: exiting now, as after a crash (nothing acknowledged is lost)", timeout)
+	case sig := <-again:
+		return fmt.Errorf("a second %s during the stop: exiting now, as after a crash (nothing acknowledged is lost)", sig)
+	}
 }
