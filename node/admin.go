@@ -2,10 +2,12 @@ package node
 
 import (
 	_ "embed"
+	"time"
 
 	"github.com/replicator/replicator/acceptor"
 	"github.com/replicator/replicator/entry"
 	"github.com/replicator/replicator/node/api"
+	"github.com/replicator/replicator/transport"
 )
 
 // PeersReport reports outgoing links and what came in from each peer.
@@ -54,8 +56,10 @@ func (n *Node) WALReport() api.WALReport {
 		if mode == "" {
 			mode = api.OverflowReject
 		}
+		bl := transport.Backlog{Entries: ls.EntriesBehind, Bytes: ls.BytesBehind, OldestAge: time.Duration(ls.OldestUnackedAge * float64(time.Second))}
 		r.Peers = append(r.Peers, api.PeerBacklog{Peer: ls.Peer, Acked: ls.Acked, Entries: ls.EntriesBehind,
-			Bytes: ls.BytesBehind, OldestAgeSeconds: ls.OldestUnackedAge, Overflow: mode, State: ls.State, Retained: !ls.Detached})
+			Bytes: ls.BytesBehind, OldestAgeSeconds: ls.OldestUnackedAge, Overflow: mode, State: ls.State, Retained: !ls.Detached,
+			Forecast: n.sat.forecast(ls.Peer, bl)})
 	}
 	r.Refusals = map[string]uint64{
 		acceptor.SourceOutboundBacklog: r.Saturation.Refusals,

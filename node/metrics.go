@@ -26,6 +26,7 @@ type nodeMetrics struct {
 	backlogEntries *prometheus.GaugeVec
 	backlogBytes   *prometheus.GaugeVec
 	backlogAge     *prometheus.GaugeVec
+	toLimit        *prometheus.GaugeVec
 	detached       *prometheus.CounterVec
 	shipSeconds    *prometheus.HistogramVec
 	applySeconds   prometheus.Histogram
@@ -53,6 +54,9 @@ func (m *nodeMetrics) init(n *Node) {
 		Help: "WAL bytes a peer has not acknowledged."}, []string{"peer"})
 	m.backlogAge = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "replicator_backlog_oldest_age_seconds",
 		Help: "Age of the oldest entry a peer has not acknowledged."}, []string{"peer"})
+	m.toLimit = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "replicator_backlog_seconds_to_limit",
+		Help: "Seconds until a peer's backlog reaches a high-water mark at the last minute's write and drain rates; absent while it does not grow toward one, 0 once over."},
+		[]string{"peer", "mark"})
 	m.detached = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "replicator_peer_detached_total",
 		Help: "Peers detached on backlog overflow (they need a re-seed)."}, []string{"peer"})
 	buckets := []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30}
@@ -73,7 +77,7 @@ func (m *nodeMetrics) init(n *Node) {
 		Help: "Terms this node began as its cluster's leader."})
 	m.forwards = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "replicator_forwarded_requests_total",
 		Help: "Requests this node forwarded to its cluster's leader, by outcome (answered, not_sent, unknown_outcome)."}, []string{"outcome"})
-	for _, c := range []prometheus.Collector{m.backlogEntries, m.backlogBytes, m.backlogAge, m.detached,
+	for _, c := range []prometheus.Collector{m.backlogEntries, m.backlogBytes, m.backlogAge, m.toLimit, m.detached,
 		m.shipSeconds, m.applySeconds, m.lagSeconds, m.stageSeconds, m.fsyncSeconds, m.commitSeconds, m.leaderChanges, m.forwards} {
 		f(c)
 	}
@@ -88,6 +92,14 @@ func (m *nodeMetrics) backlog(peer string, bl transport.Backlog) {
 	m.backlogAge.WithLabelValues(peer).Set(bl.OldestAge.Seconds())
 }
 
+// forecast sets, or takes away, a peer's seconds to a high-water mark.
+func (m *nodeMetrics) forecast(peer string, f api.Forecast) {
+	m.toLimit.DeletePartialMatch(prometheus.Labels{"peer": peer})
+	if f.SecondsToLimit != nil {
+		m.toLimit.WithLabelValues(peer, f.Mark).Set(*f.SecondsToLimit)
+	}
+}
+
 // collectorFunc turns a function into an unchecked collector, for series
 // read from the node's own counters at scrape time.
 type collectorFunc func(chan<- prometheus.Metric)
@@ -99,7 +111,13 @@ func (f collectorFunc) Collect(ch chan<- prometheus.Metric) {
 
 var (
 	descSaturation = prometheus.NewDesc("replicator_saturation_state",
-		"Node saturation: 0 healthy, 1 throttled, 2 saturated.", nil, nil)
+		"Node saturation: 0 healthy, 1 throttled (an early warning: a link is over a low-water mark, half the high one by default; every write is still taken), 2 saturated (local writes refused).", nil, nil)
+	descLimitEntries = prometheus.NewDesc("replicator_backlog_entries_limit",
+		"A link's backlog water mark in entries: high saturates the node, low (throttled) warns and ends a saturation.", []string{"mark"}, nil)
+	descLimitBytes = prometheus.NewDesc("replicator_backlog_bytes_limit",
+		"A link's backlog water mark in bytes (high, low).", []string{"mark"}, nil)
+	descLimitAge = prometheus.NewDesc("replicator_backlog_oldest_age_limit_seconds",
+		"A link's water mark on its oldest unacknowledged entry's age (high, low).", []string{"mark"}, nil)
 	descApply = prometheus.NewDesc("replicator_apply_outcomes_total",
 		"Entries received from peers, by origin and outcome (applied, stale, duplicate, refused batches).", []string{"origin", "outcome"}, nil)
 	descWrites  = prometheus.NewDesc("replicator_local_writes_total", "Local writes committed.", nil, nil)
@@ -140,6 +158,24 @@ var Version = "devel"
 func (n *Node) collect(ch chan<- prometheus.Metric) {
 	state := map[string]float64{api.StateHealthy: 0, api.StateThrottled: 1, api.StateSaturated: 2}[n.Saturation().State]
 	ch <- prometheus.MustNewConstMetric(descSaturation, prometheus.GaugeValue, state)
+	// The marks, so that a rule or a panel divides a backlog by its limit;
+	// a mark that is off (0) has no series.
+	wm := n.sat.marks
+	for _, l := range []struct {
+		desc      *prometheus.Desc
+		high, low float64
+	}{
+		{descLimitEntries, float64(wm.HighEntries), float64(wm.LowEntries)},
+		{descLimitBytes, float64(wm.HighBytes), float64(wm.LowBytes)},
+		{descLimitAge, wm.HighAge.Seconds(), wm.LowAge.Seconds()},
+	} {
+		if l.high > 0 {
+			ch <- prometheus.MustNewConstMetric(l.desc, prometheus.GaugeValue, l.high, "high")
+		}
+		if l.low > 0 {
+			ch <- prometheus.MustNewConstMetric(l.desc, prometheus.GaugeValue, l.low, "low")
+		}
+	}
 	n.sat.mu.Lock()
 	outbound := n.sat.mu.refusals
 	n.sat.mu.Unlock()

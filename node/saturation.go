@@ -38,6 +38,7 @@ type saturation struct {
 		changed            chan struct{} // closed when state changes
 		evaluated          time.Time
 		refusals           uint64
+		trends             map[string]*trend // by peer
 	}
 }
 
@@ -45,6 +46,7 @@ func (s *saturation) init() {
 	s.mu.state = api.StateHealthy
 	s.mu.since = time.Now()
 	s.mu.changed = make(chan struct{})
+	s.mu.trends = map[string]*trend{}
 }
 
 // linkOver tells which mark a backlog is over, "" if none.
@@ -77,6 +79,12 @@ func (s *saturation) evaluate(force bool) api.SaturationReport {
 
 	wm := s.marks
 	var highPeer, highCause, lowPeer, lowCause string
+	type seen struct {
+		peer  string
+		acked uint64
+		bl    transport.Backlog
+	}
+	var observed []seen
 	for _, sh := range s.links() {
 		// Every peer's detach counter exists from the start (at 0), so
 		// an alert on its increase has a series to watch.
@@ -86,6 +94,7 @@ func (s *saturation) evaluate(force bool) api.SaturationReport {
 		}
 		bl := sh.Backlog(s.oldest)
 		s.metrics.backlog(sh.Peer().Name, bl)
+		observed = append(observed, seen{sh.Peer().Name, sh.Acked(), bl})
 		if c := over(bl, wm.HighEntries, wm.HighBytes, wm.HighAge); c != "" {
 			if s.overflow[sh.Peer().Name] == api.OverflowDetach {
 				sh.Detach("overflow: " + c)
@@ -104,6 +113,16 @@ func (s *saturation) evaluate(force bool) api.SaturationReport {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.mu.evaluated = time.Now()
+	at := time.Since(monoStart)
+	for _, o := range observed {
+		t := s.mu.trends[o.peer]
+		if t == nil {
+			t = &trend{}
+			s.mu.trends[o.peer] = t
+		}
+		t.observe(at, o.acked, o.bl)
+		s.metrics.forecast(o.peer, t.forecast(o.bl, wm))
+	}
 	state, peer, cause := api.StateHealthy, "", ""
 	switch {
 	case highPeer != "":
@@ -129,6 +148,17 @@ func (s *saturation) evaluate(force bool) api.SaturationReport {
 func (s *saturation) reportLocked() api.SaturationReport {
 	return api.SaturationReport{State: s.mu.state, Cause: s.mu.cause, Peer: s.mu.peer, Since: s.mu.since,
 		Thresholds: s.marks, Refusals: s.mu.refusals}
+}
+
+// forecast is a link's trend toward its high-water marks (zero for a link
+// not watched: detached, or not yet seen).
+func (s *saturation) forecast(peer string, bl transport.Backlog) api.Forecast {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if t := s.mu.trends[peer]; t != nil {
+		return t.forecast(bl, s.marks)
+	}
+	return api.Forecast{}
 }
 
 // Saturation reports the node's saturation state.

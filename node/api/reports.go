@@ -78,6 +78,20 @@ type PeerBacklog struct {
 	Overflow         string  `json:"overflow"`
 	State            string  `json:"state"`
 	Retained         bool    `json:"wal_retained"`
+	Forecast
+}
+
+// Forecast is a link's trend over the last minute: the writes that entered
+// its backlog and the writes the peer acknowledged, per second, and, when
+// the backlog grows toward a high-water mark at those rates, the seconds
+// until it reaches it and which mark (entries, bytes, or age: nothing
+// drained while something waits). SecondsToLimit is null when the backlog
+// is not growing toward a mark, and 0 once over one.
+type Forecast struct {
+	WriteRate      float64  `json:"write_rate"`
+	DrainRate      float64  `json:"drain_rate"`
+	SecondsToLimit *float64 `json:"seconds_to_limit"`
+	Mark           string   `json:"limit_mark,omitempty"`
 }
 
 // OriginReport is GET /admin/origin.

@@ -1,0 +1,85 @@
+package node
+
+import (
+	"math"
+	"time"
+
+	"github.com/replicator/replicator/node/api"
+	"github.com/replicator/replicator/transport"
+)
+
+// A link's trend: its write and drain rates over the last minute, and from
+// them how long until its backlog reaches a high-water mark, so that
+// saturation is seen coming (docs/SATURATION.md, "Seeing it coming").
+
+const (
+	// trendEvery is the spacing of a trend's observations, trendSpan how
+	// far back the rates look: a minute smooths a burst of writes and a
+	// batch's ack, and still follows a change within a minute.
+	trendEvery = time.Second
+	trendSpan  = time.Minute
+	// trendMin is the shortest history a forecast is made from.
+	trendMin = 5 * time.Second
+)
+
+type trendObs struct {
+	at      time.Duration // on the monotonic clock
+	written uint64        // the stream's entries written (acked + backlog)
+	acked   uint64
+	bytes   int64
+}
+
+// trend is one link's observations, oldest first, at most one per
+// trendEvery, over trendSpan.
+type trend struct{ obs []trendObs }
+
+// observe records the link at monotonic time at.
+func (t *trend) observe(at time.Duration, acked uint64, bl transport.Backlog) {
+	if n := len(t.obs); n > 0 && at-t.obs[n-1].at < trendEvery {
+		return
+	}
+	t.obs = append(t.obs, trendObs{at: at, written: acked + bl.Entries, acked: acked, bytes: bl.Bytes})
+	cut := 0
+	for cut < len(t.obs)-1 && at-t.obs[cut+1].at >= trendSpan {
+		cut++
+	}
+	t.obs = t.obs[cut:]
+}
+
+// forecast is the link's rates and, when its backlog grows toward a high
+// mark (or its oldest entry ages with nothing drained), the seconds until
+// it gets there at those rates.
+func (t *trend) forecast(bl transport.Backlog, marks api.WaterMarks) api.Forecast {
+	var f api.Forecast
+	if len(t.obs) < 2 {
+		return f
+	}
+	a, b := t.obs[0], t.obs[len(t.obs)-1]
+	dt := (b.at - a.at).Seconds()
+	if b.at-a.at < trendMin {
+		return f
+	}
+	f.WriteRate = float64(b.written-a.written) / dt
+	f.DrainRate = float64(b.acked-a.acked) / dt
+	best, mark := math.Inf(1), ""
+	consider := func(secs float64, m string) {
+		if secs < best {
+			best, mark = max(secs, 0), m
+		}
+	}
+	if g := f.WriteRate - f.DrainRate; g > 0 && marks.HighEntries > 0 {
+		consider((float64(marks.HighEntries)-float64(bl.Entries))/g, "entries")
+	}
+	if g := float64(b.bytes-a.bytes) / dt; g > 0 && marks.HighBytes > 0 {
+		consider(float64(marks.HighBytes-bl.Bytes)/g, "bytes")
+	}
+	// Nothing drained over the span and something waits: the oldest entry
+	// ages a second a second.
+	if f.DrainRate == 0 && bl.Entries > 0 && marks.HighAge > 0 {
+		consider((marks.HighAge - bl.OldestAge).Seconds(), "age")
+	}
+	if mark != "" {
+		f.SecondsToLimit, f.Mark = &best, mark
+	}
+	return f
+}
