@@ -1,12 +1,14 @@
 // Package deploy_test checks the packaging under deploy/: the alert rules and
 // the Grafana dashboard name only metrics a real node exports, the systemd
-// unit verifies, the Kubernetes manifests decode strictly into the API's own
-// types, and the Dockerfile builds a minimal non-root image.
+// unit verifies and its user is created, the Kubernetes manifests decode
+// strictly into the API's own types and the node takes their arguments, and
+// the Dockerfile builds a minimal non-root image.
 package deploy_test
 
 import (
 	"bytes"
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -17,7 +19,9 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -25,6 +29,7 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
+	policyv1 "k8s.io/api/policy/v1"
 	sigsyaml "sigs.k8s.io/yaml"
 
 	"github.com/replicator/replicator/node"
@@ -100,6 +105,48 @@ func scrape(t *testing.T) string {
 	defer resp.Body.Close()
 	body, _ := io.ReadAll(resp.Body)
 	return string(body)
+}
+
+// The replicator binary, built once for the tests that run it, in a
+// directory any user may enter (TestUnreadableSecretFile runs it as another).
+var binary struct {
+	once      sync.Once
+	dir, path string
+	err       error
+}
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if binary.dir != "" {
+		os.RemoveAll(binary.dir)
+	}
+	os.Exit(code)
+}
+
+// replicatorBinary builds ./cmd/replicator as the image builds it (static):
+// in the product's module (the repository root), since deploy/ is a module
+// of its own whose go.sum lists only what its tests import.
+func replicatorBinary(t *testing.T) string {
+	t.Helper()
+	binary.once.Do(func() {
+		if binary.dir, binary.err = os.MkdirTemp("", "replicator-deploy-"); binary.err != nil {
+			return
+		}
+		if binary.err = os.Chmod(binary.dir, 0o755); binary.err != nil {
+			return
+		}
+		binary.path = filepath.Join(binary.dir, "replicator")
+		build := exec.Command("go", "build", "-o", binary.path, "./cmd/replicator")
+		build.Dir = ".."
+		build.Env = append(os.Environ(), "CGO_ENABLED=0")
+		if out, err := build.CombinedOutput(); err != nil {
+			binary.err = fmt.Errorf("build: %v\n%s", err, out)
+		}
+	})
+	if binary.err != nil {
+		t.Fatal(binary.err)
+	}
+	return binary.path
 }
 
 func discard() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
@@ -199,21 +246,20 @@ func TestGrafanaDashboard(t *testing.T) {
 	checkNames(t, "replicator.json", exprs, scrape(t))
 }
 
+// unitValue is the last value a unit file assigns to key ("" if none).
+func unitValue(unit []byte, key string) string {
+	v := ""
+	for _, line := range strings.Split(string(unit), "\n") {
+		if val, ok := strings.CutPrefix(strings.TrimSpace(line), key+"="); ok {
+			v = val
+		}
+	}
+	return v
+}
+
+var sysusersUser = regexp.MustCompile(`(?m)^u\s+(\S+)\s+(\S+)\s+"([^"]*)"\s+(\S+)`)
+
 func TestSystemdUnit(t *testing.T) {
-	analyze, err := exec.LookPath("systemd-analyze")
-	if err != nil {
-		required(t, "systemd-analyze")
-	}
-	dir := t.TempDir()
-	bin := filepath.Join(dir, "replicator")
-	// Built in the product's module (the repository root): deploy/ is a
-	// module of its own, whose go.sum lists only what its tests import.
-	build := exec.Command("go", "build", "-o", bin, "./cmd/replicator")
-	build.Dir = ".."
-	build.Env = append(os.Environ(), "CGO_ENABLED=0") // as the image builds it: one compile for both tests
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("build: %v\n%s", err, out)
-	}
 	unit, err := os.ReadFile("systemd/replicator.service")
 	if err != nil {
 		t.Fatal(err)
@@ -223,6 +269,56 @@ func TestSystemdUnit(t *testing.T) {
 			t.Errorf("the unit lacks %s", want)
 		}
 	}
+	// The node bounds its own stop at --shutdown-timeout (30 s); systemd
+	// waits that plus 15 s before it kills.
+	if v := unitValue(unit, "TimeoutStopSec"); v != "45" {
+		t.Errorf("TimeoutStopSec=%q, want 45 (--shutdown-timeout's 30 s and a 15 s margin)", v)
+	}
+	// The user the unit names exists once the sysusers.d file shipped
+	// beside it is installed (or the unit makes its own with DynamicUser).
+	user, group := unitValue(unit, "User"), unitValue(unit, "Group")
+	if group == "" {
+		group = user
+	}
+	if unitValue(unit, "DynamicUser") != "yes" {
+		users, err := os.ReadFile("systemd/replicator.sysusers")
+		if err != nil {
+			t.Fatalf("the unit runs as %q: it needs DynamicUser=yes or a sysusers.d file that creates the user: %v", user, err)
+		}
+		m := sysusersUser.FindSubmatch(users)
+		if m == nil || string(m[1]) != user || group != user {
+			t.Fatalf("replicator.sysusers does not create user %q and group %q (a u line makes a group of the user's name): %s", user, group, users)
+		}
+		if home := "/var/lib/" + unitValue(unit, "StateDirectory"); string(m[4]) != home {
+			t.Errorf("the user's home is %s, want the unit's state directory %s", m[4], home)
+		}
+		if !bytes.Contains(unit, []byte("systemd-sysusers")) {
+			t.Error("the unit's comments do not say how to install the sysusers.d file")
+		}
+		if sysusers, err := exec.LookPath("systemd-sysusers"); err != nil {
+			required(t, "systemd-sysusers")
+		} else {
+			root := t.TempDir()
+			os.Mkdir(filepath.Join(root, "etc"), 0o755)
+			cmd := exec.Command(sysusers, "--root", root, "-")
+			cmd.Stdin = bytes.NewReader(users)
+			if out, err := cmd.CombinedOutput(); err != nil {
+				t.Fatalf("systemd-sysusers: %v\n%s", err, out)
+			}
+			passwd, _ := os.ReadFile(filepath.Join(root, "etc/passwd"))
+			groups, _ := os.ReadFile(filepath.Join(root, "etc/group"))
+			if !regexp.MustCompile(`(?m)^`+regexp.QuoteMeta(user)+`:x:\d+:\d+:[^:]*:/var/lib/`).Match(passwd) ||
+				!regexp.MustCompile(`(?m)^`+regexp.QuoteMeta(group)+`:x:\d+:`).Match(groups) {
+				t.Errorf("systemd-sysusers made no user %q and group %q:\n%s%s", user, group, passwd, groups)
+			}
+		}
+	}
+	analyze, err := exec.LookPath("systemd-analyze")
+	if err != nil {
+		required(t, "systemd-analyze")
+	}
+	bin := replicatorBinary(t)
+	dir := t.TempDir()
 	local := filepath.Join(dir, "replicator.service")
 	os.WriteFile(local, bytes.ReplaceAll(unit, []byte("/usr/local/bin/replicator"), []byte(bin)), 0o644)
 	if out, err := exec.Command(analyze, "verify", local).CombinedOutput(); err != nil || len(bytes.TrimSpace(out)) > 0 {
@@ -238,6 +334,10 @@ func TestKubernetesManifests(t *testing.T) {
 	kinds := map[string]int{}
 	var sts appsv1.StatefulSet
 	var netpol networkingv1.NetworkPolicy
+	var pdb policyv1.PodDisruptionBudget
+	var secret corev1.Secret
+	var cert certificate
+	var monitorTLS struct{ scheme, caSecret, caKey, serverName string }
 	services := map[string]corev1.Service{}
 	for i, doc := range strings.Split(string(b), "\n---\n") {
 		var head struct {
@@ -257,8 +357,11 @@ func TestKubernetesManifests(t *testing.T) {
 			err = sigsyaml.UnmarshalStrict([]byte(doc), &s)
 			services[s.Name] = s
 		case "Secret":
-			var s corev1.Secret
-			err = sigsyaml.UnmarshalStrict([]byte(doc), &s)
+			err = sigsyaml.UnmarshalStrict([]byte(doc), &secret)
+		case "Certificate":
+			err = sigsyaml.UnmarshalStrict([]byte(doc), &cert)
+		case "PodDisruptionBudget":
+			err = sigsyaml.UnmarshalStrict([]byte(doc), &pdb)
 		case "ServiceMonitor":
 			var m struct {
 				APIVersion string `json:"apiVersion"`
@@ -272,9 +375,19 @@ func TestKubernetesManifests(t *testing.T) {
 						MatchLabels map[string]string `json:"matchLabels"`
 					} `json:"selector"`
 					Endpoints []struct {
-						Port              string `json:"port"`
-						Path              string `json:"path"`
-						Interval          string `json:"interval"`
+						Port      string `json:"port"`
+						Path      string `json:"path"`
+						Interval  string `json:"interval"`
+						Scheme    string `json:"scheme"`
+						TLSConfig struct {
+							CA struct {
+								Secret struct {
+									Name string `json:"name"`
+									Key  string `json:"key"`
+								} `json:"secret"`
+							} `json:"ca"`
+							ServerName string `json:"serverName"`
+						} `json:"tlsConfig"`
 						BearerTokenSecret struct {
 							Name string `json:"name"`
 							Key  string `json:"key"`
@@ -289,6 +402,11 @@ func TestKubernetesManifests(t *testing.T) {
 			if err == nil && m.Spec.Endpoints[0].BearerTokenSecret.Key != "api.token" {
 				err = fmt.Errorf("ServiceMonitor scrapes without the API token: %+v", m.Spec.Endpoints[0])
 			}
+			if err == nil {
+				e := m.Spec.Endpoints[0]
+				monitorTLS.scheme, monitorTLS.serverName = e.Scheme, e.TLSConfig.ServerName
+				monitorTLS.caSecret, monitorTLS.caKey = e.TLSConfig.CA.Secret.Name, e.TLSConfig.CA.Secret.Key
+			}
 		case "NetworkPolicy":
 			err = sigsyaml.UnmarshalStrict([]byte(doc), &netpol)
 		default:
@@ -298,14 +416,14 @@ func TestKubernetesManifests(t *testing.T) {
 			t.Fatalf("document %d (%s): %v", i, head.Kind, err)
 		}
 	}
-	for _, k := range []string{"StatefulSet", "Secret", "ServiceMonitor", "NetworkPolicy"} {
+	for _, k := range []string{"StatefulSet", "Secret", "ServiceMonitor", "NetworkPolicy", "PodDisruptionBudget", "Certificate"} {
 		if kinds[k] != 1 {
 			t.Errorf("%d %s, want 1", kinds[k], k)
 		}
 	}
 	c := sts.Spec.Template.Spec.Containers[0]
 	if c.LivenessProbe == nil || c.LivenessProbe.HTTPGet.Path != "/healthz" || c.ReadinessProbe == nil || c.ReadinessProbe.HTTPGet.Path != "/readyz" {
-		t.Error("liveness must ask /healthz (a saturated node is alive) and readiness /readyz")
+		t.Fatal("liveness must ask /healthz (a saturated node is alive) and readiness /readyz")
 	}
 	if peer, ok := services["replicator-peer"]; !ok || !peer.Spec.PublishNotReadyAddresses {
 		t.Error("the peer Service must publish not-ready addresses: a saturated node still takes replication")
@@ -348,9 +466,238 @@ func TestKubernetesManifests(t *testing.T) {
 	}
 	args := strings.Join(c.Args, " ")
 	for _, want := range []string{"--peer-secret-file", "--data=/data", "--peer-listen", "--node-id=$(POD_NAME)", "--raft-listen",
-		"--bootstrap-expect=3", "--gossip-key-file", "--advertise-api", "--raft-advertise", "--api-token-file", "--admin-token-file", "--raft-key-file"} {
+		"--bootstrap-expect=3", "--gossip-key-file", "--advertise-api", "--raft-advertise", "--api-token-file", "--admin-token-file", "--raft-key-file",
+		"--tls-cert=", "--tls-key=", "--tls-client-ca="} {
 		if !strings.Contains(args, want) {
 			t.Errorf("the node's arguments lack %s: %s", want, args)
 		}
 	}
+	selects := func(what string, sel map[string]string) {
+		t.Helper()
+		if len(sel) == 0 {
+			t.Errorf("%s selects nothing", what)
+		}
+		for k, v := range sel {
+			if sts.Spec.Template.Labels[k] != v {
+				t.Errorf("%s selects %s=%s, which the set's pods do not carry (%v)", what, k, v, sts.Spec.Template.Labels)
+			}
+		}
+	}
+
+	// One node down at a time: a raft group of three keeps its quorum
+	// with one down.
+	if mu := pdb.Spec.MaxUnavailable; mu == nil || mu.String() != "1" || pdb.Spec.MinAvailable != nil {
+		t.Errorf("the PodDisruptionBudget must allow exactly one pod down (maxUnavailable: 1): %+v", pdb.Spec)
+	}
+	if pdb.Spec.Selector == nil || len(pdb.Spec.Selector.MatchExpressions) > 0 {
+		t.Errorf("the PodDisruptionBudget's selector: %+v", pdb.Spec.Selector)
+	} else {
+		selects("the PodDisruptionBudget", pdb.Spec.Selector.MatchLabels)
+	}
+
+	// One node per machine: two on one host lose the quorum with it.
+	var anti []corev1.PodAffinityTerm
+	if a := ps.Affinity; a != nil && a.PodAntiAffinity != nil {
+		anti = append(anti, a.PodAntiAffinity.RequiredDuringSchedulingIgnoredDuringExecution...)
+		for _, w := range a.PodAntiAffinity.PreferredDuringSchedulingIgnoredDuringExecution {
+			anti = append(anti, w.PodAffinityTerm)
+		}
+	}
+	onHost := false
+	for _, term := range anti {
+		if term.TopologyKey == "kubernetes.io/hostname" && term.LabelSelector != nil {
+			onHost = true
+			selects("the pod anti-affinity", term.LabelSelector.MatchLabels)
+		}
+	}
+	if !onHost {
+		t.Errorf("no pod anti-affinity on kubernetes.io/hostname: %+v", ps.Affinity)
+	}
+
+	// The node bounds its own stop at --shutdown-timeout (30 s); the
+	// kubelet waits that plus 15 s, as systemd does.
+	if g := ps.TerminationGracePeriodSeconds; g == nil || *g != 45 {
+		got := "unset"
+		if g != nil {
+			got = fmt.Sprint(*g)
+		}
+		t.Errorf("terminationGracePeriodSeconds %s, want 45 (--shutdown-timeout's 30 s and a 15 s margin)", got)
+	}
+
+	// A version tag (or a digest), never latest, never none.
+	if !pinnedImage(c.Image) {
+		t.Errorf("image %q: pin a version tag (not latest) or a digest", c.Image)
+	}
+
+	// Peer traffic over TLS: https URLs, the certificate's files on a
+	// mount of the Certificate's secret, probes and the scrape over HTTPS
+	// (--tls-cert serves every listener).
+	flags := map[string]string{}
+	for _, a := range c.Args {
+		if k, v, ok := strings.Cut(a, "="); ok {
+			flags[k] = v
+		}
+	}
+	for _, f := range []string{"--peer", "--advertise-replicate", "--advertise-api"} {
+		u := flags[f]
+		if f == "--peer" {
+			_, u, _ = strings.Cut(u, "=")
+		}
+		if !strings.HasPrefix(u, "https://") {
+			t.Errorf("%s=%s: peer traffic must be https", f, flags[f])
+		}
+	}
+	mounts := map[string]string{} // mount path -> secret
+	volumes := map[string]string{}
+	for _, v := range ps.Volumes {
+		if v.Secret != nil {
+			volumes[v.Name] = v.Secret.SecretName
+		}
+	}
+	for _, m := range c.VolumeMounts {
+		mounts[m.MountPath] = volumes[m.Name]
+	}
+	if cert.Spec.SecretName == "" {
+		t.Fatal("the Certificate names no secret")
+	}
+	for f, file := range map[string]string{"--tls-cert": "tls.crt", "--tls-key": "tls.key", "--tls-client-ca": "ca.crt"} {
+		if p := flags[f]; filepath.Base(p) != file || mounts[filepath.Dir(p)] != cert.Spec.SecretName {
+			t.Errorf("%s=%s: want %s of a mount of the Certificate's secret %s (mounts: %v)", f, p, file, cert.Spec.SecretName, mounts)
+		}
+	}
+	for _, p := range []*corev1.Probe{c.LivenessProbe, c.ReadinessProbe} {
+		if p.HTTPGet.Scheme != corev1.URISchemeHTTPS {
+			t.Errorf("a probe of %s over %q: the API serves TLS", p.HTTPGet.Path, p.HTTPGet.Scheme)
+		}
+	}
+	if monitorTLS.scheme != "https" || monitorTLS.caSecret != cert.Spec.SecretName || monitorTLS.caKey != "ca.crt" {
+		t.Errorf("the ServiceMonitor must scrape over https, checked against the Certificate's ca.crt: %+v", monitorTLS)
+	}
+	// The certificate names the cluster as peers read it, serves and
+	// dials (both usages), and covers every name it is reached at.
+	clusterID := flags["--cluster-id"]
+	if !slices.Contains(cert.Spec.URIs, "replicator://cluster/"+clusterID) {
+		t.Errorf("the Certificate's URIs %v do not name cluster %s (--peer-san-mode uri)", cert.Spec.URIs, clusterID)
+	}
+	for _, u := range []string{"server auth", "client auth"} {
+		if !slices.Contains(cert.Spec.Usages, u) {
+			t.Errorf("the Certificate's usages %v lack %s", cert.Spec.Usages, u)
+		}
+	}
+	if cert.Spec.IssuerRef.Name == "" {
+		t.Error("the Certificate names no issuer")
+	}
+	env := map[string]string{}
+	for _, e := range c.Env {
+		if e.ValueFrom != nil && e.ValueFrom.FieldRef != nil {
+			env[e.Name] = map[string]string{"metadata.name": sts.Name + "-0", "status.podIP": "10.0.0.7",
+				"metadata.namespace": clusterID}[e.ValueFrom.FieldRef.FieldPath]
+		}
+	}
+	expand := func(s string) string {
+		for k, v := range env {
+			s = strings.ReplaceAll(s, "$("+k+")", v)
+		}
+		return s
+	}
+	for _, host := range []string{urlHost(expand(flags["--advertise-api"])), urlHost(expand(flags["--advertise-replicate"])),
+		services["replicator-peer"].Name + "." + clusterID + ".svc.cluster.local", monitorTLS.serverName} {
+		if !certCovers(cert.Spec.DNSNames, host) {
+			t.Errorf("the Certificate's names %v do not cover %s", cert.Spec.DNSNames, host)
+		}
+	}
+
+	// The node takes these arguments: `serve --print-config` runs them
+	// through the same checks as a start, with the mounts as directories
+	// and the pod's fields filled in.
+	root := t.TempDir()
+	var nodeArgs []string
+	for _, a := range c.Args {
+		a = expand(a)
+		for _, m := range c.VolumeMounts {
+			local := filepath.Join(root, m.Name)
+			os.MkdirAll(local, 0o700)
+			a = strings.ReplaceAll(a, "="+m.MountPath, "="+local)
+		}
+		if strings.Contains(a, "$(") {
+			t.Fatalf("argument %s names a variable the pod does not set", a)
+		}
+		nodeArgs = append(nodeArgs, a)
+	}
+	for name, v := range secret.StringData {
+		if strings.HasSuffix(name, ".key") {
+			v = base64.StdEncoding.EncodeToString(bytes.Repeat([]byte{7}, 32)) // the placeholder is no key
+		}
+		os.WriteFile(filepath.Join(root, "peers", name), []byte(v+"\n"), 0o600)
+	}
+	cmd := exec.Command(replicatorBinary(t), append(nodeArgs, "--print-config")...)
+	cmd.Env = []string{"PATH=" + os.Getenv("PATH")} // no REPLICATOR_* of this machine's
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Errorf("replicator %s --print-config: %v\n%s", strings.Join(nodeArgs, " "), err, out)
+	}
+}
+
+// certificate is cert-manager's Certificate, in the fields the manifest
+// uses (strict decoding refuses any other).
+type certificate struct {
+	APIVersion string `json:"apiVersion"`
+	Kind       string `json:"kind"`
+	Metadata   struct {
+		Name   string            `json:"name"`
+		Labels map[string]string `json:"labels"`
+	} `json:"metadata"`
+	Spec struct {
+		SecretName string `json:"secretName"`
+		IssuerRef  struct {
+			Kind  string `json:"kind"`
+			Name  string `json:"name"`
+			Group string `json:"group"`
+		} `json:"issuerRef"`
+		Duration    string `json:"duration"`
+		RenewBefore string `json:"renewBefore"`
+		PrivateKey  struct {
+			Algorithm      string `json:"algorithm"`
+			Size           int    `json:"size"`
+			RotationPolicy string `json:"rotationPolicy"`
+		} `json:"privateKey"`
+		Usages   []string `json:"usages"`
+		URIs     []string `json:"uris"`
+		DNSNames []string `json:"dnsNames"`
+	} `json:"spec"`
+}
+
+// pinnedImage reports an image reference with a version tag other than
+// latest, or a digest.
+func pinnedImage(ref string) bool {
+	if strings.Contains(ref, "@sha256:") {
+		return true
+	}
+	name := ref[strings.LastIndex(ref, "/")+1:]
+	_, tag, ok := strings.Cut(name, ":")
+	return ok && tag != "" && tag != "latest"
+}
+
+func urlHost(u string) string {
+	h := strings.TrimPrefix(strings.TrimPrefix(u, "https://"), "http://")
+	h, _, _ = strings.Cut(h, "/")
+	if i := strings.LastIndex(h, ":"); i >= 0 {
+		h = h[:i]
+	}
+	return h
+}
+
+// certCovers reports whether a certificate's DNS names cover host (a
+// wildcard stands for one label).
+func certCovers(names []string, host string) bool {
+	for _, n := range names {
+		if n == host {
+			return true
+		}
+		if rest, ok := strings.CutPrefix(n, "*."); ok {
+			if _, tail, ok := strings.Cut(host, "."); ok && tail == rest {
+				return true
+			}
+		}
+	}
+	return false
 }

@@ -22,7 +22,11 @@ import (
 // container engine runs (.ci/run starts Debian's docker.io when it can), builds
 // the image with it and runs a pair of clusters from it: a write at one is
 // read at the other, both report healthy through the image's own health
-// check, and the node runs as the non-root user on the /data volume.
+// check, and the node runs as the non-root user on the /data volume. Of the
+// two ways to give the node its secret (deploy/README.md), a runs as the
+// image's user with the secret given to it, b as README.md runs it: as the
+// secret's owner (--user), with a 0600 secret and a data directory of that
+// owner. A node given a secret it cannot read exits, naming its uid.
 func TestDockerfile(t *testing.T) {
 	b, err := os.ReadFile("docker/Dockerfile")
 	if err != nil {
@@ -71,14 +75,32 @@ func TestDockerfile(t *testing.T) {
 	net := "replicator-test-" + id
 	docker(t, time.Minute, "", "network", "create", net)
 	t.Cleanup(func() { exec.Command("docker", "network", "rm", net).Run() })
-	secret := filepath.Join(t.TempDir(), "ab.secret")
+	dir := t.TempDir()
+	secret := filepath.Join(dir, "ab.secret")
 	if err := os.WriteFile(secret, []byte("image-test-secret\n"), 0o400); err != nil {
 		t.Fatal(err)
 	}
 	os.Chown(secret, 65532, 65532)
+	// b: README.md's recipe, --user "$(id -u):$(id -g)" (a user of 1000
+	// stands in for the operator where the test runs as root).
+	owner := [2]int{os.Getuid(), os.Getgid()}
+	if owner[0] == 0 {
+		owner = [2]int{1000, 1000}
+	}
+	ownSecret, ownData := filepath.Join(dir, "ab-own.secret"), filepath.Join(dir, "b-data")
+	os.WriteFile(ownSecret, []byte("image-test-secret\n"), 0o600)
+	os.Mkdir(ownData, 0o700)
+	for _, p := range []string{ownSecret, ownData} {
+		os.Chown(p, owner[0], owner[1])
+	}
 	ip := map[string]string{}
 	for _, c := range [][2]string{{"a", "b"}, {"b", "a"}} {
 		name, peer := "replicator-"+c[0]+"-"+id, "replicator-"+c[1]+"-"+id
+		run := []string{"run", "-d", "--name", name, "--network", net, "-v", name + ":/data", "-v", secret + ":/etc/replicator/peer.secret:ro"}
+		if c[0] == "b" {
+			run = []string{"run", "-d", "--name", name, "--network", net, "--user", fmt.Sprintf("%d:%d", owner[0], owner[1]),
+				"-v", ownData + ":/data", "-v", ownSecret + ":/etc/replicator/peer.secret:ro"}
+		}
 		t.Cleanup(func() {
 			if t.Failed() {
 				out, _ := exec.Command("docker", "logs", name).CombinedOutput()
@@ -87,10 +109,9 @@ func TestDockerfile(t *testing.T) {
 			exec.Command("docker", "rm", "-f", "-v", name).Run()
 			exec.Command("docker", "volume", "rm", name).Run()
 		})
-		docker(t, time.Minute, "", "run", "-d", "--name", name, "--network", net,
-			"-v", name+":/data", "-v", secret+":/etc/replicator/peer.secret:ro", tag,
+		docker(t, time.Minute, "", append(run, tag,
 			"serve", "--cluster-id", c[0], "--data", "/data", "--listen", "0.0.0.0:7400",
-			"--peer", c[1]+"=http://"+peer+":7400", "--peer-secret-file", c[1]+"=/etc/replicator/peer.secret")
+			"--peer", c[1]+"=http://"+peer+":7400", "--peer-secret-file", c[1]+"=/etc/replicator/peer.secret")...)
 		ip[c[0]] = strings.TrimSpace(docker(t, time.Minute, "", "inspect", "-f",
 			"{{range .NetworkSettings.Networks}}{{.IPAddress}}{{end}}", name))
 	}
@@ -111,6 +132,18 @@ func TestDockerfile(t *testing.T) {
 	var origin struct{ Version string }
 	if err := getJSON(urlB+"/admin/origin", &origin); err != nil || origin.Version != "image-test" {
 		t.Errorf("b's /admin/origin: %v, version %q (want the build argument)", err, origin.Version)
+	}
+	// The case: a secret made under umask 077 by someone else than
+	// 65532, mounted into the image as it runs.
+	unreadable := filepath.Join(dir, "unreadable.secret")
+	os.WriteFile(unreadable, []byte("image-test-secret\n"), 0o600)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, "docker", "run", "--rm", "--network", net, "-v", unreadable+":/etc/replicator/peer.secret:ro", tag,
+		"serve", "--cluster-id", "c", "--data", "/data", "--listen", "0.0.0.0:7400",
+		"--peer", "a=http://replicator-a-"+id+":7400", "--peer-secret-file", "a=/etc/replicator/peer.secret").CombinedOutput()
+	if msg := string(out); err == nil || !strings.Contains(msg, "permission denied") || !strings.Contains(msg, "uid 65532") || strings.Contains(msg, "insecure") {
+		t.Errorf("a node given a secret it cannot read: %v\n%s", err, msg)
 	}
 	for _, c := range []string{"a", "b"} {
 		name := "replicator-" + c + "-" + id

@@ -512,7 +512,7 @@ func (cfg *serveConfig) nodeOptions(log *slog.Logger) (*node.Options, error) {
 		b, err := os.ReadFile(tf.path)
 		switch {
 		case err != nil:
-			errs = append(errs, fmt.Errorf("%s: %w", tf.flag, err))
+			errs = append(errs, secretFileError(tf.flag, tf.path, err))
 		case strings.TrimSpace(string(b)) == "":
 			errs = append(errs, fmt.Errorf("%s %s is empty", tf.flag, tf.path))
 		default:
@@ -568,10 +568,11 @@ func (cfg *serveConfig) nodeOptions(log *slog.Logger) (*node.Options, error) {
 	return o, errors.Join(errs...)
 }
 
-// secretFileError says why a secret file could not be read. One that is
-// there but not readable by this process says so and names the uid the node
-// runs as: a file made under umask 077 and mounted into the image, which
-// runs as 65532, is the usual case, and no other flag is the fix.
+// secretFileError says why a secret file (a peer secret, a token, a key)
+// could not be read. One that is there but not readable by this process
+// says so and names the uid the node runs as: a file made under umask 077
+// and mounted into the image, which runs as 65532, is the usual case, and
+// no other flag is the fix.
 func secretFileError(what, path string, err error) error {
 	if errors.Is(err, os.ErrPermission) {
 		return fmt.Errorf("%s %s: permission denied: this node runs as uid %d (gid %d), and the file must be readable by it "+
@@ -597,7 +598,7 @@ func readGossipKey(path string) ([]byte, error) {
 func readKey(flag, path string) ([]byte, error) {
 	b, err := os.ReadFile(path)
 	if err != nil {
-		return nil, fmt.Errorf("%s: %w", flag, err)
+		return nil, secretFileError(flag, path, err)
 	}
 	key, err := base64.StdEncoding.DecodeString(strings.TrimSpace(string(b)))
 	if err != nil {
