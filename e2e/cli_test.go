@@ -322,7 +322,8 @@ func TestCLIWriteOutcomes(t *testing.T) {
 	// --addr takes host:port without a scheme, as etcdctl and
 	// CONSUL_HTTP_ADDR do.
 	hostport := strings.TrimPrefix(p.url, "http://")
-	if out, errOut, code := cli(t, nil, "admin", "wal", "--addr", hostport); code != 0 || !strings.Contains(out, "SATURATED") {
+	if out, errOut, code := cli(t, nil, "admin", "wal", "--addr", hostport); code != 0 || !strings.Contains(out, "SATURATED") ||
+		!strings.Contains(out, "refused until") || !strings.Contains(out, "reached (entries)") {
 		t.Fatalf("--addr %s: exit %d\n%s%s", hostport, code, out, errOut)
 	}
 	if _, errOut, code := cli(t, nil, "get", "k", "--addr", "ftp://"+hostport); code == 0 || !strings.Contains(errOut, "want host:port") {

@@ -51,32 +51,38 @@ func (t *trend) observe(at time.Duration, acked uint64, bl transport.Backlog) {
 // it gets there at those rates.
 func (t *trend) forecast(bl transport.Backlog, marks api.WaterMarks) api.Forecast {
 	var f api.Forecast
-	if len(t.obs) < 2 {
-		return f
-	}
-	a, b := t.obs[0], t.obs[len(t.obs)-1]
-	dt := (b.at - a.at).Seconds()
-	if b.at-a.at < trendMin {
-		return f
-	}
-	f.WriteRate = float64(b.written-a.written) / dt
-	f.DrainRate = float64(b.acked-a.acked) / dt
 	best, mark := math.Inf(1), ""
 	consider := func(secs float64, m string) {
 		if secs < best {
 			best, mark = max(secs, 0), m
 		}
 	}
-	if g := f.WriteRate - f.DrainRate; g > 0 && marks.HighEntries > 0 {
-		consider((float64(marks.HighEntries)-float64(bl.Entries))/g, "entries")
+	// Over a mark already: 0, whatever the rates (refused writes stop the
+	// growth, not the saturation).
+	switch {
+	case marks.HighEntries > 0 && bl.Entries >= marks.HighEntries:
+		consider(0, "entries")
+	case marks.HighBytes > 0 && bl.Bytes >= marks.HighBytes:
+		consider(0, "bytes")
+	case marks.HighAge > 0 && bl.Entries > 0 && bl.OldestAge >= marks.HighAge:
+		consider(0, "age")
 	}
-	if g := float64(b.bytes-a.bytes) / dt; g > 0 && marks.HighBytes > 0 {
-		consider(float64(marks.HighBytes-bl.Bytes)/g, "bytes")
-	}
-	// Nothing drained over the span and something waits: the oldest entry
-	// ages a second a second.
-	if f.DrainRate == 0 && bl.Entries > 0 && marks.HighAge > 0 {
-		consider((marks.HighAge - bl.OldestAge).Seconds(), "age")
+	if n := len(t.obs); n >= 2 && t.obs[n-1].at-t.obs[0].at >= trendMin {
+		a, b := t.obs[0], t.obs[n-1]
+		dt := (b.at - a.at).Seconds()
+		f.WriteRate = float64(b.written-a.written) / dt
+		f.DrainRate = float64(b.acked-a.acked) / dt
+		if g := f.WriteRate - f.DrainRate; g > 0 && marks.HighEntries > 0 {
+			consider((float64(marks.HighEntries)-float64(bl.Entries))/g, "entries")
+		}
+		if g := float64(b.bytes-a.bytes) / dt; g > 0 && marks.HighBytes > 0 {
+			consider(float64(marks.HighBytes-bl.Bytes)/g, "bytes")
+		}
+		// Nothing drained over the span and something waits: the oldest
+		// entry ages a second a second.
+		if f.DrainRate == 0 && bl.Entries > 0 && marks.HighAge > 0 {
+			consider((marks.HighAge - bl.OldestAge).Seconds(), "age")
+		}
 	}
 	if mark != "" {
 		f.SecondsToLimit, f.Mark = &best, mark

@@ -27,6 +27,10 @@ func TestTrendForecast(t *testing.T) {
 			if f := tr.forecast(bl, marks); f.SecondsToLimit != nil || f.WriteRate != 0 {
 				t.Fatalf("a forecast from 3 s of history: %+v", f)
 			}
+			// ... but a mark reached is reached, history or not.
+			if f := tr.forecast(transport.Backlog{Entries: 10_000}, marks); !near(f.SecondsToLimit, 0) || f.Mark != "entries" {
+				t.Fatalf("at the entries mark with 3 s of history: %+v", f)
+			}
 		}
 		acked += 50
 		backlog += 50

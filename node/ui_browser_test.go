@@ -13,6 +13,7 @@ import (
 
 	"github.com/chromedp/cdproto/page"
 	"github.com/chromedp/chromedp"
+	"github.com/replicator/replicator/node/api"
 )
 
 // click clicks a button of a table the page rebuilds every second: a node
@@ -268,4 +269,66 @@ func httpGetJSON(url string, v any) (string, error) {
 		return "", err
 	}
 	return string(b), json.Unmarshal(b, v)
+}
+
+// TestDashboardSaturation: a saturated node's dashboard says what the state
+// means, counts the refused writes, shows the limits and draws the
+// high-water mark on the chart; its Detach button, confirmed, lets writes
+// in again.
+func TestDashboardSaturation(t *testing.T) {
+	ctx := browse(t)
+	m := newTestMesh(t, nil, func(o *Options) {
+		o.HistoryInterval = 50 * time.Millisecond
+		o.HistorySpan = time.Minute
+		if o.ClusterID == "a" {
+			o.WaterMarks = api.WaterMarks{HighEntries: 20, LowEntries: 10}
+			o.AdmissionWait = -1
+		}
+	}, "a", "b")
+	a := m.nodes["a"]
+	m.cut("a", "b", true)
+	refused := 0
+	for i := 0; i < 60 && refused < 3; i++ {
+		if _, err := a.Put(context.Background(), fmt.Sprint("k", i), []byte("v")); err != nil {
+			refused++
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if refused < 3 {
+		t.Fatal("a node whose peer is cut took 60 writes over a high-water mark of 20")
+	}
+	for len(a.history.after(time.Time{})) < 5 {
+		time.Sleep(20 * time.Millisecond)
+	}
+	if err := chromedp.Do(ctx,
+		chromedp.Navigate(a.URL()+"/admin/ui"),
+		chromedp.WaitVisible(chromedp.CSS(`#sat.saturated`)),
+		chromedp.WaitVisible(chromedp.CSS(`#limit`)),
+	); err != nil {
+		t.Fatal(err)
+	}
+	note, _ := chromedp.Run(ctx, chromedp.Text(chromedp.ID("satnote")))
+	refusals, _ := chromedp.Run(ctx, chromedp.Text(chromedp.ID("refusals")))
+	limits, _ := chromedp.Run(ctx, chromedp.Text(chromedp.ID("limits")))
+	if !strings.Contains(note, "refused") || !strings.Contains(refusals, fmt.Sprintf("%d (outbound backlog)", refused)) || !strings.HasPrefix(limits, "20/10 writes") {
+		t.Fatalf("a saturated node's page: note %q, refusals %q (want %d), limits %q", note, refusals, refused, limits)
+	}
+	// Detach, confirmed in the dialog: the link stops holding the WAL, the
+	// node is healthy and takes writes again.
+	row := `#peers tr[data-peer="b"]`
+	if err := click(ctx, chromedp.CSS(row+` button[data-action="detach"]`)); err != nil {
+		t.Fatal(err)
+	}
+	if err := chromedp.Do(ctx, chromedp.WaitVisible(chromedp.CSS(`#sat.healthy`))); err != nil {
+		t.Fatal(err)
+	}
+	if l := link(t, a, "b"); !l.Detached {
+		t.Fatalf("after Detach: %+v", l)
+	}
+	if _, err := a.Put(context.Background(), "after-detach", []byte("v")); err != nil {
+		t.Fatalf("a write after Detach: %v", err)
+	}
+	if n, _ := chromedp.Run(ctx, chromedp.Evaluate[int](`document.querySelectorAll("#peers button[data-action=detach]").length`)); n != 0 {
+		t.Fatalf("a detached link still offers Detach (%d buttons)", n)
+	}
 }

@@ -209,6 +209,25 @@ func bar(done, total, width int) string {
 	return "[" + strings.Repeat("#", n) + strings.Repeat(".", width-n) + "]"
 }
 
+// stateNote says what a saturation state means for writes: "throttled"
+// reads as if writes were slowed, and it is the early warning.
+var stateNote = map[string]string{
+	"throttled": "an early warning: a link's backlog is over its low-water mark (half the high one by default); every write is still taken",
+	"saturated": "local writes are refused until every link is under its low-water marks: bring the peer back, or detach it",
+}
+
+// toLimit is a link's time to its high-water mark at the last minute's
+// rates: "-" when its backlog is not growing toward one.
+func toLimit(f api.Forecast) string {
+	switch {
+	case f.SecondsToLimit == nil:
+		return "-"
+	case *f.SecondsToLimit == 0:
+		return "reached (" + f.Mark + ")"
+	}
+	return age(*f.SecondsToLimit) + " (" + f.Mark + ")"
+}
+
 func printWAL(w io.Writer, r *api.WALReport) {
 	fmt.Fprintf(w, "stream %s  writes #%d..#%d (applied #%d)  %s in %d segments\n",
 		r.Stream, r.First, r.Last, r.Applied, human(r.Bytes), r.Segments)
@@ -217,16 +236,19 @@ func printWAL(w io.Writer, r *api.WALReport) {
 	if s.Cause != "" {
 		fmt.Fprintf(w, " (peer %s: %s)", s.Peer, s.Cause)
 	}
+	if note := stateNote[s.State]; note != "" {
+		fmt.Fprintf(w, "\n  %s", note)
+	}
 	th := s.Thresholds
 	fmt.Fprintf(w, "\nthresholds (high/low): %s/%s writes, %s/%s, %s/%s old\n",
 		count(th.HighEntries), count(th.LowEntries), human(th.HighBytes), human(th.LowBytes), th.HighAge, th.LowAge)
 	fmt.Fprintf(w, "replay permits %d/%d in use, %d/%d queued (%s)\n", r.Permits.InUse, r.Permits.Capacity, r.Permits.Queued, r.Permits.QueueCap, r.Permits.State)
 	fmt.Fprintf(w, "refusals: %s\n\n", counts(r.Refusals))
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "PEER\tSTATE\tACKED THROUGH\tBEHIND\tBYTES BEHIND\tOLDEST\tOVERFLOW\tWAL RETAINED")
+	fmt.Fprintln(tw, "PEER\tSTATE\tACKED THROUGH\tBEHIND\tBYTES BEHIND\tOLDEST\tIN/S\tACKED/S\tTO LIMIT\tOVERFLOW\tWAL RETAINED")
 	for _, p := range r.Peers {
-		fmt.Fprintf(tw, "%s\t%s\t#%d\t%s writes\t%s\t%s\t%s\t%v\n", p.Peer, p.State, p.Acked, count(p.Entries), human(p.Bytes),
-			age(p.OldestAgeSeconds), dash(p.Overflow), p.Retained)
+		fmt.Fprintf(tw, "%s\t%s\t#%d\t%s writes\t%s\t%s\t%.1f\t%.1f\t%s\t%s\t%v\n", p.Peer, p.State, p.Acked, count(p.Entries), human(p.Bytes),
+			age(p.OldestAgeSeconds), p.WriteRate, p.DrainRate, toLimit(p.Forecast), dash(p.Overflow), p.Retained)
 	}
 	tw.Flush()
 }

@@ -22,6 +22,7 @@ type statusOut struct {
 	Cluster     api.ClusterReport    `json:"cluster"`
 	Links       []client.LinkStatus  `json:"links"`
 	Saturation  api.SaturationReport `json:"saturation"`
+	Backlogs    []api.PeerBacklog    `json:"backlogs"`
 	VotersLive  int                  `json:"voters_live"`
 	VotersTotal int                  `json:"voters"`
 }
@@ -66,7 +67,7 @@ func runStatus(args []string) error {
 	if _, err := c.Do(ctx, http.MethodGet, "/admin/wal", nil, nil, &wal); err != nil {
 		return err
 	}
-	out.Saturation = wal.Saturation
+	out.Saturation, out.Backlogs = wal.Saturation, wal.Peers
 	if err := c.Ready(ctx); err != nil {
 		var ce *client.Error
 		if !errors.As(err, &ce) {
@@ -106,6 +107,14 @@ func printStatus(w io.Writer, s *statusOut) {
 		sat += fmt.Sprintf(" (peer %s: %s)", s.Saturation.Peer, s.Saturation.Cause)
 	}
 	fmt.Fprintf(w, "saturation %s, %s writes refused since start\n", sat, count(s.Saturation.Refusals))
+	if note := stateNote[s.Saturation.State]; note != "" {
+		fmt.Fprintf(w, "           %s\n", note)
+	}
+	for _, p := range s.Backlogs {
+		if p.SecondsToLimit != nil {
+			fmt.Fprintf(w, "           link %s: high-water mark %s at the last minute's rates (%.1f in/s, %.1f acked/s)\n", p.Peer, toLimit(p.Forecast), p.WriteRate, p.DrainRate)
+		}
+	}
 	fmt.Fprintf(w, "ready      %s\n", ready)
 	if rb := r.RefusedBy; rb != nil {
 		fmt.Fprintf(w, "REFUSED    by %s: %s\n", rb.By, rb.Reason)
