@@ -289,11 +289,14 @@ func printable(v []byte) string {
 	return string(v)
 }
 
-// runHealthcheck asks /healthz: liveness only (a saturated node is alive).
+// runHealthcheck asks /healthz: liveness only (a saturated node is alive);
+// with --ready, /readyz (takes traffic); with --wait, until it passes.
 func runHealthcheck(args []string) error {
 	fs := flag.NewFlagSet("healthcheck", flag.ContinueOnError)
 	var cf clientFlags
 	cf.register(fs)
+	ready := fs.Bool("ready", false, "ask /readyz (the node takes reads and writes) instead of /healthz (the process answers)")
+	wait := fs.Duration("wait", 0, "ask again until the check passes or this long has passed (a script waiting for a node it started)")
 	if err := parse(fs, args); err != nil {
 		return err
 	}
@@ -301,7 +304,20 @@ func runHealthcheck(args []string) error {
 	if err != nil {
 		return err
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), min(cf.timeout, 3*time.Second))
-	defer cancel()
-	return c.Healthy(ctx)
+	check := func() error {
+		ctx, cancel := context.WithTimeout(context.Background(), min(cf.timeout, 3*time.Second))
+		defer cancel()
+		if *ready {
+			return c.Ready(ctx)
+		}
+		return c.Healthy(ctx)
+	}
+	deadline := time.Now().Add(*wait)
+	for {
+		err := check()
+		if err == nil || time.Now().After(deadline) {
+			return err
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
 }
