@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"bytes"
+	"context"
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
@@ -16,7 +17,9 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -224,6 +227,82 @@ func TestMutualTLSLinks(t *testing.T) {
 		t.Fatalf("peer endpoint on the API listener: %v %v", resp, err)
 	}
 	resp.Body.Close()
+	// The refusals are counted by reason in /metrics (403 forbidden: the
+	// spoofed claims above), and the certificate's expiry is there.
+	metrics := scrapeTLS(t, a.url, ca.pool())
+	if v := metricValue(metrics, `replicator_replicate_refusals_total{cluster="a",reason="forbidden"}`); v < 1 {
+		t.Fatalf("forbidden refusals in /metrics: %v\n%s", v, metrics)
+	}
+	leaf, _ := x509.ParseCertificate(bCert.Certificate[0])
+	if v := metricValue(metrics, `replicator_tls_certificate_expiry_timestamp_seconds{cluster="a"}`); v < float64(time.Now().Unix()) || v > float64(leaf.NotAfter.Unix()+3600) {
+		t.Fatalf("certificate expiry in /metrics: %v", v)
+	}
+}
+
+// scrapeTLS reads a node's /metrics over TLS.
+func scrapeTLS(t *testing.T, url string, pool *x509.CertPool) string {
+	t.Helper()
+	c := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}}}
+	resp, err := c.Get(url + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return string(b)
+}
+
+// metricValue is a series' value in a scrape (-1 when absent).
+func metricValue(scrape, series string) float64 {
+	for _, line := range strings.Split(scrape, "\n") {
+		if v, ok := strings.CutPrefix(line, series+" "); ok {
+			f, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
+			if err == nil {
+				return f
+			}
+		}
+	}
+	return -1
+}
+
+// TestCertificateOfAnotherCluster: a node given a certificate that names
+// another cluster refuses it at start, saying which, instead of meeting
+// its peers' 403s; a reload to one keeps the certificate in use.
+func TestCertificateOfAnotherCluster(t *testing.T) {
+	ca := newPKI(t, "replicator test CA")
+	certB, keyB, _ := ca.issue(t, "b")
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, binPath, "serve", "--cluster-id", "a", "--data", t.TempDir(), "--listen", fmt.Sprintf("127.0.0.1:%d", freePort(t)),
+		"--tls-cert", certB, "--tls-key", keyB, "--tls-client-ca", ca.caFile, "--insecure-peers")
+	out, err := cmd.CombinedOutput()
+	if err == nil || ctx.Err() != nil || !strings.Contains(string(out), `names cluster "b"`) || !strings.Contains(string(out), `cluster "a"`) {
+		t.Fatalf("a start with b's certificate: %v (deadline %v)\n%s", err, ctx.Err(), out)
+	}
+	// Started with its own, then b's put in its place and reloaded: refused,
+	// logged, and its own still served.
+	certA, keyA, pairA := ca.issue(t, "a")
+	p := newProc(t, "a", "a", "--tls-cert", certA, "--tls-key", keyA, "--tls-client-ca", ca.caFile, "--insecure-peers")
+	p.url = strings.Replace(p.url, "http://", "https://", 1)
+	p.start()
+	pool := ca.pool()
+	eventually(t, 20*time.Second, func() (bool, string) {
+		err := tlsClient(t, p, pool).Healthy(bg())
+		return err == nil, fmt.Sprint(err)
+	})
+	b, _ := os.ReadFile(certB)
+	k, _ := os.ReadFile(keyB)
+	os.WriteFile(certA, b, 0o644)
+	os.WriteFile(keyA, k, 0o600)
+	p.signal(syscall.SIGHUP)
+	eventually(t, 10*time.Second, func() (bool, string) {
+		logb, _ := os.ReadFile(p.log)
+		return strings.Contains(string(logb), "TLS certificate reload failed") && strings.Contains(string(logb), `names cluster \"b\"`), "no refusal logged"
+	})
+	leaf, _ := x509.ParseCertificate(pairA.Certificate[0])
+	if s, err := servedSerial(t, strings.TrimPrefix(p.url, "https://"), pool); err != nil || s != leaf.SerialNumber.String() {
+		t.Fatalf("after a reload to b's certificate, a serves %s (%v), want its own %s", s, err, leaf.SerialNumber)
+	}
 }
 
 // TestAPIToken: with --api-token-file, clients and admin endpoints need the
@@ -252,6 +331,18 @@ func TestAPIToken(t *testing.T) {
 	}
 	if err := anon.Ready(bg()); err != nil {
 		t.Fatalf("readyz needs no token: %v", err)
+	}
+	// The three 401s above are counted.
+	var metrics string
+	req, _ := http.NewRequest(http.MethodGet, p.url+"/metrics", nil)
+	req.Header.Set("Authorization", "Bearer s3cr3t-token")
+	if resp, err := http.DefaultClient.Do(req); err == nil {
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		metrics = string(b)
+	}
+	if v := metricValue(metrics, `replicator_api_refusals_total{cluster="a",code="unauthenticated"}`); v != 3 {
+		t.Fatalf("unauthenticated refusals in /metrics: %v, want 3", v)
 	}
 	// the token never shows in the admin documents or the log
 	var w map[string]any

@@ -38,6 +38,9 @@ type nodeMetrics struct {
 	commitSeconds prometheus.Histogram
 	leaderChanges prometheus.Counter
 	forwards      *prometheus.CounterVec
+	// apiRefused counts requests the client API and admin endpoints
+	// refused before they reached a handler, by the answer's code.
+	apiRefused *prometheus.CounterVec
 }
 
 func (m *nodeMetrics) init(n *Node) {
@@ -77,7 +80,13 @@ func (m *nodeMetrics) init(n *Node) {
 		Help: "Terms this node began as its cluster's leader."})
 	m.forwards = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "replicator_forwarded_requests_total",
 		Help: "Requests this node forwarded to its cluster's leader, by outcome (answered, not_sent, unknown_outcome)."}, []string{"outcome"})
-	for _, c := range []prometheus.Collector{m.backlogEntries, m.backlogBytes, m.backlogAge, m.toLimit, m.detached,
+	m.apiRefused = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "replicator_api_refusals_total",
+		Help: "Requests to the client API and admin endpoints refused before a handler: unauthenticated (401: no or a wrong token), cross_origin (403: a browser page of another origin), host_not_allowed (421)."},
+		[]string{"code"})
+	for _, code := range []string{"unauthenticated", "cross_origin", "host_not_allowed"} {
+		m.apiRefused.WithLabelValues(code) // at 0 from the start: an alert on an increase has a series
+	}
+	for _, c := range []prometheus.Collector{m.apiRefused, m.backlogEntries, m.backlogBytes, m.backlogAge, m.toLimit, m.detached,
 		m.shipSeconds, m.applySeconds, m.lagSeconds, m.stageSeconds, m.fsyncSeconds, m.commitSeconds, m.leaderChanges, m.forwards} {
 		f(c)
 	}
@@ -134,6 +143,12 @@ var (
 	descPeerBuild = prometheus.NewDesc("replicator_peer_build_info",
 		"1, labelled with the version a peer last answered with (a rolling upgrade shows the mix).", []string{"peer", "version"}, nil)
 	descSkew = prometheus.NewDesc("replicator_peer_clock_skew_seconds", "A peer's clock minus this node's, from its last answer.", []string{"peer"}, nil)
+
+	descPeerRefused = prometheus.NewDesc("replicator_replicate_refusals_total",
+		"Batches and proofs the replication endpoint refused, by reason: unauthenticated (401: a wrong secret), forbidden (403: a spoofed origin, a certificate of another cluster), bad_batch (malformed, unknown version), too_large, clock_offset, gap, identity_conflict, no_permit (429).",
+		[]string{"reason"}, nil)
+	descCertExpiry = prometheus.NewDesc("replicator_tls_certificate_expiry_timestamp_seconds",
+		"When the certificate the node presents now expires (Unix seconds); absent without TLS.", nil, nil)
 
 	descLeader   = prometheus.NewDesc("replicator_raft_leader", "1 while this node leads its cluster (and its term began).", nil, nil)
 	descTerm     = prometheus.NewDesc("replicator_raft_term", "The raft term this node is in.", nil, nil)
@@ -213,6 +228,12 @@ func (n *Node) collect(ch chan<- prometheus.Metric) {
 		if st.PeerVersion != "" {
 			ch <- prometheus.MustNewConstMetric(descPeerBuild, prometheus.GaugeValue, 1, st.Peer, st.PeerVersion)
 		}
+	}
+	for reason, v := range n.acceptor.Refusals() {
+		ch <- prometheus.MustNewConstMetric(descPeerRefused, prometheus.CounterValue, float64(v), reason)
+	}
+	if exp := n.tls.expiry(); !exp.IsZero() {
+		ch <- prometheus.MustNewConstMetric(descCertExpiry, prometheus.GaugeValue, float64(exp.Unix()))
 	}
 	ch <- prometheus.MustNewConstMetric(descBuild, prometheus.GaugeValue, 1, n.opts.BuildVersion, runtime.Version())
 	leading := 0.0

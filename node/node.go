@@ -179,7 +179,7 @@ func Open(ctx context.Context, opts *Options) (*Node, error) {
 		n.store.Close()
 		return nil, err
 	}
-	n.tls.opts, n.tls.log = &n.opts, n.log
+	n.tls.opts, n.tls.log, n.tls.cluster = &n.opts, n.log, n.cluster
 	n.lis.opts, n.lis.log, n.lis.tls = &n.opts, n.log, &n.tls
 	n.bounds = bounds{opts: &n.opts, clock: n.clock, links: n.repl.links}
 	n.tls.reloaded = func() {
@@ -340,7 +340,8 @@ func (n *Node) Start() error {
 	if n.opts.APIToken != "" && n.opts.AdminToken == "" {
 		n.log.Warn("the admin endpoints (membership, peers, detach) accept the API token: every client that may write may also join and remove nodes; give them a token of their own with --admin-token-file (docs/OPERATIONS.md)")
 	}
-	n.srv = n.lis.serve(ln, protect(&n.opts, requireToken(&n.opts, n.Handler()), ln), &n.serveErr)
+	refused := func(code string) { n.metrics.apiRefused.WithLabelValues(code).Inc() }
+	n.srv = n.lis.serve(ln, protect(&n.opts, requireToken(&n.opts, n.Handler(), refused), ln, refused), &n.serveErr)
 	if n.opts.PprofListen != "" {
 		pln, err := net.Listen("tcp", n.opts.PprofListen)
 		if err != nil {

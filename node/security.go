@@ -1,6 +1,7 @@
 package node
 
 import (
+	"cmp"
 	"crypto/subtle"
 	"crypto/tls"
 	"crypto/x509"
@@ -31,6 +32,9 @@ const (
 type tlsSetup struct {
 	opts *Options
 	log  *slog.Logger
+	// cluster is the node's cluster ID: a certificate that names another
+	// is refused at load and at reload, not first met by a peer.
+	cluster string
 	// reloaded runs after a new certificate is in place (the peer client
 	// closes its idle links, so the next batch presents it).
 	reloaded func()
@@ -66,6 +70,9 @@ func (t *tlsSetup) reloadLocked() error {
 	// watcher until it changes again (SIGHUP always retries).
 	t.mu.modTime = tlsModTime(o.TLSCert, o.TLSKey)
 	c, err := tls.LoadX509KeyPair(o.TLSCert, o.TLSKey)
+	if err == nil {
+		err = t.check(&c)
+	}
 	if err != nil {
 		t.log.Error("TLS certificate reload failed; keeping the current one", "cert", o.TLSCert, "err", err)
 		return fmt.Errorf("node: reload --tls-cert/--tls-key: %w", err)
@@ -120,6 +127,9 @@ func (t *tlsSetup) load() error {
 	var errs []error
 	if o.TLSCert != "" || o.TLSKey != "" {
 		c, err := tls.LoadX509KeyPair(o.TLSCert, o.TLSKey)
+		if err == nil {
+			err = t.check(&c)
+		}
 		if err != nil {
 			errs = append(errs, fmt.Errorf("node: --tls-cert/--tls-key: %w", err))
 		} else {
@@ -150,6 +160,41 @@ func (t *tlsSetup) load() error {
 		errs = append(errs, errors.New("node: --tls-client-ca needs --tls-cert and --tls-key"))
 	}
 	return errors.Join(errs...)
+}
+
+// check refuses a certificate that names another cluster than this node's
+// (by --peer-san-mode): peers would refuse every batch it signs, as
+// "forbidden", and the operator would learn it from the other side. One
+// that names no cluster is taken (it may serve the API only).
+func (t *tlsSetup) check(c *tls.Certificate) error {
+	leaf := c.Leaf
+	if leaf == nil {
+		if len(c.Certificate) == 0 {
+			return errors.New("no certificate in the file")
+		}
+		var err error
+		if leaf, err = x509.ParseCertificate(c.Certificate[0]); err != nil {
+			return err
+		}
+		c.Leaf = leaf
+	}
+	id, err := ClusterFromCert(leaf, t.opts.PeerSANMode)
+	if err == nil && t.cluster != "" && id != t.cluster {
+		return fmt.Errorf("%w: the certificate names cluster %q (--peer-san-mode %s), and this node is cluster %q: peers would refuse what it signs",
+			ErrWrongCluster, id, cmp.Or(t.opts.PeerSANMode, SANModeURI), t.cluster)
+	}
+	return nil
+}
+
+// ErrWrongCluster refuses a certificate that names another cluster.
+var ErrWrongCluster = errors.New("node: certificate of another cluster")
+
+// expiry is when the certificate in use expires (zero without TLS).
+func (t *tlsSetup) expiry() time.Time {
+	if c := t.live.Load(); c != nil && c.Leaf != nil {
+		return c.Leaf.NotAfter
+	}
+	return time.Time{}
 }
 
 // serverTLS is the TLS config of a listener; requireClient makes it mutual.
@@ -229,7 +274,7 @@ func ClusterURI(id string) *url.URL {
 // one is configured. Health, readiness, the dashboard page (its data calls
 // carry the token) and the peer endpoint (it has its own authentication)
 // stay open.
-func requireToken(o *Options, h http.Handler) http.Handler {
+func requireToken(o *Options, h http.Handler, refused func(code string)) http.Handler {
 	api, admin := o.APIToken, adminToken(o)
 	if api == "" && admin == "" {
 		return h
@@ -249,6 +294,7 @@ func requireToken(o *Options, h http.Handler) http.Handler {
 			}
 		}
 		if needed && subtle.ConstantTimeCompare([]byte(r.Header.Get("Authorization")), want) != 1 {
+			refused("unauthenticated")
 			refuseEarly(w)
 			w.Header().Set("WWW-Authenticate", `Bearer realm="replicator"`)
 			writeError(w, http.StatusUnauthorized, apiError{Code: "unauthenticated",
@@ -273,9 +319,10 @@ func adminToken(o *Options) string {
 // is refused by Go's cross-origin protection, and a node on a loopback
 // address without a token answers only requests that name a loopback host,
 // so a DNS name rebound to 127.0.0.1 reaches nothing.
-func protect(o *Options, h http.Handler, ln net.Listener) http.Handler {
+func protect(o *Options, h http.Handler, ln net.Listener, refused func(code string)) http.Handler {
 	cop := http.NewCrossOriginProtection()
 	cop.SetDenyHandler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		refused("cross_origin")
 		refuseEarly(w)
 		writeError(w, http.StatusForbidden, apiError{Code: "cross_origin",
 			Message: "a cross-origin request that changes state is refused (send it from a script or the CLI, not a web page)"})
@@ -291,6 +338,7 @@ func protect(o *Options, h http.Handler, ln net.Listener) http.Handler {
 		}
 		host = strings.Trim(host, "[]")
 		if ip := net.ParseIP(host); (ip == nil || !ip.IsLoopback()) && !strings.EqualFold(host, "localhost") {
+			refused("host_not_allowed")
 			refuseEarly(w)
 			writeError(w, http.StatusMisdirectedRequest, apiError{Code: "host_not_allowed",
 				Message: fmt.Sprintf("host %q: this node listens on a loopback address without an API token, and answers only loopback names", r.Host)})
