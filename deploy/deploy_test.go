@@ -153,6 +153,12 @@ func discard() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, ni
 
 var metricName = regexp.MustCompile(`\breplicator_[a-z0-9_]+`)
 
+// recordedOnly are metrics a node exports only in some states (a backlog
+// growing toward a high-water mark), which the two-node scrape below cannot
+// show: TestRecordedSeries (recorded_test.go) records them from real nodes
+// and tests the rules and queries that name them.
+var recordedOnly = map[string]bool{"replicator_backlog_seconds_to_limit": true}
+
 // checkNames fails for every replicator_* metric named in exprs that the
 // node does not export (histograms by their series names).
 func checkNames(t *testing.T, what string, exprs []string, metrics string) {
@@ -164,6 +170,9 @@ func checkNames(t *testing.T, what string, exprs []string, metrics string) {
 	for _, e := range exprs {
 		for _, name := range metricName.FindAllString(e, -1) {
 			n++
+			if recordedOnly[name] { // checked by TestRecordedSeries
+				continue
+			}
 			if !regexp.MustCompile(`(?m)^` + regexp.QuoteMeta(name) + `[{ ]`).MatchString(metrics) {
 				t.Errorf("%s names %s, which a real node does not export", what, name)
 			}
