@@ -275,6 +275,10 @@ type Group struct {
 	// recovery: this open rewrote the configuration from peers.json (a
 	// majority was lost); nil otherwise.
 	recovery atomic.Pointer[Recovery]
+	// fenced: a member refused this node at open (it was removed, lost in
+	// a recovery, or replaced): raft is halted, and the group stays open
+	// so that the node can stay up and say so (Fenced).
+	fenced error
 	// desc caches what members said of themselves (service.go).
 	desc described
 	// unconfirmed: members whose raft port did not confirm them, and
@@ -470,13 +474,15 @@ func Open(opts *Options) (*Group, error) {
 	}
 	if !o.Solo && existing {
 		if err := g.fence(); err != nil {
+			// Halted, not closed: a node that exits here is restarted by
+			// its supervisor, refused again, in a loop; one that stays up
+			// answers why (the node refuses every read and write).
 			r.Shutdown().Error()
-			closeTrans()
-			store.Close()
-			return nil, err
+			g.fenced = err
+			o.Logger.Error("a member of the cluster refuses this node: raft is halted", "err", err)
 		}
 	}
-	if (o.Solo || o.BootstrapAlone) && !existing {
+	if (o.Solo || o.BootstrapAlone) && !existing && g.fenced == nil {
 		me := raft.Server{ID: cfg.LocalID, Address: trans.LocalAddr()}
 		if err := r.BootstrapCluster(raft.Configuration{Servers: []raft.Server{me}}).Error(); err != nil {
 			r.Shutdown().Error()
@@ -795,6 +801,11 @@ func (g *Group) HasCommand(from, to uint64) (bool, error) {
 
 // Close leaves the group's work to the others: raft stops, the port
 // closes, the log is closed.
+// Fenced is why a member refused this node at open (wrapping ErrRemoved),
+// nil if none did: raft is halted, and the node must refuse every read and
+// write.
+func (g *Group) Fenced() error { return g.fenced }
+
 func (g *Group) Close() error {
 	close(g.stop)
 	<-g.done

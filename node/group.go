@@ -331,6 +331,9 @@ func (cs *consensus) openGroup() (created bool, err error) {
 		return false, err
 	}
 	n.group = g
+	if err := g.Fenced(); err != nil {
+		cs.refused(fmt.Errorf("%w: %w; start it with an empty data directory: it comes back as a new member", api.ErrRemoved, err))
+	}
 	if rec := g.Recovery(); rec != nil {
 		// Writes the lost majority committed and shipped may be missing
 		// here: the stream's next indexes could mean two writes. The first
