@@ -508,7 +508,8 @@ type GossipOptions struct {
 	Advertise string   // host:port others reach this node at (default Bind)
 	Join      []string // seeds, host:port
 	Key       []byte   // memberlist encryption key (16, 24 or 32 bytes)
-	// Profile is memberlist's timing: "wan" (default), "lan" or "local".
+	// Profile is memberlist's timing: "wan", "lan" or "local"; empty picks
+	// local on a loopback bind address and wan otherwise.
 	Profile string
 	// Advertise addresses of this node's API and replicate endpoints
 	// (default: derived from the bound listeners).

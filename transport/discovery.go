@@ -102,9 +102,13 @@ type Discovery struct {
 // StartDiscovery creates the memberlist node and joins the seeds (a seed
 // that is not up yet is retried by JoinLoop).
 func StartDiscovery(opts DiscoveryOptions) (*Discovery, error) {
+	host, port, err := splitHostPort(opts.Bind)
+	if err != nil {
+		return nil, fmt.Errorf("transport: --gossip-bind %q: %w", opts.Bind, err)
+	}
 	var conf *memberlist.Config
-	switch opts.Profile {
-	case "", "wan":
+	switch GossipProfile(opts.Profile, host) {
+	case "wan":
 		conf = memberlist.DefaultWANConfig()
 	case "lan":
 		conf = memberlist.DefaultLANConfig()
@@ -112,10 +116,6 @@ func StartDiscovery(opts DiscoveryOptions) (*Discovery, error) {
 		conf = memberlist.DefaultLocalConfig()
 	default:
 		return nil, fmt.Errorf("transport: gossip profile %q, want wan, lan or local", opts.Profile)
-	}
-	host, port, err := splitHostPort(opts.Bind)
-	if err != nil {
-		return nil, fmt.Errorf("transport: --gossip-bind %q: %w", opts.Bind, err)
 	}
 	conf.Name = opts.NodeName
 	conf.BindAddr, conf.BindPort = host, port
@@ -416,3 +416,17 @@ func (w *slogWriter) Write(p []byte) (int, error) {
 }
 
 var _ io.Writer = (*slogWriter)(nil)
+
+// GossipProfile is the memberlist timing a node uses: the one given, or
+// with none, "local" on a loopback bind address (every member on one
+// machine: the WAN profile would take some 40 s to call a stopped node
+// dead) and "wan" otherwise (the safe one when members may be far apart).
+func GossipProfile(given, bindHost string) string {
+	if given != "" {
+		return given
+	}
+	if ip := net.ParseIP(bindHost); (ip != nil && ip.IsLoopback()) || bindHost == "localhost" {
+		return "local"
+	}
+	return "wan"
+}

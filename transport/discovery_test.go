@@ -72,3 +72,17 @@ func TestMemberTableBoundedAndReaped(t *testing.T) {
 		t.Fatalf("a member joining once room was made: %+v", ms)
 	}
 }
+
+// TestGossipProfileByAddress: without a profile, a loopback bind address
+// gets local timing (a stopped member is dead within seconds, not the WAN
+// profile's ~40 s) and any other the WAN's; a given profile is kept.
+func TestGossipProfileByAddress(t *testing.T) {
+	for _, c := range []struct{ given, host, want string }{
+		{"", "127.0.0.1", "local"}, {"", "::1", "local"}, {"", "localhost", "local"},
+		{"", "0.0.0.0", "wan"}, {"", "10.0.0.5", "wan"}, {"lan", "127.0.0.1", "lan"}, {"wan", "127.0.0.1", "wan"},
+	} {
+		if got := GossipProfile(c.given, c.host); got != c.want {
+			t.Errorf("GossipProfile(%q, %q) = %q, want %q", c.given, c.host, got, c.want)
+		}
+	}
+}

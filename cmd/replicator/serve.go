@@ -112,7 +112,7 @@ func defaultServeConfig() *serveConfig {
 		AdmissionWait: dur(d.AdmissionWait), IdentityWait: dur(d.IdentityCheckWait), ShutdownTimeout: duration(defaultShutdownTimeout),
 		Permits: d.Permits, PermitQueue: d.PermitQueue,
 		MinBodyRate: d.MinBodyRate, MaxConns: d.MaxConnections, MaxBodies: d.MaxBodiesInFlight,
-		GossipProfile: "wan", TLSReload: duration(d.TLSReloadInterval), PeerSANMode: node.SANModeURI,
+		GossipProfile: "", TLSReload: duration(d.TLSReloadInterval), PeerSANMode: node.SANModeURI,
 		MemTableSize: d.MemTableSize,
 		LinkLagging:  duration(d.LinkLagging), LinkStalled: duration(d.LinkStalled),
 		RaftElection: duration(time.Second),
@@ -388,7 +388,7 @@ func serveFlags(cfg *serveConfig) *flag.FlagSet {
 	fs.StringVar(&cfg.GossipAdvertise, "gossip-advertise", cfg.GossipAdvertise, "HOST:PORT other nodes reach the gossip port at (default --gossip-bind)")
 	fs.Var(listFlag{&cfg.Join}, "join", "a gossip seed HOST:PORT (repeatable)")
 	fs.StringVar(&cfg.GossipKeyFile, "gossip-key-file", cfg.GossipKeyFile, "file with the base64 memberlist encryption key (16, 24 or 32 bytes); nodes without it cannot join")
-	fs.StringVar(&cfg.GossipProfile, "gossip-profile", cfg.GossipProfile, "memberlist timing: wan, lan or local")
+	fs.StringVar(&cfg.GossipProfile, "gossip-profile", cfg.GossipProfile, "memberlist timing: wan, lan or local (default: local on a loopback --gossip-bind, where every member is on one machine, else wan)")
 	fs.StringVar(&cfg.AdvertiseAPI, "advertise-api", cfg.AdvertiseAPI, "URL the other nodes reach this node's API at, gossiped (default from --listen)")
 	fs.StringVar(&cfg.AdvertiseRepl, "advertise-replicate", cfg.AdvertiseRepl, "URL peers reach this node's replicate endpoint at, gossiped and told in acks (default from --peer-listen or --listen)")
 	fs.StringVar(&cfg.TLSCert, "tls-cert", cfg.TLSCert, "PEM certificate: serve TLS, and present it to peers")
