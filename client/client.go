@@ -71,6 +71,8 @@ type Error struct {
 	// Source and Peer are set on saturation refusals.
 	Source string `json:"source,omitempty"`
 	Peer   string `json:"peer,omitempty"`
+	// Loaded, on bulk_failed, is how many records were loaded before it.
+	Loaded *int64 `json:"loaded,omitempty"`
 	// RetryAfter is the Retry-After header, when present.
 	RetryAfter time.Duration
 }
@@ -531,11 +533,18 @@ func (c *Client) Bulk(ctx context.Context, r io.Reader, csv bool) (BulkResult, e
 	hc.Timeout = 0 // a load takes as long as it takes; ctx bounds it
 	resp, err := hc.Do(req)
 	if err != nil {
-		return BulkResult{}, err
+		return BulkResult{}, &WriteError{Err: err, MayHaveWritten: MayHaveWritten(err)}
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode >= 300 {
-		return BulkResult{}, decodeError(resp)
+		// A load is not atomic: what it says it loaded before failing
+		// stays written, whatever the status.
+		err := decodeError(resp)
+		may := MayHaveWritten(err)
+		if e, ok := err.(*Error); ok && e.Loaded != nil {
+			may = may || *e.Loaded > 0
+		}
+		return BulkResult{}, &WriteError{Err: err, MayHaveWritten: may}
 	}
 	var res BulkResult
 	return res, json.NewDecoder(resp.Body).Decode(&res)

@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"testing"
 	"time"
 
@@ -87,5 +88,48 @@ func TestMayHaveWritten(t *testing.T) {
 	}
 	if !MayHaveWritten(err) {
 		t.Fatalf("an attempt with an unknown outcome, then refused connections: said nothing was written (%v)", err)
+	}
+}
+
+// TestBulkFailureSaysWhatWasLoaded: a load is not atomic. A bad line with
+// records loaded before it leaves those written (MayHaveWritten), one with
+// none loaded does not; a load that lost its answer may have written.
+func TestBulkFailureSaysWhatWasLoaded(t *testing.T) {
+	var loaded string
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusBadRequest)
+		w.Write([]byte(`{"error":{"code":"bulk_failed","message":"line 3: bad","retryable":false,"loaded":` + loaded + `}}`))
+	}))
+	defer srv.Close()
+	c := New(srv.URL, nil)
+	for _, tc := range []struct {
+		loaded string
+		may    bool
+	}{{"2", true}, {"0", false}} {
+		loaded = tc.loaded
+		_, err := c.Bulk(context.Background(), strings.NewReader("{}\n"), false)
+		var we *WriteError
+		if !errors.As(err, &we) || MayHaveWritten(err) != tc.may {
+			t.Fatalf("bulk_failed with %s loaded: %v (may have written %v, want %v)", tc.loaded, err, MayHaveWritten(err), tc.may)
+		}
+	}
+	// The answer lost on the way back: the records may have been loaded.
+	ln, _ := net.Listen("tcp", "127.0.0.1:0")
+	go func() {
+		for {
+			conn, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			buf := make([]byte, 4096)
+			conn.Read(buf)
+			conn.Close() // read the request, answer nothing
+		}
+	}()
+	defer ln.Close()
+	_, err := New("http://"+ln.Addr().String(), nil).Bulk(context.Background(), strings.NewReader("{}\n"), false)
+	if !MayHaveWritten(err) {
+		t.Fatalf("a load whose answer was lost: %v, said not written", err)
 	}
 }

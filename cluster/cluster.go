@@ -709,13 +709,13 @@ func (g *Group) HasCommand(from, to uint64) (bool, error) {
 	return false, nil
 }
 
-// Close leaves the group's work to the others: raft stops, the port
-// closes, the log is closed.
 // Fenced is why a member refused this node at open (wrapping ErrRemoved),
 // nil if none did: raft is halted, and the node must refuse every read and
 // write.
 func (g *Group) Fenced() error { return g.fenced }
 
+// Close leaves the group's work to the others: raft stops, the port
+// closes, the log is closed.
 func (g *Group) Close() error {
 	close(g.stop)
 	<-g.done

@@ -90,6 +90,28 @@ func (p *pki) issue(t *testing.T, cluster string) (string, string, tls.Certifica
 	return certFile, keyFile, pair
 }
 
+// issueUnnamed signs a certificate that names no cluster (a server
+// certificate for loopback only).
+func (p *pki) issueUnnamed(t *testing.T) (string, string) {
+	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	tmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(time.Now().UnixNano()), Subject: pkix.Name{CommonName: "unnamed"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour),
+		KeyUsage:    x509.KeyUsageDigitalSignature,
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
+		IPAddresses: []net.IP{net.ParseIP("127.0.0.1")},
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, p.ca, &key.PublicKey, p.caKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kder, _ := x509.MarshalECPrivateKey(key)
+	certFile, keyFile := filepath.Join(p.dir, "unnamed.pem"), filepath.Join(p.dir, "unnamed-key.pem")
+	os.WriteFile(certFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o644)
+	os.WriteFile(keyFile, pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kder}), 0o600)
+	return certFile, keyFile
+}
+
 func (p *pki) pool() *x509.CertPool {
 	pool := x509.NewCertPool()
 	pool.AddCert(p.ca)
@@ -278,6 +300,16 @@ func TestCertificateOfAnotherCluster(t *testing.T) {
 	out, err := cmd.CombinedOutput()
 	if err == nil || ctx.Err() != nil || !strings.Contains(string(out), `names cluster "b"`) || !strings.Contains(string(out), `cluster "a"`) {
 		t.Fatalf("a start with b's certificate: %v (deadline %v)\n%s", err, ctx.Err(), out)
+	}
+	// With mutual TLS, one that names no cluster is refused too: peers
+	// and the raft port read the cluster from it.
+	bare, bareKey := ca.issueUnnamed(t)
+	ctx2, cancel2 := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel2()
+	out, err = exec.CommandContext(ctx2, binPath, "serve", "--cluster-id", "a", "--data", t.TempDir(), "--listen", fmt.Sprintf("127.0.0.1:%d", freePort(t)),
+		"--tls-cert", bare, "--tls-key", bareKey, "--tls-client-ca", ca.caFile, "--insecure-peers").CombinedOutput()
+	if err == nil || ctx2.Err() != nil || !strings.Contains(string(out), `must name this cluster "a"`) {
+		t.Fatalf("a start with a certificate naming no cluster, under mutual TLS: %v\n%s", err, out)
 	}
 	// Started with its own, then b's put in its place and reloaded: refused,
 	// logged, and its own still served.

@@ -26,7 +26,6 @@ type nodeMetrics struct {
 	backlogEntries *prometheus.GaugeVec
 	backlogBytes   *prometheus.GaugeVec
 	backlogAge     *prometheus.GaugeVec
-	toLimit        *prometheus.GaugeVec
 	detached       *prometheus.CounterVec
 	shipSeconds    *prometheus.HistogramVec
 	applySeconds   prometheus.Histogram
@@ -57,9 +56,6 @@ func (m *nodeMetrics) init(n *Node) {
 		Help: "WAL bytes a peer has not acknowledged."}, []string{"peer"})
 	m.backlogAge = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "replicator_backlog_oldest_age_seconds",
 		Help: "Age of the oldest entry a peer has not acknowledged."}, []string{"peer"})
-	m.toLimit = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "replicator_backlog_seconds_to_limit",
-		Help: "Seconds until a peer's backlog reaches a high-water mark at the last minute's write and drain rates; absent while it does not grow toward one, 0 once over."},
-		[]string{"peer", "mark"})
 	m.detached = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "replicator_peer_detached_total",
 		Help: "Peers detached on backlog overflow (they need a re-seed)."}, []string{"peer"})
 	buckets := []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30}
@@ -86,7 +82,7 @@ func (m *nodeMetrics) init(n *Node) {
 	for _, code := range []string{"unauthenticated", "cross_origin", "host_not_allowed"} {
 		m.apiRefused.WithLabelValues(code) // at 0 from the start: an alert on an increase has a series
 	}
-	for _, c := range []prometheus.Collector{m.apiRefused, m.backlogEntries, m.backlogBytes, m.backlogAge, m.toLimit, m.detached,
+	for _, c := range []prometheus.Collector{m.apiRefused, m.backlogEntries, m.backlogBytes, m.backlogAge, m.detached,
 		m.shipSeconds, m.applySeconds, m.lagSeconds, m.stageSeconds, m.fsyncSeconds, m.commitSeconds, m.leaderChanges, m.forwards} {
 		f(c)
 	}
@@ -99,14 +95,6 @@ func (m *nodeMetrics) backlog(peer string, bl transport.Backlog) {
 	m.backlogEntries.WithLabelValues(peer).Set(float64(bl.Entries))
 	m.backlogBytes.WithLabelValues(peer).Set(float64(bl.Bytes))
 	m.backlogAge.WithLabelValues(peer).Set(bl.OldestAge.Seconds())
-}
-
-// forecast sets, or takes away, a peer's seconds to a high-water mark.
-func (m *nodeMetrics) forecast(peer string, f api.Forecast) {
-	m.toLimit.DeletePartialMatch(prometheus.Labels{"peer": peer})
-	if f.SecondsToLimit != nil {
-		m.toLimit.WithLabelValues(peer, f.Mark).Set(*f.SecondsToLimit)
-	}
 }
 
 // collectorFunc turns a function into an unchecked collector, for series
@@ -147,6 +135,9 @@ var (
 	descPeerRefused = prometheus.NewDesc("replicator_replicate_refusals_total",
 		"Batches and proofs the replication endpoint refused, by reason: unauthenticated (401: a wrong secret), forbidden (403: a spoofed origin, a certificate of another cluster), bad_batch (malformed, unknown version), too_large, clock_offset, gap, identity_conflict, no_permit (429).",
 		[]string{"reason"}, nil)
+	descToLimit = prometheus.NewDesc("replicator_backlog_seconds_to_limit",
+		"Seconds until a peer's backlog reaches a high-water mark at the last minute's write and drain rates; absent while it does not grow toward one (and for a link not watched: detached, or shipped by another node), 0 once over.",
+		[]string{"peer", "mark"}, nil)
 	descCertExpiry = prometheus.NewDesc("replicator_tls_certificate_expiry_timestamp_seconds",
 		"When the certificate the node presents now expires (Unix seconds); absent without TLS.", nil, nil)
 
@@ -227,6 +218,13 @@ func (n *Node) collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(descSkew, prometheus.GaugeValue, st.ClockSkewMS/1000, st.Peer)
 		if st.PeerVersion != "" {
 			ch <- prometheus.MustNewConstMetric(descPeerBuild, prometheus.GaugeValue, 1, st.Peer, st.PeerVersion)
+		}
+	}
+	// From the links watched at scrape time: a link detached, or gone with
+	// a term, has no series (never a stale one).
+	for peer, f := range n.sat.forecasts() {
+		if f.SecondsToLimit != nil {
+			ch <- prometheus.MustNewConstMetric(descToLimit, prometheus.GaugeValue, *f.SecondsToLimit, peer, f.Mark)
 		}
 	}
 	for reason, v := range n.acceptor.Refusals() {

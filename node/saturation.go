@@ -80,9 +80,8 @@ func (s *saturation) evaluate(force bool) api.SaturationReport {
 	wm := s.marks
 	var highPeer, highCause, lowPeer, lowCause string
 	type seen struct {
-		peer  string
-		acked uint64
-		bl    transport.Backlog
+		peer string
+		bl   transport.Backlog
 	}
 	var observed []seen
 	for _, sh := range s.links() {
@@ -94,7 +93,7 @@ func (s *saturation) evaluate(force bool) api.SaturationReport {
 		}
 		bl := sh.Backlog(s.oldest)
 		s.metrics.backlog(sh.Peer().Name, bl)
-		observed = append(observed, seen{sh.Peer().Name, sh.Acked(), bl})
+		observed = append(observed, seen{sh.Peer().Name, bl})
 		if c := over(bl, wm.HighEntries, wm.HighBytes, wm.HighAge); c != "" {
 			if s.overflow[sh.Peer().Name] == api.OverflowDetach {
 				sh.Detach("overflow: " + c)
@@ -113,16 +112,20 @@ func (s *saturation) evaluate(force bool) api.SaturationReport {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.mu.evaluated = time.Now()
+	// The links watched now have a trend; one no longer watched (detached,
+	// or gone with a term this node no longer leads) loses it, and with it
+	// its forecast.
 	at := time.Since(monoStart)
+	watched := make(map[string]*trend, len(observed))
 	for _, o := range observed {
 		t := s.mu.trends[o.peer]
 		if t == nil {
 			t = &trend{}
-			s.mu.trends[o.peer] = t
 		}
-		t.observe(at, o.acked, o.bl)
-		s.metrics.forecast(o.peer, t.forecast(o.bl, wm))
+		t.observe(at, o.bl)
+		watched[o.peer] = t
 	}
+	s.mu.trends = watched
 	state, peer, cause := api.StateHealthy, "", ""
 	switch {
 	case highPeer != "":
@@ -151,7 +154,7 @@ func (s *saturation) reportLocked() api.SaturationReport {
 }
 
 // forecast is a link's trend toward its high-water marks (zero for a link
-// not watched: detached, or not yet seen).
+// not watched: detached, or not shipped from this node).
 func (s *saturation) forecast(peer string, bl transport.Backlog) api.Forecast {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -159,6 +162,18 @@ func (s *saturation) forecast(peer string, bl transport.Backlog) api.Forecast {
 		return t.forecast(bl, s.marks)
 	}
 	return api.Forecast{}
+}
+
+// forecasts is every watched link's forecast from its last observation
+// (for /metrics: a link not watched has no series).
+func (s *saturation) forecasts() map[string]api.Forecast {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make(map[string]api.Forecast, len(s.mu.trends))
+	for peer, t := range s.mu.trends {
+		out[peer] = t.forecast(t.last, s.marks)
+	}
+	return out
 }
 
 // Saturation reports the node's saturation state.

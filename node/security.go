@@ -165,7 +165,8 @@ func (t *tlsSetup) load() error {
 // check refuses a certificate that names another cluster than this node's
 // (by --peer-san-mode): peers would refuse every batch it signs, as
 // "forbidden", and the operator would learn it from the other side. One
-// that names no cluster is taken (it may serve the API only).
+// that names no cluster is taken only without mutual TLS (it serves the
+// API only).
 func (t *tlsSetup) check(c *tls.Certificate) error {
 	leaf := c.Leaf
 	if leaf == nil {
@@ -179,6 +180,13 @@ func (t *tlsSetup) check(c *tls.Certificate) error {
 		c.Leaf = leaf
 	}
 	id, err := ClusterFromCert(leaf, t.opts.PeerSANMode)
+	if err != nil && t.opts.TLSClientCA != "" {
+		// Mutual TLS: peers and the raft port read the cluster from this
+		// certificate, and would refuse one that names none (a renewal
+		// that lost its URI SAN would cost the cluster its quorum).
+		return fmt.Errorf("%w: with --tls-client-ca the certificate must name this cluster %q (a URI SAN %s, or with --peer-san-mode dns the first label of its first DNS SAN): %w",
+			ErrWrongCluster, t.cluster, ClusterURI(t.cluster), err)
+	}
 	if err == nil && t.cluster != "" && id != t.cluster {
 		return fmt.Errorf("%w: the certificate names cluster %q (--peer-san-mode %s), and this node is cluster %q: peers would refuse what it signs",
 			ErrWrongCluster, id, cmp.Or(t.opts.PeerSANMode, SANModeURI), t.cluster)

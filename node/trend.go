@@ -31,14 +31,28 @@ type trendObs struct {
 
 // trend is one link's observations, oldest first, at most one per
 // trendEvery, over trendSpan.
-type trend struct{ obs []trendObs }
+type trend struct {
+	obs []trendObs
+	// last is the link's latest backlog, observed or not (a forecast
+	// for /metrics is made from it).
+	last transport.Backlog
+}
 
-// observe records the link at monotonic time at.
-func (t *trend) observe(at time.Duration, acked uint64, bl transport.Backlog) {
-	if n := len(t.obs); n > 0 && at-t.obs[n-1].at < trendEvery {
-		return
+// observe records the link at monotonic time at, from one snapshot of its
+// backlog (bl.Acked with the figures measured from it). A position that
+// goes back (the stream replaced, the link rewound to a peer behind) starts
+// the trend again: rates across it would mean nothing.
+func (t *trend) observe(at time.Duration, bl transport.Backlog) {
+	t.last = bl
+	o := trendObs{at: at, written: bl.Acked + bl.Entries, acked: bl.Acked, bytes: bl.Bytes}
+	if n := len(t.obs); n > 0 {
+		if last := t.obs[n-1]; o.written < last.written || o.acked < last.acked {
+			t.obs = t.obs[:0]
+		} else if at-last.at < trendEvery {
+			return
+		}
 	}
-	t.obs = append(t.obs, trendObs{at: at, written: acked + bl.Entries, acked: acked, bytes: bl.Bytes})
+	t.obs = append(t.obs, o)
 	cut := 0
 	for cut < len(t.obs)-1 && at-t.obs[cut+1].at >= trendSpan {
 		cut++

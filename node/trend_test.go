@@ -21,8 +21,8 @@ func TestTrendForecast(t *testing.T) {
 	var acked, backlog uint64
 	var bl transport.Backlog
 	for s := 0; s <= 20; s++ {
-		bl = transport.Backlog{Entries: backlog, Bytes: int64(backlog) * 100, OldestAge: time.Second}
-		tr.observe(time.Duration(s)*time.Second, acked, bl)
+		bl = transport.Backlog{Acked: acked, Entries: backlog, Bytes: int64(backlog) * 100, OldestAge: time.Second}
+		tr.observe(time.Duration(s)*time.Second, bl)
 		if s == 3 {
 			if f := tr.forecast(bl, marks); f.SecondsToLimit != nil || f.WriteRate != 0 {
 				t.Fatalf("a forecast from 3 s of history: %+v", f)
@@ -49,7 +49,7 @@ func TestTrendForecast(t *testing.T) {
 	// Draining faster than writing: no forecast, the rates still shown.
 	var dr trend
 	for s := 0; s <= 10; s++ {
-		dr.observe(time.Duration(s)*time.Second, uint64(200*s), transport.Backlog{Entries: uint64(5000 - 100*s), Bytes: int64(500_000 - 10_000*s)})
+		dr.observe(time.Duration(s)*time.Second, transport.Backlog{Acked: uint64(200 * s), Entries: uint64(5000 - 100*s), Bytes: int64(500_000 - 10_000*s)})
 	}
 	if f := dr.forecast(transport.Backlog{Entries: 4000}, marks); f.SecondsToLimit != nil || f.DrainRate != 200 || f.WriteRate != 100 {
 		t.Fatalf("draining: %+v", f)
@@ -60,7 +60,7 @@ func TestTrendForecast(t *testing.T) {
 	// 1/s would take hours to reach the entries mark.
 	var st trend
 	for s := 0; s <= 30; s++ {
-		st.observe(time.Duration(s)*time.Second, 7, transport.Backlog{Entries: uint64(10 + s), Bytes: int64(100 * (10 + s))})
+		st.observe(time.Duration(s)*time.Second, transport.Backlog{Acked: 7, Entries: uint64(10 + s), Bytes: int64(100 * (10 + s))})
 	}
 	if f := st.forecast(transport.Backlog{Entries: 40, OldestAge: 9 * time.Minute}, marks); f.Mark != "age" || !near(f.SecondsToLimit, 60) {
 		t.Fatalf("stalled: %+v (seconds %v)", f, deref(f.SecondsToLimit))
@@ -70,10 +70,21 @@ func TestTrendForecast(t *testing.T) {
 		t.Fatalf("over the age mark: %+v (seconds %v)", f, deref(f.SecondsToLimit))
 	}
 
+	// A position that goes back (a stream replaced, a rewind) starts the
+	// trend again: no rate across it, no overflow into a forecast.
+	var back trend
+	for s := 0; s <= 10; s++ {
+		back.observe(time.Duration(s)*time.Second, transport.Backlog{Acked: uint64(1000 + s), Entries: 1})
+	}
+	back.observe(11*time.Second, transport.Backlog{Acked: 3, Entries: 1})
+	if f := back.forecast(transport.Backlog{Acked: 3, Entries: 1}, marks); f.WriteRate != 0 || f.SecondsToLimit != nil || len(back.obs) != 1 {
+		t.Fatalf("after a rewind: %+v, %d observations", f, len(back.obs))
+	}
+
 	// Observations older than the span go; one a second is kept.
 	var long trend
 	for ms := 0; ms <= 300_000; ms += 100 {
-		long.observe(time.Duration(ms)*time.Millisecond, 0, transport.Backlog{})
+		long.observe(time.Duration(ms)*time.Millisecond, transport.Backlog{})
 	}
 	if n := len(long.obs); n < 60 || n > 62 || long.obs[len(long.obs)-1].at-long.obs[0].at > trendSpan {
 		t.Fatalf("%d observations kept over %s", n, long.obs[len(long.obs)-1].at-long.obs[0].at)

@@ -331,4 +331,22 @@ func TestDashboardSaturation(t *testing.T) {
 	if n, _ := chromedp.Run(ctx, chromedp.Evaluate[int](`document.querySelectorAll("#peers button[data-action=detach]").length`)); n != 0 {
 		t.Fatalf("a detached link still offers Detach (%d buttons)", n)
 	}
+	// A detached link is not watched: no forecast, in the report or in
+	// /metrics (a stale "reached" would keep ReplicatorSaturationComing
+	// firing for as long as the peer stays away).
+	time.Sleep(300 * time.Millisecond) // a few saturation rounds
+	for _, p := range a.WALReport().Peers {
+		if p.SecondsToLimit != nil {
+			t.Fatalf("the detached link's forecast: %+v", p.Forecast)
+		}
+	}
+	resp, err := http.Get(a.URL() + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if strings.Contains(string(body), "replicator_backlog_seconds_to_limit{") {
+		t.Fatalf("/metrics holds a forecast for a detached link:\n%s", body)
+	}
 }

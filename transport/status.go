@@ -124,6 +124,9 @@ type Thresholds struct {
 
 // Backlog is what a peer has not acknowledged yet.
 type Backlog struct {
+	// Acked is the acknowledged index the figures were measured from
+	// (one snapshot: a trend reads both together).
+	Acked     uint64
 	Entries   uint64
 	Bytes     int64
 	OldestAge time.Duration
@@ -138,9 +141,9 @@ func (s *Shipper) Backlog(commitWall func(index uint64) (int64, bool)) Backlog {
 	s.mu.Unlock()
 	last := s.log.Last()
 	if last <= acked {
-		return Backlog{}
+		return Backlog{Acked: acked}
 	}
-	b := Backlog{Entries: last - acked, Bytes: s.log.BytesAfter(acked)}
+	b := Backlog{Acked: acked, Entries: last - acked, Bytes: s.log.BytesAfter(acked)}
 	if oldestIdx != acked+1 {
 		wall, ok := commitWall(acked + 1)
 		if !ok {

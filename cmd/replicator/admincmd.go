@@ -72,7 +72,7 @@ func runAdmin(cmd string, args []string) error {
 		peer := fs.Arg(0)
 		var st client.LinkStatus
 		if _, err := c.Do(ctx, http.MethodPost, "/admin/peers/"+peer+"/"+cmd, nil, nil, &st); err != nil {
-			return err
+			return asWrite(err)
 		}
 		if cf.out.format == "json" {
 			return cf.out.print(st, nil) // a script follows a re-seed by polling /admin/peers
@@ -95,7 +95,7 @@ func runAdmin(cmd string, args []string) error {
 		}
 		var r api.ClusterReport
 		if _, err := c.Do(ctx, http.MethodPost, "/admin/cluster/"+fs.Arg(0), body, http.Header{"Content-Type": {"application/json"}}, &r); err != nil {
-			return err
+			return asWrite(err)
 		}
 		if cf.out.format == "json" {
 			return cf.out.print(r, nil)
@@ -207,6 +207,13 @@ func bar(done, total, width int) string {
 	}
 	n := min(width, done*width/total)
 	return "[" + strings.Repeat("#", n) + strings.Repeat(".", width-n) + "]"
+}
+
+// asWrite marks a failed change (a link action, a membership change) as a
+// write, so that its outcome is told as a write's: a 503 unknown_outcome or
+// a lost answer may have taken effect (exit 5).
+func asWrite(err error) error {
+	return &client.WriteError{Err: err, MayHaveWritten: client.MayHaveWritten(err)}
 }
 
 // stateNote says what a saturation state means for writes: "throttled"

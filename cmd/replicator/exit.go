@@ -72,10 +72,12 @@ func classify(err error) cliError {
 			e.Code = "http_" + fmt.Sprint(ce.Status) // an answer that is not ours (a proxy's)
 		}
 		switch {
+		case isWrite && we.MayHaveWritten:
+			// Over every attempt: an earlier one may have written,
+			// whatever the last one was answered.
+			e.MayHaveWritten, e.ExitCode = true, exitUnknown
 		case ce.Status == 404:
 			e.ExitCode = exitNotFound
-		case isWrite && we.MayHaveWritten:
-			e.MayHaveWritten, e.ExitCode = true, exitUnknown
 		}
 		return e
 	case isWrite && we.MayHaveWritten:

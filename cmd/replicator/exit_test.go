@@ -145,6 +145,27 @@ func TestErrorTable(t *testing.T) {
 	}
 }
 
+// TestWriteOutcomeOverAttempts: a write's class follows every attempt and
+// what the answer says was loaded, not only the last status.
+func TestWriteOutcomeOverAttempts(t *testing.T) {
+	loaded := func(n int64) *int64 { return &n }
+	for _, c := range []struct {
+		name string
+		err  error
+		exit int
+	}{
+		{"a load whose bad line came after lines it loaded", &client.WriteError{Err: &client.Error{Status: 400, Code: "bulk_failed", Loaded: loaded(2)}, MayHaveWritten: true}, exitUnknown},
+		{"a keyed write answered 404 after an attempt that timed out", &client.WriteError{Err: &client.Error{Status: 404, Code: "not_found"}, MayHaveWritten: true}, exitUnknown},
+		{"a membership change answered unknown_outcome", asWrite(&client.Error{Status: 503, Code: "unknown_outcome", Outcome: "unknown", CanRetry: true}), exitUnknown},
+		{"a link action on a peer that is not there", asWrite(&client.Error{Status: 404, Code: "not_found"}), exitNotFound},
+		{"a membership change refused for quorum", asWrite(&client.Error{Status: 409, Code: "quorum"}), exitFailed},
+	} {
+		if e := classify(c.err); e.ExitCode != c.exit || e.MayHaveWritten != (c.exit == exitUnknown) {
+			t.Errorf("%s: exit %d may_have_written %v, want exit %d", c.name, e.ExitCode, e.MayHaveWritten, c.exit)
+		}
+	}
+}
+
 // TestErrorJSON: with -o json a failure is the API's error document on
 // stdout, with the exit code in it.
 func TestErrorJSON(t *testing.T) {

@@ -77,6 +77,7 @@ func root() *cobra.Command {
 	// to report the part of a write's CPU that net/http itself costs.
 	floor := command("bench-httpfloor --listen ADDR", "net/http alone, for bench", runHTTPFloor)
 	floor.Hidden = true
+	floor.ValidArgsFunction = nil // its flags are parsed by the flag package alone: completing would start it
 	r.AddCommand(floor)
 	return r
 }

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -22,7 +21,7 @@ func runRestore(args []string) error {
 		return err
 	}
 	if *dir == "" || fs.NArg() > 0 {
-		return errors.New("usage: replicator restore --data DIR")
+		return usagef("usage: replicator restore --data DIR")
 	}
 	r, err := datadir.Restore(*dir)
 	if err != nil {
@@ -50,7 +49,7 @@ func runInspect(args []string) error {
 		return err
 	}
 	if len(dirs) == 0 || fs.NArg() > 0 {
-		return errors.New("usage: replicator inspect --data DIR [--data DIR...]")
+		return usagef("usage: replicator inspect --data DIR [--data DIR...]")
 	}
 	var rs []datadir.InspectReport
 	best := -1

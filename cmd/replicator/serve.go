@@ -623,7 +623,7 @@ func runServe(args []string) error {
 		return envErr
 	}
 	if fs.NArg() > 0 {
-		return fmt.Errorf("unexpected arguments: %q", fs.Args())
+		return usagef("unexpected arguments: %q", fs.Args())
 	}
 	log, err := newLogger(cfg.LogLevel, cfg.LogFormat)
 	if err != nil {
@@ -655,23 +655,28 @@ func runServe(args []string) error {
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)
 	defer signal.Stop(hup)
-	for done := false; !done; {
+	// Registered before the loop, so that no signal between the first and
+	// the stop is lost: the first ends the loop, a second the stop.
+	sigs := make(chan os.Signal, 2)
+	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
+	defer signal.Stop(sigs)
+	if ctx.Err() != nil {
+		sigs <- syscall.SIGTERM // came during the start: stop now
+	}
+	for {
 		select {
-		case <-ctx.Done():
-			done = true
+		case <-sigs:
+			return closeBounded(n.Close, time.Duration(cfg.ShutdownTimeout), sigs, log)
 		case <-n.Fatal():
 			// A reason a restart does not fix (logged by the node): exit
-			// non-zero, so that the operator looks.
-			cerr := n.Close()
+			// non-zero, so that the operator looks; the stop is bounded
+			// as any other.
+			cerr := closeBounded(n.Close, time.Duration(cfg.ShutdownTimeout), sigs, log)
 			return errors.Join(n.FatalErr(), cerr)
 		case <-hup:
 			_ = n.ReloadTLS() // logged either way
 		}
 	}
-	again := make(chan os.Signal, 1)
-	signal.Notify(again, syscall.SIGINT, syscall.SIGTERM)
-	defer signal.Stop(again)
-	return closeBounded(n.Close, time.Duration(cfg.ShutdownTimeout), again, log)
 }
 
 // defaultShutdownTimeout is --shutdown-timeout's default: a stop hands

@@ -35,6 +35,9 @@ type Error struct {
 	// "not_written" (certainly not) or "unknown" (it may have: read it
 	// back, or retry under the same Idempotency-Key).
 	Outcome string `json:"outcome,omitempty"`
+	// Loaded, on a bulk_failed answer, is how many records were loaded
+	// before the failure (a load is not atomic: those stay).
+	Loaded *int64 `json:"loaded,omitempty"`
 	// Limit is the bound a too_large refusal was measured against.
 	Limit int64 `json:"limit,omitempty"`
 	// Leader and Nodes, on a not_leader refusal, are where the request

@@ -473,7 +473,8 @@ func (a *API) handleBulk(w http.ResponseWriter, r *http.Request) {
 		return a.node.Propose(r.Context(), api.Write{Ops: ops})
 	})
 	if err != nil {
-		e := apiError{Code: "bulk_failed", Message: fmt.Sprintf("%v; %d records were loaded before it", err, res.Loaded)}
+		loaded := int64(res.Loaded)
+		e := apiError{Code: "bulk_failed", Loaded: &loaded, Message: fmt.Sprintf("%v; %d records were loaded before it", err, res.Loaded)}
 		status := http.StatusBadRequest
 		if !errors.Is(err, api.ErrBadRequest) && !errors.Is(err, api.ErrInvalidKey) && !errors.Is(err, api.ErrKeyTooLarge) && !errors.Is(err, api.ErrValueTooLarge) {
 			status, e.Retryable = http.StatusServiceUnavailable, true
