@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"os"
 	"os/exec"
@@ -37,6 +38,33 @@ func (p *proc) waitExit(d time.Duration) bool {
 	case <-time.After(d):
 		return false
 	}
+}
+
+// awaitRemoved waits for the node to say its cluster put it out: up, and
+// /readyz answering 503 removed (a removed node stays up, so that a
+// supervisor does not restart it in a loop). It returns /readyz's body, or
+// "" if that did not happen (or the process exited) within d.
+func (p *proc) awaitRemoved(d time.Duration) string {
+	p.mu.Lock()
+	exited, url := p.exited, p.url
+	p.mu.Unlock()
+	for deadline := time.Now().Add(d); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+		select {
+		case <-exited:
+			return ""
+		default:
+		}
+		resp, err := http.Get(url + "/readyz")
+		if err != nil {
+			continue
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode == http.StatusServiceUnavailable && strings.Contains(string(b), "removed") {
+			return string(b)
+		}
+	}
+	return ""
 }
 
 // logMark is where the node's log ends now; logSince is what it wrote
@@ -314,11 +342,11 @@ func (m *rmesh) recoverMajority(c string) error {
 		kept = append(kept, back)
 		mark := back.logMark()
 		back.start()
-		if !back.waitExit(30*time.Second) || !strings.Contains(back.logSince(mark), "recovered") {
-			back.kill()
-			errs = append(errs, fmt.Errorf("%s (%s), lost in the recovery of %s, came back with its old directory and was not refused",
-				back.id, reps[i].ServerID, c))
+		if why := back.awaitRemoved(30 * time.Second); why == "" || !strings.Contains(back.logSince(mark), "recovered") {
+			errs = append(errs, fmt.Errorf("%s (%s), lost in the recovery of %s, came back with its old directory and was not refused (%s)",
+				back.id, reps[i].ServerID, c, why))
 		}
+		back.kill() // refused and up, as a supervisor would leave it: the operator stops it
 	}
 	shown := 0
 	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline) && shown < len(kept); time.Sleep(100 * time.Millisecond) {
