@@ -141,6 +141,8 @@ type Acceptor struct {
 	}
 	permits chan struct{}
 	queued  atomic.Int32
+	// decomp decodes compressed bodies within MaxBodyBytes decoded.
+	decomp *wire.Decompressor
 }
 
 // New returns an acceptor that reads st and applies batches through log.
@@ -175,7 +177,8 @@ func New(st Store, log Log, clock Clock, opts Options) *Acceptor {
 	if opts.Now == nil {
 		opts.Now = func() int64 { return time.Now().UnixNano() }
 	}
-	a := &Acceptor{opts: opts, store: st, log: log, clock: clock, permits: make(chan struct{}, opts.Permits)}
+	a := &Acceptor{opts: opts, store: st, log: log, clock: clock, permits: make(chan struct{}, opts.Permits),
+		decomp: wire.NewDecompressor(opts.MaxBodyBytes)}
 	a.mu.counts = map[string]*Counts{}
 	a.mu.secrets = map[string]string{}
 	a.mu.permitsOf = map[string]int{}

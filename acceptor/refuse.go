@@ -16,6 +16,9 @@ var (
 	ErrBadBatch        = errors.New("acceptor: bad batch")
 	ErrTooLarge        = errors.New("acceptor: batch too large")
 	ErrClockOffset     = errors.New("acceptor: stamp beyond the max clock offset")
+	// ErrEncoding refuses a body in an encoding this node does not decode
+	// (415; the answer's HeaderAcceptEncoding says which it does).
+	ErrEncoding = errors.New("acceptor: unsupported body encoding")
 )
 
 // GapError refuses a batch that does not continue the stream: the sender
@@ -85,6 +88,9 @@ func (a *Acceptor) refuse(w http.ResponseWriter, sender string, err error) {
 	case errors.Is(err, ErrClockOffset):
 		status, e.Code, e.Retryable = http.StatusBadRequest, "clock_offset", true
 		a.refusals.offset.Add(1)
+	case errors.Is(err, ErrEncoding):
+		status, e.Code = http.StatusUnsupportedMediaType, "unsupported_encoding"
+		a.refusals.bad.Add(1)
 	case errors.Is(err, ErrBadBatch):
 		status, e.Code = http.StatusBadRequest, "bad_batch"
 		if errors.Is(err, wire.ErrVersion) {

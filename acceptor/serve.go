@@ -61,6 +61,9 @@ func (a *Acceptor) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		a.ServeProve(w, r)
 		return
 	}
+	// Every answer says which body encodings this node decodes, so that a
+	// sender learns it from its first heartbeat (wire/compress.go).
+	w.Header().Set(wire.HeaderAcceptEncoding, wire.Encodings)
 	if r.Method != http.MethodPost {
 		w.Header().Set("Allow", "POST")
 		w.Header().Set("Connection", "close")
@@ -143,6 +146,17 @@ func (a *Acceptor) readBody(w http.ResponseWriter, r *http.Request, sender strin
 			err = fmt.Errorf("%w: reading the body: %v", ErrBadBatch, err)
 		}
 		return nil, err
+	}
+	// MaxBodyBytes bounds the body on the wire (above) and the batch it
+	// decodes to: a compressed bomb is refused having cost the bound.
+	body, err = a.decomp.Decode(r.Header.Get("Content-Encoding"), body)
+	switch {
+	case errors.Is(err, wire.ErrDecodedTooLarge):
+		return nil, fmt.Errorf("%w: %w", ErrTooLarge, err)
+	case errors.Is(err, wire.ErrEncoding):
+		return nil, fmt.Errorf("%w: %w", ErrEncoding, err)
+	case err != nil:
+		return nil, fmt.Errorf("%w: %w", ErrBadBatch, err)
 	}
 	return body, nil
 }
