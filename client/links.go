@@ -46,6 +46,12 @@ type LinkStatus struct {
 	Nodes []string `json:"peer_nodes,omitempty"`
 	// PeerVersion is the build the peer last answered with.
 	PeerVersion string `json:"peer_version,omitempty"`
+	// Compression is the link's (none, or zstd toward nodes that decode
+	// it); BytesRaw and BytesOnWire count request bodies before and after
+	// it.
+	Compression string `json:"compression"`
+	BytesRaw    uint64 `json:"bytes_raw"`
+	BytesOnWire uint64 `json:"bytes_on_wire"`
 }
 
 // ReseedStatus is the progress of a link's re-seed.

@@ -130,6 +130,8 @@ var (
 	descDead      = prometheus.NewDesc("replicator_dead_letters", "Entries set aside as dead letters (GET /admin/deadletters).", nil, nil)
 	descPeerBuild = prometheus.NewDesc("replicator_peer_build_info",
 		"1, labelled with the version a peer last answered with (a rolling upgrade shows the mix).", []string{"peer", "version"}, nil)
+	descSentBytes = prometheus.NewDesc("replicator_peer_sent_bytes_total",
+		"Request bodies sent to a peer: form raw (as encoded) and wire (after compression; equal without it).", []string{"peer", "form"}, nil)
 	descSkew = prometheus.NewDesc("replicator_peer_clock_skew_seconds", "A peer's clock minus this node's, from its last answer.", []string{"peer"}, nil)
 
 	descPeerRefused = prometheus.NewDesc("replicator_replicate_refusals_total",
@@ -216,6 +218,8 @@ func (n *Node) collect(ch chan<- prometheus.Metric) {
 		}
 		ch <- prometheus.MustNewConstMetric(descContact, prometheus.GaugeValue, contact, st.Peer)
 		ch <- prometheus.MustNewConstMetric(descSkew, prometheus.GaugeValue, st.ClockSkewMS/1000, st.Peer)
+		ch <- prometheus.MustNewConstMetric(descSentBytes, prometheus.CounterValue, float64(st.BytesRaw), st.Peer, "raw")
+		ch <- prometheus.MustNewConstMetric(descSentBytes, prometheus.CounterValue, float64(st.BytesOnWire), st.Peer, "wire")
 		if st.PeerVersion != "" {
 			ch <- prometheus.MustNewConstMetric(descPeerBuild, prometheus.GaugeValue, 1, st.Peer, st.PeerVersion)
 		}

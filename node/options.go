@@ -454,6 +454,9 @@ func (o *Options) Validate() error {
 		if p.Secret == "" && !o.InsecurePeers && o.TLSClientCA == "" {
 			add("peer %q has no secret (--peer-secret %s=SECRET, mutual TLS with --tls-client-ca, or --insecure-peers)", p.Name, p.Name)
 		}
+		if p.Compression != "" && p.Compression != transport.CompressionNone && p.Compression != transport.CompressionZstd {
+			add("peer %q: compression %q, want zstd or none", p.Name, p.Compression)
+		}
 		if p.Overflow != "" && p.Overflow != api.OverflowReject && p.Overflow != api.OverflowDetach {
 			add("peer %q: overflow %q, want reject or detach", p.Name, p.Overflow)
 		}
@@ -532,6 +535,10 @@ type Peer struct {
 	// mark: OverflowReject (default) refuses local writes, OverflowDetach
 	// stops retaining the WAL for the peer and marks it for a re-seed.
 	Overflow string
+	// Compression is "zstd" to compress batches toward the peer's nodes
+	// that say they decode it, or "none" (default): worth it across a WAN,
+	// where bytes cost more than the CPU to save them.
+	Compression string
 }
 
 func (o *Options) resolver() origin.Resolver {

@@ -118,7 +118,7 @@ func (r *replication) addLink(p Peer) (*transport.Shipper, error) {
 	if err != nil {
 		return nil, err
 	}
-	sh, err := transport.NewShipper(transport.Peer{Name: p.Name, URL: p.URL, Secret: p.Secret, AllowUnproven: p.AllowUnproven}, n.out, cursors{n}, transport.Options{
+	sh, err := transport.NewShipper(transport.Peer{Name: p.Name, URL: p.URL, Secret: p.Secret, AllowUnproven: p.AllowUnproven, Compression: p.Compression}, n.out, cursors{n}, transport.Options{
 		Local:           n.cluster,
 		MaxBatchEntries: n.opts.MaxBatchEntries,
 		MaxBatchBytes:   n.opts.MaxBatchBytes,
@@ -411,7 +411,7 @@ func linkStatus(s transport.Status) client.LinkStatus {
 		Reseed:      client.ReseedStatus(s.Reseed),
 		ClockSkewMS: s.ClockSkewMS, Thresholds: client.Thresholds(s.Thresholds),
 		Conflict: s.Conflict, ReseedOwed: s.ReseedOwed, SendFailures: s.SendFailures, Liveness: s.Liveness,
-		Nodes: s.Nodes, PeerVersion: s.PeerVersion,
+		Nodes: s.Nodes, PeerVersion: s.PeerVersion, Compression: s.Compression, BytesRaw: s.BytesRaw, BytesOnWire: s.BytesOnWire,
 	}
 	if s.Limits != nil {
 		l := client.PeerLimits(*s.Limits)

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -86,11 +87,15 @@ func (s *Shipper) postOnce(ctx context.Context, body []byte) (wire.Ack, error) {
 			nonce = wire.NewNonce()
 		}
 	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, strings.TrimRight(base, "/")+wire.PathReplicate, bytes.NewReader(body))
+	sent, encoding := s.encode(base, body)
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, strings.TrimRight(base, "/")+wire.PathReplicate, bytes.NewReader(sent))
 	if err != nil {
 		return ack, err
 	}
 	req.Header.Set("Content-Type", wire.ContentType)
+	if encoding != "" {
+		req.Header.Set("Content-Encoding", encoding)
+	}
 	req.Header.Set(wire.HeaderOrigin, s.opts.Local)
 	if s.peer.Secret != "" {
 		req.Header.Set("Authorization", "Bearer "+s.peer.Secret)
@@ -113,6 +118,7 @@ func (s *Shipper) postOnce(ctx context.Context, body []byte) (wire.Ack, error) {
 		return ack, fmt.Errorf("transport: post to %s: %w", s.peer.Name, err)
 	}
 	defer resp.Body.Close()
+	s.learnEncodings(base, resp.Header.Get(wire.HeaderAcceptEncoding), resp.StatusCode)
 	b, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
 	if err != nil {
 		return ack, fmt.Errorf("transport: read answer of %s: %w", s.peer.Name, err)
@@ -128,6 +134,40 @@ func (s *Shipper) postOnce(ctx context.Context, body []byte) (wire.Ack, error) {
 		return ack, fmt.Errorf("%w: %s at %s answered %d without a valid %s: ignored", ErrUnproven, s.peer.Name, base, resp.StatusCode, wire.HeaderMAC)
 	}
 	return s.decodeAnswer(base, resp.StatusCode, b)
+}
+
+// encode is the body to send to the node at base, and its
+// Content-Encoding: compressed when the link compresses, the node said it
+// decodes zstd, the body is worth it, and compression made it smaller.
+func (s *Shipper) encode(base string, body []byte) ([]byte, string) {
+	sent, encoding := body, ""
+	s.mu.Lock()
+	decodes := s.mu.decodes[base]
+	s.mu.Unlock()
+	if s.peer.Compression == CompressionZstd && decodes && len(body) >= compressAbove {
+		if z, err := wire.Compress(nil, body); err == nil && len(z) < len(body) {
+			sent, encoding = z, wire.EncodingZstd
+		}
+	}
+	s.mu.Lock()
+	s.mu.bytesRaw += uint64(len(body))
+	s.mu.bytesWire += uint64(len(sent))
+	s.mu.Unlock()
+	return sent, encoding
+}
+
+// learnEncodings records whether the node at base decodes zstd, from every
+// answer of its replicate endpoint: an older build says nothing (plain
+// bodies), and a 415 (a node rolled back to such a build) turns compression
+// off until an answer says zstd again.
+func (s *Shipper) learnEncodings(base, accept string, status int) {
+	ok := status != http.StatusUnsupportedMediaType && slices.Contains(strings.Split(accept, ","), wire.EncodingZstd)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.mu.decodes == nil {
+		s.mu.decodes = map[string]bool{}
+	}
+	s.mu.decodes[base] = ok
 }
 
 // decodeAnswer turns the answer of the node at base (its status and body

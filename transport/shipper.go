@@ -73,7 +73,21 @@ type Peer struct {
 	// prove it holds it because it runs a build before proofs (its proof
 	// endpoint answers 404): for the window of an upgrade only (proof.go).
 	AllowUnproven bool
+	// Compression is CompressionZstd to compress batch bodies toward a
+	// node that says it decodes zstd, or "" / CompressionNone for none.
+	Compression string
 }
+
+// Link compressions (--peer-compression NAME=zstd|none).
+const (
+	CompressionNone = "none"
+	CompressionZstd = "zstd"
+)
+
+// compressAbove is the smallest body a link compresses: below it (a
+// heartbeat, a trickle's batch of one) the frame's overhead and the CPU
+// buy nothing.
+const compressAbove = 1024
 
 // Options configure shippers. Zero fields take defaults.
 type Options struct {
@@ -259,6 +273,12 @@ type Shipper struct {
 		stubs       uint64    // oversize entries sent as stubs
 		failures    uint64    // failed sends, ever (a metric)
 		firstTry    time.Time // the first send or heartbeat began
+		// decodes: which of the peer's node URLs said they decode zstd
+		// (wire.HeaderAcceptEncoding, on every answer).
+		decodes map[string]bool
+		// bytesRaw and bytesWire count request bodies before and after
+		// compression (equal without it).
+		bytesRaw, bytesWire uint64
 		// owed: the peer asked for a re-seed; rejoinSeed: this node owes the
 		// peer the re-seed that ends its own rejoin.
 		owed, rejoinSeed bool

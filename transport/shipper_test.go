@@ -88,7 +88,7 @@ type link struct {
 
 // newLink builds a link whose requests go through rt; acc's Local, Secrets
 // and Logger are filled in.
-func newLink(t *testing.T, acc acceptor.Options, rt http.RoundTripper, maxBatch int) *link {
+func newLink(t *testing.T, acc acceptor.Options, rt http.RoundTripper, maxBatch int, peer ...func(*transport.Peer)) *link {
 	t.Helper()
 	dir := t.TempDir()
 	l := &link{}
@@ -106,7 +106,11 @@ func newLink(t *testing.T, acc acceptor.Options, rt http.RoundTripper, maxBatch 
 	l.acc = acceptor.New(l.dst, direct(t, l.dst, "b"), hlc.NewClock(nil, 0), acc)
 	srv := httptest.NewServer(l.acc)
 	t.Cleanup(srv.Close)
-	l.sh, err = transport.NewShipper(transport.Peer{Name: "b", URL: srv.URL, Secret: "s"}, l.log, l.src, transport.Options{
+	p := transport.Peer{Name: "b", URL: srv.URL, Secret: "s"}
+	for _, f := range peer {
+		f(&p)
+	}
+	l.sh, err = transport.NewShipper(p, l.log, l.src, transport.Options{
 		Local: "a", MaxBatchEntries: maxBatch, BackoffMin: time.Millisecond, BackoffMax: 5 * time.Millisecond,
 		Client: &http.Client{Transport: rt}, Logger: quiet,
 	})

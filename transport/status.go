@@ -1,6 +1,7 @@
 package transport
 
 import (
+	"cmp"
 	"slices"
 	"time"
 
@@ -85,6 +86,12 @@ type Status struct {
 	// PeerVersion is the build the peer last answered with (empty before
 	// its first answer, or from a build that does not tell).
 	PeerVersion string `json:"peer_version,omitempty"`
+	// Compression is the link's (none, or zstd toward nodes that decode
+	// it); BytesRaw and BytesOnWire count request bodies before and after
+	// it.
+	Compression string `json:"compression"`
+	BytesRaw    uint64 `json:"bytes_raw"`
+	BytesOnWire uint64 `json:"bytes_on_wire"`
 }
 
 // Delivery is how far the peer has this stream, for tombstone collection.
@@ -194,6 +201,9 @@ func (s *Shipper) Status(th Thresholds, commitWall func(index uint64) (int64, bo
 		Limits:            s.mu.limits,
 		PeerVersion:       s.mu.peerVersion,
 		SendFailures:      s.mu.failures,
+		Compression:       cmp.Or(s.peer.Compression, CompressionNone),
+		BytesRaw:          s.mu.bytesRaw,
+		BytesOnWire:       s.mu.bytesWire,
 	}
 	firstTry := s.mu.firstTry
 	s.mu.Unlock()

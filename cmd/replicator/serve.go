@@ -138,6 +138,8 @@ type peerConfig struct {
 	Secret     string `yaml:"secret,omitempty"`
 	SecretFile string `yaml:"secret_file,omitempty"`
 	Overflow   string `yaml:"overflow,omitempty"`
+	// Compression: zstd or none (default).
+	Compression string `yaml:"compression,omitempty"`
 	// AllowUnproven: see --peer-allow-unproven.
 	AllowUnproven bool `yaml:"allow_unproven,omitempty"`
 }
@@ -375,6 +377,7 @@ func serveFlags(cfg *serveConfig) *flag.FlagSet {
 	fs.Var(&cfg.LowAge, "wal-low-water-age", "leave saturation below this age (default half the high mark)")
 	fs.Var(optDuration{&cfg.IdentityWait}, "identity-check-wait", "at start, how long writes wait for every peer to confirm this node's stream was not used by a restored or copied directory (0s does not wait)")
 	fs.Var(optDuration{&cfg.AdmissionWait}, "admission-wait", "how long a write waits while saturated before it is refused (0s refuses at once)")
+	fs.Var(namedFlag{func(n, v string) { cfg.peer(n).Compression = v }, "NAME=zstd|none"}, "peer-compression", "NAME=zstd|none: compress batches to that peer with zstd when its nodes say they decode it (default none; worth it across a WAN)")
 	fs.Var(namedFlag{func(n, v string) { cfg.peer(n).Overflow = v }, "NAME=reject|detach"}, "peer-overflow", "NAME=reject|detach: what a peer's backlog overflow does (default reject)")
 	fs.IntVar(&cfg.Permits, "replay-permits", cfg.Permits, "incoming batches applied at once")
 	fs.Int64Var(&cfg.MinBodyRate, "min-body-rate", cfg.MinBodyRate, "slowest a request body may arrive, bytes/s after a 10 s grace (-1 off)")
@@ -463,7 +466,8 @@ func (cfg *serveConfig) nodeOptions(log *slog.Logger) (*node.Options, error) {
 		if secret == redacted {
 			errs = append(errs, fmt.Errorf("peer %s: the secret is the placeholder --print-config writes; give the real one (or secret_file)", name))
 		}
-		o.Peers = append(o.Peers, node.Peer{Name: name, URL: p.URL, Secret: secret, Overflow: p.Overflow, AllowUnproven: p.AllowUnproven})
+		o.Peers = append(o.Peers, node.Peer{Name: name, URL: p.URL, Secret: secret, Overflow: p.Overflow, AllowUnproven: p.AllowUnproven,
+			Compression: p.Compression})
 	}
 	o.InsecurePeers = cfg.InsecurePeers
 	o.MaxBatchEntries = cfg.BatchEntries
