@@ -15,9 +15,17 @@ func TestLinkCompression(t *testing.T) {
 	m := newTestMesh(t, nil, func(o *Options) {
 		if o.ClusterID == "a" {
 			o.Peers[0].Compression = "zstd"
+			o.MaxBatchEntries = 200
 		}
 	}, "a", "b")
 	ctx := context.Background()
+	// A link learns what a node decodes from its answers: wait for the
+	// first (a heartbeat's) before cutting.
+	for deadline := time.Now().Add(10 * time.Second); m.nodes["a"].PeerStatus()[0].LastContact.IsZero(); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("a's link to b never had an answer")
+		}
+	}
 	// Written while the links are cut, shipped when they heal: batches of
 	// many entries, as a link that keeps up with a steady flow sends them.
 	m.cut("a", "b", true)
