@@ -184,6 +184,13 @@ func notWritten(err error) bool {
 	if errors.As(err, &e) {
 		return e.Status < 500 || e.Outcome == "not_written" || e.Code == "saturated"
 	}
+	return NotSent(err)
+}
+
+// NotSent reports a request that never left: the connection could not be
+// made (refused, no route, a name that does not resolve), so the node saw
+// nothing of it.
+func NotSent(err error) bool {
 	var op *net.OpError
 	return errors.As(err, &op) && op.Op == "dial"
 }

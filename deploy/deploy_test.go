@@ -375,13 +375,10 @@ func TestKubernetesManifests(t *testing.T) {
 			err = sigsyaml.UnmarshalStrict([]byte(doc), &pdb)
 		case "ServiceMonitor":
 			var m struct {
-				APIVersion string `json:"apiVersion"`
-				Kind       string `json:"kind"`
-				Metadata   struct {
-					Name   string            `json:"name"`
-					Labels map[string]string `json:"labels"`
-				} `json:"metadata"`
-				Spec struct {
+				APIVersion string     `json:"apiVersion"`
+				Kind       string     `json:"kind"`
+				Metadata   objectMeta `json:"metadata"`
+				Spec       struct {
 					Selector struct {
 						MatchLabels map[string]string `json:"matchLabels"`
 					} `json:"selector"`
@@ -648,16 +645,19 @@ func TestKubernetesManifests(t *testing.T) {
 	}
 }
 
+// objectMeta is the metadata the manifest's custom resources carry.
+type objectMeta struct {
+	Name   string            `json:"name"`
+	Labels map[string]string `json:"labels"`
+}
+
 // certificate is cert-manager's Certificate, in the fields the manifest
 // uses (strict decoding refuses any other).
 type certificate struct {
-	APIVersion string `json:"apiVersion"`
-	Kind       string `json:"kind"`
-	Metadata   struct {
-		Name   string            `json:"name"`
-		Labels map[string]string `json:"labels"`
-	} `json:"metadata"`
-	Spec struct {
+	APIVersion string     `json:"apiVersion"`
+	Kind       string     `json:"kind"`
+	Metadata   objectMeta `json:"metadata"`
+	Spec       struct {
 		SecretName string `json:"secretName"`
 		IssuerRef  struct {
 			Kind  string `json:"kind"`

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -115,17 +116,21 @@ func (s *saturation) evaluate(force bool) api.SaturationReport {
 	// The links watched now have a trend; one no longer watched (detached,
 	// or gone with a term this node no longer leads) loses it, and with it
 	// its forecast.
+	// (In place: this runs up to once a millisecond under writes.)
 	at := time.Since(monoStart)
-	watched := make(map[string]*trend, len(observed))
+	for peer := range s.mu.trends {
+		if !slices.ContainsFunc(observed, func(o seen) bool { return o.peer == peer }) {
+			delete(s.mu.trends, peer)
+		}
+	}
 	for _, o := range observed {
 		t := s.mu.trends[o.peer]
 		if t == nil {
 			t = &trend{}
+			s.mu.trends[o.peer] = t
 		}
 		t.observe(at, o.bl)
-		watched[o.peer] = t
 	}
-	s.mu.trends = watched
 	state, peer, cause := api.StateHealthy, "", ""
 	switch {
 	case highPeer != "":

@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -141,12 +140,14 @@ func (s *Shipper) postOnce(ctx context.Context, body []byte) (wire.Ack, error) {
 // decodes zstd, the body is worth it, and compression made it smaller.
 func (s *Shipper) encode(base string, body []byte) ([]byte, string) {
 	sent, encoding := body, ""
-	s.mu.Lock()
-	decodes := s.mu.decodes[base]
-	s.mu.Unlock()
-	if s.peer.Compression == CompressionZstd && decodes && len(body) >= compressAbove {
-		if z, err := wire.Compress(nil, body); err == nil && len(z) < len(body) {
-			sent, encoding = z, wire.EncodingZstd
+	if s.peer.Compression == CompressionZstd && len(body) >= compressAbove {
+		s.mu.Lock()
+		decodes := s.mu.decodes[base]
+		s.mu.Unlock()
+		if decodes {
+			if z, err := wire.Compress(nil, body); err == nil && len(z) < len(body) {
+				sent, encoding = z, wire.EncodingZstd
+			}
 		}
 	}
 	s.mu.Lock()
@@ -161,9 +162,18 @@ func (s *Shipper) encode(base string, body []byte) ([]byte, string) {
 // bodies), and a 415 (a node rolled back to such a build) turns compression
 // off until an answer says zstd again.
 func (s *Shipper) learnEncodings(base, accept string, status int) {
-	ok := status != http.StatusUnsupportedMediaType && slices.Contains(strings.Split(accept, ","), wire.EncodingZstd)
+	ok := false
+	for rest := accept; rest != "" && !ok; {
+		var enc string
+		enc, rest, _ = strings.Cut(rest, ",")
+		ok = strings.TrimSpace(enc) == wire.EncodingZstd
+	}
+	ok = ok && status != http.StatusUnsupportedMediaType
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if s.mu.decodes[base] == ok {
+		return
+	}
 	if s.mu.decodes == nil {
 		s.mu.decodes = map[string]bool{}
 	}

@@ -85,7 +85,7 @@ func classify(err error) cliError {
 		return cliError{Code: "no_answer", Message: msg, Retryable: true, MayHaveWritten: true, ExitCode: exitUnknown}
 	case transportError(err):
 		code := "no_answer" // connected, and no answer came: a read learned nothing
-		if dialError(err) {
+		if client.NotSent(err) {
 			code = "unreachable"
 		}
 		return cliError{Code: code, Message: msg, Retryable: true, ExitCode: exitUnreachable}
@@ -99,12 +99,6 @@ func transportError(err error) bool {
 	var ue *url.Error
 	var ne net.Error
 	return errors.As(err, &ue) || errors.As(err, &ne) || errors.Is(err, context.DeadlineExceeded)
-}
-
-// dialError: the connection could not be made, so nothing was sent.
-func dialError(err error) bool {
-	var op *net.OpError
-	return errors.As(err, &op) && op.Op == "dial"
 }
 
 // report prints a failed command: one line on stderr, or with -o json the
