@@ -113,8 +113,12 @@ type Options struct {
 	// Nodes, when set, lists the replicate URLs of every node of this
 	// cluster in each ack, so that senders fail over without
 	// configuration.
-	Nodes  func() []string
-	Logger *slog.Logger
+	Nodes func() []string
+	// TakesMarkers, when set, says whether this cluster's log takes
+	// filtered markers (every node reads them): the ack's limits say so,
+	// and a sender with a filter sends markers only then. Unset: never.
+	TakesMarkers func() bool
+	Logger       *slog.Logger
 }
 
 // Acceptor serves POST /v1/replicate. Safe for concurrent use.
@@ -208,8 +212,11 @@ func (a *Acceptor) Limits() wire.Limits {
 	// of its body slots; a batch that arrives before the one it follows
 	// waits for it (awaitSender) instead of being refused as a gap.
 	pipe := min(max(1, a.opts.Permits/2), max(1, a.opts.MaxBodies/4), 2)
-	return wire.Limits{MaxBody: a.opts.MaxBodyBytes, MaxKey: a.opts.MaxKeyBytes, MaxValue: a.opts.MaxValueBytes, Pipeline: pipe}
+	return wire.Limits{MaxBody: a.opts.MaxBodyBytes, MaxKey: a.opts.MaxKeyBytes, MaxValue: a.opts.MaxValueBytes, Pipeline: pipe,
+		Markers: a.takesMarkers()}
 }
+
+func (a *Acceptor) takesMarkers() bool { return a.opts.TakesMarkers != nil && a.opts.TakesMarkers() }
 
 // SetPeer allows (or updates) a peer cluster and its secret: peers found by
 // gossip whose secret is configured.

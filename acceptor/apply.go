@@ -85,6 +85,7 @@ func (a *Acceptor) Apply(sender string, b *wire.Batch) (wire.Ack, error) {
 		c.DroppedOwn += uint64(dropped + res.DroppedOwn)
 		c.DroppedUnknown += uint64(res.DroppedUnknown)
 		c.DeadLettered += uint64(res.DeadLettered)
+		c.Filtered += res.Filtered
 	})
 	return ack, nil
 }
@@ -126,6 +127,10 @@ func (a *Acceptor) screen(sender string, b *wire.Batch) (*screened, error) {
 			return nil, fmt.Errorf("%w: entry %d is of stream %s, batch of %s", ErrBadBatch, e.Index, e.Stream, b.Stream)
 		case e.CtrComp != "" && !b.Snapshot && entry.ComponentCluster(e.CtrComp) != sender:
 			return nil, fmt.Errorf("%w: entry %d carries totals of %q, sender is %q", ErrForbidden, e.Index, e.CtrComp, sender)
+		case e.IsMarker() && !a.takesMarkers():
+			return nil, fmt.Errorf("%w: entry %d is a filtered marker, which this cluster does not take yet (a node of it runs an older build)", ErrBadBatch, e.Index)
+		case e.IsMarker() && b.Snapshot:
+			return nil, fmt.Errorf("%w: entry %d is a filtered marker in a re-seed snapshot (a snapshot leaves keys out, it has no indexes to skip)", ErrBadBatch, e.Index)
 		}
 		if b.Snapshot && a.authoredHere(e) {
 			if own == nil {
@@ -158,8 +163,8 @@ func (a *Acceptor) screen(sender string, b *wire.Batch) (*screened, error) {
 				maxTS = ts
 			}
 		}
-		if n := len(ents); n > 0 && e.Index != ents[n-1].Index+1 {
-			return nil, fmt.Errorf("%w: entry indexes %d then %d are not consecutive", ErrBadBatch, ents[n-1].Index, e.Index)
+		if n := len(ents); n > 0 && e.Index != ents[n-1].Last()+1 {
+			return nil, fmt.Errorf("%w: entry indexes %d then %d are not consecutive", ErrBadBatch, ents[n-1].Last(), e.Index)
 		}
 		ents = append(ents, e)
 	}
@@ -222,7 +227,7 @@ func (a *Acceptor) observeLag(sender string, b *wire.Batch, ents []*entry.Entry,
 		staged := b.SentAt > 0 && b.ReceivedAt > 0
 		lags := make([]Lag, 0, res.HWM-start)
 		for _, e := range ents {
-			if e.Index > start {
+			if e.Index > start && !e.IsMarker() {
 				l := Lag{Total: time.Duration(now - e.Commit.Wall)}
 				if staged {
 					l.Staged = true

@@ -13,6 +13,9 @@ type Counts struct {
 	// DroppedUnknown are snapshot entries of clusters this node does not
 	// know, not taken.
 	DroppedUnknown uint64 `json:"dropped_unknown"`
+	// Filtered are indexes the sender's filtered markers covered: entries
+	// whose keys its filter for this link keeps home.
+	Filtered uint64 `json:"filtered"`
 }
 
 // Counts returns a copy of the per-origin counters.

@@ -52,6 +52,28 @@ type LinkStatus struct {
 	Compression string `json:"compression"`
 	BytesRaw    uint64 `json:"bytes_raw"`
 	BytesOnWire uint64 `json:"bytes_on_wire"`
+	// Filter is the link's filter ("every key", or "+prefix -prefix").
+	Filter string `json:"filter"`
+	// Backfill is the progress of the link's backfill (a widened filter).
+	Backfill BackfillStatus `json:"backfill"`
+}
+
+// BackfillStatus is the progress of a link's backfill: the ranges a
+// widened filter newly included, sent beside the live stream.
+type BackfillStatus struct {
+	Running    bool      `json:"running"`
+	Ranges     []Span    `json:"ranges,omitempty"`
+	Sent       int       `json:"sent_keys"`
+	Runs       int       `json:"runs"`
+	Generation uint64    `json:"generation,omitempty"`
+	Finished   time.Time `json:"finished,omitzero"`
+	Error      string    `json:"error,omitempty"`
+}
+
+// Span is a range of keys [Start, End) ("" End: to the end).
+type Span struct {
+	Start string `json:"start"`
+	End   string `json:"end,omitempty"`
 }
 
 // ReseedStatus is the progress of a link's re-seed.
@@ -80,4 +102,5 @@ type PeerLimits struct {
 	MaxKey   int   `json:"max_key"`
 	MaxValue int   `json:"max_value"`
 	Pipeline int   `json:"pipeline,omitempty"`
+	Markers  bool  `json:"markers,omitempty"`
 }

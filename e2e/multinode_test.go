@@ -498,9 +498,9 @@ func TestMultiNodeRobustness(t *testing.T) {
 	violations = append(violations, hostileBad...)
 	for _, n := range running {
 		for _, st := range peersReport(t, n.proc).Streams {
-			if st.Merged+st.DeadLettered+st.Seeded != st.HWM {
-				violations = append(violations, fmt.Sprintf("%s applied %d merges, %d dead letters, %d seeded for %d entries of %s's stream %s: an entry applied twice",
-					n.id, st.Merged, st.DeadLettered, st.Seeded, st.HWM, st.Origin, st.Stream))
+			if st.Merged+st.DeadLettered+st.Seeded+st.Filtered != st.HWM {
+				violations = append(violations, fmt.Sprintf("%s applied %d merges, %d dead letters, %d seeded, %d filtered for %d entries of %s's stream %s: an entry applied twice",
+					n.id, st.Merged, st.DeadLettered, st.Seeded, st.Filtered, st.HWM, st.Origin, st.Stream))
 			}
 		}
 	}
@@ -622,7 +622,7 @@ func TestLeaderKilledUnderLoad(t *testing.T) {
 	eventually(t, 120*time.Second, m.converged)
 	for _, n := range m.running() {
 		for _, st := range peersReport(t, n.proc).Streams {
-			if st.Merged+st.DeadLettered+st.Seeded != st.HWM {
+			if st.Merged+st.DeadLettered+st.Seeded+st.Filtered != st.HWM {
 				t.Fatalf("%s: %d merged of %d entries of %s's stream: an entry applied twice", n.id, st.Merged, st.HWM, st.Origin)
 			}
 		}

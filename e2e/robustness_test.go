@@ -305,9 +305,9 @@ func robustRun(t *testing.T, s uint64) {
 	violations = append(violations, hist.check(final, counters, keys)...)
 	for _, n := range m.names {
 		for _, st := range peersReport(t, m.nodes[n]).Streams {
-			if st.Merged+st.DeadLettered+st.Seeded != st.HWM {
-				violations = append(violations, fmt.Sprintf("%s applied %d merges, %d dead letters, %d seeded for %d entries of %s's stream %s: an entry applied twice",
-					n, st.Merged, st.DeadLettered, st.Seeded, st.HWM, st.Origin, st.Stream))
+			if st.Merged+st.DeadLettered+st.Seeded+st.Filtered != st.HWM {
+				violations = append(violations, fmt.Sprintf("%s applied %d merges, %d dead letters, %d seeded, %d filtered for %d entries of %s's stream %s: an entry applied twice",
+					n, st.Merged, st.DeadLettered, st.Seeded, st.Filtered, st.HWM, st.Origin, st.Stream))
 			}
 		}
 		var dl struct {

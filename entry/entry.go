@@ -70,13 +70,33 @@ type Entry struct {
 	// encoded size; the receiver sets it aside as a dead letter and the
 	// link moves on.
 	Oversize uint64
+	// FilteredTo marks a filtered marker (flt): the entries from Index up to
+	// FilteredTo hold no key the link's filter lets cross, so only their
+	// index range and the commit of the last one (Commit) travel. The
+	// receiver raises its high-water mark past them, counted as filtered.
+	FilteredTo uint64
 }
+
+// IsMarker reports whether e is a filtered marker.
+func (e *Entry) IsMarker() bool { return e.FilteredTo > 0 }
+
+// Covers is how many indexes e accounts for: one, or a marker's run.
+func (e *Entry) Covers() uint64 {
+	if e.FilteredTo > 0 {
+		return e.FilteredTo - e.Index + 1
+	}
+	return 1
+}
+
+// Last is the last index e accounts for.
+func (e *Entry) Last() uint64 { return e.Index + e.Covers() - 1 }
 
 // BatchOp is one write of an atomic batch; it takes the batch entry's stamp.
 type BatchOp struct {
-	Op    Op // set or delete
+	Op    Op // set or delete; delete_range only in a batch clipped by a filter
 	Key   string
 	Value []byte
+	End   string // delete_range: the exclusive end ("" = the end of the key space)
 }
 
 // CounterCluster is the cluster whose totals a legacy counter entry (one
@@ -182,6 +202,14 @@ func (e *Entry) Validate() error {
 	bad := func(why string) error { return fmt.Errorf("%w: entry %d: %s: %s", ErrMalformed, e.Index, e.Op, why) }
 	if e.CtrComp != "" && e.Op != OpCounter {
 		return bad("a counter component")
+	}
+	if e.FilteredTo > 0 {
+		// A marker carries its run and the last commit, nothing else.
+		if e.FilteredTo < e.Index || e.Oversize > 0 || e.Op != 0 || e.Key != "" || len(e.Value) > 0 || e.End != "" ||
+			e.Ctr != nil || len(e.Ops) > 0 || e.Idem != nil || e.StampOrigin != "" || e.CtrComp != "" {
+			return fmt.Errorf("%w: entry %d: a filtered marker to %d with other fields", ErrMalformed, e.Index, e.FilteredTo)
+		}
+		return nil
 	}
 	if e.Oversize > 0 {
 		// A stub carries no payload; it is never applied, only set aside.

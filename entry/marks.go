@@ -17,9 +17,12 @@ type HWM struct {
 	DeadLettered uint64
 	// Seeded counts the entries a re-seed covered instead: its snapshot
 	// carried their effect and its trailer raised Index past them.
-	// Merged + DeadLettered + Seeded = Index for a stream that began at 1,
-	// unless an entry was applied twice.
 	Seeded uint64
+	// Filtered counts the entries a filtered marker covered: the link's
+	// filter let none of their keys cross.
+	// Merged + DeadLettered + Seeded + Filtered = Index for a stream that
+	// began at 1, unless an entry was applied twice.
+	Filtered uint64
 }
 
 // Cursor is a shipper's position for one peer: the peer acknowledged every

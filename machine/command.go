@@ -24,8 +24,9 @@ var ErrMalformed = errors.New("machine: malformed command")
 const (
 	commandV1 = 1
 	commandV2 = 2
-	// ReadsFormat is the newest encoding this build reads.
-	ReadsFormat = commandV2
+	// ReadsFormat is the newest format this build reads: encoding 2, and
+	// from format 3 (FormatLinks) link commands, in the same encoding.
+	ReadsFormat = FormatLinks
 )
 
 // Kind names a command.
@@ -63,6 +64,8 @@ const (
 	KindRemoveNode
 	// KindFormat records the command encoding every node reads from now on.
 	KindFormat
+	// KindLink sets a link's filter or bandwidth limit (format 3).
+	KindLink
 	kinds
 )
 
@@ -88,6 +91,8 @@ func (k Kind) String() string {
 		return "remove_node"
 	case KindFormat:
 		return "format"
+	case KindLink:
+		return "link"
 	}
 	return fmt.Sprintf("kind(%d)", uint8(k))
 }
@@ -121,6 +126,8 @@ type Command struct {
 	RemoveNode *RemoveNodeCmd
 	// Format records the command encoding every node reads from now on.
 	Format *FormatCmd
+	// Link sets a link's filter or bandwidth limit.
+	Link *LinkCmd
 }
 
 // Kind is the kind the set field names (0 when none or several are set).
@@ -133,7 +140,7 @@ func (c *Command) Kind() Kind {
 		{len(c.Local) > 0, KindLocal}, {c.Cursor != nil, KindCursor}, {c.Truncate != nil, KindTruncate},
 		{c.Mint != nil, KindMint}, {c.Inbound != nil, KindInbound}, {c.Record != nil, KindRecord},
 		{c.Collect != nil, KindCollect}, {c.DeadLetter != nil, KindDeadLetter}, {c.RemoveNode != nil, KindRemoveNode},
-		{c.Format != nil, KindFormat},
+		{c.Format != nil, KindFormat}, {c.Link != nil, KindLink},
 	} {
 		if f.set {
 			k, n = f.kind, n+1

@@ -88,6 +88,8 @@ func (e *Encoder) Encode(c *Command) ([]byte, error) {
 		}
 	case KindFormat:
 		err = errors.Join(err, enc.EncodeArrayLen(2), enc.EncodeUint(uint64(kind)), enc.EncodeUint(uint64(c.Format.Version)))
+	case KindLink:
+		err = errors.Join(err, encodeLink(enc, c.Link))
 	default:
 		return nil, fmt.Errorf("machine: encode: a command of no one kind")
 	}

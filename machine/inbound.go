@@ -1,6 +1,7 @@
 package machine
 
 import (
+	"errors"
 	"fmt"
 	"sort"
 
@@ -62,9 +63,35 @@ func (m *Machine) applyInbound(b *store.Batch, in *Inbound) (*InboundResult, err
 			return nil, err
 		}
 	}
+	if bt.Backfill && hwm.Index == 0 && len(ents) > 0 {
+		// A new backfill: what an earlier one that never ended carried
+		// is no longer its business.
+		if err := b.ClearBackfilled(sender); err != nil {
+			return nil, err
+		}
+	}
 	var codec *wire.Codec
 	for i := range ents {
 		e := &ents[i]
+		if e.IsMarker() {
+			// A run the sender's filter left out: nothing to apply, the
+			// mark moves past it (acceptor refuses one in a snapshot).
+			last := e.FilteredTo
+			switch {
+			case last == hwm.Index && !hwm.Commit.IsZero() && e.Commit != hwm.Commit:
+				return refuse(&ConflictError{Origin: sender, Stream: bt.Stream, HWM: hwm.Index, HWMCommit: hwm.Commit, Got: e.Commit})
+			case last <= hwm.Index:
+				res.Duplicates++
+				continue
+			case e.Index > hwm.Index+1:
+				return refuse(&GapError{Origin: sender, Stream: bt.Stream, HWM: hwm.Index, Got: e.Index})
+			}
+			n := last - hwm.Index
+			hwm.Filtered += n
+			res.Filtered += n
+			hwm.Index, hwm.Commit = last, e.Commit
+			continue
+		}
 		if e.Index == hwm.Index && !bt.Snapshot && !hwm.Commit.IsZero() && e.Commit != hwm.Commit {
 			return refuse(&ConflictError{Origin: sender, Stream: bt.Stream, HWM: hwm.Index, HWMCommit: hwm.Commit, Got: e.Commit})
 		}
@@ -104,6 +131,9 @@ func (m *Machine) applyInbound(b *store.Batch, in *Inbound) (*InboundResult, err
 				At: in.At, Reason: reason, Entry: raw}); err != nil {
 				return nil, err
 			}
+			if err := m.markBackfilled(b, in, e); err != nil {
+				return nil, err
+			}
 			m.log.Error("replicate: entry set aside as a dead letter", "sender", sender, "index", e.Index, "reason", reason)
 			hwm.DeadLettered++
 			res.DeadLettered++
@@ -111,6 +141,9 @@ func (m *Machine) applyInbound(b *store.Batch, in *Inbound) (*InboundResult, err
 		}
 		out, err := b.ApplyEntry(e)
 		if err != nil {
+			return nil, err
+		}
+		if err := m.markBackfilled(b, in, e); err != nil {
 			return nil, err
 		}
 		switch out {
@@ -130,6 +163,11 @@ func (m *Machine) applyInbound(b *store.Batch, in *Inbound) (*InboundResult, err
 	}
 	if bt.End != nil {
 		if res.Requested, res.Rejoin, err = m.trailer(b, in); err != nil {
+			return nil, err
+		}
+	}
+	if bt.BackfillEnd != nil {
+		if err := m.backfillEnd(b, in); err != nil {
 			return nil, err
 		}
 	}
@@ -224,6 +262,37 @@ func (m *Machine) trailer(b *store.Batch, in *Inbound) (requested, rejoin bool, 
 	m.log.Info("replicate: re-seed received", "sender", sender, "stream", bt.End.Stream, "resume_after", bt.End.Index,
 		"requested", requested, "rejoin", rejoin)
 	return requested, rejoin, nil
+}
+
+// markBackfilled records the key a backfill's entry carried.
+func (m *Machine) markBackfilled(b *store.Batch, in *Inbound, e *entry.Entry) error {
+	if !in.Batch.Backfill || e.Key == "" || e.Op == entry.OpDeleteRange {
+		return nil
+	}
+	return b.MarkBackfilled(in.Sender, e.Key)
+}
+
+// backfillEnd ends a backfill: the keys of its ranges it did not carry,
+// that another cluster wrote below the sender's horizon, go (the sender
+// collected their deletes while the ranges did not cross); the snapshot
+// stream and the marks are forgotten. The sender's real stream does not
+// move: live entries flowed meanwhile.
+func (m *Machine) backfillEnd(b *store.Batch, in *Inbound) error {
+	bt, sender := in.Batch, in.Sender
+	dropped := 0
+	for _, sp := range bt.BackfillEnd.Spans {
+		n, err := b.DropUncarried(sender, m.cluster, sp.Start, sp.End, bt.BackfillEnd.Horizon)
+		if err != nil {
+			return err
+		}
+		dropped += n
+	}
+	if err := errors.Join(b.ClearBackfilled(sender), b.DeleteHWM(sender, bt.Stream)); err != nil {
+		return err
+	}
+	m.log.Info("replicate: backfill received", "sender", sender, "ranges", len(bt.BackfillEnd.Spans),
+		"horizon", bt.BackfillEnd.Horizon, "dropped_uncarried", dropped)
+	return nil
 }
 
 // sortedIndexes lists a set's indexes in order (commands encode sets as

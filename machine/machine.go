@@ -79,6 +79,8 @@ type Machine struct {
 	format atomic.Uint32
 	// readsFormat is Options.ReadsFormat.
 	readsFormat int
+	// links is what the log says of every link (replaced whole on change).
+	links atomic.Pointer[map[string]entry.LinkSettings]
 }
 
 // Open reads the machine's state from st. st must stay open while the
@@ -127,6 +129,9 @@ func (m *Machine) load() error {
 			return fmt.Errorf("machine: open: %w", err)
 		}
 		m.epoch.Store(epoch)
+	}
+	if err := m.loadLinks(); err != nil {
+		return err
 	}
 	if m.out == nil {
 		m.out, err = openOutbound(st, m.stream, m.last)
@@ -221,6 +226,9 @@ func (m *Machine) Apply(index uint64, data []byte) (*Result, error) {
 	if err == nil && m.readsFormat == commandV1 && (data[0] != commandV1 || c.Format != nil) {
 		err = fmt.Errorf("%w: version %d or kind %s (this build plays one that reads version 1 only)", ErrMalformed, data[0], c.Kind())
 	}
+	if err == nil && m.readsFormat == commandV2 && (c.Link != nil || (c.Format != nil && c.Format.Version > commandV2)) {
+		err = fmt.Errorf("%w: kind %s (this build plays one that reads format 2 at most)", ErrMalformed, c.Kind())
+	}
 	if err != nil {
 		return nil, fmt.Errorf("machine: apply %d: %w", index, err)
 	}
@@ -278,6 +286,8 @@ func (m *Machine) ApplyCommand(index uint64, c *Command) (*Result, error) {
 				b = m.st.NewBatch()
 			}
 		}
+	case KindLink:
+		res, next, err = m.applyLink(b, c.Link)
 	case KindFormat:
 		// Only raised: a command of a later encoding may already be in the
 		// log behind a second Format of the same version.

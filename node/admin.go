@@ -27,18 +27,23 @@ func (n *Node) PeersReport() api.PeersReport {
 	}
 	for _, h := range hwms {
 		r.Streams = append(r.Streams, api.StreamReport{Origin: h.Origin, Stream: entry.StreamID(h.Stream).String(),
-			HWM: h.Index, Merged: h.Merged, DeadLettered: h.DeadLettered, Seeded: h.Seeded, Frontier: h.Commit.String()})
+			HWM: h.Index, Merged: h.Merged, DeadLettered: h.DeadLettered, Seeded: h.Seeded, Filtered: h.Filtered, Frontier: h.Commit.String()})
 	}
 	return r
 }
 
-// DigestReport hashes the live state.
-func (n *Node) DigestReport() (api.DigestReport, error) {
-	d, err := n.Digest()
+// DigestReport hashes the live state: every key, or the keys under any of
+// prefixes.
+func (n *Node) DigestReport(prefixes ...string) (api.DigestReport, error) {
+	if err := n.readable(); err != nil {
+		return api.DigestReport{}, err
+	}
+	d, err := n.store.DigestPrefixes(prefixes)
 	if err != nil {
 		return api.DigestReport{}, err
 	}
-	return api.DigestReport{Cluster: n.cluster, Digest: d.Hash, Keys: d.Keys, Tombstones: d.Tombstones}, nil
+	return api.DigestReport{Cluster: n.cluster, Digest: d.Hash, Keys: d.Keys, Tombstones: d.Tombstones, Counters: d.Counters,
+		Prefixes: prefixes}, nil
 }
 
 // WALReport describes the outbound WAL.

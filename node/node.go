@@ -74,6 +74,7 @@ type Node struct {
 	peerClient *http.Client
 	history    *history    // the dashboard's chart, sampled every HistoryInterval
 	repl       replication // the links to peer clusters
+	seeds      linkSeeds   // what of flags and log differences was said
 	tls        tlsSetup
 	mem        membership // gossip: the nodes of this cluster and the peers found
 	// applied is the last index of the stream applied to the store.
@@ -359,6 +360,7 @@ func (n *Node) Start() error {
 		n.every(500*time.Millisecond, n.cons.raiseFormat)
 		n.every(time.Second, n.cons.checkRemoved)
 	}
+	n.every(500*time.Millisecond, n.seedLinks)
 	n.every(n.opts.GCInterval, n.collectExpired)
 	// Re-evaluated while no writes arrive too, so that it can clear, detach
 	// links and feed the backlog gauges; and link changes are logged.

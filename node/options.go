@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/replicator/replicator/acceptor"
+	"github.com/replicator/replicator/entry"
 	"github.com/replicator/replicator/hlc"
 	"github.com/replicator/replicator/node/api"
 	"github.com/replicator/replicator/origin"
@@ -457,6 +458,9 @@ func (o *Options) Validate() error {
 		if p.Compression != "" && p.Compression != transport.CompressionNone && p.Compression != transport.CompressionZstd {
 			add("peer %q: compression %q, want zstd or none", p.Name, p.Compression)
 		}
+		if err := p.Filter().Validate(); err != nil {
+			add("peer %q: %v", p.Name, err)
+		}
 		if p.Overflow != "" && p.Overflow != api.OverflowReject && p.Overflow != api.OverflowDetach {
 			add("peer %q: overflow %q, want reject or detach", p.Name, p.Overflow)
 		}
@@ -539,7 +543,16 @@ type Peer struct {
 	// that say they decode it, or "none" (default): worth it across a WAN,
 	// where bytes cost more than the CPU to save them.
 	Compression string
+	// Include and Exclude seed the link's filter (docs/DATAMODEL.md,
+	// "Filters"): only keys under one of Include (every key when empty)
+	// and under none of Exclude cross to the peer. They seed the cluster's
+	// log once; after that the log's filter wins (change it with
+	// PUT /admin/peers/NAME/filter).
+	Include, Exclude []string
 }
+
+// Filter is the filter the peer's flags seed.
+func (p *Peer) Filter() entry.Filter { return entry.Filter{Include: p.Include, Exclude: p.Exclude} }
 
 func (o *Options) resolver() origin.Resolver {
 	if o.Origin != nil {

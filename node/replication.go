@@ -86,8 +86,10 @@ func (r *replication) setupReplication() error {
 		OnTrailer:       n.rejoin.onTrailer,
 		Leadership:      r.leadership(),
 		Nodes:           r.ackNodes(),
-		Now:             n.clock.Physical,
-		Logger:          n.log,
+		// Markers take format 3: a node that cannot read them would stop.
+		TakesMarkers: func() bool { return n.machine.Format() >= machine.FormatLinks },
+		Now:          n.clock.Physical,
+		Logger:       n.log,
 	})
 	rt := n.opts.PeerTransport
 	if rt == nil {
@@ -126,6 +128,7 @@ func (r *replication) addLink(p Peer) (*transport.Shipper, error) {
 		Client:          n.peerClient,
 		Now:             n.clock.Physical,
 		Applied:         n.applied.Load,
+		Link:            n.linkSettings,
 		Snapshots:       snapshots{n.store},
 		AutoReseed:      !n.opts.NoAutoReseed,
 		StoreHasData:    !empty,
@@ -135,7 +138,13 @@ func (r *replication) addLink(p Peer) (*transport.Shipper, error) {
 		OnAck:        n.rejoin.onAck,
 		OnConflict:   n.rejoin.onConflict,
 		OnReseedDone: n.rejoin.onReseedDone,
-		Logger:       n.log, // the shipper names the peer on every line
+		OnBackfillDone: func(peer string, gen uint64) {
+			err := n.cons.applyCommand(&machine.Command{Link: &machine.LinkCmd{Peer: peer, BackfillDone: gen}})
+			if err != nil {
+				n.log.Warn("could not record that the peer took its backfill; it is sent again", "peer", peer, "err", err)
+			}
+		},
+		Logger: n.log, // the shipper names the peer on every line
 	})
 	if err != nil {
 		return nil, err
@@ -416,6 +425,12 @@ func linkStatus(s transport.Status) client.LinkStatus {
 	if s.Limits != nil {
 		l := client.PeerLimits(*s.Limits)
 		out.Limits = &l
+	}
+	out.Filter = s.Filter
+	b := s.Backfill
+	out.Backfill = client.BackfillStatus{Running: b.Running, Sent: b.Sent, Runs: b.Runs, Generation: b.Generation, Finished: b.Finished, Error: b.Error}
+	for _, sp := range b.Ranges {
+		out.Backfill.Ranges = append(out.Backfill.Ranges, client.Span(sp))
 	}
 	return out
 }

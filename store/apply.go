@@ -16,6 +16,9 @@ func (b *Batch) ApplyEntry(e *entry.Entry) (entry.Outcome, error) {
 	if e.Oversize > 0 {
 		return 0, fmt.Errorf("%w: entry %d is an oversize stub of %d bytes: its payload never arrived", entry.ErrMalformed, e.Index, e.Oversize)
 	}
+	if e.IsMarker() {
+		return 0, fmt.Errorf("%w: entry %d is a filtered marker: it has nothing to apply", entry.ErrMalformed, e.Index)
+	}
 	switch e.Op {
 	case entry.OpSet, entry.OpDelete:
 		out, err = b.Merge(Write{Key: e.Key, Value: e.Value, Tombstone: e.Op == entry.OpDelete, Stamp: e.LWW()})
@@ -28,7 +31,14 @@ func (b *Batch) ApplyEntry(e *entry.Entry) (entry.Outcome, error) {
 		// so a reader sees all of them or none.
 		out = entry.Duplicate
 		for _, op := range e.Ops {
-			o, err := b.Merge(Write{Key: op.Key, Value: op.Value, Tombstone: op.Op == entry.OpDelete, Stamp: e.LWW()})
+			var o entry.Outcome
+			var err error
+			if op.Op == entry.OpDeleteRange {
+				// A range delete a link's filter cut into parts.
+				o, _, err = b.MergeRange(RangeTombstone{Start: op.Key, End: op.End, Stamp: e.LWW()})
+			} else {
+				o, err = b.Merge(Write{Key: op.Key, Value: op.Value, Tombstone: op.Op == entry.OpDelete, Stamp: e.LWW()})
+			}
 			if err != nil {
 				return 0, err
 			}

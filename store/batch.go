@@ -38,6 +38,10 @@ type Batch struct {
 	// marks are the high-water marks this batch sets (deleted: a zero
 	// Origin), for the store's copy once it commits.
 	marks []markChange
+	// backfilled are the B keys this batch set, backfillCleared the
+	// senders whose B keys it cleared (backfill.go).
+	backfilled      map[string]bool
+	backfillCleared map[string]bool
 }
 
 type pendingRecord struct {

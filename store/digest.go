@@ -1,6 +1,7 @@
 package store
 
 import (
+	"bytes"
 	"crypto/sha256"
 	"encoding/binary"
 	"encoding/hex"
@@ -25,16 +26,35 @@ type Digest struct {
 }
 
 // Digest hashes the live state from one consistent snapshot.
-func (s *Store) Digest() (Digest, error) {
+func (s *Store) Digest() (Digest, error) { return s.DigestPrefixes(nil) }
+
+// DigestPrefixes hashes the live keys under any of prefixes (every key when
+// none), and the counters under them: two clusters agree on what a link's
+// filter lets cross when their digests of its include prefixes are equal.
+func (s *Store) DigestPrefixes(prefixes []string) (Digest, error) {
 	it, err := s.db.NewIter(&pebble.IterOptions{LowerBound: []byte{prefixData}, UpperBound: []byte{prefixData + 1}})
 	if err != nil {
 		return Digest{}, fmt.Errorf("store: digest: %w", err)
 	}
 	defer it.Close()
+	under := func(k []byte) bool {
+		if len(prefixes) == 0 {
+			return true
+		}
+		for _, p := range prefixes {
+			if bytes.HasPrefix(k, []byte(p)) {
+				return true
+			}
+		}
+		return false
+	}
 	h := sha256.New()
 	var d Digest
 	var scratch []byte
 	for valid := it.First(); valid; valid = it.Next() {
+		if !under(it.Key()[1:]) {
+			continue
+		}
 		r, err := DecodeRecord(it.Value())
 		if err != nil {
 			return Digest{}, fmt.Errorf("store: digest key %q: %w", it.Key()[1:], err)
@@ -57,6 +77,9 @@ func (s *Store) Digest() (Digest, error) {
 	}
 	defer cit.Close()
 	for valid := cit.First(); valid; valid = cit.Next() {
+		if !under(cit.Key()[1:]) {
+			continue
+		}
 		c, err := DecodeCounter(cit.Value())
 		if err != nil {
 			return Digest{}, fmt.Errorf("store: digest counter %q: %w", cit.Key()[1:], err)

@@ -17,7 +17,7 @@ import (
 //	k<key>                              PN-counter (appendCounter, counter.go)
 //	r<hlc:12><origin>\x00<start>        range tombstone: end (ranges.go)
 //	h<origin>\x00<stream:16>            acceptor high-water mark: index(8) | commit hlc(12) |
-//	                                    merged(8) | dead-lettered(8) | seeded(8) (marks.go)
+//	                                    merged(8) | dead-lettered(8) | seeded(8) [| filtered(8)] (marks.go)
 //	c<peer>                             shipper cursor: stream(16) | acked index(8) (marks.go)
 //	R<peer>                             flags(1): what this node owes a peer or waits for from it (marks.go)
 //	J<peer>                             phase(1) of this node's own rejoin with a peer (marks.go)
@@ -25,6 +25,8 @@ import (
 //	i<key>                              idempotency record (appendIdem, idem.go)
 //	x<expires:8><key>                   empty: idempotency expiry index, for collection (idem.go)
 //	o<stream:16><index:8>               outbound entry, as the WAL codec encodes it (outbound.go)
+//	L<peer>                             a link's settings the log recorded: JSON of entry.LinkSettings (marks.go)
+//	B<sender>\x00<key>                  empty: a key the running backfill from sender carried (backfill.go)
 //
 // The m keys:
 //
@@ -73,6 +75,8 @@ const (
 	prefixIdem       = 'i' // idempotency records (idem.go)
 	prefixIdemExpiry = 'x' // their expiry index (idem.go)
 	prefixOutbound   = 'o' // outbound entries (outbound.go)
+	prefixLink       = 'L' // link settings: filters, bandwidth (marks.go)
+	prefixBackfill   = 'B' // keys a running backfill carried (backfill.go)
 )
 
 func dataKey(key string) []byte {

@@ -3,6 +3,7 @@ package store
 import (
 	"bytes"
 	"encoding/binary"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
@@ -15,12 +16,15 @@ import (
 
 const (
 	hwmValueLenV1 = 8 + hlc.EncodedLen + 8 + 8
-	hwmValueLen   = hwmValueLenV1 + 8
+	hwmValueLenV2 = hwmValueLenV1 + 8 // with seeded
+	// hwmValueLen adds filtered, written only once a marker counted one,
+	// so a record without filtered entries still reads in a build before it.
+	hwmValueLen = hwmValueLenV2 + 8
 )
 
 func decodeHWM(key, v []byte) (entry.HWM, error) {
 	var h entry.HWM
-	if len(key) < 1+1+1+16 || key[len(key)-17] != 0 || (len(v) != hwmValueLen && len(v) != hwmValueLenV1) {
+	if len(key) < 1+1+1+16 || key[len(key)-17] != 0 || (len(v) != hwmValueLen && len(v) != hwmValueLenV2 && len(v) != hwmValueLenV1) {
 		return h, fmt.Errorf("%w: high-water mark record", ErrCorrupt)
 	}
 	h.Origin = string(key[1 : len(key)-17])
@@ -33,8 +37,11 @@ func decodeHWM(key, v []byte) (entry.HWM, error) {
 	h.Commit = ts
 	h.Merged = binary.BigEndian.Uint64(v[8+hlc.EncodedLen:])
 	h.DeadLettered = binary.BigEndian.Uint64(v[16+hlc.EncodedLen:])
-	if len(v) == hwmValueLen {
+	if len(v) >= hwmValueLenV2 {
 		h.Seeded = binary.BigEndian.Uint64(v[24+hlc.EncodedLen:])
+	}
+	if len(v) == hwmValueLen {
+		h.Filtered = binary.BigEndian.Uint64(v[32+hlc.EncodedLen:])
 	}
 	return h, nil
 }
@@ -150,6 +157,9 @@ func (b *Batch) SetHWM(h entry.HWM) error {
 	v = binary.BigEndian.AppendUint64(v, h.Merged)
 	v = binary.BigEndian.AppendUint64(v, h.DeadLettered)
 	v = binary.BigEndian.AppendUint64(v, h.Seeded)
+	if h.Filtered > 0 {
+		v = binary.BigEndian.AppendUint64(v, h.Filtered)
+	}
 	if err := b.pb.Set(hwmKey(h.Origin, h.Stream), v, nil); err != nil {
 		return err
 	}
@@ -318,4 +328,31 @@ func (b *Batch) peerRecord(k []byte, what string) (byte, error) {
 		return 0, fmt.Errorf("%w: %s", ErrCorrupt, what)
 	}
 	return v[0], nil
+}
+
+// LinkSettings reads every link's settings the log recorded (L records).
+func (s *Store) LinkSettings() (map[string]entry.LinkSettings, error) {
+	it, err := s.db.NewIter(&pebble.IterOptions{LowerBound: []byte{prefixLink}, UpperBound: []byte{prefixLink + 1}})
+	if err != nil {
+		return nil, err
+	}
+	defer it.Close()
+	out := map[string]entry.LinkSettings{}
+	for valid := it.First(); valid; valid = it.Next() {
+		var ls entry.LinkSettings
+		if err := json.Unmarshal(it.Value(), &ls); err != nil {
+			return nil, fmt.Errorf("%w: link settings of %q: %v", ErrCorrupt, it.Key()[1:], err)
+		}
+		out[string(it.Key()[1:])] = ls
+	}
+	return out, it.Error()
+}
+
+// SetLinkSettings records one link's settings in the batch.
+func (b *Batch) SetLinkSettings(peer string, ls entry.LinkSettings) error {
+	v, err := json.Marshal(ls)
+	if err != nil {
+		return err
+	}
+	return b.pb.Set(append([]byte{prefixLink}, peer...), v, nil)
 }

@@ -99,7 +99,17 @@ func (s *Shipper) shipOnce(ctx context.Context, acked uint64) error {
 		}
 		return b
 	}
+	if !s.knowsLimits() && s.projector(s.log.Stream(), acked) != nil {
+		// Whether the peer takes filtered markers is in its answers: ask.
+		if err := s.heartbeat(ctx); err != nil {
+			return fmt.Errorf("heartbeat: %w", err)
+		}
+	}
 	f, err := s.build(acked, take(), true)
+	if errors.Is(err, errNoMarkers) {
+		// Ask again before the next try: the peer may have been upgraded.
+		_ = s.heartbeat(ctx)
+	}
 	if err != nil || f == nil {
 		return err
 	}
@@ -226,10 +236,15 @@ func (s *Shipper) build(acked uint64, buf *[]byte, stubs bool) (*flight, error) 
 	limit := s.batchLimit()
 	budget, peerMax := s.batchBudget()
 	stream := s.log.Stream()
+	proj := s.projector(stream, acked)
+	if proj != nil && !s.takesMarkers() {
+		return nil, errNoMarkers
+	}
 	var payloads [][]byte
 	size := 0
 	stubbed := false
-	for i := acked + 1; i <= last && len(payloads) < limit; i++ {
+	to := acked
+	for i := acked + 1; i <= last && len(payloads) < limit && i-acked <= maxScan; i++ {
 		p, err := s.log.ReadRaw(i)
 		if err != nil {
 			if errors.Is(err, entry.ErrNotKept) && i < s.log.First() {
@@ -237,6 +252,23 @@ func (s *Shipper) build(acked uint64, buf *[]byte, stubs bool) (*flight, error) 
 				return nil, nil
 			}
 			return nil, fmt.Errorf("transport: read wal entry %d for %s: %w", i, s.peer.Name, err)
+		}
+		if proj != nil {
+			if p, err = proj.project(i, p); err != nil {
+				return nil, err
+			}
+			if p == nil {
+				to = i // the pending marker covers it
+				continue
+			}
+			if m := proj.flush(); m != nil {
+				// A marker is a few bytes: it goes whatever the budget.
+				payloads = append(payloads, m)
+				size += len(m)
+				if len(payloads) >= limit {
+					break // entry i is next time's
+				}
+			}
 		}
 		if len(payloads) > 0 && size+len(p) > budget {
 			break
@@ -257,6 +289,13 @@ func (s *Shipper) build(acked uint64, buf *[]byte, stubs bool) (*flight, error) 
 		}
 		payloads = append(payloads, p)
 		size += len(p)
+		to = i
+	}
+	if proj != nil {
+		if m := proj.flush(); m != nil {
+			payloads = append(payloads, m)
+			size += len(m)
+		}
 	}
 	if len(payloads) == 0 {
 		return nil, nil
@@ -266,7 +305,7 @@ func (s *Shipper) build(acked uint64, buf *[]byte, stubs bool) (*flight, error) 
 		b = append(b, p...)
 	}
 	*buf = b
-	return &flight{acked: acked, from: acked + 1, to: acked + uint64(len(payloads)), n: len(payloads), stub: stubbed,
+	return &flight{acked: acked, from: acked + 1, to: to, n: len(payloads), stub: stubbed,
 		stream: stream, body: b, res: make(chan flightResult, 1)}, nil
 }
 

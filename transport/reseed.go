@@ -134,7 +134,12 @@ func (s *Shipper) beginReseed() (requested, rejoin bool) {
 // how many entries it sent.
 func (s *Shipper) sendSnapshot(ctx context.Context, snap Snapshot, stream entry.StreamID, applied entry.AppliedIndex,
 	requested, rejoin bool) (int, error) {
-	feed, err := newSnapshotFeed(snap, s.opts.Local, s.opts.Now())
+	// The snapshot holds the tree as of applied: it carries what the
+	// filter in force right after it lets cross, relayed keys included
+	// (the entries after it ship under their own epochs).
+	ls := s.settings()
+	filter, _ := ls.FilterAt(stream, applied.Index+1)
+	feed, err := newSnapshotFeed(snap, s.opts.Local, s.opts.Now(), filter)
 	if err != nil {
 		return 0, err
 	}
@@ -154,7 +159,7 @@ func (s *Shipper) sendSnapshot(ctx context.Context, snap Snapshot, stream entry.
 		}
 		h := wire.Header{Sender: s.opts.Local, Stream: feed.stream, Snapshot: true, Requested: requested, Rejoin: rejoin}
 		if done {
-			if err := s.trailer(&h, snap, stream, applied); err != nil {
+			if err := s.trailer(&h, snap, stream, applied, filter); err != nil {
 				return sent, err
 			}
 		}
@@ -185,12 +190,28 @@ type snapshotFeed struct {
 	// extra are the range tombstones and counters, sent before the keys.
 	extra []entry.Entry
 	index uint64 // of the last entry read
+	// filter is the link's (or a backfill's ranges): keys it keeps home
+	// are not sent.
+	filter scope
+}
+
+// scope is what of the tree a snapshot sends: a link's filter, or the
+// ranges of a backfill.
+type scope interface {
+	Match(key string) bool
+	Clip(start, end string) []entry.Span
 }
 
 // newSnapshotFeed starts reading snap as a stream of its own, committed at
 // now.
-func newSnapshotFeed(snap Snapshot, local string, now int64) (*snapshotFeed, error) {
-	f := &snapshotFeed{snap: snap, local: local, stream: entry.NewStreamID(), commit: hlc.Timestamp{Wall: now}, codec: wire.NewCodec()}
+func newSnapshotFeed(snap Snapshot, local string, now int64, filter entry.Filter) (*snapshotFeed, error) {
+	return newScopedFeed(snap, local, now, filter)
+}
+
+// newScopedFeed is newSnapshotFeed of what filter lets through.
+func newScopedFeed(snap Snapshot, local string, now int64, filter scope) (*snapshotFeed, error) {
+	f := &snapshotFeed{snap: snap, local: local, stream: entry.NewStreamID(), commit: hlc.Timestamp{Wall: now}, codec: wire.NewCodec(),
+		filter: filter}
 	f.defs = wire.Defaults{Origin: local, Stream: f.stream}
 	// Range tombstones and counters go first (they are few), then every key.
 	ranges, err := snap.Ranges()
@@ -198,13 +219,20 @@ func newSnapshotFeed(snap Snapshot, local string, now int64) (*snapshotFeed, err
 		return nil, err
 	}
 	for _, r := range ranges {
-		f.extra = append(f.extra, entry.Entry{Op: entry.OpDeleteRange, Key: r.Start, End: r.End, Stamp: r.Stamp.HLC, StampOrigin: r.Stamp.Origin})
+		// Clipped to the filter: each part the filter lets cross is a
+		// range tombstone of its own, under the same stamp.
+		for _, sp := range filter.Clip(r.Start, r.End) {
+			f.extra = append(f.extra, entry.Entry{Op: entry.OpDeleteRange, Key: sp.Start, End: sp.End, Stamp: r.Stamp.HLC, StampOrigin: r.Stamp.Origin})
+		}
 	}
 	counters, err := snap.Counters()
 	if err != nil {
 		return nil, err
 	}
 	for key, c := range counters {
+		if !filter.Match(key) {
+			continue
+		}
 		for comp, t := range c.Totals {
 			t := t
 			f.extra = append(f.extra, entry.Entry{Op: entry.OpCounter, Key: key, Ctr: &t, CtrComp: comp,
@@ -222,6 +250,9 @@ func (f *snapshotFeed) next() (entry.Entry, bool, error) {
 		return e, true, nil
 	}
 	key, rec, ok, err := f.snap.Next()
+	for ok && err == nil && !f.filter.Match(key) {
+		key, rec, ok, err = f.snap.Next()
+	}
 	if err != nil || !ok {
 		return entry.Entry{}, false, err
 	}
@@ -263,8 +294,15 @@ func (f *snapshotFeed) batch(maxEntries, budget int) (ents [][]byte, done bool, 
 // trailer ends the re-seed in its last batch's header h: the position in
 // the real stream the snapshot corresponds to, and the marks of the other
 // clusters' streams it holds.
-func (s *Shipper) trailer(h *wire.Header, snap Snapshot, stream entry.StreamID, applied entry.AppliedIndex) error {
+func (s *Shipper) trailer(h *wire.Header, snap Snapshot, stream entry.StreamID, applied entry.AppliedIndex, filter entry.Filter) error {
 	h.End = &wire.SnapshotEnd{Stream: stream, Index: applied.Index, Commit: applied.Commit}
+	if !filter.All() {
+		// The snapshot holds only the part of other clusters' writes the
+		// filter lets cross: the receiver must not count their streams as
+		// applied to here (it may take keys of them this link keeps home
+		// from those clusters' own links).
+		return nil
+	}
 	marks, err := snap.Marks()
 	if err != nil {
 		return err

@@ -59,6 +59,9 @@ type Snapshot interface {
 	Counters() (map[string]entry.Counter, error)
 	// Marks are the high-water marks of every stream the view holds.
 	Marks() ([]entry.HWM, error)
+	// CollectedBelow is the cutoff below which the view's tree had
+	// collected tombstones (a backfill's horizon).
+	CollectedBelow() (hlc.Timestamp, error)
 	// Next returns the next key and its record; ok is false at the end.
 	Next() (key string, r entry.Record, ok bool, err error)
 	Close()
@@ -124,6 +127,9 @@ type Options struct {
 	// Applied returns the last local WAL index applied to the store; a
 	// re-seed resumes shipping after it.
 	Applied func() uint64
+	// Link returns what the cluster's log says of the link to peer: its
+	// filters over the stream (nil: every key crosses every link).
+	Link func(peer string) entry.LinkSettings
 	// Snapshots opens views of the tree for re-seeds (nil: re-seeds are
 	// impossible and a peer that needs one stays marked).
 	Snapshots Snapshots
@@ -152,7 +158,11 @@ type Options struct {
 	// OnReseedDone, when set, is told that a re-seed's trailer was
 	// acknowledged, and whether it answered a request and ended a rejoin.
 	OnReseedDone func(peer string, requested, rejoin bool)
-	Logger       *slog.Logger
+	// OnBackfillDone, when set, is told that the peer took the backfill of
+	// a generation of the link's settings (the node records it in the
+	// log, which clears the pending ranges).
+	OnBackfillDone func(peer string, generation uint64)
+	Logger         *slog.Logger
 }
 
 // EnsureDefaults fills zero fields.
@@ -288,7 +298,13 @@ type Shipper struct {
 		lastHeartbeat        time.Time
 		reseedWhy            string // why wantReseed was set
 		conflict             string // non-empty: stopped, see OnConflict
+		// backfill is the link's backfill; backfillRetry when a failed one
+		// may run again.
+		backfill      BackfillStatus
+		backfillRetry time.Time
 	}
+	// bg tracks the backfill's goroutine: Run waits for it.
+	bg sync.WaitGroup
 	// free holds batch bodies for reuse; only Run's goroutine uses it.
 	free [][]byte
 }
@@ -416,7 +432,9 @@ func (s *Shipper) Detach(why string) {
 // shipper's only goroutine and returns when ctx is cancelled.
 func (s *Shipper) Run(ctx context.Context) {
 	defer s.flushCursor(true)
+	defer s.bg.Wait()
 	for ctx.Err() == nil {
+		s.maybeBackfill(ctx)
 		s.mu.Lock()
 		acked, reseed, paused, pause := s.mu.acked, s.mu.needsReseed, s.mu.paused, s.mu.pauseUntil
 		want := s.mu.wantReseed || s.mu.owed || s.mu.rejoinSeed || (reseed && s.opts.AutoReseed)

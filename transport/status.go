@@ -92,6 +92,11 @@ type Status struct {
 	Compression string `json:"compression"`
 	BytesRaw    uint64 `json:"bytes_raw"`
 	BytesOnWire uint64 `json:"bytes_on_wire"`
+	// Filter is the link's filter for the entries appended from now on, as
+	// an operator writes it ("every key", or "+prefix -prefix").
+	Filter string `json:"filter"`
+	// Backfill is the progress of the link's backfill (a widened filter).
+	Backfill BackfillStatus `json:"backfill"`
 }
 
 // Delivery is how far the peer has this stream, for tombstone collection.
@@ -204,9 +209,15 @@ func (s *Shipper) Status(th Thresholds, commitWall func(index uint64) (int64, bo
 		Compression:       cmp.Or(s.peer.Compression, CompressionNone),
 		BytesRaw:          s.mu.bytesRaw,
 		BytesOnWire:       s.mu.bytesWire,
+		Backfill:          s.mu.backfill,
 	}
 	firstTry := s.mu.firstTry
 	s.mu.Unlock()
+	ls := s.settings()
+	st.Filter = ls.Current().String()
+	if len(ls.Backfill) > 0 && !st.Backfill.Running {
+		st.Backfill.Ranges = ls.Backfill // pending
+	}
 	st.Last = s.log.Last()
 	st.EntriesBehind, st.BytesBehind = bl.Entries, bl.Bytes
 	st.OldestUnackedAge = bl.OldestAge.Seconds()

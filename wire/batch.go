@@ -86,7 +86,26 @@ type Header struct {
 	// says it, so a receiver whose own record of it was rolled back (it was
 	// itself restored from a backup) is set right by the next one.
 	Rejoining uint8
+	// Backfill marks a snapshot batch of a backfill (bf): the link's filter
+	// widened, and the snapshot carries the newly included ranges. Its
+	// trailer is BackfillEnd, not End: a backfill does not move the
+	// sender's stream here (live entries flow meanwhile).
+	Backfill bool
+	// BackfillEnd, in the last batch of a backfill (bfe), names the
+	// ranges it carried and the sender's horizon: the receiver drops the
+	// keys of those ranges it did not carry, that another cluster wrote
+	// below the horizon (the sender collected their deletes).
+	BackfillEnd *BackfillEnd
 }
+
+// BackfillEnd is a backfill's trailer.
+type BackfillEnd struct {
+	Horizon hlc.Timestamp
+	Spans   []entry.Span
+}
+
+// MaxBackfillSpans bounds the ranges of one backfill.
+const MaxBackfillSpans = 4 * entry.MaxFilterPrefixes
 
 // Rejoin phases a heartbeat carries (Header.Rejoining); the values are
 // store.RejoinRequesting and store.RejoinSeeding.
@@ -125,7 +144,7 @@ func AppendHeader(dst []byte, h *Header, n int) []byte {
 	var buf bytes.Buffer
 	enc := msgpack.NewEncoder(&buf)
 	fields := 4
-	for _, on := range []bool{h.Snapshot, h.End != nil, h.Requested, h.Rejoin, h.Rejoining != 0, len(h.Marks) > 0} {
+	for _, on := range []bool{h.Snapshot, h.End != nil, h.Requested, h.Rejoin, h.Rejoining != 0, len(h.Marks) > 0, h.Backfill, h.BackfillEnd != nil} {
 		if on {
 			fields++
 		}
@@ -174,9 +193,66 @@ func AppendHeader(dst []byte, h *Header, n int) []byte {
 			_ = enc.EncodeUint(uint64(m.Commit.Logical))
 		}
 	}
+	if h.Backfill {
+		_ = enc.EncodeString("bf")
+		_ = enc.EncodeBool(true)
+	}
+	if be := h.BackfillEnd; be != nil {
+		_ = enc.EncodeString("bfe")
+		_ = enc.EncodeArrayLen(3)
+		_ = enc.EncodeInt(be.Horizon.Wall)
+		_ = enc.EncodeUint(uint64(be.Horizon.Logical))
+		_ = enc.EncodeArrayLen(len(be.Spans))
+		for _, sp := range be.Spans {
+			_ = enc.EncodeArrayLen(2)
+			_ = enc.EncodeString(sp.Start)
+			_ = enc.EncodeString(sp.End)
+		}
+	}
 	_ = enc.EncodeString("entries")
 	_ = enc.EncodeArrayLen(n)
 	return append(dst, buf.Bytes()...)
+}
+
+func decodeBackfillEnd(dec *msgpack.Decoder) (*BackfillEnd, error) {
+	if n, err := dec.DecodeArrayLen(); err != nil || n != 3 {
+		return nil, fmt.Errorf("backfill end: want an array of 3 (%v)", err)
+	}
+	var be BackfillEnd
+	var err error
+	if be.Horizon.Wall, err = dec.DecodeInt64(); err != nil {
+		return nil, err
+	}
+	if be.Horizon.Logical, err = dec.DecodeUint32(); err != nil {
+		return nil, err
+	}
+	if be.Horizon.Wall < 0 {
+		return nil, fmt.Errorf("negative horizon %d", be.Horizon.Wall)
+	}
+	n, err := dec.DecodeArrayLen()
+	if err != nil {
+		return nil, err
+	}
+	if n < 1 || n > MaxBackfillSpans {
+		return nil, fmt.Errorf("backfill of %d ranges", n)
+	}
+	for i := 0; i < n; i++ {
+		if l, err := dec.DecodeArrayLen(); err != nil || l != 2 {
+			return nil, fmt.Errorf("range %d: want an array of 2 (%v)", i, err)
+		}
+		var sp entry.Span
+		if sp.Start, err = dec.DecodeString(); err != nil {
+			return nil, err
+		}
+		if sp.End, err = dec.DecodeString(); err != nil {
+			return nil, err
+		}
+		if sp.End != "" && sp.End <= sp.Start {
+			return nil, fmt.Errorf("range %d: [%q, %q) is empty", i, sp.Start, sp.End)
+		}
+		be.Spans = append(be.Spans, sp)
+	}
+	return &be, nil
 }
 
 func decodeMarks(dec *msgpack.Decoder) ([]Mark, error) {
@@ -283,7 +359,7 @@ func DecodeBatch(body []byte) (*Batch, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrMalformed, err)
 	}
-	if n < 0 || n > 11 {
+	if n < 0 || n > 13 {
 		return nil, fmt.Errorf("%w: batch map of %d fields", ErrMalformed, n)
 	}
 	var (
@@ -331,6 +407,10 @@ func DecodeBatch(body []byte) (*Batch, error) {
 			if err == nil && (b.Rejoining < RejoinRequesting || b.Rejoining > RejoinSeeding) {
 				err = fmt.Errorf("rejoin phase %d", b.Rejoining)
 			}
+		case "bf":
+			b.Backfill, err = dec.DecodeBool()
+		case "bfe":
+			b.BackfillEnd, err = decodeBackfillEnd(dec)
 		case "entries":
 			if !have["sender"] || !have["stream"] {
 				// Skipping an unread value means walking it, and a
@@ -367,6 +447,9 @@ func DecodeBatch(body []byte) (*Batch, error) {
 	}
 	if (b.End != nil || b.Requested || b.Rejoin) && !b.Snapshot {
 		return nil, fmt.Errorf("%w: re-seed fields on a batch that is not a snapshot", ErrMalformed)
+	}
+	if (b.Backfill || b.BackfillEnd != nil) && (!b.Snapshot || !b.Backfill || b.End != nil || b.Requested || b.Rejoin) {
+		return nil, fmt.Errorf("%w: backfill fields on a batch that is not a backfill's snapshot", ErrMalformed)
 	}
 	if b.End != nil && b.End.Stream == b.Stream {
 		return nil, fmt.Errorf("%w: a snapshot cannot end in its own stream", ErrMalformed)
@@ -456,6 +539,10 @@ type Limits struct {
 	// a sender at once, applying them in the order they arrived (0 or 1:
 	// one at a time, as receivers before it did).
 	Pipeline int `json:"pipeline,omitempty"`
+	// Markers says the receiver takes filtered markers (entries standing
+	// for a run its sender's filter left out): a sender whose filter
+	// leaves entries out ships to it only then.
+	Markers bool `json:"markers,omitempty"`
 }
 
 // checkCluster refuses a cluster ID that does not match entry.ClusterIDPattern.

@@ -57,7 +57,8 @@ func (c *Codec) encodeEntry(enc *msgpack.Encoder, e *entry.Entry, d Defaults) {
 	withOps := len(e.Ops) > 0
 	withCC := e.CtrComp != ""
 	withOvs := e.Oversize > 0
-	for _, b := range []bool{withOrigin, withStream, withStamp, withValue, withIdem, withSO, withEnd, withCtr, withOps, withCC, withOvs} {
+	withFlt := e.FilteredTo > 0
+	for _, b := range []bool{withOrigin, withStream, withStamp, withValue, withIdem, withSO, withEnd, withCtr, withOps, withCC, withOvs, withFlt} {
 		if b {
 			n++
 		}
@@ -110,13 +111,20 @@ func (c *Codec) encodeEntry(enc *msgpack.Encoder, e *entry.Entry, d Defaults) {
 		_ = enc.EncodeString("ovs")
 		_ = enc.EncodeUint(e.Oversize)
 	}
+	if withFlt {
+		_ = enc.EncodeString("flt")
+		_ = enc.EncodeUint(e.FilteredTo)
+	}
 	if withOps {
 		_ = enc.EncodeString("ops")
 		_ = enc.EncodeArrayLen(len(e.Ops))
 		for _, op := range e.Ops {
 			n := 2
 			if len(op.Value) > 0 {
-				n = 3
+				n++
+			}
+			if op.End != "" {
+				n++
 			}
 			_ = enc.EncodeMapLen(n)
 			_ = enc.EncodeString("op")
@@ -126,6 +134,10 @@ func (c *Codec) encodeEntry(enc *msgpack.Encoder, e *entry.Entry, d Defaults) {
 			if len(op.Value) > 0 {
 				_ = enc.EncodeString("val")
 				_ = enc.EncodeBytes(op.Value)
+			}
+			if op.End != "" {
+				_ = enc.EncodeString("end")
+				_ = enc.EncodeString(op.End)
 			}
 		}
 	}
@@ -205,7 +217,7 @@ func decodeOps(dec *msgpack.Decoder) ([]entry.BatchOp, error) {
 		if err != nil {
 			return nil, err
 		}
-		if m < 2 || m > 3 {
+		if m < 2 || m > 4 {
 			return nil, fmt.Errorf("op %d: map of %d fields", i, m)
 		}
 		var op entry.BatchOp
@@ -227,6 +239,9 @@ func decodeOps(dec *msgpack.Decoder) ([]entry.BatchOp, error) {
 			case "val":
 				op.Value, err = DecodeBytes(dec)
 				seen |= 4
+			case "end":
+				op.End, err = dec.DecodeString()
+				seen |= 8
 			default:
 				return nil, fmt.Errorf("op %d: unknown field %q", i, name)
 			}
@@ -237,7 +252,14 @@ func decodeOps(dec *msgpack.Decoder) ([]entry.BatchOp, error) {
 		if seen&3 != 3 {
 			return nil, fmt.Errorf("op %d: needs op and k", i)
 		}
-		if (op.Op != entry.OpSet && op.Op != entry.OpDelete) || op.Key == "" || (op.Op == entry.OpDelete && len(op.Value) > 0) {
+		switch {
+		case op.Op == entry.OpDeleteRange:
+			// Only a batch a link's filter clipped carries one: a range
+			// delete cut into the parts the filter lets cross.
+			if len(op.Value) > 0 || (op.End != "" && op.End <= op.Key) {
+				return nil, fmt.Errorf("op %d: delete_range [%q, %q)", i, op.Key, op.End)
+			}
+		case (op.Op != entry.OpSet && op.Op != entry.OpDelete) || op.Key == "" || (op.Op == entry.OpDelete && len(op.Value) > 0) || op.End != "":
 			return nil, fmt.Errorf("op %d: %s on %q", i, op.Op, op.Key)
 		}
 		ops = append(ops, op)
@@ -342,7 +364,7 @@ func DecodeEntryFrom(dec *msgpack.Decoder, d Defaults) (entry.Entry, error) {
 	if err != nil {
 		return e, fmt.Errorf("%w: %v", entry.ErrMalformed, err)
 	}
-	if n < 0 || n > 18 {
+	if n < 0 || n > 19 {
 		return e, fmt.Errorf("%w: entry map of %d fields", entry.ErrMalformed, n)
 	}
 	var have uint32
@@ -407,6 +429,12 @@ func DecodeEntryFrom(dec *msgpack.Decoder, d Defaults) (entry.Entry, error) {
 			e.Oversize, err = dec.DecodeUint64()
 			if err == nil && e.Oversize == 0 {
 				err = errors.New("oversize stub of 0 bytes")
+			}
+		case "flt":
+			bit = 32768
+			e.FilteredTo, err = dec.DecodeUint64()
+			if err == nil && e.FilteredTo == 0 {
+				err = errors.New("filtered marker to index 0")
 			}
 		case "so":
 			bit = 512

@@ -88,6 +88,8 @@ type InboundResult struct {
 	Resent bool
 	// Counts of the batch's entries.
 	Applied, Stale, Duplicates, DeadLettered, DroppedOwn, DroppedUnknown int
+	// Filtered counts the indexes filtered markers covered.
+	Filtered uint64
 	// Requested, Rejoin: the trailer ended a requested re-seed, a rejoin.
 	Requested, Rejoin bool
 	// OriginFrontier is the highest commit of the sender's cluster applied

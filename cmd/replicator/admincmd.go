@@ -8,6 +8,7 @@ import (
 	"io"
 	"maps"
 	"net/http"
+	"net/url"
 	"os"
 	"slices"
 	"strings"
@@ -20,6 +21,7 @@ import (
 
 const adminUsage = `replicator admin wal|peers|origin|digest|cluster [--addr URL] [-o table|json]
 replicator admin pause|resume|reseed|detach PEER [--addr URL]
+replicator admin filter PEER [--include PREFIX]... [--exclude PREFIX]... [--every-key] [--addr URL]
 replicator admin cluster join NODE-ID RAFT-ADDR | cluster remove NODE-ID[.INCARNATION] [--addr URL]`
 
 // runAdmin serves `replicator admin ...` (and the peers/digest shortcuts).
@@ -48,10 +50,18 @@ func runAdmin(cmd string, args []string) error {
 	cf.register(fs)
 	// Each command lists (and takes) only its own flags.
 	wait, force := new(bool), new(string)
+	var prefixes, include, exclude []string
+	everyKey := new(bool)
 	*wait = true
 	switch cmd {
 	case "reseed":
 		fs.BoolVar(wait, "wait", true, "follow the re-seed with a progress bar until it ends")
+	case "filter":
+		fs.Var(listFlag{&include}, "include", "only keys under this prefix cross (repeatable); with --exclude, replaces the link's filter")
+		fs.Var(listFlag{&exclude}, "exclude", "keys under this prefix never cross (repeatable)")
+		fs.BoolVar(everyKey, "every-key", false, "let every key cross (no filter)")
+	case "digest":
+		fs.Var(listFlag{&prefixes}, "prefix", "hash only the keys under this prefix (repeatable: under any of them), to prove two clusters agree on what a link's filter lets cross")
 	case "cluster":
 		fs.StringVar(force, "force", "", "join: add the node although its raft port does not say who it is (an emergency: give the reason, which the leader logs)")
 	}
@@ -65,6 +75,8 @@ func runAdmin(cmd string, args []string) error {
 	ctx, cancel := context.WithTimeout(context.Background(), cf.timeout)
 	defer cancel()
 	switch cmd {
+	case "filter":
+		return runFilter(ctx, c, &cf, fs.Args(), include, exclude, *everyKey)
 	case "pause", "resume", "reseed", "detach":
 		if fs.NArg() != 1 {
 			return usagef("usage: replicator admin %s PEER", cmd)
@@ -122,6 +134,9 @@ func runAdmin(cmd string, args []string) error {
 	case "cluster":
 		out = &api.ClusterReport{}
 	}
+	if len(prefixes) > 0 {
+		path += "?" + url.Values{"prefix": prefixes}.Encode()
+	}
 	if _, err := c.Do(ctx, http.MethodGet, path, nil, nil, out); err != nil {
 		return err
 	}
@@ -134,7 +149,10 @@ func runAdmin(cmd string, args []string) error {
 		case *api.OriginReport:
 			fmt.Fprintf(w, "cluster  %s\nresolver %s\nstream   %s\nversion  %s\n", v.Cluster, v.Resolver, v.Stream, v.Version)
 		case *api.DigestReport:
-			fmt.Fprintf(w, "cluster    %s\ndigest     %s\nkeys       %s\ntombstones %s\n", v.Cluster, v.Digest, count(v.Keys), count(v.Tombstones))
+			fmt.Fprintf(w, "cluster    %s\ndigest     %s\nkeys       %s\ncounters   %s\ntombstones %s\n", v.Cluster, v.Digest, count(v.Keys), count(v.Counters), count(v.Tombstones))
+			if len(v.Prefixes) > 0 {
+				fmt.Fprintf(w, "prefixes   %s\n", strings.Join(v.Prefixes, " "))
+			}
 		case *api.ClusterReport:
 			printCluster(w, v)
 		}
@@ -335,4 +353,36 @@ func isBoolFlag(arg string) bool {
 		return true
 	}
 	return false
+}
+
+// runFilter shows the link's filter, or sets it.
+func runFilter(ctx context.Context, c *client.Client, cf *clientFlags, args, include, exclude []string, everyKey bool) error {
+	if len(args) != 1 {
+		return usagef("usage: replicator filter PEER [--include PREFIX]... [--exclude PREFIX]... [--every-key]")
+	}
+	if everyKey && (len(include) > 0 || len(exclude) > 0) {
+		return usagef("--every-key takes no --include or --exclude")
+	}
+	path := "/admin/peers/" + url.PathEscape(args[0]) + "/filter"
+	var r api.FilterReport
+	if !everyKey && len(include) == 0 && len(exclude) == 0 {
+		if _, err := c.Do(ctx, http.MethodGet, path, nil, nil, &r); err != nil {
+			return err
+		}
+	} else {
+		body, _ := json.Marshal(map[string][]string{"include": include, "exclude": exclude})
+		if _, err := c.Do(ctx, http.MethodPut, path, body, http.Header{"Content-Type": {"application/json"}}, &r); err != nil {
+			return asWrite(err)
+		}
+	}
+	return cf.out.print(r, func(w io.Writer) {
+		state := "recorded in the cluster's log"
+		if !r.Recorded {
+			state = "from the leader's flags, not recorded yet"
+		}
+		fmt.Fprintf(w, "peer    %s\nfilter  %s (%s)\n", r.Peer, r.Filter.String(), state)
+		for _, ep := range r.Epochs {
+			fmt.Fprintf(w, "  from index %d: %s\n", ep.From, ep.Filter.String())
+		}
+	})
 }

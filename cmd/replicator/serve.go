@@ -140,6 +140,9 @@ type peerConfig struct {
 	Overflow   string `yaml:"overflow,omitempty"`
 	// Compression: zstd or none (default).
 	Compression string `yaml:"compression,omitempty"`
+	// Include and Exclude: the link's filter (key prefixes).
+	Include []string `yaml:"include,omitempty"`
+	Exclude []string `yaml:"exclude,omitempty"`
 	// AllowUnproven: see --peer-allow-unproven.
 	AllowUnproven bool `yaml:"allow_unproven,omitempty"`
 }
@@ -378,6 +381,8 @@ func serveFlags(cfg *serveConfig) *flag.FlagSet {
 	fs.Var(optDuration{&cfg.IdentityWait}, "identity-check-wait", "at start, how long writes wait for every peer to confirm this node's stream was not used by a restored or copied directory (0s does not wait)")
 	fs.Var(optDuration{&cfg.AdmissionWait}, "admission-wait", "how long a write waits while saturated before it is refused (0s refuses at once)")
 	fs.Var(namedFlag{func(n, v string) { cfg.peer(n).Compression = v }, "NAME=zstd|none"}, "peer-compression", "NAME=zstd|none: compress batches to that peer with zstd when its nodes say they decode it (default none; worth it across a WAN)")
+	fs.Var(namedFlag{func(n, v string) { cfg.peer(n).Include = append(cfg.peer(n).Include, v) }, "NAME=PREFIX"}, "peer-include", "NAME=PREFIX: only keys under this prefix cross to that peer (repeatable; every key when none). Seeds the cluster's log once: change it later with replicator peers filter")
+	fs.Var(namedFlag{func(n, v string) { cfg.peer(n).Exclude = append(cfg.peer(n).Exclude, v) }, "NAME=PREFIX"}, "peer-exclude", "NAME=PREFIX: keys under this prefix never cross to that peer (repeatable). Seeds the cluster's log once, as --peer-include")
 	fs.Var(namedFlag{func(n, v string) { cfg.peer(n).Overflow = v }, "NAME=reject|detach"}, "peer-overflow", "NAME=reject|detach: what a peer's backlog overflow does (default reject)")
 	fs.IntVar(&cfg.Permits, "replay-permits", cfg.Permits, "incoming batches applied at once")
 	fs.Int64Var(&cfg.MinBodyRate, "min-body-rate", cfg.MinBodyRate, "slowest a request body may arrive, bytes/s after a 10 s grace (-1 off)")
@@ -467,7 +472,7 @@ func (cfg *serveConfig) nodeOptions(log *slog.Logger) (*node.Options, error) {
 			errs = append(errs, fmt.Errorf("peer %s: the secret is the placeholder --print-config writes; give the real one (or secret_file)", name))
 		}
 		o.Peers = append(o.Peers, node.Peer{Name: name, URL: p.URL, Secret: secret, Overflow: p.Overflow, AllowUnproven: p.AllowUnproven,
-			Compression: p.Compression})
+			Compression: p.Compression, Include: p.Include, Exclude: p.Exclude})
 	}
 	o.InsecurePeers = cfg.InsecurePeers
 	o.MaxBatchEntries = cfg.BatchEntries

@@ -6,6 +6,7 @@ import (
 
 	"github.com/replicator/replicator/acceptor"
 	"github.com/replicator/replicator/client"
+	"github.com/replicator/replicator/entry"
 	"github.com/replicator/replicator/internal/raftconn"
 	"github.com/replicator/replicator/transport"
 )
@@ -30,12 +31,15 @@ type StreamReport struct {
 	Origin string `json:"origin"`
 	Stream string `json:"stream"`
 	HWM    uint64 `json:"hwm"`
-	// Merged entries went through an LWW merge; with DeadLettered and
-	// Seeded it sums to HWM unless an entry was applied twice.
+	// Merged entries went through an LWW merge; with DeadLettered, Seeded
+	// and Filtered it sums to HWM unless an entry was applied twice.
 	Merged       uint64 `json:"merged"`
 	DeadLettered uint64 `json:"dead_lettered"`
 	// Seeded entries were covered by a re-seed's snapshot instead.
 	Seeded uint64 `json:"seeded"`
+	// Filtered entries held no key the sender's filter for this link lets
+	// cross: a marker stood for them.
+	Filtered uint64 `json:"filtered"`
 	// Frontier is the commit HLC of the last applied entry.
 	Frontier string `json:"frontier"`
 }
@@ -46,6 +50,10 @@ type DigestReport struct {
 	Digest     string `json:"digest"`
 	Keys       int    `json:"keys"`
 	Tombstones int    `json:"tombstones"`
+	Counters   int    `json:"counters"`
+	// Prefixes are the key prefixes the digest covers (?prefix=, which
+	// repeats): none, every key.
+	Prefixes []string `json:"prefixes,omitempty"`
 }
 
 // WALReport is GET /admin/wal: the outbound WAL, each peer's backlog in it,
@@ -266,4 +274,25 @@ type SaturationReport struct {
 	Since      time.Time  `json:"since"`
 	Thresholds WaterMarks `json:"thresholds"`
 	Refusals   uint64     `json:"refusals"`
+}
+
+// FilterReport is GET and PUT /admin/peers/NAME/filter: the link's filter
+// as the cluster's log holds it.
+type FilterReport struct {
+	Peer string `json:"peer"`
+	// Filter is the filter in force for the entries appended from now on.
+	Filter entry.Filter `json:"filter"`
+	// Recorded: the log holds it (false: this node's flags, until the
+	// leader records them).
+	Recorded bool `json:"recorded"`
+	// Epochs are the filters the stream's kept entries ship by, oldest
+	// first, each from an index of the stream on.
+	Epochs []FilterEpochReport `json:"epochs,omitempty"`
+}
+
+// FilterEpochReport is one filter of a link and the first index of the
+// stream it holds for.
+type FilterEpochReport struct {
+	From   uint64       `json:"from_index"`
+	Filter entry.Filter `json:"filter"`
 }

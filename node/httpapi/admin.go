@@ -5,11 +5,14 @@ import (
 	"crypto/sha256"
 	_ "embed"
 	"encoding/base64"
+	"encoding/json"
+	"fmt"
 	"net/http"
 	"net/http/pprof"
 	"strconv"
 	"time"
 
+	"github.com/replicator/replicator/entry"
 	"github.com/replicator/replicator/internal/httpjson"
 	"github.com/replicator/replicator/node/api"
 	"github.com/replicator/replicator/wire"
@@ -48,6 +51,7 @@ func (a *API) registerAdmin(mux *http.ServeMux) {
 	if a.opts.Pprof {
 		registerPprof(mux)
 	}
+	mux.HandleFunc("/admin/peers/{name}/filter", a.handleFilter)
 	mux.HandleFunc("/admin/peers/{name}/{action}", func(w http.ResponseWriter, r *http.Request) {
 		if r.Method != http.MethodPost {
 			methodNotAllowed(w, r, "POST")
@@ -84,7 +88,7 @@ func (a *API) registerAdmin(mux *http.ServeMux) {
 		writeJSON(w, http.StatusOK, a.node.PeersReport())
 	}))
 	mux.HandleFunc(pathAdminDigest, getOnly(func(w http.ResponseWriter, r *http.Request) {
-		d, err := a.node.DigestReport()
+		d, err := a.node.DigestReport(r.URL.Query()["prefix"]...)
 		if err != nil {
 			WriteErr(w, err)
 			return
@@ -178,4 +182,34 @@ func writeSaturated(w http.ResponseWriter, e *api.SaturatedError) {
 	httpjson.RetryAfter(w, time.Second)
 	writeError(w, http.StatusServiceUnavailable, apiError{Code: "saturated", Source: e.Source, Peer: e.Peer,
 		Retryable: false, Outcome: "not_written", Message: e.Error() + "; slow down, or bring the peer back (replicator admin peers)"})
+}
+
+// handleFilter answers GET /admin/peers/NAME/filter with the link's filter
+// as the cluster's log holds it, and sets it on PUT, from a body
+// {"include": [prefixes], "exclude": [prefixes]} (both empty: every key).
+func (a *API) handleFilter(w http.ResponseWriter, r *http.Request) {
+	name := r.PathValue("name")
+	var rep api.FilterReport
+	var err error
+	switch r.Method {
+	case http.MethodGet, http.MethodHead:
+		rep, err = a.node.LinkFilter(name)
+	case http.MethodPut:
+		var f entry.Filter
+		dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, 1<<20))
+		dec.DisallowUnknownFields()
+		if derr := dec.Decode(&f); derr != nil {
+			WriteErr(w, fmt.Errorf("%w: a filter is {\"include\": [prefixes], \"exclude\": [prefixes]}: %v", api.ErrBadRequest, derr))
+			return
+		}
+		rep, err = a.node.SetLinkFilter(name, f)
+	default:
+		methodNotAllowed(w, r, "GET, PUT")
+		return
+	}
+	if err != nil {
+		WriteErr(w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, rep)
 }

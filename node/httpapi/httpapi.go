@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/replicator/replicator/client"
+	"github.com/replicator/replicator/entry"
 	"github.com/replicator/replicator/node/api"
 	"github.com/replicator/replicator/store"
 )
@@ -48,11 +49,13 @@ type Links interface {
 	DeadLetters() ([]api.DeadLetterReport, error)
 	ReplayDeadLetter(id string) error
 	DiscardDeadLetter(id string) error
+	LinkFilter(peer string) (api.FilterReport, error)
+	SetLinkFilter(peer string, f entry.Filter) (api.FilterReport, error)
 }
 
 // Reports is what the node's other admin endpoints ask of it.
 type Reports interface {
-	DigestReport() (api.DigestReport, error)
+	DigestReport(prefixes ...string) (api.DigestReport, error)
 	WALReport() api.WALReport
 	OriginReport() api.OriginReport
 	ClusterReport(ctx context.Context) api.ClusterReport

@@ -1,0 +1,217 @@
+package machine
+
+import (
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+
+	"github.com/vmihailenco/msgpack/v5"
+
+	"github.com/replicator/replicator/entry"
+	"github.com/replicator/replicator/store"
+)
+
+// Link settings are state of the cluster's log: a filter takes effect at a
+// stream index (the next one when its command applies), so every node and
+// every later leader ships the same entries for the same index, and a
+// bandwidth limit survives a failover. The commands exist from command
+// format 3 on: a leader proposes one only once the log's Format says every
+// node reads it (FormatLinks).
+
+// FormatLinks is the format from which the log may carry link commands.
+const FormatLinks = 3
+
+// LinkCmd changes what the log says of the link to Peer.
+type LinkCmd struct {
+	Peer string
+	// SetFilter: Filter is the link's filter for the entries appended from
+	// now on (the zero Filter lets every key cross).
+	SetFilter bool
+	Filter    entry.Filter
+	// SetBandwidth: Bandwidth is the link's limit in bytes per second (0:
+	// none).
+	SetBandwidth bool
+	Bandwidth    int64
+	// Seed: the command comes from a node's flags, and applies only to a
+	// link the log says nothing of yet (after that, the log wins).
+	Seed bool
+	// BackfillDone: the peer took the backfill of this generation
+	// (LinkSettings.BackfillGen); its ranges are no longer pending, unless
+	// a widening since made a later generation.
+	BackfillDone uint64
+}
+
+// Link command flags, as encoded.
+const (
+	linkSetFilter    = 1 << 0
+	linkSetBandwidth = 1 << 1
+	linkSeed         = 1 << 2
+)
+
+// maxFilterEpochs bounds a link's filter history: older epochs hold for
+// entries every peer acknowledged long ago (the stream is cut behind them).
+const maxFilterEpochs = 64
+
+func encodeLink(enc *msgpack.Encoder, lc *LinkCmd) error {
+	var flags uint8
+	if lc.SetFilter {
+		flags |= linkSetFilter
+	}
+	if lc.SetBandwidth {
+		flags |= linkSetBandwidth
+	}
+	if lc.Seed {
+		flags |= linkSeed
+	}
+	err := errors.Join(enc.EncodeArrayLen(7), enc.EncodeUint(uint64(KindLink)), enc.EncodeString(lc.Peer),
+		enc.EncodeUint(uint64(flags)), enc.EncodeArrayLen(len(lc.Filter.Include)))
+	for _, p := range lc.Filter.Include {
+		err = errors.Join(err, enc.EncodeString(p))
+	}
+	err = errors.Join(err, enc.EncodeArrayLen(len(lc.Filter.Exclude)))
+	for _, p := range lc.Filter.Exclude {
+		err = errors.Join(err, enc.EncodeString(p))
+	}
+	return errors.Join(err, enc.EncodeInt(lc.Bandwidth), enc.EncodeUint(lc.BackfillDone))
+}
+
+func decodeLink(dec *msgpack.Decoder, c *Command) error {
+	lc := &LinkCmd{}
+	var err error
+	if lc.Peer, err = dec.DecodeString(); err != nil {
+		return err
+	}
+	if !entry.ValidClusterID(lc.Peer) {
+		return fmt.Errorf("link of peer %q", lc.Peer)
+	}
+	flags, err := dec.DecodeUint8()
+	if err != nil {
+		return err
+	}
+	if flags&^(linkSetFilter|linkSetBandwidth|linkSeed) != 0 {
+		return fmt.Errorf("link flags %#x", flags)
+	}
+	lc.SetFilter, lc.SetBandwidth, lc.Seed = flags&linkSetFilter != 0, flags&linkSetBandwidth != 0, flags&linkSeed != 0
+	for _, list := range []*[]string{&lc.Filter.Include, &lc.Filter.Exclude} {
+		n, err := dec.DecodeArrayLen()
+		if err != nil {
+			return err
+		}
+		if n < 0 || n > entry.MaxFilterPrefixes {
+			return fmt.Errorf("a filter of %d prefixes", n)
+		}
+		for i := 0; i < n; i++ {
+			p, err := dec.DecodeString()
+			if err != nil {
+				return err
+			}
+			*list = append(*list, p)
+		}
+	}
+	if err := lc.Filter.Validate(); err != nil {
+		return err
+	}
+	if lc.Bandwidth, err = dec.DecodeInt64(); err != nil {
+		return err
+	}
+	if lc.Bandwidth < 0 {
+		return fmt.Errorf("bandwidth %d", lc.Bandwidth)
+	}
+	if lc.BackfillDone, err = dec.DecodeUint64(); err != nil {
+		return err
+	}
+	c.Link = lc
+	return nil
+}
+
+// applyLink records a link's settings: a filter from the stream's next index
+// on, a bandwidth limit at once.
+func (m *Machine) applyLink(b *store.Batch, lc *LinkCmd) (*Result, func(), error) {
+	links := m.Links()
+	ls, had := links[lc.Peer]
+	res := &Result{}
+	if lc.Seed && had {
+		return res, nil, nil // the log's settings win over a node's flags
+	}
+	res.Swapped = true
+	ls.Filters = append([]entry.FilterEpoch(nil), ls.Filters...)
+	if lc.SetFilter {
+		f := lc.Filter.Normal()
+		switch {
+		case lc.Seed:
+			// Flags hold from the start: until this command, leaders
+			// shipped by them (Node's link settings), so the log records
+			// the filter as holding from the first entry of every stream.
+			ls.Filters = []entry.FilterEpoch{{Filter: f}}
+		case len(ls.Filters) == 0 || !ls.Current().Equal(f):
+			old := ls.Current()
+			ls.Filters = append(ls.Filters, entry.FilterEpoch{Stream: m.stream, From: m.last + 1, Filter: f})
+			// What the new filter lets cross and the old did not was
+			// left out until now: the peer gets what the tree holds of
+			// it. Pending ranges the new filter keeps home are dropped.
+			wide := f.Widened(old)
+			if len(wide) > 0 {
+				ls.BackfillGen++
+			}
+			ls.Backfill = f.ClipSpans(append(slices.Clone(ls.Backfill), wide...))
+		}
+		ls.Filters = pruneEpochs(ls.Filters, m.stream, m.out.First())
+	}
+	if lc.SetBandwidth {
+		ls.Bandwidth = lc.Bandwidth
+	}
+	if lc.BackfillDone != 0 && lc.BackfillDone == ls.BackfillGen {
+		ls.Backfill = nil
+	}
+	if err := b.SetLinkSettings(lc.Peer, ls); err != nil {
+		return nil, nil, err
+	}
+	next := maps.Clone(links)
+	next[lc.Peer] = ls
+	return res, func() { m.links.Store(&next) }, nil
+}
+
+// pruneEpochs drops the epochs no entry still kept needs: those of an
+// earlier stream but the last, and those of stream superseded at or before
+// first (the first index the stream still keeps).
+func pruneEpochs(eps []entry.FilterEpoch, stream entry.StreamID, first uint64) []entry.FilterEpoch {
+	keep := eps[:0:0]
+	for i, ep := range eps {
+		if i+1 < len(eps) {
+			nx := eps[i+1]
+			if nx.Stream != stream && ep.Stream != stream {
+				continue // both before this stream: the later one holds
+			}
+			if nx.Stream == stream && nx.From <= first {
+				continue // superseded before every entry kept
+			}
+		}
+		keep = append(keep, ep)
+	}
+	if len(keep) > maxFilterEpochs {
+		keep = keep[len(keep)-maxFilterEpochs:]
+	}
+	return keep
+}
+
+// Links is what the log says of every link (read-only: a new map replaces
+// it at each change).
+func (m *Machine) Links() map[string]entry.LinkSettings {
+	if p := m.links.Load(); p != nil {
+		return *p
+	}
+	return nil
+}
+
+// Link is what the log says of the link to peer.
+func (m *Machine) Link(peer string) entry.LinkSettings { return m.Links()[peer] }
+
+func (m *Machine) loadLinks() error {
+	links, err := m.st.LinkSettings()
+	if err != nil {
+		return fmt.Errorf("machine: open: %w", err)
+	}
+	m.links.Store(&links)
+	return nil
+}

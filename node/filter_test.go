@@ -1,0 +1,218 @@
+package node
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/replicator/replicator/entry"
+	"github.com/replicator/replicator/hlc"
+	"github.com/replicator/replicator/node/api"
+	"github.com/replicator/replicator/store"
+)
+
+// liveUnder lists key=value@version of every live key under prefix that
+// keep lets through.
+func liveUnder(t *testing.T, n *Node, prefix string, keep func(string) bool) []string {
+	t.Helper()
+	var out []string
+	after := ""
+	for {
+		items, next, err := n.Scan(store.ScanOptions{Prefix: prefix, After: after, Limit: 1000})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, it := range items {
+			if keep == nil || keep(it.Key) {
+				out = append(out, fmt.Sprintf("%s=%s@%s", it.Key, it.Value, it.Stamp))
+			}
+		}
+		if next == "" {
+			return out
+		}
+		after = next
+	}
+}
+
+// streamsAccountFor checks that every stream n applied sums up:
+// merged + dead_lettered + seeded + filtered = hwm; it returns the filtered
+// count of origin's streams.
+func streamsAccountFor(t *testing.T, n *Node, origin string) uint64 {
+	t.Helper()
+	var filtered uint64
+	for _, st := range n.PeersReport().Streams {
+		if st.Merged+st.DeadLettered+st.Seeded+st.Filtered != st.HWM {
+			t.Fatalf("%+v: merged + dead letters + seeded + filtered != hwm", st)
+		}
+		if st.Origin == origin {
+			filtered += st.Filtered
+		}
+	}
+	return filtered
+}
+
+// TestLinkFilter: a and b replicate everything to each other, and only
+// shared/ (but shared/tmp/) to c. c holds exactly that of a and b, the runs
+// left out arrive as filtered markers that account for every index, a range
+// delete across the boundary is clipped, a batch across it crosses in part
+// and atomically, counters follow their key. Widening a's filter to
+// tenant1/ backfills it while writes go on; narrowing it and widening it
+// again after a delete was collected leaves no stale key at c.
+func TestLinkFilter(t *testing.T) {
+	pc := hlc.NewManualClock(int64(1000 * time.Hour))
+	m := newTestMesh(t, pc, func(o *Options) {
+		o.TombstoneRetention = 10 * time.Minute
+		o.PinWindow = time.Minute
+		if o.ClusterID == "c" {
+			return
+		}
+		for i := range o.Peers {
+			if o.Peers[i].Name == "c" {
+				o.Peers[i].Include = []string{"shared/"}
+				o.Peers[i].Exclude = []string{"shared/tmp/"}
+			}
+		}
+	}, "a", "b", "c")
+	a, b, c := m.nodes["a"], m.nodes["b"], m.nodes["c"]
+	ctx := context.Background()
+	must := func(_ any, err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := range 20 {
+		must(a.Put(ctx, fmt.Sprintf("shared/a%02d", i), []byte("x")))
+		must(a.Put(ctx, fmt.Sprintf("tenant1/a%02d", i), []byte("x")))
+		must(b.Put(ctx, fmt.Sprintf("shared/b%02d", i), []byte("y")))
+		must(b.Put(ctx, fmt.Sprintf("tenant1/b%02d", i), []byte("y")))
+		must(a.Put(ctx, fmt.Sprintf("shared/tmp/a%02d", i), []byte("t")))
+	}
+	must(a.Delete(ctx, "shared/a00"))
+	must(a.Delete(ctx, "tenant1/a00"))
+	// A range delete across the boundary (and across the exclude), a
+	// batch across it, counters under and outside shared/.
+	must(b.DeleteRange(ctx, "shared/b15", "tenant1/b05"))
+	must(a.Batch(ctx, []api.BatchOp{{Key: "shared/batch", Value: []byte("1")}, {Key: "tenant1/batch", Value: []byte("1")}, {Key: "shared/tmp/batch", Value: []byte("1")}}))
+	must(a.Increment(ctx, "shared/ctr", 5))
+	must(b.Increment(ctx, "shared/ctr", 7))
+	must(a.Increment(ctx, "tenant1/ctr", 3))
+	must(c.Put(ctx, "shared/c", []byte("z")))
+	m.settle()
+
+	shared := func(k string) bool { return strings.HasPrefix(k, "shared/") && !strings.HasPrefix(k, "shared/tmp/") }
+	waitFor(t, 10*time.Second, func() (bool, string) {
+		ga, gc := liveUnder(t, a, "", shared), liveUnder(t, c, "", shared)
+		return slices.Equal(ga, gc), fmt.Sprintf("a %q\nc %q", ga, gc)
+	})
+	if all, sh := liveUnder(t, c, "", nil), liveUnder(t, c, "", shared); !slices.Equal(all, sh) {
+		t.Fatalf("c holds keys its links keep home: %q", all)
+	}
+	for _, k := range []string{"shared/b16", "shared/b19"} {
+		if _, err := c.Get(k); !errors.Is(err, api.ErrNotFound) {
+			t.Fatalf("c holds %s, which b's clipped range delete removed: %v", k, err)
+		}
+	}
+	if _, err := c.Get("shared/batch"); err != nil {
+		t.Fatalf("the batch's shared/ part did not cross: %v", err)
+	}
+	if ctr, err := c.Counter("shared/ctr"); err != nil || ctr.Value != 12 {
+		t.Fatalf("c's shared/ctr = %+v (%v), want 12", ctr, err)
+	}
+	if _, err := c.Counter("tenant1/ctr"); err == nil {
+		t.Fatal("tenant1/ctr crossed to c")
+	}
+	if fa, fb := streamsAccountFor(t, c, "a"), streamsAccountFor(t, c, "b"); fa == 0 || fb == 0 {
+		t.Fatalf("c counts %d entries of a and %d of b as filtered: markers never arrived", fa, fb)
+	}
+	streamsAccountFor(t, b, "a")
+	// a and b still hold each other's everything.
+	if da, db := digestOf(t, a), digestOf(t, b); da != db {
+		t.Fatalf("a and b differ: %s %s", da, db)
+	}
+
+	// Widen a's link to c to tenant1/ while a writes there.
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for i := range 50 {
+			if _, err := a.Put(ctx, fmt.Sprintf("tenant1/live%02d", i), []byte("w")); err != nil {
+				t.Error(err)
+				return
+			}
+		}
+	}()
+	rep, err := a.SetLinkFilter("c", entry.Filter{Include: []string{"shared/", "tenant1/"}, Exclude: []string{"shared/tmp/"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !rep.Recorded || len(rep.Epochs) == 0 || rep.Epochs[len(rep.Epochs)-1].Filter.String() != "+shared/ +tenant1/ -shared/tmp/" {
+		t.Fatalf("filter report after the change: %+v", rep)
+	}
+	wg.Wait()
+	tenant := func(k string) bool { return strings.HasPrefix(k, "tenant1/") }
+	backfilled := func() {
+		t.Helper()
+		waitFor(t, 20*time.Second, func() (bool, string) {
+			ls := a.machine.Link("c")
+			ga, gc := liveUnder(t, a, "tenant1/", nil), liveUnder(t, c, "tenant1/", nil)
+			return len(ls.Backfill) == 0 && slices.Equal(ga, gc), fmt.Sprintf("pending %q\na %q\nc %q", ls.Backfill, ga, gc)
+		})
+	}
+	backfilled()
+	if ctr, err := c.Counter("tenant1/ctr"); err != nil || ctr.Value != 3 {
+		t.Fatalf("c's tenant1/ctr after the backfill = %+v (%v)", ctr, err)
+	}
+	streamsAccountFor(t, c, "a")
+
+	// Narrow it again; delete a tenant1 key at a, write one, and let a
+	// collect the delete (every cluster has written past it).
+	if _, err := a.SetLinkFilter("c", entry.Filter{Include: []string{"shared/"}, Exclude: []string{"shared/tmp/"}}); err != nil {
+		t.Fatal(err)
+	}
+	pc.Advance(time.Second)
+	must(a.Delete(ctx, "tenant1/b10"))
+	must(a.Put(ctx, "tenant1/after-narrow", []byte("n")))
+	m.settle()
+	if _, err := c.Get("tenant1/b10"); err != nil {
+		t.Fatalf("narrowing: c should keep what it has: %v", err)
+	}
+	pc.Advance(20 * time.Minute)
+	for _, n := range []*Node{a, b, c} {
+		must(n.Put(ctx, "shared/tick-"+n.cluster, []byte("t")))
+	}
+	m.settle()
+	waitFor(t, 10*time.Second, func() (bool, string) {
+		n, err := a.CollectTombstones()
+		_, gerr := a.Get("tenant1/b10")
+		var nf *api.NotFoundError
+		return err == nil && errors.As(gerr, &nf) && nf.Deleted == "", fmt.Sprintf("collected %d (%v), get %v", n, err, gerr)
+	})
+	if _, err := a.SetLinkFilter("c", entry.Filter{Include: []string{"shared/", "tenant1/"}, Exclude: []string{"shared/tmp/"}}); err != nil {
+		t.Fatal(err)
+	}
+	backfilled()
+	if _, err := c.Get("tenant1/b10"); !errors.Is(err, api.ErrNotFound) {
+		t.Fatalf("c kept tenant1/b10, whose delete a collected while the range was excluded: %v", err)
+	}
+	if all := liveUnder(t, c, "", func(k string) bool { return !shared(k) && !tenant(k) }); len(all) != 0 {
+		t.Fatalf("c holds keys outside its filter: %q", all)
+	}
+	streamsAccountFor(t, c, "a")
+	streamsAccountFor(t, c, "b")
+}
+
+func digestOf(t *testing.T, n *Node) string {
+	t.Helper()
+	d, err := n.Digest()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return d.Hash
+}

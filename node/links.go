@@ -1,0 +1,156 @@
+package node
+
+import (
+	"fmt"
+	"sync"
+
+	"github.com/replicator/replicator/entry"
+	"github.com/replicator/replicator/machine"
+	"github.com/replicator/replicator/node/api"
+)
+
+// What crosses each link is state of the cluster's log (machine.LinkCmd):
+// a filter takes effect at a stream index, so every node and every later
+// leader ships the same thing for the same index. A node's flags
+// (--peer-include, --peer-exclude) seed the log once; after that the log
+// wins, and an operator changes a link with PUT /admin/peers/NAME/filter.
+
+// linkSeeds remembers which differences between flags and log a node
+// already logged, so that it says so once per process.
+type linkSeeds struct {
+	mu     sync.Mutex
+	warned map[string]bool
+}
+
+// linkSettings is what the links ship by: the log's settings of the link
+// or, before the log says anything of it, the filter of this node's flags,
+// as holding from the first entry (the seed command records it so).
+func (n *Node) linkSettings(peer string) entry.LinkSettings {
+	if ls, ok := n.machine.Links()[peer]; ok {
+		return ls
+	}
+	if p, ok := n.peerOption(peer); ok && !p.Filter().All() {
+		return entry.LinkSettings{Filters: []entry.FilterEpoch{{Filter: p.Filter().Normal()}}}
+	}
+	return entry.LinkSettings{}
+}
+
+// peerOption is the configured peer of that name.
+func (n *Node) peerOption(name string) (Peer, bool) {
+	for _, p := range n.opts.Peers {
+		if p.Name == name {
+			return p, true
+		}
+	}
+	return Peer{}, false
+}
+
+// seedLinks, at the leader, records the filter of each configured peer's
+// flags in the log if the log says nothing of that link yet, and says once
+// where the flags differ from what the log says (the log wins).
+func (n *Node) seedLinks() {
+	if n.group == nil || !n.group.IsLeader() || !n.lead.ready.Load() || n.machine.Format() < machine.FormatLinks {
+		return
+	}
+	links := n.machine.Links()
+	for _, p := range n.opts.Peers {
+		f := p.Filter().Normal()
+		if ls, ok := links[p.Name]; ok {
+			if !ls.Current().Equal(f) && n.seeds.warnOnce(p.Name) {
+				n.log.Info("the cluster's log holds another filter for this link than this node's flags: the log's wins "+
+					"(change it with replicator peers filter)", "peer", p.Name, "log", ls.Current().String(), "flags", f.String())
+			}
+			continue
+		}
+		if f.All() {
+			continue
+		}
+		err := n.cons.applyCommand(&machine.Command{Link: &machine.LinkCmd{Peer: p.Name, SetFilter: true, Filter: f, Seed: true}})
+		if err != nil {
+			n.log.Warn("could not record the link's filter in the log; trying again", "peer", p.Name, "err", err)
+			return
+		}
+		n.log.Info("the link's filter, from this node's flags, is now the cluster's", "peer", p.Name, "filter", f.String())
+	}
+}
+
+func (s *linkSeeds) warnOnce(peer string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.warned[peer] {
+		return false
+	}
+	if s.warned == nil {
+		s.warned = map[string]bool{}
+	}
+	s.warned[peer] = true
+	return true
+}
+
+// LinkFilter is what the log says of the filter of the link to peer (and
+// where each of its epochs took effect).
+func (n *Node) LinkFilter(peer string) (api.FilterReport, error) {
+	if !n.knownPeer(peer) {
+		return api.FilterReport{}, fmt.Errorf("%w: no peer %q", api.ErrNotFound, peer)
+	}
+	return n.filterReport(peer), nil
+}
+
+func (n *Node) filterReport(peer string) api.FilterReport {
+	ls := n.linkSettings(peer)
+	_, recorded := n.machine.Links()[peer]
+	r := api.FilterReport{Peer: peer, Filter: ls.Current(), Recorded: recorded}
+	stream := n.out.Stream()
+	for _, ep := range ls.Filters {
+		e := api.FilterEpochReport{Filter: ep.Filter, From: ep.From}
+		if ep.Stream != stream {
+			e.From = 1 // holds from the start of this stream
+		}
+		r.Epochs = append(r.Epochs, e)
+	}
+	return r
+}
+
+// SetLinkFilter makes f the filter of the link to peer, from the stream's
+// next index on. Widening it backfills the newly included keys to the peer;
+// narrowing it stops shipping them (the peer keeps what it has).
+func (n *Node) SetLinkFilter(peer string, f entry.Filter) (api.FilterReport, error) {
+	if !n.knownPeer(peer) {
+		return api.FilterReport{}, fmt.Errorf("%w: no peer %q", api.ErrNotFound, peer)
+	}
+	if err := f.Validate(); err != nil {
+		return api.FilterReport{}, fmt.Errorf("%w: %w", api.ErrBadRequest, err)
+	}
+	if v := n.machine.Format(); v < machine.FormatLinks {
+		return api.FilterReport{}, fmt.Errorf("%w: the cluster's log is at format %d; filters need format %d, "+
+			"which the log moves to once every node runs a build that reads it", api.ErrNotWritten, v, machine.FormatLinks)
+	}
+	if _, recorded := n.machine.Links()[peer]; !recorded {
+		// What the links ship by until now is the flags' filter: the log
+		// records it first, so that the change widens or narrows from it.
+		if p, ok := n.peerOption(peer); ok && !p.Filter().All() {
+			seed := &machine.LinkCmd{Peer: peer, SetFilter: true, Filter: p.Filter().Normal(), Seed: true}
+			if err := n.cons.applyCommand(&machine.Command{Link: seed}); err != nil {
+				return api.FilterReport{}, err
+			}
+		}
+	}
+	if _, err := n.cons.commitCommand(&machine.Command{Link: &machine.LinkCmd{Peer: peer, SetFilter: true, Filter: f.Normal()}}); err != nil {
+		return api.FilterReport{}, err
+	}
+	n.log.Warn("the link's filter changed", "peer", peer, "filter", f.Normal().String())
+	return n.filterReport(peer), nil
+}
+
+// knownPeer reports a peer this node links to or takes writes from.
+func (n *Node) knownPeer(peer string) bool {
+	if _, ok := n.peerOption(peer); ok {
+		return true
+	}
+	for _, st := range n.PeerStatus() {
+		if st.Peer == peer {
+			return true
+		}
+	}
+	return false
+}
