@@ -136,4 +136,3 @@ func (sn *Snapshot) CollectedBelow() (hlc.Timestamp, error) {
 	defer closer.Close()
 	return hlc.Decode(v)
 }
-

@@ -23,7 +23,9 @@ func TestProject(t *testing.T) {
 		{"counter follows its key", entry.Entry{Op: entry.OpCounter, Key: "shared/c", Ctr: &entry.PN{P: 1}}, KeepAll, nil},
 		{"range inside", entry.Entry{Op: entry.OpDeleteRange, Key: "shared/a", End: "shared/b"}, KeepAll, nil},
 		{"range clipped to one part", entry.Entry{Op: entry.OpDeleteRange, Key: "r", End: "shared/m", Idem: idem}, KeepPart,
-			func(e entry.Entry) bool { return e.Op == entry.OpDeleteRange && e.Key == "shared/" && e.End == "shared/m" && e.Idem == nil }},
+			func(e entry.Entry) bool {
+				return e.Op == entry.OpDeleteRange && e.Key == "shared/" && e.End == "shared/m" && e.Idem == nil
+			}},
 		{"range across the exclude", entry.Entry{Op: entry.OpDeleteRange, Key: "a", End: "z"}, KeepPart,
 			func(e entry.Entry) bool {
 				return e.Op == entry.OpMulti && len(e.Ops) == 2 && e.Ops[0].Op == entry.OpDeleteRange && e.Ops[0].Key == "shared/" && e.Ops[0].End == "shared/tmp/" &&
