@@ -621,6 +621,9 @@ func FuzzDecode(f *testing.F) {
 	f.Add(encode(f, &Command{RemoveNode: &RemoveNodeCmd{ID: "a3.", Why: 2}}))
 	// encoding 2: the proposal's ID, then a command; and the Format command
 	f.Add(encode(f, &Command{Format: &FormatCmd{Version: 2}}))
+	f.Add(encode(f, &Command{Format: &FormatCmd{Version: 3}}))
+	f.Add(encode(f, &Command{Link: &LinkCmd{Peer: "c", SetFilter: true, Filter: entry.Filter{Include: []string{"shared/"}, Exclude: []string{"shared/tmp/"}}, Seed: true}}))
+	f.Add(encode(f, &Command{Link: &LinkCmd{Peer: "c", SetBandwidth: true, Bandwidth: 1 << 20, BackfillDone: 3}}))
 	f.Add(encode(f, &Command{ID: ProposalID{Node: "a1", Process: 7, Seq: 1}, Truncate: &TruncateCmd{Stream: testStream, First: 5}}))
 	for _, c := range scriptCommands() {
 		c.ID = ProposalID{Node: "a2", Process: 1 << 60, Seq: 1 << 33}

@@ -216,3 +216,31 @@ func digestOf(t *testing.T, n *Node) string {
 	}
 	return d.Hash
 }
+
+// TestFilterWaitsForAReceiverThatTakesMarkers: a receiver whose log cannot
+// take filtered markers yet (it plays a build that reads format 2) gets
+// nothing from a filtering link, rather than every key: the link says why,
+// and the keys it lets cross wait.
+func TestFilterWaitsForAReceiverThatTakesMarkers(t *testing.T) {
+	m := newTestMesh(t, nil, func(o *Options) {
+		if o.ClusterID == "a" {
+			o.Peers[0].Include = []string{"shared/"}
+		} else {
+			o.Testing.ReadsFormat = 2
+		}
+	}, "a", "b")
+	a, b := m.nodes["a"], m.nodes["b"]
+	ctx := context.Background()
+	for _, k := range []string{"home/1", "shared/1", "home/2"} {
+		if _, err := a.Put(ctx, k, []byte("v")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitFor(t, 10*time.Second, func() (bool, string) {
+		st := a.PeerStatus()[0]
+		return strings.Contains(st.LastError, "filtered markers"), fmt.Sprintf("%+v", st)
+	})
+	if got := liveUnder(t, b, "", nil); len(got) != 0 {
+		t.Fatalf("b got %q from a filtering link it cannot take markers from", got)
+	}
+}

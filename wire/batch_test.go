@@ -3,6 +3,7 @@ package wire
 import (
 	"bytes"
 	"errors"
+	"reflect"
 	"testing"
 
 	"github.com/vmihailenco/msgpack/v5"
@@ -58,6 +59,15 @@ func FuzzDecodeBatch(f *testing.F) {
 			Ctr: &entry.PN{P: 3}, CtrComp: "b/0123456789abcdef0123456789abcdef", StampOrigin: "b"},
 		{Index: 2, Origin: "a", Stream: entry.StreamID{2}, Commit: hlc.Timestamp{Wall: 9}, Op: entry.OpSet, Key: "k", Oversize: 1 << 30}}}))
 	f.Add(EncodeBatch(&Batch{Header: Header{Sender: "a", Stream: entry.StreamID{1}, Rejoining: RejoinSeeding}}))
+	// a filtered marker, then a batch a filter cut (range deletes in it)
+	f.Add(EncodeBatch(&Batch{Header: Header{Sender: "a", Stream: entry.StreamID{1}}, Entries: []entry.Entry{
+		{Index: 3, Origin: "a", Stream: entry.StreamID{1}, Commit: hlc.Timestamp{Wall: 9}, FilteredTo: 40},
+		{Index: 41, Origin: "a", Stream: entry.StreamID{1}, Commit: hlc.Timestamp{Wall: 10}, Op: entry.OpMulti, Ops: []entry.BatchOp{
+			{Op: entry.OpSet, Key: "s/a", Value: []byte("v")}, {Op: entry.OpDeleteRange, Key: "s/", End: "s/t/"}, {Op: entry.OpDeleteRange, Key: "s/t0"}}}}}))
+	// a backfill's last batch
+	f.Add(EncodeBatch(&Batch{Header: Header{Sender: "a", Stream: entry.StreamID{2}, Snapshot: true, Backfill: true,
+		BackfillEnd: &BackfillEnd{Horizon: hlc.Timestamp{Wall: 77, Logical: 2}, Spans: []entry.Span{{Start: "t/", End: "t0"}, {Start: "z"}}}},
+		Entries: []entry.Entry{{Index: 1, Origin: "a", Stream: entry.StreamID{2}, Commit: hlc.Timestamp{Wall: 9}, Op: entry.OpSet, Key: "t/1", StampOrigin: "b"}}}))
 	// nesting where the format has none, and lengths that lie
 	f.Add(append([]byte{0x84, 0xa1, 'v', 0x01, 0xa7, 'e', 'n', 't', 'r', 'i', 'e', 's'}, append(bytes.Repeat([]byte{0x91}, 20000), 0xc0)...))
 	f.Add(append(AppendBatchHeader(nil, "a", entry.StreamID{1}, 1), 0x81, 0xa1, 'k', 0xdb, 0x7f, 0xff, 0xff, 0xff, 'x'))
@@ -73,7 +83,8 @@ func FuzzDecodeBatch(f *testing.F) {
 		again, err := DecodeBatch(EncodeBatch(b))
 		if err != nil || len(again.Entries) != len(b.Entries) || again.Sender != b.Sender ||
 			again.Snapshot != b.Snapshot || again.Requested != b.Requested || again.Rejoin != b.Rejoin ||
-			again.Rejoining != b.Rejoining || (again.End == nil) != (b.End == nil) || (b.End != nil && *again.End != *b.End) {
+			again.Rejoining != b.Rejoining || (again.End == nil) != (b.End == nil) || (b.End != nil && *again.End != *b.End) ||
+			again.Backfill != b.Backfill || !reflect.DeepEqual(again.BackfillEnd, b.BackfillEnd) || !reflect.DeepEqual(again.Entries, b.Entries) {
 			t.Fatalf("re-encoded batch differs: %v", err)
 		}
 	})
@@ -115,5 +126,31 @@ func TestDecodeBatchDeepNesting(t *testing.T) {
 	lie := append(AppendBatchHeader(nil, "a", entry.StreamID{1}, 1), 0x81, 0xa1, 'k', 0xdb, 0x7f, 0xff, 0xff, 0xff, 'x')
 	if _, err := DecodeBatch(lie); !errors.Is(err, ErrMalformed) {
 		t.Fatalf("a lying length: %v", err)
+	}
+}
+
+func TestMarkerAndBackfillRoundTrip(t *testing.T) {
+	b := &Batch{Header: Header{Sender: "a", Stream: entry.StreamID{1}}, Entries: []entry.Entry{
+		{Index: 3, Origin: "a", Stream: entry.StreamID{1}, Commit: hlc.Timestamp{Wall: 9}, FilteredTo: 40}}}
+	got, err := DecodeBatch(EncodeBatch(b))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if e := got.Entries[0]; !e.IsMarker() || e.Index != 3 || e.Last() != 40 || e.Covers() != 38 || e.Commit.Wall != 9 {
+		t.Fatalf("marker: %+v", e)
+	}
+	// A marker with a payload, or ending before it starts, is refused.
+	for _, e := range []entry.Entry{
+		{Index: 3, Origin: "a", Stream: entry.StreamID{1}, Commit: hlc.Timestamp{Wall: 9}, FilteredTo: 2},
+		{Index: 3, Origin: "a", Stream: entry.StreamID{1}, Commit: hlc.Timestamp{Wall: 9}, FilteredTo: 5, Key: "k"},
+	} {
+		if _, err := DecodeBatch(EncodeBatch(&Batch{Header: b.Header, Entries: []entry.Entry{e}})); !errors.Is(err, ErrMalformed) {
+			t.Fatalf("marker %+v: %v", e, err)
+		}
+	}
+	// Backfill fields outside a backfill's snapshot are refused.
+	bad := EncodeBatch(&Batch{Header: Header{Sender: "a", Stream: entry.StreamID{1}, BackfillEnd: &BackfillEnd{Spans: []entry.Span{{Start: "a"}}}}})
+	if _, err := DecodeBatch(bad); !errors.Is(err, ErrMalformed) {
+		t.Fatalf("a backfill end on a live batch: %v", err)
 	}
 }

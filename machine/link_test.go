@@ -1,0 +1,122 @@
+package machine
+
+import (
+	"errors"
+	"testing"
+
+	"github.com/replicator/replicator/entry"
+	"github.com/replicator/replicator/hlc"
+	"github.com/replicator/replicator/wire"
+)
+
+// TestFilteredMarkers: a marker raises the sender's mark past its run,
+// counted as filtered; a marker the mark already passed is a duplicate; one
+// that starts past the mark is a gap; one that overlaps the mark counts only
+// what it adds; the commit frontier moves to the run's last commit.
+func TestFilteredMarkers(t *testing.T) {
+	m, st := openMachine(t, t.TempDir())
+	defer st.Close()
+	mustApply(t, m, 1, &Command{Mint: &MintCmd{Stream: testStream}})
+	ts := hlc.Timestamp{Wall: 2e15}
+	at := func(i uint64) hlc.Timestamp { return hlc.Timestamp{Wall: ts.Wall + int64(i)} }
+	marker := func(from, to uint64) entry.Entry {
+		return entry.Entry{Index: from, Origin: "b", Stream: streamB, Commit: at(to), FilteredTo: to}
+	}
+	set := func(i uint64, k string) entry.Entry {
+		return entry.Entry{Index: i, Origin: "b", Stream: streamB, Commit: at(i), Stamp: at(i), Op: entry.OpSet, Key: k, Value: []byte("v")}
+	}
+	batch := func(ents ...entry.Entry) *Command {
+		return &Command{Inbound: &Inbound{Sender: "b", MaxStreams: 16, HLC: at(100),
+			Batch: &wire.Batch{Header: wire.Header{Sender: "b", Stream: streamB}, Entries: ents}}}
+	}
+	res := mustApply(t, m, 2, batch(marker(1, 5), set(6, "s/6"), marker(7, 9)))
+	if r := res.Inbound; r.Err != nil || r.HWM != 9 || r.Filtered != 8 || r.Applied != 1 || r.HWMCommit != at(9) {
+		t.Fatalf("first batch: %+v", r)
+	}
+	// resent: every index already applied
+	res = mustApply(t, m, 3, batch(marker(7, 9)))
+	if r := res.Inbound; r.Err != nil || r.HWM != 9 || r.Filtered != 0 || r.Duplicates != 1 {
+		t.Fatalf("resent marker: %+v", r)
+	}
+	// a gap
+	res = mustApply(t, m, 4, batch(marker(11, 12)))
+	var gap *GapError
+	if r := res.Inbound; !errors.As(r.Err, &gap) || gap.HWM != 9 {
+		t.Fatalf("a marker past the mark: %+v", r)
+	}
+	// overlapping the mark: only the new part counts
+	res = mustApply(t, m, 5, batch(marker(8, 12), set(13, "s/13")))
+	if r := res.Inbound; r.Err != nil || r.HWM != 13 || r.Filtered != 3 || r.Applied != 1 {
+		t.Fatalf("overlapping marker: %+v", r)
+	}
+	// a marker ending at the mark with another commit: two writes under
+	// one identity
+	res = mustApply(t, m, 6, batch(entry.Entry{Index: 13, Origin: "b", Stream: streamB, Commit: at(99), FilteredTo: 13}))
+	var conflict *ConflictError
+	if r := res.Inbound; !errors.As(r.Err, &conflict) {
+		t.Fatalf("a marker that contradicts the mark's commit: %+v", r)
+	}
+	h, err := st.HWM("b", streamB)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if h.Index != 13 || h.Filtered != 11 || h.Merged != 2 || h.Merged+h.Filtered+h.DeadLettered+h.Seeded != h.Index {
+		t.Fatalf("the mark does not account for its indexes: %+v", h)
+	}
+}
+
+// TestLinkCommand: a filter takes effect at the stream's next index; a
+// seed applies only to a link the log says nothing of; widening records
+// the ranges to backfill, and a done of an older generation leaves a later
+// widening pending; a build that reads format 2 refuses the command.
+func TestLinkCommand(t *testing.T) {
+	dir := t.TempDir()
+	m, st := openMachine(t, dir)
+	defer func() { st.Close() }()
+	s := &stamper{wall: 1e15}
+	mustApply(t, m, 1, &Command{Mint: &MintCmd{Stream: testStream}})
+	mustApply(t, m, 2, &Command{Local: []Proposal{s.put("a", "1"), s.put("b", "2")}})
+	shared := entry.Filter{Include: []string{"shared/"}}
+	mustApply(t, m, 3, &Command{Link: &LinkCmd{Peer: "c", SetFilter: true, Filter: shared, Seed: true}})
+	mustApply(t, m, 4, &Command{Link: &LinkCmd{Peer: "c", SetFilter: true, Filter: entry.Filter{Include: []string{"other/"}}, Seed: true}})
+	ls := m.Link("c")
+	if f, _ := ls.FilterAt(testStream, 1); f.String() != "+shared/" || len(ls.Backfill) != 0 {
+		t.Fatalf("after a seed and a second seed: %+v", ls)
+	}
+	wide := entry.Filter{Include: []string{"shared/", "tenant1/"}}
+	mustApply(t, m, 5, &Command{Link: &LinkCmd{Peer: "c", SetFilter: true, Filter: wide}})
+	ls = m.Link("c")
+	if f, _ := ls.FilterAt(testStream, 2); f.String() != "+shared/" {
+		t.Fatalf("entry 2, before the change, ships by %s", f)
+	}
+	if f, _ := ls.FilterAt(testStream, 3); f.String() != "+shared/ +tenant1/" {
+		t.Fatalf("entry 3, after the change, ships by %s", f)
+	}
+	if ls.BackfillGen != 1 || len(ls.Backfill) != 1 || ls.Backfill[0] != (entry.Span{Start: "tenant1/", End: "tenant10"}) {
+		t.Fatalf("pending backfill: %+v", ls)
+	}
+	mustApply(t, m, 6, &Command{Link: &LinkCmd{Peer: "c", SetFilter: true, Filter: entry.Filter{Include: []string{"shared/", "tenant1/", "tenant2/"}}}})
+	mustApply(t, m, 7, &Command{Link: &LinkCmd{Peer: "c", BackfillDone: 1}})
+	if ls = m.Link("c"); ls.BackfillGen != 2 || len(ls.Backfill) != 2 {
+		t.Fatalf("a done of generation 1 cleared a later widening: %+v", ls)
+	}
+	mustApply(t, m, 8, &Command{Link: &LinkCmd{Peer: "c", BackfillDone: 2}})
+	if ls = m.Link("c"); len(ls.Backfill) != 0 {
+		t.Fatalf("done of the last generation: %+v", ls)
+	}
+	// The settings survive a reopen.
+	st.Close()
+	m, st = openMachine(t, dir)
+	if got := m.Link("c"); got.Current().String() != "+shared/ +tenant1/ +tenant2/" {
+		t.Fatalf("after a reopen: %+v", got)
+	}
+	// A build that reads format 2 stops at a link command rather than
+	// ship by another filter than its cluster.
+	old, err := Open(st, Options{Cluster: "a", ReadsFormat: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := old.Apply(9, encode(t, &Command{Link: &LinkCmd{Peer: "c", SetFilter: true}})); !errors.Is(err, ErrMalformed) {
+		t.Fatalf("a format-2 build applied a link command: %v", err)
+	}
+}
