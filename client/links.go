@@ -56,6 +56,11 @@ type LinkStatus struct {
 	Filter string `json:"filter"`
 	// Backfill is the progress of the link's backfill (a widened filter).
 	Backfill BackfillStatus `json:"backfill"`
+	// BandwidthLimit is the link's limit in bytes per second of request
+	// bodies as sent (0: none); ThrottledSeconds how long posts waited for
+	// it, ever.
+	BandwidthLimit   int64   `json:"bandwidth_limit"`
+	ThrottledSeconds float64 `json:"throttled_seconds"`
 }
 
 // BackfillStatus is the progress of a link's backfill: the ranges a

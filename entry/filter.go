@@ -261,6 +261,9 @@ type LinkSettings struct {
 	// Bandwidth is the link's limit in bytes per second of request bodies
 	// as sent (0: none).
 	Bandwidth int64 `json:"bandwidth,omitempty"`
+	// BandwidthSet: the log set Bandwidth (a node's flags seed it only
+	// until then).
+	BandwidthSet bool `json:"bandwidth_set,omitempty"`
 	// Backfill are the ranges widened filters newly included that the
 	// peer has not been sent yet: the leader's link sends what the tree
 	// holds of them, and a command clears them once the peer took it.

@@ -131,8 +131,16 @@ func (m *Machine) applyLink(b *store.Batch, lc *LinkCmd) (*Result, func(), error
 	links := m.Links()
 	ls, had := links[lc.Peer]
 	res := &Result{}
-	if lc.Seed && had {
-		return res, nil, nil // the log's settings win over a node's flags
+	if lc.Seed {
+		// A node's flags seed each setting the log does not hold yet;
+		// after that, the log's settings win.
+		lc2 := *lc
+		lc2.SetFilter = lc.SetFilter && (!had || len(ls.Filters) == 0)
+		lc2.SetBandwidth = lc.SetBandwidth && !ls.BandwidthSet
+		if !lc2.SetFilter && !lc2.SetBandwidth {
+			return res, nil, nil
+		}
+		lc = &lc2
 	}
 	res.Swapped = true
 	ls.Filters = append([]entry.FilterEpoch(nil), ls.Filters...)
@@ -159,7 +167,7 @@ func (m *Machine) applyLink(b *store.Batch, lc *LinkCmd) (*Result, func(), error
 		ls.Filters = pruneEpochs(ls.Filters, m.stream, m.out.First())
 	}
 	if lc.SetBandwidth {
-		ls.Bandwidth = lc.Bandwidth
+		ls.Bandwidth, ls.BandwidthSet = lc.Bandwidth, true
 	}
 	if lc.BackfillDone != 0 && lc.BackfillDone == ls.BackfillGen {
 		ls.Backfill = nil

@@ -26,13 +26,16 @@ type linkSeeds struct {
 // or, before the log says anything of it, the filter of this node's flags,
 // as holding from the first entry (the seed command records it so).
 func (n *Node) linkSettings(peer string) entry.LinkSettings {
-	if ls, ok := n.machine.Links()[peer]; ok {
-		return ls
+	ls := n.machine.Links()[peer]
+	if p, ok := n.peerOption(peer); ok {
+		if len(ls.Filters) == 0 && !p.Filter().All() {
+			ls.Filters = []entry.FilterEpoch{{Filter: p.Filter().Normal()}}
+		}
+		if !ls.BandwidthSet {
+			ls.Bandwidth = p.Bandwidth
+		}
 	}
-	if p, ok := n.peerOption(peer); ok && !p.Filter().All() {
-		return entry.LinkSettings{Filters: []entry.FilterEpoch{{Filter: p.Filter().Normal()}}}
-	}
-	return entry.LinkSettings{}
+	return ls
 }
 
 // peerOption is the configured peer of that name.
@@ -55,22 +58,28 @@ func (n *Node) seedLinks() {
 	links := n.machine.Links()
 	for _, p := range n.opts.Peers {
 		f := p.Filter().Normal()
-		if ls, ok := links[p.Name]; ok {
-			if !ls.Current().Equal(f) && n.seeds.warnOnce(p.Name) {
-				n.log.Info("the cluster's log holds another filter for this link than this node's flags: the log's wins "+
-					"(change it with replicator peers filter)", "peer", p.Name, "log", ls.Current().String(), "flags", f.String())
-			}
+		ls, ok := links[p.Name]
+		seed := &machine.LinkCmd{Peer: p.Name, Seed: true}
+		if !ok || len(ls.Filters) == 0 {
+			seed.SetFilter, seed.Filter = !f.All(), f
+		} else if !ls.Current().Equal(f) && n.seeds.warnOnce(p.Name+"/filter") {
+			n.log.Info("the cluster's log holds another filter for this link than this node's flags: the log's wins "+
+				"(change it with replicator filter)", "peer", p.Name, "log", ls.Current().String(), "flags", f.String())
+		}
+		if !ls.BandwidthSet {
+			seed.SetBandwidth, seed.Bandwidth = p.Bandwidth > 0, p.Bandwidth
+		} else if ls.Bandwidth != p.Bandwidth && n.seeds.warnOnce(p.Name+"/bandwidth") {
+			n.log.Info("the cluster's log holds another bandwidth limit for this link than this node's flags: the log's wins "+
+				"(change it with replicator bandwidth)", "peer", p.Name, "log", ls.Bandwidth, "flags", p.Bandwidth)
+		}
+		if !seed.SetFilter && !seed.SetBandwidth {
 			continue
 		}
-		if f.All() {
-			continue
-		}
-		err := n.cons.applyCommand(&machine.Command{Link: &machine.LinkCmd{Peer: p.Name, SetFilter: true, Filter: f, Seed: true}})
-		if err != nil {
-			n.log.Warn("could not record the link's filter in the log; trying again", "peer", p.Name, "err", err)
+		if err := n.cons.applyCommand(&machine.Command{Link: seed}); err != nil {
+			n.log.Warn("could not record the link's settings in the log; trying again", "peer", p.Name, "err", err)
 			return
 		}
-		n.log.Info("the link's filter, from this node's flags, is now the cluster's", "peer", p.Name, "filter", f.String())
+		n.log.Info("the link's settings, from this node's flags, are now the cluster's", "peer", p.Name, "filter", f.String(), "bandwidth", p.Bandwidth)
 	}
 }
 
@@ -98,7 +107,7 @@ func (n *Node) LinkFilter(peer string) (api.FilterReport, error) {
 
 func (n *Node) filterReport(peer string) api.FilterReport {
 	ls := n.linkSettings(peer)
-	_, recorded := n.machine.Links()[peer]
+	recorded := len(n.machine.Links()[peer].Filters) > 0
 	r := api.FilterReport{Peer: peer, Filter: ls.Current(), Recorded: recorded}
 	stream := n.out.Stream()
 	for _, ep := range ls.Filters {
@@ -125,7 +134,7 @@ func (n *Node) SetLinkFilter(peer string, f entry.Filter) (api.FilterReport, err
 		return api.FilterReport{}, fmt.Errorf("%w: the cluster's log is at format %d; filters need format %d, "+
 			"which the log moves to once every node runs a build that reads it", api.ErrNotWritten, v, machine.FormatLinks)
 	}
-	if _, recorded := n.machine.Links()[peer]; !recorded {
+	if ls := n.machine.Links()[peer]; len(ls.Filters) == 0 {
 		// What the links ship by until now is the flags' filter: the log
 		// records it first, so that the change widens or narrows from it.
 		if p, ok := n.peerOption(peer); ok && !p.Filter().All() {
@@ -153,4 +162,40 @@ func (n *Node) knownPeer(peer string) bool {
 		}
 	}
 	return false
+}
+
+// SetLinkBandwidth sets the link's limit in bytes per second of request
+// bodies as sent (0: none), through the log: it holds at once, at every
+// node that leads later too.
+func (n *Node) SetLinkBandwidth(peer string, bytesPerSec int64) (api.BandwidthReport, error) {
+	if !n.knownPeer(peer) {
+		return api.BandwidthReport{}, fmt.Errorf("%w: no peer %q", api.ErrNotFound, peer)
+	}
+	if bytesPerSec < 0 || (bytesPerSec > 0 && bytesPerSec < 1024) {
+		return api.BandwidthReport{}, fmt.Errorf("%w: bandwidth %d bytes/s: 0 (no limit) or at least 1024", api.ErrBadRequest, bytesPerSec)
+	}
+	if v := n.machine.Format(); v < machine.FormatLinks {
+		return api.BandwidthReport{}, fmt.Errorf("%w: the cluster's log is at format %d; link settings need format %d, "+
+			"which the log moves to once every node runs a build that reads it", api.ErrNotWritten, v, machine.FormatLinks)
+	}
+	if _, err := n.cons.commitCommand(&machine.Command{Link: &machine.LinkCmd{Peer: peer, SetBandwidth: true, Bandwidth: bytesPerSec}}); err != nil {
+		return api.BandwidthReport{}, err
+	}
+	n.log.Warn("the link's bandwidth limit changed", "peer", peer, "bytes_per_second", bytesPerSec)
+	return n.LinkBandwidth(peer)
+}
+
+// LinkBandwidth is the link's bandwidth limit and how long it throttled.
+func (n *Node) LinkBandwidth(peer string) (api.BandwidthReport, error) {
+	if !n.knownPeer(peer) {
+		return api.BandwidthReport{}, fmt.Errorf("%w: no peer %q", api.ErrNotFound, peer)
+	}
+	ls := n.linkSettings(peer)
+	r := api.BandwidthReport{Peer: peer, BytesPerSecond: ls.Bandwidth, Recorded: ls.BandwidthSet}
+	for _, st := range n.PeerStatus() {
+		if st.Peer == peer {
+			r.ThrottledSeconds = st.ThrottledSeconds
+		}
+	}
+	return r, nil
 }

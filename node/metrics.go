@@ -132,6 +132,10 @@ var (
 		"1, labelled with the version a peer last answered with (a rolling upgrade shows the mix).", []string{"peer", "version"}, nil)
 	descSentBytes = prometheus.NewDesc("replicator_peer_sent_bytes_total",
 		"Request bodies sent to a peer: form raw (as encoded) and wire (after compression; equal without it).", []string{"peer", "form"}, nil)
+	descThrottled = prometheus.NewDesc("replicator_peer_throttled_seconds_total",
+		"How long posts to a peer waited for the link's bandwidth limit.", []string{"peer"}, nil)
+	descBandwidth = prometheus.NewDesc("replicator_peer_bandwidth_limit_bytes",
+		"The link's bandwidth limit in bytes per second of request bodies as sent (0: none).", []string{"peer"}, nil)
 	descSkew = prometheus.NewDesc("replicator_peer_clock_skew_seconds", "A peer's clock minus this node's, from its last answer.", []string{"peer"}, nil)
 
 	descPeerRefused = prometheus.NewDesc("replicator_replicate_refusals_total",
@@ -220,6 +224,8 @@ func (n *Node) collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(descSkew, prometheus.GaugeValue, st.ClockSkewMS/1000, st.Peer)
 		ch <- prometheus.MustNewConstMetric(descSentBytes, prometheus.CounterValue, float64(st.BytesRaw), st.Peer, "raw")
 		ch <- prometheus.MustNewConstMetric(descSentBytes, prometheus.CounterValue, float64(st.BytesOnWire), st.Peer, "wire")
+		ch <- prometheus.MustNewConstMetric(descThrottled, prometheus.CounterValue, st.ThrottledSeconds, st.Peer)
+		ch <- prometheus.MustNewConstMetric(descBandwidth, prometheus.GaugeValue, float64(st.BandwidthLimit), st.Peer)
 		if st.PeerVersion != "" {
 			ch <- prometheus.MustNewConstMetric(descPeerBuild, prometheus.GaugeValue, 1, st.Peer, st.PeerVersion)
 		}

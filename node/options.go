@@ -458,6 +458,11 @@ func (o *Options) Validate() error {
 		if p.Compression != "" && p.Compression != transport.CompressionNone && p.Compression != transport.CompressionZstd {
 			add("peer %q: compression %q, want zstd or none", p.Name, p.Compression)
 		}
+		if p.Bandwidth < 0 {
+			add("peer %q: bandwidth %d is negative", p.Name, p.Bandwidth)
+		} else if p.Bandwidth > 0 && p.Bandwidth < 1024 {
+			add("peer %q: bandwidth %d bytes/s is below 1 KiB/s (a batch or a heartbeat would not fit)", p.Name, p.Bandwidth)
+		}
 		if err := p.Filter().Validate(); err != nil {
 			add("peer %q: %v", p.Name, err)
 		}
@@ -549,6 +554,10 @@ type Peer struct {
 	// log once; after that the log's filter wins (change it with
 	// PUT /admin/peers/NAME/filter).
 	Include, Exclude []string
+	// Bandwidth seeds the link's limit in bytes per second of request
+	// bodies as sent (0: none), as Include does its filter: once; after
+	// that the log's wins (PUT /admin/peers/NAME/bandwidth).
+	Bandwidth int64
 }
 
 // Filter is the filter the peer's flags seed.

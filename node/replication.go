@@ -426,7 +426,7 @@ func linkStatus(s transport.Status) client.LinkStatus {
 		l := client.PeerLimits(*s.Limits)
 		out.Limits = &l
 	}
-	out.Filter = s.Filter
+	out.Filter, out.BandwidthLimit, out.ThrottledSeconds = s.Filter, s.BandwidthLimit, s.ThrottledSeconds
 	b := s.Backfill
 	out.Backfill = client.BackfillStatus{Running: b.Running, Sent: b.Sent, Runs: b.Runs, Generation: b.Generation, Finished: b.Finished, Error: b.Error}
 	for _, sp := range b.Ranges {

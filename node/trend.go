@@ -1,6 +1,7 @@
 package node
 
 import (
+	"cmp"
 	"math"
 	"time"
 
@@ -86,7 +87,15 @@ func (t *trend) forecast(bl transport.Backlog, marks api.WaterMarks) api.Forecas
 		dt := (b.at - a.at).Seconds()
 		f.WriteRate = float64(b.written-a.written) / dt
 		f.DrainRate = float64(b.acked-a.acked) / dt
-		if g := f.WriteRate - f.DrainRate; g > 0 && marks.HighEntries > 0 {
+		g := f.WriteRate - f.DrainRate
+		if c := cmp.Or(bl.Capacity, t.last.Capacity); c > 0 {
+			// The link's bandwidth limit caps what it can drain, however
+			// fast it drained a moment ago: writes above it grow the
+			// backlog.
+			f.Capacity = c
+			g = max(g, f.WriteRate-c)
+		}
+		if g > 0 && marks.HighEntries > 0 {
 			consider((float64(marks.HighEntries)-float64(bl.Entries))/g, "entries")
 		}
 		if g := float64(b.bytes-a.bytes) / dt; g > 0 && marks.HighBytes > 0 {

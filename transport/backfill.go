@@ -127,7 +127,7 @@ func (s *Shipper) backfill(ctx context.Context, spans []entry.Span) error {
 	if err != nil {
 		return err
 	}
-	budget, _ := s.batchBudget()
+	budget := s.snapshotBudget()
 	sent := 0
 	for done := false; !done; {
 		var ents [][]byte

@@ -54,7 +54,20 @@ func (s *Shipper) batchBudget() (budget int, peerMax int64) {
 			budget = int(max(peerMax, 1))
 		}
 	}
+	if c := s.budgetCap(false); c > 0 {
+		budget = max(min(budget, c-batchOverhead), 1)
+	}
 	return budget, peerMax
+}
+
+// snapshotBudget is batchBudget for a re-seed's or a backfill's batches,
+// which also fit the snapshot bucket of the link's limit.
+func (s *Shipper) snapshotBudget() int {
+	budget, _ := s.batchBudget()
+	if c := s.budgetCap(true); c > 0 {
+		budget = max(min(budget, c-batchOverhead), 1)
+	}
+	return budget
 }
 
 // batchOverhead is room left in a peer's body limit for the batch header.

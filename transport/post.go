@@ -87,6 +87,9 @@ func (s *Shipper) postOnce(ctx context.Context, body []byte) (wire.Ack, error) {
 		}
 	}
 	sent, encoding := s.encode(base, body)
+	if err := s.throttle(ctx, len(sent)); err != nil {
+		return ack, fmt.Errorf("transport: waiting for the link's bandwidth to %s: %w", s.peer.Name, err)
+	}
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, strings.TrimRight(base, "/")+wire.PathReplicate, bytes.NewReader(sent))
 	if err != nil {
 		return ack, err

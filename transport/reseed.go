@@ -144,7 +144,7 @@ func (s *Shipper) sendSnapshot(ctx context.Context, snap Snapshot, stream entry.
 		return 0, err
 	}
 	sent := 0
-	budget, _ := s.batchBudget()
+	budget := s.snapshotBudget()
 	for done := false; !done; {
 		var ents [][]byte
 		ents, done, err = feed.batch(s.opts.MaxBatchEntries, budget)
@@ -319,6 +319,7 @@ func (s *Shipper) trailer(h *wire.Header, snap Snapshot, stream entry.StreamID, 
 // postReseedBatch posts one batch of a re-seed until the peer acknowledges
 // it, backing off between tries; index is the last entry of the batch.
 func (s *Shipper) postReseedBatch(ctx context.Context, body []byte, index uint64) error {
+	ctx = snapshotPost(ctx)
 	for attempt := 1; ; attempt++ {
 		t0 := s.opts.Now()
 		ack, err := s.post(ctx, body)

@@ -302,6 +302,8 @@ type Shipper struct {
 		// may run again.
 		backfill      BackfillStatus
 		backfillRetry time.Time
+		// bw are the link's bandwidth buckets (bandwidth.go).
+		bw limiters
 	}
 	// bg tracks the backfill's goroutine: Run waits for it.
 	bg sync.WaitGroup

@@ -97,6 +97,11 @@ type Status struct {
 	Filter string `json:"filter"`
 	// Backfill is the progress of the link's backfill (a widened filter).
 	Backfill BackfillStatus `json:"backfill"`
+	// BandwidthLimit is the link's limit in bytes per second of request
+	// bodies as sent (0: none); ThrottledSeconds how long posts waited for
+	// it, ever.
+	BandwidthLimit   int64   `json:"bandwidth_limit"`
+	ThrottledSeconds float64 `json:"throttled_seconds"`
 }
 
 // Delivery is how far the peer has this stream, for tombstone collection.
@@ -142,6 +147,10 @@ type Backlog struct {
 	Entries   uint64
 	Bytes     int64
 	OldestAge time.Duration
+	// Capacity is how many entries a second the link's bandwidth limit
+	// lets through at the backlog's entry size and the link's compression
+	// so far (0: no limit).
+	Capacity float64
 }
 
 // Backlog measures the link's backlog. commitWall reads the commit HLC wall
@@ -156,6 +165,15 @@ func (s *Shipper) Backlog(commitWall func(index uint64) (int64, bool)) Backlog {
 		return Backlog{Acked: acked}
 	}
 	b := Backlog{Acked: acked, Entries: last - acked, Bytes: s.log.BytesAfter(acked)}
+	if bps := s.settings().Bandwidth; bps > 0 && b.Bytes > 0 {
+		ratio := 1.0
+		s.mu.Lock()
+		if s.mu.bytesWire > 0 {
+			ratio = float64(s.mu.bytesRaw) / float64(s.mu.bytesWire)
+		}
+		s.mu.Unlock()
+		b.Capacity = float64(bps) * ratio / (float64(b.Bytes) / float64(b.Entries))
+	}
 	if oldestIdx != acked+1 {
 		wall, ok := commitWall(acked + 1)
 		if !ok {
@@ -210,11 +228,13 @@ func (s *Shipper) Status(th Thresholds, commitWall func(index uint64) (int64, bo
 		BytesRaw:          s.mu.bytesRaw,
 		BytesOnWire:       s.mu.bytesWire,
 		Backfill:          s.mu.backfill,
+		ThrottledSeconds:  time.Duration(s.mu.bw.throttledNano).Seconds(),
 	}
 	firstTry := s.mu.firstTry
 	s.mu.Unlock()
 	ls := s.settings()
 	st.Filter = ls.Current().String()
+	st.BandwidthLimit = ls.Bandwidth
 	if len(ls.Backfill) > 0 && !st.Backfill.Running {
 		st.Backfill.Ranges = ls.Backfill // pending
 	}

@@ -22,6 +22,7 @@ import (
 const adminUsage = `replicator admin wal|peers|origin|digest|cluster [--addr URL] [-o table|json]
 replicator admin pause|resume|reseed|detach PEER [--addr URL]
 replicator admin filter PEER [--include PREFIX]... [--exclude PREFIX]... [--every-key] [--addr URL]
+replicator admin bandwidth PEER [RATE] [--addr URL]
 replicator admin cluster join NODE-ID RAFT-ADDR | cluster remove NODE-ID[.INCARNATION] [--addr URL]`
 
 // runAdmin serves `replicator admin ...` (and the peers/digest shortcuts).
@@ -77,6 +78,8 @@ func runAdmin(cmd string, args []string) error {
 	switch cmd {
 	case "filter":
 		return runFilter(ctx, c, &cf, fs.Args(), include, exclude, *everyKey)
+	case "bandwidth":
+		return runBandwidth(ctx, c, &cf, fs.Args())
 	case "pause", "resume", "reseed", "detach":
 		if fs.NArg() != 1 {
 			return usagef("usage: replicator admin %s PEER", cmd)
@@ -384,5 +387,39 @@ func runFilter(ctx context.Context, c *client.Client, cf *clientFlags, args, inc
 		for _, ep := range r.Epochs {
 			fmt.Fprintf(w, "  from index %d: %s\n", ep.From, ep.Filter.String())
 		}
+	})
+}
+
+// runBandwidth shows the link's bandwidth limit, or sets it.
+func runBandwidth(ctx context.Context, c *client.Client, cf *clientFlags, args []string) error {
+	if len(args) < 1 || len(args) > 2 {
+		return usagef("usage: replicator bandwidth PEER [RATE]   (RATE: e.g. 20MiB, 500KB, 0 for no limit)")
+	}
+	path := "/admin/peers/" + url.PathEscape(args[0]) + "/bandwidth"
+	var r api.BandwidthReport
+	if len(args) == 1 {
+		if _, err := c.Do(ctx, http.MethodGet, path, nil, nil, &r); err != nil {
+			return err
+		}
+	} else {
+		bps, err := parseRate(args[1])
+		if err != nil {
+			return usagef("bandwidth: %v", err)
+		}
+		body, _ := json.Marshal(map[string]int64{"bytes_per_second": bps})
+		if _, err := c.Do(ctx, http.MethodPut, path, body, http.Header{"Content-Type": {"application/json"}}, &r); err != nil {
+			return asWrite(err)
+		}
+	}
+	return cf.out.print(r, func(w io.Writer) {
+		limit := "none"
+		if r.BytesPerSecond > 0 {
+			limit = human(r.BytesPerSecond) + "/s"
+		}
+		state := "recorded in the cluster's log"
+		if !r.Recorded {
+			state = "from the leader's flags, not recorded yet"
+		}
+		fmt.Fprintf(w, "peer       %s\nlimit      %s (%s)\nthrottled  %.1fs\n", r.Peer, limit, state, r.ThrottledSeconds)
 	})
 }

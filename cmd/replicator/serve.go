@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/signal"
 	"sort"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -143,6 +144,8 @@ type peerConfig struct {
 	// Include and Exclude: the link's filter (key prefixes).
 	Include []string `yaml:"include,omitempty"`
 	Exclude []string `yaml:"exclude,omitempty"`
+	// Bandwidth: the link's limit, "20MiB" (per second) or bytes.
+	Bandwidth string `yaml:"bandwidth,omitempty"`
 	// AllowUnproven: see --peer-allow-unproven.
 	AllowUnproven bool `yaml:"allow_unproven,omitempty"`
 }
@@ -382,6 +385,7 @@ func serveFlags(cfg *serveConfig) *flag.FlagSet {
 	fs.Var(optDuration{&cfg.AdmissionWait}, "admission-wait", "how long a write waits while saturated before it is refused (0s refuses at once)")
 	fs.Var(namedFlag{func(n, v string) { cfg.peer(n).Compression = v }, "NAME=zstd|none"}, "peer-compression", "NAME=zstd|none: compress batches to that peer with zstd when its nodes say they decode it (default none; worth it across a WAN)")
 	fs.Var(namedFlag{func(n, v string) { cfg.peer(n).Include = append(cfg.peer(n).Include, v) }, "NAME=PREFIX"}, "peer-include", "NAME=PREFIX: only keys under this prefix cross to that peer (repeatable; every key when none). Seeds the cluster's log once: change it later with replicator peers filter")
+	fs.Var(namedFlag{func(n, v string) { cfg.peer(n).Bandwidth = v }, "NAME=RATE"}, "peer-bandwidth", "NAME=RATE: at most RATE bytes per second to that peer, counted as sent (compressed), e.g. 20MiB; re-seeds and backfills take at most half. Seeds the cluster's log once: change it later with replicator bandwidth")
 	fs.Var(namedFlag{func(n, v string) { cfg.peer(n).Exclude = append(cfg.peer(n).Exclude, v) }, "NAME=PREFIX"}, "peer-exclude", "NAME=PREFIX: keys under this prefix never cross to that peer (repeatable). Seeds the cluster's log once, as --peer-include")
 	fs.Var(namedFlag{func(n, v string) { cfg.peer(n).Overflow = v }, "NAME=reject|detach"}, "peer-overflow", "NAME=reject|detach: what a peer's backlog overflow does (default reject)")
 	fs.IntVar(&cfg.Permits, "replay-permits", cfg.Permits, "incoming batches applied at once")
@@ -471,8 +475,13 @@ func (cfg *serveConfig) nodeOptions(log *slog.Logger) (*node.Options, error) {
 		if secret == redacted {
 			errs = append(errs, fmt.Errorf("peer %s: the secret is the placeholder --print-config writes; give the real one (or secret_file)", name))
 		}
+		bw, err := parseRate(p.Bandwidth)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("peer %s: bandwidth: %w", name, err))
+			continue
+		}
 		o.Peers = append(o.Peers, node.Peer{Name: name, URL: p.URL, Secret: secret, Overflow: p.Overflow, AllowUnproven: p.AllowUnproven,
-			Compression: p.Compression, Include: p.Include, Exclude: p.Exclude})
+			Compression: p.Compression, Include: p.Include, Exclude: p.Exclude, Bandwidth: bw})
 	}
 	o.InsecurePeers = cfg.InsecurePeers
 	o.MaxBatchEntries = cfg.BatchEntries
@@ -721,4 +730,30 @@ func closeBounded(closeFn func() error, timeout time.Duration, again <-chan os.S
 	case sig := <-again:
 		return fmt.Errorf("a second %s during the stop: exiting now, as after a crash (nothing acknowledged is lost)", sig)
 	}
+}
+
+// parseRate reads a bandwidth: bytes per second as a number with an
+// optional unit (B, KB, MB, GB, KiB, MiB, GiB) and an optional "/s";
+// "", "0" and "none" are no limit.
+func parseRate(v string) (int64, error) {
+	v = strings.TrimSuffix(strings.TrimSpace(v), "/s")
+	if v == "" || v == "0" || v == "none" {
+		return 0, nil
+	}
+	units := []struct {
+		suffix string
+		mult   float64
+	}{{"KiB", 1 << 10}, {"MiB", 1 << 20}, {"GiB", 1 << 30}, {"KB", 1e3}, {"MB", 1e6}, {"GB", 1e9}, {"B", 1}}
+	mult := 1.0
+	for _, u := range units {
+		if strings.HasSuffix(v, u.suffix) {
+			v, mult = strings.TrimSpace(strings.TrimSuffix(v, u.suffix)), u.mult
+			break
+		}
+	}
+	f, err := strconv.ParseFloat(v, 64)
+	if err != nil || f < 0 || f*mult > 1<<50 {
+		return 0, fmt.Errorf("%q: want bytes per second, e.g. 20MiB, 500KB or 1048576 (0: no limit)", v)
+	}
+	return int64(f * mult), nil
 }

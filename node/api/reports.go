@@ -96,8 +96,11 @@ type PeerBacklog struct {
 // drained while something waits). SecondsToLimit is null when the backlog
 // is not growing toward a mark, and 0 once over one.
 type Forecast struct {
-	WriteRate      float64  `json:"write_rate"`
-	DrainRate      float64  `json:"drain_rate"`
+	WriteRate float64 `json:"write_rate"`
+	DrainRate float64 `json:"drain_rate"`
+	// Capacity is the entries a second the link's bandwidth limit lets
+	// through (0: no limit): writes above it grow the backlog.
+	Capacity       float64  `json:"drain_capacity,omitempty"`
 	SecondsToLimit *float64 `json:"seconds_to_limit"`
 	Mark           string   `json:"limit_mark,omitempty"`
 }
@@ -295,4 +298,17 @@ type FilterReport struct {
 type FilterEpochReport struct {
 	From   uint64       `json:"from_index"`
 	Filter entry.Filter `json:"filter"`
+}
+
+// BandwidthReport is GET and PUT /admin/peers/NAME/bandwidth.
+type BandwidthReport struct {
+	Peer string `json:"peer"`
+	// BytesPerSecond is the link's limit over request bodies as sent
+	// (after compression); 0: none.
+	BytesPerSecond int64 `json:"bytes_per_second"`
+	// Recorded: the cluster's log holds it (false: this node's flags).
+	Recorded bool `json:"recorded"`
+	// ThrottledSeconds is how long this node's posts waited for it (0 at
+	// a node that does not lead).
+	ThrottledSeconds float64 `json:"throttled_seconds"`
 }

@@ -52,6 +52,7 @@ func (a *API) registerAdmin(mux *http.ServeMux) {
 		registerPprof(mux)
 	}
 	mux.HandleFunc("/admin/peers/{name}/filter", a.handleFilter)
+	mux.HandleFunc("/admin/peers/{name}/bandwidth", a.handleBandwidth)
 	mux.HandleFunc("/admin/peers/{name}/{action}", func(w http.ResponseWriter, r *http.Request) {
 		if r.Method != http.MethodPost {
 			methodNotAllowed(w, r, "POST")
@@ -203,6 +204,38 @@ func (a *API) handleFilter(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		rep, err = a.node.SetLinkFilter(name, f)
+	default:
+		methodNotAllowed(w, r, "GET, PUT")
+		return
+	}
+	if err != nil {
+		WriteErr(w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, rep)
+}
+
+// handleBandwidth answers GET /admin/peers/NAME/bandwidth with the link's
+// limit as the cluster's log holds it, and sets it on PUT, from a body
+// {"bytes_per_second": N} (0: no limit).
+func (a *API) handleBandwidth(w http.ResponseWriter, r *http.Request) {
+	name := r.PathValue("name")
+	var rep api.BandwidthReport
+	var err error
+	switch r.Method {
+	case http.MethodGet, http.MethodHead:
+		rep, err = a.node.LinkBandwidth(name)
+	case http.MethodPut:
+		var req struct {
+			BytesPerSecond *int64 `json:"bytes_per_second"`
+		}
+		dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, 4096))
+		dec.DisallowUnknownFields()
+		if derr := dec.Decode(&req); derr != nil || req.BytesPerSecond == nil {
+			WriteErr(w, fmt.Errorf("%w: want {\"bytes_per_second\": N} (0: no limit): %v", api.ErrBadRequest, derr))
+			return
+		}
+		rep, err = a.node.SetLinkBandwidth(name, *req.BytesPerSecond)
 	default:
 		methodNotAllowed(w, r, "GET, PUT")
 		return

@@ -51,6 +51,8 @@ type Links interface {
 	DiscardDeadLetter(id string) error
 	LinkFilter(peer string) (api.FilterReport, error)
 	SetLinkFilter(peer string, f entry.Filter) (api.FilterReport, error)
+	LinkBandwidth(peer string) (api.BandwidthReport, error)
+	SetLinkBandwidth(peer string, bytesPerSec int64) (api.BandwidthReport, error)
 }
 
 // Reports is what the node's other admin endpoints ask of it.
