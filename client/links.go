@@ -66,8 +66,11 @@ type LinkStatus struct {
 // BackfillStatus is the progress of a link's backfill: the ranges a
 // widened filter newly included, sent beside the live stream.
 type BackfillStatus struct {
-	Running    bool      `json:"running"`
+	Running bool `json:"running"`
+	// Ranges are those of the running (or last) backfill; Pending those
+	// the cluster's log says the peer has not taken yet.
 	Ranges     []Span    `json:"ranges,omitempty"`
+	Pending    []Span    `json:"pending,omitempty"`
 	Sent       int       `json:"sent_keys"`
 	Runs       int       `json:"runs"`
 	Generation uint64    `json:"generation,omitempty"`

@@ -108,7 +108,7 @@ func (n *Node) LinkFilter(peer string) (api.FilterReport, error) {
 func (n *Node) filterReport(peer string) api.FilterReport {
 	ls := n.linkSettings(peer)
 	recorded := len(n.machine.Links()[peer].Filters) > 0
-	r := api.FilterReport{Peer: peer, Filter: ls.Current(), Recorded: recorded}
+	r := api.FilterReport{Peer: peer, Filter: ls.Current(), Recorded: recorded, Backfill: ls.Backfill, BackfillGeneration: ls.BackfillGen}
 	stream := n.out.Stream()
 	for _, ep := range ls.Filters {
 		e := api.FilterEpochReport{Filter: ep.Filter, From: ep.From}

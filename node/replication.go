@@ -432,6 +432,9 @@ func linkStatus(s transport.Status) client.LinkStatus {
 	for _, sp := range b.Ranges {
 		out.Backfill.Ranges = append(out.Backfill.Ranges, client.Span(sp))
 	}
+	for _, sp := range b.Pending {
+		out.Backfill.Pending = append(out.Backfill.Pending, client.Span(sp))
+	}
 	return out
 }
 

@@ -21,8 +21,11 @@ import (
 
 // BackfillStatus is the progress of a link's backfill.
 type BackfillStatus struct {
-	Running bool         `json:"running"`
+	Running bool `json:"running"`
+	// Ranges are those of the running (or last) backfill; Pending those
+	// the log says the peer has not taken yet.
 	Ranges  []entry.Span `json:"ranges,omitempty"`
+	Pending []entry.Span `json:"pending,omitempty"`
 	Sent    int          `json:"sent_keys"`
 	Runs    int          `json:"runs"`
 	// Generation is the widening the last run sent (LinkSettings.BackfillGen).

@@ -235,9 +235,7 @@ func (s *Shipper) Status(th Thresholds, commitWall func(index uint64) (int64, bo
 	ls := s.settings()
 	st.Filter = ls.Current().String()
 	st.BandwidthLimit = ls.Bandwidth
-	if len(ls.Backfill) > 0 && !st.Backfill.Running {
-		st.Backfill.Ranges = ls.Backfill // pending
-	}
+	st.Backfill.Pending = ls.Backfill
 	st.Last = s.log.Last()
 	st.EntriesBehind, st.BytesBehind = bl.Entries, bl.Bytes
 	st.OldestUnackedAge = bl.OldestAge.Seconds()

@@ -291,6 +291,10 @@ type FilterReport struct {
 	// Epochs are the filters the stream's kept entries ship by, oldest
 	// first, each from an index of the stream on.
 	Epochs []FilterEpochReport `json:"epochs,omitempty"`
+	// Backfill are the ranges a widening newly included that the peer
+	// has not taken yet, and the widening's generation.
+	Backfill           []entry.Span `json:"backfill_pending,omitempty"`
+	BackfillGeneration uint64       `json:"backfill_generation,omitempty"`
 }
 
 // FilterEpochReport is one filter of a link and the first index of the
