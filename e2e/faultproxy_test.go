@@ -33,6 +33,40 @@ type faultProxy struct {
 		reset    float64       // probability of cutting the body halfway (both ways)
 	}
 	forwarded, lostAcks, duplicated, refused, resets atomic.Int64
+	// arrivals are the bodies of replicate requests as they arrived whole
+	// (time and size), for bandwidth checks.
+	arrivals struct {
+		sync.Mutex
+		at []time.Time
+		n  []int
+	}
+}
+
+// arrived records a body of n bytes read whole now.
+func (p *faultProxy) arrived(n int) {
+	p.arrivals.Lock()
+	p.arrivals.at = append(p.arrivals.at, time.Now())
+	p.arrivals.n = append(p.arrivals.n, n)
+	p.arrivals.Unlock()
+}
+
+// maxWindow is the most bytes that arrived within any window of d, and
+// the bytes in all.
+func (p *faultProxy) maxWindow(d time.Duration) (most, total int) {
+	p.arrivals.Lock()
+	defer p.arrivals.Unlock()
+	at, n := p.arrivals.at, p.arrivals.n
+	sum, j := 0, 0
+	for i := range at {
+		sum += n[i]
+		total += n[i]
+		for at[i].Sub(at[j]) >= d {
+			sum -= n[j]
+			j++
+		}
+		most = max(most, sum)
+	}
+	return most, total
 }
 
 func newFaultProxy(t *testing.T, target string, seed uint64) *faultProxy {
@@ -88,6 +122,7 @@ func (p *faultProxy) serve(w http.ResponseWriter, r *http.Request) {
 		cut(w)
 		return
 	}
+	p.arrived(len(body))
 	p.mu.Lock()
 	down, loseAck, dup, delay, reset := p.mu.down, p.mu.loseAck, p.mu.dup, p.mu.delay, p.mu.reset
 	loseThis := false

@@ -226,3 +226,67 @@ func TestThreeClustersFiltered(t *testing.T) {
 	}
 	accountsFor(t, c, a, b)
 }
+
+// TestBandwidthLimit: a link limited to 1 MiB/s never carries more than 10%
+// over that in any 5-second window, as measured where the bodies arrive (a
+// proxy in front of the receiver); the limit is the cluster's log's, so it
+// survives a restart, and a change through the CLI holds at once.
+func TestBandwidthLimit(t *testing.T) {
+	s := seed(t)
+	m := newMesh(t, s, true, "a", "b")
+	a, b := m.nodes["a"], m.nodes["b"]
+	a.args = append(a.args, "--peer-bandwidth", "b=1MiB")
+	m.start()
+	px := m.proxies["a->b"]
+	rng := newRand(s)
+	value := make([]byte, 4096)
+	write := func(from, n int) {
+		t.Helper()
+		for i := from; i < from+n; i++ {
+			for j := range value {
+				value[j] = byte('a' + rng.IntN(26)) // incompressible enough
+			}
+			if _, err := a.client().Put(bg(), fmt.Sprintf("k%05d", i), value); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	write(0, 1800) // about 7.5 MiB: 7 seconds or more at 1 MiB/s
+	m.converge(120 * time.Second)
+	const limit = 1 << 20
+	most, total := px.maxWindow(5 * time.Second)
+	t.Logf("1 MiB/s: %d bytes arrived, at most %d in a 5 s window (%.3f of the limit)", total, most, float64(most)/(5*limit))
+	if total < 1800*4096 || float64(most) > 1.1*5*limit {
+		t.Fatalf("%d bytes in all, %d in one 5 s window: over 1.1 x 5 MiB", total, most)
+	}
+	st := linkOf(t, a, "b")
+	if st.BandwidthLimit != limit || st.ThrottledSeconds <= 0 {
+		t.Fatalf("a -> b: limit %d, throttled %.1fs", st.BandwidthLimit, st.ThrottledSeconds)
+	}
+	// The limit is the log's: a restart with the flag removed keeps it.
+	a.kill()
+	a.args = slices.DeleteFunc(a.args, func(s string) bool { return s == "--peer-bandwidth" || s == "b=1MiB" })
+	a.startReady()
+	if st := linkOf(t, a, "b"); st.BandwidthLimit != limit {
+		t.Fatalf("after a restart without the flag: limit %d", st.BandwidthLimit)
+	}
+	out, errOut, code := cli(t, nil, "bandwidth", "b", "4MiB", "--addr", a.url)
+	if code != 0 || !strings.Contains(out, "4.0 MiB/s") {
+		t.Fatalf("replicator bandwidth: exit %d\n%s%s", code, out, errOut)
+	}
+	if st := linkOf(t, a, "b"); st.BandwidthLimit != 4<<20 {
+		t.Fatalf("after the change: limit %d", st.BandwidthLimit)
+	}
+	_ = b
+}
+
+func linkOf(t *testing.T, p *proc, peer string) client.LinkStatus {
+	t.Helper()
+	for _, l := range peersReport(t, p).Links {
+		if l.Peer == peer {
+			return l
+		}
+	}
+	t.Fatalf("%s has no link to %s", p.name, peer)
+	return client.LinkStatus{}
+}

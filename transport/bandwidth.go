@@ -10,8 +10,10 @@ import (
 // A link's bandwidth limit (LinkSettings.Bandwidth, from the cluster's log)
 // is a token bucket of bytes per second over request bodies as sent (after
 // compression): what crosses the WAN is what the operator pays for. Its
-// burst is one second of the rate, and no batch is built larger than that
-// (a single entry larger still waits for its tokens in turn). Re-seeds and
+// burst is a quarter second of the rate, so that over any window of a few
+// seconds the link stays within a few percent of its limit (a full bucket
+// adds burst/window), and no batch is built larger than that (a single
+// entry larger still waits for its tokens in turn). Re-seeds and
 // backfills pass a second bucket of half the rate first: they take at most
 // half the link, so live batches always have the other half (and all of it
 // when no snapshot runs).
@@ -35,7 +37,7 @@ type limiters struct {
 }
 
 // burstFor is the bucket size of a rate.
-func burstFor(bps int64) int { return int(max(bps, minBurst)) }
+func burstFor(bps int64) int { return int(max(bps/4, minBurst)) }
 
 // limiterLocked returns the link's buckets as the log's settings say now
 // (nil, nil: no limit). REQUIRES: s.mu held.
