@@ -20,7 +20,10 @@ func runBench(args []string) error {
 	var cfg bench.Config
 	scenarios := fs.String("scenarios", "baseline,oneway,bidirectional,steady,puts,catchup", "comma-separated scenarios")
 	fs.IntVar(&cfg.Writes, "writes", 200000, "writes of oneway and bidirectional (and the baseline)")
-	fs.IntVar(&cfg.ValueSize, "value-size", 100, "value bytes")
+	fs.IntVar(&cfg.ValueSize, "value-size", 100, "value bytes (the fixed value mix)")
+	fs.StringVar(&cfg.Values, "values", "fixed", "value mix: fixed (--value-size bytes of one letter) or json (documents of a few hundred bytes with repeated field names, like real data)")
+	fs.StringVar(&cfg.PeerBandwidth, "peer-bandwidth", "", "limit each started cluster's link to the other, e.g. 20MiB (per second, as sent)")
+	fs.StringVar(&cfg.PeerCompression, "peer-compression", "", "compress each started cluster's link to the other: zstd or none")
 	fs.IntVar(&cfg.Keys, "keys", 0, "key space of bidirectional (default writes/2: every key written on both sides)")
 	fs.IntVar(&cfg.Concurrency, "concurrency", 8, "concurrent writers")
 	fs.StringVar(&cfg.Mode, "mode", "bulk", "how writes are sent: bulk (POST /v1/bulk), batch (POST /v1/batch) or put")
@@ -62,6 +65,12 @@ func runBench(args []string) error {
 	}
 	if (cfg.AddrA == "") != (cfg.AddrB == "") {
 		return fmt.Errorf("--addr and --peer-addr go together")
+	}
+	if cfg.Values != "fixed" && cfg.Values != "json" {
+		return fmt.Errorf("--values %q: want fixed or json", cfg.Values)
+	}
+	if cfg.AddrA != "" && (cfg.PeerBandwidth != "" || cfg.PeerCompression != "") {
+		return fmt.Errorf("--peer-bandwidth and --peer-compression set the clusters bench starts; with --addr, set your own links")
 	}
 	if cfg.AddrA != "" && cfg.PeerDelay > 0 {
 		return fmt.Errorf("--peer-delay puts a proxy between the clusters bench starts; with --addr, put one between your own")

@@ -29,6 +29,14 @@ type Config struct {
 	CatchupN    int           // catchup: entries accumulated while the peer is paused
 	PutClients  int           // puts: concurrent single-PUT clients (default 64)
 	ServeArgs   []string      // extra `replicator serve` flags (batch bounds, ...)
+	// Values is the value mix: "fixed" (ValueSize bytes of one letter, the
+	// default) or "json" (documents of a few hundred bytes with repeated
+	// field names and varying content, like real data: what compression
+	// is measured on).
+	Values string
+	// PeerBandwidth and PeerCompression set the started clusters' links
+	// (--peer-bandwidth, --peer-compression): "" leaves the default.
+	PeerBandwidth, PeerCompression string
 	// PeerDelay holds the clusters' replication traffic for this long in
 	// each direction (a proxy between them), for the round trip of two
 	// regions; 0: none.
@@ -58,6 +66,18 @@ func (c *Config) defaults() {
 	}
 	if c.Mode == "" {
 		c.Mode = "bulk"
+	}
+	if c.Values == "" {
+		c.Values = "fixed"
+	}
+	if c.Values == "json" {
+		// Throughput in MB/s counts the documents' mean size.
+		vs, _ := valuePool(c)
+		total := 0
+		for _, v := range vs {
+			total += len(v)
+		}
+		c.ValueSize = total / len(vs)
 	}
 	if c.BatchOps == 0 {
 		c.BatchOps = 100

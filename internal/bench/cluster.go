@@ -107,6 +107,32 @@ func (c *cluster) metrics(names ...string) (map[string]float64, error) {
 	return out, sc.Err()
 }
 
+// wireBytes is what the node sent to its peers as request bodies after
+// compression (replicator_peer_sent_bytes_total{form="wire"}, summed);
+// false from a build without it.
+func (c *cluster) wireBytes() (float64, bool) {
+	resp, err := hc.Get(c.url + "/metrics")
+	if err != nil {
+		return 0, false
+	}
+	defer resp.Body.Close()
+	sum, ok := 0.0, false
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		l := sc.Text()
+		if !strings.HasPrefix(l, "replicator_peer_sent_bytes_total{") || !strings.Contains(l, `form="wire"`) {
+			continue
+		}
+		if i := strings.LastIndexByte(l, ' '); i > 0 {
+			if v, err := strconv.ParseFloat(l[i+1:], 64); err == nil {
+				sum, ok = sum+v, true
+			}
+		}
+	}
+	return sum, ok
+}
+
 type walDoc struct {
 	Stream string `json:"stream"`
 	Last   uint64 `json:"last_index"`

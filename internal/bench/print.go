@@ -39,7 +39,7 @@ func (r *Report) Print(w io.Writer) {
 	}
 	fmt.Fprintln(w)
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "SCENARIO\tNODES\tWRITES\tWRITES/S\tMB/S\tx BASELINE\tx 1 NODE\tLAG p50/p99/max ms\tp50/p99 x FLOOR\tCPU s/M writes\tPEAK RSS MiB")
+	fmt.Fprintln(tw, "SCENARIO\tNODES\tWRITES\tWRITES/S\tMB/S\tx BASELINE\tx 1 NODE\tLAG p50/p99/max ms\tp50/p99 x FLOOR\tCPU s/M writes\tWIRE B/write\tPEAK RSS MiB")
 	for _, x := range r.Results {
 		lag, ratio, floor, single := "-", "-", "-", "-"
 		if x.RatioSingle > 0 {
@@ -58,8 +58,12 @@ func (r *Report) Print(w io.Writer) {
 		if x.Nodes > 0 {
 			nodes = fmt.Sprint(x.Nodes)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%.0f\t%.1f\t%s\t%s\t%s\t%s\t%s\t%s\n", x.Scenario, nodes, x.Writes, x.WritesPerSec, x.MBPerSec, ratio, single, lag, floor,
-			fmtMap(x.CPUSecPerM, "%.1f"), fmtMap(x.PeakRSSMiB, "%.0f"))
+		wire := "-"
+		if x.WireBytesPerWrite > 0 {
+			wire = fmt.Sprintf("%.0f", x.WireBytesPerWrite)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%.0f\t%.1f\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", x.Scenario, nodes, x.Writes, x.WritesPerSec, x.MBPerSec, ratio, single, lag, floor,
+			fmtMap(x.CPUSecPerM, "%.1f"), wire, fmtMap(x.PeakRSSMiB, "%.0f"))
 	}
 	tw.Flush()
 	for _, x := range r.Results {

@@ -40,6 +40,10 @@ type Result struct {
 	// node alone per cluster, measured in the same run.
 	Nodes       int     `json:"nodes"`
 	RatioSingle float64 `json:"ratio_to_single_node,omitempty"`
+	// WireBytesPerWrite is what the writing cluster sent its peer per
+	// write, request bodies after compression (0: a build that does not
+	// count them).
+	WireBytesPerWrite float64 `json:"wire_bytes_per_write,omitempty"`
 	Note        string  `json:"note,omitempty"`
 }
 
@@ -55,6 +59,8 @@ type Report struct {
 type mark struct {
 	cpu, batches float64
 	ok           bool
+	wire         float64 // bytes sent to peers after compression
+	wireOK       bool
 }
 
 // cpuMark is every node's mark, by name.
@@ -66,6 +72,9 @@ func cpuNow(cl []*cluster) cpuMark {
 		v, err := c.metrics("process_cpu_seconds_total", "replicator_apply_seconds_count")
 		if err == nil {
 			m[c.name] = mark{cpu: v["process_cpu_seconds_total"], batches: v["replicator_apply_seconds_count"], ok: true}
+			mk := m[c.name]
+			mk.wire, mk.wireOK = c.wireBytes()
+			m[c.name] = mk
 		}
 	}
 	return m
@@ -78,6 +87,9 @@ func (r *Result) finish(cl []*cluster, before cpuMark, writes int, el time.Durat
 	after := cpuNow(cl)
 	r.CPUSecPerM = map[string]float64{}
 	r.PeakRSSMiB = map[string]float64{}
+	if b, a := before[cl[0].name], after[cl[0].name]; b.wireOK && a.wireOK {
+		r.WireBytesPerWrite = (a.wire - b.wire) / float64(writes)
+	}
 	for _, c := range cl {
 		if b, a := before[c.name], after[c.name]; b.ok && a.ok {
 			r.CPUSecPerM[c.name] = (a.cpu - b.cpu) / float64(writes) * 1e6

@@ -104,6 +104,12 @@ func start(cfg *Config, dir string, nodes int) ([]*cluster, error) {
 				}
 			}
 		}
+		if cfg.PeerBandwidth != "" {
+			args = append(args, "--peer-bandwidth", peer+"="+cfg.PeerBandwidth)
+		}
+		if cfg.PeerCompression != "" {
+			args = append(args, "--peer-compression", peer+"="+cfg.PeerCompression)
+		}
 		args = append(args, cfg.ServeArgs...)
 		logf, err := os.Create(filepath.Join(dir, sp.id+".log"))
 		if err != nil {

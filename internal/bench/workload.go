@@ -32,11 +32,10 @@ func appendKey(b []byte, prefix string, i int64) []byte {
 // write issues n writes at c with keys prefix/<i> (i from first), in the
 // configured mode and concurrency.
 func write(ctx context.Context, cfg *Config, c *cluster, prefix string, first, n int) error {
-	value := strings.Repeat("v", cfg.ValueSize)
 	// The driver shares the machine with the nodes: its bodies are built
-	// with appends (the value quoted once), not fmt, which was a third of
+	// with appends (the values quoted once), not fmt, which was a third of
 	// its CPU and the CPU a saturated three-node run lacks.
-	qvalue := strconv.Quote(value)
+	values, qvalues := valuePool(cfg)
 	var next atomic.Int64
 	next.Store(int64(first))
 	end := int64(first + n)
@@ -73,7 +72,7 @@ func write(ctx context.Context, cfg *Config, c *cluster, prefix string, first, n
 				switch cfg.Mode {
 				case "put":
 					var req *http.Request
-					req, err = http.NewRequestWithContext(ctx, http.MethodPut, c.url+"/v1/kv/"+key(prefix, int(lo)), strings.NewReader(value))
+					req, err = http.NewRequestWithContext(ctx, http.MethodPut, c.url+"/v1/kv/"+key(prefix, int(lo)), strings.NewReader(values[lo%int64(len(values))]))
 					if err == nil {
 						var resp *http.Response
 						if resp, err = hc.Do(req); err == nil {
@@ -93,7 +92,7 @@ func write(ctx context.Context, cfg *Config, c *cluster, prefix string, first, n
 						b = append(b, `{"op":"set","key":`...)
 						b = appendKey(b, prefix, i)
 						b = append(b, `,"value":`...)
-						b = append(b, qvalue...)
+						b = append(b, qvalues[i%int64(len(qvalues))]...)
 						b = append(b, '}')
 					}
 					b = append(b, `]}`...)
@@ -105,7 +104,7 @@ func write(ctx context.Context, cfg *Config, c *cluster, prefix string, first, n
 						b = append(b, `{"key":`...)
 						b = appendKey(b, prefix, i)
 						b = append(b, `,"value":`...)
-						b = append(b, qvalue...)
+						b = append(b, qvalues[i%int64(len(qvalues))]...)
 						b = append(b, "}\n"...)
 					}
 					buf.Write(b)
@@ -144,4 +143,38 @@ func closedLoop(ctx context.Context, c *cluster, cfg *Config, prefix string) (ac
 	}
 	wg.Wait()
 	return acked, failed
+}
+
+// valuePool is the values writes cycle through, and each quoted as JSON.
+// The json mix is 16,384 documents (about 5 MB: more than a batch, so a
+// link's compression sees no repeats of a whole document within one) of a
+// few hundred bytes, with the field names of an order and varying values.
+func valuePool(cfg *Config) (values, quoted []string) {
+	if cfg.Values != "json" {
+		v := strings.Repeat("v", cfg.ValueSize)
+		return []string{v}, []string{strconv.Quote(v)}
+	}
+	const n = 16384
+	values, quoted = make([]string, n), make([]string, n)
+	x := uint64(0x9e3779b97f4a7c15)
+	rnd := func(m int) int { x ^= x << 13; x ^= x >> 7; x ^= x << 17; return int(x % uint64(m)) }
+	states := []string{"new", "paid", "packed", "shipped", "delivered", "returned"}
+	countries := []string{"DE", "FR", "US", "JP", "BR", "IN", "GB", "ES"}
+	names := []string{"Ada", "Grace", "Linus", "Barbara", "Ken", "Edsger", "Frances", "Dennis", "Margaret", "Donald"}
+	for i := range n {
+		var b strings.Builder
+		fmt.Fprintf(&b, `{"tenant":"t%03d","kind":"order","id":%d,"state":%q,"customer":{"name":%q,"country":%q,"since":"20%02d-%02d-%02d"},"lines":[`,
+			rnd(200), 100000+i*7+rnd(7), states[rnd(len(states))], names[rnd(len(names))]+fmt.Sprintf(" %c.", 'A'+rnd(26)), countries[rnd(len(countries))],
+			10+rnd(15), 1+rnd(12), 1+rnd(28))
+		for l := range 1 + rnd(4) {
+			if l > 0 {
+				b.WriteByte(',')
+			}
+			fmt.Fprintf(&b, `{"sku":"%c%c-%04d","qty":%d,"price":%d.%02d}`, 'A'+rnd(26), 'A'+rnd(26), rnd(10000), 1+rnd(9), rnd(500), rnd(100))
+		}
+		fmt.Fprintf(&b, `],"note":"%x","updated":%d}`, x, 1700000000+rnd(30000000))
+		values[i] = b.String()
+		quoted[i] = strconv.Quote(values[i])
+	}
+	return values, quoted
 }
