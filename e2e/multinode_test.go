@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -32,11 +33,10 @@ var multiDuration = flag.Duration("multi-duration", 0, "multi-node robustness: h
 
 type rnode struct {
 	*proc
-	id, cluster    string
-	raft, gossip   string
-	block          string
-	size           int
-	peersOfCluster []string
+	id, cluster  string
+	raft, gossip string
+	block        string
+	size         int
 }
 
 type rmesh struct {
@@ -403,7 +403,7 @@ func TestMultiNodeRobustness(t *testing.T) {
 					count("remove-node")
 					continue
 				}
-				kinds := []string{"kill-leader", "kill-follower", "partition-leader", "partition-leader-one-way", "restart"}
+				kinds := []string{"kill-leader", "kill-follower", "partition-leader", "partition-leader-one-way", "restart", "filter"}
 				kind := kinds[cr.IntN(len(kinds))]
 				hold := time.Duration(700+cr.IntN(2000)) * time.Millisecond
 				l := m.leader(c)
@@ -443,6 +443,21 @@ func TestMultiNodeRobustness(t *testing.T) {
 					m.setDown(target.id, true)
 					target.startReady()
 					m.setDown(target.id, false)
+				case "filter":
+					// The operator narrows the cluster's links (a tenth of
+					// the keys and a counter stay home), then lets every key
+					// cross again: the widening backfills what the peers
+					// missed, from whichever node leads by then.
+					peers := slices.DeleteFunc(slices.Clone(m.clusters), func(o string) bool { return o == c })
+					for _, peer := range peers {
+						setLinkFilter(m, c, peer, `{"exclude": ["k/1", "ctr/1"]}`)
+					}
+					time.Sleep(hold)
+					for _, peer := range peers {
+						for i := 0; i < 40 && !setLinkFilter(m, c, peer, `{}`); i++ {
+							time.Sleep(250 * time.Millisecond)
+						}
+					}
 				}
 				count(kind)
 			}
@@ -817,4 +832,19 @@ func TestRestartedNodeReadsWhatItAcknowledged(t *testing.T) {
 		}
 		x.waitReady(30 * time.Second)
 	}
+}
+
+// setLinkFilter sets cluster c's filter of its link to peer at any of its
+// nodes that answers (a follower forwards it to the leader).
+func setLinkFilter(m *rmesh, c, peer, filter string) bool {
+	for _, n := range m.members(c) {
+		ctx, cancel := context.WithTimeout(bg(), 3*time.Second)
+		_, err := n.client().Do(ctx, http.MethodPut, "/admin/peers/"+peer+"/filter", []byte(filter),
+			http.Header{"Content-Type": {"application/json"}}, nil)
+		cancel()
+		if err == nil {
+			return true
+		}
+	}
+	return false
 }

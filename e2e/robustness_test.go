@@ -43,7 +43,7 @@ type fault struct {
 
 var faultKinds = []string{"kill", "pause", "partition-one-way", "partition", "lose-acks", "duplicate", "delay", "reset-mid-body", "disk-full",
 	// operator events
-	"detach", "admin-pause", "reseed", "backup", "restore", "wipe", "limit"}
+	"detach", "admin-pause", "reseed", "backup", "restore", "wipe", "limit", "filter"}
 
 // nodeEvents act on a node as a whole (one at a time per node).
 var nodeEvents = map[string]bool{"kill": true, "pause": true, "disk-full": true, "backup": true, "restore": true, "wipe": true, "limit": true}
@@ -444,6 +444,16 @@ func (rb *robust) admin(name, path string) bool {
 	return err == nil
 }
 
+// setFilter sets the filter of name's link to peer (JSON), through the
+// admin API (a follower forwards it to its leader).
+func (rb *robust) setFilter(name, peer, filter string) bool {
+	ctx, cancel := context.WithTimeout(bg(), 3*time.Second)
+	defer cancel()
+	_, err := rb.m.nodes[name].client().Do(ctx, http.MethodPut, "/admin/peers/"+peer+"/filter", []byte(filter),
+		http.Header{"Content-Type": {"application/json"}}, nil)
+	return err == nil
+}
+
 func (rb *robust) runFault(f fault) {
 	m := rb.m
 	if nodeEvents[f.Kind] {
@@ -489,6 +499,18 @@ func (rb *robust) runFault(f fault) {
 	case "reseed":
 		if rb.admin(from, "/admin/peers/"+to+"/reseed") {
 			rb.count(f.Kind)
+		}
+		return
+	case "filter":
+		// The operator narrows the link (a tenth of the keys and a counter
+		// stay home), then lets every key cross again: the widening
+		// backfills what the peer missed, deletes included.
+		if rb.setFilter(from, to, `{"exclude": ["k/1", "ctr/1"]}`) {
+			rb.count(f.Kind)
+			time.Sleep(f.For)
+		}
+		for i := 0; i < 40 && !rb.setFilter(from, to, `{}`); i++ {
+			time.Sleep(250 * time.Millisecond)
 		}
 		return
 	case "admin-pause":
