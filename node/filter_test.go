@@ -244,3 +244,39 @@ func TestFilterWaitsForAReceiverThatTakesMarkers(t *testing.T) {
 		t.Fatalf("b got %q from a filtering link it cannot take markers from", got)
 	}
 }
+
+// TestLinkBandwidthThroughLog: a node's flags seed the link's limit in the
+// log once; a change through the API holds at once and over a restart with
+// the old flag (the log wins); a limit too small to carry a batch is
+// refused.
+func TestLinkBandwidthThroughLog(t *testing.T) {
+	m := newTestMesh(t, nil, func(o *Options) {
+		if o.ClusterID == "a" {
+			o.Peers[0].Bandwidth = 64 << 10
+		}
+	}, "a", "b")
+	a := m.nodes["a"]
+	waitFor(t, 10*time.Second, func() (bool, string) {
+		ls := a.machine.Link("b")
+		return ls.BandwidthSet && ls.Bandwidth == 64<<10, fmt.Sprintf("%+v", ls)
+	})
+	if _, err := a.SetLinkBandwidth("b", 500); !errors.Is(err, api.ErrBadRequest) {
+		t.Fatalf("a limit of 500 bytes/s: %v", err)
+	}
+	if _, err := a.SetLinkBandwidth("nobody", 1<<20); !errors.Is(err, api.ErrNotFound) {
+		t.Fatalf("a limit of an unknown peer: %v", err)
+	}
+	rep, err := a.SetLinkBandwidth("b", 1<<20)
+	if err != nil || rep.BytesPerSecond != 1<<20 || !rep.Recorded {
+		t.Fatalf("set: %+v %v", rep, err)
+	}
+	if st := a.PeerStatus()[0]; st.BandwidthLimit != 1<<20 {
+		t.Fatalf("the link's status: limit %d", st.BandwidthLimit)
+	}
+	m.restart("a", nil)
+	a = m.nodes["a"]
+	time.Sleep(700 * time.Millisecond) // a seed tick: the flag must not win
+	if rep, err := a.LinkBandwidth("b"); err != nil || rep.BytesPerSecond != 1<<20 {
+		t.Fatalf("after a restart with the old flag: %+v %v", rep, err)
+	}
+}

@@ -98,6 +98,10 @@ func TestDashboardActionsInBrowser(t *testing.T) {
 	); err != nil {
 		t.Fatal(err)
 	}
+	// The link column says what crosses the link: every key here.
+	if linkCell, err := chromedp.Run(ctx, chromedp.Text(css(`td:nth-child(13)`))); err != nil || !strings.Contains(linkCell, "every key") {
+		t.Fatalf("the link column of b: %q (%v)", linkCell, err)
+	}
 	points, err := chromedp.Run(ctx, chromedp.AttributeValue(chromedp.CSS(`polyline[data-peer="b"]`), "points"))
 	if err != nil {
 		t.Fatal(err)
