@@ -16,6 +16,9 @@ type Snapshot struct {
 	it      *pebble.Iterator
 	applied AppliedIndex
 	started bool
+	// seek, when seeking, is where the next Next starts (SeekGE).
+	seek    string
+	seeking bool
 }
 
 // Counters lists the snapshot's counters.
@@ -98,12 +101,18 @@ func (s *Store) NewSnapshot() (*Snapshot, error) {
 // LocalApplied is how far the local stream is applied in the snapshot.
 func (sn *Snapshot) LocalApplied() AppliedIndex { return sn.applied }
 
+// SeekGE makes the next Next return the first key at or above key.
+func (sn *Snapshot) SeekGE(key string) { sn.seek, sn.seeking = key, true }
+
 // Next returns the next key's record; ok is false at the end.
 func (sn *Snapshot) Next() (key string, r Record, ok bool, err error) {
 	var valid bool
-	if !sn.started {
+	switch {
+	case sn.seeking:
+		valid, sn.started, sn.seeking = sn.it.SeekGE(dataKey(sn.seek)), true, false
+	case !sn.started:
 		valid, sn.started = sn.it.First(), true
-	} else {
+	default:
 		valid = sn.it.Next()
 	}
 	if !valid {

@@ -251,6 +251,15 @@ func (f *snapshotFeed) next() (entry.Entry, bool, error) {
 	}
 	key, rec, ok, err := f.snap.Next()
 	for ok && err == nil && !f.filter.Match(key) {
+		// Outside the scope: on to the next range it lets through (a
+		// backfill of one prefix reads that prefix, not the tree).
+		next, more := nextStart(f.filter.Clip(key, ""), key)
+		if !more {
+			return entry.Entry{}, false, nil
+		}
+		if next > key {
+			f.snap.SeekGE(next)
+		}
 		key, rec, ok, err = f.snap.Next()
 	}
 	if err != nil || !ok {
@@ -384,4 +393,13 @@ func (s *Shipper) reseedDone(err error) error {
 		s.mu.reseed.Error = ""
 	}
 	return err
+}
+
+// nextStart is where the first of spans (the parts of [key, end) a scope
+// lets through) begins; false when there is none.
+func nextStart(spans []entry.Span, key string) (string, bool) {
+	if len(spans) == 0 {
+		return "", false
+	}
+	return max(spans[0].Start, key), true
 }

@@ -64,6 +64,8 @@ type Snapshot interface {
 	CollectedBelow() (hlc.Timestamp, error)
 	// Next returns the next key and its record; ok is false at the end.
 	Next() (key string, r entry.Record, ok bool, err error)
+	// SeekGE makes the next Next return the first key at or above key.
+	SeekGE(key string)
 	Close()
 }
 
