@@ -38,7 +38,7 @@ func (a *Acceptor) Apply(sender string, b *wire.Batch) (wire.Ack, error) {
 	}
 	dropped := sc.dropped
 	ack.Duplicates = dropped
-	if len(sc.ents) == 0 && b.End == nil {
+	if len(sc.ents) == 0 && b.End == nil && b.BackfillEnd == nil {
 		// A heartbeat (or a batch of our own entries only): report where
 		// the stream stands here, and record a request for a re-seed.
 		return a.heartbeat(sender, b, ack, dropped)

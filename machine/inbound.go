@@ -109,6 +109,9 @@ func (m *Machine) applyInbound(b *store.Batch, in *Inbound) (*InboundResult, err
 			// in, moves the sender's frontier (on its real stream).
 			hwm.Commit = e.Commit
 		}
+		if err := m.markBackfilled(b, in, e); err != nil {
+			return nil, err
+		}
 		if in.Unknown[e.Index] {
 			res.DroppedUnknown++
 			hwm.Merged++

@@ -177,10 +177,10 @@ func TestLinkFilter(t *testing.T) {
 		t.Fatal(err)
 	}
 	pc.Advance(time.Second)
-	must(a.Delete(ctx, "tenant1/b10"))
+	must(a.Delete(ctx, "tenant1/batch"))
 	must(a.Put(ctx, "tenant1/after-narrow", []byte("n")))
 	m.settle()
-	if _, err := c.Get("tenant1/b10"); err != nil {
+	if _, err := c.Get("tenant1/batch"); err != nil {
 		t.Fatalf("narrowing: c should keep what it has: %v", err)
 	}
 	pc.Advance(20 * time.Minute)
@@ -190,7 +190,7 @@ func TestLinkFilter(t *testing.T) {
 	m.settle()
 	waitFor(t, 10*time.Second, func() (bool, string) {
 		n, err := a.CollectTombstones()
-		_, gerr := a.Get("tenant1/b10")
+		_, gerr := a.Get("tenant1/batch")
 		var nf *api.NotFoundError
 		return err == nil && errors.As(gerr, &nf) && nf.Deleted == "", fmt.Sprintf("collected %d (%v), get %v", n, err, gerr)
 	})
@@ -198,8 +198,8 @@ func TestLinkFilter(t *testing.T) {
 		t.Fatal(err)
 	}
 	backfilled()
-	if _, err := c.Get("tenant1/b10"); !errors.Is(err, api.ErrNotFound) {
-		t.Fatalf("c kept tenant1/b10, whose delete a collected while the range was excluded: %v", err)
+	if _, err := c.Get("tenant1/batch"); !errors.Is(err, api.ErrNotFound) {
+		t.Fatalf("c kept tenant1/batch, whose delete a collected while the range was excluded: %v", err)
 	}
 	if all := liveUnder(t, c, "", func(k string) bool { return !shared(k) && !tenant(k) }); len(all) != 0 {
 		t.Fatalf("c holds keys outside its filter: %q", all)

@@ -101,7 +101,10 @@ func (b *Batch) DropUncarried(sender, local string, start, end string, horizon h
 		if err != nil {
 			return n, fmt.Errorf("store: key %q: %w", key, err)
 		}
-		if flags&flagCounter != 0 || st.Origin == local || !st.HLC.Less(horizon) {
+		// Only the sender's own writes: it surely applied those; a third
+		// cluster's write may never have reached it (that cluster's link
+		// to it may filter the key), so its absence there proves nothing.
+		if flags&flagCounter != 0 || st.Origin == local || st.Origin != sender || !st.HLC.Less(horizon) {
 			continue
 		}
 		if carried, err := b.carried(sender, key); err != nil || carried {

@@ -67,6 +67,11 @@ func (e *errNotLeader) Error() string { return "transport: " + e.msg }
 // node proved it holds the secret) and decodes the answer.
 func (s *Shipper) postOnce(ctx context.Context, body []byte) (wire.Ack, error) {
 	var ack wire.Ack
+	// The bandwidth limit's wait comes before the request's deadline: a
+	// large body at a low limit may wait longer than a request may take.
+	if err := s.throttle(ctx, s.wireSize(body)); err != nil {
+		return ack, fmt.Errorf("transport: waiting for the link's bandwidth to %s: %w", s.peer.Name, err)
+	}
 	ctx, cancel := context.WithTimeout(ctx, s.opts.RequestTimeout)
 	defer cancel()
 	s.mu.Lock()
@@ -87,9 +92,6 @@ func (s *Shipper) postOnce(ctx context.Context, body []byte) (wire.Ack, error) {
 		}
 	}
 	sent, encoding := s.encode(base, body)
-	if err := s.throttle(ctx, len(sent)); err != nil {
-		return ack, fmt.Errorf("transport: waiting for the link's bandwidth to %s: %w", s.peer.Name, err)
-	}
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, strings.TrimRight(base, "/")+wire.PathReplicate, bytes.NewReader(sent))
 	if err != nil {
 		return ack, err
