@@ -44,7 +44,7 @@ type Result struct {
 	// write, request bodies after compression (0: a build that does not
 	// count them).
 	WireBytesPerWrite float64 `json:"wire_bytes_per_write,omitempty"`
-	Note        string  `json:"note,omitempty"`
+	Note              string  `json:"note,omitempty"`
 }
 
 // Report is the whole run.
