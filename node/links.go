@@ -15,6 +15,11 @@ import (
 // (--peer-include, --peer-exclude) seed the log once; after that the log
 // wins, and an operator changes a link with PUT /admin/peers/NAME/filter.
 
+// linkAdmin is the node's part that keeps each link's settings in step
+// with the cluster's log (filters, bandwidth) and answers the admin API on
+// them; the node embeds it.
+type linkAdmin struct{ n *Node }
+
 // linkSeeds remembers which differences between flags and log a node
 // already logged, so that it says so once per process.
 type linkSeeds struct {
@@ -25,7 +30,8 @@ type linkSeeds struct {
 // linkSettings is what the links ship by: the log's settings of the link
 // or, before the log says anything of it, the filter of this node's flags,
 // as holding from the first entry (the seed command records it so).
-func (n *Node) linkSettings(peer string) entry.LinkSettings {
+func (l linkAdmin) linkSettings(peer string) entry.LinkSettings {
+	n := l.n
 	ls := n.machine.Links()[peer]
 	if p, ok := n.peerOption(peer); ok {
 		if len(ls.Filters) == 0 && !p.Filter().All() {
@@ -39,7 +45,8 @@ func (n *Node) linkSettings(peer string) entry.LinkSettings {
 }
 
 // peerOption is the configured peer of that name.
-func (n *Node) peerOption(name string) (Peer, bool) {
+func (l linkAdmin) peerOption(name string) (Peer, bool) {
+	n := l.n
 	for _, p := range n.opts.Peers {
 		if p.Name == name {
 			return p, true
@@ -51,7 +58,8 @@ func (n *Node) peerOption(name string) (Peer, bool) {
 // seedLinks, at the leader, records the filter of each configured peer's
 // flags in the log if the log says nothing of that link yet, and says once
 // where the flags differ from what the log says (the log wins).
-func (n *Node) seedLinks() {
+func (l linkAdmin) seedLinks() {
+	n := l.n
 	if n.group == nil || !n.group.IsLeader() || !n.lead.ready.Load() || n.machine.Format() < machine.FormatLinks {
 		return
 	}
@@ -98,14 +106,16 @@ func (s *linkSeeds) warnOnce(peer string) bool {
 
 // LinkFilter is what the log says of the filter of the link to peer (and
 // where each of its epochs took effect).
-func (n *Node) LinkFilter(peer string) (api.FilterReport, error) {
+func (l linkAdmin) LinkFilter(peer string) (api.FilterReport, error) {
+	n := l.n
 	if !n.knownPeer(peer) {
 		return api.FilterReport{}, fmt.Errorf("%w: no peer %q", api.ErrNotFound, peer)
 	}
 	return n.filterReport(peer), nil
 }
 
-func (n *Node) filterReport(peer string) api.FilterReport {
+func (l linkAdmin) filterReport(peer string) api.FilterReport {
+	n := l.n
 	ls := n.linkSettings(peer)
 	recorded := len(n.machine.Links()[peer].Filters) > 0
 	r := api.FilterReport{Peer: peer, Filter: ls.Current(), Recorded: recorded, Backfill: ls.Backfill, BackfillGeneration: ls.BackfillGen}
@@ -123,7 +133,8 @@ func (n *Node) filterReport(peer string) api.FilterReport {
 // SetLinkFilter makes f the filter of the link to peer, from the stream's
 // next index on. Widening it backfills the newly included keys to the peer;
 // narrowing it stops shipping them (the peer keeps what it has).
-func (n *Node) SetLinkFilter(peer string, f entry.Filter) (api.FilterReport, error) {
+func (l linkAdmin) SetLinkFilter(peer string, f entry.Filter) (api.FilterReport, error) {
+	n := l.n
 	if !n.knownPeer(peer) {
 		return api.FilterReport{}, fmt.Errorf("%w: no peer %q", api.ErrNotFound, peer)
 	}
@@ -152,7 +163,8 @@ func (n *Node) SetLinkFilter(peer string, f entry.Filter) (api.FilterReport, err
 }
 
 // knownPeer reports a peer this node links to or takes writes from.
-func (n *Node) knownPeer(peer string) bool {
+func (l linkAdmin) knownPeer(peer string) bool {
+	n := l.n
 	if _, ok := n.peerOption(peer); ok {
 		return true
 	}
@@ -167,7 +179,8 @@ func (n *Node) knownPeer(peer string) bool {
 // SetLinkBandwidth sets the link's limit in bytes per second of request
 // bodies as sent (0: none), through the log: it holds at once, at every
 // node that leads later too.
-func (n *Node) SetLinkBandwidth(peer string, bytesPerSec int64) (api.BandwidthReport, error) {
+func (l linkAdmin) SetLinkBandwidth(peer string, bytesPerSec int64) (api.BandwidthReport, error) {
+	n := l.n
 	if !n.knownPeer(peer) {
 		return api.BandwidthReport{}, fmt.Errorf("%w: no peer %q", api.ErrNotFound, peer)
 	}
@@ -186,7 +199,8 @@ func (n *Node) SetLinkBandwidth(peer string, bytesPerSec int64) (api.BandwidthRe
 }
 
 // LinkBandwidth is the link's bandwidth limit and how long it throttled.
-func (n *Node) LinkBandwidth(peer string) (api.BandwidthReport, error) {
+func (l linkAdmin) LinkBandwidth(peer string) (api.BandwidthReport, error) {
+	n := l.n
 	if !n.knownPeer(peer) {
 		return api.BandwidthReport{}, fmt.Errorf("%w: no peer %q", api.ErrNotFound, peer)
 	}

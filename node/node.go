@@ -75,6 +75,7 @@ type Node struct {
 	history    *history    // the dashboard's chart, sampled every HistoryInterval
 	repl       replication // the links to peer clusters
 	seeds      linkSeeds   // what of flags and log differences was said
+	linkAdmin              // the links' settings through the log (links.go)
 	tls        tlsSetup
 	mem        membership // gossip: the nodes of this cluster and the peers found
 	// applied is the last index of the stream applied to the store.
@@ -155,6 +156,7 @@ func Open(ctx context.Context, opts *Options) (*Node, error) {
 	n.rejoin.n, n.mem.n, n.lead.n, n.cons.n = n, n, n, n
 	n.mem.discovered = map[string]Peer{}
 	n.repl.n, n.repl.linkStates = n, map[string]string{}
+	n.linkAdmin.n = n
 	n.sat.marks, n.sat.wait, n.sat.log, n.sat.metrics = o.WaterMarks, o.AdmissionWait, log, &n.metrics
 	n.sat.links, n.sat.oldest = n.repl.links, n.repl.oldestCommitWall
 	n.sat.overflow = map[string]string{}
