@@ -24,6 +24,9 @@ import (
 type Store interface {
 	HWM(origin string, stream [16]byte) (entry.HWM, error)
 	HWMsOfExcept(origin string, except [16]byte) ([]entry.HWM, error)
+	// BegunReseed is the snapshot stream of a re-seed from sender that
+	// began here and has not ended.
+	BegunReseed(sender string) (entry.StreamID, bool, error)
 }
 
 // Clock is what the acceptor needs of the hybrid logical clock.

@@ -388,11 +388,25 @@ func TestSnapshotTrust(t *testing.T) {
 	if st, out := post(streamB, ent(2, "inject", "b")); st != 403 {
 		t.Fatalf("a snapshot into b's real stream: %d %v", st, out)
 	}
-	// A third stream of b, then no more.
+	// A new snapshot stream forgets the one b abandoned (a sender sends
+	// one re-seed at a time), and its mark.
 	if st, _ := post(entry.StreamID{0x6}, ent(1, "s3", "b")); st != 200 {
 		t.Fatal(st)
 	}
-	if st, out := post(entry.StreamID{0x7}, ent(1, "s4", "b")); st != 403 {
+	if h, err := f.st.HWM("b", snap); err != nil || h.Index != 0 {
+		t.Fatalf("the abandoned snapshot stream's mark: %+v %v", h, err)
+	}
+	// Streams of b: streamB and 0x6; a third, then no more.
+	live := func(stream entry.StreamID) (int, map[string]any) {
+		e := f.entry(1, "live", "v")
+		e.Stream = stream
+		body := wire.EncodeBatch(&wire.Batch{Header: wire.Header{Sender: "b", Stream: stream}, Entries: []entry.Entry{e}})
+		return f.post(body, "X-Replicator-Origin", "b", "Authorization", "Bearer secret-b")
+	}
+	if st, out := live(entry.StreamID{0x7}); st != 200 {
+		t.Fatal(st, out)
+	}
+	if st, out := live(entry.StreamID{0x8}); st != 403 {
 		t.Fatalf("a fourth stream past the bound of 3: %d %v", st, out)
 	}
 }

@@ -38,7 +38,7 @@ func (a *Acceptor) Apply(sender string, b *wire.Batch) (wire.Ack, error) {
 	}
 	dropped := sc.dropped
 	ack.Duplicates = dropped
-	if len(sc.ents) == 0 && b.End == nil && b.BackfillEnd == nil {
+	if len(sc.ents) == 0 && b.End == nil && b.Begin == nil && b.BackfillEnd == nil {
 		// A heartbeat (or a batch of our own entries only): report where
 		// the stream stands here, and record a request for a re-seed.
 		return a.heartbeat(sender, b, ack, dropped)
@@ -112,6 +112,11 @@ func (a *Acceptor) screen(sender string, b *wire.Batch) (*screened, error) {
 	// a re-seed this node asked for.
 	var own, unknown map[uint64]bool
 	dropped := 0
+	if (b.Begin != nil || b.Backfill) && !a.takesMarkers() {
+		// Both come with command format 3: a node of an older build
+		// could not apply them as the others do.
+		return nil, fmt.Errorf("%w: a re-seed's begin or a backfill, which this cluster does not take yet (a node of it runs an older build)", ErrBadBatch)
+	}
 	for i := range b.Entries {
 		e := &b.Entries[i]
 		switch {

@@ -22,6 +22,11 @@ func (a *Acceptor) heartbeat(sender string, b *wire.Batch, ack wire.Ack, dropped
 	if ack.OriginFrontier, err = a.originFrontier(sender, b.Stream); err != nil {
 		return ack, err
 	}
+	if snap, ok, err := a.store.BegunReseed(sender); err != nil {
+		return ack, err
+	} else if ok {
+		ack.Seeding = snap.String()
+	}
 	// The sender's rejoin phase with this node, told in every heartbeat,
 	// is what the R record must say: asking (owed a re-seed, and awaited),
 	// seeding (awaited), or nothing (a record left from a rejoin that

@@ -95,6 +95,10 @@ type ReseedStatus struct {
 	Error      string    `json:"error,omitempty"`
 	LastReason string    `json:"last_reason,omitempty"`
 	Requested  bool      `json:"requested,omitempty"`
+	// Live: live entries flow while the snapshot goes (the peer took the
+	// re-seed's begin); Stream is the snapshot's own stream.
+	Live   bool   `json:"live,omitempty"`
+	Stream string `json:"stream,omitempty"`
 }
 
 // Thresholds are the backlog ages at which a link reports lagging and

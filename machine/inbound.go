@@ -70,6 +70,13 @@ func (m *Machine) applyInbound(b *store.Batch, in *Inbound) (*InboundResult, err
 			return nil, err
 		}
 	}
+	if bt.Snapshot && hwm.Index == 0 && (len(ents) > 0 || bt.Begin != nil) {
+		// A snapshot stream opens: no tombstone is collected here until
+		// it ends (store.OpenSnapshot says why).
+		if err := m.openSnapshot(b, in); err != nil {
+			return nil, err
+		}
+	}
 	var codec *wire.Codec
 	for i := range ents {
 		e := &ents[i]
@@ -198,18 +205,10 @@ func (m *Machine) applyInbound(b *store.Batch, in *Inbound) (*InboundResult, err
 // is forgotten, and a rejoin moves on.
 func (m *Machine) trailer(b *store.Batch, in *Inbound) (requested, rejoin bool, err error) {
 	bt, sender := in.Batch, in.Sender
-	real, err := b.HWM(sender, bt.End.Stream)
-	if err != nil {
+	if err := raiseTo(b, sender, bt.End); err != nil {
 		return false, false, err
 	}
-	if bt.End.Index > real.Index {
-		real.Seeded += bt.End.Index - real.Index
-		real.Index, real.Commit = bt.End.Index, bt.End.Commit
-		if err := b.SetHWM(real); err != nil {
-			return false, false, err
-		}
-	}
-	if err := b.DeleteHWM(sender, bt.Stream); err != nil {
+	if err := errors.Join(b.DeleteHWM(sender, bt.Stream), b.CloseSnapshot(sender, bt.Stream)); err != nil {
 		return false, false, err
 	}
 	// The sender's marks of other clusters' streams: the snapshot holds the
@@ -267,6 +266,38 @@ func (m *Machine) trailer(b *store.Batch, in *Inbound) (requested, rejoin bool, 
 	return requested, rejoin, nil
 }
 
+// openSnapshot records a snapshot stream of the sender as open. A
+// re-seed's Begin also raises the sender's real stream to where the
+// snapshot was taken, counting what it skips as seeded, so the sender's
+// live entries after it apply beside the snapshot's.
+func (m *Machine) openSnapshot(b *store.Batch, in *Inbound) error {
+	bt, sender := in.Batch, in.Sender
+	o := store.OpenSnapshot{Sender: sender, Stream: bt.Stream, Kind: store.SnapshotReseed}
+	if bt.Backfill {
+		o.Kind = store.SnapshotBackfill
+	}
+	if bt.Begin != nil {
+		if err := raiseTo(b, sender, bt.Begin); err != nil {
+			return err
+		}
+		o.Begun, o.Real, o.Index = true, bt.Begin.Stream, bt.Begin.Index
+		m.log.Info("replicate: re-seed began", "sender", sender, "stream", bt.Begin.Stream, "resume_after", bt.Begin.Index)
+	}
+	return b.OpenSnapshot(o)
+}
+
+// raiseTo raises the sender's stream at.Stream to at, counting the entries
+// it skips as seeded (a snapshot carries their effects).
+func raiseTo(b *store.Batch, sender string, at *wire.SnapshotEnd) error {
+	real, err := b.HWM(sender, at.Stream)
+	if err != nil || at.Index <= real.Index {
+		return err
+	}
+	real.Seeded += at.Index - real.Index
+	real.Index, real.Commit = at.Index, at.Commit
+	return b.SetHWM(real)
+}
+
 // markBackfilled records the key a backfill's entry carried.
 func (m *Machine) markBackfilled(b *store.Batch, in *Inbound, e *entry.Entry) error {
 	if !in.Batch.Backfill || e.Key == "" || e.Op == entry.OpDeleteRange {
@@ -290,7 +321,7 @@ func (m *Machine) backfillEnd(b *store.Batch, in *Inbound) error {
 		}
 		dropped += n
 	}
-	if err := errors.Join(b.ClearBackfilled(sender), b.DeleteHWM(sender, bt.Stream)); err != nil {
+	if err := errors.Join(b.ClearBackfilled(sender), b.DeleteHWM(sender, bt.Stream), b.CloseSnapshot(sender, bt.Stream)); err != nil {
 		return err
 	}
 	m.log.Info("replicate: backfill received", "sender", sender, "ranges", len(bt.BackfillEnd.Spans),

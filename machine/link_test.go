@@ -120,3 +120,81 @@ func TestLinkCommand(t *testing.T) {
 		t.Fatalf("a format-2 build applied a link command: %v", err)
 	}
 }
+
+// TestReseedBegin: a re-seed's begin raises the sender's real stream at
+// once (what it skips counted as seeded), so live entries after it apply
+// while the snapshot's go on in their own stream; the re-seed stays open
+// (holding tombstone collection) until its trailer, and a new one forgets
+// an abandoned one.
+func TestReseedBegin(t *testing.T) {
+	m, st := openMachine(t, t.TempDir())
+	defer st.Close()
+	mustApply(t, m, 1, &Command{Mint: &MintCmd{Stream: testStream}})
+	ts := hlc.Timestamp{Wall: 2e15}
+	at := func(i uint64) hlc.Timestamp { return hlc.Timestamp{Wall: ts.Wall + int64(i)} }
+	live := func(i uint64, k, v string) *Command {
+		e := entry.Entry{Index: i, Origin: "b", Stream: streamB, Commit: at(i), Stamp: at(i), Op: entry.OpSet, Key: k, Value: []byte(v)}
+		return &Command{Inbound: &Inbound{Sender: "b", MaxStreams: 16, HLC: at(i),
+			Batch: &wire.Batch{Header: wire.Header{Sender: "b", Stream: streamB}, Entries: []entry.Entry{e}}}}
+	}
+	snapA, snapB := entry.StreamID{0x1a}, entry.StreamID{0x1b}
+	pos := &wire.SnapshotEnd{Stream: streamB, Index: 40, Commit: at(40)}
+	snap := func(stream entry.StreamID, i uint64, k string, stamp uint64, begin, end bool) *Command {
+		e := entry.Entry{Index: i, Origin: "b", Stream: stream, Commit: at(1000), Stamp: at(stamp), Op: entry.OpSet, Key: k, Value: []byte("old")}
+		h := wire.Header{Sender: "b", Stream: stream, Snapshot: true}
+		if begin {
+			h.Begin = pos
+		}
+		if end {
+			h.End = pos
+		}
+		return &Command{Inbound: &Inbound{Sender: "b", MaxStreams: 16, HLC: at(41), Batch: &wire.Batch{Header: h, Entries: []entry.Entry{e}}}}
+	}
+	mustApply(t, m, 2, live(1, "k/1", "v"))
+	// An abandoned re-seed that began, then a new one.
+	if r := mustApply(t, m, 3, snap(snapA, 1, "k/a", 5, true, false)).Inbound; r.Err != nil {
+		t.Fatal(r.Err)
+	}
+	if r := mustApply(t, m, 4, snap(snapB, 1, "k/b", 5, true, false)).Inbound; r.Err != nil {
+		t.Fatal(r.Err)
+	}
+	h, _ := st.HWM("b", streamB)
+	if h.Index != 40 || h.Seeded != 39 || h.Merged != 1 || h.Commit != at(40) {
+		t.Fatalf("the real stream after the begin: %+v", h)
+	}
+	open, err := st.OpenSnapshots()
+	if err != nil || len(open) != 1 || open[0].Stream != snapB || !open[0].Begun || open[0].Index != 40 || open[0].Real != streamB {
+		t.Fatalf("open snapshots: %+v %v", open, err)
+	}
+	if h, _ := st.HWM("b", snapA); h.Index != 0 {
+		t.Fatalf("the abandoned snapshot stream's mark stays: %+v", h)
+	}
+	if s, ok, err := st.BegunReseed("b"); err != nil || !ok || s != snapB {
+		t.Fatalf("begun re-seed: %v %v %v", s, ok, err)
+	}
+	// A live entry after the position applies beside the snapshot, and
+	// the snapshot's older version of the same key loses to it.
+	if r := mustApply(t, m, 5, live(41, "k/x", "new")).Inbound; r.Err != nil || r.Applied != 1 || r.HWM != 41 {
+		t.Fatalf("live entry after the begin: %+v", r)
+	}
+	if r := mustApply(t, m, 6, snap(snapB, 2, "k/x", 3, false, true)).Inbound; r.Err != nil || r.Stale != 1 {
+		t.Fatalf("the trailer batch: %+v", r)
+	}
+	if rec, err := st.Get("k/x"); err != nil || string(rec.Value) != "new" {
+		t.Fatalf("k/x: %+v %v", rec, err)
+	}
+	if open, err := st.OpenSnapshots(); err != nil || len(open) != 0 {
+		t.Fatalf("open after the trailer: %+v %v", open, err)
+	}
+	h, _ = st.HWM("b", streamB)
+	if h.Index != 41 || h.Merged+h.Filtered+h.DeadLettered+h.Seeded != h.Index {
+		t.Fatalf("the mark does not account for its indexes: %+v", h)
+	}
+	// A whole re-seed in one batch opens and ends in the same commit.
+	if r := mustApply(t, m, 7, snap(entry.StreamID{0x1c}, 1, "k/c", 5, true, true)).Inbound; r.Err != nil {
+		t.Fatal(r.Err)
+	}
+	if open, err := st.OpenSnapshots(); err != nil || len(open) != 0 {
+		t.Fatalf("open after a one-batch re-seed: %+v %v", open, err)
+	}
+}

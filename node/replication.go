@@ -297,8 +297,9 @@ func (n *Node) TruncateWAL() error {
 //   - outbound: every link has every entry of this stream committed up to
 //     the stamp plus the pin window, and none is detached, in or owed a
 //     re-seed (the snapshot must still carry the tombstone);
-//   - no dead letter holds a write it could shadow, and no rejoin is under
-//     way (this node's, or a peer's that will re-seed this node).
+//   - no dead letter holds a write it could shadow, no rejoin is under way
+//     (this node's, or a peer's that will re-seed this node), and no
+//     re-seed or backfill from a peer is open here (store.OpenSnapshot).
 func (r *replication) tombstoneCutoff() (hlc.Timestamp, error) {
 	n := r.n
 	cutoff := hlc.Timestamp{Wall: n.clock.Physical() - int64(n.opts.TombstoneRetention)}
@@ -311,6 +312,11 @@ func (r *replication) tombstoneCutoff() (hlc.Timestamp, error) {
 		return hlc.Timestamp{}, err
 	}
 	if rr, err := n.store.ReseedRequests(); err != nil || len(rr) > 0 {
+		return hlc.Timestamp{}, err
+	}
+	if open, err := n.store.OpenSnapshots(); err != nil || len(open) > 0 {
+		// A re-seed or backfill coming in relays old versions, which a
+		// tombstone collected meanwhile could no longer shadow.
 		return hlc.Timestamp{}, err
 	}
 	// Outbound first: read the clock, then the floor of a group being

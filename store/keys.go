@@ -27,6 +27,7 @@ import (
 //	o<stream:16><index:8>               outbound entry, as the WAL codec encodes it (outbound.go)
 //	L<peer>                             a link's settings the log recorded: JSON of entry.LinkSettings (marks.go)
 //	B<sender>\x00<key>                  empty: a key the running backfill from sender carried (backfill.go)
+//	S<sender>\x00<stream:16>            an open re-seed or backfill: kind(1) | begun(1) | real stream(16) | index(8) (opensnap.go)
 //
 // The m keys:
 //
@@ -77,6 +78,7 @@ const (
 	prefixOutbound   = 'o' // outbound entries (outbound.go)
 	prefixLink       = 'L' // link settings: filters, bandwidth (marks.go)
 	prefixBackfill   = 'B' // keys a running backfill carried (backfill.go)
+	prefixOpenSnap   = 'S' // open re-seeds and backfills (opensnap.go)
 )
 
 func dataKey(key string) []byte {

@@ -80,7 +80,7 @@ func (s *Shipper) maybeBackfill(ctx context.Context) {
 	// within a while (the command failed), it is sent again.
 	sent := s.mu.backfill.Generation == ls.BackfillGen && s.mu.backfill.Error == "" && time.Since(s.mu.backfill.Finished) < 30*time.Second
 	if s.mu.backfill.Running || sent ||
-		s.mu.needsReseed || s.mu.limits == nil || !s.mu.limits.Markers || time.Now().Before(s.mu.backfillRetry) {
+		s.mu.needsReseed || s.mu.reseed.Running || s.mu.limits == nil || !s.mu.limits.Markers || time.Now().Before(s.mu.backfillRetry) {
 		s.mu.Unlock()
 		return
 	}

@@ -54,6 +54,7 @@ func (s *Shipper) heartbeat(ctx context.Context) error {
 	if !s.takeAckLocked(ack, stream, sent) {
 		return nil
 	}
+	s.seedingLocked(ack.Seeding)
 	if phase == wire.RejoinRequesting && ack.ReseedRecorded {
 		s.opts.Logger.Debug("peer holds the request for a re-seed", "peer", s.peer.Name)
 	}

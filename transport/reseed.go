@@ -55,47 +55,119 @@ func (s *Shipper) setReseed(why string) {
 // shipping after the snapshot's applied index. The WAL is retained for the
 // peer from before the snapshot was taken, so nothing falls in between. The
 // last batch carries the trailer: the position in the real stream that the
-// snapshot corresponds to, which the receiver commits as its high-water
-// mark together with the batch, so the next heartbeat finds the peer where
-// the shipper resumes and the re-seed ends there.
+// snapshot corresponds to.
+//
+// To a peer that takes it (Limits.Markers), the first batch carries the
+// same position as Begin: the peer raises its mark at once, shipping
+// resumes after it, and the rest of the snapshot goes in a goroutine of
+// its own beside the live entries, at the snapshot's share of the link's
+// bandwidth (the peer merges both last-writer-wins, so their order does
+// not matter). The peer holds the re-seed open until the trailer and says
+// so in its heartbeat answers: a sender that lost track of it (restarted,
+// or another node leads) sends it again. To an older peer the whole
+// snapshot goes first and live entries wait.
 func (s *Shipper) reseed(ctx context.Context) error {
 	requested, rejoin := s.beginReseed()
+	r, err := s.openReseed(requested, rejoin)
+	if err != nil {
+		return s.reseedDone(err, false)
+	}
+	if !r.live {
+		defer r.snap.Close()
+		return s.finishReseed(ctx, r)
+	}
+	if err := s.sendSnapshot(ctx, r, true); err != nil {
+		r.snap.Close()
+		return s.reseedDone(err, false)
+	}
+	// The peer's mark is at the snapshot's position: live entries after it
+	// go out from here on.
+	s.mu.Lock()
+	s.mu.needsReseed = false
+	if r.applied.Index > s.mu.acked && r.applied.Index <= s.log.Last() {
+		s.mu.acked, s.mu.ackedCommit = r.applied.Index, r.applied.Commit
+	}
+	s.mu.Unlock()
+	s.flushCursor(true)
+	s.bg.Add(1)
+	go func() {
+		// Exits when the snapshot is sent, the re-seed failed, or ctx
+		// ended; Run waits for it.
+		defer s.bg.Done()
+		defer r.snap.Close()
+		_ = s.finishReseed(ctx, r)
+		s.wake()
+	}()
+	return nil
+}
 
+// reseedRun is one re-seed under way.
+type reseedRun struct {
+	snap              Snapshot
+	feed              *snapshotFeed
+	stream            entry.StreamID // the real stream the trailer ends in
+	applied           entry.AppliedIndex
+	filter            entry.Filter
+	requested, rejoin bool
+	live              bool // begun: live entries flow beside it
+	sent              int
+}
+
+// openReseed takes the snapshot a re-seed sends.
+func (s *Shipper) openReseed(requested, rejoin bool) (*reseedRun, error) {
 	snap, err := s.opts.Snapshots.NewSnapshot()
 	if err != nil {
-		return s.reseedDone(err)
+		return nil, err
 	}
-	defer snap.Close()
+	r := &reseedRun{snap: snap, requested: requested, rejoin: rejoin, stream: s.log.Stream(), applied: snap.LocalApplied()}
 	total, err := snap.Count()
 	if err != nil {
-		return s.reseedDone(err)
+		snap.Close()
+		return nil, err
 	}
-	applied := snap.LocalApplied()
-	stream := s.log.Stream()
-	if entry.StreamID(applied.Stream) != stream {
+	if entry.StreamID(r.applied.Stream) != r.stream {
 		// The stream was replaced since (or nothing was ever applied).
-		applied = entry.AppliedIndex{Stream: stream}
+		r.applied = entry.AppliedIndex{Stream: r.stream}
+	}
+	// The snapshot holds the tree as of applied: it carries what the
+	// filter in force right after it lets cross, relayed keys included
+	// (the entries after it ship under their own epochs).
+	ls := s.settings()
+	r.filter, _ = ls.FilterAt(r.stream, r.applied.Index+1)
+	if r.feed, err = newSnapshotFeed(snap, s.opts.Local, s.opts.Now(), r.filter); err != nil {
+		snap.Close()
+		return nil, err
 	}
 	s.mu.Lock()
-	s.mu.reseed.Total = total
+	r.live = s.mu.limits != nil && s.mu.limits.Markers
+	s.mu.reseed.Total, s.mu.reseed.Live, s.mu.reseed.Stream = total, r.live, r.feed.stream.String()
 	s.mu.Unlock()
+	return r, nil
+}
 
-	sent, err := s.sendSnapshot(ctx, snap, stream, applied, requested, rejoin)
-	if err != nil {
-		return s.reseedDone(err)
+// finishReseed sends the rest of the snapshot and ends the re-seed.
+func (s *Shipper) finishReseed(ctx context.Context, r *reseedRun) error {
+	if err := s.sendSnapshot(ctx, r, false); err != nil {
+		return s.reseedDone(err, r.live)
 	}
-	if s.log.Stream() != stream {
+	if s.log.Stream() != r.stream {
 		// The stream was replaced during the re-seed: its trailer named the
 		// old one. The rejoin that follows re-seeds the peer again.
-		return s.reseedDone(errors.New("the stream was replaced during the re-seed"))
+		return s.reseedDone(errors.New("the stream was replaced during the re-seed"), r.live)
 	}
-	s.resumeAfterReseed(applied, requested, rejoin)
-	s.flushCursor(true)
-	s.opts.Logger.Info("re-seed done", "peer", s.peer.Name, "keys", sent, "resume_after", applied.Index)
+	if r.live {
+		s.mu.Lock()
+		s.clearOwedLocked(r.requested, r.rejoin)
+		s.mu.Unlock()
+	} else {
+		s.resumeAfterReseed(r.applied, r.requested, r.rejoin)
+		s.flushCursor(true)
+	}
+	s.opts.Logger.Info("re-seed done", "peer", s.peer.Name, "keys", r.sent, "resume_after", r.applied.Index, "live", r.live)
 	if s.opts.OnReseedDone != nil {
-		s.opts.OnReseedDone(s.peer.Name, requested, rejoin)
+		s.opts.OnReseedDone(s.peer.Name, r.requested, r.rejoin)
 	}
-	return s.reseedDone(nil)
+	return s.reseedDone(nil, r.live)
 }
 
 // beginReseed marks a re-seed as running, with why it runs, and reports
@@ -129,53 +201,50 @@ func (s *Shipper) beginReseed() (requested, rejoin bool) {
 	return requested, rejoin
 }
 
-// sendSnapshot streams snap to the peer in batches of a stream of their
-// own, the last one carrying the trailer (stream at applied), and returns
-// how many entries it sent.
-func (s *Shipper) sendSnapshot(ctx context.Context, snap Snapshot, stream entry.StreamID, applied entry.AppliedIndex,
-	requested, rejoin bool) (int, error) {
-	// The snapshot holds the tree as of applied: it carries what the
-	// filter in force right after it lets cross, relayed keys included
-	// (the entries after it ship under their own epochs).
-	ls := s.settings()
-	filter, _ := ls.FilterAt(stream, applied.Index+1)
-	feed, err := newSnapshotFeed(snap, s.opts.Local, s.opts.Now(), filter)
-	if err != nil {
-		return 0, err
-	}
-	sent := 0
+// sendSnapshot streams the re-seed's snapshot to the peer in batches of a
+// stream of their own, the last one carrying the trailer (stream at
+// applied); first sends only the first batch, which carries Begin.
+func (s *Shipper) sendSnapshot(ctx context.Context, r *reseedRun, first bool) error {
 	budget := s.snapshotBudget()
-	for done := false; !done; {
-		var ents [][]byte
-		ents, done, err = feed.batch(s.opts.MaxBatchEntries, budget)
+	for done := r.feed.ended; !done; {
+		ents, last, err := r.feed.batch(s.opts.MaxBatchEntries, budget)
 		if err != nil {
-			return sent, err
+			return err
 		}
+		done = last
 		s.mu.Lock()
 		detached := s.mu.detached
 		s.mu.Unlock()
 		if detached {
-			return sent, errors.New("the peer was detached again (backlog overflow) during the re-seed")
+			return errors.New("the peer was detached again (backlog overflow) during the re-seed")
 		}
-		h := wire.Header{Sender: s.opts.Local, Stream: feed.stream, Snapshot: true, Requested: requested, Rejoin: rejoin}
+		h := wire.Header{Sender: s.opts.Local, Stream: r.feed.stream, Snapshot: true, Requested: r.requested, Rejoin: r.rejoin}
+		at := &wire.SnapshotEnd{Stream: r.stream, Index: r.applied.Index, Commit: r.applied.Commit}
+		if first && r.live {
+			h.Begin = at
+		}
 		if done {
-			if err := s.trailer(&h, snap, stream, applied, filter); err != nil {
-				return sent, err
+			if err := s.trailer(&h, r.snap, at, r.filter); err != nil {
+				return err
 			}
 		}
 		body := wire.AppendHeader(nil, &h, len(ents))
 		for _, p := range ents {
 			body = append(body, p...)
 		}
-		if err := s.postReseedBatch(ctx, body, feed.index); err != nil {
-			return sent, err
+		if err := s.postReseedBatch(ctx, body, r.feed.index); err != nil {
+			return err
 		}
-		sent += len(ents)
+		r.sent += len(ents)
+		r.feed.ended = done
 		s.mu.Lock()
-		s.mu.reseed.Sent = sent
+		s.mu.reseed.Sent = r.sent
 		s.mu.Unlock()
+		if first {
+			return nil
+		}
 	}
-	return sent, nil
+	return nil
 }
 
 // snapshotFeed reads a snapshot's entries as entries of a stream of their
@@ -193,6 +262,8 @@ type snapshotFeed struct {
 	// filter is the link's (or a backfill's ranges): keys it keeps home
 	// are not sent.
 	filter scope
+	// ended: the batch with the trailer went out.
+	ended bool
 }
 
 // scope is what of the tree a snapshot sends: a link's filter, or the
@@ -303,8 +374,8 @@ func (f *snapshotFeed) batch(maxEntries, budget int) (ents [][]byte, done bool, 
 // trailer ends the re-seed in its last batch's header h: the position in
 // the real stream the snapshot corresponds to, and the marks of the other
 // clusters' streams it holds.
-func (s *Shipper) trailer(h *wire.Header, snap Snapshot, stream entry.StreamID, applied entry.AppliedIndex, filter entry.Filter) error {
-	h.End = &wire.SnapshotEnd{Stream: stream, Index: applied.Index, Commit: applied.Commit}
+func (s *Shipper) trailer(h *wire.Header, snap Snapshot, at *wire.SnapshotEnd, filter entry.Filter) error {
+	h.End = at
 	if !filter.All() {
 		// The snapshot holds only the part of other clusters' writes the
 		// filter lets cross: the receiver must not count their streams as
@@ -369,6 +440,12 @@ func (s *Shipper) resumeAfterReseed(applied entry.AppliedIndex, requested, rejoi
 	} else {
 		s.mu.ackedCommit = hlc.Timestamp{}
 	}
+	s.clearOwedLocked(requested, rejoin)
+}
+
+// clearOwedLocked clears the request or rejoin a re-seed answered.
+// REQUIRES: s.mu held.
+func (s *Shipper) clearOwedLocked(requested, rejoin bool) {
 	if requested {
 		s.mu.owed = false
 	}
@@ -377,22 +454,48 @@ func (s *Shipper) resumeAfterReseed(applied entry.AppliedIndex, requested, rejoi
 	}
 }
 
-func (s *Shipper) reseedDone(err error) error {
+// reseedDone ends a re-seed's run. One that failed after it began (live)
+// runs again, whether or not re-seeds are automatic: the peer's mark is
+// past what it has not carried yet.
+func (s *Shipper) reseedDone(err error, live bool) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.mu.reseed.Running = false
 	s.mu.reseed.Finished = time.Now()
 	if err != nil {
 		s.mu.reseed.Error = err.Error()
-		s.mu.needsReseed = true
-		if s.mu.owed || s.mu.rejoinSeed {
+		s.mu.reseedRetry = time.Now().Add(s.backoff.Delay(min(s.mu.reseed.Runs, 10), s.rng))
+		switch {
+		case live:
+			s.mu.wantReseed = true
+			s.mu.reseedWhy = "the re-seed that began failed: " + err.Error()
+		case s.mu.owed || s.mu.rejoinSeed:
 			// A requested or rejoin re-seed retries as what it was.
-			s.mu.needsReseed = false
+		default:
+			s.mu.needsReseed = true
+		}
+		if live && !errors.Is(err, context.Canceled) {
+			s.opts.Logger.Warn("re-seed failed after it began; sending it again", "peer", s.peer.Name, "err", err)
 		}
 	} else {
 		s.mu.reseed.Error = ""
 	}
 	return err
+}
+
+// seedingLocked takes a heartbeat answer's Seeding: the peer holds a
+// re-seed from this cluster open that began. Unless it is the one running,
+// or one that just ended (an answer may have been on its way), nothing
+// will end it but a new re-seed.
+// REQUIRES: s.mu held.
+func (s *Shipper) seedingLocked(snap string) {
+	if snap == "" || s.mu.reseed.Running || s.mu.wantReseed ||
+		(snap == s.mu.reseed.Stream && time.Since(s.mu.reseed.Finished) < 30*time.Second) {
+		return
+	}
+	s.mu.wantReseed = true
+	s.mu.reseedWhy = "the peer holds a re-seed from this cluster that began and never ended (snapshot stream " + snap + ")"
+	s.opts.Logger.Warn("peer holds an unfinished re-seed; sending it again", "peer", s.peer.Name, "snapshot", snap)
 }
 
 // nextStart is where the first of spans (the parts of [key, end) a scope

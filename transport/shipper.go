@@ -299,6 +299,8 @@ type Shipper struct {
 		rejoining, phaseSent uint8
 		lastHeartbeat        time.Time
 		reseedWhy            string // why wantReseed was set
+		// reseedRetry is when a failed re-seed may run again.
+		reseedRetry time.Time
 		conflict             string // non-empty: stopped, see OnConflict
 		// backfill is the link's backfill; backfillRetry when a failed one
 		// may run again.
@@ -307,7 +309,8 @@ type Shipper struct {
 		// bw are the link's bandwidth buckets (bandwidth.go).
 		bw limiters
 	}
-	// bg tracks the backfill's goroutine: Run waits for it.
+	// bg tracks the goroutines of a backfill and of a re-seed's snapshot
+	// sent beside live entries: Run waits for them.
 	bg sync.WaitGroup
 	// free holds batch bodies for reuse; only Run's goroutine uses it.
 	free [][]byte
@@ -441,13 +444,16 @@ func (s *Shipper) Run(ctx context.Context) {
 		s.maybeBackfill(ctx)
 		s.mu.Lock()
 		acked, reseed, paused, pause := s.mu.acked, s.mu.needsReseed, s.mu.paused, s.mu.pauseUntil
-		want := s.mu.wantReseed || s.mu.owed || s.mu.rejoinSeed || (reseed && s.opts.AutoReseed)
+		want := (s.mu.wantReseed || s.mu.owed || s.mu.rejoinSeed || (reseed && s.opts.AutoReseed)) &&
+			!s.mu.reseed.Running && !time.Now().Before(s.mu.reseedRetry)
 		conflict := s.mu.conflict != ""
 		// The rejoin phase goes out at once when it changed, and with every
 		// heartbeat; a busy link still sends one every few heartbeats so
 		// the peer's record of it cannot go stale.
+		// The first heartbeat goes out at once: its answer says whether the
+		// peer holds a re-seed open that this node must send again.
 		ask := s.mu.rejoining != s.mu.phaseSent ||
-			(!s.mu.lastHeartbeat.IsZero() && time.Since(s.mu.lastHeartbeat) >= 5*s.opts.Heartbeat)
+			s.mu.lastHeartbeat.IsZero() || time.Since(s.mu.lastHeartbeat) >= 5*s.opts.Heartbeat
 		s.mu.Unlock()
 		if conflict {
 			// Nothing more of this stream goes out: the node is replacing it.

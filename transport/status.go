@@ -42,6 +42,11 @@ type ReseedStatus struct {
 	LastReason string `json:"last_reason,omitempty"`
 	// Requested: the last re-seed answered the peer's own request.
 	Requested bool `json:"requested,omitempty"`
+	// Live: the peer took the re-seed's begin, so live entries flow while
+	// the snapshot goes (a peer of an older build waits for its end).
+	Live bool `json:"live,omitempty"`
+	// Stream is the snapshot's own stream (hex), as the peer names it.
+	Stream string `json:"stream,omitempty"`
 }
 
 // Status is a link's figures.

@@ -64,6 +64,13 @@ type Header struct {
 	// receiver raises that stream's high-water mark to it in the same
 	// commit as the batch's entries, so shipping resumes right after it.
 	End *SnapshotEnd
+	// Begin, in the first batch of a re-seed that lets live entries flow
+	// meanwhile (bg), is the same position as End: the receiver raises
+	// the real stream's mark to it at once, counting what it skips as
+	// seeded, and records the re-seed as open until its trailer comes (it
+	// says so in its heartbeat answers, so a sender that lost track of it
+	// sends it again). Only to a receiver that takes it (Limits.Markers).
+	Begin *SnapshotEnd
 	// Marks, with End, are the sender's high-water marks of other
 	// clusters' streams as of the snapshot (mk): the snapshot's state holds
 	// the effects of those entries, so the receiver raises its own marks to
@@ -144,7 +151,7 @@ func AppendHeader(dst []byte, h *Header, n int) []byte {
 	var buf bytes.Buffer
 	enc := msgpack.NewEncoder(&buf)
 	fields := 4
-	for _, on := range []bool{h.Snapshot, h.End != nil, h.Requested, h.Rejoin, h.Rejoining != 0, len(h.Marks) > 0, h.Backfill, h.BackfillEnd != nil} {
+	for _, on := range []bool{h.Snapshot, h.End != nil, h.Begin != nil, h.Requested, h.Rejoin, h.Rejoining != 0, len(h.Marks) > 0, h.Backfill, h.BackfillEnd != nil} {
 		if on {
 			fields++
 		}
@@ -160,13 +167,18 @@ func AppendHeader(dst []byte, h *Header, n int) []byte {
 		_ = enc.EncodeString("snap")
 		_ = enc.EncodeBool(true)
 	}
-	if h.End != nil {
-		_ = enc.EncodeString("end")
-		_ = enc.EncodeArrayLen(4)
-		_ = enc.EncodeBytes(h.End.Stream[:])
-		_ = enc.EncodeUint(h.End.Index)
-		_ = enc.EncodeInt(h.End.Commit.Wall)
-		_ = enc.EncodeUint(uint64(h.End.Commit.Logical))
+	for _, f := range []struct {
+		name string
+		at   *SnapshotEnd
+	}{{"end", h.End}, {"bg", h.Begin}} {
+		if f.at != nil {
+			_ = enc.EncodeString(f.name)
+			_ = enc.EncodeArrayLen(4)
+			_ = enc.EncodeBytes(f.at.Stream[:])
+			_ = enc.EncodeUint(f.at.Index)
+			_ = enc.EncodeInt(f.at.Commit.Wall)
+			_ = enc.EncodeUint(uint64(f.at.Commit.Logical))
+		}
 	}
 	for _, f := range []struct {
 		name string
@@ -396,6 +408,8 @@ func DecodeBatch(body []byte) (*Batch, error) {
 			b.Snapshot, err = dec.DecodeBool()
 		case "end":
 			b.End, err = decodeEnd(dec)
+		case "bg":
+			b.Begin, err = decodeEnd(dec)
 		case "mk":
 			b.Marks, err = decodeMarks(dec)
 		case "req":
@@ -445,14 +459,20 @@ func DecodeBatch(body []byte) (*Batch, error) {
 	if len(b.Marks) > 0 && b.End == nil {
 		return nil, fmt.Errorf("%w: marks outside a re-seed's trailer", ErrMalformed)
 	}
-	if (b.End != nil || b.Requested || b.Rejoin) && !b.Snapshot {
+	if (b.End != nil || b.Begin != nil || b.Requested || b.Rejoin) && !b.Snapshot {
 		return nil, fmt.Errorf("%w: re-seed fields on a batch that is not a snapshot", ErrMalformed)
 	}
-	if (b.Backfill || b.BackfillEnd != nil) && (!b.Snapshot || !b.Backfill || b.End != nil || b.Requested || b.Rejoin) {
+	if (b.Backfill || b.BackfillEnd != nil) && (!b.Snapshot || !b.Backfill || b.End != nil || b.Begin != nil || b.Requested || b.Rejoin) {
 		return nil, fmt.Errorf("%w: backfill fields on a batch that is not a backfill's snapshot", ErrMalformed)
 	}
 	if b.End != nil && b.End.Stream == b.Stream {
 		return nil, fmt.Errorf("%w: a snapshot cannot end in its own stream", ErrMalformed)
+	}
+	if b.Begin != nil && b.Begin.Stream == b.Stream {
+		return nil, fmt.Errorf("%w: a re-seed cannot begin in its own stream", ErrMalformed)
+	}
+	if b.Begin != nil && b.End != nil && *b.Begin != *b.End {
+		return nil, fmt.Errorf("%w: a re-seed's begin and end differ", ErrMalformed)
 	}
 	if !decoded {
 		return nil, fmt.Errorf("%w: no entries field", ErrMalformed)
@@ -512,6 +532,11 @@ type Ack struct {
 	// ("wall.logical"): a sender that remembers nothing stamped that late
 	// lost data (wiped, or restored from an older backup) and rejoins.
 	OriginFrontier string `json:"origin_frontier,omitempty"`
+	// Seeding, in a heartbeat's answer, is the snapshot stream (hex) of a
+	// re-seed from the sender that began here (Header.Begin) and has not
+	// ended: the sender's mark is already past what it carries, so a
+	// sender that is not sending it any more sends a re-seed again.
+	Seeding string `json:"seeding,omitempty"`
 	// ReseedRecorded answers a heartbeat's re-seed request: recorded.
 	ReseedRecorded bool `json:"reseed_recorded,omitempty"`
 	// Limits are what the receiver accepts, so the sender can refuse a
@@ -541,7 +566,8 @@ type Limits struct {
 	Pipeline int `json:"pipeline,omitempty"`
 	// Markers says the receiver takes filtered markers (entries standing
 	// for a run its sender's filter left out): a sender whose filter
-	// leaves entries out ships to it only then.
+	// leaves entries out ships to it only then. It also says the receiver
+	// takes a re-seed's Begin (both come with command format 3).
 	Markers bool `json:"markers,omitempty"`
 }
 

@@ -68,6 +68,9 @@ func FuzzDecodeBatch(f *testing.F) {
 	f.Add(EncodeBatch(&Batch{Header: Header{Sender: "a", Stream: entry.StreamID{2}, Snapshot: true, Backfill: true,
 		BackfillEnd: &BackfillEnd{Horizon: hlc.Timestamp{Wall: 77, Logical: 2}, Spans: []entry.Span{{Start: "t/", End: "t0"}, {Start: "z"}}}},
 		Entries: []entry.Entry{{Index: 1, Origin: "a", Stream: entry.StreamID{2}, Commit: hlc.Timestamp{Wall: 9}, Op: entry.OpSet, Key: "t/1", StampOrigin: "b"}}}))
+	// A re-seed's first batch, beginning where its trailer will end.
+	f.Add(EncodeBatch(&Batch{Header: Header{Sender: "a", Stream: entry.StreamID{2}, Snapshot: true,
+		Begin: &SnapshotEnd{Stream: entry.StreamID{1}, Index: 5, Commit: hlc.Timestamp{Wall: 7}}}}))
 	// nesting where the format has none, and lengths that lie
 	f.Add(append([]byte{0x84, 0xa1, 'v', 0x01, 0xa7, 'e', 'n', 't', 'r', 'i', 'e', 's'}, append(bytes.Repeat([]byte{0x91}, 20000), 0xc0)...))
 	f.Add(append(AppendBatchHeader(nil, "a", entry.StreamID{1}, 1), 0x81, 0xa1, 'k', 0xdb, 0x7f, 0xff, 0xff, 0xff, 'x'))
@@ -152,5 +155,32 @@ func TestMarkerAndBackfillRoundTrip(t *testing.T) {
 	bad := EncodeBatch(&Batch{Header: Header{Sender: "a", Stream: entry.StreamID{1}, BackfillEnd: &BackfillEnd{Spans: []entry.Span{{Start: "a"}}}}})
 	if _, err := DecodeBatch(bad); !errors.Is(err, ErrMalformed) {
 		t.Fatalf("a backfill end on a live batch: %v", err)
+	}
+}
+
+func TestReseedBeginRoundTrip(t *testing.T) {
+	at := &SnapshotEnd{Stream: entry.StreamID{1}, Index: 41, Commit: hlc.Timestamp{Wall: 9, Logical: 2}}
+	h := Header{Sender: "a", Stream: entry.StreamID{7}, Snapshot: true, Begin: at}
+	got, err := DecodeBatch(EncodeBatch(&Batch{Header: h}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.Begin == nil || *got.Begin != *at || got.End != nil {
+		t.Fatalf("begin: %+v", got.Header)
+	}
+	// Both in one batch (a snapshot of one batch) must agree.
+	h.End = at
+	if got, err := DecodeBatch(EncodeBatch(&Batch{Header: h})); err != nil || *got.End != *got.Begin {
+		t.Fatalf("begin and end: %+v %v", got, err)
+	}
+	for name, bad := range map[string]Header{
+		"on a live batch":         {Sender: "a", Stream: entry.StreamID{7}, Begin: at},
+		"in its own stream":       {Sender: "a", Stream: entry.StreamID{1}, Snapshot: true, Begin: at},
+		"on a backfill":           {Sender: "a", Stream: entry.StreamID{7}, Snapshot: true, Backfill: true, Begin: at},
+		"differing from the end": {Sender: "a", Stream: entry.StreamID{7}, Snapshot: true, Begin: at, End: &SnapshotEnd{Stream: entry.StreamID{1}, Index: 40}},
+	} {
+		if _, err := DecodeBatch(EncodeBatch(&Batch{Header: bad})); !errors.Is(err, ErrMalformed) {
+			t.Errorf("a begin %s: %v", name, err)
+		}
 	}
 }
