@@ -301,7 +301,7 @@ type Shipper struct {
 		reseedWhy            string // why wantReseed was set
 		// reseedRetry is when a failed re-seed may run again.
 		reseedRetry time.Time
-		conflict             string // non-empty: stopped, see OnConflict
+		conflict    string // non-empty: stopped, see OnConflict
 		// backfill is the link's backfill; backfillRetry when a failed one
 		// may run again.
 		backfill      BackfillStatus

@@ -174,9 +174,9 @@ func TestReseedBeginRoundTrip(t *testing.T) {
 		t.Fatalf("begin and end: %+v %v", got, err)
 	}
 	for name, bad := range map[string]Header{
-		"on a live batch":         {Sender: "a", Stream: entry.StreamID{7}, Begin: at},
-		"in its own stream":       {Sender: "a", Stream: entry.StreamID{1}, Snapshot: true, Begin: at},
-		"on a backfill":           {Sender: "a", Stream: entry.StreamID{7}, Snapshot: true, Backfill: true, Begin: at},
+		"on a live batch":        {Sender: "a", Stream: entry.StreamID{7}, Begin: at},
+		"in its own stream":      {Sender: "a", Stream: entry.StreamID{1}, Snapshot: true, Begin: at},
+		"on a backfill":          {Sender: "a", Stream: entry.StreamID{7}, Snapshot: true, Backfill: true, Begin: at},
 		"differing from the end": {Sender: "a", Stream: entry.StreamID{7}, Snapshot: true, Begin: at, End: &SnapshotEnd{Stream: entry.StreamID{1}, Index: 40}},
 	} {
 		if _, err := DecodeBatch(EncodeBatch(&Batch{Header: bad})); !errors.Is(err, ErrMalformed) {
