@@ -57,6 +57,7 @@ func newFixture(t *testing.T) *fixture {
 		Secrets:      map[string]string{"b": "secret-b", "c": "secret-c"},
 		MaxBodyBytes: 64 << 10,
 		Logger:       quiet,
+		TakesMarkers: func() bool { return true },
 	})
 	srv := httptest.NewServer(acc)
 	t.Cleanup(srv.Close)
@@ -227,6 +228,10 @@ func TestBadInput(t *testing.T) {
 		{"corrupt zstd", zgood[:len(zgood)/2], zstdAuth, 400, "bad_batch"},
 		{"an encoding not decoded here", good, append([]string{"Content-Encoding", "br"}, auth...), 415, "unsupported_encoding"},
 		{"far-future stamp", wire.EncodeBatch(&wire.Batch{Header: wire.Header{Sender: "b", Stream: streamB}, Entries: []entry.Entry{future}}), auth, 400, "clock_offset"},
+		{"far-future re-seed begin", wire.EncodeBatch(&wire.Batch{Header: wire.Header{Sender: "b", Stream: entry.StreamID{0x55}, Snapshot: true,
+			Begin: &wire.SnapshotEnd{Stream: streamB, Index: 9, Commit: future.Commit}}}), auth, 400, "clock_offset"},
+		{"far-future backfill horizon", wire.EncodeBatch(&wire.Batch{Header: wire.Header{Sender: "b", Stream: entry.StreamID{0x56}, Snapshot: true, Backfill: true,
+			BackfillEnd: &wire.BackfillEnd{Horizon: future.Commit, Spans: []entry.Span{{Start: "k"}}}}}), auth, 400, "clock_offset"},
 	}
 	before := f.digest()
 	for _, tc := range tests {
@@ -646,5 +651,31 @@ func TestGapWaitersDoNotHoldEachOther(t *testing.T) {
 		if c := <-codes; c != http.StatusConflict {
 			t.Fatalf("a batch beyond the receiver's mark: %d, want 409 (0: still waiting after 30 s)", c)
 		}
+	}
+}
+
+// TestBeginRefusedBeforeFormat3: a cluster whose log does not take
+// markers yet (a node of it runs an older build) refuses a re-seed's
+// begin and a backfill, and moves no mark.
+func TestBeginRefusedBeforeFormat3(t *testing.T) {
+	f := newFixture(t)
+	f.acc.opts.TakesMarkers = func() bool { return false }
+	ts := hlc.Timestamp{Wall: f.pc.Now() - int64(time.Minute)}
+	snap := entry.StreamID{0x5}
+	e := entry.Entry{Index: 1, Origin: "b", Stream: snap, Commit: ts, Stamp: ts, Op: entry.OpSet, Key: "k", Value: []byte("v")}
+	for name, h := range map[string]wire.Header{
+		"begin":    {Sender: "b", Stream: snap, Snapshot: true, Begin: &wire.SnapshotEnd{Stream: streamB, Index: 9, Commit: ts}},
+		"backfill": {Sender: "b", Stream: snap, Snapshot: true, Backfill: true},
+	} {
+		body := wire.EncodeBatch(&wire.Batch{Header: h, Entries: []entry.Entry{e}})
+		if st, out := f.post(body, "X-Replicator-Origin", "b", "Authorization", "Bearer secret-b"); st != 400 {
+			t.Errorf("a %s to a cluster before format 3: %d %v", name, st, out)
+		}
+	}
+	if h, err := f.st.HWM("b", streamB); err != nil || h.Index != 0 {
+		t.Fatalf("b's mark moved: %+v %v", h, err)
+	}
+	if _, err := f.st.Get("k"); err == nil {
+		t.Fatal("a refused batch applied its key")
 	}
 }

@@ -173,12 +173,34 @@ func (a *Acceptor) screen(sender string, b *wire.Batch) (*screened, error) {
 		}
 		ents = append(ents, e)
 	}
-	if b.End != nil {
-		if err := a.clock.CheckOffset(b.End.Commit); err != nil {
-			return nil, fmt.Errorf("%w: snapshot end: %w", ErrClockOffset, err)
+	// A trailer's, a begin's and a backfill's stamps move marks and the
+	// horizon below which the receiver drops keys: none from the future.
+	for _, st := range []struct {
+		what string
+		ts   *hlc.Timestamp
+	}{{"snapshot end", endCommit(b.End)}, {"snapshot begin", endCommit(b.Begin)}, {"backfill horizon", horizonOf(b.BackfillEnd)}} {
+		if st.ts == nil {
+			continue
+		}
+		if err := a.clock.CheckOffset(*st.ts); err != nil {
+			return nil, fmt.Errorf("%w: %s: %w", ErrClockOffset, st.what, err)
 		}
 	}
 	return &screened{ents: ents, maxTS: maxTS, deadReasons: deadReasons, own: own, unknown: unknown, dropped: dropped}, nil
+}
+
+func endCommit(e *wire.SnapshotEnd) *hlc.Timestamp {
+	if e == nil {
+		return nil
+	}
+	return &e.Commit
+}
+
+func horizonOf(e *wire.BackfillEnd) *hlc.Timestamp {
+	if e == nil {
+		return nil
+	}
+	return &e.Horizon
 }
 
 // continues refuses a batch of stream whose first entry does not follow
@@ -230,7 +252,7 @@ func (a *Acceptor) observeLag(sender string, b *wire.Batch, ents []*entry.Entry,
 	if a.opts.ObserveLag != nil && a.opts.Now != nil && !b.Snapshot && res.HWM > start {
 		now := a.opts.Now()
 		staged := b.SentAt > 0 && b.ReceivedAt > 0
-		lags := make([]Lag, 0, res.HWM-start)
+		lags := make([]Lag, 0, len(ents)) // not HWM-start: a marker covers many indexes
 		for _, e := range ents {
 			if e.Index > start && !e.IsMarker() {
 				l := Lag{Total: time.Duration(now - e.Commit.Wall)}

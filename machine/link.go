@@ -10,6 +10,7 @@ import (
 
 	"github.com/replicator/replicator/entry"
 	"github.com/replicator/replicator/store"
+	"github.com/replicator/replicator/wire"
 )
 
 // Link settings are state of the cluster's log: a filter takes effect at a
@@ -49,9 +50,13 @@ const (
 	linkSeed         = 1 << 2
 )
 
-// maxFilterEpochs bounds a link's filter history: older epochs hold for
-// entries every peer acknowledged long ago (the stream is cut behind them).
+// maxFilterEpochs bounds a link's filter history: epochs go once the
+// stream no longer keeps entries of them; a change that would keep more is
+// refused until the peers acknowledge and the stream is cut.
 const maxFilterEpochs = 64
+
+// MaxFilterEpochs is maxFilterEpochs, for the refusal's message.
+const MaxFilterEpochs = maxFilterEpochs
 
 func encodeLink(enc *msgpack.Encoder, lc *LinkCmd) error {
 	var flags uint8
@@ -163,8 +168,19 @@ func (m *Machine) applyLink(b *store.Batch, lc *LinkCmd) (*Result, func(), error
 				ls.BackfillGen++
 			}
 			ls.Backfill = f.ClipSpans(append(slices.Clone(ls.Backfill), wide...))
+			if len(ls.Backfill) > wire.MaxBackfillSpans {
+				// Too many ranges for one trailer (widened piecemeal many
+				// times): the backfill sends all the filter lets cross.
+				ls.Backfill = f.Spans()
+			}
 		}
 		ls.Filters = pruneEpochs(ls.Filters, m.stream, m.out.First())
+		if len(ls.Filters) > maxFilterEpochs {
+			// The stream still keeps entries of every one of them: none
+			// may go (an entry would ship by another filter than its
+			// own), so the change is refused (Swapped false).
+			return &Result{}, nil, nil
+		}
 	}
 	if lc.SetBandwidth {
 		ls.Bandwidth, ls.BandwidthSet = lc.Bandwidth, true
@@ -196,9 +212,6 @@ func pruneEpochs(eps []entry.FilterEpoch, stream entry.StreamID, first uint64) [
 			}
 		}
 		keep = append(keep, ep)
-	}
-	if len(keep) > maxFilterEpochs {
-		keep = keep[len(keep)-maxFilterEpochs:]
 	}
 	return keep
 }

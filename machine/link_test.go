@@ -2,6 +2,7 @@ package machine
 
 import (
 	"errors"
+	"fmt"
 	"testing"
 
 	"github.com/replicator/replicator/entry"
@@ -196,5 +197,80 @@ func TestReseedBegin(t *testing.T) {
 	}
 	if open, err := st.OpenSnapshots(); err != nil || len(open) != 0 {
 		t.Fatalf("open after a one-batch re-seed: %+v %v", open, err)
+	}
+}
+
+// TestFilterEpochsBounded: a filter change that would keep more epochs
+// than the bound, all of them for entries the stream still keeps, is
+// refused (the entries would otherwise ship by a filter not their own);
+// once the stream is cut behind them, changes go through again.
+func TestFilterEpochsBounded(t *testing.T) {
+	m, st := openMachine(t, t.TempDir())
+	defer st.Close()
+	s := &stamper{wall: 1e15}
+	idx := uint64(1)
+	apply := func(c *Command) *Result {
+		idx++
+		return mustApply(t, m, idx, c)
+	}
+	mustApply(t, m, idx, &Command{Mint: &MintCmd{Stream: testStream}})
+	filter := func(i int) *Command {
+		return &Command{Link: &LinkCmd{Peer: "c", SetFilter: true, Filter: entry.Filter{Include: []string{fmt.Sprintf("p%03d/", i)}}}}
+	}
+	for i := 0; i < MaxFilterEpochs; i++ {
+		apply(&Command{Local: []Proposal{s.put(fmt.Sprintf("k%d", i), "v")}})
+		if res := apply(filter(i)); !res.Swapped {
+			t.Fatalf("change %d refused", i)
+		}
+	}
+	apply(&Command{Local: []Proposal{s.put("last", "v")}})
+	before := m.Link("c")
+	if res := apply(filter(MaxFilterEpochs)); res.Swapped {
+		t.Fatal("a change past the bound went through")
+	}
+	if got := m.Link("c"); len(got.Filters) != len(before.Filters) || !got.Current().Equal(before.Current()) {
+		t.Fatalf("a refused change changed the link: %d epochs, %s", len(got.Filters), got.Current())
+	}
+	ls := m.Link("c")
+	if f, _ := ls.FilterAt(testStream, 2); f.String() != "+p000/" || ls.Current().String() != "+p063/" {
+		t.Fatalf("entry 2 ships by %s, the current filter is %s", f, ls.Current())
+	}
+	// The stream cut behind all but the last entries: old epochs go.
+	apply(&Command{Truncate: &TruncateCmd{Stream: testStream, First: m.out.Last()}})
+	if res := apply(filter(MaxFilterEpochs)); !res.Swapped {
+		t.Fatal("a change refused after the stream was cut")
+	}
+	if n := len(m.Link("c").Filters); n > 2 {
+		t.Fatalf("%d epochs kept after the cut", n)
+	}
+}
+
+// TestPendingBackfillCollapses: ranges pending for a backfill that grow
+// past what one trailer may name (the filter widened piecemeal many times)
+// collapse to every range the filter lets cross.
+func TestPendingBackfillCollapses(t *testing.T) {
+	m, st := openMachine(t, t.TempDir())
+	defer st.Close()
+	mustApply(t, m, 1, &Command{Mint: &MintCmd{Stream: testStream}})
+	idx := uint64(1)
+	set := func(f entry.Filter) {
+		idx++
+		mustApply(t, m, idx, &Command{Link: &LinkCmd{Peer: "c", SetFilter: true, Filter: f}})
+	}
+	set(entry.Filter{}) // every key, nothing pending
+	for cycle := 0; cycle < 5; cycle++ {
+		var ex []string
+		for i := 0; i < entry.MaxFilterPrefixes; i++ {
+			ex = append(ex, fmt.Sprintf("%d/%03d", cycle, 2*i)) // disjoint, not adjacent
+		}
+		set(entry.Filter{Exclude: ex}) // narrows
+		set(entry.Filter{})            // widens: 64 more ranges pending
+	}
+	ls := m.Link("c")
+	if len(ls.Backfill) > wire.MaxBackfillSpans {
+		t.Fatalf("%d ranges pending, past the bound of %d", len(ls.Backfill), wire.MaxBackfillSpans)
+	}
+	if len(ls.Backfill) != 1 || ls.Backfill[0] != (entry.Span{}) {
+		t.Fatalf("pending after the collapse: %d ranges %v", len(ls.Backfill), ls.Backfill[:min(3, len(ls.Backfill))])
 	}
 }

@@ -155,8 +155,13 @@ func (l linkAdmin) SetLinkFilter(peer string, f entry.Filter) (api.FilterReport,
 			}
 		}
 	}
-	if _, err := n.cons.commitCommand(&machine.Command{Link: &machine.LinkCmd{Peer: peer, SetFilter: true, Filter: f.Normal()}}); err != nil {
+	res, err := n.cons.commitCommand(&machine.Command{Link: &machine.LinkCmd{Peer: peer, SetFilter: true, Filter: f.Normal()}})
+	if err != nil {
 		return api.FilterReport{}, err
+	}
+	if !res.Swapped && !res.Skipped {
+		return api.FilterReport{}, fmt.Errorf("%w: the link to %s has %d filters in force for entries its stream still keeps (the bound): "+
+			"change it again once the peer has acknowledged those entries and the stream was cut", api.ErrNotWritten, peer, machine.MaxFilterEpochs)
 	}
 	n.log.Warn("the link's filter changed", "peer", peer, "filter", f.Normal().String())
 	return n.filterReport(peer), nil

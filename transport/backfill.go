@@ -80,7 +80,7 @@ func (s *Shipper) maybeBackfill(ctx context.Context) {
 	// within a while (the command failed), it is sent again.
 	sent := s.mu.backfill.Generation == ls.BackfillGen && s.mu.backfill.Error == "" && time.Since(s.mu.backfill.Finished) < 30*time.Second
 	if s.mu.backfill.Running || sent ||
-		s.mu.needsReseed || s.mu.reseed.Running || s.mu.limits == nil || !s.mu.limits.Markers || time.Now().Before(s.mu.backfillRetry) {
+		s.mu.needsReseed || s.mu.reseed.Running || s.mu.paused || s.mu.conflict != "" || s.mu.limits == nil || !s.mu.limits.Markers || time.Now().Before(s.mu.backfillRetry) {
 		s.mu.Unlock()
 		return
 	}
@@ -144,6 +144,9 @@ func (s *Shipper) backfill(ctx context.Context, spans []entry.Span) error {
 		body := wire.AppendHeader(nil, &h, len(ents))
 		for _, p := range ents {
 			body = append(body, p...)
+		}
+		if !s.waitUnpaused(ctx) {
+			return ctx.Err()
 		}
 		if err := s.postReseedBatch(ctx, body, feed.index); err != nil {
 			return fmt.Errorf("backfill of %s: %w", spanList(spans), err)

@@ -232,6 +232,9 @@ func (s *Shipper) sendSnapshot(ctx context.Context, r *reseedRun, first bool) er
 		for _, p := range ents {
 			body = append(body, p...)
 		}
+		if !s.waitUnpaused(ctx) {
+			return ctx.Err()
+		}
 		if err := s.postReseedBatch(ctx, body, r.feed.index); err != nil {
 			return err
 		}
@@ -264,6 +267,10 @@ type snapshotFeed struct {
 	filter scope
 	// ended: the batch with the trailer went out.
 	ended bool
+	// peeked is the entry read ahead to know whether a full batch is the
+	// last: a trailer then rides with the last entries, never alone in a
+	// batch (except for a snapshot with nothing in it).
+	peeked *entry.Entry
 }
 
 // scope is what of the tree a snapshot sends: a link's filter, or the
@@ -315,6 +322,11 @@ func newScopedFeed(snap Snapshot, local string, now int64, filter scope) (*snaps
 
 // next returns the snapshot's next entry (false once there is none).
 func (f *snapshotFeed) next() (entry.Entry, bool, error) {
+	if f.peeked != nil {
+		e := *f.peeked
+		f.peeked = nil
+		return e, true, nil
+	}
 	if len(f.extra) > 0 {
 		e := f.extra[0]
 		f.extra = f.extra[1:]
@@ -368,6 +380,11 @@ func (f *snapshotFeed) batch(maxEntries, budget int) (ents [][]byte, done bool, 
 		ents = append(ents, p)
 		size += len(p)
 	}
+	e, ok, err := f.next()
+	if err != nil || !ok {
+		return ents, err == nil, err
+	}
+	f.peeked = &e
 	return ents, false, nil
 }
 
@@ -496,6 +513,23 @@ func (s *Shipper) seedingLocked(snap string) {
 	s.mu.wantReseed = true
 	s.mu.reseedWhy = "the peer holds a re-seed from this cluster that began and never ended (snapshot stream " + snap + ")"
 	s.opts.Logger.Warn("peer holds an unfinished re-seed; sending it again", "peer", s.peer.Name, "snapshot", snap)
+}
+
+// waitUnpaused holds a snapshot's next batch while the link is paused or
+// stopped by an identity conflict (a re-seed or backfill going on beside
+// live entries would not stop otherwise); false once ctx ended.
+func (s *Shipper) waitUnpaused(ctx context.Context) bool {
+	for {
+		s.mu.Lock()
+		hold := s.mu.paused || s.mu.conflict != ""
+		s.mu.Unlock()
+		if !hold {
+			return true
+		}
+		if !sleep(ctx, 200*time.Millisecond) {
+			return false
+		}
+	}
 }
 
 // nextStart is where the first of spans (the parts of [key, end) a scope

@@ -1,0 +1,78 @@
+package transport
+
+import (
+	"fmt"
+	"sort"
+	"testing"
+
+	"github.com/replicator/replicator/entry"
+	"github.com/replicator/replicator/hlc"
+)
+
+// memSnapshot is a Snapshot of sorted keys in memory.
+type memSnapshot struct {
+	keys []string
+	pos  int
+}
+
+func (m *memSnapshot) Count() (int, error)                         { return len(m.keys), nil }
+func (m *memSnapshot) LocalApplied() entry.AppliedIndex            { return entry.AppliedIndex{} }
+func (m *memSnapshot) Ranges() ([]entry.RangeTombstone, error)     { return nil, nil }
+func (m *memSnapshot) Counters() (map[string]entry.Counter, error) { return nil, nil }
+func (m *memSnapshot) Marks() ([]entry.HWM, error)                 { return nil, nil }
+func (m *memSnapshot) CollectedBelow() (hlc.Timestamp, error)      { return hlc.Timestamp{}, nil }
+func (m *memSnapshot) SeekGE(key string)                           { m.pos = sort.SearchStrings(m.keys, key) }
+func (m *memSnapshot) Close()                                      {}
+func (m *memSnapshot) Next() (string, entry.Record, bool, error) {
+	if m.pos >= len(m.keys) {
+		return "", entry.Record{}, false, nil
+	}
+	m.pos++
+	return m.keys[m.pos-1], entry.Record{Value: []byte("v"), Stamp: entry.Stamp{HLC: hlc.Timestamp{Wall: 5}}}, true, nil
+}
+
+// TestFeedTrailerRidesWithTheLastEntries: a snapshot's batches carry every
+// key its scope lets through once, in order, and the batch that ends it
+// holds the last entries (a trailer never goes alone, so a resent trailer
+// is told by its entries), except for a snapshot with nothing in it.
+func TestFeedTrailerRidesWithTheLastEntries(t *testing.T) {
+	for _, tc := range []struct {
+		keys, batch int
+		filter      entry.Filter
+		want        int
+	}{
+		{keys: 12, batch: 4, want: 12}, // a multiple of the batch size
+		{keys: 13, batch: 4, want: 13},
+		{keys: 0, batch: 4, want: 0},
+		{keys: 40, batch: 5, filter: entry.Filter{Include: []string{"k1"}}, want: 10},
+		{keys: 40, batch: 5, filter: entry.Filter{Include: []string{"k0"}, Exclude: []string{"k00"}}, want: 9}, // k01..k09
+	} {
+		name := fmt.Sprintf("%d keys by %d, %s", tc.keys, tc.batch, tc.filter)
+		snap := &memSnapshot{}
+		for i := 0; i < tc.keys; i++ {
+			snap.keys = append(snap.keys, fmt.Sprintf("k%02d", i))
+		}
+		f, err := newSnapshotFeed(snap, "a", 1, tc.filter)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, batches := 0, 0
+		for done := false; !done; {
+			var ents [][]byte
+			if ents, done, err = f.batch(tc.batch, 1<<20); err != nil {
+				t.Fatal(err)
+			}
+			batches++
+			got += len(ents)
+			if done && len(ents) == 0 && tc.want > 0 {
+				t.Errorf("%s: the trailer went alone in batch %d", name, batches)
+			}
+			if batches > tc.keys+2 {
+				t.Fatalf("%s: no end", name)
+			}
+		}
+		if got != tc.want || f.index != uint64(tc.want) {
+			t.Errorf("%s: %d entries sent, last index %d, want %d", name, got, f.index, tc.want)
+		}
+	}
+}
