@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/replicator/replicator/client"
+	"github.com/replicator/replicator/node"
 	"github.com/replicator/replicator/node/api"
 )
 
@@ -102,6 +103,12 @@ func TestThreeClustersFiltered(t *testing.T) {
 	a, b, c := m.nodes["a"], m.nodes["b"], m.nodes["c"]
 	for _, p := range []*proc{a, b} {
 		p.args = append(p.args, "--peer-include", "c=shared/", "--peer-compression", "c=zstd")
+	}
+	for _, p := range []*proc{a, b, c} {
+		// Deletes collected within the test: kept a minute, looked at
+		// every second.
+		p.args = append(p.args, "--tombstone-retention", "1m", "--pin-window", "1s", "--idempotency-window", "1m")
+		p.env = append(p.env, node.TestingEnvPrefix+"GC_INTERVAL=1s")
 	}
 	m.start()
 	ctx := bg()
@@ -201,8 +208,9 @@ func TestThreeClustersFiltered(t *testing.T) {
 	}
 	accountsFor(t, c, a, b)
 
-	// Narrowed: c keeps what it has; a deletes there meanwhile. Widened
-	// again: the backfill carries the deletes, no stale key is left.
+	// Narrowed: c keeps what it has; a deletes there meanwhile and
+	// collects the deletes. Widened again: the backfill does not carry
+	// them, its horizon drops them at c, and no stale key is left.
 	put := func(f string) {
 		t.Helper()
 		if _, err := a.client().Do(ctx, http.MethodPut, "/admin/peers/c/filter", []byte(f), http.Header{"Content-Type": {"application/json"}}, nil); err != nil {
@@ -219,10 +227,31 @@ func TestThreeClustersFiltered(t *testing.T) {
 	if got := keysOf(t, c, "tenant1/live000"); len(got) != 1 {
 		t.Fatalf("narrowing removed what c had: %q", got)
 	}
+	// Past the retention, with every cluster writing past the deletes, a
+	// collects them.
+	tick := 0
+	eventually(t, 3*time.Minute, func() (bool, string) {
+		tick++
+		for _, p := range []*proc{a, b, c} {
+			if _, err := p.client().Put(ctx, fmt.Sprintf("shared/tick-%s", p.name), []byte(fmt.Sprint(tick))); err != nil {
+				return false, err.Error()
+			}
+		}
+		_, err := a.client().Get(ctx, "tenant1/live000")
+		return err != nil && strings.Contains(err.Error(), "deletes were collected"), fmt.Sprintf("a's tenant1/live000: %v", err)
+	})
+	if got := keysOf(t, c, "tenant1/live000"); len(got) != 1 {
+		t.Fatalf("c lost tenant1/live000 while the range did not cross: %q", got)
+	}
 	put(`{"include": ["shared/", "tenant1/"]}`)
 	idle(t, 60*time.Second, a, b, c)
 	if ka, kc := keysOf(t, a, "tenant1/"), keysOf(t, c, "tenant1/"); !slices.Equal(ka, kc) {
 		t.Fatalf("after widening again c's tenant1/ differs from a's:\na %q\nc %q", ka, kc)
+	}
+	for i := range 20 {
+		if got := keysOf(t, c, fmt.Sprintf("tenant1/live%03d", i)); len(got) != 0 {
+			t.Fatalf("c keeps a key whose delete a collected while the range did not cross: %q", got)
+		}
 	}
 	accountsFor(t, c, a, b)
 }

@@ -231,6 +231,9 @@ func (o *Options) EnsureDefaults() {
 	if o.TombstoneRetention == 0 {
 		o.TombstoneRetention = 24 * time.Hour
 	}
+	if o.Testing.GCInterval > 0 {
+		o.GCInterval = o.Testing.GCInterval
+	}
 	if o.GCInterval == 0 {
 		o.GCInterval = time.Minute
 	}
@@ -586,6 +589,9 @@ type Testing struct {
 	// mixed-version cluster: the node says it reads encoding 1 only, and its
 	// machine refuses encoding 2 (machine.Options.ReadsFormat).
 	ReadsFormat int
+	// GCInterval, when set, replaces Options.GCInterval: an e2e test of
+	// collection cannot wait minutes for it.
+	GCInterval time.Duration
 }
 
 // TestingEnvPrefix begins the environment variables TestingFromEnv reads.
@@ -593,19 +599,26 @@ const TestingEnvPrefix = "REPLICATOR_TESTING_"
 
 // TestingFromEnv reads the faults of a robustness suite from the
 // environment of a child process it started: REPLICATOR_TESTING_DISK_FULL_FILE,
-// REPLICATOR_TESTING_RAFT_BLOCK_FILE and REPLICATOR_TESTING_CLOCK_OFFSET (a
-// duration).
+// REPLICATOR_TESTING_RAFT_BLOCK_FILE, REPLICATOR_TESTING_CLOCK_OFFSET and
+// REPLICATOR_TESTING_GC_INTERVAL (durations).
 func TestingFromEnv(getenv func(string) string) (Testing, error) {
 	t := Testing{
 		DiskFullFile:  getenv(TestingEnvPrefix + "DISK_FULL_FILE"),
 		RaftBlockFile: getenv(TestingEnvPrefix + "RAFT_BLOCK_FILE"),
 	}
-	if v := getenv(TestingEnvPrefix + "CLOCK_OFFSET"); v != "" {
-		d, err := time.ParseDuration(v)
-		if err != nil {
-			return t, fmt.Errorf("node: $%sCLOCK_OFFSET: %w", TestingEnvPrefix, err)
+	for _, d := range []struct {
+		name string
+		into *time.Duration
+	}{{"CLOCK_OFFSET", &t.ClockOffset}, {"GC_INTERVAL", &t.GCInterval}} {
+		v := getenv(TestingEnvPrefix + d.name)
+		if v == "" {
+			continue
 		}
-		t.ClockOffset = d
+		dur, err := time.ParseDuration(v)
+		if err != nil {
+			return t, fmt.Errorf("node: $%s%s: %w", TestingEnvPrefix, d.name, err)
+		}
+		*d.into = dur
 	}
 	return t, nil
 }
