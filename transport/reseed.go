@@ -83,10 +83,7 @@ func (s *Shipper) reseed(ctx context.Context) error {
 	// The peer's mark is at the snapshot's position: live entries after it
 	// go out from here on.
 	s.mu.Lock()
-	s.mu.needsReseed = false
-	if r.applied.Index > s.mu.acked && r.applied.Index <= s.log.Last() {
-		s.mu.acked, s.mu.ackedCommit = r.applied.Index, r.applied.Commit
-	}
+	s.moveToLocked(r.applied)
 	s.mu.Unlock()
 	s.flushCursor(true)
 	s.bg.Add(1)
@@ -448,6 +445,14 @@ func (s *Shipper) postReseedBatch(ctx context.Context, body []byte, index uint64
 func (s *Shipper) resumeAfterReseed(applied entry.AppliedIndex, requested, rejoin bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.moveToLocked(applied)
+	s.clearOwedLocked(requested, rejoin)
+}
+
+// moveToLocked moves the cursor to a re-seed's position, where the peer's
+// mark now is: shipping resumes after it.
+// REQUIRES: s.mu held.
+func (s *Shipper) moveToLocked(applied entry.AppliedIndex) {
 	s.mu.needsReseed = false
 	if applied.Index > s.mu.acked && applied.Index <= s.log.Last() {
 		s.mu.acked = applied.Index
@@ -457,7 +462,6 @@ func (s *Shipper) resumeAfterReseed(applied entry.AppliedIndex, requested, rejoi
 	} else {
 		s.mu.ackedCommit = hlc.Timestamp{}
 	}
-	s.clearOwedLocked(requested, rejoin)
 }
 
 // clearOwedLocked clears the request or rejoin a re-seed answered.
