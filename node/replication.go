@@ -314,7 +314,7 @@ func (r *replication) tombstoneCutoff() (hlc.Timestamp, error) {
 	if rr, err := n.store.ReseedRequests(); err != nil || len(rr) > 0 {
 		return hlc.Timestamp{}, err
 	}
-	if open, err := n.store.OpenSnapshots(); err != nil || len(open) > 0 {
+	if open, err := r.openSnapshotsOfPeers(); err != nil || open {
 		// A re-seed or backfill coming in relays old versions, which a
 		// tombstone collected meanwhile could no longer shadow.
 		return hlc.Timestamp{}, err
@@ -382,6 +382,29 @@ func (r *replication) tombstoneCutoff() (hlc.Timestamp, error) {
 		}
 	}
 	return cutoff, nil
+}
+
+// openSnapshotsOfPeers says whether a re-seed or backfill is open here from
+// a peer this node still takes writes from. One from a peer removed from the
+// configuration never ends and can relay nothing more, so it holds nothing
+// back, as re-seed requests of such peers are forgotten at start
+// (pruneReseedState); with insecure peers any may come back.
+func (r *replication) openSnapshotsOfPeers() (bool, error) {
+	open, err := r.n.store.OpenSnapshots()
+	if err != nil || len(open) == 0 {
+		return false, err
+	}
+	if r.n.opts.InsecurePeers {
+		return true, nil
+	}
+	for _, p := range r.n.acceptor.Peers() {
+		for _, o := range open {
+			if o.Sender == p {
+				return true, nil
+			}
+		}
+	}
+	return false, nil
 }
 
 // oldestCommitWall reads the commit HLC's wall time of a WAL entry, for the
