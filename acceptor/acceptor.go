@@ -121,6 +121,11 @@ type Options struct {
 	// filtered markers (every node reads them): the ack's limits say so,
 	// and a sender with a filter sends markers only then. Unset: never.
 	TakesMarkers func() bool
+	// TakesContexts, when set, says whether this cluster's log keeps
+	// causal contexts (command format 4); before that, entries' contexts
+	// are dropped before they reach the log, whose older members would
+	// not read them.
+	TakesContexts func() bool
 	Logger       *slog.Logger
 }
 
@@ -216,8 +221,10 @@ func (a *Acceptor) Limits() wire.Limits {
 	// waits for it (awaitSender) instead of being refused as a gap.
 	pipe := min(max(1, a.opts.Permits/2), max(1, a.opts.MaxBodies/4), 2)
 	return wire.Limits{MaxBody: a.opts.MaxBodyBytes, MaxKey: a.opts.MaxKeyBytes, MaxValue: a.opts.MaxValueBytes, Pipeline: pipe,
-		Markers: a.takesMarkers()}
+		Markers: a.takesMarkers(), Contexts: a.takesContexts()}
 }
+
+func (a *Acceptor) takesContexts() bool { return a.opts.TakesContexts != nil && a.opts.TakesContexts() }
 
 func (a *Acceptor) takesMarkers() bool { return a.opts.TakesMarkers != nil && a.opts.TakesMarkers() }
 

@@ -86,6 +86,7 @@ func (a *Acceptor) Apply(sender string, b *wire.Batch) (wire.Ack, error) {
 		c.DroppedUnknown += uint64(res.DroppedUnknown)
 		c.DeadLettered += uint64(res.DeadLettered)
 		c.Filtered += res.Filtered
+		c.Conflicts += uint64(res.Conflicts)
 	})
 	return ack, nil
 }
@@ -117,6 +118,7 @@ func (a *Acceptor) screen(sender string, b *wire.Batch) (*screened, error) {
 		// could not apply them as the others do.
 		return nil, fmt.Errorf("%w: a re-seed's begin or a backfill, which this cluster does not take yet (a node of it runs an older build)", ErrBadBatch)
 	}
+	ctxOK := a.takesContexts()
 	for i := range b.Entries {
 		e := &b.Entries[i]
 		switch {
@@ -136,6 +138,11 @@ func (a *Acceptor) screen(sender string, b *wire.Batch) (*screened, error) {
 			return nil, fmt.Errorf("%w: entry %d is a filtered marker, which this cluster does not take yet (a node of it runs an older build)", ErrBadBatch, e.Index)
 		case e.IsMarker() && b.Snapshot:
 			return nil, fmt.Errorf("%w: entry %d is a filtered marker in a re-seed snapshot (a snapshot leaves keys out, it has no indexes to skip)", ErrBadBatch, e.Index)
+		}
+		if !ctxOK {
+			// This cluster's log does not keep contexts yet: a member of
+			// an older build could not read them.
+			stripContexts(e)
 		}
 		if b.Snapshot && a.authoredHere(e) {
 			if own == nil {
@@ -322,4 +329,12 @@ func (a *Acceptor) checkEntry(e *entry.Entry, snapshot bool) error {
 			ErrBadBatch, e.Index, e.Stamp, e.Commit, a.opts.PinWindow)
 	}
 	return nil
+}
+
+// stripContexts drops an entry's causal contexts.
+func stripContexts(e *entry.Entry) {
+	e.Ctx = nil
+	for i := range e.Ops {
+		e.Ops[i].Ctx = nil
+	}
 }

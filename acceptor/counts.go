@@ -16,6 +16,10 @@ type Counts struct {
 	// Filtered are indexes the sender's filtered markers covered: entries
 	// whose keys its filter for this link keeps home.
 	Filtered uint64 `json:"filtered"`
+	// Conflicts are the records the sender's entries added to the conflict
+	// log: versions last-writer-wins discarded whose winner had not seen
+	// them (docs/DATAMODEL.md "Conflicts").
+	Conflicts uint64 `json:"conflicts"`
 }
 
 // Counts returns a copy of the per-origin counters.

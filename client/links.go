@@ -115,4 +115,5 @@ type PeerLimits struct {
 	MaxValue int   `json:"max_value"`
 	Pipeline int   `json:"pipeline,omitempty"`
 	Markers  bool  `json:"markers,omitempty"`
+	Contexts bool  `json:"contexts,omitempty"`
 }

@@ -75,6 +75,10 @@ type Entry struct {
 	// index range and the commit of the last one (Commit) travel. The
 	// receiver raises its high-water mark past them, counted as filtered.
 	FilteredTo uint64
+	// Ctx is the causal context of a set or delete (cx): what its author
+	// held for the key, with its own stamp. Empty from a cluster whose log
+	// keeps no contexts (then a conflict it wins is only possible).
+	Ctx Context
 }
 
 // IsMarker reports whether e is a filtered marker.
@@ -97,6 +101,7 @@ type BatchOp struct {
 	Key   string
 	Value []byte
 	End   string // delete_range: the exclusive end ("" = the end of the key space)
+	Ctx   Context // cx: the op's causal context (one per key)
 }
 
 // CounterCluster is the cluster whose totals a legacy counter entry (one
@@ -221,6 +226,9 @@ func (e *Entry) Validate() error {
 		}
 		return nil
 	}
+	if err := e.checkContexts(); err != nil {
+		return bad(err.Error())
+	}
 	switch e.Op {
 	case OpSet, OpDelete:
 		if e.Key == "" {
@@ -255,6 +263,40 @@ func (e *Entry) Validate() error {
 		}
 	default:
 		return fmt.Errorf("%w: entry %d: unknown op %d", ErrMalformed, e.Index, e.Op)
+	}
+	return nil
+}
+
+// checkContexts: a context rides only on a set or delete, or on the ops of
+// a batch, is well formed, and covers the version's own stamp (a context
+// that does not would make a version a conflict of itself).
+func (e *Entry) checkContexts() error {
+	own := e.LWW()
+	check := func(c Context) error {
+		if len(c) == 0 {
+			return nil
+		}
+		if err := c.Check(); err != nil {
+			return err
+		}
+		if !c.Covers(own) {
+			return fmt.Errorf("context does not cover the version's own stamp %s", own)
+		}
+		return nil
+	}
+	if len(e.Ctx) > 0 && e.Op != OpSet && e.Op != OpDelete {
+		return errors.New("a context on an op that is not a set or delete")
+	}
+	if err := check(e.Ctx); err != nil {
+		return err
+	}
+	for i := range e.Ops {
+		if len(e.Ops[i].Ctx) > 0 && e.Ops[i].Op == OpDeleteRange {
+			return errors.New("a context on a delete_range")
+		}
+		if err := check(e.Ops[i].Ctx); err != nil {
+			return fmt.Errorf("op %d: %w", i, err)
+		}
 	}
 	return nil
 }

@@ -80,4 +80,10 @@ type Record struct {
 	Tombstone bool
 	Kind      Kind
 	Value     []byte
+	// Ctx is the version's causal context (empty: kept by no log yet, or
+	// from a peer that sends none).
+	Ctx Context
+	// Conflicted says the conflict log holds a record of a version this
+	// key discarded (looked up only then, when a later version arrives).
+	Conflicted bool
 }

@@ -24,9 +24,11 @@ var ErrMalformed = errors.New("machine: malformed command")
 const (
 	commandV1 = 1
 	commandV2 = 2
-	// ReadsFormat is the newest format this build reads: encoding 2, and
-	// from format 3 (FormatLinks) link commands, in the same encoding.
-	ReadsFormat = FormatLinks
+	// ReadsFormat is the newest format this build reads: encoding 2, from
+	// format 3 (FormatLinks) link commands, in the same encoding, and from
+	// format 4 (FormatConflicts) versions with contexts and the conflict
+	// log.
+	ReadsFormat = FormatConflicts
 )
 
 // Kind names a command.

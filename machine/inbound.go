@@ -77,6 +77,15 @@ func (m *Machine) applyInbound(b *store.Batch, in *Inbound) (*InboundResult, err
 			return nil, err
 		}
 	}
+	if m.format.Load() >= FormatConflicts && !bt.Snapshot && !bt.Backfill {
+		collected, err := m.st.CollectedBelow()
+		if err != nil {
+			return nil, err
+		}
+		j := &conflictJudge{b: b, peer: sender, at: in.HLC, collected: collected}
+		b.Track(j.judge)
+		defer func() { res.Conflicts, res.Superseded = j.logged, j.superseded }()
+	}
 	var codec *wire.Codec
 	for i := range ents {
 		e := &ents[i]

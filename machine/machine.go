@@ -229,6 +229,9 @@ func (m *Machine) Apply(index uint64, data []byte) (*Result, error) {
 	if err == nil && m.readsFormat == commandV2 && (c.Link != nil || (c.Format != nil && c.Format.Version > commandV2)) {
 		err = fmt.Errorf("%w: kind %s (this build plays one that reads format 2 at most)", ErrMalformed, c.Kind())
 	}
+	if err == nil && m.readsFormat == FormatLinks && c.Format != nil && c.Format.Version > FormatLinks {
+		err = fmt.Errorf("%w: format %d (this build plays one that reads format 3 at most)", ErrMalformed, c.Format.Version)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("machine: apply %d: %w", index, err)
 	}
@@ -256,6 +259,13 @@ func (m *Machine) ApplyCommand(index uint64, c *Command) (*Result, error) {
 	}
 	b := m.st.NewBatch()
 	defer func() { b.Close() }()
+	if m.format.Load() >= FormatConflicts {
+		// Versions carry contexts: every merge reads what its key holds
+		// and moves its conflict records along (an inbound batch also
+		// judges what it discards, applyInbound).
+		j := &conflictJudge{b: b, local: true}
+		b.Track(j.judge)
+	}
 	switch kind {
 	case KindLocal:
 		res, next, err = m.writeLocal(b, dec)
@@ -410,7 +420,7 @@ func (m *Machine) writeLocal(b *store.Batch, d *decided) (*Result, func(), error
 	b.Reserve(keys)
 	for _, i := range d.accepted {
 		w := &res.Writes[i]
-		out, err := b.ApplyEntry(&w.Entry)
+		out, err := b.ApplyLocal(&w.Entry)
 		if err != nil {
 			return nil, nil, err
 		}

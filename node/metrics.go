@@ -117,6 +117,8 @@ var (
 		"A link's water mark on its oldest unacknowledged entry's age (high, low).", []string{"mark"}, nil)
 	descApply = prometheus.NewDesc("replicator_apply_outcomes_total",
 		"Entries received from peers, by origin and outcome (applied, stale, duplicate, refused batches).", []string{"origin", "outcome"}, nil)
+	descConflicts = prometheus.NewDesc("replicator_conflicts_total",
+		"Records the entries of each peer added to the conflict log (versions last-writer-wins discarded that the winner had not seen), counted by the node that took the batch.", []string{"peer"}, nil)
 	descWrites  = prometheus.NewDesc("replicator_local_writes_total", "Local writes committed.", nil, nil)
 	descGroups  = prometheus.NewDesc("replicator_commit_groups_total", "WAL appends (one fsync each) the local writes took.", nil, nil)
 	descWAL     = prometheus.NewDesc("replicator_wal_entries", "Entries retained in the outbound WAL.", nil, nil)
@@ -197,6 +199,7 @@ func (n *Node) collect(ch chan<- prometheus.Metric) {
 		for outcome, v := range map[string]uint64{"applied": c.Applied, "stale": c.Stale, "duplicate": c.Duplicates, "refused": c.Refused} {
 			ch <- prometheus.MustNewConstMetric(descApply, prometheus.CounterValue, float64(v), origin, outcome)
 		}
+		ch <- prometheus.MustNewConstMetric(descConflicts, prometheus.CounterValue, float64(c.Conflicts), origin)
 	}
 	ch <- prometheus.MustNewConstMetric(descWrites, prometheus.CounterValue, float64(n.metrics.writes.Load()))
 	ch <- prometheus.MustNewConstMetric(descGroups, prometheus.CounterValue, float64(n.metrics.groups.Load()))

@@ -76,6 +76,7 @@ type Node struct {
 	repl       replication // the links to peer clusters
 	seeds      linkSeeds   // what of flags and log differences was said
 	linkAdmin              // the links' settings through the log (links.go)
+	conflictLog            // the conflict log's reads and restores (conflicts.go)
 	tls        tlsSetup
 	mem        membership // gossip: the nodes of this cluster and the peers found
 	// applied is the last index of the stream applied to the store.
@@ -157,6 +158,7 @@ func Open(ctx context.Context, opts *Options) (*Node, error) {
 	n.mem.discovered = map[string]Peer{}
 	n.repl.n, n.repl.linkStates = n, map[string]string{}
 	n.linkAdmin.n = n
+	n.conflictLog.n = n
 	n.sat.marks, n.sat.wait, n.sat.log, n.sat.metrics = o.WaterMarks, o.AdmissionWait, log, &n.metrics
 	n.sat.links, n.sat.oldest = n.repl.links, n.repl.oldestCommitWall
 	n.sat.overflow = map[string]string{}

@@ -88,6 +88,8 @@ func (r *replication) setupReplication() error {
 		Nodes:           r.ackNodes(),
 		// Markers take format 3: a node that cannot read them would stop.
 		TakesMarkers: func() bool { return n.machine.Format() >= machine.FormatLinks },
+		// Contexts take format 4: before it, a member may not read them.
+		TakesContexts: func() bool { return n.machine.Format() >= machine.FormatConflicts },
 		Now:          n.clock.Physical,
 		Logger:       n.log,
 	})

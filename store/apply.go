@@ -10,7 +10,14 @@ import (
 // the idempotency record it carries, if any. Every path that applies entries
 // (the local committer, recovery from the WAL, the acceptor) goes through it,
 // so an entry means the same wherever it lands.
-func (b *Batch) ApplyEntry(e *entry.Entry) (entry.Outcome, error) {
+func (b *Batch) ApplyEntry(e *entry.Entry) (entry.Outcome, error) { return b.applyEntry(e, false) }
+
+// ApplyLocal is ApplyEntry of this cluster's own new write: in a batch that
+// tracks versions it gives each key written its causal context (e.Ctx, or
+// the op's in a batch), which the entry then carries to every peer.
+func (b *Batch) ApplyLocal(e *entry.Entry) (entry.Outcome, error) { return b.applyEntry(e, b.tracking) }
+
+func (b *Batch) applyEntry(e *entry.Entry, local bool) (entry.Outcome, error) {
 	var out entry.Outcome
 	var err error
 	if e.Oversize > 0 {
@@ -21,7 +28,11 @@ func (b *Batch) ApplyEntry(e *entry.Entry) (entry.Outcome, error) {
 	}
 	switch e.Op {
 	case entry.OpSet, entry.OpDelete:
-		out, err = b.Merge(Write{Key: e.Key, Value: e.Value, Tombstone: e.Op == entry.OpDelete, Stamp: e.LWW()})
+		w := Write{Key: e.Key, Value: e.Value, Tombstone: e.Op == entry.OpDelete, Stamp: e.LWW(), Ctx: e.Ctx, Local: local}
+		out, err = b.mergeWrite(&w)
+		if local {
+			e.Ctx = w.Ctx
+		}
 	case entry.OpDeleteRange:
 		out, _, err = b.MergeRange(RangeTombstone{Start: e.Key, End: e.End, Stamp: e.LWW()})
 	case entry.OpCounter:
@@ -30,14 +41,19 @@ func (b *Batch) ApplyEntry(e *entry.Entry) (entry.Outcome, error) {
 		// One stamp for every write; the caller commits them in one batch,
 		// so a reader sees all of them or none.
 		out = entry.Duplicate
-		for _, op := range e.Ops {
+		for i := range e.Ops {
+			op := &e.Ops[i]
 			var o entry.Outcome
 			var err error
 			if op.Op == entry.OpDeleteRange {
 				// A range delete a link's filter cut into parts.
 				o, _, err = b.MergeRange(RangeTombstone{Start: op.Key, End: op.End, Stamp: e.LWW()})
 			} else {
-				o, err = b.Merge(Write{Key: op.Key, Value: op.Value, Tombstone: op.Op == entry.OpDelete, Stamp: e.LWW()})
+				w := Write{Key: op.Key, Value: op.Value, Tombstone: op.Op == entry.OpDelete, Stamp: e.LWW(), Ctx: op.Ctx, Local: local}
+				o, err = b.mergeWrite(&w)
+				if local {
+					op.Ctx = w.Ctx
+				}
 			}
 			if err != nil {
 				return 0, err

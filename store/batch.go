@@ -42,11 +42,35 @@ type Batch struct {
 	// senders whose B keys it cleared (backfill.go).
 	backfilled      map[string]bool
 	backfillCleared map[string]bool
+	// judge, when set (Track), sees every version a merge discards.
+	judge    Judge
+	tracking bool
+	// pendingConflicts are the conflict records this batch wrote (nil:
+	// removed), by key and ID.
+	pendingConflicts map[string]map[string]*entry.Conflict
+}
+
+// Judge is told of every merge of a tracked batch, before it is written:
+// the key's version before (nil: none stored), the write, and the outcome
+// last-writer-wins decided (Applied: prev is discarded; Stale: the write
+// is). It returns whether the conflict log holds records of the key after
+// this merge (the record's Conflicted flag). It must not keep prev: its
+// value is only valid during the call.
+type Judge func(prev *Record, w *Write, out entry.Outcome) (conflicted bool, err error)
+
+// Track makes every later merge of the batch read what its key holds (no
+// blind write), give a local write its causal context (Write.Local), and
+// tell j of what it discards (j may be nil: contexts only).
+func (b *Batch) Track(j Judge) {
+	b.judge = j
+	b.tracking = true
 }
 
 type pendingRecord struct {
 	stamp entry.Stamp
 	flags byte
+	// rec is the whole record while the batch tracks versions (Track).
+	rec *Record
 }
 
 // NewBatch starts a batch and takes the apply lock.
@@ -96,12 +120,40 @@ func (b *Batch) Stored(key string) (st entry.Stamp, tombstone, ok bool, err erro
 	return st, flags&flagTombstone != 0, ok, err
 }
 
+// recordLocked returns the whole record stored for key, the batch's own
+// pending writes first. done releases the value (call it once done with
+// the record).
+func (b *Batch) recordLocked(key string, dk []byte) (r *Record, done func(), err error) {
+	if p, ok := b.pending[key]; ok {
+		if p.rec == nil {
+			return nil, nil, fmt.Errorf("store: key %q was merged by this batch before it tracked versions", key)
+		}
+		return p.rec, func() {}, nil
+	}
+	v, closer, err := b.s.db.Get(dk)
+	if errors.Is(err, pebble.ErrNotFound) {
+		return nil, func() {}, nil
+	}
+	if err != nil {
+		return nil, nil, fmt.Errorf("store: get %q: %w", key, err)
+	}
+	rec, err := DecodeRecord(v)
+	if err != nil {
+		closer.Close()
+		return nil, nil, fmt.Errorf("store: key %q: %w", key, err)
+	}
+	return &rec, func() { closer.Close() }, nil
+}
+
 // Merge applies w last-writer-wins and reports what it did. A tombstone is
 // written even for a key that was never stored: it keeps an older write that
 // arrives later from resurrecting the key.
 func (b *Batch) Merge(w Write) (entry.Outcome, error) {
 	if w.Stamp.Origin == "" || len(w.Stamp.Origin) > maxOriginLen {
 		return 0, fmt.Errorf("store: merge %q: origin %q out of range", w.Key, w.Stamp.Origin)
+	}
+	if b.tracking {
+		return b.mergeTracked(&w)
 	}
 	dk := dataKey(w.Key)
 	var (

@@ -119,7 +119,7 @@ func (b *Batch) MergeRange(r RangeTombstone) (entry.Outcome, int, error) {
 		if !ok || tomb || st.Compare(r.Stamp) >= 0 {
 			continue
 		}
-		if _, err := b.Merge(Write{Key: k, Tombstone: true, Stamp: r.Stamp}); err != nil {
+		if _, err := b.Merge(Write{Key: k, Tombstone: true, Stamp: r.Stamp, Range: true}); err != nil {
 			return 0, 0, err
 		}
 		deleted++

@@ -18,9 +18,11 @@ var ErrNotFound = errors.New("store: not found")
 const (
 	recordVersion = 1
 
-	flagTombstone = 1 << 0
-	flagCounter   = 1 << 1
-	knownFlags    = flagTombstone | flagCounter
+	flagTombstone  = 1 << 0
+	flagCounter    = 1 << 1
+	flagContext    = 1 << 2
+	flagConflicted = 1 << 3
+	knownFlags     = flagTombstone | flagCounter | flagContext | flagConflicted
 
 	maxOriginLen = 63
 	recordHeader = 2 + hlc.EncodedLen + 1 // version, flags, hlc, origin length
@@ -28,7 +30,10 @@ const (
 
 // AppendRecord appends the stored encoding of r to dst:
 //
-//	version(1) | flags(1) | hlc(12) | len(origin)(1) | origin | value
+//	version(1) | flags(1) | hlc(12) | len(origin)(1) | origin | [context] | value
+//
+// with the context (flag 4) as count(1) | (len(origin)(1) | origin | hlc(12))*.
+// Flag 8 says the conflict log holds records of versions the key discarded.
 func AppendRecord(dst []byte, r *Record) []byte {
 	var flags byte
 	if r.Tombstone {
@@ -37,11 +42,50 @@ func AppendRecord(dst []byte, r *Record) []byte {
 	if r.Kind == KindCounter {
 		flags |= flagCounter
 	}
+	if len(r.Ctx) > 0 {
+		flags |= flagContext
+	}
+	if r.Conflicted {
+		flags |= flagConflicted
+	}
 	dst = append(dst, recordVersion, flags)
 	dst = r.Stamp.HLC.AppendTo(dst)
 	dst = append(dst, byte(len(r.Stamp.Origin)))
 	dst = append(dst, r.Stamp.Origin...)
+	if len(r.Ctx) > 0 {
+		dst = append(dst, byte(len(r.Ctx)))
+		for _, it := range r.Ctx {
+			dst = append(dst, byte(len(it.Origin)))
+			dst = append(dst, it.Origin...)
+			dst = it.HLC.AppendTo(dst)
+		}
+	}
 	return append(dst, r.Value...)
+}
+
+// decodeContext reads a stored context from b, returning what follows it.
+func decodeContext(b []byte) (entry.Context, []byte, error) {
+	if len(b) < 1 || b[0] == 0 || int(b[0]) > entry.MaxContext {
+		return nil, nil, fmt.Errorf("%w: record context header", ErrCorrupt)
+	}
+	c := make(entry.Context, b[0])
+	b = b[1:]
+	for i := range c {
+		if len(b) < 1 {
+			return nil, nil, fmt.Errorf("%w: record context item %d", ErrCorrupt, i)
+		}
+		n := int(b[0])
+		if n == 0 || n > maxOriginLen || len(b) < 1+n+hlc.EncodedLen {
+			return nil, nil, fmt.Errorf("%w: record context item %d", ErrCorrupt, i)
+		}
+		ts, err := hlc.Decode(b[1+n : 1+n+hlc.EncodedLen])
+		if err != nil {
+			return nil, nil, fmt.Errorf("%w: %v", ErrCorrupt, err)
+		}
+		c[i] = entry.ContextItem{Origin: string(b[1 : 1+n]), HLC: ts}
+		b = b[1+n+hlc.EncodedLen:]
+	}
+	return c, b, nil
 }
 
 // DecodeRecord parses a stored record. The returned Value aliases b.
@@ -67,10 +111,16 @@ func DecodeRecord(b []byte) (Record, error) {
 	}
 	r.Stamp = entry.Stamp{HLC: ts, Origin: string(b[recordHeader : recordHeader+n])}
 	r.Tombstone = flags&flagTombstone != 0
+	r.Conflicted = flags&flagConflicted != 0
 	if flags&flagCounter != 0 {
 		r.Kind = KindCounter
 	}
 	r.Value = b[recordHeader+n:]
+	if flags&flagContext != 0 {
+		if r.Ctx, r.Value, err = decodeContext(r.Value); err != nil {
+			return r, err
+		}
+	}
 	if r.Tombstone && len(r.Value) > 0 && r.Kind == KindPlain {
 		return r, fmt.Errorf("%w: tombstone with a %d-byte value", ErrCorrupt, len(r.Value))
 	}

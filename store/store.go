@@ -162,6 +162,14 @@ type Write struct {
 	Tombstone bool
 	Kind      Kind
 	Stamp     entry.Stamp
+	// Ctx is the version's causal context, stored with it in a batch that
+	// tracks versions; for a Local write the merge computes it.
+	Ctx entry.Context
+	// Local: a write of this cluster, whose context is what the key holds
+	// now and its own stamp.
+	Local bool
+	// Range: the tombstone a range delete writes on one key of its range.
+	Range bool
 }
 
 // Set merges a value under stamp in its own synced batch.

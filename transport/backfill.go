@@ -127,6 +127,9 @@ func (s *Shipper) backfill(ctx context.Context, spans []entry.Span) error {
 		return err
 	}
 	feed, err := newScopedFeed(snap, s.opts.Local, s.opts.Now(), spanScope(spans))
+	if err == nil {
+		feed.contexts = s.takesContexts()
+	}
 	if err != nil {
 		return err
 	}

@@ -1,6 +1,7 @@
 package transport
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 
@@ -195,6 +196,47 @@ func (s *Shipper) takesMarkers() bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.mu.limits != nil && s.mu.limits.Markers
+}
+
+// takesContexts reports whether the peer said its log keeps causal
+// contexts: to another, entries go without them.
+func (s *Shipper) takesContexts() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.mu.limits != nil && s.mu.limits.Contexts
+}
+
+// ctxField is how an entry's context field begins on the wire (msgpack's
+// fixstr "cx"): an entry without these bytes has none to strip.
+var ctxField = []byte("\xa2cx")
+
+// stripContexts re-encodes a WAL entry without its causal contexts, for a
+// peer that does not take them (an entry that has none is returned as is).
+func stripContexts(codec *wire.Codec, raw []byte, defs wire.Defaults) ([]byte, error) {
+	if !bytes.Contains(raw, ctxField) {
+		return raw, nil
+	}
+	e, err := codec.DecodeEntry(raw, defs)
+	if err != nil {
+		return nil, err
+	}
+	if len(e.Ctx) == 0 && !opsHaveContexts(&e) {
+		return raw, nil
+	}
+	e.Ctx = nil
+	for i := range e.Ops {
+		e.Ops[i].Ctx = nil
+	}
+	return codec.AppendEntry(nil, &e, defs), nil
+}
+
+func opsHaveContexts(e *entry.Entry) bool {
+	for i := range e.Ops {
+		if len(e.Ops[i].Ctx) > 0 {
+			return true
+		}
+	}
+	return false
 }
 
 // knowsLimits reports whether the peer has told its limits yet.

@@ -112,8 +112,10 @@ func (s *Shipper) shipOnce(ctx context.Context, acked uint64) error {
 		}
 		return b
 	}
-	if !s.knowsLimits() && s.projector(s.log.Stream(), acked) != nil {
-		// Whether the peer takes filtered markers is in its answers: ask.
+	if !s.knowsLimits() {
+		// Whether the peer takes filtered markers and causal contexts is
+		// in its answers: ask (entries sent without contexts would make
+		// the conflicts they win only possible ones there).
 		if err := s.heartbeat(ctx); err != nil {
 			return fmt.Errorf("heartbeat: %w", err)
 		}
@@ -256,6 +258,11 @@ func (s *Shipper) build(acked uint64, buf *[]byte, stubs bool) (*flight, error) 
 	var payloads [][]byte
 	size := 0
 	stubbed := false
+	ctxOK := s.takesContexts()
+	var codec *wire.Codec
+	if !ctxOK {
+		codec = wire.NewCodec()
+	}
 	to := acked
 	for i := acked + 1; i <= last && len(payloads) < limit && i-acked <= maxScan; i++ {
 		p, err := s.log.ReadRaw(i)
@@ -281,6 +288,11 @@ func (s *Shipper) build(acked uint64, buf *[]byte, stubs bool) (*flight, error) 
 				if len(payloads) >= limit {
 					break // entry i is next time's
 				}
+			}
+		}
+		if !ctxOK {
+			if p, err = stripContexts(codec, p, wire.Defaults{Origin: s.opts.Local, Stream: stream}); err != nil {
+				return nil, fmt.Errorf("transport: decode wal entry %d to strip its contexts: %w", i, err)
 			}
 		}
 		if len(payloads) > 0 && size+len(p) > budget {

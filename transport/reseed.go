@@ -131,7 +131,10 @@ func (s *Shipper) openReseed(requested, rejoin bool) (*reseedRun, error) {
 	// (the entries after it ship under their own epochs).
 	ls := s.settings()
 	r.filter, _ = ls.FilterAt(r.stream, r.applied.Index+1)
-	if r.feed, err = newSnapshotFeed(snap, s.opts.Local, s.opts.Now(), r.filter); err != nil {
+	if r.feed, err = newSnapshotFeed(snap, s.opts.Local, s.opts.Now(), r.filter); err == nil {
+		r.feed.contexts = s.takesContexts()
+	}
+	if err != nil {
 		snap.Close()
 		return nil, err
 	}
@@ -268,6 +271,9 @@ type snapshotFeed struct {
 	// last: a trailer then rides with the last entries, never alone in a
 	// batch (except for a snapshot with nothing in it).
 	peeked *entry.Entry
+	// contexts: the peer's log keeps causal contexts, so each key's
+	// travels with it (a re-seeded cluster judges later conflicts by them).
+	contexts bool
 }
 
 // scope is what of the tree a snapshot sends: a link's filter, or the
@@ -346,6 +352,9 @@ func (f *snapshotFeed) next() (entry.Entry, bool, error) {
 		return entry.Entry{}, false, err
 	}
 	e := entry.Entry{Stamp: rec.Stamp.HLC, Op: entry.OpSet, Key: key, Value: rec.Value, StampOrigin: rec.Stamp.Origin}
+	if f.contexts && rec.Ctx.Covers(rec.Stamp) {
+		e.Ctx = rec.Ctx
+	}
 	if rec.Tombstone {
 		e.Op, e.Value = entry.OpDelete, nil
 	}

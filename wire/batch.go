@@ -569,6 +569,10 @@ type Limits struct {
 	// leaves entries out ships to it only then. It also says the receiver
 	// takes a re-seed's Begin (both come with command format 3).
 	Markers bool `json:"markers,omitempty"`
+	// Contexts says the receiver's log keeps causal contexts (command
+	// format 4): entries may carry them (cx). To another receiver a sender
+	// sends entries without them, since it refuses fields it does not know.
+	Contexts bool `json:"contexts,omitempty"`
 }
 
 // checkCluster refuses a cluster ID that does not match entry.ClusterIDPattern.

@@ -58,7 +58,8 @@ func (c *Codec) encodeEntry(enc *msgpack.Encoder, e *entry.Entry, d Defaults) {
 	withCC := e.CtrComp != ""
 	withOvs := e.Oversize > 0
 	withFlt := e.FilteredTo > 0
-	for _, b := range []bool{withOrigin, withStream, withStamp, withValue, withIdem, withSO, withEnd, withCtr, withOps, withCC, withOvs, withFlt} {
+	withCx := len(e.Ctx) > 0
+	for _, b := range []bool{withOrigin, withStream, withStamp, withValue, withIdem, withSO, withEnd, withCtr, withOps, withCC, withOvs, withFlt, withCx} {
 		if b {
 			n++
 		}
@@ -115,6 +116,10 @@ func (c *Codec) encodeEntry(enc *msgpack.Encoder, e *entry.Entry, d Defaults) {
 		_ = enc.EncodeString("flt")
 		_ = enc.EncodeUint(e.FilteredTo)
 	}
+	if withCx {
+		_ = enc.EncodeString("cx")
+		encodeContext(enc, e.Ctx)
+	}
 	if withOps {
 		_ = enc.EncodeString("ops")
 		_ = enc.EncodeArrayLen(len(e.Ops))
@@ -124,6 +129,9 @@ func (c *Codec) encodeEntry(enc *msgpack.Encoder, e *entry.Entry, d Defaults) {
 				n++
 			}
 			if op.End != "" {
+				n++
+			}
+			if len(op.Ctx) > 0 {
 				n++
 			}
 			_ = enc.EncodeMapLen(n)
@@ -138,6 +146,10 @@ func (c *Codec) encodeEntry(enc *msgpack.Encoder, e *entry.Entry, d Defaults) {
 			if op.End != "" {
 				_ = enc.EncodeString("end")
 				_ = enc.EncodeString(op.End)
+			}
+			if len(op.Ctx) > 0 {
+				_ = enc.EncodeString("cx")
+				encodeContext(enc, op.Ctx)
 			}
 		}
 	}
@@ -217,7 +229,7 @@ func decodeOps(dec *msgpack.Decoder) ([]entry.BatchOp, error) {
 		if err != nil {
 			return nil, err
 		}
-		if m < 2 || m > 4 {
+		if m < 2 || m > 5 {
 			return nil, fmt.Errorf("op %d: map of %d fields", i, m)
 		}
 		var op entry.BatchOp
@@ -242,6 +254,12 @@ func decodeOps(dec *msgpack.Decoder) ([]entry.BatchOp, error) {
 			case "end":
 				op.End, err = dec.DecodeString()
 				seen |= 8
+			case "cx":
+				if seen&16 != 0 {
+					return nil, fmt.Errorf("op %d: cx twice", i)
+				}
+				op.Ctx, err = decodeContext(dec)
+				seen |= 16
 			default:
 				return nil, fmt.Errorf("op %d: unknown field %q", i, name)
 			}
@@ -312,6 +330,55 @@ func decodeIdem(dec *msgpack.Decoder) (*entry.Idem, error) {
 	return &id, nil
 }
 
+// encodeContext writes a context as an array of [origin, wall, logical].
+func encodeContext(enc *msgpack.Encoder, c entry.Context) {
+	_ = enc.EncodeArrayLen(len(c))
+	for _, it := range c {
+		_ = enc.EncodeArrayLen(3)
+		_ = enc.EncodeString(it.Origin)
+		_ = enc.EncodeInt(it.HLC.Wall)
+		_ = enc.EncodeUint(uint64(it.HLC.Logical))
+	}
+}
+
+// decodeContext reads a context, bounded before anything is allocated; the
+// entry's Validate checks what it holds.
+func decodeContext(dec *msgpack.Decoder) (entry.Context, error) {
+	n, err := dec.DecodeArrayLen()
+	if err != nil {
+		return nil, err
+	}
+	if n < 1 || n > entry.MaxContext {
+		return nil, fmt.Errorf("context of %d items", n)
+	}
+	c := make(entry.Context, n)
+	for i := range c {
+		m, err := dec.DecodeArrayLen()
+		if err != nil {
+			return nil, err
+		}
+		if m != 3 {
+			return nil, fmt.Errorf("context item of %d elements, want 3", m)
+		}
+		if c[i].Origin, err = dec.DecodeString(); err != nil {
+			return nil, err
+		}
+		w, err := dec.DecodeInt64()
+		if err != nil {
+			return nil, err
+		}
+		if w < 0 {
+			return nil, fmt.Errorf("negative context wall %d", w)
+		}
+		l, err := dec.DecodeUint32()
+		if err != nil {
+			return nil, err
+		}
+		c[i].HLC = hlc.Timestamp{Wall: w, Logical: l}
+	}
+	return c, nil
+}
+
 // encodeHLC writes a timestamp as [wall, logical]: integers on the wire,
 // never time.Time.
 func encodeHLC(enc *msgpack.Encoder, ts hlc.Timestamp) {
@@ -364,7 +431,7 @@ func DecodeEntryFrom(dec *msgpack.Decoder, d Defaults) (entry.Entry, error) {
 	if err != nil {
 		return e, fmt.Errorf("%w: %v", entry.ErrMalformed, err)
 	}
-	if n < 0 || n > 19 {
+	if n < 0 || n > 20 {
 		return e, fmt.Errorf("%w: entry map of %d fields", entry.ErrMalformed, n)
 	}
 	var have uint32
@@ -436,6 +503,9 @@ func DecodeEntryFrom(dec *msgpack.Decoder, d Defaults) (entry.Entry, error) {
 			if err == nil && e.FilteredTo == 0 {
 				err = errors.New("filtered marker to index 0")
 			}
+		case "cx":
+			bit = 65536
+			e.Ctx, err = decodeContext(dec)
 		case "so":
 			bit = 512
 			e.StampOrigin, err = dec.DecodeString()

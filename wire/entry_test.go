@@ -3,6 +3,7 @@ package wire
 import (
 	"bytes"
 	"errors"
+	"reflect"
 	"runtime"
 	"testing"
 
@@ -17,6 +18,8 @@ func TestEntryCodecRoundTrip(t *testing.T) {
 		{Index: 1, Origin: "a", Stream: entry.StreamID{9}, Commit: hlc.Timestamp{Wall: 5}, Op: entry.OpSet, Key: "k", Value: []byte("v")},
 		{Index: 1 << 40, Origin: "b", Stream: entry.StreamID{7}, Commit: hlc.Timestamp{Wall: 5, Logical: 2}, Stamp: hlc.Timestamp{Wall: 3}, Op: entry.OpDelete, Key: "k/ü"},
 		{Index: 2, Origin: "a", Stream: entry.StreamID{9}, Commit: hlc.Timestamp{Wall: 5}, Op: entry.OpSet, Key: "empty"},
+		{Index: 3, Origin: "a", Stream: entry.StreamID{9}, Commit: hlc.Timestamp{Wall: 5}, Op: entry.OpSet, Key: "ctx", Value: []byte("v"),
+			Ctx: entry.Context{{Origin: "a", HLC: hlc.Timestamp{Wall: 5}}, {Origin: "c", HLC: hlc.Timestamp{Wall: 9, Logical: 3}}}},
 	} {
 		b := c.AppendEntry(nil, &e, d)
 		got, err := c.DecodeEntry(b, d)
@@ -27,7 +30,7 @@ func TestEntryCodecRoundTrip(t *testing.T) {
 			e.Stamp = e.Commit
 		}
 		if got.Index != e.Index || got.Origin != e.Origin || got.Stream != e.Stream || got.Commit != e.Commit ||
-			got.Stamp != e.Stamp || got.Op != e.Op || got.Key != e.Key || !bytes.Equal(got.Value, e.Value) {
+			got.Stamp != e.Stamp || got.Op != e.Op || got.Key != e.Key || !bytes.Equal(got.Value, e.Value) || !reflect.DeepEqual(got.Ctx, e.Ctx) {
 			t.Fatalf("round trip %+v -> %+v", e, got)
 		}
 	}
@@ -41,6 +44,10 @@ func FuzzDecodeEntry(f *testing.F) {
 	f.Add(c.AppendEntry(nil, &entry.Entry{Index: 4, Commit: hlc.Timestamp{Wall: 5}, Op: entry.OpCounter, Key: "c", Ctr: &entry.PN{P: 2, N: 1},
 		CtrComp: "a/0123456789abcdef0123456789abcdef", Origin: "a", Stream: entry.StreamID{9}}, d))
 	f.Add(c.AppendEntry(nil, &entry.Entry{Index: 5, Commit: hlc.Timestamp{Wall: 5}, Op: entry.OpMulti, Oversize: 70 << 20, Origin: "a", Stream: entry.StreamID{9}}, d))
+	ctx := entry.Context{{Origin: "a", HLC: hlc.Timestamp{Wall: 5}}, {Origin: "b", HLC: hlc.Timestamp{Wall: 3, Logical: 1}}}
+	f.Add(c.AppendEntry(nil, &entry.Entry{Index: 6, Commit: hlc.Timestamp{Wall: 5}, Op: entry.OpSet, Key: "k", Value: []byte("v"), Ctx: ctx, Origin: "a", Stream: entry.StreamID{9}}, d))
+	f.Add(c.AppendEntry(nil, &entry.Entry{Index: 7, Commit: hlc.Timestamp{Wall: 5}, Op: entry.OpMulti, Origin: "a", Stream: entry.StreamID{9},
+		Ops: []entry.BatchOp{{Op: entry.OpSet, Key: "x", Value: []byte("1"), Ctx: ctx}, {Op: entry.OpDelete, Key: "y"}}}, d))
 	f.Add([]byte{0x80})
 	// nesting where the format has none, and lengths that lie
 	f.Add(append([]byte{0x82, 0xa1, 'i', 0x01, 0xa3, 'o', 'p', 's'}, append(bytes.Repeat([]byte{0x91}, 20000), 0xc0)...))
@@ -62,7 +69,7 @@ func FuzzDecodeEntry(f *testing.F) {
 		}
 		if again.Index != e.Index || again.Key != e.Key || !bytes.Equal(again.Value, e.Value) ||
 			again.LWW() != e.LWW() || again.Commit != e.Commit || again.Op != e.Op ||
-			again.CtrComp != e.CtrComp || again.Oversize != e.Oversize {
+			again.CtrComp != e.CtrComp || again.Oversize != e.Oversize || !reflect.DeepEqual(again.Ctx, e.Ctx) {
 			t.Fatalf("re-encode changed the entry: %+v -> %+v", e, again)
 		}
 	})

@@ -90,6 +90,9 @@ type InboundResult struct {
 	Applied, Stale, Duplicates, DeadLettered, DroppedOwn, DroppedUnknown int
 	// Filtered counts the indexes filtered markers covered.
 	Filtered uint64
+	// Conflicts counts the records the batch added to the conflict log,
+	// Superseded those it removed (docs/DATAMODEL.md "Conflicts").
+	Conflicts, Superseded int
 	// Requested, Rejoin: the trailer ended a requested re-seed, a rejoin.
 	Requested, Rejoin bool
 	// OriginFrontier is the highest commit of the sender's cluster applied

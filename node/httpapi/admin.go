@@ -47,6 +47,7 @@ func (a *API) registerAdmin(mux *http.ServeMux) {
 	mux.HandleFunc("/admin/history", getOnly(a.handleHistory))
 	mux.HandleFunc("/admin/lag", getOnly(a.handleLag))
 	a.registerDeadLetters(mux)
+	a.registerConflicts(mux)
 	a.registerCluster(mux)
 	if a.opts.Pprof {
 		registerPprof(mux)

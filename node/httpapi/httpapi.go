@@ -68,12 +68,18 @@ type Reports interface {
 	RemoveNode(id string) error
 }
 
+// Conflicts is what the conflict log's endpoints ask of a node.
+type Conflicts interface {
+	Conflicts(q client.ConflictQuery) (client.ConflictPage, error)
+}
+
 // Node is the node the API serves.
 type Node interface {
 	Reader
 	Writer
 	Links
 	Reports
+	Conflicts
 }
 
 // Options configure the API.

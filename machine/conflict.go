@@ -1,0 +1,172 @@
+package machine
+
+import (
+	"bytes"
+	"crypto/sha256"
+
+	"github.com/replicator/replicator/entry"
+	"github.com/replicator/replicator/hlc"
+	"github.com/replicator/replicator/store"
+)
+
+// The conflict log (docs/DATAMODEL.md "Conflicts"). From format 4 every
+// version carries a causal context; when last-writer-wins discards a version
+// that the winner's context does not cover, the discard is a conflict and
+// the machine logs it in the apply's own batch, so every node of the cluster
+// holds the same log. Only replicated entries are judged: a local write's
+// context covers what its key held by construction, and re-seed and backfill
+// entries carry versions, not new writes.
+
+// FormatConflicts is the format from which versions carry causal contexts
+// and the log keeps conflict records: a node of an older build would apply
+// the same commands without them and its tree would diverge.
+const FormatConflicts = 4
+
+// ConflictValueMax is the largest discarded value a record keeps whole;
+// a larger one is kept as its length and hash.
+const ConflictValueMax = 4096
+
+// conflictJudge decides the discards of one inbound batch.
+type conflictJudge struct {
+	b *store.Batch
+	// peer is the link the batch came over, at the applying command's
+	// stamp, with tombstones collected below collected.
+	peer      string
+	at        hlc.Timestamp
+	collected hlc.Timestamp
+	// local: a batch of this cluster's own writes, which discard nothing
+	// that is a conflict but move the key's records along.
+	local bool
+	// logged and superseded count what the batch did to the log.
+	logged, superseded int
+}
+
+// judge is a store.Judge: the conflict of one merge, and what a version
+// arriving does to the records the key holds.
+func (j *conflictJudge) judge(prev *store.Record, w *store.Write, out entry.Outcome) (bool, error) {
+	conflicted := prev != nil && prev.Conflicted
+	if w.Range {
+		return conflicted, nil
+	}
+	if conflicted && len(w.Ctx) > 0 {
+		var err error
+		if conflicted, err = j.follow(w, out); err != nil {
+			return false, err
+		}
+	}
+	if j.local || prev == nil || prev.Kind != store.KindPlain {
+		// A local write's context covers what its key held.
+		return conflicted, nil
+	}
+	in := version{stamp: w.Stamp, ctx: w.Ctx, tomb: w.Tombstone, value: w.Value}
+	st := version{stamp: prev.Stamp, ctx: prev.Ctx, tomb: prev.Tombstone, value: prev.Value}
+	var c *entry.Conflict
+	switch out {
+	case entry.Applied:
+		c = j.decide(w.Key, st, in, false)
+	case entry.Stale:
+		c = j.decide(w.Key, in, st, true)
+	}
+	if c == nil {
+		return conflicted, nil
+	}
+	wrote, err := j.b.PutConflict(c)
+	if err != nil {
+		return false, err
+	}
+	if wrote {
+		j.logged++
+	}
+	return true, nil
+}
+
+// follow moves the key's records along with a version that arrives (or is
+// written here) and says whether any is left:
+//
+//   - it descends from a record's loser but not from its winner: the
+//     loser's author moved on before it learned of the conflict, so the
+//     loser is no longer what was lost; the record goes (the version is
+//     judged in its place);
+//   - it replaces the key's version and descends from a record's winner
+//     but not from its loser: the loss stands, against the version the key
+//     holds now; the record names it as the winner (under its new ID, as
+//     every cluster that applies both names it).
+//
+// A restored record stays as it is.
+func (j *conflictJudge) follow(w *store.Write, out entry.Outcome) (bool, error) {
+	recs, err := j.b.ConflictsOf(w.Key)
+	if err != nil {
+		return false, err
+	}
+	for i := range recs {
+		r := &recs[i]
+		if r.Restored.Origin != "" {
+			continue
+		}
+		seesLoser, seesWinner := w.Ctx.Covers(r.Loser), w.Ctx.Covers(r.Winner)
+		switch {
+		case seesLoser && !seesWinner:
+			if err := j.b.DeleteConflict(r); err != nil {
+				return false, err
+			}
+			j.superseded++
+			recs[i].Key = "" // gone
+		case seesWinner && !seesLoser && out == entry.Applied:
+			if err := j.b.DeleteConflict(r); err != nil {
+				return false, err
+			}
+			moved := *r
+			moved.Winner, moved.Possible = w.Stamp, false
+			moved.ID = entry.ConflictID(moved.Key, moved.Loser, moved.Winner)
+			if _, err := j.b.PutConflict(&moved); err != nil {
+				return false, err
+			}
+		}
+	}
+	for _, r := range recs {
+		if r.Key != "" {
+			return true, nil
+		}
+	}
+	return false, nil
+}
+
+// version is one side of a discard.
+type version struct {
+	stamp entry.Stamp
+	ctx   entry.Context
+	tomb  bool
+	value []byte
+}
+
+// decide says whether discarding loser for winner is a conflict, and its
+// record if so (nil: it is not).
+func (j *conflictJudge) decide(key string, loser, winner version, incoming bool) *entry.Conflict {
+	switch {
+	case loser.stamp.Origin == winner.stamp.Origin:
+		// One origin's versions are ordered by its own log.
+		return nil
+	case loser.tomb == winner.tomb && bytes.Equal(loser.value, winner.value):
+		// The same outcome written twice (a keyed retry at two
+		// clusters): nothing was lost.
+		return nil
+	case loser.tomb && loser.stamp.HLC.Less(j.collected):
+		// A delete older than the collection horizon: its successors
+		// may have lost it from their context when it was collected.
+		return nil
+	case len(winner.ctx) > 0 && winner.ctx.Covers(loser.stamp):
+		return nil // the winner's author had seen it
+	}
+	h := sha256.Sum256(loser.value)
+	c := &entry.Conflict{
+		ID:  entry.ConflictID(key, loser.stamp, winner.stamp),
+		Key: key, Loser: loser.stamp, Winner: winner.stamp,
+		LoserTombstone: loser.tomb, LoserLen: len(loser.value), LoserHash: h[:],
+		Incoming: incoming, Peer: j.peer, At: j.at,
+		Possible: len(winner.ctx) == 0,
+	}
+	if len(loser.value) <= ConflictValueMax {
+		c.LoserValue = bytes.Clone(loser.value)
+	}
+	return c
+}

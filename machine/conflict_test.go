@@ -1,0 +1,207 @@
+package machine
+
+import (
+	"sort"
+	"testing"
+
+	"github.com/replicator/replicator/entry"
+	"github.com/replicator/replicator/hlc"
+	"github.com/replicator/replicator/store"
+	"github.com/replicator/replicator/wire"
+)
+
+// conflictCluster is one cluster's machine at format 4, with what it wrote
+// (its stream's entries, as peers receive them) and what it applied of a
+// peer's stream.
+type conflictCluster struct {
+	t      *testing.T
+	name   string
+	m      *Machine
+	st     *store.Store
+	index  uint64
+	stamps *stamper
+	out    []entry.Entry
+	hwm    map[string]uint64
+}
+
+func newConflictCluster(t *testing.T, name string, stream entry.StreamID, wall int64) *conflictCluster {
+	st, err := store.Open(t.TempDir(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	m, err := Open(st, Options{Cluster: name})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := &conflictCluster{t: t, name: name, m: m, st: st, stamps: &stamper{wall: wall}, hwm: map[string]uint64{}}
+	c.apply(&Command{Mint: &MintCmd{Stream: stream}})
+	c.apply(&Command{Format: &FormatCmd{Version: FormatConflicts}})
+	return c
+}
+
+func (c *conflictCluster) apply(cmd *Command) *Result {
+	c.t.Helper()
+	c.index++
+	return mustApply(c.t, c.m, c.index, cmd)
+}
+
+func (c *conflictCluster) put(key, val string) {
+	c.t.Helper()
+	res := c.apply(&Command{Local: []Proposal{c.stamps.put(key, val)}})
+	if w := res.Writes[0]; w.Err != nil {
+		c.t.Fatal(w.Err)
+	}
+	c.out = append(c.out, res.Writes[0].Entry)
+}
+
+// ship applies every entry of from's stream that c has not yet, in one
+// batch; again re-sends them all (a redelivery).
+func (c *conflictCluster) ship(from *conflictCluster, again bool) *InboundResult {
+	c.t.Helper()
+	start := c.hwm[from.name]
+	if again {
+		start = 0
+	}
+	var ents []entry.Entry
+	for _, e := range from.out {
+		if e.Index > start {
+			ents = append(ents, e)
+		}
+		// The clock observes what arrives (the HLC's receive rule).
+		c.stamps.wall = max(c.stamps.wall, e.Commit.Wall)
+	}
+	if len(ents) == 0 {
+		return &InboundResult{}
+	}
+	bt := &wire.Batch{Header: wire.Header{Sender: from.name, Stream: from.m.Stream()}, Entries: ents}
+	res := c.apply(&Command{Inbound: &Inbound{Sender: from.name, Batch: bt, At: 1, HLC: c.stamps.next(), MaxStreams: 16}})
+	if res.Inbound.Err != nil {
+		c.t.Fatal(res.Inbound.Err)
+	}
+	c.hwm[from.name] = res.Inbound.HWM
+	return res.Inbound
+}
+
+// log is the conflict log as key -> "loser>winner" of the values.
+func (c *conflictCluster) log() map[string][]entry.Conflict {
+	c.t.Helper()
+	all, next, err := c.st.Conflicts(store.ConflictQuery{Limit: 1000})
+	if err != nil || next != "" {
+		c.t.Fatalf("conflicts: %v (next %q)", err, next)
+	}
+	out := map[string][]entry.Conflict{}
+	for _, r := range all {
+		out[r.Key] = append(out[r.Key], r)
+	}
+	return out
+}
+
+// TestConflictLog: two clusters write while cut off from each other (keys on
+// both sides, one written three times on one side, keys on one side only),
+// then exchange their streams: both logs hold exactly the keys written on
+// both sides, each once, with the same loser and winner at both, the
+// loser's value kept. A sequential overwrite across the clusters logs
+// nothing, and a redelivered batch logs nothing twice.
+func TestConflictLog(t *testing.T) {
+	a := newConflictCluster(t, "a", entry.StreamID{0xa}, 1e15)
+	b := newConflictCluster(t, "b", entry.StreamID{0xb}, 1e15+500)
+
+	a.put("both1", "a1") // b's later write wins
+	b.put("both1", "b1")
+	b.put("both2", "b1") // a's last of three wins
+	a.put("both2", "a1")
+	a.put("both2", "a2")
+	a.put("both2", "a3")
+	a.put("only-a", "a")
+	b.put("only-b", "b")
+	b.put("both3", "b-first") // b's only write loses to a's
+	a.put("both3", "a-later")
+
+	ra := a.ship(b, false)
+	rb := b.ship(a, false)
+	for _, c := range []*conflictCluster{a, b} {
+		lg := c.log()
+		keys := make([]string, 0, len(lg))
+		for k := range lg {
+			keys = append(keys, k)
+		}
+		sort.Strings(keys)
+		if len(keys) != 3 || keys[0] != "both1" || keys[1] != "both2" || keys[2] != "both3" {
+			t.Fatalf("%s logged %v, want both1, both2, both3", c.name, keys)
+		}
+		want := map[string][2]string{"both1": {"a1", "b"}, "both2": {"b1", "a"}, "both3": {"b-first", "a"}}
+		for k, w := range want {
+			if len(lg[k]) != 1 {
+				t.Fatalf("%s: %d records of %s: %+v", c.name, len(lg[k]), k, lg[k])
+			}
+			r := lg[k][0]
+			if string(r.LoserValue) != w[0] || r.Winner.Origin != w[1] || r.Possible || r.ID != entry.ConflictID(k, r.Loser, r.Winner) {
+				t.Fatalf("%s: %s logged %+v, want loser %q beaten by %s's write", c.name, k, r, w[0], w[1])
+			}
+		}
+	}
+	if ra.Conflicts+rb.Conflicts < 3 {
+		t.Fatalf("conflicts counted %d and %d", ra.Conflicts, rb.Conflicts)
+	}
+	ids := func(c *conflictCluster) map[string]bool {
+		m := map[string]bool{}
+		for _, rs := range c.log() {
+			for _, r := range rs {
+				m[r.ID] = true
+			}
+		}
+		return m
+	}
+	ia, ib := ids(a), ids(b)
+	for id := range ia {
+		if !ib[id] {
+			t.Fatalf("conflict %s logged at a, not at b: %v vs %v", id, ia, ib)
+		}
+	}
+
+	// Sequential: a writes, b has it, b overwrites, a has that.
+	a.put("seq", "a")
+	b.ship(a, false)
+	b.put("seq", "b")
+	a.ship(b, false)
+	if lg := a.log(); len(lg["seq"]) != 0 {
+		t.Fatalf("a sequential overwrite was logged: %+v", lg["seq"])
+	}
+	if lg := b.log(); len(lg["seq"]) != 0 {
+		t.Fatalf("a sequential overwrite was logged at b: %+v", lg["seq"])
+	}
+
+	// Redelivery of everything b ever sent logs nothing more.
+	before := len(ids(a))
+	if r := a.ship(b, true); r.Conflicts != 0 {
+		t.Fatalf("a redelivered batch logged %d conflicts", r.Conflicts)
+	}
+	if n := len(ids(a)); n != before {
+		t.Fatalf("%d records after a redelivery, %d before", n, before)
+	}
+}
+
+// TestConflictWithoutContext: a winner from a peer that sends no context
+// is logged as a possible conflict; equal values are not a conflict.
+func TestConflictWithoutContext(t *testing.T) {
+	a := newConflictCluster(t, "a", entry.StreamID{0xa}, 1e15)
+	a.put("k", "a")
+	a.put("same", "v")
+	ts := hlc.Timestamp{Wall: 2e15}
+	bt := &wire.Batch{Header: wire.Header{Sender: "b", Stream: entry.StreamID{0xb}}, Entries: []entry.Entry{
+		{Index: 1, Origin: "b", Stream: entry.StreamID{0xb}, Commit: ts, Stamp: ts, Op: entry.OpSet, Key: "k", Value: []byte("b")},
+		{Index: 2, Origin: "b", Stream: entry.StreamID{0xb}, Commit: ts.Add(1), Stamp: ts.Add(1), Op: entry.OpSet, Key: "same", Value: []byte("v")},
+	}}
+	res := a.apply(&Command{Inbound: &Inbound{Sender: "b", Batch: bt, At: 1, HLC: ts.Add(2), MaxStreams: 16}})
+	if res.Inbound.Err != nil || res.Inbound.Conflicts != 1 {
+		t.Fatalf("inbound: %+v", res.Inbound)
+	}
+	lg := a.log()
+	if len(lg["k"]) != 1 || !lg["k"][0].Possible || lg["k"][0].Incoming || string(lg["k"][0].LoserValue) != "a" {
+		t.Fatalf("k: %+v", lg["k"])
+	}
+	if len(lg["same"]) != 0 {
+		t.Fatalf("equal values logged: %+v", lg["same"])
+	}
+}

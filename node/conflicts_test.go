@@ -1,0 +1,85 @@
+package node
+
+import (
+	"context"
+	"sort"
+	"testing"
+	"time"
+
+	"github.com/replicator/replicator/client"
+	"github.com/replicator/replicator/hlc"
+)
+
+// TestConflictLogAcrossClusters: two clusters write while their links are
+// cut (keys on both sides, one written three times on one side, keys on one
+// side only), then the links heal: both clusters' logs hold exactly the keys
+// written on both sides, under the same IDs, each naming the loser's value
+// and the winner; a sequential overwrite across the clusters logs nothing.
+func TestConflictLogAcrossClusters(t *testing.T) {
+	pc := hlc.NewManualClock(int64(1000 * time.Hour))
+	m := newTestMesh(t, pc, nil, "a", "b")
+	a, b := m.nodes["a"], m.nodes["b"]
+	ctx := context.Background()
+	put := func(n *Node, k, v string) {
+		t.Helper()
+		pc.Advance(time.Millisecond)
+		if _, err := n.Put(ctx, k, []byte(v)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	m.cut("a", "b", true)
+	m.cut("b", "a", true)
+	put(a, "both1", "a1")
+	put(b, "both1", "b1") // wins
+	put(b, "both2", "b1")
+	put(a, "both2", "a1")
+	put(a, "both2", "a2")
+	put(a, "both2", "a3") // wins
+	put(a, "only-a", "a")
+	put(b, "only-b", "b")
+	m.cut("a", "b", false)
+	m.cut("b", "a", false)
+	m.settle()
+
+	logs := map[string]map[string]client.Conflict{}
+	for name, n := range map[string]*Node{"a": a, "b": b} {
+		p, err := n.Conflicts(client.ConflictQuery{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		logs[name] = map[string]client.Conflict{}
+		var keys []string
+		for _, c := range p.Items {
+			logs[name][c.ID] = c
+			keys = append(keys, c.Key)
+		}
+		sort.Strings(keys)
+		if len(keys) != 2 || keys[0] != "both1" || keys[1] != "both2" {
+			t.Fatalf("%s logged %v, want both1 and both2 once each", name, keys)
+		}
+		for _, c := range p.Items {
+			want := map[string][2]string{"both1": {"a1", "b"}, "both2": {"b1", "a"}}[c.Key]
+			if string(c.Loser.Value) != want[0] || c.Winner.Origin != want[1] || c.Possible {
+				t.Fatalf("%s: %+v, want %q lost to %s", name, c, want[0], want[1])
+			}
+		}
+	}
+	for id := range logs["a"] {
+		if _, ok := logs["b"][id]; !ok {
+			t.Fatalf("conflict %s logged at a, not at b", id)
+		}
+	}
+	if c := a.acceptor.Counts()["b"].Conflicts + b.acceptor.Counts()["a"].Conflicts; c < 2 {
+		t.Fatalf("conflicts counted: %d", c)
+	}
+
+	put(a, "seq", "a")
+	m.settle()
+	put(b, "seq", "b")
+	m.settle()
+	for name, n := range map[string]*Node{"a": a, "b": b} {
+		if p, err := n.Conflicts(client.ConflictQuery{Key: "seq"}); err != nil || len(p.Items) != 0 {
+			t.Fatalf("%s logged a sequential overwrite: %+v %v", name, p.Items, err)
+		}
+	}
+}

@@ -1,0 +1,114 @@
+package store
+
+import (
+	"bytes"
+
+	"github.com/replicator/replicator/entry"
+)
+
+// mergeWrite is Merge that gives the caller back what the merge set in w
+// (a local write's context).
+func (b *Batch) mergeWrite(w *Write) (entry.Outcome, error) {
+	if b.tracking {
+		if w.Stamp.Origin == "" || len(w.Stamp.Origin) > maxOriginLen {
+			return b.Merge(*w) // refused there
+		}
+		return b.mergeTracked(w)
+	}
+	return b.Merge(*w)
+}
+
+// mergeTracked is Merge in a batch that tracks versions (Track): it always
+// reads what the key holds, because a version a write discards must be
+// seen to be judged, and a local write's context is what its cluster held
+// for the key. This is the read the blind path saves; it is paid only once
+// the cluster's log keeps contexts (command format 4).
+func (b *Batch) mergeTracked(w *Write) (entry.Outcome, error) {
+	dk := dataKey(w.Key)
+	prev, done, err := b.recordLocked(w.Key, dk)
+	if err != nil {
+		return 0, err
+	}
+	defer done()
+	if w.Local {
+		var ps entry.Stamp
+		var pc entry.Context
+		if prev != nil {
+			ps, pc = prev.Stamp, prev.Ctx
+		}
+		w.Ctx = entry.Descend(pc, ps, w.Stamp)
+	}
+	out := entry.Applied
+	if prev != nil {
+		switch c := w.Stamp.Compare(prev.Stamp); {
+		case c == 0:
+			return entry.Duplicate, nil
+		case c < 0:
+			out = entry.Stale
+		}
+	}
+	if out == entry.Applied && b.coveredLocked(w.Key, w.Stamp) {
+		// A range delete newer than this write covers its key: its
+		// discards are counted per range, not judged per key.
+		return entry.Stale, nil
+	}
+	conflicted := prev != nil && prev.Conflicted
+	if b.judge != nil {
+		if conflicted, err = b.judge(prev, w, out); err != nil {
+			return 0, err
+		}
+	}
+	if out == entry.Stale {
+		if conflicted != prev.Conflicted {
+			// The key's version stays; only its flag changes.
+			r := *prev
+			r.Value = bytes.Clone(prev.Value)
+			r.Ctx = append(entry.Context(nil), prev.Ctx...)
+			r.Conflicted = conflicted
+			if err := b.putRecordLocked(w.Key, dk, &r); err != nil {
+				return 0, err
+			}
+		}
+		return entry.Stale, nil
+	}
+	if prev != nil && prev.Tombstone {
+		// The old tombstone's index entry is dropped with it.
+		if err := b.pb.Delete(tombstoneKey(prev.Stamp.HLC, w.Key), nil); err != nil {
+			return 0, err
+		}
+	}
+	r := Record{Stamp: w.Stamp, Tombstone: w.Tombstone, Kind: w.Kind, Value: w.Value, Ctx: w.Ctx, Conflicted: conflicted}
+	if w.Tombstone && w.Kind == KindPlain {
+		r.Value = nil
+	}
+	if w.Tombstone {
+		if err := b.pb.Set(tombstoneKey(w.Stamp.HLC, w.Key), nil, nil); err != nil {
+			return 0, err
+		}
+	}
+	if err := b.putRecordLocked(w.Key, dk, &r); err != nil {
+		return 0, err
+	}
+	if b.max.Compare(w.Stamp) < 0 {
+		b.max, b.maxOwn = w.Stamp, false
+	}
+	return entry.Applied, nil
+}
+
+// putRecordLocked writes r as key's record in the batch and remembers it
+// for the batch's later merges of the key.
+func (b *Batch) putRecordLocked(key string, dk []byte, r *Record) error {
+	b.buf = AppendRecord(b.buf[:0], r)
+	if err := b.pb.Set(dk, b.buf, nil); err != nil {
+		return err
+	}
+	var flags byte
+	if r.Tombstone {
+		flags |= flagTombstone
+	}
+	if b.pending == nil {
+		b.pending = make(map[string]pendingRecord, b.expect)
+	}
+	b.pending[key] = pendingRecord{stamp: r.Stamp, flags: flags, rec: r}
+	return nil
+}
