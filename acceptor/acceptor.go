@@ -126,7 +126,7 @@ type Options struct {
 	// are dropped before they reach the log, whose older members would
 	// not read them.
 	TakesContexts func() bool
-	Logger       *slog.Logger
+	Logger        *slog.Logger
 }
 
 // Acceptor serves POST /v1/replicate. Safe for concurrent use.

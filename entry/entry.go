@@ -100,7 +100,7 @@ type BatchOp struct {
 	Op    Op // set or delete; delete_range only in a batch clipped by a filter
 	Key   string
 	Value []byte
-	End   string // delete_range: the exclusive end ("" = the end of the key space)
+	End   string  // delete_range: the exclusive end ("" = the end of the key space)
 	Ctx   Context // cx: the op's causal context (one per key)
 }
 

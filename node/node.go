@@ -70,15 +70,15 @@ type Node struct {
 	fwd router
 	svc service
 
-	acceptor   *acceptor.Acceptor
-	peerClient *http.Client
-	history    *history    // the dashboard's chart, sampled every HistoryInterval
-	repl       replication // the links to peer clusters
-	seeds      linkSeeds   // what of flags and log differences was said
-	linkAdmin              // the links' settings through the log (links.go)
-	conflictLog            // the conflict log's reads and restores (conflicts.go)
-	tls        tlsSetup
-	mem        membership // gossip: the nodes of this cluster and the peers found
+	acceptor    *acceptor.Acceptor
+	peerClient  *http.Client
+	history     *history    // the dashboard's chart, sampled every HistoryInterval
+	repl        replication // the links to peer clusters
+	seeds       linkSeeds   // what of flags and log differences was said
+	linkAdmin               // the links' settings through the log (links.go)
+	conflictLog             // the conflict log's reads and restores (conflicts.go)
+	tls         tlsSetup
+	mem         membership // gossip: the nodes of this cluster and the peers found
 	// applied is the last index of the stream applied to the store.
 	applied atomic.Uint64
 	// restoring is set while a snapshot's tree replaces the store's: local

@@ -90,8 +90,8 @@ func (r *replication) setupReplication() error {
 		TakesMarkers: func() bool { return n.machine.Format() >= machine.FormatLinks },
 		// Contexts take format 4: before it, a member may not read them.
 		TakesContexts: func() bool { return n.machine.Format() >= machine.FormatConflicts },
-		Now:          n.clock.Physical,
-		Logger:       n.log,
+		Now:           n.clock.Physical,
+		Logger:        n.log,
 	})
 	rt := n.opts.PeerTransport
 	if rt == nil {
