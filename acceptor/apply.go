@@ -333,7 +333,7 @@ func (a *Acceptor) checkEntry(e *entry.Entry, snapshot bool) error {
 
 // stripContexts drops an entry's causal contexts.
 func stripContexts(e *entry.Entry) {
-	e.Ctx = nil
+	e.Ctx, e.Restores = nil, nil
 	for i := range e.Ops {
 		e.Ops[i].Ctx = nil
 	}

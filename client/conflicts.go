@@ -90,6 +90,15 @@ func (c *Client) Conflicts(ctx context.Context, q ConflictQuery) (ConflictPage, 
 	return p, err
 }
 
+// RestoreConflict writes a logged loser back as a new write, only while
+// its key still holds the conflict's winner (a *Error with status 412 and
+// the current version otherwise).
+func (c *Client) RestoreConflict(ctx context.Context, id string) (WriteResult, error) {
+	var res WriteResult
+	err := c.write(ctx, http.MethodPost, "/admin/conflicts/"+url.PathEscape(id)+"/restore", nil, nil, &res)
+	return res, err
+}
+
 // ConflictsAll pages through every record the query selects.
 func (c *Client) ConflictsAll(ctx context.Context, q ConflictQuery) ([]Conflict, error) {
 	var all []Conflict

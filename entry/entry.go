@@ -79,6 +79,17 @@ type Entry struct {
 	// held for the key, with its own stamp. Empty from a cluster whose log
 	// keeps no contexts (then a conflict it wins is only possible).
 	Ctx Context
+	// Restores marks a set or delete that brings a conflict's loser back
+	// (rs): written only while the key held the conflict's winner, its
+	// context covers the loser too, and every cluster that applies it marks
+	// its records of that loser restored.
+	Restores *Restore
+}
+
+// Restore names the conflict a write restores: the discarded version and
+// the one that won.
+type Restore struct {
+	Loser, Winner Stamp
 }
 
 // IsMarker reports whether e is a filtered marker.
@@ -286,6 +297,14 @@ func (e *Entry) checkContexts() error {
 	}
 	if len(e.Ctx) > 0 && e.Op != OpSet && e.Op != OpDelete {
 		return errors.New("a context on an op that is not a set or delete")
+	}
+	if r := e.Restores; r != nil {
+		switch {
+		case e.Op != OpSet && e.Op != OpDelete:
+			return errors.New("a restore on an op that is not a set or delete")
+		case r.Loser.Origin == "" || r.Winner.Origin == "" || r.Loser.HLC.IsZero() || r.Winner.HLC.IsZero():
+			return errors.New("a restore without both versions")
+		}
 	}
 	if err := check(e.Ctx); err != nil {
 		return err

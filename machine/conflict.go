@@ -131,6 +131,27 @@ func (j *conflictJudge) follow(w *store.Write, out entry.Outcome) (bool, error) 
 	return false, nil
 }
 
+// markRestored marks the records of the loser a restore brought back as
+// restored by it, at every cluster the restore reaches.
+func markRestored(b *store.Batch, e *entry.Entry) error {
+	if e.Restores == nil {
+		return nil
+	}
+	recs, err := b.ConflictsOf(e.Key)
+	if err != nil {
+		return err
+	}
+	for i := range recs {
+		if r := &recs[i]; r.Loser == e.Restores.Loser && r.Restored.Origin == "" {
+			r.Restored = e.LWW()
+			if err := b.UpdateConflict(r); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
 // version is one side of a discard.
 type version struct {
 	stamp entry.Stamp

@@ -174,6 +174,11 @@ func (o *Overlay) Decide(e *entry.Entry, cond *Condition, delta int64) (counterV
 			return 0, &PreconditionError{Key: e.Key, Current: cur, Why: "If-None-Match: * on a key that holds a value"}
 		}
 	}
+	if r := e.Restores; r != nil {
+		if err := o.checkRestore(e.Key, r); err != nil {
+			return 0, err
+		}
+	}
 	if e.Op == entry.OpCounter {
 		st, ok, err := o.currentPlain(e.Key)
 		if err != nil {
@@ -212,6 +217,29 @@ func (o *Overlay) Decide(e *entry.Entry, cond *Condition, delta int64) (counterV
 		counterValue = v
 	}
 	return counterValue, nil
+}
+
+// checkRestore: a restore is written only while its key holds the
+// conflict's winner (live or deleted), and says what the key holds
+// otherwise.
+func (o *Overlay) checkRestore(key string, r *entry.Restore) error {
+	st, ok, err := o.currentPlain(key)
+	if err != nil {
+		return fmt.Errorf("%w: %w", ErrUnreadable, err)
+	}
+	if ok && st.stamp == r.Winner {
+		return nil
+	}
+	pe := &PreconditionError{Key: key, Why: fmt.Sprintf("the key no longer holds the conflict's winner %s: it holds nothing", r.Winner)}
+	switch {
+	case ok && st.tomb:
+		pe.Deleted = st.stamp.String()
+		pe.Why = fmt.Sprintf("the key no longer holds the conflict's winner %s: it was deleted at %s", r.Winner, st.stamp)
+	case ok:
+		pe.Current = st.stamp.String()
+		pe.Why = fmt.Sprintf("the key no longer holds the conflict's winner %s: it holds %s", r.Winner, st.stamp)
+	}
+	return pe
 }
 
 // ErrCounterRange refuses an increment that would take a counter, or its

@@ -159,6 +159,9 @@ func (m *Machine) applyInbound(b *store.Batch, in *Inbound) (*InboundResult, err
 			continue
 		}
 		out, err := b.ApplyEntry(e)
+		if err == nil && !bt.Snapshot && m.format.Load() >= FormatConflicts {
+			err = markRestored(b, e)
+		}
 		if err != nil {
 			return nil, err
 		}

@@ -421,6 +421,9 @@ func (m *Machine) writeLocal(b *store.Batch, d *decided) (*Result, func(), error
 	for _, i := range d.accepted {
 		w := &res.Writes[i]
 		out, err := b.ApplyLocal(&w.Entry)
+		if err == nil && m.format.Load() >= FormatConflicts {
+			err = markRestored(b, &w.Entry)
+		}
 		if err != nil {
 			return nil, nil, err
 		}

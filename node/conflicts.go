@@ -1,12 +1,15 @@
 package node
 
 import (
+	"context"
 	"encoding/hex"
+	"errors"
 	"fmt"
 
 	"github.com/replicator/replicator/client"
 	"github.com/replicator/replicator/entry"
 	"github.com/replicator/replicator/hlc"
+	"github.com/replicator/replicator/machine"
 	"github.com/replicator/replicator/node/api"
 	"github.com/replicator/replicator/store"
 )
@@ -39,6 +42,41 @@ func (c conflictLog) Conflicts(q client.ConflictQuery) (client.ConflictPage, err
 		page.Items = append(page.Items, conflictReport(&recs[i]))
 	}
 	return page, nil
+}
+
+// RestoreConflict writes a logged loser back as a new write of this
+// cluster, only while the key still holds the conflict's winner (otherwise
+// a precondition error says what it holds). The write's context covers the
+// loser and the winner, so no cluster logs it as a conflict, and every
+// cluster it reaches marks its records of that loser restored.
+func (c conflictLog) RestoreConflict(ctx context.Context, id string) (api.WriteResult, error) {
+	n := c.n
+	if v := n.machine.Format(); v < machine.FormatConflicts {
+		return api.WriteResult{}, fmt.Errorf("%w: the cluster's log is at command format %d; restores need format %d, "+
+			"which the log moves to once every node runs a build that reads it", api.ErrNotWritten, v, machine.FormatConflicts)
+	}
+	rec, ok, err := n.store.ConflictByID(id)
+	switch {
+	case err != nil && errors.Is(err, store.ErrCorrupt):
+		return api.WriteResult{}, err
+	case err != nil:
+		return api.WriteResult{}, fmt.Errorf("%w: %w", api.ErrBadRequest, err)
+	case !ok:
+		return api.WriteResult{}, fmt.Errorf("%w: no conflict %s in this cluster's log", api.ErrNotFound, id)
+	case rec.Restored.Origin != "":
+		return api.WriteResult{}, fmt.Errorf("%w: conflict %s was restored by the write %s", api.ErrRestored, id, rec.Restored)
+	case rec.LoserValue == nil && !rec.LoserTombstone && rec.LoserLen > 0:
+		return api.WriteResult{}, fmt.Errorf("%w: conflict %s kept only the length (%d bytes) and hash of the lost value, "+
+			"not the value: it cannot be restored from the log", api.ErrBadRequest, id, rec.LoserLen)
+	}
+	w := api.Write{Entry: entry.Entry{Op: entry.OpSet, Key: rec.Key, Value: rec.LoserValue,
+		Restores: &entry.Restore{Loser: rec.Loser, Winner: rec.Winner}}}
+	if rec.LoserTombstone {
+		w.Entry.Op, w.Entry.Value = entry.OpDelete, nil
+	} else if w.Entry.Value == nil {
+		w.Entry.Value = []byte{}
+	}
+	return n.Propose(ctx, w)
 }
 
 // conflictReport is a record as the API shows it.

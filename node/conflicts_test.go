@@ -2,12 +2,14 @@ package node
 
 import (
 	"context"
+	"errors"
 	"sort"
 	"testing"
 	"time"
 
 	"github.com/replicator/replicator/client"
 	"github.com/replicator/replicator/hlc"
+	"github.com/replicator/replicator/node/api"
 )
 
 // TestConflictLogAcrossClusters: two clusters write while their links are
@@ -71,6 +73,44 @@ func TestConflictLogAcrossClusters(t *testing.T) {
 	}
 	if c := a.acceptor.Counts()["b"].Conflicts + b.acceptor.Counts()["a"].Conflicts; c < 2 {
 		t.Fatalf("conflicts counted: %d", c)
+	}
+
+	// Restore both1's loser at a: it comes back on both clusters, and both
+	// logs say so; a second restore is refused.
+	var id1, id2 string
+	for id, c := range logs["a"] {
+		switch c.Key {
+		case "both1":
+			id1 = id
+		case "both2":
+			id2 = id
+		}
+	}
+	pc.Advance(time.Millisecond)
+	res, err := a.RestoreConflict(ctx, id1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.settle()
+	for name, n := range map[string]*Node{"a": a, "b": b} {
+		r, err := n.Get("both1")
+		if err != nil || string(r.Value) != "a1" || r.Stamp.String() != res.Version {
+			t.Fatalf("%s after the restore: %q %s %v", name, r.Value, r.Stamp, err)
+		}
+		p, err := n.Conflicts(client.ConflictQuery{Key: "both1"})
+		if err != nil || len(p.Items) != 1 || p.Items[0].Restored != res.Version {
+			t.Fatalf("%s's log after the restore: %+v %v", name, p.Items, err)
+		}
+	}
+	if _, err := b.RestoreConflict(ctx, id1); !errors.Is(err, api.ErrRestored) {
+		t.Fatalf("a second restore: %v", err)
+	}
+	// both2's winner was overwritten since: the restore says what is there.
+	put(b, "both2", "newer")
+	m.settle()
+	var pe *api.PreconditionError
+	if _, err := a.RestoreConflict(ctx, id2); !errors.As(err, &pe) || pe.Current == "" {
+		t.Fatalf("restore over a newer version: %v", err)
 	}
 
 	put(a, "seq", "a")

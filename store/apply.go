@@ -29,6 +29,9 @@ func (b *Batch) applyEntry(e *entry.Entry, local bool) (entry.Outcome, error) {
 	switch e.Op {
 	case entry.OpSet, entry.OpDelete:
 		w := Write{Key: e.Key, Value: e.Value, Tombstone: e.Op == entry.OpDelete, Stamp: e.LWW(), Ctx: e.Ctx, Local: local}
+		if e.Restores != nil {
+			w.Also = e.Restores.Loser
+		}
 		out, err = b.mergeWrite(&w)
 		if local {
 			e.Ctx = w.Ctx

@@ -170,6 +170,9 @@ type Write struct {
 	Local bool
 	// Range: the tombstone a range delete writes on one key of its range.
 	Range bool
+	// Also is a version a Local write descends from besides what its key
+	// holds: the loser a restore brings back.
+	Also entry.Stamp
 }
 
 // Set merges a value under stamp in its own synced batch.

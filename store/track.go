@@ -37,6 +37,9 @@ func (b *Batch) mergeTracked(w *Write) (entry.Outcome, error) {
 			ps, pc = prev.Stamp, prev.Ctx
 		}
 		w.Ctx = entry.Descend(pc, ps, w.Stamp)
+		if w.Also.Origin != "" {
+			w.Ctx = w.Ctx.With(w.Also.Origin, w.Also.HLC)
+		}
 	}
 	out := entry.Applied
 	if prev != nil {

@@ -208,22 +208,22 @@ func (s *Shipper) takesContexts() bool {
 
 // ctxField is how an entry's context field begins on the wire (msgpack's
 // fixstr "cx"): an entry without these bytes has none to strip.
-var ctxField = []byte("\xa2cx")
+var ctxField, rsField = []byte("\xa2cx"), []byte("\xa2rs")
 
 // stripContexts re-encodes a WAL entry without its causal contexts, for a
 // peer that does not take them (an entry that has none is returned as is).
 func stripContexts(codec *wire.Codec, raw []byte, defs wire.Defaults) ([]byte, error) {
-	if !bytes.Contains(raw, ctxField) {
+	if !bytes.Contains(raw, ctxField) && !bytes.Contains(raw, rsField) {
 		return raw, nil
 	}
 	e, err := codec.DecodeEntry(raw, defs)
 	if err != nil {
 		return nil, err
 	}
-	if len(e.Ctx) == 0 && !opsHaveContexts(&e) {
+	if len(e.Ctx) == 0 && e.Restores == nil && !opsHaveContexts(&e) {
 		return raw, nil
 	}
-	e.Ctx = nil
+	e.Ctx, e.Restores = nil, nil
 	for i := range e.Ops {
 		e.Ops[i].Ctx = nil
 	}

@@ -59,7 +59,8 @@ func (c *Codec) encodeEntry(enc *msgpack.Encoder, e *entry.Entry, d Defaults) {
 	withOvs := e.Oversize > 0
 	withFlt := e.FilteredTo > 0
 	withCx := len(e.Ctx) > 0
-	for _, b := range []bool{withOrigin, withStream, withStamp, withValue, withIdem, withSO, withEnd, withCtr, withOps, withCC, withOvs, withFlt, withCx} {
+	withRs := e.Restores != nil
+	for _, b := range []bool{withOrigin, withStream, withStamp, withValue, withIdem, withSO, withEnd, withCtr, withOps, withCC, withOvs, withFlt, withCx, withRs} {
 		if b {
 			n++
 		}
@@ -119,6 +120,12 @@ func (c *Codec) encodeEntry(enc *msgpack.Encoder, e *entry.Entry, d Defaults) {
 	if withCx {
 		_ = enc.EncodeString("cx")
 		encodeContext(enc, e.Ctx)
+	}
+	if withRs {
+		_ = enc.EncodeString("rs")
+		_ = enc.EncodeArrayLen(2)
+		_ = enc.EncodeString(e.Restores.Loser.String())
+		_ = enc.EncodeString(e.Restores.Winner.String())
 	}
 	if withOps {
 		_ = enc.EncodeString("ops")
@@ -330,6 +337,31 @@ func decodeIdem(dec *msgpack.Decoder) (*entry.Idem, error) {
 	return &id, nil
 }
 
+// decodeRestore reads a restore's two versions.
+func decodeRestore(dec *msgpack.Decoder) (*entry.Restore, error) {
+	n, err := dec.DecodeArrayLen()
+	if err != nil {
+		return nil, err
+	}
+	if n != 2 {
+		return nil, fmt.Errorf("restore of %d versions, want 2", n)
+	}
+	var st [2]entry.Stamp
+	for i := range st {
+		s, err := dec.DecodeString()
+		if err != nil {
+			return nil, err
+		}
+		if len(s) > 128 {
+			return nil, fmt.Errorf("restore version of %d bytes", len(s))
+		}
+		if st[i], err = entry.ParseStamp(s); err != nil {
+			return nil, err
+		}
+	}
+	return &entry.Restore{Loser: st[0], Winner: st[1]}, nil
+}
+
 // encodeContext writes a context as an array of [origin, wall, logical].
 func encodeContext(enc *msgpack.Encoder, c entry.Context) {
 	_ = enc.EncodeArrayLen(len(c))
@@ -431,7 +463,7 @@ func DecodeEntryFrom(dec *msgpack.Decoder, d Defaults) (entry.Entry, error) {
 	if err != nil {
 		return e, fmt.Errorf("%w: %v", entry.ErrMalformed, err)
 	}
-	if n < 0 || n > 20 {
+	if n < 0 || n > 21 {
 		return e, fmt.Errorf("%w: entry map of %d fields", entry.ErrMalformed, n)
 	}
 	var have uint32
@@ -506,6 +538,9 @@ func DecodeEntryFrom(dec *msgpack.Decoder, d Defaults) (entry.Entry, error) {
 		case "cx":
 			bit = 65536
 			e.Ctx, err = decodeContext(dec)
+		case "rs":
+			bit = 131072
+			e.Restores, err = decodeRestore(dec)
 		case "so":
 			bit = 512
 			e.StampOrigin, err = dec.DecodeString()

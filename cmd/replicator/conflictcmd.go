@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -13,7 +14,9 @@ import (
 )
 
 const conflictsUsage = `replicator conflicts [--key K | --prefix P] [--since 1h|TIME] [--limit N] [-o json]
-    what last-writer-wins discarded although the winner had not seen it`
+    what last-writer-wins discarded although the winner had not seen it
+replicator conflicts restore ID
+    write the lost version back, only while the key still holds the winner`
 
 // runConflicts lists the conflict log of the node's cluster.
 func runConflicts(args []string) error {
@@ -30,8 +33,9 @@ func runConflicts(args []string) error {
 	if err := parse(fs, args); err != nil {
 		return err
 	}
-	if fs.NArg() != 0 {
-		return usagef("usage: %s", conflictsUsage)
+	restore := fs.NArg() == 2 && fs.Arg(0) == "restore"
+	if fs.NArg() != 0 && !restore {
+		return usagef("usage:\n%s", conflictsUsage)
 	}
 	if since != "" {
 		if d, err := time.ParseDuration(since); err == nil {
@@ -48,6 +52,20 @@ func runConflicts(args []string) error {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), cf.timeout)
 	defer cancel()
+	if restore {
+		res, err := c.RestoreConflict(ctx, fs.Arg(1))
+		if err != nil {
+			var ce *client.Error
+			if client.MayHaveWritten(err) && !(errors.As(err, &ce) && ce.Status < 500) {
+				// The record says so once the restore is written.
+				return fmt.Errorf("%w\nthe restore may or may not have happened: run it again, it answers 'restored' if it did", err)
+			}
+			return err
+		}
+		return cf.out.print(writeOut{res, res.Replayed}, func(w io.Writer) {
+			fmt.Fprintf(w, "%s\trestored\tversion %s\torigin %s\n", res.Key, res.Version, res.Origin)
+		})
+	}
 	var all []client.Conflict
 	for {
 		q.Limit = 1000

@@ -43,6 +43,9 @@ var ErrRemoved = errors.New("node: removed from its cluster")
 // ErrBadRequest refuses a malformed request (400).
 var ErrBadRequest = errors.New("node: bad request")
 
+// ErrRestored refuses to restore a conflict a write already restored (409).
+var ErrRestored = errors.New("node: conflict already restored")
+
 // Validation errors of the Go API; the HTTP API maps them to 400 and 413.
 var (
 	ErrInvalidKey    = errors.New("node: invalid key")

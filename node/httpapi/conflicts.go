@@ -54,4 +54,23 @@ func (a *API) registerConflicts(mux *http.ServeMux) {
 		}
 		writeJSON(w, http.StatusOK, page)
 	}))
+	// POST /admin/conflicts/{id}/restore writes the loser back, answered
+	// like a PUT: 200 with the write's version, 412 with what the key
+	// holds when it no longer holds the winner.
+	mux.HandleFunc("/admin/conflicts/{id}/{action}", func(w http.ResponseWriter, r *http.Request) {
+		if r.Method != http.MethodPost {
+			methodNotAllowed(w, r, "POST")
+			return
+		}
+		if r.PathValue("action") != "restore" {
+			writeError(w, http.StatusNotFound, apiError{Code: "not_found", Message: "actions: restore"})
+			return
+		}
+		res, err := a.node.RestoreConflict(r.Context(), r.PathValue("id"))
+		if err == nil {
+			a.log.Info("conflict restored by the operator", "conflict", r.PathValue("id"), "key", res.Key, "version", res.Version,
+				"caller", a.opts.Caller(r))
+		}
+		a.answerWrite(w, r, nil, res, err)
+	})
 }

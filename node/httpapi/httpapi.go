@@ -71,6 +71,7 @@ type Reports interface {
 // Conflicts is what the conflict log's endpoints ask of a node.
 type Conflicts interface {
 	Conflicts(q client.ConflictQuery) (client.ConflictPage, error)
+	RestoreConflict(ctx context.Context, id string) (api.WriteResult, error)
 }
 
 // Node is the node the API serves.

@@ -89,6 +89,8 @@ func WriteErr(w http.ResponseWriter, err error) {
 		writeError(w, http.StatusPreconditionFailed, e)
 	case errors.Is(err, machine.ErrKindConflict):
 		writeError(w, http.StatusConflict, apiError{Code: "kind_conflict", Message: err.Error()})
+	case errors.Is(err, api.ErrRestored):
+		writeError(w, http.StatusConflict, apiError{Code: "restored", Message: err.Error()})
 	case errors.Is(err, api.ErrInvalidKey):
 		writeError(w, http.StatusBadRequest, apiError{Code: "bad_key", Message: err.Error()})
 	case errors.Is(err, api.ErrKeyTooLarge), errors.Is(err, api.ErrValueTooLarge):
