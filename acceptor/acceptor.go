@@ -96,6 +96,10 @@ type Options struct {
 	// state by inventing streams. A cluster begins a new stream only when
 	// it loses data (and each re-seed uses one, forgotten at its end).
 	MaxStreams int
+	// ConflictValueMax, when set, is the conflict log's value bound the
+	// commands this acceptor builds carry (0: none yet, before the log
+	// keeps conflicts).
+	ConflictValueMax func() int
 	// MaxBodies bounds the batches being read at once (default 16): with
 	// MaxBodyBytes, the acceptor's memory bound, whatever the number of
 	// peers or their pace. Each sender reads at most a quarter of them.

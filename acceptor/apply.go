@@ -228,6 +228,9 @@ func (a *Acceptor) continues(sender string, stream entry.StreamID, first uint64)
 func (a *Acceptor) commit(sender string, b *wire.Batch, sc *screened) (*wire.InboundResult, error) {
 	in := &wire.Inbound{Sender: sender, Batch: b, Own: sc.own, Unknown: sc.unknown, Dead: sc.deadReasons, At: a.opts.Now(),
 		HLC: a.clock.Last(), MaxStreams: a.opts.MaxStreams}
+	if a.opts.ConflictValueMax != nil {
+		in.ConflictValueMax = a.opts.ConflictValueMax()
+	}
 	if b.End != nil {
 		in.KnownMarks = make([]bool, len(b.Marks))
 		for i, m := range b.Marks {

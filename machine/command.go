@@ -186,7 +186,14 @@ type CollectCmd struct {
 	Cutoff     hlc.Timestamp
 	IdemBefore int64
 	Max        int
+	// ConflictsBefore and ConflictsMaxBytes are the conflict log's
+	// retention (format 4): records logged before the first go, and the
+	// oldest while the log holds more than the second (0: no bound).
+	ConflictsBefore   hlc.Timestamp
+	ConflictsMaxBytes int64
 }
+
+func (c *CollectCmd) hasConflicts() bool { return !c.ConflictsBefore.IsZero() || c.ConflictsMaxBytes > 0 }
 
 // DeadLetterCmd: the dead letter of Origin's Stream at Index is replayed
 // (Action DeadReplay) or discarded (DeadDiscard).

@@ -22,8 +22,9 @@ import (
 // the same commands without them and its tree would diverge.
 const FormatConflicts = 4
 
-// ConflictValueMax is the largest discarded value a record keeps whole;
-// a larger one is kept as its length and hash.
+// ConflictValueMax is the largest discarded value a record keeps whole by
+// default (the acceptor's Inbound command may say otherwise, so every node
+// keeps the same); a larger one is kept as its length and hash.
 const ConflictValueMax = 4096
 
 // conflictJudge decides the discards of one inbound batch.
@@ -34,6 +35,7 @@ type conflictJudge struct {
 	peer      string
 	at        hlc.Timestamp
 	collected hlc.Timestamp
+	valueMax  int
 	// local: a batch of this cluster's own writes, which discard nothing
 	// that is a conflict but move the key's records along.
 	local bool
@@ -186,7 +188,7 @@ func (j *conflictJudge) decide(key string, loser, winner version, incoming bool)
 		Incoming: incoming, Peer: j.peer, At: j.at,
 		Possible: len(winner.ctx) == 0,
 	}
-	if len(loser.value) <= ConflictValueMax {
+	if len(loser.value) <= j.valueMax {
 		c.LoserValue = bytes.Clone(loser.value)
 	}
 	return c

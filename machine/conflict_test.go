@@ -182,6 +182,50 @@ func TestConflictLog(t *testing.T) {
 	}
 }
 
+// TestConflictRetention: the log's collection drops records older than
+// the cutoff, then the oldest while the log is over its byte bound, and
+// counts them; the figures follow every record in and out.
+func TestConflictRetention(t *testing.T) {
+	a := newConflictCluster(t, "a", entry.StreamID{0xa}, 1e15)
+	b := newConflictCluster(t, "b", entry.StreamID{0xb}, 1e15+500)
+	for i := 0; i < 6; i++ {
+		a.put(string(rune('k'+i)), "a")
+		b.put(string(rune('k'+i)), "b")
+		a.ship(b, false) // one batch per conflict: each logged at its own time
+	}
+	st, err := a.st.ConflictStats()
+	if err != nil || st.Records != 6 || st.Bytes <= 0 {
+		t.Fatalf("stats after 6 conflicts: %+v %v", st, err)
+	}
+	recs, _, _ := a.st.Conflicts(store.ConflictQuery{})
+	times := make([]hlc.Timestamp, 0, len(recs))
+	for _, r := range recs {
+		times = append(times, r.At)
+	}
+	sort.Slice(times, func(i, j int) bool { return times[i].Less(times[j]) })
+	// Older than the third record's time: two go.
+	res := a.apply(&Command{Collect: &CollectCmd{Max: 100, ConflictsBefore: times[2]}})
+	if res.CollectedConflicts != 2 {
+		t.Fatalf("collected %d by age, want 2", res.CollectedConflicts)
+	}
+	// A bound of about two records: the oldest two of the four left go.
+	per := st.Bytes / 6
+	res = a.apply(&Command{Collect: &CollectCmd{Max: 100, ConflictsMaxBytes: 2*per + per/2}})
+	if res.CollectedConflicts != 2 {
+		t.Fatalf("collected %d by size, want 2", res.CollectedConflicts)
+	}
+	st, err = a.st.ConflictStats()
+	if err != nil || st.Records != 2 || st.Dropped != 4 || st.Bytes != 2*per {
+		t.Fatalf("stats after retention: %+v %v (a record: %d bytes)", st, err, per)
+	}
+	left, _, _ := a.st.Conflicts(store.ConflictQuery{})
+	for _, r := range left {
+		if r.At.Less(times[4]) {
+			t.Fatalf("an older record was kept: %+v", r)
+		}
+	}
+}
+
 // TestConflictWithoutContext: a winner from a peer that sends no context
 // is logged as a possible conflict; equal values are not a conflict.
 func TestConflictWithoutContext(t *testing.T) {

@@ -7,6 +7,7 @@ import (
 	"regexp"
 
 	"github.com/vmihailenco/msgpack/v5"
+	"github.com/vmihailenco/msgpack/v5/msgpcode"
 
 	"github.com/replicator/replicator/entry"
 	"github.com/replicator/replicator/hlc"
@@ -66,6 +67,9 @@ func decodeInto(dec *msgpack.Decoder, c *Command) error {
 	}
 	if kind == KindRemoveNode && n == 3 {
 		want = 3 // with its reason
+	}
+	if kind == KindCollect && n == 6 {
+		want = 6 // with the conflict log's retention (format 4)
 	}
 	if n != want {
 		return fmt.Errorf("%s: array of %d elements, want %d", kind, n, want)
@@ -163,6 +167,21 @@ func decodeInto(dec *msgpack.Decoder, c *Command) error {
 			return fmt.Errorf("collect of at most %d", m)
 		}
 		cc.Max = int(m)
+		if n == 6 {
+			hb, err := wire.DecodeBytes(dec)
+			if err != nil {
+				return err
+			}
+			if cc.ConflictsBefore, err = hlc.Decode(hb); err != nil {
+				return err
+			}
+			if cc.ConflictsMaxBytes, err = dec.DecodeInt64(); err != nil {
+				return err
+			}
+			if !cc.hasConflicts() || cc.ConflictsMaxBytes < 0 {
+				return errors.New("collect with an empty conflict retention")
+			}
+		}
 		c.Collect = cc
 	case KindDeadLetter:
 		dc := &DeadLetterCmd{}
@@ -310,7 +329,20 @@ func decodeInbound(dec *msgpack.Decoder, c *Command) error {
 		}
 		in.KnownMarks = append(in.KnownMarks, k)
 	}
-	if err := dec.DecodeNil(); err != nil {
+	code, err := dec.PeekCode()
+	if err != nil {
+		return err
+	}
+	if code == msgpcode.Nil {
+		err = dec.DecodeNil()
+	} else {
+		var vm int64
+		if vm, err = dec.DecodeInt64(); err == nil && (vm < 1 || vm > 64<<20) {
+			err = fmt.Errorf("conflict value bound %d", vm)
+		}
+		in.ConflictValueMax = int(vm)
+	}
+	if err != nil {
 		return fmt.Errorf("a field this version does not know: %v", err)
 	}
 	c.Inbound = in

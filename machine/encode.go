@@ -72,8 +72,16 @@ func (e *Encoder) Encode(c *Command) ([]byte, error) {
 	case KindCollect:
 		cc := c.Collect
 		cut := cc.Cutoff.Encode()
-		err = errors.Join(err, enc.EncodeArrayLen(4), enc.EncodeUint(uint64(kind)), enc.EncodeBytes(cut[:]),
+		fields := 4
+		if cc.hasConflicts() {
+			fields = 6 // from format 4
+		}
+		err = errors.Join(err, enc.EncodeArrayLen(fields), enc.EncodeUint(uint64(kind)), enc.EncodeBytes(cut[:]),
 			enc.EncodeInt(cc.IdemBefore), enc.EncodeInt(int64(cc.Max)))
+		if cc.hasConflicts() {
+			before := cc.ConflictsBefore.Encode()
+			err = errors.Join(err, enc.EncodeBytes(before[:]), enc.EncodeInt(cc.ConflictsMaxBytes))
+		}
 	case KindDeadLetter:
 		dc := c.DeadLetter
 		err = errors.Join(err, enc.EncodeArrayLen(5), enc.EncodeUint(uint64(kind)), enc.EncodeString(dc.Origin),
@@ -155,7 +163,11 @@ func (e *Encoder) encodeInbound(in *Inbound) error {
 	for _, k := range in.KnownMarks {
 		err = errors.Join(err, enc.EncodeBool(k))
 	}
-	// Reserved for what a later version adds, so that this one refuses it
-	// instead of skipping it: always nil now.
+	// Reserved for what a later version adds, so that an older one
+	// refuses it instead of skipping it: nil, or from format 4 the
+	// conflict log's value bound.
+	if in.ConflictValueMax > 0 {
+		return errors.Join(err, enc.EncodeInt(int64(in.ConflictValueMax)))
+	}
 	return errors.Join(err, enc.EncodeNil())
 }

@@ -82,7 +82,10 @@ func (m *Machine) applyInbound(b *store.Batch, in *Inbound) (*InboundResult, err
 		if err != nil {
 			return nil, err
 		}
-		j := &conflictJudge{b: b, peer: sender, at: in.HLC, collected: collected}
+		j := &conflictJudge{b: b, peer: sender, at: in.HLC, collected: collected, valueMax: ConflictValueMax}
+		if in.ConflictValueMax > 0 {
+			j.valueMax = in.ConflictValueMax
+		}
 		b.Track(j.judge)
 		defer func() { res.Conflicts, res.Superseded = j.logged, j.superseded }()
 	}

@@ -191,8 +191,9 @@ type Result struct {
 	Inbound *InboundResult
 	// Swapped: a record command found what it expected and set it.
 	Swapped bool
-	// Collected and CollectedIdem count what a collect command dropped.
-	Collected, CollectedIdem int
+	// Collected, CollectedIdem and CollectedConflicts count what a collect
+	// command dropped.
+	Collected, CollectedIdem, CollectedConflicts int
 	// Found: a dead-letter command found its dead letter.
 	Found bool
 }
@@ -558,6 +559,11 @@ func (m *Machine) applyCollect(b *store.Batch, c *CollectCmd) (*Result, error) {
 	}
 	if c.IdemBefore > 0 {
 		if res.CollectedIdem, err = b.CollectIdem(c.IdemBefore, c.Max); err != nil {
+			return nil, err
+		}
+	}
+	if c.hasConflicts() {
+		if res.CollectedConflicts, err = b.CollectConflicts(c.ConflictsBefore, c.ConflictsMaxBytes, c.Max); err != nil {
 			return nil, err
 		}
 	}

@@ -119,6 +119,10 @@ var (
 		"Entries received from peers, by origin and outcome (applied, stale, duplicate, refused batches).", []string{"origin", "outcome"}, nil)
 	descConflicts = prometheus.NewDesc("replicator_conflicts_total",
 		"Records the entries of each peer added to the conflict log (versions last-writer-wins discarded that the winner had not seen), counted by the node that took the batch.", []string{"peer"}, nil)
+	descConflictLog = prometheus.NewDesc("replicator_conflict_log",
+		"The conflict log of this node's cluster: records and bytes kept (what counts against --conflict-max-bytes).", []string{"measure"}, nil)
+	descConflictDropped = prometheus.NewDesc("replicator_conflict_log_dropped_total",
+		"Conflict records retention collected, by age (--conflict-retention) or size (--conflict-max-bytes).", nil, nil)
 	descWrites  = prometheus.NewDesc("replicator_local_writes_total", "Local writes committed.", nil, nil)
 	descGroups  = prometheus.NewDesc("replicator_commit_groups_total", "WAL appends (one fsync each) the local writes took.", nil, nil)
 	descWAL     = prometheus.NewDesc("replicator_wal_entries", "Entries retained in the outbound WAL.", nil, nil)
@@ -200,6 +204,11 @@ func (n *Node) collect(ch chan<- prometheus.Metric) {
 			ch <- prometheus.MustNewConstMetric(descApply, prometheus.CounterValue, float64(v), origin, outcome)
 		}
 		ch <- prometheus.MustNewConstMetric(descConflicts, prometheus.CounterValue, float64(c.Conflicts), origin)
+	}
+	if cs, err := n.store.ConflictStats(); err == nil {
+		ch <- prometheus.MustNewConstMetric(descConflictLog, prometheus.GaugeValue, float64(cs.Records), "records")
+		ch <- prometheus.MustNewConstMetric(descConflictLog, prometheus.GaugeValue, float64(cs.Bytes), "bytes")
+		ch <- prometheus.MustNewConstMetric(descConflictDropped, prometheus.CounterValue, float64(cs.Dropped))
 	}
 	ch <- prometheus.MustNewConstMetric(descWrites, prometheus.CounterValue, float64(n.metrics.writes.Load()))
 	ch <- prometheus.MustNewConstMetric(descGroups, prometheus.CounterValue, float64(n.metrics.groups.Load()))

@@ -528,12 +528,17 @@ func (n *Node) CollectTombstones() (int, error) {
 	}
 	total := 0
 	for {
-		res, err := n.cons.commitCommand(&machine.Command{Collect: &machine.CollectCmd{Cutoff: cutoff, IdemBefore: n.clock.Physical(), Max: collectBatch}})
+		cc := &machine.CollectCmd{Cutoff: cutoff, IdemBefore: n.clock.Physical(), Max: collectBatch}
+		if n.machine.Format() >= machine.FormatConflicts {
+			cc.ConflictsBefore = hlc.Timestamp{Wall: n.clock.Physical() - int64(n.opts.ConflictRetention)}
+			cc.ConflictsMaxBytes = n.opts.ConflictMaxBytes
+		}
+		res, err := n.cons.commitCommand(&machine.Command{Collect: cc})
 		if err != nil {
 			return total, err
 		}
 		total += res.Collected
-		if res.Collected < collectBatch && res.CollectedIdem < collectBatch {
+		if res.Collected < collectBatch && res.CollectedIdem < collectBatch && res.CollectedConflicts < collectBatch {
 			return total, nil
 		}
 	}

@@ -12,6 +12,7 @@ import (
 	"github.com/replicator/replicator/acceptor"
 	"github.com/replicator/replicator/entry"
 	"github.com/replicator/replicator/hlc"
+	"github.com/replicator/replicator/machine"
 	"github.com/replicator/replicator/node/api"
 	"github.com/replicator/replicator/origin"
 	"github.com/replicator/replicator/store"
@@ -101,6 +102,15 @@ type Options struct {
 	// TombstoneRetention is how long a delete's tombstone is kept at least.
 	// Default 24h.
 	TombstoneRetention time.Duration
+	// ConflictRetention is how long the conflict log keeps a record, and
+	// ConflictMaxBytes how large it may grow before the oldest records
+	// go (each dropped counts); ConflictValueMax is the largest lost value
+	// a record keeps whole (a larger one: its length and hash). The leader
+	// puts them in the cluster's log (collect and inbound commands), so
+	// every node keeps the same records. Defaults 168h, 64 MiB, 4 KiB.
+	ConflictRetention time.Duration
+	ConflictMaxBytes  int64
+	ConflictValueMax  int
 	// GCInterval is how often tombstones past retention are collected.
 	// Default 1 minute.
 	GCInterval time.Duration
@@ -230,6 +240,15 @@ func (o *Options) EnsureDefaults() {
 	}
 	if o.TombstoneRetention == 0 {
 		o.TombstoneRetention = 24 * time.Hour
+	}
+	if o.ConflictRetention == 0 {
+		o.ConflictRetention = 168 * time.Hour
+	}
+	if o.ConflictMaxBytes == 0 {
+		o.ConflictMaxBytes = 64 << 20
+	}
+	if o.ConflictValueMax == 0 {
+		o.ConflictValueMax = machine.ConflictValueMax
 	}
 	if o.Testing.GCInterval > 0 {
 		o.GCInterval = o.Testing.GCInterval
@@ -372,6 +391,15 @@ func (o *Options) Validate() error {
 	}
 	if o.TombstoneRetention < time.Minute {
 		add("TombstoneRetention %s is below 1m", o.TombstoneRetention)
+	}
+	if o.ConflictRetention < time.Minute {
+		add("ConflictRetention %s is below 1m", o.ConflictRetention)
+	}
+	if o.ConflictMaxBytes < 64<<10 {
+		add("ConflictMaxBytes %d is below 64 KiB", o.ConflictMaxBytes)
+	}
+	if o.ConflictValueMax < 1 || o.ConflictValueMax > 1<<20 {
+		add("ConflictValueMax %d out of range [1, 1 MiB]", o.ConflictValueMax)
 	}
 	if o.GCInterval <= 0 {
 		add("GCInterval %s must be positive", o.GCInterval)

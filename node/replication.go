@@ -90,6 +90,12 @@ func (r *replication) setupReplication() error {
 		TakesMarkers: func() bool { return n.machine.Format() >= machine.FormatLinks },
 		// Contexts take format 4: before it, a member may not read them.
 		TakesContexts: func() bool { return n.machine.Format() >= machine.FormatConflicts },
+		ConflictValueMax: func() int {
+			if n.machine.Format() < machine.FormatConflicts {
+				return 0
+			}
+			return n.opts.ConflictValueMax
+		},
 		Now:           n.clock.Physical,
 		Logger:        n.log,
 	})

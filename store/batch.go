@@ -48,6 +48,9 @@ type Batch struct {
 	// pendingConflicts are the conflict records this batch wrote (nil:
 	// removed), by key and ID.
 	pendingConflicts map[string]map[string]*entry.Conflict
+	// conflictStats are the log's figures as this batch left them (nil:
+	// untouched).
+	conflictStats *ConflictStats
 }
 
 // Judge is told of every merge of a tracked batch, before it is written:

@@ -2,6 +2,7 @@ package store
 
 import (
 	"bytes"
+	"encoding/binary"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -162,7 +163,7 @@ func (b *Batch) PutConflict(c *entry.Conflict) (bool, error) {
 	if err := b.putConflictLocked(id, c); err != nil {
 		return false, err
 	}
-	return true, nil
+	return true, b.addConflictStats(1, conflictSize(c), 0)
 }
 
 func (b *Batch) putConflictLocked(id []byte, c *entry.Conflict) error {
@@ -193,7 +194,113 @@ func (b *Batch) DeleteConflict(c *entry.Conflict) error {
 		return err
 	}
 	b.notePendingConflict(c.Key, c.ID, nil)
-	return nil
+	return b.addConflictStats(-1, -conflictSize(c), 0)
+}
+
+// ConflictStats are the conflict log's size and what retention dropped.
+type ConflictStats struct {
+	Records int64
+	Bytes   int64
+	// Dropped counts the records retention collected (by age or bytes).
+	Dropped int64
+}
+
+// conflictSize is what a record counts against the log's byte bound: its
+// key (stored twice), the value kept, and a fixed part for the rest. It
+// does not depend on the restored field, so a restore changes no count.
+func conflictSize(c *entry.Conflict) int64 { return int64(2*len(c.Key) + len(c.LoserValue) + 200) }
+
+// ConflictStats reads the log's figures as committed.
+func (s *Store) ConflictStats() (ConflictStats, error) { return conflictStats(s.db) }
+
+func conflictStats(r pebble.Reader) (ConflictStats, error) {
+	v, closer, err := r.Get(keyConflictStats)
+	if errors.Is(err, pebble.ErrNotFound) {
+		return ConflictStats{}, nil
+	}
+	if err != nil {
+		return ConflictStats{}, err
+	}
+	defer closer.Close()
+	if len(v) != 24 {
+		return ConflictStats{}, fmt.Errorf("%w: conflict stats of %d bytes", ErrCorrupt, len(v))
+	}
+	return ConflictStats{Records: int64(binary.BigEndian.Uint64(v)), Bytes: int64(binary.BigEndian.Uint64(v[8:])),
+		Dropped: int64(binary.BigEndian.Uint64(v[16:]))}, nil
+}
+
+// addConflictStats changes the log's figures in the batch.
+func (b *Batch) addConflictStats(records, bytes, dropped int64) error {
+	if b.conflictStats == nil {
+		st, err := conflictStats(b.s.db)
+		if err != nil {
+			return err
+		}
+		b.conflictStats = &st
+	}
+	st := b.conflictStats
+	st.Records += records
+	st.Bytes += bytes
+	st.Dropped += dropped
+	v := binary.BigEndian.AppendUint64(nil, uint64(st.Records))
+	v = binary.BigEndian.AppendUint64(v, uint64(st.Bytes))
+	v = binary.BigEndian.AppendUint64(v, uint64(st.Dropped))
+	return b.pb.Set(keyConflictStats, v, nil)
+}
+
+// CollectConflicts drops the oldest records, by the time they were logged,
+// while they are older than before or the log holds more than maxBytes
+// (0: no bound), up to max of them; each counts as dropped.
+func (b *Batch) CollectConflicts(before hlc.Timestamp, maxBytes int64, max int) (int, error) {
+	if before.IsZero() && maxBytes <= 0 {
+		return 0, nil
+	}
+	st, err := conflictStats(b.s.db)
+	if err != nil {
+		return 0, err
+	}
+	if b.conflictStats != nil {
+		st = *b.conflictStats
+	}
+	it, err := b.s.db.NewIter(&pebble.IterOptions{LowerBound: []byte{prefixConflictTime}, UpperBound: []byte{prefixConflictTime + 1}})
+	if err != nil {
+		return 0, err
+	}
+	defer it.Close()
+	n := 0
+	for valid := it.First(); valid && n < max; valid = it.Next() {
+		k := it.Key()
+		if len(k) != 1+hlc.EncodedLen+16 {
+			return n, fmt.Errorf("%w: conflict time key of %d bytes", ErrCorrupt, len(k))
+		}
+		at, err := hlc.Decode(k[1 : 1+hlc.EncodedLen])
+		if err != nil {
+			return n, fmt.Errorf("%w: %v", ErrCorrupt, err)
+		}
+		if !at.Less(before) && (maxBytes <= 0 || st.Bytes <= maxBytes) {
+			break
+		}
+		id := bytes.Clone(k[1+hlc.EncodedLen:])
+		key := string(it.Value())
+		v, closer, err := b.s.db.Get(conflictKey(key, id))
+		if err != nil {
+			return n, fmt.Errorf("%w: conflict %x indexed by time, not stored: %v", ErrCorrupt, id, err)
+		}
+		c, err := decodeConflict(id, v)
+		closer.Close()
+		if err != nil {
+			return n, err
+		}
+		if err := b.DeleteConflict(&c); err != nil {
+			return n, err
+		}
+		if err := b.addConflictStats(0, 0, 1); err != nil {
+			return n, err
+		}
+		st.Bytes -= conflictSize(&c)
+		n++
+	}
+	return n, it.Error()
 }
 
 // UpdateConflict rewrites a record in place (its time stays).

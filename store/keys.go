@@ -42,6 +42,7 @@ import (
 //	m\x00machine.format           the command encoding the log carries: version(1) (machine.go)
 //	m\x00machine.collected        cutoff below which tombstones were collected: hlc(12) (machine.go)
 //	m\x00machine.removed/<id>     a node ID or incarnation removed from the cluster: why(1) (machine.go)
+//	m\x00conflicts               the conflict log's records(8) | bytes(8) | dropped by retention(8) (conflicts.go)
 //
 // No other package writes a key of the tree: each record has its reader and
 // writer here, and a new key belongs in this table.
@@ -61,6 +62,7 @@ var (
 	keyMachineApplied = []byte("m\x00machine.applied")
 	keyCommandFormat  = []byte("m\x00machine.format")
 	keyCollectedBelow = []byte("m\x00machine.collected")
+	keyConflictStats  = []byte("m\x00conflicts")
 )
 
 // removedNodeKey records a node ID removed from the cluster, or one

@@ -72,6 +72,10 @@ type Inbound struct {
 	// writes from (others are not raised).
 	MaxStreams int
 	KnownMarks []bool
+	// ConflictValueMax is the largest discarded value a conflict record
+	// keeps whole (0: the machine's default; set only from command format
+	// 4, in what was the command's reserved field).
+	ConflictValueMax int
 }
 
 // InboundResult is what applying a batch did.

@@ -40,6 +40,9 @@ type serveConfig struct {
 	MaxKeyBytes        int      `yaml:"max_key_bytes"`
 	MaxValueBytes      int      `yaml:"max_value_bytes"`
 	TombstoneRetention duration `yaml:"tombstone_retention"`
+	ConflictRetention  duration `yaml:"conflict_retention"`
+	ConflictMaxBytes   int64    `yaml:"conflict_max_bytes"`
+	ConflictValueMax   int      `yaml:"conflict_value_max"`
 	MaxClockOffset     duration `yaml:"max_clock_offset"`
 	LogLevel           string   `yaml:"log_level"`
 	LogFormat          string   `yaml:"log_format"`
@@ -106,6 +109,7 @@ func defaultServeConfig() *serveConfig {
 	return &serveConfig{
 		Listen: d.Listen, MaxKeyBytes: d.MaxKeyBytes, MaxValueBytes: d.MaxValueBytes,
 		TombstoneRetention: duration(d.TombstoneRetention), MaxClockOffset: duration(d.MaxClockOffset),
+		ConflictRetention: duration(d.ConflictRetention), ConflictMaxBytes: d.ConflictMaxBytes, ConflictValueMax: d.ConflictValueMax,
 		LogLevel: "info", LogFormat: "text",
 		BatchEntries: d.MaxBatchEntries, BatchBytes: d.MaxBatchBytes, BatchLinger: duration(d.BatchLinger),
 		ReplicateMax: d.MaxReplicateBytes, PinWindow: duration(d.PinWindow),
@@ -356,6 +360,9 @@ func serveFlags(cfg *serveConfig) *flag.FlagSet {
 	fs.IntVar(&cfg.MaxKeyBytes, "max-key-bytes", cfg.MaxKeyBytes, "largest key in bytes")
 	fs.IntVar(&cfg.MaxValueBytes, "max-value-bytes", cfg.MaxValueBytes, "largest value in bytes")
 	fs.Var(&cfg.TombstoneRetention, "tombstone-retention", "how long tombstones are kept at least")
+	fs.Var(&cfg.ConflictRetention, "conflict-retention", "how long the conflict log keeps a record")
+	fs.Int64Var(&cfg.ConflictMaxBytes, "conflict-max-bytes", cfg.ConflictMaxBytes, "the conflict log's size past which the oldest records go")
+	fs.IntVar(&cfg.ConflictValueMax, "conflict-value-max", cfg.ConflictValueMax, "largest lost value a conflict record keeps whole (a larger one: its length and hash)")
 	fs.Var(&cfg.MaxClockOffset, "max-clock-offset", "how far ahead of the local clock a remote stamp may be")
 	fs.StringVar(&cfg.LogLevel, "log-level", cfg.LogLevel, "debug, info, warn or error")
 	fs.StringVar(&cfg.LogFormat, "log-format", cfg.LogFormat, "text or json")
@@ -442,6 +449,9 @@ func (cfg *serveConfig) nodeOptions(log *slog.Logger) (*node.Options, error) {
 		MaxKeyBytes:        cfg.MaxKeyBytes,
 		MaxValueBytes:      cfg.MaxValueBytes,
 		TombstoneRetention: time.Duration(cfg.TombstoneRetention),
+		ConflictRetention:  time.Duration(cfg.ConflictRetention),
+		ConflictMaxBytes:   cfg.ConflictMaxBytes,
+		ConflictValueMax:   cfg.ConflictValueMax,
 		MaxClockOffset:     time.Duration(cfg.MaxClockOffset),
 		Logger:             log,
 	}
