@@ -193,7 +193,9 @@ type CollectCmd struct {
 	ConflictsMaxBytes int64
 }
 
-func (c *CollectCmd) hasConflicts() bool { return !c.ConflictsBefore.IsZero() || c.ConflictsMaxBytes > 0 }
+func (c *CollectCmd) hasConflicts() bool {
+	return !c.ConflictsBefore.IsZero() || c.ConflictsMaxBytes > 0
+}
 
 // DeadLetterCmd: the dead letter of Origin's Stream at Index is replayed
 // (Action DeadReplay) or discarded (DeadDiscard).

@@ -96,8 +96,8 @@ func (r *replication) setupReplication() error {
 			}
 			return n.opts.ConflictValueMax
 		},
-		Now:           n.clock.Physical,
-		Logger:        n.log,
+		Now:    n.clock.Physical,
+		Logger: n.log,
 	})
 	rt := n.opts.PeerTransport
 	if rt == nil {
