@@ -89,10 +89,11 @@ func (j *conflictJudge) judge(prev *store.Record, w *store.Write, out entry.Outc
 //     loser's author moved on before it learned of the conflict, so the
 //     loser is no longer what was lost; the record goes (the version is
 //     judged in its place);
-//   - it replaces the key's version and descends from a record's winner
-//     but not from its loser: the loss stands, against the version the key
-//     holds now; the record names it as the winner (under its new ID, as
-//     every cluster that applies both names it).
+//   - it replaces the key's version and does not descend from a record's
+//     loser: the loss stands, against the version the key holds now, and
+//     the record names it as the winner (under its new ID). Every cluster
+//     that applies the versions, in whatever order, then ends with the
+//     same records: each loser named against the key's final version.
 //
 // A restored record stays as it is.
 func (j *conflictJudge) follow(w *store.Write, out entry.Outcome) (bool, error) {
@@ -113,7 +114,7 @@ func (j *conflictJudge) follow(w *store.Write, out entry.Outcome) (bool, error) 
 			}
 			j.superseded++
 			recs[i].Key = "" // gone
-		case seesWinner && !seesLoser && out == entry.Applied:
+		case !seesLoser && out == entry.Applied && r.Winner != w.Stamp:
 			if err := j.b.DeleteConflict(r); err != nil {
 				return false, err
 			}

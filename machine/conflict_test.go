@@ -249,3 +249,51 @@ func TestConflictWithoutContext(t *testing.T) {
 		t.Fatalf("equal values logged: %+v", lg["same"])
 	}
 }
+
+// TestConflictThreeClusters: three concurrent versions of a key, delivered
+// to each cluster in a different order, leave the same records under the
+// same IDs everywhere (each loser against the final winner); a version
+// written after seeing another, delivered before it to a third cluster, is
+// no conflict there.
+func TestConflictThreeClusters(t *testing.T) {
+	a := newConflictCluster(t, "a", entry.StreamID{0xa}, 1e15)
+	b := newConflictCluster(t, "b", entry.StreamID{0xb}, 1e15+300)
+	c := newConflictCluster(t, "c", entry.StreamID{0xc}, 1e15+600)
+	a.put("k", "x")
+	b.put("k", "y")
+	c.put("k", "z") // the newest: wins everywhere
+	a.ship(b, false)
+	a.ship(c, false)
+	b.ship(c, false)
+	b.ship(a, false)
+	c.ship(a, false)
+	c.ship(b, false)
+	want := ""
+	for _, cl := range []*conflictCluster{a, b, c} {
+		recs := cl.log()["k"]
+		sort.Slice(recs, func(i, j int) bool { return recs[i].ID < recs[j].ID })
+		got := ""
+		for _, r := range recs {
+			got += r.ID + ":" + string(r.LoserValue) + ">" + r.Winner.Origin + " "
+		}
+		if len(recs) != 2 || recs[0].Winner.Origin != "c" || recs[1].Winner.Origin != "c" {
+			t.Fatalf("%s logged %s, want x and y lost to c's z", cl.name, got)
+		}
+		if want == "" {
+			want = got
+		} else if got != want {
+			t.Fatalf("%s logged %s, a logged %s", cl.name, got, want)
+		}
+	}
+
+	// Sequential through b, reordered at c: a writes, b sees it and
+	// overwrites, c gets b's version first and a's after.
+	a.put("s", "a")
+	b.ship(a, false)
+	b.put("s", "b")
+	c.ship(b, false)
+	c.ship(a, false)
+	if recs := c.log()["s"]; len(recs) != 0 {
+		t.Fatalf("a sequential overwrite delivered out of order was logged: %+v", recs)
+	}
+}
