@@ -1,6 +1,7 @@
 package store
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 
@@ -45,6 +46,8 @@ type Batch struct {
 	// judge, when set (Track), sees every version a merge discards.
 	judge    Judge
 	tracking bool
+	// it reads the committed data keys of a tracking batch.
+	it *pebble.Iterator
 	// pendingConflicts are the conflict records this batch wrote (nil:
 	// removed), by key and ID.
 	pendingConflicts map[string]map[string]*entry.Conflict
@@ -88,6 +91,9 @@ func (b *Batch) Close() {
 		return
 	}
 	b.closed = true
+	if b.it != nil {
+		b.it.Close()
+	}
 	b.pb.Close()
 	b.s.applyMu.Unlock()
 }
@@ -133,19 +139,28 @@ func (b *Batch) recordLocked(key string, dk []byte) (r *Record, done func(), err
 		}
 		return p.rec, func() {}, nil
 	}
-	v, closer, err := b.s.db.Get(dk)
-	if errors.Is(err, pebble.ErrNotFound) {
+	// One iterator for the batch's reads: a Get builds its iterators
+	// anew each time, and a seek of a key no table holds is answered by
+	// the tables' bloom filters. The batch holds the apply lock, so no
+	// data key changes under it; the value is valid until the next seek.
+	if b.it == nil {
+		it, err := b.s.db.NewIter(&pebble.IterOptions{LowerBound: []byte{prefixData}, UpperBound: []byte{prefixData + 1}})
+		if err != nil {
+			return nil, nil, fmt.Errorf("store: get %q: %w", key, err)
+		}
+		b.it = it
+	}
+	if !b.it.SeekPrefixGE(dk) || !bytes.Equal(b.it.Key(), dk) {
+		if err := b.it.Error(); err != nil {
+			return nil, nil, fmt.Errorf("store: get %q: %w", key, err)
+		}
 		return nil, func() {}, nil
 	}
+	rec, err := DecodeRecord(b.it.Value())
 	if err != nil {
-		return nil, nil, fmt.Errorf("store: get %q: %w", key, err)
-	}
-	rec, err := DecodeRecord(v)
-	if err != nil {
-		closer.Close()
 		return nil, nil, fmt.Errorf("store: key %q: %w", key, err)
 	}
-	return &rec, func() { closer.Close() }, nil
+	return &rec, func() {}, nil
 }
 
 // Merge applies w last-writer-wins and reports what it did. A tombstone is

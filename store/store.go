@@ -17,6 +17,7 @@ import (
 	"sync/atomic"
 
 	"github.com/cockroachdb/pebble/v2"
+	"github.com/cockroachdb/pebble/v2/bloom"
 
 	"github.com/replicator/replicator/entry"
 	"github.com/replicator/replicator/hlc"
@@ -107,12 +108,19 @@ func Open(dir string, opts *Options) (*Store, error) {
 		return nil, err
 	}
 	cache := pebble.NewCache(o.CacheSize)
-	db, err := pebble.Open(dir, &pebble.Options{
+	po := &pebble.Options{
 		Cache:              cache,
 		MemTableSize:       o.MemTableSize,
 		FormatMajorVersion: pebble.FormatNewest,
 		Logger:             pebbleLogger{o.Logger},
-	})
+	}
+	// Bloom filters on every level: from command format 4 every merge
+	// reads its key (store.Batch.Track), and most local writes are of a
+	// key no table holds, which a filter answers without reading a block.
+	for i := range po.Levels {
+		po.Levels[i].FilterPolicy = bloom.FilterPolicy(10)
+	}
+	db, err := pebble.Open(dir, po)
 	if err != nil {
 		cache.Unref()
 		return nil, fmt.Errorf("store: open %s: %w", dir, err)

@@ -1,0 +1,66 @@
+package machine
+
+import (
+	"fmt"
+	"testing"
+
+	"github.com/replicator/replicator/entry"
+	"github.com/replicator/replicator/hlc"
+	"github.com/replicator/replicator/store"
+	"github.com/replicator/replicator/wire"
+)
+
+// BenchmarkBidirectional is the bench's bidirectional scenario at one
+// cluster's machine: groups of 100 local writes, and batches of 100 of the
+// peer's writes of the same keys (every key written on both sides, half
+// won by each), at format 3 (no contexts) and 4 (contexts and the log).
+func BenchmarkBidirectional(b *testing.B) {
+	for _, format := range []uint8{FormatLinks, FormatConflicts} {
+		b.Run(fmt.Sprintf("format%d", format), func(b *testing.B) {
+			st, err := store.Open(b.TempDir(), benchStoreOpts)
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer st.Close()
+			m, err := Open(st, Options{Cluster: "a"})
+			if err != nil {
+				b.Fatal(err)
+			}
+			idx := uint64(0)
+			apply := func(c *Command) *Result {
+				idx++
+				r, err := m.ApplyCommand(idx, c)
+				if err != nil {
+					b.Fatal(err)
+				}
+				return r
+			}
+			apply(&Command{Mint: &MintCmd{Stream: entry.StreamID{0xa}}})
+			apply(&Command{Format: &FormatCmd{Version: format}})
+			wall := int64(1e15)
+			peerIdx := uint64(0)
+			val := make([]byte, 100)
+			b.ResetTimer()
+			for n := 0; n < b.N; n += 200 {
+				props := make([]Proposal, 100)
+				ents := make([]entry.Entry, 100)
+				for i := range props {
+					key := fmt.Sprintf("key-%012d", n+i)
+					wall += 10
+					props[i] = Proposal{Entry: entry.Entry{Op: entry.OpSet, Key: key, Value: val, Commit: hlc.Timestamp{Wall: wall}}}
+					peerIdx++
+					ts := hlc.Timestamp{Wall: wall + int64(i%2*10) - 5}
+					ents[i] = entry.Entry{Index: peerIdx, Origin: "b", Stream: entry.StreamID{0xb}, Commit: ts, Stamp: ts, Op: entry.OpSet, Key: key, Value: val}
+					if format >= FormatConflicts {
+						ents[i].Ctx = entry.Context{{Origin: "b", HLC: ts}}
+					}
+				}
+				apply(&Command{Local: props})
+				bt := &wire.Batch{Header: wire.Header{Sender: "b", Stream: entry.StreamID{0xb}}, Entries: ents}
+				apply(&Command{Inbound: &Inbound{Sender: "b", Batch: bt, At: 1, HLC: hlc.Timestamp{Wall: wall + 100}, MaxStreams: 16}})
+			}
+		})
+	}
+}
+
+var benchStoreOpts *store.Options // the node's defaults
