@@ -119,6 +119,9 @@ func (s *Shipper) shipOnce(ctx context.Context, acked uint64) error {
 		if err := s.heartbeat(ctx); err != nil {
 			return fmt.Errorf("heartbeat: %w", err)
 		}
+		if !s.knowsLimits() {
+			return errors.New("the peer has not said what it takes yet (its answer had no limits)")
+		}
 	}
 	f, err := s.build(acked, take(), true)
 	if errors.Is(err, errNoMarkers) {
