@@ -530,7 +530,9 @@ func (n *Node) CollectTombstones() (int, error) {
 	for {
 		cc := &machine.CollectCmd{Cutoff: cutoff, IdemBefore: n.clock.Physical(), Max: collectBatch}
 		if n.machine.Format() >= machine.FormatConflicts {
-			cc.ConflictsBefore = hlc.Timestamp{Wall: n.clock.Physical() - int64(n.opts.ConflictRetention)}
+			if before := n.clock.Physical() - int64(n.opts.ConflictRetention); before > 0 {
+				cc.ConflictsBefore = hlc.Timestamp{Wall: before}
+			}
 			cc.ConflictsMaxBytes = n.opts.ConflictMaxBytes
 		}
 		res, err := n.cons.commitCommand(&machine.Command{Collect: cc})
