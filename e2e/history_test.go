@@ -24,16 +24,18 @@ const (
 
 // callRecord is one client call as the client saw it.
 type callRecord struct {
-	Client  string    `json:"client"`
-	Cluster string    `json:"cluster"`
-	Kind    string    `json:"kind"` // put, del, cas, incr, range, batch
-	Key     string    `json:"key,omitempty"`
-	End     string    `json:"end,omitempty"`
-	Value   string    `json:"value,omitempty"`
-	Sets    []kv      `json:"sets,omitempty"` // batch
-	Dels    []string  `json:"dels,omitempty"` // batch
-	Delta   int64     `json:"delta,omitempty"`
-	IdemKey string    `json:"idem,omitempty"`
+	Client  string   `json:"client"`
+	Cluster string   `json:"cluster"`
+	Kind    string   `json:"kind"` // put, del, cas, incr, range, batch
+	Key     string   `json:"key,omitempty"`
+	End     string   `json:"end,omitempty"`
+	Value   string   `json:"value,omitempty"`
+	Sets    []kv     `json:"sets,omitempty"` // batch
+	Dels    []string `json:"dels,omitempty"` // batch
+	Delta   int64    `json:"delta,omitempty"`
+	IdemKey string   `json:"idem,omitempty"`
+	// Prev is the version a cas's If-Match named: its author held it.
+	Prev    string    `json:"prev,omitempty"`
 	Outcome string    `json:"outcome"`
 	Version string    `json:"version,omitempty"`
 	Err     string    `json:"err,omitempty"`

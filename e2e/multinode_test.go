@@ -522,6 +522,29 @@ func TestMultiNodeRobustness(t *testing.T) {
 	}
 	violations = append(violations, hist.check(final, counters, keys)...)
 	violations = append(violations, hostileBad...)
+	// Every node of a cluster holds the same conflict log: the records are
+	// decided in the cluster's log.
+	logs := map[string][]client.Conflict{}
+	byCluster := map[string]string{}
+	for _, n := range running {
+		all, err := n.client().ConflictsAll(bg(), client.ConflictQuery{})
+		if err != nil {
+			violations = append(violations, fmt.Sprintf("%s's conflict log: %v", n.id, err))
+		}
+		logs[n.id] = all
+		ids := make([]string, 0, len(all))
+		for _, c := range all {
+			ids = append(ids, c.ID+"/"+c.Restored)
+		}
+		sort.Strings(ids)
+		sig := strings.Join(ids, ",")
+		if prev, ok := byCluster[n.cluster]; ok && prev != sig {
+			violations = append(violations, fmt.Sprintf("%s's conflict log (%d records) differs from another node's of cluster %s", n.id, len(all), n.cluster))
+		}
+		byCluster[n.cluster] = sig
+	}
+	conflictViolations, logged := hist.checkConflicts(logs)
+	violations = append(violations, conflictViolations...)
 	for _, n := range running {
 		for _, st := range peersReport(t, n.proc).Streams {
 			if st.Merged+st.DeadLettered+st.Seeded+st.Filtered != st.HWM {
@@ -541,9 +564,9 @@ func TestMultiNodeRobustness(t *testing.T) {
 		kinds = append(kinds, fmt.Sprintf("%s=%d", k, v))
 	}
 	sort.Strings(kinds)
-	t.Logf("seed %d: %s of faults on 2 clusters x 3 nodes (%s), operations %v, %d nodes converged, 0 violations; "+
+	t.Logf("seed %d: %s of faults on 2 clusters x 3 nodes (%s), operations %v, %d nodes converged, %s, 0 violations; "+
 		"a hostile gossip member impersonated a leader %d times, flooded %d members, and got 0 requests",
-		s, d, strings.Join(kinds, " "), counts, len(running), hostile.rounds.Load(), hostile.flooded.Load())
+		s, d, strings.Join(kinds, " "), counts, len(running), logged, hostile.rounds.Load(), hostile.flooded.Load())
 }
 
 // opEvent is an operator event forced at a fraction of the run.

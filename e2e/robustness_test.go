@@ -313,6 +313,16 @@ func robustRun(t *testing.T, s uint64) {
 	}
 	excusedOps := hist.excuse(rb.excused)
 	violations = append(violations, hist.check(final, counters, keys)...)
+	logs := map[string][]client.Conflict{}
+	for _, n := range m.names {
+		all, err := m.nodes[n].client().ConflictsAll(bg(), client.ConflictQuery{})
+		if err != nil {
+			violations = append(violations, fmt.Sprintf("%s's conflict log: %v", n, err))
+		}
+		logs[n] = all
+	}
+	conflictViolations, logged := hist.checkConflicts(logs)
+	violations = append(violations, conflictViolations...)
 	for _, n := range m.names {
 		for _, st := range peersReport(t, m.nodes[n]).Streams {
 			if st.Merged+st.DeadLettered+st.Seeded+st.Filtered != st.HWM {
@@ -362,8 +372,8 @@ func robustRun(t *testing.T, s uint64) {
 	for _, v := range counts {
 		total += v
 	}
-	t.Logf("seed %d: %s of faults (%s; node %s clock %+v), %d operations %v, %d excused by wipes and restores, 0 violations",
-		s, d, strings.Join(kinds, " "), skewed, skew, total, counts, excusedOps)
+	t.Logf("seed %d: %s of faults (%s; node %s clock %+v), %d operations %v, %d excused by wipes and restores, %s, 0 violations",
+		s, d, strings.Join(kinds, " "), skewed, skew, total, counts, excusedOps, logged)
 }
 
 // converged reports whether every link drained, no re-seed or rejoin is
@@ -795,6 +805,7 @@ func workloadOp(c *client.Client, r *rand.Rand, id, cluster string, seq int, key
 		op.Kind, op.Key, op.Value = "cas", k, fmt.Sprintf("%s-%d-cas", id, seq)
 		cur, gerr := c.Get(context.Background(), k)
 		if gerr == nil {
+			op.Prev = cur.Version
 			res, err = c.PutWith(ctx, k, []byte(op.Value), client.WriteOptions{IfMatch: cur.Version})
 		} else {
 			res, err = c.PutWith(ctx, k, []byte(op.Value), client.WriteOptions{IfNoneMatch: true})
