@@ -87,6 +87,7 @@ func (a *Acceptor) Apply(sender string, b *wire.Batch) (wire.Ack, error) {
 		c.DeadLettered += uint64(res.DeadLettered)
 		c.Filtered += res.Filtered
 		c.Conflicts += uint64(res.Conflicts)
+		c.RangeDiscards += uint64(res.RangeDiscards)
 	})
 	return ack, nil
 }

@@ -20,6 +20,9 @@ type Counts struct {
 	// log: versions last-writer-wins discarded whose winner had not seen
 	// them (docs/DATAMODEL.md "Conflicts").
 	Conflicts uint64 `json:"conflicts"`
+	// RangeDiscards are the sender's range deletes that deleted live keys
+	// here: counted per range, not logged per key.
+	RangeDiscards uint64 `json:"range_discards"`
 }
 
 // Counts returns a copy of the per-origin counters.

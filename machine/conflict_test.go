@@ -297,3 +297,22 @@ func TestConflictThreeClusters(t *testing.T) {
 		t.Fatalf("a sequential overwrite delivered out of order was logged: %+v", recs)
 	}
 }
+
+// TestRangeDeleteDiscardsCounted: a peer's range delete over live keys it
+// had not seen logs no record per key; the batch counts it once.
+func TestRangeDeleteDiscardsCounted(t *testing.T) {
+	a := newConflictCluster(t, "a", entry.StreamID{0xa}, 1e15)
+	a.put("r/1", "a")
+	a.put("r/2", "a")
+	ts := hlc.Timestamp{Wall: 2e15}
+	bt := &wire.Batch{Header: wire.Header{Sender: "b", Stream: entry.StreamID{0xb}}, Entries: []entry.Entry{
+		{Index: 1, Origin: "b", Stream: entry.StreamID{0xb}, Commit: ts, Stamp: ts, Op: entry.OpDeleteRange, Key: "r/", End: "r0"},
+	}}
+	res := a.apply(&Command{Inbound: &Inbound{Sender: "b", Batch: bt, At: 1, HLC: ts.Add(1), MaxStreams: 16}})
+	if res.Inbound.Err != nil || res.Inbound.RangeDiscards != 1 || res.Inbound.Conflicts != 0 {
+		t.Fatalf("inbound: %+v", res.Inbound)
+	}
+	if lg := a.log(); len(lg) != 0 {
+		t.Fatalf("a range delete's discards were logged per key: %+v", lg)
+	}
+}

@@ -161,9 +161,15 @@ func (m *Machine) applyInbound(b *store.Batch, in *Inbound) (*InboundResult, err
 			res.DeadLettered++
 			continue
 		}
+		before := b.RangeDeleted
 		out, err := b.ApplyEntry(e)
 		if err == nil && !bt.Snapshot && m.format.Load() >= FormatConflicts {
 			err = markRestored(b, e)
+			if b.RangeDeleted > before {
+				// A range delete's discards are counted per range, not
+				// judged per key (its tombstones carry no context).
+				res.RangeDiscards++
+			}
 		}
 		if err != nil {
 			return nil, err

@@ -123,6 +123,8 @@ var (
 		"The conflict log of this node's cluster: records and bytes kept (what counts against --conflict-max-bytes).", []string{"measure"}, nil)
 	descConflictDropped = prometheus.NewDesc("replicator_conflict_log_dropped_total",
 		"Conflict records retention collected, by age (--conflict-retention) or size (--conflict-max-bytes).", nil, nil)
+	descRangeDiscards = prometheus.NewDesc("replicator_conflict_range_deletes_total",
+		"Range deletes of each peer that deleted live keys here: their discards are counted per range, not logged per key in the conflict log.", []string{"peer"}, nil)
 	descWrites  = prometheus.NewDesc("replicator_local_writes_total", "Local writes committed.", nil, nil)
 	descGroups  = prometheus.NewDesc("replicator_commit_groups_total", "WAL appends (one fsync each) the local writes took.", nil, nil)
 	descWAL     = prometheus.NewDesc("replicator_wal_entries", "Entries retained in the outbound WAL.", nil, nil)
@@ -204,6 +206,7 @@ func (n *Node) collect(ch chan<- prometheus.Metric) {
 			ch <- prometheus.MustNewConstMetric(descApply, prometheus.CounterValue, float64(v), origin, outcome)
 		}
 		ch <- prometheus.MustNewConstMetric(descConflicts, prometheus.CounterValue, float64(c.Conflicts), origin)
+		ch <- prometheus.MustNewConstMetric(descRangeDiscards, prometheus.CounterValue, float64(c.RangeDiscards), origin)
 	}
 	if cs, err := n.store.ConflictStats(); err == nil {
 		ch <- prometheus.MustNewConstMetric(descConflictLog, prometheus.GaugeValue, float64(cs.Records), "records")

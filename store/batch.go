@@ -54,6 +54,8 @@ type Batch struct {
 	// conflictStats are the log's figures as this batch left them (nil:
 	// untouched).
 	conflictStats *ConflictStats
+	// RangeDeleted counts the live keys the batch's range deletes deleted.
+	RangeDeleted int
 }
 
 // Judge is told of every merge of a tracked batch, before it is written:

@@ -127,6 +127,7 @@ func (b *Batch) MergeRange(r RangeTombstone) (entry.Outcome, int, error) {
 	if err := b.pb.Set(rangeKey(&r), []byte(r.End), nil); err != nil {
 		return 0, 0, err
 	}
+	b.RangeDeleted += deleted
 	b.pendingRanges = append(b.pendingRanges, r)
 	if b.max.Compare(r.Stamp) < 0 {
 		b.max, b.maxOwn = r.Stamp, false

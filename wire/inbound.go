@@ -97,6 +97,9 @@ type InboundResult struct {
 	// Conflicts counts the records the batch added to the conflict log,
 	// Superseded those it removed (docs/DATAMODEL.md "Conflicts").
 	Conflicts, Superseded int
+	// RangeDiscards counts the batch's range deletes that deleted live
+	// keys here (a range delete's discards are counted, not logged).
+	RangeDiscards int
 	// Requested, Rejoin: the trailer ended a requested re-seed, a rejoin.
 	Requested, Rejoin bool
 	// OriginFrontier is the highest commit of the sender's cluster applied
