@@ -53,7 +53,15 @@ func TestDashboardRendersLiveData(t *testing.T) {
 		o.WaterMarks = api.WaterMarks{HighEntries: 20, LowEntries: 5}
 		o.AdmissionWait = -1
 	}, "a", "b", "c")
-	a := m.nodes["a"]
+	a, b := m.nodes["a"], m.nodes["b"]
+	// A conflict: a and b write x while cut off from each other.
+	m.cut("a", "b", true)
+	m.cut("b", "a", true)
+	b.Put(context.Background(), "x", []byte("from-b"))
+	a.Put(context.Background(), "x", []byte("from-a"))
+	m.cut("a", "b", false)
+	m.cut("b", "a", false)
+	m.settle()
 	m.cut("a", "c", true)
 	for i := 0; i < 25; i++ {
 		a.Put(context.Background(), fmt.Sprint("k", i), []byte("v"))
@@ -71,6 +79,7 @@ func TestDashboardRendersLiveData(t *testing.T) {
 		`<tr data-peer="c"><td>c</td><td><span class="state lagging">lagging</span></td>`,
 		`<button data-action="pause" data-peer="c">Pause</button>`,
 		`<polyline data-peer="c"`,
+		`<tr data-conflict="`, `<td>x</td>`, `<td>from-b</td>`, `<button data-conflict="`,
 	} {
 		if !strings.Contains(dom, want) {
 			t.Fatalf("the rendered dashboard lacks %q:\n%s", want, dom)
