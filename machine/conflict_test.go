@@ -316,3 +316,29 @@ func TestRangeDeleteDiscardsCounted(t *testing.T) {
 		t.Fatalf("a range delete's discards were logged per key: %+v", lg)
 	}
 }
+
+// TestConflictValueBound: the inbound command's value bound decides what a
+// record keeps of the loser's value (whole, or its length and hash), the
+// same on every node since it rides in the log.
+func TestConflictValueBound(t *testing.T) {
+	a := newConflictCluster(t, "a", entry.StreamID{0xa}, 1e15)
+	a.put("small", "ab")
+	a.put("big", "abcdef")
+	ts := hlc.Timestamp{Wall: 2e15}
+	ctx := func(ts hlc.Timestamp) entry.Context { return entry.Context{{Origin: "b", HLC: ts}} }
+	bt := &wire.Batch{Header: wire.Header{Sender: "b", Stream: entry.StreamID{0xb}}, Entries: []entry.Entry{
+		{Index: 1, Origin: "b", Stream: entry.StreamID{0xb}, Commit: ts, Stamp: ts, Op: entry.OpSet, Key: "small", Value: []byte("b"), Ctx: ctx(ts)},
+		{Index: 2, Origin: "b", Stream: entry.StreamID{0xb}, Commit: ts.Add(1), Stamp: ts.Add(1), Op: entry.OpSet, Key: "big", Value: []byte("b"), Ctx: ctx(ts.Add(1))},
+	}}
+	res := a.apply(&Command{Inbound: &Inbound{Sender: "b", Batch: bt, At: 1, HLC: ts.Add(2), MaxStreams: 16, ConflictValueMax: 4}})
+	if res.Inbound.Err != nil || res.Inbound.Conflicts != 2 {
+		t.Fatalf("inbound: %+v", res.Inbound)
+	}
+	lg := a.log()
+	if r := lg["small"]; len(r) != 1 || string(r[0].LoserValue) != "ab" {
+		t.Fatalf("small: %+v", r)
+	}
+	if r := lg["big"]; len(r) != 1 || r[0].LoserValue != nil || r[0].LoserLen != 6 || len(r[0].LoserHash) != 32 {
+		t.Fatalf("big: %+v", r)
+	}
+}

@@ -543,7 +543,11 @@ func randomCommand(rng *rand.Rand) Command {
 	case KindMint:
 		return Command{Mint: &MintCmd{Stream: entry.StreamID{byte(rng.IntN(255) + 1)}, Epoch: rng.Uint32()}}
 	case KindCollect:
-		return Command{Collect: &CollectCmd{Cutoff: stamp(), IdemBefore: rng.Int64(), Max: rng.IntN(maxCollect) + 1}}
+		cc := &CollectCmd{Cutoff: stamp(), IdemBefore: rng.Int64(), Max: rng.IntN(maxCollect) + 1}
+		if rng.IntN(2) == 0 { // format 4: the conflict log's retention
+			cc.ConflictsBefore, cc.ConflictsMaxBytes = stamp(), rng.Int64N(1<<40)+1
+		}
+		return Command{Collect: cc}
 	case KindDeadLetter:
 		return Command{DeadLetter: &DeadLetterCmd{Origin: "b", Stream: testStream, Index: rng.Uint64(), Action: DeadReplay + byte(rng.IntN(2))}}
 	case KindRemoveNode:
