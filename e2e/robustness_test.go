@@ -261,10 +261,12 @@ func robustRun(t *testing.T, s uint64) {
 			if b, err := os.ReadFile(p.log); err == nil {
 				os.WriteFile(filepath.Join(dir, n+".log"), b, 0o644)
 			}
-			for _, path := range []string{"/admin/wal", "/admin/peers", "/admin/digest", "/v1/counters/ctr/0", "/v1/counters/ctr/1", "/v1/counters/ctr/2"} {
+			for _, path := range []string{"/admin/wal", "/admin/peers", "/admin/digest", "/v1/counters/ctr/0", "/v1/counters/ctr/1", "/v1/counters/ctr/2",
+				"/v1/kv?limit=1000", "/admin/conflicts?limit=1000"} {
 				var body []byte
 				if _, err := p.client().Do(bg(), http.MethodGet, path, nil, nil, &body); err == nil {
-					os.WriteFile(filepath.Join(dir, n+strings.ReplaceAll(path, "/", "_")+".json"), body, 0o644)
+					name := strings.NewReplacer("/", "_", "?", "_", "=", "_").Replace(path)
+					os.WriteFile(filepath.Join(dir, n+name+".json"), body, 0o644)
 				}
 			}
 		}

@@ -64,3 +64,41 @@ func BenchmarkBidirectional(b *testing.B) {
 }
 
 var benchStoreOpts *store.Options // the node's defaults
+
+// BenchmarkOneway is one cluster's local writes of fresh keys, in groups of
+// 100, at format 3 and 4 (the writer's side of bench's oneway).
+func BenchmarkOneway(b *testing.B) {
+	for _, format := range []uint8{FormatLinks, FormatConflicts} {
+		b.Run(fmt.Sprintf("format%d", format), func(b *testing.B) {
+			st, err := store.Open(b.TempDir(), benchStoreOpts)
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer st.Close()
+			m, err := Open(st, Options{Cluster: "a"})
+			if err != nil {
+				b.Fatal(err)
+			}
+			idx := uint64(0)
+			apply := func(c *Command) {
+				idx++
+				if _, err := m.ApplyCommand(idx, c); err != nil {
+					b.Fatal(err)
+				}
+			}
+			apply(&Command{Mint: &MintCmd{Stream: entry.StreamID{0xa}}})
+			apply(&Command{Format: &FormatCmd{Version: format}})
+			wall := int64(1e15)
+			val := make([]byte, 100)
+			b.ResetTimer()
+			for n := 0; n < b.N; n += 100 {
+				props := make([]Proposal, 100)
+				for i := range props {
+					wall += 10
+					props[i] = Proposal{Entry: entry.Entry{Op: entry.OpSet, Key: fmt.Sprintf("key-%012d", n+i), Value: val, Commit: hlc.Timestamp{Wall: wall}}}
+				}
+				apply(&Command{Local: props})
+			}
+		})
+	}
+}
