@@ -378,10 +378,20 @@ func waitingFor(rj map[string]byte) []string {
 // onReseedDone: a re-seed this node sent was acknowledged to its trailer.
 func (j *rejoiner) onReseedDone(peer string, requested, rejoin bool) {
 	n := j.n
+	// A failed record (the node lost its lead, say) would leave the log
+	// saying the re-seed is still owed while the link believes it done:
+	// the peer would wait for it forever. The link owes it again instead,
+	// and its next end records it (a re-seed may be sent twice).
+	rearm := func(f func(*transport.Shipper)) {
+		if sh, err := n.repl.shipper(peer); err == nil {
+			f(sh)
+		}
+	}
 	if requested {
 		err := j.updateReseed(peer, func(f byte) byte { return f &^ store.ReseedRequested })
 		if err != nil {
-			n.log.Error("clearing a re-seed request", "peer", peer, "err", err)
+			n.log.Error("clearing a re-seed request; the re-seed is owed again", "peer", peer, "err", err)
+			rearm((*transport.Shipper).Owe)
 		}
 	}
 	if rejoin {
@@ -394,7 +404,8 @@ func (j *rejoiner) onReseedDone(peer string, requested, rejoin bool) {
 			return ph
 		})
 		if err != nil {
-			n.log.Error("recording the rejoin's end", "peer", peer, "err", err)
+			n.log.Error("recording the rejoin's end; the rejoin's re-seed is owed again", "peer", peer, "err", err)
+			rearm((*transport.Shipper).RejoinSeed)
 			return
 		}
 		if rj, err := n.store.Rejoin(); err == nil {
