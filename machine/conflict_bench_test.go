@@ -17,26 +17,7 @@ import (
 func BenchmarkBidirectional(b *testing.B) {
 	for _, format := range []uint8{FormatLinks, FormatConflicts} {
 		b.Run(fmt.Sprintf("format%d", format), func(b *testing.B) {
-			st, err := store.Open(b.TempDir(), benchStoreOpts)
-			if err != nil {
-				b.Fatal(err)
-			}
-			defer st.Close()
-			m, err := Open(st, Options{Cluster: "a"})
-			if err != nil {
-				b.Fatal(err)
-			}
-			idx := uint64(0)
-			apply := func(c *Command) *Result {
-				idx++
-				r, err := m.ApplyCommand(idx, c)
-				if err != nil {
-					b.Fatal(err)
-				}
-				return r
-			}
-			apply(&Command{Mint: &MintCmd{Stream: entry.StreamID{0xa}}})
-			apply(&Command{Format: &FormatCmd{Version: format}})
+			apply := benchMachine(b, format)
 			wall := int64(1e15)
 			peerIdx := uint64(0)
 			val := make([]byte, 100)
@@ -70,24 +51,7 @@ var benchStoreOpts *store.Options // the node's defaults
 func BenchmarkOneway(b *testing.B) {
 	for _, format := range []uint8{FormatLinks, FormatConflicts} {
 		b.Run(fmt.Sprintf("format%d", format), func(b *testing.B) {
-			st, err := store.Open(b.TempDir(), benchStoreOpts)
-			if err != nil {
-				b.Fatal(err)
-			}
-			defer st.Close()
-			m, err := Open(st, Options{Cluster: "a"})
-			if err != nil {
-				b.Fatal(err)
-			}
-			idx := uint64(0)
-			apply := func(c *Command) {
-				idx++
-				if _, err := m.ApplyCommand(idx, c); err != nil {
-					b.Fatal(err)
-				}
-			}
-			apply(&Command{Mint: &MintCmd{Stream: entry.StreamID{0xa}}})
-			apply(&Command{Format: &FormatCmd{Version: format}})
+			apply := benchMachine(b, format)
 			wall := int64(1e15)
 			val := make([]byte, 100)
 			b.ResetTimer()
@@ -101,4 +65,30 @@ func BenchmarkOneway(b *testing.B) {
 			}
 		})
 	}
+}
+
+// benchMachine opens a machine of cluster a on a fresh store at the given
+// format, and returns how to apply a command to it.
+func benchMachine(b *testing.B, format uint8) func(*Command) *Result {
+	st, err := store.Open(b.TempDir(), benchStoreOpts)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { st.Close() })
+	m, err := Open(st, Options{Cluster: "a"})
+	if err != nil {
+		b.Fatal(err)
+	}
+	idx := uint64(0)
+	apply := func(c *Command) *Result {
+		idx++
+		r, err := m.ApplyCommand(idx, c)
+		if err != nil {
+			b.Fatal(err)
+		}
+		return r
+	}
+	apply(&Command{Mint: &MintCmd{Stream: entry.StreamID{0xa}}})
+	apply(&Command{Format: &FormatCmd{Version: format}})
+	return apply
 }
