@@ -234,6 +234,7 @@ func (b *Batch) Merge(w Write) (entry.Outcome, error) {
 	if err := b.pb.Set(dk, b.buf, nil); err != nil {
 		return 0, err
 	}
+	b.s.seen.add(dk)
 	var flags byte
 	if w.Tombstone {
 		flags |= flagTombstone

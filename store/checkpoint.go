@@ -70,5 +70,15 @@ func (s *Store) ReplaceFrom(dir string) error {
 	}
 	s.maxStamp, s.ranges, s.hlcHigh, s.marks = entry.Stamp{}, nil, hlc.Timestamp{}, nil
 	s.hasCounters.Store(false)
-	return errors.Join(s.loadMaxStamp(), s.loadRanges(), s.checkCounters(), s.loadHLC(), s.loadMarks())
+	if err := errors.Join(s.loadMaxStamp(), s.loadRanges(), s.checkCounters(), s.loadHLC(), s.loadMarks()); err != nil {
+		return err
+	}
+	// The keys filter starts over from the new tree (it could keep the
+	// old keys, but a tree replaced wholesale rarely shares many).
+	seen, err := scanSeenKeys(s.db)
+	if err != nil {
+		return err
+	}
+	s.seen = seen
+	return nil
 }

@@ -93,6 +93,9 @@ type Store struct {
 	// either order, and the later commit must not write a lower value over
 	// the higher one. Guarded by applyMu.
 	hlcHigh hlc.Timestamp
+	// seen holds every data key the tree ever held a record of, maybe
+	// more (seen.go). Guarded by applyMu.
+	seen *seenKeys
 	// marks are the committed high-water marks by origin and stream, the
 	// same as their Pebble records (loaded at open, changed only by batch
 	// commits). Every inbound batch reads its sender's marks; from Pebble
@@ -127,6 +130,10 @@ func Open(dir string, opts *Options) (*Store, error) {
 	}
 	s := &Store{db: db, cache: cache, opts: o}
 	if err := errors.Join(s.loadMaxStamp(), s.loadRanges(), s.checkCounters(), s.loadHLC(), s.loadMarks()); err != nil {
+		s.Close()
+		return nil, err
+	}
+	if s.seen, err = scanSeenKeys(db); err != nil {
 		s.Close()
 		return nil, err
 	}

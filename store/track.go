@@ -25,10 +25,19 @@ func (b *Batch) mergeWrite(w *Write) (entry.Outcome, error) {
 // the cluster's log keeps contexts (command format 4).
 func (b *Batch) mergeTracked(w *Write) (entry.Outcome, error) {
 	dk := dataKey(w.Key)
-	prev, done, err := b.recordLocked(w.Key, dk)
-	if err != nil {
-		return 0, err
+	var (
+		prev *Record
+		done = func() {}
+		err  error
+	)
+	above := b.aboveLocked(w)
+	if !above || b.s.seen.mayHold(dk) {
+		if prev, done, err = b.recordLocked(w.Key, dk); err != nil {
+			return 0, err
+		}
 	}
+	// else: a key the tree never held, written above everything stored:
+	// nothing to read, to judge, or to descend from.
 	defer done()
 	if w.Local {
 		var ps entry.Stamp
@@ -50,7 +59,7 @@ func (b *Batch) mergeTracked(w *Write) (entry.Outcome, error) {
 			out = entry.Stale
 		}
 	}
-	if out == entry.Applied && b.coveredLocked(w.Key, w.Stamp) {
+	if out == entry.Applied && !above && b.coveredLocked(w.Key, w.Stamp) {
 		// A range delete newer than this write covers its key: its
 		// discards are counted per range, not judged per key.
 		return entry.Stale, nil
@@ -92,10 +101,23 @@ func (b *Batch) mergeTracked(w *Write) (entry.Outcome, error) {
 	if err := b.putRecordLocked(w.Key, dk, &r); err != nil {
 		return 0, err
 	}
-	if b.max.Compare(w.Stamp) < 0 {
-		b.max, b.maxOwn = w.Stamp, false
+	if above {
+		b.max, b.maxOwn = w.Stamp, true
 	}
 	return entry.Applied, nil
+}
+
+// aboveLocked reports whether w is stamped above every stamp stored, which
+// only this batch's own writes of the same atomic stamp may equal (Merge).
+func (b *Batch) aboveLocked(w *Write) bool {
+	switch c := b.max.Compare(w.Stamp); {
+	case c < 0:
+		return true
+	case c == 0 && b.maxOwn:
+		_, mine := b.pending[w.Key]
+		return !mine
+	}
+	return false
 }
 
 // putRecordLocked writes r as key's record in the batch and remembers it
@@ -105,6 +127,7 @@ func (b *Batch) putRecordLocked(key string, dk []byte, r *Record) error {
 	if err := b.pb.Set(dk, b.buf, nil); err != nil {
 		return err
 	}
+	b.s.seen.add(dk)
 	var flags byte
 	if r.Tombstone {
 		flags |= flagTombstone

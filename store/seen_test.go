@@ -1,0 +1,124 @@
+package store
+
+import (
+	"fmt"
+	"path/filepath"
+	"reflect"
+	"testing"
+
+	"github.com/replicator/replicator/entry"
+	"github.com/replicator/replicator/hlc"
+)
+
+// TestSeenKeysGrows: every key added is held through the parts' growth,
+// and keys never added are mostly answered no.
+func TestSeenKeysGrows(t *testing.T) {
+	f := newSeenKeys(0)
+	const n = 1 << 20 // eight times the first part
+	for i := 0; i < n; i++ {
+		f.add([]byte(fmt.Sprintf("dkey-%d", i)))
+	}
+	if len(f.parts) < 3 {
+		t.Fatalf("%d parts after %d keys: the filter did not grow", len(f.parts), n)
+	}
+	for i := 0; i < n; i++ {
+		if !f.mayHold([]byte(fmt.Sprintf("dkey-%d", i))) {
+			t.Fatalf("key %d added but not held", i)
+		}
+	}
+	fp := 0
+	for i := 0; i < 100000; i++ {
+		if f.mayHold([]byte(fmt.Sprintf("dother-%d", i))) {
+			fp++
+		}
+	}
+	// About 1 % per part.
+	if fp > 100000*len(f.parts)*2/100 {
+		t.Fatalf("%d of 100000 keys never added are maybe held (%d parts)", fp, len(f.parts))
+	}
+}
+
+// TestTrackedWriteDescendsFromReopenedAndReplacedTrees: a local write of a
+// key stored before the store was reopened, or brought in by ReplaceFrom,
+// descends from the stored version (the keys filter was rebuilt; a miss
+// would give it a context of its own stamp only), and a fresh key's write
+// has only its own stamp.
+func TestTrackedWriteDescendsFromReopenedAndReplacedTrees(t *testing.T) {
+	dir := t.TempDir()
+	st := func(w int64, o string) entry.Stamp { return entry.Stamp{HLC: hlc.Timestamp{Wall: w}, Origin: o} }
+	s, err := Open(filepath.Join(dir, "a"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 1000; i++ {
+		if _, err := s.Set(fmt.Sprintf("k%04d", i), []byte("v"), st(int64(10+i), "b")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	localWrite := func(s *Store, key string, at entry.Stamp) entry.Context {
+		t.Helper()
+		b := s.NewBatch()
+		defer b.Close()
+		b.Track(nil)
+		w := Write{Key: key, Value: []byte("new"), Stamp: at, Local: true}
+		if out, err := b.mergeWrite(&w); err != nil || out != entry.Applied {
+			t.Fatalf("local write of %s: %v %v", key, out, err)
+		}
+		if err := b.Commit(true); err != nil {
+			t.Fatal(err)
+		}
+		got, err := s.Get(key)
+		if err != nil || !reflect.DeepEqual(got.Ctx, w.Ctx) {
+			t.Fatalf("%s stored with context %v, written with %v (%v)", key, got.Ctx, w.Ctx, err)
+		}
+		return w.Ctx
+	}
+	check := func(s *Store, key string, at entry.Stamp, want entry.Context) {
+		t.Helper()
+		if got := localWrite(s, key, at); !reflect.DeepEqual(got, want) {
+			t.Fatalf("%s: context %v, want %v", key, got, want)
+		}
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if s, err = Open(filepath.Join(dir, "a"), nil); err != nil {
+		t.Fatal(err)
+	}
+	check(s, "k0007", st(5000, "a"), entry.Context{{Origin: "a", HLC: st(5000, "a").HLC}, {Origin: "b", HLC: st(17, "b").HLC}})
+	check(s, "fresh", st(5001, "a"), entry.Context{{Origin: "a", HLC: st(5001, "a").HLC}})
+	// An atomic batch (one stamp): a fresh key, then a stored one, which
+	// is still read although the batch's stamp is above the tree's.
+	b := s.NewBatch()
+	b.Track(nil)
+	w1 := Write{Key: "fresh2", Value: []byte("x"), Stamp: st(5002, "a"), Local: true}
+	w2 := Write{Key: "k0001", Value: []byte("x"), Stamp: st(5002, "a"), Local: true}
+	for _, w := range []*Write{&w1, &w2} {
+		if out, err := b.mergeWrite(w); err != nil || out != entry.Applied {
+			t.Fatalf("atomic write of %s: %v %v", w.Key, out, err)
+		}
+	}
+	if err := b.Commit(true); err != nil {
+		t.Fatal(err)
+	}
+	b.Close()
+	if want := (entry.Context{{Origin: "a", HLC: st(5002, "a").HLC}, {Origin: "b", HLC: st(11, "b").HLC}}); !reflect.DeepEqual(w2.Ctx, want) {
+		t.Fatalf("atomic batch: k0001's context %v, want %v", w2.Ctx, want)
+	}
+	if err := s.Checkpoint(filepath.Join(dir, "cp")); err != nil {
+		t.Fatal(err)
+	}
+	s.Close()
+
+	r, err := Open(filepath.Join(dir, "r"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	check(r, "other", st(100, "c"), entry.Context{{Origin: "c", HLC: st(100, "c").HLC}})
+	if err := r.ReplaceFrom(filepath.Join(dir, "cp")); err != nil {
+		t.Fatal(err)
+	}
+	check(r, "k0999", st(6000, "c"), entry.Context{{Origin: "b", HLC: st(1009, "b").HLC}, {Origin: "c", HLC: st(6000, "c").HLC}})
+	check(r, "fresh", st(6001, "c"), entry.Context{{Origin: "a", HLC: st(5001, "a").HLC}, {Origin: "c", HLC: st(6001, "c").HLC}})
+}
