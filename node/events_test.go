@@ -9,12 +9,14 @@ import (
 	"fmt"
 	"os"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/replicator/replicator/client"
 	"github.com/replicator/replicator/entry"
 	"github.com/replicator/replicator/hlc"
+	"github.com/replicator/replicator/machine"
 	"github.com/replicator/replicator/node/api"
 	"github.com/replicator/replicator/policy"
 	"github.com/replicator/replicator/store"
@@ -559,5 +561,58 @@ func TestRestoredEpochNotReused(t *testing.T) {
 		if c, err := n.Counter("hits"); err != nil || c.Value != 13 {
 			t.Fatalf("%s: %+v %v, want 13", name, c, err)
 		}
+	}
+}
+
+// TestRejoinEndNotRecorded: a wiped node's rejoin ends in two records of
+// the log: the peer's, that the re-seed it owed was sent, and the node's,
+// that its own re-seed of the peer was acknowledged. When one fails (the
+// node lost its lead for a moment), that re-seed is owed again and its next
+// end is recorded: before, the log said the re-seed was still owed while
+// the link believed it done, and the rejoin waited for ever (robustness,
+// seed 7).
+func TestRejoinEndNotRecorded(t *testing.T) {
+	for _, tc := range []struct {
+		name, at string
+		fails    func(r *machine.RecordCmd) bool
+	}{
+		{"the rejoin's end", "a", func(r *machine.RecordCmd) bool { return r.Record == machine.RecordRejoin && r.Set == 0 }},
+		{"the peer's re-seed sent", "b", func(r *machine.RecordCmd) bool {
+			return r.Record == machine.RecordReseed && r.Expect&store.ReseedRequested != 0 && r.Set&store.ReseedRequested == 0
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			m := newTestMesh(t, hlc.SystemClock{}, nil, "a", "b")
+			putN(t, m.nodes["a"], "k", 20)
+			m.settle()
+			var failed atomic.Int32
+			fault := func(c *machine.Command) error {
+				if r := c.Record; r != nil && tc.fails(r) && failed.Add(1) == 1 {
+					return errors.New("test: lost the lead")
+				}
+				return nil
+			}
+			if tc.at == "a" {
+				m.opts["a"].Testing.CommandFault = fault
+			} else {
+				m.opts["b"].Testing.CommandFault = fault
+				m.restart("b", nil) // options are read at start
+			}
+			m.restart("a", func(dir string) {
+				if err := os.RemoveAll(dir); err != nil {
+					t.Fatal(err)
+				}
+			})
+			putN(t, m.nodes["a"], "after-", 5)
+			m.converged(30 * time.Second) // includes: no rejoin record left anywhere
+			if n := failed.Load(); n < 2 {
+				t.Fatalf("recorded %d times: the fault did not fire, or the record was never made again", n)
+			}
+			for _, k := range []string{"k000", "k019", "after-004"} {
+				if _, err := m.nodes["a"].Get(k); err != nil {
+					t.Fatalf("a: %s: %v", k, err)
+				}
+			}
+		})
 	}
 }

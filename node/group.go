@@ -411,6 +411,11 @@ func (cs *consensus) applyCommand(c *machine.Command) error {
 
 // commitCommand commits a command and returns what the machine decided.
 func (cs *consensus) commitCommand(c *machine.Command) (*machine.Result, error) {
+	if f := cs.n.opts.Testing.CommandFault; f != nil && c.Kind() != machine.KindLocal && c.Kind() != machine.KindInbound {
+		if err := f(c); err != nil {
+			return nil, err
+		}
+	}
 	cs.identify(c)
 	enc := encoders.Get().(*machine.Encoder)
 	data, err := enc.Encode(c)

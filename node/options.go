@@ -620,6 +620,11 @@ type Testing struct {
 	// GCInterval, when set, replaces Options.GCInterval: an e2e test of
 	// collection cannot wait minutes for it.
 	GCInterval time.Duration
+	// CommandFault, when set, sees every command of the node's own
+	// bookkeeping (not local writes, not inbound batches) before it is
+	// proposed; an error it returns fails the command as a lost lead would,
+	// before anything is proposed. Tests only (no flag or variable sets it).
+	CommandFault func(*machine.Command) error
 }
 
 // TestingEnvPrefix begins the environment variables TestingFromEnv reads.
