@@ -230,11 +230,9 @@ func (b *Batch) Merge(w Write) (entry.Outcome, error) {
 	if w.Tombstone && w.Kind == KindPlain {
 		r.Value = nil
 	}
-	b.buf = AppendRecord(b.buf[:0], &r)
-	if err := b.pb.Set(dk, b.buf, nil); err != nil {
+	if err := b.setRecordLocked(dk, &r); err != nil {
 		return 0, err
 	}
-	b.s.seen.add(dk)
 	var flags byte
 	if w.Tombstone {
 		flags |= flagTombstone

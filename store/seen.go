@@ -9,62 +9,62 @@ import (
 )
 
 // seenKeys is a Bloom filter of every key the tree ever held a record of,
-// kept in memory: a tracked merge (Track) of a key it has never seen, stamped
-// above everything stored, needs no read. That is every local write of a
-// fresh key, and every replicated one at its peers: without it each was a
-// negative lookup in Pebble, whose filter blocks kept missing a block cache
-// busy with data (one-way writes of fresh keys cost 38 % more at format 4;
-// docs/PERFORMANCE.md "The conflict log").
+// kept in memory: a tracked merge (Track) of a key it has never seen needs
+// no read. That is every local write of a fresh key, and every replicated
+// one at its peers: without it each was a negative lookup in Pebble, whose
+// filter blocks kept missing a block cache busy with data (one-way writes
+// of fresh keys cost 38 % more at format 4; docs/PERFORMANCE.md "The
+// conflict log").
 //
-// It only grows: a key whose record goes (a collected tombstone, a backfill
-// removal) stays in, which costs a read, never a wrong answer. It is built
-// by a scan of the data keys when the store opens and when ReplaceFrom
-// swaps the tree, and every record a batch writes adds its key before the
-// batch commits (a batch that then fails leaves a key too many, again only
-// a read). A key it misses would cost the conflict log, not the data:
-// the blind path is taken only above the tree's max stamp, where
-// last-writer-wins needs no read anyway (store.Batch.Merge).
+// A key it says no to has no record: it has no false negatives, because it
+// is built by a scan of the data keys when the store opens and when
+// ReplaceFrom swaps the tree, and every record a batch writes goes through
+// setRecordLocked, which adds its key before the batch commits (a batch that
+// then fails leaves a key too many: a read, never a wrong answer). It only
+// grows: a key whose record goes (a collected tombstone, a backfill removal)
+// stays in, again only a read.
 //
-// It grows without a rescan as a scalable Bloom filter (Almeida et al.
-// 2007): when its newest part holds its capacity, a part of twice the
-// capacity is added, and a key may be in any part. Guarded by the store's
-// applyMu.
+// It is a split-block Bloom filter (Putze et al. 2007, as Parquet's): a
+// key's bits all sit in one 32-byte block, so a lookup costs one cache miss
+// per part, where a classic filter's probes cost one each. It grows without
+// a rescan as a scalable Bloom filter (Almeida et al. 2007): when its newest
+// part holds its capacity, a part of twice the capacity is added, and a key
+// may be in any part. Guarded by the store's applyMu.
 type seenKeys struct {
 	seed  maphash.Seed
 	parts []*bloomPart
 }
 
-// bloomPart is one fixed-size Bloom filter of seenKeys.
+// bloomPart is one fixed-size split-block filter of seenKeys.
 type bloomPart struct {
-	bits     []uint64
-	mask     uint64 // len(bits)*64 - 1: the size is a power of two
-	n, limit int    // keys added; keys it is sized for
+	blocks   [][8]uint32
+	n, limit int // keys added; keys it is sized for
 }
 
 const (
 	// seenBitsPerKey gives each part about a 1 % false-positive rate with
-	// seenProbes probes.
-	seenBitsPerKey = 10
-	seenProbes     = 7
-	// seenMinKeys is the first part's size at least (160 KiB of bits).
-	seenMinKeys = 1 << 17
+	// a key's 8 bits in one block.
+	seenBitsPerKey = 12
+	// seenMinKeys is the first part's size at least (1.5 MiB of bits):
+	// a tree's first million keys fit it.
+	seenMinKeys = 1 << 20
 )
+
+// blockSalt are the odd constants of Parquet's split-block filter: each
+// derives one bit of a block's 8 words from a key's hash.
+var blockSalt = [8]uint32{0x47b6137b, 0x44974d91, 0x8824ad5b, 0xa2b7289d, 0x705495c7, 0x2df1424b, 0x9efc4947, 0x5c6bfb31}
 
 // newSeenKeys is an empty filter sized for about n keys.
 func newSeenKeys(n int) *seenKeys {
 	f := &seenKeys{seed: maphash.MakeSeed()}
-	f.grow(n)
+	f.grow(max(n, seenMinKeys))
 	return f
 }
 
 // grow adds a part sized for at least n keys.
 func (f *seenKeys) grow(n int) {
-	n = max(n, seenMinKeys)
-	words := 1
-	for words*64 < n*seenBitsPerKey {
-		words <<= 1
-	}
-	f.parts = append(f.parts, &bloomPart{bits: make([]uint64, words), mask: uint64(words*64 - 1), limit: words * 64 / seenBitsPerKey})
+	blocks := (n*seenBitsPerKey + 255) / 256
+	f.parts = append(f.parts, &bloomPart{blocks: make([][8]uint32, blocks), limit: blocks * 256 / seenBitsPerKey})
 }
 
 // add records key.
@@ -76,11 +76,10 @@ func (f *seenKeys) addHash(h uint64) {
 		f.grow(2 * p.limit)
 		p = f.parts[len(f.parts)-1]
 	}
-	h1, h2 := h, h>>33|h<<31|1
-	for i := 0; i < seenProbes; i++ {
-		bit := h1 & p.mask
-		p.bits[bit>>6] |= 1 << (bit & 63)
-		h1 += h2
+	blk := &p.blocks[(h>>32)*uint64(len(p.blocks))>>32]
+	x := uint32(h)
+	for i := range blk {
+		blk[i] |= 1 << ((x * blockSalt[i]) >> 27)
 	}
 	p.n++
 }
@@ -88,16 +87,14 @@ func (f *seenKeys) addHash(h uint64) {
 // mayHold reports whether key may have been added; false is certain.
 func (f *seenKeys) mayHold(key []byte) bool {
 	h := maphash.Bytes(f.seed, key)
-	h2 := h>>33 | h<<31 | 1
+	x := uint32(h)
 parts:
 	for _, p := range f.parts {
-		h1 := h
-		for i := 0; i < seenProbes; i++ {
-			bit := h1 & p.mask
-			if p.bits[bit>>6]&(1<<(bit&63)) == 0 {
+		blk := &p.blocks[(h>>32)*uint64(len(p.blocks))>>32]
+		for i := range blk {
+			if blk[i]&(1<<((x*blockSalt[i])>>27)) == 0 {
 				continue parts
 			}
-			h1 += h2
 		}
 		return true
 	}
@@ -108,7 +105,7 @@ parts:
 func (f *seenKeys) Bytes() int {
 	n := 0
 	for _, p := range f.parts {
-		n += 8 * len(p.bits)
+		n += 32 * len(p.blocks)
 	}
 	return n
 }
@@ -131,7 +128,7 @@ func scanSeenKeys(db pebble.Reader) (*seenKeys, error) {
 		return nil, fmt.Errorf("store: scan keys: %w", err)
 	}
 	f := &seenKeys{seed: seed}
-	f.grow(2 * len(hashes))
+	f.grow(max(2*len(hashes), seenMinKeys))
 	for _, h := range hashes {
 		f.addHash(h)
 	}

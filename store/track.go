@@ -30,15 +30,15 @@ func (b *Batch) mergeTracked(w *Write) (entry.Outcome, error) {
 		done = func() {}
 		err  error
 	)
-	above := b.aboveLocked(w)
-	if !above || b.s.seen.mayHold(dk) {
+	if b.s.seen.mayHold(dk) {
 		if prev, done, err = b.recordLocked(w.Key, dk); err != nil {
 			return 0, err
 		}
 	}
-	// else: a key the tree never held, written above everything stored:
-	// nothing to read, to judge, or to descend from.
+	// else: a key the tree never held (seen.go): nothing to read, to
+	// judge, or to descend from.
 	defer done()
+	above := b.aboveLocked(w)
 	if w.Local {
 		var ps entry.Stamp
 		var pc entry.Context
@@ -107,6 +107,18 @@ func (b *Batch) mergeTracked(w *Write) (entry.Outcome, error) {
 	return entry.Applied, nil
 }
 
+// setRecordLocked writes r as the record of data key dk. It is the only
+// way a record enters the tree outside ReplaceFrom: it keeps the keys
+// filter (seen.go) free of false negatives.
+func (b *Batch) setRecordLocked(dk []byte, r *Record) error {
+	b.buf = AppendRecord(b.buf[:0], r)
+	if err := b.pb.Set(dk, b.buf, nil); err != nil {
+		return err
+	}
+	b.s.seen.add(dk)
+	return nil
+}
+
 // aboveLocked reports whether w is stamped above every stamp stored, which
 // only this batch's own writes of the same atomic stamp may equal (Merge).
 func (b *Batch) aboveLocked(w *Write) bool {
@@ -123,11 +135,9 @@ func (b *Batch) aboveLocked(w *Write) bool {
 // putRecordLocked writes r as key's record in the batch and remembers it
 // for the batch's later merges of the key.
 func (b *Batch) putRecordLocked(key string, dk []byte, r *Record) error {
-	b.buf = AppendRecord(b.buf[:0], r)
-	if err := b.pb.Set(dk, b.buf, nil); err != nil {
+	if err := b.setRecordLocked(dk, r); err != nil {
 		return err
 	}
-	b.s.seen.add(dk)
 	var flags byte
 	if r.Tombstone {
 		flags |= flagTombstone
