@@ -208,6 +208,10 @@ type Item struct {
 	Value   []byte `json:"value"`
 	Version string `json:"version"`
 	Origin  string `json:"origin"`
+	// Descends is, for each cluster, the newest version of the key the
+	// version's author had seen (its causal context); empty from a node
+	// before the conflict log.
+	Descends []string `json:"descends,omitempty"`
 }
 
 // Page is one scan page; Next resumes after it ("" at the end).

@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/replicator/replicator/client"
+	"github.com/replicator/replicator/entry"
 )
 
 // checkConflicts judges the clusters' conflict logs against the history:
@@ -137,6 +138,133 @@ func (h *history) checkConflicts(logs map[string][]client.Conflict) ([]string, s
 	return bad, fmt.Sprintf("%d conflicts logged (%s; %d possible, %d restored)", total, strings.Join(per, " "), possible, restored)
 }
 
+// checkConflictsComplete asks the logs to be complete where the history
+// says exactly what must be there. Take a key that only two clusters wrote
+// (and no range delete reached), its final version f written by cluster F,
+// and the acknowledged values the other cluster L wrote that f does not
+// descend from (f's causal context, the scan's descends). Then F's log names
+// L's line as lost to f: a record with f as winner and, as loser, L's last
+// such value or a later version of L (one whose answer was lost). Why, when
+// every entry reaches F once through L's stream, in L's order: a version l
+// of L that reached F after F wrote f lost to what F held then, f or F's
+// later versions, none of which had seen l, so F logged it; one that reached
+// F before was held by F, or lost on arrival to a version of F that had not
+// seen it (logged), or to one that had: every write of F after it descends
+// from what F held, so f would have seen l. Each later version of L
+// descends from l and not from f, so it takes l's record over (docs/
+// DATAMODEL.md "When a line moves on"), and the record names f once f is
+// the key's version. Other clusters' logs are not judged: a third cluster
+// that held a version of F's line other than f sees the two lines meet
+// differently. A run with snapshots (re-seeds, wipes, restores, backfills)
+// or dead letters replayed out of order may skip versions: the completeness
+// run has none (deliveryFaults).
+func (h *history) checkConflictsComplete(final map[string]client.Item, logs map[string][]client.Conflict) ([]string, string) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	writers := map[string]map[string]bool{} // key -> clusters that may have written it
+	ranged := map[string]bool{}
+	var ranges []*callRecord
+	for i := range h.ops {
+		op := &h.ops[i]
+		if op.Outcome == outFailed {
+			continue
+		}
+		wrote := func(k string) {
+			if writers[k] == nil {
+				writers[k] = map[string]bool{}
+			}
+			writers[k][op.Cluster] = true
+		}
+		switch op.Kind {
+		case "put", "cas", "del":
+			wrote(op.Key)
+		case "batch":
+			for _, s := range op.Sets {
+				wrote(s.K)
+			}
+			for _, k := range op.Dels {
+				wrote(k)
+			}
+		case "range":
+			ranges = append(ranges, op)
+		}
+	}
+	for k := range writers {
+		for _, r := range ranges {
+			if k >= r.Key && (r.End == "" || k < r.End) {
+				ranged[k] = true
+			}
+		}
+	}
+	var bad []string
+	keys, judged := 0, 0
+	for k, f := range final {
+		if len(writers[k]) != 2 || ranged[k] {
+			continue
+		}
+		fs, ok := stampOf(f.Version)
+		if !ok || !writers[k][fs.Origin] {
+			continue
+		}
+		seen := map[string]entry.Stamp{}
+		for _, d := range f.Descends {
+			if ds, ok := stampOf(d); ok {
+				seen[ds.Origin] = ds
+			}
+		}
+		if len(seen) == 0 {
+			bad = append(bad, fmt.Sprintf("%s's final version %s says nothing of what it descends from", k, f.Version))
+			continue
+		}
+		keys++
+		var last entry.Stamp // L's newest acknowledged value f had not seen
+		for i := range h.ops {
+			op := &h.ops[i]
+			if op.Outcome != outOK || op.Version == "" || op.Cluster == fs.Origin {
+				continue
+			}
+			value, wrote := "", false
+			switch op.Kind {
+			case "put", "cas":
+				value, wrote = op.Value, op.Key == k
+			case "batch":
+				for _, s := range op.Sets {
+					if s.K == k {
+						value, wrote = s.V, true
+					}
+				}
+			}
+			l, ok := stampOf(op.Version)
+			if !wrote || !ok || l.Compare(fs) >= 0 || value == string(f.Value) {
+				continue // not a value of k; or newer than the final one, which the history check flags
+			}
+			if d, ok := seen[l.Origin]; ok && l.HLC.Compare(d.HLC) <= 0 {
+				continue // f's author had seen it
+			}
+			if last.Compare(l) < 0 {
+				last = l
+			}
+		}
+		if last.Origin == "" {
+			continue
+		}
+		judged++
+		found := false
+		for _, c := range logs[fs.Origin] {
+			lo, ok := stampOf(c.Loser.Version)
+			found = found || (c.Key == k && c.Winner.Version == f.Version && ok && lo.Origin == last.Origin && lo.Compare(last) >= 0)
+		}
+		if !found {
+			bad = append(bad, fmt.Sprintf("%s's log lacks %s's line lost to %s on %s: %s (or a later version of %s) was not seen by %s's author (descends from %v)",
+				fs.Origin, last.Origin, f.Version, k, last, last.Origin, f.Version, f.Descends))
+		}
+	}
+	if judged == 0 {
+		bad = append(bad, fmt.Sprintf("completeness: no version to judge among %d keys written by two clusters: the check said nothing", keys))
+	}
+	return bad, fmt.Sprintf("completeness: %d of %d keys written by two clusters lost a line to their final version, %d missing from its writer's log", judged, keys, len(bad))
+}
+
 // TestConflictCheckerCatches: the conflict checker flags a record whose
 // winner was a cas on its loser, a loser no write made, and a loser newer
 // than its winner; it passes a record of two blind writes.
@@ -161,5 +289,41 @@ func TestConflictCheckerCatches(t *testing.T) {
 		if bad, _ := h.checkConflicts(map[string][]client.Conflict{"x": {c}}); len(bad) != 1 {
 			t.Fatalf("%+v: %v", c, bad)
 		}
+	}
+}
+
+// TestCompletenessCheckerCatches: a key written by a and b, b's version
+// final: a's value that b's had not seen must be in b's log; one it had
+// seen must not be asked for.
+func TestCompletenessCheckerCatches(t *testing.T) {
+	h := &history{}
+	h.add(callRecord{Kind: "put", Cluster: "a", Key: "p/ab/0", Value: "a-1", Outcome: outOK, Version: "100.0@a"})
+	h.add(callRecord{Kind: "put", Cluster: "a", Key: "p/ab/0", Value: "a-2", Outcome: outOK, Version: "110.0@a"})
+	h.add(callRecord{Kind: "put", Cluster: "b", Key: "p/ab/0", Value: "b-1", Outcome: outOK, Version: "200.0@b"})
+	final := map[string]client.Item{"p/ab/0": {Key: "p/ab/0", Value: []byte("b-1"), Version: "200.0@b", Descends: []string{"100.0@a", "200.0@b"}}}
+	rec := func(loser, winner string) client.Conflict {
+		return client.Conflict{Key: "p/ab/0", Loser: client.ConflictVersion{Version: loser}, Winner: client.ConflictVersion{Version: winner}}
+	}
+	lost := rec("110.0@a", "200.0@b")
+	for _, logs := range []map[string][]client.Conflict{
+		{"b": {lost}},
+		{"b": {rec("120.0@a", "200.0@b")}}, // a later version of a, its answer lost
+	} {
+		if bad, _ := h.checkConflictsComplete(final, logs); len(bad) != 0 {
+			t.Fatalf("flagged a complete log %v: %v", logs, bad)
+		}
+	}
+	for _, logs := range []map[string][]client.Conflict{
+		{"a": {lost}},                      // not at b
+		{"b": {rec("100.0@a", "200.0@b")}}, // an older version of a's line
+		{"b": {rec("110.0@a", "150.0@b")}}, // not against the final version
+	} {
+		if bad, _ := h.checkConflictsComplete(final, logs); len(bad) != 1 {
+			t.Fatalf("%v: %v", logs, bad)
+		}
+	}
+	final["p/ab/0"] = client.Item{Key: "p/ab/0", Value: []byte("b-1"), Version: "200.0@b", Descends: []string{"110.0@a", "200.0@b"}}
+	if bad, _ := h.checkConflictsComplete(final, map[string][]client.Conflict{"b": {lost}}); len(bad) != 1 || !strings.Contains(bad[0], "no version to judge") {
+		t.Fatalf("a final version that had seen every other: %v", bad)
 	}
 }

@@ -275,7 +275,7 @@ func TestMultiNodeRobustness(t *testing.T) {
 				if gone {
 					return
 				}
-				workloadOp(cl, cr, id, n.cluster, seq, keys, hist)
+				workloadOp(cl, cr, id, n.cluster, seq, keys, nil, hist)
 			}
 		}()
 	}

@@ -48,8 +48,14 @@ var faultKinds = []string{"kill", "pause", "partition-one-way", "partition", "lo
 // nodeEvents act on a node as a whole (one at a time per node).
 var nodeEvents = map[string]bool{"kill": true, "pause": true, "disk-full": true, "backup": true, "restore": true, "wipe": true, "limit": true}
 
-// schedule draws a seeded fault schedule over d.
-func schedule(r *rand.Rand, names []string, d time.Duration) []fault {
+// deliveryFaults are the faults that reorder, repeat, delay or drop
+// replication without a snapshot path (no re-seed, wipe, restore, filter,
+// added peer, dead letter): every entry reaches every peer through its
+// stream, exactly once applied. The conflict completeness run uses them.
+var deliveryFaults = []string{"kill", "pause", "partition-one-way", "partition", "lose-acks", "duplicate", "delay", "reset-mid-body", "disk-full", "admin-pause"}
+
+// schedule draws a seeded fault schedule over d from kinds.
+func schedule(r *rand.Rand, names []string, d time.Duration, kinds []string) []fault {
 	var out []fault
 	links := []string{}
 	for _, a := range names {
@@ -60,7 +66,7 @@ func schedule(r *rand.Rand, names []string, d time.Duration) []fault {
 		}
 	}
 	for at := 500 * time.Millisecond; at < d-2*time.Second; at += time.Duration(300+r.IntN(1200)) * time.Millisecond {
-		f := fault{At: at, Kind: faultKinds[r.IntN(len(faultKinds))], For: time.Duration(300+r.IntN(2500)) * time.Millisecond}
+		f := fault{At: at, Kind: kinds[r.IntN(len(kinds))], For: time.Duration(300+r.IntN(2500)) * time.Millisecond}
 		switch {
 		case nodeEvents[f.Kind]:
 			f.Target = names[r.IntN(len(names))]
@@ -91,8 +97,32 @@ func TestRobustness(t *testing.T) {
 		seeds = []uint64{*seedFlag}
 	}
 	for _, s := range seeds {
-		t.Run(fmt.Sprint("seed-", s), func(t *testing.T) { robustRun(t, s) })
+		t.Run(fmt.Sprint("seed-", s), func(t *testing.T) { robustRun(t, s, robustOpts{kinds: faultKinds, addPeer: true}) })
 	}
+}
+
+// TestConflictCompleteness: the robustness run with delivery faults only
+// (reordered, repeated, delayed and dropped batches, killed and paused
+// nodes, a full disk), so that every version reaches every cluster through
+// its stream, and the checker asks that the conflict log be complete as
+// well as right: every acknowledged version of a key written by two
+// clusters that the key's final version does not descend from is logged as
+// lost at the cluster that wrote the final version (checkConflictsComplete).
+// It ends with every link paused while both clusters of each pair write
+// each of their keys (concurrentFinale), so that every such key is judged.
+func TestConflictCompleteness(t *testing.T) {
+	s := uint64(3)
+	if *seedFlag != 0 {
+		s = *seedFlag
+	}
+	robustRun(t, s, robustOpts{kinds: deliveryFaults, complete: true})
+}
+
+// robustOpts shape a robustness run.
+type robustOpts struct {
+	kinds    []string // the faults drawn
+	addPeer  bool     // a fourth cluster joins two fifths in
+	complete bool     // the conflict logs must be complete (checkConflictsComplete)
 }
 
 // robust is one robustness run: the mesh, the faults in flight and what
@@ -133,7 +163,7 @@ type excuse struct {
 	Why        string    `json:"why"`
 }
 
-func robustRun(t *testing.T, s uint64) {
+func robustRun(t *testing.T, s uint64, o robustOpts) {
 	t.Logf("seed %d (replay with -run TestRobustness -seed %d)", s, s)
 	r := newRand(s)
 	d := *robustDuration
@@ -157,7 +187,7 @@ func robustRun(t *testing.T, s uint64) {
 		}
 	}
 	m.start()
-	plan := schedule(r, names, d)
+	plan := schedule(r, names, d, o.kinds)
 	hist := &history{}
 
 	// faults
@@ -182,7 +212,7 @@ func robustRun(t *testing.T, s uint64) {
 			}(f)
 		}
 	}()
-	if d >= 20*time.Second {
+	if o.addPeer && d >= 20*time.Second {
 		// A peer added to the running mesh, two fifths in. Its process is
 		// prepared now, so that the map of nodes never changes while
 		// faults read it.
@@ -204,6 +234,17 @@ func robustRun(t *testing.T, s uint64) {
 		keys[i] = fmt.Sprintf("k/%02d", i)
 	}
 	retry := policy.MustNew(policy.Options{MaxAttempts: 5, InitialDelay: 30 * time.Millisecond, MaxDelay: 300 * time.Millisecond})
+	// Keys only two clusters write, besides the keys all three write: the
+	// conflict completeness check judges those (checkConflictsComplete).
+	pairKeys := map[string][]string{}
+	for i, x := range names {
+		y := names[(i+1)%len(names)]
+		for j := 0; j < 8; j++ {
+			k := fmt.Sprintf("p/%s%s/%d", x, y, j)
+			pairKeys[x] = append(pairKeys[x], k)
+			pairKeys[y] = append(pairKeys[y], k)
+		}
+	}
 	var wwg sync.WaitGroup
 	for ni, name := range names {
 		for w := 0; w < 3; w++ {
@@ -215,7 +256,7 @@ func robustRun(t *testing.T, s uint64) {
 			go func() {
 				defer wwg.Done()
 				for seq := 0; time.Since(start) < d; seq++ {
-					workloadOp(cl, cr, id, name, seq, keys, hist)
+					workloadOp(cl, cr, id, name, seq, keys, pairKeys[name], hist)
 				}
 			}()
 		}
@@ -231,6 +272,9 @@ func robustRun(t *testing.T, s uint64) {
 	for _, n := range names {
 		os.WriteFile(rb.diskFile[n], nil, 0o644)
 		m.nodes[n].signal(syscall.SIGCONT)
+	}
+	if o.complete {
+		rb.concurrentFinale(names, pairKeys, hist)
 	}
 	// A restore from a backup taken while a link was narrowed brings that
 	// filter back (it is the log's state as at the backup): the operator
@@ -325,6 +369,11 @@ func robustRun(t *testing.T, s uint64) {
 	}
 	conflictViolations, logged := hist.checkConflicts(logs)
 	violations = append(violations, conflictViolations...)
+	if o.complete {
+		incomplete, judged := hist.checkConflictsComplete(final, logs)
+		violations = append(violations, incomplete...)
+		logged += "; " + judged
+	}
 	for _, n := range m.names {
 		for _, st := range peersReport(t, m.nodes[n]).Streams {
 			if st.Merged+st.DeadLettered+st.Seeded+st.Filtered != st.HWM {
@@ -782,8 +831,48 @@ func copyTree(t *testing.T, from, to string) {
 	}
 }
 
+// concurrentFinale ends a completeness run with every link paused while
+// both clusters of each pair write each of their keys once, then resumes
+// them: every pair key ends with two concurrent lines, one of which its final
+// version has not seen (checkConflictsComplete).
+func (rb *robust) concurrentFinale(names []string, pairKeys map[string][]string, h *history) {
+	each := func(f func(from, to string)) {
+		for _, from := range names {
+			for _, to := range names {
+				if from != to {
+					f(from, to)
+				}
+			}
+		}
+	}
+	each(func(from, to string) {
+		if !rb.admin(from, "/admin/peers/"+to+"/pause") {
+			rb.t.Logf("finale: pausing %s->%s failed", from, to)
+		}
+	})
+	for _, name := range names {
+		cl := rb.m.nodes[name].client()
+		for _, k := range pairKeys[name] {
+			op := callRecord{Client: name + "-finale", Cluster: name, Kind: "put", Key: k, Value: fmt.Sprintf("%s-finale-%s", name, k), Start: time.Now()}
+			ctx, cancel := context.WithTimeout(bg(), 5*time.Second)
+			res, err := cl.Put(ctx, k, []byte(op.Value))
+			cancel()
+			op.Outcome, op.Version, op.End2 = outcomeOf(err), res.Version, time.Now()
+			if err != nil {
+				op.Err = shorten(err.Error(), 200)
+			}
+			h.add(op)
+		}
+	}
+	each(func(from, to string) {
+		for i := 0; i < 20 && !rb.admin(from, "/admin/peers/"+to+"/resume"); i++ {
+			time.Sleep(100 * time.Millisecond)
+		}
+	})
+}
+
 // workloadOp runs one recorded operation.
-func workloadOp(c *client.Client, r *rand.Rand, id, cluster string, seq int, keys []string, h *history) {
+func workloadOp(c *client.Client, r *rand.Rand, id, cluster string, seq int, keys, pairKeys []string, h *history) {
 	op := callRecord{Client: id, Cluster: cluster, Start: time.Now()}
 	key := policy.Key{ID: fmt.Sprintf("%s-%d", id, seq)}
 	op.IdemKey = key.ID
@@ -792,6 +881,10 @@ func workloadOp(c *client.Client, r *rand.Rand, id, cluster string, seq int, key
 	var err error
 	var res client.WriteResult
 	k := keys[r.IntN(len(keys))]
+	if len(pairKeys) > 0 && r.IntN(4) == 0 {
+		// a key only this cluster and one other write (never in a range)
+		k = pairKeys[r.IntN(len(pairKeys))]
+	}
 	switch x := r.IntN(100); {
 	case x < 35:
 		op.Kind, op.Key, op.Value = "put", k, fmt.Sprintf("%s-%d", id, seq)

@@ -232,6 +232,10 @@ type scanItem struct {
 	Value   []byte `json:"value"` // base64 in JSON
 	Version string `json:"version"`
 	Origin  string `json:"origin"`
+	// Descends is the version's causal context (docs/DATAMODEL.md
+	// "Conflicts"): for each cluster, the newest version of the key its
+	// author had seen, its own included. Absent before command format 4.
+	Descends []string `json:"descends,omitempty"`
 }
 
 type scanPage struct {
@@ -272,7 +276,11 @@ func (a *API) handleRange(w http.ResponseWriter, r *http.Request) {
 	}
 	page := scanPage{Items: make([]scanItem, 0, len(items)), Next: next}
 	for _, it := range items {
-		page.Items = append(page.Items, scanItem{Key: it.Key, Value: it.Value, Version: it.Stamp.String(), Origin: it.Stamp.Origin})
+		si := scanItem{Key: it.Key, Value: it.Value, Version: it.Stamp.String(), Origin: it.Stamp.Origin}
+		for _, c := range it.Ctx {
+			si.Descends = append(si.Descends, entry.Stamp{HLC: c.HLC, Origin: c.Origin}.String())
+		}
+		page.Items = append(page.Items, si)
 	}
 	writeJSON(w, http.StatusOK, page)
 }
