@@ -19,10 +19,11 @@ import (
 //     held it, and so held every version that one descends from through
 //     other cas writes; such a loser is never logged against it.
 //
-// Which concurrent pairs are logged exactly is checked where the order of
-// delivery is the test's (machine TestConflictThreeClusters, e2e
-// TestConflictLog): here wipes, restores and re-seeds let clusters skip
-// versions. It returns the violations and a summary of what was logged.
+// That the logs are complete is checkConflictsComplete's, in runs without
+// snapshots (here wipes, restores and re-seeds let clusters skip versions),
+// and exactly where the order of delivery is the test's (machine
+// TestConflictThreeClusters, e2e TestConflictLog). It returns the
+// violations and a summary of what was logged.
 func (h *history) checkConflicts(logs map[string][]client.Conflict) ([]string, string) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
