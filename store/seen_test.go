@@ -165,3 +165,42 @@ func TestTrackedFreshKeyBelowTheTree(t *testing.T) {
 		t.Fatalf("r1 under a newer range delete: %+v", r)
 	}
 }
+
+// BenchmarkOpenScansKeys is what the keys filter adds to opening a store:
+// one pass over the data keys (compare BenchmarkOpenScansKeys/keys=0).
+func BenchmarkOpenScansKeys(b *testing.B) {
+	for _, n := range []int{0, 1_000_000} {
+		b.Run(fmt.Sprintf("keys=%d", n), func(b *testing.B) {
+			dir := b.TempDir()
+			s, err := Open(dir, nil)
+			if err != nil {
+				b.Fatal(err)
+			}
+			val := make([]byte, 100)
+			for i := 0; i < n; {
+				bt := s.NewBatch()
+				for j := 0; j < 10000 && i < n; j, i = j+1, i+1 {
+					st := entry.Stamp{HLC: hlc.Timestamp{Wall: int64(i + 1)}, Origin: "a"}
+					if _, err := bt.Merge(Write{Key: fmt.Sprintf("key-%012d", i), Value: val, Stamp: st}); err != nil {
+						b.Fatal(err)
+					}
+				}
+				if err := bt.Commit(false); err != nil {
+					b.Fatal(err)
+				}
+				bt.Close()
+			}
+			s.Close()
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				s, err := Open(dir, nil)
+				if err != nil {
+					b.Fatal(err)
+				}
+				b.StopTimer()
+				s.Close()
+				b.StartTimer()
+			}
+		})
+	}
+}
