@@ -38,6 +38,9 @@ func (s *Store) ReplaceFrom(dir string) error {
 	defer src.Close()
 	s.applyMu.Lock()
 	defer s.applyMu.Unlock()
+	// Until the copy is whole and scanned, every key may be held: a copy
+	// that fails halfway leaves keys the old filter never saw.
+	s.seen = nil
 	// Every prefix is an ASCII letter: this range is the whole tree.
 	if err := s.db.DeleteRange([]byte{0}, []byte{0xff, 0xff, 0xff, 0xff}, pebble.Sync); err != nil {
 		return fmt.Errorf("store: clear the tree: %w", err)

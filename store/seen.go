@@ -67,8 +67,12 @@ func (f *seenKeys) grow(n int) {
 	f.parts = append(f.parts, &bloomPart{blocks: make([][8]uint32, blocks), limit: blocks * 256 / seenBitsPerKey})
 }
 
-// add records key.
-func (f *seenKeys) add(key []byte) { f.addHash(maphash.Bytes(f.seed, key)) }
+// add records key. A nil filter (a tree being replaced) records nothing.
+func (f *seenKeys) add(key []byte) {
+	if f != nil {
+		f.addHash(maphash.Bytes(f.seed, key))
+	}
+}
 
 func (f *seenKeys) addHash(h uint64) {
 	p := f.parts[len(f.parts)-1]
@@ -84,8 +88,12 @@ func (f *seenKeys) addHash(h uint64) {
 	p.n++
 }
 
-// mayHold reports whether key may have been added; false is certain.
+// mayHold reports whether key may have been added; false is certain. A nil
+// filter (a tree being replaced) may hold every key.
 func (f *seenKeys) mayHold(key []byte) bool {
+	if f == nil {
+		return true
+	}
 	h := maphash.Bytes(f.seed, key)
 	x := uint32(h)
 parts:
@@ -99,15 +107,6 @@ parts:
 		return true
 	}
 	return false
-}
-
-// Bytes is the memory the filter holds.
-func (f *seenKeys) Bytes() int {
-	n := 0
-	for _, p := range f.parts {
-		n += 32 * len(p.blocks)
-	}
-	return n
 }
 
 // scanSeenKeys builds the filter of every data key db holds: one pass over
