@@ -315,6 +315,22 @@ func TestRangeDeleteDiscardsCounted(t *testing.T) {
 	if lg := a.log(); len(lg) != 0 {
 		t.Fatalf("a range delete's discards were logged per key: %+v", lg)
 	}
+	// A third cluster's write of a key of the range, older than the range
+	// delete, arrives after it: the range delete discards it too, and it is
+	// not logged (the keys' tombstones, written by the range, have no
+	// context: it was logged as a possible conflict).
+	old := hlc.Timestamp{Wall: 15e14}
+	ct := &wire.Batch{Header: wire.Header{Sender: "c", Stream: entry.StreamID{0xc}}, Entries: []entry.Entry{
+		{Index: 1, Origin: "c", Stream: entry.StreamID{0xc}, Commit: old, Stamp: old, Op: entry.OpSet, Key: "r/1", Value: []byte("c"),
+			Ctx: entry.Context{{Origin: "c", HLC: old}}},
+	}}
+	res = a.apply(&Command{Inbound: &Inbound{Sender: "c", Batch: ct, At: 1, HLC: ts.Add(2), MaxStreams: 16}})
+	if res.Inbound.Err != nil || res.Inbound.Conflicts != 0 {
+		t.Fatalf("inbound from c: %+v", res.Inbound)
+	}
+	if lg := a.log(); len(lg) != 0 {
+		t.Fatalf("a write discarded by a range delete was logged: %+v", lg)
+	}
 }
 
 // TestConflictValueBound: the inbound command's value bound decides what a

@@ -59,9 +59,11 @@ func (b *Batch) mergeTracked(w *Write) (entry.Outcome, error) {
 			out = entry.Stale
 		}
 	}
-	if out == entry.Applied && !above && b.coveredLocked(w.Key, w.Stamp) {
+	if !above && b.coveredLocked(w.Key, w.Stamp) {
 		// A range delete newer than this write covers its key: its
-		// discards are counted per range, not judged per key.
+		// discards are counted per range, not judged per key. (Also when
+		// the write is older than the key's version: that may be the
+		// range's own tombstone, which carries no context.)
 		return entry.Stale, nil
 	}
 	conflicted := prev != nil && prev.Conflicted
