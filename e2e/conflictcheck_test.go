@@ -50,23 +50,15 @@ func (h *history) checkConflicts(logs map[string][]client.Conflict) ([]string, s
 		if op.Outcome == outFailed {
 			continue
 		}
-		switch op.Kind {
-		case "put", "cas":
-			add(op.Key, op)
-			val(op.Key, op.Value)
-		case "del":
-			add(op.Key, op)
-			deletes[op.Key] = true
-		case "range":
+		if op.Kind == "range" {
 			ranges = append(ranges, op)
-		case "batch":
-			for _, s := range op.Sets {
-				add(s.K, op)
-				val(s.K, s.V)
-			}
-			for _, k := range op.Dels {
-				add(k, op)
-				deletes[k] = true
+		}
+		for _, w := range op.writes() {
+			add(w.key, op)
+			if w.del {
+				deletes[w.key] = true
+			} else {
+				val(w.key, w.value)
 			}
 		}
 	}
@@ -120,7 +112,7 @@ func (h *history) checkConflicts(logs map[string][]client.Conflict) ([]string, s
 			case c.Loser.Deleted:
 				known = deletes[c.Key]
 				for _, r := range ranges {
-					known = known || (c.Key >= r.Key && (r.End == "" || c.Key < r.End))
+					known = known || r.covers(c.Key)
 				}
 			case c.Loser.ValueOmitted:
 				known = true // not kept: the version check above is all there is
@@ -163,44 +155,38 @@ func (h *history) checkConflictsComplete(final map[string]client.Item, logs map[
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	writers := map[string]map[string]bool{} // key -> clusters that may have written it
-	ranged := map[string]bool{}
+	acked := map[string][]ackedValue{}      // key -> acknowledged values written
 	var ranges []*callRecord
 	for i := range h.ops {
 		op := &h.ops[i]
 		if op.Outcome == outFailed {
 			continue
 		}
-		wrote := func(k string) {
-			if writers[k] == nil {
-				writers[k] = map[string]bool{}
-			}
-			writers[k][op.Cluster] = true
-		}
-		switch op.Kind {
-		case "put", "cas", "del":
-			wrote(op.Key)
-		case "batch":
-			for _, s := range op.Sets {
-				wrote(s.K)
-			}
-			for _, k := range op.Dels {
-				wrote(k)
-			}
-		case "range":
+		if op.Kind == "range" {
 			ranges = append(ranges, op)
 		}
-	}
-	for k := range writers {
-		for _, r := range ranges {
-			if k >= r.Key && (r.End == "" || k < r.End) {
-				ranged[k] = true
+		for _, w := range op.writes() {
+			if writers[w.key] == nil {
+				writers[w.key] = map[string]bool{}
+			}
+			writers[w.key][op.Cluster] = true
+			if st, ok := stampOf(op.Version); ok && op.Outcome == outOK && !w.del {
+				acked[w.key] = append(acked[w.key], ackedValue{st, op.Cluster, w.value})
 			}
 		}
+	}
+	ranged := func(k string) bool {
+		for _, r := range ranges {
+			if r.covers(k) {
+				return true
+			}
+		}
+		return false
 	}
 	var bad []string
 	keys, judged := 0, 0
 	for k, f := range final {
-		if len(writers[k]) != 2 || ranged[k] {
+		if len(writers[k]) != 2 || ranged(k) {
 			continue
 		}
 		fs, ok := stampOf(f.Version)
@@ -219,25 +205,10 @@ func (h *history) checkConflictsComplete(final map[string]client.Item, logs map[
 		}
 		keys++
 		var last entry.Stamp // L's newest acknowledged value f had not seen
-		for i := range h.ops {
-			op := &h.ops[i]
-			if op.Outcome != outOK || op.Version == "" || op.Cluster == fs.Origin {
-				continue
-			}
-			value, wrote := "", false
-			switch op.Kind {
-			case "put", "cas":
-				value, wrote = op.Value, op.Key == k
-			case "batch":
-				for _, s := range op.Sets {
-					if s.K == k {
-						value, wrote = s.V, true
-					}
-				}
-			}
-			l, ok := stampOf(op.Version)
-			if !wrote || !ok || l.Compare(fs) >= 0 || value == string(f.Value) {
-				continue // not a value of k; or newer than the final one, which the history check flags
+		for _, v := range acked[k] {
+			l := v.st
+			if v.cluster == fs.Origin || l.Compare(fs) >= 0 || v.value == string(f.Value) {
+				continue // the final writer's own; or newer than the final one, which the history check flags
 			}
 			if d, ok := seen[l.Origin]; ok && l.HLC.Compare(d.HLC) <= 0 {
 				continue // f's author had seen it
@@ -264,6 +235,45 @@ func (h *history) checkConflictsComplete(final map[string]client.Item, logs map[
 		bad = append(bad, fmt.Sprintf("completeness: no version to judge among %d keys written by two clusters: the check said nothing", keys))
 	}
 	return bad, fmt.Sprintf("completeness: %d of %d keys written by two clusters lost a line to their final version, %d missing from its writer's log", judged, keys, len(bad))
+}
+
+// opWrite is one key an op writes: a value, or a delete.
+type opWrite struct {
+	key, value string
+	del        bool
+}
+
+// writes are the keys op writes, by key (none for counters and range
+// deletes).
+func (op *callRecord) writes() []opWrite {
+	switch op.Kind {
+	case "put", "cas":
+		return []opWrite{{key: op.Key, value: op.Value}}
+	case "del":
+		return []opWrite{{key: op.Key, del: true}}
+	case "batch":
+		out := make([]opWrite, 0, len(op.Sets)+len(op.Dels))
+		for _, s := range op.Sets {
+			out = append(out, opWrite{key: s.K, value: s.V})
+		}
+		for _, k := range op.Dels {
+			out = append(out, opWrite{key: k, del: true})
+		}
+		return out
+	}
+	return nil
+}
+
+// covers reports whether op is a range delete over k.
+func (op *callRecord) covers(k string) bool {
+	return op.Kind == "range" && k >= op.Key && (op.End == "" || k < op.End)
+}
+
+// ackedValue is a value an acknowledged write gave a key.
+type ackedValue struct {
+	st      entry.Stamp
+	cluster string
+	value   string
 }
 
 // TestConflictCheckerCatches: the conflict checker flags a record whose

@@ -520,6 +520,14 @@ func (rb *robust) release(name string) {
 
 // admin posts an admin action; errors are part of the weather (the node
 // may be down), and only counted actions count.
+// resume resumes from's link to to, trying for 5 s (from may be
+// restarting).
+func (rb *robust) resume(from, to string) {
+	for i := 0; i < 20 && !rb.admin(from, "/admin/peers/"+to+"/resume"); i++ {
+		time.Sleep(250 * time.Millisecond)
+	}
+}
+
 func (rb *robust) admin(name, path string) bool {
 	ctx, cancel := context.WithTimeout(bg(), 3*time.Second)
 	defer cancel()
@@ -628,9 +636,7 @@ func (rb *robust) runFault(f fault) {
 			time.Sleep(f.For)
 		}
 		// resumed whether or not the pause was heard: a restart forgets it
-		for i := 0; i < 20 && !rb.admin(from, "/admin/peers/"+to+"/resume"); i++ {
-			time.Sleep(250 * time.Millisecond)
-		}
+		rb.resume(from, to)
 		return
 	}
 	px := m.proxies[f.Target]
@@ -876,11 +882,7 @@ func (rb *robust) concurrentFinale(names []string, pairKeys map[string][]string,
 			h.add(op)
 		}
 	}
-	each(func(from, to string) {
-		for i := 0; i < 20 && !rb.admin(from, "/admin/peers/"+to+"/resume"); i++ {
-			time.Sleep(100 * time.Millisecond)
-		}
-	})
+	each(rb.resume)
 }
 
 // workloadOp runs one recorded operation.

@@ -183,16 +183,7 @@ func (b *Batch) Merge(w Write) (entry.Outcome, error) {
 		err      error
 		blind    bool
 	)
-	c := b.max.Compare(w.Stamp)
-	if c == 0 && b.maxOwn {
-		// b.max is this batch's own stamp (an atomic batch writes many
-		// keys under one): above everything stored, so only the keys this
-		// batch wrote need a look.
-		if _, mine := b.pending[w.Key]; !mine {
-			c = -1
-		}
-	}
-	if c >= 0 {
+	if !b.aboveLocked(&w) {
 		// Something stored may be newer: compare with what the key holds.
 		// (Above b.max the write beats everything, unread. A tombstone
 		// overwritten that way leaves its index entry behind, which

@@ -50,7 +50,9 @@ func (s *Store) ReplaceFrom(dir string) error {
 		return fmt.Errorf("store: read %s: %w", dir, err)
 	}
 	b := s.db.NewBatch()
+	var seen seenScan // the keys filter of the new tree, built as it is copied
 	for valid := it.First(); valid; valid = it.Next() {
+		seen.see(it.Key())
 		if err := b.Set(it.Key(), it.Value(), nil); err != nil {
 			it.Close()
 			b.Close()
@@ -76,12 +78,6 @@ func (s *Store) ReplaceFrom(dir string) error {
 	if err := errors.Join(s.loadMaxStamp(), s.loadRanges(), s.checkCounters(), s.loadHLC(), s.loadMarks()); err != nil {
 		return err
 	}
-	// The keys filter starts over from the new tree (it could keep the
-	// old keys, but a tree replaced wholesale rarely shares many).
-	seen, err := scanSeenKeys(s.db)
-	if err != nil {
-		return err
-	}
-	s.seen = seen
+	s.seen = seen.filter()
 	return nil
 }

@@ -32,7 +32,6 @@ func TestConflictLogPages(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer s.Close()
-	st := func(w int64, o string) entry.Stamp { return entry.Stamp{HLC: hlc.Timestamp{Wall: w}, Origin: o} }
 	var all []entry.Conflict
 	b := s.NewBatch()
 	for i := 0; i < 25; i++ {
@@ -40,7 +39,7 @@ func TestConflictLogPages(t *testing.T) {
 		if i >= 20 {
 			key = fmt.Sprintf("q/%02d", i)
 		}
-		c := entry.Conflict{Key: key, Loser: st(int64(i+1), "b"), Winner: st(int64(i+2), "a"), LoserValue: []byte("v"), LoserLen: 1,
+		c := entry.Conflict{Key: key, Loser: stampAt(int64(i+1), "b"), Winner: stampAt(int64(i+2), "a"), LoserValue: []byte("v"), LoserLen: 1,
 			At: hlc.Timestamp{Wall: int64(100 + i)}, Peer: "b", Incoming: true}
 		c.ID = entry.ConflictID(c.Key, c.Loser, c.Winner)
 		if wrote, err := b.PutConflict(&c); err != nil || !wrote {

@@ -110,26 +110,51 @@ parts:
 }
 
 // scanSeenKeys builds the filter of every data key db holds: one pass over
-// the keys (about a second per few million), holding their hashes (8 bytes
-// a key, for the pass only) so that the first part is sized for twice as
-// many keys as the tree holds, and the writes after it fit for a while.
+// the keys (about half a second per million).
 func scanSeenKeys(db pebble.Reader) (*seenKeys, error) {
 	it, err := db.NewIter(&pebble.IterOptions{LowerBound: []byte{prefixData}, UpperBound: []byte{prefixData + 1}})
 	if err != nil {
 		return nil, fmt.Errorf("store: scan keys: %w", err)
 	}
-	seed := maphash.MakeSeed()
-	var hashes []uint64
+	var sc seenScan
 	for valid := it.First(); valid; valid = it.Next() {
-		hashes = append(hashes, maphash.Bytes(seed, it.Key()))
+		sc.see(it.Key())
 	}
 	if err := errors.Join(it.Error(), it.Close()); err != nil {
 		return nil, fmt.Errorf("store: scan keys: %w", err)
 	}
-	f := &seenKeys{seed: seed}
-	f.grow(max(2*len(hashes), seenMinKeys))
-	for _, h := range hashes {
+	return sc.filter(), nil
+}
+
+// seenScan gathers the hashes of the data keys of one pass over a tree (8
+// bytes a key, for the pass only), so that the filter's first part is
+// sized for twice as many keys as the tree holds, and the writes after it
+// fit for a while.
+type seenScan struct {
+	seed   maphash.Seed
+	hashes []uint64
+}
+
+// see notes key if it is a data key.
+func (sc *seenScan) see(key []byte) {
+	if len(key) == 0 || key[0] != prefixData {
+		return
+	}
+	if sc.hashes == nil {
+		sc.seed = maphash.MakeSeed()
+	}
+	sc.hashes = append(sc.hashes, maphash.Bytes(sc.seed, key))
+}
+
+// filter is the filter of the keys seen.
+func (sc *seenScan) filter() *seenKeys {
+	if sc.hashes == nil {
+		sc.seed = maphash.MakeSeed()
+	}
+	f := &seenKeys{seed: sc.seed}
+	f.grow(max(2*len(sc.hashes), seenMinKeys))
+	for _, h := range sc.hashes {
 		f.addHash(h)
 	}
-	return f, nil
+	return f
 }

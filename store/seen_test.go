@@ -11,6 +11,22 @@ import (
 	"github.com/replicator/replicator/hlc"
 )
 
+// stampAt is origin's stamp at wall time w.
+func stampAt(w int64, origin string) entry.Stamp {
+	return entry.Stamp{HLC: hlc.Timestamp{Wall: w}, Origin: origin}
+}
+
+// openTemp opens a store in a temporary directory, closed with the test.
+func openTemp(t *testing.T) *Store {
+	t.Helper()
+	s, err := Open(t.TempDir(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s
+}
+
 // TestSeenKeysGrows: every key added is held through the parts' growth,
 // and keys never added are mostly answered no.
 func TestSeenKeysGrows(t *testing.T) {
@@ -47,13 +63,12 @@ func TestSeenKeysGrows(t *testing.T) {
 // has only its own stamp.
 func TestTrackedWriteDescendsFromReopenedAndReplacedTrees(t *testing.T) {
 	dir := t.TempDir()
-	st := func(w int64, o string) entry.Stamp { return entry.Stamp{HLC: hlc.Timestamp{Wall: w}, Origin: o} }
 	s, err := Open(filepath.Join(dir, "a"), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	for i := 0; i < 1000; i++ {
-		if _, err := s.Set(fmt.Sprintf("k%04d", i), []byte("v"), st(int64(10+i), "b")); err != nil {
+		if _, err := s.Set(fmt.Sprintf("k%04d", i), []byte("v"), stampAt(int64(10+i), "b")); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -87,14 +102,14 @@ func TestTrackedWriteDescendsFromReopenedAndReplacedTrees(t *testing.T) {
 	if s, err = Open(filepath.Join(dir, "a"), nil); err != nil {
 		t.Fatal(err)
 	}
-	check(s, "k0007", st(5000, "a"), entry.Context{{Origin: "a", HLC: st(5000, "a").HLC}, {Origin: "b", HLC: st(17, "b").HLC}})
-	check(s, "fresh", st(5001, "a"), entry.Context{{Origin: "a", HLC: st(5001, "a").HLC}})
+	check(s, "k0007", stampAt(5000, "a"), entry.Context{{Origin: "a", HLC: stampAt(5000, "a").HLC}, {Origin: "b", HLC: stampAt(17, "b").HLC}})
+	check(s, "fresh", stampAt(5001, "a"), entry.Context{{Origin: "a", HLC: stampAt(5001, "a").HLC}})
 	// An atomic batch (one stamp): a fresh key, then a stored one, which
 	// is still read although the batch's stamp is above the tree's.
 	b := s.NewBatch()
 	b.Track(nil)
-	w1 := Write{Key: "fresh2", Value: []byte("x"), Stamp: st(5002, "a"), Local: true}
-	w2 := Write{Key: "k0001", Value: []byte("x"), Stamp: st(5002, "a"), Local: true}
+	w1 := Write{Key: "fresh2", Value: []byte("x"), Stamp: stampAt(5002, "a"), Local: true}
+	w2 := Write{Key: "k0001", Value: []byte("x"), Stamp: stampAt(5002, "a"), Local: true}
 	for _, w := range []*Write{&w1, &w2} {
 		if out, err := b.mergeWrite(w); err != nil || out != entry.Applied {
 			t.Fatalf("atomic write of %s: %v %v", w.Key, out, err)
@@ -104,7 +119,7 @@ func TestTrackedWriteDescendsFromReopenedAndReplacedTrees(t *testing.T) {
 		t.Fatal(err)
 	}
 	b.Close()
-	if want := (entry.Context{{Origin: "a", HLC: st(5002, "a").HLC}, {Origin: "b", HLC: st(11, "b").HLC}}); !reflect.DeepEqual(w2.Ctx, want) {
+	if want := (entry.Context{{Origin: "a", HLC: stampAt(5002, "a").HLC}, {Origin: "b", HLC: stampAt(11, "b").HLC}}); !reflect.DeepEqual(w2.Ctx, want) {
 		t.Fatalf("atomic batch: k0001's context %v, want %v", w2.Ctx, want)
 	}
 	if err := s.Checkpoint(filepath.Join(dir, "cp")); err != nil {
@@ -117,12 +132,12 @@ func TestTrackedWriteDescendsFromReopenedAndReplacedTrees(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer r.Close()
-	check(r, "other", st(100, "c"), entry.Context{{Origin: "c", HLC: st(100, "c").HLC}})
+	check(r, "other", stampAt(100, "c"), entry.Context{{Origin: "c", HLC: stampAt(100, "c").HLC}})
 	if err := r.ReplaceFrom(filepath.Join(dir, "cp")); err != nil {
 		t.Fatal(err)
 	}
-	check(r, "k0999", st(6000, "c"), entry.Context{{Origin: "b", HLC: st(1009, "b").HLC}, {Origin: "c", HLC: st(6000, "c").HLC}})
-	check(r, "fresh", st(6001, "c"), entry.Context{{Origin: "a", HLC: st(5001, "a").HLC}, {Origin: "c", HLC: st(6001, "c").HLC}})
+	check(r, "k0999", stampAt(6000, "c"), entry.Context{{Origin: "b", HLC: stampAt(1009, "b").HLC}, {Origin: "c", HLC: stampAt(6000, "c").HLC}})
+	check(r, "fresh", stampAt(6001, "c"), entry.Context{{Origin: "a", HLC: stampAt(5001, "a").HLC}, {Origin: "c", HLC: stampAt(6001, "c").HLC}})
 }
 
 // TestTrackedFreshKeyBelowTheTree: a key the tree never held, written
@@ -130,25 +145,20 @@ func TestTrackedWriteDescendsFromReopenedAndReplacedTrees(t *testing.T) {
 // reach the log out of order), is not read but still loses to a newer range
 // delete over it, and otherwise lands.
 func TestTrackedFreshKeyBelowTheTree(t *testing.T) {
-	st := func(w int64, o string) entry.Stamp { return entry.Stamp{HLC: hlc.Timestamp{Wall: w}, Origin: o} }
-	s, err := Open(t.TempDir(), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
+	s := openTemp(t)
 	b := s.NewBatch()
 	b.Track(nil)
-	if _, _, err := b.MergeRange(RangeTombstone{Start: "r", End: "s", Stamp: st(700, "a")}); err != nil {
+	if _, _, err := b.MergeRange(RangeTombstone{Start: "r", End: "s", Stamp: stampAt(700, "a")}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := b.mergeWrite(&Write{Key: "top", Value: []byte("v"), Stamp: st(900, "a"), Local: true}); err != nil {
+	if _, err := b.mergeWrite(&Write{Key: "top", Value: []byte("v"), Stamp: stampAt(900, "a"), Local: true}); err != nil {
 		t.Fatal(err)
 	}
 	for _, tc := range []struct {
 		key  string
 		at   entry.Stamp
 		want entry.Outcome
-	}{{"r1", st(650, "b"), entry.Stale}, {"r2", st(750, "b"), entry.Applied}, {"q", st(10, "b"), entry.Applied}} {
+	}{{"r1", stampAt(650, "b"), entry.Stale}, {"r2", stampAt(750, "b"), entry.Applied}, {"q", stampAt(10, "b"), entry.Applied}} {
 		w := Write{Key: tc.key, Value: []byte("old"), Stamp: tc.at, Ctx: entry.Context{{Origin: "b", HLC: tc.at.HLC}}}
 		if out, err := b.mergeWrite(&w); err != nil || out != tc.want {
 			t.Fatalf("%s at %v: %v %v, want %v", tc.key, tc.at, out, err, tc.want)
@@ -210,18 +220,13 @@ func BenchmarkOpenScansKeys(b *testing.B) {
 // contexts (format 3, then 4 in the same process), are read by the next
 // tracked write, which descends from them.
 func TestTrackedWriteSeesThisProcessWrites(t *testing.T) {
-	st := func(w int64, o string) entry.Stamp { return entry.Stamp{HLC: hlc.Timestamp{Wall: w}, Origin: o} }
-	s, err := Open(t.TempDir(), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
-	if _, err := s.Set("untracked", []byte("v"), st(10, "b")); err != nil {
+	s := openTemp(t)
+	if _, err := s.Set("untracked", []byte("v"), stampAt(10, "b")); err != nil {
 		t.Fatal(err)
 	}
 	b := s.NewBatch()
 	b.Track(nil)
-	if _, err := b.mergeWrite(&Write{Key: "tracked", Value: []byte("v"), Stamp: st(20, "b"), Ctx: entry.Context{{Origin: "b", HLC: st(20, "b").HLC}}}); err != nil {
+	if _, err := b.mergeWrite(&Write{Key: "tracked", Value: []byte("v"), Stamp: stampAt(20, "b"), Ctx: entry.Context{{Origin: "b", HLC: stampAt(20, "b").HLC}}}); err != nil {
 		t.Fatal(err)
 	}
 	if err := b.Commit(true); err != nil {
@@ -231,15 +236,15 @@ func TestTrackedWriteSeesThisProcessWrites(t *testing.T) {
 	for _, tc := range []struct {
 		key  string
 		prev entry.Stamp
-	}{{"untracked", st(10, "b")}, {"tracked", st(20, "b")}} {
+	}{{"untracked", stampAt(10, "b")}, {"tracked", stampAt(20, "b")}} {
 		b := s.NewBatch()
 		b.Track(nil)
-		w := Write{Key: tc.key, Value: []byte("new"), Stamp: st(100, "a"), Local: true}
+		w := Write{Key: tc.key, Value: []byte("new"), Stamp: stampAt(100, "a"), Local: true}
 		if _, err := b.mergeWrite(&w); err != nil {
 			t.Fatal(err)
 		}
 		b.Close()
-		want := entry.Context{{Origin: "a", HLC: st(100, "a").HLC}, {Origin: "b", HLC: tc.prev.HLC}}
+		want := entry.Context{{Origin: "a", HLC: stampAt(100, "a").HLC}, {Origin: "b", HLC: tc.prev.HLC}}
 		if !reflect.DeepEqual(w.Ctx, want) {
 			t.Fatalf("%s: context %v, want %v (the write did not see the stored version)", tc.key, w.Ctx, want)
 		}

@@ -121,8 +121,10 @@ func (b *Batch) setRecordLocked(dk []byte, r *Record) error {
 	return nil
 }
 
-// aboveLocked reports whether w is stamped above every stamp stored, which
-// only this batch's own writes of the same atomic stamp may equal (Merge).
+// aboveLocked reports whether w is stamped above every stamp stored, so
+// that it beats whatever its key holds. Equal to b.max counts when b.max
+// is this batch's own stamp (an atomic batch writes many keys under one),
+// except for the keys this batch already wrote.
 func (b *Batch) aboveLocked(w *Write) bool {
 	switch c := b.max.Compare(w.Stamp); {
 	case c < 0:
