@@ -113,6 +113,15 @@ func (b *Batch) DropUncarried(sender, local string, start, end string, horizon h
 			}
 			continue
 		}
+		if b.hashing && flags&flagTombstone == 0 {
+			r, err := DecodeRecord(it.Value())
+			if err != nil {
+				return n, fmt.Errorf("store: key %q: %w", key, err)
+			}
+			if err := b.hashMergeLocked(key, &r, nil); err != nil {
+				return n, err
+			}
+		}
 		if err := b.pb.Delete(dataKey(key), nil); err != nil {
 			return n, err
 		}

@@ -7,6 +7,7 @@ import (
 
 	"github.com/cockroachdb/pebble/v2"
 	"github.com/replicator/replicator/entry"
+	"github.com/replicator/replicator/hashtree"
 	"github.com/replicator/replicator/hlc"
 )
 
@@ -56,6 +57,11 @@ type Batch struct {
 	conflictStats *ConflictStats
 	// RangeDeleted counts the live keys the batch's range deletes deleted.
 	RangeDeleted int
+	// hashing: the batch keeps the leaf sums (Hash, leaves.go);
+	// pendingLeaves are the leaves it changed, as they will be.
+	hashing       bool
+	pendingLeaves map[int]hashtree.Sum
+	digester      hashtree.Digester
 }
 
 // Judge is told of every merge of a tracked batch, before it is written:
@@ -255,6 +261,9 @@ func (b *Batch) Commit(sync bool) error {
 	if b.pb.Empty() {
 		return nil
 	}
+	if err := b.commitLeavesLocked(); err != nil {
+		return err
+	}
 	raised := b.s.maxStamp.Compare(b.max) < 0
 	if raised {
 		v := b.max.HLC.AppendTo(make([]byte, 0, hlc.EncodedLen+len(b.max.Origin)))
@@ -271,6 +280,9 @@ func (b *Batch) Commit(sync bool) error {
 	}
 	if raised {
 		b.s.maxStamp = b.max
+	}
+	for l, sum := range b.pendingLeaves {
+		b.s.leaves[l] = sum
 	}
 	if b.s.hlcHigh.Less(b.hlc) {
 		b.s.hlcHigh = b.hlc

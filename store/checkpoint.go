@@ -75,7 +75,8 @@ func (s *Store) ReplaceFrom(dir string) error {
 	}
 	s.maxStamp, s.ranges, s.hlcHigh, s.marks = entry.Stamp{}, nil, hlc.Timestamp{}, nil
 	s.hasCounters.Store(false)
-	if err := errors.Join(s.loadMaxStamp(), s.loadRanges(), s.checkCounters(), s.loadHLC(), s.loadMarks()); err != nil {
+	s.leaves = nil
+	if err := errors.Join(s.loadMaxStamp(), s.loadRanges(), s.checkCounters(), s.loadHLC(), s.loadMarks(), s.loadLeaves()); err != nil {
 		return err
 	}
 	s.seen = seen.filter()

@@ -20,6 +20,7 @@ import (
 	"github.com/cockroachdb/pebble/v2/bloom"
 
 	"github.com/replicator/replicator/entry"
+	"github.com/replicator/replicator/hashtree"
 	"github.com/replicator/replicator/hlc"
 	"github.com/replicator/replicator/internal/options"
 )
@@ -96,6 +97,9 @@ type Store struct {
 	// seen holds every data key the tree ever held a record of, maybe
 	// more (seen.go). Guarded by applyMu.
 	seen *seenKeys
+	// leaves are the kept leaf sums (leaves.go; nil: not kept). Guarded
+	// by applyMu.
+	leaves []hashtree.Sum
 	// marks are the committed high-water marks by origin and stream, the
 	// same as their Pebble records (loaded at open, changed only by batch
 	// commits). Every inbound batch reads its sender's marks; from Pebble
@@ -129,7 +133,7 @@ func Open(dir string, opts *Options) (*Store, error) {
 		return nil, fmt.Errorf("store: open %s: %w", dir, err)
 	}
 	s := &Store{db: db, cache: cache, opts: o}
-	if err := errors.Join(s.loadMaxStamp(), s.loadRanges(), s.checkCounters(), s.loadHLC(), s.loadMarks()); err != nil {
+	if err := errors.Join(s.loadMaxStamp(), s.loadRanges(), s.checkCounters(), s.loadHLC(), s.loadMarks(), s.loadLeaves()); err != nil {
 		s.Close()
 		return nil, err
 	}

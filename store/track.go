@@ -95,6 +95,9 @@ func (b *Batch) mergeTracked(w *Write) (entry.Outcome, error) {
 	if w.Tombstone && w.Kind == KindPlain {
 		r.Value = nil
 	}
+	if err := b.hashMergeLocked(w.Key, prev, &r); err != nil {
+		return 0, err
+	}
 	if w.Tombstone {
 		if err := b.pb.Set(tombstoneKey(w.Stamp.HLC, w.Key), nil, nil); err != nil {
 			return 0, err
