@@ -125,6 +125,7 @@ func (b *Batch) DropUncarried(sender, local string, start, end string, horizon h
 		if err := b.pb.Delete(dataKey(key), nil); err != nil {
 			return n, err
 		}
+		b.dataChanged = b.dataChanged || flags&flagTombstone == 0
 		if flags&flagTombstone != 0 {
 			if err := b.pb.Delete(tombstoneKey(st.HLC, key), nil); err != nil {
 				return n, err

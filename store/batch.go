@@ -60,6 +60,7 @@ type Batch struct {
 	// hashing: the batch keeps the leaf sums (Hash, leaves.go);
 	// pendingLeaves are the leaves it changed, as they will be.
 	hashing       bool
+	dataChanged   bool // a record was written or removed (leaves.go)
 	pendingLeaves map[int]hashtree.Sum
 	digester      hashtree.Digester
 }
@@ -261,7 +262,7 @@ func (b *Batch) Commit(sync bool) error {
 	if b.pb.Empty() {
 		return nil
 	}
-	if err := b.commitLeavesLocked(); err != nil {
+	if err := b.markLeavesLocked(); err != nil {
 		return err
 	}
 	raised := b.s.maxStamp.Compare(b.max) < 0
@@ -281,9 +282,7 @@ func (b *Batch) Commit(sync bool) error {
 	if raised {
 		b.s.maxStamp = b.max
 	}
-	for l, sum := range b.pendingLeaves {
-		b.s.leaves[l] = sum
-	}
+	b.leavesCommittedLocked()
 	if b.s.hlcHigh.Less(b.hlc) {
 		b.s.hlcHigh = b.hlc
 	}

@@ -11,36 +11,48 @@ import (
 )
 
 // Kept leaf hashes (issue 30, work in progress: no command turns them on
-// yet). Measured (go test ./store -run X -bench BenchmarkHashedWrites
-// -benchtime 400000x -count 3): batches of 100 fresh keys cost 2.1-2.3 µs a
-// write tracked, 3.9-4.3 µs hashed with the changed leaves written in each
-// batch (a leaf key per write: twice the memtable inserts), 2.8-3.0 µs
-// hashed with the leaves kept in memory only. So the leaves should not be
-// written per batch: keep them in memory, write them at a clean stop (and
-// now and then) with the log index they stand for, and rebuild them by a
-// scan at a start whose index does not match (the issue's "a crash that may
-// have lost the hashes"). A batch that hashes (Batch.Hash) keeps, for each leaf of the
+// yet). A batch that hashes (Batch.Hash) keeps, for each leaf of the
 // hashtree, the sum of the digests of its live versions: every merge it
-// applies subtracts the version it replaces and adds the one it writes, and
-// the changed leaves commit with the data, in the same Pebble batch, so the
-// leaves can never disagree with the tree after a crash. Tombstones stay
-// out, as they stay out of the digest (clusters collect them at different
-// times).
+// applies subtracts the version it replaces and adds the one it writes.
+// Tombstones stay out, as they stay out of the digest (clusters collect
+// them at different times).
+//
+// The leaves live in memory: the batch updates them at its commit. Writing
+// the changed leaves in each batch cost +80 % a write (a leaf key per
+// write: twice the memtable inserts); kept in memory, hashed writes cost the
+// same as tracked ones (go test ./store -run X -bench BenchmarkHashedWrites
+// -benchtime 400000x -count 3: 2.74-2.79 against 2.74-2.80 µs, batches of
+// 100 fresh keys). So: the first hashing batch after the leaves were saved
+// writes a dirty mark with its data; SaveLeaves (at Close, and whenever its
+// caller likes) writes every leaf and clears the mark in one batch. A tree
+// opened with the mark set (a crash), or with no leaves saved, keeps none
+// until RebuildLeaves scans the data (the issue's "a crash that may have
+// lost the hashes"). A batch that changes data without hashing while leaves
+// are kept drops them: they would be wrong.
 //
 //	H<leaf:2>    a leaf's sum, when not zero (hashtree.Sum.AppendTo)
+//	m\x00leaves  empty: saved leaves exist; value 1: the data changed since
 const prefixLeaf = 'H'
+
+var keyLeaves = []byte("m\x00leaves")
 
 func leafKey(leaf int) []byte {
 	return binary.BigEndian.AppendUint16([]byte{prefixLeaf}, uint16(leaf))
 }
 
-// loadLeaves reads the kept leaves (nil when none is kept).
+// loadLeaves reads the saved leaves, when they are still the data's (nil
+// otherwise: none saved, or the data changed after they were).
 func (s *Store) loadLeaves() error {
+	s.leaves, s.leavesMarked = nil, false
+	mark, ok, err := s.getMeta(keyLeaves)
+	if err != nil || !ok || len(mark) != 0 {
+		return err
+	}
 	it, err := s.db.NewIter(&pebble.IterOptions{LowerBound: []byte{prefixLeaf}, UpperBound: []byte{prefixLeaf + 1}})
 	if err != nil {
 		return err
 	}
-	var leaves []hashtree.Sum
+	leaves := make([]hashtree.Sum, hashtree.Leaves)
 	for valid := it.First(); valid; valid = it.Next() {
 		k := it.Key()
 		if len(k) != 3 {
@@ -51,9 +63,6 @@ func (s *Store) loadLeaves() error {
 		if err != nil {
 			it.Close()
 			return fmt.Errorf("%w: leaf %d: %v", ErrCorrupt, binary.BigEndian.Uint16(k[1:]), err)
-		}
-		if leaves == nil {
-			leaves = make([]hashtree.Sum, hashtree.Leaves)
 		}
 		leaves[binary.BigEndian.Uint16(k[1:])] = sum
 	}
@@ -115,22 +124,41 @@ func (s *Store) RebuildLeaves() error {
 	if err != nil {
 		return err
 	}
+	s.leaves = leaves
+	return s.saveLeavesLocked()
+}
+
+// SaveLeaves writes the kept leaves, synced, so that the next open finds
+// them without a scan.
+func (s *Store) SaveLeaves() error {
+	s.applyMu.Lock()
+	defer s.applyMu.Unlock()
+	return s.saveLeavesLocked()
+}
+
+func (s *Store) saveLeavesLocked() error {
+	if s.leaves == nil {
+		return nil
+	}
 	b := s.db.NewBatch()
 	defer b.Close()
 	if err := b.DeleteRange([]byte{prefixLeaf}, []byte{prefixLeaf + 1}, nil); err != nil {
 		return err
 	}
-	for i, sum := range leaves {
+	for i, sum := range s.leaves {
 		if !sum.IsZero() {
 			if err := b.Set(leafKey(i), sum.AppendTo(nil), nil); err != nil {
 				return err
 			}
 		}
 	}
-	if err := b.Commit(pebble.Sync); err != nil {
-		return fmt.Errorf("store: rebuild leaves: %w", err)
+	if err := b.Set(keyLeaves, nil, nil); err != nil {
+		return err
 	}
-	s.leaves = leaves
+	if err := b.Commit(pebble.Sync); err != nil {
+		return fmt.Errorf("store: save leaves: %w", err)
+	}
+	s.leavesMarked = false
 	return nil
 }
 
@@ -173,18 +201,27 @@ func (b *Batch) hashMergeLocked(key string, prev, next *Record) error {
 	return nil
 }
 
-// commitLeavesLocked writes the leaves the batch changed, before its commit.
-func (b *Batch) commitLeavesLocked() error {
-	for l, sum := range b.pendingLeaves {
-		var err error
-		if sum.IsZero() {
-			err = b.pb.Delete(leafKey(l), nil)
-		} else {
-			err = b.pb.Set(leafKey(l), sum.AppendTo(nil), nil)
-		}
-		if err != nil {
-			return err
-		}
+// markLeavesLocked writes, before the batch's commit, that the data moved
+// from the saved leaves (once per save), or drops the kept leaves when the
+// batch changed data without keeping them.
+func (b *Batch) markLeavesLocked() error {
+	if b.s.leaves == nil || (!b.dataChanged && len(b.pendingLeaves) == 0) || b.s.leavesMarked {
+		return nil
 	}
-	return nil
+	return b.pb.Set(keyLeaves, []byte{1}, nil)
+}
+
+// leavesCommittedLocked updates the kept leaves once the batch committed.
+func (b *Batch) leavesCommittedLocked() {
+	if b.s.leaves == nil || (!b.dataChanged && len(b.pendingLeaves) == 0) {
+		return
+	}
+	b.s.leavesMarked = true
+	if b.dataChanged && !b.hashing {
+		b.s.leaves = nil // wrong now: rebuilt by a scan
+		return
+	}
+	for l, sum := range b.pendingLeaves {
+		b.s.leaves[l] = sum
+	}
 }

@@ -91,6 +91,44 @@ func TestKeptLeavesMatchAScan(t *testing.T) {
 		t.Fatal("the leaves read at open differ from those kept")
 	}
 	check("after reopen")
+
+	// A copy taken while the data moved past the saved leaves (as a crash
+	// leaves it) keeps none until rebuilt.
+	b := s.NewBatch()
+	b.Hash()
+	if _, err := b.mergeWrite(&Write{Key: "late", Value: []byte("v"), Stamp: entry.Stamp{HLC: hlc.Timestamp{Wall: wall + 100}, Origin: "b"}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Commit(true); err != nil {
+		t.Fatal(err)
+	}
+	b.Close()
+	check("after a write past the saved leaves")
+	if err := s.Checkpoint(dir + "-crashed"); err != nil {
+		t.Fatal(err)
+	}
+	c, err := Open(dir+"-crashed", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if c.Leaves() != nil {
+		t.Fatal("leaves saved before the last write were taken as the data's")
+	}
+	if err := c.RebuildLeaves(); err != nil {
+		t.Fatal(err)
+	}
+	if want, _ := s.ScanLeaves(); !reflect.DeepEqual(c.Leaves(), want) {
+		t.Fatal("rebuilt leaves differ from the data's")
+	}
+
+	// A batch that changes data without keeping the leaves drops them.
+	if _, err := s.Set("unhashed", []byte("v"), entry.Stamp{HLC: hlc.Timestamp{Wall: wall + 200}, Origin: "b"}); err != nil {
+		t.Fatal(err)
+	}
+	if s.Leaves() != nil {
+		t.Fatal("leaves kept through a write that did not hash")
+	}
 }
 
 // BenchmarkHashedWrites is a tracked batch of 100 fresh keys, with and

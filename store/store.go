@@ -100,6 +100,9 @@ type Store struct {
 	// leaves are the kept leaf sums (leaves.go; nil: not kept). Guarded
 	// by applyMu.
 	leaves []hashtree.Sum
+	// leavesMarked: the tree says its data moved since the leaves were
+	// saved (leaves.go). Guarded by applyMu.
+	leavesMarked bool
 	// marks are the committed high-water marks by origin and stream, the
 	// same as their Pebble records (loaded at open, changed only by batch
 	// commits). Every inbound batch reads its sender's marks; from Pebble
@@ -147,7 +150,12 @@ func Open(dir string, opts *Options) (*Store, error) {
 // Close flushes nothing extra (every commit already went through Pebble's WAL)
 // and releases the tree.
 func (s *Store) Close() error {
-	err := s.db.Close()
+	// The leaves are written at a clean stop, so that the next start
+	// need not scan for them.
+	s.applyMu.Lock()
+	serr := s.saveLeavesLocked()
+	s.applyMu.Unlock()
+	err := errors.Join(serr, s.db.Close())
 	s.cache.Unref()
 	if err != nil {
 		return fmt.Errorf("store: close: %w", err)

@@ -121,6 +121,7 @@ func (b *Batch) setRecordLocked(dk []byte, r *Record) error {
 		return err
 	}
 	b.s.seen.add(dk)
+	b.dataChanged = true
 	return nil
 }
 
