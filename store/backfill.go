@@ -7,6 +7,7 @@ import (
 
 	"github.com/cockroachdb/pebble/v2"
 
+	"github.com/replicator/replicator/hashtree"
 	"github.com/replicator/replicator/hlc"
 )
 
@@ -113,19 +114,16 @@ func (b *Batch) DropUncarried(sender, local string, start, end string, horizon h
 			}
 			continue
 		}
-		if b.hashing && flags&flagTombstone == 0 {
+		if flags&flagTombstone == 0 {
 			r, err := DecodeRecord(it.Value())
 			if err != nil {
 				return n, fmt.Errorf("store: key %q: %w", key, err)
 			}
-			if err := b.hashMergeLocked(key, &r, nil); err != nil {
-				return n, err
-			}
+			b.moveLeafLocked(key, versionDigest(&b.digester, key, &r), hashtree.Sum{})
 		}
 		if err := b.pb.Delete(dataKey(key), nil); err != nil {
 			return n, err
 		}
-		b.dataChanged = b.dataChanged || flags&flagTombstone == 0
 		if flags&flagTombstone != 0 {
 			if err := b.pb.Delete(tombstoneKey(st.HLC, key), nil); err != nil {
 				return n, err

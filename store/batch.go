@@ -57,10 +57,8 @@ type Batch struct {
 	conflictStats *ConflictStats
 	// RangeDeleted counts the live keys the batch's range deletes deleted.
 	RangeDeleted int
-	// hashing: the batch keeps the leaf sums (Hash, leaves.go);
-	// pendingLeaves are the leaves it changed, as they will be.
-	hashing       bool
-	dataChanged   bool // a record was written or removed (leaves.go)
+	// pendingLeaves are the leaves the batch changed, as they will be
+	// (leaves.go).
 	pendingLeaves map[int]hashtree.Sum
 	digester      hashtree.Digester
 }
@@ -84,6 +82,8 @@ func (b *Batch) Track(j Judge) {
 type pendingRecord struct {
 	stamp entry.Stamp
 	flags byte
+	// digest is the record's leaf digest (zero for a tombstone).
+	digest hashtree.Sum
 	// rec is the whole record while the batch tracks versions (Track).
 	rec *Record
 }
@@ -228,7 +228,12 @@ func (b *Batch) Merge(w Write) (entry.Outcome, error) {
 	if w.Tombstone && w.Kind == KindPlain {
 		r.Value = nil
 	}
-	if err := b.setRecordLocked(dk, &r); err != nil {
+	prev, err := b.prevDigestLocked(w.Key, dk)
+	if err != nil {
+		return 0, err
+	}
+	digest, err := b.setRecordLocked(dk, &r, prev)
+	if err != nil {
 		return 0, err
 	}
 	var flags byte
@@ -241,7 +246,7 @@ func (b *Batch) Merge(w Write) (entry.Outcome, error) {
 	if b.pending == nil {
 		b.pending = make(map[string]pendingRecord, b.expect)
 	}
-	b.pending[w.Key] = pendingRecord{stamp: w.Stamp, flags: flags}
+	b.pending[w.Key] = pendingRecord{stamp: w.Stamp, flags: flags, digest: digest}
 	return entry.Applied, nil
 }
 
@@ -261,9 +266,6 @@ func (b *Batch) Reserve(n int) {
 func (b *Batch) Commit(sync bool) error {
 	if b.pb.Empty() {
 		return nil
-	}
-	if err := b.markLeavesLocked(); err != nil {
-		return err
 	}
 	raised := b.s.maxStamp.Compare(b.max) < 0
 	if raised {

@@ -41,6 +41,7 @@ func (s *Store) ReplaceFrom(dir string) error {
 	// Until the copy is whole and scanned, every key may be held: a copy
 	// that fails halfway leaves keys the old filter never saw.
 	s.seen = nil
+	s.leavesValid = false // until the copy is whole and summed
 	// Every prefix is an ASCII letter: this range is the whole tree.
 	if err := s.db.DeleteRange([]byte{0}, []byte{0xff, 0xff, 0xff, 0xff}, pebble.Sync); err != nil {
 		return fmt.Errorf("store: clear the tree: %w", err)
@@ -50,9 +51,14 @@ func (s *Store) ReplaceFrom(dir string) error {
 		return fmt.Errorf("store: read %s: %w", dir, err)
 	}
 	b := s.db.NewBatch()
-	var seen seenScan // the keys filter of the new tree, built as it is copied
+	// The keys filter and the leaves of the new tree, built as it is copied.
+	var (
+		seen   seenScan
+		leaves leafScan
+	)
 	for valid := it.First(); valid; valid = it.Next() {
 		seen.see(it.Key())
+		leaves.see(it.Key(), it.Value())
 		if err := b.Set(it.Key(), it.Value(), nil); err != nil {
 			it.Close()
 			b.Close()
@@ -66,7 +72,8 @@ func (s *Store) ReplaceFrom(dir string) error {
 			b = s.db.NewBatch()
 		}
 	}
-	if err := errors.Join(it.Error(), it.Close()); err != nil {
+	leaves.see(nil, nil)
+	if err := errors.Join(it.Error(), it.Close(), leaves.err); err != nil {
 		b.Close()
 		return fmt.Errorf("store: read %s: %w", dir, err)
 	}
@@ -75,10 +82,9 @@ func (s *Store) ReplaceFrom(dir string) error {
 	}
 	s.maxStamp, s.ranges, s.hlcHigh, s.marks = entry.Stamp{}, nil, hlc.Timestamp{}, nil
 	s.hasCounters.Store(false)
-	s.leaves = nil
-	if err := errors.Join(s.loadMaxStamp(), s.loadRanges(), s.checkCounters(), s.loadHLC(), s.loadMarks(), s.loadLeaves()); err != nil {
+	if err := errors.Join(s.loadMaxStamp(), s.loadRanges(), s.checkCounters(), s.loadHLC(), s.loadMarks()); err != nil {
 		return err
 	}
-	s.seen = seen.filter()
+	s.seen, s.leaves, s.leavesValid = seen.filter(), leaves.leaves, true
 	return nil
 }

@@ -150,6 +150,7 @@ func (b *Batch) MergeCounter(key, cluster string, t entry.PN, stamp entry.Stamp)
 	if next == cur && c.Stamp.Compare(stamp) >= 0 {
 		return entry.Duplicate, nil
 	}
+	prev := counterDigest(&b.digester, key, &c)
 	c.Totals[cluster] = next
 	if c.Stamp.Compare(stamp) < 0 {
 		c.Stamp = stamp
@@ -160,6 +161,7 @@ func (b *Batch) MergeCounter(key, cluster string, t entry.PN, stamp entry.Stamp)
 	if err := b.pb.Set(counterKey(key), appendCounter(nil, &c), nil); err != nil {
 		return 0, err
 	}
+	b.moveLeafLocked(key, prev, counterDigest(&b.digester, key, &c))
 	if b.pendingCtr == nil {
 		b.pendingCtr = map[string]*Counter{}
 	}

@@ -1,226 +1,206 @@
 package store
 
 import (
-	"encoding/binary"
 	"errors"
 	"fmt"
 
 	"github.com/cockroachdb/pebble/v2"
 
+	"github.com/replicator/replicator/entry"
 	"github.com/replicator/replicator/hashtree"
 )
 
-// Kept leaf hashes (issue 30, work in progress: no command turns them on
-// yet). A batch that hashes (Batch.Hash) keeps, for each leaf of the
-// hashtree, the sum of the digests of its live versions: every merge it
-// applies subtracts the version it replaces and adds the one it writes.
-// Tombstones stay out, as they stay out of the digest (clusters collect
-// them at different times).
+// Kept leaf hashes (docs/ANTIENTROPY.md). The store keeps, for each leaf of
+// the hashtree, the sum of the digests of its live versions: plain values
+// and counters. Every batch that writes or removes a record subtracts the
+// digest of what the key held and adds the digest of what it holds now, in
+// the batch's bookkeeping; the store's leaves take the batch's sums when it
+// commits. Tombstones stay out, as they stay out of the digest (clusters
+// collect them at different times); range tombstones are compared as a list
+// of their own (few, and kept in memory).
 //
-// The leaves live in memory: the batch updates them at its commit. Writing
-// the changed leaves in each batch cost +80 % a write (a leaf key per
-// write: twice the memtable inserts); kept in memory, hashed writes cost the
-// same as tracked ones (go test ./store -run X -bench BenchmarkHashedWrites
-// -benchtime 400000x -count 3: 2.74-2.79 against 2.74-2.80 µs, batches of
-// 100 fresh keys). So: the first hashing batch after the leaves were saved
-// writes a dirty mark with its data; SaveLeaves (at Close, and whenever its
-// caller likes) writes every leaf and clears the mark in one batch. A tree
-// opened with the mark set (a crash), or with no leaves saved, keeps none
-// until RebuildLeaves scans the data (the issue's "a crash that may have
-// lost the hashes"). A batch that changes data without hashing while leaves
-// are kept drops them: they would be wrong.
+// The leaves live in memory only (1 MiB): they are built by the scan of the
+// data the store already does at Open for the keys filter (seen.go), and by
+// ReplaceFrom as it copies a tree. So no crash can leave them behind the
+// data, and nothing is written per batch for them: writing the changed
+// leaves in each batch cost +80 % a write at the store (go test ./store -run
+// X -bench BenchmarkHashedWrites), in memory they cost the digest of the
+// version written and of the one replaced.
 //
-//	H<leaf:2>    a leaf's sum, when not zero (hashtree.Sum.AppendTo)
-//	m\x00leaves  empty: saved leaves exist; value 1: the data changed since
-const prefixLeaf = 'H'
+// Every node of a cluster applies the same log to the same tree, so every
+// node holds the same leaves without a command of their own: they are a
+// function of the data.
 
-var keyLeaves = []byte("m\x00leaves")
+// counterDigestKind tells a counter's digest from a plain version's (the
+// two key spaces may hold the same key).
+const counterDigestKind = 0xc0
 
-func leafKey(leaf int) []byte {
-	return binary.BigEndian.AppendUint16([]byte{prefixLeaf}, uint16(leaf))
+// versionDigest is the digest of a live plain version (zero for none or a
+// tombstone).
+func versionDigest(d *hashtree.Digester, key string, r *Record) hashtree.Sum {
+	if r == nil || r.Tombstone {
+		return hashtree.Sum{}
+	}
+	return d.Digest(key, r.Stamp, byte(r.Kind), hashtree.ValueHash(r.Value))
 }
 
-// loadLeaves reads the saved leaves, when they are still the data's (nil
-// otherwise: none saved, or the data changed after they were).
-func (s *Store) loadLeaves() error {
-	s.leaves, s.leavesMarked = nil, false
-	mark, ok, err := s.getMeta(keyLeaves)
-	if err != nil || !ok || len(mark) != 0 {
-		return err
+// counterDigest is the digest of a counter: its totals, not its stamp (two
+// converged clusters agree on totals exactly; a re-seed relays totals, not
+// the stamps of every delta, as in the digest).
+func counterDigest(d *hashtree.Digester, key string, c *Counter) hashtree.Sum {
+	if c == nil || len(c.Totals) == 0 {
+		return hashtree.Sum{}
 	}
-	it, err := s.db.NewIter(&pebble.IterOptions{LowerBound: []byte{prefixLeaf}, UpperBound: []byte{prefixLeaf + 1}})
-	if err != nil {
-		return err
+	return d.Digest(key, entry.Stamp{}, counterDigestKind, hashtree.ValueHash(appendCounterTotals(nil, c)))
+}
+
+// leafScan sums the leaves of a tree as a pass over its keys sees them.
+type leafScan struct {
+	leaves []hashtree.Sum
+	d      hashtree.Digester
+	err    error
+}
+
+// see adds the record at k (any key of the tree: others are skipped).
+func (ls *leafScan) see(k, v []byte) {
+	if ls.leaves == nil {
+		ls.leaves = make([]hashtree.Sum, hashtree.Leaves)
 	}
-	leaves := make([]hashtree.Sum, hashtree.Leaves)
-	for valid := it.First(); valid; valid = it.Next() {
-		k := it.Key()
-		if len(k) != 3 {
-			it.Close()
-			return fmt.Errorf("%w: a leaf key of %d bytes", ErrCorrupt, len(k))
-		}
-		sum, err := hashtree.DecodeSum(it.Value())
+	if len(k) == 0 || ls.err != nil {
+		return
+	}
+	var (
+		key = string(k[1:])
+		sum hashtree.Sum
+	)
+	switch k[0] {
+	case prefixData:
+		r, err := DecodeRecord(v)
 		if err != nil {
-			it.Close()
-			return fmt.Errorf("%w: leaf %d: %v", ErrCorrupt, binary.BigEndian.Uint16(k[1:]), err)
+			ls.err = fmt.Errorf("store: key %q: %w", key, err)
+			return
 		}
-		leaves[binary.BigEndian.Uint16(k[1:])] = sum
+		sum = versionDigest(&ls.d, key, &r)
+	case prefixCounter:
+		c, err := DecodeCounter(v)
+		if err != nil {
+			ls.err = fmt.Errorf("store: counter %q: %w", key, err)
+			return
+		}
+		sum = counterDigest(&ls.d, key, &c)
+	default:
+		return
 	}
-	if err := errors.Join(it.Error(), it.Close()); err != nil {
-		return err
+	if !sum.IsZero() {
+		l := hashtree.Leaf(key)
+		ls.leaves[l] = ls.leaves[l].Add(sum)
 	}
-	s.leaves = leaves
-	return nil
 }
 
-// Leaves returns a copy of the kept leaf sums (nil: none kept yet).
+// scanTree is the pass over a tree's data and counters that builds its keys
+// filter and its leaves.
+func scanTree(db pebble.Reader) (*seenKeys, []hashtree.Sum, error) {
+	var (
+		sc seenScan
+		ls leafScan
+	)
+	for _, p := range []byte{prefixData, prefixCounter} {
+		it, err := db.NewIter(&pebble.IterOptions{LowerBound: []byte{p}, UpperBound: []byte{p + 1}})
+		if err != nil {
+			return nil, nil, fmt.Errorf("store: scan keys: %w", err)
+		}
+		for valid := it.First(); valid; valid = it.Next() {
+			sc.see(it.Key())
+			ls.see(it.Key(), it.Value())
+		}
+		if err := errors.Join(it.Error(), it.Close(), ls.err); err != nil {
+			return nil, nil, fmt.Errorf("store: scan keys: %w", err)
+		}
+	}
+	ls.see(nil, nil) // an empty tree has its (zero) leaves too
+	return sc.filter(), ls.leaves, nil
+}
+
+// Leaves returns a copy of the kept leaf sums: those of every batch
+// committed so far (nil while a snapshot's tree is copied in, or after that
+// copy failed, until RebuildLeaves).
 func (s *Store) Leaves() []hashtree.Sum {
 	s.applyMu.Lock()
 	defer s.applyMu.Unlock()
-	if s.leaves == nil {
+	if !s.leavesValid {
 		return nil
 	}
 	return append([]hashtree.Sum(nil), s.leaves...)
 }
 
 // ScanLeaves computes the leaf sums from the data itself, on one consistent
-// view: what the kept leaves must equal (a rebuild, and the check that the
-// tree did not change beneath them).
+// view: what the kept leaves must equal (the check that the tree did not
+// change beneath them, and the rebuild).
 func (s *Store) ScanLeaves() ([]hashtree.Sum, error) {
 	snap := s.db.NewSnapshot()
 	defer snap.Close()
-	it, err := snap.NewIter(&pebble.IterOptions{LowerBound: []byte{prefixData}, UpperBound: []byte{prefixData + 1}})
-	if err != nil {
-		return nil, fmt.Errorf("store: scan leaves: %w", err)
-	}
-	defer it.Close()
-	leaves := make([]hashtree.Sum, hashtree.Leaves)
-	var d hashtree.Digester
-	for valid := it.First(); valid; valid = it.Next() {
-		key := string(it.Key()[1:])
-		r, err := DecodeRecord(it.Value())
-		if err != nil {
-			return nil, fmt.Errorf("store: scan leaves: key %q: %w", key, err)
-		}
-		if r.Tombstone {
-			continue
-		}
-		l := hashtree.Leaf(key)
-		leaves[l] = leaves[l].Add(versionDigest(&d, key, &r))
-	}
-	if err := it.Error(); err != nil {
-		return nil, fmt.Errorf("store: scan leaves: %w", err)
-	}
-	return leaves, nil
+	_, leaves, err := scanTree(snap)
+	return leaves, err
 }
 
-// RebuildLeaves replaces the kept leaves by a scan of the data (when they
-// are first kept, or after a check found them wrong). No batch runs
-// meanwhile.
-func (s *Store) RebuildLeaves() error {
+// RebuildLeaves replaces the kept leaves by a scan of the data (after a
+// check found them wrong) and reports how many leaves it changed. No batch
+// runs meanwhile.
+func (s *Store) RebuildLeaves() (int, error) {
 	s.applyMu.Lock()
 	defer s.applyMu.Unlock()
-	leaves, err := s.ScanLeaves()
+	snap := s.db.NewSnapshot()
+	defer snap.Close()
+	_, leaves, err := scanTree(snap)
 	if err != nil {
-		return err
+		return 0, err
 	}
-	s.leaves = leaves
-	return s.saveLeavesLocked()
-}
-
-// SaveLeaves writes the kept leaves, synced, so that the next open finds
-// them without a scan.
-func (s *Store) SaveLeaves() error {
-	s.applyMu.Lock()
-	defer s.applyMu.Unlock()
-	return s.saveLeavesLocked()
-}
-
-func (s *Store) saveLeavesLocked() error {
-	if s.leaves == nil {
-		return nil
-	}
-	b := s.db.NewBatch()
-	defer b.Close()
-	if err := b.DeleteRange([]byte{prefixLeaf}, []byte{prefixLeaf + 1}, nil); err != nil {
-		return err
-	}
-	for i, sum := range s.leaves {
-		if !sum.IsZero() {
-			if err := b.Set(leafKey(i), sum.AppendTo(nil), nil); err != nil {
-				return err
-			}
+	changed := 0
+	for i := range leaves {
+		if leaves[i] != s.leaves[i] {
+			changed++
 		}
 	}
-	if err := b.Set(keyLeaves, nil, nil); err != nil {
-		return err
-	}
-	if err := b.Commit(pebble.Sync); err != nil {
-		return fmt.Errorf("store: save leaves: %w", err)
-	}
-	s.leavesMarked = false
-	return nil
+	s.leaves, s.leavesValid = leaves, true
+	return changed, nil
 }
 
-func versionDigest(d *hashtree.Digester, key string, r *Record) hashtree.Sum {
-	return d.Digest(key, r.Stamp, byte(r.Kind), hashtree.ValueHash(r.Value))
-}
-
-// Hash makes the batch keep the leaf sums (it tracks versions too: a leaf
-// is kept from the version a merge replaces). The store's leaves must have
-// been built (RebuildLeaves) before the first such batch.
-func (b *Batch) Hash() {
-	b.Track(b.judge)
-	b.hashing = true
-}
-
-// hashMergeLocked moves key's leaf from version prev (nil or a tombstone:
-// none) to next (nil or a tombstone: none).
-func (b *Batch) hashMergeLocked(key string, prev, next *Record) error {
-	if !b.hashing {
-		return nil
-	}
-	if b.s.leaves == nil {
-		return fmt.Errorf("store: a hashing batch before the leaves were built")
+// moveLeafLocked moves key's leaf from digest prev to next in the batch.
+func (b *Batch) moveLeafLocked(key string, prev, next hashtree.Sum) {
+	if prev == next {
+		return
 	}
 	l := hashtree.Leaf(key)
 	sum, ok := b.pendingLeaves[l]
 	if !ok {
 		sum = b.s.leaves[l]
 	}
-	if prev != nil && !prev.Tombstone {
-		sum = sum.Sub(versionDigest(&b.digester, key, prev))
-	}
-	if next != nil && !next.Tombstone {
-		sum = sum.Add(versionDigest(&b.digester, key, next))
-	}
 	if b.pendingLeaves == nil {
 		b.pendingLeaves = map[int]hashtree.Sum{}
 	}
-	b.pendingLeaves[l] = sum
-	return nil
+	b.pendingLeaves[l] = sum.Sub(prev).Add(next)
 }
 
-// markLeavesLocked writes, before the batch's commit, that the data moved
-// from the saved leaves (once per save), or drops the kept leaves when the
-// batch changed data without keeping them.
-func (b *Batch) markLeavesLocked() error {
-	if b.s.leaves == nil || (!b.dataChanged && len(b.pendingLeaves) == 0) || b.s.leavesMarked {
-		return nil
+// prevDigestLocked is the digest of what key holds as the batch sees it,
+// for a merge that did not read the whole record.
+func (b *Batch) prevDigestLocked(key string, dk []byte) (hashtree.Sum, error) {
+	if p, ok := b.pending[key]; ok {
+		return p.digest, nil
 	}
-	return b.pb.Set(keyLeaves, []byte{1}, nil)
+	if !b.s.seen.mayHold(dk) {
+		return hashtree.Sum{}, nil
+	}
+	r, done, err := b.recordLocked(key, dk)
+	if err != nil {
+		return hashtree.Sum{}, err
+	}
+	defer done()
+	return versionDigest(&b.digester, key, r), nil
 }
 
-// leavesCommittedLocked updates the kept leaves once the batch committed.
+// leavesCommittedLocked gives the store the batch's leaves once it
+// committed.
 func (b *Batch) leavesCommittedLocked() {
-	if b.s.leaves == nil || (!b.dataChanged && len(b.pendingLeaves) == 0) {
-		return
-	}
-	b.s.leavesMarked = true
-	if b.dataChanged && !b.hashing {
-		b.s.leaves = nil // wrong now: rebuilt by a scan
-		return
-	}
 	for l, sum := range b.pendingLeaves {
 		b.s.leaves[l] = sum
 	}

@@ -1,11 +1,7 @@
 package store
 
 import (
-	"errors"
-	"fmt"
 	"hash/maphash"
-
-	"github.com/cockroachdb/pebble/v2"
 )
 
 // seenKeys is a Bloom filter of every key the tree ever held a record of,
@@ -107,23 +103,6 @@ parts:
 		return true
 	}
 	return false
-}
-
-// scanSeenKeys builds the filter of every data key db holds: one pass over
-// the keys (about half a second per million).
-func scanSeenKeys(db pebble.Reader) (*seenKeys, error) {
-	it, err := db.NewIter(&pebble.IterOptions{LowerBound: []byte{prefixData}, UpperBound: []byte{prefixData + 1}})
-	if err != nil {
-		return nil, fmt.Errorf("store: scan keys: %w", err)
-	}
-	var sc seenScan
-	for valid := it.First(); valid; valid = it.Next() {
-		sc.see(it.Key())
-	}
-	if err := errors.Join(it.Error(), it.Close()); err != nil {
-		return nil, fmt.Errorf("store: scan keys: %w", err)
-	}
-	return sc.filter(), nil
 }
 
 // seenScan gathers the hashes of the data keys of one pass over a tree (8

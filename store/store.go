@@ -97,12 +97,11 @@ type Store struct {
 	// seen holds every data key the tree ever held a record of, maybe
 	// more (seen.go). Guarded by applyMu.
 	seen *seenKeys
-	// leaves are the kept leaf sums (leaves.go; nil: not kept). Guarded
-	// by applyMu.
-	leaves []hashtree.Sum
-	// leavesMarked: the tree says its data moved since the leaves were
-	// saved (leaves.go). Guarded by applyMu.
-	leavesMarked bool
+	// leaves are the kept leaf sums (leaves.go); leavesValid is false
+	// while ReplaceFrom copies (and after it failed) until RebuildLeaves.
+	// Guarded by applyMu.
+	leaves      []hashtree.Sum
+	leavesValid bool
 	// marks are the committed high-water marks by origin and stream, the
 	// same as their Pebble records (loaded at open, changed only by batch
 	// commits). Every inbound batch reads its sender's marks; from Pebble
@@ -136,26 +135,22 @@ func Open(dir string, opts *Options) (*Store, error) {
 		return nil, fmt.Errorf("store: open %s: %w", dir, err)
 	}
 	s := &Store{db: db, cache: cache, opts: o}
-	if err := errors.Join(s.loadMaxStamp(), s.loadRanges(), s.checkCounters(), s.loadHLC(), s.loadMarks(), s.loadLeaves()); err != nil {
+	if err := errors.Join(s.loadMaxStamp(), s.loadRanges(), s.checkCounters(), s.loadHLC(), s.loadMarks()); err != nil {
 		s.Close()
 		return nil, err
 	}
-	if s.seen, err = scanSeenKeys(db); err != nil {
+	if s.seen, s.leaves, err = scanTree(db); err != nil {
 		s.Close()
 		return nil, err
 	}
+	s.leavesValid = true
 	return s, nil
 }
 
 // Close flushes nothing extra (every commit already went through Pebble's WAL)
 // and releases the tree.
 func (s *Store) Close() error {
-	// The leaves are written at a clean stop, so that the next start
-	// need not scan for them.
-	s.applyMu.Lock()
-	serr := s.saveLeavesLocked()
-	s.applyMu.Unlock()
-	err := errors.Join(serr, s.db.Close())
+	err := s.db.Close()
 	s.cache.Unref()
 	if err != nil {
 		return fmt.Errorf("store: close: %w", err)

@@ -3,6 +3,8 @@ package store
 import (
 	"bytes"
 
+	"github.com/replicator/replicator/hashtree"
+
 	"github.com/replicator/replicator/entry"
 )
 
@@ -79,7 +81,7 @@ func (b *Batch) mergeTracked(w *Write) (entry.Outcome, error) {
 			r.Value = bytes.Clone(prev.Value)
 			r.Ctx = append(entry.Context(nil), prev.Ctx...)
 			r.Conflicted = conflicted
-			if err := b.putRecordLocked(w.Key, dk, &r); err != nil {
+			if err := b.putRecordLocked(w.Key, dk, &r, prev); err != nil {
 				return 0, err
 			}
 		}
@@ -95,15 +97,12 @@ func (b *Batch) mergeTracked(w *Write) (entry.Outcome, error) {
 	if w.Tombstone && w.Kind == KindPlain {
 		r.Value = nil
 	}
-	if err := b.hashMergeLocked(w.Key, prev, &r); err != nil {
-		return 0, err
-	}
 	if w.Tombstone {
 		if err := b.pb.Set(tombstoneKey(w.Stamp.HLC, w.Key), nil, nil); err != nil {
 			return 0, err
 		}
 	}
-	if err := b.putRecordLocked(w.Key, dk, &r); err != nil {
+	if err := b.putRecordLocked(w.Key, dk, &r, prev); err != nil {
 		return 0, err
 	}
 	if above {
@@ -112,17 +111,20 @@ func (b *Batch) mergeTracked(w *Write) (entry.Outcome, error) {
 	return entry.Applied, nil
 }
 
-// setRecordLocked writes r as the record of data key dk. It is the only
-// way a record enters the tree outside ReplaceFrom: it keeps the keys
-// filter (seen.go) free of false negatives.
-func (b *Batch) setRecordLocked(dk []byte, r *Record) error {
+// setRecordLocked writes r as the record of data key dk, where the key's
+// version had the leaf digest prev, and returns r's digest. It is the only
+// way a record enters the tree outside ReplaceFrom: it keeps the keys filter
+// (seen.go) free of false negatives, and the leaves (leaves.go) true.
+func (b *Batch) setRecordLocked(dk []byte, r *Record, prev hashtree.Sum) (hashtree.Sum, error) {
 	b.buf = AppendRecord(b.buf[:0], r)
 	if err := b.pb.Set(dk, b.buf, nil); err != nil {
-		return err
+		return hashtree.Sum{}, err
 	}
 	b.s.seen.add(dk)
-	b.dataChanged = true
-	return nil
+	key := string(dk[1:])
+	next := versionDigest(&b.digester, key, r)
+	b.moveLeafLocked(key, prev, next)
+	return next, nil
 }
 
 // aboveLocked reports whether w is stamped above every stamp stored, so
@@ -140,10 +142,11 @@ func (b *Batch) aboveLocked(w *Write) bool {
 	return false
 }
 
-// putRecordLocked writes r as key's record in the batch and remembers it
-// for the batch's later merges of the key.
-func (b *Batch) putRecordLocked(key string, dk []byte, r *Record) error {
-	if err := b.setRecordLocked(dk, r); err != nil {
+// putRecordLocked writes r as key's record in the batch, over prev (nil:
+// none), and remembers it for the batch's later merges of the key.
+func (b *Batch) putRecordLocked(key string, dk []byte, r *Record, prev *Record) error {
+	digest, err := b.setRecordLocked(dk, r, versionDigest(&b.digester, key, prev))
+	if err != nil {
 		return err
 	}
 	var flags byte
@@ -153,6 +156,6 @@ func (b *Batch) putRecordLocked(key string, dk []byte, r *Record) error {
 	if b.pending == nil {
 		b.pending = make(map[string]pendingRecord, b.expect)
 	}
-	b.pending[key] = pendingRecord{stamp: r.Stamp, flags: flags, rec: r}
+	b.pending[key] = pendingRecord{stamp: r.Stamp, flags: flags, rec: r, digest: digest}
 	return nil
 }
