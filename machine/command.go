@@ -27,8 +27,8 @@ const (
 	// ReadsFormat is the newest format this build reads: encoding 2, from
 	// format 3 (FormatLinks) link commands, in the same encoding, and from
 	// format 4 (FormatConflicts) versions with contexts and the conflict
-	// log.
-	ReadsFormat = FormatConflicts
+	// log, and from format 5 (FormatRepair) anti-entropy's repairs.
+	ReadsFormat = FormatRepair
 )
 
 // Kind names a command.
@@ -68,6 +68,9 @@ const (
 	KindFormat
 	// KindLink sets a link's filter or bandwidth limit (format 3).
 	KindLink
+	// KindRepair applies versions anti-entropy pulled from a peer
+	// (format 5).
+	KindRepair
 	kinds
 )
 
@@ -95,6 +98,8 @@ func (k Kind) String() string {
 		return "format"
 	case KindLink:
 		return "link"
+	case KindRepair:
+		return "repair"
 	}
 	return fmt.Sprintf("kind(%d)", uint8(k))
 }
@@ -130,6 +135,8 @@ type Command struct {
 	Format *FormatCmd
 	// Link sets a link's filter or bandwidth limit.
 	Link *LinkCmd
+	// Repair applies versions pulled from a peer.
+	Repair *RepairCmd
 }
 
 // Kind is the kind the set field names (0 when none or several are set).
@@ -142,7 +149,7 @@ func (c *Command) Kind() Kind {
 		{len(c.Local) > 0, KindLocal}, {c.Cursor != nil, KindCursor}, {c.Truncate != nil, KindTruncate},
 		{c.Mint != nil, KindMint}, {c.Inbound != nil, KindInbound}, {c.Record != nil, KindRecord},
 		{c.Collect != nil, KindCollect}, {c.DeadLetter != nil, KindDeadLetter}, {c.RemoveNode != nil, KindRemoveNode},
-		{c.Format != nil, KindFormat}, {c.Link != nil, KindLink},
+		{c.Format != nil, KindFormat}, {c.Link != nil, KindLink}, {c.Repair != nil, KindRepair},
 	} {
 		if f.set {
 			k, n = f.kind, n+1

@@ -61,7 +61,7 @@ func decodeInto(dec *msgpack.Decoder, c *Command) error {
 	}
 	kind := Kind(k)
 	want := map[Kind]int{KindLocal: 2, KindCursor: 4, KindTruncate: 3, KindMint: 3, KindInbound: 11, KindRecord: 5,
-		KindCollect: 4, KindDeadLetter: 5, KindRemoveNode: 2, KindFormat: 2, KindLink: 7}[kind]
+		KindCollect: 4, KindDeadLetter: 5, KindRemoveNode: 2, KindFormat: 2, KindLink: 7, KindRepair: 3}[kind]
 	if want == 0 {
 		return fmt.Errorf("unknown kind %d", k)
 	}
@@ -234,6 +234,8 @@ func decodeInto(dec *msgpack.Decoder, c *Command) error {
 		c.Format = &FormatCmd{Version: v}
 	case KindLink:
 		return decodeLink(dec, c)
+	case KindRepair:
+		return decodeRepair(dec, c)
 	}
 	return nil
 }

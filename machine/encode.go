@@ -98,6 +98,8 @@ func (e *Encoder) Encode(c *Command) ([]byte, error) {
 		err = errors.Join(err, enc.EncodeArrayLen(2), enc.EncodeUint(uint64(kind)), enc.EncodeUint(uint64(c.Format.Version)))
 	case KindLink:
 		err = errors.Join(err, encodeLink(enc, c.Link))
+	case KindRepair:
+		err = errors.Join(err, encodeRepair(enc, c.Repair))
 	default:
 		return nil, fmt.Errorf("machine: encode: a command of no one kind")
 	}

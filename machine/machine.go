@@ -196,6 +196,8 @@ type Result struct {
 	Collected, CollectedIdem, CollectedConflicts int
 	// Found: a dead-letter command found its dead letter.
 	Found bool
+	// Repair answers a repair command.
+	Repair *RepairResult
 }
 
 // Write is what became of one proposal.
@@ -232,6 +234,9 @@ func (m *Machine) Apply(index uint64, data []byte) (*Result, error) {
 	}
 	if err == nil && m.readsFormat == FormatLinks && c.Format != nil && c.Format.Version > FormatLinks {
 		err = fmt.Errorf("%w: format %d (this build plays one that reads format 3 at most)", ErrMalformed, c.Format.Version)
+	}
+	if err == nil && m.readsFormat == FormatConflicts && (c.Repair != nil || (c.Format != nil && c.Format.Version > FormatConflicts)) {
+		err = fmt.Errorf("%w: kind %s (this build plays one that reads format 4 at most)", ErrMalformed, c.Kind())
 	}
 	if err != nil {
 		return nil, fmt.Errorf("machine: apply %d: %w", index, err)
@@ -299,6 +304,8 @@ func (m *Machine) ApplyCommand(index uint64, c *Command) (*Result, error) {
 		}
 	case KindLink:
 		res, next, err = m.applyLink(b, c.Link)
+	case KindRepair:
+		res, err = m.applyRepair(b, c.Repair)
 	case KindFormat:
 		// Only raised: a command of a later encoding may already be in the
 		// log behind a second Format of the same version.

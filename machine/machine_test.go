@@ -626,6 +626,7 @@ func FuzzDecode(f *testing.F) {
 	// encoding 2: the proposal's ID, then a command; and the Format command
 	f.Add(encode(f, &Command{Format: &FormatCmd{Version: 2}}))
 	f.Add(encode(f, &Command{Format: &FormatCmd{Version: 3}}))
+	f.Add(encode(f, &Command{Repair: &RepairCmd{Peer: "b", Versions: []wire.TreeVersion{{Key: "k", Stamp: hlc.Timestamp{Wall: 9}, Origin: "b", Value: []byte("v"), Whole: true, Ctx: []wire.ContextItem{{Origin: "a", Stamp: hlc.Timestamp{Wall: 3}}}}, {Key: "n", Counter: true, Stamp: hlc.Timestamp{Wall: 9}, Origin: "b", Whole: true, Totals: []wire.Component{{Cluster: "b", P: 2}}}}}}))
 	f.Add(encode(f, &Command{Link: &LinkCmd{Peer: "c", SetFilter: true, Filter: entry.Filter{Include: []string{"shared/"}, Exclude: []string{"shared/tmp/"}}, Seed: true}}))
 	f.Add(encode(f, &Command{Link: &LinkCmd{Peer: "c", SetBandwidth: true, Bandwidth: 1 << 20, BackfillDone: 3}}))
 	f.Add(encode(f, &Command{ID: ProposalID{Node: "a1", Process: 7, Seq: 1}, Truncate: &TruncateCmd{Stream: testStream, First: 5}}))

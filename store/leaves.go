@@ -205,3 +205,57 @@ func (b *Batch) leavesCommittedLocked() {
 		b.s.leaves[l] = sum
 	}
 }
+
+// VisitLeaves calls fn, on one consistent view of the tree, for every key
+// whose leaf want says yes to: its plain record (live or a tombstone: c is
+// nil) or its counter (r is nil). The values are valid during the call
+// only. It reads the whole key space (the leaves are spread by hash, not
+// by key): one pass, whatever the number of leaves asked.
+func (s *Store) VisitLeaves(want func(leaf int) bool, fn func(key string, r *Record, c *Counter) error) error {
+	snap := s.db.NewSnapshot()
+	defer snap.Close()
+	for _, p := range []byte{prefixData, prefixCounter} {
+		it, err := snap.NewIter(&pebble.IterOptions{LowerBound: []byte{p}, UpperBound: []byte{p + 1}})
+		if err != nil {
+			return fmt.Errorf("store: visit leaves: %w", err)
+		}
+		for valid := it.First(); valid; valid = it.Next() {
+			key := string(it.Key()[1:])
+			if !want(hashtree.Leaf(key)) {
+				continue
+			}
+			if p == prefixData {
+				r, err := DecodeRecord(it.Value())
+				if err == nil {
+					err = fn(key, &r, nil)
+				}
+				if err != nil {
+					it.Close()
+					return fmt.Errorf("store: visit leaves: key %q: %w", key, err)
+				}
+				continue
+			}
+			c, err := DecodeCounter(it.Value())
+			if err == nil {
+				err = fn(key, nil, &c)
+			}
+			if err != nil {
+				it.Close()
+				return fmt.Errorf("store: visit leaves: counter %q: %w", key, err)
+			}
+		}
+		if err := errors.Join(it.Error(), it.Close()); err != nil {
+			return fmt.Errorf("store: visit leaves: %w", err)
+		}
+	}
+	return nil
+}
+
+// ValueDigestHash is the hash a version's leaf digest covers: its value's,
+// or a counter's totals'.
+func ValueDigestHash(r *Record, c *Counter) uint64 {
+	if c != nil {
+		return hashtree.ValueHash(appendCounterTotals(nil, c))
+	}
+	return hashtree.ValueHash(r.Value)
+}

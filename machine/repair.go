@@ -1,0 +1,129 @@
+package machine
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/vmihailenco/msgpack/v5"
+
+	"github.com/replicator/replicator/entry"
+	"github.com/replicator/replicator/hlc"
+	"github.com/replicator/replicator/store"
+	"github.com/replicator/replicator/wire"
+)
+
+// Repairs (docs/ANTIENTROPY.md): versions a node pulled from a peer
+// cluster whose tree lacked them, applied with their own stamps and
+// origins, merged last-writer-wins (counters by the pointwise maximum of
+// their components), outside stream accounting: no high-water mark moves,
+// no outbound entry is written. Applying one twice changes nothing the
+// second time. The command exists from format 5 on: a leader proposes one
+// only once the log's Format says every node reads it (FormatRepair).
+//
+// The same command with no peer is the test-only divergence: a write or a
+// delete that no peer hears of (node Testing.Diverge).
+
+// FormatRepair is the format from which the log may carry repair commands.
+const FormatRepair = 5
+
+// maxRepair bounds the versions of one repair command.
+const maxRepair = 1 << 16
+
+// RepairCmd applies versions pulled from Peer.
+type RepairCmd struct {
+	// Peer is the cluster the versions came from ("": a test's
+	// divergence).
+	Peer     string
+	Versions []wire.TreeVersion
+}
+
+// RepairResult says what a repair command did.
+type RepairResult struct {
+	// Applied counts the versions that changed the tree; Stale those it
+	// already held or held newer (a repair that raced replication).
+	Applied, Stale int
+}
+
+func encodeRepair(enc *msgpack.Encoder, rc *RepairCmd) error {
+	vs, err := msgpack.Marshal(rc.Versions)
+	return errors.Join(err, enc.EncodeArrayLen(3), enc.EncodeUint(uint64(KindRepair)), enc.EncodeString(rc.Peer), enc.EncodeBytes(vs))
+}
+
+func decodeRepair(dec *msgpack.Decoder, c *Command) error {
+	rc := &RepairCmd{}
+	var err error
+	if rc.Peer, err = dec.DecodeString(); err != nil {
+		return err
+	}
+	if len(rc.Peer) > 63 {
+		return fmt.Errorf("repair from %q", rc.Peer)
+	}
+	raw, err := wire.DecodeBytes(dec)
+	if err != nil {
+		return err
+	}
+	if err := msgpack.Unmarshal(raw, &rc.Versions); err != nil {
+		return err
+	}
+	if len(rc.Versions) == 0 || len(rc.Versions) > maxRepair {
+		return fmt.Errorf("repair of %d versions", len(rc.Versions))
+	}
+	for i := range rc.Versions {
+		v := &rc.Versions[i]
+		if err := v.Check(); err != nil {
+			return fmt.Errorf("repair version %d: %v", i, err)
+		}
+		if !v.Whole {
+			return fmt.Errorf("repair version %d has no value", i)
+		}
+		// One shape per version: what encodes the same decodes the same.
+		if len(v.Value) == 0 {
+			v.Value = nil
+		}
+		if len(v.Ctx) == 0 {
+			v.Ctx = nil
+		}
+		if len(v.Totals) == 0 {
+			v.Totals = nil
+		}
+	}
+	c.Repair = rc
+	return nil
+}
+
+// applyRepair merges the versions in the batch.
+func (m *Machine) applyRepair(b *store.Batch, rc *RepairCmd) (*Result, error) {
+	res := &Result{Repair: &RepairResult{}}
+	var high hlc.Timestamp
+	for i := range rc.Versions {
+		v := &rc.Versions[i]
+		st := v.EntryStamp()
+		if high.Less(st.HLC) {
+			high = st.HLC
+		}
+		changed := false
+		if v.Counter {
+			for _, comp := range v.Totals {
+				out, err := b.MergeCounter(v.Key, comp.Cluster, entry.PN{P: comp.P, N: comp.N}, st)
+				if err != nil {
+					return nil, err
+				}
+				changed = changed || out == entry.Applied
+			}
+		} else {
+			w := store.Write{Key: v.Key, Value: v.Value, Tombstone: v.Tombstone, Kind: entry.Kind(v.Kind), Stamp: st, Ctx: v.Context()}
+			out, err := b.Merge(w)
+			if err != nil {
+				return nil, err
+			}
+			changed = out == entry.Applied
+		}
+		if changed {
+			res.Repair.Applied++
+		} else {
+			res.Repair.Stale++
+		}
+	}
+	res.High = high
+	return res, nil
+}

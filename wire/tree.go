@@ -1,0 +1,235 @@
+package wire
+
+import (
+	"errors"
+	"fmt"
+	"sort"
+
+	"github.com/vmihailenco/msgpack/v5"
+
+	"github.com/replicator/replicator/entry"
+	"github.com/replicator/replicator/hlc"
+)
+
+// Anti-entropy's exchange between clusters (docs/ANTIENTROPY.md). A node
+// that compares its tree with a peer's posts a TreeRequest to PathTree on
+// the peer's replication listener, authenticated as a batch is, and gets a
+// TreeAnswer: the sums of some nodes of one level of the peer's hashtree,
+// the versions of the keys of some leaves (stamps and hashes, no values),
+// or the whole versions of some keys (to repair). Both are msgpack maps of
+// short keys; every bound is checked before anything is used.
+
+// PathTree is where a peer's anti-entropy asks for the tree.
+const PathTree = "/v1/replicate/tree"
+
+// Tree operations.
+const (
+	// TreeSums asks for the sums of Nodes at Level (0: the root).
+	TreeSums = 1
+	// TreeLeaves asks for the versions, without values, of every key
+	// of the leaves Nodes (plain values, tombstones and counters).
+	TreeLeaves = 2
+	// TreeVersions asks for the whole versions of Keys (Counter says which
+	// key space each is in).
+	TreeVersions = 3
+)
+
+// Bounds of one exchange.
+const (
+	// MaxTreeNodes bounds the nodes of one sums or leaves request.
+	MaxTreeNodes = 1 << 16
+	// MaxTreeKeys bounds the keys of one versions request, and the
+	// versions of one answer.
+	MaxTreeKeys = 1 << 22
+	// MaxTreeBody bounds a request's body.
+	MaxTreeBody = 64 << 20
+)
+
+// TreeRequest asks a peer for part of its tree.
+type TreeRequest struct {
+	// Protocol is the hashtree.Version the asker computes trees with: a
+	// peer that computes them otherwise refuses.
+	Protocol int   `msgpack:"p"`
+	Op       int   `msgpack:"o"`
+	Level    int   `msgpack:"l,omitempty"`
+	Nodes    []int `msgpack:"n,omitempty"`
+	Keys     []Key `msgpack:"k,omitempty"`
+}
+
+// Key names a key in one of the two key spaces.
+type Key struct {
+	Key     string `msgpack:"k"`
+	Counter bool   `msgpack:"c,omitempty"`
+}
+
+// TreeAnswer is a peer's answer.
+type TreeAnswer struct {
+	Protocol int `msgpack:"p"`
+	// Sums answer TreeSums, one per node asked, in order (16 bytes each:
+	// hashtree.Sum.AppendTo).
+	Sums [][]byte `msgpack:"s,omitempty"`
+	// Versions answer TreeLeaves (no values) and TreeVersions (whole),
+	// sorted by key, plain before counter.
+	Versions []TreeVersion `msgpack:"v,omitempty"`
+	// Ranges are the range tombstones the peer keeps (TreeSums at level 0).
+	Ranges []Range `msgpack:"r,omitempty"`
+	// Collected is the cutoff below which the peer collected tombstones:
+	// a version older than it that the peer lacks may have been deleted
+	// there (a possible resurrection, never copied).
+	Collected hlc.Timestamp `msgpack:"h,omitempty"`
+	// Keys is the number of live keys the peer holds (TreeSums at level 0).
+	Keys int64 `msgpack:"n,omitempty"`
+}
+
+// TreeVersion is one key's version as anti-entropy exchanges it.
+type TreeVersion struct {
+	Key     string `msgpack:"k"`
+	Counter bool   `msgpack:"c,omitempty"`
+	// Kind is a plain record's kind (entry.KindPlain, or a counter's
+	// tombstone in the plain key space).
+	Kind      uint8         `msgpack:"d,omitempty"`
+	Stamp     hlc.Timestamp `msgpack:"t"`
+	Origin    string        `msgpack:"o"`
+	Tombstone bool          `msgpack:"x,omitempty"`
+	// Hash is the value's hash (a counter's: its totals'), as its leaf
+	// digest covers it.
+	Hash uint64 `msgpack:"h"`
+	// Value, Ctx and Totals come with whole versions only.
+	Value  []byte        `msgpack:"v,omitempty"`
+	Ctx    []ContextItem `msgpack:"a,omitempty"`
+	Totals []Component   `msgpack:"z,omitempty"`
+	Whole  bool          `msgpack:"w,omitempty"`
+}
+
+// ContextItem is one item of a version's causal context.
+type ContextItem struct {
+	Origin string        `msgpack:"o"`
+	Stamp  hlc.Timestamp `msgpack:"t"`
+}
+
+// Component is one cluster's totals in a counter.
+type Component struct {
+	Cluster string `msgpack:"c"`
+	P       uint64 `msgpack:"p"`
+	N       uint64 `msgpack:"n"`
+}
+
+// Range is a range tombstone as anti-entropy compares it.
+type Range struct {
+	Start  string        `msgpack:"s"`
+	End    string        `msgpack:"e,omitempty"`
+	Stamp  hlc.Timestamp `msgpack:"t"`
+	Origin string        `msgpack:"o"`
+}
+
+// EntryStamp is v's stamp as the tree keeps it.
+func (v *TreeVersion) EntryStamp() entry.Stamp { return entry.Stamp{HLC: v.Stamp, Origin: v.Origin} }
+
+// Context is v's context as the tree keeps it.
+func (v *TreeVersion) Context() entry.Context {
+	if len(v.Ctx) == 0 {
+		return nil
+	}
+	c := make(entry.Context, len(v.Ctx))
+	for i, it := range v.Ctx {
+		c[i] = entry.ContextItem{Origin: it.Origin, HLC: it.Stamp}
+	}
+	return c
+}
+
+// ErrBadTree refuses a tree request or answer that does not decode or
+// breaks a bound.
+var ErrBadTree = errors.New("wire: bad tree message")
+
+// EncodeTree encodes a request or an answer.
+func EncodeTree(v any) ([]byte, error) { return msgpack.Marshal(v) }
+
+// DecodeTreeRequest decodes and checks a request.
+func DecodeTreeRequest(b []byte) (*TreeRequest, error) {
+	var r TreeRequest
+	if err := msgpack.Unmarshal(b, &r); err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrBadTree, err)
+	}
+	switch r.Op {
+	case TreeSums, TreeLeaves:
+		if len(r.Nodes) == 0 || len(r.Nodes) > MaxTreeNodes {
+			return nil, fmt.Errorf("%w: %d nodes (1 to %d)", ErrBadTree, len(r.Nodes), MaxTreeNodes)
+		}
+	case TreeVersions:
+		if len(r.Keys) == 0 || len(r.Keys) > MaxTreeKeys {
+			return nil, fmt.Errorf("%w: %d keys (1 to %d)", ErrBadTree, len(r.Keys), MaxTreeKeys)
+		}
+		for _, k := range r.Keys {
+			if err := checkTreeKey(k.Key); err != nil {
+				return nil, fmt.Errorf("%w: %v", ErrBadTree, err)
+			}
+		}
+	default:
+		return nil, fmt.Errorf("%w: operation %d", ErrBadTree, r.Op)
+	}
+	return &r, nil
+}
+
+// DecodeTreeAnswer decodes and checks an answer.
+func DecodeTreeAnswer(b []byte) (*TreeAnswer, error) {
+	var a TreeAnswer
+	if err := msgpack.Unmarshal(b, &a); err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrBadTree, err)
+	}
+	if len(a.Sums) > MaxTreeNodes || len(a.Versions) > MaxTreeKeys {
+		return nil, fmt.Errorf("%w: %d sums, %d versions", ErrBadTree, len(a.Sums), len(a.Versions))
+	}
+	for _, s := range a.Sums {
+		if len(s) != 16 {
+			return nil, fmt.Errorf("%w: a sum of %d bytes", ErrBadTree, len(s))
+		}
+	}
+	for i := range a.Versions {
+		if err := a.Versions[i].Check(); err != nil {
+			return nil, fmt.Errorf("%w: version %d: %v", ErrBadTree, i, err)
+		}
+	}
+	return &a, nil
+}
+
+// Check validates a decoded version as the tree would take it.
+func (v *TreeVersion) Check() error {
+	if err := checkTreeKey(v.Key); err != nil {
+		return err
+	}
+	if v.Origin == "" || len(v.Origin) > 63 {
+		return fmt.Errorf("origin %q", v.Origin)
+	}
+	if entry.Kind(v.Kind) != entry.KindPlain && entry.Kind(v.Kind) != entry.KindCounter {
+		return fmt.Errorf("kind %d", v.Kind)
+	}
+	if len(v.Ctx) > entry.MaxContext {
+		return fmt.Errorf("context of %d items", len(v.Ctx))
+	}
+	if err := v.Context().Check(); err != nil && len(v.Ctx) > 0 {
+		return err
+	}
+	if !v.Counter && len(v.Totals) > 0 {
+		return errors.New("totals on a plain version")
+	}
+	if !sort.SliceIsSorted(v.Totals, func(i, j int) bool { return v.Totals[i].Cluster < v.Totals[j].Cluster }) {
+		return errors.New("totals out of order")
+	}
+	for i, c := range v.Totals {
+		if c.Cluster == "" || len(c.Cluster) > entry.MaxComponentLen || (i > 0 && c.Cluster == v.Totals[i-1].Cluster) {
+			return fmt.Errorf("component %q", c.Cluster)
+		}
+	}
+	return nil
+}
+
+// maxTreeKey bounds a key anti-entropy names (the API's keys are far
+// shorter; this only keeps a bad message from naming huge ones).
+const maxTreeKey = 1 << 16
+
+func checkTreeKey(k string) error {
+	if k == "" || len(k) > maxTreeKey {
+		return fmt.Errorf("a key of %d bytes", len(k))
+	}
+	return nil
+}
