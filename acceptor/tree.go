@@ -1,0 +1,77 @@
+package acceptor
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+
+	"github.com/replicator/replicator/internal/httpjson"
+	"github.com/replicator/replicator/wire"
+)
+
+// ServeTree answers a peer's anti-entropy request (wire.PathTree,
+// docs/ANTIENTROPY.md): authenticated as a batch is (the sender's secret
+// or certificate), its answer signed as an ack is when the sender sent a
+// nonce. Any node of the cluster answers from its own tree (a follower's
+// lags its leader's by what it has not applied yet, which a comparison
+// already treats as in flight). answer builds the answer; it is told the
+// sender, so that a filtered link compares only what it carries.
+func (a *Acceptor) ServeTree(w http.ResponseWriter, r *http.Request, answer func(sender string, req *wire.TreeRequest) (*wire.TreeAnswer, error)) {
+	if r.Method != http.MethodPost {
+		w.Header().Set("Allow", "POST")
+		httpjson.WriteError(w, http.StatusMethodNotAllowed, httpjson.Error{Code: "method_not_allowed", Message: "POST a msgpack tree request"})
+		return
+	}
+	sender, err := a.authenticate(r)
+	if err != nil {
+		a.refuseUnread(w, "", err)
+		return
+	}
+	if nonce := r.Header.Get(wire.HeaderNonce); nonce != "" {
+		if secret := a.secretOf(sender); secret != "" && wire.ValidNonce(nonce) {
+			mw := &macWriter{ResponseWriter: w, secret: secret, nonce: nonce}
+			defer mw.finish()
+			w = mw
+		}
+	}
+	if r.ContentLength > wire.MaxTreeBody {
+		a.refuseUnread(w, sender, fmt.Errorf("%w: %d bytes, limit %d", ErrTooLarge, r.ContentLength, wire.MaxTreeBody))
+		return
+	}
+	release, err := a.bodySlot(sender)
+	if err != nil {
+		a.refuseUnread(w, sender, err)
+		return
+	}
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, wire.MaxTreeBody))
+	release()
+	if err != nil {
+		var mbe *http.MaxBytesError
+		if errors.As(err, &mbe) {
+			err = fmt.Errorf("%w: more than %d bytes", ErrTooLarge, wire.MaxTreeBody)
+		} else {
+			err = fmt.Errorf("%w: reading the body: %v", ErrBadBatch, err)
+		}
+		a.refuseUnread(w, sender, err)
+		return
+	}
+	req, err := wire.DecodeTreeRequest(body)
+	if err != nil {
+		a.refuse(w, sender, fmt.Errorf("%w: %w", ErrBadBatch, err))
+		return
+	}
+	ans, err := answer(sender, req)
+	if err != nil {
+		httpjson.WriteError(w, http.StatusServiceUnavailable, httpjson.Error{Code: "tree_unavailable", Message: err.Error()})
+		return
+	}
+	b, err := wire.EncodeTree(ans)
+	if err != nil {
+		httpjson.WriteError(w, http.StatusInternalServerError, httpjson.Error{Code: "internal", Message: err.Error()})
+		return
+	}
+	w.Header().Set("Content-Type", wire.ContentType)
+	w.WriteHeader(http.StatusOK)
+	w.Write(b)
+}

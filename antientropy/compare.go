@@ -1,0 +1,387 @@
+// Package antientropy compares a cluster's tree with a peer's and repairs
+// what one lacks (docs/ANTIENTROPY.md). Both sides keep, as data changes, a
+// hashtree of their live versions (store's leaves); a comparison walks the
+// two trees top-down and descends only where sums differ, then exchanges
+// the (key, stamp, origin, value hash) lists of the differing leaves, and
+// looks again, after the link's lag, at the keys that differed: a key
+// counts as divergent only if neither side changed it meanwhile and it
+// still differs (a write in flight is not divergence).
+package antientropy
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/replicator/replicator/hashtree"
+	"github.com/replicator/replicator/hlc"
+	"github.com/replicator/replicator/wire"
+)
+
+// Tree is one side of a comparison: Local for this node's store, a link's
+// shipper (transport.Shipper.AskTree) for a peer's.
+type Tree interface {
+	Ask(ctx context.Context, req *wire.TreeRequest) (*wire.TreeAnswer, error)
+}
+
+// Lacks says which side lacks a divergent key's newer version.
+type Lacks string
+
+const (
+	// LacksLocal: this cluster should pull the peer's version.
+	LacksLocal Lacks = "local"
+	// LacksPeer: the peer should pull this cluster's version.
+	LacksPeer Lacks = "peer"
+	// LacksBoth: a counter each side holds some component of higher.
+	LacksBoth Lacks = "both"
+	// LacksUnknown: the two versions share a stamp but not a value (one
+	// side's tree rotted, or was edited by hand): last-writer-wins cannot
+	// tell, an operator must.
+	LacksUnknown Lacks = "unknown"
+	// LacksMaybeDeleted: one side holds a live version older than the
+	// other side's collection horizon, which the other lacks: the other may
+	// have deleted it and collected the tombstone. A possible resurrection,
+	// never copied (docs/OPERATIONS.md).
+	LacksMaybeDeleted Lacks = "possible_resurrection"
+)
+
+// Divergence is one key the two sides disagree on.
+type Divergence struct {
+	Key     string `json:"key"`
+	Counter bool   `json:"counter,omitempty"`
+	// Local and Peer are the versions each side holds (nil: none), values
+	// left out of the report.
+	Local *Held `json:"local"`
+	Peer  *Held `json:"peer"`
+	Lacks Lacks `json:"lacks"`
+	// peer is the peer's whole version, which a repair of this side
+	// applies.
+	peer *wire.TreeVersion
+}
+
+// Held is what one side holds of a key.
+type Held struct {
+	Stamp     string `json:"stamp"`
+	Origin    string `json:"origin"`
+	Tombstone bool   `json:"tombstone,omitempty"`
+	Hash      string `json:"value_hash"`
+}
+
+// Report is a comparison's result.
+type Report struct {
+	Peer string `json:"peer"`
+	// Equal: the roots and the range tombstones were equal (nothing else
+	// was read).
+	Equal bool `json:"equal"`
+	// LeavesDiffering are the leaves whose sums differed.
+	LeavesDiffering int `json:"leaves_differing"`
+	// Compared is the number of keys of those leaves compared; Candidates
+	// those that differed at first look; InFlight those that changed on a
+	// side or agreed at the second look (writes in flight).
+	Compared   int `json:"keys_compared"`
+	Candidates int `json:"candidates"`
+	InFlight   int `json:"in_flight"`
+	// Divergent are the keys that still differed, unchanged, at the
+	// second look.
+	Divergent []Divergence `json:"divergent"`
+	// RangesDiffer: the two sides keep different range tombstones.
+	RangesDiffer bool `json:"ranges_differ,omitempty"`
+	// Bytes is what crossed the wire to and from the peer.
+	Bytes int64 `json:"bytes"`
+	// Repaired counts the versions a repair of this side applied (-1: no
+	// repair asked).
+	Repaired int `json:"repaired"`
+	Took     time.Duration `json:"took_ns"`
+}
+
+// Count returns the number of divergent keys of each kind of lack.
+func (r *Report) Count(l Lacks) int {
+	n := 0
+	for i := range r.Divergent {
+		if r.Divergent[i].Lacks == l {
+			n++
+		}
+	}
+	return n
+}
+
+// Options configure a comparison.
+type Options struct {
+	// Settle is how long the second look waits after the first: at
+	// least the link's replication lag, so that what was in flight at the
+	// first look has arrived.
+	Settle time.Duration
+	// Sleep waits d or until ctx ends (tests pass a fake clock's).
+	Sleep func(ctx context.Context, d time.Duration) error
+	// Counted is told the bytes of every exchange with the peer (the
+	// remote Tree counts them).
+	Counted func() int64
+}
+
+func sleep(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// Compare compares the local tree with the peer's.
+func Compare(ctx context.Context, peerName string, local, peer Tree, opts Options) (*Report, error) {
+	if opts.Sleep == nil {
+		opts.Sleep = sleep
+	}
+	rep := &Report{Peer: peerName, Repaired: -1}
+	ask := func(t Tree, req *wire.TreeRequest) (*wire.TreeAnswer, error) {
+		req.Protocol = hashtree.Version
+		return t.Ask(ctx, req)
+	}
+	both := func(req wire.TreeRequest) (l, p *wire.TreeAnswer, err error) {
+		lr, pr := req, req
+		if l, err = ask(local, &lr); err != nil {
+			return nil, nil, fmt.Errorf("antientropy: this tree: %w", err)
+		}
+		if p, err = ask(peer, &pr); err != nil {
+			return nil, nil, fmt.Errorf("antientropy: the tree of %s: %w", peerName, err)
+		}
+		return l, p, nil
+	}
+
+	// Top-down: the root, then the children of every node that differs.
+	nodes := []int{0}
+	var lh, ph *wire.TreeAnswer
+	for level := 0; level <= hashtree.Depth && len(nodes) > 0; level++ {
+		l, p, err := both(wire.TreeRequest{Op: wire.TreeSums, Level: level, Nodes: nodes})
+		if err != nil {
+			return nil, err
+		}
+		if len(l.Sums) != len(nodes) || len(p.Sums) != len(nodes) {
+			return nil, fmt.Errorf("antientropy: %d and %d sums for %d nodes", len(l.Sums), len(p.Sums), len(nodes))
+		}
+		if level == 0 {
+			lh, ph = l, p
+			rep.RangesDiffer = !slices.Equal(l.Ranges, p.Ranges)
+		}
+		var differ []int
+		for i, n := range nodes {
+			if !slices.Equal(l.Sums[i], p.Sums[i]) {
+				differ = append(differ, n)
+			}
+		}
+		if level == hashtree.Depth {
+			nodes = differ
+			break
+		}
+		nodes = nodes[:0]
+		for _, n := range differ {
+			first, end := hashtree.Children(n)
+			for c := first; c < end; c++ {
+				nodes = append(nodes, c)
+			}
+		}
+	}
+	rep.LeavesDiffering = len(nodes)
+	if len(nodes) == 0 {
+		rep.Equal = !rep.RangesDiffer
+		rep.Bytes = counted(opts)
+		return rep, nil
+	}
+
+	// The versions of the differing leaves, side by side.
+	l, p, err := both(wire.TreeRequest{Op: wire.TreeLeaves, Nodes: nodes})
+	if err != nil {
+		return nil, err
+	}
+	first := map[wire.Key][2]*wire.TreeVersion{}
+	var keys []wire.Key
+	join(l.Versions, p.Versions, func(k wire.Key, lv, pv *wire.TreeVersion) {
+		rep.Compared++
+		if sameLive(lv, pv) {
+			return
+		}
+		first[k] = [2]*wire.TreeVersion{lv, pv}
+		keys = append(keys, k)
+	})
+	rep.Candidates = len(keys)
+	if len(keys) == 0 {
+		rep.Bytes = counted(opts)
+		return rep, nil
+	}
+
+	// The second look, after the link's lag: whole versions of the keys
+	// that differed.
+	if err := opts.Sleep(ctx, opts.Settle); err != nil {
+		return nil, err
+	}
+	for start := 0; start < len(keys); start += 1 << 14 {
+		chunk := keys[start:min(start+1<<14, len(keys))]
+		l, p, err := both(wire.TreeRequest{Op: wire.TreeVersions, Keys: chunk})
+		if err != nil {
+			return nil, err
+		}
+		join(l.Versions, p.Versions, func(k wire.Key, lv, pv *wire.TreeVersion) {
+			was, ok := first[k]
+			if !ok {
+				return // not asked (a peer answering more than asked)
+			}
+			delete(first, k)
+			if !sameVersion(was[0], lv) || !sameVersion(was[1], pv) || sameLive(lv, pv) {
+				rep.InFlight++
+				return
+			}
+			rep.Divergent = append(rep.Divergent, judge(k, lv, pv, lh.Collected, ph.Collected))
+		})
+	}
+	// Keys neither side holds any more (both collected) are in flight too.
+	rep.InFlight += len(first)
+	rep.Bytes = counted(opts)
+	return rep, nil
+}
+
+func counted(opts Options) int64 {
+	if opts.Counted == nil {
+		return 0
+	}
+	return opts.Counted()
+}
+
+// join walks two sorted version lists by key, calling f with each key's
+// version on either side (nil: none).
+func join(a, b []wire.TreeVersion, f func(k wire.Key, av, bv *wire.TreeVersion)) {
+	i, j := 0, 0
+	for i < len(a) || j < len(b) {
+		switch {
+		case j == len(b) || (i < len(a) && less(a[i].Key, a[i].Counter, b[j].Key, b[j].Counter)):
+			f(wire.Key{Key: a[i].Key, Counter: a[i].Counter}, &a[i], nil)
+			i++
+		case i == len(a) || less(b[j].Key, b[j].Counter, a[i].Key, a[i].Counter):
+			f(wire.Key{Key: b[j].Key, Counter: b[j].Counter}, nil, &b[j])
+			j++
+		default:
+			f(wire.Key{Key: a[i].Key, Counter: a[i].Counter}, &a[i], &b[j])
+			i++
+			j++
+		}
+	}
+}
+
+// live reports a version that is in the hashes (not a tombstone).
+func live(v *wire.TreeVersion) bool { return v != nil && !v.Tombstone }
+
+// sameLive reports two sides that agree on a key as the hashes see it:
+// both without a live version (tombstones are collected at different
+// times), or both with the same one. A counter's stamp is not compared.
+func sameLive(a, b *wire.TreeVersion) bool {
+	if !live(a) || !live(b) {
+		return !live(a) && !live(b)
+	}
+	if a.Counter {
+		return a.Hash == b.Hash
+	}
+	return a.Stamp == b.Stamp && a.Origin == b.Origin && a.Hash == b.Hash && a.Kind == b.Kind
+}
+
+// sameVersion reports the same version at both looks (nil for none).
+func sameVersion(a, b *wire.TreeVersion) bool {
+	if a == nil || b == nil {
+		return a == nil && b == nil
+	}
+	return a.Stamp == b.Stamp && a.Origin == b.Origin && a.Hash == b.Hash && a.Tombstone == b.Tombstone && a.Kind == b.Kind
+}
+
+// judge says which side lacks what, for a key that differs.
+func judge(k wire.Key, lv, pv *wire.TreeVersion, localCollected, peerCollected hlc.Timestamp) Divergence {
+	d := Divergence{Key: k.Key, Counter: k.Counter, Local: held(lv), Peer: held(pv), peer: pv}
+	if k.Counter {
+		d.Lacks = counterLacks(lv, pv)
+		return d
+	}
+	switch {
+	case live(lv) && live(pv):
+		switch c := lv.EntryStamp().Compare(pv.EntryStamp()); {
+		case c > 0:
+			d.Lacks = LacksPeer
+		case c < 0:
+			d.Lacks = LacksLocal
+		default:
+			d.Lacks = LacksUnknown
+		}
+	case live(lv):
+		switch {
+		case pv != nil && pv.EntryStamp().Compare(lv.EntryStamp()) > 0:
+			d.Lacks = LacksLocal // the peer's delete is newer
+		case pv == nil && lv.Stamp.Less(peerCollected):
+			d.Lacks = LacksMaybeDeleted
+		default:
+			d.Lacks = LacksPeer
+		}
+	default: // only the peer's is live
+		switch {
+		case lv != nil && lv.EntryStamp().Compare(pv.EntryStamp()) > 0:
+			d.Lacks = LacksPeer // this side's delete is newer
+		case lv == nil && pv.Stamp.Less(localCollected):
+			d.Lacks = LacksMaybeDeleted
+		default:
+			d.Lacks = LacksLocal
+		}
+	}
+	return d
+}
+
+// counterLacks compares two counters component by component.
+func counterLacks(lv, pv *wire.TreeVersion) Lacks {
+	comps := func(v *wire.TreeVersion) map[string]wire.Component {
+		m := map[string]wire.Component{}
+		if v != nil {
+			for _, c := range v.Totals {
+				m[c.Cluster] = c
+			}
+		}
+		return m
+	}
+	lc, pc := comps(lv), comps(pv)
+	localLow, peerLow := false, false
+	for name, p := range pc {
+		l := lc[name]
+		localLow = localLow || l.P < p.P || l.N < p.N
+		peerLow = peerLow || p.P < l.P || p.N < l.N
+	}
+	for name, l := range lc {
+		p := pc[name]
+		peerLow = peerLow || p.P < l.P || p.N < l.N
+	}
+	switch {
+	case localLow && peerLow:
+		return LacksBoth
+	case localLow:
+		return LacksLocal
+	case peerLow:
+		return LacksPeer
+	}
+	return LacksUnknown
+}
+
+func held(v *wire.TreeVersion) *Held {
+	if v == nil {
+		return nil
+	}
+	return &Held{Stamp: v.Stamp.String(), Origin: v.Origin, Tombstone: v.Tombstone, Hash: fmt.Sprintf("%016x", v.Hash)}
+}
+
+// Pulls are the peer's versions a repair of this side applies: those of
+// the keys this side lacks (a counter's too when each side lacks some of
+// the other's). Possible resurrections and unknowns are never copied.
+func (r *Report) Pulls() []wire.TreeVersion {
+	var out []wire.TreeVersion
+	for i := range r.Divergent {
+		d := &r.Divergent[i]
+		if (d.Lacks == LacksLocal || d.Lacks == LacksBoth) && d.peer != nil {
+			out = append(out, *d.peer)
+		}
+	}
+	return out
+}

@@ -1,0 +1,257 @@
+package antientropy
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"testing"
+	"time"
+
+	"github.com/cockroachdb/pebble/v2"
+	"github.com/replicator/replicator/entry"
+	"github.com/replicator/replicator/hlc"
+	"github.com/replicator/replicator/machine"
+	"github.com/replicator/replicator/store"
+	"github.com/replicator/replicator/wire"
+)
+
+// side is one cluster: a store driven by a machine (repairs are commands).
+type side struct {
+	name, dir string
+	st        *store.Store
+	d         *machine.Direct
+}
+
+func newSide(t *testing.T, name string) *side {
+	t.Helper()
+	s := &side{name: name, dir: t.TempDir()}
+	s.open(t)
+	t.Cleanup(func() { s.st.Close() })
+	if _, err := s.d.Apply(&machine.Command{Format: &machine.FormatCmd{Version: machine.FormatRepair}}); err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+func (s *side) open(t *testing.T) {
+	t.Helper()
+	st, err := store.Open(s.dir, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, err := machine.OpenDirect(st, machine.Options{Cluster: s.name})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.st, s.d = st, d
+}
+
+// rot changes key's value in Pebble beneath the store, under the same
+// stamp (a flipped bit, a hand edit), and opens the store again.
+func (s *side) rot(t *testing.T, key string) {
+	t.Helper()
+	r, err := s.st.Get(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.st.Close(); err != nil {
+		t.Fatal(err)
+	}
+	db, err := pebble.Open(s.dir, &pebble.Options{FormatMajorVersion: pebble.FormatNewest})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.Value = []byte("rotten")
+	if err := db.Set(append([]byte("d"), key...), store.AppendRecord(nil, &r), pebble.Sync); err != nil {
+		t.Fatal(err)
+	}
+	if err := db.Close(); err != nil {
+		t.Fatal(err)
+	}
+	s.open(t)
+}
+
+func (s *side) incr(t *testing.T, key, comp string, pn entry.PN, st entry.Stamp) {
+	t.Helper()
+	b := s.st.NewBatch()
+	defer b.Close()
+	if _, err := b.MergeCounter(key, comp, pn, st); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Commit(true); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func at(wall int64, origin string) entry.Stamp {
+	return entry.Stamp{HLC: hlc.Timestamp{Wall: wall}, Origin: origin}
+}
+
+func (s *side) set(t *testing.T, key, val string, st entry.Stamp) {
+	t.Helper()
+	if _, err := s.st.Set(key, []byte(val), st); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func (s *side) del(t *testing.T, key string, st entry.Stamp) {
+	t.Helper()
+	if _, err := s.st.Delete(key, st); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func (s *side) repair(t *testing.T, from string, vs []wire.TreeVersion) int {
+	t.Helper()
+	if len(vs) == 0 {
+		return 0
+	}
+	res, err := s.d.Apply(&machine.Command{Repair: &machine.RepairCmd{Peer: from, Versions: vs}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return res.Repair.Applied
+}
+
+func noSleep(context.Context, time.Duration) error { return nil }
+
+// TestCompareFindsExactlyTheDivergence: two trees holding the same 20,000
+// keys, then each kind of divergence on a few: a value one side lacks, an
+// older value, a delete one side lacks, keys only one side holds (one of
+// them older than the other's collection horizon), a value rotted under
+// the same stamp, counters with higher components on each side. The
+// comparison reports exactly those keys with who lacks what; a repair of
+// each side pulls exactly what it lacks, and the trees are then equal but
+// for what must not be copied.
+func TestCompareFindsExactlyTheDivergence(t *testing.T) {
+	a, b := newSide(t, "a"), newSide(t, "b")
+	for _, s := range []*side{a, b} {
+		bt := s.st.NewBatch()
+		for i := 0; i < 20000; i++ {
+			w := store.Write{Key: fmt.Sprintf("key-%05d", i), Value: []byte("v"), Stamp: at(int64(1000+i), []string{"a", "b"}[i%2])}
+			if _, err := bt.Merge(w); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := bt.Commit(true); err != nil {
+			t.Fatal(err)
+		}
+		bt.Close()
+	}
+	// a holds newer versions of these (b lacks them)
+	a.set(t, "key-00010", "newer", at(50000, "a"))
+	a.del(t, "key-00011", at(50001, "a"))
+	a.set(t, "only-a", "x", at(50002, "a"))
+	// b holds newer versions of these (a lacks them)
+	b.set(t, "key-00020", "newer", at(50003, "b"))
+	b.del(t, "key-00021", at(50004, "b"))
+	b.set(t, "only-b", "x", at(50005, "b"))
+	// a key only b holds, older than a's collection horizon: a may have
+	// deleted it and collected the tombstone.
+	b.set(t, "zombie", "old", at(500, "b"))
+	if _, err := a.d.Apply(&machine.Command{Collect: &machine.CollectCmd{Cutoff: hlc.Timestamp{Wall: 900}, Max: 10}}); err != nil {
+		t.Fatal(err)
+	}
+	// counters: each side holds a component the other holds lower
+	a.incr(t, "n", "a", entry.PN{P: 5}, at(60000, "a"))
+	b.incr(t, "n", "a", entry.PN{P: 3}, at(60001, "a"))
+	b.incr(t, "n", "b", entry.PN{N: 2}, at(60002, "b"))
+	// a value changed beneath the tree under the same stamp (the leaves
+	// summed at open see it)
+	a.rot(t, "key-00030")
+
+	rep, err := Compare(context.Background(), "b", Local{a.st}, Local{b.st}, Options{Sleep: noSleep})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]Lacks{}
+	for _, d := range rep.Divergent {
+		got[d.Key] = d.Lacks
+	}
+	want := map[string]Lacks{
+		"key-00010": LacksPeer, "key-00011": LacksPeer, "only-a": LacksPeer,
+		"key-00020": LacksLocal, "key-00021": LacksLocal, "only-b": LacksLocal,
+		"zombie": LacksMaybeDeleted, "key-00030": LacksUnknown, "n": LacksBoth,
+	}
+	if fmt.Sprint(sorted(got)) != fmt.Sprint(sorted(want)) {
+		t.Fatalf("divergent:\n got %v\nwant %v", sorted(got), sorted(want))
+	}
+	if rep.InFlight != 0 || rep.Compared > 2000 {
+		t.Fatalf("in flight %d (want 0), compared %d keys (want only the differing leaves')", rep.InFlight, rep.Compared)
+	}
+
+	// Each side pulls what it lacks: exactly those keys change.
+	if n := a.repair(t, "b", rep.Pulls()); n != 4 {
+		t.Fatalf("a applied %d repaired versions, want 4", n)
+	}
+	back, err := Compare(context.Background(), "a", Local{b.st}, Local{a.st}, Options{Sleep: noSleep})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := b.repair(t, "a", back.Pulls()); n != 4 {
+		t.Fatalf("b applied %d repaired versions, want 4 (3 lacked, the counter)", n)
+	}
+	after, err := Compare(context.Background(), "b", Local{a.st}, Local{b.st}, Options{Sleep: noSleep})
+	if err != nil {
+		t.Fatal(err)
+	}
+	left := map[string]Lacks{}
+	for _, d := range after.Divergent {
+		left[d.Key] = d.Lacks
+	}
+	if fmt.Sprint(sorted(left)) != fmt.Sprint(sorted(map[string]Lacks{"zombie": LacksMaybeDeleted, "key-00030": LacksUnknown})) {
+		t.Fatalf("after repair: %v", sorted(left))
+	}
+	c, err := a.st.Counter("n")
+	if err != nil || c.Totals["a"] != (entry.PN{P: 5}) || c.Totals["b"] != (entry.PN{N: 2}) {
+		t.Fatalf("counter after repair: %v %v", c.Totals, err)
+	}
+	// Without the rotten key and the zombie, the trees are equal.
+	a.del(t, "key-00030", at(70000, "a"))
+	b.del(t, "key-00030", at(70000, "a"))
+	b.del(t, "zombie", at(70001, "b"))
+	a.del(t, "zombie", at(70001, "b"))
+	final, err := Compare(context.Background(), "b", Local{a.st}, Local{b.st}, Options{Sleep: noSleep})
+	if err != nil || !final.Equal {
+		t.Fatalf("trees not equal after repair: %+v %v", final, err)
+	}
+	da, _ := a.st.Digest()
+	db, _ := b.st.Digest()
+	if da != db {
+		t.Fatal("digests differ with equal trees")
+	}
+}
+
+// TestCompareSkipsWritesInFlight: a key that changes on either side between
+// the two looks is in flight, not divergent, even if it still differs.
+func TestCompareSkipsWritesInFlight(t *testing.T) {
+	a, b := newSide(t, "a"), newSide(t, "b")
+	for i := 0; i < 100; i++ {
+		a.set(t, fmt.Sprintf("k%03d", i), "v", at(int64(100+i), "a"))
+		b.set(t, fmt.Sprintf("k%03d", i), "v", at(int64(100+i), "a"))
+	}
+	a.set(t, "k001", "w1", at(1000, "a")) // arrives at b during the wait
+	a.set(t, "k002", "w1", at(1001, "a")) // written again at a during the wait
+	a.set(t, "k003", "w1", at(1002, "a")) // really lacked by b
+	settle := func(ctx context.Context, d time.Duration) error {
+		b.set(t, "k001", "w1", at(1000, "a"))
+		a.set(t, "k002", "w2", at(1003, "a"))
+		return nil
+	}
+	rep, err := Compare(context.Background(), "b", Local{a.st}, Local{b.st}, Options{Sleep: settle})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.Candidates != 3 || rep.InFlight != 2 || len(rep.Divergent) != 1 || rep.Divergent[0].Key != "k003" {
+		t.Fatalf("candidates %d, in flight %d, divergent %+v; want 3, 2, k003", rep.Candidates, rep.InFlight, rep.Divergent)
+	}
+}
+
+func sorted(m map[string]Lacks) []string {
+	var out []string
+	for k, v := range m {
+		out = append(out, k+"="+string(v))
+	}
+	sort.Strings(out)
+	return out
+}
