@@ -104,6 +104,8 @@ type Options struct {
 	// MaxBodyBytes, the acceptor's memory bound, whatever the number of
 	// peers or their pace. Each sender reads at most a quarter of them.
 	MaxBodies int
+	// Tree, when set, answers peers' anti-entropy requests (ServeTree).
+	Tree func(sender string, req *wire.TreeRequest) (*wire.TreeAnswer, error)
 	// OnReseedRequest, when set, is told that a peer asked for a re-seed
 	// (owed true: it lost its data) or no longer needs one (false); the
 	// store already says so.

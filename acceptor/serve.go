@@ -61,6 +61,14 @@ func (a *Acceptor) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		a.ServeProve(w, r)
 		return
 	}
+	if r.URL.Path == wire.PathTree {
+		if a.opts.Tree == nil {
+			httpjson.WriteError(w, http.StatusNotFound, httpjson.Error{Code: "not_found", Message: "this node does not answer tree requests"})
+			return
+		}
+		a.ServeTree(w, r, a.opts.Tree)
+		return
+	}
 	// Every answer says which body encodings this node decodes, so that a
 	// sender learns it from its first heartbeat (wire/compress.go).
 	w.Header().Set(wire.HeaderAcceptEncoding, wire.Encodings)

@@ -85,6 +85,10 @@ type Report struct {
 	// Divergent are the keys that still differed, unchanged, at the
 	// second look.
 	Divergent []Divergence `json:"divergent"`
+	// LinkBehind: this cluster's link to the peer had not delivered, by
+	// the second look, what it held at the first; keys the peer lacks
+	// were counted in flight.
+	LinkBehind bool `json:"link_behind,omitempty"`
 	// RangesDiffer: the two sides keep different range tombstones.
 	RangesDiffer bool `json:"ranges_differ,omitempty"`
 	// Bytes is what crossed the wire to and from the peer.
@@ -117,6 +121,10 @@ type Options struct {
 	// Counted is told the bytes of every exchange with the peer (the
 	// remote Tree counts them).
 	Counted func() int64
+	// PeerBehind, asked after the wait, reports that this cluster's link
+	// to the peer still had not delivered what it held at the first look:
+	// then a key the peer lacks may be in flight, and counts so.
+	PeerBehind func() bool
 }
 
 func sleep(ctx context.Context, d time.Duration) error {
@@ -238,6 +246,18 @@ func Compare(ctx context.Context, peerName string, local, peer Tree, opts Option
 	}
 	// Keys neither side holds any more (both collected) are in flight too.
 	rep.InFlight += len(first)
+	if opts.PeerBehind != nil && opts.PeerBehind() {
+		rep.LinkBehind = true
+		kept := rep.Divergent[:0]
+		for _, d := range rep.Divergent {
+			if d.Lacks == LacksPeer {
+				rep.InFlight++
+				continue
+			}
+			kept = append(kept, d)
+		}
+		rep.Divergent = kept
+	}
 	rep.Bytes = counted(opts)
 	return rep, nil
 }

@@ -86,6 +86,7 @@ func (m *nodeMetrics) init(n *Node) {
 		m.shipSeconds, m.applySeconds, m.lagSeconds, m.stageSeconds, m.fsyncSeconds, m.commitSeconds, m.leaderChanges, m.forwards} {
 		f(c)
 	}
+	n.antiEntropy.init(n, f)
 	f(collectorFunc(func(ch chan<- prometheus.Metric) { n.collect(ch) }))
 	m.reg.MustRegister(prometheus.NewGoCollector())
 	m.reg.MustRegister(prometheus.NewProcessCollector(prometheus.ProcessCollectorOpts{}))

@@ -77,6 +77,7 @@ type Node struct {
 	seeds       linkSeeds   // what of flags and log differences was said
 	linkAdmin               // the links' settings through the log (links.go)
 	conflictLog             // the conflict log's reads and restores (conflicts.go)
+	antiEntropy             // comparisons and repairs with peers (antientropy.go)
 	tls         tlsSetup
 	mem         membership // gossip: the nodes of this cluster and the peers found
 	// applied is the last index of the stream applied to the store.

@@ -49,6 +49,7 @@ func (r *replication) setupReplication() error {
 	}
 	n.acceptor = acceptor.New(n.store, &n.cons, n.clock, acceptor.Options{
 		Local:         n.cluster,
+		Tree:          n.antiEntropy.answer,
 		Version:       n.opts.BuildVersion,
 		Secrets:       secrets,
 		Insecure:      n.opts.InsecurePeers,

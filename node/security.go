@@ -290,7 +290,7 @@ func requireToken(o *Options, h http.Handler, refused func(code string)) http.Ha
 	wantAPI, wantAdmin := []byte("Bearer "+api), []byte("Bearer "+admin)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
-		case httpapi.PathHealthz, httpapi.PathReadyz, wire.PathReplicate, wire.PathProve, httpapi.PathUI:
+		case httpapi.PathHealthz, httpapi.PathReadyz, wire.PathReplicate, wire.PathProve, wire.PathTree, httpapi.PathUI:
 			h.ServeHTTP(w, r)
 			return
 		}

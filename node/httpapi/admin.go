@@ -41,6 +41,7 @@ func (a *API) registerAdmin(mux *http.ServeMux) {
 	if a.opts.Peer != nil {
 		mux.Handle(wire.PathReplicate, a.opts.Peer)
 		mux.Handle(wire.PathProve, a.opts.Peer)
+		mux.Handle(wire.PathTree, a.opts.Peer)
 	}
 	mux.Handle("/metrics", a.opts.Metrics)
 	mux.HandleFunc(PathUI, getOnly(a.handleUI))
@@ -54,6 +55,7 @@ func (a *API) registerAdmin(mux *http.ServeMux) {
 	}
 	mux.HandleFunc("/admin/peers/{name}/filter", a.handleFilter)
 	mux.HandleFunc("/admin/peers/{name}/bandwidth", a.handleBandwidth)
+	mux.HandleFunc("/admin/peers/{name}/diff", a.handleDiff)
 	mux.HandleFunc("/admin/peers/{name}/{action}", func(w http.ResponseWriter, r *http.Request) {
 		if r.Method != http.MethodPost {
 			methodNotAllowed(w, r, "POST")
@@ -244,6 +246,35 @@ func (a *API) handleBandwidth(w http.ResponseWriter, r *http.Request) {
 	if err != nil {
 		WriteErr(w, err)
 		return
+	}
+	writeJSON(w, http.StatusOK, rep)
+}
+
+// handleDiff serves POST /admin/peers/{name}/diff[?repair=true]: a
+// comparison of this cluster's tree with the peer's, and a repair of what
+// this cluster lacks when asked. POST: it runs on the leader, which holds
+// the links (a follower forwards it), and a repair writes.
+func (a *API) handleDiff(w http.ResponseWriter, r *http.Request) {
+	if r.Method != http.MethodPost {
+		methodNotAllowed(w, r, "POST")
+		return
+	}
+	repair := false
+	if v := r.URL.Query().Get("repair"); v != "" {
+		b, err := strconv.ParseBool(v)
+		if err != nil {
+			writeError(w, http.StatusBadRequest, apiError{Code: "bad_request", Message: "repair: true or false"})
+			return
+		}
+		repair = b
+	}
+	rep, err := a.node.Diff(r.Context(), r.PathValue("name"), repair)
+	if err != nil {
+		WriteErr(w, err)
+		return
+	}
+	if repair {
+		a.log.Warn("repaired from a peer", "peer", rep.Peer, "divergent", len(rep.Divergent), "repaired", rep.Repaired, "caller", a.opts.Caller(r))
 	}
 	writeJSON(w, http.StatusOK, rep)
 }

@@ -14,6 +14,7 @@ import (
 	"net/http"
 	"time"
 
+	"github.com/replicator/replicator/antientropy"
 	"github.com/replicator/replicator/client"
 	"github.com/replicator/replicator/entry"
 	"github.com/replicator/replicator/node/api"
@@ -53,6 +54,9 @@ type Links interface {
 	SetLinkFilter(peer string, f entry.Filter) (api.FilterReport, error)
 	LinkBandwidth(peer string) (api.BandwidthReport, error)
 	SetLinkBandwidth(peer string, bytesPerSec int64) (api.BandwidthReport, error)
+	// Diff compares the cluster's tree with the peer's, and repairs what
+	// this cluster lacks when asked (docs/ANTIENTROPY.md).
+	Diff(ctx context.Context, peer string, repair bool) (*antientropy.Report, error)
 }
 
 // Reports is what the node's other admin endpoints ask of it.

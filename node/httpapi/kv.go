@@ -33,9 +33,10 @@ func (a *API) PeerHandler(peer http.Handler) http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle(wire.PathReplicate, peer)
 	mux.Handle(wire.PathProve, peer)
+	mux.Handle(wire.PathTree, peer)
 	mux.HandleFunc(PathHealthz, a.handleHealthz)
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
-		writeError(w, http.StatusNotFound, apiError{Code: "not_found", Message: "the peer listener serves " + wire.PathReplicate + " and " + wire.PathProve + " only"})
+		writeError(w, http.StatusNotFound, apiError{Code: "not_found", Message: "the peer listener serves " + wire.PathReplicate + ", " + wire.PathProve + " and " + wire.PathTree + " only"})
 	})
 	return mux
 }

@@ -1,0 +1,192 @@
+package node
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/replicator/replicator/antientropy"
+	"github.com/replicator/replicator/machine"
+	"github.com/replicator/replicator/node/api"
+	"github.com/replicator/replicator/transport"
+	"github.com/replicator/replicator/wire"
+)
+
+// antiEntropy is the node's part that compares its cluster's tree with a
+// peer's and repairs what this cluster lacks (docs/ANTIENTROPY.md). A
+// comparison runs on the leader (the admin endpoint is forwarded there):
+// it holds the links that reach the peers, and it proposes the repairs.
+type antiEntropy struct {
+	n  *Node
+	mu *sync.Mutex // one comparison at a time: they share the links
+	// divergent, passes, bytes and repaired are the series of
+	// docs/OPERATIONS.md "Anti-entropy".
+	divergent *prometheus.GaugeVec
+	lastPass  *prometheus.GaugeVec
+	bytes     *prometheus.CounterVec
+	repaired  *prometheus.CounterVec
+}
+
+// minSettle is the least wait between a comparison's two looks.
+const minSettle = time.Second
+
+// settleWait bounds how long the second look waits for this cluster's link
+// to the peer to deliver what it had in flight at the first.
+const settleWait = 30 * time.Second
+
+func (ae *antiEntropy) init(n *Node, reg func(prometheus.Collector)) {
+	ae.n, ae.mu = n, &sync.Mutex{}
+	ae.divergent = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "replicator_divergent_keys",
+		Help: "Keys the last complete comparison with the peer found divergent (lacked by either side, writes in flight excluded)."}, []string{"peer"})
+	ae.lastPass = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "replicator_antientropy_last_pass_timestamp_seconds",
+		Help: "When the last complete comparison with the peer ended (Unix seconds)."}, []string{"peer"})
+	ae.bytes = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "replicator_antientropy_bytes_total",
+		Help: "Bytes comparisons with the peer exchanged on the wire (requests and answers)."}, []string{"peer"})
+	ae.repaired = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "replicator_antientropy_repaired_total",
+		Help: "Versions repairs pulled from the peer and applied here."}, []string{"peer"})
+	for _, c := range []prometheus.Collector{ae.divergent, ae.lastPass, ae.bytes, ae.repaired} {
+		reg(c)
+	}
+}
+
+// link is the leader's link to peer (nil: none here).
+func (ae *antiEntropy) link(peer string) *transport.Shipper {
+	for _, sh := range ae.n.repl.links() {
+		if sh.Name() == peer {
+			return sh
+		}
+	}
+	return nil
+}
+
+// answer answers a peer's tree request from this node's tree.
+func (ae *antiEntropy) answer(_ string, req *wire.TreeRequest) (*wire.TreeAnswer, error) {
+	if ae.n.restoring.Load() {
+		return nil, antientropy.ErrNotKept
+	}
+	return antientropy.Local{St: ae.n.store}.Ask(context.Background(), req)
+}
+
+// remoteTree asks a peer's tree over a link, counting the bytes.
+type remoteTree struct {
+	sh    *transport.Shipper
+	bytes *atomic.Int64
+}
+
+func (r remoteTree) Ask(ctx context.Context, req *wire.TreeRequest) (*wire.TreeAnswer, error) {
+	ans, n, err := r.sh.AskTree(ctx, req)
+	r.bytes.Add(n)
+	return ans, err
+}
+
+// Diff compares this cluster's tree with peer's and, when repair is set,
+// pulls and applies what this cluster lacks.
+func (ae *antiEntropy) Diff(ctx context.Context, peer string, repair bool) (*antientropy.Report, error) {
+	n := ae.n
+	sh := ae.link(peer)
+	if sh == nil {
+		if !n.knownPeer(peer) {
+			return nil, fmt.Errorf("%w: no peer %q", api.ErrNotFound, peer)
+		}
+		return nil, fmt.Errorf("%w: this node holds no link to %s now (not the leader, or the link is starting)", api.ErrNotWritten, peer)
+	}
+	if repair && n.machine.Format() < machine.FormatRepair {
+		return nil, fmt.Errorf("%w: the cluster's log is at format %d; repairs need format %d, "+
+			"which the log moves to once every node runs a build that reads it", api.ErrNotWritten, n.machine.Format(), machine.FormatRepair)
+	}
+	ae.mu.Lock()
+	defer ae.mu.Unlock()
+	start := time.Now()
+	var bytes atomic.Int64
+	// What this cluster's link had in flight at the first look must have
+	// arrived before the second: the link's acknowledged index reaching
+	// the stream's last index of then (the hwm rule, for this side's
+	// writes); the peer's writes in flight here are given the settle time.
+	st0 := ae.linkAt(sh)
+	behind := false
+	sleep := func(ctx context.Context, d time.Duration) error {
+		t := time.NewTimer(d)
+		defer t.Stop()
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+		deadline := time.Now().Add(settleWait)
+		for ae.linkAt(sh).Acked < st0.Last {
+			if time.Now().After(deadline) {
+				behind = true
+				return nil
+			}
+			select {
+			case <-time.After(50 * time.Millisecond):
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		}
+		return nil
+	}
+	settle := max(minSettle, 2*time.Duration(st0.OldestUnackedAge*float64(time.Second)))
+	rep, err := antientropy.Compare(ctx, peer, antientropy.Local{St: n.store}, remoteTree{sh, &bytes}, antientropy.Options{
+		Settle: settle, Sleep: sleep, Counted: bytes.Load, PeerBehind: func() bool { return behind }})
+	ae.bytes.WithLabelValues(peer).Add(float64(bytes.Load()))
+	if err != nil {
+		return nil, fmt.Errorf("node: compare with %s: %w", peer, err)
+	}
+	if repair {
+		rep.Repaired = 0
+		pulls := rep.Pulls()
+		for len(pulls) > 0 {
+			chunk := pulls[:repairChunk(pulls)]
+			pulls = pulls[len(chunk):]
+			res, err := n.cons.commitCommand(&machine.Command{Repair: &machine.RepairCmd{Peer: peer, Versions: chunk}})
+			if err != nil {
+				return rep, fmt.Errorf("node: repair from %s (%d versions applied before): %w", peer, rep.Repaired, err)
+			}
+			rep.Repaired += res.Repair.Applied
+		}
+		ae.repaired.WithLabelValues(peer).Add(float64(rep.Repaired))
+	}
+	rep.Took = time.Since(start)
+	ae.divergent.WithLabelValues(peer).Set(float64(len(rep.Divergent)))
+	ae.lastPass.WithLabelValues(peer).Set(float64(time.Now().Unix()))
+	n.log.Info("compared the tree with a peer's", "peer", peer, "equal", rep.Equal, "leaves_differing", rep.LeavesDiffering,
+		"divergent", len(rep.Divergent), "in_flight", rep.InFlight, "bytes", rep.Bytes, "repaired", rep.Repaired, "took", rep.Took)
+	return rep, nil
+}
+
+// repairChunk is how many of vs one repair command carries: at most 4,096
+// versions and about 4 MiB of values.
+func repairChunk(vs []wire.TreeVersion) int {
+	size := 0
+	for i := range vs {
+		size += len(vs[i].Key) + len(vs[i].Value) + 64
+		if i == 4096 || (i > 0 && size > 4<<20) {
+			return i
+		}
+	}
+	return len(vs)
+}
+
+// linkAt is what the link had shipped and acknowledged, and its oldest
+// unacknowledged entry's age.
+func (ae *antiEntropy) linkAt(sh *transport.Shipper) transport.Status {
+	return sh.Status(transport.Thresholds{}, ae.n.repl.oldestCommitWall)
+}
+
+// diverge writes (or deletes) keys at this cluster without an outbound
+// entry, stamped now: the peers never hear of them. For tests only (no flag
+// or endpoint reaches it): the divergence a comparison must find.
+func (ae *antiEntropy) diverge(keys []string, value []byte, del bool) error {
+	n := ae.n
+	vs := make([]wire.TreeVersion, len(keys))
+	for i, k := range keys {
+		vs[i] = wire.TreeVersion{Key: k, Stamp: n.clock.Now(), Origin: n.cluster, Value: value, Tombstone: del, Whole: true}
+	}
+	_, err := n.cons.commitCommand(&machine.Command{Repair: &machine.RepairCmd{Versions: vs}})
+	return err
+}

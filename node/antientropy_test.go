@@ -1,0 +1,183 @@
+package node
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"net/http"
+	"sort"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/replicator/replicator/antientropy"
+	"github.com/replicator/replicator/hlc"
+	"github.com/replicator/replicator/wire"
+)
+
+// TestDiffFindsAndRepairsDivergence: two paired clusters hold the same 2,000
+// keys; each then writes or deletes some keys beneath replication (no
+// outbound entry) while both keep taking replicated writes. A comparison
+// from either side reports exactly the keys made divergent, with who lacks
+// them, and none of the writes in flight; a repair of each side makes the
+// digests equal, and rewrites only the divergent keys.
+func TestDiffFindsAndRepairsDivergence(t *testing.T) {
+	m := newTestMesh(t, hlc.SystemClock{}, nil, "a", "b")
+	a, b := m.nodes["a"], m.nodes["b"]
+	ctx := context.Background()
+	for i := 0; i < 2000; i += 100 {
+		var ops []string
+		for j := i; j < i+100; j++ {
+			ops = append(ops, fmt.Sprintf("key-%04d", j))
+		}
+		for _, k := range ops {
+			if _, err := a.Put(ctx, k, []byte("v")); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	m.converged(20 * time.Second)
+
+	keys := func(from, to int) []string {
+		var out []string
+		for i := from; i < to; i++ {
+			out = append(out, fmt.Sprintf("key-%04d", i))
+		}
+		return out
+	}
+	if err := a.antiEntropy.diverge(keys(0, 20), []byte("only at a"), false); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.antiEntropy.diverge(keys(20, 25), nil, true); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.antiEntropy.diverge(append(keys(100, 120), "new-at-b"), []byte("only at b"), false); err != nil {
+		t.Fatal(err)
+	}
+
+	// Both clusters keep taking writes, replicated as usual, meanwhile.
+	var (
+		stop    atomic.Bool
+		wg      sync.WaitGroup
+		written atomic.Int64
+	)
+	for _, nd := range []*Node{a, b} {
+		wg.Add(1)
+		go func(nd *Node) {
+			defer wg.Done()
+			for i := 0; !stop.Load(); i++ {
+				if _, err := nd.Put(ctx, fmt.Sprintf("live-%s-%d", nd.cluster, i), []byte("x")); err == nil {
+					written.Add(1)
+				}
+				time.Sleep(time.Millisecond)
+			}
+		}(nd)
+	}
+	rep, err := a.Diff(ctx, "b", false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]antientropy.Lacks{"new-at-b": antientropy.LacksLocal}
+	for _, k := range keys(0, 25) {
+		want[k] = antientropy.LacksPeer
+	}
+	for _, k := range keys(100, 120) {
+		want[k] = antientropy.LacksLocal
+	}
+	t.Logf("a's comparison: %d leaves differing, %d keys compared, %d candidates, %d in flight, %d divergent, %d bytes, %s",
+		rep.LeavesDiffering, rep.Compared, rep.Candidates, rep.InFlight, len(rep.Divergent), rep.Bytes, rep.Took)
+	checkDivergent(t, "a's comparison", rep, want)
+	if rep.Bytes == 0 || rep.Equal {
+		t.Fatalf("report: %+v", rep)
+	}
+
+	// Each side repairs what it lacks; b's comparison sees the other half.
+	rb, err := b.Diff(ctx, "a", true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rb.Repaired != 25 {
+		t.Fatalf("b repaired %d versions, want the 25 it lacked", rb.Repaired)
+	}
+	ra, err := a.Diff(ctx, "b", true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ra.Repaired != 21 {
+		t.Fatalf("a repaired %d versions, want the 21 it lacked", ra.Repaired)
+	}
+	stop.Store(true)
+	wg.Wait()
+	if written.Load() == 0 {
+		t.Fatal("no write was taken during the comparisons")
+	}
+	m.converged(20 * time.Second)
+	after, err := a.Diff(ctx, "b", false)
+	if err != nil || !after.Equal || len(after.Divergent) != 0 {
+		t.Fatalf("after repair: %+v %v", after, err)
+	}
+	if r, err := b.Get("key-0003"); err != nil || string(r.Value) != "only at a" {
+		t.Fatalf("b's key-0003 after repair: %q %v", r.Value, err)
+	}
+	if _, err := b.Get("key-0021"); err == nil {
+		t.Fatal("b still holds a key a deleted beneath replication")
+	}
+}
+
+func checkDivergent(t *testing.T, what string, rep *antientropy.Report, want map[string]antientropy.Lacks) {
+	t.Helper()
+	var got, exp []string
+	for _, d := range rep.Divergent {
+		got = append(got, d.Key+"="+string(d.Lacks))
+	}
+	for k, l := range want {
+		exp = append(exp, k+"="+string(l))
+	}
+	sort.Strings(got)
+	sort.Strings(exp)
+	if fmt.Sprint(got) != fmt.Sprint(exp) {
+		t.Fatalf("%s: divergent\n got %v\nwant %v\n(in flight %d, candidates %d)", what, got, exp, rep.InFlight, rep.Candidates)
+	}
+}
+
+// TestTreeEndpointRefusesBadRequests: the peer endpoint answers only a
+// configured peer with its secret, and refuses a body that does not decode,
+// with a JSON error, and keeps serving.
+func TestTreeEndpointRefusesBadRequests(t *testing.T) {
+	m := newTestMesh(t, hlc.SystemClock{}, nil, "a", "b")
+	url := "http://" + m.addrs["a"] + wire.PathTree
+	good, _ := wire.EncodeTree(&wire.TreeRequest{Protocol: 1, Op: wire.TreeSums, Nodes: []int{0}})
+	for _, c := range []struct {
+		name   string
+		body   []byte
+		hdr    []string
+		status int
+	}{
+		{"no origin", good, nil, http.StatusUnauthorized},
+		{"wrong secret", good, []string{wire.HeaderOrigin, "b", "Authorization", "Bearer wrong"}, http.StatusUnauthorized},
+		{"unknown peer", good, []string{wire.HeaderOrigin, "z", "Authorization", "Bearer s"}, http.StatusUnauthorized},
+		{"malformed", []byte{0xc1, 0x00}, []string{wire.HeaderOrigin, "b", "Authorization", "Bearer s"}, http.StatusBadRequest},
+		{"bad op", mustTree(t, &wire.TreeRequest{Protocol: 1, Op: 9}), []string{wire.HeaderOrigin, "b", "Authorization", "Bearer s"}, http.StatusBadRequest},
+		{"other protocol", mustTree(t, &wire.TreeRequest{Protocol: 99, Op: wire.TreeSums, Nodes: []int{0}}), []string{wire.HeaderOrigin, "b", "Authorization", "Bearer s"}, http.StatusServiceUnavailable},
+		{"good", good, []string{wire.HeaderOrigin, "b", "Authorization", "Bearer s"}, http.StatusOK},
+	} {
+		resp, body := do(t, http.MethodPost, url, bytes.NewReader(c.body), c.hdr...)
+		if resp.StatusCode != c.status {
+			t.Errorf("%s: %d %s, want %d", c.name, resp.StatusCode, body, c.status)
+			continue
+		}
+		if c.status != http.StatusOK && !bytes.Contains(body, []byte(`"code"`)) {
+			t.Errorf("%s: not a JSON error: %s", c.name, body)
+		}
+	}
+}
+
+func mustTree(t *testing.T, r *wire.TreeRequest) []byte {
+	t.Helper()
+	b, err := wire.EncodeTree(r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
