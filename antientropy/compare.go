@@ -12,8 +12,10 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
+	"github.com/replicator/replicator/client"
 	"github.com/replicator/replicator/hashtree"
 	"github.com/replicator/replicator/hlc"
 	"github.com/replicator/replicator/wire"
@@ -25,90 +27,25 @@ type Tree interface {
 	Ask(ctx context.Context, req *wire.TreeRequest) (*wire.TreeAnswer, error)
 }
 
-// Lacks says which side lacks a divergent key's newer version.
-type Lacks string
+// Report is a comparison's result (client.DiffReport), with the peer's
+// whole version of each divergent key, which a repair of this side applies.
+type Report struct {
+	client.DiffReport
+	// peer[i] is the peer's version of Divergent[i] (nil: none).
+	peer []*wire.TreeVersion
+}
 
+// The lacks of client, by their short names here.
 const (
-	// LacksLocal: this cluster should pull the peer's version.
-	LacksLocal Lacks = "local"
-	// LacksPeer: the peer should pull this cluster's version.
-	LacksPeer Lacks = "peer"
-	// LacksBoth: a counter each side holds some component of higher.
-	LacksBoth Lacks = "both"
-	// LacksUnknown: the two versions share a stamp but not a value (one
-	// side's tree rotted, or was edited by hand): last-writer-wins cannot
-	// tell, an operator must.
-	LacksUnknown Lacks = "unknown"
-	// LacksMaybeDeleted: one side holds a live version older than the
-	// other side's collection horizon, which the other lacks: the other may
-	// have deleted it and collected the tombstone. A possible resurrection,
-	// never copied (docs/OPERATIONS.md).
-	LacksMaybeDeleted Lacks = "possible_resurrection"
+	LacksLocal        = client.LacksLocal
+	LacksPeer         = client.LacksPeer
+	LacksBoth         = client.LacksBoth
+	LacksUnknown      = client.LacksUnknown
+	LacksMaybeDeleted = client.LacksMaybeDeleted
 )
 
-// Divergence is one key the two sides disagree on.
-type Divergence struct {
-	Key     string `json:"key"`
-	Counter bool   `json:"counter,omitempty"`
-	// Local and Peer are the versions each side holds (nil: none), values
-	// left out of the report.
-	Local *Held `json:"local"`
-	Peer  *Held `json:"peer"`
-	Lacks Lacks `json:"lacks"`
-	// peer is the peer's whole version, which a repair of this side
-	// applies.
-	peer *wire.TreeVersion
-}
-
-// Held is what one side holds of a key.
-type Held struct {
-	Stamp     string `json:"stamp"`
-	Origin    string `json:"origin"`
-	Tombstone bool   `json:"tombstone,omitempty"`
-	Hash      string `json:"value_hash"`
-}
-
-// Report is a comparison's result.
-type Report struct {
-	Peer string `json:"peer"`
-	// Equal: the roots and the range tombstones were equal (nothing else
-	// was read).
-	Equal bool `json:"equal"`
-	// LeavesDiffering are the leaves whose sums differed.
-	LeavesDiffering int `json:"leaves_differing"`
-	// Compared is the number of keys of those leaves compared; Candidates
-	// those that differed at first look; InFlight those that changed on a
-	// side or agreed at the second look (writes in flight).
-	Compared   int `json:"keys_compared"`
-	Candidates int `json:"candidates"`
-	InFlight   int `json:"in_flight"`
-	// Divergent are the keys that still differed, unchanged, at the
-	// second look.
-	Divergent []Divergence `json:"divergent"`
-	// LinkBehind: this cluster's link to the peer had not delivered, by
-	// the second look, what it held at the first; keys the peer lacks
-	// were counted in flight.
-	LinkBehind bool `json:"link_behind,omitempty"`
-	// RangesDiffer: the two sides keep different range tombstones.
-	RangesDiffer bool `json:"ranges_differ,omitempty"`
-	// Bytes is what crossed the wire to and from the peer.
-	Bytes int64 `json:"bytes"`
-	// Repaired counts the versions a repair of this side applied (-1: no
-	// repair asked).
-	Repaired int `json:"repaired"`
-	Took     time.Duration `json:"took_ns"`
-}
-
-// Count returns the number of divergent keys of each kind of lack.
-func (r *Report) Count(l Lacks) int {
-	n := 0
-	for i := range r.Divergent {
-		if r.Divergent[i].Lacks == l {
-			n++
-		}
-	}
-	return n
-}
+// Lacks is client.Lacks.
+type Lacks = client.Lacks
 
 // Options configure a comparison.
 type Options struct {
@@ -143,7 +80,7 @@ func Compare(ctx context.Context, peerName string, local, peer Tree, opts Option
 	if opts.Sleep == nil {
 		opts.Sleep = sleep
 	}
-	rep := &Report{Peer: peerName, Repaired: -1}
+	rep := &Report{DiffReport: client.DiffReport{Peer: peerName, Repaired: -1, Divergent: []client.Divergence{}}}
 	ask := func(t Tree, req *wire.TreeRequest) (*wire.TreeAnswer, error) {
 		req.Protocol = hashtree.Version
 		return t.Ask(ctx, req)
@@ -172,7 +109,8 @@ func Compare(ctx context.Context, peerName string, local, peer Tree, opts Option
 		}
 		if level == 0 {
 			lh, ph = l, p
-			rep.RangesDiffer = !slices.Equal(l.Ranges, p.Ranges)
+			lr, pr := liveRanges(l.Ranges, l.Collected, p.Collected), liveRanges(p.Ranges, l.Collected, p.Collected)
+			rep.RangesDiffer, rep.RangesHere, rep.RangesPeer = !slices.Equal(lr, pr), len(lr), len(pr)
 		}
 		var differ []int
 		for i, n := range nodes {
@@ -194,7 +132,7 @@ func Compare(ctx context.Context, peerName string, local, peer Tree, opts Option
 	}
 	rep.LeavesDiffering = len(nodes)
 	if len(nodes) == 0 {
-		rep.Equal = !rep.RangesDiffer
+		rep.Equal = true
 		rep.Bytes = counted(opts)
 		return rep, nil
 	}
@@ -242,21 +180,22 @@ func Compare(ctx context.Context, peerName string, local, peer Tree, opts Option
 				return
 			}
 			rep.Divergent = append(rep.Divergent, judge(k, lv, pv, lh.Collected, ph.Collected))
+			rep.peer = append(rep.peer, pv)
 		})
 	}
 	// Keys neither side holds any more (both collected) are in flight too.
 	rep.InFlight += len(first)
 	if opts.PeerBehind != nil && opts.PeerBehind() {
 		rep.LinkBehind = true
-		kept := rep.Divergent[:0]
-		for _, d := range rep.Divergent {
+		kept, peer := rep.Divergent[:0], rep.peer[:0]
+		for i, d := range rep.Divergent {
 			if d.Lacks == LacksPeer {
 				rep.InFlight++
 				continue
 			}
-			kept = append(kept, d)
+			kept, peer = append(kept, d), append(peer, rep.peer[i])
 		}
-		rep.Divergent = kept
+		rep.Divergent, rep.peer = kept, peer
 	}
 	rep.Bytes = counted(opts)
 	return rep, nil
@@ -314,8 +253,8 @@ func sameVersion(a, b *wire.TreeVersion) bool {
 }
 
 // judge says which side lacks what, for a key that differs.
-func judge(k wire.Key, lv, pv *wire.TreeVersion, localCollected, peerCollected hlc.Timestamp) Divergence {
-	d := Divergence{Key: k.Key, Counter: k.Counter, Local: held(lv), Peer: held(pv), peer: pv}
+func judge(k wire.Key, lv, pv *wire.TreeVersion, localCollected, peerCollected hlc.Timestamp) client.Divergence {
+	d := client.Divergence{Key: k.Key, Counter: k.Counter, Local: held(lv), Peer: held(pv)}
 	if k.Counter {
 		d.Lacks = counterLacks(lv, pv)
 		return d
@@ -385,11 +324,11 @@ func counterLacks(lv, pv *wire.TreeVersion) Lacks {
 	return LacksUnknown
 }
 
-func held(v *wire.TreeVersion) *Held {
+func held(v *wire.TreeVersion) *client.Held {
 	if v == nil {
 		return nil
 	}
-	return &Held{Stamp: v.Stamp.String(), Origin: v.Origin, Tombstone: v.Tombstone, Hash: fmt.Sprintf("%016x", v.Hash)}
+	return &client.Held{Stamp: v.Stamp.String(), Origin: v.Origin, Tombstone: v.Tombstone, Hash: fmt.Sprintf("%016x", v.Hash)}
 }
 
 // Pulls are the peer's versions a repair of this side applies: those of
@@ -399,9 +338,36 @@ func (r *Report) Pulls() []wire.TreeVersion {
 	var out []wire.TreeVersion
 	for i := range r.Divergent {
 		d := &r.Divergent[i]
-		if (d.Lacks == LacksLocal || d.Lacks == LacksBoth) && d.peer != nil {
-			out = append(out, *d.peer)
+		if (d.Lacks == LacksLocal || d.Lacks == LacksBoth) && r.peer[i] != nil {
+			out = append(out, *r.peer[i])
 		}
 	}
+	return out
+}
+
+// liveRanges are the range deletes neither side may have collected yet
+// (both collect them at their own pace, as tombstones), in one order.
+func liveRanges(rs []wire.Range, a, b hlc.Timestamp) []wire.Range {
+	horizon := a
+	if horizon.Less(b) {
+		horizon = b
+	}
+	var out []wire.Range
+	for _, r := range rs {
+		if !r.Stamp.Less(horizon) {
+			out = append(out, r)
+		}
+	}
+	slices.SortFunc(out, func(x, y wire.Range) int {
+		switch {
+		case x.Start != y.Start:
+			return strings.Compare(x.Start, y.Start)
+		case x.End != y.End:
+			return strings.Compare(x.End, y.End)
+		case x.Stamp != y.Stamp:
+			return x.Stamp.Compare(y.Stamp)
+		}
+		return strings.Compare(x.Origin, y.Origin)
+	})
 	return out
 }

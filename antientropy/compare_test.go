@@ -255,3 +255,37 @@ func sorted(m map[string]Lacks) []string {
 	sort.Strings(out)
 	return out
 }
+
+// TestCompareRangesAboveTheHorizons: a range delete one side collected and
+// the other still keeps is not a difference; one above both sides'
+// collection horizons that only one side keeps is reported (ranges_differ).
+func TestCompareRangesAboveTheHorizons(t *testing.T) {
+	a, b := newSide(t, "a"), newSide(t, "b")
+	rangeAt := func(s *side, wall int64) {
+		bt := s.st.NewBatch()
+		defer bt.Close()
+		if _, _, err := bt.MergeRange(store.RangeTombstone{Start: "r/", End: "r0", Stamp: at(wall, "a")}); err != nil {
+			t.Fatal(err)
+		}
+		if err := bt.Commit(true); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rangeAt(a, 100)
+	rangeAt(b, 100)
+	if _, err := a.d.Apply(&machine.Command{Collect: &machine.CollectCmd{Cutoff: hlc.Timestamp{Wall: 200}, Max: 10}}); err != nil {
+		t.Fatal(err)
+	}
+	if len(a.st.RangeTombstones()) != 0 || len(b.st.RangeTombstones()) != 1 {
+		t.Fatal("test assumes a collected the range and b did not")
+	}
+	rep, err := Compare(context.Background(), "b", Local{a.st}, Local{b.st}, Options{Sleep: noSleep})
+	if err != nil || !rep.Equal {
+		t.Fatalf("a range collected at one side only made the trees differ: %+v %v", rep, err)
+	}
+	rangeAt(b, 300)
+	rep, err = Compare(context.Background(), "b", Local{a.st}, Local{b.st}, Options{Sleep: noSleep})
+	if err != nil || !rep.RangesDiffer || rep.RangesHere != 0 || rep.RangesPeer != 1 {
+		t.Fatalf("a range only b keeps, above both horizons, went unseen: %+v %v", rep, err)
+	}
+}

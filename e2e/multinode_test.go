@@ -504,7 +504,7 @@ func TestMultiNodeRobustness(t *testing.T) {
 	for _, it := range items {
 		final[it.Key] = it
 	}
-	var violations []string
+	violations := noDivergence(m.clusters, func(c string) *client.Client { return m.leader(c).client() })
 	counters := map[string]int64{}
 	for i := 0; i < 3; i++ {
 		k := fmt.Sprintf("ctr/%d", i)

@@ -336,7 +336,7 @@ func robustRun(t *testing.T, s uint64, o robustOpts) {
 	}
 
 	// judge
-	var violations []string
+	violations := noDivergence(m.names, func(c string) *client.Client { return m.nodes[c].client() })
 	items, err := m.nodes["a"].client().ScanAll(bg(), client.ScanOptions{})
 	if err != nil {
 		t.Fatal(err)
@@ -960,4 +960,29 @@ func workloadOp(c *client.Client, r *rand.Rand, id, cluster string, seq int, key
 	}
 	op.End2 = time.Now()
 	h.add(op)
+}
+
+// noDivergence asks each cluster to compare its tree with every other's
+// (anti-entropy, docs/ANTIENTROPY.md): once the mesh converged, no key
+// may differ, and the trees' roots must be equal.
+func noDivergence(clusters []string, leader func(c string) *client.Client) []string {
+	var out []string
+	for _, c := range clusters {
+		for _, p := range clusters {
+			if p == c {
+				continue
+			}
+			ctx, cancel := context.WithTimeout(bg(), 2*time.Minute)
+			r, err := leader(c).Diff(ctx, p, false)
+			cancel()
+			switch {
+			case err != nil:
+				out = append(out, fmt.Sprintf("diff %s with %s: %v", c, p, err))
+			case len(r.Divergent) > 0 || !r.Equal || r.LeavesDiffering > 0:
+				out = append(out, fmt.Sprintf("diff %s with %s after convergence: %d divergent keys (first %+v), equal %v, %d leaves differing, %d in flight, ranges %d here %d there",
+					c, p, len(r.Divergent), r.Divergent[:min(1, len(r.Divergent))], r.Equal, r.LeavesDiffering, r.InFlight, r.RangesHere, r.RangesPeer))
+			}
+		}
+	}
+	return out
 }

@@ -10,6 +10,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/replicator/replicator/antientropy"
+	"github.com/replicator/replicator/client"
 	"github.com/replicator/replicator/machine"
 	"github.com/replicator/replicator/node/api"
 	"github.com/replicator/replicator/transport"
@@ -85,7 +86,15 @@ func (r remoteTree) Ask(ctx context.Context, req *wire.TreeRequest) (*wire.TreeA
 
 // Diff compares this cluster's tree with peer's and, when repair is set,
 // pulls and applies what this cluster lacks.
-func (ae *antiEntropy) Diff(ctx context.Context, peer string, repair bool) (*antientropy.Report, error) {
+func (ae *antiEntropy) Diff(ctx context.Context, peer string, repair bool) (client.DiffReport, error) {
+	rep, err := ae.diff(ctx, peer, repair)
+	if rep == nil {
+		return client.DiffReport{}, err
+	}
+	return rep.DiffReport, err
+}
+
+func (ae *antiEntropy) diff(ctx context.Context, peer string, repair bool) (*antientropy.Report, error) {
 	n := ae.n
 	sh := ae.link(peer)
 	if sh == nil {
@@ -151,11 +160,11 @@ func (ae *antiEntropy) Diff(ctx context.Context, peer string, repair bool) (*ant
 		}
 		ae.repaired.WithLabelValues(peer).Add(float64(rep.Repaired))
 	}
-	rep.Took = time.Since(start)
+	rep.Seconds = time.Since(start).Seconds()
 	ae.divergent.WithLabelValues(peer).Set(float64(len(rep.Divergent)))
 	ae.lastPass.WithLabelValues(peer).Set(float64(time.Now().Unix()))
 	n.log.Info("compared the tree with a peer's", "peer", peer, "equal", rep.Equal, "leaves_differing", rep.LeavesDiffering,
-		"divergent", len(rep.Divergent), "in_flight", rep.InFlight, "bytes", rep.Bytes, "repaired", rep.Repaired, "took", rep.Took)
+		"divergent", len(rep.Divergent), "in_flight", rep.InFlight, "bytes", rep.Bytes, "repaired", rep.Repaired, "seconds", rep.Seconds)
 	return rep, nil
 }
 

@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/replicator/replicator/antientropy"
+	"github.com/replicator/replicator/client"
 	"github.com/replicator/replicator/hlc"
 	"github.com/replicator/replicator/wire"
 )
@@ -78,15 +78,15 @@ func TestDiffFindsAndRepairsDivergence(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := map[string]antientropy.Lacks{"new-at-b": antientropy.LacksLocal}
+	want := map[string]client.Lacks{"new-at-b": client.LacksLocal}
 	for _, k := range keys(0, 25) {
-		want[k] = antientropy.LacksPeer
+		want[k] = client.LacksPeer
 	}
 	for _, k := range keys(100, 120) {
-		want[k] = antientropy.LacksLocal
+		want[k] = client.LacksLocal
 	}
-	t.Logf("a's comparison: %d leaves differing, %d keys compared, %d candidates, %d in flight, %d divergent, %d bytes, %s",
-		rep.LeavesDiffering, rep.Compared, rep.Candidates, rep.InFlight, len(rep.Divergent), rep.Bytes, rep.Took)
+	t.Logf("a's comparison: %d leaves differing, %d keys compared, %d candidates, %d in flight, %d divergent, %d bytes, %.2fs",
+		rep.LeavesDiffering, rep.Compared, rep.Candidates, rep.InFlight, len(rep.Divergent), rep.Bytes, rep.Seconds)
 	checkDivergent(t, "a's comparison", rep, want)
 	if rep.Bytes == 0 || rep.Equal {
 		t.Fatalf("report: %+v", rep)
@@ -125,7 +125,7 @@ func TestDiffFindsAndRepairsDivergence(t *testing.T) {
 	}
 }
 
-func checkDivergent(t *testing.T, what string, rep *antientropy.Report, want map[string]antientropy.Lacks) {
+func checkDivergent(t *testing.T, what string, rep client.DiffReport, want map[string]client.Lacks) {
 	t.Helper()
 	var got, exp []string
 	for _, d := range rep.Divergent {

@@ -1,11 +1,13 @@
 package wire
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"sort"
 
 	"github.com/vmihailenco/msgpack/v5"
+	"github.com/vmihailenco/msgpack/v5/msgpcode"
 
 	"github.com/replicator/replicator/entry"
 	"github.com/replicator/replicator/hlc"
@@ -147,6 +149,9 @@ func EncodeTree(v any) ([]byte, error) { return msgpack.Marshal(v) }
 // DecodeTreeRequest decodes and checks a request.
 func DecodeTreeRequest(b []byte) (*TreeRequest, error) {
 	var r TreeRequest
+	if err := boundLengths(b); err != nil {
+		return nil, err
+	}
 	if err := msgpack.Unmarshal(b, &r); err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrBadTree, err)
 	}
@@ -173,6 +178,9 @@ func DecodeTreeRequest(b []byte) (*TreeRequest, error) {
 // DecodeTreeAnswer decodes and checks an answer.
 func DecodeTreeAnswer(b []byte) (*TreeAnswer, error) {
 	var a TreeAnswer
+	if err := boundLengths(b); err != nil {
+		return nil, err
+	}
 	if err := msgpack.Unmarshal(b, &a); err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrBadTree, err)
 	}
@@ -230,6 +238,62 @@ const maxTreeKey = 1 << 16
 func checkTreeKey(k string) error {
 	if k == "" || len(k) > maxTreeKey {
 		return fmt.Errorf("a key of %d bytes", len(k))
+	}
+	return nil
+}
+
+// maxTreeDepth bounds the nesting of a tree message (an answer nests four
+// deep: answer, versions, a version, its context).
+const maxTreeDepth = 6
+
+// boundLengths walks a msgpack message and refuses any array or map that
+// claims more elements than bytes remain, or nesting deeper than the
+// messages have: the decoder would otherwise allocate up to a million
+// elements for a five-byte lie before finding the body short.
+func boundLengths(b []byte) error {
+	rd := bytes.NewReader(b)
+	dec := msgpack.NewDecoder(rd)
+	var walk func(depth int) error
+	walk = func(depth int) error {
+		if depth > maxTreeDepth {
+			return fmt.Errorf("%w: nested deeper than %d", ErrBadTree, maxTreeDepth)
+		}
+		c, err := dec.PeekCode()
+		if err != nil {
+			return fmt.Errorf("%w: %v", ErrBadTree, err)
+		}
+		var n, per int
+		switch {
+		case msgpcode.IsFixedArray(c) || c == msgpcode.Array16 || c == msgpcode.Array32:
+			n, err = dec.DecodeArrayLen()
+			per = 1
+		case msgpcode.IsFixedMap(c) || c == msgpcode.Map16 || c == msgpcode.Map32:
+			n, err = dec.DecodeMapLen()
+			per = 2
+		default:
+			if err := dec.Skip(); err != nil {
+				return fmt.Errorf("%w: %v", ErrBadTree, err)
+			}
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("%w: %v", ErrBadTree, err)
+		}
+		if n > rd.Len() {
+			return fmt.Errorf("%w: %d elements claimed, %d bytes left", ErrBadTree, n, rd.Len())
+		}
+		for i := 0; i < n*per; i++ {
+			if err := walk(depth + 1); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	if err := walk(0); err != nil {
+		return err
+	}
+	if rd.Len() != 0 {
+		return fmt.Errorf("%w: %d trailing bytes", ErrBadTree, rd.Len())
 	}
 	return nil
 }

@@ -67,6 +67,8 @@ func root() *cobra.Command {
 		command("load FILE", "bulk load NDJSON {\"key\",\"value\"} lines or CSV key,value", data("load")),
 		command("peers [--json]", "replication links and what came in", admin("peers")),
 		command("digest [--prefix P]... [--json]", "hash of the live state, or of the keys under prefixes (equal on converged clusters)", admin("digest")),
+		command("diff --peer PEER [--repair]", "compare this cluster's tree with a peer's: the keys they disagree on, and who lacks what (anti-entropy)", runDiff(false)),
+		command("repair --peer PEER", "pull and apply what this cluster lacks of a peer's tree (diff --repair)", runDiff(true)),
 		command("filter PEER [--include P]... [--exclude P]... [--every-key]", "show or change what crosses the link to a peer (the cluster's log records it)", admin("filter")),
 		command("bandwidth PEER [RATE]", "show or change the link's bandwidth limit, e.g. 20MiB (0: none; the cluster's log records it)", admin("bandwidth")),
 		command("admin wal|peers|origin|digest|cluster | pause|resume|reseed|detach|filter|bandwidth PEER | cluster join|remove NODE", "admin documents as tables, peer link actions and the cluster's membership", admin("admin")),

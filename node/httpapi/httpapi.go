@@ -14,7 +14,6 @@ import (
 	"net/http"
 	"time"
 
-	"github.com/replicator/replicator/antientropy"
 	"github.com/replicator/replicator/client"
 	"github.com/replicator/replicator/entry"
 	"github.com/replicator/replicator/node/api"
@@ -56,7 +55,7 @@ type Links interface {
 	SetLinkBandwidth(peer string, bytesPerSec int64) (api.BandwidthReport, error)
 	// Diff compares the cluster's tree with the peer's, and repairs what
 	// this cluster lacks when asked (docs/ANTIENTROPY.md).
-	Diff(ctx context.Context, peer string, repair bool) (*antientropy.Report, error)
+	Diff(ctx context.Context, peer string, repair bool) (client.DiffReport, error)
 }
 
 // Reports is what the node's other admin endpoints ask of it.

@@ -1,0 +1,112 @@
+package client
+
+import (
+	"context"
+	"net/http"
+	"net/url"
+)
+
+// Anti-entropy's report (docs/ANTIENTROPY.md): what a comparison of a
+// cluster's tree with a peer's found, and what a repair applied.
+
+// Lacks says which side lacks a divergent key's newer version.
+type Lacks string
+
+const (
+	// LacksLocal: the cluster compared from should pull the peer's version.
+	LacksLocal Lacks = "local"
+	// LacksPeer: the peer should pull this cluster's version.
+	LacksPeer Lacks = "peer"
+	// LacksBoth: a counter each side holds some component of higher.
+	LacksBoth Lacks = "both"
+	// LacksUnknown: the two versions share a stamp but not a value (one
+	// side's tree rotted, or was edited by hand): last-writer-wins cannot
+	// tell; an operator must (docs/OPERATIONS.md).
+	LacksUnknown Lacks = "unknown"
+	// LacksMaybeDeleted: one side holds a live version older than the
+	// other side's collection horizon, which the other lacks: the other may
+	// have deleted it and collected the tombstone. A possible resurrection,
+	// never copied (docs/OPERATIONS.md).
+	LacksMaybeDeleted Lacks = "possible_resurrection"
+)
+
+// Divergence is one key the two sides disagree on.
+type Divergence struct {
+	Key     string `json:"key"`
+	Counter bool   `json:"counter,omitempty"`
+	// Local and Peer are what each side holds (nil: nothing).
+	Local *Held `json:"local"`
+	Peer  *Held `json:"peer"`
+	Lacks Lacks `json:"lacks"`
+}
+
+// Held is what one side holds of a key (values are not exchanged).
+type Held struct {
+	Stamp     string `json:"stamp"`
+	Origin    string `json:"origin"`
+	Tombstone bool   `json:"tombstone,omitempty"`
+	Hash      string `json:"value_hash"`
+}
+
+// DiffReport is a comparison's result.
+type DiffReport struct {
+	Peer string `json:"peer"`
+	// Equal: the roots were equal: both sides hold the same live versions
+	// (nothing but sums was read).
+	Equal bool `json:"equal"`
+	// LeavesDiffering are the leaves whose sums differed.
+	LeavesDiffering int `json:"leaves_differing"`
+	// Compared is the number of keys of those leaves compared; Candidates
+	// those that differed at the first look; InFlight those that changed
+	// on a side or agreed at the second look (writes in flight).
+	Compared   int `json:"keys_compared"`
+	Candidates int `json:"candidates"`
+	InFlight   int `json:"in_flight"`
+	// Divergent are the keys that still differed, unchanged, at the second
+	// look.
+	Divergent []Divergence `json:"divergent"`
+	// LinkBehind: this cluster's link to the peer had not delivered, by
+	// the second look, what it held at the first; keys the peer lacks
+	// were counted in flight.
+	LinkBehind bool `json:"link_behind,omitempty"`
+	// RangesDiffer: the two sides keep different range deletes among
+	// those neither may have collected yet (newer than both collection
+	// horizons); RangesHere and RangesPeer count those each side keeps.
+	// Informational: a filtered link carries a range delete clipped to
+	// what it lets cross, so two clusters whose live versions agree can
+	// keep different ranges; what a range delete did to live keys is in
+	// the keys' versions, which the sums compare.
+	RangesDiffer bool `json:"ranges_differ,omitempty"`
+	RangesHere   int  `json:"ranges_here"`
+	RangesPeer   int  `json:"ranges_peer"`
+	// Bytes is what crossed the wire to and from the peer.
+	Bytes int64 `json:"bytes"`
+	// Repaired counts the versions a repair of this side applied (-1: no
+	// repair asked).
+	Repaired int `json:"repaired"`
+	// Seconds is how long the comparison (and repair) took.
+	Seconds float64 `json:"seconds"`
+}
+
+// Count returns the number of divergent keys of one kind of lack.
+func (r *DiffReport) Count(l Lacks) int {
+	n := 0
+	for i := range r.Divergent {
+		if r.Divergent[i].Lacks == l {
+			n++
+		}
+	}
+	return n
+}
+
+// Diff compares the node's cluster with the peer's (and, with repair,
+// pulls what this cluster lacks).
+func (c *Client) Diff(ctx context.Context, peer string, repair bool) (DiffReport, error) {
+	var r DiffReport
+	path := "/admin/peers/" + url.PathEscape(peer) + "/diff"
+	if repair {
+		path += "?repair=true"
+	}
+	_, err := c.Do(ctx, http.MethodPost, path, nil, nil, &r)
+	return r, err
+}

@@ -1,0 +1,108 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"text/tabwriter"
+	"time"
+
+	"github.com/replicator/replicator/client"
+)
+
+const diffUsage = `replicator diff --peer NAME [--repair] [--limit N] [--addr URL] [-o json]
+    compare this cluster's tree with the peer's: the keys they disagree on
+    (writes in flight left out), and who lacks what; --repair pulls what
+    this cluster lacks (run it at the peer too for the other direction)
+replicator repair --peer NAME   same as diff --repair`
+
+// runDiff compares the node's cluster with a peer (docs/ANTIENTROPY.md).
+func runDiff(repair bool) func(args []string) error {
+	return func(args []string) error {
+		fs := flag.NewFlagSet("diff", flag.ContinueOnError)
+		var cf clientFlags
+		cf.register(fs)
+		peer := fs.String("peer", "", "the peer cluster to compare with")
+		fs.BoolVar(&repair, "repair", repair, "pull and apply what this cluster lacks")
+		limit := fs.Int("limit", 50, "list at most this many divergent keys in the table (0: all)")
+		if err := parse(fs, args); err != nil {
+			return err
+		}
+		if *peer == "" && fs.NArg() == 1 {
+			*peer = fs.Arg(0)
+		} else if *peer == "" || fs.NArg() != 0 {
+			return usagef("usage:\n%s", diffUsage)
+		}
+		timeoutSet := false
+		fs.Visit(func(f *flag.Flag) { timeoutSet = timeoutSet || f.Name == "timeout" })
+		if !timeoutSet {
+			// A comparison waits for the link's lag and reads the
+			// differing leaves on both sides: more than a write's 10s.
+			cf.timeout = 10 * time.Minute
+		}
+		c, err := cf.client()
+		if err != nil {
+			return err
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), cf.timeout)
+		defer cancel()
+		rep, err := c.Diff(ctx, *peer, repair)
+		if err != nil {
+			return err
+		}
+		return cf.out.print(rep, func(w io.Writer) { diffTable(w, &rep, *limit) })
+	}
+}
+
+func diffTable(w io.Writer, r *client.DiffReport, limit int) {
+	switch {
+	case r.Equal:
+		fmt.Fprintf(w, "equal: this cluster and %s hold the same live versions (%s exchanged, %.1fs)\n", r.Peer, human(r.Bytes), r.Seconds)
+		return
+	case len(r.Divergent) == 0:
+		fmt.Fprintf(w, "no divergent key: %d leaves differed, %d keys compared, %d in flight (%s exchanged, %.1fs)\n",
+			r.LeavesDiffering, r.Compared, r.InFlight, human(r.Bytes), r.Seconds)
+	default:
+		fmt.Fprintf(w, "%d divergent keys: %d this cluster lacks, %d %s lacks, %d counters both lack parts of, %d possible resurrections, %d unknown\n",
+			len(r.Divergent), r.Count(client.LacksLocal), r.Count(client.LacksPeer), r.Peer, r.Count(client.LacksBoth),
+			r.Count(client.LacksMaybeDeleted), r.Count(client.LacksUnknown))
+		fmt.Fprintf(w, "(%d leaves differed, %d keys compared, %d in flight; %s exchanged, %.1fs)\n",
+			r.LeavesDiffering, r.Compared, r.InFlight, human(r.Bytes), r.Seconds)
+	}
+	if r.LinkBehind {
+		fmt.Fprintf(w, "the link to %s was behind: keys it lacks were counted in flight\n", r.Peer)
+	}
+	if r.RangesDiffer {
+		fmt.Fprintln(w, "the two clusters keep different range deletes")
+	}
+	if r.Repaired >= 0 {
+		fmt.Fprintf(w, "repaired: %d versions pulled from %s and applied here\n", r.Repaired, r.Peer)
+	}
+	if len(r.Divergent) == 0 {
+		return
+	}
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "KEY\tLACKS\tHERE\tAT PEER")
+	held := func(h *client.Held) string {
+		switch {
+		case h == nil:
+			return "-"
+		case h.Tombstone:
+			return "deleted " + h.Stamp + " " + h.Origin
+		}
+		return h.Stamp + " " + h.Origin
+	}
+	for i, d := range r.Divergent {
+		if limit > 0 && i == limit {
+			fmt.Fprintf(tw, "... %d more (-o json lists every one)\n", len(r.Divergent)-limit)
+			break
+		}
+		key := d.Key
+		if d.Counter {
+			key += " (counter)"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", key, d.Lacks, held(d.Local), held(d.Peer))
+	}
+	tw.Flush()
+}
