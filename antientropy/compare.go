@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/replicator/replicator/client"
+	"github.com/replicator/replicator/entry"
 	"github.com/replicator/replicator/hashtree"
 	"github.com/replicator/replicator/hlc"
 	"github.com/replicator/replicator/wire"
@@ -58,6 +59,12 @@ type Options struct {
 	// Counted is told the bytes of every exchange with the peer (the
 	// remote Tree counts them).
 	Counted func() int64
+	// Filter is this cluster's link filter toward the peer: the
+	// comparison looks only at the keys it lets cross (and that the peer's
+	// filter toward this cluster lets cross, which the peer adds).
+	Filter entry.Filter
+	// Pass names the comparison to the peer (any number unlikely to repeat).
+	Pass uint64
 	// PeerBehind, asked after the wait, reports that this cluster's link
 	// to the peer still had not delivered what it held at the first look:
 	// then a key the peer lacks may be in flight, and counts so.
@@ -85,13 +92,26 @@ func Compare(ctx context.Context, peerName string, local, peer Tree, opts Option
 		req.Protocol = hashtree.Version
 		return t.Ask(ctx, req)
 	}
+	// The scope: this side's filter, then what the peer says it compared
+	// (its own filter toward this side added), for both sides alike.
+	var filters []wire.Filter
+	if !opts.Filter.All() {
+		filters = []wire.Filter{{Include: opts.Filter.Include, Exclude: opts.Filter.Exclude}}
+	}
 	both := func(req wire.TreeRequest) (l, p *wire.TreeAnswer, err error) {
-		lr, pr := req, req
-		if l, err = ask(local, &lr); err != nil {
-			return nil, nil, fmt.Errorf("antientropy: this tree: %w", err)
-		}
+		req.Pass = opts.Pass
+		pr := req
+		pr.Filters = filters
 		if p, err = ask(peer, &pr); err != nil {
 			return nil, nil, fmt.Errorf("antientropy: the tree of %s: %w", peerName, err)
+		}
+		if req.Op == wire.TreeSums && req.Level == 0 && len(p.Filters) > 0 {
+			filters = p.Filters
+		}
+		lr := req
+		lr.Filters = filters
+		if l, err = ask(local, &lr); err != nil {
+			return nil, nil, fmt.Errorf("antientropy: this tree: %w", err)
 		}
 		return l, p, nil
 	}

@@ -160,7 +160,7 @@ func TestCompareFindsExactlyTheDivergence(t *testing.T) {
 	// summed at open see it)
 	a.rot(t, "key-00030")
 
-	rep, err := Compare(context.Background(), "b", Local{a.st}, Local{b.st}, Options{Sleep: noSleep})
+	rep, err := Compare(context.Background(), "b", Local{St: a.st}, Local{St: b.st}, Options{Sleep: noSleep})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -184,14 +184,14 @@ func TestCompareFindsExactlyTheDivergence(t *testing.T) {
 	if n := a.repair(t, "b", rep.Pulls()); n != 4 {
 		t.Fatalf("a applied %d repaired versions, want 4", n)
 	}
-	back, err := Compare(context.Background(), "a", Local{b.st}, Local{a.st}, Options{Sleep: noSleep})
+	back, err := Compare(context.Background(), "a", Local{St: b.st}, Local{St: a.st}, Options{Sleep: noSleep})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if n := b.repair(t, "a", back.Pulls()); n != 4 {
 		t.Fatalf("b applied %d repaired versions, want 4 (3 lacked, the counter)", n)
 	}
-	after, err := Compare(context.Background(), "b", Local{a.st}, Local{b.st}, Options{Sleep: noSleep})
+	after, err := Compare(context.Background(), "b", Local{St: a.st}, Local{St: b.st}, Options{Sleep: noSleep})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -211,7 +211,7 @@ func TestCompareFindsExactlyTheDivergence(t *testing.T) {
 	b.del(t, "key-00030", at(70000, "a"))
 	b.del(t, "zombie", at(70001, "b"))
 	a.del(t, "zombie", at(70001, "b"))
-	final, err := Compare(context.Background(), "b", Local{a.st}, Local{b.st}, Options{Sleep: noSleep})
+	final, err := Compare(context.Background(), "b", Local{St: a.st}, Local{St: b.st}, Options{Sleep: noSleep})
 	if err != nil || !final.Equal {
 		t.Fatalf("trees not equal after repair: %+v %v", final, err)
 	}
@@ -238,7 +238,7 @@ func TestCompareSkipsWritesInFlight(t *testing.T) {
 		a.set(t, "k002", "w2", at(1003, "a"))
 		return nil
 	}
-	rep, err := Compare(context.Background(), "b", Local{a.st}, Local{b.st}, Options{Sleep: settle})
+	rep, err := Compare(context.Background(), "b", Local{St: a.st}, Local{St: b.st}, Options{Sleep: settle})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -279,13 +279,58 @@ func TestCompareRangesAboveTheHorizons(t *testing.T) {
 	if len(a.st.RangeTombstones()) != 0 || len(b.st.RangeTombstones()) != 1 {
 		t.Fatal("test assumes a collected the range and b did not")
 	}
-	rep, err := Compare(context.Background(), "b", Local{a.st}, Local{b.st}, Options{Sleep: noSleep})
+	rep, err := Compare(context.Background(), "b", Local{St: a.st}, Local{St: b.st}, Options{Sleep: noSleep})
 	if err != nil || !rep.Equal {
 		t.Fatalf("a range collected at one side only made the trees differ: %+v %v", rep, err)
 	}
 	rangeAt(b, 300)
-	rep, err = Compare(context.Background(), "b", Local{a.st}, Local{b.st}, Options{Sleep: noSleep})
+	rep, err = Compare(context.Background(), "b", Local{St: a.st}, Local{St: b.st}, Options{Sleep: noSleep})
 	if err != nil || !rep.RangesDiffer || rep.RangesHere != 0 || rep.RangesPeer != 1 {
 		t.Fatalf("a range only b keeps, above both horizons, went unseen: %+v %v", rep, err)
+	}
+}
+
+// TestCompareScopedByFilters: a filtered link's comparison looks only at the
+// keys both links carry (this side's filter toward the peer, the peer's
+// toward this side): divergence outside them is not reported, and the
+// repair pulls nothing from outside.
+func TestCompareScopedByFilters(t *testing.T) {
+	a, b := newSide(t, "a"), newSide(t, "b")
+	for _, k := range []string{"in/1", "in/2", "in/tmp/1", "out/1", "both/1"} {
+		a.set(t, k, "v", at(100, "a"))
+		b.set(t, k, "v", at(100, "a"))
+	}
+	a.set(t, "in/1", "newer", at(200, "a"))     // in scope: b lacks it
+	b.set(t, "in/2", "newer", at(201, "b"))     // in scope: a lacks it
+	a.set(t, "in/tmp/1", "newer", at(202, "a")) // a's filter excludes it
+	a.set(t, "out/1", "newer", at(203, "a"))    // not included by a's filter
+	b.set(t, "both/1", "newer", at(204, "b"))   // a's filter includes it, b's toward a does not
+	aToB := entry.Filter{Include: []string{"in/", "both/"}, Exclude: []string{"in/tmp/"}}
+	bToA := entry.Filter{Include: []string{"in/"}}
+	peer := Local{St: b.st, Toward: bToA, Scoped: &ScopeCache{}}
+	rep, err := Compare(context.Background(), "b", Local{St: a.st}, peer, Options{Sleep: noSleep, Filter: aToB, Pass: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]Lacks{}
+	for _, d := range rep.Divergent {
+		got[d.Key] = d.Lacks
+	}
+	if want := map[string]Lacks{"in/1": LacksPeer, "in/2": LacksLocal}; fmt.Sprint(sorted(got)) != fmt.Sprint(sorted(want)) {
+		t.Fatalf("scoped comparison: got %v, want %v", sorted(got), sorted(want))
+	}
+	if n := a.repair(t, "b", rep.Pulls()); n != 1 {
+		t.Fatalf("repair applied %d, want 1 (in/2)", n)
+	}
+	// The unfiltered comparison sees everything.
+	all, err := Compare(context.Background(), "b", Local{St: a.st}, Local{St: b.st}, Options{Sleep: noSleep})
+	if err != nil || len(all.Divergent) != 4 {
+		t.Fatalf("unfiltered: %d divergent (%v), want 4", len(all.Divergent), err)
+	}
+	// Filters no key passes both: nothing to compare.
+	none, err := Compare(context.Background(), "b", Local{St: a.st}, Local{St: b.st, Toward: entry.Filter{Include: []string{"zzz/"}}},
+		Options{Sleep: noSleep, Filter: entry.Filter{Include: []string{"in/"}}, Pass: 2})
+	if err != nil || !none.Equal {
+		t.Fatalf("disjoint filters: %+v %v", none, err)
 	}
 }

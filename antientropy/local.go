@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sort"
+	"sync"
 
 	"github.com/replicator/replicator/entry"
 	"github.com/replicator/replicator/hashtree"
@@ -21,6 +22,101 @@ var ErrNotKept = errors.New("antientropy: the tree's leaf hashes are not kept no
 // comparison, and for peers that ask (wire.PathTree).
 type Local struct {
 	St *store.Store
+	// Toward is this cluster's link filter toward the asker, when a peer
+	// asks: the comparison is scoped to what both links carry.
+	Toward entry.Filter
+	// Scoped keeps the scoped trees summed for recent passes (nil: each
+	// request sums its own).
+	Scoped *ScopeCache
+}
+
+// ScopeCache keeps the leaves of a few scoped trees, by pass and scope: a
+// filtered link's comparison asks for sums five times (one per level),
+// and each would otherwise scan the scope again. Safe for concurrent use.
+type ScopeCache struct {
+	mu      sync.Mutex
+	entries []scoped // the most recent last
+}
+
+type scoped struct {
+	key    string
+	leaves []hashtree.Sum
+}
+
+// scopeCacheSize bounds the trees kept (1 MiB each).
+const scopeCacheSize = 4
+
+func (c *ScopeCache) get(key string, sum func() ([]hashtree.Sum, error)) ([]hashtree.Sum, error) {
+	if c == nil {
+		return sum()
+	}
+	c.mu.Lock()
+	for _, e := range c.entries {
+		if e.key == key {
+			c.mu.Unlock()
+			return e.leaves, nil
+		}
+	}
+	c.mu.Unlock()
+	leaves, err := sum()
+	if err != nil {
+		return nil, err
+	}
+	c.mu.Lock()
+	c.entries = append(c.entries, scoped{key, leaves})
+	if len(c.entries) > scopeCacheSize {
+		c.entries = c.entries[1:]
+	}
+	c.mu.Unlock()
+	return leaves, nil
+}
+
+// scope is what a request compares: the keys every filter lets cross.
+type scope struct {
+	filters []entry.Filter
+	spans   []entry.Span // nil: every key
+}
+
+func (l Local) scopeOf(req *wire.TreeRequest) scope {
+	var sc scope
+	for _, f := range req.Filters {
+		if ef := f.Entry(); !ef.All() {
+			sc.filters = append(sc.filters, ef)
+		}
+	}
+	if !l.Toward.All() {
+		sc.filters = append(sc.filters, l.Toward)
+	}
+	for i, f := range sc.filters {
+		if i == 0 {
+			sc.spans = f.Spans()
+		} else {
+			sc.spans = f.ClipSpans(sc.spans)
+		}
+	}
+	if !sc.all() && sc.spans == nil {
+		sc.spans = []entry.Span{} // filters no key passes: nothing, not everything
+	}
+	return sc
+}
+
+func (sc *scope) all() bool { return len(sc.filters) == 0 }
+
+func (sc *scope) match(key string) bool {
+	for _, f := range sc.filters {
+		if !f.Match(key) {
+			return false
+		}
+	}
+	return true
+}
+
+func (sc *scope) wire() []wire.Filter {
+	out := make([]wire.Filter, len(sc.filters))
+	for i, f := range sc.filters {
+		out[i] = wire.Filter{Include: f.Include, Exclude: f.Exclude}
+	}
+	return out
 }
 
 // Ask answers req from the store.
@@ -29,11 +125,20 @@ func (l Local) Ask(_ context.Context, req *wire.TreeRequest) (*wire.TreeAnswer, 
 		return nil, fmt.Errorf("antientropy: tree protocol %d asked, this build computes %d", req.Protocol, hashtree.Version)
 	}
 	ans := &wire.TreeAnswer{Protocol: hashtree.Version}
+	sc := l.scopeOf(req)
 	switch req.Op {
 	case wire.TreeSums:
-		leaves := l.St.Leaves()
-		if leaves == nil {
-			return nil, ErrNotKept
+		var leaves []hashtree.Sum
+		if sc.all() {
+			if leaves = l.St.Leaves(); leaves == nil {
+				return nil, ErrNotKept
+			}
+		} else {
+			key := fmt.Sprint(req.Pass, sc.filters)
+			var err error
+			if leaves, err = l.Scoped.get(key, func() ([]hashtree.Sum, error) { return l.St.ScanLeavesIn(sc.spans, sc.match) }); err != nil {
+				return nil, err
+			}
 		}
 		levels, err := hashtree.Levels(leaves)
 		if err != nil {
@@ -50,7 +155,11 @@ func (l Local) Ask(_ context.Context, req *wire.TreeRequest) (*wire.TreeAnswer, 
 			ans.Sums = append(ans.Sums, lv[i].AppendTo(nil))
 		}
 		if req.Level == 0 {
+			ans.Filters = sc.wire()
 			for _, r := range l.St.RangeTombstones() {
+				if !sc.all() && !rangeInScope(&sc, r.Start, r.End) {
+					continue
+				}
 				ans.Ranges = append(ans.Ranges, wire.Range{Start: r.Start, End: r.End, Stamp: r.Stamp.HLC, Origin: r.Stamp.Origin})
 			}
 			if ans.Collected, err = l.St.CollectedBelow(); err != nil {
@@ -65,8 +174,10 @@ func (l Local) Ask(_ context.Context, req *wire.TreeRequest) (*wire.TreeAnswer, 
 			}
 			want[i] = true
 		}
-		err := l.St.VisitLeaves(func(leaf int) bool { return want[leaf] }, func(key string, r *store.Record, c *store.Counter) error {
-			ans.Versions = append(ans.Versions, version(key, r, c, false))
+		err := l.St.VisitLeaves(sc.spans, func(leaf int) bool { return want[leaf] }, func(key string, r *store.Record, c *store.Counter) error {
+			if sc.match(key) {
+				ans.Versions = append(ans.Versions, version(key, r, c, false))
+			}
 			return nil
 		})
 		if err != nil {
@@ -75,6 +186,9 @@ func (l Local) Ask(_ context.Context, req *wire.TreeRequest) (*wire.TreeAnswer, 
 		sortVersions(ans.Versions)
 	case wire.TreeVersions:
 		for _, k := range req.Keys {
+			if !sc.match(k.Key) {
+				continue // out of the comparison's scope: not this link's
+			}
 			if k.Counter {
 				c, err := l.St.Counter(k.Key)
 				if errors.Is(err, store.ErrNotFound) {
@@ -151,4 +265,14 @@ func less(k1 string, c1 bool, k2 string, c2 bool) bool {
 		return k1 < k2
 	}
 	return !c1 && c2
+}
+
+// rangeInScope reports a range delete that reaches keys of the scope.
+func rangeInScope(sc *scope, start, end string) bool {
+	for _, f := range sc.filters {
+		if len(f.Clip(start, end)) == 0 {
+			return false
+		}
+	}
+	return true
 }

@@ -3,6 +3,7 @@ package node
 import (
 	"context"
 	"fmt"
+	"math/rand/v2"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -30,6 +31,9 @@ type antiEntropy struct {
 	lastPass  *prometheus.GaugeVec
 	bytes     *prometheus.CounterVec
 	repaired  *prometheus.CounterVec
+	// scoped keeps the trees of filtered links' comparisons a peer asked
+	// for, for the rest of its pass.
+	scoped *antientropy.ScopeCache
 }
 
 // minSettle is the least wait between a comparison's two looks.
@@ -40,7 +44,7 @@ const minSettle = time.Second
 const settleWait = 30 * time.Second
 
 func (ae *antiEntropy) init(n *Node, reg func(prometheus.Collector)) {
-	ae.n, ae.mu = n, &sync.Mutex{}
+	ae.n, ae.mu, ae.scoped = n, &sync.Mutex{}, &antientropy.ScopeCache{}
 	ae.divergent = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "replicator_divergent_keys",
 		Help: "Keys the last complete comparison with the peer found divergent (lacked by either side, writes in flight excluded)."}, []string{"peer"})
 	ae.lastPass = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "replicator_antientropy_last_pass_timestamp_seconds",
@@ -65,11 +69,13 @@ func (ae *antiEntropy) link(peer string) *transport.Shipper {
 }
 
 // answer answers a peer's tree request from this node's tree.
-func (ae *antiEntropy) answer(_ string, req *wire.TreeRequest) (*wire.TreeAnswer, error) {
+func (ae *antiEntropy) answer(sender string, req *wire.TreeRequest) (*wire.TreeAnswer, error) {
 	if ae.n.restoring.Load() {
 		return nil, antientropy.ErrNotKept
 	}
-	return antientropy.Local{St: ae.n.store}.Ask(context.Background(), req)
+	// Scoped to what this cluster's link toward the asker carries, too.
+	ls := ae.n.linkSettings(sender)
+	return antientropy.Local{St: ae.n.store, Toward: ls.Current(), Scoped: ae.scoped}.Ask(context.Background(), req)
 }
 
 // remoteTree asks a peer's tree over a link, counting the bytes.
@@ -139,9 +145,11 @@ func (ae *antiEntropy) diff(ctx context.Context, peer string, repair bool) (*ant
 		}
 		return nil
 	}
+	ls := n.linkSettings(peer)
 	settle := max(minSettle, 2*time.Duration(st0.OldestUnackedAge*float64(time.Second)))
 	rep, err := antientropy.Compare(ctx, peer, antientropy.Local{St: n.store}, remoteTree{sh, &bytes}, antientropy.Options{
-		Settle: settle, Sleep: sleep, Counted: bytes.Load, PeerBehind: func() bool { return behind }})
+		Settle: settle, Sleep: sleep, Counted: bytes.Load, PeerBehind: func() bool { return behind },
+		Filter: ls.Current(), Pass: rand.Uint64()})
 	ae.bytes.WithLabelValues(peer).Add(float64(bytes.Load()))
 	if err != nil {
 		return nil, fmt.Errorf("node: compare with %s: %w", peer, err)

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/replicator/replicator/client"
+	"github.com/replicator/replicator/entry"
 	"github.com/replicator/replicator/hlc"
 	"github.com/replicator/replicator/wire"
 )
@@ -180,4 +181,42 @@ func mustTree(t *testing.T, r *wire.TreeRequest) []byte {
 		t.Fatal(err)
 	}
 	return b
+}
+
+// TestDiffOfAFilteredLink: a link that carries only shared/ keys compares
+// only those: what its filter holds back is not divergence; a divergence
+// under shared/ is found and repaired.
+func TestDiffOfAFilteredLink(t *testing.T) {
+	m := newTestMesh(t, hlc.SystemClock{}, nil, "a", "b")
+	a, b := m.nodes["a"], m.nodes["b"]
+	ctx := context.Background()
+	if _, err := a.SetLinkFilter("b", entry.Filter{Include: []string{"shared/"}}); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 50; i++ {
+		for _, k := range []string{"shared/", "private/"} {
+			if _, err := a.Put(ctx, fmt.Sprintf("%s%d", k, i), []byte("v")); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	m.settle()
+	rep, err := a.Diff(ctx, "b", false)
+	if err != nil || !rep.Equal || len(rep.Divergent) != 0 {
+		t.Fatalf("a filtered link that carried everything it should: %+v %v", rep, err)
+	}
+	if err := a.antiEntropy.diverge([]string{"shared/7", "private/7"}, []byte("beneath"), false); err != nil {
+		t.Fatal(err)
+	}
+	rep, err = b.Diff(ctx, "a", true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkDivergent(t, "b's comparison", rep, map[string]client.Lacks{"shared/7": client.LacksLocal})
+	if rep.Repaired != 1 {
+		t.Fatalf("b repaired %d, want 1", rep.Repaired)
+	}
+	if _, err := b.Get("private/7"); err == nil {
+		t.Fatal("a repair pulled a key the link's filter holds back")
+	}
 }

@@ -207,48 +207,90 @@ func (b *Batch) leavesCommittedLocked() {
 }
 
 // VisitLeaves calls fn, on one consistent view of the tree, for every key
-// whose leaf want says yes to: its plain record (live or a tombstone: c is
-// nil) or its counter (r is nil). The values are valid during the call
-// only. It reads the whole key space (the leaves are spread by hash, not
-// by key): one pass, whatever the number of leaves asked.
-func (s *Store) VisitLeaves(want func(leaf int) bool, fn func(key string, r *Record, c *Counter) error) error {
+// in spans (nil: every key) whose leaf want says yes to: its plain record
+// (live or a tombstone: c is nil) or its counter (r is nil). The values are
+// valid during the call only. It reads the key space of spans (the leaves
+// are spread by hash, not by key): one pass, whatever the number of leaves
+// asked.
+func (s *Store) VisitLeaves(spans []entry.Span, want func(leaf int) bool, fn func(key string, r *Record, c *Counter) error) error {
 	snap := s.db.NewSnapshot()
 	defer snap.Close()
+	if spans == nil {
+		spans = []entry.Span{{}}
+	}
 	for _, p := range []byte{prefixData, prefixCounter} {
-		it, err := snap.NewIter(&pebble.IterOptions{LowerBound: []byte{p}, UpperBound: []byte{p + 1}})
-		if err != nil {
-			return fmt.Errorf("store: visit leaves: %w", err)
-		}
-		for valid := it.First(); valid; valid = it.Next() {
-			key := string(it.Key()[1:])
-			if !want(hashtree.Leaf(key)) {
-				continue
+		for _, sp := range spans {
+			lower, upper := append([]byte{p}, sp.Start...), []byte{p + 1}
+			if sp.End != "" {
+				upper = append([]byte{p}, sp.End...)
 			}
-			if p == prefixData {
-				r, err := DecodeRecord(it.Value())
-				if err == nil {
-					err = fn(key, &r, nil)
-				}
-				if err != nil {
-					it.Close()
-					return fmt.Errorf("store: visit leaves: key %q: %w", key, err)
-				}
-				continue
+			if err := visitSpan(snap, lower, upper, p == prefixData, want, fn); err != nil {
+				return err
 			}
-			c, err := DecodeCounter(it.Value())
-			if err == nil {
-				err = fn(key, nil, &c)
-			}
-			if err != nil {
-				it.Close()
-				return fmt.Errorf("store: visit leaves: counter %q: %w", key, err)
-			}
-		}
-		if err := errors.Join(it.Error(), it.Close()); err != nil {
-			return fmt.Errorf("store: visit leaves: %w", err)
 		}
 	}
 	return nil
+}
+
+func visitSpan(snap *pebble.Snapshot, lower, upper []byte, data bool, want func(leaf int) bool, fn func(key string, r *Record, c *Counter) error) error {
+	it, err := snap.NewIter(&pebble.IterOptions{LowerBound: lower, UpperBound: upper})
+	if err != nil {
+		return fmt.Errorf("store: visit leaves: %w", err)
+	}
+	for valid := it.First(); valid; valid = it.Next() {
+		key := string(it.Key()[1:])
+		if !want(hashtree.Leaf(key)) {
+			continue
+		}
+		if data {
+			r, err := DecodeRecord(it.Value())
+			if err == nil {
+				err = fn(key, &r, nil)
+			}
+			if err != nil {
+				it.Close()
+				return fmt.Errorf("store: visit leaves: key %q: %w", key, err)
+			}
+			continue
+		}
+		c, err := DecodeCounter(it.Value())
+		if err == nil {
+			err = fn(key, nil, &c)
+		}
+		if err != nil {
+			it.Close()
+			return fmt.Errorf("store: visit leaves: counter %q: %w", key, err)
+		}
+	}
+	if err := errors.Join(it.Error(), it.Close()); err != nil {
+		return fmt.Errorf("store: visit leaves: %w", err)
+	}
+	return nil
+}
+
+// ScanLeavesIn sums the leaves of the keys in spans that match says yes
+// to, from the data (a filtered link's comparison: its scope is not what
+// the kept leaves cover).
+func (s *Store) ScanLeavesIn(spans []entry.Span, match func(key string) bool) ([]hashtree.Sum, error) {
+	leaves := make([]hashtree.Sum, hashtree.Leaves)
+	var d hashtree.Digester
+	err := s.VisitLeaves(spans, func(int) bool { return true }, func(key string, r *Record, c *Counter) error {
+		if !match(key) {
+			return nil
+		}
+		var sum hashtree.Sum
+		if c != nil {
+			sum = counterDigest(&d, key, c)
+		} else {
+			sum = versionDigest(&d, key, r)
+		}
+		if !sum.IsZero() {
+			l := hashtree.Leaf(key)
+			leaves[l] = leaves[l].Add(sum)
+		}
+		return nil
+	})
+	return leaves, err
 }
 
 // ValueDigestHash is the hash a version's leaf digest covers: its value's,

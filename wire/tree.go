@@ -56,7 +56,23 @@ type TreeRequest struct {
 	Level    int   `msgpack:"l,omitempty"`
 	Nodes    []int `msgpack:"n,omitempty"`
 	Keys     []Key `msgpack:"k,omitempty"`
+	// Filters scope the comparison to the keys every one of them lets
+	// cross (none: every key): the asker's link filter toward the
+	// answerer, and from the first answer on the answerer's toward the
+	// asker too. Pass names the comparison, so that an answerer may keep
+	// a scoped tree it summed for it.
+	Filters []Filter `msgpack:"f,omitempty"`
+	Pass    uint64   `msgpack:"s,omitempty"`
 }
+
+// Filter is a link's filter as a tree request scopes by it.
+type Filter struct {
+	Include []string `msgpack:"i,omitempty"`
+	Exclude []string `msgpack:"x,omitempty"`
+}
+
+// MaxTreeFilters bounds the filters of one request.
+const MaxTreeFilters = 4
 
 // Key names a key in one of the two key spaces.
 type Key struct {
@@ -79,8 +95,9 @@ type TreeAnswer struct {
 	// a version older than it that the peer lacks may have been deleted
 	// there (a possible resurrection, never copied).
 	Collected hlc.Timestamp `msgpack:"h,omitempty"`
-	// Keys is the number of live keys the peer holds (TreeSums at level 0).
-	Keys int64 `msgpack:"n,omitempty"`
+	// Filters are the filters the answer was scoped by: the request's and
+	// the answerer's own toward the asker (TreeSums at level 0).
+	Filters []Filter `msgpack:"f,omitempty"`
 }
 
 // TreeVersion is one key's version as anti-entropy exchanges it.
@@ -155,6 +172,9 @@ func DecodeTreeRequest(b []byte) (*TreeRequest, error) {
 	if err := msgpack.Unmarshal(b, &r); err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrBadTree, err)
 	}
+	if err := checkFilters(r.Filters); err != nil {
+		return nil, err
+	}
 	switch r.Op {
 	case TreeSums, TreeLeaves:
 		if len(r.Nodes) == 0 || len(r.Nodes) > MaxTreeNodes {
@@ -186,6 +206,9 @@ func DecodeTreeAnswer(b []byte) (*TreeAnswer, error) {
 	}
 	if len(a.Sums) > MaxTreeNodes || len(a.Versions) > MaxTreeKeys {
 		return nil, fmt.Errorf("%w: %d sums, %d versions", ErrBadTree, len(a.Sums), len(a.Versions))
+	}
+	if err := checkFilters(a.Filters); err != nil {
+		return nil, err
 	}
 	for _, s := range a.Sums {
 		if len(s) != 16 {
@@ -294,6 +317,21 @@ func boundLengths(b []byte) error {
 	}
 	if rd.Len() != 0 {
 		return fmt.Errorf("%w: %d trailing bytes", ErrBadTree, rd.Len())
+	}
+	return nil
+}
+
+// Entry is f as the tree's filters are.
+func (f Filter) Entry() entry.Filter { return entry.Filter{Include: f.Include, Exclude: f.Exclude} }
+
+func checkFilters(fs []Filter) error {
+	if len(fs) > MaxTreeFilters {
+		return fmt.Errorf("%w: %d filters (at most %d)", ErrBadTree, len(fs), MaxTreeFilters)
+	}
+	for _, f := range fs {
+		if err := f.Entry().Validate(); err != nil {
+			return fmt.Errorf("%w: %v", ErrBadTree, err)
+		}
 	}
 	return nil
 }
