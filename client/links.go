@@ -30,6 +30,9 @@ type LinkStatus struct {
 	Reseed            ReseedStatus `json:"reseed"`
 	ClockSkewMS       float64      `json:"clock_skew_ms"`
 	Thresholds        Thresholds   `json:"thresholds"`
+	// AntiEntropy is what the last comparison with the peer found (nil:
+	// none yet since this node leads).
+	AntiEntropy *AntiEntropyStatus `json:"antientropy,omitempty"`
 	// Conflict is set when the peer holds entries of this stream that this
 	// cluster does not (a restored or copied data directory).
 	Conflict string `json:"identity_conflict,omitempty"`

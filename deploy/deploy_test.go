@@ -97,6 +97,11 @@ func scrape(t *testing.T) string {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+	// A comparison with b fills the anti-entropy series (the leader exports
+	// them once it compared).
+	if _, err := a.Diff(ctx, "b", false); err != nil {
+		t.Fatal(err)
+	}
 	time.Sleep(300 * time.Millisecond) // a saturation round fills the gauges
 	resp, err := http.Get(a.URL() + "/metrics")
 	if err != nil {
@@ -210,7 +215,8 @@ func TestAlertRules(t *testing.T) {
 		}
 	}
 	for _, want := range []string{"ReplicatorLinkStalled", "ReplicatorBacklogOld", "ReplicatorSaturated", "ReplicatorPeerDetached",
-		"ReplicatorDeadLetters", "ReplicatorClockSkew", "ReplicatorNoLeader", "ReplicatorVoterDown", "ReplicatorSendFailures"} {
+		"ReplicatorDeadLetters", "ReplicatorClockSkew", "ReplicatorNoLeader", "ReplicatorVoterDown", "ReplicatorSendFailures",
+		"ReplicatorDivergentKeys", "ReplicatorAntiEntropyStale"} {
 		if !alerts[want] {
 			t.Errorf("no alert %s", want)
 		}

@@ -20,17 +20,23 @@ import (
 
 // antiEntropy is the node's part that compares its cluster's tree with a
 // peer's and repairs what this cluster lacks (docs/ANTIENTROPY.md). A
-// comparison runs on the leader (the admin endpoint is forwarded there):
-// it holds the links that reach the peers, and it proposes the repairs.
+// comparison runs on the leader (the admin endpoint is forwarded there): it
+// holds the links that reach the peers, and it proposes the repairs. The
+// leader also compares with every peer in the background, every
+// Options.AntiEntropyInterval, at Options.AntiEntropyBandwidth.
 type antiEntropy struct {
-	n  *Node
-	mu *sync.Mutex // one comparison at a time: they share the links
-	// divergent, passes, bytes and repaired are the series of
-	// docs/OPERATIONS.md "Anti-entropy".
-	divergent *prometheus.GaugeVec
-	lastPass  *prometheus.GaugeVec
-	bytes     *prometheus.CounterVec
-	repaired  *prometheus.CounterVec
+	n *Node
+	// running lets one comparison run at a time: they share the links and
+	// the store's scans.
+	running sync.Mutex
+	mu      struct {
+		sync.Mutex
+		last map[string]client.AntiEntropyStatus // by peer
+	}
+	// bytes and repaired count what comparisons exchanged and applied
+	// (on the node that ran them).
+	bytes    *prometheus.CounterVec
+	repaired *prometheus.CounterVec
 	// scoped keeps the trees of filtered links' comparisons a peer asked
 	// for, for the rest of its pass.
 	scoped *antientropy.ScopeCache
@@ -43,19 +49,61 @@ const minSettle = time.Second
 // to the peer to deliver what it had in flight at the first.
 const settleWait = 30 * time.Second
 
+var (
+	descDivergent = prometheus.NewDesc("replicator_divergent_keys",
+		"Keys the leader's last complete comparison with the peer found divergent (lacked by either side; writes in flight excluded).", []string{"peer"}, nil)
+	descLastPass = prometheus.NewDesc("replicator_antientropy_last_pass_timestamp_seconds",
+		"When the leader's last complete comparison with the peer ended (Unix seconds).", []string{"peer"}, nil)
+)
+
 func (ae *antiEntropy) init(n *Node, reg func(prometheus.Collector)) {
-	ae.n, ae.mu, ae.scoped = n, &sync.Mutex{}, &antientropy.ScopeCache{}
-	ae.divergent = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "replicator_divergent_keys",
-		Help: "Keys the last complete comparison with the peer found divergent (lacked by either side, writes in flight excluded)."}, []string{"peer"})
-	ae.lastPass = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "replicator_antientropy_last_pass_timestamp_seconds",
-		Help: "When the last complete comparison with the peer ended (Unix seconds)."}, []string{"peer"})
+	ae.n, ae.scoped = n, &antientropy.ScopeCache{}
 	ae.bytes = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "replicator_antientropy_bytes_total",
 		Help: "Bytes comparisons with the peer exchanged on the wire (requests and answers)."}, []string{"peer"})
 	ae.repaired = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "replicator_antientropy_repaired_total",
 		Help: "Versions repairs pulled from the peer and applied here."}, []string{"peer"})
-	for _, c := range []prometheus.Collector{ae.divergent, ae.lastPass, ae.bytes, ae.repaired} {
+	for _, c := range []prometheus.Collector{ae.bytes, ae.repaired} {
 		reg(c)
 	}
+}
+
+// collect exports the last comparison with each peer, from the leader only
+// (a node that led once keeps an old figure, which must not stay on show).
+func (ae *antiEntropy) collect(ch chan<- prometheus.Metric) {
+	if !ae.n.lead.ready.Load() {
+		return
+	}
+	ae.mu.Lock()
+	defer ae.mu.Unlock()
+	for peer, st := range ae.mu.last {
+		if st.LastPass.IsZero() {
+			continue
+		}
+		ch <- prometheus.MustNewConstMetric(descDivergent, prometheus.GaugeValue, float64(st.Divergent), peer)
+		ch <- prometheus.MustNewConstMetric(descLastPass, prometheus.GaugeValue, float64(st.LastPass.Unix()), peer)
+	}
+}
+
+// status is what the last comparison with peer found (zero: none yet).
+func (ae *antiEntropy) status(peer string) *client.AntiEntropyStatus {
+	ae.mu.Lock()
+	defer ae.mu.Unlock()
+	st, ok := ae.mu.last[peer]
+	if !ok {
+		return nil
+	}
+	return &st
+}
+
+func (ae *antiEntropy) record(peer string, f func(st *client.AntiEntropyStatus)) {
+	ae.mu.Lock()
+	defer ae.mu.Unlock()
+	if ae.mu.last == nil {
+		ae.mu.last = map[string]client.AntiEntropyStatus{}
+	}
+	st := ae.mu.last[peer]
+	f(&st)
+	ae.mu.last[peer] = st
 }
 
 // link is the leader's link to peer (nil: none here).
@@ -78,29 +126,52 @@ func (ae *antiEntropy) answer(sender string, req *wire.TreeRequest) (*wire.TreeA
 	return antientropy.Local{St: ae.n.store, Toward: ls.Current(), Scoped: ae.scoped}.Ask(context.Background(), req)
 }
 
-// remoteTree asks a peer's tree over a link, counting the bytes.
+// remoteTree asks a peer's tree over a link, counting the bytes, and
+// pacing them when it has a budget.
 type remoteTree struct {
-	sh    *transport.Shipper
-	bytes *atomic.Int64
+	sh     *transport.Shipper
+	bytes  *atomic.Int64
+	budget int64 // bytes per second (0: the link's own limit only)
 }
 
 func (r remoteTree) Ask(ctx context.Context, req *wire.TreeRequest) (*wire.TreeAnswer, error) {
+	t0 := time.Now()
 	ans, n, err := r.sh.AskTree(ctx, req)
 	r.bytes.Add(n)
+	if err == nil && r.budget > 0 {
+		// n bytes at the budget take this long; what the exchange took
+		// already counts.
+		if wait := time.Duration(float64(n)/float64(r.budget)*float64(time.Second)) - time.Since(t0); wait > 0 {
+			if err := sleepCtx(ctx, wait); err != nil {
+				return nil, err
+			}
+		}
+	}
 	return ans, err
+}
+
+func sleepCtx(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }
 
 // Diff compares this cluster's tree with peer's and, when repair is set,
 // pulls and applies what this cluster lacks.
 func (ae *antiEntropy) Diff(ctx context.Context, peer string, repair bool) (client.DiffReport, error) {
-	rep, err := ae.diff(ctx, peer, repair)
+	rep, err := ae.diff(ctx, peer, repair, 0)
 	if rep == nil {
 		return client.DiffReport{}, err
 	}
 	return rep.DiffReport, err
 }
 
-func (ae *antiEntropy) diff(ctx context.Context, peer string, repair bool) (*antientropy.Report, error) {
+func (ae *antiEntropy) diff(ctx context.Context, peer string, repair bool, budget int64) (*antientropy.Report, error) {
 	n := ae.n
 	sh := ae.link(peer)
 	if sh == nil {
@@ -113,8 +184,26 @@ func (ae *antiEntropy) diff(ctx context.Context, peer string, repair bool) (*ant
 		return nil, fmt.Errorf("%w: the cluster's log is at format %d; repairs need format %d, "+
 			"which the log moves to once every node runs a build that reads it", api.ErrNotWritten, n.machine.Format(), machine.FormatRepair)
 	}
-	ae.mu.Lock()
-	defer ae.mu.Unlock()
+	ae.running.Lock()
+	defer ae.running.Unlock()
+	rep, err := ae.compare(ctx, sh, peer, repair, budget)
+	ae.record(peer, func(st *client.AntiEntropyStatus) {
+		if err != nil {
+			st.Error = err.Error()
+			return
+		}
+		st.Error = ""
+		st.LastPass = time.Now().UTC().Truncate(time.Second)
+		st.Equal, st.Divergent, st.InFlight, st.Bytes, st.Seconds = rep.Equal, len(rep.Divergent), rep.InFlight, rep.Bytes, rep.Seconds
+		if rep.Repaired > 0 {
+			st.Repaired += rep.Repaired
+		}
+	})
+	return rep, err
+}
+
+func (ae *antiEntropy) compare(ctx context.Context, sh *transport.Shipper, peer string, repair bool, budget int64) (*antientropy.Report, error) {
+	n := ae.n
 	start := time.Now()
 	var bytes atomic.Int64
 	// What this cluster's link had in flight at the first look must have
@@ -124,12 +213,8 @@ func (ae *antiEntropy) diff(ctx context.Context, peer string, repair bool) (*ant
 	st0 := ae.linkAt(sh)
 	behind := false
 	sleep := func(ctx context.Context, d time.Duration) error {
-		t := time.NewTimer(d)
-		defer t.Stop()
-		select {
-		case <-t.C:
-		case <-ctx.Done():
-			return ctx.Err()
+		if err := sleepCtx(ctx, d); err != nil {
+			return err
 		}
 		deadline := time.Now().Add(settleWait)
 		for ae.linkAt(sh).Acked < st0.Last {
@@ -137,17 +222,15 @@ func (ae *antiEntropy) diff(ctx context.Context, peer string, repair bool) (*ant
 				behind = true
 				return nil
 			}
-			select {
-			case <-time.After(50 * time.Millisecond):
-			case <-ctx.Done():
-				return ctx.Err()
+			if err := sleepCtx(ctx, 50*time.Millisecond); err != nil {
+				return err
 			}
 		}
 		return nil
 	}
 	ls := n.linkSettings(peer)
 	settle := max(minSettle, 2*time.Duration(st0.OldestUnackedAge*float64(time.Second)))
-	rep, err := antientropy.Compare(ctx, peer, antientropy.Local{St: n.store}, remoteTree{sh, &bytes}, antientropy.Options{
+	rep, err := antientropy.Compare(ctx, peer, antientropy.Local{St: n.store}, remoteTree{sh, &bytes, budget}, antientropy.Options{
 		Settle: settle, Sleep: sleep, Counted: bytes.Load, PeerBehind: func() bool { return behind },
 		Filter: ls.Current(), Pass: rand.Uint64()})
 	ae.bytes.WithLabelValues(peer).Add(float64(bytes.Load()))
@@ -169,11 +252,43 @@ func (ae *antiEntropy) diff(ctx context.Context, peer string, repair bool) (*ant
 		ae.repaired.WithLabelValues(peer).Add(float64(rep.Repaired))
 	}
 	rep.Seconds = time.Since(start).Seconds()
-	ae.divergent.WithLabelValues(peer).Set(float64(len(rep.Divergent)))
-	ae.lastPass.WithLabelValues(peer).Set(float64(time.Now().Unix()))
-	n.log.Info("compared the tree with a peer's", "peer", peer, "equal", rep.Equal, "leaves_differing", rep.LeavesDiffering,
+	lvl := n.log.Info
+	if len(rep.Divergent) > 0 {
+		lvl = n.log.Warn
+	}
+	lvl("compared the tree with a peer's", "peer", peer, "equal", rep.Equal, "leaves_differing", rep.LeavesDiffering,
 		"divergent", len(rep.Divergent), "in_flight", rep.InFlight, "bytes", rep.Bytes, "repaired", rep.Repaired, "seconds", rep.Seconds)
 	return rep, nil
+}
+
+// pass compares with every peer in turn, in the background (the leader
+// only), repairing when the node is told to. It returns when the node
+// stops (the comparison under way is cancelled).
+func (ae *antiEntropy) pass() {
+	n := ae.n
+	if !n.lead.ready.Load() {
+		return
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan struct{})
+	defer close(done)
+	// Exits when the pass ends or the node stops, whichever is first.
+	go func() {
+		select {
+		case <-n.stop:
+			cancel()
+		case <-done:
+		}
+	}()
+	for _, sh := range n.repl.links() {
+		if ctx.Err() != nil || !n.lead.ready.Load() {
+			return
+		}
+		if _, err := ae.diff(ctx, sh.Name(), n.opts.AntiEntropyRepair, n.opts.AntiEntropyBandwidth); err != nil && ctx.Err() == nil {
+			n.log.Warn("background comparison with a peer failed; trying again at the next pass", "peer", sh.Name(), "err", err)
+		}
+	}
 }
 
 // repairChunk is how many of vs one repair command carries: at most 4,096

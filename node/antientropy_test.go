@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"sort"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -219,4 +220,66 @@ func TestDiffOfAFilteredLink(t *testing.T) {
 	if _, err := b.Get("private/7"); err == nil {
 		t.Fatal("a repair pulled a key the link's filter holds back")
 	}
+}
+
+// TestBackgroundPassRepairs: with a background pass every second and
+// automatic repair, a cluster pulls by itself what it lacks, and its link
+// status and metrics say what the last pass found.
+func TestBackgroundPassRepairs(t *testing.T) {
+	m := newTestMesh(t, hlc.SystemClock{}, func(o *Options) {
+		o.AntiEntropyInterval = time.Second
+		o.AntiEntropyRepair = true
+	}, "a", "b")
+	a, b := m.nodes["a"], m.nodes["b"]
+	ctx := context.Background()
+	if _, err := a.Put(ctx, "shared", []byte("v")); err != nil {
+		t.Fatal(err)
+	}
+	m.settle()
+	if err := a.antiEntropy.diverge([]string{"x1", "x2", "x3"}, []byte("beneath"), false); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		var st *client.AntiEntropyStatus
+		for _, l := range b.PeerStatus() {
+			if l.Peer == "a" {
+				st = l.AntiEntropy
+			}
+		}
+		_, err := b.Get("x3")
+		if err == nil && st != nil && st.Repaired == 3 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("b did not repair by itself: %v, status %+v", err, st)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	// a's next pass finds nothing left to differ.
+	deadline = time.Now().Add(30 * time.Second)
+	for {
+		_, body := do(t, http.MethodGet, a.URL()+"/metrics", nil)
+		if bytes.Contains(body, []byte(`replicator_divergent_keys{cluster="a",peer="b"} 0`)) &&
+			bytes.Contains(body, []byte(`replicator_antientropy_last_pass_timestamp_seconds{cluster="a",peer="b"}`)) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("a's metrics never showed a clean pass:\n%s", grepLines(body, "antientropy", "divergent"))
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+func grepLines(b []byte, words ...string) string {
+	var out []string
+	for _, l := range strings.Split(string(b), "\n") {
+		for _, w := range words {
+			if strings.Contains(l, w) {
+				out = append(out, l)
+				break
+			}
+		}
+	}
+	return strings.Join(out, "\n")
 }

@@ -177,6 +177,7 @@ var linkStates = []string{transport.StateUnknown, transport.StateHealthy, transp
 var Version = "devel"
 
 func (n *Node) collect(ch chan<- prometheus.Metric) {
+	n.antiEntropy.collect(ch)
 	state := map[string]float64{api.StateHealthy: 0, api.StateThrottled: 1, api.StateSaturated: 2}[n.Saturation().State]
 	ch <- prometheus.MustNewConstMetric(descSaturation, prometheus.GaugeValue, state)
 	// The marks, so that a rule or a panel divides a backlog by its limit;

@@ -367,6 +367,9 @@ func (n *Node) Start() error {
 	}
 	n.every(500*time.Millisecond, n.seedLinks)
 	n.every(n.opts.GCInterval, n.collectExpired)
+	if n.opts.AntiEntropyInterval > 0 {
+		n.every(n.opts.AntiEntropyInterval, n.antiEntropy.pass)
+	}
 	// Re-evaluated while no writes arrive too, so that it can clear, detach
 	// links and feed the backlog gauges; and link changes are logged.
 	n.every(100*time.Millisecond, func() { n.sat.evaluate(true); n.repl.watchLinks() })

@@ -114,6 +114,15 @@ type Options struct {
 	// GCInterval is how often tombstones past retention are collected.
 	// Default 1 minute.
 	GCInterval time.Duration
+	// AntiEntropyInterval is how often the leader compares the cluster's
+	// tree with each peer's (docs/ANTIENTROPY.md); negative: never (only
+	// by command). AntiEntropyRepair makes each pass pull what this
+	// cluster lacks. AntiEntropyBandwidth bounds the bytes a background
+	// pass exchanges per second with a peer (a command's comparison runs
+	// at the link's own limit). Defaults 10m, off, 4 MiB/s.
+	AntiEntropyInterval  time.Duration
+	AntiEntropyRepair    bool
+	AntiEntropyBandwidth int64
 	// MaxClockOffset bounds how far ahead of the local clock a remote stamp
 	// may be. Default 500ms.
 	MaxClockOffset time.Duration
@@ -255,6 +264,12 @@ func (o *Options) EnsureDefaults() {
 	}
 	if o.GCInterval == 0 {
 		o.GCInterval = time.Minute
+	}
+	if o.AntiEntropyInterval == 0 {
+		o.AntiEntropyInterval = 10 * time.Minute
+	}
+	if o.AntiEntropyBandwidth == 0 {
+		o.AntiEntropyBandwidth = 4 << 20
 	}
 	if o.MaxClockOffset == 0 {
 		o.MaxClockOffset = hlc.DefaultMaxOffset
@@ -400,6 +415,12 @@ func (o *Options) Validate() error {
 	}
 	if o.ConflictValueMax < 1 || o.ConflictValueMax > 1<<20 {
 		add("ConflictValueMax %d out of range [1, 1 MiB]", o.ConflictValueMax)
+	}
+	if o.AntiEntropyInterval > 0 && o.AntiEntropyInterval < time.Second {
+		add("AntiEntropyInterval %s is below 1s (negative: no background pass)", o.AntiEntropyInterval)
+	}
+	if o.AntiEntropyBandwidth < 1024 {
+		add("AntiEntropyBandwidth %d bytes/s is below 1024", o.AntiEntropyBandwidth)
 	}
 	if o.GCInterval <= 0 {
 		add("GCInterval %s must be positive", o.GCInterval)

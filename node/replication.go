@@ -440,7 +440,9 @@ func (n *Node) PeerStatus() []client.LinkStatus {
 	links := n.repl.links()
 	out := make([]client.LinkStatus, 0, len(links))
 	for _, sh := range links {
-		out = append(out, linkStatus(sh.Status(th, n.repl.oldestCommitWall)))
+		st := linkStatus(sh.Status(th, n.repl.oldestCommitWall))
+		st.AntiEntropy = n.antiEntropy.status(st.Peer)
+		out = append(out, st)
 	}
 	return out
 }

@@ -174,6 +174,19 @@ func TestDashboardActionsInBrowser(t *testing.T) {
 		time.Sleep(20 * time.Millisecond)
 	}
 
+	// Compare: the two trees agree (the link drained), the page says so,
+	// and the agreement column shows the last comparison.
+	if err := click(ctx, css(`button[data-action="diff"]`)); err != nil {
+		t.Fatal(err)
+	}
+	if err := chromedp.Do(ctx,
+		chromedp.WaitVisible(chromedp.Search(`//div[@id="action"][contains(., "compared with b: equal")]`)),
+		chromedp.WaitVisible(chromedp.Search(`//tr[@data-peer="b"]/td[14][contains(., "equal")]`)),
+	); err != nil {
+		said, _ := chromedp.Run(ctx, chromedp.Text(chromedp.ID("action")))
+		t.Fatalf("after Compare: %v (page said %q)", err, said)
+	}
+
 	// Another origin's page (here a different port: same site, other
 	// origin) submits a form to b's pause action. b has no token; the
 	// cross-origin protection alone must refuse it.

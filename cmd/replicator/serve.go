@@ -43,6 +43,9 @@ type serveConfig struct {
 	ConflictRetention  duration `yaml:"conflict_retention"`
 	ConflictMaxBytes   int64    `yaml:"conflict_max_bytes"`
 	ConflictValueMax   int      `yaml:"conflict_value_max"`
+	AEInterval         duration `yaml:"antientropy_interval"`
+	AERepair           bool     `yaml:"antientropy_repair"`
+	AEBandwidth        byteSize `yaml:"antientropy_bandwidth"`
 	MaxClockOffset     duration `yaml:"max_clock_offset"`
 	LogLevel           string   `yaml:"log_level"`
 	LogFormat          string   `yaml:"log_format"`
@@ -110,6 +113,7 @@ func defaultServeConfig() *serveConfig {
 		Listen: d.Listen, MaxKeyBytes: d.MaxKeyBytes, MaxValueBytes: d.MaxValueBytes,
 		TombstoneRetention: duration(d.TombstoneRetention), MaxClockOffset: duration(d.MaxClockOffset),
 		ConflictRetention: duration(d.ConflictRetention), ConflictMaxBytes: d.ConflictMaxBytes, ConflictValueMax: d.ConflictValueMax,
+		AEInterval: duration(d.AntiEntropyInterval), AEBandwidth: byteSize(d.AntiEntropyBandwidth),
 		LogLevel: "info", LogFormat: "text",
 		BatchEntries: d.MaxBatchEntries, BatchBytes: d.MaxBatchBytes, BatchLinger: duration(d.BatchLinger),
 		ReplicateMax: d.MaxReplicateBytes, PinWindow: duration(d.PinWindow),
@@ -241,6 +245,25 @@ func (o optDuration) Set(s string) error {
 }
 func (d *duration) Set(s string) error { v, err := time.ParseDuration(s); *d = duration(v); return err }
 
+// byteSize reads a rate such as "4MiB" (parseRate) from a flag or YAML.
+type byteSize int64
+
+func (b *byteSize) Set(s string) error { v, err := parseRate(s); *b = byteSize(v); return err }
+func (b *byteSize) String() string {
+	if b == nil {
+		return "0"
+	}
+	return human(int64(*b))
+}
+func (*byteSize) Type() string { return "RATE" }
+func (b *byteSize) UnmarshalYAML(n *yaml.Node) error {
+	if err := b.Set(n.Value); err != nil {
+		return fmt.Errorf("line %d: %w", n.Line, err)
+	}
+	return nil
+}
+func (b byteSize) MarshalYAML() (any, error) { return human(int64(b)), nil }
+
 func loadConfigFile(path string, cfg *serveConfig) error {
 	b, err := os.ReadFile(path)
 	if err != nil {
@@ -363,6 +386,9 @@ func serveFlags(cfg *serveConfig) *flag.FlagSet {
 	fs.Var(&cfg.ConflictRetention, "conflict-retention", "how long the conflict log keeps a record")
 	fs.Int64Var(&cfg.ConflictMaxBytes, "conflict-max-bytes", cfg.ConflictMaxBytes, "the conflict log's size past which the oldest records go")
 	fs.IntVar(&cfg.ConflictValueMax, "conflict-value-max", cfg.ConflictValueMax, "largest lost value a conflict record keeps whole (a larger one: its length and hash)")
+	fs.Var(&cfg.AEInterval, "antientropy-interval", "how often the leader compares the cluster's tree with each peer's (0: never; replicator diff still does)")
+	fs.BoolVar(&cfg.AERepair, "antientropy-repair", cfg.AERepair, "each background comparison pulls and applies what this cluster lacks (off: it only reports)")
+	fs.Var(&cfg.AEBandwidth, "antientropy-bandwidth", "bytes per second a background comparison exchanges with a peer at most, e.g. 4MiB")
 	fs.Var(&cfg.MaxClockOffset, "max-clock-offset", "how far ahead of the local clock a remote stamp may be")
 	fs.StringVar(&cfg.LogLevel, "log-level", cfg.LogLevel, "debug, info, warn or error")
 	fs.StringVar(&cfg.LogFormat, "log-format", cfg.LogFormat, "text or json")
@@ -441,19 +467,22 @@ func newLogger(level, format string) (*slog.Logger, error) {
 // problem is reported at once.
 func (cfg *serveConfig) nodeOptions(log *slog.Logger) (*node.Options, error) {
 	o := &node.Options{
-		ClusterID:          cfg.ClusterID,
-		ReassignOrigin:     cfg.ReassignOrigin,
-		DataDir:            cfg.Data,
-		NodeID:             cfg.NodeID,
-		Listen:             cfg.Listen,
-		MaxKeyBytes:        cfg.MaxKeyBytes,
-		MaxValueBytes:      cfg.MaxValueBytes,
-		TombstoneRetention: time.Duration(cfg.TombstoneRetention),
-		ConflictRetention:  time.Duration(cfg.ConflictRetention),
-		ConflictMaxBytes:   cfg.ConflictMaxBytes,
-		ConflictValueMax:   cfg.ConflictValueMax,
-		MaxClockOffset:     time.Duration(cfg.MaxClockOffset),
-		Logger:             log,
+		ClusterID:            cfg.ClusterID,
+		ReassignOrigin:       cfg.ReassignOrigin,
+		DataDir:              cfg.Data,
+		NodeID:               cfg.NodeID,
+		Listen:               cfg.Listen,
+		MaxKeyBytes:          cfg.MaxKeyBytes,
+		MaxValueBytes:        cfg.MaxValueBytes,
+		TombstoneRetention:   time.Duration(cfg.TombstoneRetention),
+		ConflictRetention:    time.Duration(cfg.ConflictRetention),
+		ConflictMaxBytes:     cfg.ConflictMaxBytes,
+		ConflictValueMax:     cfg.ConflictValueMax,
+		AntiEntropyRepair:    cfg.AERepair,
+		AntiEntropyBandwidth: int64(cfg.AEBandwidth),
+		AntiEntropyInterval:  aeInterval(cfg.AEInterval),
+		MaxClockOffset:       time.Duration(cfg.MaxClockOffset),
+		Logger:               log,
 	}
 	var errs []error
 	names := make([]string, 0, len(cfg.Peers))
@@ -766,4 +795,13 @@ func parseRate(v string) (int64, error) {
 		return 0, fmt.Errorf("%q: want bytes per second, e.g. 20MiB, 500KB or 1048576 (0: no limit)", v)
 	}
 	return int64(f * mult), nil
+}
+
+// aeInterval is --antientropy-interval as the node takes it: 0 (never) is
+// negative there, where 0 is the default.
+func aeInterval(d duration) time.Duration {
+	if d == 0 {
+		return -1
+	}
+	return time.Duration(d)
 }
