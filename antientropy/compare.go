@@ -48,6 +48,10 @@ const (
 // Lacks is client.Lacks.
 type Lacks = client.Lacks
 
+// MaxLeavesPerPass bounds the differing leaves one comparison lists the
+// keys of (about 10 keys each at 10,000,000 keys: some 30 MB of lists).
+const MaxLeavesPerPass = 1 << 16
+
 // Options configure a comparison.
 type Options struct {
 	// Settle is how long the second look waits after the first: at
@@ -151,6 +155,11 @@ func Compare(ctx context.Context, peerName string, local, peer Tree, opts Option
 		}
 	}
 	rep.LeavesDiffering = len(nodes)
+	if len(nodes) > MaxLeavesPerPass {
+		// The rest waits for the next pass: a pass's key lists stay
+		// within an answer's bound.
+		nodes, rep.Truncated = nodes[:MaxLeavesPerPass], true
+	}
 	if len(nodes) == 0 {
 		rep.Equal = true
 		rep.Bytes = counted(opts)

@@ -30,9 +30,11 @@ type Local struct {
 	Scoped *ScopeCache
 }
 
-// ScopeCache keeps the leaves of a few scoped trees, by pass and scope: a
-// filtered link's comparison asks for sums five times (one per level),
-// and each would otherwise scan the scope again. Safe for concurrent use.
+// ScopeCache keeps the leaves of a few trees, by pass and scope: a
+// comparison asks for sums once per level, and each would otherwise copy
+// the kept leaves (16 MiB) or, for a filtered link, scan its scope again;
+// kept, the walk also sees one view of the tree from root to leaves. Safe
+// for concurrent use.
 type ScopeCache struct {
 	mu      sync.Mutex
 	entries []scoped // the most recent last
@@ -43,13 +45,14 @@ type scoped struct {
 	leaves []hashtree.Sum
 }
 
-// scopeCacheSize bounds the trees kept (1 MiB each).
+// scopeCacheSize bounds the trees kept (16 MiB each).
 const scopeCacheSize = 4
 
-func (c *ScopeCache) get(key string, sum func() ([]hashtree.Sum, error)) ([]hashtree.Sum, error) {
-	if c == nil {
+func (c *ScopeCache) get(pass uint64, scope string, sum func() ([]hashtree.Sum, error)) ([]hashtree.Sum, error) {
+	if c == nil || pass == 0 {
 		return sum()
 	}
+	key := fmt.Sprint(pass, scope)
 	c.mu.Lock()
 	for _, e := range c.entries {
 		if e.key == key {
@@ -128,17 +131,19 @@ func (l Local) Ask(_ context.Context, req *wire.TreeRequest) (*wire.TreeAnswer, 
 	sc := l.scopeOf(req)
 	switch req.Op {
 	case wire.TreeSums:
-		var leaves []hashtree.Sum
-		if sc.all() {
-			if leaves = l.St.Leaves(); leaves == nil {
+		// One view of the tree for the whole walk of a pass: the leaves
+		// are taken (or, scoped, summed) at its first request and kept.
+		leaves, err := l.Scoped.get(req.Pass, fmt.Sprint(sc.filters), func() ([]hashtree.Sum, error) {
+			if sc.all() {
+				if leaves := l.St.Leaves(); leaves != nil {
+					return leaves, nil
+				}
 				return nil, ErrNotKept
 			}
-		} else {
-			key := fmt.Sprint(req.Pass, sc.filters)
-			var err error
-			if leaves, err = l.Scoped.get(key, func() ([]hashtree.Sum, error) { return l.St.ScanLeavesIn(sc.spans, sc.match) }); err != nil {
-				return nil, err
-			}
+			return l.St.ScanLeavesIn(sc.spans, sc.match)
+		})
+		if err != nil {
+			return nil, err
 		}
 		levels, err := hashtree.Levels(leaves)
 		if err != nil {

@@ -55,8 +55,11 @@ type DiffReport struct {
 	// Equal: the roots were equal: both sides hold the same live versions
 	// (nothing but sums was read).
 	Equal bool `json:"equal"`
-	// LeavesDiffering are the leaves whose sums differed.
-	LeavesDiffering int `json:"leaves_differing"`
+	// LeavesDiffering are the leaves whose sums differed; Truncated: more
+	// than a pass lists the keys of (antientropy.MaxLeavesPerPass), the
+	// rest left for the next.
+	LeavesDiffering int  `json:"leaves_differing"`
+	Truncated       bool `json:"truncated,omitempty"`
 	// Compared is the number of keys of those leaves compared; Candidates
 	// those that differed at the first look; InFlight those that changed
 	// on a side or agreed at the second look (writes in flight).

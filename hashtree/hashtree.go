@@ -31,8 +31,14 @@ const Version = 1
 
 const (
 	// LeafBits is log2 of the number of leaves.
-	LeafBits = 16
-	// Leaves is the number of leaves: 65,536 sums of 16 bytes, 1 MiB.
+	//
+	// 2^20 leaves (16 MiB of sums a store keeps in memory): at 10,000,000
+	// keys a leaf holds about 10, so the keys a comparison lists for a
+	// divergent key are about 10 too, whatever the tree's size up to
+	// there. 2^16 leaves (1 MiB) held 150 a leaf at that size, and a
+	// thousand divergent keys cost some 11 MB of key lists on the wire.
+	LeafBits = 20
+	// Leaves is the number of leaves: 1,048,576 sums of 16 bytes, 16 MiB.
 	Leaves = 1 << LeafBits
 	// FanoutBits is log2 of the children of an interior node.
 	FanoutBits = 4

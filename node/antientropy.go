@@ -230,7 +230,7 @@ func (ae *antiEntropy) compare(ctx context.Context, sh *transport.Shipper, peer 
 	}
 	ls := n.linkSettings(peer)
 	settle := max(minSettle, 2*time.Duration(st0.OldestUnackedAge*float64(time.Second)))
-	rep, err := antientropy.Compare(ctx, peer, antientropy.Local{St: n.store}, remoteTree{sh, &bytes, budget}, antientropy.Options{
+	rep, err := antientropy.Compare(ctx, peer, antientropy.Local{St: n.store, Scoped: ae.scoped}, remoteTree{sh, &bytes, budget}, antientropy.Options{
 		Settle: settle, Sleep: sleep, Counted: bytes.Load, PeerBehind: func() bool { return behind },
 		Filter: ls.Current(), Pass: rand.Uint64()})
 	ae.bytes.WithLabelValues(peer).Add(float64(bytes.Load()))

@@ -5,6 +5,7 @@ import (
 	"math/rand/v2"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"testing"
 
 	"github.com/replicator/replicator/entry"
@@ -31,7 +32,7 @@ func TestKeptLeavesMatchAScan(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if !reflect.DeepEqual(s.Leaves(), want) {
+		if !slices.Equal(s.Leaves(), want) {
 			t.Fatalf("%s: the kept leaves differ from a scan", when)
 		}
 	}
@@ -96,7 +97,7 @@ func TestKeptLeavesMatchAScan(t *testing.T) {
 	if s, err = Open(dir, nil); err != nil {
 		t.Fatal(err)
 	}
-	if !reflect.DeepEqual(s.Leaves(), kept) {
+	if !slices.Equal(s.Leaves(), kept) {
 		t.Fatal("the leaves summed at open differ from those kept")
 	}
 
@@ -117,7 +118,7 @@ func TestKeptLeavesMatchAScan(t *testing.T) {
 		t.Fatal(err)
 	}
 	check(s, "after ReplaceFrom")
-	if !reflect.DeepEqual(s.Leaves(), other.Leaves()) {
+	if !slices.Equal(s.Leaves(), other.Leaves()) {
 		t.Fatal("the copied tree's leaves differ from its source's")
 	}
 }
@@ -154,7 +155,7 @@ func TestRebuildFindsAHandEdit(t *testing.T) {
 	if err != nil || n != 1 {
 		t.Fatalf("rebuild changed %d leaves (%v), want 1", n, err)
 	}
-	if !reflect.DeepEqual(s.Leaves(), scanned) {
+	if !slices.Equal(s.Leaves(), scanned) {
 		t.Fatal("the rebuilt leaves differ from the scan")
 	}
 }

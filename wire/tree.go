@@ -38,8 +38,9 @@ const (
 
 // Bounds of one exchange.
 const (
-	// MaxTreeNodes bounds the nodes of one sums or leaves request.
-	MaxTreeNodes = 1 << 16
+	// MaxTreeNodes bounds the nodes of one sums or leaves request: every
+	// leaf of the tree (hashtree.Leaves).
+	MaxTreeNodes = 1 << 20
 	// MaxTreeKeys bounds the keys of one versions request, and the
 	// versions of one answer.
 	MaxTreeKeys = 1 << 22
