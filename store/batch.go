@@ -57,9 +57,9 @@ type Batch struct {
 	conflictStats *ConflictStats
 	// RangeDeleted counts the live keys the batch's range deletes deleted.
 	RangeDeleted int
-	// pendingLeaves are the leaves the batch changed, as they will be
-	// (leaves.go).
-	pendingLeaves map[int]hashtree.Sum
+	// leafMoves are what the batch's merges add to the leaves, applied
+	// at its commit (leaves.go).
+	leafMoves []leafMove
 	digester      hashtree.Digester
 }
 

@@ -165,20 +165,20 @@ func (s *Store) RebuildLeaves() (int, error) {
 	return changed, nil
 }
 
+// leafMove is what one merge adds to a leaf: the new version's digest
+// less the old one's. Sums are additive, so a batch only collects its
+// moves and the store's leaves take them at the commit, in any order.
+type leafMove struct {
+	leaf  int
+	delta hashtree.Sum
+}
+
 // moveLeafLocked moves key's leaf from digest prev to next in the batch.
 func (b *Batch) moveLeafLocked(key string, prev, next hashtree.Sum) {
 	if prev == next {
 		return
 	}
-	l := hashtree.Leaf(key)
-	sum, ok := b.pendingLeaves[l]
-	if !ok {
-		sum = b.s.leaves[l]
-	}
-	if b.pendingLeaves == nil {
-		b.pendingLeaves = map[int]hashtree.Sum{}
-	}
-	b.pendingLeaves[l] = sum.Sub(prev).Add(next)
+	b.leafMoves = append(b.leafMoves, leafMove{hashtree.Leaf(key), next.Sub(prev)})
 }
 
 // prevDigestLocked is the digest of what key holds as the batch sees it,
@@ -201,8 +201,8 @@ func (b *Batch) prevDigestLocked(key string, dk []byte) (hashtree.Sum, error) {
 // leavesCommittedLocked gives the store the batch's leaves once it
 // committed.
 func (b *Batch) leavesCommittedLocked() {
-	for l, sum := range b.pendingLeaves {
-		b.s.leaves[l] = sum
+	for _, m := range b.leafMoves {
+		b.s.leaves[m.leaf] = b.s.leaves[m.leaf].Add(m.delta)
 	}
 }
 

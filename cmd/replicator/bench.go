@@ -32,6 +32,8 @@ func runBench(args []string) error {
 	fs.DurationVar(&cfg.SteadyFor, "steady-for", 0, "steady and puts: how long each runs (default 10s)")
 	fs.IntVar(&cfg.CatchupN, "catchup", 1000000, "catchup: entries accumulated while the peer is paused")
 	fs.IntVar(&cfg.PutClients, "put-clients", 64, "puts: concurrent single-PUT clients (server CPU per write)")
+	fs.IntVar(&cfg.AEKeys, "ae-keys", 1000000, "antientropy: keys at both clusters (not among the default scenarios)")
+	fs.IntVar(&cfg.AEDivergent, "ae-divergent", 1000, "antientropy: of them, deleted in b's tree beneath replication, then found and repaired")
 	serve := fs.String("serve-args", "", "extra flags for the started clusters, e.g. \"--batch-max-entries 4096\"")
 	fs.StringVar(&cfg.Binary, "server-binary", "", "start the clusters from this replicator binary (default: this one), to compare builds under one driver")
 	fs.DurationVar(&cfg.PeerDelay, "peer-delay", 0, "hold replication traffic this long each way (a proxy between the clusters): the round trip of two regions is twice it")

@@ -28,6 +28,8 @@ type Config struct {
 	SteadyFor   time.Duration // steady: how long each rate runs
 	CatchupN    int           // catchup: entries accumulated while the peer is paused
 	PutClients  int           // puts: concurrent single-PUT clients (default 64)
+	AEKeys      int           // antientropy: keys at both clusters (default 1,000,000)
+	AEDivergent int           // antientropy: of them, deleted beneath b (default 1,000)
 	ServeArgs   []string      // extra `replicator serve` flags (batch bounds, ...)
 	// Values is the value mix: "fixed" (ValueSize bytes of one letter, the
 	// default) or "json" (documents of a few hundred bytes with repeated
@@ -93,6 +95,12 @@ func (c *Config) defaults() {
 	}
 	if c.PutClients == 0 {
 		c.PutClients = 64
+	}
+	if c.AEKeys == 0 {
+		c.AEKeys = 1000000
+	}
+	if c.AEDivergent == 0 {
+		c.AEDivergent = 1000
 	}
 	if c.CatchupN == 0 {
 		c.CatchupN = 1000000

@@ -44,7 +44,18 @@ type Result struct {
 	// write, request bodies after compression (0: a build that does not
 	// count them).
 	WireBytesPerWrite float64 `json:"wire_bytes_per_write,omitempty"`
-	Note              string  `json:"note,omitempty"`
+	// antientropy: the keys found divergent and repaired, the bytes the
+	// comparison exchanged on the wire, the leaves that differed and the
+	// keys compared; beside them what a comparison by a full scan moves
+	// (bytes) and a's full scan's time.
+	DivergentFound  int     `json:"divergent_found,omitempty"`
+	Repaired        int     `json:"repaired,omitempty"`
+	ExchangedBytes  int64   `json:"exchanged_bytes,omitempty"`
+	LeavesDiffering int     `json:"leaves_differing,omitempty"`
+	KeysCompared    int     `json:"keys_compared,omitempty"`
+	FullScanBytes   int64   `json:"full_scan_bytes,omitempty"`
+	FullScanSeconds float64 `json:"full_scan_seconds,omitempty"`
+	Note            string  `json:"note,omitempty"`
 }
 
 // Report is the whole run.

@@ -57,6 +57,8 @@ func runScenario(ctx context.Context, cfg *Config, sc string, run int, cl []*clu
 		return runPuts(ctx, cfg, prefix, cl)
 	case "catchup":
 		return runCatchup(ctx, cfg, prefix, cl)
+	case "antientropy":
+		return runAntiEntropy(ctx, cfg, prefix, cl)
 	}
 	return nil, fmt.Errorf("unknown scenario %q", sc)
 }
