@@ -214,14 +214,14 @@ func runTopology(ctx context.Context, cfg *Config, rep *Report, dir string, cl [
 			}
 			*baseline = r.WritesPerSec
 			results = []Result{r}
-		case "oneway", "bidirectional", "steady", "puts", "catchup":
+		case "oneway", "bidirectional", "steady", "puts", "catchup", "antientropy":
 			*run++
 			results, err = runScenario(ctx, cfg, sc, *run, cl)
 			if err != nil {
 				return out, fmt.Errorf("%s: %w", sc, err)
 			}
 		default:
-			return out, fmt.Errorf("unknown scenario %q (baseline, oneway, bidirectional, steady, puts, catchup)", sc)
+			return out, fmt.Errorf("unknown scenario %q (baseline, oneway, bidirectional, steady, puts, catchup, antientropy)", sc)
 		}
 		for _, r := range results {
 			if *baseline > 0 && r.Scenario != "baseline" && r.WritesPerSec > 0 {
