@@ -40,7 +40,15 @@ type antiEntropy struct {
 	// scoped keeps the trees of filtered links' comparisons a peer asked
 	// for, for the rest of its pass.
 	scoped *antientropy.ScopeCache
+	// checks numbers the sample checks of the kept hashes; mismatches
+	// counts the leaves they found wrong.
+	checks     atomic.Uint64
+	mismatches prometheus.Counter
 }
+
+// checkParts is how many sample checks cover every leaf once: each checks
+// one part in 16 (its versions hashed; the key space read whole).
+const checkParts = 16
 
 // minSettle is the least wait between a comparison's two looks.
 const minSettle = time.Second
@@ -62,7 +70,9 @@ func (ae *antiEntropy) init(n *Node, reg func(prometheus.Collector)) {
 		Help: "Bytes comparisons with the peer exchanged on the wire (requests and answers)."}, []string{"peer"})
 	ae.repaired = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "replicator_antientropy_repaired_total",
 		Help: "Versions repairs pulled from the peer and applied here."}, []string{"peer"})
-	for _, c := range []prometheus.Collector{ae.bytes, ae.repaired} {
+	ae.mismatches = prometheus.NewCounter(prometheus.CounterOpts{Name: "replicator_leaf_check_mismatches_total",
+		Help: "Leaves whose kept hash the sample check found different from the tree's data (bit rot, a hand edit, a bug), then corrected."})
+	for _, c := range []prometheus.Collector{ae.bytes, ae.repaired, ae.mismatches} {
 		reg(c)
 	}
 }
@@ -288,6 +298,25 @@ func (ae *antiEntropy) pass() {
 		if _, err := ae.diff(ctx, sh.Name(), n.opts.AntiEntropyRepair, n.opts.AntiEntropyBandwidth); err != nil && ctx.Err() == nil {
 			n.log.Warn("background comparison with a peer failed; trying again at the next pass", "peer", sh.Name(), "err", err)
 		}
+	}
+}
+
+// check compares the kept hashes of one part of the leaves with the tree's
+// data, on every node, and corrects those found wrong: they must say what
+// the tree holds, so that a comparison with a peer finds the keys that
+// changed beneath the log.
+func (ae *antiEntropy) check() {
+	n := ae.n
+	part := ae.checks.Add(1) % checkParts
+	bad, err := n.store.CheckLeaves(func(l int) bool { return uint64(l)%checkParts == part }, true)
+	if err != nil {
+		n.log.Warn("the check of the kept hashes failed; trying again at the next", "err", err)
+		return
+	}
+	if len(bad) > 0 {
+		ae.mismatches.Add(float64(len(bad)))
+		n.log.Error("the tree changed beneath the kept hashes (bit rot, a hand edit, or a bug): the hashes are corrected; "+
+			"compare with the peers (replicator diff) to find the keys", "leaves", len(bad), "first", bad[0])
 	}
 }
 

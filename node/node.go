@@ -369,6 +369,7 @@ func (n *Node) Start() error {
 	n.every(n.opts.GCInterval, n.collectExpired)
 	if n.opts.AntiEntropyInterval > 0 {
 		n.every(n.opts.AntiEntropyInterval, n.antiEntropy.pass)
+		n.every(n.opts.AntiEntropyInterval, n.antiEntropy.check)
 	}
 	// Re-evaluated while no writes arrive too, so that it can clear, detach
 	// links and feed the backlog gauges; and link changes are logged.

@@ -86,5 +86,6 @@ func (s *Store) ReplaceFrom(dir string) error {
 		return err
 	}
 	s.seen, s.leaves, s.leavesValid = seen.filter(), leaves.leaves, true
+	s.leavesGen++
 	return nil
 }

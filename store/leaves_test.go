@@ -125,7 +125,8 @@ func TestKeptLeavesMatchAScan(t *testing.T) {
 
 // TestRebuildFindsAHandEdit: a record changed in Pebble beneath the batches
 // (bit rot, a hand edit) leaves the kept leaves differing from a scan in
-// exactly its leaf; a rebuild takes the scan's.
+// exactly its leaf, which a check of a sample holding it finds; a rebuild
+// takes the scan's.
 func TestRebuildFindsAHandEdit(t *testing.T) {
 	s := openTemp(t)
 	for i := 0; i < 100; i++ {
@@ -151,12 +152,32 @@ func TestRebuildFindsAHandEdit(t *testing.T) {
 	if want := []int{hashtree.Leaf("k006")}; !reflect.DeepEqual(differ, want) {
 		t.Fatalf("leaves differing from a scan: %v, want %v", differ, want)
 	}
-	n, err := s.RebuildLeaves()
-	if err != nil || n != 1 {
-		t.Fatalf("rebuild changed %d leaves (%v), want 1", n, err)
+	// The check of a sample holding the leaf finds it; one without it
+	// does not.
+	leaf := hashtree.Leaf("k006")
+	if got, err := s.CheckLeaves(func(l int) bool { return l%16 != leaf%16 }, true); err != nil || len(got) != 0 {
+		t.Fatalf("check of a sample without it: %v %v", got, err)
 	}
-	if !slices.Equal(s.Leaves(), scanned) {
-		t.Fatal("the rebuilt leaves differ from the scan")
+	if got, err := s.CheckLeaves(func(l int) bool { return l%16 == leaf%16 }, false); err != nil || !slices.Equal(got, []int{leaf}) {
+		t.Fatalf("check of the sample with the edited leaf: %v %v", got, err)
+	}
+	// Fixed by the check, with a write since the edit: the leaves then
+	// say what the tree holds.
+	if _, err := s.Set("after", []byte("v"), stampAt(500, "b")); err != nil {
+		t.Fatal(err)
+	}
+	all := func(int) bool { return true }
+	if got, err := s.CheckLeaves(all, true); err != nil || !slices.Equal(got, []int{leaf}) {
+		t.Fatalf("check of every leaf: %v %v", got, err)
+	}
+	if now, _ := s.ScanLeaves(); !slices.Equal(s.Leaves(), now) {
+		t.Fatal("the fixed leaves differ from a scan")
+	}
+	if got, err := s.CheckLeaves(all, false); err != nil || len(got) != 0 {
+		t.Fatalf("check after the fix: %v %v", got, err)
+	}
+	if n, err := s.RebuildLeaves(); err != nil || n != 0 {
+		t.Fatalf("a rebuild after the fix changed %d leaves (%v)", n, err)
 	}
 }
 

@@ -102,6 +102,7 @@ type Store struct {
 	// Guarded by applyMu.
 	leaves      []hashtree.Sum
 	leavesValid bool
+	leavesGen   uint64 // moves when the leaves are replaced whole
 	// marks are the committed high-water marks by origin and stream, the
 	// same as their Pebble records (loaded at open, changed only by batch
 	// commits). Every inbound batch reads its sender's marks; from Pebble
