@@ -3,6 +3,7 @@ package node
 import (
 	"bytes"
 	"context"
+	"flag"
 	"fmt"
 	"net/http"
 	"sort"
@@ -15,53 +16,92 @@ import (
 	"github.com/replicator/replicator/client"
 	"github.com/replicator/replicator/entry"
 	"github.com/replicator/replicator/hlc"
+	"github.com/replicator/replicator/node/api"
 	"github.com/replicator/replicator/wire"
 )
 
-// TestDiffFindsAndRepairsDivergence: two paired clusters hold the same 2,000
-// keys; each then writes or deletes some keys beneath replication (no
-// outbound entry) while both keep taking replicated writes. A comparison
-// from either side reports exactly the keys made divergent, with who lacks
-// them, and none of the writes in flight; a repair of each side makes the
-// digests equal, and rewrites only the divergent keys.
+var (
+	aeKeys      = flag.Int("ae-keys", 4000, "TestDiffFindsAndRepairsDivergence: keys at both clusters (the issue's figure: 2000000)")
+	aeDivergent = flag.Int("ae-divergent", 40, "TestDiffFindsAndRepairsDivergence: of them, made divergent beneath replication (the issue's: 1000)")
+)
+
+// TestDiffFindsAndRepairsDivergence: two paired clusters hold the same keys
+// (-ae-keys); then some (-ae-divergent) are made divergent beneath
+// replication, by the test-only repair command with no peer (no outbound
+// entry): half written again at a, a quarter deleted at a, a quarter
+// written again at b, while both clusters keep taking replicated writes.
+// A comparison reports exactly those keys, with who lacks each, and none of
+// the writes in flight; a repair of each side applies exactly what it
+// lacked, and the digests are then equal.
 func TestDiffFindsAndRepairsDivergence(t *testing.T) {
+	n, d := *aeKeys, *aeDivergent
+	if d < 4 || d > n {
+		t.Fatalf("-ae-divergent %d of -ae-keys %d", d, n)
+	}
 	m := newTestMesh(t, hlc.SystemClock{}, nil, "a", "b")
 	a, b := m.nodes["a"], m.nodes["b"]
 	ctx := context.Background()
-	for i := 0; i < 2000; i += 100 {
-		var ops []string
-		for j := i; j < i+100; j++ {
-			ops = append(ops, fmt.Sprintf("key-%04d", j))
-		}
-		for _, k := range ops {
-			if _, err := a.Put(ctx, k, []byte("v")); err != nil {
-				t.Fatal(err)
+	key := func(i int) string { return fmt.Sprintf("key-%09d", i) }
+	t0 := time.Now()
+	var (
+		next atomic.Int64
+		wg   sync.WaitGroup
+		errs = make(chan error, 8)
+	)
+	for w := 0; w < 8; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				first := int(next.Add(1000)) - 1000
+				if first >= n {
+					return
+				}
+				var ops []api.BatchOp
+				for i := first; i < min(first+1000, n); i++ {
+					ops = append(ops, api.BatchOp{Key: key(i), Value: []byte("v")})
+				}
+				if _, err := a.Batch(ctx, ops); err != nil {
+					errs <- err
+					return
+				}
 			}
-		}
+		}()
 	}
-	m.converged(20 * time.Second)
+	wg.Wait()
+	close(errs)
+	if err := <-errs; err != nil {
+		t.Fatal(err)
+	}
+	m.converged(time.Duration(10+n/20000) * time.Second)
+	t.Logf("%d keys at both clusters in %.1fs", n, time.Since(t0).Seconds())
 
-	keys := func(from, to int) []string {
-		var out []string
-		for i := from; i < to; i++ {
-			out = append(out, fmt.Sprintf("key-%04d", i))
+	// The divergent keys, spread over the key space.
+	pick := func(j int) string { return key(j * (n / d)) }
+	var aWrites, aDeletes, bWrites []string
+	for j := 0; j < d; j++ {
+		switch {
+		case j < d/2:
+			aWrites = append(aWrites, pick(j))
+		case j < d/2+d/4:
+			aDeletes = append(aDeletes, pick(j))
+		default:
+			bWrites = append(bWrites, pick(j))
 		}
-		return out
 	}
-	if err := a.antiEntropy.diverge(keys(0, 20), []byte("only at a"), false); err != nil {
+	if err := a.antiEntropy.diverge(aWrites, []byte("only at a"), false); err != nil {
 		t.Fatal(err)
 	}
-	if err := a.antiEntropy.diverge(keys(20, 25), nil, true); err != nil {
+	if err := a.antiEntropy.diverge(aDeletes, nil, true); err != nil {
 		t.Fatal(err)
 	}
-	if err := b.antiEntropy.diverge(append(keys(100, 120), "new-at-b"), []byte("only at b"), false); err != nil {
+	if err := b.antiEntropy.diverge(bWrites, []byte("only at b"), false); err != nil {
 		t.Fatal(err)
 	}
 
 	// Both clusters keep taking writes, replicated as usual, meanwhile.
 	var (
 		stop    atomic.Bool
-		wg      sync.WaitGroup
 		written atomic.Int64
 	)
 	for _, nd := range []*Node{a, b} {
@@ -80,34 +120,34 @@ func TestDiffFindsAndRepairsDivergence(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := map[string]client.Lacks{"new-at-b": client.LacksLocal}
-	for _, k := range keys(0, 25) {
-		want[k] = client.LacksPeer
-	}
-	for _, k := range keys(100, 120) {
-		want[k] = client.LacksLocal
-	}
 	t.Logf("a's comparison: %d leaves differing, %d keys compared, %d candidates, %d in flight, %d divergent, %d bytes, %.2fs",
 		rep.LeavesDiffering, rep.Compared, rep.Candidates, rep.InFlight, len(rep.Divergent), rep.Bytes, rep.Seconds)
+	want := map[string]client.Lacks{}
+	for _, k := range append(append([]string(nil), aWrites...), aDeletes...) {
+		want[k] = client.LacksPeer
+	}
+	for _, k := range bWrites {
+		want[k] = client.LacksLocal
+	}
 	checkDivergent(t, "a's comparison", rep, want)
 	if rep.Bytes == 0 || rep.Equal {
 		t.Fatalf("report: %+v", rep)
 	}
 
-	// Each side repairs what it lacks; b's comparison sees the other half.
+	// Each side repairs what it lacks.
 	rb, err := b.Diff(ctx, "a", true)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if rb.Repaired != 25 {
-		t.Fatalf("b repaired %d versions, want the 25 it lacked", rb.Repaired)
+	if rb.Repaired != len(aWrites)+len(aDeletes) {
+		t.Fatalf("b repaired %d versions, want the %d it lacked", rb.Repaired, len(aWrites)+len(aDeletes))
 	}
 	ra, err := a.Diff(ctx, "b", true)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if ra.Repaired != 21 {
-		t.Fatalf("a repaired %d versions, want the 21 it lacked", ra.Repaired)
+	if ra.Repaired != len(bWrites) {
+		t.Fatalf("a repaired %d versions, want the %d it lacked", ra.Repaired, len(bWrites))
 	}
 	stop.Store(true)
 	wg.Wait()
@@ -119,10 +159,10 @@ func TestDiffFindsAndRepairsDivergence(t *testing.T) {
 	if err != nil || !after.Equal || len(after.Divergent) != 0 {
 		t.Fatalf("after repair: %+v %v", after, err)
 	}
-	if r, err := b.Get("key-0003"); err != nil || string(r.Value) != "only at a" {
-		t.Fatalf("b's key-0003 after repair: %q %v", r.Value, err)
+	if r, err := b.Get(aWrites[0]); err != nil || string(r.Value) != "only at a" {
+		t.Fatalf("b's %s after repair: %q %v", aWrites[0], r.Value, err)
 	}
-	if _, err := b.Get("key-0021"); err == nil {
+	if _, err := b.Get(aDeletes[0]); err == nil {
 		t.Fatal("b still holds a key a deleted beneath replication")
 	}
 }

@@ -43,6 +43,16 @@ func (ms *membership) startGossip() error {
 	return nil
 }
 
+// note annotates a member, once gossip is set: memberlist delivers the
+// first joins while StartDiscovery runs, before Start holds its result (a
+// node crashed there on a nil Discovery); a member is noted again at its
+// next change.
+func (ms *membership) note(node string, shipped bool, note string) {
+	if d := ms.gossipP.Load(); d != nil {
+		d.SetNote(node, shipped, note)
+	}
+}
+
 // onMember reacts to a member's join, update, departure or death.
 func (ms *membership) onMember(m transport.Member) {
 	n := ms.n
@@ -59,18 +69,18 @@ func (ms *membership) onMember(m transport.Member) {
 	if sh, err := n.repl.shipper(c); err == nil {
 		sh.SetLiveness(m.State)
 		if cfg != nil && cfg.URL != "" {
-			ms.gossip.SetNote(m.Node, true, "static --peer URL wins over gossip")
+			ms.note(m.Node, true, "static --peer URL wins over gossip")
 			return
 		}
 		if m.Meta.Replicate != "" && m.State == transport.LiveAlive {
 			sh.SetURL(m.Meta.Replicate)
 		}
-		ms.gossip.SetNote(m.Node, true, "")
+		ms.note(m.Node, true, "")
 		return
 	}
 	switch {
 	case cfg == nil && !n.opts.InsecurePeers:
-		ms.gossip.SetNote(m.Node, false, fmt.Sprintf("no secret configured for cluster %s: shown, not shipped to", c))
+		ms.note(m.Node, false, fmt.Sprintf("no secret configured for cluster %s: shown, not shipped to", c))
 		return
 	case m.State != transport.LiveAlive || m.Meta.Replicate == "":
 		return
@@ -87,7 +97,7 @@ func (ms *membership) onMember(m transport.Member) {
 		ms.discovered[c] = p
 		ms.discoveredMu.Unlock()
 		if !n.lead.ready.Load() {
-			ms.gossip.SetNote(m.Node, false, "this node does not lead its cluster: the leader ships")
+			ms.note(m.Node, false, "this node does not lead its cluster: the leader ships")
 			return
 		}
 	}
@@ -97,7 +107,7 @@ func (ms *membership) onMember(m transport.Member) {
 		return
 	}
 	sh.SetLiveness(m.State)
-	ms.gossip.SetNote(m.Node, true, "")
+	ms.note(m.Node, true, "")
 	n.log.Info("gossip: shipping to a discovered peer", "cluster", c, "url", m.Meta.Replicate)
 }
 
