@@ -156,9 +156,12 @@ func Compare(ctx context.Context, peerName string, local, peer Tree, opts Option
 	}
 	rep.LeavesDiffering = len(nodes)
 	if len(nodes) > MaxLeavesPerPass {
-		// The rest waits for the next pass: a pass's key lists stay
-		// within an answer's bound.
-		nodes, rep.Truncated = nodes[:MaxLeavesPerPass], true
+		// The rest waits for another pass: a pass's key lists stay within
+		// an answer's bound. Each pass starts at its own place (by its
+		// number), so that leaves never repaired at the front (possible
+		// resurrections, unknowns) do not hide the others for ever.
+		off := int(opts.Pass % uint64(len(nodes)))
+		nodes, rep.Truncated = append(append([]int(nil), nodes[off:]...), nodes[:off]...)[:MaxLeavesPerPass], true
 	}
 	if len(nodes) == 0 {
 		rep.Equal = true

@@ -82,14 +82,21 @@ type scope struct {
 
 func (l Local) scopeOf(req *wire.TreeRequest) scope {
 	var sc scope
-	for _, f := range req.Filters {
-		if ef := f.Entry(); !ef.All() {
-			sc.filters = append(sc.filters, ef)
+	add := func(f entry.Filter) {
+		if f.All() {
+			return
 		}
+		for _, g := range sc.filters {
+			if g.Equal(f) {
+				return // the asker sends back the answerer's own filter
+			}
+		}
+		sc.filters = append(sc.filters, f)
 	}
-	if !l.Toward.All() {
-		sc.filters = append(sc.filters, l.Toward)
+	for _, f := range req.Filters {
+		add(f.Entry())
 	}
+	add(l.Toward)
 	for i, f := range sc.filters {
 		if i == 0 {
 			sc.spans = f.Spans()

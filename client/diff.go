@@ -86,8 +86,10 @@ type DiffReport struct {
 	// Bytes is what crossed the wire to and from the peer.
 	Bytes int64 `json:"bytes"`
 	// Repaired counts the versions a repair of this side applied (-1: no
-	// repair asked).
+	// repair asked); Refused those it did not pull because their stamp is
+	// further ahead of this node's clock than the max clock offset.
 	Repaired int `json:"repaired"`
+	Refused  int `json:"refused,omitempty"`
 	// Seconds is how long the comparison (and repair) took.
 	Seconds float64 `json:"seconds"`
 }

@@ -6,7 +6,6 @@ import (
 	"sort"
 
 	"github.com/replicator/replicator/entry"
-	"github.com/replicator/replicator/hlc"
 	"github.com/replicator/replicator/store"
 	"github.com/replicator/replicator/wire"
 )
@@ -75,16 +74,6 @@ func (m *Machine) applyInbound(b *store.Batch, in *Inbound) (*InboundResult, err
 		// A snapshot stream opens: no tombstone is collected here until
 		// it ends (store.OpenSnapshot says why).
 		if err := m.openSnapshot(b, in); err != nil {
-			return nil, err
-		}
-	}
-	// A re-seed's versions older than this tree's collection horizon, of
-	// keys it holds no record of, may be deletes collected here: a tree
-	// restored from an old backup re-seeding its peers must not bring
-	// them back everywhere (docs/ANTIENTROPY.md "Possible resurrections").
-	var horizon hlc.Timestamp
-	if bt.Snapshot && !bt.Backfill {
-		if horizon, err = m.st.CollectedBelow(); err != nil {
 			return nil, err
 		}
 	}
@@ -171,22 +160,6 @@ func (m *Machine) applyInbound(b *store.Batch, in *Inbound) (*InboundResult, err
 			hwm.DeadLettered++
 			res.DeadLettered++
 			continue
-		}
-		if e.Op == entry.OpSet && e.Stamp.Less(horizon) {
-			_, _, held, err := b.Stored(e.Key)
-			if err != nil {
-				return nil, err
-			}
-			if !held {
-				res.Resurrections++
-				if res.Resurrections <= 3 {
-					m.log.Warn("replicate: a re-seed's version older than this tree's collection horizon, of a key it holds nothing of, "+
-						"not taken: it may have been deleted here (a possible resurrection; replicator diff lists them)",
-						"sender", sender, "key", e.Key, "stamp", e.Stamp.String(), "horizon", horizon.String())
-				}
-				hwm.Merged++
-				continue
-			}
 		}
 		before := b.RangeDeleted
 		out, err := b.ApplyEntry(e)

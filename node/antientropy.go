@@ -249,7 +249,18 @@ func (ae *antiEntropy) compare(ctx context.Context, sh *transport.Shipper, peer 
 	}
 	if repair {
 		rep.Repaired = 0
-		pulls := rep.Pulls()
+		// A version stamped too far ahead of this node's clock is not
+		// pulled, as the inbound path refuses it: it would drag the
+		// cluster's clock into the future (a peer whose clock runs ahead).
+		var pulls []wire.TreeVersion
+		for _, v := range rep.Pulls() {
+			if err := n.clock.CheckOffset(v.Stamp); err != nil {
+				rep.Refused++
+				n.log.Warn("a repair did not pull a version stamped ahead of this node's clock", "peer", peer, "key", v.Key, "err", err)
+				continue
+			}
+			pulls = append(pulls, v)
+		}
 		for len(pulls) > 0 {
 			chunk := pulls[:repairChunk(pulls)]
 			pulls = pulls[len(chunk):]

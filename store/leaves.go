@@ -19,7 +19,7 @@ import (
 // collect them at different times); range tombstones are compared as a list
 // of their own (few, and kept in memory).
 //
-// The leaves live in memory only (1 MiB): they are built by the scan of the
+// The leaves live in memory only (16 MiB): they are built by the scan of the
 // data the store already does at Open for the keys filter (seen.go), and by
 // ReplaceFrom as it copies a tree. So no crash can leave them behind the
 // data, and nothing is written per batch for them: writing the changed
