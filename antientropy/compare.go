@@ -195,13 +195,20 @@ func Compare(ctx context.Context, peerName string, local, peer Tree, opts Option
 	if err := opts.Sleep(ctx, opts.Settle); err != nil {
 		return nil, err
 	}
-	for start := 0; start < len(keys); start += 1 << 14 {
+	for start := 0; start < len(keys); {
 		chunk := keys[start:min(start+1<<14, len(keys))]
 		l, p, err := both(wire.TreeRequest{Op: wire.TreeVersions, Keys: chunk})
 		if err != nil {
 			return nil, err
 		}
-		join(l.Versions, p.Versions, func(k wire.Key, lv, pv *wire.TreeVersion) {
+		// Each side covers a prefix of the chunk (values have a byte
+		// budget): judge the keys both covered, ask for the rest again.
+		n := min(covered(l, len(chunk)), covered(p, len(chunk)))
+		in := make(map[wire.Key]bool, n)
+		for _, k := range chunk[:n] {
+			in[k] = true
+		}
+		join(only(l.Versions, in), only(p.Versions, in), func(k wire.Key, lv, pv *wire.TreeVersion) {
 			was, ok := first[k]
 			if !ok {
 				return // not asked (a peer answering more than asked)
@@ -214,6 +221,7 @@ func Compare(ctx context.Context, peerName string, local, peer Tree, opts Option
 			rep.Divergent = append(rep.Divergent, judge(k, lv, pv, lh.Collected, ph.Collected))
 			rep.peer = append(rep.peer, pv)
 		})
+		start += n
 	}
 	// Keys neither side holds any more (both collected) are in flight too.
 	rep.InFlight += len(first)
@@ -401,5 +409,25 @@ func liveRanges(rs []wire.Range, a, b hlc.Timestamp) []wire.Range {
 		}
 		return strings.Compare(x.Origin, y.Origin)
 	})
+	return out
+}
+
+// covered is how many of n keys asked an answer covers (at least one: an
+// answerer always takes one; 0 from one that covers all).
+func covered(a *wire.TreeAnswer, n int) int {
+	if a.Answered <= 0 || a.Answered > n {
+		return n
+	}
+	return a.Answered
+}
+
+// only keeps the versions of the keys in set.
+func only(vs []wire.TreeVersion, set map[wire.Key]bool) []wire.TreeVersion {
+	out := vs[:0:0]
+	for _, v := range vs {
+		if set[wire.Key{Key: v.Key, Counter: v.Counter}] {
+			out = append(out, v)
+		}
+	}
 	return out
 }

@@ -334,3 +334,28 @@ func TestCompareScopedByFilters(t *testing.T) {
 		t.Fatalf("disjoint filters: %+v %v", none, err)
 	}
 }
+
+// TestCompareSecondLookInParts: whole versions past an answer's byte budget
+// come in several answers (each side covering a prefix of the keys asked,
+// at its own budget), and the comparison still judges every key once.
+func TestCompareSecondLookInParts(t *testing.T) {
+	a, b := newSide(t, "a"), newSide(t, "b")
+	big := make([]byte, 300)
+	for i := 0; i < 40; i++ {
+		a.set(t, fmt.Sprintf("k%02d", i), string(big), at(int64(100+i), "a"))
+	}
+	rep, err := Compare(context.Background(), "b", Local{St: a.st, Budget: 1000}, Local{St: b.st, Budget: 700}, Options{Sleep: noSleep})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rep.Divergent) != 40 || rep.Count(LacksPeer) != 40 || rep.InFlight != 0 {
+		t.Fatalf("%d divergent (%d lacked by the peer), %d in flight; want 40, 40, 0", len(rep.Divergent), rep.Count(LacksPeer), rep.InFlight)
+	}
+	back, err := Compare(context.Background(), "a", Local{St: b.st, Budget: 700}, Local{St: a.st, Budget: 1000}, Options{Sleep: noSleep})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := b.repair(t, "a", back.Pulls()); n != 40 {
+		t.Fatalf("repair in parts applied %d, want 40", n)
+	}
+}

@@ -28,7 +28,14 @@ type Local struct {
 	// Scoped keeps the scoped trees summed for recent passes (nil: each
 	// request sums its own).
 	Scoped *ScopeCache
+	// Budget bounds the bytes of whole versions one answer carries (0:
+	// AnswerBudget).
+	Budget int
 }
+
+// AnswerBudget bounds, roughly, the bytes of whole versions one answer
+// carries: well below wire.MaxTreeBody.
+const AnswerBudget = wire.MaxTreeBody / 4
 
 // ScopeCache keeps the leaves of a few trees, by pass and scope: a
 // comparison asks for sums once per level, and each would otherwise copy
@@ -197,7 +204,23 @@ func (l Local) Ask(_ context.Context, req *wire.TreeRequest) (*wire.TreeAnswer, 
 		}
 		sortVersions(ans.Versions)
 	case wire.TreeVersions:
-		for _, k := range req.Keys {
+		// Whole versions carry values: the answer stops at a budget of
+		// bytes (after one key at least) and says how many of the keys
+		// asked it covers; the asker asks for the rest again.
+		size, budget := 0, l.Budget
+		if budget <= 0 {
+			budget = AnswerBudget
+		}
+		ans.Answered = len(req.Keys)
+		for i, k := range req.Keys {
+			if i > 0 && size > budget {
+				ans.Answered = i
+				break
+			}
+			if n := len(ans.Versions); n > 0 {
+				v := &ans.Versions[n-1]
+				size += len(v.Key) + len(v.Value) + 64 + 24*len(v.Ctx) + 40*len(v.Totals)
+			}
 			if !sc.match(k.Key) {
 				continue // out of the comparison's scope: not this link's
 			}

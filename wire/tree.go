@@ -99,6 +99,10 @@ type TreeAnswer struct {
 	// Filters are the filters the answer was scoped by: the request's and
 	// the answerer's own toward the asker (TreeSums at level 0).
 	Filters []Filter `msgpack:"f,omitempty"`
+	// Answered is how many of a TreeVersions request's keys, in its
+	// order, the answer covers (the rest past its byte budget: ask again);
+	// 0 from an answerer that covers them all.
+	Answered int `msgpack:"a,omitempty"`
 }
 
 // TreeVersion is one key's version as anti-entropy exchanges it.
