@@ -60,7 +60,7 @@ type Batch struct {
 	// leafMoves are what the batch's merges add to the leaves, applied
 	// at its commit (leaves.go).
 	leafMoves []leafMove
-	digester      hashtree.Digester
+	digester  hashtree.Digester
 }
 
 // Judge is told of every merge of a tracked batch, before it is written:
