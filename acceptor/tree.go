@@ -1,9 +1,7 @@
 package acceptor
 
 import (
-	"errors"
 	"fmt"
-	"io"
 	"net/http"
 
 	"github.com/replicator/replicator/internal/httpjson"
@@ -35,24 +33,9 @@ func (a *Acceptor) ServeTree(w http.ResponseWriter, r *http.Request, answer func
 			w = mw
 		}
 	}
-	if r.ContentLength > wire.MaxTreeBody {
-		a.refuseUnread(w, sender, fmt.Errorf("%w: %d bytes, limit %d", ErrTooLarge, r.ContentLength, wire.MaxTreeBody))
-		return
-	}
-	release, err := a.bodySlot(sender)
+	// Read as a batch is: content type, length bound, a body slot.
+	body, err := a.readBody(w, r, sender)
 	if err != nil {
-		a.refuseUnread(w, sender, err)
-		return
-	}
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, wire.MaxTreeBody))
-	release()
-	if err != nil {
-		var mbe *http.MaxBytesError
-		if errors.As(err, &mbe) {
-			err = fmt.Errorf("%w: more than %d bytes", ErrTooLarge, wire.MaxTreeBody)
-		} else {
-			err = fmt.Errorf("%w: reading the body: %v", ErrBadBatch, err)
-		}
 		a.refuseUnread(w, sender, err)
 		return
 	}

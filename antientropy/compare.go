@@ -75,7 +75,8 @@ type Options struct {
 	PeerBehind func() bool
 }
 
-func sleep(ctx context.Context, d time.Duration) error {
+// Sleep waits d or until ctx ends.
+func Sleep(ctx context.Context, d time.Duration) error {
 	t := time.NewTimer(d)
 	defer t.Stop()
 	select {
@@ -89,7 +90,7 @@ func sleep(ctx context.Context, d time.Duration) error {
 // Compare compares the local tree with the peer's.
 func Compare(ctx context.Context, peerName string, local, peer Tree, opts Options) (*Report, error) {
 	if opts.Sleep == nil {
-		opts.Sleep = sleep
+		opts.Sleep = Sleep
 	}
 	rep := &Report{DiffReport: client.DiffReport{Peer: peerName, Repaired: -1, Divergent: []client.Divergence{}}}
 	ask := func(t Tree, req *wire.TreeRequest) (*wire.TreeAnswer, error) {

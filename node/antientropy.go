@@ -152,23 +152,12 @@ func (r remoteTree) Ask(ctx context.Context, req *wire.TreeRequest) (*wire.TreeA
 		// n bytes at the budget take this long; what the exchange took
 		// already counts.
 		if wait := time.Duration(float64(n)/float64(r.budget)*float64(time.Second)) - time.Since(t0); wait > 0 {
-			if err := sleepCtx(ctx, wait); err != nil {
+			if err := antientropy.Sleep(ctx, wait); err != nil {
 				return nil, err
 			}
 		}
 	}
 	return ans, err
-}
-
-func sleepCtx(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
 }
 
 // Diff compares this cluster's tree with peer's and, when repair is set,
@@ -223,7 +212,7 @@ func (ae *antiEntropy) compare(ctx context.Context, sh *transport.Shipper, peer 
 	st0 := ae.linkAt(sh)
 	behind := false
 	sleep := func(ctx context.Context, d time.Duration) error {
-		if err := sleepCtx(ctx, d); err != nil {
+		if err := antientropy.Sleep(ctx, d); err != nil {
 			return err
 		}
 		deadline := time.Now().Add(settleWait)
@@ -232,7 +221,7 @@ func (ae *antiEntropy) compare(ctx context.Context, sh *transport.Shipper, peer 
 				behind = true
 				return nil
 			}
-			if err := sleepCtx(ctx, 50*time.Millisecond); err != nil {
+			if err := antientropy.Sleep(ctx, 50*time.Millisecond); err != nil {
 				return err
 			}
 		}

@@ -44,7 +44,8 @@ const (
 	// MaxTreeKeys bounds the keys of one versions request, and the
 	// versions of one answer.
 	MaxTreeKeys = 1 << 22
-	// MaxTreeBody bounds a request's body.
+	// MaxTreeBody bounds an answer's body (a request is read as a batch
+	// is, within the receiver's --replicate-max-bytes).
 	MaxTreeBody = 64 << 20
 )
 
