@@ -504,7 +504,9 @@ func TestMultiNodeRobustness(t *testing.T) {
 	for _, it := range items {
 		final[it.Key] = it
 	}
-	violations := noDivergence(m.clusters, func(c string) *client.Client { return m.leader(c).client() })
+	// The leader compares (any node forwards to it); one may be elected
+	// anew meanwhile: waited for, and the comparison asked again.
+	violations := noDivergence(m.clusters, func(c string) *client.Client { return m.waitLeader(c, 30*time.Second).client() })
 	counters := map[string]int64{}
 	for i := 0; i < 3; i++ {
 		k := fmt.Sprintf("ctr/%d", i)

@@ -972,9 +972,21 @@ func noDivergence(clusters []string, leader func(c string) *client.Client) []str
 			if p == c {
 				continue
 			}
-			ctx, cancel := context.WithTimeout(bg(), 2*time.Minute)
-			r, err := leader(c).Diff(ctx, p, false)
-			cancel()
+			// A comparison that cannot run (a leader being elected, its
+			// link starting) is asked again for a minute; a divergence is
+			// reported at once.
+			var (
+				r   client.DiffReport
+				err error
+			)
+			for deadline := time.Now().Add(time.Minute); ; time.Sleep(500 * time.Millisecond) {
+				ctx, cancel := context.WithTimeout(bg(), 2*time.Minute)
+				r, err = leader(c).Diff(ctx, p, false)
+				cancel()
+				if err == nil || time.Now().After(deadline) {
+					break
+				}
+			}
 			switch {
 			case err != nil:
 				out = append(out, fmt.Sprintf("diff %s with %s: %v", c, p, err))
