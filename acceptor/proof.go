@@ -49,6 +49,23 @@ func (a *Acceptor) ServeProve(w http.ResponseWriter, r *http.Request) {
 	httpjson.Write(w, http.StatusOK, wire.Proof{Cluster: a.opts.Local, Proof: wire.ProofMAC(secret, sender, a.opts.Local, nonce)})
 }
 
+// signed makes every answer to an authenticated request say it came from
+// a holder of the sender's secret, when the request carries a nonce
+// (transport/proof.go): the writer to answer with, and finish, which sends
+// the answer with its MAC (call it once, after the answer).
+func (a *Acceptor) signed(w http.ResponseWriter, r *http.Request, sender string) (http.ResponseWriter, func()) {
+	nonce := r.Header.Get(wire.HeaderNonce)
+	if nonce == "" || !wire.ValidNonce(nonce) {
+		return w, func() {}
+	}
+	secret := a.secretOf(sender)
+	if secret == "" {
+		return w, func() {}
+	}
+	mw := &macWriter{ResponseWriter: w, secret: secret, nonce: nonce}
+	return mw, mw.finish
+}
+
 // macWriter holds an answer until it is whole, then sends it with its MAC
 // (wire.AnswerMAC). Answers to posts are small (an ack, an error).
 type macWriter struct {

@@ -83,15 +83,8 @@ func (a *Acceptor) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		a.refuseUnread(w, "", err)
 		return
 	}
-	if nonce := r.Header.Get(wire.HeaderNonce); nonce != "" {
-		// Every answer to an authenticated post says it came from a
-		// holder of the secret (transport/proof.go).
-		if secret := a.secretOf(sender); secret != "" && wire.ValidNonce(nonce) {
-			mw := &macWriter{ResponseWriter: w, secret: secret, nonce: nonce}
-			defer mw.finish()
-			w = mw
-		}
-	}
+	w, finish := a.signed(w, r, sender)
+	defer finish()
 	if a.opts.Leadership != nil {
 		if leading, leader, nodes := a.opts.Leadership(); !leading {
 			a.refuseUnread(w, sender, &NotLeaderError{Leader: leader, Nodes: nodes})

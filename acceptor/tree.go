@@ -26,13 +26,8 @@ func (a *Acceptor) ServeTree(w http.ResponseWriter, r *http.Request, answer func
 		a.refuseUnread(w, "", err)
 		return
 	}
-	if nonce := r.Header.Get(wire.HeaderNonce); nonce != "" {
-		if secret := a.secretOf(sender); secret != "" && wire.ValidNonce(nonce) {
-			mw := &macWriter{ResponseWriter: w, secret: secret, nonce: nonce}
-			defer mw.finish()
-			w = mw
-		}
-	}
+	w, finish := a.signed(w, r, sender)
+	defer finish()
 	// Read as a batch is: content type, length bound, a body slot.
 	body, err := a.readBody(w, r, sender)
 	if err != nil {
