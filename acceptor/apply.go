@@ -88,6 +88,7 @@ func (a *Acceptor) Apply(sender string, b *wire.Batch) (wire.Ack, error) {
 		c.Filtered += res.Filtered
 		c.Conflicts += uint64(res.Conflicts)
 		c.RangeDiscards += uint64(res.RangeDiscards)
+		c.Resurrections += uint64(res.Resurrections)
 	})
 	return ack, nil
 }

@@ -23,6 +23,10 @@ type Counts struct {
 	// RangeDiscards are the sender's range deletes that deleted live keys
 	// here: counted per range, not logged per key.
 	RangeDiscards uint64 `json:"range_discards"`
+	// Resurrections are a re-seed's versions older than this tree's
+	// collection horizon, of keys it held nothing of, not taken: they may
+	// have been deleted here (docs/ANTIENTROPY.md).
+	Resurrections uint64 `json:"possible_resurrections"`
 }
 
 // Counts returns a copy of the per-origin counters.

@@ -27,8 +27,10 @@ const (
 	// ReadsFormat is the newest format this build reads: encoding 2, from
 	// format 3 (FormatLinks) link commands, in the same encoding, and from
 	// format 4 (FormatConflicts) versions with contexts and the conflict
-	// log, and from format 5 (FormatRepair) anti-entropy's repairs.
-	ReadsFormat = FormatRepair
+	// log, from format 5 (FormatRepair) anti-entropy's repairs, and from
+	// format 6 (FormatRejoinHorizon) a rejoin's re-seed judged against the
+	// collection horizon.
+	ReadsFormat = FormatRejoinHorizon
 )
 
 // Kind names a command.

@@ -6,6 +6,7 @@ import (
 	"sort"
 
 	"github.com/replicator/replicator/entry"
+	"github.com/replicator/replicator/hlc"
 	"github.com/replicator/replicator/store"
 	"github.com/replicator/replicator/wire"
 )
@@ -17,6 +18,12 @@ import (
 // this node's configuration and clock) and hands over what it decided; the
 // machine decides what depends on the tree: the sender's high-water mark,
 // gaps and conflicts, the merge, dead letters, a re-seed's trailer.
+
+// FormatRejoinHorizon is the format from which a rejoin's re-seed is judged
+// against the collection horizon (applyInbound): every node of a cluster
+// must take or leave the same versions, so the rule waits for the log to say
+// every node applies it.
+const FormatRejoinHorizon = 6
 
 // applyInbound applies an admitted batch in b.
 func (m *Machine) applyInbound(b *store.Batch, in *Inbound) (*InboundResult, error) {
@@ -74,6 +81,23 @@ func (m *Machine) applyInbound(b *store.Batch, in *Inbound) (*InboundResult, err
 		// A snapshot stream opens: no tombstone is collected here until
 		// it ends (store.OpenSnapshot says why).
 		if err := m.openSnapshot(b, in); err != nil {
+			return nil, err
+		}
+	}
+	// A rejoin's re-seed (rj) comes from a node that lost data and was
+	// restored or wiped: its versions older than this tree's collection
+	// horizon, of keys this tree holds nothing of, may be deletes collected
+	// here (a backup older than the tombstone retention brings them back),
+	// and are not taken (docs/ANTIENTROPY.md "Possible resurrections").
+	// Only a rejoin's: an ordinary re-seed or a backfill may carry old
+	// versions this tree never had (a peer added with data of its own, keys
+	// a filter held back), and the horizon says nothing of those. A rejoin's
+	// legitimate versions are newer: what the node's lost stream wrote that
+	// only some peers had is above this tree's inbound frontier for it, which
+	// bounds the horizon, and nothing is collected while a rejoin is open.
+	var horizon hlc.Timestamp
+	if bt.Snapshot && bt.Rejoin && !bt.Backfill && m.format.Load() >= FormatRejoinHorizon {
+		if horizon, err = m.st.CollectedBelow(); err != nil {
 			return nil, err
 		}
 	}
@@ -160,6 +184,22 @@ func (m *Machine) applyInbound(b *store.Batch, in *Inbound) (*InboundResult, err
 			hwm.DeadLettered++
 			res.DeadLettered++
 			continue
+		}
+		if e.Op == entry.OpSet && e.Stamp.Less(horizon) {
+			_, _, held, err := b.Stored(e.Key)
+			if err != nil {
+				return nil, err
+			}
+			if !held {
+				res.Resurrections++
+				if res.Resurrections <= 3 {
+					m.log.Warn("replicate: a version of a rejoin's re-seed older than this tree's collection horizon, of a key it holds nothing of, "+
+						"not taken: it may have been deleted here (a possible resurrection; replicator diff lists them)",
+						"sender", sender, "key", e.Key, "stamp", e.Stamp.String(), "horizon", horizon.String())
+				}
+				hwm.Merged++
+				continue
+			}
 		}
 		before := b.RangeDeleted
 		out, err := b.ApplyEntry(e)

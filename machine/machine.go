@@ -238,6 +238,9 @@ func (m *Machine) Apply(index uint64, data []byte) (*Result, error) {
 	if err == nil && m.readsFormat == FormatConflicts && (c.Repair != nil || (c.Format != nil && c.Format.Version > FormatConflicts)) {
 		err = fmt.Errorf("%w: kind %s (this build plays one that reads format 4 at most)", ErrMalformed, c.Kind())
 	}
+	if err == nil && m.readsFormat == FormatRepair && c.Format != nil && c.Format.Version > FormatRepair {
+		err = fmt.Errorf("%w: format %d (this build plays one that reads format 5 at most)", ErrMalformed, c.Format.Version)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("machine: apply %d: %w", index, err)
 	}

@@ -117,7 +117,7 @@ var (
 	descLimitAge = prometheus.NewDesc("replicator_backlog_oldest_age_limit_seconds",
 		"A link's water mark on its oldest unacknowledged entry's age (high, low).", []string{"mark"}, nil)
 	descApply = prometheus.NewDesc("replicator_apply_outcomes_total",
-		"Entries received from peers, by origin and outcome (applied, stale, duplicate, refused batches).", []string{"origin", "outcome"}, nil)
+		"Entries received from peers, by origin and outcome (applied, stale, duplicate, refused batches, possible_resurrection: a re-seed's version older than the collection horizon of a key held nothing of, not taken).", []string{"origin", "outcome"}, nil)
 	descConflicts = prometheus.NewDesc("replicator_conflicts_total",
 		"Records the entries of each peer added to the conflict log (versions last-writer-wins discarded that the winner had not seen), counted by the node that took the batch.", []string{"peer"}, nil)
 	descConflictLog = prometheus.NewDesc("replicator_conflict_log",
@@ -204,7 +204,7 @@ func (n *Node) collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(descRefuse, prometheus.CounterValue, float64(outbound), acceptor.SourceOutboundBacklog)
 	ch <- prometheus.MustNewConstMetric(descRefuse, prometheus.CounterValue, float64(n.acceptor.Permits().Refused), acceptor.SourceReplayPermit)
 	for origin, c := range n.acceptor.Counts() {
-		for outcome, v := range map[string]uint64{"applied": c.Applied, "stale": c.Stale, "duplicate": c.Duplicates, "refused": c.Refused} {
+		for outcome, v := range map[string]uint64{"applied": c.Applied, "stale": c.Stale, "duplicate": c.Duplicates, "refused": c.Refused, "possible_resurrection": c.Resurrections} {
 			ch <- prometheus.MustNewConstMetric(descApply, prometheus.CounterValue, float64(v), origin, outcome)
 		}
 		ch <- prometheus.MustNewConstMetric(descConflicts, prometheus.CounterValue, float64(c.Conflicts), origin)

@@ -94,6 +94,10 @@ type InboundResult struct {
 	Applied, Stale, Duplicates, DeadLettered, DroppedOwn, DroppedUnknown int
 	// Filtered counts the indexes filtered markers covered.
 	Filtered uint64
+	// Resurrections counts a re-seed's versions older than this tree's
+	// collection horizon, of keys it held nothing of, not taken (they may
+	// have been deleted here).
+	Resurrections int
 	// Conflicts counts the records the batch added to the conflict log,
 	// Superseded those it removed (docs/DATAMODEL.md "Conflicts").
 	Conflicts, Superseded int
