@@ -149,6 +149,8 @@ type Acceptor struct {
 		permitsOf map[string]int // permits held per sender
 		bodies    int            // bodies being read
 		bodiesOf  map[string]int // per sender
+		trees     int            // tree requests being answered
+		treesOf   map[string]int // per sender
 		// arrivals are each sender's requests in progress: a batch that
 		// finds a gap waits for them to move (a shipper keeps up to two
 		// batches of a stream on the wire).
@@ -201,6 +203,7 @@ func New(st Store, log Log, clock Clock, opts Options) *Acceptor {
 	a.mu.secrets = map[string]string{}
 	a.mu.permitsOf = map[string]int{}
 	a.mu.bodiesOf = map[string]int{}
+	a.mu.treesOf = map[string]int{}
 	a.mu.arrivals = map[string]*arrivals{}
 	for k, v := range opts.Secrets {
 		a.mu.secrets[k] = v

@@ -679,3 +679,66 @@ func TestBeginRefusedBeforeFormat3(t *testing.T) {
 		t.Fatal("a refused batch applied its key")
 	}
 }
+
+// TestTreeAnswersBounded: a sender has at most MaxTreeAnswersOf tree
+// requests answered at once, and all senders MaxTreeAnswers; one past its
+// share is refused with 429 tree_busy (JSON, retryable), another sender is
+// still answered, and a slot freed is taken again.
+func TestTreeAnswersBounded(t *testing.T) {
+	f := newFixture(t)
+	f.acc.SetPeer("d", "secret-d")
+	f.acc.SetPeer("e", "secret-e")
+	hold := make(chan struct{})
+	in := make(chan string, 16)
+	mux := http.NewServeMux()
+	mux.HandleFunc(wire.PathTree, func(w http.ResponseWriter, r *http.Request) {
+		f.acc.ServeTree(w, r, func(sender string, _ *wire.TreeRequest) (*wire.TreeAnswer, error) {
+			in <- sender
+			<-hold
+			return &wire.TreeAnswer{Protocol: 1}, nil
+		})
+	})
+	srv := httptest.NewServer(mux)
+	defer srv.Close()
+	body, _ := wire.EncodeTree(&wire.TreeRequest{Protocol: 1, Op: wire.TreeSums, Nodes: []int{0}})
+	ask := func(sender string) (int, string) {
+		req, _ := http.NewRequest("POST", srv.URL+wire.PathTree, bytes.NewReader(body))
+		req.Header.Set("Content-Type", wire.ContentType)
+		req.Header.Set(wire.HeaderOrigin, sender)
+		req.Header.Set("Authorization", "Bearer secret-"+sender)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Error(err)
+			return 0, ""
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	results := make(chan int, 16)
+	held := func(sender string) {
+		go func() { code, _ := ask(sender); results <- code }()
+		if got := <-in; got != sender {
+			t.Fatalf("answering %s, want %s", got, sender)
+		}
+	}
+	held("b")
+	held("b")
+	if code, b := ask("b"); code != http.StatusTooManyRequests || !strings.Contains(b, `"tree_busy"`) || !strings.Contains(b, `"retryable":true`) {
+		t.Fatalf("b's third request at once: %d %s", code, b)
+	}
+	held("c")
+	held("d")
+	if code, b := ask("e"); code != http.StatusTooManyRequests {
+		t.Fatalf("a fifth request at once: %d %s", code, b)
+	}
+	close(hold)
+	for i := 0; i < 4; i++ {
+		if code := <-results; code != http.StatusOK {
+			t.Fatalf("a held request answered %d", code)
+		}
+	}
+	if code, b := ask("b"); code != http.StatusOK {
+		t.Fatalf("after the others ended: %d %s", code, b)
+	}
+}

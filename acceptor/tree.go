@@ -3,6 +3,7 @@ package acceptor
 import (
 	"fmt"
 	"net/http"
+	"time"
 
 	"github.com/replicator/replicator/internal/httpjson"
 	"github.com/replicator/replicator/wire"
@@ -39,6 +40,13 @@ func (a *Acceptor) ServeTree(w http.ResponseWriter, r *http.Request, answer func
 		a.refuse(w, sender, fmt.Errorf("%w: %w", ErrBadBatch, err))
 		return
 	}
+	release, err := a.treeSlot(sender)
+	if err != nil {
+		httpjson.RetryAfter(w, time.Second)
+		httpjson.WriteError(w, http.StatusTooManyRequests, httpjson.Error{Code: "tree_busy", Retryable: true, Message: err.Error()})
+		return
+	}
+	defer release()
 	ans, err := answer(sender, req)
 	if err != nil {
 		httpjson.WriteError(w, http.StatusServiceUnavailable, httpjson.Error{Code: "tree_unavailable", Message: err.Error()})
@@ -52,4 +60,32 @@ func (a *Acceptor) ServeTree(w http.ResponseWriter, r *http.Request, answer func
 	w.Header().Set("Content-Type", wire.ContentType)
 	w.WriteHeader(http.StatusOK)
 	w.Write(b)
+}
+
+// An answer may scan the tree, hold a copy of its leaves (16 MiB) and up to
+// antientropy.AnswerBudget of versions: MaxTreeAnswers bounds the answers
+// a node works on at once, MaxTreeAnswersOf those of one sender. A
+// comparison asks one request at a time, so two per sender let a background
+// pass and an operator's diff run together; more is refused (429
+// tree_busy), not queued.
+const (
+	MaxTreeAnswers   = 4
+	MaxTreeAnswersOf = 2
+)
+
+func (a *Acceptor) treeSlot(sender string) (release func(), err error) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.mu.trees >= MaxTreeAnswers || a.mu.treesOf[sender] >= MaxTreeAnswersOf {
+		return nil, fmt.Errorf("acceptor: %d tree requests being answered (at most %d), %d of them from %s (at most %d)",
+			a.mu.trees, MaxTreeAnswers, a.mu.treesOf[sender], sender, MaxTreeAnswersOf)
+	}
+	a.mu.trees++
+	a.mu.treesOf[sender]++
+	return func() {
+		a.mu.Lock()
+		a.mu.trees--
+		a.mu.treesOf[sender]--
+		a.mu.Unlock()
+	}, nil
 }

@@ -170,21 +170,45 @@ func Compare(ctx context.Context, peerName string, local, peer Tree, opts Option
 		return rep, nil
 	}
 
-	// The versions of the differing leaves, side by side.
-	l, p, err := both(wire.TreeRequest{Op: wire.TreeLeaves, Nodes: nodes})
-	if err != nil {
-		return nil, err
-	}
+	// The versions of the differing leaves, side by side. Each answer
+	// covers the leaves its byte budget lets it and lists the rest: the
+	// leaves both covered are compared, the others asked for again.
 	first := map[wire.Key][2]*wire.TreeVersion{}
 	var keys []wire.Key
-	join(l.Versions, p.Versions, func(k wire.Key, lv, pv *wire.TreeVersion) {
-		rep.Compared++
-		if sameLive(lv, pv) {
-			return
+	for pending := nodes; len(pending) > 0; {
+		l, p, err := both(wire.TreeRequest{Op: wire.TreeLeaves, Nodes: pending})
+		if err != nil {
+			return nil, err
 		}
-		first[k] = [2]*wire.TreeVersion{lv, pv}
-		keys = append(keys, k)
-	})
+		asked := make(map[int]bool, len(pending))
+		for _, i := range pending {
+			asked[i] = true
+		}
+		rest := map[int]bool{}
+		for _, i := range append(l.Rest, p.Rest...) {
+			if asked[i] {
+				rest[i] = true
+			}
+		}
+		if len(rest) == len(asked) {
+			return nil, fmt.Errorf("antientropy: the tree of %s and this tree answered none of %d leaves", peerName, len(asked))
+		}
+		join(inLeaves(l.Versions, rest), inLeaves(p.Versions, rest), func(k wire.Key, lv, pv *wire.TreeVersion) {
+			rep.Compared++
+			if sameLive(lv, pv) {
+				return
+			}
+			first[k] = [2]*wire.TreeVersion{lv, pv}
+			keys = append(keys, k)
+		})
+		next := pending[:0:0]
+		for _, i := range pending {
+			if rest[i] {
+				next = append(next, i)
+			}
+		}
+		pending = next
+	}
 	rep.Candidates = len(keys)
 	if len(keys) == 0 {
 		rep.Bytes = counted(opts)
@@ -420,6 +444,20 @@ func covered(a *wire.TreeAnswer, n int) int {
 		return n
 	}
 	return a.Answered
+}
+
+// inLeaves keeps the versions of keys outside the leaves left.
+func inLeaves(vs []wire.TreeVersion, left map[int]bool) []wire.TreeVersion {
+	if len(left) == 0 {
+		return vs
+	}
+	out := vs[:0:0]
+	for _, v := range vs {
+		if !left[hashtree.Leaf(v.Key)] {
+			out = append(out, v)
+		}
+	}
+	return out
 }
 
 // only keeps the versions of the keys in set.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"sort"
+	"strings"
 	"testing"
 	"time"
 
@@ -357,5 +358,49 @@ func TestCompareSecondLookInParts(t *testing.T) {
 	}
 	if n := b.repair(t, "a", back.Pulls()); n != 40 {
 		t.Fatalf("repair in parts applied %d, want 40", n)
+	}
+}
+
+// countingTree counts the leaves requests a tree answers.
+type countingTree struct {
+	Tree
+	leaves *int
+}
+
+func (c countingTree) Ask(ctx context.Context, req *wire.TreeRequest) (*wire.TreeAnswer, error) {
+	if req.Op == wire.TreeLeaves {
+		*c.leaves++
+	}
+	return c.Tree.Ask(ctx, req)
+}
+
+// TestCompareFirstLookInParts: the first look's key lists have a byte
+// budget too (long keys in many differing leaves): each answer covers whole
+// leaves up to it and lists the rest, which the asker asks for again, and
+// every differing key is still found exactly once.
+func TestCompareFirstLookInParts(t *testing.T) {
+	a, b := newSide(t, "a"), newSide(t, "b")
+	long := strings.Repeat("k", 300)
+	for i := 0; i < 40; i++ {
+		a.set(t, fmt.Sprintf("%s%02d", long, i), "v", at(int64(100+i), "a"))
+		b.set(t, fmt.Sprintf("same%02d", i), "v", at(int64(100+i), "b"))
+		a.set(t, fmt.Sprintf("same%02d", i), "v", at(int64(100+i), "b"))
+	}
+	var asked int
+	rep, err := Compare(context.Background(), "b", countingTree{Local{St: a.st, Budget: 1000}, &asked}, Local{St: b.st, Budget: 700}, Options{Sleep: noSleep})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rep.Divergent) != 40 || rep.Count(LacksPeer) != 40 || rep.InFlight != 0 || rep.Compared != 40 {
+		t.Fatalf("%d divergent (%d lacked by the peer), %d in flight, %d compared; want 40, 40, 0, 40",
+			len(rep.Divergent), rep.Count(LacksPeer), rep.InFlight, rep.Compared)
+	}
+	if asked < 10 {
+		t.Fatalf("%d leaves requests for 40 keys of 300 bytes at a budget of 1000: the answers were not bounded", asked)
+	}
+	// An answer whose leaves are each over the budget still covers one.
+	rep, err = Compare(context.Background(), "b", Local{St: a.st, Budget: 1}, Local{St: b.st, Budget: 1}, Options{Sleep: noSleep})
+	if err != nil || len(rep.Divergent) != 40 {
+		t.Fatalf("at a budget of one byte: %v, %d divergent", err, len(rep.Divergent))
 	}
 }

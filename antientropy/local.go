@@ -28,14 +28,26 @@ type Local struct {
 	// Scoped keeps the scoped trees summed for recent passes (nil: each
 	// request sums its own).
 	Scoped *ScopeCache
-	// Budget bounds the bytes of whole versions one answer carries (0:
+	// Budget bounds the bytes of versions one answer carries (0:
 	// AnswerBudget).
 	Budget int
 }
 
-// AnswerBudget bounds, roughly, the bytes of whole versions one answer
-// carries: well below wire.MaxTreeBody.
+// AnswerBudget bounds, roughly, the bytes of versions one answer carries:
+// well below wire.MaxTreeBody.
 const AnswerBudget = wire.MaxTreeBody / 4
+
+// versionOverhead is, roughly and from above, what a version without its
+// key, value, context and totals costs in an answer (stamp, origin, hash,
+// field names).
+const versionOverhead = 64
+
+func (l Local) budget() int {
+	if l.Budget <= 0 {
+		return AnswerBudget
+	}
+	return l.Budget
+}
 
 // ScopeCache keeps the leaves of a few trees, by pass and scope: a
 // comparison asks for sums once per level, and each would otherwise copy
@@ -186,31 +198,59 @@ func (l Local) Ask(_ context.Context, req *wire.TreeRequest) (*wire.TreeAnswer, 
 			}
 		}
 	case wire.TreeLeaves:
-		want := make([]bool, hashtree.Leaves)
+		// Versions without values, still unbounded in number: the answer
+		// takes whole leaves until its byte budget is spent, and lists the
+		// leaves it left for the asker to ask again. The scan goes in key
+		// order, not leaf order, so a leaf first met past the budget is
+		// left, and one met before it is taken whole.
+		const (
+			asked = iota + 1
+			taken
+			left
+		)
+		state := make([]uint8, hashtree.Leaves)
 		for _, i := range req.Nodes {
 			if i < 0 || i >= hashtree.Leaves {
 				return nil, fmt.Errorf("antientropy: leaf %d (of %d)", i, hashtree.Leaves)
 			}
-			want[i] = true
+			state[i] = asked
 		}
-		err := l.St.VisitLeaves(sc.spans, func(leaf int) bool { return want[leaf] }, func(key string, r *store.Record, c *store.Counter) error {
+		size, budget := 0, l.budget()
+		err := l.St.VisitLeaves(sc.spans, func(leaf int) bool {
+			switch state[leaf] {
+			case taken:
+				return true
+			case asked:
+				if size > budget {
+					state[leaf] = left
+					return false
+				}
+				state[leaf] = taken
+				return true
+			}
+			return false
+		}, func(key string, r *store.Record, c *store.Counter) error {
 			if sc.match(key) {
 				ans.Versions = append(ans.Versions, version(key, r, c, false))
+				size += len(key) + versionOverhead
 			}
 			return nil
 		})
 		if err != nil {
 			return nil, err
 		}
+		for _, i := range req.Nodes {
+			if state[i] == left {
+				ans.Rest = append(ans.Rest, i)
+				state[i] = taken // listed once
+			}
+		}
 		sortVersions(ans.Versions)
 	case wire.TreeVersions:
 		// Whole versions carry values: the answer stops at a budget of
 		// bytes (after one key at least) and says how many of the keys
 		// asked it covers; the asker asks for the rest again.
-		size, budget := 0, l.Budget
-		if budget <= 0 {
-			budget = AnswerBudget
-		}
+		size, budget := 0, l.budget()
 		ans.Answered = len(req.Keys)
 		for i, k := range req.Keys {
 			if i > 0 && size > budget {
@@ -219,7 +259,7 @@ func (l Local) Ask(_ context.Context, req *wire.TreeRequest) (*wire.TreeAnswer, 
 			}
 			if n := len(ans.Versions); n > 0 {
 				v := &ans.Versions[n-1]
-				size += len(v.Key) + len(v.Value) + 64 + 24*len(v.Ctx) + 40*len(v.Totals)
+				size += len(v.Key) + len(v.Value) + versionOverhead + 24*len(v.Ctx) + 40*len(v.Totals)
 			}
 			if !sc.match(k.Key) {
 				continue // out of the comparison's scope: not this link's

@@ -86,8 +86,9 @@ type DiffReport struct {
 	// Bytes is what crossed the wire to and from the peer.
 	Bytes int64 `json:"bytes"`
 	// Repaired counts the versions a repair of this side applied (-1: no
-	// repair asked); Refused those it did not pull because their stamp is
-	// further ahead of this node's clock than the max clock offset.
+	// repair asked); Refused those it did not pull because the inbound
+	// path refuses them too: a stamp further ahead of this node's clock
+	// than the max clock offset, a key or a value past its limits.
 	Repaired int `json:"repaired"`
 	Refused  int `json:"refused,omitempty"`
 	// Seconds is how long the comparison (and repair) took.
@@ -130,5 +131,25 @@ func (c *Client) Diff(ctx context.Context, peer string, repair bool) (DiffReport
 		path += "?repair=true"
 	}
 	_, err := c.Do(ctx, http.MethodPost, path, nil, nil, &r)
+	return r, err
+}
+
+// TreeRebuild is what a rebuild of a node's kept hashes found
+// (POST /admin/tree/rebuild): every leaf summed afresh from the node's tree
+// and compared with the kept one; a wrong one corrected.
+type TreeRebuild struct {
+	Leaves    int `json:"leaves_checked"`
+	Corrected int `json:"leaves_corrected"`
+	// First are the first leaves corrected (at most 16).
+	First   []int   `json:"first,omitempty"`
+	Seconds float64 `json:"seconds"`
+}
+
+// RebuildTree sums the kept hashes of the node addressed afresh from its
+// tree and corrects those that were wrong. Each node keeps its own: it is
+// not forwarded to the leader.
+func (c *Client) RebuildTree(ctx context.Context) (TreeRebuild, error) {
+	var r TreeRebuild
+	_, err := c.Do(ctx, http.MethodPost, "/admin/tree/rebuild", nil, nil, &r)
 	return r, err
 }

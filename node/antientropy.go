@@ -7,11 +7,13 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unicode/utf8"
 
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/replicator/replicator/antientropy"
 	"github.com/replicator/replicator/client"
+	"github.com/replicator/replicator/hashtree"
 	"github.com/replicator/replicator/machine"
 	"github.com/replicator/replicator/node/api"
 	"github.com/replicator/replicator/transport"
@@ -71,7 +73,7 @@ func (ae *antiEntropy) init(n *Node, reg func(prometheus.Collector)) {
 	ae.repaired = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "replicator_antientropy_repaired_total",
 		Help: "Versions repairs pulled from the peer and applied here."}, []string{"peer"})
 	ae.mismatches = prometheus.NewCounter(prometheus.CounterOpts{Name: "replicator_leaf_check_mismatches_total",
-		Help: "Leaves whose kept hash the sample check found different from the tree's data (bit rot, a hand edit, a bug), then corrected."})
+		Help: "Leaves whose kept hash the sample check or a rebuild found different from the tree's data (bit rot, a hand edit, a bug), then corrected."})
 	for _, c := range []prometheus.Collector{ae.bytes, ae.repaired, ae.mismatches} {
 		reg(c)
 	}
@@ -238,14 +240,11 @@ func (ae *antiEntropy) compare(ctx context.Context, sh *transport.Shipper, peer 
 	}
 	if repair {
 		rep.Repaired = 0
-		// A version stamped too far ahead of this node's clock is not
-		// pulled, as the inbound path refuses it: it would drag the
-		// cluster's clock into the future (a peer whose clock runs ahead).
 		var pulls []wire.TreeVersion
 		for _, v := range rep.Pulls() {
-			if err := n.clock.CheckOffset(v.Stamp); err != nil {
+			if err := ae.refuses(&v); err != nil {
 				rep.Refused++
-				n.log.Warn("a repair did not pull a version stamped ahead of this node's clock", "peer", peer, "key", v.Key, "err", err)
+				n.log.Warn("a repair did not pull a version the inbound path would refuse", "peer", peer, "key", v.Key, "err", err)
 				continue
 			}
 			pulls = append(pulls, v)
@@ -269,6 +268,47 @@ func (ae *antiEntropy) compare(ctx context.Context, sh *transport.Shipper, peer 
 	lvl("compared the tree with a peer's", "peer", peer, "equal", rep.Equal, "leaves_differing", rep.LeavesDiffering,
 		"divergent", len(rep.Divergent), "in_flight", rep.InFlight, "bytes", rep.Bytes, "repaired", rep.Repaired, "seconds", rep.Seconds)
 	return rep, nil
+}
+
+// RebuildTree sums every kept leaf afresh from this node's tree and
+// corrects the wrong ones (the check's whole sample at once; writes go on).
+// What the check found is counted as it counts it.
+func (ae *antiEntropy) RebuildTree(ctx context.Context) (client.TreeRebuild, error) {
+	n := ae.n
+	if n.restoring.Load() || n.store.Leaves() == nil {
+		return client.TreeRebuild{}, fmt.Errorf("%w: %w", api.ErrNotWritten, antientropy.ErrNotKept)
+	}
+	start := time.Now()
+	bad, err := n.store.CheckLeaves(func(int) bool { return true }, true)
+	if err != nil {
+		return client.TreeRebuild{}, fmt.Errorf("node: rebuild the kept hashes: %w", err)
+	}
+	rep := client.TreeRebuild{Leaves: hashtree.Leaves, Corrected: len(bad), First: bad[:min(len(bad), 16)], Seconds: time.Since(start).Seconds()}
+	if len(bad) > 0 {
+		ae.mismatches.Add(float64(len(bad)))
+		n.log.Error("the rebuild found the tree changed beneath the kept hashes (bit rot, a hand edit, or a bug): the hashes are corrected; "+
+			"compare with the peers (replicator diff) to find the keys", "leaves", len(bad), "first", bad[0])
+	}
+	return rep, nil
+}
+
+// refuses says why a repair must not pull v: what the inbound path refuses
+// from a peer is not taken by a repair either. A version stamped too far
+// ahead of this node's clock would drag the cluster's clock into the future
+// (a peer whose clock runs ahead); a key or a value past this node's limits
+// (a peer configured with larger ones) is one this node never takes.
+func (ae *antiEntropy) refuses(v *wire.TreeVersion) error {
+	n := ae.n
+	if err := n.clock.CheckOffset(v.Stamp); err != nil {
+		return err
+	}
+	if len(v.Key) > n.opts.MaxKeyBytes || !utf8.ValidString(v.Key) {
+		return fmt.Errorf("a key of %d bytes (limit %d) or not UTF-8", len(v.Key), n.opts.MaxKeyBytes)
+	}
+	if len(v.Value) > n.opts.MaxValueBytes {
+		return fmt.Errorf("a value of %d bytes (limit %d)", len(v.Value), n.opts.MaxValueBytes)
+	}
+	return nil
 }
 
 // pass compares with every peer in turn, in the background (the leader

@@ -3,6 +3,8 @@ package node
 import (
 	"bytes"
 	"context"
+	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"net/http"
@@ -15,7 +17,9 @@ import (
 
 	"github.com/replicator/replicator/client"
 	"github.com/replicator/replicator/entry"
+	"github.com/replicator/replicator/hashtree"
 	"github.com/replicator/replicator/hlc"
+	"github.com/replicator/replicator/machine"
 	"github.com/replicator/replicator/node/api"
 	"github.com/replicator/replicator/wire"
 )
@@ -322,4 +326,104 @@ func grepLines(b []byte, words ...string) string {
 		}
 	}
 	return strings.Join(out, "\n")
+}
+
+// TestRepairRefusesWhatInboundRefuses: a repair does not pull what the
+// inbound path would refuse from the peer: a value or a key past this
+// node's limits (the peer runs with larger ones), a stamp further ahead of
+// its clock than the max offset. Each is counted refused; the rest is
+// pulled.
+func TestRepairRefusesWhatInboundRefuses(t *testing.T) {
+	m := newTestMesh(t, hlc.SystemClock{}, func(o *Options) {
+		o.AntiEntropyInterval = -1
+		if o.ClusterID == "b" {
+			o.MaxKeyBytes, o.MaxValueBytes = 100, 1024
+		}
+	}, "a", "b")
+	a, b := m.nodes["a"], m.nodes["b"]
+	ctx := context.Background()
+	long := strings.Repeat("k", 200)
+	if err := a.antiEntropy.diverge([]string{"big", long}, bytes.Repeat([]byte("v"), 2048), false); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.antiEntropy.diverge([]string{"small", long}, []byte("v"), false); err != nil {
+		t.Fatal(err)
+	}
+	ahead := wire.TreeVersion{Key: "ahead", Stamp: a.clock.Now().Add(time.Hour), Origin: "a", Value: []byte("v"), Whole: true}
+	if _, err := a.cons.commitCommand(&machine.Command{Repair: &machine.RepairCmd{Versions: []wire.TreeVersion{ahead}}}); err != nil {
+		t.Fatal(err)
+	}
+	rep, err := b.Diff(ctx, "a", true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rep.Divergent) != 4 || rep.Refused != 3 || rep.Repaired != 1 {
+		t.Fatalf("%d divergent, %d refused, %d repaired; want 4, 3, 1: %+v", len(rep.Divergent), rep.Refused, rep.Repaired, rep.Divergent)
+	}
+	if _, err := b.Get("small"); err != nil {
+		t.Fatalf("the version within limits was not pulled: %v", err)
+	}
+	for _, k := range []string{"big", "ahead"} {
+		if _, err := b.Get(k); !errors.Is(err, api.ErrNotFound) {
+			t.Fatalf("%s: a refused version was pulled: %v", k, err)
+		}
+	}
+}
+
+// TestRebuildFindsAChangeBeneathTheHashes: a record changed in Pebble
+// beneath the kept hashes (bit rot, a hand edit) is invisible to a
+// comparison, whose sums still agree; POST /admin/tree/rebuild on that node
+// finds its leaf and corrects it, and a comparison then finds the key (the
+// same stamp with another value: unknown, never copied). The node keeps
+// serving and counts the leaf in replicator_leaf_check_mismatches_total.
+func TestRebuildFindsAChangeBeneathTheHashes(t *testing.T) {
+	m := newTestMesh(t, hlc.SystemClock{}, func(o *Options) { o.AntiEntropyInterval = -1 }, "a", "b")
+	a, b := m.nodes["a"], m.nodes["b"]
+	ctx := context.Background()
+	putN(t, a, "k", 100)
+	m.converged(20 * time.Second)
+	rec, err := b.store.Get("k006")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec.Value = []byte("rotten")
+	if err := b.store.WriteBeneath("k006", &rec); err != nil {
+		t.Fatal(err)
+	}
+	if rep, err := a.Diff(ctx, "b", false); err != nil || !rep.Equal {
+		t.Fatalf("before the rebuild the kept hashes still agree: %v %+v", err, rep)
+	}
+	rebuild := func() client.TreeRebuild {
+		t.Helper()
+		resp, body := do(t, http.MethodPost, b.URL()+"/admin/tree/rebuild", nil)
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("rebuild: %d %s", resp.StatusCode, body)
+		}
+		var r client.TreeRebuild
+		if err := json.Unmarshal(body, &r); err != nil {
+			t.Fatal(err)
+		}
+		return r
+	}
+	r := rebuild()
+	if r.Leaves != hashtree.Leaves || r.Corrected != 1 || len(r.First) != 1 || r.First[0] != hashtree.Leaf("k006") {
+		t.Fatalf("rebuild: %+v, want leaf %d corrected", r, hashtree.Leaf("k006"))
+	}
+	if again := rebuild(); again.Corrected != 0 {
+		t.Fatalf("a second rebuild corrected %d leaves", again.Corrected)
+	}
+	rep, err := a.Diff(ctx, "b", true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rep.Divergent) != 1 || rep.Divergent[0].Key != "k006" || rep.Divergent[0].Lacks != client.LacksUnknown || rep.Repaired != 0 {
+		t.Fatalf("after the rebuild: %+v", rep.Divergent)
+	}
+	_, metrics := do(t, http.MethodGet, b.URL()+"/metrics", nil)
+	if !strings.Contains(string(metrics), "replicator_leaf_check_mismatches_total{cluster=\"b\"} 1\n") {
+		t.Fatalf("the corrected leaf is not counted:\n%s", grepLines(metrics, "leaf_check"))
+	}
+	if _, err := b.Put(ctx, "after", []byte("v")); err != nil {
+		t.Fatal(err)
+	}
 }

@@ -62,8 +62,10 @@ type router struct {
 
 // needsLeader reports a request only the leader answers.
 func needsLeader(r *http.Request) bool {
-	if r.URL.Path == wire.PathReplicate || r.URL.Path == wire.PathProve || r.URL.Path == wire.PathTree {
-		return false // the acceptor redirects the sender itself; any node proves, and answers from its tree
+	if r.URL.Path == wire.PathReplicate || r.URL.Path == wire.PathProve || r.URL.Path == wire.PathTree || r.URL.Path == httpapi.PathTreeRebuild {
+		// The acceptor redirects the sender itself; any node proves,
+		// answers from its tree, and rebuilds its own kept hashes.
+		return false
 	}
 	if r.Method == http.MethodGet || r.Method == http.MethodHead || r.Method == http.MethodOptions {
 		return consistent(r)

@@ -29,6 +29,7 @@ func surface(n *Node) *httpapi.API {
 		Metrics:       n.metrics.handler(),
 		// Behind the token (Validate refuses --pprof without one).
 		Pprof:  n.opts.Pprof && n.opts.APIToken != "",
+		Tree:   &n.antiEntropy,
 		Caller: n.svc.callerOf,
 		Logger: n.log,
 	}

@@ -79,6 +79,9 @@ type Store struct {
 	// concurrent merges of one key cannot both read the old stamp and both
 	// write: LWW must compare against what is really stored.
 	applyMu sync.Mutex
+	// checkMu serialises CheckLeaves: two checks correcting the same leaf
+	// by what each found it off would correct it twice.
+	checkMu sync.Mutex
 	// maxStamp is at least every stamp ever merged into the tree (persisted
 	// with each batch that raises it). A write stamped above it beats
 	// whatever the key holds, so it needs no read: that is the common case

@@ -104,6 +104,10 @@ type TreeAnswer struct {
 	// order, the answer covers (the rest past its byte budget: ask again);
 	// 0 from an answerer that covers them all.
 	Answered int `msgpack:"a,omitempty"`
+	// Rest are the leaves of a TreeLeaves request the answer does not
+	// cover (past its byte budget: ask again); none from an answerer that
+	// covers them all. Every leaf it lists none of is covered whole.
+	Rest []int `msgpack:"rl,omitempty"`
 }
 
 // TreeVersion is one key's version as anti-entropy exchanges it.
@@ -210,8 +214,8 @@ func DecodeTreeAnswer(b []byte) (*TreeAnswer, error) {
 	if err := msgpack.Unmarshal(b, &a); err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrBadTree, err)
 	}
-	if len(a.Sums) > MaxTreeNodes || len(a.Versions) > MaxTreeKeys {
-		return nil, fmt.Errorf("%w: %d sums, %d versions", ErrBadTree, len(a.Sums), len(a.Versions))
+	if len(a.Sums) > MaxTreeNodes || len(a.Versions) > MaxTreeKeys || len(a.Rest) > MaxTreeNodes {
+		return nil, fmt.Errorf("%w: %d sums, %d versions, %d leaves left", ErrBadTree, len(a.Sums), len(a.Versions), len(a.Rest))
 	}
 	if err := checkFilters(a.Filters); err != nil {
 		return nil, err

@@ -23,7 +23,8 @@ const adminUsage = `replicator admin wal|peers|origin|digest|cluster [--addr URL
 replicator admin pause|resume|reseed|detach PEER [--addr URL]
 replicator admin filter PEER [--include PREFIX]... [--exclude PREFIX]... [--every-key] [--addr URL]
 replicator admin bandwidth PEER [RATE] [--addr URL]
-replicator admin cluster join NODE-ID RAFT-ADDR | cluster remove NODE-ID[.INCARNATION] [--addr URL]`
+replicator admin cluster join NODE-ID RAFT-ADDR | cluster remove NODE-ID[.INCARNATION] [--addr URL]
+replicator admin rebuild-tree [--addr URL]   sum the node's kept hashes afresh from its tree, correct wrong ones`
 
 // runAdmin serves `replicator admin ...` (and the peers/digest shortcuts).
 func runAdmin(cmd string, args []string) error {
@@ -97,6 +98,21 @@ func runAdmin(cmd string, args []string) error {
 			return followReseed(c.Do, peer, os.Stdout)
 		}
 		return nil
+	}
+	if cmd == "rebuild-tree" {
+		if fs.NArg() != 0 {
+			return usagef("usage: replicator admin rebuild-tree [--addr URL]")
+		}
+		r, err := c.RebuildTree(ctx)
+		if err != nil {
+			return err
+		}
+		return cf.out.print(r, func(w io.Writer) {
+			fmt.Fprintf(w, "%d leaves summed afresh, %d corrected (%.1fs)\n", r.Leaves, r.Corrected, r.Seconds)
+			if r.Corrected > 0 {
+				fmt.Fprintf(w, "the tree changed beneath the kept hashes: compare with each peer (replicator diff --peer P) to find the keys\n")
+			}
+		})
 	}
 	if cmd == "cluster" && fs.NArg() > 0 {
 		var body []byte

@@ -71,7 +71,7 @@ func root() *cobra.Command {
 		command("repair --peer PEER", "pull and apply what this cluster lacks of a peer's tree (diff --repair)", runDiff(true)),
 		command("filter PEER [--include P]... [--exclude P]... [--every-key]", "show or change what crosses the link to a peer (the cluster's log records it)", admin("filter")),
 		command("bandwidth PEER [RATE]", "show or change the link's bandwidth limit, e.g. 20MiB (0: none; the cluster's log records it)", admin("bandwidth")),
-		command("admin wal|peers|origin|digest|cluster | pause|resume|reseed|detach|filter|bandwidth PEER | cluster join|remove NODE", "admin documents as tables, peer link actions and the cluster's membership", admin("admin")),
+		command("admin wal|peers|origin|digest|cluster|rebuild-tree | pause|resume|reseed|detach|filter|bandwidth PEER | cluster join|remove NODE", "admin documents as tables, peer link actions and the cluster's membership", admin("admin")),
 		command("conflicts [--key K | --prefix P] [--since 1h] [-o json] | restore ID", "what last-writer-wins discarded although the winner had not seen it (the conflict log); restore writes a loser back", runConflicts),
 		command("healthcheck [--addr URL]", "exit 0 when the node answers /healthz (container health checks)", runHealthcheck),
 		command("inspect --data DIR [--data DIR...]", "what a stopped node's data directory holds (the survivor to recover after losing a majority)", runInspect),

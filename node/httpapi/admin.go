@@ -56,6 +56,9 @@ func (a *API) registerAdmin(mux *http.ServeMux) {
 	mux.HandleFunc("/admin/peers/{name}/filter", a.handleFilter)
 	mux.HandleFunc("/admin/peers/{name}/bandwidth", a.handleBandwidth)
 	mux.HandleFunc("/admin/peers/{name}/diff", a.handleDiff)
+	if a.opts.Tree != nil {
+		mux.HandleFunc(PathTreeRebuild, a.handleTreeRebuild)
+	}
 	mux.HandleFunc("/admin/peers/{name}/{action}", func(w http.ResponseWriter, r *http.Request) {
 		if r.Method != http.MethodPost {
 			methodNotAllowed(w, r, "POST")
@@ -276,5 +279,22 @@ func (a *API) handleDiff(w http.ResponseWriter, r *http.Request) {
 	if repair {
 		a.log.Warn("repaired from a peer", "peer", rep.Peer, "divergent", len(rep.Divergent), "repaired", rep.Repaired, "caller", a.opts.Caller(r))
 	}
+	writeJSON(w, http.StatusOK, rep)
+}
+
+// handleTreeRebuild serves POST /admin/tree/rebuild: this node's kept
+// hashes summed afresh from its tree, the wrong ones corrected (each node
+// keeps its own: not forwarded).
+func (a *API) handleTreeRebuild(w http.ResponseWriter, r *http.Request) {
+	if r.Method != http.MethodPost {
+		methodNotAllowed(w, r, "POST")
+		return
+	}
+	rep, err := a.opts.Tree.RebuildTree(r.Context())
+	if err != nil {
+		WriteErr(w, err)
+		return
+	}
+	a.log.Info("rebuilt the kept hashes", "corrected", rep.Corrected, "caller", a.opts.Caller(r))
 	writeJSON(w, http.StatusOK, rep)
 }

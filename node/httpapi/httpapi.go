@@ -77,6 +77,15 @@ type Conflicts interface {
 	RestoreConflict(ctx context.Context, id string) (api.WriteResult, error)
 }
 
+// Tree is what the rebuild of the kept hashes asks of a node: it runs on
+// the node addressed, which keeps its own.
+type Tree interface {
+	RebuildTree(ctx context.Context) (client.TreeRebuild, error)
+}
+
+// PathTreeRebuild is the endpoint that rebuilds a node's kept hashes.
+const PathTreeRebuild = "/admin/tree/rebuild"
+
 // Node is the node the API serves.
 type Node interface {
 	Reader
@@ -101,6 +110,9 @@ type Options struct {
 	// Pprof serves /debug/pprof (the node asks for it only behind a
 	// token).
 	Pprof bool
+	// Tree rebuilds the node's kept hashes (POST /admin/tree/rebuild); nil:
+	// not served.
+	Tree Tree
 	// Caller names who sent a request, for the logs of admin actions.
 	Caller func(*http.Request) string
 	Logger *slog.Logger
