@@ -138,22 +138,64 @@ func (ae *antiEntropy) answer(sender string, req *wire.TreeRequest) (*wire.TreeA
 	return antientropy.Local{St: ae.n.store, Toward: ls.Current(), Scoped: ae.scoped}.Ask(context.Background(), req)
 }
 
+// pace bounds what a background comparison takes (the zero pace: nothing,
+// for an operator's command): bytes a second exchanged with the peer, and
+// the share of a core its requests keep busy on each side. A request is one
+// scan or one copy of the leaves, single-threaded, so pausing after it for
+// its time times (1/cpu - 1) keeps that side's share at cpu.
+type pace struct {
+	bytes int64   // bytes per second with the peer (0: the link's own limit only)
+	cpu   float64 // share of a core (0 or 1: no pause)
+}
+
+// wait is how long to pause after a request of n bytes that took took.
+func (p pace) wait(took time.Duration, n int64) time.Duration {
+	var w time.Duration
+	if p.bytes > 0 {
+		// n bytes at the budget take this long; what the exchange took
+		// already counts.
+		w = time.Duration(float64(n)/float64(p.bytes)*float64(time.Second)) - took
+	}
+	if p.cpu > 0 && p.cpu < 1 {
+		w = max(w, time.Duration(float64(took)*(1/p.cpu-1)))
+	}
+	return max(w, 0)
+}
+
+// pacedTree is this side's tree, its requests paced (CPU only: no bytes
+// cross).
+type pacedTree struct {
+	t    antientropy.Tree
+	pace pace
+}
+
+func (p pacedTree) Ask(ctx context.Context, req *wire.TreeRequest) (*wire.TreeAnswer, error) {
+	t0 := time.Now()
+	ans, err := p.t.Ask(ctx, req)
+	if err == nil {
+		if wait := (pace{cpu: p.pace.cpu}).wait(time.Since(t0), 0); wait > 0 {
+			if err := antientropy.Sleep(ctx, wait); err != nil {
+				return nil, err
+			}
+		}
+	}
+	return ans, err
+}
+
 // remoteTree asks a peer's tree over a link, counting the bytes, and
 // pacing them when it has a budget.
 type remoteTree struct {
-	sh     *transport.Shipper
-	bytes  *atomic.Int64
-	budget int64 // bytes per second (0: the link's own limit only)
+	sh    *transport.Shipper
+	bytes *atomic.Int64
+	pace  pace
 }
 
 func (r remoteTree) Ask(ctx context.Context, req *wire.TreeRequest) (*wire.TreeAnswer, error) {
 	t0 := time.Now()
 	ans, n, err := r.sh.AskTree(ctx, req)
 	r.bytes.Add(n)
-	if err == nil && r.budget > 0 {
-		// n bytes at the budget take this long; what the exchange took
-		// already counts.
-		if wait := time.Duration(float64(n)/float64(r.budget)*float64(time.Second)) - time.Since(t0); wait > 0 {
+	if err == nil {
+		if wait := r.pace.wait(time.Since(t0), n); wait > 0 {
 			if err := antientropy.Sleep(ctx, wait); err != nil {
 				return nil, err
 			}
@@ -165,14 +207,14 @@ func (r remoteTree) Ask(ctx context.Context, req *wire.TreeRequest) (*wire.TreeA
 // Diff compares this cluster's tree with peer's and, when repair is set,
 // pulls and applies what this cluster lacks.
 func (ae *antiEntropy) Diff(ctx context.Context, peer string, repair bool) (client.DiffReport, error) {
-	rep, err := ae.diff(ctx, peer, repair, 0)
+	rep, err := ae.diff(ctx, peer, repair, pace{})
 	if rep == nil {
 		return client.DiffReport{}, err
 	}
 	return rep.DiffReport, err
 }
 
-func (ae *antiEntropy) diff(ctx context.Context, peer string, repair bool, budget int64) (*antientropy.Report, error) {
+func (ae *antiEntropy) diff(ctx context.Context, peer string, repair bool, budget pace) (*antientropy.Report, error) {
 	n := ae.n
 	sh := ae.link(peer)
 	if sh == nil {
@@ -203,7 +245,7 @@ func (ae *antiEntropy) diff(ctx context.Context, peer string, repair bool, budge
 	return rep, err
 }
 
-func (ae *antiEntropy) compare(ctx context.Context, sh *transport.Shipper, peer string, repair bool, budget int64) (*antientropy.Report, error) {
+func (ae *antiEntropy) compare(ctx context.Context, sh *transport.Shipper, peer string, repair bool, budget pace) (*antientropy.Report, error) {
 	n := ae.n
 	start := time.Now()
 	var bytes atomic.Int64
@@ -231,7 +273,8 @@ func (ae *antiEntropy) compare(ctx context.Context, sh *transport.Shipper, peer 
 	}
 	ls := n.linkSettings(peer)
 	settle := max(minSettle, 2*time.Duration(st0.OldestUnackedAge*float64(time.Second)))
-	rep, err := antientropy.Compare(ctx, peer, antientropy.Local{St: n.store, Scoped: ae.scoped}, remoteTree{sh, &bytes, budget}, antientropy.Options{
+	local := pacedTree{antientropy.Local{St: n.store, Scoped: ae.scoped}, budget}
+	rep, err := antientropy.Compare(ctx, peer, local, remoteTree{sh, &bytes, budget}, antientropy.Options{
 		Settle: settle, Sleep: sleep, Counted: bytes.Load, PeerBehind: func() bool { return behind },
 		Filter: ls.Current(), Pass: rand.Uint64()})
 	ae.bytes.WithLabelValues(peer).Add(float64(bytes.Load()))
@@ -335,7 +378,7 @@ func (ae *antiEntropy) pass() {
 		if ctx.Err() != nil || !n.lead.ready.Load() {
 			return
 		}
-		if _, err := ae.diff(ctx, sh.Name(), n.opts.AntiEntropyRepair, n.opts.AntiEntropyBandwidth); err != nil && ctx.Err() == nil {
+		if _, err := ae.diff(ctx, sh.Name(), n.opts.AntiEntropyRepair, pace{bytes: n.opts.AntiEntropyBandwidth, cpu: n.opts.AntiEntropyCPU}); err != nil && ctx.Err() == nil {
 			n.log.Warn("background comparison with a peer failed; trying again at the next pass", "peer", sh.Name(), "err", err)
 		}
 	}

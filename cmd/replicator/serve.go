@@ -45,6 +45,7 @@ type serveConfig struct {
 	AEInterval         duration `yaml:"antientropy_interval"`
 	AERepair           bool     `yaml:"antientropy_repair"`
 	AEBandwidth        byteSize `yaml:"antientropy_bandwidth"`
+	AECPU              float64  `yaml:"antientropy_cpu"`
 	MaxClockOffset     duration `yaml:"max_clock_offset"`
 	LogLevel           string   `yaml:"log_level"`
 	LogFormat          string   `yaml:"log_format"`
@@ -112,7 +113,7 @@ func defaultServeConfig() *serveConfig {
 		Listen: d.Listen, MaxKeyBytes: d.MaxKeyBytes, MaxValueBytes: d.MaxValueBytes,
 		TombstoneRetention: duration(d.TombstoneRetention), MaxClockOffset: duration(d.MaxClockOffset),
 		ConflictRetention: duration(d.ConflictRetention), ConflictMaxBytes: d.ConflictMaxBytes, ConflictValueMax: d.ConflictValueMax,
-		AEInterval: duration(d.AntiEntropyInterval), AEBandwidth: byteSize(d.AntiEntropyBandwidth),
+		AEInterval: duration(d.AntiEntropyInterval), AEBandwidth: byteSize(d.AntiEntropyBandwidth), AECPU: d.AntiEntropyCPU,
 		LogLevel: "info", LogFormat: "text",
 		BatchEntries: d.MaxBatchEntries, BatchBytes: d.MaxBatchBytes, BatchLinger: duration(d.BatchLinger),
 		ReplicateMax: d.MaxReplicateBytes, PinWindow: duration(d.PinWindow),
@@ -369,6 +370,7 @@ func serveFlags(cfg *serveConfig) *flag.FlagSet {
 	fs.Var(&cfg.AEInterval, "antientropy-interval", "how often the leader compares the cluster's tree with each peer's (0: never; replicator diff still does)")
 	fs.BoolVar(&cfg.AERepair, "antientropy-repair", cfg.AERepair, "each background comparison pulls and applies what this cluster lacks (off: it only reports)")
 	fs.Var(&cfg.AEBandwidth, "antientropy-bandwidth", "bytes per second a background comparison exchanges with a peer at most, e.g. 4MiB")
+	fs.Float64Var(&cfg.AECPU, "antientropy-cpu", cfg.AECPU, "share of one core a background comparison keeps busy at most, on each side (1: unpaced)")
 	fs.Var(&cfg.MaxClockOffset, "max-clock-offset", "how far ahead of the local clock a remote stamp may be")
 	fs.StringVar(&cfg.LogLevel, "log-level", cfg.LogLevel, "debug, info, warn or error")
 	fs.StringVar(&cfg.LogFormat, "log-format", cfg.LogFormat, "text or json")
@@ -460,6 +462,7 @@ func (cfg *serveConfig) nodeOptions(log *slog.Logger) (*node.Options, error) {
 		ConflictValueMax:     cfg.ConflictValueMax,
 		AntiEntropyRepair:    cfg.AERepair,
 		AntiEntropyBandwidth: int64(cfg.AEBandwidth),
+		AntiEntropyCPU:       cfg.AECPU,
 		AntiEntropyInterval:  aeInterval(cfg.AEInterval),
 		MaxClockOffset:       time.Duration(cfg.MaxClockOffset),
 		Logger:               log,
