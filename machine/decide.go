@@ -219,6 +219,35 @@ func (o *Overlay) Decide(e *entry.Entry, cond *Condition, delta int64) (counterV
 	return counterValue, nil
 }
 
+// Existed counts the keys e deletes that hold a live value now (before e),
+// as the group's earlier writes left them: a delete's or a batch's answer
+// that depends on prior state, decided in commit order. It reads only for
+// deletes.
+func (o *Overlay) Existed(e *entry.Entry) (int, error) {
+	var keys []string
+	switch e.Op {
+	case entry.OpDelete:
+		keys = []string{e.Key}
+	case entry.OpMulti:
+		for _, op := range e.Ops {
+			if op.Op == entry.OpDelete {
+				keys = append(keys, op.Key)
+			}
+		}
+	}
+	n := 0
+	for _, k := range keys {
+		st, ok, err := o.currentPlain(k)
+		if err != nil {
+			return 0, fmt.Errorf("%w: %w", ErrUnreadable, err)
+		}
+		if ok && !st.tomb {
+			n++
+		}
+	}
+	return n, nil
+}
+
 // checkRestore: a restore is written only while its key holds the
 // conflict's winner (live or deleted), and says what the key holds
 // otherwise.

@@ -216,6 +216,9 @@ type Write struct {
 	Outcome entry.Outcome
 	// CounterValue is an increment's counter here once it applied.
 	CounterValue int64
+	// Existed is, for a delete or a batch, how many of the keys it deletes
+	// held a live value just before it, in commit order (RESP's DEL count).
+	Existed int
 }
 
 // Apply applies the command at log index. An error is a failure of the
@@ -396,6 +399,9 @@ func (m *Machine) decideLocal(props []Proposal) (*decided, error) {
 		if err != nil {
 			w.Err = err
 			continue
+		}
+		if w.Existed, err = ov.Existed(&e); err != nil {
+			return nil, err
 		}
 		last++
 		e.Origin, e.Stream, e.Index = m.cluster, m.stream, last

@@ -58,6 +58,9 @@ type proposal struct {
 	// counterValue the counter's value right after it, here.
 	delta        int64
 	counterValue int64
+	// existed is how many keys a delete or a batch deleted that held a
+	// live value, decided in commit order.
+	existed int
 	state        atomic.Int32
 	done         chan struct{}
 
@@ -349,7 +352,7 @@ func (c *committer) commit(pending []*proposal) int {
 		case w.Err != nil:
 			p.err = w.Err
 		default:
-			p.entry, p.outcome, p.counterValue = w.Entry, w.Outcome, w.CounterValue
+			p.entry, p.outcome, p.counterValue, p.existed = w.Entry, w.Outcome, w.CounterValue, w.Existed
 			written++
 		}
 		close(p.done)

@@ -657,7 +657,7 @@ func (n *Node) propose(ctx context.Context, p *proposal) (api.WriteResult, error
 			Outcome: entry.Duplicate, Replay: p.replay}, nil
 	}
 	st := p.entry.LWW()
-	return api.WriteResult{Key: e.Key, Version: st.String(), Origin: st.Origin, Outcome: p.outcome, Index: p.entry.Index}, nil
+	return api.WriteResult{Key: e.Key, Version: st.String(), Origin: st.Origin, Outcome: p.outcome, Index: p.entry.Index, Existed: p.existed}, nil
 }
 
 // checkPin refuses a pinned stamp older than the pin window of the commit

@@ -21,6 +21,9 @@ type WriteResult struct {
 	// Counter is a counter's value right after the increment, in commit
 	// order (an increment only).
 	Counter int64
+	// Existed is, for a delete or a batch, how many of the keys it deleted
+	// held a live value just before it, decided in commit order.
+	Existed int
 }
 
 // CounterResult is a counter's state.

@@ -1,0 +1,693 @@
+package resp
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/replicator/replicator/entry"
+	"github.com/replicator/replicator/node/api"
+)
+
+// command is one entry of the command table.
+type command struct {
+	// arity as Redis counts it: the name included; negative: at least.
+	arity   int
+	handler func(c *conn, args [][]byte)
+	// open commands run before AUTH.
+	open bool
+}
+
+var table map[string]command
+
+func init() {
+	table = map[string]command{
+		"ping":    {-1, (*conn).ping, false},
+		"echo":    {2, func(c *conn, a [][]byte) { c.w.bulk(a[1]) }, false},
+		"hello":   {-1, (*conn).hello, true},
+		"auth":    {-2, (*conn).authCmd, true},
+		"select":  {2, (*conn).selectDB, false},
+		"quit":    {-1, func(c *conn, _ [][]byte) { c.w.simple("OK"); c.quit = true }, true},
+		"client":  {-2, (*conn).client, false},
+		"command": {-1, (*conn).commandCmd, false},
+		"info":    {-1, (*conn).info, false},
+		"dbsize":  {1, func(c *conn, _ [][]byte) { c.w.int(c.s.node.Figures().Keys) }, false},
+		"config":  {-2, (*conn).config, false},
+		"wait":    {3, (*conn).wait, false},
+		"waitaof": {4, (*conn).waitAOF, false},
+		"get":     {2, (*conn).get, false},
+		"mget":    {-2, (*conn).mget, false},
+		"set":     {-3, (*conn).set, false},
+		"mset":    {-3, (*conn).mset, false},
+		"del":     {-2, (*conn).del, false},
+		"exists":  {-2, (*conn).exists, false},
+		"incr":    {2, (*conn).incr, false},
+		"decr":    {2, (*conn).incr, false},
+		"incrby":  {3, (*conn).incr, false},
+		"decrby":  {3, (*conn).incr, false},
+		"scan":    {-2, (*conn).scan, false},
+	}
+}
+
+// dispatch runs one command.
+func (c *conn) dispatch(args [][]byte) {
+	name := strings.ToLower(string(args[0]))
+	cmd, ok := table[name]
+	if !ok {
+		c.s.stats.commands.WithLabelValues("unknown").Inc()
+		c.settle()
+		c.w.err(fmt.Sprintf("ERR unknown command '%s', with args beginning with: %s", clip(args[0]), argsPreview(args[1:])))
+		return
+	}
+	c.s.stats.commands.WithLabelValues(name).Inc()
+	if (cmd.arity > 0 && len(args) != cmd.arity) || (cmd.arity < 0 && len(args) < -cmd.arity) {
+		c.settle()
+		c.w.err(wrongArgs(name))
+		return
+	}
+	if !c.authed && !cmd.open {
+		c.settle()
+		c.s.stats.errors.WithLabelValues("auth").Inc()
+		c.w.err("NOAUTH Authentication required.")
+		return
+	}
+	cmd.handler(c, args)
+}
+
+func clip(b []byte) string {
+	if len(b) > 64 {
+		b = b[:64]
+	}
+	return strings.ToValidUTF8(string(b), "?")
+}
+
+func argsPreview(args [][]byte) string {
+	var sb strings.Builder
+	for i, a := range args {
+		if i == 3 {
+			break
+		}
+		fmt.Fprintf(&sb, "'%s' ", clip(a))
+	}
+	return sb.String()
+}
+
+func (c *conn) ping(args [][]byte) {
+	c.settle()
+	switch len(args) {
+	case 1:
+		c.w.simple("PONG")
+	case 2:
+		c.w.bulk(args[1])
+	default:
+		c.w.err(wrongArgs("ping"))
+	}
+}
+
+// hello negotiates the protocol (2 or 3), and may authenticate and name
+// the connection: HELLO [protover [AUTH username password] [SETNAME name]].
+func (c *conn) hello(args [][]byte) {
+	c.settle()
+	proto := c.w.proto
+	if len(args) > 1 {
+		v, err := strconv.Atoi(string(args[1]))
+		if err != nil {
+			c.w.err("ERR Protocol version is not an integer or out of range")
+			return
+		}
+		if v != 2 && v != 3 {
+			c.w.err("NOPROTO unsupported protocol version")
+			return
+		}
+		proto = v
+	}
+	for i := 2; i < len(args); i++ {
+		switch strings.ToLower(string(args[i])) {
+		case "auth":
+			if i+2 >= len(args) {
+				c.w.err("ERR syntax error in HELLO option 'auth'")
+				return
+			}
+			if !c.auth(string(args[i+2])) {
+				c.s.stats.errors.WithLabelValues("auth").Inc()
+				c.w.err("WRONGPASS invalid username-password pair or user is disabled.")
+				return
+			}
+			i += 2
+		case "setname":
+			if i+1 >= len(args) {
+				c.w.err("ERR syntax error in HELLO option 'setname'")
+				return
+			}
+			c.name = string(args[i+1])
+			i++
+		default:
+			c.w.err(fmt.Sprintf("ERR syntax error in HELLO option '%s'", clip(args[i])))
+			return
+		}
+	}
+	if !c.authed {
+		c.s.stats.errors.WithLabelValues("auth").Inc()
+		c.w.err("NOAUTH HELLO must be called with the client already authenticated, otherwise the HELLO <proto> AUTH <user> <pass> option can be used to authenticate the client and select the RESP protocol version at the same time")
+		return
+	}
+	c.w.proto = proto
+	f := c.s.node.Figures()
+	c.w.any(map[string]any{
+		"server": "replicator", "version": redisVersion, "proto": proto, "id": c.id,
+		"mode": "standalone", "role": "master", "modules": []any{}, "replicator_version": f.Version,
+	})
+}
+
+// redisVersion is the Redis version whose commands the table follows (for
+// clients that ask); replicator_version says which build answers.
+const redisVersion = "7.2.0"
+
+func (c *conn) authCmd(args [][]byte) {
+	c.settle()
+	if len(args) > 3 {
+		c.w.err("ERR syntax error")
+		return
+	}
+	if c.s.opts.Token == "" {
+		c.w.err("ERR AUTH <password> called without any password configured for the default user. Are you sure your configuration is correct?")
+		return
+	}
+	if !c.auth(string(args[len(args)-1])) {
+		c.s.stats.errors.WithLabelValues("auth").Inc()
+		c.w.err("WRONGPASS invalid username-password pair or user is disabled.")
+		return
+	}
+	c.w.simple("OK")
+}
+
+func (c *conn) selectDB(args [][]byte) {
+	c.settle()
+	if string(args[1]) != "0" {
+		c.w.err("ERR DB index is out of range")
+		return
+	}
+	c.w.simple("OK")
+}
+
+func (c *conn) client(args [][]byte) {
+	c.settle()
+	switch strings.ToLower(string(args[1])) {
+	case "id":
+		c.w.int(c.id)
+	case "setname":
+		if len(args) != 3 {
+			c.w.err(wrongArgs("client|setname"))
+			return
+		}
+		c.name = string(args[2])
+		c.w.simple("OK")
+	case "getname":
+		if c.name == "" {
+			c.w.null()
+			return
+		}
+		c.w.bulkString(c.name)
+	case "setinfo", "no-evict", "no-touch":
+		c.w.simple("OK")
+	case "info":
+		c.w.bulkString(fmt.Sprintf("id=%d addr=%s name=%s db=0 resp=%d\n", c.id, c.nc.RemoteAddr(), c.name, c.w.proto))
+	default:
+		c.w.err(fmt.Sprintf("ERR unknown subcommand '%s'. Try CLIENT HELP.", clip(args[1])))
+	}
+}
+
+// commandCmd answers COMMAND enough for clients that ask at start: the
+// count, an entry per command (name, arity, no flags, key positions), no
+// docs.
+func (c *conn) commandCmd(args [][]byte) {
+	c.settle()
+	sub := ""
+	if len(args) > 1 {
+		sub = strings.ToLower(string(args[1]))
+	}
+	switch sub {
+	case "count":
+		c.w.int(int64(len(table)))
+	case "docs":
+		c.w.mapHeader(0)
+	case "":
+		c.w.array(len(table))
+		for name, cmd := range table {
+			first, last, step := 0, 0, 0
+			switch name {
+			case "get", "set", "incr", "decr", "incrby", "decrby":
+				first, last, step = 1, 1, 1
+			case "mget", "del", "exists":
+				first, last, step = 1, -1, 1
+			case "mset":
+				first, last, step = 1, -1, 2
+			}
+			c.w.any([]any{name, cmd.arity, []any{}, first, last, step})
+		}
+	default:
+		c.w.err(fmt.Sprintf("ERR unknown subcommand '%s'. Try COMMAND HELP.", clip(args[1])))
+	}
+}
+
+// config answers CONFIG GET with what redis-benchmark and common clients
+// ask at start; nothing is settable.
+func (c *conn) config(args [][]byte) {
+	c.settle()
+	if strings.ToLower(string(args[1])) != "get" || len(args) < 3 {
+		c.w.err("ERR CONFIG " + strings.ToUpper(clip(args[1])) + " is not supported: replicator is configured by its flags (docs/RESP.md)")
+		return
+	}
+	known := map[string]string{
+		"save": "", "appendonly": "yes", "appendfsync": "always", "databases": "1",
+		"maxmemory": "0", "maxmemory-policy": "noeviction", "timeout": "0",
+		"proto-max-bulk-len": strconv.Itoa(c.s.opts.Limits.MaxBulk), "cluster-enabled": "no",
+	}
+	out := map[string]any{}
+	for _, pat := range args[2:] {
+		for k, v := range known {
+			if globMatch(strings.ToLower(string(pat)), k) {
+				out[k] = v
+			}
+		}
+	}
+	c.w.any(out)
+}
+
+// globMatch matches the * and ? of CONFIG GET's patterns.
+func globMatch(pat, s string) bool {
+	for len(pat) > 0 {
+		switch pat[0] {
+		case '*':
+			for i := len(s); i >= 0; i-- {
+				if globMatch(pat[1:], s[i:]) {
+					return true
+				}
+			}
+			return false
+		case '?':
+			if s == "" {
+				return false
+			}
+		default:
+			if s == "" || s[0] != pat[0] {
+				return false
+			}
+		}
+		pat, s = pat[1:], s[1:]
+	}
+	return s == ""
+}
+
+// get reads a key: its plain value, or else a counter's value (counters
+// have their own key space: docs/RESP.md).
+func (c *conn) get(args [][]byte) {
+	c.settle()
+	c.value(string(args[1]))
+}
+
+func (c *conn) value(key string) {
+	rec, err := c.s.node.Get(key)
+	if err == nil {
+		c.w.bulk(rec.Value)
+		return
+	}
+	if !errors.Is(err, api.ErrNotFound) {
+		c.writeErr(err)
+		return
+	}
+	ctr, err := c.s.node.Counter(key)
+	switch {
+	case err == nil:
+		c.w.bulkString(strconv.FormatInt(ctr.Value, 10))
+	case errors.Is(err, api.ErrNotFound):
+		c.w.null()
+	default:
+		c.writeErr(err)
+	}
+}
+
+func (c *conn) mget(args [][]byte) {
+	c.settle()
+	c.w.array(len(args) - 1)
+	for _, k := range args[1:] {
+		c.value(string(k))
+	}
+}
+
+func (c *conn) exists(args [][]byte) {
+	c.settle()
+	n := int64(0)
+	for _, k := range args[1:] {
+		key := string(k)
+		_, err := c.s.node.Get(key)
+		if err == nil {
+			n++
+			continue
+		}
+		if !errors.Is(err, api.ErrNotFound) {
+			c.writeErr(err)
+			return
+		}
+		if _, err := c.s.node.Counter(key); err == nil {
+			n++
+		} else if !errors.Is(err, api.ErrNotFound) {
+			c.writeErr(err)
+			return
+		}
+	}
+	c.w.int(n)
+}
+
+// set: SET key value [NX | XX] [GET]. A plain SET is submitted and
+// answered in order; NX is a condition the state machine decides (If-None-
+// Match); XX and GET write on the condition that the key still holds the
+// version just read, decided in commit order, and read again when another
+// write got there first.
+func (c *conn) set(args [][]byte) {
+	key, value := string(args[1]), args[2]
+	var nx, xx, get bool
+	for _, o := range args[3:] {
+		switch strings.ToLower(string(o)) {
+		case "nx":
+			nx = true
+		case "xx":
+			xx = true
+		case "get":
+			get = true
+		case "ex", "px", "exat", "pxat", "keepttl":
+			c.settle()
+			c.w.err("ERR " + strings.ToUpper(string(o)) + " is not supported: keys do not expire here (no TTL; docs/RESP.md)")
+			return
+		default:
+			c.settle()
+			c.w.err("ERR syntax error")
+			return
+		}
+	}
+	if nx && xx {
+		c.settle()
+		c.w.err("ERR syntax error")
+		return
+	}
+	w := api.Write{Entry: entry.Entry{Op: entry.OpSet, Key: key, Value: value}}
+	switch {
+	case !xx && !get:
+		if nx {
+			w.Cond = &api.Condition{IfNoneMatch: true}
+		}
+		c.submit(w, func(c *conn, _ api.WriteResult, err error) {
+			switch {
+			case err == nil:
+				c.w.simple("OK")
+			case nx && errors.Is(err, api.ErrPrecondition):
+				c.w.null()
+			default:
+				c.writeErr(err)
+			}
+		})
+	default:
+		c.settle()
+		c.conditionalSet(w, nx, xx, get)
+	}
+}
+
+// maxRounds bounds how often a conditional SET reads again because another
+// write changed the key between its read and its commit.
+const maxRounds = 16
+
+func (c *conn) conditionalSet(w api.Write, nx, xx, get bool) {
+	key := w.Entry.Key
+	for range maxRounds {
+		rec, err := c.s.node.Get(key)
+		live := err == nil
+		if err != nil && !errors.Is(err, api.ErrNotFound) {
+			c.writeErr(err)
+			return
+		}
+		if !live {
+			if _, err := c.s.node.Counter(key); err == nil {
+				c.writeErr(fmt.Errorf("%w: %q is a counter", api.ErrKindConflict, key))
+				return
+			}
+		}
+		old := func() {
+			if get && live {
+				c.w.bulk(rec.Value)
+			} else if get {
+				c.w.null()
+			} else {
+				c.w.null()
+			}
+		}
+		if (xx && !live) || (nx && live) {
+			old() // not written: the old value (GET) or nil
+			return
+		}
+		if live {
+			w.Cond = &api.Condition{IfMatch: rec.Stamp.String()}
+		} else {
+			w.Cond = &api.Condition{IfNoneMatch: true}
+		}
+		_, err = c.now(w)
+		switch {
+		case err == nil:
+			if get {
+				old()
+			} else {
+				c.w.simple("OK")
+			}
+			return
+		case errors.Is(err, api.ErrPrecondition):
+			continue // another write came first: read again
+		default:
+			c.writeErr(err)
+			return
+		}
+	}
+	c.writeErr(fmt.Errorf("%w: the key changed under %d conditional attempts (contention)", api.ErrNotWritten, maxRounds))
+}
+
+// mset writes every pair as one atomic batch.
+func (c *conn) mset(args [][]byte) {
+	if len(args)%2 != 1 {
+		c.settle()
+		c.w.err(wrongArgs("mset"))
+		return
+	}
+	ops := make([]api.BatchOp, 0, len(args)/2)
+	for i := 1; i < len(args); i += 2 {
+		ops = append(ops, api.BatchOp{Key: string(args[i]), Value: args[i+1]})
+	}
+	c.submit(api.Write{Ops: ops}, func(c *conn, _ api.WriteResult, err error) {
+		if err != nil {
+			c.writeErr(err)
+			return
+		}
+		c.w.simple("OK")
+	})
+}
+
+// del deletes every key as one atomic batch; its count (the keys that held
+// a value) is decided by the state machine in commit order.
+func (c *conn) del(args [][]byte) {
+	w := api.Write{Entry: entry.Entry{Op: entry.OpDelete, Key: string(args[1])}}
+	if len(args) > 2 {
+		seen := map[string]bool{}
+		w = api.Write{}
+		for _, k := range args[1:] {
+			if !seen[string(k)] {
+				seen[string(k)] = true
+				w.Ops = append(w.Ops, api.BatchOp{Delete: true, Key: string(k)})
+			}
+		}
+	}
+	c.submit(w, func(c *conn, res api.WriteResult, err error) {
+		if err != nil {
+			c.writeErr(err)
+			return
+		}
+		c.w.int(int64(res.Existed))
+	})
+}
+
+func (c *conn) incr(args [][]byte) {
+	name := strings.ToLower(string(args[0]))
+	delta := int64(1)
+	if len(args) == 3 {
+		d, err := strconv.ParseInt(string(args[2]), 10, 64)
+		if err != nil {
+			c.settle()
+			c.w.err("ERR value is not an integer or out of range")
+			return
+		}
+		delta = d
+	}
+	if strings.HasPrefix(name, "decr") {
+		if delta == -delta && delta != 0 { // math.MinInt64
+			c.settle()
+			c.w.err("ERR decrement would overflow")
+			return
+		}
+		delta = -delta
+	}
+	c.submit(api.Write{Entry: entry.Entry{Op: entry.OpCounter, Key: string(args[1])}, Delta: delta},
+		func(c *conn, res api.WriteResult, err error) {
+			if err != nil {
+				c.writeErr(err)
+				return
+			}
+			c.w.int(res.Counter)
+		})
+}
+
+// wait answers how many peer clusters hold this connection's last write
+// (their links' acknowledgements say so), waiting up to timeout ms (0: no
+// bound) for numreplicas of them.
+func (c *conn) wait(args [][]byte) {
+	c.settle()
+	want, err1 := strconv.Atoi(string(args[1]))
+	ms, err2 := strconv.ParseInt(string(args[2]), 10, 64)
+	if err1 != nil || err2 != nil || want < 0 || ms < 0 {
+		c.w.err("ERR value is not an integer or out of range")
+		return
+	}
+	deadline := time.Now().Add(time.Duration(ms) * time.Millisecond)
+	for {
+		n := 0
+		for _, l := range c.s.node.Figures().Links {
+			if l.Acked >= c.lastIndex {
+				n++
+			}
+		}
+		if n >= want || (ms > 0 && time.Now().After(deadline)) {
+			c.w.int(int64(n))
+			return
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// waitAOF answers for this cluster: every acknowledged write is synced
+// here (1) and held by a quorum of the cluster's nodes (the others of that
+// quorum count as replicas); it does not wait.
+func (c *conn) waitAOF(args [][]byte) {
+	c.settle()
+	local, err := strconv.Atoi(string(args[1]))
+	if err != nil || local < 0 {
+		c.w.err("ERR value is not an integer or out of range")
+		return
+	}
+	f := c.s.node.Figures()
+	c.w.array(2)
+	c.w.int(1)
+	c.w.int(int64(max(f.Quorum-1, 0)))
+}
+
+// scan: SCAN cursor [MATCH prefix*] [COUNT n]. Keys of up to 4 KiB do not
+// fit a 64-bit cursor: the server keeps each scan's place in a bounded,
+// expiring table, and the cursor names it.
+func (c *conn) scan(args [][]byte) {
+	c.settle()
+	cur, err := strconv.ParseUint(string(args[1]), 10, 64)
+	if err != nil {
+		c.w.err("ERR invalid cursor")
+		return
+	}
+	prefix, count := "", 10
+	for i := 2; i < len(args); i++ {
+		if i+1 >= len(args) {
+			c.w.err("ERR syntax error")
+			return
+		}
+		switch strings.ToLower(string(args[i])) {
+		case "match":
+			p := string(args[i+1])
+			if !strings.HasSuffix(p, "*") || strings.ContainsAny(p[:len(p)-1], "*?[\\") {
+				c.w.err("ERR only MATCH patterns of the form prefix* are supported (docs/RESP.md)")
+				return
+			}
+			prefix = p[:len(p)-1]
+		case "count":
+			n, err := strconv.Atoi(string(args[i+1]))
+			if err != nil || n < 1 {
+				c.w.err("ERR value is not an integer or out of range")
+				return
+			}
+			count = min(n, 10000)
+		case "type":
+			if t := strings.ToLower(string(args[i+1])); t != "string" {
+				c.w.array(2)
+				c.w.bulkString("0")
+				c.w.array(0)
+				return
+			}
+		default:
+			c.w.err("ERR syntax error")
+			return
+		}
+		i++
+	}
+	after := ""
+	if cur != 0 {
+		place, ok := c.s.cursors.take(cur, prefix)
+		if !ok {
+			c.w.err("ERR invalid cursor (unknown, expired, or from another MATCH)")
+			return
+		}
+		after = place
+	}
+	items, next, err := c.s.node.Scan(scanOptions(prefix, after, count))
+	if err != nil {
+		c.writeErr(err)
+		return
+	}
+	nextCur := uint64(0)
+	if next != "" {
+		nextCur = c.s.cursors.put(next, prefix)
+	}
+	c.w.array(2)
+	c.w.bulkString(strconv.FormatUint(nextCur, 10))
+	c.w.array(len(items))
+	for _, it := range items {
+		c.w.bulkString(it.Key)
+	}
+}
+
+// info answers INFO's sections from kept figures (no scan).
+func (c *conn) info(args [][]byte) {
+	c.settle()
+	f := c.s.node.Figures()
+	want := map[string]bool{}
+	for _, a := range args[1:] {
+		want[strings.ToLower(string(a))] = true
+	}
+	all := len(want) == 0 || want["all"] || want["everything"] || want["default"]
+	var b bytes.Buffer
+	section := func(name string, lines ...string) {
+		if !all && !want[strings.ToLower(name)] {
+			return
+		}
+		if b.Len() > 0 {
+			b.WriteString("\r\n")
+		}
+		b.WriteString("# " + name + "\r\n")
+		for _, l := range lines {
+			b.WriteString(l + "\r\n")
+		}
+	}
+	section("Server", "redis_version:"+redisVersion, "redis_mode:standalone", "replicator_version:"+f.Version,
+		"replicator_cluster:"+c.s.node.ClusterID(), fmt.Sprintf("cluster_nodes:%d", f.Nodes))
+	section("Clients", fmt.Sprintf("connected_clients:%d", c.s.stats.conns.Load()))
+	repl := []string{"role:" + f.Role, fmt.Sprintf("connected_peers:%d", len(f.Links))}
+	for i, l := range f.Links {
+		repl = append(repl, fmt.Sprintf("peer%d:name=%s,state=%s,acked=%d,last=%d,lag=%.3f", i, l.Peer, l.State, l.Acked, l.Last, l.Lag.Seconds()))
+	}
+	section("Replication", repl...)
+	section("Persistence", "aof_enabled:1", "appendfsync:always")
+	section("Keyspace", fmt.Sprintf("db0:keys=%d,expires=0,avg_ttl=0", f.Keys))
+	c.w.verbatim(b.String())
+}

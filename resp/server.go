@@ -1,0 +1,358 @@
+package resp
+
+import (
+	"context"
+	"crypto/subtle"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/replicator/replicator/node/api"
+	"github.com/replicator/replicator/store"
+)
+
+// Node is what the front door asks of a node: the same Go API the HTTP
+// surface calls (no second write path).
+type Node interface {
+	ClusterID() string
+	Get(key string) (store.Record, error)
+	Counter(key string) (api.CounterResult, error)
+	Scan(o store.ScanOptions) ([]store.Item, string, error)
+	// Submit queues a write behind every write the caller submitted before
+	// it and returns without waiting; wait returns its outcome once it is
+	// committed as an HTTP write's 200 is (synced; in a cluster of several,
+	// by the group). The writes of one connection so reach the log in its
+	// order, and a pipeline's join one group commit. An error is returned
+	// by wait, also when the write was not queued.
+	Submit(ctx context.Context, w api.Write) (wait func() (api.WriteResult, error))
+	// Figures are kept figures for INFO and DBSIZE (no scan).
+	Figures() Figures
+}
+
+// Figures are what INFO and DBSIZE say.
+type Figures struct {
+	Version string
+	Keys    int64 // live plain keys
+	Role    string
+	Links   []Link
+	// Nodes are the nodes of the cluster (1 alone); Quorum of them hold
+	// a committed write.
+	Nodes, Quorum int
+}
+
+// Link is one peer link as INFO and WAIT see it.
+type Link struct {
+	Peer  string
+	State string
+	Acked uint64 // the last index of this cluster's stream the peer holds
+	Last  uint64
+	// Lag is the age of the oldest write the peer does not hold yet.
+	Lag time.Duration
+}
+
+// Options configure a server.
+type Options struct {
+	// Token is the API token: AUTH (or HELLO ... AUTH) must give it before
+	// any other command ("": no AUTH needed).
+	Token  string
+	Limits Limits
+	// MaxConns bounds the connections served at once (more are answered
+	// an error and closed). Default 10,000.
+	MaxConns int
+	// MaxReply bounds the replies a connection may owe at once; WriteTimeout
+	// how long a reply may wait for the client to read (a client that
+	// pipelines without reading is cut off, not buffered without end).
+	// Defaults 64 MiB, 30 s.
+	MaxReply     int
+	WriteTimeout time.Duration
+	// Timeout bounds one write's wait for its commit (10 s, as HTTP's).
+	Timeout time.Duration
+	Logger  *slog.Logger
+}
+
+// EnsureDefaults fills in zero fields.
+func (o *Options) EnsureDefaults() {
+	if o.Limits == (Limits{}) {
+		o.Limits = DefaultLimits()
+	}
+	if o.MaxConns == 0 {
+		o.MaxConns = 10000
+	}
+	if o.MaxReply == 0 {
+		o.MaxReply = 64 << 20
+	}
+	if o.WriteTimeout == 0 {
+		o.WriteTimeout = 30 * time.Second
+	}
+	if o.Timeout == 0 {
+		o.Timeout = 10 * time.Second
+	}
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.DiscardHandler)
+	}
+}
+
+// Server serves RESP connections.
+type Server struct {
+	node  Node
+	opts  Options
+	log   *slog.Logger
+	stats Stats
+
+	cursors cursors
+	nextID  atomic.Int64
+
+	mu struct {
+		sync.Mutex
+		conns  map[net.Conn]struct{}
+		closed bool
+	}
+	wg sync.WaitGroup
+}
+
+// New returns a server of n.
+func New(n Node, o Options) *Server {
+	o.EnsureDefaults()
+	s := &Server{node: n, opts: o, log: o.Logger}
+	s.mu.conns = map[net.Conn]struct{}{}
+	s.stats.init()
+	return s
+}
+
+// Serve accepts connections on ln until Close; it returns nil then. Each
+// connection is served by a goroutine of its own, which exits when the
+// client leaves, on a protocol error, or at Close.
+func (s *Server) Serve(ln net.Listener) error {
+	for {
+		nc, err := ln.Accept()
+		if err != nil {
+			s.mu.Lock()
+			closed := s.mu.closed
+			s.mu.Unlock()
+			if closed || errors.Is(err, net.ErrClosed) {
+				return nil
+			}
+			return err
+		}
+		s.mu.Lock()
+		if s.mu.closed {
+			s.mu.Unlock()
+			nc.Close()
+			return nil
+		}
+		if len(s.mu.conns) >= s.opts.MaxConns {
+			s.mu.Unlock()
+			s.stats.refusedConns.Add(1)
+			nc.SetWriteDeadline(time.Now().Add(time.Second))
+			io.WriteString(nc, "-ERR max number of clients reached\r\n")
+			nc.Close()
+			continue
+		}
+		s.mu.conns[nc] = struct{}{}
+		s.wg.Add(1)
+		s.mu.Unlock()
+		go func() {
+			defer s.wg.Done()
+			s.serveConn(nc)
+			s.mu.Lock()
+			delete(s.mu.conns, nc)
+			s.mu.Unlock()
+		}()
+	}
+}
+
+// Close closes every connection and waits for their goroutines. The
+// listener is the caller's to close (Serve then returns).
+func (s *Server) Close() {
+	s.mu.Lock()
+	s.mu.closed = true
+	for nc := range s.mu.conns {
+		nc.Close()
+	}
+	s.mu.Unlock()
+	s.wg.Wait()
+}
+
+// Stats returns the server's counters.
+func (s *Server) Stats() *Stats { return &s.stats }
+
+// conn is one client connection's state.
+type conn struct {
+	s      *Server
+	nc     net.Conn
+	id     int64
+	w      writer
+	authed bool
+	name   string
+	// pending are writes submitted and not yet answered, in order.
+	pending []pendingWrite
+	// lastIndex is the WAL index of this connection's last write (WAIT).
+	lastIndex uint64
+	// broken: a write was not written or its outcome is unknown; the rest
+	// of the pipeline fails and the connection closes.
+	broken error
+	quit   bool
+}
+
+type pendingWrite struct {
+	wait  func() (api.WriteResult, error)
+	reply func(c *conn, res api.WriteResult, err error)
+}
+
+// maxPipeline bounds the commands taken from one read before answering.
+const maxPipeline = 1024
+
+func (s *Server) serveConn(nc net.Conn) {
+	defer nc.Close()
+	c := &conn{s: s, nc: nc, id: s.nextID.Add(1), authed: s.opts.Token == "", w: writer{proto: 2}}
+	s.stats.conns.Add(1)
+	defer s.stats.conns.Add(-1)
+	rd := newReader(nc, s.opts.Limits)
+	for {
+		var batch [][][]byte
+		for len(batch) < maxPipeline {
+			args, err := rd.read()
+			if err != nil {
+				c.run(batch)
+				switch {
+				case errors.Is(err, ErrHTTP):
+					s.stats.errors.WithLabelValues("http").Inc()
+					s.log.Warn("resp: an HTTP request on the RESP port; connection closed", "remote", nc.RemoteAddr().String())
+				case errors.Is(err, ErrProtocol):
+					s.stats.errors.WithLabelValues("protocol").Inc()
+					c.w.err("ERR Protocol error: " + err.Error())
+				}
+				c.flush()
+				return
+			}
+			batch = append(batch, args)
+			if !rd.buffered() {
+				break
+			}
+		}
+		c.run(batch)
+		if err := c.flush(); err != nil || c.quit || c.broken != nil {
+			return
+		}
+	}
+}
+
+// flush writes the replies owed, within the write timeout.
+func (c *conn) flush() error {
+	if len(c.w.buf) == 0 {
+		return nil
+	}
+	c.nc.SetWriteDeadline(time.Now().Add(c.s.opts.WriteTimeout))
+	_, err := c.nc.Write(c.w.buf)
+	if len(c.w.buf) > 64<<10 {
+		c.w.buf = nil // do not keep a large buffer for an idle connection
+	} else {
+		c.w.buf = c.w.buf[:0]
+	}
+	return err
+}
+
+// run executes a pipeline in order: writes are submitted as they come and
+// answered in order; anything else first waits for the writes before it
+// (a read after a write on one connection sees it).
+func (c *conn) run(batch [][][]byte) {
+	for _, args := range batch {
+		if c.quit {
+			break
+		}
+		if c.broken != nil {
+			c.settle()
+			c.w.err("NOTWRITTEN an earlier command of this pipeline failed (" + c.broken.Error() + "); not executed, the connection closes")
+			continue
+		}
+		c.dispatch(args)
+		if len(c.w.buf) > c.s.opts.MaxReply {
+			c.settle()
+			c.w.err("ERR the replies owed exceed the connection's bound; the connection closes")
+			c.quit = true
+		}
+	}
+	c.settle()
+}
+
+// settle waits for the pending writes and writes their replies in order.
+func (c *conn) settle() {
+	for _, p := range c.pending {
+		res, err := p.wait()
+		if err == nil && res.Index > 0 {
+			c.lastIndex = res.Index
+		}
+		if err != nil && c.broken == nil && (errors.Is(err, api.ErrNotWritten) || errors.Is(err, api.ErrUnknownOutcome)) {
+			c.broken = err
+		}
+		p.reply(c, res, err)
+	}
+	c.pending = c.pending[:0]
+}
+
+// submit queues a write of this connection.
+func (c *conn) submit(w api.Write, reply func(c *conn, res api.WriteResult, err error)) {
+	ctx, cancel := context.WithTimeout(context.Background(), c.s.opts.Timeout)
+	wait := c.s.node.Submit(ctx, w)
+	c.pending = append(c.pending, pendingWrite{wait: func() (api.WriteResult, error) {
+		defer cancel()
+		return wait()
+	}, reply: reply})
+}
+
+// now submits a write and waits for it (a command whose reply decides the
+// next step).
+func (c *conn) now(w api.Write) (api.WriteResult, error) {
+	c.settle()
+	var res api.WriteResult
+	var err error
+	c.submit(w, func(_ *conn, r api.WriteResult, e error) { res, err = r, e })
+	c.settle()
+	return res, err
+}
+
+// writeErr replies an error of the write path with a class a client can act
+// on (docs/RESP.md "Errors"): NOTWRITTEN (nothing was written: retry is
+// safe), UNKNOWNOUTCOME (it may or may not be written: retry only what is
+// idempotent), WRONGTYPE (a key of the other kind), ERR (bad input).
+func (c *conn) writeErr(err error) {
+	kind, msg := classify(err)
+	c.s.stats.errors.WithLabelValues(kind).Inc()
+	c.w.err(msg)
+}
+
+func classify(err error) (kind, msg string) {
+	switch {
+	case errors.Is(err, api.ErrUnknownOutcome):
+		return "unknown_outcome", "UNKNOWNOUTCOME the write may or may not be committed: " + err.Error()
+	case errors.Is(err, api.ErrKindConflict):
+		return "wrongtype", "WRONGTYPE Operation against a key holding the wrong kind of value: " + err.Error()
+	case errors.Is(err, api.ErrNotWritten):
+		return "not_written", "NOTWRITTEN nothing was written: " + err.Error()
+	case errors.Is(err, api.ErrCounterRange):
+		return "bad_request", "ERR increment or decrement would overflow: " + err.Error()
+	case errors.Is(err, api.ErrInvalidKey), errors.Is(err, api.ErrKeyTooLarge), errors.Is(err, api.ErrValueTooLarge), errors.Is(err, api.ErrBadRequest):
+		return "bad_request", "ERR " + err.Error()
+	case errors.Is(err, api.ErrCatchingUp):
+		return "not_written", "NOTWRITTEN " + err.Error()
+	}
+	return "internal", "ERR " + err.Error()
+}
+
+func (c *conn) auth(token string) bool {
+	if c.s.opts.Token == "" {
+		return true
+	}
+	ok := subtle.ConstantTimeCompare([]byte(token), []byte(c.s.opts.Token)) == 1
+	c.authed = c.authed || ok
+	return ok
+}
+
+func wrongArgs(name string) string {
+	return fmt.Sprintf("ERR wrong number of arguments for '%s' command", name)
+}

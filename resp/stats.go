@@ -1,0 +1,45 @@
+package resp
+
+import (
+	"sync/atomic"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Stats are the front door's counters, as metrics and for /admin/ui.
+type Stats struct {
+	conns        atomic.Int64
+	refusedConns atomic.Int64
+	commands     *prometheus.CounterVec
+	errors       *prometheus.CounterVec
+}
+
+func (s *Stats) init() {
+	s.commands = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "replicator_resp_commands_total",
+		Help: "RESP commands executed, by name (unknown: names this server does not serve)."}, []string{"command"})
+	s.errors = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "replicator_resp_errors_total",
+		Help: "RESP error replies and closed connections, by kind (not_written, unknown_outcome, wrongtype, bad_request, auth, protocol, http, internal)."}, []string{"kind"})
+}
+
+// Describe and Collect make Stats a prometheus.Collector.
+func (s *Stats) Describe(ch chan<- *prometheus.Desc) {
+	s.commands.Describe(ch)
+	s.errors.Describe(ch)
+	ch <- descConns
+	ch <- descRefused
+}
+
+var (
+	descConns   = prometheus.NewDesc("replicator_resp_connections", "RESP connections open.", nil, nil)
+	descRefused = prometheus.NewDesc("replicator_resp_connections_refused_total", "RESP connections refused past the bound on connections.", nil, nil)
+)
+
+func (s *Stats) Collect(ch chan<- prometheus.Metric) {
+	s.commands.Collect(ch)
+	s.errors.Collect(ch)
+	ch <- prometheus.MustNewConstMetric(descConns, prometheus.GaugeValue, float64(s.conns.Load()))
+	ch <- prometheus.MustNewConstMetric(descRefused, prometheus.CounterValue, float64(s.refusedConns.Load()))
+}
+
+// Connections returns the connections open now.
+func (s *Stats) Connections() int64 { return s.conns.Load() }
