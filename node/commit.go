@@ -61,8 +61,8 @@ type proposal struct {
 	// existed is how many keys a delete or a batch deleted that held a
 	// live value, decided in commit order.
 	existed int
-	state        atomic.Int32
-	done         chan struct{}
+	state   atomic.Int32
+	done    chan struct{}
 
 	// results, valid after done is closed
 	outcome entry.Outcome
@@ -182,6 +182,17 @@ func newCommitter(env commitEnv) *committer {
 
 // propose queues p and waits for its answer.
 func (c *committer) propose(ctx context.Context, p *proposal) error {
+	if err := c.enqueue(ctx, p); err != nil {
+		return err
+	}
+	return c.await(ctx, p)
+}
+
+// enqueue puts p in the queue behind every proposal enqueued before it
+// returned, without waiting for its commit (await does): a caller that
+// enqueues in order has its writes decided in that order, and the ones
+// queued together join one group.
+func (c *committer) enqueue(ctx context.Context, p *proposal) error {
 	if errp := c.failed.Load(); errp != nil {
 		return fmt.Errorf("%w: %w", api.ErrNotWritten, *errp)
 	}
@@ -198,6 +209,11 @@ func (c *committer) propose(ctx context.Context, p *proposal) error {
 		return fmt.Errorf("%w: %w", api.ErrNotWritten, ctx.Err())
 	}
 	c.mu.RUnlock()
+	return nil
+}
+
+// await waits for an enqueued proposal's fate.
+func (c *committer) await(ctx context.Context, p *proposal) error {
 	select {
 	case <-p.done:
 		return p.err

@@ -88,6 +88,7 @@ func (m *nodeMetrics) init(n *Node) {
 	}
 	n.antiEntropy.init(n, f)
 	f(collectorFunc(func(ch chan<- prometheus.Metric) { n.collect(ch) }))
+	f(collectorFunc(func(ch chan<- prometheus.Metric) { n.resp.Load().collect(ch) }))
 	m.reg.MustRegister(prometheus.NewGoCollector())
 	m.reg.MustRegister(prometheus.NewProcessCollector(prometheus.ProcessCollectorOpts{}))
 }

@@ -31,7 +31,6 @@ import (
 	"github.com/replicator/replicator/node/api"
 	"github.com/replicator/replicator/node/httpapi"
 	"github.com/replicator/replicator/origin"
-	"github.com/replicator/replicator/policy"
 	"github.com/replicator/replicator/store"
 )
 
@@ -104,6 +103,7 @@ type Node struct {
 	stop     chan struct{}
 	bg       sync.WaitGroup // background loops; exit when stop is closed
 	srv      *http.Server
+	resp     atomic.Pointer[respDoor] // the RESP listener (nil: none)
 	ln       net.Listener
 	serveErr chan error
 
@@ -358,6 +358,11 @@ func (n *Node) Start() error {
 	if n.peerLn != nil {
 		n.peerSrv = n.lis.serve(n.peerLn, surface(n).PeerHandler(n.acceptor), &n.peerServeErr)
 	}
+	d, err := openRESP(n)
+	if err != nil {
+		return err
+	}
+	n.resp.Store(d)
 	if n.multi() {
 		n.svc.setDescription(described{API: n.URL(), Replicate: n.PeerURL(), Commands: n.cons.readsFormat()}, n.opts.Gossip)
 		n.svc.serveService(&n.lis, n.Handler())
@@ -472,6 +477,9 @@ func (n *Node) Close() error {
 		case <-time.After(30 * time.Second):
 			errs = append(errs, errors.New("node: http handlers still running after 30s"))
 		}
+	}
+	if err := n.resp.Load().close(); err != nil {
+		errs = append(errs, err)
 	}
 	if n.lead.ready.Load() && len(n.group.Status().Servers) > 1 {
 		// Another node leads before this one goes: the cluster does not
@@ -601,63 +609,20 @@ func (n *Node) Delete(ctx context.Context, key string) (api.WriteResult, error) 
 // (policy.WithKey) the write is stamped with the scope's pinned HLC, so
 // every retry ties. The other write methods are its shorthands.
 func (n *Node) Propose(ctx context.Context, w api.Write) (api.WriteResult, error) {
-	e := w.Entry
-	var err error
-	switch {
-	case w.Ops != nil:
-		e, err = n.bounds.batchEntry(w.Ops)
-	case e.Op == entry.OpDeleteRange:
-		err = n.bounds.checkRange(e.Key, e.End)
-	case e.Op == entry.OpSet || e.Op == entry.OpDelete || e.Op == entry.OpCounter:
-		if err = n.bounds.checkKey(e.Key); err == nil {
-			err = n.bounds.checkValue(e.Key, len(e.Value))
-		}
-	default:
-		err = fmt.Errorf("%w: op %d is not a write of the API", api.ErrBadRequest, e.Op)
-	}
+	p, err := submitter{n}.prepare(w)
 	if err != nil {
 		return api.WriteResult{}, err
 	}
-	p := &proposal{entry: e, idem: w.Keyed, cond: w.Cond, delta: w.Delta}
-	res, err := n.propose(ctx, p)
-	res.Counter = p.counterValue
-	return res, err
+	return n.propose(ctx, p)
 }
 
 // propose runs a prepared proposal through admission and the committer.
 func (n *Node) propose(ctx context.Context, p *proposal) (api.WriteResult, error) {
-	e := p.entry
-	idem := p.idem
-	if n.closing.Load() {
-		return api.WriteResult{}, fmt.Errorf("%w: %w", api.ErrClosed, api.ErrNotWritten)
-	}
-	if p := n.cons.removed.Load(); p != nil {
-		return api.WriteResult{}, fmt.Errorf("%w: %w", api.ErrNotWritten, *p)
-	}
-	if err := n.lead.awaitTerm(ctx); err != nil {
+	w := submitter{n}
+	if err := w.enqueue(ctx, p); err != nil {
 		return api.WriteResult{}, err
 	}
-	select {
-	case <-n.rejoin.fence:
-	case <-ctx.Done():
-		return api.WriteResult{}, fmt.Errorf("%w: waiting for the peers to confirm this stream's identity: %w", api.ErrNotWritten, ctx.Err())
-	}
-	if err := n.sat.admit(ctx); err != nil {
-		return api.WriteResult{}, err
-	}
-	if k, ok := policy.KeyFrom(ctx); ok && idem == nil {
-		p.pin = k.HLC
-		p.idem = scopedWrite(k, p)
-	}
-	if err := n.com.propose(ctx, p); err != nil {
-		return api.WriteResult{}, err
-	}
-	if p.replay != nil {
-		return api.WriteResult{Key: e.Key, Version: p.replay.Stamp.String(), Origin: p.replay.Stamp.Origin,
-			Outcome: entry.Duplicate, Replay: p.replay}, nil
-	}
-	st := p.entry.LWW()
-	return api.WriteResult{Key: e.Key, Version: st.String(), Origin: st.Origin, Outcome: p.outcome, Index: p.entry.Index, Existed: p.existed}, nil
+	return w.await(ctx, p)
 }
 
 // checkPin refuses a pinned stamp older than the pin window of the commit

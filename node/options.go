@@ -53,6 +53,11 @@ type Options struct {
 	// client API does not; the API listener then does not serve it.
 	PeerListen   string
 	PeerListener net.Listener
+	// RESPListen, when set, serves the Redis-protocol front door there
+	// (docs/RESP.md), with the API's TLS settings and token; RESPListener
+	// is a listener to use instead. Off by default.
+	RESPListen   string
+	RESPListener net.Listener
 
 	// TLSCert and TLSKey (PEM files) serve the listeners over TLS and are
 	// the client certificate the shippers present to peers.

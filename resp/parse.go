@@ -80,12 +80,12 @@ func (r *reader) line(max int) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	if len(b) > max+2 {
-		return nil, fmt.Errorf("%w: a line longer than %d bytes", ErrProtocol, max)
-	}
 	b = b[:len(b)-1]
 	if n := len(b); n > 0 && b[n-1] == '\r' {
 		b = b[:n-1]
+	}
+	if len(b) > max {
+		return nil, fmt.Errorf("%w: a line longer than %d bytes", ErrProtocol, max)
 	}
 	return b, nil
 }
@@ -93,6 +93,16 @@ func (r *reader) line(max int) ([]byte, error) {
 // read returns the next command's arguments (the name first). io.EOF at a
 // command's boundary is a clean end.
 func (r *reader) read() ([][]byte, error) {
+	for {
+		args, err := r.readOne()
+		if err != nil || len(args) > 0 {
+			return args, err
+		}
+		// An empty command (*0, a blank line): Redis skips it.
+	}
+}
+
+func (r *reader) readOne() ([][]byte, error) {
 	first := r.first
 	r.first = false
 	c, err := r.br.ReadByte()
@@ -114,7 +124,7 @@ func (r *reader) read() ([][]byte, error) {
 	case err != nil:
 		return nil, fmt.Errorf("%w: invalid multibulk length %q", ErrProtocol, hdr)
 	case n <= 0:
-		return r.read() // an empty command: Redis skips it
+		return nil, nil
 	case n > r.limits.MaxArgs:
 		return nil, fmt.Errorf("%w: %d arguments, at most %d", ErrProtocol, n, r.limits.MaxArgs)
 	}
@@ -172,9 +182,6 @@ func (r *reader) inline(first bool) ([][]byte, error) {
 	}
 	if len(args) > r.limits.MaxArgs {
 		return nil, fmt.Errorf("%w: %d arguments, at most %d", ErrProtocol, len(args), r.limits.MaxArgs)
-	}
-	if len(args) == 0 {
-		return r.read()
 	}
 	return args, nil
 }

@@ -60,6 +60,8 @@ type Batch struct {
 	// leafMoves are what the batch's merges add to the leaves, applied
 	// at its commit (leaves.go).
 	leafMoves []leafMove
+	// liveMoves is what the batch adds to the store's count of live keys.
+	liveMoves int64
 	digester  hashtree.Digester
 }
 

@@ -86,6 +86,7 @@ func (s *Store) ReplaceFrom(dir string) error {
 		return err
 	}
 	s.seen, s.leaves, s.leavesValid = seen.filter(), leaves.leaves, true
+	s.live.Store(leaves.live)
 	s.leavesGen++
 	return nil
 }

@@ -35,6 +35,12 @@ func TestKeptLeavesMatchAScan(t *testing.T) {
 		if !slices.Equal(s.Leaves(), want) {
 			t.Fatalf("%s: the kept leaves differ from a scan", when)
 		}
+		snap := s.db.NewSnapshot()
+		_, _, live, err := scanTree(snap)
+		snap.Close()
+		if err != nil || s.Live() != live {
+			t.Fatalf("%s: %d live keys kept, a scan counts %d (%v)", when, s.Live(), live, err)
+		}
 	}
 	wall := int64(1000)
 	for i := 0; i < 400; i++ {

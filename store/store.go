@@ -106,6 +106,8 @@ type Store struct {
 	leaves      []hashtree.Sum
 	leavesValid bool
 	leavesGen   uint64 // moves when the leaves are replaced whole
+	// live counts the live plain keys and counters (Live).
+	live atomic.Int64
 	// marks are the committed high-water marks by origin and stream, the
 	// same as their Pebble records (loaded at open, changed only by batch
 	// commits). Every inbound batch reads its sender's marks; from Pebble
@@ -143,10 +145,12 @@ func Open(dir string, opts *Options) (*Store, error) {
 		s.Close()
 		return nil, err
 	}
-	if s.seen, s.leaves, err = scanTree(db); err != nil {
+	var live int64
+	if s.seen, s.leaves, live, err = scanTree(db); err != nil {
 		s.Close()
 		return nil, err
 	}
+	s.live.Store(live)
 	s.leavesValid = true
 	return s, nil
 }

@@ -95,6 +95,7 @@ type serveConfig struct {
 	PeerCA          string   `yaml:"peer_ca"`
 	PeerSANMode     string   `yaml:"peer_san_mode"`
 	PeerListen      string   `yaml:"peer_listen"`
+	RESPListen      string   `yaml:"resp_listen"`
 	APITokenFile    string   `yaml:"api_token_file"`
 	AdminTokenFile  string   `yaml:"admin_token_file"`
 	Pprof           bool     `yaml:"pprof"`
@@ -425,6 +426,7 @@ func serveFlags(cfg *serveConfig) *flag.FlagSet {
 	fs.StringVar(&cfg.PeerCA, "peer-ca", cfg.PeerCA, "PEM CA of peers' server certificates (default --tls-client-ca)")
 	fs.StringVar(&cfg.PeerSANMode, "peer-san-mode", cfg.PeerSANMode, "how a peer certificate names its cluster: uri (replicator://cluster/ID) or dns (first label)")
 	fs.StringVar(&cfg.PeerListen, "peer-listen", cfg.PeerListen, "separate HOST:PORT for /v1/replicate (mutual TLS there, not on the API)")
+	fs.StringVar(&cfg.RESPListen, "resp-listen", cfg.RESPListen, "HOST:PORT of the Redis-protocol front door (off when empty; the API's TLS and token; docs/RESP.md)")
 	fs.StringVar(&cfg.APITokenFile, "api-token-file", cfg.APITokenFile, "file with the bearer token the API (and, without --admin-token-file, the admin endpoints) require")
 	fs.StringVar(&cfg.AdminTokenFile, "admin-token-file", cfg.AdminTokenFile, "file with the bearer token the admin endpoints (/admin/*: membership, peers, detach) require instead of the API token")
 	return fs
@@ -534,7 +536,7 @@ func (cfg *serveConfig) nodeOptions(log *slog.Logger) (*node.Options, error) {
 	o.TLSCert, o.TLSKey, o.TLSClientCA, o.PeerCA = cfg.TLSCert, cfg.TLSKey, cfg.TLSClientCA, cfg.PeerCA
 	o.TLSReloadInterval = time.Duration(cfg.TLSReload)
 	o.LinkLagging, o.LinkStalled = time.Duration(cfg.LinkLagging), time.Duration(cfg.LinkStalled)
-	o.PeerSANMode, o.PeerListen = cfg.PeerSANMode, cfg.PeerListen
+	o.PeerSANMode, o.PeerListen, o.RESPListen = cfg.PeerSANMode, cfg.PeerListen, cfg.RESPListen
 	testing, err := node.TestingFromEnv(os.Getenv)
 	if err != nil {
 		errs = append(errs, err)

@@ -1,0 +1,97 @@
+package node
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/replicator/replicator/resp"
+)
+
+// The Redis-protocol front door (docs/RESP.md): package resp speaks the
+// protocol; the node gives it its Go API (respNode) and a listener with the
+// HTTP API's TLS settings and token.
+
+// respDoor is the RESP listener and its server, when --resp-listen is set.
+type respDoor struct {
+	srv  *resp.Server
+	ln   net.Listener
+	errc chan error
+}
+
+// respNode is the node as package resp sees it: the same reads and writes
+// the HTTP surface calls, and a Submit that queues a connection's writes in
+// order (submitter).
+type respNode struct {
+	*Node
+	submitter
+}
+
+// Figures are INFO's and DBSIZE's kept figures.
+func (r respNode) Figures() resp.Figures {
+	n := r.Node
+	f := resp.Figures{Version: n.opts.BuildVersion, Keys: n.store.Live(), Role: "replica", Nodes: 1, Quorum: 1}
+	if n.lead.ready.Load() || !n.multi() {
+		f.Role = "master"
+	}
+	if n.multi() {
+		voters := 0
+		for _, sv := range n.group.Status().Servers {
+			if sv.Voter {
+				voters++
+			}
+		}
+		f.Nodes, f.Quorum = len(n.group.Status().Servers), voters/2+1
+	}
+	for _, l := range n.PeerStatus() {
+		f.Links = append(f.Links, resp.Link{Peer: l.Peer, State: l.State, Acked: l.Acked, Last: l.Last,
+			Lag: time.Duration(l.OldestUnackedAge * float64(time.Second))})
+	}
+	return f
+}
+
+// openRESP listens on Options.RESPListen and serves it (nil, nil when it
+// is not set). Its goroutine exits when close closes the listener.
+func openRESP(n *Node) (*respDoor, error) {
+	if n.opts.RESPListen == "" && n.opts.RESPListener == nil {
+		return nil, nil
+	}
+	ln, err := n.lis.listen(n.opts.RESPListener, n.opts.RESPListen, false)
+	if err != nil {
+		return nil, fmt.Errorf("node: RESP: %w", err)
+	}
+	lim := resp.DefaultLimits()
+	lim.MaxBulk = max(n.opts.MaxValueBytes, n.opts.MaxKeyBytes) + 4096
+	d := &respDoor{ln: ln, errc: make(chan error, 1),
+		srv: resp.New(respNode{n, submitter{n}}, resp.Options{Token: n.opts.APIToken, Limits: lim, Logger: n.log})}
+	go func() { d.errc <- d.srv.Serve(ln) }()
+	n.log.Info("serving RESP", "addr", ln.Addr().String())
+	return d, nil
+}
+
+// close stops taking connections and closes those open, once their
+// pending writes are answered (the committer must still run).
+func (d *respDoor) close() error {
+	if d == nil {
+		return nil
+	}
+	err := d.ln.Close()
+	d.srv.Close()
+	if serr := <-d.errc; serr != nil {
+		err = errors.Join(err, serr)
+	}
+	if errors.Is(err, net.ErrClosed) {
+		return nil
+	}
+	return err
+}
+
+// collect exports the front door's metrics (none while it is off).
+func (d *respDoor) collect(ch chan<- prometheus.Metric) {
+	if d != nil {
+		d.srv.Stats().Collect(ch)
+	}
+}

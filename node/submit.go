@@ -1,0 +1,97 @@
+package node
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/replicator/replicator/entry"
+	"github.com/replicator/replicator/node/api"
+	"github.com/replicator/replicator/policy"
+)
+
+// submitter is the write path's admission and queueing, split in two so
+// that a caller may queue several writes in order before waiting for any
+// (a RESP connection's pipeline: one group commit, its order kept).
+type submitter struct{ n *Node }
+
+// prepare checks a write of the API and makes it a proposal.
+func (w submitter) prepare(wr api.Write) (*proposal, error) {
+	n := w.n
+	e := wr.Entry
+	var err error
+	switch {
+	case wr.Ops != nil:
+		e, err = n.bounds.batchEntry(wr.Ops)
+	case e.Op == entry.OpDeleteRange:
+		err = n.bounds.checkRange(e.Key, e.End)
+	case e.Op == entry.OpSet || e.Op == entry.OpDelete || e.Op == entry.OpCounter:
+		if err = n.bounds.checkKey(e.Key); err == nil {
+			err = n.bounds.checkValue(e.Key, len(e.Value))
+		}
+	default:
+		err = fmt.Errorf("%w: op %d is not a write of the API", api.ErrBadRequest, e.Op)
+	}
+	if err != nil {
+		return nil, err
+	}
+	return &proposal{entry: e, idem: wr.Keyed, cond: wr.Cond, delta: wr.Delta}, nil
+}
+
+// Submit queues a write behind every write submitted before it returned,
+// and returns its wait (resp.Node). Admission (a leader, the identity
+// fence, saturation) happens here, in order; an error is wait's.
+func (w submitter) Submit(ctx context.Context, wr api.Write) func() (api.WriteResult, error) {
+	p, err := w.prepare(wr)
+	if err == nil {
+		err = w.enqueue(ctx, p)
+	}
+	if err != nil {
+		return func() (api.WriteResult, error) { return api.WriteResult{}, err }
+	}
+	return func() (api.WriteResult, error) { return w.await(ctx, p) }
+}
+
+// enqueue admits a prepared proposal and queues it behind those enqueued
+// before it, without waiting for its commit.
+func (w submitter) enqueue(ctx context.Context, p *proposal) error {
+	n := w.n
+	idem := p.idem
+	if n.closing.Load() {
+		return fmt.Errorf("%w: %w", api.ErrClosed, api.ErrNotWritten)
+	}
+	if p := n.cons.removed.Load(); p != nil {
+		return fmt.Errorf("%w: %w", api.ErrNotWritten, *p)
+	}
+	if err := n.lead.awaitTerm(ctx); err != nil {
+		return err
+	}
+	select {
+	case <-n.rejoin.fence:
+	case <-ctx.Done():
+		return fmt.Errorf("%w: waiting for the peers to confirm this stream's identity: %w", api.ErrNotWritten, ctx.Err())
+	}
+	if err := n.sat.admit(ctx); err != nil {
+		return err
+	}
+	if k, ok := policy.KeyFrom(ctx); ok && idem == nil {
+		p.pin = k.HLC
+		p.idem = scopedWrite(k, p)
+	}
+	return n.com.enqueue(ctx, p)
+}
+
+// await waits for an enqueued proposal and returns what it did.
+func (w submitter) await(ctx context.Context, p *proposal) (api.WriteResult, error) {
+	n := w.n
+	e := p.entry
+	if err := n.com.await(ctx, p); err != nil {
+		return api.WriteResult{}, err
+	}
+	if p.replay != nil {
+		return api.WriteResult{Key: e.Key, Version: p.replay.Stamp.String(), Origin: p.replay.Stamp.Origin,
+			Outcome: entry.Duplicate, Replay: p.replay}, nil
+	}
+	st := p.entry.LWW()
+	return api.WriteResult{Key: e.Key, Version: st.String(), Origin: st.Origin, Outcome: p.outcome, Index: p.entry.Index,
+		Existed: p.existed, Counter: p.counterValue}, nil
+}
