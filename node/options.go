@@ -663,6 +663,10 @@ type Testing struct {
 	// proposed; an error it returns fails the command as a lost lead would,
 	// before anything is proposed. Tests only (no flag or variable sets it).
 	CommandFault func(*machine.Command) error
+	// RESPCrashKey, when set, kills the process (SIGKILL) once a RESP write
+	// of that key committed and before its answer is written: the crash
+	// between commit and answer, whose write must be there after a restart.
+	RESPCrashKey string
 }
 
 // TestingEnvPrefix begins the environment variables TestingFromEnv reads.
@@ -676,6 +680,7 @@ func TestingFromEnv(getenv func(string) string) (Testing, error) {
 	t := Testing{
 		DiskFullFile:  getenv(TestingEnvPrefix + "DISK_FULL_FILE"),
 		RaftBlockFile: getenv(TestingEnvPrefix + "RAFT_BLOCK_FILE"),
+		RESPCrashKey:  getenv(TestingEnvPrefix + "RESP_CRASH_KEY"),
 	}
 	for _, d := range []struct {
 		name string

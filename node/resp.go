@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"os"
+	"syscall"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -65,8 +67,16 @@ func openRESP(n *Node) (*respDoor, error) {
 	}
 	lim := resp.DefaultLimits()
 	lim.MaxBulk = max(n.opts.MaxValueBytes, n.opts.MaxKeyBytes) + 4096
-	d := &respDoor{ln: ln, errc: make(chan error, 1),
-		srv: resp.New(respNode{n, submitter{n}}, resp.Options{Token: n.opts.APIToken, Limits: lim, Logger: n.log})}
+	o := resp.Options{Token: n.opts.APIToken, Limits: lim, Logger: n.log}
+	if key := n.opts.Testing.RESPCrashKey; key != "" {
+		o.Committed = func(k string) {
+			if k == key {
+				n.log.Warn("testing: killed between a RESP write's commit and its answer", "key", k)
+				syscall.Kill(os.Getpid(), syscall.SIGKILL)
+			}
+		}
+	}
+	d := &respDoor{ln: ln, errc: make(chan error, 1), srv: resp.New(respNode{n, submitter{n}}, o)}
 	go func() { d.errc <- d.srv.Serve(ln) }()
 	n.log.Info("serving RESP", "addr", ln.Addr().String())
 	return d, nil

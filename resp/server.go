@@ -73,6 +73,9 @@ type Options struct {
 	// Timeout bounds one write's wait for its commit (10 s, as HTTP's).
 	Timeout time.Duration
 	Logger  *slog.Logger
+	// Committed, when set, sees every write of a key once it committed and
+	// before it is answered (tests: a crash between the two).
+	Committed func(key string)
 }
 
 // EnsureDefaults fills in zero fields.
@@ -284,6 +287,9 @@ func (c *conn) run(batch [][][]byte) {
 func (c *conn) settle() {
 	for _, p := range c.pending {
 		res, err := p.wait()
+		if err == nil && c.s.opts.Committed != nil {
+			c.s.opts.Committed(res.Key)
+		}
 		if err == nil && res.Index > 0 {
 			c.lastIndex = res.Index
 		}

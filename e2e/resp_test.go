@@ -1,0 +1,99 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// redisCLI runs redis-cli against a RESP port. A machine without it fails
+// the test: .ci/run installs redis-tools.
+func redisCLI(t *testing.T, port int, args ...string) string {
+	t.Helper()
+	bin, err := exec.LookPath("redis-cli")
+	if err != nil {
+		t.Fatalf("redis-cli is not installed (Debian: redis-tools; .ci/run installs it): %v", err)
+	}
+	out, err := exec.Command(bin, append([]string{"-h", "127.0.0.1", "-p", fmt.Sprint(port)}, args...)...).CombinedOutput()
+	if err != nil {
+		t.Fatalf("redis-cli %v: %v: %s", args, err, out)
+	}
+	return strings.TrimSpace(string(out))
+}
+
+// TestRESPAcrossPairedClusters: two paired clusters, each with its RESP
+// door; redis-cli SETs at one and GETs at the other, and counters
+// incremented at both sum at both.
+func TestRESPAcrossPairedClusters(t *testing.T) {
+	m := newMesh(t, seed(t), false, "a", "b")
+	ports := map[string]int{}
+	for _, n := range m.names {
+		ports[n] = freePort(t)
+		m.nodes[n].args = append(m.nodes[n].args, "--resp-listen", fmt.Sprintf("127.0.0.1:%d", ports[n]))
+	}
+	m.start()
+	if got := redisCLI(t, ports["a"], "SET", "greeting", "hello from a"); got != "OK" {
+		t.Fatalf("SET at a: %q", got)
+	}
+	for i := 0; i < 5; i++ {
+		redisCLI(t, ports["a"], "INCR", "visits")
+		redisCLI(t, ports["b"], "INCRBY", "visits", "10")
+	}
+	eventually(t, 30*time.Second, func() (bool, string) {
+		got := redisCLI(t, ports["b"], "GET", "greeting")
+		return got == "hello from a", fmt.Sprintf("GET at b: %q", got)
+	})
+	for _, n := range m.names {
+		eventually(t, 30*time.Second, func() (bool, string) {
+			got := redisCLI(t, ports[n], "GET", "visits")
+			return got == "55", fmt.Sprintf("the counter at %s: %q", n, got)
+		})
+	}
+	if got := redisCLI(t, ports["b"], "DBSIZE"); got != "2" {
+		t.Fatalf("DBSIZE at b: %q", got)
+	}
+	if info := redisCLI(t, ports["a"], "INFO", "replication"); !strings.Contains(info, "name=b,state=") {
+		t.Fatalf("INFO replication at a does not show the link to b:\n%s", info)
+	}
+}
+
+// TestRESPCrashBetweenCommitAndAnswer: the process dies once a RESP write
+// committed and before its answer: the client sees a connection error,
+// not OK, and the write is there after the restart.
+func TestRESPCrashBetweenCommitAndAnswer(t *testing.T) {
+	port := freePort(t)
+	p := newProc(t, "a", "a", "--resp-listen", fmt.Sprintf("127.0.0.1:%d", port))
+	p.env = append(p.env, "REPLICATOR_TESTING_RESP_CRASH_KEY=crash-me")
+	p.startReady()
+	c := redis.NewClient(&redis.Options{Addr: fmt.Sprintf("127.0.0.1:%d", port), MaxRetries: -1})
+	defer c.Close()
+	ctx := context.Background()
+	if err := c.Set(ctx, "before", "v", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	err := c.Set(ctx, "crash-me", "committed", 0).Err()
+	if err == nil || strings.HasPrefix(err.Error(), "NOTWRITTEN") || strings.HasPrefix(err.Error(), "ERR") {
+		t.Fatalf("the answer of a write whose process died before answering: %v", err)
+	}
+	p.mu.Lock()
+	exited := p.exited
+	p.mu.Unlock()
+	select {
+	case <-exited:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the process did not die between the commit and the answer")
+	}
+	p.kill() // reaps it
+	p.env = nil
+	p.startReady()
+	for _, k := range []string{"before", "crash-me"} {
+		if got := redisCLI(t, port, "GET", k); got == "" {
+			t.Fatalf("%s is not there after the restart", k)
+		}
+	}
+}
