@@ -22,6 +22,7 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	ports "github.com/replicator/replicator/internal/loopback"
 )
 
 // startRESPNode starts a node with the RESP front door on a loopback port
@@ -380,4 +381,65 @@ func selfSigned(t *testing.T, dir string) (certFile, keyFile string, pool *x509.
 	pool = x509.NewCertPool()
 	pool.AddCert(cert)
 	return certFile, keyFile, pool
+}
+
+// TestRESPFollowerForwards: in a cluster of three, a follower's RESP door
+// forwards writes to the leader one hop, in the connection's order (a
+// pipeline's increments answer 1..n), with the answers that depend on prior
+// state decided there (DEL's count, NX, INCR's value); the follower then
+// reads its own writes.
+func TestRESPFollowerForwards(t *testing.T) {
+	free, release, err := ports.Hold(3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	addrs := map[string]string{}
+	c := newRaftCluster(t, "r", 3, func(name string, o *Options) {
+		addrs[name], free = free[0], free[1:]
+		o.RESPListen = addrs[name]
+		if name == "r3" {
+			release()
+		}
+	})
+	f := c.follower()
+	ctx := context.Background()
+	rc := redisClient(t, addrs[f], 3, nil)
+	if err := rc.Set(ctx, "k", "v", 0).Err(); err != nil {
+		t.Fatalf("SET at follower %s: %v", f, err)
+	}
+	if got := rc.Get(ctx, "k").Val(); got != "v" {
+		t.Fatalf("the follower does not read its own write: %q", got)
+	}
+	pipe := rc.Pipeline()
+	incrs := make([]*redis.IntCmd, 50)
+	for i := range incrs {
+		incrs[i] = pipe.Incr(ctx, "n")
+	}
+	if _, err := pipe.Exec(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for i, cmd := range incrs {
+		if cmd.Val() != int64(i+1) {
+			t.Fatalf("forwarded INCR %d answered %d", i, cmd.Val())
+		}
+	}
+	if ok, err := rc.SetNX(ctx, "k", "other", 0).Result(); err != nil || ok {
+		t.Fatalf("SETNX of a held key through the follower: %v %v", ok, err)
+	}
+	if err := rc.MSet(ctx, "m1", "1", "m2", "2").Err(); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := rc.Del(ctx, "m1", "m2", "absent").Result(); err != nil || n != 2 {
+		t.Fatalf("DEL through the follower: %d %v", n, err)
+	}
+	if err := rc.Set(ctx, "n", "x", 0).Err(); err == nil || !strings.HasPrefix(err.Error(), "WRONGTYPE") {
+		t.Fatalf("a SET of a counter through the follower: %v", err)
+	}
+	l := c.nodes[c.leader()]
+	if v, err := l.Counter("n"); err != nil || v.Value != 50 {
+		t.Fatalf("the leader's counter: %d %v", v.Value, err)
+	}
+	if r, err := l.Get("k"); err != nil || string(r.Value) != "v" {
+		t.Fatalf("the leader's k: %q %v", r.Value, err)
+	}
 }

@@ -28,7 +28,9 @@ type Node interface {
 	// committed as an HTTP write's 200 is (synced; in a cluster of several,
 	// by the group). The writes of one connection so reach the log in its
 	// order, and a pipeline's join one group commit. An error is returned
-	// by wait, also when the write was not queued.
+	// by wait, also when the write was not queued. A node that must send
+	// the write elsewhere (a follower) may do so in wait, which the caller
+	// calls in order: ctx cancelled first means the write must not be sent.
 	Submit(ctx context.Context, w api.Write) (wait func() (api.WriteResult, error))
 	// Figures are kept figures for INFO and DBSIZE (no scan).
 	Figures() Figures
@@ -203,8 +205,9 @@ type conn struct {
 }
 
 type pendingWrite struct {
-	wait  func() (api.WriteResult, error)
-	reply func(c *conn, res api.WriteResult, err error)
+	wait   func() (api.WriteResult, error)
+	cancel context.CancelFunc
+	reply  func(c *conn, res api.WriteResult, err error)
 }
 
 // maxPipeline bounds the commands taken from one read before answering.
@@ -286,6 +289,12 @@ func (c *conn) run(batch [][][]byte) {
 // settle waits for the pending writes and writes their replies in order.
 func (c *conn) settle() {
 	for _, p := range c.pending {
+		if c.broken != nil {
+			// The rest of the pipeline fails: a write still queued is
+			// withdrawn (not written), one already in a group commit
+			// keeps its fate (its answer says which).
+			p.cancel()
+		}
 		res, err := p.wait()
 		if err == nil && c.s.opts.Committed != nil {
 			c.s.opts.Committed(res.Key)
@@ -308,7 +317,7 @@ func (c *conn) submit(w api.Write, reply func(c *conn, res api.WriteResult, err 
 	c.pending = append(c.pending, pendingWrite{wait: func() (api.WriteResult, error) {
 		defer cancel()
 		return wait()
-	}, reply: reply})
+	}, cancel: cancel, reply: reply})
 }
 
 // now submits a write and waits for it (a command whose reply decides the

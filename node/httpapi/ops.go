@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"strconv"
 	"strings"
 	"unicode/utf8"
 
@@ -93,9 +94,19 @@ func (a *API) finishWrite(w http.ResponseWriter, r *http.Request, idem *api.Keye
 	case res.Replay != nil:
 		writeReplay(w, res.Replay.Status, res.Replay.Body)
 	default:
+		if r.Method == http.MethodDelete || res.Existed > 0 {
+			// How many of the keys a delete or a batch deleted held a
+			// value (decided in commit order): RESP's DEL count, when a
+			// follower forwards it.
+			w.Header().Set(HeaderExisted, strconv.Itoa(res.Existed))
+		}
 		live()
 	}
 }
+
+// HeaderExisted answers a delete or a batch with how many of the keys it
+// deleted held a live value just before it.
+const HeaderExisted = "X-Replicator-Existed"
 
 // handleCounter serves POST and GET /v1/counters/{key...}.
 func (a *API) handleCounter(w http.ResponseWriter, r *http.Request) {
