@@ -196,6 +196,10 @@ type conn struct {
 	name   string
 	// pending are writes submitted and not yet answered, in order.
 	pending []pendingWrite
+	// ctx bounds the writes of the pipeline being run (Options.Timeout);
+	// cancel withdraws those still queued when one fails.
+	ctx    context.Context
+	cancel context.CancelFunc
 	// lastIndex is the WAL index of this connection's last write (WAIT).
 	lastIndex uint64
 	// broken: a write was not written or its outcome is unknown; the rest
@@ -205,9 +209,8 @@ type conn struct {
 }
 
 type pendingWrite struct {
-	wait   func() (api.WriteResult, error)
-	cancel context.CancelFunc
-	reply  func(c *conn, res api.WriteResult, err error)
+	wait  func() (api.WriteResult, error)
+	reply func(c *conn, res api.WriteResult, err error)
 }
 
 // maxPipeline bounds the commands taken from one read before answering.
@@ -267,6 +270,8 @@ func (c *conn) flush() error {
 // answered in order; anything else first waits for the writes before it
 // (a read after a write on one connection sees it).
 func (c *conn) run(batch [][][]byte) {
+	c.ctx, c.cancel = context.WithTimeout(context.Background(), c.s.opts.Timeout)
+	defer func() { c.cancel() }()
 	for _, args := range batch {
 		if c.quit {
 			break
@@ -293,7 +298,7 @@ func (c *conn) settle() {
 			// The rest of the pipeline fails: a write still queued is
 			// withdrawn (not written), one already in a group commit
 			// keeps its fate (its answer says which).
-			p.cancel()
+			c.cancel()
 		}
 		res, err := p.wait()
 		if err == nil && c.s.opts.Committed != nil {
@@ -312,12 +317,7 @@ func (c *conn) settle() {
 
 // submit queues a write of this connection.
 func (c *conn) submit(w api.Write, reply func(c *conn, res api.WriteResult, err error)) {
-	ctx, cancel := context.WithTimeout(context.Background(), c.s.opts.Timeout)
-	wait := c.s.node.Submit(ctx, w)
-	c.pending = append(c.pending, pendingWrite{wait: func() (api.WriteResult, error) {
-		defer cancel()
-		return wait()
-	}, cancel: cancel, reply: reply})
+	c.pending = append(c.pending, pendingWrite{wait: c.s.node.Submit(c.ctx, w), reply: reply})
 }
 
 // now submits a write and waits for it (a command whose reply decides the

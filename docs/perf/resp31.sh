@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# Issue 31: server CPU per SET and throughput through the RESP door, beside
+# Redis 7 with appendonly yes / appendfsync always (durable per write), and
+# beside the HTTP single-PUT figure of the same run (replicator bench
+# --scenarios puts). Run from the repository root:
+#   bash docs/perf/resp31.sh            # 3 rounds, medians printed
+# Needs redis-server and redis-benchmark (Debian: redis-server, redis-tools).
+set -euo pipefail
+ROUNDS=${ROUNDS:-3}
+N=${N:-100000}
+BIN=${BIN:-/tmp/replicator-resp31}
+go build -o "$BIN" ./cmd/replicator
+tmp=$(mktemp -d)
+pids=()
+cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$tmp"; }
+trap cleanup EXIT
+hz=$(getconf CLK_TCK)
+ticks() { awk '{print $14+$15}' "/proc/$1/stat"; }
+median() { sort -g | awk '{a[NR]=$1} END {print (NR%2) ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2}'; }
+
+"$BIN" serve --cluster-id a --data "$tmp/a" --listen 127.0.0.1:17401 --resp-listen 127.0.0.1:17379 \
+  --peer b=http://127.0.0.1:17402 --peer-secret b=s --log-level warn >"$tmp/a.log" 2>&1 & pids+=($!); apid=$!
+"$BIN" serve --cluster-id b --data "$tmp/b" --listen 127.0.0.1:17402 \
+  --peer a=http://127.0.0.1:17401 --peer-secret a=s --log-level warn >"$tmp/b.log" 2>&1 & pids+=($!); bpid=$!
+mkdir -p "$tmp/redis"
+redis-server --port 17380 --appendonly yes --appendfsync always --save '' --dir "$tmp/redis" --daemonize no \
+  --logfile "$tmp/redis.log" & pids+=($!); rpid=$!
+for port in 17379 17380; do
+  for _ in $(seq 50); do redis-cli -p $port ping >/dev/null 2>&1 && break; sleep 0.1; done
+done
+
+# run NAME PID PORT P TEST: prints "<requests/s> <server CPU us per request>"
+run() {
+  local c0 c1 out rps
+  c0=$(ticks "$2")
+  out=$(redis-benchmark -p "$3" -t "$5" -n "$N" -c 64 -P "$4" -r 1000000 -d 100 -q 2>/dev/null | tr '\r' '\n' | grep -i "^$5:" | tail -1)
+  c1=$(ticks "$2")
+  rps=$(echo "$out" | awk '{print $2}')
+  echo "$rps $(awk -v a="$c0" -v b="$c1" -v hz="$hz" -v n="$N" 'BEGIN {printf "%.1f", (b-a)/hz*1e6/n}')"
+}
+
+declare -A res
+for r in $(seq "$ROUNDS"); do
+  for P in 1 16; do
+    for t in set get; do
+      for who in resp redis; do
+        if [ $who = resp ]; then out=$(run resp $apid 17379 $P $t); else out=$(run redis $rpid 17380 $P $t); fi
+        echo "round $r: $who -P $P $t: $out" >&2
+        res["$who P$P $t rps"]+="${out% *} "
+        res["$who P$P $t cpu"]+="${out#* } "
+      done
+    done
+  done
+  # b's CPU replicating a's SETs (-P 16), per SET
+  b0=$(ticks $bpid); redis-benchmark -p 17379 -t set -n "$N" -c 64 -P 16 -r 1000000 -d 100 -q >/dev/null 2>&1; b1=$(ticks $bpid)
+  res["b per SET cpu"]+="$(awk -v a="$b0" -v b="$b1" -v hz="$hz" -v n="$N" 'BEGIN {printf "%.1f", (b-a)/hz*1e6/n}') "
+done
+kill $apid $bpid; wait $apid $bpid 2>/dev/null || true
+# The HTTP single-PUT figure of the same run (its own pair of clusters).
+http=$("$BIN" bench --scenarios puts --steady-for 10s 2>&1 | grep -o 'server CPU per acknowledged write [0-9.]* us at a' | grep -o '[0-9.]* us' | head -1)
+
+echo
+echo "medians of $ROUNDS rounds, $N requests each, redis-benchmark -c 64 -d 100 -r 1000000:"
+printf "%-28s %12s %14s\n" "" "requests/s" "server CPU us"
+for P in 1 16; do
+  for t in set get; do
+    for who in resp redis; do
+      printf "%-28s %12s %14s\n" "$who -P $P $t" "$(echo ${res["$who P$P $t rps"]} | tr ' ' '\n' | median)" "$(echo ${res["$who P$P $t cpu"]} | tr ' ' '\n' | median)"
+    done
+  done
+done
+echo "peer b, CPU per SET replicated (-P 16): $(echo ${res["b per SET cpu"]} | tr ' ' '\n' | median) us"
+echo "HTTP single PUT (replicator bench --scenarios puts, 64 clients): ${http:-?}"
