@@ -75,5 +75,10 @@ func (n *Node) WALReport() api.WALReport {
 
 // OriginReport tells which cluster this node is and how it knows.
 func (n *Node) OriginReport() api.OriginReport {
-	return api.OriginReport{Cluster: n.cluster, Resolver: n.resolver, Stream: n.out.Stream().String(), Version: n.opts.BuildVersion}
+	r := api.OriginReport{Cluster: n.cluster, Resolver: n.resolver, Stream: n.out.Stream().String(), Version: n.opts.BuildVersion}
+	if d := n.resp.Load(); d != nil {
+		st := d.srv.Stats()
+		r.RESP = &api.RESPReport{Addr: d.ln.Addr().String(), Connections: st.Connections(), Commands: st.Commands(), Errors: st.Errors()}
+	}
+	return r
 }

@@ -176,6 +176,17 @@ func TestRESPCommands(t *testing.T) {
 	if got := c.DBSize(ctx).Val(); got != want || want != 8 {
 		t.Fatalf("DBSIZE %d, want %d (8)", got, want)
 	}
+	// The dashboard's line: /admin/origin says what the door did.
+	o := n.OriginReport()
+	if o.RESP == nil || o.RESP.Addr != addr || o.RESP.Commands < 80 || o.RESP.Errors["wrongtype"] != 6 || o.RESP.Connections < 1 {
+		t.Fatalf("/admin/origin's RESP report: %+v", o.RESP)
+	}
+	_, metrics := do(t, "GET", n.URL()+"/metrics", nil)
+	for _, series := range []string{`replicator_resp_commands_total{cluster="a",command="incrby"} 2`, `replicator_resp_errors_total{cluster="a",kind="wrongtype"} 6`, "replicator_resp_connections{"} {
+		if !strings.Contains(string(metrics), series) {
+			t.Fatalf("metrics lack %s:\n%s", series, grepLines(metrics, "resp"))
+		}
+	}
 }
 
 // TestRESPScan: SCAN pages through keys of 3,000 bytes (a cursor the

@@ -57,12 +57,12 @@ func (c *conn) dispatch(args [][]byte) {
 	name := strings.ToLower(string(args[0]))
 	cmd, ok := table[name]
 	if !ok {
-		c.s.stats.commands.WithLabelValues("unknown").Inc()
+		c.s.stats.command("unknown")
 		c.settle()
 		c.w.err(fmt.Sprintf("ERR unknown command '%s', with args beginning with: %s", clip(args[0]), argsPreview(args[1:])))
 		return
 	}
-	c.s.stats.commands.WithLabelValues(name).Inc()
+	c.s.stats.command(name)
 	if (cmd.arity > 0 && len(args) != cmd.arity) || (cmd.arity < 0 && len(args) < -cmd.arity) {
 		c.settle()
 		c.w.err(wrongArgs(name))
@@ -70,7 +70,7 @@ func (c *conn) dispatch(args [][]byte) {
 	}
 	if !c.authed && !cmd.open {
 		c.settle()
-		c.s.stats.errors.WithLabelValues("auth").Inc()
+		c.s.stats.error("auth")
 		c.w.err("NOAUTH Authentication required.")
 		return
 	}
@@ -132,7 +132,7 @@ func (c *conn) hello(args [][]byte) {
 				return
 			}
 			if !c.auth(string(args[i+2])) {
-				c.s.stats.errors.WithLabelValues("auth").Inc()
+				c.s.stats.error("auth")
 				c.w.err("WRONGPASS invalid username-password pair or user is disabled.")
 				return
 			}
@@ -150,7 +150,7 @@ func (c *conn) hello(args [][]byte) {
 		}
 	}
 	if !c.authed {
-		c.s.stats.errors.WithLabelValues("auth").Inc()
+		c.s.stats.error("auth")
 		c.w.err("NOAUTH HELLO must be called with the client already authenticated, otherwise the HELLO <proto> AUTH <user> <pass> option can be used to authenticate the client and select the RESP protocol version at the same time")
 		return
 	}
@@ -177,7 +177,7 @@ func (c *conn) authCmd(args [][]byte) {
 		return
 	}
 	if !c.auth(string(args[len(args)-1])) {
-		c.s.stats.errors.WithLabelValues("auth").Inc()
+		c.s.stats.error("auth")
 		c.w.err("WRONGPASS invalid username-password pair or user is disabled.")
 		return
 	}

@@ -230,10 +230,10 @@ func (s *Server) serveConn(nc net.Conn) {
 				c.run(batch)
 				switch {
 				case errors.Is(err, ErrHTTP):
-					s.stats.errors.WithLabelValues("http").Inc()
+					s.stats.error("http")
 					s.log.Warn("resp: an HTTP request on the RESP port; connection closed", "remote", nc.RemoteAddr().String())
 				case errors.Is(err, ErrProtocol):
-					s.stats.errors.WithLabelValues("protocol").Inc()
+					s.stats.error("protocol")
 					c.w.err("ERR Protocol error: " + err.Error())
 				}
 				c.flush()
@@ -337,7 +337,7 @@ func (c *conn) now(w api.Write) (api.WriteResult, error) {
 // idempotent), WRONGTYPE (a key of the other kind), ERR (bad input).
 func (c *conn) writeErr(err error) {
 	kind, msg := classify(err)
-	c.s.stats.errors.WithLabelValues(kind).Inc()
+	c.s.stats.error(kind)
 	c.w.err(msg)
 }
 

@@ -12,13 +12,49 @@ type Stats struct {
 	refusedConns atomic.Int64
 	commands     *prometheus.CounterVec
 	errors       *prometheus.CounterVec
+	// total and byKind are the same counts as plain numbers, for the
+	// dashboard.
+	total  atomic.Uint64
+	byKind map[string]*atomic.Uint64
 }
+
+// errorKinds are the kinds replicator_resp_errors_total counts.
+var errorKinds = []string{"not_written", "unknown_outcome", "wrongtype", "bad_request", "auth", "protocol", "http", "internal"}
 
 func (s *Stats) init() {
 	s.commands = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "replicator_resp_commands_total",
 		Help: "RESP commands executed, by name (unknown: names this server does not serve)."}, []string{"command"})
 	s.errors = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "replicator_resp_errors_total",
 		Help: "RESP error replies and closed connections, by kind (not_written, unknown_outcome, wrongtype, bad_request, auth, protocol, http, internal)."}, []string{"kind"})
+	s.byKind = map[string]*atomic.Uint64{}
+	for _, k := range errorKinds {
+		s.byKind[k] = new(atomic.Uint64)
+		s.errors.WithLabelValues(k) // every kind exported from the start, at 0
+	}
+}
+
+func (s *Stats) command(name string) {
+	s.total.Add(1)
+	s.commands.WithLabelValues(name).Inc()
+}
+
+func (s *Stats) error(kind string) {
+	s.byKind[kind].Add(1)
+	s.errors.WithLabelValues(kind).Inc()
+}
+
+// Commands returns the commands executed; Errors the error replies by kind
+// (kinds never seen left out).
+func (s *Stats) Commands() uint64 { return s.total.Load() }
+
+func (s *Stats) Errors() map[string]uint64 {
+	out := map[string]uint64{}
+	for k, v := range s.byKind {
+		if n := v.Load(); n > 0 {
+			out[k] = n
+		}
+	}
+	return out
 }
 
 // Describe and Collect make Stats a prometheus.Collector.

@@ -111,6 +111,16 @@ type OriginReport struct {
 	Resolver string `json:"resolver"`
 	Stream   string `json:"stream"`
 	Version  string `json:"version"`
+	// RESP is the Redis-protocol front door (nil: off).
+	RESP *RESPReport `json:"resp,omitempty"`
+}
+
+// RESPReport is what the RESP door did since the node started.
+type RESPReport struct {
+	Addr        string            `json:"addr"`
+	Connections int64             `json:"connections"`
+	Commands    uint64            `json:"commands"`
+	Errors      map[string]uint64 `json:"errors,omitempty"`
 }
 
 // ClusterReport is GET /admin/cluster: the nodes of this node's cluster,
