@@ -26,6 +26,9 @@ type Config struct {
 	BatchOps    int           // writes per request in batch mode
 	Rates       []int         // steady: writes/s, each run in turn
 	SteadyFor   time.Duration // steady: how long each rate runs
+	// RESP: the clusters serve the RESP door, and steady writes through
+	// it (a SET a connection at a time) instead of single HTTP PUTs.
+	RESP bool
 	CatchupN    int           // catchup: entries accumulated while the peer is paused
 	PutClients  int           // puts: concurrent single-PUT clients (default 64)
 	AEKeys      int           // antientropy: keys at both clusters (default 1,000,000)

@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"os/exec"
 	"slices"
@@ -24,6 +25,10 @@ type cluster struct {
 	log       string
 	peakRSS   atomic.Int64
 	proxy     *delayProxy // in front of its peer endpoint (PeerDelay), or nil
+	// resp is its RESP door's address when writes go through it (RESP);
+	// conns are idle connections to it.
+	resp  string
+	conns chan *respConn
 }
 
 var hc = &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 256, IdleConnTimeout: time.Minute}}
@@ -56,6 +61,9 @@ func (c *cluster) post(path string, body []byte) error {
 
 // put writes one key with a single PUT; anything but 200 is an error.
 func (c *cluster) put(k, value string) error {
+	if c.resp != "" {
+		return c.respSet(k, value)
+	}
 	req, err := http.NewRequest(http.MethodPut, c.url+"/v1/kv/"+k, strings.NewReader(value))
 	if err != nil {
 		return err
@@ -186,4 +194,42 @@ func waitCaughtUp(ctx context.Context, pairs ...[2]*cluster) error {
 		case <-time.After(2 * time.Millisecond):
 		}
 	}
+}
+
+// respConn is a connection to a RESP door, writing SETs one at a time.
+type respConn struct {
+	nc net.Conn
+	br *bufio.Reader
+}
+
+// respSet writes one key through the RESP door and waits for its +OK.
+func (c *cluster) respSet(k, value string) error {
+	var rc *respConn
+	select {
+	case rc = <-c.conns:
+	default:
+		nc, err := net.Dial("tcp", c.resp)
+		if err != nil {
+			return err
+		}
+		rc = &respConn{nc: nc, br: bufio.NewReader(nc)}
+	}
+	_, err := fmt.Fprintf(rc.nc, "*3\r\n$3\r\nSET\r\n$%d\r\n%s\r\n$%d\r\n%s\r\n", len(k), k, len(value), value)
+	var line string
+	if err == nil {
+		line, err = rc.br.ReadString('\n')
+	}
+	if err != nil {
+		rc.nc.Close()
+		return err
+	}
+	select {
+	case c.conns <- rc:
+	default:
+		rc.nc.Close()
+	}
+	if !strings.HasPrefix(line, "+OK") {
+		return fmt.Errorf("SET %s: %s", k, strings.TrimSpace(line))
+	}
+	return nil
 }

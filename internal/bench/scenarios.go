@@ -148,6 +148,9 @@ func runSteady(ctx context.Context, cfg *Config, prefix string, cl []*cluster) (
 			return nil, err
 		}
 		r := Result{Scenario: fmt.Sprintf("steady@%d/s", rate), Note: fmt.Sprintf("single PUTs at a fixed rate for %s", cfg.SteadyFor)}
+		if cfg.RESP {
+			r.Scenario, r.Note = fmt.Sprintf("steady-resp@%d/s", rate), fmt.Sprintf("RESP SETs (one a connection at a time) at a fixed rate for %s", cfg.SteadyFor)
+		}
 		r.finish(cl, before, n, time.Since(start), cfg.ValueSize)
 		r.lag(b, start)
 		if f := failed.Load(); f > 0 {

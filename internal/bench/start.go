@@ -33,13 +33,16 @@ func start(cfg *Config, dir string, nodes int) ([]*cluster, error) {
 			return nil, err
 		}
 	}
-	type spec struct{ cluster, id, api, raft, gossip string }
+	type spec struct{ cluster, id, api, raft, gossip, resp string }
 	var specs []spec
 	perNode := 1
 	if nodes > 1 {
 		perNode = 3
 	}
 	// Held until the proxies are up, so that none of them takes a node's.
+	if cfg.RESP {
+		perNode++
+	}
 	free, release, err := loopback.Hold(2 * nodes * perNode)
 	if err != nil {
 		return nil, err
@@ -54,6 +57,9 @@ func start(cfg *Config, dir string, nodes int) ([]*cluster, error) {
 	for _, n := range []string{"a", "b"} {
 		for i := 1; i <= nodes; i++ {
 			sp := spec{cluster: n, id: fmt.Sprintf("%s%d", n, i), api: next()}
+			if cfg.RESP {
+				sp.resp = next()
+			}
 			if nodes > 1 {
 				sp.raft, sp.gossip = next(), next()
 			}
@@ -110,6 +116,9 @@ func start(cfg *Config, dir string, nodes int) ([]*cluster, error) {
 		if cfg.PeerCompression != "" {
 			args = append(args, "--peer-compression", peer+"="+cfg.PeerCompression)
 		}
+		if sp.resp != "" {
+			args = append(args, "--resp-listen", sp.resp)
+		}
 		args = append(args, cfg.ServeArgs...)
 		logf, err := os.Create(filepath.Join(dir, sp.id+".log"))
 		if err != nil {
@@ -124,7 +133,7 @@ func start(cfg *Config, dir string, nodes int) ([]*cluster, error) {
 		if nodes > 1 {
 			name = sp.id
 		}
-		c := &cluster{name: name, url: "http://" + sp.api, cmd: cmd, exited: make(chan struct{}), log: logf.Name()}
+		c := &cluster{name: name, url: "http://" + sp.api, resp: sp.resp, conns: make(chan *respConn, 512), cmd: cmd, exited: make(chan struct{}), log: logf.Name()}
 		go func() { cmd.Wait(); close(c.exited) }() // the child's only waiter; ends with it
 		if sp.api == addrs[n] {
 			c.proxy = proxies[n]
