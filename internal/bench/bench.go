@@ -28,12 +28,12 @@ type Config struct {
 	SteadyFor   time.Duration // steady: how long each rate runs
 	// RESP: the clusters serve the RESP door, and steady writes through
 	// it (a SET a connection at a time) instead of single HTTP PUTs.
-	RESP bool
-	CatchupN    int           // catchup: entries accumulated while the peer is paused
-	PutClients  int           // puts: concurrent single-PUT clients (default 64)
-	AEKeys      int           // antientropy: keys at both clusters (default 1,000,000)
-	AEDivergent int           // antientropy: of them, deleted beneath b (default 1,000)
-	ServeArgs   []string      // extra `replicator serve` flags (batch bounds, ...)
+	RESP        bool
+	CatchupN    int      // catchup: entries accumulated while the peer is paused
+	PutClients  int      // puts: concurrent single-PUT clients (default 64)
+	AEKeys      int      // antientropy: keys at both clusters (default 1,000,000)
+	AEDivergent int      // antientropy: of them, deleted beneath b (default 1,000)
+	ServeArgs   []string // extra `replicator serve` flags (batch bounds, ...)
 	// Values is the value mix: "fixed" (ValueSize bytes of one letter, the
 	// default) or "json" (documents of a few hundred bytes with repeated
 	// field names and varying content, like real data: what compression
