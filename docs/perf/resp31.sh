@@ -71,3 +71,11 @@ for P in 1 16; do
 done
 echo "peer b, CPU per SET replicated (-P 16): $(echo ${res["b per SET cpu"]} | tr ' ' '\n' | median) us"
 echo "HTTP single PUT (replicator bench --scenarios puts, 64 clients): ${http:-?}"
+
+# Replication lag at 5,000 writes/s, RESP SETs against HTTP PUTs, as
+# multiples of the floor replicator bench measures (3 runs each).
+for r in $(seq "$ROUNDS"); do
+  for via in "" "--resp"; do
+    "$BIN" bench --scenarios steady --rates 5000 $via 2>&1 | grep -E "^steady" | sed "s/^/round $r: /"
+  done
+done
