@@ -1,6 +1,7 @@
 package node
 
 import (
+	"bufio"
 	"context"
 	"crypto/ecdsa"
 	"crypto/elliptic"
@@ -23,6 +24,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 	ports "github.com/replicator/replicator/internal/loopback"
+	"github.com/replicator/replicator/resp"
 )
 
 // startRESPNode starts a node with the RESP front door on a loopback port
@@ -452,5 +454,61 @@ func TestRESPFollowerForwards(t *testing.T) {
 	}
 	if r, err := l.Get("k"); err != nil || string(r.Value) != "v" {
 		t.Fatalf("the leader's k: %q %v", r.Value, err)
+	}
+}
+
+// TestRESPClientThatDoesNotRead: a client that pipelines without reading
+// its replies is cut off once the replies it owes pass the bound, or a
+// reply waits past the write timeout; the server holds no more for it, and
+// its connection ends. Past the connection bound a client is told so.
+func TestRESPClientThatDoesNotRead(t *testing.T) {
+	n := startNode(t, testOptions(t.TempDir()))
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := resp.New(respNode{n, submitter{n}}, resp.Options{MaxReply: 4 << 20, WriteTimeout: 200 * time.Millisecond, MaxConns: 2})
+	go srv.Serve(ln)
+	defer func() { ln.Close(); srv.Close() }()
+	if _, err := n.Put(context.Background(), "big", make([]byte, 256<<10)); err != nil {
+		t.Fatal(err)
+	}
+	nc, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	// 2,000 GETs of 256 KiB: 500 MiB of replies, never read.
+	go func() {
+		cmd := []byte("*2\r\n$3\r\nGET\r\n$3\r\nbig\r\n")
+		for i := 0; i < 2000; i++ {
+			if _, err := nc.Write(cmd); err != nil {
+				return
+			}
+		}
+	}()
+	waitFor(t, 10*time.Second, func() (bool, string) {
+		c := srv.Stats().Connections()
+		return c == 0, fmt.Sprintf("%d connections still served", c)
+	})
+	// The bound on connections: two held, a third told and closed.
+	held := make([]net.Conn, 2)
+	for i := range held {
+		if held[i], err = net.Dial("tcp", ln.Addr().String()); err != nil {
+			t.Fatal(err)
+		}
+		defer held[i].Close()
+		fmt.Fprintf(held[i], "PING\r\n")
+		if line, err := bufio.NewReader(held[i]).ReadString('\n'); err != nil || line != "+PONG\r\n" {
+			t.Fatalf("connection %d: %q %v", i, line, err)
+		}
+	}
+	third, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer third.Close()
+	if line, _ := bufio.NewReader(third).ReadString('\n'); !strings.Contains(line, "max number of clients") {
+		t.Fatalf("a third connection past the bound of two: %q", line)
 	}
 }

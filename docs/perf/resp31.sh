@@ -13,21 +13,28 @@ go build -o "$BIN" ./cmd/replicator
 tmp=$(mktemp -d)
 pids=()
 cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$tmp"; }
+apid= bpid= rpid=
 trap cleanup EXIT
 hz=$(getconf CLK_TCK)
 ticks() { awk '{print $14+$15}' "/proc/$1/stat"; }
 median() { sort -g | awk '{a[NR]=$1} END {print (NR%2) ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2}'; }
 
-"$BIN" serve --cluster-id a --data "$tmp/a" --listen 127.0.0.1:17401 --resp-listen 127.0.0.1:17379 \
-  --peer b=http://127.0.0.1:17402 --peer-secret b=s --log-level warn >"$tmp/a.log" 2>&1 & pids+=($!); apid=$!
-"$BIN" serve --cluster-id b --data "$tmp/b" --listen 127.0.0.1:17402 \
-  --peer a=http://127.0.0.1:17401 --peer-secret a=s --log-level warn >"$tmp/b.log" 2>&1 & pids+=($!); bpid=$!
-mkdir -p "$tmp/redis"
-redis-server --port 17380 --appendonly yes --appendfsync always --save '' --dir "$tmp/redis" --daemonize no \
-  --logfile "$tmp/redis.log" & pids+=($!); rpid=$!
-for port in 17379 17380; do
-  for _ in $(seq 50); do redis-cli -p $port ping >/dev/null 2>&1 && break; sleep 0.1; done
-done
+# Each round starts a fresh pair and a fresh Redis: the same data, the
+# same compaction debt (none) for every round.
+startall() {
+  rm -rf "$tmp/a" "$tmp/b" "$tmp/redis"; mkdir -p "$tmp/redis"
+  "$BIN" serve --cluster-id a --data "$tmp/a" --listen 127.0.0.1:17401 --resp-listen 127.0.0.1:17379 \
+    --peer b=http://127.0.0.1:17402 --peer-secret b=s --log-level warn >>"$tmp/a.log" 2>&1 & apid=$!
+  "$BIN" serve --cluster-id b --data "$tmp/b" --listen 127.0.0.1:17402 \
+    --peer a=http://127.0.0.1:17401 --peer-secret a=s --log-level warn >>"$tmp/b.log" 2>&1 & bpid=$!
+  redis-server --port 17380 --appendonly yes --appendfsync always --save '' --dir "$tmp/redis" --daemonize no \
+    --logfile "$tmp/redis.log" & rpid=$!
+  pids=($apid $bpid $rpid)
+  for port in 17379 17380; do
+    for _ in $(seq 50); do redis-cli -p $port ping >/dev/null 2>&1 && break; sleep 0.1; done
+  done
+}
+stopall() { kill $apid $bpid $rpid; wait $apid $bpid $rpid 2>/dev/null || true; }
 
 # run NAME PID PORT P TEST: prints "<requests/s> <server CPU us per request>"
 run() {
@@ -41,6 +48,7 @@ run() {
 
 declare -A res
 for r in $(seq "$ROUNDS"); do
+  startall
   for P in 1 16; do
     for t in set get; do
       for who in resp redis; do
@@ -54,10 +62,13 @@ for r in $(seq "$ROUNDS"); do
   # b's CPU replicating a's SETs (-P 16), per SET
   b0=$(ticks $bpid); redis-benchmark -p 17379 -t set -n "$N" -c 64 -P 16 -r 1000000 -d 100 -q >/dev/null 2>&1; b1=$(ticks $bpid)
   res["b per SET cpu"]+="$(awk -v a="$b0" -v b="$b1" -v hz="$hz" -v n="$N" 'BEGIN {printf "%.1f", (b-a)/hz*1e6/n}') "
+  stopall
 done
-kill $apid $bpid; wait $apid $bpid 2>/dev/null || true
 # The HTTP single-PUT figure of the same run (its own pair of clusters).
-http=$("$BIN" bench --scenarios puts --steady-for 10s 2>&1 | grep -o 'server CPU per acknowledged write [0-9.]* us at a' | grep -o '[0-9.]* us' | head -1)
+http=""
+for r in $(seq "$ROUNDS"); do
+  http+="$("$BIN" bench --scenarios puts --steady-for 10s 2>&1 | grep -o 'server CPU per acknowledged write [0-9.]* us at a' | grep -o '[0-9.]*' | head -1) "
+done
 
 echo
 echo "medians of $ROUNDS rounds, $N requests each, redis-benchmark -c 64 -d 100 -r 1000000:"
@@ -70,7 +81,7 @@ for P in 1 16; do
   done
 done
 echo "peer b, CPU per SET replicated (-P 16): $(echo ${res["b per SET cpu"]} | tr ' ' '\n' | median) us"
-echo "HTTP single PUT (replicator bench --scenarios puts, 64 clients): ${http:-?}"
+echo "HTTP single PUT (replicator bench --scenarios puts, 64 clients, fresh pair each): $(echo $http | tr ' ' '\n' | median) us (runs: $http)"
 
 # Replication lag at 5,000 writes/s, RESP SETs against HTTP PUTs, as
 # multiples of the floor replicator bench measures (3 runs each).
