@@ -16,12 +16,15 @@ import (
 // committed write and the batch's own earlier merges. Not safe for concurrent
 // use; always Close it.
 type Batch struct {
-	s       *Store
-	pb      *pebble.Batch
-	pending map[string]pendingRecord
-	expect  int // keys the batch expects to write (Reserve)
-	closed  bool
-	buf     []byte
+	// collected is the collection cutoff the batch sets (nil: none); the
+	// store keeps it once the batch commits.
+	collected *hlc.Timestamp
+	s         *Store
+	pb        *pebble.Batch
+	pending   map[string]pendingRecord
+	expect    int // keys the batch expects to write (Reserve)
+	closed    bool
+	buf       []byte
 	// max is the highest stamp stored or merged so far, as this batch sees;
 	// maxOwn says a blind write of this batch set it.
 	max    entry.Stamp
@@ -285,6 +288,9 @@ func (b *Batch) Commit(sync bool) error {
 	}
 	if raised {
 		b.s.maxStamp = b.max
+	}
+	if b.collected != nil {
+		b.s.collected.Store(b.collected)
 	}
 	b.leavesCommittedLocked()
 	if b.s.hlcHigh.Less(b.hlc) {

@@ -82,7 +82,7 @@ func (s *Store) ReplaceFrom(dir string) error {
 	}
 	s.maxStamp, s.ranges, s.hlcHigh, s.marks = entry.Stamp{}, nil, hlc.Timestamp{}, nil
 	s.hasCounters.Store(false)
-	if err := errors.Join(s.loadMaxStamp(), s.loadRanges(), s.checkCounters(), s.loadHLC(), s.loadMarks()); err != nil {
+	if err := errors.Join(s.loadMaxStamp(), s.loadRanges(), s.checkCounters(), s.loadHLC(), s.loadMarks(), s.loadCollected()); err != nil {
 		return err
 	}
 	s.seen, s.leaves, s.leavesValid = seen.filter(), leaves.leaves, true

@@ -106,6 +106,9 @@ func DecodeCounter(b []byte) (Counter, error) {
 
 // Counter reads a counter (ErrNotFound when the key holds none).
 func (s *Store) Counter(key string) (Counter, error) {
+	if !s.hasCounters.Load() {
+		return Counter{}, ErrNotFound // no counter at all: nothing to read
+	}
 	v, closer, err := s.db.Get(counterKey(key))
 	if errors.Is(err, pebble.ErrNotFound) {
 		return Counter{}, ErrNotFound

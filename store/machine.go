@@ -76,6 +76,13 @@ func (b *Batch) SetCommandFormat(v uint8) error { return b.pb.Set(keyCommandForm
 // CollectedBelow is the newest cutoff below which tombstones were collected
 // (zero: none ever was).
 func (s *Store) CollectedBelow() (hlc.Timestamp, error) {
+	if p := s.collected.Load(); p != nil {
+		return *p, nil
+	}
+	return s.readCollectedBelow()
+}
+
+func (s *Store) readCollectedBelow() (hlc.Timestamp, error) {
 	v, ok, err := s.getMeta(keyCollectedBelow)
 	if err != nil || !ok {
 		return hlc.Timestamp{}, err
@@ -83,9 +90,22 @@ func (s *Store) CollectedBelow() (hlc.Timestamp, error) {
 	return hlc.Decode(v)
 }
 
+// loadCollected keeps the collection cutoff in memory (every not-found read
+// says it): read at open and after a snapshot's copy, moved by the batches
+// that set it once they commit.
+func (s *Store) loadCollected() error {
+	ts, err := s.readCollectedBelow()
+	if err != nil {
+		return err
+	}
+	s.collected.Store(&ts)
+	return nil
+}
+
 // SetCollectedBelow records the newest collection cutoff.
 func (b *Batch) SetCollectedBelow(ts hlc.Timestamp) error {
 	cut := ts.Encode()
+	b.collected = &ts
 	return b.pb.Set(keyCollectedBelow, cut[:], nil)
 }
 

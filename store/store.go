@@ -108,6 +108,8 @@ type Store struct {
 	leavesGen   uint64 // moves when the leaves are replaced whole
 	// live counts the live plain keys and counters (Live).
 	live atomic.Int64
+	// collected is the collection cutoff (CollectedBelow), kept in memory.
+	collected atomic.Pointer[hlc.Timestamp]
 	// marks are the committed high-water marks by origin and stream, the
 	// same as their Pebble records (loaded at open, changed only by batch
 	// commits). Every inbound batch reads its sender's marks; from Pebble
@@ -141,7 +143,7 @@ func Open(dir string, opts *Options) (*Store, error) {
 		return nil, fmt.Errorf("store: open %s: %w", dir, err)
 	}
 	s := &Store{db: db, cache: cache, opts: o}
-	if err := errors.Join(s.loadMaxStamp(), s.loadRanges(), s.checkCounters(), s.loadHLC(), s.loadMarks()); err != nil {
+	if err := errors.Join(s.loadMaxStamp(), s.loadRanges(), s.checkCounters(), s.loadHLC(), s.loadMarks(), s.loadCollected()); err != nil {
 		s.Close()
 		return nil, err
 	}

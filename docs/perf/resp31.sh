@@ -66,7 +66,7 @@ for r in $(seq "$ROUNDS"); do
 done
 # The HTTP single-PUT figure of the same run (its own pair of clusters).
 http=""
-for r in $(seq "$ROUNDS"); do
+for r in $(seq "${HTTP_ROUNDS:-$ROUNDS}"); do
   http+="$("$BIN" bench --scenarios puts --steady-for 10s 2>&1 | grep -o 'server CPU per acknowledged write [0-9.]* us at a' | grep -o '[0-9.]*' | head -1) "
 done
 
@@ -84,7 +84,9 @@ echo "peer b, CPU per SET replicated (-P 16): $(echo ${res["b per SET cpu"]} | t
 echo "HTTP single PUT (replicator bench --scenarios puts, 64 clients, fresh pair each): $(echo $http | tr ' ' '\n' | median) us (runs: $http)"
 
 # Replication lag at 5,000 writes/s, RESP SETs against HTTP PUTs, as
-# multiples of the floor replicator bench measures (3 runs each).
+# multiples of the floor replicator bench measures (3 runs each; LAG=0
+# skips them).
+[ "${LAG:-1}" = 0 ] && exit 0
 for r in $(seq "$ROUNDS"); do
   for via in "" "--resp"; do
     "$BIN" bench --scenarios steady --rates 5000 $via 2>&1 | grep -E "^steady" | sed "s/^/round $r: /"
