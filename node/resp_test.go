@@ -12,6 +12,7 @@ import (
 	"encoding/pem"
 	"errors"
 	"fmt"
+	"io"
 	"math/big"
 	"net"
 	"os"
@@ -19,6 +20,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -489,8 +491,17 @@ func TestRESPClientThatDoesNotRead(t *testing.T) {
 	}()
 	waitFor(t, 10*time.Second, func() (bool, string) {
 		c := srv.Stats().Connections()
+		return c == 1, fmt.Sprintf("%d connections served", c)
+	})
+	waitFor(t, 10*time.Second, func() (bool, string) {
+		c := srv.Stats().Connections()
 		return c == 0, fmt.Sprintf("%d connections still served", c)
 	})
+	// What it was sent before the cut, then the end.
+	nc.SetReadDeadline(time.Now().Add(10 * time.Second))
+	if n, err := io.Copy(io.Discard, nc); err != nil && !errors.Is(err, syscall.ECONNRESET) {
+		t.Fatalf("after %d bytes of replies: %v, want the connection closed", n, err)
+	}
 	// The bound on connections: two held, a third told and closed.
 	held := make([]net.Conn, 2)
 	for i := range held {

@@ -159,6 +159,7 @@ func (s *Server) Serve(ln net.Listener) error {
 			continue
 		}
 		s.mu.conns[nc] = struct{}{}
+		s.stats.conns.Add(1)
 		s.wg.Add(1)
 		s.mu.Unlock()
 		go func() {
@@ -166,6 +167,7 @@ func (s *Server) Serve(ln net.Listener) error {
 			s.serveConn(nc)
 			s.mu.Lock()
 			delete(s.mu.conns, nc)
+			s.stats.conns.Add(-1) // with the slot it frees: the gauge never shows a slot free that is not
 			s.mu.Unlock()
 		}()
 	}
@@ -219,8 +221,6 @@ const maxPipeline = 1024
 func (s *Server) serveConn(nc net.Conn) {
 	defer nc.Close()
 	c := &conn{s: s, nc: nc, id: s.nextID.Add(1), authed: s.opts.Token == "", w: writer{proto: 2}}
-	s.stats.conns.Add(1)
-	defer s.stats.conns.Add(-1)
 	rd := newReader(nc, s.opts.Limits)
 	for {
 		var batch [][][]byte
