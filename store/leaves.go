@@ -61,7 +61,7 @@ type leafScan struct {
 	// digest is not zero).
 	live int64
 	d    hashtree.Digester
-	err    error
+	err  error
 }
 
 // see adds the record at k (any key of the tree: others are skipped).
