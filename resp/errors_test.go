@@ -1,0 +1,32 @@
+package resp
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+
+	"github.com/replicator/replicator/node/api"
+)
+
+// TestErrorClasses: each error of the node's write path answers with the
+// prefix docs/RESP.md gives it; an unknown outcome is never told as not
+// written, even when its chain also names a refusal.
+func TestErrorClasses(t *testing.T) {
+	for _, c := range []struct {
+		err    error
+		prefix string
+	}{
+		{fmt.Errorf("%w: saturated", api.ErrNotWritten), "NOTWRITTEN "},
+		{fmt.Errorf("%w: group commit lost", api.ErrUnknownOutcome), "UNKNOWNOUTCOME "},
+		{fmt.Errorf("%w: %w", api.ErrUnknownOutcome, api.ErrNotWritten), "UNKNOWNOUTCOME "},
+		{fmt.Errorf("%w: a counter", api.ErrKindConflict), "WRONGTYPE "},
+		{api.ErrCounterRange, "ERR "},
+		{api.ErrKeyTooLarge, "ERR "},
+		{api.ErrCatchingUp, "NOTWRITTEN "},
+	} {
+		_, msg := classify(c.err)
+		if !strings.HasPrefix(msg, c.prefix) {
+			t.Errorf("%v: %q, want the prefix %q", c.err, msg, c.prefix)
+		}
+	}
+}
