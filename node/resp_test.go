@@ -523,3 +523,25 @@ func TestRESPClientThatDoesNotRead(t *testing.T) {
 		t.Fatalf("a third connection past the bound of two: %q", line)
 	}
 }
+
+// TestRESPCloseWithAWaitingClient: a client in WAIT for a peer that never
+// acknowledges (timeout 0: no bound) does not hold the node's close: it is
+// answered with what holds, and its connection ends.
+func TestRESPCloseWithAWaitingClient(t *testing.T) {
+	n, addr := startRESPNode(t, nil)
+	c := redisClient(t, addr, 2, nil)
+	ctx := context.Background()
+	if err := c.Set(ctx, "k", "v", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	answered := make(chan error, 1)
+	go func() { answered <- c.Wait(ctx, 1, 0).Err() }()
+	waitFor(t, 5*time.Second, func() (bool, string) {
+		_, m := do(t, "GET", n.URL()+"/metrics", nil)
+		return strings.Contains(string(m), `command="wait"} 1`), "WAIT not received yet"
+	})
+	if err := n.Close(); err != nil {
+		t.Fatal(err)
+	}
+	<-answered
+}

@@ -83,10 +83,11 @@ func (w submitter) enqueue(ctx context.Context, p *proposal) error {
 // await waits for an enqueued proposal and returns what it did.
 func (w submitter) await(ctx context.Context, p *proposal) (api.WriteResult, error) {
 	n := w.n
-	e := p.entry
 	if err := n.com.await(ctx, p); err != nil {
 		return api.WriteResult{}, err
 	}
+	// Read once the committer is done with it (it fills in the entry).
+	e := p.entry
 	if p.replay != nil {
 		return api.WriteResult{Key: e.Key, Version: p.replay.Stamp.String(), Origin: p.replay.Stamp.Origin,
 			Outcome: entry.Duplicate, Replay: p.replay}, nil

@@ -117,13 +117,15 @@ type Server struct {
 		conns  map[net.Conn]struct{}
 		closed bool
 	}
-	wg sync.WaitGroup
+	// done is closed by Close: a WAIT waiting for peers answers then.
+	done chan struct{}
+	wg   sync.WaitGroup
 }
 
 // New returns a server of n.
 func New(n Node, o Options) *Server {
 	o.EnsureDefaults()
-	s := &Server{node: n, opts: o, log: o.Logger}
+	s := &Server{node: n, opts: o, log: o.Logger, done: make(chan struct{})}
 	s.mu.conns = map[net.Conn]struct{}{}
 	s.stats.init()
 	return s
@@ -177,6 +179,9 @@ func (s *Server) Serve(ln net.Listener) error {
 // listener is the caller's to close (Serve then returns).
 func (s *Server) Close() {
 	s.mu.Lock()
+	if !s.mu.closed {
+		close(s.done)
+	}
 	s.mu.closed = true
 	for nc := range s.mu.conns {
 		nc.Close()
@@ -270,7 +275,7 @@ func (c *conn) flush() error {
 // answered in order; anything else first waits for the writes before it
 // (a read after a write on one connection sees it).
 func (c *conn) run(batch [][][]byte) {
-	c.ctx, c.cancel = context.WithTimeout(context.Background(), c.s.opts.Timeout)
+	c.ctx, c.cancel = context.WithCancel(context.Background())
 	defer func() { c.cancel() }()
 	for _, args := range batch {
 		if c.quit {
@@ -317,6 +322,12 @@ func (c *conn) settle() {
 
 // submit queues a write of this connection.
 func (c *conn) submit(w api.Write, reply func(c *conn, res api.WriteResult, err error)) {
+	if len(c.pending) == 0 {
+		// A run of writes shares one bound, from its first write: a
+		// command that waited before it (WAIT) does not spend it.
+		c.cancel()
+		c.ctx, c.cancel = context.WithTimeout(context.Background(), c.s.opts.Timeout)
+	}
 	c.pending = append(c.pending, pendingWrite{wait: c.s.node.Submit(c.ctx, w), reply: reply})
 }
 
