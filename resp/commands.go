@@ -434,11 +434,11 @@ func (c *conn) conditionalSet(w api.Write, nx, xx, get bool) {
 				return
 			}
 		}
+		// The answer when nothing is written, or GET's: the old value, or
+		// nil (no old value; XX on an absent key; NX on a held one).
 		old := func() {
 			if get && live {
 				c.w.bulk(rec.Value)
-			} else if get {
-				c.w.null()
 			} else {
 				c.w.null()
 			}
