@@ -147,10 +147,8 @@ type Acceptor struct {
 		counts    map[string]*Counts
 		secrets   map[string]string
 		permitsOf map[string]int // permits held per sender
-		bodies    int            // bodies being read
-		bodiesOf  map[string]int // per sender
-		trees     int            // tree requests being answered
-		treesOf   map[string]int // per sender
+		bodies    slots          // bodies being read
+		trees     slots          // tree requests being answered
 		// arrivals are each sender's requests in progress: a batch that
 		// finds a gap waits for them to move (a shipper keeps up to two
 		// batches of a stream on the wire).
@@ -202,8 +200,6 @@ func New(st Store, log Log, clock Clock, opts Options) *Acceptor {
 	a.mu.counts = map[string]*Counts{}
 	a.mu.secrets = map[string]string{}
 	a.mu.permitsOf = map[string]int{}
-	a.mu.bodiesOf = map[string]int{}
-	a.mu.treesOf = map[string]int{}
 	a.mu.arrivals = map[string]*arrivals{}
 	for k, v := range opts.Secrets {
 		a.mu.secrets[k] = v

@@ -30,25 +30,44 @@ type PermitStats struct {
 	State    string `json:"state"` // healthy, throttled, saturated
 }
 
+// slots count what is held of a bounded resource, in all and per sender
+// (guarded by the acceptor's mu).
+type slots struct {
+	all int
+	of  map[string]int
+}
+
+// take takes one of s for sender unless max are held in all or share by
+// sender; it does not wait. all and of say what was held when it refused.
+func (a *Acceptor) take(s *slots, sender string, max, share int) (release func(), all, of int, ok bool) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if s.all >= max || s.of[sender] >= share {
+		return nil, s.all, s.of[sender], false
+	}
+	if s.of == nil {
+		s.of = map[string]int{}
+	}
+	s.all++
+	s.of[sender]++
+	return func() {
+		a.mu.Lock()
+		s.all--
+		s.of[sender]--
+		a.mu.Unlock()
+	}, 0, 0, true
+}
+
 // bodySlot takes one of the slots for reading a body, within the sender's
 // share (a quarter of them, at least one); it does not wait.
 func (a *Acceptor) bodySlot(sender string) (release func(), err error) {
 	share := max(1, a.opts.MaxBodies/4)
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	if a.mu.bodies >= a.opts.MaxBodies || a.mu.bodiesOf[sender] >= share {
+	release, all, of, ok := a.take(&a.mu.bodies, sender, a.opts.MaxBodies, share)
+	if !ok {
 		a.refusals.permit.Add(1)
-		return nil, fmt.Errorf("%w: %d batches being read (%d from %s, its share %d)", ErrNoPermit,
-			a.mu.bodies, a.mu.bodiesOf[sender], sender, share)
+		return nil, fmt.Errorf("%w: %d batches being read (%d from %s, its share %d)", ErrNoPermit, all, of, sender, share)
 	}
-	a.mu.bodies++
-	a.mu.bodiesOf[sender]++
-	return func() {
-		a.mu.Lock()
-		a.mu.bodies--
-		a.mu.bodiesOf[sender]--
-		a.mu.Unlock()
-	}, nil
+	return release, nil
 }
 
 // acquire takes a replay permit, waiting in the bounded queue if need be.

@@ -74,18 +74,10 @@ const (
 )
 
 func (a *Acceptor) treeSlot(sender string) (release func(), err error) {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	if a.mu.trees >= MaxTreeAnswers || a.mu.treesOf[sender] >= MaxTreeAnswersOf {
+	release, all, of, ok := a.take(&a.mu.trees, sender, MaxTreeAnswers, MaxTreeAnswersOf)
+	if !ok {
 		return nil, fmt.Errorf("acceptor: %d tree requests being answered (at most %d), %d of them from %s (at most %d)",
-			a.mu.trees, MaxTreeAnswers, a.mu.treesOf[sender], sender, MaxTreeAnswersOf)
+			all, MaxTreeAnswers, of, sender, MaxTreeAnswersOf)
 	}
-	a.mu.trees++
-	a.mu.treesOf[sender]++
-	return func() {
-		a.mu.Lock()
-		a.mu.trees--
-		a.mu.treesOf[sender]--
-		a.mu.Unlock()
-	}, nil
+	return release, nil
 }

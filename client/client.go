@@ -226,6 +226,9 @@ type ScanOptions struct {
 	Limit                     int
 }
 
+// KeyPath is the API path of key (/v1/kv/...), each segment escaped.
+func KeyPath(key string) string { return keyPath(key) }
+
 func keyPath(key string) string {
 	// Escape each segment but keep the slashes: keys are paths in a tree.
 	parts := strings.Split(key, "/")

@@ -510,22 +510,12 @@ func TestShuttingDownAnswers503(t *testing.T) {
 	h := n.Handler()
 	n.Close()
 	req, _ := http.NewRequest("PUT", "/v1/kv/x", strings.NewReader("v"))
-	rec := &recorder{header: http.Header{}}
+	rec := &bufferedResponse{header: http.Header{}}
 	h.ServeHTTP(rec, req)
 	if rec.status != 503 || !strings.Contains(rec.body.String(), `"retryable":true`) {
 		t.Fatalf("write during shutdown: %d %s", rec.status, rec.body.String())
 	}
 }
-
-type recorder struct {
-	header http.Header
-	status int
-	body   bytes.Buffer
-}
-
-func (r *recorder) Header() http.Header         { return r.header }
-func (r *recorder) Write(b []byte) (int, error) { return r.body.Write(b) }
-func (r *recorder) WriteHeader(s int)           { r.status = s }
 
 // TestDiskFullRefusesAndRecovers: while the WAL cannot be written, writes are
 // refused as not written (nothing reaches the WAL or the store) and the node

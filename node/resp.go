@@ -40,13 +40,13 @@ func (r respNode) Figures() resp.Figures {
 		f.Role = "master"
 	}
 	if n.multi() {
-		voters := 0
-		for _, sv := range n.group.Status().Servers {
+		servers, voters := n.group.Status().Servers, 0
+		for _, sv := range servers {
 			if sv.Voter {
 				voters++
 			}
 		}
-		f.Nodes, f.Quorum = len(n.group.Status().Servers), voters/2+1
+		f.Nodes, f.Quorum = len(servers), voters/2+1
 	}
 	for _, l := range n.PeerStatus() {
 		f.Links = append(f.Links, resp.Link{Peer: l.Peer, State: l.State, Acked: l.Acked, Last: l.Last,

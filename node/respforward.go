@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
-	"net/url"
 	"strconv"
 	"strings"
 
@@ -56,11 +55,11 @@ func (r respNode) forward(ctx context.Context, w api.Write) (api.WriteResult, er
 		body, _ = json.Marshal(map[string]any{"ops": ops})
 		hdr.Set("Content-Type", "application/json")
 	case e.Op == entry.OpSet:
-		method, path, body = http.MethodPut, kvPath(e.Key), e.Value
+		method, path, body = http.MethodPut, client.KeyPath(e.Key), e.Value
 	case e.Op == entry.OpDelete:
-		method, path = http.MethodDelete, kvPath(e.Key)
+		method, path = http.MethodDelete, client.KeyPath(e.Key)
 	case e.Op == entry.OpCounter:
-		method, path = http.MethodPost, "/v1/counters/"+strings.TrimPrefix(kvPath(e.Key), "/v1/kv/")
+		method, path = http.MethodPost, "/v1/counters/"+strings.TrimPrefix(client.KeyPath(e.Key), "/v1/kv/")
 		body, _ = json.Marshal(map[string]int64{"delta": w.Delta})
 		hdr.Set("Content-Type", "application/json")
 	default:
@@ -96,14 +95,6 @@ func (r respNode) forward(ctx context.Context, w api.Write) (api.WriteResult, er
 	}
 	existed, _ := strconv.Atoi(rec.header.Get(httpapi.HeaderExisted))
 	return api.WriteResult{Key: ans.Key, Version: ans.Version, Origin: ans.Origin, Counter: ans.Value, Existed: existed}, nil
-}
-
-func kvPath(key string) string {
-	parts := strings.Split(key, "/")
-	for i, p := range parts {
-		parts[i] = url.PathEscape(p)
-	}
-	return "/v1/kv/" + strings.Join(parts, "/")
 }
 
 // forwardedError is the node's Go error of the HTTP API's answer: the same
