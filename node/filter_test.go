@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"slices"
 	"strings"
 	"sync"
@@ -278,5 +279,94 @@ func TestLinkBandwidthThroughLog(t *testing.T) {
 	time.Sleep(700 * time.Millisecond) // a seed tick: the flag must not win
 	if rep, err := a.LinkBandwidth("b"); err != nil || rep.BytesPerSecond != 1<<20 {
 		t.Fatalf("after a restart with the old flag: %+v %v", rep, err)
+	}
+}
+
+// TestRejoinGetsItsOwnWritesBackAcrossAFilter: a's link to b keeps f/ home.
+// b writes under f/ while its link to c is cut, so only a receives the last
+// of them, and b is then wiped. b's rejoin asks a and c for re-seeds; a's
+// carries b's own writes under f/ whatever the filter (a filter says what
+// a's writes send), so b holds every write it acknowledged, and its rejoin
+// re-seed brings c the ones c missed. Before, a left them out, and the
+// backfill of a later widening could not bring them back (a backfill may
+// not bring a cluster its own writes): b and c stayed behind a for good.
+func TestRejoinGetsItsOwnWritesBackAcrossAFilter(t *testing.T) {
+	pc := hlc.NewManualClock(int64(1000 * time.Hour))
+	m := newTestMesh(t, pc, func(o *Options) {
+		o.TombstoneRetention = 10 * time.Minute
+		o.PinWindow = time.Minute
+		o.AntiEntropyInterval = -1
+		if o.ClusterID != "a" {
+			return
+		}
+		for i := range o.Peers {
+			if o.Peers[i].Name == "b" {
+				o.Peers[i].Exclude = []string{"f/"}
+			}
+		}
+	}, "a", "b", "c")
+	ctx := context.Background()
+	b := m.nodes["b"]
+	must := func(_ any, err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := range 5 {
+		must(b.Put(ctx, fmt.Sprintf("f/%02d", i), []byte("early")))
+		must(b.Increment(ctx, "f/ctr", 1))
+	}
+	must(b.Put(ctx, "g/kept", []byte("y")))
+	must(b.DeleteRange(ctx, "f/00", "f/01"))
+	m.converged(20 * time.Second)
+
+	m.cut("b", "c", true)
+	for i := 5; i < 10; i++ {
+		must(b.Put(ctx, fmt.Sprintf("f/%02d", i), []byte("late")))
+		must(b.Increment(ctx, "f/ctr", 10))
+	}
+	must(b.DeleteRange(ctx, "f/01", "f/02"))
+	m.settle()
+	if ctr, err := m.nodes["a"].Counter("f/ctr"); err != nil || ctr.Value != 55 {
+		t.Fatalf("a's f/ctr = %+v (%v), want 55", ctr, err)
+	}
+	old := b.out.Stream()
+	m.restart("b", func(dir string) {
+		if err := os.RemoveAll(dir); err != nil {
+			t.Fatal(err)
+		}
+		m.cut("b", "c", false)
+	})
+	b = m.nodes["b"]
+	waitFor(t, 30*time.Second, func() (bool, string) {
+		if b.out.Stream() == old {
+			return false, "b did not notice its wipe"
+		}
+		return true, ""
+	})
+	m.converged(30 * time.Second)
+	for _, name := range []string{"a", "b", "c"} {
+		n := m.nodes[name]
+		if ctr, err := n.Counter("f/ctr"); err != nil || ctr.Value != 55 {
+			t.Errorf("%s's f/ctr = %+v (%v), want 55: b's increments behind a's filter were lost", name, ctr, err)
+		}
+		for i := 2; i < 10; i++ {
+			k := fmt.Sprintf("f/%02d", i)
+			if _, err := n.Get(k); err != nil {
+				t.Errorf("%s lacks %s: %v", name, k, err)
+			}
+		}
+		for _, k := range []string{"f/00", "f/01"} {
+			if _, err := n.Get(k); !errors.Is(err, api.ErrNotFound) {
+				t.Errorf("%s holds %s, which b's range deletes removed: %v", name, k, err)
+			}
+		}
+	}
+	// a's own writes under f/ still stay home.
+	must(m.nodes["a"].Put(ctx, "f/from-a", []byte("a")))
+	m.settle()
+	if _, err := b.Get("f/from-a"); !errors.Is(err, api.ErrNotFound) {
+		t.Fatalf("a's write under f/ crossed its filter to b: %v", err)
 	}
 }

@@ -126,7 +126,7 @@ func (s *Shipper) backfill(ctx context.Context, spans []entry.Span) error {
 	if err != nil {
 		return err
 	}
-	feed, err := newScopedFeed(snap, s.opts.Local, s.opts.Now(), spanScope(spans))
+	feed, err := newScopedFeed(snap, s.opts.Local, s.opts.Now(), spanScope(spans), "")
 	if err == nil {
 		feed.contexts = s.takesContexts()
 	}

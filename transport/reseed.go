@@ -131,7 +131,13 @@ func (s *Shipper) openReseed(requested, rejoin bool) (*reseedRun, error) {
 	// (the entries after it ship under their own epochs).
 	ls := s.settings()
 	r.filter, _ = ls.FilterAt(r.stream, r.applied.Index+1)
-	if r.feed, err = newSnapshotFeed(snap, s.opts.Local, s.opts.Now(), r.filter); err == nil {
+	returning := ""
+	if requested {
+		// The peer lost data and asked: its own writes come back whatever
+		// the filter (snapshotFeed.returning says why).
+		returning = s.peer.Name
+	}
+	if r.feed, err = newScopedFeed(snap, s.opts.Local, s.opts.Now(), r.filter, returning); err == nil {
 		r.feed.contexts = s.takesContexts()
 	}
 	if err != nil {
@@ -265,6 +271,14 @@ type snapshotFeed struct {
 	// filter is the link's (or a backfill's ranges): keys it keeps home
 	// are not sent.
 	filter scope
+	// returning, in a re-seed the peer asked for because it lost data, is
+	// the peer: its own writes are sent whatever the filter. A filter says
+	// what this cluster's writes send to the peer; handing the peer back
+	// what it wrote sends nothing of this cluster's. Without them, writes of
+	// the peer's lost stream that only this cluster received would never
+	// reach it again: a later backfill (a widened filter) may not bring back
+	// a cluster's own writes, only a requested re-seed may.
+	returning string
 	// ended: the batch with the trailer went out.
 	ended bool
 	// peeked is the entry read ahead to know whether a full batch is the
@@ -286,13 +300,14 @@ type scope interface {
 // newSnapshotFeed starts reading snap as a stream of its own, committed at
 // now.
 func newSnapshotFeed(snap Snapshot, local string, now int64, filter entry.Filter) (*snapshotFeed, error) {
-	return newScopedFeed(snap, local, now, filter)
+	return newScopedFeed(snap, local, now, filter, "")
 }
 
-// newScopedFeed is newSnapshotFeed of what filter lets through.
-func newScopedFeed(snap Snapshot, local string, now int64, filter scope) (*snapshotFeed, error) {
+// newScopedFeed is newSnapshotFeed of what filter lets through, and of the
+// writes of cluster returning (none when "").
+func newScopedFeed(snap Snapshot, local string, now int64, filter scope, returning string) (*snapshotFeed, error) {
 	f := &snapshotFeed{snap: snap, local: local, stream: entry.NewStreamID(), commit: hlc.Timestamp{Wall: now}, codec: wire.NewCodec(),
-		filter: filter}
+		filter: filter, returning: returning}
 	f.defs = wire.Defaults{Origin: local, Stream: f.stream}
 	// Range tombstones and counters go first (they are few), then every key.
 	ranges, err := snap.Ranges()
@@ -300,6 +315,11 @@ func newScopedFeed(snap Snapshot, local string, now int64, filter scope) (*snaps
 		return nil, err
 	}
 	for _, r := range ranges {
+		if returning != "" && r.Stamp.Origin == returning {
+			// The peer's own range delete, whole.
+			f.extra = append(f.extra, entry.Entry{Op: entry.OpDeleteRange, Key: r.Start, End: r.End, Stamp: r.Stamp.HLC, StampOrigin: r.Stamp.Origin})
+			continue
+		}
 		// Clipped to the filter: each part the filter lets cross is a
 		// range tombstone of its own, under the same stamp.
 		for _, sp := range filter.Clip(r.Start, r.End) {
@@ -311,10 +331,14 @@ func newScopedFeed(snap Snapshot, local string, now int64, filter scope) (*snaps
 		return nil, err
 	}
 	for key, c := range counters {
-		if !filter.Match(key) {
+		in := filter.Match(key)
+		if !in && returning == "" {
 			continue
 		}
 		for comp, t := range c.Totals {
+			if !in && entry.ComponentCluster(comp) != returning {
+				continue
+			}
 			t := t
 			f.extra = append(f.extra, entry.Entry{Op: entry.OpCounter, Key: key, Ctr: &t, CtrComp: comp,
 				Stamp: c.Stamp.HLC, StampOrigin: c.Stamp.Origin})
@@ -337,6 +361,15 @@ func (f *snapshotFeed) next() (entry.Entry, bool, error) {
 	}
 	key, rec, ok, err := f.snap.Next()
 	for ok && err == nil && !f.filter.Match(key) {
+		if f.returning != "" {
+			// Every key is read: the peer's own writes among those the
+			// filter keeps home go back to it.
+			if rec.Stamp.Origin == f.returning {
+				break
+			}
+			key, rec, ok, err = f.snap.Next()
+			continue
+		}
 		// Outside the scope: on to the next range it lets through (a
 		// backfill of one prefix reads that prefix, not the tree).
 		next, more := nextStart(f.filter.Clip(key, ""), key)
