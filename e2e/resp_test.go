@@ -97,3 +97,79 @@ func TestRESPCrashBetweenCommitAndAnswer(t *testing.T) {
 		}
 	}
 }
+
+// TestRESPWaitCountsPeerClusters: WAIT answers how many peer clusters hold
+// the connection's last write, at the leader and at a follower of a cluster
+// of three (whose forwarded writes carry the leader's index, compared with
+// the link cursors the leader records in the log): 1 while the peer takes
+// them, 0 for a write made while the peer is down, 1 again once it is back.
+func TestRESPWaitCountsPeerClusters(t *testing.T) {
+	m := &rmesh{t: t, clusters: []string{"a", "b"}, nodes: map[string]*rnode{}, removed: map[string]bool{}, down: map[string]bool{}}
+	ports := map[string]int{}
+	for i := 1; i <= 3; i++ {
+		n := m.prepare("a", fmt.Sprintf("a%d", i), 3)
+		ports[n.id] = freePort(t)
+		n.args = append(n.args, "--resp-listen", fmt.Sprintf("127.0.0.1:%d", ports[n.id]))
+	}
+	b := m.prepare("b", "b1", 1)
+	m.start()
+	l := m.waitLeader("a", 30*time.Second)
+	var f *rnode
+	for _, n := range m.members("a") {
+		if n.id != l.id {
+			f = n
+		}
+	}
+	ctx := context.Background()
+	conns := map[string]*redis.Conn{}
+	for _, n := range []*rnode{l, f} {
+		c := redis.NewClient(&redis.Options{Addr: fmt.Sprintf("127.0.0.1:%d", ports[n.id]), MaxRetries: -1})
+		defer c.Close()
+		conns[n.id] = c.Conn() // WAIT speaks of its own connection's writes
+		defer conns[n.id].Close()
+	}
+	waitFor := func(who *rnode, key string, want int64, timeout time.Duration) {
+		t.Helper()
+		c := conns[who.id]
+		if err := c.Set(ctx, key, "v", 0).Err(); err != nil {
+			t.Fatalf("SET %s at %s: %v", key, who.id, err)
+		}
+		got, err := c.Wait(ctx, int(want), timeout).Result()
+		if err != nil || got != want {
+			t.Fatalf("WAIT %d after SET %s at %s (%s): %d %v", want, key, who.id, map[bool]string{true: "leader", false: "follower"}[who == l], got, err)
+		}
+	}
+	waitFor(l, "at-leader", 1, 30*time.Second)
+	waitFor(f, "at-follower", 1, 30*time.Second)
+	b.kill()
+	for _, n := range []*rnode{l, f} {
+		// The peer is down: no peer holds it, and WAIT says so once its
+		// timeout passes.
+		c := conns[n.id]
+		if err := c.Set(ctx, "peer-down-"+n.id, "v", 0).Err(); err != nil {
+			t.Fatal(err)
+		}
+		if got, err := c.Wait(ctx, 1, 500*time.Millisecond).Result(); err != nil || got != 0 {
+			t.Fatalf("WAIT at %s for a write the down peer cannot hold: %d %v", n.id, got, err)
+		}
+	}
+	b.startReady()
+	for _, n := range []*rnode{l, f} {
+		if got, err := conns[n.id].Wait(ctx, 1, 30*time.Second).Result(); err != nil || got != 1 {
+			t.Fatalf("WAIT at %s once the peer is back: %d %v", n.id, got, err)
+		}
+	}
+	if got := httpGet(t, b, "peer-down-"+f.id); got != "v" {
+		t.Fatalf("b holds %q of the follower's write WAIT counted", got)
+	}
+}
+
+// httpGet reads a key at a node over HTTP ('' when it holds none).
+func httpGet(t *testing.T, n *rnode, key string) string {
+	t.Helper()
+	r, err := n.client().Get(bg(), key)
+	if err != nil {
+		return ""
+	}
+	return string(r.Value)
+}

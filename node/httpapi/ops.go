@@ -100,6 +100,11 @@ func (a *API) finishWrite(w http.ResponseWriter, r *http.Request, idem *api.Keye
 			// follower forwards it.
 			w.Header().Set(HeaderExisted, strconv.Itoa(res.Existed))
 		}
+		if res.Index > 0 {
+			// The write's place in the cluster's stream: RESP's WAIT at
+			// a follower compares it with the links' acknowledgements.
+			w.Header().Set(HeaderIndex, strconv.FormatUint(res.Index, 10))
+		}
 		live()
 	}
 }
@@ -107,6 +112,10 @@ func (a *API) finishWrite(w http.ResponseWriter, r *http.Request, idem *api.Keye
 // HeaderExisted answers a delete or a batch with how many of the keys it
 // deleted held a live value just before it.
 const HeaderExisted = "X-Replicator-Existed"
+
+// HeaderIndex answers a write with its index in this cluster's outbound
+// stream (the WAL index the links' acknowledgements count in).
+const HeaderIndex = "X-Replicator-Index"
 
 // handleCounter serves POST and GET /v1/counters/{key...}.
 func (a *API) handleCounter(w http.ResponseWriter, r *http.Request) {
