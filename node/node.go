@@ -166,7 +166,7 @@ func Open(ctx context.Context, opts *Options) (*Node, error) {
 	for _, p := range o.Peers {
 		n.sat.overflow[p.Name] = p.Overflow
 	}
-	n.store, err = store.Open(filepath.Join(o.DataDir, "store"), &store.Options{Logger: log, MemTableSize: o.MemTableSize})
+	n.store, err = store.Open(filepath.Join(o.DataDir, "store"), &store.Options{Logger: log, MemTableSize: o.MemTableSize, CacheSize: o.CacheSize})
 	if err != nil {
 		if errors.Is(err, syscall.EAGAIN) || errors.Is(err, syscall.EWOULDBLOCK) || strings.Contains(err.Error(), "lock held") {
 			holder := "another process"

@@ -144,6 +144,11 @@ type Options struct {
 	// MemTableSize is Pebble's memtable size (default 64 MiB): larger means
 	// fewer flushes and compactions under heavy ingest, and more memory.
 	MemTableSize uint64
+	// CacheSize is Pebble's block cache in bytes (default 256 MiB): the
+	// index, filter and data blocks reads and the write path's read of a
+	// key's previous version find in memory. Below the tree's working set,
+	// each lookup reads blocks from the file system (docs/PERFORMANCE.md).
+	CacheSize int64
 	// WALSegmentSize is the segment file size of the cluster's log (package
 	// wal). Default 4 MiB.
 	WALSegmentSize int
@@ -389,6 +394,9 @@ func (o *Options) EnsureDefaults() {
 	}
 	if o.MemTableSize == 0 {
 		o.MemTableSize = store.DefaultOptions().MemTableSize
+	}
+	if o.CacheSize == 0 {
+		o.CacheSize = store.DefaultOptions().CacheSize
 	}
 	if o.Raft != nil && o.Raft.ElectionTimeout == 0 {
 		o.Raft.ElectionTimeout = time.Second

@@ -16,6 +16,9 @@ type Stats struct {
 	// dashboard.
 	total  atomic.Uint64
 	byKind map[string]*atomic.Uint64
+	// byName holds each served name's counter (and unknown's): looked up
+	// once here, not hashed by label on every command.
+	byName map[string]prometheus.Counter
 }
 
 // errorKinds are the kinds replicator_resp_errors_total counts.
@@ -26,6 +29,10 @@ func (s *Stats) init() {
 		Help: "RESP commands executed, by name (unknown: names this server does not serve)."}, []string{"command"})
 	s.errors = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "replicator_resp_errors_total",
 		Help: "RESP error replies and closed connections, by kind (not_written, unknown_outcome, wrongtype, bad_request, auth, protocol, http, internal)."}, []string{"kind"})
+	s.byName = map[string]prometheus.Counter{"unknown": s.commands.WithLabelValues("unknown")}
+	for name := range table {
+		s.byName[name] = s.commands.WithLabelValues(name)
+	}
 	s.byKind = map[string]*atomic.Uint64{}
 	for _, k := range errorKinds {
 		s.byKind[k] = new(atomic.Uint64)
@@ -35,7 +42,7 @@ func (s *Stats) init() {
 
 func (s *Stats) command(name string) {
 	s.total.Add(1)
-	s.commands.WithLabelValues(name).Inc()
+	s.byName[name].Inc()
 }
 
 func (s *Stats) error(kind string) {

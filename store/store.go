@@ -29,7 +29,7 @@ import (
 type Options struct {
 	// Logger receives Pebble's messages. Default slog.Default().
 	Logger *slog.Logger
-	// CacheSize is Pebble's block cache in bytes. Default 32 MiB.
+	// CacheSize is Pebble's block cache in bytes. Default 256 MiB.
 	CacheSize int64
 	// MemTableSize is Pebble's memtable size in bytes. Default 64 MiB: a
 	// write's outbound entry is cut once every peer has it, usually while
@@ -50,7 +50,7 @@ func (o *Options) EnsureDefaults() {
 		o.Logger = slog.Default()
 	}
 	if o.CacheSize == 0 {
-		o.CacheSize = 32 << 20
+		o.CacheSize = 256 << 20
 	}
 	if o.MemTableSize == 0 {
 		o.MemTableSize = 64 << 20

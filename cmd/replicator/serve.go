@@ -101,6 +101,7 @@ type serveConfig struct {
 	Pprof           bool     `yaml:"pprof"`
 	PprofListen     string   `yaml:"pprof_listen"`
 	MemTableSize    uint64   `yaml:"memtable_size"`
+	CacheSize       byteSize `yaml:"cache_size"`
 }
 
 // defaultServeConfig is the configuration before the file, the
@@ -123,7 +124,7 @@ func defaultServeConfig() *serveConfig {
 		Permits: d.Permits, PermitQueue: d.PermitQueue,
 		MinBodyRate: d.MinBodyRate, MaxConns: d.MaxConnections, MaxBodies: d.MaxBodiesInFlight,
 		GossipProfile: "", TLSReload: duration(d.TLSReloadInterval), PeerSANMode: node.SANModeURI,
-		MemTableSize: d.MemTableSize,
+		MemTableSize: d.MemTableSize, CacheSize: byteSize(d.CacheSize),
 		LinkLagging:  duration(d.LinkLagging), LinkStalled: duration(d.LinkStalled),
 		RaftElection: duration(time.Second),
 	}
@@ -378,6 +379,7 @@ func serveFlags(cfg *serveConfig) *flag.FlagSet {
 	fs.BoolVar(&cfg.Pprof, "pprof", cfg.Pprof, "serve /debug/pprof on the API listener, behind the API token (profiles)")
 	fs.StringVar(&cfg.PprofListen, "pprof-listen", cfg.PprofListen, "serve /debug/pprof on this address instead, without a token (keep it private)")
 	fs.Uint64Var(&cfg.MemTableSize, "memtable-size", cfg.MemTableSize, "Pebble memtable bytes (larger: fewer compactions, more memory)")
+	fs.Var(&cfg.CacheSize, "cache-size", "Pebble block cache, e.g. 1GiB (reads and the write path's read of a key's previous version hit memory below it)")
 	fs.Var(namedFlag{func(n, v string) { cfg.peer(n).URL = v }, "NAME=URL"}, "peer", "a peer cluster as NAME=URL (repeatable)")
 	fs.Var(namedFlag{func(n, v string) { cfg.peer(n).Secret = v }, "NAME=SECRET"}, "peer-secret", "a peer's shared secret as NAME=SECRET (repeatable)")
 	fs.Var(namedFlag{func(n, v string) { cfg.peer(n).SecretFile = v }, "NAME=PATH"}, "peer-secret-file", "a peer's shared secret read from NAME=PATH, trimmed (repeatable)")
@@ -544,6 +546,7 @@ func (cfg *serveConfig) nodeOptions(log *slog.Logger) (*node.Options, error) {
 	o.Testing = testing
 	o.Pprof, o.PprofListen = cfg.Pprof, cfg.PprofListen
 	o.MemTableSize = cfg.MemTableSize
+	o.CacheSize = int64(cfg.CacheSize)
 	for _, tf := range []struct {
 		flag, path string
 		into       *string

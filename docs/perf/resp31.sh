@@ -4,6 +4,7 @@
 # beside the HTTP single-PUT figure of the same run (replicator bench
 # --scenarios puts). Run from the repository root:
 #   bash docs/perf/resp31.sh            # 3 rounds, medians printed
+#   A_ARGS='--cache-size 32MiB' ...     # extra flags for a
 # Needs redis-server and redis-benchmark (Debian: redis-server, redis-tools).
 set -euo pipefail
 ROUNDS=${ROUNDS:-3}
@@ -23,7 +24,7 @@ median() { sort -g | awk '{a[NR]=$1} END {print (NR%2) ? a[(NR+1)/2] : (a[NR/2]+
 # same compaction debt (none) for every round.
 startall() {
   rm -rf "$tmp/a" "$tmp/b" "$tmp/redis"; mkdir -p "$tmp/redis"
-  "$BIN" serve --cluster-id a --data "$tmp/a" --listen 127.0.0.1:17401 --resp-listen 127.0.0.1:17379 \
+  "$BIN" serve --cluster-id a --data "$tmp/a" --listen 127.0.0.1:17401 --resp-listen 127.0.0.1:17379 ${A_ARGS:-} \
     --peer b=http://127.0.0.1:17402 --peer-secret b=s --log-level warn >>"$tmp/a.log" 2>&1 & apid=$!
   "$BIN" serve --cluster-id b --data "$tmp/b" --listen 127.0.0.1:17402 \
     --peer a=http://127.0.0.1:17401 --peer-secret a=s --log-level warn >>"$tmp/b.log" 2>&1 & bpid=$!
