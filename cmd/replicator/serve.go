@@ -125,7 +125,7 @@ func defaultServeConfig() *serveConfig {
 		MinBodyRate: d.MinBodyRate, MaxConns: d.MaxConnections, MaxBodies: d.MaxBodiesInFlight,
 		GossipProfile: "", TLSReload: duration(d.TLSReloadInterval), PeerSANMode: node.SANModeURI,
 		MemTableSize: d.MemTableSize, CacheSize: byteSize(d.CacheSize),
-		LinkLagging:  duration(d.LinkLagging), LinkStalled: duration(d.LinkStalled),
+		LinkLagging: duration(d.LinkLagging), LinkStalled: duration(d.LinkStalled),
 		RaftElection: duration(time.Second),
 	}
 }
