@@ -164,7 +164,7 @@ func TestRESPWaitCountsPeerClusters(t *testing.T) {
 	}
 }
 
-// httpGet reads a key at a node over HTTP (” when it holds none).
+// httpGet reads a key at a node over HTTP (empty when it holds none).
 func httpGet(t *testing.T, n *rnode, key string) string {
 	t.Helper()
 	r, err := n.client().Get(bg(), key)
