@@ -3,7 +3,7 @@
 # SET's server CPU once the tree outgrows it. For each cache size, a fresh
 # pair (a with --resp-listen, paired with b) is filled with 1,000,000 SETs of
 # 100 bytes over 1,000,000 random keys (-P 16), then measured with
-# redis-benchmark -P 1 (GET, SET) and -P 16 (GET). Run from the repository root:
+# redis-benchmark -P 1 and -P 16 (GET, SET). Run from the repository root:
 #   bash docs/perf/cache31.sh           # ROUNDS=3 by default, medians printed
 set -euo pipefail
 ROUNDS=${ROUNDS:-3}
@@ -35,7 +35,7 @@ for r in $(seq "$ROUNDS"); do
       --peer a=http://127.0.0.1:17401 --peer-secret a=s --log-level warn >>"$tmp/b.log" 2>&1 & bpid=$!
     for _ in $(seq 50); do redis-cli -p 17379 ping >/dev/null 2>&1 && break; sleep 0.1; done
     redis-benchmark -p 17379 -t set -n 1000000 -c 64 -P 16 -r 1000000 -d 100 -q >/dev/null 2>&1
-    for m in "1 get" "1 set" "16 get"; do
+    for m in "1 get" "1 set" "16 get" "16 set"; do
       v=$(run $m)
       echo "round $r: cache $size -P ${m% *} ${m#* }: $v us" >&2
       res["$size $m"]+="$v "
@@ -45,7 +45,7 @@ for r in $(seq "$ROUNDS"); do
 done
 echo
 echo "medians of $ROUNDS rounds, server CPU us per request on a tree of ~632,000 keys (1,000,000 random SETs):"
-for m in "1 get" "1 set" "16 get"; do
+for m in "1 get" "1 set" "16 get" "16 set"; do
   line="-P ${m% *} ${m#* }:"
   for size in $SIZES; do line+="  cache $size $(echo ${res["$size $m"]} | tr ' ' '\n' | median)"; done
   echo "$line"

@@ -2,7 +2,8 @@
 # Issue 31: server CPU per SET and throughput through the RESP door, beside
 # Redis 7 with appendonly yes / appendfsync always (durable per write), and
 # beside the HTTP single-PUT figure of the same run (replicator bench
-# --scenarios puts). Run from the repository root:
+# --scenarios puts). PING (ping_mbulk) is the connection alone: a round trip
+# with no work behind it. Run from the repository root:
 #   bash docs/perf/resp31.sh            # 3 rounds, medians printed
 #   A_ARGS='--cache-size 32MiB' ...     # extra flags for a
 # Needs redis-server and redis-benchmark (Debian: redis-server, redis-tools).
@@ -51,7 +52,7 @@ declare -A res
 for r in $(seq "$ROUNDS"); do
   startall
   for P in 1 16; do
-    for t in set get; do
+    for t in ping_mbulk set get; do
       for who in resp redis; do
         if [ $who = resp ]; then out=$(run resp $apid 17379 $P $t); else out=$(run redis $rpid 17380 $P $t); fi
         echo "round $r: $who -P $P $t: $out" >&2
@@ -75,7 +76,7 @@ echo
 echo "medians of $ROUNDS rounds, $N requests each, redis-benchmark -c 64 -d 100 -r 1000000:"
 printf "%-28s %12s %14s\n" "" "requests/s" "server CPU us"
 for P in 1 16; do
-  for t in set get; do
+  for t in ping_mbulk set get; do
     for who in resp redis; do
       printf "%-28s %12s %14s\n" "$who -P $P $t" "$(echo ${res["$who P$P $t rps"]} | tr ' ' '\n' | median)" "$(echo ${res["$who P$P $t cpu"]} | tr ' ' '\n' | median)"
     done
