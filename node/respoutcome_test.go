@@ -89,11 +89,17 @@ func TestRESPUnknownOutcome(t *testing.T) {
 	for name := range c.nodes {
 		os.WriteFile(blocks[name], nil, 0o644)
 	}
-	nl := c.leader()
-	after := redisClient(t, addrs[nl], 2, nil)
-	if err := after.Set(ctx, "after", "v", 0).Err(); err != nil {
-		t.Fatalf("a write at the leader after the heal: %v", err)
-	}
+	// Once healed, the cluster settles on a leader; until then a write is
+	// NOTWRITTEN (safe to retry), never an error of another class.
+	var after *redis.Client
+	waitFor(t, 20*time.Second, func() (bool, string) {
+		after = redisClient(t, addrs[c.leader()], 2, nil)
+		err := after.Set(ctx, "after", "v", 0).Err()
+		if err != nil && !strings.HasPrefix(err.Error(), "NOTWRITTEN") {
+			t.Fatalf("a write after the heal: %v", err)
+		}
+		return err == nil, fmt.Sprint(err)
+	})
 	if got := after.Get(ctx, "before").Val(); got != "v" {
 		t.Fatalf("the write acknowledged before the cut: %q", got)
 	}
