@@ -17,6 +17,16 @@ import (
 	"github.com/replicator/replicator/store"
 )
 
+// mustWrite returns a check that fails t on a write's error.
+func mustWrite(t *testing.T) func(any, error) {
+	return func(_ any, err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
 // liveUnder lists key=value@version of every live key under prefix that
 // keep lets through.
 func liveUnder(t *testing.T, n *Node, prefix string, keep func(string) bool) []string {
@@ -81,12 +91,7 @@ func TestLinkFilter(t *testing.T) {
 	}, "a", "b", "c")
 	a, b, c := m.nodes["a"], m.nodes["b"], m.nodes["c"]
 	ctx := context.Background()
-	must := func(_ any, err error) {
-		t.Helper()
-		if err != nil {
-			t.Fatal(err)
-		}
-	}
+	must := mustWrite(t)
 	for i := range 20 {
 		must(a.Put(ctx, fmt.Sprintf("shared/a%02d", i), []byte("x")))
 		must(a.Put(ctx, fmt.Sprintf("tenant1/a%02d", i), []byte("x")))
@@ -307,12 +312,7 @@ func TestRejoinGetsItsOwnWritesBackAcrossAFilter(t *testing.T) {
 	}, "a", "b", "c")
 	ctx := context.Background()
 	b := m.nodes["b"]
-	must := func(_ any, err error) {
-		t.Helper()
-		if err != nil {
-			t.Fatal(err)
-		}
-	}
+	must := mustWrite(t)
 	for i := range 5 {
 		must(b.Put(ctx, fmt.Sprintf("f/%02d", i), []byte("early")))
 		must(b.Increment(ctx, "f/ctr", 1))

@@ -13,6 +13,8 @@ import (
 type memSnapshot struct {
 	keys []string
 	pos  int
+	// origin, when set, says which cluster wrote each key's version.
+	origin func(key string) string
 }
 
 func (m *memSnapshot) Count() (int, error)                         { return len(m.keys), nil }
@@ -28,7 +30,12 @@ func (m *memSnapshot) Next() (string, entry.Record, bool, error) {
 		return "", entry.Record{}, false, nil
 	}
 	m.pos++
-	return m.keys[m.pos-1], entry.Record{Value: []byte("v"), Stamp: entry.Stamp{HLC: hlc.Timestamp{Wall: 5}}}, true, nil
+	k := m.keys[m.pos-1]
+	rec := entry.Record{Value: []byte("v"), Stamp: entry.Stamp{HLC: hlc.Timestamp{Wall: 5}}}
+	if m.origin != nil {
+		rec.Stamp.Origin = m.origin(k)
+	}
+	return k, rec, true, nil
 }
 
 // TestFeedTrailerRidesWithTheLastEntries: a snapshot's batches carry every
@@ -52,7 +59,7 @@ func TestFeedTrailerRidesWithTheLastEntries(t *testing.T) {
 		for i := 0; i < tc.keys; i++ {
 			snap.keys = append(snap.keys, fmt.Sprintf("k%02d", i))
 		}
-		f, err := newSnapshotFeed(snap, "a", 1, tc.filter)
+		f, err := newScopedFeed(snap, "a", 1, tc.filter, "")
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -74,5 +81,44 @@ func TestFeedTrailerRidesWithTheLastEntries(t *testing.T) {
 		if got != tc.want || f.index != uint64(tc.want) {
 			t.Errorf("%s: %d entries sent, last index %d, want %d", name, got, f.index, tc.want)
 		}
+	}
+}
+
+// TestFeedReturnsThePeersOwnWrites: a re-seed the peer asked for (it lost
+// data) carries what the filter lets through and, outside it, exactly the
+// versions the peer itself wrote.
+func TestFeedReturnsThePeersOwnWrites(t *testing.T) {
+	snap := &memSnapshot{origin: func(k string) string {
+		if k[len(k)-1]%2 == 0 {
+			return "b"
+		}
+		return "c"
+	}}
+	for i := 0; i < 40; i++ {
+		snap.keys = append(snap.keys, fmt.Sprintf("k%02d", i))
+	}
+	f, err := newScopedFeed(snap, "a", 1, entry.Filter{Include: []string{"k1"}}, "b")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for {
+		e, ok, err := f.next()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !ok {
+			break
+		}
+		got = append(got, e.Key)
+	}
+	var want []string
+	for _, k := range snap.keys {
+		if k[:2] == "k1" || snap.origin(k) == "b" {
+			want = append(want, k)
+		}
+	}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("sent %q\nwant %q", got, want)
 	}
 }

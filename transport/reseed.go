@@ -297,14 +297,9 @@ type scope interface {
 	Clip(start, end string) []entry.Span
 }
 
-// newSnapshotFeed starts reading snap as a stream of its own, committed at
-// now.
-func newSnapshotFeed(snap Snapshot, local string, now int64, filter entry.Filter) (*snapshotFeed, error) {
-	return newScopedFeed(snap, local, now, filter, "")
-}
-
-// newScopedFeed is newSnapshotFeed of what filter lets through, and of the
-// writes of cluster returning (none when "").
+// newScopedFeed starts reading snap as a stream of its own, committed at
+// now: what filter lets through, and the writes of cluster returning (none
+// when "").
 func newScopedFeed(snap Snapshot, local string, now int64, filter scope, returning string) (*snapshotFeed, error) {
 	f := &snapshotFeed{snap: snap, local: local, stream: entry.NewStreamID(), commit: hlc.Timestamp{Wall: now}, codec: wire.NewCodec(),
 		filter: filter, returning: returning}
