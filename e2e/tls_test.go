@@ -3,17 +3,11 @@ package e2e
 import (
 	"bytes"
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
 	"errors"
 	"fmt"
 	"io"
-	"math/big"
 	"net"
 	"net/http"
 	"os"
@@ -28,94 +22,22 @@ import (
 	"github.com/replicator/replicator/client"
 	"github.com/replicator/replicator/entry"
 	"github.com/replicator/replicator/hlc"
+	"github.com/replicator/replicator/internal/testpki"
 	"github.com/replicator/replicator/node"
 	"github.com/replicator/replicator/node/api"
 	"github.com/replicator/replicator/wire"
 )
 
-// pki is a throwaway CA and the certificates it signs, written as PEM files.
-type pki struct {
-	dir    string
-	ca     *x509.Certificate
-	caKey  *ecdsa.PrivateKey
-	caFile string
-}
+// pki is a throwaway CA whose certificates name a cluster as the node
+// expects: URI SAN replicator://cluster/<id>.
+type pki struct{ *testpki.PKI }
 
-func newPKI(t *testing.T, name string) *pki {
-	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	tmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: name},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour),
-		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign,
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ca, _ := x509.ParseCertificate(der)
-	p := &pki{dir: t.TempDir(), ca: ca, caKey: key}
-	p.caFile = filepath.Join(p.dir, "ca.pem")
-	os.WriteFile(p.caFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o644)
-	return p
-}
+func newPKI(t *testing.T, name string) *pki { return &pki{testpki.New(t, name)} }
 
-// issue signs a certificate for a cluster: URI SAN replicator://cluster/<id>,
-// and 127.0.0.1 so it also serves on loopback. It returns the cert and key
-// files and the loaded pair.
+// issue signs a certificate for a cluster (and 127.0.0.1, so it also
+// serves on loopback): its cert and key files and the loaded pair.
 func (p *pki) issue(t *testing.T, cluster string) (string, string, tls.Certificate) {
-	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	tmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(time.Now().UnixNano()), Subject: pkix.Name{CommonName: cluster},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour),
-		KeyUsage:    x509.KeyUsageDigitalSignature,
-		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
-		URIs:        nil, IPAddresses: []net.IP{net.ParseIP("127.0.0.1")}, DNSNames: []string{"localhost"},
-	}
-	tmpl.URIs = append(tmpl.URIs, node.ClusterURI(cluster))
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, p.ca, &key.PublicKey, p.caKey)
-	if err != nil {
-		t.Fatal(err)
-	}
-	kder, _ := x509.MarshalECPrivateKey(key)
-	certFile := filepath.Join(p.dir, cluster+".pem")
-	keyFile := filepath.Join(p.dir, cluster+"-key.pem")
-	certPEM := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})
-	keyPEM := pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kder})
-	os.WriteFile(certFile, certPEM, 0o644)
-	os.WriteFile(keyFile, keyPEM, 0o600)
-	pair, err := tls.X509KeyPair(certPEM, keyPEM)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return certFile, keyFile, pair
-}
-
-// issueUnnamed signs a certificate that names no cluster (a server
-// certificate for loopback only).
-func (p *pki) issueUnnamed(t *testing.T) (string, string) {
-	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	tmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(time.Now().UnixNano()), Subject: pkix.Name{CommonName: "unnamed"},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour),
-		KeyUsage:    x509.KeyUsageDigitalSignature,
-		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
-		IPAddresses: []net.IP{net.ParseIP("127.0.0.1")},
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, p.ca, &key.PublicKey, p.caKey)
-	if err != nil {
-		t.Fatal(err)
-	}
-	kder, _ := x509.MarshalECPrivateKey(key)
-	certFile, keyFile := filepath.Join(p.dir, "unnamed.pem"), filepath.Join(p.dir, "unnamed-key.pem")
-	os.WriteFile(certFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o644)
-	os.WriteFile(keyFile, pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kder}), 0o600)
-	return certFile, keyFile
-}
-
-func (p *pki) pool() *x509.CertPool {
-	pool := x509.NewCertPool()
-	pool.AddCert(p.ca)
-	return pool
+	return p.Issue(t, cluster, node.ClusterURI(cluster))
 }
 
 // tlsMesh runs a and b linked over mutual TLS on separate peer listeners,
@@ -128,7 +50,7 @@ func tlsMesh(t *testing.T, ca *pki) (*mesh, map[string]string) {
 	}
 	for _, n := range m.names {
 		cert, key, _ := ca.issue(t, n)
-		p := newProc(t, n, n, "--tls-cert", cert, "--tls-key", key, "--tls-client-ca", ca.caFile,
+		p := newProc(t, n, n, "--tls-cert", cert, "--tls-key", key, "--tls-client-ca", ca.CAFile,
 			"--peer-listen", strings.TrimPrefix(peerURL[n], "https://"))
 		p.url = strings.Replace(p.url, "http://", "https://", 1)
 		for _, o := range []string{"a", "b", "c"} {
@@ -157,7 +79,7 @@ func TestMutualTLSLinks(t *testing.T) {
 	for _, n := range m.names {
 		m.nodes[n].start()
 	}
-	pool := ca.pool()
+	pool := ca.Pool()
 	a, b := m.nodes["a"], m.nodes["b"]
 	for _, p := range []*proc{a, b} {
 		eventually(t, 20*time.Second, func() (bool, string) {
@@ -251,7 +173,7 @@ func TestMutualTLSLinks(t *testing.T) {
 	resp.Body.Close()
 	// The refusals are counted by reason in /metrics (403 forbidden: the
 	// spoofed claims above), and the certificate's expiry is there.
-	metrics := scrapeTLS(t, a.url, ca.pool())
+	metrics := scrapeTLS(t, a.url, ca.Pool())
 	if v := metricValue(metrics, `replicator_replicate_refusals_total{cluster="a",reason="forbidden"}`); v < 1 {
 		t.Fatalf("forbidden refusals in /metrics: %v\n%s", v, metrics)
 	}
@@ -296,28 +218,28 @@ func TestCertificateOfAnotherCluster(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, binPath, "serve", "--cluster-id", "a", "--data", t.TempDir(), "--listen", fmt.Sprintf("127.0.0.1:%d", freePort(t)),
-		"--tls-cert", certB, "--tls-key", keyB, "--tls-client-ca", ca.caFile, "--insecure-peers")
+		"--tls-cert", certB, "--tls-key", keyB, "--tls-client-ca", ca.CAFile, "--insecure-peers")
 	out, err := cmd.CombinedOutput()
 	if err == nil || ctx.Err() != nil || !strings.Contains(string(out), `names cluster "b"`) || !strings.Contains(string(out), `cluster "a"`) {
 		t.Fatalf("a start with b's certificate: %v (deadline %v)\n%s", err, ctx.Err(), out)
 	}
 	// With mutual TLS, one that names no cluster is refused too: peers
 	// and the raft port read the cluster from it.
-	bare, bareKey := ca.issueUnnamed(t)
+	bare, bareKey := ca.IssueUnnamed(t)
 	ctx2, cancel2 := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel2()
 	out, err = exec.CommandContext(ctx2, binPath, "serve", "--cluster-id", "a", "--data", t.TempDir(), "--listen", fmt.Sprintf("127.0.0.1:%d", freePort(t)),
-		"--tls-cert", bare, "--tls-key", bareKey, "--tls-client-ca", ca.caFile, "--insecure-peers").CombinedOutput()
+		"--tls-cert", bare, "--tls-key", bareKey, "--tls-client-ca", ca.CAFile, "--insecure-peers").CombinedOutput()
 	if err == nil || ctx2.Err() != nil || !strings.Contains(string(out), `must name this cluster "a"`) {
 		t.Fatalf("a start with a certificate naming no cluster, under mutual TLS: %v\n%s", err, out)
 	}
 	// Started with its own, then b's put in its place and reloaded: refused,
 	// logged, and its own still served.
 	certA, keyA, pairA := ca.issue(t, "a")
-	p := newProc(t, "a", "a", "--tls-cert", certA, "--tls-key", keyA, "--tls-client-ca", ca.caFile, "--insecure-peers")
+	p := newProc(t, "a", "a", "--tls-cert", certA, "--tls-key", keyA, "--tls-client-ca", ca.CAFile, "--insecure-peers")
 	p.url = strings.Replace(p.url, "http://", "https://", 1)
 	p.start()
-	pool := ca.pool()
+	pool := ca.Pool()
 	eventually(t, 20*time.Second, func() (bool, string) {
 		err := tlsClient(t, p, pool).Healthy(bg())
 		return err == nil, fmt.Sprint(err)
@@ -414,7 +336,7 @@ func TestTLSCertificateRotation(t *testing.T) {
 	for _, n := range m.names {
 		m.nodes[n].start()
 	}
-	pool := ca.pool()
+	pool := ca.Pool()
 	a, b := m.nodes["a"], m.nodes["b"]
 	hostport := func(u string) string { return strings.TrimPrefix(strings.TrimPrefix(u, "https://"), "http://") }
 	for _, p := range []*proc{a, b} {
@@ -433,7 +355,7 @@ func TestTLSCertificateRotation(t *testing.T) {
 	oldA, oldB := serial(a), serial(b)
 
 	// A broken pair on SIGHUP: logged, the old certificate keeps serving.
-	certA := filepath.Join(ca.dir, "a.pem")
+	certA := filepath.Join(ca.Dir, "a.pem")
 	good, _ := os.ReadFile(certA)
 	os.WriteFile(certA, []byte("-----BEGIN CERTIFICATE-----\nnot a certificate\n-----END CERTIFICATE-----\n"), 0o644)
 	a.signal(syscall.SIGHUP)
