@@ -229,6 +229,12 @@ type ScanOptions struct {
 // KeyPath is the API path of key (/v1/kv/...), each segment escaped.
 func KeyPath(key string) string { return keyPath(key) }
 
+// CounterPath is the API path of the counter at key (the RESP door's
+// follower forwards increments to it).
+func CounterPath(key string) string {
+	return "/v1/counters/" + strings.TrimPrefix(keyPath(key), "/v1/kv/")
+}
+
 func keyPath(key string) string {
 	// Escape each segment but keep the slashes: keys are paths in a tree.
 	parts := strings.Split(key, "/")
@@ -475,7 +481,7 @@ type CounterValue struct {
 func (c *Client) Increment(ctx context.Context, key string, delta int64) (CounterValue, error) {
 	var res CounterValue
 	body, _ := json.Marshal(map[string]int64{"delta": delta})
-	path := "/v1/counters/" + strings.TrimPrefix(keyPath(key), "/v1/kv/")
+	path := CounterPath(key)
 	var wr WriteResult
 	err := c.write(ctx, http.MethodPost, path, body, http.Header{"Content-Type": {"application/json"}}, &wr)
 	if err != nil {
@@ -489,7 +495,7 @@ func (c *Client) Increment(ctx context.Context, key string, delta int64) (Counte
 // Counter reads a PN-counter.
 func (c *Client) Counter(ctx context.Context, key string) (CounterValue, error) {
 	var res CounterValue
-	_, err := c.Do(ctx, http.MethodGet, "/v1/counters/"+strings.TrimPrefix(keyPath(key), "/v1/kv/"), nil, nil, &res)
+	_, err := c.Do(ctx, http.MethodGet, CounterPath(key), nil, nil, &res)
 	return res, err
 }
 

@@ -180,14 +180,6 @@ func newCommitter(env commitEnv) *committer {
 	return c
 }
 
-// propose queues p and waits for its answer.
-func (c *committer) propose(ctx context.Context, p *proposal) error {
-	if err := c.enqueue(ctx, p); err != nil {
-		return err
-	}
-	return c.await(ctx, p)
-}
-
 // enqueue puts p in the queue behind every proposal enqueued before it
 // returned, without waiting for its commit (await does): a caller that
 // enqueues in order has its writes decided in that order, and the ones
@@ -218,6 +210,13 @@ func (c *committer) await(ctx context.Context, p *proposal) error {
 	case <-p.done:
 		return p.err
 	case <-ctx.Done():
+		select {
+		case <-p.done:
+			// Decided as ctx ended (select picks either at random): its
+			// fate is known, not unknown.
+			return p.err
+		default:
+		}
 		if p.state.CompareAndSwap(stateQueued, stateCancelled) {
 			return fmt.Errorf("%w: %w", api.ErrNotWritten, ctx.Err())
 		}

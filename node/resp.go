@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/http"
 	"os"
 	"syscall"
 	"time"
@@ -30,7 +31,12 @@ type respDoor struct {
 type respNode struct {
 	*Node
 	submitter
+	// handler is the node's HTTP surface a follower forwards writes
+	// through, built once (Node.Handler builds the routes anew).
+	handler http.Handler
 }
+
+func newRESPNode(n *Node) respNode { return respNode{Node: n, submitter: submitter{n}, handler: n.Handler()} }
 
 // Figures are INFO's and DBSIZE's kept figures.
 func (r respNode) Figures() resp.Figures {
@@ -76,7 +82,7 @@ func openRESP(n *Node) (*respDoor, error) {
 			}
 		}
 	}
-	d := &respDoor{ln: ln, errc: make(chan error, 1), srv: resp.New(respNode{n, submitter{n}}, o)}
+	d := &respDoor{ln: ln, errc: make(chan error, 1), srv: resp.New(newRESPNode(n), o)}
 	go func() { d.errc <- d.srv.Serve(ln) }()
 	n.log.Info("serving RESP", "addr", ln.Addr().String())
 	return d, nil

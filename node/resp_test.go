@@ -437,7 +437,7 @@ func TestRESPClientThatDoesNotRead(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := resp.New(respNode{n, submitter{n}}, resp.Options{MaxReply: 4 << 20, WriteTimeout: 200 * time.Millisecond, MaxConns: 2})
+	srv := resp.New(newRESPNode(n), resp.Options{MaxReply: 4 << 20, WriteTimeout: 200 * time.Millisecond, MaxConns: 2})
 	go srv.Serve(ln)
 	defer func() { ln.Close(); srv.Close() }()
 	if _, err := n.Put(context.Background(), "big", make([]byte, 256<<10)); err != nil {
@@ -470,6 +470,26 @@ func TestRESPClientThatDoesNotRead(t *testing.T) {
 	if n, err := io.Copy(io.Discard, nc); err != nil && !errors.Is(err, syscall.ECONNRESET) {
 		t.Fatalf("after %d bytes of replies: %v, want the connection closed", n, err)
 	}
+	// One MGET whose reply alone passes the bound (20 values of 256 KiB,
+	// 5 MiB): refused whole, not held, and the connection ends.
+	mg, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer mg.Close()
+	fmt.Fprintf(mg, "MGET%s\r\n", strings.Repeat(" big", 20))
+	mg.SetReadDeadline(time.Now().Add(10 * time.Second))
+	mr := bufio.NewReader(mg)
+	if line, err := mr.ReadString('\n'); err != nil || !strings.HasPrefix(line, "-ERR the reply exceeds") {
+		t.Fatalf("an MGET past the bound on replies: %.80q %v", line, err)
+	}
+	if rest, err := mr.ReadString('\n'); err == nil {
+		t.Fatalf("the connection stayed open after the refused MGET: %.80q", rest)
+	}
+	waitFor(t, 10*time.Second, func() (bool, string) {
+		c := srv.Stats().Connections()
+		return c == 0, fmt.Sprintf("%d connections still served", c)
+	})
 	// The bound on connections: two held, a third told and closed.
 	held := make([]net.Conn, 2)
 	for i := range held {

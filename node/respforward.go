@@ -59,7 +59,7 @@ func (r respNode) forward(ctx context.Context, w api.Write) (api.WriteResult, er
 	case e.Op == entry.OpDelete:
 		method, path = http.MethodDelete, client.KeyPath(e.Key)
 	case e.Op == entry.OpCounter:
-		method, path = http.MethodPost, "/v1/counters/"+strings.TrimPrefix(client.KeyPath(e.Key), "/v1/kv/")
+		method, path = http.MethodPost, client.CounterPath(e.Key)
 		body, _ = json.Marshal(map[string]int64{"delta": w.Delta})
 		hdr.Set("Content-Type", "application/json")
 	default:
@@ -80,7 +80,7 @@ func (r respNode) forward(ctx context.Context, w api.Write) (api.WriteResult, er
 	req.Header = hdr
 	req.RemoteAddr = "resp"
 	rec := &bufferedResponse{header: http.Header{}, status: http.StatusOK}
-	r.Handler().ServeHTTP(rec, req)
+	r.handler.ServeHTTP(rec, req)
 	if rec.status != http.StatusOK {
 		return api.WriteResult{}, forwardedError(rec)
 	}

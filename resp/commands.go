@@ -332,9 +332,18 @@ func (c *conn) value(key string) {
 
 func (c *conn) mget(args [][]byte) {
 	c.settle()
+	start := len(c.w.buf)
 	c.w.array(len(args) - 1)
 	for _, k := range args[1:] {
 		c.value(string(k))
+		if len(c.w.buf)-start > c.s.opts.MaxReply {
+			// One reply past the bound on replies owed: dropped, not
+			// held (65,536 values of 1 MiB would be 64 GiB).
+			c.w.buf = c.w.buf[:start]
+			c.w.err("ERR the reply exceeds the connection's bound on replies owed; the connection closes")
+			c.quit = true
+			return
+		}
 	}
 }
 
@@ -652,7 +661,7 @@ func (c *conn) scan(args [][]byte) {
 	}
 	nextCur := uint64(0)
 	if next != "" {
-		nextCur = c.s.cursors.put(next, prefix)
+		nextCur = c.s.cursors.put(next, prefix, cur)
 	}
 	c.w.array(2)
 	c.w.bulkString(strconv.FormatUint(nextCur, 10))

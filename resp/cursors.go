@@ -10,7 +10,10 @@ import (
 // cursors keeps each SCAN's place (the key to resume after: up to 4 KiB,
 // which a client's integer cursor cannot carry). Bounded: past maxCursors
 // the oldest goes; a place older than cursorTTL expires. A cursor may be
-// used again (a client retrying a page); the next page gets a new one.
+// used again (a client retrying a page); the next page gets a new one, and
+// once that one is used the one before it goes, so a scan in progress holds
+// at most two places: one client paging through millions of keys does not
+// push other clients' cursors out.
 type cursors struct {
 	mu    sync.Mutex
 	next  uint64
@@ -21,6 +24,7 @@ type cursors struct {
 type place struct {
 	after, prefix string
 	at            time.Time
+	prev          uint64 // the cursor whose page gave this one (0: the first)
 }
 
 const (
@@ -28,7 +32,9 @@ const (
 	cursorTTL  = 10 * time.Minute
 )
 
-func (cs *cursors) put(after, prefix string) uint64 {
+// put keeps the place after which the next page starts; prev is the cursor
+// the page was read from (0 for a scan's first page).
+func (cs *cursors) put(after, prefix string, prev uint64) uint64 {
 	cs.mu.Lock()
 	defer cs.mu.Unlock()
 	if cs.byID == nil {
@@ -45,7 +51,7 @@ func (cs *cursors) put(after, prefix string) uint64 {
 		cs.order = cs.order[1:]
 	}
 	cs.next++
-	cs.byID[cs.next] = place{after, prefix, now}
+	cs.byID[cs.next] = place{after, prefix, now, prev}
 	cs.order = append(cs.order, cs.next)
 	return cs.next
 }
@@ -57,6 +63,8 @@ func (cs *cursors) take(id uint64, prefix string) (string, bool) {
 	if !ok || p.prefix != prefix || time.Since(p.at) >= cursorTTL {
 		return "", false
 	}
+	// The client moved on: it will not retry the page before.
+	delete(cs.byID, p.prev)
 	return p.after, true
 }
 

@@ -17,6 +17,7 @@ func TestErrorClasses(t *testing.T) {
 		prefix string
 	}{
 		{fmt.Errorf("%w: saturated", api.ErrNotWritten), "NOTWRITTEN "},
+		{&api.SaturatedError{Source: "outbound_backlog", Peer: "b"}, "NOTWRITTEN "}, // as admission refuses
 		{fmt.Errorf("%w: group commit lost", api.ErrUnknownOutcome), "UNKNOWNOUTCOME "},
 		{fmt.Errorf("%w: %w", api.ErrUnknownOutcome, api.ErrNotWritten), "UNKNOWNOUTCOME "},
 		{fmt.Errorf("%w: a counter", api.ErrKindConflict), "WRONGTYPE "},

@@ -131,10 +131,12 @@ func New(n Node, o Options) *Server {
 	return s
 }
 
-// Serve accepts connections on ln until Close; it returns nil then. Each
+// Serve accepts connections on ln until Close; it returns nil then (a
+// failed Accept is retried, with a backoff up to a second). Each
 // connection is served by a goroutine of its own, which exits when the
 // client leaves, on a protocol error, or at Close.
 func (s *Server) Serve(ln net.Listener) error {
+	var backoff time.Duration
 	for {
 		nc, err := ln.Accept()
 		if err != nil {
@@ -144,8 +146,19 @@ func (s *Server) Serve(ln net.Listener) error {
 			if closed || errors.Is(err, net.ErrClosed) {
 				return nil
 			}
-			return err
+			// Out of file descriptors, an aborted handshake: the door
+			// stays open and tries again, as net/http's does, rather
+			// than stop taking clients until a restart.
+			backoff = min(max(2*backoff, 5*time.Millisecond), time.Second)
+			s.log.Warn("resp: accept failed; retrying", "err", err, "in", backoff)
+			select {
+			case <-s.done:
+				return nil
+			case <-time.After(backoff):
+			}
+			continue
 		}
+		backoff = 0
 		s.mu.Lock()
 		if s.mu.closed {
 			s.mu.Unlock()
@@ -155,7 +168,9 @@ func (s *Server) Serve(ln net.Listener) error {
 		if len(s.mu.conns) >= s.opts.MaxConns {
 			s.mu.Unlock()
 			s.stats.refusedConns.Add(1)
-			nc.SetWriteDeadline(time.Now().Add(time.Second))
+			// A whole deadline: over TLS the write first runs the
+			// handshake, which reads, and must not hold the accept loop.
+			nc.SetDeadline(time.Now().Add(time.Second))
 			io.WriteString(nc, "-ERR max number of clients reached\r\n")
 			nc.Close()
 			continue
@@ -220,8 +235,17 @@ type pendingWrite struct {
 	reply func(c *conn, res api.WriteResult, err error)
 }
 
-// maxPipeline bounds the commands taken from one read before answering.
-const maxPipeline = 1024
+// maxPipeline and maxPipelineBytes bound the commands taken from one read
+// before answering, by count and by their arguments' bytes (a command
+// alone may be larger, up to Limits.MaxCommand).
+const (
+	maxPipeline      = 1024
+	maxPipelineBytes = 1 << 20
+)
+
+// preAuthLimits bound a command read before AUTH, when a token is set: AUTH
+// and HELLO take a few short arguments (Redis bounds the same way).
+var preAuthLimits = Limits{MaxArgs: 16, MaxBulk: 16 << 10, MaxInline: 16 << 10, MaxCommand: 64 << 10}
 
 func (s *Server) serveConn(nc net.Conn) {
 	defer nc.Close()
@@ -229,7 +253,15 @@ func (s *Server) serveConn(nc net.Conn) {
 	rd := newReader(nc, s.opts.Limits)
 	for {
 		var batch [][][]byte
-		for len(batch) < maxPipeline {
+		size := 0
+		for len(batch) < maxPipeline && size < maxPipelineBytes {
+			if !c.authed {
+				// Before AUTH a client gets a command at a time, each
+				// small: it cannot make the server hold megabytes.
+				rd.limits = preAuthLimits
+			} else {
+				rd.limits = s.opts.Limits
+			}
 			args, err := rd.read()
 			if err != nil {
 				c.run(batch)
@@ -245,7 +277,10 @@ func (s *Server) serveConn(nc net.Conn) {
 				return
 			}
 			batch = append(batch, args)
-			if !rd.buffered() {
+			for _, a := range args {
+				size += len(a)
+			}
+			if !rd.buffered() || !c.authed {
 				break
 			}
 		}
@@ -275,7 +310,9 @@ func (c *conn) flush() error {
 // answered in order; anything else first waits for the writes before it
 // (a read after a write on one connection sees it).
 func (c *conn) run(batch [][][]byte) {
-	c.ctx, c.cancel = context.WithCancel(context.Background())
+	// Each run of writes gets its context from submit; the last one's is
+	// released here.
+	c.cancel = func() {}
 	defer func() { c.cancel() }()
 	for _, args := range batch {
 		if c.quit {

@@ -155,10 +155,13 @@ func (s *Store) RebuildLeaves() (int, error) {
 	defer s.applyMu.Unlock()
 	snap := s.db.NewSnapshot()
 	defer snap.Close()
-	_, leaves, _, err := scanTree(snap)
+	_, leaves, live, err := scanTree(snap)
 	if err != nil {
 		return 0, err
 	}
+	// The live-key count moves with the leaves: wrong leaves may mean it
+	// drifted too.
+	s.live.Store(live)
 	changed := 0
 	for i := range leaves {
 		if leaves[i] != s.leaves[i] {

@@ -1,0 +1,114 @@
+package resp
+
+import (
+	"bufio"
+	"errors"
+	"net"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// flakyListener fails its first Accepts, as a listener out of file
+// descriptors does.
+type flakyListener struct {
+	net.Listener
+	fails atomic.Int32
+}
+
+func (l *flakyListener) Accept() (net.Conn, error) {
+	if l.fails.Add(-1) >= 0 {
+		return nil, errors.New("accept: too many open files")
+	}
+	return l.Listener.Accept()
+}
+
+// TestServeOutlivesAFailedAccept: a failed Accept does not end the door: it
+// serves the next client, and Close still ends Serve.
+func TestServeOutlivesAFailedAccept(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	fl := &flakyListener{Listener: ln}
+	fl.fails.Store(3)
+	s := New(nil, Options{})
+	served := make(chan error, 1)
+	go func() { served <- s.Serve(fl) }()
+	nc, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	nc.SetDeadline(time.Now().Add(10 * time.Second))
+	if _, err := nc.Write([]byte("PING\r\n")); err != nil {
+		t.Fatal(err)
+	}
+	if line, err := bufio.NewReader(nc).ReadString('\n'); err != nil || line != "+PONG\r\n" {
+		t.Fatalf("PING after failed accepts: %q %v", line, err)
+	}
+	ln.Close()
+	s.Close()
+	if err := <-served; err != nil {
+		t.Fatalf("Serve after Close: %v", err)
+	}
+}
+
+// TestCursorsOfAScanInProgress: a long scan holds at most two places (the
+// page before stays for a retry until the next is used), so it cannot push
+// out another client's cursor however many pages it reads.
+func TestCursorsOfAScanInProgress(t *testing.T) {
+	var cs cursors
+	other := cs.put("x", "", 0)
+	cur := uint64(0)
+	for i := 0; i < 3*maxCursors; i++ {
+		if cur != 0 {
+			if _, ok := cs.take(cur, ""); !ok {
+				t.Fatalf("page %d: the cursor given for it is gone", i)
+			}
+			if _, ok := cs.take(cur, ""); !ok {
+				t.Fatalf("page %d: a retried cursor is gone", i)
+			}
+		}
+		cur = cs.put("k", "", cur)
+	}
+	if len(cs.byID) > 3 {
+		t.Fatalf("%d places kept for one scan and one idle cursor", len(cs.byID))
+	}
+	if after, ok := cs.take(other, ""); !ok || after != "x" {
+		t.Fatal("the other client's cursor was pushed out by one long scan")
+	}
+}
+
+// TestPreAuthBounds: with a token set, a command before AUTH may not claim
+// more than preAuthLimits (a client without the token cannot make the
+// server hold megabytes); it is answered a protocol error and closed.
+func TestPreAuthBounds(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := New(nil, Options{Token: "s3cret"})
+	go s.Serve(ln)
+	defer func() { ln.Close(); s.Close() }()
+	nc, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	nc.SetDeadline(time.Now().Add(10 * time.Second))
+	// A small command is read and refused; a 1 MiB argument is not read.
+	if _, err := nc.Write([]byte("*1\r\n$4\r\nPING\r\n*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$1048576\r\n")); err != nil {
+		t.Fatal(err)
+	}
+	br := bufio.NewReader(nc)
+	if line, err := br.ReadString('\n'); err != nil || line[:7] != "-NOAUTH" {
+		t.Fatalf("PING before AUTH: %q %v", line, err)
+	}
+	if line, err := br.ReadString('\n'); err != nil || line[:20] != "-ERR Protocol error:" {
+		t.Fatalf("a 1 MiB argument before AUTH: %q %v", line, err)
+	}
+	if rest, err := br.ReadString('\n'); err == nil {
+		t.Fatalf("the connection stayed open: %q", rest)
+	}
+}
