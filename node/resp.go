@@ -36,7 +36,9 @@ type respNode struct {
 	handler http.Handler
 }
 
-func newRESPNode(n *Node) respNode { return respNode{Node: n, submitter: submitter{n}, handler: n.Handler()} }
+func newRESPNode(n *Node) respNode {
+	return respNode{Node: n, submitter: submitter{n}, handler: n.Handler()}
+}
 
 // Figures are INFO's and DBSIZE's kept figures.
 func (r respNode) Figures() resp.Figures {

@@ -123,7 +123,9 @@ func (e *SaturatedError) Error() string {
 
 // Is: a saturated refusal is of its own class and, as its message says, a
 // write not written (RESP answers NOTWRITTEN and ends the pipeline).
-func (e *SaturatedError) Is(target error) bool { return target == ErrSaturated || target == ErrNotWritten }
+func (e *SaturatedError) Is(target error) bool {
+	return target == ErrSaturated || target == ErrNotWritten
+}
 
 // CheckKey refuses a key no node takes: empty, over max bytes, or not
 // UTF-8. (A node also refuses keys its peers would refuse.)
