@@ -63,6 +63,32 @@ func (r respNode) Figures() resp.Figures {
 	return f
 }
 
+// Keys is the kept count of live plain keys (DBSIZE).
+func (r respNode) Keys() int64 { return r.store.Live() }
+
+// Acked is each peer link's acknowledged index of this cluster's stream
+// (WAIT): the leader's links, or at a follower the cursors the leader
+// records in the log (0 for a link with none in the current stream).
+func (r respNode) Acked() []uint64 {
+	n := r.Node
+	var out []uint64
+	if n.lead.ready.Load() || !n.multi() {
+		for _, sh := range n.repl.links() {
+			out = append(out, sh.Acked())
+		}
+		return out
+	}
+	stream := n.out.Stream()
+	for _, p := range n.repl.linkPeers() {
+		c, ok, err := n.store.Cursor(p.Name)
+		if err != nil || !ok || c.Stream != stream {
+			c.Index = 0
+		}
+		out = append(out, c.Index)
+	}
+	return out
+}
+
 // openRESP listens on Options.RESPListen and serves it (nil, nil when it
 // is not set). Its goroutine exits when close closes the listener.
 func openRESP(n *Node) (*respDoor, error) {
@@ -75,7 +101,7 @@ func openRESP(n *Node) (*respDoor, error) {
 	}
 	lim := resp.DefaultLimits()
 	lim.MaxBulk = max(n.opts.MaxValueBytes, n.opts.MaxKeyBytes) + 4096
-	o := resp.Options{Token: n.opts.APIToken, Limits: lim, Logger: n.log}
+	o := resp.Options{Token: n.opts.APIToken, Limits: lim, Logger: n.log, Version: n.opts.BuildVersion}
 	if key := n.opts.Testing.RESPCrashKey; key != "" {
 		o.Committed = func(k string) {
 			if k == key {

@@ -34,7 +34,7 @@ func init() {
 		"client":  {-2, (*conn).client, false},
 		"command": {-1, (*conn).commandCmd, false},
 		"info":    {-1, (*conn).info, false},
-		"dbsize":  {1, func(c *conn, _ [][]byte) { c.w.int(c.s.node.Figures().Keys) }, false},
+		"dbsize":  {1, func(c *conn, _ [][]byte) { c.w.int(c.s.node.Keys()) }, false},
 		"config":  {-2, (*conn).config, false},
 		"wait":    {3, (*conn).wait, false},
 		"waitaof": {4, (*conn).waitAOF, false},
@@ -155,10 +155,9 @@ func (c *conn) hello(args [][]byte) {
 		return
 	}
 	c.w.proto = proto
-	f := c.s.node.Figures()
 	c.w.any(map[string]any{
 		"server": "replicator", "version": redisVersion, "proto": proto, "id": c.id,
-		"mode": "standalone", "role": "master", "modules": []any{}, "replicator_version": f.Version,
+		"mode": "standalone", "role": "master", "modules": []any{}, "replicator_version": c.s.opts.Version,
 	})
 }
 
@@ -565,10 +564,12 @@ func (c *conn) wait(args [][]byte) {
 		return
 	}
 	deadline := time.Now().Add(time.Duration(ms) * time.Millisecond)
+	tick := time.NewTicker(5 * time.Millisecond)
+	defer tick.Stop()
 	for {
 		n := 0
-		for _, l := range c.s.node.Figures().Links {
-			if l.Acked >= c.lastIndex {
+		for _, acked := range c.s.node.Acked() {
+			if acked >= c.lastIndex {
 				n++
 			}
 		}
@@ -580,7 +581,7 @@ func (c *conn) wait(args [][]byte) {
 		case <-c.s.done: // the server closes: answer what holds now
 			c.w.int(int64(n))
 			return
-		case <-time.After(5 * time.Millisecond):
+		case <-tick.C:
 		}
 	}
 }

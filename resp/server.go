@@ -32,8 +32,14 @@ type Node interface {
 	// the write elsewhere (a follower) may do so in wait, which the caller
 	// calls in order: ctx cancelled first means the write must not be sent.
 	Submit(ctx context.Context, w api.Write) (wait func() (api.WriteResult, error))
-	// Figures are kept figures for INFO and DBSIZE (no scan).
+	// Figures are kept figures for INFO and WAITAOF (no scan); they read
+	// every link's status and the group's.
 	Figures() Figures
+	// Keys is Figures' Keys alone (DBSIZE).
+	Keys() int64
+	// Acked is each peer link's acknowledged index of this cluster's
+	// stream, all WAIT polls for.
+	Acked() []uint64
 }
 
 // Figures are what INFO and DBSIZE say.
@@ -63,6 +69,8 @@ type Options struct {
 	// any other command ("": no AUTH needed).
 	Token  string
 	Limits Limits
+	// Version is the node's build, which HELLO tells.
+	Version string
 	// MaxConns bounds the connections served at once (more are answered
 	// an error and closed). Default 10,000.
 	MaxConns int
