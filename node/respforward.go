@@ -20,16 +20,16 @@ import (
 // forwarded as the HTTP API's writes are, one hop through the router, when
 // the connection waits for it: the writes of a connection are then sent one
 // at a time, in order, and one whose pipeline already failed is not sent.
-func (r respNode) Submit(ctx context.Context, w api.Write) func() (api.WriteResult, error) {
+func (r respNode) Submit(ctx context.Context, w api.Write) (func() (api.WriteResult, error), bool) {
 	if !r.multi() || r.lead.ready.Load() {
-		return r.submitter.Submit(ctx, w)
+		return r.submitter.Submit(ctx, w), false
 	}
 	return func() (api.WriteResult, error) {
 		if err := ctx.Err(); err != nil {
 			return api.WriteResult{}, fmt.Errorf("%w: %w", api.ErrNotWritten, err)
 		}
 		return r.forward(ctx, w)
-	}
+	}, true
 }
 
 // forward sends w through the node's own HTTP handler (no token: this node

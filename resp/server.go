@@ -31,7 +31,10 @@ type Node interface {
 	// by wait, also when the write was not queued. A node that must send
 	// the write elsewhere (a follower) may do so in wait, which the caller
 	// calls in order: ctx cancelled first means the write must not be sent.
-	Submit(ctx context.Context, w api.Write) (wait func() (api.WriteResult, error))
+	// deferred says it does so: the connection then waits for that write
+	// before it submits another, which the node might queue at once (it
+	// became the leader meanwhile) ahead of it.
+	Submit(ctx context.Context, w api.Write) (wait func() (api.WriteResult, error), deferred bool)
 	// Figures are kept figures for INFO and WAITAOF (no scan); they read
 	// every link's status and the group's.
 	Figures() Figures
@@ -232,6 +235,8 @@ type conn struct {
 	cancel context.CancelFunc
 	// lastIndex is the WAL index of this connection's last write (WAIT).
 	lastIndex uint64
+	// deferred: a pending write is sent only when waited for (Submit).
+	deferred bool
 	// broken: a write was not written or its outcome is unknown; the rest
 	// of the pipeline fails and the connection closes.
 	broken error
@@ -363,17 +368,29 @@ func (c *conn) settle() {
 		p.reply(c, res, err)
 	}
 	c.pending = c.pending[:0]
+	c.deferred = false
 }
 
 // submit queues a write of this connection.
 func (c *conn) submit(w api.Write, reply func(c *conn, res api.WriteResult, err error)) {
+	if c.deferred {
+		// The writes before it are sent as they are waited for: they go
+		// first, whatever this one's path.
+		c.settle()
+		if c.broken != nil {
+			reply(c, api.WriteResult{}, fmt.Errorf("%w: an earlier command of this pipeline failed (%w); not executed", api.ErrNotWritten, c.broken))
+			return
+		}
+	}
 	if len(c.pending) == 0 {
 		// A run of writes shares one bound, from its first write: a
 		// command that waited before it (WAIT) does not spend it.
 		c.cancel()
 		c.ctx, c.cancel = context.WithTimeout(context.Background(), c.s.opts.Timeout)
 	}
-	c.pending = append(c.pending, pendingWrite{wait: c.s.node.Submit(c.ctx, w), reply: reply})
+	wait, deferred := c.s.node.Submit(c.ctx, w)
+	c.pending = append(c.pending, pendingWrite{wait: wait, reply: reply})
+	c.deferred = c.deferred || deferred
 }
 
 // now submits a write and waits for it (a command whose reply decides the

@@ -2,11 +2,16 @@ package resp
 
 import (
 	"bufio"
+	"context"
 	"errors"
+	"fmt"
 	"net"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/replicator/replicator/node/api"
 )
 
 // flakyListener fails its first Accepts, as a listener out of file
@@ -110,5 +115,63 @@ func TestPreAuthBounds(t *testing.T) {
 	}
 	if rest, err := br.ReadString('\n'); err == nil {
 		t.Fatalf("the connection stayed open: %q", rest)
+	}
+}
+
+// failoverNode forwards its first writes when they are waited for (a
+// follower) and queues the later ones at once (it became the leader):
+// log is the order the writes reach the cluster's log.
+type failoverNode struct {
+	Node // the rest is not called
+	mu   sync.Mutex
+	log  []string
+	subs int
+}
+
+func (f *failoverNode) Submit(_ context.Context, w api.Write) (func() (api.WriteResult, error), bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.subs++
+	key := w.Entry.Key
+	reach := func() { f.mu.Lock(); f.log = append(f.log, key); f.mu.Unlock() }
+	if f.subs <= 2 {
+		return func() (api.WriteResult, error) { reach(); return api.WriteResult{Key: key}, nil }, true
+	}
+	f.log = append(f.log, key)
+	return func() (api.WriteResult, error) { return api.WriteResult{Key: key}, nil }, false
+}
+
+// TestPipelineOrderAcrossAFailover: a pipeline whose first writes a
+// follower forwards as they are waited for, and whose next ones the node,
+// leader meanwhile, would queue at once: every write reaches the log in the
+// pipeline's order.
+func TestPipelineOrderAcrossAFailover(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := &failoverNode{}
+	s := New(f, Options{})
+	go s.Serve(ln)
+	defer func() { ln.Close(); s.Close() }()
+	nc, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	nc.SetDeadline(time.Now().Add(10 * time.Second))
+	if _, err := nc.Write([]byte("SET k1 v\r\nSET k2 v\r\nSET k3 v\r\nSET k4 v\r\n")); err != nil {
+		t.Fatal(err)
+	}
+	br := bufio.NewReader(nc)
+	for i := 0; i < 4; i++ {
+		if line, err := br.ReadString('\n'); err != nil || line != "+OK\r\n" {
+			t.Fatalf("reply %d: %q %v", i, line, err)
+		}
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if got := fmt.Sprint(f.log); got != "[k1 k2 k3 k4]" {
+		t.Fatalf("the writes reached the log as %s", got)
 	}
 }
