@@ -260,6 +260,10 @@ const (
 // and HELLO take a few short arguments (Redis bounds the same way).
 var preAuthLimits = Limits{MaxArgs: 16, MaxBulk: 16 << 10, MaxInline: 16 << 10, MaxCommand: 64 << 10}
 
+// preAuthIdle is how long a connection may wait before AUTH between
+// commands; then it is closed. A variable for tests.
+var preAuthIdle = 10 * time.Second
+
 func (s *Server) serveConn(nc net.Conn) {
 	defer nc.Close()
 	c := &conn{s: s, nc: nc, id: s.nextID.Add(1), authed: s.opts.Token == "", w: writer{proto: 2}}
@@ -270,10 +274,13 @@ func (s *Server) serveConn(nc net.Conn) {
 		for len(batch) < maxPipeline && size < maxPipelineBytes {
 			if !c.authed {
 				// Before AUTH a client gets a command at a time, each
-				// small: it cannot make the server hold megabytes.
+				// small, and a while to send it: it cannot make the
+				// server hold megabytes, or a connection slot for ever.
 				rd.limits = preAuthLimits
-			} else {
+				nc.SetReadDeadline(time.Now().Add(preAuthIdle))
+			} else if rd.limits != s.opts.Limits {
 				rd.limits = s.opts.Limits
+				nc.SetReadDeadline(time.Time{})
 			}
 			args, err := rd.read()
 			if err != nil {

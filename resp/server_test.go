@@ -175,3 +175,44 @@ func TestPipelineOrderAcrossAFailover(t *testing.T) {
 		t.Fatalf("the writes reached the log as %s", got)
 	}
 }
+
+// TestIdleBeforeAuthIsClosed: a connection that never authenticates does
+// not hold its slot for ever; one that did may idle.
+func TestIdleBeforeAuthIsClosed(t *testing.T) {
+	defer func(d time.Duration) { preAuthIdle = d }(preAuthIdle)
+	preAuthIdle = 100 * time.Millisecond
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := New(nil, Options{Token: "s3cret"})
+	go s.Serve(ln)
+	defer func() { ln.Close(); s.Close() }()
+	idle, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer idle.Close()
+	authed, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer authed.Close()
+	authed.SetDeadline(time.Now().Add(10 * time.Second))
+	ar := bufio.NewReader(authed)
+	authed.Write([]byte("AUTH s3cret\r\n"))
+	if line, err := ar.ReadString('\n'); err != nil || line != "+OK\r\n" {
+		t.Fatalf("AUTH: %q %v", line, err)
+	}
+	idle.SetReadDeadline(time.Now().Add(10 * time.Second))
+	if _, err := idle.Read(make([]byte, 1)); err == nil {
+		t.Fatal("an idle connection before AUTH was answered, not closed")
+	} else if ne, ok := err.(net.Error); ok && ne.Timeout() {
+		t.Fatal("an idle connection before AUTH is still open after 10 s")
+	}
+	time.Sleep(3 * preAuthIdle) // past the pre-AUTH bound
+	authed.Write([]byte("PING\r\n"))
+	if line, err := ar.ReadString('\n'); err != nil || line != "+PONG\r\n" {
+		t.Fatalf("PING on an authenticated connection after idling: %q %v", line, err)
+	}
+}
