@@ -14,6 +14,7 @@ import (
 
 // command is one entry of the command table.
 type command struct {
+	name string // lower case
 	// arity as Redis counts it: the name included; negative: at least.
 	arity   int
 	handler func(c *conn, args [][]byte)
@@ -24,38 +25,59 @@ type command struct {
 var table map[string]command
 
 func init() {
-	table = map[string]command{
-		"ping":    {-1, (*conn).ping, false},
-		"echo":    {2, func(c *conn, a [][]byte) { c.w.bulk(a[1]) }, false},
-		"hello":   {-1, (*conn).hello, true},
-		"auth":    {-2, (*conn).authCmd, true},
-		"select":  {2, (*conn).selectDB, false},
-		"quit":    {-1, func(c *conn, _ [][]byte) { c.w.simple("OK"); c.quit = true }, true},
-		"client":  {-2, (*conn).client, false},
-		"command": {-1, (*conn).commandCmd, false},
-		"info":    {-1, (*conn).info, false},
-		"dbsize":  {1, func(c *conn, _ [][]byte) { c.w.int(c.s.node.Keys()) }, false},
-		"config":  {-2, (*conn).config, false},
-		"wait":    {3, (*conn).wait, false},
-		"waitaof": {4, (*conn).waitAOF, false},
-		"get":     {2, (*conn).get, false},
-		"mget":    {-2, (*conn).mget, false},
-		"set":     {-3, (*conn).set, false},
-		"mset":    {-3, (*conn).mset, false},
-		"del":     {-2, (*conn).del, false},
-		"exists":  {-2, (*conn).exists, false},
-		"incr":    {2, (*conn).incr, false},
-		"decr":    {2, (*conn).incr, false},
-		"incrby":  {3, (*conn).incr, false},
-		"decrby":  {3, (*conn).incr, false},
-		"scan":    {-2, (*conn).scan, false},
+	commands := []command{
+		{"ping", -1, (*conn).ping, false},
+		{"echo", 2, func(c *conn, a [][]byte) { c.w.bulk(a[1]) }, false},
+		{"hello", -1, (*conn).hello, true},
+		{"auth", -2, (*conn).authCmd, true},
+		{"select", 2, (*conn).selectDB, false},
+		{"quit", -1, func(c *conn, _ [][]byte) { c.w.simple("OK"); c.quit = true }, true},
+		{"client", -2, (*conn).client, false},
+		{"command", -1, (*conn).commandCmd, false},
+		{"info", -1, (*conn).info, false},
+		{"dbsize", 1, func(c *conn, _ [][]byte) { c.w.int(c.s.node.Keys()) }, false},
+		{"config", -2, (*conn).config, false},
+		{"wait", 3, (*conn).wait, false},
+		{"waitaof", 4, (*conn).waitAOF, false},
+		{"get", 2, (*conn).get, false},
+		{"mget", -2, (*conn).mget, false},
+		{"set", -3, (*conn).set, false},
+		{"mset", -3, (*conn).mset, false},
+		{"del", -2, (*conn).del, false},
+		{"exists", -2, (*conn).exists, false},
+		{"incr", 2, (*conn).incr, false},
+		{"decr", 2, (*conn).incr, false},
+		{"incrby", 3, (*conn).incr, false},
+		{"decrby", 3, (*conn).incr, false},
+		{"scan", -2, (*conn).scan, false},
 	}
+	table = map[string]command{}
+	for _, cmd := range commands {
+		table[cmd.name] = cmd
+	}
+}
+
+// lookup finds a command by its name in any case, without allocating for
+// a name that fits the buffer (clients send names in upper case).
+func lookup(name []byte) (command, bool) {
+	var buf [16]byte
+	if len(name) > len(buf) {
+		return command{}, false // no command has so long a name
+	}
+	n := copy(buf[:], name)
+	for i := range n {
+		if 'A' <= buf[i] && buf[i] <= 'Z' {
+			buf[i] += 'a' - 'A'
+		}
+	}
+	cmd, ok := table[string(buf[:n])]
+	return cmd, ok
 }
 
 // dispatch runs one command.
 func (c *conn) dispatch(args [][]byte) {
-	name := strings.ToLower(string(args[0]))
-	cmd, ok := table[name]
+	cmd, ok := lookup(args[0])
+	name := cmd.name
 	if !ok {
 		c.s.stats.command("unknown")
 		c.settle()
