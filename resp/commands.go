@@ -526,13 +526,11 @@ func (c *conn) mset(args [][]byte) {
 func (c *conn) del(args [][]byte) {
 	w := api.Write{Entry: entry.Entry{Op: entry.OpDelete, Key: string(args[1])}}
 	if len(args) > 2 {
-		seen := map[string]bool{}
+		// One atomic batch; a key named twice is deleted (and counted)
+		// once: the node's batch keeps the last op of each key.
 		w = api.Write{}
 		for _, k := range args[1:] {
-			if !seen[string(k)] {
-				seen[string(k)] = true
-				w.Ops = append(w.Ops, api.BatchOp{Delete: true, Key: string(k)})
-			}
+			w.Ops = append(w.Ops, api.BatchOp{Delete: true, Key: string(k)})
 		}
 	}
 	c.submit(w, func(c *conn, res api.WriteResult, err error) {
