@@ -120,18 +120,3 @@ func (s *Shipper) Throttled() time.Duration {
 	defer s.mu.Unlock()
 	return time.Duration(s.mu.bw.throttledNano)
 }
-
-// wireSize is what body will take on the wire: its size, or with
-// compression the size at the link's ratio so far (the wait comes before
-// the request's deadline, and compressing happens within it).
-func (s *Shipper) wireSize(body []byte) int {
-	if s.peer.Compression != CompressionZstd {
-		return len(body)
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.mu.bytesRaw == 0 {
-		return len(body)
-	}
-	return int(uint64(len(body)) * s.mu.bytesWire / s.mu.bytesRaw)
-}

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"net/http"
 	"strings"
 	"sync"
@@ -126,5 +127,115 @@ func TestCompressionNegotiated(t *testing.T) {
 			}
 			t.Logf("%d plain, %d compressed; %d bytes encoded, %d on the wire", plain, z, st.BytesRaw, st.BytesOnWire)
 		})
+	}
+}
+
+// wireMeter records when each replicate body went out and its size as sent
+// (after compression).
+type wireMeter struct {
+	next http.RoundTripper
+	mu   sync.Mutex
+	at   []time.Time
+	size []int
+}
+
+func (w *wireMeter) RoundTrip(req *http.Request) (*http.Response, error) {
+	if strings.HasSuffix(req.URL.Path, wire.PathReplicate) && req.Body != nil {
+		b, err := io.ReadAll(req.Body)
+		if err != nil {
+			return nil, err
+		}
+		req.Body = io.NopCloser(bytes.NewReader(b))
+		w.mu.Lock()
+		w.at, w.size = append(w.at, time.Now()), append(w.size, len(b))
+		w.mu.Unlock()
+	}
+	return w.next.RoundTrip(req)
+}
+
+// since is the bytes sent from t0 on, and the most sent in any window of
+// length win starting at a send.
+func (w *wireMeter) since(t0 time.Time, win time.Duration) (total, most int) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for i := range w.at {
+		if w.at[i].Before(t0) {
+			continue
+		}
+		total += w.size[i]
+		n := 0
+		for j := i; j < len(w.at) && w.at[j].Sub(w.at[i]) < win; j++ {
+			n += w.size[j]
+		}
+		most = max(most, n)
+	}
+	return total, most
+}
+
+// TestBandwidthChargedWithCompressedBytes: a compressing link's limit holds
+// for the bytes that go on the wire when the data's compressibility
+// changes. After highly compressible traffic (a lifetime ratio near 100:1),
+// incompressible values crossed a link limited to 100 KiB/s at 4-7x the
+// limit while the limiter charged each body at the old ratio.
+func TestBandwidthChargedWithCompressedBytes(t *testing.T) {
+	const limit = 128 << 10
+	meter := &wireMeter{next: http.DefaultTransport}
+	l := newLinkOpts(t, acceptor.Options{}, meter, 200,
+		func(o *transport.Options) {
+			o.Link = func(string) entry.LinkSettings { return entry.LinkSettings{Bandwidth: limit} }
+		},
+		func(p *transport.Peer) { p.Compression = transport.CompressionZstd })
+	stop := l.run()
+	defer stop()
+	clock := hlc.NewClock(nil, 0)
+	appendN := func(from, n int, value func() []byte) {
+		t.Helper()
+		for i := from; i < from+n; i += 50 {
+			var ents []*entry.Entry
+			for j := i; j < min(i+50, from+n); j++ {
+				ents = append(ents, &entry.Entry{Commit: clock.Now(), Op: entry.OpSet, Key: fmt.Sprintf("k%06d", j), Value: value()})
+			}
+			if err := l.log.Append(ents); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	waitAcked := func(n uint64) {
+		t.Helper()
+		deadline := time.Now().Add(60 * time.Second)
+		for l.sh.Acked() < n && time.Now().Before(deadline) {
+			time.Sleep(5 * time.Millisecond)
+		}
+		if l.sh.Acked() != n {
+			t.Fatalf("acked %d of %d", l.sh.Acked(), n)
+		}
+	}
+	// 8 MiB that compress about 100:1.
+	doc := bytes.Repeat([]byte("tenant=t1 kind=order state=paid "), 128)
+	appendN(0, 2000, func() []byte { return doc })
+	waitAcked(2000)
+	// Then 512 KiB that do not compress: 4 s at the limit.
+	rng := rand.New(rand.NewPCG(1, 2))
+	t0 := time.Now()
+	appendN(2000, 256, func() []byte {
+		v := make([]byte, 2048)
+		for i := range v {
+			v[i] = byte(rng.Uint32())
+		}
+		return v
+	})
+	waitAcked(2256)
+	took := time.Since(t0)
+	total, most := meter.since(t0, time.Second)
+	st := l.sh.Status(transport.Thresholds{}, func(uint64) (int64, bool) { return 0, false })
+	t.Logf("%d bytes of incompressible values on the wire in %s (%.0f B/s, limit %d); at most %d in a 1 s window; lifetime %d encoded, %d on the wire",
+		total, took.Round(time.Millisecond), float64(total)/took.Seconds(), limit, most, st.BytesRaw, st.BytesOnWire)
+	if total < 256*2048 {
+		t.Fatalf("only %d bytes on the wire for %d bytes of incompressible values", total, 256*2048)
+	}
+	// The bucket's burst is a quarter second of the rate: over 1 s at most
+	// 1.25 x the limit, with 10% of slack for the timing of the sends.
+	if float64(most) > 1.25*1.1*limit {
+		t.Fatalf("%d bytes on the wire in one second over a link limited to %d B/s (%.1fx)", most, limit, float64(most)/limit)
 	}
 }

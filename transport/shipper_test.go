@@ -90,6 +90,12 @@ type link struct {
 // and Logger are filled in.
 func newLink(t *testing.T, acc acceptor.Options, rt http.RoundTripper, maxBatch int, peer ...func(*transport.Peer)) *link {
 	t.Helper()
+	return newLinkOpts(t, acc, rt, maxBatch, nil, peer...)
+}
+
+// newLinkOpts is newLink with the shipper's options changed by opts.
+func newLinkOpts(t *testing.T, acc acceptor.Options, rt http.RoundTripper, maxBatch int, opts func(*transport.Options), peer ...func(*transport.Peer)) *link {
+	t.Helper()
 	dir := t.TempDir()
 	l := &link{}
 	var err error
@@ -110,10 +116,14 @@ func newLink(t *testing.T, acc acceptor.Options, rt http.RoundTripper, maxBatch 
 	for _, f := range peer {
 		f(&p)
 	}
-	l.sh, err = transport.NewShipper(p, l.log, l.src, transport.Options{
+	o := transport.Options{
 		Local: "a", MaxBatchEntries: maxBatch, BackoffMin: time.Millisecond, BackoffMax: 5 * time.Millisecond,
 		Client: &http.Client{Transport: rt}, Logger: quiet,
-	})
+	}
+	if opts != nil {
+		opts(&o)
+	}
+	l.sh, err = transport.NewShipper(p, l.log, l.src, o)
 	if err != nil {
 		t.Fatal(err)
 	}
