@@ -26,7 +26,15 @@ const minBurst = 16 << 10
 type snapshotKey struct{}
 
 func snapshotPost(ctx context.Context) context.Context {
-	return context.WithValue(ctx, snapshotKey{}, true)
+	return entriesPost(context.WithValue(ctx, snapshotKey{}, true))
+}
+
+// entriesKey marks a post that carries entries (a live batch, a re-seed's
+// or a backfill's): it passes the pause gate (Shipper.Pause).
+type entriesKey struct{}
+
+func entriesPost(ctx context.Context) context.Context {
+	return context.WithValue(ctx, entriesKey{}, true)
 }
 
 // limiters holds a link's buckets; guarded by Shipper.mu.

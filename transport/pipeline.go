@@ -139,7 +139,7 @@ func (s *Shipper) shipOnce(ctx context.Context, acked uint64) error {
 		s.countShippedLocked(f)
 		s.mu.Unlock()
 		f.sent = s.opts.Now()
-		ack, err := s.post(ctx, f.body)
+		ack, err := s.post(entriesPost(ctx), f.body)
 		if err == nil {
 			s.free = append(s.free, f.body[:0])
 		}
@@ -359,7 +359,7 @@ func (s *Shipper) launch(ctx context.Context, f *flight) {
 	f.wrote = make(chan struct{})
 	var once sync.Once
 	wrote := func() { once.Do(func() { close(f.wrote) }) }
-	tctx := httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{WroteRequest: func(httptrace.WroteRequestInfo) { wrote() }})
+	tctx := httptrace.WithClientTrace(entriesPost(ctx), &httptrace.ClientTrace{WroteRequest: func(httptrace.WroteRequestInfo) { wrote() }})
 	go func() {
 		// Exits once the post returns (RequestTimeout bounds it).
 		ack, err := s.post(tctx, f.body)

@@ -111,6 +111,14 @@ func (s *Shipper) postOnce(ctx context.Context, body []byte) (wire.Ack, error) {
 		req.Header.Set(wire.HeaderNonce, nonce)
 	}
 	req.Header.Set(wire.HeaderSent, strconv.FormatInt(time.Now().UnixNano(), 10))
+	if ctx.Value(entriesKey{}) != nil {
+		// The pause gate, as late as it can be: a Pause that returned
+		// before this point sends nothing of this batch.
+		if !s.beginSend() {
+			return ack, errPaused
+		}
+		defer s.endSend()
+	}
 	resp, err := s.opts.Client.Do(req)
 	if err != nil {
 		if ctx.Err() == nil || errors.Is(ctx.Err(), context.DeadlineExceeded) {

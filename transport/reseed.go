@@ -463,6 +463,13 @@ func (s *Shipper) postReseedBatch(ctx context.Context, body []byte, index uint64
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
+		if errors.Is(err, errPaused) {
+			if !s.waitUnpaused(ctx) {
+				return ctx.Err()
+			}
+			attempt--
+			continue
+		}
 		var gap *errGap
 		if errors.As(err, &gap) {
 			return fmt.Errorf("the receiver lost part of the snapshot (at %d of %d); restarting", gap.hwm, index)

@@ -239,6 +239,9 @@ type Shipper struct {
 	// batch is never dropped), 100ms doubling to 30s, ±20%.
 	backoff policy.Backoff
 	kick    chan struct{} // wakes Run after pause/resume/reseed requests
+	// beforeShip, when set (tests only, export_test.go), runs on Run's
+	// goroutine after the loop's checks and before a batch is built.
+	beforeShip func()
 
 	mu struct {
 		sync.Mutex
@@ -265,6 +268,11 @@ type Shipper struct {
 		needsReseed bool
 		detached    bool // the WAL is not retained for this peer
 		paused      bool
+		// sending counts posts carrying entries that passed the pause
+		// gate and are on the wire; drained, when not nil, is closed when
+		// it falls to 0 (a Pause waits on it).
+		sending int
+		drained chan struct{}
 		wantReseed  bool
 		reseed      ReseedStatus
 		suggested   int
@@ -400,8 +408,55 @@ func (s *Shipper) wake() {
 	}
 }
 
-// Pause stops shipping (the WAL is still retained for the peer).
-func (s *Shipper) Pause() { s.mu.Lock(); s.mu.paused = true; s.mu.Unlock(); s.wake() }
+// Pause stops shipping (the WAL is still retained for the peer). It is a
+// barrier: when it returns no batch of entries is on the wire and none
+// will begin until Resume, so no write made after it returned reaches the
+// peer meanwhile. A batch already on the wire is waited for (its answer,
+// or its request timeout); one built but not yet sent is not sent (the
+// gate is in postOnce, just before the request goes out), and is built
+// again after Resume.
+func (s *Shipper) Pause() {
+	s.mu.Lock()
+	s.mu.paused = true
+	var wait chan struct{}
+	if s.mu.sending > 0 {
+		if s.mu.drained == nil {
+			s.mu.drained = make(chan struct{})
+		}
+		wait = s.mu.drained
+	}
+	s.mu.Unlock()
+	s.wake()
+	if wait != nil {
+		<-wait
+	}
+}
+
+// errPaused: a post of entries found the link paused as it was about to
+// go on the wire, and sent nothing. Not a failure of the link.
+var errPaused = errors.New("transport: the link is paused: nothing sent")
+
+// beginSend lets one post of entries onto the wire, unless the link is
+// paused; endSend ends it.
+func (s *Shipper) beginSend() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.mu.paused {
+		return false
+	}
+	s.mu.sending++
+	return true
+}
+
+func (s *Shipper) endSend() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.mu.sending--
+	if s.mu.sending == 0 && s.mu.drained != nil {
+		close(s.mu.drained)
+		s.mu.drained = nil
+	}
+}
 
 // Resume undoes Pause.
 func (s *Shipper) Resume() { s.mu.Lock(); s.mu.paused = false; s.mu.Unlock(); s.wake() }
@@ -523,7 +578,10 @@ func (s *Shipper) Run(ctx context.Context) {
 		if !s.lingerFor(ctx, acked) {
 			return
 		}
-		if err := s.shipOnce(ctx, acked); err != nil && ctx.Err() == nil {
+		if s.beforeShip != nil {
+			s.beforeShip()
+		}
+		if err := s.shipOnce(ctx, acked); err != nil && ctx.Err() == nil && !errors.Is(err, errPaused) {
 			s.failed(ctx, err)
 		}
 	}
