@@ -271,14 +271,14 @@ type Shipper struct {
 		// sending counts posts carrying entries that passed the pause
 		// gate and are on the wire; drained, when not nil, is closed when
 		// it falls to 0 (a Pause waits on it).
-		sending int
-		drained chan struct{}
-		wantReseed  bool
-		reseed      ReseedStatus
-		suggested   int
-		pauseUntil  time.Time
-		skew        time.Duration
-		url         string
+		sending    int
+		drained    chan struct{}
+		wantReseed bool
+		reseed     ReseedStatus
+		suggested  int
+		pauseUntil time.Time
+		skew       time.Duration
+		url        string
 		// nodes are the replicate URLs of the peer cluster's nodes, as its
 		// answers list them: a post that cannot reach one tries the next.
 		nodes      []string
