@@ -27,6 +27,9 @@ type Store interface {
 	// BegunReseed is the snapshot stream of a re-seed from sender that
 	// began here and has not ended.
 	BegunReseed(sender string) (entry.StreamID, bool, error)
+	// DeadIndexes lists the indexes in [from, to] of origin's stream set
+	// aside here as dead letters (at most max).
+	DeadIndexes(origin string, stream [16]byte, from, to uint64, max int) ([]uint64, error)
 }
 
 // Clock is what the acceptor needs of the hybrid logical clock.

@@ -71,6 +71,23 @@ func (a *Acceptor) Apply(sender string, b *wire.Batch) (wire.Ack, error) {
 	ack.Applied = res.Applied + res.Stale
 	ack.Duplicates += res.Duplicates
 	ack.HWM = res.HWM
+	if !b.Snapshot && len(sc.ents) > 0 && (res.DeadLettered > 0 || res.Duplicates > 0) {
+		// The entries of this stream set aside here, now or by an
+		// earlier delivery whose answer was lost: the mark passed them,
+		// and the sender's WAIT must not count this node for them.
+		first, last := sc.ents[0].Index, sc.ents[len(sc.ents)-1].Index
+		dead, err := a.store.DeadIndexes(sender, b.Stream, first, last, wire.MaxDeadListed+1)
+		if err != nil {
+			// Applied already: say nothing of it rather than fail the ack,
+			// and count the whole batch as not held.
+			a.opts.Logger.Warn("replicate: listing the batch's dead letters for the ack", "sender", sender, "err", err)
+			ack.DeadMore = true
+		}
+		if len(dead) > wire.MaxDeadListed {
+			dead, ack.DeadMore = dead[:wire.MaxDeadListed], true
+		}
+		ack.DeadLettered = dead
+	}
 	if !res.HWMCommit.IsZero() {
 		ack.HWMCommit = res.HWMCommit.String()
 	}

@@ -22,6 +22,19 @@ func (a *Acceptor) heartbeat(sender string, b *wire.Batch, ack wire.Ack, dropped
 	if ack.OriginFrontier, err = a.originFrontier(sender, b.Stream); err != nil {
 		return ack, err
 	}
+	if hwm.DeadLettered > 0 && !b.Snapshot {
+		// Every entry of the stream set aside here, whole: the sender's
+		// WAIT counts this node for none of them (a new leader there
+		// learns them here).
+		dead, err := a.store.DeadIndexes(sender, b.Stream, 1, hwm.Index, wire.MaxDeadListed+1)
+		if err != nil {
+			return ack, err
+		}
+		if len(dead) > wire.MaxDeadListed {
+			dead, ack.DeadMore = dead[:wire.MaxDeadListed], true
+		}
+		ack.DeadLettered = dead
+	}
 	if snap, ok, err := a.store.BegunReseed(sender); err != nil {
 		return ack, err
 	} else if ok {

@@ -99,10 +99,10 @@ func TestRESPCrashBetweenCommitAndAnswer(t *testing.T) {
 }
 
 // TestRESPWaitCountsPeerClusters: WAIT answers how many peer clusters hold
-// the connection's last write, at the leader and at a follower of a cluster
-// of three (whose forwarded writes carry the leader's index, compared with
-// the link cursors the leader records in the log): 1 while the peer takes
-// them, 0 for a write made while the peer is down, 1 again once it is back.
+// the connection's writes, at the leader and at a follower of a cluster
+// of three (whose forwarded writes carry the leader's index and stream; it
+// asks the leader, which holds the links): 1 while the peer takes them, 0
+// for a write made while the peer is down, 1 again once it is back.
 func TestRESPWaitCountsPeerClusters(t *testing.T) {
 	m := &rmesh{t: t, clusters: []string{"a", "b"}, nodes: map[string]*rnode{}, removed: map[string]bool{}, down: map[string]bool{}}
 	ports := map[string]int{}
@@ -162,6 +162,78 @@ func TestRESPWaitCountsPeerClusters(t *testing.T) {
 	if got := httpGet(t, b, "peer-down-"+f.id); got != "v" {
 		t.Fatalf("b holds %q of the follower's write WAIT counted", got)
 	}
+}
+
+// TestRESPWaitOverAFilter (issue 45, case 3): a write the link's filter
+// keeps home is acknowledged by the peer as a filtered marker, which moves
+// its mark past the write; WAIT counted the peer (1) while the peer
+// answered 404 for the key. WAIT counts a peer only if it holds every
+// write of the connection: a connection that wrote a key the filter keeps
+// home (alone, or in a transaction's batch) counts the peer no more; one
+// whose writes all cross counts it.
+func TestRESPWaitOverAFilter(t *testing.T) {
+	m := newMesh(t, seed(t), false, "a", "b")
+	port := freePort(t)
+	a, b := m.nodes["a"], m.nodes["b"]
+	a.args = append(a.args, "--resp-listen", fmt.Sprintf("127.0.0.1:%d", port), "--peer-exclude", "b=home/")
+	m.start()
+	ctx := context.Background()
+	c := redis.NewClient(&redis.Options{Addr: fmt.Sprintf("127.0.0.1:%d", port), MaxRetries: -1})
+	defer c.Close()
+	conn := func() *redis.Conn { cn := c.Conn(); t.Cleanup(func() { cn.Close() }); return cn }
+	wait := func(cn *redis.Conn, what string, want int64, timeout time.Duration) {
+		t.Helper()
+		got, err := cn.Wait(ctx, 1, timeout).Result()
+		if err != nil || got != want {
+			t.Fatalf("WAIT 1 after %s: %d %v, want %d", what, got, err, want)
+		}
+	}
+	shared := conn()
+	if err := shared.Set(ctx, "shared/1", "v", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	wait(shared, "a write that crosses", 1, 30*time.Second)
+
+	home := conn()
+	if err := home.Set(ctx, "home/1", "v", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	wait(home, "a write the filter keeps home", 0, 700*time.Millisecond)
+	if err := home.Set(ctx, "shared/2", "v", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	// b takes shared/2, and its mark passes both writes, yet it lacks one.
+	eventually(t, 30*time.Second, func() (bool, string) {
+		got := getOr(t, b, "shared/2")
+		return got == "v", fmt.Sprintf("b's shared/2: %q", got)
+	})
+	wait(home, "a home write, then one that crosses", 0, 300*time.Millisecond)
+	if got := getOr(t, b, "home/1"); got != "" {
+		t.Fatalf("b holds home/1 (%q): the filter let it cross", got)
+	}
+
+	batch := conn()
+	if err := batch.MSet(ctx, "shared/3", "v", "home/2", "v").Err(); err != nil {
+		t.Fatal(err)
+	}
+	wait(batch, "a batch the filter cut", 0, 700*time.Millisecond)
+
+	again := conn()
+	if err := again.Set(ctx, "shared/4", "v", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	wait(again, "a new connection's write that crosses", 1, 30*time.Second)
+	_ = a
+}
+
+// getOr reads a key at a node over HTTP ("" when it holds none).
+func getOr(t *testing.T, p *proc, key string) string {
+	t.Helper()
+	r, err := p.client().Get(bg(), key)
+	if err != nil {
+		return ""
+	}
+	return string(r.Value)
 }
 
 // httpGet reads a key at a node over HTTP (empty when it holds none).

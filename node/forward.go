@@ -67,6 +67,9 @@ func needsLeader(r *http.Request) bool {
 		// answers from its tree, and rebuilds its own kept hashes.
 		return false
 	}
+	if r.URL.Path == httpapi.PathHeld {
+		return true // the leader holds the links
+	}
 	if r.Method == http.MethodGet || r.Method == http.MethodHead || r.Method == http.MethodOptions {
 		return consistent(r)
 	}

@@ -10,6 +10,7 @@ import (
 
 	"github.com/replicator/replicator/acceptor"
 	"github.com/replicator/replicator/client"
+	"github.com/replicator/replicator/entry"
 	"github.com/replicator/replicator/hlc"
 	"github.com/replicator/replicator/machine"
 	"github.com/replicator/replicator/node/api"
@@ -486,6 +487,23 @@ func (r *replication) shipper(peer string) (*transport.Shipper, error) {
 		}
 	}
 	return nil, fmt.Errorf("%w: no peer %q", api.ErrNotFound, peer)
+}
+
+// Holding names the peer clusters whose links acknowledged holding the
+// writes from index from to index to of stream (transport.Shipper.Holds):
+// answered by the leader, which holds the links (a follower's router
+// forwards GET /v1/held to it).
+func (n *Node) Holding(stream entry.StreamID, from, to uint64) ([]string, error) {
+	if n.multi() && !n.lead.ready.Load() {
+		return nil, fmt.Errorf("%w: this node does not lead the cluster (any more): ask again", api.ErrNotWritten)
+	}
+	peers := []string{}
+	for _, sh := range n.repl.links() {
+		if sh.Holds(stream, from, to) {
+			peers = append(peers, sh.Peer().Name)
+		}
+	}
+	return peers, nil
 }
 
 // PausePeer stops shipping to a peer (its backlog is still retained).

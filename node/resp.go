@@ -1,17 +1,24 @@
 package node
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
+	"strconv"
 	"syscall"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/replicator/replicator/entry"
+	"github.com/replicator/replicator/node/api"
+	"github.com/replicator/replicator/node/httpapi"
 	"github.com/replicator/replicator/resp"
+	"github.com/replicator/replicator/transport"
 )
 
 // The Redis-protocol front door (docs/RESP.md): package resp speaks the
@@ -66,28 +73,64 @@ func (r respNode) Figures() resp.Figures {
 // Keys is the kept count of live plain keys (DBSIZE).
 func (r respNode) Keys() int64 { return r.store.Live() }
 
-// Acked is each peer link's acknowledged index of this cluster's stream
-// (WAIT): the leader's links, or at a follower the cursors the leader
-// records in the log (0 for a link with none in the current stream).
-func (r respNode) Acked() []uint64 {
+// Holding names the peers that hold this cluster's writes from index
+// from to index to of stream (WAIT): the leader's links say; a follower
+// asks the leader (GET /v1/held, forwarded over the raft port).
+func (r respNode) Holding(stream entry.StreamID, from, to uint64) ([]string, error) {
 	n := r.Node
-	var out []uint64
 	if n.lead.ready.Load() || !n.multi() {
-		for _, sh := range n.repl.links() {
-			out = append(out, sh.Acked())
-		}
-		return out
+		return n.Holding(stream, from, to)
 	}
-	stream := n.out.Stream()
-	for _, p := range n.repl.linkPeers() {
-		c, ok, err := n.store.Cursor(p.Name)
-		if err != nil || !ok || c.Stream != stream {
-			c.Index = 0
-		}
-		out = append(out, c.Index)
+	q := url.Values{"stream": {stream.String()}, "from": {strconv.FormatUint(from, 10)}, "index": {strconv.FormatUint(to, 10)}}
+	req, err := http.NewRequest(http.MethodGet, httpapi.PathHeld+"?"+q.Encode(), nil)
+	if err != nil {
+		return nil, err
 	}
-	return out
+	req.RemoteAddr = "resp"
+	rec := &bufferedResponse{header: http.Header{}, status: http.StatusOK}
+	r.handler.ServeHTTP(rec, req)
+	if rec.status != http.StatusOK {
+		return nil, forwardedError(rec)
+	}
+	var ans api.HeldReport
+	if err := json.Unmarshal(rec.body.Bytes(), &ans); err != nil {
+		return nil, fmt.Errorf("node: the leader's answer to %s: %w", httpapi.PathHeld, err)
+	}
+	return ans.Peers, nil
 }
+
+// KeptFrom names the peers whose link's filter, at the write's index,
+// keeps some of w home (WAIT does not count them: they never hold all of
+// it). The filter is the log's for that index, which this node applied
+// before the write was answered.
+func (r respNode) KeptFrom(w api.Write, res api.WriteResult) []string {
+	n := r.Node
+	var kept []string
+	e := w.Entry
+	if w.Ops != nil {
+		e = entry.Entry{Op: entry.OpMulti, Ops: make([]entry.BatchOp, len(w.Ops))}
+		for i, op := range w.Ops {
+			e.Ops[i] = entry.BatchOp{Op: entry.OpSet, Key: op.Key}
+			if op.Delete {
+				e.Ops[i].Op = entry.OpDelete
+			}
+		}
+	}
+	for _, p := range n.repl.linkPeers() {
+		ls := n.linkSettings(p.Name)
+		f, _ := ls.FilterAt(res.Stream, res.Index)
+		if f.All() {
+			continue
+		}
+		if _, keep := transport.Project(&e, f); keep != transport.KeepAll {
+			kept = append(kept, p.Name)
+		}
+	}
+	return kept
+}
+
+// Peers is the number of peer links.
+func (r respNode) Peers() int { return len(r.repl.linkPeers()) }
 
 // openRESP listens on Options.RESPListen and serves it (nil, nil when it
 // is not set). Its goroutine exits when close closes the listener.

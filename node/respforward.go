@@ -94,10 +94,11 @@ func (r respNode) forward(ctx context.Context, w api.Write) (api.WriteResult, er
 		return api.WriteResult{}, fmt.Errorf("%w: the leader's answer: %w", api.ErrUnknownOutcome, err)
 	}
 	existed, _ := strconv.Atoi(rec.header.Get(httpapi.HeaderExisted))
-	// The leader's index of the write: WAIT here compares it with the link
-	// cursors the leader records in the log.
+	// The leader's index of the write and its stream: WAIT here asks the
+	// leader which peers hold it.
 	index, _ := strconv.ParseUint(rec.header.Get(httpapi.HeaderIndex), 10, 64)
-	return api.WriteResult{Key: ans.Key, Version: ans.Version, Origin: ans.Origin, Counter: ans.Value, Existed: existed, Index: index}, nil
+	stream, _ := entry.ParseStreamID(rec.header.Get(httpapi.HeaderStream))
+	return api.WriteResult{Key: ans.Key, Version: ans.Version, Origin: ans.Origin, Counter: ans.Value, Existed: existed, Index: index, Stream: stream}, nil
 }
 
 // forwardedError is the node's Go error of the HTTP API's answer: the same

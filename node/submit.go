@@ -93,6 +93,6 @@ func (w submitter) await(ctx context.Context, p *proposal) (api.WriteResult, err
 			Outcome: entry.Duplicate, Replay: p.replay}, nil
 	}
 	st := p.entry.LWW()
-	return api.WriteResult{Key: e.Key, Version: st.String(), Origin: st.Origin, Outcome: p.outcome, Index: p.entry.Index,
+	return api.WriteResult{Key: e.Key, Version: st.String(), Origin: st.Origin, Outcome: p.outcome, Index: p.entry.Index, Stream: p.entry.Stream,
 		Existed: p.existed, Counter: p.counterValue}, nil
 }

@@ -572,9 +572,11 @@ func (c *conn) incr(args [][]byte) {
 		})
 }
 
-// wait answers how many peer clusters hold this connection's last write
-// (their links' acknowledgements say so), waiting up to timeout ms (0: no
-// bound) for numreplicas of them.
+// wait answers how many peer clusters hold every write of this connection
+// (their links' acknowledgements say so, and no link's filter kept part of
+// one home), waiting up to timeout ms (0: no bound) for numreplicas of
+// them. Before any write, every peer link counts, as Redis counts every
+// replica then.
 func (c *conn) wait(args [][]byte) {
 	c.settle()
 	want, err1 := strconv.Atoi(string(args[1]))
@@ -583,14 +585,28 @@ func (c *conn) wait(args [][]byte) {
 		c.w.err("ERR value is not an integer or out of range")
 		return
 	}
-	deadline := time.Now().Add(time.Duration(ms) * time.Millisecond)
+	start := time.Now()
+	deadline := start.Add(time.Duration(ms) * time.Millisecond)
+	// Polled every 5 ms for the first 100 ms, then every 25 ms (at a
+	// follower each poll asks the leader).
 	tick := time.NewTicker(5 * time.Millisecond)
 	defer tick.Stop()
+	slow := false
+	m := c.written
 	for {
+		if !slow && time.Since(start) > 100*time.Millisecond {
+			slow = true
+			tick.Reset(25 * time.Millisecond)
+		}
 		n := 0
-		for _, acked := range c.s.node.Acked() {
-			if acked >= c.lastIndex {
-				n++
+		if m.to == 0 {
+			n = c.s.node.Peers()
+		} else if peers, err := c.s.node.Holding(m.stream, m.from, m.to); err == nil {
+			// An error (the leader moved) counts none this time round.
+			for _, p := range peers {
+				if !m.kept[p] {
+					n++
+				}
 			}
 		}
 		if n >= want || (ms > 0 && time.Now().After(deadline)) {

@@ -12,6 +12,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/replicator/replicator/entry"
 	"github.com/replicator/replicator/node/api"
 	"github.com/replicator/replicator/store"
 )
@@ -40,9 +41,15 @@ type Node interface {
 	Figures() Figures
 	// Keys is Figures' Keys alone (DBSIZE).
 	Keys() int64
-	// Acked is each peer link's acknowledged index of this cluster's
-	// stream, all WAIT polls for.
-	Acked() []uint64
+	// Holding names the peer clusters that hold this cluster's writes
+	// from index from to index to of stream, as their links'
+	// acknowledgements say (WAIT; docs/RESP.md).
+	Holding(stream entry.StreamID, from, to uint64) ([]string, error)
+	// KeptFrom names the peers whose link's filter, at the write's index,
+	// keeps some of w (answered res) home: they never hold all of it.
+	KeptFrom(w api.Write, res api.WriteResult) []string
+	// Peers is the number of peer links (WAIT before any write).
+	Peers() int
 }
 
 // Figures are what INFO and DBSIZE say.
@@ -233,8 +240,9 @@ type conn struct {
 	// cancel withdraws those still queued when one fails.
 	ctx    context.Context
 	cancel context.CancelFunc
-	// lastIndex is the WAL index of this connection's last write (WAIT).
-	lastIndex uint64
+	// wait is what WAIT asks of the peers: every write of this
+	// connection (docs/RESP.md "WAIT").
+	written waitMark
 	// deferred: a pending write is sent only when waited for (Submit).
 	deferred bool
 	// broken: a write was not written or its outcome is unknown; the rest
@@ -244,8 +252,38 @@ type conn struct {
 }
 
 type pendingWrite struct {
+	w     api.Write
 	wait  func() (api.WriteResult, error)
 	reply func(c *conn, res api.WriteResult, err error)
+}
+
+// waitMark is where a connection's writes are in the cluster's stream, for
+// WAIT: they lie from index from to index to of stream (a connection's
+// writes reach the stream in its order; other connections' writes lie
+// between), and kept are the peers whose link's filter kept some of one
+// home. A write in a later stream (the node sealed its stream) starts the
+// mark again: the earlier ones' holders cannot be told any more.
+type waitMark struct {
+	stream   entry.StreamID
+	from, to uint64
+	kept     map[string]bool
+}
+
+// note adds a written write to the mark.
+func (m *waitMark) note(res api.WriteResult, kept []string) {
+	if res.Index == 0 {
+		return // nothing written (a replay)
+	}
+	if res.Stream != m.stream || m.from == 0 {
+		m.stream, m.from, m.to = res.Stream, res.Index, res.Index
+	}
+	m.from, m.to = min(m.from, res.Index), max(m.to, res.Index)
+	for _, p := range kept {
+		if m.kept == nil {
+			m.kept = map[string]bool{}
+		}
+		m.kept[p] = true
+	}
 }
 
 // maxPipeline and maxPipelineBytes bound the commands taken from one read
@@ -367,7 +405,7 @@ func (c *conn) settle() {
 			c.s.opts.Committed(res.Key)
 		}
 		if err == nil && res.Index > 0 {
-			c.lastIndex = res.Index
+			c.written.note(res, c.s.node.KeptFrom(p.w, res))
 		}
 		if err != nil && c.broken == nil && (errors.Is(err, api.ErrNotWritten) || errors.Is(err, api.ErrUnknownOutcome)) {
 			c.broken = err
@@ -396,7 +434,7 @@ func (c *conn) submit(w api.Write, reply func(c *conn, res api.WriteResult, err 
 		c.ctx, c.cancel = context.WithTimeout(context.Background(), c.s.opts.Timeout)
 	}
 	wait, deferred := c.s.node.Submit(c.ctx, w)
-	c.pending = append(c.pending, pendingWrite{wait: wait, reply: reply})
+	c.pending = append(c.pending, pendingWrite{w: w, wait: wait, reply: reply})
 	c.deferred = c.deferred || deferred
 }
 

@@ -93,3 +93,28 @@ func (b *Batch) DeadLetter(origin string, stream [16]byte, index uint64) (DeadLe
 	d, err := decodeDead(k, v)
 	return d, err == nil, err
 }
+
+// DeadIndexes lists the indexes in [from, to] of origin's stream that are
+// set aside here as dead letters (at most max of them): a sender's WAIT
+// must not count this node as holding them.
+func (s *Store) DeadIndexes(origin string, stream [16]byte, from, to uint64, max int) ([]uint64, error) {
+	if to < from {
+		return nil, nil
+	}
+	upper := deadKey(origin, stream, to)
+	upper = append(upper, 0) // just past index to
+	it, err := s.db.NewIter(&pebble.IterOptions{LowerBound: deadKey(origin, stream, from), UpperBound: upper})
+	if err != nil {
+		return nil, err
+	}
+	defer it.Close()
+	var out []uint64
+	for valid := it.First(); valid && len(out) < max; valid = it.Next() {
+		k := it.Key()
+		if len(k) < 8 {
+			return nil, fmt.Errorf("%w: dead letter key", ErrCorrupt)
+		}
+		out = append(out, binary.BigEndian.Uint64(k[len(k)-8:]))
+	}
+	return out, it.Error()
+}

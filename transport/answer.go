@@ -107,6 +107,7 @@ func (s *Shipper) rewindLocked(hwm uint64) {
 	}
 	s.mu.acked = hwm
 	s.mu.ackedCommit = hlc.Timestamp{}
+	s.mu.held = min(s.mu.held, hwm)
 	if hwm+1 < s.log.First() {
 		s.mu.needsReseed = true
 		s.mu.lastErr = fmt.Sprintf("receiver is at index %d, the WAL starts at %d: needs a re-seed", hwm, s.log.First())

@@ -55,6 +55,9 @@ func (s *Shipper) heartbeat(ctx context.Context) error {
 		return nil
 	}
 	s.seedingLocked(ack.Seeding)
+	if ack.Seeding == "" {
+		s.heldLocked(stream, ack.HWM, 1, ack.HWM, &ack)
+	}
 	if phase == wire.RejoinRequesting && ack.ReseedRecorded {
 		s.opts.Logger.Debug("peer holds the request for a re-seed", "peer", s.peer.Name)
 	}

@@ -13,6 +13,7 @@ import (
 	"github.com/replicator/replicator/acceptor"
 	"github.com/replicator/replicator/entry"
 	"github.com/replicator/replicator/hlc"
+	"github.com/replicator/replicator/machine"
 	"github.com/replicator/replicator/store"
 	"github.com/replicator/replicator/transport"
 	"github.com/replicator/replicator/wire"
@@ -134,4 +135,80 @@ func TestPauseWaitsForTheBatchOnTheWire(t *testing.T) {
 	// is paused now.
 	waitAcked(t, l.sh, 2)
 	l.sh.Resume()
+}
+
+// TestHoldsByStreamAndDeadLetters (issue 45, case 3): a link says the peer
+// holds a write only by the peer's own answers about that write's stream:
+// an index of a stream the node sealed is not covered by the same index of
+// the next stream, and an entry the peer set aside as a dead letter (past
+// its limits) is not held although its mark passed it, also after a
+// heartbeat (the receiver lists them) and after the link is rebuilt.
+func TestHoldsByStreamAndDeadLetters(t *testing.T) {
+	l := newLink(t, acceptor.Options{MaxValueBytes: 64}, http.DefaultTransport, 100)
+	stop := l.run()
+	clock := hlc.NewClock(nil, 0)
+	big := make([]byte, 100)
+	var ents []*entry.Entry
+	for i := range 10 {
+		v := []byte("small")
+		if i == 3 || i == 6 {
+			v = big // entries 4 and 7 break the peer's limit
+		}
+		ents = append(ents, &entry.Entry{Commit: clock.Now(), Op: entry.OpSet, Key: fmt.Sprintf("k%d", i), Value: v})
+	}
+	if err := l.log.Append(ents); err != nil {
+		t.Fatal(err)
+	}
+	waitAcked(t, l.sh, 10)
+	old := l.log.Stream()
+	check := func(what string, stream entry.StreamID, from, to uint64, want bool) {
+		t.Helper()
+		if got := l.sh.Holds(stream, from, to); got != want {
+			t.Fatalf("%s: Holds(%d..%d) = %v, want %v", what, from, to, got, want)
+		}
+	}
+	check("a write the peer applied", old, 1, 1, true)
+	check("writes the peer applied", old, 1, 3, true)
+	check("a dead letter", old, 4, 4, false)
+	check("a range over a dead letter", old, 1, 10, false)
+	check("after the dead letters", old, 8, 10, true)
+	check("past the peer's mark", old, 11, 11, false)
+	stop()
+
+	// A link built anew (a new leader's) learns the dead letters from the
+	// peer's answer to its first heartbeat.
+	sh2, err := transport.NewShipper(transport.Peer{Name: "b", URL: l.sh.Peer().URL, Secret: "s"}, l.log, l.src, transport.Options{
+		Local: "a", BackoffMin: time.Millisecond, BackoffMax: 5 * time.Millisecond, Logger: quiet,
+		Heartbeat: 20 * time.Millisecond,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.sh = sh2
+	stop = l.run()
+	deadline := time.Now().Add(10 * time.Second)
+	for !sh2.Holds(old, 1, 3) && time.Now().Before(deadline) {
+		time.Sleep(5 * time.Millisecond)
+	}
+	check("a new link, after its first heartbeat", old, 1, 3, true)
+	check("a new link: a dead letter", old, 7, 7, false)
+
+	// The node seals its stream (it lost data) and writes on: the new
+	// stream's index 5 is not the old one's.
+	if err := l.log.apply(&machine.Command{Mint: &machine.MintCmd{Stream: entry.NewStreamID()}}); err != nil {
+		t.Fatal(err)
+	}
+	sh2.Rebase()
+	check("the sealed stream's write, once the link moved on", old, 1, 1, false)
+	var more []*entry.Entry
+	for i := range 12 {
+		more = append(more, &entry.Entry{Commit: clock.Now(), Op: entry.OpSet, Key: fmt.Sprintf("n%d", i), Value: []byte("v")})
+	}
+	if err := l.log.Append(more); err != nil {
+		t.Fatal(err)
+	}
+	waitAcked(t, sh2, more[len(more)-1].Index)
+	check("the sealed stream's write, below the new stream's mark", old, 5, 5, false)
+	check("the new stream's write", l.log.Stream(), more[0].Index, more[len(more)-1].Index, true)
+	stop()
 }

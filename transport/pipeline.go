@@ -441,6 +441,7 @@ func (s *Shipper) settle(f *flight, ack wire.Ack, err error) error {
 		s.mu.acked = ack.HWM
 		s.mu.ackedCommit = parseCommit(ack.HWMCommit)
 	}
+	s.heldLocked(stream, ack.HWM, f.from, f.to, &ack)
 	return nil
 }
 

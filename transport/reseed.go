@@ -506,6 +506,11 @@ func (s *Shipper) moveToLocked(applied entry.AppliedIndex) {
 	} else {
 		s.mu.ackedCommit = hlc.Timestamp{}
 	}
+	// The trailer moved the peer's mark to the snapshot's applied index,
+	// and the snapshot carried what lies below it.
+	if applied.Index <= s.log.Last() {
+		s.heldLocked(s.log.Stream(), applied.Index, 0, 0, nil)
+	}
 }
 
 // clearOwedLocked clears the request or rejoin a re-seed answered.

@@ -271,8 +271,16 @@ type Shipper struct {
 		// sending counts posts carrying entries that passed the pause
 		// gate and are on the wire; drained, when not nil, is closed when
 		// it falls to 0 (a Pause waits on it).
-		sending    int
-		drained    chan struct{}
+		sending int
+		drained chan struct{}
+		// held is how far the peer said it holds heldStream (its mark, from
+		// an answer); dead are the indexes of heldStream it said it set
+		// aside as dead letters, and every index up to deadBelow counts as
+		// not held either. Holds (WAIT) reads them.
+		held       uint64
+		heldStream entry.StreamID
+		dead       map[uint64]struct{}
+		deadBelow  uint64
 		wantReseed bool
 		reseed     ReseedStatus
 		suggested  int
@@ -408,6 +416,77 @@ func (s *Shipper) wake() {
 	}
 }
 
+// Holds reports whether the peer holds the entries from index from to
+// index to of stream, as far as its answers say (WAIT): its mark is at or
+// past to in that stream, it set none of [from, to] aside as a dead
+// letter, and no re-seed of it is owed, open or running (a re-seed moves
+// the peer's mark before it carries what lies below it). A filtered
+// marker also moves the mark: whether an entry crossed the link's filter
+// is the caller's to judge.
+func (s *Shipper) Holds(stream entry.StreamID, from, to uint64) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.mu.needsReseed || s.mu.wantReseed || s.mu.reseed.Running || s.mu.conflict != "" {
+		return false
+	}
+	if stream != s.mu.heldStream || from == 0 || to < from || to > s.mu.held || from <= s.mu.deadBelow {
+		return false
+	}
+	if uint64(len(s.mu.dead)) <= to-from {
+		for i := range s.mu.dead {
+			if i >= from && i <= to {
+				return false
+			}
+		}
+		return true
+	}
+	for i := from; i <= to; i++ {
+		if _, dead := s.mu.dead[i]; dead {
+			return false
+		}
+	}
+	return true
+}
+
+// heldLocked records that the peer's mark of stream is at hwm, from an
+// answer to a post of [from, to], with the indexes of them it said it set
+// aside. A heartbeat's answer ([1, hwm]) lists every one it holds: the
+// list then replaces what the link knew. REQUIRES: s.mu held.
+func (s *Shipper) heldLocked(stream entry.StreamID, hwm, from, to uint64, ack *wire.Ack) {
+	if stream != s.mu.heldStream {
+		s.mu.heldStream, s.mu.dead, s.mu.deadBelow = stream, nil, 0
+	}
+	s.mu.held = hwm
+	if ack == nil {
+		return
+	}
+	if from == 1 && to == hwm {
+		s.mu.dead, s.mu.deadBelow = nil, 0
+	}
+	if ack.DeadMore {
+		s.mu.deadBelow = max(s.mu.deadBelow, to)
+	}
+	for _, i := range ack.DeadLettered {
+		if i < from || i > to {
+			continue // not of this batch: not the answer's to say
+		}
+		if s.mu.dead == nil {
+			s.mu.dead = map[uint64]struct{}{}
+		}
+		s.mu.dead[i] = struct{}{}
+	}
+	if len(s.mu.dead) > maxDeadKept {
+		// Many dead letters: count none of them, nor anything below.
+		for i := range s.mu.dead {
+			s.mu.deadBelow = max(s.mu.deadBelow, i)
+		}
+		s.mu.dead = nil
+	}
+}
+
+// maxDeadKept bounds the dead letters a link remembers for WAIT.
+const maxDeadKept = 1 << 16
+
 // Pause stops shipping (the WAL is still retained for the peer). It is a
 // barrier: when it returns no batch of entries is on the wire and none
 // will begin until Resume, so no write made after it returned reaches the
@@ -468,6 +547,7 @@ func (s *Shipper) Rebase() {
 	s.mu.Lock()
 	s.mu.acked, s.mu.persisted, s.mu.highShipped = 0, 0, 0
 	s.mu.ackedCommit = hlc.Timestamp{}
+	s.heldLocked(s.log.Stream(), 0, 0, 0, nil)
 	s.mu.conflict = ""
 	s.mu.oldestIdx = 0
 	s.mu.Unlock()

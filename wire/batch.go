@@ -553,7 +553,19 @@ type Ack struct {
 	// (a cluster of several nodes): the sender fails over to them when the
 	// one it posts to stops answering, without configuration.
 	Nodes []string `json:"nodes,omitempty"`
+	// DeadLettered are the indexes of the batch's entries (of one of the
+	// sender's live streams) that the receiver holds set aside as dead
+	// letters rather than applied, whether this batch or an earlier
+	// delivery set them aside: its mark passed them, but it does not hold
+	// them, and a sender's WAIT must not count it for them. DeadMore says
+	// the list stopped at its bound (MaxDeadListed): the sender then
+	// counts none of the batch's indexes as held.
+	DeadLettered []uint64 `json:"dead_lettered_at,omitempty"`
+	DeadMore     bool     `json:"dead_more,omitempty"`
 }
+
+// MaxDeadListed bounds Ack.DeadLettered.
+const MaxDeadListed = 1024
 
 // Limits are an acceptor's bounds.
 type Limits struct {

@@ -14,7 +14,8 @@ type WriteResult struct {
 	// Outcome is Applied, or Stale when a higher stamp already held the key
 	// (possible only against a pinned or replicated stamp).
 	Outcome entry.Outcome
-	Index   uint64 // the entry's WAL index
+	Index   uint64         // the entry's WAL index
+	Stream  entry.StreamID // the stream Index is of
 	// Replay is the recorded answer when an Idempotency-Key was seen before;
 	// nothing was written then.
 	Replay *store.IdemRecord
@@ -83,4 +84,16 @@ type Write struct {
 	Delta int64
 	Cond  *Condition
 	Keyed *Keyed
+}
+
+// HeldReport answers GET /v1/held: the peer clusters whose links
+// acknowledged holding the writes from From to Index of Stream (docs/RESP.md "WAIT").
+// A link's filter is not applied: a write the filter kept home is counted
+// by its acknowledgement as a filtered marker; the caller that knows the
+// write's keys judges that.
+type HeldReport struct {
+	Stream string   `json:"stream"`
+	From   uint64   `json:"from"`
+	Index  uint64   `json:"index"`
+	Peers  []string `json:"peers"`
 }

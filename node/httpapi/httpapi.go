@@ -34,6 +34,10 @@ type Reader interface {
 // idempotency key and precondition.
 type Writer interface {
 	Propose(ctx context.Context, w api.Write) (api.WriteResult, error)
+	// Holding names the peer clusters that hold the writes from index
+	// from to index to of stream, as their links' acknowledgements say
+	// (the leader's).
+	Holding(stream entry.StreamID, from, to uint64) ([]string, error)
 }
 
 // Links is what the link endpoints ask of a node.

@@ -53,6 +53,7 @@ func (a *API) Handler() http.Handler {
 	mux.HandleFunc(pathCounters, a.handleCounter)
 	mux.HandleFunc(pathBatch, a.handleBatch)
 	mux.HandleFunc(pathBulk, a.handleBulk)
+	mux.HandleFunc(PathHeld, getOnly(a.handleHeld))
 	a.registerAdmin(mux)
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, apiError{Code: "not_found", Message: "no such endpoint: " + r.URL.Path})

@@ -102,8 +102,10 @@ func (a *API) finishWrite(w http.ResponseWriter, r *http.Request, idem *api.Keye
 		}
 		if res.Index > 0 {
 			// The write's place in the cluster's stream: RESP's WAIT at
-			// a follower compares it with the links' acknowledgements.
+			// a follower asks the leader which peers hold it
+			// (GET /v1/held).
 			w.Header().Set(HeaderIndex, strconv.FormatUint(res.Index, 10))
+			w.Header().Set(HeaderStream, res.Stream.String())
 		}
 		live()
 	}
@@ -114,8 +116,45 @@ func (a *API) finishWrite(w http.ResponseWriter, r *http.Request, idem *api.Keye
 const HeaderExisted = "X-Replicator-Existed"
 
 // HeaderIndex answers a write with its index in this cluster's outbound
-// stream (the WAL index the links' acknowledgements count in).
-const HeaderIndex = "X-Replicator-Index"
+// stream (the WAL index the links' acknowledgements count in), and
+// HeaderStream with that stream.
+const (
+	HeaderIndex  = "X-Replicator-Index"
+	HeaderStream = "X-Replicator-Stream"
+)
+
+// PathHeld answers which peer clusters hold the writes at indexes of this
+// cluster's stream: GET /v1/held?stream=S&index=I[&from=F] (F..I; F is I
+// when not given).
+const PathHeld = "/v1/held"
+
+// handleHeld serves GET /v1/held.
+func (a *API) handleHeld(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	stream, err := entry.ParseStreamID(q.Get("stream"))
+	if err != nil {
+		WriteErr(w, fmt.Errorf("%w: stream: %w", api.ErrBadRequest, err))
+		return
+	}
+	index, err := strconv.ParseUint(q.Get("index"), 10, 64)
+	if err != nil || index == 0 {
+		WriteErr(w, fmt.Errorf("%w: index: a write's index (X-Replicator-Index), from 1", api.ErrBadRequest))
+		return
+	}
+	from := index
+	if v := q.Get("from"); v != "" {
+		if from, err = strconv.ParseUint(v, 10, 64); err != nil || from == 0 || from > index {
+			WriteErr(w, fmt.Errorf("%w: from: an index from 1 to index", api.ErrBadRequest))
+			return
+		}
+	}
+	peers, err := a.node.Holding(stream, from, index)
+	if err != nil {
+		WriteErr(w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, api.HeldReport{Stream: stream.String(), From: from, Index: index, Peers: peers})
+}
 
 // handleCounter serves POST and GET /v1/counters/{key...}.
 func (a *API) handleCounter(w http.ResponseWriter, r *http.Request) {
