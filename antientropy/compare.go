@@ -43,6 +43,8 @@ const (
 	LacksBoth         = client.LacksBoth
 	LacksUnknown      = client.LacksUnknown
 	LacksMaybeDeleted = client.LacksMaybeDeleted
+	LacksOwnWrite     = client.LacksOwnWrite
+	LacksThirdOrigin  = client.LacksThirdOrigin
 )
 
 // Lacks is client.Lacks.
@@ -73,6 +75,10 @@ type Options struct {
 	// to the peer still had not delivered what it held at the first look:
 	// then a key the peer lacks may be in flight, and counts so.
 	PeerBehind func() bool
+	// Local is this cluster's ID: with the peer's, it says whose writes a
+	// version is (a repair takes only the peer's; a third cluster's are
+	// listed apart).
+	Local string
 }
 
 // Sleep waits d or until ctx ends.
@@ -134,8 +140,10 @@ func Compare(ctx context.Context, peerName string, local, peer Tree, opts Option
 		}
 		if level == 0 {
 			lh, ph = l, p
-			lr, pr := liveRanges(l.Ranges, l.Collected, p.Collected), liveRanges(p.Ranges, l.Collected, p.Collected)
+			pair := func(o string) bool { return o == opts.Local || o == peerName }
+			lr, pr := liveRanges(l.Ranges, l.Collected, p.Collected, pair), liveRanges(p.Ranges, l.Collected, p.Collected, pair)
 			rep.RangesDiffer, rep.RangesHere, rep.RangesPeer = !slices.Equal(lr, pr), len(lr), len(pr)
+			rep.RangesOnlyHere, rep.RangesOnlyPeer = rangesOnly(lr, pr), rangesOnly(pr, lr)
 		}
 		var differ []int
 		for i, n := range nodes {
@@ -165,7 +173,10 @@ func Compare(ctx context.Context, peerName string, local, peer Tree, opts Option
 		nodes, rep.Truncated = append(append([]int(nil), nodes[off:]...), nodes[:off]...)[:MaxLeavesPerPass], true
 	}
 	if len(nodes) == 0 {
-		rep.Equal = true
+		// Equal live versions; equal only if the range deletes of the two
+		// clusters agree too (a side without one would keep an older
+		// write that arrives late into its range).
+		rep.Equal = !rep.RangesDiffer
 		rep.Bytes = counted(opts)
 		return rep, nil
 	}
@@ -216,15 +227,25 @@ func Compare(ctx context.Context, peerName string, local, peer Tree, opts Option
 	}
 
 	// The second look, after the link's lag: whole versions of the keys
-	// that differed.
+	// that differed. The collection horizons judged against are the
+	// newest either side says: one may have collected tombstones since
+	// the first look, and a version older than the horizon of a side that
+	// holds nothing of its key may be a delete collected meanwhile.
 	if err := opts.Sleep(ctx, opts.Settle); err != nil {
 		return nil, err
 	}
+	localCollected, peerCollected := lh.Collected, ph.Collected
 	for start := 0; start < len(keys); {
 		chunk := keys[start:min(start+1<<14, len(keys))]
 		l, p, err := both(wire.TreeRequest{Op: wire.TreeVersions, Keys: chunk})
 		if err != nil {
 			return nil, err
+		}
+		if localCollected.Less(l.Collected) {
+			localCollected = l.Collected
+		}
+		if peerCollected.Less(p.Collected) {
+			peerCollected = p.Collected
 		}
 		// Each side covers a prefix of the chunk (values have a byte
 		// budget): judge the keys both covered, ask for the rest again.
@@ -243,7 +264,12 @@ func Compare(ctx context.Context, peerName string, local, peer Tree, opts Option
 				rep.InFlight++
 				return
 			}
-			rep.Divergent = append(rep.Divergent, judge(k, lv, pv, lh.Collected, ph.Collected))
+			d := judge(k, lv, pv, localCollected, peerCollected, opts.Local, peerName)
+			if d.Lacks == LacksThirdOrigin {
+				rep.ThirdOrigin = append(rep.ThirdOrigin, d)
+				return
+			}
+			rep.Divergent = append(rep.Divergent, d)
 			rep.peer = append(rep.peer, pv)
 		})
 		start += n
@@ -317,11 +343,13 @@ func sameVersion(a, b *wire.TreeVersion) bool {
 	return a.Stamp == b.Stamp && a.Origin == b.Origin && a.Hash == b.Hash && a.Tombstone == b.Tombstone && a.Kind == b.Kind
 }
 
-// judge says which side lacks what, for a key that differs.
-func judge(k wire.Key, lv, pv *wire.TreeVersion, localCollected, peerCollected hlc.Timestamp) client.Divergence {
+// judge says which side lacks what, for a key that differs, and whose
+// write the lacked version is: a repair of a side takes only the other
+// side's own writes (local and peer name the two clusters).
+func judge(k wire.Key, lv, pv *wire.TreeVersion, localCollected, peerCollected hlc.Timestamp, local, peer string) client.Divergence {
 	d := client.Divergence{Key: k.Key, Counter: k.Counter, Local: held(lv), Peer: held(pv)}
 	if k.Counter {
-		d.Lacks = counterLacks(lv, pv)
+		d.Lacks = counterLacks(lv, pv, local, peer)
 		return d
 	}
 	switch {
@@ -336,6 +364,10 @@ func judge(k wire.Key, lv, pv *wire.TreeVersion, localCollected, peerCollected h
 		}
 	case live(lv):
 		switch {
+		case pv != nil && pv.EntryStamp().Compare(lv.EntryStamp()) == 0:
+			// A delete and a write under one stamp: one write, kept two
+			// ways (a side's tree rotted): the stamp cannot tell which.
+			d.Lacks = LacksUnknown
 		case pv != nil && pv.EntryStamp().Compare(lv.EntryStamp()) > 0:
 			d.Lacks = LacksLocal // the peer's delete is newer
 		case pv == nil && lv.Stamp.Less(peerCollected):
@@ -345,6 +377,8 @@ func judge(k wire.Key, lv, pv *wire.TreeVersion, localCollected, peerCollected h
 		}
 	default: // only the peer's is live
 		switch {
+		case lv != nil && lv.EntryStamp().Compare(pv.EntryStamp()) == 0:
+			d.Lacks = LacksUnknown
 		case lv != nil && lv.EntryStamp().Compare(pv.EntryStamp()) > 0:
 			d.Lacks = LacksPeer // this side's delete is newer
 		case lv == nil && pv.Stamp.Less(localCollected):
@@ -353,11 +387,36 @@ func judge(k wire.Key, lv, pv *wire.TreeVersion, localCollected, peerCollected h
 			d.Lacks = LacksLocal
 		}
 	}
+	// Whose write the lacked version is.
+	switch {
+	case d.Lacks == LacksLocal && pv.Origin != peer:
+		d.Lacks = whose(pv.Origin, local)
+	case d.Lacks == LacksPeer && lv.Origin != local:
+		d.Lacks = whose(lv.Origin, peer)
+	}
 	return d
 }
 
-// counterLacks compares two counters component by component.
-func counterLacks(lv, pv *wire.TreeVersion) Lacks {
+// whose labels a lacked version of origin that is not the holder's own
+// write: the lacking side's own (lacker), or a third cluster's.
+func whose(origin, lacker string) Lacks {
+	if origin == lacker {
+		return LacksOwnWrite
+	}
+	return LacksThirdOrigin
+}
+
+// componentCluster is the cluster a counter component (cluster/stream)
+// belongs to.
+func componentCluster(name string) string {
+	c, _, _ := strings.Cut(name, "/")
+	return c
+}
+
+// counterLacks compares two counters component by component: a side lacks
+// what the other holds higher; what a repair of it may take is the other
+// side's own components.
+func counterLacks(lv, pv *wire.TreeVersion, local, peer string) Lacks {
 	comps := func(v *wire.TreeVersion) map[string]wire.Component {
 		m := map[string]wire.Component{}
 		if v != nil {
@@ -368,15 +427,31 @@ func counterLacks(lv, pv *wire.TreeVersion) Lacks {
 		return m
 	}
 	lc, pc := comps(lv), comps(pv)
-	localLow, peerLow := false, false
-	for name, p := range pc {
-		l := lc[name]
-		localLow = localLow || l.P < p.P || l.N < p.N
-		peerLow = peerLow || p.P < l.P || p.N < l.N
+	var localLow, peerLow, own, third bool
+	note := func(name string, lower bool, holder, lacker string) bool {
+		if !lower {
+			return false
+		}
+		switch componentCluster(name) {
+		case holder:
+			return true
+		case lacker:
+			own = true
+		default:
+			third = true
+		}
+		return false
 	}
-	for name, l := range lc {
-		p := pc[name]
-		peerLow = peerLow || p.P < l.P || p.N < l.N
+	for name := range pc {
+		l, p := lc[name], pc[name]
+		localLow = note(name, l.P < p.P || l.N < p.N, peer, local) || localLow
+		peerLow = note(name, p.P < l.P || p.N < l.N, local, peer) || peerLow
+	}
+	for name := range lc {
+		if _, ok := pc[name]; !ok {
+			l := lc[name]
+			peerLow = note(name, l.P > 0 || l.N > 0, local, peer) || peerLow
+		}
 	}
 	switch {
 	case localLow && peerLow:
@@ -385,6 +460,12 @@ func counterLacks(lv, pv *wire.TreeVersion) Lacks {
 		return LacksLocal
 	case peerLow:
 		return LacksPeer
+	case own:
+		// Before a third cluster's part: a side's lost own write is
+		// divergence between these two.
+		return LacksOwnWrite
+	case third:
+		return LacksThirdOrigin
 	}
 	return LacksUnknown
 }
@@ -397,29 +478,49 @@ func held(v *wire.TreeVersion) *client.Held {
 }
 
 // Pulls are the peer's versions a repair of this side applies: those of
-// the keys this side lacks (a counter's too when each side lacks some of
-// the other's). Possible resurrections and unknowns are never copied.
+// the keys this side lacks whose newer version is the peer's own write (a
+// counter's components of the peer, when this side holds them lower).
+// Possible resurrections, unknowns, this cluster's own lost writes and
+// third clusters' versions are never copied: each cluster's writes repair
+// over that cluster's own links.
 func (r *Report) Pulls() []wire.TreeVersion {
 	var out []wire.TreeVersion
 	for i := range r.Divergent {
-		d := &r.Divergent[i]
-		if (d.Lacks == LacksLocal || d.Lacks == LacksBoth) && r.peer[i] != nil {
-			out = append(out, *r.peer[i])
+		d, v := &r.Divergent[i], r.peer[i]
+		if (d.Lacks != LacksLocal && d.Lacks != LacksBoth) || v == nil {
+			continue
+		}
+		if !v.Counter {
+			if v.Origin == r.Peer {
+				out = append(out, *v)
+			}
+			continue
+		}
+		c := *v
+		c.Totals = nil
+		for _, t := range v.Totals {
+			if componentCluster(t.Cluster) == r.Peer {
+				c.Totals = append(c.Totals, t)
+			}
+		}
+		if len(c.Totals) > 0 {
+			out = append(out, c)
 		}
 	}
 	return out
 }
 
-// liveRanges are the range deletes neither side may have collected yet
-// (both collect them at their own pace, as tombstones), in one order.
-func liveRanges(rs []wire.Range, a, b hlc.Timestamp) []wire.Range {
+// liveRanges are the range deletes of the pair's clusters (pair) neither
+// side may have collected yet (both collect them at their own pace, as
+// tombstones), in one order.
+func liveRanges(rs []wire.Range, a, b hlc.Timestamp, pair func(origin string) bool) []wire.Range {
 	horizon := a
 	if horizon.Less(b) {
 		horizon = b
 	}
 	var out []wire.Range
 	for _, r := range rs {
-		if !r.Stamp.Less(horizon) {
+		if !r.Stamp.Less(horizon) && pair(r.Origin) {
 			out = append(out, r)
 		}
 	}
@@ -434,6 +535,17 @@ func liveRanges(rs []wire.Range, a, b hlc.Timestamp) []wire.Range {
 		}
 		return strings.Compare(x.Origin, y.Origin)
 	})
+	return out
+}
+
+// rangesOnly lists the ranges of a that b does not hold.
+func rangesOnly(a, b []wire.Range) []client.RangeDelete {
+	var out []client.RangeDelete
+	for _, r := range a {
+		if !slices.Contains(b, r) {
+			out = append(out, client.RangeDelete{Start: r.Start, End: r.End, Stamp: r.Stamp.String(), Origin: r.Origin})
+		}
+	}
 	return out
 }
 

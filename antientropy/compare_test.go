@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/cockroachdb/pebble/v2"
+	"github.com/replicator/replicator/client"
 	"github.com/replicator/replicator/entry"
 	"github.com/replicator/replicator/hlc"
 	"github.com/replicator/replicator/machine"
@@ -161,7 +162,7 @@ func TestCompareFindsExactlyTheDivergence(t *testing.T) {
 	// summed at open see it)
 	a.rot(t, "key-00030")
 
-	rep, err := Compare(context.Background(), "b", Local{St: a.st}, Local{St: b.st}, Options{Sleep: noSleep})
+	rep, err := Compare(context.Background(), "b", Local{St: a.st}, Local{St: b.st}, Options{Local: "a", Sleep: noSleep})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -185,14 +186,14 @@ func TestCompareFindsExactlyTheDivergence(t *testing.T) {
 	if n := a.repair(t, "b", rep.Pulls()); n != 4 {
 		t.Fatalf("a applied %d repaired versions, want 4", n)
 	}
-	back, err := Compare(context.Background(), "a", Local{St: b.st}, Local{St: a.st}, Options{Sleep: noSleep})
+	back, err := Compare(context.Background(), "a", Local{St: b.st}, Local{St: a.st}, Options{Local: "b", Sleep: noSleep})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if n := b.repair(t, "a", back.Pulls()); n != 4 {
 		t.Fatalf("b applied %d repaired versions, want 4 (3 lacked, the counter)", n)
 	}
-	after, err := Compare(context.Background(), "b", Local{St: a.st}, Local{St: b.st}, Options{Sleep: noSleep})
+	after, err := Compare(context.Background(), "b", Local{St: a.st}, Local{St: b.st}, Options{Local: "a", Sleep: noSleep})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -212,7 +213,7 @@ func TestCompareFindsExactlyTheDivergence(t *testing.T) {
 	b.del(t, "key-00030", at(70000, "a"))
 	b.del(t, "zombie", at(70001, "b"))
 	a.del(t, "zombie", at(70001, "b"))
-	final, err := Compare(context.Background(), "b", Local{St: a.st}, Local{St: b.st}, Options{Sleep: noSleep})
+	final, err := Compare(context.Background(), "b", Local{St: a.st}, Local{St: b.st}, Options{Local: "a", Sleep: noSleep})
 	if err != nil || !final.Equal {
 		t.Fatalf("trees not equal after repair: %+v %v", final, err)
 	}
@@ -239,7 +240,7 @@ func TestCompareSkipsWritesInFlight(t *testing.T) {
 		a.set(t, "k002", "w2", at(1003, "a"))
 		return nil
 	}
-	rep, err := Compare(context.Background(), "b", Local{St: a.st}, Local{St: b.st}, Options{Sleep: settle})
+	rep, err := Compare(context.Background(), "b", Local{St: a.st}, Local{St: b.st}, Options{Local: "a", Sleep: settle})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -280,12 +281,12 @@ func TestCompareRangesAboveTheHorizons(t *testing.T) {
 	if len(a.st.RangeTombstones()) != 0 || len(b.st.RangeTombstones()) != 1 {
 		t.Fatal("test assumes a collected the range and b did not")
 	}
-	rep, err := Compare(context.Background(), "b", Local{St: a.st}, Local{St: b.st}, Options{Sleep: noSleep})
+	rep, err := Compare(context.Background(), "b", Local{St: a.st}, Local{St: b.st}, Options{Local: "a", Sleep: noSleep})
 	if err != nil || !rep.Equal {
 		t.Fatalf("a range collected at one side only made the trees differ: %+v %v", rep, err)
 	}
 	rangeAt(b, 300)
-	rep, err = Compare(context.Background(), "b", Local{St: a.st}, Local{St: b.st}, Options{Sleep: noSleep})
+	rep, err = Compare(context.Background(), "b", Local{St: a.st}, Local{St: b.st}, Options{Local: "a", Sleep: noSleep})
 	if err != nil || !rep.RangesDiffer || rep.RangesHere != 0 || rep.RangesPeer != 1 {
 		t.Fatalf("a range only b keeps, above both horizons, went unseen: %+v %v", rep, err)
 	}
@@ -309,7 +310,7 @@ func TestCompareScopedByFilters(t *testing.T) {
 	aToB := entry.Filter{Include: []string{"in/", "both/"}, Exclude: []string{"in/tmp/"}}
 	bToA := entry.Filter{Include: []string{"in/"}}
 	peer := Local{St: b.st, Toward: bToA, Scoped: &ScopeCache{}}
-	rep, err := Compare(context.Background(), "b", Local{St: a.st}, peer, Options{Sleep: noSleep, Filter: aToB, Pass: 1})
+	rep, err := Compare(context.Background(), "b", Local{St: a.st}, peer, Options{Local: "a", Sleep: noSleep, Filter: aToB, Pass: 1})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -324,13 +325,13 @@ func TestCompareScopedByFilters(t *testing.T) {
 		t.Fatalf("repair applied %d, want 1 (in/2)", n)
 	}
 	// The unfiltered comparison sees everything.
-	all, err := Compare(context.Background(), "b", Local{St: a.st}, Local{St: b.st}, Options{Sleep: noSleep})
+	all, err := Compare(context.Background(), "b", Local{St: a.st}, Local{St: b.st}, Options{Local: "a", Sleep: noSleep})
 	if err != nil || len(all.Divergent) != 4 {
 		t.Fatalf("unfiltered: %d divergent (%v), want 4", len(all.Divergent), err)
 	}
 	// Filters no key passes both: nothing to compare.
 	none, err := Compare(context.Background(), "b", Local{St: a.st}, Local{St: b.st, Toward: entry.Filter{Include: []string{"zzz/"}}},
-		Options{Sleep: noSleep, Filter: entry.Filter{Include: []string{"in/"}}, Pass: 2})
+		Options{Local: "a", Sleep: noSleep, Filter: entry.Filter{Include: []string{"in/"}}, Pass: 2})
 	if err != nil || !none.Equal {
 		t.Fatalf("disjoint filters: %+v %v", none, err)
 	}
@@ -345,14 +346,14 @@ func TestCompareSecondLookInParts(t *testing.T) {
 	for i := 0; i < 40; i++ {
 		a.set(t, fmt.Sprintf("k%02d", i), string(big), at(int64(100+i), "a"))
 	}
-	rep, err := Compare(context.Background(), "b", Local{St: a.st, Budget: 1000}, Local{St: b.st, Budget: 700}, Options{Sleep: noSleep})
+	rep, err := Compare(context.Background(), "b", Local{St: a.st, Budget: 1000}, Local{St: b.st, Budget: 700}, Options{Local: "a", Sleep: noSleep})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if len(rep.Divergent) != 40 || rep.Count(LacksPeer) != 40 || rep.InFlight != 0 {
 		t.Fatalf("%d divergent (%d lacked by the peer), %d in flight; want 40, 40, 0", len(rep.Divergent), rep.Count(LacksPeer), rep.InFlight)
 	}
-	back, err := Compare(context.Background(), "a", Local{St: b.st, Budget: 700}, Local{St: a.st, Budget: 1000}, Options{Sleep: noSleep})
+	back, err := Compare(context.Background(), "a", Local{St: b.st, Budget: 700}, Local{St: a.st, Budget: 1000}, Options{Local: "b", Sleep: noSleep})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -387,7 +388,7 @@ func TestCompareFirstLookInParts(t *testing.T) {
 		a.set(t, fmt.Sprintf("same%02d", i), "v", at(int64(100+i), "b"))
 	}
 	var asked int
-	rep, err := Compare(context.Background(), "b", countingTree{Local{St: a.st, Budget: 1000}, &asked}, Local{St: b.st, Budget: 700}, Options{Sleep: noSleep})
+	rep, err := Compare(context.Background(), "b", countingTree{Local{St: a.st, Budget: 1000}, &asked}, Local{St: b.st, Budget: 700}, Options{Local: "a", Sleep: noSleep})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -399,8 +400,139 @@ func TestCompareFirstLookInParts(t *testing.T) {
 		t.Fatalf("%d leaves requests for 40 keys of 300 bytes at a budget of 1000: the answers were not bounded", asked)
 	}
 	// An answer whose leaves are each over the budget still covers one.
-	rep, err = Compare(context.Background(), "b", Local{St: a.st, Budget: 1}, Local{St: b.st, Budget: 1}, Options{Sleep: noSleep})
+	rep, err = Compare(context.Background(), "b", Local{St: a.st, Budget: 1}, Local{St: b.st, Budget: 1}, Options{Local: "a", Sleep: noSleep})
 	if err != nil || len(rep.Divergent) != 40 {
 		t.Fatalf("at a budget of one byte: %v, %d divergent", err, len(rep.Divergent))
+	}
+}
+
+// TestCompareTheOriginRule (issue 45, case 2; case 7): a comparison
+// between a and b lists apart the keys that differ only in a third
+// cluster's version (c's filter toward b keeps c-only/ from b; a holds c's
+// newer write of a key b holds c's older write of): not divergence between
+// a and b, and neither side's repair copies them; a repair pulls only the
+// peer's own writes (a counter's components of the peer), never the
+// puller's own (a lost write of its own is own_write); a write and a
+// delete under one stamp are unknown, not lacked; a range delete of the
+// pair only one side keeps makes the comparison not equal, a third
+// cluster's does not.
+func TestCompareTheOriginRule(t *testing.T) {
+	a, b := newSide(t, "a"), newSide(t, "b")
+	for i := 0; i < 50; i++ {
+		k := fmt.Sprintf("same-%02d", i)
+		a.set(t, k, "v", at(100, "a"))
+		b.set(t, k, "v", at(100, "a"))
+	}
+	a.set(t, "c-only/1", "c", at(1000, "c")) // c's filter keeps it from b
+	a.set(t, "shared", "c2", at(1001, "c"))  // b has c's older write
+	b.set(t, "shared", "c1", at(900, "c"))
+	a.set(t, "from-b", "b", at(1002, "b")) // b's own write that b lost
+	a.set(t, "from-a", "a", at(1003, "a")) // a's write b lacks
+	b.set(t, "b-new", "b", at(1004, "b"))  // b's write a lacks
+	a.set(t, "rot", "v", at(1005, "a"))    // one write, kept two ways
+	b.del(t, "rot", at(1005, "a"))
+	a.incr(t, "n-third", "c/s1", entry.PN{P: 5}, at(2000, "c"))
+	b.incr(t, "n-third", "c/s1", entry.PN{P: 3}, at(2001, "c"))
+	a.incr(t, "n-mixed", "b/s1", entry.PN{P: 4}, at(2002, "b")) // b lost its own
+	a.incr(t, "n-mixed", "c/s1", entry.PN{P: 2}, at(2003, "c"))
+	b.incr(t, "n-mixed", "c/s1", entry.PN{P: 1}, at(2004, "c"))
+	b.incr(t, "n-mixed", "b/s1", entry.PN{P: 1}, at(2005, "b"))
+	b.incr(t, "n-peer", "b/s1", entry.PN{P: 7}, at(2006, "b")) // a lacks b's
+	b.incr(t, "n-peer", "c/s1", entry.PN{P: 7}, at(2007, "c")) // and c's
+
+	rep, err := Compare(context.Background(), "b", Local{St: a.st}, Local{St: b.st}, Options{Local: "a", Sleep: noSleep})
+	if err != nil {
+		t.Fatal(err)
+	}
+	lacks := func(ds []client.Divergence) []string {
+		m := map[string]Lacks{}
+		for _, d := range ds {
+			m[d.Key] = d.Lacks
+		}
+		return sorted(m)
+	}
+	wantDiv := map[string]Lacks{"from-b": LacksOwnWrite, "from-a": LacksPeer, "b-new": LacksLocal, "rot": LacksUnknown,
+		"n-mixed": LacksOwnWrite, "n-peer": LacksLocal}
+	wantThird := map[string]Lacks{"c-only/1": LacksThirdOrigin, "shared": LacksThirdOrigin, "n-third": LacksThirdOrigin}
+	if got := lacks(rep.Divergent); fmt.Sprint(got) != fmt.Sprint(sorted(wantDiv)) {
+		t.Fatalf("divergent:\n got %v\nwant %v", got, sorted(wantDiv))
+	}
+	if got := lacks(rep.ThirdOrigin); fmt.Sprint(got) != fmt.Sprint(sorted(wantThird)) {
+		t.Fatalf("third origin:\n got %v\nwant %v", got, sorted(wantThird))
+	}
+	var pulled []string
+	for _, v := range rep.Pulls() {
+		s := v.Key
+		for _, c := range v.Totals {
+			s += " " + c.Cluster
+		}
+		pulled = append(pulled, s)
+	}
+	sort.Strings(pulled)
+	if got := fmt.Sprint(pulled); got != "[b-new n-peer b/s1]" {
+		t.Fatalf("a pulls %s, want b's own writes only: [b-new n-peer b/s1]", got)
+	}
+	// b's side: it pulls a's own write, not its own lost one, nor c's.
+	back, err := Compare(context.Background(), "a", Local{St: b.st}, Local{St: a.st}, Options{Local: "b", Sleep: noSleep})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var backPulled []string
+	for _, v := range back.Pulls() {
+		backPulled = append(backPulled, v.Key)
+	}
+	if got := fmt.Sprint(backPulled); got != "[from-a]" {
+		t.Fatalf("b pulls %s, want [from-a]", got)
+	}
+	if len(back.ThirdOrigin) != 3 {
+		t.Fatalf("b's comparison lists %d keys of a third origin, want 3", len(back.ThirdOrigin))
+	}
+
+	// Range deletes: the pair's own only one side keeps make it unequal;
+	// a third cluster's do not.
+	x, y := newSide(t, "a"), newSide(t, "b")
+	rng := func(s *side, start, end string, st entry.Stamp) {
+		bt := s.st.NewBatch()
+		defer bt.Close()
+		if _, _, err := bt.MergeRange(store.RangeTombstone{Start: start, End: end, Stamp: st}); err != nil {
+			t.Fatal(err)
+		}
+		if err := bt.Commit(true); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rng(x, "c/", "c0", at(500, "c"))
+	eq, err := Compare(context.Background(), "b", Local{St: x.st}, Local{St: y.st}, Options{Local: "a", Sleep: noSleep})
+	if err != nil || !eq.Equal || eq.RangesDiffer {
+		t.Fatalf("a third cluster's range delete at one side only: %+v %v", eq, err)
+	}
+	rng(x, "r/", "r0", at(600, "a"))
+	ne, err := Compare(context.Background(), "b", Local{St: x.st}, Local{St: y.st}, Options{Local: "a", Sleep: noSleep})
+	if err != nil || ne.Equal || !ne.RangesDiffer || len(ne.RangesOnlyHere) != 1 || ne.RangesOnlyHere[0].Start != "r/" {
+		t.Fatalf("a's own range delete b lacks, with equal live versions: equal %v, differ %v, only here %+v (%v)", ne.Equal, ne.RangesDiffer, ne.RangesOnlyHere, err)
+	}
+}
+
+// TestCompareHorizonAtTheSecondLook (issue 45, case 7): a side that
+// collects, between the two looks, the delete of a key it holds nothing of
+// at either look (a third cluster's delete, arrived late and collected) must
+// be judged by its horizon of then: the peer's older version is a possible
+// resurrection, not a version to pull.
+func TestCompareHorizonAtTheSecondLook(t *testing.T) {
+	a, b := newSide(t, "a"), newSide(t, "b")
+	b.set(t, "z", "old", at(200, "b"))
+	settle := func(context.Context, time.Duration) error {
+		a.del(t, "z", at(300, "c"))
+		if _, err := a.d.Apply(&machine.Command{Collect: &machine.CollectCmd{Cutoff: hlc.Timestamp{Wall: 400}, Max: 10}}); err != nil {
+			t.Fatal(err)
+		}
+		return nil
+	}
+	rep, err := Compare(context.Background(), "b", Local{St: a.st}, Local{St: b.st}, Options{Local: "a", Sleep: settle})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rep.Divergent) != 1 || rep.Divergent[0].Lacks != LacksMaybeDeleted || len(rep.Pulls()) != 0 {
+		t.Fatalf("divergent %+v, pulls %d: want z a possible resurrection, nothing pulled", rep.Divergent, len(rep.Pulls()))
 	}
 }

@@ -187,11 +187,12 @@ func (l Local) Ask(_ context.Context, req *wire.TreeRequest) (*wire.TreeAnswer, 
 		}
 		if req.Level == 0 {
 			ans.Filters = sc.wire()
+			// Each range delete clipped to the scope, as a filtered link
+			// carries it: both sides clip alike, so what differs is real.
 			for _, r := range l.St.RangeTombstones() {
-				if !sc.all() && !rangeInScope(&sc, r.Start, r.End) {
-					continue
+				for _, sp := range sc.clip(r.Start, r.End) {
+					ans.Ranges = append(ans.Ranges, wire.Range{Start: sp.Start, End: sp.End, Stamp: r.Stamp.HLC, Origin: r.Stamp.Origin})
 				}
-				ans.Ranges = append(ans.Ranges, wire.Range{Start: r.Start, End: r.End, Stamp: r.Stamp.HLC, Origin: r.Stamp.Origin})
 			}
 			if ans.Collected, err = l.St.CollectedBelow(); err != nil {
 				return nil, err
@@ -252,6 +253,11 @@ func (l Local) Ask(_ context.Context, req *wire.TreeRequest) (*wire.TreeAnswer, 
 		// asked it covers; the asker asks for the rest again.
 		size, budget := 0, l.budget()
 		ans.Answered = len(req.Keys)
+		// The horizon now: the asker judges with the newest it was told.
+		var err error
+		if ans.Collected, err = l.St.CollectedBelow(); err != nil {
+			return nil, err
+		}
 		for i, k := range req.Keys {
 			if i > 0 && size > budget {
 				ans.Answered = i
@@ -342,12 +348,22 @@ func less(k1 string, c1 bool, k2 string, c2 bool) bool {
 	return !c1 && c2
 }
 
-// rangeInScope reports a range delete that reaches keys of the scope.
-func rangeInScope(sc *scope, start, end string) bool {
-	for _, f := range sc.filters {
-		if len(f.Clip(start, end)) == 0 {
-			return false
+// clip returns the parts of [start, end) the scope's keys lie in (the
+// whole range when the scope is every key; end "" is the end of the key
+// space).
+func (sc *scope) clip(start, end string) []entry.Span {
+	if sc.all() {
+		return []entry.Span{{Start: start, End: end}}
+	}
+	var out []entry.Span
+	for _, sp := range sc.spans {
+		lo, hi := max(start, sp.Start), sp.End
+		if end != "" && (hi == "" || end < hi) {
+			hi = end
+		}
+		if hi == "" || lo < hi {
+			out = append(out, entry.Span{Start: lo, End: hi})
 		}
 	}
-	return true
+	return out
 }

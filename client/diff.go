@@ -29,7 +29,29 @@ const (
 	// have deleted it and collected the tombstone. A possible resurrection,
 	// never copied (docs/OPERATIONS.md).
 	LacksMaybeDeleted Lacks = "possible_resurrection"
+	// LacksOwnWrite: the side that lacks the newer version (or counter
+	// component) wrote it: it lost its own write (a restore or a wipe whose
+	// rejoin did not bring it back, or a bug). A repair never copies a
+	// cluster's own writes back to it: a peer could forge them, and a
+	// rejoin is how a cluster takes its own writes back
+	// (docs/ANTIENTROPY.md "Whose versions a repair takes").
+	LacksOwnWrite Lacks = "own_write"
+	// LacksThirdOrigin: the newer version (or counter component) is
+	// neither side's write but a third cluster's. It reaches each side over
+	// that cluster's own link, whose filter may keep it from one on
+	// purpose: neither side's repair copies it, and such keys are listed
+	// apart from the divergence (DiffReport.ThirdOrigin).
+	LacksThirdOrigin Lacks = "third_origin"
 )
+
+// RangeDelete is a range tombstone one side keeps, as a comparison lists
+// it.
+type RangeDelete struct {
+	Start  string `json:"start"`
+	End    string `json:"end"`
+	Stamp  string `json:"stamp"`
+	Origin string `json:"origin"`
+}
 
 // Divergence is one key the two sides disagree on.
 type Divergence struct {
@@ -67,22 +89,34 @@ type DiffReport struct {
 	Candidates int `json:"candidates"`
 	InFlight   int `json:"in_flight"`
 	// Divergent are the keys that still differed, unchanged, at the second
-	// look.
+	// look, in a way one of the two sides' repair can mend, or must know
+	// of (possible resurrections, same-stamp rot, a side's lost own write).
 	Divergent []Divergence `json:"divergent"`
+	// ThirdOrigin are the keys that differed only in a third cluster's
+	// version (LacksThirdOrigin): not divergence between these two
+	// clusters; that cluster's links carry it, or its filter keeps it
+	// from one of them on purpose.
+	ThirdOrigin []Divergence `json:"third_origin,omitempty"`
 	// LinkBehind: this cluster's link to the peer had not delivered, by
 	// the second look, what it held at the first; keys the peer lacks
 	// were counted in flight.
 	LinkBehind bool `json:"link_behind,omitempty"`
-	// RangesDiffer: the two sides keep different range deletes among
-	// those neither may have collected yet (newer than both collection
-	// horizons); RangesHere and RangesPeer count those each side keeps.
-	// Informational: a filtered link carries a range delete clipped to
-	// what it lets cross, so two clusters whose live versions agree can
-	// keep different ranges; what a range delete did to live keys is in
-	// the keys' versions, which the sums compare.
+	// RangesDiffer: the two sides keep different range deletes of their
+	// own two clusters among those neither may have collected yet (newer
+	// than both collection horizons), each clipped to the comparison's
+	// scope (a filtered link carries a range delete clipped to what it
+	// lets cross); RangesHere and RangesPeer count those each side keeps.
 	RangesDiffer bool `json:"ranges_differ,omitempty"`
 	RangesHere   int  `json:"ranges_here"`
 	RangesPeer   int  `json:"ranges_peer"`
+	// RangesOnlyHere and RangesOnlyPeer are the range deletes of either
+	// side's own cluster (of this pair) that one side keeps and the other
+	// does not, clipped to the comparison's scope. Such a difference makes
+	// the comparison not Equal: the side without it would keep an older
+	// write that arrives late into the range. Range deletes of third
+	// clusters are left out (their filters decide where they go).
+	RangesOnlyHere []RangeDelete `json:"ranges_only_here,omitempty"`
+	RangesOnlyPeer []RangeDelete `json:"ranges_only_peer,omitempty"`
 	// Bytes is what crossed the wire to and from the peer.
 	Bytes int64 `json:"bytes"`
 	// Repaired counts the versions a repair of this side applied (-1: no

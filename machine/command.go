@@ -29,8 +29,9 @@ const (
 	// format 4 (FormatConflicts) versions with contexts and the conflict
 	// log, from format 5 (FormatRepair) anti-entropy's repairs, and from
 	// format 6 (FormatRejoinHorizon) a rejoin's re-seed judged against the
-	// collection horizon.
-	ReadsFormat = FormatRejoinHorizon
+	// collection horizon, and from format 7 (FormatRepairJudged) repairs
+	// judged as inbound batches are.
+	ReadsFormat = FormatRepairJudged
 )
 
 // Kind names a command.

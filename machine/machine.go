@@ -244,6 +244,9 @@ func (m *Machine) Apply(index uint64, data []byte) (*Result, error) {
 	if err == nil && m.readsFormat == FormatRepair && c.Format != nil && c.Format.Version > FormatRepair {
 		err = fmt.Errorf("%w: format %d (this build plays one that reads format 5 at most)", ErrMalformed, c.Format.Version)
 	}
+	if err == nil && m.readsFormat >= FormatRejoinHorizon && c.Format != nil && int(c.Format.Version) > m.readsFormat {
+		err = fmt.Errorf("%w: format %d (this build plays one that reads format %d at most)", ErrMalformed, c.Format.Version, m.readsFormat)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("machine: apply %d: %w", index, err)
 	}

@@ -26,6 +26,17 @@ import (
 // FormatRepair is the format from which the log may carry repair commands.
 const FormatRepair = 5
 
+// FormatRepairJudged is the format from which a repair is applied as an
+// inbound batch is judged (issue 45): what its versions discard is judged
+// for the conflict log against the peer they came from, so the repairing
+// cluster logs the conflicts the other logged; and a live version older
+// than the tree's collection horizon, of a key the tree holds nothing of,
+// is not taken (a possible resurrection: the tree may have deleted the
+// key and collected the tombstone since the comparison judged it). Both
+// change what the machine writes, so every node must read the format
+// before the log moves to it.
+const FormatRepairJudged = 7
+
 // maxRepair bounds the versions of one repair command.
 const maxRepair = 1 << 16
 
@@ -42,6 +53,13 @@ type RepairResult struct {
 	// Applied counts the versions that changed the tree; Stale those it
 	// already held or held newer (a repair that raced replication).
 	Applied, Stale int
+	// Resurrections counts live versions not taken: older than the
+	// tree's collection horizon, of keys it holds nothing of (from
+	// FormatRepairJudged).
+	Resurrections int
+	// Conflicts counts the records the repair added to the conflict log,
+	// Superseded those it removed (from FormatRepairJudged).
+	Conflicts, Superseded int
 }
 
 func encodeRepair(enc *msgpack.Encoder, rc *RepairCmd) error {
@@ -96,10 +114,39 @@ func (m *Machine) applyRepair(b *store.Batch, rc *RepairCmd) (*Result, error) {
 	res := &Result{Repair: &RepairResult{}}
 	var high hlc.Timestamp
 	for i := range rc.Versions {
+		if st := rc.Versions[i].EntryStamp(); high.Less(st.HLC) {
+			high = st.HLC
+		}
+	}
+	judged := rc.Peer != "" && m.format.Load() >= FormatRepairJudged
+	var collected hlc.Timestamp
+	if judged {
+		var err error
+		if collected, err = m.st.CollectedBelow(); err != nil {
+			return nil, err
+		}
+		// Judged as an inbound batch from the peer is, in place of the
+		// local judge ApplyCommand set; the record's time is the newest
+		// stamp the repair carried (the command holds no clock reading,
+		// and every node must write the same record).
+		j := &conflictJudge{b: b, peer: rc.Peer, at: high, collected: collected, valueMax: ConflictValueMax}
+		b.Track(j.judge)
+		defer func() { res.Repair.Conflicts, res.Repair.Superseded = j.logged, j.superseded }()
+	}
+	for i := range rc.Versions {
 		v := &rc.Versions[i]
 		st := v.EntryStamp()
-		if high.Less(st.HLC) {
-			high = st.HLC
+		if judged && !v.Counter && !v.Tombstone && st.HLC.Less(collected) {
+			_, _, held, err := b.Stored(v.Key)
+			if err != nil {
+				return nil, err
+			}
+			if !held {
+				// It may be a delete this tree collected since the
+				// comparison looked: not taken.
+				res.Repair.Resurrections++
+				continue
+			}
 		}
 		changed := false
 		if v.Counter {

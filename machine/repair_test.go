@@ -196,3 +196,69 @@ func TestRejoinReseedLeavesPossibleResurrections(t *testing.T) {
 		}
 	}
 }
+
+// TestRepairJudgedAsInbound (issue 45, cases 4 and 7): from format 7 a
+// repair's discards are judged as an inbound batch's are, against the peer
+// the versions came from: a concurrent local version the repaired one
+// discards is logged under the same ID the other cluster logs; at format 6
+// nothing was logged. And a live version older than the tree's collection
+// horizon, of a key the tree holds nothing of, is not taken (the tree may
+// have collected its delete since the comparison), while one of a key it
+// holds is.
+func TestRepairJudgedAsInbound(t *testing.T) {
+	for _, judged := range []bool{false, true} {
+		t.Run(fmt.Sprint("judged=", judged), func(t *testing.T) {
+			m, st := openMachine(t, t.TempDir()) // cluster a
+			defer st.Close()
+			s := &stamper{wall: 1e15}
+			mustApply(t, m, 1, &Command{Mint: &MintCmd{Stream: testStream}})
+			format := FormatRejoinHorizon
+			if judged {
+				format = FormatRepairJudged
+			}
+			mustApply(t, m, 2, &Command{Format: &FormatCmd{Version: uint8(format)}})
+			mustApply(t, m, 3, &Command{Local: []Proposal{s.put("k", "a's"), s.put("kept", "a's")}})
+			mine, err := st.Get("k")
+			if err != nil {
+				t.Fatal(err)
+			}
+			// b wrote k concurrently, later, without having seen a's.
+			theirs := hlc.Timestamp{Wall: 3e15}
+			rc := &RepairCmd{Peer: "b", Versions: []wire.TreeVersion{{Key: "k", Stamp: theirs, Origin: "b", Value: []byte("b's"), Whole: true,
+				Ctx: []wire.ContextItem{{Origin: "b", Stamp: theirs}}}}}
+			res := mustApply(t, m, 4, &Command{Repair: rc})
+			if res.Repair.Applied != 1 {
+				t.Fatalf("repair: %+v", res.Repair)
+			}
+			recs, _, err := st.Conflicts(store.ConflictQuery{Key: "k"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			want := entry.ConflictID("k", mine.Stamp, entry.Stamp{HLC: theirs, Origin: "b"})
+			switch {
+			case !judged && len(recs) != 0:
+				t.Fatalf("at format 6 a repair logged %d records", len(recs))
+			case judged && (len(recs) != 1 || recs[0].ID != want || recs[0].Peer != "b" || recs[0].Incoming):
+				t.Fatalf("at format 7 the repair logged %+v, want one record %x of a's version lost to b's", recs, want)
+			}
+			// Collect below 2.5e15: a's tree holds nothing of "zombie".
+			mustApply(t, m, 5, &Command{Collect: &CollectCmd{Cutoff: hlc.Timestamp{Wall: 2.5e15}, Max: 10}})
+			old := hlc.Timestamp{Wall: 2e15}
+			res = mustApply(t, m, 6, &Command{Repair: &RepairCmd{Peer: "b", Versions: []wire.TreeVersion{
+				{Key: "zombie", Stamp: old, Origin: "b", Value: []byte("old"), Whole: true},
+				{Key: "kept", Stamp: hlc.Timestamp{Wall: 2.1e15}, Origin: "b", Value: []byte("b's"), Whole: true},
+			}}})
+			_, zerr := st.Get("zombie")
+			if judged {
+				if res.Repair.Resurrections != 1 || zerr == nil {
+					t.Fatalf("format 7: %+v, zombie %v: want it not taken", res.Repair, zerr)
+				}
+				if r, _ := st.Get("kept"); string(r.Value) != "b's" {
+					t.Fatalf("an old version of a key the tree holds was not taken: %q", r.Value)
+				}
+			} else if res.Repair.Resurrections != 0 || zerr != nil {
+				t.Fatalf("format 6: %+v, zombie %v: want it taken, as before", res.Repair, zerr)
+			}
+		})
+	}
+}

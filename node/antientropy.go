@@ -276,7 +276,7 @@ func (ae *antiEntropy) compare(ctx context.Context, sh *transport.Shipper, peer 
 	local := pacedTree{antientropy.Local{St: n.store, Scoped: ae.scoped}, budget}
 	rep, err := antientropy.Compare(ctx, peer, local, remoteTree{sh, &bytes, budget}, antientropy.Options{
 		Settle: settle, Sleep: sleep, Counted: bytes.Load, PeerBehind: func() bool { return behind },
-		Filter: ls.Current(), Pass: rand.Uint64()})
+		Filter: ls.Current(), Pass: rand.Uint64(), Local: n.cluster})
 	ae.bytes.WithLabelValues(peer).Add(float64(bytes.Load()))
 	if err != nil {
 		return nil, fmt.Errorf("node: compare with %s: %w", peer, err)
@@ -300,6 +300,13 @@ func (ae *antiEntropy) compare(ctx context.Context, sh *transport.Shipper, peer 
 				return rep, fmt.Errorf("node: repair from %s (%d versions applied before): %w", peer, rep.Repaired, err)
 			}
 			rep.Repaired += res.Repair.Applied
+			if k := res.Repair.Resurrections; k > 0 {
+				// Collected meanwhile: judged possible resurrections at
+				// the apply, in commit order.
+				rep.Refused += k
+				n.log.Warn("a repair did not take versions older than the tree's collection horizon, of keys it holds nothing of (possible resurrections)",
+					"peer", peer, "versions", k)
+			}
 		}
 		ae.repaired.WithLabelValues(peer).Add(float64(rep.Repaired))
 	}

@@ -452,3 +452,55 @@ func TestPaceWaits(t *testing.T) {
 		}
 	}
 }
+
+// TestAntiEntropyOverAThirdClustersFilter (issue 45, case 2): c's link to b
+// keeps c-only/ from b, and c's writes there reach a. A comparison between
+// a and b found those keys divergent on every pass, and a repair at b
+// copied them across c's filter, where they then went stale (c's next
+// write reached a, not b). Now the comparison lists them apart (a third
+// cluster's versions), b's repair takes nothing of them, and b never holds
+// them.
+func TestAntiEntropyOverAThirdClustersFilter(t *testing.T) {
+	m := newTestMesh(t, hlc.SystemClock{}, nil, "a", "b", "c")
+	a, b, c := m.nodes["a"], m.nodes["b"], m.nodes["c"]
+	ctx := context.Background()
+	if _, err := c.SetLinkFilter("b", entry.Filter{Exclude: []string{"c-only/"}}); err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range []string{"c-only/1", "c-only/2", "shared/1"} {
+		if _, err := c.Put(ctx, k, []byte("v1")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	m.settle()
+	rep, err := a.Diff(ctx, "b", false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkDivergent(t, "a's comparison with b", rep, map[string]client.Lacks{})
+	var third []string
+	for _, d := range rep.ThirdOrigin {
+		third = append(third, d.Key+"="+string(d.Lacks))
+	}
+	sort.Strings(third)
+	if fmt.Sprint(third) != "[c-only/1=third_origin c-only/2=third_origin]" {
+		t.Fatalf("a's comparison with b lists apart %v, want c's two keys", third)
+	}
+	back, err := b.Diff(ctx, "a", true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if back.Repaired != 0 || len(back.Divergent) != 0 || len(back.ThirdOrigin) != 2 {
+		t.Fatalf("b's repair from a: repaired %d, divergent %+v, third origin %d", back.Repaired, back.Divergent, len(back.ThirdOrigin))
+	}
+	if _, err := c.Put(ctx, "c-only/1", []byte("v2")); err != nil {
+		t.Fatal(err)
+	}
+	m.settle()
+	if r, err := a.Get("c-only/1"); err != nil || string(r.Value) != "v2" {
+		t.Fatalf("a's c-only/1: %q %v", r.Value, err)
+	}
+	if _, err := b.Get("c-only/1"); err == nil {
+		t.Fatal("b holds c-only/1, which c's filter keeps from it: a repair copied it across")
+	}
+}

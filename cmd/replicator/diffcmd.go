@@ -58,23 +58,28 @@ func runDiff(repair bool) func(args []string) error {
 func diffTable(w io.Writer, r *client.DiffReport, limit int) {
 	switch {
 	case r.Equal:
-		fmt.Fprintf(w, "equal: this cluster and %s hold the same live versions (%s exchanged, %.1fs)\n", r.Peer, human(r.Bytes), r.Seconds)
+		fmt.Fprintf(w, "equal: this cluster and %s hold the same live versions and range deletes (%s exchanged, %.1fs)\n", r.Peer, human(r.Bytes), r.Seconds)
 		return
+	case r.LeavesDiffering == 0:
+		fmt.Fprintf(w, "the same live versions, but not the same range deletes (%s exchanged, %.1fs)\n", human(r.Bytes), r.Seconds)
 	case len(r.Divergent) == 0:
 		fmt.Fprintf(w, "no divergent key: %d leaves differed, %d keys compared, %d in flight (%s exchanged, %.1fs)\n",
 			r.LeavesDiffering, r.Compared, r.InFlight, human(r.Bytes), r.Seconds)
 	default:
-		fmt.Fprintf(w, "%d divergent keys: %d this cluster lacks, %d %s lacks, %d counters both lack parts of, %d possible resurrections, %d unknown\n",
+		fmt.Fprintf(w, "%d divergent keys: %d this cluster lacks, %d %s lacks, %d counters both lack parts of, %d possible resurrections, %d unknown, %d own writes lost\n",
 			len(r.Divergent), r.Count(client.LacksLocal), r.Count(client.LacksPeer), r.Peer, r.Count(client.LacksBoth),
-			r.Count(client.LacksMaybeDeleted), r.Count(client.LacksUnknown))
+			r.Count(client.LacksMaybeDeleted), r.Count(client.LacksUnknown), r.Count(client.LacksOwnWrite))
 		fmt.Fprintf(w, "(%d leaves differed, %d keys compared, %d in flight; %s exchanged, %.1fs)\n",
 			r.LeavesDiffering, r.Compared, r.InFlight, human(r.Bytes), r.Seconds)
 	}
 	if r.LinkBehind {
 		fmt.Fprintf(w, "the link to %s was behind: keys it lacks were counted in flight\n", r.Peer)
 	}
+	if len(r.ThirdOrigin) > 0 {
+		fmt.Fprintf(w, "%d keys differ only in a third cluster's version: not divergence between these two (that cluster's links carry them, or its filter keeps them from one side); -o json lists them\n", len(r.ThirdOrigin))
+	}
 	if r.RangesDiffer {
-		fmt.Fprintln(w, "the two clusters keep different range deletes")
+		fmt.Fprintf(w, "the two clusters keep different range deletes: %d only here, %d only at %s (-o json lists them)\n", len(r.RangesOnlyHere), len(r.RangesOnlyPeer), r.Peer)
 	}
 	if r.Repaired >= 0 {
 		fmt.Fprintf(w, "repaired: %d versions pulled from %s and applied here\n", r.Repaired, r.Peer)
