@@ -64,6 +64,19 @@ type LinkStatus struct {
 	// it, ever.
 	BandwidthLimit   int64   `json:"bandwidth_limit"`
 	ThrottledSeconds float64 `json:"throttled_seconds"`
+	// KeptTombstones is what the last collection kept for this link past
+	// the cutoff: deletes of ranges its filter keeps home (or has still to
+	// backfill), which only a widening's backfill can carry to the peer
+	// (docs/DATAMODEL.md "Filters"). Nil: nothing kept.
+	KeptTombstones *KeptTombstones `json:"kept_tombstones,omitempty"`
+}
+
+// KeptTombstones counts the tombstones and range tombstones a collection
+// kept for a link, and the bytes they hold.
+type KeptTombstones struct {
+	Tombstones int   `json:"tombstones"`
+	Ranges     int   `json:"range_tombstones"`
+	Bytes      int64 `json:"bytes"`
 }
 
 // BackfillStatus is the progress of a link's backfill: the ranges a

@@ -199,6 +199,49 @@ func (f Filter) Clip(start, end string) []Span {
 	return out
 }
 
+// Excluded returns the key ranges f keeps home (the complement of Spans),
+// sorted and disjoint.
+func (f Filter) Excluded() []Span {
+	if f.All() {
+		return nil
+	}
+	return SpansMinus([]Span{{}}, f.Spans())
+}
+
+// SpansMinus returns the parts of a outside every span of b.
+func SpansMinus(a, b []Span) []Span {
+	out := MergeSpans(a)
+	for _, c := range b {
+		var next []Span
+		for _, s := range out {
+			next = append(next, s.minus(c)...)
+		}
+		out = next
+	}
+	return out
+}
+
+// SpanHolds reports whether one of spans holds key.
+func SpanHolds(spans []Span, key string) bool {
+	for _, s := range spans {
+		if key >= s.Start && (s.End == "" || key < s.End) {
+			return true
+		}
+	}
+	return false
+}
+
+// SpansMeet reports whether [start, end) (end "": the end of the key
+// space) meets one of spans.
+func SpansMeet(spans []Span, start, end string) bool {
+	for _, s := range spans {
+		if (end == "" || s.Start < end) && (s.End == "" || start < s.End) {
+			return true
+		}
+	}
+	return false
+}
+
 // minus returns s without c.
 func (s Span) minus(c Span) []Span {
 	var out []Span
@@ -271,6 +314,22 @@ type LinkSettings struct {
 	// BackfillGen counts the widenings; the command that clears Backfill
 	// names the generation it sent, so a widening meanwhile stays pending.
 	BackfillGen uint64 `json:"backfill_gen,omitempty"`
+	// Released are ranges the filter keeps home whose narrowing the
+	// operator declared permanent: the cluster keeps no tombstone of them
+	// for a later widening (KeepSpans). A widening takes its ranges out.
+	Released []Span `json:"released,omitempty"`
+}
+
+// KeepSpans are the ranges whose tombstones and range tombstones the
+// cluster keeps for this link, whatever the collection cutoff (issue 45):
+// what its filter keeps home now (a delete there was not delivered: a
+// filtered marker stood for it, and only a widening's backfill can carry
+// it), less what the operator released, and what a widening has still to
+// backfill.
+func (l *LinkSettings) KeepSpans() []Span {
+	f := l.Current()
+	spans := SpansMinus(f.Excluded(), l.Released)
+	return MergeSpans(append(spans, l.Backfill...))
 }
 
 // Current is the filter in force for entries appended from now on.

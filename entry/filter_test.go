@@ -1,6 +1,7 @@
 package entry
 
 import (
+	"fmt"
 	"math/rand/v2"
 	"slices"
 	"testing"
@@ -129,5 +130,34 @@ func TestLinkSettingsFilterAt(t *testing.T) {
 	}
 	if !ls.Filtering(s2, 0) || ls.Filtering(s2, 19) {
 		t.Fatal("Filtering disagrees with the epochs")
+	}
+}
+
+// TestExcludedAndKeepSpans: what a filter keeps home is the complement of
+// what it lets cross; a link keeps tombstones there, less what was
+// released, plus what is still to backfill.
+func TestExcludedAndKeepSpans(t *testing.T) {
+	f := Filter{Include: []string{"a/", "c/"}, Exclude: []string{"a/tmp/"}}
+	got := fmt.Sprint(f.Excluded())
+	want := fmt.Sprint([]Span{{End: "a/"}, {Start: "a/tmp/", End: "a/tmp0"}, {Start: "a0", End: "c/"}, {Start: "c0"}})
+	if got != want {
+		t.Fatalf("excluded %s, want %s", got, want)
+	}
+	if ex := (Filter{}).Excluded(); len(ex) != 0 {
+		t.Fatalf("every key crosses, yet %v is excluded", ex)
+	}
+	for _, k := range []string{"", "0", "a/tmp/x", "b", "z"} {
+		if !SpanHolds(f.Excluded(), k) || f.Match(k) {
+			t.Fatalf("%q: excluded %v, matches %v", k, SpanHolds(f.Excluded(), k), f.Match(k))
+		}
+	}
+	ls := LinkSettings{Filters: []FilterEpoch{{Filter: f}}, Released: []Span{{Start: "a0", End: "c/"}}, Backfill: []Span{{Start: "c/", End: "c0"}}}
+	got = fmt.Sprint(ls.KeepSpans())
+	want = fmt.Sprint([]Span{{End: "a/"}, {Start: "a/tmp/", End: "a/tmp0"}, {Start: "c/"}})
+	if got != want {
+		t.Fatalf("keep %s, want %s", got, want)
+	}
+	if !SpansMeet([]Span{{Start: "b", End: "c"}}, "a", "bb") || SpansMeet([]Span{{Start: "b", End: "c"}}, "c", "d") {
+		t.Fatal("SpansMeet")
 	}
 }

@@ -201,9 +201,27 @@ type CollectCmd struct {
 	// oldest while the log holds more than the second (0: no bound).
 	ConflictsBefore   hlc.Timestamp
 	ConflictsMaxBytes int64
+	// Keep are, per link, the ranges whose tombstones and range
+	// tombstones stay whatever the cutoff (entry.LinkSettings.KeepSpans;
+	// from format 7, FormatKeptTombstones): a delete a link's filter held
+	// back waits there for a widening's backfill to carry it.
+	Keep []KeepRanges
 }
 
+// KeepRanges are the ranges a collection keeps for the link to Peer.
+type KeepRanges struct {
+	Peer  string
+	Spans []entry.Span
+}
+
+// maxKeepSpans bounds the ranges a collect command keeps for one link
+// (a filter's excluded ranges and its pending backfill).
+const maxKeepSpans = 1024
+
 func (c *CollectCmd) hasConflicts() bool {
+	if len(c.Keep) > 0 {
+		return true // the 7-field shape carries both
+	}
 	return !c.ConflictsBefore.IsZero() || c.ConflictsMaxBytes > 0
 }
 

@@ -68,8 +68,8 @@ func decodeInto(dec *msgpack.Decoder, c *Command) error {
 	if kind == KindRemoveNode && n == 3 {
 		want = 3 // with its reason
 	}
-	if kind == KindCollect && n == 6 {
-		want = 6 // with the conflict log's retention (format 4)
+	if kind == KindCollect && (n == 6 || n == 7) {
+		want = n // with the conflict log's retention (format 4), and the ranges kept (format 7)
 	}
 	if n != want {
 		return fmt.Errorf("%s: array of %d elements, want %d", kind, n, want)
@@ -167,7 +167,7 @@ func decodeInto(dec *msgpack.Decoder, c *Command) error {
 			return fmt.Errorf("collect of at most %d", m)
 		}
 		cc.Max = int(m)
-		if n == 6 {
+		if n >= 6 {
 			hb, err := wire.DecodeBytes(dec)
 			if err != nil {
 				return err
@@ -178,8 +178,13 @@ func decodeInto(dec *msgpack.Decoder, c *Command) error {
 			if cc.ConflictsMaxBytes, err = dec.DecodeInt64(); err != nil {
 				return err
 			}
-			if !cc.hasConflicts() || cc.ConflictsMaxBytes < 0 {
+			if (n == 6 && !cc.hasConflicts()) || cc.ConflictsMaxBytes < 0 {
 				return errors.New("collect with an empty conflict retention")
+			}
+		}
+		if n == 7 {
+			if cc.Keep, err = decodeKeep(dec); err != nil {
+				return err
 			}
 		}
 		c.Collect = cc
@@ -459,3 +464,56 @@ func decodeNilOrArray(dec *msgpack.Decoder) (int, error) {
 	}
 	return n, err
 }
+
+// decodeKeep reads a collect command's kept ranges: at least one link,
+// each a valid peer with sorted, disjoint, non-empty ranges.
+func decodeKeep(dec *msgpack.Decoder) ([]KeepRanges, error) {
+	n, err := dec.DecodeArrayLen()
+	if err != nil {
+		return nil, err
+	}
+	if n < 1 || n > maxPeersKept {
+		return nil, fmt.Errorf("collect keeping ranges of %d links", n)
+	}
+	out := make([]KeepRanges, 0, n)
+	for i := 0; i < n; i++ {
+		if m, err := dec.DecodeArrayLen(); err != nil || m != 2 {
+			return nil, fmt.Errorf("kept ranges %d: %v (%d elements)", i, err, m)
+		}
+		var k KeepRanges
+		if k.Peer, err = dec.DecodeString(); err != nil {
+			return nil, err
+		}
+		if !entry.ValidClusterID(k.Peer) || (i > 0 && k.Peer <= out[i-1].Peer) {
+			return nil, fmt.Errorf("kept ranges of peer %q (after %d links)", k.Peer, i)
+		}
+		m, err := dec.DecodeArrayLen()
+		if err != nil {
+			return nil, err
+		}
+		if m < 2 || m%2 != 0 || m > 2*maxKeepSpans {
+			return nil, fmt.Errorf("kept ranges of %s: %d bounds", k.Peer, m)
+		}
+		for j := 0; j < m/2; j++ {
+			var sp entry.Span
+			if sp.Start, err = dec.DecodeString(); err != nil {
+				return nil, err
+			}
+			if sp.End, err = dec.DecodeString(); err != nil {
+				return nil, err
+			}
+			if sp.End != "" && sp.End <= sp.Start {
+				return nil, fmt.Errorf("kept range [%q, %q) of %s", sp.Start, sp.End, k.Peer)
+			}
+			if l := len(k.Spans); l > 0 && (k.Spans[l-1].End == "" || sp.Start < k.Spans[l-1].End) {
+				return nil, fmt.Errorf("kept ranges of %s out of order", k.Peer)
+			}
+			k.Spans = append(k.Spans, sp)
+		}
+		out = append(out, k)
+	}
+	return out, nil
+}
+
+// maxPeersKept bounds the links a collect command keeps ranges for.
+const maxPeersKept = 256

@@ -76,11 +76,23 @@ func (e *Encoder) Encode(c *Command) ([]byte, error) {
 		if cc.hasConflicts() {
 			fields = 6 // from format 4
 		}
+		if len(cc.Keep) > 0 {
+			fields = 7 // from format 7
+		}
 		err = errors.Join(err, enc.EncodeArrayLen(fields), enc.EncodeUint(uint64(kind)), enc.EncodeBytes(cut[:]),
 			enc.EncodeInt(cc.IdemBefore), enc.EncodeInt(int64(cc.Max)))
 		if cc.hasConflicts() {
 			before := cc.ConflictsBefore.Encode()
 			err = errors.Join(err, enc.EncodeBytes(before[:]), enc.EncodeInt(cc.ConflictsMaxBytes))
+		}
+		if len(cc.Keep) > 0 {
+			err = errors.Join(err, enc.EncodeArrayLen(len(cc.Keep)))
+			for _, k := range cc.Keep {
+				err = errors.Join(err, enc.EncodeArrayLen(2), enc.EncodeString(k.Peer), enc.EncodeArrayLen(2*len(k.Spans)))
+				for _, sp := range k.Spans {
+					err = errors.Join(err, enc.EncodeString(sp.Start), enc.EncodeString(sp.End))
+				}
+			}
 		}
 	case KindDeadLetter:
 		dc := c.DeadLetter

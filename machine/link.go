@@ -41,6 +41,10 @@ type LinkCmd struct {
 	// (LinkSettings.BackfillGen); its ranges are no longer pending, unless
 	// a widening since made a later generation.
 	BackfillDone uint64
+	// Release: the operator declares the link's narrowing permanent: the
+	// ranges its filter keeps home now keep no tombstones for a later
+	// widening (entry.LinkSettings.Released; from format 7).
+	Release bool
 }
 
 // Link command flags, as encoded.
@@ -48,6 +52,7 @@ const (
 	linkSetFilter    = 1 << 0
 	linkSetBandwidth = 1 << 1
 	linkSeed         = 1 << 2
+	linkRelease      = 1 << 3 // from format 7
 )
 
 // maxFilterEpochs bounds a link's filter history: epochs go once the
@@ -68,6 +73,9 @@ func encodeLink(enc *msgpack.Encoder, lc *LinkCmd) error {
 	}
 	if lc.Seed {
 		flags |= linkSeed
+	}
+	if lc.Release {
+		flags |= linkRelease
 	}
 	err := errors.Join(enc.EncodeArrayLen(7), enc.EncodeUint(uint64(KindLink)), enc.EncodeString(lc.Peer),
 		enc.EncodeUint(uint64(flags)), enc.EncodeArrayLen(len(lc.Filter.Include)))
@@ -94,10 +102,11 @@ func decodeLink(dec *msgpack.Decoder, c *Command) error {
 	if err != nil {
 		return err
 	}
-	if flags&^(linkSetFilter|linkSetBandwidth|linkSeed) != 0 {
+	if flags&^(linkSetFilter|linkSetBandwidth|linkSeed|linkRelease) != 0 {
 		return fmt.Errorf("link flags %#x", flags)
 	}
 	lc.SetFilter, lc.SetBandwidth, lc.Seed = flags&linkSetFilter != 0, flags&linkSetBandwidth != 0, flags&linkSeed != 0
+	lc.Release = flags&linkRelease != 0
 	for _, list := range []*[]string{&lc.Filter.Include, &lc.Filter.Exclude} {
 		n, err := dec.DecodeArrayLen()
 		if err != nil {
@@ -168,6 +177,12 @@ func (m *Machine) applyLink(b *store.Batch, lc *LinkCmd) (*Result, func(), error
 				ls.BackfillGen++
 			}
 			ls.Backfill = f.ClipSpans(append(slices.Clone(ls.Backfill), wide...))
+			// Released ranges the filter lets cross again are released no
+			// more: a later narrowing of them keeps their tombstones.
+			ls.Released = entry.SpansMinus(ls.Released, f.Spans())
+			if len(ls.Released) == 0 {
+				ls.Released = nil
+			}
 			if len(ls.Backfill) > wire.MaxBackfillSpans {
 				// Too many ranges for one trailer (widened piecemeal many
 				// times): the backfill sends all the filter lets cross.
@@ -187,6 +202,9 @@ func (m *Machine) applyLink(b *store.Batch, lc *LinkCmd) (*Result, func(), error
 	}
 	if lc.BackfillDone != 0 && lc.BackfillDone == ls.BackfillGen {
 		ls.Backfill = nil
+	}
+	if lc.Release {
+		ls.Released = ls.Current().Excluded()
 	}
 	if err := b.SetLinkSettings(lc.Peer, ls); err != nil {
 		return nil, nil, err

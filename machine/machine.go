@@ -194,6 +194,9 @@ type Result struct {
 	// Collected, CollectedIdem and CollectedConflicts count what a collect
 	// command dropped.
 	Collected, CollectedIdem, CollectedConflicts int
+	// Kept counts, per link, what a collection left below its cutoff
+	// because the link's filter held the deletes back (CollectCmd.Keep).
+	Kept map[string]KeptCount
 	// Found: a dead-letter command found its dead letter.
 	Found bool
 	// Repair answers a repair command.
@@ -564,7 +567,12 @@ func (m *Machine) applyCollect(b *store.Batch, c *CollectCmd) (*Result, error) {
 	res := &Result{}
 	var err error
 	if !c.Cutoff.IsZero() {
-		if res.Collected, err = b.CollectTombstones(c.Cutoff, c.Max); err != nil {
+		var keep store.Keeper
+		if len(c.Keep) > 0 {
+			k := &keeper{ranges: c.Keep, kept: map[string]KeptCount{}}
+			keep, res.Kept = k, k.kept
+		}
+		if res.Collected, err = b.CollectTombstonesKeeping(c.Cutoff, c.Max, keep); err != nil {
 			return nil, err
 		}
 		// The horizon a 404 reports (CollectedBelow): only raised.
@@ -581,12 +589,57 @@ func (m *Machine) applyCollect(b *store.Batch, c *CollectCmd) (*Result, error) {
 			return nil, err
 		}
 	}
-	if c.hasConflicts() {
+	if !c.ConflictsBefore.IsZero() || c.ConflictsMaxBytes > 0 {
 		if res.CollectedConflicts, err = b.CollectConflicts(c.ConflictsBefore, c.ConflictsMaxBytes, c.Max); err != nil {
 			return nil, err
 		}
 	}
 	return res, nil
+}
+
+// KeptCount is what a collection left for one link (CollectCmd.Keep): its
+// tombstones and range tombstones below the cutoff, and the bytes they hold.
+type KeptCount struct {
+	Tombstones, Ranges int
+	Bytes              int64
+}
+
+// keeper is a store.Keeper of a collect command's kept ranges, counting
+// what it keeps for each link.
+type keeper struct {
+	ranges []KeepRanges
+	kept   map[string]KeptCount
+}
+
+func (k *keeper) Keep(start, end string, isRange bool) bool {
+	for _, r := range k.ranges {
+		if k.holds(r, start, end, isRange) {
+			return true
+		}
+	}
+	return false
+}
+
+func (k *keeper) holds(r KeepRanges, start, end string, isRange bool) bool {
+	if !isRange {
+		return entry.SpanHolds(r.Spans, start)
+	}
+	return entry.SpansMeet(r.Spans, start, end)
+}
+
+func (k *keeper) Kept(start, end string, isRange bool, bytes int) {
+	for _, r := range k.ranges {
+		if k.holds(r, start, end, isRange) {
+			c := k.kept[r.Peer]
+			if !isRange {
+				c.Tombstones++
+			} else {
+				c.Ranges++
+			}
+			c.Bytes += int64(bytes)
+			k.kept[r.Peer] = c
+		}
+	}
 }
 
 // applyDeadLetter replays a dead letter (applies its entry as it is) or

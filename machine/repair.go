@@ -37,6 +37,12 @@ const FormatRepair = 5
 // before the log moves to it.
 const FormatRepairJudged = 7
 
+// FormatKeptTombstones is format 7 too: from it a collect command keeps,
+// per link, the tombstones of the ranges the link's filter held deletes
+// back from (CollectCmd.Keep), and a link command may release them
+// (LinkCmd.Release).
+const FormatKeptTombstones = FormatRepairJudged
+
 // maxRepair bounds the versions of one repair command.
 const maxRepair = 1 << 16
 

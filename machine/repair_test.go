@@ -262,3 +262,56 @@ func TestRepairJudgedAsInbound(t *testing.T) {
 		})
 	}
 }
+
+// TestCollectKeepsTheRangesOfALink (issue 45, case 1): a collect command of
+// format 7 leaves the tombstones and range tombstones of the ranges it
+// keeps for a link, however old, counts them per link, and collects the
+// rest; the command encodes and decodes as one shape.
+func TestCollectKeepsTheRangesOfALink(t *testing.T) {
+	m, st := openMachine(t, t.TempDir())
+	defer st.Close()
+	s := &stamper{wall: 1e15}
+	mustApply(t, m, 1, &Command{Mint: &MintCmd{Stream: testStream}})
+	mustApply(t, m, 2, &Command{Format: &FormatCmd{Version: FormatKeptTombstones}})
+	del := func(key string) Proposal {
+		return Proposal{Entry: entry.Entry{Op: entry.OpDelete, Key: key, Commit: s.next()}}
+	}
+	group := []Proposal{del("t/1"), del("t/2"), del("u/1")}
+	group = append(group, Proposal{Entry: entry.Entry{Op: entry.OpDeleteRange, Key: "t/r/", End: "t/r0", Commit: s.next()}})
+	mustApply(t, m, 3, &Command{Local: group})
+	keep := []KeepRanges{{Peer: "b", Spans: []entry.Span{{Start: "t/", End: "t0"}}}, {Peer: "c", Spans: []entry.Span{{Start: "t/2", End: "t/3"}}}}
+	res := mustApply(t, m, 4, &Command{Collect: &CollectCmd{Cutoff: hlc.Timestamp{Wall: 2e15}, Max: 100, Keep: keep}})
+	if res.Collected != 1 {
+		t.Fatalf("collected %d, want 1 (u/1)", res.Collected)
+	}
+	if b, c := res.Kept["b"], res.Kept["c"]; b.Tombstones != 2 || b.Ranges != 1 || b.Bytes <= 0 || c.Tombstones != 1 || c.Ranges != 0 {
+		t.Fatalf("kept: %+v", res.Kept)
+	}
+	for _, k := range []string{"t/1", "t/2"} {
+		if r, err := st.Get(k); err != nil || !r.Tombstone {
+			t.Fatalf("%s: %+v %v: its tombstone went", k, r, err)
+		}
+	}
+	if _, err := st.Get("u/1"); err == nil {
+		t.Fatal("u/1's tombstone was kept")
+	}
+	if len(st.RangeTombstones()) != 1 {
+		t.Fatal("the range tombstone under t/ went")
+	}
+	// Without the kept ranges they go.
+	res = mustApply(t, m, 5, &Command{Collect: &CollectCmd{Cutoff: hlc.Timestamp{Wall: 2e15}, Max: 100}})
+	if res.Collected != 3 || len(st.RangeTombstones()) != 0 {
+		t.Fatalf("collected %d, ranges left %d", res.Collected, len(st.RangeTombstones()))
+	}
+	// Malformed kept ranges are refused at decode.
+	for _, bad := range [][]KeepRanges{
+		{{Peer: "b", Spans: []entry.Span{{Start: "t0", End: "t/"}}}},
+		{{Peer: "b", Spans: []entry.Span{{Start: "a", End: "c"}, {Start: "b", End: "d"}}}},
+		{{Peer: "c", Spans: []entry.Span{{Start: "a"}}}, {Peer: "b", Spans: []entry.Span{{Start: "a"}}}},
+		{{Peer: "B!", Spans: []entry.Span{{Start: "a"}}}},
+	} {
+		if _, err := Decode(encode(t, &Command{Collect: &CollectCmd{Cutoff: hlc.Timestamp{Wall: 1}, Max: 1, Keep: bad}})); err == nil {
+			t.Fatalf("decoded kept ranges %+v", bad)
+		}
+	}
+}

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/replicator/replicator/client"
 	"github.com/replicator/replicator/entry"
 	"github.com/replicator/replicator/hlc"
 	"github.com/replicator/replicator/node/api"
@@ -177,8 +178,9 @@ func TestLinkFilter(t *testing.T) {
 	}
 	streamsAccountFor(t, c, "a")
 
-	// Narrow it again; delete a tenant1 key at a, write one, and let a
-	// collect the delete (every cluster has written past it).
+	// Narrow it again; delete a tenant1 key at a, write one: past the
+	// cutoff a keeps the delete for c, whose link's filter held it back
+	// (issue 45), and the widening's backfill carries it.
 	if _, err := a.SetLinkFilter("c", entry.Filter{Include: []string{"shared/"}, Exclude: []string{"shared/tmp/"}}); err != nil {
 		t.Fatal(err)
 	}
@@ -194,19 +196,34 @@ func TestLinkFilter(t *testing.T) {
 		must(n.Put(ctx, "shared/tick-"+n.cluster, []byte("t")))
 	}
 	m.settle()
-	waitFor(t, 10*time.Second, func() (bool, string) {
-		n, err := a.CollectTombstones()
-		_, gerr := a.Get("tenant1/batch")
-		var nf *api.NotFoundError
-		return err == nil && errors.As(gerr, &nf) && nf.Deleted == "", fmt.Sprintf("collected %d (%v), get %v", n, err, gerr)
-	})
+	if _, err := a.CollectTombstones(); err != nil {
+		t.Fatal(err)
+	}
+	var nf *api.NotFoundError
+	if _, gerr := a.Get("tenant1/batch"); !errors.As(gerr, &nf) || nf.Deleted == "" {
+		t.Fatalf("a collected the delete of tenant1/batch, which c's link held back: %v", gerr)
+	}
+	if k := a.repl.keptFor("c"); k == nil || k.Tombstones < 1 {
+		t.Fatalf("a's link to c reports %+v kept tombstones", k)
+	}
 	if _, err := a.SetLinkFilter("c", entry.Filter{Include: []string{"shared/", "tenant1/"}, Exclude: []string{"shared/tmp/"}}); err != nil {
 		t.Fatal(err)
 	}
 	backfilled()
 	if _, err := c.Get("tenant1/batch"); !errors.Is(err, api.ErrNotFound) {
-		t.Fatalf("c kept tenant1/batch, whose delete a collected while the range was excluded: %v", err)
+		t.Fatalf("c kept tenant1/batch, whose delete a made while the range was excluded: %v", err)
 	}
+	// Carried: the next collection takes the delete.
+	pc.Advance(time.Second)
+	for _, n := range []*Node{a, b, c} {
+		must(n.Put(ctx, "shared/tock-"+n.cluster, []byte("t")))
+	}
+	m.settle()
+	waitFor(t, 10*time.Second, func() (bool, string) {
+		n, err := a.CollectTombstones()
+		_, gerr := a.Get("tenant1/batch")
+		return err == nil && errors.As(gerr, &nf) && nf.Deleted == "", fmt.Sprintf("collected %d (%v), get %v", n, err, gerr)
+	})
 	if all := liveUnder(t, c, "", func(k string) bool { return !shared(k) && !tenant(k) }); len(all) != 0 {
 		t.Fatalf("c holds keys outside its filter: %q", all)
 	}
@@ -368,5 +385,175 @@ func TestRejoinGetsItsOwnWritesBackAcrossAFilter(t *testing.T) {
 	m.settle()
 	if _, err := b.Get("f/from-a"); !errors.Is(err, api.ErrNotFound) {
 		t.Fatalf("a's write under f/ crossed its filter to b: %v", err)
+	}
+}
+
+// TestNarrowedLinkKeepsDeletesOfOthersKeys (issue 45, case 1): a narrows
+// its link to c; a deletes keys c and b wrote (and a's own, and a range);
+// c acknowledges the filtered markers; past the retention a would collect
+// the tombstones; a widens the link. Before, the backfill carried nothing
+// for those keys and its end dropped only uncarried keys a wrote, so c
+// kept the keys of b and c for good. Now a keeps the tombstones of the
+// ranges the link's filter keeps home (and only those: a delete elsewhere
+// is collected), reports them on the link, and the backfill carries them:
+// c ends holding none of the deleted keys, and once carried they go.
+func TestNarrowedLinkKeepsDeletesOfOthersKeys(t *testing.T) {
+	pc := hlc.NewManualClock(int64(1000 * time.Hour))
+	m := newTestMesh(t, pc, func(o *Options) {
+		o.TombstoneRetention = 10 * time.Minute
+		o.PinWindow = time.Minute
+	}, "a", "b", "c")
+	a, b, c := m.nodes["a"], m.nodes["b"], m.nodes["c"]
+	ctx := context.Background()
+	must := mustWrite(t)
+	must(a.Put(ctx, "t/a1", []byte("a")))
+	must(b.Put(ctx, "t/b1", []byte("b")))
+	must(c.Put(ctx, "t/c1", []byte("c")))
+	must(c.Put(ctx, "t/r/c2", []byte("c")))
+	must(b.Put(ctx, "u/b1", []byte("b")))
+	m.settle()
+	for _, k := range []string{"t/a1", "t/b1", "t/c1", "t/r/c2"} {
+		if _, err := c.Get(k); err != nil {
+			t.Fatalf("c lacks %s before the narrowing: %v", k, err)
+		}
+	}
+	if _, err := a.SetLinkFilter("c", entry.Filter{Exclude: []string{"t/"}}); err != nil {
+		t.Fatal(err)
+	}
+	pc.Advance(time.Second)
+	must(a.Delete(ctx, "t/a1"))
+	must(a.Delete(ctx, "t/b1"))
+	must(a.Delete(ctx, "t/c1"))
+	must(a.DeleteRange(ctx, "t/r/", "t/r0"))
+	must(a.Delete(ctx, "u/b1")) // crosses: c takes it, and it is collected as ever
+	m.settle()
+	if _, err := c.Get("t/c1"); err != nil {
+		t.Fatalf("c lost t/c1 while a's link kept t/ home: %v", err)
+	}
+	pc.Advance(20 * time.Minute)
+	for _, n := range []*Node{a, b, c} {
+		must(n.Put(ctx, "tick/"+n.cluster, []byte("t")))
+	}
+	m.settle()
+	waitFor(t, 10*time.Second, func() (bool, string) {
+		_, err := a.CollectTombstones()
+		_, gerr := a.Get("u/b1")
+		var nf *api.NotFoundError
+		return err == nil && errors.As(gerr, &nf) && nf.Deleted == "", fmt.Sprintf("u/b1 at a: %v (%v)", gerr, err)
+	})
+	for _, k := range []string{"t/a1", "t/b1", "t/c1"} {
+		var nf *api.NotFoundError
+		if _, err := a.Get(k); !errors.As(err, &nf) || nf.Deleted == "" {
+			t.Fatalf("a collected the delete of %s, which its link to c held back: %v", k, err)
+		}
+	}
+	k := a.repl.keptFor("c")
+	if k == nil || k.Tombstones != 4 || k.Ranges != 1 || k.Bytes <= 0 {
+		t.Fatalf("a's link to c reports kept %+v, want 4 tombstones (3 deletes, the range's key) and 1 range", k)
+	}
+	if k := a.repl.keptFor("b"); k != nil {
+		t.Fatalf("a's link to b keeps %+v: its filter holds nothing back", k)
+	}
+	if rep, err := a.LinkFilter("c"); err != nil || rep.Kept == nil || len(rep.Keep) == 0 {
+		t.Fatalf("the filter report does not show what is kept: %+v %v", rep, err)
+	}
+
+	if _, err := a.SetLinkFilter("c", entry.Filter{}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 20*time.Second, func() (bool, string) {
+		ls := a.machine.Link("c")
+		var held []string
+		for _, k := range []string{"t/a1", "t/b1", "t/c1", "t/r/c2"} {
+			if _, err := c.Get(k); err == nil {
+				held = append(held, k)
+			}
+		}
+		return len(ls.Backfill) == 0 && len(held) == 0, fmt.Sprintf("pending %q; c still holds %q", ls.Backfill, held)
+	})
+	if da, dc := digestOf(t, a), digestOf(t, c); da != dc {
+		t.Fatalf("a and c differ after the widening's backfill")
+	}
+	// Carried: the next collection takes them.
+	pc.Advance(time.Second)
+	for _, n := range []*Node{a, b, c} {
+		must(n.Put(ctx, "tock/"+n.cluster, []byte("t")))
+	}
+	m.settle()
+	waitFor(t, 10*time.Second, func() (bool, string) {
+		_, err := a.CollectTombstones()
+		_, gerr := a.Get("t/c1")
+		var nf *api.NotFoundError
+		return err == nil && errors.As(gerr, &nf) && nf.Deleted == "" && a.repl.keptFor("c") == nil,
+			fmt.Sprintf("t/c1 at a: %v (%v), kept %+v", gerr, err, a.repl.keptFor("c"))
+	})
+}
+
+// TestReleasedNarrowing: an operator who declares a link's narrowing
+// permanent releases the tombstones kept for a widening: the next
+// collection takes them. A later widening then backfills what the tree
+// holds, and a key the peer held that this cluster deleted meanwhile stays
+// there: a comparison lists it as a possible resurrection, never copied.
+func TestReleasedNarrowing(t *testing.T) {
+	pc := hlc.NewManualClock(int64(1000 * time.Hour))
+	m := newTestMesh(t, pc, func(o *Options) {
+		o.TombstoneRetention = 10 * time.Minute
+		o.PinWindow = time.Minute
+	}, "a", "c")
+	a, c := m.nodes["a"], m.nodes["c"]
+	ctx := context.Background()
+	must := mustWrite(t)
+	must(c.Put(ctx, "t/c1", []byte("c")))
+	m.settle()
+	if _, err := a.ReleaseLinkFilter("c"); !errors.Is(err, api.ErrBadRequest) {
+		t.Fatalf("releasing an unfiltered link: %v", err)
+	}
+	if _, err := a.SetLinkFilter("c", entry.Filter{Exclude: []string{"t/"}}); err != nil {
+		t.Fatal(err)
+	}
+	pc.Advance(time.Second)
+	must(a.Delete(ctx, "t/c1"))
+	m.settle()
+	pc.Advance(20 * time.Minute)
+	must(a.Put(ctx, "tick/a", []byte("t")))
+	must(c.Put(ctx, "tick/c", []byte("t")))
+	m.settle()
+	if _, err := a.CollectTombstones(); err != nil {
+		t.Fatal(err)
+	}
+	var nf *api.NotFoundError
+	if _, err := a.Get("t/c1"); !errors.As(err, &nf) || nf.Deleted == "" {
+		t.Fatalf("a collected a delete its link held back: %v", err)
+	}
+	rep, err := a.ReleaseLinkFilter("c")
+	if err != nil || len(rep.Released) != 1 || rep.Released[0].Start != "t/" || len(rep.Keep) != 0 {
+		t.Fatalf("release: %+v %v", rep, err)
+	}
+	if _, err := a.CollectTombstones(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.Get("t/c1"); !errors.As(err, &nf) || nf.Deleted != "" {
+		t.Fatalf("a kept the delete of t/c1 after the release: %v", err)
+	}
+	if k := a.repl.keptFor("c"); k != nil {
+		t.Fatalf("kept after the release: %+v", k)
+	}
+	if _, err := a.SetLinkFilter("c", entry.Filter{}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 20*time.Second, func() (bool, string) {
+		ls := a.machine.Link("c")
+		return len(ls.Backfill) == 0 && len(ls.Released) == 0, fmt.Sprintf("pending %q, released %q", ls.Backfill, ls.Released)
+	})
+	if _, err := c.Get("t/c1"); err != nil {
+		t.Fatalf("c lost t/c1: the test expects the released delete never to reach it: %v", err)
+	}
+	diff, err := a.Diff(ctx, "c", true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkDivergent(t, "a's comparison with c after a released narrowing", diff, map[string]client.Lacks{"t/c1": client.LacksMaybeDeleted})
+	if diff.Repaired != 0 {
+		t.Fatalf("a repaired %d", diff.Repaired)
 	}
 }

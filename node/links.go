@@ -118,7 +118,11 @@ func (l linkAdmin) filterReport(peer string) api.FilterReport {
 	n := l.n
 	ls := n.linkSettings(peer)
 	recorded := len(n.machine.Links()[peer].Filters) > 0
-	r := api.FilterReport{Peer: peer, Filter: ls.Current(), Recorded: recorded, Backfill: ls.Backfill, BackfillGeneration: ls.BackfillGen}
+	r := api.FilterReport{Peer: peer, Filter: ls.Current(), Recorded: recorded, Backfill: ls.Backfill, BackfillGeneration: ls.BackfillGen,
+		Released: ls.Released, Kept: n.repl.keptFor(peer)}
+	if n.machine.Format() >= machine.FormatKeptTombstones {
+		r.Keep = ls.KeepSpans()
+	}
 	stream := n.out.Stream()
 	for _, ep := range ls.Filters {
 		e := api.FilterEpochReport{Filter: ep.Filter, From: ep.From}
@@ -164,6 +168,42 @@ func (l linkAdmin) SetLinkFilter(peer string, f entry.Filter) (api.FilterReport,
 			"change it again once the peer has acknowledged those entries and the stream was cut", api.ErrNotWritten, peer, machine.MaxFilterEpochs)
 	}
 	n.log.Warn("the link's filter changed", "peer", peer, "filter", f.Normal().String())
+	return n.filterReport(peer), nil
+}
+
+// ReleaseLinkFilter declares the narrowing of the link to peer permanent:
+// the ranges its filter keeps home now keep no tombstones for a later
+// widening any more (the next collection drops them once past the cutoff).
+// A later widening of them backfills what the tree holds then; keys the
+// peer holds that this cluster deleted meanwhile stay there, and a
+// comparison lists them as possible resurrections (docs/DATAMODEL.md
+// "Filters").
+func (l linkAdmin) ReleaseLinkFilter(peer string) (api.FilterReport, error) {
+	n := l.n
+	if !n.knownPeer(peer) {
+		return api.FilterReport{}, fmt.Errorf("%w: no peer %q", api.ErrNotFound, peer)
+	}
+	if v := n.machine.Format(); v < machine.FormatKeptTombstones {
+		return api.FilterReport{}, fmt.Errorf("%w: the cluster's log is at format %d; releasing a narrowing needs format %d, "+
+			"which the log moves to once every node runs a build that reads it", api.ErrNotWritten, v, machine.FormatKeptTombstones)
+	}
+	if ls := n.linkSettings(peer); ls.Current().All() {
+		return api.FilterReport{}, fmt.Errorf("%w: the link to %s lets every key cross: there is no narrowing to release", api.ErrBadRequest, peer)
+	}
+	if ls := n.machine.Links()[peer]; len(ls.Filters) == 0 {
+		// The flags' filter, not recorded yet: the log records it first.
+		if p, ok := n.peerOption(peer); ok && !p.Filter().All() {
+			seed := &machine.LinkCmd{Peer: peer, SetFilter: true, Filter: p.Filter().Normal(), Seed: true}
+			if err := n.cons.applyCommand(&machine.Command{Link: seed}); err != nil {
+				return api.FilterReport{}, err
+			}
+		}
+	}
+	if _, err := n.cons.commitCommand(&machine.Command{Link: &machine.LinkCmd{Peer: peer, Release: true}}); err != nil {
+		return api.FilterReport{}, err
+	}
+	n.log.Warn("the link's narrowing declared permanent: the tombstones kept for a widening go at the next collection", "peer", peer,
+		"released", n.linkSettings(peer).Released)
 	return n.filterReport(peer), nil
 }
 

@@ -540,8 +540,9 @@ func (n *Node) CollectTombstones() (int, error) {
 		return 0, err
 	}
 	total := 0
+	keep := n.repl.keepRanges()
 	for {
-		cc := &machine.CollectCmd{Cutoff: cutoff, IdemBefore: n.clock.Physical(), Max: collectBatch}
+		cc := &machine.CollectCmd{Cutoff: cutoff, IdemBefore: n.clock.Physical(), Max: collectBatch, Keep: keep}
 		if n.machine.Format() >= machine.FormatConflicts {
 			if before := n.clock.Physical() - int64(n.opts.ConflictRetention); before > 0 {
 				cc.ConflictsBefore = hlc.Timestamp{Wall: before}
@@ -553,6 +554,9 @@ func (n *Node) CollectTombstones() (int, error) {
 			return total, err
 		}
 		total += res.Collected
+		n.repl.keptMu.Lock()
+		n.repl.kept = res.Kept
+		n.repl.keptMu.Unlock()
 		if res.Collected < collectBatch && res.CollectedIdem < collectBatch && res.CollectedConflicts < collectBatch {
 			return total, nil
 		}

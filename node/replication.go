@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"net/http"
+	"slices"
 	"sync"
 	"time"
 
@@ -40,6 +42,47 @@ type replication struct {
 	// linkStates is each link's last state, to log changes once.
 	linkStatesMu sync.Mutex
 	linkStates   map[string]string
+	// kept is what the last collection kept for each link (its filter
+	// held the deletes back); guarded by keptMu.
+	keptMu sync.Mutex
+	kept   map[string]machine.KeptCount
+}
+
+// keptFor is what the last collection kept for the link to peer (nil:
+// nothing).
+func (r *replication) keptFor(peer string) *client.KeptTombstones {
+	r.keptMu.Lock()
+	defer r.keptMu.Unlock()
+	k, ok := r.kept[peer]
+	if !ok {
+		return nil
+	}
+	return &client.KeptTombstones{Tombstones: k.Tombstones, Ranges: k.Ranges, Bytes: k.Bytes}
+}
+
+// keepRanges are, per link, the ranges whose tombstones a collection keeps
+// (entry.LinkSettings.KeepSpans), in the order a collect command carries
+// them (nil before format 7: the log cannot carry them yet).
+func (r *replication) keepRanges() []machine.KeepRanges {
+	n := r.n
+	if n.machine.Format() < machine.FormatKeptTombstones {
+		return nil
+	}
+	peers := map[string]bool{}
+	for name := range n.machine.Links() {
+		peers[name] = true
+	}
+	for _, p := range r.linkPeers() {
+		peers[p.Name] = true
+	}
+	var out []machine.KeepRanges
+	for _, name := range slices.Sorted(maps.Keys(peers)) {
+		ls := n.linkSettings(name)
+		if spans := ls.KeepSpans(); len(spans) > 0 {
+			out = append(out, machine.KeepRanges{Peer: name, Spans: spans})
+		}
+	}
+	return out
 }
 
 func (r *replication) setupReplication() error {
@@ -443,6 +486,7 @@ func (n *Node) PeerStatus() []client.LinkStatus {
 	for _, sh := range links {
 		st := linkStatus(sh.Status(th, n.repl.oldestCommitWall))
 		st.AntiEntropy = n.antiEntropy.status(st.Peer)
+		st.KeptTombstones = n.repl.keptFor(st.Peer)
 		out = append(out, st)
 	}
 	return out

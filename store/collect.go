@@ -26,6 +26,24 @@ func (s *Store) CollectTombstones(cutoff hlc.Timestamp, max int) (int, error) {
 // CollectTombstones is Store.CollectTombstones in the batch (a command of
 // the cluster's log: every node collects the same).
 func (b *Batch) CollectTombstones(cutoff hlc.Timestamp, max int) (int, error) {
+	return b.CollectTombstonesKeeping(cutoff, max, nil)
+}
+
+// Keeper says which tombstones a collection leaves: Keep reports a key's
+// tombstone (isRange false) or a range delete [start, end) to keep (end
+// "": the end of the key space), and Kept is told each one left, with the
+// bytes it holds (its record and its index entry, or its range record).
+type Keeper interface {
+	Keep(start, end string, isRange bool) bool
+	Kept(start, end string, isRange bool, bytes int)
+}
+
+// CollectTombstonesKeeping is CollectTombstones leaving the tombstones and
+// range tombstones below cutoff that keep names (nil: none). What it
+// leaves does not count against max, and is met again at every collection:
+// a link narrowed for long keeps them until a widening carried them, or the
+// operator released them.
+func (b *Batch) CollectTombstonesKeeping(cutoff hlc.Timestamp, max int, keep Keeper) (int, error) {
 	if max <= 0 {
 		max = 10000
 	}
@@ -43,6 +61,15 @@ func (b *Batch) CollectTombstones(cutoff hlc.Timestamp, max int) (int, error) {
 			return n, fmt.Errorf("store: tombstone index: %w: %v", ErrCorrupt, err)
 		}
 		key := string(ik[1+hlc.EncodedLen:])
+		if keep != nil && keep.Keep(key, "", false) {
+			size := len(ik)
+			if v, closer, err := b.s.db.Get(dataKey(key)); err == nil {
+				size += 1 + len(key) + len(v)
+				closer.Close()
+			}
+			keep.Kept(key, "", false, size)
+			continue
+		}
 		if err := b.pb.Delete(bytes.Clone(ik), nil); err != nil {
 			it.Close()
 			return n, err
@@ -65,6 +92,6 @@ func (b *Batch) CollectTombstones(cutoff hlc.Timestamp, max int) (int, error) {
 	if err := it.Close(); err != nil {
 		return n, fmt.Errorf("store: collect tombstones: %w", err)
 	}
-	rn, err := b.collectRanges(cutoff)
+	rn, err := b.collectRanges(cutoff, keep)
 	return n + rn, err
 }

@@ -143,11 +143,13 @@ func (b *Batch) MergeRange(r RangeTombstone) (entry.Outcome, int, error) {
 
 // collectRanges drops range tombstones older than cutoff (the store's list
 // changes when the batch commits).
-func (b *Batch) collectRanges(cutoff hlc.Timestamp) (int, error) {
+func (b *Batch) collectRanges(cutoff hlc.Timestamp, keeper Keeper) (int, error) {
 	keep := make([]RangeTombstone, 0, len(b.s.ranges))
 	n := 0
 	for _, r := range b.s.ranges {
-		if r.Stamp.HLC.Less(cutoff) {
+		if r.Stamp.HLC.Less(cutoff) && keeper != nil && keeper.Keep(r.Start, r.End, true) {
+			keeper.Kept(r.Start, r.End, true, len(rangeKey(&r))+64)
+		} else if r.Stamp.HLC.Less(cutoff) {
 			if err := b.pb.Delete(rangeKey(&r), nil); err != nil {
 				return n, err
 			}

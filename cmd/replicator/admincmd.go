@@ -16,12 +16,13 @@ import (
 	"time"
 
 	"github.com/replicator/replicator/client"
+	"github.com/replicator/replicator/entry"
 	"github.com/replicator/replicator/node/api"
 )
 
 const adminUsage = `replicator admin wal|peers|origin|digest|cluster [--addr URL] [-o table|json]
 replicator admin pause|resume|reseed|detach PEER [--addr URL]
-replicator admin filter PEER [--include PREFIX]... [--exclude PREFIX]... [--every-key] [--addr URL]
+replicator admin filter PEER [--include PREFIX]... [--exclude PREFIX]... [--every-key] [--release] [--addr URL]
 replicator admin bandwidth PEER [RATE] [--addr URL]
 replicator admin cluster join NODE-ID RAFT-ADDR | cluster remove NODE-ID[.INCARNATION] [--addr URL]
 replicator admin rebuild-tree [--addr URL]   sum the node's kept hashes afresh from its tree, correct wrong ones`
@@ -53,7 +54,7 @@ func runAdmin(cmd string, args []string) error {
 	// Each command lists (and takes) only its own flags.
 	wait, force := new(bool), new(string)
 	var prefixes, include, exclude []string
-	everyKey := new(bool)
+	everyKey, release := new(bool), new(bool)
 	*wait = true
 	switch cmd {
 	case "reseed":
@@ -62,6 +63,7 @@ func runAdmin(cmd string, args []string) error {
 		fs.Var(listFlag{&include}, "include", "only keys under this prefix cross (repeatable); with --exclude, replaces the link's filter")
 		fs.Var(listFlag{&exclude}, "exclude", "keys under this prefix never cross (repeatable)")
 		fs.BoolVar(everyKey, "every-key", false, "let every key cross (no filter)")
+		fs.BoolVar(release, "release", false, "declare the link's narrowing permanent: the tombstones kept for a later widening of what the filter keeps home go")
 	case "digest":
 		fs.Var(listFlag{&prefixes}, "prefix", "hash only the keys under this prefix (repeatable: under any of them), to prove two clusters agree on what a link's filter lets cross")
 	case "cluster":
@@ -78,7 +80,7 @@ func runAdmin(cmd string, args []string) error {
 	defer cancel()
 	switch cmd {
 	case "filter":
-		return runFilter(ctx, c, &cf, fs.Args(), include, exclude, *everyKey)
+		return runFilter(ctx, c, &cf, fs.Args(), include, exclude, *everyKey, *release)
 	case "bandwidth":
 		return runBandwidth(ctx, c, &cf, fs.Args())
 	case "pause", "resume", "reseed", "detach":
@@ -375,16 +377,23 @@ func isBoolFlag(arg string) bool {
 }
 
 // runFilter shows the link's filter, or sets it.
-func runFilter(ctx context.Context, c *client.Client, cf *clientFlags, args, include, exclude []string, everyKey bool) error {
+func runFilter(ctx context.Context, c *client.Client, cf *clientFlags, args, include, exclude []string, everyKey, release bool) error {
 	if len(args) != 1 {
-		return usagef("usage: replicator filter PEER [--include PREFIX]... [--exclude PREFIX]... [--every-key]")
+		return usagef("usage: replicator filter PEER [--include PREFIX]... [--exclude PREFIX]... [--every-key] [--release]")
 	}
 	if everyKey && (len(include) > 0 || len(exclude) > 0) {
 		return usagef("--every-key takes no --include or --exclude")
 	}
+	if release && (everyKey || len(include) > 0 || len(exclude) > 0) {
+		return usagef("--release takes no other flag: it releases the narrowing of the filter in force")
+	}
 	path := "/admin/peers/" + url.PathEscape(args[0]) + "/filter"
 	var r api.FilterReport
-	if !everyKey && len(include) == 0 && len(exclude) == 0 {
+	if release {
+		if _, err := c.Do(ctx, http.MethodPost, path+"/release", nil, nil, &r); err != nil {
+			return asWrite(err)
+		}
+	} else if !everyKey && len(include) == 0 && len(exclude) == 0 {
 		if _, err := c.Do(ctx, http.MethodGet, path, nil, nil, &r); err != nil {
 			return err
 		}
@@ -402,6 +411,22 @@ func runFilter(ctx context.Context, c *client.Client, cf *clientFlags, args, inc
 		fmt.Fprintf(w, "peer    %s\nfilter  %s (%s)\n", r.Peer, r.Filter.String(), state)
 		for _, ep := range r.Epochs {
 			fmt.Fprintf(w, "  from index %d: %s\n", ep.From, ep.Filter.String())
+		}
+		spans := func(ss []entry.Span) string {
+			var parts []string
+			for _, sp := range ss {
+				parts = append(parts, fmt.Sprintf("[%q, %q)", sp.Start, sp.End))
+			}
+			return strings.Join(parts, " ")
+		}
+		if len(r.Keep) > 0 {
+			fmt.Fprintf(w, "tombstones kept for a widening in %s\n", spans(r.Keep))
+		}
+		if k := r.Kept; k != nil {
+			fmt.Fprintf(w, "  the last collection kept %d tombstones and %d range deletes (%s)\n", k.Tombstones, k.Ranges, human(k.Bytes))
+		}
+		if len(r.Released) > 0 {
+			fmt.Fprintf(w, "released (a permanent narrowing: no tombstones kept) %s\n", spans(r.Released))
 		}
 	})
 }

@@ -69,7 +69,7 @@ func root() *cobra.Command {
 		command("digest [--prefix P]... [--json]", "hash of the live state, or of the keys under prefixes (equal on converged clusters)", admin("digest")),
 		command("diff --peer PEER [--repair]", "compare this cluster's tree with a peer's: the keys they disagree on, and who lacks what (anti-entropy)", runDiff(false)),
 		command("repair --peer PEER", "pull and apply what this cluster lacks of a peer's tree (diff --repair)", runDiff(true)),
-		command("filter PEER [--include P]... [--exclude P]... [--every-key]", "show or change what crosses the link to a peer (the cluster's log records it)", admin("filter")),
+		command("filter PEER [--include P]... [--exclude P]... [--every-key] [--release]", "show or change what crosses the link to a peer (the cluster's log records it)", admin("filter")),
 		command("bandwidth PEER [RATE]", "show or change the link's bandwidth limit, e.g. 20MiB (0: none; the cluster's log records it)", admin("bandwidth")),
 		command("admin wal|peers|origin|digest|cluster|rebuild-tree | pause|resume|reseed|detach|filter|bandwidth PEER | cluster join|remove NODE", "admin documents as tables, peer link actions and the cluster's membership", admin("admin")),
 		command("conflicts [--key K | --prefix P] [--since 1h] [-o json] | restore ID", "what last-writer-wins discarded although the winner had not seen it (the conflict log); restore writes a loser back", runConflicts),

@@ -305,6 +305,14 @@ type FilterReport struct {
 	// has not taken yet, and the widening's generation.
 	Backfill           []entry.Span `json:"backfill_pending,omitempty"`
 	BackfillGeneration uint64       `json:"backfill_generation,omitempty"`
+	// Keep are the ranges whose tombstones the cluster keeps for this link
+	// whatever the collection cutoff (what the filter keeps home, less
+	// what was released, and what is still to backfill); Released the
+	// ranges the operator declared a permanent narrowing of; Kept what the
+	// last collection kept (docs/DATAMODEL.md "Filters").
+	Keep     []entry.Span           `json:"keep_tombstones_in,omitempty"`
+	Released []entry.Span           `json:"released,omitempty"`
+	Kept     *client.KeptTombstones `json:"kept_tombstones,omitempty"`
 }
 
 // FilterEpochReport is one filter of a link and the first index of the

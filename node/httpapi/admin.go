@@ -54,6 +54,18 @@ func (a *API) registerAdmin(mux *http.ServeMux) {
 		registerPprof(mux)
 	}
 	mux.HandleFunc("/admin/peers/{name}/filter", a.handleFilter)
+	mux.HandleFunc("/admin/peers/{name}/filter/release", func(w http.ResponseWriter, r *http.Request) {
+		if r.Method != http.MethodPost {
+			methodNotAllowed(w, r, "POST")
+			return
+		}
+		rep, err := a.node.ReleaseLinkFilter(r.PathValue("name"))
+		if err != nil {
+			WriteErr(w, err)
+			return
+		}
+		writeJSON(w, http.StatusOK, rep)
+	})
 	mux.HandleFunc("/admin/peers/{name}/bandwidth", a.handleBandwidth)
 	mux.HandleFunc("/admin/peers/{name}/diff", a.handleDiff)
 	if a.opts.Tree != nil {

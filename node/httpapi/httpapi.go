@@ -55,6 +55,9 @@ type Links interface {
 	DiscardDeadLetter(id string) error
 	LinkFilter(peer string) (api.FilterReport, error)
 	SetLinkFilter(peer string, f entry.Filter) (api.FilterReport, error)
+	// ReleaseLinkFilter declares the link's narrowing permanent: the
+	// tombstones kept for a widening go.
+	ReleaseLinkFilter(peer string) (api.FilterReport, error)
 	LinkBandwidth(peer string) (api.BandwidthReport, error)
 	SetLinkBandwidth(peer string, bytesPerSec int64) (api.BandwidthReport, error)
 	// Diff compares the cluster's tree with the peer's, and repairs what
