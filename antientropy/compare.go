@@ -524,6 +524,35 @@ func liveRanges(rs []wire.Range, a, b hlc.Timestamp, pair func(origin string) bo
 			out = append(out, r)
 		}
 	}
+	// One range delete may be kept in pieces that touch (a filtered link
+	// ships the part it lets cross, and a widening's backfill the rest):
+	// the pieces of one stamp are joined, so that only the keys covered
+	// are compared, not how they were carried.
+	slices.SortFunc(out, func(x, y wire.Range) int {
+		switch {
+		case x.Stamp != y.Stamp:
+			return x.Stamp.Compare(y.Stamp)
+		case x.Origin != y.Origin:
+			return strings.Compare(x.Origin, y.Origin)
+		case x.Start != y.Start:
+			return strings.Compare(x.Start, y.Start)
+		}
+		return strings.Compare(x.End, y.End)
+	})
+	joined := out[:0]
+	for _, r := range out {
+		if n := len(joined); n > 0 {
+			last := &joined[n-1]
+			if last.Stamp == r.Stamp && last.Origin == r.Origin && (last.End == "" || r.Start <= last.End) {
+				if last.End != "" && (r.End == "" || r.End > last.End) {
+					last.End = r.End
+				}
+				continue
+			}
+		}
+		joined = append(joined, r)
+	}
+	out = joined
 	slices.SortFunc(out, func(x, y wire.Range) int {
 		switch {
 		case x.Start != y.Start:
