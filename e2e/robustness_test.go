@@ -991,8 +991,9 @@ func noDivergence(clusters []string, leader func(c string) *client.Client) []str
 			case err != nil:
 				out = append(out, fmt.Sprintf("diff %s with %s: %v", c, p, err))
 			case len(r.Divergent) > 0 || !r.Equal || r.LeavesDiffering > 0:
-				out = append(out, fmt.Sprintf("diff %s with %s after convergence: %d divergent keys (first %+v), equal %v, %d leaves differing, %d in flight, ranges %d here %d there",
-					c, p, len(r.Divergent), r.Divergent[:min(1, len(r.Divergent))], r.Equal, r.LeavesDiffering, r.InFlight, r.RangesHere, r.RangesPeer))
+				out = append(out, fmt.Sprintf("diff %s with %s after convergence: %d divergent keys (first %+v), equal %v, %d leaves differing, %d in flight, ranges %d here %d there (only here %+v, only there %+v)",
+					c, p, len(r.Divergent), r.Divergent[:min(1, len(r.Divergent))], r.Equal, r.LeavesDiffering, r.InFlight, r.RangesHere, r.RangesPeer,
+					r.RangesOnlyHere[:min(3, len(r.RangesOnlyHere))], r.RangesOnlyPeer[:min(3, len(r.RangesOnlyPeer))]))
 			}
 		}
 	}

@@ -277,6 +277,7 @@ func (m *Machine) ApplyCommand(index uint64, c *Command) (*Result, error) {
 	}
 	b := m.st.NewBatch()
 	defer func() { b.Close() }()
+	b.LegacyRangePieces = m.format.Load() < FormatRangePieces
 	if m.format.Load() >= FormatConflicts {
 		// Versions carry contexts: every merge reads what its key holds
 		// and moves its conflict records along (an inbound batch also

@@ -37,6 +37,11 @@ const FormatRepair = 5
 // before the log moves to it.
 const FormatRepairJudged = 7
 
+// FormatRangePieces is format 7 too: from it a piece of a range delete that
+// begins where a kept one of the same stamp does never shrinks the kept
+// one (store.Batch.LegacyRangePieces).
+const FormatRangePieces = FormatRepairJudged
+
 // FormatKeptTombstones is format 7 too: from it a collect command keeps,
 // per link, the tombstones of the ranges the link's filter held deletes
 // back from (CollectCmd.Keep), and a link command may release them

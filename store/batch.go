@@ -37,6 +37,15 @@ type Batch struct {
 	pendingRanges []RangeTombstone
 	// replaceRanges, when set, is the store's range list after collection.
 	replaceRanges *[]RangeTombstone
+	// rangesGrown: a pending range tombstone replaces a shorter one of the
+	// same stamp and start (MergeRange).
+	rangesGrown bool
+	// LegacyRangePieces applies range deletes as builds before command
+	// format 7 did: a piece of a range delete that begins where a kept one
+	// does is written over it, shorter or not. The machine sets it while
+	// the log is below that format, so that every node of a cluster keeps
+	// the same range tombstones whatever its build.
+	LegacyRangePieces bool
 	// hlc is the clock high-water mark this batch raises the store's to
 	// (zero: it does not).
 	hlc hlc.Timestamp
@@ -306,5 +315,31 @@ func (b *Batch) Commit(sync bool) error {
 		b.s.setMarkLocked(c)
 	}
 	b.s.ranges = append(b.s.ranges, b.pendingRanges...)
+	if b.rangesGrown {
+		b.s.ranges = longestPerStart(b.s.ranges)
+	}
 	return nil
+}
+
+// longestPerStart keeps, of the range tombstones of one stamp and start
+// (one record in the tree), the one reaching furthest, in order.
+func longestPerStart(rs []RangeTombstone) []RangeTombstone {
+	type id struct {
+		st    entry.Stamp
+		start string
+	}
+	best := map[id]int{}
+	out := rs[:0:0]
+	for _, r := range rs {
+		k := id{r.Stamp, r.Start}
+		i, ok := best[k]
+		switch {
+		case !ok:
+			best[k] = len(out)
+			out = append(out, r)
+		case out[i].End != "" && (r.End == "" || r.End > out[i].End):
+			out[i].End = r.End
+		}
+	}
+	return out
 }

@@ -84,9 +84,22 @@ func (b *Batch) MergeRange(r RangeTombstone) (entry.Outcome, int, error) {
 	}
 	for _, list := range [][]RangeTombstone{b.s.ranges, b.pendingRanges} {
 		for _, x := range list {
-			if x.Stamp == r.Stamp && x.Start == r.Start && x.End == r.End {
+			if b.LegacyRangePieces && x.Stamp == r.Stamp && x.Start == r.Start && x.End == r.End {
 				return entry.Duplicate, 0, nil
 			}
+			if b.LegacyRangePieces || x.Stamp != r.Stamp || x.Start != r.Start {
+				continue
+			}
+			// One record per stamp and start (rangeKey): the same range
+			// delete kept whole, or in a piece that begins where r does (a
+			// filtered link carries the part it lets cross, a backfill
+			// another). A piece r covers adds nothing; a longer r grows the
+			// record to its end, never shrinks it (a shorter piece written
+			// over the whole would let an older write back into the rest).
+			if x.End == "" || (r.End != "" && r.End <= x.End) {
+				return entry.Duplicate, 0, nil
+			}
+			b.rangesGrown = true
 		}
 	}
 	// Keys of the range: stored ones, and this batch's own.

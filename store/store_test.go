@@ -740,3 +740,57 @@ func FuzzDecodeIdem(f *testing.F) {
 		}
 	})
 }
+
+// TestRangePieceNeverShrinksTheRange: one range delete kept whole and a
+// piece of it that begins where it does (a filtered link carried one part,
+// a backfill another) share one record: the piece is a duplicate, and the
+// range still covers its whole span, after a reopen too (before, the piece
+// was written over the record and shrank it, letting an older write back
+// into the rest); a longer piece grows it.
+func TestRangePieceNeverShrinksTheRange(t *testing.T) {
+	dir := t.TempDir()
+	s, err := Open(dir, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	merge := func(start, end string) entry.Outcome {
+		t.Helper()
+		b := s.NewBatch()
+		defer b.Close()
+		out, _, err := b.MergeRange(RangeTombstone{Start: start, End: end, Stamp: st(50, 0, "c")})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := b.Commit(true); err != nil {
+			t.Fatal(err)
+		}
+		return out
+	}
+	check := func(when, end string) {
+		t.Helper()
+		rs := s.RangeTombstones()
+		if len(rs) != 1 || rs[0].Start != "k/19" || rs[0].End != end {
+			t.Fatalf("%s: ranges %+v, want [k/19, %s)", when, rs, end)
+		}
+		if out, _ := s.Set("k/21", []byte("late"), st(40, 0, "d")); out != entry.Stale {
+			t.Fatalf("%s: an older write into the range: %s", when, out)
+		}
+	}
+	if out := merge("k/19", "k/22"); out != entry.Applied {
+		t.Fatal(out)
+	}
+	if out := merge("k/19", "k/2"); out != entry.Duplicate {
+		t.Fatalf("a piece of the range: %s", out)
+	}
+	check("after the piece", "k/22")
+	if out := merge("k/19", "k/25"); out != entry.Applied {
+		t.Fatalf("a longer piece: %s", out)
+	}
+	check("after a longer piece", "k/25")
+	s.Close()
+	if s, err = Open(dir, nil); err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	check("after a reopen", "k/25")
+}
