@@ -47,6 +47,9 @@ type Log interface {
 	// UpdateReseed changes a peer's re-seed record (entry.ReseedRequested,
 	// entry.AwaitRejoin) to f of what it holds, returning what it held.
 	UpdateReseed(peer string, f func(byte) byte) (byte, error)
+	// SetFromPeer records the peer's own filter toward this cluster, as
+	// its heartbeat said (Options.FromPeer reads it back).
+	SetFromPeer(peer string, f entry.Filter) error
 }
 
 // Defaults of Options.Permits and Options.PermitQueue.
@@ -135,7 +138,14 @@ type Options struct {
 	// are dropped before they reach the log, whose older members would
 	// not read them.
 	TakesContexts func() bool
-	Logger        *slog.Logger
+	// TakesOriginFilters, when set, says whether this cluster's log records
+	// each sender's filter toward it (command format 7); FromPeer is what
+	// it recorded of a peer (nil: nothing). A snapshot's relay of a third
+	// cluster's write that cluster's own filter toward this one keeps home
+	// is not taken.
+	TakesOriginFilters func() bool
+	FromPeer           func(peer string) *entry.Filter
+	Logger             *slog.Logger
 }
 
 // Acceptor serves POST /v1/replicate. Safe for concurrent use.
@@ -229,7 +239,11 @@ func (a *Acceptor) Limits() wire.Limits {
 	// waits for it (awaitSender) instead of being refused as a gap.
 	pipe := min(max(1, a.opts.Permits/2), max(1, a.opts.MaxBodies/4), 2)
 	return wire.Limits{MaxBody: a.opts.MaxBodyBytes, MaxKey: a.opts.MaxKeyBytes, MaxValue: a.opts.MaxValueBytes, Pipeline: pipe,
-		Markers: a.takesMarkers(), Contexts: a.takesContexts()}
+		Markers: a.takesMarkers(), Contexts: a.takesContexts(), OriginFilters: a.takesOriginFilters()}
+}
+
+func (a *Acceptor) takesOriginFilters() bool {
+	return a.opts.TakesOriginFilters != nil && a.opts.TakesOriginFilters() && a.opts.FromPeer != nil
 }
 
 func (a *Acceptor) takesContexts() bool { return a.opts.TakesContexts != nil && a.opts.TakesContexts() }

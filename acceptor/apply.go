@@ -100,7 +100,8 @@ func (a *Acceptor) Apply(sender string, b *wire.Batch) (wire.Ack, error) {
 		c.Stale += uint64(res.Stale)
 		c.Duplicates += uint64(res.Duplicates)
 		c.DroppedOwn += uint64(dropped + res.DroppedOwn)
-		c.DroppedUnknown += uint64(res.DroppedUnknown)
+		c.DroppedUnknown += uint64(res.DroppedUnknown - sc.withheld)
+		c.Withheld += uint64(sc.withheld)
 		c.DeadLettered += uint64(res.DeadLettered)
 		c.Filtered += res.Filtered
 		c.Conflicts += uint64(res.Conflicts)
@@ -116,9 +117,11 @@ type screened struct {
 	maxTS       hlc.Timestamp     // the highest commit or stamp among them
 	deadReasons map[uint64]string // entries set aside as dead letters, and why
 	// own and unknown mark snapshot entries authored by this cluster and
-	// by clusters this node does not know (see screen).
+	// by clusters this node does not know, or whose author's filter toward
+	// this cluster keeps them home (see screen): withheld counts those.
 	own, unknown map[uint64]bool
 	dropped      int // this cluster's own entries, shipped back
+	withheld     int
 }
 
 // screen checks every entry of b against its sender, its stream, this
@@ -131,7 +134,7 @@ func (a *Acceptor) screen(sender string, b *wire.Batch) (*screened, error) {
 	// own marks snapshot entries authored by this cluster: applied only in
 	// a re-seed this node asked for.
 	var own, unknown map[uint64]bool
-	dropped := 0
+	dropped, withheld := 0, 0
 	if (b.Begin != nil || b.Backfill) && !a.takesMarkers() {
 		// Both come with command format 3: a node of an older build
 		// could not apply them as the others do.
@@ -176,6 +179,15 @@ func (a *Acceptor) screen(sender string, b *wire.Batch) (*screened, error) {
 				unknown = map[uint64]bool{}
 			}
 			unknown[e.Index] = true
+		} else if b.Snapshot && a.withheldBy(e, sender) {
+			// A relay of a third cluster's write that cluster's own filter
+			// toward this one keeps home: it would never send it here, and
+			// a copy taken from another cluster would go stale.
+			if unknown == nil {
+				unknown = map[uint64]bool{}
+			}
+			unknown[e.Index] = true
+			withheld++
 		}
 		if err := a.checkEntry(e, b.Snapshot); err != nil {
 			// The entry is well-formed but breaks one of this node's own
@@ -212,7 +224,7 @@ func (a *Acceptor) screen(sender string, b *wire.Batch) (*screened, error) {
 			return nil, fmt.Errorf("%w: %s: %w", ErrClockOffset, st.what, err)
 		}
 	}
-	return &screened{ents: ents, maxTS: maxTS, deadReasons: deadReasons, own: own, unknown: unknown, dropped: dropped}, nil
+	return &screened{ents: ents, maxTS: maxTS, deadReasons: deadReasons, own: own, unknown: unknown, dropped: dropped, withheld: withheld}, nil
 }
 
 func endCommit(e *wire.SnapshotEnd) *hlc.Timestamp {
@@ -304,6 +316,27 @@ func (a *Acceptor) author(e *entry.Entry) string {
 		return entry.ComponentCluster(e.CounterComponent())
 	}
 	return e.LWW().Origin
+}
+
+// withheldBy reports a snapshot entry from sender relaying a third
+// cluster's write that the author's own filter toward this cluster (as
+// its heartbeats said, recorded in the log) keeps home.
+func (a *Acceptor) withheldBy(e *entry.Entry, sender string) bool {
+	author := a.author(e)
+	if author == sender || author == a.opts.Local || !a.takesOriginFilters() {
+		return false
+	}
+	f := a.opts.FromPeer(author)
+	if f == nil || f.All() {
+		return false
+	}
+	switch e.Op {
+	case entry.OpDeleteRange:
+		return len(f.Clip(e.Key, e.End)) == 0
+	case entry.OpSet, entry.OpDelete, entry.OpCounter:
+		return !f.Match(e.Key)
+	}
+	return false
 }
 
 // authoredHere reports whether a snapshot entry relays a write of this

@@ -27,6 +27,10 @@ type Counts struct {
 	// collection horizon, of keys it held nothing of, not taken: they may
 	// have been deleted here (docs/ANTIENTROPY.md).
 	Resurrections uint64 `json:"possible_resurrections"`
+	// Withheld are snapshot entries relaying a third cluster's writes that
+	// the third cluster's own filter toward this one keeps home, not taken
+	// (docs/DATAMODEL.md "Filters").
+	Withheld uint64 `json:"withheld_by_origin_filter"`
 }
 
 // Counts returns a copy of the per-origin counters.

@@ -40,6 +40,15 @@ func (a *Acceptor) heartbeat(sender string, b *wire.Batch, ack wire.Ack, dropped
 	} else if ok {
 		ack.Seeding = snap.String()
 	}
+	if f := b.OwnFilter; f != nil && a.takesOriginFilters() {
+		if had := a.opts.FromPeer(sender); had == nil || !had.Equal(f.Normal()) {
+			if err := a.log.SetFromPeer(sender, f.Normal()); err != nil {
+				return ack, err
+			}
+			a.opts.Logger.Info("replicate: peer's filter toward this cluster recorded: its writes others relay are kept to it",
+				"sender", sender, "filter", f.Normal().String())
+		}
+	}
 	// The sender's rejoin phase with this node, told in every heartbeat,
 	// is what the R record must say: asking (owed a re-seed, and awaited),
 	// seeding (awaited), or nothing (a record left from a rejoin that

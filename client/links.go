@@ -132,4 +132,7 @@ type PeerLimits struct {
 	Pipeline int   `json:"pipeline,omitempty"`
 	Markers  bool  `json:"markers,omitempty"`
 	Contexts bool  `json:"contexts,omitempty"`
+	// OriginFilters: the peer records this cluster's filter toward it
+	// (heartbeats say it), and keeps relays to it.
+	OriginFilters bool `json:"origin_filters,omitempty"`
 }

@@ -318,6 +318,11 @@ type LinkSettings struct {
 	// operator declared permanent: the cluster keeps no tombstone of them
 	// for a later widening (KeepSpans). A widening takes its ranges out.
 	Released []Span `json:"released,omitempty"`
+	// FromPeer is the peer's own filter toward this cluster, as its
+	// heartbeats last said (nil: it never said, a build before it): what
+	// other clusters relay of the peer's writes in snapshots is kept to it
+	// (issue 45).
+	FromPeer *Filter `json:"from_peer,omitempty"`
 }
 
 // KeepSpans are the ranges whose tombstones and range tombstones the

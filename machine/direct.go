@@ -4,6 +4,7 @@ import (
 	"errors"
 	"sync"
 
+	"github.com/replicator/replicator/entry"
 	"github.com/replicator/replicator/store"
 )
 
@@ -48,6 +49,13 @@ func (d *Direct) UpdateRecord(peer string, record byte, f func(byte) byte) (byte
 // UpdateReseed changes a peer's re-seed record (acceptor.Log).
 func (d *Direct) UpdateReseed(peer string, f func(byte) byte) (byte, error) {
 	return d.UpdateRecord(peer, RecordReseed, f)
+}
+
+// SetFromPeer records the peer's own filter toward this cluster
+// (acceptor.Log).
+func (d *Direct) SetFromPeer(peer string, f entry.Filter) error {
+	_, err := d.Apply(&Command{Link: &LinkCmd{Peer: peer, SetFromPeer: true, Filter: f}})
+	return err
 }
 
 // ApplyInbound applies an admitted batch (acceptor.Log).

@@ -45,6 +45,9 @@ type LinkCmd struct {
 	// ranges its filter keeps home now keep no tombstones for a later
 	// widening (entry.LinkSettings.Released; from format 7).
 	Release bool
+	// SetFromPeer: Filter is the peer's own filter toward this cluster,
+	// as its heartbeat said (entry.LinkSettings.FromPeer; from format 7).
+	SetFromPeer bool
 }
 
 // Link command flags, as encoded.
@@ -53,6 +56,7 @@ const (
 	linkSetBandwidth = 1 << 1
 	linkSeed         = 1 << 2
 	linkRelease      = 1 << 3 // from format 7
+	linkFromPeer     = 1 << 4 // from format 7
 )
 
 // maxFilterEpochs bounds a link's filter history: epochs go once the
@@ -76,6 +80,9 @@ func encodeLink(enc *msgpack.Encoder, lc *LinkCmd) error {
 	}
 	if lc.Release {
 		flags |= linkRelease
+	}
+	if lc.SetFromPeer {
+		flags |= linkFromPeer
 	}
 	err := errors.Join(enc.EncodeArrayLen(7), enc.EncodeUint(uint64(KindLink)), enc.EncodeString(lc.Peer),
 		enc.EncodeUint(uint64(flags)), enc.EncodeArrayLen(len(lc.Filter.Include)))
@@ -102,11 +109,11 @@ func decodeLink(dec *msgpack.Decoder, c *Command) error {
 	if err != nil {
 		return err
 	}
-	if flags&^(linkSetFilter|linkSetBandwidth|linkSeed|linkRelease) != 0 {
+	if flags&^(linkSetFilter|linkSetBandwidth|linkSeed|linkRelease|linkFromPeer) != 0 || flags&(linkSetFilter|linkFromPeer) == linkSetFilter|linkFromPeer {
 		return fmt.Errorf("link flags %#x", flags)
 	}
 	lc.SetFilter, lc.SetBandwidth, lc.Seed = flags&linkSetFilter != 0, flags&linkSetBandwidth != 0, flags&linkSeed != 0
-	lc.Release = flags&linkRelease != 0
+	lc.Release, lc.SetFromPeer = flags&linkRelease != 0, flags&linkFromPeer != 0
 	for _, list := range []*[]string{&lc.Filter.Include, &lc.Filter.Exclude} {
 		n, err := dec.DecodeArrayLen()
 		if err != nil {
@@ -205,6 +212,10 @@ func (m *Machine) applyLink(b *store.Batch, lc *LinkCmd) (*Result, func(), error
 	}
 	if lc.Release {
 		ls.Released = ls.Current().Excluded()
+	}
+	if lc.SetFromPeer {
+		f := lc.Filter.Normal()
+		ls.FromPeer = &f
 	}
 	if err := b.SetLinkSettings(lc.Peer, ls); err != nil {
 		return nil, nil, err

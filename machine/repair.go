@@ -42,6 +42,11 @@ const FormatRepairJudged = 7
 // one (store.Batch.LegacyRangePieces).
 const FormatRangePieces = FormatRepairJudged
 
+// FormatOriginFilters is format 7 too: from it the log records each peer's
+// own filter toward this cluster (LinkCmd.SetFromPeer), and snapshots'
+// relays of a third cluster's writes are kept to that cluster's filter.
+const FormatOriginFilters = FormatRepairJudged
+
 // FormatKeptTombstones is format 7 too: from it a collect command keeps,
 // per link, the tombstones of the ranges the link's filter held deletes
 // back from (CollectCmd.Keep), and a link command may release them

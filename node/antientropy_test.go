@@ -504,3 +504,52 @@ func TestAntiEntropyOverAThirdClustersFilter(t *testing.T) {
 		t.Fatal("b holds c-only/1, which c's filter keeps from it: a repair copied it across")
 	}
 }
+
+// TestRelaysKeepToTheOriginsFilter (issue 45, case 2's other door): c's
+// link to b keeps c-only/ home; a holds c's writes there. A re-seed of b by
+// a relays every key a holds, and used to hand b c's c-only/ keys, which
+// then went stale (c's later writes never reach b). c now tells b its
+// filter toward it in its heartbeats, b's log records it, and b takes no
+// relay of c's writes that filter keeps home (counted as withheld).
+func TestRelaysKeepToTheOriginsFilter(t *testing.T) {
+	m := newTestMesh(t, hlc.SystemClock{}, nil, "a", "b", "c")
+	a, b, c := m.nodes["a"], m.nodes["b"], m.nodes["c"]
+	ctx := context.Background()
+	if _, err := c.SetLinkFilter("b", entry.Filter{Exclude: []string{"c-only/"}}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, func() (bool, string) {
+		f := b.machine.Link("c").FromPeer
+		return f != nil && f.String() == "-c-only/", fmt.Sprintf("b records c's filter toward it as %v", f)
+	})
+	for _, k := range []string{"c-only/1", "c-only/2", "shared/1"} {
+		if _, err := c.Put(ctx, k, []byte("v1")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := a.Put(ctx, "c-only/by-a", []byte("a's")); err != nil { // a's own write under c's prefix crosses
+		t.Fatal(err)
+	}
+	m.settle()
+	if err := a.ReseedPeer("b"); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 20*time.Second, func() (bool, string) {
+		l := link(t, a, "b")
+		return l.Reseed.Runs == 1 && !l.Reseed.Running, fmt.Sprintf("%+v", l.Reseed)
+	})
+	m.settle()
+	for _, k := range []string{"c-only/1", "c-only/2"} {
+		if _, err := b.Get(k); err == nil {
+			t.Fatalf("b holds %s: a's re-seed relayed a write c's filter keeps from b", k)
+		}
+	}
+	for _, k := range []string{"shared/1", "c-only/by-a"} {
+		if _, err := b.Get(k); err != nil {
+			t.Fatalf("b lacks %s after a's re-seed: %v", k, err)
+		}
+	}
+	if got := b.PeersReport().Incoming["a"].Withheld; got != 2 {
+		t.Fatalf("b withheld %d relayed entries of a's re-seed, want 2", got)
+	}
+}

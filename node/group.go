@@ -446,6 +446,17 @@ func (cs *consensus) commitCommand(c *machine.Command) (*machine.Result, error) 
 	return res, nil
 }
 
+// SetFromPeer records, through the log, the peer's own filter toward this
+// cluster (acceptor.Log): relays of its writes are kept to it.
+func (cs *consensus) SetFromPeer(peer string, f entry.Filter) error {
+	n := cs.n
+	if n.machine.Format() < machine.FormatOriginFilters {
+		return nil // the acceptor does not ask before it (TakesOriginFilters)
+	}
+	_, err := cs.commitCommand(&machine.Command{Link: &machine.LinkCmd{Peer: peer, SetFromPeer: true, Filter: f}})
+	return err
+}
+
 // UpdateReseed changes a peer's re-seed record through the log
 // (acceptor.Log).
 func (cs *consensus) UpdateReseed(peer string, f func(byte) byte) (byte, error) {

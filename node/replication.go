@@ -92,20 +92,22 @@ func (r *replication) setupReplication() error {
 		secrets[p.Name] = p.Secret
 	}
 	n.acceptor = acceptor.New(n.store, &n.cons, n.clock, acceptor.Options{
-		Local:         n.cluster,
-		Tree:          n.antiEntropy.answer,
-		Version:       n.opts.BuildVersion,
-		Secrets:       secrets,
-		Insecure:      n.opts.InsecurePeers,
-		CertCluster:   n.tls.certCluster,
-		MaxBodyBytes:  n.opts.MaxReplicateBytes,
-		MaxKeyBytes:   n.opts.MaxKeyBytes,
-		MaxValueBytes: n.opts.MaxValueBytes,
-		PinWindow:     n.opts.PinWindow,
-		Permits:       n.opts.Permits,
-		PermitQueue:   n.opts.PermitQueue,
-		PermitWait:    n.opts.PermitWait,
-		MaxBodies:     n.opts.MaxBodiesInFlight,
+		Local:              n.cluster,
+		Tree:               n.antiEntropy.answer,
+		Version:            n.opts.BuildVersion,
+		Secrets:            secrets,
+		Insecure:           n.opts.InsecurePeers,
+		CertCluster:        n.tls.certCluster,
+		MaxBodyBytes:       n.opts.MaxReplicateBytes,
+		MaxKeyBytes:        n.opts.MaxKeyBytes,
+		MaxValueBytes:      n.opts.MaxValueBytes,
+		TakesOriginFilters: func() bool { return n.machine.Format() >= machine.FormatOriginFilters },
+		FromPeer:           func(peer string) *entry.Filter { return n.machine.Link(peer).FromPeer },
+		PinWindow:          n.opts.PinWindow,
+		Permits:            n.opts.Permits,
+		PermitQueue:        n.opts.PermitQueue,
+		PermitWait:         n.opts.PermitWait,
+		MaxBodies:          n.opts.MaxBodiesInFlight,
 		ObserveLag: func(origin string, lags []acceptor.Lag) {
 			// Label lookups once per batch, not per entry: this runs on the
 			// apply path of every replicated batch.

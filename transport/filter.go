@@ -200,6 +200,27 @@ func (s *Shipper) takesMarkers() bool {
 
 // takesContexts reports whether the peer said its log keeps causal
 // contexts: to another, entries go without them.
+// tellsFilter says whether the peer records this cluster's filter toward
+// it (heartbeats then carry it).
+func (s *Shipper) tellsFilter() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.mu.limits != nil && s.mu.limits.OriginFilters
+}
+
+// filterUntold says the peer takes this cluster's filter and was not told
+// the one in force now (a heartbeat goes out at once).
+func (s *Shipper) filterUntold() bool {
+	if !s.tellsFilter() {
+		return false
+	}
+	ls := s.settings()
+	now := ls.Current().Normal().String()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.mu.filterTold != now
+}
+
 func (s *Shipper) takesContexts() bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()

@@ -37,7 +37,16 @@ func (s *Shipper) heartbeat(ctx context.Context) error {
 	s.mu.lastHeartbeat = time.Now()
 	s.mu.Unlock()
 	stream := s.log.Stream()
-	body := wire.AppendHeader(nil, &wire.Header{Sender: s.opts.Local, Stream: stream, Rejoining: phase}, 0)
+	h := wire.Header{Sender: s.opts.Local, Stream: stream, Rejoining: phase}
+	var told string
+	if s.tellsFilter() {
+		// What of this cluster's writes may reach the peer: it keeps
+		// other clusters' relays of them to it.
+		ls := s.settings()
+		f := ls.Current().Normal()
+		h.OwnFilter, told = &f, f.String()
+	}
+	body := wire.AppendHeader(nil, &h, 0)
 	sent := s.opts.Now()
 	ack, err := s.post(ctx, body)
 	if err != nil {
@@ -45,6 +54,9 @@ func (s *Shipper) heartbeat(ctx context.Context) error {
 	}
 	s.mu.Lock()
 	s.mu.phaseSent = phase
+	if h.OwnFilter != nil {
+		s.mu.filterTold = told
+	}
 	s.mu.Unlock()
 	if !s.answered(&ack, stream) {
 		return nil

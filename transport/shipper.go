@@ -314,6 +314,9 @@ type Shipper struct {
 		// every heartbeat; phaseSent is the last one the peer confirmed.
 		rejoining, phaseSent uint8
 		lastHeartbeat        time.Time
+		// filterTold is the filter the peer was last told (heartbeats,
+		// Limits.OriginFilters), as String.
+		filterTold string
 		reseedWhy            string // why wantReseed was set
 		// reseedRetry is when a failed re-seed may run again.
 		reseedRetry time.Time
@@ -590,6 +593,7 @@ func (s *Shipper) Run(ctx context.Context) {
 		ask := s.mu.rejoining != s.mu.phaseSent ||
 			s.mu.lastHeartbeat.IsZero() || time.Since(s.mu.lastHeartbeat) >= 5*s.opts.Heartbeat
 		s.mu.Unlock()
+		ask = ask || s.filterUntold()
 		if conflict {
 			// Nothing more of this stream goes out: the node is replacing it.
 			select {

@@ -103,6 +103,12 @@ type Header struct {
 	// keys of those ranges it did not carry, that another cluster wrote
 	// below the horizon (the sender collected their deletes).
 	BackfillEnd *BackfillEnd
+	// OwnFilter, in a heartbeat (of), is the sender's filter toward the
+	// receiver now: what of the sender's own writes may reach it. The
+	// receiver records it in its log and keeps the sender's writes it
+	// would not send out of what other clusters relay in snapshots
+	// (issue 45). Only to a receiver that takes it (Limits.OriginFilters).
+	OwnFilter *entry.Filter
 }
 
 // BackfillEnd is a backfill's trailer.
@@ -151,7 +157,7 @@ func AppendHeader(dst []byte, h *Header, n int) []byte {
 	var buf bytes.Buffer
 	enc := msgpack.NewEncoder(&buf)
 	fields := 4
-	for _, on := range []bool{h.Snapshot, h.End != nil, h.Begin != nil, h.Requested, h.Rejoin, h.Rejoining != 0, len(h.Marks) > 0, h.Backfill, h.BackfillEnd != nil} {
+	for _, on := range []bool{h.Snapshot, h.End != nil, h.Begin != nil, h.Requested, h.Rejoin, h.Rejoining != 0, len(h.Marks) > 0, h.Backfill, h.BackfillEnd != nil, h.OwnFilter != nil} {
 		if on {
 			fields++
 		}
@@ -221,9 +227,46 @@ func AppendHeader(dst []byte, h *Header, n int) []byte {
 			_ = enc.EncodeString(sp.End)
 		}
 	}
+	if f := h.OwnFilter; f != nil {
+		_ = enc.EncodeString("of")
+		_ = enc.EncodeArrayLen(2)
+		for _, list := range [][]string{f.Include, f.Exclude} {
+			_ = enc.EncodeArrayLen(len(list))
+			for _, p := range list {
+				_ = enc.EncodeString(p)
+			}
+		}
+	}
 	_ = enc.EncodeString("entries")
 	_ = enc.EncodeArrayLen(n)
 	return append(dst, buf.Bytes()...)
+}
+
+func decodeOwnFilter(dec *msgpack.Decoder) (*entry.Filter, error) {
+	if n, err := dec.DecodeArrayLen(); err != nil || n != 2 {
+		return nil, fmt.Errorf("own filter: want an array of 2 (%v)", err)
+	}
+	var f entry.Filter
+	for _, list := range []*[]string{&f.Include, &f.Exclude} {
+		n, err := dec.DecodeArrayLen()
+		if err != nil {
+			return nil, err
+		}
+		if n < 0 || n > entry.MaxFilterPrefixes {
+			return nil, fmt.Errorf("a filter of %d prefixes", n)
+		}
+		for i := 0; i < n; i++ {
+			p, err := dec.DecodeString()
+			if err != nil {
+				return nil, err
+			}
+			*list = append(*list, p)
+		}
+	}
+	if err := f.Validate(); err != nil {
+		return nil, err
+	}
+	return &f, nil
 }
 
 func decodeBackfillEnd(dec *msgpack.Decoder) (*BackfillEnd, error) {
@@ -371,7 +414,7 @@ func DecodeBatch(body []byte) (*Batch, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrMalformed, err)
 	}
-	if n < 0 || n > 13 {
+	if n < 0 || n > 14 {
 		return nil, fmt.Errorf("%w: batch map of %d fields", ErrMalformed, n)
 	}
 	var (
@@ -425,6 +468,8 @@ func DecodeBatch(body []byte) (*Batch, error) {
 			b.Backfill, err = dec.DecodeBool()
 		case "bfe":
 			b.BackfillEnd, err = decodeBackfillEnd(dec)
+		case "of":
+			b.OwnFilter, err = decodeOwnFilter(dec)
 		case "entries":
 			if !have["sender"] || !have["stream"] {
 				// Skipping an unread value means walking it, and a
@@ -455,6 +500,9 @@ func DecodeBatch(body []byte) (*Batch, error) {
 	}
 	if b.Rejoining != 0 && b.Snapshot {
 		return nil, fmt.Errorf("%w: a rejoin phase on a snapshot batch", ErrMalformed)
+	}
+	if b.OwnFilter != nil && b.Snapshot {
+		return nil, fmt.Errorf("%w: an own filter on a snapshot batch", ErrMalformed)
 	}
 	if len(b.Marks) > 0 && b.End == nil {
 		return nil, fmt.Errorf("%w: marks outside a re-seed's trailer", ErrMalformed)
@@ -585,6 +633,9 @@ type Limits struct {
 	// format 4): entries may carry them (cx). To another receiver a sender
 	// sends entries without them, since it refuses fields it does not know.
 	Contexts bool `json:"contexts,omitempty"`
+	// OriginFilters says the receiver's log records each sender's filter
+	// toward it (command format 7): heartbeats may carry it (of).
+	OriginFilters bool `json:"origin_filters,omitempty"`
 }
 
 // checkCluster refuses a cluster ID that does not match entry.ClusterIDPattern.
