@@ -317,7 +317,7 @@ type Shipper struct {
 		// filterTold is the filter the peer was last told (heartbeats,
 		// Limits.OriginFilters), as String.
 		filterTold string
-		reseedWhy            string // why wantReseed was set
+		reseedWhy  string // why wantReseed was set
 		// reseedRetry is when a failed re-seed may run again.
 		reseedRetry time.Time
 		conflict    string // non-empty: stopped, see OnConflict
