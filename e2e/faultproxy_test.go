@@ -122,7 +122,11 @@ func (p *faultProxy) serve(w http.ResponseWriter, r *http.Request) {
 		cut(w)
 		return
 	}
-	p.arrived(len(body))
+	if r.URL.Path == "/v1/replicate" {
+		// The link's batches and heartbeats, which its bandwidth limit
+		// charges (not the proof or anti-entropy's tree requests).
+		p.arrived(len(body))
+	}
 	p.mu.Lock()
 	down, loseAck, dup, delay, reset := p.mu.down, p.mu.loseAck, p.mu.dup, p.mu.delay, p.mu.reset
 	loseThis := false

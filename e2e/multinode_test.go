@@ -506,7 +506,7 @@ func TestMultiNodeRobustness(t *testing.T) {
 	}
 	// The leader compares (any node forwards to it); one may be elected
 	// anew meanwhile: waited for, and the comparison asked again.
-	violations := noDivergence(m.clusters, func(c string) *client.Client { return m.waitLeader(c, 30*time.Second).client() })
+	violations := noDivergence(m.clusters, func(c string) *client.Client { return m.waitLeader(c, 30*time.Second).client() }, false)
 	counters := map[string]int64{}
 	for i := 0; i < 3; i++ {
 		k := fmt.Sprintf("ctr/%d", i)

@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -97,7 +98,7 @@ func TestRobustness(t *testing.T) {
 		seeds = []uint64{*seedFlag}
 	}
 	for _, s := range seeds {
-		t.Run(fmt.Sprint("seed-", s), func(t *testing.T) { robustRun(t, s, robustOpts{kinds: faultKinds, addPeer: true}) })
+		t.Run(fmt.Sprint("seed-", s), func(t *testing.T) { robustRun(t, s, robustOpts{kinds: faultKinds, addPeer: true, combined: true}) })
 	}
 }
 
@@ -123,6 +124,7 @@ type robustOpts struct {
 	kinds    []string // the faults drawn
 	addPeer  bool     // a fourth cluster joins two fifths in
 	complete bool     // the conflict logs must be complete (checkConflictsComplete)
+	combined bool     // the combined schedule of issue 45 (combined_test.go)
 }
 
 // robust is one robustness run: the mesh, the faults in flight and what
@@ -143,6 +145,10 @@ type robust struct {
 	// node loses data at a time, as an operator would.
 	destroying bool
 	added      bool // the fourth cluster was added
+	// combo is the combined schedule's (nil without it); hist the run's
+	// history.
+	combo *combo
+	hist  *history
 }
 
 type backup struct {
@@ -174,6 +180,11 @@ func robustRun(t *testing.T, s uint64, o robustOpts) {
 	m := newMesh(t, s, true, names...)
 	rb := &robust{t: t, m: m, diskFile: map[string]string{}, busy: map[string]time.Time{}, injected: map[string]int{},
 		backups: map[string]backup{}}
+	hist := &history{}
+	rb.hist = hist
+	if o.combined {
+		rb.combo = newCombo(rb)
+	}
 	skewed := names[r.IntN(3)]
 	skew := time.Duration(r.IntN(600)-300) * time.Millisecond
 	for _, n := range names {
@@ -185,10 +196,12 @@ func robustRun(t *testing.T, s uint64, o robustOpts) {
 		if n == skewed {
 			p.env = append(p.env, node.TestingEnvPrefix+"CLOCK_OFFSET="+skew.String())
 		}
+		if rb.combo != nil {
+			rb.combo.prepare(p, n)
+		}
 	}
 	m.start()
 	plan := schedule(r, names, d, o.kinds)
-	hist := &history{}
 
 	// faults
 	ctx, cancel := context.WithCancel(context.Background())
@@ -217,6 +230,9 @@ func robustRun(t *testing.T, s uint64, o robustOpts) {
 		// prepared now, so that the map of nodes never changes while
 		// faults read it.
 		m.nodes["d"] = newProc(t, "d", "d")
+		if rb.combo != nil {
+			rb.combo.prepare(m.nodes["d"], "d")
+		}
 		fwg.Add(1)
 		go func() {
 			defer fwg.Done()
@@ -256,8 +272,20 @@ func robustRun(t *testing.T, s uint64, o robustOpts) {
 			go func() {
 				defer wwg.Done()
 				for seq := 0; time.Since(start) < d; seq++ {
+					if rb.combo != nil && name == "c" && cr.IntN(8) == 0 {
+						thirdOp(cl, cr, id, seq, hist)
+						continue
+					}
 					workloadOp(cl, cr, id, name, seq, keys, pairKeys[name], hist)
 				}
+			}()
+		}
+		if rb.combo != nil {
+			wwg.Add(1)
+			wr := newRand(s*1000 + uint64(ni*10+9))
+			go func() {
+				defer wwg.Done()
+				rb.combo.waiter(name, wr, start.Add(d), hist)
 			}()
 		}
 	}
@@ -285,6 +313,10 @@ func robustRun(t *testing.T, s uint64, o robustOpts) {
 				rb.everyKey(from, to)
 			}
 		}
+	}
+	isConverged := converged
+	if rb.combo != nil {
+		isConverged = rb.combo.converged
 	}
 	report := func(why string, violations []string) {
 		dir := *robustReports
@@ -321,7 +353,7 @@ func robustRun(t *testing.T, s uint64, o robustOpts) {
 	for {
 		// The operator replays what was set aside while a limit was low.
 		rb.replayDeadLetters()
-		ok, why := converged(m)
+		ok, why := isConverged(m)
 		if ok {
 			break
 		}
@@ -336,7 +368,7 @@ func robustRun(t *testing.T, s uint64, o robustOpts) {
 	}
 
 	// judge
-	violations := noDivergence(m.names, func(c string) *client.Client { return m.nodes[c].client() })
+	violations := noDivergence(m.names, func(c string) *client.Client { return m.nodes[c].client() }, rb.combo != nil)
 	items, err := m.nodes["a"].client().ScanAll(bg(), client.ScanOptions{})
 	if err != nil {
 		t.Fatal(err)
@@ -369,6 +401,11 @@ func robustRun(t *testing.T, s uint64, o robustOpts) {
 	}
 	conflictViolations, logged := hist.checkConflicts(logs)
 	violations = append(violations, conflictViolations...)
+	if rb.combo != nil {
+		comboViolations, figures := rb.combo.judge(m, hist, logs)
+		violations = append(violations, comboViolations...)
+		logged += "; " + figures
+	}
 	if o.complete {
 		// Every node here keeps contexts from its first write (a node alone
 		// moves its log to format 4 before it serves), so no record may be
@@ -442,7 +479,27 @@ func robustRun(t *testing.T, s uint64, o robustOpts) {
 // converged reports whether every link drained, no re-seed or rejoin is
 // owed or running, and every digest agrees.
 func converged(m *mesh) (bool, string) {
+	if ok, why := linksDrained(m); !ok {
+		return false, why
+	}
 	var first string
+	for _, n := range m.names {
+		d, err := digestOf(m.nodes[n])
+		if err != nil {
+			return false, err.Error()
+		}
+		if first == "" {
+			first = d.Digest
+		} else if d.Digest != first {
+			return false, "digests differ"
+		}
+	}
+	return true, ""
+}
+
+// linksDrained reports whether every link drained and no re-seed or rejoin
+// is owed or running.
+func linksDrained(m *mesh) (bool, string) {
 	for _, n := range m.names {
 		var r api.PeersReport
 		if _, err := m.nodes[n].client().Do(bg(), http.MethodGet, "/admin/peers", nil, nil, &r); err != nil {
@@ -455,15 +512,6 @@ func converged(m *mesh) (bool, string) {
 		}
 		if len(r.Rejoin.Phases) > 0 || len(r.Rejoin.Requests) > 0 {
 			return false, fmt.Sprintf("%s: rejoin under way %+v", n, r.Rejoin)
-		}
-		d, err := digestOf(m.nodes[n])
-		if err != nil {
-			return false, err.Error()
-		}
-		if first == "" {
-			first = d.Digest
-		} else if d.Digest != first {
-			return false, "digests differ"
 		}
 	}
 	return true, ""
@@ -545,9 +593,11 @@ func (rb *robust) setFilter(name, peer, filter string) bool {
 	return err == nil
 }
 
-// everyKey makes sure from's link to peer lets every key cross (retrying
-// while from restarts); a link from does not have is left alone.
+// everyKey makes sure from's link to peer lets every key cross but what it
+// keeps home all along (baseExclude), retrying while from restarts; a link
+// from does not have is left alone.
 func (rb *robust) everyKey(from, peer string) {
+	base := baseExclude(from, peer, rb.combo != nil)
 	for i := 0; i < 60; i++ {
 		var f struct {
 			Filter struct {
@@ -561,9 +611,9 @@ func (rb *robust) everyKey(from, peer string) {
 		switch {
 		case errors.As(err, &ae) && ae.Status == http.StatusNotFound:
 			return
-		case err == nil && len(f.Filter.Include) == 0 && len(f.Filter.Exclude) == 0:
+		case err == nil && len(f.Filter.Include) == 0 && strings.Join(f.Filter.Exclude, " ") == strings.Join(base, " "):
 			return
-		case err == nil && rb.setFilter(from, peer, `{}`):
+		case err == nil && rb.setFilter(from, peer, filterJSON(base)):
 			return
 		}
 		time.Sleep(250 * time.Millisecond)
@@ -621,16 +671,34 @@ func (rb *robust) runFault(f fault) {
 	case "filter":
 		// The operator narrows the link (a tenth of the keys and a counter
 		// stay home), then lets every key cross again: the widening
-		// backfills what the peer missed, deletes included.
-		if rb.setFilter(from, to, `{"exclude": ["k/1", "ctr/1"]}`) {
-			rb.count(f.Kind)
-			time.Sleep(f.For)
+		// backfills what the peer missed, deletes included. In the
+		// combined run the narrowing outlasts the tombstone retention, so
+		// that deletes made meanwhile are past the cutoff when it widens.
+		base := baseExclude(from, to, rb.combo != nil)
+		narrow := append(slices.Clone(base), "k/1", "ctr/1")
+		hold := f.For
+		if rb.combo != nil {
+			narrow = append(narrow, "w/1")
+			hold += 12 * time.Second
 		}
-		for i := 0; i < 40 && !rb.setFilter(from, to, `{}`); i++ {
+		if rb.setFilter(from, to, filterJSON(narrow)) {
+			rb.count(f.Kind)
+			time.Sleep(hold)
+			if rb.combo != nil {
+				rb.combo.noteKept(from, to)
+			}
+		}
+		for i := 0; i < 40 && !rb.setFilter(from, to, filterJSON(base)); i++ {
 			time.Sleep(250 * time.Millisecond)
 		}
 		return
 	case "admin-pause":
+		if rb.combo != nil {
+			if rb.combo.pauseChecked(from, to, f.For, rb.hist) {
+				rb.count(f.Kind)
+			}
+			return
+		}
 		if rb.admin(from, "/admin/peers/"+to+"/pause") {
 			rb.count(f.Kind)
 			time.Sleep(f.For)
@@ -713,6 +781,9 @@ func (rb *robust) destroy(name, kind string) bool {
 	}
 	p.kill()
 	killed := time.Now()
+	if rb.combo != nil {
+		rb.combo.lostData(name)
+	}
 	time.Sleep(time.Second) // what was on the wire lands (delays are < 0.4 s)
 	var above entry.Stamp
 	for _, peer := range rb.names() {
@@ -965,7 +1036,7 @@ func workloadOp(c *client.Client, r *rand.Rand, id, cluster string, seq int, key
 // noDivergence asks each cluster to compare its tree with every other's
 // (anti-entropy, docs/ANTIENTROPY.md): once the mesh converged, no key
 // may differ, and the trees' roots must be equal.
-func noDivergence(clusters []string, leader func(c string) *client.Client) []string {
+func noDivergence(clusters []string, leader func(c string) *client.Client, combined bool) []string {
 	var out []string
 	for _, c := range clusters {
 		for _, p := range clusters {
@@ -990,6 +1061,12 @@ func noDivergence(clusters []string, leader func(c string) *client.Client) []str
 			switch {
 			case err != nil:
 				out = append(out, fmt.Sprintf("diff %s with %s: %v", c, p, err))
+			case combined && len(r.Divergent) == 0 && !r.RangesDiffer && len(r.ThirdOrigin) > 0:
+				// c's keys that c's link keeps from b: listed apart, never
+				// divergence between the two.
+				for _, v := range thirdOrigin(r) {
+					out = append(out, fmt.Sprintf("diff %s with %s: %s", c, p, v))
+				}
 			case len(r.Divergent) > 0 || !r.Equal || r.LeavesDiffering > 0:
 				out = append(out, fmt.Sprintf("diff %s with %s after convergence: %d divergent keys (first %+v), equal %v, %d leaves differing, %d in flight, ranges %d here %d there (only here %+v, only there %+v)",
 					c, p, len(r.Divergent), r.Divergent[:min(1, len(r.Divergent))], r.Equal, r.LeavesDiffering, r.InFlight, r.RangesHere, r.RangesPeer,

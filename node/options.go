@@ -426,8 +426,14 @@ func (o *Options) Validate() error {
 	if o.MaxValueBytes < 0 || o.MaxValueBytes > 64<<20 {
 		add("MaxValueBytes %d out of range [0, 64 MiB]", o.MaxValueBytes)
 	}
-	if o.TombstoneRetention < time.Minute {
-		add("TombstoneRetention %s is below 1m", o.TombstoneRetention)
+	// The floor of the retentions: a robustness run collects within
+	// seconds (Testing.ShortRetention), an operator never below a minute.
+	floor := time.Minute
+	if o.Testing.ShortRetention {
+		floor = time.Second
+	}
+	if o.TombstoneRetention < floor {
+		add("TombstoneRetention %s is below %s", o.TombstoneRetention, floor)
 	}
 	if o.ConflictRetention < time.Minute {
 		add("ConflictRetention %s is below 1m", o.ConflictRetention)
@@ -474,8 +480,8 @@ func (o *Options) Validate() error {
 		// delete could let a retried write's old stamp back in.
 		add("IdempotencyWindow %s must be at most TombstoneRetention %s", o.IdempotencyWindow, o.TombstoneRetention)
 	}
-	if o.IdempotencyWindow < time.Minute {
-		add("IdempotencyWindow %s is below 1m", o.IdempotencyWindow)
+	if o.IdempotencyWindow < floor {
+		add("IdempotencyWindow %s is below %s", o.IdempotencyWindow, floor)
 	}
 	if o.PeerSANMode != "" && o.PeerSANMode != SANModeURI && o.PeerSANMode != SANModeDNS {
 		add("PeerSANMode %q, want uri or dns", o.PeerSANMode)
@@ -671,6 +677,11 @@ type Testing struct {
 	// proposed; an error it returns fails the command as a lost lead would,
 	// before anything is proposed. Tests only (no flag or variable sets it).
 	CommandFault func(*machine.Command) error
+	// ShortRetention lowers the floor of TombstoneRetention and
+	// IdempotencyWindow from a minute to a second: the combined robustness
+	// schedule collects deletes while links are narrowed and widened within
+	// a run of seconds ($REPLICATOR_TESTING_SHORT_RETENTION=1).
+	ShortRetention bool
 	// RESPCrashKey, when set, kills the process (SIGKILL) once a RESP write
 	// of that key committed and before its answer is written: the crash
 	// between commit and answer, whose write must be there after a restart.
@@ -686,9 +697,10 @@ const TestingEnvPrefix = "REPLICATOR_TESTING_"
 // REPLICATOR_TESTING_GC_INTERVAL (durations).
 func TestingFromEnv(getenv func(string) string) (Testing, error) {
 	t := Testing{
-		DiskFullFile:  getenv(TestingEnvPrefix + "DISK_FULL_FILE"),
-		RaftBlockFile: getenv(TestingEnvPrefix + "RAFT_BLOCK_FILE"),
-		RESPCrashKey:  getenv(TestingEnvPrefix + "RESP_CRASH_KEY"),
+		DiskFullFile:   getenv(TestingEnvPrefix + "DISK_FULL_FILE"),
+		RaftBlockFile:  getenv(TestingEnvPrefix + "RAFT_BLOCK_FILE"),
+		RESPCrashKey:   getenv(TestingEnvPrefix + "RESP_CRASH_KEY"),
+		ShortRetention: getenv(TestingEnvPrefix+"SHORT_RETENTION") == "1",
 	}
 	for _, d := range []struct {
 		name string
