@@ -533,7 +533,6 @@ func thirdOrigin(r client.DiffReport) []string {
 	return bad
 }
 
-
 // thirdOp is one of c's writes under c-only/ (a put or a delete), which c's
 // link to b keeps home, recorded.
 func thirdOp(c *client.Client, r *rand.Rand, id string, seq int, h *history) {
