@@ -173,10 +173,12 @@ func Compare(ctx context.Context, peerName string, local, peer Tree, opts Option
 		nodes, rep.Truncated = append(append([]int(nil), nodes[off:]...), nodes[:off]...)[:MaxLeavesPerPass], true
 	}
 	if len(nodes) == 0 {
-		// Equal live versions; equal only if the range deletes of the two
-		// clusters agree too (a side without one would keep an older
-		// write that arrives late into its range).
-		rep.Equal = !rep.RangesDiffer
+		// Equal live versions. Range deletes are reported beside it
+		// (RangesDiffer), not in it: a tree restored from an old backup
+		// keeps range tombstones every other cluster collected, and a
+		// wiped tree's horizon does not say what it never held, so a
+		// difference of range tombstones is not a difference of data.
+		rep.Equal = true
 		rep.Bytes = counted(opts)
 		return rep, nil
 	}

@@ -508,7 +508,7 @@ func TestCompareTheOriginRule(t *testing.T) {
 	}
 	rng(x, "r/", "r0", at(600, "a"))
 	ne, err := Compare(context.Background(), "b", Local{St: x.st}, Local{St: y.st}, Options{Local: "a", Sleep: noSleep})
-	if err != nil || ne.Equal || !ne.RangesDiffer || len(ne.RangesOnlyHere) != 1 || ne.RangesOnlyHere[0].Start != "r/" {
+	if err != nil || !ne.Equal || !ne.RangesDiffer || len(ne.RangesOnlyHere) != 1 || ne.RangesOnlyHere[0].Start != "r/" || len(ne.RangesOnlyPeer) != 0 {
 		t.Fatalf("a's own range delete b lacks, with equal live versions: equal %v, differ %v, only here %+v (%v)", ne.Equal, ne.RangesDiffer, ne.RangesOnlyHere, err)
 	}
 }

@@ -111,10 +111,14 @@ type DiffReport struct {
 	RangesPeer   int  `json:"ranges_peer"`
 	// RangesOnlyHere and RangesOnlyPeer are the range deletes of either
 	// side's own cluster (of this pair) that one side keeps and the other
-	// does not, clipped to the comparison's scope. Such a difference makes
-	// the comparison not Equal: the side without it would keep an older
-	// write that arrives late into the range. Range deletes of third
-	// clusters are left out (their filters decide where they go).
+	// does not, clipped to the comparison's scope. Informational (Equal
+	// speaks of live versions): a side without one would keep an older
+	// write that arrived late into the range, which the collection rules
+	// say cannot come any more once both collected below it; but a tree
+	// restored from an old backup keeps range tombstones the others
+	// collected, and a wiped tree's horizon does not say what it never
+	// held. Range deletes of third clusters are left out (their filters
+	// decide where they go).
 	RangesOnlyHere []RangeDelete `json:"ranges_only_here,omitempty"`
 	RangesOnlyPeer []RangeDelete `json:"ranges_only_peer,omitempty"`
 	// Bytes is what crossed the wire to and from the peer.

@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -493,15 +494,75 @@ func (cb *combo) judge(m *mesh, h *history, logs map[string][]client.Conflict) (
 			possible += int(in.Resurrections)
 		}
 	}
+	var horizons []string
+	for _, n := range m.names {
+		if h := cb.horizon(n); h.IsZero() {
+			horizons = append(horizons, n+" none")
+		} else {
+			horizons = append(horizons, fmt.Sprintf("%s %s ago", n, time.Since(h).Round(time.Second)))
+		}
+	}
 	cb.mu.Lock()
 	defer cb.mu.Unlock()
 	bad = append(bad, cb.bad...)
-	figures := fmt.Sprintf("combined: %d WAIT checks (%d over filtered keys), %d pause checks, most tombstones a narrowed link kept %d, "+
+	figures := fmt.Sprintf("combined: %d WAIT checks (%d over filtered keys), %d pause checks, %d collection horizon moves, %d narrowings collected past, most tombstones a narrowed link kept %d, "+
 		"%d versions repaired by the background pass, %d relays withheld by an origin's filter, %d possible resurrections not taken, "+
-		"a -> b %d bytes, at most %d in 5 s (%.2f of the limit), throttled %.1f s",
-		cb.counts["wait-checks"], cb.counts["wait-checks-filtered"], cb.counts["pause-checks"], cb.kept,
-		repaired, withheld, possible, total, most, float64(most)/(5*comboBandwidth), throttled)
+		"a -> b %d bytes, at most %d in 5 s (%.2f of the limit), throttled %.1f s; collected below: %s",
+		cb.counts["wait-checks"], cb.counts["wait-checks-filtered"], cb.counts["pause-checks"], cb.counts["horizon-moves"], cb.counts["collected-while-narrowed"], cb.kept,
+		repaired, withheld, possible, total, most, float64(most)/(5*comboBandwidth), throttled, strings.Join(horizons, ", "))
 	return bad, figures
+}
+
+// horizon is the cutoff below which name collected tombstones (zero: none,
+// or unknown), as a read of a key never written says.
+func (cb *combo) horizon(name string) time.Time {
+	resp, err := http.Get(cb.rb.m.nodes[name].url + "/v1/kv/zz/never-written")
+	if err != nil {
+		return time.Time{}
+	}
+	defer resp.Body.Close()
+	var e struct {
+		Error struct {
+			CollectedBelow string `json:"collected_below"`
+		} `json:"error"`
+	}
+	if json.NewDecoder(resp.Body).Decode(&e) != nil {
+		return time.Time{}
+	}
+	st, ok := stampOf(e.Error.CollectedBelow + "@x")
+	if !ok {
+		return time.Time{}
+	}
+	return time.Unix(0, st.HLC.Wall)
+}
+
+// awaitCollection waits until name collected tombstones past since (for at
+// most d), and counts it when it did.
+func (cb *combo) awaitCollection(name string, since time.Time, d time.Duration) {
+	for deadline := time.Now().Add(d); time.Now().Before(deadline); time.Sleep(250 * time.Millisecond) {
+		if cb.horizon(name).After(since.Add(time.Second)) {
+			cb.count("collected-while-narrowed", 1)
+			return
+		}
+	}
+}
+
+// sampleHorizons counts, until until, how often each cluster's collection
+// horizon moved (sampled every second): the run's report says how often
+// collection ran under the faults.
+func (cb *combo) sampleHorizons(until time.Time) {
+	last := map[string]time.Time{}
+	for time.Now().Before(until) {
+		for _, n := range cb.rb.names() {
+			if h := cb.horizon(n); h.After(last[n]) {
+				if !last[n].IsZero() {
+					cb.count("horizon-moves", 1)
+				}
+				last[n] = h
+			}
+		}
+		time.Sleep(time.Second)
+	}
 }
 
 // noteKept records what from's link to to keeps for a widening.

@@ -280,6 +280,13 @@ func robustRun(t *testing.T, s uint64, o robustOpts) {
 				}
 			}()
 		}
+		if rb.combo != nil && ni == 0 {
+			wwg.Add(1)
+			go func() {
+				defer wwg.Done()
+				rb.combo.sampleHorizons(start.Add(d))
+			}()
+		}
 		if rb.combo != nil {
 			wwg.Add(1)
 			wr := newRand(s*1000 + uint64(ni*10+9))
@@ -676,15 +683,18 @@ func (rb *robust) runFault(f fault) {
 		// that deletes made meanwhile are past the cutoff when it widens.
 		base := baseExclude(from, to, rb.combo != nil)
 		narrow := append(slices.Clone(base), "k/1", "ctr/1")
-		hold := f.For
 		if rb.combo != nil {
 			narrow = append(narrow, "w/1")
-			hold += 12 * time.Second
 		}
+		narrowed := time.Now()
 		if rb.setFilter(from, to, filterJSON(narrow)) {
 			rb.count(f.Kind)
-			time.Sleep(hold)
+			time.Sleep(f.For)
 			if rb.combo != nil {
+				// Held until from collected past the narrowing (deletes
+				// made since are then kept for the widening), for at most
+				// 40 s (faults may hold collection back all along).
+				rb.combo.awaitCollection(from, narrowed, 40*time.Second)
 				rb.combo.noteKept(from, to)
 			}
 		}

@@ -57,11 +57,11 @@ func runDiff(repair bool) func(args []string) error {
 
 func diffTable(w io.Writer, r *client.DiffReport, limit int) {
 	switch {
-	case r.Equal:
-		fmt.Fprintf(w, "equal: this cluster and %s hold the same live versions and range deletes (%s exchanged, %.1fs)\n", r.Peer, human(r.Bytes), r.Seconds)
+	case r.Equal && !r.RangesDiffer:
+		fmt.Fprintf(w, "equal: this cluster and %s hold the same live versions (%s exchanged, %.1fs)\n", r.Peer, human(r.Bytes), r.Seconds)
 		return
-	case r.LeavesDiffering == 0:
-		fmt.Fprintf(w, "the same live versions, but not the same range deletes (%s exchanged, %.1fs)\n", human(r.Bytes), r.Seconds)
+	case r.Equal:
+		fmt.Fprintf(w, "equal: this cluster and %s hold the same live versions (%s exchanged, %.1fs)\n", r.Peer, human(r.Bytes), r.Seconds)
 	case len(r.Divergent) == 0:
 		fmt.Fprintf(w, "no divergent key: %d leaves differed, %d keys compared, %d in flight (%s exchanged, %.1fs)\n",
 			r.LeavesDiffering, r.Compared, r.InFlight, human(r.Bytes), r.Seconds)
@@ -79,7 +79,7 @@ func diffTable(w io.Writer, r *client.DiffReport, limit int) {
 		fmt.Fprintf(w, "%d keys differ only in a third cluster's version: not divergence between these two (that cluster's links carry them, or its filter keeps them from one side); -o json lists them\n", len(r.ThirdOrigin))
 	}
 	if r.RangesDiffer {
-		fmt.Fprintf(w, "the two clusters keep different range deletes: %d only here, %d only at %s (-o json lists them)\n", len(r.RangesOnlyHere), len(r.RangesOnlyPeer), r.Peer)
+		fmt.Fprintf(w, "they keep different range deletes of their own: %d only here, %d only at %s (-o json lists them; docs/OPERATIONS.md)\n", len(r.RangesOnlyHere), len(r.RangesOnlyPeer), r.Peer)
 	}
 	if r.Repaired >= 0 {
 		fmt.Fprintf(w, "repaired: %d versions pulled from %s and applied here\n", r.Repaired, r.Peer)
