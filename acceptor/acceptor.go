@@ -145,7 +145,11 @@ type Options struct {
 	// is not taken.
 	TakesOriginFilters func() bool
 	FromPeer           func(peer string) *entry.Filter
-	Logger             *slog.Logger
+	// OnIdle, when set, is told a sender's idle frontier (wire.Header.Idle)
+	// once this node's mark of the stream reaches the index it names:
+	// nothing older than bound can still come from the sender's stream.
+	OnIdle func(sender string, bound hlc.Timestamp)
+	Logger *slog.Logger
 }
 
 // Acceptor serves POST /v1/replicate. Safe for concurrent use.
@@ -239,7 +243,7 @@ func (a *Acceptor) Limits() wire.Limits {
 	// waits for it (awaitSender) instead of being refused as a gap.
 	pipe := min(max(1, a.opts.Permits/2), max(1, a.opts.MaxBodies/4), 2)
 	return wire.Limits{MaxBody: a.opts.MaxBodyBytes, MaxKey: a.opts.MaxKeyBytes, MaxValue: a.opts.MaxValueBytes, Pipeline: pipe,
-		Markers: a.takesMarkers(), Contexts: a.takesContexts(), OriginFilters: a.takesOriginFilters()}
+		Markers: a.takesMarkers(), Contexts: a.takesContexts(), OriginFilters: a.takesOriginFilters(), IdleFrontiers: a.opts.OnIdle != nil}
 }
 
 func (a *Acceptor) takesOriginFilters() bool {

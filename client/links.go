@@ -135,4 +135,8 @@ type PeerLimits struct {
 	// OriginFilters: the peer records this cluster's filter toward it
 	// (heartbeats say it), and keeps relays to it.
 	OriginFilters bool `json:"origin_filters,omitempty"`
+	// IdleFrontiers: the peer takes an idle stream's frontier from
+	// heartbeats (its tombstone collection is not held back by a cluster
+	// that writes nothing).
+	IdleFrontiers bool `json:"idle_frontiers,omitempty"`
 }

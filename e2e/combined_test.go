@@ -539,12 +539,14 @@ func (cb *combo) horizon(name string) time.Time {
 // awaitCollection waits until name collected tombstones past since (for at
 // most d), and counts it when it did.
 func (cb *combo) awaitCollection(name string, since time.Time, d time.Duration) {
+	var h time.Time
 	for deadline := time.Now().Add(d); time.Now().Before(deadline); time.Sleep(250 * time.Millisecond) {
-		if cb.horizon(name).After(since.Add(time.Second)) {
+		if h = cb.horizon(name); h.After(since.Add(time.Second)) {
 			cb.count("collected-while-narrowed", 1)
 			return
 		}
 	}
+	cb.rb.t.Logf("narrowing at %s: %s collected below %s by %s, not past it", since.Format("15:04:05.000"), name, h.Format("15:04:05.000"), time.Now().Format("15:04:05.000"))
 }
 
 // sampleHorizons counts, until until, how often each cluster's collection

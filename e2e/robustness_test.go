@@ -1071,7 +1071,7 @@ func noDivergence(clusters []string, leader func(c string) *client.Client, combi
 			switch {
 			case err != nil:
 				out = append(out, fmt.Sprintf("diff %s with %s: %v", c, p, err))
-			case combined && len(r.Divergent) == 0 && !r.RangesDiffer && len(r.ThirdOrigin) > 0:
+			case combined && len(r.Divergent) == 0 && len(r.ThirdOrigin) > 0:
 				// c's keys that c's link keeps from b: listed apart, never
 				// divergence between the two.
 				for _, v := range thirdOrigin(r) {

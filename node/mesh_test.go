@@ -330,3 +330,34 @@ func TestOpenSnapshotHoldsCollection(t *testing.T) {
 		t.Fatalf("a collected %d tombstones (%v) with only a removed peer's snapshot open, want 1", n, err)
 	}
 }
+
+// TestIdlePeerDoesNotHoldCollection: a peer that writes nothing (a standby
+// region that only receives) held every tombstone of its peers for ever:
+// its applied frontier there never moves ("nothing applied from b yet", or
+// its last write's commit). Its heartbeats now say when every entry of its
+// stream is acknowledged and that what it appends later is committed above
+// its clock: the peers count that as its frontier, and collect.
+func TestIdlePeerDoesNotHoldCollection(t *testing.T) {
+	pc := hlc.NewManualClock(int64(1000 * time.Hour))
+	m := newTestMesh(t, pc, func(o *Options) {
+		o.TombstoneRetention = 10 * time.Minute
+		o.PinWindow = time.Minute
+	}, "a", "b")
+	a := m.nodes["a"]
+	ctx := context.Background()
+	if _, err := a.Put(ctx, "k", []byte("v")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.Delete(ctx, "k"); err != nil {
+		t.Fatal(err)
+	}
+	pc.Advance(12 * time.Minute)
+	if _, err := a.Put(ctx, "later", []byte("y")); err != nil { // only a writes
+		t.Fatal(err)
+	}
+	m.settle()
+	waitFor(t, 10*time.Second, func() (bool, string) {
+		n, err := a.CollectTombstones()
+		return err == nil && n == 1, fmt.Sprintf("a collected %d tombstones (%v) with b idle", n, err)
+	})
+}

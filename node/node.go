@@ -535,9 +535,12 @@ const collectBatch = 10000
 // (see tombstoneCutoff), and the idempotency records expired, and reports
 // how many tombstones went.
 func (n *Node) CollectTombstones() (int, error) {
-	cutoff, err := n.repl.tombstoneCutoff()
+	cutoff, why, err := n.repl.tombstoneCutoffWhy()
 	if err != nil {
 		return 0, err
+	}
+	if why != "" {
+		n.log.Debug("tombstones are not collected now", "why", why)
 	}
 	total := 0
 	keep := n.repl.keepRanges()

@@ -46,6 +46,37 @@ type replication struct {
 	// held the deletes back); guarded by keptMu.
 	keptMu sync.Mutex
 	kept   map[string]machine.KeptCount
+	// idle is each peer's idle frontier, from its heartbeats (guarded by
+	// idleMu): a peer that writes nothing holds collection back no more
+	// than to its last heartbeat. In memory: a new leader starts from the
+	// streams' marks again.
+	idleMu sync.Mutex
+	idle   map[string]hlc.Timestamp
+}
+
+// idleBound is a bound every entry appended from now on is committed
+// above, and the stream's last index, read in that order: the clock, then
+// the floor of a group being stamped, then the end of the stream
+// (transport.Options.IdleBound, as tombstoneCutoff reads them).
+func (r *replication) idleBound() (hlc.Timestamp, uint64) {
+	n := r.n
+	bound := n.clock.Now() // every commit after it is above it
+	if f := n.com.floor.Load(); f != nil && f.Less(bound) {
+		bound = *f
+	}
+	return bound, n.out.Last()
+}
+
+// noteIdle records a peer's idle frontier (acceptor.Options.OnIdle).
+func (r *replication) noteIdle(peer string, bound hlc.Timestamp) {
+	r.idleMu.Lock()
+	defer r.idleMu.Unlock()
+	if r.idle == nil {
+		r.idle = map[string]hlc.Timestamp{}
+	}
+	if r.idle[peer].Less(bound) {
+		r.idle[peer] = bound
+	}
 }
 
 // keptFor is what the last collection kept for the link to peer (nil:
@@ -102,6 +133,7 @@ func (r *replication) setupReplication() error {
 		MaxKeyBytes:        n.opts.MaxKeyBytes,
 		MaxValueBytes:      n.opts.MaxValueBytes,
 		TakesOriginFilters: func() bool { return n.machine.Format() >= machine.FormatOriginFilters },
+		OnIdle:             n.repl.noteIdle,
 		FromPeer:           func(peer string) *entry.Filter { return n.machine.Link(peer).FromPeer },
 		PinWindow:          n.opts.PinWindow,
 		Permits:            n.opts.Permits,
@@ -184,6 +216,7 @@ func (r *replication) addLink(p Peer) (*transport.Shipper, error) {
 		Now:             n.clock.Physical,
 		Applied:         n.applied.Load,
 		Link:            n.linkSettings,
+		IdleBound:       n.repl.idleBound,
 		Snapshots:       snapshots{n.store},
 		AutoReseed:      !n.opts.NoAutoReseed,
 		StoreHasData:    !empty,
@@ -356,6 +389,13 @@ func (n *Node) TruncateWAL() error {
 //     (this node's, or a peer's that will re-seed this node), and no
 //     re-seed or backfill from a peer is open here (store.OpenSnapshot).
 func (r *replication) tombstoneCutoff() (hlc.Timestamp, error) {
+	cutoff, _, err := r.tombstoneCutoffWhy()
+	return cutoff, err
+}
+
+// tombstoneCutoffWhy is tombstoneCutoff and, when nothing may be collected
+// (a zero cutoff), why: the node logs it (DEBUG) and /admin/wal shows it.
+func (r *replication) tombstoneCutoffWhy() (hlc.Timestamp, string, error) {
 	n := r.n
 	cutoff := hlc.Timestamp{Wall: n.clock.Physical() - int64(n.opts.TombstoneRetention)}
 	lower := func(ts hlc.Timestamp) {
@@ -364,15 +404,15 @@ func (r *replication) tombstoneCutoff() (hlc.Timestamp, error) {
 		}
 	}
 	if rj, err := n.store.Rejoin(); err != nil || len(rj) > 0 {
-		return hlc.Timestamp{}, err
+		return hlc.Timestamp{}, "a rejoin is under way", err
 	}
 	if rr, err := n.store.ReseedRequests(); err != nil || len(rr) > 0 {
-		return hlc.Timestamp{}, err
+		return hlc.Timestamp{}, fmt.Sprintf("a peer awaits a re-seed from this cluster (%d requests)", len(rr)), err
 	}
 	if open, err := r.openSnapshotsOfPeers(); err != nil || open {
 		// A re-seed or backfill coming in relays old versions, which a
 		// tombstone collected meanwhile could no longer shadow.
-		return hlc.Timestamp{}, err
+		return hlc.Timestamp{}, "a re-seed or backfill from a peer is open here", err
 	}
 	// Outbound first: read the clock, then the floor of a group being
 	// stamped, then the WAL's end, so that an entry appended after the end
@@ -384,7 +424,7 @@ func (r *replication) tombstoneCutoff() (hlc.Timestamp, error) {
 		d := sh.Delivery()
 		switch {
 		case !d.Complete:
-			return hlc.Timestamp{}, nil
+			return hlc.Timestamp{}, "the link to " + sh.Peer().Name + " is detached, owed or running a re-seed", nil
 		case d.Acked >= last:
 			bound := clockNow
 			if floorp != nil && floorp.Less(bound) {
@@ -392,7 +432,8 @@ func (r *replication) tombstoneCutoff() (hlc.Timestamp, error) {
 			}
 			lower(bound.Add(-n.opts.PinWindow))
 		case d.AckedCommit.IsZero():
-			return hlc.Timestamp{}, nil // not known since the cursor moved
+			// not known since the cursor moved
+			return hlc.Timestamp{}, "how far " + sh.Peer().Name + " has this stream is not known since its cursor moved", nil
 		default:
 			lower(d.AckedCommit.Add(-n.opts.PinWindow))
 		}
@@ -403,7 +444,7 @@ func (r *replication) tombstoneCutoff() (hlc.Timestamp, error) {
 	// one-off snapshot stream records no frontier.
 	hwms, err := n.store.HWMs()
 	if err != nil {
-		return hlc.Timestamp{}, err
+		return hlc.Timestamp{}, "", err
 	}
 	frontier := map[string]hlc.Timestamp{}
 	for _, h := range hwms {
@@ -411,6 +452,15 @@ func (r *replication) tombstoneCutoff() (hlc.Timestamp, error) {
 			frontier[h.Origin] = h.Commit
 		}
 	}
+	// A peer idle since its last heartbeat has nothing older than its
+	// idle frontier to send (its entries are all here).
+	r.idleMu.Lock()
+	for p, b := range r.idle {
+		if frontier[p].Less(b) {
+			frontier[p] = b
+		}
+	}
+	r.idleMu.Unlock()
 	peers := map[string]bool{}
 	for _, p := range n.acceptor.Peers() {
 		peers[p] = true
@@ -422,13 +472,13 @@ func (r *replication) tombstoneCutoff() (hlc.Timestamp, error) {
 		f, ok := frontier[p]
 		if !ok || f.IsZero() {
 			// Nothing known from this peer yet: it may hold any old write.
-			return hlc.Timestamp{}, nil
+			return hlc.Timestamp{}, "nothing applied from " + p + " yet", nil
 		}
 		lower(f.Add(-n.opts.PinWindow))
 	}
 	dls, err := n.store.DeadLetters()
 	if err != nil {
-		return hlc.Timestamp{}, err
+		return hlc.Timestamp{}, "", err
 	}
 	codec := wire.NewCodec()
 	for _, d := range dls {
@@ -436,7 +486,7 @@ func (r *replication) tombstoneCutoff() (hlc.Timestamp, error) {
 			lower(e.LWW().HLC)
 		}
 	}
-	return cutoff, nil
+	return cutoff, "", nil
 }
 
 // openSnapshotsOfPeers says whether a re-seed or backfill is open here from

@@ -208,6 +208,13 @@ func (s *Shipper) tellsFilter() bool {
 	return s.mu.limits != nil && s.mu.limits.OriginFilters
 }
 
+// takesIdle says whether the peer takes an idle frontier in heartbeats.
+func (s *Shipper) takesIdle() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.mu.limits != nil && s.mu.limits.IdleFrontiers
+}
+
 // filterUntold says the peer takes this cluster's filter and was not told
 // the one in force now (a heartbeat goes out at once).
 func (s *Shipper) filterUntold() bool {

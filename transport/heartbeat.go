@@ -46,6 +46,12 @@ func (s *Shipper) heartbeat(ctx context.Context) error {
 		f := ls.Current().Normal()
 		h.OwnFilter, told = &f, f.String()
 	}
+	if s.opts.IdleBound != nil && s.takesIdle() {
+		bound, last := s.opts.IdleBound()
+		if s.Acked() >= last && bound.Wall > 0 {
+			h.Idle = &wire.IdleFrontier{Index: last, Bound: bound}
+		}
+	}
 	body := wire.AppendHeader(nil, &h, 0)
 	sent := s.opts.Now()
 	ack, err := s.post(ctx, body)

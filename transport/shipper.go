@@ -132,6 +132,10 @@ type Options struct {
 	// Link returns what the cluster's log says of the link to peer: its
 	// filters over the stream (nil: every key crosses every link).
 	Link func(peer string) entry.LinkSettings
+	// IdleBound, when set, returns a bound every entry appended later will
+	// be committed above, and the stream's last index, read in that order
+	// (heartbeats tell an idle frontier: wire.Header.Idle).
+	IdleBound func() (hlc.Timestamp, uint64)
 	// Snapshots opens views of the tree for re-seeds (nil: re-seeds are
 	// impossible and a peer that needs one stays marked).
 	Snapshots Snapshots

@@ -109,6 +109,21 @@ type Header struct {
 	// would not send out of what other clusters relay in snapshots
 	// (issue 45). Only to a receiver that takes it (Limits.OriginFilters).
 	OwnFilter *entry.Filter
+	// Idle, in a heartbeat (idle), says the receiver acknowledged every
+	// entry of the stream up to Index, the last there is, and that any
+	// entry appended later is committed above Bound: nothing older than
+	// Bound (less the pin window) can still come from this stream. A
+	// receiver whose mark is at Index counts Bound as the sender's
+	// frontier, so that a peer that writes nothing does not hold its
+	// tombstone collection back for ever. Only to a receiver that takes
+	// it (Limits.IdleFrontiers).
+	Idle *IdleFrontier
+}
+
+// IdleFrontier is a heartbeat's Idle.
+type IdleFrontier struct {
+	Index uint64
+	Bound hlc.Timestamp
 }
 
 // BackfillEnd is a backfill's trailer.
@@ -157,7 +172,7 @@ func AppendHeader(dst []byte, h *Header, n int) []byte {
 	var buf bytes.Buffer
 	enc := msgpack.NewEncoder(&buf)
 	fields := 4
-	for _, on := range []bool{h.Snapshot, h.End != nil, h.Begin != nil, h.Requested, h.Rejoin, h.Rejoining != 0, len(h.Marks) > 0, h.Backfill, h.BackfillEnd != nil, h.OwnFilter != nil} {
+	for _, on := range []bool{h.Snapshot, h.End != nil, h.Begin != nil, h.Requested, h.Rejoin, h.Rejoining != 0, len(h.Marks) > 0, h.Backfill, h.BackfillEnd != nil, h.OwnFilter != nil, h.Idle != nil} {
 		if on {
 			fields++
 		}
@@ -237,9 +252,37 @@ func AppendHeader(dst []byte, h *Header, n int) []byte {
 			}
 		}
 	}
+	if i := h.Idle; i != nil {
+		_ = enc.EncodeString("idle")
+		_ = enc.EncodeArrayLen(3)
+		_ = enc.EncodeUint(i.Index)
+		_ = enc.EncodeInt(i.Bound.Wall)
+		_ = enc.EncodeUint(uint64(i.Bound.Logical))
+	}
 	_ = enc.EncodeString("entries")
 	_ = enc.EncodeArrayLen(n)
 	return append(dst, buf.Bytes()...)
+}
+
+func decodeIdle(dec *msgpack.Decoder) (*IdleFrontier, error) {
+	if n, err := dec.DecodeArrayLen(); err != nil || n != 3 {
+		return nil, fmt.Errorf("idle: want an array of 3 (%v)", err)
+	}
+	var i IdleFrontier
+	var err error
+	if i.Index, err = dec.DecodeUint64(); err != nil {
+		return nil, err
+	}
+	if i.Bound.Wall, err = dec.DecodeInt64(); err != nil {
+		return nil, err
+	}
+	if i.Bound.Logical, err = dec.DecodeUint32(); err != nil {
+		return nil, err
+	}
+	if i.Bound.Wall <= 0 {
+		return nil, fmt.Errorf("idle bound %d", i.Bound.Wall)
+	}
+	return &i, nil
 }
 
 func decodeOwnFilter(dec *msgpack.Decoder) (*entry.Filter, error) {
@@ -414,7 +457,7 @@ func DecodeBatch(body []byte) (*Batch, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrMalformed, err)
 	}
-	if n < 0 || n > 14 {
+	if n < 0 || n > 15 {
 		return nil, fmt.Errorf("%w: batch map of %d fields", ErrMalformed, n)
 	}
 	var (
@@ -470,6 +513,8 @@ func DecodeBatch(body []byte) (*Batch, error) {
 			b.BackfillEnd, err = decodeBackfillEnd(dec)
 		case "of":
 			b.OwnFilter, err = decodeOwnFilter(dec)
+		case "idle":
+			b.Idle, err = decodeIdle(dec)
 		case "entries":
 			if !have["sender"] || !have["stream"] {
 				// Skipping an unread value means walking it, and a
@@ -501,8 +546,8 @@ func DecodeBatch(body []byte) (*Batch, error) {
 	if b.Rejoining != 0 && b.Snapshot {
 		return nil, fmt.Errorf("%w: a rejoin phase on a snapshot batch", ErrMalformed)
 	}
-	if b.OwnFilter != nil && b.Snapshot {
-		return nil, fmt.Errorf("%w: an own filter on a snapshot batch", ErrMalformed)
+	if (b.OwnFilter != nil || b.Idle != nil) && b.Snapshot {
+		return nil, fmt.Errorf("%w: an own filter or an idle frontier on a snapshot batch", ErrMalformed)
 	}
 	if len(b.Marks) > 0 && b.End == nil {
 		return nil, fmt.Errorf("%w: marks outside a re-seed's trailer", ErrMalformed)
@@ -636,6 +681,9 @@ type Limits struct {
 	// OriginFilters says the receiver's log records each sender's filter
 	// toward it (command format 7): heartbeats may carry it (of).
 	OriginFilters bool `json:"origin_filters,omitempty"`
+	// IdleFrontiers says the receiver takes a heartbeat's idle frontier
+	// (idle): a sender that has nothing unacknowledged says so.
+	IdleFrontiers bool `json:"idle_frontiers,omitempty"`
 }
 
 // checkCluster refuses a cluster ID that does not match entry.ClusterIDPattern.
