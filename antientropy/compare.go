@@ -395,8 +395,22 @@ func judge(k wire.Key, lv, pv *wire.TreeVersion, localCollected, peerCollected h
 		d.Lacks = whose(pv.Origin, local)
 	case d.Lacks == LacksPeer && lv.Origin != local:
 		d.Lacks = whose(lv.Origin, peer)
+	case d.Lacks == LacksMaybeDeleted:
+		// A third cluster's version is that cluster's to repair (and its
+		// filter may keep it from one side on purpose), whatever the
+		// horizons say.
+		if v := firstLive(lv, pv); v.Origin != local && v.Origin != peer {
+			d.Lacks = LacksThirdOrigin
+		}
 	}
 	return d
+}
+
+func firstLive(a, b *wire.TreeVersion) *wire.TreeVersion {
+	if live(a) {
+		return a
+	}
+	return b
 }
 
 // whose labels a lacked version of origin that is not the holder's own

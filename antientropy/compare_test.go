@@ -560,3 +560,26 @@ func TestCompareRangesInPieces(t *testing.T) {
 		t.Fatalf("one range delete kept whole and in two pieces: %+v %v", rep, err)
 	}
 }
+
+// TestCompareThirdOriginPastTheHorizon: a third cluster's key one side
+// holds and the other never got (its author's filter keeps it from it),
+// older than that side's collection horizon, is listed apart as a third
+// cluster's, not as a possible resurrection between the two.
+func TestCompareThirdOriginPastTheHorizon(t *testing.T) {
+	a, b := newSide(t, "a"), newSide(t, "b")
+	a.set(t, "c-only/1", "c", at(500, "c"))
+	a.set(t, "mine", "a", at(501, "a"))
+	if _, err := b.d.Apply(&machine.Command{Collect: &machine.CollectCmd{Cutoff: hlc.Timestamp{Wall: 900}, Max: 10}}); err != nil {
+		t.Fatal(err)
+	}
+	rep, err := Compare(context.Background(), "b", Local{St: a.st}, Local{St: b.st}, Options{Local: "a", Sleep: noSleep})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rep.Divergent) != 1 || rep.Divergent[0].Key != "mine" || rep.Divergent[0].Lacks != LacksMaybeDeleted {
+		t.Fatalf("divergent %+v: want mine, a possible resurrection", rep.Divergent)
+	}
+	if len(rep.ThirdOrigin) != 1 || rep.ThirdOrigin[0].Key != "c-only/1" {
+		t.Fatalf("third origin %+v: want c-only/1", rep.ThirdOrigin)
+	}
+}
