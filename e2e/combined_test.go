@@ -17,6 +17,7 @@ import (
 
 	"github.com/replicator/replicator/client"
 	"github.com/replicator/replicator/node"
+	"github.com/replicator/replicator/policy"
 )
 
 // The combined schedule (issue 45). Each feature of the last round held its
@@ -191,7 +192,25 @@ func (cb *combo) waiter(name string, r *rand.Rand, until time.Time, h *history) 
 	rc := redis.NewClient(&redis.Options{Addr: fmt.Sprintf("127.0.0.1:%d", cb.resp[name]), MaxRetries: -1,
 		DialTimeout: time.Second, ReadTimeout: 3 * time.Second, WriteTimeout: 3 * time.Second})
 	defer rc.Close()
+	// w/1 keys this waiter wrote, some deleted again later: tombstones of
+	// a range the filter event narrows, which a collection must keep for
+	// the widening.
+	var mine []string
+	hc := rb.m.nodes[name].client()
 	for seq := 0; time.Now().Before(until); seq++ {
+		if len(mine) > 0 && seq%4 == 0 {
+			k := mine[0]
+			mine = mine[1:]
+			op := callRecord{Client: name + "-wait", Cluster: name, Kind: "del", Key: k, Start: time.Now(), IdemKey: fmt.Sprintf("%s-wait-del-%d", name, seq)}
+			ctx, cancel := context.WithTimeout(policy.WithKey(bg(), policy.Key{ID: op.IdemKey}), 5*time.Second)
+			res, err := hc.Delete(ctx, k)
+			cancel()
+			op.Outcome, op.Version, op.End2 = outcomeOf(err), res.Version, time.Now()
+			if err != nil {
+				op.Err = shorten(err.Error(), 200)
+			}
+			h.add(op)
+		}
 		key := fmt.Sprintf("w/0%s-%d", name, seq)
 		switch x := r.IntN(10); {
 		case x < 3:
@@ -249,6 +268,9 @@ func (cb *combo) waiter(name string, r *rand.Rand, until time.Time, h *history) 
 		}
 		op.Version = v.Version
 		h.add(op)
+		if strings.HasPrefix(key, "w/1") {
+			mine = append(mine, key)
+		}
 		mine, ok := stampOf(v.Version)
 		if !ok {
 			continue
