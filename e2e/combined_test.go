@@ -649,3 +649,160 @@ func filterStreams[S any](ss []S, origin string) []S {
 	}
 	return out
 }
+
+// multiCombo is what the combined schedule adds to the multi-node run: a
+// short tombstone retention (deletes collected while the filter event
+// narrows links), the background comparison with repair, compression on
+// a's link, and WAITs through the RESP door of leaders and followers,
+// checked against what the peer cluster's leader holds right after.
+type multiCombo struct {
+	m    *rmesh
+	resp map[string]int // RESP port of each node
+	mu   sync.Mutex
+	bad  []string
+	// waits and filtered count the WAIT checks (over keys the filter event
+	// narrows), atFollowers those asked at a follower.
+	waits, filtered, atFollowers int
+}
+
+func newMultiCombo(m *rmesh) *multiCombo { return &multiCombo{m: m, resp: map[string]int{}} }
+
+// prepare gives a node the combined settings (before it starts).
+func (mc *multiCombo) prepare(n *rnode) {
+	port := freePort(mc.m.t)
+	mc.mu.Lock()
+	mc.resp[n.id] = port
+	mc.mu.Unlock()
+	n.args = append(n.args, "--tombstone-retention", "10s", "--idempotency-window", "10s", "--pin-window", "2s",
+		"--antientropy-interval", "2s", "--antientropy-repair", "--resp-listen", fmt.Sprintf("127.0.0.1:%d", port))
+	if n.cluster == "a" {
+		n.args = append(n.args, "--peer-compression", "b=zstd")
+	}
+	n.env = append(n.env, node.TestingEnvPrefix+"GC_INTERVAL=500ms", node.TestingEnvPrefix+"SHORT_RETENTION=1")
+}
+
+// waiter writes through the RESP door of a node of cluster c (the leader
+// or a follower, at random), on a connection of its own per write, asks
+// WAIT for the peer cluster, and checks the answer: WAIT must never count
+// the peer while its leader lacks the write.
+func (mc *multiCombo) waiter(c string, r *rand.Rand, until time.Time, h *history) {
+	peer := ""
+	for _, o := range mc.m.clusters {
+		if o != c {
+			peer = o
+		}
+	}
+	for seq := 0; time.Now().Before(until); seq++ {
+		members := mc.m.running()
+		var mine []*rnode
+		for _, n := range members {
+			if n.cluster == c {
+				mine = append(mine, n)
+			}
+		}
+		if len(mine) == 0 {
+			time.Sleep(100 * time.Millisecond)
+			continue
+		}
+		n := mine[r.IntN(len(mine))]
+		mc.mu.Lock()
+		port := mc.resp[n.id]
+		mc.mu.Unlock()
+		key := fmt.Sprintf("w/0%s-%d", c, seq)
+		if r.IntN(3) == 0 {
+			key = fmt.Sprintf("w/1%s-%d", c, seq)
+		}
+		value := fmt.Sprintf("%s-wait-%d", n.id, seq)
+		op := callRecord{Client: c + "-wait", Cluster: c, Kind: "put", Key: key, Value: value, Start: time.Now()}
+		rc := redis.NewClient(&redis.Options{Addr: fmt.Sprintf("127.0.0.1:%d", port), MaxRetries: -1,
+			DialTimeout: time.Second, ReadTimeout: 4 * time.Second, WriteTimeout: 4 * time.Second})
+		ctx, cancel := context.WithTimeout(bg(), 6*time.Second)
+		conn := rc.Conn()
+		err := conn.Set(ctx, key, value, 0).Err()
+		var got int64
+		var werr error
+		if err == nil {
+			got, werr = conn.Wait(ctx, 1, 800*time.Millisecond).Result()
+		}
+		conn.Close()
+		rc.Close()
+		cancel()
+		op.End2 = time.Now()
+		switch {
+		case err == nil:
+			op.Outcome = outOK
+		case strings.HasPrefix(err.Error(), "NOTWRITTEN") || strings.HasPrefix(err.Error(), "ERR"):
+			op.Outcome, op.Err = outFailed, shorten(err.Error(), 200)
+		default:
+			op.Outcome, op.Err = outUnknown, shorten(err.Error(), 200)
+		}
+		if err != nil || werr != nil {
+			h.add(op)
+			time.Sleep(50 * time.Millisecond)
+			continue
+		}
+		var v client.Value
+		var gerr error
+		for _, o := range mine {
+			if v, gerr = consistentGet(o, key); gerr == nil {
+				break
+			}
+		}
+		if gerr != nil || string(v.Value) != value {
+			h.add(op)
+			continue
+		}
+		op.Version = v.Version
+		h.add(op)
+		if got == 0 {
+			continue
+		}
+		// The peer's leader: it acknowledged the batch only once it
+		// applied it, so a consistent read there holds it.
+		held, judged := false, false
+		for _, o := range members {
+			if o.cluster != peer {
+				continue
+			}
+			pv, perr := consistentGet(o, key)
+			var ce *client.Error
+			switch {
+			case perr == nil:
+				judged, held = true, pv.Version == v.Version
+			case errors.As(perr, &ce) && ce.Status == http.StatusNotFound:
+				judged = true
+			}
+			if judged {
+				break
+			}
+		}
+		mc.mu.Lock()
+		mc.waits++
+		if strings.HasPrefix(key, "w/1") {
+			mc.filtered++
+		}
+		if l := mc.m.leader(c); l != nil && l.id != n.id {
+			mc.atFollowers++
+		}
+		if judged && !held {
+			mc.bad = append(mc.bad, fmt.Sprintf("WAIT 1 after SET %s at %s (version %s) answered %d, but cluster %s lacks it", key, n.id, v.Version, got, peer))
+		}
+		mc.mu.Unlock()
+	}
+}
+
+// consistentGet reads key at n, as its cluster's leader holds it.
+func consistentGet(n *rnode, key string) (client.Value, error) {
+	var b []byte
+	h, err := n.client().Do(bg(), http.MethodGet, "/v1/kv/"+key+"?consistent=true", nil, nil, &b)
+	if err != nil {
+		return client.Value{}, err
+	}
+	return client.Value{Value: b, Version: strings.Trim(h.Get("ETag"), `"`)}, nil
+}
+
+func (mc *multiCombo) figures() string {
+	mc.mu.Lock()
+	defer mc.mu.Unlock()
+	return fmt.Sprintf("combined: %d WAIT checks (%d over filtered keys, %d at followers)", mc.waits, mc.filtered, mc.atFollowers)
+}

@@ -244,6 +244,10 @@ func TestMultiNodeRobustness(t *testing.T) {
 		d = 30 * time.Second
 	}
 	m := newRaftMesh(t, []string{"a", "b"}, 3)
+	mc := newMultiCombo(m)
+	for _, id := range m.order {
+		mc.prepare(m.nodes[id])
+	}
 	m.start()
 	// A hostile gossip member in both clusters all along (issue 25).
 	hostile := startHostile(t, m)
@@ -283,6 +287,14 @@ func TestMultiNodeRobustness(t *testing.T) {
 		for w := 0; w < 2; w++ {
 			writer(m.nodes[id], w)
 		}
+	}
+	for ci, c := range m.clusters {
+		wwg.Add(1)
+		wr := newRand(s*1000 + uint64(ci) + 77)
+		go func() {
+			defer wwg.Done()
+			mc.waiter(c, wr, start.Add(d), hist)
+		}()
 	}
 
 	// faults: one at a time per cluster, so that each keeps a quorum
@@ -364,6 +376,7 @@ func TestMultiNodeRobustness(t *testing.T) {
 				case c == "a" && !added && el > 2*d/5:
 					added = true
 					n := m.prepare("a", "a4", 3)
+					mc.prepare(n)
 					for _, o := range m.members("a") {
 						if o.id != "a4" {
 							n.args = append(n.args, "--join", o.gossip)
@@ -450,7 +463,7 @@ func TestMultiNodeRobustness(t *testing.T) {
 					// missed, from whichever node leads by then.
 					peers := slices.DeleteFunc(slices.Clone(m.clusters), func(o string) bool { return o == c })
 					for _, peer := range peers {
-						setLinkFilter(m, c, peer, `{"exclude": ["k/1", "ctr/1"]}`)
+						setLinkFilter(m, c, peer, `{"exclude": ["k/1", "ctr/1", "w/1"]}`)
 					}
 					time.Sleep(hold)
 					for _, peer := range peers {
@@ -524,6 +537,7 @@ func TestMultiNodeRobustness(t *testing.T) {
 	}
 	violations = append(violations, hist.check(final, counters, keys)...)
 	violations = append(violations, hostileBad...)
+	violations = append(violations, mc.bad...)
 	// Every node of a cluster holds the same conflict log: the records are
 	// decided in the cluster's log.
 	logs := map[string][]client.Conflict{}
@@ -566,9 +580,9 @@ func TestMultiNodeRobustness(t *testing.T) {
 		kinds = append(kinds, fmt.Sprintf("%s=%d", k, v))
 	}
 	sort.Strings(kinds)
-	t.Logf("seed %d: %s of faults on 2 clusters x 3 nodes (%s), operations %v, %d nodes converged, %s, 0 violations; "+
+	t.Logf("seed %d: %s of faults on 2 clusters x 3 nodes (%s), operations %v, %d nodes converged, %s; %s, 0 violations; "+
 		"a hostile gossip member impersonated a leader %d times, flooded %d members, and got 0 requests",
-		s, d, strings.Join(kinds, " "), counts, len(running), logged, hostile.rounds.Load(), hostile.flooded.Load())
+		s, d, strings.Join(kinds, " "), counts, len(running), logged, mc.figures(), hostile.rounds.Load(), hostile.flooded.Load())
 }
 
 // opEvent is an operator event forced at a fraction of the run.
