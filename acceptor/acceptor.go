@@ -243,7 +243,11 @@ func (a *Acceptor) Limits() wire.Limits {
 	// waits for it (awaitSender) instead of being refused as a gap.
 	pipe := min(max(1, a.opts.Permits/2), max(1, a.opts.MaxBodies/4), 2)
 	return wire.Limits{MaxBody: a.opts.MaxBodyBytes, MaxKey: a.opts.MaxKeyBytes, MaxValue: a.opts.MaxValueBytes, Pipeline: pipe,
-		Markers: a.takesMarkers(), Contexts: a.takesContexts(), OriginFilters: a.takesOriginFilters(), IdleFrontiers: a.opts.OnIdle != nil}
+		Markers: a.takesMarkers(), Contexts: a.takesContexts(), OriginFilters: a.takesOriginFilters(),
+		// From command format 7 too: a new field goes only to a cluster
+		// every node of which reads it (a leader of an older build would
+		// refuse the heartbeat).
+		IdleFrontiers: a.opts.OnIdle != nil && a.takesOriginFilters(), DeadLists: true}
 }
 
 func (a *Acceptor) takesOriginFilters() bool {

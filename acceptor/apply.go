@@ -71,6 +71,11 @@ func (a *Acceptor) Apply(sender string, b *wire.Batch) (wire.Ack, error) {
 	ack.Applied = res.Applied + res.Stale
 	ack.Duplicates += res.Duplicates
 	ack.HWM = res.HWM
+	if b.Snapshot && res.DeadLettered > 0 {
+		// Versions of a snapshot set aside: the sender does not count
+		// this node as holding anything the snapshot covered (WAIT).
+		ack.DeadMore = true
+	}
 	if !b.Snapshot && len(sc.ents) > 0 && (res.DeadLettered > 0 || res.Duplicates > 0) {
 		// The entries of this stream set aside here, now or by an
 		// earlier delivery whose answer was lost: the mark passed them,
@@ -100,8 +105,11 @@ func (a *Acceptor) Apply(sender string, b *wire.Batch) (wire.Ack, error) {
 		c.Stale += uint64(res.Stale)
 		c.Duplicates += uint64(res.Duplicates)
 		c.DroppedOwn += uint64(dropped + res.DroppedOwn)
-		c.DroppedUnknown += uint64(res.DroppedUnknown - sc.withheld)
-		c.Withheld += uint64(sc.withheld)
+		// A withheld entry the machine found a duplicate (a resent
+		// snapshot batch) is not among its drops.
+		withheld := min(sc.withheld, res.DroppedUnknown)
+		c.DroppedUnknown += uint64(res.DroppedUnknown - withheld)
+		c.Withheld += uint64(withheld)
 		c.DeadLettered += uint64(res.DeadLettered)
 		c.Filtered += res.Filtered
 		c.Conflicts += uint64(res.Conflicts)

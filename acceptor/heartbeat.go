@@ -40,7 +40,7 @@ func (a *Acceptor) heartbeat(sender string, b *wire.Batch, ack wire.Ack, dropped
 	} else if ok {
 		ack.Seeding = snap.String()
 	}
-	if i := b.Idle; i != nil && a.opts.OnIdle != nil && hwm.Index >= i.Index && a.clock.CheckOffset(i.Bound) == nil {
+	if i := b.Idle; i != nil && a.opts.OnIdle != nil && a.takesOriginFilters() && hwm.Index >= i.Index && a.clock.CheckOffset(i.Bound) == nil {
 		// Everything of the stream is here, and nothing older than the
 		// bound can follow it (a bound from the future is not taken).
 		a.opts.OnIdle(sender, i.Bound)

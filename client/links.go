@@ -139,4 +139,6 @@ type PeerLimits struct {
 	// heartbeats (its tombstone collection is not held back by a cluster
 	// that writes nothing).
 	IdleFrontiers bool `json:"idle_frontiers,omitempty"`
+	// DeadLists: the peer lists what it set aside (WAIT counts it).
+	DeadLists bool `json:"dead_lists,omitempty"`
 }

@@ -145,6 +145,7 @@ type robust struct {
 	// node loses data at a time, as an operator would.
 	destroying bool
 	added      bool // the fourth cluster was added
+	dStarted   bool // the fourth cluster's process was started
 	// combo is the combined schedule's (nil without it); hist the run's
 	// history.
 	combo *combo
@@ -543,6 +544,14 @@ func (rb *robust) replayDeadLetters() {
 	}
 }
 
+// startedPeer reports whether name's process was ever started (the fourth
+// cluster's is only once it is added).
+func (rb *robust) startedPeer(name string) bool {
+	rb.mu.Lock()
+	defer rb.mu.Unlock()
+	return name != "d" || rb.dStarted
+}
+
 // names lists the clusters of the mesh (addPeer adds one while faults run).
 func (rb *robust) names() []string {
 	rb.mu.Lock()
@@ -897,6 +906,9 @@ func (rb *robust) addPeer(name string) {
 		nd.args = append(nd.args, "--peer", other+"="+m.nodes[other].url, "--peer-secret", other+"=secret-"+pair(name, other))
 	}
 	nd.start()
+	rb.mu.Lock()
+	rb.dStarted = true
+	rb.mu.Unlock()
 	nd.waitReady(30 * time.Second)
 	for _, other := range rb.names() {
 		for !rb.claim(other, time.Minute) {

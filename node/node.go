@@ -557,9 +557,13 @@ func (n *Node) CollectTombstones() (int, error) {
 			return total, err
 		}
 		total += res.Collected
-		n.repl.keptMu.Lock()
-		n.repl.kept = res.Kept
-		n.repl.keptMu.Unlock()
+		if !cutoff.IsZero() {
+			// What this collection kept (none ran below a zero cutoff:
+			// the last figures stand).
+			n.repl.keptMu.Lock()
+			n.repl.kept = res.Kept
+			n.repl.keptMu.Unlock()
+		}
 		if res.Collected < collectBatch && res.CollectedIdem < collectBatch && res.CollectedConflicts < collectBatch {
 			return total, nil
 		}

@@ -99,9 +99,12 @@ func (r *replication) keepRanges() []machine.KeepRanges {
 	if n.machine.Format() < machine.FormatKeptTombstones {
 		return nil
 	}
+	// The peers this node links to (configured, or found by gossip): a
+	// link the log still records for a peer removed since keeps nothing
+	// (its narrowing could never be released or widened).
 	peers := map[string]bool{}
-	for name := range n.machine.Links() {
-		peers[name] = true
+	for _, p := range n.opts.Peers {
+		peers[p.Name] = true
 	}
 	for _, p := range r.linkPeers() {
 		peers[p.Name] = true

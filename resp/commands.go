@@ -601,6 +601,8 @@ func (c *conn) wait(args [][]byte) {
 		n := 0
 		if m.to == 0 {
 			n = c.s.node.Peers()
+		} else if m.sealed {
+			n = 0
 		} else if peers, err := c.s.node.Holding(m.stream, m.from, m.to); err == nil {
 			// An error (the leader moved) counts none this time round.
 			for _, p := range peers {

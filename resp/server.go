@@ -267,12 +267,19 @@ type waitMark struct {
 	stream   entry.StreamID
 	from, to uint64
 	kept     map[string]bool
+	// sealed: the connection wrote in a stream the node has replaced
+	// since (it lost data): which peers hold those writes cannot be told,
+	// and WAIT counts none.
+	sealed bool
 }
 
 // note adds a written write to the mark.
 func (m *waitMark) note(res api.WriteResult, kept []string) {
 	if res.Index == 0 {
 		return // nothing written (a replay)
+	}
+	if m.from != 0 && res.Stream != m.stream {
+		m.sealed = true
 	}
 	if res.Stream != m.stream || m.from == 0 {
 		m.stream, m.from, m.to = res.Stream, res.Index, res.Index

@@ -61,27 +61,26 @@ func (b *Batch) CollectTombstonesKeeping(cutoff hlc.Timestamp, max int, keep Kee
 			return n, fmt.Errorf("store: tombstone index: %w: %v", ErrCorrupt, err)
 		}
 		key := string(ik[1+hlc.EncodedLen:])
-		if keep != nil && keep.Keep(key, "", false) {
-			size := len(ik)
-			if v, closer, err := b.s.db.Get(dataKey(key)); err == nil {
-				size += 1 + len(key) + len(v)
-				closer.Close()
-			}
-			keep.Kept(key, "", false, size)
-			continue
-		}
-		if err := b.pb.Delete(bytes.Clone(ik), nil); err != nil {
-			it.Close()
-			return n, err
-		}
 		st, flags, ok, err := b.currentLocked(key, dataKey(key))
 		if err != nil {
 			it.Close()
 			return n, err
 		}
 		// Only the very tombstone this index entry names goes; a key that
-		// was written again since keeps its newer state.
-		if ok && flags&flagTombstone != 0 && st.HLC == ts {
+		// was written again since keeps its newer state (and the stale
+		// index entry goes, kept range or not).
+		live := ok && flags&flagTombstone != 0 && st.HLC == ts
+		if live && keep != nil && keep.Keep(key, "", false) {
+			// Its record and index entry, about: a tombstone's record is
+			// its key, its stamp and a context of a few origins.
+			keep.Kept(key, "", false, 2*len(ik)+64)
+			continue
+		}
+		if err := b.pb.Delete(bytes.Clone(ik), nil); err != nil {
+			it.Close()
+			return n, err
+		}
+		if live {
 			if err := b.pb.Delete(dataKey(key), nil); err != nil {
 				it.Close()
 				return n, err

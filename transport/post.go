@@ -119,6 +119,10 @@ func (s *Shipper) postOnce(ctx context.Context, body []byte) (wire.Ack, error) {
 		}
 		defer s.endSend()
 	}
+	s.mu.Lock()
+	s.mu.bytesRaw += uint64(len(body))
+	s.mu.bytesWire += uint64(len(sent))
+	s.mu.Unlock()
 	resp, err := s.opts.Client.Do(req)
 	if err != nil {
 		if ctx.Err() == nil || errors.Is(ctx.Err(), context.DeadlineExceeded) {
@@ -166,10 +170,6 @@ func (s *Shipper) encode(base string, body []byte) ([]byte, string) {
 			}
 		}
 	}
-	s.mu.Lock()
-	s.mu.bytesRaw += uint64(len(body))
-	s.mu.bytesWire += uint64(len(sent))
-	s.mu.Unlock()
 	return sent, encoding
 }
 

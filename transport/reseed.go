@@ -195,6 +195,7 @@ func (s *Shipper) beginReseed() (requested, rejoin bool) {
 	}
 	s.mu.wantReseed, s.mu.reseedWhy = false, ""
 	s.mu.detached = false
+	s.mu.snapDead = false // a backfill's before it is not this re-seed's
 	if s.opts.Applied != nil {
 		// Hold the WAL from here on: entries after the snapshot's applied
 		// index must still be there when shipping resumes.
@@ -457,6 +458,9 @@ func (s *Shipper) postReseedBatch(ctx context.Context, body []byte, index uint64
 		if err == nil {
 			s.mu.Lock()
 			s.ackedLocked(ack, t0)
+			// The peer set aside some of the snapshot's versions: it is
+			// not counted as holding what the snapshot covers (WAIT).
+			s.mu.snapDead = s.mu.snapDead || ack.DeadMore
 			s.mu.Unlock()
 			return nil
 		}
@@ -507,10 +511,15 @@ func (s *Shipper) moveToLocked(applied entry.AppliedIndex) {
 		s.mu.ackedCommit = hlc.Timestamp{}
 	}
 	// The trailer moved the peer's mark to the snapshot's applied index,
-	// and the snapshot carried what lies below it.
+	// and the snapshot carried what lies below it (less what the peer set
+	// aside of it).
 	if applied.Index <= s.log.Last() {
 		s.heldLocked(s.log.Stream(), applied.Index, 0, 0, nil)
+		if s.mu.snapDead {
+			s.mu.deadBelow = max(s.mu.deadBelow, applied.Index)
+		}
 	}
+	s.mu.snapDead = false
 }
 
 // clearOwedLocked clears the request or rejoin a re-seed answered.

@@ -285,6 +285,8 @@ type Shipper struct {
 		heldStream entry.StreamID
 		dead       map[uint64]struct{}
 		deadBelow  uint64
+		// snapDead: the re-seed under way had versions set aside.
+		snapDead   bool
 		wantReseed bool
 		reseed     ReseedStatus
 		suggested  int
@@ -433,7 +435,12 @@ func (s *Shipper) wake() {
 func (s *Shipper) Holds(stream entry.StreamID, from, to uint64) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.mu.needsReseed || s.mu.wantReseed || s.mu.reseed.Running || s.mu.conflict != "" {
+	if s.mu.needsReseed || s.mu.wantReseed || s.mu.reseed.Running || s.mu.owed || s.mu.rejoinSeed || s.mu.conflict != "" {
+		return false
+	}
+	if s.mu.limits == nil || !s.mu.limits.DeadLists {
+		// A receiver that does not list what it sets aside (a build
+		// before it) may hold dead letters its mark passed.
 		return false
 	}
 	if stream != s.mu.heldStream || from == 0 || to < from || to > s.mu.held || from <= s.mu.deadBelow {
@@ -457,8 +464,10 @@ func (s *Shipper) Holds(stream entry.StreamID, from, to uint64) bool {
 
 // heldLocked records that the peer's mark of stream is at hwm, from an
 // answer to a post of [from, to], with the indexes of them it said it set
-// aside. A heartbeat's answer ([1, hwm]) lists every one it holds: the
-// list then replaces what the link knew. REQUIRES: s.mu held.
+// aside (a heartbeat's answer, [1, hwm], lists every one it holds now).
+// What it once said it set aside stays so (a dead letter replayed since
+// is under-counted, never one discarded over-counted). REQUIRES: s.mu
+// held.
 func (s *Shipper) heldLocked(stream entry.StreamID, hwm, from, to uint64, ack *wire.Ack) {
 	if stream != s.mu.heldStream {
 		s.mu.heldStream, s.mu.dead, s.mu.deadBelow = stream, nil, 0
@@ -466,9 +475,6 @@ func (s *Shipper) heldLocked(stream entry.StreamID, hwm, from, to uint64, ack *w
 	s.mu.held = hwm
 	if ack == nil {
 		return
-	}
-	if from == 1 && to == hwm {
-		s.mu.dead, s.mu.deadBelow = nil, 0
 	}
 	if ack.DeadMore {
 		s.mu.deadBelow = max(s.mu.deadBelow, to)

@@ -684,6 +684,9 @@ type Limits struct {
 	// IdleFrontiers says the receiver takes a heartbeat's idle frontier
 	// (idle): a sender that has nothing unacknowledged says so.
 	IdleFrontiers bool `json:"idle_frontiers,omitempty"`
+	// DeadLists says the receiver lists the entries it set aside in its
+	// acks (Ack.DeadLettered): a sender's WAIT counts only such a peer.
+	DeadLists bool `json:"dead_lists,omitempty"`
 }
 
 // checkCluster refuses a cluster ID that does not match entry.ClusterIDPattern.
