@@ -47,9 +47,10 @@ type Log interface {
 	// UpdateReseed changes a peer's re-seed record (entry.ReseedRequested,
 	// entry.AwaitRejoin) to f of what it holds, returning what it held.
 	UpdateReseed(peer string, f func(byte) byte) (byte, error)
-	// SetFromPeer records the peer's own filter toward this cluster, as
-	// its heartbeat said (Options.FromPeer reads it back).
-	SetFromPeer(peer string, f entry.Filter) error
+	// SetFromPeer records the peer's own filter toward this cluster, and
+	// the ranges it keeps for its other links, as its heartbeat said
+	// (Options.FromPeer and Options.Onward read them back).
+	SetFromPeer(peer string, f entry.Filter, onward []entry.TargetSpans) error
 }
 
 // Defaults of Options.Permits and Options.PermitQueue.
@@ -145,6 +146,9 @@ type Options struct {
 	// is not taken.
 	TakesOriginFilters func() bool
 	FromPeer           func(peer string) *entry.Filter
+	// Onward, beside FromPeer, reads back the ranges the peer keeps for
+	// its other links (nil: heartbeats' keeps are not recorded).
+	Onward func(peer string) []entry.TargetSpans
 	// OnIdle, when set, is told a sender's idle frontier (wire.Header.Idle)
 	// once this node's mark of the stream reaches the index it names:
 	// nothing older than bound can still come from the sender's stream.

@@ -1,6 +1,9 @@
 package acceptor
 
 import (
+	"fmt"
+	"slices"
+
 	"github.com/replicator/replicator/entry"
 	"github.com/replicator/replicator/hlc"
 	"github.com/replicator/replicator/wire"
@@ -46,12 +49,17 @@ func (a *Acceptor) heartbeat(sender string, b *wire.Batch, ack wire.Ack, dropped
 		a.opts.OnIdle(sender, i.Bound)
 	}
 	if f := b.OwnFilter; f != nil && a.takesOriginFilters() {
-		if had := a.opts.FromPeer(sender); had == nil || !had.Equal(f.Normal()) {
-			if err := a.log.SetFromPeer(sender, f.Normal()); err != nil {
+		had := a.opts.FromPeer(sender)
+		var onward []entry.TargetSpans
+		if a.opts.Onward != nil {
+			onward = a.opts.Onward(sender)
+		}
+		if had == nil || !had.Equal(f.Normal()) || !sameTargetSpans(onward, b.Keeps) {
+			if err := a.log.SetFromPeer(sender, f.Normal(), b.Keeps); err != nil {
 				return ack, err
 			}
-			a.opts.Logger.Info("replicate: peer's filter toward this cluster recorded: its writes others relay are kept to it",
-				"sender", sender, "filter", f.Normal().String())
+			a.opts.Logger.Info("replicate: peer's filters recorded: its writes others relay are kept to it, and its deletes where it keeps them for other links",
+				"sender", sender, "filter", f.Normal().String(), "keeps", fmt.Sprint(b.Keeps))
 		}
 	}
 	// The sender's rejoin phase with this node, told in every heartbeat,
@@ -98,4 +106,12 @@ func (a *Acceptor) originFrontier(sender string, current entry.StreamID) (string
 		return "", err
 	}
 	return f.String(), err
+}
+
+// sameTargetSpans reports whether a and b name the same ranges of the same
+// links.
+func sameTargetSpans(a, b []entry.TargetSpans) bool {
+	return slices.EqualFunc(a, b, func(x, y entry.TargetSpans) bool {
+		return x.Target == y.Target && slices.Equal(x.Spans, y.Spans)
+	})
 }

@@ -69,6 +69,11 @@ type LinkStatus struct {
 	// backfill), which only a widening's backfill can carry to the peer
 	// (docs/DATAMODEL.md "Filters"). Nil: nothing kept.
 	KeptTombstones *KeptTombstones `json:"kept_tombstones,omitempty"`
+	// KeptForPeerLinks is what the last collection kept of the peer's own
+	// deletes in the ranges the peer keeps for its other links, as its
+	// heartbeats said: a peer that loses its data gets them back by its
+	// rejoin (docs/DATAMODEL.md "Deletes a narrowed link held back").
+	KeptForPeerLinks *KeptTombstones `json:"kept_for_peer_links,omitempty"`
 }
 
 // KeptTombstones counts the tombstones and range tombstones a collection

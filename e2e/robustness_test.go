@@ -340,6 +340,43 @@ func robustRun(t *testing.T, s uint64, o robustOpts) {
 		os.WriteFile(filepath.Join(dir, "excused.json"), ej, 0o644)
 		hist.write(filepath.Join(dir, "history.jsonl"))
 		os.WriteFile(filepath.Join(dir, "violations.txt"), []byte(why+"\n"+strings.Join(violations, "\n")+"\n"), 0o644)
+		// Every node's whole key space, and the keys the nodes hold apart.
+		scans := map[string]map[string]string{}
+		for _, n := range m.names {
+			items, err := m.nodes[n].client().ScanAll(bg(), client.ScanOptions{})
+			if err != nil {
+				continue
+			}
+			scans[n] = map[string]string{}
+			var lines []string
+			for _, it := range items {
+				scans[n][it.Key] = it.Version
+				lines = append(lines, it.Key+" "+it.Version)
+			}
+			os.WriteFile(filepath.Join(dir, n+"-keys.txt"), []byte(strings.Join(lines, "\n")+"\n"), 0o644)
+		}
+		var apart []string
+		all := map[string]bool{}
+		for _, sc := range scans {
+			for k := range sc {
+				all[k] = true
+			}
+		}
+		for k := range all {
+			vs := map[string]string{}
+			differ := false
+			for n, sc := range scans {
+				vs[n] = sc[k]
+			}
+			for _, v := range vs {
+				differ = differ || v != vs[m.names[0]]
+			}
+			if differ {
+				apart = append(apart, fmt.Sprintf("%s %v", k, vs))
+			}
+		}
+		sort.Strings(apart)
+		os.WriteFile(filepath.Join(dir, "keys-apart.txt"), []byte(strings.Join(apart, "\n")+"\n"), 0o644)
 		for _, n := range m.names {
 			p := m.nodes[n]
 			if b, err := os.ReadFile(p.log); err == nil {

@@ -323,6 +323,17 @@ type LinkSettings struct {
 	// other clusters relay of the peer's writes in snapshots is kept to it
 	// (issue 45).
 	FromPeer *Filter `json:"from_peer,omitempty"`
+	// Onward are the peer's KeepSpans toward each of its other links, as
+	// its heartbeats last said: this cluster keeps the peer's own deletes
+	// there too (a delete the peer holds back for a link, and loses with
+	// its data, comes back to it by its rejoin).
+	Onward []TargetSpans `json:"onward,omitempty"`
+}
+
+// TargetSpans are ranges of a link to Target.
+type TargetSpans struct {
+	Target string `json:"target"`
+	Spans  []Span `json:"spans"`
 }
 
 // KeepSpans are the ranges whose tombstones and range tombstones the

@@ -208,10 +208,28 @@ type CollectCmd struct {
 	Keep []KeepRanges
 }
 
-// KeepRanges are the ranges a collection keeps for the link to Peer.
+// KeepRanges are the ranges a collection keeps for the link to Peer: every
+// delete there, or (Origin set) only those Origin wrote, kept for Origin's
+// own link to Peer (entry.LinkSettings.Onward): a delete Origin holds back
+// from Peer and loses with its data comes back to it by its rejoin.
 type KeepRanges struct {
-	Peer  string
-	Spans []entry.Span
+	Peer   string
+	Origin string
+	Spans  []entry.Span
+}
+
+// keptName is the name a collection's figures give the ranges: the peer,
+// or origin->peer.
+func (k KeepRanges) keptName() string {
+	if k.Origin == "" {
+		return k.Peer
+	}
+	return k.Origin + "->" + k.Peer
+}
+
+// before orders a collect command's kept ranges: by peer, then origin.
+func (k KeepRanges) before(o KeepRanges) bool {
+	return k.Peer < o.Peer || (k.Peer == o.Peer && k.Origin < o.Origin)
 }
 
 // maxKeepSpans bounds the ranges a collect command keeps for one link

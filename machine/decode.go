@@ -68,6 +68,9 @@ func decodeInto(dec *msgpack.Decoder, c *Command) error {
 	if kind == KindRemoveNode && n == 3 {
 		want = 3 // with its reason
 	}
+	if kind == KindLink && n == 8 {
+		want = 8 // with the peer's onward ranges (format 7)
+	}
 	if kind == KindCollect && (n == 6 || n == 7) {
 		want = n // with the conflict log's retention (format 4), and the ranges kept (format 7)
 	}
@@ -238,7 +241,7 @@ func decodeInto(dec *msgpack.Decoder, c *Command) error {
 		}
 		c.Format = &FormatCmd{Version: v}
 	case KindLink:
-		return decodeLink(dec, c)
+		return decodeLink(dec, c, n)
 	case KindRepair:
 		return decodeRepair(dec, c)
 	}
@@ -477,15 +480,24 @@ func decodeKeep(dec *msgpack.Decoder) ([]KeepRanges, error) {
 	}
 	out := make([]KeepRanges, 0, n)
 	for i := 0; i < n; i++ {
-		if m, err := dec.DecodeArrayLen(); err != nil || m != 2 {
-			return nil, fmt.Errorf("kept ranges %d: %v (%d elements)", i, err, m)
+		fields, err := dec.DecodeArrayLen()
+		if err != nil || (fields != 2 && fields != 3) {
+			return nil, fmt.Errorf("kept ranges %d: %v (%d elements)", i, err, fields)
 		}
 		var k KeepRanges
 		if k.Peer, err = dec.DecodeString(); err != nil {
 			return nil, err
 		}
-		if !entry.ValidClusterID(k.Peer) || (i > 0 && k.Peer <= out[i-1].Peer) {
-			return nil, fmt.Errorf("kept ranges of peer %q (after %d links)", k.Peer, i)
+		if fields == 3 {
+			if k.Origin, err = dec.DecodeString(); err != nil {
+				return nil, err
+			}
+			if !entry.ValidClusterID(k.Origin) || k.Origin == k.Peer {
+				return nil, fmt.Errorf("kept ranges of peer %q for origin %q", k.Peer, k.Origin)
+			}
+		}
+		if !entry.ValidClusterID(k.Peer) || (i > 0 && !out[i-1].before(k)) {
+			return nil, fmt.Errorf("kept ranges of peer %q origin %q (after %d links)", k.Peer, k.Origin, i)
 		}
 		m, err := dec.DecodeArrayLen()
 		if err != nil {

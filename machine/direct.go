@@ -53,8 +53,8 @@ func (d *Direct) UpdateReseed(peer string, f func(byte) byte) (byte, error) {
 
 // SetFromPeer records the peer's own filter toward this cluster
 // (acceptor.Log).
-func (d *Direct) SetFromPeer(peer string, f entry.Filter) error {
-	_, err := d.Apply(&Command{Link: &LinkCmd{Peer: peer, SetFromPeer: true, Filter: f}})
+func (d *Direct) SetFromPeer(peer string, f entry.Filter, onward []entry.TargetSpans) error {
+	_, err := d.Apply(&Command{Link: &LinkCmd{Peer: peer, SetFromPeer: true, Filter: f, Onward: onward}})
 	return err
 }
 

@@ -88,7 +88,12 @@ func (e *Encoder) Encode(c *Command) ([]byte, error) {
 		if len(cc.Keep) > 0 {
 			err = errors.Join(err, enc.EncodeArrayLen(len(cc.Keep)))
 			for _, k := range cc.Keep {
-				err = errors.Join(err, enc.EncodeArrayLen(2), enc.EncodeString(k.Peer), enc.EncodeArrayLen(2*len(k.Spans)))
+				if k.Origin == "" {
+					err = errors.Join(err, enc.EncodeArrayLen(2), enc.EncodeString(k.Peer))
+				} else {
+					err = errors.Join(err, enc.EncodeArrayLen(3), enc.EncodeString(k.Peer), enc.EncodeString(k.Origin))
+				}
+				err = errors.Join(err, enc.EncodeArrayLen(2*len(k.Spans)))
 				for _, sp := range k.Spans {
 					err = errors.Join(err, enc.EncodeString(sp.Start), enc.EncodeString(sp.End))
 				}

@@ -46,8 +46,10 @@ type LinkCmd struct {
 	// widening (entry.LinkSettings.Released; from format 7).
 	Release bool
 	// SetFromPeer: Filter is the peer's own filter toward this cluster,
-	// as its heartbeat said (entry.LinkSettings.FromPeer; from format 7).
+	// and Onward its keep spans toward its other links, as its heartbeat
+	// said (entry.LinkSettings.FromPeer, Onward; from format 7).
 	SetFromPeer bool
+	Onward      []entry.TargetSpans
 }
 
 // Link command flags, as encoded.
@@ -84,7 +86,11 @@ func encodeLink(enc *msgpack.Encoder, lc *LinkCmd) error {
 	if lc.SetFromPeer {
 		flags |= linkFromPeer
 	}
-	err := errors.Join(enc.EncodeArrayLen(7), enc.EncodeUint(uint64(KindLink)), enc.EncodeString(lc.Peer),
+	fields := 7
+	if lc.SetFromPeer {
+		fields = 8 // and the onward ranges
+	}
+	err := errors.Join(enc.EncodeArrayLen(fields), enc.EncodeUint(uint64(KindLink)), enc.EncodeString(lc.Peer),
 		enc.EncodeUint(uint64(flags)), enc.EncodeArrayLen(len(lc.Filter.Include)))
 	for _, p := range lc.Filter.Include {
 		err = errors.Join(err, enc.EncodeString(p))
@@ -93,10 +99,20 @@ func encodeLink(enc *msgpack.Encoder, lc *LinkCmd) error {
 	for _, p := range lc.Filter.Exclude {
 		err = errors.Join(err, enc.EncodeString(p))
 	}
-	return errors.Join(err, enc.EncodeInt(lc.Bandwidth), enc.EncodeUint(lc.BackfillDone))
+	err = errors.Join(err, enc.EncodeInt(lc.Bandwidth), enc.EncodeUint(lc.BackfillDone))
+	if lc.SetFromPeer {
+		err = errors.Join(err, enc.EncodeArrayLen(len(lc.Onward)))
+		for _, k := range lc.Onward {
+			err = errors.Join(err, enc.EncodeArrayLen(2), enc.EncodeString(k.Target), enc.EncodeArrayLen(2*len(k.Spans)))
+			for _, sp := range k.Spans {
+				err = errors.Join(err, enc.EncodeString(sp.Start), enc.EncodeString(sp.End))
+			}
+		}
+	}
+	return err
 }
 
-func decodeLink(dec *msgpack.Decoder, c *Command) error {
+func decodeLink(dec *msgpack.Decoder, c *Command, n int) error {
 	lc := &LinkCmd{}
 	var err error
 	if lc.Peer, err = dec.DecodeString(); err != nil {
@@ -141,6 +157,21 @@ func decodeLink(dec *msgpack.Decoder, c *Command) error {
 	}
 	if lc.BackfillDone, err = dec.DecodeUint64(); err != nil {
 		return err
+	}
+	if (n == 8) != lc.SetFromPeer {
+		return fmt.Errorf("link of %d elements, from-peer %v", n, lc.SetFromPeer)
+	}
+	if n == 8 {
+		m, err := dec.DecodeArrayLen()
+		if err != nil {
+			return err
+		}
+		if m > 0 {
+			// The shape of a heartbeat's (wire.DecodeTargetSpans).
+			if lc.Onward, err = wire.DecodeTargetSpansAfter(dec, m); err != nil {
+				return err
+			}
+		}
 	}
 	c.Link = lc
 	return nil
@@ -216,6 +247,7 @@ func (m *Machine) applyLink(b *store.Batch, lc *LinkCmd) (*Result, func(), error
 	if lc.SetFromPeer {
 		f := lc.Filter.Normal()
 		ls.FromPeer = &f
+		ls.Onward = lc.Onward
 	}
 	if err := b.SetLinkSettings(lc.Peer, ls); err != nil {
 		return nil, nil, err

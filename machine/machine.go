@@ -612,33 +612,36 @@ type keeper struct {
 	kept   map[string]KeptCount
 }
 
-func (k *keeper) Keep(start, end string, isRange bool) bool {
+func (k *keeper) Keep(start, end, origin string, isRange bool) bool {
 	for _, r := range k.ranges {
-		if k.holds(r, start, end, isRange) {
+		if k.holds(r, start, end, origin, isRange) {
 			return true
 		}
 	}
 	return false
 }
 
-func (k *keeper) holds(r KeepRanges, start, end string, isRange bool) bool {
+func (k *keeper) holds(r KeepRanges, start, end, origin string, isRange bool) bool {
+	if r.Origin != "" && r.Origin != origin {
+		return false
+	}
 	if !isRange {
 		return entry.SpanHolds(r.Spans, start)
 	}
 	return entry.SpansMeet(r.Spans, start, end)
 }
 
-func (k *keeper) Kept(start, end string, isRange bool, bytes int) {
+func (k *keeper) Kept(start, end, origin string, isRange bool, bytes int) {
 	for _, r := range k.ranges {
-		if k.holds(r, start, end, isRange) {
-			c := k.kept[r.Peer]
+		if k.holds(r, start, end, origin, isRange) {
+			c := k.kept[r.keptName()]
 			if !isRange {
 				c.Tombstones++
 			} else {
 				c.Ranges++
 			}
 			c.Bytes += int64(bytes)
-			k.kept[r.Peer] = c
+			k.kept[r.keptName()] = c
 		}
 	}
 }

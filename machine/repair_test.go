@@ -3,6 +3,7 @@ package machine
 import (
 	"bytes"
 	"fmt"
+	"reflect"
 	"testing"
 
 	"github.com/replicator/replicator/entry"
@@ -313,5 +314,63 @@ func TestCollectKeepsTheRangesOfALink(t *testing.T) {
 		if _, err := Decode(encode(t, &Command{Collect: &CollectCmd{Cutoff: hlc.Timestamp{Wall: 1}, Max: 1, Keep: bad}})); err == nil {
 			t.Fatalf("decoded kept ranges %+v", bad)
 		}
+	}
+}
+
+// TestCollectKeepsAnOriginsDeletesOnward (issue 45): kept ranges of an
+// origin (a peer's own link, as its heartbeats said) keep only the deletes
+// that origin wrote, counted as origin->peer; the link command recording
+// them, and the collect command carrying them, encode and decode as one
+// shape, and malformed ones are refused.
+func TestCollectKeepsAnOriginsDeletesOnward(t *testing.T) {
+	m, st := openMachine(t, t.TempDir())
+	defer st.Close()
+	s := &stamper{wall: 1e15}
+	mustApply(t, m, 1, &Command{Mint: &MintCmd{Stream: testStream}})
+	mustApply(t, m, 2, &Command{Format: &FormatCmd{Version: FormatKeptTombstones}})
+	lc := &LinkCmd{Peer: "c", SetFromPeer: true, Filter: entry.Filter{Exclude: []string{"t/"}},
+		Onward: []entry.TargetSpans{{Target: "b", Spans: []entry.Span{{Start: "t/", End: "t0"}}}}}
+	got, err := Decode(encode(t, &Command{Link: lc}))
+	if err != nil || !reflect.DeepEqual(got.Link.Onward, lc.Onward) || !got.Link.SetFromPeer {
+		t.Fatalf("link command decoded as %+v (%v)", got.Link, err)
+	}
+	mustApply(t, m, 3, &Command{Link: lc})
+	if on := m.Link("c").Onward; !reflect.DeepEqual(on, lc.Onward) {
+		t.Fatalf("recorded onward %+v", on)
+	}
+	mustApply(t, m, 4, &Command{Local: []Proposal{
+		{Entry: entry.Entry{Op: entry.OpDelete, Key: "t/1", Commit: s.next()}},
+		{Entry: entry.Entry{Op: entry.OpDeleteRange, Key: "t/r/", End: "t/r0", Commit: s.next()}},
+	}})
+	// This machine's cluster is a: kept for origin c, a's deletes go.
+	keep := []KeepRanges{{Peer: "b", Origin: "c", Spans: []entry.Span{{Start: "t/", End: "t0"}}}}
+	cc := &CollectCmd{Cutoff: hlc.Timestamp{Wall: 2e15}, Max: 100, Keep: keep}
+	if got, err := Decode(encode(t, &Command{Collect: cc})); err != nil || !reflect.DeepEqual(got.Collect.Keep, keep) {
+		t.Fatalf("collect decoded as %+v (%v)", got.Collect, err)
+	}
+	keepA := []KeepRanges{{Peer: "b", Origin: "a", Spans: []entry.Span{{Start: "t/", End: "t0"}}}}
+	res := mustApply(t, m, 5, &Command{Collect: &CollectCmd{Cutoff: hlc.Timestamp{Wall: 2e15}, Max: 100, Keep: keepA}})
+	if res.Collected != 0 || res.Kept["a->b"].Tombstones != 1 || res.Kept["a->b"].Ranges != 1 || len(res.Kept) != 1 {
+		t.Fatalf("kept for a->b: collected %d, kept %+v", res.Collected, res.Kept)
+	}
+	res = mustApply(t, m, 6, &Command{Collect: cc})
+	if res.Collected != 2 || len(res.Kept) != 0 || len(st.RangeTombstones()) != 0 {
+		t.Fatalf("kept for c->b, a's deletes: collected %d, kept %+v", res.Collected, res.Kept)
+	}
+	for _, bad := range [][]KeepRanges{
+		{{Peer: "b", Origin: "b", Spans: []entry.Span{{Start: "a"}}}},
+		{{Peer: "b", Origin: "d", Spans: []entry.Span{{Start: "a"}}}, {Peer: "b", Origin: "c", Spans: []entry.Span{{Start: "a"}}}},
+		{{Peer: "b", Origin: "c", Spans: []entry.Span{{Start: "a"}}}, {Peer: "b", Origin: "c", Spans: []entry.Span{{Start: "b"}}}},
+		{{Peer: "b", Origin: "C!", Spans: []entry.Span{{Start: "a"}}}},
+	} {
+		if _, err := Decode(encode(t, &Command{Collect: &CollectCmd{Cutoff: hlc.Timestamp{Wall: 1}, Max: 1, Keep: bad}})); err == nil {
+			t.Fatalf("decoded kept ranges %+v", bad)
+		}
+	}
+	// A link command's onward ranges, malformed, are refused too.
+	bad := *lc
+	bad.Onward = []entry.TargetSpans{{Target: "b", Spans: []entry.Span{{Start: "z", End: "a"}}}}
+	if _, err := Decode(encode(t, &Command{Link: &bad})); err == nil {
+		t.Fatal("decoded an inverted onward range")
 	}
 }

@@ -562,3 +562,114 @@ func TestReleasedNarrowing(t *testing.T) {
 		t.Fatalf("a repaired %d", diff.Repaired)
 	}
 }
+
+// TestWipedClusterGetsBackTheDeletesItHeldBack (issue 45): c narrows its
+// link to b after b took c's k1; c deletes k1, so b keeps k1 until a
+// widening carries the delete; a takes the delete, and past the retention
+// collects. c is then wiped. Before, a collected c's tombstone (nothing of
+// a's links held it back): c's rejoin got k1 back from b's re-seed and no
+// delete from anyone, and carried k1 to a: a write deleted for good, alive
+// at every cluster. Now c's heartbeats tell a the ranges c keeps for its
+// link to b, a keeps c's deletes there, and c gets them back by its rejoin.
+func TestWipedClusterGetsBackTheDeletesItHeldBack(t *testing.T) {
+	pc := hlc.NewManualClock(int64(1000 * time.Hour))
+	m := newTestMesh(t, pc, func(o *Options) {
+		o.TombstoneRetention = 10 * time.Minute
+		o.PinWindow = time.Minute
+		o.AntiEntropyInterval = -1
+	}, "a", "b", "c")
+	a, b, c := m.nodes["a"], m.nodes["b"], m.nodes["c"]
+	ctx := context.Background()
+	must := mustWrite(t)
+	must(c.Put(ctx, "c-only/k1", []byte("c")))
+	must(c.Put(ctx, "c-only/k2", []byte("c")))
+	must(c.Put(ctx, "shared/k3", []byte("c")))
+	m.converged(20 * time.Second)
+
+	if _, err := c.SetLinkFilter("b", entry.Filter{Exclude: []string{"c-only/"}}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, func() (bool, string) {
+		on := a.machine.Link("c").Onward
+		return len(on) == 1 && on[0].Target == "b" && len(on[0].Spans) == 1 && on[0].Spans[0].Start == "c-only/",
+			fmt.Sprintf("a's record of what c keeps for other links: %+v", on)
+	})
+	if on := b.machine.Link("c").Onward; len(on) != 0 {
+		t.Fatalf("b records %+v as kept by c for other links: c keeps nothing for a", on)
+	}
+	pc.Advance(time.Second)
+	must(c.Delete(ctx, "c-only/k1"))
+	must(a.Delete(ctx, "c-only/k2")) // a's delete: a keeps only c's
+	must(c.Delete(ctx, "shared/k3")) // crosses to b: collected as ever
+	m.settle()
+	if _, err := b.Get("c-only/k1"); err != nil {
+		t.Fatalf("b lost c-only/k1 while c's link kept c-only/ home: %v", err)
+	}
+
+	pc.Advance(20 * time.Minute)
+	for _, n := range []*Node{a, b, c} {
+		must(n.Put(ctx, "tick/"+n.cluster, []byte("t")))
+	}
+	m.settle()
+	waitFor(t, 10*time.Second, func() (bool, string) {
+		_, err := a.CollectTombstones()
+		_, gerr := a.Get("shared/k3")
+		var nf *api.NotFoundError
+		return err == nil && errors.As(gerr, &nf) && nf.Deleted == "", fmt.Sprintf("shared/k3 at a: %v (%v)", gerr, err)
+	})
+	var nf *api.NotFoundError
+	if _, err := a.Get("c-only/k1"); !errors.As(err, &nf) || nf.Deleted == "" {
+		t.Fatalf("a collected c's delete of c-only/k1, which c holds back from b: %v", err)
+	}
+	if _, err := a.Get("c-only/k2"); !errors.As(err, &nf) || nf.Deleted != "" {
+		t.Fatalf("a kept its own delete of c-only/k2 (only c's are kept for c): %v", err)
+	}
+	for _, l := range a.PeerStatus() {
+		if k := l.KeptForPeerLinks; l.Peer == "c" && (k == nil || k.Tombstones != 1 || k.Ranges != 0) {
+			t.Fatalf("a's link to c reports kept for c's other links %+v, want 1 tombstone", k)
+		} else if l.Peer == "b" && k != nil {
+			t.Fatalf("a keeps %+v for b's other links: b keeps nothing", k)
+		}
+	}
+	if rep, err := a.LinkFilter("c"); err != nil || len(rep.PeerKeeps) != 1 || rep.KeptForPeerLinks == nil {
+		t.Fatalf("a's filter report of c: %+v %v", rep, err)
+	}
+
+	// c loses its data; its filter toward b comes from its flags again.
+	old := c.out.Stream()
+	m.restart("c", func(dir string) {
+		if err := os.RemoveAll(dir); err != nil {
+			t.Fatal(err)
+		}
+		for i := range m.opts["c"].Peers {
+			if m.opts["c"].Peers[i].Name == "b" {
+				m.opts["c"].Peers[i].Exclude = []string{"c-only/"}
+			}
+		}
+	})
+	c = m.nodes["c"]
+	waitFor(t, 30*time.Second, func() (bool, string) {
+		if c.out.Stream() == old {
+			return false, "c did not notice its wipe"
+		}
+		r := c.rejoin.rejoinReport()
+		return len(r.Phases) == 0 && len(r.Requests) == 0, fmt.Sprintf("c's rejoin: %+v", r)
+	})
+	m.settle()
+	for _, n := range []*Node{a, c} {
+		if v, err := n.Get("c-only/k1"); !errors.Is(err, api.ErrNotFound) {
+			t.Fatalf("%s holds c-only/k1 (%+v), deleted by c before its wipe: %v", n.cluster, v, err)
+		}
+	}
+	if _, err := b.Get("c-only/k1"); err != nil {
+		t.Fatalf("b lost c-only/k1 while c's link keeps c-only/ home: %v", err)
+	}
+	// The widening carries the delete c got back.
+	if _, err := c.SetLinkFilter("b", entry.Filter{}); err != nil {
+		t.Fatal(err)
+	}
+	m.converged(30 * time.Second)
+	if _, err := b.Get("c-only/k1"); !errors.Is(err, api.ErrNotFound) {
+		t.Fatalf("b holds c-only/k1 after c's widening: %v", err)
+	}
+}

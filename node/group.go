@@ -448,12 +448,12 @@ func (cs *consensus) commitCommand(c *machine.Command) (*machine.Result, error) 
 
 // SetFromPeer records, through the log, the peer's own filter toward this
 // cluster (acceptor.Log): relays of its writes are kept to it.
-func (cs *consensus) SetFromPeer(peer string, f entry.Filter) error {
+func (cs *consensus) SetFromPeer(peer string, f entry.Filter, onward []entry.TargetSpans) error {
 	n := cs.n
 	if n.machine.Format() < machine.FormatOriginFilters {
 		return nil // the acceptor does not ask before it (TakesOriginFilters)
 	}
-	_, err := cs.commitCommand(&machine.Command{Link: &machine.LinkCmd{Peer: peer, SetFromPeer: true, Filter: f}})
+	_, err := cs.commitCommand(&machine.Command{Link: &machine.LinkCmd{Peer: peer, SetFromPeer: true, Filter: f, Onward: onward}})
 	return err
 }
 

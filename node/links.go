@@ -119,7 +119,7 @@ func (l linkAdmin) filterReport(peer string) api.FilterReport {
 	ls := n.linkSettings(peer)
 	recorded := len(n.machine.Links()[peer].Filters) > 0
 	r := api.FilterReport{Peer: peer, Filter: ls.Current(), Recorded: recorded, Backfill: ls.Backfill, BackfillGeneration: ls.BackfillGen,
-		Released: ls.Released, Kept: n.repl.keptFor(peer)}
+		Released: ls.Released, Kept: n.repl.keptFor(peer), PeerKeeps: ls.Onward, KeptForPeerLinks: n.repl.keptForPeerLinks(peer)}
 	if n.machine.Format() >= machine.FormatKeptTombstones {
 		r.Keep = ls.KeepSpans()
 	}

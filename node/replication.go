@@ -1,12 +1,14 @@
 package node
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"maps"
 	"net/http"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -91,6 +93,25 @@ func (r *replication) keptFor(peer string) *client.KeptTombstones {
 	return &client.KeptTombstones{Tombstones: k.Tombstones, Ranges: k.Ranges, Bytes: k.Bytes}
 }
 
+// keptForPeerLinks is what the last collection kept of peer's deletes for
+// the peer's other links (nil: nothing).
+func (r *replication) keptForPeerLinks(peer string) *client.KeptTombstones {
+	r.keptMu.Lock()
+	defer r.keptMu.Unlock()
+	var sum *client.KeptTombstones
+	for name, k := range r.kept {
+		if strings.HasPrefix(name, peer+"->") {
+			if sum == nil {
+				sum = &client.KeptTombstones{}
+			}
+			sum.Tombstones += k.Tombstones
+			sum.Ranges += k.Ranges
+			sum.Bytes += k.Bytes
+		}
+	}
+	return sum
+}
+
 // keepRanges are, per link, the ranges whose tombstones a collection keeps
 // (entry.LinkSettings.KeepSpans), in the order a collect command carries
 // them (nil before format 7: the log cannot carry them yet).
@@ -115,6 +136,31 @@ func (r *replication) keepRanges() []machine.KeepRanges {
 		if spans := ls.KeepSpans(); len(spans) > 0 {
 			out = append(out, machine.KeepRanges{Peer: name, Spans: spans})
 		}
+		// The ranges the peer keeps for its own other links, as its
+		// heartbeats said: its deletes there stay here too, so that one it
+		// loses with its data comes back to it by its rejoin (and reaches
+		// the other link when that widens).
+		for _, on := range ls.Onward {
+			if on.Target != n.cluster && len(on.Spans) > 0 {
+				out = append(out, machine.KeepRanges{Peer: on.Target, Origin: name, Spans: on.Spans})
+			}
+		}
+	}
+	slices.SortFunc(out, func(a, b machine.KeepRanges) int {
+		return cmp.Or(cmp.Compare(a.Peer, b.Peer), cmp.Compare(a.Origin, b.Origin))
+	})
+	return out
+}
+
+// keepsBesides are the ranges this cluster keeps for its links other than
+// to peer (transport.Options.Keeps): the peer keeps this cluster's deletes
+// there too.
+func (r *replication) keepsBesides(peer string) []wire.TargetSpans {
+	var out []wire.TargetSpans
+	for _, k := range r.keepRanges() {
+		if k.Origin == "" && k.Peer != peer {
+			out = append(out, wire.TargetSpans{Target: k.Peer, Spans: k.Spans})
+		}
 	}
 	return out
 }
@@ -138,6 +184,7 @@ func (r *replication) setupReplication() error {
 		TakesOriginFilters: func() bool { return n.machine.Format() >= machine.FormatOriginFilters },
 		OnIdle:             n.repl.noteIdle,
 		FromPeer:           func(peer string) *entry.Filter { return n.machine.Link(peer).FromPeer },
+		Onward:             func(peer string) []entry.TargetSpans { return n.machine.Link(peer).Onward },
 		PinWindow:          n.opts.PinWindow,
 		Permits:            n.opts.Permits,
 		PermitQueue:        n.opts.PermitQueue,
@@ -220,6 +267,7 @@ func (r *replication) addLink(p Peer) (*transport.Shipper, error) {
 		Applied:         n.applied.Load,
 		Link:            n.linkSettings,
 		IdleBound:       n.repl.idleBound,
+		Keeps:           n.repl.keepsBesides,
 		Snapshots:       snapshots{n.store},
 		AutoReseed:      !n.opts.NoAutoReseed,
 		StoreHasData:    !empty,
@@ -542,6 +590,7 @@ func (n *Node) PeerStatus() []client.LinkStatus {
 		st := linkStatus(sh.Status(th, n.repl.oldestCommitWall))
 		st.AntiEntropy = n.antiEntropy.status(st.Peer)
 		st.KeptTombstones = n.repl.keptFor(st.Peer)
+		st.KeptForPeerLinks = n.repl.keptForPeerLinks(st.Peer)
 		out = append(out, st)
 	}
 	return out

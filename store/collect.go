@@ -33,9 +33,10 @@ func (b *Batch) CollectTombstones(cutoff hlc.Timestamp, max int) (int, error) {
 // tombstone (isRange false) or a range delete [start, end) to keep (end
 // "": the end of the key space), and Kept is told each one left, with the
 // bytes it holds (its record and its index entry, or its range record).
+// origin is the cluster that wrote the delete.
 type Keeper interface {
-	Keep(start, end string, isRange bool) bool
-	Kept(start, end string, isRange bool, bytes int)
+	Keep(start, end, origin string, isRange bool) bool
+	Kept(start, end, origin string, isRange bool, bytes int)
 }
 
 // CollectTombstonesKeeping is CollectTombstones leaving the tombstones and
@@ -70,10 +71,10 @@ func (b *Batch) CollectTombstonesKeeping(cutoff hlc.Timestamp, max int, keep Kee
 		// was written again since keeps its newer state (and the stale
 		// index entry goes, kept range or not).
 		live := ok && flags&flagTombstone != 0 && st.HLC == ts
-		if live && keep != nil && keep.Keep(key, "", false) {
+		if live && keep != nil && keep.Keep(key, "", st.Origin, false) {
 			// Its record and index entry, about: a tombstone's record is
 			// its key, its stamp and a context of a few origins.
-			keep.Kept(key, "", false, 2*len(ik)+64)
+			keep.Kept(key, "", st.Origin, false, 2*len(ik)+64)
 			continue
 		}
 		if err := b.pb.Delete(bytes.Clone(ik), nil); err != nil {

@@ -160,8 +160,8 @@ func (b *Batch) collectRanges(cutoff hlc.Timestamp, keeper Keeper) (int, error) 
 	keep := make([]RangeTombstone, 0, len(b.s.ranges))
 	n := 0
 	for _, r := range b.s.ranges {
-		if r.Stamp.HLC.Less(cutoff) && keeper != nil && keeper.Keep(r.Start, r.End, true) {
-			keeper.Kept(r.Start, r.End, true, len(rangeKey(&r))+64)
+		if r.Stamp.HLC.Less(cutoff) && keeper != nil && keeper.Keep(r.Start, r.End, r.Stamp.Origin, true) {
+			keeper.Kept(r.Start, r.End, r.Stamp.Origin, true, len(rangeKey(&r))+64)
 		} else if r.Stamp.HLC.Less(cutoff) {
 			if err := b.pb.Delete(rangeKey(&r), nil); err != nil {
 				return n, err

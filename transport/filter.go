@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"strings"
 
 	"github.com/replicator/replicator/entry"
 	"github.com/replicator/replicator/wire"
@@ -221,11 +222,38 @@ func (s *Shipper) filterUntold() bool {
 	if !s.tellsFilter() {
 		return false
 	}
-	ls := s.settings()
-	now := ls.Current().Normal().String()
+	_, _, now := s.filterNow()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.mu.filterTold != now
+}
+
+// filterNow is what heartbeats tell the peer of this cluster's filters: its
+// filter toward the peer, the ranges it keeps for its other links, and
+// both as one string (what filterTold holds once told).
+func (s *Shipper) filterNow() (entry.Filter, []wire.TargetSpans, string) {
+	ls := s.settings()
+	f := ls.Current().Normal()
+	var keeps []wire.TargetSpans
+	if s.opts.Keeps != nil {
+		keeps = s.opts.Keeps(s.peer.Name)
+		// Past the wire's bounds the peer keeps less (nothing this
+		// cluster holds is lost by it: only a wiped cluster's way back).
+		if len(keeps) > wire.MaxKeeps {
+			keeps = keeps[:wire.MaxKeeps]
+		}
+		for i := range keeps {
+			if len(keeps[i].Spans) > wire.MaxKeepSpans {
+				keeps[i].Spans = keeps[i].Spans[:wire.MaxKeepSpans]
+			}
+		}
+	}
+	var b strings.Builder
+	b.WriteString(f.String())
+	for _, k := range keeps {
+		fmt.Fprintf(&b, ";%s:%v", k.Target, k.Spans)
+	}
+	return f, keeps, b.String()
 }
 
 func (s *Shipper) takesContexts() bool {

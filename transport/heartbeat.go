@@ -41,10 +41,11 @@ func (s *Shipper) heartbeat(ctx context.Context) error {
 	var told string
 	if s.tellsFilter() {
 		// What of this cluster's writes may reach the peer: it keeps
-		// other clusters' relays of them to it.
-		ls := s.settings()
-		f := ls.Current().Normal()
-		h.OwnFilter, told = &f, f.String()
+		// other clusters' relays of them to it. And the ranges whose
+		// deletes this cluster keeps for its other links: the peer keeps
+		// them too, for this cluster to get back if it loses its data.
+		f, keeps, now := s.filterNow()
+		h.OwnFilter, h.Keeps, told = &f, keeps, now
 	}
 	if s.opts.IdleBound != nil && s.takesIdle() {
 		bound, last := s.opts.IdleBound()

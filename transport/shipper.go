@@ -136,6 +136,11 @@ type Options struct {
 	// be committed above, and the stream's last index, read in that order
 	// (heartbeats tell an idle frontier: wire.Header.Idle).
 	IdleBound func() (hlc.Timestamp, uint64)
+	// Keeps, when set, returns the ranges whose deletes this cluster
+	// keeps for its links other than to peer (entry.LinkSettings.
+	// KeepSpans): heartbeats tell them with the filter (wire.Header.Keeps),
+	// and the peer keeps this cluster's deletes there too.
+	Keeps func(peer string) []wire.TargetSpans
 	// Snapshots opens views of the tree for re-seeds (nil: re-seeds are
 	// impossible and a peer that needs one stays marked).
 	Snapshots Snapshots

@@ -109,6 +109,13 @@ type Header struct {
 	// would not send out of what other clusters relay in snapshots
 	// (issue 45). Only to a receiver that takes it (Limits.OriginFilters).
 	OwnFilter *entry.Filter
+	// Keeps, with OwnFilter (keeps), are the ranges whose deletes the
+	// sender keeps for each of its other links (entry.LinkSettings.
+	// KeepSpans: what a filter held back, not yet carried by a widening's
+	// backfill). The receiver keeps the sender's own deletes in them too,
+	// so that one the sender loses (a wiped or restored data directory)
+	// comes back to it by its rejoin, and reaches the link's peer after.
+	Keeps []TargetSpans
 	// Idle, in a heartbeat (idle), says the receiver acknowledged every
 	// entry of the stream up to Index, the last there is, and that any
 	// entry appended later is committed above Bound: nothing older than
@@ -119,6 +126,16 @@ type Header struct {
 	// it (Limits.IdleFrontiers).
 	Idle *IdleFrontier
 }
+
+// TargetSpans are ranges of a link to Target.
+type TargetSpans = entry.TargetSpans
+
+// MaxKeeps bounds Header.Keeps (links), and MaxKeepSpans the ranges of
+// one.
+const (
+	MaxKeeps     = 256
+	MaxKeepSpans = 1024
+)
 
 // IdleFrontier is a heartbeat's Idle.
 type IdleFrontier struct {
@@ -172,7 +189,7 @@ func AppendHeader(dst []byte, h *Header, n int) []byte {
 	var buf bytes.Buffer
 	enc := msgpack.NewEncoder(&buf)
 	fields := 4
-	for _, on := range []bool{h.Snapshot, h.End != nil, h.Begin != nil, h.Requested, h.Rejoin, h.Rejoining != 0, len(h.Marks) > 0, h.Backfill, h.BackfillEnd != nil, h.OwnFilter != nil, h.Idle != nil} {
+	for _, on := range []bool{h.Snapshot, h.End != nil, h.Begin != nil, h.Requested, h.Rejoin, h.Rejoining != 0, len(h.Marks) > 0, h.Backfill, h.BackfillEnd != nil, h.OwnFilter != nil, h.Idle != nil, len(h.Keeps) > 0} {
 		if on {
 			fields++
 		}
@@ -252,6 +269,19 @@ func AppendHeader(dst []byte, h *Header, n int) []byte {
 			}
 		}
 	}
+	if len(h.Keeps) > 0 {
+		_ = enc.EncodeString("keeps")
+		_ = enc.EncodeArrayLen(len(h.Keeps))
+		for _, k := range h.Keeps {
+			_ = enc.EncodeArrayLen(2)
+			_ = enc.EncodeString(k.Target)
+			_ = enc.EncodeArrayLen(2 * len(k.Spans))
+			for _, sp := range k.Spans {
+				_ = enc.EncodeString(sp.Start)
+				_ = enc.EncodeString(sp.End)
+			}
+		}
+	}
 	if i := h.Idle; i != nil {
 		_ = enc.EncodeString("idle")
 		_ = enc.EncodeArrayLen(3)
@@ -262,6 +292,66 @@ func AppendHeader(dst []byte, h *Header, n int) []byte {
 	_ = enc.EncodeString("entries")
 	_ = enc.EncodeArrayLen(n)
 	return append(dst, buf.Bytes()...)
+}
+
+// DecodeTargetSpans reads Keeps: valid, sorted and distinct targets, each
+// with sorted, disjoint, non-empty ranges.
+func DecodeTargetSpans(dec *msgpack.Decoder) ([]TargetSpans, error) {
+	n, err := dec.DecodeArrayLen()
+	if err != nil {
+		return nil, err
+	}
+	if n < 1 {
+		return nil, fmt.Errorf("ranges of %d links", n)
+	}
+	return DecodeTargetSpansAfter(dec, n)
+}
+
+// DecodeTargetSpansAfter is DecodeTargetSpans once the array's length n
+// was read.
+func DecodeTargetSpansAfter(dec *msgpack.Decoder, n int) ([]TargetSpans, error) {
+	if n < 0 || n > MaxKeeps {
+		return nil, fmt.Errorf("ranges of %d links", n)
+	}
+	var err error
+	out := make([]TargetSpans, 0, n)
+	for i := 0; i < n; i++ {
+		if m, err := dec.DecodeArrayLen(); err != nil || m != 2 {
+			return nil, fmt.Errorf("link ranges %d: want an array of 2 (%v)", i, err)
+		}
+		var k TargetSpans
+		if k.Target, err = dec.DecodeString(); err != nil {
+			return nil, err
+		}
+		if checkCluster(k.Target) != nil || (i > 0 && k.Target <= out[i-1].Target) {
+			return nil, fmt.Errorf("ranges of link %q (after %d links)", k.Target, i)
+		}
+		m, err := dec.DecodeArrayLen()
+		if err != nil {
+			return nil, err
+		}
+		if m < 2 || m%2 != 0 || m > 2*MaxKeepSpans {
+			return nil, fmt.Errorf("ranges of %s: %d bounds", k.Target, m)
+		}
+		for j := 0; j < m/2; j++ {
+			var sp entry.Span
+			if sp.Start, err = dec.DecodeString(); err != nil {
+				return nil, err
+			}
+			if sp.End, err = dec.DecodeString(); err != nil {
+				return nil, err
+			}
+			if sp.End != "" && sp.End <= sp.Start {
+				return nil, fmt.Errorf("range [%q, %q) of %s", sp.Start, sp.End, k.Target)
+			}
+			if l := len(k.Spans); l > 0 && (k.Spans[l-1].End == "" || sp.Start < k.Spans[l-1].End) {
+				return nil, fmt.Errorf("ranges of %s out of order", k.Target)
+			}
+			k.Spans = append(k.Spans, sp)
+		}
+		out = append(out, k)
+	}
+	return out, nil
 }
 
 func decodeIdle(dec *msgpack.Decoder) (*IdleFrontier, error) {
@@ -457,7 +547,7 @@ func DecodeBatch(body []byte) (*Batch, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrMalformed, err)
 	}
-	if n < 0 || n > 15 {
+	if n < 0 || n > 16 {
 		return nil, fmt.Errorf("%w: batch map of %d fields", ErrMalformed, n)
 	}
 	var (
@@ -515,6 +605,8 @@ func DecodeBatch(body []byte) (*Batch, error) {
 			b.OwnFilter, err = decodeOwnFilter(dec)
 		case "idle":
 			b.Idle, err = decodeIdle(dec)
+		case "keeps":
+			b.Keeps, err = DecodeTargetSpans(dec)
 		case "entries":
 			if !have["sender"] || !have["stream"] {
 				// Skipping an unread value means walking it, and a
@@ -546,7 +638,7 @@ func DecodeBatch(body []byte) (*Batch, error) {
 	if b.Rejoining != 0 && b.Snapshot {
 		return nil, fmt.Errorf("%w: a rejoin phase on a snapshot batch", ErrMalformed)
 	}
-	if (b.OwnFilter != nil || b.Idle != nil) && b.Snapshot {
+	if (b.OwnFilter != nil || b.Idle != nil || len(b.Keeps) > 0) && b.Snapshot {
 		return nil, fmt.Errorf("%w: an own filter or an idle frontier on a snapshot batch", ErrMalformed)
 	}
 	if len(b.Marks) > 0 && b.End == nil {

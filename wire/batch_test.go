@@ -71,6 +71,9 @@ func FuzzDecodeBatch(f *testing.F) {
 	// A re-seed's first batch, beginning where its trailer will end.
 	f.Add(EncodeBatch(&Batch{Header: Header{Sender: "a", Stream: entry.StreamID{2}, Snapshot: true,
 		Begin: &SnapshotEnd{Stream: entry.StreamID{1}, Index: 5, Commit: hlc.Timestamp{Wall: 7}}}}))
+	// a heartbeat telling the sender's filter, what it keeps for its other
+	// links, and its idle frontier
+	f.Add(EncodeBatch(&Batch{Header: heartbeatWithFilters()}))
 	// nesting where the format has none, and lengths that lie
 	f.Add(append([]byte{0x84, 0xa1, 'v', 0x01, 0xa7, 'e', 'n', 't', 'r', 'i', 'e', 's'}, append(bytes.Repeat([]byte{0x91}, 20000), 0xc0)...))
 	f.Add(append(AppendBatchHeader(nil, "a", entry.StreamID{1}, 1), 0x81, 0xa1, 'k', 0xdb, 0x7f, 0xff, 0xff, 0xff, 'x'))
@@ -182,5 +185,50 @@ func TestReseedBeginRoundTrip(t *testing.T) {
 		if _, err := DecodeBatch(EncodeBatch(&Batch{Header: bad})); !errors.Is(err, ErrMalformed) {
 			t.Errorf("a begin %s: %v", name, err)
 		}
+	}
+}
+
+func heartbeatWithFilters() Header {
+	return Header{Sender: "a", Stream: entry.StreamID{1},
+		OwnFilter: &entry.Filter{Exclude: []string{"c-only/"}},
+		Keeps: []TargetSpans{
+			{Target: "b", Spans: []entry.Span{{Start: "c-only/", End: "c-only0"}}},
+			{Target: "d", Spans: []entry.Span{{Start: "a", End: "b"}, {Start: "x"}}},
+		},
+		Idle: &IdleFrontier{Index: 9, Bound: hlc.Timestamp{Wall: 77}},
+	}
+}
+
+// TestHeartbeatFiltersRoundTrip: a heartbeat's filter, the ranges the
+// sender keeps for its other links (issue 45) and its idle frontier decode
+// as sent; keeps out of order, empty or inverted are refused, as are keeps
+// on a snapshot batch.
+func TestHeartbeatFiltersRoundTrip(t *testing.T) {
+	h := heartbeatWithFilters()
+	got, err := DecodeBatch(EncodeBatch(&Batch{Header: h}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(got.Keeps, h.Keeps) || got.OwnFilter == nil || !got.OwnFilter.Equal(*h.OwnFilter) || got.Idle == nil || *got.Idle != *h.Idle {
+		t.Fatalf("decoded %+v, sent %+v", got.Header, h)
+	}
+	for name, keeps := range map[string][]TargetSpans{
+		"targets out of order": {{Target: "d", Spans: []entry.Span{{Start: "a"}}}, {Target: "b", Spans: []entry.Span{{Start: "a"}}}},
+		"a target twice":       {{Target: "b", Spans: []entry.Span{{Start: "a"}}}, {Target: "b", Spans: []entry.Span{{Start: "b"}}}},
+		"no ranges":            {{Target: "b"}},
+		"inverted range":       {{Target: "b", Spans: []entry.Span{{Start: "b", End: "a"}}}},
+		"overlapping ranges":   {{Target: "b", Spans: []entry.Span{{Start: "a", End: "c"}, {Start: "b", End: "d"}}}},
+		"bad target":           {{Target: "B!", Spans: []entry.Span{{Start: "a"}}}},
+	} {
+		bad := heartbeatWithFilters()
+		bad.Keeps = keeps
+		if _, err := DecodeBatch(EncodeBatch(&Batch{Header: bad})); !errors.Is(err, ErrMalformed) {
+			t.Errorf("%s: %v", name, err)
+		}
+	}
+	snap := heartbeatWithFilters()
+	snap.OwnFilter, snap.Idle, snap.Snapshot = nil, nil, true
+	if _, err := DecodeBatch(EncodeBatch(&Batch{Header: snap})); !errors.Is(err, ErrMalformed) {
+		t.Errorf("keeps on a snapshot batch: %v", err)
 	}
 }

@@ -313,6 +313,11 @@ type FilterReport struct {
 	Keep     []entry.Span           `json:"keep_tombstones_in,omitempty"`
 	Released []entry.Span           `json:"released,omitempty"`
 	Kept     *client.KeptTombstones `json:"kept_tombstones,omitempty"`
+	// PeerKeeps are the ranges the peer keeps for each of its other links,
+	// as its heartbeats said, and KeptForPeerLinks what the last
+	// collection kept of the peer's own deletes there.
+	PeerKeeps        []entry.TargetSpans    `json:"peer_keeps,omitempty"`
+	KeptForPeerLinks *client.KeptTombstones `json:"kept_for_peer_links,omitempty"`
 }
 
 // FilterEpochReport is one filter of a link and the first index of the
