@@ -142,8 +142,61 @@ func (h *history) excuse(ex []excuse) int {
 			op.Err = "excused: " + e.Why
 			n++
 		}
+		if len(e.HomeOnly) == 0 {
+			continue
+		}
+		// Writes under keys every link kept home: held by no peer, whatever
+		// the frontier said, since the last of those links narrowed (a
+		// second earlier: the clocks are 0.3 s apart at most).
+		for i := range h.ops {
+			op := &h.ops[i]
+			st, ok := stampOf(op.Version)
+			if !ok || op.Cluster != e.Cluster || op.Outcome != outOK || !op.Start.Before(e.Before) ||
+				st.HLC.Wall < e.HomeSince.Add(-time.Second).UnixNano() || st.HLC.Wall >= e.Before.Add(500*time.Millisecond).UnixNano() ||
+				(!e.BackupStop.IsZero() && op.End2.Before(e.BackupStop)) || !op.touches(e.HomeOnly) {
+				continue
+			}
+			op.Outcome = outUnknown
+			op.Err = "excused: " + e.Why
+			n++
+		}
 	}
 	return n
+}
+
+// touches reports whether the call wrote a key under one of prefixes.
+func (op *callRecord) touches(prefixes []string) bool {
+	under := func(k string) bool {
+		for _, p := range prefixes {
+			if strings.HasPrefix(k, p) {
+				return true
+			}
+		}
+		return false
+	}
+	if op.Kind == "range" {
+		for _, p := range prefixes {
+			// [Key, End) meets the prefix's range.
+			if (op.End == "" || p < op.End) && (op.Key < p || under(op.Key)) {
+				return true
+			}
+		}
+		return false
+	}
+	if op.Key != "" && under(op.Key) {
+		return true
+	}
+	for _, s := range op.Sets {
+		if under(s.K) {
+			return true
+		}
+	}
+	for _, k := range op.Dels {
+		if under(k) {
+			return true
+		}
+	}
+	return false
 }
 
 // check judges the history against the final state (equal on every
@@ -351,5 +404,36 @@ func TestExcuseIsExact(t *testing.T) {
 	bad := h.check(final, map[string]int64{"ctr/0": 0}, nil)
 	if len(bad) != 1 || !strings.Contains(bad[0], "k/01") {
 		t.Fatalf("violations %q, want exactly the write the backup held (k/01)", bad)
+	}
+}
+
+// TestExcuseHomeOnlyKeys: writes under keys every link kept home are
+// excused since the last of the links narrowed, whatever the peers had of
+// the stream (a filtered marker counts as had), and only those: not other
+// keys, not writes before the narrowing (less the clock allowance), not
+// those in the backup.
+func TestExcuseHomeOnlyKeys(t *testing.T) {
+	at := func(ms int) time.Time { return time.Unix(1000, 0).Add(time.Duration(ms) * time.Millisecond) }
+	v := func(ms int, origin string) string { return fmt.Sprintf("%d.0@%s", at(ms).UnixNano(), origin) }
+	h := &history{ops: []callRecord{
+		{Cluster: "c", Kind: "incr", Key: "ctr/1", Delta: 1, Outcome: outOK, Version: v(100, "c"), Start: at(90), End2: at(110)},
+		{Cluster: "c", Kind: "incr", Key: "ctr/1", Delta: 1, Outcome: outOK, Version: v(3000, "c"), Start: at(2990), End2: at(3010)},
+		{Cluster: "c", Kind: "incr", Key: "ctr/1", Delta: 1, Outcome: outOK, Version: v(5000, "c"), Start: at(4990), End2: at(5010)},
+		{Cluster: "c", Kind: "put", Key: "k/2", Value: "crossed", Outcome: outOK, Version: v(5000, "c"), Start: at(4990), End2: at(5010)},
+		{Cluster: "c", Kind: "batch", Sets: []kv{{K: "k/2"}, {K: "w/1x"}}, Outcome: outOK, Version: v(5100, "c"), Start: at(5090), End2: at(5110)},
+		{Cluster: "c", Kind: "range", Key: "a/", End: "l/", Outcome: outOK, Version: v(5200, "c"), Start: at(5190), End2: at(5210)},
+		{Cluster: "a", Kind: "incr", Key: "ctr/1", Delta: 1, Outcome: outOK, Version: v(5000, "a"), Start: at(4990), End2: at(5010)},
+	}}
+	above, _ := entry.ParseStamp(v(6000, "c")) // the frontier covers all of it
+	n := h.excuse([]excuse{{Cluster: "c", Above: above, Before: at(6000), BackupStop: at(4000), Why: "restore",
+		HomeOnly: []string{"ctr/1", "k/1", "w/1"}, HomeSince: at(2500)}})
+	want := []string{outOK, outOK, outUnknown, outOK, outUnknown, outUnknown, outOK}
+	for i, op := range h.ops {
+		if op.Outcome != want[i] {
+			t.Errorf("call %d (%s %s at %s): %s, want %s", i, op.Kind, op.Key, op.Cluster, op.Outcome, want[i])
+		}
+	}
+	if n != 3 {
+		t.Fatalf("excused %d, want 3", n)
 	}
 }

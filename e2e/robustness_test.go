@@ -141,6 +141,9 @@ type robust struct {
 	// excused are the writes a wipe or a restore destroyed: a node's
 	// acknowledged writes above a stamp, before a time.
 	excused []excuse
+	// narrowedAt is when the filter event last narrowed each link
+	// (from->to).
+	narrowedAt map[string]time.Time
 	// destroying is set while a wipe or a restore and its rejoin run: one
 	// node loses data at a time, as an operator would.
 	destroying bool
@@ -168,6 +171,13 @@ type excuse struct {
 	// backup: what it acknowledged before is in the backup and survives.
 	BackupStop time.Time `json:"backup_stop,omitzero"`
 	Why        string    `json:"why"`
+	// HomeOnly are key prefixes every link of the cluster kept home at the
+	// kill (narrowed, or a widening's backfill not yet taken), each link
+	// since HomeSince at the latest: the cluster's writes there since
+	// existed only on the destroyed directory, whatever the peers had of
+	// its stream (a filtered marker counts as had).
+	HomeOnly  []string  `json:"home_only,omitempty"`
+	HomeSince time.Time `json:"home_since,omitzero"`
 }
 
 func robustRun(t *testing.T, s uint64, o robustOpts) {
@@ -742,6 +752,12 @@ func (rb *robust) runFault(f fault) {
 			narrow = append(narrow, "w/1")
 		}
 		narrowed := time.Now()
+		rb.mu.Lock()
+		if rb.narrowedAt == nil {
+			rb.narrowedAt = map[string]time.Time{}
+		}
+		rb.narrowedAt[f.Target] = narrowed
+		rb.mu.Unlock()
 		if rb.setFilter(from, to, filterJSON(narrow)) {
 			rb.count(f.Kind)
 			time.Sleep(f.For)
@@ -844,6 +860,7 @@ func (rb *robust) destroy(name, kind string) bool {
 	if _, err := p.client().Do(bg(), http.MethodGet, "/admin/origin", nil, nil, &origin); err != nil {
 		return false
 	}
+	homeOnly, homeSince := rb.homeOnly(name)
 	p.kill()
 	killed := time.Now()
 	if rb.combo != nil {
@@ -884,7 +901,10 @@ func (rb *robust) destroy(name, kind string) bool {
 		copyTree(rb.t, bk.dir, p.dataDir())
 		why += fmt.Sprintf("; backup taken at %s", bk.stop.Format("15:04:05.000"))
 	}
-	ex := excuse{Cluster: name, Above: above, Before: killed, Why: why}
+	ex := excuse{Cluster: name, Above: above, Before: killed, Why: why, HomeOnly: homeOnly, HomeSince: homeSince}
+	if len(homeOnly) > 0 {
+		ex.Why += fmt.Sprintf("; every link kept %q home since %s", homeOnly, homeSince.Format("15:04:05.000"))
+	}
 	if kind == "restore" {
 		ex.BackupStop = bk.stop // writes in the backup survive
 	}
@@ -1143,4 +1163,45 @@ func noDivergence(clusters []string, leader func(c string) *client.Client, combi
 		}
 	}
 	return out
+}
+
+// homeOnly returns the prefixes the filter event narrows that every link of
+// name keeps home now (its filter leaves them out, or a widening has still
+// to backfill them), and the latest time one of those links was narrowed
+// (zero: unknown, as after a restore brought a narrowing back).
+func (rb *robust) homeOnly(name string) ([]string, time.Time) {
+	candidates := []string{"k/1", "ctr/1", "w/1"}
+	home := map[string]bool{}
+	for _, p := range candidates {
+		home[p] = true
+	}
+	var since time.Time
+	links := 0
+	for _, peer := range rb.names() {
+		if peer == name {
+			continue
+		}
+		var rep api.FilterReport
+		if _, err := rb.m.nodes[name].client().Do(bg(), http.MethodGet, "/admin/peers/"+peer+"/filter", nil, nil, &rep); err != nil {
+			continue // no such link (a cluster not added yet)
+		}
+		links++
+		for _, p := range candidates {
+			if rep.Filter.Match(p) && !entry.SpanHolds(rep.Backfill, p) {
+				home[p] = false
+			}
+		}
+		rb.mu.Lock()
+		if at := rb.narrowedAt[name+"->"+peer]; at.After(since) {
+			since = at
+		}
+		rb.mu.Unlock()
+	}
+	var out []string
+	for _, p := range candidates {
+		if home[p] && links > 0 {
+			out = append(out, p)
+		}
+	}
+	return out, since
 }
