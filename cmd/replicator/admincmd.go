@@ -428,6 +428,12 @@ func runFilter(ctx context.Context, c *client.Client, cf *clientFlags, args, inc
 		if len(r.Released) > 0 {
 			fmt.Fprintf(w, "released (a permanent narrowing: no tombstones kept) %s\n", spans(r.Released))
 		}
+		for _, on := range r.PeerKeeps {
+			fmt.Fprintf(w, "%s keeps for its link to %s %s: its deletes there are kept here too\n", r.Peer, on.Target, spans(on.Spans))
+		}
+		if k := r.KeptForPeerLinks; k != nil {
+			fmt.Fprintf(w, "  the last collection kept %d of %s's tombstones and %d range deletes for its links (%s)\n", k.Tombstones, r.Peer, k.Ranges, human(k.Bytes))
+		}
 	})
 }
 
