@@ -121,39 +121,37 @@ func (h *history) excuse(ex []excuse) int {
 	defer h.mu.Unlock()
 	n := 0
 	for _, e := range ex {
-		above := e.Above
+		// What the backup held: every write acknowledged before it.
+		var inBackup entry.Stamp
 		if !e.BackupStop.IsZero() {
 			for i := range h.ops {
 				op := &h.ops[i]
 				if st, ok := stampOf(op.Version); ok && op.Cluster == e.Cluster && op.Outcome == outOK &&
-					op.End2.Before(e.BackupStop) && above.Compare(st) < 0 {
-					above = st
+					op.End2.Before(e.BackupStop) && inBackup.Compare(st) < 0 {
+					inBackup = st
 				}
 			}
 		}
+		maxStamp := func(a, b entry.Stamp) entry.Stamp {
+			if a.Compare(b) < 0 {
+				return b
+			}
+			return a
+		}
 		for i := range h.ops {
 			op := &h.ops[i]
 			st, ok := stampOf(op.Version)
 			if !ok || op.Cluster != e.Cluster || op.Outcome != outOK || !op.Start.Before(e.Before) ||
-				st.Compare(above) <= 0 || st.HLC.Wall >= e.Before.Add(500*time.Millisecond).UnixNano() {
+				st.HLC.Wall >= e.Before.Add(500*time.Millisecond).UnixNano() {
 				continue
 			}
-			op.Outcome = outUnknown
-			op.Err = "excused: " + e.Why
-			n++
-		}
-		if len(e.HomeOnly) == 0 {
-			continue
-		}
-		// Writes under keys every link kept home: held by no peer, whatever
-		// the frontier said, since the last of those links narrowed (a
-		// second earlier: the clocks are 0.3 s apart at most).
-		for i := range h.ops {
-			op := &h.ops[i]
-			st, ok := stampOf(op.Version)
-			if !ok || op.Cluster != e.Cluster || op.Outcome != outOK || !op.Start.Before(e.Before) ||
-				st.HLC.Wall < e.HomeSince.Add(-time.Second).UnixNano() || st.HLC.Wall >= e.Before.Add(500*time.Millisecond).UnixNano() ||
-				(!e.BackupStop.IsZero() && op.End2.Before(e.BackupStop)) || !op.touches(e.HomeOnly) {
+			above := e.Above
+			for _, pa := range e.Prefixes {
+				if op.touches([]string{pa.Prefix}) && pa.Above.Compare(above) < 0 {
+					above = pa.Above
+				}
+			}
+			if st.Compare(maxStamp(above, inBackup)) <= 0 {
 				continue
 			}
 			op.Outcome = outUnknown
@@ -407,12 +405,11 @@ func TestExcuseIsExact(t *testing.T) {
 	}
 }
 
-// TestExcuseHomeOnlyKeys: writes under keys every link kept home are
-// excused since the last of the links narrowed, whatever the peers had of
-// the stream (a filtered marker counts as had), and only those: not other
-// keys, not writes before the narrowing (less the clock allowance), not
-// those in the backup.
-func TestExcuseHomeOnlyKeys(t *testing.T) {
+// TestExcuseUnderAPrefixKeptHome: writes under a prefix some link kept
+// home are excused above what the peers held of it (a filtered marker
+// counts in a frontier), the others above the frontier as ever; writes in
+// the backup never.
+func TestExcuseUnderAPrefixKeptHome(t *testing.T) {
 	at := func(ms int) time.Time { return time.Unix(1000, 0).Add(time.Duration(ms) * time.Millisecond) }
 	v := func(ms int, origin string) string { return fmt.Sprintf("%d.0@%s", at(ms).UnixNano(), origin) }
 	h := &history{ops: []callRecord{
@@ -423,17 +420,19 @@ func TestExcuseHomeOnlyKeys(t *testing.T) {
 		{Cluster: "c", Kind: "batch", Sets: []kv{{K: "k/2"}, {K: "w/1x"}}, Outcome: outOK, Version: v(5100, "c"), Start: at(5090), End2: at(5110)},
 		{Cluster: "c", Kind: "range", Key: "a/", End: "l/", Outcome: outOK, Version: v(5200, "c"), Start: at(5190), End2: at(5210)},
 		{Cluster: "a", Kind: "incr", Key: "ctr/1", Delta: 1, Outcome: outOK, Version: v(5000, "a"), Start: at(4990), End2: at(5010)},
+		{Cluster: "c", Kind: "put", Key: "k/3", Value: "lost", Outcome: outOK, Version: v(6500, "c"), Start: at(6490), End2: at(6510)},
 	}}
-	above, _ := entry.ParseStamp(v(6000, "c")) // the frontier covers all of it
-	n := h.excuse([]excuse{{Cluster: "c", Above: above, Before: at(6000), BackupStop: at(4000), Why: "restore",
-		HomeOnly: []string{"ctr/1", "k/1", "w/1"}, HomeSince: at(2500)}})
-	want := []string{outOK, outOK, outUnknown, outOK, outUnknown, outUnknown, outOK}
+	above, _ := entry.ParseStamp(v(6000, "c")) // the frontier
+	pa, _ := entry.ParseStamp(v(1500, "c"))    // under ctr/1, k/1 and w/1
+	n := h.excuse([]excuse{{Cluster: "c", Above: above, Before: at(7000), BackupStop: at(4000), Why: "restore",
+		Prefixes: []prefixAbove{{Prefix: "ctr/1", Above: pa}, {Prefix: "k/1", Above: pa}, {Prefix: "w/1", Above: pa}}}})
+	want := []string{outOK, outOK, outUnknown, outOK, outUnknown, outUnknown, outOK, outUnknown}
 	for i, op := range h.ops {
 		if op.Outcome != want[i] {
 			t.Errorf("call %d (%s %s at %s): %s, want %s", i, op.Kind, op.Key, op.Cluster, op.Outcome, want[i])
 		}
 	}
-	if n != 3 {
-		t.Fatalf("excused %d, want 3", n)
+	if n != 4 {
+		t.Fatalf("excused %d, want 4", n)
 	}
 }

@@ -171,13 +171,17 @@ type excuse struct {
 	// backup: what it acknowledged before is in the backup and survives.
 	BackupStop time.Time `json:"backup_stop,omitzero"`
 	Why        string    `json:"why"`
-	// HomeOnly are key prefixes every link of the cluster kept home at the
-	// kill (narrowed, or a widening's backfill not yet taken), each link
-	// since HomeSince at the latest: the cluster's writes there since
-	// existed only on the destroyed directory, whatever the peers had of
-	// its stream (a filtered marker counts as had).
-	HomeOnly  []string  `json:"home_only,omitempty"`
-	HomeSince time.Time `json:"home_since,omitzero"`
+	// Prefixes lower Above for writes under them: a peer's frontier counts
+	// a filtered marker as held, so under a prefix some link kept home
+	// (narrowed, or a widening's backfill not yet taken) that peer held
+	// the cluster's writes only up to the narrowing.
+	Prefixes []prefixAbove `json:"prefixes,omitempty"`
+}
+
+// prefixAbove: what some peer held of a cluster's writes under Prefix.
+type prefixAbove struct {
+	Prefix string      `json:"prefix"`
+	Above  entry.Stamp `json:"above"`
 }
 
 func robustRun(t *testing.T, s uint64, o robustOpts) {
@@ -860,7 +864,7 @@ func (rb *robust) destroy(name, kind string) bool {
 	if _, err := p.client().Do(bg(), http.MethodGet, "/admin/origin", nil, nil, &origin); err != nil {
 		return false
 	}
-	homeOnly, homeSince := rb.homeOnly(name)
+	passes := rb.linkPasses(name)
 	p.kill()
 	killed := time.Now()
 	if rb.combo != nil {
@@ -868,6 +872,7 @@ func (rb *robust) destroy(name, kind string) bool {
 	}
 	time.Sleep(time.Second) // what was on the wire lands (delays are < 0.4 s)
 	var above entry.Stamp
+	frontiers := map[string]entry.Stamp{}
 	for _, peer := range rb.names() {
 		if peer == name {
 			continue
@@ -889,10 +894,42 @@ func (rb *robust) destroy(name, kind string) bool {
 		// highest frontier was held by some peer.
 		for _, st := range r.Streams {
 			if st.Origin == name {
-				if ts, err := hlc.Parse(st.Frontier); err == nil && above.HLC.Less(ts) {
-					above = entry.Stamp{HLC: ts, Origin: name}
+				if ts, err := hlc.Parse(st.Frontier); err == nil && frontiers[peer].HLC.Less(ts) {
+					frontiers[peer] = entry.Stamp{HLC: ts, Origin: name}
 				}
 			}
+		}
+		if above.Compare(frontiers[peer]) < 0 {
+			above = frontiers[peer]
+		}
+	}
+	// Under a prefix a link keeps home, its peer's frontier counts filtered
+	// markers: that peer held the writes there only up to the narrowing.
+	var prefixes []prefixAbove
+	for _, prefix := range narrowedPrefixes {
+		var pa entry.Stamp
+		for peer, fr := range frontiers {
+			held := fr
+			if pass, ok := passes[peer]; ok && !pass[prefix] {
+				rb.mu.Lock()
+				at := rb.narrowedAt[name+"->"+peer]
+				rb.mu.Unlock()
+				held = entry.Stamp{}
+				if !at.IsZero() {
+					// The clocks are 0.3 s apart at most.
+					if bound := (entry.Stamp{HLC: hlc.Timestamp{Wall: at.Add(-time.Second).UnixNano()}, Origin: name}); bound.Compare(fr) < 0 {
+						held = bound
+					} else {
+						held = fr
+					}
+				}
+			}
+			if pa.Compare(held) < 0 {
+				pa = held
+			}
+		}
+		if pa.Compare(above) < 0 {
+			prefixes = append(prefixes, prefixAbove{Prefix: prefix, Above: pa})
 		}
 	}
 	why := fmt.Sprintf("%s of %s at %s: peers held its stream %s up to %s", kind, name, killed.Format("15:04:05.000"), origin.Stream, above)
@@ -901,9 +938,9 @@ func (rb *robust) destroy(name, kind string) bool {
 		copyTree(rb.t, bk.dir, p.dataDir())
 		why += fmt.Sprintf("; backup taken at %s", bk.stop.Format("15:04:05.000"))
 	}
-	ex := excuse{Cluster: name, Above: above, Before: killed, Why: why, HomeOnly: homeOnly, HomeSince: homeSince}
-	if len(homeOnly) > 0 {
-		ex.Why += fmt.Sprintf("; every link kept %q home since %s", homeOnly, homeSince.Format("15:04:05.000"))
+	ex := excuse{Cluster: name, Above: above, Before: killed, Why: why, Prefixes: prefixes}
+	for _, pa := range prefixes {
+		ex.Why += fmt.Sprintf("; under %s (kept home by some link) up to %s", pa.Prefix, pa.Above)
 	}
 	if kind == "restore" {
 		ex.BackupStop = bk.stop // writes in the backup survive
@@ -1165,43 +1202,26 @@ func noDivergence(clusters []string, leader func(c string) *client.Client, combi
 	return out
 }
 
-// homeOnly returns the prefixes the filter event narrows that every link of
-// name keeps home now (its filter leaves them out, or a widening has still
-// to backfill them), and the latest time one of those links was narrowed
-// (zero: unknown, as after a restore brought a narrowing back).
-func (rb *robust) homeOnly(name string) ([]string, time.Time) {
-	candidates := []string{"k/1", "ctr/1", "w/1"}
-	home := map[string]bool{}
-	for _, p := range candidates {
-		home[p] = true
-	}
-	var since time.Time
-	links := 0
+// narrowedPrefixes are the prefixes the filter event narrows.
+var narrowedPrefixes = []string{"k/1", "ctr/1", "w/1"}
+
+// linkPasses says, for each link of name (by peer), which of
+// narrowedPrefixes it lets cross now: its filter does, and no widening has
+// them still to backfill. A link whose filter cannot be read is missing.
+func (rb *robust) linkPasses(name string) map[string]map[string]bool {
+	out := map[string]map[string]bool{}
 	for _, peer := range rb.names() {
 		if peer == name {
 			continue
 		}
 		var rep api.FilterReport
 		if _, err := rb.m.nodes[name].client().Do(bg(), http.MethodGet, "/admin/peers/"+peer+"/filter", nil, nil, &rep); err != nil {
-			continue // no such link (a cluster not added yet)
+			continue
 		}
-		links++
-		for _, p := range candidates {
-			if rep.Filter.Match(p) && !entry.SpanHolds(rep.Backfill, p) {
-				home[p] = false
-			}
-		}
-		rb.mu.Lock()
-		if at := rb.narrowedAt[name+"->"+peer]; at.After(since) {
-			since = at
-		}
-		rb.mu.Unlock()
-	}
-	var out []string
-	for _, p := range candidates {
-		if home[p] && links > 0 {
-			out = append(out, p)
+		out[peer] = map[string]bool{}
+		for _, p := range narrowedPrefixes {
+			out[peer][p] = rep.Filter.Match(p) && !entry.SpanHolds(rep.Backfill, p)
 		}
 	}
-	return out, since
+	return out
 }

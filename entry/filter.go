@@ -328,7 +328,17 @@ type LinkSettings struct {
 	// there too (a delete the peer holds back for a link, and loses with
 	// its data, comes back to it by its rejoin).
 	Onward []TargetSpans `json:"onward,omitempty"`
+	// Partial are the peer's streams of which this cluster may lack
+	// entries, or parts of them, because the peer's filter toward it
+	// kept them home (recorded whenever a heartbeat told a filter that is
+	// not every key, or the change from one): a re-seed from here does not
+	// claim to hold them whole (no mark of them in its trailer).
+	Partial []StreamID `json:"partial,omitempty"`
 }
+
+// MaxPartialStreams bounds LinkSettings.Partial (the newest are kept: a
+// peer's streams before are long sealed).
+const MaxPartialStreams = 64
 
 // TargetSpans are ranges of a link to Target.
 type TargetSpans struct {

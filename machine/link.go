@@ -246,6 +246,24 @@ func (m *Machine) applyLink(b *store.Batch, lc *LinkCmd) (*Result, func(), error
 	}
 	if lc.SetFromPeer {
 		f := lc.Filter.Normal()
+		if !f.All() || (ls.FromPeer != nil && !ls.FromPeer.All()) {
+			// Every stream of the peer held here may lack what the filter
+			// kept home, or kept until now (a widening's backfill brings
+			// the keys, not the entries' identities).
+			hwms, err := b.HWMsOf(lc.Peer)
+			if err != nil {
+				return nil, nil, err
+			}
+			ls.Partial = slices.Clone(ls.Partial)
+			for _, h := range hwms {
+				if !slices.Contains(ls.Partial, entry.StreamID(h.Stream)) {
+					ls.Partial = append(ls.Partial, entry.StreamID(h.Stream))
+				}
+			}
+			if n := len(ls.Partial); n > entry.MaxPartialStreams {
+				ls.Partial = ls.Partial[n-entry.MaxPartialStreams:]
+			}
+		}
 		ls.FromPeer = &f
 		ls.Onward = lc.Onward
 	}

@@ -673,3 +673,52 @@ func TestWipedClusterGetsBackTheDeletesItHeldBack(t *testing.T) {
 		t.Fatalf("b holds c-only/k1 after c's widening: %v", err)
 	}
 }
+
+// TestReseedClaimsNoStreamAFilterKeptHome (issue 45): b's link to a keeps
+// w/ home, and b's link to c is cut while b writes w/k and x/k; a holds x/k
+// and a filtered marker for w/k. a then re-seeds c. Before, the re-seed's
+// trailer claimed b's stream up to a's mark, so c counted w/k as applied
+// and dropped b's own delivery of it once the cut healed: c lacked w/k for
+// good (only a comparison could find it; a WAIT at b counted c). Now a
+// claims no stream of b's while b's filter toward a keeps some of it home
+// (nor one a filtered marker moved), and c takes w/k from b.
+func TestReseedClaimsNoStreamAFilterKeptHome(t *testing.T) {
+	pc := hlc.NewManualClock(int64(1000 * time.Hour))
+	m := newTestMesh(t, pc, func(o *Options) {
+		o.AntiEntropyInterval = -1
+	}, "a", "b", "c")
+	a, b, c := m.nodes["a"], m.nodes["b"], m.nodes["c"]
+	ctx := context.Background()
+	must := mustWrite(t)
+	must(b.Put(ctx, "x/0", []byte("b")))
+	m.converged(20 * time.Second)
+	if _, err := b.SetLinkFilter("a", entry.Filter{Exclude: []string{"w/"}}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, func() (bool, string) {
+		f := a.machine.Link("b").FromPeer
+		return f != nil && !f.All(), fmt.Sprintf("a's record of b's filter: %v", f)
+	})
+	m.cut("b", "c", true)
+	must(b.Put(ctx, "w/k", []byte("b")))
+	must(b.Put(ctx, "x/k", []byte("b")))
+	m.settle()
+	if _, err := a.Get("w/k"); !errors.Is(err, api.ErrNotFound) {
+		t.Fatalf("w/k crossed b's filter to a: %v", err)
+	}
+	if err := a.ReseedPeer("c"); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 20*time.Second, func() (bool, string) {
+		_, err := c.Get("x/k")
+		return err == nil, fmt.Sprintf("x/k at c: %v", err)
+	})
+	m.cut("b", "c", false)
+	m.settle()
+	if _, err := c.Get("w/k"); err != nil {
+		t.Fatalf("c lacks b's w/k after a's re-seed claimed b's stream: %v", err)
+	}
+	if ls := a.machine.Link("b"); len(ls.Partial) == 0 {
+		t.Fatalf("a records no stream of b's as partial: %+v", ls)
+	}
+}

@@ -268,9 +268,13 @@ func (r *replication) addLink(p Peer) (*transport.Shipper, error) {
 		Link:            n.linkSettings,
 		IdleBound:       n.repl.idleBound,
 		Keeps:           n.repl.keepsBesides,
-		Snapshots:       snapshots{n.store},
-		AutoReseed:      !n.opts.NoAutoReseed,
-		StoreHasData:    !empty,
+		Partial: func(origin string, stream entry.StreamID) bool {
+			ls := n.machine.Link(origin)
+			return (ls.FromPeer != nil && !ls.FromPeer.All()) || slices.Contains(ls.Partial, stream)
+		},
+		Snapshots:    snapshots{n.store},
+		AutoReseed:   !n.opts.NoAutoReseed,
+		StoreHasData: !empty,
 		ObserveShip: func(peer string, d time.Duration, _ int) {
 			n.metrics.shipSeconds.WithLabelValues(peer).Observe(d.Seconds())
 		},

@@ -440,8 +440,12 @@ func (s *Shipper) trailer(h *wire.Header, snap Snapshot, at *wire.SnapshotEnd, f
 		return err
 	}
 	for _, m := range marks {
-		// The receiver's own streams are its business.
-		if m.Origin != s.peer.Name && len(h.Marks) < wire.MaxMarks {
+		// The receiver's own streams are its business. A stream this
+		// cluster holds only in part (its origin's filter toward here
+		// kept some of it home) is not claimed: the receiver would count
+		// the origin's entries as applied and drop them when they come.
+		partial := m.Filtered > 0 || (s.opts.Partial != nil && s.opts.Partial(m.Origin, m.Stream))
+		if m.Origin != s.peer.Name && !partial && len(h.Marks) < wire.MaxMarks {
 			h.Marks = append(h.Marks, wire.Mark{Origin: m.Origin, Stream: m.Stream, Index: m.Index, Commit: m.Commit})
 		}
 	}

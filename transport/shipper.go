@@ -141,6 +141,12 @@ type Options struct {
 	// KeepSpans): heartbeats tell them with the filter (wire.Header.Keeps),
 	// and the peer keeps this cluster's deletes there too.
 	Keeps func(peer string) []wire.TargetSpans
+	// Partial, when set, says this cluster may lack entries (or parts of
+	// them) of origin's stream that the origin's filter toward it kept
+	// home: a re-seed's trailer carries no mark of such a stream, nor of
+	// one a filtered marker moved (the receiver would drop the origin's
+	// own later delivery of them as already applied).
+	Partial func(origin string, stream entry.StreamID) bool
 	// Snapshots opens views of the tree for re-seeds (nil: re-seeds are
 	// impossible and a peer that needs one stays marked).
 	Snapshots Snapshots
