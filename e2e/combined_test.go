@@ -271,7 +271,7 @@ func (cb *combo) waiter(name string, r *rand.Rand, until time.Time, h *history) 
 		if strings.HasPrefix(key, "w/1") {
 			mine = append(mine, key)
 		}
-		mine, ok := stampOf(v.Version)
+		written, ok := stampOf(v.Version)
 		if !ok {
 			continue
 		}
@@ -286,7 +286,7 @@ func (cb *combo) waiter(name string, r *rand.Rand, until time.Time, h *history) 
 			var ce *client.Error
 			switch {
 			case perr == nil:
-				if st, ok := stampOf(pv.Version); ok && st.Compare(mine) >= 0 {
+				if st, ok := stampOf(pv.Version); ok && st.Compare(written) >= 0 {
 					holders++
 				} else {
 					lacking = append(lacking, p+" holds "+pv.Version)
