@@ -110,6 +110,7 @@ func (a *Acceptor) Apply(sender string, b *wire.Batch) (wire.Ack, error) {
 		withheld := min(sc.withheld, res.DroppedUnknown)
 		c.DroppedUnknown += uint64(res.DroppedUnknown - withheld)
 		c.Withheld += uint64(withheld)
+		c.WithheldUnheard += uint64(res.DroppedUnheard)
 		c.DeadLettered += uint64(res.DeadLettered)
 		c.Filtered += res.Filtered
 		c.Conflicts += uint64(res.Conflicts)

@@ -31,6 +31,11 @@ type Counts struct {
 	// the third cluster's own filter toward this one keeps home, not taken
 	// (docs/DATAMODEL.md "Filters").
 	Withheld uint64 `json:"withheld_by_origin_filter"`
+	// WithheldUnheard are snapshot entries relaying a third cluster's
+	// writes while its filter toward this one was not heard here (this node
+	// lost its data, or never heard from it), not taken: the third cluster
+	// sends them itself (docs/DATAMODEL.md "Filters").
+	WithheldUnheard uint64 `json:"withheld_filter_unheard"`
 }
 
 // Counts returns a copy of the per-origin counters.

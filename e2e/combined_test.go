@@ -506,7 +506,7 @@ func (cb *combo) judge(m *mesh, h *history, logs map[string][]client.Conflict) (
 	if allowed := 1.15*5*comboBandwidth + comboBandwidth/4; float64(most) > allowed {
 		bad = append(bad, fmt.Sprintf("a -> b carried %d bytes in a 5 s window, over its limit of %d B/s (%.2fx)", most, comboBandwidth, float64(most)/(5*comboBandwidth)))
 	}
-	var repaired, withheld, possible int
+	var repaired, withheld, unheard, possible int
 	var throttled float64
 	for _, n := range m.names {
 		r := peersReport(cb.rb.t, m.nodes[n])
@@ -520,6 +520,7 @@ func (cb *combo) judge(m *mesh, h *history, logs map[string][]client.Conflict) (
 		}
 		for _, in := range r.Incoming {
 			withheld += int(in.Withheld)
+			unheard += int(in.WithheldUnheard)
 			possible += int(in.Resurrections)
 		}
 	}
@@ -535,10 +536,10 @@ func (cb *combo) judge(m *mesh, h *history, logs map[string][]client.Conflict) (
 	defer cb.mu.Unlock()
 	bad = append(bad, cb.bad...)
 	figures := fmt.Sprintf("combined: %d WAIT checks (%d over filtered keys), %d pause checks, %d collection horizon moves, %d narrowings collected past, most tombstones a narrowed link kept %d, "+
-		"%d versions repaired by the background pass, %d relays withheld by an origin's filter, %d possible resurrections not taken, "+
+		"%d versions repaired by the background pass, %d relays withheld by an origin's filter (%d before it was heard), %d possible resurrections not taken, "+
 		"a -> b %d bytes, at most %d in 5 s (%.2f of the limit), throttled %.1f s; collected below: %s",
 		cb.counts["wait-checks"], cb.counts["wait-checks-filtered"], cb.counts["pause-checks"], cb.counts["horizon-moves"], cb.counts["collected-while-narrowed"], cb.kept,
-		repaired, withheld, possible, total, most, float64(most)/(5*comboBandwidth), throttled, strings.Join(horizons, ", "))
+		repaired, withheld, unheard, possible, total, most, float64(most)/(5*comboBandwidth), throttled, strings.Join(horizons, ", "))
 	return bad, figures
 }
 

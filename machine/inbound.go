@@ -114,6 +114,7 @@ func (m *Machine) applyInbound(b *store.Batch, in *Inbound) (*InboundResult, err
 		defer func() { res.Conflicts, res.Superseded = j.logged, j.superseded }()
 	}
 	var codec *wire.Codec
+	var unheard map[string]bool // authors unheardRelay dropped in this batch
 	for i := range ents {
 		e := &ents[i]
 		if e.IsMarker() {
@@ -157,6 +158,23 @@ func (m *Machine) applyInbound(b *store.Batch, in *Inbound) (*InboundResult, err
 		}
 		if in.Unknown[e.Index] {
 			res.DroppedUnknown++
+			hwm.Merged++
+			continue
+		}
+		if author, ok := m.unheardRelay(bt, sender, in, e); ok {
+			// A relay of a third cluster whose filter toward this one is
+			// not heard here (unheardRelay says why): not taken, and the
+			// snapshot's trailer claims none of that cluster's streams.
+			if unheard == nil {
+				unheard = map[string]bool{}
+			}
+			if !unheard[author] {
+				unheard[author] = true
+				if err := b.SetSnapshotUnheard(sender, bt.Stream, author); err != nil {
+					return nil, err
+				}
+			}
+			res.DroppedUnheard++
 			hwm.Merged++
 			continue
 		}
@@ -233,7 +251,7 @@ func (m *Machine) applyInbound(b *store.Batch, in *Inbound) (*InboundResult, err
 		}
 	}
 	if bt.End != nil {
-		if res.Requested, res.Rejoin, err = m.trailer(b, in); err != nil {
+		if res.Requested, res.Rejoin, err = m.trailer(b, in, unheard); err != nil {
 			return nil, err
 		}
 	}
@@ -264,10 +282,20 @@ func (m *Machine) applyInbound(b *store.Batch, in *Inbound) (*InboundResult, err
 // sender's real stream is here up to the snapshot's position (its entries up
 // to there are covered by the snapshot: seeded), the one-off snapshot stream
 // is forgotten, and a rejoin moves on.
-func (m *Machine) trailer(b *store.Batch, in *Inbound) (requested, rejoin bool, err error) {
+func (m *Machine) trailer(b *store.Batch, in *Inbound, unheard map[string]bool) (requested, rejoin bool, err error) {
 	bt, sender := in.Batch, in.Sender
 	if err := raiseTo(b, sender, bt.End); err != nil {
 		return false, false, err
+	}
+	earlier, err := b.SnapshotUnheard(sender, bt.Stream)
+	if err != nil {
+		return false, false, err
+	}
+	for _, a := range earlier {
+		if unheard == nil {
+			unheard = map[string]bool{}
+		}
+		unheard[a] = true
 	}
 	if err := errors.Join(b.DeleteHWM(sender, bt.Stream), b.CloseSnapshot(sender, bt.Stream)); err != nil {
 		return false, false, err
@@ -276,6 +304,11 @@ func (m *Machine) trailer(b *store.Batch, in *Inbound) (requested, rejoin bool, 
 	// effects of their entries up to there.
 	for i, mk := range bt.Marks {
 		if mk.Origin == m.cluster || mk.Origin == sender || i >= len(in.KnownMarks) || !in.KnownMarks[i] {
+			continue
+		}
+		if unheard[mk.Origin] || m.filterUnheard(mk.Origin) {
+			// This node took none of the origin's relays (or would not
+			// have): its entries must come from it, kept to its filter.
 			continue
 		}
 		h, err := b.HWM(mk.Origin, mk.Stream)
@@ -413,3 +446,40 @@ type (
 
 // ErrForbidden refuses a batch the tree shows the sender may not send.
 var ErrForbidden = wire.ErrForbidden
+
+// unheardRelay reports a snapshot entry (a re-seed's or a backfill's)
+// relaying a write of a third cluster that has not told this one its
+// filter toward it (from FormatOriginFilters; the acceptor records what
+// heartbeats tell, LinkCmd.SetFromPeer): this node lost its data since, or
+// never heard from it. What that filter keeps home is unknown, so no relay
+// of the author's writes is taken (a relay could hand this cluster keys the
+// author keeps from it, which would then go stale here for good); the
+// author sends its writes itself, kept to its filter. The log decides it,
+// so every node of the cluster takes or leaves the same entries, and the
+// decision holds for the whole snapshot (store.SetSnapshotUnheard): a
+// filter heard in the middle of one does not let its trailer claim the
+// author's streams.
+func (m *Machine) unheardRelay(bt *wire.Batch, sender string, in *Inbound, e *entry.Entry) (string, bool) {
+	if !bt.Snapshot || in.Own[e.Index] {
+		return "", false
+	}
+	author := relayAuthor(e)
+	if author == sender || author == m.cluster || !m.filterUnheard(author) {
+		return "", false
+	}
+	return author, true
+}
+
+// filterUnheard reports a cluster whose filter toward this one the log has
+// not recorded (from FormatOriginFilters).
+func (m *Machine) filterUnheard(cluster string) bool {
+	return m.format.Load() >= FormatOriginFilters && m.Link(cluster).FromPeer == nil
+}
+
+// relayAuthor is the cluster whose write a snapshot entry relays.
+func relayAuthor(e *entry.Entry) string {
+	if e.Op == entry.OpCounter {
+		return entry.ComponentCluster(e.CounterComponent())
+	}
+	return e.LWW().Origin
+}

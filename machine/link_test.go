@@ -274,3 +274,74 @@ func TestPendingBackfillCollapses(t *testing.T) {
 		t.Fatalf("pending after the collapse: %d ranges %v", len(ls.Backfill), ls.Backfill[:min(3, len(ls.Backfill))])
 	}
 }
+
+// TestUnheardRelaysHoldTheirMarks: b re-seeds this cluster (a) and relays
+// writes of c, whose filter toward a the log has not recorded (a lost its
+// data, or never heard from c). The relays are not taken; c's filter is
+// heard in the middle of the snapshot; the trailer's mark of c's stream is
+// still not taken (c sends its entries itself), across a reopen too, while
+// a mark of d, whose filter was heard before, is. Relays of d's writes
+// are taken, and the records of the snapshot go with its trailer.
+func TestUnheardRelaysHoldTheirMarks(t *testing.T) {
+	dir := t.TempDir()
+	m, st := openMachine(t, dir)
+	defer func() { st.Close() }()
+	mustApply(t, m, 1, &Command{Mint: &MintCmd{Stream: testStream}})
+	mustApply(t, m, 2, &Command{Format: &FormatCmd{Version: FormatOriginFilters}})
+	mustApply(t, m, 3, &Command{Link: &LinkCmd{Peer: "d", SetFromPeer: true}})
+	at := func(i uint64) hlc.Timestamp { return hlc.Timestamp{Wall: 2e15 + int64(i)} }
+	snapS := entry.StreamID{0x5a}
+	streamC, streamD := entry.StreamID{0xc}, entry.StreamID{0xd}
+	relay := func(i uint64, origin, k string) entry.Entry {
+		return entry.Entry{Index: i, Origin: "b", Stream: snapS, Commit: at(1000), Stamp: at(i), StampOrigin: origin,
+			Op: entry.OpSet, Key: k, Value: []byte("v")}
+	}
+	snap := func(end bool, ents ...entry.Entry) *Command {
+		h := wire.Header{Sender: "b", Stream: snapS, Snapshot: true}
+		if end {
+			h.End = &wire.SnapshotEnd{Stream: streamB, Index: 9, Commit: at(9)}
+			h.Marks = []wire.Mark{{Origin: "c", Stream: streamC, Index: 7, Commit: at(7)}, {Origin: "d", Stream: streamD, Index: 5, Commit: at(5)}}
+		}
+		in := &Inbound{Sender: "b", MaxStreams: 16, HLC: at(2000), Batch: &wire.Batch{Header: h, Entries: ents}}
+		if end {
+			in.KnownMarks = []bool{true, true}
+		}
+		return &Command{Inbound: in}
+	}
+	r := mustApply(t, m, 4, snap(false, relay(1, "c", "c/1"), relay(2, "d", "d/1"), relay(3, "b", "b/1"))).Inbound
+	if r.Err != nil || r.DroppedUnheard != 1 || r.Applied != 2 || r.HWM != 3 {
+		t.Fatalf("first batch: %+v", r)
+	}
+	if _, err := st.Get("c/1"); err == nil {
+		t.Fatal("a relay of c's write was taken while c's filter toward a was not heard")
+	}
+	// c's filter is heard now (it keeps nothing home), and a reopen forgets
+	// nothing of the snapshot.
+	mustApply(t, m, 5, &Command{Link: &LinkCmd{Peer: "c", SetFromPeer: true}})
+	st.Close()
+	m, st = openMachine(t, dir)
+	r = mustApply(t, m, 6, snap(true, relay(4, "c", "c/2"), relay(5, "d", "d/2"))).Inbound
+	if r.Err != nil || r.DroppedUnheard != 0 || r.Applied != 2 {
+		t.Fatalf("trailer batch: %+v", r)
+	}
+	if h, _ := st.HWM("c", streamC); h.Index != 0 {
+		t.Fatalf("the trailer claimed c's stream to %d, though c's relays before its filter was heard were not taken", h.Index)
+	}
+	if h, _ := st.HWM("d", streamD); h.Index != 5 || h.Seeded != 5 {
+		t.Fatalf("d's stream after the trailer: %+v", h)
+	}
+	b := st.NewBatch()
+	left, err := b.SnapshotUnheard("b", snapS)
+	b.Close()
+	if err != nil || len(left) != 0 {
+		t.Fatalf("the snapshot's records after its trailer: %v %v", left, err)
+	}
+	// A later snapshot, c heard before it: c's mark is taken.
+	snapS = entry.StreamID{0x5b}
+	if r = mustApply(t, m, 7, snap(true, relay(1, "c", "c/3"))).Inbound; r.Err != nil || r.Applied != 1 {
+		t.Fatalf("a later snapshot: %+v", r)
+	}
+	if h, _ := st.HWM("c", streamC); h.Index != 7 {
+		t.Fatalf("c's stream after a snapshot that took its relays: %+v", h)
+	}
+}

@@ -8,6 +8,7 @@ import (
 	"flag"
 	"fmt"
 	"net/http"
+	"os"
 	"sort"
 	"strings"
 	"sync"
@@ -551,5 +552,71 @@ func TestRelaysKeepToTheOriginsFilter(t *testing.T) {
 	}
 	if got := b.PeersReport().Incoming["a"].Withheld; got != 2 {
 		t.Fatalf("b withheld %d relayed entries of a's re-seed, want 2", got)
+	}
+}
+
+// TestWipedClusterTakesNoRelayBeforeTheOriginsFilter: c's link to b keeps
+// c-only/ home. b is wiped while c cannot reach it, so b's log no longer
+// records c's filter when a's re-seed arrives, relaying c's writes. b used
+// to take them all (c-only/ included: found by a robustness run, seed 1),
+// and kept c's keys that c's filter keeps from it for good. Now b takes no
+// relay of a cluster whose filter toward it it has not heard (nor a mark
+// of that cluster's stream): c's writes reach b from c, once c reaches it,
+// kept to c's filter.
+func TestWipedClusterTakesNoRelayBeforeTheOriginsFilter(t *testing.T) {
+	m := newTestMesh(t, hlc.SystemClock{}, func(o *Options) { o.AntiEntropyInterval = -1 }, "a", "b", "c")
+	a, b, c := m.nodes["a"], m.nodes["b"], m.nodes["c"]
+	ctx := context.Background()
+	must := mustWrite(t)
+	if _, err := c.SetLinkFilter("b", entry.Filter{Exclude: []string{"c-only/"}}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, func() (bool, string) {
+		f := b.machine.Link("c").FromPeer
+		return f != nil && f.String() == "-c-only/", fmt.Sprintf("b records c's filter toward it as %v", f)
+	})
+	must(c.Put(ctx, "c-only/1", []byte("v1")))
+	must(c.Put(ctx, "shared/1", []byte("v1")))
+	must(a.Put(ctx, "shared/a", []byte("a")))
+	m.settle()
+	m.cut("c", "b", true)
+	old := b.out.Stream()
+	m.restart("b", func(dir string) {
+		if err := os.RemoveAll(dir); err != nil {
+			t.Fatal(err)
+		}
+	})
+	b = m.nodes["b"]
+	waitFor(t, 30*time.Second, func() (bool, string) {
+		if b.out.Stream() == old {
+			return false, "b did not notice its wipe"
+		}
+		l := link(t, a, "b")
+		return l.Reseed.Runs >= 1 && !l.Reseed.Running, fmt.Sprintf("a's re-seed of b: %+v", l.Reseed)
+	})
+	m.settle()
+	if _, err := b.Get("shared/a"); err != nil {
+		t.Fatalf("b lacks a's own write after a's re-seed: %v", err)
+	}
+	if _, err := b.Get("c-only/1"); !errors.Is(err, api.ErrNotFound) {
+		t.Fatalf("b holds c-only/1 (%v): a's re-seed relayed a write of c before b heard c's filter toward it", err)
+	}
+	if f := b.machine.Link("c").FromPeer; f != nil {
+		t.Fatalf("b records c's filter as %v while c cannot reach it", f)
+	}
+	if got := b.PeersReport().Incoming["a"].WithheldUnheard; got != 2 {
+		t.Fatalf("b withheld %d of a's relays of c's writes while c's filter was unheard, want 2", got)
+	}
+	m.cut("c", "b", false)
+	waitFor(t, 30*time.Second, func() (bool, string) {
+		if r := b.rejoin.rejoinReport(); len(r.Phases) > 0 || len(r.Requests) > 0 {
+			return false, fmt.Sprintf("b's rejoin: %+v", r)
+		}
+		_, err := b.Get("shared/1")
+		return err == nil, fmt.Sprintf("b's shared/1, once c reaches it: %v", err)
+	})
+	m.settle()
+	if _, err := b.Get("c-only/1"); !errors.Is(err, api.ErrNotFound) {
+		t.Fatalf("b holds c-only/1 (%v), which c's filter keeps from it", err)
 	}
 }

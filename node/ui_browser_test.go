@@ -129,10 +129,13 @@ func TestDashboardActionsInBrowser(t *testing.T) {
 	}
 	if err := chromedp.Do(ctx,
 		chromedp.WaitVisible(css(`button[data-action="resume"]`)),
+		chromedp.WaitVisible(css(`span.state.paused`)),
 	); err != nil {
 		t.Fatal(err)
 	}
-	badge, err := chromedp.Run(ctx, chromedp.Text(css(`span.state`)))
+	// Read in one evaluation: the page rebuilds the table every second, and
+	// a badge looked up before a rebuild reads empty once replaced.
+	badge, err := chromedp.Run(ctx, chromedp.Evaluate[string](`document.querySelector('`+row+` span.state').textContent`))
 	if err != nil {
 		t.Fatal(err)
 	}

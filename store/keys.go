@@ -28,6 +28,7 @@ import (
 //	L<peer>                             a link's settings the log recorded: JSON of entry.LinkSettings (marks.go)
 //	B<sender>\x00<key>                  empty: a key the running backfill from sender carried (backfill.go)
 //	S<sender>\x00<stream:16>            an open re-seed or backfill: kind(1) | begun(1) | real stream(16) | index(8) (opensnap.go)
+//	U<sender>\x00<stream:16>\x00<author>  empty: an author whose relays that open snapshot brought were not taken (opensnap.go)
 //	X<key>\x00<id:16>                   a conflict record: JSON of entry.Conflict (conflicts.go)
 //	Y<at:12><id:16>                     a conflict record's key, by the time it was logged (conflicts.go)
 //	W<id:16>                            a conflict record's key, by its ID (conflicts.go)
@@ -84,6 +85,7 @@ const (
 	prefixLink       = 'L' // link settings: filters, bandwidth (marks.go)
 	prefixBackfill   = 'B' // keys a running backfill carried (backfill.go)
 	prefixOpenSnap   = 'S' // open re-seeds and backfills (opensnap.go)
+	prefixUnheard    = 'U' // authors an open snapshot's relays were not taken of (opensnap.go)
 
 	prefixConflict     = 'X' // the conflict log, by key (conflicts.go)
 	prefixConflictTime = 'Y' // its time index

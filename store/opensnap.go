@@ -2,7 +2,9 @@ package store
 
 import (
 	"encoding/binary"
+	"errors"
 	"fmt"
+	"slices"
 
 	"github.com/cockroachdb/pebble/v2"
 
@@ -81,9 +83,50 @@ func (b *Batch) OpenSnapshot(o OpenSnapshot) error {
 	return b.pb.Set(openSnapKey(o.Sender, o.Stream), v, nil)
 }
 
-// CloseSnapshot forgets an open snapshot in the batch (its trailer came).
+// CloseSnapshot forgets an open snapshot in the batch (its trailer came),
+// and the authors its relays were not taken of.
 func (b *Batch) CloseSnapshot(sender string, stream entry.StreamID) error {
-	return b.pb.Delete(openSnapKey(sender, stream), nil)
+	lo := unheardKey(sender, stream, "")
+	hi := append(slices.Clip(lo[:len(lo)-1]), 1)
+	return errors.Join(b.pb.Delete(openSnapKey(sender, stream), nil), b.pb.DeleteRange(lo, hi, nil))
+}
+
+// unheardKey is the record of an author whose writes the open snapshot
+// stream of sender relayed and this node did not take (author "": the
+// stream's records begin there).
+func unheardKey(sender string, stream entry.StreamID, author string) []byte {
+	k := make([]byte, 0, 3+len(sender)+16+len(author))
+	k = append(k, prefixUnheard)
+	k = append(k, sender...)
+	k = append(k, 0)
+	k = append(k, stream[:]...)
+	k = append(k, 0)
+	return append(k, author...)
+}
+
+// SetSnapshotUnheard records, in the batch, that the open snapshot stream
+// of sender relayed writes of author this node did not take (it had not
+// heard the author's filter toward it): the snapshot's trailer claims none
+// of that author's streams.
+func (b *Batch) SetSnapshotUnheard(sender string, stream entry.StreamID, author string) error {
+	return b.pb.Set(unheardKey(sender, stream, author), nil, nil)
+}
+
+// SnapshotUnheard lists the authors recorded (committed) for sender's
+// snapshot stream by SetSnapshotUnheard.
+func (b *Batch) SnapshotUnheard(sender string, stream entry.StreamID) ([]string, error) {
+	lo := unheardKey(sender, stream, "")
+	hi := append(slices.Clip(lo[:len(lo)-1]), 1)
+	it, err := b.s.db.NewIter(&pebble.IterOptions{LowerBound: lo, UpperBound: hi})
+	if err != nil {
+		return nil, err
+	}
+	defer it.Close()
+	var out []string
+	for valid := it.First(); valid; valid = it.Next() {
+		out = append(out, string(it.Key()[len(lo):]))
+	}
+	return out, it.Error()
 }
 
 // OpenSnapshots lists every open snapshot here (committed).

@@ -92,6 +92,9 @@ type InboundResult struct {
 	Resent bool
 	// Counts of the batch's entries.
 	Applied, Stale, Duplicates, DeadLettered, DroppedOwn, DroppedUnknown int
+	// DroppedUnheard counts a snapshot's relays of a third cluster whose
+	// filter toward this one was not heard (not taken: machine.unheardRelay).
+	DroppedUnheard int
 	// Filtered counts the indexes filtered markers covered.
 	Filtered uint64
 	// Resurrections counts a re-seed's versions older than this tree's
