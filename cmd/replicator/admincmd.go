@@ -342,6 +342,12 @@ func printPeers(w io.Writer, r *api.PeersReport) {
 			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", name, count(c.Batches), count(c.Applied), count(c.Stale), count(c.Duplicates), count(c.Refused))
 		}
 		tw.Flush()
+		for _, name := range slices.Sorted(maps.Keys(r.Incoming)) {
+			if c := r.Incoming[name]; c.Withheld+c.WithheldUnheard > 0 {
+				fmt.Fprintf(w, "relays of third clusters' writes from %s left out: %s kept home by their author's filter, %s before that filter was heard\n",
+					name, count(c.Withheld), count(c.WithheldUnheard))
+			}
+		}
 	}
 }
 
