@@ -366,6 +366,18 @@ func (l *LinkSettings) Current() Filter {
 	return l.Filters[len(l.Filters)-1].Filter
 }
 
+// Widenings returns the ranges the current filter lets cross that a filter
+// the settings still record kept home: what a widening's backfill carried
+// to the peer, which a peer that lost data may have lost with it.
+func (l *LinkSettings) Widenings() []Span {
+	cur := l.Current()
+	var wide []Span
+	for _, ep := range l.Filters {
+		wide = append(wide, cur.Widened(ep.Filter)...)
+	}
+	return cur.ClipSpans(wide)
+}
+
 // FilterAt returns the filter for entry index of stream, and the last index
 // it holds for (math.MaxUint64: every later one).
 func (l *LinkSettings) FilterAt(stream StreamID, index uint64) (Filter, uint64) {

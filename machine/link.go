@@ -50,6 +50,12 @@ type LinkCmd struct {
 	// said (entry.LinkSettings.FromPeer, Onward; from format 7).
 	SetFromPeer bool
 	Onward      []entry.TargetSpans
+	// Rebackfill: the peer lost data (its shipper rewound): the ranges a
+	// widening backfilled that a recorded filter kept home are backfilled
+	// again, as a new generation (entry.LinkSettings.Widenings; from
+	// format 7). A backfill has no place in the stream, so a peer restored
+	// from a backup taken before it came lacks it whatever its marks say.
+	Rebackfill bool
 }
 
 // Link command flags, as encoded.
@@ -59,6 +65,7 @@ const (
 	linkSeed         = 1 << 2
 	linkRelease      = 1 << 3 // from format 7
 	linkFromPeer     = 1 << 4 // from format 7
+	linkRebackfill   = 1 << 5 // from format 7
 )
 
 // maxFilterEpochs bounds a link's filter history: epochs go once the
@@ -85,6 +92,9 @@ func encodeLink(enc *msgpack.Encoder, lc *LinkCmd) error {
 	}
 	if lc.SetFromPeer {
 		flags |= linkFromPeer
+	}
+	if lc.Rebackfill {
+		flags |= linkRebackfill
 	}
 	fields := 7
 	if lc.SetFromPeer {
@@ -125,11 +135,11 @@ func decodeLink(dec *msgpack.Decoder, c *Command, n int) error {
 	if err != nil {
 		return err
 	}
-	if flags&^(linkSetFilter|linkSetBandwidth|linkSeed|linkRelease|linkFromPeer) != 0 || flags&(linkSetFilter|linkFromPeer) == linkSetFilter|linkFromPeer {
+	if flags&^(linkSetFilter|linkSetBandwidth|linkSeed|linkRelease|linkFromPeer|linkRebackfill) != 0 || flags&(linkSetFilter|linkFromPeer) == linkSetFilter|linkFromPeer {
 		return fmt.Errorf("link flags %#x", flags)
 	}
 	lc.SetFilter, lc.SetBandwidth, lc.Seed = flags&linkSetFilter != 0, flags&linkSetBandwidth != 0, flags&linkSeed != 0
-	lc.Release, lc.SetFromPeer = flags&linkRelease != 0, flags&linkFromPeer != 0
+	lc.Release, lc.SetFromPeer, lc.Rebackfill = flags&linkRelease != 0, flags&linkFromPeer != 0, flags&linkRebackfill != 0
 	for _, list := range []*[]string{&lc.Filter.Include, &lc.Filter.Exclude} {
 		n, err := dec.DecodeArrayLen()
 		if err != nil {
@@ -243,6 +253,16 @@ func (m *Machine) applyLink(b *store.Batch, lc *LinkCmd) (*Result, func(), error
 	}
 	if lc.Release {
 		ls.Released = ls.Current().Excluded()
+	}
+	if lc.Rebackfill {
+		if wide := ls.Widenings(); len(wide) > 0 {
+			cur := ls.Current()
+			ls.BackfillGen++
+			ls.Backfill = cur.ClipSpans(append(slices.Clone(ls.Backfill), wide...))
+			if len(ls.Backfill) > wire.MaxBackfillSpans {
+				ls.Backfill = cur.Spans()
+			}
+		}
 	}
 	if lc.SetFromPeer {
 		f := lc.Filter.Normal()

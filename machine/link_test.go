@@ -345,3 +345,43 @@ func TestUnheardRelaysHoldTheirMarks(t *testing.T) {
 		t.Fatalf("c's stream after a snapshot that took its relays: %+v", h)
 	}
 }
+
+// TestRebackfillAfterALoss: a's link to c was narrowed and widened, and
+// the widening's backfill is done; c then loses data (a's shipper rewinds).
+// A rebackfill command makes the ranges the recorded narrower filter kept
+// home pending again, as a new generation; on a link whose recorded
+// filters never kept anything home it changes nothing.
+func TestRebackfillAfterALoss(t *testing.T) {
+	m, st := openMachine(t, t.TempDir())
+	defer st.Close()
+	mustApply(t, m, 1, &Command{Mint: &MintCmd{Stream: testStream}})
+	mustApply(t, m, 2, &Command{Format: &FormatCmd{Version: FormatKeptTombstones}})
+	narrow := entry.Filter{Exclude: []string{"w/1"}}
+	s := &stamper{wall: 1e15}
+	mustApply(t, m, 3, &Command{Link: &LinkCmd{Peer: "c", SetFilter: true, Filter: narrow}})
+	mustApply(t, m, 4, &Command{Local: []Proposal{s.put("w/1x", "v")}}) // an entry the narrowing kept home
+	mustApply(t, m, 5, &Command{Link: &LinkCmd{Peer: "c", SetFilter: true}})
+	ls := m.Link("c")
+	if ls.BackfillGen != 1 || len(ls.Backfill) != 1 {
+		t.Fatalf("after the widening: %+v", ls)
+	}
+	mustApply(t, m, 6, &Command{Link: &LinkCmd{Peer: "c", BackfillDone: 1}})
+	if ls := m.Link("c"); len(ls.Backfill) != 0 {
+		t.Fatalf("after the backfill: %+v", ls)
+	}
+	lc := &LinkCmd{Peer: "c", Rebackfill: true}
+	if got, err := Decode(encode(t, &Command{Link: lc})); err != nil || !got.Link.Rebackfill {
+		t.Fatalf("rebackfill decoded as %+v (%v)", got.Link, err)
+	}
+	mustApply(t, m, 7, &Command{Link: lc})
+	ls = m.Link("c")
+	want := entry.Span{Start: "w/1", End: entry.PrefixEnd("w/1")}
+	if ls.BackfillGen != 2 || len(ls.Backfill) != 1 || ls.Backfill[0] != want {
+		t.Fatalf("after a rebackfill: generation %d, pending %+v; want 2, [%+v]", ls.BackfillGen, ls.Backfill, want)
+	}
+	mustApply(t, m, 8, &Command{Link: &LinkCmd{Peer: "d", SetBandwidth: true, Bandwidth: 1 << 20}})
+	mustApply(t, m, 9, &Command{Link: &LinkCmd{Peer: "d", Rebackfill: true}})
+	if ls := m.Link("d"); ls.BackfillGen != 0 || len(ls.Backfill) != 0 {
+		t.Fatalf("a rebackfill of a link that never kept anything home: %+v", ls)
+	}
+}

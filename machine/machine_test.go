@@ -629,6 +629,7 @@ func FuzzDecode(f *testing.F) {
 	f.Add(encode(f, &Command{Repair: &RepairCmd{Peer: "b", Versions: []wire.TreeVersion{{Key: "k", Stamp: hlc.Timestamp{Wall: 9}, Origin: "b", Value: []byte("v"), Whole: true, Ctx: []wire.ContextItem{{Origin: "a", Stamp: hlc.Timestamp{Wall: 3}}}}, {Key: "n", Counter: true, Stamp: hlc.Timestamp{Wall: 9}, Origin: "b", Whole: true, Totals: []wire.Component{{Cluster: "b", P: 2}}}}}}))
 	f.Add(encode(f, &Command{Link: &LinkCmd{Peer: "c", SetFilter: true, Filter: entry.Filter{Include: []string{"shared/"}, Exclude: []string{"shared/tmp/"}}, Seed: true}}))
 	f.Add(encode(f, &Command{Link: &LinkCmd{Peer: "c", SetBandwidth: true, Bandwidth: 1 << 20, BackfillDone: 3}}))
+	f.Add(encode(f, &Command{Link: &LinkCmd{Peer: "c", Rebackfill: true}}))
 	f.Add(encode(f, &Command{Link: &LinkCmd{Peer: "c", SetFromPeer: true, Filter: entry.Filter{Exclude: []string{"t/"}},
 		Onward: []entry.TargetSpans{{Target: "b", Spans: []entry.Span{{Start: "t/", End: "t0"}}}}}}))
 	f.Add(encode(f, &Command{Collect: &CollectCmd{Cutoff: hlc.Timestamp{Wall: 9}, Max: 5, Keep: []KeepRanges{

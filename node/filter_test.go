@@ -722,3 +722,65 @@ func TestReseedClaimsNoStreamAFilterKeptHome(t *testing.T) {
 		t.Fatalf("a records no stream of b's as partial: %+v", ls)
 	}
 }
+
+// TestRestoredPeerGetsTheBackfillAgain: a's link to c keeps w/ home while
+// a deletes w/k; c's backup is taken then; a widens the link and the
+// backfill carries the delete to c; c is restored from the backup, which
+// lacks it. A backfill has no place in a's stream: c's marks say it holds
+// a's entries up to the backup, and a's rewind resends them as the markers
+// they were. Before, c kept w/k for good (a robustness run, seed 7, found
+// it after the tombstones were collected, and a wiped cluster's rejoin then
+// spread the key back). Now a's rewind makes the ranges its recorded
+// filters kept home pending again, and the new backfill carries the delete.
+func TestRestoredPeerGetsTheBackfillAgain(t *testing.T) {
+	m := newTestMesh(t, hlc.SystemClock{}, func(o *Options) {
+		o.AntiEntropyInterval = -1
+		o.TruncateInterval = time.Hour // a's WAL keeps every entry: a rewind resends them, no re-seed
+	}, "a", "c")
+	a := m.nodes["a"]
+	ctx := context.Background()
+	must := mustWrite(t)
+	must(a.Put(ctx, "w/k", []byte("v")))
+	m.settle()
+	if _, err := a.SetLinkFilter("c", entry.Filter{Exclude: []string{"w/"}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.Delete(ctx, "w/k"); err != nil {
+		t.Fatal(err)
+	}
+	must(a.Put(ctx, "x/1", []byte("1")))
+	m.settle()
+	backup := t.TempDir()
+	m.restart("c", func(dir string) { copyDir(t, dir, backup) })
+	if _, err := a.SetLinkFilter("c", entry.Filter{}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 20*time.Second, func() (bool, string) {
+		_, err := m.nodes["c"].Get("w/k")
+		return errors.Is(err, api.ErrNotFound), fmt.Sprintf("c's w/k after the widening: %v", err)
+	})
+	waitFor(t, 20*time.Second, func() (bool, string) {
+		ls := a.machine.Link("c")
+		return len(ls.Backfill) == 0, fmt.Sprintf("a's pending backfill: %+v", ls.Backfill)
+	})
+	must(a.Put(ctx, "x/2", []byte("2"))) // c's restored marks fall behind a's cursor
+	m.settle()
+	m.restart("c", func(dir string) {
+		if err := os.RemoveAll(dir); err != nil {
+			t.Fatal(err)
+		}
+		copyDir(t, backup, dir)
+	})
+	c := m.nodes["c"]
+	if _, err := c.Get("w/k"); err != nil {
+		t.Fatalf("the backup should hold w/k (deleted behind the filter): %v", err)
+	}
+	waitFor(t, 20*time.Second, func() (bool, string) {
+		_, err := c.Get("x/2")
+		_, errK := c.Get("w/k")
+		return err == nil && errors.Is(errK, api.ErrNotFound), fmt.Sprintf("restored c: x/2 %v, w/k %v (a's backfill generation %d)", err, errK, a.machine.Link("c").BackfillGen)
+	})
+	if l := link(t, a, "c"); l.Reseed.Runs != 0 {
+		t.Fatalf("a re-seeded c (%+v): the test means a rewind that resends the stream", l.Reseed)
+	}
+}

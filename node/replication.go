@@ -281,6 +281,13 @@ func (r *replication) addLink(p Peer) (*transport.Shipper, error) {
 		OnAck:        n.rejoin.onAck,
 		OnConflict:   n.rejoin.onConflict,
 		OnReseedDone: n.rejoin.onReseedDone,
+		OnRewound: func(peer string) error {
+			if n.machine.Format() < machine.FormatKeptTombstones {
+				return nil // a build that reads no rebackfill may still apply the log
+			}
+			n.log.Info("the peer lost data it had acknowledged: what widenings backfilled to it is backfilled again", "peer", peer)
+			return n.cons.applyCommand(&machine.Command{Link: &machine.LinkCmd{Peer: peer, Rebackfill: true}})
+		},
 		OnBackfillDone: func(peer string, gen uint64) {
 			err := n.cons.applyCommand(&machine.Command{Link: &machine.LinkCmd{Peer: peer, BackfillDone: gen}})
 			if err != nil {

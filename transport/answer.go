@@ -107,6 +107,7 @@ func (s *Shipper) rewindLocked(hwm uint64) {
 	}
 	s.mu.acked = hwm
 	s.mu.ackedCommit = hlc.Timestamp{}
+	s.mu.rewound = true
 	s.mu.held = min(s.mu.held, hwm)
 	if hwm+1 < s.log.First() {
 		s.mu.needsReseed = true

@@ -64,6 +64,30 @@ func (s spanScope) Clip(start, end string) []entry.Span {
 	return out
 }
 
+// maybeRebackfill tells OnRewound of a rewind since the last pass, when the
+// link's recorded filters kept ranges home that a widening backfilled (the
+// log decides what is pending again; a link that never narrowed costs no
+// command).
+func (s *Shipper) maybeRebackfill() {
+	s.mu.Lock()
+	rewound := s.mu.rewound
+	s.mu.rewound = false
+	s.mu.Unlock()
+	if !rewound || s.opts.OnRewound == nil || s.opts.Link == nil {
+		return
+	}
+	ls := s.settings()
+	if len(ls.Widenings()) == 0 {
+		return
+	}
+	if err := s.opts.OnRewound(s.peer.Name); err != nil {
+		s.opts.Logger.Warn("could not ask for the backfill again after the peer lost data; trying again", "peer", s.peer.Name, "err", err)
+		s.mu.Lock()
+		s.mu.rewound = true
+		s.mu.Unlock()
+	}
+}
+
 // maybeBackfill starts the link's backfill if the log says one is pending
 // that this shipper has not sent. It runs in a goroutine of its own, which
 // exits when it is done or ctx ends; Run waits for it.

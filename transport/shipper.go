@@ -179,7 +179,14 @@ type Options struct {
 	// a generation of the link's settings (the node records it in the
 	// log, which clears the pending ranges).
 	OnBackfillDone func(peer string, generation uint64)
-	Logger         *slog.Logger
+	// OnRewound, when set, is told (from Run's goroutine) that the peer
+	// lost entries it had acknowledged and the shipper rewound, on a link
+	// whose recorded filters kept ranges home that a widening backfilled:
+	// the node makes them pending again (a peer restored from a backup
+	// taken before a backfill came lacks it, whatever its marks say). An
+	// error leaves it to the next pass of the loop.
+	OnRewound func(peer string) error
+	Logger    *slog.Logger
 }
 
 // EnsureDefaults fills zero fields.
@@ -270,14 +277,16 @@ type Shipper struct {
 		// wireShare says the last ack's round trip was mostly wire (the
 		// rest beyond the receiver's apply at least as long as the apply):
 		// then a second batch on the wire pays off.
-		wireShare   bool
-		errors      int
-		lastErr     string
-		inFlight    int
-		shipped     uint64
-		resent      uint64
-		batches     uint64
-		rewinds     uint64
+		wireShare bool
+		errors    int
+		lastErr   string
+		inFlight  int
+		shipped   uint64
+		resent    uint64
+		batches   uint64
+		rewinds   uint64
+		// rewound: a rewind since OnRewound was last told (maybeRebackfill).
+		rewound     bool
 		permitRefs  uint64
 		highShipped uint64 // highest index ever sent, to count resends
 		needsReseed bool
@@ -600,6 +609,7 @@ func (s *Shipper) Run(ctx context.Context) {
 	defer s.flushCursor(true)
 	defer s.bg.Wait()
 	for ctx.Err() == nil {
+		s.maybeRebackfill()
 		s.maybeBackfill(ctx)
 		s.mu.Lock()
 		acked, reseed, paused, pause := s.mu.acked, s.mu.needsReseed, s.mu.paused, s.mu.pauseUntil
