@@ -126,7 +126,8 @@ func (m *rmesh) waitReplaced(n *rnode) error {
 	if err != nil {
 		return fmt.Errorf("%s does not answer: %v", n.id, err)
 	}
-	for deadline := time.Now().Add(60 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+	start := time.Now()
+	for deadline := start.Add(replacePatience); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
 		l := m.leader(n.cluster)
 		if l == nil {
 			continue
@@ -144,10 +145,27 @@ func (m *rmesh) waitReplaced(n *rnode) error {
 			voter = cn.Voter && cn.Incarnation == mine.Incarnation
 		}
 		if held == 1 && voter {
+			m.mu.Lock()
+			m.slowest = max(m.slowest, time.Since(start))
+			m.mu.Unlock()
 			return nil
 		}
 	}
-	return fmt.Errorf("%s's new incarnation %s did not replace the old one as a voter in 60 s", n.id, mine.Incarnation)
+	return fmt.Errorf("%s's new incarnation %s did not replace the old one as a voter in %s", n.id, mine.Incarnation, replacePatience)
+}
+
+// replacePatience is how long a new incarnation (or an added node) has to
+// catch up and vote. It was 60 s (30 s for an added node) before the
+// combined schedule (issue 45): with the background comparison every 2 s
+// and the short collection beside the workload on 2 cores, a 15-minute run
+// at seed 7 saw a wiped node take longer twice, and catch up later (the run
+// converged). The run reports the slowest it saw.
+const replacePatience = 180 * time.Second
+
+func (m *rmesh) slowestReplacement() time.Duration {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.slowest
 }
 
 // restoreBackup kills a node and puts a backup in place of its data

@@ -47,6 +47,9 @@ type rmesh struct {
 	order    []string
 	removed  map[string]bool
 	down     map[string]bool
+	// slowest is the longest a new incarnation took to vote in place of
+	// the old one (waitReplaced), reported with the run's figures.
+	slowest time.Duration
 }
 
 func newRaftMesh(t *testing.T, clusters []string, size int, extra ...string) *rmesh {
@@ -384,11 +387,11 @@ func TestMultiNodeRobustness(t *testing.T) {
 					}
 					n.args = append(n.args, "--peer", "b="+m.nodes["b1"].url, "--peer-secret", "b=secret-"+pair("a", "b"))
 					n.startReady()
-					if waitVoter(m, "a", "a4", 30*time.Second) {
+					if waitVoter(m, "a", "a4", replacePatience) {
 						count("add-node")
 						writer(n, 0)
 					} else {
-						t.Errorf("a4 was not added to cluster a in 30 s")
+						t.Errorf("a4 was not added to cluster a in %s", replacePatience)
 					}
 					continue
 				case c == "a" && added && !removed && el > 3*d/5:
@@ -581,8 +584,8 @@ func TestMultiNodeRobustness(t *testing.T) {
 	}
 	sort.Strings(kinds)
 	t.Logf("seed %d: %s of faults on 2 clusters x 3 nodes (%s), operations %v, %d nodes converged, %s; %s, 0 violations; "+
-		"a hostile gossip member impersonated a leader %d times, flooded %d members, and got 0 requests",
-		s, d, strings.Join(kinds, " "), counts, len(running), logged, mc.figures(), hostile.rounds.Load(), hostile.flooded.Load())
+		"a hostile gossip member impersonated a leader %d times, flooded %d members, and got 0 requests; the slowest replaced incarnation voted after %s",
+		s, d, strings.Join(kinds, " "), counts, len(running), logged, mc.figures(), hostile.rounds.Load(), hostile.flooded.Load(), m.slowestReplacement().Round(time.Second))
 }
 
 // opEvent is an operator event forced at a fraction of the run.
