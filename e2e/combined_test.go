@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net/http"
+	"os"
 	"sort"
 	"strconv"
 	"strings"
@@ -813,4 +814,17 @@ func (mc *multiCombo) figures() string {
 	mc.mu.Lock()
 	defer mc.mu.Unlock()
 	return fmt.Sprintf("combined: %d WAIT checks (%d over filtered keys, %d at followers)", mc.waits, mc.filtered, mc.atFollowers)
+}
+
+// quietRedisLog is go-redis's logger for the runs: a pool that cannot dial
+// a node the schedule stopped is the schedule working (the call's error
+// says so to its caller), not news; anything else is printed.
+type quietRedisLog struct{}
+
+func (quietRedisLog) Printf(_ context.Context, format string, v ...any) {
+	msg := fmt.Sprintf(format, v...)
+	if strings.Contains(msg, "failed to dial") {
+		return
+	}
+	fmt.Fprintln(os.Stderr, "redis:", msg)
 }

@@ -18,6 +18,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/replicator/replicator/client"
 )
 
@@ -28,6 +30,7 @@ var (
 
 func TestMain(m *testing.M) {
 	flag.Parse()
+	redis.SetLogger(quietRedisLog{})
 	dir, err := os.MkdirTemp("", "replicator-e2e-bin")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
