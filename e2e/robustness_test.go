@@ -755,12 +755,19 @@ func (rb *robust) runFault(f fault) {
 		if rb.combo != nil {
 			narrow = append(narrow, "w/1")
 		}
+		// A link that keeps the prefixes home already (a restore brought
+		// back the narrowed filter its backup's log held, and no widening
+		// followed) has kept them since then: its narrowing time stays.
+		pass, known := rb.linkPasses(from)[to]
+		already := known && !pass["k/1"] && !pass["ctr/1"]
 		narrowed := time.Now()
 		rb.mu.Lock()
 		if rb.narrowedAt == nil {
 			rb.narrowedAt = map[string]time.Time{}
 		}
-		rb.narrowedAt[f.Target] = narrowed
+		if at, ok := rb.narrowedAt[f.Target]; !already || !ok || at.IsZero() {
+			rb.narrowedAt[f.Target] = narrowed
+		}
 		rb.mu.Unlock()
 		if rb.setFilter(from, to, filterJSON(narrow)) {
 			rb.count(f.Kind)
