@@ -499,28 +499,8 @@ func decodeKeep(dec *msgpack.Decoder) ([]KeepRanges, error) {
 		if !entry.ValidClusterID(k.Peer) || (i > 0 && !out[i-1].before(k)) {
 			return nil, fmt.Errorf("kept ranges of peer %q origin %q (after %d links)", k.Peer, k.Origin, i)
 		}
-		m, err := dec.DecodeArrayLen()
-		if err != nil {
-			return nil, err
-		}
-		if m < 2 || m%2 != 0 || m > 2*maxKeepSpans {
-			return nil, fmt.Errorf("kept ranges of %s: %d bounds", k.Peer, m)
-		}
-		for j := 0; j < m/2; j++ {
-			var sp entry.Span
-			if sp.Start, err = dec.DecodeString(); err != nil {
-				return nil, err
-			}
-			if sp.End, err = dec.DecodeString(); err != nil {
-				return nil, err
-			}
-			if sp.End != "" && sp.End <= sp.Start {
-				return nil, fmt.Errorf("kept range [%q, %q) of %s", sp.Start, sp.End, k.Peer)
-			}
-			if l := len(k.Spans); l > 0 && (k.Spans[l-1].End == "" || sp.Start < k.Spans[l-1].End) {
-				return nil, fmt.Errorf("kept ranges of %s out of order", k.Peer)
-			}
-			k.Spans = append(k.Spans, sp)
+		if k.Spans, err = wire.DecodeSpanList(dec, maxKeepSpans); err != nil {
+			return nil, fmt.Errorf("kept ranges of %s: %w", k.Peer, err)
 		}
 		out = append(out, k)
 	}

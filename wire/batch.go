@@ -326,32 +326,43 @@ func DecodeTargetSpansAfter(dec *msgpack.Decoder, n int) ([]TargetSpans, error) 
 		if checkCluster(k.Target) != nil || (i > 0 && k.Target <= out[i-1].Target) {
 			return nil, fmt.Errorf("ranges of link %q (after %d links)", k.Target, i)
 		}
-		m, err := dec.DecodeArrayLen()
-		if err != nil {
-			return nil, err
-		}
-		if m < 2 || m%2 != 0 || m > 2*MaxKeepSpans {
-			return nil, fmt.Errorf("ranges of %s: %d bounds", k.Target, m)
-		}
-		for j := 0; j < m/2; j++ {
-			var sp entry.Span
-			if sp.Start, err = dec.DecodeString(); err != nil {
-				return nil, err
-			}
-			if sp.End, err = dec.DecodeString(); err != nil {
-				return nil, err
-			}
-			if sp.End != "" && sp.End <= sp.Start {
-				return nil, fmt.Errorf("range [%q, %q) of %s", sp.Start, sp.End, k.Target)
-			}
-			if l := len(k.Spans); l > 0 && (k.Spans[l-1].End == "" || sp.Start < k.Spans[l-1].End) {
-				return nil, fmt.Errorf("ranges of %s out of order", k.Target)
-			}
-			k.Spans = append(k.Spans, sp)
+		if k.Spans, err = DecodeSpanList(dec, MaxKeepSpans); err != nil {
+			return nil, fmt.Errorf("ranges of %s: %w", k.Target, err)
 		}
 		out = append(out, k)
 	}
 	return out, nil
+}
+
+// DecodeSpanList reads a list of ranges encoded flat (start, end, start,
+// end, ...): at least one, at most max, each non-empty, in order and
+// disjoint. The keep ranges of heartbeats and of collect commands share it.
+func DecodeSpanList(dec *msgpack.Decoder, max int) ([]entry.Span, error) {
+	m, err := dec.DecodeArrayLen()
+	if err != nil {
+		return nil, err
+	}
+	if m < 2 || m%2 != 0 || m > 2*max {
+		return nil, fmt.Errorf("%d bounds", m)
+	}
+	spans := make([]entry.Span, 0, m/2)
+	for j := 0; j < m/2; j++ {
+		var sp entry.Span
+		if sp.Start, err = dec.DecodeString(); err != nil {
+			return nil, err
+		}
+		if sp.End, err = dec.DecodeString(); err != nil {
+			return nil, err
+		}
+		if sp.End != "" && sp.End <= sp.Start {
+			return nil, fmt.Errorf("range [%q, %q) is empty", sp.Start, sp.End)
+		}
+		if l := len(spans); l > 0 && (spans[l-1].End == "" || sp.Start < spans[l-1].End) {
+			return nil, fmt.Errorf("ranges out of order")
+		}
+		spans = append(spans, sp)
+	}
+	return spans, nil
 }
 
 func decodeIdle(dec *msgpack.Decoder) (*IdleFrontier, error) {
