@@ -206,7 +206,14 @@ func Compare(ctx context.Context, peerName string, local, peer Tree, opts Option
 		if len(rest) == len(asked) {
 			return nil, fmt.Errorf("antientropy: the tree of %s and this tree answered none of %d leaves", peerName, len(asked))
 		}
-		join(inLeaves(l.Versions, rest), inLeaves(p.Versions, rest), func(k wire.Key, lv, pv *wire.TreeVersion) {
+		pvs, unasked := inLeaves(p.Versions, asked, rest)
+		if unasked > 0 {
+			// A peer listing keys of leaves nobody asked for: not
+			// compared, never pulled.
+			rep.refuse("unasked", unasked)
+		}
+		lvs, _ := inLeaves(l.Versions, asked, rest)
+		join(lvs, pvs, func(k wire.Key, lv, pv *wire.TreeVersion) {
 			rep.Compared++
 			if sameLive(lv, pv) {
 				return
@@ -603,19 +610,32 @@ func covered(a *wire.TreeAnswer, n int) int {
 	return a.Answered
 }
 
-// inLeaves keeps the versions of keys outside the leaves left.
-func inLeaves(vs []wire.TreeVersion, left map[int]bool) []wire.TreeVersion {
-	if len(left) == 0 {
-		return vs
-	}
-	out := vs[:0:0]
+// inLeaves keeps the versions of keys in the leaves asked and not left
+// for another request, and counts those of leaves never asked.
+func inLeaves(vs []wire.TreeVersion, asked, left map[int]bool) ([]wire.TreeVersion, int) {
+	out, unasked := vs[:0:0], 0
 	for _, v := range vs {
-		if !left[hashtree.Leaf(v.Key)] {
+		switch leaf := hashtree.Leaf(v.Key); {
+		case !asked[leaf]:
+			unasked++
+		case !left[leaf]:
 			out = append(out, v)
 		}
 	}
-	return out
+	return out, unasked
 }
+
+// refuse counts n of the peer's versions not taken, for why.
+func (r *Report) refuse(why string, n int) {
+	if r.RefusedWhy == nil {
+		r.RefusedWhy = map[string]int{}
+	}
+	r.Refused += n
+	r.RefusedWhy[why] += n
+}
+
+// Refuse counts n of the peer's versions a repair did not take, for why.
+func (r *Report) Refuse(why string, n int) { r.refuse(why, n) }
 
 // only keeps the versions of the keys in set.
 func only(vs []wire.TreeVersion, set map[wire.Key]bool) []wire.TreeVersion {

@@ -237,9 +237,23 @@ func CounterPath(key string) string {
 
 func keyPath(key string) string {
 	// Escape each segment but keep the slashes: keys are paths in a tree.
+	// A key with an empty, '.' or '..' segment is escaped whole (its
+	// slashes too), so no proxy or server cleans it into another key.
 	parts := strings.Split(key, "/")
+	whole := false
 	for i, p := range parts {
+		if p == "" || p == "." || p == ".." {
+			whole = true
+		}
 		parts[i] = url.PathEscape(p)
+	}
+	if whole {
+		for i, p := range parts {
+			if p == "." || p == ".." {
+				parts[i] = strings.ReplaceAll(p, ".", "%2E")
+			}
+		}
+		return "/v1/kv/" + strings.Join(parts, "%2F")
 	}
 	return "/v1/kv/" + strings.Join(parts, "/")
 }

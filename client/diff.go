@@ -124,11 +124,19 @@ type DiffReport struct {
 	// Bytes is what crossed the wire to and from the peer.
 	Bytes int64 `json:"bytes"`
 	// Repaired counts the versions a repair of this side applied (-1: no
-	// repair asked); Refused those it did not pull because the inbound
-	// path refuses them too: a stamp further ahead of this node's clock
-	// than the max clock offset, a key or a value past its limits.
+	// repair asked); Refused those of the peer's it did not take because
+	// the inbound path refuses them from that peer too: a stamp further
+	// ahead of this node's clock than the max clock offset, a key or a
+	// value past its limits, another cluster's version or counter
+	// component, a key outside the link's filters; and versions the peer
+	// listed in leaves nobody asked for.
 	Repaired int `json:"repaired"`
 	Refused  int `json:"refused,omitempty"`
+	// RefusedWhy counts Refused by reason: "clock", "limits", "origin"
+	// (not the peer's own write), "component" (a counter component not
+	// the peer's), "scope" (a key outside the link's filters), "unasked"
+	// (a version in a leaf the comparison did not ask for).
+	RefusedWhy map[string]int `json:"refused_why,omitempty"`
 	// Seconds is how long the comparison (and repair) took.
 	Seconds float64 `json:"seconds"`
 }

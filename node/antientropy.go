@@ -2,6 +2,7 @@ package node
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"sync"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/replicator/replicator/antientropy"
 	"github.com/replicator/replicator/client"
+	"github.com/replicator/replicator/entry"
 	"github.com/replicator/replicator/hashtree"
 	"github.com/replicator/replicator/machine"
 	"github.com/replicator/replicator/node/api"
@@ -39,6 +41,8 @@ type antiEntropy struct {
 	// (on the node that ran them).
 	bytes    *prometheus.CounterVec
 	repaired *prometheus.CounterVec
+	// refused counts the peer's versions repairs did not take, by rule.
+	refused *prometheus.CounterVec
 	// scoped keeps the trees of filtered links' comparisons a peer asked
 	// for, for the rest of its pass.
 	scoped *antientropy.ScopeCache
@@ -72,9 +76,11 @@ func (ae *antiEntropy) init(n *Node, reg func(prometheus.Collector)) {
 		Help: "Bytes comparisons with the peer exchanged on the wire (requests and answers)."}, []string{"peer"})
 	ae.repaired = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "replicator_antientropy_repaired_total",
 		Help: "Versions repairs pulled from the peer and applied here."}, []string{"peer"})
+	ae.refused = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "replicator_antientropy_refused_total",
+		Help: "Versions of the peer's that repairs did not take, by the inbound rule they break (origin, component, scope, unasked, clock, limits)."}, []string{"peer", "why"})
 	ae.mismatches = prometheus.NewCounter(prometheus.CounterOpts{Name: "replicator_leaf_check_mismatches_total",
 		Help: "Leaves whose kept hash the sample check or a rebuild found different from the tree's data (bit rot, a hand edit, a bug), then corrected."})
-	for _, c := range []prometheus.Collector{ae.bytes, ae.repaired, ae.mismatches} {
+	for _, c := range []prometheus.Collector{ae.bytes, ae.repaired, ae.refused, ae.mismatches} {
 		reg(c)
 	}
 }
@@ -273,7 +279,10 @@ func (ae *antiEntropy) compare(ctx context.Context, sh *transport.Shipper, peer 
 	}
 	ls := n.linkSettings(peer)
 	settle := max(minSettle, 2*time.Duration(st0.OldestUnackedAge*float64(time.Second)))
-	local := pacedTree{antientropy.Local{St: n.store, Scoped: ae.scoped}, budget}
+	// This side lists only what its own link filter lets cross toward the
+	// peer, whatever scope the peer says it compared: the keys this side
+	// lists go to the peer by name in the second look.
+	local := pacedTree{antientropy.Local{St: n.store, Toward: ls.Current(), Scoped: ae.scoped}, budget}
 	rep, err := antientropy.Compare(ctx, peer, local, remoteTree{sh, &bytes, budget}, antientropy.Options{
 		Settle: settle, Sleep: sleep, Counted: bytes.Load, PeerBehind: func() bool { return behind },
 		Filter: ls.Current(), Pass: rand.Uint64(), Local: n.cluster})
@@ -284,13 +293,25 @@ func (ae *antiEntropy) compare(ctx context.Context, sh *transport.Shipper, peer 
 	if repair {
 		rep.Repaired = 0
 		var pulls []wire.TreeVersion
+		scope := func(key string) bool {
+			return ls.Current().Match(key) && (ls.FromPeer == nil || ls.FromPeer.Match(key))
+		}
+		logged := 0
 		for _, v := range rep.Pulls() {
-			if err := ae.refuses(&v); err != nil {
-				rep.Refused++
-				n.log.Warn("a repair did not pull a version the inbound path would refuse", "peer", peer, "key", v.Key, "err", err)
+			if why, err := ae.refuses(peer, scope, &v); err != nil {
+				rep.Refuse(why, 1)
+				if logged++; logged <= 3 {
+					n.log.Warn("a repair did not pull a version the inbound path would refuse", "peer", peer, "key", v.Key, "err", err)
+				}
 				continue
 			}
 			pulls = append(pulls, v)
+		}
+		if rep.Refused > 0 {
+			n.log.Warn("a repair did not take versions of the peer's", "peer", peer, "refused", rep.Refused, "why", rep.RefusedWhy)
+		}
+		for why, k := range rep.RefusedWhy {
+			ae.refused.WithLabelValues(peer, why).Add(float64(k))
 		}
 		for len(pulls) > 0 {
 			chunk := pulls[:repairChunk(pulls)]
@@ -347,18 +368,37 @@ func (ae *antiEntropy) RebuildTree(ctx context.Context) (client.TreeRebuild, err
 // ahead of this node's clock would drag the cluster's clock into the future
 // (a peer whose clock runs ahead); a key or a value past this node's limits
 // (a peer configured with larger ones) is one this node never takes.
-func (ae *antiEntropy) refuses(v *wire.TreeVersion) error {
+//
+// A repair from peer takes only the peer's own writes, as the inbound path
+// takes from that peer only what it authored: a version of another origin
+// (this cluster's own, a third cluster's, one nobody knows), a counter
+// component of another cluster, or a key outside the link's filters (this
+// side's toward the peer, and the peer's toward this side as its heartbeats
+// told it) is refused, whatever the peer's answer says. why names the rule.
+func (ae *antiEntropy) refuses(peer string, inScope func(key string) bool, v *wire.TreeVersion) (why string, err error) {
 	n := ae.n
+	if v.Counter {
+		for _, c := range v.Totals {
+			if entry.ComponentCluster(c.Cluster) != peer {
+				return "component", fmt.Errorf("a counter component of %q, not of %s", c.Cluster, peer)
+			}
+		}
+	} else if v.Origin != peer {
+		return "origin", fmt.Errorf("a version of %q, not %s's own write", v.Origin, peer)
+	}
+	if !inScope(v.Key) {
+		return "scope", errors.New("a key outside the link's filters")
+	}
 	if err := n.clock.CheckOffset(v.Stamp); err != nil {
-		return err
+		return "clock", err
 	}
 	if len(v.Key) > n.opts.MaxKeyBytes || !utf8.ValidString(v.Key) {
-		return fmt.Errorf("a key of %d bytes (limit %d) or not UTF-8", len(v.Key), n.opts.MaxKeyBytes)
+		return "limits", fmt.Errorf("a key of %d bytes (limit %d) or not UTF-8", len(v.Key), n.opts.MaxKeyBytes)
 	}
 	if len(v.Value) > n.opts.MaxValueBytes {
-		return fmt.Errorf("a value of %d bytes (limit %d)", len(v.Value), n.opts.MaxValueBytes)
+		return "limits", fmt.Errorf("a value of %d bytes (limit %d)", len(v.Value), n.opts.MaxValueBytes)
 	}
-	return nil
+	return "", nil
 }
 
 // pass compares with every peer in turn, in the background (the leader

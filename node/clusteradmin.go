@@ -16,6 +16,7 @@ import (
 	"github.com/replicator/replicator/cluster"
 	"github.com/replicator/replicator/machine"
 	"github.com/replicator/replicator/node/api"
+	"github.com/replicator/replicator/node/httpapi"
 	"github.com/replicator/replicator/origin"
 )
 
@@ -126,6 +127,8 @@ func (s *service) askCluster(ctx context.Context, id raft.ServerID) (api.Cluster
 	if err != nil {
 		return r, err
 	}
+	// Asked while answering /admin/cluster, which took the admin scope.
+	req.Header.Set(headerScope, httpapi.ScopeAdmin.String())
 	resp, err := s.svcClient.Do(req)
 	if err != nil {
 		return r, err

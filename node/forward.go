@@ -238,6 +238,7 @@ func (f *router) forward(h http.Handler, w http.ResponseWriter, r *http.Request)
 		out.Header.Del("Authorization")
 		out.Header.Del("Cookie")
 		out.Header.Set(headerCaller, f.svc.callerIdentity(r))
+		out.Header.Set(headerScope, scopeOf(r).String())
 		resp, err := f.svc.svcClient.Do(out)
 		if err != nil {
 			var ns errNotSent
@@ -279,8 +280,15 @@ func (f *router) outRequest(r *http.Request, url string, body *countingBody) (*h
 }
 
 // forwardLegacy forwards to a leader of an older build, on its API at the
-// URL gossip reports for it, as that build's followers do.
+// URL gossip reports for it, as that build's followers do, when the
+// cluster has no tokens: a caller's credential never goes to a URL gossip
+// claims (a gossip member may lie about the leader's), so with tokens the
+// request is not sent (send it to the leader, or upgrade it first).
 func (f *router) forwardLegacy(h http.Handler, w http.ResponseWriter, r *http.Request, body *countingBody, id raft.ServerID) {
+	if f.svc.token || r.Header.Get("Authorization") != "" {
+		httpapi.WriteErr(w, fmt.Errorf("%w: the leader %s runs an older build, which takes no requests on its raft port, and a caller's token is never sent to the API URL gossip claims for it: send the request to the leader, or upgrade it (docs/CLUSTER.md)", api.ErrNotWritten, id))
+		return
+	}
 	node, inc := cluster.SplitServerID(id)
 	m, ok := f.member(node)
 	if !ok || m.Meta.API == "" || (inc != "" && m.Meta.Inc != inc) {

@@ -242,7 +242,7 @@ func Open(ctx context.Context, opts *Options) (*Node, error) {
 		n.store.Close()
 		return nil, err
 	}
-	n.svc.group, n.svc.token, n.svc.member, n.svc.urls = n.group, o.APIToken != "", n.mem.member, &n.nodeURLs
+	n.svc.group, n.svc.token, n.svc.member, n.svc.urls = n.group, o.APIToken != "" || o.AdminToken != "", n.mem.member, &n.nodeURLs
 	n.fwd = router{multi: n.multi(), nodeID: n.nodeID, group: n.group, lead: &n.lead, progress: &n.progress, svc: &n.svc,
 		member: n.mem.member, metrics: &n.metrics, removed: func() error {
 			if p := n.cons.removed.Load(); p != nil {
@@ -347,7 +347,8 @@ func (n *Node) Start() error {
 		n.log.Warn("the admin endpoints (membership, peers, detach) accept the API token: every client that may write may also join and remove nodes; give them a token of their own with --admin-token-file (docs/OPERATIONS.md)")
 	}
 	refused := func(code string) { n.metrics.apiRefused.WithLabelValues(code).Inc() }
-	n.srv = n.lis.serve(ln, protect(&n.opts, requireToken(&n.opts, n.Handler(), refused), ln, refused), &n.serveErr)
+	h, mux := n.handler()
+	n.srv = n.lis.serve(ln, protect(&n.opts, requireToken(&n.opts, mux, h, refused), ln, refused), &n.serveErr)
 	if n.opts.PprofListen != "" {
 		pln, err := net.Listen("tcp", n.opts.PprofListen)
 		if err != nil {
@@ -365,7 +366,7 @@ func (n *Node) Start() error {
 	n.resp.Store(d)
 	if n.multi() {
 		n.svc.setDescription(described{API: n.URL(), Replicate: n.PeerURL(), Commands: n.cons.readsFormat()}, n.opts.Gossip)
-		n.svc.serveService(&n.lis, n.Handler())
+		n.svc.serveService(&n.lis, n.svc.enforceScope(mux, h, refused))
 		n.every(time.Second, n.svc.refreshProven)
 		n.every(500*time.Millisecond, n.cons.raiseFormat)
 		n.every(time.Second, n.cons.checkRemoved)

@@ -1605,7 +1605,7 @@ func TestForwardedChangeNamesItsCaller(t *testing.T) {
 		http.Header{"Content-Type": {"application/json"}, headerCaller: {"certificate CN=admin (forged)"}}, nil); err != nil {
 		t.Fatal(err)
 	}
-	want := fmt.Sprintf(`caller="token, forwarded by %s"`, c.nodes[w].group.ID())
+	want := fmt.Sprintf(`caller="admin token, forwarded by %s"`, c.nodes[w].group.ID())
 	if got := logs[l].String(); !strings.Contains(got, want) {
 		t.Fatalf("the leader's log does not name the caller as %s:\n%s", want, tail(got, 5))
 	}

@@ -232,9 +232,9 @@ func (r *replication) setupReplication() error {
 	if rt == nil {
 		rt = &http.Transport{MaxIdleConnsPerHost: 4, IdleConnTimeout: 90 * time.Second, TLSClientConfig: n.tls.client()}
 	}
-	n.peerClient = &http.Client{Transport: rt}
+	n.peerClient = &http.Client{Transport: rt, CheckRedirect: noRedirects}
 	if n.multi() {
-		n.fwd.fwdClient = &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64, IdleConnTimeout: 90 * time.Second,
+		n.fwd.fwdClient = &http.Client{CheckRedirect: noRedirects, Transport: &http.Transport{MaxIdleConnsPerHost: 64, IdleConnTimeout: 90 * time.Second,
 			TLSClientConfig: n.tls.client()}}
 		n.svc.svcClient = n.svc.newServiceClient()
 		return nil // each term links to the peers (term.go)

@@ -1,6 +1,7 @@
 package node
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -82,7 +83,7 @@ func (r respNode) Holding(stream entry.StreamID, from, to uint64) ([]string, err
 		return n.Holding(stream, from, to)
 	}
 	q := url.Values{"stream": {stream.String()}, "from": {strconv.FormatUint(from, 10)}, "index": {strconv.FormatUint(to, 10)}}
-	req, err := http.NewRequest(http.MethodGet, httpapi.PathHeld+"?"+q.Encode(), nil)
+	req, err := http.NewRequestWithContext(withScope(context.Background(), httpapi.ScopeAPI), http.MethodGet, httpapi.PathHeld+"?"+q.Encode(), nil)
 	if err != nil {
 		return nil, err
 	}

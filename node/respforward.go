@@ -73,7 +73,8 @@ func (r respNode) forward(ctx context.Context, w api.Write) (api.WriteResult, er
 			hdr.Set("If-None-Match", "*")
 		}
 	}
-	req, err := http.NewRequestWithContext(ctx, method, path, bytes.NewReader(body))
+	// The connection authenticated with the API token (or none is set).
+	req, err := http.NewRequestWithContext(withScope(ctx, httpapi.ScopeAPI), method, path, bytes.NewReader(body))
 	if err != nil {
 		return api.WriteResult{}, fmt.Errorf("%w: %w", api.ErrNotWritten, err)
 	}

@@ -2,6 +2,7 @@ package node
 
 import (
 	"cmp"
+	"context"
 	"crypto/subtle"
 	"crypto/tls"
 	"crypto/x509"
@@ -19,7 +20,6 @@ import (
 
 	"github.com/replicator/replicator/node/httpapi"
 	"github.com/replicator/replicator/origin"
-	"github.com/replicator/replicator/wire"
 )
 
 // SAN modes: how a peer's certificate names its cluster.
@@ -278,30 +278,27 @@ func ClusterURI(id string) *url.URL {
 	return &url.URL{Scheme: "replicator", Host: "cluster", Path: "/" + id}
 }
 
-// requireToken guards the API and admin endpoints with the API token, when
-// one is configured. Health, readiness, the dashboard page (its data calls
-// carry the token) and the peer endpoint (it has its own authentication)
-// stay open.
-func requireToken(o *Options, h http.Handler, refused func(code string)) http.Handler {
-	api, admin := o.APIToken, adminToken(o)
-	if api == "" && admin == "" {
-		return h
-	}
-	wantAPI, wantAdmin := []byte("Bearer "+api), []byte("Bearer "+admin)
+// requireToken guards the API and admin endpoints with their tokens. The
+// scope a request needs is the scope of the route the mux matches
+// (httpapi.RouteScope), decided after the path is checked to be canonical:
+// no spelling of an admin path reaches its handler with less than the admin
+// scope. The scope the caller's credentials grant goes with the request
+// (scopeOf): a follower forwards it, and the leader enforces it again.
+func requireToken(o *Options, mux *http.ServeMux, h http.Handler, refused func(code string)) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		switch r.URL.Path {
-		case httpapi.PathHealthz, httpapi.PathReadyz, wire.PathReplicate, wire.PathProve, wire.PathTree, httpapi.PathUI:
-			h.ServeHTTP(w, r)
+		if !canonical(w, r, refused) {
 			return
 		}
-		want, flag, needed := wantAPI, "--api-token-file", api != ""
-		if strings.HasPrefix(r.URL.Path, "/admin/") {
-			want, flag, needed = wantAdmin, "--admin-token-file", admin != ""
-			if o.AdminToken == "" {
-				flag = "--api-token-file, which opens the admin endpoints while no --admin-token-file is given"
+		_, pattern := mux.Handler(r)
+		need, got := httpapi.RouteScope(pattern), grantedScope(o, r)
+		if !got.Allows(need) {
+			flag := "--api-token-file"
+			if need == httpapi.ScopeAdmin {
+				flag = "--admin-token-file"
+				if o.AdminToken == "" {
+					flag = "--api-token-file, which opens the admin endpoints while no --admin-token-file is given"
+				}
 			}
-		}
-		if needed && subtle.ConstantTimeCompare([]byte(r.Header.Get("Authorization")), want) != 1 {
 			refused("unauthenticated")
 			refuseEarly(w)
 			w.Header().Set("WWW-Authenticate", `Bearer realm="replicator"`)
@@ -309,8 +306,50 @@ func requireToken(o *Options, h http.Handler, refused func(code string)) http.Ha
 				Message: "this node requires Authorization: Bearer <token> (" + flag + ")"})
 			return
 		}
-		h.ServeHTTP(w, r)
+		h.ServeHTTP(w, r.WithContext(withScope(r.Context(), got)))
 	})
+}
+
+// canonical refuses a path that is not canonical outside a key
+// (httpapi.Canonical), and readies a key route's path for the mux.
+func canonical(w http.ResponseWriter, r *http.Request, refused func(code string)) bool {
+	if err := httpapi.Canonical(r); err != nil {
+		refused("bad_path")
+		refuseEarly(w)
+		writeError(w, http.StatusBadRequest, apiError{Code: "bad_path",
+			Message: fmt.Sprintf("path %q: %v", r.URL.EscapedPath(), err)})
+		return false
+	}
+	return true
+}
+
+// grantedScope is what r's credentials grant: the admin scope with the
+// admin token (the API token when no admin token is given), the API scope
+// with the API token; a scope whose token is not set is open to all.
+// Tokens are compared in constant time.
+func grantedScope(o *Options, r *http.Request) httpapi.Scope {
+	auth := []byte(r.Header.Get("Authorization"))
+	var g httpapi.Scope
+	if o.APIToken == "" || subtle.ConstantTimeCompare(auth, []byte("Bearer "+o.APIToken)) == 1 {
+		g |= httpapi.ScopeAPI
+	}
+	if admin := adminToken(o); admin == "" || subtle.ConstantTimeCompare(auth, []byte("Bearer "+admin)) == 1 {
+		g |= httpapi.ScopeAdmin
+	}
+	return g
+}
+
+type scopeKey struct{}
+
+// withScope records the scope a request's caller was granted.
+func withScope(ctx context.Context, s httpapi.Scope) context.Context {
+	return context.WithValue(ctx, scopeKey{}, s)
+}
+
+// scopeOf is the scope recorded with r (none when nothing verified it).
+func scopeOf(r *http.Request) httpapi.Scope {
+	s, _ := r.Context().Value(scopeKey{}).(httpapi.Scope)
+	return s
 }
 
 // adminToken is the token the admin endpoints require: AdminToken, or the

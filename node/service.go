@@ -14,6 +14,7 @@ import (
 
 	"github.com/replicator/replicator/cluster"
 	"github.com/replicator/replicator/internal/raftconn"
+	"github.com/replicator/replicator/node/httpapi"
 	"github.com/replicator/replicator/transport"
 )
 
@@ -32,6 +33,11 @@ import (
 // the identity the sending node verified ("token", "certificate <subject>",
 // or "none" on a node without credentials). Read on the raft port only.
 const headerCaller = "X-Replicator-Caller"
+
+// headerScope, on a request one node forwards another over the raft port,
+// is the scope the forwarding node granted its caller (httpapi.Scope): the
+// receiving node answers only a route within it. Read on the raft port only.
+const headerScope = "X-Replicator-Scope"
 
 // serviceHost is the pseudo host of a request to another node over the raft
 // port: its raft server ID, which the dial turns into the address the
@@ -183,6 +189,32 @@ func (s *service) serveService(lis *listeners, h http.Handler) {
 	})
 }
 
+// enforceScope guards what other nodes send over the raft port: the raft
+// port's credential proves the sender is a member, and headerScope says
+// what the member verified of its caller; a route above that scope is
+// refused here, whatever path the request spells. A member of an older
+// build sends no scope: its requests reach the API routes, not the admin
+// ones (send those to this node, or upgrade the member).
+func (s *service) enforceScope(mux *http.ServeMux, h http.Handler, refused func(code string)) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !canonical(w, r, refused) {
+			return
+		}
+		got, ok := httpapi.ParseScope(r.Header.Get(headerScope))
+		if !ok {
+			got = httpapi.ScopeAPI
+		}
+		_, pattern := mux.Handler(r)
+		if need := httpapi.RouteScope(pattern); !got.Allows(need) {
+			refused("forbidden")
+			writeError(w, http.StatusForbidden, apiError{Code: "forbidden",
+				Message: fmt.Sprintf("forwarded by %s for a caller granted the %s scope: %s needs the %s scope", serviceSender(r), got, r.URL.Path, need)})
+			return
+		}
+		h.ServeHTTP(w, r.WithContext(withScope(r.Context(), got)))
+	})
+}
+
 type serviceSenderKey struct{}
 
 // serviceSender is the raft server ID of the node that sent r over the
@@ -207,7 +239,7 @@ func (e errNotSent) Unwrap() error { return e.err }
 // newServiceClient returns the client of requests to other nodes over the
 // raft port: the URL's host names the server (serviceURL).
 func (s *service) newServiceClient() *http.Client {
-	return &http.Client{Transport: &http.Transport{
+	return &http.Client{CheckRedirect: noRedirects, Transport: &http.Transport{
 		DialContext: func(ctx context.Context, _, addr string) (net.Conn, error) {
 			host, _, err := net.SplitHostPort(addr)
 			if err != nil {
@@ -260,8 +292,17 @@ func (s *service) callerIdentity(r *http.Request) string {
 	switch {
 	case r.TLS != nil && len(r.TLS.PeerCertificates) > 0:
 		return "certificate " + r.TLS.PeerCertificates[0].Subject.String()
-	case s.token:
-		return "token"
+	case s.token && r.Header.Get("Authorization") != "":
+		if scopeOf(r)&httpapi.ScopeAdmin != 0 {
+			return "admin token"
+		}
+		return "API token"
 	}
 	return "none"
 }
+
+// noRedirects keeps an internal client from following a redirect: a hop
+// answers what it was asked, and a redirect (to a cleaned path, or to
+// another host) is relayed as the answer, never followed with the hop's
+// trust.
+func noRedirects(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }

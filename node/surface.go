@@ -17,7 +17,23 @@ var writeError = httpjson.WriteError
 
 // Handler returns the node's HTTP API as its listener serves it, without
 // the token and origin checks: what needs the leader is forwarded to it.
-func (n *Node) Handler() http.Handler { return n.fwd.route(surface(n).Handler()) }
+func (n *Node) Handler() http.Handler {
+	h, _ := n.handler()
+	return h
+}
+
+// handler is Handler and the mux behind it (whose routes decide the scope a
+// request needs). Key routes' paths are readied for the mux here, so a
+// request made in process (the RESP door's forwards) holds any key.
+func (n *Node) handler() (http.Handler, *http.ServeMux) {
+	mux := surface(n).Handler()
+	route := n.fwd.route(mux)
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if canonical(w, r, func(string) {}) {
+			route.ServeHTTP(w, r)
+		}
+	}), mux
+}
 
 // surface is the node's HTTP API, with the peer endpoint unless it has a
 // listener of its own.

@@ -219,7 +219,7 @@ func (o *Options) EnsureDefaults() {
 		o.Client = &http.Client{Transport: &http.Transport{
 			MaxIdleConnsPerHost: 4,
 			IdleConnTimeout:     90 * time.Second,
-		}}
+		}, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
 	}
 	if o.Now == nil {
 		o.Now = func() int64 { return time.Now().UnixNano() }

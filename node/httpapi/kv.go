@@ -42,8 +42,9 @@ func (a *API) PeerHandler(peer http.Handler) http.Handler {
 }
 
 // Handler returns the node's HTTP API (and the peer endpoint, unless it has
-// a listener of its own).
-func (a *API) Handler() http.Handler {
+// a listener of its own): the mux, which also tells each route's pattern
+// (RouteScope).
+func (a *API) Handler() *http.ServeMux {
 	mux := http.NewServeMux()
 	mux.HandleFunc(pathKVKey, a.handleKey)
 	mux.HandleFunc(pathKV, a.handleRange)

@@ -1,0 +1,128 @@
+package httpapi
+
+import (
+	"errors"
+	"net/http"
+	"net/url"
+	"path"
+	"strings"
+
+	"github.com/replicator/replicator/wire"
+)
+
+// Scope is what a route requires, and, as a set, what a caller's
+// credentials grant (docs/SECURITY.md): the API token grants ScopeAPI, the
+// admin token ScopeAdmin, and the API token both while no admin token is
+// given. A route of ScopeNone is open to all.
+type Scope uint8
+
+const (
+	// ScopeNone: health, readiness, the dashboard page and the peer
+	// endpoints (which authenticate peers themselves).
+	ScopeNone Scope = 0
+	// ScopeAPI: reads and writes of data, metrics.
+	ScopeAPI Scope = 1 << 0
+	// ScopeAdmin: everything under /admin/ and the profiles.
+	ScopeAdmin Scope = 1 << 1
+)
+
+// Allows reports that a grant reaches a route that needs need.
+func (s Scope) Allows(need Scope) bool { return need == ScopeNone || s&need == need }
+
+func (s Scope) String() string {
+	switch s {
+	case ScopeNone:
+		return "none"
+	case ScopeAPI:
+		return "api"
+	case ScopeAdmin:
+		return "admin"
+	case ScopeAPI | ScopeAdmin:
+		return "api+admin"
+	}
+	return "unknown"
+}
+
+// ParseScope reads a scope's (or a grant's) name.
+func ParseScope(s string) (Scope, bool) {
+	for _, sc := range []Scope{ScopeNone, ScopeAPI, ScopeAdmin, ScopeAPI | ScopeAdmin} {
+		if sc.String() == s {
+			return sc, true
+		}
+	}
+	return ScopeNone, false
+}
+
+// RouteScope is the scope the route registered as pattern requires. It is
+// decided from the route the mux matched, never from the raw path: a path
+// that reaches an admin handler needs the admin scope however it is
+// spelled.
+func RouteScope(pattern string) Scope {
+	switch pattern {
+	case PathHealthz, PathReadyz, PathUI, wire.PathReplicate, wire.PathProve, wire.PathTree:
+		return ScopeNone
+	}
+	if strings.HasPrefix(pattern, "/admin/") || strings.HasPrefix(pattern, "/debug/") {
+		return ScopeAdmin
+	}
+	return ScopeAPI
+}
+
+// keyRoutes are the routes whose path ends in a key: any UTF-8, so `a//b`,
+// `a/../b` and `dir/` are keys, not spellings of another path.
+var keyRoutes = []string{"/v1/kv/", "/v1/counters/", "/v1/idempotency/"}
+
+// ErrNonCanonical refuses a path that is not in its canonical form outside
+// the key of a key route.
+var ErrNonCanonical = errors.New("httpapi: the path is not canonical (no empty, '.' or '..' segments outside a key; escape them in a key)")
+
+// Canonical checks r's path and readies it for the mux: a path outside a
+// key route must be canonical (the mux would answer another spelling with a
+// redirect to the cleaned path, which a forwarding hop must never follow);
+// in a key route the key is taken as it is, whatever its segments, and
+// escaped whole so the mux matches it without cleaning it. Idempotent.
+func Canonical(r *http.Request) error {
+	ep := r.URL.EscapedPath()
+	for _, p := range keyRoutes {
+		if strings.HasPrefix(ep, p) {
+			// p has no escapes, so the decoded path starts with it too.
+			r.URL.RawPath = p + EscapeKey(strings.TrimPrefix(r.URL.Path, p))
+			return nil
+		}
+	}
+	if ep != cleanPath(ep) {
+		return ErrNonCanonical
+	}
+	return nil
+}
+
+// EscapeKey escapes a key as one path segment: every '/' too, and a key of
+// only '.' or '..', so no spelling of it is cleaned away.
+func EscapeKey(key string) string {
+	switch key {
+	case ".":
+		return "%2E"
+	case "..":
+		return "%2E%2E"
+	}
+	return url.PathEscape(key)
+}
+
+// cleanPath is net/http's: path.Clean, keeping a trailing slash.
+func cleanPath(p string) string {
+	if p == "" {
+		return "/"
+	}
+	if p[0] != '/' {
+		p = "/" + p
+	}
+	np := path.Clean(p)
+	if p[len(p)-1] == '/' && np != "/" {
+		if len(p) == len(np)+1 && strings.HasPrefix(p, np) {
+			np = p
+		} else {
+			np += "/"
+		}
+	}
+	return np
+}
