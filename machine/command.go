@@ -30,8 +30,10 @@ const (
 	// log, from format 5 (FormatRepair) anti-entropy's repairs, and from
 	// format 6 (FormatRejoinHorizon) a rejoin's re-seed judged against the
 	// collection horizon, and from format 7 (FormatRepairJudged) repairs
-	// judged as inbound batches are.
-	ReadsFormat = FormatRepairJudged
+	// judged as inbound batches are, and from format 8
+	// (FormatConflictClaims) conflict records retired by their loser's own
+	// line only.
+	ReadsFormat = FormatConflictClaims
 )
 
 // Kind names a command.

@@ -39,6 +39,9 @@ type conflictJudge struct {
 	// local: a batch of this cluster's own writes, which discard nothing
 	// that is a conflict but move the key's records along.
 	local bool
+	// ownLine: only the loser's own line retires a record (from
+	// FormatConflictClaims).
+	ownLine bool
 	// logged and superseded count what the batch did to the log.
 	logged, superseded int
 }
@@ -85,10 +88,13 @@ func (j *conflictJudge) judge(prev *store.Record, w *store.Write, out entry.Outc
 // follow moves the key's records along with a version that arrives (or is
 // written here) and says whether any is left:
 //
-//   - it descends from a record's loser but not from its winner: the
-//     loser's author moved on before it learned of the conflict, so the
-//     loser is no longer what was lost; the record goes (the version is
-//     judged in its place);
+//   - it is the loser's author's (its origin) and descends from a record's
+//     loser but not from its winner: the loser's author moved on before it
+//     learned of the conflict, so the loser is no longer what was lost; the
+//     record goes (the version is judged in its place). Another origin's
+//     context claiming the loser counts for nothing here (contexts are
+//     unsigned: a peer could erase any record by claiming it), from
+//     FormatConflictClaims;
 //   - it replaces the key's version and does not descend from a record's
 //     loser: the loss stands, against the version the key holds now, and
 //     the record names it as the winner (under its new ID). Every cluster
@@ -106,7 +112,11 @@ func (j *conflictJudge) follow(w *store.Write, out entry.Outcome) (bool, error) 
 		if r.Restored.Origin != "" {
 			continue
 		}
-		seesLoser, seesWinner := w.Ctx.Covers(r.Loser), w.Ctx.Covers(r.Winner)
+		// Only the loser's own line can say it moved on: a context is the
+		// writer's claim, unsigned, and another origin's claim to have
+		// seen the loser must not erase the only record of a lost write.
+		seesLoser := (!j.ownLine || w.Stamp.Origin == r.Loser.Origin) && w.Ctx.Covers(r.Loser)
+		seesWinner := w.Ctx.Covers(r.Winner)
 		switch {
 		case seesLoser && !seesWinner:
 			if err := j.b.DeleteConflict(r); err != nil {

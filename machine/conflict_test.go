@@ -358,3 +358,74 @@ func TestConflictValueBound(t *testing.T) {
 		t.Fatalf("big: %+v", r)
 	}
 }
+
+// TestConflictRecordSurvivesAnotherOriginsClaim (issue 46): a peer's write
+// whose context claims it saw the loser of a record, and not its winner (a
+// third cluster's), does not erase the record of the lost write: only the
+// loser's own line moving on does. The record then names the key's new
+// version as winner.
+func TestConflictRecordSurvivesAnotherOriginsClaim(t *testing.T) {
+	a := newClaimsCluster(t, "a", entry.StreamID{0xa}, 1e15)
+	c := newClaimsCluster(t, "c", entry.StreamID{0xc}, 1e15+300)
+	b := newClaimsCluster(t, "b", entry.StreamID{0xb}, 1e15+600)
+	a.put("k", "a's, lost")
+	c.put("k", "c's, wins")
+	a.ship(c, false)
+	recs := a.log()["k"]
+	if len(recs) != 1 || string(recs[0].LoserValue) != "a's, lost" {
+		t.Fatalf("before: %+v", recs)
+	}
+	loser := recs[0].Loser
+	// b's write, its context forged: it claims a's lost write, and not
+	// c's winner.
+	b.put("k", "b's, claiming")
+	forged := &b.out[len(b.out)-1]
+	forged.Ctx = entry.Context{{Origin: "a", HLC: loser.HLC}, {Origin: "b", HLC: forged.LWW().HLC}}
+	a.ship(b, false)
+	recs = a.log()["k"]
+	if len(recs) != 2 {
+		t.Fatalf("after another origin's claim: %+v, want a's lost write and c's", recs)
+	}
+	kept := false
+	for _, r := range recs {
+		if r.Loser == loser {
+			kept = true
+			if string(r.LoserValue) != "a's, lost" || r.Winner != forged.LWW() {
+				t.Fatalf("a's record after b's claim: %+v, want it against b's version %v", r, forged.LWW())
+			}
+		}
+	}
+	if !kept {
+		t.Fatalf("another origin's claim erased the record of a's lost write: %+v", recs)
+	}
+
+	// The loser's own line moving on does retire it: a writes again,
+	// having seen only its own lost version, and e learns of it after c's
+	// winner; a's new write loses too, and is the one recorded.
+	a2 := newClaimsCluster(t, "a", entry.StreamID{0xa}, 1e15)
+	c2 := newClaimsCluster(t, "c", entry.StreamID{0xc}, 1e15+5000)
+	e := newClaimsCluster(t, "e", entry.StreamID{0xe}, 1e15+9000)
+	a2.put("k", "a's, lost")
+	a2.put("k", "a's again")
+	c2.put("k", "c's, wins")
+	all := a2.out
+	a2.out = all[:1]
+	e.ship(a2, false)
+	e.ship(c2, false)
+	if recs := e.log()["k"]; len(recs) != 1 || string(recs[0].LoserValue) != "a's, lost" {
+		t.Fatalf("e logged %+v, want a's write lost to c's", recs)
+	}
+	a2.out = all
+	e.ship(a2, false)
+	recs = e.log()["k"]
+	if len(recs) != 1 || string(recs[0].LoserValue) != "a's again" {
+		t.Fatalf("after a's own line moved on, e logged %+v, want only a's newer write as lost", recs)
+	}
+}
+
+// newClaimsCluster is a conflict cluster at FormatConflictClaims.
+func newClaimsCluster(t *testing.T, name string, stream entry.StreamID, wall int64) *conflictCluster {
+	c := newConflictCluster(t, name, stream, wall)
+	c.apply(&Command{Format: &FormatCmd{Version: FormatConflictClaims}})
+	return c
+}

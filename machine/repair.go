@@ -53,6 +53,12 @@ const FormatOriginFilters = FormatRepairJudged
 // (LinkCmd.Release).
 const FormatKeptTombstones = FormatRepairJudged
 
+// FormatConflictClaims is the format from which a conflict record is
+// retired only by its loser's own line (conflict.go follow): a node of an
+// older build would retire it on any origin's claim, and the cluster's
+// nodes would keep different logs.
+const FormatConflictClaims = 8
+
 // maxRepair bounds the versions of one repair command.
 const maxRepair = 1 << 16
 
@@ -145,7 +151,7 @@ func (m *Machine) applyRepair(b *store.Batch, rc *RepairCmd) (*Result, error) {
 		// local judge ApplyCommand set; the record's time is the newest
 		// stamp the repair carried (the command holds no clock reading,
 		// and every node must write the same record).
-		j := &conflictJudge{b: b, peer: rc.Peer, at: high, collected: collected, valueMax: ConflictValueMax}
+		j := &conflictJudge{b: b, peer: rc.Peer, at: high, collected: collected, valueMax: ConflictValueMax, ownLine: m.format.Load() >= FormatConflictClaims}
 		b.Track(j.judge)
 		defer func() { res.Repair.Conflicts, res.Repair.Superseded = j.logged, j.superseded }()
 	}
