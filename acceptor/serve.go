@@ -1,7 +1,6 @@
 package acceptor
 
 import (
-	"crypto/subtle"
 	"errors"
 	"fmt"
 	"io"
@@ -10,6 +9,7 @@ import (
 	"strings"
 
 	"github.com/replicator/replicator/internal/httpjson"
+	secretpkg "github.com/replicator/replicator/internal/secret"
 	"github.com/replicator/replicator/wire"
 )
 
@@ -46,7 +46,7 @@ func (a *Acceptor) authenticate(r *http.Request) (string, error) {
 	if !ok {
 		return "", fmt.Errorf("%w: no bearer credential for %q", ErrUnauthenticated, sender)
 	}
-	if secret == "" || subtle.ConstantTimeCompare([]byte(token), []byte(secret)) != 1 {
+	if secret == "" || !secretpkg.Equal(token, secret) {
 		return "", fmt.Errorf("%w: wrong credential for %q", ErrUnauthenticated, sender)
 	}
 	return sender, nil

@@ -54,6 +54,34 @@ type replication struct {
 	// streams' marks again.
 	idleMu sync.Mutex
 	idle   map[string]hlc.Timestamp
+	// acks rings at every answer a link receives (RESP WAIT listens).
+	acks bell
+}
+
+// bell wakes whoever listens at the next ring: a channel closed then and
+// replaced. The zero bell is ready.
+type bell struct {
+	mu sync.Mutex
+	ch chan struct{}
+}
+
+// wait returns the channel the next ring closes.
+func (b *bell) wait() <-chan struct{} {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.ch == nil {
+		b.ch = make(chan struct{})
+	}
+	return b.ch
+}
+
+func (b *bell) ring() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.ch != nil {
+		close(b.ch)
+		b.ch = nil
+	}
 }
 
 // idleBound is a bound every entry appended from now on is committed
@@ -278,7 +306,10 @@ func (r *replication) addLink(p Peer) (*transport.Shipper, error) {
 		ObserveShip: func(peer string, d time.Duration, _ int) {
 			n.metrics.shipSeconds.WithLabelValues(peer).Observe(d.Seconds())
 		},
-		OnAck:        n.rejoin.onAck,
+		OnAck: func(peer string, ack *wire.Ack) {
+			n.rejoin.onAck(peer, ack)
+			r.acks.ring()
+		},
 		OnConflict:   n.rejoin.onConflict,
 		OnReseedDone: n.rejoin.onReseedDone,
 		OnRewound: func(peer string) error {

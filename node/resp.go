@@ -133,6 +133,15 @@ func (r respNode) KeptFrom(w api.Write, res api.WriteResult) []string {
 // Peers is the number of peer links.
 func (r respNode) Peers() int { return len(r.repl.linkPeers()) }
 
+// Acks is closed at the next acknowledgement one of this node's links
+// receives (a follower holds no links: its WAIT looks again on a timer).
+func (r respNode) Acks() <-chan struct{} {
+	if r.multi() && !r.lead.ready.Load() {
+		return nil
+	}
+	return r.repl.acks.wait()
+}
+
 // openRESP listens on Options.RESPListen and serves it (nil, nil when it
 // is not set). Its goroutine exits when close closes the listener.
 func openRESP(n *Node) (*respDoor, error) {

@@ -3,7 +3,6 @@ package node
 import (
 	"cmp"
 	"context"
-	"crypto/subtle"
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
@@ -18,6 +17,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/replicator/replicator/internal/secret"
 	"github.com/replicator/replicator/node/httpapi"
 	"github.com/replicator/replicator/origin"
 )
@@ -328,12 +328,12 @@ func canonical(w http.ResponseWriter, r *http.Request, refused func(code string)
 // with the API token; a scope whose token is not set is open to all.
 // Tokens are compared in constant time.
 func grantedScope(o *Options, r *http.Request) httpapi.Scope {
-	auth := []byte(r.Header.Get("Authorization"))
+	auth := r.Header.Get("Authorization")
 	var g httpapi.Scope
-	if o.APIToken == "" || subtle.ConstantTimeCompare(auth, []byte("Bearer "+o.APIToken)) == 1 {
+	if o.APIToken == "" || secret.Equal(auth, "Bearer "+o.APIToken) {
 		g |= httpapi.ScopeAPI
 	}
-	if admin := adminToken(o); admin == "" || subtle.ConstantTimeCompare(auth, []byte("Bearer "+admin)) == 1 {
+	if admin := adminToken(o); admin == "" || secret.Equal(auth, "Bearer "+admin) {
 		g |= httpapi.ScopeAdmin
 	}
 	return g

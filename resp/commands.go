@@ -365,6 +365,12 @@ func (c *conn) mget(args [][]byte) {
 			c.quit = true
 			return
 		}
+		if !c.holdReplies() {
+			// The node's budget, shared by every connection.
+			c.w.buf = c.w.buf[:start]
+			c.overBudget()
+			return
+		}
 	}
 }
 
@@ -585,19 +591,30 @@ func (c *conn) wait(args [][]byte) {
 		c.w.err("ERR value is not an integer or out of range")
 		return
 	}
-	start := time.Now()
-	deadline := start.Add(time.Duration(ms) * time.Millisecond)
-	// Polled every 5 ms for the first 100 ms, then every 25 ms (at a
-	// follower each poll asks the leader).
-	tick := time.NewTicker(5 * time.Millisecond)
-	defer tick.Stop()
-	slow := false
+	// What the pipeline owes before the WAIT goes now: the client sees
+	// its writes answered while it waits.
+	if err := c.flush(); err != nil {
+		c.quit = true
+		return
+	}
+	// No more peers can hold the writes than there are links: a WAIT for
+	// more would wait for ever (or its whole timeout) for nothing.
+	want = min(want, c.s.node.Peers())
+	deadline := time.Now().Add(time.Duration(ms) * time.Millisecond)
+	// The socket is watched meanwhile: a client that leaves ends the wait
+	// (WAIT n 0 waits as long as the client stays), and what it pipelines
+	// behind the WAIT is kept for the next command.
+	gone, stop := c.src.watch()
+	defer stop()
+	// Woken by the links' acknowledgements; looked at again on a timer
+	// besides, backing off to a second (a follower asks the leader, and
+	// hears no acknowledgement itself).
+	backoff := 5 * time.Millisecond
+	timer := time.NewTimer(backoff)
+	defer timer.Stop()
 	m := c.written
 	for {
-		if !slow && time.Since(start) > 100*time.Millisecond {
-			slow = true
-			tick.Reset(25 * time.Millisecond)
-		}
+		acks := c.s.node.Acks()
 		n := 0
 		if m.to == 0 {
 			n = c.s.node.Peers()
@@ -611,15 +628,25 @@ func (c *conn) wait(args [][]byte) {
 				}
 			}
 		}
-		if n >= want || (ms > 0 && time.Now().After(deadline)) {
+		if n >= want || (ms > 0 && !time.Now().Before(deadline)) {
 			c.w.int(int64(n))
 			return
 		}
+		next := backoff
+		if ms > 0 {
+			next = min(next, time.Until(deadline))
+		}
+		backoff = min(2*backoff, time.Second)
+		timer.Reset(max(next, time.Millisecond))
 		select {
 		case <-c.s.done: // the server closes: answer what holds now
 			c.w.int(int64(n))
 			return
-		case <-tick.C:
+		case <-gone: // the client left: nobody to answer
+			c.quit = true
+			return
+		case <-acks:
+		case <-timer.C:
 		}
 	}
 }
@@ -700,7 +727,7 @@ func (c *conn) scan(args [][]byte) {
 	}
 	nextCur := uint64(0)
 	if next != "" {
-		nextCur = c.s.cursors.put(next, prefix, cur)
+		nextCur = c.s.cursors.put(next, prefix, cur, c.id)
 	}
 	c.w.array(2)
 	c.w.bulkString(strconv.FormatUint(nextCur, 10))

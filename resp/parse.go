@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"strconv"
 )
 
@@ -48,10 +49,25 @@ type reader struct {
 	// first is true until a command was read: only the first line may be
 	// an HTTP request line; later an inline POST is refused the same way.
 	first bool
+	// src, when the reader reads a connection, is told where commands
+	// begin and end (the rate bound of a command being read).
+	src *source
+	// budget, when set, holds the arguments read (held counts them until
+	// the caller gives them back).
+	budget *budget
+	held   int64
 }
 
 func newReader(r io.Reader, l Limits) *reader {
 	return &reader{br: bufio.NewReaderSize(r, 64<<10), limits: l, first: true}
+}
+
+// release gives back to the budget the arguments read so far.
+func (r *reader) release() {
+	if r.budget != nil {
+		r.budget.give(r.held)
+	}
+	r.held = 0
 }
 
 // buffered reports whether another command is already read from the
@@ -109,6 +125,10 @@ func (r *reader) readOne() ([][]byte, error) {
 	if err != nil {
 		return nil, err
 	}
+	if r.src != nil {
+		r.src.begin()
+		defer r.src.end()
+	}
 	if c != '*' {
 		if err := r.br.UnreadByte(); err != nil {
 			return nil, err
@@ -153,9 +173,9 @@ func (r *reader) readOne() ([][]byte, error) {
 		if total += size; total > r.limits.MaxCommand {
 			return nil, fmt.Errorf("%w: a command of more than %d bytes", ErrProtocol, r.limits.MaxCommand)
 		}
-		arg := make([]byte, size+2)
-		if _, err := io.ReadFull(r.br, arg); err != nil {
-			return nil, unexpected(err)
+		arg, err := r.bulk(size + 2)
+		if err != nil {
+			return nil, err
 		}
 		if arg[size] != '\r' || arg[size+1] != '\n' {
 			return nil, fmt.Errorf("%w: a bulk argument not ended by CRLF", ErrProtocol)
@@ -163,6 +183,31 @@ func (r *reader) readOne() ([][]byte, error) {
 		args = append(args, arg[:size:size])
 	}
 	return args, nil
+}
+
+// bulkChunk is what a bulk argument is read and charged by: an argument
+// claimed large is allocated as its bytes come, not as it is claimed.
+const bulkChunk = 256 << 10
+
+// bulk reads n bytes of an argument, charging them to the budget as they
+// arrive.
+func (r *reader) bulk(n int) ([]byte, error) {
+	arg := make([]byte, 0, min(n, bulkChunk))
+	for len(arg) < n {
+		k := min(n-len(arg), bulkChunk)
+		if r.budget != nil {
+			if !r.budget.take(int64(k)) {
+				return nil, fmt.Errorf("%w: %w", ErrProtocol, ErrBudget)
+			}
+			r.held += int64(k)
+		}
+		arg = slices.Grow(arg, k)
+		if _, err := io.ReadFull(r.br, arg[len(arg):len(arg)+k]); err != nil {
+			return nil, unexpected(err)
+		}
+		arg = arg[:len(arg)+k]
+	}
+	return arg, nil
 }
 
 // inline reads a command written as a line of words (telnet). Words are

@@ -2,7 +2,6 @@ package resp
 
 import (
 	"context"
-	"crypto/subtle"
 	"errors"
 	"fmt"
 	"io"
@@ -13,6 +12,7 @@ import (
 	"time"
 
 	"github.com/replicator/replicator/entry"
+	"github.com/replicator/replicator/internal/secret"
 	"github.com/replicator/replicator/node/api"
 	"github.com/replicator/replicator/store"
 )
@@ -50,6 +50,10 @@ type Node interface {
 	KeptFrom(w api.Write, res api.WriteResult) []string
 	// Peers is the number of peer links (WAIT before any write).
 	Peers() int
+	// Acks returns a channel closed at the next acknowledgement a link of
+	// this node receives (nil: this node cannot tell, a follower): WAIT
+	// looks again then rather than poll.
+	Acks() <-chan struct{}
 }
 
 // Figures are what INFO and DBSIZE say.
@@ -90,6 +94,16 @@ type Options struct {
 	// Defaults 64 MiB, 30 s.
 	MaxReply     int
 	WriteTimeout time.Duration
+	// MaxHeld bounds the bytes the door holds for all its connections
+	// together: arguments of commands read and not yet run, replies owed
+	// and not yet written. A connection that would pass it is answered
+	// an error and closed. Default 512 MiB.
+	MaxHeld int64
+	// AuthTimeout is how long a connection may take from accept to AUTH
+	// (with a token set); then it is closed. One deadline, not one per
+	// command: a client that keeps sending PING without the token does
+	// not keep its slot. Default 10 s.
+	AuthTimeout time.Duration
 	// Timeout bounds one write's wait for its commit (10 s, as HTTP's).
 	Timeout time.Duration
 	Logger  *slog.Logger
@@ -112,6 +126,12 @@ func (o *Options) EnsureDefaults() {
 	if o.WriteTimeout == 0 {
 		o.WriteTimeout = 30 * time.Second
 	}
+	if o.AuthTimeout == 0 {
+		o.AuthTimeout = 10 * time.Second
+	}
+	if o.MaxHeld == 0 {
+		o.MaxHeld = 512 << 20
+	}
 	if o.Timeout == 0 {
 		o.Timeout = 10 * time.Second
 	}
@@ -129,10 +149,12 @@ type Server struct {
 
 	cursors cursors
 	nextID  atomic.Int64
+	// held is the node-wide budget of bytes held for connections.
+	held budget
 
 	mu struct {
 		sync.Mutex
-		conns  map[net.Conn]struct{}
+		conns  map[net.Conn]*connState
 		closed bool
 	}
 	// done is closed by Close: a WAIT waiting for peers answers then.
@@ -143,8 +165,8 @@ type Server struct {
 // New returns a server of n.
 func New(n Node, o Options) *Server {
 	o.EnsureDefaults()
-	s := &Server{node: n, opts: o, log: o.Logger, done: make(chan struct{})}
-	s.mu.conns = map[net.Conn]struct{}{}
+	s := &Server{node: n, opts: o, log: o.Logger, done: make(chan struct{}), held: budget{max: o.MaxHeld}}
+	s.mu.conns = map[net.Conn]*connState{}
 	s.stats.init()
 	return s
 }
@@ -183,6 +205,9 @@ func (s *Server) Serve(ln net.Listener) error {
 			nc.Close()
 			return nil
 		}
+		if len(s.mu.conns) >= s.opts.MaxConns && s.evictUnauthenticatedLocked() {
+			s.stats.evictedConns.Add(1)
+		}
 		if len(s.mu.conns) >= s.opts.MaxConns {
 			s.mu.Unlock()
 			s.stats.refusedConns.Add(1)
@@ -193,19 +218,47 @@ func (s *Server) Serve(ln net.Listener) error {
 			nc.Close()
 			continue
 		}
-		s.mu.conns[nc] = struct{}{}
+		st := &connState{since: time.Now()}
+		st.authed.Store(s.opts.Token == "")
+		s.mu.conns[nc] = st
 		s.stats.conns.Add(1)
 		s.wg.Add(1)
 		s.mu.Unlock()
 		go func() {
 			defer s.wg.Done()
-			s.serveConn(nc)
+			s.serveConn(nc, st)
 			s.mu.Lock()
 			delete(s.mu.conns, nc)
 			s.stats.conns.Add(-1) // with the slot it frees: the gauge never shows a slot free that is not
 			s.mu.Unlock()
 		}()
 	}
+}
+
+// connState is what the accept loop knows of a connection.
+type connState struct {
+	since  time.Time
+	authed atomic.Bool
+}
+
+// evictUnauthenticatedLocked closes the oldest connection that has not
+// authenticated, to make room at the bound: clients without the token
+// must not lock out one that holds it. It reports whether one was.
+func (s *Server) evictUnauthenticatedLocked() bool {
+	var oldest net.Conn
+	var at time.Time
+	for nc, st := range s.mu.conns {
+		if !st.authed.Load() && (oldest == nil || st.since.Before(at)) {
+			oldest, at = nc, st.since
+		}
+	}
+	if oldest == nil {
+		return false
+	}
+	oldest.Close()
+	// Its slot is free now; its goroutine's delete finds nothing.
+	delete(s.mu.conns, oldest)
+	return true
 }
 
 // Close closes every connection and waits for their goroutines. The
@@ -234,6 +287,15 @@ type conn struct {
 	w      writer
 	authed bool
 	name   string
+	// src is the socket as the reader reads it; state the accept loop's
+	// view of the connection.
+	src   *source
+	state *connState
+	// authFails counts refused AUTHs: past maxAuthFailures the
+	// connection closes.
+	authFails int
+	// replyHeld is the part of the node's budget the replies owed hold.
+	replyHeld int64
 	// pending are writes submitted and not yet answered, in order.
 	pending []pendingWrite
 	// ctx bounds the writes of the pipeline being run (Options.Timeout);
@@ -305,27 +367,33 @@ const (
 // and HELLO take a few short arguments (Redis bounds the same way).
 var preAuthLimits = Limits{MaxArgs: 16, MaxBulk: 16 << 10, MaxInline: 16 << 10, MaxCommand: 64 << 10}
 
-// preAuthIdle is how long a connection may wait before AUTH between
-// commands; then it is closed. A variable for tests.
-var preAuthIdle = 10 * time.Second
+// maxAuthFailures is how many refused AUTHs close a connection.
+const maxAuthFailures = 10
 
-func (s *Server) serveConn(nc net.Conn) {
+func (s *Server) serveConn(nc net.Conn, st *connState) {
 	defer nc.Close()
-	c := &conn{s: s, nc: nc, id: s.nextID.Add(1), authed: s.opts.Token == "", w: writer{proto: 2}}
-	rd := newReader(nc, s.opts.Limits)
+	src := &source{nc: nc}
+	c := &conn{s: s, nc: nc, id: s.nextID.Add(1), authed: s.opts.Token == "", w: writer{proto: 2}, src: src, state: st}
+	rd := newReader(src, s.opts.Limits)
+	rd.src, rd.budget = src, &s.held
+	defer func() {
+		rd.release()
+		s.held.give(c.replyHeld)
+	}()
+	if !c.authed {
+		src.authBy = time.Now().Add(s.opts.AuthTimeout)
+	}
 	for {
 		var batch [][][]byte
 		size := 0
 		for len(batch) < maxPipeline && size < maxPipelineBytes {
 			if !c.authed {
 				// Before AUTH a client gets a command at a time, each
-				// small, and a while to send it: it cannot make the
-				// server hold megabytes, or a connection slot for ever.
+				// small, and until the deadline set at accept: it cannot
+				// make the server hold megabytes, or a slot for long.
 				rd.limits = preAuthLimits
-				nc.SetReadDeadline(time.Now().Add(preAuthIdle))
 			} else if rd.limits != s.opts.Limits {
-				rd.limits = s.opts.Limits
-				nc.SetReadDeadline(time.Time{})
+				rd.limits, src.authBy = s.opts.Limits, time.Time{}
 			}
 			args, err := rd.read()
 			if err != nil {
@@ -334,6 +402,9 @@ func (s *Server) serveConn(nc net.Conn) {
 				case errors.Is(err, ErrHTTP):
 					s.stats.error("http")
 					s.log.Warn("resp: an HTTP request on the RESP port; connection closed", "remote", nc.RemoteAddr().String())
+				case errors.Is(err, ErrBudget):
+					s.stats.error("budget")
+					c.w.err("ERR " + ErrBudget.Error() + " (docs/RESP.md); the connection closes")
 				case errors.Is(err, ErrProtocol):
 					s.stats.error("protocol")
 					c.w.err("ERR Protocol error: " + err.Error())
@@ -350,6 +421,7 @@ func (s *Server) serveConn(nc net.Conn) {
 			}
 		}
 		c.run(batch)
+		rd.release()
 		if err := c.flush(); err != nil || c.quit || c.broken != nil {
 			return
 		}
@@ -368,6 +440,8 @@ func (c *conn) flush() error {
 	} else {
 		c.w.buf = c.w.buf[:0]
 	}
+	c.s.held.give(c.replyHeld)
+	c.replyHeld = 0
 	return err
 }
 
@@ -388,11 +462,15 @@ func (c *conn) run(batch [][][]byte) {
 			c.w.err("NOTWRITTEN an earlier command of this pipeline failed (" + c.broken.Error() + "); not executed, the connection closes")
 			continue
 		}
+		start := len(c.w.buf)
 		c.dispatch(args)
 		if len(c.w.buf) > c.s.opts.MaxReply {
 			c.settle()
 			c.w.err("ERR the replies owed exceed the connection's bound; the connection closes")
 			c.quit = true
+		} else if !c.holdReplies() {
+			c.w.buf = c.w.buf[:max(start, 0)]
+			c.overBudget()
 		}
 	}
 	c.settle()
@@ -488,9 +566,39 @@ func (c *conn) auth(token string) bool {
 	if c.s.opts.Token == "" {
 		return true
 	}
-	ok := subtle.ConstantTimeCompare([]byte(token), []byte(c.s.opts.Token)) == 1
-	c.authed = c.authed || ok
+	ok := secret.Equal(token, c.s.opts.Token)
+	if ok && !c.authed {
+		c.authed = true
+		c.state.authed.Store(true)
+	}
+	if !ok {
+		if c.authFails++; c.authFails >= maxAuthFailures {
+			c.quit = true
+		}
+	}
 	return ok
+}
+
+// holdReplies takes from the node's budget what the replies owed grew by;
+// false: the budget cannot hold them.
+func (c *conn) holdReplies() bool {
+	grew := int64(len(c.w.buf)) - c.replyHeld
+	if grew <= 0 {
+		return true
+	}
+	if !c.s.held.take(grew) {
+		return false
+	}
+	c.replyHeld += grew
+	return true
+}
+
+// overBudget answers a command whose reply the node's budget could not
+// hold, and closes the connection.
+func (c *conn) overBudget() {
+	c.s.stats.error("budget")
+	c.w.err("ERR " + ErrBudget.Error() + " (docs/RESP.md); the connection closes")
+	c.quit = true
 }
 
 func wrongArgs(name string) string {

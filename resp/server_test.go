@@ -64,7 +64,7 @@ func TestServeOutlivesAFailedAccept(t *testing.T) {
 // out another client's cursor however many pages it reads.
 func TestCursorsOfAScanInProgress(t *testing.T) {
 	var cs cursors
-	other := cs.put("x", "", 0)
+	other := cs.put("x", "", 0, 1)
 	cur := uint64(0)
 	for i := 0; i < 3*maxCursors; i++ {
 		if cur != 0 {
@@ -75,13 +75,35 @@ func TestCursorsOfAScanInProgress(t *testing.T) {
 				t.Fatalf("page %d: a retried cursor is gone", i)
 			}
 		}
-		cur = cs.put("k", "", cur)
+		cur = cs.put("k", "", cur, 2)
 	}
 	if len(cs.byID) > 3 {
 		t.Fatalf("%d places kept for one scan and one idle cursor", len(cs.byID))
 	}
 	if after, ok := cs.take(other, ""); !ok || after != "x" {
 		t.Fatal("the other client's cursor was pushed out by one long scan")
+	}
+	// Many scans begun and never continued (SCAN 0 again and again) by
+	// one connection push out its own, not another's; cursors are not a
+	// sequence another client could walk.
+	var ids []uint64
+	for i := 0; i < 3*maxCursors; i++ {
+		ids = append(ids, cs.put("k", "", 0, 3))
+	}
+	if after, ok := cs.take(other, ""); !ok || after != "x" {
+		t.Fatal("the other client's cursor was pushed out by one connection's many SCAN 0")
+	}
+	if cs.of[3] > perConnCursors {
+		t.Fatalf("one connection holds %d cursors, at most %d", cs.of[3], perConnCursors)
+	}
+	seq := 0
+	for i := 1; i < len(ids); i++ {
+		if ids[i] == ids[i-1]+1 {
+			seq++
+		}
+	}
+	if seq > 2 {
+		t.Fatalf("%d cursors follow the one before: guessable", seq)
 	}
 }
 
@@ -179,13 +201,12 @@ func TestPipelineOrderAcrossAFailover(t *testing.T) {
 // TestIdleBeforeAuthIsClosed: a connection that never authenticates does
 // not hold its slot for ever; one that did may idle.
 func TestIdleBeforeAuthIsClosed(t *testing.T) {
-	defer func(d time.Duration) { preAuthIdle = d }(preAuthIdle)
-	preAuthIdle = 100 * time.Millisecond
+	const preAuthIdle = 100 * time.Millisecond
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := New(nil, Options{Token: "s3cret"})
+	s := New(nil, Options{Token: "s3cret", AuthTimeout: preAuthIdle})
 	go s.Serve(ln)
 	defer func() { ln.Close(); s.Close() }()
 	idle, err := net.Dial("tcp", ln.Addr().String())

@@ -10,6 +10,9 @@ import (
 type Stats struct {
 	conns        atomic.Int64
 	refusedConns atomic.Int64
+	// evictedConns counts connections closed at the bound to make room
+	// (the oldest without AUTH).
+	evictedConns atomic.Int64
 	commands     *prometheus.CounterVec
 	errors       *prometheus.CounterVec
 	// total and byKind are the same counts as plain numbers, for the
@@ -22,13 +25,13 @@ type Stats struct {
 }
 
 // errorKinds are the kinds replicator_resp_errors_total counts.
-var errorKinds = []string{"not_written", "unknown_outcome", "wrongtype", "bad_request", "auth", "protocol", "http", "internal"}
+var errorKinds = []string{"not_written", "unknown_outcome", "wrongtype", "bad_request", "auth", "protocol", "http", "budget", "internal"}
 
 func (s *Stats) init() {
 	s.commands = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "replicator_resp_commands_total",
 		Help: "RESP commands executed, by name (unknown: names this server does not serve)."}, []string{"command"})
 	s.errors = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "replicator_resp_errors_total",
-		Help: "RESP error replies and closed connections, by kind (not_written, unknown_outcome, wrongtype, bad_request, auth, protocol, http, internal)."}, []string{"kind"})
+		Help: "RESP error replies and closed connections, by kind (not_written, unknown_outcome, wrongtype, bad_request, auth, protocol, http, budget, internal)."}, []string{"kind"})
 	s.byName = map[string]prometheus.Counter{"unknown": s.commands.WithLabelValues("unknown")}
 	for name := range table {
 		s.byName[name] = s.commands.WithLabelValues(name)
