@@ -182,6 +182,8 @@ type Acceptor struct {
 	queued  atomic.Int32
 	// decomp decodes compressed bodies within MaxBodyBytes decoded.
 	decomp *wire.Decompressor
+	// logs bounds the lines refused requests log.
+	logs refusalLogs
 }
 
 // New returns an acceptor that reads st and applies batches through log.

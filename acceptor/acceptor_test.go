@@ -742,3 +742,24 @@ func TestTreeAnswersBounded(t *testing.T) {
 		t.Fatalf("after the others ended: %d %s", code, b)
 	}
 }
+
+// TestRefusalLogsBounded (issue 46, 10): a sender refused again and again
+// logs one line per 10 s, which says how many went unlogged.
+func TestRefusalLogsBounded(t *testing.T) {
+	var l refusalLogs
+	logged := 0
+	for i := 0; i < 1000; i++ {
+		if _, ok := l.allow("b", int64(i)*int64(time.Millisecond)); ok {
+			logged++
+		}
+	}
+	if logged != 1 {
+		t.Fatalf("%d lines for 1000 refusals in a second, want 1", logged)
+	}
+	if n, ok := l.allow("b", int64(11*time.Second)); !ok || n != 999 {
+		t.Fatalf("after 11 s: logged %v, unlogged %d; want a line saying 999", ok, n)
+	}
+	if _, ok := l.allow("c", int64(11*time.Second)); !ok {
+		t.Fatal("another sender's first refusal was not logged")
+	}
+}

@@ -3,6 +3,7 @@ package acceptor
 import (
 	"errors"
 	"net/http"
+	"sync"
 	"time"
 
 	"github.com/replicator/replicator/internal/httpjson"
@@ -106,7 +107,9 @@ func (a *Acceptor) refuse(w http.ResponseWriter, sender string, err error) {
 		a.mu.Unlock()
 	}
 	if (status != http.StatusConflict || conflict != nil) && status != http.StatusTooManyRequests && nl == nil {
-		a.opts.Logger.Warn("replicate: batch refused", "sender", sender, "status", status, "err", err)
+		if n, ok := a.logs.allow(sender, a.opts.Now()); ok {
+			a.opts.Logger.Warn("replicate: batch refused", "sender", sender, "status", status, "err", err, "unlogged_since", n)
+		}
 	}
 	httpjson.WriteError(w, status, e)
 }
@@ -123,4 +126,42 @@ func (a *Acceptor) Refusals() map[string]uint64 {
 		"no_permit":         a.refusals.permit.Load(),
 		"identity_conflict": a.refusals.conflict.Load(),
 	}
+}
+
+// refusalLogs bounds the WARN lines of refused requests: one per sender
+// per logEvery, saying how many went unlogged since (each is counted in
+// the metrics all the same). A hostile or broken peer must not fill the
+// disk with log lines.
+type refusalLogs struct {
+	mu   sync.Mutex
+	last map[string]refusalLog
+}
+
+type refusalLog struct {
+	at       int64 // unix nanoseconds of the last line
+	unlogged int
+}
+
+// logEvery is the least time between two refusal lines of one sender.
+const logEvery = int64(10 * time.Second)
+
+// allow reports whether a refusal of sender at now is logged, and how many
+// went unlogged before it.
+func (l *refusalLogs) allow(sender string, now int64) (int, bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.last == nil {
+		l.last = map[string]refusalLog{}
+	}
+	if len(l.last) > 1024 {
+		clear(l.last) // senders that are not peers: forget them all
+	}
+	r, seen := l.last[sender]
+	if seen && now-r.at < logEvery {
+		r.unlogged++
+		l.last[sender] = r
+		return 0, false
+	}
+	l.last[sender] = refusalLog{at: now}
+	return r.unlogged, true
 }

@@ -137,8 +137,11 @@ func (a *Acceptor) readBody(w http.ResponseWriter, r *http.Request, sender strin
 	if err != nil {
 		return nil, err
 	}
+	// The body is read and decoded inside the sender's body slot: its
+	// decoding is charged to its share (a sender of small compressed
+	// bodies cannot make the node decode without bound beside it).
+	defer release()
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, a.opts.MaxBodyBytes))
-	release()
 	if err != nil {
 		var mbe *http.MaxBytesError
 		if errors.As(err, &mbe) {

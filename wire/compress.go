@@ -1,7 +1,9 @@
 package wire
 
 import (
+	"bytes"
 	"errors"
+	"io"
 	"fmt"
 	"sync"
 
@@ -39,15 +41,21 @@ var (
 // sender sizes its batches by their decoded size.
 type Decompressor struct {
 	limit int64
-	once  sync.Once
-	dec   *zstd.Decoder
-	err   error
+	pool  sync.Pool // *zstd.Decoder, each decoding one body at a time
 }
+
+// MaxRatio bounds how many times its own size a compressed body may decode
+// to. Real batches compress about 113-200:1 at most (keys with shared
+// prefixes, repeated values); a bomb reaches 32,000:1. Decoding stops at
+// the bound, so a small body costs the receiver at most its size times
+// this in CPU and memory, not the whole decoded limit.
+const MaxRatio = 1000
 
 // NewDecompressor bounds decoded bodies at limit bytes.
 func NewDecompressor(limit int64) *Decompressor { return &Decompressor{limit: limit} }
 
-// Decode returns body decoded from encoding ("" or "identity": as is).
+// Decode returns body decoded from encoding ("" or "identity": as is),
+// within the decoded limit and MaxRatio times the body's size.
 func (d *Decompressor) Decode(encoding string, body []byte) ([]byte, error) {
 	switch encoding {
 	case "", "identity":
@@ -56,32 +64,45 @@ func (d *Decompressor) Decode(encoding string, body []byte) ([]byte, error) {
 	default:
 		return nil, fmt.Errorf("%w: %q (this node decodes %s)", ErrEncoding, encoding, Encodings)
 	}
-	d.once.Do(func() {
-		// DecodeAll only (no stream goroutines): the frame's declared size
-		// and the output are checked against the bound before they are
-		// allocated, and the window is bounded by it too.
-		d.dec, d.err = zstd.NewReader(nil, zstd.WithDecoderConcurrency(0), zstd.WithDecoderMaxMemory(uint64(d.limit)),
+	dec, _ := d.pool.Get().(*zstd.Decoder)
+	if dec == nil {
+		// A stream decoder of concurrency 1 decodes in the caller's
+		// goroutine (none of its own), and reads no further than asked:
+		// decoding stops at the bound. The window is bounded too.
+		var err error
+		dec, err = zstd.NewReader(nil, zstd.WithDecoderConcurrency(1), zstd.WithDecoderMaxMemory(uint64(d.limit)),
 			zstd.WithDecoderMaxWindow(max(uint64(d.limit), zstd.MinWindowSize)))
-	})
-	if d.err != nil {
-		return nil, d.err
+		if err != nil {
+			return nil, err
+		}
 	}
-	out, err := d.dec.DecodeAll(body, nil)
+	defer d.pool.Put(dec)
+	bound := min(d.limit, MaxRatio*int64(len(body)))
+	if err := dec.Reset(bytes.NewReader(body)); err != nil {
+		return nil, fmt.Errorf("%w: zstd: %v", ErrMalformed, err)
+	}
+	out, err := io.ReadAll(io.LimitReader(dec, bound+1))
 	switch {
 	case errors.Is(err, zstd.ErrDecoderSizeExceeded), errors.Is(err, zstd.ErrWindowSizeExceeded), errors.Is(err, zstd.ErrFrameSizeExceeded):
 		return nil, fmt.Errorf("%w: more than %d bytes once decoded", ErrDecodedTooLarge, d.limit)
 	case err != nil:
 		return nil, fmt.Errorf("%w: zstd: %v", ErrMalformed, err)
-	case int64(len(out)) > d.limit:
-		return nil, fmt.Errorf("%w: %d bytes once decoded, limit %d", ErrDecodedTooLarge, len(out), d.limit)
+	case int64(len(out)) > bound && bound < d.limit:
+		return nil, fmt.Errorf("%w: %d bytes decode to more than %d (%d:1; real batches stay far below)", ErrDecodedTooLarge, len(body), bound, MaxRatio)
+	case int64(len(out)) > bound:
+		return nil, fmt.Errorf("%w: more than %d bytes once decoded", ErrDecodedTooLarge, d.limit)
 	}
 	return out, nil
 }
 
-// Close releases the decoder.
+// Close releases the decoders kept for reuse.
 func (d *Decompressor) Close() {
-	if d.dec != nil {
-		d.dec.Close()
+	for {
+		dec, _ := d.pool.Get().(*zstd.Decoder)
+		if dec == nil {
+			return
+		}
+		dec.Close()
 	}
 }
 

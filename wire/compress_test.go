@@ -3,8 +3,10 @@ package wire
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"io"
 	"runtime"
+	"strings"
 	"testing"
 
 	"github.com/klauspost/compress/zstd"
@@ -112,4 +114,40 @@ func FuzzDecompress(f *testing.F) {
 			t.Fatalf("an error of no class: %v", err)
 		}
 	})
+}
+
+// TestDecompressRatio (issue 46, 8): a small body that would decode far
+// past MaxRatio times its size is refused after decoding about that much,
+// within the decoded limit; a body as compressible as real batches decodes.
+func TestDecompressRatio(t *testing.T) {
+	d := NewDecompressor(16 << 20)
+	defer d.Close()
+	var buf bytes.Buffer
+	w, err := zstd.NewWriter(&buf, zstd.WithEncoderConcurrency(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := io.Copy(w, &zeros{n: 8 << 20}); err != nil {
+		t.Fatal(err)
+	}
+	w.Close()
+	bomb := buf.Bytes()
+	// Within the decoded limit, the old bound: refused by the ratio (the
+	// decoder reads no further than MaxRatio times the body).
+	if _, err = d.Decode(EncodingZstd, bomb); !errors.Is(err, ErrDecodedTooLarge) || !strings.Contains(err.Error(), ":1") {
+		t.Fatalf("a %d-byte body of 8 MiB (%d:1) under a 16 MiB limit: %v", len(bomb), (8<<20)/len(bomb), err)
+	}
+	// A batch of similar entries: records alike but for a counter.
+	var real []byte
+	for i := 0; i < 1<<14; i++ {
+		real = fmt.Appendf(real, "{\"key\":\"orders/2026/12/%08d\",\"value\":\"status=shipped;carrier=ups;n=%d\"}", i*7919%100000, i)
+	}
+	body, err := Compress(nil, real)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := d.Decode(EncodingZstd, body)
+	if err != nil || !bytes.Equal(out, real) {
+		t.Fatalf("a body of %d:1: %v", len(real)/len(body), err)
+	}
 }
