@@ -8,6 +8,7 @@
 package acceptor
 
 import (
+	"context"
 	"crypto/tls"
 	"log/slog"
 	"sync"
@@ -111,8 +112,13 @@ type Options struct {
 	// MaxBodyBytes, the acceptor's memory bound, whatever the number of
 	// peers or their pace. Each sender reads at most a quarter of them.
 	MaxBodies int
-	// Tree, when set, answers peers' anti-entropy requests (ServeTree).
-	Tree func(sender string, req *wire.TreeRequest) (*wire.TreeAnswer, error)
+	// Tree, when set, answers peers' anti-entropy requests (ServeTree):
+	// it may wait (ctx is the request's) to pace a sender's requests.
+	Tree func(ctx context.Context, sender string, req *wire.TreeRequest) (*wire.TreeAnswer, error)
+	// TreeCharge, when set, is told the bytes of each tree exchange (the
+	// request and its answer) before the answer goes: it charges them to
+	// the link's bandwidth limit toward sender, and may wait for it.
+	TreeCharge func(ctx context.Context, sender string, n int) error
 	// OnReseedRequest, when set, is told that a peer asked for a re-seed
 	// (owed true: it lost its data) or no longer needs one (false); the
 	// store already says so.

@@ -2,6 +2,7 @@ package acceptor
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -692,7 +693,7 @@ func TestTreeAnswersBounded(t *testing.T) {
 	in := make(chan string, 16)
 	mux := http.NewServeMux()
 	mux.HandleFunc(wire.PathTree, func(w http.ResponseWriter, r *http.Request) {
-		f.acc.ServeTree(w, r, func(sender string, _ *wire.TreeRequest) (*wire.TreeAnswer, error) {
+		f.acc.ServeTree(w, r, func(_ context.Context, sender string, _ *wire.TreeRequest) (*wire.TreeAnswer, error) {
 			in <- sender
 			<-hold
 			return &wire.TreeAnswer{Protocol: 1}, nil
@@ -761,5 +762,43 @@ func TestRefusalLogsBounded(t *testing.T) {
 	}
 	if _, ok := l.allow("c", int64(11*time.Second)); !ok {
 		t.Fatal("another sender's first refusal was not logged")
+	}
+}
+
+// TestOnlyTheLeaderAnswersTrees (issue 46, 7): a follower refuses a peer's
+// tree request as it refuses a batch (503 not_leader, naming the leader):
+// a peer's requests meet one pace for the whole cluster.
+func TestOnlyTheLeaderAnswersTrees(t *testing.T) {
+	st, err := store.Open(t.TempDir(), &store.Options{Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	clock := hlc.NewClock(hlc.NewManualClock(int64(1000*time.Hour)), 500*time.Millisecond)
+	answered := 0
+	acc := New(st, direct(t, st, "a"), clock, Options{
+		Local: "a", Secrets: map[string]string{"b": "secret-b"}, MaxBodyBytes: 64 << 10, Logger: quiet,
+		TakesMarkers: func() bool { return true },
+		Leadership:   func() (bool, string, []string) { return false, "http://a1:7400", nil },
+		Tree: func(context.Context, string, *wire.TreeRequest) (*wire.TreeAnswer, error) {
+			answered++
+			return &wire.TreeAnswer{Protocol: 1}, nil
+		},
+	})
+	srv := httptest.NewServer(acc)
+	t.Cleanup(srv.Close)
+	body, _ := wire.EncodeTree(&wire.TreeRequest{Protocol: 1, Op: wire.TreeSums, Nodes: []int{0}})
+	req, _ := http.NewRequest("POST", srv.URL+wire.PathTree, bytes.NewReader(body))
+	req.Header.Set("Content-Type", wire.ContentType)
+	req.Header.Set(wire.HeaderOrigin, "b")
+	req.Header.Set("Authorization", "Bearer secret-b")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusServiceUnavailable || !strings.Contains(string(b), "not_leader") || answered != 0 {
+		t.Fatalf("a follower's answer to a tree request: %d %s (answered %d)", resp.StatusCode, b, answered)
 	}
 }

@@ -1,6 +1,7 @@
 package acceptor
 
 import (
+	"context"
 	"fmt"
 	"net/http"
 	"time"
@@ -16,7 +17,11 @@ import (
 // lags its leader's by what it has not applied yet, which a comparison
 // already treats as in flight). answer builds the answer; it is told the
 // sender, so that a filtered link compares only what it carries.
-func (a *Acceptor) ServeTree(w http.ResponseWriter, r *http.Request, answer func(sender string, req *wire.TreeRequest) (*wire.TreeAnswer, error)) {
+//
+// Only the leader answers, as only the leader takes batches: a sender's
+// requests then meet one pace and one bandwidth limit for the whole
+// cluster, not one per node (a follower answers 503 not_leader).
+func (a *Acceptor) ServeTree(w http.ResponseWriter, r *http.Request, answer func(ctx context.Context, sender string, req *wire.TreeRequest) (*wire.TreeAnswer, error)) {
 	if r.Method != http.MethodPost {
 		w.Header().Set("Allow", "POST")
 		httpjson.WriteError(w, http.StatusMethodNotAllowed, httpjson.Error{Code: "method_not_allowed", Message: "POST a msgpack tree request"})
@@ -29,6 +34,12 @@ func (a *Acceptor) ServeTree(w http.ResponseWriter, r *http.Request, answer func
 	}
 	w, finish := a.signed(w, r, sender)
 	defer finish()
+	if a.opts.Leadership != nil {
+		if leading, leader, nodes := a.opts.Leadership(); !leading {
+			a.refuseUnread(w, sender, &NotLeaderError{Leader: leader, Nodes: nodes})
+			return
+		}
+	}
 	// Read as a batch is: content type, length bound, a body slot.
 	body, err := a.readBody(w, r, sender)
 	if err != nil {
@@ -47,7 +58,7 @@ func (a *Acceptor) ServeTree(w http.ResponseWriter, r *http.Request, answer func
 		return
 	}
 	defer release()
-	ans, err := answer(sender, req)
+	ans, err := answer(r.Context(), sender, req)
 	if err != nil {
 		httpjson.WriteError(w, http.StatusServiceUnavailable, httpjson.Error{Code: "tree_unavailable", Message: err.Error()})
 		return
@@ -56,6 +67,13 @@ func (a *Acceptor) ServeTree(w http.ResponseWriter, r *http.Request, answer func
 	if err != nil {
 		httpjson.WriteError(w, http.StatusInternalServerError, httpjson.Error{Code: "internal", Message: err.Error()})
 		return
+	}
+	if a.opts.TreeCharge != nil {
+		// Both ways: what the sender sent and what goes back.
+		if err := a.opts.TreeCharge(r.Context(), sender, len(body)+len(b)); err != nil {
+			httpjson.WriteError(w, http.StatusServiceUnavailable, httpjson.Error{Code: "tree_unavailable", Retryable: true, Message: err.Error()})
+			return
+		}
 	}
 	w.Header().Set("Content-Type", wire.ContentType)
 	w.WriteHeader(http.StatusOK)

@@ -36,6 +36,10 @@ type antiEntropy struct {
 	mu      struct {
 		sync.Mutex
 		last map[string]client.AntiEntropyStatus // by peer
+		// treeTurn lets one tree request of each peer run at a time;
+		// treeNext is when its next may.
+		treeTurn map[string]chan struct{}
+		treeNext map[string]time.Time
 	}
 	// bytes and repaired count what comparisons exchanged and applied
 	// (on the node that ran them).
@@ -43,6 +47,9 @@ type antiEntropy struct {
 	repaired *prometheus.CounterVec
 	// refused counts the peer's versions repairs did not take, by rule.
 	refused *prometheus.CounterVec
+	// treeCPU, treeBytes and treePaced count what answering each peer's
+	// tree requests cost, and how its requests were paced.
+	treeCPU, treeBytes, treePaced *prometheus.CounterVec
 	// scoped keeps the trees of filtered links' comparisons a peer asked
 	// for, for the rest of its pass.
 	scoped *antientropy.ScopeCache
@@ -78,9 +85,15 @@ func (ae *antiEntropy) init(n *Node, reg func(prometheus.Collector)) {
 		Help: "Versions repairs pulled from the peer and applied here."}, []string{"peer"})
 	ae.refused = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "replicator_antientropy_refused_total",
 		Help: "Versions of the peer's that repairs did not take, by the inbound rule they break (origin, component, scope, unasked, clock, limits)."}, []string{"peer", "why"})
+	ae.treeCPU = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "replicator_antientropy_answer_seconds_total",
+		Help: "Time spent answering the peer's tree requests (its comparisons of this cluster's tree), paced to a quarter core per peer."}, []string{"peer"})
+	ae.treeBytes = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "replicator_antientropy_answer_bytes_total",
+		Help: "Bytes of the peer's tree requests and their answers, charged to the link's bandwidth limit."}, []string{"peer"})
+	ae.treePaced = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "replicator_antientropy_answers_paced_total",
+		Help: "Tree requests of the peer that waited for their turn (waited) or were refused for a wait too long (refused)."}, []string{"peer", "outcome"})
 	ae.mismatches = prometheus.NewCounter(prometheus.CounterOpts{Name: "replicator_leaf_check_mismatches_total",
 		Help: "Leaves whose kept hash the sample check or a rebuild found different from the tree's data (bit rot, a hand edit, a bug), then corrected."})
-	for _, c := range []prometheus.Collector{ae.bytes, ae.repaired, ae.refused, ae.mismatches} {
+	for _, c := range []prometheus.Collector{ae.bytes, ae.repaired, ae.refused, ae.treeCPU, ae.treeBytes, ae.treePaced, ae.mismatches} {
 		reg(c)
 	}
 }
@@ -134,14 +147,98 @@ func (ae *antiEntropy) link(peer string) *transport.Shipper {
 	return nil
 }
 
-// answer answers a peer's tree request from this node's tree.
-func (ae *antiEntropy) answer(sender string, req *wire.TreeRequest) (*wire.TreeAnswer, error) {
+// answer answers a peer's tree request from this node's tree, paced: a
+// peer's requests run one at a time and take at most treeShare of a core
+// here, whatever their number or rate (each waits until the one before it
+// has paid for its time), and their bytes are charged to the link's
+// bandwidth limit (charge).
+func (ae *antiEntropy) answer(ctx context.Context, sender string, req *wire.TreeRequest) (*wire.TreeAnswer, error) {
 	if ae.n.restoring.Load() {
 		return nil, antientropy.ErrNotKept
 	}
+	release, err := ae.paced(ctx, sender)
+	if err != nil {
+		return nil, err
+	}
+	defer release()
 	// Scoped to what this cluster's link toward the asker carries, too.
 	ls := ae.n.linkSettings(sender)
-	return antientropy.Local{St: ae.n.store, Toward: ls.Current(), Scoped: ae.scoped}.Ask(context.Background(), req)
+	t0 := time.Now()
+	ans, err := antientropy.Local{St: ae.n.store, Toward: ls.Current(), Scoped: ae.scoped}.Ask(ctx, req)
+	ae.spent(sender, time.Since(t0))
+	return ans, err
+}
+
+// treeShare is the share of a core one peer's tree requests may take on
+// the node that answers them; maxTreeWait bounds how long one waits for
+// its turn (past it: refused, the asker's pass tries again later).
+const (
+	treeShare   = 0.25
+	maxTreeWait = 30 * time.Second
+)
+
+// paced waits for sender's turn: no other request of its running, and the
+// one before it paid for. release ends the turn.
+func (ae *antiEntropy) paced(ctx context.Context, sender string) (release func(), err error) {
+	ae.mu.Lock()
+	if ae.mu.treeTurn == nil {
+		ae.mu.treeTurn, ae.mu.treeNext = map[string]chan struct{}{}, map[string]time.Time{}
+	}
+	turn := ae.mu.treeTurn[sender]
+	if turn == nil {
+		turn = make(chan struct{}, 1)
+		ae.mu.treeTurn[sender] = turn
+	}
+	ae.mu.Unlock()
+	give := time.NewTimer(maxTreeWait)
+	defer give.Stop()
+	refuse := func(why string) error {
+		ae.treePaced.WithLabelValues(sender, "refused").Inc()
+		return fmt.Errorf("node: %s's tree requests are paced to %.0f%% of a core here, one at a time: %s", sender, treeShare*100, why)
+	}
+	select {
+	case turn <- struct{}{}:
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	case <-give.C:
+		return nil, refuse("another has run for longer than " + maxTreeWait.String())
+	}
+	release = func() { <-turn }
+	ae.mu.Lock()
+	wait := time.Until(ae.mu.treeNext[sender])
+	ae.mu.Unlock()
+	if wait <= 0 {
+		return release, nil
+	}
+	if wait > maxTreeWait {
+		release()
+		return nil, refuse("the next may run in " + wait.Round(time.Second).String())
+	}
+	ae.treePaced.WithLabelValues(sender, "waited").Inc()
+	if err := antientropy.Sleep(ctx, wait); err != nil {
+		release()
+		return nil, err
+	}
+	return release, nil
+}
+
+// spent records took of work for sender's requests: its next waits for
+// took*(1/treeShare - 1) after now.
+func (ae *antiEntropy) spent(sender string, took time.Duration) {
+	ae.treeCPU.WithLabelValues(sender).Add(took.Seconds())
+	ae.mu.Lock()
+	defer ae.mu.Unlock()
+	ae.mu.treeNext[sender] = time.Now().Add(time.Duration(float64(took) * (1/treeShare - 1)))
+}
+
+// charge takes the bytes of a tree exchange with sender from the link's
+// bandwidth limit toward it (none: no link here, nothing to charge).
+func (ae *antiEntropy) charge(ctx context.Context, sender string, n int) error {
+	ae.treeBytes.WithLabelValues(sender).Add(float64(n))
+	if sh := ae.link(sender); sh != nil {
+		return sh.Charge(ctx, n)
+	}
+	return nil
 }
 
 // pace bounds what a background comparison takes (the zero pace: nothing,

@@ -202,6 +202,7 @@ func (r *replication) setupReplication() error {
 	n.acceptor = acceptor.New(n.store, &n.cons, n.clock, acceptor.Options{
 		Local:              n.cluster,
 		Tree:               n.antiEntropy.answer,
+		TreeCharge:         n.antiEntropy.charge,
 		Version:            n.opts.BuildVersion,
 		Secrets:            secrets,
 		Insecure:           n.opts.InsecurePeers,

@@ -12,6 +12,10 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 
 	"github.com/replicator/replicator/entry"
 	"github.com/replicator/replicator/hashtree"
@@ -210,4 +214,123 @@ func TestRepairTakesOnlyWhatTheInboundPathWould(t *testing.T) {
 			t.Errorf("a named %q to the peer, a key its filter keeps home", k)
 		}
 	}
+}
+
+// A peer flooding tree requests (issue 46, 7 and 9): requests that each
+// scan the tree anew (a new pass, a filter) from two goroutines at once
+// take at most a quarter of a core at the answering node, and their bytes
+// count against the link's bandwidth limit there; its client writes go on.
+func TestTreeFloodIsPacedAndCharged(t *testing.T) {
+	m := newTestMesh(t, hlc.SystemClock{}, func(o *Options) { o.AntiEntropyInterval = -1 }, "a", "b")
+	a, b := m.nodes["a"], m.nodes["b"]
+	ctx := context.Background()
+	var ops []api.BatchOp
+	for i := 0; i < 20000; i++ {
+		ops = append(ops, api.BatchOp{Key: fmt.Sprintf("k/%06d", i), Value: bytes.Repeat([]byte("v"), 64)})
+		if len(ops) == 1000 {
+			if _, err := a.Batch(ctx, ops); err != nil {
+				t.Fatal(err)
+			}
+			ops = ops[:0]
+		}
+	}
+	m.settle()
+	const limit = 32 << 10
+	if _, err := a.SetLinkBandwidth("b", limit); err != nil {
+		t.Fatal(err)
+	}
+	sh := b.antiEntropy.link("a")
+	if sh == nil {
+		t.Fatal("b holds no link to a")
+	}
+	fctx, cancel := context.WithTimeout(ctx, 4*time.Second)
+	defer cancel()
+	var wg sync.WaitGroup
+	var pass uint64
+	var mu sync.Mutex
+	answered := 0
+	start := time.Now()
+	for g := 0; g < 2; g++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for fctx.Err() == nil {
+				mu.Lock()
+				pass++
+				p := pass
+				mu.Unlock()
+				req := &wire.TreeRequest{Protocol: hashtree.Version, Op: wire.TreeSums, Level: 0, Nodes: []int{0}, Pass: p,
+					Filters: []wire.Filter{{Include: []string{"k/"}}}}
+				if _, _, err := sh.AskTree(fctx, req); err == nil {
+					mu.Lock()
+					answered++
+					mu.Unlock()
+				}
+			}
+		}()
+	}
+	// The node's clients meanwhile.
+	for fctx.Err() == nil {
+		if _, err := a.Put(ctx, "client", []byte("v")); err != nil {
+			t.Fatalf("a client's write during the flood: %v", err)
+		}
+	}
+	wg.Wait()
+	elapsed := time.Since(start)
+	cpu := counterOf(a.antiEntropy.treeCPU.WithLabelValues("b"))
+	sent := counterOf(a.antiEntropy.treeBytes.WithLabelValues("b"))
+	t.Logf("%d requests answered in %s: %.3f s of work, %.0f bytes", answered, elapsed, cpu, sent)
+	if answered == 0 {
+		t.Fatal("no tree request was answered: the test proved nothing")
+	}
+	// The pace lets each request's work run, then holds the next for three
+	// times as long: the work is at most a quarter of the time, plus the
+	// requests in flight at the start (two).
+	perRequest := cpu / float64(answered)
+	if bound := treeShare*elapsed.Seconds() + 2*perRequest + 0.05; cpu > bound {
+		t.Fatalf("%.3f s of work answering b in %s, bound %.3f s (a quarter core)", cpu, elapsed, bound)
+	}
+	if sent <= 0 {
+		t.Fatal("no tree bytes charged to the link")
+	}
+
+	// Bytes: leaves of many keys, each answer tens of KiB, over a link
+	// limited to 32 KiB/s at a: the exchanges go at the limit's rate (plus
+	// a burst and the exchange under way).
+	before := counterOf(a.antiEntropy.treeBytes.WithLabelValues("b"))
+	leaves := make([]int, 8192)
+	for i := range leaves {
+		leaves[i] = i
+	}
+	lctx, lcancel := context.WithTimeout(ctx, 6*time.Second)
+	defer lcancel()
+	largest := int64(0)
+	start = time.Now()
+	for lctx.Err() == nil {
+		mu.Lock()
+		pass++
+		p := pass
+		mu.Unlock()
+		_, n, err := sh.AskTree(lctx, &wire.TreeRequest{Protocol: hashtree.Version, Op: wire.TreeLeaves, Nodes: leaves, Pass: p})
+		if err == nil {
+			largest = max(largest, n)
+		}
+	}
+	elapsed = time.Since(start)
+	sent = counterOf(a.antiEntropy.treeBytes.WithLabelValues("b")) - before
+	t.Logf("leaves: %.0f bytes in %s, the largest exchange %d", sent, elapsed, largest)
+	if largest < limit {
+		t.Fatalf("exchanges of at most %d bytes: the test proved nothing", largest)
+	}
+	if bound := float64(limit)*(elapsed.Seconds()+1) + 2*float64(largest); sent > bound {
+		t.Fatalf("%.0f bytes of tree exchanges in %s over a link limited to %d B/s (bound %.0f)", sent, elapsed, limit, bound)
+	}
+}
+
+func counterOf(c prometheus.Counter) float64 {
+	var m dto.Metric
+	if err := c.Write(&m); err != nil {
+		return -1
+	}
+	return m.GetCounter().GetValue()
 }

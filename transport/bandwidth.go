@@ -72,6 +72,11 @@ func (s *Shipper) limitersLocked(bps int64) (link, snap *rate.Limiter) {
 }
 
 // throttle waits until n bytes may go on the wire, and counts the wait.
+// Charge takes n bytes exchanged with the peer outside this shipper's own
+// posts (the answers to the peer's anti-entropy requests) from the link's
+// bandwidth limit, waiting for them as a post does.
+func (s *Shipper) Charge(ctx context.Context, n int) error { return s.throttle(ctx, n) }
+
 func (s *Shipper) throttle(ctx context.Context, n int) error {
 	bps := s.settings().Bandwidth
 	s.mu.Lock()

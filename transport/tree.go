@@ -38,6 +38,10 @@ func (s *Shipper) AskTree(ctx context.Context, req *wire.TreeRequest) (*wire.Tre
 			nonce = wire.NewNonce()
 		}
 	}
+	// The request counts against the link's limit as the answer does.
+	if err := s.throttle(ctx, len(body)); err != nil {
+		return nil, 0, err
+	}
 	hr, err := http.NewRequestWithContext(ctx, http.MethodPost, strings.TrimRight(base, "/")+wire.PathTree, bytes.NewReader(body))
 	if err != nil {
 		return nil, 0, err
