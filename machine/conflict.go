@@ -92,9 +92,10 @@ func (j *conflictJudge) judge(prev *store.Record, w *store.Write, out entry.Outc
 //     loser but not from its winner: the loser's author moved on before it
 //     learned of the conflict, so the loser is no longer what was lost; the
 //     record goes (the version is judged in its place). Another origin's
-//     context claiming the loser counts for nothing here (contexts are
+//     context claiming the loser does not retire it (contexts are
 //     unsigned: a peer could erase any record by claiming it), from
-//     FormatConflictClaims;
+//     FormatConflictClaims: the record stays as it is, as for a version
+//     that saw both;
 //   - it replaces the key's version and does not descend from a record's
 //     loser: the loss stands, against the version the key holds now, and
 //     the record names it as the winner (under its new ID). Every cluster
@@ -115,10 +116,12 @@ func (j *conflictJudge) follow(w *store.Write, out entry.Outcome) (bool, error) 
 		// Only the loser's own line can say it moved on: a context is the
 		// writer's claim, unsigned, and another origin's claim to have
 		// seen the loser must not erase the only record of a lost write.
-		seesLoser := (!j.ownLine || w.Stamp.Origin == r.Loser.Origin) && w.Ctx.Covers(r.Loser)
-		seesWinner := w.Ctx.Covers(r.Winner)
+		seesLoser, seesWinner := w.Ctx.Covers(r.Loser), w.Ctx.Covers(r.Winner)
+		// The loser's line moved on only if the version is the loser's
+		// own (from FormatConflictClaims).
+		ownLine := !j.ownLine || w.Stamp.Origin == r.Loser.Origin
 		switch {
-		case seesLoser && !seesWinner:
+		case seesLoser && !seesWinner && ownLine:
 			if err := j.b.DeleteConflict(r); err != nil {
 				return false, err
 			}

@@ -31,6 +31,12 @@ type listeners struct {
 // configured; the peer listener requires client certificates when a client
 // CA is set.
 func (l *listeners) listen(given net.Listener, addr string, peer bool) (net.Listener, error) {
+	return l.listenBounded(given, addr, peer, l.opts.MaxConnections)
+}
+
+// listenBounded is listen with a bound of its own on the connections
+// (0: none here; the server bounds them itself).
+func (l *listeners) listenBounded(given net.Listener, addr string, peer bool, maxConns int) (net.Listener, error) {
 	ln := given
 	if ln == nil {
 		var err error
@@ -40,8 +46,8 @@ func (l *listeners) listen(given net.Listener, addr string, peer bool) (net.List
 		}
 	}
 	var cl *connLimiter
-	if l.opts.MaxConnections > 0 {
-		cl = newConnLimiter(ln, l.opts.MaxConnections)
+	if maxConns > 0 {
+		cl = newConnLimiter(ln, maxConns)
 		ln = cl
 	}
 	if c := l.tls.server(peer); c != nil {

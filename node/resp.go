@@ -148,13 +148,17 @@ func openRESP(n *Node) (*respDoor, error) {
 	if n.opts.RESPListen == "" && n.opts.RESPListener == nil {
 		return nil, nil
 	}
-	ln, err := n.lis.listen(n.opts.RESPListener, n.opts.RESPListen, false)
+	// The RESP server bounds its connections itself (--max-connections):
+	// at the bound it closes the oldest connection that has not
+	// authenticated to make room, which a listener's bound could not (it
+	// would hold new clients in the backlog behind them).
+	ln, err := n.lis.listenBounded(n.opts.RESPListener, n.opts.RESPListen, false, 0)
 	if err != nil {
 		return nil, fmt.Errorf("node: RESP: %w", err)
 	}
 	lim := resp.DefaultLimits()
 	lim.MaxBulk = max(n.opts.MaxValueBytes, n.opts.MaxKeyBytes) + 4096
-	o := resp.Options{Token: n.opts.APIToken, Limits: lim, Logger: n.log, Version: n.opts.BuildVersion}
+	o := resp.Options{Token: n.opts.APIToken, Limits: lim, Logger: n.log, Version: n.opts.BuildVersion, MaxConns: max(n.opts.MaxConnections, 0)}
 	if key := n.opts.Testing.RESPCrashKey; key != "" {
 		o.Committed = func(k string) {
 			if k == key {

@@ -73,11 +73,14 @@ func (s *Stats) Describe(ch chan<- *prometheus.Desc) {
 	s.errors.Describe(ch)
 	ch <- descConns
 	ch <- descRefused
+	ch <- descEvicted
 }
 
 var (
 	descConns   = prometheus.NewDesc("replicator_resp_connections", "RESP connections open.", nil, nil)
 	descRefused = prometheus.NewDesc("replicator_resp_connections_refused_total", "RESP connections refused past the bound on connections.", nil, nil)
+	descEvicted = prometheus.NewDesc("replicator_resp_connections_evicted_total",
+		"RESP connections closed at the bound on connections to make room: the oldest that had not authenticated.", nil, nil)
 )
 
 func (s *Stats) Collect(ch chan<- prometheus.Metric) {
@@ -85,6 +88,7 @@ func (s *Stats) Collect(ch chan<- prometheus.Metric) {
 	s.errors.Collect(ch)
 	ch <- prometheus.MustNewConstMetric(descConns, prometheus.GaugeValue, float64(s.conns.Load()))
 	ch <- prometheus.MustNewConstMetric(descRefused, prometheus.CounterValue, float64(s.refusedConns.Load()))
+	ch <- prometheus.MustNewConstMetric(descEvicted, prometheus.CounterValue, float64(s.evictedConns.Load()))
 }
 
 // Connections returns the connections open now.
