@@ -418,4 +418,3 @@ func testRESPSlots(t *testing.T) {
 		t.Fatalf("evicted %v connections at the bound", v)
 	}
 }
-

@@ -3,8 +3,8 @@ package wire
 import (
 	"bytes"
 	"errors"
-	"io"
 	"fmt"
+	"io"
 	"sync"
 
 	"github.com/klauspost/compress/zstd"
