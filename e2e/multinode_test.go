@@ -50,6 +50,9 @@ type rmesh struct {
 	// slowest is the longest a new incarnation took to vote in place of
 	// the old one (waitReplaced), reported with the run's figures.
 	slowest time.Duration
+	// more are arguments every node of a cluster gets, also one prepared
+	// later (the hostile peer's link).
+	more map[string][]string
 }
 
 func newRaftMesh(t *testing.T, clusters []string, size int, extra ...string) *rmesh {
@@ -74,9 +77,9 @@ func (m *rmesh) prepare(c, id string, size int, extra ...string) *rnode {
 	m.nodes[id] = n
 	m.order = append(m.order, id)
 	m.mu.Unlock()
-	n.proc = newProc(m.t, id, c, append([]string{"--node-id", id, "--raft-listen", n.raft, "--gossip-bind", n.gossip,
+	n.proc = newProc(m.t, id, c, append(append([]string{"--node-id", id, "--raft-listen", n.raft, "--gossip-bind", n.gossip,
 		"--gossip-profile", "local", "--bootstrap-expect", fmt.Sprint(size), "--raft-election-timeout", "500ms",
-	}, extra...)...)
+	}, extra...), m.more[c]...)...)
 	n.proc.env = append(n.proc.env, node.TestingEnvPrefix+"RAFT_BLOCK_FILE="+n.block)
 	return n
 }
@@ -251,10 +254,13 @@ func TestMultiNodeRobustness(t *testing.T) {
 	for _, id := range m.order {
 		mc.prepare(m.nodes[id])
 	}
+	hist := &history{}
+	// A hostile peer cluster m all along (issue 46).
+	peer := prepareHostilePeer(t, m, mc, hist)
 	m.start()
+	peer.run()
 	// A hostile gossip member in both clusters all along (issue 25).
 	hostile := startHostile(t, m)
-	hist := &history{}
 	injected := map[string]int{}
 	var imu sync.Mutex
 	count := func(k string) { imu.Lock(); injected[k]++; imu.Unlock() }
@@ -486,6 +492,7 @@ func TestMultiNodeRobustness(t *testing.T) {
 	wwg.Wait()
 	fwg.Wait()
 	hostileBad := hostile.end()
+	hostileBad = append(hostileBad, peer.end()...)
 	for _, c := range m.clusters {
 		m.heal(c)
 	}
