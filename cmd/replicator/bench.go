@@ -31,6 +31,7 @@ func runBench(args []string) error {
 	rates := fs.String("rates", "5000,20000", "steady: writes/s, comma-separated")
 	fs.DurationVar(&cfg.SteadyFor, "steady-for", 0, "steady and puts: how long each runs (default 10s)")
 	fs.BoolVar(&cfg.RESP, "resp", false, "steady: write through each cluster's RESP door (SET) instead of HTTP PUTs")
+	fs.BoolVar(&cfg.Hostile, "hostile", false, "steady: a peer of a holding its secret floods a meanwhile (tree requests, zstd bombs, WAITs left behind: docs/SECURITY.md)")
 	fs.IntVar(&cfg.CatchupN, "catchup", 1000000, "catchup: entries accumulated while the peer is paused")
 	fs.IntVar(&cfg.PutClients, "put-clients", 64, "puts: concurrent single-PUT clients (server CPU per write)")
 	fs.IntVar(&cfg.AEKeys, "ae-keys", 1000000, "antientropy: keys at both clusters (not among the default scenarios)")

@@ -28,7 +28,10 @@ type Config struct {
 	SteadyFor   time.Duration // steady: how long each rate runs
 	// RESP: the clusters serve the RESP door, and steady writes through
 	// it (a SET a connection at a time) instead of single HTTP PUTs.
-	RESP        bool
+	RESP bool
+	// Hostile: while steady runs, a peer of a holding its secret floods a
+	// (hostile.go), and the clients' latencies say what it cost them.
+	Hostile     bool
 	CatchupN    int      // catchup: entries accumulated while the peer is paused
 	PutClients  int      // puts: concurrent single-PUT clients (default 64)
 	AEKeys      int      // antientropy: keys at both clusters (default 1,000,000)

@@ -10,14 +10,17 @@ import (
 
 // Result is one scenario's figures.
 type Result struct {
-	Scenario      string             `json:"scenario"`
-	Writes        int                `json:"writes"`
-	Seconds       float64            `json:"seconds"`
-	WritesPerSec  float64            `json:"writes_per_sec"`
-	MBPerSec      float64            `json:"mb_per_sec"`
-	LagP50MS      float64            `json:"lag_p50_ms,omitempty"`
-	LagP99MS      float64            `json:"lag_p99_ms,omitempty"`
-	LagMaxMS      float64            `json:"lag_max_ms,omitempty"`
+	Scenario     string  `json:"scenario"`
+	Writes       int     `json:"writes"`
+	Seconds      float64 `json:"seconds"`
+	WritesPerSec float64 `json:"writes_per_sec"`
+	MBPerSec     float64 `json:"mb_per_sec"`
+	LagP50MS     float64 `json:"lag_p50_ms,omitempty"`
+	LagP99MS     float64 `json:"lag_p99_ms,omitempty"`
+	LagMaxMS     float64 `json:"lag_max_ms,omitempty"`
+	// ClientP50MS and ClientP99MS are the writers' own latencies (steady).
+	ClientP50MS   float64            `json:"client_p50_ms,omitempty"`
+	ClientP99MS   float64            `json:"client_p99_ms,omitempty"`
 	CPUSecPerM    map[string]float64 `json:"cpu_seconds_per_million,omitempty"`
 	PeakRSSMiB    map[string]float64 `json:"peak_rss_mib,omitempty"`
 	RatioBaseline float64            `json:"ratio_to_baseline,omitempty"`

@@ -125,6 +125,13 @@ func runSteady(ctx context.Context, cfg *Config, prefix string, cl []*cluster) (
 		var wg sync.WaitGroup
 		value := strings.Repeat("v", cfg.ValueSize)
 		var failed atomic.Int64
+		var lmu sync.Mutex
+		lat := make([]time.Duration, 0, n)
+		var hostile *hostileCounts
+		hctx, hcancel := context.WithCancel(ctx)
+		if cfg.Hostile {
+			hostile = flood(hctx, a, "bench") // every scenario's keys
+		}
 		for w := 0; w < max(cfg.Concurrency, rate/200); w++ {
 			wg.Add(1)
 			go func() {
@@ -137,19 +144,32 @@ func runSteady(ctx context.Context, cfg *Config, prefix string, cl []*cluster) (
 					if d := time.Until(start.Add(time.Duration(i) * time.Second / time.Duration(rate))); d > 0 {
 						time.Sleep(d)
 					}
+					t0 := time.Now()
 					if a.put(key(fmt.Sprint(prefix, "-", rate), int(i)), value) != nil {
 						failed.Add(1)
+						continue
 					}
+					d := time.Since(t0)
+					lmu.Lock()
+					lat = append(lat, d)
+					lmu.Unlock()
 				}
 			}()
 		}
 		wg.Wait()
+		hcancel()
 		if err := waitCaughtUp(ctx, [2]*cluster{a, b}); err != nil {
 			return nil, err
 		}
 		r := Result{Scenario: fmt.Sprintf("steady@%d/s", rate), Note: fmt.Sprintf("single PUTs at a fixed rate for %s", cfg.SteadyFor)}
 		if cfg.RESP {
 			r.Scenario, r.Note = fmt.Sprintf("steady-resp@%d/s", rate), fmt.Sprintf("RESP SETs (one a connection at a time) at a fixed rate for %s", cfg.SteadyFor)
+		}
+		r.ClientP50MS, r.ClientP99MS = percentiles(lat)
+		r.Note += fmt.Sprintf("; client latency p50 %.2f ms, p99 %.2f ms", r.ClientP50MS, r.ClientP99MS)
+		if hostile != nil {
+			r.Scenario += "+hostile"
+			r.Note += "; " + hostile.String()
 		}
 		r.finish(cl, before, n, time.Since(start), cfg.ValueSize)
 		r.lag(b, start)

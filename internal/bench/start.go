@@ -119,6 +119,9 @@ func start(cfg *Config, dir string, nodes int) ([]*cluster, error) {
 		if sp.resp != "" {
 			args = append(args, "--resp-listen", sp.resp)
 		}
+		if cfg.Hostile && n == "a" {
+			args = append(args, hostileArgs()...)
+		}
 		args = append(args, cfg.ServeArgs...)
 		logf, err := os.Create(filepath.Join(dir, sp.id+".log"))
 		if err != nil {
