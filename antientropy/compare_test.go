@@ -11,6 +11,7 @@ import (
 	"github.com/cockroachdb/pebble/v2"
 	"github.com/replicator/replicator/client"
 	"github.com/replicator/replicator/entry"
+	"github.com/replicator/replicator/hashtree"
 	"github.com/replicator/replicator/hlc"
 	"github.com/replicator/replicator/machine"
 	"github.com/replicator/replicator/store"
@@ -581,5 +582,30 @@ func TestCompareThirdOriginPastTheHorizon(t *testing.T) {
 	}
 	if len(rep.ThirdOrigin) != 1 || rep.ThirdOrigin[0].Key != "c-only/1" {
 		t.Fatalf("third origin %+v: want c-only/1", rep.ThirdOrigin)
+	}
+}
+
+// TestScopeCacheOneTreeAnAsker (issue 46, 10): a peer sending pass after
+// pass holds one tree of the cache, and pushes out nobody else's.
+func TestScopeCacheOneTreeAnAsker(t *testing.T) {
+	var c ScopeCache
+	sums := 0
+	sum := func() ([]hashtree.Sum, error) { sums++; return []hashtree.Sum{{A: uint64(sums)}}, nil }
+	if _, err := c.get("", 1, "s", sum); err != nil {
+		t.Fatal(err)
+	}
+	for pass := uint64(100); pass < 200; pass++ {
+		c.get("hostile", pass, "s", sum)
+	}
+	before := sums
+	if _, err := c.get("", 1, "s", sum); err != nil || sums != before {
+		t.Fatalf("this side's tree of pass 1 was pushed out by a peer's passes (%d sums, want %d)", sums, before)
+	}
+	owners := map[string]int{}
+	for _, e := range c.entries {
+		owners[e.owner]++
+	}
+	if owners["hostile"] != 1 {
+		t.Fatalf("the peer holds %d trees, want 1", owners["hostile"])
 	}
 }

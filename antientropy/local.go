@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"sync"
 
@@ -28,6 +29,10 @@ type Local struct {
 	// Scoped keeps the scoped trees summed for recent passes (nil: each
 	// request sums its own).
 	Scoped *ScopeCache
+	// Asker names who asks (a peer; "" for this node's own side): each
+	// asker holds at most one tree of Scoped, so a peer sending passes
+	// without end cannot push out another's.
+	Asker string
 	// Budget bounds the bytes of versions one answer carries (0:
 	// AnswerBudget).
 	Budget int
@@ -60,14 +65,14 @@ type ScopeCache struct {
 }
 
 type scoped struct {
-	key    string
-	leaves []hashtree.Sum
+	key, owner string
+	leaves     []hashtree.Sum
 }
 
 // scopeCacheSize bounds the trees kept (16 MiB each).
 const scopeCacheSize = 4
 
-func (c *ScopeCache) get(pass uint64, scope string, sum func() ([]hashtree.Sum, error)) ([]hashtree.Sum, error) {
+func (c *ScopeCache) get(owner string, pass uint64, scope string, sum func() ([]hashtree.Sum, error)) ([]hashtree.Sum, error) {
 	if c == nil || pass == 0 {
 		return sum()
 	}
@@ -85,7 +90,9 @@ func (c *ScopeCache) get(pass uint64, scope string, sum func() ([]hashtree.Sum, 
 		return nil, err
 	}
 	c.mu.Lock()
-	c.entries = append(c.entries, scoped{key, leaves})
+	// The owner's tree of an earlier pass goes first: one each.
+	c.entries = slices.DeleteFunc(c.entries, func(e scoped) bool { return e.owner == owner })
+	c.entries = append(c.entries, scoped{key, owner, leaves})
 	if len(c.entries) > scopeCacheSize {
 		c.entries = c.entries[1:]
 	}
@@ -159,7 +166,7 @@ func (l Local) Ask(_ context.Context, req *wire.TreeRequest) (*wire.TreeAnswer, 
 	case wire.TreeSums:
 		// One view of the tree for the whole walk of a pass: the leaves
 		// are taken (or, scoped, summed) at its first request and kept.
-		leaves, err := l.Scoped.get(req.Pass, fmt.Sprint(sc.filters), func() ([]hashtree.Sum, error) {
+		leaves, err := l.Scoped.get(l.Asker, req.Pass, fmt.Sprint(sc.filters), func() ([]hashtree.Sum, error) {
 			if sc.all() {
 				if leaves := l.St.Leaves(); leaves != nil {
 					return leaves, nil

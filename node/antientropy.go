@@ -164,7 +164,7 @@ func (ae *antiEntropy) answer(ctx context.Context, sender string, req *wire.Tree
 	// Scoped to what this cluster's link toward the asker carries, too.
 	ls := ae.n.linkSettings(sender)
 	t0 := time.Now()
-	ans, err := antientropy.Local{St: ae.n.store, Toward: ls.Current(), Scoped: ae.scoped}.Ask(ctx, req)
+	ans, err := antientropy.Local{St: ae.n.store, Toward: ls.Current(), Scoped: ae.scoped, Asker: sender}.Ask(ctx, req)
 	ae.spent(sender, time.Since(t0))
 	return ans, err
 }
