@@ -729,7 +729,7 @@ func (mc *multiCombo) waiter(c string, r *rand.Rand, until time.Time, h *history
 		}
 		value := fmt.Sprintf("%s-wait-%d", n.id, seq)
 		op := callRecord{Client: c + "-wait", Cluster: c, Kind: "put", Key: key, Value: value, Start: time.Now()}
-		rc := redis.NewClient(&redis.Options{Addr: fmt.Sprintf("127.0.0.1:%d", port), MaxRetries: -1,
+		rc := redis.NewClient(&redis.Options{Addr: fmt.Sprintf("127.0.0.1:%d", port), MaxRetries: -1, Password: mc.m.token,
 			DialTimeout: time.Second, ReadTimeout: 4 * time.Second, WriteTimeout: 4 * time.Second})
 		ctx, cancel := context.WithTimeout(bg(), 6*time.Second)
 		conn := rc.Conn()

@@ -3,12 +3,14 @@ package e2e
 import (
 	"bufio"
 	"bytes"
+	"errors"
 	"fmt"
 	"io"
 	"math/rand/v2"
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -50,6 +52,7 @@ type hostilePeer struct {
 	start  time.Time
 
 	trees, treeAnswered, bombs, waits atomic.Int64
+	preAuth, preAuthClosed            atomic.Int64
 	mu                                sync.Mutex
 	surprises                         []string
 }
@@ -223,9 +226,55 @@ func (hp *hostilePeer) run() {
 		// Possibly written, whatever the answer: the history knows it.
 		hp.hist.add(callRecord{Client: "hostile-wait", Cluster: n.cluster, Kind: "put", Key: key, Value: value, Outcome: outUnknown,
 			Start: time.Now(), End2: time.Now()})
+		br := bufio.NewReader(nc)
+		if hp.m.token != "" {
+			// m's clients hold the token too: a client of the door.
+			fmt.Fprintf(nc, "AUTH %s\r\n", hp.m.token)
+			br.ReadString('\n')
+		}
 		fmt.Fprintf(nc, "SET %s %s\r\nWAIT 5 0\r\n", key, value)
-		bufio.NewReader(nc).ReadString('\n') // the SET's answer; the WAIT's never read
+		br.ReadString('\n') // the SET's answer; the WAIT's never read
 	})
+	if hp.m.token != "" {
+		// Clients without the token that PING every 200 ms: each is
+		// closed at the deadline set at accept, however many PINGs it
+		// sends (before issue 46 each PING re-armed it).
+		loop(200*time.Millisecond, func(r *rand.Rand) {
+			n := pick(r)
+			if n == nil {
+				return
+			}
+			hp.mc.mu.Lock()
+			port := hp.mc.resp[n.id]
+			hp.mc.mu.Unlock()
+			nc, err := net.DialTimeout("tcp", fmt.Sprintf("127.0.0.1:%d", port), time.Second)
+			if err != nil {
+				return
+			}
+			hp.preAuth.Add(1)
+			hp.wg.Add(1)
+			go func() {
+				// Exits when the node closes the connection, or at 30 s.
+				defer hp.wg.Done()
+				defer nc.Close()
+				opened := time.Now()
+				for time.Since(opened) < 30*time.Second {
+					nc.SetDeadline(time.Now().Add(time.Second))
+					if _, err := fmt.Fprint(nc, "PING\r\n"); err != nil {
+						hp.preAuthClosed.Add(1)
+						return
+					}
+					buf := make([]byte, 64)
+					if _, err := nc.Read(buf); err != nil && !errors.Is(err, os.ErrDeadlineExceeded) {
+						hp.preAuthClosed.Add(1)
+						return
+					}
+					time.Sleep(200 * time.Millisecond)
+				}
+				hp.surprise(fmt.Sprintf("a client of %s without the token kept its RESP connection 30 s", n.id))
+			}()
+		})
+	}
 }
 
 func (hp *hostilePeer) surprise(s string) {
@@ -250,7 +299,7 @@ func (hp *hostilePeer) end() []string {
 	}
 	unasked := 0.0
 	for _, n := range hp.m.running() {
-		_, scrape := rawRequest(hp.t, "GET", n.url+"/metrics", "")
+		_, scrape := rawRequest(hp.t, "GET", n.url+"/metrics", hp.m.token)
 		if cpu := metricValue(scrape, fmt.Sprintf(`replicator_antientropy_answer_seconds_total{cluster=%q,peer="m"}`, n.cluster)); cpu > 0.25*d.Seconds()+2 {
 			bad = append(bad, fmt.Sprintf("%s spent %.1f s answering m's tree requests in %s: more than a quarter core", n.id, cpu, d.Round(time.Second)))
 		}
@@ -261,7 +310,7 @@ func (hp *hostilePeer) end() []string {
 		// workload's waiter has stopped too).
 		var open float64
 		for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
-			_, scrape = rawRequest(hp.t, "GET", n.url+"/metrics", "")
+			_, scrape = rawRequest(hp.t, "GET", n.url+"/metrics", hp.m.token)
 			if open = metricValue(scrape, fmt.Sprintf(`replicator_resp_connections{cluster=%q}`, n.cluster)); open <= 0 {
 				break
 			}
@@ -277,7 +326,7 @@ func (hp *hostilePeer) end() []string {
 			}
 		}
 	}
-	hp.t.Logf("the hostile peer m: %d tree requests (%d answered), %d zstd bombs, %d WAITs left behind; %v of its forged versions refused as unasked",
-		hp.trees.Load(), hp.treeAnswered.Load(), hp.bombs.Load(), hp.waits.Load(), unasked)
+	hp.t.Logf("the hostile peer m: %d tree requests (%d answered), %d zstd bombs, %d WAITs left behind, %d clients without the token (%d closed by the nodes); %v of its forged versions refused as unasked",
+		hp.trees.Load(), hp.treeAnswered.Load(), hp.bombs.Load(), hp.waits.Load(), hp.preAuth.Load(), hp.preAuthClosed.Load(), unasked)
 	return bad
 }

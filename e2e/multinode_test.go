@@ -51,8 +51,27 @@ type rmesh struct {
 	// the old one (waitReplaced), reported with the run's figures.
 	slowest time.Duration
 	// more are arguments every node of a cluster gets, also one prepared
-	// later (the hostile peer's link).
+	// later (the hostile peer's link, the token).
 	more map[string][]string
+	// token, when set, is the API token every node takes (withToken).
+	token string
+}
+
+// withToken makes every node, also one prepared later, take the API token
+// tok (and its raft port run without credentials beside it, as tests may),
+// and the test's clients send it.
+func (m *rmesh) withToken(tok string) {
+	m.token = tok
+	if m.more == nil {
+		m.more = map[string][]string{}
+	}
+	args := []string{"--api-token-file", tokenFile(m.t, tok), "--insecure-peers"}
+	for _, c := range m.clusters {
+		m.more[c] = append(m.more[c], args...)
+		for _, n := range m.members(c) {
+			n.args, n.token = append(n.args, args...), tok
+		}
+	}
 }
 
 func newRaftMesh(t *testing.T, clusters []string, size int, extra ...string) *rmesh {
@@ -81,6 +100,7 @@ func (m *rmesh) prepare(c, id string, size int, extra ...string) *rnode {
 		"--gossip-profile", "local", "--bootstrap-expect", fmt.Sprint(size), "--raft-election-timeout", "500ms",
 	}, extra...), m.more[c]...)...)
 	n.proc.env = append(n.proc.env, node.TestingEnvPrefix+"RAFT_BLOCK_FILE="+n.block)
+	n.proc.token = m.token
 	return n
 }
 
@@ -250,6 +270,9 @@ func TestMultiNodeRobustness(t *testing.T) {
 		d = 30 * time.Second
 	}
 	m := newRaftMesh(t, []string{"a", "b"}, 3)
+	// With an API token (issue 46): forwards carry the scope under
+	// faults, and the hostile peer's clients without it are bounded.
+	m.withToken("multi-token")
 	mc := newMultiCombo(m)
 	for _, id := range m.order {
 		mc.prepare(m.nodes[id])
@@ -276,7 +299,7 @@ func TestMultiNodeRobustness(t *testing.T) {
 	writer := func(n *rnode, w int) {
 		wwg.Add(1)
 		cr := newRand(s*1000 + uint64(len(n.id)*31+int(n.id[1])*7+w))
-		cl := client.New(n.url, &client.Options{Retry: retry,
+		cl := client.New(n.url, &client.Options{Retry: retry, Token: m.token,
 			HTTPClient: &http.Client{Timeout: 4 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: 4}}})
 		id := fmt.Sprintf("%s-%d", n.id, w)
 		go func() {

@@ -199,6 +199,10 @@ func TestNodeWideBudget(t *testing.T) {
 	nc, br := dial(t, addr)
 	fmt.Fprint(nc, "MGET "+strings.Repeat("k ", 20)+"\r\n")
 	expect(t, br, "-ERR resp: the node's budget")
+	if _, err := br.ReadString('\n'); err == nil {
+		t.Fatal("the connection stayed open after the refusal")
+	}
+	// Closed: what it held was given back before.
 	if s.held.used.Load() != 0 {
 		t.Fatalf("%d bytes held after the refusal", s.held.used.Load())
 	}
