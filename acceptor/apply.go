@@ -109,7 +109,7 @@ func (a *Acceptor) Apply(sender string, b *wire.Batch) (wire.Ack, error) {
 		// snapshot batch) is not among its drops.
 		withheld := min(sc.withheld, res.DroppedUnknown)
 		c.DroppedUnknown += uint64(res.DroppedUnknown - withheld)
-		c.Withheld += uint64(withheld)
+		c.Withheld += uint64(withheld + res.DroppedWithheld)
 		c.WithheldUnheard += uint64(res.DroppedUnheard)
 		c.DeadLettered += uint64(res.DeadLettered)
 		c.Filtered += res.Filtered

@@ -178,6 +178,14 @@ func (m *Machine) applyInbound(b *store.Batch, in *Inbound) (*InboundResult, err
 			hwm.Merged++
 			continue
 		}
+		if m.withheldRelay(bt, sender, in, e) {
+			// A relay the author's filter toward this cluster keeps home,
+			// as the log says now: the acceptor screened the batch
+			// before the filter it heard applied.
+			res.DroppedWithheld++
+			hwm.Merged++
+			continue
+		}
 		if in.Own[e.Index] && phase != store.RejoinRequesting {
 			// A snapshot relaying this cluster's own writes, which this
 			// node did not ask for: it holds them already (or lost them
@@ -468,6 +476,37 @@ func (m *Machine) unheardRelay(bt *wire.Batch, sender string, in *Inbound, e *en
 		return "", false
 	}
 	return author, true
+}
+
+// withheldRelay reports a snapshot entry relaying a third cluster's write
+// that the author's filter toward this cluster, as the log records it when
+// the entry applies, keeps home (from FormatRelaysAtApply). The acceptor
+// screens a batch by the filter it knows when the batch arrives; the
+// heartbeat that recorded a filter may be committed after the screen and
+// before the batch's apply, and then a relay the filter keeps home would be
+// taken, where it would go stale for good (seen in the robustness run:
+// a wiped cluster took a third cluster's home-only keys from a re-seed
+// that arrived just after it heard their filter). The log decides it, so
+// every node takes or leaves the same entries.
+func (m *Machine) withheldRelay(bt *wire.Batch, sender string, in *Inbound, e *entry.Entry) bool {
+	if !bt.Snapshot || in.Own[e.Index] || m.format.Load() < FormatRelaysAtApply {
+		return false
+	}
+	author := relayAuthor(e)
+	if author == sender || author == m.cluster {
+		return false
+	}
+	f := m.Link(author).FromPeer
+	if f == nil || f.All() {
+		return false
+	}
+	switch e.Op {
+	case entry.OpDeleteRange:
+		return len(f.Clip(e.Key, e.End)) == 0
+	case entry.OpSet, entry.OpDelete, entry.OpCounter:
+		return !f.Match(e.Key)
+	}
+	return false
 }
 
 // filterUnheard reports a cluster whose filter toward this one the log has

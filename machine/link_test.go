@@ -385,3 +385,40 @@ func TestRebackfillAfterALoss(t *testing.T) {
 		t.Fatalf("a rebackfill of a link that never kept anything home: %+v", ls)
 	}
 }
+
+// TestRelayWithheldByTheFilterAtApply (issue 46, seen in the robustness
+// run): a snapshot relays c's write that c's filter toward this cluster
+// keeps home, and the acceptor's screen did not withhold it (it saw the
+// filter before the heartbeat that recorded c's filter applied). From
+// format 8 the state machine leaves it out by the filter the log holds;
+// before it, a node of an older build would take it (the gate).
+func TestRelayWithheldByTheFilterAtApply(t *testing.T) {
+	for _, format := range []uint8{FormatOriginFilters, FormatRelaysAtApply} {
+		m, st := openMachine(t, t.TempDir())
+		mustApply(t, m, 1, &Command{Mint: &MintCmd{Stream: testStream}})
+		mustApply(t, m, 2, &Command{Format: &FormatCmd{Version: format}})
+		mustApply(t, m, 3, &Command{Link: &LinkCmd{Peer: "c", SetFromPeer: true, Filter: entry.Filter{Exclude: []string{"c-only/"}}}})
+		at := func(i uint64) hlc.Timestamp { return hlc.Timestamp{Wall: 2e15 + int64(i)} }
+		snapS := entry.StreamID{0x5c}
+		relay := func(i uint64, k string) entry.Entry {
+			return entry.Entry{Index: i, Origin: "b", Stream: snapS, Commit: at(1000), Stamp: at(i), StampOrigin: "c",
+				Op: entry.OpSet, Key: k, Value: []byte("v")}
+		}
+		in := &Inbound{Sender: "b", MaxStreams: 16, HLC: at(2000), Batch: &wire.Batch{
+			Header: wire.Header{Sender: "b", Stream: snapS, Snapshot: true}, Entries: []entry.Entry{relay(1, "c-only/x"), relay(2, "shared/x")}}}
+		r := mustApply(t, m, 4, &Command{Inbound: in}).Inbound
+		_, err := st.Get("c-only/x")
+		switch {
+		case r.Err != nil:
+			t.Fatalf("format %d: %v", format, r.Err)
+		case format >= FormatRelaysAtApply && (err == nil || r.DroppedWithheld != 1 || r.Applied != 1 || r.HWM != 2):
+			t.Fatalf("format %d: the home-only relay was taken (%v) or miscounted: %+v", format, err, r)
+		case format < FormatRelaysAtApply && err != nil:
+			t.Fatalf("format %d: an older format must apply as its builds do: %v", format, err)
+		}
+		if _, err := st.Get("shared/x"); err != nil {
+			t.Fatalf("format %d: the relay the filter lets cross was not taken: %v", format, err)
+		}
+		st.Close()
+	}
+}

@@ -59,6 +59,11 @@ const FormatKeptTombstones = FormatRepairJudged
 // nodes would keep different logs.
 const FormatConflictClaims = 8
 
+// FormatRelaysAtApply is format 8 too: from it the state machine leaves out
+// a snapshot's relay that the author's recorded filter keeps home, as the
+// log says at the apply (inbound.go withheldRelay).
+const FormatRelaysAtApply = FormatConflictClaims
+
 // maxRepair bounds the versions of one repair command.
 const maxRepair = 1 << 16
 

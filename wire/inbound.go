@@ -95,6 +95,11 @@ type InboundResult struct {
 	// DroppedUnheard counts a snapshot's relays of a third cluster whose
 	// filter toward this one was not heard (not taken: machine.unheardRelay).
 	DroppedUnheard int
+	// DroppedWithheld counts a snapshot's relays of a third cluster whose
+	// filter toward this one, as the log records it when the entry
+	// applies, keeps them home (machine.withheldRelay): the acceptor's
+	// screen saw an earlier filter.
+	DroppedWithheld int
 	// Filtered counts the indexes filtered markers covered.
 	Filtered uint64
 	// Resurrections counts a re-seed's versions older than this tree's
