@@ -4,7 +4,6 @@ import (
 	"context"
 	"net/http"
 	"net/url"
-	"time"
 )
 
 // Anti-entropy's report (docs/ANTIENTROPY.md): what a comparison of a
@@ -150,22 +149,6 @@ func (r *DiffReport) Count(l Lacks) int {
 		}
 	}
 	return n
-}
-
-// AntiEntropyStatus is what the last comparison with a peer found (the
-// leader's; /admin/peers shows it on each link).
-type AntiEntropyStatus struct {
-	LastPass  time.Time `json:"last_pass,omitzero"`
-	Equal     bool      `json:"equal"`
-	Divergent int       `json:"divergent_keys"`
-	InFlight  int       `json:"in_flight"`
-	Bytes     int64     `json:"bytes"`
-	Seconds   float64   `json:"seconds"`
-	// Repaired counts the versions repairs from this peer applied since
-	// this node started leading.
-	Repaired int `json:"repaired"`
-	// Error is why the last comparison failed (empty: it did not).
-	Error string `json:"error,omitempty"`
 }
 
 // Diff compares the node's cluster with the peer's (and, with repair,

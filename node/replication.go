@@ -630,42 +630,12 @@ func (n *Node) PeerStatus() []client.LinkStatus {
 	links := n.repl.links()
 	out := make([]client.LinkStatus, 0, len(links))
 	for _, sh := range links {
-		st := linkStatus(sh.Status(th, n.repl.oldestCommitWall))
+		// The shipper reports in the contract's words (package api).
+		st := sh.Status(th, n.repl.oldestCommitWall)
 		st.AntiEntropy = n.antiEntropy.status(st.Peer)
 		st.KeptTombstones = n.repl.keptFor(st.Peer)
 		st.KeptForPeerLinks = n.repl.keptForPeerLinks(st.Peer)
 		out = append(out, st)
-	}
-	return out
-}
-
-// linkStatus is a shipper's figures as the API answers them: client's
-// LinkStatus, which the CLI and other callers decode without importing
-// transport (TestLinkStatusCarriesEveryField keeps the two in step).
-func linkStatus(s transport.Status) client.LinkStatus {
-	out := client.LinkStatus{
-		Peer: s.Peer, URL: s.URL, State: s.State, Acked: s.Acked, Last: s.Last,
-		EntriesBehind: s.EntriesBehind, BytesBehind: s.BytesBehind, OldestUnackedAge: s.OldestUnackedAge,
-		LastContact: s.LastContact, ConsecutiveErrors: s.ConsecutiveErrors, LastError: s.LastError,
-		InFlight: s.InFlight, Shipped: s.Shipped, Resent: s.Resent, Batches: s.Batches, Rewinds: s.Rewinds,
-		PermitRefusals: s.PermitRefusals, Paused: s.Paused, Detached: s.Detached, NeedsReseed: s.NeedsReseed,
-		Reseed:      client.ReseedStatus(s.Reseed),
-		ClockSkewMS: s.ClockSkewMS, Thresholds: client.Thresholds(s.Thresholds),
-		Conflict: s.Conflict, ReseedOwed: s.ReseedOwed, SendFailures: s.SendFailures, Liveness: s.Liveness,
-		Nodes: s.Nodes, PeerVersion: s.PeerVersion, Compression: s.Compression, BytesRaw: s.BytesRaw, BytesOnWire: s.BytesOnWire,
-	}
-	if s.Limits != nil {
-		l := client.PeerLimits(*s.Limits)
-		out.Limits = &l
-	}
-	out.Filter, out.BandwidthLimit, out.ThrottledSeconds = s.Filter, s.BandwidthLimit, s.ThrottledSeconds
-	b := s.Backfill
-	out.Backfill = client.BackfillStatus{Running: b.Running, Sent: b.Sent, Runs: b.Runs, Generation: b.Generation, Finished: b.Finished, Error: b.Error}
-	for _, sp := range b.Ranges {
-		out.Backfill.Ranges = append(out.Backfill.Ranges, client.Span(sp))
-	}
-	for _, sp := range b.Pending {
-		out.Backfill.Pending = append(out.Backfill.Pending, client.Span(sp))
 	}
 	return out
 }

@@ -6,6 +6,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/replicator/replicator/api"
+
 	"github.com/replicator/replicator/entry"
 	"github.com/replicator/replicator/wire"
 )
@@ -19,20 +21,8 @@ import (
 // which this cluster had collected deletes, so the peer drops the keys of
 // the ranges this cluster no longer holds (docs/DATAMODEL.md, "Filters").
 
-// BackfillStatus is the progress of a link's backfill.
-type BackfillStatus struct {
-	Running bool `json:"running"`
-	// Ranges are those of the running (or last) backfill; Pending those
-	// the log says the peer has not taken yet.
-	Ranges  []entry.Span `json:"ranges,omitempty"`
-	Pending []entry.Span `json:"pending,omitempty"`
-	Sent    int          `json:"sent_keys"`
-	Runs    int          `json:"runs"`
-	// Generation is the widening the last run sent (LinkSettings.BackfillGen).
-	Generation uint64    `json:"generation,omitempty"`
-	Finished   time.Time `json:"finished,omitzero"`
-	Error      string    `json:"error,omitempty"`
-}
+// BackfillStatus is the progress of a link's backfill (package api).
+type BackfillStatus = api.BackfillStatus
 
 // spanScope lets through the keys of a set of ranges.
 type spanScope []entry.Span

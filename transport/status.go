@@ -5,6 +5,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/replicator/replicator/api"
 	"github.com/replicator/replicator/hlc"
 	"github.com/replicator/replicator/wire"
 )
@@ -28,86 +29,18 @@ const (
 	StateFollower = "follower"
 )
 
-// ReseedStatus is the progress of a re-seed.
-type ReseedStatus struct {
-	Running  bool      `json:"running"`
-	Sent     int       `json:"sent_keys"`
-	Total    int       `json:"total_keys"`
-	Started  time.Time `json:"started,omitzero"`
-	Finished time.Time `json:"finished,omitzero"`
-	Runs     int       `json:"runs"`
-	Error    string    `json:"error,omitempty"`
-	// LastReason is why the last re-seed ran (an operator's request, a
-	// detach, a peer that asked after losing data, ...).
-	LastReason string `json:"last_reason,omitempty"`
-	// Requested: the last re-seed answered the peer's own request.
-	Requested bool `json:"requested,omitempty"`
-	// Live: the peer took the re-seed's begin, so live entries flow while
-	// the snapshot goes (a peer of an older build waits for its end).
-	Live bool `json:"live,omitempty"`
-	// Stream is the snapshot's own stream (hex), as the peer names it.
-	Stream string `json:"stream,omitempty"`
-}
-
-// Status is a link's figures.
-type Status struct {
-	Peer              string       `json:"peer"`
-	URL               string       `json:"url"`
-	State             string       `json:"state"`
-	Acked             uint64       `json:"acked_index"`
-	Last              uint64       `json:"last_index"`
-	EntriesBehind     uint64       `json:"entries_behind"`
-	BytesBehind       int64        `json:"bytes_behind"`
-	OldestUnackedAge  float64      `json:"oldest_unacked_age_seconds"`
-	LastContact       time.Time    `json:"last_contact,omitzero"`
-	ConsecutiveErrors int          `json:"consecutive_errors"`
-	LastError         string       `json:"last_error,omitempty"`
-	InFlight          int          `json:"in_flight_batches"`
-	Shipped           uint64       `json:"shipped_entries"`
-	Resent            uint64       `json:"resent_entries"`
-	Batches           uint64       `json:"batches"`
-	Rewinds           uint64       `json:"rewinds"`
-	PermitRefusals    uint64       `json:"permit_refusals"`
-	Paused            bool         `json:"paused"`
-	Detached          bool         `json:"detached"`
-	NeedsReseed       bool         `json:"needs_reseed"`
-	Reseed            ReseedStatus `json:"reseed"`
-	ClockSkewMS       float64      `json:"clock_skew_ms"`
-	Thresholds        Thresholds   `json:"thresholds"`
-	// Conflict is set when the peer holds entries of this stream the WAL
-	// does not have (a restored or copied data directory).
-	Conflict string `json:"identity_conflict,omitempty"`
-	// ReseedOwed: the peer asked for a re-seed (it lost data), not sent yet.
-	ReseedOwed bool `json:"reseed_owed,omitempty"`
-	// Limits are what the peer said it accepts.
-	Limits *wire.Limits `json:"peer_limits,omitempty"`
-	// SendFailures counts every failed send or heartbeat, ever.
-	SendFailures uint64 `json:"send_failures"`
-	// Liveness is what gossip says of the peer (empty without gossip).
-	Liveness string `json:"liveness,omitempty"`
-	// Nodes are the peer cluster's nodes its answers listed (a cluster
-	// of several): where the link fails over to.
-	Nodes []string `json:"peer_nodes,omitempty"`
-	// PeerVersion is the build the peer last answered with (empty before
-	// its first answer, or from a build that does not tell).
-	PeerVersion string `json:"peer_version,omitempty"`
-	// Compression is the link's (none, or zstd toward nodes that decode
-	// it); BytesRaw and BytesOnWire count request bodies before and after
-	// it.
-	Compression string `json:"compression"`
-	BytesRaw    uint64 `json:"bytes_raw"`
-	BytesOnWire uint64 `json:"bytes_on_wire"`
-	// Filter is the link's filter for the entries appended from now on, as
-	// an operator writes it ("every key", or "+prefix -prefix").
-	Filter string `json:"filter"`
-	// Backfill is the progress of the link's backfill (a widened filter).
-	Backfill BackfillStatus `json:"backfill"`
-	// BandwidthLimit is the link's limit in bytes per second of request
-	// bodies as sent (0: none); ThrottledSeconds how long posts waited for
-	// it, ever.
-	BandwidthLimit   int64   `json:"bandwidth_limit"`
-	ThrottledSeconds float64 `json:"throttled_seconds"`
-}
+// A link's report is in the contract's words (package api): what
+// /admin/peers answers, with no copy kept equal by a converter.
+type (
+	// Status is a link's figures.
+	Status = api.LinkStatus
+	// ReseedStatus is the progress of a re-seed.
+	ReseedStatus = api.ReseedStatus
+	// Thresholds classify a link's health: Lagging, entries behind whose
+	// oldest is older than it, or no contact for as long while behind
+	// (default 5 s); Stalled, the same past it (default 60 s).
+	Thresholds = api.Thresholds
+)
 
 // Delivery is how far the peer has this stream, for tombstone collection.
 type Delivery struct {
@@ -133,15 +66,6 @@ func (s *Shipper) Limits() *wire.Limits {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.mu.limits
-}
-
-// Thresholds classify a link's health.
-type Thresholds struct {
-	// Lagging: entries behind whose oldest is older than this, or no
-	// contact for this long while behind. Default 5s.
-	Lagging time.Duration `json:"lagging"`
-	// Stalled: the same past this. Default 60s.
-	Stalled time.Duration `json:"stalled"`
 }
 
 // Backlog is what a peer has not acknowledged yet.
@@ -226,7 +150,7 @@ func (s *Shipper) Status(th Thresholds, commitWall func(index uint64) (int64, bo
 		Thresholds:        th,
 		Conflict:          s.mu.conflict,
 		ReseedOwed:        s.mu.owed,
-		Limits:            s.mu.limits,
+		Limits:            peerLimits(s.mu.limits),
 		PeerVersion:       s.mu.peerVersion,
 		SendFailures:      s.mu.failures,
 		Compression:       cmp.Or(s.peer.Compression, CompressionNone),
@@ -285,4 +209,13 @@ func (s *Shipper) Status(th Thresholds, commitWall func(index uint64) (int64, bo
 		}
 	}
 	return st
+}
+
+// peerLimits is what the peer announced, in the report's words.
+func peerLimits(l *wire.Limits) *api.PeerLimits {
+	if l == nil {
+		return nil
+	}
+	pl := api.PeerLimits(*l)
+	return &pl
 }

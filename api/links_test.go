@@ -1,17 +1,14 @@
-package node
+package api
 
 import (
 	"encoding/json"
 	"reflect"
+	"strings"
 	"testing"
 	"time"
-
-	"github.com/replicator/replicator/transport"
-	"github.com/replicator/replicator/wire"
 )
 
-// fill sets every field of v to a value of its own, so a field the
-// conversion drops shows up as a difference.
+// fill sets every field of v to a value of its own.
 func fill(v reflect.Value, seed *int) {
 	*seed++
 	switch v.Kind() {
@@ -45,28 +42,28 @@ func fill(v reflect.Value, seed *int) {
 	}
 }
 
-// TestLinkStatusCarriesEveryField: the API's LinkStatus (package client,
-// which the CLI decodes) says everything the shipper's Status does, under
-// the same JSON names.
-func TestLinkStatusCarriesEveryField(t *testing.T) {
-	var s transport.Status
+// TestLinkStatusRoundTrips: every field of a link's report crosses JSON
+// and comes back (the shipper reports in this type, the CLI decodes it),
+// under the contract's names.
+func TestLinkStatusRoundTrips(t *testing.T) {
+	var s LinkStatus
 	seed := 0
 	fill(reflect.ValueOf(&s).Elem(), &seed)
-	if s.Limits == nil || *s.Limits == (wire.Limits{}) {
-		t.Fatal("fill left the limits empty")
-	}
-	want, err := json.Marshal(s)
+	b, err := json.Marshal(s)
 	if err != nil {
 		t.Fatal(err)
 	}
-	got, err := json.Marshal(linkStatus(s))
-	if err != nil {
+	var back LinkStatus
+	if err := json.Unmarshal(b, &back); err != nil {
 		t.Fatal(err)
 	}
-	var w, g map[string]any
-	json.Unmarshal(want, &w)
-	json.Unmarshal(got, &g)
-	if !reflect.DeepEqual(w, g) {
-		t.Fatalf("the API's link status differs from the shipper's:\nshipper %s\napi     %s", want, got)
+	if !reflect.DeepEqual(s, back) {
+		t.Fatalf("a link's report does not round-trip:\nsent %+v\ngot  %+v", s, back)
+	}
+	for _, name := range []string{`"acked_index"`, `"entries_behind"`, `"peer_limits"`, `"antientropy"`, `"kept_tombstones"`,
+		`"backfill"`, `"reseed"`, `"bandwidth_limit"`, `"identity_conflict"`} {
+		if !strings.Contains(string(b), name) {
+			t.Errorf("the report lacks %s: %s", name, b)
+		}
 	}
 }
