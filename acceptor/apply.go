@@ -336,16 +336,7 @@ func (a *Acceptor) withheldBy(e *entry.Entry, sender string) bool {
 		return false
 	}
 	f := a.opts.FromPeer(author)
-	if f == nil || f.All() {
-		return false
-	}
-	switch e.Op {
-	case entry.OpDeleteRange:
-		return len(f.Clip(e.Key, e.End)) == 0
-	case entry.OpSet, entry.OpDelete, entry.OpCounter:
-		return !f.Match(e.Key)
-	}
-	return false
+	return f != nil && f.KeepsHome(e)
 }
 
 // authoredHere reports whether a snapshot entry relays a write of this

@@ -253,7 +253,7 @@ func (l Local) Ask(_ context.Context, req *wire.TreeRequest) (*wire.TreeAnswer, 
 				state[i] = taken // listed once
 			}
 		}
-		sortVersions(ans.Versions)
+		wire.SortVersions(ans.Versions)
 	case wire.TreeVersions:
 		// Whole versions carry values: the answer stops at a budget of
 		// bytes (after one key at least) and says how many of the keys
@@ -297,7 +297,7 @@ func (l Local) Ask(_ context.Context, req *wire.TreeRequest) (*wire.TreeAnswer, 
 			}
 			ans.Versions = append(ans.Versions, version(k.Key, &r, nil, true))
 		}
-		sortVersions(ans.Versions)
+		wire.SortVersions(ans.Versions)
 	default:
 		return nil, fmt.Errorf("antientropy: operation %d", req.Op)
 	}
@@ -340,12 +340,6 @@ func sortedKeys(m map[string]entry.PN) []string {
 	}
 	sort.Strings(out)
 	return out
-}
-
-// sortVersions orders versions as answers carry them: by key, a plain
-// version before a counter of the same key.
-func sortVersions(vs []wire.TreeVersion) {
-	sort.Slice(vs, func(i, j int) bool { return less(vs[i].Key, vs[i].Counter, vs[j].Key, vs[j].Counter) })
 }
 
 func less(k1 string, c1 bool, k2 string, c2 bool) bool {

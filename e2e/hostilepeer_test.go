@@ -21,6 +21,7 @@ import (
 
 	"github.com/replicator/replicator/hashtree"
 	"github.com/replicator/replicator/hlc"
+	"github.com/replicator/replicator/internal/treeforge"
 	"github.com/replicator/replicator/wire"
 )
 
@@ -71,17 +72,15 @@ func prepareHostilePeer(t *testing.T, m *rmesh, mc *multiCombo, h *history) *hos
 	at := hlc.Timestamp{Wall: time.Now().UnixNano()}
 	for _, c := range m.clusters {
 		vs := []wire.TreeVersion{
-			{Key: keyIn("hostile/own-", hp.leaf, true), Origin: c, Value: []byte("forged: the asker's own origin")},
-			{Key: keyIn("hostile/nobody-", hp.leaf, true), Origin: "zz", Value: []byte("forged: nobody's")},
-			{Key: keyIn("hostile/unasked-", hp.leaf, false), Origin: "m", Value: []byte("forged: a leaf not asked")},
+			{Key: treeforge.KeyIn("hostile/own-", hp.leaf, true), Origin: c, Value: []byte("forged: the asker's own origin")},
+			{Key: treeforge.KeyIn("hostile/nobody-", hp.leaf, true), Origin: "zz", Value: []byte("forged: nobody's")},
+			{Key: treeforge.KeyIn("hostile/unasked-", hp.leaf, false), Origin: "m", Value: []byte("forged: a leaf not asked")},
 		}
 		for i := range vs {
 			vs[i].Stamp, vs[i].Whole, vs[i].Hash = at, true, uint64(i+1)
 		}
 		hp.forged[c] = vs
-		px := &forgingProxy{t: t, target: hp.node.url, secret: "secret-" + pair(c, "m"), forge: hp.forge(vs)}
-		hp.proxy[c] = httptest.NewServer(px)
-		t.Cleanup(hp.proxy[c].Close)
+		hp.proxy[c] = forgingProxy(t, hp.node.url, &treeforge.Forger{Secret: "secret-" + pair(c, "m"), Forge: hp.forge(vs)})
 		more := []string{"--peer", "m=" + hp.proxy[c].URL, "--peer-secret", "m=secret-" + pair(c, "m")}
 		for _, n := range m.members(c) {
 			n.args = append(n.args, more...)
@@ -159,6 +158,22 @@ func (hp *hostilePeer) run() {
 		}
 		return run[r.IntN(len(run))]
 	}
+	// dialRESP opens a connection to the RESP door of a running node
+	// (nil: none runs, or the dial failed).
+	dialRESP := func(r *rand.Rand) (*rnode, net.Conn) {
+		n := pick(r)
+		if n == nil {
+			return nil, nil
+		}
+		hp.mc.mu.Lock()
+		port := hp.mc.resp[n.id]
+		hp.mc.mu.Unlock()
+		nc, err := net.DialTimeout("tcp", fmt.Sprintf("127.0.0.1:%d", port), time.Second)
+		if err != nil {
+			return nil, nil
+		}
+		return n, nc
+	}
 	hc := &http.Client{Timeout: 30 * time.Second}
 	post := func(n *rnode, path string, body []byte, hdr map[string]string) int {
 		req, _ := http.NewRequest(http.MethodPost, n.url+path, bytes.NewReader(body))
@@ -208,15 +223,8 @@ func (hp *hostilePeer) run() {
 		}
 	})
 	loop(100*time.Millisecond, func(r *rand.Rand) {
-		n := pick(r)
-		if n == nil {
-			return
-		}
-		hp.mc.mu.Lock()
-		port := hp.mc.resp[n.id]
-		hp.mc.mu.Unlock()
-		nc, err := net.DialTimeout("tcp", fmt.Sprintf("127.0.0.1:%d", port), time.Second)
-		if err != nil {
+		n, nc := dialRESP(r)
+		if nc == nil {
 			return
 		}
 		defer nc.Close()
@@ -240,15 +248,8 @@ func (hp *hostilePeer) run() {
 		// closed at the deadline set at accept, however many PINGs it
 		// sends (before issue 46 each PING re-armed it).
 		loop(200*time.Millisecond, func(r *rand.Rand) {
-			n := pick(r)
-			if n == nil {
-				return
-			}
-			hp.mc.mu.Lock()
-			port := hp.mc.resp[n.id]
-			hp.mc.mu.Unlock()
-			nc, err := net.DialTimeout("tcp", fmt.Sprintf("127.0.0.1:%d", port), time.Second)
-			if err != nil {
+			n, nc := dialRESP(r)
+			if nc == nil {
 				return
 			}
 			hp.preAuth.Add(1)

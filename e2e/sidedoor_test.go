@@ -9,6 +9,8 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
 	"os"
 	"path/filepath"
 	"slices"
@@ -21,6 +23,7 @@ import (
 	"github.com/replicator/replicator/client"
 	"github.com/replicator/replicator/hashtree"
 	"github.com/replicator/replicator/hlc"
+	"github.com/replicator/replicator/internal/treeforge"
 	"github.com/replicator/replicator/node/api"
 	"github.com/replicator/replicator/wire"
 )
@@ -115,75 +118,18 @@ func testAdminThroughAFollower(t *testing.T) {
 	}
 }
 
-// forgingProxy sits on a's link to b and rewrites b's tree answers as a
-// hostile b would (it holds the link's secret, so it signs them again).
-type forgingProxy struct {
-	t      *testing.T
-	target string
-	secret string
-	forge  func(req *wire.TreeRequest, ans *wire.TreeAnswer)
-	mu     sync.Mutex
-	named  []string
-}
-
-func (p *forgingProxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	body, _ := io.ReadAll(r.Body)
-	out, _ := http.NewRequest(r.Method, p.target+r.URL.RequestURI(), bytes.NewReader(body))
-	out.Header = r.Header.Clone()
-	resp, err := http.DefaultTransport.RoundTrip(out)
+// forgingProxy is a hostile peer's proxy on a link: it passes everything
+// to target, and a's tree answers through the forger.
+func forgingProxy(t *testing.T, target string, f *treeforge.Forger) *httptest.Server {
+	u, err := url.Parse(target)
 	if err != nil {
-		http.Error(w, err.Error(), http.StatusBadGateway)
-		return
+		t.Fatal(err)
 	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	if r.URL.Path == wire.PathTree && resp.StatusCode == http.StatusOK {
-		req, err1 := wire.DecodeTreeRequest(body)
-		ans, err2 := wire.DecodeTreeAnswer(b)
-		if err1 == nil && err2 == nil {
-			if req.Op == wire.TreeVersions {
-				p.mu.Lock()
-				for _, k := range req.Keys {
-					p.named = append(p.named, k.Key)
-				}
-				p.mu.Unlock()
-			}
-			p.forge(req, ans)
-			slices.SortFunc(ans.Versions, func(x, y wire.TreeVersion) int {
-				if c := strings.Compare(x.Key, y.Key); c != 0 {
-					return c
-				}
-				switch {
-				case x.Counter == y.Counter:
-					return 0
-				case y.Counter:
-					return -1
-				}
-				return 1
-			})
-			b, _ = wire.EncodeTree(ans)
-			if nonce := r.Header.Get(wire.HeaderNonce); nonce != "" {
-				resp.Header.Set(wire.HeaderMAC, wire.AnswerMAC(p.secret, nonce, resp.StatusCode, b))
-			}
-		}
-	}
-	for k, vs := range resp.Header {
-		if k != "Content-Length" {
-			w.Header()[k] = vs
-		}
-	}
-	w.Header().Set("Content-Length", strconv.Itoa(len(b)))
-	w.WriteHeader(resp.StatusCode)
-	w.Write(b)
-}
-
-func keyIn(prefix string, leaf int, in bool) string {
-	for i := 0; ; i++ {
-		k := fmt.Sprintf("%s%d", prefix, i)
-		if (hashtree.Leaf(k) == leaf) == in {
-			return k
-		}
-	}
+	rp := httputil.NewSingleHostReverseProxy(u)
+	f.Next, rp.Transport = http.DefaultTransport, f
+	srv := httptest.NewServer(rp)
+	t.Cleanup(srv.Close)
+	return srv
 }
 
 // A hostile b forges its tree answers to a's comparison: it claims to have
@@ -195,20 +141,20 @@ func testForgingPeer(t *testing.T) {
 	a := newProc(t, "a", "a", "--antientropy-interval", "-1s")
 	b := newProc(t, "b", "b", "--antientropy-interval", "-1s", "--peer", "a="+a.url, "--peer-secret", "a=secret-ab")
 	leaf := hashtree.Leaf("shared/lacked")
-	victim, secret := keyIn("shared/victim-", leaf, true), keyIn("private/secret-", leaf, true)
-	px := &forgingProxy{t: t, target: b.url, secret: "secret-ab"}
+	victim, secret := treeforge.KeyIn("shared/victim-", leaf, true), treeforge.KeyIn("private/secret-", leaf, true)
+	px := &treeforge.Forger{Secret: "secret-ab"}
 	at := hlc.Timestamp{Wall: time.Now().UnixNano()}
 	forged := []wire.TreeVersion{
-		{Key: keyIn("shared/own-", leaf, true), Origin: "a", Value: []byte("forged")},
-		{Key: keyIn("shared/nobody-", leaf, true), Origin: "zz", Value: []byte("forged")},
+		{Key: treeforge.KeyIn("shared/own-", leaf, true), Origin: "a", Value: []byte("forged")},
+		{Key: treeforge.KeyIn("shared/nobody-", leaf, true), Origin: "zz", Value: []byte("forged")},
 		{Key: victim, Origin: "a", Tombstone: true},
-		{Key: keyIn("private/out-", leaf, true), Origin: "b", Value: []byte("forged")},
-		{Key: keyIn("shared/unasked-", leaf, false), Origin: "b", Value: []byte("forged")},
+		{Key: treeforge.KeyIn("private/out-", leaf, true), Origin: "b", Value: []byte("forged")},
+		{Key: treeforge.KeyIn("shared/unasked-", leaf, false), Origin: "b", Value: []byte("forged")},
 	}
 	for i := range forged {
 		forged[i].Stamp, forged[i].Whole, forged[i].Hash = at, true, uint64(i+1)
 	}
-	px.forge = func(req *wire.TreeRequest, ans *wire.TreeAnswer) {
+	px.Forge = func(req *wire.TreeRequest, ans *wire.TreeAnswer) {
 		switch req.Op {
 		case wire.TreeSums:
 			if req.Level == 0 {
@@ -240,8 +186,7 @@ func testForgingPeer(t *testing.T) {
 			}
 		}
 	}
-	srv := httptest.NewServer(px)
-	t.Cleanup(srv.Close)
+	srv := forgingProxy(t, b.url, px)
 	a.args = append(a.args, "--peer", "b="+srv.URL, "--peer-secret", "b=secret-ab")
 	a.startReady()
 	b.startReady()
@@ -277,9 +222,7 @@ func testForgingPeer(t *testing.T) {
 			t.Errorf("a took the forged %s (origin %s)", v.Key, v.Origin)
 		}
 	}
-	px.mu.Lock()
-	defer px.mu.Unlock()
-	for _, k := range px.named {
+	for _, k := range px.Named() {
 		if strings.HasPrefix(k, "private/") && k != forged[3].Key {
 			t.Errorf("a named %q to b, a key its filter keeps from b", k)
 		}

@@ -199,6 +199,23 @@ func (f Filter) Clip(start, end string) []Span {
 	return out
 }
 
+// KeepsHome reports that f, a cluster's filter toward a peer, keeps e home:
+// a set, delete or increment of a key it does not let cross, or a range
+// delete no part of which crosses (a part that does is sent whole). What a
+// third cluster relays of that cluster's writes is judged by it too.
+func (f Filter) KeepsHome(e *Entry) bool {
+	if f.All() {
+		return false
+	}
+	switch e.Op {
+	case OpDeleteRange:
+		return len(f.Clip(e.Key, e.End)) == 0
+	case OpSet, OpDelete, OpCounter:
+		return !f.Match(e.Key)
+	}
+	return false
+}
+
 // Excluded returns the key ranges f keeps home (the complement of Spans),
 // sorted and disjoint.
 func (f Filter) Excluded() []Span {

@@ -161,3 +161,27 @@ func TestExcludedAndKeepSpans(t *testing.T) {
 		t.Fatal("SpansMeet")
 	}
 }
+
+// TestKeepsHome: what a filter keeps home of an entry, the one rule the
+// acceptor's screen and the state machine judge relays by.
+func TestKeepsHome(t *testing.T) {
+	f := Filter{Exclude: []string{"home/"}}
+	for _, c := range []struct {
+		e    Entry
+		want bool
+	}{
+		{Entry{Op: OpSet, Key: "home/k"}, true},
+		{Entry{Op: OpDelete, Key: "home/k"}, true},
+		{Entry{Op: OpCounter, Key: "home/c"}, true},
+		{Entry{Op: OpSet, Key: "out/k"}, false},
+		{Entry{Op: OpDeleteRange, Key: "home/a", End: "home/z"}, true},
+		{Entry{Op: OpDeleteRange, Key: "a", End: "z"}, false}, // a part crosses
+	} {
+		if got := f.KeepsHome(&c.e); got != c.want {
+			t.Errorf("%+v: KeepsHome %v, want %v", c.e, got, c.want)
+		}
+	}
+	if (Filter{}).KeepsHome(&Entry{Op: OpSet, Key: "home/k"}) {
+		t.Error("the filter of every key kept something home")
+	}
+}

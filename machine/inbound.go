@@ -497,16 +497,7 @@ func (m *Machine) withheldRelay(bt *wire.Batch, sender string, in *Inbound, e *e
 		return false
 	}
 	f := m.Link(author).FromPeer
-	if f == nil || f.All() {
-		return false
-	}
-	switch e.Op {
-	case entry.OpDeleteRange:
-		return len(f.Clip(e.Key, e.End)) == 0
-	case entry.OpSet, entry.OpDelete, entry.OpCounter:
-		return !f.Match(e.Key)
-	}
-	return false
+	return f != nil && f.KeepsHome(e)
 }
 
 // filterUnheard reports a cluster whose filter toward this one the log has

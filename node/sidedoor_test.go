@@ -5,10 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
-	"net/http"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -20,89 +17,10 @@ import (
 	"github.com/replicator/replicator/entry"
 	"github.com/replicator/replicator/hashtree"
 	"github.com/replicator/replicator/hlc"
+	"github.com/replicator/replicator/internal/treeforge"
 	"github.com/replicator/replicator/node/api"
 	"github.com/replicator/replicator/wire"
 )
-
-// treeForger is a hostile peer's tree answers: it sits on the asking
-// cluster's link, lets the real peer answer, then rewrites the answer with
-// forge and signs it again with the link's secret (which a hostile peer
-// holds). It records the keys every versions request named.
-type treeForger struct {
-	next   http.RoundTripper
-	secret string
-	forge  func(req *wire.TreeRequest, ans *wire.TreeAnswer)
-	mu     sync.Mutex
-	named  []string
-}
-
-func (f *treeForger) RoundTrip(r *http.Request) (*http.Response, error) {
-	if r.URL.Path != wire.PathTree || r.Body == nil {
-		return f.next.RoundTrip(r)
-	}
-	body, err := io.ReadAll(r.Body)
-	if err != nil {
-		return nil, err
-	}
-	r.Body = io.NopCloser(bytes.NewReader(body))
-	req, err := wire.DecodeTreeRequest(body)
-	if err != nil {
-		return nil, err
-	}
-	resp, err := f.next.RoundTrip(r)
-	if err != nil || resp.StatusCode != http.StatusOK {
-		return resp, err
-	}
-	b, err := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	if err != nil {
-		return nil, err
-	}
-	ans, err := wire.DecodeTreeAnswer(b)
-	if err != nil {
-		return nil, err
-	}
-	if req.Op == wire.TreeVersions {
-		f.mu.Lock()
-		for _, k := range req.Keys {
-			f.named = append(f.named, k.Key)
-		}
-		f.mu.Unlock()
-	}
-	f.forge(req, ans)
-	slices.SortFunc(ans.Versions, func(x, y wire.TreeVersion) int {
-		if c := strings.Compare(x.Key, y.Key); c != 0 {
-			return c
-		}
-		switch {
-		case x.Counter == y.Counter:
-			return 0
-		case y.Counter:
-			return -1
-		}
-		return 1
-	})
-	if b, err = wire.EncodeTree(ans); err != nil {
-		return nil, err
-	}
-	resp.Body = io.NopCloser(bytes.NewReader(b))
-	resp.ContentLength = int64(len(b))
-	resp.Header.Set("Content-Length", strconv.Itoa(len(b)))
-	if nonce := r.Header.Get(wire.HeaderNonce); nonce != "" {
-		resp.Header.Set(wire.HeaderMAC, wire.AnswerMAC(f.secret, nonce, resp.StatusCode, b))
-	}
-	return resp, nil
-}
-
-// keyInLeaf is a key named prefix-N whose leaf is leaf (in or not).
-func keyInLeaf(prefix string, leaf int, in bool) string {
-	for i := 0; ; i++ {
-		k := fmt.Sprintf("%s%d", prefix, i)
-		if (hashtree.Leaf(k) == leaf) == in {
-			return k
-		}
-	}
-}
 
 // A hostile peer's tree answers (issue 46, 2 and 3): a repair takes only
 // the peer's own writes of keys inside the link's filters, in the leaves it
@@ -110,11 +28,11 @@ func keyInLeaf(prefix string, leaf int, in bool) string {
 // to the peer only keys its own filter lets cross, whatever scope the peer
 // claims to have compared.
 func TestRepairTakesOnlyWhatTheInboundPathWould(t *testing.T) {
-	forger := &treeForger{secret: "s"}
+	forger := &treeforge.Forger{Secret: "s"}
 	m := newTestMesh(t, hlc.SystemClock{}, func(o *Options) {
 		o.AntiEntropyInterval = -1
 		if o.ClusterID == "a" {
-			forger.next = o.PeerTransport
+			forger.Next = o.PeerTransport
 			o.PeerTransport = forger
 		}
 	}, "a", "b")
@@ -125,8 +43,8 @@ func TestRepairTakesOnlyWhatTheInboundPathWould(t *testing.T) {
 	}
 	const lacked = "shared/lacked"
 	leaf := hashtree.Leaf(lacked)
-	victim := keyInLeaf("shared/victim-", leaf, true)
-	secret := keyInLeaf("private/secret-", leaf, true)
+	victim := treeforge.KeyIn("shared/victim-", leaf, true)
+	secret := treeforge.KeyIn("private/secret-", leaf, true)
 	if _, err := a.Put(ctx, victim, []byte("the victim's")); err != nil {
 		t.Fatal(err)
 	}
@@ -139,18 +57,18 @@ func TestRepairTakesOnlyWhatTheInboundPathWould(t *testing.T) {
 	}
 	at := b.clock.Now()
 	forged := []wire.TreeVersion{
-		{Key: keyInLeaf("shared/own-", leaf, true), Origin: "a", Value: []byte("forged, a's origin")},
-		{Key: keyInLeaf("shared/nobody-", leaf, true), Origin: "zz", Value: []byte("forged, unknown origin")},
+		{Key: treeforge.KeyIn("shared/own-", leaf, true), Origin: "a", Value: []byte("forged, a's origin")},
+		{Key: treeforge.KeyIn("shared/nobody-", leaf, true), Origin: "zz", Value: []byte("forged, unknown origin")},
 		{Key: victim, Origin: "a", Tombstone: true},
-		{Key: keyInLeaf("private/out-", leaf, true), Origin: "b", Value: []byte("forged, outside the filter")},
-		{Key: keyInLeaf("shared/unasked-", leaf, false), Origin: "b", Value: []byte("forged, a leaf not asked")},
-		{Key: keyInLeaf("shared/ctr-", leaf, true), Counter: true, Origin: "b", Kind: uint8(entry.KindCounter),
+		{Key: treeforge.KeyIn("private/out-", leaf, true), Origin: "b", Value: []byte("forged, outside the filter")},
+		{Key: treeforge.KeyIn("shared/unasked-", leaf, false), Origin: "b", Value: []byte("forged, a leaf not asked")},
+		{Key: treeforge.KeyIn("shared/ctr-", leaf, true), Counter: true, Origin: "b", Kind: uint8(entry.KindCounter),
 			Totals: []wire.Component{{Cluster: "a/0", P: 1 << 62}}},
 	}
 	for i := range forged {
 		forged[i].Stamp, forged[i].Whole, forged[i].Hash = at, true, uint64(i+1)
 	}
-	forger.forge = func(req *wire.TreeRequest, ans *wire.TreeAnswer) {
+	forger.Forge = func(req *wire.TreeRequest, ans *wire.TreeAnswer) {
 		switch req.Op {
 		case wire.TreeSums:
 			if req.Level == 0 {
@@ -207,9 +125,7 @@ func TestRepairTakesOnlyWhatTheInboundPathWould(t *testing.T) {
 			t.Errorf("%s (origin %s) was applied: %v", v.Key, v.Origin, err)
 		}
 	}
-	forger.mu.Lock()
-	defer forger.mu.Unlock()
-	for _, k := range forger.named {
+	for _, k := range forger.Named() {
 		if strings.HasPrefix(k, "private/") && k != forged[3].Key {
 			t.Errorf("a named %q to the peer, a key its filter keeps home", k)
 		}

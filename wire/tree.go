@@ -345,3 +345,14 @@ func checkFilters(fs []Filter) error {
 	}
 	return nil
 }
+
+// SortVersions orders versions as answers carry them: by key, a plain
+// version before a counter of the same key.
+func SortVersions(vs []TreeVersion) {
+	sort.Slice(vs, func(i, j int) bool {
+		if vs[i].Key != vs[j].Key {
+			return vs[i].Key < vs[j].Key
+		}
+		return !vs[i].Counter && vs[j].Counter
+	})
+}
