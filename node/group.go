@@ -42,6 +42,10 @@ type consensus struct {
 	n *Node
 	// removed is why the cluster keeps this node out (nil: it does not).
 	removed atomic.Pointer[error]
+	// opened is the group once cluster.Open returned it: a refusal can
+	// come from the raft port during the open itself (on another
+	// goroutine), before n.group is set.
+	opened atomic.Pointer[cluster.Group]
 	// formatMu is held by raiseFormat and by each admission of a member
 	// until it is in the configuration.
 	formatMu sync.Mutex
@@ -331,6 +335,10 @@ func (cs *consensus) openGroup() (created bool, err error) {
 		return false, err
 	}
 	n.group = g
+	cs.opened.Store(g)
+	if cs.removed.Load() != nil {
+		g.Halt() // refused while it opened
+	}
 	if err := g.Fenced(); err != nil {
 		cs.refused(fmt.Errorf("%w: %w; start it with an empty data directory: it comes back as a new member", api.ErrRemoved, err))
 	}
@@ -739,8 +747,8 @@ func (cs *consensus) refused(err error) {
 	if n.fsm != nil {
 		n.fsm.Break(err)
 	}
-	if n.group != nil {
-		n.group.Halt()
+	if g := cs.opened.Load(); g != nil {
+		g.Halt()
 	}
 }
 
