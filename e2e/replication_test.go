@@ -313,9 +313,21 @@ func TestLostAcksThroughProxy(t *testing.T) {
 	s := seed(t)
 	m := newMesh(t, s, true, "a", "b")
 	px := m.proxies["a->b"]
+	m.start()
+	// The faults start once the link has proven its secret and shipped:
+	// lost answers to the proof only delay the link (the sender backs
+	// off), and a workload that finishes meanwhile ships in a handful of
+	// batches, too few for the faults to touch.
+	a, b := m.nodes["a"], m.nodes["b"]
+	if _, err := a.client().Put(bg(), "lost-acks/ready", []byte("1")); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 30*time.Second, func() (bool, string) {
+		_, err := b.client().Get(bg(), "lost-acks/ready")
+		return err == nil, fmt.Sprintf("b has not received a's first write: %v", err)
+	})
 	px.setLoseAck(0.3)
 	px.setDup(0.1)
-	m.start()
 	writes := workload(t, m, s, 2000, 200, true)
 	px.setLoseAck(0)
 	px.setDup(0)
