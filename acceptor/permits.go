@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"time"
 
+	"github.com/replicator/replicator/api"
 	"github.com/replicator/replicator/wire"
 )
 
@@ -20,15 +21,8 @@ const (
 // wait queue is full (or the wait ran out).
 var ErrNoPermit = errors.New("acceptor: no replay permit free")
 
-// PermitStats describe the replay permits.
-type PermitStats struct {
-	Capacity int    `json:"capacity"`
-	InUse    int    `json:"in_use"`
-	Queued   int    `json:"queued"`
-	QueueCap int    `json:"queue_capacity"`
-	Refused  uint64 `json:"refused"`
-	State    string `json:"state"` // healthy, throttled, saturated
-}
+// PermitStats describe the replay permits (api.PermitStats).
+type PermitStats = api.PermitStats
 
 // slots count what is held of a bounded resource, in all and per sender
 // (guarded by the acceptor's mu).

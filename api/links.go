@@ -1,9 +1,3 @@
-// Package api holds the words of the node's contract that every layer
-// shares: what its endpoints answer, in Go types with their JSON names. It
-// is a leaf (it imports only entry), so the transport reports in these
-// types, the client decodes them and the doors answer them without any of
-// them importing another (issue 47: one LinkStatus type, not a copy kept
-// equal by a converter).
 package api
 
 import (

@@ -25,38 +25,24 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/raft"
 
+	"github.com/replicator/replicator/api"
 	"github.com/replicator/replicator/internal/options"
 	"github.com/replicator/replicator/internal/raftconn"
 	"github.com/replicator/replicator/wal"
 )
 
-// Errors.
+// Errors. The classes a door maps are the contract's words (package api).
 var (
-	// ErrNotLeader: this node cannot commit; NotLeaderError names the
-	// leader when one is known.
-	ErrNotLeader = errors.New("cluster: not the leader")
-	// ErrQuorum refuses a removal that would leave the group without a
-	// quorum of live voters.
-	ErrQuorum = errors.New("cluster: the change would lose quorum")
-	// ErrUnknownNode is a removal of a node that is not a member.
-	ErrUnknownNode = errors.New("cluster: no such node")
+	ErrNotLeader   = api.ErrNotLeader
+	ErrQuorum      = api.ErrQuorum
+	ErrUnknownNode = api.ErrUnknownNode
+	ErrRemoved     = api.ErrNodeIDRemoved
 	// ErrNotAlone refuses to start a node of several as a node alone.
 	ErrNotAlone = errors.New("cluster: the node belongs to a cluster of several")
-	// ErrRemoved refuses a node ID that was removed from the group.
-	ErrRemoved = errors.New("cluster: the node ID was removed")
 )
 
-// NotLeaderError says who leads (empty when nobody is known to).
-type NotLeaderError struct{ LeaderID, LeaderAddr string }
-
-func (e *NotLeaderError) Error() string {
-	if e.LeaderID == "" {
-		return "cluster: not the leader, and no leader is known"
-	}
-	return fmt.Sprintf("cluster: not the leader (the leader is %s at %s)", e.LeaderID, e.LeaderAddr)
-}
-
-func (e *NotLeaderError) Unwrap() error { return ErrNotLeader }
+// NotLeaderError says who leads (api.NotLeaderError).
+type NotLeaderError = api.NotLeaderError
 
 // Member is a node of this cluster as gossip reports it.
 type Member struct {

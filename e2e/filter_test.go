@@ -13,7 +13,7 @@ import (
 
 	"github.com/replicator/replicator/client"
 	"github.com/replicator/replicator/node"
-	"github.com/replicator/replicator/node/api"
+	"github.com/replicator/replicator/api"
 )
 
 // prefixDigest is a node's digest of the keys under prefixes.

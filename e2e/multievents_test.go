@@ -15,7 +15,7 @@ import (
 	"time"
 
 	"github.com/replicator/replicator/datadir"
-	"github.com/replicator/replicator/node/api"
+	"github.com/replicator/replicator/api"
 )
 
 // Operator events on a cluster of several nodes (issue 24), each done as

@@ -19,7 +19,7 @@ import (
 
 	"github.com/replicator/replicator/client"
 	"github.com/replicator/replicator/node"
-	"github.com/replicator/replicator/node/api"
+	"github.com/replicator/replicator/api"
 	"github.com/replicator/replicator/policy"
 )
 

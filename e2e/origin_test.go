@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/replicator/replicator/node/api"
+	"github.com/replicator/replicator/api"
 )
 
 func originOf(t *testing.T, p *proc) api.OriginReport {

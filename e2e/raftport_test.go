@@ -14,7 +14,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/replicator/replicator/node/api"
+	"github.com/replicator/replicator/api"
 	"github.com/replicator/replicator/transport"
 )
 

@@ -18,7 +18,7 @@ import (
 
 	"github.com/replicator/replicator/client"
 	"github.com/replicator/replicator/entry"
-	"github.com/replicator/replicator/node/api"
+	"github.com/replicator/replicator/api"
 )
 
 // mesh is a set of clusters in a full mesh, each link optionally through a

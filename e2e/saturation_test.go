@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/replicator/replicator/node/api"
+	"github.com/replicator/replicator/api"
 )
 
 func linkState(t *testing.T, p *proc, peer string) (string, bool) {

@@ -24,7 +24,7 @@ import (
 	"github.com/replicator/replicator/hlc"
 	"github.com/replicator/replicator/internal/testpki"
 	"github.com/replicator/replicator/node"
-	"github.com/replicator/replicator/node/api"
+	"github.com/replicator/replicator/api"
 	"github.com/replicator/replicator/wire"
 )
 

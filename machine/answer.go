@@ -3,8 +3,8 @@ package machine
 import (
 	"encoding/json"
 
+	"github.com/replicator/replicator/api"
 	"github.com/replicator/replicator/entry"
-	"github.com/replicator/replicator/internal/jsonstring"
 )
 
 // The answers a keyed request records. A keyed write's record (status and
@@ -19,51 +19,22 @@ import (
 // answer's value itself; it never sees a request or a response.
 const recordedStatus = 200
 
-// AnswerKind names the shape of a recorded answer.
-type AnswerKind uint8
-
-const (
-	// AnswerWrite: a single-key put or delete, WriteAnswer.
-	AnswerWrite AnswerKind = iota + 1
-	// AnswerRange: a range delete, RangeAnswer.
-	AnswerRange
-	// AnswerCounter: an increment, CounterAnswer.
-	AnswerCounter
-	// AnswerBatch: an atomic batch, BatchAnswer (with its operation ID).
-	AnswerBatch
-	answerKinds
+// The recorded answers' shapes are the contract's words (package api).
+type (
+	AnswerKind    = api.AnswerKind
+	WriteAnswer   = api.WriteAnswer
+	RangeAnswer   = api.RangeAnswer
+	CounterAnswer = api.CounterAnswer
+	BatchAnswer   = api.BatchAnswer
 )
 
-// WriteAnswer is the answer to a single-key write.
-type WriteAnswer struct {
-	Key     string `json:"key"`
-	Version string `json:"version"`
-	Origin  string `json:"origin"`
-}
-
-// RangeAnswer is the answer to a range delete.
-type RangeAnswer struct {
-	Start   string `json:"start"`
-	End     string `json:"end"`
-	Version string `json:"version"`
-	Origin  string `json:"origin"`
-}
-
-// CounterAnswer is the answer to an increment.
-type CounterAnswer struct {
-	Key     string `json:"key"`
-	Value   int64  `json:"value"`
-	Version string `json:"version"`
-	Origin  string `json:"origin"`
-}
-
-// BatchAnswer is the answer to an atomic batch.
-type BatchAnswer struct {
-	OperationID string `json:"operation_id,omitempty"`
-	Ops         int    `json:"ops"`
-	Version     string `json:"version"`
-	Origin      string `json:"origin"`
-}
+const (
+	AnswerWrite   = api.AnswerWrite
+	AnswerRange   = api.AnswerRange
+	AnswerCounter = api.AnswerCounter
+	AnswerBatch   = api.AnswerBatch
+	answerKinds   = api.AnswerBatch + 1
+)
 
 // Answer renders the answer of kind to the stamped write e; counterValue is
 // an increment's result here, opID a batch's operation ID.
@@ -84,14 +55,7 @@ func Answer(kind AnswerKind, e *entry.Entry, counterValue int64, opID string) (s
 	return recordedStatus, append(b, '\n')
 }
 
-// AppendWriteAnswer appends the JSON of WriteAnswer (as encoding/json
-// writes it, newline included) without reflection: it is every single write's answer.
+// AppendWriteAnswer appends the JSON of WriteAnswer (api.AppendWriteAnswer).
 func AppendWriteAnswer(dst []byte, key, version, origin string) []byte {
-	dst = append(dst, `{"key":`...)
-	dst = jsonstring.Append(dst, key)
-	dst = append(dst, `,"version":`...)
-	dst = jsonstring.Append(dst, version)
-	dst = append(dst, `,"origin":`...)
-	dst = jsonstring.Append(dst, origin)
-	return append(dst, "}\n"...)
+	return api.AppendWriteAnswer(dst, key, version, origin)
 }

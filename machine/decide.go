@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math/big"
 
+	"github.com/replicator/replicator/api"
 	"github.com/replicator/replicator/entry"
 	"github.com/replicator/replicator/store"
 )
@@ -18,40 +19,18 @@ import (
 // node state), so every node of a cluster that applies the same command to
 // the same state decides the same.
 
+// The decisions' refusals and a write's precondition are the contract's
+// words (package api): the doors map them without importing the machine.
 var (
-	// ErrPrecondition refuses a conditional write whose condition does
-	// not hold (412).
-	ErrPrecondition = errors.New("machine: precondition failed")
-	// ErrKindConflict refuses a counter operation on a plain key, or a
-	// plain write on a counter key (409).
-	ErrKindConflict = errors.New("machine: key holds another kind")
+	ErrPrecondition = api.ErrPrecondition
+	ErrKindConflict = api.ErrKindConflict
 )
 
-// PreconditionError carries the key's current version ("" when absent),
-// and the delete's version when the key holds a tombstone.
-type PreconditionError struct {
-	Key     string
-	Current string
-	Deleted string
-	Why     string
-}
+// PreconditionError carries the key's current version (api.PreconditionError).
+type PreconditionError = api.PreconditionError
 
-func (e *PreconditionError) Error() string {
-	return fmt.Sprintf("machine: precondition failed on %q: %s", e.Key, e.Why)
-}
-
-func (e *PreconditionError) Is(target error) bool { return target == ErrPrecondition }
-
-// Condition is a precondition of a single-key write (HTTP If-Match,
-// If-None-Match), decided in commit order. It is a local decision: what
-// replicates is the resulting write; it is not a lock across clusters
-// (docs/DATAMODEL.md).
-type Condition struct {
-	// IfMatch: the key must hold exactly this version ("" = no condition).
-	IfMatch string
-	// IfNoneMatch: the key must hold no live value (get-or-set).
-	IfNoneMatch bool
-}
+// Condition is a precondition of a single-key write (api.Condition).
+type Condition = api.Condition
 
 // Reader is what decisions read: the tree as committed (*store.Store).
 type Reader interface {
@@ -271,9 +250,8 @@ func (o *Overlay) checkRestore(key string, r *entry.Restore) error {
 	return pe
 }
 
-// ErrCounterRange refuses an increment that would take a counter, or its
-// totals, out of the 64-bit range (400, out_of_range).
-var ErrCounterRange = errors.New("machine: counter out of range")
+// ErrCounterRange refuses an increment out of range (api.ErrCounterRange).
+var ErrCounterRange = api.ErrCounterRange
 
 // counterInRange checks that a counter whose component comp takes totals t
 // stays within int64, and its totals within uint64 (t wrapped if it fell
@@ -335,9 +313,8 @@ func (o *Overlay) setPlain(k string, st plainState) {
 // was decided.
 var ErrUnreadable = errors.New("machine: tree unreadable")
 
-// ErrIdempotencyConflict refuses a request whose idempotency key was already
-// used by a different request (422).
-var ErrIdempotencyConflict = errors.New("machine: idempotency key reused for a different request")
+// ErrIdempotencyConflict refuses a reused idempotency key (api.ErrIdempotencyConflict).
+var ErrIdempotencyConflict = api.ErrIdempotencyConflict
 
 // KeyedDecision is what the tree says of a keyed request.
 type KeyedDecision uint8

@@ -16,7 +16,7 @@ import (
 	"time"
 
 	"github.com/cockroachdb/pebble/v2"
-	"github.com/replicator/replicator/node/api"
+	"github.com/replicator/replicator/api"
 	twal "github.com/tidwall/wal"
 )
 

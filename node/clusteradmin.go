@@ -15,7 +15,7 @@ import (
 
 	"github.com/replicator/replicator/cluster"
 	"github.com/replicator/replicator/machine"
-	"github.com/replicator/replicator/node/api"
+	"github.com/replicator/replicator/api"
 	"github.com/replicator/replicator/node/httpapi"
 	"github.com/replicator/replicator/origin"
 )

@@ -9,7 +9,7 @@ import (
 
 	"github.com/replicator/replicator/client"
 	"github.com/replicator/replicator/hlc"
-	"github.com/replicator/replicator/node/api"
+	"github.com/replicator/replicator/api"
 )
 
 // TestConflictLogAcrossClusters: two clusters write while their links are

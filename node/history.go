@@ -5,7 +5,7 @@ import (
 	"time"
 
 	"github.com/replicator/replicator/client"
-	"github.com/replicator/replicator/node/api"
+	"github.com/replicator/replicator/api"
 )
 
 // The dashboard's chart is served by the node: a ring of samples of every

@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/replicator/replicator/node/api"
+	"github.com/replicator/replicator/api"
 	"github.com/replicator/replicator/store"
 )
 

@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/replicator/replicator/acceptor"
-	"github.com/replicator/replicator/node/api"
+	"github.com/replicator/replicator/api"
 )
 
 // lagRing keeps the most recent replication lag samples (apply time minus

@@ -6,7 +6,7 @@ import (
 
 	"github.com/replicator/replicator/entry"
 	"github.com/replicator/replicator/machine"
-	"github.com/replicator/replicator/node/api"
+	"github.com/replicator/replicator/api"
 )
 
 // What crosses each link is state of the cluster's log (machine.LinkCmd):

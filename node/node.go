@@ -28,7 +28,7 @@ import (
 	"github.com/replicator/replicator/hlc"
 	"github.com/replicator/replicator/internal/options"
 	"github.com/replicator/replicator/machine"
-	"github.com/replicator/replicator/node/api"
+	"github.com/replicator/replicator/api"
 	"github.com/replicator/replicator/node/httpapi"
 	"github.com/replicator/replicator/origin"
 	"github.com/replicator/replicator/store"

@@ -26,7 +26,7 @@ import (
 	ports "github.com/replicator/replicator/internal/loopback"
 	"github.com/replicator/replicator/internal/raftconn"
 	"github.com/replicator/replicator/machine"
-	"github.com/replicator/replicator/node/api"
+	"github.com/replicator/replicator/api"
 	"github.com/replicator/replicator/origin"
 	"github.com/replicator/replicator/policy"
 	"github.com/replicator/replicator/store"

@@ -16,7 +16,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/replicator/replicator/entry"
-	"github.com/replicator/replicator/node/api"
+	"github.com/replicator/replicator/api"
 	"github.com/replicator/replicator/node/httpapi"
 	"github.com/replicator/replicator/resp"
 	"github.com/replicator/replicator/transport"

@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"github.com/replicator/replicator/acceptor"
-	"github.com/replicator/replicator/node/api"
+	"github.com/replicator/replicator/api"
 	"github.com/replicator/replicator/transport"
 )
 

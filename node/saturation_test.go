@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/replicator/replicator/node/api"
+	"github.com/replicator/replicator/api"
 )
 
 // TestPermitRefusalsRetried: with one replay permit and a queue of one,

@@ -5,7 +5,7 @@ import (
 	"fmt"
 
 	"github.com/replicator/replicator/entry"
-	"github.com/replicator/replicator/node/api"
+	"github.com/replicator/replicator/api"
 	"github.com/replicator/replicator/policy"
 )
 

@@ -5,7 +5,7 @@ import (
 	"math"
 	"time"
 
-	"github.com/replicator/replicator/node/api"
+	"github.com/replicator/replicator/api"
 	"github.com/replicator/replicator/transport"
 )
 

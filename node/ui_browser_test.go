@@ -13,7 +13,7 @@ import (
 
 	"github.com/chromedp/cdproto/page"
 	"github.com/chromedp/chromedp"
-	"github.com/replicator/replicator/node/api"
+	"github.com/replicator/replicator/api"
 )
 
 // click clicks a button of a table the page rebuilds every second: a node

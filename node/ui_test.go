@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/replicator/replicator/node/api"
+	"github.com/replicator/replicator/api"
 )
 
 // chromium finds Debian's headless Chromium. .ci/run installs it and sets

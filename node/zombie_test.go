@@ -10,7 +10,7 @@ import (
 
 	"github.com/replicator/replicator/client"
 	"github.com/replicator/replicator/hlc"
-	"github.com/replicator/replicator/node/api"
+	"github.com/replicator/replicator/api"
 )
 
 // TestRestoredOldBackupDoesNotSpreadZombies: a is restored from a backup

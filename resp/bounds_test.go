@@ -11,9 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/replicator/replicator/api"
 	"github.com/replicator/replicator/entry"
-	"github.com/replicator/replicator/node/api"
-	"github.com/replicator/replicator/store"
 )
 
 // waitNode writes everything at once, and its one peer holds nothing until
@@ -58,8 +57,8 @@ func (f *waitNode) hold() {
 		f.bell = nil
 	}
 }
-func (f *waitNode) Get(key string) (store.Record, error) {
-	return store.Record{Value: f.val}, nil
+func (f *waitNode) Get(key string) (entry.Record, error) {
+	return entry.Record{Value: f.val}, nil
 }
 
 func serve(t *testing.T, n Node, o Options) (*Server, string) {

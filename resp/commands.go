@@ -8,8 +8,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/replicator/replicator/api"
 	"github.com/replicator/replicator/entry"
-	"github.com/replicator/replicator/node/api"
 )
 
 // command is one entry of the command table.

@@ -5,7 +5,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/replicator/replicator/store"
+	"github.com/replicator/replicator/api"
 )
 
 // cursors keeps each SCAN's place (the key to resume after: up to 4 KiB,
@@ -115,6 +115,6 @@ func (cs *cursors) take(id uint64, prefix string) (string, bool) {
 }
 
 // scanOptions is a SCAN page as the store reads it.
-func scanOptions(prefix, after string, count int) store.ScanOptions {
-	return store.ScanOptions{Prefix: prefix, After: after, Limit: count}
+func scanOptions(prefix, after string, count int) api.ScanOptions {
+	return api.ScanOptions{Prefix: prefix, After: after, Limit: count}
 }

@@ -5,7 +5,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/replicator/replicator/node/api"
+	"github.com/replicator/replicator/api"
 )
 
 // TestErrorClasses: each error of the node's write path answers with the

@@ -11,19 +11,18 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/replicator/replicator/api"
 	"github.com/replicator/replicator/entry"
 	"github.com/replicator/replicator/internal/secret"
-	"github.com/replicator/replicator/node/api"
-	"github.com/replicator/replicator/store"
 )
 
 // Node is what the front door asks of a node: the same Go API the HTTP
 // surface calls (no second write path).
 type Node interface {
 	ClusterID() string
-	Get(key string) (store.Record, error)
+	Get(key string) (entry.Record, error)
 	Counter(key string) (api.CounterResult, error)
-	Scan(o store.ScanOptions) ([]store.Item, string, error)
+	Scan(o api.ScanOptions) ([]api.Item, string, error)
 	// Submit queues a write behind every write the caller submitted before
 	// it and returns without waiting; wait returns its outcome once it is
 	// committed as an HTTP write's 200 is (synced; in a cluster of several,

@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/replicator/replicator/node/api"
+	"github.com/replicator/replicator/api"
 )
 
 // flakyListener fails its first Accepts, as a listener out of file

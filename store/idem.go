@@ -8,6 +8,7 @@ import (
 
 	"github.com/cockroachdb/pebble/v2"
 
+	"github.com/replicator/replicator/api"
 	"github.com/replicator/replicator/entry"
 )
 
@@ -17,18 +18,8 @@ const (
 	idemVersion = 1
 )
 
-// IdemRecord is what an Idempotency-Key answered. Records resolve
-// last-writer-wins on Stamp like data: when two clusters each took a first
-// attempt of the same key before either heard of the other, both converge to
-// the record of the write that won.
-type IdemRecord struct {
-	Key         string
-	Fingerprint []byte
-	Status      int
-	Body        []byte
-	Stamp       entry.Stamp // the stamp of the write that created it
-	Expires     int64       // wall ns
-}
+// IdemRecord is what an Idempotency-Key answered (api.IdemRecord).
+type IdemRecord = api.IdemRecord
 
 // appendIdem encodes: version(1) | hlc(12) | len(origin)(1) | origin |
 // expires(8) | status(2) | len(fp)(1) | fp | body

@@ -6,6 +6,7 @@ import (
 	"fmt"
 
 	"github.com/cockroachdb/pebble/v2"
+
 	"github.com/replicator/replicator/entry"
 	"github.com/replicator/replicator/hlc"
 )

@@ -5,34 +5,22 @@ import (
 	"fmt"
 
 	"github.com/cockroachdb/pebble/v2"
+
+	"github.com/replicator/replicator/api"
 )
 
-// ScanOptions selects an ordered range of live keys. Prefix, Start/End and
-// After combine (all must hold). Limit 0 means DefaultScanLimit.
-type ScanOptions struct {
-	Prefix string
-	Start  string // inclusive
-	End    string // exclusive; "" = no upper bound
-	After  string // resume strictly after this key (a previous page's Next)
-	Limit  int
-	// MaxBytes bounds the keys and values of one page (at least one item
-	// is returned); 0 means DefaultScanBytes.
-	MaxBytes int
-}
+// ScanOptions, Item and the page bounds are the contract's words
+// (package api).
+type (
+	ScanOptions = api.ScanOptions
+	Item        = api.Item
+)
 
-// DefaultScanLimit and MaxScanLimit bound one page in items,
-// DefaultScanBytes in bytes (10,000 values of 1 MiB are not one answer).
 const (
-	DefaultScanLimit = 100
-	MaxScanLimit     = 10000
-	DefaultScanBytes = 4 << 20
+	DefaultScanLimit = api.DefaultScanLimit
+	MaxScanLimit     = api.MaxScanLimit
+	DefaultScanBytes = api.DefaultScanBytes
 )
-
-// Item is one live key of a scan.
-type Item struct {
-	Key string
-	Record
-}
 
 // Scan returns up to Limit live keys in order, and the key to resume after
 // when more remain ("" when the range is exhausted). Tombstones are skipped.

@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"github.com/hashicorp/memberlist"
+
+	"github.com/replicator/replicator/api"
 )
 
 // GossipVersion is the version of the member metadata below. Readers ignore
@@ -22,26 +24,7 @@ const GossipVersion = 1
 
 // MemberMeta is what each node gossips about itself (memberlist node meta,
 // at most 512 bytes).
-type MemberMeta struct {
-	V         int    `json:"v"`
-	Cluster   string `json:"c"`
-	Stream    string `json:"s"`
-	API       string `json:"api"`
-	Replicate string `json:"rep"`
-	// Node, Inc, Raft and Fresh describe a node of a cluster of several:
-	// its node ID, its data directory's incarnation (raft knows the node by
-	// both; the leader confirms them on the raft port before it adds it),
-	// its raft address, and whether it holds no raft state and no data (it
-	// may take part in forming a new cluster).
-	Node  string `json:"n,omitempty"`
-	Inc   string `json:"inc,omitempty"`
-	Raft  string `json:"raft,omitempty"`
-	Fresh bool   `json:"fresh,omitempty"`
-	// Leaving is set just before a graceful leave, so that the others can
-	// tell a node that left from one that died (memberlist's leave event
-	// does not say which).
-	Leaving bool `json:"leaving,omitempty"`
-}
+type MemberMeta = api.MemberMeta
 
 // Liveness of a member, as memberlist sees it.
 const (
@@ -51,16 +34,8 @@ const (
 	LiveLeft    = "left" // left gracefully
 )
 
-// Member is one node known through gossip.
-type Member struct {
-	Node    string     `json:"node"`
-	Addr    string     `json:"gossip_addr"`
-	Meta    MemberMeta `json:"meta"`
-	State   string     `json:"state"`
-	Since   time.Time  `json:"since"`
-	Shipped bool       `json:"shipped_to"`
-	Note    string     `json:"note,omitempty"`
-}
+// Member is one node known through gossip (api.Member).
+type Member = api.Member
 
 // DiscoveryOptions configure gossip.
 type DiscoveryOptions struct {

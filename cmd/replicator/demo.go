@@ -19,7 +19,7 @@ import (
 	"time"
 
 	"github.com/replicator/replicator/node"
-	"github.com/replicator/replicator/node/api"
+	"github.com/replicator/replicator/api"
 )
 
 // dropFirstAck forwards batches but loses the answer to the first one, as a

@@ -16,7 +16,7 @@ import (
 
 	"github.com/replicator/replicator/client"
 	"github.com/replicator/replicator/internal/loopback"
-	"github.com/replicator/replicator/node/api"
+	"github.com/replicator/replicator/api"
 	"github.com/replicator/replicator/policy"
 )
 

@@ -6,7 +6,7 @@ import (
 	"testing"
 
 	"github.com/replicator/replicator/acceptor"
-	"github.com/replicator/replicator/node/api"
+	"github.com/replicator/replicator/api"
 )
 
 // TestPeersPrintsRelaysLeftOut: the peers table says, per sender, how many

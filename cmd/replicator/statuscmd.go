@@ -11,7 +11,7 @@ import (
 	"text/tabwriter"
 
 	"github.com/replicator/replicator/client"
-	"github.com/replicator/replicator/node/api"
+	"github.com/replicator/replicator/api"
 )
 
 // statusOut is `replicator status`: the answering node's view of its

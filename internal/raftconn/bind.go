@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"github.com/hashicorp/raft"
+
+	"github.com/replicator/replicator/api"
 )
 
 // Binding (issue 24, docs/CLUSTER.md "A node's identity"): raft counts a
@@ -531,12 +533,8 @@ func (l *Layer) applied() uint64 {
 	return l.appliedFn()
 }
 
-// Refusal is the last time another node refused this one.
-type Refusal struct {
-	By     string    `json:"by"`
-	Reason string    `json:"reason"`
-	At     time.Time `json:"at"`
-}
+// Refusal is the last time another node refused this one (api.Refusal).
+type Refusal = api.Refusal
 
 func (l *Layer) noteRefused(by, addr, why string) {
 	l.notes.Lock()

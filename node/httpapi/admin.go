@@ -12,9 +12,9 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/replicator/replicator/api"
 	"github.com/replicator/replicator/entry"
 	"github.com/replicator/replicator/internal/httpjson"
-	"github.com/replicator/replicator/node/api"
 	"github.com/replicator/replicator/wire"
 )
 

@@ -6,8 +6,7 @@ import (
 	"fmt"
 	"net/http"
 
-	"github.com/replicator/replicator/cluster"
-	"github.com/replicator/replicator/node/api"
+	"github.com/replicator/replicator/api"
 )
 
 func (a *API) registerCluster(mux *http.ServeMux) {
@@ -47,16 +46,16 @@ func (a *API) registerCluster(mux *http.ServeMux) {
 			writeError(w, http.StatusNotFound, apiError{Code: "not_found", Message: "actions: join, remove"})
 			return
 		}
-		var nl *cluster.NotLeaderError
+		var nl *api.NotLeaderError
 		switch {
 		case err == nil:
 			a.log.Info("cluster membership changed by the operator", "action", r.PathValue("action"), "node", req.ID, "caller", a.opts.Caller(r))
 			writeJSON(w, http.StatusOK, a.node.LocalCluster())
-		case errors.Is(err, cluster.ErrQuorum):
+		case errors.Is(err, api.ErrQuorum):
 			writeError(w, http.StatusConflict, apiError{Code: "quorum", Message: err.Error()})
-		case errors.Is(err, cluster.ErrRemoved):
+		case errors.Is(err, api.ErrNodeIDRemoved):
 			writeError(w, http.StatusConflict, apiError{Code: "removed", Message: err.Error()})
-		case errors.Is(err, cluster.ErrUnknownNode):
+		case errors.Is(err, api.ErrUnknownNode):
 			writeError(w, http.StatusNotFound, apiError{Code: "not_found", Message: err.Error()})
 		case errors.Is(err, api.ErrBadRequest):
 			WriteErr(w, err)

@@ -7,7 +7,7 @@ import (
 	"time"
 	"unicode/utf8"
 
-	"github.com/replicator/replicator/client"
+	"github.com/replicator/replicator/api"
 )
 
 // registerConflicts serves the conflict log: GET /admin/conflicts?key=&
@@ -15,7 +15,7 @@ import (
 func (a *API) registerConflicts(mux *http.ServeMux) {
 	mux.HandleFunc("/admin/conflicts", getOnly(func(w http.ResponseWriter, r *http.Request) {
 		v := r.URL.Query()
-		q := client.ConflictQuery{Key: v.Get("key"), Prefix: v.Get("prefix"), After: v.Get("after")}
+		q := api.ConflictQuery{Key: v.Get("key"), Prefix: v.Get("prefix"), After: v.Get("after")}
 		bad := func(msg string) { writeError(w, http.StatusBadRequest, apiError{Code: "bad_request", Message: msg}) }
 		if q.Key != "" && q.Prefix != "" {
 			bad("key and prefix: give one")

@@ -4,7 +4,7 @@ import (
 	"errors"
 	"testing"
 
-	"github.com/replicator/replicator/node/api"
+	"github.com/replicator/replicator/api"
 )
 
 func FuzzDecodeDelta(f *testing.F) {

@@ -14,18 +14,16 @@ import (
 	"net/http"
 	"time"
 
-	"github.com/replicator/replicator/client"
+	"github.com/replicator/replicator/api"
 	"github.com/replicator/replicator/entry"
-	"github.com/replicator/replicator/node/api"
-	"github.com/replicator/replicator/store"
 )
 
 // Reader is what the read endpoints ask of a node.
 type Reader interface {
 	ClusterID() string
 	Ready() error
-	Get(key string) (store.Record, error)
-	Scan(o store.ScanOptions) ([]store.Item, string, error)
+	Get(key string) (entry.Record, error)
+	Scan(o api.ScanOptions) ([]api.Item, string, error)
 	Counter(key string) (api.CounterResult, error)
 	Idempotency(key string) (api.IdemReport, error)
 }
@@ -42,7 +40,7 @@ type Writer interface {
 
 // Links is what the link endpoints ask of a node.
 type Links interface {
-	PeerStatus() []client.LinkStatus
+	PeerStatus() []api.LinkStatus
 	PausePeer(peer string) error
 	ResumePeer(peer string) error
 	ReseedPeer(peer string) error
@@ -62,7 +60,7 @@ type Links interface {
 	SetLinkBandwidth(peer string, bytesPerSec int64) (api.BandwidthReport, error)
 	// Diff compares the cluster's tree with the peer's, and repairs what
 	// this cluster lacks when asked (docs/ANTIENTROPY.md).
-	Diff(ctx context.Context, peer string, repair bool) (client.DiffReport, error)
+	Diff(ctx context.Context, peer string, repair bool) (api.DiffReport, error)
 }
 
 // Reports is what the node's other admin endpoints ask of it.
@@ -80,14 +78,14 @@ type Reports interface {
 
 // Conflicts is what the conflict log's endpoints ask of a node.
 type Conflicts interface {
-	Conflicts(q client.ConflictQuery) (client.ConflictPage, error)
+	Conflicts(q api.ConflictQuery) (api.ConflictPage, error)
 	RestoreConflict(ctx context.Context, id string) (api.WriteResult, error)
 }
 
 // Tree is what the rebuild of the kept hashes asks of a node: it runs on
 // the node addressed, which keeps its own.
 type Tree interface {
-	RebuildTree(ctx context.Context) (client.TreeRebuild, error)
+	RebuildTree(ctx context.Context) (api.TreeRebuild, error)
 }
 
 // PathTreeRebuild is the endpoint that rebuilds a node's kept hashes.

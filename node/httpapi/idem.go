@@ -6,10 +6,9 @@ import (
 	"fmt"
 	"net/http"
 
+	"github.com/replicator/replicator/api"
 	"github.com/replicator/replicator/entry"
 	"github.com/replicator/replicator/internal/httpjson"
-	"github.com/replicator/replicator/machine"
-	"github.com/replicator/replicator/node/api"
 )
 
 // Idempotency headers.
@@ -36,7 +35,7 @@ func Fingerprint(r *http.Request, key string, body []byte) []byte {
 }
 
 // idemFor returns the keyed request of r, or nil when it carries no key.
-func idemFor(r *http.Request, key string, body []byte, answer machine.AnswerKind) (*api.Keyed, error) {
+func idemFor(r *http.Request, key string, body []byte, answer api.AnswerKind) (*api.Keyed, error) {
 	k := r.Header.Get(HeaderIdempotencyKey)
 	if k == "" {
 		return nil, nil
@@ -56,7 +55,7 @@ func idemFor(r *http.Request, key string, body []byte, answer machine.AnswerKind
 // write and logs keyed outcomes.
 func (a *API) answerWrite(w http.ResponseWriter, r *http.Request, idem *api.Keyed, res api.WriteResult, err error) {
 	a.finishWrite(w, r, idem, res, err, func() {
-		httpjson.WriteBody(w, http.StatusOK, machine.AppendWriteAnswer(make([]byte, 0, 128), res.Key, res.Version, res.Origin))
+		httpjson.WriteBody(w, http.StatusOK, api.AppendWriteAnswer(make([]byte, 0, 128), res.Key, res.Version, res.Origin))
 	})
 }
 

@@ -8,11 +8,9 @@ import (
 	"strconv"
 	"unicode/utf8"
 
+	"github.com/replicator/replicator/api"
 	"github.com/replicator/replicator/entry"
 	"github.com/replicator/replicator/internal/httpjson"
-	"github.com/replicator/replicator/machine"
-	"github.com/replicator/replicator/node/api"
-	"github.com/replicator/replicator/store"
 	"github.com/replicator/replicator/wire"
 )
 
@@ -72,7 +70,7 @@ var (
 // WriteErr maps an error of the node's Go API to its HTTP answer.
 func WriteErr(w http.ResponseWriter, err error) {
 	var se *api.SaturatedError
-	var pe *machine.PreconditionError
+	var pe *api.PreconditionError
 	var nf *api.NotFoundError
 	switch {
 	case errors.Is(err, api.ErrRemoved):
@@ -90,7 +88,7 @@ func WriteErr(w http.ResponseWriter, err error) {
 			e.Version, e.Deleted = pe.Deleted, true
 		}
 		writeError(w, http.StatusPreconditionFailed, e)
-	case errors.Is(err, machine.ErrKindConflict):
+	case errors.Is(err, api.ErrKindConflict):
 		writeError(w, http.StatusConflict, apiError{Code: "kind_conflict", Message: err.Error()})
 	case errors.Is(err, api.ErrRestored):
 		writeError(w, http.StatusConflict, apiError{Code: "restored", Message: err.Error()})
@@ -98,7 +96,7 @@ func WriteErr(w http.ResponseWriter, err error) {
 		writeError(w, http.StatusBadRequest, apiError{Code: "bad_key", Message: err.Error()})
 	case errors.Is(err, api.ErrKeyTooLarge), errors.Is(err, api.ErrValueTooLarge):
 		writeError(w, http.StatusRequestEntityTooLarge, apiError{Code: "too_large", Message: err.Error()})
-	case errors.Is(err, machine.ErrCounterRange):
+	case errors.Is(err, api.ErrCounterRange):
 		writeError(w, http.StatusBadRequest, apiError{Code: "out_of_range", Message: err.Error()})
 	case errors.Is(err, api.ErrBadRequest):
 		writeError(w, http.StatusBadRequest, apiError{Code: "bad_request", Message: err.Error()})
@@ -173,7 +171,7 @@ func (a *API) handleKey(w http.ResponseWriter, r *http.Request) {
 			WriteErr(w, err)
 			return
 		}
-		idem, err := idemFor(r, key, e.Value, machine.AnswerWrite)
+		idem, err := idemFor(r, key, e.Value, api.AnswerWrite)
 		if err != nil {
 			WriteErr(w, err)
 			return
@@ -256,12 +254,12 @@ func (a *API) handleRange(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	q := r.URL.Query()
-	o := store.ScanOptions{Prefix: q.Get("prefix"), Start: q.Get("start"), End: q.Get("end"), After: q.Get("after")}
+	o := api.ScanOptions{Prefix: q.Get("prefix"), Start: q.Get("start"), End: q.Get("end"), After: q.Get("after")}
 	if s := q.Get("limit"); s != "" {
 		l, err := strconv.Atoi(s)
-		if err != nil || l < 1 || l > store.MaxScanLimit {
+		if err != nil || l < 1 || l > api.MaxScanLimit {
 			writeError(w, http.StatusBadRequest, apiError{Code: "bad_request",
-				Message: fmt.Sprintf("limit %q: want an integer in [1, %d]", s, store.MaxScanLimit)})
+				Message: fmt.Sprintf("limit %q: want an integer in [1, %d]", s, api.MaxScanLimit)})
 			return
 		}
 		o.Limit = l

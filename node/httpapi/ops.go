@@ -16,9 +16,8 @@ import (
 
 	jsonv2 "github.com/go-json-experiment/json"
 
+	"github.com/replicator/replicator/api"
 	"github.com/replicator/replicator/entry"
-	"github.com/replicator/replicator/machine"
-	"github.com/replicator/replicator/node/api"
 )
 
 const (
@@ -73,14 +72,14 @@ func (a *API) handleDeleteRange(w http.ResponseWriter, r *http.Request) {
 		WriteErr(w, fmt.Errorf("%w: a range delete needs start (and end) or prefix; deleting everything is not an API call", api.ErrBadRequest))
 		return
 	}
-	idem, err := idemFor(r, start+"\x00"+end, nil, machine.AnswerRange)
+	idem, err := idemFor(r, start+"\x00"+end, nil, api.AnswerRange)
 	if err != nil {
 		WriteErr(w, err)
 		return
 	}
 	res, err := a.node.Propose(r.Context(), api.Write{Entry: entry.Entry{Op: entry.OpDeleteRange, Key: start, End: end}, Keyed: idem})
 	a.finishWrite(w, r, idem, res, err, func() {
-		writeJSON(w, http.StatusOK, machine.RangeAnswer{Start: start, End: end, Version: res.Version, Origin: res.Origin})
+		writeJSON(w, http.StatusOK, api.RangeAnswer{Start: start, End: end, Version: res.Version, Origin: res.Origin})
 	})
 }
 
@@ -179,14 +178,14 @@ func (a *API) handleCounter(w http.ResponseWriter, r *http.Request) {
 			WriteErr(w, err)
 			return
 		}
-		idem, err := idemFor(r, key, body, machine.AnswerCounter)
+		idem, err := idemFor(r, key, body, api.AnswerCounter)
 		if err != nil {
 			WriteErr(w, err)
 			return
 		}
 		res, err := a.node.Propose(r.Context(), api.Write{Entry: entry.Entry{Op: entry.OpCounter, Key: key}, Delta: delta, Keyed: idem})
 		a.finishWrite(w, r, idem, res, err, func() {
-			writeJSON(w, http.StatusOK, machine.CounterAnswer{Key: key, Value: res.Counter, Version: res.Version, Origin: res.Origin})
+			writeJSON(w, http.StatusOK, api.CounterAnswer{Key: key, Value: res.Counter, Version: res.Version, Origin: res.Origin})
 		})
 	default:
 		methodNotAllowed(w, r, "GET, HEAD, POST")
@@ -302,8 +301,8 @@ func (a *API) handleBatch(w http.ResponseWriter, r *http.Request) {
 	canon, _ := json.Marshal(ops)
 	var idem *api.Keyed
 	if opID != "" {
-		idem = &api.Keyed{Key: "op:" + opID, Fingerprint: Fingerprint(r, "batch", canon), Answer: machine.AnswerBatch, OpID: opID}
-	} else if idem, err = idemFor(r, "batch", canon, machine.AnswerBatch); err != nil {
+		idem = &api.Keyed{Key: "op:" + opID, Fingerprint: Fingerprint(r, "batch", canon), Answer: api.AnswerBatch, OpID: opID}
+	} else if idem, err = idemFor(r, "batch", canon, api.AnswerBatch); err != nil {
 		WriteErr(w, err)
 		return
 	}
@@ -315,7 +314,7 @@ func (a *API) handleBatch(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	a.finishWrite(w, r, idem, res, err, func() {
-		writeJSON(w, http.StatusOK, machine.BatchAnswer{OperationID: opID, Ops: len(ops), Version: res.Version, Origin: res.Origin})
+		writeJSON(w, http.StatusOK, api.BatchAnswer{OperationID: opID, Ops: len(ops), Version: res.Version, Origin: res.Origin})
 	})
 }
 

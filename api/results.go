@@ -2,8 +2,6 @@ package api
 
 import (
 	"github.com/replicator/replicator/entry"
-	"github.com/replicator/replicator/machine"
-	"github.com/replicator/replicator/store"
 )
 
 // WriteResult is the answer to a write.
@@ -18,7 +16,7 @@ type WriteResult struct {
 	Stream  entry.StreamID // the stream Index is of
 	// Replay is the recorded answer when an Idempotency-Key was seen before;
 	// nothing was written then.
-	Replay *store.IdemRecord
+	Replay *IdemRecord
 	// Counter is a counter's value right after the increment, in commit
 	// order (an increment only).
 	Counter int64
@@ -69,7 +67,7 @@ type Keyed struct {
 	Fingerprint []byte
 	// Answer is the shape of the recorded answer, OpID a batch's operation
 	// ID (machine.Answer).
-	Answer machine.AnswerKind
+	Answer AnswerKind
 	OpID   string
 }
 

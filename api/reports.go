@@ -4,23 +4,19 @@ import (
 	"encoding/json"
 	"time"
 
-	"github.com/replicator/replicator/acceptor"
-	"github.com/replicator/replicator/client"
 	"github.com/replicator/replicator/entry"
-	"github.com/replicator/replicator/internal/raftconn"
-	"github.com/replicator/replicator/transport"
 )
 
 // PeersReport is GET /admin/peers.
 type PeersReport struct {
-	Cluster  string                     `json:"cluster"`
-	Links    []client.LinkStatus        `json:"links"`
-	Incoming map[string]acceptor.Counts `json:"incoming"`
-	Refusals map[string]uint64          `json:"refusals"`
-	Streams  []StreamReport             `json:"streams"`
+	Cluster  string            `json:"cluster"`
+	Links    []LinkStatus      `json:"links"`
+	Incoming map[string]Counts `json:"incoming"`
+	Refusals map[string]uint64 `json:"refusals"`
+	Streams  []StreamReport    `json:"streams"`
 	// Members are the nodes known through gossip, with their liveness and
 	// whether they are shipped to.
-	Members []transport.Member `json:"members,omitempty"`
+	Members []Member `json:"members,omitempty"`
 	// Rejoin is this node's rejoin after losing data, and the peers that
 	// asked it for a re-seed or whose rejoin it waits to end.
 	Rejoin RejoinReport `json:"rejoin"`
@@ -59,21 +55,21 @@ type DigestReport struct {
 // WALReport is GET /admin/wal: the outbound WAL, each peer's backlog in it,
 // the node's saturation, and the replay permits of incoming batches.
 type WALReport struct {
-	Stream        string               `json:"stream"`
-	First         uint64               `json:"first_index"`
-	Last          uint64               `json:"last_index"`
-	Applied       uint64               `json:"applied_index"`
-	Bytes         int64                `json:"bytes"`
-	Segments      int                  `json:"segments"`
-	Repairs       int64                `json:"torn_tail_repairs"`
-	DroppedBytes  int64                `json:"torn_tail_dropped_bytes"`
-	WriteFailures int64                `json:"write_failures"`
-	Writes        uint64               `json:"writes"`
-	Groups        uint64               `json:"commit_groups"`
-	Peers         []PeerBacklog        `json:"peers"`
-	Saturation    SaturationReport     `json:"saturation"`
-	Permits       acceptor.PermitStats `json:"permits"`
-	Refusals      map[string]uint64    `json:"refusals_by_source"`
+	Stream        string            `json:"stream"`
+	First         uint64            `json:"first_index"`
+	Last          uint64            `json:"last_index"`
+	Applied       uint64            `json:"applied_index"`
+	Bytes         int64             `json:"bytes"`
+	Segments      int               `json:"segments"`
+	Repairs       int64             `json:"torn_tail_repairs"`
+	DroppedBytes  int64             `json:"torn_tail_dropped_bytes"`
+	WriteFailures int64             `json:"write_failures"`
+	Writes        uint64            `json:"writes"`
+	Groups        uint64            `json:"commit_groups"`
+	Peers         []PeerBacklog     `json:"peers"`
+	Saturation    SaturationReport  `json:"saturation"`
+	Permits       PermitStats       `json:"permits"`
+	Refusals      map[string]uint64 `json:"refusals_by_source"`
 }
 
 // PeerBacklog is one peer's share of the WAL.
@@ -144,7 +140,7 @@ type ClusterReport struct {
 	Incarnation string `json:"incarnation,omitempty"`
 	// RefusedBy: another node refused this one lately (it was removed,
 	// replaced by a newer incarnation, or lost in a recovery), and why.
-	RefusedBy *raftconn.Refusal `json:"refused_by,omitempty"`
+	RefusedBy *Refusal `json:"refused_by,omitempty"`
 }
 
 // ClusterNode is one node of the cluster's configuration (or one gossip
@@ -310,14 +306,14 @@ type FilterReport struct {
 	// what was released, and what is still to backfill); Released the
 	// ranges the operator declared a permanent narrowing of; Kept what the
 	// last collection kept (docs/DATAMODEL.md "Filters").
-	Keep     []entry.Span           `json:"keep_tombstones_in,omitempty"`
-	Released []entry.Span           `json:"released,omitempty"`
-	Kept     *client.KeptTombstones `json:"kept_tombstones,omitempty"`
+	Keep     []entry.Span    `json:"keep_tombstones_in,omitempty"`
+	Released []entry.Span    `json:"released,omitempty"`
+	Kept     *KeptTombstones `json:"kept_tombstones,omitempty"`
 	// PeerKeeps are the ranges the peer keeps for each of its other links,
 	// as its heartbeats said, and KeptForPeerLinks what the last
 	// collection kept of the peer's own deletes there.
-	PeerKeeps        []entry.TargetSpans    `json:"peer_keeps,omitempty"`
-	KeptForPeerLinks *client.KeptTombstones `json:"kept_for_peer_links,omitempty"`
+	PeerKeeps        []entry.TargetSpans `json:"peer_keeps,omitempty"`
+	KeptForPeerLinks *KeptTombstones     `json:"kept_for_peer_links,omitempty"`
 }
 
 // FilterEpochReport is one filter of a link and the first index of the

@@ -1,8 +1,3 @@
-// Package api holds the words of node's Go API: the results, reports and
-// errors of a node's methods. node implements the API and re-exports these
-// names; httpapi serves it over HTTP and maps each error to its answer.
-// Keeping them here lets httpapi declare the node it serves as an
-// interface, so node can compose the HTTP surface without a cycle.
 package api
 
 import (
@@ -10,8 +5,6 @@ import (
 	"fmt"
 	"time"
 	"unicode/utf8"
-
-	"github.com/replicator/replicator/machine"
 )
 
 // ErrNotACluster refuses a membership action on a node alone in its cluster.
@@ -28,8 +21,8 @@ var (
 	// take effect.
 	ErrNotWritten = errors.New("node: not written")
 	// ErrIdempotencyConflict refuses a request whose Idempotency-Key was
-	// already used by a different request.
-	ErrIdempotencyConflict = machine.ErrIdempotencyConflict
+	// already used by a different request (422).
+	ErrIdempotencyConflict = errors.New("machine: idempotency key reused for a different request")
 	// ErrPinOutOfWindow refuses a write whose pinned stamp is older than the
 	// pin window or further ahead than the max clock offset.
 	ErrPinOutOfWindow = errors.New("node: pinned stamp outside the pin window")
@@ -58,25 +51,45 @@ var (
 	ErrCatchingUp = errors.New("node: catching up with the cluster's log; local reads resume once it has")
 )
 
-// Condition is a precondition of a single-key write, decided at this cluster
-// in commit order.
-type Condition = machine.Condition
+// Condition is a precondition of a single-key write (HTTP If-Match,
+// If-None-Match), decided in commit order. It is a local decision: what
+// replicates is the resulting write; it is not a lock across clusters
+// (docs/DATAMODEL.md).
+type Condition struct {
+	// IfMatch: the key must hold exactly this version ("" = no condition).
+	IfMatch string
+	// IfNoneMatch: the key must hold no live value (get-or-set).
+	IfNoneMatch bool
+}
 
-// The write path's refusals, decided in commit order (package machine).
+// The write path's refusals, decided in commit order (package machine
+// decides them; the messages keep its prefix, as callers have seen them).
 var (
 	// ErrPrecondition refuses a conditional write whose condition does
 	// not hold (412); the error is a *PreconditionError.
-	ErrPrecondition = machine.ErrPrecondition
+	ErrPrecondition = errors.New("machine: precondition failed")
 	// ErrKindConflict refuses a counter operation on a plain key, or a
 	// plain write on a counter key (409).
-	ErrKindConflict = machine.ErrKindConflict
+	ErrKindConflict = errors.New("machine: key holds another kind")
 	// ErrCounterRange refuses an increment that would take a counter, or
 	// its totals, out of the 64-bit range (400, out_of_range).
-	ErrCounterRange = machine.ErrCounterRange
+	ErrCounterRange = errors.New("machine: counter out of range")
 )
 
-// PreconditionError carries the key's current version ("" when absent).
-type PreconditionError = machine.PreconditionError
+// PreconditionError carries the key's current version ("" when absent),
+// and the delete's version when the key holds a tombstone.
+type PreconditionError struct {
+	Key     string
+	Current string
+	Deleted string
+	Why     string
+}
+
+func (e *PreconditionError) Error() string {
+	return fmt.Sprintf("machine: precondition failed on %q: %s", e.Key, e.Why)
+}
+
+func (e *PreconditionError) Is(target error) bool { return target == ErrPrecondition }
 
 // NotFoundError is a read of a key that holds no live value. It says what
 // this node knows of why, so that a client can place the answer in a
