@@ -23,12 +23,13 @@ import (
 	"time"
 
 	"github.com/replicator/replicator/acceptor"
+	"github.com/replicator/replicator/api"
 	"github.com/replicator/replicator/cluster"
 	"github.com/replicator/replicator/entry"
+	"github.com/replicator/replicator/forward"
 	"github.com/replicator/replicator/hlc"
 	"github.com/replicator/replicator/internal/options"
 	"github.com/replicator/replicator/machine"
-	"github.com/replicator/replicator/api"
 	"github.com/replicator/replicator/node/httpapi"
 	"github.com/replicator/replicator/origin"
 	"github.com/replicator/replicator/store"
@@ -68,6 +69,9 @@ type Node struct {
 	// to the other nodes over the raft port (service.go).
 	fwd router
 	svc service
+	// follower proposes the writes a follower takes in process to the
+	// leader (propose.go; nil for a node alone).
+	follower *forward.Follower
 
 	acceptor    *acceptor.Acceptor
 	peerClient  *http.Client
@@ -274,6 +278,7 @@ func Open(ctx context.Context, opts *Options) (*Node, error) {
 		closeAll()
 		return nil, err
 	}
+	n.follower = n.newFollower()
 	n.metrics.init(n)
 	return n, nil
 }
@@ -366,7 +371,7 @@ func (n *Node) Start() error {
 	n.resp.Store(d)
 	if n.multi() {
 		n.svc.setDescription(described{API: n.URL(), Replicate: n.PeerURL(), Commands: n.cons.readsFormat()}, n.opts.Gossip)
-		n.svc.serveService(&n.lis, n.svc.enforceScope(mux, h, refused))
+		n.svc.serveService(&n.lis, n.servesProposals(n.svc.enforceScope(mux, h, refused), refused))
 		n.every(time.Second, n.svc.refreshProven)
 		n.every(500*time.Millisecond, n.cons.raiseFormat)
 		n.every(time.Second, n.cons.checkRemoved)
@@ -613,19 +618,6 @@ func (n *Node) Put(ctx context.Context, key string, value []byte) (api.WriteResu
 // Delete durably deletes key (a tombstone, kept for the retention window).
 func (n *Node) Delete(ctx context.Context, key string) (api.WriteResult, error) {
 	return n.Propose(ctx, api.Write{Entry: entry.Entry{Op: entry.OpDelete, Key: key}})
-}
-
-// Propose checks and proposes one write: a set, delete or counter increment
-// of one key, a range delete, or an atomic batch (w.Ops), with its
-// precondition and idempotency key. Under an idempotency scope on ctx
-// (policy.WithKey) the write is stamped with the scope's pinned HLC, so
-// every retry ties. The other write methods are its shorthands.
-func (n *Node) Propose(ctx context.Context, w api.Write) (api.WriteResult, error) {
-	p, err := submitter{n}.prepare(w)
-	if err != nil {
-		return api.WriteResult{}, err
-	}
-	return n.propose(ctx, p)
 }
 
 // propose runs a prepared proposal through admission and the committer.

@@ -10,6 +10,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
@@ -20,10 +21,10 @@ import (
 	"github.com/hashicorp/raft"
 	"go.uber.org/goleak"
 
+	"github.com/replicator/replicator/api"
 	"github.com/replicator/replicator/entry"
 	"github.com/replicator/replicator/hlc"
 	"github.com/replicator/replicator/machine"
-	"github.com/replicator/replicator/api"
 	"github.com/replicator/replicator/origin"
 	"github.com/replicator/replicator/store"
 	"github.com/replicator/replicator/wal"
@@ -510,10 +511,10 @@ func TestShuttingDownAnswers503(t *testing.T) {
 	h := n.Handler()
 	n.Close()
 	req, _ := http.NewRequest("PUT", "/v1/kv/x", strings.NewReader("v"))
-	rec := &bufferedResponse{header: http.Header{}}
+	rec := httptest.NewRecorder()
 	h.ServeHTTP(rec, req)
-	if rec.status != 503 || !strings.Contains(rec.body.String(), `"retryable":true`) {
-		t.Fatalf("write during shutdown: %d %s", rec.status, rec.body.String())
+	if rec.Code != 503 || !strings.Contains(rec.Body.String(), `"retryable":true`) {
+		t.Fatalf("write during shutdown: %d %s", rec.Code, rec.Body.String())
 	}
 }
 

@@ -244,10 +244,12 @@ func TestClusterOfThreeNodes(t *testing.T) {
 			t.Fatalf("%s's stream is %s, the leader's %s: one stream per cluster", name, got, stream)
 		}
 	}
-	// The go API at a follower does not stamp: not written, naming the
-	// leader.
-	if _, err := c.nodes[f].Put(ctx, "direct", []byte("v")); !errors.Is(err, api.ErrNotWritten) {
-		t.Fatalf("a write at a follower through the Go API: %v", err)
+	// The Go API at a follower proposes to the leader (a typed proposal)
+	// and answers once the follower applied the write.
+	if res, err := c.nodes[f].Put(ctx, "direct", []byte("v")); err != nil || res.Origin != c.nodes[f].ClusterID() {
+		t.Fatalf("a write at a follower through the Go API: %+v %v", res, err)
+	} else if r, err := c.nodes[f].Get("direct"); err != nil || r.Stamp.String() != res.Version {
+		t.Fatalf("the follower does not read its own write %s: %v %v", res.Version, r.Stamp, err)
 	}
 	// The report lists the three nodes, one leader, all applied.
 	r := c.nodes[f].ClusterReport(ctx)

@@ -2,11 +2,9 @@ package node
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
-	"net/http"
 	"net/url"
 	"os"
 	"strconv"
@@ -15,8 +13,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/replicator/replicator/entry"
 	"github.com/replicator/replicator/api"
+	"github.com/replicator/replicator/entry"
 	"github.com/replicator/replicator/node/httpapi"
 	"github.com/replicator/replicator/resp"
 	"github.com/replicator/replicator/transport"
@@ -39,13 +37,27 @@ type respDoor struct {
 type respNode struct {
 	*Node
 	submitter
-	// handler is the node's HTTP surface a follower forwards writes
-	// through, built once (Node.Handler builds the routes anew).
-	handler http.Handler
 }
 
 func newRESPNode(n *Node) respNode {
-	return respNode{Node: n, submitter: submitter{n}, handler: n.Handler()}
+	return respNode{Node: n, submitter: submitter{n}}
+}
+
+// Submit queues a RESP connection's write. On the leader (or a node alone)
+// it goes to the committer in the connection's order. On a follower it is
+// proposed to the leader (a typed proposal: propose.go) when the connection
+// waits for it: the writes of a connection are then sent one at a time, in
+// order, and one whose pipeline already failed is not sent.
+func (r respNode) Submit(ctx context.Context, w api.Write) (func() (api.WriteResult, error), bool) {
+	if r.follower == nil || r.lead.ready.Load() {
+		return r.submitter.Submit(ctx, w), false
+	}
+	return func() (api.WriteResult, error) {
+		if err := ctx.Err(); err != nil {
+			return api.WriteResult{}, fmt.Errorf("%w: %w", api.ErrNotWritten, err)
+		}
+		return r.Propose(ctx, w)
+	}, true
 }
 
 // Figures are INFO's and DBSIZE's kept figures.
@@ -83,19 +95,9 @@ func (r respNode) Holding(stream entry.StreamID, from, to uint64) ([]string, err
 		return n.Holding(stream, from, to)
 	}
 	q := url.Values{"stream": {stream.String()}, "from": {strconv.FormatUint(from, 10)}, "index": {strconv.FormatUint(to, 10)}}
-	req, err := http.NewRequestWithContext(withScope(context.Background(), httpapi.ScopeAPI), http.MethodGet, httpapi.PathHeld+"?"+q.Encode(), nil)
-	if err != nil {
-		return nil, err
-	}
-	req.RemoteAddr = "resp"
-	rec := &bufferedResponse{header: http.Header{}, status: http.StatusOK}
-	r.handler.ServeHTTP(rec, req)
-	if rec.status != http.StatusOK {
-		return nil, forwardedError(rec)
-	}
 	var ans api.HeldReport
-	if err := json.Unmarshal(rec.body.Bytes(), &ans); err != nil {
-		return nil, fmt.Errorf("node: the leader's answer to %s: %w", httpapi.PathHeld, err)
+	if err := n.follower.Ask(context.Background(), httpapi.PathHeld+"?"+q.Encode(), &ans); err != nil {
+		return nil, err
 	}
 	return ans.Peers, nil
 }

@@ -370,7 +370,7 @@ func TestRESPNotWrittenClosesTheConnection(t *testing.T) {
 // forwards writes to the leader one hop, in the connection's order (a
 // pipeline's increments answer 1..n), with the answers that depend on prior
 // state decided there (DEL's count, NX, INCR's value); the follower then
-// reads its own writes.
+// reads its own writes. Each write crosses as a typed proposal.
 func TestRESPFollowerForwards(t *testing.T) {
 	free, release, err := ports.Hold(3)
 	if err != nil {
@@ -385,6 +385,7 @@ func TestRESPFollowerForwards(t *testing.T) {
 		}
 	})
 	f := c.follower()
+	sent := recordProposals(c.nodes[f])
 	ctx := context.Background()
 	rc := redisClient(t, addrs[f], 3, nil)
 	if err := rc.Set(ctx, "k", "v", 0).Err(); err != nil {
@@ -425,6 +426,7 @@ func TestRESPFollowerForwards(t *testing.T) {
 	if r, err := l.Get("k"); err != nil || string(r.Value) != "v" {
 		t.Fatalf("the leader's k: %q %v", r.Value, err)
 	}
+	sent.check(t, 55) // typed proposals, never the HTTP API
 }
 
 // TestRESPClientThatDoesNotRead: a client that pipelines without reading

@@ -1,6 +1,7 @@
 package node
 
 import (
+	"context"
 	"net/http"
 
 	"github.com/replicator/replicator/internal/httpjson"
@@ -27,7 +28,16 @@ func (n *Node) Handler() http.Handler {
 // request made in process (the RESP door's forwards) holds any key.
 func (n *Node) handler() (http.Handler, *http.ServeMux) {
 	mux := surface(n).Handler()
-	route := n.fwd.route(mux)
+	var answer http.Handler = mux
+	if n.multi() {
+		// What reaches the mux is answered here: a write the router did
+		// not forward is proposed here (a node that no longer leads
+		// refuses it), never forwarded a second hop.
+		answer = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			mux.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), proposeHereKey{}, true)))
+		})
+	}
+	route := n.fwd.route(answer)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if canonical(w, r, func(string) {}) {
 			route.ServeHTTP(w, r)

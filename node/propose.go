@@ -1,0 +1,102 @@
+package node
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+
+	"github.com/hashicorp/raft"
+
+	"github.com/replicator/replicator/api"
+	"github.com/replicator/replicator/forward"
+	"github.com/replicator/replicator/node/httpapi"
+)
+
+// Writes a follower takes in process (the RESP door's, an embedding
+// program's) reach the leader as typed proposals (package forward): the
+// follower runs no HTTP handler of its own for them and parses no answer
+// of the API; the failure's class crosses as a class.
+
+// Propose checks and proposes one write: a set, delete or counter increment
+// of one key, a range delete, or an atomic batch (w.Ops), with its
+// precondition and idempotency key. Under an idempotency scope on ctx
+// (policy.WithKey) the write is stamped with the scope's pinned HLC, so
+// every retry ties. The other write methods are its shorthands. On a
+// follower of a cluster of several it is proposed to the leader, and
+// answered once this node applied it.
+func (n *Node) Propose(ctx context.Context, w api.Write) (api.WriteResult, error) {
+	if n.follower != nil && !n.lead.ready.Load() && ctx.Value(proposeHereKey{}) == nil {
+		if n.closing.Load() {
+			return api.WriteResult{}, fmt.Errorf("%w: %w", api.ErrClosed, api.ErrNotWritten)
+		}
+		if p := n.cons.removed.Load(); p != nil {
+			return api.WriteResult{}, fmt.Errorf("%w: %w", api.ErrNotWritten, *p)
+		}
+		return n.follower.Propose(ctx, w)
+	}
+	return n.proposeHere(ctx, w)
+}
+
+// proposeHereKey marks the context of a request the HTTP surface answers
+// here (the router forwards the others): its writes are proposed here.
+type proposeHereKey struct{}
+
+// proposeHere proposes w to this node's committer: it is refused (not
+// written) unless this node leads, so a forwarded proposal takes one hop.
+func (n *Node) proposeHere(ctx context.Context, w api.Write) (api.WriteResult, error) {
+	p, err := submitter{n}.prepare(w)
+	if err != nil {
+		return api.WriteResult{}, err
+	}
+	return n.propose(ctx, p)
+}
+
+// newFollower is this node's side of the proposals it sends its leader
+// (a cluster of several; nil for a node alone), over the raft port's
+// service client (set up before: setupReplication).
+func (n *Node) newFollower() *forward.Follower {
+	if !n.multi() {
+		return nil
+	}
+	return &forward.Follower{
+		Self: string(n.group.ID()),
+		Leader: func(ctx context.Context) (string, error) {
+			id, err := n.fwd.leaderServer(ctx)
+			return string(id), err
+		},
+		Local:   n.proposeHere,
+		Send:    func(req *http.Request) (*http.Response, error) { return n.svc.svcClient.Do(req) },
+		URL:     func(id, uri string) string { return serviceURL(raft.ServerID(id), uri) },
+		NotSent: func(err error) bool { var ns errNotSent; return errors.As(err, &ns) },
+		// A write needs the API scope, which the door that took it checked.
+		Header:  http.Header{headerCaller: {"in process (RESP or the Go API)"}, headerScope: {httpapi.ScopeAPI.String()}},
+		Await:   n.progress.wait,
+		Counted: func(how string) { n.metrics.forwards.WithLabelValues(how).Inc() },
+	}
+}
+
+// servesProposals answers the typed proposals other nodes send over the raft
+// port (forward.PathPropose) here, as the leader, once the scope their
+// caller was granted allows a write; next answers the rest.
+func (n *Node) servesProposals(next http.Handler, refused func(code string)) http.Handler {
+	l := &forward.Leader{Propose: n.proposeHere, Applied: n.progress.get,
+		MaxBody: int64(max(n.opts.MaxValueBytes+n.opts.MaxKeyBytes, int(n.opts.MaxReplicateBytes/2))) + 64<<10}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != forward.PathPropose {
+			next.ServeHTTP(w, r)
+			return
+		}
+		got, ok := httpapi.ParseScope(r.Header.Get(headerScope))
+		if !ok {
+			got = httpapi.ScopeAPI
+		}
+		if !got.Allows(httpapi.ScopeAPI) {
+			refused("forbidden")
+			writeError(w, http.StatusForbidden, apiError{Code: "forbidden",
+				Message: fmt.Sprintf("proposed by %s for a caller granted the %s scope: a write needs the api scope", serviceSender(r), got)})
+			return
+		}
+		l.ServeHTTP(w, r)
+	})
+}

@@ -1,0 +1,100 @@
+package node
+
+import (
+	"context"
+	"errors"
+	"math"
+	"net/http"
+	"sync"
+	"testing"
+
+	"github.com/replicator/replicator/api"
+	"github.com/replicator/replicator/entry"
+	"github.com/replicator/replicator/forward"
+)
+
+// sentProposals records what a follower sends its leader.
+type sentProposals struct {
+	mu    sync.Mutex
+	paths []string
+}
+
+func recordProposals(n *Node) *sentProposals {
+	s := &sentProposals{}
+	send := n.follower.Send
+	n.follower.Send = func(req *http.Request) (*http.Response, error) {
+		s.mu.Lock()
+		s.paths = append(s.paths, req.Method+" "+req.URL.Path+" "+req.Header.Get("Content-Type"))
+		s.mu.Unlock()
+		return send(req)
+	}
+	return s
+}
+
+func (s *sentProposals) check(t *testing.T, atLeast int) {
+	t.Helper()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(s.paths) < atLeast {
+		t.Fatalf("the follower sent %d proposals, want at least %d", len(s.paths), atLeast)
+	}
+	for _, p := range s.paths {
+		if p != "POST "+forward.PathPropose+" "+forward.ContentType {
+			t.Fatalf("the follower sent %q, not a typed proposal", p)
+		}
+	}
+}
+
+// TestFollowerProposesTyped: a write a follower takes in process reaches the
+// leader as a typed proposal (never a request of the HTTP API), is answered
+// once the follower applied it, and comes back refused by its class: the
+// error is of the leader's class, not a string parsed back.
+func TestFollowerProposesTyped(t *testing.T) {
+	c := newRaftCluster(t, "p", 3, nil)
+	f := c.nodes[c.follower()]
+	sent := recordProposals(f)
+	ctx := context.Background()
+	res, err := f.Put(ctx, "k", []byte("v"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r, err := f.Get("k"); err != nil || r.Stamp.String() != res.Version || res.Index == 0 || res.Stream.IsZero() {
+		t.Fatalf("the follower reads %v (%v) of its write %+v", r.Stamp, err, res)
+	}
+	if _, err := f.Propose(ctx, api.Write{Entry: entry.Entry{Op: entry.OpCounter, Key: "n"}, Delta: math.MaxInt64}); err != nil {
+		t.Fatal(err)
+	}
+	var remote *api.RemoteError
+	for _, tc := range []struct {
+		name  string
+		w     api.Write
+		class error
+	}{
+		{"a set of a counter", api.Write{Entry: entry.Entry{Op: entry.OpSet, Key: "n", Value: []byte("x")}}, api.ErrKindConflict},
+		{"an increment out of range", api.Write{Entry: entry.Entry{Op: entry.OpCounter, Key: "n"}, Delta: 1}, api.ErrCounterRange},
+		{"a reused idempotency key", api.Write{Entry: entry.Entry{Op: entry.OpSet, Key: "k2", Value: []byte("b")},
+			Keyed: &api.Keyed{Key: "idem-1", Fingerprint: []byte("other"), Answer: api.AnswerWrite}}, api.ErrIdempotencyConflict},
+	} {
+		if tc.class == api.ErrIdempotencyConflict {
+			first := tc.w
+			first.Keyed = &api.Keyed{Key: "idem-1", Fingerprint: []byte("first"), Answer: api.AnswerWrite}
+			if _, err := f.Propose(ctx, first); err != nil {
+				t.Fatal(err)
+			}
+		}
+		_, err := f.Propose(ctx, tc.w)
+		if !errors.Is(err, tc.class) || !errors.As(err, &remote) || errors.Is(err, api.ErrUnknownOutcome) {
+			t.Fatalf("%s through the follower: %v (%T), want the class %v", tc.name, err, err, tc.class)
+		}
+	}
+	_, err = f.Propose(ctx, api.Write{Entry: entry.Entry{Op: entry.OpSet, Key: "k", Value: []byte("w")}, Cond: &api.Condition{IfMatch: "1.0@p"}})
+	var pe *api.PreconditionError
+	if !errors.As(err, &pe) || pe.Current != res.Version {
+		t.Fatalf("a failed If-Match through the follower: %v, want a precondition naming %s", err, res.Version)
+	}
+	// Checked by the leader as any write is.
+	if _, err := f.Put(ctx, "", []byte("v")); !errors.Is(err, api.ErrInvalidKey) {
+		t.Fatalf("an empty key through the follower: %v", err)
+	}
+	sent.check(t, 7)
+}
