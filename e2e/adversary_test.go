@@ -14,10 +14,10 @@ import (
 
 	"github.com/vmihailenco/msgpack/v5"
 
+	"github.com/replicator/replicator/api"
 	"github.com/replicator/replicator/client"
 	"github.com/replicator/replicator/entry"
 	"github.com/replicator/replicator/hlc"
-	"github.com/replicator/replicator/api"
 	"github.com/replicator/replicator/wire"
 )
 

@@ -11,9 +11,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/replicator/replicator/api"
 	"github.com/replicator/replicator/client"
 	"github.com/replicator/replicator/node"
-	"github.com/replicator/replicator/api"
 )
 
 // prefixDigest is a node's digest of the keys under prefixes.

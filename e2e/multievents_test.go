@@ -14,8 +14,8 @@ import (
 	"strings"
 	"time"
 
-	"github.com/replicator/replicator/datadir"
 	"github.com/replicator/replicator/api"
+	"github.com/replicator/replicator/datadir"
 )
 
 // Operator events on a cluster of several nodes (issue 24), each done as

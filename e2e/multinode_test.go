@@ -17,9 +17,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/replicator/replicator/api"
 	"github.com/replicator/replicator/client"
 	"github.com/replicator/replicator/node"
-	"github.com/replicator/replicator/api"
 	"github.com/replicator/replicator/policy"
 )
 

@@ -16,9 +16,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/replicator/replicator/api"
 	"github.com/replicator/replicator/client"
 	"github.com/replicator/replicator/entry"
-	"github.com/replicator/replicator/api"
 )
 
 // mesh is a set of clusters in a full mesh, each link optionally through a

@@ -19,11 +19,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/replicator/replicator/api"
 	"github.com/replicator/replicator/client"
 	"github.com/replicator/replicator/entry"
 	"github.com/replicator/replicator/hlc"
 	"github.com/replicator/replicator/node"
-	"github.com/replicator/replicator/api"
 	"github.com/replicator/replicator/policy"
 )
 

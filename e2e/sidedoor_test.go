@@ -20,11 +20,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/replicator/replicator/api"
 	"github.com/replicator/replicator/client"
 	"github.com/replicator/replicator/hashtree"
 	"github.com/replicator/replicator/hlc"
 	"github.com/replicator/replicator/internal/treeforge"
-	"github.com/replicator/replicator/api"
 	"github.com/replicator/replicator/wire"
 )
 

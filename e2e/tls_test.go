@@ -19,12 +19,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/replicator/replicator/api"
 	"github.com/replicator/replicator/client"
 	"github.com/replicator/replicator/entry"
 	"github.com/replicator/replicator/hlc"
 	"github.com/replicator/replicator/internal/testpki"
 	"github.com/replicator/replicator/node"
-	"github.com/replicator/replicator/api"
 	"github.com/replicator/replicator/wire"
 )
 

@@ -5,8 +5,8 @@ import (
 	"time"
 
 	"github.com/replicator/replicator/acceptor"
-	"github.com/replicator/replicator/entry"
 	"github.com/replicator/replicator/api"
+	"github.com/replicator/replicator/entry"
 	"github.com/replicator/replicator/transport"
 )
 

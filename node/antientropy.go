@@ -13,11 +13,11 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/replicator/replicator/antientropy"
+	"github.com/replicator/replicator/api"
 	"github.com/replicator/replicator/client"
 	"github.com/replicator/replicator/entry"
 	"github.com/replicator/replicator/hashtree"
 	"github.com/replicator/replicator/machine"
-	"github.com/replicator/replicator/api"
 	"github.com/replicator/replicator/transport"
 	"github.com/replicator/replicator/wire"
 )

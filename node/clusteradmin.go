@@ -13,9 +13,9 @@ import (
 
 	"github.com/hashicorp/raft"
 
+	"github.com/replicator/replicator/api"
 	"github.com/replicator/replicator/cluster"
 	"github.com/replicator/replicator/machine"
-	"github.com/replicator/replicator/api"
 	"github.com/replicator/replicator/node/httpapi"
 	"github.com/replicator/replicator/origin"
 )

@@ -12,11 +12,11 @@ import (
 
 	"github.com/hashicorp/raft"
 
+	"github.com/replicator/replicator/api"
 	"github.com/replicator/replicator/cluster"
 	"github.com/replicator/replicator/entry"
 	"github.com/replicator/replicator/hlc"
 	"github.com/replicator/replicator/machine"
-	"github.com/replicator/replicator/api"
 	"github.com/replicator/replicator/store"
 	"github.com/replicator/replicator/wal"
 )

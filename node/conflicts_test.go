@@ -7,9 +7,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/replicator/replicator/api"
 	"github.com/replicator/replicator/client"
 	"github.com/replicator/replicator/hlc"
-	"github.com/replicator/replicator/api"
 )
 
 // TestConflictLogAcrossClusters: two clusters write while their links are

@@ -4,9 +4,9 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/replicator/replicator/api"
 	"github.com/replicator/replicator/entry"
 	"github.com/replicator/replicator/machine"
-	"github.com/replicator/replicator/api"
 	"github.com/replicator/replicator/store"
 	"github.com/replicator/replicator/wire"
 )

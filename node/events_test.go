@@ -13,11 +13,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/replicator/replicator/api"
 	"github.com/replicator/replicator/client"
 	"github.com/replicator/replicator/entry"
 	"github.com/replicator/replicator/hlc"
 	"github.com/replicator/replicator/machine"
-	"github.com/replicator/replicator/api"
 	"github.com/replicator/replicator/policy"
 	"github.com/replicator/replicator/store"
 	"github.com/replicator/replicator/transport"

@@ -13,8 +13,8 @@ import (
 
 	"github.com/hashicorp/raft"
 
-	"github.com/replicator/replicator/cluster"
 	"github.com/replicator/replicator/api"
+	"github.com/replicator/replicator/cluster"
 	"github.com/replicator/replicator/node/httpapi"
 	"github.com/replicator/replicator/transport"
 	"github.com/replicator/replicator/wire"

@@ -12,12 +12,12 @@ import (
 
 	"github.com/hashicorp/raft"
 
+	"github.com/replicator/replicator/api"
 	"github.com/replicator/replicator/cluster"
 	"github.com/replicator/replicator/entry"
 	"github.com/replicator/replicator/hlc"
 	"github.com/replicator/replicator/internal/legacywal"
 	"github.com/replicator/replicator/machine"
-	"github.com/replicator/replicator/api"
 	"github.com/replicator/replicator/store"
 	"github.com/replicator/replicator/wal"
 	"github.com/replicator/replicator/wire"

@@ -18,9 +18,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/replicator/replicator/api"
 	"github.com/replicator/replicator/entry"
 	"github.com/replicator/replicator/hlc"
-	"github.com/replicator/replicator/api"
 	"github.com/replicator/replicator/node/httpapi"
 	"github.com/replicator/replicator/store"
 	"github.com/replicator/replicator/transport"

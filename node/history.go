@@ -4,8 +4,8 @@ import (
 	"sync"
 	"time"
 
-	"github.com/replicator/replicator/client"
 	"github.com/replicator/replicator/api"
+	"github.com/replicator/replicator/client"
 )
 
 // The dashboard's chart is served by the node: a ring of samples of every

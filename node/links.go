@@ -4,9 +4,9 @@ import (
 	"fmt"
 	"sync"
 
+	"github.com/replicator/replicator/api"
 	"github.com/replicator/replicator/entry"
 	"github.com/replicator/replicator/machine"
-	"github.com/replicator/replicator/api"
 )
 
 // What crosses each link is state of the cluster's log (machine.LinkCmd):

@@ -10,10 +10,10 @@ import (
 	"time"
 
 	"github.com/replicator/replicator/acceptor"
+	"github.com/replicator/replicator/api"
 	"github.com/replicator/replicator/entry"
 	"github.com/replicator/replicator/hlc"
 	"github.com/replicator/replicator/machine"
-	"github.com/replicator/replicator/api"
 	"github.com/replicator/replicator/origin"
 	"github.com/replicator/replicator/store"
 	"github.com/replicator/replicator/transport"

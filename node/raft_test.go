@@ -19,6 +19,7 @@ import (
 
 	"github.com/hashicorp/raft"
 
+	"github.com/replicator/replicator/api"
 	"github.com/replicator/replicator/client"
 	"github.com/replicator/replicator/cluster"
 	"github.com/replicator/replicator/datadir"
@@ -26,7 +27,6 @@ import (
 	ports "github.com/replicator/replicator/internal/loopback"
 	"github.com/replicator/replicator/internal/raftconn"
 	"github.com/replicator/replicator/machine"
-	"github.com/replicator/replicator/api"
 	"github.com/replicator/replicator/origin"
 	"github.com/replicator/replicator/policy"
 	"github.com/replicator/replicator/store"

@@ -4,8 +4,8 @@ import (
 	"context"
 	"fmt"
 
-	"github.com/replicator/replicator/entry"
 	"github.com/replicator/replicator/api"
+	"github.com/replicator/replicator/entry"
 	"github.com/replicator/replicator/policy"
 )
 

@@ -8,9 +8,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/replicator/replicator/api"
 	"github.com/replicator/replicator/client"
 	"github.com/replicator/replicator/hlc"
-	"github.com/replicator/replicator/api"
 )
 
 // TestRestoredOldBackupDoesNotSpreadZombies: a is restored from a backup

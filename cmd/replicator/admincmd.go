@@ -15,9 +15,9 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/replicator/replicator/api"
 	"github.com/replicator/replicator/client"
 	"github.com/replicator/replicator/entry"
-	"github.com/replicator/replicator/api"
 )
 
 const adminUsage = `replicator admin wal|peers|origin|digest|cluster [--addr URL] [-o table|json]

@@ -18,8 +18,8 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/replicator/replicator/node"
 	"github.com/replicator/replicator/api"
+	"github.com/replicator/replicator/node"
 )
 
 // dropFirstAck forwards batches but loses the answer to the first one, as a

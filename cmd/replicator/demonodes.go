@@ -14,9 +14,9 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/replicator/replicator/api"
 	"github.com/replicator/replicator/client"
 	"github.com/replicator/replicator/internal/loopback"
-	"github.com/replicator/replicator/api"
 	"github.com/replicator/replicator/policy"
 )
 

@@ -16,8 +16,8 @@ import (
 
 	"go.yaml.in/yaml/v3"
 
-	"github.com/replicator/replicator/node"
 	"github.com/replicator/replicator/api"
+	"github.com/replicator/replicator/node"
 	"github.com/replicator/replicator/origin"
 )
 

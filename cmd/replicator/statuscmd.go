@@ -10,8 +10,8 @@ import (
 	"strings"
 	"text/tabwriter"
 
-	"github.com/replicator/replicator/client"
 	"github.com/replicator/replicator/api"
+	"github.com/replicator/replicator/client"
 )
 
 // statusOut is `replicator status`: the answering node's view of its
