@@ -16,8 +16,9 @@ import (
 	"time"
 
 	"github.com/cockroachdb/pebble/v2"
-	"github.com/replicator/replicator/api"
 	twal "github.com/tidwall/wal"
+
+	"github.com/replicator/replicator/api"
 )
 
 // BenchmarkDurableWrites measures fsynced, applied writes per second through

@@ -18,6 +18,7 @@ import (
 	"github.com/replicator/replicator/hlc"
 	"github.com/replicator/replicator/internal/legacywal"
 	"github.com/replicator/replicator/machine"
+	"github.com/replicator/replicator/replica"
 	"github.com/replicator/replicator/store"
 	"github.com/replicator/replicator/wal"
 	"github.com/replicator/replicator/wire"
@@ -191,7 +192,7 @@ func (cs *consensus) apply(data []byte, c *machine.Command) (any, error) {
 	n.proposed.add(c)
 	defer n.proposed.remove(c)
 	t0 := time.Now()
-	out, err := n.group.Apply(data, enqueueTimeout)
+	out, err := n.group.Apply(data, replica.EnqueueTimeout)
 	if err == nil && n.metrics.commitSeconds != nil {
 		n.metrics.commitSeconds.Observe(time.Since(t0).Seconds())
 	}
@@ -202,7 +203,7 @@ func (cs *consensus) apply(data []byte, c *machine.Command) (any, error) {
 		if cs.awaitLead(time.Second) != nil {
 			break
 		}
-		out, err = n.group.Apply(data, enqueueTimeout)
+		out, err = n.group.Apply(data, replica.EnqueueTimeout)
 	}
 	return out, err
 }
@@ -249,7 +250,7 @@ func (cs *consensus) openGroup() (created bool, err error) {
 		Machine: m, Store: n.store, Dir: cs.groupDir(), Trees: n.multi(), Logger: n.log,
 		Proposed:  n.proposed.get,
 		Applied:   cs.onApplied,
-		Broken:    n.com.fail,
+		Broken:    n.com.Fail,
 		Restoring: n.restoring.Store,
 		Installed: cs.onInstalled,
 	})

@@ -32,6 +32,7 @@ import (
 	"github.com/replicator/replicator/machine"
 	"github.com/replicator/replicator/node/httpapi"
 	"github.com/replicator/replicator/origin"
+	"github.com/replicator/replicator/replica"
 	"github.com/replicator/replicator/store"
 )
 
@@ -52,7 +53,7 @@ type Node struct {
 	proposed proposed
 	// proposer names this process's proposals (machine.ProposalID).
 	proposer *machine.Proposer
-	com      *committer
+	com      *replica.Committer
 
 	// nodeID names this node within its cluster, incarnation its data
 	// directory's life (raft knows the node by both: origin.Incarnation);
@@ -218,31 +219,31 @@ func Open(ctx context.Context, opts *Options) (*Node, error) {
 	n.rejoin.init()
 	// The committer exists before the group: the state machine reports a
 	// failed apply to it. It takes no proposal before Open returns.
-	n.com = newCommitter(commitEnv{
-		maxGroup: o.MaxGroupEntries, idemWindow: o.IdempotencyWindow, clock: n.clock, logger: o.Logger,
-		leading:   n.lead.ready.Load,
-		notLeader: n.lead.notLeader,
-		replays:   func(key string, fp []byte, now int64, e *entry.Entry) bool { return n.machine.Replays(key, fp, now, e) },
-		checkPin:  n.bounds.checkPin,
-		commit: func(cmd *machine.Command, enc *machine.Encoder) (any, error) {
+	n.com = replica.NewCommitter(replica.CommitEnv{
+		MaxGroup: o.MaxGroupEntries, IdemWindow: o.IdempotencyWindow, Clock: n.clock, Logger: o.Logger,
+		Leading:   n.lead.ready.Load,
+		NotLeader: n.lead.notLeader,
+		Replays:   func(key string, fp []byte, now int64, e *entry.Entry) bool { return n.machine.Replays(key, fp, now, e) },
+		CheckPin:  n.bounds.checkPin,
+		Commit: func(cmd *machine.Command, enc *machine.Encoder) (any, error) {
 			n.cons.identify(cmd)
 			data, err := enc.Encode(cmd)
 			if err != nil {
-				return nil, fmt.Errorf("%w: %w", errEncode, err)
+				return nil, fmt.Errorf("%w: %w", replica.ErrEncode, err)
 			}
 			t0 := time.Now()
 			out, err := n.cons.apply(data, cmd)
 			n.metrics.fsyncSeconds.Observe(time.Since(t0).Seconds())
 			return out, err
 		},
-		committed: func(writes int) {
+		Committed: func(writes int) {
 			n.metrics.writes.Add(uint64(writes))
 			n.metrics.groups.Add(1)
 		},
 	})
 	created, err := n.cons.openGroup()
 	if err != nil {
-		n.com.close()
+		n.com.Close()
 		n.store.Close()
 		return nil, err
 	}
@@ -258,7 +259,7 @@ func Open(ctx context.Context, opts *Options) (*Node, error) {
 		n.fwd.electionTimeout = o.Raft.ElectionTimeout
 	}
 	closeAll := func() {
-		n.com.close()
+		n.com.Close()
 		n.group.Close()
 		n.store.Close()
 	}
@@ -496,11 +497,9 @@ func (n *Node) Close() error {
 	}
 	close(n.stop)
 	n.bg.Wait()
-	n.com.close()
+	n.com.Close()
 	// A stream being sealed finishes first (and a later one sees closing).
-	n.com.groupMu.Lock()
-	defer n.com.groupMu.Unlock()
-	errs = append(errs, n.pinIfHolding(), n.group.Close(), n.store.Close())
+	n.com.Exclusive(func() { errs = append(errs, n.pinIfHolding(), n.group.Close(), n.store.Close()) })
 	return errors.Join(errs...)
 }
 
@@ -621,7 +620,7 @@ func (n *Node) Delete(ctx context.Context, key string) (api.WriteResult, error) 
 }
 
 // propose runs a prepared proposal through admission and the committer.
-func (n *Node) propose(ctx context.Context, p *proposal) (api.WriteResult, error) {
+func (n *Node) propose(ctx context.Context, p *replica.Proposal) (api.WriteResult, error) {
 	w := submitter{n}
 	if err := w.enqueue(ctx, p); err != nil {
 		return api.WriteResult{}, err
@@ -692,8 +691,8 @@ func (n *Node) Ready() error {
 	if p := n.cons.removed.Load(); p != nil {
 		return *p
 	}
-	if errp := n.com.failed.Load(); errp != nil {
-		return *errp
+	if err := n.com.Failed(); err != nil {
+		return err
 	}
 	if err := n.readable(); err != nil {
 		return err

@@ -12,6 +12,7 @@ import (
 	"github.com/replicator/replicator/hlc"
 	"github.com/replicator/replicator/machine"
 	"github.com/replicator/replicator/policy"
+	"github.com/replicator/replicator/replica"
 	"github.com/replicator/replicator/store"
 	"github.com/replicator/replicator/transport"
 	"github.com/replicator/replicator/wire"
@@ -94,26 +95,26 @@ func (n *Node) Increment(ctx context.Context, key string, delta int64) (api.Coun
 // leader (whose clock may be behind the pin by more than the clock offset)
 // answered from the first attempt's record before the pin is checked,
 // instead of refused although it applied.
-func scopedWrite(k policy.Key, p *proposal) *api.Keyed {
-	if k.ID == "" || len(k.ID) > entry.MaxIdemKey || p.entry.Op == entry.OpCounter {
+func scopedWrite(k policy.Key, p *replica.Proposal) *api.Keyed {
+	if k.ID == "" || len(k.ID) > entry.MaxIdemKey || p.Entry.Op == entry.OpCounter {
 		return nil
 	}
 	answer := machine.AnswerWrite
-	switch p.entry.Op {
+	switch p.Entry.Op {
 	case entry.OpDeleteRange:
 		answer = machine.AnswerRange
 	case entry.OpMulti:
 		answer = machine.AnswerBatch
 	}
 	h := sha256.New()
-	e := &p.entry
+	e := &p.Entry
 	fmt.Fprintf(h, "go-scope\x00write\x00%d\x00%d:%s\x00%d:%s\x00%d:", e.Op, len(e.Key), e.Key, len(e.End), e.End, len(e.Value))
 	h.Write(e.Value)
 	for _, op := range e.Ops {
 		fmt.Fprintf(h, "\x00%d\x00%d:%s\x00%d:", op.Op, len(op.Key), op.Key, len(op.Value))
 		h.Write(op.Value)
 	}
-	if c := p.cond; c != nil {
+	if c := p.Cond; c != nil {
 		fmt.Fprintf(h, "\x00if-match:%s\x00if-none-match:%v", c.IfMatch, c.IfNoneMatch)
 	}
 	fmt.Fprintf(h, "\x00%s", k.HLC)

@@ -110,9 +110,10 @@ func (j *rejoiner) fenceTimeout() {
 		}
 		// Through the log, between groups: an increment stamped before is
 		// counted under the old epoch, every later one under the new.
-		n.com.groupMu.Lock()
-		err := n.cons.applyCommand(&machine.Command{Mint: &machine.MintCmd{Stream: n.out.Stream(), Epoch: epoch}})
-		n.com.groupMu.Unlock()
+		var err error
+		n.com.Exclusive(func() {
+			err = n.cons.applyCommand(&machine.Command{Mint: &machine.MintCmd{Stream: n.out.Stream(), Epoch: epoch}})
+		})
 		if err != nil {
 			n.log.Error("recording a new counter epoch", "err", err)
 		} else {
@@ -189,19 +190,22 @@ func (j *rejoiner) onConflict(peer string, stream entry.StreamID, why string) {
 // may prove the same conflict). Entries of the old stream the peers did not
 // have reach them by the rejoin's re-seeds (they are all applied to the
 // store); the old stream's entries stay in the tree until then.
-func (j *rejoiner) sealStream(old entry.StreamID, why string) error {
+func (j *rejoiner) sealStream(old entry.StreamID, why string) (err error) {
+	j.n.com.Exclusive(func() { err = j.sealStreamLocked(old, why) })
+	return err
+}
+
+// sealStreamLocked is sealStream with no group of the committer in flight.
+func (j *rejoiner) sealStreamLocked(old entry.StreamID, why string) error {
 	n := j.n
-	c := n.com
-	c.groupMu.Lock()
-	defer c.groupMu.Unlock()
 	if n.closing.Load() {
 		return api.ErrClosed
 	}
 	if n.out.Stream() != old {
 		return nil
 	}
-	if errp := c.failed.Load(); errp != nil {
-		return fmt.Errorf("node: not sealing stream %s while the write path is failed (restart the node): %w", old, *errp)
+	if err := n.com.Failed(); err != nil {
+		return fmt.Errorf("node: not sealing stream %s while the write path is failed (restart the node): %w", old, err)
 	}
 	// The rejoin is recorded before the new stream: a crash in between
 	// restarts on the old stream, which a peer proves used again.

@@ -91,7 +91,7 @@ func (b *bell) ring() {
 func (r *replication) idleBound() (hlc.Timestamp, uint64) {
 	n := r.n
 	bound := n.clock.Now() // every commit after it is above it
-	if f := n.com.floor.Load(); f != nil && f.Less(bound) {
+	if f := n.com.Floor(); f != nil && f.Less(bound) {
 		bound = *f
 	}
 	return bound, n.out.Last()
@@ -446,7 +446,7 @@ func (r *replication) startReplication() {
 // TruncateWAL drops the stream's outbound entries every peer acknowledged,
 // through the cluster's log (every node drops the same).
 func (n *Node) TruncateWAL() error {
-	if errp := n.com.failed.Load(); errp != nil || n.closing.Load() {
+	if n.com.Failed() != nil || n.closing.Load() {
 		return nil
 	}
 	if !n.lead.ready.Load() {
@@ -512,7 +512,7 @@ func (r *replication) tombstoneCutoffWhy() (hlc.Timestamp, string, error) {
 	// stamped, then the WAL's end, so that an entry appended after the end
 	// was read is either above the clock reading or below the floor.
 	clockNow := n.clock.Last()
-	floorp := n.com.floor.Load()
+	floorp := n.com.Floor()
 	last := n.out.Last()
 	for _, sh := range r.links() {
 		d := sh.Delivery()

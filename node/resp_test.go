@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
 	ports "github.com/replicator/replicator/internal/loopback"
 	"github.com/replicator/replicator/internal/testpki"
 	"github.com/replicator/replicator/resp"

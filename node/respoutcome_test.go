@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
 	ports "github.com/replicator/replicator/internal/loopback"
 )
 

@@ -7,6 +7,7 @@ import (
 	"github.com/replicator/replicator/api"
 	"github.com/replicator/replicator/entry"
 	"github.com/replicator/replicator/policy"
+	"github.com/replicator/replicator/replica"
 )
 
 // submitter is the write path's admission and queueing, split in two so
@@ -15,7 +16,7 @@ import (
 type submitter struct{ n *Node }
 
 // prepare checks a write of the API and makes it a proposal.
-func (w submitter) prepare(wr api.Write) (*proposal, error) {
+func (w submitter) prepare(wr api.Write) (*replica.Proposal, error) {
 	n := w.n
 	e := wr.Entry
 	var err error
@@ -34,7 +35,7 @@ func (w submitter) prepare(wr api.Write) (*proposal, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &proposal{entry: e, idem: wr.Keyed, cond: wr.Cond, delta: wr.Delta}, nil
+	return &replica.Proposal{Entry: e, Idem: wr.Keyed, Cond: wr.Cond, Delta: wr.Delta}, nil
 }
 
 // Submit queues a write behind every write submitted before it returned,
@@ -53,9 +54,9 @@ func (w submitter) Submit(ctx context.Context, wr api.Write) func() (api.WriteRe
 
 // enqueue admits a prepared proposal and queues it behind those enqueued
 // before it, without waiting for its commit.
-func (w submitter) enqueue(ctx context.Context, p *proposal) error {
+func (w submitter) enqueue(ctx context.Context, p *replica.Proposal) error {
 	n := w.n
-	idem := p.idem
+	idem := p.Idem
 	if n.closing.Load() {
 		return fmt.Errorf("%w: %w", api.ErrClosed, api.ErrNotWritten)
 	}
@@ -74,25 +75,25 @@ func (w submitter) enqueue(ctx context.Context, p *proposal) error {
 		return err
 	}
 	if k, ok := policy.KeyFrom(ctx); ok && idem == nil {
-		p.pin = k.HLC
-		p.idem = scopedWrite(k, p)
+		p.Pin = k.HLC
+		p.Idem = scopedWrite(k, p)
 	}
-	return n.com.enqueue(ctx, p)
+	return n.com.Enqueue(ctx, p)
 }
 
 // await waits for an enqueued proposal and returns what it did.
-func (w submitter) await(ctx context.Context, p *proposal) (api.WriteResult, error) {
+func (w submitter) await(ctx context.Context, p *replica.Proposal) (api.WriteResult, error) {
 	n := w.n
-	if err := n.com.await(ctx, p); err != nil {
+	if err := n.com.Await(ctx, p); err != nil {
 		return api.WriteResult{}, err
 	}
 	// Read once the committer is done with it (it fills in the entry).
-	e := p.entry
-	if p.replay != nil {
-		return api.WriteResult{Key: e.Key, Version: p.replay.Stamp.String(), Origin: p.replay.Stamp.Origin,
-			Outcome: entry.Duplicate, Replay: p.replay}, nil
+	e := p.Entry
+	if p.Replay != nil {
+		return api.WriteResult{Key: e.Key, Version: p.Replay.Stamp.String(), Origin: p.Replay.Stamp.Origin,
+			Outcome: entry.Duplicate, Replay: p.Replay}, nil
 	}
-	st := p.entry.LWW()
-	return api.WriteResult{Key: e.Key, Version: st.String(), Origin: st.Origin, Outcome: p.outcome, Index: p.entry.Index, Stream: p.entry.Stream,
-		Existed: p.existed, Counter: p.counterValue}, nil
+	st := p.Entry.LWW()
+	return api.WriteResult{Key: e.Key, Version: st.String(), Origin: st.Origin, Outcome: p.Outcome, Index: p.Entry.Index, Stream: p.Entry.Stream,
+		Existed: p.Existed, Counter: p.CounterValue}, nil
 }

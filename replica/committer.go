@@ -1,4 +1,4 @@
-package node
+package replica
 
 import (
 	"context"
@@ -17,7 +17,6 @@ import (
 	"github.com/replicator/replicator/entry"
 	"github.com/replicator/replicator/hlc"
 	"github.com/replicator/replicator/machine"
-	"github.com/replicator/replicator/store"
 	"github.com/replicator/replicator/wal"
 )
 
@@ -43,44 +42,52 @@ const (
 	stateCancelled
 )
 
-type proposal struct {
-	entry entry.Entry
-	// pin is the caller's pinned LWW stamp (an idempotency scope); zero
+// Proposal is one write queued for the committer. The caller fills the
+// write's fields before Enqueue; the committer fills the results, which
+// are valid once Await returned nil.
+type Proposal struct {
+	// Entry is the write (its key, value, op); the committer stamps it and
+	// the state machine gives it its stream index.
+	Entry entry.Entry
+	// Pin is the caller's pinned LWW stamp (an idempotency scope); zero
 	// means the commit HLC.
-	pin hlc.Timestamp
-	// idem is the keyed request this write answers, if any.
-	idem *api.Keyed
-	// cond is a precondition decided in commit order (If-Match,
+	Pin hlc.Timestamp
+	// Idem is the keyed request this write answers, if any.
+	Idem *api.Keyed
+	// Cond is a precondition decided in commit order (If-Match,
 	// If-None-Match).
-	cond *api.Condition
-	// delta is a counter increment (op counter): the entry then carries
+	Cond *api.Condition
+	// Delta is a counter increment (op counter): the entry then carries
 	// this cluster's resulting totals, computed in commit order, and
-	// counterValue the counter's value right after it, here.
-	delta        int64
-	counterValue int64
-	// existed is how many keys a delete or a batch deleted that held a
+	// CounterValue the counter's value right after it, here.
+	Delta        int64
+	CounterValue int64
+	// Existed is how many keys a delete or a batch deleted that held a
 	// live value, decided in commit order.
-	existed int
-	state   atomic.Int32
-	done    chan struct{}
+	Existed int
+	// Outcome is what last-writer-wins made of the write.
+	Outcome entry.Outcome
+	// Replay is set when the answer is a recorded one: nothing was
+	// written.
+	Replay *api.IdemRecord
 
-	// results, valid after done is closed
-	outcome entry.Outcome
-	// replay is set when the answer is a recorded one: nothing was written.
-	replay *store.IdemRecord
-	err    error
+	state atomic.Int32
+	done  chan struct{}
+	err   error
 }
 
-type committer struct {
-	env commitEnv
-	in  chan *proposal
+// Committer is the write path's single proposer of one replica (see the
+// comment at the top of this file).
+type Committer struct {
+	env CommitEnv
+	in  chan *Proposal
 
 	mu struct {
 		sync.RWMutex
 		closed bool
 	}
 	// failed is set when a command reached the log but not Pebble: the node
-	// keeps refusing writes until a restart replays the log.
+	// keeps refusing writes until a restart replays the log (Failed).
 	failed atomic.Pointer[error]
 	exited chan struct{}
 	// groupMu is held from stamping a group to applying it: replacing the
@@ -90,10 +97,10 @@ type committer struct {
 	// floor, while a group is between stamping and its WAL append, is a
 	// timestamp below every commit HLC in it (nil otherwise): tombstone
 	// collection must not assume a peer has every entry when one is about
-	// to be appended.
+	// to be appended (Floor).
 	floor atomic.Pointer[hlc.Timestamp]
 
-	pending []*proposal // scratch of run
+	pending []*Proposal // scratch of run
 	enc     *machine.Encoder
 	prev    int // writers expected back for the next group
 }
@@ -111,8 +118,8 @@ const (
 // fixed cost, group size is throughput. It waits at most maxLinger, gives up
 // once arrivals pause for lingerGap, and does not wait at all for a writer
 // alone.
-func (c *committer) linger() {
-	target := min(c.prev, c.env.maxGroup)
+func (c *Committer) linger() {
+	target := min(c.prev, c.env.MaxGroup)
 	var start, last time.Time
 	for len(c.pending) < target {
 		select {
@@ -139,40 +146,41 @@ func (c *committer) linger() {
 	}
 }
 
-// commitEnv is what the committer sees of the node: values and functions,
-// never the node (Pebble's commitEnv), so that it can be read, and driven
-// in a test, alone.
-type commitEnv struct {
-	// maxGroup bounds the writes of one group; idemWindow is how long a
+// CommitEnv is what the committer sees of its replica: values and
+// functions, never the node (Pebble's commitEnv), so that it can be read,
+// and driven in a test, alone.
+type CommitEnv struct {
+	// MaxGroup bounds the writes of one group; IdemWindow is how long a
 	// keyed write's record is kept.
-	maxGroup   int
-	idemWindow time.Duration
-	clock      *hlc.Clock
-	logger     *slog.Logger
-	// leading reports whether this node may stamp writes now; notLeader is
+	MaxGroup   int
+	IdemWindow time.Duration
+	Clock      *hlc.Clock
+	Logger     *slog.Logger
+	// Leading reports whether this node may stamp writes now; NotLeader is
 	// the refusal when it may not.
-	leading   func() bool
-	notLeader func() error
-	// replays reports whether a keyed write's record answers it (and fills
-	// e from the record); checkPin refuses a pinned stamp out of the window.
-	replays  func(key string, fingerprint []byte, now int64, e *entry.Entry) bool
-	checkPin func(pin, commit hlc.Timestamp) error
-	// commit puts one command in the log and returns what the state machine
+	Leading   func() bool
+	NotLeader func() error
+	// Replays reports whether a keyed write's record answers it (and fills
+	// e from the record); CheckPin refuses a pinned stamp out of the window.
+	Replays  func(key string, fingerprint []byte, now int64, e *entry.Entry) bool
+	CheckPin func(pin, commit hlc.Timestamp) error
+	// Commit puts one command in the log and returns what the state machine
 	// returned for it (a *machine.Result, or the error that stopped it); an
-	// error of errEncode never reached the log.
-	commit func(cmd *machine.Command, enc *machine.Encoder) (any, error)
-	// committed is told of each group applied, with its writes.
-	committed func(writes int)
+	// error of ErrEncode never reached the log.
+	Commit func(cmd *machine.Command, enc *machine.Encoder) (any, error)
+	// Committed is told of each group applied, with its writes.
+	Committed func(writes int)
 }
 
-// errEncode: a command that did not encode (it never reached the log).
-var errEncode = errors.New("node: encode a command")
+// ErrEncode is the class of a command that did not encode (it never
+// reached the log).
+var ErrEncode = errors.New("replica: encode a command")
 
-// newCommitter starts the committer goroutine; close stops it.
-func newCommitter(env commitEnv) *committer {
-	c := &committer{
+// NewCommitter starts the committer goroutine; Close stops it.
+func NewCommitter(env CommitEnv) *Committer {
+	c := &Committer{
 		env:    env,
-		in:     make(chan *proposal, env.maxGroup),
+		in:     make(chan *Proposal, env.MaxGroup),
 		exited: make(chan struct{}),
 		enc:    machine.NewEncoder(),
 	}
@@ -180,11 +188,11 @@ func newCommitter(env commitEnv) *committer {
 	return c
 }
 
-// enqueue puts p in the queue behind every proposal enqueued before it
-// returned, without waiting for its commit (await does): a caller that
+// Enqueue puts p in the queue behind every proposal enqueued before it
+// returned, without waiting for its commit (Await does): a caller that
 // enqueues in order has its writes decided in that order, and the ones
 // queued together join one group.
-func (c *committer) enqueue(ctx context.Context, p *proposal) error {
+func (c *Committer) Enqueue(ctx context.Context, p *Proposal) error {
 	if errp := c.failed.Load(); errp != nil {
 		return fmt.Errorf("%w: %w", api.ErrNotWritten, *errp)
 	}
@@ -204,8 +212,8 @@ func (c *committer) enqueue(ctx context.Context, p *proposal) error {
 	return nil
 }
 
-// await waits for an enqueued proposal's fate.
-func (c *committer) await(ctx context.Context, p *proposal) error {
+// Await waits for an enqueued proposal's fate.
+func (c *Committer) Await(ctx context.Context, p *Proposal) error {
 	select {
 	case <-p.done:
 		return p.err
@@ -225,8 +233,8 @@ func (c *committer) await(ctx context.Context, p *proposal) error {
 	}
 }
 
-// close stops taking proposals and waits for the queued ones to finish.
-func (c *committer) close() {
+// Close stops taking proposals and waits for the queued ones to finish.
+func (c *Committer) Close() {
 	c.mu.Lock()
 	if !c.mu.closed {
 		c.mu.closed = true
@@ -238,12 +246,12 @@ func (c *committer) close() {
 
 // run is the committer goroutine. It exits when close has closed c.in and
 // every queued proposal was answered.
-func (c *committer) run() {
+func (c *Committer) run() {
 	defer close(c.exited)
 	for p := range c.in {
 		c.pending = append(c.pending[:0], p)
 	drain:
-		for len(c.pending) < c.env.maxGroup {
+		for len(c.pending) < c.env.MaxGroup {
 			select {
 			case q, ok := <-c.in:
 				if !ok {
@@ -268,10 +276,10 @@ func (c *committer) run() {
 
 // commit stamps the live proposals, commits them as one command and answers
 // them. It returns how many were written.
-func (c *committer) commit(pending []*proposal) int {
+func (c *Committer) commit(pending []*Proposal) int {
 	// Take the proposals whose callers still wait; a cancelled one was never
 	// stamped and is simply dropped.
-	var props []*proposal
+	var props []*Proposal
 	for _, p := range pending {
 		if p.state.CompareAndSwap(stateQueued, stateTaken) {
 			props = append(props, p)
@@ -285,12 +293,12 @@ func (c *committer) commit(pending []*proposal) int {
 		return 0
 	}
 	env := c.env
-	if !env.leading() {
+	if !env.Leading() {
 		// Deposed since the writers were admitted: nothing is stamped.
-		answerAll(props, env.notLeader())
+		answerAll(props, env.NotLeader())
 		return 0
 	}
-	floor := env.clock.Last()
+	floor := env.Clock.Last()
 	c.floor.Store(&floor)
 	defer c.floor.Store(nil)
 	// A command of its own per group, never reused: the state machine may
@@ -303,17 +311,17 @@ func (c *committer) commit(pending []*proposal) int {
 	for _, p := range props {
 		// Stamp in commit order: commit HLCs grow with stream indexes (the
 		// machine refuses one that does not).
-		mp := machine.Proposal{Entry: p.entry, Cond: p.cond, Delta: p.delta}
-		mp.Entry.Commit = env.clock.Now()
+		mp := machine.Proposal{Entry: p.Entry, Cond: p.Cond, Delta: p.Delta}
+		mp.Entry.Commit = env.Clock.Now()
 		mp.Entry.Stamp = hlc.Timestamp{}
-		if !p.pin.IsZero() {
+		if !p.Pin.IsZero() {
 			// A retry whose record exists is answered from it (the machine
 			// replays it) before its pin is checked: the first attempt
 			// applied, perhaps at a leader whose clock was ahead of this
 			// one's, and a refusal now would be a lie.
-			replay := p.idem != nil && env.replays(p.idem.Key, p.idem.Fingerprint, mp.Entry.Commit.Wall, &mp.Entry)
+			replay := p.Idem != nil && env.Replays(p.Idem.Key, p.Idem.Fingerprint, mp.Entry.Commit.Wall, &mp.Entry)
 			if !replay {
-				if err := env.checkPin(p.pin, mp.Entry.Commit); err != nil {
+				if err := env.CheckPin(p.Pin, mp.Entry.Commit); err != nil {
 					p.err = err
 					close(p.done)
 					continue
@@ -321,13 +329,13 @@ func (c *committer) commit(pending []*proposal) int {
 				// A pin may lie ahead of the clock (by up to the max
 				// offset): the next write, causally later, must stamp
 				// above it.
-				env.clock.Observe(p.pin)
+				env.Clock.Observe(p.Pin)
 			}
-			mp.Entry.Stamp = p.pin
+			mp.Entry.Stamp = p.Pin
 		}
-		if p.idem != nil {
-			mp.Keyed = &machine.Keyed{Key: p.idem.Key, Fingerprint: p.idem.Fingerprint, Answer: p.idem.Answer,
-				OpID: p.idem.OpID, Expires: mp.Entry.Commit.Wall + int64(env.idemWindow)}
+		if p.Idem != nil {
+			mp.Keyed = &machine.Keyed{Key: p.Idem.Key, Fingerprint: p.Idem.Fingerprint, Answer: p.Idem.Answer,
+				OpID: p.Idem.OpID, Expires: mp.Entry.Commit.Wall + int64(env.IdemWindow)}
 		}
 		cmd.Local = append(cmd.Local, mp)
 		sent = append(sent, p)
@@ -335,8 +343,8 @@ func (c *committer) commit(pending []*proposal) int {
 	if len(sent) == 0 {
 		return 0
 	}
-	out, err := env.commit(cmd, c.enc)
-	if errors.Is(err, errEncode) {
+	out, err := env.Commit(cmd, c.enc)
+	if errors.Is(err, ErrEncode) {
 		answerAll(sent, fmt.Errorf("%w: %w", api.ErrNotWritten, err))
 		return 0
 	}
@@ -347,7 +355,7 @@ func (c *committer) commit(pending []*proposal) int {
 		}
 	}
 	if err != nil {
-		answerAll(sent, applyError(err))
+		answerAll(sent, ApplyError(err))
 		return 0
 	}
 	res := out.(*machine.Result)
@@ -361,27 +369,27 @@ func (c *committer) commit(pending []*proposal) int {
 		w := &res.Writes[i]
 		switch {
 		case w.Replay != nil:
-			p.replay = w.Replay
+			p.Replay = w.Replay
 		case errors.Is(w.Err, machine.ErrNoStream), errors.Is(w.Err, machine.ErrStaleStamp):
 			p.err = fmt.Errorf("%w: %w", api.ErrNotWritten, w.Err)
 		case w.Err != nil:
 			p.err = w.Err
 		default:
-			p.entry, p.outcome, p.counterValue, p.existed = w.Entry, w.Outcome, w.CounterValue, w.Existed
+			p.Entry, p.Outcome, p.CounterValue, p.Existed = w.Entry, w.Outcome, w.CounterValue, w.Existed
 			written++
 		}
 		close(p.done)
 	}
-	env.committed(written)
+	env.Committed(written)
 	return written
 }
 
-// enqueueTimeout bounds the wait for raft to take a command.
-const enqueueTimeout = 10 * time.Second
+// EnqueueTimeout bounds the wait for raft to take a command.
+const EnqueueTimeout = 10 * time.Second
 
-// applyError is what a failed commit means to its writers: not written when
+// ApplyError is what a failed commit means to its writers: not written when
 // the command certainly never reached the log, an unknown outcome otherwise.
-func applyError(err error) error {
+func ApplyError(err error) error {
 	var nl *cluster.NotLeaderError
 	switch {
 	case errors.As(err, &nl), errors.Is(err, raft.ErrEnqueueTimeout):
@@ -398,12 +406,36 @@ func applyError(err error) error {
 	return fmt.Errorf("%w: %w", api.ErrUnknownOutcome, err)
 }
 
-func (c *committer) fail(err error) {
+// Fail stops the write path: every write from now on is refused, not
+// written, until a restart replays the log (a command reached the log and
+// not the tree).
+func (c *Committer) Fail(err error) {
 	c.failed.CompareAndSwap(nil, &err)
-	c.env.logger.Error("write path failed; refusing writes until restart", "err", err)
+	c.env.Logger.Error("write path failed; refusing writes until restart", "err", err)
 }
 
-func answerAll(props []*proposal, err error) {
+// Failed is why the write path stopped (nil: it did not).
+func (c *Committer) Failed() error {
+	if p := c.failed.Load(); p != nil {
+		return *p
+	}
+	return nil
+}
+
+// Floor is, while a group is between its stamping and its append to the
+// log, a timestamp below every commit HLC in it (nil otherwise).
+func (c *Committer) Floor() *hlc.Timestamp { return c.floor.Load() }
+
+// Exclusive runs f while no group is between its stamping and its apply:
+// a stream is replaced, or the replica closes, without a group stamped
+// under the old stream being applied under the new.
+func (c *Committer) Exclusive(f func()) {
+	c.groupMu.Lock()
+	defer c.groupMu.Unlock()
+	f()
+}
+
+func answerAll(props []*Proposal, err error) {
 	for _, p := range props {
 		p.err = err
 		close(p.done)
