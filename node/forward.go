@@ -15,6 +15,7 @@ import (
 
 	"github.com/replicator/replicator/api"
 	"github.com/replicator/replicator/cluster"
+	"github.com/replicator/replicator/listener"
 	"github.com/replicator/replicator/node/httpapi"
 	"github.com/replicator/replicator/transport"
 	"github.com/replicator/replicator/wire"
@@ -238,7 +239,7 @@ func (f *router) forward(h http.Handler, w http.ResponseWriter, r *http.Request)
 		out.Header.Del("Authorization")
 		out.Header.Del("Cookie")
 		out.Header.Set(headerCaller, f.svc.callerIdentity(r))
-		out.Header.Set(headerScope, scopeOf(r).String())
+		out.Header.Set(headerScope, listener.ScopeOf(r).String())
 		resp, err := f.svc.svcClient.Do(out)
 		if err != nil {
 			var ns errNotSent

@@ -164,8 +164,8 @@ func (ms *membership) raftConn() (raftconn.Options, error) {
 	var co raftconn.Options
 	switch kind {
 	case "tls":
-		co.Certificate = func() (*tls.Certificate, error) { return n.tls.live.Load(), nil }
-		co.CA = n.tls.clientCA
+		co.Certificate = func() (*tls.Certificate, error) { return n.tls.Live(), nil }
+		co.CA = n.tls.ClientCA()
 		co.ClusterOf = func(c *x509.Certificate) (string, error) { return ClusterFromCert(c, n.opts.PeerSANMode) }
 	case "raft-key":
 		co.RaftKey, co.AcceptGossipKey = n.opts.Raft.Key, n.opts.Raft.AcceptGossipKey

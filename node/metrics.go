@@ -258,7 +258,7 @@ func (n *Node) collect(ch chan<- prometheus.Metric) {
 	for reason, v := range n.acceptor.Refusals() {
 		ch <- prometheus.MustNewConstMetric(descPeerRefused, prometheus.CounterValue, float64(v), reason)
 	}
-	if exp := n.tls.expiry(); !exp.IsZero() {
+	if exp := n.tls.Expiry(); !exp.IsZero() {
 		ch <- prometheus.MustNewConstMetric(descCertExpiry, prometheus.GaugeValue, float64(exp.Unix()))
 	}
 	ch <- prometheus.MustNewConstMetric(descBuild, prometheus.GaugeValue, 1, n.opts.BuildVersion, runtime.Version())

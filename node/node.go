@@ -29,6 +29,7 @@ import (
 	"github.com/replicator/replicator/forward"
 	"github.com/replicator/replicator/hlc"
 	"github.com/replicator/replicator/internal/options"
+	"github.com/replicator/replicator/listener"
 	"github.com/replicator/replicator/machine"
 	"github.com/replicator/replicator/node/httpapi"
 	"github.com/replicator/replicator/origin"
@@ -82,7 +83,7 @@ type Node struct {
 	linkAdmin               // the links' settings through the log (links.go)
 	conflictLog             // the conflict log's reads and restores (conflicts.go)
 	antiEntropy             // comparisons and repairs with peers (antientropy.go)
-	tls         tlsSetup
+	tls         *listener.TLS
 	mem         membership // gossip: the nodes of this cluster and the peers found
 	// applied is the last index of the stream applied to the store.
 	applied atomic.Uint64
@@ -117,8 +118,8 @@ type Node struct {
 	peerServeErr chan error
 	pprofSrv     *http.Server
 	pprofErr     chan error
-	bounds       bounds    // what a write may be
-	lis          listeners // the API's and the peer endpoint's
+	bounds       bounds        // what a write may be
+	lis          *listener.Set // the API's and the peer endpoint's
 	closeMu      sync.Mutex
 	closed       bool
 }
@@ -190,18 +191,18 @@ func Open(ctx context.Context, opts *Options) (*Node, error) {
 		n.store.Close()
 		return nil, err
 	}
-	n.tls.opts, n.tls.log, n.tls.cluster = &n.opts, n.log, n.cluster
-	n.lis.opts, n.lis.log, n.lis.tls = &n.opts, n.log, &n.tls
 	n.bounds = bounds{opts: &n.opts, clock: n.clock, links: n.repl.links}
-	n.tls.reloaded = func() {
-		if n.peerClient != nil {
-			n.peerClient.CloseIdleConnections()
-		}
-	}
-	if err := n.tls.load(); err != nil {
+	n.tls, err = listener.NewTLS(listener.TLSOptions{Cert: o.TLSCert, Key: o.TLSKey, ClientCA: o.TLSClientCA, PeerCA: o.PeerCA, SANMode: o.PeerSANMode},
+		n.cluster, n.log, func() {
+			if n.peerClient != nil {
+				n.peerClient.CloseIdleConnections()
+			}
+		})
+	if err != nil {
 		n.store.Close()
 		return nil, err
 	}
+	n.lis = listener.NewSet(listener.Limits{MaxConnections: o.MaxConnections, MinBodyRate: o.MinBodyRate, BodyGrace: o.BodyGrace}, n.tls, n.log)
 	if err := n.restoreClock(); err != nil {
 		n.store.Close()
 		return nil, err
@@ -329,13 +330,13 @@ func (n *Node) diskFull() func() error {
 // starts the background loops, and joins gossip. It returns once the
 // listeners are bound.
 func (n *Node) Start() error {
-	ln, err := n.lis.listen(n.opts.Listener, n.opts.Listen, false)
+	ln, err := n.lis.Listen(n.opts.Listener, n.opts.Listen, false)
 	if err != nil {
 		return err
 	}
 	n.ln = ln
 	if n.opts.PeerListen != "" || n.opts.PeerListener != nil {
-		pln, err := n.lis.listen(n.opts.PeerListener, n.opts.PeerListen, true)
+		pln, err := n.lis.Listen(n.opts.PeerListener, n.opts.PeerListen, true)
 		if err != nil {
 			ln.Close()
 			return err
@@ -354,16 +355,17 @@ func (n *Node) Start() error {
 	}
 	refused := func(code string) { n.metrics.apiRefused.WithLabelValues(code).Inc() }
 	h, mux := n.handler()
-	n.srv = n.lis.serve(ln, protect(&n.opts, requireToken(&n.opts, mux, h, refused), ln, refused), &n.serveErr)
+	tokens := listener.Tokens{API: n.opts.APIToken, Admin: n.opts.AdminToken}
+	n.srv = n.lis.Serve(ln, listener.Protect(tokens, listener.RequireToken(tokens, needScope(mux, refused), h, refused), ln, refused), &n.serveErr)
 	if n.opts.PprofListen != "" {
 		pln, err := net.Listen("tcp", n.opts.PprofListen)
 		if err != nil {
 			return fmt.Errorf("node: listen %s (pprof): %w", n.opts.PprofListen, err)
 		}
-		n.pprofSrv = n.lis.serve(pln, httpapi.PprofHandler(), &n.pprofErr)
+		n.pprofSrv = n.lis.Serve(pln, httpapi.PprofHandler(), &n.pprofErr)
 	}
 	if n.peerLn != nil {
-		n.peerSrv = n.lis.serve(n.peerLn, surface(n).PeerHandler(n.acceptor), &n.peerServeErr)
+		n.peerSrv = n.lis.Serve(n.peerLn, surface(n).PeerHandler(n.acceptor), &n.peerServeErr)
 	}
 	d, err := openRESP(n)
 	if err != nil {
@@ -372,7 +374,7 @@ func (n *Node) Start() error {
 	n.resp.Store(d)
 	if n.multi() {
 		n.svc.setDescription(described{API: n.URL(), Replicate: n.PeerURL(), Commands: n.cons.readsFormat()}, n.opts.Gossip)
-		n.svc.serveService(&n.lis, n.servesProposals(n.svc.enforceScope(mux, h, refused), refused))
+		n.svc.serveService(n.lis, n.servesProposals(n.svc.enforceScope(mux, h, refused), refused))
 		n.every(time.Second, n.svc.refreshProven)
 		n.every(500*time.Millisecond, n.cons.raiseFormat)
 		n.every(time.Second, n.cons.checkRemoved)
@@ -394,8 +396,8 @@ func (n *Node) Start() error {
 		n.bg.Add(1)
 		go n.lead.leadLoop()
 	}
-	if n.tls.cert != nil { // after the peer client exists: a reload closes its idle links
-		n.every(n.opts.TLSReloadInterval, n.tls.reloadIfChanged)
+	if n.tls.On() { // after the peer client exists: a reload closes its idle links
+		n.every(n.opts.TLSReloadInterval, n.tls.ReloadIfChanged)
 	}
 	if n.opts.Gossip != nil {
 		if err := n.mem.startGossip(); err != nil {
@@ -413,7 +415,7 @@ func (n *Node) Start() error {
 }
 
 func (n *Node) scheme() string {
-	if n.tls.cert != nil {
+	if n.tls.On() {
 		return "https://"
 	}
 	return "http://"
@@ -478,7 +480,7 @@ func (n *Node) Close() error {
 			}
 		}
 		done := make(chan struct{})
-		go func() { n.lis.inflight.Wait(); close(done) }()
+		go func() { n.lis.Wait(); close(done) }()
 		select {
 		case <-done:
 		case <-time.After(30 * time.Second):

@@ -206,7 +206,7 @@ func (r *replication) setupReplication() error {
 		Version:            n.opts.BuildVersion,
 		Secrets:            secrets,
 		Insecure:           n.opts.InsecurePeers,
-		CertCluster:        n.tls.certCluster,
+		CertCluster:        n.tls.CertCluster,
 		MaxBodyBytes:       n.opts.MaxReplicateBytes,
 		MaxKeyBytes:        n.opts.MaxKeyBytes,
 		MaxValueBytes:      n.opts.MaxValueBytes,
@@ -259,12 +259,12 @@ func (r *replication) setupReplication() error {
 	})
 	rt := n.opts.PeerTransport
 	if rt == nil {
-		rt = &http.Transport{MaxIdleConnsPerHost: 4, IdleConnTimeout: 90 * time.Second, TLSClientConfig: n.tls.client()}
+		rt = &http.Transport{MaxIdleConnsPerHost: 4, IdleConnTimeout: 90 * time.Second, TLSClientConfig: n.tls.Client()}
 	}
 	n.peerClient = &http.Client{Transport: rt, CheckRedirect: noRedirects}
 	if n.multi() {
 		n.fwd.fwdClient = &http.Client{CheckRedirect: noRedirects, Transport: &http.Transport{MaxIdleConnsPerHost: 64, IdleConnTimeout: 90 * time.Second,
-			TLSClientConfig: n.tls.client()}}
+			TLSClientConfig: n.tls.Client()}}
 		n.svc.svcClient = n.svc.newServiceClient()
 		return nil // each term links to the peers (term.go)
 	}

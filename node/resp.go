@@ -154,7 +154,7 @@ func openRESP(n *Node) (*respDoor, error) {
 	// at the bound it closes the oldest connection that has not
 	// authenticated to make room, which a listener's bound could not (it
 	// would hold new clients in the backlog behind them).
-	ln, err := n.lis.listenBounded(n.opts.RESPListener, n.opts.RESPListen, false, 0)
+	ln, err := n.lis.ListenBounded(n.opts.RESPListener, n.opts.RESPListen, false, 0)
 	if err != nil {
 		return nil, fmt.Errorf("node: RESP: %w", err)
 	}

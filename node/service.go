@@ -14,6 +14,7 @@ import (
 
 	"github.com/replicator/replicator/cluster"
 	"github.com/replicator/replicator/internal/raftconn"
+	"github.com/replicator/replicator/listener"
 	"github.com/replicator/replicator/node/httpapi"
 	"github.com/replicator/replicator/transport"
 )
@@ -173,13 +174,13 @@ func (s *service) refreshProven() {
 // serveService serves the requests other nodes send over the raft port:
 // the API's routes, answered here (never forwarded again), without the
 // token check (the raft port's credential authenticated the sender).
-func (s *service) serveService(lis *listeners, h http.Handler) {
+func (s *service) serveService(lis *listener.Set, h http.Handler) {
 	ln := s.group.ServiceListener()
 	if ln == nil {
 		return
 	}
 	// Exits when Close shuts the server down (or the raft port closes).
-	s.svcSrv = lis.serve(ln, h, &s.svcErr, func(srv *http.Server) {
+	s.svcSrv = lis.Serve(ln, h, &s.svcErr, func(srv *http.Server) {
 		srv.ConnContext = func(ctx context.Context, c net.Conn) context.Context {
 			if sc, ok := c.(*raftconn.ServiceConn); ok {
 				return context.WithValue(ctx, serviceSenderKey{}, sc.Sender)
@@ -211,7 +212,7 @@ func (s *service) enforceScope(mux *http.ServeMux, h http.Handler, refused func(
 				Message: fmt.Sprintf("forwarded by %s for a caller granted the %s scope: %s needs the %s scope", serviceSender(r), got, r.URL.Path, need)})
 			return
 		}
-		h.ServeHTTP(w, r.WithContext(withScope(r.Context(), got)))
+		h.ServeHTTP(w, r.WithContext(listener.WithScope(r.Context(), got)))
 	})
 }
 
@@ -293,7 +294,7 @@ func (s *service) callerIdentity(r *http.Request) string {
 	case r.TLS != nil && len(r.TLS.PeerCertificates) > 0:
 		return "certificate " + r.TLS.PeerCertificates[0].Subject.String()
 	case s.token && r.Header.Get("Authorization") != "":
-		if scopeOf(r)&httpapi.ScopeAdmin != 0 {
+		if listener.ScopeOf(r)&httpapi.ScopeAdmin != 0 {
 			return "admin token"
 		}
 		return "API token"

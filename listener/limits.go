@@ -1,4 +1,4 @@
-package node
+package listener
 
 import (
 	"io"
@@ -48,7 +48,7 @@ func (b *rateBody) Close() error { return b.body.Close() }
 
 // limitBody installs the minimum body rate on a request: the deadline
 // covers the first read (and net/http's drain) before any Read extends it.
-func (l *listeners) limitBody(w http.ResponseWriter, r *http.Request) {
+func (l *Set) limitBody(w http.ResponseWriter, r *http.Request) {
 	if r.Body == nil || r.Body == http.NoBody || l.opts.MinBodyRate <= 0 {
 		return
 	}
@@ -58,9 +58,9 @@ func (l *listeners) limitBody(w http.ResponseWriter, r *http.Request) {
 	r.Body = &rateBody{body: r.Body, rc: rc, start: now, grace: l.opts.BodyGrace, rate: l.opts.MinBodyRate}
 }
 
-// refuseEarly marks an answer sent without reading the request's body: the
+// RefuseEarly marks an answer sent without reading the request's body: the
 // connection closes after it rather than waiting for the body to drain.
-func refuseEarly(w http.ResponseWriter) { w.Header().Set("Connection", "close") }
+func RefuseEarly(w http.ResponseWriter) { w.Header().Set("Connection", "close") }
 
 // connLimiter bounds the connections a listener holds. At the bound, a new
 // connection takes the place of the longest-idle keep-alive connection
