@@ -50,6 +50,14 @@ type PermitStats struct {
 	State    string `json:"state"` // healthy, throttled, saturated
 }
 
+// Liveness of a member, as memberlist sees it.
+const (
+	LiveAlive   = "alive"
+	LiveSuspect = "suspect"
+	LiveDead    = "dead" // failed: stopped answering probes
+	LiveLeft    = "left" // left gracefully
+)
+
 // MemberMeta is what each node gossips about itself (memberlist node meta,
 // at most 512 bytes).
 type MemberMeta struct {

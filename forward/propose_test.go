@@ -135,7 +135,7 @@ func TestAnswerCarriesTheResultAndTheClass(t *testing.T) {
 
 // cluster is a leader and a follower wired in process: the follower's Send
 // is the leader's handler (no listener).
-type cluster struct {
+type testCluster struct {
 	leader   *Leader
 	follower *Follower
 	proposed []api.Write
@@ -143,8 +143,8 @@ type cluster struct {
 	sends    int
 }
 
-func newCluster(propose func(api.Write) (api.WriteResult, error)) *cluster {
-	c := &cluster{}
+func newCluster(propose func(api.Write) (api.WriteResult, error)) *testCluster {
+	c := &testCluster{}
 	c.leader = &Leader{MaxBody: 1 << 20, Applied: func() uint64 { return 41 },
 		Propose: func(ctx context.Context, w api.Write) (api.WriteResult, error) {
 			c.proposed = append(c.proposed, w)

@@ -15,6 +15,7 @@ import (
 
 	"github.com/replicator/replicator/api"
 	"github.com/replicator/replicator/cluster"
+	"github.com/replicator/replicator/forward"
 	"github.com/replicator/replicator/machine"
 	"github.com/replicator/replicator/node/httpapi"
 	"github.com/replicator/replicator/origin"
@@ -89,10 +90,10 @@ func (n *Node) ClusterReport(ctx context.Context) api.ClusterReport {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			if d, state := n.svc.proven(id, true); state == descKnown {
+			if d, state := n.svc.Proven(id, true); state == forward.DescKnown {
 				cn.API = d.API // what it says of itself, not gossip's
 			}
-			theirs, err := n.svc.askCluster(ctx, id)
+			theirs, err := askCluster(n.svc, ctx, id)
 			switch {
 			case errors.Is(err, cluster.ErrOlderBuild):
 				cn.State, cn.Error = "older build", "it runs a build that answers no requests on its raft port: its state is not asked (no credential goes to the URL gossip reports)"
@@ -119,17 +120,17 @@ func (n *Node) ClusterReport(ctx context.Context) api.ClusterReport {
 }
 
 // askCluster asks member id its own part of the report, over the raft port.
-func (s *service) askCluster(ctx context.Context, id raft.ServerID) (api.ClusterReport, error) {
+func askCluster(s *forward.Service, ctx context.Context, id raft.ServerID) (api.ClusterReport, error) {
 	var r api.ClusterReport
 	ctx, cancel := context.WithTimeout(ctx, time.Second)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, serviceURL(id, "/admin/cluster?local=1"), nil)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, forward.URL(id, "/admin/cluster?local=1"), nil)
 	if err != nil {
 		return r, err
 	}
 	// Asked while answering /admin/cluster, which took the admin scope.
-	req.Header.Set(headerScope, httpapi.ScopeAdmin.String())
-	resp, err := s.svcClient.Do(req)
+	req.Header.Set(forward.HeaderScope, httpapi.ScopeAdmin.String())
+	resp, err := s.Client.Do(req)
 	if err != nil {
 		return r, err
 	}

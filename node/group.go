@@ -15,6 +15,7 @@ import (
 	"github.com/replicator/replicator/api"
 	"github.com/replicator/replicator/cluster"
 	"github.com/replicator/replicator/entry"
+	"github.com/replicator/replicator/forward"
 	"github.com/replicator/replicator/hlc"
 	"github.com/replicator/replicator/internal/legacywal"
 	"github.com/replicator/replicator/machine"
@@ -122,7 +123,7 @@ func (cs *consensus) admissible(description string) error {
 	if f <= 1 {
 		return nil
 	}
-	var d described
+	var d forward.Described
 	if description != "" {
 		if err := json.Unmarshal([]byte(description), &d); err != nil {
 			return fmt.Errorf("its description does not read: %w", err)
@@ -154,13 +155,13 @@ func (cs *consensus) raiseFormat() {
 			if id == n.group.ID() {
 				continue
 			}
-			if d, state := n.svc.proven(id, false); state == descKnown && d.Commands >= want {
+			if d, state := n.svc.Proven(id, false); state == forward.DescKnown && d.Commands >= want {
 				continue
 			}
 			// Not known to read it (yet): asked afresh, since the member
 			// may have restarted on a new build at the same address.
 			s, err := n.group.DescribeAgain(id, time.Second)
-			var d described
+			var d forward.Described
 			if err != nil || s == "" || json.Unmarshal([]byte(s), &d) != nil || d.Commands < want {
 				return // asked again at the next round
 			}
@@ -276,7 +277,7 @@ func (cs *consensus) openGroup() (created bool, err error) {
 		Solo:        !n.multi(),
 		FSM:         n.fsm,
 		Applied:     n.progress.get,
-		Describe:    n.svc.describeSelf,
+		Describe:    n.svc.DescribeSelf,
 		Admit:       cs.admitMember,
 		Logger:      n.log,
 		Log: wal.Options{

@@ -261,21 +261,9 @@ func (ms *membership) member(id string) (transport.Member, bool) {
 	return transport.Member{}, false
 }
 
-// nodeURLs are the replicate URLs of this cluster's nodes (this one first),
-// which acks tell the senders: what each member said of itself over the
-// raft port; cached, refreshed by refreshProven.
-type nodeURLs struct{ v atomic.Pointer[[]string] }
-
-func (u *nodeURLs) get() []string {
-	if p := u.v.Load(); p != nil {
-		return *p
-	}
-	return nil
-}
-
 // refreshMeta keeps what this node gossips current (fresh turns false at
 // bootstrap or at the first append; the stream changes when one is
-// minted), and the cached node URLs. It runs every 250 ms.
+// minted). It runs every 250 ms.
 func (ms *membership) refreshMeta() {
 	n := ms.n
 	if ms.gossip == nil {

@@ -7,6 +7,7 @@
 package node
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -66,11 +67,10 @@ type Node struct {
 	lead        leadState
 	cons        consensus // the raft group
 	progress    progress
-	nodeURLs    nodeURLs
 	// fwd forwards what needs the leader to it (forward.go); svc talks
 	// to the other nodes over the raft port (service.go).
-	fwd router
-	svc service
+	fwd *forward.Router
+	svc *forward.Service
 	// follower proposes the writes a follower takes in process to the
 	// leader (propose.go; nil for a node alone).
 	follower *forward.Follower
@@ -242,22 +242,27 @@ func Open(ctx context.Context, opts *Options) (*Node, error) {
 			n.metrics.groups.Add(1)
 		},
 	})
+	n.svc = forward.NewService(o.APIToken != "" || o.AdminToken != "", n.mem.member)
 	created, err := n.cons.openGroup()
 	if err != nil {
 		n.com.Close()
 		n.store.Close()
 		return nil, err
 	}
-	n.svc.group, n.svc.token, n.svc.member, n.svc.urls = n.group, o.APIToken != "" || o.AdminToken != "", n.mem.member, &n.nodeURLs
-	n.fwd = router{multi: n.multi(), nodeID: n.nodeID, group: n.group, lead: &n.lead, progress: &n.progress, svc: &n.svc,
-		member: n.mem.member, metrics: &n.metrics, removed: func() error {
+	n.svc.Attach(n.group)
+	n.fwd = &forward.Router{Multi: n.multi(), NodeID: n.nodeID, Group: n.group, Lead: &n.lead, Progress: &n.progress, Service: n.svc,
+		Member: n.mem.member, NeedsLeader: needsLeader, WriteErr: httpapi.WriteErr,
+		Counted: func(how string) { n.metrics.forwards.WithLabelValues(how).Inc() },
+		LegacyClient: &http.Client{CheckRedirect: forward.NoRedirects, Transport: &http.Transport{MaxIdleConnsPerHost: 64, IdleConnTimeout: 90 * time.Second,
+			TLSClientConfig: n.tls.Client()}},
+		Removed: func() error {
 			if p := n.cons.removed.Load(); p != nil {
 				return *p
 			}
 			return nil
 		}}
 	if o.Raft != nil {
-		n.fwd.electionTimeout = o.Raft.ElectionTimeout
+		n.fwd.ElectionTimeout = o.Raft.ElectionTimeout
 	}
 	closeAll := func() {
 		n.com.Close()
@@ -373,9 +378,14 @@ func (n *Node) Start() error {
 	}
 	n.resp.Store(d)
 	if n.multi() {
-		n.svc.setDescription(described{API: n.URL(), Replicate: n.PeerURL(), Commands: n.cons.readsFormat()}, n.opts.Gossip)
-		n.svc.serveService(n.lis, n.servesProposals(n.svc.enforceScope(mux, h, refused), refused))
-		n.every(time.Second, n.svc.refreshProven)
+		d := forward.Described{API: n.URL(), Replicate: n.PeerURL(), Commands: n.cons.readsFormat()}
+		if g := n.opts.Gossip; g != nil {
+			// As others reach this node.
+			d.API, d.Replicate = cmp.Or(g.APIURL, d.API), cmp.Or(g.ReplicateURL, d.Replicate)
+		}
+		n.svc.SetDescription(d)
+		n.svc.Serve(n.lis, n.servesProposals(forward.EnforceScope(needScope(mux, refused), h, refused), refused))
+		n.every(time.Second, n.svc.RefreshProven)
 		n.every(500*time.Millisecond, n.cons.raiseFormat)
 		n.every(time.Second, n.cons.checkRemoved)
 	}
@@ -466,7 +476,7 @@ func (n *Node) Close() error {
 		for _, sv := range []struct {
 			srv  *http.Server
 			errc chan error
-		}{{n.srv, n.serveErr}, {n.peerSrv, n.peerServeErr}, {n.pprofSrv, n.pprofErr}, {n.svc.svcSrv, n.svc.svcErr}} {
+		}{{n.srv, n.serveErr}, {n.peerSrv, n.peerServeErr}, {n.pprofSrv, n.pprofErr}, {n.svc.Srv, n.svc.Errc}} {
 			if sv.srv == nil {
 				continue
 			}

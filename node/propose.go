@@ -2,7 +2,6 @@ package node
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"net/http"
 
@@ -62,15 +61,15 @@ func (n *Node) newFollower() *forward.Follower {
 	return &forward.Follower{
 		Self: string(n.group.ID()),
 		Leader: func(ctx context.Context) (string, error) {
-			id, err := n.fwd.leaderServer(ctx)
+			id, err := n.fwd.LeaderServer(ctx)
 			return string(id), err
 		},
 		Local:   n.proposeHere,
-		Send:    func(req *http.Request) (*http.Response, error) { return n.svc.svcClient.Do(req) },
-		URL:     func(id, uri string) string { return serviceURL(raft.ServerID(id), uri) },
-		NotSent: func(err error) bool { var ns errNotSent; return errors.As(err, &ns) },
+		Send:    func(req *http.Request) (*http.Response, error) { return n.svc.Client.Do(req) },
+		URL:     func(id, uri string) string { return forward.URL(raft.ServerID(id), uri) },
+		NotSent: forward.NotSent,
 		// A write needs the API scope, which the door that took it checked.
-		Header:  http.Header{headerCaller: {"in process (RESP or the Go API)"}, headerScope: {httpapi.ScopeAPI.String()}},
+		Header:  http.Header{forward.HeaderCaller: {"in process (RESP or the Go API)"}, forward.HeaderScope: {httpapi.ScopeAPI.String()}},
 		Await:   n.progress.wait,
 		Counted: func(how string) { n.metrics.forwards.WithLabelValues(how).Inc() },
 	}
@@ -87,14 +86,10 @@ func (n *Node) servesProposals(next http.Handler, refused func(code string)) htt
 			next.ServeHTTP(w, r)
 			return
 		}
-		got, ok := httpapi.ParseScope(r.Header.Get(headerScope))
-		if !ok {
-			got = httpapi.ScopeAPI
-		}
-		if !got.Allows(httpapi.ScopeAPI) {
+		if got := forward.Granted(r); !got.Allows(httpapi.ScopeAPI) {
 			refused("forbidden")
 			writeError(w, http.StatusForbidden, apiError{Code: "forbidden",
-				Message: fmt.Sprintf("proposed by %s for a caller granted the %s scope: a write needs the api scope", serviceSender(r), got)})
+				Message: fmt.Sprintf("proposed by %s for a caller granted the %s scope: a write needs the api scope", forward.ServiceSender(r), got)})
 			return
 		}
 		l.ServeHTTP(w, r)

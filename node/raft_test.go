@@ -23,6 +23,7 @@ import (
 	"github.com/replicator/replicator/client"
 	"github.com/replicator/replicator/cluster"
 	"github.com/replicator/replicator/datadir"
+	"github.com/replicator/replicator/forward"
 	"github.com/replicator/replicator/hlc"
 	ports "github.com/replicator/replicator/internal/loopback"
 	"github.com/replicator/replicator/internal/raftconn"
@@ -1604,7 +1605,7 @@ func TestForwardedChangeNamesItsCaller(t *testing.T) {
 	release()
 	body := fmt.Appendf(nil, `{"id": "ghost", "raft": %q, "force": "a drill"}`, free[0])
 	if _, err := cl.Do(context.Background(), http.MethodPost, "/admin/cluster/join", body,
-		http.Header{"Content-Type": {"application/json"}, headerCaller: {"certificate CN=admin (forged)"}}, nil); err != nil {
+		http.Header{"Content-Type": {"application/json"}, forward.HeaderCaller: {"certificate CN=admin (forged)"}}, nil); err != nil {
 		t.Fatal(err)
 	}
 	want := fmt.Sprintf(`caller="admin token, forwarded by %s"`, c.nodes[w].group.ID())

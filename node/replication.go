@@ -16,6 +16,7 @@ import (
 	"github.com/replicator/replicator/api"
 	"github.com/replicator/replicator/client"
 	"github.com/replicator/replicator/entry"
+	"github.com/replicator/replicator/forward"
 	"github.com/replicator/replicator/hlc"
 	"github.com/replicator/replicator/machine"
 	"github.com/replicator/replicator/store"
@@ -261,11 +262,8 @@ func (r *replication) setupReplication() error {
 	if rt == nil {
 		rt = &http.Transport{MaxIdleConnsPerHost: 4, IdleConnTimeout: 90 * time.Second, TLSClientConfig: n.tls.Client()}
 	}
-	n.peerClient = &http.Client{Transport: rt, CheckRedirect: noRedirects}
+	n.peerClient = &http.Client{Transport: rt, CheckRedirect: forward.NoRedirects}
 	if n.multi() {
-		n.fwd.fwdClient = &http.Client{CheckRedirect: noRedirects, Transport: &http.Transport{MaxIdleConnsPerHost: 64, IdleConnTimeout: 90 * time.Second,
-			TLSClientConfig: n.tls.Client()}}
-		n.svc.svcClient = n.svc.newServiceClient()
 		return nil // each term links to the peers (term.go)
 	}
 	for _, p := range n.opts.Peers {
@@ -382,14 +380,14 @@ func (r *replication) leadership() func() (bool, string, []string) {
 		// its gossiped URL is handed out, as that build did.
 		leader := ""
 		if id := n.group.LeaderServer(); id != "" && id != n.group.ID() {
-			switch d, state := n.svc.proven(id, false); state {
-			case descKnown:
+			switch d, state := n.svc.Proven(id, false); state {
+			case forward.DescKnown:
 				leader = d.Replicate
-			case descOlder:
-				leader = n.svc.gossipedReplicate(id)
+			case forward.DescOlder:
+				leader = n.svc.GossipedReplicate(id)
 			}
 		}
-		return false, leader, n.nodeURLs.get()
+		return false, leader, n.svc.URLs()
 	}
 }
 
@@ -399,7 +397,7 @@ func (r *replication) ackNodes() func() []string {
 	if !n.multi() {
 		return nil
 	}
-	return n.nodeURLs.get
+	return n.svc.URLs
 }
 
 // links returns the current peer links.

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/replicator/replicator/client"
+	"github.com/replicator/replicator/forward"
 	"github.com/replicator/replicator/node/httpapi"
 )
 
@@ -66,7 +67,7 @@ func rawDo(t *testing.T, method, url, token string) (int, string) {
 	if token != "" {
 		req.Header.Set("Authorization", "Bearer "+token)
 	}
-	hc := &http.Client{CheckRedirect: noRedirects, Timeout: 20 * time.Second}
+	hc := &http.Client{CheckRedirect: forward.NoRedirects, Timeout: 20 * time.Second}
 	resp, err := hc.Do(req)
 	if err != nil {
 		t.Fatalf("%s %s: %v", method, url, err)
@@ -143,16 +144,16 @@ func TestLeaderEnforcesTheForwardedScope(t *testing.T) {
 		o.InsecurePeers = true
 	})
 	l, w, _ := c.roles()
-	svc := &c.nodes[w].svc
+	svc := c.nodes[w].svc
 	ask := func(method, path, scope string) int {
-		req, err := http.NewRequest(method, serviceURL(c.nodes[l].group.ID(), path), bytes.NewReader(nil))
+		req, err := http.NewRequest(method, forward.URL(c.nodes[l].group.ID(), path), bytes.NewReader(nil))
 		if err != nil {
 			t.Fatal(err)
 		}
 		if scope != "" {
-			req.Header.Set(headerScope, scope)
+			req.Header.Set(forward.HeaderScope, scope)
 		}
-		resp, err := svc.svcClient.Do(req)
+		resp, err := svc.Client.Do(req)
 		if err != nil {
 			t.Fatal(err)
 		}

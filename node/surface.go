@@ -4,8 +4,10 @@ import (
 	"context"
 	"net/http"
 
+	"github.com/replicator/replicator/forward"
 	"github.com/replicator/replicator/internal/httpjson"
 	"github.com/replicator/replicator/node/httpapi"
+	"github.com/replicator/replicator/wire"
 )
 
 // The node's HTTP surface is package httpapi; the node composes it with
@@ -37,7 +39,7 @@ func (n *Node) handler() (http.Handler, *http.ServeMux) {
 			mux.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), proposeHereKey{}, true)))
 		})
 	}
-	route := n.fwd.route(answer)
+	route := n.fwd.Route(answer)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if canonical(w, r, func(string) {}) {
 			route.ServeHTTP(w, r)
@@ -56,11 +58,27 @@ func surface(n *Node) *httpapi.API {
 		// Behind the token (Validate refuses --pprof without one).
 		Pprof:  n.opts.Pprof && n.opts.APIToken != "",
 		Tree:   &n.antiEntropy,
-		Caller: n.svc.callerOf,
+		Caller: n.svc.CallerOf,
 		Logger: n.log,
 	}
 	if n.opts.PeerListen == "" && n.opts.PeerListener == nil {
 		o.Peer = n.acceptor
 	}
 	return httpapi.New(n, o)
+}
+
+// needsLeader reports a request only the leader answers.
+func needsLeader(r *http.Request) bool {
+	if r.URL.Path == wire.PathReplicate || r.URL.Path == wire.PathProve || r.URL.Path == wire.PathTree || r.URL.Path == httpapi.PathTreeRebuild {
+		// The acceptor redirects the sender itself; any node proves,
+		// answers from its tree, and rebuilds its own kept hashes.
+		return false
+	}
+	if r.URL.Path == httpapi.PathHeld {
+		return true // the leader holds the links
+	}
+	if r.Method == http.MethodGet || r.Method == http.MethodHead || r.Method == http.MethodOptions {
+		return forward.Consistent(r)
+	}
+	return true
 }

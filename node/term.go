@@ -358,6 +358,12 @@ func containsPeer(ps []Peer, name string) bool {
 
 // notLeader is the answer to what needs the leader on a node that does not
 // lead: nothing was done.
+// Ready, AwaitTerm and NotLeader are what the router reads of the lead
+// (forward.Leadership).
+func (l *leadState) Ready() bool                         { return l.ready.Load() }
+func (l *leadState) AwaitTerm(ctx context.Context) error { return l.awaitTerm(ctx) }
+func (l *leadState) NotLeader() error                    { return l.notLeader() }
+
 func (l *leadState) notLeader() error {
 	n := l.n
 	id, addr := n.group.Leader()
@@ -415,6 +421,10 @@ func (p *progress) set(i uint64) {
 }
 
 func (p *progress) get() uint64 { return p.idx.Load() }
+
+// Applied and AwaitApplied are the router's view (forward.Progress).
+func (p *progress) Applied() uint64                                  { return p.get() }
+func (p *progress) AwaitApplied(ctx context.Context, i uint64) error { return p.wait(ctx, i) }
 
 // wait returns once the index reaches i, or when ctx ends.
 func (p *progress) wait(ctx context.Context, i uint64) error {

@@ -26,12 +26,12 @@ const GossipVersion = 1
 // at most 512 bytes).
 type MemberMeta = api.MemberMeta
 
-// Liveness of a member, as memberlist sees it.
+// Liveness of a member, as memberlist sees it (api's words).
 const (
-	LiveAlive   = "alive"
-	LiveSuspect = "suspect"
-	LiveDead    = "dead" // failed: stopped answering probes
-	LiveLeft    = "left" // left gracefully
+	LiveAlive   = api.LiveAlive
+	LiveSuspect = api.LiveSuspect
+	LiveDead    = api.LiveDead
+	LiveLeft    = api.LiveLeft
 )
 
 // Member is one node known through gossip (api.Member).

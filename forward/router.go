@@ -1,4 +1,4 @@
-package node
+package forward
 
 import (
 	"context"
@@ -16,9 +16,6 @@ import (
 	"github.com/replicator/replicator/api"
 	"github.com/replicator/replicator/cluster"
 	"github.com/replicator/replicator/listener"
-	"github.com/replicator/replicator/node/httpapi"
-	"github.com/replicator/replicator/transport"
-	"github.com/replicator/replicator/wire"
 )
 
 // Who answers, in a cluster of several nodes (docs/CLUSTER.md). Any node
@@ -29,76 +26,83 @@ import (
 // this node's tree.
 
 const (
-	// headerForwarded marks a request a node forwarded (its node ID): it
+	// HeaderForwarded marks a request a node forwarded (its node ID): it
 	// is answered where it arrives, never forwarded again.
-	headerForwarded = "X-Replicator-Forwarded"
-	// headerApplied, on the answer to a forwarded request, is the last log
+	HeaderForwarded = "X-Replicator-Forwarded"
+	// HeaderApplied, on the answer to a forwarded request, is the last log
 	// index the leader had applied when it answered: the forwarding node
 	// answers once it has applied as far.
-	headerApplied = "X-Replicator-Applied"
+	HeaderApplied = "X-Replicator-Applied"
 )
 
-// router sends what needs the leader to it: one hop at most, over the raft
+// Leadership is what the router reads of this node's lead.
+type Leadership interface {
+	// Ready: this node leads and its term began.
+	Ready() bool
+	// AwaitTerm returns once a term this node won began (at once when it
+	// does not lead), or ctx ends.
+	AwaitTerm(ctx context.Context) error
+	// NotLeader is the refusal of a node that does not lead.
+	NotLeader() error
+}
+
+// Progress is this node's applied index.
+type Progress interface {
+	Applied() uint64
+	// AwaitApplied returns once the index is applied here, or ctx ends.
+	AwaitApplied(ctx context.Context, index uint64) error
+}
+
+// Router sends what needs the leader to it: one hop at most, over the raft
 // port (service.go), and answers once this node applied what the leader
-// had.
-type router struct {
-	// multi: the node is one of several (a node alone answers all).
-	multi    bool
-	nodeID   string
-	group    *cluster.Group
-	lead     *leadState
-	progress *progress // this node's applied index
-	svc      *service  // the raft port's client, and who verified a caller
-	// member is what gossip says of a node (an older leader's API URL).
-	member          func(id string) (transport.Member, bool)
-	metrics         *nodeMetrics
-	electionTimeout time.Duration
-	// fwdClient forwards to a leader of an older build, at its gossiped
-	// URL.
-	fwdClient *http.Client
-	// removed is why the cluster keeps this node out (nil: it does not):
+// had. Its fields are what it needs of the node.
+type Router struct {
+	// Multi: the node is one of several (a node alone answers all).
+	Multi    bool
+	NodeID   string
+	Group    *cluster.Group
+	Lead     Leadership
+	Progress Progress
+	Service  *Service // the raft port's client, and who verified a caller
+	// Member is what gossip says of a node (an older leader's API URL).
+	Member          func(id string) (api.Member, bool)
+	ElectionTimeout time.Duration
+	// LegacyClient forwards to a leader of an older build, at its
+	// gossiped URL.
+	LegacyClient *http.Client
+	// Removed is why the cluster keeps this node out (nil: it does not):
 	// then nothing is forwarded.
-	removed func() error
+	Removed func() error
+	// NeedsLeader reports a request only the leader answers (the node's
+	// routes say); WriteErr answers an error as the API does; Counted
+	// counts a forward by how it ended.
+	NeedsLeader func(r *http.Request) bool
+	WriteErr    func(w http.ResponseWriter, err error)
+	Counted     func(how string)
 }
 
-// needsLeader reports a request only the leader answers.
-func needsLeader(r *http.Request) bool {
-	if r.URL.Path == wire.PathReplicate || r.URL.Path == wire.PathProve || r.URL.Path == wire.PathTree || r.URL.Path == httpapi.PathTreeRebuild {
-		// The acceptor redirects the sender itself; any node proves,
-		// answers from its tree, and rebuilds its own kept hashes.
-		return false
-	}
-	if r.URL.Path == httpapi.PathHeld {
-		return true // the leader holds the links
-	}
-	if r.Method == http.MethodGet || r.Method == http.MethodHead || r.Method == http.MethodOptions {
-		return consistent(r)
-	}
-	return true
-}
-
-// consistent reports a read that asked to see every write committed before
-// it (?consistent=true).
-func consistent(r *http.Request) bool {
+// Consistent reports a read that asked to see every write committed
+// before it (?consistent=true).
+func Consistent(r *http.Request) bool {
 	v := r.URL.Query().Get("consistent")
 	return v == "true" || v == "1"
 }
 
-// route sends what needs the leader to it.
-func (f *router) route(h http.Handler) http.Handler {
-	if !f.multi {
+// Route sends what needs the leader to it.
+func (f *Router) Route(h http.Handler) http.Handler {
+	if !f.Multi {
 		return h
 	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if !needsLeader(r) {
+		if !f.NeedsLeader(r) {
 			h.ServeHTTP(w, r)
 			return
 		}
-		if err := f.removed(); err != nil {
-			httpapi.WriteErr(w, err) // 503 removed: no leader of this node's any more
+		if err := f.Removed(); err != nil {
+			f.WriteErr(w, err) // 503 removed: no leader of this node's any more
 			return
 		}
-		if forwarded(r) || f.group.IsLeader() {
+		if Forwarded(r) || f.Group.IsLeader() {
 			f.answerAsLeader(h, w, r)
 			return
 		}
@@ -109,40 +113,40 @@ func (f *router) route(h http.Handler) http.Handler {
 // answerAsLeader answers a request here, as the leader (or as the node that
 // was the leader when it was forwarded: a write then finds it no longer
 // leads and is not written).
-func (f *router) answerAsLeader(h http.Handler, w http.ResponseWriter, r *http.Request) {
-	if consistent(r) {
+func (f *Router) answerAsLeader(h http.Handler, w http.ResponseWriter, r *http.Request) {
+	if Consistent(r) {
 		if err := f.consistentRead(r.Context()); err != nil {
-			httpapi.WriteErr(w, err)
+			f.WriteErr(w, err)
 			return
 		}
 	}
-	if forwarded(r) {
-		w = &appliedWriter{ResponseWriter: w, progress: f.progress}
+	if Forwarded(r) {
+		w = &appliedWriter{ResponseWriter: w, progress: f.Progress}
 	}
 	h.ServeHTTP(w, r)
 }
 
 // consistentRead returns once this node has applied every command committed
 // before the call, having confirmed that it still leads.
-func (f *router) consistentRead(ctx context.Context) error {
-	if err := f.lead.awaitTerm(ctx); err != nil {
+func (f *Router) consistentRead(ctx context.Context) error {
+	if err := f.Lead.AwaitTerm(ctx); err != nil {
 		return err
 	}
-	if !f.lead.ready.Load() {
-		return f.lead.notLeader()
+	if !f.Lead.Ready() {
+		return f.Lead.NotLeader()
 	}
-	if err := f.group.VerifyLeader(f.electionTimeout); err != nil {
+	if err := f.Group.VerifyLeader(f.ElectionTimeout); err != nil {
 		return fmt.Errorf("%w: confirming leadership: %w", api.ErrNotWritten, err)
 	}
-	ci := f.group.CommitIndex()
+	ci := f.Group.CommitIndex()
 	for {
-		at := f.progress.get()
+		at := f.Progress.Applied()
 		if at >= ci {
 			return nil
 		}
 		// Raft's own entries (configuration, barriers) never reach the
 		// state machine: only a command after the applied one is waited for.
-		more, err := f.group.HasCommand(at+1, ci)
+		more, err := f.Group.HasCommand(at+1, ci)
 		if err != nil {
 			return fmt.Errorf("%w: %w", api.ErrNotWritten, err)
 		}
@@ -150,7 +154,7 @@ func (f *router) consistentRead(ctx context.Context) error {
 			return nil
 		}
 		wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		err = f.progress.wait(wctx, at+1)
+		err = f.Progress.AwaitApplied(wctx, at+1)
 		cancel()
 		if err != nil {
 			return fmt.Errorf("%w: waiting to apply the log up to %d: %w", api.ErrNotWritten, ci, err)
@@ -158,19 +162,19 @@ func (f *router) consistentRead(ctx context.Context) error {
 	}
 }
 
-// appliedWriter adds headerApplied to the answer of a forwarded request:
+// appliedWriter adds HeaderApplied to the answer of a forwarded request:
 // the handler answers after its command applied, so the index read as the
 // answer's header goes out covers it.
 type appliedWriter struct {
 	http.ResponseWriter
-	progress *progress
+	progress Progress
 	wrote    bool
 }
 
 func (a *appliedWriter) WriteHeader(code int) {
 	if !a.wrote {
 		a.wrote = true
-		a.Header().Set(headerApplied, strconv.FormatUint(a.progress.get(), 10))
+		a.Header().Set(HeaderApplied, strconv.FormatUint(a.progress.Applied(), 10))
 	}
 	a.ResponseWriter.WriteHeader(code)
 }
@@ -206,65 +210,64 @@ func (c *countingBody) Read(p []byte) (int, error) {
 // forward sends r to the leader and relays its answer once this node has
 // applied as far as the leader had. It goes over the raft port to the
 // server raft names as leader (service.go), without the caller's
-// credentials: headerCaller says what this node verified. A request that
+// credentials: HeaderCaller says what this node verified. A request that
 // never reached the leader is not written (a dial that failed is tried once
 // more, at the leader elected meanwhile); one that reached it and got no
 // answer has an unknown outcome. A leader of an older build takes no
 // requests on its raft port: it is sent the request the way that build
 // forwarded, on its API at the URL gossip reports, with the caller's
 // headers (a rolling upgrade).
-func (f *router) forward(h http.Handler, w http.ResponseWriter, r *http.Request) {
+func (f *Router) forward(h http.Handler, w http.ResponseWriter, r *http.Request) {
 	body := &countingBody{ReadCloser: r.Body}
 	if r.Body == nil || r.Body == http.NoBody {
 		body = nil
 	}
 	var last error
 	for attempt := 0; attempt < 2; attempt++ {
-		id, err := f.leaderServer(r.Context())
+		id, err := f.LeaderServer(r.Context())
 		if err != nil {
-			httpapi.WriteErr(w, fmt.Errorf("%w: %w", api.ErrNotWritten, err))
+			f.WriteErr(w, fmt.Errorf("%w: %w", api.ErrNotWritten, err))
 			return
 		}
-		if id == f.group.ID() {
+		if id == f.Group.ID() {
 			f.answerAsLeader(h, w, r) // elected meanwhile
 			return
 		}
-		out, err := f.outRequest(r, serviceURL(id, r.URL.RequestURI()), body)
+		out, err := f.outRequest(r, URL(id, r.URL.RequestURI()), body)
 		if err != nil {
-			httpapi.WriteErr(w, fmt.Errorf("%w: %w", api.ErrNotWritten, err))
+			f.WriteErr(w, fmt.Errorf("%w: %w", api.ErrNotWritten, err))
 			return
 		}
 		// The caller's credentials stay here: the raft port's
 		// authenticates this node, which says whom it verified.
 		out.Header.Del("Authorization")
 		out.Header.Del("Cookie")
-		out.Header.Set(headerCaller, f.svc.callerIdentity(r))
-		out.Header.Set(headerScope, listener.ScopeOf(r).String())
-		resp, err := f.svc.svcClient.Do(out)
+		out.Header.Set(HeaderCaller, f.Service.CallerIdentity(r))
+		out.Header.Set(HeaderScope, listener.ScopeOf(r).String())
+		resp, err := f.Service.Client.Do(out)
 		if err != nil {
-			var ns errNotSent
-			if errors.As(err, &ns) && errors.Is(err, cluster.ErrOlderBuild) && (body == nil || body.read == 0) {
+			if NotSent(err) && errors.Is(err, cluster.ErrOlderBuild) && (body == nil || body.read == 0) {
 				f.forwardLegacy(h, w, r, body, id)
 				return
 			}
-			if errors.As(err, &ns) && (body == nil || body.read == 0) {
+			if NotSent(err) && (body == nil || body.read == 0) {
 				last = err
-				f.metrics.forwards.WithLabelValues("not_sent").Inc()
+				f.Counted("not_sent")
 				continue
 			}
-			f.metrics.forwards.WithLabelValues("unknown_outcome").Inc()
-			httpapi.WriteErr(w, fmt.Errorf("%w: forwarded to the leader %s, no answer: %w", api.ErrUnknownOutcome, id, err))
+			f.Counted("unknown_outcome")
+			f.WriteErr(w, fmt.Errorf("%w: forwarded to the leader %s, no answer: %w", api.ErrUnknownOutcome, id, err))
 			return
 		}
 		f.relay(w, r, resp, string(id))
 		return
 	}
-	httpapi.WriteErr(w, fmt.Errorf("%w: the leader could not be reached: %w", api.ErrNotWritten, last))
+	f.WriteErr(w, fmt.Errorf("%w: the leader could not be reached: %w", api.ErrNotWritten, last))
 }
 
 // outRequest is r as forwarded to url: its body (unless none), its headers
 // but the hop-by-hop and browser ones, marked forwarded.
-func (f *router) outRequest(r *http.Request, url string, body *countingBody) (*http.Request, error) {
+func (f *Router) outRequest(r *http.Request, url string, body *countingBody) (*http.Request, error) {
 	out, err := http.NewRequestWithContext(r.Context(), r.Method, url, nil)
 	if err != nil {
 		return nil, err
@@ -276,7 +279,7 @@ func (f *router) outRequest(r *http.Request, url string, body *countingBody) (*h
 	for _, k := range hopHeaders {
 		out.Header.Del(k)
 	}
-	out.Header.Set(headerForwarded, f.nodeID)
+	out.Header.Set(HeaderForwarded, f.NodeID)
 	return out, nil
 }
 
@@ -285,33 +288,33 @@ func (f *router) outRequest(r *http.Request, url string, body *countingBody) (*h
 // cluster has no tokens: a caller's credential never goes to a URL gossip
 // claims (a gossip member may lie about the leader's), so with tokens the
 // request is not sent (send it to the leader, or upgrade it first).
-func (f *router) forwardLegacy(h http.Handler, w http.ResponseWriter, r *http.Request, body *countingBody, id raft.ServerID) {
-	if f.svc.token || r.Header.Get("Authorization") != "" {
-		httpapi.WriteErr(w, fmt.Errorf("%w: the leader %s runs an older build, which takes no requests on its raft port, and a caller's token is never sent to the API URL gossip claims for it: send the request to the leader, or upgrade it (docs/CLUSTER.md)", api.ErrNotWritten, id))
+func (f *Router) forwardLegacy(h http.Handler, w http.ResponseWriter, r *http.Request, body *countingBody, id raft.ServerID) {
+	if f.Service.token || r.Header.Get("Authorization") != "" {
+		f.WriteErr(w, fmt.Errorf("%w: the leader %s runs an older build, which takes no requests on its raft port, and a caller's token is never sent to the API URL gossip claims for it: send the request to the leader, or upgrade it (docs/CLUSTER.md)", api.ErrNotWritten, id))
 		return
 	}
 	node, inc := cluster.SplitServerID(id)
-	m, ok := f.member(node)
+	m, ok := f.Member(node)
 	if !ok || m.Meta.API == "" || (inc != "" && m.Meta.Inc != inc) {
-		httpapi.WriteErr(w, fmt.Errorf("%w: the leader %s runs an older build, and gossip does not know its API URL", api.ErrNotWritten, id))
+		f.WriteErr(w, fmt.Errorf("%w: the leader %s runs an older build, and gossip does not know its API URL", api.ErrNotWritten, id))
 		return
 	}
 	apiURL := m.Meta.API
 	out, err := f.outRequest(r, strings.TrimRight(apiURL, "/")+r.URL.RequestURI(), body)
 	if err != nil {
-		httpapi.WriteErr(w, fmt.Errorf("%w: %w", api.ErrNotWritten, err))
+		f.WriteErr(w, fmt.Errorf("%w: %w", api.ErrNotWritten, err))
 		return
 	}
-	resp, err := f.fwdClient.Do(out)
+	resp, err := f.LegacyClient.Do(out)
 	if err != nil {
 		var op *net.OpError
 		if errors.As(err, &op) && op.Op == "dial" && (body == nil || body.read == 0) {
-			f.metrics.forwards.WithLabelValues("not_sent").Inc()
-			httpapi.WriteErr(w, fmt.Errorf("%w: the leader at %s could not be reached: %w", api.ErrNotWritten, apiURL, err))
+			f.Counted("not_sent")
+			f.WriteErr(w, fmt.Errorf("%w: the leader at %s could not be reached: %w", api.ErrNotWritten, apiURL, err))
 			return
 		}
-		f.metrics.forwards.WithLabelValues("unknown_outcome").Inc()
-		httpapi.WriteErr(w, fmt.Errorf("%w: forwarded to the leader at %s, no answer: %w", api.ErrUnknownOutcome, apiURL, err))
+		f.Counted("unknown_outcome")
+		f.WriteErr(w, fmt.Errorf("%w: forwarded to the leader at %s, no answer: %w", api.ErrUnknownOutcome, apiURL, err))
 		return
 	}
 	f.relay(w, r, resp, apiURL)
@@ -319,24 +322,24 @@ func (f *router) forwardLegacy(h http.Handler, w http.ResponseWriter, r *http.Re
 
 // relay answers with the leader's answer, once this node applied what the
 // leader had when it answered.
-func (f *router) relay(w http.ResponseWriter, r *http.Request, resp *http.Response, apiURL string) {
+func (f *Router) relay(w http.ResponseWriter, r *http.Request, resp *http.Response, apiURL string) {
 	defer resp.Body.Close()
-	idx, _ := strconv.ParseUint(resp.Header.Get(headerApplied), 10, 64)
+	idx, _ := strconv.ParseUint(resp.Header.Get(HeaderApplied), 10, 64)
 	if idx > 0 && resp.StatusCode < 500 {
 		ctx, cancel := context.WithTimeout(r.Context(), 10*time.Second)
-		err := f.progress.wait(ctx, idx)
+		err := f.Progress.AwaitApplied(ctx, idx)
 		cancel()
 		if err != nil && resp.StatusCode < 300 {
-			f.metrics.forwards.WithLabelValues("unknown_outcome").Inc()
-			httpapi.WriteErr(w, fmt.Errorf("%w: the leader at %s wrote it, and this node has not applied it yet (%v): read it from the leader, or retry under the same Idempotency-Key",
+			f.Counted("unknown_outcome")
+			f.WriteErr(w, fmt.Errorf("%w: the leader at %s wrote it, and this node has not applied it yet (%v): read it from the leader, or retry under the same Idempotency-Key",
 				api.ErrUnknownOutcome, apiURL, err))
 			return
 		}
 	}
-	f.metrics.forwards.WithLabelValues("answered").Inc()
+	f.Counted("answered")
 	hd := w.Header()
 	for k, vs := range resp.Header {
-		if k == headerApplied {
+		if k == HeaderApplied {
 			continue
 		}
 		hd[k] = vs
@@ -348,15 +351,15 @@ func (f *router) relay(w http.ResponseWriter, r *http.Request, resp *http.Respon
 	_, _ = io.Copy(w, resp.Body)
 }
 
-// leaderServer returns the leader's raft server ID (this node's when it
+// LeaderServer returns the leader's raft server ID (this node's when it
 // leads), waiting up to twice the election timeout for one.
-func (f *router) leaderServer(ctx context.Context) (raft.ServerID, error) {
-	deadline := time.Now().Add(2*f.electionTimeout + time.Second)
+func (f *Router) LeaderServer(ctx context.Context) (raft.ServerID, error) {
+	deadline := time.Now().Add(2*f.ElectionTimeout + time.Second)
 	for {
-		if f.group.IsLeader() {
-			return f.group.ID(), nil
+		if f.Group.IsLeader() {
+			return f.Group.ID(), nil
 		}
-		if id := f.group.LeaderServer(); id != "" {
+		if id := f.Group.LeaderServer(); id != "" {
 			return id, nil
 		}
 		if time.Now().After(deadline) {
