@@ -15,7 +15,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/replicator/replicator/client"
+	"github.com/replicator/replicator/api"
 	"github.com/replicator/replicator/entry"
 	"github.com/replicator/replicator/hashtree"
 	"github.com/replicator/replicator/hlc"
@@ -28,27 +28,27 @@ type Tree interface {
 	Ask(ctx context.Context, req *wire.TreeRequest) (*wire.TreeAnswer, error)
 }
 
-// Report is a comparison's result (client.DiffReport), with the peer's
+// Report is a comparison's result (api.DiffReport), with the peer's
 // whole version of each divergent key, which a repair of this side applies.
 type Report struct {
-	client.DiffReport
+	api.DiffReport
 	// peer[i] is the peer's version of Divergent[i] (nil: none).
 	peer []*wire.TreeVersion
 }
 
 // The lacks of client, by their short names here.
 const (
-	LacksLocal        = client.LacksLocal
-	LacksPeer         = client.LacksPeer
-	LacksBoth         = client.LacksBoth
-	LacksUnknown      = client.LacksUnknown
-	LacksMaybeDeleted = client.LacksMaybeDeleted
-	LacksOwnWrite     = client.LacksOwnWrite
-	LacksThirdOrigin  = client.LacksThirdOrigin
+	LacksLocal        = api.LacksLocal
+	LacksPeer         = api.LacksPeer
+	LacksBoth         = api.LacksBoth
+	LacksUnknown      = api.LacksUnknown
+	LacksMaybeDeleted = api.LacksMaybeDeleted
+	LacksOwnWrite     = api.LacksOwnWrite
+	LacksThirdOrigin  = api.LacksThirdOrigin
 )
 
-// Lacks is client.Lacks.
-type Lacks = client.Lacks
+// Lacks is api.Lacks.
+type Lacks = api.Lacks
 
 // MaxLeavesPerPass bounds the differing leaves one comparison lists the
 // keys of (about 10 keys each at 10,000,000 keys: some 30 MB of lists).
@@ -98,7 +98,7 @@ func Compare(ctx context.Context, peerName string, local, peer Tree, opts Option
 	if opts.Sleep == nil {
 		opts.Sleep = Sleep
 	}
-	rep := &Report{DiffReport: client.DiffReport{Peer: peerName, Repaired: -1, Divergent: []client.Divergence{}}}
+	rep := &Report{DiffReport: api.DiffReport{Peer: peerName, Repaired: -1, Divergent: []api.Divergence{}}}
 	ask := func(t Tree, req *wire.TreeRequest) (*wire.TreeAnswer, error) {
 		req.Protocol = hashtree.Version
 		return t.Ask(ctx, req)
@@ -355,8 +355,8 @@ func sameVersion(a, b *wire.TreeVersion) bool {
 // judge says which side lacks what, for a key that differs, and whose
 // write the lacked version is: a repair of a side takes only the other
 // side's own writes (local and peer name the two clusters).
-func judge(k wire.Key, lv, pv *wire.TreeVersion, localCollected, peerCollected hlc.Timestamp, local, peer string) client.Divergence {
-	d := client.Divergence{Key: k.Key, Counter: k.Counter, Local: held(lv), Peer: held(pv)}
+func judge(k wire.Key, lv, pv *wire.TreeVersion, localCollected, peerCollected hlc.Timestamp, local, peer string) api.Divergence {
+	d := api.Divergence{Key: k.Key, Counter: k.Counter, Local: held(lv), Peer: held(pv)}
 	if k.Counter {
 		d.Lacks = counterLacks(lv, pv, local, peer)
 		return d
@@ -493,11 +493,11 @@ func counterLacks(lv, pv *wire.TreeVersion, local, peer string) Lacks {
 	return LacksUnknown
 }
 
-func held(v *wire.TreeVersion) *client.Held {
+func held(v *wire.TreeVersion) *api.Held {
 	if v == nil {
 		return nil
 	}
-	return &client.Held{Stamp: v.Stamp.String(), Origin: v.Origin, Tombstone: v.Tombstone, Hash: fmt.Sprintf("%016x", v.Hash)}
+	return &api.Held{Stamp: v.Stamp.String(), Origin: v.Origin, Tombstone: v.Tombstone, Hash: fmt.Sprintf("%016x", v.Hash)}
 }
 
 // Pulls are the peer's versions a repair of this side applies: those of
@@ -591,11 +591,11 @@ func liveRanges(rs []wire.Range, a, b hlc.Timestamp, pair func(origin string) bo
 }
 
 // rangesOnly lists the ranges of a that b does not hold.
-func rangesOnly(a, b []wire.Range) []client.RangeDelete {
-	var out []client.RangeDelete
+func rangesOnly(a, b []wire.Range) []api.RangeDelete {
+	var out []api.RangeDelete
 	for _, r := range a {
 		if !slices.Contains(b, r) {
-			out = append(out, client.RangeDelete{Start: r.Start, End: r.End, Stamp: r.Stamp.String(), Origin: r.Origin})
+			out = append(out, api.RangeDelete{Start: r.Start, End: r.End, Stamp: r.Stamp.String(), Origin: r.Origin})
 		}
 	}
 	return out

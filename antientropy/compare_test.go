@@ -9,7 +9,8 @@ import (
 	"time"
 
 	"github.com/cockroachdb/pebble/v2"
-	"github.com/replicator/replicator/client"
+
+	"github.com/replicator/replicator/api"
 	"github.com/replicator/replicator/entry"
 	"github.com/replicator/replicator/hashtree"
 	"github.com/replicator/replicator/hlc"
@@ -445,7 +446,7 @@ func TestCompareTheOriginRule(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	lacks := func(ds []client.Divergence) []string {
+	lacks := func(ds []api.Divergence) []string {
 		m := map[string]Lacks{}
 		for _, d := range ds {
 			m[d.Key] = d.Lacks

@@ -94,13 +94,13 @@ func TestDiffFindsAndRepairsDivergence(t *testing.T) {
 			bWrites = append(bWrites, pick(j))
 		}
 	}
-	if err := a.antiEntropy.diverge(aWrites, []byte("only at a"), false); err != nil {
+	if err := a.ae.Diverge(aWrites, []byte("only at a"), false); err != nil {
 		t.Fatal(err)
 	}
-	if err := a.antiEntropy.diverge(aDeletes, nil, true); err != nil {
+	if err := a.ae.Diverge(aDeletes, nil, true); err != nil {
 		t.Fatal(err)
 	}
-	if err := b.antiEntropy.diverge(bWrites, []byte("only at b"), false); err != nil {
+	if err := b.ae.Diverge(bWrites, []byte("only at b"), false); err != nil {
 		t.Fatal(err)
 	}
 
@@ -121,7 +121,7 @@ func TestDiffFindsAndRepairsDivergence(t *testing.T) {
 			}
 		}(nd)
 	}
-	rep, err := a.Diff(ctx, "b", false)
+	rep, err := a.ae.Diff(ctx, "b", false)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -140,14 +140,14 @@ func TestDiffFindsAndRepairsDivergence(t *testing.T) {
 	}
 
 	// Each side repairs what it lacks.
-	rb, err := b.Diff(ctx, "a", true)
+	rb, err := b.ae.Diff(ctx, "a", true)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if rb.Repaired != len(aWrites)+len(aDeletes) {
 		t.Fatalf("b repaired %d versions, want the %d it lacked", rb.Repaired, len(aWrites)+len(aDeletes))
 	}
-	ra, err := a.Diff(ctx, "b", true)
+	ra, err := a.ae.Diff(ctx, "b", true)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -160,7 +160,7 @@ func TestDiffFindsAndRepairsDivergence(t *testing.T) {
 		t.Fatal("no write was taken during the comparisons")
 	}
 	m.converged(20 * time.Second)
-	after, err := a.Diff(ctx, "b", false)
+	after, err := a.ae.Diff(ctx, "b", false)
 	if err != nil || !after.Equal || len(after.Divergent) != 0 {
 		t.Fatalf("after repair: %+v %v", after, err)
 	}
@@ -247,14 +247,14 @@ func TestDiffOfAFilteredLink(t *testing.T) {
 		}
 	}
 	m.settle()
-	rep, err := a.Diff(ctx, "b", false)
+	rep, err := a.ae.Diff(ctx, "b", false)
 	if err != nil || !rep.Equal || len(rep.Divergent) != 0 {
 		t.Fatalf("a filtered link that carried everything it should: %+v %v", rep, err)
 	}
-	if err := a.antiEntropy.diverge([]string{"shared/7", "private/7"}, []byte("beneath"), false); err != nil {
+	if err := a.ae.Diverge([]string{"shared/7", "private/7"}, []byte("beneath"), false); err != nil {
 		t.Fatal(err)
 	}
-	rep, err = b.Diff(ctx, "a", true)
+	rep, err = b.ae.Diff(ctx, "a", true)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -281,7 +281,7 @@ func TestBackgroundPassRepairs(t *testing.T) {
 		t.Fatal(err)
 	}
 	m.settle()
-	if err := a.antiEntropy.diverge([]string{"x1", "x2", "x3"}, []byte("beneath"), false); err != nil {
+	if err := a.ae.Diverge([]string{"x1", "x2", "x3"}, []byte("beneath"), false); err != nil {
 		t.Fatal(err)
 	}
 	deadline := time.Now().Add(30 * time.Second)
@@ -344,17 +344,17 @@ func TestRepairRefusesWhatInboundRefuses(t *testing.T) {
 	a, b := m.nodes["a"], m.nodes["b"]
 	ctx := context.Background()
 	long := strings.Repeat("k", 200)
-	if err := a.antiEntropy.diverge([]string{"big", long}, bytes.Repeat([]byte("v"), 2048), false); err != nil {
+	if err := a.ae.Diverge([]string{"big", long}, bytes.Repeat([]byte("v"), 2048), false); err != nil {
 		t.Fatal(err)
 	}
-	if err := a.antiEntropy.diverge([]string{"small", long}, []byte("v"), false); err != nil {
+	if err := a.ae.Diverge([]string{"small", long}, []byte("v"), false); err != nil {
 		t.Fatal(err)
 	}
 	ahead := wire.TreeVersion{Key: "ahead", Stamp: a.clock.Now().Add(time.Hour), Origin: "a", Value: []byte("v"), Whole: true}
 	if _, err := a.cons.commitCommand(&machine.Command{Repair: &machine.RepairCmd{Versions: []wire.TreeVersion{ahead}}}); err != nil {
 		t.Fatal(err)
 	}
-	rep, err := b.Diff(ctx, "a", true)
+	rep, err := b.ae.Diff(ctx, "a", true)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -391,7 +391,7 @@ func TestRebuildFindsAChangeBeneathTheHashes(t *testing.T) {
 	if err := b.store.WriteBeneath("k006", &rec); err != nil {
 		t.Fatal(err)
 	}
-	if rep, err := a.Diff(ctx, "b", false); err != nil || !rep.Equal {
+	if rep, err := a.ae.Diff(ctx, "b", false); err != nil || !rep.Equal {
 		t.Fatalf("before the rebuild the kept hashes still agree: %v %+v", err, rep)
 	}
 	rebuild := func() client.TreeRebuild {
@@ -413,7 +413,7 @@ func TestRebuildFindsAChangeBeneathTheHashes(t *testing.T) {
 	if again := rebuild(); again.Corrected != 0 {
 		t.Fatalf("a second rebuild corrected %d leaves", again.Corrected)
 	}
-	rep, err := a.Diff(ctx, "b", true)
+	rep, err := a.ae.Diff(ctx, "b", true)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -426,31 +426,6 @@ func TestRebuildFindsAChangeBeneathTheHashes(t *testing.T) {
 	}
 	if _, err := b.Put(ctx, "after", []byte("v")); err != nil {
 		t.Fatal(err)
-	}
-}
-
-// TestPaceWaits: a background comparison pauses after each request for
-// what its byte budget and its CPU share ask, whichever is longer; the zero
-// pace (an operator's command) never pauses.
-func TestPaceWaits(t *testing.T) {
-	ms := time.Millisecond
-	for _, c := range []struct {
-		p    pace
-		took time.Duration
-		n    int64
-		want time.Duration
-	}{
-		{pace{}, 100 * ms, 1 << 20, 0},
-		{pace{cpu: 0.25}, 100 * ms, 0, 300 * ms},
-		{pace{cpu: 1}, 100 * ms, 0, 0},
-		{pace{bytes: 1 << 20}, 100 * ms, 1 << 20, 900 * ms},
-		{pace{bytes: 1 << 20, cpu: 0.25}, 100 * ms, 1 << 20, 900 * ms},
-		{pace{bytes: 1 << 20, cpu: 0.25}, 500 * ms, 1 << 19, 1500 * ms},
-		{pace{bytes: 1 << 20}, 2 * time.Second, 1 << 20, 0},
-	} {
-		if got := c.p.wait(c.took, c.n); got != c.want {
-			t.Errorf("%+v after %s and %d bytes: %s, want %s", c.p, c.took, c.n, got, c.want)
-		}
 	}
 }
 
@@ -474,7 +449,7 @@ func TestAntiEntropyOverAThirdClustersFilter(t *testing.T) {
 		}
 	}
 	m.settle()
-	rep, err := a.Diff(ctx, "b", false)
+	rep, err := a.ae.Diff(ctx, "b", false)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -487,7 +462,7 @@ func TestAntiEntropyOverAThirdClustersFilter(t *testing.T) {
 	if fmt.Sprint(third) != "[c-only/1=third_origin c-only/2=third_origin]" {
 		t.Fatalf("a's comparison with b lists apart %v, want c's two keys", third)
 	}
-	back, err := b.Diff(ctx, "a", true)
+	back, err := b.ae.Diff(ctx, "a", true)
 	if err != nil {
 		t.Fatal(err)
 	}

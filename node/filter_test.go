@@ -553,7 +553,7 @@ func TestReleasedNarrowing(t *testing.T) {
 	if _, err := c.Get("t/c1"); err != nil {
 		t.Fatalf("c lost t/c1: the test expects the released delete never to reach it: %v", err)
 	}
-	diff, err := a.Diff(ctx, "c", true)
+	diff, err := a.ae.Diff(ctx, "c", true)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -86,7 +86,7 @@ func (m *nodeMetrics) init(n *Node) {
 		m.shipSeconds, m.applySeconds, m.lagSeconds, m.stageSeconds, m.fsyncSeconds, m.commitSeconds, m.leaderChanges, m.forwards} {
 		f(c)
 	}
-	n.antiEntropy.init(n, f)
+	n.ae = n.newAntiEntropy(f)
 	f(collectorFunc(func(ch chan<- prometheus.Metric) { n.collect(ch) }))
 	f(collectorFunc(func(ch chan<- prometheus.Metric) { n.resp.Load().collect(ch) }))
 	m.reg.MustRegister(prometheus.NewGoCollector())
@@ -178,7 +178,7 @@ var linkStates = []string{transport.StateUnknown, transport.StateHealthy, transp
 var Version = "devel"
 
 func (n *Node) collect(ch chan<- prometheus.Metric) {
-	n.antiEntropy.collect(ch)
+	n.ae.Collect(ch)
 	state := map[string]float64{api.StateHealthy: 0, api.StateThrottled: 1, api.StateSaturated: 2}[n.Saturation().State]
 	ch <- prometheus.MustNewConstMetric(descSaturation, prometheus.GaugeValue, state)
 	// The marks, so that a rule or a panel divides a backlog by its limit;

@@ -24,6 +24,7 @@ import (
 	"time"
 
 	"github.com/replicator/replicator/acceptor"
+	"github.com/replicator/replicator/antientropy"
 	"github.com/replicator/replicator/api"
 	"github.com/replicator/replicator/cluster"
 	"github.com/replicator/replicator/entry"
@@ -77,12 +78,12 @@ type Node struct {
 
 	acceptor    *acceptor.Acceptor
 	peerClient  *http.Client
-	history     *history    // the dashboard's chart, sampled every HistoryInterval
-	repl        replication // the links to peer clusters
-	seeds       linkSeeds   // what of flags and log differences was said
-	linkAdmin               // the links' settings through the log (links.go)
-	conflictLog             // the conflict log's reads and restores (conflicts.go)
-	antiEntropy             // comparisons and repairs with peers (antientropy.go)
+	history     *history            // the dashboard's chart, sampled every HistoryInterval
+	repl        replication         // the links to peer clusters
+	seeds       linkSeeds           // what of flags and log differences was said
+	linkAdmin                       // the links' settings through the log (links.go)
+	conflictLog                     // the conflict log's reads and restores (conflicts.go)
+	ae          *antientropy.Runner // comparisons and repairs with peers
 	tls         *listener.TLS
 	mem         membership // gossip: the nodes of this cluster and the peers found
 	// applied is the last index of the stream applied to the store.
@@ -392,8 +393,8 @@ func (n *Node) Start() error {
 	n.every(500*time.Millisecond, n.seedLinks)
 	n.every(n.opts.GCInterval, n.collectExpired)
 	if n.opts.AntiEntropyInterval > 0 {
-		n.every(n.opts.AntiEntropyInterval, n.antiEntropy.pass)
-		n.every(n.opts.AntiEntropyInterval, n.antiEntropy.check)
+		n.every(n.opts.AntiEntropyInterval, func() { n.ae.Pass(n.stop) })
+		n.every(n.opts.AntiEntropyInterval, n.ae.Check)
 	}
 	// Re-evaluated while no writes arrive too, so that it can clear, detach
 	// links and feed the backlog gauges; and link changes are logged.

@@ -201,9 +201,11 @@ func (r *replication) setupReplication() error {
 		secrets[p.Name] = p.Secret
 	}
 	n.acceptor = acceptor.New(n.store, &n.cons, n.clock, acceptor.Options{
-		Local:              n.cluster,
-		Tree:               n.antiEntropy.answer,
-		TreeCharge:         n.antiEntropy.charge,
+		Local: n.cluster,
+		Tree: func(ctx context.Context, sender string, req *wire.TreeRequest) (*wire.TreeAnswer, error) {
+			return n.ae.Answer(ctx, sender, req)
+		},
+		TreeCharge:         func(ctx context.Context, sender string, k int) error { return n.ae.Charge(ctx, sender, k) },
 		Version:            n.opts.BuildVersion,
 		Secrets:            secrets,
 		Insecure:           n.opts.InsecurePeers,
@@ -630,7 +632,7 @@ func (n *Node) PeerStatus() []client.LinkStatus {
 	for _, sh := range links {
 		// The shipper reports in the contract's words (package api).
 		st := sh.Status(th, n.repl.oldestCommitWall)
-		st.AntiEntropy = n.antiEntropy.status(st.Peer)
+		st.AntiEntropy = n.ae.Status(st.Peer)
 		st.KeptTombstones = n.repl.keptFor(st.Peer)
 		st.KeptForPeerLinks = n.repl.keptForPeerLinks(st.Peer)
 		out = append(out, st)

@@ -14,11 +14,13 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 
+	"github.com/replicator/replicator/antientropy"
 	"github.com/replicator/replicator/api"
 	"github.com/replicator/replicator/entry"
 	"github.com/replicator/replicator/hashtree"
 	"github.com/replicator/replicator/hlc"
 	"github.com/replicator/replicator/internal/treeforge"
+	"github.com/replicator/replicator/transport"
 	"github.com/replicator/replicator/wire"
 )
 
@@ -52,7 +54,7 @@ func TestRepairTakesOnlyWhatTheInboundPathWould(t *testing.T) {
 		t.Fatal(err)
 	}
 	m.settle()
-	if err := b.antiEntropy.diverge([]string{lacked}, []byte("b's, lost at a"), false); err != nil {
+	if err := b.ae.Diverge([]string{lacked}, []byte("b's, lost at a"), false); err != nil {
 		t.Fatal(err)
 	}
 	at := b.clock.Now()
@@ -95,7 +97,7 @@ func TestRepairTakesOnlyWhatTheInboundPathWould(t *testing.T) {
 			}
 		}
 	}
-	rep, err := a.Diff(ctx, "b", true)
+	rep, err := a.ae.Diff(ctx, "b", true)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -155,7 +157,12 @@ func TestTreeFloodIsPacedAndCharged(t *testing.T) {
 	if _, err := a.SetLinkBandwidth("b", limit); err != nil {
 		t.Fatal(err)
 	}
-	sh := b.antiEntropy.link("a")
+	var sh *transport.Shipper
+	for _, l := range b.repl.links() {
+		if l.Name() == "a" {
+			sh = l
+		}
+	}
 	if sh == nil {
 		t.Fatal("b holds no link to a")
 	}
@@ -193,8 +200,7 @@ func TestTreeFloodIsPacedAndCharged(t *testing.T) {
 	}
 	wg.Wait()
 	elapsed := time.Since(start)
-	cpu := counterOf(a.antiEntropy.treeCPU.WithLabelValues("b"))
-	sent := counterOf(a.antiEntropy.treeBytes.WithLabelValues("b"))
+	cpu, sent := a.ae.Answered("b")
 	t.Logf("%d requests answered in %s: %.3f s of work, %.0f bytes", answered, elapsed, cpu, sent)
 	if answered == 0 {
 		t.Fatal("no tree request was answered: the test proved nothing")
@@ -203,7 +209,7 @@ func TestTreeFloodIsPacedAndCharged(t *testing.T) {
 	// times as long: the work is at most a quarter of the time, plus the
 	// requests in flight at the start (two).
 	perRequest := cpu / float64(answered)
-	if bound := treeShare*elapsed.Seconds() + 2*perRequest + 0.05; cpu > bound {
+	if bound := antientropy.TreeShare*elapsed.Seconds() + 2*perRequest + 0.05; cpu > bound {
 		t.Fatalf("%.3f s of work answering b in %s, bound %.3f s (a quarter core)", cpu, elapsed, bound)
 	}
 	if sent <= 0 {
@@ -213,7 +219,7 @@ func TestTreeFloodIsPacedAndCharged(t *testing.T) {
 	// Bytes: leaves of many keys, each answer tens of KiB, over a link
 	// limited to 32 KiB/s at a: the exchanges go at the limit's rate (plus
 	// a burst and the exchange under way).
-	before := counterOf(a.antiEntropy.treeBytes.WithLabelValues("b"))
+	_, before := a.ae.Answered("b")
 	leaves := make([]int, 8192)
 	for i := range leaves {
 		leaves[i] = i
@@ -233,7 +239,8 @@ func TestTreeFloodIsPacedAndCharged(t *testing.T) {
 		}
 	}
 	elapsed = time.Since(start)
-	sent = counterOf(a.antiEntropy.treeBytes.WithLabelValues("b")) - before
+	_, sentNow := a.ae.Answered("b")
+	sent = sentNow - before
 	t.Logf("leaves: %.0f bytes in %s, the largest exchange %d", sent, elapsed, largest)
 	if largest < limit {
 		t.Fatalf("exchanges of at most %d bytes: the test proved nothing", largest)

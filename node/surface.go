@@ -57,7 +57,7 @@ func surface(n *Node) *httpapi.API {
 		Metrics:       n.metrics.handler(),
 		// Behind the token (Validate refuses --pprof without one).
 		Pprof:  n.opts.Pprof && n.opts.APIToken != "",
-		Tree:   &n.antiEntropy,
+		Tree:   n.ae,
 		Caller: n.svc.CallerOf,
 		Logger: n.log,
 	}

@@ -112,7 +112,7 @@ func TestRestoredOldBackupDoesNotSpreadZombies(t *testing.T) {
 		}
 	}
 	for _, peer := range []string{"b", "c"} {
-		rep, err := a.Diff(ctx, peer, true)
+		rep, err := a.ae.Diff(ctx, peer, true)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -120,7 +120,7 @@ func TestRestoredOldBackupDoesNotSpreadZombies(t *testing.T) {
 			t.Fatalf("a against %s: %d divergent (%d possible resurrections), %d repaired: %+v",
 				peer, len(rep.Divergent), rep.Count(client.LacksMaybeDeleted), rep.Repaired, rep.Divergent)
 		}
-		back, err := m.nodes[peer].Diff(ctx, "a", true)
+		back, err := m.nodes[peer].ae.Diff(ctx, "a", true)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -283,7 +283,7 @@ func (a *API) handleDiff(w http.ResponseWriter, r *http.Request) {
 		}
 		repair = b
 	}
-	rep, err := a.node.Diff(r.Context(), r.PathValue("name"), repair)
+	rep, err := a.opts.Tree.Diff(r.Context(), r.PathValue("name"), repair)
 	if err != nil {
 		WriteErr(w, err)
 		return

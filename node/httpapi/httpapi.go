@@ -58,9 +58,6 @@ type Links interface {
 	ReleaseLinkFilter(peer string) (api.FilterReport, error)
 	LinkBandwidth(peer string) (api.BandwidthReport, error)
 	SetLinkBandwidth(peer string, bytesPerSec int64) (api.BandwidthReport, error)
-	// Diff compares the cluster's tree with the peer's, and repairs what
-	// this cluster lacks when asked (docs/ANTIENTROPY.md).
-	Diff(ctx context.Context, peer string, repair bool) (api.DiffReport, error)
 }
 
 // Reports is what the node's other admin endpoints ask of it.
@@ -82,9 +79,13 @@ type Conflicts interface {
 	RestoreConflict(ctx context.Context, id string) (api.WriteResult, error)
 }
 
-// Tree is what the rebuild of the kept hashes asks of a node: it runs on
-// the node addressed, which keeps its own.
+// Tree is what anti-entropy's endpoints ask of a node (package
+// antientropy's runner): a comparison with a peer, which repairs what this
+// cluster lacks when asked (docs/ANTIENTROPY.md; the leader runs it), and
+// the rebuild of the kept hashes, which runs on the node addressed (it
+// keeps its own).
 type Tree interface {
+	Diff(ctx context.Context, peer string, repair bool) (api.DiffReport, error)
 	RebuildTree(ctx context.Context) (api.TreeRebuild, error)
 }
 
