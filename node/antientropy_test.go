@@ -236,7 +236,7 @@ func TestDiffOfAFilteredLink(t *testing.T) {
 	m := newTestMesh(t, hlc.SystemClock{}, nil, "a", "b")
 	a, b := m.nodes["a"], m.nodes["b"]
 	ctx := context.Background()
-	if _, err := a.SetLinkFilter("b", entry.Filter{Include: []string{"shared/"}}); err != nil {
+	if _, err := a.settings.SetLinkFilter("b", entry.Filter{Include: []string{"shared/"}}); err != nil {
 		t.Fatal(err)
 	}
 	for i := 0; i < 50; i++ {
@@ -440,7 +440,7 @@ func TestAntiEntropyOverAThirdClustersFilter(t *testing.T) {
 	m := newTestMesh(t, hlc.SystemClock{}, nil, "a", "b", "c")
 	a, b, c := m.nodes["a"], m.nodes["b"], m.nodes["c"]
 	ctx := context.Background()
-	if _, err := c.SetLinkFilter("b", entry.Filter{Exclude: []string{"c-only/"}}); err != nil {
+	if _, err := c.settings.SetLinkFilter("b", entry.Filter{Exclude: []string{"c-only/"}}); err != nil {
 		t.Fatal(err)
 	}
 	for _, k := range []string{"c-only/1", "c-only/2", "shared/1"} {
@@ -491,7 +491,7 @@ func TestRelaysKeepToTheOriginsFilter(t *testing.T) {
 	m := newTestMesh(t, hlc.SystemClock{}, nil, "a", "b", "c")
 	a, b, c := m.nodes["a"], m.nodes["b"], m.nodes["c"]
 	ctx := context.Background()
-	if _, err := c.SetLinkFilter("b", entry.Filter{Exclude: []string{"c-only/"}}); err != nil {
+	if _, err := c.settings.SetLinkFilter("b", entry.Filter{Exclude: []string{"c-only/"}}); err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, 10*time.Second, func() (bool, string) {
@@ -543,7 +543,7 @@ func TestWipedClusterTakesNoRelayBeforeTheOriginsFilter(t *testing.T) {
 	a, b, c := m.nodes["a"], m.nodes["b"], m.nodes["c"]
 	ctx := context.Background()
 	must := mustWrite(t)
-	if _, err := c.SetLinkFilter("b", entry.Filter{Exclude: []string{"c-only/"}}); err != nil {
+	if _, err := c.settings.SetLinkFilter("b", entry.Filter{Exclude: []string{"c-only/"}}); err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, 10*time.Second, func() (bool, string) {

@@ -15,14 +15,20 @@ import (
 )
 
 // conflictLog is the node's part that reads the conflict log the machine
-// keeps (machine/conflict.go, docs/DATAMODEL.md "Conflicts").
-type conflictLog struct{ n *Node }
+// keeps (machine/conflict.go, docs/DATAMODEL.md "Conflicts"), and restores
+// a loser as a new write. It holds what it uses: the tree, the log's
+// command format, and the write path.
+type conflictLog struct {
+	store   *store.Store
+	format  func() int
+	propose func(ctx context.Context, w api.Write) (api.WriteResult, error)
+}
 
 // MaxConflictsLimit bounds a page of the conflict log.
 const MaxConflictsLimit = 1000
 
 // Conflicts reads one page of the conflict log, in key order.
-func (c conflictLog) Conflicts(q client.ConflictQuery) (client.ConflictPage, error) {
+func (c *conflictLog) Conflicts(q client.ConflictQuery) (client.ConflictPage, error) {
 	if q.Limit <= 0 {
 		q.Limit = 100
 	}
@@ -33,7 +39,7 @@ func (c conflictLog) Conflicts(q client.ConflictQuery) (client.ConflictPage, err
 	if !q.Since.IsZero() {
 		sq.Since = hlc.Timestamp{Wall: q.Since.UnixNano()}
 	}
-	recs, next, err := c.n.store.Conflicts(sq)
+	recs, next, err := c.store.Conflicts(sq)
 	if err != nil {
 		return client.ConflictPage{}, fmt.Errorf("%w: %w", api.ErrBadRequest, err)
 	}
@@ -49,13 +55,12 @@ func (c conflictLog) Conflicts(q client.ConflictQuery) (client.ConflictPage, err
 // a precondition error says what it holds). The write's context covers the
 // loser and the winner, so no cluster logs it as a conflict, and every
 // cluster it reaches marks its records of that loser restored.
-func (c conflictLog) RestoreConflict(ctx context.Context, id string) (api.WriteResult, error) {
-	n := c.n
-	if v := n.machine.Format(); v < machine.FormatConflicts {
+func (c *conflictLog) RestoreConflict(ctx context.Context, id string) (api.WriteResult, error) {
+	if v := c.format(); v < machine.FormatConflicts {
 		return api.WriteResult{}, fmt.Errorf("%w: the cluster's log is at command format %d; restores need format %d, "+
 			"which the log moves to once every node runs a build that reads it", api.ErrNotWritten, v, machine.FormatConflicts)
 	}
-	rec, ok, err := n.store.ConflictByID(id)
+	rec, ok, err := c.store.ConflictByID(id)
 	switch {
 	case err != nil && errors.Is(err, store.ErrCorrupt):
 		return api.WriteResult{}, err
@@ -76,7 +81,7 @@ func (c conflictLog) RestoreConflict(ctx context.Context, id string) (api.WriteR
 	} else if w.Entry.Value == nil {
 		w.Entry.Value = []byte{}
 	}
-	return n.Propose(ctx, w)
+	return c.propose(ctx, w)
 }
 
 // conflictReport is a record as the API shows it.

@@ -45,7 +45,7 @@ func TestConflictLogAcrossClusters(t *testing.T) {
 
 	logs := map[string]map[string]client.Conflict{}
 	for name, n := range map[string]*Node{"a": a, "b": b} {
-		p, err := n.Conflicts(client.ConflictQuery{})
+		p, err := n.conflicts.Conflicts(client.ConflictQuery{})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -87,7 +87,7 @@ func TestConflictLogAcrossClusters(t *testing.T) {
 		}
 	}
 	pc.Advance(time.Millisecond)
-	res, err := a.RestoreConflict(ctx, id1)
+	res, err := a.conflicts.RestoreConflict(ctx, id1)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -97,19 +97,19 @@ func TestConflictLogAcrossClusters(t *testing.T) {
 		if err != nil || string(r.Value) != "a1" || r.Stamp.String() != res.Version {
 			t.Fatalf("%s after the restore: %q %s %v", name, r.Value, r.Stamp, err)
 		}
-		p, err := n.Conflicts(client.ConflictQuery{Key: "both1"})
+		p, err := n.conflicts.Conflicts(client.ConflictQuery{Key: "both1"})
 		if err != nil || len(p.Items) != 1 || p.Items[0].Restored != res.Version {
 			t.Fatalf("%s's log after the restore: %+v %v", name, p.Items, err)
 		}
 	}
-	if _, err := b.RestoreConflict(ctx, id1); !errors.Is(err, api.ErrRestored) {
+	if _, err := b.conflicts.RestoreConflict(ctx, id1); !errors.Is(err, api.ErrRestored) {
 		t.Fatalf("a second restore: %v", err)
 	}
 	// both2's winner was overwritten since: the restore says what is there.
 	put(b, "both2", "newer")
 	m.settle()
 	var pe *api.PreconditionError
-	if _, err := a.RestoreConflict(ctx, id2); !errors.As(err, &pe) || pe.Current == "" {
+	if _, err := a.conflicts.RestoreConflict(ctx, id2); !errors.As(err, &pe) || pe.Current == "" {
 		t.Fatalf("restore over a newer version: %v", err)
 	}
 
@@ -118,7 +118,7 @@ func TestConflictLogAcrossClusters(t *testing.T) {
 	put(b, "seq", "b")
 	m.settle()
 	for name, n := range map[string]*Node{"a": a, "b": b} {
-		if p, err := n.Conflicts(client.ConflictQuery{Key: "seq"}); err != nil || len(p.Items) != 0 {
+		if p, err := n.conflicts.Conflicts(client.ConflictQuery{Key: "seq"}); err != nil || len(p.Items) != 0 {
 			t.Fatalf("%s logged a sequential overwrite: %+v %v", name, p.Items, err)
 		}
 	}

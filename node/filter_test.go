@@ -156,7 +156,7 @@ func TestLinkFilter(t *testing.T) {
 			}
 		}
 	}()
-	rep, err := a.SetLinkFilter("c", entry.Filter{Include: []string{"shared/", "tenant1/"}, Exclude: []string{"shared/tmp/"}})
+	rep, err := a.settings.SetLinkFilter("c", entry.Filter{Include: []string{"shared/", "tenant1/"}, Exclude: []string{"shared/tmp/"}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -186,7 +186,7 @@ func TestLinkFilter(t *testing.T) {
 	// Narrow it again; delete a tenant1 key at a, write one: past the
 	// cutoff a keeps the delete for c, whose link's filter held it back
 	// (issue 45), and the widening's backfill carries it.
-	if _, err := a.SetLinkFilter("c", entry.Filter{Include: []string{"shared/"}, Exclude: []string{"shared/tmp/"}}); err != nil {
+	if _, err := a.settings.SetLinkFilter("c", entry.Filter{Include: []string{"shared/"}, Exclude: []string{"shared/tmp/"}}); err != nil {
 		t.Fatal(err)
 	}
 	pc.Advance(time.Second)
@@ -211,7 +211,7 @@ func TestLinkFilter(t *testing.T) {
 	if k := a.repl.keptFor("c"); k == nil || k.Tombstones < 1 {
 		t.Fatalf("a's link to c reports %+v kept tombstones", k)
 	}
-	if _, err := a.SetLinkFilter("c", entry.Filter{Include: []string{"shared/", "tenant1/"}, Exclude: []string{"shared/tmp/"}}); err != nil {
+	if _, err := a.settings.SetLinkFilter("c", entry.Filter{Include: []string{"shared/", "tenant1/"}, Exclude: []string{"shared/tmp/"}}); err != nil {
 		t.Fatal(err)
 	}
 	backfilled()
@@ -288,13 +288,13 @@ func TestLinkBandwidthThroughLog(t *testing.T) {
 		ls := a.machine.Link("b")
 		return ls.BandwidthSet && ls.Bandwidth == 64<<10, fmt.Sprintf("%+v", ls)
 	})
-	if _, err := a.SetLinkBandwidth("b", 500); !errors.Is(err, api.ErrBadRequest) {
+	if _, err := a.settings.SetLinkBandwidth("b", 500); !errors.Is(err, api.ErrBadRequest) {
 		t.Fatalf("a limit of 500 bytes/s: %v", err)
 	}
-	if _, err := a.SetLinkBandwidth("nobody", 1<<20); !errors.Is(err, api.ErrNotFound) {
+	if _, err := a.settings.SetLinkBandwidth("nobody", 1<<20); !errors.Is(err, api.ErrNotFound) {
 		t.Fatalf("a limit of an unknown peer: %v", err)
 	}
-	rep, err := a.SetLinkBandwidth("b", 1<<20)
+	rep, err := a.settings.SetLinkBandwidth("b", 1<<20)
 	if err != nil || rep.BytesPerSecond != 1<<20 || !rep.Recorded {
 		t.Fatalf("set: %+v %v", rep, err)
 	}
@@ -304,7 +304,7 @@ func TestLinkBandwidthThroughLog(t *testing.T) {
 	m.restart("a", nil)
 	a = m.nodes["a"]
 	time.Sleep(700 * time.Millisecond) // a seed tick: the flag must not win
-	if rep, err := a.LinkBandwidth("b"); err != nil || rep.BytesPerSecond != 1<<20 {
+	if rep, err := a.settings.LinkBandwidth("b"); err != nil || rep.BytesPerSecond != 1<<20 {
 		t.Fatalf("after a restart with the old flag: %+v %v", rep, err)
 	}
 }
@@ -422,7 +422,7 @@ func TestNarrowedLinkKeepsDeletesOfOthersKeys(t *testing.T) {
 			t.Fatalf("c lacks %s before the narrowing: %v", k, err)
 		}
 	}
-	if _, err := a.SetLinkFilter("c", entry.Filter{Exclude: []string{"t/"}}); err != nil {
+	if _, err := a.settings.SetLinkFilter("c", entry.Filter{Exclude: []string{"t/"}}); err != nil {
 		t.Fatal(err)
 	}
 	pc.Advance(time.Second)
@@ -459,11 +459,11 @@ func TestNarrowedLinkKeepsDeletesOfOthersKeys(t *testing.T) {
 	if k := a.repl.keptFor("b"); k != nil {
 		t.Fatalf("a's link to b keeps %+v: its filter holds nothing back", k)
 	}
-	if rep, err := a.LinkFilter("c"); err != nil || rep.Kept == nil || len(rep.Keep) == 0 {
+	if rep, err := a.settings.LinkFilter("c"); err != nil || rep.Kept == nil || len(rep.Keep) == 0 {
 		t.Fatalf("the filter report does not show what is kept: %+v %v", rep, err)
 	}
 
-	if _, err := a.SetLinkFilter("c", entry.Filter{}); err != nil {
+	if _, err := a.settings.SetLinkFilter("c", entry.Filter{}); err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, 20*time.Second, func() (bool, string) {
@@ -510,10 +510,10 @@ func TestReleasedNarrowing(t *testing.T) {
 	must := mustWrite(t)
 	must(c.Put(ctx, "t/c1", []byte("c")))
 	m.settle()
-	if _, err := a.ReleaseLinkFilter("c"); !errors.Is(err, api.ErrBadRequest) {
+	if _, err := a.settings.ReleaseLinkFilter("c"); !errors.Is(err, api.ErrBadRequest) {
 		t.Fatalf("releasing an unfiltered link: %v", err)
 	}
-	if _, err := a.SetLinkFilter("c", entry.Filter{Exclude: []string{"t/"}}); err != nil {
+	if _, err := a.settings.SetLinkFilter("c", entry.Filter{Exclude: []string{"t/"}}); err != nil {
 		t.Fatal(err)
 	}
 	pc.Advance(time.Second)
@@ -530,7 +530,7 @@ func TestReleasedNarrowing(t *testing.T) {
 	if _, err := a.Get("t/c1"); !errors.As(err, &nf) || nf.Deleted == "" {
 		t.Fatalf("a collected a delete its link held back: %v", err)
 	}
-	rep, err := a.ReleaseLinkFilter("c")
+	rep, err := a.settings.ReleaseLinkFilter("c")
 	if err != nil || len(rep.Released) != 1 || rep.Released[0].Start != "t/" || len(rep.Keep) != 0 {
 		t.Fatalf("release: %+v %v", rep, err)
 	}
@@ -543,7 +543,7 @@ func TestReleasedNarrowing(t *testing.T) {
 	if k := a.repl.keptFor("c"); k != nil {
 		t.Fatalf("kept after the release: %+v", k)
 	}
-	if _, err := a.SetLinkFilter("c", entry.Filter{}); err != nil {
+	if _, err := a.settings.SetLinkFilter("c", entry.Filter{}); err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, 20*time.Second, func() (bool, string) {
@@ -586,7 +586,7 @@ func TestWipedClusterGetsBackTheDeletesItHeldBack(t *testing.T) {
 	must(c.Put(ctx, "shared/k3", []byte("c")))
 	m.converged(20 * time.Second)
 
-	if _, err := c.SetLinkFilter("b", entry.Filter{Exclude: []string{"c-only/"}}); err != nil {
+	if _, err := c.settings.SetLinkFilter("b", entry.Filter{Exclude: []string{"c-only/"}}); err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, 10*time.Second, func() (bool, string) {
@@ -631,7 +631,7 @@ func TestWipedClusterGetsBackTheDeletesItHeldBack(t *testing.T) {
 			t.Fatalf("a keeps %+v for b's other links: b keeps nothing", k)
 		}
 	}
-	if rep, err := a.LinkFilter("c"); err != nil || len(rep.PeerKeeps) != 1 || rep.KeptForPeerLinks == nil {
+	if rep, err := a.settings.LinkFilter("c"); err != nil || len(rep.PeerKeeps) != 1 || rep.KeptForPeerLinks == nil {
 		t.Fatalf("a's filter report of c: %+v %v", rep, err)
 	}
 
@@ -665,7 +665,7 @@ func TestWipedClusterGetsBackTheDeletesItHeldBack(t *testing.T) {
 		t.Fatalf("b lost c-only/k1 while c's link keeps c-only/ home: %v", err)
 	}
 	// The widening carries the delete c got back.
-	if _, err := c.SetLinkFilter("b", entry.Filter{}); err != nil {
+	if _, err := c.settings.SetLinkFilter("b", entry.Filter{}); err != nil {
 		t.Fatal(err)
 	}
 	m.converged(30 * time.Second)
@@ -692,7 +692,7 @@ func TestReseedClaimsNoStreamAFilterKeptHome(t *testing.T) {
 	must := mustWrite(t)
 	must(b.Put(ctx, "x/0", []byte("b")))
 	m.converged(20 * time.Second)
-	if _, err := b.SetLinkFilter("a", entry.Filter{Exclude: []string{"w/"}}); err != nil {
+	if _, err := b.settings.SetLinkFilter("a", entry.Filter{Exclude: []string{"w/"}}); err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, 10*time.Second, func() (bool, string) {
@@ -742,7 +742,7 @@ func TestRestoredPeerGetsTheBackfillAgain(t *testing.T) {
 	must := mustWrite(t)
 	must(a.Put(ctx, "w/k", []byte("v")))
 	m.settle()
-	if _, err := a.SetLinkFilter("c", entry.Filter{Exclude: []string{"w/"}}); err != nil {
+	if _, err := a.settings.SetLinkFilter("c", entry.Filter{Exclude: []string{"w/"}}); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := a.Delete(ctx, "w/k"); err != nil {
@@ -752,7 +752,7 @@ func TestRestoredPeerGetsTheBackfillAgain(t *testing.T) {
 	m.settle()
 	backup := t.TempDir()
 	m.restart("c", func(dir string) { copyDir(t, dir, backup) })
-	if _, err := a.SetLinkFilter("c", entry.Filter{}); err != nil {
+	if _, err := a.settings.SetLinkFilter("c", entry.Filter{}); err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, 20*time.Second, func() (bool, string) {

@@ -31,6 +31,7 @@ import (
 	"github.com/replicator/replicator/forward"
 	"github.com/replicator/replicator/hlc"
 	"github.com/replicator/replicator/internal/options"
+	"github.com/replicator/replicator/links"
 	"github.com/replicator/replicator/listener"
 	"github.com/replicator/replicator/machine"
 	"github.com/replicator/replicator/node/httpapi"
@@ -76,16 +77,15 @@ type Node struct {
 	// leader (propose.go; nil for a node alone).
 	follower *forward.Follower
 
-	acceptor    *acceptor.Acceptor
-	peerClient  *http.Client
-	history     *history            // the dashboard's chart, sampled every HistoryInterval
-	repl        replication         // the links to peer clusters
-	seeds       linkSeeds           // what of flags and log differences was said
-	linkAdmin                       // the links' settings through the log (links.go)
-	conflictLog                     // the conflict log's reads and restores (conflicts.go)
-	ae          *antientropy.Runner // comparisons and repairs with peers
-	tls         *listener.TLS
-	mem         membership // gossip: the nodes of this cluster and the peers found
+	acceptor   *acceptor.Acceptor
+	peerClient *http.Client
+	history    *history            // the dashboard's chart, sampled every HistoryInterval
+	repl       replication         // the links to peer clusters
+	settings   *links.Settings     // the links' settings through the log
+	conflicts  *conflictLog        // the conflict log's reads and restores (conflicts.go)
+	ae         *antientropy.Runner // comparisons and repairs with peers
+	tls        *listener.TLS
+	mem        membership // gossip: the nodes of this cluster and the peers found
 	// applied is the last index of the stream applied to the store.
 	applied atomic.Uint64
 	// restoring is set while a snapshot's tree replaces the store's: local
@@ -165,8 +165,6 @@ func Open(ctx context.Context, opts *Options) (*Node, error) {
 	n.rejoin.n, n.mem.n, n.lead.n, n.cons.n = n, n, n, n
 	n.mem.discovered = map[string]Peer{}
 	n.repl.n, n.repl.linkStates = n, map[string]string{}
-	n.linkAdmin.n = n
-	n.conflictLog.n = n
 	n.sat.marks, n.sat.wait, n.sat.log, n.sat.metrics = o.WaterMarks, o.AdmissionWait, log, &n.metrics
 	n.sat.links, n.sat.oldest = n.repl.links, n.repl.oldestCommitWall
 	n.sat.overflow = map[string]string{}
@@ -218,6 +216,20 @@ func Open(ctx context.Context, opts *Options) (*Node, error) {
 	}
 	n.log = n.log.With("node", n.nodeID)
 	n.proposer = machine.NewProposer(n.nodeID)
+	configured := make([]links.Configured, len(o.Peers))
+	for i := range o.Peers {
+		configured[i] = links.Configured{Name: o.Peers[i].Name, Filter: o.Peers[i].Filter(), Bandwidth: o.Peers[i].Bandwidth}
+	}
+	n.settings = links.NewSettings(links.SettingsDeps{
+		Configured: configured,
+		Machine:    func() *machine.Machine { return n.machine },
+		Stream:     func() entry.StreamID { return n.out.Stream() },
+		Apply:      n.cons.applyCommand, Commit: n.cons.commitCommand,
+		Leading: func() bool { return n.group != nil && n.group.IsLeader() && n.lead.ready.Load() },
+		Status:  n.PeerStatus,
+		Kept:    n.repl.keptFor, KeptForPeerLinks: n.repl.keptForPeerLinks,
+		Logger: n.log,
+	})
 	n.rejoin.init()
 	// The committer exists before the group: the state machine reports a
 	// failed apply to it. It takes no proposal before Open returns.
@@ -287,6 +299,7 @@ func Open(ctx context.Context, opts *Options) (*Node, error) {
 		return nil, err
 	}
 	n.follower = n.newFollower()
+	n.conflicts = &conflictLog{store: n.store, format: func() int { return n.machine.Format() }, propose: n.Propose}
 	n.metrics.init(n)
 	return n, nil
 }
@@ -390,7 +403,7 @@ func (n *Node) Start() error {
 		n.every(500*time.Millisecond, n.cons.raiseFormat)
 		n.every(time.Second, n.cons.checkRemoved)
 	}
-	n.every(500*time.Millisecond, n.seedLinks)
+	n.every(500*time.Millisecond, n.settings.Seed)
 	n.every(n.opts.GCInterval, n.collectExpired)
 	if n.opts.AntiEntropyInterval > 0 {
 		n.every(n.opts.AntiEntropyInterval, func() { n.ae.Pass(n.stop) })

@@ -161,7 +161,7 @@ func (r *replication) keepRanges() []machine.KeepRanges {
 	}
 	var out []machine.KeepRanges
 	for _, name := range slices.Sorted(maps.Keys(peers)) {
-		ls := n.linkSettings(name)
+		ls := n.settings.Of(name)
 		if spans := ls.KeepSpans(); len(spans) > 0 {
 			out = append(out, machine.KeepRanges{Peer: name, Spans: spans})
 		}
@@ -294,7 +294,7 @@ func (r *replication) addLink(p Peer) (*transport.Shipper, error) {
 		Client:          n.peerClient,
 		Now:             n.clock.Physical,
 		Applied:         n.applied.Load,
-		Link:            n.linkSettings,
+		Link:            n.settings.Of,
 		IdleBound:       n.repl.idleBound,
 		Keeps:           n.repl.keepsBesides,
 		Partial: func(origin string, stream entry.StreamID) bool {

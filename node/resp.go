@@ -120,7 +120,7 @@ func (r respNode) KeptFrom(w api.Write, res api.WriteResult) []string {
 		}
 	}
 	for _, p := range n.repl.linkPeers() {
-		ls := n.linkSettings(p.Name)
+		ls := n.settings.Of(p.Name)
 		f, _ := ls.FilterAt(res.Stream, res.Index)
 		if f.All() {
 			continue

@@ -40,7 +40,7 @@ func TestRepairTakesOnlyWhatTheInboundPathWould(t *testing.T) {
 	}, "a", "b")
 	a, b := m.nodes["a"], m.nodes["b"]
 	ctx := context.Background()
-	if _, err := a.SetLinkFilter("b", entry.Filter{Include: []string{"shared/"}}); err != nil {
+	if _, err := a.settings.SetLinkFilter("b", entry.Filter{Include: []string{"shared/"}}); err != nil {
 		t.Fatal(err)
 	}
 	const lacked = "shared/lacked"
@@ -154,7 +154,7 @@ func TestTreeFloodIsPacedAndCharged(t *testing.T) {
 	}
 	m.settle()
 	const limit = 32 << 10
-	if _, err := a.SetLinkBandwidth("b", limit); err != nil {
+	if _, err := a.settings.SetLinkBandwidth("b", limit); err != nil {
 		t.Fatal(err)
 	}
 	var sh *transport.Shipper

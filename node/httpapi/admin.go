@@ -48,27 +48,31 @@ func (a *API) registerAdmin(mux *http.ServeMux) {
 	mux.HandleFunc("/admin/history", getOnly(a.handleHistory))
 	mux.HandleFunc("/admin/lag", getOnly(a.handleLag))
 	a.registerDeadLetters(mux)
-	a.registerConflicts(mux)
+	if a.opts.Conflicts != nil {
+		a.registerConflicts(mux)
+	}
 	a.registerCluster(mux)
 	if a.opts.Pprof {
 		registerPprof(mux)
 	}
-	mux.HandleFunc("/admin/peers/{name}/filter", a.handleFilter)
-	mux.HandleFunc("/admin/peers/{name}/filter/release", func(w http.ResponseWriter, r *http.Request) {
-		if r.Method != http.MethodPost {
-			methodNotAllowed(w, r, "POST")
-			return
-		}
-		rep, err := a.node.ReleaseLinkFilter(r.PathValue("name"))
-		if err != nil {
-			WriteErr(w, err)
-			return
-		}
-		writeJSON(w, http.StatusOK, rep)
-	})
-	mux.HandleFunc("/admin/peers/{name}/bandwidth", a.handleBandwidth)
-	mux.HandleFunc("/admin/peers/{name}/diff", a.handleDiff)
+	if a.opts.Settings != nil {
+		mux.HandleFunc("/admin/peers/{name}/filter", a.handleFilter)
+		mux.HandleFunc("/admin/peers/{name}/filter/release", func(w http.ResponseWriter, r *http.Request) {
+			if r.Method != http.MethodPost {
+				methodNotAllowed(w, r, "POST")
+				return
+			}
+			rep, err := a.opts.Settings.ReleaseLinkFilter(r.PathValue("name"))
+			if err != nil {
+				WriteErr(w, err)
+				return
+			}
+			writeJSON(w, http.StatusOK, rep)
+		})
+		mux.HandleFunc("/admin/peers/{name}/bandwidth", a.handleBandwidth)
+	}
 	if a.opts.Tree != nil {
+		mux.HandleFunc("/admin/peers/{name}/diff", a.handleDiff)
 		mux.HandleFunc(PathTreeRebuild, a.handleTreeRebuild)
 	}
 	mux.HandleFunc("/admin/peers/{name}/{action}", func(w http.ResponseWriter, r *http.Request) {
@@ -212,7 +216,7 @@ func (a *API) handleFilter(w http.ResponseWriter, r *http.Request) {
 	var err error
 	switch r.Method {
 	case http.MethodGet, http.MethodHead:
-		rep, err = a.node.LinkFilter(name)
+		rep, err = a.opts.Settings.LinkFilter(name)
 	case http.MethodPut:
 		var f entry.Filter
 		dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, 1<<20))
@@ -221,7 +225,7 @@ func (a *API) handleFilter(w http.ResponseWriter, r *http.Request) {
 			WriteErr(w, fmt.Errorf("%w: a filter is {\"include\": [prefixes], \"exclude\": [prefixes]}: %v", api.ErrBadRequest, derr))
 			return
 		}
-		rep, err = a.node.SetLinkFilter(name, f)
+		rep, err = a.opts.Settings.SetLinkFilter(name, f)
 	default:
 		methodNotAllowed(w, r, "GET, PUT")
 		return
@@ -242,7 +246,7 @@ func (a *API) handleBandwidth(w http.ResponseWriter, r *http.Request) {
 	var err error
 	switch r.Method {
 	case http.MethodGet, http.MethodHead:
-		rep, err = a.node.LinkBandwidth(name)
+		rep, err = a.opts.Settings.LinkBandwidth(name)
 	case http.MethodPut:
 		var req struct {
 			BytesPerSecond *int64 `json:"bytes_per_second"`
@@ -253,7 +257,7 @@ func (a *API) handleBandwidth(w http.ResponseWriter, r *http.Request) {
 			WriteErr(w, fmt.Errorf("%w: want {\"bytes_per_second\": N} (0: no limit): %v", api.ErrBadRequest, derr))
 			return
 		}
-		rep, err = a.node.SetLinkBandwidth(name, *req.BytesPerSecond)
+		rep, err = a.opts.Settings.SetLinkBandwidth(name, *req.BytesPerSecond)
 	default:
 		methodNotAllowed(w, r, "GET, PUT")
 		return

@@ -47,7 +47,7 @@ func (a *API) registerConflicts(mux *http.ServeMux) {
 			}
 			q.Limit = l
 		}
-		page, err := a.node.Conflicts(q)
+		page, err := a.opts.Conflicts.Conflicts(q)
 		if err != nil {
 			WriteErr(w, err)
 			return
@@ -66,7 +66,7 @@ func (a *API) registerConflicts(mux *http.ServeMux) {
 			writeError(w, http.StatusNotFound, apiError{Code: "not_found", Message: "actions: restore"})
 			return
 		}
-		res, err := a.node.RestoreConflict(r.Context(), r.PathValue("id"))
+		res, err := a.opts.Conflicts.RestoreConflict(r.Context(), r.PathValue("id"))
 		if err == nil {
 			a.log.Info("conflict restored by the operator", "conflict", r.PathValue("id"), "key", res.Key, "version", res.Version,
 				"caller", a.opts.Caller(r))

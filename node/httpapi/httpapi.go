@@ -51,6 +51,11 @@ type Links interface {
 	DeadLetters() ([]api.DeadLetterReport, error)
 	ReplayDeadLetter(id string) error
 	DiscardDeadLetter(id string) error
+}
+
+// LinkSettings is what the endpoints of a link's filter and bandwidth ask
+// (package links' Settings).
+type LinkSettings interface {
 	LinkFilter(peer string) (api.FilterReport, error)
 	SetLinkFilter(peer string, f entry.Filter) (api.FilterReport, error)
 	// ReleaseLinkFilter declares the link's narrowing permanent: the
@@ -98,7 +103,6 @@ type Node interface {
 	Writer
 	Links
 	Reports
-	Conflicts
 }
 
 // Options configure the API.
@@ -116,9 +120,12 @@ type Options struct {
 	// Pprof serves /debug/pprof (the node asks for it only behind a
 	// token).
 	Pprof bool
-	// Tree rebuilds the node's kept hashes (POST /admin/tree/rebuild); nil:
-	// not served.
-	Tree Tree
+	// Tree compares with peers and rebuilds the node's kept hashes;
+	// Conflicts reads and restores the conflict log. nil: not served.
+	Tree      Tree
+	Conflicts Conflicts
+	// Settings answers the endpoints of links' filters and bandwidth.
+	Settings LinkSettings
 	// Caller names who sent a request, for the logs of admin actions.
 	Caller func(*http.Request) string
 	Logger *slog.Logger

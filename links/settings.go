@@ -1,0 +1,287 @@
+package links
+
+import (
+	"fmt"
+	"log/slog"
+	"sync"
+
+	"github.com/replicator/replicator/api"
+	"github.com/replicator/replicator/entry"
+	"github.com/replicator/replicator/machine"
+)
+
+// Configured is a peer as this node's flags or YAML name it: the filter and
+// bandwidth limit its link starts with until the cluster's log says
+// otherwise.
+type Configured struct {
+	Name      string
+	Filter    entry.Filter
+	Bandwidth int64
+}
+
+// SettingsDeps is what Settings needs of its node.
+type SettingsDeps struct {
+	// Configured are this node's peers.
+	Configured []Configured
+	// Machine is the state machine (it may be replaced: read it each
+	// time); Stream the cluster's stream.
+	Machine func() *machine.Machine
+	Stream  func() entry.StreamID
+	// Apply and Commit put a command through the cluster's log.
+	Apply  func(*machine.Command) error
+	Commit func(*machine.Command) (*machine.Result, error)
+	// Leading: this node leads and its term began.
+	Leading func() bool
+	// Status is every link's report (its peers known); Kept and
+	// KeptForPeerLinks what the last collection kept for a link.
+	Status                 func() []api.LinkStatus
+	Kept, KeptForPeerLinks func(peer string) *api.KeptTombstones
+	Logger                 *slog.Logger
+}
+
+// Settings keeps each link's settings in step with the cluster's log
+// (filters, bandwidth) and answers the admin API on them.
+type Settings struct {
+	d     SettingsDeps
+	seeds linkSeeds // what of flags and log differences was said
+}
+
+// NewSettings builds a link's settings from d.
+func NewSettings(d SettingsDeps) *Settings { return &Settings{d: d} }
+
+// linkSeeds remembers which differences between flags and log a node
+// already logged, so that it says so once per process.
+type linkSeeds struct {
+	mu     sync.Mutex
+	warned map[string]bool
+}
+
+// Of is what the links ship by: the log's settings of the link or, before
+// the log says anything of it, the filter of this node's flags, as holding
+// from the first entry (the seed command records it so).
+func (l *Settings) Of(peer string) entry.LinkSettings {
+	ls := l.d.Machine().Links()[peer]
+	if p, ok := l.peerOption(peer); ok {
+		if len(ls.Filters) == 0 && !p.Filter.All() {
+			ls.Filters = []entry.FilterEpoch{{Filter: p.Filter.Normal()}}
+		}
+		if !ls.BandwidthSet {
+			ls.Bandwidth = p.Bandwidth
+		}
+	}
+	return ls
+}
+
+// peerOption is the configured peer of that name.
+func (l *Settings) peerOption(name string) (Configured, bool) {
+	for _, p := range l.d.Configured {
+		if p.Name == name {
+			return p, true
+		}
+	}
+	return Configured{}, false
+}
+
+// Seed, at the leader, records the filter of each configured peer's
+// flags in the log if the log says nothing of that link yet, and says once
+// where the flags differ from what the log says (the log wins).
+func (l *Settings) Seed() {
+	d := l.d
+	m := d.Machine()
+	if !d.Leading() || m.Format() < machine.FormatLinks {
+		return
+	}
+	links := m.Links()
+	for _, p := range d.Configured {
+		f := p.Filter.Normal()
+		ls, ok := links[p.Name]
+		seed := &machine.LinkCmd{Peer: p.Name, Seed: true}
+		if !ok || len(ls.Filters) == 0 {
+			seed.SetFilter, seed.Filter = !f.All(), f
+		} else if !ls.Current().Equal(f) && l.seeds.warnOnce(p.Name+"/filter") {
+			d.Logger.Info("the cluster's log holds another filter for this link than this node's flags: the log's wins "+
+				"(change it with replicator filter)", "peer", p.Name, "log", ls.Current().String(), "flags", f.String())
+		}
+		if !ls.BandwidthSet {
+			seed.SetBandwidth, seed.Bandwidth = p.Bandwidth > 0, p.Bandwidth
+		} else if ls.Bandwidth != p.Bandwidth && l.seeds.warnOnce(p.Name+"/bandwidth") {
+			d.Logger.Info("the cluster's log holds another bandwidth limit for this link than this node's flags: the log's wins "+
+				"(change it with replicator bandwidth)", "peer", p.Name, "log", ls.Bandwidth, "flags", p.Bandwidth)
+		}
+		if !seed.SetFilter && !seed.SetBandwidth {
+			continue
+		}
+		if err := d.Apply(&machine.Command{Link: seed}); err != nil {
+			d.Logger.Warn("could not record the link's settings in the log; trying again", "peer", p.Name, "err", err)
+			return
+		}
+		d.Logger.Info("the link's settings, from this node's flags, are now the cluster's", "peer", p.Name, "filter", f.String(), "bandwidth", p.Bandwidth)
+	}
+}
+
+func (s *linkSeeds) warnOnce(peer string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.warned[peer] {
+		return false
+	}
+	if s.warned == nil {
+		s.warned = map[string]bool{}
+	}
+	s.warned[peer] = true
+	return true
+}
+
+// LinkFilter is what the log says of the filter of the link to peer (and
+// where each of its epochs took effect).
+func (l *Settings) LinkFilter(peer string) (api.FilterReport, error) {
+	if !l.Known(peer) {
+		return api.FilterReport{}, fmt.Errorf("%w: no peer %q", api.ErrNotFound, peer)
+	}
+	return l.filterReport(peer), nil
+}
+
+func (l *Settings) filterReport(peer string) api.FilterReport {
+	d := l.d
+	m := d.Machine()
+	ls := l.Of(peer)
+	recorded := len(m.Links()[peer].Filters) > 0
+	r := api.FilterReport{Peer: peer, Filter: ls.Current(), Recorded: recorded, Backfill: ls.Backfill, BackfillGeneration: ls.BackfillGen,
+		Released: ls.Released, Kept: d.Kept(peer), PeerKeeps: ls.Onward, KeptForPeerLinks: d.KeptForPeerLinks(peer)}
+	if m.Format() >= machine.FormatKeptTombstones {
+		r.Keep = ls.KeepSpans()
+	}
+	stream := d.Stream()
+	for _, ep := range ls.Filters {
+		e := api.FilterEpochReport{Filter: ep.Filter, From: ep.From}
+		if ep.Stream != stream {
+			e.From = 1 // holds from the start of this stream
+		}
+		r.Epochs = append(r.Epochs, e)
+	}
+	return r
+}
+
+// SetLinkFilter makes f the filter of the link to peer, from the stream's
+// next index on. Widening it backfills the newly included keys to the peer;
+// narrowing it stops shipping them (the peer keeps what it has).
+func (l *Settings) SetLinkFilter(peer string, f entry.Filter) (api.FilterReport, error) {
+	d := l.d
+	if !l.Known(peer) {
+		return api.FilterReport{}, fmt.Errorf("%w: no peer %q", api.ErrNotFound, peer)
+	}
+	if err := f.Validate(); err != nil {
+		return api.FilterReport{}, fmt.Errorf("%w: %w", api.ErrBadRequest, err)
+	}
+	if v := d.Machine().Format(); v < machine.FormatLinks {
+		return api.FilterReport{}, fmt.Errorf("%w: the cluster's log is at format %d; filters need format %d, "+
+			"which the log moves to once every node runs a build that reads it", api.ErrNotWritten, v, machine.FormatLinks)
+	}
+	if ls := d.Machine().Links()[peer]; len(ls.Filters) == 0 {
+		// What the links ship by until now is the flags' filter: the log
+		// records it first, so that the change widens or narrows from it.
+		if p, ok := l.peerOption(peer); ok && !p.Filter.All() {
+			seed := &machine.LinkCmd{Peer: peer, SetFilter: true, Filter: p.Filter.Normal(), Seed: true}
+			if err := d.Apply(&machine.Command{Link: seed}); err != nil {
+				return api.FilterReport{}, err
+			}
+		}
+	}
+	res, err := d.Commit(&machine.Command{Link: &machine.LinkCmd{Peer: peer, SetFilter: true, Filter: f.Normal()}})
+	if err != nil {
+		return api.FilterReport{}, err
+	}
+	if !res.Swapped && !res.Skipped {
+		return api.FilterReport{}, fmt.Errorf("%w: the link to %s has %d filters in force for entries its stream still keeps (the bound): "+
+			"change it again once the peer has acknowledged those entries and the stream was cut", api.ErrNotWritten, peer, machine.MaxFilterEpochs)
+	}
+	d.Logger.Warn("the link's filter changed", "peer", peer, "filter", f.Normal().String())
+	return l.filterReport(peer), nil
+}
+
+// ReleaseLinkFilter declares the narrowing of the link to peer permanent:
+// the ranges its filter keeps home now keep no tombstones for a later
+// widening any more (the next collection drops them once past the cutoff).
+// A later widening of them backfills what the tree holds then; keys the
+// peer holds that this cluster deleted meanwhile stay there, and a
+// comparison lists them as possible resurrections (docs/DATAMODEL.md
+// "Filters").
+func (l *Settings) ReleaseLinkFilter(peer string) (api.FilterReport, error) {
+	d := l.d
+	if !l.Known(peer) {
+		return api.FilterReport{}, fmt.Errorf("%w: no peer %q", api.ErrNotFound, peer)
+	}
+	if v := d.Machine().Format(); v < machine.FormatKeptTombstones {
+		return api.FilterReport{}, fmt.Errorf("%w: the cluster's log is at format %d; releasing a narrowing needs format %d, "+
+			"which the log moves to once every node runs a build that reads it", api.ErrNotWritten, v, machine.FormatKeptTombstones)
+	}
+	if ls := l.Of(peer); ls.Current().All() {
+		return api.FilterReport{}, fmt.Errorf("%w: the link to %s lets every key cross: there is no narrowing to release", api.ErrBadRequest, peer)
+	}
+	if ls := d.Machine().Links()[peer]; len(ls.Filters) == 0 {
+		// The flags' filter, not recorded yet: the log records it first.
+		if p, ok := l.peerOption(peer); ok && !p.Filter.All() {
+			seed := &machine.LinkCmd{Peer: peer, SetFilter: true, Filter: p.Filter.Normal(), Seed: true}
+			if err := d.Apply(&machine.Command{Link: seed}); err != nil {
+				return api.FilterReport{}, err
+			}
+		}
+	}
+	if _, err := d.Commit(&machine.Command{Link: &machine.LinkCmd{Peer: peer, Release: true}}); err != nil {
+		return api.FilterReport{}, err
+	}
+	d.Logger.Warn("the link's narrowing declared permanent: the tombstones kept for a widening go at the next collection", "peer", peer,
+		"released", l.Of(peer).Released)
+	return l.filterReport(peer), nil
+}
+
+// Known reports a peer this node links to or takes writes from.
+func (l *Settings) Known(peer string) bool {
+	if _, ok := l.peerOption(peer); ok {
+		return true
+	}
+	for _, st := range l.d.Status() {
+		if st.Peer == peer {
+			return true
+		}
+	}
+	return false
+}
+
+// SetLinkBandwidth sets the link's limit in bytes per second of request
+// bodies as sent (0: none), through the log: it holds at once, at every
+// node that leads later too.
+func (l *Settings) SetLinkBandwidth(peer string, bytesPerSec int64) (api.BandwidthReport, error) {
+	d := l.d
+	if !l.Known(peer) {
+		return api.BandwidthReport{}, fmt.Errorf("%w: no peer %q", api.ErrNotFound, peer)
+	}
+	if bytesPerSec < 0 || (bytesPerSec > 0 && bytesPerSec < 1024) {
+		return api.BandwidthReport{}, fmt.Errorf("%w: bandwidth %d bytes/s: 0 (no limit) or at least 1024", api.ErrBadRequest, bytesPerSec)
+	}
+	if v := d.Machine().Format(); v < machine.FormatLinks {
+		return api.BandwidthReport{}, fmt.Errorf("%w: the cluster's log is at format %d; link settings need format %d, "+
+			"which the log moves to once every node runs a build that reads it", api.ErrNotWritten, v, machine.FormatLinks)
+	}
+	if _, err := d.Commit(&machine.Command{Link: &machine.LinkCmd{Peer: peer, SetBandwidth: true, Bandwidth: bytesPerSec}}); err != nil {
+		return api.BandwidthReport{}, err
+	}
+	d.Logger.Warn("the link's bandwidth limit changed", "peer", peer, "bytes_per_second", bytesPerSec)
+	return l.LinkBandwidth(peer)
+}
+
+// LinkBandwidth is the link's bandwidth limit and how long it throttled.
+func (l *Settings) LinkBandwidth(peer string) (api.BandwidthReport, error) {
+	d := l.d
+	if !l.Known(peer) {
+		return api.BandwidthReport{}, fmt.Errorf("%w: no peer %q", api.ErrNotFound, peer)
+	}
+	ls := l.Of(peer)
+	r := api.BandwidthReport{Peer: peer, BytesPerSecond: ls.Bandwidth, Recorded: ls.BandwidthSet}
+	for _, st := range d.Status() {
+		if st.Peer == peer {
+			r.ThrottledSeconds = st.ThrottledSeconds
+		}
+	}
+	return r, nil
+}
