@@ -66,17 +66,19 @@ func RefuseEarly(w http.ResponseWriter) { w.Header().Set("Connection", "close") 
 // connection takes the place of the longest-idle keep-alive connection
 // (which a client reopens when it needs it) rather than wait behind it:
 // idle connections must not lock out a health check or a new client. With
-// none idle, Accept waits until one closes.
+// none idle, Accept waits until one closes or turns idle, or the listener
+// closes.
 type connLimiter struct {
 	net.Listener
 	max int
 
 	mu struct {
 		sync.Mutex
-		open int
-		idle map[net.Conn]time.Time
+		open   int
+		idle   map[net.Conn]time.Time
+		closed bool
 	}
-	freed chan struct{} // signalled when a connection closes
+	freed chan struct{} // signalled when a connection closes or turns idle, or the listener closes
 }
 
 func newConnLimiter(ln net.Listener, max int) *connLimiter {
@@ -88,6 +90,10 @@ func newConnLimiter(ln net.Listener, max int) *connLimiter {
 func (l *connLimiter) Accept() (net.Conn, error) {
 	for {
 		l.mu.Lock()
+		if l.mu.closed {
+			l.mu.Unlock()
+			return nil, net.ErrClosed
+		}
 		if l.mu.open < l.max {
 			l.mu.open++
 			l.mu.Unlock()
@@ -121,20 +127,41 @@ func (l *connLimiter) release() {
 	l.mu.Lock()
 	l.mu.open--
 	l.mu.Unlock()
+	l.wake()
+}
+
+// wake tells a waiting Accept to look again.
+func (l *connLimiter) wake() {
 	select {
 	case l.freed <- struct{}{}:
 	default:
 	}
 }
 
-// connState is the server's ConnState hook: it tracks idle connections.
+// Close closes the listener, and ends an Accept waiting for a place.
+func (l *connLimiter) Close() error {
+	err := l.Listener.Close()
+	l.mu.Lock()
+	l.mu.closed = true
+	l.mu.Unlock()
+	l.wake()
+	return err
+}
+
+// connState is the server's ConnState hook: it tracks idle connections. A
+// connection that turns idle wakes an Accept waiting at the bound: it may
+// take its place (a new client must not wait until some connection closes,
+// up to the idle timeout, because it arrived just before one turned idle).
 func (l *connLimiter) connState(c net.Conn, s http.ConnState) {
 	l.mu.Lock()
-	defer l.mu.Unlock()
 	if s == http.StateIdle {
 		l.mu.idle[c] = time.Now()
 	} else {
 		delete(l.mu.idle, c)
+	}
+	l.mu.Unlock()
+	if s == http.StateIdle {
+		l.wake()
 	}
 }
 

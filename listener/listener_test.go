@@ -254,3 +254,66 @@ func TestConnectionBound(t *testing.T) {
 	}
 	s.Wait()
 }
+
+// TestAWaitingClientTakesTheNextIdlePlace: at the bound with every
+// connection busy, a new client waits; when one turns idle (its request
+// answered, the connection kept alive), the new client takes its place at
+// once instead of waiting for it to close; and Close ends the wait of an
+// Accept at the bound.
+func TestAWaitingClientTakesTheNextIdlePlace(t *testing.T) {
+	s := NewSet(Limits{MaxConnections: 1}, nil, quiet)
+	ln, err := s.Listen(nil, "127.0.0.1:0", false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	release := make(chan struct{})
+	entered := make(chan struct{}, 1)
+	var errc chan error
+	srv := s.Serve(ln, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/slow" {
+			entered <- struct{}{}
+			<-release
+		}
+		io.WriteString(w, "ok")
+	}), &errc)
+	url := "http://" + ln.Addr().String()
+	first := &http.Client{Transport: &http.Transport{}, Timeout: 10 * time.Second}
+	done := make(chan error, 1)
+	go func() {
+		resp, err := first.Get(url + "/slow")
+		if err == nil {
+			io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+		}
+		done <- err
+	}()
+	<-entered // the one place is busy
+	second := &http.Client{Transport: &http.Transport{}, Timeout: 10 * time.Second}
+	got := make(chan error, 1)
+	go func() {
+		resp, err := second.Get(url + "/")
+		if err == nil {
+			resp.Body.Close()
+		}
+		got <- err
+	}()
+	select {
+	case err := <-got:
+		t.Fatalf("a second client was served past the bound: %v", err)
+	case <-time.After(100 * time.Millisecond):
+	}
+	close(release) // the first turns idle, kept alive by its client
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if err := <-got; err != nil {
+		t.Fatalf("the waiting client: %v", err)
+	}
+	first.CloseIdleConnections()
+	second.CloseIdleConnections()
+	srv.Close()
+	if err := <-errc; err != nil {
+		t.Fatal(err)
+	}
+	s.Wait()
+}

@@ -134,6 +134,15 @@ func NewTLS(o TLSOptions, cluster string, log *slog.Logger, reloaded func()) (*T
 	return t, nil
 }
 
+// Scheme is the scheme of the listeners' URLs: https:// with a
+// certificate, http:// without.
+func (t *TLS) Scheme() string {
+	if t.On() {
+		return "https://"
+	}
+	return "http://"
+}
+
 // On reports a certificate loaded: the listeners serve TLS.
 func (t *TLS) On() bool { return t != nil && t.cert != nil }
 

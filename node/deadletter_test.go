@@ -29,7 +29,7 @@ func TestDeadLetters(t *testing.T) {
 	if r, err := b.Get("small"); err != nil || string(r.Value) != "fine" {
 		t.Fatalf("the link is wedged behind the oversized entries: %v", err)
 	}
-	dl, err := b.DeadLetters()
+	dl, err := b.dead.DeadLetters()
 	if err != nil || len(dl) != 2 || dl[0].Key != "big-1" || dl[0].Op != "set" {
 		t.Fatalf("dead letters: %+v %v", dl, err)
 	}
@@ -37,19 +37,19 @@ func TestDeadLetters(t *testing.T) {
 	if len(hw) != 1 || hw[0].Merged+hw[0].DeadLettered != hw[0].Index || hw[0].DeadLettered != 2 {
 		t.Fatalf("hwm %+v", hw)
 	}
-	if err := b.ReplayDeadLetter(dl[0].ID); err != nil {
+	if err := b.dead.ReplayDeadLetter(dl[0].ID); err != nil {
 		t.Fatal(err)
 	}
 	if r, err := b.Get("big-1"); err != nil || len(r.Value) != 2000 {
 		t.Fatalf("replayed dead letter not applied: %v", err)
 	}
-	if err := b.DiscardDeadLetter(dl[1].ID); err != nil {
+	if err := b.dead.DiscardDeadLetter(dl[1].ID); err != nil {
 		t.Fatal(err)
 	}
-	if dl, _ := b.DeadLetters(); len(dl) != 0 {
+	if dl, _ := b.dead.DeadLetters(); len(dl) != 0 {
 		t.Fatalf("left: %+v", dl)
 	}
-	if err := b.DiscardDeadLetter("nope"); err == nil {
+	if err := b.dead.DiscardDeadLetter("nope"); err == nil {
 		t.Fatal("discarding an unknown dead letter succeeded")
 	}
 }

@@ -433,7 +433,7 @@ func TestDeadLetterHoldsTombstones(t *testing.T) {
 	if _, err := n.acceptor.Apply("b", &wire.Batch{Header: wire.Header{Sender: "b", Stream: e.Stream}, Entries: []entry.Entry{e}}); err != nil {
 		t.Fatal(err)
 	}
-	dl, err := n.DeadLetters()
+	dl, err := n.dead.DeadLetters()
 	if err != nil || len(dl) != 1 {
 		t.Fatalf("dead letters: %+v %v", dl, err)
 	}
@@ -454,7 +454,7 @@ func TestDeadLetterHoldsTombstones(t *testing.T) {
 	if c, err := n.CollectTombstones(); err != nil || c != 0 {
 		t.Fatalf("collected %d (%v) with a dead letter older than the tombstone", c, err)
 	}
-	if err := n.ReplayDeadLetter(dl[0].ID); err != nil {
+	if err := n.dead.ReplayDeadLetter(dl[0].ID); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := n.Get("k"); !errors.Is(err, api.ErrNotFound) {

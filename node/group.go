@@ -283,7 +283,7 @@ func (cs *consensus) openGroup() (created bool, err error) {
 		Log: wal.Options{
 			SegmentSize: n.opts.WALSegmentSize,
 			NoSync:      n.opts.UnsafeNoSync,
-			BeforeWrite: n.diskFull(),
+			BeforeWrite: n.opts.Testing.diskFull(),
 			// A tripwire: raft never cuts a committed entry, and only
 			// committed entries are applied.
 			AppliedIndex: n.progress.get,

@@ -82,6 +82,7 @@ type Node struct {
 	history    *history            // the dashboard's chart, sampled every HistoryInterval
 	repl       replication         // the links to peer clusters
 	settings   *links.Settings     // the links' settings through the log
+	dead       *links.DeadLetters  // what peers sent that this node set aside
 	conflicts  *conflictLog        // the conflict log's reads and restores (conflicts.go)
 	ae         *antientropy.Runner // comparisons and repairs with peers
 	tls        *listener.TLS
@@ -299,6 +300,7 @@ func Open(ctx context.Context, opts *Options) (*Node, error) {
 		return nil, err
 	}
 	n.follower = n.newFollower()
+	n.dead = links.NewDeadLetters(n.store, n.cons.commitCommand, n.log)
 	n.conflicts = &conflictLog{store: n.store, format: func() int { return n.machine.Format() }, propose: n.Propose}
 	n.metrics.init(n)
 	return n, nil
@@ -328,21 +330,6 @@ func (n *Node) restoreClock() error {
 	}
 	n.clock.Observe(hw)
 	return nil
-}
-
-// diskFull returns the test hook that fails WAL appends while the test's
-// disk-full file says "full".
-func (n *Node) diskFull() func() error {
-	path := n.opts.Testing.DiskFullFile
-	if path == "" {
-		return nil
-	}
-	return func() error {
-		if b, err := os.ReadFile(path); err == nil && strings.TrimSpace(string(b)) == "full" {
-			return fmt.Errorf("write %s: %w", path, syscall.ENOSPC)
-		}
-		return nil
-	}
 }
 
 // Start listens on Options.Listen (and PeerListen) and serves the HTTP API,
@@ -438,13 +425,6 @@ func (n *Node) Start() error {
 	return nil
 }
 
-func (n *Node) scheme() string {
-	if n.tls.On() {
-		return "https://"
-	}
-	return "http://"
-}
-
 // Addr is the bound API address (after Start).
 func (n *Node) Addr() string {
 	if n.ln == nil {
@@ -454,13 +434,13 @@ func (n *Node) Addr() string {
 }
 
 // URL is the API's base URL (after Start).
-func (n *Node) URL() string { return n.scheme() + n.Addr() }
+func (n *Node) URL() string { return n.tls.Scheme() + n.Addr() }
 
 // PeerURL is the base URL peers replicate to (after Start): the peer
 // listener's, or the API's.
 func (n *Node) PeerURL() string {
 	if n.peerLn != nil {
-		return n.scheme() + n.peerLn.Addr().String()
+		return n.tls.Scheme() + n.peerLn.Addr().String()
 	}
 	return n.URL()
 }

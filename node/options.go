@@ -7,6 +7,9 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"os"
+	"strings"
+	"syscall"
 	"time"
 
 	"github.com/replicator/replicator/acceptor"
@@ -717,4 +720,19 @@ func TestingFromEnv(getenv func(string) string) (Testing, error) {
 		*d.into = dur
 	}
 	return t, nil
+}
+
+// diskFull returns the test hook that fails WAL appends while the test's
+// disk-full file says "full".
+func (t *Testing) diskFull() func() error {
+	path := t.DiskFullFile
+	if path == "" {
+		return nil
+	}
+	return func() error {
+		if b, err := os.ReadFile(path); err == nil && strings.TrimSpace(string(b)) == "full" {
+			return fmt.Errorf("write %s: %w", path, syscall.ENOSPC)
+		}
+		return nil
+	}
 }

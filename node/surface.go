@@ -56,12 +56,13 @@ func surface(n *Node) *httpapi.API {
 		MaxBatchBytes: int(n.opts.MaxReplicateBytes / 2),
 		Metrics:       n.metrics.handler(),
 		// Behind the token (Validate refuses --pprof without one).
-		Pprof:     n.opts.Pprof && n.opts.APIToken != "",
-		Tree:      n.ae,
-		Conflicts: n.conflicts,
-		Settings:  n.settings,
-		Caller:    n.svc.CallerOf,
-		Logger:    n.log,
+		Pprof:       n.opts.Pprof && n.opts.APIToken != "",
+		Tree:        n.ae,
+		Conflicts:   n.conflicts,
+		Settings:    n.settings,
+		DeadLetters: n.dead,
+		Caller:      n.svc.CallerOf,
+		Logger:      n.log,
 	}
 	if n.opts.PeerListen == "" && n.opts.PeerListener == nil {
 		o.Peer = n.acceptor

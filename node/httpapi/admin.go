@@ -47,7 +47,9 @@ func (a *API) registerAdmin(mux *http.ServeMux) {
 	mux.HandleFunc(PathUI, getOnly(a.handleUI))
 	mux.HandleFunc("/admin/history", getOnly(a.handleHistory))
 	mux.HandleFunc("/admin/lag", getOnly(a.handleLag))
-	a.registerDeadLetters(mux)
+	if a.opts.DeadLetters != nil {
+		a.registerDeadLetters(mux)
+	}
 	if a.opts.Conflicts != nil {
 		a.registerConflicts(mux)
 	}

@@ -71,7 +71,7 @@ func (a *API) registerCluster(mux *http.ServeMux) {
 
 func (a *API) registerDeadLetters(mux *http.ServeMux) {
 	mux.HandleFunc("/admin/deadletters", getOnly(func(w http.ResponseWriter, r *http.Request) {
-		dl, err := a.node.DeadLetters()
+		dl, err := a.opts.DeadLetters.DeadLetters()
 		if err != nil {
 			WriteErr(w, err)
 			return
@@ -86,9 +86,9 @@ func (a *API) registerDeadLetters(mux *http.ServeMux) {
 		var err error
 		switch r.PathValue("action") {
 		case "replay":
-			err = a.node.ReplayDeadLetter(r.PathValue("id"))
+			err = a.opts.DeadLetters.ReplayDeadLetter(r.PathValue("id"))
 		case "discard":
-			err = a.node.DiscardDeadLetter(r.PathValue("id"))
+			err = a.opts.DeadLetters.DiscardDeadLetter(r.PathValue("id"))
 		default:
 			err = fmt.Errorf("%w: actions: replay, discard", api.ErrNotFound)
 		}

@@ -48,6 +48,10 @@ type Links interface {
 	PeersReport() api.PeersReport
 	Lag(since time.Time) api.LagReport
 	History(after time.Time) api.HistoryReport
+}
+
+// DeadLetters is what the dead letters' endpoints ask (package links).
+type DeadLetters interface {
 	DeadLetters() ([]api.DeadLetterReport, error)
 	ReplayDeadLetter(id string) error
 	DiscardDeadLetter(id string) error
@@ -124,8 +128,10 @@ type Options struct {
 	// Conflicts reads and restores the conflict log. nil: not served.
 	Tree      Tree
 	Conflicts Conflicts
-	// Settings answers the endpoints of links' filters and bandwidth.
-	Settings LinkSettings
+	// Settings answers the endpoints of links' filters and bandwidth;
+	// DeadLetters those of the dead letters.
+	Settings    LinkSettings
+	DeadLetters DeadLetters
 	// Caller names who sent a request, for the logs of admin actions.
 	Caller func(*http.Request) string
 	Logger *slog.Logger

@@ -1,7 +1,8 @@
-package node
+package links
 
 import (
 	"fmt"
+	"log/slog"
 	"time"
 
 	"github.com/replicator/replicator/api"
@@ -11,9 +12,23 @@ import (
 	"github.com/replicator/replicator/wire"
 )
 
+// DeadLetters are the entries peers sent that this node set aside because
+// they broke its own limits, and the operator's decisions on them, which go
+// through the cluster's log (every node takes the same).
+type DeadLetters struct {
+	store  *store.Store
+	commit func(*machine.Command) (*machine.Result, error)
+	log    *slog.Logger
+}
+
+// NewDeadLetters reads st's dead letters and decides them through commit.
+func NewDeadLetters(st *store.Store, commit func(*machine.Command) (*machine.Result, error), log *slog.Logger) *DeadLetters {
+	return &DeadLetters{store: st, commit: commit, log: log}
+}
+
 // DeadLetters lists the entries peers sent that this node set aside because
 // they broke its own limits (a larger value than it accepts, say).
-func (n *Node) DeadLetters() ([]api.DeadLetterReport, error) {
+func (n *DeadLetters) DeadLetters() ([]api.DeadLetterReport, error) {
 	dls, err := n.store.DeadLetters()
 	if err != nil {
 		return nil, err
@@ -31,7 +46,7 @@ func (n *Node) DeadLetters() ([]api.DeadLetterReport, error) {
 	return out, nil
 }
 
-func (n *Node) deadLetter(id string) (store.DeadLetter, error) {
+func (n *DeadLetters) deadLetter(id string) (store.DeadLetter, error) {
 	dls, err := n.store.DeadLetters()
 	if err != nil {
 		return store.DeadLetter{}, err
@@ -47,21 +62,21 @@ func (n *Node) deadLetter(id string) (store.DeadLetter, error) {
 // ReplayDeadLetter applies a dead letter as it is (the operator has decided
 // this node should take it, e.g. after raising a limit) and removes it,
 // through the cluster's log: every node of the cluster takes it.
-func (n *Node) ReplayDeadLetter(id string) error {
+func (n *DeadLetters) ReplayDeadLetter(id string) error {
 	return n.decideDeadLetter(id, machine.DeadReplay, "dead letter replayed by the operator")
 }
 
 // DiscardDeadLetter drops a dead letter: the entry will never apply here.
-func (n *Node) DiscardDeadLetter(id string) error {
+func (n *DeadLetters) DiscardDeadLetter(id string) error {
 	return n.decideDeadLetter(id, machine.DeadDiscard, "dead letter discarded by the operator")
 }
 
-func (n *Node) decideDeadLetter(id string, action byte, msg string) error {
+func (n *DeadLetters) decideDeadLetter(id string, action byte, msg string) error {
 	d, err := n.deadLetter(id)
 	if err != nil {
 		return err
 	}
-	res, err := n.cons.commitCommand(&machine.Command{DeadLetter: &machine.DeadLetterCmd{Origin: d.Origin, Stream: d.Stream, Index: d.Index, Action: action}})
+	res, err := n.commit(&machine.Command{DeadLetter: &machine.DeadLetterCmd{Origin: d.Origin, Stream: d.Stream, Index: d.Index, Action: action}})
 	if err != nil {
 		return err
 	}
