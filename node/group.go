@@ -481,18 +481,6 @@ func (cs *consensus) UpdateRecord(peer string, record byte, f func(byte) byte) (
 	return machine.UpdateRecord(n.store, cs.commitCommand, peer, record, f)
 }
 
-// cursors keep the shippers' positions through the log, so that every node
-// of the cluster knows how far each peer has the stream.
-type cursors struct{ n *Node }
-
-func (c cursors) Cursor(peer string) (entry.Cursor, bool, error) { return c.n.store.Cursor(peer) }
-
-func (c cursors) SetCursor(peer string, cur entry.Cursor) error {
-	return c.n.cons.applyCommand(&machine.Command{Cursor: &machine.CursorCmd{Peer: peer, At: cur}})
-}
-
-func (c cursors) InitCursor(peer string, cur entry.Cursor) error { return c.SetCursor(peer, cur) }
-
 // encoders are the command encoders of inbound batches (many at once).
 var encoders = sync.Pool{New: func() any { return machine.NewEncoder() }}
 

@@ -58,6 +58,7 @@ type Node struct {
 	// proposer names this process's proposals (machine.ProposalID).
 	proposer *machine.Proposer
 	com      *replica.Committer
+	sub      *submitter // admission and queueing to com
 
 	// nodeID names this node within its cluster, incarnation its data
 	// directory's life (raft knows the node by both: origin.Incarnation);
@@ -256,6 +257,7 @@ func Open(ctx context.Context, opts *Options) (*Node, error) {
 			n.metrics.groups.Add(1)
 		},
 	})
+	n.sub = newSubmitter(n)
 	n.svc = forward.NewService(o.APIToken != "" || o.AdminToken != "", n.mem.member)
 	created, err := n.cons.openGroup()
 	if err != nil {
@@ -627,7 +629,7 @@ func (n *Node) Delete(ctx context.Context, key string) (api.WriteResult, error) 
 
 // propose runs a prepared proposal through admission and the committer.
 func (n *Node) propose(ctx context.Context, p *replica.Proposal) (api.WriteResult, error) {
-	w := submitter{n}
+	w := n.sub
 	if err := w.enqueue(ctx, p); err != nil {
 		return api.WriteResult{}, err
 	}

@@ -44,7 +44,7 @@ type proposeHereKey struct{}
 // proposeHere proposes w to this node's committer: it is refused (not
 // written) unless this node leads, so a forwarded proposal takes one hop.
 func (n *Node) proposeHere(ctx context.Context, w api.Write) (api.WriteResult, error) {
-	p, err := submitter{n}.prepare(w)
+	p, err := n.sub.prepare(w)
 	if err != nil {
 		return api.WriteResult{}, err
 	}

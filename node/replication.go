@@ -19,6 +19,7 @@ import (
 	"github.com/replicator/replicator/forward"
 	"github.com/replicator/replicator/hlc"
 	"github.com/replicator/replicator/machine"
+	"github.com/replicator/replicator/replica"
 	"github.com/replicator/replicator/store"
 	"github.com/replicator/replicator/transport"
 	"github.com/replicator/replicator/wire"
@@ -286,7 +287,7 @@ func (r *replication) addLink(p Peer) (*transport.Shipper, error) {
 	if err != nil {
 		return nil, err
 	}
-	sh, err := transport.NewShipper(transport.Peer{Name: p.Name, URL: p.URL, Secret: p.Secret, AllowUnproven: p.AllowUnproven, Compression: p.Compression}, n.out, cursors{n}, transport.Options{
+	sh, err := transport.NewShipper(transport.Peer{Name: p.Name, URL: p.URL, Secret: p.Secret, AllowUnproven: p.AllowUnproven, Compression: p.Compression}, n.out, replica.Cursors{Store: n.store, Apply: n.cons.applyCommand}, transport.Options{
 		Local:           n.cluster,
 		MaxBatchEntries: n.opts.MaxBatchEntries,
 		MaxBatchBytes:   n.opts.MaxBatchBytes,

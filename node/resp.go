@@ -14,9 +14,13 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/replicator/replicator/api"
+	"github.com/replicator/replicator/cluster"
 	"github.com/replicator/replicator/entry"
+	"github.com/replicator/replicator/forward"
+	"github.com/replicator/replicator/links"
 	"github.com/replicator/replicator/node/httpapi"
 	"github.com/replicator/replicator/resp"
+	"github.com/replicator/replicator/store"
 	"github.com/replicator/replicator/transport"
 )
 
@@ -31,17 +35,50 @@ type respDoor struct {
 	errc chan error
 }
 
+// respReads are the node's Go API the RESP door reads and proposes by (the
+// same the HTTP surface calls).
+type respReads interface {
+	ClusterID() string
+	Get(key string) (entry.Record, error)
+	Counter(key string) (api.CounterResult, error)
+	Scan(o api.ScanOptions) ([]api.Item, string, error)
+	Propose(ctx context.Context, w api.Write) (api.WriteResult, error)
+	Holding(stream entry.StreamID, from, to uint64) ([]string, error)
+	PeerStatus() []api.LinkStatus
+}
+
 // respNode is the node as package resp sees it: the same reads and writes
 // the HTTP surface calls, and a Submit that queues a connection's writes in
-// order (submitter).
+// order (submitter). It holds what it uses.
 type respNode struct {
-	*Node
-	submitter
+	respReads
+	sub *submitter
+	// follower proposes to the leader (nil: a node alone); leads says this
+	// node leads and its term began.
+	follower *forward.Follower
+	leads    func() bool
+	version  string
+	store    *store.Store
+	// servers are the raft configuration's (nil: a node alone).
+	servers func() []cluster.Server
+	// peers are the links' peers, settings their settings, acks the bell
+	// rung at each acknowledgement.
+	peers    func() []Peer
+	settings *links.Settings
+	acks     *bell
 }
 
 func newRESPNode(n *Node) respNode {
-	return respNode{Node: n, submitter: submitter{n}}
+	r := respNode{respReads: n, sub: n.sub, follower: n.follower, leads: n.lead.ready.Load, version: n.opts.BuildVersion,
+		store: n.store, peers: n.repl.linkPeers, settings: n.settings, acks: &n.repl.acks}
+	if n.multi() {
+		r.servers = func() []cluster.Server { return n.group.Status().Servers }
+	}
+	return r
 }
+
+// leading: a node alone, or the leader of its cluster with its term begun.
+func (r respNode) leading() bool { return r.follower == nil || r.leads() }
 
 // Submit queues a RESP connection's write. On the leader (or a node alone)
 // it goes to the committer in the connection's order. On a follower it is
@@ -49,8 +86,8 @@ func newRESPNode(n *Node) respNode {
 // waits for it: the writes of a connection are then sent one at a time, in
 // order, and one whose pipeline already failed is not sent.
 func (r respNode) Submit(ctx context.Context, w api.Write) (func() (api.WriteResult, error), bool) {
-	if r.follower == nil || r.lead.ready.Load() {
-		return r.submitter.Submit(ctx, w), false
+	if r.leading() {
+		return r.sub.Submit(ctx, w), false
 	}
 	return func() (api.WriteResult, error) {
 		if err := ctx.Err(); err != nil {
@@ -62,13 +99,12 @@ func (r respNode) Submit(ctx context.Context, w api.Write) (func() (api.WriteRes
 
 // Figures are INFO's and DBSIZE's kept figures.
 func (r respNode) Figures() resp.Figures {
-	n := r.Node
-	f := resp.Figures{Version: n.opts.BuildVersion, Keys: n.store.Live(), Role: "replica", Nodes: 1, Quorum: 1}
-	if n.lead.ready.Load() || !n.multi() {
+	f := resp.Figures{Version: r.version, Keys: r.store.Live(), Role: "replica", Nodes: 1, Quorum: 1}
+	if r.leading() {
 		f.Role = "master"
 	}
-	if n.multi() {
-		servers, voters := n.group.Status().Servers, 0
+	if r.servers != nil {
+		servers, voters := r.servers(), 0
 		for _, sv := range servers {
 			if sv.Voter {
 				voters++
@@ -76,7 +112,7 @@ func (r respNode) Figures() resp.Figures {
 		}
 		f.Nodes, f.Quorum = len(servers), voters/2+1
 	}
-	for _, l := range n.PeerStatus() {
+	for _, l := range r.PeerStatus() {
 		f.Links = append(f.Links, resp.Link{Peer: l.Peer, State: l.State, Acked: l.Acked, Last: l.Last,
 			Lag: time.Duration(l.OldestUnackedAge * float64(time.Second))})
 	}
@@ -90,13 +126,12 @@ func (r respNode) Keys() int64 { return r.store.Live() }
 // from to index to of stream (WAIT): the leader's links say; a follower
 // asks the leader (GET /v1/held, forwarded over the raft port).
 func (r respNode) Holding(stream entry.StreamID, from, to uint64) ([]string, error) {
-	n := r.Node
-	if n.lead.ready.Load() || !n.multi() {
-		return n.Holding(stream, from, to)
+	if r.leading() {
+		return r.respReads.Holding(stream, from, to)
 	}
 	q := url.Values{"stream": {stream.String()}, "from": {strconv.FormatUint(from, 10)}, "index": {strconv.FormatUint(to, 10)}}
 	var ans api.HeldReport
-	if err := n.follower.Ask(context.Background(), httpapi.PathHeld+"?"+q.Encode(), &ans); err != nil {
+	if err := r.follower.Ask(context.Background(), httpapi.PathHeld+"?"+q.Encode(), &ans); err != nil {
 		return nil, err
 	}
 	return ans.Peers, nil
@@ -107,7 +142,6 @@ func (r respNode) Holding(stream entry.StreamID, from, to uint64) ([]string, err
 // it). The filter is the log's for that index, which this node applied
 // before the write was answered.
 func (r respNode) KeptFrom(w api.Write, res api.WriteResult) []string {
-	n := r.Node
 	var kept []string
 	e := w.Entry
 	if w.Ops != nil {
@@ -119,8 +153,8 @@ func (r respNode) KeptFrom(w api.Write, res api.WriteResult) []string {
 			}
 		}
 	}
-	for _, p := range n.repl.linkPeers() {
-		ls := n.settings.Of(p.Name)
+	for _, p := range r.peers() {
+		ls := r.settings.Of(p.Name)
 		f, _ := ls.FilterAt(res.Stream, res.Index)
 		if f.All() {
 			continue
@@ -133,15 +167,15 @@ func (r respNode) KeptFrom(w api.Write, res api.WriteResult) []string {
 }
 
 // Peers is the number of peer links.
-func (r respNode) Peers() int { return len(r.repl.linkPeers()) }
+func (r respNode) Peers() int { return len(r.peers()) }
 
 // Acks is closed at the next acknowledgement one of this node's links
 // receives (a follower holds no links: its WAIT looks again on a timer).
 func (r respNode) Acks() <-chan struct{} {
-	if r.multi() && !r.lead.ready.Load() {
+	if !r.leading() {
 		return nil
 	}
-	return r.repl.acks.wait()
+	return r.acks.wait()
 }
 
 // openRESP listens on Options.RESPListen and serves it (nil, nil when it

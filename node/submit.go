@@ -12,22 +12,51 @@ import (
 
 // submitter is the write path's admission and queueing, split in two so
 // that a caller may queue several writes in order before waiting for any
-// (a RESP connection's pipeline: one group commit, its order kept).
-type submitter struct{ n *Node }
+// (a RESP connection's pipeline: one group commit, its order kept). It
+// holds what it uses: the bounds of a write, the admission's checks and
+// the committer.
+type submitter struct {
+	bounds *bounds
+	com    *replica.Committer
+	// admit admits a write before it queues (the node open and in its
+	// cluster, its term begun, its stream's identity confirmed, and not
+	// saturated); an error says the write was not written.
+	admit func(ctx context.Context) error
+}
+
+// newSubmitter is the node's submitter.
+func newSubmitter(n *Node) *submitter {
+	return &submitter{bounds: &n.bounds, com: n.com, admit: func(ctx context.Context) error {
+		if n.closing.Load() {
+			return fmt.Errorf("%w: %w", api.ErrClosed, api.ErrNotWritten)
+		}
+		if p := n.cons.removed.Load(); p != nil {
+			return fmt.Errorf("%w: %w", api.ErrNotWritten, *p)
+		}
+		if err := n.lead.awaitTerm(ctx); err != nil {
+			return err
+		}
+		select {
+		case <-n.rejoin.fence:
+		case <-ctx.Done():
+			return fmt.Errorf("%w: waiting for the peers to confirm this stream's identity: %w", api.ErrNotWritten, ctx.Err())
+		}
+		return n.sat.admit(ctx)
+	}}
+}
 
 // prepare checks a write of the API and makes it a proposal.
-func (w submitter) prepare(wr api.Write) (*replica.Proposal, error) {
-	n := w.n
+func (w *submitter) prepare(wr api.Write) (*replica.Proposal, error) {
 	e := wr.Entry
 	var err error
 	switch {
 	case wr.Ops != nil:
-		e, err = n.bounds.batchEntry(wr.Ops)
+		e, err = w.bounds.batchEntry(wr.Ops)
 	case e.Op == entry.OpDeleteRange:
-		err = n.bounds.checkRange(e.Key, e.End)
+		err = w.bounds.checkRange(e.Key, e.End)
 	case e.Op == entry.OpSet || e.Op == entry.OpDelete || e.Op == entry.OpCounter:
-		if err = n.bounds.checkKey(e.Key); err == nil {
-			err = n.bounds.checkValue(e.Key, len(e.Value))
+		if err = w.bounds.checkKey(e.Key); err == nil {
+			err = w.bounds.checkValue(e.Key, len(e.Value))
 		}
 	default:
 		err = fmt.Errorf("%w: op %d is not a write of the API", api.ErrBadRequest, e.Op)
@@ -41,7 +70,7 @@ func (w submitter) prepare(wr api.Write) (*replica.Proposal, error) {
 // Submit queues a write behind every write submitted before it returned,
 // and returns its wait (resp.Node). Admission (a leader, the identity
 // fence, saturation) happens here, in order; an error is wait's.
-func (w submitter) Submit(ctx context.Context, wr api.Write) func() (api.WriteResult, error) {
+func (w *submitter) Submit(ctx context.Context, wr api.Write) func() (api.WriteResult, error) {
 	p, err := w.prepare(wr)
 	if err == nil {
 		err = w.enqueue(ctx, p)
@@ -54,37 +83,21 @@ func (w submitter) Submit(ctx context.Context, wr api.Write) func() (api.WriteRe
 
 // enqueue admits a prepared proposal and queues it behind those enqueued
 // before it, without waiting for its commit.
-func (w submitter) enqueue(ctx context.Context, p *replica.Proposal) error {
-	n := w.n
+func (w *submitter) enqueue(ctx context.Context, p *replica.Proposal) error {
 	idem := p.Idem
-	if n.closing.Load() {
-		return fmt.Errorf("%w: %w", api.ErrClosed, api.ErrNotWritten)
-	}
-	if p := n.cons.removed.Load(); p != nil {
-		return fmt.Errorf("%w: %w", api.ErrNotWritten, *p)
-	}
-	if err := n.lead.awaitTerm(ctx); err != nil {
-		return err
-	}
-	select {
-	case <-n.rejoin.fence:
-	case <-ctx.Done():
-		return fmt.Errorf("%w: waiting for the peers to confirm this stream's identity: %w", api.ErrNotWritten, ctx.Err())
-	}
-	if err := n.sat.admit(ctx); err != nil {
+	if err := w.admit(ctx); err != nil {
 		return err
 	}
 	if k, ok := policy.KeyFrom(ctx); ok && idem == nil {
 		p.Pin = k.HLC
 		p.Idem = scopedWrite(k, p)
 	}
-	return n.com.Enqueue(ctx, p)
+	return w.com.Enqueue(ctx, p)
 }
 
 // await waits for an enqueued proposal and returns what it did.
-func (w submitter) await(ctx context.Context, p *replica.Proposal) (api.WriteResult, error) {
-	n := w.n
-	if err := n.com.Await(ctx, p); err != nil {
+func (w *submitter) await(ctx context.Context, p *replica.Proposal) (api.WriteResult, error) {
+	if err := w.com.Await(ctx, p); err != nil {
 		return api.WriteResult{}, err
 	}
 	// Read once the committer is done with it (it fills in the entry).
