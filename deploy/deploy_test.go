@@ -25,6 +25,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/replicator/replicator/client"
+
 	"go.yaml.in/yaml/v3"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -98,8 +100,8 @@ func scrape(t *testing.T) string {
 		time.Sleep(20 * time.Millisecond)
 	}
 	// A comparison with b fills the anti-entropy series (the leader exports
-	// them once it compared).
-	if _, err := a.Diff(ctx, "b", false); err != nil {
+	// them once it compared); asked as an operator does, over the API.
+	if _, err := client.New(a.URL(), nil).Diff(ctx, "b", false); err != nil {
 		t.Fatal(err)
 	}
 	time.Sleep(300 * time.Millisecond) // a saturation round fills the gauges

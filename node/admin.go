@@ -18,7 +18,7 @@ func (n *Node) PeersReport() api.PeersReport {
 		Incoming: n.acceptor.Counts(),
 		Refusals: n.acceptor.Refusals(),
 		Streams:  []api.StreamReport{},
-		Members:  n.Members(),
+		Members:  n.gossip.Members(),
 		Rejoin:   n.rejoin.rejoinReport(),
 	}
 	hwms, err := n.store.HWMs()

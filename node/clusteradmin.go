@@ -35,7 +35,7 @@ func (n *Node) LocalCluster() api.ClusterReport {
 	r.Incarnation, r.RefusedBy = n.incarnation, st.RefusedBy
 	for _, sv := range st.Servers {
 		cn := api.ClusterNode{ID: sv.ID, Incarnation: sv.Incarnation, Raft: sv.Raft, Voter: sv.Voter, Leader: sv.Leader}
-		m, seen := n.mem.member(sv.ID)
+		m, seen := n.gossip.Member(sv.ID)
 		switch {
 		case sv.ID == n.nodeID && sv.Incarnation == n.incarnation:
 			cn.Gossip, cn.API, cn.State, cn.Applied, cn.Term = "self", n.URL(), r.State, r.Applied, r.Term
@@ -50,13 +50,13 @@ func (n *Node) LocalCluster() api.ClusterReport {
 	}
 	// Nodes gossip sees that the configuration does not hold (yet): a
 	// node waiting to be added, or one kept out.
-	for _, m := range n.mem.sameCluster() {
+	for _, m := range n.gossip.SameCluster() {
 		held := slices.ContainsFunc(r.Nodes, func(c api.ClusterNode) bool { return c.ID == m.Meta.Node && c.Incarnation == m.Meta.Inc })
 		if held {
 			continue
 		}
 		cn := api.ClusterNode{ID: m.Meta.Node, Incarnation: m.Meta.Inc, Raft: m.Meta.Raft, API: m.Meta.API, Gossip: m.State, State: "not a member"}
-		if why := n.mem.removedServer(cluster.ServerID(m.Meta.Node, m.Meta.Inc)); why != "" {
+		if why := n.cons.removedServer(cluster.ServerID(m.Meta.Node, m.Meta.Inc)); why != "" {
 			cn.State, cn.Error = "removed", why
 		}
 		r.Nodes = append(r.Nodes, cn)

@@ -19,6 +19,7 @@ import (
 	"github.com/replicator/replicator/hlc"
 	"github.com/replicator/replicator/internal/legacywal"
 	"github.com/replicator/replicator/machine"
+	"github.com/replicator/replicator/membership"
 	"github.com/replicator/replicator/replica"
 	"github.com/replicator/replicator/store"
 	"github.com/replicator/replicator/wal"
@@ -291,7 +292,7 @@ func (cs *consensus) openGroup() (created bool, err error) {
 		},
 	}
 	if r := n.opts.Raft; r != nil {
-		if co.Conn, err = n.mem.raftConn(); err != nil {
+		if co.Conn, err = cs.raftConn(); err != nil {
 			return false, err
 		}
 		co.Listen, co.Advertise, co.BootstrapExpect = r.Listen, r.Advertise, r.BootstrapExpect
@@ -310,15 +311,15 @@ func (cs *consensus) openGroup() (created bool, err error) {
 			co.TrailingLogs = 4096
 		}
 		co.SnapshotInterval = 30 * time.Second
-		gm := &groupMembers{n: n}
+		gm := &membership.GroupMembers{Gossip: n.gossip, NodeID: n.nodeID, Incarnation: n.incarnation}
 		co.Members = gm
 		defer func() {
 			if n.group != nil {
-				gm.g.Store(n.group)
+				gm.Attach(n.group)
 			}
 		}()
 		co.HasData = cs.hasData
-		co.Removed = n.mem.removedServer
+		co.Removed = cs.removedServer
 		co.OnRefused = func(by, why string) {
 			cs.refused(fmt.Errorf("%w: %w: %s refuses this node (%s): %s; start it with an empty data directory: it comes back as a new member",
 				api.ErrRemoved, cluster.ErrRemoved, by, cluster.ServerID(n.nodeID, n.incarnation), why))

@@ -34,6 +34,7 @@ import (
 	"github.com/replicator/replicator/links"
 	"github.com/replicator/replicator/listener"
 	"github.com/replicator/replicator/machine"
+	"github.com/replicator/replicator/membership"
 	"github.com/replicator/replicator/node/httpapi"
 	"github.com/replicator/replicator/origin"
 	"github.com/replicator/replicator/replica"
@@ -87,7 +88,7 @@ type Node struct {
 	conflicts  *conflictLog        // the conflict log's reads and restores (conflicts.go)
 	ae         *antientropy.Runner // comparisons and repairs with peers
 	tls        *listener.TLS
-	mem        membership // gossip: the nodes of this cluster and the peers found
+	gossip     *membership.Gossip // the nodes of this cluster and the peers found
 	// applied is the last index of the stream applied to the store.
 	applied atomic.Uint64
 	// restoring is set while a snapshot's tree replaces the store's: local
@@ -164,8 +165,8 @@ func Open(ctx context.Context, opts *Options) (*Node, error) {
 		history:  newHistory(int(o.HistorySpan / o.HistoryInterval)),
 	}
 	n.sat.init()
-	n.rejoin.n, n.mem.n, n.lead.n, n.cons.n = n, n, n, n
-	n.mem.discovered = map[string]Peer{}
+	n.rejoin.n, n.lead.n, n.cons.n = n, n, n
+	n.repl.discovered = map[string]Peer{}
 	n.repl.n, n.repl.linkStates = n, map[string]string{}
 	n.sat.marks, n.sat.wait, n.sat.log, n.sat.metrics = o.WaterMarks, o.AdmissionWait, log, &n.metrics
 	n.sat.links, n.sat.oldest = n.repl.links, n.repl.oldestCommitWall
@@ -208,15 +209,16 @@ func Open(ctx context.Context, opts *Options) (*Node, error) {
 		n.store.Close()
 		return nil, err
 	}
-	if n.nodeID, err = resolveNodeID(o.DataDir, o.NodeID); err != nil {
+	if n.nodeID, err = membership.ResolveNodeID(o.DataDir, o.NodeID); err != nil {
 		n.store.Close()
 		return nil, err
 	}
-	if n.incarnation, err = n.mem.resolveIncarnation(); err != nil {
+	if n.incarnation, err = membership.ResolveIncarnation(o.DataDir, n.multi(), n.cons.hasState(), n.log); err != nil {
 		n.store.Close()
 		return nil, err
 	}
 	n.log = n.log.With("node", n.nodeID)
+	n.gossip = membership.New(membership.Deps{Cluster: n.cluster, NodeID: n.nodeID, Logger: n.log, OnPeer: n.repl.onPeer})
 	n.proposer = machine.NewProposer(n.nodeID)
 	configured := make([]links.Configured, len(o.Peers))
 	for i := range o.Peers {
@@ -258,7 +260,7 @@ func Open(ctx context.Context, opts *Options) (*Node, error) {
 		},
 	})
 	n.sub = newSubmitter(n)
-	n.svc = forward.NewService(o.APIToken != "" || o.AdminToken != "", n.mem.member)
+	n.svc = forward.NewService(o.APIToken != "" || o.AdminToken != "", n.gossip.Member)
 	created, err := n.cons.openGroup()
 	if err != nil {
 		n.com.Close()
@@ -267,7 +269,7 @@ func Open(ctx context.Context, opts *Options) (*Node, error) {
 	}
 	n.svc.Attach(n.group)
 	n.fwd = &forward.Router{Multi: n.multi(), NodeID: n.nodeID, Group: n.group, Lead: &n.lead, Progress: &n.progress, Service: n.svc,
-		Member: n.mem.member, NeedsLeader: needsLeader, WriteErr: httpapi.WriteErr,
+		Member: n.gossip.Member, NeedsLeader: needsLeader, WriteErr: httpapi.WriteErr,
 		Counted: func(how string) { n.metrics.forwards.WithLabelValues(how).Inc() },
 		LegacyClient: &http.Client{CheckRedirect: forward.NoRedirects, Transport: &http.Transport{MaxIdleConnsPerHost: 64, IdleConnTimeout: 90 * time.Second,
 			TLSClientConfig: n.tls.Client()}},
@@ -413,11 +415,28 @@ func (n *Node) Start() error {
 		n.every(n.opts.TLSReloadInterval, n.tls.ReloadIfChanged)
 	}
 	if n.opts.Gossip != nil {
-		if err := n.mem.startGossip(); err != nil {
+		g := n.opts.Gossip
+		meta := api.MemberMeta{Stream: n.out.Stream().String(), API: cmp.Or(g.APIURL, n.URL()), Replicate: cmp.Or(g.ReplicateURL, n.PeerURL())}
+		if n.multi() {
+			meta.Raft, meta.Fresh, meta.Inc = n.group.Addr(), n.group.Fresh(), n.incarnation
+		}
+		if err := n.gossip.Start(membership.StartOptions{Bind: g.Bind, Advertise: g.Advertise, Join: g.Join, Key: g.Key, Profile: g.Profile, Meta: meta},
+			n.stop, &n.bg); err != nil {
 			return err
 		}
-		n.mem.refreshMeta()
-		n.every(250*time.Millisecond, n.mem.refreshMeta)
+		// What this node gossips stays current: fresh turns false at
+		// bootstrap or at the first append; the stream changes when one
+		// is minted.
+		refresh := func() {
+			n.gossip.Refresh(func(m *api.MemberMeta) {
+				m.Stream = n.out.Stream().String()
+				if n.multi() {
+					m.Fresh = n.group.Fresh()
+				}
+			})
+		}
+		refresh()
+		n.every(250*time.Millisecond, refresh)
 	}
 	if n.multi() {
 		n.log.Info("serving", "addr", ln.Addr().String(), "peer_addr", n.PeerURL(), "raft", n.group.Addr(), "stream", n.out.Stream().String())
@@ -461,7 +480,7 @@ func (n *Node) Close() error {
 	n.closed = true
 	n.closing.Store(true)
 	var errs []error
-	if err := n.mem.stopGossip(); err != nil {
+	if err := n.gossip.Stop(); err != nil {
 		n.log.Warn("leaving gossip", "err", err)
 	}
 	if n.srv != nil {

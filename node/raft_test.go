@@ -779,7 +779,7 @@ func TestWipedOrRestoredVoterDoesNotLoseAcknowledgedWrites(t *testing.T) {
 				}
 				time.Sleep(50 * time.Millisecond)
 			}
-			if why := ld.mem.removedServer(cluster.ServerID(w, oldInc)); why == "" {
+			if why := ld.cons.removedServer(cluster.ServerID(w, oldInc)); why == "" {
 				t.Fatalf("%s's old incarnation %s is not recorded as removed", w, oldInc)
 			}
 			// And the cluster takes writes at every node.
@@ -873,7 +873,7 @@ func TestRecoveryRecordsTheLostAndSealsOnce(t *testing.T) {
 				}
 			}
 			for name, id := range lostIDs {
-				if why := nd.mem.removedServer(id); !strings.Contains(why, "recovered") {
+				if why := nd.cons.removedServer(id); !strings.Contains(why, "recovered") {
 					t.Fatalf("%s (%s) is not recorded as lost in the recovery: %q", name, id, why)
 				}
 			}
@@ -1293,7 +1293,7 @@ func TestLostNodeRefusedByALaterIncarnationOfAMember(t *testing.T) {
 	if got := c.leader(); got != w {
 		t.Fatalf("%s leads after recovering %s", got, w)
 	}
-	if why := c.nodes[w].mem.removedServer(fID); !strings.Contains(why, "recovered") {
+	if why := c.nodes[w].cons.removedServer(fID); !strings.Contains(why, "recovered") {
 		t.Fatalf("F (%s) is not recorded as lost in the recovery: %q", fID, why)
 	}
 	// F comes back with its old directory: it must stop, saying why.
@@ -1406,7 +1406,7 @@ func TestImpostorOfTheLeaderGetsNoRequests(t *testing.T) {
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		seen := false
-		for _, m := range c.nodes[w].mem.sameCluster() {
+		for _, m := range c.nodes[w].gossip.SameCluster() {
 			seen = seen || m.Meta.API == fake.URL
 		}
 		if seen {
@@ -1467,7 +1467,7 @@ func TestImpostorOfTheLeaderGetsNoRequests(t *testing.T) {
 	evil2.JoinLoop(make(chan struct{}))
 	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
 		alive := false
-		for _, m := range c.nodes[w].mem.sameCluster() {
+		for _, m := range c.nodes[w].gossip.SameCluster() {
 			alive = alive || (m.Meta.Node == f && m.Meta.API == fake.URL && m.State == transport.LiveAlive)
 		}
 		if alive {
@@ -1575,7 +1575,7 @@ func TestRaftKeyRollingUpgrade(t *testing.T) {
 		time.Sleep(100 * time.Millisecond)
 	}
 	seen := false
-	for _, m := range c.nodes[l].mem.sameCluster() {
+	for _, m := range c.nodes[l].gossip.SameCluster() {
 		seen = seen || m.Meta.Node == "a9"
 	}
 	if !seen {

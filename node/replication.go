@@ -58,6 +58,9 @@ type replication struct {
 	idle   map[string]hlc.Timestamp
 	// acks rings at every answer a link receives (RESP WAIT listens).
 	acks bell
+	// discovered are peers gossip found (a term links to them too).
+	discoveredMu sync.Mutex
+	discovered   map[string]Peer
 }
 
 // bell wakes whoever listens at the next ring: a channel closed then and

@@ -337,9 +337,9 @@ func (r *replication) linkPeers() []Peer {
 			out = append(out, p)
 		}
 	}
-	n.mem.discoveredMu.Lock()
-	defer n.mem.discoveredMu.Unlock()
-	for _, p := range n.mem.discovered {
+	r.discoveredMu.Lock()
+	defer r.discoveredMu.Unlock()
+	for _, p := range r.discovered {
 		if !containsPeer(out, p.Name) {
 			out = append(out, p)
 		}
@@ -474,4 +474,61 @@ func (r *replication) cursorOf(peer string) (entry.Cursor, bool) {
 	n := r.n
 	c, ok, err := n.store.Cursor(peer)
 	return c, ok && err == nil
+}
+
+// onPeer links to a member of another cluster gossip found (or updates the
+// link's liveness and URL), when a secret is configured for its cluster:
+// at once on the leader, and at every term.
+func (r *replication) onPeer(m api.Member) {
+	n := r.n
+	c := m.Meta.Cluster
+	var cfg *Peer
+	for i := range n.opts.Peers {
+		if n.opts.Peers[i].Name == c {
+			cfg = &n.opts.Peers[i]
+		}
+	}
+	if sh, err := r.shipper(c); err == nil {
+		sh.SetLiveness(m.State)
+		if cfg != nil && cfg.URL != "" {
+			n.gossip.Note(m.Node, true, "static --peer URL wins over gossip")
+			return
+		}
+		if m.Meta.Replicate != "" && m.State == api.LiveAlive {
+			sh.SetURL(m.Meta.Replicate)
+		}
+		n.gossip.Note(m.Node, true, "")
+		return
+	}
+	switch {
+	case cfg == nil && !n.opts.InsecurePeers:
+		n.gossip.Note(m.Node, false, fmt.Sprintf("no secret configured for cluster %s: shown, not shipped to", c))
+		return
+	case m.State != api.LiveAlive || m.Meta.Replicate == "":
+		return
+	}
+	p := Peer{Name: c, URL: m.Meta.Replicate}
+	if cfg != nil {
+		p.Secret, p.Overflow, p.AllowUnproven = cfg.Secret, cfg.Overflow, cfg.AllowUnproven
+	} else {
+		n.acceptor.SetPeer(c, "")
+	}
+	if n.multi() {
+		// Every term links to it; the current one at once.
+		r.discoveredMu.Lock()
+		r.discovered[c] = p
+		r.discoveredMu.Unlock()
+		if !n.lead.ready.Load() {
+			n.gossip.Note(m.Node, false, "this node does not lead its cluster: the leader ships")
+			return
+		}
+	}
+	sh, err := r.addLink(p)
+	if err != nil {
+		n.log.Error("gossip: cannot ship to a discovered peer", "cluster", c, "err", err)
+		return
+	}
+	sh.SetLiveness(m.State)
+	n.gossip.Note(m.Node, true, "")
+	n.log.Info("gossip: shipping to a discovered peer", "cluster", c, "url", m.Meta.Replicate)
 }
