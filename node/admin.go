@@ -19,7 +19,7 @@ func (n *Node) PeersReport() api.PeersReport {
 		Refusals: n.acceptor.Refusals(),
 		Streams:  []api.StreamReport{},
 		Members:  n.gossip.Members(),
-		Rejoin:   n.rejoin.rejoinReport(),
+		Rejoin:   n.rejoin.Report(),
 	}
 	hwms, err := n.store.HWMs()
 	if err != nil {

@@ -584,7 +584,7 @@ func TestWipedClusterTakesNoRelayBeforeTheOriginsFilter(t *testing.T) {
 	}
 	m.cut("c", "b", false)
 	waitFor(t, 30*time.Second, func() (bool, string) {
-		if r := b.rejoin.rejoinReport(); len(r.Phases) > 0 || len(r.Requests) > 0 {
+		if r := b.rejoin.Report(); len(r.Phases) > 0 || len(r.Requests) > 0 {
 			return false, fmt.Sprintf("b's rejoin: %+v", r)
 		}
 		_, err := b.Get("shared/1")

@@ -523,7 +523,7 @@ func TestStaleRejoinRecordCleared(t *testing.T) {
 		b.Close()
 		s.Close()
 	})
-	if r := m.nodes["b"].rejoin.rejoinReport(); len(r.Requests) != 1 {
+	if r := m.nodes["b"].rejoin.Report(); len(r.Requests) != 1 {
 		t.Fatalf("b's restored record: %+v", r)
 	}
 	m.converged(10 * time.Second) // includes: no rejoin record left anywhere

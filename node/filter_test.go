@@ -652,7 +652,7 @@ func TestWipedClusterGetsBackTheDeletesItHeldBack(t *testing.T) {
 		if c.out.Stream() == old {
 			return false, "c did not notice its wipe"
 		}
-		r := c.rejoin.rejoinReport()
+		r := c.rejoin.Report()
 		return len(r.Phases) == 0 && len(r.Requests) == 0, fmt.Sprintf("c's rejoin: %+v", r)
 	})
 	m.settle()

@@ -150,7 +150,7 @@ func (m *testMesh) converged(d time.Duration) {
 					why += fmt.Sprintf("%s -> %s: %s, %d behind (%s); ", name, l.Peer, l.State, l.EntriesBehind, l.LastError)
 				}
 			}
-			if r := n.rejoin.rejoinReport(); len(r.Phases) > 0 || len(r.Requests) > 0 {
+			if r := n.rejoin.Report(); len(r.Phases) > 0 || len(r.Requests) > 0 {
 				why += fmt.Sprintf("%s: rejoin %+v; ", name, r)
 			}
 			dg, err := n.Digest()
@@ -163,7 +163,7 @@ func (m *testMesh) converged(d time.Duration) {
 				why += "digests differ:"
 				for nm, nd := range m.nodes {
 					d, _ := nd.Digest()
-					why += fmt.Sprintf(" %s %+v streams %+v rejoin %+v;", nm, d, nd.PeersReport().Streams, nd.rejoin.rejoinReport())
+					why += fmt.Sprintf(" %s %+v streams %+v rejoin %+v;", nm, d, nd.PeersReport().Streams, nd.rejoin.Report())
 				}
 			}
 		}

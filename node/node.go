@@ -37,6 +37,7 @@ import (
 	"github.com/replicator/replicator/membership"
 	"github.com/replicator/replicator/node/httpapi"
 	"github.com/replicator/replicator/origin"
+	"github.com/replicator/replicator/rejoin"
 	"github.com/replicator/replicator/replica"
 	"github.com/replicator/replicator/store"
 )
@@ -100,7 +101,7 @@ type Node struct {
 	metrics nodeMetrics
 	lagRing lagRing
 	sat     saturation
-	rejoin  rejoiner
+	rejoin  *rejoin.Rejoiner
 
 	// fatal is closed when the node must stop for a reason a restart does
 	// not fix (fatalErr says which): serve exits with it.
@@ -165,7 +166,7 @@ func Open(ctx context.Context, opts *Options) (*Node, error) {
 		history:  newHistory(int(o.HistorySpan / o.HistoryInterval)),
 	}
 	n.sat.init()
-	n.rejoin.n, n.lead.n, n.cons.n = n, n, n
+	n.lead.n, n.cons.n = n, n
 	n.repl.discovered = map[string]Peer{}
 	n.repl.n, n.repl.linkStates = n, map[string]string{}
 	n.sat.marks, n.sat.wait, n.sat.log, n.sat.metrics = o.WaterMarks, o.AdmissionWait, log, &n.metrics
@@ -234,7 +235,32 @@ func Open(ctx context.Context, opts *Options) (*Node, error) {
 		Kept:    n.repl.keptFor, KeptForPeerLinks: n.repl.keptForPeerLinks,
 		Logger: n.log,
 	})
-	n.rejoin.init()
+	configuredNames := make([]string, len(o.Peers))
+	for i := range o.Peers {
+		configuredNames[i] = o.Peers[i].Name
+	}
+	n.rejoin = rejoin.New(rejoin.Deps{
+		Cluster: n.cluster, Store: n.store, Clock: n.clock, Logger: n.log,
+		Configured: configuredNames, InsecurePeers: o.InsecurePeers, IdentityCheckWait: o.IdentityCheckWait,
+		Stream: func() entry.StreamID { return n.out.Stream() },
+		Epoch:  func() uint32 { return n.machine.Epoch() },
+		Links: func() []rejoin.Link {
+			links := n.repl.links()
+			out := make([]rejoin.Link, len(links))
+			for i, sh := range links {
+				out[i] = sh
+			}
+			return out
+		},
+		Link: func(peer string) (rejoin.Link, bool) {
+			sh, err := n.repl.shipper(peer)
+			return sh, err == nil
+		},
+		Apply: n.cons.applyCommand, UpdateRecord: n.cons.UpdateRecord,
+		Exclusive: func(f func()) { n.com.Exclusive(f) },
+		Failed:    func() error { return n.com.Failed() },
+		Closing:   n.closing.Load,
+	})
 	// The committer exists before the group: the state machine reports a
 	// failed apply to it. It takes no proposal before Open returns.
 	n.com = replica.NewCommitter(replica.CommitEnv{
@@ -290,11 +316,11 @@ func Open(ctx context.Context, opts *Options) (*Node, error) {
 	if !n.multi() {
 		// A node alone leads from here on; in a cluster of several, the
 		// node's first term does these (term.go).
-		if err := n.rejoin.pruneReseedState(); err != nil {
+		if err := n.rejoin.PruneReseedState(); err != nil {
 			closeAll()
 			return nil, err
 		}
-		if err := n.rejoin.initIdentity(created); err != nil {
+		if err := n.rejoin.InitIdentity(created); err != nil {
 			closeAll()
 			return nil, err
 		}

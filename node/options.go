@@ -18,6 +18,7 @@ import (
 	"github.com/replicator/replicator/hlc"
 	"github.com/replicator/replicator/machine"
 	"github.com/replicator/replicator/origin"
+	"github.com/replicator/replicator/rejoin"
 	"github.com/replicator/replicator/store"
 	"github.com/replicator/replicator/transport"
 )
@@ -362,7 +363,7 @@ func (o *Options) EnsureDefaults() {
 		o.MaxBodiesInFlight = 16
 	}
 	if o.IdentityCheckWait == 0 {
-		o.IdentityCheckWait = defaultIdentityCheckWait
+		o.IdentityCheckWait = rejoin.DefaultIdentityCheckWait
 	}
 	if o.LinkLagging == 0 {
 		o.LinkLagging = 5 * time.Second

@@ -247,8 +247,8 @@ func (r *replication) setupReplication() error {
 			n.lagRing.add(time.Now().UnixNano(), lags)
 		},
 		ObserveApply:    func(d time.Duration) { n.metrics.applySeconds.Observe(d.Seconds()) },
-		OnReseedRequest: n.rejoin.onReseedRequest,
-		OnTrailer:       n.rejoin.onTrailer,
+		OnReseedRequest: n.rejoin.OnReseedRequest,
+		OnTrailer:       n.rejoin.OnTrailer,
 		Leadership:      r.leadership(),
 		Nodes:           r.ackNodes(),
 		// Markers take format 3: a node that cannot read them would stop.
@@ -312,11 +312,11 @@ func (r *replication) addLink(p Peer) (*transport.Shipper, error) {
 			n.metrics.shipSeconds.WithLabelValues(peer).Observe(d.Seconds())
 		},
 		OnAck: func(peer string, ack *wire.Ack) {
-			n.rejoin.onAck(peer, ack)
+			n.rejoin.OnAck(peer, ack)
 			r.acks.ring()
 		},
-		OnConflict:   n.rejoin.onConflict,
-		OnReseedDone: n.rejoin.onReseedDone,
+		OnConflict:   n.rejoin.OnConflict,
+		OnReseedDone: n.rejoin.OnReseedDone,
 		OnRewound: func(peer string) error {
 			if n.machine.Format() < machine.FormatKeptTombstones {
 				return nil // a build that reads no rebackfill may still apply the log
@@ -335,7 +335,7 @@ func (r *replication) addLink(p Peer) (*transport.Shipper, error) {
 	if err != nil {
 		return nil, err
 	}
-	n.rejoin.restoreReseedState(sh)
+	n.rejoin.RestoreReseedState(sh)
 	r.linksMu.Lock()
 	defer r.linksMu.Unlock()
 	for _, have := range r.shippers {

@@ -37,7 +37,7 @@ func newSubmitter(n *Node) *submitter {
 			return err
 		}
 		select {
-		case <-n.rejoin.fence:
+		case <-n.rejoin.Fence():
 		case <-ctx.Done():
 			return fmt.Errorf("%w: waiting for the peers to confirm this stream's identity: %w", api.ErrNotWritten, ctx.Err())
 		}

@@ -176,10 +176,10 @@ func (l *leadState) beginTerm(term uint64) error {
 		// (docs/ARCHITECTURE.md, "Stream identity"). A later term of the
 		// same process continues what the log holds, and so does the first
 		// when another node led meanwhile (that leader checked it).
-		if err := n.rejoin.pruneReseedState(); err != nil {
+		if err := n.rejoin.PruneReseedState(); err != nil {
 			return err
 		}
-		if err := n.rejoin.initIdentity(created || l.sawOther); err != nil {
+		if err := n.rejoin.InitIdentity(created || l.sawOther); err != nil {
 			return err
 		}
 		l.began = true
@@ -264,7 +264,7 @@ func (l *leadState) sealAfterRecovery() error {
 			return err
 		}
 		if rec.Stream == n.out.Stream().String() {
-			if err := n.rejoin.sealStream(n.out.Stream(), "the cluster was recovered after the loss of a majority: "+
+			if err := n.rejoin.SealStream(n.out.Stream(), "the cluster was recovered after the loss of a majority: "+
 				"writes the lost nodes committed and shipped may be missing here"); err != nil {
 				return err
 			}
@@ -285,7 +285,7 @@ func (l *leadState) sealAfterRecovery() error {
 		return err
 	}
 	if old := strings.TrimSpace(string(b)); old == n.out.Stream().String() {
-		if err := n.rejoin.sealStream(n.out.Stream(), "the cluster was recovered after the loss of a majority: "+
+		if err := n.rejoin.SealStream(n.out.Stream(), "the cluster was recovered after the loss of a majority: "+
 			"writes the lost nodes committed and shipped may be missing here"); err != nil {
 			return err
 		}

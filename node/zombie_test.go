@@ -81,7 +81,7 @@ func TestRestoredOldBackupDoesNotSpreadZombies(t *testing.T) {
 	waitFor(t, 30*time.Second, func() (bool, string) {
 		why := ""
 		for name, n := range m.nodes {
-			if r := n.rejoin.rejoinReport(); len(r.Phases) > 0 || len(r.Requests) > 0 {
+			if r := n.rejoin.Report(); len(r.Phases) > 0 || len(r.Requests) > 0 {
 				why += fmt.Sprintf("%s: rejoin %+v; ", name, r)
 			}
 			for _, l := range n.PeerStatus() {
