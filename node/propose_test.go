@@ -1,6 +1,7 @@
 package node
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"math"
@@ -97,4 +98,26 @@ func TestFollowerProposesTyped(t *testing.T) {
 		t.Fatalf("an empty key through the follower: %v", err)
 	}
 	sent.check(t, 7)
+
+	// The leader takes a proposal only for a caller granted the api scope:
+	// a member that says its caller has none is refused before anything
+	// is proposed.
+	body, err := forward.EncodeProposal(ctx, api.Write{Entry: entry.Entry{Op: entry.OpSet, Key: "scoped", Value: []byte("v")}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := c.nodes[c.leader()]
+	req, _ := http.NewRequest(http.MethodPost, forward.URL(l.group.ID(), forward.PathPropose), bytes.NewReader(body))
+	req.Header.Set(forward.HeaderScope, "none")
+	resp, err := f.svc.Client.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusForbidden {
+		t.Fatalf("a proposal for a caller without the api scope: %d", resp.StatusCode)
+	}
+	if _, err := l.Get("scoped"); !errors.Is(err, api.ErrNotFound) {
+		t.Fatalf("the refused proposal wrote: %v", err)
+	}
 }
