@@ -36,20 +36,6 @@ type Report struct {
 	peer []*wire.TreeVersion
 }
 
-// The lacks of client, by their short names here.
-const (
-	LacksLocal        = api.LacksLocal
-	LacksPeer         = api.LacksPeer
-	LacksBoth         = api.LacksBoth
-	LacksUnknown      = api.LacksUnknown
-	LacksMaybeDeleted = api.LacksMaybeDeleted
-	LacksOwnWrite     = api.LacksOwnWrite
-	LacksThirdOrigin  = api.LacksThirdOrigin
-)
-
-// Lacks is api.Lacks.
-type Lacks = api.Lacks
-
 // MaxLeavesPerPass bounds the differing leaves one comparison lists the
 // keys of (about 10 keys each at 10,000,000 keys: some 30 MB of lists).
 const MaxLeavesPerPass = 1 << 16
@@ -274,7 +260,7 @@ func Compare(ctx context.Context, peerName string, local, peer Tree, opts Option
 				return
 			}
 			d := judge(k, lv, pv, localCollected, peerCollected, opts.Local, peerName)
-			if d.Lacks == LacksThirdOrigin {
+			if d.Lacks == api.LacksThirdOrigin {
 				rep.ThirdOrigin = append(rep.ThirdOrigin, d)
 				return
 			}
@@ -289,7 +275,7 @@ func Compare(ctx context.Context, peerName string, local, peer Tree, opts Option
 		rep.LinkBehind = true
 		kept, peer := rep.Divergent[:0], rep.peer[:0]
 		for i, d := range rep.Divergent {
-			if d.Lacks == LacksPeer {
+			if d.Lacks == api.LacksPeer {
 				rep.InFlight++
 				continue
 			}
@@ -365,49 +351,49 @@ func judge(k wire.Key, lv, pv *wire.TreeVersion, localCollected, peerCollected h
 	case live(lv) && live(pv):
 		switch c := lv.EntryStamp().Compare(pv.EntryStamp()); {
 		case c > 0:
-			d.Lacks = LacksPeer
+			d.Lacks = api.LacksPeer
 		case c < 0:
-			d.Lacks = LacksLocal
+			d.Lacks = api.LacksLocal
 		default:
-			d.Lacks = LacksUnknown
+			d.Lacks = api.LacksUnknown
 		}
 	case live(lv):
 		switch {
 		case pv != nil && pv.EntryStamp().Compare(lv.EntryStamp()) == 0:
 			// A delete and a write under one stamp: one write, kept two
 			// ways (a side's tree rotted): the stamp cannot tell which.
-			d.Lacks = LacksUnknown
+			d.Lacks = api.LacksUnknown
 		case pv != nil && pv.EntryStamp().Compare(lv.EntryStamp()) > 0:
-			d.Lacks = LacksLocal // the peer's delete is newer
+			d.Lacks = api.LacksLocal // the peer's delete is newer
 		case pv == nil && lv.Stamp.Less(peerCollected):
-			d.Lacks = LacksMaybeDeleted
+			d.Lacks = api.LacksMaybeDeleted
 		default:
-			d.Lacks = LacksPeer
+			d.Lacks = api.LacksPeer
 		}
 	default: // only the peer's is live
 		switch {
 		case lv != nil && lv.EntryStamp().Compare(pv.EntryStamp()) == 0:
-			d.Lacks = LacksUnknown
+			d.Lacks = api.LacksUnknown
 		case lv != nil && lv.EntryStamp().Compare(pv.EntryStamp()) > 0:
-			d.Lacks = LacksPeer // this side's delete is newer
+			d.Lacks = api.LacksPeer // this side's delete is newer
 		case lv == nil && pv.Stamp.Less(localCollected):
-			d.Lacks = LacksMaybeDeleted
+			d.Lacks = api.LacksMaybeDeleted
 		default:
-			d.Lacks = LacksLocal
+			d.Lacks = api.LacksLocal
 		}
 	}
 	// Whose write the lacked version is.
 	switch {
-	case d.Lacks == LacksLocal && pv.Origin != peer:
+	case d.Lacks == api.LacksLocal && pv.Origin != peer:
 		d.Lacks = whose(pv.Origin, local)
-	case d.Lacks == LacksPeer && lv.Origin != local:
+	case d.Lacks == api.LacksPeer && lv.Origin != local:
 		d.Lacks = whose(lv.Origin, peer)
-	case d.Lacks == LacksMaybeDeleted:
+	case d.Lacks == api.LacksMaybeDeleted:
 		// A third cluster's version is that cluster's to repair (and its
 		// filter may keep it from one side on purpose), whatever the
 		// horizons say.
 		if v := firstLive(lv, pv); v.Origin != local && v.Origin != peer {
-			d.Lacks = LacksThirdOrigin
+			d.Lacks = api.LacksThirdOrigin
 		}
 	}
 	return d
@@ -422,11 +408,11 @@ func firstLive(a, b *wire.TreeVersion) *wire.TreeVersion {
 
 // whose labels a lacked version of origin that is not the holder's own
 // write: the lacking side's own (lacker), or a third cluster's.
-func whose(origin, lacker string) Lacks {
+func whose(origin, lacker string) api.Lacks {
 	if origin == lacker {
-		return LacksOwnWrite
+		return api.LacksOwnWrite
 	}
-	return LacksThirdOrigin
+	return api.LacksThirdOrigin
 }
 
 // componentCluster is the cluster a counter component (cluster/stream)
@@ -439,7 +425,7 @@ func componentCluster(name string) string {
 // counterLacks compares two counters component by component: a side lacks
 // what the other holds higher; what a repair of it may take is the other
 // side's own components.
-func counterLacks(lv, pv *wire.TreeVersion, local, peer string) Lacks {
+func counterLacks(lv, pv *wire.TreeVersion, local, peer string) api.Lacks {
 	comps := func(v *wire.TreeVersion) map[string]wire.Component {
 		m := map[string]wire.Component{}
 		if v != nil {
@@ -478,19 +464,19 @@ func counterLacks(lv, pv *wire.TreeVersion, local, peer string) Lacks {
 	}
 	switch {
 	case localLow && peerLow:
-		return LacksBoth
+		return api.LacksBoth
 	case localLow:
-		return LacksLocal
+		return api.LacksLocal
 	case peerLow:
-		return LacksPeer
+		return api.LacksPeer
 	case own:
 		// Before a third cluster's part: a side's lost own write is
 		// divergence between these two.
-		return LacksOwnWrite
+		return api.LacksOwnWrite
 	case third:
-		return LacksThirdOrigin
+		return api.LacksThirdOrigin
 	}
-	return LacksUnknown
+	return api.LacksUnknown
 }
 
 func held(v *wire.TreeVersion) *api.Held {
@@ -510,7 +496,7 @@ func (r *Report) Pulls() []wire.TreeVersion {
 	var out []wire.TreeVersion
 	for i := range r.Divergent {
 		d, v := &r.Divergent[i], r.peer[i]
-		if (d.Lacks != LacksLocal && d.Lacks != LacksBoth) || v == nil {
+		if (d.Lacks != api.LacksLocal && d.Lacks != api.LacksBoth) || v == nil {
 			continue
 		}
 		if !v.Counter {

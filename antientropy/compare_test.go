@@ -168,14 +168,14 @@ func TestCompareFindsExactlyTheDivergence(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	got := map[string]Lacks{}
+	got := map[string]api.Lacks{}
 	for _, d := range rep.Divergent {
 		got[d.Key] = d.Lacks
 	}
-	want := map[string]Lacks{
-		"key-00010": LacksPeer, "key-00011": LacksPeer, "only-a": LacksPeer,
-		"key-00020": LacksLocal, "key-00021": LacksLocal, "only-b": LacksLocal,
-		"zombie": LacksMaybeDeleted, "key-00030": LacksUnknown, "n": LacksBoth,
+	want := map[string]api.Lacks{
+		"key-00010": api.LacksPeer, "key-00011": api.LacksPeer, "only-a": api.LacksPeer,
+		"key-00020": api.LacksLocal, "key-00021": api.LacksLocal, "only-b": api.LacksLocal,
+		"zombie": api.LacksMaybeDeleted, "key-00030": api.LacksUnknown, "n": api.LacksBoth,
 	}
 	if fmt.Sprint(sorted(got)) != fmt.Sprint(sorted(want)) {
 		t.Fatalf("divergent:\n got %v\nwant %v", sorted(got), sorted(want))
@@ -199,11 +199,11 @@ func TestCompareFindsExactlyTheDivergence(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	left := map[string]Lacks{}
+	left := map[string]api.Lacks{}
 	for _, d := range after.Divergent {
 		left[d.Key] = d.Lacks
 	}
-	if fmt.Sprint(sorted(left)) != fmt.Sprint(sorted(map[string]Lacks{"zombie": LacksMaybeDeleted, "key-00030": LacksUnknown})) {
+	if fmt.Sprint(sorted(left)) != fmt.Sprint(sorted(map[string]api.Lacks{"zombie": api.LacksMaybeDeleted, "key-00030": api.LacksUnknown})) {
 		t.Fatalf("after repair: %v", sorted(left))
 	}
 	c, err := a.st.Counter("n")
@@ -251,7 +251,7 @@ func TestCompareSkipsWritesInFlight(t *testing.T) {
 	}
 }
 
-func sorted(m map[string]Lacks) []string {
+func sorted(m map[string]api.Lacks) []string {
 	var out []string
 	for k, v := range m {
 		out = append(out, k+"="+string(v))
@@ -316,11 +316,11 @@ func TestCompareScopedByFilters(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	got := map[string]Lacks{}
+	got := map[string]api.Lacks{}
 	for _, d := range rep.Divergent {
 		got[d.Key] = d.Lacks
 	}
-	if want := map[string]Lacks{"in/1": LacksPeer, "in/2": LacksLocal}; fmt.Sprint(sorted(got)) != fmt.Sprint(sorted(want)) {
+	if want := map[string]api.Lacks{"in/1": api.LacksPeer, "in/2": api.LacksLocal}; fmt.Sprint(sorted(got)) != fmt.Sprint(sorted(want)) {
 		t.Fatalf("scoped comparison: got %v, want %v", sorted(got), sorted(want))
 	}
 	if n := a.repair(t, "b", rep.Pulls()); n != 1 {
@@ -352,8 +352,8 @@ func TestCompareSecondLookInParts(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(rep.Divergent) != 40 || rep.Count(LacksPeer) != 40 || rep.InFlight != 0 {
-		t.Fatalf("%d divergent (%d lacked by the peer), %d in flight; want 40, 40, 0", len(rep.Divergent), rep.Count(LacksPeer), rep.InFlight)
+	if len(rep.Divergent) != 40 || rep.Count(api.LacksPeer) != 40 || rep.InFlight != 0 {
+		t.Fatalf("%d divergent (%d lacked by the peer), %d in flight; want 40, 40, 0", len(rep.Divergent), rep.Count(api.LacksPeer), rep.InFlight)
 	}
 	back, err := Compare(context.Background(), "a", Local{St: b.st, Budget: 700}, Local{St: a.st, Budget: 1000}, Options{Local: "b", Sleep: noSleep})
 	if err != nil {
@@ -394,9 +394,9 @@ func TestCompareFirstLookInParts(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(rep.Divergent) != 40 || rep.Count(LacksPeer) != 40 || rep.InFlight != 0 || rep.Compared != 40 {
+	if len(rep.Divergent) != 40 || rep.Count(api.LacksPeer) != 40 || rep.InFlight != 0 || rep.Compared != 40 {
 		t.Fatalf("%d divergent (%d lacked by the peer), %d in flight, %d compared; want 40, 40, 0, 40",
-			len(rep.Divergent), rep.Count(LacksPeer), rep.InFlight, rep.Compared)
+			len(rep.Divergent), rep.Count(api.LacksPeer), rep.InFlight, rep.Compared)
 	}
 	if asked < 10 {
 		t.Fatalf("%d leaves requests for 40 keys of 300 bytes at a budget of 1000: the answers were not bounded", asked)
@@ -447,15 +447,15 @@ func TestCompareTheOriginRule(t *testing.T) {
 		t.Fatal(err)
 	}
 	lacks := func(ds []api.Divergence) []string {
-		m := map[string]Lacks{}
+		m := map[string]api.Lacks{}
 		for _, d := range ds {
 			m[d.Key] = d.Lacks
 		}
 		return sorted(m)
 	}
-	wantDiv := map[string]Lacks{"from-b": LacksOwnWrite, "from-a": LacksPeer, "b-new": LacksLocal, "rot": LacksUnknown,
-		"n-mixed": LacksOwnWrite, "n-peer": LacksLocal}
-	wantThird := map[string]Lacks{"c-only/1": LacksThirdOrigin, "shared": LacksThirdOrigin, "n-third": LacksThirdOrigin}
+	wantDiv := map[string]api.Lacks{"from-b": api.LacksOwnWrite, "from-a": api.LacksPeer, "b-new": api.LacksLocal, "rot": api.LacksUnknown,
+		"n-mixed": api.LacksOwnWrite, "n-peer": api.LacksLocal}
+	wantThird := map[string]api.Lacks{"c-only/1": api.LacksThirdOrigin, "shared": api.LacksThirdOrigin, "n-third": api.LacksThirdOrigin}
 	if got := lacks(rep.Divergent); fmt.Sprint(got) != fmt.Sprint(sorted(wantDiv)) {
 		t.Fatalf("divergent:\n got %v\nwant %v", got, sorted(wantDiv))
 	}
@@ -534,7 +534,7 @@ func TestCompareHorizonAtTheSecondLook(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(rep.Divergent) != 1 || rep.Divergent[0].Lacks != LacksMaybeDeleted || len(rep.Pulls()) != 0 {
+	if len(rep.Divergent) != 1 || rep.Divergent[0].Lacks != api.LacksMaybeDeleted || len(rep.Pulls()) != 0 {
 		t.Fatalf("divergent %+v, pulls %d: want z a possible resurrection, nothing pulled", rep.Divergent, len(rep.Pulls()))
 	}
 }
@@ -578,7 +578,7 @@ func TestCompareThirdOriginPastTheHorizon(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(rep.Divergent) != 1 || rep.Divergent[0].Key != "mine" || rep.Divergent[0].Lacks != LacksMaybeDeleted {
+	if len(rep.Divergent) != 1 || rep.Divergent[0].Key != "mine" || rep.Divergent[0].Lacks != api.LacksMaybeDeleted {
 		t.Fatalf("divergent %+v: want mine, a possible resurrection", rep.Divergent)
 	}
 	if len(rep.ThirdOrigin) != 1 || rep.ThirdOrigin[0].Key != "c-only/1" {

@@ -130,22 +130,33 @@ type Thresholds struct {
 	Stalled time.Duration `json:"stalled"`
 }
 
-// PeerLimits are the bounds a peer's acceptor announced.
+// PeerLimits are an acceptor's bounds, as its acks announce them
+// (wire.Limits) and a link's report shows them.
 type PeerLimits struct {
 	MaxBody  int64 `json:"max_body"`
 	MaxKey   int   `json:"max_key"`
 	MaxValue int   `json:"max_value"`
-	Pipeline int   `json:"pipeline,omitempty"`
-	Markers  bool  `json:"markers,omitempty"`
-	Contexts bool  `json:"contexts,omitempty"`
-	// OriginFilters: the peer records this cluster's filter toward it
-	// (heartbeats say it), and keeps relays to it.
+	// Pipeline is how many batches of one stream the receiver takes from
+	// a sender at once, applying them in the order they arrived (0 or 1:
+	// one at a time, as receivers before it did).
+	Pipeline int `json:"pipeline,omitempty"`
+	// Markers says the receiver takes filtered markers (entries standing
+	// for a run its sender's filter left out): a sender whose filter
+	// leaves entries out ships to it only then. It also says the receiver
+	// takes a re-seed's Begin (both come with command format 3).
+	Markers bool `json:"markers,omitempty"`
+	// Contexts says the receiver's log keeps causal contexts (command
+	// format 4): entries may carry them (cx). To another receiver a sender
+	// sends entries without them, since it refuses fields it does not know.
+	Contexts bool `json:"contexts,omitempty"`
+	// OriginFilters says the receiver's log records each sender's filter
+	// toward it (command format 7): heartbeats may carry it (of).
 	OriginFilters bool `json:"origin_filters,omitempty"`
-	// IdleFrontiers: the peer takes an idle stream's frontier from
-	// heartbeats (its tombstone collection is not held back by a cluster
-	// that writes nothing).
+	// IdleFrontiers says the receiver takes a heartbeat's idle frontier
+	// (idle): a sender that has nothing unacknowledged says so.
 	IdleFrontiers bool `json:"idle_frontiers,omitempty"`
-	// DeadLists: the peer lists what it set aside (WAIT counts it).
+	// DeadLists says the receiver lists the entries it set aside in its
+	// acks (Ack.DeadLettered): a sender's WAIT counts only such a peer.
 	DeadLists bool `json:"dead_lists,omitempty"`
 }
 

@@ -211,11 +211,12 @@ func (s *Shipper) Status(th Thresholds, commitWall func(index uint64) (int64, bo
 	return st
 }
 
-// peerLimits is what the peer announced, in the report's words.
+// peerLimits is a copy of what the peer announced (the report is read
+// outside the shipper's lock).
 func peerLimits(l *wire.Limits) *api.PeerLimits {
 	if l == nil {
 		return nil
 	}
-	pl := api.PeerLimits(*l)
+	pl := *l
 	return &pl
 }
