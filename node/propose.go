@@ -82,7 +82,10 @@ func (n *Node) servesProposals(next http.Handler, refused func(code string)) htt
 	l := &forward.Leader{Propose: n.proposeHere, Applied: n.progress.get,
 		MaxBody: int64(max(n.opts.MaxValueBytes+n.opts.MaxKeyBytes, int(n.opts.MaxReplicateBytes/2))) + 64<<10}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.URL.Path != forward.PathPropose {
+		// A request of the API a follower relayed whole carries
+		// HeaderForwarded: its path is a client's, never a proposal (the
+		// API serves no such route), so it goes to the routes (404).
+		if r.URL.Path != forward.PathPropose || r.Header.Get(forward.HeaderForwarded) != "" {
 			next.ServeHTTP(w, r)
 			return
 		}

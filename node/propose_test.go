@@ -120,4 +120,20 @@ func TestFollowerProposesTyped(t *testing.T) {
 	if _, err := l.Get("scoped"); !errors.Is(err, api.ErrNotFound) {
 		t.Fatalf("the refused proposal wrote: %v", err)
 	}
+	// A client cannot reach the route through a follower's API: the
+	// follower relays the request whole to the leader, which answers it as
+	// a request of the API (no such route), not as a proposal.
+	for _, nd := range []*Node{f, l} {
+		resp, err := http.Post(nd.URL()+forward.PathPropose, forward.ContentType, bytes.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusNotFound {
+			t.Fatalf("a proposal on %s's API: %d, want 404", nd.nodeID, resp.StatusCode)
+		}
+	}
+	if _, err := l.Get("scoped"); !errors.Is(err, api.ErrNotFound) {
+		t.Fatalf("a proposal through the API wrote: %v", err)
+	}
 }
