@@ -35,7 +35,7 @@ func (n *Node) PeersReport() api.PeersReport {
 // DigestReport hashes the live state: every key, or the keys under any of
 // prefixes.
 func (n *Node) DigestReport(prefixes ...string) (api.DigestReport, error) {
-	if err := n.readable(); err != nil {
+	if err := n.rep.Readable(); err != nil {
 		return api.DigestReport{}, err
 	}
 	d, err := n.store.DigestPrefixes(prefixes)
@@ -51,20 +51,20 @@ func (n *Node) WALReport() api.WALReport {
 	st := n.group.LogStats()
 	first := n.out.First()
 	r := api.WALReport{
-		Stream: n.out.Stream().String(), First: first, Last: n.out.Last(), Applied: n.applied.Load(),
+		Stream: n.out.Stream().String(), First: first, Last: n.out.Last(), Applied: n.rep.StreamApplied(),
 		Bytes: n.out.BytesAfter(first - 1), Segments: st.Segments, Repairs: st.Repairs, DroppedBytes: st.DroppedBytes,
 		WriteFailures: st.WriteFailures, Writes: n.metrics.writes.Load(), Groups: n.metrics.groups.Load(),
 		Peers: []api.PeerBacklog{}, Saturation: n.Saturation(), Permits: n.acceptor.Permits(),
 	}
 	for _, ls := range n.PeerStatus() {
-		mode := n.sat.overflow[ls.Peer]
+		mode := n.sat.Overflow(ls.Peer)
 		if mode == "" {
 			mode = api.OverflowReject
 		}
 		bl := transport.Backlog{Entries: ls.EntriesBehind, Bytes: ls.BytesBehind, OldestAge: time.Duration(ls.OldestUnackedAge * float64(time.Second))}
 		r.Peers = append(r.Peers, api.PeerBacklog{Peer: ls.Peer, Acked: ls.Acked, Entries: ls.EntriesBehind,
 			Bytes: ls.BytesBehind, OldestAgeSeconds: ls.OldestUnackedAge, Overflow: mode, State: ls.State, Retained: !ls.Detached,
-			Forecast: n.sat.forecast(ls.Peer, bl)})
+			Forecast: n.sat.Forecast(ls.Peer, bl)})
 	}
 	r.Refusals = map[string]uint64{
 		acceptor.SourceOutboundBacklog: r.Saturation.Refusals,

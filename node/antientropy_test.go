@@ -351,7 +351,7 @@ func TestRepairRefusesWhatInboundRefuses(t *testing.T) {
 		t.Fatal(err)
 	}
 	ahead := wire.TreeVersion{Key: "ahead", Stamp: a.clock.Now().Add(time.Hour), Origin: "a", Value: []byte("v"), Whole: true}
-	if _, err := a.cons.commitCommand(&machine.Command{Repair: &machine.RepairCmd{Versions: []wire.TreeVersion{ahead}}}); err != nil {
+	if _, err := a.rep.CommitCommand(&machine.Command{Repair: &machine.RepairCmd{Versions: []wire.TreeVersion{ahead}}}); err != nil {
 		t.Fatal(err)
 	}
 	rep, err := b.ae.Diff(ctx, "a", true)

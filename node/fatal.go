@@ -9,13 +9,7 @@ func (n *Node) stopFatal(err error) {
 	n.fatalOnce.Do(func() {
 		n.fatalErr.Store(&err)
 		n.log.Error("stopping the node: it cannot go on safely; keep its data directory for inspection and see docs/OPERATIONS.md", "err", err)
-		n.com.Fail(err)
-		if n.fsm != nil {
-			n.fsm.Break(err)
-		}
-		if n.group != nil {
-			n.group.Halt() // no vote, no append, no apply from here on
-		}
+		n.rep.Halt(err) // no vote, no append, no apply from here on
 		close(n.fatal)
 	})
 }

@@ -208,7 +208,7 @@ func TestLinkFilter(t *testing.T) {
 	if _, gerr := a.Get("tenant1/batch"); !errors.As(gerr, &nf) || nf.Deleted == "" {
 		t.Fatalf("a collected the delete of tenant1/batch, which c's link held back: %v", gerr)
 	}
-	if k := a.repl.keptFor("c"); k == nil || k.Tombstones < 1 {
+	if k := a.links.Kept("c"); k == nil || k.Tombstones < 1 {
 		t.Fatalf("a's link to c reports %+v kept tombstones", k)
 	}
 	if _, err := a.settings.SetLinkFilter("c", entry.Filter{Include: []string{"shared/", "tenant1/"}, Exclude: []string{"shared/tmp/"}}); err != nil {
@@ -452,11 +452,11 @@ func TestNarrowedLinkKeepsDeletesOfOthersKeys(t *testing.T) {
 			t.Fatalf("a collected the delete of %s, which its link to c held back: %v", k, err)
 		}
 	}
-	k := a.repl.keptFor("c")
+	k := a.links.Kept("c")
 	if k == nil || k.Tombstones != 4 || k.Ranges != 1 || k.Bytes <= 0 {
 		t.Fatalf("a's link to c reports kept %+v, want 4 tombstones (3 deletes, the range's key) and 1 range", k)
 	}
-	if k := a.repl.keptFor("b"); k != nil {
+	if k := a.links.Kept("b"); k != nil {
 		t.Fatalf("a's link to b keeps %+v: its filter holds nothing back", k)
 	}
 	if rep, err := a.settings.LinkFilter("c"); err != nil || rep.Kept == nil || len(rep.Keep) == 0 {
@@ -489,8 +489,8 @@ func TestNarrowedLinkKeepsDeletesOfOthersKeys(t *testing.T) {
 		_, err := a.CollectTombstones()
 		_, gerr := a.Get("t/c1")
 		var nf *api.NotFoundError
-		return err == nil && errors.As(gerr, &nf) && nf.Deleted == "" && a.repl.keptFor("c") == nil,
-			fmt.Sprintf("t/c1 at a: %v (%v), kept %+v", gerr, err, a.repl.keptFor("c"))
+		return err == nil && errors.As(gerr, &nf) && nf.Deleted == "" && a.links.Kept("c") == nil,
+			fmt.Sprintf("t/c1 at a: %v (%v), kept %+v", gerr, err, a.links.Kept("c"))
 	})
 }
 
@@ -540,7 +540,7 @@ func TestReleasedNarrowing(t *testing.T) {
 	if _, err := a.Get("t/c1"); !errors.As(err, &nf) || nf.Deleted != "" {
 		t.Fatalf("a kept the delete of t/c1 after the release: %v", err)
 	}
-	if k := a.repl.keptFor("c"); k != nil {
+	if k := a.links.Kept("c"); k != nil {
 		t.Fatalf("kept after the release: %+v", k)
 	}
 	if _, err := a.settings.SetLinkFilter("c", entry.Filter{}); err != nil {

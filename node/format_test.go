@@ -107,7 +107,7 @@ func TestMixedVersionClusterKeepsEncoding1(t *testing.T) {
 		if f := c.nodes[name].machine.Format(); f != 1 {
 			t.Fatalf("%s: format %d while m3 reads encoding 1 only", name, f)
 		}
-		if err := c.nodes[name].fsm.Err(); err != nil {
+		if err := c.nodes[name].rep.FSM().Err(); err != nil {
 			t.Fatalf("%s stopped: %v", name, err)
 		}
 	}
@@ -121,12 +121,12 @@ func TestMixedVersionClusterKeepsEncoding1(t *testing.T) {
 	// (else it could check the members without it and commit encoding 2
 	// just before it joins).
 	ld := c.nodes[c.leader()]
-	release, err := ld.cons.admitMember(`{"api":"x","replicate":"y","commands":1}`)
+	release, err := ld.rep.AdmitMember(`{"api":"x","replicate":"y","commands":1}`)
 	if err != nil {
 		t.Fatalf("a build of encoding 1 refused by a log of encoding 1: %v", err)
 	}
 	raised := make(chan struct{})
-	go func() { ld.cons.raiseFormat(); close(raised) }()
+	go func() { ld.rep.RaiseFormat(); close(raised) }()
 	select {
 	case <-raised:
 		t.Fatal("the format's raise checked the members while an admission was in flight")
@@ -159,13 +159,13 @@ func TestMixedVersionClusterKeepsEncoding1(t *testing.T) {
 		}
 	}
 	ld = c.nodes[c.leader()]
-	if _, err := ld.cons.admitMember(""); err == nil {
+	if _, err := ld.rep.AdmitMember(""); err == nil {
 		t.Fatal("a build that describes nothing was admitted to a log of encoding 2")
 	}
-	if _, err := ld.cons.admitMember(`{"api":"x","replicate":"y","commands":1}`); err == nil {
+	if _, err := ld.rep.AdmitMember(`{"api":"x","replicate":"y","commands":1}`); err == nil {
 		t.Fatal("a build that reads encoding 1 was admitted to a log of encoding 2")
 	}
-	release, err = ld.cons.admitMember(fmt.Sprintf(`{"api":"x","replicate":"y","commands":%d}`, machine.ReadsFormat))
+	release, err = ld.rep.AdmitMember(fmt.Sprintf(`{"api":"x","replicate":"y","commands":%d}`, machine.ReadsFormat))
 	if err != nil {
 		t.Fatalf("a build of this version refused: %v", err)
 	}

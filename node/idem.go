@@ -12,7 +12,7 @@ import (
 // Idempotency looks up the record of an Idempotency-Key, so a caller whose
 // call timed out can learn its outcome instead of retrying blindly.
 func (n *Node) Idempotency(key string) (api.IdemReport, error) {
-	if err := n.readable(); err != nil {
+	if err := n.rep.Readable(); err != nil {
 		return api.IdemReport{}, err
 	}
 	rec, ok, err := n.store.Idem(key)

@@ -16,18 +16,18 @@ func (n *Node) newAntiEntropy(reg func(prometheus.Collector)) *antientropy.Runne
 	return antientropy.NewRunner(antientropy.Deps{
 		Cluster: n.cluster, Store: n.store, Clock: n.clock, Logger: n.log,
 		MaxKeyBytes: n.opts.MaxKeyBytes, MaxValueBytes: n.opts.MaxValueBytes,
-		Leading: n.lead.ready.Load, Restoring: n.restoring.Load,
+		Leading: n.rep.Ready, Restoring: n.rep.Restoring,
 		Link: func(peer string) (antientropy.Link, bool) {
-			for _, sh := range n.repl.links() {
+			for _, sh := range n.links.All() {
 				if sh.Name() == peer {
-					return aeLink{sh, n.repl.oldestCommitWall}, true
+					return aeLink{sh, n.links.OldestCommitWall}, true
 				}
 			}
 			return nil, false
 		},
 		Peers: func() []string {
 			var out []string
-			for _, sh := range n.repl.links() {
+			for _, sh := range n.links.All() {
 				out = append(out, sh.Name())
 			}
 			return out
@@ -38,7 +38,7 @@ func (n *Node) newAntiEntropy(reg func(prometheus.Collector)) *antientropy.Runne
 			return ls.Current(), ls.FromPeer
 		},
 		Format:   n.machine.Format,
-		Commit:   n.cons.commitCommand,
+		Commit:   n.rep.CommitCommand,
 		Register: reg,
 		Repair:   n.opts.AntiEntropyRepair, Bandwidth: n.opts.AntiEntropyBandwidth, CPU: n.opts.AntiEntropyCPU,
 	})

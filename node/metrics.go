@@ -183,7 +183,7 @@ func (n *Node) collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(descSaturation, prometheus.GaugeValue, state)
 	// The marks, so that a rule or a panel divides a backlog by its limit;
 	// a mark that is off (0) has no series.
-	wm := n.sat.marks
+	wm := n.sat.Marks()
 	for _, l := range []struct {
 		desc      *prometheus.Desc
 		high, low float64
@@ -199,9 +199,7 @@ func (n *Node) collect(ch chan<- prometheus.Metric) {
 			ch <- prometheus.MustNewConstMetric(l.desc, prometheus.GaugeValue, l.low, "low")
 		}
 	}
-	n.sat.mu.Lock()
-	outbound := n.sat.mu.refusals
-	n.sat.mu.Unlock()
+	outbound := n.sat.Refusals()
 	ch <- prometheus.MustNewConstMetric(descRefuse, prometheus.CounterValue, float64(outbound), acceptor.SourceOutboundBacklog)
 	ch <- prometheus.MustNewConstMetric(descRefuse, prometheus.CounterValue, float64(n.acceptor.Permits().Refused), acceptor.SourceReplayPermit)
 	for origin, c := range n.acceptor.Counts() {
@@ -250,7 +248,7 @@ func (n *Node) collect(ch chan<- prometheus.Metric) {
 	}
 	// From the links watched at scrape time: a link detached, or gone with
 	// a term, has no series (never a stale one).
-	for peer, f := range n.sat.forecasts() {
+	for peer, f := range n.sat.Forecasts() {
 		if f.SecondsToLimit != nil {
 			ch <- prometheus.MustNewConstMetric(descToLimit, prometheus.GaugeValue, *f.SecondsToLimit, peer, f.Mark)
 		}
@@ -263,12 +261,12 @@ func (n *Node) collect(ch chan<- prometheus.Metric) {
 	}
 	ch <- prometheus.MustNewConstMetric(descBuild, prometheus.GaugeValue, 1, n.opts.BuildVersion, runtime.Version())
 	leading := 0.0
-	if n.lead.ready.Load() {
+	if n.rep.Ready() {
 		leading = 1
 	}
 	ch <- prometheus.MustNewConstMetric(descLeader, prometheus.GaugeValue, leading)
 	ch <- prometheus.MustNewConstMetric(descTerm, prometheus.GaugeValue, float64(n.group.Term()))
-	commit, applied := n.group.CommitIndex(), n.progress.get()
+	commit, applied := n.group.CommitIndex(), n.rep.Applied()
 	ch <- prometheus.MustNewConstMetric(descCommit, prometheus.GaugeValue, float64(commit))
 	ch <- prometheus.MustNewConstMetric(descApplied, prometheus.GaugeValue, float64(applied))
 	lag := 0.0

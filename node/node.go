@@ -40,6 +40,7 @@ import (
 	"github.com/replicator/replicator/rejoin"
 	"github.com/replicator/replicator/replica"
 	"github.com/replicator/replicator/store"
+	"github.com/replicator/replicator/transport"
 )
 
 // Node is one cluster node. Its methods are safe for concurrent use.
@@ -49,29 +50,25 @@ type Node struct {
 	cluster  string
 	resolver string
 
-	clock   *hlc.Clock
-	store   *store.Store
+	clock *hlc.Clock
+	store *store.Store
+	// members are the group's members as gossip sees them (a cluster of
+	// several).
+	members *membership.GroupMembers
+	// rep is this node's replica of its cluster's raft group (package
+	// replica): the machine, the stream, the group and the committer below
+	// are its, set once it opened.
+	rep     *replica.Replica
 	machine *machine.Machine
 	out     *machine.Outbound // the stream, as shippers read it
 	group   *cluster.Group
-	fsm     *machine.FSM
-	// proposed are the commands in flight (the FSM applies them as built)
-	proposed proposed
-	// proposer names this process's proposals (machine.ProposalID).
-	proposer *machine.Proposer
-	com      *replica.Committer
-	sub      *submitter // admission and queueing to com
+	com     *replica.Committer
+	sub     *submitter // admission and queueing to com
 
 	// nodeID names this node within its cluster, incarnation its data
-	// directory's life (raft knows the node by both: origin.Incarnation);
-	// lead is its leadership
-	// (a cluster of several: term.go); progress the last log index its
-	// state machine applied.
+	// directory's life (raft knows the node by both: origin.Incarnation).
 	nodeID      string
 	incarnation string
-	lead        leadState
-	cons        consensus // the raft group
-	progress    progress
 	// fwd forwards what needs the leader to it (forward.go); svc talks
 	// to the other nodes over the raft port (service.go).
 	fwd *forward.Router
@@ -83,24 +80,18 @@ type Node struct {
 	acceptor   *acceptor.Acceptor
 	peerClient *http.Client
 	history    *history            // the dashboard's chart, sampled every HistoryInterval
-	repl       replication         // the links to peer clusters
+	links      *links.Set          // the links to peer clusters
 	settings   *links.Settings     // the links' settings through the log
 	dead       *links.DeadLetters  // what peers sent that this node set aside
 	conflicts  *conflictLog        // the conflict log's reads and restores (conflicts.go)
 	ae         *antientropy.Runner // comparisons and repairs with peers
 	tls        *listener.TLS
 	gossip     *membership.Gossip // the nodes of this cluster and the peers found
-	// applied is the last index of the stream applied to the store.
-	applied atomic.Uint64
-	// restoring is set while a snapshot's tree replaces the store's: local
-	// reads are refused.
-	restoring atomic.Bool
-	// reads gates local reads after a start (readable).
-	reads readGate
+	report     *membership.Report // the cluster report
 
 	metrics nodeMetrics
-	lagRing lagRing
-	sat     saturation
+	lag     acceptor.LagRing // the inbound lag of the last entries applied
+	sat     *links.Saturation
 	rejoin  *rejoin.Rejoiner
 
 	// fatal is closed when the node must stop for a reason a restart does
@@ -165,16 +156,18 @@ func Open(ctx context.Context, opts *Options) (*Node, error) {
 		fatal:    make(chan struct{}),
 		history:  newHistory(int(o.HistorySpan / o.HistoryInterval)),
 	}
-	n.sat.init()
-	n.lead.n, n.cons.n = n, n
-	n.repl.discovered = map[string]Peer{}
-	n.repl.n, n.repl.linkStates = n, map[string]string{}
-	n.sat.marks, n.sat.wait, n.sat.log, n.sat.metrics = o.WaterMarks, o.AdmissionWait, log, &n.metrics
-	n.sat.links, n.sat.oldest = n.repl.links, n.repl.oldestCommitWall
-	n.sat.overflow = map[string]string{}
+	overflow := map[string]string{}
 	for _, p := range o.Peers {
-		n.sat.overflow[p.Name] = p.Overflow
+		overflow[p.Name] = p.Overflow
 	}
+	n.sat = links.NewSaturation(links.SaturationDeps{
+		Marks: o.WaterMarks, Wait: o.AdmissionWait, Overflow: overflow, Logger: log,
+		Links:    func() []*transport.Shipper { return n.links.All() },
+		Oldest:   func(i uint64) (int64, bool) { return n.links.OldestCommitWall(i) },
+		Watched:  func(peer string) { n.metrics.detached.WithLabelValues(peer) },
+		Detached: func(peer string) { n.metrics.detached.WithLabelValues(peer).Inc() },
+		Backlog:  n.metrics.backlog,
+	})
 	n.store, err = store.Open(filepath.Join(o.DataDir, "store"), &store.Options{Logger: log, MemTableSize: o.MemTableSize, CacheSize: o.CacheSize})
 	if err != nil {
 		if errors.Is(err, syscall.EAGAIN) || errors.Is(err, syscall.EWOULDBLOCK) || strings.Contains(err.Error(), "lock held") {
@@ -194,7 +187,7 @@ func Open(ctx context.Context, opts *Options) (*Node, error) {
 		n.store.Close()
 		return nil, err
 	}
-	n.bounds = bounds{opts: &n.opts, clock: n.clock, links: n.repl.links}
+	n.bounds = bounds{opts: &n.opts, clock: n.clock, links: func() []*transport.Shipper { return n.links.All() }}
 	n.tls, err = listener.NewTLS(listener.TLSOptions{Cert: o.TLSCert, Key: o.TLSKey, ClientCA: o.TLSClientCA, PeerCA: o.PeerCA, SANMode: o.PeerSANMode},
 		n.cluster, n.log, func() {
 			if n.peerClient != nil {
@@ -214,13 +207,19 @@ func Open(ctx context.Context, opts *Options) (*Node, error) {
 		n.store.Close()
 		return nil, err
 	}
-	if n.incarnation, err = membership.ResolveIncarnation(o.DataDir, n.multi(), n.cons.hasState(), n.log); err != nil {
+	if n.incarnation, err = membership.ResolveIncarnation(o.DataDir, n.multi(), replica.HasState(o.DataDir), n.log); err != nil {
 		n.store.Close()
 		return nil, err
 	}
 	n.log = n.log.With("node", n.nodeID)
-	n.gossip = membership.New(membership.Deps{Cluster: n.cluster, NodeID: n.nodeID, Logger: n.log, OnPeer: n.repl.onPeer})
-	n.proposer = machine.NewProposer(n.nodeID)
+	n.gossip = membership.New(membership.Deps{Cluster: n.cluster, NodeID: n.nodeID, Logger: n.log, OnPeer: func(m api.Member) { n.links.OnPeer(m) }})
+	rd, err := n.replicaDeps()
+	if err != nil {
+		n.store.Close()
+		return nil, err
+	}
+	n.rep = replica.New(rd)
+	n.com = n.rep.Committer()
 	configured := make([]links.Configured, len(o.Peers))
 	for i := range o.Peers {
 		configured[i] = links.Configured{Name: o.Peers[i].Name, Filter: o.Peers[i].Filter(), Bandwidth: o.Peers[i].Bandwidth}
@@ -229,11 +228,12 @@ func Open(ctx context.Context, opts *Options) (*Node, error) {
 		Configured: configured,
 		Machine:    func() *machine.Machine { return n.machine },
 		Stream:     func() entry.StreamID { return n.out.Stream() },
-		Apply:      n.cons.applyCommand, Commit: n.cons.commitCommand,
-		Leading: func() bool { return n.group != nil && n.group.IsLeader() && n.lead.ready.Load() },
-		Status:  n.PeerStatus,
-		Kept:    n.repl.keptFor, KeptForPeerLinks: n.repl.keptForPeerLinks,
-		Logger: n.log,
+		Apply:      n.rep.ApplyCommand, Commit: n.rep.CommitCommand,
+		Leading:          func() bool { return n.group != nil && n.group.IsLeader() && n.rep.Ready() },
+		Status:           n.PeerStatus,
+		Kept:             func(peer string) *api.KeptTombstones { return n.links.Kept(peer) },
+		KeptForPeerLinks: func(peer string) *api.KeptTombstones { return n.links.KeptForPeerLinks(peer) },
+		Logger:           n.log,
 	})
 	configuredNames := make([]string, len(o.Peers))
 	for i := range o.Peers {
@@ -245,7 +245,7 @@ func Open(ctx context.Context, opts *Options) (*Node, error) {
 		Stream: func() entry.StreamID { return n.out.Stream() },
 		Epoch:  func() uint32 { return n.machine.Epoch() },
 		Links: func() []rejoin.Link {
-			links := n.repl.links()
+			links := n.links.All()
 			out := make([]rejoin.Link, len(links))
 			for i, sh := range links {
 				out[i] = sh
@@ -253,57 +253,40 @@ func Open(ctx context.Context, opts *Options) (*Node, error) {
 			return out
 		},
 		Link: func(peer string) (rejoin.Link, bool) {
-			sh, err := n.repl.shipper(peer)
+			sh, err := n.links.Get(peer)
 			return sh, err == nil
 		},
-		Apply: n.cons.applyCommand, UpdateRecord: n.cons.UpdateRecord,
+		Apply: n.rep.ApplyCommand, UpdateRecord: n.rep.UpdateRecord,
 		Exclusive: func(f func()) { n.com.Exclusive(f) },
 		Failed:    func() error { return n.com.Failed() },
 		Closing:   n.closing.Load,
 	})
-	// The committer exists before the group: the state machine reports a
-	// failed apply to it. It takes no proposal before Open returns.
-	n.com = replica.NewCommitter(replica.CommitEnv{
-		MaxGroup: o.MaxGroupEntries, IdemWindow: o.IdempotencyWindow, Clock: n.clock, Logger: o.Logger,
-		Leading:   n.lead.ready.Load,
-		NotLeader: n.lead.notLeader,
-		Replays:   func(key string, fp []byte, now int64, e *entry.Entry) bool { return n.machine.Replays(key, fp, now, e) },
-		CheckPin:  n.bounds.checkPin,
-		Commit: func(cmd *machine.Command, enc *machine.Encoder) (any, error) {
-			n.cons.identify(cmd)
-			data, err := enc.Encode(cmd)
-			if err != nil {
-				return nil, fmt.Errorf("%w: %w", replica.ErrEncode, err)
-			}
-			t0 := time.Now()
-			out, err := n.cons.apply(data, cmd)
-			n.metrics.fsyncSeconds.Observe(time.Since(t0).Seconds())
-			return out, err
-		},
-		Committed: func(writes int) {
-			n.metrics.writes.Add(uint64(writes))
-			n.metrics.groups.Add(1)
-		},
-	})
 	n.sub = newSubmitter(n)
 	n.svc = forward.NewService(o.APIToken != "" || o.AdminToken != "", n.gossip.Member)
-	created, err := n.cons.openGroup()
+	created, err := n.rep.Open()
 	if err != nil {
 		n.com.Close()
 		n.store.Close()
 		return nil, err
 	}
+	n.machine, n.out, n.group = n.rep.Machine(), n.rep.Stream(), n.rep.Group()
+	if n.members != nil {
+		n.members.Attach(n.group)
+	}
+	n.report = membership.NewReport(membership.ReportDeps{
+		Cluster: n.cluster, NodeID: n.nodeID, Incarnation: n.incarnation, Multi: n.multi(),
+		Group: n.group, Gossip: n.gossip, Service: n.svc,
+		Applied: n.rep.Applied, Ready: n.rep.Ready, URL: n.URL, Removed: n.rep.RemovedServer,
+		Stream: func() string { return n.out.Stream().String() },
+	})
 	n.svc.Attach(n.group)
-	n.fwd = &forward.Router{Multi: n.multi(), NodeID: n.nodeID, Group: n.group, Lead: &n.lead, Progress: &n.progress, Service: n.svc,
+	n.fwd = &forward.Router{Multi: n.multi(), NodeID: n.nodeID, Group: n.group, Lead: n.rep, Progress: n.rep, Service: n.svc,
 		Member: n.gossip.Member, NeedsLeader: needsLeader, WriteErr: httpapi.WriteErr,
 		Counted: func(how string) { n.metrics.forwards.WithLabelValues(how).Inc() },
 		LegacyClient: &http.Client{CheckRedirect: forward.NoRedirects, Transport: &http.Transport{MaxIdleConnsPerHost: 64, IdleConnTimeout: 90 * time.Second,
 			TLSClientConfig: n.tls.Client()}},
 		Removed: func() error {
-			if p := n.cons.removed.Load(); p != nil {
-				return *p
-			}
-			return nil
+			return n.rep.Removed()
 		}}
 	if o.Raft != nil {
 		n.fwd.ElectionTimeout = o.Raft.ElectionTimeout
@@ -325,12 +308,12 @@ func Open(ctx context.Context, opts *Options) (*Node, error) {
 			return nil, err
 		}
 	}
-	if err := n.repl.setupReplication(); err != nil {
+	if err := n.setupReplication(); err != nil {
 		closeAll()
 		return nil, err
 	}
 	n.follower = n.newFollower()
-	n.dead = links.NewDeadLetters(n.store, n.cons.commitCommand, n.log)
+	n.dead = links.NewDeadLetters(n.store, n.rep.CommitCommand, n.log)
 	n.conflicts = &conflictLog{store: n.store, format: func() int { return n.machine.Format() }, propose: n.Propose}
 	n.metrics.init(n)
 	return n, nil
@@ -409,7 +392,7 @@ func (n *Node) Start() error {
 	}
 	n.resp.Store(d)
 	if n.multi() {
-		d := forward.Described{API: n.URL(), Replicate: n.PeerURL(), Commands: n.cons.readsFormat()}
+		d := forward.Described{API: n.URL(), Replicate: n.PeerURL(), Commands: n.rep.ReadsFormat()}
 		if g := n.opts.Gossip; g != nil {
 			// As others reach this node.
 			d.API, d.Replicate = cmp.Or(g.APIURL, d.API), cmp.Or(g.ReplicateURL, d.Replicate)
@@ -417,8 +400,8 @@ func (n *Node) Start() error {
 		n.svc.SetDescription(d)
 		n.svc.Serve(n.lis, n.servesProposals(forward.EnforceScope(needScope(mux, refused), h, refused), refused))
 		n.every(time.Second, n.svc.RefreshProven)
-		n.every(500*time.Millisecond, n.cons.raiseFormat)
-		n.every(time.Second, n.cons.checkRemoved)
+		n.every(500*time.Millisecond, n.rep.RaiseFormat)
+		n.every(time.Second, n.rep.CheckRemoved)
 	}
 	n.every(500*time.Millisecond, n.settings.Seed)
 	n.every(n.opts.GCInterval, n.collectExpired)
@@ -428,15 +411,17 @@ func (n *Node) Start() error {
 	}
 	// Re-evaluated while no writes arrive too, so that it can clear, detach
 	// links and feed the backlog gauges; and link changes are logged.
-	n.every(100*time.Millisecond, func() { n.sat.evaluate(true); n.repl.watchLinks() })
+	n.every(100*time.Millisecond, func() { n.sat.Evaluate(true); n.links.Watch() })
 	takeSample := func() { n.history.add(sample(n.clock.Physical(), n.Saturation().State, n.PeerStatus())) }
 	takeSample() // a page opened at once has a point
 	n.every(n.opts.HistoryInterval, takeSample)
-	n.repl.startReplication()
-	if n.multi() {
-		n.bg.Add(1)
-		go n.lead.leadLoop()
-	}
+	n.links.Start()
+	n.every(n.opts.TruncateInterval, func() {
+		if err := n.TruncateWAL(); err != nil {
+			n.log.Warn("wal truncation", "err", err)
+		}
+	})
+	n.rep.Run()
 	if n.tls.On() { // after the peer client exists: a reload closes its idle links
 		n.every(n.opts.TLSReloadInterval, n.tls.ReloadIfChanged)
 	}
@@ -541,7 +526,7 @@ func (n *Node) Close() error {
 	if err := n.resp.Load().close(); err != nil {
 		errs = append(errs, err)
 	}
-	if n.lead.ready.Load() && len(n.group.Status().Servers) > 1 {
+	if n.rep.Ready() && len(n.group.Status().Servers) > 1 {
 		// Another node leads before this one goes: the cluster does not
 		// wait an election timeout for it (a rolling restart).
 		if err := n.group.TransferLeadership(); err != nil {
@@ -550,6 +535,8 @@ func (n *Node) Close() error {
 	}
 	close(n.stop)
 	n.bg.Wait()
+	n.rep.Stop()   // the lead loop ends the term, and the term its links
+	n.links.Stop() // a node alone's
 	n.com.Close()
 	// A stream being sealed finishes first (and a later one sees closing).
 	n.com.Exclusive(func() { errs = append(errs, n.pinIfHolding(), n.group.Close(), n.store.Close()) })
@@ -578,7 +565,7 @@ func (n *Node) every(d time.Duration, f func()) {
 // collectExpired removes tombstones and idempotency records past retention,
 // through the cluster's log (the leader decides; every node drops the same).
 func (n *Node) collectExpired() {
-	if !n.lead.ready.Load() {
+	if !n.rep.Ready() {
 		return // the leader collects
 	}
 	if _, err := n.CollectTombstones(); err != nil {
@@ -593,7 +580,7 @@ const collectBatch = 10000
 // (see tombstoneCutoff), and the idempotency records expired, and reports
 // how many tombstones went.
 func (n *Node) CollectTombstones() (int, error) {
-	cutoff, why, err := n.repl.tombstoneCutoffWhy()
+	cutoff, why, err := n.links.TombstoneCutoff()
 	if err != nil {
 		return 0, err
 	}
@@ -601,7 +588,7 @@ func (n *Node) CollectTombstones() (int, error) {
 		n.log.Debug("tombstones are not collected now", "why", why)
 	}
 	total := 0
-	keep := n.repl.keepRanges()
+	keep := n.links.KeepRanges()
 	for {
 		cc := &machine.CollectCmd{Cutoff: cutoff, IdemBefore: n.clock.Physical(), Max: collectBatch, Keep: keep}
 		if n.machine.Format() >= machine.FormatConflicts {
@@ -610,7 +597,7 @@ func (n *Node) CollectTombstones() (int, error) {
 			}
 			cc.ConflictsMaxBytes = n.opts.ConflictMaxBytes
 		}
-		res, err := n.cons.commitCommand(&machine.Command{Collect: cc})
+		res, err := n.rep.CommitCommand(&machine.Command{Collect: cc})
 		if err != nil {
 			return total, err
 		}
@@ -618,9 +605,7 @@ func (n *Node) CollectTombstones() (int, error) {
 		if !cutoff.IsZero() {
 			// What this collection kept (none ran below a zero cutoff:
 			// the last figures stand).
-			n.repl.keptMu.Lock()
-			n.repl.kept = res.Kept
-			n.repl.keptMu.Unlock()
+			n.links.SetKept(res.Kept)
 		}
 		if res.Collected < collectBatch && res.CollectedIdem < collectBatch && res.CollectedConflicts < collectBatch {
 			return total, nil
@@ -700,7 +685,7 @@ func (n *Node) Get(key string) (store.Record, error) {
 	if err := n.bounds.checkKey(key); err != nil {
 		return store.Record{}, err
 	}
-	if err := n.readable(); err != nil {
+	if err := n.rep.Readable(); err != nil {
 		return store.Record{}, err
 	}
 	r, err := n.store.Get(key)
@@ -719,7 +704,7 @@ func (n *Node) Get(key string) (store.Record, error) {
 
 // Scan returns a page of live keys in order.
 func (n *Node) Scan(o store.ScanOptions) ([]store.Item, string, error) {
-	if err := n.readable(); err != nil {
+	if err := n.rep.Readable(); err != nil {
 		return nil, "", err
 	}
 	return n.store.Scan(o)
@@ -727,7 +712,7 @@ func (n *Node) Scan(o store.ScanOptions) ([]store.Item, string, error) {
 
 // Digest hashes the live state.
 func (n *Node) Digest() (store.Digest, error) {
-	if err := n.readable(); err != nil {
+	if err := n.rep.Readable(); err != nil {
 		return store.Digest{}, err
 	}
 	return n.store.Digest()
@@ -741,13 +726,13 @@ func (n *Node) Ready() error {
 	if err := n.FatalErr(); err != nil {
 		return err
 	}
-	if p := n.cons.removed.Load(); p != nil {
-		return *p
+	if err := n.rep.Removed(); err != nil {
+		return err
 	}
 	if err := n.com.Failed(); err != nil {
 		return err
 	}
-	if err := n.readable(); err != nil {
+	if err := n.rep.Readable(); err != nil {
 		return err
 	}
 	if n.multi() {

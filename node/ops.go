@@ -141,7 +141,7 @@ func (n *Node) Counter(key string) (api.CounterResult, error) {
 	if err := n.bounds.checkKey(key); err != nil {
 		return api.CounterResult{}, err
 	}
-	if err := n.readable(); err != nil {
+	if err := n.rep.Readable(); err != nil {
 		return api.CounterResult{}, err
 	}
 	c, err := n.store.Counter(key)

@@ -14,8 +14,8 @@ import (
 
 	"github.com/replicator/replicator/acceptor"
 	"github.com/replicator/replicator/api"
-	"github.com/replicator/replicator/entry"
 	"github.com/replicator/replicator/hlc"
+	"github.com/replicator/replicator/links"
 	"github.com/replicator/replicator/machine"
 	"github.com/replicator/replicator/origin"
 	"github.com/replicator/replicator/rejoin"
@@ -615,40 +615,8 @@ type GossipOptions struct {
 	APIURL, ReplicateURL string
 }
 
-// Peer is one peer cluster.
-type Peer struct {
-	// Name is the peer's cluster ID.
-	Name string
-	// URL is the base URL of its replicate endpoint, e.g. http://b:7400.
-	URL string
-	// Secret authenticates the two clusters to each other (both directions).
-	Secret string
-	// AllowUnproven sends the secret to a node of the peer that cannot
-	// prove it holds it because it runs a build before proofs (issue 25):
-	// for the window of an upgrade of the peer only.
-	AllowUnproven bool
-	// Overflow is what happens when the peer's backlog passes a high-water
-	// mark: OverflowReject (default) refuses local writes, OverflowDetach
-	// stops retaining the WAL for the peer and marks it for a re-seed.
-	Overflow string
-	// Compression is "zstd" to compress batches toward the peer's nodes
-	// that say they decode it, or "none" (default): worth it across a WAN,
-	// where bytes cost more than the CPU to save them.
-	Compression string
-	// Include and Exclude seed the link's filter (docs/DATAMODEL.md,
-	// "Filters"): only keys under one of Include (every key when empty)
-	// and under none of Exclude cross to the peer. They seed the cluster's
-	// log once; after that the log's filter wins (change it with
-	// PUT /admin/peers/NAME/filter).
-	Include, Exclude []string
-	// Bandwidth seeds the link's limit in bytes per second of request
-	// bodies as sent (0: none), as Include does its filter: once; after
-	// that the log's wins (PUT /admin/peers/NAME/bandwidth).
-	Bandwidth int64
-}
-
-// Filter is the filter the peer's flags seed.
-func (p *Peer) Filter() entry.Filter { return entry.Filter{Include: p.Include, Exclude: p.Exclude} }
+// Peer is one peer cluster (package links).
+type Peer = links.Peer
 
 func (o *Options) resolver() origin.Resolver {
 	if o.Origin != nil {

@@ -25,12 +25,12 @@ import (
 // follower of a cluster of several it is proposed to the leader, and
 // answered once this node applied it.
 func (n *Node) Propose(ctx context.Context, w api.Write) (api.WriteResult, error) {
-	if n.follower != nil && !n.lead.ready.Load() && ctx.Value(proposeHereKey{}) == nil {
+	if n.follower != nil && !n.rep.Ready() && ctx.Value(proposeHereKey{}) == nil {
 		if n.closing.Load() {
 			return api.WriteResult{}, fmt.Errorf("%w: %w", api.ErrClosed, api.ErrNotWritten)
 		}
-		if p := n.cons.removed.Load(); p != nil {
-			return api.WriteResult{}, fmt.Errorf("%w: %w", api.ErrNotWritten, *p)
+		if err := n.rep.Removed(); err != nil {
+			return api.WriteResult{}, fmt.Errorf("%w: %w", api.ErrNotWritten, err)
 		}
 		return n.follower.Propose(ctx, w)
 	}
@@ -70,7 +70,7 @@ func (n *Node) newFollower() *forward.Follower {
 		NotSent: forward.NotSent,
 		// A write needs the API scope, which the door that took it checked.
 		Header:  http.Header{forward.HeaderCaller: {"in process (RESP or the Go API)"}, forward.HeaderScope: {httpapi.ScopeAPI.String()}},
-		Await:   n.progress.wait,
+		Await:   n.rep.AwaitApplied,
 		Counted: func(how string) { n.metrics.forwards.WithLabelValues(how).Inc() },
 	}
 }
@@ -79,7 +79,7 @@ func (n *Node) newFollower() *forward.Follower {
 // port (forward.PathPropose) here, as the leader, once the scope their
 // caller was granted allows a write; next answers the rest.
 func (n *Node) servesProposals(next http.Handler, refused func(code string)) http.Handler {
-	l := &forward.Leader{Propose: n.proposeHere, Applied: n.progress.get,
+	l := &forward.Leader{Propose: n.proposeHere, Applied: n.rep.Applied,
 		MaxBody: int64(max(n.opts.MaxValueBytes+n.opts.MaxKeyBytes, int(n.opts.MaxReplicateBytes/2))) + 64<<10}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		// A request of the API a follower relayed whole carries

@@ -30,6 +30,7 @@ import (
 	"github.com/replicator/replicator/machine"
 	"github.com/replicator/replicator/origin"
 	"github.com/replicator/replicator/policy"
+	"github.com/replicator/replicator/replica"
 	"github.com/replicator/replicator/store"
 	"github.com/replicator/replicator/transport"
 	"github.com/replicator/replicator/wal"
@@ -139,7 +140,7 @@ func (c *raftCluster) leader() string {
 	deadline := time.Now().Add(20 * time.Second)
 	for time.Now().Before(deadline) {
 		for _, name := range c.names {
-			if nd := c.nodes[name]; nd != nil && nd.lead.ready.Load() {
+			if nd := c.nodes[name]; nd != nil && nd.rep.Ready() {
 				return name
 			}
 		}
@@ -436,7 +437,7 @@ func TestRecoverAfterLosingTheMajority(t *testing.T) {
 	if d, err := nd.Digest(); err != nil || d.Keys != want {
 		t.Fatalf("%+v %v, want %d keys", d, err, want)
 	}
-	if _, err := os.Stat(nd.cons.sealFile()); !errors.Is(err, os.ErrNotExist) {
+	if _, err := os.Stat(nd.rep.SealFile()); !errors.Is(err, os.ErrNotExist) {
 		t.Fatalf("the seal mark is left: %v", err)
 	}
 }
@@ -779,7 +780,7 @@ func TestWipedOrRestoredVoterDoesNotLoseAcknowledgedWrites(t *testing.T) {
 				}
 				time.Sleep(50 * time.Millisecond)
 			}
-			if why := ld.cons.removedServer(cluster.ServerID(w, oldInc)); why == "" {
+			if why := ld.rep.RemovedServer(cluster.ServerID(w, oldInc)); why == "" {
 				t.Fatalf("%s's old incarnation %s is not recorded as removed", w, oldInc)
 			}
 			// And the cluster takes writes at every node.
@@ -842,7 +843,7 @@ func TestRecoveryRecordsTheLostAndSealsOnce(t *testing.T) {
 				once.Do(func() { close(fired) })
 				return fmt.Errorf("stopped at %s (a crash, in a test)", step)
 			}
-			testRecoveryStep.Store(&hook)
+			replica.RecoveryStepHook.Store(&hook)
 			c.start(survivor)
 			select {
 			case <-fired:
@@ -851,7 +852,7 @@ func TestRecoveryRecordsTheLostAndSealsOnce(t *testing.T) {
 			}
 			sealedInto := c.nodes[survivor].out.Stream()
 			c.stop(survivor)
-			testRecoveryStep.Store(nil)
+			replica.RecoveryStepHook.Store(nil)
 			if _, err := os.Stat(filepath.Join(gdir, cluster.PeersFile)); err != nil {
 				t.Fatalf("peers.json went before the recovery's commands committed: %v", err)
 			}
@@ -873,7 +874,7 @@ func TestRecoveryRecordsTheLostAndSealsOnce(t *testing.T) {
 				}
 			}
 			for name, id := range lostIDs {
-				if why := nd.cons.removedServer(id); !strings.Contains(why, "recovered") {
+				if why := nd.rep.RemovedServer(id); !strings.Contains(why, "recovered") {
 					t.Fatalf("%s (%s) is not recorded as lost in the recovery: %q", name, id, why)
 				}
 			}
@@ -985,7 +986,7 @@ func TestTruncationOfAppliedEntriesStopsTheNode(t *testing.T) {
 	// collection) may still apply up to then.
 	ln := c.nodes[l]
 	c.stop(l)
-	applied := ln.progress.get()
+	applied := ln.rep.Applied()
 	c.stop(w)
 	// W's disk is put back from the copy taken before the 5 writes, by a
 	// block-level snapshot that keeps its files' identity: nothing can
@@ -1000,7 +1001,7 @@ func TestTruncationOfAppliedEntriesStopsTheNode(t *testing.T) {
 	c.start(w)
 	c.start(f)
 	deadline := time.Now().Add(20 * time.Second)
-	for !c.nodes[f].lead.ready.Load() && !c.nodes[w].lead.ready.Load() {
+	for !c.nodes[f].rep.Ready() && !c.nodes[w].rep.Ready() {
 		if time.Now().After(deadline) {
 			t.Fatal("neither F nor W, whose logs lack the 5 writes, was elected (the hazard this test needs)")
 		}
@@ -1017,7 +1018,7 @@ func TestTruncationOfAppliedEntriesStopsTheNode(t *testing.T) {
 		t.Fatalf("stopped with %v", err)
 	}
 	// Its tree and log are as they were: the evidence is kept.
-	if got := c.nodes[l].progress.get(); got != applied {
+	if got := c.nodes[l].rep.Applied(); got != applied {
 		t.Fatalf("applied %d, was %d", got, applied)
 	}
 	for i := 0; i < 5; i++ {
@@ -1202,10 +1203,10 @@ func TestRefusalFromAnImpostorDoesNotStopTheLeader(t *testing.T) {
 		t.Fatalf("an impostor's refusal stopped the leader: %v", nd.FatalErr())
 	default:
 	}
-	if p := nd.cons.removed.Load(); p != nil {
-		t.Fatalf("an impostor's refusal put the leader out of its cluster: %v", *p)
+	if err := nd.rep.Removed(); err != nil {
+		t.Fatalf("an impostor's refusal put the leader out of its cluster: %v", err)
 	}
-	if !nd.lead.ready.Load() {
+	if !nd.rep.Ready() {
 		t.Fatal("the leader no longer leads")
 	}
 	for _, sv := range nd.group.Status().Servers {
@@ -1293,7 +1294,7 @@ func TestLostNodeRefusedByALaterIncarnationOfAMember(t *testing.T) {
 	if got := c.leader(); got != w {
 		t.Fatalf("%s leads after recovering %s", got, w)
 	}
-	if why := c.nodes[w].cons.removedServer(fID); !strings.Contains(why, "recovered") {
+	if why := c.nodes[w].rep.RemovedServer(fID); !strings.Contains(why, "recovered") {
 		t.Fatalf("F (%s) is not recorded as lost in the recovery: %q", fID, why)
 	}
 	// F comes back with its old directory: it must stop, saying why.
@@ -1437,7 +1438,7 @@ func TestImpostorOfTheLeaderGetsNoRequests(t *testing.T) {
 			t.Fatalf("admin cluster shows the impostor's URL for %s", cn.ID)
 		}
 	}
-	leads, leader, nodes := c.nodes[w].repl.leadership()()
+	leads, leader, nodes := c.nodes[w].acceptorLeadership()()
 	if leads || leader != c.nodes[l].PeerURL() {
 		t.Fatalf("a follower's not_leader answer names %q, not the leader's %q", leader, c.nodes[l].PeerURL())
 	}
@@ -1478,7 +1479,7 @@ func TestImpostorOfTheLeaderGetsNoRequests(t *testing.T) {
 		}
 	}
 	time.Sleep(2500 * time.Millisecond) // two refreshes of the URLs acks hand out
-	_, _, nodes = c.nodes[w].repl.leadership()()
+	_, _, nodes = c.nodes[w].acceptorLeadership()()
 	for _, u := range nodes {
 		if u == fake.URL {
 			t.Fatalf("acks name the impostor of a node that is down: %v", nodes)

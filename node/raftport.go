@@ -9,27 +9,8 @@ import (
 	"sync"
 	"time"
 
-	"github.com/hashicorp/raft"
-
-	"github.com/replicator/replicator/cluster"
 	"github.com/replicator/replicator/internal/raftconn"
-	"github.com/replicator/replicator/machine"
 )
-
-// removedServer says why a raft server may not be a member ("" when it
-// may), from what the log recorded.
-func (cs *consensus) removedServer(id raft.ServerID) string {
-	n := cs.n
-	node, inc := cluster.SplitServerID(id)
-	why, err := n.machine.Removed(machine.RemovalKey(node, inc))
-	switch {
-	case err != nil:
-		return "its removal record could not be read: " + err.Error()
-	case why == 0:
-		return ""
-	}
-	return cluster.Removal(why).String()
-}
 
 // raftCredentials says how the raft port is secured, or why it cannot be.
 func (o *Options) raftCredentials() (string, error) {
@@ -62,8 +43,7 @@ func (o *Options) raftCredentials() (string, error) {
 }
 
 // raftConn builds the raft port's credentials.
-func (cs *consensus) raftConn() (raftconn.Options, error) {
-	n := cs.n
+func (n *Node) raftConn() (raftconn.Options, error) {
 	kind, err := n.opts.raftCredentials()
 	if err != nil {
 		return raftconn.Options{}, err
@@ -119,6 +99,3 @@ func blockList(path string) func(string) bool {
 		return set[addr]
 	}
 }
-
-// hasState reports raft state in the group's directory.
-func (cs *consensus) hasState() bool { return cluster.HasState(cs.groupDir()) }

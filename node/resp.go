@@ -65,12 +65,12 @@ type respNode struct {
 	// rung at each acknowledgement.
 	peers    func() []Peer
 	settings *links.Settings
-	acks     *bell
+	acks     func() <-chan struct{}
 }
 
 func newRESPNode(n *Node) respNode {
-	r := respNode{respReads: n, sub: n.sub, follower: n.follower, leads: n.lead.ready.Load, version: n.opts.BuildVersion,
-		store: n.store, peers: n.repl.linkPeers, settings: n.settings, acks: &n.repl.acks}
+	r := respNode{respReads: n, sub: n.sub, follower: n.follower, leads: n.rep.Ready, version: n.opts.BuildVersion,
+		store: n.store, peers: n.links.Peers, settings: n.settings, acks: n.links.Acks}
 	if n.multi() {
 		r.servers = func() []cluster.Server { return n.group.Status().Servers }
 	}
@@ -175,7 +175,7 @@ func (r respNode) Acks() <-chan struct{} {
 	if !r.leading() {
 		return nil
 	}
-	return r.acks.wait()
+	return r.acks()
 }
 
 // openRESP listens on Options.RESPListen and serves it (nil, nil when it

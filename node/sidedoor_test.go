@@ -158,7 +158,7 @@ func TestTreeFloodIsPacedAndCharged(t *testing.T) {
 		t.Fatal(err)
 	}
 	var sh *transport.Shipper
-	for _, l := range b.repl.links() {
+	for _, l := range b.links.All() {
 		if l.Name() == "a" {
 			sh = l
 		}

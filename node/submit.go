@@ -30,10 +30,10 @@ func newSubmitter(n *Node) *submitter {
 		if n.closing.Load() {
 			return fmt.Errorf("%w: %w", api.ErrClosed, api.ErrNotWritten)
 		}
-		if p := n.cons.removed.Load(); p != nil {
-			return fmt.Errorf("%w: %w", api.ErrNotWritten, *p)
+		if err := n.rep.Removed(); err != nil {
+			return fmt.Errorf("%w: %w", api.ErrNotWritten, err)
 		}
-		if err := n.lead.awaitTerm(ctx); err != nil {
+		if err := n.rep.AwaitTerm(ctx); err != nil {
 			return err
 		}
 		select {
@@ -41,7 +41,7 @@ func newSubmitter(n *Node) *submitter {
 		case <-ctx.Done():
 			return fmt.Errorf("%w: waiting for the peers to confirm this stream's identity: %w", api.ErrNotWritten, ctx.Err())
 		}
-		return n.sat.admit(ctx)
+		return n.sat.Admit(ctx)
 	}}
 }
 

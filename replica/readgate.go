@@ -1,4 +1,4 @@
-package node
+package replica
 
 import (
 	"fmt"
@@ -36,27 +36,27 @@ type readGate struct {
 }
 
 // readable reports whether local reads may be answered, or why not.
-func (n *Node) readable() error {
-	if p := n.cons.removed.Load(); p != nil {
+func (r *Replica) Readable() error {
+	if p := r.removed.Load(); p != nil {
 		return *p
 	}
-	if n.restoring.Load() {
+	if r.restoring.Load() {
 		return fmt.Errorf("%w: installing the leader's snapshot of the tree (this node lagged behind the log)", api.ErrCatchingUp)
 	}
-	if n.reads.open.Load() || !n.multi() || n.group == nil {
+	if r.reads.open.Load() || !r.multi() || r.group == nil {
 		return nil
 	}
 	// progress counts commands only (raft's own entries never reach the
 	// state machine), so the targets are commands too.
-	applied := n.progress.get()
-	if applied >= n.reads.startLast && n.group.IsVoter() {
-		n.reads.open.Store(true)
+	applied := r.progress.get()
+	if applied >= r.reads.startLast && r.group.IsVoter() {
+		r.reads.open.Store(true)
 		return nil
 	}
-	if c, ok := n.group.CommitOfTerm(); ok && applied >= n.group.LastCommandAtOrBelow(c) {
-		n.reads.open.Store(true)
+	if c, ok := r.group.CommitOfTerm(); ok && applied >= r.group.LastCommandAtOrBelow(c) {
+		r.reads.open.Store(true)
 		return nil
 	}
 	return fmt.Errorf("%w: this node restarted and has applied its log up to %d of the %d it held (what it may have acknowledged before it stopped)",
-		api.ErrCatchingUp, applied, n.reads.startLast)
+		api.ErrCatchingUp, applied, r.reads.startLast)
 }

@@ -1,9 +1,10 @@
-package node
+package replica
 
 import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"sync"
@@ -15,12 +16,10 @@ import (
 	"github.com/replicator/replicator/api"
 	"github.com/replicator/replicator/cluster"
 	"github.com/replicator/replicator/entry"
-	"github.com/replicator/replicator/forward"
 	"github.com/replicator/replicator/hlc"
 	"github.com/replicator/replicator/internal/legacywal"
+	"github.com/replicator/replicator/internal/raftconn"
 	"github.com/replicator/replicator/machine"
-	"github.com/replicator/replicator/membership"
-	"github.com/replicator/replicator/replica"
 	"github.com/replicator/replicator/store"
 	"github.com/replicator/replicator/wal"
 	"github.com/replicator/replicator/wire"
@@ -37,21 +36,179 @@ type proposed struct {
 	m  map[machine.ProposalID]*machine.Command
 }
 
-// consensus is the node's side of its raft group: it opens the group (and
-// migrates an old directory into it), proposes commands and waits for them
-// to apply, hands raft's FSM its callbacks, and raises the log's format
-// once every node reads it.
-type consensus struct {
-	n *Node
+// Deps is what a Replica needs of its node: values and functions, never
+// the node.
+type Deps struct {
+	// Cluster and NodeID name this node, Incarnation its data directory's
+	// life; Dir is the data directory (the group lives in Dir/cluster).
+	Cluster, NodeID, Incarnation string
+	Dir                          string
+	Store                        *store.Store
+	Clock                        *hlc.Clock
+	Logger                       *slog.Logger
+	// Raft is the raft port's settings of a cluster of several (nil: a
+	// node alone, a group of one).
+	Raft *Raft
+	// Committer are the committer's limits and observers (Leading,
+	// NotLeader, Replays and Commit are the replica's own).
+	Committer CommitEnv
+	// Log are the raft log's options (AppliedIndex and OnFatal are the
+	// replica's own); OnFatal stops the node for a reason a restart does
+	// not fix.
+	Log     wal.Options
+	OnFatal func(error)
+	// Describe is what this node says of itself to the others (the format
+	// it reads); Reads what a member proved it reads, known or not.
+	Describe func() string
+	Reads    func(id raft.ServerID) (commands int, known bool)
+	// ObserveCommit times a command's commit through the group, and
+	// ObserveFsync a write group's.
+	ObserveCommit, ObserveFsync func(time.Duration)
+	// Terms (a cluster of several; a node alone calls none of them):
+	// Identity checks the stream's identity at the first term of the
+	// process (checked: another leader or the stream's creation already
+	// did); BeginTerm makes the links of a term; Seal seals a stream the
+	// recovery from a lost majority left; TermChanged counts the terms.
+	Identity    func(checked bool) error
+	BeginTerm   func() (Term, error)
+	Seal        func(stream entry.StreamID, why string) error
+	TermChanged func()
+	// ReadsFormat is the newest command encoding this build reads (0:
+	// machine.ReadsFormat; tests set less); CommandFault fails a command
+	// before it is proposed (tests).
+	ReadsFormat  int
+	CommandFault func(*machine.Command) error
+}
+
+// Raft is the raft group of a cluster of several nodes.
+type Raft struct {
+	Conn              raftconn.Options
+	Listen, Advertise string
+	BootstrapExpect   int
+	// ElectionTimeout bounds a failover's detection.
+	ElectionTimeout                 time.Duration
+	SnapshotThreshold, TrailingLogs uint64
+	// Members is the gossip view of the cluster's nodes.
+	Members cluster.Membership
+}
+
+// Term is a leadership term's links, as the replica begins and ends them
+// (links.Term).
+type Term interface {
+	Run()
+	Abort()
+	End()
+}
+
+// Replica is this node's replica of its cluster's raft group: it opens the
+// machine and the group (and migrates an old directory into them), proposes
+// commands and waits for them to apply, hands raft's FSM its callbacks,
+// raises the log's format once every node reads it, follows its
+// leadership in terms, and gates local reads after a start.
+type Replica struct {
+	d   Deps
+	log *slog.Logger
+
+	machine  *machine.Machine
+	out      *machine.Outbound // the stream, as shippers read it
+	group    *cluster.Group
+	fsm      *machine.FSM
+	com      *Committer
+	proposer *machine.Proposer
+	// proposed are the commands in flight (the FSM applies them as built)
+	proposed proposed
+	// progress is the last log index the state machine applied; applied
+	// the last index of the stream applied to the store.
+	progress progress
+	applied  atomic.Uint64
+	// restoring is set while a snapshot's tree replaces the store's: local
+	// reads are refused.
+	restoring atomic.Bool
+	reads     readGate
+	lead      leadState
+	// stop ends the lead loop; loop waits for it.
+	stop chan struct{}
+	loop sync.WaitGroup
+
 	// removed is why the cluster keeps this node out (nil: it does not).
 	removed atomic.Pointer[error]
 	// opened is the group once cluster.Open returned it: a refusal can
 	// come from the raft port during the open itself (on another
-	// goroutine), before n.group is set.
+	// goroutine), before r.group is set.
 	opened atomic.Pointer[cluster.Group]
-	// formatMu is held by raiseFormat and by each admission of a member
+	// formatMu is held by RaiseFormat and by each admission of a member
 	// until it is in the configuration.
 	formatMu sync.Mutex
+}
+
+// New builds a replica of d and its committer (the state machine reports a
+// failed apply to it); Open opens it.
+func New(d Deps) *Replica {
+	if d.Logger == nil {
+		d.Logger = slog.Default()
+	}
+	r := &Replica{d: d, log: d.Logger, proposer: machine.NewProposer(d.NodeID), stop: make(chan struct{})}
+	env := d.Committer
+	env.Clock, env.Logger = d.Clock, d.Logger
+	env.Leading, env.NotLeader = r.lead.ready.Load, r.notLeader
+	env.Replays = func(key string, fp []byte, now int64, e *entry.Entry) bool { return r.machine.Replays(key, fp, now, e) }
+	env.Commit = func(cmd *machine.Command, enc *machine.Encoder) (any, error) {
+		r.identify(cmd)
+		data, err := enc.Encode(cmd)
+		if err != nil {
+			return nil, fmt.Errorf("%w: %w", ErrEncode, err)
+		}
+		t0 := time.Now()
+		out, err := r.apply(data, cmd)
+		if d.ObserveFsync != nil {
+			d.ObserveFsync(time.Since(t0))
+		}
+		return out, err
+	}
+	r.com = NewCommitter(env)
+	return r
+}
+
+// multi reports a replica of a cluster of several nodes. A node alone takes
+// the same path (a raft group of one, the same committer, machine and FSM;
+// its term is ready once Open returns); what multi() still forks is only
+// what has no meaning without other nodes: terms that begin and end while
+// the process runs, snapshots that carry a tree for a follower, and the
+// starts a voter must refuse instead of beginning a new stream.
+func (r *Replica) multi() bool { return r.d.Raft != nil }
+
+// Machine is the state machine; Stream the cluster's stream; Group the raft
+// group; FSM raft's state machine; Committer the write path's committer.
+// Each is set once Open returned.
+func (r *Replica) Machine() *machine.Machine   { return r.machine }
+func (r *Replica) Stream() *machine.Outbound   { return r.out }
+func (r *Replica) Group() *cluster.Group       { return r.group }
+func (r *Replica) FSM() *machine.FSM           { return r.fsm }
+func (r *Replica) Committer() *Committer       { return r.com }
+func (r *Replica) Proposer() *machine.Proposer { return r.proposer }
+
+// StreamApplied is the last stream index applied to the store.
+func (r *Replica) StreamApplied() uint64 { return r.applied.Load() }
+
+// Restoring reports a snapshot's tree replacing the store's.
+func (r *Replica) Restoring() bool { return r.restoring.Load() }
+
+// Removed is why the cluster keeps this node out (nil: it does not).
+func (r *Replica) Removed() error {
+	if p := r.removed.Load(); p != nil {
+		return *p
+	}
+	return nil
+}
+
+// restoreClock raises the clock to the tree's high-water mark.
+func (r *Replica) restoreClock() error {
+	hw, err := r.d.Store.HLCHighWater()
+	if err != nil {
+		return err
+	}
+	r.d.Clock.Observe(hw)
+	return nil
 }
 
 func (p *proposed) add(c *machine.Command) {
@@ -91,40 +248,40 @@ func (p *proposed) get(data []byte) *machine.Command {
 	return p.m[id]
 }
 
-// readsFormat is the newest command encoding this node reads.
-func (cs *consensus) readsFormat() int {
-	n := cs.n
-	if f := n.opts.Testing.ReadsFormat; f > 0 {
+// ReadsFormat is the newest command encoding this node reads.
+func (r *Replica) ReadsFormat() int {
+	if f := r.d.ReadsFormat; f > 0 {
 		return f
 	}
 	return machine.ReadsFormat
 }
 
-// admitMember lets a node join only if it reads the commands the log carries
+// AdmitMember lets a node join only if it reads the commands the log carries
 // now (cluster.Options.Admit): once the log went to encoding 2, a build
 // before it would stop at its first command. A build that describes
 // nothing is before it. The admission holds formatMu until the group
 // released it (the node is in the configuration, or adding it failed), so
-// raiseFormat, which holds it too, never checks the members while one it
+// RaiseFormat, which holds it too, never checks the members while one it
 // does not see yet is being added.
-func (cs *consensus) admitMember(description string) (release func(), err error) {
-	cs.formatMu.Lock()
-	if err := cs.admissible(description); err != nil {
-		cs.formatMu.Unlock()
+func (r *Replica) AdmitMember(description string) (release func(), err error) {
+	r.formatMu.Lock()
+	if err := r.admissible(description); err != nil {
+		r.formatMu.Unlock()
 		return nil, err
 	}
-	return cs.formatMu.Unlock, nil
+	return r.formatMu.Unlock, nil
 }
 
 // admissible reports whether a node that describes itself so reads the
 // log's commands.
-func (cs *consensus) admissible(description string) error {
-	n := cs.n
-	f := n.machine.Format()
+func (r *Replica) admissible(description string) error {
+	f := r.machine.Format()
 	if f <= 1 {
 		return nil
 	}
-	var d forward.Described
+	var d struct {
+		Commands int `json:"commands"`
+	}
 	if description != "" {
 		if err := json.Unmarshal([]byte(description), &d); err != nil {
 			return fmt.Errorf("its description does not read: %w", err)
@@ -136,51 +293,48 @@ func (cs *consensus) admissible(description string) error {
 	return nil
 }
 
-// raiseFormat moves the log to the newest command encoding once every
+// RaiseFormat moves the log to the newest command encoding once every
 // member of the configuration reads it (after a rolling upgrade, the first
 // term of a new cluster, or at once for a node alone): one Format command,
 // after which proposals carry their IDs. Only the leader proposes it.
-func (cs *consensus) raiseFormat() {
-	n := cs.n
-	want := cs.readsFormat()
-	if n.machine.Format() >= want || !n.group.IsLeader() || !n.lead.ready.Load() {
+func (r *Replica) RaiseFormat() {
+	want := r.ReadsFormat()
+	if r.machine.Format() >= want || !r.group.IsLeader() || !r.lead.ready.Load() {
 		return
 	}
 	// From the check of every member to the Format command's commit, no
-	// node is added (admitMember): one added in between might not read it.
-	cs.formatMu.Lock()
-	defer cs.formatMu.Unlock()
-	if n.multi() {
-		for _, sv := range n.group.Status().Servers {
+	// node is added (AdmitMember): one added in between might not read it.
+	r.formatMu.Lock()
+	defer r.formatMu.Unlock()
+	if r.multi() {
+		for _, sv := range r.group.Status().Servers {
 			id := cluster.ServerID(sv.ID, sv.Incarnation)
-			if id == n.group.ID() {
+			if id == r.group.ID() {
 				continue
 			}
-			if d, state := n.svc.Proven(id, false); state == forward.DescKnown && d.Commands >= want {
+			if c, known := r.d.Reads(id); known && c >= want {
 				continue
 			}
 			// Not known to read it (yet): asked afresh, since the member
 			// may have restarted on a new build at the same address.
-			s, err := n.group.DescribeAgain(id, time.Second)
-			var d forward.Described
-			if err != nil || s == "" || json.Unmarshal([]byte(s), &d) != nil || d.Commands < want {
+			s, err := r.group.DescribeAgain(id, time.Second)
+			if err != nil || s == "" || commandsOf(s) < want {
 				return // asked again at the next round
 			}
 		}
 	}
-	if err := cs.applyCommand(&machine.Command{Format: &machine.FormatCmd{Version: uint8(want)}}); err != nil {
-		n.log.Warn("could not move the log to the newest command encoding; trying again later", "format", want, "err", err)
+	if err := r.ApplyCommand(&machine.Command{Format: &machine.FormatCmd{Version: uint8(want)}}); err != nil {
+		r.log.Warn("could not move the log to the newest command encoding; trying again later", "format", want, "err", err)
 		return
 	}
-	n.log.Info("the log's commands now carry proposal IDs: every member reads encoding "+fmt.Sprint(want), "format", want)
+	r.log.Info("the log's commands now carry proposal IDs: every member reads encoding "+fmt.Sprint(want), "format", want)
 }
 
 // identify gives c a proposal ID once the log says every node reads
 // commands that carry one (machine.Format).
-func (cs *consensus) identify(c *machine.Command) {
-	n := cs.n
-	if n.machine.Format() >= 2 {
-		c.ID = n.proposer.Next()
+func (r *Replica) identify(c *machine.Command) {
+	if r.machine.Format() >= 2 {
+		c.ID = r.proposer.Next()
 	}
 }
 
@@ -189,48 +343,48 @@ func (cs *consensus) identify(c *machine.Command) {
 // disk) and elects itself again a moment later: a command refused for want
 // of a leader never entered the log, so it is sent again once this node
 // leads.
-func (cs *consensus) apply(data []byte, c *machine.Command) (any, error) {
-	n := cs.n
-	n.proposed.add(c)
-	defer n.proposed.remove(c)
+func (r *Replica) apply(data []byte, c *machine.Command) (any, error) {
+	r.proposed.add(c)
+	defer r.proposed.remove(c)
 	t0 := time.Now()
-	out, err := n.group.Apply(data, replica.EnqueueTimeout)
-	if err == nil && n.metrics.commitSeconds != nil {
-		n.metrics.commitSeconds.Observe(time.Since(t0).Seconds())
+	out, err := r.group.Apply(data, EnqueueTimeout)
+	if err == nil && r.d.ObserveCommit != nil {
+		r.d.ObserveCommit(time.Since(t0))
 	}
-	if n.multi() {
+	if r.multi() {
 		return out, err // another node leads: the caller hears so
 	}
 	for try := 0; try < 3 && errors.As(err, new(*cluster.NotLeaderError)); try++ {
-		if cs.awaitLead(time.Second) != nil {
+		if r.awaitLead(time.Second) != nil {
 			break
 		}
-		out, err = n.group.Apply(data, replica.EnqueueTimeout)
+		out, err = r.group.Apply(data, EnqueueTimeout)
 	}
 	return out, err
 }
 
-// sealFile, after a recovery from the loss of a majority by a build before
+// SealFile, after a recovery from the loss of a majority by a build before
 // the recovery's record (cluster.RecoveryFile), names the stream the next
 // term seals.
-func (cs *consensus) sealFile() string { return filepath.Join(cs.groupDir(), "SEAL") }
+func (r *Replica) SealFile() string { return filepath.Join(r.groupDir(), "SEAL") }
 
 // groupDir holds the raft log, its stable state and snapshots.
-func (cs *consensus) groupDir() string { return filepath.Join(cs.n.opts.DataDir, "cluster") }
+func (r *Replica) groupDir() string { return groupDir(r.d.Dir) }
 
-// openGroup opens the machine, squares it with the raft directory, starts
+func groupDir(dir string) string { return filepath.Join(dir, "cluster") }
+
+// Open opens the machine, squares it with the raft directory, starts
 // the group, and waits until the node leads and has applied its whole log.
 // It reports whether the stream is new (minted now).
-func (cs *consensus) openGroup() (created bool, err error) {
-	n := cs.n
-	if err := machine.FinishRestore(cs.groupDir(), n.store, n.log); err != nil {
+func (r *Replica) Open() (created bool, err error) {
+	if err := machine.FinishRestore(r.groupDir(), r.d.Store, r.log); err != nil {
 		return false, err
 	}
-	m, err := machine.Open(n.store, machine.Options{Cluster: n.cluster, Logger: n.log, ReadsFormat: n.opts.Testing.ReadsFormat})
+	m, err := machine.Open(r.d.Store, machine.Options{Cluster: r.d.Cluster, Logger: r.log, ReadsFormat: r.d.ReadsFormat})
 	if err != nil {
 		return false, err
 	}
-	migrated, err := cs.migrateWAL(m)
+	migrated, err := r.migrateWAL(m)
 	if err != nil {
 		return false, err
 	}
@@ -243,64 +397,57 @@ func (cs *consensus) openGroup() (created bool, err error) {
 		lostWAL = fmt.Sprintf("the store applied stream %s up to %d but its WAL is gone", m.Stream(), m.Outbound().Last())
 	}
 	if migrated {
-		if m, err = machine.Open(n.store, machine.Options{Cluster: n.cluster, Logger: n.log, ReadsFormat: n.opts.Testing.ReadsFormat}); err != nil {
+		if m, err = machine.Open(r.d.Store, machine.Options{Cluster: r.d.Cluster, Logger: r.log, ReadsFormat: r.d.ReadsFormat}); err != nil {
 			return false, err
 		}
 	}
-	n.machine, n.out = m, m.Outbound()
-	n.fsm = machine.NewFSM(machine.Deps{
-		Machine: m, Store: n.store, Dir: cs.groupDir(), Trees: n.multi(), Logger: n.log,
-		Proposed:  n.proposed.get,
-		Applied:   cs.onApplied,
-		Broken:    n.com.Fail,
-		Restoring: n.restoring.Store,
-		Installed: cs.onInstalled,
+	r.machine, r.out = m, m.Outbound()
+	r.fsm = machine.NewFSM(machine.Deps{
+		Machine: m, Store: r.d.Store, Dir: r.groupDir(), Trees: r.multi(), Logger: r.log,
+		Proposed:  r.proposed.get,
+		Applied:   r.onApplied,
+		Broken:    r.com.Fail,
+		Restoring: r.restoring.Store,
+		Installed: r.onInstalled,
 	})
-	mint, err := cs.reconcileLog(m)
+	mint, err := r.reconcileLog(m)
 	if err != nil {
 		return false, err
 	}
 	if mint == "" {
 		mint = lostWAL
 	}
-	n.machine, n.out = m, m.Outbound()
-	n.applied.Store(n.out.Last())
-	n.progress.set(m.Applied())
-	if n.multi() && mint != "" {
+	r.machine, r.out = m, m.Outbound()
+	r.applied.Store(r.out.Last())
+	r.progress.set(m.Applied())
+	if r.multi() && mint != "" {
 		return false, fmt.Errorf("node: %s; a node of a cluster of several never begins a stream of its own: "+
 			"set this data directory aside and start the node with an empty one (it comes back as a new incarnation and catches up from the leader)", mint)
 	}
 	co := &cluster.Options{
-		Cluster:     n.cluster,
-		Node:        n.nodeID,
-		Incarnation: n.incarnation,
-		Dir:         cs.groupDir(),
-		Solo:        !n.multi(),
-		FSM:         n.fsm,
-		Applied:     n.progress.get,
-		Describe:    n.svc.DescribeSelf,
-		Admit:       cs.admitMember,
-		Logger:      n.log,
-		Log: wal.Options{
-			SegmentSize: n.opts.WALSegmentSize,
-			NoSync:      n.opts.UnsafeNoSync,
-			BeforeWrite: n.opts.Testing.diskFull(),
-			// A tripwire: raft never cuts a committed entry, and only
-			// committed entries are applied.
-			AppliedIndex: n.progress.get,
-			OnFatal:      n.stopFatal,
-		},
+		Cluster:     r.d.Cluster,
+		Node:        r.d.NodeID,
+		Incarnation: r.d.Incarnation,
+		Dir:         r.groupDir(),
+		Solo:        !r.multi(),
+		FSM:         r.fsm,
+		Applied:     r.progress.get,
+		Describe:    r.d.Describe,
+		Admit:       r.AdmitMember,
+		Logger:      r.log,
+		Log:         r.d.Log,
 	}
-	if r := n.opts.Raft; r != nil {
-		if co.Conn, err = cs.raftConn(); err != nil {
-			return false, err
-		}
-		co.Listen, co.Advertise, co.BootstrapExpect = r.Listen, r.Advertise, r.BootstrapExpect
+	// A tripwire: raft never cuts a committed entry, and only committed
+	// entries are applied.
+	co.Log.AppliedIndex, co.Log.OnFatal = r.progress.get, r.d.OnFatal
+	if rf := r.d.Raft; rf != nil {
+		co.Conn = rf.Conn
+		co.Listen, co.Advertise, co.BootstrapExpect = rf.Listen, rf.Advertise, rf.BootstrapExpect
 		// The election timeout is the operator's bound on a failover's
 		// detection: raft's followers campaign after one to two heartbeat
 		// timeouts without a leader, so that is half of it.
-		co.HeartbeatTimeout, co.ElectionTimeout, co.LeaderLeaseTimeout = r.ElectionTimeout/2, r.ElectionTimeout/2, r.ElectionTimeout/4
-		co.SnapshotThreshold, co.TrailingLogs = r.SnapshotThreshold, r.TrailingLogs
+		co.HeartbeatTimeout, co.ElectionTimeout, co.LeaderLeaseTimeout = rf.ElectionTimeout/2, rf.ElectionTimeout/2, rf.ElectionTimeout/4
+		co.SnapshotThreshold, co.TrailingLogs = rf.SnapshotThreshold, rf.TrailingLogs
 		// Snapshots are checkpoints (cheap): take them often enough that
 		// the log a node keeps for its followers stays small even when its
 		// commands are large (bulk loads: up to a MiB each).
@@ -311,22 +458,16 @@ func (cs *consensus) openGroup() (created bool, err error) {
 			co.TrailingLogs = 4096
 		}
 		co.SnapshotInterval = 30 * time.Second
-		gm := &membership.GroupMembers{Gossip: n.gossip, NodeID: n.nodeID, Incarnation: n.incarnation}
-		co.Members = gm
-		defer func() {
-			if n.group != nil {
-				gm.Attach(n.group)
-			}
-		}()
-		co.HasData = cs.hasData
-		co.Removed = cs.removedServer
+		co.Members = rf.Members
+		co.HasData = r.hasData
+		co.Removed = r.RemovedServer
 		co.OnRefused = func(by, why string) {
-			cs.refused(fmt.Errorf("%w: %w: %s refuses this node (%s): %s; start it with an empty data directory: it comes back as a new member",
-				api.ErrRemoved, cluster.ErrRemoved, by, cluster.ServerID(n.nodeID, n.incarnation), why))
+			r.refused(fmt.Errorf("%w: %w: %s refuses this node (%s): %s; start it with an empty data directory: it comes back as a new member",
+				api.ErrRemoved, cluster.ErrRemoved, by, cluster.ServerID(r.d.NodeID, r.d.Incarnation), why))
 		}
 		co.RecordRemoved = func(id raft.ServerID, why cluster.Removal) error {
 			node, inc := cluster.SplitServerID(id)
-			return cs.applyCommand(&machine.Command{RemoveNode: &machine.RemoveNodeCmd{ID: machine.RemovalKey(node, inc), Why: byte(why)}})
+			return r.ApplyCommand(&machine.Command{RemoveNode: &machine.RemoveNodeCmd{ID: machine.RemovalKey(node, inc), Why: byte(why)}})
 		}
 		// A single node's directory of a build before the log, upgraded
 		// with its raft port: the cluster it was goes on as a group of it,
@@ -337,97 +478,95 @@ func (cs *consensus) openGroup() (created bool, err error) {
 	if err != nil {
 		return false, err
 	}
-	n.group = g
-	cs.opened.Store(g)
-	if cs.removed.Load() != nil {
+	r.group = g
+	r.opened.Store(g)
+	if r.removed.Load() != nil {
 		g.Halt() // refused while it opened
 	}
 	if err := g.Fenced(); err != nil {
-		cs.refused(fmt.Errorf("%w: %w; start it with an empty data directory: it comes back as a new member", api.ErrRemoved, err))
+		r.refused(fmt.Errorf("%w: %w; start it with an empty data directory: it comes back as a new member", api.ErrRemoved, err))
 	}
 	if rec := g.Recovery(); rec != nil {
 		// Writes the lost majority committed and shipped may be missing
 		// here: the stream's next indexes could mean two writes. The first
 		// term seals the stream the recovery left (term.go); a start after
 		// that seal keeps the stream it began.
-		if err := rec.SetStream(n.out.Stream().String()); err != nil {
+		if err := rec.SetStream(r.out.Stream().String()); err != nil {
 			g.Close()
 			return false, err
 		}
 	}
-	if n.multi() {
+	if r.multi() {
 		return false, nil // the first term mints the stream (term.go)
 	}
-	n.group = g
-	if err := cs.awaitLead(30 * time.Second); err != nil {
-		n.group.Close()
+	r.group = g
+	if err := r.awaitLead(30 * time.Second); err != nil {
+		r.group.Close()
 		return false, err
 	}
 	if m.Stream().IsZero() || mint != "" {
 		old := m.Stream()
-		if err := cs.applyCommand(&machine.Command{Mint: &machine.MintCmd{Stream: entry.NewStreamID()}}); err != nil {
-			n.group.Close()
+		if err := r.ApplyCommand(&machine.Command{Mint: &machine.MintCmd{Stream: entry.NewStreamID()}}); err != nil {
+			r.group.Close()
 			return false, fmt.Errorf("node: start the stream: %w", err)
 		}
 		if mint != "" {
-			n.log.Error("the stream lost entries; started a new stream (peers need a re-seed)",
+			r.log.Error("the stream lost entries; started a new stream (peers need a re-seed)",
 				"why", mint, "old_stream", old, "new_stream", m.Stream())
 		}
 		created = true
 	}
 	// A node alone's term is ready once its log is applied and its stream
 	// begun: from here it takes the path a leader of several takes.
-	n.lead.ready.Store(true)
-	cs.raiseFormat()
+	r.lead.ready.Store(true)
+	r.RaiseFormat()
 	return created, nil
 }
 
 // hasData reports that this node holds data, so that it never takes part
 // in forming a new cluster (its data would fork from its old one).
-func (cs *consensus) hasData() bool {
-	n := cs.n
-	if n.progress.get() > 0 || !n.out.Stream().IsZero() {
+func (r *Replica) hasData() bool {
+	if r.progress.get() > 0 || !r.out.Stream().IsZero() {
 		return true
 	}
-	empty, err := n.store.Empty()
+	empty, err := r.d.Store.Empty()
 	return err != nil || !empty
 }
 
 // awaitLead waits up to wait for the group to elect this node and for every
 // command in its log to be applied (a barrier): nothing is stamped before.
-func (cs *consensus) awaitLead(wait time.Duration) error {
-	n := cs.n
+func (r *Replica) awaitLead(wait time.Duration) error {
 	deadline := time.Now().Add(wait)
-	for !n.group.IsLeader() {
+	for !r.group.IsLeader() {
 		if time.Now().After(deadline) {
 			return fmt.Errorf("node: the group of one did not elect itself in %s", wait)
 		}
 		time.Sleep(2 * time.Millisecond)
 	}
-	if err := n.group.Barrier(wait); err != nil {
+	if err := r.group.Barrier(wait); err != nil {
 		return fmt.Errorf("node: apply the log: %w", err)
 	}
-	if err := n.fsm.Err(); err != nil {
+	if err := r.fsm.Err(); err != nil {
 		return fmt.Errorf("node: apply the log: %w", err)
 	}
 	return nil
 }
 
-// applyCommand commits a command of the node's own (not a write group) and
+// ApplyCommand commits a command of the node's own (not a write group) and
 // applies it.
-func (cs *consensus) applyCommand(c *machine.Command) error {
-	_, err := cs.commitCommand(c)
+func (r *Replica) ApplyCommand(c *machine.Command) error {
+	_, err := r.CommitCommand(c)
 	return err
 }
 
-// commitCommand commits a command and returns what the machine decided.
-func (cs *consensus) commitCommand(c *machine.Command) (*machine.Result, error) {
-	if f := cs.n.opts.Testing.CommandFault; f != nil && c.Kind() != machine.KindLocal && c.Kind() != machine.KindInbound {
+// CommitCommand commits a command and returns what the machine decided.
+func (r *Replica) CommitCommand(c *machine.Command) (*machine.Result, error) {
+	if f := r.d.CommandFault; f != nil && c.Kind() != machine.KindLocal && c.Kind() != machine.KindInbound {
 		if err := f(c); err != nil {
 			return nil, err
 		}
 	}
-	cs.identify(c)
+	r.identify(c)
 	enc := encoders.Get().(*machine.Encoder)
 	data, err := enc.Encode(c)
 	encoders.Put(enc)
@@ -443,7 +582,7 @@ func (cs *consensus) commitCommand(c *machine.Command) (*machine.Result, error) 
 			return nil, fmt.Errorf("node: a %s command this build would not read back: %w", c.Kind(), err)
 		}
 	}
-	out, err := cs.apply(data, c)
+	out, err := r.apply(data, c)
 	if err != nil {
 		return nil, fmt.Errorf("node: commit a %s command: %w", c.Kind(), err)
 	}
@@ -459,27 +598,25 @@ func (cs *consensus) commitCommand(c *machine.Command) (*machine.Result, error) 
 
 // SetFromPeer records, through the log, the peer's own filter toward this
 // cluster (acceptor.Log): relays of its writes are kept to it.
-func (cs *consensus) SetFromPeer(peer string, f entry.Filter, onward []entry.TargetSpans) error {
-	n := cs.n
-	if n.machine.Format() < machine.FormatOriginFilters {
+func (r *Replica) SetFromPeer(peer string, f entry.Filter, onward []entry.TargetSpans) error {
+	if r.machine.Format() < machine.FormatOriginFilters {
 		return nil // the acceptor does not ask before it (TakesOriginFilters)
 	}
-	_, err := cs.commitCommand(&machine.Command{Link: &machine.LinkCmd{Peer: peer, SetFromPeer: true, Filter: f, Onward: onward}})
+	_, err := r.CommitCommand(&machine.Command{Link: &machine.LinkCmd{Peer: peer, SetFromPeer: true, Filter: f, Onward: onward}})
 	return err
 }
 
 // UpdateReseed changes a peer's re-seed record through the log
 // (acceptor.Log).
-func (cs *consensus) UpdateReseed(peer string, f func(byte) byte) (byte, error) {
-	return cs.UpdateRecord(peer, machine.RecordReseed, f)
+func (r *Replica) UpdateReseed(peer string, f func(byte) byte) (byte, error) {
+	return r.UpdateRecord(peer, machine.RecordReseed, f)
 }
 
 // UpdateRecord changes a peer's re-seed request flags or this node's rejoin
 // phase with it through the log (acceptor.Log); it returns what the record
 // held before.
-func (cs *consensus) UpdateRecord(peer string, record byte, f func(byte) byte) (byte, error) {
-	n := cs.n
-	return machine.UpdateRecord(n.store, cs.commitCommand, peer, record, f)
+func (r *Replica) UpdateRecord(peer string, record byte, f func(byte) byte) (byte, error) {
+	return machine.UpdateRecord(r.d.Store, r.CommitCommand, peer, record, f)
 }
 
 // encoders are the command encoders of inbound batches (many at once).
@@ -489,9 +626,9 @@ var encoders = sync.Pool{New: func() any { return machine.NewEncoder() }}
 // returns what the machine decided (acceptor.Log). A failed commit is
 // answered as a refusal the sender retries; the high-water mark makes a
 // batch that did commit a duplicate then.
-func (cs *consensus) ApplyInbound(in *machine.Inbound, raw []byte) (*machine.InboundResult, error) {
+func (r *Replica) ApplyInbound(in *machine.Inbound, raw []byte) (*machine.InboundResult, error) {
 	in.Raw = raw
-	res, err := cs.commitCommand(&machine.Command{Inbound: in})
+	res, err := r.CommitCommand(&machine.Command{Inbound: in})
 	if err != nil {
 		return nil, err
 	}
@@ -515,16 +652,15 @@ func (cs *consensus) ApplyInbound(in *machine.Inbound, raw []byte) (*machine.Inb
 //     the WAL before the log did;
 //   - the tree lacks commands the log no longer holds: the same, for the
 //     same reason.
-func (cs *consensus) reconcileLog(m *machine.Machine) (mint string, err error) {
-	n := cs.n
-	ls, err := cluster.Inspect(cs.groupDir(), n.log)
+func (r *Replica) reconcileLog(m *machine.Machine) (mint string, err error) {
+	ls, err := cluster.Inspect(r.groupDir(), r.log)
 	if err != nil {
 		return "", err
 	}
 	// What this node may have acknowledged before it stopped is in its log:
 	// local reads wait until it applied that much (readable).
 	applied := m.Applied()
-	n.reads.startLast = max(ls.LastCommand, applied)
+	r.reads.startLast = max(ls.LastCommand, applied)
 	// The snapshot's index counts raft's own entries too; what the tree
 	// must hold is the last command the machine had applied when it was
 	// taken, which the snapshot records.
@@ -540,23 +676,23 @@ func (cs *consensus) reconcileLog(m *machine.Machine) (mint string, err error) {
 	// was: the tail may be a deposed leader's, never committed).
 	logMatches := ls.LogTermAtSnapshot != 0 && ls.LogTermAtSnapshot == ls.SnapshotTerm
 	if applied < snap.Applied && ls.First > 0 && ls.First <= applied+1 && logMatches {
-		err := cluster.ReadLog(cs.groupDir(), applied+1, ls.Snapshot, n.log, func(i uint64, data []byte) error {
+		err := cluster.ReadLog(r.groupDir(), applied+1, ls.Snapshot, r.log, func(i uint64, data []byte) error {
 			res, err := m.Apply(i, data)
 			if err == nil && !res.High.IsZero() {
-				n.clock.Observe(res.High)
+				r.d.Clock.Observe(res.High)
 			}
 			return err
 		})
 		if err != nil {
 			return "", fmt.Errorf("node: apply the log's committed commands the store lacks: %w", err)
 		}
-		n.log.Warn("the store lacked committed commands the log holds: applied them", "from", applied+1, "to", ls.Snapshot)
+		r.log.Warn("the store lacked committed commands the log holds: applied them", "from", applied+1, "to", ls.Snapshot)
 		applied = m.Applied()
 	}
-	if applied < snap.Applied && n.multi() && snap.Tree && ls.SnapshotTree != "" {
+	if applied < snap.Applied && r.multi() && snap.Tree && ls.SnapshotTree != "" {
 		// A node of several keeps the tree in its snapshot: the store
 		// restored alone from an older backup takes it back.
-		if err := n.fsm.InstallTree(ls.SnapshotTree, snap.Applied); err != nil {
+		if err := r.fsm.InstallTree(ls.SnapshotTree, snap.Applied); err != nil {
 			return "", err
 		}
 		applied = m.Applied()
@@ -572,18 +708,18 @@ func (cs *consensus) reconcileLog(m *machine.Machine) (mint string, err error) {
 	default:
 		return "", nil
 	}
-	if n.multi() {
+	if r.multi() {
 		// A voter never sets its raft directory aside (its term and vote
 		// are in it) nor forgets its log: the start is refused, and stays
 		// refused, with both as they are.
 		return mint, nil
 	}
 	if ls.Existing {
-		aside := fmt.Sprintf("%s.lost-%d", cs.groupDir(), time.Now().UnixNano())
-		if err := os.Rename(cs.groupDir(), aside); err != nil {
+		aside := fmt.Sprintf("%s.lost-%d", r.groupDir(), time.Now().UnixNano())
+		if err := os.Rename(r.groupDir(), aside); err != nil {
 			return "", fmt.Errorf("node: set the raft directory aside: %w", err)
 		}
-		n.log.Warn("raft directory set aside", "why", why, "kept_at", aside)
+		r.log.Warn("raft directory set aside", "why", why, "kept_at", aside)
 	}
 	return mint, m.ForgetLog()
 }
@@ -593,28 +729,27 @@ func (cs *consensus) reconcileLog(m *machine.Machine) (mint string, err error) {
 // its retained entries become the stream's outbound entries in the tree, and
 // the stream is kept. The WAL is kept as wal.migrated-<stream> for the
 // operator to remove. It reports whether there was a WAL to migrate.
-func (cs *consensus) migrateWAL(m *machine.Machine) (bool, error) {
-	n := cs.n
-	dir := filepath.Join(n.opts.DataDir, "wal")
+func (r *Replica) migrateWAL(m *machine.Machine) (bool, error) {
+	dir := filepath.Join(r.d.Dir, "wal")
 	if _, err := os.Stat(dir); errors.Is(err, os.ErrNotExist) {
 		return false, nil
 	}
 	if m.Applied() > 0 {
 		return false, fmt.Errorf("node: %s exists beside the cluster's log: set it aside, or remove it if it was migrated", dir)
 	}
-	l, err := legacywal.Open(dir, &legacywal.Options{Origin: n.cluster, Logger: n.log})
+	l, err := legacywal.Open(dir, &legacywal.Options{Origin: r.d.Cluster, Logger: r.log})
 	if errors.Is(err, legacywal.ErrEmpty) {
 		// A WAL its build never began: nothing to migrate (a tree with a
 		// stream and no WAL begins a new stream, as that build did).
 		aside := fmt.Sprintf("%s.empty-%d", dir, time.Now().UnixNano())
-		n.log.Warn("the WAL directory holds no stream: set aside", "kept_at", aside)
+		r.log.Warn("the WAL directory holds no stream: set aside", "kept_at", aside)
 		return false, os.Rename(dir, aside)
 	}
 	if err != nil {
 		return false, err
 	}
 	stream, first, last := l.Stream(), l.First(), l.Last()
-	err = cs.migrateEntries(l)
+	err = r.migrateEntries(l)
 	if cerr := l.Close(); err == nil {
 		err = cerr
 	}
@@ -632,16 +767,15 @@ func (cs *consensus) migrateWAL(m *machine.Machine) (bool, error) {
 	if err := os.Rename(dir, aside); err != nil {
 		return false, fmt.Errorf("node: set the migrated WAL aside: %w", err)
 	}
-	n.log.Info("migrated the WAL into the cluster's log; the stream goes on", "stream", stream,
+	r.log.Info("migrated the WAL into the cluster's log; the stream goes on", "stream", stream,
 		"entries", last+1-first, "last_index", last, "kept_at", aside)
 	return true, nil
 }
 
 // migrateEntries applies what the store lacks of the WAL and copies its
 // retained entries into the tree, synced, with the stream and its end.
-func (cs *consensus) migrateEntries(l *legacywal.Log) error {
-	n := cs.n
-	ap, err := n.store.LocalApplied()
+func (r *Replica) migrateEntries(l *legacywal.Log) error {
+	ap, err := r.d.Store.LocalApplied()
 	if err != nil {
 		return err
 	}
@@ -661,7 +795,7 @@ func (cs *consensus) migrateEntries(l *legacywal.Log) error {
 	codec := wire.NewCodec()
 	var commit hlc.Timestamp
 	for i := first; i <= last; {
-		b := n.store.NewBatch()
+		b := r.d.Store.NewBatch()
 		to := min(last, i+1023)
 		for ; i <= to; i++ {
 			raw, err := l.ReadRaw(i)
@@ -675,7 +809,7 @@ func (cs *consensus) migrateEntries(l *legacywal.Log) error {
 				return err
 			}
 			commit = e.Commit
-			n.clock.Observe(e.Commit)
+			r.d.Clock.Observe(e.Commit)
 			if i >= from {
 				if _, err := b.ApplyEntry(&e); err != nil {
 					b.Close()
@@ -687,7 +821,7 @@ func (cs *consensus) migrateEntries(l *legacywal.Log) error {
 				return err
 			}
 		}
-		err := errors.Join(b.RaiseHLC(n.clock.Last()), b.Commit(true))
+		err := errors.Join(b.RaiseHLC(r.d.Clock.Last()), b.Commit(true))
 		b.Close()
 		if err != nil {
 			return err
@@ -697,30 +831,28 @@ func (cs *consensus) migrateEntries(l *legacywal.Log) error {
 		// every entry was shipped and cut: the store knows the last commit
 		commit = ap.Commit
 	}
-	b := n.store.NewBatch()
+	b := r.d.Store.NewBatch()
 	defer b.Close()
 	return errors.Join(b.SetLocalApplied(store.AppliedIndex{Stream: stream, Index: last, Commit: commit}), b.Commit(true))
 }
 
 // onApplied follows the commands the FSM applied: the clock observes their
 // stamps, and readers and waiters see the stream and the log advance.
-func (cs *consensus) onApplied(index uint64, res *machine.Result) {
-	n := cs.n
+func (r *Replica) onApplied(index uint64, res *machine.Result) {
 	if !res.High.IsZero() {
-		n.clock.Observe(res.High)
+		r.d.Clock.Observe(res.High)
 	}
-	n.applied.Store(n.out.Last())
-	n.progress.set(index)
+	r.applied.Store(r.out.Last())
+	r.progress.set(index)
 }
 
 // onInstalled follows a snapshot's tree installed in place of the store's.
-func (cs *consensus) onInstalled(applied uint64) error {
-	n := cs.n
-	if err := n.restoreClock(); err != nil {
+func (r *Replica) onInstalled(applied uint64) error {
+	if err := r.restoreClock(); err != nil {
 		return err
 	}
-	n.applied.Store(n.out.Last())
-	n.progress.set(applied)
+	r.applied.Store(r.out.Last())
+	r.progress.set(applied)
 	return nil
 }
 
@@ -729,36 +861,77 @@ func (cs *consensus) onInstalled(applied uint64) error {
 // with err (api.ErrRemoved). The process stays up, failing /readyz, so that
 // a supervisor does not restart it in a loop; the operator wipes it to
 // bring it back as a new member (docs/OPERATIONS.md).
-func (cs *consensus) refused(err error) {
-	if !cs.removed.CompareAndSwap(nil, &err) {
+func (r *Replica) refused(err error) {
+	if !r.removed.CompareAndSwap(nil, &err) {
 		return
 	}
-	n := cs.n
-	n.log.Error("this node was removed from its cluster: it refuses reads and writes, and stays up until it is stopped", "err", err)
-	if n.fsm != nil {
-		n.fsm.Break(err)
+	r.log.Error("this node was removed from its cluster: it refuses reads and writes, and stays up until it is stopped", "err", err)
+	if r.fsm != nil {
+		r.fsm.Break(err)
 	}
-	if g := cs.opened.Load(); g != nil {
+	if g := r.opened.Load(); g != nil {
 		g.Halt()
 	}
 }
 
-// checkRemoved puts the node out when the cluster's log, as this node
+// CheckRemoved puts the node out when the cluster's log, as this node
 // applied it, records its own removal: a node removed while it runs may
 // never be refused by a member (once it holds the configuration without
 // itself, it asks nobody for a vote), and must not go on serving reads.
 // It runs every second (Start).
-func (cs *consensus) checkRemoved() {
-	n := cs.n
-	if cs.removed.Load() != nil {
+func (r *Replica) CheckRemoved() {
+	if r.removed.Load() != nil {
 		return
 	}
-	id := n.group.ID()
+	id := r.group.ID()
 	node, inc := cluster.SplitServerID(id)
-	why, err := n.machine.Removed(machine.RemovalKey(node, inc))
+	why, err := r.machine.Removed(machine.RemovalKey(node, inc))
 	if err != nil || why == 0 {
 		return
 	}
-	cs.refused(fmt.Errorf("%w: %w: the cluster's log records this node (%s) as %s; start it with an empty data directory: it comes back as a new member",
+	r.refused(fmt.Errorf("%w: %w: the cluster's log records this node (%s) as %s; start it with an empty data directory: it comes back as a new member",
 		api.ErrRemoved, cluster.ErrRemoved, id, cluster.Removal(why)))
+}
+
+// commandsOf reads the command encoding a member's description says it
+// reads (0: none said).
+func commandsOf(description string) int {
+	var d struct {
+		Commands int `json:"commands"`
+	}
+	if json.Unmarshal([]byte(description), &d) != nil {
+		return 0
+	}
+	return d.Commands
+}
+
+// RemovedServer says why a raft server may not be a member ("" when it
+// may), from what the log recorded.
+func (r *Replica) RemovedServer(id raft.ServerID) string {
+	node, inc := cluster.SplitServerID(id)
+	why, err := r.machine.Removed(machine.RemovalKey(node, inc))
+	switch {
+	case err != nil:
+		return "its removal record could not be read: " + err.Error()
+	case why == 0:
+		return ""
+	}
+	return cluster.Removal(why).String()
+}
+
+// HasState reports raft state in the group directory of the data directory
+// dir.
+func HasState(dir string) bool { return cluster.HasState(groupDir(dir)) }
+
+// Halt stops the replica for a reason a restart does not fix: every
+// proposal is refused with err, the state machine applies nothing more and
+// the group neither votes, appends nor applies.
+func (r *Replica) Halt(err error) {
+	r.com.Fail(err)
+	if r.fsm != nil {
+		r.fsm.Break(err)
+	}
+	if g := r.opened.Load(); g != nil {
+		g.Halt()
+	}
 }

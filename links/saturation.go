@@ -1,4 +1,4 @@
-package node
+package links
 
 import (
 	"context"
@@ -14,19 +14,33 @@ import (
 	"github.com/replicator/replicator/transport"
 )
 
-type saturation struct {
-	marks    api.WaterMarks
-	wait     time.Duration // how long a write waits for saturation to clear
-	overflow map[string]string
-	log      *slog.Logger
-	metrics  *nodeMetrics
-	// links are the node's links now; oldest the commit wall time of a
+// SaturationDeps is what Saturation needs of its node.
+type SaturationDeps struct {
+	// Marks are the water marks; Wait how long a write waits for
+	// saturation to clear; Overflow each peer's overflow mode.
+	Marks    api.WaterMarks
+	Wait     time.Duration
+	Overflow map[string]string
+	// Links are the node's links now; Oldest the commit wall time of a
 	// stream index (the backlog's age).
-	links  func() []*transport.Shipper
-	oldest func(index uint64) (int64, bool)
+	Links  func() []*transport.Shipper
+	Oldest func(index uint64) (int64, bool)
+	// Watched is called for each link at every evaluation (its series
+	// exist from the start), Backlog with a retained link's backlog,
+	// Detached when overflow detaches a link.
+	Watched, Detached func(peer string)
+	Backlog           func(peer string, bl transport.Backlog)
+	Logger            *slog.Logger
+}
+
+// Saturation is the node's saturation state (docs/SATURATION.md): every
+// retained link measured against the water marks, links in overflow mode
+// detach detached, and local writes admitted or refused by it.
+type Saturation struct {
+	d SaturationDeps
 
 	// saturated and evaluatedAt (nanoseconds on the monotonic clock since
-	// monoStart) mirror the last evaluation, so that admit answers the
+	// monoStart) mirror the last evaluation, so that Admit answers the
 	// common case, a healthy node evaluated within the last millisecond,
 	// without taking mu on every write.
 	saturated   atomic.Bool
@@ -43,11 +57,27 @@ type saturation struct {
 	}
 }
 
-func (s *saturation) init() {
+// NewSaturation builds the saturation state of d, healthy.
+func NewSaturation(d SaturationDeps) *Saturation {
+	s := &Saturation{d: d}
 	s.mu.state = api.StateHealthy
 	s.mu.since = time.Now()
 	s.mu.changed = make(chan struct{})
 	s.mu.trends = map[string]*trend{}
+	return s
+}
+
+// Overflow is a peer's overflow mode.
+func (s *Saturation) Overflow(peer string) string { return s.d.Overflow[peer] }
+
+// Marks are the water marks.
+func (s *Saturation) Marks() api.WaterMarks { return s.d.Marks }
+
+// Refusals counts the local writes refused while saturated.
+func (s *Saturation) Refusals() uint64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.mu.refusals
 }
 
 // linkOver tells which mark a backlog is over, "" if none.
@@ -66,10 +96,10 @@ func over(bl transport.Backlog, entries uint64, bytes int64, age time.Duration) 
 // monoStart anchors monotonic readings that fit an atomic.
 var monoStart = time.Now()
 
-// evaluateSaturation measures every retained link against the water marks,
+// Evaluate measures every retained link against the water marks,
 // detaches links in overflow mode detach, and moves the node's state. It
 // runs at most once a millisecond unless forced.
-func (s *saturation) evaluate(force bool) api.SaturationReport {
+func (s *Saturation) Evaluate(force bool) api.SaturationReport {
 	s.mu.Lock()
 	if !force && time.Since(s.mu.evaluated) < time.Millisecond {
 		r := s.reportLocked()
@@ -78,27 +108,27 @@ func (s *saturation) evaluate(force bool) api.SaturationReport {
 	}
 	s.mu.Unlock()
 
-	wm := s.marks
+	wm := s.d.Marks
 	var highPeer, highCause, lowPeer, lowCause string
 	type seen struct {
 		peer string
 		bl   transport.Backlog
 	}
 	var observed []seen
-	for _, sh := range s.links() {
+	for _, sh := range s.d.Links() {
 		// Every peer's detach counter exists from the start (at 0), so
 		// an alert on its increase has a series to watch.
-		s.metrics.detached.WithLabelValues(sh.Peer().Name)
+		s.d.Watched(sh.Peer().Name)
 		if !sh.Retains() {
 			continue
 		}
-		bl := sh.Backlog(s.oldest)
-		s.metrics.backlog(sh.Peer().Name, bl)
+		bl := sh.Backlog(s.d.Oldest)
+		s.d.Backlog(sh.Peer().Name, bl)
 		observed = append(observed, seen{sh.Peer().Name, bl})
 		if c := over(bl, wm.HighEntries, wm.HighBytes, wm.HighAge); c != "" {
-			if s.overflow[sh.Peer().Name] == api.OverflowDetach {
+			if s.d.Overflow[sh.Peer().Name] == api.OverflowDetach {
 				sh.Detach("overflow: " + c)
-				s.metrics.detached.WithLabelValues(sh.Peer().Name).Inc()
+				s.d.Detached(sh.Peer().Name)
 				continue
 			}
 			if highPeer == "" {
@@ -141,7 +171,7 @@ func (s *saturation) evaluate(force bool) api.SaturationReport {
 		state, peer, cause = api.StateThrottled, lowPeer, lowCause
 	}
 	if state != s.mu.state {
-		s.log.Warn("saturation state changed", "from", s.mu.state, "to", state, "peer", peer, "cause", cause)
+		s.d.Logger.Warn("saturation state changed", "from", s.mu.state, "to", state, "peer", peer, "cause", cause)
 		s.mu.since = time.Now()
 		close(s.mu.changed)
 		s.mu.changed = make(chan struct{})
@@ -152,51 +182,48 @@ func (s *saturation) evaluate(force bool) api.SaturationReport {
 	return s.reportLocked()
 }
 
-// REQUIRES: n.sat.mu held.
-func (s *saturation) reportLocked() api.SaturationReport {
+// REQUIRES: s.mu held.
+func (s *Saturation) reportLocked() api.SaturationReport {
 	return api.SaturationReport{State: s.mu.state, Cause: s.mu.cause, Peer: s.mu.peer, Since: s.mu.since,
-		Thresholds: s.marks, Refusals: s.mu.refusals}
+		Thresholds: s.d.Marks, Refusals: s.mu.refusals}
 }
 
-// forecast is a link's trend toward its high-water marks (zero for a link
+// Forecast is a link's trend toward its high-water marks (zero for a link
 // not watched: detached, or not shipped from this node).
-func (s *saturation) forecast(peer string, bl transport.Backlog) api.Forecast {
+func (s *Saturation) Forecast(peer string, bl transport.Backlog) api.Forecast {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if t := s.mu.trends[peer]; t != nil {
-		return t.forecast(bl, s.marks)
+		return t.forecast(bl, s.d.Marks)
 	}
 	return api.Forecast{}
 }
 
-// forecasts is every watched link's forecast from its last observation
+// Forecasts is every watched link's forecast from its last observation
 // (for /metrics: a link not watched has no series).
-func (s *saturation) forecasts() map[string]api.Forecast {
+func (s *Saturation) Forecasts() map[string]api.Forecast {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	out := make(map[string]api.Forecast, len(s.mu.trends))
 	for peer, t := range s.mu.trends {
-		out[peer] = t.forecast(t.last, s.marks)
+		out[peer] = t.forecast(t.last, s.d.Marks)
 	}
 	return out
 }
 
-// Saturation reports the node's saturation state.
-func (n *Node) Saturation() api.SaturationReport { return n.sat.evaluate(true) }
-
-// admit lets a local write in unless the node is saturated; then it waits up
+// Admit lets a local write in unless the node is saturated; then it waits up
 // to the admission budget for the state to clear, and refuses.
-func (s *saturation) admit(ctx context.Context) error {
+func (s *Saturation) Admit(ctx context.Context) error {
 	if !s.saturated.Load() && int64(time.Since(monoStart))-s.evaluatedAt.Load() < int64(time.Millisecond) {
 		return nil
 	}
-	wait := s.wait
+	wait := s.d.Wait
 	if wait < 0 {
 		wait = 0
 	}
 	start := time.Now()
 	for {
-		r := s.evaluate(false)
+		r := s.Evaluate(false)
 		if r.State != api.StateSaturated {
 			return nil
 		}
@@ -219,6 +246,6 @@ func (s *saturation) admit(ctx context.Context) error {
 		case <-t.C:
 		}
 		t.Stop()
-		s.evaluate(true)
+		s.Evaluate(true)
 	}
 }

@@ -1,4 +1,4 @@
-package node
+package acceptor
 
 import (
 	"math"
@@ -6,13 +6,12 @@ import (
 	"sync"
 	"time"
 
-	"github.com/replicator/replicator/acceptor"
 	"github.com/replicator/replicator/api"
 )
 
-// lagRing keeps the most recent replication lag samples (apply time minus
+// LagRing keeps the most recent replication lag samples (apply time minus
 // the entry's commit HLC), for exact percentiles over a recent window.
-type lagRing struct {
+type LagRing struct {
 	mu struct {
 		sync.Mutex
 		at  []int64 // local ns when applied
@@ -29,7 +28,8 @@ const lagRingSize = 1 << 18
 
 const stageUnknown = math.MinInt32
 
-func (r *lagRing) add(now int64, lags []acceptor.Lag) {
+// Add records the lags of a batch applied at now (ns).
+func (r *LagRing) Add(now int64, lags []Lag) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.mu.at == nil {
@@ -57,9 +57,8 @@ func (r *lagRing) add(now int64, lags []acceptor.Lag) {
 
 var stageNames = [3]string{"ship", "wire", "apply"}
 
-// Lag reports the replication lag of entries applied since since.
-func (n *Node) Lag(since time.Time) api.LagReport {
-	r := &n.lagRing
+// Report is the replication lag of entries applied since since.
+func (r *LagRing) Report(since time.Time) api.LagReport {
 	r.mu.Lock()
 	count := r.mu.next
 	if r.mu.full {

@@ -1,0 +1,304 @@
+package links
+
+import (
+	"cmp"
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+
+	"github.com/replicator/replicator/api"
+	"github.com/replicator/replicator/hlc"
+	"github.com/replicator/replicator/machine"
+	"github.com/replicator/replicator/wire"
+)
+
+// What the links hold back of the stream and of the tree: the entries a
+// peer has not acknowledged (Truncate), and the tombstones a peer may still
+// need (TombstoneCutoff, KeepRanges).
+
+// idleBound is a bound every entry appended from now on is committed
+// above, and the stream's last index, read in that order: the clock, then
+// the floor of a group being stamped, then the end of the stream
+// (transport.Options.IdleBound, as TombstoneCutoff reads them).
+func (s *Set) idleBound() (hlc.Timestamp, uint64) {
+	bound := s.d.Clock.Now() // every commit after it is above it
+	if f := s.d.Floor(); f != nil && f.Less(bound) {
+		bound = *f
+	}
+	return bound, s.d.Stream.Last()
+}
+
+// NoteIdle records a peer's idle frontier (acceptor.Options.OnIdle).
+func (s *Set) NoteIdle(peer string, bound hlc.Timestamp) {
+	s.idleMu.Lock()
+	defer s.idleMu.Unlock()
+	if s.idle == nil {
+		s.idle = map[string]hlc.Timestamp{}
+	}
+	if s.idle[peer].Less(bound) {
+		s.idle[peer] = bound
+	}
+}
+
+// SetKept records what the last collection kept for each link.
+func (s *Set) SetKept(kept map[string]machine.KeptCount) {
+	s.keptMu.Lock()
+	defer s.keptMu.Unlock()
+	s.kept = kept
+}
+
+// Kept is what the last collection kept for the link to peer (nil:
+// nothing).
+func (s *Set) Kept(peer string) *api.KeptTombstones {
+	s.keptMu.Lock()
+	defer s.keptMu.Unlock()
+	k, ok := s.kept[peer]
+	if !ok {
+		return nil
+	}
+	return &api.KeptTombstones{Tombstones: k.Tombstones, Ranges: k.Ranges, Bytes: k.Bytes}
+}
+
+// KeptForPeerLinks is what the last collection kept of peer's deletes for
+// the peer's other links (nil: nothing).
+func (s *Set) KeptForPeerLinks(peer string) *api.KeptTombstones {
+	s.keptMu.Lock()
+	defer s.keptMu.Unlock()
+	var sum *api.KeptTombstones
+	for name, k := range s.kept {
+		if strings.HasPrefix(name, peer+"->") {
+			if sum == nil {
+				sum = &api.KeptTombstones{}
+			}
+			sum.Tombstones += k.Tombstones
+			sum.Ranges += k.Ranges
+			sum.Bytes += k.Bytes
+		}
+	}
+	return sum
+}
+
+// KeepRanges are, per link, the ranges whose tombstones a collection keeps
+// (entry.LinkSettings.KeepSpans), in the order a collect command carries
+// them (nil before format 7: the log cannot carry them yet).
+func (s *Set) KeepRanges() []machine.KeepRanges {
+	if s.d.Format() < machine.FormatKeptTombstones {
+		return nil
+	}
+	// The peers this node links to (configured, or found by gossip): a
+	// link the log still records for a peer removed since keeps nothing
+	// (its narrowing could never be released or widened).
+	peers := map[string]bool{}
+	for _, p := range s.d.Peers {
+		peers[p.Name] = true
+	}
+	for _, p := range s.Peers() {
+		peers[p.Name] = true
+	}
+	var out []machine.KeepRanges
+	for _, name := range slices.Sorted(maps.Keys(peers)) {
+		ls := s.d.Settings.Of(name)
+		if spans := ls.KeepSpans(); len(spans) > 0 {
+			out = append(out, machine.KeepRanges{Peer: name, Spans: spans})
+		}
+		// The ranges the peer keeps for its own other links, as its
+		// heartbeats said: its deletes there stay here too, so that one it
+		// loses with its data comes back to it by its rejoin (and reaches
+		// the other link when that widens).
+		for _, on := range ls.Onward {
+			if on.Target != s.d.Local && len(on.Spans) > 0 {
+				out = append(out, machine.KeepRanges{Peer: on.Target, Origin: name, Spans: on.Spans})
+			}
+		}
+	}
+	slices.SortFunc(out, func(a, b machine.KeepRanges) int {
+		return cmp.Or(cmp.Compare(a.Peer, b.Peer), cmp.Compare(a.Origin, b.Origin))
+	})
+	return out
+}
+
+// keepsBesides are the ranges this cluster keeps for its links other than
+// to peer (transport.Options.Keeps): the peer keeps this cluster's deletes
+// there too.
+func (s *Set) keepsBesides(peer string) []wire.TargetSpans {
+	var out []wire.TargetSpans
+	for _, k := range s.KeepRanges() {
+		if k.Origin == "" && k.Peer != peer {
+			out = append(out, wire.TargetSpans{Target: k.Peer, Spans: k.Spans})
+		}
+	}
+	return out
+}
+
+// Truncate drops the stream's outbound entries every peer acknowledged,
+// through the cluster's log (every node drops the same). Only the leader's
+// links know what the peers hold: elsewhere it does nothing.
+func (s *Set) Truncate() error {
+	if !s.d.Leading() {
+		return nil
+	}
+	// The command names the stream read here: if a new stream began
+	// meanwhile, it cuts nothing.
+	out := s.d.Stream
+	stream := out.Stream()
+	upTo := min(s.d.Applied(), out.Last())
+	for _, sh := range s.All() {
+		if sh.Retains() {
+			upTo = min(upTo, sh.Acked())
+		}
+	}
+	if upTo < out.First() || stream.IsZero() {
+		return nil
+	}
+	return s.d.Apply(&machine.Command{Truncate: &machine.TruncateCmd{Stream: stream, First: upTo + 1}})
+}
+
+// TombstoneCutoff is the stamp below which tombstones may go and, when
+// nothing may be collected (a zero cutoff), why: the node logs it (DEBUG)
+// and /admin/wal shows it. A tombstone is collected only when no write
+// older than it can still arrive here, and every peer has the delete (or a
+// re-seed will carry it):
+//
+//   - it is older than the retention window;
+//   - inbound: for every peer cluster this node takes writes from, linked or
+//     not, it lies more than the pin window below that cluster's applied
+//     commit frontier here (a stamp lies within the pin window of its
+//     commit, and commits grow within a stream);
+//   - outbound: every link has every entry of this stream committed up to
+//     the stamp plus the pin window, and none is detached, in or owed a
+//     re-seed (the snapshot must still carry the tombstone);
+//   - no dead letter holds a write it could shadow, no rejoin is under way
+//     (this node's, or a peer's that will re-seed this node), and no
+//     re-seed or backfill from a peer is open here (store.OpenSnapshot).
+func (s *Set) TombstoneCutoff() (hlc.Timestamp, string, error) {
+	d := s.d
+	cutoff := hlc.Timestamp{Wall: d.Clock.Physical() - int64(d.TombstoneRetention)}
+	lower := func(ts hlc.Timestamp) {
+		if ts.Less(cutoff) {
+			cutoff = ts
+		}
+	}
+	if rj, err := d.Store.Rejoin(); err != nil || len(rj) > 0 {
+		return hlc.Timestamp{}, "a rejoin is under way", err
+	}
+	if rr, err := d.Store.ReseedRequests(); err != nil || len(rr) > 0 {
+		return hlc.Timestamp{}, fmt.Sprintf("a peer awaits a re-seed from this cluster (%d requests)", len(rr)), err
+	}
+	if open, err := s.openSnapshotsOfPeers(); err != nil || open {
+		// A re-seed or backfill coming in relays old versions, which a
+		// tombstone collected meanwhile could no longer shadow.
+		return hlc.Timestamp{}, "a re-seed or backfill from a peer is open here", err
+	}
+	// Outbound first: read the clock, then the floor of a group being
+	// stamped, then the WAL's end, so that an entry appended after the end
+	// was read is either above the clock reading or below the floor.
+	clockNow := d.Clock.Last()
+	floorp := d.Floor()
+	last := d.Stream.Last()
+	for _, sh := range s.All() {
+		dl := sh.Delivery()
+		switch {
+		case !dl.Complete:
+			return hlc.Timestamp{}, "the link to " + sh.Peer().Name + " is detached, owed or running a re-seed", nil
+		case dl.Acked >= last:
+			bound := clockNow
+			if floorp != nil && floorp.Less(bound) {
+				bound = *floorp
+			}
+			lower(bound.Add(-d.PinWindow))
+		case dl.AckedCommit.IsZero():
+			// not known since the cursor moved
+			return hlc.Timestamp{}, "how far " + sh.Peer().Name + " has this stream is not known since its cursor moved", nil
+		default:
+			lower(dl.AckedCommit.Add(-d.PinWindow))
+		}
+	}
+	// Inbound: a peer cluster's frontier is the furthest of its streams (a
+	// stream it lost and replaced never advances again; what it lost comes
+	// back by its rejoin, which blocks collection while it runs). A re-seed's
+	// one-off snapshot stream records no frontier.
+	hwms, err := d.Store.HWMs()
+	if err != nil {
+		return hlc.Timestamp{}, "", err
+	}
+	frontier := map[string]hlc.Timestamp{}
+	for _, h := range hwms {
+		if f := frontier[h.Origin]; f.Less(h.Commit) {
+			frontier[h.Origin] = h.Commit
+		}
+	}
+	// A peer idle since its last heartbeat has nothing older than its
+	// idle frontier to send (its entries are all here).
+	s.idleMu.Lock()
+	for p, b := range s.idle {
+		if frontier[p].Less(b) {
+			frontier[p] = b
+		}
+	}
+	s.idleMu.Unlock()
+	peers := map[string]bool{}
+	for _, p := range d.Accepted() {
+		peers[p] = true
+	}
+	for _, sh := range s.All() {
+		peers[sh.Peer().Name] = true
+	}
+	for p := range peers {
+		f, ok := frontier[p]
+		if !ok || f.IsZero() {
+			// Nothing known from this peer yet: it may hold any old write.
+			return hlc.Timestamp{}, "nothing applied from " + p + " yet", nil
+		}
+		lower(f.Add(-d.PinWindow))
+	}
+	dls, err := d.Store.DeadLetters()
+	if err != nil {
+		return hlc.Timestamp{}, "", err
+	}
+	codec := wire.NewCodec()
+	for _, dl := range dls {
+		if e, err := codec.DecodeEntry(dl.Entry, wire.Defaults{}); err == nil {
+			lower(e.LWW().HLC)
+		}
+	}
+	return cutoff, "", nil
+}
+
+// openSnapshotsOfPeers says whether a re-seed or backfill is open here from
+// a peer this node still takes writes from. One from a peer removed from the
+// configuration never ends and can relay nothing more, so it holds nothing
+// back, as re-seed requests of such peers are forgotten at start
+// (rejoin.PruneReseedState); with insecure peers any may come back.
+func (s *Set) openSnapshotsOfPeers() (bool, error) {
+	open, err := s.d.Store.OpenSnapshots()
+	if err != nil || len(open) == 0 {
+		return false, err
+	}
+	if s.d.Insecure {
+		return true, nil
+	}
+	for _, p := range s.d.Accepted() {
+		for _, o := range open {
+			if o.Sender == p {
+				return true, nil
+			}
+		}
+	}
+	return false, nil
+}
+
+// OldestCommitWall reads the commit HLC's wall time of a stream entry, for
+// the age of a link's oldest unacknowledged entry.
+func (s *Set) OldestCommitWall(index uint64) (int64, bool) {
+	out := s.d.Stream
+	p, err := out.ReadRaw(index)
+	if err != nil {
+		return 0, false
+	}
+	e, err := wire.NewCodec().DecodeEntry(p, wire.Defaults{Origin: s.d.Local, Stream: out.Stream()})
+	if err != nil {
+		return 0, false
+	}
+	return e.Commit.Wall, true
+}
