@@ -37,7 +37,7 @@ func (n *Node) replicaDeps() (replica.Deps, error) {
 				n.metrics.commitSeconds.Observe(d.Seconds())
 			}
 		},
-		ObserveFsync:  func(d time.Duration) { n.metrics.fsyncSeconds.Observe(d.Seconds()) },
+		ObserveFsync: func(d time.Duration) { n.metrics.fsyncSeconds.Observe(d.Seconds()) },
 		Identity: func(checked bool) error {
 			// Once per process: what a node checks when it reopens a stream
 			// (docs/ARCHITECTURE.md, "Stream identity").
