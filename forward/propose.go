@@ -16,6 +16,7 @@ import (
 	"github.com/replicator/replicator/api"
 	"github.com/replicator/replicator/entry"
 	"github.com/replicator/replicator/hlc"
+	"github.com/replicator/replicator/internal/httpjson"
 	"github.com/replicator/replicator/policy"
 )
 
@@ -405,4 +406,26 @@ func (f *Follower) Ask(ctx context.Context, requestURI string, v any) error {
 		return fmt.Errorf("forward: the leader %s's answer: %w", id, err)
 	}
 	return nil
+}
+
+// Route answers the typed proposals other nodes send over the raft port
+// (PathPropose) with l, once the scope their caller was granted allows a
+// write; next answers the rest.
+func (l *Leader) Route(next http.Handler, refused func(code string)) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		// A request of the API a follower relayed whole carries
+		// HeaderForwarded: its path is a client's, never a proposal (the
+		// API serves no such route), so it goes to the routes (404).
+		if r.URL.Path != PathPropose || r.Header.Get(HeaderForwarded) != "" {
+			next.ServeHTTP(w, r)
+			return
+		}
+		if got := Granted(r); !got.Allows(api.ScopeAPI) {
+			refused("forbidden")
+			httpjson.WriteError(w, http.StatusForbidden, httpjson.Error{Code: "forbidden",
+				Message: fmt.Sprintf("proposed by %s for a caller granted the %s scope: a write needs the api scope", ServiceSender(r), got)})
+			return
+		}
+		l.ServeHTTP(w, r)
+	})
 }

@@ -26,7 +26,7 @@ func (s *Set) idleBound() (hlc.Timestamp, uint64) {
 	if f := s.d.Floor(); f != nil && f.Less(bound) {
 		bound = *f
 	}
-	return bound, s.d.Stream.Last()
+	return bound, s.d.Stream().Last()
 }
 
 // NoteIdle records a peer's idle frontier (acceptor.Options.OnIdle).
@@ -135,12 +135,12 @@ func (s *Set) keepsBesides(peer string) []wire.TargetSpans {
 // through the cluster's log (every node drops the same). Only the leader's
 // links know what the peers hold: elsewhere it does nothing.
 func (s *Set) Truncate() error {
-	if !s.d.Leading() {
+	if !s.d.Leading() || s.d.Halted() {
 		return nil
 	}
 	// The command names the stream read here: if a new stream began
 	// meanwhile, it cuts nothing.
-	out := s.d.Stream
+	out := s.d.Stream()
 	stream := out.Stream()
 	upTo := min(s.d.Applied(), out.Last())
 	for _, sh := range s.All() {
@@ -195,7 +195,7 @@ func (s *Set) TombstoneCutoff() (hlc.Timestamp, string, error) {
 	// was read is either above the clock reading or below the floor.
 	clockNow := d.Clock.Last()
 	floorp := d.Floor()
-	last := d.Stream.Last()
+	last := d.Stream().Last()
 	for _, sh := range s.All() {
 		dl := sh.Delivery()
 		switch {
@@ -291,7 +291,7 @@ func (s *Set) openSnapshotsOfPeers() (bool, error) {
 // OldestCommitWall reads the commit HLC's wall time of a stream entry, for
 // the age of a link's oldest unacknowledged entry.
 func (s *Set) OldestCommitWall(index uint64) (int64, bool) {
-	out := s.d.Stream
+	out := s.d.Stream()
 	p, err := out.ReadRaw(index)
 	if err != nil {
 		return 0, false
@@ -301,4 +301,45 @@ func (s *Set) OldestCommitWall(index uint64) (int64, bool) {
 		return 0, false
 	}
 	return e.Commit.Wall, true
+}
+
+// collectBatch bounds what one collect command drops of each kind.
+const collectBatch = 10000
+
+// CollectTombstones removes, through the cluster's log, the tombstones no
+// write can resurrect any more (TombstoneCutoff), and the idempotency and
+// conflict records expired, and reports how many tombstones went.
+func (s *Set) CollectTombstones() (int, error) {
+	d := s.d
+	cutoff, why, err := s.TombstoneCutoff()
+	if err != nil {
+		return 0, err
+	}
+	if why != "" {
+		d.Logger.Debug("tombstones are not collected now", "why", why)
+	}
+	total := 0
+	keep := s.KeepRanges()
+	for {
+		cc := &machine.CollectCmd{Cutoff: cutoff, IdemBefore: d.Clock.Physical(), Max: collectBatch, Keep: keep}
+		if d.Format() >= machine.FormatConflicts {
+			if before := d.Clock.Physical() - int64(d.ConflictRetention); before > 0 {
+				cc.ConflictsBefore = hlc.Timestamp{Wall: before}
+			}
+			cc.ConflictsMaxBytes = d.ConflictMaxBytes
+		}
+		res, err := d.Commit(&machine.Command{Collect: cc})
+		if err != nil {
+			return total, err
+		}
+		total += res.Collected
+		if !cutoff.IsZero() {
+			// What this collection kept (none ran below a zero cutoff:
+			// the last figures stand).
+			s.SetKept(res.Kept)
+		}
+		if res.Collected < collectBatch && res.CollectedIdem < collectBatch && res.CollectedConflicts < collectBatch {
+			return total, nil
+		}
+	}
 }

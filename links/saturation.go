@@ -9,6 +9,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/replicator/replicator/acceptor"
 	"github.com/replicator/replicator/api"
 	"github.com/replicator/replicator/transport"
@@ -25,12 +27,7 @@ type SaturationDeps struct {
 	// stream index (the backlog's age).
 	Links  func() []*transport.Shipper
 	Oldest func(index uint64) (int64, bool)
-	// Watched is called for each link at every evaluation (its series
-	// exist from the start), Backlog with a retained link's backlog,
-	// Detached when overflow detaches a link.
-	Watched, Detached func(peer string)
-	Backlog           func(peer string, bl transport.Backlog)
-	Logger            *slog.Logger
+	Logger *slog.Logger
 }
 
 // Saturation is the node's saturation state (docs/SATURATION.md): every
@@ -38,6 +35,9 @@ type SaturationDeps struct {
 // detach detached, and local writes admitted or refused by it.
 type Saturation struct {
 	d SaturationDeps
+	// The backlog of each link and the detaches, as Prometheus series.
+	backlogEntries, backlogBytes, backlogAge *prometheus.GaugeVec
+	detached                                 *prometheus.CounterVec
 
 	// saturated and evaluatedAt (nanoseconds on the monotonic clock since
 	// monoStart) mirror the last evaluation, so that Admit answers the
@@ -59,7 +59,19 @@ type Saturation struct {
 
 // NewSaturation builds the saturation state of d, healthy.
 func NewSaturation(d SaturationDeps) *Saturation {
-	s := &Saturation{d: d}
+	s := &Saturation{d: d,
+		backlogEntries: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "replicator_backlog_entries",
+			Help: "WAL entries a peer has not acknowledged."}, []string{"peer"}),
+		backlogBytes: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "replicator_backlog_bytes",
+			Help: "WAL bytes a peer has not acknowledged."}, []string{"peer"}),
+		backlogAge: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "replicator_backlog_oldest_age_seconds",
+			Help: "Age of the oldest entry a peer has not acknowledged."}, []string{"peer"}),
+		detached: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "replicator_peer_detached_total",
+			Help: "Peers detached on backlog overflow (they need a re-seed)."}, []string{"peer"}),
+	}
+	if s.d.Logger == nil {
+		s.d.Logger = slog.Default()
+	}
 	s.mu.state = api.StateHealthy
 	s.mu.since = time.Now()
 	s.mu.changed = make(chan struct{})
@@ -67,11 +79,17 @@ func NewSaturation(d SaturationDeps) *Saturation {
 	return s
 }
 
-// Overflow is a peer's overflow mode.
-func (s *Saturation) Overflow(peer string) string { return s.d.Overflow[peer] }
+// CountDetached counts a link detached (by overflow, or the operator).
+func (s *Saturation) CountDetached(peer string) { s.detached.WithLabelValues(peer).Inc() }
 
-// Marks are the water marks.
-func (s *Saturation) Marks() api.WaterMarks { return s.d.Marks }
+// Register registers the saturation's series with f.
+func (s *Saturation) Register(f func(prometheus.Collector)) {
+	f(s.backlogEntries)
+	f(s.backlogBytes)
+	f(s.backlogAge)
+	f(s.detached)
+	f(s)
+}
 
 // Refusals counts the local writes refused while saturated.
 func (s *Saturation) Refusals() uint64 {
@@ -118,17 +136,19 @@ func (s *Saturation) Evaluate(force bool) api.SaturationReport {
 	for _, sh := range s.d.Links() {
 		// Every peer's detach counter exists from the start (at 0), so
 		// an alert on its increase has a series to watch.
-		s.d.Watched(sh.Peer().Name)
+		s.detached.WithLabelValues(sh.Peer().Name)
 		if !sh.Retains() {
 			continue
 		}
 		bl := sh.Backlog(s.d.Oldest)
-		s.d.Backlog(sh.Peer().Name, bl)
+		s.backlogEntries.WithLabelValues(sh.Peer().Name).Set(float64(bl.Entries))
+		s.backlogBytes.WithLabelValues(sh.Peer().Name).Set(float64(bl.Bytes))
+		s.backlogAge.WithLabelValues(sh.Peer().Name).Set(bl.OldestAge.Seconds())
 		observed = append(observed, seen{sh.Peer().Name, bl})
 		if c := over(bl, wm.HighEntries, wm.HighBytes, wm.HighAge); c != "" {
 			if s.d.Overflow[sh.Peer().Name] == api.OverflowDetach {
 				sh.Detach("overflow: " + c)
-				s.d.Detached(sh.Peer().Name)
+				s.CountDetached(sh.Peer().Name)
 				continue
 			}
 			if highPeer == "" {
@@ -248,4 +268,21 @@ func (s *Saturation) Admit(ctx context.Context) error {
 		t.Stop()
 		s.Evaluate(true)
 	}
+}
+
+// Backlogs is each link's backlog as /admin/wal shows it: against the
+// water marks, with the link's overflow mode and its forecast.
+func (s *Saturation) Backlogs(links []api.LinkStatus) []api.PeerBacklog {
+	out := []api.PeerBacklog{} // [] in JSON
+	for _, ls := range links {
+		mode := s.d.Overflow[ls.Peer]
+		if mode == "" {
+			mode = api.OverflowReject
+		}
+		bl := transport.Backlog{Entries: ls.EntriesBehind, Bytes: ls.BytesBehind, OldestAge: time.Duration(ls.OldestUnackedAge * float64(time.Second))}
+		out = append(out, api.PeerBacklog{Peer: ls.Peer, Acked: ls.Acked, Entries: ls.EntriesBehind,
+			Bytes: ls.BytesBehind, OldestAgeSeconds: ls.OldestUnackedAge, Overflow: mode, State: ls.State, Retained: !ls.Detached,
+			Forecast: s.Forecast(ls.Peer, bl)})
+	}
+	return out
 }

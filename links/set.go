@@ -10,6 +10,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/replicator/replicator/api"
 	"github.com/replicator/replicator/entry"
 	"github.com/replicator/replicator/hlc"
@@ -66,9 +68,9 @@ type Deps struct {
 	// several (made by BeginTerm, stopped by EndTerm). Otherwise the
 	// configured links are made by Make and run from Start until Stop.
 	Terms bool
-	// Stream is the cluster's outbound stream; Store the tree; Clock the
-	// node's clock.
-	Stream *machine.Outbound
+	// Stream is the cluster's outbound stream (read once the replica
+	// opened); Store the tree; Clock the node's clock.
+	Stream func() *machine.Outbound
 	Store  *store.Store
 	Clock  *hlc.Clock
 	// Settings are the links' settings through the log.
@@ -81,9 +83,10 @@ type Deps struct {
 	// last stream index applied to the store.
 	Floor   func() *hlc.Timestamp
 	Applied func() uint64
-	// Apply puts a command through the cluster's log; Cursors keep the
-	// links' positions through it.
+	// Apply and Commit put a command through the cluster's log; Cursors
+	// keep the links' positions through it.
 	Apply   func(*machine.Command) error
+	Commit  func(*machine.Command) (*machine.Result, error)
 	Cursors transport.Cursors
 	// Leading: this node leads and its term began.
 	Leading func() bool
@@ -97,6 +100,10 @@ type Deps struct {
 	// Thresholds name a link lagging or stalled.
 	PinWindow, TombstoneRetention time.Duration
 	Thresholds                    transport.Thresholds
+	// ConflictRetention and ConflictMaxBytes bound the conflict log a
+	// collection keeps.
+	ConflictRetention time.Duration
+	ConflictMaxBytes  int64
 	// The rejoin protocol's hooks on every link (package rejoin).
 	OnAck        func(peer string, ack *wire.Ack)
 	OnConflict   func(peer string, stream entry.StreamID, why string)
@@ -110,11 +117,19 @@ type Deps struct {
 	Accept   func(cluster string)
 	// Note tells gossip's view whether a member is shipped to, and why not.
 	Note func(node string, shipped bool, note string)
-	// ObserveShip times a batch's round trip; OnDetach counts a link
-	// detached by the operator.
-	ObserveShip func(peer string, d time.Duration)
-	OnDetach    func(peer string)
-	Logger      *slog.Logger
+	// OnDetach counts a link detached by the operator.
+	OnDetach func(peer string)
+	// The links' loops (Start to Stop): the stream's acknowledged entries
+	// are cut every TruncateInterval and tombstones collected every
+	// CollectInterval (while leading; not at all while Halted says the
+	// node stops or its write path failed); the dashboard's chart takes a
+	// sample of the links and of Saturation's state every HistoryInterval,
+	// and keeps HistorySpan of them.
+	TruncateInterval, CollectInterval time.Duration
+	HistoryInterval, HistorySpan      time.Duration
+	Halted                            func() bool
+	Saturation                        func() string
+	Logger                            *slog.Logger
 }
 
 // Set is the node's links to its peer clusters: a shipper per peer, made
@@ -149,6 +164,11 @@ type Set struct {
 	idle   map[string]hlc.Timestamp
 	// acks rings at every answer a link receives (RESP WAIT listens).
 	acks bell
+	// shipSeconds times each acknowledged batch's round trip, per peer.
+	shipSeconds *prometheus.HistogramVec
+	// history is the dashboard's chart; loops the links' own loops.
+	history *history
+	loops   sync.WaitGroup
 	// discovered are peers gossip found (a term links to them too).
 	discoveredMu sync.Mutex
 	discovered   map[string]Peer
@@ -159,7 +179,17 @@ func New(d Deps) *Set {
 	if d.Logger == nil {
 		d.Logger = slog.Default()
 	}
-	return &Set{d: d, states: map[string]string{}, discovered: map[string]Peer{}}
+	if d.Halted == nil {
+		d.Halted = func() bool { return false }
+	}
+	size := 1
+	if d.HistoryInterval > 0 {
+		size = int(d.HistorySpan / d.HistoryInterval)
+	}
+	return &Set{d: d, states: map[string]string{}, discovered: map[string]Peer{}, history: newHistory(size),
+		shipSeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "replicator_ship_seconds",
+			Help:    "Round trip of an acknowledged batch to a peer.",
+			Buckets: []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30}}, []string{"peer"})}
 }
 
 // ErrNoTerm refuses a link at a node that does not lead now.
@@ -190,7 +220,7 @@ func (s *Set) add(p Peer) (*transport.Shipper, error) {
 		return nil, err
 	}
 	sh, err := transport.NewShipper(transport.Peer{Name: p.Name, URL: p.URL, Secret: p.Secret, AllowUnproven: p.AllowUnproven, Compression: p.Compression},
-		d.Stream, d.Cursors, transport.Options{
+		d.Stream(), d.Cursors, transport.Options{
 			Local:           d.Local,
 			MaxBatchEntries: d.MaxBatchEntries,
 			MaxBatchBytes:   d.MaxBatchBytes,
@@ -209,9 +239,7 @@ func (s *Set) add(p Peer) (*transport.Shipper, error) {
 			AutoReseed:   d.AutoReseed,
 			StoreHasData: !empty,
 			ObserveShip: func(peer string, t time.Duration, _ int) {
-				if d.ObserveShip != nil {
-					d.ObserveShip(peer, t)
-				}
+				s.shipSeconds.WithLabelValues(peer).Observe(t.Seconds())
 			},
 			OnAck: func(peer string, ack *wire.Ack) {
 				d.OnAck(peer, ack)
@@ -270,12 +298,12 @@ func (s *Set) runLocked(sh *transport.Shipper) {
 	}()
 }
 
-// Start runs the links until Stop: a node alone's for good, a cluster of
-// several's during each term.
+// Start runs the links until Stop (a node alone's for good, a cluster of
+// several's during each term) and the links' loops: truncation, tombstone
+// collection, the watch of each link's state and the chart's samples.
 func (s *Set) Start() {
 	ctx, cancel := context.WithCancel(context.Background())
 	s.mu.Lock()
-	defer s.mu.Unlock()
 	s.mu.base = ctx
 	s.mu.stop = cancel
 	if !s.d.Terms {
@@ -284,10 +312,48 @@ func (s *Set) Start() {
 	for _, sh := range s.mu.shippers {
 		s.runLocked(sh)
 	}
+	s.mu.Unlock()
+	s.every(ctx, s.d.TruncateInterval, func() {
+		if err := s.Truncate(); err != nil {
+			s.d.Logger.Warn("wal truncation", "err", err)
+		}
+	})
+	s.every(ctx, s.d.CollectInterval, func() {
+		if s.d.Leading() && !s.d.Halted() { // the leader collects, for every node
+			if _, err := s.CollectTombstones(); err != nil {
+				s.d.Logger.Warn("tombstone and idempotency record collection", "err", err)
+			}
+		}
+	})
+	s.every(ctx, 100*time.Millisecond, s.Watch)
+	s.takeSample() // a page opened at once has a point
+	s.every(ctx, s.d.HistoryInterval, s.takeSample)
 }
 
-// Stop stops every link and waits for their goroutines. Once only, after
-// Start.
+// every runs f every d until ctx ends (not at all for d <= 0).
+func (s *Set) every(ctx context.Context, d time.Duration, f func()) {
+	if d <= 0 {
+		return
+	}
+	s.loops.Add(1)
+	go func() {
+		// Exits when ctx ends (Stop).
+		defer s.loops.Done()
+		t := time.NewTicker(d)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+				f()
+			}
+		}
+	}()
+}
+
+// Stop stops every link and loop and waits for their goroutines. Once
+// only, after Start.
 func (s *Set) Stop() {
 	s.mu.Lock()
 	stop := s.mu.stop
@@ -295,6 +361,7 @@ func (s *Set) Stop() {
 	if stop != nil {
 		stop()
 	}
+	s.loops.Wait()
 	s.wg.Wait()
 }
 

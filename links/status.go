@@ -4,6 +4,7 @@ import (
 	"time"
 
 	"github.com/replicator/replicator/api"
+	"github.com/replicator/replicator/entry"
 	"github.com/replicator/replicator/transport"
 )
 
@@ -31,7 +32,7 @@ func (s *Set) Status() []api.LinkStatus {
 // links: where each peer's cursor stands in the log, state follower.
 func (s *Set) followerStatus() []api.LinkStatus {
 	out := []api.LinkStatus{} // [] in JSON, as a leader answers: the dashboard iterates it
-	stream := s.d.Stream
+	stream := s.d.Stream()
 	last := stream.Last()
 	for _, p := range s.Peers() {
 		st := api.LinkStatus{Peer: p.Name, URL: p.URL, State: transport.StateFollower, Last: last}
@@ -76,4 +77,33 @@ func (s *Set) Watch() {
 				"consecutive_errors", st.ConsecutiveErrors, "last_error", st.LastError, "entries_behind", st.EntriesBehind)
 		}
 	}
+}
+
+// KeptFrom names the peers whose link's filter, at the write's index,
+// keeps some of w home (RESP's WAIT does not count them: they never hold
+// all of it). The filter is the log's for that index, which this node applied
+// before the write was answered.
+func (s *Set) KeptFrom(w api.Write, res api.WriteResult) []string {
+	var kept []string
+	e := w.Entry
+	if w.Ops != nil {
+		e = entry.Entry{Op: entry.OpMulti, Ops: make([]entry.BatchOp, len(w.Ops))}
+		for i, op := range w.Ops {
+			e.Ops[i] = entry.BatchOp{Op: entry.OpSet, Key: op.Key}
+			if op.Delete {
+				e.Ops[i].Op = entry.OpDelete
+			}
+		}
+	}
+	for _, p := range s.Peers() {
+		ls := s.d.Settings.Of(p.Name)
+		f, _ := ls.FilterAt(res.Stream, res.Index)
+		if f.All() {
+			continue
+		}
+		if _, keep := transport.Project(&e, f); keep != transport.KeepAll {
+			kept = append(kept, p.Name)
+		}
+	}
+	return kept
 }

@@ -2,12 +2,10 @@ package node
 
 import (
 	_ "embed"
-	"time"
 
 	"github.com/replicator/replicator/acceptor"
 	"github.com/replicator/replicator/api"
 	"github.com/replicator/replicator/entry"
-	"github.com/replicator/replicator/transport"
 )
 
 // PeersReport reports outgoing links and what came in from each peer.
@@ -53,19 +51,10 @@ func (n *Node) WALReport() api.WALReport {
 	r := api.WALReport{
 		Stream: n.out.Stream().String(), First: first, Last: n.out.Last(), Applied: n.rep.StreamApplied(),
 		Bytes: n.out.BytesAfter(first - 1), Segments: st.Segments, Repairs: st.Repairs, DroppedBytes: st.DroppedBytes,
-		WriteFailures: st.WriteFailures, Writes: n.metrics.writes.Load(), Groups: n.metrics.groups.Load(),
-		Peers: []api.PeerBacklog{}, Saturation: n.Saturation(), Permits: n.acceptor.Permits(),
+		WriteFailures: st.WriteFailures, Writes: n.rep.Writes(), Groups: n.rep.Groups(),
+		Saturation: n.Saturation(), Permits: n.acceptor.Permits(),
 	}
-	for _, ls := range n.PeerStatus() {
-		mode := n.sat.Overflow(ls.Peer)
-		if mode == "" {
-			mode = api.OverflowReject
-		}
-		bl := transport.Backlog{Entries: ls.EntriesBehind, Bytes: ls.BytesBehind, OldestAge: time.Duration(ls.OldestUnackedAge * float64(time.Second))}
-		r.Peers = append(r.Peers, api.PeerBacklog{Peer: ls.Peer, Acked: ls.Acked, Entries: ls.EntriesBehind,
-			Bytes: ls.BytesBehind, OldestAgeSeconds: ls.OldestUnackedAge, Overflow: mode, State: ls.State, Retained: !ls.Detached,
-			Forecast: n.sat.Forecast(ls.Peer, bl)})
-	}
+	r.Peers = n.sat.Backlogs(n.PeerStatus())
 	r.Refusals = map[string]uint64{
 		acceptor.SourceOutboundBacklog: r.Saturation.Refusals,
 		acceptor.SourceReplayPermit:    r.Permits.Refused,
@@ -77,8 +66,8 @@ func (n *Node) WALReport() api.WALReport {
 func (n *Node) OriginReport() api.OriginReport {
 	r := api.OriginReport{Cluster: n.cluster, Resolver: n.resolver, Stream: n.out.Stream().String(), Version: n.opts.BuildVersion}
 	if d := n.resp.Load(); d != nil {
-		st := d.srv.Stats()
-		r.RESP = &api.RESPReport{Addr: d.ln.Addr().String(), Connections: st.Connections(), Commands: st.Commands(), Errors: st.Errors()}
+		st := d.Stats()
+		r.RESP = &api.RESPReport{Addr: d.Addr().String(), Connections: st.Connections(), Commands: st.Commands(), Errors: st.Errors()}
 	}
 	return r
 }

@@ -39,6 +39,7 @@ import (
 	"github.com/replicator/replicator/origin"
 	"github.com/replicator/replicator/rejoin"
 	"github.com/replicator/replicator/replica"
+	"github.com/replicator/replicator/resp"
 	"github.com/replicator/replicator/store"
 	"github.com/replicator/replicator/transport"
 )
@@ -63,7 +64,7 @@ type Node struct {
 	out     *machine.Outbound // the stream, as shippers read it
 	group   *cluster.Group
 	com     *replica.Committer
-	sub     *submitter // admission and queueing to com
+	sub     *replica.Submitter // admission and queueing to com
 
 	// nodeID names this node within its cluster, incarnation its data
 	// directory's life (raft knows the node by both: origin.Incarnation).
@@ -79,18 +80,17 @@ type Node struct {
 
 	acceptor   *acceptor.Acceptor
 	peerClient *http.Client
-	history    *history            // the dashboard's chart, sampled every HistoryInterval
-	links      *links.Set          // the links to peer clusters
-	settings   *links.Settings     // the links' settings through the log
-	dead       *links.DeadLetters  // what peers sent that this node set aside
-	conflicts  *conflictLog        // the conflict log's reads and restores (conflicts.go)
-	ae         *antientropy.Runner // comparisons and repairs with peers
+	links      *links.Set           // the links to peer clusters
+	settings   *links.Settings      // the links' settings through the log
+	dead       *links.DeadLetters   // what peers sent that this node set aside
+	conflicts  *machine.ConflictLog // the conflict log's reads and restores
+	ae         *antientropy.Runner  // comparisons and repairs with peers
 	tls        *listener.TLS
 	gossip     *membership.Gossip // the nodes of this cluster and the peers found
 	report     *membership.Report // the cluster report
 
 	metrics nodeMetrics
-	lag     acceptor.LagRing // the inbound lag of the last entries applied
+	inbound *acceptor.Metrics // the inbound lag and apply times
 	sat     *links.Saturation
 	rejoin  *rejoin.Rejoiner
 
@@ -105,7 +105,7 @@ type Node struct {
 	stop     chan struct{}
 	bg       sync.WaitGroup // background loops; exit when stop is closed
 	srv      *http.Server
-	resp     atomic.Pointer[respDoor] // the RESP listener (nil: none)
+	resp     atomic.Pointer[resp.Door] // the RESP listener (nil: none)
 	ln       net.Listener
 	serveErr chan error
 
@@ -114,8 +114,8 @@ type Node struct {
 	peerServeErr chan error
 	pprofSrv     *http.Server
 	pprofErr     chan error
-	bounds       bounds        // what a write may be
-	lis          *listener.Set // the API's and the peer endpoint's
+	bounds       *replica.Bounds // what a write may be
+	lis          *listener.Set   // the API's and the peer endpoint's
 	closeMu      sync.Mutex
 	closed       bool
 }
@@ -154,7 +154,7 @@ func Open(ctx context.Context, opts *Options) (*Node, error) {
 		clock:    hlc.NewClock(o.Clock, o.MaxClockOffset),
 		stop:     make(chan struct{}),
 		fatal:    make(chan struct{}),
-		history:  newHistory(int(o.HistorySpan / o.HistoryInterval)),
+		inbound:  acceptor.NewMetrics(),
 	}
 	overflow := map[string]string{}
 	for _, p := range o.Peers {
@@ -162,11 +162,8 @@ func Open(ctx context.Context, opts *Options) (*Node, error) {
 	}
 	n.sat = links.NewSaturation(links.SaturationDeps{
 		Marks: o.WaterMarks, Wait: o.AdmissionWait, Overflow: overflow, Logger: log,
-		Links:    func() []*transport.Shipper { return n.links.All() },
-		Oldest:   func(i uint64) (int64, bool) { return n.links.OldestCommitWall(i) },
-		Watched:  func(peer string) { n.metrics.detached.WithLabelValues(peer) },
-		Detached: func(peer string) { n.metrics.detached.WithLabelValues(peer).Inc() },
-		Backlog:  n.metrics.backlog,
+		Links:  func() []*transport.Shipper { return n.links.All() },
+		Oldest: func(i uint64) (int64, bool) { return n.links.OldestCommitWall(i) },
 	})
 	n.store, err = store.Open(filepath.Join(o.DataDir, "store"), &store.Options{Logger: log, MemTableSize: o.MemTableSize, CacheSize: o.CacheSize})
 	if err != nil {
@@ -187,7 +184,14 @@ func Open(ctx context.Context, opts *Options) (*Node, error) {
 		n.store.Close()
 		return nil, err
 	}
-	n.bounds = bounds{opts: &n.opts, clock: n.clock, links: func() []*transport.Shipper { return n.links.All() }}
+	n.bounds = &replica.Bounds{MaxKeyBytes: o.MaxKeyBytes, MaxValueBytes: o.MaxValueBytes, MaxReplicateBytes: o.MaxReplicateBytes,
+		PinWindow: o.PinWindow, Clock: n.clock, Peers: func() []replica.PeerLimits {
+			var out []replica.PeerLimits
+			for _, sh := range n.links.All() {
+				out = append(out, replica.PeerLimits{Peer: sh.Name(), Limits: sh.Limits()})
+			}
+			return out
+		}}
 	n.tls, err = listener.NewTLS(listener.TLSOptions{Cert: o.TLSCert, Key: o.TLSKey, ClientCA: o.TLSClientCA, PeerCA: o.PeerCA, SANMode: o.PeerSANMode},
 		n.cluster, n.log, func() {
 			if n.peerClient != nil {
@@ -199,7 +203,9 @@ func Open(ctx context.Context, opts *Options) (*Node, error) {
 		return nil, err
 	}
 	n.lis = listener.NewSet(listener.Limits{MaxConnections: o.MaxConnections, MinBodyRate: o.MinBodyRate, BodyGrace: o.BodyGrace}, n.tls, n.log)
-	if err := n.restoreClock(); err != nil {
+	if hw, err := n.store.HLCHighWater(); err == nil {
+		n.clock.Observe(hw) // above every stamp the store recorded
+	} else {
 		n.store.Close()
 		return nil, err
 	}
@@ -226,8 +232,8 @@ func Open(ctx context.Context, opts *Options) (*Node, error) {
 	}
 	n.settings = links.NewSettings(links.SettingsDeps{
 		Configured: configured,
-		Machine:    func() *machine.Machine { return n.machine },
-		Stream:     func() entry.StreamID { return n.out.Stream() },
+		Machine:    n.rep.Machine,
+		Stream:     func() entry.StreamID { return n.rep.Stream().Stream() },
 		Apply:      n.rep.ApplyCommand, Commit: n.rep.CommitCommand,
 		Leading:          func() bool { return n.group != nil && n.group.IsLeader() && n.rep.Ready() },
 		Status:           n.PeerStatus,
@@ -235,6 +241,7 @@ func Open(ctx context.Context, opts *Options) (*Node, error) {
 		KeptForPeerLinks: func(peer string) *api.KeptTombstones { return n.links.KeptForPeerLinks(peer) },
 		Logger:           n.log,
 	})
+	n.links = n.newLinks()
 	configuredNames := make([]string, len(o.Peers))
 	for i := range o.Peers {
 		configuredNames[i] = o.Peers[i].Name
@@ -242,8 +249,8 @@ func Open(ctx context.Context, opts *Options) (*Node, error) {
 	n.rejoin = rejoin.New(rejoin.Deps{
 		Cluster: n.cluster, Store: n.store, Clock: n.clock, Logger: n.log,
 		Configured: configuredNames, InsecurePeers: o.InsecurePeers, IdentityCheckWait: o.IdentityCheckWait,
-		Stream: func() entry.StreamID { return n.out.Stream() },
-		Epoch:  func() uint32 { return n.machine.Epoch() },
+		Stream: func() entry.StreamID { return n.rep.Stream().Stream() },
+		Epoch:  func() uint32 { return n.rep.Machine().Epoch() },
 		Links: func() []rejoin.Link {
 			links := n.links.All()
 			out := make([]rejoin.Link, len(links))
@@ -261,9 +268,27 @@ func Open(ctx context.Context, opts *Options) (*Node, error) {
 		Failed:    func() error { return n.com.Failed() },
 		Closing:   n.closing.Load,
 	})
-	n.sub = newSubmitter(n)
+	n.sub = &replica.Submitter{Bounds: n.bounds, Com: n.com, Admit: func(ctx context.Context) error {
+		// The node open and in its cluster, its term begun, its stream's
+		// identity confirmed, and not saturated.
+		if n.closing.Load() {
+			return fmt.Errorf("%w: %w", api.ErrClosed, api.ErrNotWritten)
+		}
+		if err := n.rep.Removed(); err != nil {
+			return fmt.Errorf("%w: %w", api.ErrNotWritten, err)
+		}
+		if err := n.rep.AwaitTerm(ctx); err != nil {
+			return err
+		}
+		select {
+		case <-n.rejoin.Fence():
+		case <-ctx.Done():
+			return fmt.Errorf("%w: waiting for the peers to confirm this stream's identity: %w", api.ErrNotWritten, ctx.Err())
+		}
+		return n.sat.Admit(ctx)
+	}}
 	n.svc = forward.NewService(o.APIToken != "" || o.AdminToken != "", n.gossip.Member)
-	created, err := n.rep.Open()
+	_, err = n.rep.Open()
 	if err != nil {
 		n.com.Close()
 		n.store.Close()
@@ -285,36 +310,19 @@ func Open(ctx context.Context, opts *Options) (*Node, error) {
 		Counted: func(how string) { n.metrics.forwards.WithLabelValues(how).Inc() },
 		LegacyClient: &http.Client{CheckRedirect: forward.NoRedirects, Transport: &http.Transport{MaxIdleConnsPerHost: 64, IdleConnTimeout: 90 * time.Second,
 			TLSClientConfig: n.tls.Client()}},
-		Removed: func() error {
-			return n.rep.Removed()
-		}}
+		Removed: n.rep.Removed}
 	if o.Raft != nil {
 		n.fwd.ElectionTimeout = o.Raft.ElectionTimeout
 	}
-	closeAll := func() {
+	if err := n.setupReplication(); err != nil {
 		n.com.Close()
 		n.group.Close()
 		n.store.Close()
-	}
-	if !n.multi() {
-		// A node alone leads from here on; in a cluster of several, the
-		// node's first term does these (term.go).
-		if err := n.rejoin.PruneReseedState(); err != nil {
-			closeAll()
-			return nil, err
-		}
-		if err := n.rejoin.InitIdentity(created); err != nil {
-			closeAll()
-			return nil, err
-		}
-	}
-	if err := n.setupReplication(); err != nil {
-		closeAll()
 		return nil, err
 	}
 	n.follower = n.newFollower()
 	n.dead = links.NewDeadLetters(n.store, n.rep.CommitCommand, n.log)
-	n.conflicts = &conflictLog{store: n.store, format: func() int { return n.machine.Format() }, propose: n.Propose}
+	n.conflicts = &machine.ConflictLog{Store: n.store, Format: n.machine.Format, Propose: n.Propose}
 	n.metrics.init(n)
 	return n, nil
 }
@@ -334,16 +342,6 @@ func (n *Node) pinIfHolding() error {
 // pidFile names the process that holds the data directory (for the message
 // a second node gets).
 const pidFile = "PID"
-
-// restoreClock raises the clock above every stamp the store recorded.
-func (n *Node) restoreClock() error {
-	hw, err := n.store.HLCHighWater()
-	if err != nil {
-		return err
-	}
-	n.clock.Observe(hw)
-	return nil
-}
 
 // Start listens on Options.Listen (and PeerListen) and serves the HTTP API,
 // starts the background loops, and joins gossip. It returns once the
@@ -375,7 +373,7 @@ func (n *Node) Start() error {
 	refused := func(code string) { n.metrics.apiRefused.WithLabelValues(code).Inc() }
 	h, mux := n.handler()
 	tokens := listener.Tokens{API: n.opts.APIToken, Admin: n.opts.AdminToken}
-	n.srv = n.lis.Serve(ln, listener.Protect(tokens, listener.RequireToken(tokens, needScope(mux, refused), h, refused), ln, refused), &n.serveErr)
+	n.srv = n.lis.Serve(ln, listener.Protect(tokens, listener.RequireToken(tokens, httpapi.NeedScope(mux, refused), h, refused), ln, refused), &n.serveErr)
 	if n.opts.PprofListen != "" {
 		pln, err := net.Listen("tcp", n.opts.PprofListen)
 		if err != nil {
@@ -398,29 +396,18 @@ func (n *Node) Start() error {
 			d.API, d.Replicate = cmp.Or(g.APIURL, d.API), cmp.Or(g.ReplicateURL, d.Replicate)
 		}
 		n.svc.SetDescription(d)
-		n.svc.Serve(n.lis, n.servesProposals(forward.EnforceScope(needScope(mux, refused), h, refused), refused))
+		n.svc.Serve(n.lis, n.servesProposals(forward.EnforceScope(httpapi.NeedScope(mux, refused), h, refused), refused))
 		n.every(time.Second, n.svc.RefreshProven)
-		n.every(500*time.Millisecond, n.rep.RaiseFormat)
-		n.every(time.Second, n.rep.CheckRemoved)
 	}
 	n.every(500*time.Millisecond, n.settings.Seed)
-	n.every(n.opts.GCInterval, n.collectExpired)
 	if n.opts.AntiEntropyInterval > 0 {
 		n.every(n.opts.AntiEntropyInterval, func() { n.ae.Pass(n.stop) })
 		n.every(n.opts.AntiEntropyInterval, n.ae.Check)
 	}
 	// Re-evaluated while no writes arrive too, so that it can clear, detach
-	// links and feed the backlog gauges; and link changes are logged.
-	n.every(100*time.Millisecond, func() { n.sat.Evaluate(true); n.links.Watch() })
-	takeSample := func() { n.history.add(sample(n.clock.Physical(), n.Saturation().State, n.PeerStatus())) }
-	takeSample() // a page opened at once has a point
-	n.every(n.opts.HistoryInterval, takeSample)
+	// links and feed the backlog gauges.
+	n.every(100*time.Millisecond, func() { n.sat.Evaluate(true) })
 	n.links.Start()
-	n.every(n.opts.TruncateInterval, func() {
-		if err := n.TruncateWAL(); err != nil {
-			n.log.Warn("wal truncation", "err", err)
-		}
-	})
 	n.rep.Run()
 	if n.tls.On() { // after the peer client exists: a reload closes its idle links
 		n.every(n.opts.TLSReloadInterval, n.tls.ReloadIfChanged)
@@ -523,7 +510,7 @@ func (n *Node) Close() error {
 			errs = append(errs, errors.New("node: http handlers still running after 30s"))
 		}
 	}
-	if err := n.resp.Load().close(); err != nil {
+	if err := n.resp.Load().Shutdown(); err != nil {
 		errs = append(errs, err)
 	}
 	if n.rep.Ready() && len(n.group.Status().Servers) > 1 {
@@ -562,89 +549,10 @@ func (n *Node) every(d time.Duration, f func()) {
 	}()
 }
 
-// collectExpired removes tombstones and idempotency records past retention,
-// through the cluster's log (the leader decides; every node drops the same).
-func (n *Node) collectExpired() {
-	if !n.rep.Ready() {
-		return // the leader collects
-	}
-	if _, err := n.CollectTombstones(); err != nil {
-		n.log.Warn("tombstone and idempotency record collection", "err", err)
-	}
-}
-
-// collectBatch bounds what one collect command drops of each kind.
-const collectBatch = 10000
-
 // CollectTombstones removes the tombstones no write can resurrect any more
-// (see tombstoneCutoff), and the idempotency records expired, and reports
-// how many tombstones went.
-func (n *Node) CollectTombstones() (int, error) {
-	cutoff, why, err := n.links.TombstoneCutoff()
-	if err != nil {
-		return 0, err
-	}
-	if why != "" {
-		n.log.Debug("tombstones are not collected now", "why", why)
-	}
-	total := 0
-	keep := n.links.KeepRanges()
-	for {
-		cc := &machine.CollectCmd{Cutoff: cutoff, IdemBefore: n.clock.Physical(), Max: collectBatch, Keep: keep}
-		if n.machine.Format() >= machine.FormatConflicts {
-			if before := n.clock.Physical() - int64(n.opts.ConflictRetention); before > 0 {
-				cc.ConflictsBefore = hlc.Timestamp{Wall: before}
-			}
-			cc.ConflictsMaxBytes = n.opts.ConflictMaxBytes
-		}
-		res, err := n.rep.CommitCommand(&machine.Command{Collect: cc})
-		if err != nil {
-			return total, err
-		}
-		total += res.Collected
-		if !cutoff.IsZero() {
-			// What this collection kept (none ran below a zero cutoff:
-			// the last figures stand).
-			n.links.SetKept(res.Kept)
-		}
-		if res.Collected < collectBatch && res.CollectedIdem < collectBatch && res.CollectedConflicts < collectBatch {
-			return total, nil
-		}
-	}
-}
-
-func (b *bounds) checkKey(key string) error { return api.CheckKey(key, b.opts.MaxKeyBytes) }
-
-// checkValue bounds a write's key and value by this node's limits and by
-// what every peer said it accepts: a write a peer would refuse could never
-// replicate, so it is refused here, naming the peer.
-func (b *bounds) checkValue(key string, size int) error {
-	if size > b.opts.MaxValueBytes {
-		return fmt.Errorf("%w: %d bytes, limit %d", api.ErrValueTooLarge, size, b.opts.MaxValueBytes)
-	}
-	for _, sh := range b.links() {
-		lim := sh.Limits()
-		if lim == nil {
-			continue
-		}
-		peer := sh.Peer().Name
-		if lim.MaxKey > 0 && len(key) > lim.MaxKey {
-			return fmt.Errorf("%w: %d bytes; peer %s accepts keys of at most %d", api.ErrKeyTooLarge, len(key), peer, lim.MaxKey)
-		}
-		max := int64(lim.MaxValue)
-		if body := lim.MaxBody - peerEntryOverhead - int64(len(key)); lim.MaxBody > 0 && (max <= 0 || body < max) {
-			max = body
-		}
-		if max > 0 && int64(size) > max {
-			return fmt.Errorf("%w: %d bytes; peer %s accepts at most %d (it could never replicate there)", api.ErrValueTooLarge, size, peer, max)
-		}
-	}
-	return nil
-}
-
-// peerEntryOverhead is room for a batch header and an entry's fields within
-// a peer's body limit.
-const peerEntryOverhead = 1024
+// (links.Set.TombstoneCutoff), and the idempotency and conflict records
+// expired, and reports how many tombstones went.
+func (n *Node) CollectTombstones() (int, error) { return n.links.CollectTombstones() }
 
 // Put durably writes value at key and returns once it is fsynced and
 // applied.
@@ -660,29 +568,15 @@ func (n *Node) Delete(ctx context.Context, key string) (api.WriteResult, error) 
 // propose runs a prepared proposal through admission and the committer.
 func (n *Node) propose(ctx context.Context, p *replica.Proposal) (api.WriteResult, error) {
 	w := n.sub
-	if err := w.enqueue(ctx, p); err != nil {
+	if err := w.Enqueue(ctx, p); err != nil {
 		return api.WriteResult{}, err
 	}
-	return w.await(ctx, p)
-}
-
-// checkPin refuses a pinned stamp older than the pin window of the commit
-// clock (it could resurrect a collected tombstone) or further ahead of the
-// physical clock than the max offset.
-func (b *bounds) checkPin(pin, commit hlc.Timestamp) error {
-	if pin.Wall < commit.Wall-int64(b.opts.PinWindow) {
-		return fmt.Errorf("%w: %s is %s older than the commit clock %s (pin window %s)", api.ErrPinOutOfWindow,
-			pin, time.Duration(commit.Wall-pin.Wall).Round(time.Millisecond), commit, b.opts.PinWindow)
-	}
-	if err := b.clock.CheckOffset(pin); err != nil {
-		return fmt.Errorf("%w: %w", api.ErrPinOutOfWindow, err)
-	}
-	return nil
+	return w.Await(ctx, p)
 }
 
 // Get returns the live record at key, or ErrNotFound (absent or deleted).
 func (n *Node) Get(key string) (store.Record, error) {
-	if err := n.bounds.checkKey(key); err != nil {
+	if err := n.bounds.CheckKey(key); err != nil {
 		return store.Record{}, err
 	}
 	if err := n.rep.Readable(); err != nil {

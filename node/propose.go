@@ -44,7 +44,7 @@ type proposeHereKey struct{}
 // proposeHere proposes w to this node's committer: it is refused (not
 // written) unless this node leads, so a forwarded proposal takes one hop.
 func (n *Node) proposeHere(ctx context.Context, w api.Write) (api.WriteResult, error) {
-	p, err := n.sub.prepare(w)
+	p, err := n.sub.Prepare(w)
 	if err != nil {
 		return api.WriteResult{}, err
 	}
@@ -81,20 +81,5 @@ func (n *Node) newFollower() *forward.Follower {
 func (n *Node) servesProposals(next http.Handler, refused func(code string)) http.Handler {
 	l := &forward.Leader{Propose: n.proposeHere, Applied: n.rep.Applied,
 		MaxBody: int64(max(n.opts.MaxValueBytes+n.opts.MaxKeyBytes, int(n.opts.MaxReplicateBytes/2))) + 64<<10}
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		// A request of the API a follower relayed whole carries
-		// HeaderForwarded: its path is a client's, never a proposal (the
-		// API serves no such route), so it goes to the routes (404).
-		if r.URL.Path != forward.PathPropose || r.Header.Get(forward.HeaderForwarded) != "" {
-			next.ServeHTTP(w, r)
-			return
-		}
-		if got := forward.Granted(r); !got.Allows(httpapi.ScopeAPI) {
-			refused("forbidden")
-			writeError(w, http.StatusForbidden, apiError{Code: "forbidden",
-				Message: fmt.Sprintf("proposed by %s for a caller granted the %s scope: a write needs the api scope", forward.ServiceSender(r), got)})
-			return
-		}
-		l.ServeHTTP(w, r)
-	})
+	return l.Route(next, refused)
 }

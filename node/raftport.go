@@ -4,12 +4,10 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
-	"os"
-	"strings"
-	"sync"
-	"time"
+	"log/slog"
 
 	"github.com/replicator/replicator/internal/raftconn"
+	"github.com/replicator/replicator/listener"
 )
 
 // raftCredentials says how the raft port is secured, or why it cannot be.
@@ -42,60 +40,41 @@ func (o *Options) raftCredentials() (string, error) {
 		"or a gossip key (--gossip-key-file); without them it serves a loopback address only (every node on this machine), or --insecure-peers in tests")
 }
 
-// raftConn builds the raft port's credentials.
-func (n *Node) raftConn() (raftconn.Options, error) {
-	kind, err := n.opts.raftCredentials()
+// raftConn builds the raft port's credentials from o, with the node's
+// certificates.
+func raftConn(o *Options, certs *listener.TLS, log *slog.Logger) (raftconn.Options, error) {
+	kind, err := o.raftCredentials()
 	if err != nil {
 		return raftconn.Options{}, err
 	}
 	var co raftconn.Options
 	switch kind {
 	case "tls":
-		co.Certificate = func() (*tls.Certificate, error) { return n.tls.Live(), nil }
-		co.CA = n.tls.ClientCA()
-		co.ClusterOf = func(c *x509.Certificate) (string, error) { return ClusterFromCert(c, n.opts.PeerSANMode) }
+		co.Certificate = func() (*tls.Certificate, error) { return certs.Live(), nil }
+		co.CA = certs.ClientCA()
+		co.ClusterOf = func(c *x509.Certificate) (string, error) { return ClusterFromCert(c, o.PeerSANMode) }
 	case "raft-key":
-		co.RaftKey, co.AcceptGossipKey = n.opts.Raft.Key, n.opts.Raft.AcceptGossipKey
+		co.RaftKey, co.AcceptGossipKey = o.Raft.Key, o.Raft.AcceptGossipKey
 		if co.AcceptGossipKey {
-			co.GossipKey = n.opts.Gossip.Key
-			n.log.Warn("the raft port also takes the gossip key's credential (--raft-accept-gossip-key): any holder of the gossip key can join; drop the flag once every node has the raft key",
-				"raft", n.opts.Raft.Listen)
+			co.GossipKey = o.Gossip.Key
+			log.Warn("the raft port also takes the gossip key's credential (--raft-accept-gossip-key): any holder of the gossip key can join; drop the flag once every node has the raft key",
+				"raft", o.Raft.Listen)
 		}
 	case "gossip-key":
-		co.GossipKey = n.opts.Gossip.Key
-		n.log.Warn("the raft port's credential derives from the gossip key, which the clusters of a mesh may share (any holder can join this cluster): give the cluster a raft key of its own (--raft-key-file, docs/OPERATIONS.md)",
-			"raft", n.opts.Raft.Listen)
+		co.GossipKey = o.Gossip.Key
+		log.Warn("the raft port's credential derives from the gossip key, which the clusters of a mesh may share (any holder can join this cluster): give the cluster a raft key of its own (--raft-key-file, docs/OPERATIONS.md)",
+			"raft", o.Raft.Listen)
 	case "loopback":
 		co.Loopback = true
-		n.log.Warn("the raft port has no credentials and serves loopback only: any local process can reach it; give --gossip-key-file or mutual TLS outside tests",
-			"raft", n.opts.Raft.Listen)
+		log.Warn("the raft port has no credentials and serves loopback only: any local process can reach it; give --gossip-key-file or mutual TLS outside tests",
+			"raft", o.Raft.Listen)
 	case "insecure":
 		co.Insecure = true
-		n.log.Warn("the raft port is plain TCP (--insecure-peers): anyone who reaches it can join the cluster and append writes", "raft", n.opts.Raft.Listen)
+		log.Warn("the raft port is plain TCP (--insecure-peers): anyone who reaches it can join the cluster and append writes", "raft", o.Raft.Listen)
 	}
-	if path := n.opts.Testing.RaftBlockFile; path != "" {
-		co.Blocked = blockList(path)
+	if path := o.Testing.RaftBlockFile; path != "" {
+		co.Blocked = raftconn.BlockList(path)
 	}
-	co.MaxConns = n.opts.MaxConnections
+	co.MaxConns = o.MaxConnections
 	return co, nil
-}
-
-// blockList reads the test partition file (at most every 20 ms).
-func blockList(path string) func(string) bool {
-	var mu sync.Mutex
-	var read time.Time
-	var set map[string]bool
-	return func(addr string) bool {
-		mu.Lock()
-		defer mu.Unlock()
-		if time.Since(read) > 20*time.Millisecond {
-			read, set = time.Now(), map[string]bool{}
-			if b, err := os.ReadFile(path); err == nil {
-				for _, l := range strings.Fields(string(b)) {
-					set[l] = true
-				}
-			}
-		}
-		return set[addr]
-	}
 }

@@ -1,8 +1,6 @@
 package node
 
 import (
-	"time"
-
 	"github.com/hashicorp/raft"
 
 	"github.com/replicator/replicator/entry"
@@ -20,24 +18,14 @@ func (n *Node) replicaDeps() (replica.Deps, error) {
 	d := replica.Deps{
 		Cluster: n.cluster, NodeID: n.nodeID, Incarnation: n.incarnation, Dir: o.DataDir,
 		Store: n.store, Clock: n.clock, Logger: n.log,
-		Committer: replica.CommitEnv{MaxGroup: o.MaxGroupEntries, IdemWindow: o.IdempotencyWindow, CheckPin: n.bounds.checkPin,
-			Committed: func(writes int) {
-				n.metrics.writes.Add(uint64(writes))
-				n.metrics.groups.Add(1)
-			}},
-		Log:      wal.Options{SegmentSize: o.WALSegmentSize, NoSync: o.UnsafeNoSync, BeforeWrite: o.Testing.diskFull()},
-		OnFatal:  n.stopFatal,
-		Describe: func() string { return n.svc.DescribeSelf() },
+		Committer: replica.CommitEnv{MaxGroup: o.MaxGroupEntries, IdemWindow: o.IdempotencyWindow, CheckPin: n.bounds.CheckPin},
+		Log:       wal.Options{SegmentSize: o.WALSegmentSize, NoSync: o.UnsafeNoSync, BeforeWrite: o.Testing.diskFull()},
+		OnFatal:   n.stopFatal,
+		Describe:  func() string { return n.svc.DescribeSelf() },
 		Reads: func(id raft.ServerID) (int, bool) {
 			d, state := n.svc.Proven(id, false)
 			return d.Commands, state == forward.DescKnown
 		},
-		ObserveCommit: func(d time.Duration) {
-			if n.metrics.commitSeconds != nil { // the metrics exist from Start on
-				n.metrics.commitSeconds.Observe(d.Seconds())
-			}
-		},
-		ObserveFsync: func(d time.Duration) { n.metrics.fsyncSeconds.Observe(d.Seconds()) },
 		Identity: func(checked bool) error {
 			// Once per process: what a node checks when it reopens a stream
 			// (docs/ARCHITECTURE.md, "Stream identity").
@@ -54,12 +42,11 @@ func (n *Node) replicaDeps() (replica.Deps, error) {
 			return t, nil
 		},
 		Seal:         func(stream entry.StreamID, why string) error { return n.rejoin.SealStream(stream, why) },
-		TermChanged:  func() { n.metrics.leaderChanges.Inc() },
 		ReadsFormat:  o.Testing.ReadsFormat,
 		CommandFault: o.Testing.CommandFault,
 	}
 	if r := o.Raft; r != nil {
-		conn, err := n.raftConn()
+		conn, err := raftConn(o, n.tls, n.log)
 		if err != nil {
 			return replica.Deps{}, err
 		}

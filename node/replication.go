@@ -21,12 +21,16 @@ import (
 // The node's side of replication: the acceptor of what peers send, and the
 // links to them (package links) built from what the node holds.
 
-// setupReplication builds the acceptor and the links (a node alone makes
-// its configured links now; a cluster of several at each term).
+// setupReplication builds the acceptor and makes a node alone's configured
+// links (a cluster of several makes them at each term).
 func (n *Node) setupReplication() error {
 	secrets := make(map[string]string, len(n.opts.Peers))
 	for _, p := range n.opts.Peers {
 		secrets[p.Name] = p.Secret
+	}
+	var ackNodes func() []string // this cluster's nodes in acks (nil for a node alone)
+	if n.multi() {
+		ackNodes = n.svc.URLs
 	}
 	n.acceptor = acceptor.New(n.store, n.rep, n.clock, acceptor.Options{
 		Local: n.cluster,
@@ -51,30 +55,18 @@ func (n *Node) setupReplication() error {
 		PermitWait:         n.opts.PermitWait,
 		MaxBodies:          n.opts.MaxBodiesInFlight,
 		ObserveLag: func(origin string, lags []acceptor.Lag) {
-			// Label lookups once per batch, not per entry: this runs on the
-			// apply path of every replicated batch.
-			total := n.metrics.lagSeconds.WithLabelValues(origin)
-			ship := n.metrics.stageSeconds.WithLabelValues(origin, "ship")
-			wire := n.metrics.stageSeconds.WithLabelValues(origin, "wire")
-			apply := n.metrics.stageSeconds.WithLabelValues(origin, "apply")
-			for _, l := range lags {
-				total.Observe(l.Total.Seconds())
-				if l.Staged {
-					ship.Observe(l.Ship.Seconds())
-					wire.Observe(l.Wire.Seconds())
-					apply.Observe(l.Apply.Seconds())
-				}
-				if n.opts.ObserveLag != nil {
+			n.inbound.ObserveLag(origin, time.Now().UnixNano(), lags)
+			if n.opts.ObserveLag != nil {
+				for _, l := range lags {
 					n.opts.ObserveLag(origin, l.Total)
 				}
 			}
-			n.lag.Add(time.Now().UnixNano(), lags)
 		},
-		ObserveApply:    func(d time.Duration) { n.metrics.applySeconds.Observe(d.Seconds()) },
+		ObserveApply:    n.inbound.ObserveApply,
 		OnReseedRequest: n.rejoin.OnReseedRequest,
 		OnTrailer:       n.rejoin.OnTrailer,
 		Leadership:      n.acceptorLeadership(),
-		Nodes:           n.ackNodes(),
+		Nodes:           ackNodes,
 		// Markers take format 3: a node that cannot read them would stop.
 		TakesMarkers: func() bool { return n.machine.Format() >= machine.FormatLinks },
 		// Contexts take format 4: before it, a member may not read them.
@@ -88,34 +80,46 @@ func (n *Node) setupReplication() error {
 		Now:    n.clock.Physical,
 		Logger: n.log,
 	})
+	return n.links.Make()
+}
+
+// newLinks builds the links to the peer clusters (package links); none is
+// made yet. What they call of parts built after them (the rejoin protocol,
+// the acceptor, anti-entropy) is read when called.
+func (n *Node) newLinks() *links.Set {
 	rt := n.opts.PeerTransport
 	if rt == nil {
 		rt = &http.Transport{MaxIdleConnsPerHost: 4, IdleConnTimeout: 90 * time.Second, TLSClientConfig: n.tls.Client()}
 	}
 	n.peerClient = &http.Client{Transport: rt, CheckRedirect: forward.NoRedirects}
-	n.links = links.New(links.Deps{
+	return links.New(links.Deps{
 		Local: n.cluster, Peers: n.opts.Peers, Insecure: n.opts.InsecurePeers, Terms: n.multi(),
-		Stream: n.out, Store: n.store, Clock: n.clock, Settings: n.settings,
-		Format: n.machine.Format, LinkOf: n.machine.Link,
-		Floor: n.com.Floor, Applied: n.rep.StreamApplied,
-		Apply: n.rep.ApplyCommand, Cursors: replica.Cursors{Store: n.store, Apply: n.rep.ApplyCommand},
+		Stream: n.rep.Stream, Store: n.store, Clock: n.clock, Settings: n.settings,
+		Format: func() int { return n.rep.Machine().Format() },
+		LinkOf: func(peer string) entry.LinkSettings { return n.rep.Machine().Link(peer) },
+		Floor:  n.com.Floor, Applied: n.rep.StreamApplied,
+		Apply: n.rep.ApplyCommand, Commit: n.rep.CommitCommand, Cursors: replica.Cursors{Store: n.store, Apply: n.rep.ApplyCommand},
 		Leading:         n.rep.Ready,
 		Client:          n.peerClient,
 		MaxBatchEntries: n.opts.MaxBatchEntries, MaxBatchBytes: n.opts.MaxBatchBytes, Linger: n.opts.BatchLinger,
 		AutoReseed: !n.opts.NoAutoReseed,
 		PinWindow:  n.opts.PinWindow, TombstoneRetention: n.opts.TombstoneRetention,
-		Thresholds: transport.Thresholds{Lagging: n.opts.LinkLagging, Stalled: n.opts.LinkStalled},
-		OnAck:      n.rejoin.OnAck, OnConflict: n.rejoin.OnConflict, OnReseedDone: n.rejoin.OnReseedDone,
-		Restore:     func(sh *transport.Shipper) { n.rejoin.RestoreReseedState(sh) },
-		AntiEntropy: func(peer string) *api.AntiEntropyStatus { return n.ae.Status(peer) },
-		Accepted:    n.acceptor.Peers,
-		Accept:      func(c string) { n.acceptor.SetPeer(c, "") },
-		Note:        n.gossip.Note,
-		ObserveShip: func(peer string, d time.Duration) { n.metrics.shipSeconds.WithLabelValues(peer).Observe(d.Seconds()) },
-		OnDetach:    func(peer string) { n.metrics.detached.WithLabelValues(peer).Inc() },
-		Logger:      n.log,
+		Thresholds:       transport.Thresholds{Lagging: n.opts.LinkLagging, Stalled: n.opts.LinkStalled},
+		OnAck:            func(peer string, ack *wire.Ack) { n.rejoin.OnAck(peer, ack) },
+		OnConflict:       func(peer string, stream entry.StreamID, why string) { n.rejoin.OnConflict(peer, stream, why) },
+		OnReseedDone:     func(peer string, requested, rejoin bool) { n.rejoin.OnReseedDone(peer, requested, rejoin) },
+		Restore:          func(sh *transport.Shipper) { n.rejoin.RestoreReseedState(sh) },
+		AntiEntropy:      func(peer string) *api.AntiEntropyStatus { return n.ae.Status(peer) },
+		Accepted:         func() []string { return n.acceptor.Peers() },
+		Accept:           func(c string) { n.acceptor.SetPeer(c, "") },
+		Note:             n.gossip.Note,
+		OnDetach:         n.sat.CountDetached,
+		TruncateInterval: n.opts.TruncateInterval, CollectInterval: n.opts.GCInterval,
+		HistoryInterval: n.opts.HistoryInterval, HistorySpan: n.opts.HistorySpan,
+		Halted:     func() bool { return n.com.Failed() != nil || n.closing.Load() },
+		Saturation: func() string { return n.sat.Evaluate(true).State },
+		Logger:     n.log,
 	})
-	return n.links.Make()
 }
 
 // leadership tells the acceptor whether this node takes batches (nil for
@@ -145,25 +149,16 @@ func (n *Node) acceptorLeadership() func() (bool, string, []string) {
 	}
 }
 
-// ackNodes lists this cluster's nodes in acks (nil for a node alone).
-func (n *Node) ackNodes() func() []string {
-	if !n.multi() {
-		return nil
-	}
-	return n.svc.URLs
-}
-
 // TruncateWAL drops the stream's outbound entries every peer acknowledged,
 // through the cluster's log (every node drops the same).
-func (n *Node) TruncateWAL() error {
-	if n.com.Failed() != nil || n.closing.Load() {
-		return nil
-	}
-	return n.links.Truncate()
-}
+func (n *Node) TruncateWAL() error { return n.links.Truncate() }
 
 // Lag reports the replication lag of entries applied since since.
-func (n *Node) Lag(since time.Time) api.LagReport { return n.lag.Report(since) }
+func (n *Node) Lag(since time.Time) api.LagReport { return n.inbound.Lags.Report(since) }
+
+// History is the dashboard's chart: the samples later than after, oldest
+// first.
+func (n *Node) History(after time.Time) api.HistoryReport { return n.links.History(after) }
 
 // Saturation reports the node's saturation state.
 func (n *Node) Saturation() api.SaturationReport { return n.sat.Evaluate(true) }

@@ -2,16 +2,12 @@ package node
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"net"
 	"net/url"
 	"os"
 	"strconv"
 	"syscall"
 	"time"
-
-	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/replicator/replicator/api"
 	"github.com/replicator/replicator/cluster"
@@ -19,21 +15,14 @@ import (
 	"github.com/replicator/replicator/forward"
 	"github.com/replicator/replicator/links"
 	"github.com/replicator/replicator/node/httpapi"
+	"github.com/replicator/replicator/replica"
 	"github.com/replicator/replicator/resp"
 	"github.com/replicator/replicator/store"
-	"github.com/replicator/replicator/transport"
 )
 
 // The Redis-protocol front door (docs/RESP.md): package resp speaks the
 // protocol; the node gives it its Go API (respNode) and a listener with the
 // HTTP API's TLS settings and token.
-
-// respDoor is the RESP listener and its server, when --resp-listen is set.
-type respDoor struct {
-	srv  *resp.Server
-	ln   net.Listener
-	errc chan error
-}
 
 // respReads are the node's Go API the RESP door reads and proposes by (the
 // same the HTTP surface calls).
@@ -52,7 +41,7 @@ type respReads interface {
 // order (submitter). It holds what it uses.
 type respNode struct {
 	respReads
-	sub *submitter
+	sub *replica.Submitter
 	// follower proposes to the leader (nil: a node alone); leads says this
 	// node leads and its term began.
 	follower *forward.Follower
@@ -61,16 +50,13 @@ type respNode struct {
 	store    *store.Store
 	// servers are the raft configuration's (nil: a node alone).
 	servers func() []cluster.Server
-	// peers are the links' peers, settings their settings, acks the bell
-	// rung at each acknowledgement.
-	peers    func() []Peer
-	settings *links.Settings
-	acks     func() <-chan struct{}
+	// links are the peer links (their peers, filters and acks).
+	links *links.Set
 }
 
 func newRESPNode(n *Node) respNode {
 	r := respNode{respReads: n, sub: n.sub, follower: n.follower, leads: n.rep.Ready, version: n.opts.BuildVersion,
-		store: n.store, peers: n.links.Peers, settings: n.settings, acks: n.links.Acks}
+		store: n.store, links: n.links}
 	if n.multi() {
 		r.servers = func() []cluster.Server { return n.group.Status().Servers }
 	}
@@ -137,37 +123,14 @@ func (r respNode) Holding(stream entry.StreamID, from, to uint64) ([]string, err
 	return ans.Peers, nil
 }
 
-// KeptFrom names the peers whose link's filter, at the write's index,
-// keeps some of w home (WAIT does not count them: they never hold all of
-// it). The filter is the log's for that index, which this node applied
-// before the write was answered.
+// KeptFrom names the peers whose link's filter keeps some of w home
+// (links.Set.KeptFrom).
 func (r respNode) KeptFrom(w api.Write, res api.WriteResult) []string {
-	var kept []string
-	e := w.Entry
-	if w.Ops != nil {
-		e = entry.Entry{Op: entry.OpMulti, Ops: make([]entry.BatchOp, len(w.Ops))}
-		for i, op := range w.Ops {
-			e.Ops[i] = entry.BatchOp{Op: entry.OpSet, Key: op.Key}
-			if op.Delete {
-				e.Ops[i].Op = entry.OpDelete
-			}
-		}
-	}
-	for _, p := range r.peers() {
-		ls := r.settings.Of(p.Name)
-		f, _ := ls.FilterAt(res.Stream, res.Index)
-		if f.All() {
-			continue
-		}
-		if _, keep := transport.Project(&e, f); keep != transport.KeepAll {
-			kept = append(kept, p.Name)
-		}
-	}
-	return kept
+	return r.links.KeptFrom(w, res)
 }
 
 // Peers is the number of peer links.
-func (r respNode) Peers() int { return len(r.peers()) }
+func (r respNode) Peers() int { return len(r.links.Peers()) }
 
 // Acks is closed at the next acknowledgement one of this node's links
 // receives (a follower holds no links: its WAIT looks again on a timer).
@@ -175,12 +138,12 @@ func (r respNode) Acks() <-chan struct{} {
 	if !r.leading() {
 		return nil
 	}
-	return r.acks()
+	return r.links.Acks()
 }
 
 // openRESP listens on Options.RESPListen and serves it (nil, nil when it
 // is not set). Its goroutine exits when close closes the listener.
-func openRESP(n *Node) (*respDoor, error) {
+func openRESP(n *Node) (*resp.Door, error) {
 	if n.opts.RESPListen == "" && n.opts.RESPListener == nil {
 		return nil, nil
 	}
@@ -203,32 +166,7 @@ func openRESP(n *Node) (*respDoor, error) {
 			}
 		}
 	}
-	d := &respDoor{ln: ln, errc: make(chan error, 1), srv: resp.New(newRESPNode(n), o)}
-	go func() { d.errc <- d.srv.Serve(ln) }()
+	d := resp.Open(newRESPNode(n), o, ln)
 	n.log.Info("serving RESP", "addr", ln.Addr().String())
 	return d, nil
-}
-
-// close stops taking connections and closes those open, once their
-// pending writes are answered (the committer must still run).
-func (d *respDoor) close() error {
-	if d == nil {
-		return nil
-	}
-	err := d.ln.Close()
-	d.srv.Close()
-	if serr := <-d.errc; serr != nil {
-		err = errors.Join(err, serr)
-	}
-	if errors.Is(err, net.ErrClosed) {
-		return nil
-	}
-	return err
-}
-
-// collect exports the front door's metrics (none while it is off).
-func (d *respDoor) collect(ch chan<- prometheus.Metric) {
-	if d != nil {
-		d.srv.Stats().Collect(ch)
-	}
 }

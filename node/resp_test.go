@@ -245,14 +245,14 @@ func TestRESPPipelines(t *testing.T) {
 	}
 	pipe.Set(ctx, "k", "last", 0)
 	get := pipe.Get(ctx, "k")
-	groups := n.metrics.groups.Load()
+	groups := n.rep.Groups()
 	if _, err := pipe.Exec(ctx); err != nil {
 		t.Fatal(err)
 	}
 	// The pipeline's writes are queued before any is waited for: they
 	// share group commits (one fsync each), not one fsync a write.
-	t.Logf("501 pipelined writes: %d group commits", n.metrics.groups.Load()-groups)
-	if g := n.metrics.groups.Load() - groups; g >= 100 {
+	t.Logf("501 pipelined writes: %d group commits", n.rep.Groups()-groups)
+	if g := n.rep.Groups() - groups; g >= 100 {
 		t.Fatalf("501 pipelined writes took %d group commits", g)
 	}
 	for i, cmd := range incrs {

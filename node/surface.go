@@ -5,18 +5,13 @@ import (
 	"net/http"
 
 	"github.com/replicator/replicator/forward"
-	"github.com/replicator/replicator/internal/httpjson"
 	"github.com/replicator/replicator/node/httpapi"
 	"github.com/replicator/replicator/wire"
 )
 
 // The node's HTTP surface is package httpapi; the node composes it with
-// what belongs to its listeners: forwarding to the leader (forward.go), the
-// token and the origin checks (security.go).
-
-type apiError = httpjson.Error
-
-var writeError = httpjson.WriteError
+// what belongs to its listeners: forwarding to the leader (package
+// forward), the token and the origin checks (package listener).
 
 // Handler returns the node's HTTP API as its listener serves it, without
 // the token and origin checks: what needs the leader is forwarded to it.
@@ -41,7 +36,7 @@ func (n *Node) handler() (http.Handler, *http.ServeMux) {
 	}
 	route := n.fwd.Route(answer)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if canonical(w, r, func(string) {}) {
+		if httpapi.CanonicalOrRefuse(w, r, func(string) {}) {
 			route.ServeHTTP(w, r)
 		}
 	}), mux

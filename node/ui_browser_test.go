@@ -80,7 +80,7 @@ func TestDashboardActionsInBrowser(t *testing.T) {
 	}
 	// The node samples whether or not a page is open: wait for history, not
 	// for a clock.
-	for len(a.history.after(time.Time{})) < 15 {
+	for len(a.History(time.Time{}).Samples) < 15 {
 		time.Sleep(20 * time.Millisecond)
 	}
 
@@ -318,7 +318,7 @@ func TestDashboardSaturation(t *testing.T) {
 	if refused < 3 {
 		t.Fatal("a node whose peer is cut took 60 writes over a high-water mark of 20")
 	}
-	for len(a.history.after(time.Time{})) < 5 {
+	for len(a.History(time.Time{}).Samples) < 5 {
 		time.Sleep(20 * time.Millisecond)
 	}
 	if err := chromedp.Do(ctx,

@@ -87,34 +87,6 @@ func TestDashboardRendersLiveData(t *testing.T) {
 	}
 }
 
-// TestHistoryRing: the ring keeps the newest samples, oldest first, and
-// after() returns only what a page has not seen.
-func TestHistoryRing(t *testing.T) {
-	h := newHistory(4)
-	at := func(i int) time.Time { return time.Unix(1000+int64(i), 0) }
-	for i := 0; i < 3; i++ {
-		h.add(api.HistorySample{Time: at(i)})
-	}
-	if got := h.after(time.Time{}); len(got) != 3 || !got[0].Time.Equal(at(0)) || !got[2].Time.Equal(at(2)) {
-		t.Fatalf("before wrapping: %v", got)
-	}
-	for i := 3; i < 10; i++ {
-		h.add(api.HistorySample{Time: at(i)})
-	}
-	got := h.after(time.Time{})
-	if len(got) != 4 {
-		t.Fatalf("after wrapping: %d samples, want 4", len(got))
-	}
-	for i, s := range got {
-		if !s.Time.Equal(at(6 + i)) {
-			t.Fatalf("sample %d is %v, want %v (oldest first)", i, s.Time, at(6+i))
-		}
-	}
-	if got := h.after(at(8)); len(got) != 1 || !got[0].Time.Equal(at(9)) {
-		t.Fatalf("after the 8th: %v", got)
-	}
-}
-
 // TestDashboardHeadersAndHistory: the page cannot be framed by another site
 // (its buttons would be clickjacked), and /admin/history answers with the
 // node's samples and refuses a malformed ?after.
@@ -141,7 +113,7 @@ func TestDashboardHeadersAndHistory(t *testing.T) {
 	if strings.Contains(csp, "unsafe") || resp.Header.Get("X-Content-Type-Options") != "nosniff" {
 		t.Fatalf("the dashboard's headers: %v", resp.Header)
 	}
-	for len(n.history.after(time.Time{})) < 3 {
+	for len(n.History(time.Time{}).Samples) < 3 {
 		time.Sleep(5 * time.Millisecond)
 	}
 	var rep api.HistoryReport

@@ -49,13 +49,36 @@ type leadState struct {
 }
 
 // Run starts the lead loop of a cluster of several (a node alone's only
-// term began in Open); Stop ends it.
+// term began in Open) and the replica's periodic checks; Stop ends them.
 func (r *Replica) Run() {
 	if !r.multi() {
 		return
 	}
 	r.loop.Add(1)
 	go r.leadLoop()
+	// Once every member reads a newer format, the leader raises the log to
+	// it; a removal the log records puts this node out.
+	r.every(500*time.Millisecond, r.RaiseFormat)
+	r.every(time.Second, r.CheckRemoved)
+}
+
+// every runs f every d until Stop.
+func (r *Replica) every(d time.Duration, f func()) {
+	r.loop.Add(1)
+	go func() {
+		// Exits at Stop.
+		defer r.loop.Done()
+		t := time.NewTicker(d)
+		defer t.Stop()
+		for {
+			select {
+			case <-r.stop:
+				return
+			case <-t.C:
+				f()
+			}
+		}
+	}()
 }
 
 // Stop ends the lead loop, after it ended the term (its links stopped).
@@ -193,9 +216,7 @@ func (r *Replica) beginTerm(term uint64) error {
 	r.lead.term, r.lead.links = term, links
 	r.lead.ready.Store(true)
 	links.Run()
-	if r.d.TermChanged != nil {
-		r.d.TermChanged()
-	}
+	r.m.leaderTerms.Inc()
 	r.log.Info("leading the cluster: stamping, shipping and accepting", "term", term, "node", r.d.NodeID,
 		"took", time.Since(start).Round(time.Millisecond))
 	return nil
@@ -278,8 +299,6 @@ func (r *Replica) endTerm(why string) {
 	r.log.Info("stopped leading the cluster", "term", r.lead.term, "why", why)
 }
 
-// notLeader is the answer to what needs the leader on a node that does not
-// lead: nothing was done.
 // Ready reports that this node leads and its term began (log applied,
 // stream minted, links made): writes are stamped only while it does.
 // Ready, AwaitTerm and NotLeader are what the router reads of the lead
@@ -288,6 +307,8 @@ func (r *Replica) Ready() bool                         { return r.lead.ready.Loa
 func (r *Replica) AwaitTerm(ctx context.Context) error { return r.awaitTerm(ctx) }
 func (r *Replica) NotLeader() error                    { return r.notLeader() }
 
+// notLeader is the answer to what needs the leader on a node that does not
+// lead: nothing was done.
 func (r *Replica) notLeader() error {
 	id, addr := r.group.Leader()
 	if id == r.d.NodeID {

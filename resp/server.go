@@ -603,3 +603,42 @@ func (c *conn) overBudget() {
 func wrongArgs(name string) string {
 	return fmt.Sprintf("ERR wrong number of arguments for '%s' command", name)
 }
+
+// Door is a Server serving one listener on a goroutine of its own, from
+// Open until Shutdown.
+type Door struct {
+	*Server
+	ln   net.Listener
+	errc chan error
+}
+
+// Open serves n on ln with o.
+func Open(n Node, o Options, ln net.Listener) *Door {
+	d := &Door{Server: New(n, o), ln: ln, errc: make(chan error, 1)}
+	go func() {
+		// Exits when Shutdown closes the listener.
+		d.errc <- d.Serve(ln)
+	}()
+	return d
+}
+
+// Addr is the address the door listens on.
+func (d *Door) Addr() net.Addr { return d.ln.Addr() }
+
+// Shutdown stops taking connections and closes those open, once their
+// pending writes are answered (the node's write path must still run).
+// A nil door has nothing to shut.
+func (d *Door) Shutdown() error {
+	if d == nil {
+		return nil
+	}
+	err := d.ln.Close()
+	d.Close()
+	if serr := <-d.errc; serr != nil {
+		err = errors.Join(err, serr)
+	}
+	if errors.Is(err, net.ErrClosed) {
+		return nil
+	}
+	return err
+}

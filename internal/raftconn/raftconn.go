@@ -30,6 +30,7 @@ import (
 	"math/big"
 	"net"
 	"net/url"
+	"os"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -677,4 +678,25 @@ func clusterOfDerived(c *x509.Certificate) (string, error) {
 		}
 	}
 	return "", errors.New("no replicator-raft:// URI naming a cluster")
+}
+
+// BlockList is a test's partition (Options.Blocked): the addresses listed
+// in the file at path, one per field, read again at most every 20 ms.
+func BlockList(path string) func(string) bool {
+	var mu sync.Mutex
+	var read time.Time
+	var set map[string]bool
+	return func(addr string) bool {
+		mu.Lock()
+		defer mu.Unlock()
+		if time.Since(read) > 20*time.Millisecond {
+			read, set = time.Now(), map[string]bool{}
+			if b, err := os.ReadFile(path); err == nil {
+				for _, l := range strings.Fields(string(b)) {
+					set[l] = true
+				}
+			}
+		}
+		return set[addr]
+	}
 }

@@ -2,12 +2,14 @@ package httpapi
 
 import (
 	"errors"
+	"fmt"
 	"net/http"
 	"net/url"
 	"path"
 	"strings"
 
 	"github.com/replicator/replicator/api"
+	"github.com/replicator/replicator/internal/httpjson"
 	"github.com/replicator/replicator/wire"
 )
 
@@ -96,4 +98,31 @@ func cleanPath(p string) string {
 		}
 	}
 	return np
+}
+
+// NeedScope is the scope r needs: the scope of the route the mux matches
+// (RouteScope), decided after the path is checked to be canonical
+// (false: refused here).
+func NeedScope(mux *http.ServeMux, refused func(code string)) func(w http.ResponseWriter, r *http.Request) (Scope, bool) {
+	return func(w http.ResponseWriter, r *http.Request) (Scope, bool) {
+		if !CanonicalOrRefuse(w, r, refused) {
+			return ScopeNone, false
+		}
+		_, pattern := mux.Handler(r)
+		return RouteScope(pattern), true
+	}
+}
+
+// CanonicalOrRefuse refuses a path that is not canonical outside a key
+// (Canonical) with a 400 that closes the connection, and readies a key
+// route's path for the mux.
+func CanonicalOrRefuse(w http.ResponseWriter, r *http.Request, refused func(code string)) bool {
+	if err := Canonical(r); err != nil {
+		refused("bad_path")
+		w.Header().Set("Connection", "close") // refused before the body was read
+		httpjson.WriteError(w, http.StatusBadRequest, httpjson.Error{Code: "bad_path",
+			Message: fmt.Sprintf("path %q: %v", r.URL.EscapedPath(), err)})
+		return false
+	}
+	return true
 }

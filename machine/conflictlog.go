@@ -1,4 +1,4 @@
-package node
+package machine
 
 import (
 	"context"
@@ -7,43 +7,41 @@ import (
 	"fmt"
 
 	"github.com/replicator/replicator/api"
-	"github.com/replicator/replicator/client"
 	"github.com/replicator/replicator/entry"
 	"github.com/replicator/replicator/hlc"
-	"github.com/replicator/replicator/machine"
 	"github.com/replicator/replicator/store"
 )
 
-// conflictLog is the node's part that reads the conflict log the machine
-// keeps (machine/conflict.go, docs/DATAMODEL.md "Conflicts"), and restores
-// a loser as a new write. It holds what it uses: the tree, the log's
-// command format, and the write path.
-type conflictLog struct {
-	store   *store.Store
-	format  func() int
-	propose func(ctx context.Context, w api.Write) (api.WriteResult, error)
+// ConflictLog reads the conflict log the machine keeps (conflict.go,
+// docs/DATAMODEL.md "Conflicts") in the API's words, and restores a loser
+// as a new write. It holds what it uses: the tree, the log's command
+// format, and the write path.
+type ConflictLog struct {
+	Store   *store.Store
+	Format  func() int
+	Propose func(ctx context.Context, w api.Write) (api.WriteResult, error)
 }
 
 // MaxConflictsLimit bounds a page of the conflict log.
 const MaxConflictsLimit = 1000
 
 // Conflicts reads one page of the conflict log, in key order.
-func (c *conflictLog) Conflicts(q client.ConflictQuery) (client.ConflictPage, error) {
+func (c *ConflictLog) Conflicts(q api.ConflictQuery) (api.ConflictPage, error) {
 	if q.Limit <= 0 {
 		q.Limit = 100
 	}
 	if q.Limit > MaxConflictsLimit {
-		return client.ConflictPage{}, fmt.Errorf("%w: limit %d: at most %d", api.ErrBadRequest, q.Limit, MaxConflictsLimit)
+		return api.ConflictPage{}, fmt.Errorf("%w: limit %d: at most %d", api.ErrBadRequest, q.Limit, MaxConflictsLimit)
 	}
 	sq := store.ConflictQuery{Key: q.Key, Prefix: q.Prefix, After: q.After, Limit: q.Limit}
 	if !q.Since.IsZero() {
 		sq.Since = hlc.Timestamp{Wall: q.Since.UnixNano()}
 	}
-	recs, next, err := c.store.Conflicts(sq)
+	recs, next, err := c.Store.Conflicts(sq)
 	if err != nil {
-		return client.ConflictPage{}, fmt.Errorf("%w: %w", api.ErrBadRequest, err)
+		return api.ConflictPage{}, fmt.Errorf("%w: %w", api.ErrBadRequest, err)
 	}
-	page := client.ConflictPage{Items: make([]client.Conflict, 0, len(recs)), Next: next}
+	page := api.ConflictPage{Items: make([]api.Conflict, 0, len(recs)), Next: next}
 	for i := range recs {
 		page.Items = append(page.Items, conflictReport(&recs[i]))
 	}
@@ -55,12 +53,12 @@ func (c *conflictLog) Conflicts(q client.ConflictQuery) (client.ConflictPage, er
 // a precondition error says what it holds). The write's context covers the
 // loser and the winner, so no cluster logs it as a conflict, and every
 // cluster it reaches marks its records of that loser restored.
-func (c *conflictLog) RestoreConflict(ctx context.Context, id string) (api.WriteResult, error) {
-	if v := c.format(); v < machine.FormatConflicts {
+func (c *ConflictLog) RestoreConflict(ctx context.Context, id string) (api.WriteResult, error) {
+	if v := c.Format(); v < FormatConflicts {
 		return api.WriteResult{}, fmt.Errorf("%w: the cluster's log is at command format %d; restores need format %d, "+
-			"which the log moves to once every node runs a build that reads it", api.ErrNotWritten, v, machine.FormatConflicts)
+			"which the log moves to once every node runs a build that reads it", api.ErrNotWritten, v, FormatConflicts)
 	}
-	rec, ok, err := c.store.ConflictByID(id)
+	rec, ok, err := c.Store.ConflictByID(id)
 	switch {
 	case err != nil && errors.Is(err, store.ErrCorrupt):
 		return api.WriteResult{}, err
@@ -81,16 +79,16 @@ func (c *conflictLog) RestoreConflict(ctx context.Context, id string) (api.Write
 	} else if w.Entry.Value == nil {
 		w.Entry.Value = []byte{}
 	}
-	return c.propose(ctx, w)
+	return c.Propose(ctx, w)
 }
 
 // conflictReport is a record as the API shows it.
-func conflictReport(r *entry.Conflict) client.Conflict {
-	out := client.Conflict{ID: r.ID, Key: r.Key, Peer: r.Peer, At: r.At.String(), Time: r.At.Time(), Possible: r.Possible,
-		Loser: client.ConflictVersion{Version: r.Loser.String(), Origin: r.Loser.Origin, Deleted: r.LoserTombstone,
+func conflictReport(r *entry.Conflict) api.Conflict {
+	out := api.Conflict{ID: r.ID, Key: r.Key, Peer: r.Peer, At: r.At.String(), Time: r.At.Time(), Possible: r.Possible,
+		Loser: api.ConflictVersion{Version: r.Loser.String(), Origin: r.Loser.Origin, Deleted: r.LoserTombstone,
 			Value: r.LoserValue, ValueLen: r.LoserLen, ValueSHA256: hex.EncodeToString(r.LoserHash),
 			ValueOmitted: r.LoserValue == nil && r.LoserLen > 0},
-		Winner:    client.ConflictVersion{Version: r.Winner.String(), Origin: r.Winner.Origin},
+		Winner:    api.ConflictVersion{Version: r.Winner.String(), Origin: r.Winner.Origin},
 		Discarded: "stored",
 	}
 	if r.Incoming {

@@ -1,14 +1,13 @@
-package node
+package links
 
 import (
 	"sync"
 	"time"
 
 	"github.com/replicator/replicator/api"
-	"github.com/replicator/replicator/client"
 )
 
-// The dashboard's chart is served by the node: a ring of samples of every
+// The dashboard's chart is kept by the links: a ring of samples of every
 // link's backlog over the last hour, so a page opened during an incident
 // shows how it began, not an empty chart that fills from then on.
 
@@ -54,7 +53,7 @@ func (h *history) after(t time.Time) []api.HistorySample {
 
 // sample is one point of the chart: the links' states and backlogs, and the
 // node's saturation state, at now (ns since the epoch).
-func sample(now int64, saturation string, links []client.LinkStatus) api.HistorySample {
+func sample(now int64, saturation string, links []api.LinkStatus) api.HistorySample {
 	// Milliseconds: the page asks for ?after=<ms of the last it saw>, so a
 	// finer stamp would come back again as "after" its own truncation.
 	s := api.HistorySample{Time: time.UnixMilli(now / 1e6).UTC(), Saturation: saturation, Peers: map[string]api.PeerSample{}}
@@ -66,7 +65,16 @@ func sample(now int64, saturation string, links []client.LinkStatus) api.History
 
 // History is the dashboard's chart: the samples later than after, oldest
 // first.
-func (n *Node) History(after time.Time) api.HistoryReport {
-	return api.HistoryReport{IntervalSeconds: n.opts.HistoryInterval.Seconds(),
-		SpanSeconds: n.opts.HistorySpan.Seconds(), Samples: n.history.after(after)}
+func (s *Set) History(after time.Time) api.HistoryReport {
+	return api.HistoryReport{IntervalSeconds: s.d.HistoryInterval.Seconds(),
+		SpanSeconds: s.d.HistorySpan.Seconds(), Samples: s.history.after(after)}
+}
+
+// takeSample adds a point to the chart.
+func (s *Set) takeSample() {
+	state := ""
+	if s.d.Saturation != nil {
+		state = s.d.Saturation()
+	}
+	s.history.add(sample(s.d.Clock.Physical(), state, s.Status()))
 }
