@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/replicator/replicator/transport"
+	"github.com/replicator/replicator/api"
 )
 
 // gossipMesh prepares clusters that know each other only by secret and
@@ -91,7 +91,7 @@ func TestGossipDiscovery(t *testing.T) {
 	m.nodes["c"].kill()
 	eventually(t, 30*time.Second, func() (bool, string) {
 		st := memberState(t, m.nodes["a"], "c")
-		return st == transport.LiveDead, "a sees c as " + st
+		return st == api.LiveDead, "a sees c as " + st
 	})
 	if _, err := m.nodes["a"].client().Put(bg(), "while-c-is-dead", []byte("v")); err != nil {
 		t.Fatal(err)
@@ -113,7 +113,7 @@ func TestGossipDiscovery(t *testing.T) {
 	m.nodes["b"].stop()
 	eventually(t, 30*time.Second, func() (bool, string) {
 		st := memberState(t, m.nodes["a"], "b")
-		return st == transport.LiveLeft, "a sees b as " + st
+		return st == api.LiveLeft, "a sees b as " + st
 	})
 
 	// c returns and catches up.

@@ -12,7 +12,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/replicator/replicator/transport"
+	"github.com/replicator/replicator/api"
+	"github.com/replicator/replicator/discovery"
 )
 
 // hostile is a gossip member with no credential in every cluster's gossip
@@ -38,7 +39,7 @@ type hostile struct {
 	// rounds counts impersonations announced and flood members started.
 	rounds, flooded atomic.Int64
 	// made are the made-up members, which end takes out of gossip.
-	made []*transport.Discovery
+	made []*discovery.Discovery
 }
 
 func startHostile(t *testing.T, m *rmesh) *hostile {
@@ -51,16 +52,16 @@ func startHostile(t *testing.T, m *rmesh) *hostile {
 		io.WriteString(w, `{"key":"k","version":"1.0@a","origin":"a","accepted":1,"applied":1,"hwm":1000000}`)
 	}))
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
-	member := func(name, cluster, node, inc, raftAddr, url string) *transport.Discovery {
+	member := func(name, cluster, node, inc, raftAddr, url string) *discovery.Discovery {
 		seeds := []string{}
 		for _, n := range m.members(cluster) {
 			seeds = append(seeds, n.gossip)
 		}
 		// Port 0: memberlist binds a free one (freePort hands each port out
 		// once, and a flood of ten minutes would use them all up).
-		d, err := transport.StartDiscovery(transport.DiscoveryOptions{NodeName: name, Bind: "127.0.0.1:0",
+		d, err := discovery.Start(discovery.Options{NodeName: name, Bind: "127.0.0.1:0",
 			Profile: "local", Join: seeds, Logger: quiet,
-			Meta: transport.MemberMeta{V: transport.GossipVersion, Cluster: cluster, Node: node, Inc: inc, Raft: raftAddr, API: url, Replicate: url}})
+			Meta: api.MemberMeta{V: discovery.GossipVersion, Cluster: cluster, Node: node, Inc: inc, Raft: raftAddr, API: url, Replicate: url}})
 		if err != nil {
 			t.Logf("hostile member %s: %v", name, err)
 			return nil
@@ -68,7 +69,7 @@ func startHostile(t *testing.T, m *rmesh) *hostile {
 		d.JoinLoop(h.stop)
 		return d
 	}
-	var made []*transport.Discovery
+	var made []*discovery.Discovery
 	for _, c := range m.clusters {
 		for i := 0; i < 10; i++ {
 			ghost := fmt.Sprintf("127.0.0.1:%d", 1+i) // nobody listens on ports 1-10
@@ -83,7 +84,7 @@ func startHostile(t *testing.T, m *rmesh) *hostile {
 			// Exits at stop: re-announces the impersonator of c's leader
 			// every 3 s, and floods c's gossip with short-lived members.
 			defer h.done.Done()
-			var imp *transport.Discovery
+			var imp *discovery.Discovery
 			defer func() {
 				if imp != nil {
 					imp.Leave(time.Second)

@@ -15,7 +15,7 @@ import (
 	"time"
 
 	"github.com/replicator/replicator/api"
-	"github.com/replicator/replicator/transport"
+	"github.com/replicator/replicator/discovery"
 )
 
 // Issue 25, finding 3: with an API token, a loopback raft port without
@@ -136,10 +136,10 @@ func TestGossipImpostorOfTheLeaderGetsNoRequests(t *testing.T) {
 		io.WriteString(w, `{"key":"k","version":"1.0@a","origin":"a"}`)
 	}))
 	defer fake.Close()
-	evil, err := transport.StartDiscovery(transport.DiscoveryOptions{NodeName: "a-" + l.id + "-evil",
+	evil, err := discovery.Start(discovery.Options{NodeName: "a-" + l.id + "-evil",
 		Bind: fmt.Sprintf("127.0.0.1:%d", freePort(t)), Profile: "local", Join: []string{follower.gossip},
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
-		Meta: transport.MemberMeta{V: transport.GossipVersion, Cluster: "a", Node: l.id, Inc: lr.Incarnation, Raft: l.raft,
+		Meta: api.MemberMeta{V: discovery.GossipVersion, Cluster: "a", Node: l.id, Inc: lr.Incarnation, Raft: l.raft,
 			API: fake.URL, Replicate: fake.URL}})
 	if err != nil {
 		t.Fatal(err)
@@ -202,9 +202,9 @@ func TestForgedMembersAndJoinsDoNotTakeTheQuorum(t *testing.T) {
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
 	for i := 0; i < 3; i++ {
 		ghost := fmt.Sprintf("127.0.0.1:%d", freePort(t)) // nobody listens
-		d, err := transport.StartDiscovery(transport.DiscoveryOptions{NodeName: fmt.Sprintf("a-ghost%d", i),
+		d, err := discovery.Start(discovery.Options{NodeName: fmt.Sprintf("a-ghost%d", i),
 			Bind: fmt.Sprintf("127.0.0.1:%d", freePort(t)), Profile: "local", Join: []string{l.gossip}, Logger: quiet,
-			Meta: transport.MemberMeta{V: transport.GossipVersion, Cluster: "a", Node: fmt.Sprintf("ghost%d", i), Inc: "0badc0de",
+			Meta: api.MemberMeta{V: discovery.GossipVersion, Cluster: "a", Node: fmt.Sprintf("ghost%d", i), Inc: "0badc0de",
 				Raft: ghost, API: "http://" + ghost, Replicate: "http://" + ghost}})
 		if err != nil {
 			t.Fatal(err)

@@ -8,7 +8,7 @@ import (
 
 	"github.com/replicator/replicator/api"
 	"github.com/replicator/replicator/cluster"
-	"github.com/replicator/replicator/transport"
+	"github.com/replicator/replicator/discovery"
 )
 
 // Deps is what the gossip view needs of its node.
@@ -38,7 +38,7 @@ type Gossip struct {
 	d Deps
 	// disc is set once Start joined; memberlist delivers the first joins
 	// while it starts, and the group's reconciliation may ask before.
-	disc atomic.Pointer[transport.Discovery]
+	disc atomic.Pointer[discovery.Discovery]
 }
 
 // New is the gossip view of a node that has not joined yet.
@@ -47,9 +47,9 @@ func New(d Deps) *Gossip { return &Gossip{d: d} }
 // Start joins the memberlist cluster. The join loop's goroutine (counted
 // in bg) exits once a seed answered, or at stop.
 func (g *Gossip) Start(o StartOptions, stop <-chan struct{}, bg *sync.WaitGroup) error {
-	o.Meta.V, o.Meta.Cluster, o.Meta.Node = transport.GossipVersion, g.d.Cluster, g.d.NodeID
+	o.Meta.V, o.Meta.Cluster, o.Meta.Node = discovery.GossipVersion, g.d.Cluster, g.d.NodeID
 	name := g.d.Cluster + "-" + g.d.NodeID
-	d, err := transport.StartDiscovery(transport.DiscoveryOptions{
+	d, err := discovery.Start(discovery.Options{
 		NodeName: name, Bind: o.Bind, Advertise: o.Advertise, Join: o.Join, Key: o.Key,
 		Profile: o.Profile, Meta: o.Meta, OnChange: g.onMember, Logger: g.d.Logger.With("component", "gossip"),
 	})
@@ -68,7 +68,7 @@ func (g *Gossip) Start(o StartOptions, stop <-chan struct{}, bg *sync.WaitGroup)
 
 // onMember reacts to a member's join, update, departure or death: a member
 // of another cluster is the node's to link to.
-func (g *Gossip) onMember(m transport.Member) {
+func (g *Gossip) onMember(m api.Member) {
 	if c := m.Meta.Cluster; c == "" || c == g.d.Cluster || m.Note != "" {
 		return
 	}

@@ -23,6 +23,7 @@ import (
 	"github.com/replicator/replicator/client"
 	"github.com/replicator/replicator/cluster"
 	"github.com/replicator/replicator/datadir"
+	"github.com/replicator/replicator/discovery"
 	"github.com/replicator/replicator/forward"
 	"github.com/replicator/replicator/hlc"
 	ports "github.com/replicator/replicator/internal/loopback"
@@ -32,7 +33,6 @@ import (
 	"github.com/replicator/replicator/policy"
 	"github.com/replicator/replicator/replica"
 	"github.com/replicator/replicator/store"
-	"github.com/replicator/replicator/transport"
 	"github.com/replicator/replicator/wal"
 )
 
@@ -1188,9 +1188,9 @@ func TestRefusalFromAnImpostorDoesNotStopTheLeader(t *testing.T) {
 		t.Fatal(err)
 	}
 	release()
-	evil, err := transport.StartDiscovery(transport.DiscoveryOptions{NodeName: "a-evil", Bind: free[0], Profile: "local",
+	evil, err := discovery.Start(discovery.Options{NodeName: "a-evil", Bind: free[0], Profile: "local",
 		Join: []string{c.opts[l].Gossip.Bind}, Logger: quiet,
-		Meta: transport.MemberMeta{V: transport.GossipVersion, Cluster: "a", Node: "evil", Inc: "0badc0de", Raft: fake.Addr().String()}})
+		Meta: api.MemberMeta{V: discovery.GossipVersion, Cluster: "a", Node: "evil", Inc: "0badc0de", Raft: fake.Addr().String()}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -1394,9 +1394,9 @@ func TestImpostorOfTheLeaderGetsNoRequests(t *testing.T) {
 		t.Fatal(err)
 	}
 	release()
-	evil, err := transport.StartDiscovery(transport.DiscoveryOptions{NodeName: "a-" + l + "-evil", Bind: free[0], Profile: "local",
+	evil, err := discovery.Start(discovery.Options{NodeName: "a-" + l + "-evil", Bind: free[0], Profile: "local",
 		Join: []string{c.opts[w].Gossip.Bind}, Logger: quiet,
-		Meta: transport.MemberMeta{V: transport.GossipVersion, Cluster: "a", Node: l, Inc: c.nodes[l].incarnation,
+		Meta: api.MemberMeta{V: discovery.GossipVersion, Cluster: "a", Node: l, Inc: c.nodes[l].incarnation,
 			Raft: c.nodes[l].group.Addr(), API: fake.URL, Replicate: fake.URL}})
 	if err != nil {
 		t.Fatal(err)
@@ -1457,9 +1457,9 @@ func TestImpostorOfTheLeaderGetsNoRequests(t *testing.T) {
 		t.Fatal(err)
 	}
 	release2()
-	evil2, err := transport.StartDiscovery(transport.DiscoveryOptions{NodeName: "a-" + f + "-evil", Bind: free2[0], Profile: "local",
+	evil2, err := discovery.Start(discovery.Options{NodeName: "a-" + f + "-evil", Bind: free2[0], Profile: "local",
 		Join: []string{c.opts[w].Gossip.Bind}, Logger: quiet,
-		Meta: transport.MemberMeta{V: transport.GossipVersion, Cluster: "a", Node: f, Inc: fInc,
+		Meta: api.MemberMeta{V: discovery.GossipVersion, Cluster: "a", Node: f, Inc: fInc,
 			Raft: c.opts[f].Raft.Listen, API: fake.URL, Replicate: fake.URL}})
 	if err != nil {
 		t.Fatal(err)
@@ -1469,7 +1469,7 @@ func TestImpostorOfTheLeaderGetsNoRequests(t *testing.T) {
 	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
 		alive := false
 		for _, m := range c.nodes[w].gossip.SameCluster() {
-			alive = alive || (m.Meta.Node == f && m.Meta.API == fake.URL && m.State == transport.LiveAlive)
+			alive = alive || (m.Meta.Node == f && m.Meta.API == fake.URL && m.State == api.LiveAlive)
 		}
 		if alive {
 			break

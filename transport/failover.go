@@ -1,6 +1,10 @@
 package transport
 
-import "slices"
+import (
+	"slices"
+
+	"github.com/replicator/replicator/api"
+)
 
 // SetURL points the link at another address of the peer (gossip).
 func (s *Shipper) SetURL(u string) {
@@ -17,10 +21,10 @@ func (s *Shipper) SetURL(u string) {
 // life is tried at once instead of after its backoff.
 func (s *Shipper) SetLiveness(state string) {
 	s.mu.Lock()
-	wasDown := s.mu.liveness == LiveDead || s.mu.liveness == LiveLeft
+	wasDown := s.mu.liveness == api.LiveDead || s.mu.liveness == api.LiveLeft
 	s.mu.liveness = state
 	s.mu.Unlock()
-	if wasDown && state == LiveAlive {
+	if wasDown && state == api.LiveAlive {
 		s.wake()
 	}
 }

@@ -178,9 +178,9 @@ func (s *Shipper) Status(th Thresholds, commitWall func(index uint64) (int64, bo
 		st.State = StateNeedsReseed
 	case st.Paused:
 		st.State = StatePaused
-	case st.Liveness == LiveDead:
+	case st.Liveness == api.LiveDead:
 		st.State = StateDead
-	case st.Liveness == LiveLeft:
+	case st.Liveness == api.LiveLeft:
 		st.State = StateLeft
 	case st.LastContact.IsZero() && firstTry.IsZero():
 		st.State = StateUnknown // nothing tried yet

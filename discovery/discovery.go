@@ -1,4 +1,9 @@
-package transport
+// Package discovery finds the nodes of a cluster and its peer clusters
+// through hashicorp/memberlist: what each node says of itself (member
+// metadata, at most 512 bytes), join, leave, and the member table, bounded
+// against made-up members. It knows nothing of raft or of the links:
+// package membership reads its members for both.
+package discovery
 
 import (
 	"encoding/json"
@@ -37,8 +42,8 @@ const (
 // Member is one node known through gossip (api.Member).
 type Member = api.Member
 
-// DiscoveryOptions configure gossip.
-type DiscoveryOptions struct {
+// Options configure gossip.
+type Options struct {
 	NodeName  string
 	Bind      string   // host:port to listen on (UDP and TCP)
 	Advertise string   // host:port others reach this node at (default Bind)
@@ -64,7 +69,7 @@ type DiscoveryOptions struct {
 // Discovery finds and watches peers through hashicorp/memberlist.
 type Discovery struct {
 	ml   *memberlist.Memberlist
-	opts DiscoveryOptions
+	opts Options
 	meta []byte
 
 	mu struct {
@@ -74,9 +79,9 @@ type Discovery struct {
 	}
 }
 
-// StartDiscovery creates the memberlist node and joins the seeds (a seed
+// Start creates the memberlist node and joins the seeds (a seed
 // that is not up yet is retried by JoinLoop).
-func StartDiscovery(opts DiscoveryOptions) (*Discovery, error) {
+func Start(opts Options) (*Discovery, error) {
 	host, port, err := splitHostPort(opts.Bind)
 	if err != nil {
 		return nil, fmt.Errorf("transport: --gossip-bind %q: %w", opts.Bind, err)

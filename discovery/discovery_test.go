@@ -1,4 +1,4 @@
-package transport
+package discovery
 
 import (
 	"fmt"
@@ -12,7 +12,7 @@ import (
 
 func quietDiscovery(t *testing.T, name, bind string, join []string, max int, reap time.Duration) *Discovery {
 	t.Helper()
-	d, err := StartDiscovery(DiscoveryOptions{NodeName: name, Bind: bind, Join: join, Profile: "local", MaxMembers: max, ReapAfter: reap,
+	d, err := Start(Options{NodeName: name, Bind: bind, Join: join, Profile: "local", MaxMembers: max, ReapAfter: reap,
 		Meta: MemberMeta{V: GossipVersion, Cluster: "x"}, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	if err != nil {
 		t.Fatal(err)
