@@ -11,7 +11,9 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
+	"syscall"
 
 	"github.com/replicator/replicator/cluster"
 	"github.com/replicator/replicator/machine"
@@ -176,4 +178,30 @@ func Inspect(dir string) (InspectReport, error) {
 		r.Copied = err.Error()
 	}
 	return r, nil
+}
+
+// PIDFile names the process that holds a running node's data directory
+// (for the message a second node gets).
+const PIDFile = "PID"
+
+// OpenStore opens the tree of the data directory dir for a node that runs
+// on it: a directory another process holds is refused naming that process,
+// and this process is recorded as its holder.
+func OpenStore(dir string, o *store.Options) (*store.Store, error) {
+	st, err := store.Open(filepath.Join(dir, "store"), o)
+	if err != nil {
+		if errors.Is(err, syscall.EAGAIN) || errors.Is(err, syscall.EWOULDBLOCK) || strings.Contains(err.Error(), "lock held") {
+			holder := "another process"
+			if b, rerr := os.ReadFile(filepath.Join(dir, PIDFile)); rerr == nil {
+				holder = "process " + strings.TrimSpace(string(b))
+			}
+			return nil, fmt.Errorf("node: data directory %s is in use by %s (a running node): stop it first, or give this one another --data", dir, holder)
+		}
+		return nil, err
+	}
+	if err := os.WriteFile(filepath.Join(dir, PIDFile), []byte(strconv.Itoa(os.Getpid())+"\n"), 0o644); err != nil {
+		st.Close()
+		return nil, fmt.Errorf("node: %w", err)
+	}
+	return st, nil
 }

@@ -58,6 +58,26 @@ type proposal struct {
 	// (policy.WithKey): the leader stamps the write with it, as a write
 	// proposed where it leads would be.
 	Scope *scope `msgpack:"scope,omitempty"`
+	// Restores names the conflict a write restores (a loser written back
+	// by the operator): its context covers loser and winner, so no cluster
+	// logs it as a conflict, and every cluster marks the record restored.
+	Restores *restore `msgpack:"restores,omitempty"`
+}
+
+type restore struct {
+	Loser  stamp `msgpack:"loser"`
+	Winner stamp `msgpack:"winner"`
+}
+
+type stamp struct {
+	Wall    int64  `msgpack:"wall"`
+	Logical uint32 `msgpack:"logical"`
+	Origin  string `msgpack:"origin"`
+}
+
+func stampOf(s entry.Stamp) stamp { return stamp{Wall: s.HLC.Wall, Logical: s.HLC.Logical, Origin: s.Origin} }
+func (s stamp) entry() entry.Stamp {
+	return entry.Stamp{HLC: hlc.Timestamp{Wall: s.Wall, Logical: s.Logical}, Origin: s.Origin}
 }
 
 type condition struct {
@@ -93,6 +113,9 @@ func EncodeProposal(ctx context.Context, w api.Write) ([]byte, error) {
 	}
 	if k, ok := policy.KeyFrom(ctx); ok {
 		p.Scope = &scope{ID: k.ID, Wall: k.HLC.Wall, Logical: k.HLC.Logical}
+	}
+	if r := w.Entry.Restores; r != nil && !p.Batch {
+		p.Restores = &restore{Loser: stampOf(r.Loser), Winner: stampOf(r.Winner)}
 	}
 	return msgpack.Marshal(&p)
 }
@@ -131,6 +154,12 @@ func DecodeProposal(ctx context.Context, b []byte) (context.Context, api.Write, 
 	}
 	if s := p.Scope; s != nil {
 		ctx = policy.WithKey(ctx, policy.Key{ID: s.ID, HLC: hlc.Timestamp{Wall: s.Wall, Logical: s.Logical}})
+	}
+	if r := p.Restores; r != nil {
+		if p.Op != entry.OpSet && p.Op != entry.OpDelete {
+			return ctx, api.Write{}, fmt.Errorf("%w: a restore of op %s", ErrMalformed, p.Op)
+		}
+		w.Entry.Restores = &entry.Restore{Loser: r.Loser.entry(), Winner: r.Winner.entry()}
 	}
 	return ctx, w, nil
 }

@@ -32,6 +32,11 @@ func writes() []api.Write {
 		{Ops: []api.BatchOp{{Key: "x", Value: []byte("1")}, {Delete: true, Key: "y"}},
 			Keyed: &api.Keyed{Key: "op:1", Fingerprint: []byte{1, 2}, Answer: api.AnswerBatch, OpID: "1"}},
 		{Ops: []api.BatchOp{}},
+		// A conflict's loser restored (machine.ConflictLog) keeps what it
+		// restores across the hop.
+		{Entry: entry.Entry{Op: entry.OpSet, Key: "r", Value: []byte("lost"), Restores: &entry.Restore{
+			Loser:  entry.Stamp{HLC: hlc.Timestamp{Wall: 5, Logical: 1}, Origin: "b"},
+			Winner: entry.Stamp{HLC: hlc.Timestamp{Wall: 6}, Origin: "a"}}}},
 	}
 }
 

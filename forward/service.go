@@ -165,6 +165,21 @@ func (s *Service) GossipedReplicate(id raft.ServerID) string {
 	return ""
 }
 
+// ReplicateURL is the replicate URL a sender is told to use for member id
+// (a leader's): what it said of itself over the raft port (RefreshProven
+// asks every member each second), never what gossip reports; a member of
+// an older build says nothing, and its gossiped URL is handed out, as that
+// build did ("": not known).
+func (s *Service) ReplicateURL(id raft.ServerID) string {
+	switch d, state := s.Proven(id, false); state {
+	case DescKnown:
+		return d.Replicate
+	case DescOlder:
+		return s.GossipedReplicate(id)
+	}
+	return ""
+}
+
 // RefreshProven asks every member of the configuration what it says of
 // itself (each at most every 30 s: cluster.Describe caches), and keeps the
 // replicate URLs acks list. It runs every second.

@@ -19,10 +19,11 @@ import (
 // SaturationDeps is what Saturation needs of its node.
 type SaturationDeps struct {
 	// Marks are the water marks; Wait how long a write waits for
-	// saturation to clear; Overflow each peer's overflow mode.
-	Marks    api.WaterMarks
-	Wait     time.Duration
-	Overflow map[string]string
+	// saturation to clear; Peers the configured peers (their overflow
+	// modes).
+	Marks api.WaterMarks
+	Wait  time.Duration
+	Peers []Peer
 	// Links are the node's links now; Oldest the commit wall time of a
 	// stream index (the backlog's age).
 	Links  func() []*transport.Shipper
@@ -34,7 +35,8 @@ type SaturationDeps struct {
 // retained link measured against the water marks, links in overflow mode
 // detach detached, and local writes admitted or refused by it.
 type Saturation struct {
-	d SaturationDeps
+	d        SaturationDeps
+	overflow map[string]string // each peer's overflow mode
 	// The backlog of each link and the detaches, as Prometheus series.
 	backlogEntries, backlogBytes, backlogAge *prometheus.GaugeVec
 	detached                                 *prometheus.CounterVec
@@ -71,6 +73,10 @@ func NewSaturation(d SaturationDeps) *Saturation {
 	}
 	if s.d.Logger == nil {
 		s.d.Logger = slog.Default()
+	}
+	s.overflow = map[string]string{}
+	for _, p := range d.Peers {
+		s.overflow[p.Name] = p.Overflow
 	}
 	s.mu.state = api.StateHealthy
 	s.mu.since = time.Now()
@@ -146,7 +152,7 @@ func (s *Saturation) Evaluate(force bool) api.SaturationReport {
 		s.backlogAge.WithLabelValues(sh.Peer().Name).Set(bl.OldestAge.Seconds())
 		observed = append(observed, seen{sh.Peer().Name, bl})
 		if c := over(bl, wm.HighEntries, wm.HighBytes, wm.HighAge); c != "" {
-			if s.d.Overflow[sh.Peer().Name] == api.OverflowDetach {
+			if s.overflow[sh.Peer().Name] == api.OverflowDetach {
 				sh.Detach("overflow: " + c)
 				s.CountDetached(sh.Peer().Name)
 				continue
@@ -275,7 +281,7 @@ func (s *Saturation) Admit(ctx context.Context) error {
 func (s *Saturation) Backlogs(links []api.LinkStatus) []api.PeerBacklog {
 	out := []api.PeerBacklog{} // [] in JSON
 	for _, ls := range links {
-		mode := s.d.Overflow[ls.Peer]
+		mode := s.overflow[ls.Peer]
 		if mode == "" {
 			mode = api.OverflowReject
 		}

@@ -15,18 +15,15 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"path/filepath"
-	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"github.com/replicator/replicator/acceptor"
 	"github.com/replicator/replicator/antientropy"
 	"github.com/replicator/replicator/api"
 	"github.com/replicator/replicator/cluster"
+	"github.com/replicator/replicator/datadir"
 	"github.com/replicator/replicator/entry"
 	"github.com/replicator/replicator/forward"
 	"github.com/replicator/replicator/hlc"
@@ -156,29 +153,14 @@ func Open(ctx context.Context, opts *Options) (*Node, error) {
 		fatal:    make(chan struct{}),
 		inbound:  acceptor.NewMetrics(),
 	}
-	overflow := map[string]string{}
-	for _, p := range o.Peers {
-		overflow[p.Name] = p.Overflow
-	}
 	n.sat = links.NewSaturation(links.SaturationDeps{
-		Marks: o.WaterMarks, Wait: o.AdmissionWait, Overflow: overflow, Logger: log,
+		Marks: o.WaterMarks, Wait: o.AdmissionWait, Peers: o.Peers, Logger: log,
 		Links:  func() []*transport.Shipper { return n.links.All() },
 		Oldest: func(i uint64) (int64, bool) { return n.links.OldestCommitWall(i) },
 	})
-	n.store, err = store.Open(filepath.Join(o.DataDir, "store"), &store.Options{Logger: log, MemTableSize: o.MemTableSize, CacheSize: o.CacheSize})
+	n.store, err = datadir.OpenStore(o.DataDir, &store.Options{Logger: log, MemTableSize: o.MemTableSize, CacheSize: o.CacheSize})
 	if err != nil {
-		if errors.Is(err, syscall.EAGAIN) || errors.Is(err, syscall.EWOULDBLOCK) || strings.Contains(err.Error(), "lock held") {
-			holder := "another process"
-			if b, rerr := os.ReadFile(filepath.Join(o.DataDir, pidFile)); rerr == nil {
-				holder = "process " + strings.TrimSpace(string(b))
-			}
-			return nil, fmt.Errorf("node: data directory %s is in use by %s (a running node): stop it first, or give this one another --data", o.DataDir, holder)
-		}
 		return nil, err
-	}
-	if err := os.WriteFile(filepath.Join(o.DataDir, pidFile), []byte(strconv.Itoa(os.Getpid())+"\n"), 0o644); err != nil {
-		n.store.Close()
-		return nil, fmt.Errorf("node: %w", err)
 	}
 	if err := n.pinIfHolding(); err != nil {
 		n.store.Close()
@@ -338,10 +320,6 @@ func (n *Node) pinIfHolding() error {
 	_, err = origin.Pin(n.opts.DataDir, n.cluster, n.opts.ReassignOrigin)
 	return err
 }
-
-// pidFile names the process that holds the data directory (for the message
-// a second node gets).
-const pidFile = "PID"
 
 // Start listens on Options.Listen (and PeerListen) and serves the HTTP API,
 // starts the background loops, and joins gossip. It returns once the

@@ -37,8 +37,8 @@ func (n *Node) Propose(ctx context.Context, w api.Write) (api.WriteResult, error
 	return n.proposeHere(ctx, w)
 }
 
-// proposeHereKey marks the context of a request the HTTP surface answers
-// here (the router forwards the others): its writes are proposed here.
+// proposeHereKey marks the context of a request another node relayed whole
+// to this one (surface.go): its writes are proposed here.
 type proposeHereKey struct{}
 
 // proposeHere proposes w to this node's committer: it is refused (not

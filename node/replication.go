@@ -132,18 +132,9 @@ func (n *Node) acceptorLeadership() func() (bool, string, []string) {
 		if n.rep.Ready() {
 			return true, "", nil
 		}
-		// The leader's URL is what it said of itself over the raft port
-		// (refreshProven asks every member each second), never what
-		// gossip reports; a leader of an older build says nothing, and
-		// its gossiped URL is handed out, as that build did.
-		leader := ""
+		leader := "" // as the leader said of itself (forward.Service.ReplicateURL)
 		if id := n.group.LeaderServer(); id != "" && id != n.group.ID() {
-			switch d, state := n.svc.Proven(id, false); state {
-			case forward.DescKnown:
-				leader = d.Replicate
-			case forward.DescOlder:
-				leader = n.svc.GossipedReplicate(id)
-			}
+			leader = n.svc.ReplicateURL(id)
 		}
 		return false, leader, n.svc.URLs()
 	}

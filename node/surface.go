@@ -27,11 +27,16 @@ func (n *Node) handler() (http.Handler, *http.ServeMux) {
 	mux := surface(n).Handler()
 	var answer http.Handler = mux
 	if n.multi() {
-		// What reaches the mux is answered here: a write the router did
-		// not forward is proposed here (a node that no longer leads
-		// refuses it), never forwarded a second hop.
+		// A client's write is answered here: Propose sends it to the
+		// leader as a typed proposal (package forward). A request another
+		// node relayed whole (a follower of an older build) is proposed
+		// here (a node that no longer leads refuses it), never sent a
+		// second hop.
 		answer = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			mux.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), proposeHereKey{}, true)))
+			if r.Header.Get(forward.HeaderForwarded) != "" {
+				r = r.WithContext(context.WithValue(r.Context(), proposeHereKey{}, true))
+			}
+			mux.ServeHTTP(w, r)
 		})
 	}
 	route := n.fwd.Route(answer)
@@ -65,7 +70,10 @@ func surface(n *Node) *httpapi.API {
 	return httpapi.New(n, o)
 }
 
-// needsLeader reports a request only the leader answers.
+// needsLeader reports a request the router relays whole to the leader: an
+// action of the admin API, a consistent read, GET /v1/held. A write of the
+// client API is not one: it is answered here and proposed to the leader as
+// a typed write (Propose).
 func needsLeader(r *http.Request) bool {
 	if r.URL.Path == wire.PathReplicate || r.URL.Path == wire.PathProve || r.URL.Path == wire.PathTree || r.URL.Path == httpapi.PathTreeRebuild {
 		// The acceptor redirects the sender itself; any node proves,
@@ -74,6 +82,9 @@ func needsLeader(r *http.Request) bool {
 	}
 	if r.URL.Path == httpapi.PathHeld {
 		return true // the leader holds the links
+	}
+	if httpapi.ClientWrite(r) {
+		return false
 	}
 	if r.Method == http.MethodGet || r.Method == http.MethodHead || r.Method == http.MethodOptions {
 		return forward.Consistent(r)

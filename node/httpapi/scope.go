@@ -126,3 +126,19 @@ func CanonicalOrRefuse(w http.ResponseWriter, r *http.Request, refused func(code
 	}
 	return true
 }
+
+// ClientWrite reports a write of the client API (a key's PUT or DELETE, a
+// range delete, a counter's increment, a batch, a bulk load): the node
+// proposes it, wherever the leader is, as a typed write.
+func ClientWrite(r *http.Request) bool {
+	p := r.URL.Path
+	switch r.Method {
+	case http.MethodPut:
+		return strings.HasPrefix(p, pathKV+"/")
+	case http.MethodDelete:
+		return p == pathKV || strings.HasPrefix(p, pathKV+"/")
+	case http.MethodPost:
+		return strings.HasPrefix(p, "/v1/counters/") || p == pathBatch || p == pathBulk
+	}
+	return false
+}
