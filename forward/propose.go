@@ -75,7 +75,9 @@ type stamp struct {
 	Origin  string `msgpack:"origin"`
 }
 
-func stampOf(s entry.Stamp) stamp { return stamp{Wall: s.HLC.Wall, Logical: s.HLC.Logical, Origin: s.Origin} }
+func stampOf(s entry.Stamp) stamp {
+	return stamp{Wall: s.HLC.Wall, Logical: s.HLC.Logical, Origin: s.Origin}
+}
 func (s stamp) entry() entry.Stamp {
 	return entry.Stamp{HLC: hlc.Timestamp{Wall: s.Wall, Logical: s.Logical}, Origin: s.Origin}
 }

@@ -71,7 +71,7 @@ func newFixture(t *testing.T, terms bool, peers ...Peer) *fixture {
 		Client:  &http.Client{Timeout: 50 * time.Millisecond},
 		OnAck:   func(string, *wire.Ack) {}, OnConflict: func(string, entry.StreamID, string) {}, OnReseedDone: func(string, bool, bool) {},
 		Accepted: func() []string { return nil }, Accept: func(string) {},
-		Note:     func(string, bool, string) {},
+		Note:      func(string, bool, string) {},
 		PinWindow: time.Hour, TombstoneRetention: time.Hour,
 		Logger: log,
 	})
