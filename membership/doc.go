@@ -6,6 +6,10 @@
 // raft group (package cluster) reads them to bootstrap and to add members
 // (GroupMembers); the node links to the peer clusters gossip finds.
 //
+// Memberlist itself is package discovery's. The cluster report (Report)
+// shows each node of the configuration as raft, gossip and the node itself
+// (asked over the raft port) see it.
+//
 // Gossip finds nodes; it never says where a request goes: forwarding asks
 // the raft configuration's members over the raft port (package forward).
 package membership

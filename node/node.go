@@ -1,9 +1,12 @@
-// Package node is the composition root: it opens the store and the cluster's
-// log, recovers, runs the write path and the links, and serves the HTTP API
-// (package httpapi) on its listeners. It is the one package that sees every
-// other; cmd/replicator and the e2e tests build on it, and an application can
-// embed a node through Open. *Node is the Go API; its parts are types of
-// their own, one per file (docs/ARCHITECTURE.md lists them).
+// Package node is the composition root: it builds the parts of the packages
+// below from a Deps struct each (the replica of the cluster's raft group,
+// the links to the peer clusters, the rejoin protocol, anti-entropy, the
+// gossip view, forwarding over the raft port, the listeners), starts and
+// stops them, and serves the Go API and the doors (package httpapi, package
+// resp) on its listeners. No part holds the node; a leadership term is the
+// replica's, which asks the node for the term's links. cmd/replicator and
+// the e2e tests build on it, and an application can embed a node through
+// Open.
 package node
 
 import (
