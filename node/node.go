@@ -171,9 +171,10 @@ func Open(ctx context.Context, opts *Options) (*Node, error) {
 	}
 	n.bounds = &replica.Bounds{MaxKeyBytes: o.MaxKeyBytes, MaxValueBytes: o.MaxValueBytes, MaxReplicateBytes: o.MaxReplicateBytes,
 		PinWindow: o.PinWindow, Clock: n.clock, Peers: func() []replica.PeerLimits {
-			var out []replica.PeerLimits
-			for _, sh := range n.links.All() {
-				out = append(out, replica.PeerLimits{Peer: sh.Name(), Limits: sh.Limits()})
+			links := n.links.All()
+			out := make([]replica.PeerLimits, len(links))
+			for i, sh := range links {
+				out[i] = replica.PeerLimits{Peer: sh.Name(), Limits: sh.Limits()}
 			}
 			return out
 		}}

@@ -40,11 +40,15 @@ func (b *Bounds) CheckKey(key string) error { return api.CheckKey(key, b.MaxKeyB
 // CheckValue bounds a write's key and value by this node's limits and by
 // what every peer said it accepts: a write a peer would refuse could never
 // replicate, so it is refused here, naming the peer.
-func (b *Bounds) CheckValue(key string, size int) error {
+func (b *Bounds) CheckValue(key string, size int) error { return b.checkValue(key, size, b.Peers()) }
+
+// checkValue is CheckValue against peers' limits as read once (a batch
+// reads them once for all its ops).
+func (b *Bounds) checkValue(key string, size int, peers []PeerLimits) error {
 	if size > b.MaxValueBytes {
 		return fmt.Errorf("%w: %d bytes, limit %d", api.ErrValueTooLarge, size, b.MaxValueBytes)
 	}
-	for _, p := range b.Peers() {
+	for _, p := range peers {
 		lim, peer := p.Limits, p.Peer
 		if lim == nil {
 			continue
@@ -108,6 +112,7 @@ func (b *Bounds) BatchEntry(ops []api.BatchOp) (entry.Entry, error) {
 	if len(ops) > wire.MaxBatchOps {
 		return entry.Entry{}, fmt.Errorf("%w: %d ops, limit %d", api.ErrBadRequest, len(ops), wire.MaxBatchOps)
 	}
+	peers := b.Peers()
 	// One stamp for every op: a key twice would tie with itself, and the
 	// first would win; keep the last, as a caller reading the list expects.
 	last := make(map[string]int, len(ops))
@@ -120,7 +125,7 @@ func (b *Bounds) BatchEntry(ops []api.BatchOp) (entry.Entry, error) {
 		if err := b.CheckKey(op.Key); err != nil {
 			return e, fmt.Errorf("op %d: %w", i, err)
 		}
-		if err := b.CheckValue(op.Key, len(op.Value)); err != nil {
+		if err := b.checkValue(op.Key, len(op.Value), peers); err != nil {
 			return e, fmt.Errorf("op %d: %w", i, err)
 		}
 		if op.Delete && len(op.Value) > 0 {
@@ -139,7 +144,7 @@ func (b *Bounds) BatchEntry(ops []api.BatchOp) (entry.Entry, error) {
 	if int64(size) > b.MaxReplicateBytes/2 {
 		return e, fmt.Errorf("%w: a batch of %d bytes would not fit a replication batch", api.ErrValueTooLarge, size)
 	}
-	if err := b.CheckValue("", size); err != nil {
+	if err := b.checkValue("", size, peers); err != nil {
 		return e, fmt.Errorf("the batch as a whole: %w", err)
 	}
 	return e, nil
