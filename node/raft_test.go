@@ -208,66 +208,6 @@ func (c *raftCluster) converged() store.Digest {
 	return store.Digest{}
 }
 
-func TestClusterOfThreeNodes(t *testing.T) {
-	c := newRaftCluster(t, "a", 3, nil)
-	leader := c.leader()
-	f := c.follower()
-	stream := c.nodes[leader].out.Stream()
-	// A write at a follower is forwarded to the leader, and the follower
-	// answers once it applied it: it reads its own write at once.
-	ctx := context.Background()
-	for i := 0; i < 50; i++ {
-		k := fmt.Sprintf("k%d", i)
-		if _, err := c.client(f).Put(ctx, k, []byte("v")); err != nil {
-			t.Fatalf("put at follower %s: %v", f, err)
-		}
-		if _, err := c.nodes[f].Get(k); err != nil {
-			t.Fatalf("follower %s does not read its own write %s: %v", f, k, err)
-		}
-	}
-	if _, err := c.client(f).Increment(ctx, "hits", 5); err != nil {
-		t.Fatal(err)
-	}
-	// A consistent read at a follower goes to the leader.
-	resp, err := http.Get(c.nodes[f].URL() + "/v1/counters/hits?consistent=true")
-	if err != nil {
-		t.Fatal(err)
-	}
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		t.Fatalf("consistent read at a follower: %s", resp.Status)
-	}
-	d := c.converged()
-	if d.Keys != 50 || d.Counters != 1 {
-		t.Fatalf("%+v, want 50 keys and a counter", d)
-	}
-	for _, name := range c.names {
-		if got := c.nodes[name].out.Stream(); got != stream {
-			t.Fatalf("%s's stream is %s, the leader's %s: one stream per cluster", name, got, stream)
-		}
-	}
-	// The Go API at a follower proposes to the leader (a typed proposal)
-	// and answers once the follower applied the write.
-	if res, err := c.nodes[f].Put(ctx, "direct", []byte("v")); err != nil || res.Origin != c.nodes[f].ClusterID() {
-		t.Fatalf("a write at a follower through the Go API: %+v %v", res, err)
-	} else if r, err := c.nodes[f].Get("direct"); err != nil || r.Stamp.String() != res.Version {
-		t.Fatalf("the follower does not read its own write %s: %v %v", res.Version, r.Stamp, err)
-	}
-	// The report lists the three nodes, one leader, all applied.
-	r := c.nodes[f].ClusterReport(ctx)
-	leaders := 0
-	for _, cn := range r.Nodes {
-		if cn.State == "unreachable" {
-			t.Fatalf("node %s unreachable in the report: %+v", cn.ID, cn)
-		}
-		if cn.Leader {
-			leaders++
-		}
-	}
-	if len(r.Nodes) != 3 || leaders != 1 || r.Leader != leader || r.Mode != "raft" {
-		t.Fatalf("cluster report %+v", r)
-	}
-}
 
 // A follower that was down while the leader compacted its log gets the
 // leader's tree (a snapshot that is a Pebble checkpoint), and so does a
@@ -332,39 +272,6 @@ func TestLaggingAndWipedFollowersCatchUpFromTheTree(t *testing.T) {
 	}
 }
 
-// The leader stops: another is elected, writes resume on the same stream,
-// and the old leader rejoins as a follower and catches up.
-func TestLeaderFailover(t *testing.T) {
-	c := newRaftCluster(t, "a", 3, nil)
-	old := c.leader()
-	stream := c.nodes[old].out.Stream()
-	ctx := context.Background()
-	for i := 0; i < 20; i++ {
-		if _, err := c.client(old).Put(ctx, fmt.Sprintf("before%d", i), []byte("v")); err != nil {
-			t.Fatal(err)
-		}
-	}
-	c.stop(old)
-	next := c.leader()
-	if next == old {
-		t.Fatal("the stopped node still leads")
-	}
-	for i := 0; i < 20; i++ {
-		if _, err := c.client(next).Put(ctx, fmt.Sprintf("after%d", i), []byte("v")); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if got := c.nodes[next].out.Stream(); got != stream {
-		t.Fatalf("a new leader began stream %s; the cluster's is %s", got, stream)
-	}
-	c.start(old)
-	if d := c.converged(); d.Keys != 40 {
-		t.Fatalf("%+v", d)
-	}
-	if last := c.nodes[old].out.Last(); last != 40 {
-		t.Fatalf("the stream holds %d entries on the old leader, want 40", last)
-	}
-}
 
 func TestNodeIDIsTheDirectorys(t *testing.T) {
 	dir := t.TempDir()

@@ -1,4 +1,4 @@
-package node
+package node_test
 
 import (
 	"context"
@@ -8,21 +8,23 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/replicator/replicator/internal/nodetest"
 )
 
 // TestLagStagesReported: entries replicated over real HTTP have their lag
 // split into ship, wire and apply in /admin/lag and in the stage histogram,
 // one observation per entry, and the stages fit inside the total.
 func TestLagStagesReported(t *testing.T) {
-	m := newTestMesh(t, nil, nil, "a", "b")
-	a, b := m.nodes["a"], m.nodes["b"]
+	m := nodetest.NewMesh(t, nil, nil, "a", "b")
+	a, b := m.Nodes["a"], m.Nodes["b"]
 	since := time.Now()
 	for i := 0; i < 50; i++ {
 		if _, err := a.Put(context.Background(), fmt.Sprint("k", i), []byte("v")); err != nil {
 			t.Fatal(err)
 		}
 	}
-	m.settle()
+	m.Settle()
 	rep := b.Lag(since)
 	if rep.Samples != 50 {
 		t.Fatalf("%d lag samples, want 50", rep.Samples)

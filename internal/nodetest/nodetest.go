@@ -1,0 +1,386 @@
+// Package nodetest is the in-process harness node's black-box tests share:
+// a node, or a cluster of several on loopback (real Pebble on disk, real
+// raft over the raft port, real gossip, real HTTP), seen only through
+// package node's exported API and its HTTP surface. A test built on it
+// states what an operator or a client sees; one that must reach into a
+// part (a cut network inside the process, a log's internals) stays in
+// package node.
+package nodetest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/replicator/replicator/client"
+	"github.com/replicator/replicator/hlc"
+	ports "github.com/replicator/replicator/internal/loopback"
+	"github.com/replicator/replicator/node"
+	"github.com/replicator/replicator/store"
+)
+
+// Logger discards what nodes log, unless NODE_TEST_LOG is set.
+func Logger() *slog.Logger {
+	var out io.Writer = io.Discard
+	if os.Getenv("NODE_TEST_LOG") != "" {
+		out = os.Stderr
+	}
+	return slog.New(slog.NewTextHandler(out, &slog.HandlerOptions{Level: slog.LevelDebug}))
+}
+
+// Options are a node of cluster id in dir, on a loopback port of the
+// kernel's choosing.
+func Options(id, dir string) *node.Options {
+	return &node.Options{ClusterID: id, DataDir: dir, Listen: "127.0.0.1:0", Logger: Logger()}
+}
+
+// Start opens and starts a node of o, closed when the test ends.
+func Start(t testing.TB, o *node.Options) *node.Node {
+	t.Helper()
+	n, err := node.Open(context.Background(), o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := n.Start(); err != nil {
+		n.Close()
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { n.Close() })
+	return n
+}
+
+// Cluster is one cluster of several in-process nodes that formed by gossip.
+type Cluster struct {
+	t     testing.TB
+	ID    string
+	Names []string
+	Dirs  map[string]string
+	Opts  map[string]*node.Options
+	Nodes map[string]*node.Node // the running ones
+}
+
+// NewCluster starts n nodes of cluster id (named id1, id2, ...); tweak
+// adjusts each node's options. Every node keeps its addresses across its
+// restarts.
+func NewCluster(t testing.TB, id string, n int, tweak func(name string, o *node.Options)) *Cluster {
+	t.Helper()
+	c := &Cluster{t: t, ID: id, Dirs: map[string]string{}, Opts: map[string]*node.Options{}, Nodes: map[string]*node.Node{}}
+	// Every node's three ports are held until all are chosen: released one
+	// by one, the same port could come back for two of them.
+	free, release, err := ports.Hold(3 * n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	next := func() string {
+		a := free[0]
+		free = free[1:]
+		return a
+	}
+	gossip := map[string]string{}
+	for i := 1; i <= n; i++ {
+		name := fmt.Sprintf("%s%d", id, i)
+		c.Names = append(c.Names, name)
+		gossip[name] = next()
+	}
+	for _, name := range c.Names {
+		o := Options(id, filepath.Join(t.TempDir(), name))
+		o.NodeID = name
+		o.Listen = next()
+		o.Raft = &node.RaftOptions{Listen: next(), BootstrapExpect: n, ElectionTimeout: 300 * time.Millisecond}
+		o.Gossip = &node.GossipOptions{Bind: gossip[name], Profile: "local"}
+		for _, other := range c.Names {
+			if other != name {
+				o.Gossip.Join = append(o.Gossip.Join, gossip[other])
+			}
+		}
+		o.IdentityCheckWait = -1
+		if tweak != nil {
+			tweak(name, o)
+		}
+		c.Dirs[name], c.Opts[name] = o.DataDir, o
+	}
+	release()
+	for _, name := range c.Names {
+		c.Start(name)
+	}
+	t.Cleanup(func() {
+		for _, name := range c.Names {
+			c.Stop(name)
+		}
+	})
+	return c
+}
+
+// Start starts (or restarts) a node of the cluster.
+func (c *Cluster) Start(name string) {
+	c.t.Helper()
+	o := *c.Opts[name]
+	r := *o.Raft
+	o.Raft = &r
+	n, err := node.Open(context.Background(), &o)
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	if err := n.Start(); err != nil {
+		n.Close()
+		c.t.Fatal(err)
+	}
+	c.Nodes[name] = n
+}
+
+// Stop closes a node of the cluster (gracefully: it hands leadership over).
+func (c *Cluster) Stop(name string) {
+	if n := c.Nodes[name]; n != nil {
+		if err := n.Close(); err != nil {
+			c.t.Errorf("close %s: %v", name, err)
+		}
+		delete(c.Nodes, name)
+	}
+}
+
+// Leader waits for a node that leads with its term begun, as the node
+// itself reports (GET /admin/cluster?local=1's state).
+func (c *Cluster) Leader() string {
+	c.t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for time.Now().Before(deadline) {
+		for _, name := range c.Names {
+			if n := c.Nodes[name]; n != nil && n.LocalCluster().State == "leader" {
+				return name
+			}
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	c.t.Fatalf("cluster %s elected no leader in 20s", c.ID)
+	return ""
+}
+
+// Follower is a running node that does not lead.
+func (c *Cluster) Follower() string {
+	c.t.Helper()
+	l := c.Leader()
+	for _, name := range c.Names {
+		if name != l && c.Nodes[name] != nil {
+			return name
+		}
+	}
+	c.t.Fatal("no follower running")
+	return ""
+}
+
+// Client is an HTTP client of a node.
+func (c *Cluster) Client(name string) *client.Client { return client.New(c.Nodes[name].URL(), nil) }
+
+// Converged waits until every running node holds the same digest, and
+// returns it.
+func (c *Cluster) Converged() store.Digest {
+	c.t.Helper()
+	var last []string
+	deadline := time.Now().Add(20 * time.Second)
+	for time.Now().Before(deadline) {
+		var ds []store.Digest
+		last = last[:0]
+		for _, name := range c.Names {
+			if n := c.Nodes[name]; n != nil {
+				d, err := n.Digest()
+				if err == nil {
+					ds = append(ds, d)
+				}
+				last = append(last, fmt.Sprintf("%s %+v %v", name, d, err))
+			}
+		}
+		same := len(ds) == len(c.Nodes) && len(ds) > 0
+		for _, d := range ds {
+			same = same && d == ds[0]
+		}
+		if same {
+			return ds[0]
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	c.t.Fatalf("nodes of %s did not converge: %s", c.ID, strings.Join(last, "; "))
+	return store.Digest{}
+}
+
+// Mesh is a full mesh of single-node clusters in process, each named for
+// its cluster, linked to every other with one secret; its links go through
+// a switchboard the test cuts.
+type Mesh struct {
+	t     testing.TB
+	Nodes map[string]*node.Node
+	Opts  map[string]*node.Options
+	Addrs map[string]string
+	sb    *switchboard
+}
+
+// NewMesh opens the mesh of names, every node on the physical clock pc
+// (nil: the system's); tweak adjusts each node's options.
+func NewMesh(t testing.TB, pc hlc.PhysicalClock, tweak func(*node.Options), names ...string) *Mesh {
+	t.Helper()
+	m := &Mesh{t: t, Nodes: map[string]*node.Node{}, Opts: map[string]*node.Options{}, Addrs: map[string]string{},
+		sb: &switchboard{blocked: map[string]bool{}, next: &http.Transport{}}}
+	lns := map[string]net.Listener{}
+	for _, n := range names {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		lns[n], m.Addrs[n] = ln, ln.Addr().String()
+	}
+	for _, n := range names {
+		o := Options(n, t.TempDir())
+		o.Listener = lns[n]
+		if pc != nil {
+			o.Clock = pc
+		}
+		o.BatchLinger = -1
+		o.PeerTransport = boardTransport{from: n, sb: m.sb}
+		for _, p := range names {
+			if p != n {
+				o.Peers = append(o.Peers, node.Peer{Name: p, URL: "http://" + m.Addrs[p], Secret: "s"})
+			}
+		}
+		if tweak != nil {
+			tweak(o)
+		}
+		m.Opts[n] = o
+		m.Nodes[n] = Start(t, o)
+	}
+	return m
+}
+
+// Restart closes a node, lets between act on its data directory (back it
+// up, restore it, wipe it), and opens it again on the same address.
+func (m *Mesh) Restart(name string, between func(dir string)) {
+	m.t.Helper()
+	if err := m.Nodes[name].Close(); err != nil {
+		m.t.Fatal(err)
+	}
+	o := *m.Opts[name]
+	if between != nil {
+		between(o.DataDir)
+	}
+	ln, err := net.Listen("tcp", m.Addrs[name])
+	if err != nil {
+		m.t.Fatal(err)
+	}
+	o.Listener = ln
+	m.Nodes[name] = Start(m.t, &o)
+}
+
+// Cut cuts (or mends) the link from one node to another.
+func (m *Mesh) Cut(from, to string, cut bool) {
+	m.sb.mu.Lock()
+	m.sb.blocked[from+"->"+m.Addrs[to]] = cut
+	m.sb.mu.Unlock()
+}
+
+// Settle waits until every link that is not cut has shipped everything.
+func (m *Mesh) Settle() {
+	m.t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for time.Now().Before(deadline) {
+		done := true
+		for name, n := range m.Nodes {
+			for _, l := range n.PeerStatus() {
+				m.sb.mu.Lock()
+				cut := m.sb.blocked[name+"->"+m.Addrs[l.Peer]]
+				m.sb.mu.Unlock()
+				if !cut && l.EntriesBehind > 0 {
+					done = false
+				}
+			}
+		}
+		if done {
+			return
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	m.t.Fatal("links did not settle")
+}
+
+// Converged waits until every link shipped everything, no rejoin runs, and
+// every digest agrees.
+func (m *Mesh) Converged(d time.Duration) {
+	m.t.Helper()
+	deadline := time.Now().Add(d)
+	why := ""
+	for time.Now().Before(deadline) {
+		why = ""
+		var first string
+		for name, n := range m.Nodes {
+			for _, l := range n.PeerStatus() {
+				if l.EntriesBehind > 0 || l.NeedsReseed || l.State == "reseeding" || l.ReseedOwed || l.Conflict != "" {
+					why += fmt.Sprintf("%s -> %s: %s, %d behind (%s); ", name, l.Peer, l.State, l.EntriesBehind, l.LastError)
+				}
+			}
+			if r := n.PeersReport().Rejoin; len(r.Phases) > 0 || len(r.Requests) > 0 {
+				why += fmt.Sprintf("%s: rejoin %+v; ", name, r)
+			}
+			dg, err := n.Digest()
+			if err != nil {
+				m.t.Fatal(err)
+			}
+			if first == "" {
+				first = dg.Hash
+			} else if dg.Hash != first {
+				why += "digests differ;"
+			}
+		}
+		if why == "" {
+			return
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	m.t.Fatalf("mesh did not converge in %s: %s", d, why)
+}
+
+// switchboard is the PeerTransport of a mesh: it lets the test cut any
+// directed link.
+type switchboard struct {
+	mu      sync.Mutex
+	blocked map[string]bool // "from->host:port"
+	next    http.RoundTripper
+}
+
+type boardTransport struct {
+	from string
+	sb   *switchboard
+}
+
+func (t boardTransport) RoundTrip(r *http.Request) (*http.Response, error) {
+	t.sb.mu.Lock()
+	blocked := t.sb.blocked[t.from+"->"+r.URL.Host]
+	t.sb.mu.Unlock()
+	if blocked {
+		return nil, errors.New("switchboard: link cut")
+	}
+	return t.sb.next.RoundTrip(r)
+}
+
+// WaitFor polls cond until it holds, failing the test with its last
+// explanation after d.
+func WaitFor(t testing.TB, d time.Duration, cond func() (bool, string)) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for {
+		ok, why := cond()
+		if ok {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatal(why)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
