@@ -208,7 +208,6 @@ func (c *raftCluster) converged() store.Digest {
 	return store.Digest{}
 }
 
-
 // A follower that was down while the leader compacted its log gets the
 // leader's tree (a snapshot that is a Pebble checkpoint), and so does a
 // follower whose data directory was wiped; neither begins a stream.
@@ -271,7 +270,6 @@ func TestLaggingAndWipedFollowersCatchUpFromTheTree(t *testing.T) {
 		t.Fatalf("%+v", d)
 	}
 }
-
 
 func TestNodeIDIsTheDirectorys(t *testing.T) {
 	dir := t.TempDir()
