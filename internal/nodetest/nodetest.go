@@ -384,3 +384,34 @@ func WaitFor(t testing.TB, d time.Duration, cond func() (bool, string)) {
 		time.Sleep(10 * time.Millisecond)
 	}
 }
+
+// Open opens a node of o without starting it; the test closes it (Close is
+// idempotent: the harness closes it again at the end).
+func Open(t testing.TB, o *node.Options) *node.Node {
+	t.Helper()
+	n, err := node.Open(context.Background(), o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { n.Close() })
+	return n
+}
+
+// Do sends one request and reads its whole answer.
+func Do(t testing.TB, method, url string, body io.Reader, hdr ...string) (*http.Response, []byte) {
+	t.Helper()
+	req, err := http.NewRequest(method, url, body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i+1 < len(hdr); i += 2 {
+		req.Header.Set(hdr[i], hdr[i+1])
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	return resp, b
+}
