@@ -22,6 +22,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/replicator/replicator/api"
 	"github.com/replicator/replicator/client"
 	"github.com/replicator/replicator/hlc"
 	ports "github.com/replicator/replicator/internal/loopback"
@@ -414,4 +415,16 @@ func Do(t testing.TB, method, url string, body io.Reader, hdr ...string) (*http.
 	b, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
 	return resp, b
+}
+
+// Link is n's report of its link to peer.
+func Link(t testing.TB, n *node.Node, peer string) api.LinkStatus {
+	t.Helper()
+	for _, l := range n.PeerStatus() {
+		if l.Peer == peer {
+			return l
+		}
+	}
+	t.Fatalf("%s has no link to %s", n.ClusterID(), peer)
+	return api.LinkStatus{}
 }

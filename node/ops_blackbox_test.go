@@ -1,4 +1,4 @@
-package node
+package node_test
 
 import (
 	"context"
@@ -11,11 +11,11 @@ import (
 	"time"
 
 	"github.com/replicator/replicator/api"
-	"github.com/replicator/replicator/store"
+	"github.com/replicator/replicator/internal/nodetest"
 )
 
 func TestConditionalWrites(t *testing.T) {
-	n := startNode(t, testOptions(t.TempDir()))
+	n := nodetest.Start(t, opts(t.TempDir()))
 	ctx := context.Background()
 	var pe *api.PreconditionError
 	if _, err := n.PutIf(ctx, "cas", []byte("x"), api.Condition{IfMatch: "1.0@a"}); !errors.As(err, &pe) || pe.Current != "" {
@@ -64,18 +64,18 @@ func TestConditionalWrites(t *testing.T) {
 		t.Fatalf("%d conditional writes on one version won", wins)
 	}
 	// over HTTP: 412 carries the current version
-	resp, b := do(t, "PUT", n.URL()+"/v1/kv/race", strings.NewReader("x"), "If-Match", `"nope"`)
+	resp, b := nodetest.Do(t, "PUT", n.URL()+"/v1/kv/race", strings.NewReader("x"), "If-Match", `"nope"`)
 	if resp.StatusCode != 412 || !strings.Contains(string(b), `"version":"`) || resp.Header.Get("ETag") == "" {
 		t.Fatalf("HTTP 412: %d %s", resp.StatusCode, b)
 	}
-	resp, _ = do(t, "PUT", n.URL()+"/v1/kv/race", strings.NewReader("x"), "If-None-Match", `"v"`)
+	resp, _ = nodetest.Do(t, "PUT", n.URL()+"/v1/kv/race", strings.NewReader("x"), "If-None-Match", `"v"`)
 	if resp.StatusCode != 400 {
 		t.Fatalf("If-None-Match other than *: %d", resp.StatusCode)
 	}
 }
 
 func TestCountersAndKinds(t *testing.T) {
-	n := startNode(t, testOptions(t.TempDir()))
+	n := nodetest.Start(t, opts(t.TempDir()))
 	ctx := context.Background()
 	var wg sync.WaitGroup
 	for w := 0; w < 8; w++ {
@@ -107,31 +107,31 @@ func TestCountersAndKinds(t *testing.T) {
 		t.Fatalf("increment of a plain key: %v", err)
 	}
 	// over HTTP
-	resp, b := do(t, "POST", n.URL()+"/v1/counters/hits", strings.NewReader(`{"delta": 5}`))
+	resp, b := nodetest.Do(t, "POST", n.URL()+"/v1/counters/hits", strings.NewReader(`{"delta": 5}`))
 	if resp.StatusCode != 200 || !strings.Contains(string(b), fmt.Sprintf(`"value":%d`, want+5)) {
 		t.Fatalf("POST counter: %d %s", resp.StatusCode, b)
 	}
-	resp, b = do(t, "GET", n.URL()+"/v1/counters/hits", nil)
+	resp, b = nodetest.Do(t, "GET", n.URL()+"/v1/counters/hits", nil)
 	var got api.CounterResult
 	json.Unmarshal(b, &got)
 	if resp.StatusCode != 200 || got.Value != want+5 {
 		t.Fatalf("GET counter: %d %s", resp.StatusCode, b)
 	}
 	for body, status := range map[string]int{`{"delta": 0}`: 400, `{"delta": 1.5}`: 400, `{}`: 400, `{"delta":1,"x":2}`: 400, `nope`: 400} {
-		resp, b := do(t, "POST", n.URL()+"/v1/counters/hits", strings.NewReader(body))
+		resp, b := nodetest.Do(t, "POST", n.URL()+"/v1/counters/hits", strings.NewReader(body))
 		if resp.StatusCode != status {
 			t.Errorf("%s: %d %s", body, resp.StatusCode, b)
 		}
 	}
-	if resp, _ := do(t, "POST", n.URL()+"/v1/counters/plain", strings.NewReader(`{"delta":1}`)); resp.StatusCode != 409 {
+	if resp, _ := nodetest.Do(t, "POST", n.URL()+"/v1/counters/plain", strings.NewReader(`{"delta":1}`)); resp.StatusCode != 409 {
 		t.Fatalf("HTTP increment of a plain key: %d", resp.StatusCode)
 	}
-	if resp, _ := do(t, "GET", n.URL()+"/v1/counters/none", nil); resp.StatusCode != 404 {
+	if resp, _ := nodetest.Do(t, "GET", n.URL()+"/v1/counters/none", nil); resp.StatusCode != 404 {
 		t.Fatalf("absent counter: %d", resp.StatusCode)
 	}
 	// a keyed increment retried is counted once
 	for i := 0; i < 3; i++ {
-		do(t, "POST", n.URL()+"/v1/counters/keyed", strings.NewReader(`{"delta":7}`), "Idempotency-Key", "inc-1")
+		nodetest.Do(t, "POST", n.URL()+"/v1/counters/keyed", strings.NewReader(`{"delta":7}`), "Idempotency-Key", "inc-1")
 	}
 	if c, _ := n.Counter("keyed"); c.Value != 7 {
 		t.Fatalf("keyed increment retried: %d", c.Value)
@@ -139,33 +139,33 @@ func TestCountersAndKinds(t *testing.T) {
 }
 
 func TestAtomicBatchAndRangeDelete(t *testing.T) {
-	n := startNode(t, testOptions(t.TempDir()))
+	n := nodetest.Start(t, opts(t.TempDir()))
 	body := `{"ops":[{"op":"set","key":"t/1","value":"x"},{"op":"set","key":"t/2","value_b64":"AAE="},{"op":"delete","key":"t/3"}],"operation_id":"op-1"}`
-	resp, b := do(t, "POST", n.URL()+"/v1/batch", strings.NewReader(body))
-	if resp.StatusCode != 200 || n.out.Last() != 1 {
-		t.Fatalf("batch: %d %s (WAL %d)", resp.StatusCode, b, n.out.Last())
+	resp, b := nodetest.Do(t, "POST", n.URL()+"/v1/batch", strings.NewReader(body))
+	if resp.StatusCode != 200 || n.WALReport().Last != 1 {
+		t.Fatalf("batch: %d %s (WAL %d)", resp.StatusCode, b, n.WALReport().Last)
 	}
 	r1, _ := n.Get("t/1")
 	r2, _ := n.Get("t/2")
 	if string(r1.Value) != "x" || string(r2.Value) != "\x00\x01" || r1.Stamp != r2.Stamp {
 		t.Fatalf("batch applied: %+v %+v", r1, r2)
 	}
-	resp, _ = do(t, "POST", n.URL()+"/v1/batch", strings.NewReader(body))
-	if resp.StatusCode != 200 || resp.Header.Get("Idempotent-Replayed") != "true" || n.out.Last() != 1 {
+	resp, _ = nodetest.Do(t, "POST", n.URL()+"/v1/batch", strings.NewReader(body))
+	if resp.StatusCode != 200 || resp.Header.Get("Idempotent-Replayed") != "true" || n.WALReport().Last != 1 {
 		t.Fatalf("same operation_id again: %d %v", resp.StatusCode, resp.Header)
 	}
 	other := strings.Replace(body, `"value":"x"`, `"value":"y"`, 1)
-	if resp, _ = do(t, "POST", n.URL()+"/v1/batch", strings.NewReader(other)); resp.StatusCode != 422 {
+	if resp, _ = nodetest.Do(t, "POST", n.URL()+"/v1/batch", strings.NewReader(other)); resp.StatusCode != 422 {
 		t.Fatalf("operation_id reused for other ops: %d", resp.StatusCode)
 	}
 	for _, bad := range []string{`{"ops":[]}`, `{"ops":[{"op":"upsert","key":"k"}]}`, `{"ops":[{"op":"delete","key":"k","value":"v"}]}`,
 		`{"ops":[{"op":"set","key":""}]}`, `{"ops":[{"op":"set","key":"k","value":"a","value_b64":"YQ=="}]}`, `[1]`} {
-		if resp, _ := do(t, "POST", n.URL()+"/v1/batch", strings.NewReader(bad)); resp.StatusCode != 400 && resp.StatusCode != 413 {
+		if resp, _ := nodetest.Do(t, "POST", n.URL()+"/v1/batch", strings.NewReader(bad)); resp.StatusCode != 400 && resp.StatusCode != 413 {
 			t.Errorf("%s: %d", bad, resp.StatusCode)
 		}
 	}
-	if n.out.Last() != 1 {
-		t.Fatalf("refused batches wrote: %d", n.out.Last())
+	if n.WALReport().Last != 1 {
+		t.Fatalf("refused batches wrote: %d", n.WALReport().Last)
 	}
 	// the same key twice in one batch: the last op wins
 	if _, err := n.Batch(context.Background(), []api.BatchOp{{Key: "dup", Value: []byte("first")}, {Key: "dup", Delete: true}, {Key: "dup", Value: []byte("last")}}); err != nil {
@@ -178,7 +178,7 @@ func TestAtomicBatchAndRangeDelete(t *testing.T) {
 	for i := 0; i < 10; i++ {
 		n.Put(context.Background(), fmt.Sprintf("r/%d", i), []byte("v"))
 	}
-	resp, b = do(t, "DELETE", n.URL()+"/v1/kv?start=r/3&end=r/7", nil)
+	resp, b = nodetest.Do(t, "DELETE", n.URL()+"/v1/kv?start=r/3&end=r/7", nil)
 	if resp.StatusCode != 200 {
 		t.Fatalf("range delete: %d %s", resp.StatusCode, b)
 	}
@@ -186,24 +186,24 @@ func TestAtomicBatchAndRangeDelete(t *testing.T) {
 	if len(items) != 6 {
 		t.Fatalf("after deleting r/3..r/6: %d keys left", len(items))
 	}
-	if resp, _ = do(t, "DELETE", n.URL()+"/v1/kv?prefix=r/", nil); resp.StatusCode != 200 {
+	if resp, _ = nodetest.Do(t, "DELETE", n.URL()+"/v1/kv?prefix=r/", nil); resp.StatusCode != 200 {
 		t.Fatalf("prefix delete: %d", resp.StatusCode)
 	}
 	if items, _, _ := n.Scan(storeScan("r/")); len(items) != 0 {
 		t.Fatalf("after the prefix delete: %d keys", len(items))
 	}
-	if resp, _ = do(t, "DELETE", n.URL()+"/v1/kv?start=z&end=a", nil); resp.StatusCode != 400 {
+	if resp, _ = nodetest.Do(t, "DELETE", n.URL()+"/v1/kv?start=z&end=a", nil); resp.StatusCode != 400 {
 		t.Fatalf("empty range: %d", resp.StatusCode)
 	}
 }
 
 func TestBulkLoad(t *testing.T) {
-	n := startNode(t, testOptions(t.TempDir()))
+	n := nodetest.Start(t, opts(t.TempDir()))
 	var sb strings.Builder
 	for i := 0; i < 2500; i++ {
 		fmt.Fprintf(&sb, `{"key":"bulk/%05d","value":"v%d"}`+"\n", i, i)
 	}
-	resp, b := do(t, "POST", n.URL()+"/v1/bulk", strings.NewReader(sb.String()), "Content-Type", "application/x-ndjson")
+	resp, b := nodetest.Do(t, "POST", n.URL()+"/v1/bulk", strings.NewReader(sb.String()), "Content-Type", "application/x-ndjson")
 	var res api.BulkResult
 	json.Unmarshal(b, &res)
 	if resp.StatusCode != 200 || res.Loaded != 2500 || res.Batches != 3 {
@@ -212,14 +212,14 @@ func TestBulkLoad(t *testing.T) {
 	if items, _, _ := n.Scan(storeScanLimit("bulk/", 10000)); len(items) != 2500 {
 		t.Fatalf("bulk loaded %d keys", len(items))
 	}
-	resp, b = do(t, "POST", n.URL()+"/v1/bulk", strings.NewReader("k1,v1\nk2,\"v,2\"\n"), "Content-Type", "text/csv")
+	resp, b = nodetest.Do(t, "POST", n.URL()+"/v1/bulk", strings.NewReader("k1,v1\nk2,\"v,2\"\n"), "Content-Type", "text/csv")
 	if resp.StatusCode != 200 {
 		t.Fatalf("csv: %d %s", resp.StatusCode, b)
 	}
 	if r, _ := n.Get("k2"); string(r.Value) != "v,2" {
 		t.Fatalf("csv value %q", r.Value)
 	}
-	resp, b = do(t, "POST", n.URL()+"/v1/bulk", strings.NewReader(`{"key":"ok","value":"1"}`+"\n"+`{"key":"bad"`+"\n"), "Content-Type", "application/x-ndjson")
+	resp, b = nodetest.Do(t, "POST", n.URL()+"/v1/bulk", strings.NewReader(`{"key":"ok","value":"1"}`+"\n"+`{"key":"bad"`+"\n"), "Content-Type", "application/x-ndjson")
 	if resp.StatusCode != 400 || !strings.Contains(string(b), "line 2") || !strings.Contains(string(b), "1 records were loaded") {
 		t.Fatalf("malformed line: %d %s", resp.StatusCode, b)
 	}
@@ -228,8 +228,8 @@ func TestBulkLoad(t *testing.T) {
 // TestBatchNeverPartlyVisible polls a peer while atomic batches replicate:
 // every read sees all of a batch's keys at one version, or none.
 func TestBatchNeverPartlyVisible(t *testing.T) {
-	m := newTestMesh(t, nil, nil, "a", "b")
-	a, b := m.nodes["a"], m.nodes["b"]
+	m := nodetest.NewMesh(t, nil, nil, "a", "b")
+	a, b := m.Nodes["a"], m.Nodes["b"]
 	stop := make(chan struct{})
 	var violations []string
 	var wg sync.WaitGroup
@@ -266,7 +266,7 @@ func TestBatchNeverPartlyVisible(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	m.settle()
+	m.Settle()
 	time.Sleep(20 * time.Millisecond)
 	close(stop)
 	wg.Wait()
@@ -275,10 +275,10 @@ func TestBatchNeverPartlyVisible(t *testing.T) {
 	}
 }
 
-func storeScan(prefix string) store.ScanOptions {
-	return store.ScanOptions{Prefix: prefix, Limit: 1000}
+func storeScan(prefix string) api.ScanOptions {
+	return api.ScanOptions{Prefix: prefix, Limit: 1000}
 }
 
-func storeScanLimit(prefix string, limit int) store.ScanOptions {
-	return store.ScanOptions{Prefix: prefix, Limit: limit}
+func storeScanLimit(prefix string, limit int) api.ScanOptions {
+	return api.ScanOptions{Prefix: prefix, Limit: limit}
 }

@@ -1,4 +1,4 @@
-package node
+package node_test
 
 import (
 	"context"
@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/replicator/replicator/api"
+	"github.com/replicator/replicator/internal/nodetest"
+	"github.com/replicator/replicator/node"
 )
 
 // chromium finds Debian's headless Chromium. .ci/run installs it and sets
@@ -49,24 +51,24 @@ func dumpDOM(t *testing.T, browser, url string) string {
 // the peer rows and the node's saturation state from the admin endpoints.
 func TestDashboardRendersLiveData(t *testing.T) {
 	browser := chromium(t)
-	m := newTestMesh(t, nil, func(o *Options) {
+	m := nodetest.NewMesh(t, nil, func(o *node.Options) {
 		o.WaterMarks = api.WaterMarks{HighEntries: 20, LowEntries: 5}
 		o.AdmissionWait = -1
 	}, "a", "b", "c")
-	a, b := m.nodes["a"], m.nodes["b"]
+	a, b := m.Nodes["a"], m.Nodes["b"]
 	// A conflict: a and b write x while cut off from each other.
-	m.cut("a", "b", true)
-	m.cut("b", "a", true)
+	m.Cut("a", "b", true)
+	m.Cut("b", "a", true)
 	b.Put(context.Background(), "x", []byte("from-b"))
 	a.Put(context.Background(), "x", []byte("from-a"))
-	m.cut("a", "b", false)
-	m.cut("b", "a", false)
-	m.settle()
-	m.cut("a", "c", true)
+	m.Cut("a", "b", false)
+	m.Cut("b", "a", false)
+	m.Settle()
+	m.Cut("a", "c", true)
 	for i := 0; i < 25; i++ {
 		a.Put(context.Background(), fmt.Sprint("k", i), []byte("v"))
 	}
-	m.settle() // b has everything; c is cut off
+	m.Settle() // b has everything; c is cut off
 	if a.Saturation().State != api.StateSaturated {
 		t.Fatalf("state %s", a.Saturation().State)
 	}
@@ -91,10 +93,10 @@ func TestDashboardRendersLiveData(t *testing.T) {
 // (its buttons would be clickjacked), and /admin/history answers with the
 // node's samples and refuses a malformed ?after.
 func TestDashboardHeadersAndHistory(t *testing.T) {
-	o := testOptions(t.TempDir())
+	o := opts(t.TempDir())
 	o.HistoryInterval = 10 * time.Millisecond
 	o.HistorySpan = time.Second
-	n := startNode(t, o)
+	n := nodetest.Start(t, o)
 	resp, err := http.Get(n.URL() + "/admin/ui")
 	if err != nil {
 		t.Fatal(err)

@@ -1,4 +1,4 @@
-package node
+package node_test
 
 import (
 	"context"
@@ -15,6 +15,8 @@ import (
 	"github.com/chromedp/chromedp"
 
 	"github.com/replicator/replicator/api"
+	"github.com/replicator/replicator/internal/nodetest"
+	"github.com/replicator/replicator/node"
 )
 
 // click clicks a button of a table the page rebuilds every second: a node
@@ -63,15 +65,15 @@ func browse(t *testing.T) context.Context {
 func TestDashboardActionsInBrowser(t *testing.T) {
 	ctx := browse(t)
 	const token = "dashboard-token"
-	m := newTestMesh(t, nil, func(o *Options) {
+	m := nodetest.NewMesh(t, nil, func(o *node.Options) {
 		o.HistoryInterval = 50 * time.Millisecond
 		o.HistorySpan = time.Minute
 		if o.ClusterID == "a" {
 			o.APIToken = token
 		}
 	}, "a", "b")
-	a, b := m.nodes["a"], m.nodes["b"]
-	m.cut("a", "b", true)
+	a, b := m.Nodes["a"], m.Nodes["b"]
+	m.Cut("a", "b", true)
 	for i := 0; i < 40; i++ {
 		if _, err := a.Put(context.Background(), fmt.Sprint("k", i), []byte("v")); err != nil {
 			t.Fatal(err)
@@ -140,12 +142,12 @@ func TestDashboardActionsInBrowser(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !link(t, a, "b").Paused || badge != "paused" {
-		t.Fatalf("after Pause: link paused %v, badge %q", link(t, a, "b").Paused, badge)
+	if !nodetest.Link(t, a, "b").Paused || badge != "paused" {
+		t.Fatalf("after Pause: link paused %v, badge %q", nodetest.Link(t, a, "b").Paused, badge)
 	}
 
 	// Resume, with the path open again: the link drains and reads healthy.
-	m.cut("a", "b", false)
+	m.Cut("a", "b", false)
 	if err := click(ctx, css(`button[data-action="resume"]`)); err != nil {
 		t.Fatal(err)
 	}
@@ -155,12 +157,12 @@ func TestDashboardActionsInBrowser(t *testing.T) {
 	); err != nil {
 		t.Fatal(err)
 	}
-	if l := link(t, a, "b"); l.Paused || l.EntriesBehind != 0 {
+	if l := nodetest.Link(t, a, "b"); l.Paused || l.EntriesBehind != 0 {
 		t.Fatalf("after Resume: paused %v, %d behind", l.Paused, l.EntriesBehind)
 	}
 
 	// Re-seed: confirmed in the dialog, then it runs to the end.
-	before := link(t, a, "b").Reseed.Runs
+	before := nodetest.Link(t, a, "b").Reseed.Runs
 	if err := click(ctx, css(`button[data-action="reseed"]`)); err != nil {
 		t.Fatal(err)
 	}
@@ -171,7 +173,7 @@ func TestDashboardActionsInBrowser(t *testing.T) {
 	}
 	said, _ := chromedp.Run(ctx, chromedp.Text(chromedp.ID("action")))
 	deadline := time.Now().Add(30 * time.Second)
-	for l := link(t, a, "b"); l.Reseed.Runs == before || l.Reseed.Running; l = link(t, a, "b") {
+	for l := nodetest.Link(t, a, "b"); l.Reseed.Runs == before || l.Reseed.Running; l = nodetest.Link(t, a, "b") {
 		if time.Now().After(deadline) {
 			t.Fatalf("the re-seed the dashboard asked for did not run: %+v (page said %q)", l.Reseed, said)
 		}
@@ -206,7 +208,7 @@ func TestDashboardActionsInBrowser(t *testing.T) {
 		t.Fatal(err)
 	}
 	body, _ := chromedp.Run(ctx, chromedp.Text(chromedp.CSS("body")))
-	if link(t, b, "a").Paused {
+	if nodetest.Link(t, b, "a").Paused {
 		t.Fatalf("a cross-origin form paused b's link (the node answered %q)", body)
 	}
 }
@@ -216,19 +218,19 @@ func TestDashboardActionsInBrowser(t *testing.T) {
 // index.
 func TestDashboardShowsTheNodes(t *testing.T) {
 	ctx := browse(t)
-	c := newRaftCluster(t, "a", 3, nil)
-	leader := c.leader()
-	f := c.follower()
-	if _, err := c.client(f).Put(context.Background(), "k", []byte("v")); err != nil {
+	c := nodetest.NewCluster(t, "a", 3, nil)
+	leader := c.Leader()
+	f := c.Follower()
+	if _, err := c.Client(f).Put(context.Background(), "k", []byte("v")); err != nil {
 		t.Fatal(err)
 	}
 	if err := chromedp.Do(ctx,
-		chromedp.Navigate(c.nodes[f].URL()+"/admin/ui"),
+		chromedp.Navigate(c.Nodes[f].URL()+"/admin/ui"),
 		chromedp.WaitVisible(chromedp.CSS(`#nodes tr[data-node="`+leader+`"] span.state`)),
 	); err != nil {
 		t.Fatal(err)
 	}
-	for _, name := range c.names {
+	for _, name := range c.Names {
 		state, err := chromedp.Run(ctx, chromedp.Text(chromedp.CSS(`#nodes tr[data-node="`+name+`"] span.state`)))
 		if err != nil {
 			t.Fatalf("node %s not shown: %v", name, err)
@@ -250,7 +252,7 @@ func TestDashboardShowsTheNodes(t *testing.T) {
 	var peers struct {
 		Links []any `json:"links"`
 	}
-	raw, err := httpGetJSON(c.nodes[f].URL()+"/admin/peers", &peers)
+	raw, err := httpGetJSON(c.Nodes[f].URL()+"/admin/peers", &peers)
 	if err != nil || !strings.Contains(raw, `"links":[]`) {
 		t.Fatalf("a follower's links: %s %v (want [])", raw, err)
 	}
@@ -261,12 +263,12 @@ func TestDashboardShowsTheNodes(t *testing.T) {
 	// The third node stops: it shows unreachable, with its applied index
 	// and lag unknown ("-"), not #0 and 0.
 	var other string
-	for _, name := range c.names {
+	for _, name := range c.Names {
 		if name != leader && name != f {
 			other = name
 		}
 	}
-	c.stop(other)
+	c.Stop(other)
 	row := `#nodes tr[data-node="` + other + `"]`
 	if err := chromedp.Do(ctx, chromedp.WaitVisible(chromedp.CSS(row+` span.state.unreachable`))); err != nil {
 		t.Fatalf("a stopped node is not shown unreachable: %v", err)
@@ -298,7 +300,7 @@ func httpGetJSON(url string, v any) (string, error) {
 // in again.
 func TestDashboardSaturation(t *testing.T) {
 	ctx := browse(t)
-	m := newTestMesh(t, nil, func(o *Options) {
+	m := nodetest.NewMesh(t, nil, func(o *node.Options) {
 		o.HistoryInterval = 50 * time.Millisecond
 		o.HistorySpan = time.Minute
 		if o.ClusterID == "a" {
@@ -306,8 +308,8 @@ func TestDashboardSaturation(t *testing.T) {
 			o.AdmissionWait = -1
 		}
 	}, "a", "b")
-	a := m.nodes["a"]
-	m.cut("a", "b", true)
+	a := m.Nodes["a"]
+	m.Cut("a", "b", true)
 	refused := 0
 	for i := 0; i < 60 && refused < 3; i++ {
 		if _, err := a.Put(context.Background(), fmt.Sprint("k", i), []byte("v")); err != nil {
@@ -343,7 +345,7 @@ func TestDashboardSaturation(t *testing.T) {
 	if err := chromedp.Do(ctx, chromedp.WaitVisible(chromedp.CSS(`#sat.healthy`))); err != nil {
 		t.Fatal(err)
 	}
-	if l := link(t, a, "b"); !l.Detached {
+	if l := nodetest.Link(t, a, "b"); !l.Detached {
 		t.Fatalf("after Detach: %+v", l)
 	}
 	if _, err := a.Put(context.Background(), "after-detach", []byte("v")); err != nil {
