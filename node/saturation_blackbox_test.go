@@ -1,4 +1,4 @@
-package node
+package node_test
 
 import (
 	"context"
@@ -11,13 +11,15 @@ import (
 	"time"
 
 	"github.com/replicator/replicator/api"
+	"github.com/replicator/replicator/internal/nodetest"
+	"github.com/replicator/replicator/node"
 )
 
 // TestPermitRefusalsRetried: with one replay permit and a queue of one,
 // three senders' batches are refused with the retryable source; the
 // shippers retry, and every entry is applied exactly once.
 func TestPermitRefusalsRetried(t *testing.T) {
-	m := newTestMesh(t, nil, func(o *Options) {
+	m := nodetest.NewMesh(t, nil, func(o *node.Options) {
 		o.Permits, o.PermitQueue, o.PermitWait = 1, 1, time.Millisecond
 		o.MaxBatchEntries = 16
 	}, "a", "b", "c", "d")
@@ -28,7 +30,7 @@ func TestPermitRefusalsRetried(t *testing.T) {
 			go func() {
 				defer wg.Done()
 				for i := 0; i < 300; i++ {
-					if _, err := m.nodes[name].Put(context.Background(), fmt.Sprintf("%s/%d/%d", name, w, i), []byte("v")); err != nil {
+					if _, err := m.Nodes[name].Put(context.Background(), fmt.Sprintf("%s/%d/%d", name, w, i), []byte("v")); err != nil {
 						t.Error(err)
 						return
 					}
@@ -37,25 +39,24 @@ func TestPermitRefusalsRetried(t *testing.T) {
 		}
 	}
 	wg.Wait()
-	m.settle()
-	b := m.nodes["b"]
-	if p := b.acceptor.Permits(); p.Refused == 0 {
+	m.Settle()
+	b := m.Nodes["b"]
+	if p := b.WALReport().Permits; p.Refused == 0 {
 		t.Fatalf("no batch was refused for want of a permit: %+v", p)
 	}
-	hwms, _ := b.store.HWMs()
-	for _, h := range hwms {
-		if h.Merged != h.Index || h.Index != 1200 {
-			t.Fatalf("stream of %s: hwm %d, merged %d; want 1200 each", h.Origin, h.Index, h.Merged)
+	for _, h := range b.PeersReport().Streams {
+		if h.Merged != h.HWM || h.HWM != 1200 {
+			t.Fatalf("stream of %s: hwm %d, merged %d; want 1200 each", h.Origin, h.HWM, h.Merged)
 		}
 	}
-	da, _ := m.nodes["a"].Digest()
+	da, _ := m.Nodes["a"].Digest()
 	db, _ := b.Digest()
 	if da.Hash != db.Hash || db.Keys != 3600 {
 		t.Fatalf("digests: a %+v b %+v", da, db)
 	}
 	refusals := 0
 	for _, n := range []string{"a", "c", "d"} {
-		for _, l := range m.nodes[n].PeerStatus() {
+		for _, l := range m.Nodes[n].PeerStatus() {
 			if l.Peer == "b" {
 				refusals += int(l.PermitRefusals)
 			}
@@ -70,12 +71,12 @@ func TestPermitRefusalsRetried(t *testing.T) {
 // local writes with the source and peer, nothing is written, readyz fails;
 // once the peer drains below the low-water mark writes are taken again.
 func TestSaturationRefusesAndRecovers(t *testing.T) {
-	m := newTestMesh(t, nil, func(o *Options) {
+	m := nodetest.NewMesh(t, nil, func(o *node.Options) {
 		o.WaterMarks = api.WaterMarks{HighEntries: 50, LowEntries: 20}
 		o.AdmissionWait = -1
 	}, "a", "b")
-	a := m.nodes["a"]
-	m.cut("a", "b", true)
+	a := m.Nodes["a"]
+	m.Cut("a", "b", true)
 	ctx := context.Background()
 	var refused *api.SaturatedError
 	for i := 0; i < 200 && refused == nil; i++ {
@@ -87,9 +88,9 @@ func TestSaturationRefusesAndRecovers(t *testing.T) {
 	if refused == nil || refused.Peer != "b" || refused.Source != "outbound_backlog" {
 		t.Fatalf("no refusal naming the source and peer: %+v", refused)
 	}
-	last := a.out.Last()
-	if _, err := a.Put(ctx, "more", []byte("v")); !errors.Is(err, api.ErrSaturated) || a.out.Last() != last {
-		t.Fatalf("refused write reached the WAL: %v (%d -> %d)", err, last, a.out.Last())
+	last := a.WALReport().Last
+	if _, err := a.Put(ctx, "more", []byte("v")); !errors.Is(err, api.ErrSaturated) || a.WALReport().Last != last {
+		t.Fatalf("refused write reached the WAL: %v (%d -> %d)", err, last, a.WALReport().Last)
 	}
 	if a.Ready() == nil {
 		t.Fatal("ready while saturated")
@@ -103,7 +104,7 @@ func TestSaturationRefusesAndRecovers(t *testing.T) {
 	if !strings.Contains(metrics.body, `replicator_saturation_state{cluster="a"} 2`) || !strings.Contains(metrics.body, `replicator_refusals_total{cluster="a",source="outbound_backlog"}`) {
 		t.Fatal("metrics do not show the saturation")
 	}
-	m.cut("a", "b", false)
+	m.Cut("a", "b", false)
 	deadline := time.Now().Add(20 * time.Second)
 	for a.Saturation().State == api.StateSaturated && time.Now().Before(deadline) {
 		time.Sleep(10 * time.Millisecond)
@@ -111,9 +112,9 @@ func TestSaturationRefusesAndRecovers(t *testing.T) {
 	if _, err := a.Put(ctx, "after", []byte("v")); err != nil {
 		t.Fatalf("write after the backlog drained: %v", err)
 	}
-	m.settle()
+	m.Settle()
 	da, _ := a.Digest()
-	db, _ := m.nodes["b"].Digest()
+	db, _ := m.Nodes["b"].Digest()
 	if da.Hash != db.Hash {
 		t.Fatal("digests differ after recovery")
 	}
@@ -122,12 +123,12 @@ func TestSaturationRefusesAndRecovers(t *testing.T) {
 // TestAdmissionWaitsForDrain: a write that arrives while saturated waits
 // for the state to clear within its admission budget, and then succeeds.
 func TestAdmissionWaitsForDrain(t *testing.T) {
-	m := newTestMesh(t, nil, func(o *Options) {
+	m := nodetest.NewMesh(t, nil, func(o *node.Options) {
 		o.WaterMarks = api.WaterMarks{HighEntries: 30, LowEntries: 10}
 		o.AdmissionWait = 10 * time.Second
 	}, "a", "b")
-	a := m.nodes["a"]
-	m.cut("a", "b", true)
+	a := m.Nodes["a"]
+	m.Cut("a", "b", true)
 	for i := 0; i < 31; i++ {
 		if _, err := a.Put(context.Background(), fmt.Sprint("k", i), []byte("v")); err != nil {
 			t.Fatal(err)
@@ -143,7 +144,7 @@ func TestAdmissionWaitsForDrain(t *testing.T) {
 		t.Fatalf("write returned while saturated: %v", err)
 	case <-time.After(100 * time.Millisecond):
 	}
-	m.cut("a", "b", false)
+	m.Cut("a", "b", false)
 	if err := <-done; err != nil {
 		t.Fatalf("admitted write: %v", err)
 	}
@@ -157,6 +158,6 @@ type httpResult struct {
 
 func httpDo(t *testing.T, method, url, body string) httpResult {
 	t.Helper()
-	resp, b := do(t, method, url, strings.NewReader(body))
+	resp, b := nodetest.Do(t, method, url, strings.NewReader(body))
 	return httpResult{resp.StatusCode, resp.Header, string(b)}
 }
