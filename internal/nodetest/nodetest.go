@@ -8,6 +8,7 @@
 package nodetest
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -427,4 +428,32 @@ func Link(t testing.TB, n *node.Node, peer string) api.LinkStatus {
 	}
 	t.Fatalf("%s has no link to %s", n.ClusterID(), peer)
 	return api.LinkStatus{}
+}
+
+// SyncBuffer is a bytes.Buffer safe for a logger and a test at once.
+type SyncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *SyncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *SyncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// PutN writes count keys prefix000, prefix001, ... at n, each acknowledged.
+func PutN(t testing.TB, n *node.Node, prefix string, count int) {
+	t.Helper()
+	for i := 0; i < count; i++ {
+		if _, err := n.Put(context.Background(), fmt.Sprintf("%s%03d", prefix, i), []byte(prefix)); err != nil {
+			t.Fatal(err)
+		}
+	}
 }

@@ -1,4 +1,4 @@
-package node
+package node_test
 
 import (
 	"bytes"
@@ -14,6 +14,8 @@ import (
 	"github.com/replicator/replicator/api"
 	"github.com/replicator/replicator/entry"
 	"github.com/replicator/replicator/hlc"
+	"github.com/replicator/replicator/internal/nodetest"
+	"github.com/replicator/replicator/node"
 	"github.com/replicator/replicator/policy"
 )
 
@@ -22,9 +24,9 @@ import (
 // the retry reports a duplicate.
 func TestScopedRetryTies(t *testing.T) {
 	pc := hlc.NewManualClock(int64(1000 * time.Hour))
-	o := testOptions(t.TempDir())
+	o := opts(t.TempDir())
 	o.Clock = pc
-	n := openNode(t, o)
+	n := nodetest.Open(t, o)
 	defer n.Close()
 	ctx, key := policy.NewScope(context.Background())
 	key.HLC = hlc.Timestamp{Wall: pc.Now() - int64(time.Minute)}
@@ -51,10 +53,10 @@ func TestScopedRetryTies(t *testing.T) {
 
 func TestPinOutOfWindowRefused(t *testing.T) {
 	pc := hlc.NewManualClock(int64(1000 * time.Hour))
-	o := testOptions(t.TempDir())
+	o := opts(t.TempDir())
 	o.Clock = pc
 	o.PinWindow = time.Hour
-	n := openNode(t, o)
+	n := nodetest.Open(t, o)
 	defer n.Close()
 	for name, pin := range map[string]hlc.Timestamp{
 		"older than the pin window":         {Wall: pc.Now() - int64(time.Hour) - int64(time.Second)},
@@ -66,8 +68,8 @@ func TestPinOutOfWindowRefused(t *testing.T) {
 			t.Fatalf("%s: %v", name, err)
 		}
 	}
-	if n.out.Last() != 0 {
-		t.Fatalf("refused pinned writes reached the WAL (%d entries)", n.out.Last())
+	if n.WALReport().Last != 0 {
+		t.Fatalf("refused pinned writes reached the WAL (%d entries)", n.WALReport().Last)
 	}
 	if _, err := n.Get("k"); !errors.Is(err, api.ErrNotFound) {
 		t.Fatalf("refused pinned write stored: %v", err)
@@ -91,7 +93,7 @@ func keyedPut(t *testing.T, url, key, idem, value string) (int, map[string]any, 
 // TestConcurrentFirstAttempts: many attempts of one keyed request at once
 // write once; every other attempt replays the same answer.
 func TestConcurrentFirstAttempts(t *testing.T) {
-	n := startNode(t, testOptions(t.TempDir()))
+	n := nodetest.Start(t, opts(t.TempDir()))
 	var wg sync.WaitGroup
 	var mu sync.Mutex
 	versions := map[string]int{}
@@ -114,14 +116,14 @@ func TestConcurrentFirstAttempts(t *testing.T) {
 		}()
 	}
 	wg.Wait()
-	if len(versions) != 1 || replayed != 23 || n.out.Last() != 1 {
-		t.Fatalf("versions %v, replayed %d, WAL entries %d; want one version, 23 replays, 1 entry", versions, replayed, n.out.Last())
+	if len(versions) != 1 || replayed != 23 || n.WALReport().Last != 1 {
+		t.Fatalf("versions %v, replayed %d, WAL entries %d; want one version, 23 replays, 1 entry", versions, replayed, n.WALReport().Last)
 	}
 	st, out, _ := keyedPut(t, n.URL(), "k", "same-key", "other value")
 	if st != 422 || !strings.Contains(out["error"].(map[string]any)["code"].(string), "idempotency") {
 		t.Fatalf("same key, other request: %d %v", st, out)
 	}
-	if n.out.Last() != 1 {
+	if n.WALReport().Last != 1 {
 		t.Fatal("refused reuse wrote")
 	}
 	rep, err := n.Idempotency("same-key")
@@ -133,7 +135,7 @@ func TestConcurrentFirstAttempts(t *testing.T) {
 	}
 }
 
-func getRecord(t *testing.T, n *Node, key string) api.IdemReport {
+func getRecord(t *testing.T, n *node.Node, key string) api.IdemReport {
 	t.Helper()
 	r, err := n.Idempotency(key)
 	if err != nil {
@@ -145,21 +147,21 @@ func getRecord(t *testing.T, n *Node, key string) api.IdemReport {
 // TestRetryAtPeerAfterReplication: the record rides in the WAL entry, so a
 // retry sent to the other cluster replays and writes nothing anywhere.
 func TestRetryAtPeerAfterReplication(t *testing.T) {
-	m := newTestMesh(t, nil, nil, "a", "b")
-	a, b := m.nodes["a"], m.nodes["b"]
-	st, first, _ := keyedPut(t, "http://"+m.addrs["a"], "orders/42", "K1", "hello")
+	m := nodetest.NewMesh(t, nil, nil, "a", "b")
+	a, b := m.Nodes["a"], m.Nodes["b"]
+	st, first, _ := keyedPut(t, "http://"+m.Addrs["a"], "orders/42", "K1", "hello")
 	if st != 200 {
 		t.Fatalf("%d %v", st, first)
 	}
-	m.settle()
-	la, lb := a.out.Last(), b.out.Last()
-	st, again, h := keyedPut(t, "http://"+m.addrs["b"], "orders/42", "K1", "hello")
+	m.Settle()
+	la, lb := a.WALReport().Last, b.WALReport().Last
+	st, again, h := keyedPut(t, "http://"+m.Addrs["b"], "orders/42", "K1", "hello")
 	if st != 200 || h.Get("Idempotent-Replayed") != "true" || again["version"] != first["version"] {
 		t.Fatalf("retry at b: %d %v %v (first %v)", st, again, h, first)
 	}
-	m.settle()
-	if a.out.Last() != la || b.out.Last() != lb {
-		t.Fatalf("the replayed retry wrote: a %d->%d, b %d->%d", la, a.out.Last(), lb, b.out.Last())
+	m.Settle()
+	if a.WALReport().Last != la || b.WALReport().Last != lb {
+		t.Fatalf("the replayed retry wrote: a %d->%d, b %d->%d", la, a.WALReport().Last, lb, b.WALReport().Last)
 	}
 	if ra, rb := getRecord(t, a, "K1"), getRecord(t, b, "K1"); ra.Version != rb.Version || !bytes.Equal(ra.Body, rb.Body) {
 		t.Fatal("records differ")
@@ -170,18 +172,18 @@ func TestRetryAtPeerAfterReplication(t *testing.T) {
 // does, so b writes too. Both clusters converge to one value and stamp, and
 // both records resolve to the same answer: the winning write's.
 func TestRetryAtPeerBeforeReplication(t *testing.T) {
-	m := newTestMesh(t, nil, nil, "a", "b")
-	a, b := m.nodes["a"], m.nodes["b"]
-	m.cut("a", "b", true)
-	m.cut("b", "a", true)
-	st1, r1, _ := keyedPut(t, "http://"+m.addrs["a"], "orders/7", "K7", "pay 10")
-	st2, r2, h2 := keyedPut(t, "http://"+m.addrs["b"], "orders/7", "K7", "pay 10")
+	m := nodetest.NewMesh(t, nil, nil, "a", "b")
+	a, b := m.Nodes["a"], m.Nodes["b"]
+	m.Cut("a", "b", true)
+	m.Cut("b", "a", true)
+	st1, r1, _ := keyedPut(t, "http://"+m.Addrs["a"], "orders/7", "K7", "pay 10")
+	st2, r2, h2 := keyedPut(t, "http://"+m.Addrs["b"], "orders/7", "K7", "pay 10")
 	if st1 != 200 || st2 != 200 || h2.Get("Idempotent-Replayed") == "true" {
 		t.Fatalf("attempts: %d %v / %d %v", st1, r1, st2, r2)
 	}
-	m.cut("a", "b", false)
-	m.cut("b", "a", false)
-	m.settle()
+	m.Cut("a", "b", false)
+	m.Cut("b", "a", false)
+	m.Settle()
 	ra, _ := a.Get("orders/7")
 	rb, _ := b.Get("orders/7")
 	if ra.Stamp != rb.Stamp || string(ra.Value) != "pay 10" || string(rb.Value) != "pay 10" {
@@ -192,7 +194,7 @@ func TestRetryAtPeerBeforeReplication(t *testing.T) {
 		t.Fatalf("records: a %+v, b %+v; the key holds %s", recA, recB, ra.Stamp)
 	}
 	// A further retry anywhere now replays the winner.
-	_, r3, h3 := keyedPut(t, "http://"+m.addrs["a"], "orders/7", "K7", "pay 10")
+	_, r3, h3 := keyedPut(t, "http://"+m.Addrs["a"], "orders/7", "K7", "pay 10")
 	if h3.Get("Idempotent-Replayed") != "true" || r3["version"] != recA.Version {
 		t.Fatalf("retry after convergence: %v %v", r3, h3)
 	}
