@@ -457,3 +457,18 @@ func PutN(t testing.TB, n *node.Node, prefix string, count int) {
 		}
 	}
 }
+
+// GrepLines keeps the lines of b that hold one of words (a metrics page,
+// a log), for a failure's message.
+func GrepLines(b []byte, words ...string) string {
+	var out []string
+	for _, l := range strings.Split(string(b), "\n") {
+		for _, w := range words {
+			if strings.Contains(l, w) {
+				out = append(out, l)
+				break
+			}
+		}
+	}
+	return strings.Join(out, "\n")
+}

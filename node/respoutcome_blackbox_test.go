@@ -1,4 +1,4 @@
-package node
+package node_test
 
 import (
 	"bufio"
@@ -15,6 +15,8 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	ports "github.com/replicator/replicator/internal/loopback"
+	"github.com/replicator/replicator/internal/nodetest"
+	"github.com/replicator/replicator/node"
 )
 
 // TestRESPUnknownOutcome: the leader of a cluster of three is cut off from
@@ -29,7 +31,7 @@ func TestRESPUnknownOutcome(t *testing.T) {
 		t.Fatal(err)
 	}
 	addrs, blocks := map[string]string{}, map[string]string{}
-	c := newRaftCluster(t, "u", 3, func(name string, o *Options) {
+	c := nodetest.NewCluster(t, "u", 3, func(name string, o *node.Options) {
 		addrs[name], free = free[0], free[1:]
 		o.RESPListen = addrs[name]
 		blocks[name] = filepath.Join(t.TempDir(), name+".block")
@@ -39,7 +41,7 @@ func TestRESPUnknownOutcome(t *testing.T) {
 			release()
 		}
 	})
-	l := c.leader()
+	l := c.Leader()
 	ctx := context.Background()
 	rc := redisClient(t, addrs[l], 2, func(o *redis.Options) { o.PoolSize = 1 })
 	if err := rc.Set(ctx, "before", "v", 0).Err(); err != nil {
@@ -47,10 +49,10 @@ func TestRESPUnknownOutcome(t *testing.T) {
 	}
 	// Two ways: the leader reaches no other node, none reaches it.
 	var others []string
-	for name, nd := range c.nodes {
+	for name := range c.Nodes {
 		if name != l {
-			others = append(others, nd.opts.Raft.Listen)
-			os.WriteFile(blocks[name], []byte(c.nodes[l].opts.Raft.Listen+"\n"), 0o644)
+			others = append(others, c.Opts[name].Raft.Listen)
+			os.WriteFile(blocks[name], []byte(c.Opts[l].Raft.Listen+"\n"), 0o644)
 		}
 	}
 	os.WriteFile(blocks[l], []byte(strings.Join(others, "\n")+"\n"), 0o644)
@@ -87,14 +89,14 @@ func TestRESPUnknownOutcome(t *testing.T) {
 	if rest, err := br.ReadString('\n'); err != io.EOF {
 		t.Fatalf("the connection stayed open after an unknown outcome: %q %v", rest, err)
 	}
-	for name := range c.nodes {
+	for name := range c.Nodes {
 		os.WriteFile(blocks[name], nil, 0o644)
 	}
 	// Once healed, the cluster settles on a leader; until then a write is
 	// NOTWRITTEN (safe to retry), never an error of another class.
 	var after *redis.Client
-	waitFor(t, 20*time.Second, func() (bool, string) {
-		after = redisClient(t, addrs[c.leader()], 2, nil)
+	nodetest.WaitFor(t, 20*time.Second, func() (bool, string) {
+		after = redisClient(t, addrs[c.Leader()], 2, nil)
 		err := after.Set(ctx, "after", "v", 0).Err()
 		if err != nil && !strings.HasPrefix(err.Error(), "NOTWRITTEN") {
 			t.Fatalf("a write after the heal: %v", err)
