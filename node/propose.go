@@ -68,8 +68,9 @@ func (n *Node) newFollower() *forward.Follower {
 		Send:    func(req *http.Request) (*http.Response, error) { return n.svc.Client.Do(req) },
 		URL:     func(id, uri string) string { return forward.URL(raft.ServerID(id), uri) },
 		NotSent: forward.NotSent,
-		// A write needs the API scope, which the door that took it checked.
-		Header:  http.Header{forward.HeaderCaller: {"in process (RESP or the Go API)"}, forward.HeaderScope: {httpapi.ScopeAPI.String()}},
+		// A write needs the API scope, which the door that took it checked
+		// (the HTTP listener's token, the RESP door's AUTH).
+		Header:  http.Header{forward.HeaderCaller: {"a door of this node (HTTP, RESP or the Go API), which checked its caller"}, forward.HeaderScope: {httpapi.ScopeAPI.String()}},
 		Await:   n.rep.AwaitApplied,
 		Counted: func(how string) { n.metrics.forwards.WithLabelValues(how).Inc() },
 	}
