@@ -18,8 +18,9 @@ var (
 	descRangeDiscards = prometheus.NewDesc("replicator_conflict_range_deletes_total",
 		"Range deletes of each peer that deleted live keys here: their discards are counted per range, not logged per key in the conflict log.", []string{"peer"}, nil)
 	descPermit = prometheus.NewDesc("replicator_replay_permits", "Replay permits by state.", []string{"state"}, nil)
-	// descRefuse is the local side's too (package links): the same series.
-	descRefuse      = prometheus.NewDesc("replicator_refusals_total", "Local writes and incoming batches refused for saturation, by source.", []string{"source"}, nil)
+	// DescRefusals is the local side's too (package links): one series,
+	// by source.
+	DescRefusals    = prometheus.NewDesc("replicator_refusals_total", "Local writes and incoming batches refused for saturation, by source.", []string{"source"}, nil)
 	descPeerRefused = prometheus.NewDesc("replicator_replicate_refusals_total",
 		"Batches and proofs the replication endpoint refused, by reason: unauthenticated (401: a wrong secret), forbidden (403: a spoofed origin, a certificate of another cluster), bad_batch (malformed, unknown version), too_large, clock_offset, gap, identity_conflict, no_permit (429).",
 		[]string{"reason"}, nil)
@@ -32,7 +33,7 @@ func (a *Acceptor) Describe(chan<- *prometheus.Desc) {}
 // Collect sends the acceptor's counts, read at scrape time.
 func (a *Acceptor) Collect(ch chan<- prometheus.Metric) {
 	p := a.Permits()
-	ch <- prometheus.MustNewConstMetric(descRefuse, prometheus.CounterValue, float64(p.Refused), SourceReplayPermit)
+	ch <- prometheus.MustNewConstMetric(DescRefusals, prometheus.CounterValue, float64(p.Refused), SourceReplayPermit)
 	for origin, c := range a.Counts() {
 		for outcome, v := range map[string]uint64{"applied": c.Applied, "stale": c.Stale, "duplicate": c.Duplicates, "refused": c.Refused, "possible_resurrection": c.Resurrections} {
 			ch <- prometheus.MustNewConstMetric(descApply, prometheus.CounterValue, float64(v), origin, outcome)

@@ -35,7 +35,6 @@ var (
 		"A link's backlog water mark in bytes (high, low).", []string{"mark"}, nil)
 	descLimitAge = prometheus.NewDesc("replicator_backlog_oldest_age_limit_seconds",
 		"A link's water mark on its oldest unacknowledged entry's age (high, low).", []string{"mark"}, nil)
-	descRefuse  = prometheus.NewDesc("replicator_refusals_total", "Local writes and incoming batches refused for saturation, by source.", []string{"source"}, nil)
 	descToLimit = prometheus.NewDesc("replicator_backlog_seconds_to_limit",
 		"Seconds until a peer's backlog reaches a high-water mark at the last minute's write and drain rates; absent while it does not grow toward one (and for a link not watched: detached, or shipped by another node), 0 once over.",
 		[]string{"peer", "mark"}, nil)
@@ -110,7 +109,7 @@ func (s *Saturation) Collect(ch chan<- prometheus.Metric) {
 			ch <- prometheus.MustNewConstMetric(l.desc, prometheus.GaugeValue, l.low, "low")
 		}
 	}
-	ch <- prometheus.MustNewConstMetric(descRefuse, prometheus.CounterValue, float64(s.Refusals()), acceptor.SourceOutboundBacklog)
+	ch <- prometheus.MustNewConstMetric(acceptor.DescRefusals, prometheus.CounterValue, float64(s.Refusals()), acceptor.SourceOutboundBacklog)
 	// From the links watched at scrape time: a link detached, or gone with
 	// a term, has no series (never a stale one).
 	for peer, f := range s.Forecasts() {
