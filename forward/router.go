@@ -57,8 +57,6 @@ type Progress interface {
 // port (service.go), and answers once this node applied what the leader
 // had. Its fields are what it needs of the node.
 type Router struct {
-	// Multi: the node is one of several (a node alone answers all).
-	Multi    bool
 	NodeID   string
 	Group    *cluster.Group
 	Lead     Leadership
@@ -90,9 +88,6 @@ func Consistent(r *http.Request) bool {
 
 // Route sends what needs the leader to it.
 func (f *Router) Route(h http.Handler) http.Handler {
-	if !f.Multi {
-		return h
-	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if !f.NeedsLeader(r) {
 			h.ServeHTTP(w, r)

@@ -64,10 +64,6 @@ type Deps struct {
 	Local    string
 	Peers    []Peer
 	Insecure bool
-	// Terms: the links live in the leadership terms of a cluster of
-	// several (made by BeginTerm, stopped by EndTerm). Otherwise the
-	// configured links are made by Make and run from Start until Stop.
-	Terms bool
 	// Stream is the cluster's outbound stream (read once the replica
 	// opened); Store the tree; Clock the node's clock.
 	Stream func() *machine.Outbound
@@ -134,20 +130,22 @@ type Deps struct {
 
 // Set is the node's links to its peer clusters: a shipper per peer, made
 // from the cursors the log holds and run for the node's stream while it may
-// ship (a node alone: from Start; a cluster of several: during each term of
-// its leader), and the operator's actions on them.
+// ship (during each term of its leader; a node alone has one, from Open to
+// Close), and the operator's actions on them.
 type Set struct {
-	d  Deps
-	mu struct {
+	d Deps
+	// base is what every link and loop runs under (New to Stop); stop
+	// ends it.
+	base context.Context
+	stop context.CancelFunc
+	mu   struct {
 		sync.RWMutex
 		shippers []*transport.Shipper
-		// base is what every link runs under (Start to Stop); ctx what
-		// they run under now: base for a node alone, a term's in a
-		// cluster of several (nil between terms: no shipper runs).
-		base, ctx context.Context
+		// ctx is what the links run under now: the current term's (nil
+		// between terms: no shipper runs).
+		ctx context.Context
 		// building: a term is making its links (they start once it began).
 		building bool
-		stop     context.CancelFunc // ends base
 	}
 	wg sync.WaitGroup // shipper goroutines
 	// states is each link's last state, to log changes once.
@@ -174,7 +172,7 @@ type Set struct {
 	discovered   map[string]Peer
 }
 
-// New builds the links of d; none is made yet (Make, BeginTerm).
+// New builds the links of d; none is made yet (BeginTerm).
 func New(d Deps) *Set {
 	if d.Logger == nil {
 		d.Logger = slog.Default()
@@ -186,31 +184,16 @@ func New(d Deps) *Set {
 	if d.HistoryInterval > 0 {
 		size = int(d.HistorySpan / d.HistoryInterval)
 	}
-	return &Set{d: d, states: map[string]string{}, discovered: map[string]Peer{}, history: newHistory(size),
+	s := &Set{d: d, states: map[string]string{}, discovered: map[string]Peer{}, history: newHistory(size),
 		shipSeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "replicator_ship_seconds",
 			Help:    "Round trip of an acknowledged batch to a peer.",
 			Buckets: []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30}}, []string{"peer"})}
+	s.base, s.stop = context.WithCancel(context.Background())
+	return s
 }
 
 // ErrNoTerm refuses a link at a node that does not lead now.
 var ErrNoTerm = errors.New("links: this node does not lead its cluster now")
-
-// Make builds the configured links of a node alone (a cluster of several
-// makes them at each term).
-func (s *Set) Make() error {
-	if s.d.Terms {
-		return nil
-	}
-	for _, p := range s.d.Peers {
-		if p.URL == "" {
-			continue
-		}
-		if _, err := s.add(p); err != nil {
-			return err
-		}
-	}
-	return nil
-}
 
 // add creates the shipper of a peer, and starts it if the links run.
 func (s *Set) add(p Peer) (*transport.Shipper, error) {
@@ -275,7 +258,7 @@ func (s *Set) add(p Peer) (*transport.Shipper, error) {
 			return have, nil // made meanwhile (gossip and a term at once)
 		}
 	}
-	if d.Terms && s.mu.ctx == nil && !s.mu.building {
+	if s.mu.ctx == nil && !s.mu.building {
 		// The term ended while the link was being made: the next one links.
 		return nil, ErrNoTerm
 	}
@@ -298,21 +281,11 @@ func (s *Set) runLocked(sh *transport.Shipper) {
 	}()
 }
 
-// Start runs the links until Stop (a node alone's for good, a cluster of
-// several's during each term) and the links' loops: truncation, tombstone
-// collection, the watch of each link's state and the chart's samples.
+// Start runs the links' loops until Stop: truncation, tombstone
+// collection, the watch of each link's state and the chart's samples. The
+// links themselves run during terms (BeginTerm).
 func (s *Set) Start() {
-	ctx, cancel := context.WithCancel(context.Background())
-	s.mu.Lock()
-	s.mu.base = ctx
-	s.mu.stop = cancel
-	if !s.d.Terms {
-		s.mu.ctx = ctx
-	}
-	for _, sh := range s.mu.shippers {
-		s.runLocked(sh)
-	}
-	s.mu.Unlock()
+	ctx := s.base
 	s.every(ctx, s.d.TruncateInterval, func() {
 		if err := s.Truncate(); err != nil {
 			s.d.Logger.Warn("wal truncation", "err", err)
@@ -352,15 +325,10 @@ func (s *Set) every(ctx context.Context, d time.Duration, f func()) {
 	}()
 }
 
-// Stop stops every link and loop and waits for their goroutines. Once
-// only, after Start.
+// Stop stops every link (a term still running ends with it) and loop, and
+// waits for their goroutines. Once only.
 func (s *Set) Stop() {
-	s.mu.Lock()
-	stop := s.mu.stop
-	s.mu.Unlock()
-	if stop != nil {
-		stop()
-	}
+	s.stop()
 	s.loops.Wait()
 	s.wg.Wait()
 }
@@ -394,17 +362,14 @@ type Term struct {
 	cancel context.CancelFunc
 }
 
-// BeginTerm makes the links of a term that begins (a cluster of several).
-// Every error stops what it made.
+// BeginTerm makes the links of a term that begins: each term of a cluster
+// of several's leader, a node alone's only one (from Open to Close). Every
+// error stops what it made.
 func (s *Set) BeginTerm() (*Term, error) {
 	s.mu.Lock()
-	base := s.mu.base
 	s.mu.building = true
 	s.mu.Unlock()
-	if base == nil {
-		base = context.Background() // not started: the links start with the term
-	}
-	ctx, cancel := context.WithCancel(base)
+	ctx, cancel := context.WithCancel(s.base)
 	t := &Term{s: s, ctx: ctx, cancel: cancel}
 	var errs []error
 	for _, p := range s.Peers() {
@@ -522,15 +487,13 @@ func (s *Set) OnPeer(m api.Member) {
 	} else {
 		d.Accept(c)
 	}
-	if d.Terms {
-		// Every term links to it; the current one at once.
-		s.discoveredMu.Lock()
-		s.discovered[c] = p
-		s.discoveredMu.Unlock()
-		if !d.Leading() {
-			d.Note(m.Node, false, "this node does not lead its cluster: the leader ships")
-			return
-		}
+	// Every term links to it; the current one at once.
+	s.discoveredMu.Lock()
+	s.discovered[c] = p
+	s.discoveredMu.Unlock()
+	if !d.Leading() {
+		d.Note(m.Node, false, "this node does not lead its cluster: the leader ships")
+		return
 	}
 	sh, err := s.add(p)
 	if err != nil {

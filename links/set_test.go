@@ -39,7 +39,7 @@ type fixture struct {
 	cmds    []*machine.Command
 }
 
-func newFixture(t *testing.T, terms bool, peers ...Peer) *fixture {
+func newFixture(t *testing.T, peers ...Peer) *fixture {
 	t.Helper()
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	st, err := store.Open(filepath.Join(t.TempDir(), "store"), &store.Options{Logger: log})
@@ -62,7 +62,7 @@ func newFixture(t *testing.T, terms bool, peers ...Peer) *fixture {
 		Status: func() []api.LinkStatus { return nil },
 		Kept:   func(string) *api.KeptTombstones { return nil }, KeptForPeerLinks: func(string) *api.KeptTombstones { return nil }})
 	f.s = New(Deps{
-		Local: "a", Peers: peers, Terms: terms,
+		Local: "a", Peers: peers,
 		Stream: m.Outbound, Store: st, Clock: clock, Settings: settings,
 		Format: m.Format, LinkOf: m.Link,
 		Floor: func() *hlc.Timestamp { return nil }, Applied: func() uint64 { return m.Outbound().Last() },
@@ -75,6 +75,7 @@ func newFixture(t *testing.T, terms bool, peers ...Peer) *fixture {
 		PinWindow: time.Hour, TombstoneRetention: time.Hour,
 		Logger: log,
 	})
+	t.Cleanup(f.s.Stop)
 	return f
 }
 
@@ -124,7 +125,7 @@ func (c cursors) InitCursor(peer string, cur entry.Cursor) error { return c.SetC
 // gone at End; a link gossip finds between terms waits for the next one
 // (ErrNoTerm), which links to it; an aborted term leaves no link.
 func TestTermLinks(t *testing.T) {
-	f := newFixture(t, true, Peer{Name: "b", URL: "http://127.0.0.1:1", Secret: "s"})
+	f := newFixture(t, Peer{Name: "b", URL: "http://127.0.0.1:1", Secret: "s"})
 	f.s.Start()
 	defer f.s.Stop()
 	if got := f.s.All(); len(got) != 0 {
@@ -170,8 +171,8 @@ func TestTermLinks(t *testing.T) {
 // never past what a retaining link acknowledged; with no link it cuts what
 // the store applied.
 func TestTruncateKeepsWhatAPeerLacks(t *testing.T) {
-	f := newFixture(t, false, Peer{Name: "b", URL: "http://127.0.0.1:1", Secret: "s"})
-	if err := f.s.Make(); err != nil {
+	f := newFixture(t, Peer{Name: "b", URL: "http://127.0.0.1:1", Secret: "s"})
+	if _, err := f.s.BeginTerm(); err != nil {
 		t.Fatal(err)
 	}
 	// Three local writes in the stream.
@@ -210,8 +211,8 @@ func TestTruncateKeepsWhatAPeerLacks(t *testing.T) {
 // TestTombstoneCutoffWaitsForPeers: no tombstone goes while a peer this
 // node takes writes from has sent nothing, nor while a link is detached.
 func TestTombstoneCutoffWaitsForPeers(t *testing.T) {
-	f := newFixture(t, false, Peer{Name: "b", URL: "http://127.0.0.1:1", Secret: "s"})
-	if err := f.s.Make(); err != nil {
+	f := newFixture(t, Peer{Name: "b", URL: "http://127.0.0.1:1", Secret: "s"})
+	if _, err := f.s.BeginTerm(); err != nil {
 		t.Fatal(err)
 	}
 	cut, why, err := f.s.TombstoneCutoff()

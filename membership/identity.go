@@ -43,18 +43,17 @@ func ResolveNodeID(dir, want string) (string, error) {
 	return id, nil
 }
 
-// ResolveIncarnation returns the data directory's incarnation, minted at
-// its first start (origin.Incarnation): raft knows a node of several by its
-// node ID and incarnation, so a wiped directory comes back as a new member.
-// A directory that joined a group before incarnations keeps its bare node
-// ID. A node of several whose directory was copied since its incarnation
-// was recorded is refused (it would forget what it acknowledged since the
-// copy); a node alone makes the directory its own (it has no voter to
-// fool).
-func ResolveIncarnation(dir string, multi, hasRaft bool, log *slog.Logger) (string, error) {
+// MemberIncarnation returns the incarnation of a node of several's data
+// directory, minted at its first start (origin.Incarnation): raft knows a
+// node of several by its node ID and incarnation, so a wiped directory
+// comes back as a new member. A directory that joined a group before
+// incarnations keeps its bare node ID. A directory copied since its
+// incarnation was recorded is refused (it would forget what it
+// acknowledged since the copy). hasRaft: the directory holds raft state.
+func MemberIncarnation(dir string, hasRaft bool, log *slog.Logger) (string, error) {
 	_, err := os.Stat(filepath.Join(dir, origin.IncarnationFile))
 	recorded := err == nil
-	if multi && !hasRaft && recorded {
+	if !hasRaft && recorded {
 		// Its raft state is gone (a partial wipe, identity files kept on
 		// another volume): whatever it voted or acknowledged as its old
 		// incarnation is forgotten, so it is a new one.
@@ -68,11 +67,20 @@ func ResolveIncarnation(dir string, multi, hasRaft bool, log *slog.Logger) (stri
 	if err != nil {
 		return "", err
 	}
-	switch {
-	case !multi:
-		err = origin.Refingerprint(dir)
-	case hasRaft:
+	if hasRaft {
 		err = origin.CheckNotCopied(dir)
 	}
 	return inc, err
+}
+
+// AloneIncarnation returns the incarnation of a node alone's data
+// directory (see MemberIncarnation); a copied directory is made its own
+// (a node alone has no voter to fool).
+func AloneIncarnation(dir string, hasRaft bool) (string, error) {
+	_, err := os.Stat(filepath.Join(dir, origin.IncarnationFile))
+	inc, err := origin.Incarnation(dir, hasRaft && err != nil)
+	if err != nil {
+		return "", err
+	}
+	return inc, origin.Refingerprint(dir)
 }

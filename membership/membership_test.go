@@ -41,14 +41,14 @@ func TestNodeIDIsTheDirectorys(t *testing.T) {
 // one.
 func TestIncarnationOfADirectory(t *testing.T) {
 	dir := t.TempDir()
-	inc, err := ResolveIncarnation(dir, true, false, quiet)
+	inc, err := MemberIncarnation(dir, false, quiet)
 	if err != nil || inc == "" {
 		t.Fatalf("%q %v", inc, err)
 	}
-	if again, err := ResolveIncarnation(dir, true, true, quiet); err != nil || again != inc {
+	if again, err := MemberIncarnation(dir, true, quiet); err != nil || again != inc {
 		t.Fatalf("restart with its raft state: %q %v, want %q", again, err, inc)
 	}
-	fresh, err := ResolveIncarnation(dir, true, false, quiet)
+	fresh, err := MemberIncarnation(dir, false, quiet)
 	if err != nil || fresh == inc {
 		t.Fatalf("raft state gone: %q %v, want a new incarnation", fresh, err)
 	}

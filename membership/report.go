@@ -21,10 +21,9 @@ import (
 
 // ReportDeps is what the cluster report reads of its node.
 type ReportDeps struct {
-	// Cluster, NodeID and Incarnation name this node; Multi: a cluster of
-	// several (raft mode).
-	Cluster, NodeID, Incarnation string
-	Multi                        bool
+	// Cluster, NodeID and Incarnation name this node; Mode is how its
+	// cluster runs ("single": a node alone, "raft": one of several).
+	Cluster, NodeID, Incarnation, Mode string
 	Group                        *cluster.Group
 	Gossip                       *Gossip
 	Service                      *forward.Service
@@ -49,13 +48,10 @@ func NewReport(d ReportDeps) *Report { return &Report{d: d} }
 func (c *Report) Local() api.ClusterReport {
 	d := c.d
 	st := d.Group.Status()
-	r := api.ClusterReport{Cluster: d.Cluster, Node: d.NodeID, Mode: "single", State: strings.ToLower(st.State), Leader: st.Leader,
+	r := api.ClusterReport{Cluster: d.Cluster, Node: d.NodeID, Mode: d.Mode, State: strings.ToLower(st.State), Leader: st.Leader,
 		Term: st.Term, Commit: st.Commit, Applied: d.Applied(), Last: st.Last, Stream: d.Stream()}
-	if d.Multi {
-		r.Mode = "raft"
-		if st.State == "Leader" && !d.Ready() {
-			r.State = "leader (applying the log)"
-		}
+	if st.State == "Leader" && !d.Ready() {
+		r.State = "leader (applying the log)"
 	}
 	r.Incarnation, r.RefusedBy = d.Incarnation, st.RefusedBy
 	for _, sv := range st.Servers {

@@ -199,7 +199,12 @@ func Open(ctx context.Context, opts *Options) (*Node, error) {
 		n.store.Close()
 		return nil, err
 	}
-	if n.incarnation, err = membership.ResolveIncarnation(o.DataDir, n.multi(), replica.HasState(o.DataDir), n.log); err != nil {
+	if n.multi() {
+		n.incarnation, err = membership.MemberIncarnation(o.DataDir, replica.HasState(o.DataDir), n.log)
+	} else {
+		n.incarnation, err = membership.AloneIncarnation(o.DataDir, replica.HasState(o.DataDir))
+	}
+	if err != nil {
 		n.store.Close()
 		return nil, err
 	}
@@ -285,13 +290,13 @@ func Open(ctx context.Context, opts *Options) (*Node, error) {
 		n.members.Attach(n.group)
 	}
 	n.report = membership.NewReport(membership.ReportDeps{
-		Cluster: n.cluster, NodeID: n.nodeID, Incarnation: n.incarnation, Multi: n.multi(),
+		Cluster: n.cluster, NodeID: n.nodeID, Incarnation: n.incarnation, Mode: map[bool]string{false: "single", true: "raft"}[n.multi()],
 		Group: n.group, Gossip: n.gossip, Service: n.svc,
 		Applied: n.rep.Applied, Ready: n.rep.Ready, URL: n.URL, Removed: n.rep.RemovedServer,
 		Stream: func() string { return n.out.Stream().String() },
 	})
 	n.svc.Attach(n.group)
-	n.fwd = &forward.Router{Multi: n.multi(), NodeID: n.nodeID, Group: n.group, Lead: n.rep, Progress: n.rep, Service: n.svc,
+	n.fwd = &forward.Router{NodeID: n.nodeID, Group: n.group, Lead: n.rep, Progress: n.rep, Service: n.svc,
 		Member: n.gossip.Member, NeedsLeader: needsLeader, WriteErr: httpapi.WriteErr,
 		Counted: func(how string) { n.metrics.forwards.WithLabelValues(how).Inc() },
 		LegacyClient: &http.Client{CheckRedirect: forward.NoRedirects, Transport: &http.Transport{MaxIdleConnsPerHost: 64, IdleConnTimeout: 90 * time.Second,
@@ -300,12 +305,7 @@ func Open(ctx context.Context, opts *Options) (*Node, error) {
 	if o.Raft != nil {
 		n.fwd.ElectionTimeout = o.Raft.ElectionTimeout
 	}
-	if err := n.setupReplication(); err != nil {
-		n.com.Close()
-		n.group.Close()
-		n.store.Close()
-		return nil, err
-	}
+	n.setupReplication()
 	n.follower = n.newFollower()
 	n.dead = links.NewDeadLetters(n.store, n.rep.CommitCommand, n.log)
 	n.conflicts = &machine.ConflictLog{Store: n.store, Format: n.machine.Format, Propose: n.Propose}
@@ -505,7 +505,7 @@ func (n *Node) Close() error {
 	close(n.stop)
 	n.bg.Wait()
 	n.rep.Stop()   // the lead loop ends the term, and the term its links
-	n.links.Stop() // a node alone's
+	n.links.Stop() // their loops
 	n.com.Close()
 	// A stream being sealed finishes first (and a later one sees closing).
 	n.com.Exclusive(func() { errs = append(errs, n.pinIfHolding(), n.group.Close(), n.store.Close()) })

@@ -21,9 +21,9 @@ import (
 // The node's side of replication: the acceptor of what peers send, and the
 // links to them (package links) built from what the node holds.
 
-// setupReplication builds the acceptor and makes a node alone's configured
-// links (a cluster of several makes them at each term).
-func (n *Node) setupReplication() error {
+// setupReplication builds the acceptor (the links are made at each term:
+// a node alone's only one begins in the replica's Open).
+func (n *Node) setupReplication() {
 	secrets := make(map[string]string, len(n.opts.Peers))
 	for _, p := range n.opts.Peers {
 		secrets[p.Name] = p.Secret
@@ -80,7 +80,6 @@ func (n *Node) setupReplication() error {
 		Now:    n.clock.Physical,
 		Logger: n.log,
 	})
-	return n.links.Make()
 }
 
 // newLinks builds the links to the peer clusters (package links); none is
@@ -93,7 +92,7 @@ func (n *Node) newLinks() *links.Set {
 	}
 	n.peerClient = &http.Client{Transport: rt, CheckRedirect: forward.NoRedirects}
 	return links.New(links.Deps{
-		Local: n.cluster, Peers: n.opts.Peers, Insecure: n.opts.InsecurePeers, Terms: n.multi(),
+		Local: n.cluster, Peers: n.opts.Peers, Insecure: n.opts.InsecurePeers,
 		Stream: n.rep.Stream, Store: n.store, Clock: n.clock, Settings: n.settings,
 		Format: func() int { return n.rep.Machine().Format() },
 		LinkOf: func(peer string) entry.LinkSettings { return n.rep.Machine().Link(peer) },

@@ -25,21 +25,20 @@ func (n *Node) Handler() http.Handler {
 // request made in process (the RESP door's forwards) holds any key.
 func (n *Node) handler() (http.Handler, *http.ServeMux) {
 	mux := surface(n).Handler()
-	var answer http.Handler = mux
+	route := http.Handler(mux) // a node alone answers all
 	if n.multi() {
 		// A client's write is answered here: Propose sends it to the
 		// leader as a typed proposal (package forward). A request another
 		// node relayed whole (a follower of an older build) is proposed
 		// here (a node that no longer leads refuses it), never sent a
 		// second hop.
-		answer = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		route = n.fwd.Route(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			if r.Header.Get(forward.HeaderForwarded) != "" {
 				r = r.WithContext(context.WithValue(r.Context(), proposeHereKey{}, true))
 			}
 			mux.ServeHTTP(w, r)
-		})
+		}))
 	}
-	route := n.fwd.Route(answer)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if httpapi.CanonicalOrRefuse(w, r, func(string) {}) {
 			route.ServeHTTP(w, r)

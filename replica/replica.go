@@ -58,11 +58,12 @@ type Deps struct {
 	// it reads); Reads what a member proved it reads, known or not.
 	Describe func() string
 	Reads    func(id raft.ServerID) (commands int, known bool)
-	// Terms (a cluster of several; a node alone calls none of them):
-	// Identity checks the stream's identity at the first term of the
-	// process (checked: another leader or the stream's creation already
-	// did); BeginTerm makes the links of a term; Seal seals a stream the
-	// recovery from a lost majority left.
+	// Terms (each of a cluster of several's leader; a node alone's only
+	// one, from Open to Stop): Identity checks the stream's identity at
+	// the first term of the process (checked: another leader or the
+	// stream's creation already did); BeginTerm makes the links of a
+	// term; Seal seals a stream the recovery from a lost majority left
+	// (a cluster of several).
 	Identity  func(checked bool) error
 	BeginTerm func() (Term, error)
 	Seal      func(stream entry.StreamID, why string) error
@@ -517,6 +518,13 @@ func (r *Replica) Open() (created bool, err error) {
 		return false, err
 	}
 	r.lead.began = true
+	// Its only term's links are made now and run from Run to Stop.
+	links, err := r.d.BeginTerm()
+	if err != nil {
+		r.group.Close()
+		return false, err
+	}
+	r.lead.links = links
 	r.lead.ready.Store(true)
 	r.RaiseFormat()
 	return created, nil

@@ -124,7 +124,7 @@ func put(t *testing.T, r *Replica, key, value string) api.WriteResult {
 }
 
 // TestOpenAloneThenReopen: a node alone's replica mints its stream and
-// checks its identity before it leads; a write it acknowledged is there
+// checks its identity before it makes its only term's links and leads; a write it acknowledged is there
 // after a reopen, in the same stream, and the reopen mints nothing.
 func TestOpenAloneThenReopen(t *testing.T) {
 	dir := t.TempDir()
@@ -133,13 +133,19 @@ func TestOpenAloneThenReopen(t *testing.T) {
 	if !created || !r.Ready() || r.Stream().Stream().IsZero() {
 		t.Fatalf("first open: created %v, ready %v, stream %v", created, r.Ready(), r.Stream().Stream())
 	}
-	if got := ev.list(); !slices.Equal(got, []string{"identity"}) {
-		t.Fatalf("first open asked %v; want the identity check only (a node alone's links are the node's)", got)
+	if got := ev.list(); !slices.Equal(got, []string{"identity", "links"}) {
+		t.Fatalf("first open asked %v; want the identity check, then its only term's links", got)
 	}
+	// Its links run from Run to Stop.
+	r.Run()
 	res := put(t, r, "k", "v1")
 	stream := r.Stream().Stream()
 	if res.Stream != stream || res.Index != r.Stream().Last() {
 		t.Fatalf("write at %v/%d; the stream is %v ending at %d", res.Stream, res.Index, stream, r.Stream().Last())
+	}
+	r.Stop()
+	if got := ev.list(); !slices.Equal(got, []string{"identity", "links", "run (ready)", "end"}) || r.Ready() {
+		t.Fatalf("a node alone's term did %v (ready after Stop: %v); want its links run, then ended", got, r.Ready())
 	}
 	closers[r]()
 
@@ -184,7 +190,7 @@ func TestTermOrder(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := []string{"identity", "links", "seal", "run (ready)"}
-	if got := ev.list()[1:]; !slices.Equal(got, want) {
+	if got := ev.list()[2:]; !slices.Equal(got, want) {
 		t.Fatalf("a term did %v; want %v", got, want)
 	}
 	if _, err := os.Stat(r.SealFile()); !errors.Is(err, os.ErrNotExist) {

@@ -29,8 +29,8 @@ import (
 // leader still records is a command that fails, or one that costs the peer
 // a resend it drops).
 //
-// A node alone (a group of one) begins its only term in Open and never
-// ends it: a failed append makes it step down and elect itself again a
+// A node alone (a group of one) begins its only term in Open and ends it
+// at Stop: a failed append makes it step down and elect itself again a
 // moment later, and its links go on.
 
 // leadState is this node's leadership, as the lead loop sees it.
@@ -48,10 +48,12 @@ type leadState struct {
 	sawOther bool
 }
 
-// Run starts the lead loop of a cluster of several (a node alone's only
-// term began in Open) and the replica's periodic checks; Stop ends them.
+// Run starts the lead loop of a cluster of several and the replica's
+// periodic checks, or a node alone's links (its only term began in Open);
+// Stop ends them.
 func (r *Replica) Run() {
 	if !r.multi() {
+		r.lead.links.Run()
 		return
 	}
 	r.loop.Add(1)
@@ -86,6 +88,9 @@ func (r *Replica) every(d time.Duration, f func()) {
 func (r *Replica) Stop() {
 	close(r.stop)
 	r.loop.Wait()
+	if !r.multi() {
+		r.endTerm("shutting down")
+	}
 }
 
 // leadLoop follows this node's leadership until stop: it begins a term
