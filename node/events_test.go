@@ -64,20 +64,6 @@ func putN(t testing.TB, n *Node, prefix string, count int) {
 	}
 }
 
-func waitFor(t testing.TB, d time.Duration, cond func() (bool, string)) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	why := ""
-	for time.Now().Before(deadline) {
-		var ok bool
-		if ok, why = cond(); ok {
-			return
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	t.Fatalf("not reached in %s: %s", d, why)
-}
-
 // TestReseedEndsAfterDetach (event 1): a detached peer is re-seeded once,
 // its high-water mark of the real stream lands at the snapshot's index, and
 // shipping resumes after it: no re-seed after every heartbeat, and no hwm

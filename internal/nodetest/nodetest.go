@@ -25,10 +25,12 @@ import (
 
 	"github.com/replicator/replicator/api"
 	"github.com/replicator/replicator/client"
+	"github.com/replicator/replicator/entry"
 	"github.com/replicator/replicator/hlc"
 	ports "github.com/replicator/replicator/internal/loopback"
 	"github.com/replicator/replicator/node"
 	"github.com/replicator/replicator/store"
+	"github.com/replicator/replicator/wire"
 )
 
 // Logger discards what nodes log, unless NODE_TEST_LOG is set.
@@ -178,6 +180,23 @@ func (c *Cluster) Follower() string {
 	}
 	c.t.Fatal("no follower running")
 	return ""
+}
+
+// Roles names the leader and two followers (w, the one a test writes
+// through, and f; "" when fewer run).
+func (c *Cluster) Roles() (l, w, f string) {
+	c.t.Helper()
+	l = c.Leader()
+	for _, name := range c.Names {
+		switch {
+		case name == l || c.Nodes[name] == nil:
+		case w == "":
+			w = name
+		case f == "":
+			f = name
+		}
+	}
+	return l, w, f
 }
 
 // Client is an HTTP client of a node.
@@ -471,4 +490,19 @@ func GrepLines(b []byte, words ...string) string {
 		}
 	}
 	return strings.Join(out, "\n")
+}
+
+// SendBatch posts entries to n's replicate endpoint as peer cluster from,
+// holding its link secret, the way a peer's shipper does; it returns the
+// answer's status and body.
+func SendBatch(t testing.TB, n *node.Node, from, secret string, entries ...entry.Entry) (int, []byte) {
+	t.Helper()
+	var stream entry.StreamID
+	if len(entries) > 0 {
+		stream = entries[0].Stream
+	}
+	body := wire.EncodeBatch(&wire.Batch{Header: wire.Header{Sender: from, Stream: stream}, Entries: entries})
+	resp, b := Do(t, http.MethodPost, n.PeerURL()+"/v1/replicate", bytes.NewReader(body),
+		"X-Replicator-Origin", from, "Authorization", "Bearer "+secret, "Content-Type", "application/msgpack")
+	return resp.StatusCode, b
 }

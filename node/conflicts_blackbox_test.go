@@ -1,4 +1,4 @@
-package node
+package node_test
 
 import (
 	"context"
@@ -10,6 +10,8 @@ import (
 	"github.com/replicator/replicator/api"
 	"github.com/replicator/replicator/client"
 	"github.com/replicator/replicator/hlc"
+	"github.com/replicator/replicator/internal/nodetest"
+	"github.com/replicator/replicator/node"
 )
 
 // TestConflictLogAcrossClusters: two clusters write while their links are
@@ -19,18 +21,18 @@ import (
 // and the winner; a sequential overwrite across the clusters logs nothing.
 func TestConflictLogAcrossClusters(t *testing.T) {
 	pc := hlc.NewManualClock(int64(1000 * time.Hour))
-	m := newTestMesh(t, pc, nil, "a", "b")
-	a, b := m.nodes["a"], m.nodes["b"]
+	m := nodetest.NewMesh(t, pc, nil, "a", "b")
+	a, b := m.Nodes["a"], m.Nodes["b"]
 	ctx := context.Background()
-	put := func(n *Node, k, v string) {
+	put := func(n *node.Node, k, v string) {
 		t.Helper()
 		pc.Advance(time.Millisecond)
 		if _, err := n.Put(ctx, k, []byte(v)); err != nil {
 			t.Fatal(err)
 		}
 	}
-	m.cut("a", "b", true)
-	m.cut("b", "a", true)
+	m.Cut("a", "b", true)
+	m.Cut("b", "a", true)
 	put(a, "both1", "a1")
 	put(b, "both1", "b1") // wins
 	put(b, "both2", "b1")
@@ -39,13 +41,13 @@ func TestConflictLogAcrossClusters(t *testing.T) {
 	put(a, "both2", "a3") // wins
 	put(a, "only-a", "a")
 	put(b, "only-b", "b")
-	m.cut("a", "b", false)
-	m.cut("b", "a", false)
-	m.settle()
+	m.Cut("a", "b", false)
+	m.Cut("b", "a", false)
+	m.Settle()
 
 	logs := map[string]map[string]client.Conflict{}
-	for name, n := range map[string]*Node{"a": a, "b": b} {
-		p, err := n.conflicts.Conflicts(client.ConflictQuery{})
+	for name, n := range map[string]*node.Node{"a": a, "b": b} {
+		p, err := client.New(n.URL(), nil).Conflicts(ctx, client.ConflictQuery{})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -71,7 +73,7 @@ func TestConflictLogAcrossClusters(t *testing.T) {
 			t.Fatalf("conflict %s logged at a, not at b", id)
 		}
 	}
-	if c := a.acceptor.Counts()["b"].Conflicts + b.acceptor.Counts()["a"].Conflicts; c < 2 {
+	if c := a.PeersReport().Incoming["b"].Conflicts + b.PeersReport().Incoming["a"].Conflicts; c < 2 {
 		t.Fatalf("conflicts counted: %d", c)
 	}
 
@@ -87,38 +89,38 @@ func TestConflictLogAcrossClusters(t *testing.T) {
 		}
 	}
 	pc.Advance(time.Millisecond)
-	res, err := a.conflicts.RestoreConflict(ctx, id1)
+	res, err := client.New(a.URL(), nil).RestoreConflict(ctx, id1)
 	if err != nil {
 		t.Fatal(err)
 	}
-	m.settle()
-	for name, n := range map[string]*Node{"a": a, "b": b} {
+	m.Settle()
+	for name, n := range map[string]*node.Node{"a": a, "b": b} {
 		r, err := n.Get("both1")
 		if err != nil || string(r.Value) != "a1" || r.Stamp.String() != res.Version {
 			t.Fatalf("%s after the restore: %q %s %v", name, r.Value, r.Stamp, err)
 		}
-		p, err := n.conflicts.Conflicts(client.ConflictQuery{Key: "both1"})
+		p, err := client.New(n.URL(), nil).Conflicts(ctx, client.ConflictQuery{Key: "both1"})
 		if err != nil || len(p.Items) != 1 || p.Items[0].Restored != res.Version {
 			t.Fatalf("%s's log after the restore: %+v %v", name, p.Items, err)
 		}
 	}
-	if _, err := b.conflicts.RestoreConflict(ctx, id1); !errors.Is(err, api.ErrRestored) {
+	if _, err := client.New(b.URL(), nil).RestoreConflict(ctx, id1); !errors.Is(err, api.ErrRestored) {
 		t.Fatalf("a second restore: %v", err)
 	}
 	// both2's winner was overwritten since: the restore says what is there.
 	put(b, "both2", "newer")
-	m.settle()
+	m.Settle()
 	var pe *api.PreconditionError
-	if _, err := a.conflicts.RestoreConflict(ctx, id2); !errors.As(err, &pe) || pe.Current == "" {
+	if _, err := client.New(a.URL(), nil).RestoreConflict(ctx, id2); !errors.As(err, &pe) || pe.Current == "" {
 		t.Fatalf("restore over a newer version: %v", err)
 	}
 
 	put(a, "seq", "a")
-	m.settle()
+	m.Settle()
 	put(b, "seq", "b")
-	m.settle()
-	for name, n := range map[string]*Node{"a": a, "b": b} {
-		if p, err := n.conflicts.Conflicts(client.ConflictQuery{Key: "seq"}); err != nil || len(p.Items) != 0 {
+	m.Settle()
+	for name, n := range map[string]*node.Node{"a": a, "b": b} {
+		if p, err := client.New(n.URL(), nil).Conflicts(ctx, client.ConflictQuery{Key: "seq"}); err != nil || len(p.Items) != 0 {
 			t.Fatalf("%s logged a sequential overwrite: %+v %v", name, p.Items, err)
 		}
 	}
