@@ -141,6 +141,10 @@ type ClusterReport struct {
 	// RefusedBy: another node refused this one lately (it was removed,
 	// replaced by a newer incarnation, or lost in a recovery), and why.
 	RefusedBy *Refusal `json:"refused_by,omitempty"`
+	// Format is the command encoding the log is written in as this node
+	// applied it: a rolling upgrade is done once it reaches the newest
+	// build's (the leader raises it once every member reads it).
+	Format int `json:"log_format,omitempty"`
 }
 
 // ClusterNode is one node of the cluster's configuration (or one gossip

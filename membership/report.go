@@ -24,12 +24,14 @@ type ReportDeps struct {
 	// Cluster, NodeID and Incarnation name this node; Mode is how its
 	// cluster runs ("single": a node alone, "raft": one of several).
 	Cluster, NodeID, Incarnation, Mode string
-	Group                        *cluster.Group
-	Gossip                       *Gossip
-	Service                      *forward.Service
-	// Applied is the last log index applied here; Ready: this node leads
+	Group                              *cluster.Group
+	Gossip                             *Gossip
+	Service                            *forward.Service
+	// Applied is the last log index applied here; Format the log's
+	// command format; Ready: this node leads
 	// and its term began; Stream the cluster's stream; URL this node's API.
 	Applied func() uint64
+	Format  func() int
 	Ready   func() bool
 	Stream  func() string
 	URL     func() string
@@ -53,7 +55,7 @@ func (c *Report) Local() api.ClusterReport {
 	if st.State == "Leader" && !d.Ready() {
 		r.State = "leader (applying the log)"
 	}
-	r.Incarnation, r.RefusedBy = d.Incarnation, st.RefusedBy
+	r.Incarnation, r.RefusedBy, r.Format = d.Incarnation, st.RefusedBy, d.Format()
 	for _, sv := range st.Servers {
 		cn := api.ClusterNode{ID: sv.ID, Incarnation: sv.Incarnation, Raft: sv.Raft, Voter: sv.Voter, Leader: sv.Leader}
 		m, seen := d.Gossip.Member(sv.ID)

@@ -2,12 +2,13 @@ package node_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
+	"net/http"
 	"sort"
 	"testing"
 	"time"
 
-	"github.com/replicator/replicator/api"
 	"github.com/replicator/replicator/client"
 	"github.com/replicator/replicator/hlc"
 	"github.com/replicator/replicator/internal/nodetest"
@@ -104,15 +105,27 @@ func TestConflictLogAcrossClusters(t *testing.T) {
 			t.Fatalf("%s's log after the restore: %+v %v", name, p.Items, err)
 		}
 	}
-	if _, err := client.New(b.URL(), nil).RestoreConflict(ctx, id1); !errors.Is(err, api.ErrRestored) {
+	var ce *client.Error
+	if _, err := client.New(b.URL(), nil).RestoreConflict(ctx, id1); !errors.As(err, &ce) || ce.Status != http.StatusConflict || ce.Code != "restored" {
 		t.Fatalf("a second restore: %v", err)
 	}
 	// both2's winner was overwritten since: the restore says what is there.
 	put(b, "both2", "newer")
 	m.Settle()
-	var pe *api.PreconditionError
-	if _, err := client.New(a.URL(), nil).RestoreConflict(ctx, id2); !errors.As(err, &pe) || pe.Current == "" {
-		t.Fatalf("restore over a newer version: %v", err)
+	cur, err := a.Get("both2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, body := nodetest.Do(t, http.MethodPost, a.URL()+"/admin/conflicts/"+id2+"/restore", nil)
+	var answer struct {
+		Error struct {
+			Code    string `json:"code"`
+			Version string `json:"version"`
+		} `json:"error"`
+	}
+	if err := json.Unmarshal(body, &answer); err != nil || resp.StatusCode != http.StatusPreconditionFailed ||
+		answer.Error.Code != "precondition_failed" || answer.Error.Version != cur.Stamp.String() {
+		t.Fatalf("restore over a newer version (%s): %d %s", cur.Stamp, resp.StatusCode, body)
 	}
 
 	put(a, "seq", "a")

@@ -13,6 +13,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"log/slog"
 	"net"
 	"net/http"
@@ -28,6 +29,7 @@ import (
 	"github.com/replicator/replicator/entry"
 	"github.com/replicator/replicator/hlc"
 	ports "github.com/replicator/replicator/internal/loopback"
+	"github.com/replicator/replicator/machine"
 	"github.com/replicator/replicator/node"
 	"github.com/replicator/replicator/store"
 	"github.com/replicator/replicator/wire"
@@ -122,6 +124,21 @@ func NewCluster(t testing.TB, id string, n int, tweak func(name string, o *node.
 			c.Stop(name)
 		}
 	})
+	// The leader moves the log to the newest command encoding in the first
+	// seconds (one command of its own): tests that count applied commands
+	// begin after it (unless a node is told to read an older one).
+	mixed := false
+	for _, o := range c.Opts {
+		mixed = mixed || o.Testing.ReadsFormat != 0
+	}
+	for deadline := time.Now().Add(20 * time.Second); !mixed; time.Sleep(20 * time.Millisecond) {
+		if c.Nodes[c.Leader()].LocalCluster().Format == machine.ReadsFormat {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the log did not move to the newest command encoding")
+		}
+	}
 	return c
 }
 
@@ -505,4 +522,26 @@ func SendBatch(t testing.TB, n *node.Node, from, secret string, entries ...entry
 	resp, b := Do(t, http.MethodPost, n.PeerURL()+"/v1/replicate", bytes.NewReader(body),
 		"X-Replicator-Origin", from, "Authorization", "Bearer "+secret, "Content-Type", "application/msgpack")
 	return resp.StatusCode, b
+}
+
+// CopyDir copies a data directory (a backup taken while the node is down).
+func CopyDir(t testing.TB, from, to string) {
+	t.Helper()
+	err := filepath.WalkDir(from, func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		rel, _ := filepath.Rel(from, path)
+		if d.IsDir() {
+			return os.MkdirAll(filepath.Join(to, rel), 0o755)
+		}
+		b, err := os.ReadFile(path)
+		if err != nil {
+			return err
+		}
+		return os.WriteFile(filepath.Join(to, rel), b, 0o644)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
 }
