@@ -285,3 +285,23 @@ func (c *raftCluster) converged() store.Digest {
 	c.t.Fatalf("nodes of %s did not converge: %s", c.id, last)
 	return store.Digest{}
 }
+
+func link(t testing.TB, n *Node, peer string) client.LinkStatus {
+	t.Helper()
+	for _, l := range n.PeerStatus() {
+		if l.Peer == peer {
+			return l
+		}
+	}
+	t.Fatalf("%s has no link to %s", n.ClusterID(), peer)
+	return client.LinkStatus{}
+}
+
+func putN(t testing.TB, n *Node, prefix string, count int) {
+	t.Helper()
+	for i := 0; i < count; i++ {
+		if _, err := n.Put(context.Background(), fmt.Sprintf("%s%03d", prefix, i), []byte(prefix)); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
