@@ -92,15 +92,17 @@ func (m *rmesh) prepare(c, id string, size int, extra ...string) *rnode {
 	os.WriteFile(dirBlock, nil, 0o644)
 	n := &rnode{id: id, cluster: c, raft: fmt.Sprintf("127.0.0.1:%d", freePort(m.t)), gossip: fmt.Sprintf("127.0.0.1:%d", freePort(m.t)),
 		block: dirBlock, size: size}
-	m.mu.Lock()
-	m.nodes[id] = n
-	m.order = append(m.order, id)
-	m.mu.Unlock()
 	n.proc = newProc(m.t, id, c, append(append([]string{"--node-id", id, "--raft-listen", n.raft, "--gossip-bind", n.gossip,
 		"--gossip-profile", "local", "--bootstrap-expect", fmt.Sprint(size), "--raft-election-timeout", "500ms",
 	}, extra...), m.more[c]...)...)
 	n.proc.env = append(n.proc.env, node.TestingEnvPrefix+"RAFT_BLOCK_FILE="+n.block)
 	n.proc.token = m.token
+	// Registered once whole: the floods of a running test pick among the
+	// mesh's nodes at any moment (a node added at run time included).
+	m.mu.Lock()
+	m.nodes[id] = n
+	m.order = append(m.order, id)
+	m.mu.Unlock()
 	return n
 }
 

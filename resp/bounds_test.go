@@ -209,6 +209,14 @@ func TestNodeWideBudget(t *testing.T) {
 	fmt.Fprint(nc2, "MGET k k k\r\nPING\r\n")
 	br2.Discard(3*(100<<10+11) + 4)
 	expect(t, br2, "+PONG")
+	// The replies are given back once written, which may be just after
+	// the client read them: the stalled command below must find the
+	// budget whole, or it would be refused instead of cut off.
+	for deadline := time.Now().Add(5 * time.Second); s.held.used.Load() != 0; time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d bytes still held after the replies were read", s.held.used.Load())
+		}
+	}
 
 	// A 1 MiB argument claimed and 512 KiB sent: within the budget, cut
 	// off once it stalls.
