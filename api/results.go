@@ -6,8 +6,11 @@ import (
 
 // WriteResult is the answer to a write.
 type WriteResult struct {
-	Key     string
-	Version string // the write's stamp; the same on every cluster
+	Key string
+	// Version is the write's stamp, the same on every cluster; "" when
+	// nothing was written (a delete of keys that hold no value here:
+	// docs/DATAMODEL.md "Deletes").
+	Version string
 	Origin  string
 	// Outcome is Applied, or Stale when a higher stamp already held the key
 	// (possible only against a pinned or replicated stamp).

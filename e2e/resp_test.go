@@ -245,3 +245,95 @@ func httpGet(t *testing.T, n *rnode, key string) string {
 	}
 	return string(r.Value)
 }
+
+// redisPy runs a Python script with redis-py (Debian's python3-redis, the
+// client most applications use) against a RESP port: r is its client. A
+// machine without it fails the test: .ci/run installs python3-redis.
+func redisPy(t *testing.T, port int, script string) (string, error) {
+	t.Helper()
+	if err := exec.Command("/usr/bin/python3", "-c", "import redis").Run(); err != nil {
+		t.Fatalf("redis-py is not installed for /usr/bin/python3 (Debian: python3-redis; .ci/run installs it): %v", err)
+	}
+	prog := fmt.Sprintf("import redis\nr = redis.Redis(host='127.0.0.1', port=%d, decode_responses=True)\n%s\n", port, script)
+	out, err := exec.Command("/usr/bin/python3", "-c", prog).CombinedOutput()
+	return strings.TrimSpace(string(out)), err
+}
+
+// TestRESPTransactionsAtAPair: at a pair of clusters, a transaction of
+// plain writes (go-redis TxPipelined, redis-py's default pipeline) commits
+// whole at a and reaches b whole; one that queues a command a transaction
+// here does not serve is refused at EXEC and writes nothing, at either
+// cluster (it used to apply its writes one by one while answering an
+// error, and a retry applied them twice).
+func TestRESPTransactionsAtAPair(t *testing.T) {
+	m := newMesh(t, seed(t), false, "a", "b")
+	ports := map[string]int{}
+	for _, n := range m.names {
+		ports[n] = freePort(t)
+		m.nodes[n].args = append(m.nodes[n].args, "--resp-listen", fmt.Sprintf("127.0.0.1:%d", ports[n]))
+	}
+	m.start()
+	ctx := context.Background()
+	a := redis.NewClient(&redis.Options{Addr: fmt.Sprintf("127.0.0.1:%d", ports["a"])})
+	defer a.Close()
+	b := redis.NewClient(&redis.Options{Addr: fmt.Sprintf("127.0.0.1:%d", ports["b"])})
+	defer b.Close()
+
+	cmds, err := a.TxPipelined(ctx, func(p redis.Pipeliner) error {
+		p.Set(ctx, "tx/1", "one", 0)
+		p.MSet(ctx, "tx/2", "two", "tx/3", "three")
+		return nil
+	})
+	if err != nil || len(cmds) != 2 {
+		t.Fatalf("go-redis TxPipelined: %v (%d replies)", err, len(cmds))
+	}
+	out, err := redisPy(t, ports["a"], `p = r.pipeline()
+p.set('py/1', 'one')
+p.set('py/2', 'two')
+print(p.execute())`)
+	if err != nil || out != "[True, True]" {
+		t.Fatalf("redis-py pipeline: %v: %s", err, out)
+	}
+	eventually(t, 30*time.Second, func() (bool, string) {
+		got, _ := b.MGet(ctx, "tx/1", "tx/2", "tx/3", "py/1", "py/2").Result()
+		return fmt.Sprint(got) == "[one two three one two]", fmt.Sprintf("at b: %v", got)
+	})
+
+	// Refused whole: nothing written at a, nothing reaches b.
+	_, err = a.TxPipelined(ctx, func(p redis.Pipeliner) error {
+		p.Set(ctx, "half/1", "x", 0)
+		p.Incr(ctx, "half/n")
+		p.Set(ctx, "half/2", "y", 0)
+		return nil
+	})
+	if err == nil || !strings.Contains(err.Error(), "EXECABORT") {
+		t.Fatalf("a transaction with INCR: %v, want EXECABORT", err)
+	}
+	out, err = redisPy(t, ports["a"], `p = r.pipeline()
+p.set('half/3', 'x')
+p.incr('half/n')
+try:
+    p.execute()
+    print('executed')
+except redis.exceptions.ResponseError as e:
+    # redis-py raises the first command refused while queueing; EXEC
+    # answered EXECABORT (ExecAbortError is a ResponseError too).
+    print('aborted' if 'not served' in str(e) or 'EXECABORT' in str(e) else 'other: ' + str(e))`)
+	if err != nil || out != "aborted" {
+		t.Fatalf("redis-py pipeline with INCR: %v: %s", err, out)
+	}
+	// A marker written after them reaches b: what was refused before it
+	// would have too.
+	if err := a.Set(ctx, "marker", "m", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 30*time.Second, func() (bool, string) {
+		got, err := b.Get(ctx, "marker").Result()
+		return got == "m", fmt.Sprintf("marker at b: %q %v", got, err)
+	})
+	for _, c := range []*redis.Client{a, b} {
+		if n, err := c.Exists(ctx, "half/1", "half/2", "half/3", "half/n").Result(); err != nil || n != 0 {
+			t.Fatalf("a refused transaction left %d keys (%v)", n, err)
+		}
+	}
+}

@@ -227,6 +227,42 @@ func (o *Overlay) Existed(e *entry.Entry) (int, error) {
 	return n, nil
 }
 
+// DropAbsentDeletes takes out of e the deletes of keys that hold no live
+// value here (absent, deleted, or under a range delete): they would write
+// a tombstone for nothing and ship it to every peer. It reports that
+// nothing of e is left to write.
+func (o *Overlay) DropAbsentDeletes(e *entry.Entry) (bool, error) {
+	live := func(k string) (bool, error) {
+		st, ok, err := o.currentPlain(k)
+		if err != nil {
+			return false, fmt.Errorf("%w: %w", ErrUnreadable, err)
+		}
+		return ok && !st.tomb, nil
+	}
+	switch e.Op {
+	case entry.OpDelete:
+		ok, err := live(e.Key)
+		return !ok, err
+	case entry.OpMulti:
+		kept := e.Ops[:0:0]
+		for _, op := range e.Ops {
+			if op.Op == entry.OpDelete {
+				ok, err := live(op.Key)
+				if err != nil {
+					return false, err
+				}
+				if !ok {
+					continue
+				}
+			}
+			kept = append(kept, op)
+		}
+		e.Ops = kept
+		return len(kept) == 0, nil
+	}
+	return false, nil
+}
+
 // checkRestore: a restore is written only while its key holds the
 // conflict's winner (live or deleted), and says what the key holds
 // otherwise.

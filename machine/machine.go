@@ -221,6 +221,8 @@ type Write struct {
 	CounterValue int64
 	// Existed is, for a delete or a batch, how many of the keys it deletes
 	// held a live value just before it, in commit order (RESP's DEL count).
+	// A delete of keys that hold no value writes nothing: Entry then has
+	// no index.
 	Existed int
 }
 
@@ -409,6 +411,20 @@ func (m *Machine) decideLocal(props []Proposal) (*decided, error) {
 		}
 		if w.Existed, err = ov.Existed(&e); err != nil {
 			return nil, err
+		}
+		if p.Keyed == nil && p.Cond == nil {
+			// A delete removes only the versions this cluster holds
+			// (docs/DATAMODEL.md "Deletes"): of a key that holds none
+			// here it writes nothing, neither a tombstone nor an entry of
+			// the stream (a keyed one is written: its answer is recorded).
+			nothing, err := ov.DropAbsentDeletes(&e)
+			if err != nil {
+				return nil, err
+			}
+			if nothing {
+				w.Entry = entry.Entry{Op: e.Op, Key: e.Key}
+				continue
+			}
 		}
 		last++
 		e.Origin, e.Stream, e.Index = m.cluster, m.stream, last

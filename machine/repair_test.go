@@ -277,7 +277,9 @@ func TestCollectKeepsTheRangesOfALink(t *testing.T) {
 	del := func(key string) Proposal {
 		return Proposal{Entry: entry.Entry{Op: entry.OpDelete, Key: key, Commit: s.next()}}
 	}
-	group := []Proposal{del("t/1"), del("t/2"), del("u/1")}
+	// A delete writes a tombstone only over a value: the keys are written
+	// first.
+	group := []Proposal{s.put("t/1", "v"), s.put("t/2", "v"), s.put("u/1", "v"), del("t/1"), del("t/2"), del("u/1")}
 	group = append(group, Proposal{Entry: entry.Entry{Op: entry.OpDeleteRange, Key: "t/r/", End: "t/r0", Commit: s.next()}})
 	mustApply(t, m, 3, &Command{Local: group})
 	keep := []KeepRanges{{Peer: "b", Spans: []entry.Span{{Start: "t/", End: "t0"}}}, {Peer: "c", Spans: []entry.Span{{Start: "t/2", End: "t/3"}}}}
@@ -339,6 +341,7 @@ func TestCollectKeepsAnOriginsDeletesOnward(t *testing.T) {
 		t.Fatalf("recorded onward %+v", on)
 	}
 	mustApply(t, m, 4, &Command{Local: []Proposal{
+		s.put("t/1", "v"), // a delete writes a tombstone only over a value
 		{Entry: entry.Entry{Op: entry.OpDelete, Key: "t/1", Commit: s.next()}},
 		{Entry: entry.Entry{Op: entry.OpDeleteRange, Key: "t/r/", End: "t/r0", Commit: s.next()}},
 	}})

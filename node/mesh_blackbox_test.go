@@ -41,6 +41,12 @@ func TestTombstoneOutlivesDelayedOlderWrite(t *testing.T) {
 	if _, err := c.Put(ctx, "k", []byte("old from c")); err != nil {
 		t.Fatal(err)
 	}
+	// b deletes the value it holds (a delete of a key that holds nothing
+	// writes nothing: docs/DATAMODEL.md "Deletes").
+	nodetest.WaitFor(t, 10*time.Second, func() (bool, string) {
+		_, err := b.Get("k")
+		return err == nil, fmt.Sprintf("c's write at b: %v", err)
+	})
 	pc.Advance(time.Second)
 	if _, err := b.Delete(ctx, "k"); err != nil {
 		t.Fatal(err)

@@ -157,7 +157,8 @@ func openRESP(n *Node) (*resp.Door, error) {
 	}
 	lim := resp.DefaultLimits()
 	lim.MaxBulk = max(n.opts.MaxValueBytes, n.opts.MaxKeyBytes) + 4096
-	o := resp.Options{Token: n.opts.APIToken, Limits: lim, Logger: n.log, Version: n.opts.BuildVersion, MaxConns: max(n.opts.MaxConnections, 0)}
+	o := resp.Options{Token: n.opts.APIToken, Limits: lim, Logger: n.log, Version: n.opts.BuildVersion, MaxConns: max(n.opts.MaxConnections, 0),
+		Now: n.clock.Physical}
 	if key := n.opts.Testing.RESPCrashKey; key != "" {
 		o.Committed = func(k string) {
 			if k == key {

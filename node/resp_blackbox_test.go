@@ -8,6 +8,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -151,8 +152,39 @@ func TestRESPCommands(t *testing.T) {
 			if w, err := c.Wait(ctx, 0, 100*time.Millisecond).Result(); err != nil || w != 0 {
 				t.Fatalf("WAIT with no peer: %d %v", w, err)
 			}
-			if err := c.Do(ctx, "NOSUCH").Err(); err == nil || !strings.Contains(err.Error(), "unknown command") {
+			if err := c.Do(ctx, "NOSUCH").Err(); err == nil || !strings.Contains(err.Error(), "unknown command 'NOSUCH'") {
 				t.Fatalf("an unknown command: %v", err)
+			}
+			// What tools and clients assume: TYPE, STRLEN, KEYS and SCAN
+			// MATCH with Redis's globs, TIME; scripting named as not served.
+			eq(c.Type(ctx, p+"a").Val(), "string")
+			eq(c.Type(ctx, p+"n").Val(), "string") // a counter reads as an integer string
+			eq(c.Type(ctx, p+"absent").Val(), "none")
+			eq(c.StrLen(ctx, p+"a").Val(), 1)
+			eq(c.StrLen(ctx, p+"n").Val(), 1) // "6"
+			eq(c.StrLen(ctx, p+"absent").Val(), 0)
+			must(c.MSet(ctx, p+"g/hello", "1", p+"g/hallo", "1", p+"g/hillo", "1", p+"g/h*llo", "1").Err())
+			keys, err := c.Keys(ctx, p+"g/h[ae]llo").Result()
+			slices.Sort(keys)
+			eq(keys, []string{p + "g/hallo", p + "g/hello"})
+			keys, _ = c.Keys(ctx, p+`g/h\*llo`).Result()
+			eq(keys, []string{p + "g/h*llo"})
+			var scanned []string
+			for cur := uint64(0); ; {
+				page, next, err := c.Scan(ctx, cur, p+"g/h?llo", 2).Result()
+				must(err)
+				scanned = append(scanned, page...)
+				if cur = next; cur == 0 {
+					break
+				}
+			}
+			slices.Sort(scanned)
+			eq(scanned, []string{p + "g/h*llo", p + "g/hallo", p + "g/hello", p + "g/hillo"})
+			if tm, err := c.Time(ctx).Result(); err != nil || time.Since(tm).Abs() > time.Minute {
+				t.Fatalf("TIME: %v %v", tm, err)
+			}
+			if err := c.Eval(ctx, "return 1", nil).Err(); err == nil || !strings.Contains(err.Error(), "not served") || !strings.Contains(err.Error(), "MSET") {
+				t.Fatalf("EVAL: %v", err)
 			}
 		})
 	}
@@ -161,7 +193,7 @@ func TestRESPCommands(t *testing.T) {
 	c := redisClient(t, addr, 2, nil)
 	want := int64(0)
 	for _, p := range []string{"p2/", "p3/"} {
-		for _, k := range []string{"a", "nx", "fresh", "n"} {
+		for _, k := range []string{"a", "nx", "fresh", "n", "g/hello", "g/hallo", "g/hillo", "g/h*llo"} {
 			if _, err := n.Get(p + k); err == nil {
 				want++
 			} else if _, err := n.Counter(p + k); err == nil {
@@ -169,8 +201,8 @@ func TestRESPCommands(t *testing.T) {
 			}
 		}
 	}
-	if got := c.DBSize(ctx).Val(); got != want || want != 8 {
-		t.Fatalf("DBSIZE %d, want %d (8)", got, want)
+	if got := c.DBSize(ctx).Val(); got != want || want != 16 {
+		t.Fatalf("DBSIZE %d, want %d (16)", got, want)
 	}
 	// The dashboard's line: /admin/origin says what the door did.
 	o := n.OriginReport()
@@ -178,7 +210,8 @@ func TestRESPCommands(t *testing.T) {
 		t.Fatalf("/admin/origin's RESP report: %+v", o.RESP)
 	}
 	_, metrics := nodetest.Do(t, "GET", n.URL()+"/metrics", nil)
-	for _, series := range []string{`replicator_resp_commands_total{cluster="a",command="incrby"} 2`, `replicator_resp_errors_total{cluster="a",kind="wrongtype"} 6`, "replicator_resp_connections{"} {
+	for _, series := range []string{`replicator_resp_unknown_commands_total{cluster="a",command="nosuch"} 2`,
+		`replicator_resp_commands_total{cluster="a",command="incrby"} 2`, `replicator_resp_errors_total{cluster="a",kind="wrongtype"} 6`, "replicator_resp_connections{"} {
 		if !strings.Contains(string(metrics), series) {
 			t.Fatalf("metrics lack %s:\n%s", series, nodetest.GrepLines(metrics, "resp"))
 		}
@@ -219,8 +252,22 @@ func TestRESPScan(t *testing.T) {
 	if fmt.Sprint(got) != fmt.Sprint(want) || pages < 6 {
 		t.Fatalf("%d keys in %d pages, want %d", len(got), pages, len(want))
 	}
-	if err := c.Scan(ctx, 0, "a*b", 10).Err(); err == nil {
-		t.Fatal("a MATCH pattern other than prefix* was taken")
+	// A glob beyond prefix*: the pages read from its literal prefix and
+	// keep what matches.
+	var odd []string
+	for cur := uint64(0); ; {
+		keys, next, err := c.Scan(ctx, cur, "in/k*00[0-2]", 10).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if odd = append(odd, keys...); next == 0 {
+			break
+		}
+		cur = next
+	}
+	sort.Strings(odd)
+	if fmt.Sprint(odd) != fmt.Sprint(want[:3]) {
+		t.Fatalf("SCAN MATCH in/k*00[0-2]: %d keys, want the first three", len(odd))
 	}
 	if err := c.Scan(ctx, 987654321, "", 10).Err(); err == nil {
 		t.Fatal("an unknown cursor was taken")

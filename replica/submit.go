@@ -86,6 +86,10 @@ func (w *Submitter) Await(ctx context.Context, p *Proposal) (api.WriteResult, er
 		return api.WriteResult{Key: e.Key, Version: p.Replay.Stamp.String(), Origin: p.Replay.Stamp.Origin,
 			Outcome: entry.Duplicate, Replay: p.Replay}, nil
 	}
+	if e.Index == 0 {
+		// A delete of keys that hold no value here wrote nothing.
+		return api.WriteResult{Key: e.Key, Existed: p.Existed}, nil
+	}
 	st := p.Entry.LWW()
 	return api.WriteResult{Key: e.Key, Version: st.String(), Origin: st.Origin, Outcome: p.Outcome, Index: p.Entry.Index, Stream: p.Entry.Stream,
 		Existed: p.Existed, Counter: p.CounterValue}, nil

@@ -109,12 +109,18 @@ type Options struct {
 	// Committed, when set, sees every write of a key once it committed and
 	// before it is answered (tests: a crash between the two).
 	Committed func(key string)
+	// Now is the node's clock in Unix nanoseconds (TIME answers it).
+	// Default: the system clock.
+	Now func() int64
 }
 
 // EnsureDefaults fills in zero fields.
 func (o *Options) EnsureDefaults() {
 	if o.Limits == (Limits{}) {
 		o.Limits = DefaultLimits()
+	}
+	if o.Now == nil {
+		o.Now = func() int64 { return time.Now().UnixNano() }
 	}
 	if o.MaxConns == 0 {
 		o.MaxConns = 10000
@@ -310,6 +316,8 @@ type conn struct {
 	// of the pipeline fails and the connection closes.
 	broken error
 	quit   bool
+	// tx is the transaction between MULTI and EXEC (nil: none).
+	tx *txn
 }
 
 type pendingWrite struct {

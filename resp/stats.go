@@ -1,6 +1,8 @@
 package resp
 
 import (
+	"strings"
+	"sync"
 	"sync/atomic"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -22,7 +24,18 @@ type Stats struct {
 	// byName holds each served name's counter (and unknown's): looked up
 	// once here, not hashed by label on every command.
 	byName map[string]prometheus.Counter
+	// unknown counts the commands this door does not serve by the name a
+	// client sent: the first maxUnknownNames names (lower case, plain
+	// characters) each, the rest as "other" (a client cannot grow the
+	// label set without end).
+	unknown   *prometheus.CounterVec
+	unknownMu sync.Mutex
+	unknownOf map[string]prometheus.Counter
 }
+
+// maxUnknownNames bounds the names replicator_resp_unknown_commands_total
+// counts apart.
+const maxUnknownNames = 64
 
 // errorKinds are the kinds replicator_resp_errors_total counts.
 var errorKinds = []string{"not_written", "unknown_outcome", "wrongtype", "bad_request", "auth", "protocol", "http", "budget", "internal"}
@@ -33,6 +46,9 @@ func (s *Stats) init() {
 	s.errors = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "replicator_resp_errors_total",
 		Help: "RESP error replies and closed connections, by kind (not_written, unknown_outcome, wrongtype, bad_request, auth, protocol, http, budget, internal)."}, []string{"kind"})
 	s.byName = map[string]prometheus.Counter{"unknown": s.commands.WithLabelValues("unknown")}
+	s.unknown = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "replicator_resp_unknown_commands_total",
+		Help: "RESP commands this server does not serve, by the name sent (the first 64 names apart, then other)."}, []string{"command"})
+	s.unknownOf = map[string]prometheus.Counter{}
 	for name := range table {
 		s.byName[name] = s.commands.WithLabelValues(name)
 	}
@@ -46,6 +62,31 @@ func (s *Stats) init() {
 func (s *Stats) command(name string) {
 	s.total.Add(1)
 	s.byName[name].Inc()
+}
+
+// unknownCommand counts a command this door does not serve, by its name.
+func (s *Stats) unknownCommand(name []byte) {
+	s.command("unknown")
+	n := strings.ToLower(string(name))
+	if len(n) > 32 || strings.IndexFunc(n, func(r rune) bool {
+		return !(r >= 'a' && r <= 'z' || r >= '0' && r <= '9' || r == '_' || r == '-' || r == '.' || r == '|')
+	}) >= 0 {
+		n = "other"
+	}
+	s.unknownMu.Lock()
+	c, ok := s.unknownOf[n]
+	if !ok {
+		if len(s.unknownOf) >= maxUnknownNames {
+			n = "other"
+			c, ok = s.unknownOf[n]
+		}
+		if !ok {
+			c = s.unknown.WithLabelValues(n)
+			s.unknownOf[n] = c
+		}
+	}
+	s.unknownMu.Unlock()
+	c.Inc()
 }
 
 func (s *Stats) error(kind string) {
@@ -71,6 +112,7 @@ func (s *Stats) Errors() map[string]uint64 {
 func (s *Stats) Describe(ch chan<- *prometheus.Desc) {
 	s.commands.Describe(ch)
 	s.errors.Describe(ch)
+	s.unknown.Describe(ch)
 	ch <- descConns
 	ch <- descRefused
 	ch <- descEvicted
@@ -86,6 +128,7 @@ var (
 func (s *Stats) Collect(ch chan<- prometheus.Metric) {
 	s.commands.Collect(ch)
 	s.errors.Collect(ch)
+	s.unknown.Collect(ch)
 	ch <- prometheus.MustNewConstMetric(descConns, prometheus.GaugeValue, float64(s.conns.Load()))
 	ch <- prometheus.MustNewConstMetric(descRefused, prometheus.CounterValue, float64(s.refusedConns.Load()))
 	ch <- prometheus.MustNewConstMetric(descEvicted, prometheus.CounterValue, float64(s.evictedConns.Load()))

@@ -175,6 +175,11 @@ func runClient(cmd string, args []string) error {
 			return unknownOutcome(err, cf.idemKey)
 		}
 		return cf.out.print(writeOut{res, res.Replayed}, func(w io.Writer) {
+			if res.Version == "" {
+				// A delete removes only what this cluster holds: nothing.
+				fmt.Fprintf(w, "%s\tabsent\tnothing to delete, nothing written\n", res.Key)
+				return
+			}
 			fmt.Fprintf(w, "%s\tdeleted\tversion %s%s\n", res.Key, res.Version, replayed(res))
 		})
 	case "scan":
