@@ -146,6 +146,12 @@ func TestRESPCommands(t *testing.T) {
 			if err != nil || !strings.Contains(info, "# Keyspace") || !strings.Contains(info, "db0:keys=") || !strings.Contains(info, "redis_version:") {
 				t.Fatalf("INFO: %q %v", info, err)
 			}
+			// What redis_exporter and redis-cli --stat read.
+			for _, field := range []string{"used_memory:", "total_commands_processed:", "total_connections_received:", "role:master", "connected_slaves:0", "connected_clients:"} {
+				if !strings.Contains(info, "\r\n"+field) && !strings.Contains(info, "\n"+field) {
+					t.Fatalf("INFO lacks %s: %q", field, info)
+				}
+			}
 			if aof, err := c.Do(ctx, "WAITAOF", 1, 0, 0).Slice(); err != nil || fmt.Sprint(aof) != "[1 0]" {
 				t.Fatalf("WAITAOF: %v %v", aof, err)
 			}
@@ -154,6 +160,22 @@ func TestRESPCommands(t *testing.T) {
 			}
 			if err := c.Do(ctx, "NOSUCH").Err(); err == nil || !strings.Contains(err.Error(), "unknown command 'NOSUCH'") {
 				t.Fatalf("an unknown command: %v", err)
+			}
+			// The string commands that read and write on what they read.
+			eq(c.Do(ctx, "SETNX", p+"s", "hello").Val(), 1)
+			eq(c.Do(ctx, "SETNX", p+"s", "again").Val(), 0)
+			eq(c.Append(ctx, p+"s", " world").Val(), 11)
+			eq(c.GetRange(ctx, p+"s", -5, -1).Val(), "world")
+			eq(c.SetRange(ctx, p+"s", 6, "WORLD").Val(), 11)
+			eq(c.GetSet(ctx, p+"s", "next").Val(), "hello WORLD")
+			eq(c.GetDel(ctx, p+"s").Val(), "next")
+			if err := c.GetDel(ctx, p+"s").Err(); !errors.Is(err, redis.Nil) {
+				t.Fatalf("GETDEL of an absent key: %v", err)
+			}
+			eq(c.Append(ctx, p+"s", "new").Val(), 3)
+			eq(c.Unlink(ctx, p+"s", p+"absent").Val(), 1)
+			if err := c.Append(ctx, p+"n", "x").Err(); err == nil || !strings.HasPrefix(err.Error(), "WRONGTYPE") {
+				t.Fatalf("APPEND to a counter: %v", err)
 			}
 			// What tools and clients assume: TYPE, STRLEN, KEYS and SCAN
 			// MATCH with Redis's globs, TIME; scripting named as not served.
@@ -206,12 +228,12 @@ func TestRESPCommands(t *testing.T) {
 	}
 	// The dashboard's line: /admin/origin says what the door did.
 	o := n.OriginReport()
-	if o.RESP == nil || o.RESP.Addr != addr || o.RESP.Commands < 80 || o.RESP.Errors["wrongtype"] != 6 || o.RESP.Connections < 1 {
+	if o.RESP == nil || o.RESP.Addr != addr || o.RESP.Commands < 80 || o.RESP.Errors["wrongtype"] != 8 || o.RESP.Connections < 1 {
 		t.Fatalf("/admin/origin's RESP report: %+v", o.RESP)
 	}
 	_, metrics := nodetest.Do(t, "GET", n.URL()+"/metrics", nil)
 	for _, series := range []string{`replicator_resp_unknown_commands_total{cluster="a",command="nosuch"} 2`,
-		`replicator_resp_commands_total{cluster="a",command="incrby"} 2`, `replicator_resp_errors_total{cluster="a",kind="wrongtype"} 6`, "replicator_resp_connections{"} {
+		`replicator_resp_commands_total{cluster="a",command="incrby"} 2`, `replicator_resp_errors_total{cluster="a",kind="wrongtype"} 8`, "replicator_resp_connections{"} {
 		if !strings.Contains(string(metrics), series) {
 			t.Fatalf("metrics lack %s:\n%s", series, nodetest.GrepLines(metrics, "resp"))
 		}

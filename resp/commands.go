@@ -51,6 +51,13 @@ func init() {
 		{"decrby", 3, (*conn).incr, false},
 		{"scan", -2, (*conn).scan, false},
 		{"keys", 2, (*conn).keys, false},
+		{"unlink", -2, (*conn).del, false},
+		{"setnx", 3, (*conn).setnx, false},
+		{"getset", 3, func(c *conn, a [][]byte) { c.set([][]byte{a[0], a[1], a[2], []byte("GET")}) }, false},
+		{"getdel", 2, (*conn).getdel, false},
+		{"append", 3, (*conn).appendCmd, false},
+		{"setrange", 4, (*conn).setrange, false},
+		{"getrange", 4, (*conn).getrange, false},
 		{"multi", 1, (*conn).multi, false},
 		{"exec", 1, (*conn).exec, false},
 		{"discard", 1, (*conn).discard, false},
@@ -708,8 +715,18 @@ func (c *conn) info(args [][]byte) {
 	}
 	section("Server", "redis_version:"+redisVersion, "redis_mode:standalone", "replicator_version:"+f.Version,
 		"replicator_cluster:"+c.s.node.ClusterID(), fmt.Sprintf("cluster_nodes:%d", f.Nodes))
-	section("Clients", fmt.Sprintf("connected_clients:%d", c.s.stats.conns.Load()))
-	repl := []string{"role:" + f.Role, fmt.Sprintf("connected_peers:%d", len(f.Links))}
+	section("Clients", fmt.Sprintf("connected_clients:%d", c.s.stats.conns.Load()), "blocked_clients:0",
+		fmt.Sprintf("maxclients:%d", c.s.opts.MaxConns))
+	mem := usedMemory()
+	section("Memory", fmt.Sprintf("used_memory:%d", mem), "used_memory_human:"+humanBytes(mem))
+	section("Stats", fmt.Sprintf("total_connections_received:%d", c.s.stats.accepted.Load()),
+		fmt.Sprintf("total_commands_processed:%d", c.s.stats.total.Load()),
+		fmt.Sprintf("rejected_connections:%d", c.s.stats.refusedConns.Load()),
+		fmt.Sprintf("evicted_clients:%d", c.s.stats.evictedConns.Load()))
+	// role and connected_slaves as clients parse them (every node is a
+	// master of its keys to a Redis client); the peer clusters in fields of
+	// their own.
+	repl := []string{"role:master", "connected_slaves:0", "replicator_role:" + f.Role, fmt.Sprintf("connected_peers:%d", len(f.Links))}
 	for i, l := range f.Links {
 		repl = append(repl, fmt.Sprintf("peer%d:name=%s,state=%s,acked=%d,last=%d,lag=%.3f", i, l.Peer, l.State, l.Acked, l.Last, l.Lag.Seconds()))
 	}

@@ -227,6 +227,7 @@ func (s *Server) Serve(ln net.Listener) error {
 		st.authed.Store(s.opts.Token == "")
 		s.mu.conns[nc] = st
 		s.stats.conns.Add(1)
+		s.stats.accepted.Add(1)
 		s.wg.Add(1)
 		s.mu.Unlock()
 		go func() {

@@ -1,6 +1,8 @@
 package resp
 
 import (
+	"fmt"
+	"runtime/metrics"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -11,6 +13,7 @@ import (
 // Stats are the front door's counters, as metrics and for /admin/ui.
 type Stats struct {
 	conns        atomic.Int64
+	accepted     atomic.Int64 // every connection served, for INFO
 	refusedConns atomic.Int64
 	// evictedConns counts connections closed at the bound to make room
 	// (the oldest without AUTH).
@@ -136,3 +139,27 @@ func (s *Stats) Collect(ch chan<- prometheus.Metric) {
 
 // Connections returns the connections open now.
 func (s *Stats) Connections() int64 { return s.conns.Load() }
+
+// usedMemory is the process's memory as the Go runtime maps it (INFO's
+// used_memory: the figure redis_exporter and redis-cli --stat read).
+func usedMemory() uint64 {
+	sample := []metrics.Sample{{Name: "/memory/classes/total:bytes"}}
+	metrics.Read(sample)
+	if sample[0].Value.Kind() != metrics.KindUint64 {
+		return 0
+	}
+	return sample[0].Value.Uint64()
+}
+
+// humanBytes is used_memory_human: 1.50M, as Redis writes it.
+func humanBytes(n uint64) string {
+	switch {
+	case n >= 1<<30:
+		return fmt.Sprintf("%.2fG", float64(n)/(1<<30))
+	case n >= 1<<20:
+		return fmt.Sprintf("%.2fM", float64(n)/(1<<20))
+	case n >= 1<<10:
+		return fmt.Sprintf("%.2fK", float64(n)/(1<<10))
+	}
+	return fmt.Sprintf("%dB", n)
+}
