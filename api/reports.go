@@ -144,7 +144,7 @@ type ClusterReport struct {
 	// Format is the command encoding the log is written in as this node
 	// applied it: a rolling upgrade is done once it reaches the newest
 	// build's (the leader raises it once every member reads it).
-	Format int `json:"log_format,omitempty"`
+	Format int `json:"command_format,omitempty"`
 }
 
 // ClusterNode is one node of the cluster's configuration (or one gossip

@@ -32,8 +32,9 @@ const (
 	// collection horizon, and from format 7 (FormatRepairJudged) repairs
 	// judged as inbound batches are, and from format 8
 	// (FormatConflictClaims) conflict records retired by their loser's own
-	// line only.
-	ReadsFormat = FormatConflictClaims
+	// line only, and from format 9 (FormatDeletesOfNothing) a delete of a
+	// key that holds no value writes nothing.
+	ReadsFormat = FormatDeletesOfNothing
 )
 
 // Kind names a command.

@@ -11,7 +11,8 @@ import (
 // here (never written, deleted already, under a range delete) writes no
 // tombstone and no stream entry, decided in commit order within a group;
 // a batch keeps only its deletes of live keys and its sets; a keyed delete
-// is written (its answer is recorded).
+// is written (its answer is recorded). Before the format that says every
+// member decides so, a delete of nothing writes as it did.
 func TestDeleteOfNothingWritesNothing(t *testing.T) {
 	m, st := openMachine(t, t.TempDir())
 	defer st.Close()
@@ -23,7 +24,14 @@ func TestDeleteOfNothingWritesNothing(t *testing.T) {
 		return Proposal{Entry: entry.Entry{Op: entry.OpMulti, Ops: ops, Commit: s.next()}}
 	}
 	mustApply(t, m, 1, &Command{Mint: &MintCmd{Stream: testStream}})
-	index := uint64(1)
+	// Before the format, a delete of nothing still writes its tombstone
+	// (a member of an older build would): the streams stay the same.
+	if w := mustApply(t, m, 2, &Command{Local: []Proposal{del("before")}}).Writes[0]; w.Entry.Index == 0 {
+		t.Fatalf("a delete of nothing before format %d wrote nothing: %+v", FormatDeletesOfNothing, w)
+	}
+	mustApply(t, m, 3, &Command{Format: &FormatCmd{Version: FormatDeletesOfNothing}})
+	base := m.Outbound().Last()
+	index := uint64(3)
 	apply := func(ps ...Proposal) *Result {
 		t.Helper()
 		index++
@@ -44,8 +52,8 @@ func TestDeleteOfNothingWritesNothing(t *testing.T) {
 	if w[3].Entry.Index != 0 || w[3].Existed != 0 {
 		t.Fatalf("second delete of the key in the same group: %+v", w[3])
 	}
-	if last := m.Outbound().Last(); last != 2 {
-		t.Fatalf("the stream holds %d entries, want 2 (the put and one delete)", last)
+	if last := m.Outbound().Last(); last != base+2 {
+		t.Fatalf("the stream holds %d entries, want %d (the put and one delete)", last, base+2)
 	}
 	if _, err := st.Get("never"); err == nil {
 		t.Fatal("a tombstone was written for a key never written")

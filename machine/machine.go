@@ -412,11 +412,13 @@ func (m *Machine) decideLocal(props []Proposal) (*decided, error) {
 		if w.Existed, err = ov.Existed(&e); err != nil {
 			return nil, err
 		}
-		if p.Keyed == nil && p.Cond == nil {
+		if p.Keyed == nil && p.Cond == nil && m.format.Load() >= FormatDeletesOfNothing {
 			// A delete removes only the versions this cluster holds
 			// (docs/DATAMODEL.md "Deletes"): of a key that holds none
 			// here it writes nothing, neither a tombstone nor an entry of
 			// the stream (a keyed one is written: its answer is recorded).
+			// Only once every member decides so (the format): each node
+			// of the cluster numbers the stream the same.
 			nothing, err := ov.DropAbsentDeletes(&e)
 			if err != nil {
 				return nil, err

@@ -64,6 +64,12 @@ const FormatConflictClaims = 8
 // log says at the apply (inbound.go withheldRelay).
 const FormatRelaysAtApply = FormatConflictClaims
 
+// FormatDeletesOfNothing is the format from which a delete of a key that
+// holds no value here writes nothing (decide.go DropAbsentDeletes): a node
+// of an older build would write a tombstone and a stream entry for it, and
+// the cluster's nodes would number their streams differently.
+const FormatDeletesOfNothing = 9
+
 // maxRepair bounds the versions of one repair command.
 const maxRepair = 1 << 16
 
