@@ -475,60 +475,32 @@ func (c *conn) set(args [][]byte) {
 	}
 }
 
-// maxRounds bounds how often a conditional SET reads again because another
-// write changed the key between its read and its commit.
+// maxRounds bounds how often a conditional SET (or a command that reads,
+// then writes: strings.go) reads again because another write changed the
+// key between its read and its commit.
 const maxRounds = 16
 
+// conditionalSet is SET with XX or GET: a write on what it read
+// (readModify).
 func (c *conn) conditionalSet(w api.Write, nx, xx, get bool) {
-	key := w.Entry.Key
-	for range maxRounds {
-		rec, err := c.s.node.Get(key)
-		live := err == nil
-		if err != nil && !errors.Is(err, api.ErrNotFound) {
-			c.writeErr(err)
-			return
-		}
-		if !live {
-			if _, err := c.s.node.Counter(key); err == nil {
-				c.writeErr(fmt.Errorf("%w: %q is a counter", api.ErrKindConflict, key))
-				return
-			}
-		}
+	c.readModify(w.Entry.Key, func(old []byte, live bool) (*api.Write, func()) {
 		// The answer when nothing is written, or GET's: the old value, or
 		// nil (no old value; XX on an absent key; NX on a held one).
-		old := func() {
+		prev := func() {
 			if get && live {
-				c.w.bulk(rec.Value)
+				c.w.bulk(old)
 			} else {
 				c.w.null()
 			}
 		}
-		if (xx && !live) || (nx && live) {
-			old() // not written: the old value (GET) or nil
-			return
-		}
-		if live {
-			w.Cond = &api.Condition{IfMatch: rec.Stamp.String()}
-		} else {
-			w.Cond = &api.Condition{IfNoneMatch: true}
-		}
-		_, err = c.now(w)
 		switch {
-		case err == nil:
-			if get {
-				old()
-			} else {
-				c.w.simple("OK")
-			}
-			return
-		case errors.Is(err, api.ErrPrecondition):
-			continue // another write came first: read again
-		default:
-			c.writeErr(err)
-			return
+		case (xx && !live) || (nx && live):
+			return nil, prev // not written: the old value (GET) or nil
+		case get:
+			return &w, prev
 		}
-	}
-	c.writeErr(fmt.Errorf("%w: the key changed under %d conditional attempts (contention)", api.ErrNotWritten, maxRounds))
+		return &w, func() { c.w.simple("OK") }
+	})
 }
 
 // mset writes every pair as one atomic batch.
