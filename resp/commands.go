@@ -103,7 +103,12 @@ func (c *conn) dispatch(args [][]byte) {
 	}
 	name := cmd.name
 	if !ok {
-		c.s.stats.unknownCommand(args[0])
+		if c.authed {
+			c.s.stats.unknownCommand(args[0])
+		} else {
+			// A client without the token does not name label values.
+			c.s.stats.command("unknown")
+		}
 		c.settle()
 		c.w.err(fmt.Sprintf("ERR unknown command '%s', with args beginning with: %s", clip(args[0]), argsPreview(args[1:])))
 		return

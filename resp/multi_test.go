@@ -136,3 +136,23 @@ func FuzzTransactionQueue(f *testing.F) {
 		}
 	})
 }
+
+// TestUnknownNamesOnlyFromAuthenticatedClients: a client without the token
+// cannot name label values of replicator_resp_unknown_commands_total; one
+// with it can (up to the bound).
+func TestUnknownNamesOnlyFromAuthenticatedClients(t *testing.T) {
+	s, addr := serve(t, &recordingNode{}, Options{Token: "s3cret"})
+	nc, br := dial(t, addr)
+	fmt.Fprint(nc, "NOSUCHA\r\nAUTH s3cret\r\nNOSUCHB\r\n")
+	expect(t, br, "-ERR unknown command 'NOSUCHA'")
+	expect(t, br, "+OK")
+	expect(t, br, "-ERR unknown command 'NOSUCHB'")
+	s.stats.unknownMu.Lock()
+	defer s.stats.unknownMu.Unlock()
+	if _, ok := s.stats.unknownOf["nosucha"]; ok {
+		t.Fatal("a client without the token named a label value")
+	}
+	if _, ok := s.stats.unknownOf["nosuchb"]; !ok {
+		t.Fatalf("an authenticated client's unknown command is not counted by name: %v", s.stats.unknownOf)
+	}
+}
