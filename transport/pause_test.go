@@ -212,3 +212,80 @@ func TestHoldsByStreamAndDeadLetters(t *testing.T) {
 	check("the new stream's write", l.log.Stream(), more[0].Index, more[len(more)-1].Index, true)
 	stop()
 }
+
+// snapshotsOf opens the re-seed views of a link's source tree.
+type snapshotsOf struct{ l **link }
+
+func (s snapshotsOf) NewSnapshot() (transport.Snapshot, error) {
+	sn, err := (*s.l).log.st.NewSnapshot()
+	if err != nil {
+		return nil, err
+	}
+	return sn, nil
+}
+
+// TestPauseBeforeAReseedBegins: a pause that comes while the shipper is
+// about to begin a re-seed (its reachability heartbeat is a round trip) is
+// a barrier too. The re-seed's start raised the cursor to what the tree
+// had applied, the write made after the pause included, so the link
+// reported it acknowledged before the resume (robustness seed 2, CI: "pause
+// b -> c: the write ... made after the pause answered, was acknowledged").
+// Now the re-seed waits for the resume, and then the peer gets the write.
+func TestPauseBeforeAReseedBegins(t *testing.T) {
+	// The outbound log's tree is the source tree: a write is applied to
+	// it as it is appended (a node answers a write once applied), and a
+	// re-seed's snapshot reads it.
+	var l *link // read by the options' functions once it is built
+	l = newLinkOpts(t, acceptor.Options{}, http.DefaultTransport, 100, func(o *transport.Options) {
+		o.Applied = func() uint64 { return l.log.Last() }
+		o.Snapshots = snapshotsOf{&l}
+	})
+	clock := hlc.NewClock(nil, 0)
+	var armed atomic.Bool
+	lateIndex := make(chan uint64, 1)
+	transport.SetBeforeReseed(l.sh, func() {
+		if !armed.CompareAndSwap(true, false) {
+			return
+		}
+		l.sh.Pause()
+		appendSet(t, l, clock, "late")
+		lateIndex <- l.log.Last()
+	})
+	stop := l.run()
+	defer stop()
+	for i := range 10 {
+		appendSet(t, l, clock, fmt.Sprintf("k%02d", i))
+	}
+	waitAcked(t, l.sh, 10)
+	armed.Store(true)
+	l.sh.Reseed("asked by the test")
+	var late uint64
+	select {
+	case late = <-lateIndex:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the shipper never reached the re-seed")
+	}
+	time.Sleep(300 * time.Millisecond)
+	if got := l.sh.Acked(); got >= late {
+		t.Fatalf("acked %d while paused: the write at %d, made after the pause, counted as the peer's", got, late)
+	}
+	if _, err := l.dst.Get("late"); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("the peer holds late, written while the link was paused (%v)", err)
+	}
+	l.sh.Resume()
+	waitAcked(t, l.sh, late)
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		st := l.sh.Status(transport.Thresholds{}, func(uint64) (int64, bool) { return 0, false })
+		if st.Reseed.Runs == 1 && !st.Reseed.Running {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the re-seed asked for before the pause did not run after the resume: %+v", st.Reseed)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if r, err := l.dst.Get("late"); err != nil || string(r.Value) != "late" {
+		t.Fatalf("after Resume the peer holds late = %q, %v", r.Value, err)
+	}
+}

@@ -67,7 +67,10 @@ func (s *Shipper) setReseed(why string) {
 // or another node leads) sends it again. To an older peer the whole
 // snapshot goes first and live entries wait.
 func (s *Shipper) reseed(ctx context.Context) error {
-	requested, rejoin := s.beginReseed()
+	requested, rejoin, begun := s.beginReseed()
+	if !begun {
+		return nil // paused meanwhile: Run waits for Resume
+	}
 	r, err := s.openReseed(requested, rejoin)
 	if err != nil {
 		return s.reseedDone(err, false)
@@ -178,9 +181,16 @@ func (s *Shipper) finishReseed(ctx context.Context, r *reseedRun) error {
 
 // beginReseed marks a re-seed as running, with why it runs, and reports
 // whether it answers the peer's request and whether it ends this node's
-// rejoin.
-func (s *Shipper) beginReseed() (requested, rejoin bool) {
+// rejoin. It begins none while the link is paused (begun false): the
+// cursor it raises would count writes made after the pause as the peer's.
+func (s *Shipper) beginReseed() (requested, rejoin, begun bool) {
 	s.mu.Lock()
+	if s.mu.paused {
+		// Pause came between Run's look at the flag and here (the
+		// heartbeat before a re-seed takes a round trip).
+		s.mu.Unlock()
+		return false, false, false
+	}
 	requested, rejoin = s.mu.owed, s.mu.rejoinSeed
 	why := s.mu.reseedWhy
 	switch {
@@ -205,7 +215,7 @@ func (s *Shipper) beginReseed() (requested, rejoin bool) {
 		LastReason: why, Requested: requested}
 	s.mu.Unlock()
 	s.opts.Logger.Info("re-seed started", "peer", s.peer.Name, "why", why, "requested", requested, "rejoin", rejoin)
-	return requested, rejoin
+	return requested, rejoin, true
 }
 
 // sendSnapshot streams the re-seed's snapshot to the peer in batches of a

@@ -264,6 +264,9 @@ type Shipper struct {
 	// beforeShip, when set (tests only, export_test.go), runs on Run's
 	// goroutine after the loop's checks and before a batch is built.
 	beforeShip func()
+	// beforeReseed, when set (tests only), runs between the heartbeat
+	// that finds the peer reachable and the re-seed's start.
+	beforeReseed func()
 
 	mu struct {
 		sync.Mutex
@@ -649,6 +652,9 @@ func (s *Shipper) Run(ctx context.Context) {
 			if err := s.heartbeat(ctx); err != nil {
 				s.failed(ctx, fmt.Errorf("re-seed: peer unreachable: %w", err))
 				continue
+			}
+			if s.beforeReseed != nil {
+				s.beforeReseed()
 			}
 			if err := s.reseed(ctx); err != nil && ctx.Err() == nil {
 				s.failed(ctx, fmt.Errorf("re-seed: %w", err))
