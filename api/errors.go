@@ -51,16 +51,30 @@ var (
 	ErrCatchingUp = errors.New("node: catching up with the cluster's log; local reads resume once it has")
 )
 
-// Condition is a precondition of a single-key write (HTTP If-Match,
-// If-None-Match), decided in commit order. It is a local decision: what
-// replicates is the resulting write; it is not a lock across clusters
-// (docs/DATAMODEL.md).
+// Condition is a precondition of a write (HTTP If-Match, If-None-Match;
+// a RESP transaction's reads and WATCH), decided in commit order. It is a
+// local decision: what replicates is the resulting write; it is not a lock
+// across clusters (docs/DATAMODEL.md).
 type Condition struct {
 	// IfMatch: the key must hold exactly this version ("" = no condition).
 	IfMatch string
 	// IfNoneMatch: the key must hold no live value (get-or-set).
 	IfNoneMatch bool
+	// Keys: each key must hold exactly the version given, written or not
+	// by the batch (batches only; from command format 10). All hold, or
+	// nothing of the batch is written.
+	Keys []KeyVersion
 }
+
+// KeyVersion is a key and the version it must hold: its live value's, else
+// its counter's, or "" for a key that holds neither.
+type KeyVersion struct {
+	Key     string
+	Version string
+}
+
+// MaxConditionKeys bounds the keys one write's condition names.
+const MaxConditionKeys = 1 << 14
 
 // The write path's refusals, decided in commit order (package machine
 // decides them; the messages keep its prefix, as callers have seen them).

@@ -32,9 +32,15 @@ const PathPropose = "/v1/internal/propose"
 // ContentType is a proposal's and its answer's media type.
 const ContentType = "application/vnd.replicator.proposal+msgpack"
 
-// Version is the only proposal version this build speaks; a leader
-// answers another with 400.
+// Version is the proposal version this build speaks, and the only one of
+// answers; a leader answers an unknown one with 400.
 const Version = 1
+
+// VersionKeys is the version of a proposal whose condition names keys'
+// versions (a RESP transaction's reads and WATCH): a leader of an older
+// build refuses it (400, nothing written) rather than drop the condition
+// it does not know and write unconditionally.
+const VersionKeys = 2
 
 // ErrMalformed is the class of a proposal (or an answer) that does not
 // decode, or decodes to no write.
@@ -85,6 +91,8 @@ func (s stamp) entry() entry.Stamp {
 type condition struct {
 	IfMatch     string `msgpack:"if_match,omitempty"`
 	IfNoneMatch bool   `msgpack:"if_none_match,omitempty"`
+	// Keys are pairs of a key and its version (VersionKeys).
+	Keys []string `msgpack:"keys,omitempty"`
 }
 
 type keyed struct {
@@ -109,6 +117,13 @@ func EncodeProposal(ctx context.Context, w api.Write) ([]byte, error) {
 	}
 	if c := w.Cond; c != nil {
 		p.Cond = &condition{IfMatch: c.IfMatch, IfNoneMatch: c.IfNoneMatch}
+		if len(c.Keys) > 0 {
+			p.V = VersionKeys
+			p.Cond.Keys = make([]string, 0, 2*len(c.Keys))
+			for _, kv := range c.Keys {
+				p.Cond.Keys = append(p.Cond.Keys, kv.Key, kv.Version)
+			}
+		}
 	}
 	if k := w.Keyed; k != nil {
 		p.Keyed = &keyed{Key: k.Key, Fingerprint: k.Fingerprint, Answer: k.Answer, OpID: k.OpID}
@@ -130,8 +145,9 @@ func DecodeProposal(ctx context.Context, b []byte) (context.Context, api.Write, 
 	if err := msgpack.Unmarshal(b, &p); err != nil {
 		return ctx, api.Write{}, fmt.Errorf("%w: %w", ErrMalformed, err)
 	}
-	if p.V != Version {
-		return ctx, api.Write{}, fmt.Errorf("%w: version %d (this build speaks %d)", ErrMalformed, p.V, Version)
+	keys := p.Cond != nil && len(p.Cond.Keys) > 0
+	if (p.V != Version || keys) && (p.V != VersionKeys || !keys) {
+		return ctx, api.Write{}, fmt.Errorf("%w: version %d (this build speaks %d, and %d with keys' versions)", ErrMalformed, p.V, Version, VersionKeys)
 	}
 	w := api.Write{Entry: entry.Entry{Op: p.Op, Key: p.Key, Value: p.Value, End: p.End}, Delta: p.Delta}
 	switch {
@@ -150,6 +166,12 @@ func DecodeProposal(ctx context.Context, b []byte) (context.Context, api.Write, 
 	}
 	if c := p.Cond; c != nil {
 		w.Cond = &api.Condition{IfMatch: c.IfMatch, IfNoneMatch: c.IfNoneMatch}
+		if len(c.Keys)%2 != 0 || len(c.Keys) > 2*api.MaxConditionKeys {
+			return ctx, api.Write{}, fmt.Errorf("%w: a condition of %d key and version strings", ErrMalformed, len(c.Keys))
+		}
+		for i := 0; i < len(c.Keys); i += 2 {
+			w.Cond.Keys = append(w.Cond.Keys, api.KeyVersion{Key: c.Keys[i], Version: c.Keys[i+1]})
+		}
 	}
 	if k := p.Keyed; k != nil {
 		w.Keyed = &api.Keyed{Key: k.Key, Fingerprint: k.Fingerprint, Answer: k.Answer, OpID: k.OpID}

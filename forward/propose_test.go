@@ -32,6 +32,8 @@ func writes() []api.Write {
 		{Ops: []api.BatchOp{{Key: "x", Value: []byte("1")}, {Delete: true, Key: "y"}},
 			Keyed: &api.Keyed{Key: "op:1", Fingerprint: []byte{1, 2}, Answer: api.AnswerBatch, OpID: "1"}},
 		{Ops: []api.BatchOp{}},
+		// A transaction's reads and WATCH (VersionKeys).
+		{Ops: []api.BatchOp{{Key: "x", Value: []byte("1")}}, Cond: &api.Condition{Keys: []api.KeyVersion{{Key: "x", Version: "4.0@a"}, {Key: "w"}}}},
 		// A conflict's loser restored (machine.ConflictLog) keeps what it
 		// restores across the hop.
 		{Entry: entry.Entry{Op: entry.OpSet, Key: "r", Value: []byte("lost"), Restores: &entry.Restore{
@@ -78,10 +80,17 @@ func TestMalformedProposalsAreRefused(t *testing.T) {
 		"empty":     nil,
 		"garbage":   []byte("PUT /v1/kv/k"),
 		"truncated": good[:len(good)/2],
-		"version":   mustMarshal(t, proposal{V: 2, Op: entry.OpSet, Key: "k"}),
-		"op":        mustMarshal(t, proposal{V: Version, Op: 9, Key: "k"}),
-		"no op":     mustMarshal(t, proposal{V: Version, Key: "k"}),
-		"batch op":  mustMarshal(t, proposal{V: Version, Op: entry.OpSet, Batch: true}),
+		"version":   mustMarshal(t, proposal{V: 3, Op: entry.OpSet, Key: "k"}),
+		// Keys' versions only as VersionKeys, and VersionKeys only with
+		// them: a leader of an older build refuses what it cannot check.
+		"keys at version 1": mustMarshal(t, proposal{V: Version, Op: entry.OpMulti, Batch: true, Ops: []api.BatchOp{{Key: "x"}},
+			Cond: &condition{Keys: []string{"x", ""}}}),
+		"version 2 without keys": mustMarshal(t, proposal{V: VersionKeys, Op: entry.OpSet, Key: "k"}),
+		"odd keys": mustMarshal(t, proposal{V: VersionKeys, Op: entry.OpMulti, Batch: true, Ops: []api.BatchOp{{Key: "x"}},
+			Cond: &condition{Keys: []string{"x"}}}),
+		"op":       mustMarshal(t, proposal{V: Version, Op: 9, Key: "k"}),
+		"no op":    mustMarshal(t, proposal{V: Version, Key: "k"}),
+		"batch op": mustMarshal(t, proposal{V: Version, Op: entry.OpSet, Batch: true}),
 	} {
 		if _, _, err := DecodeProposal(context.Background(), b); !errors.Is(err, ErrMalformed) {
 			t.Errorf("%s: %v, want ErrMalformed", name, err)

@@ -33,8 +33,9 @@ const (
 	// judged as inbound batches are, and from format 8
 	// (FormatConflictClaims) conflict records retired by their loser's own
 	// line only, and from format 9 (FormatDeletesOfNothing) a delete of a
-	// key that holds no value writes nothing.
-	ReadsFormat = FormatDeletesOfNothing
+	// key that holds no value writes nothing, and from format 10
+	// (FormatBatchConditions) batches conditional on keys' versions.
+	ReadsFormat = FormatBatchConditions
 )
 
 // Kind names a command.

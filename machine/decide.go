@@ -130,7 +130,12 @@ func (o *Overlay) Decide(e *entry.Entry, cond *Condition, delta int64) (counterV
 			return 0, fmt.Errorf("%w: %q is a counter; use /v1/counters", ErrKindConflict, k)
 		}
 	}
-	if cond != nil {
+	if cond != nil && len(cond.Keys) > 0 {
+		if err := o.checkVersions(cond.Keys); err != nil {
+			return 0, err
+		}
+	}
+	if cond != nil && (cond.IfMatch != "" || cond.IfNoneMatch) {
 		st, ok, err := o.currentPlain(e.Key)
 		if err != nil {
 			return 0, fmt.Errorf("%w: %w", ErrUnreadable, err)
@@ -196,6 +201,45 @@ func (o *Overlay) Decide(e *entry.Entry, cond *Condition, delta int64) (counterV
 		counterValue = v
 	}
 	return counterValue, nil
+}
+
+// checkVersions checks that every key holds the version named: its live
+// value's, else its counter's, else "" (a batch's Condition.Keys). A
+// counter incremented earlier in the same group holds a version nobody
+// could have read.
+func (o *Overlay) checkVersions(kvs []api.KeyVersion) error {
+	for _, kv := range kvs {
+		st, ok, err := o.currentPlain(kv.Key)
+		if err != nil {
+			return fmt.Errorf("%w: %w", ErrUnreadable, err)
+		}
+		cur := ""
+		switch {
+		case ok && !st.tomb:
+			cur = st.stamp.String()
+		default:
+			if _, inGroup := o.ctr[kv.Key]; inGroup {
+				return &PreconditionError{Key: kv.Key, Why: "the counter was incremented since it was read"}
+			}
+			if o.st.HasCounters() {
+				c, err := o.st.Counter(kv.Key)
+				switch {
+				case err == nil:
+					cur = c.Stamp.String()
+				case !errors.Is(err, store.ErrNotFound):
+					return fmt.Errorf("%w: %w", ErrUnreadable, err)
+				}
+			}
+		}
+		if cur != kv.Version {
+			pe := &PreconditionError{Key: kv.Key, Current: cur, Why: fmt.Sprintf("it holds version %q, not %q", cur, kv.Version)}
+			if cur == "" && ok && st.tomb {
+				pe.Deleted = st.stamp.String()
+			}
+			return pe
+		}
+	}
+	return nil
 }
 
 // Existed counts the keys e deletes that hold a live value now (before e),

@@ -9,6 +9,7 @@ import (
 	"github.com/vmihailenco/msgpack/v5"
 	"github.com/vmihailenco/msgpack/v5/msgpcode"
 
+	"github.com/replicator/replicator/api"
 	"github.com/replicator/replicator/entry"
 	"github.com/replicator/replicator/hlc"
 	"github.com/replicator/replicator/wire"
@@ -401,7 +402,7 @@ func decodeProposal(dec *msgpack.Decoder, codec *wire.Codec) (Proposal, error) {
 	if n, err := decodeNilOrArray(dec); err != nil {
 		return p, fmt.Errorf("condition: %v", err)
 	} else if n >= 0 {
-		if n != 2 {
+		if n != 2 && n != 3 {
 			return p, fmt.Errorf("condition of %d elements", n)
 		}
 		p.Cond = &Condition{}
@@ -410,6 +411,14 @@ func decodeProposal(dec *msgpack.Decoder, codec *wire.Codec) (Proposal, error) {
 		}
 		if p.Cond.IfNoneMatch, err = dec.DecodeBool(); err != nil {
 			return p, err
+		}
+		if n == 3 {
+			if p.Cond.Keys, err = decodeKeyVersions(dec); err != nil {
+				return p, fmt.Errorf("condition: %v", err)
+			}
+			if p.Entry.Op != entry.OpMulti {
+				return p, fmt.Errorf("a condition on keys' versions on %s", p.Entry.Op)
+			}
 		}
 	}
 	if p.Delta, err = dec.DecodeInt64(); err != nil {
@@ -450,6 +459,28 @@ func decodeProposal(dec *msgpack.Decoder, codec *wire.Codec) (Proposal, error) {
 		p.Keyed = k
 	}
 	return p, nil
+}
+
+// decodeKeyVersions decodes a condition's keys and versions: a flat array
+// of pairs, at least one.
+func decodeKeyVersions(dec *msgpack.Decoder) ([]api.KeyVersion, error) {
+	n, err := dec.DecodeArrayLen()
+	if err != nil {
+		return nil, err
+	}
+	if n < 2 || n%2 != 0 || n > 2*api.MaxConditionKeys {
+		return nil, fmt.Errorf("keys array of %d elements", n)
+	}
+	kvs := make([]api.KeyVersion, n/2)
+	for i := range kvs {
+		if kvs[i].Key, err = dec.DecodeString(); err != nil {
+			return nil, err
+		}
+		if kvs[i].Version, err = dec.DecodeString(); err != nil {
+			return nil, err
+		}
+	}
+	return kvs, nil
 }
 
 // decodeNilOrArray returns -1 for nil, else the array's length.

@@ -135,10 +135,19 @@ func (e *Encoder) encodeProposal(p *Proposal) error {
 	e.ent = e.codec.AppendEntry(e.ent[:0], &ent, placeholder)
 	enc := e.enc
 	err := errors.Join(enc.EncodeArrayLen(4), enc.EncodeBytes(e.ent))
-	if p.Cond == nil {
+	switch c := p.Cond; {
+	case c == nil:
 		err = errors.Join(err, enc.EncodeNil())
-	} else {
-		err = errors.Join(err, enc.EncodeArrayLen(2), enc.EncodeString(p.Cond.IfMatch), enc.EncodeBool(p.Cond.IfNoneMatch))
+	case len(c.Keys) == 0:
+		// The shape every build reads.
+		err = errors.Join(err, enc.EncodeArrayLen(2), enc.EncodeString(c.IfMatch), enc.EncodeBool(c.IfNoneMatch))
+	default:
+		// From format 10 (FormatBatchConditions).
+		err = errors.Join(err, enc.EncodeArrayLen(3), enc.EncodeString(c.IfMatch), enc.EncodeBool(c.IfNoneMatch),
+			enc.EncodeArrayLen(2*len(c.Keys)))
+		for _, k := range c.Keys {
+			err = errors.Join(err, enc.EncodeString(k.Key), enc.EncodeString(k.Version))
+		}
 	}
 	err = errors.Join(err, enc.EncodeInt(p.Delta))
 	if k := p.Keyed; k == nil {

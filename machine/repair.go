@@ -70,6 +70,12 @@ const FormatRelaysAtApply = FormatConflictClaims
 // the cluster's nodes would number their streams differently.
 const FormatDeletesOfNothing = 9
 
+// FormatBatchConditions is the format from which a batch may be conditional
+// on the versions of keys it need not write (Condition.Keys: a RESP
+// transaction's reads and WATCH): an older build does not decode the
+// condition.
+const FormatBatchConditions = 10
+
 // maxRepair bounds the versions of one repair command.
 const maxRepair = 1 << 16
 

@@ -19,6 +19,9 @@ import (
 type Submitter struct {
 	Bounds *Bounds
 	Com    *Committer
+	// Format is the command format the cluster's log is at (nil: the
+	// newest this build reads).
+	Format func() int
 	// admit admits a write before it queues (the node open and in its
 	// cluster, its term begun, its stream's identity confirmed, and not
 	// saturated); an error says the write was not written.
@@ -41,10 +44,38 @@ func (w *Submitter) Prepare(wr api.Write) (*Proposal, error) {
 	default:
 		err = fmt.Errorf("%w: op %d is not a write of the API", api.ErrBadRequest, e.Op)
 	}
+	if err == nil && wr.Cond != nil && len(wr.Cond.Keys) > 0 {
+		err = w.checkKeyVersions(wr)
+	}
 	if err != nil {
 		return nil, err
 	}
 	return &Proposal{Entry: e, Idem: wr.Keyed, Cond: wr.Cond, Delta: wr.Delta}, nil
+}
+
+// checkKeyVersions checks a batch's condition on keys' versions: only a
+// batch has one, each key valid, and every node of the cluster reads it
+// (command format 10), or it is not written.
+func (w *Submitter) checkKeyVersions(wr api.Write) error {
+	if wr.Ops == nil {
+		return fmt.Errorf("%w: a condition on keys' versions is a batch's", api.ErrBadRequest)
+	}
+	if n := len(wr.Cond.Keys); n > api.MaxConditionKeys {
+		return fmt.Errorf("%w: a condition on %d keys, limit %d", api.ErrBadRequest, n, api.MaxConditionKeys)
+	}
+	for _, kv := range wr.Cond.Keys {
+		if err := w.Bounds.CheckKey(kv.Key); err != nil {
+			return fmt.Errorf("the condition: %w", err)
+		}
+	}
+	if w.Format != nil {
+		if f := w.Format(); f < machine.FormatBatchConditions {
+			return fmt.Errorf("%w: a write conditional on keys' versions (a transaction that reads, or WATCH) needs command format %d; "+
+				"the cluster's log is at %d until every node runs a build that reads it (a rolling upgrade: docs/OPERATIONS.md)",
+				api.ErrNotWritten, machine.FormatBatchConditions, f)
+		}
+	}
+	return nil
 }
 
 // Submit queues a write behind every write submitted before it returned,
@@ -122,6 +153,9 @@ func scopedWrite(k policy.Key, p *Proposal) *api.Keyed {
 	}
 	if c := p.Cond; c != nil {
 		fmt.Fprintf(h, "\x00if-match:%s\x00if-none-match:%v", c.IfMatch, c.IfNoneMatch)
+		for _, kv := range c.Keys {
+			fmt.Fprintf(h, "\x00%d:%s\x00%d:%s", len(kv.Key), kv.Key, len(kv.Version), kv.Version)
+		}
 	}
 	fmt.Fprintf(h, "\x00%s", k.HLC)
 	return &api.Keyed{Key: k.ID, Fingerprint: h.Sum(nil), Answer: answer}
