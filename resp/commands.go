@@ -53,16 +53,17 @@ func init() {
 		{"keys", 2, (*conn).keys, false},
 		{"unlink", -2, (*conn).del, false},
 		{"setnx", 3, (*conn).setnx, false},
-		{"getset", 3, func(c *conn, a [][]byte) { c.set([][]byte{a[0], a[1], a[2], []byte("GET")}) }, false},
-		{"getdel", 2, (*conn).getdel, false},
-		{"append", 3, (*conn).appendCmd, false},
-		{"setrange", 4, (*conn).setrange, false},
+		{"getset", 3, (*conn).one, false},
+		{"getdel", 2, (*conn).one, false},
+		{"append", 3, (*conn).one, false},
+		{"setrange", 4, (*conn).one, false},
 		{"getrange", 4, (*conn).getrange, false},
 		{"multi", 1, (*conn).multi, false},
 		{"exec", 1, (*conn).exec, false},
 		{"discard", 1, (*conn).discard, false},
-		{"watch", -2, notServed("WATCH is not served yet (a transaction here is not conditional on other keys' versions)"), false},
-		{"unwatch", 1, func(c *conn, _ [][]byte) { c.settle(); c.w.simple("OK") }, false},
+		{"watch", -2, (*conn).watch, false},
+		{"unwatch", 1, (*conn).unwatch, false},
+		{"msetnx", -3, (*conn).one, false},
 		{"type", 2, (*conn).keyType, false},
 		{"strlen", 2, (*conn).strlen, false},
 		{"time", 1, (*conn).timeCmd, false},
@@ -458,55 +459,31 @@ func (c *conn) set(args [][]byte) {
 		c.w.err("ERR syntax error")
 		return
 	}
-	w := api.Write{Entry: entry.Entry{Op: entry.OpSet, Key: key, Value: value}}
-	switch {
-	case !xx && !get:
-		if nx {
-			w.Cond = &api.Condition{IfNoneMatch: true}
-		}
-		c.submit(w, func(c *conn, _ api.WriteResult, err error) {
-			switch {
-			case err == nil:
-				c.w.simple("OK")
-			case nx && errors.Is(err, api.ErrPrecondition):
-				c.w.null()
-			default:
-				c.writeErr(err)
-			}
-		})
-	default:
-		c.settle()
-		c.conditionalSet(w, nx, xx, get)
+	if xx || get {
+		// On what it reads: a transaction of one command (view.go).
+		c.one(args)
+		return
 	}
-}
-
-// maxRounds bounds how often a conditional SET (or a command that reads,
-// then writes: strings.go) reads again because another write changed the
-// key between its read and its commit.
-const maxRounds = 16
-
-// conditionalSet is SET with XX or GET: a write on what it read
-// (readModify).
-func (c *conn) conditionalSet(w api.Write, nx, xx, get bool) {
-	c.readModify(w.Entry.Key, func(old []byte, live bool) (*api.Write, func()) {
-		// The answer when nothing is written, or GET's: the old value, or
-		// nil (no old value; XX on an absent key; NX on a held one).
-		prev := func() {
-			if get && live {
-				c.w.bulk(old)
-			} else {
-				c.w.null()
-			}
-		}
+	w := api.Write{Entry: entry.Entry{Op: entry.OpSet, Key: key, Value: value}}
+	if nx {
+		w.Cond = &api.Condition{IfNoneMatch: true}
+	}
+	c.submit(w, func(c *conn, _ api.WriteResult, err error) {
 		switch {
-		case (xx && !live) || (nx && live):
-			return nil, prev // not written: the old value (GET) or nil
-		case get:
-			return &w, prev
+		case err == nil:
+			c.w.simple("OK")
+		case nx && errors.Is(err, api.ErrPrecondition):
+			c.w.null()
+		default:
+			c.writeErr(err)
 		}
-		return &w, func() { c.w.simple("OK") }
 	})
 }
+
+// maxRounds bounds how often a transaction (or a command that reads, then
+// writes) runs again because another write changed a key it read between
+// its read and its commit.
+const maxRounds = 16
 
 // mset writes every pair as one atomic batch.
 func (c *conn) mset(args [][]byte) {

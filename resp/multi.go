@@ -1,20 +1,22 @@
 package resp
 
 import (
+	"errors"
 	"fmt"
 	"strings"
 
 	"github.com/replicator/replicator/api"
 )
 
-// A transaction (MULTI ... EXEC) is one atomic batch: the queued writes
-// commit as one entry of the log, one stamp, all or nothing, and cross to a
-// peer as one entry (docs/RESP.md "Transactions"). This first step serves
-// the transactions of plain writes (SET key value, MSET); any other command
-// queued is refused as Redis refuses a command while queueing: its error
-// now, and EXEC answers EXECABORT and writes nothing. Never some of a
-// transaction's writes: a client that retries a refused transaction does
-// not apply its first half twice.
+// A transaction (MULTI ... EXEC) is one atomic write: the queued commands
+// run over a view of their keys (view.go), and what they write commits as
+// one entry of the log, one stamp, all or nothing, and crosses to a peer as
+// one entry (docs/RESP.md "Transactions"). A command refused while queueing
+// (unknown, wrong arity, not served in a transaction) makes EXEC answer
+// EXECABORT and write nothing; one that fails as it runs (WRONGTYPE, a bad
+// option) answers its error in its place and the others apply, as Redis
+// does. Never some of a transaction's writes: a client that retries a
+// refused transaction does not apply its first half twice.
 
 // txn is a connection's transaction between MULTI and EXEC.
 type txn struct {
@@ -34,6 +36,15 @@ const (
 // queues.
 var txnControl = map[string]bool{"multi": true, "exec": true, "discard": true, "quit": true, "watch": true}
 
+// txnServed are the commands a transaction queues (view.run runs them).
+// Counters' increments are not among them: an increment is not a batch's
+// op (docs/RESP.md "Transactions").
+var txnServed = map[string]bool{
+	"ping": true, "echo": true, "get": true, "mget": true, "exists": true, "type": true, "strlen": true,
+	"getrange": true, "set": true, "getset": true, "setnx": true, "mset": true, "msetnx": true,
+	"getdel": true, "del": true, "unlink": true, "append": true, "setrange": true,
+}
+
 func (c *conn) multi(_ [][]byte) {
 	c.settle()
 	if c.tx != nil {
@@ -50,7 +61,44 @@ func (c *conn) discard(_ [][]byte) {
 		c.w.err("ERR DISCARD without MULTI")
 		return
 	}
-	c.tx = nil
+	c.tx, c.watched = nil, nil
+	c.w.simple("OK")
+}
+
+// watch makes the next EXEC conditional on the keys' versions as read now
+// at this node: EXEC answers nil, and writes nothing, if one changed.
+func (c *conn) watch(args [][]byte) {
+	c.settle()
+	if c.tx != nil {
+		c.w.err("ERR WATCH inside MULTI is not allowed")
+		return
+	}
+	if len(c.watched)+len(args)-1 > maxTxnCommands {
+		c.w.err(fmt.Sprintf("ERR a transaction watches at most %d keys", maxTxnCommands))
+		return
+	}
+	v := newView(c)
+	for _, a := range args[1:] {
+		k := string(a)
+		if _, ok := c.watched[k]; ok {
+			continue // the first WATCH's version: a change since then counts
+		}
+		x := v.key(k)
+		if v.err != nil {
+			c.writeErr(v.err)
+			return
+		}
+		if c.watched == nil {
+			c.watched = map[string]string{}
+		}
+		c.watched[k] = x.version
+	}
+	c.w.simple("OK")
+}
+
+func (c *conn) unwatch(_ [][]byte) {
+	c.settle()
+	c.watched = nil
 	c.w.simple("OK")
 }
 
@@ -78,10 +126,14 @@ func (c *conn) queue(cmd command, known bool, args [][]byte) {
 	}
 	c.s.stats.command(cmd.name)
 	switch {
-	case cmd.name == "set" && len(args) == 3, cmd.name == "mset" && len(args)%2 == 1:
+	case txnServed[cmd.name]:
+	case cmd.name == "incr" || cmd.name == "decr" || cmd.name == "incrby" || cmd.name == "decrby":
+		c.s.stats.error("bad_request")
+		refuse("ERR " + strings.ToUpper(cmd.name) + " inside MULTI is not served: a counter's increment is not an op of a transaction's batch (docs/RESP.md \"Transactions\")")
+		return
 	default:
 		c.s.stats.error("bad_request")
-		refuse("ERR " + strings.ToUpper(cmd.name) + " inside MULTI is not served yet: a transaction here takes SET key value and MSET (docs/RESP.md \"Transactions\")")
+		refuse("ERR " + strings.ToUpper(cmd.name) + " inside MULTI is not served (docs/RESP.md \"Transactions\")")
 		return
 	}
 	size := 0
@@ -102,42 +154,83 @@ func (c *conn) queue(cmd command, known bool, args [][]byte) {
 	c.w.simple("QUEUED")
 }
 
-// exec commits the queued writes as one atomic batch and answers each
-// command's reply; an aborted transaction writes nothing.
+// exec runs the queued commands as one transaction and answers their
+// replies; an aborted transaction writes nothing, and one whose WATCHed
+// key changed answers nil.
 func (c *conn) exec(_ [][]byte) {
-	tx := c.tx
-	c.tx = nil
+	tx, watched := c.tx, c.watched
+	c.tx, c.watched = nil, nil
+	c.settle()
 	switch {
 	case tx == nil:
-		c.settle()
 		c.w.err("ERR EXEC without MULTI")
-		return
 	case tx.dirty:
-		c.settle()
 		c.w.err("EXECABORT Transaction discarded because of previous errors.")
-		return
-	case len(tx.queued) == 0:
-		c.settle()
-		c.w.array(0)
-		return
+	default:
+		c.execute(tx.queued, watched, true)
 	}
-	var ops []api.BatchOp
-	for _, args := range tx.queued {
-		for i := 1; i+1 < len(args); i += 2 { // SET k v, MSET k v ...
-			ops = append(ops, api.BatchOp{Key: string(args[i]), Value: args[i+1]})
+}
+
+// one runs a command that reads a key and writes on what it read as a
+// transaction of its own, and answers its reply.
+func (c *conn) one(args [][]byte) {
+	c.settle()
+	c.execute([][][]byte{args}, nil, false)
+}
+
+// execute runs cmds as one transaction (view.go): their replies as EXEC's
+// array (tx), or the one command's reply.
+func (c *conn) execute(cmds [][][]byte, watched map[string]string, tx bool) {
+	for range maxRounds {
+		v := newView(c)
+		changed := false
+		for k, ver := range watched {
+			changed = changed || v.key(k).version != ver
 		}
-	}
-	n := len(tx.queued)
-	c.submit(api.Write{Ops: ops}, func(c *conn, _ api.WriteResult, err error) {
-		if err != nil {
-			// The batch as a whole: nothing of it, or (UNKNOWNOUTCOME)
-			// all of it or nothing, never a part.
+		if v.err == nil && changed {
+			c.w.nullArray()
+			return
+		}
+		out := &writer{proto: c.w.proto}
+		for _, args := range cmds {
+			if v.err != nil {
+				break
+			}
+			v.run(args, out)
+			if len(out.buf) > c.s.opts.MaxReply {
+				c.w.err("ERR the reply exceeds the connection's bound on replies owed; the connection closes")
+				c.quit = true
+				return
+			}
+		}
+		if v.err != nil {
+			c.writeErr(v.err)
+			return
+		}
+		var err error
+		if w, ok := v.write(watched); ok {
+			_, err = c.now(w)
+		} else if same, rerr := v.unchanged(watched); rerr != nil || !same {
+			err = rerr
+			if err == nil {
+				continue // read again: a key changed between the reads
+			}
+		}
+		switch {
+		case err == nil:
+			if tx {
+				c.w.array(len(cmds))
+			}
+			c.w.buf = append(c.w.buf, out.buf...)
+			return
+		case errors.Is(err, api.ErrPrecondition), errors.Is(err, api.ErrKindConflict):
+			// Another write came between the reads and the commit (a
+			// WATCHed key's shows at the next round's start).
+			continue
+		default:
 			c.writeErr(err)
 			return
 		}
-		c.w.array(n)
-		for range n {
-			c.w.simple("OK")
-		}
-	})
+	}
+	c.writeErr(errContention)
 }

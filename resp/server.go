@@ -319,6 +319,9 @@ type conn struct {
 	quit   bool
 	// tx is the transaction between MULTI and EXEC (nil: none).
 	tx *txn
+	// watched are the keys WATCHed for the next EXEC, with their
+	// versions as read then ("" for none).
+	watched map[string]string
 }
 
 type pendingWrite struct {

@@ -2,7 +2,6 @@ package resp
 
 import (
 	"errors"
-	"fmt"
 	"strconv"
 
 	"github.com/replicator/replicator/api"
@@ -10,102 +9,8 @@ import (
 )
 
 // The string commands that read a key's value and write on what they read
-// (GETDEL, APPEND, SETRANGE), and the read-only GETRANGE. A write is made
-// on the condition that the key still holds the version read (If-Match, or
-// If-None-Match for an absent key), decided in commit order, and read
-// again if another write came between: as SET XX and SET GET
-// (docs/RESP.md "Answers that depend on the state before the write").
-
-// readModify reads key and asks next what to write: a write (nil: none)
-// and the reply once it is written (or at once, when nothing is). A key
-// holding a counter is WRONGTYPE.
-func (c *conn) readModify(key string, next func(old []byte, live bool) (*api.Write, func())) {
-	c.settle()
-	for range maxRounds {
-		rec, err := c.s.node.Get(key)
-		live := err == nil
-		if err != nil && !errors.Is(err, api.ErrNotFound) {
-			c.writeErr(err)
-			return
-		}
-		if !live {
-			if _, err := c.s.node.Counter(key); err == nil {
-				c.writeErr(fmt.Errorf("%w: %q is a counter", api.ErrKindConflict, key))
-				return
-			}
-		}
-		w, reply := next(rec.Value, live)
-		if w == nil {
-			reply()
-			return
-		}
-		if live {
-			w.Cond = &api.Condition{IfMatch: rec.Stamp.String()}
-		} else {
-			w.Cond = &api.Condition{IfNoneMatch: true}
-		}
-		_, err = c.now(*w)
-		switch {
-		case err == nil:
-			reply()
-			return
-		case errors.Is(err, api.ErrPrecondition):
-			continue // another write came first: read again
-		default:
-			c.writeErr(err)
-			return
-		}
-	}
-	c.writeErr(fmt.Errorf("%w: the key changed under %d conditional attempts (contention)", api.ErrNotWritten, maxRounds))
-}
-
-// getdel answers a key's value and deletes it (nil, nothing written, for
-// a key that holds none).
-func (c *conn) getdel(args [][]byte) {
-	key := string(args[1])
-	c.readModify(key, func(old []byte, live bool) (*api.Write, func()) {
-		if !live {
-			return nil, c.w.null
-		}
-		return &api.Write{Entry: entry.Entry{Op: entry.OpDelete, Key: key}}, func() { c.w.bulk(old) }
-	})
-}
-
-// appendCmd appends to a key's value (an absent key is ""), and answers
-// the new length.
-func (c *conn) appendCmd(args [][]byte) {
-	key, more := string(args[1]), args[2]
-	c.readModify(key, func(old []byte, _ bool) (*api.Write, func()) {
-		v := append(append(make([]byte, 0, len(old)+len(more)), old...), more...)
-		return &api.Write{Entry: entry.Entry{Op: entry.OpSet, Key: key, Value: v}}, func() { c.w.int(int64(len(v))) }
-	})
-}
-
-// setrange overwrites a key's value from offset on, padding with zero
-// bytes, and answers the new length (an empty value writes nothing).
-func (c *conn) setrange(args [][]byte) {
-	key, part := string(args[1]), args[3]
-	off, err := strconv.ParseInt(string(args[2]), 10, 64)
-	if err != nil || off < 0 {
-		c.settle()
-		c.w.err("ERR offset is out of range")
-		return
-	}
-	if off+int64(len(part)) > int64(c.s.opts.Limits.MaxBulk) {
-		c.settle()
-		c.w.err(fmt.Sprintf("ERR string exceeds the value limit (%d bytes)", c.s.opts.Limits.MaxBulk))
-		return
-	}
-	c.readModify(key, func(old []byte, _ bool) (*api.Write, func()) {
-		if len(part) == 0 {
-			return nil, func() { c.w.int(int64(len(old))) }
-		}
-		v := make([]byte, max(int64(len(old)), off+int64(len(part))))
-		copy(v, old)
-		copy(v[off:], part)
-		return &api.Write{Entry: entry.Entry{Op: entry.OpSet, Key: key, Value: v}}, func() { c.w.int(int64(len(v))) }
-	})
-}
+// (GETDEL, APPEND, SETRANGE, GETSET, MSETNX) run as transactions of one
+// command (view.go); GETRANGE reads.
 
 // getrange answers the bytes of a key's value from start to end
 // inclusive, negative offsets counting from its end, as Redis does.

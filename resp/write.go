@@ -55,6 +55,16 @@ func (w *writer) null() {
 	w.buf = append(w.buf, "$-1\r\n"...)
 }
 
+// nullArray is a missing array (EXEC of a transaction whose WATCHed key
+// changed): *-1 in RESP2, _ in RESP3.
+func (w *writer) nullArray() {
+	if w.proto == 3 {
+		w.buf = append(w.buf, '_', '\r', '\n')
+		return
+	}
+	w.buf = append(w.buf, "*-1\r\n"...)
+}
+
 func (w *writer) array(n int) {
 	w.buf = strconv.AppendInt(append(w.buf, '*'), int64(n), 10)
 	w.buf = append(w.buf, '\r', '\n')
