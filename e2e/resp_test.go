@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"os/exec"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -336,4 +338,149 @@ except redis.exceptions.ResponseError as e:
 			t.Fatalf("a refused transaction left %d keys (%v)", n, err)
 		}
 	}
+}
+
+// TestRESPWatchRetryLoops: the optimistic read-modify-write applications
+// use (go-redis Watch, redis-py's pipeline with watch and WatchError
+// retries) at a pair of clusters. Eight go-redis clients and two redis-py
+// processes each add 1 to a plain integer key 25 times through WATCH, GET,
+// MULTI, SET, EXEC at cluster a, retrying when EXEC answers nil: every
+// EXEC that answered its writes committed exactly once and none saw a
+// stale value, so the key ends at 250 at a, and b reads the same. A read
+// inside a transaction answers what the transaction wrote before it.
+func TestRESPWatchRetryLoops(t *testing.T) {
+	m := newMesh(t, seed(t), false, "a", "b")
+	ports := map[string]int{}
+	for _, n := range m.names {
+		ports[n] = freePort(t)
+		m.nodes[n].args = append(m.nodes[n].args, "--resp-listen", fmt.Sprintf("127.0.0.1:%d", ports[n]))
+	}
+	m.start()
+	ctx := context.Background()
+	a := redis.NewClient(&redis.Options{Addr: fmt.Sprintf("127.0.0.1:%d", ports["a"]), PoolSize: 16})
+	defer a.Close()
+	b := redis.NewClient(&redis.Options{Addr: fmt.Sprintf("127.0.0.1:%d", ports["b"])})
+	defer b.Close()
+
+	const key, rounds, goClients = "w/n", 25, 8
+	if out, err := redisPy(t, ports["a"], "print(r.ping())"); err != nil || out != "True" {
+		t.Fatalf("redis-py: %v: %s", err, out) // (redisPy fails here, not in a goroutine, without redis-py)
+	}
+	var wg sync.WaitGroup
+	var retries atomic.Int64
+	for range goClients {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; i < rounds; {
+				err := a.Watch(ctx, func(tx *redis.Tx) error {
+					n, err := tx.Get(ctx, key).Int()
+					if err != nil && err != redis.Nil {
+						return err
+					}
+					_, err = tx.TxPipelined(ctx, func(p redis.Pipeliner) error {
+						p.Set(ctx, key, n+1, 0)
+						return nil
+					})
+					return err
+				}, key)
+				switch {
+				case err == redis.TxFailedErr:
+					retries.Add(1)
+				case err != nil:
+					t.Errorf("go-redis Watch: %v", err)
+					return
+				default:
+					i++
+				}
+			}
+		}()
+	}
+	py := make([]string, 2)
+	for i := range py {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			out, err := redisPy(t, ports["a"], fmt.Sprintf(`ok, retried = 0, 0
+while ok < %d:
+    with r.pipeline() as p:
+        try:
+            p.watch('%s')
+            v = int(p.get('%s') or 0)
+            p.multi()
+            p.set('%s', v + 1)
+            p.execute()
+            ok += 1
+        except redis.WatchError:
+            retried += 1
+print(ok, retried)`, rounds, key, key, key))
+			if err != nil {
+				t.Errorf("redis-py watch loop: %v: %s", err, out)
+			}
+			py[i] = out
+		}()
+	}
+	wg.Wait()
+	if t.Failed() {
+		return
+	}
+	want := fmt.Sprint(goClients*rounds + len(py)*rounds)
+	if got, err := a.Get(ctx, key).Result(); err != nil || got != want {
+		t.Fatalf("after %s read-modify-write transactions the key holds %q (%v) at a; go-redis retried %d times, redis-py %v",
+			want, got, err, retries.Load(), py)
+	}
+	t.Logf("%s transactions; go-redis retried %d times, redis-py (done retried) %v", want, retries.Load(), py)
+	eventually(t, 30*time.Second, func() (bool, string) {
+		got, err := b.Get(ctx, key).Result()
+		return got == want, fmt.Sprintf("at b: %q %v", got, err)
+	})
+
+	// redis-py's WatchError when another client wrote the key between
+	// WATCH and EXEC; nothing of the transaction is written.
+	out, err := redisPy(t, ports["a"], `other = redis.Redis(host='127.0.0.1', port=r.connection_pool.connection_kwargs['port'])
+with r.pipeline() as p:
+    p.watch('w/k')
+    other.set('w/k', 'theirs')
+    p.multi()
+    p.set('w/k', 'mine')
+    p.set('w/side', 'x')
+    try:
+        p.execute()
+        print('executed')
+    except redis.WatchError:
+        print('watch error', r.get('w/k'), r.exists('w/side'))`)
+	if err != nil || out != "watch error theirs 0" {
+		t.Fatalf("redis-py, a watched key written by another client: %v: %s", err, out)
+	}
+
+	// Reads inside a transaction answer from its own earlier writes.
+	var get *redis.StringCmd
+	var appended *redis.IntCmd
+	if _, err := a.TxPipelined(ctx, func(p redis.Pipeliner) error {
+		p.Set(ctx, "tx/r", "v", 0)
+		appended = p.Append(ctx, "tx/r", "w")
+		get = p.Get(ctx, "tx/r")
+		return nil
+	}); err != nil || get.Val() != "vw" || appended.Val() != 2 {
+		t.Fatalf("a read after writes in one transaction: %q, append %d, %v", get.Val(), appended.Val(), err)
+	}
+	// A write conditional on other keys' versions (command format 10):
+	// MSETNX, and a transaction that reads one key and writes another.
+	if ok, err := a.MSetNX(ctx, "nx/1", "a", "nx/2", "b").Result(); err != nil || !ok {
+		t.Fatalf("MSETNX: %v %v", ok, err)
+	}
+	if ok, err := a.MSetNX(ctx, "nx/2", "c", "nx/3", "d").Result(); err != nil || ok {
+		t.Fatalf("MSETNX over a held key: %v %v", ok, err)
+	}
+	if _, err := a.TxPipelined(ctx, func(p redis.Pipeliner) error {
+		p.Get(ctx, "nx/1")
+		p.Set(ctx, "nx/copy", "of a", 0)
+		return nil
+	}); err != nil {
+		t.Fatalf("a transaction that reads one key and writes another: %v", err)
+	}
+	eventually(t, 30*time.Second, func() (bool, string) {
+		got, _ := b.MGet(ctx, "nx/1", "nx/2", "nx/3", "nx/copy").Result()
+		return fmt.Sprint(got) == "[a b <nil> of a]", fmt.Sprintf("at b: %v", got)
+	})
 }

@@ -259,7 +259,7 @@ func Open(ctx context.Context, opts *Options) (*Node, error) {
 		Failed:    func() error { return n.com.Failed() },
 		Closing:   n.closing.Load,
 	})
-	n.sub = &replica.Submitter{Bounds: n.bounds, Com: n.com, Format: n.machine.Format, Admit: func(ctx context.Context) error {
+	n.sub = &replica.Submitter{Bounds: n.bounds, Com: n.com, Format: func() int { return n.rep.Machine().Format() }, Admit: func(ctx context.Context) error {
 		// The node open and in its cluster, its term begun, its stream's
 		// identity confirmed, and not saturated.
 		if n.closing.Load() {

@@ -171,6 +171,11 @@ func (c *conn) exec(_ [][]byte) {
 	}
 }
 
+func hasKey(m map[string]string, k string) bool {
+	_, ok := m[k]
+	return ok
+}
+
 // one runs a command that reads a key and writes on what it read as a
 // transaction of its own, and answers its reply.
 func (c *conn) one(args [][]byte) {
@@ -216,6 +221,7 @@ func (c *conn) execute(cmds [][][]byte, watched map[string]string, tx bool) {
 				continue // read again: a key changed between the reads
 			}
 		}
+		var pe *api.PreconditionError
 		switch {
 		case err == nil:
 			if tx {
@@ -223,9 +229,19 @@ func (c *conn) execute(cmds [][][]byte, watched map[string]string, tx bool) {
 			}
 			c.w.buf = append(c.w.buf, out.buf...)
 			return
-		case errors.Is(err, api.ErrPrecondition), errors.Is(err, api.ErrKindConflict):
-			// Another write came between the reads and the commit (a
-			// WATCHed key's shows at the next round's start).
+		case errors.As(err, &pe) && hasKey(watched, pe.Key):
+			// The state machine found a WATCHed key changed: that is the
+			// answer, whatever this node has read of it yet (a follower
+			// may be behind its leader).
+			c.w.nullArray()
+			return
+		case errors.As(err, &pe):
+			// Another write came between the reads and the commit: read
+			// again once this node holds it (a follower behind its
+			// leader would read the same again).
+			v.awaitChange(pe.Key)
+			continue
+		case errors.Is(err, api.ErrKindConflict):
 			continue
 		default:
 			c.writeErr(err)

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/replicator/replicator/api"
 	"github.com/replicator/replicator/entry"
@@ -175,6 +176,23 @@ func (v *view) unchanged(watched map[string]string) (bool, error) {
 		}
 	}
 	return true, nil
+}
+
+// awaitChange waits, briefly, until this node reads key at another version
+// than the view read: a condition on it failed at the leader, and a
+// follower behind its leader would otherwise read the same version again.
+func (v *view) awaitChange(key string) {
+	x, ok := v.keys[key]
+	if !ok {
+		return
+	}
+	for range 50 {
+		again := newView(v.c)
+		if y := again.key(key); again.err != nil || y.version != x.version {
+			return
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
 }
 
 // errContention ends a transaction whose keys kept changing under it.
