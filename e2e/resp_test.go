@@ -338,6 +338,16 @@ except redis.exceptions.ResponseError as e:
 			t.Fatalf("a refused transaction left %d keys (%v)", n, err)
 		}
 	}
+
+	// The connections as redis-py lists them, and one killed by its ID.
+	out, err = redisPy(t, ports["a"], `r.client_setname('lister')
+other = redis.Redis(host='127.0.0.1', port=r.connection_pool.connection_kwargs['port'])
+other.client_setname('victim')
+victim = [c for c in r.client_list() if c['name'] == 'victim'][0]
+print(sorted(c['name'] for c in r.client_list() if c['name']), r.client_kill_filter(_id=victim['id']), victim['cmd'])`)
+	if err != nil || out != "['lister', 'victim'] 1 client" {
+		t.Fatalf("redis-py CLIENT LIST and KILL: %v: %s", err, out)
+	}
 }
 
 // TestRESPWatchRetryLoops: the optimistic read-modify-write applications

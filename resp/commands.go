@@ -194,7 +194,7 @@ func (c *conn) hello(args [][]byte) {
 				c.w.err("ERR syntax error in HELLO option 'setname'")
 				return
 			}
-			c.name = string(args[i+1])
+			c.setName(string(args[i+1]))
 			i++
 		default:
 			c.w.err(fmt.Sprintf("ERR syntax error in HELLO option '%s'", clip(args[i])))
@@ -207,6 +207,7 @@ func (c *conn) hello(args [][]byte) {
 		return
 	}
 	c.w.proto = proto
+	c.state.proto.Store(int32(proto))
 	c.w.any(map[string]any{
 		"server": "replicator", "version": redisVersion, "proto": proto, "id": c.id,
 		"mode": "standalone", "role": "master", "modules": []any{}, "replicator_version": c.s.opts.Version,
@@ -242,66 +243,6 @@ func (c *conn) selectDB(args [][]byte) {
 		return
 	}
 	c.w.simple("OK")
-}
-
-func (c *conn) client(args [][]byte) {
-	c.settle()
-	switch strings.ToLower(string(args[1])) {
-	case "id":
-		c.w.int(c.id)
-	case "setname":
-		if len(args) != 3 {
-			c.w.err(wrongArgs("client|setname"))
-			return
-		}
-		c.name = string(args[2])
-		c.w.simple("OK")
-	case "getname":
-		if c.name == "" {
-			c.w.null()
-			return
-		}
-		c.w.bulkString(c.name)
-	case "setinfo", "no-evict", "no-touch":
-		c.w.simple("OK")
-	case "info":
-		c.w.bulkString(fmt.Sprintf("id=%d addr=%s name=%s db=0 resp=%d\n", c.id, c.nc.RemoteAddr(), c.name, c.w.proto))
-	default:
-		c.w.err(fmt.Sprintf("ERR unknown subcommand '%s'. Try CLIENT HELP.", clip(args[1])))
-	}
-}
-
-// commandCmd answers COMMAND enough for clients that ask at start: the
-// count, an entry per command (name, arity, no flags, key positions), no
-// docs.
-func (c *conn) commandCmd(args [][]byte) {
-	c.settle()
-	sub := ""
-	if len(args) > 1 {
-		sub = strings.ToLower(string(args[1]))
-	}
-	switch sub {
-	case "count":
-		c.w.int(int64(len(table)))
-	case "docs":
-		c.w.mapHeader(0)
-	case "":
-		c.w.array(len(table))
-		for name, cmd := range table {
-			first, last, step := 0, 0, 0
-			switch name {
-			case "get", "set", "incr", "decr", "incrby", "decrby":
-				first, last, step = 1, 1, 1
-			case "mget", "del", "exists":
-				first, last, step = 1, -1, 1
-			case "mset":
-				first, last, step = 1, -1, 2
-			}
-			c.w.any([]any{name, cmd.arity, []any{}, first, last, step})
-		}
-	default:
-		c.w.err(fmt.Sprintf("ERR unknown subcommand '%s'. Try COMMAND HELP.", clip(args[1])))
-	}
 }
 
 // config answers CONFIG GET with what redis-benchmark and common clients

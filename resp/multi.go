@@ -52,6 +52,7 @@ func (c *conn) multi(_ [][]byte) {
 		return
 	}
 	c.tx = &txn{}
+	c.state.multi.Store(0)
 	c.w.simple("OK")
 }
 
@@ -62,6 +63,7 @@ func (c *conn) discard(_ [][]byte) {
 		return
 	}
 	c.tx, c.watched = nil, nil
+	c.state.multi.Store(-1)
 	c.w.simple("OK")
 }
 
@@ -151,6 +153,7 @@ func (c *conn) queue(cmd command, known bool, args [][]byte) {
 	}
 	tx.queued = append(tx.queued, kept)
 	tx.bytes += size
+	c.state.multi.Store(int32(len(tx.queued)))
 	c.w.simple("QUEUED")
 }
 
@@ -160,6 +163,7 @@ func (c *conn) queue(cmd command, known bool, args [][]byte) {
 func (c *conn) exec(_ [][]byte) {
 	tx, watched := c.tx, c.watched
 	c.tx, c.watched = nil, nil
+	c.state.multi.Store(-1)
 	c.settle()
 	switch {
 	case tx == nil:

@@ -237,7 +237,7 @@ func FuzzTransactionQueue(f *testing.F) {
 		}
 		rn := &recordingNode{}
 		s := New(rn, Options{})
-		c := &conn{s: s, authed: true}
+		c := &conn{s: s, authed: true, state: &connState{}}
 		c.run(append(append([][][]byte{{[]byte("MULTI")}}, cmds...), [][]byte{[]byte("EXEC")}))
 		n := len(rn.writes())
 		if refused && n != 0 || n > 1 {

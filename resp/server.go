@@ -225,6 +225,8 @@ func (s *Server) Serve(ln net.Listener) error {
 		}
 		st := &connState{since: time.Now()}
 		st.authed.Store(s.opts.Token == "")
+		st.proto.Store(2)
+		st.multi.Store(-1)
 		s.mu.conns[nc] = st
 		s.stats.conns.Add(1)
 		s.stats.accepted.Add(1)
@@ -239,12 +241,6 @@ func (s *Server) Serve(ln net.Listener) error {
 			s.mu.Unlock()
 		}()
 	}
-}
-
-// connState is what the accept loop knows of a connection.
-type connState struct {
-	since  time.Time
-	authed atomic.Bool
 }
 
 // evictUnauthenticatedLocked closes the oldest connection that has not
@@ -385,6 +381,7 @@ func (s *Server) serveConn(nc net.Conn, st *connState) {
 	defer nc.Close()
 	src := &source{nc: nc}
 	c := &conn{s: s, nc: nc, id: s.nextID.Add(1), authed: s.opts.Token == "", w: writer{proto: 2}, src: src, state: st}
+	st.id.Store(c.id)
 	rd := newReader(src, s.opts.Limits)
 	rd.src, rd.budget = src, &s.held
 	defer func() {
@@ -431,6 +428,7 @@ func (s *Server) serveConn(nc net.Conn, st *connState) {
 				break
 			}
 		}
+		st.noted(batch)
 		c.run(batch)
 		rd.release()
 		if err := c.flush(); err != nil || c.quit || c.broken != nil {
