@@ -84,6 +84,10 @@ type Entry struct {
 	// context covers the loser too, and every cluster that applies it marks
 	// its records of that loser restored.
 	Restores *Restore
+	// Expires is when a set's version expires (ex): wall time in ns since
+	// the epoch, 0 for never. It belongs to the version: a later write
+	// replaces it with its own (docs/DATAMODEL.md "Expiry").
+	Expires int64
 }
 
 // Restore names the conflict a write restores: the discarded version and
@@ -113,6 +117,8 @@ type BatchOp struct {
 	Value []byte
 	End   string  // delete_range: the exclusive end ("" = the end of the key space)
 	Ctx   Context // cx: the op's causal context (one per key)
+	// Expires is when a set's version expires (ex; Entry.Expires).
+	Expires int64
 }
 
 // CounterCluster is the cluster whose totals a legacy counter entry (one
@@ -240,6 +246,9 @@ func (e *Entry) Validate() error {
 	if err := e.checkContexts(); err != nil {
 		return bad(err.Error())
 	}
+	if err := e.checkExpiry(); err != nil {
+		return bad(err.Error())
+	}
 	switch e.Op {
 	case OpSet, OpDelete:
 		if e.Key == "" {
@@ -274,6 +283,33 @@ func (e *Entry) Validate() error {
 		}
 	default:
 		return fmt.Errorf("%w: entry %d: unknown op %d", ErrMalformed, e.Index, e.Op)
+	}
+	return nil
+}
+
+// HasExpiry reports whether e, or an op of it, carries an expiry.
+func (e *Entry) HasExpiry() bool {
+	if e.Expires != 0 {
+		return true
+	}
+	for i := range e.Ops {
+		if e.Ops[i].Expires != 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// checkExpiry: an expiry rides only on a set (or a batch's set op), and is
+// a time after the epoch.
+func (e *Entry) checkExpiry() error {
+	if e.Expires < 0 || (e.Expires != 0 && e.Op != OpSet) {
+		return fmt.Errorf("an expiry of %d on %s", e.Expires, e.Op)
+	}
+	for i := range e.Ops {
+		if x := e.Ops[i].Expires; x < 0 || (x != 0 && e.Ops[i].Op != OpSet) {
+			return fmt.Errorf("op %d: an expiry of %d on %s", i, x, e.Ops[i].Op)
+		}
 	}
 	return nil
 }

@@ -60,7 +60,8 @@ func (c *Codec) encodeEntry(enc *msgpack.Encoder, e *entry.Entry, d Defaults) {
 	withFlt := e.FilteredTo > 0
 	withCx := len(e.Ctx) > 0
 	withRs := e.Restores != nil
-	for _, b := range []bool{withOrigin, withStream, withStamp, withValue, withIdem, withSO, withEnd, withCtr, withOps, withCC, withOvs, withFlt, withCx, withRs} {
+	withEx := e.Expires != 0
+	for _, b := range []bool{withOrigin, withStream, withStamp, withValue, withIdem, withSO, withEnd, withCtr, withOps, withCC, withOvs, withFlt, withCx, withRs, withEx} {
 		if b {
 			n++
 		}
@@ -121,6 +122,12 @@ func (c *Codec) encodeEntry(enc *msgpack.Encoder, e *entry.Entry, d Defaults) {
 		_ = enc.EncodeString("cx")
 		encodeContext(enc, e.Ctx)
 	}
+	if withEx {
+		// Only to a peer that keeps expiry (Limits.Expiry): an older
+		// build refuses the field.
+		_ = enc.EncodeString("ex")
+		_ = enc.EncodeInt(e.Expires)
+	}
 	if withRs {
 		_ = enc.EncodeString("rs")
 		_ = enc.EncodeArrayLen(2)
@@ -141,6 +148,9 @@ func (c *Codec) encodeEntry(enc *msgpack.Encoder, e *entry.Entry, d Defaults) {
 			if len(op.Ctx) > 0 {
 				n++
 			}
+			if op.Expires != 0 {
+				n++
+			}
 			_ = enc.EncodeMapLen(n)
 			_ = enc.EncodeString("op")
 			_ = enc.EncodeUint(uint64(op.Op))
@@ -157,6 +167,10 @@ func (c *Codec) encodeEntry(enc *msgpack.Encoder, e *entry.Entry, d Defaults) {
 			if len(op.Ctx) > 0 {
 				_ = enc.EncodeString("cx")
 				encodeContext(enc, op.Ctx)
+			}
+			if op.Expires != 0 {
+				_ = enc.EncodeString("ex")
+				_ = enc.EncodeInt(op.Expires)
 			}
 		}
 	}
@@ -236,7 +250,7 @@ func decodeOps(dec *msgpack.Decoder) ([]entry.BatchOp, error) {
 		if err != nil {
 			return nil, err
 		}
-		if m < 2 || m > 5 {
+		if m < 2 || m > 6 {
 			return nil, fmt.Errorf("op %d: map of %d fields", i, m)
 		}
 		var op entry.BatchOp
@@ -267,6 +281,12 @@ func decodeOps(dec *msgpack.Decoder) ([]entry.BatchOp, error) {
 				}
 				op.Ctx, err = decodeContext(dec)
 				seen |= 16
+			case "ex":
+				if seen&32 != 0 {
+					return nil, fmt.Errorf("op %d: ex twice", i)
+				}
+				op.Expires, err = dec.DecodeInt64()
+				seen |= 32
 			default:
 				return nil, fmt.Errorf("op %d: unknown field %q", i, name)
 			}
@@ -463,7 +483,7 @@ func DecodeEntryFrom(dec *msgpack.Decoder, d Defaults) (entry.Entry, error) {
 	if err != nil {
 		return e, fmt.Errorf("%w: %v", entry.ErrMalformed, err)
 	}
-	if n < 0 || n > 21 {
+	if n < 0 || n > 22 {
 		return e, fmt.Errorf("%w: entry map of %d fields", entry.ErrMalformed, n)
 	}
 	var have uint32
@@ -541,6 +561,12 @@ func DecodeEntryFrom(dec *msgpack.Decoder, d Defaults) (entry.Entry, error) {
 		case "rs":
 			bit = 131072
 			e.Restores, err = decodeRestore(dec)
+		case "ex":
+			bit = 262144
+			e.Expires, err = dec.DecodeInt64()
+			if err == nil && e.Expires == 0 {
+				err = errors.New("an expiry of 0 (never) is left out")
+			}
 		case "so":
 			bit = 512
 			e.StampOrigin, err = dec.DecodeString()

@@ -20,6 +20,9 @@ func TestEntryCodecRoundTrip(t *testing.T) {
 		{Index: 2, Origin: "a", Stream: entry.StreamID{9}, Commit: hlc.Timestamp{Wall: 5}, Op: entry.OpSet, Key: "empty"},
 		{Index: 3, Origin: "a", Stream: entry.StreamID{9}, Commit: hlc.Timestamp{Wall: 5}, Op: entry.OpSet, Key: "ctx", Value: []byte("v"),
 			Ctx: entry.Context{{Origin: "a", HLC: hlc.Timestamp{Wall: 5}}, {Origin: "c", HLC: hlc.Timestamp{Wall: 9, Logical: 3}}}},
+		{Index: 4, Origin: "a", Stream: entry.StreamID{9}, Commit: hlc.Timestamp{Wall: 5}, Op: entry.OpSet, Key: "ttl", Value: []byte("v"), Expires: 1e18},
+		{Index: 5, Origin: "a", Stream: entry.StreamID{9}, Commit: hlc.Timestamp{Wall: 5}, Op: entry.OpMulti,
+			Ops: []entry.BatchOp{{Op: entry.OpSet, Key: "x", Value: []byte("1"), Expires: 7e17}, {Op: entry.OpDelete, Key: "y"}}},
 	} {
 		b := c.AppendEntry(nil, &e, d)
 		got, err := c.DecodeEntry(b, d)
@@ -30,10 +33,27 @@ func TestEntryCodecRoundTrip(t *testing.T) {
 			e.Stamp = e.Commit
 		}
 		if got.Index != e.Index || got.Origin != e.Origin || got.Stream != e.Stream || got.Commit != e.Commit ||
-			got.Stamp != e.Stamp || got.Op != e.Op || got.Key != e.Key || !bytes.Equal(got.Value, e.Value) || !reflect.DeepEqual(got.Ctx, e.Ctx) {
+			got.Stamp != e.Stamp || got.Op != e.Op || got.Key != e.Key || !bytes.Equal(got.Value, e.Value) || !reflect.DeepEqual(got.Ctx, e.Ctx) ||
+			got.Expires != e.Expires || !opsEqual(got.Ops, e.Ops) {
 			t.Fatalf("round trip %+v -> %+v", e, got)
 		}
 	}
+}
+
+// opsEqual compares batch ops field by field (an empty value decodes as
+// none).
+func opsEqual(a, b []entry.BatchOp) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		x, y := a[i], b[i]
+		if x.Op != y.Op || x.Key != y.Key || !bytes.Equal(x.Value, y.Value) || x.End != y.End || x.Expires != y.Expires ||
+			!reflect.DeepEqual(x.Ctx, y.Ctx) {
+			return false
+		}
+	}
+	return true
 }
 
 func FuzzDecodeEntry(f *testing.F) {
@@ -48,6 +68,9 @@ func FuzzDecodeEntry(f *testing.F) {
 	f.Add(c.AppendEntry(nil, &entry.Entry{Index: 6, Commit: hlc.Timestamp{Wall: 5}, Op: entry.OpSet, Key: "k", Value: []byte("v"), Ctx: ctx, Origin: "a", Stream: entry.StreamID{9}}, d))
 	f.Add(c.AppendEntry(nil, &entry.Entry{Index: 7, Commit: hlc.Timestamp{Wall: 5}, Op: entry.OpMulti, Origin: "a", Stream: entry.StreamID{9},
 		Ops: []entry.BatchOp{{Op: entry.OpSet, Key: "x", Value: []byte("1"), Ctx: ctx}, {Op: entry.OpDelete, Key: "y"}}}, d))
+	f.Add(c.AppendEntry(nil, &entry.Entry{Index: 8, Commit: hlc.Timestamp{Wall: 5}, Op: entry.OpSet, Key: "k", Value: []byte("v"), Expires: 9e17, Origin: "a", Stream: entry.StreamID{9}}, d))
+	f.Add(c.AppendEntry(nil, &entry.Entry{Index: 9, Commit: hlc.Timestamp{Wall: 5}, Op: entry.OpMulti, Origin: "a", Stream: entry.StreamID{9},
+		Ops: []entry.BatchOp{{Op: entry.OpSet, Key: "x", Value: []byte("1"), Expires: 9e17}}}, d))
 	f.Add([]byte{0x80})
 	// nesting where the format has none, and lengths that lie
 	f.Add(append([]byte{0x82, 0xa1, 'i', 0x01, 0xa3, 'o', 'p', 's'}, append(bytes.Repeat([]byte{0x91}, 20000), 0xc0)...))
@@ -69,7 +92,8 @@ func FuzzDecodeEntry(f *testing.F) {
 		}
 		if again.Index != e.Index || again.Key != e.Key || !bytes.Equal(again.Value, e.Value) ||
 			again.LWW() != e.LWW() || again.Commit != e.Commit || again.Op != e.Op ||
-			again.CtrComp != e.CtrComp || again.Oversize != e.Oversize || !reflect.DeepEqual(again.Ctx, e.Ctx) {
+			again.CtrComp != e.CtrComp || again.Oversize != e.Oversize || !reflect.DeepEqual(again.Ctx, e.Ctx) ||
+			again.Expires != e.Expires || !opsEqual(again.Ops, e.Ops) {
 			t.Fatalf("re-encode changed the entry: %+v -> %+v", e, again)
 		}
 	})
