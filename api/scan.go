@@ -13,6 +13,9 @@ type ScanOptions struct {
 	// MaxBytes bounds the keys and values of one page (at least one item
 	// is returned); 0 means DefaultScanBytes.
 	MaxBytes int
+	// Now is the reader's time (wall ns): a version expired by then is not
+	// listed. 0 lists every live version, expired or not.
+	Now int64
 }
 
 // DefaultScanLimit and MaxScanLimit bound one page in items,

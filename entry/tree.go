@@ -86,4 +86,15 @@ type Record struct {
 	// Conflicted says the conflict log holds a record of a version this
 	// key discarded (looked up only then, when a later version arrives).
 	Conflicted bool
+	// Expires is when the version expires (wall ns; 0: never): from then
+	// on it reads as absent, and it still wins against older writes
+	// (docs/DATAMODEL.md "Expiry").
+	Expires int64
 }
+
+// Expired reports whether r is a version that expired by now (wall ns).
+func (r *Record) Expired(now int64) bool { return r.Expires != 0 && r.Expires <= now }
+
+// Live reports whether r holds a value at now: not a tombstone, not
+// expired.
+func (r *Record) Live(now int64) bool { return !r.Tombstone && !r.Expired(now) }

@@ -28,7 +28,7 @@ func (b *Batch) applyEntry(e *entry.Entry, local bool) (entry.Outcome, error) {
 	}
 	switch e.Op {
 	case entry.OpSet, entry.OpDelete:
-		w := Write{Key: e.Key, Value: e.Value, Tombstone: e.Op == entry.OpDelete, Stamp: e.LWW(), Ctx: e.Ctx, Local: local}
+		w := Write{Key: e.Key, Value: e.Value, Tombstone: e.Op == entry.OpDelete, Stamp: e.LWW(), Ctx: e.Ctx, Local: local, Expires: e.Expires}
 		if e.Restores != nil {
 			w.Also = e.Restores.Loser
 		}
@@ -52,7 +52,7 @@ func (b *Batch) applyEntry(e *entry.Entry, local bool) (entry.Outcome, error) {
 				// A range delete a link's filter cut into parts.
 				o, _, err = b.MergeRange(RangeTombstone{Start: op.Key, End: op.End, Stamp: e.LWW()})
 			} else {
-				w := Write{Key: op.Key, Value: op.Value, Tombstone: op.Op == entry.OpDelete, Stamp: e.LWW(), Ctx: op.Ctx, Local: local}
+				w := Write{Key: op.Key, Value: op.Value, Tombstone: op.Op == entry.OpDelete, Stamp: e.LWW(), Ctx: op.Ctx, Local: local, Expires: op.Expires}
 				o, err = b.mergeWrite(&w)
 				if local {
 					op.Ctx = w.Ctx

@@ -239,7 +239,7 @@ func (b *Batch) Merge(w Write) (entry.Outcome, error) {
 			}
 		}
 	}
-	r := Record{Stamp: w.Stamp, Tombstone: w.Tombstone, Kind: w.Kind, Value: w.Value}
+	r := Record{Stamp: w.Stamp, Tombstone: w.Tombstone, Kind: w.Kind, Value: w.Value, Expires: w.Expires}
 	if w.Tombstone && w.Kind == KindPlain {
 		r.Value = nil
 	}

@@ -104,5 +104,11 @@ func appendDigestEntry(dst, key []byte, r *Record) []byte {
 	dst = binary.AppendUvarint(dst, uint64(len(r.Stamp.Origin)))
 	dst = append(dst, r.Stamp.Origin...)
 	dst = binary.AppendUvarint(dst, uint64(len(r.Value)))
-	return append(dst, r.Value...)
+	dst = append(dst, r.Value...)
+	if r.Expires != 0 {
+		// The digest of a version without one is as before.
+		dst = append(dst, 'x')
+		dst = binary.BigEndian.AppendUint64(dst, uint64(r.Expires))
+	}
+	return dst
 }

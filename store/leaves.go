@@ -1,6 +1,7 @@
 package store
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 
@@ -41,7 +42,17 @@ func versionDigest(d *hashtree.Digester, key string, r *Record) hashtree.Sum {
 	if r == nil || r.Tombstone {
 		return hashtree.Sum{}
 	}
-	return d.Digest(key, r.Stamp, byte(r.Kind), hashtree.ValueHash(r.Value))
+	vh := hashtree.ValueHash(r.Value)
+	if r.Expires != 0 {
+		// The expiry is the version's (one stamp, one expiry), folded in
+		// so that a version without one digests as before (no hashtree
+		// version raise): a peer that cannot keep expiry never holds one.
+		var b [16]byte
+		binary.BigEndian.PutUint64(b[:8], vh)
+		binary.BigEndian.PutUint64(b[8:], uint64(r.Expires))
+		vh = hashtree.ValueHash(b[:])
+	}
+	return d.Digest(key, r.Stamp, byte(r.Kind), vh)
 }
 
 // counterDigest is the digest of a counter: its totals, not its stamp (two

@@ -1,6 +1,7 @@
 package store
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 
@@ -22,7 +23,8 @@ const (
 	flagCounter    = 1 << 1
 	flagContext    = 1 << 2
 	flagConflicted = 1 << 3
-	knownFlags     = flagTombstone | flagCounter | flagContext | flagConflicted
+	flagExpires    = 1 << 4
+	knownFlags     = flagTombstone | flagCounter | flagContext | flagConflicted | flagExpires
 
 	maxOriginLen = 63
 	recordHeader = 2 + hlc.EncodedLen + 1 // version, flags, hlc, origin length
@@ -30,10 +32,13 @@ const (
 
 // AppendRecord appends the stored encoding of r to dst:
 //
-//	version(1) | flags(1) | hlc(12) | len(origin)(1) | origin | [context] | value
+//	version(1) | flags(1) | hlc(12) | len(origin)(1) | origin | [expires] | [context] | value
 //
-// with the context (flag 4) as count(1) | (len(origin)(1) | origin | hlc(12))*.
-// Flag 8 says the conflict log holds records of versions the key discarded.
+// with the expiry (flag 16) as 8 bytes, big-endian wall ns, and the context
+// (flag 4) as count(1) | (len(origin)(1) | origin | hlc(12))*. Flag 8 says
+// the conflict log holds records of versions the key discarded. A build
+// before expiry refuses flag 16 as corrupt: expiry is written only from
+// command format 11, once every node reads it.
 func AppendRecord(dst []byte, r *Record) []byte {
 	var flags byte
 	if r.Tombstone {
@@ -48,10 +53,16 @@ func AppendRecord(dst []byte, r *Record) []byte {
 	if r.Conflicted {
 		flags |= flagConflicted
 	}
+	if r.Expires != 0 {
+		flags |= flagExpires
+	}
 	dst = append(dst, recordVersion, flags)
 	dst = r.Stamp.HLC.AppendTo(dst)
 	dst = append(dst, byte(len(r.Stamp.Origin)))
 	dst = append(dst, r.Stamp.Origin...)
+	if r.Expires != 0 {
+		dst = binary.BigEndian.AppendUint64(dst, uint64(r.Expires))
+	}
 	if len(r.Ctx) > 0 {
 		dst = append(dst, byte(len(r.Ctx)))
 		for _, it := range r.Ctx {
@@ -116,6 +127,16 @@ func DecodeRecord(b []byte) (Record, error) {
 		r.Kind = KindCounter
 	}
 	r.Value = b[recordHeader+n:]
+	if flags&flagExpires != 0 {
+		if len(r.Value) < 8 {
+			return r, fmt.Errorf("%w: record expiry", ErrCorrupt)
+		}
+		r.Expires = int64(binary.BigEndian.Uint64(r.Value))
+		if r.Expires <= 0 {
+			return r, fmt.Errorf("%w: record expiry %d", ErrCorrupt, r.Expires)
+		}
+		r.Value = r.Value[8:]
+	}
 	if flags&flagContext != 0 {
 		if r.Ctx, r.Value, err = decodeContext(r.Value); err != nil {
 			return r, err

@@ -76,7 +76,7 @@ func (s *Store) Scan(o ScanOptions) ([]Item, string, error) {
 		if err != nil {
 			return nil, "", fmt.Errorf("store: scan key %q: %w", it.Key()[1:], err)
 		}
-		if r.Tombstone {
+		if r.Tombstone || (o.Now != 0 && r.Expired(o.Now)) {
 			continue
 		}
 		if len(items) == limit || (len(items) > 0 && size+len(it.Key())+len(r.Value) > maxBytes) {

@@ -205,6 +205,8 @@ type Write struct {
 	// Also is a version a Local write descends from besides what its key
 	// holds: the loser a restore brings back.
 	Also entry.Stamp
+	// Expires is when the version expires (Record.Expires).
+	Expires int64
 }
 
 // Set merges a value under stamp in its own synced batch.

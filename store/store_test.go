@@ -310,19 +310,84 @@ func TestBookkeepingCommitsWithData(t *testing.T) {
 	}
 }
 
+// TestExpiredVersions: a version's expiry is stored with it; a scan with
+// a time leaves out what expired by then (and lists it without one); the
+// expired version still wins against an older write and loses to a newer
+// one; the convergence digest covers the expiry.
+func TestExpiredVersions(t *testing.T) {
+	s := openTest(t)
+	merge := func(w Write) entry.Outcome {
+		t.Helper()
+		out, err := s.Merge(w)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return out
+	}
+	merge(Write{Key: "e", Value: []byte("v"), Stamp: st(10, 0, "a"), Expires: 100})
+	merge(Write{Key: "f", Value: []byte("v"), Stamp: st(10, 0, "a")})
+	r, err := s.Get("e")
+	if err != nil || r.Expires != 100 || !r.Live(99) || r.Live(100) {
+		t.Fatalf("e: %+v %v", r, err)
+	}
+	list := func(now int64) string {
+		items, _, err := s.Scan(ScanOptions{Now: now})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var ks []string
+		for _, it := range items {
+			ks = append(ks, it.Key)
+		}
+		return fmt.Sprint(ks)
+	}
+	if got := list(99); got != "[e f]" {
+		t.Fatalf("before the expiry: %s", got)
+	}
+	if got := list(100); got != "[f]" {
+		t.Fatalf("at the expiry: %s", got)
+	}
+	if got := list(0); got != "[e f]" {
+		t.Fatalf("without a time: %s", got)
+	}
+	if out := merge(Write{Key: "e", Value: []byte("older"), Stamp: st(9, 0, "b")}); out != entry.Stale {
+		t.Fatalf("an older write over an expired version: %v", out)
+	}
+	d1, _ := s.Digest()
+	merge(Write{Key: "e", Value: []byte("v"), Stamp: st(10, 0, "a"), Expires: 100}) // the same version again
+	if d2, _ := s.Digest(); d1 != d2 {
+		t.Fatal("the same version changed the digest")
+	}
+	other := openTest(t)
+	other.Merge(Write{Key: "e", Value: []byte("v"), Stamp: st(10, 0, "a"), Expires: 101})
+	other.Merge(Write{Key: "f", Value: []byte("v"), Stamp: st(10, 0, "a")})
+	if d3, _ := other.Digest(); d3 == d1 {
+		t.Fatal("the digest does not cover the expiry")
+	}
+	if out := merge(Write{Key: "e", Value: []byte("newer"), Stamp: st(11, 0, "b")}); out != entry.Applied {
+		t.Fatalf("a newer write over an expired version: %v", out)
+	}
+	if r, _ := s.Get("e"); r.Expires != 0 || string(r.Value) != "newer" {
+		t.Fatalf("the newer version keeps its own (no) expiry: %+v", r)
+	}
+}
+
 func TestRecordRoundTrip(t *testing.T) {
 	for _, r := range []Record{
 		{Stamp: st(1, 2, "a"), Value: []byte("hello")},
 		{Stamp: st(1<<62, 0, "east-1"), Value: nil},
 		{Stamp: st(3, 0, "b"), Tombstone: true},
 		{Stamp: st(3, 0, "b"), Kind: KindCounter, Value: []byte{1, 2}},
+		{Stamp: st(4, 0, "a"), Value: []byte("ttl"), Expires: 1 << 60},
+		{Stamp: st(4, 0, "a"), Value: []byte("ttl"), Expires: 5, Ctx: entry.Context{{Origin: "a", HLC: hlc.Timestamp{Wall: 4}}}},
 	} {
 		enc := AppendRecord(nil, &r)
 		got, err := DecodeRecord(enc)
 		if err != nil {
 			t.Fatalf("%+v: %v", r, err)
 		}
-		if got.Stamp != r.Stamp || got.Tombstone != r.Tombstone || got.Kind != r.Kind || !bytes.Equal(got.Value, r.Value) {
+		if got.Stamp != r.Stamp || got.Tombstone != r.Tombstone || got.Kind != r.Kind || !bytes.Equal(got.Value, r.Value) ||
+			got.Expires != r.Expires || !reflect.DeepEqual(got.Ctx, r.Ctx) {
 			t.Fatalf("round trip: %+v -> %+v", r, got)
 		}
 	}
@@ -336,6 +401,7 @@ func TestRecordRoundTrip(t *testing.T) {
 func FuzzDecodeRecord(f *testing.F) {
 	f.Add(AppendRecord(nil, &Record{Stamp: st(1, 2, "a"), Value: []byte("hello")}))
 	f.Add(AppendRecord(nil, &Record{Stamp: st(3, 0, "b"), Tombstone: true}))
+	f.Add(AppendRecord(nil, &Record{Stamp: st(3, 0, "b"), Value: []byte("v"), Expires: 9e17}))
 	f.Add([]byte{})
 	f.Fuzz(func(t *testing.T, b []byte) {
 		r, err := DecodeRecord(b)

@@ -93,7 +93,7 @@ func (b *Batch) mergeTracked(w *Write) (entry.Outcome, error) {
 			return 0, err
 		}
 	}
-	r := Record{Stamp: w.Stamp, Tombstone: w.Tombstone, Kind: w.Kind, Value: w.Value, Ctx: w.Ctx, Conflicted: conflicted}
+	r := Record{Stamp: w.Stamp, Tombstone: w.Tombstone, Kind: w.Kind, Value: w.Value, Ctx: w.Ctx, Conflicted: conflicted, Expires: w.Expires}
 	if w.Tombstone && w.Kind == KindPlain {
 		r.Value = nil
 	}
