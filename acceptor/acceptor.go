@@ -145,6 +145,10 @@ type Options struct {
 	// are dropped before they reach the log, whose older members would
 	// not read them.
 	TakesContexts func() bool
+	// TakesExpiry, when set, says whether this cluster's log keeps versions
+	// that expire (command format 11); before that, an entry that carries
+	// an expiry is refused.
+	TakesExpiry func() bool
 	// TakesOriginFilters, when set, says whether this cluster's log records
 	// each sender's filter toward it (command format 7); FromPeer is what
 	// it recorded of a peer (nil: nothing). A snapshot's relay of a third
@@ -259,7 +263,7 @@ func (a *Acceptor) Limits() wire.Limits {
 		// From command format 7 too: a new field goes only to a cluster
 		// every node of which reads it (a leader of an older build would
 		// refuse the heartbeat).
-		IdleFrontiers: a.opts.OnIdle != nil && a.takesOriginFilters(), DeadLists: true}
+		IdleFrontiers: a.opts.OnIdle != nil && a.takesOriginFilters(), DeadLists: true, Expiry: a.takesExpiry()}
 }
 
 func (a *Acceptor) takesOriginFilters() bool {
@@ -267,6 +271,8 @@ func (a *Acceptor) takesOriginFilters() bool {
 }
 
 func (a *Acceptor) takesContexts() bool { return a.opts.TakesContexts != nil && a.opts.TakesContexts() }
+
+func (a *Acceptor) takesExpiry() bool { return a.opts.TakesExpiry != nil && a.opts.TakesExpiry() }
 
 func (a *Acceptor) takesMarkers() bool { return a.opts.TakesMarkers != nil && a.opts.TakesMarkers() }
 

@@ -65,6 +65,8 @@ type Options struct {
 	// version is (a repair takes only the peer's; a third cluster's are
 	// listed apart).
 	Local string
+	// Expiry: this cluster keeps versions that expire, and asks for them.
+	Expiry bool
 }
 
 // Sleep waits d or until ctx ends.
@@ -96,7 +98,7 @@ func Compare(ctx context.Context, peerName string, local, peer Tree, opts Option
 		filters = []wire.Filter{{Include: opts.Filter.Include, Exclude: opts.Filter.Exclude}}
 	}
 	both := func(req wire.TreeRequest) (l, p *wire.TreeAnswer, err error) {
-		req.Pass = opts.Pass
+		req.Pass, req.Expiry = opts.Pass, opts.Expiry
 		pr := req
 		pr.Filters = filters
 		if p, err = ask(peer, &pr); err != nil {

@@ -295,6 +295,9 @@ func (l Local) Ask(_ context.Context, req *wire.TreeRequest) (*wire.TreeAnswer, 
 			if err != nil {
 				return nil, err
 			}
+			if r.Expires != 0 && !req.Expiry {
+				continue // the asker would keep it for ever
+			}
 			ans.Versions = append(ans.Versions, version(k.Key, &r, nil, true))
 		}
 		wire.SortVersions(ans.Versions)
@@ -321,7 +324,7 @@ func version(key string, r *store.Record, c *store.Counter, whole bool) wire.Tre
 		}
 		return v
 	}
-	v.Stamp, v.Origin, v.Tombstone, v.Kind = r.Stamp.HLC, r.Stamp.Origin, r.Tombstone, uint8(r.Kind)
+	v.Stamp, v.Origin, v.Tombstone, v.Kind, v.Expires = r.Stamp.HLC, r.Stamp.Origin, r.Tombstone, uint8(r.Kind), r.Expires
 	if whole {
 		if len(r.Value) > 0 {
 			v.Value = append([]byte(nil), r.Value...)

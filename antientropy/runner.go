@@ -436,7 +436,7 @@ func (ae *Runner) compare(ctx context.Context, sh Link, peer string, repair bool
 	local := pacedTree{Local{St: d.Store, Toward: toward, Scoped: ae.scoped}, budget}
 	rep, err := Compare(ctx, peer, local, remoteTree{sh, &bytes, budget}, Options{
 		Settle: settle, Sleep: sleep, Counted: bytes.Load, PeerBehind: func() bool { return behind },
-		Filter: toward, Pass: rand.Uint64(), Local: d.Cluster})
+		Filter: toward, Pass: rand.Uint64(), Local: d.Cluster, Expiry: d.Format() >= machine.FormatExpiry})
 	ae.bytes.WithLabelValues(peer).Add(float64(bytes.Load()))
 	if err != nil {
 		return nil, fmt.Errorf("antientropy: compare with %s: %w", peer, err)
@@ -548,6 +548,10 @@ func (ae *Runner) refuses(peer string, inScope func(key string) bool, v *wire.Tr
 	}
 	if len(v.Value) > d.MaxValueBytes {
 		return "limits", fmt.Errorf("a value of %d bytes (limit %d)", len(v.Value), d.MaxValueBytes)
+	}
+	if v.Expires != 0 && d.Format() < machine.FormatExpiry {
+		// A node of this cluster's older build would drop it.
+		return "expiry", errors.New("a version that expires, which this cluster does not keep yet (a node of it runs an older build)")
 	}
 	return "", nil
 }

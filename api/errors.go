@@ -118,12 +118,16 @@ type NotFoundError struct {
 	// below this were collected ("" when none ever was: the key was never
 	// written here).
 	CollectedBelow string
+	// Expired is the version the key holds, which expired.
+	Expired string
 }
 
 func (e *NotFoundError) Error() string {
 	switch {
 	case e.Deleted != "":
 		return fmt.Sprintf("node: not found: %q was deleted at version %s", e.Key, e.Deleted)
+	case e.Expired != "":
+		return fmt.Sprintf("node: not found: %q holds version %s, which expired", e.Key, e.Expired)
 	case e.CollectedBelow != "":
 		return fmt.Sprintf("node: not found: %q holds nothing (never written, or deleted below %s, where deletes were collected)", e.Key, e.CollectedBelow)
 	}

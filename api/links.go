@@ -158,6 +158,11 @@ type PeerLimits struct {
 	// DeadLists says the receiver lists the entries it set aside in its
 	// acks (Ack.DeadLettered): a sender's WAIT counts only such a peer.
 	DeadLists bool `json:"dead_lists,omitempty"`
+	// Expiry says the receiver's log keeps versions that expire (command
+	// format 11): entries may carry an expiry (ex). To another receiver a
+	// sender holds such entries back (dropping the expiry would keep the
+	// key for ever there).
+	Expiry bool `json:"expiry,omitempty"`
 }
 
 // AntiEntropyStatus is what the last comparison with a peer found (the

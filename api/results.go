@@ -45,6 +45,8 @@ type BatchOp struct {
 	Delete bool
 	Key    string
 	Value  []byte
+	// Expires is when a set's version expires (wall ns; 0: never).
+	Expires int64 `msgpack:",omitempty"`
 }
 
 // BulkRecord is one record of a bulk load.

@@ -42,6 +42,28 @@ const Version = 1
 // it does not know and write unconditionally.
 const VersionKeys = 2
 
+// VersionExpiry is the version of a proposal that carries an expiry (on
+// the write or an op of its batch), with or without keys' versions: a
+// leader of an older build refuses it rather than write a version that
+// never expires.
+const VersionExpiry = 3
+
+// versionOf is the version a proposal of w needs.
+func versionOf(w *api.Write) int {
+	for _, op := range w.Ops {
+		if op.Expires != 0 {
+			return VersionExpiry
+		}
+	}
+	switch {
+	case w.Entry.Expires != 0:
+		return VersionExpiry
+	case w.Cond != nil && len(w.Cond.Keys) > 0:
+		return VersionKeys
+	}
+	return Version
+}
+
 // ErrMalformed is the class of a proposal (or an answer) that does not
 // decode, or decodes to no write.
 var ErrMalformed = errors.New("forward: malformed proposal")
@@ -52,6 +74,8 @@ type proposal struct {
 	Op    entry.Op `msgpack:"op"`
 	Key   string   `msgpack:"k"`
 	Value []byte   `msgpack:"val,omitempty"`
+	// Expires is the write's expiry (VersionExpiry).
+	Expires int64 `msgpack:"ex,omitempty"`
 	End   string   `msgpack:"end,omitempty"`
 	// Batch: Ops is an atomic batch (even an empty one, which the leader
 	// refuses as the API does).
@@ -110,15 +134,14 @@ type scope struct {
 
 // EncodeProposal encodes w (and the idempotency scope on ctx).
 func EncodeProposal(ctx context.Context, w api.Write) ([]byte, error) {
-	p := proposal{V: Version, Op: w.Entry.Op, Key: w.Entry.Key, Value: w.Entry.Value, End: w.Entry.End,
-		Batch: w.Ops != nil, Ops: w.Ops, Delta: w.Delta}
+	p := proposal{V: versionOf(&w), Op: w.Entry.Op, Key: w.Entry.Key, Value: w.Entry.Value, End: w.Entry.End,
+		Batch: w.Ops != nil, Ops: w.Ops, Delta: w.Delta, Expires: w.Entry.Expires}
 	if p.Batch {
 		p.Op = entry.OpMulti
 	}
 	if c := w.Cond; c != nil {
 		p.Cond = &condition{IfMatch: c.IfMatch, IfNoneMatch: c.IfNoneMatch}
 		if len(c.Keys) > 0 {
-			p.V = VersionKeys
 			p.Cond.Keys = make([]string, 0, 2*len(c.Keys))
 			for _, kv := range c.Keys {
 				p.Cond.Keys = append(p.Cond.Keys, kv.Key, kv.Version)
@@ -145,11 +168,15 @@ func DecodeProposal(ctx context.Context, b []byte) (context.Context, api.Write, 
 	if err := msgpack.Unmarshal(b, &p); err != nil {
 		return ctx, api.Write{}, fmt.Errorf("%w: %w", ErrMalformed, err)
 	}
-	keys := p.Cond != nil && len(p.Cond.Keys) > 0
-	if (p.V != Version || keys) && (p.V != VersionKeys || !keys) {
-		return ctx, api.Write{}, fmt.Errorf("%w: version %d (this build speaks %d, and %d with keys' versions)", ErrMalformed, p.V, Version, VersionKeys)
+	w := api.Write{Entry: entry.Entry{Op: p.Op, Key: p.Key, Value: p.Value, End: p.End, Expires: p.Expires}, Delta: p.Delta, Ops: p.Ops}
+	if p.Cond != nil && len(p.Cond.Keys) > 0 {
+		w.Cond = &api.Condition{Keys: []api.KeyVersion{{}}} // for versionOf; decoded below
 	}
-	w := api.Write{Entry: entry.Entry{Op: p.Op, Key: p.Key, Value: p.Value, End: p.End}, Delta: p.Delta}
+	if want := versionOf(&w); p.V != want {
+		return ctx, api.Write{}, fmt.Errorf("%w: version %d for a proposal of version %d (this build speaks %d to %d)",
+			ErrMalformed, p.V, want, Version, VersionExpiry)
+	}
+	w.Cond, w.Ops = nil, nil
 	switch {
 	case p.Batch:
 		if p.Op != entry.OpMulti {

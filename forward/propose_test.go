@@ -34,6 +34,10 @@ func writes() []api.Write {
 		{Ops: []api.BatchOp{}},
 		// A transaction's reads and WATCH (VersionKeys).
 		{Ops: []api.BatchOp{{Key: "x", Value: []byte("1")}}, Cond: &api.Condition{Keys: []api.KeyVersion{{Key: "x", Version: "4.0@a"}, {Key: "w"}}}},
+		// Writes that expire (VersionExpiry).
+		{Entry: entry.Entry{Op: entry.OpSet, Key: "ttl", Value: []byte("v"), Expires: 1e18}},
+		{Ops: []api.BatchOp{{Key: "x", Value: []byte("1"), Expires: 1e18}, {Delete: true, Key: "y"}},
+			Cond: &api.Condition{Keys: []api.KeyVersion{{Key: "w", Version: "4.0@a"}}}},
 		// A conflict's loser restored (machine.ConflictLog) keeps what it
 		// restores across the hop.
 		{Entry: entry.Entry{Op: entry.OpSet, Key: "r", Value: []byte("lost"), Restores: &entry.Restore{
@@ -86,6 +90,9 @@ func TestMalformedProposalsAreRefused(t *testing.T) {
 		"keys at version 1": mustMarshal(t, proposal{V: Version, Op: entry.OpMulti, Batch: true, Ops: []api.BatchOp{{Key: "x"}},
 			Cond: &condition{Keys: []string{"x", ""}}}),
 		"version 2 without keys": mustMarshal(t, proposal{V: VersionKeys, Op: entry.OpSet, Key: "k"}),
+		"expiry at version 1":    mustMarshal(t, proposal{V: Version, Op: entry.OpSet, Key: "k", Expires: 5}),
+		"expiry in an op at version 2": mustMarshal(t, proposal{V: VersionKeys, Op: entry.OpMulti, Batch: true,
+			Ops: []api.BatchOp{{Key: "x", Expires: 5}}, Cond: &condition{Keys: []string{"x", ""}}}),
 		"odd keys": mustMarshal(t, proposal{V: VersionKeys, Op: entry.OpMulti, Batch: true, Ops: []api.BatchOp{{Key: "x"}},
 			Cond: &condition{Keys: []string{"x"}}}),
 		"op":       mustMarshal(t, proposal{V: Version, Op: 9, Key: "k"}),

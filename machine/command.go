@@ -34,8 +34,9 @@ const (
 	// (FormatConflictClaims) conflict records retired by their loser's own
 	// line only, and from format 9 (FormatDeletesOfNothing) a delete of a
 	// key that holds no value writes nothing, and from format 10
-	// (FormatBatchConditions) batches conditional on keys' versions.
-	ReadsFormat = FormatBatchConditions
+	// (FormatBatchConditions) batches conditional on keys' versions, and
+	// from format 11 (FormatExpiry) versions that expire.
+	ReadsFormat = FormatExpiry
 )
 
 // Kind names a command.

@@ -42,9 +42,14 @@ type Reader interface {
 }
 
 type plainState struct {
-	stamp entry.Stamp
-	tomb  bool
+	stamp   entry.Stamp
+	tomb    bool
+	expires int64
 }
+
+// live: a value that has not expired by now (the decided write's commit
+// wall time: every node of the cluster decides the same).
+func (st plainState) live(now int64) bool { return !st.tomb && (st.expires == 0 || st.expires > now) }
 
 // Overlay decides a group's writes in order: the tree as committed plus the
 // effects of the group's earlier writes.
@@ -56,6 +61,9 @@ type Overlay struct {
 	ranges []store.RangeTombstone
 	ctr    map[string]entry.PN
 	expect int // keys the group is about to decide (Reserve)
+	// now is the commit wall time of the write being decided: a version
+	// expired by then holds no value for its decisions.
+	now int64
 }
 
 // NewOverlay starts a group's decisions over st; increments count under
@@ -76,7 +84,7 @@ func (o *Overlay) currentPlain(key string) (plainState, bool, error) {
 		case err != nil:
 			return st, false, err
 		default:
-			st, ok = plainState{stamp: r.Stamp, tomb: r.Tombstone}, true
+			st, ok = plainState{stamp: r.Stamp, tomb: r.Tombstone, expires: r.Expires}, true
 		}
 	}
 	for _, rt := range o.ranges {
@@ -121,6 +129,7 @@ func (o *Overlay) plainKeys(e *entry.Entry) []string {
 // here once the increment applies. Refusals are ErrPrecondition,
 // ErrKindConflict and ErrCounterRange; a failed read is ErrUnreadable.
 func (o *Overlay) Decide(e *entry.Entry, cond *Condition, delta int64) (counterValue int64, err error) {
+	o.now = e.Commit.Wall
 	for _, k := range o.plainKeys(e) {
 		c, err := o.isCounter(k)
 		if err != nil {
@@ -140,7 +149,7 @@ func (o *Overlay) Decide(e *entry.Entry, cond *Condition, delta int64) (counterV
 		if err != nil {
 			return 0, fmt.Errorf("%w: %w", ErrUnreadable, err)
 		}
-		live := ok && !st.tomb
+		live := ok && st.live(o.now)
 		cur := ""
 		if live {
 			cur = st.stamp.String()
@@ -148,6 +157,9 @@ func (o *Overlay) Decide(e *entry.Entry, cond *Condition, delta int64) (counterV
 		switch {
 		case cond.IfMatch != "" && !live:
 			pe := &PreconditionError{Key: e.Key, Why: "If-Match on a key that holds no value"}
+			if ok && !st.tomb {
+				pe.Why = "If-Match on a key whose value expired"
+			}
 			if ok && st.tomb {
 				pe.Deleted, pe.Why = st.stamp.String(), "If-Match on a key deleted at "+st.stamp.String()
 			}
@@ -168,7 +180,7 @@ func (o *Overlay) Decide(e *entry.Entry, cond *Condition, delta int64) (counterV
 		if err != nil {
 			return 0, fmt.Errorf("%w: %w", ErrUnreadable, err)
 		}
-		if ok && !st.tomb {
+		if ok && st.live(o.now) {
 			return 0, fmt.Errorf("%w: %q holds a plain value; counters need a key of their own", ErrKindConflict, e.Key)
 		}
 		c, err := o.st.Counter(e.Key)
@@ -215,7 +227,7 @@ func (o *Overlay) checkVersions(kvs []api.KeyVersion) error {
 		}
 		cur := ""
 		switch {
-		case ok && !st.tomb:
+		case ok && st.live(o.now):
 			cur = st.stamp.String()
 		default:
 			if _, inGroup := o.ctr[kv.Key]; inGroup {
@@ -247,6 +259,7 @@ func (o *Overlay) checkVersions(kvs []api.KeyVersion) error {
 // that depends on prior state, decided in commit order. It reads only for
 // deletes.
 func (o *Overlay) Existed(e *entry.Entry) (int, error) {
+	o.now = e.Commit.Wall
 	var keys []string
 	switch e.Op {
 	case entry.OpDelete:
@@ -264,7 +277,7 @@ func (o *Overlay) Existed(e *entry.Entry) (int, error) {
 		if err != nil {
 			return 0, fmt.Errorf("%w: %w", ErrUnreadable, err)
 		}
-		if ok && !st.tomb {
+		if ok && st.live(o.now) {
 			n++
 		}
 	}
@@ -276,12 +289,13 @@ func (o *Overlay) Existed(e *entry.Entry) (int, error) {
 // a tombstone for nothing and ship it to every peer. It reports that
 // nothing of e is left to write.
 func (o *Overlay) DropAbsentDeletes(e *entry.Entry) (bool, error) {
+	o.now = e.Commit.Wall
 	live := func(k string) (bool, error) {
 		st, ok, err := o.currentPlain(k)
 		if err != nil {
 			return false, fmt.Errorf("%w: %w", ErrUnreadable, err)
 		}
-		return ok && !st.tomb, nil
+		return ok && st.live(o.now), nil
 	}
 	switch e.Op {
 	case entry.OpDelete:
@@ -364,10 +378,10 @@ func (o *Overlay) Record(e *entry.Entry) {
 	st := e.LWW()
 	switch e.Op {
 	case entry.OpSet, entry.OpDelete:
-		o.setPlain(e.Key, plainState{stamp: st, tomb: e.Op == entry.OpDelete})
+		o.setPlain(e.Key, plainState{stamp: st, tomb: e.Op == entry.OpDelete, expires: e.Expires})
 	case entry.OpMulti:
 		for _, op := range e.Ops {
-			o.setPlain(op.Key, plainState{stamp: st, tomb: op.Op == entry.OpDelete})
+			o.setPlain(op.Key, plainState{stamp: st, tomb: op.Op == entry.OpDelete, expires: op.Expires})
 		}
 	case entry.OpDeleteRange:
 		o.ranges = append(o.ranges, store.RangeTombstone{Start: e.Key, End: e.End, Stamp: st})

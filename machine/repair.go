@@ -76,6 +76,11 @@ const FormatDeletesOfNothing = 9
 // condition.
 const FormatBatchConditions = 10
 
+// FormatExpiry is the format from which a set's version may carry an
+// expiry (entry.Entry.Expires): an older build refuses the entry's field,
+// and the stored record's flag.
+const FormatExpiry = 11
+
 // maxRepair bounds the versions of one repair command.
 const maxRepair = 1 << 16
 
@@ -197,7 +202,7 @@ func (m *Machine) applyRepair(b *store.Batch, rc *RepairCmd) (*Result, error) {
 				changed = changed || out == entry.Applied
 			}
 		} else {
-			w := store.Write{Key: v.Key, Value: v.Value, Tombstone: v.Tombstone, Kind: entry.Kind(v.Kind), Stamp: st, Ctx: v.Context()}
+			w := store.Write{Key: v.Key, Value: v.Value, Tombstone: v.Tombstone, Kind: entry.Kind(v.Kind), Stamp: st, Ctx: v.Context(), Expires: v.Expires}
 			out, err := b.Merge(w)
 			if err != nil {
 				return nil, err

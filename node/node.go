@@ -568,6 +568,8 @@ func (n *Node) Get(key string) (store.Record, error) {
 	switch {
 	case err == nil && r.Tombstone:
 		return store.Record{}, &api.NotFoundError{Key: key, Deleted: r.Stamp.String()}
+	case err == nil && r.Expired(n.clock.Physical()):
+		return store.Record{}, &api.NotFoundError{Key: key, Expired: r.Stamp.String()}
 	case errors.Is(err, store.ErrNotFound):
 		nf := &api.NotFoundError{Key: key}
 		if cut, err := n.machine.CollectedBelow(); err == nil && !cut.IsZero() {
@@ -583,6 +585,7 @@ func (n *Node) Scan(o store.ScanOptions) ([]store.Item, string, error) {
 	if err := n.rep.Readable(); err != nil {
 		return nil, "", err
 	}
+	o.Now = n.clock.Physical()
 	return n.store.Scan(o)
 }
 

@@ -71,6 +71,7 @@ func (n *Node) setupReplication() {
 		TakesMarkers: func() bool { return n.machine.Format() >= machine.FormatLinks },
 		// Contexts take format 4: before it, a member may not read them.
 		TakesContexts: func() bool { return n.machine.Format() >= machine.FormatConflicts },
+		TakesExpiry:   func() bool { return n.machine.Format() >= machine.FormatExpiry },
 		ConflictValueMax: func() int {
 			if n.machine.Format() < machine.FormatConflicts {
 				return 0

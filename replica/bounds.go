@@ -135,8 +135,11 @@ func (b *Bounds) BatchEntry(ops []api.BatchOp) (entry.Entry, error) {
 		if last[op.Key] != i {
 			continue
 		}
-		w := entry.BatchOp{Op: entry.OpSet, Key: op.Key, Value: op.Value}
+		w := entry.BatchOp{Op: entry.OpSet, Key: op.Key, Value: op.Value, Expires: op.Expires}
 		if op.Delete {
+			if op.Expires != 0 {
+				return e, fmt.Errorf("%w: op %d deletes %q with an expiry", api.ErrBadRequest, i, op.Key)
+			}
 			w.Op = entry.OpDelete
 		}
 		e.Ops = append(e.Ops, w)

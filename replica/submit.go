@@ -47,6 +47,9 @@ func (w *Submitter) Prepare(wr api.Write) (*Proposal, error) {
 	if err == nil && wr.Cond != nil && len(wr.Cond.Keys) > 0 {
 		err = w.checkKeyVersions(wr)
 	}
+	if err == nil && e.HasExpiry() {
+		err = w.checkExpiry(&e)
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -73,6 +76,22 @@ func (w *Submitter) checkKeyVersions(wr api.Write) error {
 			return fmt.Errorf("%w: a write conditional on keys' versions (a transaction that reads, or WATCH) needs command format %d; "+
 				"the cluster's log is at %d until every node runs a build that reads it (a rolling upgrade: docs/OPERATIONS.md)",
 				api.ErrNotWritten, machine.FormatBatchConditions, f)
+		}
+	}
+	return nil
+}
+
+// checkExpiry checks a write with an expiry: on a set, after the epoch,
+// and every node of the cluster reads it (command format 11), or it is not
+// written.
+func (w *Submitter) checkExpiry(e *entry.Entry) error {
+	if e.Expires < 0 || (e.Expires != 0 && e.Op != entry.OpSet) {
+		return fmt.Errorf("%w: an expiry on %s", api.ErrBadRequest, e.Op)
+	}
+	if w.Format != nil {
+		if f := w.Format(); f < machine.FormatExpiry {
+			return fmt.Errorf("%w: a write that expires needs command format %d; the cluster's log is at %d until every node "+
+				"runs a build that reads it (a rolling upgrade: docs/OPERATIONS.md)", api.ErrNotWritten, machine.FormatExpiry, f)
 		}
 	}
 	return nil

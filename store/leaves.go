@@ -42,17 +42,21 @@ func versionDigest(d *hashtree.Digester, key string, r *Record) hashtree.Sum {
 	if r == nil || r.Tombstone {
 		return hashtree.Sum{}
 	}
+	return d.Digest(key, r.Stamp, byte(r.Kind), plainValueHash(r))
+}
+
+// plainValueHash is the hash a plain version's digest covers: its value's,
+// with its expiry folded in. A version without one hashes as before (no
+// hashtree version raise): a peer that cannot keep expiry never holds one.
+func plainValueHash(r *Record) uint64 {
 	vh := hashtree.ValueHash(r.Value)
 	if r.Expires != 0 {
-		// The expiry is the version's (one stamp, one expiry), folded in
-		// so that a version without one digests as before (no hashtree
-		// version raise): a peer that cannot keep expiry never holds one.
 		var b [16]byte
 		binary.BigEndian.PutUint64(b[:8], vh)
 		binary.BigEndian.PutUint64(b[8:], uint64(r.Expires))
 		vh = hashtree.ValueHash(b[:])
 	}
-	return d.Digest(key, r.Stamp, byte(r.Kind), vh)
+	return vh
 }
 
 // counterDigest is the digest of a counter: its totals, not its stamp (two
@@ -332,7 +336,7 @@ func ValueDigestHash(r *Record, c *Counter) uint64 {
 	if c != nil {
 		return hashtree.ValueHash(appendCounterTotals(nil, c))
 	}
-	return hashtree.ValueHash(r.Value)
+	return plainValueHash(r)
 }
 
 // CheckLeaves compares the kept sums of the leaves sample says yes to with

@@ -256,6 +256,33 @@ func (s *Shipper) filterNow() (entry.Filter, []wire.TargetSpans, string) {
 	return f, keeps, b.String()
 }
 
+func (s *Shipper) takesExpiry() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.mu.limits != nil && s.mu.limits.Expiry
+}
+
+// errNoExpiry: the next entry carries an expiry and the peer's build
+// cannot keep one: it waits (and every entry behind it) until the peer is
+// upgraded. Dropping the expiry would keep the key there for ever.
+var errNoExpiry = errors.New("transport: the next entry expires, and the peer does not keep expiry yet (upgrade every node of it); the link waits")
+
+// exField is how an expiry field begins on the wire (msgpack's fixstr
+// "ex"): an entry without these bytes carries none.
+var exField = []byte("\xa2ex")
+
+// expires reports whether the encoded entry p carries an expiry.
+func expires(codec *wire.Codec, p []byte, d wire.Defaults) (bool, error) {
+	if !bytes.Contains(p, exField) {
+		return false, nil
+	}
+	e, err := codec.DecodeEntry(p, d)
+	if err != nil {
+		return false, err
+	}
+	return e.HasExpiry(), nil
+}
+
 func (s *Shipper) takesContexts() bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()

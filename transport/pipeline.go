@@ -124,7 +124,7 @@ func (s *Shipper) shipOnce(ctx context.Context, acked uint64) error {
 		}
 	}
 	f, err := s.build(acked, take(), true)
-	if errors.Is(err, errNoMarkers) {
+	if errors.Is(err, errNoMarkers) || errors.Is(err, errNoExpiry) {
 		// Ask again before the next try: the peer may have been upgraded.
 		_ = s.heartbeat(ctx)
 	}
@@ -261,9 +261,9 @@ func (s *Shipper) build(acked uint64, buf *[]byte, stubs bool) (*flight, error) 
 	var payloads [][]byte
 	size := 0
 	stubbed := false
-	ctxOK := s.takesContexts()
+	ctxOK, expiryOK := s.takesContexts(), s.takesExpiry()
 	var codec *wire.Codec
-	if !ctxOK {
+	if !ctxOK || !expiryOK {
 		codec = wire.NewCodec()
 	}
 	to := acked
@@ -291,6 +291,18 @@ func (s *Shipper) build(acked uint64, buf *[]byte, stubs bool) (*flight, error) 
 				if len(payloads) >= limit {
 					break // entry i is next time's
 				}
+			}
+		}
+		if !expiryOK {
+			held, err := expires(codec, p, wire.Defaults{Origin: s.opts.Local, Stream: stream})
+			if err != nil {
+				return nil, fmt.Errorf("transport: decode wal entry %d to look for an expiry: %w", i, err)
+			}
+			if held && len(payloads) == 0 {
+				return nil, errNoExpiry
+			}
+			if held {
+				break // what comes before it goes
 			}
 		}
 		if !ctxOK {

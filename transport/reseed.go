@@ -141,7 +141,7 @@ func (s *Shipper) openReseed(requested, rejoin bool) (*reseedRun, error) {
 		returning = s.peer.Name
 	}
 	if r.feed, err = newScopedFeed(snap, s.opts.Local, s.opts.Now(), r.filter, returning); err == nil {
-		r.feed.contexts = s.takesContexts()
+		r.feed.contexts, r.feed.expiry = s.takesContexts(), s.takesExpiry()
 	}
 	if err != nil {
 		snap.Close()
@@ -299,6 +299,9 @@ type snapshotFeed struct {
 	// contexts: the peer's log keeps causal contexts, so each key's
 	// travels with it (a re-seeded cluster judges later conflicts by them).
 	contexts bool
+	// expiry: the peer's log keeps versions that expire; to another, a
+	// version with an expiry fails the snapshot (errNoExpiry).
+	expiry bool
 }
 
 // scope is what of the tree a snapshot sends: a link's filter, or the
@@ -390,12 +393,15 @@ func (f *snapshotFeed) next() (entry.Entry, bool, error) {
 	if err != nil || !ok {
 		return entry.Entry{}, false, err
 	}
-	e := entry.Entry{Stamp: rec.Stamp.HLC, Op: entry.OpSet, Key: key, Value: rec.Value, StampOrigin: rec.Stamp.Origin}
+	e := entry.Entry{Stamp: rec.Stamp.HLC, Op: entry.OpSet, Key: key, Value: rec.Value, StampOrigin: rec.Stamp.Origin, Expires: rec.Expires}
 	if f.contexts && rec.Ctx.Covers(rec.Stamp) {
 		e.Ctx = rec.Ctx
 	}
 	if rec.Tombstone {
-		e.Op, e.Value = entry.OpDelete, nil
+		e.Op, e.Value, e.Expires = entry.OpDelete, nil, 0
+	}
+	if e.Expires != 0 && !f.expiry {
+		return entry.Entry{}, false, fmt.Errorf("%w (key %q)", errNoExpiry, key)
 	}
 	return e, true, nil
 }

@@ -65,6 +65,11 @@ type TreeRequest struct {
 	// a scoped tree it summed for it.
 	Filters []Filter `msgpack:"f,omitempty"`
 	Pass    uint64   `msgpack:"s,omitempty"`
+	// Expiry: the asker keeps versions that expire (command format 11).
+	// To another asker, whole versions with an expiry are not answered: a
+	// build that does not know the field would repair them as versions
+	// that never expire.
+	Expiry bool `msgpack:"e,omitempty"`
 }
 
 // Filter is a link's filter as a tree request scopes by it.
@@ -128,6 +133,9 @@ type TreeVersion struct {
 	Ctx    []ContextItem `msgpack:"a,omitempty"`
 	Totals []Component   `msgpack:"z,omitempty"`
 	Whole  bool          `msgpack:"w,omitempty"`
+	// Expires is a plain version's expiry (wall ns; 0: never), with
+	// whole versions and leaves alike (Hash covers it).
+	Expires int64 `msgpack:"e,omitempty"`
 }
 
 // ContextItem is one item of a version's causal context.
@@ -246,6 +254,9 @@ func (v *TreeVersion) Check() error {
 	}
 	if len(v.Ctx) > entry.MaxContext {
 		return fmt.Errorf("context of %d items", len(v.Ctx))
+	}
+	if v.Expires < 0 || (v.Expires != 0 && (v.Tombstone || v.Counter)) {
+		return fmt.Errorf("an expiry of %d on a tombstone or a counter", v.Expires)
 	}
 	if err := v.Context().Check(); err != nil && len(v.Ctx) > 0 {
 		return err
