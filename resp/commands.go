@@ -64,6 +64,18 @@ func init() {
 		{"watch", -2, (*conn).watch, false},
 		{"unwatch", 1, (*conn).unwatch, false},
 		{"msetnx", -3, (*conn).one, false},
+		{"setex", 4, (*conn).setex, false},
+		{"psetex", 4, (*conn).setex, false},
+		{"expire", -3, (*conn).one, false},
+		{"pexpire", -3, (*conn).one, false},
+		{"expireat", -3, (*conn).one, false},
+		{"pexpireat", -3, (*conn).one, false},
+		{"persist", 2, (*conn).one, false},
+		{"ttl", 2, (*conn).one, false},
+		{"pttl", 2, (*conn).one, false},
+		{"expiretime", 2, (*conn).one, false},
+		{"pexpiretime", 2, (*conn).one, false},
+		{"getex", -2, (*conn).one, false},
 		{"type", 2, (*conn).keyType, false},
 		{"strlen", 2, (*conn).strlen, false},
 		{"time", 1, (*conn).timeCmd, false},
@@ -369,56 +381,57 @@ func (c *conn) exists(args [][]byte) {
 	c.w.int(n)
 }
 
-// set: SET key value [NX | XX] [GET]. A plain SET is submitted and
-// answered in order; NX is a condition the state machine decides (If-None-
-// Match); XX and GET write on the condition that the key still holds the
-// version just read, decided in commit order, and read again when another
-// write got there first.
+// set: SET key value [NX | XX] [GET] [EX | PX | EXAT | PXAT | KEEPTTL]. A
+// SET that does not read is submitted and answered in order; NX is a
+// condition the state machine decides (If-None-Match); XX, GET and KEEPTTL
+// write on what they read: a transaction of one command (view.go).
 func (c *conn) set(args [][]byte) {
-	key, value := string(args[1]), args[2]
-	var nx, xx, get bool
-	for _, o := range args[3:] {
-		switch strings.ToLower(string(o)) {
-		case "nx":
-			nx = true
-		case "xx":
-			xx = true
-		case "get":
-			get = true
-		case "ex", "px", "exat", "pxat", "keepttl":
-			c.settle()
-			c.w.err("ERR " + strings.ToUpper(string(o)) + " is not supported: keys do not expire here (no TTL; docs/RESP.md)")
-			return
-		default:
-			c.settle()
-			c.w.err("ERR syntax error")
-			return
-		}
-	}
-	if nx && xx {
+	o, msg := parseSet(args[3:], c.s.opts.Now())
+	if msg != "" {
 		c.settle()
-		c.w.err("ERR syntax error")
+		c.w.err(msg)
 		return
 	}
-	if xx || get {
-		// On what it reads: a transaction of one command (view.go).
+	if o.xx || o.get || o.keep {
 		c.one(args)
 		return
 	}
-	w := api.Write{Entry: entry.Entry{Op: entry.OpSet, Key: key, Value: value}}
-	if nx {
+	w := api.Write{Entry: entry.Entry{Op: entry.OpSet, Key: string(args[1]), Value: args[2], Expires: o.expires}}
+	if o.nx {
 		w.Cond = &api.Condition{IfNoneMatch: true}
 	}
 	c.submit(w, func(c *conn, _ api.WriteResult, err error) {
 		switch {
 		case err == nil:
 			c.w.simple("OK")
-		case nx && errors.Is(err, api.ErrPrecondition):
+		case o.nx && errors.Is(err, api.ErrPrecondition):
 			c.w.null()
 		default:
 			c.writeErr(err)
 		}
 	})
+}
+
+// setex is SETEX key seconds value and PSETEX key milliseconds value.
+func (c *conn) setex(args [][]byte) {
+	unit := "ex"
+	if strings.EqualFold(string(args[0]), "psetex") {
+		unit = "px"
+	}
+	at, ok := expiryAt(unit, args[2], c.s.opts.Now())
+	if !ok {
+		c.settle()
+		c.w.err("ERR invalid expire time in '" + strings.ToLower(string(args[0])) + "' command")
+		return
+	}
+	c.submit(api.Write{Entry: entry.Entry{Op: entry.OpSet, Key: string(args[1]), Value: args[3], Expires: at}},
+		func(c *conn, _ api.WriteResult, err error) {
+			if err != nil {
+				c.writeErr(err)
+				return
+			}
+			c.w.simple("OK")
+		})
 }
 
 // maxRounds bounds how often a transaction (or a command that reads, then

@@ -43,6 +43,8 @@ var txnServed = map[string]bool{
 	"ping": true, "echo": true, "get": true, "mget": true, "exists": true, "type": true, "strlen": true,
 	"getrange": true, "set": true, "getset": true, "setnx": true, "mset": true, "msetnx": true,
 	"getdel": true, "del": true, "unlink": true, "append": true, "setrange": true,
+	"setex": true, "psetex": true, "expire": true, "pexpire": true, "expireat": true, "pexpireat": true,
+	"persist": true, "ttl": true, "pttl": true, "expiretime": true, "pexpiretime": true, "getex": true,
 }
 
 func (c *conn) multi(_ [][]byte) {

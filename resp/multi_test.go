@@ -26,12 +26,19 @@ type recordingNode struct {
 	// before, when set, runs before a write is decided (another client's
 	// write coming between a transaction's reads and its commit).
 	before func(f *recordingNode)
+	// now, when set, is the clock a version's expiry is read against (as
+	// the node's); unset, nothing expires.
+	now func() int64
+}
+
+func (f *recordingNode) liveLocked(r entry.Record) bool {
+	return f.now == nil || !r.Expired(f.now())
 }
 
 func (f *recordingNode) Get(key string) (entry.Record, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if r, ok := f.kv[key]; ok {
+	if r, ok := f.kv[key]; ok && f.liveLocked(r) {
 		return r, nil
 	}
 	return entry.Record{}, api.ErrNotFound
@@ -73,7 +80,7 @@ func (f *recordingNode) incr(key string, d int64) {
 }
 
 func (f *recordingNode) versionLocked(key string) string {
-	if r, ok := f.kv[key]; ok {
+	if r, ok := f.kv[key]; ok && f.liveLocked(r) {
 		return r.Stamp.String()
 	}
 	if c, ok := f.ctr[key]; ok {
@@ -101,7 +108,7 @@ func (f *recordingNode) Submit(_ context.Context, w api.Write) (func() (api.Writ
 func (f *recordingNode) applyLocked(w api.Write) error {
 	ops := w.Ops
 	if ops == nil {
-		ops = []api.BatchOp{{Key: w.Entry.Key, Value: w.Entry.Value, Delete: w.Entry.Op == entry.OpDelete}}
+		ops = []api.BatchOp{{Key: w.Entry.Key, Value: w.Entry.Value, Delete: w.Entry.Op == entry.OpDelete, Expires: w.Entry.Expires}}
 	}
 	for _, op := range ops {
 		if _, ok := f.ctr[op.Key]; ok {
@@ -128,7 +135,7 @@ func (f *recordingNode) applyLocked(w api.Write) error {
 		if op.Delete {
 			delete(f.kv, op.Key)
 		} else {
-			f.kv[op.Key] = entry.Record{Stamp: st, Value: op.Value}
+			f.kv[op.Key] = entry.Record{Stamp: st, Value: op.Value, Expires: op.Expires}
 		}
 	}
 	return nil

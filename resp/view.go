@@ -42,6 +42,7 @@ type vkey struct {
 	// As the transaction left it.
 	live    bool
 	value   []byte
+	expires int64 // wall ns; 0: never
 	written bool
 	// depends: a command read the key before the transaction wrote it;
 	// the write is conditional on its version.
@@ -60,7 +61,7 @@ func (v *view) key(k string) *vkey {
 	rec, err := v.c.s.node.Get(k)
 	switch {
 	case err == nil:
-		x.version, x.live, x.value = rec.Stamp.String(), true, rec.Value
+		x.version, x.live, x.value, x.expires = rec.Stamp.String(), true, rec.Value, rec.Expires
 	case errors.Is(err, api.ErrNotFound):
 		ctr, err := v.c.s.node.Counter(k)
 		switch {
@@ -91,13 +92,17 @@ func (v *view) read(k string) *vkey {
 	return x
 }
 
-func (v *view) set(k string, value []byte) {
+// set writes a version of k that does not expire.
+func (v *view) set(k string, value []byte) { v.setTTL(k, value, 0) }
+
+// setTTL writes a version of k that expires at expires (0: never).
+func (v *view) setTTL(k string, value []byte, expires int64) {
 	x := v.key(k)
 	if !x.written {
 		x.written = true
 		v.order = append(v.order, k)
 	}
-	x.live, x.value = true, value
+	x.live, x.value, x.expires = true, value, expires
 }
 
 func (v *view) del(k string) {
@@ -117,7 +122,11 @@ func (v *view) write(watched map[string]string) (w api.Write, ok bool) {
 		if !x.live && x.version == "" {
 			continue // a delete of what never was: nothing to write
 		}
-		ops = append(ops, api.BatchOp{Key: k, Value: x.value, Delete: !x.live})
+		op := api.BatchOp{Key: k, Value: x.value, Delete: !x.live}
+		if x.live {
+			op.Expires = x.expires
+		}
+		ops = append(ops, op)
 	}
 	if len(ops) == 0 {
 		return w, false
@@ -125,7 +134,7 @@ func (v *view) write(watched map[string]string) (w api.Write, ok bool) {
 	conds := v.conditions(watched)
 	if len(ops) == 1 && (len(conds) == 0 || (len(conds) == 1 && conds[0].Key == ops[0].Key)) {
 		op := ops[0]
-		w.Entry = entry.Entry{Op: entry.OpSet, Key: op.Key, Value: op.Value}
+		w.Entry = entry.Entry{Op: entry.OpSet, Key: op.Key, Value: op.Value, Expires: op.Expires}
 		if op.Delete {
 			w.Entry.Op = entry.OpDelete
 		}
@@ -298,10 +307,29 @@ func (v *view) run(args [][]byte, w *writer) {
 			return
 		}
 		val := append(append(make([]byte, 0, len(x.value)+len(more)), x.value...), more...)
-		v.set(k, val)
+		v.setTTL(k, val, x.expires) // APPEND keeps the key's expiry
 		w.int(int64(len(val)))
 	case "setrange":
 		v.setrangeCmd(args, w)
+	case "setex", "psetex":
+		at, ok := expiryAt(map[string]string{"setex": "ex", "psetex": "px"}[name], args[2], v.c.s.opts.Now())
+		switch x := v.key(string(args[1])); {
+		case !ok:
+			w.err("ERR invalid expire time in '" + name + "' command")
+		case x.counter:
+			v.wrongType(w, string(args[1]))
+		default:
+			v.setTTL(string(args[1]), args[3], at)
+			w.simple("OK")
+		}
+	case "expire", "pexpire", "expireat", "pexpireat":
+		v.expireCmd(name, args, w)
+	case "persist":
+		v.persist(string(args[1]), w)
+	case "ttl", "pttl", "expiretime", "pexpiretime":
+		v.ttlCmd(name, string(args[1]), w)
+	case "getex":
+		v.getex(args, w)
 	default:
 		// txnServed and this switch disagree: a bug, said as one.
 		w.err("ERR " + strings.ToUpper(name) + " is not served inside a transaction")
@@ -326,34 +354,21 @@ func (v *view) wrongType(w *writer, key string) {
 	w.err(msg)
 }
 
-// setCmd is SET key value [NX | XX] [GET], and GETSET.
+// setCmd is SET key value [NX | XX] [GET] [EX s | PX ms | EXAT t | PXAT
+// t | KEEPTTL], and GETSET.
 func (v *view) setCmd(name string, args [][]byte, w *writer) {
 	k, value := string(args[1]), args[2]
-	nx, xx, get := false, false, name == "getset"
+	o := setOpts{get: name == "getset"}
 	if name == "set" {
-		for _, o := range args[3:] {
-			switch strings.ToLower(string(o)) {
-			case "nx":
-				nx = true
-			case "xx":
-				xx = true
-			case "get":
-				get = true
-			case "ex", "px", "exat", "pxat", "keepttl":
-				w.err("ERR " + strings.ToUpper(string(o)) + " is not supported: keys do not expire here (no TTL; docs/RESP.md)")
-				return
-			default:
-				w.err("ERR syntax error")
-				return
-			}
-		}
-		if nx && xx {
-			w.err("ERR syntax error")
+		var msg string
+		if o, msg = parseSet(args[3:], v.c.s.opts.Now()); msg != "" {
+			w.err(msg)
 			return
 		}
 	}
+	nx, xx, get := o.nx, o.xx, o.get
 	x := v.key(k)
-	if nx || xx || get {
+	if nx || xx || get || o.keep {
 		x = v.read(k)
 	}
 	if x.counter {
@@ -369,7 +384,11 @@ func (v *view) setCmd(name string, args [][]byte, w *writer) {
 		}
 		return
 	}
-	v.set(k, value)
+	expires := o.expires
+	if o.keep {
+		expires = x.expires
+	}
+	v.setTTL(k, value, expires)
 	switch {
 	case !get:
 		w.simple("OK")
@@ -437,6 +456,6 @@ func (v *view) setrangeCmd(args [][]byte, w *writer) {
 	val := make([]byte, max(int64(len(x.value)), off+int64(len(part))))
 	copy(val, x.value)
 	copy(val[off:], part)
-	v.set(k, val)
+	v.setTTL(k, val, x.expires) // SETRANGE keeps the key's expiry
 	w.int(int64(len(val)))
 }
