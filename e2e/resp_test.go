@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"net/http"
 	"os/exec"
 	"strings"
 	"sync"
@@ -11,6 +12,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/replicator/replicator/node"
 )
 
 // redisCLI runs redis-cli against a RESP port. A machine without it fails
@@ -493,4 +496,109 @@ with r.pipeline() as p:
 		got, _ := b.MGet(ctx, "nx/1", "nx/2", "nx/3", "nx/copy").Result()
 		return fmt.Sprint(got) == "[a b <nil> of a]", fmt.Sprintf("at b: %v", got)
 	})
+}
+
+// TestRESPExpiryAtAPair: expiry replicated between a pair whose clocks are
+// 300 ms apart (b ahead, within the offset the skew guard allows). A key
+// set with PX at a carries the same absolute expiry at b (PEXPIRETIME
+// equal: one version, one expiry), and reads absent at both once it
+// passed; EXPIRE at a and PERSIST at b reach the other cluster. A SET NX
+// PX lock excludes within one cluster only: with the links paused, each
+// cluster grants it (docs/RESP.md), and once they resume both hold the same
+// holder, last-writer-wins; the lock then expires at both.
+func TestRESPExpiryAtAPair(t *testing.T) {
+	m := newMesh(t, seed(t), false, "a", "b")
+	ports := map[string]int{}
+	for _, n := range m.names {
+		ports[n] = freePort(t)
+		m.nodes[n].args = append(m.nodes[n].args, "--resp-listen", fmt.Sprintf("127.0.0.1:%d", ports[n]))
+	}
+	m.nodes["b"].env = append(m.nodes["b"].env, node.TestingEnvPrefix+"CLOCK_OFFSET=300ms")
+	m.start()
+	ctx := context.Background()
+	a := redis.NewClient(&redis.Options{Addr: fmt.Sprintf("127.0.0.1:%d", ports["a"])})
+	defer a.Close()
+	b := redis.NewClient(&redis.Options{Addr: fmt.Sprintf("127.0.0.1:%d", ports["b"])})
+	defer b.Close()
+	sameExpiry := func(key string) int64 {
+		t.Helper()
+		at, err := a.PExpireTime(ctx, key).Result()
+		if err != nil || at <= 0 {
+			t.Fatalf("PEXPIRETIME %s at a: %v %v", key, at, err)
+		}
+		eventually(t, 30*time.Second, func() (bool, string) {
+			bt, err := b.PExpireTime(ctx, key).Result()
+			return bt == at, fmt.Sprintf("PEXPIRETIME %s at b %v (%v), at a %v", key, bt, err, at)
+		})
+		return int64(at / time.Millisecond)
+	}
+
+	if err := a.Set(ctx, "e/1", "v", 3*time.Second).Err(); err != nil {
+		t.Fatal(err)
+	}
+	sameExpiry("e/1")
+	for name, c := range map[string]*redis.Client{"a": a, "b": b} {
+		eventually(t, 30*time.Second, func() (bool, string) {
+			n, err := c.Exists(ctx, "e/1").Result()
+			return err == nil && n == 0, fmt.Sprintf("e/1 at %s: exists %d %v", name, n, err)
+		})
+		if v, err := c.Get(ctx, "e/1").Result(); err != redis.Nil {
+			t.Fatalf("an expired key reads %q %v at %s", v, err, name)
+		}
+	}
+
+	// EXPIRE at a, PERSIST at b.
+	if err := a.Set(ctx, "e/2", "v", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := a.Expire(ctx, "e/2", 100*time.Second).Result(); err != nil || !ok {
+		t.Fatalf("EXPIRE: %v %v", ok, err)
+	}
+	sameExpiry("e/2")
+	if ok, err := b.Persist(ctx, "e/2").Result(); err != nil || !ok {
+		t.Fatalf("PERSIST at b: %v %v", ok, err)
+	}
+	eventually(t, 30*time.Second, func() (bool, string) {
+		d, err := a.TTL(ctx, "e/2").Result()
+		return err == nil && d == -1, fmt.Sprintf("TTL e/2 at a after PERSIST at b: %v %v", d, err)
+	})
+
+	// The lock, with the links paused both ways.
+	for from, to := range map[string]string{"a": "b", "b": "a"} {
+		if _, err := m.nodes[from].client().Do(ctx, http.MethodPost, "/admin/peers/"+to+"/pause", nil, nil, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if ok, err := a.SetNX(ctx, "lock", "held-at-a", 4*time.Second).Result(); err != nil || !ok {
+		t.Fatalf("the lock at a: %v %v", ok, err)
+	}
+	if ok, err := a.SetNX(ctx, "lock", "again-at-a", 4*time.Second).Result(); err != nil || ok {
+		t.Fatalf("the lock taken twice at a: %v %v", ok, err)
+	}
+	if ok, err := b.SetNX(ctx, "lock", "held-at-b", 4*time.Second).Result(); err != nil || !ok {
+		t.Fatalf("the lock at b, while a holds it with the links paused: %v %v (NX excludes within a cluster only)", ok, err)
+	}
+	for from, to := range map[string]string{"a": "b", "b": "a"} {
+		if _, err := m.nodes[from].client().Do(ctx, http.MethodPost, "/admin/peers/"+to+"/resume", nil, nil, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var holder string
+	eventually(t, 30*time.Second, func() (bool, string) {
+		va, ea := a.Get(ctx, "lock").Result()
+		vb, eb := b.Get(ctx, "lock").Result()
+		holder = va
+		return ea == nil && eb == nil && va == vb, fmt.Sprintf("lock at a %q (%v), at b %q (%v)", va, ea, vb, eb)
+	})
+	sameExpiry("lock")
+	t.Logf("both clusters granted the lock; %q holds it at both", holder)
+	for name, c := range map[string]*redis.Client{"a": a, "b": b} {
+		eventually(t, 30*time.Second, func() (bool, string) {
+			n, err := c.Exists(ctx, "lock").Result()
+			return err == nil && n == 0, fmt.Sprintf("lock at %s after its expiry: exists %d %v", name, n, err)
+		})
+	}
+	if ok, err := b.SetNX(ctx, "lock", "next", 4*time.Second).Result(); err != nil || !ok {
+		t.Fatalf("the lock after it expired: %v %v", ok, err)
+	}
 }
