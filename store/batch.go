@@ -257,6 +257,10 @@ func (b *Batch) Merge(w Write) (entry.Outcome, error) {
 		if err := b.pb.Set(tombstoneKey(w.Stamp.HLC, w.Key), nil, nil); err != nil {
 			return 0, err
 		}
+	} else if r.Expires != 0 {
+		if err := b.pb.Set(expiryKey(r.Expires, w.Key), nil, nil); err != nil {
+			return 0, err
+		}
 	}
 	if b.pending == nil {
 		b.pending = make(map[string]pendingRecord, b.expect)

@@ -2,10 +2,13 @@ package store
 
 import (
 	"bytes"
+	"encoding/binary"
+	"errors"
 	"fmt"
 
 	"github.com/cockroachdb/pebble/v2"
 
+	"github.com/replicator/replicator/hashtree"
 	"github.com/replicator/replicator/hlc"
 )
 
@@ -94,5 +97,62 @@ func (b *Batch) CollectTombstonesKeeping(cutoff hlc.Timestamp, max int, keep Kee
 		return n, fmt.Errorf("store: collect tombstones: %w", err)
 	}
 	rn, err := b.collectRanges(cutoff, keep)
-	return n + rn, err
+	if err != nil {
+		return n + rn, err
+	}
+	xn, err := b.collectExpired(cutoff, max, keep)
+	return n + rn + xn, err
+}
+
+// collectExpired drops the versions that expired at or before cutoff's
+// wall time and are stamped below cutoff: as for a tombstone, no write
+// older than them can still arrive, and every peer holds them (or a
+// re-seed's snapshot was taken before). keep leaves those a narrowed link
+// must still carry, as it leaves tombstones. An index entry of a version
+// since replaced goes alone.
+func (b *Batch) collectExpired(cutoff hlc.Timestamp, max int, keep Keeper) (int, error) {
+	if cutoff.Wall <= 0 {
+		return 0, nil
+	}
+	it, err := b.s.db.NewIter(&pebble.IterOptions{LowerBound: []byte{prefixExpiry}, UpperBound: expiryKey(cutoff.Wall+1, "")})
+	if err != nil {
+		return 0, fmt.Errorf("store: collect expired versions: %w", err)
+	}
+	defer it.Close()
+	n := 0
+	for valid := it.First(); valid && n < max; valid = it.Next() {
+		ik := it.Key()
+		if len(ik) < 9 {
+			return n, fmt.Errorf("store: expiry index entry of %d bytes: %w", len(ik), ErrCorrupt)
+		}
+		expires, key := int64(binary.BigEndian.Uint64(ik[1:9])), string(ik[9:])
+		if _, mine := b.pending[key]; mine {
+			continue // written by this batch: its own index entry stands
+		}
+		dk := dataKey(key)
+		rec, err := b.s.Get(key)
+		found := err == nil
+		if err != nil && !errors.Is(err, ErrNotFound) {
+			return n, err
+		}
+		current := found && !rec.Tombstone && rec.Expires == expires
+		if current && !rec.Stamp.HLC.Less(cutoff) {
+			continue // a write older than it may still arrive: it must win
+		}
+		if current && keep != nil && keep.Keep(key, "", rec.Stamp.Origin, false) {
+			keep.Kept(key, "", rec.Stamp.Origin, false, len(dk)+len(rec.Value)+64)
+			continue
+		}
+		if err := b.pb.Delete(bytes.Clone(ik), nil); err != nil {
+			return n, err
+		}
+		if current {
+			if err := b.pb.Delete(dk, nil); err != nil {
+				return n, err
+			}
+			b.moveLeafLocked(key, versionDigest(&b.digester, key, &rec), hashtree.Sum{})
+			n++
+		}
+	}
+	return n, it.Error()
 }

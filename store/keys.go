@@ -87,6 +87,7 @@ const (
 	prefixOpenSnap   = 'S' // open re-seeds and backfills (opensnap.go)
 	prefixUnheard    = 'U' // authors an open snapshot's relays were not taken of (opensnap.go)
 
+	prefixExpiry       = 'e' // versions that expire, by expiry (collect.go)
 	prefixConflict     = 'X' // the conflict log, by key (conflicts.go)
 	prefixConflictTime = 'Y' // its time index
 	prefixConflictID   = 'W' // its ID index
@@ -102,6 +103,16 @@ func tombstoneKey(ts hlc.Timestamp, key string) []byte {
 	k := make([]byte, 0, 1+hlc.EncodedLen+len(key))
 	k = append(k, prefixTombstone)
 	k = ts.AppendTo(k)
+	return append(k, key...)
+}
+
+// expiryKey indexes a version that expires: expires(8, big-endian) | key.
+// An entry outlives the version it was written for when the key is written
+// again; collection recognises it as stale.
+func expiryKey(expires int64, key string) []byte {
+	k := make([]byte, 0, 9+len(key))
+	k = append(k, prefixExpiry)
+	k = binary.BigEndian.AppendUint64(k, uint64(expires))
 	return append(k, key...)
 }
 

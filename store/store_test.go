@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cockroachdb/pebble/v2"
+
 	"github.com/replicator/replicator/entry"
 	"github.com/replicator/replicator/hlc"
 )
@@ -371,6 +373,74 @@ func TestExpiredVersions(t *testing.T) {
 		t.Fatalf("the newer version keeps its own (no) expiry: %+v", r)
 	}
 }
+
+// TestCollectExpired: a collection drops the versions that expired by its
+// cutoff's wall time and are stamped below it, with their leaf and their
+// count among live keys; it leaves a version stamped at or above the
+// cutoff (an older write may still arrive, which it must beat), one that
+// expires later, and a key written again since (its stale index entry
+// goes); a keeper keeps one as it keeps tombstones.
+func TestCollectExpired(t *testing.T) {
+	s := openTest(t)
+	put := func(key string, stamp, expires int64) {
+		t.Helper()
+		if _, err := s.Merge(Write{Key: key, Value: []byte(key), Stamp: st(stamp, 0, "a"), Expires: expires}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	put("gone", 10, 100)
+	put("young", 200, 100) // stamped above the cutoff, expired before it
+	put("later", 10, 500)
+	put("rewritten", 10, 100)
+	put("rewritten", 20, 0)
+	put("plain", 10, 0)
+	put("kept", 10, 100)
+	if live := s.Live(); live != 6 {
+		t.Fatalf("%d live keys before, want 6", live)
+	}
+	b := s.NewBatch()
+	n, err := b.CollectTombstonesKeeping(hlc.Timestamp{Wall: 150}, 0, keepOnly("kept"))
+	if err == nil {
+		err = b.Commit(true)
+	}
+	b.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n != 1 {
+		t.Fatalf("collected %d, want 1 (gone)", n)
+	}
+	if _, err := s.Get("gone"); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("gone: %v", err)
+	}
+	for _, k := range []string{"young", "later", "rewritten", "plain", "kept"} {
+		if _, err := s.Get(k); err != nil {
+			t.Fatalf("%s: %v", k, err)
+		}
+	}
+	if live := s.Live(); live != 5 {
+		t.Fatalf("%d live keys after, want 5", live)
+	}
+	if differ, err := s.CheckLeaves(func(int) bool { return true }, false); err != nil || len(differ) != 0 {
+		t.Fatalf("the kept leaves differ from the tree's after the collection: %v %v", differ, err)
+	}
+	// The stale index entry of rewritten went; young's, later's and kept's stay.
+	var idx []string
+	it, _ := s.db.NewIter(&pebble.IterOptions{LowerBound: []byte{prefixExpiry}, UpperBound: []byte{prefixExpiry + 1}})
+	for v := it.First(); v; v = it.Next() {
+		idx = append(idx, string(it.Key()[9:]))
+	}
+	it.Close()
+	if fmt.Sprint(idx) != "[kept young later]" {
+		t.Fatalf("expiry index after: %v", idx)
+	}
+}
+
+// keepOnly keeps the one key named.
+type keepOnly string
+
+func (k keepOnly) Keep(start, _, _ string, _ bool) bool { return start == string(k) }
+func (keepOnly) Kept(string, string, string, bool, int) {}
 
 func TestRecordRoundTrip(t *testing.T) {
 	for _, r := range []Record{

@@ -101,6 +101,10 @@ func (b *Batch) mergeTracked(w *Write) (entry.Outcome, error) {
 		if err := b.pb.Set(tombstoneKey(w.Stamp.HLC, w.Key), nil, nil); err != nil {
 			return 0, err
 		}
+	} else if r.Expires != 0 {
+		if err := b.pb.Set(expiryKey(r.Expires, w.Key), nil, nil); err != nil {
+			return 0, err
+		}
 	}
 	if err := b.putRecordLocked(w.Key, dk, &r, prev); err != nil {
 		return 0, err
