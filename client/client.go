@@ -200,6 +200,8 @@ type Value struct {
 	Value   []byte
 	Version string
 	Origin  string
+	// Expires is when the version expires (zero: never).
+	Expires time.Time
 }
 
 // Item is one key of a scan page.
@@ -338,7 +340,13 @@ func (c *Client) Get(ctx context.Context, key string) (Value, error) {
 	if err != nil {
 		return Value{}, err
 	}
-	return Value{Value: b, Version: strings.Trim(h.Get("ETag"), `"`), Origin: h.Get("X-Replicator-Origin")}, nil
+	v := Value{Value: b, Version: strings.Trim(h.Get("ETag"), `"`), Origin: h.Get("X-Replicator-Origin")}
+	if x := h.Get("X-Replicator-Expires"); x != "" {
+		if v.Expires, err = time.Parse(time.RFC3339Nano, x); err != nil {
+			return Value{}, fmt.Errorf("client: get %q: the version's expiry %q: %w", key, x, err)
+		}
+	}
+	return v, nil
 }
 
 // Delete deletes key.
@@ -424,14 +432,25 @@ func (c *Client) Ready(ctx context.Context) error {
 	return err
 }
 
-// WriteOptions are the preconditions of a single-key write.
+// WriteOptions are the preconditions of a single-key write, and a put's
+// expiry.
 type WriteOptions struct {
 	IfMatch     string // the version the key must hold
 	IfNoneMatch bool   // the key must hold no value
+	// TTL, or ExpiresAt, makes the version a put writes expire
+	// (docs/DATAMODEL.md "Expiry"); the TTL counts from the node's clock.
+	TTL       time.Duration
+	ExpiresAt time.Time
 }
 
 func (o WriteOptions) header() http.Header {
 	h := http.Header{}
+	if o.TTL != 0 {
+		h.Set("X-Replicator-TTL", o.TTL.String())
+	}
+	if !o.ExpiresAt.IsZero() {
+		h.Set("X-Replicator-Expires", o.ExpiresAt.UTC().Format(time.RFC3339Nano))
+	}
 	if o.IfMatch != "" {
 		h.Set("If-Match", `"`+o.IfMatch+`"`)
 	}

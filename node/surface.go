@@ -54,6 +54,7 @@ func surface(n *Node) *httpapi.API {
 		MaxValueBytes: n.opts.MaxValueBytes,
 		MaxBatchBytes: int(n.opts.MaxReplicateBytes / 2),
 		Metrics:       n.metrics.handler(),
+		Now:           n.clock.Physical,
 		// Behind the token (Validate refuses --pprof without one).
 		Pprof:       n.opts.Pprof && n.opts.APIToken != "",
 		Tree:        n.ae,

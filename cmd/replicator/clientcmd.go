@@ -119,6 +119,10 @@ func runClient(cmd string, args []string) error {
 	if cmd == "put" || cmd == "del" {
 		cf.registerWrite(fs)
 	}
+	var ttl time.Duration
+	if cmd == "put" {
+		fs.DurationVar(&ttl, "ttl", 0, "the value expires this long after the node takes it (30s, 1h; 0: never)")
+	}
 	if cmd == "scan" {
 		fs.StringVar(&so.Prefix, "prefix", "", "only keys with this prefix")
 		fs.StringVar(&so.Start, "start", "", "first key (inclusive)")
@@ -149,7 +153,10 @@ func runClient(cmd string, args []string) error {
 			}
 			value = b
 		}
-		res, err := c.Put(ctx, fs.Arg(0), value)
+		if ttl < 0 {
+			return usagef("--ttl %s: want a positive duration", ttl)
+		}
+		res, err := c.PutWith(ctx, fs.Arg(0), value, client.WriteOptions{TTL: ttl})
 		if err != nil {
 			return unknownOutcome(err, cf.idemKey)
 		}
@@ -161,13 +168,21 @@ func runClient(cmd string, args []string) error {
 		if err != nil {
 			return err
 		}
-		return cf.out.print(newValueOut(fs.Arg(0), v.Value, v.Version, v.Origin), func(w io.Writer) {
+		out := newValueOut(fs.Arg(0), v.Value, v.Version, v.Origin)
+		if !v.Expires.IsZero() {
+			out.Expires = v.Expires.UTC().Format(time.RFC3339Nano)
+		}
+		return cf.out.print(out, func(w io.Writer) {
 			// the value as is, so `get K > file` round-trips; its version aside
 			w.Write(v.Value)
 			if len(v.Value) > 0 && v.Value[len(v.Value)-1] != '\n' {
 				fmt.Fprintln(w)
 			}
-			fmt.Fprintf(os.Stderr, "version %s origin %s\n", v.Version, v.Origin)
+			expires := ""
+			if out.Expires != "" {
+				expires = " expires " + out.Expires
+			}
+			fmt.Fprintf(os.Stderr, "version %s origin %s%s\n", v.Version, v.Origin, expires)
 		})
 	case "del":
 		res, err := c.Delete(ctx, fs.Arg(0))

@@ -68,6 +68,7 @@ type valueOut struct {
 	ValueBase64 []byte `json:"value_base64,omitempty"`
 	Version     string `json:"version"`
 	Origin      string `json:"origin"`
+	Expires     string `json:"expires,omitempty"`
 }
 
 func newValueOut(key string, v []byte, version, origin string) valueOut {

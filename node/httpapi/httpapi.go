@@ -135,6 +135,9 @@ type Options struct {
 	// Caller names who sent a request, for the logs of admin actions.
 	Caller func(*http.Request) string
 	Logger *slog.Logger
+	// Now is the node's clock (wall ns): a TTL counts from it (nil: the
+	// system clock).
+	Now func() int64
 }
 
 // API serves a node over HTTP.

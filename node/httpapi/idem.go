@@ -31,6 +31,14 @@ func Fingerprint(r *http.Request, key string, body []byte) []byte {
 		fmt.Fprintf(h, "%d:", len(part))
 		h.Write(part)
 	}
+	// An expiry as the request asked for it (a TTL is the same string on
+	// every retry), only when it did: the fingerprints of requests
+	// without one are as before.
+	for _, name := range []string{HeaderTTL, HeaderExpires} {
+		if v := r.Header.Get(name); v != "" {
+			fmt.Fprintf(h, "%s:%d:%s", name, len(v), v)
+		}
+	}
 	return h.Sum(nil)
 }
 

@@ -4,8 +4,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net/http"
 	"strconv"
+	"time"
 	"unicode/utf8"
 
 	"github.com/replicator/replicator/api"
@@ -145,6 +147,9 @@ func (a *API) handleKey(w http.ResponseWriter, r *http.Request) {
 		h := w.Header()
 		h.Set("ETag", `"`+rec.Stamp.String()+`"`)
 		h.Set("X-Replicator-Origin", rec.Stamp.Origin)
+		if rec.Expires != 0 {
+			h.Set(HeaderExpires, time.Unix(0, rec.Expires).UTC().Format(time.RFC3339Nano))
+		}
 		h.Set("Content-Type", "application/octet-stream")
 		h.Set("Content-Length", strconv.Itoa(len(rec.Value)))
 		w.WriteHeader(http.StatusOK)
@@ -166,6 +171,11 @@ func (a *API) handleKey(w http.ResponseWriter, r *http.Request) {
 			}
 			e = entry.Entry{Op: entry.OpSet, Key: key, Value: value}
 		}
+		var err error
+		if e.Expires, err = a.parseExpiry(r, e.Op); err != nil {
+			WriteErr(w, err)
+			return
+		}
 		cond, err := parseConditions(r)
 		if err != nil {
 			WriteErr(w, err)
@@ -181,6 +191,44 @@ func (a *API) handleKey(w http.ResponseWriter, r *http.Request) {
 	default:
 		methodNotAllowed(w, r, "GET, HEAD, PUT, DELETE")
 	}
+}
+
+// The expiry of a PUT (docs/API.md "Expiry"): a TTL from the node's clock,
+// or an absolute time; a GET answers the version's in HeaderExpires.
+const (
+	HeaderTTL     = "X-Replicator-TTL"     // a Go duration: 30s, 1h
+	HeaderExpires = "X-Replicator-Expires" // RFC 3339
+)
+
+// parseExpiry reads a write's expiry (0: none).
+func (a *API) parseExpiry(r *http.Request, op entry.Op) (int64, error) {
+	ttl, at := r.Header.Get(HeaderTTL), r.Header.Get(HeaderExpires)
+	switch {
+	case ttl == "" && at == "":
+		return 0, nil
+	case op != entry.OpSet:
+		return 0, fmt.Errorf("%w: an expiry on a %s", api.ErrBadRequest, op)
+	case ttl != "" && at != "":
+		return 0, fmt.Errorf("%w: %s and %s at once", api.ErrBadRequest, HeaderTTL, HeaderExpires)
+	case at != "":
+		t, err := time.Parse(time.RFC3339Nano, at)
+		if err != nil || t.UnixNano() <= 0 {
+			return 0, fmt.Errorf("%w: %s %q is not an RFC 3339 time after 1970", api.ErrBadRequest, HeaderExpires, at)
+		}
+		return t.UnixNano(), nil
+	}
+	d, err := time.ParseDuration(ttl)
+	if err != nil || d <= 0 {
+		return 0, fmt.Errorf("%w: %s %q is not a positive duration (30s, 1h)", api.ErrBadRequest, HeaderTTL, ttl)
+	}
+	now := time.Now().UnixNano()
+	if a.opts.Now != nil {
+		now = a.opts.Now()
+	}
+	if int64(d) > math.MaxInt64-now {
+		return 0, fmt.Errorf("%w: %s %q is past the clock's range", api.ErrBadRequest, HeaderTTL, ttl)
+	}
+	return now + int64(d), nil
 }
 
 func methodNotAllowed(w http.ResponseWriter, r *http.Request, allow string) {
