@@ -46,6 +46,8 @@ type ConflictVersion struct {
 	ValueSHA256 string `json:"value_sha256,omitempty"`
 	// ValueOmitted: the value was larger than the log keeps.
 	ValueOmitted bool `json:"value_omitted,omitempty"`
+	// Expires is when the version expired or expires (none: never).
+	Expires *time.Time `json:"expires,omitempty"`
 }
 
 // ConflictPage is one page of the conflict log, in key order.

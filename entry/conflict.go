@@ -24,6 +24,9 @@ type Conflict struct {
 	LoserValue []byte
 	LoserLen   int
 	LoserHash  []byte // SHA-256 of the discarded value
+	// LoserExpires is the discarded version's expiry (0: none): a restore
+	// writes it back with it.
+	LoserExpires int64
 	// Incoming: the discarded version was the entry that arrived (else the
 	// version the key held).
 	Incoming bool

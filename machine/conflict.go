@@ -63,8 +63,8 @@ func (j *conflictJudge) judge(prev *store.Record, w *store.Write, out entry.Outc
 		// A local write's context covers what its key held.
 		return conflicted, nil
 	}
-	in := version{stamp: w.Stamp, ctx: w.Ctx, tomb: w.Tombstone, value: w.Value}
-	st := version{stamp: prev.Stamp, ctx: prev.Ctx, tomb: prev.Tombstone, value: prev.Value}
+	in := version{stamp: w.Stamp, ctx: w.Ctx, tomb: w.Tombstone, value: w.Value, expires: w.Expires}
+	st := version{stamp: prev.Stamp, ctx: prev.Ctx, tomb: prev.Tombstone, value: prev.Value, expires: prev.Expires}
 	var c *entry.Conflict
 	switch out {
 	case entry.Applied:
@@ -170,10 +170,11 @@ func markRestored(b *store.Batch, e *entry.Entry) error {
 
 // version is one side of a discard.
 type version struct {
-	stamp entry.Stamp
-	ctx   entry.Context
-	tomb  bool
-	value []byte
+	stamp   entry.Stamp
+	ctx     entry.Context
+	tomb    bool
+	value   []byte
+	expires int64
 }
 
 // decide says whether discarding loser for winner is a conflict, and its
@@ -183,7 +184,7 @@ func (j *conflictJudge) decide(key string, loser, winner version, incoming bool)
 	case loser.stamp.Origin == winner.stamp.Origin:
 		// One origin's versions are ordered by its own log.
 		return nil
-	case loser.tomb == winner.tomb && bytes.Equal(loser.value, winner.value):
+	case loser.tomb == winner.tomb && bytes.Equal(loser.value, winner.value) && loser.expires == winner.expires:
 		// The same outcome written twice (a keyed retry at two
 		// clusters): nothing was lost.
 		return nil
@@ -198,7 +199,7 @@ func (j *conflictJudge) decide(key string, loser, winner version, incoming bool)
 	c := &entry.Conflict{
 		ID:  entry.ConflictID(key, loser.stamp, winner.stamp),
 		Key: key, Loser: loser.stamp, Winner: winner.stamp,
-		LoserTombstone: loser.tomb, LoserLen: len(loser.value), LoserHash: h[:],
+		LoserTombstone: loser.tomb, LoserLen: len(loser.value), LoserHash: h[:], LoserExpires: loser.expires,
 		Incoming: incoming, Peer: j.peer, At: j.at,
 		Possible: len(winner.ctx) == 0,
 	}

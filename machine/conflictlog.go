@@ -5,6 +5,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/replicator/replicator/api"
 	"github.com/replicator/replicator/entry"
@@ -79,6 +80,9 @@ func (c *ConflictLog) RestoreConflict(ctx context.Context, id string) (api.Write
 	} else if w.Entry.Value == nil {
 		w.Entry.Value = []byte{}
 	}
+	if !rec.LoserTombstone {
+		w.Entry.Expires = rec.LoserExpires // back as it was, expired or not
+	}
 	return c.Propose(ctx, w)
 }
 
@@ -90,6 +94,10 @@ func conflictReport(r *entry.Conflict) api.Conflict {
 			ValueOmitted: r.LoserValue == nil && r.LoserLen > 0},
 		Winner:    api.ConflictVersion{Version: r.Winner.String(), Origin: r.Winner.Origin},
 		Discarded: "stored",
+	}
+	if r.LoserExpires != 0 {
+		x := time.Unix(0, r.LoserExpires).UTC()
+		out.Loser.Expires = &x
 	}
 	if r.Incoming {
 		out.Discarded = "incoming"

@@ -58,3 +58,35 @@ func TestExpiryDecidedAtCommit(t *testing.T) {
 		t.Fatalf("an increment of a key whose plain value expired: %v", w.Err)
 	}
 }
+
+// TestConflictKeepsTheLosersExpiry: an EXPIRE at one cluster racing a SET
+// of the key at another converges last-writer-wins on the whole version
+// (value and expiry together), and the conflict record of the loser keeps
+// its expiry, at both clusters, for a restore to write it back with it.
+func TestConflictKeepsTheLosersExpiry(t *testing.T) {
+	a := newConflictCluster(t, "a", entry.StreamID{0xa}, 1e15)
+	b := newConflictCluster(t, "b", entry.StreamID{0xb}, 1e15+500)
+	for _, c := range []*conflictCluster{a, b} {
+		c.apply(&Command{Format: &FormatCmd{Version: FormatExpiry}})
+	}
+	a.put("k", "v")
+	b.ship(a, false)
+	// a: EXPIRE (the value read, a new expiry); b, later: a SET.
+	p := a.stamps.put("k", "v")
+	p.Entry.Expires = 2e15
+	res := a.apply(&Command{Local: []Proposal{p}})
+	a.out = append(a.out, res.Writes[0].Entry)
+	b.put("k", "b's")
+	a.ship(b, false)
+	b.ship(a, false)
+	for _, c := range []*conflictCluster{a, b} {
+		r, err := c.st.Get("k")
+		if err != nil || string(r.Value) != "b's" || r.Expires != 0 {
+			t.Fatalf("%s holds %+v %v, want b's later SET whole, without an expiry", c.name, r, err)
+		}
+		lg := c.log()["k"]
+		if len(lg) != 1 || lg[0].LoserExpires != 2e15 || string(lg[0].LoserValue) != "v" {
+			t.Fatalf("%s logged %+v, want the EXPIRE's version (value v, expiry 2e15)", c.name, lg)
+		}
+	}
+}

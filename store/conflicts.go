@@ -35,6 +35,7 @@ type conflictJSON struct {
 	At             hlc.Timestamp `json:"at"`
 	Possible       bool          `json:"pos,omitempty"`
 	Restored       string        `json:"r,omitempty"`
+	LoserExpires   int64         `json:"lx,omitempty"`
 }
 
 func conflictIDBytes(id string) ([]byte, error) {
@@ -63,7 +64,7 @@ func conflictIDKey(id []byte) []byte { return append([]byte{prefixConflictID}, i
 func encodeConflict(c *entry.Conflict) []byte {
 	j := conflictJSON{Key: c.Key, Loser: c.Loser.String(), Winner: c.Winner.String(), LoserTombstone: c.LoserTombstone,
 		LoserValue: c.LoserValue, LoserLen: c.LoserLen, LoserHash: c.LoserHash, Incoming: c.Incoming, Peer: c.Peer,
-		At: c.At, Possible: c.Possible}
+		At: c.At, Possible: c.Possible, LoserExpires: c.LoserExpires}
 	if c.Restored.Origin != "" {
 		j.Restored = c.Restored.String()
 	}
@@ -77,7 +78,8 @@ func decodeConflict(id []byte, v []byte) (entry.Conflict, error) {
 		return entry.Conflict{}, fmt.Errorf("%w: conflict %x: %v", ErrCorrupt, id, err)
 	}
 	c := entry.Conflict{ID: hex.EncodeToString(id), Key: j.Key, LoserTombstone: j.LoserTombstone, LoserValue: j.LoserValue,
-		LoserLen: j.LoserLen, LoserHash: j.LoserHash, Incoming: j.Incoming, Peer: j.Peer, At: j.At, Possible: j.Possible}
+		LoserLen: j.LoserLen, LoserHash: j.LoserHash, Incoming: j.Incoming, Peer: j.Peer, At: j.At, Possible: j.Possible,
+		LoserExpires: j.LoserExpires}
 	var err error
 	if c.Loser, err = entry.ParseStamp(j.Loser); err != nil {
 		return c, fmt.Errorf("%w: conflict %x: %v", ErrCorrupt, id, err)
