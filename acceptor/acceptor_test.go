@@ -802,3 +802,30 @@ func TestOnlyTheLeaderAnswersTrees(t *testing.T) {
 		t.Fatalf("a follower's answer to a tree request: %d %s (answered %d)", resp.StatusCode, b, answered)
 	}
 }
+
+// TestExpiryRefusedBeforeFormat11: an entry that expires, to a cluster
+// whose log does not keep expiry yet, is refused with its batch (nothing
+// applied, the mark unmoved), not applied without it; the acks say whether
+// the cluster keeps expiry.
+func TestExpiryRefusedBeforeFormat11(t *testing.T) {
+	f := newFixture(t)
+	e := f.entry(1, "k", "v")
+	e.Expires = f.pc.Now() + int64(time.Hour)
+	if st, out := f.postBatch(f.entry(1, "plain", "v")); st != 200 || f.acc.Limits().Expiry {
+		t.Fatalf("a plain entry: %d %v; limits say expiry %v", st, out, f.acc.Limits().Expiry)
+	}
+	e.Index = 2
+	if st, out := f.postBatch(e); st != 400 {
+		t.Fatalf("an entry that expires, before format 11: %d %v", st, out)
+	}
+	if h, err := f.st.HWM("b", streamB); err != nil || h.Index != 1 {
+		t.Fatalf("b's mark: %+v %v, want 1", h, err)
+	}
+	f.acc.opts.TakesExpiry = func() bool { return true }
+	if st, out := f.postBatch(e); st != 200 || !f.acc.Limits().Expiry {
+		t.Fatalf("from format 11: %d %v", st, out)
+	}
+	if r, err := f.st.Get("k"); err != nil || r.Expires != e.Expires {
+		t.Fatalf("k: %+v %v", r, err)
+	}
+}
