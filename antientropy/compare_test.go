@@ -610,3 +610,53 @@ func TestScopeCacheOneTreeAnAsker(t *testing.T) {
 		t.Fatalf("the peer holds %d trees, want 1", owners["hostile"])
 	}
 }
+
+// TestCompareCarriesExpiry: a version that expires crosses a comparison
+// with its expiry (the leaf digests cover it), and a repair writes it with
+// it; to an asker that does not say it keeps expiry, the whole version is
+// not answered (it would repair it as one that never expires).
+func TestCompareCarriesExpiry(t *testing.T) {
+	a, b := newSide(t, "a"), newSide(t, "b")
+	for i := 0; i < 50; i++ {
+		a.set(t, fmt.Sprintf("k%03d", i), "v", at(int64(100+i), "b"))
+		b.set(t, fmt.Sprintf("k%03d", i), "v", at(int64(100+i), "b"))
+	}
+	if _, err := b.st.Merge(store.Write{Key: "ttl", Value: []byte("v"), Stamp: at(500, "b"), Expires: 1 << 61}); err != nil {
+		t.Fatal(err)
+	}
+	// The same version with another expiry differs too.
+	a.set(t, "k007", "x", at(600, "b"))
+	if _, err := b.st.Merge(store.Write{Key: "k007", Value: []byte("x"), Stamp: at(600, "b"), Expires: 1 << 61}); err != nil {
+		t.Fatal(err)
+	}
+	old, err := Compare(context.Background(), "b", Local{St: a.st}, Local{St: b.st}, Options{Local: "a", Sleep: noSleep})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, v := range old.Pulls() {
+		if v.Expires != 0 || v.Key == "ttl" {
+			t.Fatalf("an asker that keeps no expiry was answered %+v", v)
+		}
+	}
+	rep, err := Compare(context.Background(), "b", Local{St: a.st}, Local{St: b.st}, Options{Local: "a", Sleep: noSleep, Expiry: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pulls := rep.Pulls()
+	if len(pulls) != 1 || pulls[0].Key != "ttl" || pulls[0].Expires != 1<<61 {
+		t.Fatalf("pulls %+v, want ttl with its expiry", pulls)
+	}
+	if n := a.repair(t, "b", pulls); n != 1 {
+		t.Fatalf("repaired %d", n)
+	}
+	if r, err := a.st.Get("ttl"); err != nil || r.Expires != 1<<61 {
+		t.Fatalf("a's ttl after the repair: %+v %v", r, err)
+	}
+	found := false
+	for _, d := range rep.Divergent {
+		found = found || d.Key == "k007"
+	}
+	if !found {
+		t.Fatalf("the same version with another expiry is not a divergence: %+v", rep.Divergent)
+	}
+}
