@@ -262,8 +262,12 @@ func Compare(ctx context.Context, peerName string, local, peer Tree, opts Option
 				return
 			}
 			d := judge(k, lv, pv, localCollected, peerCollected, opts.Local, peerName)
-			if d.Lacks == api.LacksThirdOrigin {
+			switch d.Lacks {
+			case api.LacksThirdOrigin:
 				rep.ThirdOrigin = append(rep.ThirdOrigin, d)
+				return
+			case api.LacksExpired:
+				rep.Expired = append(rep.Expired, d)
 				return
 			}
 			rep.Divergent = append(rep.Divergent, d)
@@ -394,7 +398,15 @@ func judge(k wire.Key, lv, pv *wire.TreeVersion, localCollected, peerCollected h
 		// A third cluster's version is that cluster's to repair (and its
 		// filter may keep it from one side on purpose), whatever the
 		// horizons say.
-		if v := firstLive(lv, pv); v.Origin != local && v.Origin != peer {
+		v, horizon := firstLive(lv, pv), peerCollected
+		if v == pv {
+			horizon = localCollected
+		}
+		switch {
+		case v.Expires != 0 && v.Expires <= horizon.Wall:
+			// Expired by the lacking side's horizon: it collected it.
+			d.Lacks = api.LacksExpired
+		case v.Origin != local && v.Origin != peer:
 			d.Lacks = api.LacksThirdOrigin
 		}
 	}

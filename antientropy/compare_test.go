@@ -2,6 +2,7 @@ package antientropy
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sort"
 	"strings"
@@ -658,5 +659,32 @@ func TestCompareCarriesExpiry(t *testing.T) {
 	}
 	if !found {
 		t.Fatalf("the same version with another expiry is not a divergence: %+v", rep.Divergent)
+	}
+}
+
+// TestCompareExpiredCollectedAtOneSide: each cluster collects expired
+// versions at its own pace: a version one side collected (expired by its
+// horizon) and the other still holds is listed apart as expired, not as
+// divergence, and no repair takes it.
+func TestCompareExpiredCollectedAtOneSide(t *testing.T) {
+	a, b := newSide(t, "a"), newSide(t, "b")
+	for _, s := range []*side{a, b} {
+		if _, err := s.st.Merge(store.Write{Key: "ttl", Value: []byte("v"), Stamp: at(100, "b"), Expires: 500}); err != nil {
+			t.Fatal(err)
+		}
+		s.set(t, "plain", "v", at(100, "b"))
+	}
+	if _, err := a.d.Apply(&machine.Command{Collect: &machine.CollectCmd{Cutoff: hlc.Timestamp{Wall: 900}, Max: 10}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.st.Get("ttl"); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("a did not collect the expired version: %v", err)
+	}
+	rep, err := Compare(context.Background(), "b", Local{St: a.st}, Local{St: b.st}, Options{Local: "a", Sleep: noSleep, Expiry: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rep.Divergent) != 0 || len(rep.Expired) != 1 || rep.Expired[0].Key != "ttl" || len(rep.Pulls()) != 0 {
+		t.Fatalf("divergent %+v, expired %+v, pulls %+v; want ttl listed as expired, nothing to repair", rep.Divergent, rep.Expired, rep.Pulls())
 	}
 }

@@ -35,6 +35,11 @@ const (
 	// purpose: neither side's repair copies it, and such keys are listed
 	// apart from the divergence (DiffReport.ThirdOrigin).
 	LacksThirdOrigin Lacks = "third_origin"
+	// LacksExpired: one side holds a version that expired by the other
+	// side's collection horizon, and stamped below it, which the other
+	// lacks: the other collected it (docs/DATAMODEL.md "Expiry"), and the
+	// holder will. Not divergence: listed apart (DiffReport.Expired).
+	LacksExpired Lacks = "expired"
 )
 
 // RangeDelete is a range tombstone one side keeps, as a comparison lists
@@ -90,6 +95,10 @@ type DiffReport struct {
 	// clusters; that cluster's links carry it, or its filter keeps it
 	// from one of them on purpose.
 	ThirdOrigin []Divergence `json:"third_origin,omitempty"`
+	// Expired are the keys that differed only in a version one side
+	// collected as expired (LacksExpired): each side collects at its own
+	// pace, so the roots differ until both did.
+	Expired []Divergence `json:"expired,omitempty"`
 	// LinkBehind: this cluster's link to the peer had not delivered, by
 	// the second look, what it held at the first; keys the peer lacks
 	// were counted in flight.

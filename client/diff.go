@@ -26,6 +26,7 @@ const (
 	LacksMaybeDeleted = api.LacksMaybeDeleted
 	LacksOwnWrite     = api.LacksOwnWrite
 	LacksThirdOrigin  = api.LacksThirdOrigin
+	LacksExpired      = api.LacksExpired
 )
 
 // Diff compares the node's cluster with the peer's (and, with repair,

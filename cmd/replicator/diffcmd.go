@@ -75,6 +75,9 @@ func diffTable(w io.Writer, r *client.DiffReport, limit int) {
 	if r.LinkBehind {
 		fmt.Fprintf(w, "the link to %s was behind: keys it lacks were counted in flight\n", r.Peer)
 	}
+	if len(r.Expired) > 0 {
+		fmt.Fprintf(w, "%d keys differ only in an expired version one side collected and the other has not yet: not divergence; -o json lists them\n", len(r.Expired))
+	}
 	if len(r.ThirdOrigin) > 0 {
 		fmt.Fprintf(w, "%d keys differ only in a third cluster's version: not divergence between these two (that cluster's links carry them, or its filter keeps them from one side); -o json lists them\n", len(r.ThirdOrigin))
 	}
