@@ -536,10 +536,10 @@ func (cb *combo) judge(m *mesh, h *history, logs map[string][]client.Conflict) (
 	cb.mu.Lock()
 	defer cb.mu.Unlock()
 	bad = append(bad, cb.bad...)
-	figures := fmt.Sprintf("combined: %d WAIT checks (%d over filtered keys), %d pause checks, %d collection horizon moves, %d narrowings collected past, most tombstones a narrowed link kept %d, "+
+	figures := fmt.Sprintf("combined: %d WAIT checks (%d over filtered keys), %d pause checks, %d expiry checks, %d collection horizon moves, %d narrowings collected past, most tombstones a narrowed link kept %d, "+
 		"%d versions repaired by the background pass, %d relays withheld by an origin's filter (%d before it was heard), %d possible resurrections not taken, "+
 		"a -> b %d bytes, at most %d in 5 s (%.2f of the limit), throttled %.1f s; collected below: %s",
-		cb.counts["wait-checks"], cb.counts["wait-checks-filtered"], cb.counts["pause-checks"], cb.counts["horizon-moves"], cb.counts["collected-while-narrowed"], cb.kept,
+		cb.counts["wait-checks"], cb.counts["wait-checks-filtered"], cb.counts["pause-checks"], cb.counts["expiry-checks"], cb.counts["horizon-moves"], cb.counts["collected-while-narrowed"], cb.kept,
 		repaired, withheld, unheard, possible, total, most, float64(most)/(5*comboBandwidth), throttled, strings.Join(horizons, ", "))
 	return bad, figures
 }
