@@ -6,9 +6,11 @@
 # with no work behind it. Run from the repository root:
 #   bash docs/perf/resp31.sh            # 3 rounds, medians printed
 #   A_ARGS='--cache-size 32MiB' ...     # extra flags for a
+#   TESTS='ping_mbulk set get setex' ... # setex: SET key value EX 3600 (issue 48)
 # Needs redis-server and redis-benchmark (Debian: redis-server, redis-tools).
 set -euo pipefail
 ROUNDS=${ROUNDS:-3}
+TESTS=${TESTS:-ping_mbulk set get}
 N=${N:-100000}
 BIN=${BIN:-/tmp/replicator-resp31}
 go build -o "$BIN" ./cmd/replicator
@@ -42,7 +44,13 @@ stopall() { kill $apid $bpid $rpid; wait $apid $bpid $rpid 2>/dev/null || true; 
 run() {
   local c0 c1 out rps
   c0=$(ticks "$2")
-  out=$(redis-benchmark -p "$3" -t "$5" -n "$N" -c 64 -P "$4" -r 1000000 -d 100 -q 2>/dev/null | tr '\r' '\n' | grep -i "^$5:" | tail -1)
+  if [ "$5" = setex ]; then
+    # A SET with an expiry: redis-benchmark's custom command, a 100-byte value.
+    out=$(redis-benchmark -p "$3" -n "$N" -c 64 -P "$4" -r 1000000 -q SET key:__rand_int__ "$(printf '%0100d' 0)" EX 3600 2>/dev/null |
+      tr '\r' '\n' | grep -i "requests per second" | tail -1 | sed 's/^.*EX 3600: /setex: /')
+  else
+    out=$(redis-benchmark -p "$3" -t "$5" -n "$N" -c 64 -P "$4" -r 1000000 -d 100 -q 2>/dev/null | tr '\r' '\n' | grep -i "^$5:" | tail -1)
+  fi
   c1=$(ticks "$2")
   rps=$(echo "$out" | awk '{print $2}')
   echo "$rps $(awk -v a="$c0" -v b="$c1" -v hz="$hz" -v n="$N" 'BEGIN {printf "%.1f", (b-a)/hz*1e6/n}')"
@@ -52,7 +60,7 @@ declare -A res
 for r in $(seq "$ROUNDS"); do
   startall
   for P in 1 16; do
-    for t in ping_mbulk set get; do
+    for t in $TESTS; do
       for who in resp redis; do
         if [ $who = resp ]; then out=$(run resp $apid 17379 $P $t); else out=$(run redis $rpid 17380 $P $t); fi
         echo "round $r: $who -P $P $t: $out" >&2
@@ -76,7 +84,7 @@ echo
 echo "medians of $ROUNDS rounds, $N requests each, redis-benchmark -c 64 -d 100 -r 1000000:"
 printf "%-28s %12s %14s\n" "" "requests/s" "server CPU us"
 for P in 1 16; do
-  for t in ping_mbulk set get; do
+  for t in $TESTS; do
     for who in resp redis; do
       printf "%-28s %12s %14s\n" "$who -P $P $t" "$(echo ${res["$who P$P $t rps"]} | tr ' ' '\n' | median)" "$(echo ${res["$who P$P $t cpu"]} | tr ' ' '\n' | median)"
     done
