@@ -43,7 +43,12 @@ func (st *connState) noted(batch [][][]byte) {
 	if len(batch) == 0 {
 		return
 	}
-	name := strings.ToLower(clip(batch[len(batch)-1][0]))
+	// The table's own name: no allocation on the hot path, a store only
+	// when the command changes.
+	name := "unknown"
+	if cmd, ok := lookup(batch[len(batch)-1][0]); ok {
+		name = cmd.name
+	}
 	if cur := st.cmd.Load(); cur == nil || *cur != name {
 		st.cmd.Store(&name)
 	}

@@ -386,7 +386,7 @@ func (c *conn) exists(args [][]byte) {
 // condition the state machine decides (If-None-Match); XX, GET and KEEPTTL
 // write on what they read: a transaction of one command (view.go).
 func (c *conn) set(args [][]byte) {
-	o, msg := parseSet(args[3:], c.s.opts.Now())
+	o, msg := parseSet(args[3:], c.s.opts.Now)
 	if msg != "" {
 		c.settle()
 		c.w.err(msg)

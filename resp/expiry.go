@@ -21,9 +21,9 @@ type setOpts struct {
 	expires           int64 // wall ns; 0: none
 }
 
-// parseSet reads SET's options (args after the value) at now (wall ns);
-// errMsg is the error to answer.
-func parseSet(args [][]byte, now int64) (o setOpts, errMsg string) {
+// parseSet reads SET's options (args after the value), a relative time
+// counting from now() (read only for one); errMsg is the error to answer.
+func parseSet(args [][]byte, now func() int64) (o setOpts, errMsg string) {
 	timed := false
 	for i := 0; i < len(args); i++ {
 		switch opt := strings.ToLower(string(args[i])); opt {
@@ -41,7 +41,7 @@ func parseSet(args [][]byte, now int64) (o setOpts, errMsg string) {
 			}
 			timed = true
 			i++
-			x, ok := expiryAt(opt, args[i], now)
+			x, ok := expiryAt(opt, args[i], now())
 			if !ok {
 				return o, "ERR invalid expire time in 'set' command"
 			}

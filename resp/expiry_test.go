@@ -1,6 +1,7 @@
 package resp
 
 import (
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -58,4 +59,41 @@ func TestExpiryCommands(t *testing.T) {
 	f.incr("n", 1)
 	send("EXPIRE n 5", "TTL n")
 	expectAll("-ERR an expiry on a counter", ":-1")
+}
+
+// FuzzSetOptions: SET's options never panic, and what parses holds
+// together: not NX with XX, not KEEPTTL with a time, a time after the
+// epoch and, relative, not before now.
+func FuzzSetOptions(f *testing.F) {
+	for _, s := range []string{"EX 10", "PX 1500 NX GET", "EXAT 1700000000 XX", "PXAT 9223372036854775807", "KEEPTTL GET",
+		"EX 9223372036854775807", "EX -1", "EX 5 PX 5", "NX XX", "ex 1 keepttl"} {
+		f.Add(s)
+	}
+	const now = int64(1_700_000_000_000_000_000)
+	f.Fuzz(func(t *testing.T, s string) {
+		var args [][]byte
+		for _, w := range strings.Fields(s) {
+			args = append(args, []byte(w))
+		}
+		o, msg := parseSet(args, func() int64 { return now })
+		if msg != "" {
+			return
+		}
+		timed := strings.Contains(strings.ToLower(s), "ex") || strings.Contains(strings.ToLower(s), "px")
+		switch {
+		case o.nx && o.xx:
+			t.Fatalf("%q: NX and XX", s)
+		case o.keep && o.expires != 0:
+			t.Fatalf("%q: KEEPTTL and a time", s)
+		case o.expires < 0:
+			t.Fatalf("%q: an expiry of %d", s, o.expires)
+		case o.expires != 0 && !timed:
+			t.Fatalf("%q: an expiry without a time option", s)
+		}
+		for _, u := range []string{"ex", "px"} {
+			if x, ok := expiryAt(u, []byte(strings.TrimSpace(s)), now); ok && x <= now {
+				t.Fatalf("%s %q: %d, not after now", u, s, x)
+			}
+		}
+	})
 }

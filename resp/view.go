@@ -361,7 +361,7 @@ func (v *view) setCmd(name string, args [][]byte, w *writer) {
 	o := setOpts{get: name == "getset"}
 	if name == "set" {
 		var msg string
-		if o, msg = parseSet(args[3:], v.c.s.opts.Now()); msg != "" {
+		if o, msg = parseSet(args[3:], v.c.s.opts.Now); msg != "" {
 			w.err(msg)
 			return
 		}
