@@ -75,8 +75,8 @@ type proposal struct {
 	Key   string   `msgpack:"k"`
 	Value []byte   `msgpack:"val,omitempty"`
 	// Expires is the write's expiry (VersionExpiry).
-	Expires int64 `msgpack:"ex,omitempty"`
-	End   string   `msgpack:"end,omitempty"`
+	Expires int64  `msgpack:"ex,omitempty"`
+	End     string `msgpack:"end,omitempty"`
 	// Batch: Ops is an atomic batch (even an empty one, which the leader
 	// refuses as the API does).
 	Batch bool          `msgpack:"batch,omitempty"`
