@@ -1183,19 +1183,24 @@ func noDivergence(clusters []string, leader func(c string) *client.Client, combi
 			}
 			// A comparison that cannot run (a leader being elected, its
 			// link starting) is asked again for a minute; a divergence is
-			// reported at once. So is one that found no divergent key but
-			// keys in flight or collected as expired at one side only:
-			// expired versions are collected at each cluster's pace, and
-			// the roots are equal once every cluster did.
+			// reported at once. Expired versions are collected at each
+			// cluster's pace: a version one side collected and the other
+			// still holds is listed apart (Expired), not divergence; one
+			// collected between the comparison's looks leaves leaves that
+			// differ with no key to explain them, so such a comparison is
+			// asked again for a few seconds (a difference no key explains
+			// that lasts is reported).
 			var (
 				r   client.DiffReport
 				err error
 			)
+			unexplained := time.Now().Add(10 * time.Second)
 			for deadline := time.Now().Add(time.Minute); ; time.Sleep(500 * time.Millisecond) {
 				ctx, cancel := context.WithTimeout(bg(), 2*time.Minute)
 				r, err = leader(c).Diff(ctx, p, false)
 				cancel()
-				settling := err == nil && !r.Equal && len(r.Divergent) == 0 && (r.InFlight > 0 || len(r.Expired) > 0)
+				settling := err == nil && !r.Equal && len(r.Divergent) == 0 && len(r.Expired) == 0 && len(r.ThirdOrigin) == 0 &&
+					time.Now().Before(unexplained)
 				if (err == nil && !settling) || time.Now().After(deadline) {
 					break
 				}
