@@ -16,6 +16,23 @@ import (
 	"github.com/replicator/replicator/node"
 )
 
+// respPair starts a pair of clusters a and b, each serving RESP on a
+// port of its own (ports by cluster); before, when set, changes their
+// processes first.
+func respPair(t *testing.T, before func(m *mesh)) (*mesh, map[string]int) {
+	m := newMesh(t, seed(t), false, "a", "b")
+	ports := map[string]int{}
+	for _, n := range m.names {
+		ports[n] = freePort(t)
+		m.nodes[n].args = append(m.nodes[n].args, "--resp-listen", fmt.Sprintf("127.0.0.1:%d", ports[n]))
+	}
+	if before != nil {
+		before(m)
+	}
+	m.start()
+	return m, ports
+}
+
 // redisCLI runs redis-cli against a RESP port. A machine without it fails
 // the test: .ci/run installs redis-tools.
 func redisCLI(t *testing.T, port int, args ...string) string {
@@ -35,13 +52,7 @@ func redisCLI(t *testing.T, port int, args ...string) string {
 // door; redis-cli SETs at one and GETs at the other, and counters
 // incremented at both sum at both.
 func TestRESPAcrossPairedClusters(t *testing.T) {
-	m := newMesh(t, seed(t), false, "a", "b")
-	ports := map[string]int{}
-	for _, n := range m.names {
-		ports[n] = freePort(t)
-		m.nodes[n].args = append(m.nodes[n].args, "--resp-listen", fmt.Sprintf("127.0.0.1:%d", ports[n]))
-	}
-	m.start()
+	m, ports := respPair(t, nil)
 	if got := redisCLI(t, ports["a"], "SET", "greeting", "hello from a"); got != "OK" {
 		t.Fatalf("SET at a: %q", got)
 	}
@@ -271,13 +282,7 @@ func redisPy(t *testing.T, port int, script string) (string, error) {
 // cluster (it used to apply its writes one by one while answering an
 // error, and a retry applied them twice).
 func TestRESPTransactionsAtAPair(t *testing.T) {
-	m := newMesh(t, seed(t), false, "a", "b")
-	ports := map[string]int{}
-	for _, n := range m.names {
-		ports[n] = freePort(t)
-		m.nodes[n].args = append(m.nodes[n].args, "--resp-listen", fmt.Sprintf("127.0.0.1:%d", ports[n]))
-	}
-	m.start()
+	_, ports := respPair(t, nil)
 	ctx := context.Background()
 	a := redis.NewClient(&redis.Options{Addr: fmt.Sprintf("127.0.0.1:%d", ports["a"])})
 	defer a.Close()
@@ -362,13 +367,7 @@ print(sorted(c['name'] for c in r.client_list() if c['name']), r.client_kill_fil
 // stale value, so the key ends at 250 at a, and b reads the same. A read
 // inside a transaction answers what the transaction wrote before it.
 func TestRESPWatchRetryLoops(t *testing.T) {
-	m := newMesh(t, seed(t), false, "a", "b")
-	ports := map[string]int{}
-	for _, n := range m.names {
-		ports[n] = freePort(t)
-		m.nodes[n].args = append(m.nodes[n].args, "--resp-listen", fmt.Sprintf("127.0.0.1:%d", ports[n]))
-	}
-	m.start()
+	_, ports := respPair(t, nil)
 	ctx := context.Background()
 	a := redis.NewClient(&redis.Options{Addr: fmt.Sprintf("127.0.0.1:%d", ports["a"]), PoolSize: 16})
 	defer a.Close()
@@ -507,14 +506,9 @@ with r.pipeline() as p:
 // cluster grants it (docs/RESP.md), and once they resume both hold the same
 // holder, last-writer-wins; the lock then expires at both.
 func TestRESPExpiryAtAPair(t *testing.T) {
-	m := newMesh(t, seed(t), false, "a", "b")
-	ports := map[string]int{}
-	for _, n := range m.names {
-		ports[n] = freePort(t)
-		m.nodes[n].args = append(m.nodes[n].args, "--resp-listen", fmt.Sprintf("127.0.0.1:%d", ports[n]))
-	}
-	m.nodes["b"].env = append(m.nodes["b"].env, node.TestingEnvPrefix+"CLOCK_OFFSET=300ms")
-	m.start()
+	m, ports := respPair(t, func(m *mesh) {
+		m.nodes["b"].env = append(m.nodes["b"].env, node.TestingEnvPrefix+"CLOCK_OFFSET=300ms")
+	})
 	ctx := context.Background()
 	a := redis.NewClient(&redis.Options{Addr: fmt.Sprintf("127.0.0.1:%d", ports["a"])})
 	defer a.Close()

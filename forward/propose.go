@@ -48,17 +48,17 @@ const VersionKeys = 2
 // never expires.
 const VersionExpiry = 3
 
-// versionOf is the version a proposal of w needs.
-func versionOf(w *api.Write) int {
-	for _, op := range w.Ops {
+// need is the version p needs: the oldest whose leader checks all it asks.
+func (p *proposal) need() int {
+	for _, op := range p.Ops {
 		if op.Expires != 0 {
 			return VersionExpiry
 		}
 	}
 	switch {
-	case w.Entry.Expires != 0:
+	case p.Expires != 0:
 		return VersionExpiry
-	case w.Cond != nil && len(w.Cond.Keys) > 0:
+	case p.Cond != nil && len(p.Cond.Keys) > 0:
 		return VersionKeys
 	}
 	return Version
@@ -134,7 +134,7 @@ type scope struct {
 
 // EncodeProposal encodes w (and the idempotency scope on ctx).
 func EncodeProposal(ctx context.Context, w api.Write) ([]byte, error) {
-	p := proposal{V: versionOf(&w), Op: w.Entry.Op, Key: w.Entry.Key, Value: w.Entry.Value, End: w.Entry.End,
+	p := proposal{Op: w.Entry.Op, Key: w.Entry.Key, Value: w.Entry.Value, End: w.Entry.End,
 		Batch: w.Ops != nil, Ops: w.Ops, Delta: w.Delta, Expires: w.Entry.Expires}
 	if p.Batch {
 		p.Op = entry.OpMulti
@@ -148,6 +148,7 @@ func EncodeProposal(ctx context.Context, w api.Write) ([]byte, error) {
 			}
 		}
 	}
+	p.V = p.need()
 	if k := w.Keyed; k != nil {
 		p.Keyed = &keyed{Key: k.Key, Fingerprint: k.Fingerprint, Answer: k.Answer, OpID: k.OpID}
 	}
@@ -168,15 +169,14 @@ func DecodeProposal(ctx context.Context, b []byte) (context.Context, api.Write, 
 	if err := msgpack.Unmarshal(b, &p); err != nil {
 		return ctx, api.Write{}, fmt.Errorf("%w: %w", ErrMalformed, err)
 	}
-	w := api.Write{Entry: entry.Entry{Op: p.Op, Key: p.Key, Value: p.Value, End: p.End, Expires: p.Expires}, Delta: p.Delta, Ops: p.Ops}
-	if p.Cond != nil && len(p.Cond.Keys) > 0 {
-		w.Cond = &api.Condition{Keys: []api.KeyVersion{{}}} // for versionOf; decoded below
+	if len(p.Value) == 0 {
+		p.Value = nil // one shape: an empty value is sent as none (omitempty)
 	}
-	if want := versionOf(&w); p.V != want {
+	if want := p.need(); p.V != want {
 		return ctx, api.Write{}, fmt.Errorf("%w: version %d for a proposal of version %d (this build speaks %d to %d)",
 			ErrMalformed, p.V, want, Version, VersionExpiry)
 	}
-	w.Cond, w.Ops = nil, nil
+	w := api.Write{Entry: entry.Entry{Op: p.Op, Key: p.Key, Value: p.Value, End: p.End, Expires: p.Expires}, Delta: p.Delta}
 	switch {
 	case p.Batch:
 		if p.Op != entry.OpMulti {

@@ -158,21 +158,11 @@ func (f *recordingNode) writes() []api.Write {
 func TestTransactions(t *testing.T) {
 	f := &recordingNode{}
 	_, addr := serve(t, f, Options{})
-	nc, br := dial(t, addr)
-	send := func(cmds ...string) {
-		t.Helper()
-		for _, c := range cmds {
-			fields := strings.Fields(c)
-			fmt.Fprintf(nc, "*%d\r\n", len(fields))
-			for _, a := range fields {
-				fmt.Fprintf(nc, "$%d\r\n%s\r\n", len(a), a)
-			}
-		}
-	}
+	send, expectAll := sender(t, addr)
 
 	send("MULTI", "SET a 1", "MSET b 2 c 3", "SET a 4", "MULTI", "EXEC")
 	for _, want := range []string{"+OK", "+QUEUED", "+QUEUED", "+QUEUED", "-ERR MULTI calls can not be nested", "*3", "+OK", "+OK", "+OK"} {
-		expect(t, br, want)
+		expectAll(want)
 	}
 	w := f.writes()
 	if len(w) != 1 || len(w[0].Ops) != 3 {
@@ -189,11 +179,11 @@ func TestTransactions(t *testing.T) {
 	// Refused while queueing: EXECABORT, nothing submitted.
 	for _, refused := range []string{"NOSUCH x", "SET onlykey", "INCR n", "LPUSH l a", "SUBSCRIBE ch"} {
 		send("MULTI", "SET x 1", refused, "SET y 2", "EXEC")
-		expect(t, br, "+OK")
-		expect(t, br, "+QUEUED")
-		expect(t, br, "-")
-		expect(t, br, "+QUEUED")
-		expect(t, br, "-EXECABORT")
+		expectAll("+OK")
+		expectAll("+QUEUED")
+		expectAll("-")
+		expectAll("+QUEUED")
+		expectAll("-EXECABORT")
 		if n := len(f.writes()); n != 1 {
 			t.Fatalf("after a transaction with %q refused, %d writes submitted, want still 1", refused, n)
 		}
@@ -202,15 +192,15 @@ func TestTransactions(t *testing.T) {
 	// DISCARD drops it; the control commands without MULTI are errors.
 	send("MULTI", "SET z 1", "DISCARD", "EXEC", "DISCARD", "PING")
 	for _, want := range []string{"+OK", "+QUEUED", "+OK", "-ERR EXEC without MULTI", "-ERR DISCARD without MULTI", "+PONG"} {
-		expect(t, br, want)
+		expectAll(want)
 	}
 	if n := len(f.writes()); n != 1 {
 		t.Fatalf("a discarded transaction submitted: %d writes", n)
 	}
 	// An empty transaction answers an empty array.
 	send("MULTI", "EXEC")
-	expect(t, br, "+OK")
-	expect(t, br, "*0")
+	expectAll("+OK")
+	expectAll("*0")
 }
 
 // FuzzTransactionQueue: whatever is queued, the server never panics, and
