@@ -315,6 +315,13 @@ func (r *Replica) NotLeader() error                    { return r.notLeader() }
 // notLeader is the answer to what needs the leader on a node that does not
 // lead: nothing was done.
 func (r *Replica) notLeader() error {
+	select {
+	case <-r.stop:
+		// Stop ended the term: the write met a node shutting down, not an
+		// election.
+		return fmt.Errorf("%w: %w", api.ErrClosed, api.ErrNotWritten)
+	default:
+	}
 	id, addr := r.group.Leader()
 	if id == r.d.NodeID {
 		return fmt.Errorf("%w: this node was just elected and is applying the log", api.ErrNotWritten)
