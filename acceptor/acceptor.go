@@ -149,6 +149,9 @@ type Options struct {
 	// that expire (command format 11); before that, an entry that carries
 	// an expiry is refused.
 	TakesExpiry func() bool
+	// TakesFloors, when set, says whether this cluster's log keeps counter
+	// floors (command format 12).
+	TakesFloors func() bool
 	// TakesOriginFilters, when set, says whether this cluster's log records
 	// each sender's filter toward it (command format 7); FromPeer is what
 	// it recorded of a peer (nil: nothing). A snapshot's relay of a third
@@ -263,7 +266,7 @@ func (a *Acceptor) Limits() wire.Limits {
 		// From command format 7 too: a new field goes only to a cluster
 		// every node of which reads it (a leader of an older build would
 		// refuse the heartbeat).
-		IdleFrontiers: a.opts.OnIdle != nil && a.takesOriginFilters(), DeadLists: true, Expiry: a.takesExpiry()}
+		IdleFrontiers: a.opts.OnIdle != nil && a.takesOriginFilters(), DeadLists: true, Expiry: a.takesExpiry(), Floors: a.takesFloors()}
 }
 
 func (a *Acceptor) takesOriginFilters() bool {
@@ -273,6 +276,7 @@ func (a *Acceptor) takesOriginFilters() bool {
 func (a *Acceptor) takesContexts() bool { return a.opts.TakesContexts != nil && a.opts.TakesContexts() }
 
 func (a *Acceptor) takesExpiry() bool { return a.opts.TakesExpiry != nil && a.opts.TakesExpiry() }
+func (a *Acceptor) takesFloors() bool { return a.opts.TakesFloors != nil && a.opts.TakesFloors() }
 
 func (a *Acceptor) takesMarkers() bool { return a.opts.TakesMarkers != nil && a.opts.TakesMarkers() }
 

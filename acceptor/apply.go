@@ -149,7 +149,7 @@ func (a *Acceptor) screen(sender string, b *wire.Batch) (*screened, error) {
 		// could not apply them as the others do.
 		return nil, fmt.Errorf("%w: a re-seed's begin or a backfill, which this cluster does not take yet (a node of it runs an older build)", ErrBadBatch)
 	}
-	ctxOK, expiryOK := a.takesContexts(), a.takesExpiry()
+	ctxOK, expiryOK, floorsOK := a.takesContexts(), a.takesExpiry(), a.takesFloors()
 	for i := range b.Entries {
 		e := &b.Entries[i]
 		switch {
@@ -157,6 +157,8 @@ func (a *Acceptor) screen(sender string, b *wire.Batch) (*screened, error) {
 			// A member of an older build could not read it, and dropping
 			// the expiry would keep the key for ever.
 			return nil, fmt.Errorf("%w: entry %d carries an expiry, which this cluster does not take yet (a node of it runs an older build)", ErrBadBatch, e.Index)
+		case !floorsOK && e.HasFloors():
+			return nil, fmt.Errorf("%w: entry %d carries counter floors, which this cluster does not take yet (a node of it runs an older build)", ErrBadBatch, e.Index)
 		case e.StampOrigin != "" && !b.Snapshot:
 			return nil, fmt.Errorf("%w: entry %d carries a stamp of %q outside a re-seed snapshot", ErrForbidden, e.Index, e.StampOrigin)
 		case e.Origin == a.opts.Local:

@@ -67,6 +67,8 @@ type Options struct {
 	Local string
 	// Expiry: this cluster keeps versions that expire, and asks for them.
 	Expiry bool
+	// Floors: this cluster keeps counter floors, and asks for them.
+	Floors bool
 }
 
 // Sleep waits d or until ctx ends.
@@ -98,7 +100,7 @@ func Compare(ctx context.Context, peerName string, local, peer Tree, opts Option
 		filters = []wire.Filter{{Include: opts.Filter.Include, Exclude: opts.Filter.Exclude}}
 	}
 	both := func(req wire.TreeRequest) (l, p *wire.TreeAnswer, err error) {
-		req.Pass, req.Expiry = opts.Pass, opts.Expiry
+		req.Pass, req.Expiry, req.Floors = opts.Pass, opts.Expiry, opts.Floors
 		pr := req
 		pr.Filters = filters
 		if p, err = ask(peer, &pr); err != nil {
@@ -436,6 +438,10 @@ func componentCluster(name string) string {
 	return c
 }
 
+// floorPrefix names a counter's floors apart from its totals where both
+// are compared by component.
+const floorPrefix = "floor "
+
 // counterLacks compares two counters component by component: a side lacks
 // what the other holds higher; what a repair of it may take is the other
 // side's own components.
@@ -446,6 +452,11 @@ func counterLacks(lv, pv *wire.TreeVersion, local, peer string) api.Lacks {
 			for _, c := range v.Totals {
 				m[c.Cluster] = c
 			}
+			for _, c := range v.Floors {
+				// A component's floors are judged as its cluster's (as
+				// a re-seed relays them).
+				m[floorPrefix+c.Cluster] = c
+			}
 		}
 		return m
 	}
@@ -455,7 +466,7 @@ func counterLacks(lv, pv *wire.TreeVersion, local, peer string) api.Lacks {
 		if !lower {
 			return false
 		}
-		switch componentCluster(name) {
+		switch componentCluster(strings.TrimPrefix(name, floorPrefix)) {
 		case holder:
 			return true
 		case lacker:
@@ -520,13 +531,18 @@ func (r *Report) Pulls() []wire.TreeVersion {
 			continue
 		}
 		c := *v
-		c.Totals = nil
+		c.Totals, c.Floors = nil, nil
 		for _, t := range v.Totals {
 			if componentCluster(t.Cluster) == r.Peer {
 				c.Totals = append(c.Totals, t)
 			}
 		}
-		if len(c.Totals) > 0 {
+		for _, t := range v.Floors {
+			if componentCluster(t.Cluster) == r.Peer {
+				c.Floors = append(c.Floors, t)
+			}
+		}
+		if len(c.Totals) > 0 || len(c.Floors) > 0 {
 			out = append(out, c)
 		}
 	}

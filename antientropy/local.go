@@ -285,6 +285,9 @@ func (l Local) Ask(_ context.Context, req *wire.TreeRequest) (*wire.TreeAnswer, 
 				if err != nil {
 					return nil, err
 				}
+				if len(c.Floors) > 0 && !req.Floors {
+					continue // the asker would count what was deleted
+				}
 				ans.Versions = append(ans.Versions, version(k.Key, nil, &c, true))
 				continue
 			}
@@ -320,6 +323,10 @@ func version(key string, r *store.Record, c *store.Counter, whole bool) wire.Tre
 			for _, name := range sortedKeys(c.Totals) {
 				t := c.Totals[name]
 				v.Totals = append(v.Totals, wire.Component{Cluster: name, P: t.P, N: t.N})
+			}
+			for _, name := range sortedKeys(c.Floors) {
+				t := c.Floors[name]
+				v.Floors = append(v.Floors, wire.Component{Cluster: name, P: t.P, N: t.N})
 			}
 		}
 		return v

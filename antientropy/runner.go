@@ -436,7 +436,8 @@ func (ae *Runner) compare(ctx context.Context, sh Link, peer string, repair bool
 	local := pacedTree{Local{St: d.Store, Toward: toward, Scoped: ae.scoped}, budget}
 	rep, err := Compare(ctx, peer, local, remoteTree{sh, &bytes, budget}, Options{
 		Settle: settle, Sleep: sleep, Counted: bytes.Load, PeerBehind: func() bool { return behind },
-		Filter: toward, Pass: rand.Uint64(), Local: d.Cluster, Expiry: d.Format() >= machine.FormatExpiry})
+		Filter: toward, Pass: rand.Uint64(), Local: d.Cluster, Expiry: d.Format() >= machine.FormatExpiry,
+		Floors: d.Format() >= machine.FormatCounterFloors})
 	ae.bytes.WithLabelValues(peer).Add(float64(bytes.Load()))
 	if err != nil {
 		return nil, fmt.Errorf("antientropy: compare with %s: %w", peer, err)
@@ -529,7 +530,7 @@ func (ae *Runner) RebuildTree(ctx context.Context) (api.TreeRebuild, error) {
 func (ae *Runner) refuses(peer string, inScope func(key string) bool, v *wire.TreeVersion) (why string, err error) {
 	d := ae.d
 	if v.Counter {
-		for _, c := range v.Totals {
+		for _, c := range append(v.Totals[:len(v.Totals):len(v.Totals)], v.Floors...) {
 			if entry.ComponentCluster(c.Cluster) != peer {
 				return "component", fmt.Errorf("a counter component of %q, not of %s", c.Cluster, peer)
 			}
@@ -552,6 +553,9 @@ func (ae *Runner) refuses(peer string, inScope func(key string) bool, v *wire.Tr
 	if v.Expires != 0 && d.Format() < machine.FormatExpiry {
 		// A node of this cluster's older build would drop it.
 		return "expiry", errors.New("a version that expires, which this cluster does not keep yet (a node of it runs an older build)")
+	}
+	if len(v.Floors) > 0 && d.Format() < machine.FormatCounterFloors {
+		return "floors", errors.New("a counter with floors, which this cluster does not keep yet (a node of it runs an older build)")
 	}
 	return "", nil
 }

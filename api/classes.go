@@ -23,6 +23,7 @@ var classes = []struct {
 	{"key_too_large", ErrKeyTooLarge},
 	{"value_too_large", ErrValueTooLarge},
 	{"counter_range", ErrCounterRange},
+	{"not_integer", ErrNotInteger},
 	{"bad_request", ErrBadRequest},
 	{"idempotency_conflict", ErrIdempotencyConflict},
 	{"pin_out_of_window", ErrPinOutOfWindow},

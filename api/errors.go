@@ -88,6 +88,9 @@ var (
 	// ErrCounterRange refuses an increment that would take a counter, or
 	// its totals, out of the 64-bit range (400, out_of_range).
 	ErrCounterRange = errors.New("machine: counter out of range")
+	// ErrNotInteger refuses an increment of a key whose value is not an
+	// integer (409, not_integer).
+	ErrNotInteger = errors.New("value is not an integer")
 )
 
 // PreconditionError carries the key's current version ("" when absent),

@@ -163,6 +163,11 @@ type PeerLimits struct {
 	// sender holds such entries back (dropping the expiry would keep the
 	// key for ever there).
 	Expiry bool `json:"expiry,omitempty"`
+	// Floors says the receiver's log keeps counter floors (command format
+	// 12): entries may carry floors (fl) or clear a key (cl). To another
+	// receiver a sender holds them back (dropping the floors would keep a
+	// deleted counter's increments there for ever).
+	Floors bool `json:"floors,omitempty"`
 }
 
 // AntiEntropyStatus is what the last comparison with a peer found (the

@@ -88,6 +88,14 @@ type Entry struct {
 	// the epoch, 0 for never. It belongs to the version: a later write
 	// replaces it with its own (docs/DATAMODEL.md "Expiry").
 	Expires int64
+	// Floors are the counter totals a set, delete or increment observed at
+	// its key (fl), per component: once it applies, the key's value counts
+	// only what lies beyond them (an observed remove: docs/DATAMODEL.md
+	// "Counters"). Merged by pointwise maximum, as totals are.
+	Floors map[string]PN
+	// Clears marks an increment that first deletes the key's expired value
+	// (cl): the key counts again from zero, as in Redis.
+	Clears bool
 }
 
 // Restore names the conflict a write restores: the discarded version and
@@ -119,6 +127,9 @@ type BatchOp struct {
 	Ctx   Context // cx: the op's causal context (one per key)
 	// Expires is when a set's version expires (ex; Entry.Expires).
 	Expires int64
+	// Floors are the counter totals the op observed at its key (fl;
+	// Entry.Floors).
+	Floors map[string]PN
 }
 
 // CounterCluster is the cluster whose totals a legacy counter entry (one
@@ -228,7 +239,7 @@ func (e *Entry) Validate() error {
 	if e.FilteredTo > 0 {
 		// A marker carries its run and the last commit, nothing else.
 		if e.FilteredTo < e.Index || e.Oversize > 0 || e.Op != 0 || e.Key != "" || len(e.Value) > 0 || e.End != "" ||
-			e.Ctr != nil || len(e.Ops) > 0 || e.Idem != nil || e.StampOrigin != "" || e.CtrComp != "" {
+			e.Ctr != nil || len(e.Ops) > 0 || e.Idem != nil || e.StampOrigin != "" || e.CtrComp != "" || e.HasFloors() {
 			return fmt.Errorf("%w: entry %d: a filtered marker to %d with other fields", ErrMalformed, e.Index, e.FilteredTo)
 		}
 		return nil
@@ -238,7 +249,7 @@ func (e *Entry) Validate() error {
 		if e.Op < OpSet || e.Op > OpMulti {
 			return fmt.Errorf("%w: entry %d: unknown op %d", ErrMalformed, e.Index, e.Op)
 		}
-		if len(e.Value) > 0 || e.End != "" || e.Ctr != nil || len(e.Ops) > 0 || e.Idem != nil {
+		if len(e.Value) > 0 || e.End != "" || e.Ctr != nil || len(e.Ops) > 0 || e.Idem != nil || e.HasFloors() {
 			return bad("a stub with a payload")
 		}
 		return nil
@@ -247,6 +258,9 @@ func (e *Entry) Validate() error {
 		return bad(err.Error())
 	}
 	if err := e.checkExpiry(); err != nil {
+		return bad(err.Error())
+	}
+	if err := e.checkFloors(); err != nil {
 		return bad(err.Error())
 	}
 	switch e.Op {
@@ -300,6 +314,61 @@ func (e *Entry) HasExpiry() bool {
 	return false
 }
 
+// HasFloors reports whether e, or an op of it, carries counter floors or
+// clears a key: what a cluster before command format 12 cannot keep.
+func (e *Entry) HasFloors() bool {
+	if len(e.Floors) > 0 || e.Clears {
+		return true
+	}
+	for i := range e.Ops {
+		if len(e.Ops[i].Floors) > 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// MaxFloors bounds the components a write's floors name.
+const MaxFloors = 1024
+
+// checkFloors: floors ride on a set, a delete or an increment (or a
+// batch's set or delete), name components, and are bounded; only an
+// increment clears.
+func (e *Entry) checkFloors() error {
+	check := func(op Op, f map[string]PN) error {
+		if len(f) == 0 {
+			return nil
+		}
+		if op != OpSet && op != OpDelete && op != OpCounter {
+			return fmt.Errorf("counter floors on %s", op)
+		}
+		if len(f) > MaxFloors {
+			return fmt.Errorf("%d counter floors", len(f))
+		}
+		for c := range f {
+			if err := CheckComponent(c); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	if e.Clears && e.Op != OpCounter {
+		return fmt.Errorf("a clear on %s", e.Op)
+	}
+	if err := check(e.Op, e.Floors); err != nil {
+		return err
+	}
+	for i := range e.Ops {
+		if e.Ops[i].Op == OpCounter {
+			return fmt.Errorf("op %d: an increment in a batch", i)
+		}
+		if err := check(e.Ops[i].Op, e.Ops[i].Floors); err != nil {
+			return fmt.Errorf("op %d: %w", i, err)
+		}
+	}
+	return nil
+}
+
 // checkExpiry: an expiry rides only on a set (or a batch's set op), and is
 // a time after the epoch.
 func (e *Entry) checkExpiry() error {
@@ -331,7 +400,7 @@ func (e *Entry) checkContexts() error {
 		}
 		return nil
 	}
-	if len(e.Ctx) > 0 && e.Op != OpSet && e.Op != OpDelete {
+	if len(e.Ctx) > 0 && e.Op != OpSet && e.Op != OpDelete && !(e.Op == OpCounter && e.Clears) {
 		return errors.New("a context on an op that is not a set or delete")
 	}
 	if r := e.Restores; r != nil {

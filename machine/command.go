@@ -35,8 +35,9 @@ const (
 	// line only, and from format 9 (FormatDeletesOfNothing) a delete of a
 	// key that holds no value writes nothing, and from format 10
 	// (FormatBatchConditions) batches conditional on keys' versions, and
-	// from format 11 (FormatExpiry) versions that expire.
-	ReadsFormat = FormatExpiry
+	// from format 11 (FormatExpiry) versions that expire, and from format
+	// 12 (FormatCounterFloors) counters deleted and set by observed floors.
+	ReadsFormat = FormatCounterFloors
 )
 
 // Kind names a command.

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"maps"
 	"math/big"
 
 	"github.com/replicator/replicator/api"
@@ -45,6 +46,7 @@ type plainState struct {
 	stamp   entry.Stamp
 	tomb    bool
 	expires int64
+	value   []byte
 }
 
 // live: a value that has not expired by now (the decided write's commit
@@ -59,8 +61,12 @@ type Overlay struct {
 	comp   string
 	plain  map[string]plainState
 	ranges []store.RangeTombstone
-	ctr    map[string]entry.PN
+	// ctrs are the counters the group's earlier writes changed, whole.
+	ctrs   map[string]*entry.Counter
 	expect int // keys the group is about to decide (Reserve)
+	// Floors: the format decides with counter floors (FormatCounterFloors):
+	// a key's plain value and its counter read as one (entry.Resolve).
+	Floors bool
 	// now is the commit wall time of the write being decided: a version
 	// expired by then holds no value for its decisions.
 	now int64
@@ -84,7 +90,7 @@ func (o *Overlay) currentPlain(key string) (plainState, bool, error) {
 		case err != nil:
 			return st, false, err
 		default:
-			st, ok = plainState{stamp: r.Stamp, tomb: r.Tombstone, expires: r.Expires}, true
+			st, ok = plainState{stamp: r.Stamp, tomb: r.Tombstone, expires: r.Expires, value: r.Value}, true
 		}
 	}
 	for _, rt := range o.ranges {
@@ -95,9 +101,59 @@ func (o *Overlay) currentPlain(key string) (plainState, bool, error) {
 	return st, ok, nil
 }
 
+// currentCounter returns a key's counter as the group's earlier writes
+// left it (empty totals, ok false, when it has none).
+func (o *Overlay) currentCounter(key string) (entry.Counter, bool, error) {
+	if c, ok := o.ctrs[key]; ok {
+		return copyCounter(c), true, nil
+	}
+	if !o.st.HasCounters() {
+		return entry.Counter{Totals: map[string]entry.PN{}}, false, nil
+	}
+	c, err := o.st.Counter(key)
+	if errors.Is(err, store.ErrNotFound) {
+		return entry.Counter{Totals: map[string]entry.PN{}}, false, nil
+	}
+	return c, err == nil, err
+}
+
+func copyCounter(c *entry.Counter) entry.Counter {
+	return entry.Counter{Totals: maps.Clone(c.Totals), Floors: maps.Clone(c.Floors), Stamp: c.Stamp}
+}
+
+// hold keeps c, read by a decision, as the key's counter in the overlay:
+// the write decided changes it, and Record adds what it changes.
+func (o *Overlay) hold(key string, c entry.Counter) {
+	if _, ok := o.ctrs[key]; ok {
+		return
+	}
+	if o.ctrs == nil {
+		o.ctrs = map[string]*entry.Counter{}
+	}
+	o.ctrs[key] = &c
+}
+
+// view reads a key as a reader would at the decided write's commit time
+// (entry.Resolve), with its counter.
+func (o *Overlay) view(key string) (entry.View, entry.Counter, error) {
+	st, ok, err := o.currentPlain(key)
+	if err != nil {
+		return entry.View{}, entry.Counter{}, fmt.Errorf("%w: %w", ErrUnreadable, err)
+	}
+	c, _, err := o.currentCounter(key)
+	if err != nil {
+		return entry.View{}, entry.Counter{}, fmt.Errorf("%w: %w", ErrUnreadable, err)
+	}
+	var r *entry.Record
+	if ok {
+		r = &entry.Record{Stamp: st.stamp, Tombstone: st.tomb, Expires: st.expires, Value: st.value}
+	}
+	return entry.Resolve(r, &c, o.now), c, nil
+}
+
 // isCounter reports whether a key holds a counter.
 func (o *Overlay) isCounter(key string) (bool, error) {
-	if _, ok := o.ctr[key]; ok {
+	if _, ok := o.ctrs[key]; ok {
 		return true, nil
 	}
 	if !o.st.HasCounters() {
@@ -130,6 +186,9 @@ func (o *Overlay) plainKeys(e *entry.Entry) []string {
 // ErrKindConflict and ErrCounterRange; a failed read is ErrUnreadable.
 func (o *Overlay) Decide(e *entry.Entry, cond *Condition, delta int64) (counterValue int64, err error) {
 	o.now = e.Commit.Wall
+	if o.Floors {
+		return o.decideFloors(e, cond, delta)
+	}
 	for _, k := range o.plainKeys(e) {
 		c, err := o.isCounter(k)
 		if err != nil {
@@ -183,17 +242,14 @@ func (o *Overlay) Decide(e *entry.Entry, cond *Condition, delta int64) (counterV
 		if ok && st.live(o.now) {
 			return 0, fmt.Errorf("%w: %q holds a plain value; counters need a key of their own", ErrKindConflict, e.Key)
 		}
-		c, err := o.st.Counter(e.Key)
-		if err != nil && !errors.Is(err, store.ErrNotFound) {
+		c, _, err := o.currentCounter(e.Key)
+		if err != nil {
 			return 0, fmt.Errorf("%w: %w", ErrUnreadable, err)
 		}
 		// This stream's own totals: a node that lost its data starts a
 		// new stream, and fresh totals no max-merge can absorb.
 		comp := o.comp
 		t := c.Totals[comp]
-		if ot, ok := o.ctr[e.Key]; ok {
-			t = ot
-		}
 		if delta >= 0 {
 			t.P += uint64(delta)
 		} else {
@@ -211,8 +267,136 @@ func (o *Overlay) Decide(e *entry.Entry, cond *Condition, delta int64) (counterV
 			}
 		}
 		counterValue = v
+		o.hold(e.Key, c)
 	}
 	return counterValue, nil
+}
+
+// ErrNotInteger refuses an increment of a key whose value is not an
+// integer (api.ErrNotInteger).
+var ErrNotInteger = api.ErrNotInteger
+
+// decideFloors is Decide from FormatCounterFloors: a key's plain value and
+// its counter read as one (entry.Resolve). A set or delete carries the
+// totals it observed as floors (what it replaces); an increment adds to
+// the key's integer value, and restarts from zero a key whose value
+// expired (docs/DATAMODEL.md "Counters").
+func (o *Overlay) decideFloors(e *entry.Entry, cond *Condition, delta int64) (int64, error) {
+	if cond != nil && len(cond.Keys) > 0 {
+		if err := o.checkVersions(cond.Keys); err != nil {
+			return 0, err
+		}
+	}
+	if cond != nil && (cond.IfMatch != "" || cond.IfNoneMatch) {
+		v, _, err := o.view(e.Key)
+		if err != nil {
+			return 0, err
+		}
+		cur := ""
+		if v.Present {
+			cur = v.Version.String()
+		}
+		switch {
+		case cond.IfMatch != "" && !v.Present:
+			pe := &PreconditionError{Key: e.Key, Why: "If-Match on a key that holds no value"}
+			st, ok, err := o.currentPlain(e.Key)
+			if err != nil {
+				return 0, fmt.Errorf("%w: %w", ErrUnreadable, err)
+			}
+			switch {
+			case v.Expired:
+				pe.Why = "If-Match on a key whose value expired"
+			case ok && st.tomb:
+				pe.Deleted, pe.Why = st.stamp.String(), "If-Match on a key deleted at "+st.stamp.String()
+			}
+			return 0, pe
+		case cond.IfMatch != "" && cond.IfMatch != cur:
+			return 0, &PreconditionError{Key: e.Key, Current: cur, Why: fmt.Sprintf("it holds version %s, not %s", cur, cond.IfMatch)}
+		case cond.IfNoneMatch && v.Present:
+			return 0, &PreconditionError{Key: e.Key, Current: cur, Why: "If-None-Match: * on a key that holds a value"}
+		}
+	}
+	if r := e.Restores; r != nil {
+		if err := o.checkRestore(e.Key, r); err != nil {
+			return 0, err
+		}
+	}
+	// A write that replaces a key's value removes what its counter counted
+	// here: the floors it carries.
+	observe := func(key string) (map[string]entry.PN, error) {
+		c, _, err := o.currentCounter(key)
+		if err != nil {
+			return nil, fmt.Errorf("%w: %w", ErrUnreadable, err)
+		}
+		f := c.Observed()
+		if len(f) > 0 {
+			o.hold(key, c)
+		}
+		return f, nil
+	}
+	var err error
+	switch e.Op {
+	case entry.OpSet, entry.OpDelete:
+		e.Floors, err = observe(e.Key)
+		return 0, err
+	case entry.OpMulti:
+		for i := range e.Ops {
+			if op := &e.Ops[i]; op.Op == entry.OpSet || op.Op == entry.OpDelete {
+				if op.Floors, err = observe(op.Key); err != nil {
+					return 0, err
+				}
+			}
+		}
+		return 0, nil
+	case entry.OpCounter:
+	default:
+		return 0, nil
+	}
+	v, c, err := o.view(e.Key)
+	if err != nil {
+		return 0, err
+	}
+	var base int64
+	switch {
+	case v.Expired:
+		// The key's value expired: the increment deletes it and counts
+		// from zero, removing what was counted before.
+		e.Clears, e.Floors = true, c.Observed()
+	case v.Present && !v.Counted:
+		n, ok := entry.ParseInt(v.Value)
+		if !ok {
+			return 0, fmt.Errorf("%w: %q holds a value that is not an integer", ErrNotInteger, e.Key)
+		}
+		base = n
+	case v.Present:
+		st, ok, err := o.currentPlain(e.Key)
+		if err != nil {
+			return 0, fmt.Errorf("%w: %w", ErrUnreadable, err)
+		}
+		if ok && st.live(o.now) {
+			base, _ = entry.ParseInt(st.value)
+		}
+	}
+	comp := o.comp
+	t := c.Totals[comp]
+	if delta >= 0 {
+		t.P += uint64(delta)
+	} else {
+		t.N += uint64(-delta)
+	}
+	if old := c.Totals[comp]; t.P < old.P || t.N < old.N {
+		return 0, fmt.Errorf("%w: counter %q: this cluster's totals would pass 2^64", ErrCounterRange, e.Key)
+	}
+	next := copyCounter(&c)
+	next.MergeFloors(e.Floors)
+	next.Totals[comp] = t
+	sum := next.Sum(base)
+	if !sum.IsInt64() {
+		return 0, fmt.Errorf("%w: counter %q would be %s, outside the 64-bit range", ErrCounterRange, e.Key, sum)
+	}
+	e.Ctr, e.CtrComp = &t, comp
+	o.hold(e.Key, c)
+	return sum.Int64(), nil
 }
 
 // checkVersions checks that every key holds the version named: its live
@@ -227,10 +411,18 @@ func (o *Overlay) checkVersions(kvs []api.KeyVersion) error {
 		}
 		cur := ""
 		switch {
+		case o.Floors:
+			v, _, err := o.view(kv.Key)
+			if err != nil {
+				return err
+			}
+			if v.Present {
+				cur = v.Version.String()
+			}
 		case ok && st.live(o.now):
 			cur = st.stamp.String()
 		default:
-			if _, inGroup := o.ctr[kv.Key]; inGroup {
+			if _, inGroup := o.ctrs[kv.Key]; inGroup && !o.Floors {
 				return &PreconditionError{Key: kv.Key, Why: "the counter was incremented since it was read"}
 			}
 			if o.st.HasCounters() {
@@ -273,15 +465,29 @@ func (o *Overlay) Existed(e *entry.Entry) (int, error) {
 	}
 	n := 0
 	for _, k := range keys {
-		st, ok, err := o.currentPlain(k)
+		ok, err := o.present(k)
 		if err != nil {
-			return 0, fmt.Errorf("%w: %w", ErrUnreadable, err)
+			return 0, err
 		}
-		if ok && st.live(o.now) {
+		if ok {
 			n++
 		}
 	}
 	return n, nil
+}
+
+// present reports whether a key holds a value a delete removes: a live
+// plain value, or (from FormatCounterFloors) a counter that counts.
+func (o *Overlay) present(k string) (bool, error) {
+	if o.Floors {
+		v, _, err := o.view(k)
+		return v.Present, err
+	}
+	st, ok, err := o.currentPlain(k)
+	if err != nil {
+		return false, fmt.Errorf("%w: %w", ErrUnreadable, err)
+	}
+	return ok && st.live(o.now), nil
 }
 
 // DropAbsentDeletes takes out of e the deletes of keys that hold no live
@@ -290,13 +496,7 @@ func (o *Overlay) Existed(e *entry.Entry) (int, error) {
 // nothing of e is left to write.
 func (o *Overlay) DropAbsentDeletes(e *entry.Entry) (bool, error) {
 	o.now = e.Commit.Wall
-	live := func(k string) (bool, error) {
-		st, ok, err := o.currentPlain(k)
-		if err != nil {
-			return false, fmt.Errorf("%w: %w", ErrUnreadable, err)
-		}
-		return ok && st.live(o.now), nil
-	}
+	live := o.present
 	switch e.Op {
 	case entry.OpDelete:
 		ok, err := live(e.Key)
@@ -378,18 +578,40 @@ func (o *Overlay) Record(e *entry.Entry) {
 	st := e.LWW()
 	switch e.Op {
 	case entry.OpSet, entry.OpDelete:
-		o.setPlain(e.Key, plainState{stamp: st, tomb: e.Op == entry.OpDelete, expires: e.Expires})
+		o.setPlain(e.Key, plainState{stamp: st, tomb: e.Op == entry.OpDelete, expires: e.Expires, value: e.Value})
+		o.recordCounter(e.Key, st, e.Floors, "", nil)
 	case entry.OpMulti:
 		for _, op := range e.Ops {
-			o.setPlain(op.Key, plainState{stamp: st, tomb: op.Op == entry.OpDelete, expires: op.Expires})
+			o.setPlain(op.Key, plainState{stamp: st, tomb: op.Op == entry.OpDelete, expires: op.Expires, value: op.Value})
+			o.recordCounter(op.Key, st, op.Floors, "", nil)
 		}
 	case entry.OpDeleteRange:
 		o.ranges = append(o.ranges, store.RangeTombstone{Start: e.Key, End: e.End, Stamp: st})
 	case entry.OpCounter:
-		if o.ctr == nil {
-			o.ctr = map[string]entry.PN{}
+		if e.Clears {
+			o.setPlain(e.Key, plainState{stamp: st, tomb: true})
 		}
-		o.ctr[e.Key] = *e.Ctr
+		o.recordCounter(e.Key, st, e.Floors, e.CtrComp, e.Ctr)
+	}
+}
+
+// recordCounter adds a write's floors, and an increment's totals of comp,
+// to the key's counter in the overlay.
+func (o *Overlay) recordCounter(key string, st entry.Stamp, floors map[string]entry.PN, comp string, t *entry.PN) {
+	if len(floors) == 0 && t == nil {
+		return
+	}
+	c, ok := o.ctrs[key]
+	if !ok {
+		// Decide holds every counter a write it accepts changes.
+		panic(fmt.Sprintf("machine: the overlay holds no counter for %q", key))
+	}
+	c.MergeFloors(floors)
+	if t != nil {
+		c.Totals[comp] = *t
+	}
+	if c.Stamp.Compare(st) < 0 {
+		c.Stamp = st
 	}
 }
 

@@ -369,6 +369,7 @@ func (m *Machine) decideLocal(props []Proposal) (*decided, error) {
 		return &decided{res: res}, nil
 	}
 	ov := NewOverlay(m.st, entry.Component(m.cluster, m.stream, m.epoch.Load()))
+	ov.Floors = m.format.Load() >= FormatCounterFloors
 	ov.Reserve(keysOf(props))
 	keyed := map[string]int{} // key -> the group's first proposal under it
 	last, lastCommit := m.last, m.lastCommit

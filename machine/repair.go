@@ -81,6 +81,13 @@ const FormatBatchConditions = 10
 // and the stored record's flag.
 const FormatExpiry = 11
 
+// FormatCounterFloors is the format from which a key's plain value and its
+// counter read as one (entry.Resolve): a set or delete carries the counter
+// totals it observed (entry.Entry.Floors), an increment adds to an integer
+// value and clears an expired one (Clears), and counters can be deleted.
+// An older build refuses the fields and the counter record's version 2.
+const FormatCounterFloors = 12
+
 // maxRepair bounds the versions of one repair command.
 const maxRepair = 1 << 16
 
@@ -194,6 +201,16 @@ func (m *Machine) applyRepair(b *store.Batch, rc *RepairCmd) (*Result, error) {
 		}
 		changed := false
 		if v.Counter {
+			if len(v.Floors) > 0 {
+				f := make(map[string]entry.PN, len(v.Floors))
+				for _, comp := range v.Floors {
+					f[comp.Cluster] = entry.PN{P: comp.P, N: comp.N}
+				}
+				var err error
+				if changed, err = b.MergeFloors(v.Key, f, st); err != nil {
+					return nil, err
+				}
+			}
 			for _, comp := range v.Totals {
 				out, err := b.MergeCounter(v.Key, comp.Cluster, entry.PN{P: comp.P, N: comp.N}, st)
 				if err != nil {

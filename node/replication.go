@@ -72,6 +72,7 @@ func (n *Node) setupReplication() {
 		// Contexts take format 4: before it, a member may not read them.
 		TakesContexts: func() bool { return n.machine.Format() >= machine.FormatConflicts },
 		TakesExpiry:   func() bool { return n.machine.Format() >= machine.FormatExpiry },
+		TakesFloors:   func() bool { return n.machine.Format() >= machine.FormatCounterFloors },
 		ConflictValueMax: func() int {
 			if n.machine.Format() < machine.FormatConflicts {
 				return 0

@@ -36,9 +36,28 @@ func (b *Batch) applyEntry(e *entry.Entry, local bool) (entry.Outcome, error) {
 		if local {
 			e.Ctx = w.Ctx
 		}
+		if err == nil && len(e.Floors) > 0 {
+			_, err = b.MergeFloors(e.Key, e.Floors, e.LWW())
+		}
 	case entry.OpDeleteRange:
 		out, _, err = b.MergeRange(RangeTombstone{Start: e.Key, End: e.End, Stamp: e.LWW()})
 	case entry.OpCounter:
+		if e.Clears {
+			// The key's expired value goes first: the increment counts
+			// from zero (its floors remove what was counted before).
+			w := Write{Key: e.Key, Tombstone: true, Stamp: e.LWW(), Ctx: e.Ctx, Local: local}
+			if _, err := b.mergeWrite(&w); err != nil {
+				return 0, err
+			}
+			if local {
+				e.Ctx = w.Ctx
+			}
+		}
+		if len(e.Floors) > 0 {
+			if _, err := b.MergeFloors(e.Key, e.Floors, e.LWW()); err != nil {
+				return 0, err
+			}
+		}
 		out, err = b.MergeCounter(e.Key, e.CounterComponent(), *e.Ctr, e.LWW())
 	case entry.OpMulti:
 		// One stamp for every write; the caller commits them in one batch,
@@ -56,6 +75,9 @@ func (b *Batch) applyEntry(e *entry.Entry, local bool) (entry.Outcome, error) {
 				o, err = b.mergeWrite(&w)
 				if local {
 					op.Ctx = w.Ctx
+				}
+				if err == nil && len(op.Floors) > 0 {
+					_, err = b.MergeFloors(op.Key, op.Floors, e.LWW())
 				}
 			}
 			if err != nil {

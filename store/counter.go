@@ -10,12 +10,14 @@ import (
 	"github.com/cockroachdb/pebble/v2"
 
 	"github.com/replicator/replicator/entry"
+	"github.com/replicator/replicator/hashtree"
 	"github.com/replicator/replicator/hlc"
 )
 
 // PN-counters live in a key space of their own,
 //
 //	k<key>   version(1) | stamp hlc(12) | len(origin)(1) | origin | n(2) | n x component
+//	         [| m(2) | m x component: the floors, version 2]
 //	         component: len(cluster)(1) | cluster | P(8) | N(8), sorted by cluster
 //
 // so a counter and a plain value never overwrite each other: the local rule
@@ -23,6 +25,9 @@ import (
 // raced at two clusters end up side by side, the same everywhere.
 const (
 	counterVersion = 1
+	// counterFloorsVersion adds | n(2) | n x component of floors (command
+	// format 12; a build before it refuses the record as corrupt).
+	counterFloorsVersion = 2
 )
 
 // CounterEpoch returns the counter epoch recorded for a stream (0 when none,
@@ -60,12 +65,21 @@ func (b *Batch) SetCounterEpoch(stream [16]byte, epoch uint32) error {
 }
 
 func appendCounter(dst []byte, c *Counter) []byte {
-	dst = append(dst, counterVersion)
+	v := byte(counterVersion)
+	if len(c.Floors) > 0 {
+		v = counterFloorsVersion
+	}
+	dst = append(dst, v)
 	dst = c.Stamp.HLC.AppendTo(dst)
 	dst = append(dst, byte(len(c.Stamp.Origin)))
 	dst = append(dst, c.Stamp.Origin...)
 	dst = binary.BigEndian.AppendUint16(dst, uint16(len(c.Totals)))
-	return appendCounterTotals(dst, c)
+	dst = appendComponents(dst, c.Totals)
+	if len(c.Floors) > 0 {
+		dst = binary.BigEndian.AppendUint16(dst, uint16(len(c.Floors)))
+		dst = appendComponents(dst, c.Floors)
+	}
+	return dst
 }
 
 // DecodeCounter parses a stored counter.
@@ -74,34 +88,59 @@ func DecodeCounter(b []byte) (Counter, error) {
 	bad := func(what string) (Counter, error) {
 		return Counter{}, fmt.Errorf("%w: counter record: %s", ErrCorrupt, what)
 	}
-	st, b, what := decodeStampHead(b, counterVersion, 2)
+	version := byte(counterVersion)
+	if len(b) > 0 && b[0] == counterFloorsVersion {
+		version = counterFloorsVersion
+	}
+	st, b, what := decodeStampHead(b, version, 2)
 	if what != "" {
 		return bad(what)
 	}
 	c.Stamp = st
-	count := int(binary.BigEndian.Uint16(b))
-	b = b[2:]
-	prev := ""
-	for i := 0; i < count; i++ {
-		if len(b) < 1 {
-			return bad("component")
+	if b, what = decodeComponents(b, c.Totals); what != "" {
+		return bad(what)
+	}
+	if version == counterFloorsVersion {
+		c.Floors = map[string]entry.PN{}
+		if len(b) < 2 {
+			return bad("floors")
 		}
-		l := int(b[0])
-		if l == 0 || l > entry.MaxComponentLen || len(b) < 1+l+16 {
-			return bad("component")
+		if b, what = decodeComponents(b, c.Floors); what != "" {
+			return bad("floors: " + what)
 		}
-		name := string(b[1 : 1+l])
-		if i > 0 && name <= prev {
-			return bad("components out of order")
+		if len(c.Floors) == 0 {
+			return bad("no floors")
 		}
-		prev = name
-		c.Totals[name] = entry.PN{P: binary.BigEndian.Uint64(b[1+l:]), N: binary.BigEndian.Uint64(b[9+l:])}
-		b = b[1+l+16:]
 	}
 	if len(b) != 0 {
 		return bad("trailing bytes")
 	}
 	return c, nil
+}
+
+// decodeComponents reads count(2) | component* into into, returning what
+// follows or what is wrong.
+func decodeComponents(b []byte, into map[string]entry.PN) ([]byte, string) {
+	count := int(binary.BigEndian.Uint16(b))
+	b = b[2:]
+	prev := ""
+	for i := 0; i < count; i++ {
+		if len(b) < 1 {
+			return nil, "component"
+		}
+		l := int(b[0])
+		if l == 0 || l > entry.MaxComponentLen || len(b) < 1+l+16 {
+			return nil, "component"
+		}
+		name := string(b[1 : 1+l])
+		if i > 0 && name <= prev {
+			return nil, "components out of order"
+		}
+		prev = name
+		into[name] = entry.PN{P: binary.BigEndian.Uint64(b[1+l:]), N: binary.BigEndian.Uint64(b[9+l:])}
+		b = b[1+l+16:]
+	}
+	return b, ""
 }
 
 // Counter reads a counter (ErrNotFound when the key holds none).
@@ -137,7 +176,42 @@ func copyCounter(c *Counter) Counter {
 	for k, v := range c.Totals {
 		out.Totals[k] = v
 	}
+	out.Floors = maps.Clone(c.Floors)
 	return out
+}
+
+// MergeFloors folds a write's counter floors into key's counter by
+// pointwise maximum (a record of floors alone when the key has none yet:
+// the increments they remove may arrive later).
+func (b *Batch) MergeFloors(key string, f map[string]entry.PN, stamp entry.Stamp) (bool, error) {
+	c, _, err := b.Counter(key)
+	if err != nil {
+		return false, err
+	}
+	prev := counterDigest(&b.digester, key, &c)
+	if !c.MergeFloors(f) {
+		return false, nil
+	}
+	if c.Stamp.Compare(stamp) < 0 {
+		c.Stamp = stamp
+	}
+	if b.max.Compare(stamp) < 0 {
+		b.max, b.maxOwn = stamp, false
+	}
+	return true, b.putCounter(key, &c, prev)
+}
+
+// putCounter writes a counter changed in the batch.
+func (b *Batch) putCounter(key string, c *Counter, prev hashtree.Sum) error {
+	if err := b.pb.Set(counterKey(key), appendCounter(nil, c), nil); err != nil {
+		return err
+	}
+	b.moveLeafLocked(key, prev, counterDigest(&b.digester, key, c))
+	if b.pendingCtr == nil {
+		b.pendingCtr = map[string]*Counter{}
+	}
+	b.pendingCtr[key] = c
+	return nil
 }
 
 // MergeCounter folds one cluster's totals into a counter by pointwise
@@ -154,21 +228,20 @@ func (b *Batch) MergeCounter(key, cluster string, t entry.PN, stamp entry.Stamp)
 		return entry.Duplicate, nil
 	}
 	prev := counterDigest(&b.digester, key, &c)
-	c.Totals[cluster] = next
+	if next != (entry.PN{}) {
+		// Zero totals (a re-seed's carrier of floors alone) add no
+		// component: two trees that agree hash alike.
+		c.Totals[cluster] = next
+	}
 	if c.Stamp.Compare(stamp) < 0 {
 		c.Stamp = stamp
 	}
 	if b.max.Compare(stamp) < 0 {
 		b.max, b.maxOwn = stamp, false
 	}
-	if err := b.pb.Set(counterKey(key), appendCounter(nil, &c), nil); err != nil {
+	if err := b.putCounter(key, &c, prev); err != nil {
 		return 0, err
 	}
-	b.moveLeafLocked(key, prev, counterDigest(&b.digester, key, &c))
-	if b.pendingCtr == nil {
-		b.pendingCtr = map[string]*Counter{}
-	}
-	b.pendingCtr[key] = &c
 	if next == cur {
 		return entry.Duplicate, nil
 	}
@@ -178,9 +251,20 @@ func (b *Batch) MergeCounter(key, cluster string, t entry.PN, stamp entry.Stamp)
 // appendCounterTotals encodes only the per-cluster totals, sorted: what two
 // converged clusters agree on exactly. (The stamp, the counter's version, is
 // left out: a re-seed relays totals, not the stamps of every delta.)
+//
+// Floors follow the totals after a zero byte (no component name is empty),
+// only when there are some: a counter without floors hashes as before them.
 func appendCounterTotals(dst []byte, c *Counter) []byte {
-	for _, n := range slices.Sorted(maps.Keys(c.Totals)) {
-		t := c.Totals[n]
+	dst = appendComponents(dst, c.Totals)
+	if len(c.Floors) > 0 {
+		dst = appendComponents(append(dst, 0), c.Floors)
+	}
+	return dst
+}
+
+func appendComponents(dst []byte, m map[string]entry.PN) []byte {
+	for _, n := range slices.Sorted(maps.Keys(m)) {
+		t := m[n]
 		dst = append(dst, byte(len(n)))
 		dst = append(dst, n...)
 		dst = binary.BigEndian.AppendUint64(dst, t.P)

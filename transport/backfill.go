@@ -142,7 +142,7 @@ func (s *Shipper) backfill(ctx context.Context, spans []entry.Span) error {
 	}
 	feed, err := newScopedFeed(snap, s.opts.Local, s.opts.Now(), spanScope(spans), "")
 	if err == nil {
-		feed.contexts, feed.expiry = s.takesContexts(), s.takesExpiry()
+		feed.contexts, feed.expiry, feed.floors = s.takesContexts(), s.takesExpiry(), s.takesFloors()
 	}
 	if err != nil {
 		return err

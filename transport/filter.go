@@ -262,25 +262,35 @@ func (s *Shipper) takesExpiry() bool {
 	return s.mu.limits != nil && s.mu.limits.Expiry
 }
 
-// errNoExpiry: the next entry carries an expiry and the peer's build
-// cannot keep one: it waits (and every entry behind it) until the peer is
-// upgraded. Dropping the expiry would keep the key there for ever.
-var errNoExpiry = errors.New("transport: the next entry expires, and the peer does not keep expiry yet (upgrade every node of it); the link waits")
+func (s *Shipper) takesFloors() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.mu.limits != nil && s.mu.limits.Floors
+}
 
-// exField is how an expiry field begins on the wire (msgpack's fixstr
-// "ex"): an entry without these bytes carries none.
-var exField = []byte("\xa2ex")
+// errNoExpiry: the next entry carries an expiry (or counter floors) and
+// the peer's build cannot keep it: it waits (and every entry behind it)
+// until the peer is upgraded. Dropping the expiry would keep the key there
+// for ever, dropping floors a deleted counter's increments.
+var errNoExpiry = errors.New("transport: the next entry expires or carries counter floors, and the peer does not keep them yet (upgrade every node of it); the link waits")
 
-// expires reports whether the encoded entry p carries an expiry.
-func expires(codec *wire.Codec, p []byte, d wire.Defaults) (bool, error) {
-	if !bytes.Contains(p, exField) {
+// How an expiry, floors and a clear begin on the wire (msgpack's fixstr
+// "ex", "fl", "cl"): an entry without these bytes carries none.
+var exField, flField, clField = []byte("\xa2ex"), []byte("\xa2fl"), []byte("\xa2cl")
+
+// heldBack reports whether the encoded entry p carries what the peer does
+// not keep: an expiry (without expiryOK) or floors (without floorsOK).
+func heldBack(codec *wire.Codec, p []byte, d wire.Defaults, expiryOK, floorsOK bool) (bool, error) {
+	ex := !expiryOK && bytes.Contains(p, exField)
+	fl := !floorsOK && (bytes.Contains(p, flField) || bytes.Contains(p, clField))
+	if !ex && !fl {
 		return false, nil
 	}
 	e, err := codec.DecodeEntry(p, d)
 	if err != nil {
 		return false, err
 	}
-	return e.HasExpiry(), nil
+	return (ex && e.HasExpiry()) || (fl && e.HasFloors()), nil
 }
 
 func (s *Shipper) takesContexts() bool {

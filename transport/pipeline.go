@@ -261,9 +261,9 @@ func (s *Shipper) build(acked uint64, buf *[]byte, stubs bool) (*flight, error) 
 	var payloads [][]byte
 	size := 0
 	stubbed := false
-	ctxOK, expiryOK := s.takesContexts(), s.takesExpiry()
+	ctxOK, expiryOK, floorsOK := s.takesContexts(), s.takesExpiry(), s.takesFloors()
 	var codec *wire.Codec
-	if !ctxOK || !expiryOK {
+	if !ctxOK || !expiryOK || !floorsOK {
 		codec = wire.NewCodec()
 	}
 	to := acked
@@ -293,10 +293,10 @@ func (s *Shipper) build(acked uint64, buf *[]byte, stubs bool) (*flight, error) 
 				}
 			}
 		}
-		if !expiryOK {
-			held, err := expires(codec, p, wire.Defaults{Origin: s.opts.Local, Stream: stream})
+		if !expiryOK || !floorsOK {
+			held, err := heldBack(codec, p, wire.Defaults{Origin: s.opts.Local, Stream: stream}, expiryOK, floorsOK)
 			if err != nil {
-				return nil, fmt.Errorf("transport: decode wal entry %d to look for an expiry: %w", i, err)
+				return nil, fmt.Errorf("transport: decode wal entry %d to look for an expiry or floors: %w", i, err)
 			}
 			if held && len(payloads) == 0 {
 				return nil, errNoExpiry

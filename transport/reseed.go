@@ -141,7 +141,7 @@ func (s *Shipper) openReseed(requested, rejoin bool) (*reseedRun, error) {
 		returning = s.peer.Name
 	}
 	if r.feed, err = newScopedFeed(snap, s.opts.Local, s.opts.Now(), r.filter, returning); err == nil {
-		r.feed.contexts, r.feed.expiry = s.takesContexts(), s.takesExpiry()
+		r.feed.contexts, r.feed.expiry, r.feed.floors = s.takesContexts(), s.takesExpiry(), s.takesFloors()
 	}
 	if err != nil {
 		snap.Close()
@@ -302,6 +302,9 @@ type snapshotFeed struct {
 	// expiry: the peer's log keeps versions that expire; to another, a
 	// version with an expiry fails the snapshot (errNoExpiry).
 	expiry bool
+	// floors: the peer's log keeps counter floors; to another, a counter
+	// with floors fails the snapshot (errNoExpiry).
+	floors bool
 }
 
 // scope is what of the tree a snapshot sends: a link's filter, or the
@@ -349,8 +352,23 @@ func newScopedFeed(snap Snapshot, local string, now int64, filter scope, returni
 				continue
 			}
 			t := t
-			f.extra = append(f.extra, entry.Entry{Op: entry.OpCounter, Key: key, Ctr: &t, CtrComp: comp,
-				Stamp: c.Stamp.HLC, StampOrigin: c.Stamp.Origin})
+			e := entry.Entry{Op: entry.OpCounter, Key: key, Ctr: &t, CtrComp: comp,
+				Stamp: c.Stamp.HLC, StampOrigin: c.Stamp.Origin}
+			if fl, ok := c.Floors[comp]; ok {
+				// A component's floors travel with its totals, judged as
+				// its cluster's.
+				e.Floors = map[string]entry.PN{comp: fl}
+			}
+			f.extra = append(f.extra, e)
+		}
+		for comp, fl := range c.Floors {
+			if _, ok := c.Totals[comp]; ok || (!in && entry.ComponentCluster(comp) != returning) {
+				continue
+			}
+			// Floors of totals this tree has not seen yet: zero totals
+			// (which add no component) carry them.
+			f.extra = append(f.extra, entry.Entry{Op: entry.OpCounter, Key: key, Ctr: &entry.PN{}, CtrComp: comp,
+				Floors: map[string]entry.PN{comp: fl}, Stamp: c.Stamp.HLC, StampOrigin: c.Stamp.Origin})
 		}
 	}
 	return f, nil
@@ -366,6 +384,9 @@ func (f *snapshotFeed) next() (entry.Entry, bool, error) {
 	if len(f.extra) > 0 {
 		e := f.extra[0]
 		f.extra = f.extra[1:]
+		if !f.floors && e.HasFloors() {
+			return entry.Entry{}, false, fmt.Errorf("%w (counter %q)", errNoExpiry, e.Key)
+		}
 		return e, true, nil
 	}
 	key, rec, ok, err := f.snap.Next()

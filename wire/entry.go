@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 
 	"github.com/vmihailenco/msgpack/v5"
 
@@ -61,7 +63,8 @@ func (c *Codec) encodeEntry(enc *msgpack.Encoder, e *entry.Entry, d Defaults) {
 	withCx := len(e.Ctx) > 0
 	withRs := e.Restores != nil
 	withEx := e.Expires != 0
-	for _, b := range []bool{withOrigin, withStream, withStamp, withValue, withIdem, withSO, withEnd, withCtr, withOps, withCC, withOvs, withFlt, withCx, withRs, withEx} {
+	withFl, withCl := len(e.Floors) > 0, e.Clears
+	for _, b := range []bool{withOrigin, withStream, withStamp, withValue, withIdem, withSO, withEnd, withCtr, withOps, withCC, withOvs, withFlt, withCx, withRs, withEx, withFl, withCl} {
 		if b {
 			n++
 		}
@@ -128,6 +131,15 @@ func (c *Codec) encodeEntry(enc *msgpack.Encoder, e *entry.Entry, d Defaults) {
 		_ = enc.EncodeString("ex")
 		_ = enc.EncodeInt(e.Expires)
 	}
+	if withFl {
+		// Only to a peer that keeps floors (Limits.Floors), as expiry.
+		_ = enc.EncodeString("fl")
+		encodeFloors(enc, e.Floors)
+	}
+	if withCl {
+		_ = enc.EncodeString("cl")
+		_ = enc.EncodeBool(true)
+	}
 	if withRs {
 		_ = enc.EncodeString("rs")
 		_ = enc.EncodeArrayLen(2)
@@ -151,6 +163,9 @@ func (c *Codec) encodeEntry(enc *msgpack.Encoder, e *entry.Entry, d Defaults) {
 			if op.Expires != 0 {
 				n++
 			}
+			if len(op.Floors) > 0 {
+				n++
+			}
 			_ = enc.EncodeMapLen(n)
 			_ = enc.EncodeString("op")
 			_ = enc.EncodeUint(uint64(op.Op))
@@ -171,6 +186,10 @@ func (c *Codec) encodeEntry(enc *msgpack.Encoder, e *entry.Entry, d Defaults) {
 			if op.Expires != 0 {
 				_ = enc.EncodeString("ex")
 				_ = enc.EncodeInt(op.Expires)
+			}
+			if len(op.Floors) > 0 {
+				_ = enc.EncodeString("fl")
+				encodeFloors(enc, op.Floors)
 			}
 		}
 	}
@@ -236,6 +255,47 @@ func decodeCtr(dec *msgpack.Decoder) (*entry.PN, error) {
 	return &entry.PN{P: p, N: q}, nil
 }
 
+// encodeFloors writes counter floors as a map of component to [P, N],
+// sorted: equal floors encode the same.
+func encodeFloors(enc *msgpack.Encoder, f map[string]entry.PN) {
+	_ = enc.EncodeMapLen(len(f))
+	for _, c := range slices.Sorted(maps.Keys(f)) {
+		_ = enc.EncodeString(c)
+		_ = enc.EncodeArrayLen(2)
+		_ = enc.EncodeUint(f[c].P)
+		_ = enc.EncodeUint(f[c].N)
+	}
+}
+
+func decodeFloors(dec *msgpack.Decoder) (map[string]entry.PN, error) {
+	n, err := dec.DecodeMapLen()
+	if err != nil {
+		return nil, err
+	}
+	if n < 1 || n > entry.MaxFloors {
+		return nil, fmt.Errorf("floors of %d components", n)
+	}
+	f := make(map[string]entry.PN, min(n, 64))
+	for i := 0; i < n; i++ {
+		c, err := dec.DecodeString()
+		if err != nil {
+			return nil, err
+		}
+		if err := entry.CheckComponent(c); err != nil {
+			return nil, err
+		}
+		if _, dup := f[c]; dup {
+			return nil, fmt.Errorf("floor of %q twice", c)
+		}
+		t, err := decodeCtr(dec)
+		if err != nil {
+			return nil, err
+		}
+		f[c] = *t
+	}
+	return f, nil
+}
+
 func decodeOps(dec *msgpack.Decoder) ([]entry.BatchOp, error) {
 	n, err := dec.DecodeArrayLen()
 	if err != nil {
@@ -250,7 +310,7 @@ func decodeOps(dec *msgpack.Decoder) ([]entry.BatchOp, error) {
 		if err != nil {
 			return nil, err
 		}
-		if m < 2 || m > 6 {
+		if m < 2 || m > 7 {
 			return nil, fmt.Errorf("op %d: map of %d fields", i, m)
 		}
 		var op entry.BatchOp
@@ -287,6 +347,12 @@ func decodeOps(dec *msgpack.Decoder) ([]entry.BatchOp, error) {
 				}
 				op.Expires, err = dec.DecodeInt64()
 				seen |= 32
+			case "fl":
+				if seen&64 != 0 {
+					return nil, fmt.Errorf("op %d: fl twice", i)
+				}
+				op.Floors, err = decodeFloors(dec)
+				seen |= 64
 			default:
 				return nil, fmt.Errorf("op %d: unknown field %q", i, name)
 			}
@@ -483,7 +549,7 @@ func DecodeEntryFrom(dec *msgpack.Decoder, d Defaults) (entry.Entry, error) {
 	if err != nil {
 		return e, fmt.Errorf("%w: %v", entry.ErrMalformed, err)
 	}
-	if n < 0 || n > 22 {
+	if n < 0 || n > 24 {
 		return e, fmt.Errorf("%w: entry map of %d fields", entry.ErrMalformed, n)
 	}
 	var have uint32
@@ -566,6 +632,15 @@ func DecodeEntryFrom(dec *msgpack.Decoder, d Defaults) (entry.Entry, error) {
 			e.Expires, err = dec.DecodeInt64()
 			if err == nil && e.Expires == 0 {
 				err = errors.New("an expiry of 0 (never) is left out")
+			}
+		case "fl":
+			bit = 524288
+			e.Floors, err = decodeFloors(dec)
+		case "cl":
+			bit = 1048576
+			e.Clears, err = dec.DecodeBool()
+			if err == nil && !e.Clears {
+				err = errors.New("a clear of false is left out")
 			}
 		case "so":
 			bit = 512

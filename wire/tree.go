@@ -70,6 +70,9 @@ type TreeRequest struct {
 	// build that does not know the field would repair them as versions
 	// that never expire.
 	Expiry bool `msgpack:"e,omitempty"`
+	// Floors: the asker keeps counter floors (command format 12); to
+	// another asker, counters with floors are not answered whole.
+	Floors bool `msgpack:"fl,omitempty"`
 }
 
 // Filter is a link's filter as a tree request scopes by it.
@@ -136,6 +139,9 @@ type TreeVersion struct {
 	// Expires is a plain version's expiry (wall ns; 0: never), with
 	// whole versions and leaves alike (Hash covers it).
 	Expires int64 `msgpack:"e,omitempty"`
+	// Floors are a counter's floors (whole versions only; Hash covers
+	// them).
+	Floors []Component `msgpack:"fl,omitempty"`
 }
 
 // ContextItem is one item of a version's causal context.
@@ -261,15 +267,20 @@ func (v *TreeVersion) Check() error {
 	if err := v.Context().Check(); err != nil && len(v.Ctx) > 0 {
 		return err
 	}
-	if !v.Counter && len(v.Totals) > 0 {
-		return errors.New("totals on a plain version")
+	if !v.Counter && (len(v.Totals) > 0 || len(v.Floors) > 0) {
+		return errors.New("totals or floors on a plain version")
 	}
-	if !sort.SliceIsSorted(v.Totals, func(i, j int) bool { return v.Totals[i].Cluster < v.Totals[j].Cluster }) {
-		return errors.New("totals out of order")
+	if len(v.Floors) > entry.MaxFloors {
+		return fmt.Errorf("%d floors", len(v.Floors))
 	}
-	for i, c := range v.Totals {
-		if c.Cluster == "" || len(c.Cluster) > entry.MaxComponentLen || (i > 0 && c.Cluster == v.Totals[i-1].Cluster) {
-			return fmt.Errorf("component %q", c.Cluster)
+	for _, cs := range [][]Component{v.Totals, v.Floors} {
+		if !sort.SliceIsSorted(cs, func(i, j int) bool { return cs[i].Cluster < cs[j].Cluster }) {
+			return errors.New("components out of order")
+		}
+		for i, c := range cs {
+			if c.Cluster == "" || len(c.Cluster) > entry.MaxComponentLen || (i > 0 && c.Cluster == cs[i-1].Cluster) {
+				return fmt.Errorf("component %q", c.Cluster)
+			}
 		}
 	}
 	return nil
