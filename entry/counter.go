@@ -40,3 +40,17 @@ func ComponentCluster(component string) string {
 type PN struct {
 	P, N uint64
 }
+
+// ClusterTotals sums totals kept per stream (see Component) per cluster:
+// what a reader wants.
+func ClusterTotals(components map[string]PN) map[string]PN {
+	totals := make(map[string]PN, len(components))
+	for comp, t := range components {
+		cl := ComponentCluster(comp)
+		sum := totals[cl]
+		sum.P += t.P
+		sum.N += t.N
+		totals[cl] = sum
+	}
+	return totals
+}

@@ -564,20 +564,26 @@ func (n *Node) Get(key string) (store.Record, error) {
 	if err := n.rep.Readable(); err != nil {
 		return store.Record{}, err
 	}
-	r, err := n.store.Get(key)
+	// The plain record and the counter read as one (a counter that counts
+	// reads as its decimal value).
+	v, r, held, err := n.store.Read(key, n.clock.Physical())
 	switch {
-	case err == nil && r.Tombstone:
-		return store.Record{}, &api.NotFoundError{Key: key, Deleted: r.Stamp.String()}
-	case err == nil && r.Expired(n.clock.Physical()):
+	case err != nil:
+		return store.Record{}, err
+	case v.Counted:
+		return store.Record{Value: v.Value, Stamp: v.Version, Expires: v.Expires, Kind: store.KindCounter}, nil
+	case v.Present:
+		return r, nil
+	case v.Expired:
 		return store.Record{}, &api.NotFoundError{Key: key, Expired: r.Stamp.String()}
-	case errors.Is(err, store.ErrNotFound):
-		nf := &api.NotFoundError{Key: key}
-		if cut, err := n.machine.CollectedBelow(); err == nil && !cut.IsZero() {
-			nf.CollectedBelow = cut.String()
-		}
-		return store.Record{}, nf
+	case held && r.Tombstone:
+		return store.Record{}, &api.NotFoundError{Key: key, Deleted: r.Stamp.String()}
 	}
-	return r, err
+	nf := &api.NotFoundError{Key: key}
+	if cut, err := n.machine.CollectedBelow(); err == nil && !cut.IsZero() {
+		nf.CollectedBelow = cut.String()
+	}
+	return store.Record{}, nf
 }
 
 // Scan returns a page of live keys in order.

@@ -59,24 +59,25 @@ func (n *Node) Counter(key string) (api.CounterResult, error) {
 	if err := n.rep.Readable(); err != nil {
 		return api.CounterResult{}, err
 	}
-	c, err := n.store.Counter(key)
-	if errors.Is(err, store.ErrNotFound) {
-		return api.CounterResult{}, fmt.Errorf("%w: no counter %q", api.ErrNotFound, key)
-	}
+	// A key's plain integer and its counter read as one.
+	v, _, _, err := n.store.Read(key, n.clock.Physical())
 	if err != nil {
 		return api.CounterResult{}, err
 	}
-	// Totals are kept per stream (see entry.Component); a reader wants them
-	// per cluster.
-	totals := make(map[string]entry.PN, len(c.Totals))
-	for comp, t := range c.Totals {
-		cl := entry.ComponentCluster(comp)
-		sum := totals[cl]
-		sum.P += t.P
-		sum.N += t.N
-		totals[cl] = sum
+	val, isInt := entry.ParseInt(v.Value)
+	switch {
+	case !v.Present:
+		return api.CounterResult{}, fmt.Errorf("%w: no counter %q", api.ErrNotFound, key)
+	case !v.Counted && !isInt:
+		return api.CounterResult{}, fmt.Errorf("%w: %q holds a value that is not an integer", api.ErrNotInteger, key)
+	case v.Counted:
+		val = v.Int
 	}
-	return api.CounterResult{Key: key, Value: c.Value(), Version: c.Stamp.String(), Totals: totals, Components: c.Totals}, nil
+	c, err := n.store.Counter(key)
+	if err != nil && !errors.Is(err, store.ErrNotFound) {
+		return api.CounterResult{}, err
+	}
+	return api.CounterResult{Key: key, Value: val, Version: v.Version.String(), Totals: entry.ClusterTotals(c.Totals), Components: c.Totals}, nil
 }
 
 // Batch applies ops atomically under one stamp: one WAL entry, one Pebble

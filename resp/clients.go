@@ -313,7 +313,7 @@ func (c *conn) commandCmd(args [][]byte) {
 func commandEntry(w *writer, cmd command) {
 	first, last, step := 0, 0, 0
 	switch cmd.name {
-	case "get", "set", "incr", "decr", "incrby", "decrby", "setnx", "getset", "getdel", "append", "setrange",
+	case "get", "set", "incr", "decr", "incrby", "decrby", "incrbyfloat", "setnx", "getset", "getdel", "append", "setrange",
 		"getrange", "type", "strlen":
 		first, last, step = 1, 1, 1
 	case "mget", "del", "exists", "unlink", "watch":

@@ -49,6 +49,7 @@ func init() {
 		{"decr", 2, (*conn).incr, false},
 		{"incrby", 3, (*conn).incr, false},
 		{"decrby", 3, (*conn).incr, false},
+		{"incrbyfloat", 3, (*conn).one, false},
 		{"scan", -2, (*conn).scan, false},
 		{"keys", 2, (*conn).keys, false},
 		{"unlink", -2, (*conn).del, false},

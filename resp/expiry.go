@@ -131,9 +131,6 @@ func (v *view) expireCmd(name string, args [][]byte, w *writer) {
 	}
 	x := v.read(k)
 	switch {
-	case x.counter:
-		w.err("ERR an expiry on a counter is not served yet (docs/RESP.md \"Expiry\")")
-		return
 	case !x.live:
 		w.int(0)
 		return
@@ -167,7 +164,7 @@ func (v *view) persist(k string, w *writer) {
 func (v *view) ttlCmd(name, k string, w *writer) {
 	x := v.read(k)
 	switch {
-	case !x.live && !x.counter:
+	case !x.live:
 		w.int(-2)
 		return
 	case x.expires == 0:
@@ -221,9 +218,6 @@ func (v *view) getex(args [][]byte, w *writer) {
 	}
 	x := v.read(k)
 	switch {
-	case x.counter && (persist || timed):
-		w.err("ERR an expiry on a counter is not served yet (docs/RESP.md \"Expiry\")")
-		return
 	case !x.live:
 		v.value(k, w)
 		return

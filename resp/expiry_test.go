@@ -55,10 +55,14 @@ func TestExpiryCommands(t *testing.T) {
 	if r, _ := f.Get("t"); r.Expires != 0 {
 		t.Fatalf("t expires at %d after PERSIST in its transaction", r.Expires)
 	}
-	// A counter carries no expiry yet.
+	// A counter takes an expiry: its value written with it, and INCR
+	// keeps it (the increment counts on the value that expires).
 	f.incr("n", 1)
-	send("EXPIRE n 5", "TTL n")
-	expectAll("-ERR an expiry on a counter", ":-1")
+	send("EXPIRE n 5", "TTL n", "GET n")
+	expectAll(":1", ":5", "$1", "1")
+	if r, _ := f.Get("n"); r.Expires != now()+5e9 {
+		t.Fatalf("n expires at %d, want %d", r.Expires, now()+int64(5e9))
+	}
 }
 
 // FuzzSetOptions: SET's options never panic, and what parses holds

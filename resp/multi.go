@@ -37,14 +37,14 @@ const (
 var txnControl = map[string]bool{"multi": true, "exec": true, "discard": true, "quit": true, "watch": true}
 
 // txnServed are the commands a transaction queues (view.run runs them).
-// Counters' increments are not among them: an increment is not a batch's
-// op (docs/RESP.md "Transactions").
+// An increment inside one reads and writes the value (resp/incr.go).
 var txnServed = map[string]bool{
 	"ping": true, "echo": true, "get": true, "mget": true, "exists": true, "type": true, "strlen": true,
 	"getrange": true, "set": true, "getset": true, "setnx": true, "mset": true, "msetnx": true,
 	"getdel": true, "del": true, "unlink": true, "append": true, "setrange": true,
 	"setex": true, "psetex": true, "expire": true, "pexpire": true, "expireat": true, "pexpireat": true,
 	"persist": true, "ttl": true, "pttl": true, "expiretime": true, "pexpiretime": true, "getex": true,
+	"incr": true, "decr": true, "incrby": true, "decrby": true, "incrbyfloat": true,
 }
 
 func (c *conn) multi(_ [][]byte) {
@@ -131,10 +131,6 @@ func (c *conn) queue(cmd command, known bool, args [][]byte) {
 	c.s.stats.command(cmd.name)
 	switch {
 	case txnServed[cmd.name]:
-	case cmd.name == "incr" || cmd.name == "decr" || cmd.name == "incrby" || cmd.name == "decrby":
-		c.s.stats.error("bad_request")
-		refuse("ERR " + strings.ToUpper(cmd.name) + " inside MULTI is not served: a counter's increment is not an op of a transaction's batch (docs/RESP.md \"Transactions\")")
-		return
 	default:
 		c.s.stats.error("bad_request")
 		refuse("ERR " + strings.ToUpper(cmd.name) + " inside MULTI is not served (docs/RESP.md \"Transactions\")")

@@ -20,8 +20,9 @@ type recordingNode struct {
 	Node // the rest is not called
 	mu   sync.Mutex
 	got  []api.Write
+	// kv holds each key as the node reads it: a counter as its decimal
+	// value (Kind counter).
 	kv   map[string]entry.Record
-	ctr  map[string]api.CounterResult
 	tick int64
 	// before, when set, runs before a write is decided (another client's
 	// write coming between a transaction's reads and its commit).
@@ -47,10 +48,15 @@ func (f *recordingNode) Get(key string) (entry.Record, error) {
 func (f *recordingNode) Counter(key string) (api.CounterResult, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if c, ok := f.ctr[key]; ok {
-		return c, nil
+	r, ok := f.kv[key]
+	if !ok || !f.liveLocked(r) {
+		return api.CounterResult{}, api.ErrNotFound
 	}
-	return api.CounterResult{}, api.ErrNotFound
+	n, isInt := entry.ParseInt(r.Value)
+	if !isInt {
+		return api.CounterResult{}, api.ErrNotInteger
+	}
+	return api.CounterResult{Key: key, Value: n, Version: r.Stamp.String()}, nil
 }
 
 func (f *recordingNode) stampLocked() entry.Stamp {
@@ -68,23 +74,21 @@ func (f *recordingNode) put(key, value string) {
 	f.kv[key] = entry.Record{Stamp: f.stampLocked(), Value: []byte(value)}
 }
 
-// incr makes key a counter (or increments it).
+// incr increments key's counter (as INCR outside a transaction).
 func (f *recordingNode) incr(key string, d int64) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if f.ctr == nil {
-		f.ctr = map[string]api.CounterResult{}
+	if f.kv == nil {
+		f.kv = map[string]entry.Record{}
 	}
-	c := f.ctr[key]
-	f.ctr[key] = api.CounterResult{Key: key, Value: c.Value + d, Version: f.stampLocked().String()}
+	r := f.kv[key]
+	n, _ := entry.ParseInt(r.Value)
+	f.kv[key] = entry.Record{Stamp: f.stampLocked(), Value: []byte(fmt.Sprint(n + d)), Kind: entry.KindCounter, Expires: r.Expires}
 }
 
 func (f *recordingNode) versionLocked(key string) string {
 	if r, ok := f.kv[key]; ok && f.liveLocked(r) {
 		return r.Stamp.String()
-	}
-	if c, ok := f.ctr[key]; ok {
-		return c.Version
 	}
 	return ""
 }
@@ -109,11 +113,6 @@ func (f *recordingNode) applyLocked(w api.Write) error {
 	ops := w.Ops
 	if ops == nil {
 		ops = []api.BatchOp{{Key: w.Entry.Key, Value: w.Entry.Value, Delete: w.Entry.Op == entry.OpDelete, Expires: w.Entry.Expires}}
-	}
-	for _, op := range ops {
-		if _, ok := f.ctr[op.Key]; ok {
-			return fmt.Errorf("%w: %q is a counter", api.ErrKindConflict, op.Key)
-		}
 	}
 	if c := w.Cond; c != nil {
 		cur := f.versionLocked(w.Entry.Key)
@@ -177,7 +176,7 @@ func TestTransactions(t *testing.T) {
 	}
 
 	// Refused while queueing: EXECABORT, nothing submitted.
-	for _, refused := range []string{"NOSUCH x", "SET onlykey", "INCR n", "LPUSH l a", "SUBSCRIBE ch"} {
+	for _, refused := range []string{"NOSUCH x", "SET onlykey", "INCRBY n", "LPUSH l a", "SUBSCRIBE ch"} {
 		send("MULTI", "SET x 1", refused, "SET y 2", "EXEC")
 		expectAll("+OK")
 		expectAll("+QUEUED")

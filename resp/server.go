@@ -7,6 +7,8 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"regexp"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -554,22 +556,33 @@ func (c *conn) writeErr(err error) {
 }
 
 func classify(err error) (kind, msg string) {
+	text := clientText(err)
 	switch {
 	case errors.Is(err, api.ErrUnknownOutcome):
-		return "unknown_outcome", "UNKNOWNOUTCOME the write may or may not be committed: " + err.Error()
+		return "unknown_outcome", "UNKNOWNOUTCOME the write may or may not be committed: " + text
 	case errors.Is(err, api.ErrKindConflict):
-		return "wrongtype", "WRONGTYPE Operation against a key holding the wrong kind of value: " + err.Error()
+		return "wrongtype", "WRONGTYPE Operation against a key holding the wrong kind of value: " + text
+	case errors.Is(err, api.ErrNotInteger):
+		return "bad_request", "ERR value is not an integer or out of range"
 	case errors.Is(err, api.ErrNotWritten):
-		return "not_written", "NOTWRITTEN nothing was written: " + err.Error()
+		return "not_written", "NOTWRITTEN nothing was written: " + strings.TrimPrefix(text, "not written: ")
 	case errors.Is(err, api.ErrCounterRange):
-		return "bad_request", "ERR increment or decrement would overflow: " + err.Error()
+		return "bad_request", "ERR increment or decrement would overflow: " + text
 	case errors.Is(err, api.ErrInvalidKey), errors.Is(err, api.ErrKeyTooLarge), errors.Is(err, api.ErrValueTooLarge), errors.Is(err, api.ErrBadRequest):
-		return "bad_request", "ERR " + err.Error()
+		return "bad_request", "ERR " + text
 	case errors.Is(err, api.ErrCatchingUp):
-		return "not_written", "NOTWRITTEN " + err.Error()
+		return "not_written", "NOTWRITTEN " + text
 	}
-	return "internal", "ERR " + err.Error()
+	return "internal", "ERR " + text
 }
+
+// pkgPrefix matches the package prefixes of the product's errors ("machine:
+// ", "node: "): a client reads what happened, not where in the code.
+var pkgPrefix = regexp.MustCompile(`\b(acceptor|api|client|cluster|forward|machine|node|raftconn|replica|resp|store|transport): `)
+
+// clientText is an error's text as a client reads it: without package
+// prefixes.
+func clientText(err error) string { return pkgPrefix.ReplaceAllString(err.Error(), "") }
 
 func (c *conn) auth(token string) bool {
 	if c.s.opts.Token == "" {

@@ -34,11 +34,9 @@ type view struct {
 }
 
 type vkey struct {
-	// As read: the version of the key's live value, else its counter's
-	// ("" for neither), and whether it is a counter (with its value).
+	// As read: the version of the key's value ("" for none). A counter
+	// reads as its decimal value (its plain value and increments as one).
 	version string
-	counter bool
-	ctr     int64
 	// As the transaction left it.
 	live    bool
 	value   []byte
@@ -63,13 +61,6 @@ func (v *view) key(k string) *vkey {
 	case err == nil:
 		x.version, x.live, x.value, x.expires = rec.Stamp.String(), true, rec.Value, rec.Expires
 	case errors.Is(err, api.ErrNotFound):
-		ctr, err := v.c.s.node.Counter(k)
-		switch {
-		case err == nil:
-			x.version, x.counter, x.ctr = ctr.Version, true, ctr.Value
-		case !errors.Is(err, api.ErrNotFound):
-			v.fail(err)
-		}
 	default:
 		v.fail(err)
 	}
@@ -230,26 +221,19 @@ func (v *view) run(args [][]byte, w *writer) {
 	case "exists":
 		n := int64(0)
 		for _, k := range args[1:] {
-			if x := v.read(string(k)); x.live || x.counter {
+			if x := v.read(string(k)); x.live {
 				n++
 			}
 		}
 		w.int(n)
 	case "type":
-		if x := v.read(string(args[1])); x.live || x.counter {
+		if x := v.read(string(args[1])); x.live {
 			w.simple("string")
 		} else {
 			w.simple("none")
 		}
 	case "strlen":
-		switch x := v.read(string(args[1])); {
-		case x.live:
-			w.int(int64(len(x.value)))
-		case x.counter:
-			w.int(int64(len(strconv.FormatInt(x.ctr, 10))))
-		default:
-			w.int(0)
-		}
+		w.int(int64(len(v.read(string(args[1])).value)))
 	case "getrange", "substr":
 		start, err1 := strconv.ParseInt(string(args[2]), 10, 64)
 		end, err2 := strconv.ParseInt(string(args[3]), 10, 64)
@@ -263,8 +247,6 @@ func (v *view) run(args [][]byte, w *writer) {
 	case "setnx":
 		k := string(args[1])
 		switch x := v.read(k); {
-		case x.counter:
-			v.wrongType(w, k)
 		case x.live:
 			w.int(0)
 		default:
@@ -276,8 +258,6 @@ func (v *view) run(args [][]byte, w *writer) {
 	case "getdel":
 		k := string(args[1])
 		switch x := v.read(k); {
-		case x.counter:
-			v.wrongType(w, k)
 		case x.live:
 			w.bulk(x.value)
 			v.del(k)
@@ -287,13 +267,7 @@ func (v *view) run(args [][]byte, w *writer) {
 	case "del", "unlink":
 		n := int64(0)
 		for _, a := range args[1:] {
-			if x := v.read(string(a)); x.counter {
-				v.wrongType(w, string(a)) // a DEL with a counter is refused whole
-				return
-			}
-		}
-		for _, a := range args[1:] {
-			if k := string(a); v.keys[k].live {
+			if k := string(a); v.read(k).live {
 				n++
 				v.del(k)
 			}
@@ -302,10 +276,6 @@ func (v *view) run(args [][]byte, w *writer) {
 	case "append":
 		k, more := string(args[1]), args[2]
 		x := v.read(k)
-		if x.counter {
-			v.wrongType(w, k)
-			return
-		}
 		val := append(append(make([]byte, 0, len(x.value)+len(more)), x.value...), more...)
 		v.setTTL(k, val, x.expires) // APPEND keeps the key's expiry
 		w.int(int64(len(val)))
@@ -313,11 +283,9 @@ func (v *view) run(args [][]byte, w *writer) {
 		v.setrangeCmd(args, w)
 	case "setex", "psetex":
 		at, ok := expiryAt(map[string]string{"setex": "ex", "psetex": "px"}[name], args[2], v.c.s.opts.Now())
-		switch x := v.key(string(args[1])); {
+		switch {
 		case !ok:
 			w.err("ERR invalid expire time in '" + name + "' command")
-		case x.counter:
-			v.wrongType(w, string(args[1]))
 		default:
 			v.setTTL(string(args[1]), args[3], at)
 			w.simple("OK")
@@ -330,28 +298,23 @@ func (v *view) run(args [][]byte, w *writer) {
 		v.ttlCmd(name, string(args[1]), w)
 	case "getex":
 		v.getex(args, w)
+	case "incr", "decr", "incrby", "decrby":
+		v.incrCmd(name, args, w)
+	case "incrbyfloat":
+		v.incrFloat(args, w)
 	default:
 		// txnServed and this switch disagree: a bug, said as one.
 		w.err("ERR " + strings.ToUpper(name) + " is not served inside a transaction")
 	}
 }
 
-// value answers a key's value: a plain one, else a counter's (as GET).
+// value answers a key's value (as GET).
 func (v *view) value(k string, w *writer) {
-	switch x := v.read(k); {
-	case x.live:
+	if x := v.read(k); x.live {
 		w.bulk(x.value)
-	case x.counter:
-		w.bulkString(strconv.FormatInt(x.ctr, 10))
-	default:
+	} else {
 		w.null()
 	}
-}
-
-func (v *view) wrongType(w *writer, key string) {
-	_, msg := classify(fmt.Errorf("%w: %q is a counter", api.ErrKindConflict, key))
-	v.c.s.stats.error("wrongtype")
-	w.err(msg)
 }
 
 // setCmd is SET key value [NX | XX] [GET] [EX s | PX ms | EXAT t | PXAT
@@ -370,10 +333,6 @@ func (v *view) setCmd(name string, args [][]byte, w *writer) {
 	x := v.key(k)
 	if nx || xx || get || o.keep {
 		x = v.read(k)
-	}
-	if x.counter {
-		v.wrongType(w, k)
-		return
 	}
 	old, live := x.value, x.live
 	if (xx && !live) || (nx && live) {
@@ -411,14 +370,10 @@ func (v *view) msetCmd(name string, args [][]byte, w *writer) {
 		x := v.key(k)
 		if name == "msetnx" {
 			x = v.read(k)
-			if x.live || x.counter {
+			if x.live {
 				w.int(0)
 				return
 			}
-		}
-		if x.counter {
-			v.wrongType(w, k) // an MSET with a counter is refused whole
-			return
 		}
 	}
 	for i := 1; i < len(args); i += 2 {
@@ -445,10 +400,6 @@ func (v *view) setrangeCmd(args [][]byte, w *writer) {
 		return
 	}
 	x := v.read(k)
-	if x.counter {
-		v.wrongType(w, k)
-		return
-	}
 	if len(part) == 0 {
 		w.int(int64(len(x.value)))
 		return

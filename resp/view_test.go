@@ -47,25 +47,26 @@ func TestTransactionReadsItsOwnWrites(t *testing.T) {
 		t.Fatalf("a key absent before, set and deleted in one transaction: %d writes, want none", len(w))
 	}
 
-	send("MULTI", "SET x 1", "SET n 2", "GET n", "MSET y 1 n 3", "GETSET x 2", "EXEC")
+	// INCR inside a transaction reads and writes the value; INCR of a key
+	// that holds no integer fails in its place and the others apply.
+	f.put("s", "abc")
+	sVersion := f.versionLocked("s")
+	send("MULTI", "SET x 1", "INCR n", "GET n", "INCR s", "GETSET x 2", "EXEC")
 	expectAll("+OK", "+QUEUED", "+QUEUED", "+QUEUED", "+QUEUED", "+QUEUED",
-		"*5", "+OK", "-WRONGTYPE", "$1", "5", "-WRONGTYPE", "$1", "1")
-	// x = 2 alone (the failed commands write nothing), conditional on the
-	// counter GET read.
+		"*5", "+OK", ":6", "$1", "6", "-ERR value is not an integer", "$1", "1")
+	// x = 2 and n = 6 (the failed command writes nothing), conditional on
+	// the versions of what was read before written: n, and s.
 	w := f.writes()
-	ctr, _ := f.Counter("n")
-	if len(w) != 1 || len(w[0].Ops) != 1 || w[0].Ops[0].Key != "x" || string(w[0].Ops[0].Value) != "2" ||
-		w[0].Cond == nil || fmt.Sprint(w[0].Cond.Keys) != fmt.Sprint([]api.KeyVersion{{Key: "n", Version: ctr.Version}}) {
-		t.Fatalf("submitted %+v, want x = 2 conditional on n's version %s", w, ctr.Version)
+	if len(w) != 1 || len(w[0].Ops) != 2 || w[0].Ops[0].Key != "x" || string(w[0].Ops[0].Value) != "2" ||
+		w[0].Ops[1].Key != "n" || string(w[0].Ops[1].Value) != "6" || w[0].Cond == nil {
+		t.Fatalf("submitted %+v, want x = 2 and n = 6", w)
 	}
-	if r, err := f.Get("y"); err == nil {
-		t.Fatalf("y = %q: an MSET with a counter key is refused whole", r.Value)
+	conds := fmt.Sprint(w[0].Cond.Keys)
+	if !strings.Contains(conds, "{s "+sVersion+"}") || !strings.Contains(conds, "{n ") || len(w[0].Cond.Keys) != 2 {
+		t.Fatalf("conditional on %v, want n's and s's versions as read", conds)
 	}
 }
 
-// TestWatch: EXEC answers nil and writes nothing when a WATCHed key
-// changed since WATCH, and commits on the condition that it still holds
-// the version WATCH read; EXEC, DISCARD and UNWATCH end the watch.
 func TestWatch(t *testing.T) {
 	f := &recordingNode{}
 	f.put("w", "0")

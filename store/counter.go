@@ -316,3 +316,29 @@ func decodeStampHead(b []byte, version byte, more int) (st entry.Stamp, rest []b
 	}
 	return entry.Stamp{HLC: ts, Origin: string(b[1 : 1+n])}, b[1+n:], ""
 }
+
+// Read reads key as a reader sees it at wall time now (entry.Resolve): its
+// plain record (held false when none; a tombstone is held) and its
+// counter, as one.
+func (s *Store) Read(key string, now int64) (v entry.View, r Record, held bool, err error) {
+	r, err = s.Get(key)
+	switch {
+	case errors.Is(err, ErrNotFound):
+	case err != nil:
+		return v, r, false, err
+	default:
+		held = true
+	}
+	var rp *Record
+	if held {
+		rp = &r
+	}
+	c, err := s.Counter(key)
+	switch {
+	case errors.Is(err, ErrNotFound):
+		return entry.Resolve(rp, nil, now), r, held, nil
+	case err != nil:
+		return v, r, held, err
+	}
+	return entry.Resolve(rp, &c, now), r, held, nil
+}

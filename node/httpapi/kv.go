@@ -92,6 +92,8 @@ func WriteErr(w http.ResponseWriter, err error) {
 		writeError(w, http.StatusPreconditionFailed, e)
 	case errors.Is(err, api.ErrKindConflict):
 		writeError(w, http.StatusConflict, apiError{Code: "kind_conflict", Message: err.Error()})
+	case errors.Is(err, api.ErrNotInteger):
+		writeError(w, http.StatusConflict, apiError{Code: "not_integer", Message: err.Error()})
 	case errors.Is(err, api.ErrRestored):
 		writeError(w, http.StatusConflict, apiError{Code: "restored", Message: err.Error()})
 	case errors.Is(err, api.ErrInvalidKey):

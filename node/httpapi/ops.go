@@ -155,7 +155,9 @@ func (a *API) handleHeld(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, api.HeldReport{Stream: stream.String(), From: from, Index: index, Peers: peers})
 }
 
-// handleCounter serves POST and GET /v1/counters/{key...}.
+// handleCounter serves POST, GET and DELETE /v1/counters/{key...}. A
+// delete is the key's delete (/v1/kv): it removes the increments this
+// cluster counted (docs/DATAMODEL.md "Counters").
 func (a *API) handleCounter(w http.ResponseWriter, r *http.Request) {
 	key := r.PathValue("key")
 	switch r.Method {
@@ -187,8 +189,10 @@ func (a *API) handleCounter(w http.ResponseWriter, r *http.Request) {
 		a.finishWrite(w, r, idem, res, err, func() {
 			writeJSON(w, http.StatusOK, api.CounterAnswer{Key: key, Value: res.Counter, Version: res.Version, Origin: res.Origin})
 		})
+	case http.MethodDelete:
+		a.handleKey(w, r)
 	default:
-		methodNotAllowed(w, r, "GET, HEAD, POST")
+		methodNotAllowed(w, r, "GET, HEAD, POST, DELETE")
 	}
 }
 

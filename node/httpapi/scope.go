@@ -136,7 +136,7 @@ func ClientWrite(r *http.Request) bool {
 	case http.MethodPut:
 		return strings.HasPrefix(p, pathKV+"/")
 	case http.MethodDelete:
-		return p == pathKV || strings.HasPrefix(p, pathKV+"/")
+		return p == pathKV || strings.HasPrefix(p, pathKV+"/") || strings.HasPrefix(p, "/v1/counters/")
 	case http.MethodPost:
 		return strings.HasPrefix(p, "/v1/counters/") || p == pathBatch || p == pathBulk
 	}
