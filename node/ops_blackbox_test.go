@@ -99,12 +99,13 @@ func TestCountersAndKinds(t *testing.T) {
 	if err != nil || c.Value != want || c.Totals["a"].P != 8*40 || c.Totals["a"].N != 8*10*2 {
 		t.Fatalf("counter %+v %v, want value %d", c, err, want)
 	}
-	if _, err := n.Put(ctx, "hits", []byte("x")); !errors.Is(err, api.ErrKindConflict) {
-		t.Fatalf("plain write on a counter: %v", err)
-	}
 	n.Put(ctx, "plain", []byte("x"))
-	if _, err := n.Increment(ctx, "plain", 1); !errors.Is(err, api.ErrKindConflict) {
-		t.Fatalf("increment of a plain key: %v", err)
+	if _, err := n.Increment(ctx, "plain", 1); !errors.Is(err, api.ErrNotInteger) {
+		t.Fatalf("increment of a value that is not an integer: %v", err)
+	}
+	n.Put(ctx, "int", []byte("41"))
+	if c, err := n.Increment(ctx, "int", 1); err != nil || c.Value != 42 {
+		t.Fatalf("increment of an integer string: %+v %v", c, err)
 	}
 	// over HTTP
 	resp, b := nodetest.Do(t, "POST", n.URL()+"/v1/counters/hits", strings.NewReader(`{"delta": 5}`))
@@ -135,6 +136,28 @@ func TestCountersAndKinds(t *testing.T) {
 	}
 	if c, _ := n.Counter("keyed"); c.Value != 7 {
 		t.Fatalf("keyed increment retried: %d", c.Value)
+	}
+	// DELETE /v1/counters/{key} deletes the counter (and /v1/kv the same);
+	// an increment after it counts from zero; a delete of nothing writes
+	// nothing.
+	if resp, b := nodetest.Do(t, "DELETE", n.URL()+"/v1/counters/keyed", nil); resp.StatusCode != 200 || !strings.Contains(string(b), `"version"`) {
+		t.Fatalf("DELETE of a counter: %d %s", resp.StatusCode, b)
+	}
+	if resp, _ := nodetest.Do(t, "GET", n.URL()+"/v1/counters/keyed", nil); resp.StatusCode != 404 {
+		t.Fatalf("a deleted counter reads %d", resp.StatusCode)
+	}
+	if resp, _ := nodetest.Do(t, "GET", n.URL()+"/v1/kv/hits", nil); resp.StatusCode != 200 {
+		t.Fatalf("a counter through /v1/kv: %d", resp.StatusCode)
+	}
+	if _, err := n.Delete(ctx, "hits"); err != nil {
+		t.Fatal(err)
+	}
+	last := n.WALReport().Last
+	if res, err := n.Delete(ctx, "hits"); err != nil || res.Version != "" || n.WALReport().Last != last {
+		t.Fatalf("a delete of a deleted counter: %+v %v (WAL %d -> %d)", res, err, last, n.WALReport().Last)
+	}
+	if c, err := n.Increment(ctx, "hits", 3); err != nil || c.Value != 3 {
+		t.Fatalf("an increment after the delete: %+v %v", c, err)
 	}
 }
 

@@ -72,7 +72,7 @@ func TestFollowerProposesTyped(t *testing.T) {
 		w     api.Write
 		class error
 	}{
-		{"a set of a counter", api.Write{Entry: entry.Entry{Op: entry.OpSet, Key: "n", Value: []byte("x")}}, api.ErrKindConflict},
+		{"an increment of a value that is not an integer", api.Write{Entry: entry.Entry{Op: entry.OpCounter, Key: "k"}, Delta: 1}, api.ErrNotInteger},
 		{"an increment out of range", api.Write{Entry: entry.Entry{Op: entry.OpCounter, Key: "n"}, Delta: 1}, api.ErrCounterRange},
 		{"a reused idempotency key", api.Write{Entry: entry.Entry{Op: entry.OpSet, Key: "k2", Value: []byte("b")},
 			Keyed: &api.Keyed{Key: "idem-1", Fingerprint: []byte("other"), Answer: api.AnswerWrite}}, api.ErrIdempotencyConflict},

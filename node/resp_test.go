@@ -79,8 +79,8 @@ func TestRESPFollowerForwards(t *testing.T) {
 	if n, err := rc.Del(ctx, "m1", "m2", "absent").Result(); err != nil || n != 2 {
 		t.Fatalf("DEL through the follower: %d %v", n, err)
 	}
-	if err := rc.Set(ctx, "n", "x", 0).Err(); err == nil || !strings.HasPrefix(err.Error(), "WRONGTYPE") {
-		t.Fatalf("a SET of a counter through the follower: %v", err)
+	if err := rc.Incr(ctx, "k").Err(); err == nil || !strings.HasPrefix(err.Error(), "ERR value is not an integer") {
+		t.Fatalf("an INCR of a value that is not an integer through the follower: %v", err)
 	}
 	l := c.nodes[c.leader()]
 	if v, err := l.Counter("n"); err != nil || v.Value != 50 {

@@ -119,7 +119,11 @@ func (b *Batch) DropUncarried(sender, local string, start, end string, horizon h
 			if err != nil {
 				return n, fmt.Errorf("store: key %q: %w", key, err)
 			}
-			b.moveLeafLocked(key, versionDigest(&b.digester, key, &r), hashtree.Sum{})
+			prev := versionDigest(&b.digester, key, &r)
+			b.moveLeafLocked(key, prev, hashtree.Sum{})
+			if err := b.movePlainLiveLocked(key, prev, hashtree.Sum{}); err != nil {
+				return n, err
+			}
 		}
 		if err := b.pb.Delete(dataKey(key), nil); err != nil {
 			return n, err

@@ -54,7 +54,7 @@ func (s *Store) ReplaceFrom(dir string) error {
 	// The keys filter and the leaves of the new tree, built as it is copied.
 	var (
 		seen   seenScan
-		leaves leafScan
+		leaves = leafScan{plainLive: plainLiveIn(src)}
 	)
 	for valid := it.First(); valid; valid = it.Next() {
 		seen.see(it.Key())

@@ -150,7 +150,11 @@ func (b *Batch) collectExpired(cutoff hlc.Timestamp, max int, keep Keeper) (int,
 			if err := b.pb.Delete(dk, nil); err != nil {
 				return n, err
 			}
-			b.moveLeafLocked(key, versionDigest(&b.digester, key, &rec), hashtree.Sum{})
+			prev := versionDigest(&b.digester, key, &rec)
+			b.moveLeafLocked(key, prev, hashtree.Sum{})
+			if err := b.movePlainLiveLocked(key, prev, hashtree.Sum{}); err != nil {
+				return n, err
+			}
 			n++
 		}
 	}

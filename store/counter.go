@@ -188,7 +188,7 @@ func (b *Batch) MergeFloors(key string, f map[string]entry.PN, stamp entry.Stamp
 	if err != nil {
 		return false, err
 	}
-	prev := counterDigest(&b.digester, key, &c)
+	prev, was := counterDigest(&b.digester, key, &c), c.Counts()
 	if !c.MergeFloors(f) {
 		return false, nil
 	}
@@ -198,11 +198,12 @@ func (b *Batch) MergeFloors(key string, f map[string]entry.PN, stamp entry.Stamp
 	if b.max.Compare(stamp) < 0 {
 		b.max, b.maxOwn = stamp, false
 	}
-	return true, b.putCounter(key, &c, prev)
+	return true, b.putCounter(key, &c, prev, was)
 }
 
-// putCounter writes a counter changed in the batch.
-func (b *Batch) putCounter(key string, c *Counter, prev hashtree.Sum) error {
+// putCounter writes a counter changed in the batch (prev its digest
+// before, was whether it counted).
+func (b *Batch) putCounter(key string, c *Counter, prev hashtree.Sum, was bool) error {
 	if err := b.pb.Set(counterKey(key), appendCounter(nil, c), nil); err != nil {
 		return err
 	}
@@ -211,7 +212,7 @@ func (b *Batch) putCounter(key string, c *Counter, prev hashtree.Sum) error {
 		b.pendingCtr = map[string]*Counter{}
 	}
 	b.pendingCtr[key] = c
-	return nil
+	return b.moveCounterLiveLocked(key, was, c.Counts())
 }
 
 // MergeCounter folds one cluster's totals into a counter by pointwise
@@ -227,7 +228,7 @@ func (b *Batch) MergeCounter(key, cluster string, t entry.PN, stamp entry.Stamp)
 	if next == cur && c.Stamp.Compare(stamp) >= 0 {
 		return entry.Duplicate, nil
 	}
-	prev := counterDigest(&b.digester, key, &c)
+	prev, was := counterDigest(&b.digester, key, &c), c.Counts()
 	if next != (entry.PN{}) {
 		// Zero totals (a re-seed's carrier of floors alone) add no
 		// component: two trees that agree hash alike.
@@ -239,7 +240,7 @@ func (b *Batch) MergeCounter(key, cluster string, t entry.PN, stamp entry.Stamp)
 	if b.max.Compare(stamp) < 0 {
 		b.max, b.maxOwn = stamp, false
 	}
-	if err := b.putCounter(key, &c, prev); err != nil {
+	if err := b.putCounter(key, &c, prev, was); err != nil {
 		return 0, err
 	}
 	if next == cur {

@@ -72,11 +72,14 @@ func counterDigest(d *hashtree.Digester, key string, c *Counter) hashtree.Sum {
 // leafScan sums the leaves of a tree as a pass over its keys sees them.
 type leafScan struct {
 	leaves []hashtree.Sum
-	// live counts the live plain keys and the counters (a version whose
-	// digest is not zero).
+	// live counts the keys that hold a value: a live plain version, or a
+	// counter that counts (beyond its floors) on a key with none.
 	live int64
 	d    hashtree.Digester
 	err  error
+	// plainLive reads whether a key holds a live plain version (for a
+	// counter's count); nil counts every counter that counts.
+	plainLive func(dk []byte) (bool, error)
 }
 
 // see adds the record at k (any key of the tree: others are skipped).
@@ -106,13 +109,44 @@ func (ls *leafScan) see(k, v []byte) {
 			return
 		}
 		sum = counterDigest(&ls.d, key, &c)
+		if c.Counts() {
+			plain := false
+			if ls.plainLive != nil {
+				if plain, err = ls.plainLive(dataKey(key)); err != nil {
+					ls.err = fmt.Errorf("store: key %q: %w", key, err)
+					return
+				}
+			}
+			if !plain {
+				ls.live++
+			}
+		}
 	default:
 		return
 	}
 	if !sum.IsZero() {
 		l := hashtree.Leaf(key)
 		ls.leaves[l] = ls.leaves[l].Add(sum)
-		ls.live++
+		if k[0] == prefixData {
+			ls.live++
+		}
+	}
+}
+
+// plainLiveIn reads from db whether the data key dk holds a live plain
+// version.
+func plainLiveIn(db pebble.Reader) func(dk []byte) (bool, error) {
+	return func(dk []byte) (bool, error) {
+		v, closer, err := db.Get(dk)
+		if errors.Is(err, pebble.ErrNotFound) {
+			return false, nil
+		}
+		if err != nil {
+			return false, err
+		}
+		defer closer.Close()
+		r, err := DecodeRecord(v)
+		return err == nil && !r.Tombstone, err
 	}
 }
 
@@ -121,7 +155,7 @@ func (ls *leafScan) see(k, v []byte) {
 func scanTree(db pebble.Reader) (*seenKeys, []hashtree.Sum, int64, error) {
 	var (
 		sc seenScan
-		ls leafScan
+		ls = leafScan{plainLive: plainLiveIn(db)}
 	)
 	for _, p := range []byte{prefixData, prefixCounter} {
 		it, err := db.NewIter(&pebble.IterOptions{LowerBound: []byte{p}, UpperBound: []byte{p + 1}})
@@ -202,13 +236,48 @@ func (b *Batch) moveLeafLocked(key string, prev, next hashtree.Sum) {
 		return
 	}
 	b.leafMoves = append(b.leafMoves, leafMove{hashtree.Leaf(key), next.Sub(prev)})
-	// Only a live version has a digest: a key appearing or going.
-	switch {
-	case prev.IsZero():
+}
+
+// movePlainLiveLocked counts a plain version of key appearing or going
+// (prev and next its digests: only a live version has one), unless the
+// key's counter counts: the key holds a value either way.
+func (b *Batch) movePlainLiveLocked(key string, prev, next hashtree.Sum) error {
+	if prev.IsZero() == next.IsZero() {
+		return nil
+	}
+	if b.s.hasCounters.Load() || len(b.pendingCtr) > 0 {
+		c, _, err := b.Counter(key)
+		if err != nil {
+			return err
+		}
+		if c.Counts() {
+			return nil
+		}
+	}
+	if prev.IsZero() {
 		b.liveMoves++
-	case next.IsZero():
+	} else {
 		b.liveMoves--
 	}
+	return nil
+}
+
+// moveCounterLiveLocked counts a counter of key starting or ceasing to
+// count, unless the key holds a live plain version.
+func (b *Batch) moveCounterLiveLocked(key string, was, is bool) error {
+	if was == is {
+		return nil
+	}
+	prev, err := b.prevDigestLocked(key, dataKey(key))
+	if err != nil || !prev.IsZero() {
+		return err
+	}
+	if is {
+		b.liveMoves++
+	} else {
+		b.liveMoves--
+	}
+	return nil
 }
 
 // prevDigestLocked is the digest of what key holds as the batch sees it,

@@ -128,7 +128,7 @@ func (b *Batch) setRecordLocked(dk []byte, r *Record, prev hashtree.Sum) (hashtr
 	key := string(dk[1:])
 	next := versionDigest(&b.digester, key, r)
 	b.moveLeafLocked(key, prev, next)
-	return next, nil
+	return next, b.movePlainLiveLocked(key, prev, next)
 }
 
 // aboveLocked reports whether w is stamped above every stamp stored, so
