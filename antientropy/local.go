@@ -238,6 +238,9 @@ func (l Local) Ask(_ context.Context, req *wire.TreeRequest) (*wire.TreeAnswer, 
 			}
 			return false
 		}, func(key string, r *store.Record, c *store.Counter) error {
+			if c != nil && !c.Counts() {
+				return nil // deleted: compared as a collected tombstone is
+			}
 			if sc.match(key) {
 				ans.Versions = append(ans.Versions, version(key, r, c, false))
 				size += len(key) + versionOverhead
@@ -285,8 +288,10 @@ func (l Local) Ask(_ context.Context, req *wire.TreeRequest) (*wire.TreeAnswer, 
 				if err != nil {
 					return nil, err
 				}
-				if len(c.Floors) > 0 && !req.Floors {
-					continue // the asker would count what was deleted
+				if !c.Counts() || (len(c.Floors) > 0 && !req.Floors) {
+					// Deleted (compared as a collected tombstone), or
+					// the asker would count what was deleted.
+					continue
 				}
 				ans.Versions = append(ans.Versions, version(k.Key, nil, &c, true))
 				continue

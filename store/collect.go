@@ -8,6 +8,7 @@ import (
 
 	"github.com/cockroachdb/pebble/v2"
 
+	"github.com/replicator/replicator/entry"
 	"github.com/replicator/replicator/hashtree"
 	"github.com/replicator/replicator/hlc"
 )
@@ -90,6 +91,10 @@ func (b *Batch) CollectTombstonesKeeping(cutoff hlc.Timestamp, max int, keep Kee
 				it.Close()
 				return n, err
 			}
+			if err := b.collectCounterLocked(key, cutoff); err != nil {
+				it.Close()
+				return n, err
+			}
 			n++
 		}
 	}
@@ -102,6 +107,29 @@ func (b *Batch) CollectTombstonesKeeping(cutoff hlc.Timestamp, max int, keep Kee
 	}
 	xn, err := b.collectExpired(cutoff, max, keep)
 	return n + rn + xn, err
+}
+
+// collectCounterLocked drops key's counter with its collected tombstone
+// when it counts nothing beyond its floors (a deleted counter) and is
+// stamped below cutoff. A relay carries a component's floors with its
+// totals, so a total relayed later cannot count again what a delete
+// removed.
+func (b *Batch) collectCounterLocked(key string, cutoff hlc.Timestamp) error {
+	if !b.s.hasCounters.Load() {
+		return nil
+	}
+	c, ok, err := b.Counter(key)
+	if err != nil || !ok || c.Counts() || !c.Stamp.HLC.Less(cutoff) {
+		return err
+	}
+	if err := b.pb.Delete(counterKey(key), nil); err != nil {
+		return err
+	}
+	if b.pendingCtr == nil {
+		b.pendingCtr = map[string]*Counter{}
+	}
+	b.pendingCtr[key] = &Counter{Totals: map[string]entry.PN{}} // none, as the batch reads it
+	return nil
 }
 
 // collectExpired drops the versions that expired at or before cutoff's

@@ -84,6 +84,9 @@ func (s *Store) DigestPrefixes(prefixes []string) (Digest, error) {
 		if err != nil {
 			return Digest{}, fmt.Errorf("store: digest counter %q: %w", cit.Key()[1:], err)
 		}
+		if !c.Counts() {
+			continue // deleted (its floors remove every increment), as a tombstone
+		}
 		d.Counters++
 		scratch = appendCounterDigest(scratch[:0], cit.Key()[1:], appendCounterTotals(nil, &c))
 		h.Write(scratch)

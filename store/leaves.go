@@ -62,8 +62,11 @@ func plainValueHash(r *Record) uint64 {
 // counterDigest is the digest of a counter: its totals, not its stamp (two
 // converged clusters agree on totals exactly; a re-seed relays totals, not
 // the stamps of every delta, as in the digest).
+//
+// A counter that counts nothing beyond its floors (deleted) has none, as a
+// tombstone: each cluster collects it at its own pace.
 func counterDigest(d *hashtree.Digester, key string, c *Counter) hashtree.Sum {
-	if c == nil || len(c.Totals) == 0 {
+	if c == nil || !c.Counts() {
 		return hashtree.Sum{}
 	}
 	return d.Digest(key, entry.Stamp{}, counterDigestKind, hashtree.ValueHash(appendCounterTotals(nil, c)))

@@ -597,6 +597,7 @@ func TestRangeTombstone(t *testing.T) {
 func FuzzDecodeCounter(f *testing.F) {
 	f.Add(appendCounter(nil, &Counter{Totals: map[string]entry.PN{"a": {P: 3, N: 1}, "b": {P: 0, N: 7}}, Stamp: st(5, 0, "a")}))
 	f.Add([]byte{1})
+	f.Add(appendCounter(nil, &Counter{Totals: map[string]entry.PN{"a": {P: 3, N: 1}}, Floors: map[string]entry.PN{"a": {P: 3}, "b": {N: 2}}, Stamp: st(5, 0, "a")}))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		c, err := DecodeCounter(b)
 		if err != nil {
@@ -929,4 +930,67 @@ func TestRangePieceNeverShrinksTheRange(t *testing.T) {
 	}
 	defer s.Close()
 	check("after a reopen", "k/25")
+}
+
+// TestDeletedCounterCollected: a counter whose floors remove every
+// increment (a delete) reads absent, counts in no digest or live count,
+// and goes with its key's tombstone once both are below the cutoff; a
+// counter that counts beyond its floors stays; the tree then hashes as
+// one that never held the deleted counter.
+func TestDeletedCounterCollected(t *testing.T) {
+	s, other := openTest(t), openTest(t)
+	apply := func(s *Store, es ...entry.Entry) {
+		t.Helper()
+		b := s.NewBatch()
+		defer b.Close()
+		for i := range es {
+			if _, err := b.ApplyEntry(&es[i]); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := b.Commit(true); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ctr := func(key string, p uint64, wall int64) entry.Entry {
+		return entry.Entry{Op: entry.OpCounter, Key: key, Ctr: &entry.PN{P: p}, CtrComp: "a", Stamp: hlc.Timestamp{Wall: wall}, Commit: hlc.Timestamp{Wall: wall}, Origin: "a"}
+	}
+	del := func(key string, floor uint64, wall int64) entry.Entry {
+		return entry.Entry{Op: entry.OpDelete, Key: key, Floors: map[string]entry.PN{"a": {P: floor}}, Stamp: hlc.Timestamp{Wall: wall}, Commit: hlc.Timestamp{Wall: wall}, Origin: "b"}
+	}
+	apply(s, ctr("gone", 3, 10), ctr("counts", 3, 10), ctr("kept", 1, 10))
+	apply(s, del("gone", 3, 20), del("counts", 2, 20))
+	apply(other, ctr("counts", 3, 10), ctr("kept", 1, 10))
+	apply(other, del("counts", 2, 20))
+	if v, _, _, err := s.Read("gone", 0); err != nil || v.Present {
+		t.Fatalf("a deleted counter reads %+v %v", v, err)
+	}
+	if v, _, _, err := s.Read("counts", 0); err != nil || string(v.Value) != "1" {
+		t.Fatalf("a counter deleted at 2 of its 3 reads %+v %v", v, err)
+	}
+	if s.Live() != 2 {
+		t.Fatalf("%d live keys, want 2 (counts, kept)", s.Live())
+	}
+	same := func(when string) {
+		t.Helper()
+		da, _ := s.Digest()
+		db, _ := other.Digest()
+		if da.Hash != db.Hash || da.Counters != 2 {
+			t.Fatalf("%s: digests %+v and %+v, want equal with 2 counters", when, da, db)
+		}
+	}
+	same("before the collection")
+	if n, err := s.CollectTombstones(hlc.Timestamp{Wall: 30}, 0); err != nil || n != 2 {
+		t.Fatalf("collected %d %v, want the two tombstones", n, err)
+	}
+	if _, err := s.Counter("gone"); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("the deleted counter after the collection: %v", err)
+	}
+	if c, err := s.Counter("counts"); err != nil || c.Value() != 1 {
+		t.Fatalf("the counter that counts after the collection: %+v %v", c, err)
+	}
+	same("after the collection")
+	if bad, err := s.CheckLeaves(func(int) bool { return true }, false); err != nil || len(bad) != 0 {
+		t.Fatalf("kept leaves disagree with the tree: %v %v", bad, err)
+	}
 }

@@ -23,6 +23,12 @@ func TestEntryCodecRoundTrip(t *testing.T) {
 		{Index: 4, Origin: "a", Stream: entry.StreamID{9}, Commit: hlc.Timestamp{Wall: 5}, Op: entry.OpSet, Key: "ttl", Value: []byte("v"), Expires: 1e18},
 		{Index: 5, Origin: "a", Stream: entry.StreamID{9}, Commit: hlc.Timestamp{Wall: 5}, Op: entry.OpMulti,
 			Ops: []entry.BatchOp{{Op: entry.OpSet, Key: "x", Value: []byte("1"), Expires: 7e17}, {Op: entry.OpDelete, Key: "y"}}},
+		{Index: 6, Origin: "a", Stream: entry.StreamID{9}, Commit: hlc.Timestamp{Wall: 5}, Op: entry.OpDelete, Key: "ctr",
+			Floors: map[string]entry.PN{"a": {P: 3}, "b/0123456789abcdef0123456789abcdef": {P: 1, N: 2}}},
+		{Index: 7, Origin: "a", Stream: entry.StreamID{9}, Commit: hlc.Timestamp{Wall: 5}, Op: entry.OpCounter, Key: "ctr",
+			Ctr: &entry.PN{P: 1}, CtrComp: "a", Clears: true, Floors: map[string]entry.PN{"a": {P: 3}}},
+		{Index: 8, Origin: "a", Stream: entry.StreamID{9}, Commit: hlc.Timestamp{Wall: 5}, Op: entry.OpMulti,
+			Ops: []entry.BatchOp{{Op: entry.OpSet, Key: "x", Value: []byte("1"), Floors: map[string]entry.PN{"a": {P: 4}}}}},
 	} {
 		b := c.AppendEntry(nil, &e, d)
 		got, err := c.DecodeEntry(b, d)
@@ -34,7 +40,7 @@ func TestEntryCodecRoundTrip(t *testing.T) {
 		}
 		if got.Index != e.Index || got.Origin != e.Origin || got.Stream != e.Stream || got.Commit != e.Commit ||
 			got.Stamp != e.Stamp || got.Op != e.Op || got.Key != e.Key || !bytes.Equal(got.Value, e.Value) || !reflect.DeepEqual(got.Ctx, e.Ctx) ||
-			got.Expires != e.Expires || !opsEqual(got.Ops, e.Ops) {
+			got.Expires != e.Expires || !opsEqual(got.Ops, e.Ops) || !reflect.DeepEqual(got.Floors, e.Floors) || got.Clears != e.Clears {
 			t.Fatalf("round trip %+v -> %+v", e, got)
 		}
 	}
@@ -49,7 +55,7 @@ func opsEqual(a, b []entry.BatchOp) bool {
 	for i := range a {
 		x, y := a[i], b[i]
 		if x.Op != y.Op || x.Key != y.Key || !bytes.Equal(x.Value, y.Value) || x.End != y.End || x.Expires != y.Expires ||
-			!reflect.DeepEqual(x.Ctx, y.Ctx) {
+			!reflect.DeepEqual(x.Ctx, y.Ctx) || !reflect.DeepEqual(x.Floors, y.Floors) {
 			return false
 		}
 	}
@@ -71,6 +77,10 @@ func FuzzDecodeEntry(f *testing.F) {
 	f.Add(c.AppendEntry(nil, &entry.Entry{Index: 8, Commit: hlc.Timestamp{Wall: 5}, Op: entry.OpSet, Key: "k", Value: []byte("v"), Expires: 9e17, Origin: "a", Stream: entry.StreamID{9}}, d))
 	f.Add(c.AppendEntry(nil, &entry.Entry{Index: 9, Commit: hlc.Timestamp{Wall: 5}, Op: entry.OpMulti, Origin: "a", Stream: entry.StreamID{9},
 		Ops: []entry.BatchOp{{Op: entry.OpSet, Key: "x", Value: []byte("1"), Expires: 9e17}}}, d))
+	f.Add(c.AppendEntry(nil, &entry.Entry{Index: 10, Commit: hlc.Timestamp{Wall: 5}, Op: entry.OpCounter, Key: "c", Ctr: &entry.PN{P: 2},
+		CtrComp: "a", Clears: true, Floors: map[string]entry.PN{"a": {P: 1}, "b": {N: 4}}, Origin: "a", Stream: entry.StreamID{9}}, d))
+	f.Add(c.AppendEntry(nil, &entry.Entry{Index: 11, Commit: hlc.Timestamp{Wall: 5}, Op: entry.OpMulti, Origin: "a", Stream: entry.StreamID{9},
+		Ops: []entry.BatchOp{{Op: entry.OpDelete, Key: "x", Floors: map[string]entry.PN{"a": {P: 1}}}}}, d))
 	f.Add([]byte{0x80})
 	// nesting where the format has none, and lengths that lie
 	f.Add(append([]byte{0x82, 0xa1, 'i', 0x01, 0xa3, 'o', 'p', 's'}, append(bytes.Repeat([]byte{0x91}, 20000), 0xc0)...))
@@ -93,7 +103,7 @@ func FuzzDecodeEntry(f *testing.F) {
 		if again.Index != e.Index || again.Key != e.Key || !bytes.Equal(again.Value, e.Value) ||
 			again.LWW() != e.LWW() || again.Commit != e.Commit || again.Op != e.Op ||
 			again.CtrComp != e.CtrComp || again.Oversize != e.Oversize || !reflect.DeepEqual(again.Ctx, e.Ctx) ||
-			again.Expires != e.Expires || !opsEqual(again.Ops, e.Ops) {
+			again.Expires != e.Expires || !opsEqual(again.Ops, e.Ops) || !reflect.DeepEqual(again.Floors, e.Floors) || again.Clears != e.Clears {
 			t.Fatalf("re-encode changed the entry: %+v -> %+v", e, again)
 		}
 	})
