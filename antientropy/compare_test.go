@@ -688,3 +688,69 @@ func TestCompareExpiredCollectedAtOneSide(t *testing.T) {
 		t.Fatalf("divergent %+v, expired %+v, pulls %+v; want ttl listed as expired, nothing to repair", rep.Divergent, rep.Expired, rep.Pulls())
 	}
 }
+
+// TestCompareCarriesFloors: a counter the peer deleted in part (its floors
+// over the peer's own component) differs; an asker that keeps floors pulls
+// them and reads what the peer reads, one that does not is not answered
+// the counter; a counter both sides deleted whole is no divergence, even
+// once one side collected it.
+func TestCompareCarriesFloors(t *testing.T) {
+	a, b := newSide(t, "a"), newSide(t, "b")
+	for _, s := range []*side{a, b} {
+		if _, err := s.d.Apply(&machine.Command{Format: &machine.FormatCmd{Version: machine.FormatCounterFloors}}); err != nil {
+			t.Fatal(err)
+		}
+		bt := s.st.NewBatch()
+		for _, k := range []string{"c", "gone"} {
+			if _, err := bt.MergeCounter(k, "b", entry.PN{P: 5}, at(100, "b")); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if _, err := bt.MergeFloors("gone", map[string]entry.PN{"b": {P: 5}}, at(150, "b")); err != nil {
+			t.Fatal(err)
+		}
+		if err := bt.Commit(true); err != nil {
+			t.Fatal(err)
+		}
+		bt.Close()
+	}
+	bt := b.st.NewBatch()
+	if _, err := bt.MergeFloors("c", map[string]entry.PN{"b": {P: 3}}, at(200, "b")); err != nil {
+		t.Fatal(err)
+	}
+	if err := bt.Commit(true); err != nil {
+		t.Fatal(err)
+	}
+	bt.Close()
+	old, err := Compare(context.Background(), "b", Local{St: a.st}, Local{St: b.st}, Options{Local: "a", Sleep: noSleep, Expiry: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if old.Equal || len(old.Pulls()) != 0 {
+		t.Fatalf("an asker that keeps no floors: divergent %+v, pulls %+v", old.Divergent, old.Pulls())
+	}
+	rep, err := Compare(context.Background(), "b", Local{St: a.st}, Local{St: b.st}, Options{Local: "a", Sleep: noSleep, Expiry: true, Floors: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pulls := rep.Pulls()
+	if len(pulls) != 1 || pulls[0].Key != "c" || len(pulls[0].Floors) != 1 {
+		t.Fatalf("pulls %+v, want c with b's floors", pulls)
+	}
+	if n := a.repair(t, "b", pulls); n != 1 {
+		t.Fatalf("repaired %d", n)
+	}
+	if v, _, _, err := a.st.Read("c", 0); err != nil || string(v.Value) != "2" {
+		t.Fatalf("a reads c as %+v %v after the repair, want 2", v, err)
+	}
+	if _, err := b.d.Apply(&machine.Command{Collect: &machine.CollectCmd{Cutoff: hlc.Timestamp{Wall: 900}, Max: 10}}); err != nil {
+		t.Fatal(err)
+	}
+	again, err := Compare(context.Background(), "b", Local{St: a.st}, Local{St: b.st}, Options{Local: "a", Sleep: noSleep, Expiry: true, Floors: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !again.Equal || len(again.Divergent) != 0 {
+		t.Fatalf("after the repair: %+v", again)
+	}
+}
