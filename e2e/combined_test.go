@@ -55,7 +55,7 @@ const (
 )
 
 // comboPrefixes are the key spaces every cluster holds alike.
-var comboPrefixes = []string{"k/", "p/", "ctr/", "w/"}
+var comboPrefixes = []string{"k/", "p/", "ctr/", "w/", "tx/", "tw/", "cd/"}
 
 // combo is what the combined schedule adds to a robustness run.
 type combo struct {
@@ -70,10 +70,12 @@ type combo struct {
 	lost map[string]time.Time
 	// kept is the most tombstones a narrowed link was seen keeping.
 	kept int
+	// tw is what the transactions and counter deletes recorded.
+	tw *txnWork
 }
 
 func newCombo(rb *robust) *combo {
-	return &combo{rb: rb, resp: map[string]int{}, counts: map[string]int{}, lost: map[string]time.Time{}}
+	return &combo{rb: rb, resp: map[string]int{}, counts: map[string]int{}, lost: map[string]time.Time{}, tw: &txnWork{watch: map[string][2]int64{}}}
 }
 
 func (cb *combo) violation(format string, args ...any) {
@@ -97,7 +99,8 @@ func (cb *combo) lostData(name string) {
 func (cb *combo) lostSince(name string, t time.Time) bool {
 	cb.mu.Lock()
 	defer cb.mu.Unlock()
-	return !cb.lost[name].Before(t)
+	l, ok := cb.lost[name]
+	return ok && !l.Before(t)
 }
 
 // prepare gives a node of the run (cluster name) the combined settings.
@@ -503,6 +506,7 @@ func (cb *combo) judge(m *mesh, h *history, logs map[string][]client.Conflict) (
 		}
 	}
 	bad = append(bad, sameRecords(finals, logs)...)
+	bad = append(bad, cb.judgeTxnWork(m)...)
 	most, total := m.proxies["a->b"].maxWindow(5 * time.Second)
 	if allowed := 1.15*5*comboBandwidth + comboBandwidth/4; float64(most) > allowed {
 		bad = append(bad, fmt.Sprintf("a -> b carried %d bytes in a 5 s window, over its limit of %d B/s (%.2fx)", most, comboBandwidth, float64(most)/(5*comboBandwidth)))
@@ -533,13 +537,16 @@ func (cb *combo) judge(m *mesh, h *history, logs map[string][]client.Conflict) (
 			horizons = append(horizons, fmt.Sprintf("%s %s ago", n, time.Since(h).Round(time.Second)))
 		}
 	}
+	cb.tw.mu.Lock()
+	txns, dels := len(cb.tw.txns), len(cb.tw.dels)
+	cb.tw.mu.Unlock()
 	cb.mu.Lock()
 	defer cb.mu.Unlock()
 	bad = append(bad, cb.bad...)
-	figures := fmt.Sprintf("combined: %d WAIT checks (%d over filtered keys), %d pause checks, %d expiry checks, %d collection horizon moves, %d narrowings collected past, most tombstones a narrowed link kept %d, "+
+	figures := fmt.Sprintf("combined: %d WAIT checks (%d over filtered keys), %d pause checks, %d expiry checks, %d transaction checks, %d transactions, %d counters deleted, %d collection horizon moves, %d narrowings collected past, most tombstones a narrowed link kept %d, "+
 		"%d versions repaired by the background pass, %d relays withheld by an origin's filter (%d before it was heard), %d possible resurrections not taken, "+
 		"a -> b %d bytes, at most %d in 5 s (%.2f of the limit), throttled %.1f s; collected below: %s",
-		cb.counts["wait-checks"], cb.counts["wait-checks-filtered"], cb.counts["pause-checks"], cb.counts["expiry-checks"], cb.counts["horizon-moves"], cb.counts["collected-while-narrowed"], cb.kept,
+		cb.counts["wait-checks"], cb.counts["wait-checks-filtered"], cb.counts["pause-checks"], cb.counts["expiry-checks"], cb.counts["txn-checks"], txns, dels, cb.counts["horizon-moves"], cb.counts["collected-while-narrowed"], cb.kept,
 		repaired, withheld, unheard, possible, total, most, float64(most)/(5*comboBandwidth), throttled, strings.Join(horizons, ", "))
 	return bad, figures
 }

@@ -315,6 +315,20 @@ func robustRun(t *testing.T, s uint64, o robustOpts) {
 				defer wwg.Done()
 				rb.combo.expirer(name, xr, start.Add(d))
 			}()
+			wwg.Add(3)
+			tr, dr, cr := newRand(s*1000+uint64(ni*10+7)), newRand(s*1000+uint64(ni*10+6)), newRand(s*1000+uint64(ni*10+5))
+			go func() {
+				defer wwg.Done()
+				rb.combo.transactor(name, tr, start.Add(d))
+			}()
+			go func() {
+				defer wwg.Done()
+				rb.combo.counterDeleter(name, dr, start.Add(d))
+			}()
+			go func() {
+				defer wwg.Done()
+				rb.combo.txnChecker(cr, start.Add(d))
+			}()
 		}
 	}
 	wwg.Wait()
@@ -1013,6 +1027,10 @@ func (rb *robust) addPeer(name string) {
 		nd.args = append(nd.args, "--peer", other+"="+m.nodes[other].url, "--peer-secret", other+"=secret-"+pair(name, other))
 	}
 	nd.start()
+	if rb.combo != nil {
+		// It starts empty and is filled by re-seeds, as a wiped cluster.
+		rb.combo.lostData(name)
+	}
 	rb.mu.Lock()
 	rb.dStarted = true
 	rb.mu.Unlock()

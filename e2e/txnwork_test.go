@@ -1,0 +1,292 @@
+package e2e
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/replicator/replicator/client"
+	"github.com/replicator/replicator/policy"
+)
+
+// The combined schedule's transactions and counter deletes (issue 48):
+//
+//   - each cluster's RESP door takes transactions of three fresh keys
+//     (MULTI, SET, SET, SET, EXEC; at c one of the three under c-only/,
+//     which c's link keeps from b), and a checker reads a random one at a
+//     random cluster inside MULTI (one moment): it must hold all of the
+//     keys its filters let cross, or none;
+//   - each cluster's WATCH loop adds 1 to a key of its own (WATCH, GET,
+//     MULTI, SET, EXEC, again on nil): the key ends at the number of
+//     acknowledged rounds at every cluster;
+//   - each cluster increments counters of its own, deletes them, and
+//     increments some again: every cluster ends with what was counted after
+//     the delete, never with what the delete had seen.
+//
+// A cluster that lost its data (a wipe, a restore, the fourth cluster's
+// start) is rebuilt by re-seeds, whose snapshots apply in batches of keys:
+// a reader there may see part of a transaction until they end, so the
+// checker does not judge it for a minute after the loss.
+
+// txnRec is a transaction of three fresh keys.
+type txnRec struct {
+	cluster string
+	keys    []string
+	at      time.Time
+}
+
+// ctrDel is a counter counted, deleted and counted again at one cluster.
+type ctrDel struct {
+	cluster, key       string
+	before, beforeMaybe int64 // increments before the delete: acknowledged, unknown
+	deleted             bool  // the delete was acknowledged
+	at                  time.Time
+	after, afterMaybe   int64
+}
+
+// txnWork is what those workloads recorded.
+type txnWork struct {
+	mu    sync.Mutex
+	txns  []txnRec
+	dels  []ctrDel
+	watch map[string][2]int64 // cluster -> acknowledged, unknown rounds
+}
+
+// recoveryGrace is how long after a loss a cluster's reads are not judged
+// for whole transactions (its re-seeds run meanwhile).
+const recoveryGrace = time.Minute
+
+func respClient(port int) *redis.Client {
+	return redis.NewClient(&redis.Options{Addr: fmt.Sprintf("127.0.0.1:%d", port), MaxRetries: -1,
+		DialTimeout: time.Second, ReadTimeout: 3 * time.Second, WriteTimeout: 3 * time.Second})
+}
+
+// transactor writes name's transactions and WATCH rounds until until.
+func (cb *combo) transactor(name string, r *rand.Rand, until time.Time) {
+	rc := respClient(cb.resp[name])
+	defer rc.Close()
+	ctx := context.Background()
+	wkey := "tw/" + name
+	for seq := 0; time.Now().Before(until); seq++ {
+		if r.IntN(3) == 0 {
+			cb.watchRound(ctx, rc, name, wkey)
+			continue
+		}
+		keys := []string{fmt.Sprintf("tx/%s-%d/a", name, seq), fmt.Sprintf("tx/%s-%d/b", name, seq), fmt.Sprintf("tx/%s-%d/c", name, seq)}
+		if name == "c" && r.IntN(2) == 0 {
+			keys[1] = fmt.Sprintf("%stx-%d", comboThird, seq)
+		}
+		at := time.Now()
+		_, err := rc.TxPipelined(ctx, func(p redis.Pipeliner) error {
+			for _, k := range keys {
+				p.Set(ctx, k, name, 0)
+			}
+			return nil
+		})
+		// Written, refused or unknown: whatever a reader finds of it must
+		// be all of it or none.
+		_ = err
+		cb.tw.mu.Lock()
+		cb.tw.txns = append(cb.tw.txns, txnRec{cluster: name, keys: keys, at: at})
+		cb.tw.mu.Unlock()
+		time.Sleep(time.Duration(20+r.IntN(80)) * time.Millisecond)
+	}
+}
+
+// watchRound adds 1 to key through WATCH, GET, MULTI, SET, EXEC, running
+// again while another write came between (at most 50 times).
+func (cb *combo) watchRound(ctx context.Context, rc *redis.Client, name, key string) {
+	for range 50 {
+		err := rc.Watch(ctx, func(tx *redis.Tx) error {
+			n, err := tx.Get(ctx, key).Int64()
+			if err != nil && !errors.Is(err, redis.Nil) {
+				return err
+			}
+			_, err = tx.TxPipelined(ctx, func(p redis.Pipeliner) error {
+				p.Set(ctx, key, strconv.FormatInt(n+1, 10), 0)
+				return nil
+			})
+			return err
+		}, key)
+		if errors.Is(err, redis.TxFailedErr) {
+			continue
+		}
+		cb.tw.mu.Lock()
+		w := cb.tw.watch[name]
+		switch {
+		case err == nil:
+			w[0]++
+		case strings.HasPrefix(err.Error(), "NOTWRITTEN"):
+		default:
+			w[1]++ // the EXEC's outcome is not known
+		}
+		cb.tw.watch[name] = w
+		cb.tw.mu.Unlock()
+		return
+	}
+}
+
+// txnChecker reads recorded transactions at random clusters until until.
+func (cb *combo) txnChecker(r *rand.Rand, until time.Time) {
+	rb := cb.rb
+	clients := map[string]*redis.Client{}
+	defer func() {
+		for _, c := range clients {
+			c.Close()
+		}
+	}()
+	ctx := context.Background()
+	for time.Now().Before(until) {
+		time.Sleep(time.Duration(50+r.IntN(100)) * time.Millisecond)
+		cb.tw.mu.Lock()
+		n := len(cb.tw.txns)
+		var t txnRec
+		if n > 0 {
+			t = cb.tw.txns[n-1-r.IntN(min(n, 200))] // the recent ones
+		}
+		cb.tw.mu.Unlock()
+		names := rb.names()
+		at := names[r.IntN(len(names))]
+		if n == 0 || !rb.startedPeer(at) {
+			continue
+		}
+		keys := t.keys
+		if at == "b" {
+			keys = nil // c's link keeps c-only/ from b
+			for _, k := range t.keys {
+				if !strings.HasPrefix(k, comboThird) {
+					keys = append(keys, k)
+				}
+			}
+		}
+		if clients[at] == nil {
+			clients[at] = respClient(cb.resp[at])
+		}
+		start := time.Now()
+		var mget *redis.SliceCmd
+		_, err := clients[at].TxPipelined(ctx, func(p redis.Pipeliner) error {
+			mget = p.MGet(ctx, keys...)
+			return nil
+		})
+		if err != nil {
+			continue
+		}
+		held := 0
+		for _, v := range mget.Val() {
+			if v != nil {
+				held++
+			}
+		}
+		cb.count("txn-checks", 1)
+		if held != 0 && held != len(keys) && !cb.lostSince(at, start.Add(-recoveryGrace)) {
+			cb.violation("transaction: %s read %d of %v (written at %s at %s) at %s: part of a transaction",
+				at, held, keys, t.cluster, t.at.Format(time.RFC3339Nano), start.Format(time.RFC3339Nano))
+		}
+	}
+}
+
+// counterDeleter counts counters of name's own, deletes them, and counts
+// some again, through name's HTTP API (each increment under an
+// idempotency key: a retry replays).
+func (cb *combo) counterDeleter(name string, r *rand.Rand, until time.Time) {
+	c := cb.rb.m.nodes[name].client()
+	call := func(id string, f func(ctx context.Context) error) (ok, maybe bool) {
+		ctx, cancel := context.WithTimeout(policy.WithKey(bg(), policy.Key{ID: id}), 5*time.Second)
+		defer cancel()
+		switch outcomeOf(f(ctx)) {
+		case outOK:
+			return true, false
+		case outUnknown:
+			return false, true
+		}
+		return false, false
+	}
+	count := func(key, id string, n int) (acked, maybe int64) {
+		for i := range n {
+			ok, unk := call(fmt.Sprintf("%s-%d", id, i), func(ctx context.Context) error {
+				_, err := c.Increment(ctx, key, 1)
+				return err
+			})
+			if ok {
+				acked++
+			}
+			if unk {
+				maybe++
+			}
+		}
+		return acked, maybe
+	}
+	for seq := 0; time.Now().Before(until); seq++ {
+		d := ctrDel{cluster: name, key: fmt.Sprintf("cd/%s-%d", name, seq)}
+		id := fmt.Sprintf("%s-cd-%d", name, seq)
+		d.at = time.Now()
+		d.before, d.beforeMaybe = count(d.key, id+"-b", 1+r.IntN(4))
+		d.deleted, _ = call(id+"-del", func(ctx context.Context) error {
+			_, err := c.Delete(ctx, d.key)
+			return err
+		})
+		d.after, d.afterMaybe = count(d.key, id+"-a", r.IntN(3))
+		cb.tw.mu.Lock()
+		cb.tw.dels = append(cb.tw.dels, d)
+		cb.tw.mu.Unlock()
+		time.Sleep(time.Duration(100+r.IntN(200)) * time.Millisecond)
+	}
+}
+
+// judgeTxnWork checks, after convergence, the WATCH loops' keys and the
+// deleted counters at every cluster.
+func (cb *combo) judgeTxnWork(m *mesh) []string {
+	var bad []string
+	cb.tw.mu.Lock()
+	defer cb.tw.mu.Unlock()
+	for _, n := range m.names {
+		hc := m.nodes[n].client()
+		for w, got := range cb.tw.watch {
+			v, err := hc.Get(bg(), "tw/"+w)
+			var held int64
+			if err == nil {
+				held, _ = strconv.ParseInt(string(v.Value), 10, 64)
+			} else if !isNotFound(err) {
+				bad = append(bad, fmt.Sprintf("tw/%s at %s: %v", w, n, err))
+				continue
+			}
+			lost := cb.lostSince(w, time.Time{})
+			if held > got[0]+got[1] || (!lost && held < got[0]) {
+				bad = append(bad, fmt.Sprintf("WATCH loop: tw/%s reads %d at %s; %d rounds acknowledged, %d unknown (its cluster lost data: %v)",
+					w, held, n, got[0], got[1], lost))
+			}
+		}
+		for _, d := range cb.tw.dels {
+			var held int64
+			if v, err := hc.Counter(bg(), d.key); err == nil {
+				held = v.Value
+			} else if !isNotFound(err) {
+				bad = append(bad, fmt.Sprintf("%s at %s: %v", d.key, n, err))
+				continue
+			}
+			low, high := d.after, d.after+d.afterMaybe+d.beforeMaybe
+			if !d.deleted || cb.lostSince(d.cluster, d.at) {
+				// The delete may not have happened, or the cluster that
+				// made it lost what it had seen.
+				low, high = 0, d.before+d.beforeMaybe+d.after+d.afterMaybe
+			}
+			if held < low || held > high {
+				bad = append(bad, fmt.Sprintf("counter delete: %s reads %d at %s, want %d to %d (%d counted and deleted at %s, %d unknown; then %d counted, %d unknown)",
+					d.key, held, n, low, high, d.before, d.cluster, d.beforeMaybe, d.after, d.afterMaybe))
+			}
+		}
+	}
+	return bad
+}
+
+func isNotFound(err error) bool {
+	var ce *client.Error
+	return errors.As(err, &ce) && ce.Status == 404
+}
