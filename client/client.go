@@ -538,6 +538,18 @@ type BatchOp struct {
 	Key      string  `json:"key"`
 	Value    *string `json:"value,omitempty"`
 	ValueB64 *string `json:"value_b64,omitempty"`
+	// TTL (a Go duration, "30s") or Expires (RFC 3339): a set's expiry.
+	TTL     string `json:"ttl,omitempty"`
+	Expires string `json:"expires,omitempty"`
+}
+
+// WithTTL is op expiring ttl after the node takes it (a set's only).
+func (op BatchOp) WithTTL(ttl time.Duration) BatchOp { op.TTL = ttl.String(); return op }
+
+// ExpiringAt is op expiring at t (a set's only).
+func (op BatchOp) ExpiringAt(t time.Time) BatchOp {
+	op.Expires = t.UTC().Format(time.RFC3339Nano)
+	return op
 }
 
 // SetOp and DeleteOp build batch ops.

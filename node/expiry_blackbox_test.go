@@ -78,7 +78,35 @@ func TestHTTPExpiry(t *testing.T) {
 		t.Fatalf("keyed puts with TTLs 30s, 30s, 60s: %d %d %d", a, b, c)
 	}
 
-	pc.Advance(11 * time.Second)
+	// A batch's ops take an expiry each: a TTL from the node's clock, or a
+	// time; a keyed batch retried later replays (its fingerprint holds the
+	// TTL asked, not the time it ends at).
+	batch := []client.BatchOp{client.SetOp("b/ttl", []byte("v")).WithTTL(10 * time.Second),
+		client.SetOp("b/at", []byte("v")).ExpiringAt(at), client.SetOp("b/plain", []byte("v"))}
+	if _, err := c.Batch(ctx, batch, "op-ttl"); err != nil {
+		t.Fatal(err)
+	}
+	for key, want := range map[string]time.Time{"b/ttl": t0.Add(10 * time.Second), "b/at": at, "b/plain": {}} {
+		if v, err := c.Get(ctx, key); err != nil || !v.Expires.Equal(want) {
+			t.Fatalf("%s from a batch: expires %v (%v), want %v", key, v.Expires, err, want)
+		}
+	}
+	pc.Advance(time.Second)
+	if res, err := c.Batch(ctx, batch, "op-ttl"); err != nil || !res.Replayed {
+		t.Fatalf("the same keyed batch a second later: %+v %v, want a replay", res, err)
+	}
+	for name, body := range map[string]string{
+		"a TTL on a delete": `{"ops":[{"op":"delete","key":"k","ttl":"5s"}]}`,
+		"both":              `{"ops":[{"op":"set","key":"k","value":"v","ttl":"5s","expires":"2030-01-01T00:00:00Z"}]}`,
+		"not a TTL":         `{"ops":[{"op":"set","key":"k","value":"v","ttl":"soon"}]}`,
+		"before 1970":       `{"ops":[{"op":"set","key":"k","value":"v","expires":"1969-01-01T00:00:00Z"}]}`,
+	} {
+		if resp, b := nodetest.Do(t, http.MethodPost, n.URL()+"/v1/batch", strings.NewReader(body)); resp.StatusCode != http.StatusBadRequest {
+			t.Fatalf("%s: %d %s", name, resp.StatusCode, b)
+		}
+	}
+
+	pc.Advance(10 * time.Second)
 	if _, err := c.Get(ctx, "ttl"); !client.IsNotFound(err) || !strings.Contains(err.Error(), "expired") {
 		t.Fatalf("GET 11 s after a TTL of 10 s: %v", err)
 	}
@@ -90,7 +118,7 @@ func TestHTTPExpiry(t *testing.T) {
 	for _, it := range items {
 		keys = append(keys, it.Key)
 	}
-	if strings.Join(keys, " ") != "at keyed plain" {
+	if strings.Join(keys, " ") != "at b/at b/plain keyed plain" {
 		t.Fatalf("scan after ttl expired: %v", keys)
 	}
 }

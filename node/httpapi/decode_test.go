@@ -24,6 +24,7 @@ func FuzzDecodeDelta(f *testing.F) {
 func FuzzDecodeBatchRequest(f *testing.F) {
 	f.Add([]byte(`{"ops":[{"op":"set","key":"t/1","value":"x"},{"op":"delete","key":"t/3"}],"operation_id":"op-1"}`))
 	f.Add([]byte(`{"ops":[{"op":"set","key":"k","value_b64":"AAE="}]}`))
+	f.Add([]byte(`{"ops":[{"op":"set","key":"k","value":"v","ttl":"30s"},{"op":"set","key":"j","expires":"2030-01-02T03:04:05Z"}]}`))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		ops, _, err := DecodeBatchRequest(b)
 		if err != nil {
@@ -35,6 +36,9 @@ func FuzzDecodeBatchRequest(f *testing.F) {
 		for _, op := range ops {
 			if op.Delete && len(op.Value) > 0 {
 				t.Fatal("a delete with a value decoded")
+			}
+			if op.Expires < 0 || (op.Delete && op.Expires != 0) {
+				t.Fatalf("an expiry of %d on %+v decoded", op.Expires, op)
 			}
 		}
 	})

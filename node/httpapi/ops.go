@@ -9,9 +9,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net/http"
 	"strconv"
 	"strings"
+	"time"
 	"unicode/utf8"
 
 	jsonv2 "github.com/go-json-experiment/json"
@@ -228,17 +230,45 @@ type batchRequest struct {
 		Key      string  `json:"key"`
 		Value    *string `json:"value"`
 		ValueB64 *string `json:"value_b64"`
+		// TTL (a Go duration) or Expires (RFC 3339): a set's expiry, as
+		// the X-Replicator-TTL and X-Replicator-Expires headers of a PUT.
+		TTL     *string `json:"ttl"`
+		Expires *string `json:"expires"`
 	} `json:"ops"`
 	OperationID string `json:"operation_id"`
 }
 
 // DecodeBatchRequest reads an atomic batch request: its ops and its
-// operation id ("" when absent).
+// operation id ("" when absent). A TTL counts from now.
 func DecodeBatchRequest(body []byte) ([]api.BatchOp, string, error) {
+	ops, ttls, id, err := decodeBatch(body)
+	if err == nil {
+		err = applyTTLs(ops, ttls, time.Now().UnixNano())
+	}
+	return ops, id, err
+}
+
+// applyTTLs sets the expiry of each op with a TTL to now plus it.
+func applyTTLs(ops []api.BatchOp, ttls []time.Duration, now int64) error {
+	for i, d := range ttls {
+		if d == 0 {
+			continue
+		}
+		if int64(d) > math.MaxInt64-now {
+			return fmt.Errorf("%w: op %d: ttl %s is past the clock's range", api.ErrBadRequest, i, d)
+		}
+		ops[i].Expires = now + int64(d)
+	}
+	return nil
+}
+
+// decodeBatch reads a batch request, each op's TTL apart (the fingerprint
+// of a keyed batch covers the TTL asked, not the time it ends at).
+func decodeBatch(body []byte) ([]api.BatchOp, []time.Duration, string, error) {
 	if !utf8.Valid(body) {
 		// encoding/json would rewrite the bytes to U+FFFD: a key the
 		// caller did not send.
-		return nil, "", fmt.Errorf("%w: batch: not valid UTF-8 (binary values go in value_b64)", api.ErrBadRequest)
+		return nil, nil, "", fmt.Errorf("%w: batch: not valid UTF-8 (binary values go in value_b64)", api.ErrBadRequest)
 	}
 	// go-json-experiment (encoding/json/v2's implementation) decodes a
 	// batch three times faster than encoding/json (a third of a leader's
@@ -246,25 +276,35 @@ func DecodeBatchRequest(body []byte) ([]api.BatchOp, string, error) {
 	// name twice, an unknown member or trailing data is refused.
 	var req batchRequest
 	if err := jsonv2.Unmarshal(body, &req, jsonv2.RejectUnknownMembers(true)); err != nil {
-		return nil, "", fmt.Errorf("%w: batch: %v", api.ErrBadRequest, err)
+		return nil, nil, "", fmt.Errorf("%w: batch: %v", api.ErrBadRequest, err)
 	}
 	if len(req.OperationID) > entry.MaxIdemKey-3 {
-		return nil, "", fmt.Errorf("%w: operation_id of %d bytes", api.ErrBadRequest, len(req.OperationID))
+		return nil, nil, "", fmt.Errorf("%w: operation_id of %d bytes", api.ErrBadRequest, len(req.OperationID))
 	}
 	ops := make([]api.BatchOp, 0, len(req.Ops))
+	var ttls []time.Duration
 	for i, o := range req.Ops {
 		op := api.BatchOp{Key: o.Key}
+		if o.TTL != nil || o.Expires != nil {
+			if ttls == nil {
+				ttls = make([]time.Duration, len(req.Ops))
+			}
+			var err error
+			if ttls[i], op.Expires, err = opExpiry(o.Op, o.TTL, o.Expires); err != nil {
+				return nil, nil, "", fmt.Errorf("%w: op %d: %v", api.ErrBadRequest, i, err)
+			}
+		}
 		switch o.Op {
 		case "set":
 			switch {
 			case o.Value != nil && o.ValueB64 != nil:
-				return nil, "", fmt.Errorf("%w: op %d: value or value_b64, not both", api.ErrBadRequest, i)
+				return nil, nil, "", fmt.Errorf("%w: op %d: value or value_b64, not both", api.ErrBadRequest, i)
 			case o.Value != nil:
 				op.Value = []byte(*o.Value)
 			case o.ValueB64 != nil:
 				v, err := base64.StdEncoding.DecodeString(*o.ValueB64)
 				if err != nil {
-					return nil, "", fmt.Errorf("%w: op %d: value_b64: %v", api.ErrBadRequest, i, err)
+					return nil, nil, "", fmt.Errorf("%w: op %d: value_b64: %v", api.ErrBadRequest, i, err)
 				}
 				op.Value = v
 			default:
@@ -272,15 +312,36 @@ func DecodeBatchRequest(body []byte) ([]api.BatchOp, string, error) {
 			}
 		case "delete":
 			if o.Value != nil || o.ValueB64 != nil {
-				return nil, "", fmt.Errorf("%w: op %d: a delete takes no value", api.ErrBadRequest, i)
+				return nil, nil, "", fmt.Errorf("%w: op %d: a delete takes no value", api.ErrBadRequest, i)
 			}
 			op.Delete = true
 		default:
-			return nil, "", fmt.Errorf("%w: op %d: op %q, want set or delete", api.ErrBadRequest, i, o.Op)
+			return nil, nil, "", fmt.Errorf("%w: op %d: op %q, want set or delete", api.ErrBadRequest, i, o.Op)
 		}
 		ops = append(ops, op)
 	}
-	return ops, req.OperationID, nil
+	return ops, ttls, req.OperationID, nil
+}
+
+// opExpiry reads a batch op's ttl or expires.
+func opExpiry(op string, ttl, at *string) (time.Duration, int64, error) {
+	switch {
+	case op != "set":
+		return 0, 0, fmt.Errorf("an expiry on a %s", op)
+	case ttl != nil && at != nil:
+		return 0, 0, errors.New("ttl and expires at once")
+	case at != nil:
+		t, err := time.Parse(time.RFC3339Nano, *at)
+		if err != nil || t.UnixNano() <= 0 {
+			return 0, 0, fmt.Errorf("expires %q is not an RFC 3339 time after 1970", *at)
+		}
+		return 0, t.UnixNano(), nil
+	}
+	d, err := time.ParseDuration(*ttl)
+	if err != nil || d <= 0 {
+		return 0, 0, fmt.Errorf("ttl %q is not a positive duration (30s, 1h)", *ttl)
+	}
+	return d, 0, nil
 }
 
 // handleBatch serves POST /v1/batch. The operation_id makes it idempotent
@@ -296,13 +357,28 @@ func (a *API) handleBatch(w http.ResponseWriter, r *http.Request) {
 		WriteErr(w, err)
 		return
 	}
-	ops, opID, err := DecodeBatchRequest(body)
+	ops, ttls, opID, err := decodeBatch(body)
 	if err != nil {
 		WriteErr(w, err)
 		return
 	}
-	// the fingerprint covers the ops, not how the JSON spelled them
+	// the fingerprint covers the ops (and the TTLs asked), not how the
+	// JSON spelled them
 	canon, _ := json.Marshal(ops)
+	if ttls != nil {
+		canon, _ = json.Marshal(struct {
+			Ops  []api.BatchOp
+			TTLs []time.Duration
+		}{ops, ttls})
+	}
+	now := time.Now().UnixNano()
+	if a.opts.Now != nil {
+		now = a.opts.Now()
+	}
+	if err := applyTTLs(ops, ttls, now); err != nil {
+		WriteErr(w, err)
+		return
+	}
 	var idem *api.Keyed
 	if opID != "" {
 		idem = &api.Keyed{Key: "op:" + opID, Fingerprint: Fingerprint(r, "batch", canon), Answer: api.AnswerBatch, OpID: opID}
