@@ -65,7 +65,10 @@ func runData(cmd string, args []string) error {
 			return unknownOutcome(err, cf.idemKey)
 		}
 		return cf.out.print(writeOut{res, res.Replayed}, func(w io.Writer) {
-			fmt.Fprintf(w, "range deleted\tversion %s\torigin %s%s\n", res.Version, res.Origin, replayed(res))
+			// A range delete removes values; a counter's increments stay
+			// (docs/DATAMODEL.md "Range deletes"): said, not left to find.
+			fmt.Fprintf(w, "range deleted\tversion %s\torigin %s%s\tcounters' increments kept (del KEY removes one)\n",
+				res.Version, res.Origin, replayed(res))
 		})
 	case "incr":
 		if fs.NArg() < 1 || fs.NArg() > 2 {

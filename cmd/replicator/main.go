@@ -60,7 +60,7 @@ func root() *cobra.Command {
 		command("scan [--prefix P] [--start S --end E] [--limit N]", "list live keys", client("scan")),
 		command("status", "the cluster at a glance: leader, nodes, links, saturation, readiness", runStatus),
 		command("outcome --idempotency-key K", "what a keyed request was answered (also: status --idempotency-key K)", runOutcome),
-		command("del-range --prefix P | --start S [--end E]", "delete a range of keys", data("del-range")),
+		command("del-range --prefix P | --start S [--end E]", "delete a range of keys' values (counters' increments stay)", data("del-range")),
 		command("incr KEY [DELTA]", "add to a PN-counter", data("incr")),
 		command("counter KEY", "read a PN-counter", data("counter")),
 		command("batch FILE|- [--operation-id ID]", "an atomic batch of set/delete ops", data("batch")),
