@@ -207,6 +207,8 @@ func TestTransactions(t *testing.T) {
 func FuzzTransactionQueue(f *testing.F) {
 	f.Add("SET a 1\nINCR b\n")
 	f.Add("MSET a 1 b\nSET\n")
+	f.Add("SET n 5\nINCRBY n -9223372036854775808\nINCRBYFLOAT n 1e308\nINCRBYFLOAT n inf\nDECRBY n 3\n")
+	f.Add("SET t v\nEXPIRE t 10 NX GT\nPEXPIREAT t -1\nGETEX t PX 5 PERSIST\nTTL t\n")
 	f.Fuzz(func(t *testing.T, script string) {
 		if len(script) > 4096 {
 			return
