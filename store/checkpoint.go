@@ -41,6 +41,9 @@ func (s *Store) ReplaceFrom(dir string) error {
 	// Until the copy is whole and scanned, every key may be held: a copy
 	// that fails halfway leaves keys the old filter never saw.
 	s.seen = nil
+	s.ctrMu.Lock()
+	s.ctrKeys = nil
+	s.ctrMu.Unlock()
 	s.leavesValid = false // until the copy is whole and summed
 	// Every prefix is an ASCII letter: this range is the whole tree.
 	if err := s.db.DeleteRange([]byte{0}, []byte{0xff, 0xff, 0xff, 0xff}, pebble.Sync); err != nil {
@@ -54,10 +57,12 @@ func (s *Store) ReplaceFrom(dir string) error {
 	// The keys filter and the leaves of the new tree, built as it is copied.
 	var (
 		seen   seenScan
+		ctrs   = seenScan{counters: true}
 		leaves = leafScan{plainLive: plainLiveIn(src)}
 	)
 	for valid := it.First(); valid; valid = it.Next() {
 		seen.see(it.Key())
+		ctrs.see(it.Key())
 		leaves.see(it.Key(), it.Value())
 		if err := b.Set(it.Key(), it.Value(), nil); err != nil {
 			it.Close()
@@ -86,6 +91,9 @@ func (s *Store) ReplaceFrom(dir string) error {
 		return err
 	}
 	s.seen, s.leaves, s.leavesValid = seen.filter(), leaves.leaves, true
+	s.ctrMu.Lock()
+	s.ctrKeys = ctrs.filter()
+	s.ctrMu.Unlock()
 	s.live.Store(leaves.live)
 	s.leavesGen++
 	return nil

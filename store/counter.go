@@ -145,8 +145,8 @@ func decodeComponents(b []byte, into map[string]entry.PN) ([]byte, string) {
 
 // Counter reads a counter (ErrNotFound when the key holds none).
 func (s *Store) Counter(key string) (Counter, error) {
-	if !s.hasCounters.Load() {
-		return Counter{}, ErrNotFound // no counter at all: nothing to read
+	if !s.hasCounters.Load() || !s.mayHoldCounter(key) {
+		return Counter{}, ErrNotFound // no counter at all, or none at key: nothing to read
 	}
 	v, closer, err := s.db.Get(counterKey(key))
 	if errors.Is(err, pebble.ErrNotFound) {
@@ -204,9 +204,15 @@ func (b *Batch) MergeFloors(key string, f map[string]entry.PN, stamp entry.Stamp
 // putCounter writes a counter changed in the batch (prev its digest
 // before, was whether it counted).
 func (b *Batch) putCounter(key string, c *Counter, prev hashtree.Sum, was bool) error {
-	if err := b.pb.Set(counterKey(key), appendCounter(nil, c), nil); err != nil {
+	ck := counterKey(key)
+	if err := b.pb.Set(ck, appendCounter(nil, c), nil); err != nil {
 		return err
 	}
+	b.s.ctrMu.Lock()
+	if !b.s.ctrKeys.mayHold(ck) {
+		b.s.ctrKeys.add(ck)
+	}
+	b.s.ctrMu.Unlock()
 	b.moveLeafLocked(key, prev, counterDigest(&b.digester, key, c))
 	if b.pendingCtr == nil {
 		b.pendingCtr = map[string]*Counter{}
@@ -292,6 +298,13 @@ func (s *Store) checkCounters() error {
 	defer it.Close()
 	s.hasCounters.Store(it.First())
 	return it.Error()
+}
+
+// mayHoldCounter reports whether key may hold a counter (ctrKeys).
+func (s *Store) mayHoldCounter(key string) bool {
+	s.ctrMu.RLock()
+	defer s.ctrMu.RUnlock()
+	return s.ctrKeys.mayHold(counterKey(key))
 }
 
 // HasCounters reports whether the tree may hold a counter; false means it

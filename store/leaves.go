@@ -155,26 +155,28 @@ func plainLiveIn(db pebble.Reader) func(dk []byte) (bool, error) {
 
 // scanTree is the pass over a tree's data and counters that builds its keys
 // filter and its leaves.
-func scanTree(db pebble.Reader) (*seenKeys, []hashtree.Sum, int64, error) {
+func scanTree(db pebble.Reader) (*seenKeys, *seenKeys, []hashtree.Sum, int64, error) {
 	var (
 		sc seenScan
+		cs = seenScan{counters: true}
 		ls = leafScan{plainLive: plainLiveIn(db)}
 	)
 	for _, p := range []byte{prefixData, prefixCounter} {
 		it, err := db.NewIter(&pebble.IterOptions{LowerBound: []byte{p}, UpperBound: []byte{p + 1}})
 		if err != nil {
-			return nil, nil, 0, fmt.Errorf("store: scan keys: %w", err)
+			return nil, nil, nil, 0, fmt.Errorf("store: scan keys: %w", err)
 		}
 		for valid := it.First(); valid; valid = it.Next() {
 			sc.see(it.Key())
+			cs.see(it.Key())
 			ls.see(it.Key(), it.Value())
 		}
 		if err := errors.Join(it.Error(), it.Close(), ls.err); err != nil {
-			return nil, nil, 0, fmt.Errorf("store: scan keys: %w", err)
+			return nil, nil, nil, 0, fmt.Errorf("store: scan keys: %w", err)
 		}
 	}
 	ls.see(nil, nil) // an empty tree has its (zero) leaves too
-	return sc.filter(), ls.leaves, ls.live, nil
+	return sc.filter(), cs.filter(), ls.leaves, ls.live, nil
 }
 
 // Leaves returns a copy of the kept leaf sums: those of every batch
@@ -195,7 +197,7 @@ func (s *Store) Leaves() []hashtree.Sum {
 func (s *Store) ScanLeaves() ([]hashtree.Sum, error) {
 	snap := s.db.NewSnapshot()
 	defer snap.Close()
-	_, leaves, _, err := scanTree(snap)
+	_, _, leaves, _, err := scanTree(snap)
 	return leaves, err
 }
 
@@ -207,7 +209,7 @@ func (s *Store) RebuildLeaves() (int, error) {
 	defer s.applyMu.Unlock()
 	snap := s.db.NewSnapshot()
 	defer snap.Close()
-	_, leaves, live, err := scanTree(snap)
+	_, _, leaves, live, err := scanTree(snap)
 	if err != nil {
 		return 0, err
 	}

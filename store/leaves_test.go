@@ -36,7 +36,7 @@ func TestKeptLeavesMatchAScan(t *testing.T) {
 			t.Fatalf("%s: the kept leaves differ from a scan", when)
 		}
 		snap := s.db.NewSnapshot()
-		_, _, live, err := scanTree(snap)
+		_, _, _, live, err := scanTree(snap)
 		snap.Close()
 		if err != nil || s.Live() != live {
 			t.Fatalf("%s: %d live keys kept, a scan counts %d (%v)", when, s.Live(), live, err)

@@ -112,11 +112,18 @@ parts:
 type seenScan struct {
 	seed   maphash.Seed
 	hashes []uint64
+	// counters: the scan notes the counter keys (Store.ctrKeys), not the
+	// data keys.
+	counters bool
 }
 
-// see notes key if it is a data key.
+// see notes key if it is a data key (a counter key, for a counters scan).
 func (sc *seenScan) see(key []byte) {
-	if len(key) == 0 || key[0] != prefixData {
+	want := byte(prefixData)
+	if sc.counters {
+		want = prefixCounter
+	}
+	if len(key) == 0 || key[0] != want {
 		return
 	}
 	if sc.hashes == nil {

@@ -100,6 +100,13 @@ type Store struct {
 	// seen holds every data key the tree ever held a record of, maybe
 	// more (seen.go). Guarded by applyMu.
 	seen *seenKeys
+	// ctrKeys is the keys filter of the counters (seen.go): a read or a
+	// decision about a key it says no to needs no counter lookup (most
+	// keys never held one). Built with seen; putCounter adds a key before
+	// its batch commits. Unlike seen it is read outside applyMu: ctrMu
+	// guards it (nil: every key may hold a counter).
+	ctrMu   sync.RWMutex
+	ctrKeys *seenKeys
 	// leaves are the kept leaf sums (leaves.go); leavesValid is false
 	// while ReplaceFrom copies (and after it failed) until RebuildLeaves.
 	// Guarded by applyMu.
@@ -148,7 +155,7 @@ func Open(dir string, opts *Options) (*Store, error) {
 		return nil, err
 	}
 	var live int64
-	if s.seen, s.leaves, live, err = scanTree(db); err != nil {
+	if s.seen, s.ctrKeys, s.leaves, live, err = scanTree(db); err != nil {
 		s.Close()
 		return nil, err
 	}
