@@ -7,7 +7,6 @@ import (
 	"io"
 	"log/slog"
 	"net"
-	"regexp"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -556,7 +555,7 @@ func (c *conn) writeErr(err error) {
 }
 
 func classify(err error) (kind, msg string) {
-	text := clientText(err)
+	text := api.ClientText(err.Error())
 	switch {
 	case errors.Is(err, api.ErrUnknownOutcome):
 		return "unknown_outcome", "UNKNOWNOUTCOME the write may or may not be committed: " + text
@@ -576,13 +575,6 @@ func classify(err error) (kind, msg string) {
 	return "internal", "ERR " + text
 }
 
-// pkgPrefix matches the package prefixes of the product's errors ("machine:
-// ", "node: "): a client reads what happened, not where in the code.
-var pkgPrefix = regexp.MustCompile(`\b(acceptor|api|client|cluster|forward|machine|node|raftconn|replica|resp|store|transport): `)
-
-// clientText is an error's text as a client reads it: without package
-// prefixes.
-func clientText(err error) string { return pkgPrefix.ReplaceAllString(err.Error(), "") }
 
 func (c *conn) auth(token string) bool {
 	if c.s.opts.Token == "" {

@@ -6,6 +6,7 @@ package httpjson
 
 import (
 	"encoding/json"
+	"github.com/replicator/replicator/api"
 	"net/http"
 	"strconv"
 	"time"
@@ -68,8 +69,10 @@ func WriteBody(w http.ResponseWriter, status int, body []byte) {
 	_, _ = w.Write(body)
 }
 
-// WriteError answers status with {"error": e}.
+// WriteError answers status with {"error": e}, its message without the
+// product's package prefixes (api.ClientText).
 func WriteError(w http.ResponseWriter, status int, e Error) {
+	e.Message = api.ClientText(e.Message)
 	Write(w, status, map[string]Error{"error": e})
 }
 
