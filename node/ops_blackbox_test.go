@@ -124,8 +124,11 @@ func TestCountersAndKinds(t *testing.T) {
 			t.Errorf("%s: %d %s", body, resp.StatusCode, b)
 		}
 	}
-	if resp, _ := nodetest.Do(t, "POST", n.URL()+"/v1/counters/plain", strings.NewReader(`{"delta":1}`)); resp.StatusCode != 409 {
-		t.Fatalf("HTTP increment of a plain key: %d", resp.StatusCode)
+	// Refused with the class's code, and a message without the product's
+	// package prefixes (issue 48).
+	if resp, b := nodetest.Do(t, "POST", n.URL()+"/v1/counters/plain", strings.NewReader(`{"delta":1}`)); resp.StatusCode != 409 ||
+		!strings.Contains(string(b), `"code":"not_integer"`) || strings.Contains(string(b), "machine:") {
+		t.Fatalf("HTTP increment of a value that is not an integer: %d %s", resp.StatusCode, b)
 	}
 	if resp, _ := nodetest.Do(t, "GET", n.URL()+"/v1/counters/none", nil); resp.StatusCode != 404 {
 		t.Fatalf("absent counter: %d", resp.StatusCode)
