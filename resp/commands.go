@@ -307,8 +307,8 @@ func globMatch(pat, s string) bool {
 	return s == ""
 }
 
-// get reads a key: its plain value, or else a counter's value (counters
-// have their own key space: docs/RESP.md).
+// get reads a key: a counter reads as its decimal value (node.Get reads a
+// key's value and counter as one: docs/RESP.md "Counters").
 func (c *conn) get(args [][]byte) {
 	c.settle()
 	c.value(string(args[1]))
@@ -324,15 +324,7 @@ func (c *conn) value(key string) {
 		c.writeErr(err)
 		return
 	}
-	ctr, err := c.s.node.Counter(key)
-	switch {
-	case err == nil:
-		c.w.bulkString(strconv.FormatInt(ctr.Value, 10))
-	case errors.Is(err, api.ErrNotFound):
-		c.w.null()
-	default:
-		c.writeErr(err)
-	}
+	c.w.null()
 }
 
 func (c *conn) mget(args [][]byte) {
@@ -369,12 +361,6 @@ func (c *conn) exists(args [][]byte) {
 			continue
 		}
 		if !errors.Is(err, api.ErrNotFound) {
-			c.writeErr(err)
-			return
-		}
-		if _, err := c.s.node.Counter(key); err == nil {
-			n++
-		} else if !errors.Is(err, api.ErrNotFound) {
 			c.writeErr(err)
 			return
 		}

@@ -128,9 +128,6 @@ func (c *conn) keyType(args [][]byte) {
 	c.settle()
 	key := string(args[1])
 	_, err := c.s.node.Get(key)
-	if errors.Is(err, api.ErrNotFound) {
-		_, err = c.s.node.Counter(key)
-	}
 	switch {
 	case err == nil:
 		c.w.simple("string")
@@ -150,13 +147,6 @@ func (c *conn) strlen(args [][]byte) {
 	if err == nil {
 		c.w.int(int64(len(rec.Value)))
 		return
-	}
-	if errors.Is(err, api.ErrNotFound) {
-		var ctr api.CounterResult
-		if ctr, err = c.s.node.Counter(key); err == nil {
-			c.w.int(int64(len(strconv.FormatInt(ctr.Value, 10))))
-			return
-		}
 	}
 	if errors.Is(err, api.ErrNotFound) {
 		c.w.int(0)

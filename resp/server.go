@@ -22,7 +22,6 @@ import (
 type Node interface {
 	ClusterID() string
 	Get(key string) (entry.Record, error)
-	Counter(key string) (api.CounterResult, error)
 	Scan(o api.ScanOptions) ([]api.Item, string, error)
 	// Submit queues a write behind every write the caller submitted before
 	// it and returns without waiting; wait returns its outcome once it is
