@@ -112,10 +112,10 @@ func TestThreeClustersFiltered(t *testing.T) {
 		p.args = append(p.args, "--peer-include", "c=shared/", "--peer-compression", "c=zstd")
 	}
 	for _, p := range []*proc{a, b, c} {
-		// Deletes collected within the test: kept a minute, looked at
+		// Deletes collected within the test: kept 15 s, looked at
 		// every second.
-		p.args = append(p.args, "--tombstone-retention", "1m", "--pin-window", "1s", "--idempotency-window", "1m")
-		p.env = append(p.env, node.TestingEnvPrefix+"GC_INTERVAL=1s")
+		p.args = append(p.args, "--tombstone-retention", "15s", "--pin-window", "1s", "--idempotency-window", "15s")
+		p.env = append(p.env, node.TestingEnvPrefix+"GC_INTERVAL=1s", node.TestingEnvPrefix+"SHORT_RETENTION=1")
 	}
 	m.start()
 	ctx := bg()
