@@ -44,7 +44,7 @@ type txnRec struct {
 
 // ctrDel is a counter counted, deleted and counted again at one cluster.
 type ctrDel struct {
-	cluster, key       string
+	cluster, key        string
 	before, beforeMaybe int64 // increments before the delete: acknowledged, unknown
 	deleted             bool  // the delete was acknowledged
 	at                  time.Time

@@ -574,7 +574,6 @@ func classify(err error) (kind, msg string) {
 	return "internal", "ERR " + text
 }
 
-
 func (c *conn) auth(token string) bool {
 	if c.s.opts.Token == "" {
 		return true
