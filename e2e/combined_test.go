@@ -506,7 +506,11 @@ func (cb *combo) judge(m *mesh, h *history, logs map[string][]client.Conflict) (
 		}
 	}
 	bad = append(bad, sameRecords(finals, logs)...)
-	bad = append(bad, cb.judgeTxnWork(m)...)
+	readers := map[string]*client.Client{}
+	for _, n := range m.names {
+		readers[n] = m.nodes[n].client()
+	}
+	bad = append(bad, cb.tw.judge(cb, readers)...)
 	most, total := m.proxies["a->b"].maxWindow(5 * time.Second)
 	if allowed := 1.15*5*comboBandwidth + comboBandwidth/4; float64(most) > allowed {
 		bad = append(bad, fmt.Sprintf("a -> b carried %d bytes in a 5 s window, over its limit of %d B/s (%.2fx)", most, comboBandwidth, float64(most)/(5*comboBandwidth)))
@@ -682,9 +686,84 @@ type multiCombo struct {
 	// others are peer clusters outside the mesh (the hostile peer m):
 	// WAIT asks for every peer.
 	others int
+	// tw is what the transactions and counter deletes recorded; lost is
+	// when each cluster last lost acknowledged writes (a recovery from a
+	// minority); counts are the checks made.
+	tw     *txnWork
+	lost   map[string]time.Time
+	counts map[string]int
 }
 
-func newMultiCombo(m *rmesh) *multiCombo { return &multiCombo{m: m, resp: map[string]int{}} }
+func newMultiCombo(m *rmesh) *multiCombo {
+	return &multiCombo{m: m, resp: map[string]int{}, tw: &txnWork{watch: map[string][2]int64{}},
+		lost: map[string]time.Time{}, counts: map[string]int{}}
+}
+
+// lostData notes that cluster c lost acknowledged writes now.
+func (mc *multiCombo) lostData(c string) {
+	mc.mu.Lock()
+	mc.lost[c] = time.Now()
+	mc.mu.Unlock()
+}
+
+// A cluster of three for the transaction and counter-delete workloads
+// (txnwork_test.go): a random running node of it, leader or follower.
+
+func (mc *multiCombo) node(c string, r *rand.Rand) *rnode {
+	var up []*rnode
+	for _, n := range mc.m.running() {
+		if n.cluster == c {
+			up = append(up, n)
+		}
+	}
+	if len(up) == 0 {
+		return nil
+	}
+	return up[r.IntN(len(up))]
+}
+
+func (mc *multiCombo) respAddr(c string, r *rand.Rand) string {
+	n := mc.node(c, r)
+	if n == nil {
+		return ""
+	}
+	mc.mu.Lock()
+	defer mc.mu.Unlock()
+	return fmt.Sprintf("127.0.0.1:%d", mc.resp[n.id])
+}
+
+func (mc *multiCombo) httpClient(c string, r *rand.Rand) *client.Client {
+	if n := mc.node(c, r); n != nil {
+		return n.client()
+	}
+	return nil
+}
+
+func (mc *multiCombo) readable() []string { return mc.m.clusters }
+
+func (mc *multiCombo) lostSince(c string, t time.Time) bool {
+	mc.mu.Lock()
+	defer mc.mu.Unlock()
+	l, ok := mc.lost[c]
+	return ok && !l.Before(t)
+}
+
+func (mc *multiCombo) respPassword() string { return mc.m.token }
+
+func (mc *multiCombo) homeOnly(string) string { return "" }
+func (mc *multiCombo) hiddenAt(string) string { return "" }
+
+func (mc *multiCombo) count(what string, n int) {
+	mc.mu.Lock()
+	mc.counts[what] += n
+	mc.mu.Unlock()
+}
+
+func (mc *multiCombo) violation(format string, args ...any) {
+	mc.mu.Lock()
+	mc.bad = append(mc.bad, fmt.Sprintf(format, args...))
+	mc.mu.Unlock()
+}
 
 // peers is how many peer clusters each cluster links to.
 func (mc *multiCombo) peers() int { return len(mc.m.clusters) - 1 + mc.others }
@@ -826,7 +905,11 @@ func consistentGet(n *rnode, key string) (client.Value, error) {
 func (mc *multiCombo) figures() string {
 	mc.mu.Lock()
 	defer mc.mu.Unlock()
-	return fmt.Sprintf("combined: %d WAIT checks (%d over filtered keys, %d at followers)", mc.waits, mc.filtered, mc.atFollowers)
+	mc.tw.mu.Lock()
+	txns, dels := len(mc.tw.txns), len(mc.tw.dels)
+	mc.tw.mu.Unlock()
+	return fmt.Sprintf("combined: %d WAIT checks (%d over filtered keys, %d at followers), %d transaction checks, %d transactions, %d counters deleted",
+		mc.waits, mc.filtered, mc.atFollowers, mc.counts["txn-checks"], txns, dels)
 }
 
 // quietRedisLog is go-redis's logger for the runs: a pool that cannot dial

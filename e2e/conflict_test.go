@@ -191,8 +191,11 @@ func TestConflictLogThroughFailover(t *testing.T) {
 	// held: each leader's link holds its writes, so nearly every key is
 	// written on both sides before either sees the other's; live: the
 	// links flow, and only the writes that cross in flight meet.
-	t.Run("held", func(t *testing.T) { conflictsThroughFailover(t, true) })
-	t.Run("live", func(t *testing.T) { conflictsThroughFailover(t, false) })
+	// The two run side by side (each waits on elections and links far
+	// more than it computes): 47 s of CI's e2e package run one after the
+	// other.
+	t.Run("held", func(t *testing.T) { t.Parallel(); conflictsThroughFailover(t, true) })
+	t.Run("live", func(t *testing.T) { t.Parallel(); conflictsThroughFailover(t, false) })
 }
 
 func conflictsThroughFailover(t *testing.T, held bool) {

@@ -329,6 +329,22 @@ func TestMultiNodeRobustness(t *testing.T) {
 			defer wwg.Done()
 			mc.waiter(c, wr, start.Add(d), hist)
 		}()
+		// Transactions, WATCH loops and counter deletes through any node
+		// of the cluster (issue 48), and a reader of transactions.
+		wwg.Add(3)
+		tr, dr, xr := newRand(s*1000+uint64(ci)+91), newRand(s*1000+uint64(ci)+93), newRand(s*1000+uint64(ci)+95)
+		go func() {
+			defer wwg.Done()
+			mc.tw.transactor(mc, c, tr, start.Add(d))
+		}()
+		go func() {
+			defer wwg.Done()
+			mc.tw.counterDeleter(mc, c, dr, start.Add(d))
+		}()
+		go func() {
+			defer wwg.Done()
+			mc.tw.txnChecker(mc, xr, start.Add(d))
+		}()
 	}
 
 	// faults: one at a time per cluster, so that each keeps a quorum
@@ -382,6 +398,7 @@ func TestMultiNodeRobustness(t *testing.T) {
 						return
 					}
 				case "recover":
+					mc.lostData(c) // what the lost nodes committed may be missing
 					err = m.recoverMajority(c)
 					backups = map[string]string{}
 				}
@@ -572,6 +589,11 @@ func TestMultiNodeRobustness(t *testing.T) {
 	}
 	violations = append(violations, hist.check(final, counters, keys)...)
 	violations = append(violations, hostileBad...)
+	readers := map[string]*client.Client{}
+	for _, n := range running {
+		readers[n.id] = n.client()
+	}
+	violations = append(violations, mc.tw.judge(mc, readers)...)
 	violations = append(violations, mc.bad...)
 	// Every node of a cluster holds the same conflict log: the records are
 	// decided in the cluster's log.

@@ -319,15 +319,15 @@ func robustRun(t *testing.T, s uint64, o robustOpts) {
 			tr, dr, cr := newRand(s*1000+uint64(ni*10+7)), newRand(s*1000+uint64(ni*10+6)), newRand(s*1000+uint64(ni*10+5))
 			go func() {
 				defer wwg.Done()
-				rb.combo.transactor(name, tr, start.Add(d))
+				rb.combo.tw.transactor(rb.combo, name, tr, start.Add(d))
 			}()
 			go func() {
 				defer wwg.Done()
-				rb.combo.counterDeleter(name, dr, start.Add(d))
+				rb.combo.tw.counterDeleter(rb.combo, name, dr, start.Add(d))
 			}()
 			go func() {
 				defer wwg.Done()
-				rb.combo.txnChecker(cr, start.Add(d))
+				rb.combo.tw.txnChecker(rb.combo, cr, start.Add(d))
 			}()
 		}
 	}

@@ -57,31 +57,76 @@ type txnWork struct {
 	txns  []txnRec
 	dels  []ctrDel
 	watch map[string][2]int64 // cluster -> acknowledged, unknown rounds
+	// acked transactions, and reads that found a whole one: a workload
+	// that never wrote or was never checked proves nothing.
+	acked, whole int
+}
+
+// txnHost is where the workloads run: the robustness run's clusters of one
+// node (combo) or the multi-node run's clusters of three (multiCombo).
+type txnHost interface {
+	// respAddr is the RESP address of a running node of cluster c (any
+	// of its nodes), "" when none runs; respPassword the API token.
+	respAddr(c string, r *rand.Rand) string
+	respPassword() string
+	// httpClient is a client of a running node of cluster c (nil: none).
+	httpClient(c string, r *rand.Rand) *client.Client
+	// readable are the clusters a reader may ask now.
+	readable() []string
+	// lostSince reports that cluster c lost data (acknowledged writes, or
+	// its whole tree) at t or later.
+	lostSince(c string, t time.Time) bool
+	// homeOnly is a prefix c writes that some link keeps from a cluster
+	// ("" for none), and hiddenAt the prefix kept from cluster at.
+	homeOnly(c string) string
+	hiddenAt(at string) string
+	count(what string, n int)
+	violation(format string, args ...any)
 }
 
 // recoveryGrace is how long after a loss a cluster's reads are not judged
 // for whole transactions (its re-seeds run meanwhile).
 const recoveryGrace = time.Minute
 
-func respClient(port int) *redis.Client {
-	return redis.NewClient(&redis.Options{Addr: fmt.Sprintf("127.0.0.1:%d", port), MaxRetries: -1,
-		DialTimeout: time.Second, ReadTimeout: 3 * time.Second, WriteTimeout: 3 * time.Second})
+
+// redisClients keeps a client per RESP address.
+type redisClients map[string]*redis.Client
+
+func (rcs redisClients) get(addr, password string) *redis.Client {
+	if rcs[addr] == nil {
+		rcs[addr] = redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1, Password: password,
+			DialTimeout: time.Second, ReadTimeout: 3 * time.Second, WriteTimeout: 3 * time.Second})
+	}
+	return rcs[addr]
 }
 
-// transactor writes name's transactions and WATCH rounds until until.
-func (cb *combo) transactor(name string, r *rand.Rand, until time.Time) {
-	rc := respClient(cb.resp[name])
-	defer rc.Close()
+func (rcs redisClients) close() {
+	for _, c := range rcs {
+		c.Close()
+	}
+}
+
+// transactor writes name's transactions and WATCH rounds until until,
+// each through the RESP door of a running node of cluster name.
+func (tw *txnWork) transactor(h txnHost, name string, r *rand.Rand, until time.Time) {
+	rcs := redisClients{}
+	defer rcs.close()
 	ctx := context.Background()
 	wkey := "tw/" + name
 	for seq := 0; time.Now().Before(until); seq++ {
+		addr := h.respAddr(name, r)
+		if addr == "" {
+			time.Sleep(100 * time.Millisecond)
+			continue
+		}
+		rc := rcs.get(addr, h.respPassword())
 		if r.IntN(3) == 0 {
-			cb.watchRound(ctx, rc, name, wkey)
+			tw.watchRound(ctx, rc, name, wkey)
 			continue
 		}
 		keys := []string{fmt.Sprintf("tx/%s-%d/a", name, seq), fmt.Sprintf("tx/%s-%d/b", name, seq), fmt.Sprintf("tx/%s-%d/c", name, seq)}
-		if name == "c" && r.IntN(2) == 0 {
-			keys[1] = fmt.Sprintf("%stx-%d", comboThird, seq)
+		if p := h.homeOnly(name); p != "" && r.IntN(2) == 0 {
+			keys[1] = fmt.Sprintf("%stx-%d", p, seq)
 		}
 		at := time.Now()
 		_, err := rc.TxPipelined(ctx, func(p redis.Pipeliner) error {
@@ -92,17 +137,19 @@ func (cb *combo) transactor(name string, r *rand.Rand, until time.Time) {
 		})
 		// Written, refused or unknown: whatever a reader finds of it must
 		// be all of it or none.
-		_ = err
-		cb.tw.mu.Lock()
-		cb.tw.txns = append(cb.tw.txns, txnRec{cluster: name, keys: keys, at: at})
-		cb.tw.mu.Unlock()
+		tw.mu.Lock()
+		tw.txns = append(tw.txns, txnRec{cluster: name, keys: keys, at: at})
+		if err == nil {
+			tw.acked++
+		}
+		tw.mu.Unlock()
 		time.Sleep(time.Duration(20+r.IntN(80)) * time.Millisecond)
 	}
 }
 
 // watchRound adds 1 to key through WATCH, GET, MULTI, SET, EXEC, running
 // again while another write came between (at most 50 times).
-func (cb *combo) watchRound(ctx context.Context, rc *redis.Client, name, key string) {
+func (tw *txnWork) watchRound(ctx context.Context, rc *redis.Client, name, key string) {
 	for range 50 {
 		err := rc.Watch(ctx, func(tx *redis.Tx) error {
 			n, err := tx.Get(ctx, key).Int64()
@@ -118,8 +165,8 @@ func (cb *combo) watchRound(ctx context.Context, rc *redis.Client, name, key str
 		if errors.Is(err, redis.TxFailedErr) {
 			continue
 		}
-		cb.tw.mu.Lock()
-		w := cb.tw.watch[name]
+		tw.mu.Lock()
+		w := tw.watch[name]
 		switch {
 		case err == nil:
 			w[0]++
@@ -127,51 +174,48 @@ func (cb *combo) watchRound(ctx context.Context, rc *redis.Client, name, key str
 		default:
 			w[1]++ // the EXEC's outcome is not known
 		}
-		cb.tw.watch[name] = w
-		cb.tw.mu.Unlock()
+		tw.watch[name] = w
+		tw.mu.Unlock()
 		return
 	}
 }
 
-// txnChecker reads recorded transactions at random clusters until until.
-func (cb *combo) txnChecker(r *rand.Rand, until time.Time) {
-	rb := cb.rb
-	clients := map[string]*redis.Client{}
-	defer func() {
-		for _, c := range clients {
-			c.Close()
-		}
-	}()
+// txnChecker reads recorded transactions at random clusters (a random
+// node of each) until until.
+func (tw *txnWork) txnChecker(h txnHost, r *rand.Rand, until time.Time) {
+	rcs := redisClients{}
+	defer rcs.close()
 	ctx := context.Background()
 	for time.Now().Before(until) {
 		time.Sleep(time.Duration(50+r.IntN(100)) * time.Millisecond)
-		cb.tw.mu.Lock()
-		n := len(cb.tw.txns)
+		tw.mu.Lock()
+		n := len(tw.txns)
 		var t txnRec
 		if n > 0 {
-			t = cb.tw.txns[n-1-r.IntN(min(n, 200))] // the recent ones
+			t = tw.txns[n-1-r.IntN(min(n, 200))] // the recent ones
 		}
-		cb.tw.mu.Unlock()
-		names := rb.names()
+		tw.mu.Unlock()
+		names := h.readable()
+		if n == 0 || len(names) == 0 {
+			continue
+		}
 		at := names[r.IntN(len(names))]
-		if n == 0 || !rb.startedPeer(at) {
+		addr := h.respAddr(at, r)
+		if addr == "" {
 			continue
 		}
 		keys := t.keys
-		if at == "b" {
-			keys = nil // c's link keeps c-only/ from b
+		if hidden := h.hiddenAt(at); hidden != "" {
+			keys = nil // a link keeps these from at
 			for _, k := range t.keys {
-				if !strings.HasPrefix(k, comboThird) {
+				if !strings.HasPrefix(k, hidden) {
 					keys = append(keys, k)
 				}
 			}
 		}
-		if clients[at] == nil {
-			clients[at] = respClient(cb.resp[at])
-		}
 		start := time.Now()
 		var mget *redis.SliceCmd
-		_, err := clients[at].TxPipelined(ctx, func(p redis.Pipeliner) error {
+		_, err := rcs.get(addr, h.respPassword()).TxPipelined(ctx, func(p redis.Pipeliner) error {
 			mget = p.MGet(ctx, keys...)
 			return nil
 		})
@@ -184,9 +228,14 @@ func (cb *combo) txnChecker(r *rand.Rand, until time.Time) {
 				held++
 			}
 		}
-		cb.count("txn-checks", 1)
-		if held != 0 && held != len(keys) && !cb.lostSince(at, start.Add(-recoveryGrace)) {
-			cb.violation("transaction: %s read %d of %v (written at %s at %s) at %s: part of a transaction",
+		h.count("txn-checks", 1)
+		if held == len(keys) {
+			tw.mu.Lock()
+			tw.whole++
+			tw.mu.Unlock()
+		}
+		if held != 0 && held != len(keys) && !h.lostSince(at, start.Add(-recoveryGrace)) {
+			h.violation("transaction: %s read %d of %v (written at %s at %s) at %s: part of a transaction",
 				at, held, keys, t.cluster, t.at.Format(time.RFC3339Nano), start.Format(time.RFC3339Nano))
 		}
 	}
@@ -195,9 +244,12 @@ func (cb *combo) txnChecker(r *rand.Rand, until time.Time) {
 // counterDeleter counts counters of name's own, deletes them, and counts
 // some again, through name's HTTP API (each increment under an
 // idempotency key: a retry replays).
-func (cb *combo) counterDeleter(name string, r *rand.Rand, until time.Time) {
-	c := cb.rb.m.nodes[name].client()
+func (tw *txnWork) counterDeleter(h txnHost, name string, r *rand.Rand, until time.Time) {
+	var c *client.Client
 	call := func(id string, f func(ctx context.Context) error) (ok, maybe bool) {
+		if c == nil {
+			return false, true // no node of the cluster runs: may or may not
+		}
 		ctx, cancel := context.WithTimeout(policy.WithKey(bg(), policy.Key{ID: id}), 5*time.Second)
 		defer cancel()
 		switch outcomeOf(f(ctx)) {
@@ -224,6 +276,7 @@ func (cb *combo) counterDeleter(name string, r *rand.Rand, until time.Time) {
 		return acked, maybe
 	}
 	for seq := 0; time.Now().Before(until); seq++ {
+		c = h.httpClient(name, r)
 		d := ctrDel{cluster: name, key: fmt.Sprintf("cd/%s-%d", name, seq)}
 		id := fmt.Sprintf("%s-cd-%d", name, seq)
 		d.at = time.Now()
@@ -233,22 +286,31 @@ func (cb *combo) counterDeleter(name string, r *rand.Rand, until time.Time) {
 			return err
 		})
 		d.after, d.afterMaybe = count(d.key, id+"-a", r.IntN(3))
-		cb.tw.mu.Lock()
-		cb.tw.dels = append(cb.tw.dels, d)
-		cb.tw.mu.Unlock()
+		tw.mu.Lock()
+		tw.dels = append(tw.dels, d)
+		tw.mu.Unlock()
 		time.Sleep(time.Duration(100+r.IntN(200)) * time.Millisecond)
 	}
 }
 
-// judgeTxnWork checks, after convergence, the WATCH loops' keys and the
-// deleted counters at every cluster.
-func (cb *combo) judgeTxnWork(m *mesh) []string {
+// judge checks, after convergence, the WATCH loops' keys and the deleted
+// counters at every node readers names (node -> its client).
+func (tw *txnWork) judge(h txnHost, readers map[string]*client.Client) []string {
 	var bad []string
-	cb.tw.mu.Lock()
-	defer cb.tw.mu.Unlock()
-	for _, n := range m.names {
-		hc := m.nodes[n].client()
-		for w, got := range cb.tw.watch {
+	tw.mu.Lock()
+	defer tw.mu.Unlock()
+	deleted := 0
+	for _, d := range tw.dels {
+		if d.deleted {
+			deleted++
+		}
+	}
+	if tw.acked == 0 || tw.whole == 0 || deleted == 0 {
+		bad = append(bad, fmt.Sprintf("the workloads proved nothing: %d transactions acknowledged, %d read whole, %d counter deletes acknowledged",
+			tw.acked, tw.whole, deleted))
+	}
+	for n, hc := range readers {
+		for w, got := range tw.watch {
 			v, err := hc.Get(bg(), "tw/"+w)
 			var held int64
 			if err == nil {
@@ -257,13 +319,13 @@ func (cb *combo) judgeTxnWork(m *mesh) []string {
 				bad = append(bad, fmt.Sprintf("tw/%s at %s: %v", w, n, err))
 				continue
 			}
-			lost := cb.lostSince(w, time.Time{})
+			lost := h.lostSince(w, time.Time{})
 			if held > got[0]+got[1] || (!lost && held < got[0]) {
 				bad = append(bad, fmt.Sprintf("WATCH loop: tw/%s reads %d at %s; %d rounds acknowledged, %d unknown (its cluster lost data: %v)",
 					w, held, n, got[0], got[1], lost))
 			}
 		}
-		for _, d := range cb.tw.dels {
+		for _, d := range tw.dels {
 			var held int64
 			if v, err := hc.Counter(bg(), d.key); err == nil {
 				held = v.Value
@@ -272,7 +334,7 @@ func (cb *combo) judgeTxnWork(m *mesh) []string {
 				continue
 			}
 			low, high := d.after, d.after+d.afterMaybe+d.beforeMaybe
-			if !d.deleted || cb.lostSince(d.cluster, d.at) {
+			if !d.deleted || h.lostSince(d.cluster, d.at) {
 				// The delete may not have happened, or the cluster that
 				// made it lost what it had seen.
 				low, high = 0, d.before+d.beforeMaybe+d.after+d.afterMaybe
@@ -290,3 +352,40 @@ func isNotFound(err error) bool {
 	var ce *client.Error
 	return errors.As(err, &ce) && ce.Status == 404
 }
+
+// The robustness run's clusters of one node.
+
+func (cb *combo) respAddr(c string, _ *rand.Rand) string {
+	if !cb.rb.startedPeer(c) {
+		return ""
+	}
+	return fmt.Sprintf("127.0.0.1:%d", cb.resp[c])
+}
+
+func (cb *combo) httpClient(c string, _ *rand.Rand) *client.Client { return cb.rb.m.nodes[c].client() }
+
+func (cb *combo) readable() []string {
+	var out []string
+	for _, n := range cb.rb.names() {
+		if cb.rb.startedPeer(n) {
+			out = append(out, n)
+		}
+	}
+	return out
+}
+
+func (cb *combo) homeOnly(c string) string {
+	if c == "c" {
+		return comboThird // c's link to b keeps it home
+	}
+	return ""
+}
+
+func (cb *combo) hiddenAt(at string) string {
+	if at == "b" {
+		return comboThird
+	}
+	return ""
+}
+
+func (cb *combo) respPassword() string { return "" }
