@@ -88,7 +88,6 @@ type txnHost interface {
 // for whole transactions (its re-seeds run meanwhile).
 const recoveryGrace = time.Minute
 
-
 // redisClients keeps a client per RESP address.
 type redisClients map[string]*redis.Client
 
