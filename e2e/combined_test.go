@@ -908,8 +908,8 @@ func (mc *multiCombo) figures() string {
 	mc.tw.mu.Lock()
 	txns, dels := len(mc.tw.txns), len(mc.tw.dels)
 	mc.tw.mu.Unlock()
-	return fmt.Sprintf("combined: %d WAIT checks (%d over filtered keys, %d at followers), %d transaction checks, %d transactions, %d counters deleted",
-		mc.waits, mc.filtered, mc.atFollowers, mc.counts["txn-checks"], txns, dels)
+	return fmt.Sprintf("combined: %d WAIT checks (%d over filtered keys, %d at followers), %d expiry checks, %d transaction checks, %d transactions, %d counters deleted",
+		mc.waits, mc.filtered, mc.atFollowers, mc.counts["expiry-checks"], mc.counts["txn-checks"], txns, dels)
 }
 
 // quietRedisLog is go-redis's logger for the runs: a pool that cannot dial

@@ -29,12 +29,12 @@ type expiring struct {
 // or restored, nor one whose clock runs up to 300 ms behind (issue 48:
 // "an expired key never reads present after its expiry plus the offset").
 // A key written once has no other version that could be read instead.
-func (cb *combo) expirer(name string, r *rand.Rand, until time.Time) {
-	rb := cb.rb
-	c := rb.m.nodes[name].client()
+// Each write and read goes to a running node of its cluster (any, in a
+// cluster of several).
+func expirer(h txnHost, name string, r *rand.Rand, until time.Time) {
 	var pending []expiring
 	for seq := 0; time.Now().Before(until) || len(pending) > 0; seq++ {
-		if time.Now().Before(until) {
+		if c := h.httpClient(name, r); c != nil && time.Now().Before(until) {
 			e := expiring{key: fmt.Sprintf("x/%s-%d", name, seq), value: fmt.Sprintf("%s-x-%d", name, seq), cluster: name,
 				expires: time.Now().Add(500*time.Millisecond + time.Duration(r.IntN(2000))*time.Millisecond)}
 			ctx, cancel := bgTimeout(3 * time.Second)
@@ -50,7 +50,7 @@ func (cb *combo) expirer(name string, r *rand.Rand, until time.Time) {
 				kept = append(kept, e)
 				continue
 			}
-			cb.checkExpired(e)
+			checkExpired(h, e, r)
 		}
 		pending = kept
 		time.Sleep(time.Duration(50+r.IntN(100)) * time.Millisecond)
@@ -62,24 +62,24 @@ func bgTimeout(d time.Duration) (context.Context, context.CancelFunc) {
 }
 
 // checkExpired reads an expired key at every cluster of the run.
-func (cb *combo) checkExpired(e expiring) {
-	rb := cb.rb
-	for _, n := range rb.names() {
-		if !rb.startedPeer(n) {
+func checkExpired(h txnHost, e expiring, r *rand.Rand) {
+	for _, n := range h.readable() {
+		c := h.httpClient(n, r)
+		if c == nil {
 			continue
 		}
 		start := time.Now()
 		ctx, cancel := bgTimeout(2 * time.Second)
-		v, err := rb.m.nodes[n].client().Get(ctx, e.key)
+		v, err := c.Get(ctx, e.key)
 		cancel()
 		var ce *client.Error
 		switch {
 		case err == nil:
-			cb.violation("expiry: %s (written at %s, expiring at %s) read present (%q, version %s, expires %s) at %s at %s, %s after its expiry",
+			h.violation("expiry: %s (written at %s, expiring at %s) read present (%q, version %s, expires %s) at %s at %s, %s after its expiry",
 				e.key, e.cluster, e.expires.Format(time.RFC3339Nano), v.Value, v.Version, v.Expires.Format(time.RFC3339Nano), n,
 				start.Format(time.RFC3339Nano), start.Sub(e.expires).Round(time.Millisecond))
 		case errors.As(err, &ce) && ce.Status == http.StatusNotFound:
-			cb.count("expiry-checks", 1)
+			h.count("expiry-checks", 1)
 		default:
 			// Unreachable for its own event: not judged.
 		}

@@ -331,8 +331,12 @@ func TestMultiNodeRobustness(t *testing.T) {
 		}()
 		// Transactions, WATCH loops and counter deletes through any node
 		// of the cluster (issue 48), and a reader of transactions.
-		wwg.Add(3)
-		tr, dr, xr := newRand(s*1000+uint64(ci)+91), newRand(s*1000+uint64(ci)+93), newRand(s*1000+uint64(ci)+95)
+		wwg.Add(4)
+		tr, dr, xr, er := newRand(s*1000+uint64(ci)+91), newRand(s*1000+uint64(ci)+93), newRand(s*1000+uint64(ci)+95), newRand(s*1000+uint64(ci)+97)
+		go func() {
+			defer wwg.Done()
+			expirer(mc, c, er, start.Add(d))
+		}()
 		go func() {
 			defer wwg.Done()
 			mc.tw.transactor(mc, c, tr, start.Add(d))

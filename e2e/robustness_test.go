@@ -313,7 +313,7 @@ func robustRun(t *testing.T, s uint64, o robustOpts) {
 			xr := newRand(s*1000 + uint64(ni*10+8))
 			go func() {
 				defer wwg.Done()
-				rb.combo.expirer(name, xr, start.Add(d))
+				expirer(rb.combo, name, xr, start.Add(d))
 			}()
 			wwg.Add(3)
 			tr, dr, cr := newRand(s*1000+uint64(ni*10+7)), newRand(s*1000+uint64(ni*10+6)), newRand(s*1000+uint64(ni*10+5))
