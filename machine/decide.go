@@ -203,31 +203,8 @@ func (o *Overlay) Decide(e *entry.Entry, cond *Condition, delta int64) (counterV
 			return 0, err
 		}
 	}
-	if cond != nil && (cond.IfMatch != "" || cond.IfNoneMatch) {
-		st, ok, err := o.currentPlain(e.Key)
-		if err != nil {
-			return 0, fmt.Errorf("%w: %w", ErrUnreadable, err)
-		}
-		live := ok && st.live(o.now)
-		cur := ""
-		if live {
-			cur = st.stamp.String()
-		}
-		switch {
-		case cond.IfMatch != "" && !live:
-			pe := &PreconditionError{Key: e.Key, Why: "If-Match on a key that holds no value"}
-			if ok && !st.tomb {
-				pe.Why = "If-Match on a key whose value expired"
-			}
-			if ok && st.tomb {
-				pe.Deleted, pe.Why = st.stamp.String(), "If-Match on a key deleted at "+st.stamp.String()
-			}
-			return 0, pe
-		case cond.IfMatch != "" && cond.IfMatch != cur:
-			return 0, &PreconditionError{Key: e.Key, Current: cur, Why: fmt.Sprintf("it holds version %s, not %s", cur, cond.IfMatch)}
-		case cond.IfNoneMatch && live:
-			return 0, &PreconditionError{Key: e.Key, Current: cur, Why: "If-None-Match: * on a key that holds a value"}
-		}
+	if err := o.checkSingle(e.Key, cond); err != nil {
+		return 0, err
 	}
 	if r := e.Restores; r != nil {
 		if err := o.checkRestore(e.Key, r); err != nil {
@@ -287,34 +264,8 @@ func (o *Overlay) decideFloors(e *entry.Entry, cond *Condition, delta int64) (in
 			return 0, err
 		}
 	}
-	if cond != nil && (cond.IfMatch != "" || cond.IfNoneMatch) {
-		v, _, err := o.view(e.Key)
-		if err != nil {
-			return 0, err
-		}
-		cur := ""
-		if v.Present {
-			cur = v.Version.String()
-		}
-		switch {
-		case cond.IfMatch != "" && !v.Present:
-			pe := &PreconditionError{Key: e.Key, Why: "If-Match on a key that holds no value"}
-			st, ok, err := o.currentPlain(e.Key)
-			if err != nil {
-				return 0, fmt.Errorf("%w: %w", ErrUnreadable, err)
-			}
-			switch {
-			case v.Expired:
-				pe.Why = "If-Match on a key whose value expired"
-			case ok && st.tomb:
-				pe.Deleted, pe.Why = st.stamp.String(), "If-Match on a key deleted at "+st.stamp.String()
-			}
-			return 0, pe
-		case cond.IfMatch != "" && cond.IfMatch != cur:
-			return 0, &PreconditionError{Key: e.Key, Current: cur, Why: fmt.Sprintf("it holds version %s, not %s", cur, cond.IfMatch)}
-		case cond.IfNoneMatch && v.Present:
-			return 0, &PreconditionError{Key: e.Key, Current: cur, Why: "If-None-Match: * on a key that holds a value"}
-		}
+	if err := o.checkSingle(e.Key, cond); err != nil {
+		return 0, err
 	}
 	if r := e.Restores; r != nil {
 		if err := o.checkRestore(e.Key, r); err != nil {
@@ -397,6 +348,48 @@ func (o *Overlay) decideFloors(e *entry.Entry, cond *Condition, delta int64) (in
 	e.Ctr, e.CtrComp = &t, comp
 	o.hold(e.Key, c)
 	return sum.Int64(), nil
+}
+
+// checkSingle decides a single-key If-Match or If-None-Match (cond may be
+// nil) against what key holds: its value, and from FormatCounterFloors its
+// value and counter read as one.
+func (o *Overlay) checkSingle(key string, cond *Condition) error {
+	if cond == nil || (cond.IfMatch == "" && !cond.IfNoneMatch) {
+		return nil
+	}
+	st, ok, err := o.currentPlain(key)
+	if err != nil {
+		return fmt.Errorf("%w: %w", ErrUnreadable, err)
+	}
+	present, expired := ok && st.live(o.now), ok && !st.tomb && !st.live(o.now)
+	version := st.stamp
+	if o.Floors {
+		v, _, err := o.view(key)
+		if err != nil {
+			return err
+		}
+		present, expired, version = v.Present, v.Expired, v.Version
+	}
+	cur := ""
+	if present {
+		cur = version.String()
+	}
+	switch {
+	case cond.IfMatch != "" && !present:
+		pe := &PreconditionError{Key: key, Why: "If-Match on a key that holds no value"}
+		switch {
+		case expired:
+			pe.Why = "If-Match on a key whose value expired"
+		case ok && st.tomb:
+			pe.Deleted, pe.Why = st.stamp.String(), "If-Match on a key deleted at "+st.stamp.String()
+		}
+		return pe
+	case cond.IfMatch != "" && cond.IfMatch != cur:
+		return &PreconditionError{Key: key, Current: cur, Why: fmt.Sprintf("it holds version %s, not %s", cur, cond.IfMatch)}
+	case cond.IfNoneMatch && present:
+		return &PreconditionError{Key: key, Current: cur, Why: "If-None-Match: * on a key that holds a value"}
+	}
+	return nil
 }
 
 // checkVersions checks that every key holds the version named: its live
