@@ -86,6 +86,11 @@ func FuzzDecodeTreeRequest(f *testing.F) {
 func FuzzDecodeTreeAnswer(f *testing.F) {
 	b, _ := EncodeTree(treeAnswerSample())
 	f.Add(b)
+	withFloors := treeAnswerSample()
+	withFloors.Versions = append(withFloors.Versions, TreeVersion{Key: "c", Counter: true, Origin: "b", Whole: true,
+		Totals: []Component{{Cluster: "b", P: 5}}, Floors: []Component{{Cluster: "b", P: 3}}})
+	b, _ = EncodeTree(withFloors)
+	f.Add(b)
 	f.Add([]byte{0x81, 0xa1, 'v', 0xdd, 0x00, 0x0f, 0x42, 0x40})
 	f.Fuzz(func(t *testing.T, b []byte) {
 		a, err := DecodeTreeAnswer(b)
