@@ -2,6 +2,7 @@ package loopback
 
 import (
 	"net"
+	"strconv"
 	"testing"
 )
 
@@ -46,5 +47,27 @@ func TestHoldKeepsThemTaken(t *testing.T) {
 			t.Fatalf("%s not free after release: %v", a, err)
 		}
 		l.Close()
+	}
+}
+
+// Where the kernel says which ports it hands out on its own, Hold chooses
+// none of them: a port released by Hold cannot be taken by an outbound
+// connection or a listen on port 0 before the child binds it.
+func TestHoldAvoidsTheEphemeralRange(t *testing.T) {
+	lo, hi := belowEphemeral()
+	if hi <= lo {
+		t.Skip("the kernel's ephemeral range cannot be read here")
+	}
+	addrs, release, err := Hold(32)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer release()
+	for _, a := range addrs {
+		_, p, _ := net.SplitHostPort(a)
+		port, _ := strconv.Atoi(p)
+		if port < lo || port >= hi {
+			t.Fatalf("%s outside [%d, %d)", a, lo, hi)
+		}
 	}
 }
