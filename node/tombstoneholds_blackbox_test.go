@@ -1,33 +1,55 @@
-package node
+package node_test
 
-// Operator events (issue 12): each test is named for the event it
-// reproduces, and asserts the outcome an operator relies on.
+// Operator events (issue 12) that hold tombstones back, tried through the
+// node's exported API and its HTTP surface: a peer's batch arrives at the
+// replicate endpoint as a peer's shipper sends it, and dead letters are the
+// operator's admin routes.
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
+	"net/http"
 	"testing"
 	"time"
 
 	"github.com/replicator/replicator/api"
 	"github.com/replicator/replicator/entry"
 	"github.com/replicator/replicator/hlc"
-	"github.com/replicator/replicator/wire"
+	"github.com/replicator/replicator/internal/nodetest"
+	"github.com/replicator/replicator/node"
 )
+
+// aloneWithPeerB is a node of cluster a on a manual clock, with peer b
+// known by its secret only (its URL would come by gossip, which finds
+// nobody here).
+func aloneWithPeerB(t *testing.T, pc *hlc.ManualClock, tweak func(*node.Options)) *node.Node {
+	o := nodetest.Options("a", t.TempDir())
+	o.Clock = pc
+	o.TombstoneRetention = 10 * time.Minute
+	o.PinWindow = time.Minute
+	o.Peers = []node.Peer{{Name: "b", Secret: "s"}}
+	o.Gossip = &node.GossipOptions{Bind: "127.0.0.1:0"}
+	if tweak != nil {
+		tweak(o)
+	}
+	return nodetest.Start(t, o)
+}
+
+// sendFromB posts b's entries to n as b's shipper would.
+func sendFromB(t *testing.T, n *node.Node, es ...entry.Entry) {
+	t.Helper()
+	if st, body := nodetest.SendBatch(t, n, "b", "s", es...); st != http.StatusOK {
+		t.Fatalf("b's batch: %d %s", st, body)
+	}
+}
 
 // TestUnlinkedPeerHoldsTombstones (event 5): a peer configured by secret
 // only (no URL yet) can send writes, so it holds back tombstone collection
 // like a linked one: an older write from it must not resurrect a key.
 func TestUnlinkedPeerHoldsTombstones(t *testing.T) {
 	pc := hlc.NewManualClock(int64(1000 * time.Hour))
-	o := testOptions(t.TempDir())
-	o.Clock = pc
-	o.TombstoneRetention = 10 * time.Minute
-	o.PinWindow = time.Minute
-	o.Peers = []Peer{{Name: "b", Secret: "s"}}
-	o.Gossip = &GossipOptions{Bind: "127.0.0.1:0"} // the URL would come by gossip; never started here
-	n := openNode(t, o)
-	defer n.Close()
+	n := aloneWithPeerB(t, pc, nil)
 	ctx := context.Background()
 	if _, err := n.Put(ctx, "k", []byte("v")); err != nil {
 		t.Fatal(err)
@@ -45,9 +67,7 @@ func TestUnlinkedPeerHoldsTombstones(t *testing.T) {
 	// b's older write arrives: it loses to the tombstone.
 	e := entry.Entry{Index: 1, Origin: "b", Stream: entry.StreamID{0xb}, Commit: hlc.Timestamp{Wall: old}, Op: entry.OpSet, Key: "k", Value: []byte("old")}
 	e.Stamp = e.Commit
-	if _, err := n.acceptor.Apply("b", &wire.Batch{Header: wire.Header{Sender: "b", Stream: e.Stream}, Entries: []entry.Entry{e}}); err != nil {
-		t.Fatal(err)
-	}
+	sendFromB(t, n, e)
 	if r, err := n.Get("k"); !errors.Is(err, api.ErrNotFound) {
 		t.Fatalf("b's older write resurrected k: %q %v", r.Value, err)
 	}
@@ -58,24 +78,17 @@ func TestUnlinkedPeerHoldsTombstones(t *testing.T) {
 // discarded, so a replay cannot bring a deleted key back.
 func TestDeadLetterHoldsTombstones(t *testing.T) {
 	pc := hlc.NewManualClock(int64(1000 * time.Hour))
-	o := testOptions(t.TempDir())
-	o.Clock = pc
-	o.TombstoneRetention = 10 * time.Minute
-	o.PinWindow = time.Minute
-	o.MaxValueBytes = 16
-	o.Peers = []Peer{{Name: "b", Secret: "s"}}
-	o.Gossip = &GossipOptions{Bind: "127.0.0.1:0"}
-	n := openNode(t, o)
-	defer n.Close()
+	n := aloneWithPeerB(t, pc, func(o *node.Options) { o.MaxValueBytes = 16 })
 	ctx := context.Background()
 	old := hlc.Timestamp{Wall: pc.Now()}
 	e := entry.Entry{Index: 1, Origin: "b", Stream: entry.StreamID{0xb}, Commit: old, Stamp: old, Op: entry.OpSet, Key: "k", Value: make([]byte, 64)}
-	if _, err := n.acceptor.Apply("b", &wire.Batch{Header: wire.Header{Sender: "b", Stream: e.Stream}, Entries: []entry.Entry{e}}); err != nil {
-		t.Fatal(err)
+	sendFromB(t, n, e)
+	resp, body := nodetest.Do(t, http.MethodGet, n.URL()+"/admin/deadletters", nil)
+	var dl struct {
+		DeadLetters []api.DeadLetterReport `json:"dead_letters"`
 	}
-	dl, err := n.dead.DeadLetters()
-	if err != nil || len(dl) != 1 {
-		t.Fatalf("dead letters: %+v %v", dl, err)
+	if err := json.Unmarshal(body, &dl); err != nil || resp.StatusCode != http.StatusOK || len(dl.DeadLetters) != 1 {
+		t.Fatalf("dead letters: %d %s", resp.StatusCode, body)
 	}
 	pc.Advance(time.Second)
 	if _, err := n.Put(ctx, "k", []byte("v")); err != nil {
@@ -88,14 +101,12 @@ func TestDeadLetterHoldsTombstones(t *testing.T) {
 	pc.Advance(30 * time.Minute)
 	e2 := entry.Entry{Index: 2, Origin: "b", Stream: e.Stream, Commit: hlc.Timestamp{Wall: pc.Now()}, Op: entry.OpSet, Key: "other", Value: []byte("x")}
 	e2.Stamp = e2.Commit
-	if _, err := n.acceptor.Apply("b", &wire.Batch{Header: wire.Header{Sender: "b", Stream: e.Stream}, Entries: []entry.Entry{e2}}); err != nil {
-		t.Fatal(err)
-	}
+	sendFromB(t, n, e2)
 	if c, err := n.CollectTombstones(); err != nil || c != 0 {
 		t.Fatalf("collected %d (%v) with a dead letter older than the tombstone", c, err)
 	}
-	if err := n.dead.ReplayDeadLetter(dl[0].ID); err != nil {
-		t.Fatal(err)
+	if resp, body := nodetest.Do(t, http.MethodPost, n.URL()+"/admin/deadletters/"+dl.DeadLetters[0].ID+"/replay", nil); resp.StatusCode != http.StatusOK {
+		t.Fatalf("replay: %d %s", resp.StatusCode, body)
 	}
 	if _, err := n.Get("k"); !errors.Is(err, api.ErrNotFound) {
 		t.Fatalf("the replayed dead letter resurrected k: %v", err)
