@@ -318,6 +318,13 @@ type FilterReport struct {
 	// collection kept of the peer's own deletes there.
 	PeerKeeps        []entry.TargetSpans `json:"peer_keeps,omitempty"`
 	KeptForPeerLinks *KeptTombstones     `json:"kept_for_peer_links,omitempty"`
+	// PeerFilter is the filter the peer's heartbeats say it holds toward
+	// this cluster (nil: not heard since this cluster's data began), and
+	// PartialStreams the peer's streams this cluster holds only in part
+	// because that filter kept some of them home: a re-seed from here
+	// claims none of them (docs/DATAMODEL.md "Filters").
+	PeerFilter     *entry.Filter `json:"peer_filter,omitempty"`
+	PartialStreams []string      `json:"partial_streams,omitempty"`
 }
 
 // FilterEpochReport is one filter of a link and the first index of the

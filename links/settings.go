@@ -147,7 +147,11 @@ func (l *Settings) filterReport(peer string) api.FilterReport {
 	ls := l.Of(peer)
 	recorded := len(m.Links()[peer].Filters) > 0
 	r := api.FilterReport{Peer: peer, Filter: ls.Current(), Recorded: recorded, Backfill: ls.Backfill, BackfillGeneration: ls.BackfillGen,
-		Released: ls.Released, Kept: d.Kept(peer), PeerKeeps: ls.Onward, KeptForPeerLinks: d.KeptForPeerLinks(peer)}
+		Released: ls.Released, Kept: d.Kept(peer), PeerKeeps: ls.Onward, KeptForPeerLinks: d.KeptForPeerLinks(peer),
+		PeerFilter: ls.FromPeer}
+	for _, st := range ls.Partial {
+		r.PartialStreams = append(r.PartialStreams, st.String())
+	}
 	if m.Format() >= machine.FormatKeptTombstones {
 		r.Keep = ls.KeepSpans()
 	}

@@ -542,7 +542,12 @@ func TestWipedClusterTakesNoRelayBeforeTheOriginsFilter(t *testing.T) {
 	m := newTestMesh(t, hlc.SystemClock{}, func(o *Options) { o.AntiEntropyInterval = -1 }, "a", "b", "c")
 	a, b, c := m.nodes["a"], m.nodes["b"], m.nodes["c"]
 	ctx := context.Background()
-	must := mustWrite(t)
+	must := func(_ any, err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
 	if _, err := c.settings.SetLinkFilter("b", entry.Filter{Exclude: []string{"c-only/"}}); err != nil {
 		t.Fatal(err)
 	}

@@ -1,9 +1,10 @@
-package node
+package node_test
 
 import (
 	"context"
 	"errors"
 	"fmt"
+	"net/http"
 	"os"
 	"slices"
 	"strings"
@@ -15,8 +16,56 @@ import (
 	"github.com/replicator/replicator/client"
 	"github.com/replicator/replicator/entry"
 	"github.com/replicator/replicator/hlc"
+	"github.com/replicator/replicator/internal/nodetest"
+	"github.com/replicator/replicator/node"
 	"github.com/replicator/replicator/store"
 )
+
+// The link settings through the admin API, as an operator sets and reads
+// them.
+func adminOf(n *node.Node) *client.Client { return client.New(n.URL(), nil) }
+
+func setFilter(n *node.Node, peer string, f entry.Filter) (api.FilterReport, error) {
+	return adminOf(n).SetLinkFilter(context.Background(), peer, f)
+}
+
+func filterOf(n *node.Node, peer string) (api.FilterReport, error) {
+	return adminOf(n).LinkFilter(context.Background(), peer)
+}
+
+func releaseFilter(n *node.Node, peer string) (api.FilterReport, error) {
+	return adminOf(n).ReleaseLinkFilter(context.Background(), peer)
+}
+
+func setBandwidth(n *node.Node, peer string, bps int64) (api.BandwidthReport, error) {
+	return adminOf(n).SetLinkBandwidth(context.Background(), peer, bps)
+}
+
+func bandwidthOf(n *node.Node, peer string) (api.BandwidthReport, error) {
+	return adminOf(n).LinkBandwidth(context.Background(), peer)
+}
+
+// linkOf is n's filter report of its link to peer.
+func linkOf(t *testing.T, n *node.Node, peer string) api.FilterReport {
+	t.Helper()
+	rep, err := filterOf(n, peer)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return rep
+}
+
+// keptOf is what n's last collection kept for its link to peer.
+func keptOf(t *testing.T, n *node.Node, peer string) *api.KeptTombstones {
+	t.Helper()
+	return linkOf(t, n, peer).Kept
+}
+
+// isStatus reports whether err is the API's answer of status code.
+func isStatus(err error, code int) bool {
+	var e *client.Error
+	return errors.As(err, &e) && e.Status == code
+}
 
 // mustWrite returns a check that fails t on a write's error.
 func mustWrite(t *testing.T) func(any, error) {
@@ -30,7 +79,7 @@ func mustWrite(t *testing.T) func(any, error) {
 
 // liveUnder lists key=value@version of every live key under prefix that
 // keep lets through.
-func liveUnder(t *testing.T, n *Node, prefix string, keep func(string) bool) []string {
+func liveUnder(t *testing.T, n *node.Node, prefix string, keep func(string) bool) []string {
 	t.Helper()
 	var out []string
 	after := ""
@@ -54,7 +103,7 @@ func liveUnder(t *testing.T, n *Node, prefix string, keep func(string) bool) []s
 // streamsAccountFor checks that every stream n applied sums up:
 // merged + dead_lettered + seeded + filtered = hwm; it returns the filtered
 // count of origin's streams.
-func streamsAccountFor(t *testing.T, n *Node, origin string) uint64 {
+func streamsAccountFor(t *testing.T, n *node.Node, origin string) uint64 {
 	t.Helper()
 	var filtered uint64
 	for _, st := range n.PeersReport().Streams {
@@ -78,7 +127,7 @@ func streamsAccountFor(t *testing.T, n *Node, origin string) uint64 {
 // delete passed the retention leaves no stale key at c.
 func TestLinkFilter(t *testing.T) {
 	pc := hlc.NewManualClock(int64(1000 * time.Hour))
-	m := newTestMesh(t, pc, func(o *Options) {
+	m := nodetest.NewMesh(t, pc, func(o *node.Options) {
 		o.TombstoneRetention = 10 * time.Minute
 		o.PinWindow = time.Minute
 		if o.ClusterID == "c" {
@@ -91,7 +140,7 @@ func TestLinkFilter(t *testing.T) {
 			}
 		}
 	}, "a", "b", "c")
-	a, b, c := m.nodes["a"], m.nodes["b"], m.nodes["c"]
+	a, b, c := m.Nodes["a"], m.Nodes["b"], m.Nodes["c"]
 	ctx := context.Background()
 	must := mustWrite(t)
 	for i := range 20 {
@@ -111,10 +160,10 @@ func TestLinkFilter(t *testing.T) {
 	must(b.Increment(ctx, "shared/ctr", 7))
 	must(a.Increment(ctx, "tenant1/ctr", 3))
 	must(c.Put(ctx, "shared/c", []byte("z")))
-	m.settle()
+	m.Settle()
 
 	shared := func(k string) bool { return strings.HasPrefix(k, "shared/") && !strings.HasPrefix(k, "shared/tmp/") }
-	waitFor(t, 10*time.Second, func() (bool, string) {
+	nodetest.WaitFor(t, 10*time.Second, func() (bool, string) {
 		ga, gc := liveUnder(t, a, "", shared), liveUnder(t, c, "", shared)
 		return slices.Equal(ga, gc), fmt.Sprintf("a %q\nc %q", ga, gc)
 	})
@@ -156,7 +205,7 @@ func TestLinkFilter(t *testing.T) {
 			}
 		}
 	}()
-	rep, err := a.settings.SetLinkFilter("c", entry.Filter{Include: []string{"shared/", "tenant1/"}, Exclude: []string{"shared/tmp/"}})
+	rep, err := setFilter(a, "c", entry.Filter{Include: []string{"shared/", "tenant1/"}, Exclude: []string{"shared/tmp/"}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -170,8 +219,8 @@ func TestLinkFilter(t *testing.T) {
 	// author's filter, docs/DATAMODEL.md "Filters").
 	backfilled := func() {
 		t.Helper()
-		waitFor(t, 20*time.Second, func() (bool, string) {
-			ls := a.machine.Link("c")
+		nodetest.WaitFor(t, 20*time.Second, func() (bool, string) {
+			ls := linkOf(t, a, "c")
 			ga := slices.DeleteFunc(liveUnder(t, a, "tenant1/", nil), func(s string) bool { return !strings.HasSuffix(s, "@a") })
 			gc := liveUnder(t, c, "tenant1/", nil)
 			return len(ls.Backfill) == 0 && slices.Equal(ga, gc), fmt.Sprintf("pending %q\na %q\nc %q", ls.Backfill, ga, gc)
@@ -186,21 +235,21 @@ func TestLinkFilter(t *testing.T) {
 	// Narrow it again; delete a tenant1 key at a, write one: past the
 	// cutoff a keeps the delete for c, whose link's filter held it back
 	// (issue 45), and the widening's backfill carries it.
-	if _, err := a.settings.SetLinkFilter("c", entry.Filter{Include: []string{"shared/"}, Exclude: []string{"shared/tmp/"}}); err != nil {
+	if _, err := setFilter(a, "c", entry.Filter{Include: []string{"shared/"}, Exclude: []string{"shared/tmp/"}}); err != nil {
 		t.Fatal(err)
 	}
 	pc.Advance(time.Second)
 	must(a.Delete(ctx, "tenant1/batch"))
 	must(a.Put(ctx, "tenant1/after-narrow", []byte("n")))
-	m.settle()
+	m.Settle()
 	if _, err := c.Get("tenant1/batch"); err != nil {
 		t.Fatalf("narrowing: c should keep what it has: %v", err)
 	}
 	pc.Advance(20 * time.Minute)
-	for _, n := range []*Node{a, b, c} {
-		must(n.Put(ctx, "shared/tick-"+n.cluster, []byte("t")))
+	for _, n := range []*node.Node{a, b, c} {
+		must(n.Put(ctx, "shared/tick-"+n.ClusterID(), []byte("t")))
 	}
-	m.settle()
+	m.Settle()
 	if _, err := a.CollectTombstones(); err != nil {
 		t.Fatal(err)
 	}
@@ -208,10 +257,10 @@ func TestLinkFilter(t *testing.T) {
 	if _, gerr := a.Get("tenant1/batch"); !errors.As(gerr, &nf) || nf.Deleted == "" {
 		t.Fatalf("a collected the delete of tenant1/batch, which c's link held back: %v", gerr)
 	}
-	if k := a.links.Kept("c"); k == nil || k.Tombstones < 1 {
+	if k := keptOf(t, a, "c"); k == nil || k.Tombstones < 1 {
 		t.Fatalf("a's link to c reports %+v kept tombstones", k)
 	}
-	if _, err := a.settings.SetLinkFilter("c", entry.Filter{Include: []string{"shared/", "tenant1/"}, Exclude: []string{"shared/tmp/"}}); err != nil {
+	if _, err := setFilter(a, "c", entry.Filter{Include: []string{"shared/", "tenant1/"}, Exclude: []string{"shared/tmp/"}}); err != nil {
 		t.Fatal(err)
 	}
 	backfilled()
@@ -220,11 +269,11 @@ func TestLinkFilter(t *testing.T) {
 	}
 	// Carried: the next collection takes the delete.
 	pc.Advance(time.Second)
-	for _, n := range []*Node{a, b, c} {
-		must(n.Put(ctx, "shared/tock-"+n.cluster, []byte("t")))
+	for _, n := range []*node.Node{a, b, c} {
+		must(n.Put(ctx, "shared/tock-"+n.ClusterID(), []byte("t")))
 	}
-	m.settle()
-	waitFor(t, 10*time.Second, func() (bool, string) {
+	m.Settle()
+	nodetest.WaitFor(t, 10*time.Second, func() (bool, string) {
 		n, err := a.CollectTombstones()
 		_, gerr := a.Get("tenant1/batch")
 		return err == nil && errors.As(gerr, &nf) && nf.Deleted == "", fmt.Sprintf("collected %d (%v), get %v", n, err, gerr)
@@ -236,7 +285,7 @@ func TestLinkFilter(t *testing.T) {
 	streamsAccountFor(t, c, "b")
 }
 
-func digestOf(t *testing.T, n *Node) string {
+func digestOf(t *testing.T, n *node.Node) string {
 	t.Helper()
 	d, err := n.Digest()
 	if err != nil {
@@ -250,21 +299,21 @@ func digestOf(t *testing.T, n *Node) string {
 // nothing from a filtering link, rather than every key: the link says why,
 // and the keys it lets cross wait.
 func TestFilterWaitsForAReceiverThatTakesMarkers(t *testing.T) {
-	m := newTestMesh(t, nil, func(o *Options) {
+	m := nodetest.NewMesh(t, nil, func(o *node.Options) {
 		if o.ClusterID == "a" {
 			o.Peers[0].Include = []string{"shared/"}
 		} else {
 			o.Testing.ReadsFormat = 2
 		}
 	}, "a", "b")
-	a, b := m.nodes["a"], m.nodes["b"]
+	a, b := m.Nodes["a"], m.Nodes["b"]
 	ctx := context.Background()
 	for _, k := range []string{"home/1", "shared/1", "home/2"} {
 		if _, err := a.Put(ctx, k, []byte("v")); err != nil {
 			t.Fatal(err)
 		}
 	}
-	waitFor(t, 10*time.Second, func() (bool, string) {
+	nodetest.WaitFor(t, 10*time.Second, func() (bool, string) {
 		st := a.PeerStatus()[0]
 		return strings.Contains(st.LastError, "filtered markers"), fmt.Sprintf("%+v", st)
 	})
@@ -278,33 +327,33 @@ func TestFilterWaitsForAReceiverThatTakesMarkers(t *testing.T) {
 // the old flag (the log wins); a limit too small to carry a batch is
 // refused.
 func TestLinkBandwidthThroughLog(t *testing.T) {
-	m := newTestMesh(t, nil, func(o *Options) {
+	m := nodetest.NewMesh(t, nil, func(o *node.Options) {
 		if o.ClusterID == "a" {
 			o.Peers[0].Bandwidth = 64 << 10
 		}
 	}, "a", "b")
-	a := m.nodes["a"]
-	waitFor(t, 10*time.Second, func() (bool, string) {
-		ls := a.machine.Link("b")
-		return ls.BandwidthSet && ls.Bandwidth == 64<<10, fmt.Sprintf("%+v", ls)
+	a := m.Nodes["a"]
+	nodetest.WaitFor(t, 10*time.Second, func() (bool, string) {
+		rep, err := bandwidthOf(a, "b")
+		return err == nil && rep.Recorded && rep.BytesPerSecond == 64<<10, fmt.Sprintf("%+v %v", rep, err)
 	})
-	if _, err := a.settings.SetLinkBandwidth("b", 500); !errors.Is(err, api.ErrBadRequest) {
+	if _, err := setBandwidth(a, "b", 500); !isStatus(err, http.StatusBadRequest) {
 		t.Fatalf("a limit of 500 bytes/s: %v", err)
 	}
-	if _, err := a.settings.SetLinkBandwidth("nobody", 1<<20); !errors.Is(err, api.ErrNotFound) {
+	if _, err := setBandwidth(a, "nobody", 1<<20); !isStatus(err, http.StatusNotFound) {
 		t.Fatalf("a limit of an unknown peer: %v", err)
 	}
-	rep, err := a.settings.SetLinkBandwidth("b", 1<<20)
+	rep, err := setBandwidth(a, "b", 1<<20)
 	if err != nil || rep.BytesPerSecond != 1<<20 || !rep.Recorded {
 		t.Fatalf("set: %+v %v", rep, err)
 	}
 	if st := a.PeerStatus()[0]; st.BandwidthLimit != 1<<20 {
 		t.Fatalf("the link's status: limit %d", st.BandwidthLimit)
 	}
-	m.restart("a", nil)
-	a = m.nodes["a"]
+	m.Restart("a", nil)
+	a = m.Nodes["a"]
 	time.Sleep(700 * time.Millisecond) // a seed tick: the flag must not win
-	if rep, err := a.settings.LinkBandwidth("b"); err != nil || rep.BytesPerSecond != 1<<20 {
+	if rep, err := bandwidthOf(a, "b"); err != nil || rep.BytesPerSecond != 1<<20 {
 		t.Fatalf("after a restart with the old flag: %+v %v", rep, err)
 	}
 }
@@ -319,7 +368,7 @@ func TestLinkBandwidthThroughLog(t *testing.T) {
 // not bring a cluster its own writes): b and c stayed behind a for good.
 func TestRejoinGetsItsOwnWritesBackAcrossAFilter(t *testing.T) {
 	pc := hlc.NewManualClock(int64(1000 * time.Hour))
-	m := newTestMesh(t, pc, func(o *Options) {
+	m := nodetest.NewMesh(t, pc, func(o *node.Options) {
 		o.TombstoneRetention = 10 * time.Minute
 		o.PinWindow = time.Minute
 		o.AntiEntropyInterval = -1
@@ -333,7 +382,7 @@ func TestRejoinGetsItsOwnWritesBackAcrossAFilter(t *testing.T) {
 		}
 	}, "a", "b", "c")
 	ctx := context.Background()
-	b := m.nodes["b"]
+	b := m.Nodes["b"]
 	must := mustWrite(t)
 	for i := range 5 {
 		must(b.Put(ctx, fmt.Sprintf("f/%02d", i), []byte("early")))
@@ -341,35 +390,35 @@ func TestRejoinGetsItsOwnWritesBackAcrossAFilter(t *testing.T) {
 	}
 	must(b.Put(ctx, "g/kept", []byte("y")))
 	must(b.DeleteRange(ctx, "f/00", "f/01"))
-	m.converged(20 * time.Second)
+	m.Converged(20 * time.Second)
 
-	m.cut("b", "c", true)
+	m.Cut("b", "c", true)
 	for i := 5; i < 10; i++ {
 		must(b.Put(ctx, fmt.Sprintf("f/%02d", i), []byte("late")))
 		must(b.Increment(ctx, "f/ctr", 10))
 	}
 	must(b.DeleteRange(ctx, "f/01", "f/02"))
-	m.settle()
-	if ctr, err := m.nodes["a"].Counter("f/ctr"); err != nil || ctr.Value != 55 {
+	m.Settle()
+	if ctr, err := m.Nodes["a"].Counter("f/ctr"); err != nil || ctr.Value != 55 {
 		t.Fatalf("a's f/ctr = %+v (%v), want 55", ctr, err)
 	}
-	old := b.out.Stream()
-	m.restart("b", func(dir string) {
+	old := b.OriginReport().Stream
+	m.Restart("b", func(dir string) {
 		if err := os.RemoveAll(dir); err != nil {
 			t.Fatal(err)
 		}
-		m.cut("b", "c", false)
+		m.Cut("b", "c", false)
 	})
-	b = m.nodes["b"]
-	waitFor(t, 30*time.Second, func() (bool, string) {
-		if b.out.Stream() == old {
+	b = m.Nodes["b"]
+	nodetest.WaitFor(t, 30*time.Second, func() (bool, string) {
+		if b.OriginReport().Stream == old {
 			return false, "b did not notice its wipe"
 		}
 		return true, ""
 	})
-	m.converged(30 * time.Second)
+	m.Converged(30 * time.Second)
 	for _, name := range []string{"a", "b", "c"} {
-		n := m.nodes[name]
+		n := m.Nodes[name]
 		if ctr, err := n.Counter("f/ctr"); err != nil || ctr.Value != 55 {
 			t.Errorf("%s's f/ctr = %+v (%v), want 55: b's increments behind a's filter were lost", name, ctr, err)
 		}
@@ -386,8 +435,8 @@ func TestRejoinGetsItsOwnWritesBackAcrossAFilter(t *testing.T) {
 		}
 	}
 	// a's own writes under f/ still stay home.
-	must(m.nodes["a"].Put(ctx, "f/from-a", []byte("a")))
-	m.settle()
+	must(m.Nodes["a"].Put(ctx, "f/from-a", []byte("a")))
+	m.Settle()
 	if _, err := b.Get("f/from-a"); !errors.Is(err, api.ErrNotFound) {
 		t.Fatalf("a's write under f/ crossed its filter to b: %v", err)
 	}
@@ -404,11 +453,11 @@ func TestRejoinGetsItsOwnWritesBackAcrossAFilter(t *testing.T) {
 // c ends holding none of the deleted keys, and once carried they go.
 func TestNarrowedLinkKeepsDeletesOfOthersKeys(t *testing.T) {
 	pc := hlc.NewManualClock(int64(1000 * time.Hour))
-	m := newTestMesh(t, pc, func(o *Options) {
+	m := nodetest.NewMesh(t, pc, func(o *node.Options) {
 		o.TombstoneRetention = 10 * time.Minute
 		o.PinWindow = time.Minute
 	}, "a", "b", "c")
-	a, b, c := m.nodes["a"], m.nodes["b"], m.nodes["c"]
+	a, b, c := m.Nodes["a"], m.Nodes["b"], m.Nodes["c"]
 	ctx := context.Background()
 	must := mustWrite(t)
 	must(a.Put(ctx, "t/a1", []byte("a")))
@@ -416,13 +465,13 @@ func TestNarrowedLinkKeepsDeletesOfOthersKeys(t *testing.T) {
 	must(c.Put(ctx, "t/c1", []byte("c")))
 	must(c.Put(ctx, "t/r/c2", []byte("c")))
 	must(b.Put(ctx, "u/b1", []byte("b")))
-	m.settle()
+	m.Settle()
 	for _, k := range []string{"t/a1", "t/b1", "t/c1", "t/r/c2"} {
 		if _, err := c.Get(k); err != nil {
 			t.Fatalf("c lacks %s before the narrowing: %v", k, err)
 		}
 	}
-	if _, err := a.settings.SetLinkFilter("c", entry.Filter{Exclude: []string{"t/"}}); err != nil {
+	if _, err := setFilter(a, "c", entry.Filter{Exclude: []string{"t/"}}); err != nil {
 		t.Fatal(err)
 	}
 	pc.Advance(time.Second)
@@ -431,16 +480,16 @@ func TestNarrowedLinkKeepsDeletesOfOthersKeys(t *testing.T) {
 	must(a.Delete(ctx, "t/c1"))
 	must(a.DeleteRange(ctx, "t/r/", "t/r0"))
 	must(a.Delete(ctx, "u/b1")) // crosses: c takes it, and it is collected as ever
-	m.settle()
+	m.Settle()
 	if _, err := c.Get("t/c1"); err != nil {
 		t.Fatalf("c lost t/c1 while a's link kept t/ home: %v", err)
 	}
 	pc.Advance(20 * time.Minute)
-	for _, n := range []*Node{a, b, c} {
-		must(n.Put(ctx, "tick/"+n.cluster, []byte("t")))
+	for _, n := range []*node.Node{a, b, c} {
+		must(n.Put(ctx, "tick/"+n.ClusterID(), []byte("t")))
 	}
-	m.settle()
-	waitFor(t, 10*time.Second, func() (bool, string) {
+	m.Settle()
+	nodetest.WaitFor(t, 10*time.Second, func() (bool, string) {
 		_, err := a.CollectTombstones()
 		_, gerr := a.Get("u/b1")
 		var nf *api.NotFoundError
@@ -452,22 +501,22 @@ func TestNarrowedLinkKeepsDeletesOfOthersKeys(t *testing.T) {
 			t.Fatalf("a collected the delete of %s, which its link to c held back: %v", k, err)
 		}
 	}
-	k := a.links.Kept("c")
+	k := keptOf(t, a, "c")
 	if k == nil || k.Tombstones != 4 || k.Ranges != 1 || k.Bytes <= 0 {
 		t.Fatalf("a's link to c reports kept %+v, want 4 tombstones (3 deletes, the range's key) and 1 range", k)
 	}
-	if k := a.links.Kept("b"); k != nil {
+	if k := keptOf(t, a, "b"); k != nil {
 		t.Fatalf("a's link to b keeps %+v: its filter holds nothing back", k)
 	}
-	if rep, err := a.settings.LinkFilter("c"); err != nil || rep.Kept == nil || len(rep.Keep) == 0 {
+	if rep, err := filterOf(a, "c"); err != nil || rep.Kept == nil || len(rep.Keep) == 0 {
 		t.Fatalf("the filter report does not show what is kept: %+v %v", rep, err)
 	}
 
-	if _, err := a.settings.SetLinkFilter("c", entry.Filter{}); err != nil {
+	if _, err := setFilter(a, "c", entry.Filter{}); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 20*time.Second, func() (bool, string) {
-		ls := a.machine.Link("c")
+	nodetest.WaitFor(t, 20*time.Second, func() (bool, string) {
+		ls := linkOf(t, a, "c")
 		var held []string
 		for _, k := range []string{"t/a1", "t/b1", "t/c1", "t/r/c2"} {
 			if _, err := c.Get(k); err == nil {
@@ -481,16 +530,16 @@ func TestNarrowedLinkKeepsDeletesOfOthersKeys(t *testing.T) {
 	}
 	// Carried: the next collection takes them.
 	pc.Advance(time.Second)
-	for _, n := range []*Node{a, b, c} {
-		must(n.Put(ctx, "tock/"+n.cluster, []byte("t")))
+	for _, n := range []*node.Node{a, b, c} {
+		must(n.Put(ctx, "tock/"+n.ClusterID(), []byte("t")))
 	}
-	m.settle()
-	waitFor(t, 10*time.Second, func() (bool, string) {
+	m.Settle()
+	nodetest.WaitFor(t, 10*time.Second, func() (bool, string) {
 		_, err := a.CollectTombstones()
 		_, gerr := a.Get("t/c1")
 		var nf *api.NotFoundError
-		return err == nil && errors.As(gerr, &nf) && nf.Deleted == "" && a.links.Kept("c") == nil,
-			fmt.Sprintf("t/c1 at a: %v (%v), kept %+v", gerr, err, a.links.Kept("c"))
+		return err == nil && errors.As(gerr, &nf) && nf.Deleted == "" && keptOf(t, a, "c") == nil,
+			fmt.Sprintf("t/c1 at a: %v (%v), kept %+v", gerr, err, keptOf(t, a, "c"))
 	})
 }
 
@@ -501,28 +550,28 @@ func TestNarrowedLinkKeepsDeletesOfOthersKeys(t *testing.T) {
 // there: a comparison lists it as a possible resurrection, never copied.
 func TestReleasedNarrowing(t *testing.T) {
 	pc := hlc.NewManualClock(int64(1000 * time.Hour))
-	m := newTestMesh(t, pc, func(o *Options) {
+	m := nodetest.NewMesh(t, pc, func(o *node.Options) {
 		o.TombstoneRetention = 10 * time.Minute
 		o.PinWindow = time.Minute
 	}, "a", "c")
-	a, c := m.nodes["a"], m.nodes["c"]
+	a, c := m.Nodes["a"], m.Nodes["c"]
 	ctx := context.Background()
 	must := mustWrite(t)
 	must(c.Put(ctx, "t/c1", []byte("c")))
-	m.settle()
-	if _, err := a.settings.ReleaseLinkFilter("c"); !errors.Is(err, api.ErrBadRequest) {
+	m.Settle()
+	if _, err := releaseFilter(a, "c"); !isStatus(err, http.StatusBadRequest) {
 		t.Fatalf("releasing an unfiltered link: %v", err)
 	}
-	if _, err := a.settings.SetLinkFilter("c", entry.Filter{Exclude: []string{"t/"}}); err != nil {
+	if _, err := setFilter(a, "c", entry.Filter{Exclude: []string{"t/"}}); err != nil {
 		t.Fatal(err)
 	}
 	pc.Advance(time.Second)
 	must(a.Delete(ctx, "t/c1"))
-	m.settle()
+	m.Settle()
 	pc.Advance(20 * time.Minute)
 	must(a.Put(ctx, "tick/a", []byte("t")))
 	must(c.Put(ctx, "tick/c", []byte("t")))
-	m.settle()
+	m.Settle()
 	if _, err := a.CollectTombstones(); err != nil {
 		t.Fatal(err)
 	}
@@ -530,7 +579,7 @@ func TestReleasedNarrowing(t *testing.T) {
 	if _, err := a.Get("t/c1"); !errors.As(err, &nf) || nf.Deleted == "" {
 		t.Fatalf("a collected a delete its link held back: %v", err)
 	}
-	rep, err := a.settings.ReleaseLinkFilter("c")
+	rep, err := releaseFilter(a, "c")
 	if err != nil || len(rep.Released) != 1 || rep.Released[0].Start != "t/" || len(rep.Keep) != 0 {
 		t.Fatalf("release: %+v %v", rep, err)
 	}
@@ -540,20 +589,20 @@ func TestReleasedNarrowing(t *testing.T) {
 	if _, err := a.Get("t/c1"); !errors.As(err, &nf) || nf.Deleted != "" {
 		t.Fatalf("a kept the delete of t/c1 after the release: %v", err)
 	}
-	if k := a.links.Kept("c"); k != nil {
+	if k := keptOf(t, a, "c"); k != nil {
 		t.Fatalf("kept after the release: %+v", k)
 	}
-	if _, err := a.settings.SetLinkFilter("c", entry.Filter{}); err != nil {
+	if _, err := setFilter(a, "c", entry.Filter{}); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 20*time.Second, func() (bool, string) {
-		ls := a.machine.Link("c")
+	nodetest.WaitFor(t, 20*time.Second, func() (bool, string) {
+		ls := linkOf(t, a, "c")
 		return len(ls.Backfill) == 0 && len(ls.Released) == 0, fmt.Sprintf("pending %q, released %q", ls.Backfill, ls.Released)
 	})
 	if _, err := c.Get("t/c1"); err != nil {
 		t.Fatalf("c lost t/c1: the test expects the released delete never to reach it: %v", err)
 	}
-	diff, err := a.ae.Diff(ctx, "c", true)
+	diff, err := adminOf(a).Diff(ctx, "c", true)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -573,45 +622,45 @@ func TestReleasedNarrowing(t *testing.T) {
 // link to b, a keeps c's deletes there, and c gets them back by its rejoin.
 func TestWipedClusterGetsBackTheDeletesItHeldBack(t *testing.T) {
 	pc := hlc.NewManualClock(int64(1000 * time.Hour))
-	m := newTestMesh(t, pc, func(o *Options) {
+	m := nodetest.NewMesh(t, pc, func(o *node.Options) {
 		o.TombstoneRetention = 10 * time.Minute
 		o.PinWindow = time.Minute
 		o.AntiEntropyInterval = -1
 	}, "a", "b", "c")
-	a, b, c := m.nodes["a"], m.nodes["b"], m.nodes["c"]
+	a, b, c := m.Nodes["a"], m.Nodes["b"], m.Nodes["c"]
 	ctx := context.Background()
 	must := mustWrite(t)
 	must(c.Put(ctx, "c-only/k1", []byte("c")))
 	must(c.Put(ctx, "c-only/k2", []byte("c")))
 	must(c.Put(ctx, "shared/k3", []byte("c")))
-	m.converged(20 * time.Second)
+	m.Converged(20 * time.Second)
 
-	if _, err := c.settings.SetLinkFilter("b", entry.Filter{Exclude: []string{"c-only/"}}); err != nil {
+	if _, err := setFilter(c, "b", entry.Filter{Exclude: []string{"c-only/"}}); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 10*time.Second, func() (bool, string) {
-		on := a.machine.Link("c").Onward
+	nodetest.WaitFor(t, 10*time.Second, func() (bool, string) {
+		on := linkOf(t, a, "c").PeerKeeps
 		return len(on) == 1 && on[0].Target == "b" && len(on[0].Spans) == 1 && on[0].Spans[0].Start == "c-only/",
 			fmt.Sprintf("a's record of what c keeps for other links: %+v", on)
 	})
-	if on := b.machine.Link("c").Onward; len(on) != 0 {
+	if on := linkOf(t, b, "c").PeerKeeps; len(on) != 0 {
 		t.Fatalf("b records %+v as kept by c for other links: c keeps nothing for a", on)
 	}
 	pc.Advance(time.Second)
 	must(c.Delete(ctx, "c-only/k1"))
 	must(a.Delete(ctx, "c-only/k2")) // a's delete: a keeps only c's
 	must(c.Delete(ctx, "shared/k3")) // crosses to b: collected as ever
-	m.settle()
+	m.Settle()
 	if _, err := b.Get("c-only/k1"); err != nil {
 		t.Fatalf("b lost c-only/k1 while c's link kept c-only/ home: %v", err)
 	}
 
 	pc.Advance(20 * time.Minute)
-	for _, n := range []*Node{a, b, c} {
-		must(n.Put(ctx, "tick/"+n.cluster, []byte("t")))
+	for _, n := range []*node.Node{a, b, c} {
+		must(n.Put(ctx, "tick/"+n.ClusterID(), []byte("t")))
 	}
-	m.settle()
-	waitFor(t, 10*time.Second, func() (bool, string) {
+	m.Settle()
+	nodetest.WaitFor(t, 10*time.Second, func() (bool, string) {
 		_, err := a.CollectTombstones()
 		_, gerr := a.Get("shared/k3")
 		var nf *api.NotFoundError
@@ -631,44 +680,44 @@ func TestWipedClusterGetsBackTheDeletesItHeldBack(t *testing.T) {
 			t.Fatalf("a keeps %+v for b's other links: b keeps nothing", k)
 		}
 	}
-	if rep, err := a.settings.LinkFilter("c"); err != nil || len(rep.PeerKeeps) != 1 || rep.KeptForPeerLinks == nil {
+	if rep, err := filterOf(a, "c"); err != nil || len(rep.PeerKeeps) != 1 || rep.KeptForPeerLinks == nil {
 		t.Fatalf("a's filter report of c: %+v %v", rep, err)
 	}
 
 	// c loses its data; its filter toward b comes from its flags again.
-	old := c.out.Stream()
-	m.restart("c", func(dir string) {
+	old := c.OriginReport().Stream
+	m.Restart("c", func(dir string) {
 		if err := os.RemoveAll(dir); err != nil {
 			t.Fatal(err)
 		}
-		for i := range m.opts["c"].Peers {
-			if m.opts["c"].Peers[i].Name == "b" {
-				m.opts["c"].Peers[i].Exclude = []string{"c-only/"}
+		for i := range m.Opts["c"].Peers {
+			if m.Opts["c"].Peers[i].Name == "b" {
+				m.Opts["c"].Peers[i].Exclude = []string{"c-only/"}
 			}
 		}
 	})
-	c = m.nodes["c"]
-	waitFor(t, 30*time.Second, func() (bool, string) {
-		if c.out.Stream() == old {
+	c = m.Nodes["c"]
+	nodetest.WaitFor(t, 30*time.Second, func() (bool, string) {
+		if c.OriginReport().Stream == old {
 			return false, "c did not notice its wipe"
 		}
-		r := c.rejoin.Report()
+		r := c.PeersReport().Rejoin
 		return len(r.Phases) == 0 && len(r.Requests) == 0, fmt.Sprintf("c's rejoin: %+v", r)
 	})
-	m.settle()
-	for _, n := range []*Node{a, c} {
+	m.Settle()
+	for _, n := range []*node.Node{a, c} {
 		if v, err := n.Get("c-only/k1"); !errors.Is(err, api.ErrNotFound) {
-			t.Fatalf("%s holds c-only/k1 (%+v), deleted by c before its wipe: %v", n.cluster, v, err)
+			t.Fatalf("%s holds c-only/k1 (%+v), deleted by c before its wipe: %v", n.ClusterID(), v, err)
 		}
 	}
 	if _, err := b.Get("c-only/k1"); err != nil {
 		t.Fatalf("b lost c-only/k1 while c's link keeps c-only/ home: %v", err)
 	}
 	// The widening carries the delete c got back.
-	if _, err := c.settings.SetLinkFilter("b", entry.Filter{}); err != nil {
+	if _, err := setFilter(c, "b", entry.Filter{}); err != nil {
 		t.Fatal(err)
 	}
-	m.converged(30 * time.Second)
+	m.Converged(30 * time.Second)
 	if _, err := b.Get("c-only/k1"); !errors.Is(err, api.ErrNotFound) {
 		t.Fatalf("b holds c-only/k1 after c's widening: %v", err)
 	}
@@ -684,41 +733,41 @@ func TestWipedClusterGetsBackTheDeletesItHeldBack(t *testing.T) {
 // (nor one a filtered marker moved), and c takes w/k from b.
 func TestReseedClaimsNoStreamAFilterKeptHome(t *testing.T) {
 	pc := hlc.NewManualClock(int64(1000 * time.Hour))
-	m := newTestMesh(t, pc, func(o *Options) {
+	m := nodetest.NewMesh(t, pc, func(o *node.Options) {
 		o.AntiEntropyInterval = -1
 	}, "a", "b", "c")
-	a, b, c := m.nodes["a"], m.nodes["b"], m.nodes["c"]
+	a, b, c := m.Nodes["a"], m.Nodes["b"], m.Nodes["c"]
 	ctx := context.Background()
 	must := mustWrite(t)
 	must(b.Put(ctx, "x/0", []byte("b")))
-	m.converged(20 * time.Second)
-	if _, err := b.settings.SetLinkFilter("a", entry.Filter{Exclude: []string{"w/"}}); err != nil {
+	m.Converged(20 * time.Second)
+	if _, err := setFilter(b, "a", entry.Filter{Exclude: []string{"w/"}}); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 10*time.Second, func() (bool, string) {
-		f := a.machine.Link("b").FromPeer
+	nodetest.WaitFor(t, 10*time.Second, func() (bool, string) {
+		f := linkOf(t, a, "b").PeerFilter
 		return f != nil && !f.All(), fmt.Sprintf("a's record of b's filter: %v", f)
 	})
-	m.cut("b", "c", true)
+	m.Cut("b", "c", true)
 	must(b.Put(ctx, "w/k", []byte("b")))
 	must(b.Put(ctx, "x/k", []byte("b")))
-	m.settle()
+	m.Settle()
 	if _, err := a.Get("w/k"); !errors.Is(err, api.ErrNotFound) {
 		t.Fatalf("w/k crossed b's filter to a: %v", err)
 	}
 	if err := a.ReseedPeer("c"); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 20*time.Second, func() (bool, string) {
+	nodetest.WaitFor(t, 20*time.Second, func() (bool, string) {
 		_, err := c.Get("x/k")
 		return err == nil, fmt.Sprintf("x/k at c: %v", err)
 	})
-	m.cut("b", "c", false)
-	m.settle()
+	m.Cut("b", "c", false)
+	m.Settle()
 	if _, err := c.Get("w/k"); err != nil {
 		t.Fatalf("c lacks b's w/k after a's re-seed claimed b's stream: %v", err)
 	}
-	if ls := a.machine.Link("b"); len(ls.Partial) == 0 {
+	if ls := linkOf(t, a, "b"); len(ls.PartialStreams) == 0 {
 		t.Fatalf("a records no stream of b's as partial: %+v", ls)
 	}
 }
@@ -733,54 +782,72 @@ func TestReseedClaimsNoStreamAFilterKeptHome(t *testing.T) {
 // spread the key back). Now a's rewind makes the ranges its recorded
 // filters kept home pending again, and the new backfill carries the delete.
 func TestRestoredPeerGetsTheBackfillAgain(t *testing.T) {
-	m := newTestMesh(t, hlc.SystemClock{}, func(o *Options) {
+	m := nodetest.NewMesh(t, hlc.SystemClock{}, func(o *node.Options) {
 		o.AntiEntropyInterval = -1
 		o.TruncateInterval = time.Hour // a's WAL keeps every entry: a rewind resends them, no re-seed
 	}, "a", "c")
-	a := m.nodes["a"]
+	a := m.Nodes["a"]
 	ctx := context.Background()
 	must := mustWrite(t)
 	must(a.Put(ctx, "w/k", []byte("v")))
-	m.settle()
-	if _, err := a.settings.SetLinkFilter("c", entry.Filter{Exclude: []string{"w/"}}); err != nil {
+	m.Settle()
+	if _, err := setFilter(a, "c", entry.Filter{Exclude: []string{"w/"}}); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := a.Delete(ctx, "w/k"); err != nil {
 		t.Fatal(err)
 	}
 	must(a.Put(ctx, "x/1", []byte("1")))
-	m.settle()
+	m.Settle()
 	backup := t.TempDir()
-	m.restart("c", func(dir string) { copyDir(t, dir, backup) })
-	if _, err := a.settings.SetLinkFilter("c", entry.Filter{}); err != nil {
+	m.Restart("c", func(dir string) { nodetest.CopyDir(t, dir, backup) })
+	if _, err := setFilter(a, "c", entry.Filter{}); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 20*time.Second, func() (bool, string) {
-		_, err := m.nodes["c"].Get("w/k")
+	nodetest.WaitFor(t, 20*time.Second, func() (bool, string) {
+		_, err := m.Nodes["c"].Get("w/k")
 		return errors.Is(err, api.ErrNotFound), fmt.Sprintf("c's w/k after the widening: %v", err)
 	})
-	waitFor(t, 20*time.Second, func() (bool, string) {
-		ls := a.machine.Link("c")
+	nodetest.WaitFor(t, 20*time.Second, func() (bool, string) {
+		ls := linkOf(t, a, "c")
 		return len(ls.Backfill) == 0, fmt.Sprintf("a's pending backfill: %+v", ls.Backfill)
 	})
 	must(a.Put(ctx, "x/2", []byte("2"))) // c's restored marks fall behind a's cursor
-	m.settle()
-	m.restart("c", func(dir string) {
+	m.Settle()
+	m.Restart("c", func(dir string) {
 		if err := os.RemoveAll(dir); err != nil {
 			t.Fatal(err)
 		}
-		copyDir(t, backup, dir)
+		nodetest.CopyDir(t, backup, dir)
 	})
-	c := m.nodes["c"]
+	c := m.Nodes["c"]
 	if _, err := c.Get("w/k"); err != nil {
 		t.Fatalf("the backup should hold w/k (deleted behind the filter): %v", err)
 	}
-	waitFor(t, 20*time.Second, func() (bool, string) {
+	nodetest.WaitFor(t, 20*time.Second, func() (bool, string) {
 		_, err := c.Get("x/2")
 		_, errK := c.Get("w/k")
-		return err == nil && errors.Is(errK, api.ErrNotFound), fmt.Sprintf("restored c: x/2 %v, w/k %v (a's backfill generation %d)", err, errK, a.machine.Link("c").BackfillGen)
+		return err == nil && errors.Is(errK, api.ErrNotFound), fmt.Sprintf("restored c: x/2 %v, w/k %v (a's backfill generation %d)", err, errK, linkOf(t, a, "c").BackfillGeneration)
 	})
-	if l := link(t, a, "c"); l.Reseed.Runs != 0 {
+	if l := nodetest.Link(t, a, "c"); l.Reseed.Runs != 0 {
 		t.Fatalf("a re-seeded c (%+v): the test means a rewind that resends the stream", l.Reseed)
+	}
+}
+
+// checkDivergent fails t unless rep lists exactly want's keys, each lacking
+// where want says.
+func checkDivergent(t *testing.T, what string, rep client.DiffReport, want map[string]client.Lacks) {
+	t.Helper()
+	var got, exp []string
+	for _, d := range rep.Divergent {
+		got = append(got, d.Key+"="+string(d.Lacks))
+	}
+	for k, l := range want {
+		exp = append(exp, k+"="+string(l))
+	}
+	slices.Sort(got)
+	slices.Sort(exp)
+	if fmt.Sprint(got) != fmt.Sprint(exp) {
+		t.Fatalf("%s: divergent\n got %v\nwant %v\n(in flight %d, candidates %d)", what, got, exp, rep.InFlight, rep.Candidates)
 	}
 }
