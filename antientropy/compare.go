@@ -162,6 +162,7 @@ func Compare(ctx context.Context, peerName string, local, peer Tree, opts Option
 		off := int(opts.Pass % uint64(len(nodes)))
 		nodes, rep.Truncated = append(append([]int(nil), nodes[off:]...), nodes[:off]...)[:MaxLeavesPerPass], true
 	}
+	rep.LeavesCompared = len(nodes)
 	if len(nodes) == 0 {
 		// Equal live versions. Range deletes are reported beside it
 		// (RangesDiffer), not in it: a tree restored from an old backup

@@ -80,6 +80,9 @@ type DiffReport struct {
 	// rest left for the next.
 	LeavesDiffering int  `json:"leaves_differing"`
 	Truncated       bool `json:"truncated,omitempty"`
+	// LeavesCompared are the differing leaves this pass compared the keys
+	// of (LeavesDiffering unless Truncated).
+	LeavesCompared int `json:"leaves_compared"`
 	// Compared is the number of keys of those leaves compared; Candidates
 	// those that differed at the first look; InFlight those that changed
 	// on a side or agreed at the second look (writes in flight).

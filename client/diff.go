@@ -37,7 +37,7 @@ func (c *Client) Diff(ctx context.Context, peer string, repair bool) (DiffReport
 	if repair {
 		path += "?repair=true"
 	}
-	_, err := c.Do(ctx, http.MethodPost, path, nil, nil, &r)
+	_, err := c.untimed().Do(ctx, http.MethodPost, path, nil, nil, &r)
 	return r, err
 }
 
@@ -46,6 +46,17 @@ func (c *Client) Diff(ctx context.Context, peer string, repair bool) (DiffReport
 // not forwarded to the leader.
 func (c *Client) RebuildTree(ctx context.Context) (TreeRebuild, error) {
 	var r TreeRebuild
-	_, err := c.Do(ctx, http.MethodPost, "/admin/tree/rebuild", nil, nil, &r)
+	_, err := c.untimed().Do(ctx, http.MethodPost, "/admin/tree/rebuild", nil, nil, &r)
 	return r, err
+}
+
+// untimed is c without its HTTP client's own timeout (10 s by default): a
+// comparison waits for the link's lag and reads the differing leaves on
+// both sides, and a rebuild reads the whole tree, so ctx alone bounds them.
+func (c *Client) untimed() *Client {
+	cp := *c
+	hc := *c.http
+	hc.Timeout = 0
+	cp.http = &hc
+	return &cp
 }

@@ -2,6 +2,7 @@ package httpapi
 
 import (
 	"bytes"
+	"context"
 	"crypto/sha256"
 	_ "embed"
 	"encoding/base64"
@@ -271,6 +272,9 @@ func (a *API) handleBandwidth(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, rep)
 }
 
+// RepairBound is how long a repair may run once its caller left.
+const RepairBound = time.Hour
+
 // handleDiff serves POST /admin/peers/{name}/diff[?repair=true]: a
 // comparison of this cluster's tree with the peer's, and a repair of what
 // this cluster lacks when asked. POST: it runs on the leader, which holds
@@ -289,12 +293,26 @@ func (a *API) handleDiff(w http.ResponseWriter, r *http.Request) {
 		}
 		repair = b
 	}
-	rep, err := a.opts.Tree.Diff(r.Context(), r.PathValue("name"), repair)
+	ctx := r.Context()
+	if repair {
+		// A repair applies in chunks: a client that goes away (a CLI's
+		// timeout, a closed terminal) does not stop it half-applied; it
+		// runs to its end, within RepairBound, and the log says what it
+		// applied. A comparison alone stops with its client.
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(context.WithoutCancel(ctx), RepairBound)
+		defer cancel()
+	}
+	rep, err := a.opts.Tree.Diff(ctx, r.PathValue("name"), repair)
+	if repair && r.Context().Err() != nil {
+		a.log.Warn("repaired from a peer after its caller left", "peer", r.PathValue("name"), "divergent", len(rep.Divergent),
+			"repaired", rep.Repaired, "error", err, "caller", a.opts.Caller(r))
+	}
 	if err != nil {
 		WriteErr(w, err)
 		return
 	}
-	if repair {
+	if repair && r.Context().Err() == nil {
 		a.log.Warn("repaired from a peer", "peer", rep.Peer, "divergent", len(rep.Divergent), "repaired", rep.Repaired, "caller", a.opts.Caller(r))
 	}
 	writeJSON(w, http.StatusOK, rep)
