@@ -26,7 +26,9 @@ func (b *blockingTree) Diff(ctx context.Context, peer string, repair bool) (api.
 	return api.DiffReport{Peer: peer, Repaired: 7}, ctx.Err()
 }
 
-func (b *blockingTree) RebuildTree(context.Context) (api.TreeRebuild, error) { return api.TreeRebuild{}, nil }
+func (b *blockingTree) RebuildTree(context.Context) (api.TreeRebuild, error) {
+	return api.TreeRebuild{}, nil
+}
 
 // TestRepairOutlivesItsCaller (issue 49, 6): a repair applies in chunks, so
 // a client that goes away (a CLI's timeout, a closed terminal) must not
