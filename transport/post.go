@@ -134,7 +134,7 @@ func (s *Shipper) postOnce(ctx context.Context, body []byte) (wire.Ack, error) {
 			}
 			s.mu.Unlock()
 		}
-		return ack, fmt.Errorf("transport: post to %s: %w", s.peer.Name, err)
+		return ack, unreached(s.peer.Name, base, err)
 	}
 	defer resp.Body.Close()
 	s.learnEncodings(base, resp.Header.Get(wire.HeaderAcceptEncoding), resp.StatusCode)

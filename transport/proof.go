@@ -2,12 +2,16 @@ package transport
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/replicator/replicator/wire"
@@ -43,7 +47,7 @@ func (s *Shipper) prove(ctx context.Context, base string) (legacy bool, err erro
 	req.Header.Set(wire.HeaderNonce, nonce)
 	resp, err := s.opts.Client.Do(req)
 	if err != nil {
-		return false, fmt.Errorf("transport: ask %s at %s to prove the secret: %w", s.peer.Name, base, err)
+		return false, unreached(s.peer.Name, base, err)
 	}
 	defer resp.Body.Close()
 	b, err := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
@@ -89,3 +93,30 @@ func (s *Shipper) unproven(base string) {
 // ErrUnproven: the peer node did not prove it holds the shared secret, or
 // its answer did not carry a valid HeaderMAC.
 var ErrUnproven = errors.New("transport: the peer node did not prove it holds the shared secret")
+
+// unreached says in words why a request to peer at base got no answer: a
+// link's last error is read by an operator, who must tell a peer that is
+// down from a certificate that does not verify or a secret that differs
+// (ErrUnproven, which only an answer can show).
+func unreached(peer, base string, err error) error {
+	var dns *net.DNSError
+	var cert *tls.CertificateVerificationError
+	var unknownCA x509.UnknownAuthorityError
+	var host x509.HostnameError
+	var record tls.RecordHeaderError
+	var ne net.Error
+	switch {
+	case errors.Is(err, syscall.ECONNREFUSED):
+		return fmt.Errorf("transport: %s at %s refused the connection (not running, or not listening at this address): %w", peer, base, err)
+	case errors.As(err, &dns):
+		return fmt.Errorf("transport: %s's address %s does not resolve: %w", peer, base, err)
+	case errors.As(err, &cert), errors.As(err, &unknownCA), errors.As(err, &host):
+		return fmt.Errorf("transport: TLS with %s at %s failed: its certificate does not verify against this node's CA or name: %w", peer, base, err)
+	case errors.As(err, &record), strings.Contains(err.Error(), "server gave HTTP response to HTTPS client"):
+		// net/http turns the record header error into a string of its own.
+		return fmt.Errorf("transport: TLS with %s at %s failed: it does not speak TLS (an http:// peer given as https://?): %w", peer, base, err)
+	case errors.Is(err, context.DeadlineExceeded) || (errors.As(err, &ne) && ne.Timeout()):
+		return fmt.Errorf("transport: %s at %s did not answer in time (down, or a network that drops): %w", peer, base, err)
+	}
+	return fmt.Errorf("transport: %s at %s could not be reached: %w", peer, base, err)
+}
