@@ -545,3 +545,48 @@ func CopyDir(t testing.TB, from, to string) {
 		t.Fatal(err)
 	}
 }
+
+// Beneath edits the tree of a stopped node's data directory dir with fn, in
+// one batch, the way a hand edit, a restore or a fault below the node
+// would: nothing of it reaches the node's stream, so its peers never hear
+// of it. Use it from Mesh.Restart's between or between Cluster.Stop and
+// Start.
+func Beneath(t testing.TB, dir string, fn func(b *store.Batch)) {
+	t.Helper()
+	Store(t, dir, func(st *store.Store) {
+		b := st.NewBatch()
+		defer b.Close()
+		fn(b)
+		if err := b.Commit(true); err != nil {
+			t.Fatal(err)
+		}
+	})
+}
+
+// Diverge writes (or, with del, deletes) keys in the tree of cluster's
+// stopped node at dir, stamped at wall and authored by cluster, with the
+// kept hashes updated: a divergence beneath replication that a comparison
+// must find and a repair mend.
+func Diverge(t testing.TB, dir, cluster string, wall int64, keys []string, value []byte, del bool) {
+	t.Helper()
+	Beneath(t, dir, func(b *store.Batch) {
+		for _, k := range keys {
+			w := store.Write{Key: k, Value: value, Tombstone: del, Stamp: entry.Stamp{HLC: hlc.Timestamp{Wall: wall}, Origin: cluster}}
+			if _, err := b.Merge(w); err != nil {
+				t.Fatal(err)
+			}
+		}
+	})
+}
+
+// Store opens the tree of a stopped node's data directory for fn to read
+// or write below the node (WriteBeneath: bit rot).
+func Store(t testing.TB, dir string, fn func(st *store.Store)) {
+	t.Helper()
+	st, err := store.Open(filepath.Join(dir, "store"), &store.Options{Logger: Logger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	fn(st)
+}

@@ -1,9 +1,8 @@
-package node
+package node_test
 
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -19,9 +18,9 @@ import (
 	"github.com/replicator/replicator/api"
 	"github.com/replicator/replicator/client"
 	"github.com/replicator/replicator/entry"
-	"github.com/replicator/replicator/hashtree"
 	"github.com/replicator/replicator/hlc"
-	"github.com/replicator/replicator/machine"
+	"github.com/replicator/replicator/internal/nodetest"
+	"github.com/replicator/replicator/node"
 	"github.com/replicator/replicator/wire"
 )
 
@@ -43,8 +42,8 @@ func TestDiffFindsAndRepairsDivergence(t *testing.T) {
 	if d < 4 || d > n {
 		t.Fatalf("-ae-divergent %d of -ae-keys %d", d, n)
 	}
-	m := newTestMesh(t, hlc.SystemClock{}, nil, "a", "b")
-	a, b := m.nodes["a"], m.nodes["b"]
+	m := nodetest.NewMesh(t, hlc.SystemClock{}, nil, "a", "b")
+	a, b := m.Nodes["a"], m.Nodes["b"]
 	ctx := context.Background()
 	key := func(i int) string { return fmt.Sprintf("key-%09d", i) }
 	t0 := time.Now()
@@ -78,7 +77,7 @@ func TestDiffFindsAndRepairsDivergence(t *testing.T) {
 	if err := <-errs; err != nil {
 		t.Fatal(err)
 	}
-	m.converged(time.Duration(10+n/20000) * time.Second)
+	m.Converged(time.Duration(10+n/20000) * time.Second)
 	t.Logf("%d keys at both clusters in %.1fs", n, time.Since(t0).Seconds())
 
 	// The divergent keys, spread over the key space.
@@ -94,34 +93,28 @@ func TestDiffFindsAndRepairsDivergence(t *testing.T) {
 			bWrites = append(bWrites, pick(j))
 		}
 	}
-	if err := a.ae.Diverge(aWrites, []byte("only at a"), false); err != nil {
-		t.Fatal(err)
-	}
-	if err := a.ae.Diverge(aDeletes, nil, true); err != nil {
-		t.Fatal(err)
-	}
-	if err := b.ae.Diverge(bWrites, []byte("only at b"), false); err != nil {
-		t.Fatal(err)
-	}
+	a = diverge(t, m, "a", aWrites, []byte("only at a"), false)
+	a = diverge(t, m, "a", aDeletes, nil, true)
+	b = diverge(t, m, "b", bWrites, []byte("only at b"), false)
 
 	// Both clusters keep taking writes, replicated as usual, meanwhile.
 	var (
 		stop    atomic.Bool
 		written atomic.Int64
 	)
-	for _, nd := range []*Node{a, b} {
+	for _, nd := range []*node.Node{a, b} {
 		wg.Add(1)
-		go func(nd *Node) {
+		go func(nd *node.Node) {
 			defer wg.Done()
 			for i := 0; !stop.Load(); i++ {
-				if _, err := nd.Put(ctx, fmt.Sprintf("live-%s-%d", nd.cluster, i), []byte("x")); err == nil {
+				if _, err := nd.Put(ctx, fmt.Sprintf("live-%s-%d", nd.ClusterID(), i), []byte("x")); err == nil {
 					written.Add(1)
 				}
 				time.Sleep(time.Millisecond)
 			}
 		}(nd)
 	}
-	rep, err := a.ae.Diff(ctx, "b", false)
+	rep, err := adminOf(a).Diff(ctx, "b", false)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -140,14 +133,14 @@ func TestDiffFindsAndRepairsDivergence(t *testing.T) {
 	}
 
 	// Each side repairs what it lacks.
-	rb, err := b.ae.Diff(ctx, "a", true)
+	rb, err := adminOf(b).Diff(ctx, "a", true)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if rb.Repaired != len(aWrites)+len(aDeletes) {
 		t.Fatalf("b repaired %d versions, want the %d it lacked", rb.Repaired, len(aWrites)+len(aDeletes))
 	}
-	ra, err := a.ae.Diff(ctx, "b", true)
+	ra, err := adminOf(a).Diff(ctx, "b", true)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -159,8 +152,8 @@ func TestDiffFindsAndRepairsDivergence(t *testing.T) {
 	if written.Load() == 0 {
 		t.Fatal("no write was taken during the comparisons")
 	}
-	m.converged(20 * time.Second)
-	after, err := a.ae.Diff(ctx, "b", false)
+	m.Converged(20 * time.Second)
+	after, err := adminOf(a).Diff(ctx, "b", false)
 	if err != nil || !after.Equal || len(after.Divergent) != 0 {
 		t.Fatalf("after repair: %+v %v", after, err)
 	}
@@ -172,28 +165,13 @@ func TestDiffFindsAndRepairsDivergence(t *testing.T) {
 	}
 }
 
-func checkDivergent(t *testing.T, what string, rep client.DiffReport, want map[string]client.Lacks) {
-	t.Helper()
-	var got, exp []string
-	for _, d := range rep.Divergent {
-		got = append(got, d.Key+"="+string(d.Lacks))
-	}
-	for k, l := range want {
-		exp = append(exp, k+"="+string(l))
-	}
-	sort.Strings(got)
-	sort.Strings(exp)
-	if fmt.Sprint(got) != fmt.Sprint(exp) {
-		t.Fatalf("%s: divergent\n got %v\nwant %v\n(in flight %d, candidates %d)", what, got, exp, rep.InFlight, rep.Candidates)
-	}
-}
 
 // TestTreeEndpointRefusesBadRequests: the peer endpoint answers only a
 // configured peer with its secret, and refuses a body that does not decode,
 // with a JSON error, and keeps serving.
 func TestTreeEndpointRefusesBadRequests(t *testing.T) {
-	m := newTestMesh(t, hlc.SystemClock{}, nil, "a", "b")
-	url := "http://" + m.addrs["a"] + wire.PathTree
+	m := nodetest.NewMesh(t, hlc.SystemClock{}, nil, "a", "b")
+	url := "http://" + m.Addrs["a"] + wire.PathTree
 	good, _ := wire.EncodeTree(&wire.TreeRequest{Protocol: 1, Op: wire.TreeSums, Nodes: []int{0}})
 	for _, c := range []struct {
 		name   string
@@ -209,7 +187,7 @@ func TestTreeEndpointRefusesBadRequests(t *testing.T) {
 		{"other protocol", mustTree(t, &wire.TreeRequest{Protocol: 99, Op: wire.TreeSums, Nodes: []int{0}}), []string{wire.HeaderOrigin, "b", "Authorization", "Bearer s"}, http.StatusServiceUnavailable},
 		{"good", good, []string{wire.HeaderOrigin, "b", "Authorization", "Bearer s"}, http.StatusOK},
 	} {
-		resp, body := do(t, http.MethodPost, url, bytes.NewReader(c.body), c.hdr...)
+		resp, body := nodetest.Do(t, http.MethodPost, url, bytes.NewReader(c.body), c.hdr...)
 		if resp.StatusCode != c.status {
 			t.Errorf("%s: %d %s, want %d", c.name, resp.StatusCode, body, c.status)
 			continue
@@ -233,10 +211,10 @@ func mustTree(t *testing.T, r *wire.TreeRequest) []byte {
 // only those: what its filter holds back is not divergence; a divergence
 // under shared/ is found and repaired.
 func TestDiffOfAFilteredLink(t *testing.T) {
-	m := newTestMesh(t, hlc.SystemClock{}, nil, "a", "b")
-	a, b := m.nodes["a"], m.nodes["b"]
+	m := nodetest.NewMesh(t, hlc.SystemClock{}, nil, "a", "b")
+	a, b := m.Nodes["a"], m.Nodes["b"]
 	ctx := context.Background()
-	if _, err := a.settings.SetLinkFilter("b", entry.Filter{Include: []string{"shared/"}}); err != nil {
+	if _, err := setFilter(a, "b", entry.Filter{Include: []string{"shared/"}}); err != nil {
 		t.Fatal(err)
 	}
 	for i := 0; i < 50; i++ {
@@ -246,15 +224,13 @@ func TestDiffOfAFilteredLink(t *testing.T) {
 			}
 		}
 	}
-	m.settle()
-	rep, err := a.ae.Diff(ctx, "b", false)
+	m.Settle()
+	rep, err := adminOf(a).Diff(ctx, "b", false)
 	if err != nil || !rep.Equal || len(rep.Divergent) != 0 {
 		t.Fatalf("a filtered link that carried everything it should: %+v %v", rep, err)
 	}
-	if err := a.ae.Diverge([]string{"shared/7", "private/7"}, []byte("beneath"), false); err != nil {
-		t.Fatal(err)
-	}
-	rep, err = b.ae.Diff(ctx, "a", true)
+	a = diverge(t, m, "a", []string{"shared/7", "private/7"}, []byte("beneath"), false)
+	rep, err = adminOf(b).Diff(ctx, "a", true)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -271,19 +247,17 @@ func TestDiffOfAFilteredLink(t *testing.T) {
 // automatic repair, a cluster pulls by itself what it lacks, and its link
 // status and metrics say what the last pass found.
 func TestBackgroundPassRepairs(t *testing.T) {
-	m := newTestMesh(t, hlc.SystemClock{}, func(o *Options) {
+	m := nodetest.NewMesh(t, hlc.SystemClock{}, func(o *node.Options) {
 		o.AntiEntropyInterval = time.Second
 		o.AntiEntropyRepair = true
 	}, "a", "b")
-	a, b := m.nodes["a"], m.nodes["b"]
+	a, b := m.Nodes["a"], m.Nodes["b"]
 	ctx := context.Background()
 	if _, err := a.Put(ctx, "shared", []byte("v")); err != nil {
 		t.Fatal(err)
 	}
-	m.settle()
-	if err := a.ae.Diverge([]string{"x1", "x2", "x3"}, []byte("beneath"), false); err != nil {
-		t.Fatal(err)
-	}
+	m.Settle()
+	a = diverge(t, m, "a", []string{"x1", "x2", "x3"}, []byte("beneath"), false)
 	deadline := time.Now().Add(30 * time.Second)
 	for {
 		var st *client.AntiEntropyStatus
@@ -304,30 +278,18 @@ func TestBackgroundPassRepairs(t *testing.T) {
 	// a's next pass finds nothing left to differ.
 	deadline = time.Now().Add(30 * time.Second)
 	for {
-		_, body := do(t, http.MethodGet, a.URL()+"/metrics", nil)
+		_, body := nodetest.Do(t, http.MethodGet, a.URL()+"/metrics", nil)
 		if bytes.Contains(body, []byte(`replicator_divergent_keys{cluster="a",peer="b"} 0`)) &&
 			bytes.Contains(body, []byte(`replicator_antientropy_last_pass_timestamp_seconds{cluster="a",peer="b"}`)) {
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("a's metrics never showed a clean pass:\n%s", grepLines(body, "antientropy", "divergent"))
+			t.Fatalf("a's metrics never showed a clean pass:\n%s", nodetest.GrepLines(body, "antientropy", "divergent"))
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
 }
 
-func grepLines(b []byte, words ...string) string {
-	var out []string
-	for _, l := range strings.Split(string(b), "\n") {
-		for _, w := range words {
-			if strings.Contains(l, w) {
-				out = append(out, l)
-				break
-			}
-		}
-	}
-	return strings.Join(out, "\n")
-}
 
 // TestRepairRefusesWhatInboundRefuses: a repair does not pull what the
 // inbound path would refuse from the peer: a value or a key past this
@@ -335,26 +297,22 @@ func grepLines(b []byte, words ...string) string {
 // its clock than the max offset. Each is counted refused; the rest is
 // pulled.
 func TestRepairRefusesWhatInboundRefuses(t *testing.T) {
-	m := newTestMesh(t, hlc.SystemClock{}, func(o *Options) {
+	m := nodetest.NewMesh(t, hlc.SystemClock{}, func(o *node.Options) {
 		o.AntiEntropyInterval = -1
 		if o.ClusterID == "b" {
 			o.MaxKeyBytes, o.MaxValueBytes = 100, 1024
 		}
 	}, "a", "b")
-	a, b := m.nodes["a"], m.nodes["b"]
+	b := m.Nodes["b"]
 	ctx := context.Background()
 	long := strings.Repeat("k", 200)
-	if err := a.ae.Diverge([]string{"big", long}, bytes.Repeat([]byte("v"), 2048), false); err != nil {
-		t.Fatal(err)
-	}
-	if err := a.ae.Diverge([]string{"small", long}, []byte("v"), false); err != nil {
-		t.Fatal(err)
-	}
-	ahead := wire.TreeVersion{Key: "ahead", Stamp: a.clock.Now().Add(time.Hour), Origin: "a", Value: []byte("v"), Whole: true}
-	if _, err := a.rep.CommitCommand(&machine.Command{Repair: &machine.RepairCmd{Versions: []wire.TreeVersion{ahead}}}); err != nil {
-		t.Fatal(err)
-	}
-	rep, err := b.ae.Diff(ctx, "a", true)
+	m.Restart("a", func(dir string) {
+		now := time.Now().UnixNano()
+		nodetest.Diverge(t, dir, "a", now, []string{"big", long}, bytes.Repeat([]byte("v"), 2048), false)
+		nodetest.Diverge(t, dir, "a", now+1, []string{"small", long}, []byte("v"), false)
+		nodetest.Diverge(t, dir, "a", now+int64(time.Hour), []string{"ahead"}, []byte("v"), false)
+	})
+	rep, err := adminOf(b).Diff(ctx, "a", true)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -371,64 +329,6 @@ func TestRepairRefusesWhatInboundRefuses(t *testing.T) {
 	}
 }
 
-// TestRebuildFindsAChangeBeneathTheHashes: a record changed in Pebble
-// beneath the kept hashes (bit rot, a hand edit) is invisible to a
-// comparison, whose sums still agree; POST /admin/tree/rebuild on that node
-// finds its leaf and corrects it, and a comparison then finds the key (the
-// same stamp with another value: unknown, never copied). The node keeps
-// serving and counts the leaf in replicator_leaf_check_mismatches_total.
-func TestRebuildFindsAChangeBeneathTheHashes(t *testing.T) {
-	m := newTestMesh(t, hlc.SystemClock{}, func(o *Options) { o.AntiEntropyInterval = -1 }, "a", "b")
-	a, b := m.nodes["a"], m.nodes["b"]
-	ctx := context.Background()
-	putN(t, a, "k", 100)
-	m.converged(20 * time.Second)
-	rec, err := b.store.Get("k006")
-	if err != nil {
-		t.Fatal(err)
-	}
-	rec.Value = []byte("rotten")
-	if err := b.store.WriteBeneath("k006", &rec); err != nil {
-		t.Fatal(err)
-	}
-	if rep, err := a.ae.Diff(ctx, "b", false); err != nil || !rep.Equal {
-		t.Fatalf("before the rebuild the kept hashes still agree: %v %+v", err, rep)
-	}
-	rebuild := func() client.TreeRebuild {
-		t.Helper()
-		resp, body := do(t, http.MethodPost, b.URL()+"/admin/tree/rebuild", nil)
-		if resp.StatusCode != http.StatusOK {
-			t.Fatalf("rebuild: %d %s", resp.StatusCode, body)
-		}
-		var r client.TreeRebuild
-		if err := json.Unmarshal(body, &r); err != nil {
-			t.Fatal(err)
-		}
-		return r
-	}
-	r := rebuild()
-	if r.Leaves != hashtree.Leaves || r.Corrected != 1 || len(r.First) != 1 || r.First[0] != hashtree.Leaf("k006") {
-		t.Fatalf("rebuild: %+v, want leaf %d corrected", r, hashtree.Leaf("k006"))
-	}
-	if again := rebuild(); again.Corrected != 0 {
-		t.Fatalf("a second rebuild corrected %d leaves", again.Corrected)
-	}
-	rep, err := a.ae.Diff(ctx, "b", true)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(rep.Divergent) != 1 || rep.Divergent[0].Key != "k006" || rep.Divergent[0].Lacks != client.LacksUnknown || rep.Repaired != 0 {
-		t.Fatalf("after the rebuild: %+v", rep.Divergent)
-	}
-	_, metrics := do(t, http.MethodGet, b.URL()+"/metrics", nil)
-	if !strings.Contains(string(metrics), "replicator_leaf_check_mismatches_total{cluster=\"b\"} 1\n") {
-		t.Fatalf("the corrected leaf is not counted:\n%s", grepLines(metrics, "leaf_check"))
-	}
-	if _, err := b.Put(ctx, "after", []byte("v")); err != nil {
-		t.Fatal(err)
-	}
-}
-
 // TestAntiEntropyOverAThirdClustersFilter (issue 45, case 2): c's link to b
 // keeps c-only/ from b, and c's writes there reach a. A comparison between
 // a and b found those keys divergent on every pass, and a repair at b
@@ -437,10 +337,10 @@ func TestRebuildFindsAChangeBeneathTheHashes(t *testing.T) {
 // cluster's versions), b's repair takes nothing of them, and b never holds
 // them.
 func TestAntiEntropyOverAThirdClustersFilter(t *testing.T) {
-	m := newTestMesh(t, hlc.SystemClock{}, nil, "a", "b", "c")
-	a, b, c := m.nodes["a"], m.nodes["b"], m.nodes["c"]
+	m := nodetest.NewMesh(t, hlc.SystemClock{}, nil, "a", "b", "c")
+	a, b, c := m.Nodes["a"], m.Nodes["b"], m.Nodes["c"]
 	ctx := context.Background()
-	if _, err := c.settings.SetLinkFilter("b", entry.Filter{Exclude: []string{"c-only/"}}); err != nil {
+	if _, err := setFilter(c, "b", entry.Filter{Exclude: []string{"c-only/"}}); err != nil {
 		t.Fatal(err)
 	}
 	for _, k := range []string{"c-only/1", "c-only/2", "shared/1"} {
@@ -448,8 +348,8 @@ func TestAntiEntropyOverAThirdClustersFilter(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	m.settle()
-	rep, err := a.ae.Diff(ctx, "b", false)
+	m.Settle()
+	rep, err := adminOf(a).Diff(ctx, "b", false)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -462,7 +362,7 @@ func TestAntiEntropyOverAThirdClustersFilter(t *testing.T) {
 	if fmt.Sprint(third) != "[c-only/1=third_origin c-only/2=third_origin]" {
 		t.Fatalf("a's comparison with b lists apart %v, want c's two keys", third)
 	}
-	back, err := b.ae.Diff(ctx, "a", true)
+	back, err := adminOf(b).Diff(ctx, "a", true)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -472,7 +372,7 @@ func TestAntiEntropyOverAThirdClustersFilter(t *testing.T) {
 	if _, err := c.Put(ctx, "c-only/1", []byte("v2")); err != nil {
 		t.Fatal(err)
 	}
-	m.settle()
+	m.Settle()
 	if r, err := a.Get("c-only/1"); err != nil || string(r.Value) != "v2" {
 		t.Fatalf("a's c-only/1: %q %v", r.Value, err)
 	}
@@ -488,14 +388,14 @@ func TestAntiEntropyOverAThirdClustersFilter(t *testing.T) {
 // filter toward it in its heartbeats, b's log records it, and b takes no
 // relay of c's writes that filter keeps home (counted as withheld).
 func TestRelaysKeepToTheOriginsFilter(t *testing.T) {
-	m := newTestMesh(t, hlc.SystemClock{}, nil, "a", "b", "c")
-	a, b, c := m.nodes["a"], m.nodes["b"], m.nodes["c"]
+	m := nodetest.NewMesh(t, hlc.SystemClock{}, nil, "a", "b", "c")
+	a, b, c := m.Nodes["a"], m.Nodes["b"], m.Nodes["c"]
 	ctx := context.Background()
-	if _, err := c.settings.SetLinkFilter("b", entry.Filter{Exclude: []string{"c-only/"}}); err != nil {
+	if _, err := setFilter(c, "b", entry.Filter{Exclude: []string{"c-only/"}}); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 10*time.Second, func() (bool, string) {
-		f := b.machine.Link("c").FromPeer
+	nodetest.WaitFor(t, 10*time.Second, func() (bool, string) {
+		f := linkOf(t, b, "c").PeerFilter
 		return f != nil && f.String() == "-c-only/", fmt.Sprintf("b records c's filter toward it as %v", f)
 	})
 	for _, k := range []string{"c-only/1", "c-only/2", "shared/1"} {
@@ -506,15 +406,15 @@ func TestRelaysKeepToTheOriginsFilter(t *testing.T) {
 	if _, err := a.Put(ctx, "c-only/by-a", []byte("a's")); err != nil { // a's own write under c's prefix crosses
 		t.Fatal(err)
 	}
-	m.settle()
+	m.Settle()
 	if err := a.ReseedPeer("b"); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 20*time.Second, func() (bool, string) {
-		l := link(t, a, "b")
+	nodetest.WaitFor(t, 20*time.Second, func() (bool, string) {
+		l := nodetest.Link(t, a, "b")
 		return l.Reseed.Runs == 1 && !l.Reseed.Running, fmt.Sprintf("%+v", l.Reseed)
 	})
-	m.settle()
+	m.Settle()
 	for _, k := range []string{"c-only/1", "c-only/2"} {
 		if _, err := b.Get(k); err == nil {
 			t.Fatalf("b holds %s: a's re-seed relayed a write c's filter keeps from b", k)
@@ -539,8 +439,8 @@ func TestRelaysKeepToTheOriginsFilter(t *testing.T) {
 // of that cluster's stream): c's writes reach b from c, once c reaches it,
 // kept to c's filter.
 func TestWipedClusterTakesNoRelayBeforeTheOriginsFilter(t *testing.T) {
-	m := newTestMesh(t, hlc.SystemClock{}, func(o *Options) { o.AntiEntropyInterval = -1 }, "a", "b", "c")
-	a, b, c := m.nodes["a"], m.nodes["b"], m.nodes["c"]
+	m := nodetest.NewMesh(t, hlc.SystemClock{}, func(o *node.Options) { o.AntiEntropyInterval = -1 }, "a", "b", "c")
+	a, b, c := m.Nodes["a"], m.Nodes["b"], m.Nodes["c"]
 	ctx := context.Background()
 	must := func(_ any, err error) {
 		t.Helper()
@@ -548,55 +448,66 @@ func TestWipedClusterTakesNoRelayBeforeTheOriginsFilter(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if _, err := c.settings.SetLinkFilter("b", entry.Filter{Exclude: []string{"c-only/"}}); err != nil {
+	if _, err := setFilter(c, "b", entry.Filter{Exclude: []string{"c-only/"}}); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 10*time.Second, func() (bool, string) {
-		f := b.machine.Link("c").FromPeer
+	nodetest.WaitFor(t, 10*time.Second, func() (bool, string) {
+		f := linkOf(t, b, "c").PeerFilter
 		return f != nil && f.String() == "-c-only/", fmt.Sprintf("b records c's filter toward it as %v", f)
 	})
 	must(c.Put(ctx, "c-only/1", []byte("v1")))
 	must(c.Put(ctx, "shared/1", []byte("v1")))
 	must(a.Put(ctx, "shared/a", []byte("a")))
-	m.settle()
-	m.cut("c", "b", true)
-	old := b.out.Stream()
-	m.restart("b", func(dir string) {
+	m.Settle()
+	m.Cut("c", "b", true)
+	old := b.OriginReport().Stream
+	m.Restart("b", func(dir string) {
 		if err := os.RemoveAll(dir); err != nil {
 			t.Fatal(err)
 		}
 	})
-	b = m.nodes["b"]
-	waitFor(t, 30*time.Second, func() (bool, string) {
-		if b.out.Stream() == old {
+	b = m.Nodes["b"]
+	nodetest.WaitFor(t, 30*time.Second, func() (bool, string) {
+		if b.OriginReport().Stream == old {
 			return false, "b did not notice its wipe"
 		}
-		l := link(t, a, "b")
+		l := nodetest.Link(t, a, "b")
 		return l.Reseed.Runs >= 1 && !l.Reseed.Running, fmt.Sprintf("a's re-seed of b: %+v", l.Reseed)
 	})
-	m.settle()
+	m.Settle()
 	if _, err := b.Get("shared/a"); err != nil {
 		t.Fatalf("b lacks a's own write after a's re-seed: %v", err)
 	}
 	if _, err := b.Get("c-only/1"); !errors.Is(err, api.ErrNotFound) {
 		t.Fatalf("b holds c-only/1 (%v): a's re-seed relayed a write of c before b heard c's filter toward it", err)
 	}
-	if f := b.machine.Link("c").FromPeer; f != nil {
+	if f := linkOf(t, b, "c").PeerFilter; f != nil {
 		t.Fatalf("b records c's filter as %v while c cannot reach it", f)
 	}
 	if got := b.PeersReport().Incoming["a"].WithheldUnheard; got != 2 {
 		t.Fatalf("b withheld %d of a's relays of c's writes while c's filter was unheard, want 2", got)
 	}
-	m.cut("c", "b", false)
-	waitFor(t, 30*time.Second, func() (bool, string) {
-		if r := b.rejoin.Report(); len(r.Phases) > 0 || len(r.Requests) > 0 {
+	m.Cut("c", "b", false)
+	nodetest.WaitFor(t, 30*time.Second, func() (bool, string) {
+		if r := b.PeersReport().Rejoin; len(r.Phases) > 0 || len(r.Requests) > 0 {
 			return false, fmt.Sprintf("b's rejoin: %+v", r)
 		}
 		_, err := b.Get("shared/1")
 		return err == nil, fmt.Sprintf("b's shared/1, once c reaches it: %v", err)
 	})
-	m.settle()
+	m.Settle()
 	if _, err := b.Get("c-only/1"); !errors.Is(err, api.ErrNotFound) {
 		t.Fatalf("b holds c-only/1 (%v), which c's filter keeps from it", err)
 	}
+}
+
+// diverge writes (or deletes) keys at cluster name's node beneath
+// replication, stamped now, with the node stopped: its peers never hear of
+// them. It returns the node started again.
+func diverge(t *testing.T, m *nodetest.Mesh, name string, keys []string, value []byte, del bool) *node.Node {
+	t.Helper()
+	m.Restart(name, func(dir string) {
+		nodetest.Diverge(t, dir, name, time.Now().UnixNano(), keys, value, del)
+	})
+	return m.Nodes[name]
 }
