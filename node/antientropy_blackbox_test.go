@@ -165,7 +165,6 @@ func TestDiffFindsAndRepairsDivergence(t *testing.T) {
 	}
 }
 
-
 // TestTreeEndpointRefusesBadRequests: the peer endpoint answers only a
 // configured peer with its secret, and refuses a body that does not decode,
 // with a JSON error, and keeps serving.
@@ -289,7 +288,6 @@ func TestBackgroundPassRepairs(t *testing.T) {
 		time.Sleep(100 * time.Millisecond)
 	}
 }
-
 
 // TestRepairRefusesWhatInboundRefuses: a repair does not pull what the
 // inbound path would refuse from the peer: a value or a key past this

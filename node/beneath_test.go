@@ -75,7 +75,6 @@ func TestRebuildFindsAChangeBeneathTheHashes(t *testing.T) {
 	}
 }
 
-
 func grepLines(b []byte, words ...string) string {
 	var out []string
 	for _, l := range strings.Split(string(b), "\n") {
