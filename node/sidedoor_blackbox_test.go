@@ -1,18 +1,18 @@
-package node
+package node_test
 
 import (
 	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"net/http"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
-
-	"github.com/prometheus/client_golang/prometheus"
-	dto "github.com/prometheus/client_model/go"
 
 	"github.com/replicator/replicator/antientropy"
 	"github.com/replicator/replicator/api"
@@ -20,7 +20,8 @@ import (
 	"github.com/replicator/replicator/hashtree"
 	"github.com/replicator/replicator/hlc"
 	"github.com/replicator/replicator/internal/treeforge"
-	"github.com/replicator/replicator/transport"
+	"github.com/replicator/replicator/internal/nodetest"
+	"github.com/replicator/replicator/node"
 	"github.com/replicator/replicator/wire"
 )
 
@@ -31,16 +32,16 @@ import (
 // claims to have compared.
 func TestRepairTakesOnlyWhatTheInboundPathWould(t *testing.T) {
 	forger := &treeforge.Forger{Secret: "s"}
-	m := newTestMesh(t, hlc.SystemClock{}, func(o *Options) {
+	m := nodetest.NewMesh(t, hlc.SystemClock{}, func(o *node.Options) {
 		o.AntiEntropyInterval = -1
 		if o.ClusterID == "a" {
 			forger.Next = o.PeerTransport
 			o.PeerTransport = forger
 		}
 	}, "a", "b")
-	a, b := m.nodes["a"], m.nodes["b"]
+	a := m.Nodes["a"]
 	ctx := context.Background()
-	if _, err := a.settings.SetLinkFilter("b", entry.Filter{Include: []string{"shared/"}}); err != nil {
+	if _, err := setFilter(a, "b", entry.Filter{Include: []string{"shared/"}}); err != nil {
 		t.Fatal(err)
 	}
 	const lacked = "shared/lacked"
@@ -53,11 +54,9 @@ func TestRepairTakesOnlyWhatTheInboundPathWould(t *testing.T) {
 	if _, err := a.Put(ctx, secret, []byte("kept home")); err != nil {
 		t.Fatal(err)
 	}
-	m.settle()
-	if err := b.ae.Diverge([]string{lacked}, []byte("b's, lost at a"), false); err != nil {
-		t.Fatal(err)
-	}
-	at := b.clock.Now()
+	m.Settle()
+	diverge(t, m, "b", []string{lacked}, []byte("b's, lost at a"), false)
+	at := hlc.Timestamp{Wall: time.Now().UnixNano()}
 	forged := []wire.TreeVersion{
 		{Key: treeforge.KeyIn("shared/own-", leaf, true), Origin: "a", Value: []byte("forged, a's origin")},
 		{Key: treeforge.KeyIn("shared/nobody-", leaf, true), Origin: "zz", Value: []byte("forged, unknown origin")},
@@ -97,7 +96,7 @@ func TestRepairTakesOnlyWhatTheInboundPathWould(t *testing.T) {
 			}
 		}
 	}
-	rep, err := a.ae.Diff(ctx, "b", true)
+	rep, err := adminOf(a).Diff(ctx, "b", true)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -139,8 +138,8 @@ func TestRepairTakesOnlyWhatTheInboundPathWould(t *testing.T) {
 // take at most a quarter of a core at the answering node, and their bytes
 // count against the link's bandwidth limit there; its client writes go on.
 func TestTreeFloodIsPacedAndCharged(t *testing.T) {
-	m := newTestMesh(t, hlc.SystemClock{}, func(o *Options) { o.AntiEntropyInterval = -1 }, "a", "b")
-	a, b := m.nodes["a"], m.nodes["b"]
+	m := nodetest.NewMesh(t, hlc.SystemClock{}, func(o *node.Options) { o.AntiEntropyInterval = -1 }, "a", "b")
+	a := m.Nodes["a"]
 	ctx := context.Background()
 	var ops []api.BatchOp
 	for i := 0; i < 20000; i++ {
@@ -152,26 +151,20 @@ func TestTreeFloodIsPacedAndCharged(t *testing.T) {
 			ops = ops[:0]
 		}
 	}
-	m.settle()
+	m.Settle()
 	const limit = 32 << 10
-	if _, err := a.settings.SetLinkBandwidth("b", limit); err != nil {
+	if _, err := setBandwidth(a, "b", limit); err != nil {
 		t.Fatal(err)
 	}
-	var sh *transport.Shipper
-	for _, l := range b.links.All() {
-		if l.Name() == "a" {
-			sh = l
-		}
-	}
-	if sh == nil {
-		t.Fatal("b holds no link to a")
-	}
+	// b's requests, as a hostile peer holding the link's secret sends them
+	// (it paces nothing of its own).
+	sh := hostileTreeAsker{url: a.PeerURL() + wire.PathTree, from: "b", secret: "s"}
 	fctx, cancel := context.WithTimeout(ctx, 4*time.Second)
 	defer cancel()
 	var wg sync.WaitGroup
 	var pass uint64
 	var mu sync.Mutex
-	answered := 0
+	nAnswered := 0
 	start := time.Now()
 	for g := 0; g < 2; g++ {
 		wg.Add(1)
@@ -186,7 +179,7 @@ func TestTreeFloodIsPacedAndCharged(t *testing.T) {
 					Filters: []wire.Filter{{Include: []string{"k/"}}}}
 				if _, _, err := sh.AskTree(fctx, req); err == nil {
 					mu.Lock()
-					answered++
+					nAnswered++
 					mu.Unlock()
 				}
 			}
@@ -200,15 +193,15 @@ func TestTreeFloodIsPacedAndCharged(t *testing.T) {
 	}
 	wg.Wait()
 	elapsed := time.Since(start)
-	cpu, sent := a.ae.Answered("b")
-	t.Logf("%d requests answered in %s: %.3f s of work, %.0f bytes", answered, elapsed, cpu, sent)
-	if answered == 0 {
+	cpu, sent := answered(t, a, "b")
+	t.Logf("%d requests answered in %s: %.3f s of work, %.0f bytes", nAnswered, elapsed, cpu, sent)
+	if nAnswered == 0 {
 		t.Fatal("no tree request was answered: the test proved nothing")
 	}
 	// The pace lets each request's work run, then holds the next for three
 	// times as long: the work is at most a quarter of the time, plus the
 	// requests in flight at the start (two).
-	perRequest := cpu / float64(answered)
+	perRequest := cpu / float64(nAnswered)
 	if bound := antientropy.TreeShare*elapsed.Seconds() + 2*perRequest + 0.05; cpu > bound {
 		t.Fatalf("%.3f s of work answering b in %s, bound %.3f s (a quarter core)", cpu, elapsed, bound)
 	}
@@ -219,7 +212,7 @@ func TestTreeFloodIsPacedAndCharged(t *testing.T) {
 	// Bytes: leaves of many keys, each answer tens of KiB, over a link
 	// limited to 32 KiB/s at a: the exchanges go at the limit's rate (plus
 	// a burst and the exchange under way).
-	_, before := a.ae.Answered("b")
+	_, before := answered(t, a, "b")
 	leaves := make([]int, 8192)
 	for i := range leaves {
 		leaves[i] = i
@@ -239,7 +232,7 @@ func TestTreeFloodIsPacedAndCharged(t *testing.T) {
 		}
 	}
 	elapsed = time.Since(start)
-	_, sentNow := a.ae.Answered("b")
+	_, sentNow := answered(t, a, "b")
 	sent = sentNow - before
 	t.Logf("leaves: %.0f bytes in %s, the largest exchange %d", sent, elapsed, largest)
 	if largest < limit {
@@ -250,10 +243,60 @@ func TestTreeFloodIsPacedAndCharged(t *testing.T) {
 	}
 }
 
-func counterOf(c prometheus.Counter) float64 {
-	var m dto.Metric
-	if err := c.Write(&m); err != nil {
-		return -1
+// hostileTreeAsker posts tree requests to a node's peer endpoint as peer
+// from, with its secret, the way a hostile peer would: no pacing and no
+// bandwidth limit of its own.
+type hostileTreeAsker struct{ url, from, secret string }
+
+// AskTree sends req and reads the whole answer; it returns the bytes of
+// both.
+func (h hostileTreeAsker) AskTree(ctx context.Context, req *wire.TreeRequest) (*wire.TreeAnswer, int64, error) {
+	body, err := wire.EncodeTree(req)
+	if err != nil {
+		return nil, 0, err
 	}
-	return m.GetCounter().GetValue()
+	hr, err := http.NewRequestWithContext(ctx, http.MethodPost, h.url, bytes.NewReader(body))
+	if err != nil {
+		return nil, 0, err
+	}
+	hr.Header.Set("Content-Type", wire.ContentType)
+	hr.Header.Set(wire.HeaderOrigin, h.from)
+	hr.Header.Set("Authorization", "Bearer "+h.secret)
+	resp, err := http.DefaultClient.Do(hr)
+	if err != nil {
+		return nil, 0, err
+	}
+	defer resp.Body.Close()
+	ans, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return nil, 0, err
+	}
+	if resp.StatusCode != http.StatusOK {
+		return nil, 0, fmt.Errorf("tree request: %d %s", resp.StatusCode, ans)
+	}
+	return nil, int64(len(body) + len(ans)), nil
+}
+
+// answered is what n's metrics say answering peer's tree requests cost:
+// the seconds of work and the bytes charged to the link.
+func answered(t *testing.T, n *node.Node, peer string) (seconds, bytes float64) {
+	t.Helper()
+	_, body := nodetest.Do(t, http.MethodGet, n.URL()+"/metrics", nil)
+	return metricOf(t, body, "replicator_antientropy_answer_seconds_total", peer), metricOf(t, body, "replicator_antientropy_answer_bytes_total", peer)
+}
+
+// metricOf is the value of name's series for peer in a metrics page (0
+// when the series is not there yet).
+func metricOf(t *testing.T, page []byte, name, peer string) float64 {
+	t.Helper()
+	for _, l := range strings.Split(string(page), "\n") {
+		if strings.HasPrefix(l, name+"{") && strings.Contains(l, `peer="`+peer+`"`) {
+			v, err := strconv.ParseFloat(l[strings.LastIndexByte(l, ' ')+1:], 64)
+			if err != nil {
+				t.Fatalf("%s: %v", l, err)
+			}
+			return v
+		}
+	}
+	return 0
 }
