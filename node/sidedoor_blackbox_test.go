@@ -19,8 +19,8 @@ import (
 	"github.com/replicator/replicator/entry"
 	"github.com/replicator/replicator/hashtree"
 	"github.com/replicator/replicator/hlc"
-	"github.com/replicator/replicator/internal/treeforge"
 	"github.com/replicator/replicator/internal/nodetest"
+	"github.com/replicator/replicator/internal/treeforge"
 	"github.com/replicator/replicator/node"
 	"github.com/replicator/replicator/wire"
 )
