@@ -13,12 +13,12 @@ import (
 	"github.com/replicator/replicator/wire"
 )
 
-var updateFixture = flag.Bool("update-fixture", false, "write node/testdata/legacy-wal, the old directory node's migration test starts from")
+var updateFixture = flag.Bool("update-fixture", false, "write replica/testdata/legacy-wal, the old directory replica's migration test starts from")
 
 // fixtureDir is the WAL of an old data directory that node's migration test
 // (TestMigrateWALInPlace) starts from: ten writes of cluster "a", the first
 // two shipped and cut.
-const fixtureDir = "../../node/testdata/legacy-wal"
+const fixtureDir = "../../replica/testdata/legacy-wal"
 
 // fixtureEntries are its writes; node's test builds the same ten.
 func fixtureEntries() []*entry.Entry {

@@ -1,15 +1,17 @@
-package node
+package replica
 
 import (
 	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"testing"
 	"time"
 
+	"github.com/replicator/replicator/api"
 	"github.com/replicator/replicator/entry"
 	"github.com/replicator/replicator/hlc"
 	"github.com/replicator/replicator/internal/legacywal"
@@ -33,7 +35,7 @@ func TestMigrateWALInPlace(t *testing.T) {
 		ents = append(ents, &entry.Entry{Commit: hlc.Timestamp{Wall: 1_764_000_000_000_000_000 + int64(i)}, Op: entry.OpSet,
 			Key: fmt.Sprintf("k%d", i), Value: []byte("old")})
 	}
-	l, err := legacywal.Open(filepath.Join(dir, "wal"), &legacywal.Options{Origin: "a", Logger: quiet})
+	l, err := legacywal.Open(filepath.Join(dir, "wal"), &legacywal.Options{Origin: "a", Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -69,29 +71,29 @@ func TestMigrateWALInPlace(t *testing.T) {
 	st.Close()
 
 	for start := 0; start < 3; start++ {
-		n := openNode(t, testOptions(dir))
+		n := openAndRun(t, dir)
 		// The first start writes nothing (a node stopped right after its
 		// migration), the second writes once.
 		want := uint64(10)
 		if start == 2 {
 			want = 11
 		}
-		if n.out.Stream() != stream || n.out.First() != 3 || n.out.Last() != want {
-			t.Fatalf("start %d: stream %s [%d, %d], want %s [3, %d]", start, n.out.Stream(), n.out.First(), n.out.Last(), stream, want)
+		if n.Stream().Stream() != stream || n.Stream().First() != 3 || n.Stream().Last() != want {
+			t.Fatalf("start %d: stream %s [%d, %d], want %s [3, %d]", start, n.Stream().Stream(), n.Stream().First(), n.Stream().Last(), stream, want)
 		}
 		for i := uint64(3); i <= 10; i++ {
-			raw, err := n.out.ReadRaw(i)
+			raw, err := n.Stream().ReadRaw(i)
 			if err != nil || !bytes.Equal(raw, raws[i-3]) {
 				t.Fatalf("start %d: entry %d differs from the WAL's: %v", start, i, err)
 			}
 		}
 		for i := 0; i < 10; i++ {
-			if r, err := n.Get(fmt.Sprintf("k%d", i)); err != nil || string(r.Value) != "old" {
+			if r, err := n.d.Store.Get(fmt.Sprintf("k%d", i)); err != nil || string(r.Value) != "old" {
 				t.Fatalf("start %d: k%d = %q %v", start, i, r.Value, err)
 			}
 		}
 		if start == 1 {
-			res, err := n.Put(context.Background(), "new", []byte("v"))
+			res, err := putErr(n, "new", "v")
 			if err != nil || res.Index != 11 {
 				t.Fatalf("first write after the migration: index %d, %v", res.Index, err)
 			}
@@ -100,7 +102,7 @@ func TestMigrateWALInPlace(t *testing.T) {
 				t.Fatalf("stamped %s, not above the WAL's last commit %s", st.HLC, ents[9].Commit)
 			}
 		}
-		n.Close()
+		closeReplica(n)
 	}
 	if _, err := os.Stat(filepath.Join(dir, "wal")); !os.IsNotExist(err) {
 		t.Fatalf("the WAL is still in place: %v", err)
@@ -116,25 +118,25 @@ func TestMigrateWALInPlace(t *testing.T) {
 // starts a new log and a new stream, so no index means two writes.
 func TestLostRaftDirectoryStartsNewStream(t *testing.T) {
 	dir := t.TempDir()
-	n := openNode(t, testOptions(dir))
+	n := openAndRun(t, dir)
 	for i := 0; i < 5; i++ {
-		if _, err := n.Put(context.Background(), fmt.Sprintf("k%d", i), []byte("v")); err != nil {
+		if _, err := putErr(n, fmt.Sprintf("k%d", i), "v"); err != nil {
 			t.Fatal(err)
 		}
 	}
-	stream := n.out.Stream()
-	n.Close()
+	stream := n.Stream().Stream()
+	closeReplica(n)
 	if err := os.RemoveAll(filepath.Join(dir, "cluster")); err != nil {
 		t.Fatal(err)
 	}
-	n = openNode(t, testOptions(dir))
-	defer n.Close()
-	res, err := n.Put(context.Background(), "after", []byte("v"))
-	if err != nil || res.Index != 1 || n.out.Stream() == stream || n.out.Stream().IsZero() {
-		t.Fatalf("after the raft directory was lost: index %d on %s (%v), want 1 on a stream other than %s", res.Index, n.out.Stream(), err, stream)
+	n = openAndRun(t, dir)
+	defer closeReplica(n)
+	res, err := putErr(n, "after", "v")
+	if err != nil || res.Index != 1 || n.Stream().Stream() == stream || n.Stream().Stream().IsZero() {
+		t.Fatalf("after the raft directory was lost: index %d on %s (%v), want 1 on a stream other than %s", res.Index, n.Stream().Stream(), err, stream)
 	}
 	for i := 0; i < 5; i++ {
-		if _, err := n.Get(fmt.Sprintf("k%d", i)); err != nil {
+		if _, err := n.d.Store.Get(fmt.Sprintf("k%d", i)); err != nil {
 			t.Fatalf("k%d: %v", i, err)
 		}
 	}
@@ -150,59 +152,59 @@ func TestTreeBehindSnapshot(t *testing.T) {
 	for _, compacted := range []bool{false, true} {
 		t.Run(fmt.Sprintf("compacted=%v", compacted), func(t *testing.T) {
 			dir := t.TempDir()
-			n := openNode(t, testOptions(dir))
-			if _, err := n.Put(context.Background(), "early", []byte("v")); err != nil {
+			n := openAndRun(t, dir)
+			if _, err := putErr(n, "early", "v"); err != nil {
 				t.Fatal(err)
 			}
-			old := n.out.Stream()
-			n.Close()
+			old := n.Stream().Stream()
+			closeReplica(n)
 			backup := filepath.Join(t.TempDir(), "store")
 			if err := os.CopyFS(backup, os.DirFS(filepath.Join(dir, "store"))); err != nil {
 				t.Fatal(err)
 			}
-			n = openNode(t, testOptions(dir))
+			n = openAndRun(t, dir)
 			late := 5
 			if compacted {
 				late = 300 // past the 128 commands a solo group's log keeps
 			}
 			for i := 0; i < late; i++ {
-				if _, err := n.Put(context.Background(), fmt.Sprintf("late%d", i), []byte("v")); err != nil {
+				if _, err := putErr(n, fmt.Sprintf("late%d", i), "v"); err != nil {
 					t.Fatal(err)
 				}
 			}
-			if err := n.group.Snapshot(); err != nil {
+			if err := n.Group().Snapshot(); err != nil {
 				t.Fatal(err)
 			}
-			n.Close()
+			closeReplica(n)
 			if err := os.RemoveAll(filepath.Join(dir, "store")); err != nil {
 				t.Fatal(err)
 			}
 			if err := os.Rename(backup, filepath.Join(dir, "store")); err != nil {
 				t.Fatal(err)
 			}
-			n = openNode(t, testOptions(dir))
-			defer n.Close()
-			res, err := n.Put(context.Background(), "after", []byte("v"))
+			n = openAndRun(t, dir)
+			defer closeReplica(n)
+			res, err := putErr(n, "after", "v")
 			if err != nil {
 				t.Fatal(err)
 			}
-			if _, err := n.Get("early"); err != nil {
+			if _, err := n.d.Store.Get("early"); err != nil {
 				t.Fatalf("the restored tree's write: %v", err)
 			}
 			aside, _ := filepath.Glob(filepath.Join(dir, "cluster.lost-*"))
 			if !compacted {
-				if n.out.Stream() != old || res.Index != uint64(late+2) || len(aside) != 0 {
-					t.Fatalf("stream %s index %d (set aside %v), want %s index %d", n.out.Stream(), res.Index, aside, old, late+2)
+				if n.Stream().Stream() != old || res.Index != uint64(late+2) || len(aside) != 0 {
+					t.Fatalf("stream %s index %d (set aside %v), want %s index %d", n.Stream().Stream(), res.Index, aside, old, late+2)
 				}
 				for i := 0; i < late; i++ {
-					if _, err := n.Get(fmt.Sprintf("late%d", i)); err != nil {
+					if _, err := n.d.Store.Get(fmt.Sprintf("late%d", i)); err != nil {
 						t.Fatalf("late%d not applied from the log: %v", i, err)
 					}
 				}
 				return
 			}
-			if n.out.Stream() == old || res.Index != 1 || len(aside) != 1 {
-				t.Fatalf("stream %s (old %s), index %d, set aside %v: want a new stream from index 1", n.out.Stream(), old, res.Index, aside)
+			if n.Stream().Stream() == old || res.Index != 1 || len(aside) != 1 {
+				t.Fatalf("stream %s (old %s), index %d, set aside %v: want a new stream from index 1", n.Stream().Stream(), old, res.Index, aside)
 			}
 		})
 	}
@@ -229,16 +231,39 @@ func TestOldDirectoryWithoutWALStartsNewStream(t *testing.T) {
 	}
 	b.Close()
 	st.Close()
-	n := openNode(t, testOptions(dir))
-	defer n.Close()
-	if n.out.Stream() == old {
+	n := openAndRun(t, dir)
+	defer closeReplica(n)
+	if n.Stream().Stream() == old {
 		t.Fatal("the stream went on without its WAL")
 	}
-	res, err := n.Put(context.Background(), "new", []byte("v"))
+	res, err := putErr(n, "new", "v")
 	if err != nil || res.Index != 1 {
 		t.Fatalf("first write: index %d, %v", res.Index, err)
 	}
-	if r, err := n.Get("k"); err != nil || string(r.Value) != "v" {
+	if r, err := n.d.Store.Get("k"); err != nil || string(r.Value) != "v" {
 		t.Fatalf("the store's write: %v", err)
 	}
+}
+
+// openAndRun opens a node alone's replica on dir and runs its only term,
+// as a node's start does.
+func openAndRun(t *testing.T, dir string) *Replica {
+	t.Helper()
+	r, _ := openReplica(t, dir, &events{}, nil)
+	r.Run()
+	return r
+}
+
+// closeReplica stops r and closes what it holds, as a node's close does.
+func closeReplica(r *Replica) {
+	r.Stop()
+	closers[r]()
+}
+
+// putErr writes key through the submitter and returns its outcome.
+func putErr(r *Replica, key, value string) (api.WriteResult, error) {
+	b := &Bounds{MaxKeyBytes: 1024, MaxValueBytes: 1 << 20, MaxReplicateBytes: 16 << 20, PinWindow: time.Hour,
+		Clock: r.d.Clock, Peers: func() []PeerLimits { return nil }}
+	sub := &Submitter{Bounds: b, Com: r.Committer(), Admit: func(context.Context) error { return nil }}
+	return sub.Submit(context.Background(), api.Write{Entry: entry.Entry{Op: entry.OpSet, Key: key, Value: []byte(value)}})()
 }
