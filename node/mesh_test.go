@@ -1,7 +1,6 @@
 package node
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -13,9 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/replicator/replicator/entry"
 	"github.com/replicator/replicator/hlc"
-	"github.com/replicator/replicator/store"
 )
 
 // switchboard is the PeerTransport of in-process meshes: it lets the test
@@ -202,61 +199,4 @@ func (m *testMesh) settle() {
 		time.Sleep(5 * time.Millisecond)
 	}
 	m.t.Fatal("links did not settle")
-}
-
-// TestOpenSnapshotHoldsCollection: while a re-seed or backfill from a peer
-// is open here, no tombstone is collected (its entries relay old versions a
-// collected tombstone could no longer shadow); one left open by a peer that
-// is no longer configured holds nothing back, since it can never end.
-func TestOpenSnapshotHoldsCollection(t *testing.T) {
-	pc := hlc.NewManualClock(int64(1000 * time.Hour))
-	m := newTestMesh(t, pc, func(o *Options) {
-		o.TombstoneRetention = 10 * time.Minute
-		o.PinWindow = time.Minute
-	}, "a", "b")
-	a, b := m.nodes["a"], m.nodes["b"]
-	ctx := context.Background()
-	if _, err := a.Put(ctx, "k", []byte("v")); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := a.Delete(ctx, "k"); err != nil {
-		t.Fatal(err)
-	}
-	pc.Advance(12 * time.Minute)
-	for _, n := range []*Node{a, b} {
-		if _, err := n.Put(ctx, "later-"+n.cluster, []byte("y")); err != nil {
-			t.Fatal(err)
-		}
-	}
-	m.settle()
-
-	open := func(sender string) entry.StreamID {
-		t.Helper()
-		o := store.OpenSnapshot{Sender: sender, Stream: entry.NewStreamID(), Kind: store.SnapshotBackfill}
-		bt := a.store.NewBatch()
-		defer bt.Close()
-		if err := bt.OpenSnapshot(o); err != nil {
-			t.Fatal(err)
-		}
-		if err := bt.Commit(true); err != nil {
-			t.Fatal(err)
-		}
-		return o.Stream
-	}
-	s := open("b")
-	if n, err := a.CollectTombstones(); err != nil || n != 0 {
-		t.Fatalf("a collected %d tombstones (%v) while b's backfill is open", n, err)
-	}
-	bt := a.store.NewBatch()
-	if err := bt.CloseSnapshot("b", s); err != nil {
-		t.Fatal(err)
-	}
-	if err := bt.Commit(true); err != nil {
-		t.Fatal(err)
-	}
-	bt.Close()
-	open("gone") // a peer removed from the configuration
-	if n, err := a.CollectTombstones(); err != nil || n != 1 {
-		t.Fatalf("a collected %d tombstones (%v) with only a removed peer's snapshot open, want 1", n, err)
-	}
 }
