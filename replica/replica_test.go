@@ -55,7 +55,7 @@ func (t fakeTerm) End()   { t.ev.add("end") }
 
 // openReplica opens a node alone's replica on dir: real Pebble, a real raft
 // log on disk, no listener.
-func openReplica(t *testing.T, dir string, ev *events, seal func(entry.StreamID, string) error) (*Replica, bool) {
+func openReplica(t *testing.T, dir string, ev *events, seal func(entry.StreamID, string) error, tweak ...func(*Deps)) (*Replica, bool) {
 	t.Helper()
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	st, err := store.Open(filepath.Join(dir, "store"), &store.Options{Logger: log})
@@ -63,7 +63,7 @@ func openReplica(t *testing.T, dir string, ev *events, seal func(entry.StreamID,
 		t.Fatal(err)
 	}
 	var r *Replica
-	r = New(Deps{
+	d := Deps{
 		Cluster: "a", NodeID: "n1", Incarnation: "0000000a", Dir: dir, Store: st,
 		Clock: hlc.NewClock(hlc.SystemClock{}, time.Second), Logger: log,
 		Committer: CommitEnv{MaxGroup: 16, IdemWindow: time.Hour},
@@ -88,7 +88,11 @@ func openReplica(t *testing.T, dir string, ev *events, seal func(entry.StreamID,
 			}
 			return nil
 		},
-	})
+	}
+	for _, f := range tweak {
+		f(&d)
+	}
+	r = New(d)
 	created, err := r.Open()
 	if err != nil {
 		r.Committer().Close()
