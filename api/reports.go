@@ -145,6 +145,20 @@ type ClusterReport struct {
 	// applied it: a rolling upgrade is done once it reaches the newest
 	// build's (the leader raises it once every member reads it).
 	Format int `json:"command_format,omitempty"`
+	// First is the first index this node's raft log holds (the log is
+	// compacted up to a snapshot: a follower further behind is sent the
+	// snapshot).
+	First uint64 `json:"first_log_index"`
+	// Removed are the nodes (or single incarnations, "node.incarnation")
+	// the cluster's log records as removed, and why: none of them may be a
+	// member again.
+	Removed []RemovedNode `json:"removed,omitempty"`
+}
+
+// RemovedNode is one removal record of the cluster's log.
+type RemovedNode struct {
+	ID  string `json:"id"`
+	Why string `json:"why"`
 }
 
 // ClusterNode is one node of the cluster's configuration (or one gossip

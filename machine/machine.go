@@ -706,6 +706,16 @@ func (m *Machine) Replays(key string, fingerprint []byte, now int64, e *entry.En
 // a node ("node." for a node known before incarnations).
 func RemovalKey(node, incarnation string) string { return node + "." + incarnation }
 
+// RemovedAll lists every removal record (RemovalKey, or a node ID) with
+// its why, as Removed reads it.
+func (m *Machine) RemovedAll() (map[string]byte, error) {
+	recs, err := m.st.RemovedNodes()
+	for id, why := range recs {
+		recs[id] = max(why, 1)
+	}
+	return recs, err
+}
+
 // Removed reports whether node id (a node ID, or "node.inc" for one
 // incarnation) was removed from the cluster, and why (the command's Set: 1
 // an operator's removal, 2 replaced by a newer incarnation, 3 lost in a

@@ -35,8 +35,10 @@ type ReportDeps struct {
 	Ready   func() bool
 	Stream  func() string
 	URL     func() string
-	// Removed says why a raft server may not be a member ("": it may).
-	Removed func(id raft.ServerID) string
+	// Removed says why a raft server may not be a member ("": it may);
+	// RemovedAll lists every removal record of the log.
+	Removed    func(id raft.ServerID) string
+	RemovedAll func() []api.RemovedNode
 }
 
 // Report is the cluster report (GET /admin/cluster): the configuration's
@@ -56,6 +58,10 @@ func (c *Report) Local() api.ClusterReport {
 		r.State = "leader (applying the log)"
 	}
 	r.Incarnation, r.RefusedBy, r.Format = d.Incarnation, st.RefusedBy, d.Format()
+	r.First, _ = d.Group.LogBounds()
+	if d.RemovedAll != nil {
+		r.Removed = d.RemovedAll()
+	}
 	for _, sv := range st.Servers {
 		cn := api.ClusterNode{ID: sv.ID, Incarnation: sv.Incarnation, Raft: sv.Raft, Voter: sv.Voter, Leader: sv.Leader}
 		m, seen := d.Gossip.Member(sv.ID)

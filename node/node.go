@@ -292,7 +292,7 @@ func Open(ctx context.Context, opts *Options) (*Node, error) {
 	n.report = membership.NewReport(membership.ReportDeps{
 		Cluster: n.cluster, NodeID: n.nodeID, Incarnation: n.incarnation, Mode: map[bool]string{false: "single", true: "raft"}[n.multi()],
 		Group: n.group, Gossip: n.gossip, Service: n.svc,
-		Applied: n.rep.Applied, Format: n.machine.Format, Ready: n.rep.Ready, URL: n.URL, Removed: n.rep.RemovedServer,
+		Applied: n.rep.Applied, Format: n.machine.Format, Ready: n.rep.Ready, URL: n.URL, Removed: n.rep.RemovedServer, RemovedAll: n.rep.RemovedRecords,
 		Stream: func() string { return n.out.Stream().String() },
 	})
 	n.svc.Attach(n.group)

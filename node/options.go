@@ -588,10 +588,11 @@ type RaftOptions struct {
 	ElectionTimeout time.Duration
 	// SnapshotThreshold and TrailingLogs: a snapshot (a checkpoint of the
 	// tree) is taken and the log compacted once SnapshotThreshold commands
-	// were applied since the last one (checked every 30 s), keeping the last
-	// TrailingLogs commands for followers that lag (defaults 4096 and
-	// 4096); a follower further behind is sent the snapshot.
+	// were applied since the last one (checked every SnapshotInterval,
+	// default 30 s), keeping the last TrailingLogs commands for followers
+	// that lag (defaults 4096 and 4096); one further behind gets the snapshot.
 	SnapshotThreshold, TrailingLogs uint64
+	SnapshotInterval                time.Duration
 	// Key is the cluster's own raft key (--raft-key-file, issue 25): the
 	// raft port's CA derives from it and the cluster ID, so that a gossip
 	// key shared by the clusters of a mesh lets no other cluster in.

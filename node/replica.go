@@ -52,7 +52,7 @@ func (n *Node) replicaDeps() (replica.Deps, error) {
 		}
 		n.members = &membership.GroupMembers{Gossip: n.gossip, NodeID: n.nodeID, Incarnation: n.incarnation}
 		d.Raft = &replica.Raft{Listen: r.Listen, Advertise: r.Advertise, BootstrapExpect: r.BootstrapExpect,
-			ElectionTimeout: r.ElectionTimeout, SnapshotThreshold: r.SnapshotThreshold, TrailingLogs: r.TrailingLogs,
+			ElectionTimeout: r.ElectionTimeout, SnapshotThreshold: r.SnapshotThreshold, TrailingLogs: r.TrailingLogs, SnapshotInterval: r.SnapshotInterval,
 			Members: n.members, Conn: conn}
 	}
 	return d, nil

@@ -1,11 +1,14 @@
 package replica
 
 import (
+	"cmp"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
 	"path/filepath"
+	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -82,6 +85,7 @@ type Raft struct {
 	// ElectionTimeout bounds a failover's detection.
 	ElectionTimeout                 time.Duration
 	SnapshotThreshold, TrailingLogs uint64
+	SnapshotInterval                time.Duration // 0: 30 s
 	// Members is the gossip view of the cluster's nodes.
 	Members cluster.Membership
 }
@@ -450,7 +454,7 @@ func (r *Replica) Open() (created bool, err error) {
 		if co.TrailingLogs == 0 {
 			co.TrailingLogs = 4096
 		}
-		co.SnapshotInterval = 30 * time.Second
+		co.SnapshotInterval = cmp.Or(rf.SnapshotInterval, 30*time.Second)
 		co.Members = rf.Members
 		co.HasData = r.hasData
 		co.Removed = r.RemovedServer
@@ -723,6 +727,21 @@ func (r *Replica) RemovedServer(id raft.ServerID) string {
 		return ""
 	}
 	return cluster.Removal(why).String()
+}
+
+// RemovedRecords lists the log's removal records, oldest ID first, each
+// with why (for the cluster report).
+func (r *Replica) RemovedRecords() []api.RemovedNode {
+	recs, err := r.machine.RemovedAll()
+	if err != nil {
+		return []api.RemovedNode{{ID: "?", Why: "the removal records could not be read: " + err.Error()}}
+	}
+	out := make([]api.RemovedNode, 0, len(recs))
+	for id, why := range recs {
+		out = append(out, api.RemovedNode{ID: strings.TrimSuffix(id, "."), Why: cluster.Removal(why).String()})
+	}
+	slices.SortFunc(out, func(a, b api.RemovedNode) int { return strings.Compare(a.ID, b.ID) })
+	return out
 }
 
 // HasState reports raft state in the group directory of the data directory

@@ -123,6 +123,27 @@ func (s *Store) NodeRemoved(id string) (why byte, removed bool, err error) {
 	return why, true, nil
 }
 
+// RemovedNodes lists every removal record: each node ID (or "node.inc")
+// with why it was removed, as NodeRemoved reads it.
+func (s *Store) RemovedNodes() (map[string]byte, error) {
+	lo := removedNodeKey("")
+	hi := append(append([]byte(nil), lo[:len(lo)-1]...), lo[len(lo)-1]+1)
+	it, err := s.db.NewIter(&pebble.IterOptions{LowerBound: lo, UpperBound: hi})
+	if err != nil {
+		return nil, err
+	}
+	defer it.Close()
+	out := map[string]byte{}
+	for valid := it.First(); valid; valid = it.Next() {
+		var why byte
+		if v := it.Value(); len(v) == 1 {
+			why = v[0]
+		}
+		out[string(it.Key()[len(lo):])] = why
+	}
+	return out, it.Error()
+}
+
 // SetNodeRemoved records id removed from the cluster, and why.
 func (b *Batch) SetNodeRemoved(id string, why byte) error {
 	return b.pb.Set(removedNodeKey(id), []byte{why}, nil)
