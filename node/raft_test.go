@@ -10,7 +10,6 @@ import (
 	"testing"
 	"time"
 
-
 	"github.com/replicator/replicator/api"
 	"github.com/replicator/replicator/client"
 	"github.com/replicator/replicator/discovery"
@@ -142,4 +141,3 @@ func TestImpostorOfTheLeaderGetsNoRequests(t *testing.T) {
 		t.Fatalf("the impostor received %d requests: %v", len(got), got)
 	}
 }
-
