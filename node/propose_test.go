@@ -15,6 +15,10 @@ import (
 	"github.com/replicator/replicator/forward"
 )
 
+// These stay inside the package on purpose: they watch what a follower
+// sends its leader on the raft port (a typed proposal, never a request of
+// the HTTP API), which no outside observer can read.
+
 // sentProposals records what a follower sends its leader.
 type sentProposals struct {
 	mu    sync.Mutex

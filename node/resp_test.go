@@ -18,6 +18,12 @@ import (
 	"github.com/replicator/replicator/resp"
 )
 
+// These stay inside the package on purpose: TestRESPFollowerForwards
+// watches what the follower sends its leader on the raft port (each write
+// a typed proposal), which no outside observer can read; and
+// TestRESPClientThatDoesNotRead serves the door's node over a pipe, to
+// hold a client's unread replies without a socket's buffers between.
+
 func redisClient(t *testing.T, addr string, proto int, tweak func(o *redis.Options)) *redis.Client {
 	t.Helper()
 	o := &redis.Options{Addr: addr, Protocol: proto, MaxRetries: -1, DisableIdentity: false}

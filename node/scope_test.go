@@ -8,6 +8,10 @@ import (
 	"github.com/replicator/replicator/forward"
 )
 
+// This stays inside the package on purpose: it plays a member of the
+// cluster sending the leader a request over the raft port with a scope of
+// its choosing, which takes the member's own service client.
+
 // adminRoutes are the admin endpoints, each as a request that would act or
 // answer with admin data (issue 46: every one was reachable through a
 // follower with the API token or, with only an admin token set, none).
