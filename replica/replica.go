@@ -733,6 +733,9 @@ func (r *Replica) RemovedServer(id raft.ServerID) string {
 // with why (for the cluster report).
 func (r *Replica) RemovedRecords() []api.RemovedNode {
 	recs, err := r.machine.RemovedAll()
+	if errors.Is(err, store.ErrClosed) {
+		return nil // the node stopped: its report says what it knew of itself
+	}
 	if err != nil {
 		return []api.RemovedNode{{ID: "?", Why: "the removal records could not be read: " + err.Error()}}
 	}

@@ -123,9 +123,15 @@ func (s *Store) NodeRemoved(id string) (why byte, removed bool, err error) {
 	return why, true, nil
 }
 
+// ErrClosed: the store was closed.
+var ErrClosed = errors.New("store: closed")
+
 // RemovedNodes lists every removal record: each node ID (or "node.inc")
 // with why it was removed, as NodeRemoved reads it.
 func (s *Store) RemovedNodes() (map[string]byte, error) {
+	if s.closed.Load() {
+		return nil, ErrClosed
+	}
 	lo := removedNodeKey("")
 	hi := append(append([]byte(nil), lo[:len(lo)-1]...), lo[len(lo)-1]+1)
 	it, err := s.db.NewIter(&pebble.IterOptions{LowerBound: lo, UpperBound: hi})

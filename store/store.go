@@ -74,6 +74,9 @@ type Store struct {
 	db    *pebble.DB
 	cache interface{ Unref() }
 	opts  Options
+	// closed: Close began. Reports that may be read after a node stopped
+	// (RemovedNodes) answer ErrClosed instead of reaching a closed Pebble.
+	closed atomic.Bool
 
 	// applyMu serialises batches from first read to commit, so that two
 	// concurrent merges of one key cannot both read the old stamp and both
@@ -167,6 +170,7 @@ func Open(dir string, opts *Options) (*Store, error) {
 // Close flushes nothing extra (every commit already went through Pebble's WAL)
 // and releases the tree.
 func (s *Store) Close() error {
+	s.closed.Store(true)
 	err := s.db.Close()
 	s.cache.Unref()
 	if err != nil {
