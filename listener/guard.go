@@ -34,18 +34,22 @@ func RequireToken(o Tokens, need func(w http.ResponseWriter, r *http.Request) (a
 		}
 		got := Granted(o, r)
 		if !got.Allows(need) {
-			flag := "--api-token-file"
+			// Said from the caller's side: what to send, and where the
+			// replicator CLI takes it from; the node's own flag last, for
+			// whoever runs it.
+			which, flag := "the API token", "--api-token-file"
 			if need == api.ScopeAdmin {
-				flag = "--admin-token-file"
+				which, flag = "the admin token", "--admin-token-file"
 				if o.Admin == "" {
-					flag = "--api-token-file, which opens the admin endpoints while no --admin-token-file is given"
+					which, flag = "the API token, which opens the admin endpoints while no admin token is set", "--api-token-file"
 				}
 			}
 			refused("unauthenticated")
 			RefuseEarly(w)
 			w.Header().Set("WWW-Authenticate", `Bearer realm="replicator"`)
 			httpjson.WriteError(w, http.StatusUnauthorized, httpjson.Error{Code: "unauthenticated",
-				Message: "this node requires Authorization: Bearer <token> (" + flag + ")"})
+				Message: "this node requires Authorization: Bearer <token> with " + which +
+					" (replicator's commands send it from --token-file or $REPLICATOR_TOKEN_FILE; the node reads it from its " + flag + ")"})
 			return
 		}
 		h.ServeHTTP(w, r.WithContext(WithScope(r.Context(), got)))

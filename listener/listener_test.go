@@ -89,6 +89,11 @@ func TestRequireTokenByTheNeededScope(t *testing.T) {
 		if rec.Code == 401 && (rec.Header().Get("WWW-Authenticate") == "" || rec.Header().Get("Connection") != "close") {
 			t.Errorf("%s: a refusal without its challenge or early close: %v", tc.path, rec.Header())
 		}
+		// The refusal says what the caller sends and where the CLI takes
+		// it from, not only the node's flag (issue 49).
+		if rec.Code == 401 && !strings.Contains(rec.Body.String(), "--token-file or $REPLICATOR_TOKEN_FILE") {
+			t.Errorf("%s: the refusal does not tell the caller how to send the token: %s", tc.path, rec.Body)
+		}
 	}
 	if len(reached) != 3 || reached[0] != api.ScopeAPI || reached[1] != api.ScopeAdmin {
 		t.Fatalf("reached with %v", reached)
