@@ -60,12 +60,12 @@ func runAdmin(cmd string, args []string) error {
 	case "reseed":
 		fs.BoolVar(wait, "wait", true, "follow the re-seed with a progress bar until it ends")
 	case "filter":
-		fs.Var(listFlag{&include}, "include", "only keys under this prefix cross (repeatable); with --exclude, replaces the link's filter")
-		fs.Var(listFlag{&exclude}, "exclude", "keys under this prefix never cross (repeatable)")
+		fs.Var(listFlag{&include, "PREFIX"}, "include", "only keys under this prefix cross (repeatable); with --exclude, replaces the link's filter")
+		fs.Var(listFlag{&exclude, "PREFIX"}, "exclude", "keys under this prefix never cross (repeatable)")
 		fs.BoolVar(everyKey, "every-key", false, "let every key cross (no filter)")
 		fs.BoolVar(release, "release", false, "declare the link's narrowing permanent: the tombstones kept for a later widening of what the filter keeps home go")
 	case "digest":
-		fs.Var(listFlag{&prefixes}, "prefix", "hash only the keys under this prefix (repeatable: under any of them), to prove two clusters agree on what a link's filter lets cross")
+		fs.Var(listFlag{&prefixes, "PREFIX"}, "prefix", "hash only the keys under this prefix (repeatable: under any of them), to prove two clusters agree on what a link's filter lets cross")
 	case "cluster":
 		fs.StringVar(force, "force", "", "join: add the node although its raft port does not say who it is (an emergency: give the reason, which the leader logs)")
 	}

@@ -43,7 +43,7 @@ func runRestore(args []string) error {
 func runInspect(args []string) error {
 	fs := flag.NewFlagSet("inspect", flag.ContinueOnError)
 	var dirs []string
-	fs.Var(listFlag{&dirs}, "data", "a stopped node's data directory (repeatable: the most up-to-date log is marked)")
+	fs.Var(listFlag{&dirs, "DIR"}, "data", "a stopped node's data directory (repeatable: the most up-to-date log is marked)")
 	out, err := parseOut(fs, args)
 	if err != nil {
 		return err

@@ -131,7 +131,11 @@ func defaultServeConfig() *serveConfig {
 }
 
 // listFlag is a repeatable string flag.
-type listFlag struct{ p *[]string }
+// listFlag is a repeatable flag; meta names its value in the help.
+type listFlag struct {
+	p    *[]string
+	meta string
+}
 
 func (l listFlag) String() string {
 	if l.p == nil {
@@ -213,7 +217,7 @@ func (d *duration) String() string {
 func (*duration) Type() string   { return "duration" }
 func (optDuration) Type() string { return "duration" }
 func (f namedFlag) Type() string { return f.meta }
-func (listFlag) Type() string    { return "HOST:PORT" }
+func (l listFlag) Type() string  { return l.meta }
 
 // shortDuration is 24h rather than 24h0m0s.
 func shortDuration(d time.Duration) string {
@@ -416,7 +420,7 @@ func serveFlags(cfg *serveConfig) *flag.FlagSet {
 	fs.BoolVar(&cfg.NoAutoReseed, "no-auto-reseed", cfg.NoAutoReseed, "re-seed peers only when asked (POST /admin/peers/NAME/reseed)")
 	fs.StringVar(&cfg.GossipBind, "gossip-bind", cfg.GossipBind, "HOST:PORT for memberlist gossip (peer discovery); off when empty")
 	fs.StringVar(&cfg.GossipAdvertise, "gossip-advertise", cfg.GossipAdvertise, "HOST:PORT other nodes reach the gossip port at (default --gossip-bind)")
-	fs.Var(listFlag{&cfg.Join}, "join", "a gossip seed HOST:PORT (repeatable)")
+	fs.Var(listFlag{&cfg.Join, "HOST:PORT"}, "join", "a gossip seed HOST:PORT (repeatable)")
 	fs.StringVar(&cfg.GossipKeyFile, "gossip-key-file", cfg.GossipKeyFile, "file with the base64 memberlist encryption key (16, 24 or 32 bytes); nodes without it cannot join")
 	fs.StringVar(&cfg.GossipProfile, "gossip-profile", cfg.GossipProfile, "memberlist timing: wan, lan or local (default: local on a loopback --gossip-bind, where every member is on one machine, else wan)")
 	fs.StringVar(&cfg.AdvertiseAPI, "advertise-api", cfg.AdvertiseAPI, "URL the other nodes reach this node's API at, gossiped (default from --listen)")
