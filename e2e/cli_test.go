@@ -420,4 +420,13 @@ func TestCLIFlagHelp(t *testing.T) {
 	if out, errOut, _ := cli(t, nil, "help", "admin"); !strings.Contains(out+errOut, "cluster join") {
 		t.Fatalf("help admin omits the cluster commands:\n%s%s", out, errOut)
 	}
+	// `help X` is `X -h` (issue 49: it printed cobra's usage, without the
+	// flags).
+	for _, c := range []string{"diff", "put", "filter", "serve"} {
+		hOut, hErr, hCode := cli(t, nil, "help", c)
+		fOut, fErr, fCode := cli(t, nil, c, "-h")
+		if hOut+hErr != fOut+fErr || hCode != 0 || fCode != 0 {
+			t.Fatalf("help %s (exit %d):\n%s%s\ndiffers from %s -h (exit %d):\n%s%s", c, hCode, hOut, hErr, c, fCode, fOut, fErr)
+		}
+	}
 }

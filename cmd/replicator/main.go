@@ -84,6 +84,22 @@ func root() *cobra.Command {
 	floor.Hidden = true
 	floor.ValidArgsFunction = nil // its flags are parsed by the flag package alone: completing would start it
 	r.AddCommand(floor)
+	// `replicator help X` prints what `replicator X -h` prints: the one
+	// place a command's flags are described is its own parser.
+	r.SetHelpCommand(&cobra.Command{
+		Use:   "help [COMMAND]",
+		Short: "a command's flags with their defaults (same as COMMAND -h)",
+		RunE: func(c *cobra.Command, args []string) error {
+			sub, _, err := r.Find(args)
+			if err != nil || sub == r || len(args) == 0 {
+				return r.Help()
+			}
+			if sub.RunE == nil {
+				return sub.Help()
+			}
+			return sub.RunE(sub, []string{"-h"})
+		},
+	})
 	return r
 }
 
