@@ -321,6 +321,21 @@ func dash(s string) string {
 func printPeers(w io.Writer, r *api.PeersReport) {
 	fmt.Fprintf(w, "cluster %s\n\n", r.Cluster)
 	printLinks(w, r.Links)
+	if len(r.Links) > 0 {
+		// What each link carries and how: the table a filter, a limit or
+		// compression changes (it was in -o json only).
+		fmt.Fprintln(w)
+		tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "PEER\tFILTER\tCOMPRESSION\tBANDWIDTH\tTHROTTLED")
+		for _, l := range r.Links {
+			limit := "none"
+			if l.BandwidthLimit > 0 {
+				limit = human(l.BandwidthLimit) + "/s"
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%.1fs\n", l.Peer, dash(l.Filter), dash(l.Compression), limit, l.ThrottledSeconds)
+		}
+		tw.Flush()
+	}
 	for _, l := range r.Links {
 		if l.Reseed.Runs > 0 {
 			fmt.Fprintf(w, "re-seeds of %s: %d, last %s (%s)\n", l.Peer, l.Reseed.Runs,

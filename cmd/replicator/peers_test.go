@@ -26,3 +26,19 @@ func TestPeersPrintsRelaysLeftOut(t *testing.T) {
 		t.Fatalf("a line for c, which relayed nothing left out:\n%s", s)
 	}
 }
+
+// TestPeersShowsWhatEachLinkCarries (issue 49): the peers table shows each
+// link's filter, compression and bandwidth limit, which only -o json had.
+func TestPeersShowsWhatEachLinkCarries(t *testing.T) {
+	var out bytes.Buffer
+	printPeers(&out, &api.PeersReport{Cluster: "a", Links: []api.LinkStatus{
+		{Peer: "b", Filter: "+shared/ -shared/tmp/", Compression: "zstd", BandwidthLimit: 20 << 20, ThrottledSeconds: 1.5},
+		{Peer: "c", Filter: "every key", Compression: "none"},
+	}})
+	s := out.String()
+	for _, want := range []string{"FILTER", "+shared/ -shared/tmp/", "zstd", "20.0 MiB/s", "1.5s", "every key"} {
+		if !strings.Contains(s, want) {
+			t.Fatalf("the peers table lacks %q:\n%s", want, s)
+		}
+	}
+}
