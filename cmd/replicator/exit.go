@@ -33,6 +33,9 @@ const (
 	// exitUnknown: a write that may have happened (sent, and no answer says
 	// it did not): read it back, or ask with `replicator outcome`.
 	exitUnknown = 5
+	// exitUnhealthy: `replicator status` found the cluster degraded or
+	// down (its verdict line says why); the status was printed whole.
+	exitUnhealthy = 6
 )
 
 // usageError is a command line that cannot run: exit 2.
@@ -60,12 +63,15 @@ type cliError struct {
 func classify(err error) cliError {
 	msg := strings.TrimPrefix(err.Error(), "replicator: ")
 	var ue usageError
+	var uh unhealthyError
 	var ce *client.Error
 	var we *client.WriteError
 	isWrite := errors.As(err, &we)
 	switch {
 	case errors.As(err, &ue) || strings.HasPrefix(err.Error(), "unknown command") || strings.HasPrefix(err.Error(), "unknown flag"):
 		return cliError{Code: "usage", Message: msg, ExitCode: exitUsage}
+	case errors.As(err, &uh):
+		return cliError{Code: uh.verdict, Message: msg, ExitCode: exitUnhealthy}
 	case errors.As(err, &ce):
 		e := cliError{Code: ce.Code, Message: msg, Status: ce.Status, Retryable: ce.CanRetry, Outcome: ce.Outcome, ExitCode: exitFailed}
 		if e.Code == "" {
@@ -106,6 +112,10 @@ func transportError(err error) bool {
 // the exit code.
 func report(w, stderr io.Writer, name string, err error, asJSON bool) int {
 	e := classify(err)
+	if uh := (unhealthyError{}); errors.As(err, &uh) && asJSON {
+		// The status document already says its verdict: one document.
+		return e.ExitCode
+	}
 	if asJSON {
 		enc := json.NewEncoder(w)
 		enc.SetIndent("", "  ")

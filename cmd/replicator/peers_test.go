@@ -42,3 +42,46 @@ func TestPeersShowsWhatEachLinkCarries(t *testing.T) {
 		}
 	}
 }
+
+// TestStatusVerdict (issue 49): status opens with one verdict and exits 6
+// unless healthy: a peer down 70 s (its link stalled) is degraded, not
+// HEALTHY with exit 0; a missing voter is degraded, a lost quorum or no
+// leader down.
+func TestStatusVerdict(t *testing.T) {
+	healthy := func() *statusOut {
+		return &statusOut{Ready: true, Cluster: api.ClusterReport{Cluster: "a", Leader: "a1"}, VotersLive: 3, VotersTotal: 3,
+			Saturation: api.SaturationReport{State: api.StateHealthy}, Links: []api.LinkStatus{{Peer: "b", State: "healthy"}}}
+	}
+	for _, tc := range []struct {
+		name    string
+		change  func(*statusOut)
+		verdict string
+		why     string
+	}{
+		{"healthy", func(*statusOut) {}, "healthy", ""},
+		{"a peer down", func(s *statusOut) {
+			s.Links[0].State, s.Links[0].LastError = "stalled", "transport: b at http://b refused the connection"
+		}, "degraded", "link to b stalled (transport: b at http://b refused the connection)"},
+		{"saturated", func(s *statusOut) { s.Saturation.State = api.StateSaturated }, "degraded", "saturation saturated"},
+		{"a missing voter", func(s *statusOut) { s.VotersLive = 2 }, "degraded", "2 of 3 voters answering"},
+		{"no quorum", func(s *statusOut) { s.VotersLive = 1 }, "down", "no quorum"},
+		{"no leader", func(s *statusOut) { s.Cluster.Leader = "" }, "down", "no leader known"},
+	} {
+		s := healthy()
+		tc.change(s)
+		s.Verdict, s.Why = verdict(s)
+		if s.Verdict != tc.verdict || !strings.Contains(strings.Join(s.Why, "; "), tc.why) {
+			t.Errorf("%s: %s %q, want %s with %q", tc.name, s.Verdict, s.Why, tc.verdict, tc.why)
+		}
+		var out bytes.Buffer
+		printStatus(&out, s)
+		if first := strings.SplitN(out.String(), "\n", 2)[0]; !strings.HasPrefix(first, strings.ToUpper(tc.verdict)) {
+			t.Errorf("%s: the status opens with %q", tc.name, first)
+		}
+		if tc.verdict != "healthy" {
+			if code := report(&out, &out, "replicator status", unhealthyError{s.Verdict, s.Why}, false); code != 6 {
+				t.Errorf("%s: exit %d, want 6", tc.name, code)
+			}
+		}
+	}
+}

@@ -17,6 +17,10 @@ import (
 // statusOut is `replicator status`: the answering node's view of its
 // cluster, its links and its saturation, and whether it takes traffic.
 type statusOut struct {
+	// Verdict is the one-word answer (healthy, degraded, down) and Why
+	// its reasons; the command exits 6 unless it is healthy.
+	Verdict     string               `json:"verdict"`
+	Why         []string             `json:"why,omitempty"`
 	Ready       bool                 `json:"ready"`
 	NotReady    string               `json:"not_ready,omitempty"`
 	Cluster     api.ClusterReport    `json:"cluster"`
@@ -86,7 +90,76 @@ func runStatus(args []string) error {
 			out.VotersLive++
 		}
 	}
-	return cf.out.print(out, func(w io.Writer) { printStatus(w, &out) })
+	out.Verdict, out.Why = verdict(&out)
+	if err := cf.out.print(out, func(w io.Writer) { printStatus(w, &out) }); err != nil {
+		return err
+	}
+	if out.Verdict != verdictHealthy {
+		return unhealthyError{verdict: out.Verdict, why: out.Why}
+	}
+	return nil
+}
+
+const (
+	verdictHealthy  = "healthy"
+	verdictDegraded = "degraded"
+	verdictDown     = "down"
+)
+
+// verdict sums up a status: down when the cluster cannot take writes
+// through this node (no leader known, too few voters answering, the node
+// kept out); degraded when it can but something an operator should look at
+// is wrong (the node not ready, saturation, a link that is not healthy, a
+// voter not answering); healthy otherwise.
+func verdict(s *statusOut) (string, []string) {
+	var down, degraded []string
+	r := &s.Cluster
+	if rb := r.RefusedBy; rb != nil {
+		down = append(down, "this node is kept out by "+rb.By)
+	}
+	if r.Leader == "" {
+		down = append(down, "no leader known")
+	}
+	if s.VotersTotal > 0 && s.VotersLive <= s.VotersTotal/2 {
+		down = append(down, fmt.Sprintf("%d of %d voters answering: no quorum", s.VotersLive, s.VotersTotal))
+	} else if s.VotersLive < s.VotersTotal {
+		degraded = append(degraded, fmt.Sprintf("%d of %d voters answering", s.VotersLive, s.VotersTotal))
+	}
+	if !s.Ready {
+		degraded = append(degraded, "not ready: "+s.NotReady)
+	}
+	if st := s.Saturation.State; st != "" && st != api.StateHealthy {
+		degraded = append(degraded, "saturation "+st)
+	}
+	for _, l := range s.Links {
+		switch l.State {
+		case "healthy", "follower", "unknown":
+			continue
+		}
+		why := "link to " + l.Peer + " " + l.State
+		if l.LastError != "" {
+			why += " (" + l.LastError + ")"
+		}
+		degraded = append(degraded, why)
+	}
+	switch {
+	case len(down) > 0:
+		return verdictDown, append(down, degraded...)
+	case len(degraded) > 0:
+		return verdictDegraded, degraded
+	}
+	return verdictHealthy, nil
+}
+
+// unhealthyError ends a status that is not healthy: exit 6, after the
+// status was printed whole.
+type unhealthyError struct {
+	verdict string
+	why     []string
+}
+
+func (e unhealthyError) Error() string {
+	return e.verdict + ": " + strings.Join(e.why, "; ")
 }
 
 func printStatus(w io.Writer, s *statusOut) {
@@ -99,6 +172,11 @@ func printStatus(w io.Writer, s *statusOut) {
 	if !s.Ready {
 		ready = "NO: " + s.NotReady
 	}
+	v := strings.ToUpper(s.Verdict)
+	if len(s.Why) > 0 {
+		v += ": " + strings.Join(s.Why, "; ")
+	}
+	fmt.Fprintf(w, "%s\n\n", v)
 	fmt.Fprintf(w, "cluster    %s (%s), answered by %s (%s)\n", r.Cluster, r.Mode, r.Node, r.State)
 	fmt.Fprintf(w, "leader     %s, term %d\n", leader, r.Term)
 	fmt.Fprintf(w, "voters     %d of %d answering\n", s.VotersLive, s.VotersTotal)
