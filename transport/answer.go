@@ -82,9 +82,10 @@ func (s *Shipper) answered(ack *wire.Ack, stream entry.StreamID) bool {
 	return true
 }
 
-// ackedLocked records contact, flow hints and clock skew from an ack.
+// ackedLocked records contact and flow hints from an ack (postOnce
+// measured the clock's skew over the request itself).
 // REQUIRES: s.mu held.
-func (s *Shipper) ackedLocked(ack wire.Ack, sent int64) {
+func (s *Shipper) ackedLocked(ack wire.Ack) {
 	s.mu.lastContact = time.Now()
 	s.mu.errors = 0
 	s.mu.lastErr = ""
@@ -92,10 +93,6 @@ func (s *Shipper) ackedLocked(ack wire.Ack, sent int64) {
 	s.mu.suggested = ack.SuggestedBatch
 	if ack.PauseMS > 0 {
 		s.mu.pauseUntil = time.Now().Add(time.Duration(ack.PauseMS) * time.Millisecond)
-	}
-	if ack.Now != 0 {
-		mid := sent + (s.opts.Now()-sent)/2
-		s.mu.skew = time.Duration(ack.Now - mid)
 	}
 }
 

@@ -4,10 +4,12 @@ import (
 	"bytes"
 	"fmt"
 	"io"
+	"math"
 	"math/rand/v2"
 	"net/http"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -216,6 +218,25 @@ func TestBandwidthChargedWithCompressedBytes(t *testing.T) {
 	waitAcked(2000)
 	// Then 512 KiB that do not compress: 4 s at the limit.
 	rng := rand.New(rand.NewPCG(1, 2))
+	// The skew the link reports while the limiter holds its posts.
+	var worstSkew atomic.Int64 // microseconds, absolute
+	watch := make(chan struct{})
+	watched := make(chan struct{})
+	go func() {
+		// Exits when the throttled phase is over (watch closed).
+		defer close(watched)
+		for {
+			select {
+			case <-watch:
+				return
+			case <-time.After(10 * time.Millisecond):
+			}
+			st := l.sh.Status(transport.Thresholds{}, func(uint64) (int64, bool) { return 0, false })
+			if us := int64(math.Abs(st.ClockSkewMS) * 1000); us > worstSkew.Load() {
+				worstSkew.Store(us)
+			}
+		}
+	}()
 	t0 := time.Now()
 	appendN(2000, 256, func() []byte {
 		v := make([]byte, 2048)
@@ -225,6 +246,8 @@ func TestBandwidthChargedWithCompressedBytes(t *testing.T) {
 		return v
 	})
 	waitAcked(2256)
+	close(watch)
+	<-watched
 	took := time.Since(t0)
 	total, most := meter.since(t0, time.Second)
 	st := l.sh.Status(transport.Thresholds{}, func(uint64) (int64, bool) { return 0, false })
@@ -232,6 +255,12 @@ func TestBandwidthChargedWithCompressedBytes(t *testing.T) {
 		total, took.Round(time.Millisecond), float64(total)/took.Seconds(), limit, most, st.BytesRaw, st.BytesOnWire)
 	if total < 256*2048 {
 		t.Fatalf("only %d bytes on the wire for %d bytes of incompressible values", total, 256*2048)
+	}
+	// Both ends read one clock: the posts the limiter held are no skew
+	// (issue 49: a throttled send read as 5.1 s, the alert fires at 0.25).
+	t.Logf("worst clock skew reported while throttled: %.1f ms", float64(worstSkew.Load())/1000)
+	if worst := float64(worstSkew.Load()) / 1000; worst > 50 {
+		t.Fatalf("clock skew up to %.1f ms between two ends of one clock, measured over sends the limiter held", worst)
 	}
 	// The bucket's burst is a quarter second of the rate: over 1 s at most
 	// 1.25 x the limit, with 10% of slack for the timing of the sends.

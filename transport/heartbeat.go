@@ -54,7 +54,6 @@ func (s *Shipper) heartbeat(ctx context.Context) error {
 		}
 	}
 	body := wire.AppendHeader(nil, &h, 0)
-	sent := s.opts.Now()
 	ack, err := s.post(ctx, body)
 	if err != nil {
 		return err
@@ -70,7 +69,7 @@ func (s *Shipper) heartbeat(ctx context.Context) error {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if !s.takeAckLocked(ack, stream, sent) {
+	if !s.takeAckLocked(ack, stream) {
 		return nil
 	}
 	s.seedingLocked(ack.Seeding)

@@ -431,7 +431,7 @@ func (s *Shipper) settle(f *flight, ack wire.Ack, err error) error {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if !s.takeAckLocked(ack, stream, sent) {
+	if !s.takeAckLocked(ack, stream) {
 		return nil
 	}
 	rtt := time.Duration(s.opts.Now() - sent)
@@ -475,13 +475,13 @@ func (s *Shipper) stub(payload []byte, stream entry.StreamID) ([]byte, error) {
 }
 
 // takeAckLocked moves the cursor on the peer's answer to a post of stream
-// sent at sent, unless the link was replaced since answered checked it
+// sent earlier, unless the link was replaced since answered checked it
 // (Rebase owns the cursor then) or stopped on an earlier answer of the
 // window; it reports whether it did. REQUIRES: s.mu held.
-func (s *Shipper) takeAckLocked(ack wire.Ack, stream entry.StreamID, sent int64) bool {
+func (s *Shipper) takeAckLocked(ack wire.Ack, stream entry.StreamID) bool {
 	if stream != s.log.Stream() || s.mu.conflict != "" {
 		return false
 	}
-	s.ackedLocked(ack, sent)
+	s.ackedLocked(ack)
 	return true
 }

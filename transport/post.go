@@ -123,6 +123,9 @@ func (s *Shipper) postOnce(ctx context.Context, body []byte) (wire.Ack, error) {
 	s.mu.bytesRaw += uint64(len(body))
 	s.mu.bytesWire += uint64(len(sent))
 	s.mu.Unlock()
+	// The clock's skew is measured from here, after the bandwidth limit's
+	// wait and the proof: a send the limiter held read as seconds of skew.
+	departed := s.opts.Now()
 	resp, err := s.opts.Client.Do(req)
 	if err != nil {
 		if ctx.Err() == nil || errors.Is(ctx.Err(), context.DeadlineExceeded) {
@@ -152,7 +155,13 @@ func (s *Shipper) postOnce(ctx context.Context, body []byte) (wire.Ack, error) {
 		s.unproven(base)
 		return ack, fmt.Errorf("%w: %s at %s answered %d without a valid %s: ignored", ErrUnproven, s.peer.Name, base, resp.StatusCode, wire.HeaderMAC)
 	}
-	return s.decodeAnswer(base, resp.StatusCode, b)
+	ack, err = s.decodeAnswer(base, resp.StatusCode, b)
+	if err == nil && ack.Now != 0 {
+		s.mu.Lock()
+		s.mu.skew = time.Duration(ack.Now - (departed + (s.opts.Now()-departed)/2))
+		s.mu.Unlock()
+	}
+	return ack, err
 }
 
 // encode is the body to send to the node at base, and its

@@ -494,11 +494,10 @@ func (s *Shipper) trailer(h *wire.Header, snap Snapshot, at *wire.SnapshotEnd, f
 func (s *Shipper) postReseedBatch(ctx context.Context, body []byte, index uint64) error {
 	ctx = snapshotPost(ctx)
 	for attempt := 1; ; attempt++ {
-		t0 := s.opts.Now()
 		ack, err := s.post(ctx, body)
 		if err == nil {
 			s.mu.Lock()
-			s.ackedLocked(ack, t0)
+			s.ackedLocked(ack)
 			// The peer set aside some of the snapshot's versions: it is
 			// not counted as holding what the snapshot covers (WAIT).
 			s.mu.snapDead = s.mu.snapDead || ack.DeadMore
