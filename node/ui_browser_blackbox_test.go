@@ -264,6 +264,10 @@ func TestDashboardShowsTheNodes(t *testing.T) {
 	if msg, _ := chromedp.Run(ctx, chromedp.Text(chromedp.ID("error"))); msg != "" {
 		t.Fatalf("the follower's dashboard says %q", msg)
 	}
+	// Every voter answering, no links: the verdict reads healthy.
+	if err := chromedp.Do(ctx, chromedp.WaitVisible(chromedp.CSS(`#verdict.healthy`))); err != nil {
+		t.Fatalf("a healthy cluster's verdict: %v", err)
+	}
 	// The third node stops: it shows unreachable, with its applied index
 	// and lag unknown ("-"), not #0 and 0.
 	var other string
@@ -276,6 +280,13 @@ func TestDashboardShowsTheNodes(t *testing.T) {
 	row := `#nodes tr[data-node="` + other + `"]`
 	if err := chromedp.Do(ctx, chromedp.WaitVisible(chromedp.CSS(row+` span.state.unreachable`))); err != nil {
 		t.Fatalf("a stopped node is not shown unreachable: %v", err)
+	}
+	// A voter missing: degraded, saying so, as replicator status does.
+	if err := chromedp.Do(ctx, chromedp.WaitVisible(chromedp.CSS(`#verdict.degraded`))); err != nil {
+		t.Fatalf("a missing voter's verdict: %v", err)
+	}
+	if why, _ := chromedp.Run(ctx, chromedp.Text(chromedp.ID("why"))); !strings.Contains(why, "2 of 3 voters answering") {
+		t.Fatalf("a missing voter's verdict says %q", why)
 	}
 	applied, err1 := chromedp.Run(ctx, chromedp.Text(chromedp.CSS(row+` td:nth-child(7)`)))
 	lag, err2 := chromedp.Run(ctx, chromedp.Text(chromedp.CSS(row+` td:nth-child(8)`)))
@@ -333,6 +344,13 @@ func TestDashboardSaturation(t *testing.T) {
 		chromedp.WaitVisible(chromedp.CSS(`#limit`)),
 	); err != nil {
 		t.Fatal(err)
+	}
+	// The page opens with the verdict replicator status prints.
+	if err := chromedp.Do(ctx, chromedp.WaitVisible(chromedp.CSS(`#verdict.degraded`))); err != nil {
+		t.Fatal(err)
+	}
+	if why, _ := chromedp.Run(ctx, chromedp.Text(chromedp.ID("why"))); !strings.Contains(why, "saturation saturated") || !strings.Contains(why, "link to b") {
+		t.Fatalf("a saturated node's verdict says %q", why)
 	}
 	note, _ := chromedp.Run(ctx, chromedp.Text(chromedp.ID("satnote")))
 	refusals, _ := chromedp.Run(ctx, chromedp.Text(chromedp.ID("refusals")))
