@@ -118,6 +118,10 @@ func diffTable(w io.Writer, r *client.DiffReport, limit int) {
 	switch {
 	case r.Equal && !r.RangesDiffer:
 		fmt.Fprintf(w, "equal: this cluster and %s hold the same live versions (%s exchanged, %.1fs)\n", r.Peer, human(r.Bytes), r.Seconds)
+		if r.Repaired > 0 {
+			// A repair's last pass: equal after what the earlier ones pulled.
+			fmt.Fprintf(w, "repaired: %d versions pulled from %s and applied here\n", r.Repaired, r.Peer)
+		}
 		return
 	case r.Equal:
 		fmt.Fprintf(w, "equal: this cluster and %s hold the same live versions (%s exchanged, %.1fs)\n", r.Peer, human(r.Bytes), r.Seconds)
