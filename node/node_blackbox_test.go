@@ -36,13 +36,14 @@ import (
 func opts(dir string) *node.Options { return nodetest.Options("a", dir) }
 
 func TestOptionsValidateReportsEverything(t *testing.T) {
-	o := &node.Options{ClusterID: "Bad_ID!", MaxKeyBytes: -1, TombstoneRetention: time.Second, MaxGroupEntries: -3}
+	o := &node.Options{ClusterID: "Bad_ID!", MaxKeyBytes: -1, TombstoneRetention: time.Second, MaxGroupEntries: -3,
+		Raft: &node.RaftOptions{Listen: "127.0.0.1:7500", ElectionTimeout: time.Millisecond, SnapshotInterval: -time.Second}}
 	o.EnsureDefaults()
 	err := o.Validate()
 	if err == nil {
 		t.Fatal("invalid options accepted")
 	}
-	for _, want := range []string{"Bad_ID!", "data directory", "MaxKeyBytes", "TombstoneRetention", "MaxGroupEntries"} {
+	for _, want := range []string{"Bad_ID!", "data directory", "MaxKeyBytes", "TombstoneRetention", "MaxGroupEntries", "raft-election-timeout", "SnapshotInterval"} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("error does not mention %s: %v", want, err)
 		}

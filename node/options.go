@@ -517,6 +517,9 @@ func (o *Options) Validate() error {
 		if r.ElectionTimeout < 100*time.Millisecond {
 			add("--raft-election-timeout %s is below 100ms", r.ElectionTimeout)
 		}
+		if r.SnapshotInterval < 0 || (r.SnapshotInterval > 0 && r.SnapshotInterval < 10*time.Millisecond) {
+			add("Raft.SnapshotInterval %s: 0 (30s) or at least 10ms", r.SnapshotInterval)
+		}
 		if _, err := o.raftCredentials(); err != nil {
 			errs = append(errs, err)
 		}
