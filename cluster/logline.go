@@ -17,6 +17,19 @@ func raftLogger(l *slog.Logger) hclog.Logger {
 		DisableTime: true})
 }
 
+// routine are raft's warnings that a healthy cluster logs as a matter of
+// course: the first election of a new cluster (or after a leader stops), a
+// node waiting to be added to the configuration (readiness says so if it
+// lasts), and a follower caught up from older entries. They are logged at INFO: an
+// operator's WARN is for something to look at (a healthy start logged
+// three; issue 49).
+var routine = []string{
+	"heartbeat timeout reached, starting election",
+	"no known peers, aborting election",
+	"failed to get previous log",
+	"appendEntries rejected, sending older logs",
+}
+
 // lineWriter logs each line hclog writes. A peer that is down makes raft
 // log a failed heartbeat or append every few milliseconds: a line of one
 // kind about one peer is logged at most every repeatEvery, with how many
@@ -35,6 +48,11 @@ func (w *lineWriter) Write(p []byte) (int, error) {
 	level := slog.LevelWarn
 	if strings.Contains(msg, "[ERROR]") {
 		level = slog.LevelError
+	}
+	for _, normal := range routine {
+		if strings.Contains(msg, normal) {
+			level = slog.LevelInfo
+		}
 	}
 	kind := lineKind(msg)
 	w.mu.Lock()

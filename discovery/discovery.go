@@ -15,6 +15,7 @@ import (
 	"net"
 	"sort"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -388,7 +389,9 @@ func (w *slogWriter) Write(p []byte) (int, error) {
 		msg = msg[:len(msg)-1]
 	}
 	level := slog.LevelDebug
-	if len(msg) > 7 && (msg[:7] == "[ERR] m" || msg[:8] == "[WARN] m") {
+	if len(msg) > 7 && (msg[:7] == "[ERR] m" || msg[:8] == "[WARN] m") && !strings.Contains(msg, "use of closed network connection") {
+		// (A send on this node's own socket, closed by a clean stop, is
+		// not a problem of the cluster's.)
 		level = slog.LevelWarn
 	}
 	w.l.Log(nil, level, msg, "component", "memberlist")

@@ -1,9 +1,11 @@
 package discovery
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"log/slog"
+	"slices"
 	"testing"
 	"time"
 
@@ -84,5 +86,35 @@ func TestGossipProfileByAddress(t *testing.T) {
 		if got := GossipProfile(c.given, c.host); got != c.want {
 			t.Errorf("GossipProfile(%q, %q) = %q, want %q", c.given, c.host, got, c.want)
 		}
+	}
+}
+
+// levels records the level of each record logged.
+type levels struct{ got []slog.Level }
+
+func (h *levels) Enabled(context.Context, slog.Level) bool { return true }
+func (h *levels) Handle(_ context.Context, r slog.Record) error {
+	h.got = append(h.got, r.Level)
+	return nil
+}
+func (h *levels) WithAttrs([]slog.Attr) slog.Handler { return h }
+func (h *levels) WithGroup(string) slog.Handler      { return h }
+
+// TestMemberlistLinesByLevel: memberlist's errors reach the node's log as
+// warnings, its chatter as debug, and a send on this node's own socket that
+// a clean stop closed as debug too (issue 49: a clean stop logged [ERR]).
+func TestMemberlistLinesByLevel(t *testing.T) {
+	h := &levels{}
+	w := &slogWriter{l: slog.New(h)}
+	for _, line := range []string{
+		"[ERR] memberlist: Failed to send UDP ping: write udp 127.0.0.1:7613->127.0.0.1:7612: use of closed network connection\n",
+		"[ERR] memberlist: Failed to send UDP ping: write udp 127.0.0.1:7613->127.0.0.1:7612: connection refused\n",
+		"[DEBUG] memberlist: Stream connection from=127.0.0.1:7611\n",
+	} {
+		w.Write([]byte(line))
+	}
+	want := []slog.Level{slog.LevelDebug, slog.LevelWarn, slog.LevelDebug}
+	if !slices.Equal(h.got, want) {
+		t.Fatalf("levels %v, want %v", h.got, want)
 	}
 }
