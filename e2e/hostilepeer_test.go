@@ -3,9 +3,9 @@ package e2e
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
-	"io"
 	"math/rand/v2"
 	"net"
 	"net/http"
@@ -175,21 +175,10 @@ func (hp *hostilePeer) run() {
 		return n, nc
 	}
 	hc := &http.Client{Timeout: 30 * time.Second}
-	post := func(n *rnode, path string, body []byte, hdr map[string]string) int {
-		req, _ := http.NewRequest(http.MethodPost, n.url+path, bytes.NewReader(body))
-		req.Header.Set("Content-Type", wire.ContentType)
-		req.Header.Set(wire.HeaderOrigin, "m")
-		req.Header.Set("Authorization", "Bearer secret-"+pair(n.cluster, "m"))
-		for k, v := range hdr {
-			req.Header.Set(k, v)
-		}
-		resp, err := hc.Do(req)
-		if err != nil {
-			return 0 // a node killed by the schedule
-		}
-		io.Copy(io.Discard, resp.Body)
-		resp.Body.Close()
-		return resp.StatusCode
+	post := func(n *rnode, path string, body []byte, hdr ...string) int {
+		// 0: no answer (a node killed by the schedule).
+		code, _, _ := treeforge.Post(context.Background(), hc, n.url+path, "m", "secret-"+pair(n.cluster, "m"), body, hdr...)
+		return code
 	}
 	var pass atomic.Uint64
 	for i := 0; i < 2; i++ {
@@ -201,7 +190,7 @@ func (hp *hostilePeer) run() {
 			body, _ := wire.EncodeTree(&wire.TreeRequest{Protocol: hashtree.Version, Op: wire.TreeSums, Nodes: []int{0},
 				Pass: pass.Add(1) + 1<<40, Filters: []wire.Filter{{Include: []string{"k/"}}}})
 			hp.trees.Add(1)
-			switch code := post(n, wire.PathTree, body, nil); code {
+			switch code := post(n, wire.PathTree, body); code {
 			case http.StatusOK:
 				hp.treeAnswered.Add(1)
 			case 0, http.StatusServiceUnavailable, http.StatusTooManyRequests:
@@ -216,7 +205,7 @@ func (hp *hostilePeer) run() {
 			return
 		}
 		hp.bombs.Add(1)
-		switch code := post(n, wire.PathReplicate, bomb, map[string]string{"Content-Encoding": wire.EncodingZstd}); code {
+		switch code := post(n, wire.PathReplicate, bomb, "Content-Encoding", wire.EncodingZstd); code {
 		case 0, http.StatusRequestEntityTooLarge, http.StatusServiceUnavailable, http.StatusTooManyRequests:
 		default:
 			hp.surprise(fmt.Sprintf("a zstd bomb to %s: %d", n.id, code))

@@ -262,17 +262,7 @@ func testTreeFlood(t *testing.T) {
 				mu.Unlock()
 				body, _ := wire.EncodeTree(&wire.TreeRequest{Protocol: hashtree.Version, Op: wire.TreeSums, Nodes: []int{0}, Pass: p,
 					Filters: []wire.Filter{{Include: []string{"k/"}}}})
-				req, _ := http.NewRequestWithContext(ctx, http.MethodPost, a.url+wire.PathTree, bytes.NewReader(body))
-				req.Header.Set("Content-Type", wire.ContentType)
-				req.Header.Set(wire.HeaderOrigin, "m")
-				req.Header.Set("Authorization", "Bearer secret-m")
-				resp, err := http.DefaultClient.Do(req)
-				if err != nil {
-					continue
-				}
-				io.Copy(io.Discard, resp.Body)
-				resp.Body.Close()
-				if resp.StatusCode == http.StatusOK {
+				if status, _, _ := treeforge.Post(ctx, nil, a.url+wire.PathTree, "m", "secret-m", body); status == http.StatusOK {
 					mu.Lock()
 					answered++
 					mu.Unlock()

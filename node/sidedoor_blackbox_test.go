@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"net/http"
 	"slices"
 	"strconv"
@@ -255,24 +254,12 @@ func (h hostileTreeAsker) AskTree(ctx context.Context, req *wire.TreeRequest) (*
 	if err != nil {
 		return nil, 0, err
 	}
-	hr, err := http.NewRequestWithContext(ctx, http.MethodPost, h.url, bytes.NewReader(body))
+	status, ans, err := treeforge.Post(ctx, nil, h.url, h.from, h.secret, body)
 	if err != nil {
 		return nil, 0, err
 	}
-	hr.Header.Set("Content-Type", wire.ContentType)
-	hr.Header.Set(wire.HeaderOrigin, h.from)
-	hr.Header.Set("Authorization", "Bearer "+h.secret)
-	resp, err := http.DefaultClient.Do(hr)
-	if err != nil {
-		return nil, 0, err
-	}
-	defer resp.Body.Close()
-	ans, err := io.ReadAll(resp.Body)
-	if err != nil {
-		return nil, 0, err
-	}
-	if resp.StatusCode != http.StatusOK {
-		return nil, 0, fmt.Errorf("tree request: %d %s", resp.StatusCode, ans)
+	if status != http.StatusOK {
+		return nil, 0, fmt.Errorf("tree request: %d %s", status, ans)
 	}
 	return nil, int64(len(body) + len(ans)), nil
 }

@@ -29,6 +29,7 @@ import (
 	"github.com/replicator/replicator/entry"
 	"github.com/replicator/replicator/hlc"
 	ports "github.com/replicator/replicator/internal/loopback"
+	"github.com/replicator/replicator/internal/treeforge"
 	"github.com/replicator/replicator/machine"
 	"github.com/replicator/replicator/node"
 	"github.com/replicator/replicator/store"
@@ -519,9 +520,11 @@ func SendBatch(t testing.TB, n *node.Node, from, secret string, entries ...entry
 		stream = entries[0].Stream
 	}
 	body := wire.EncodeBatch(&wire.Batch{Header: wire.Header{Sender: from, Stream: stream}, Entries: entries})
-	resp, b := Do(t, http.MethodPost, n.PeerURL()+"/v1/replicate", bytes.NewReader(body),
-		"X-Replicator-Origin", from, "Authorization", "Bearer "+secret, "Content-Type", "application/msgpack")
-	return resp.StatusCode, b
+	status, b, err := treeforge.Post(context.Background(), nil, n.PeerURL()+wire.PathReplicate, from, secret, body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return status, b
 }
 
 // CopyDir copies a data directory (a backup taken while the node is down).
