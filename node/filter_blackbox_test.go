@@ -245,11 +245,7 @@ func TestLinkFilter(t *testing.T) {
 	if _, err := c.Get("tenant1/batch"); err != nil {
 		t.Fatalf("narrowing: c should keep what it has: %v", err)
 	}
-	pc.Advance(20 * time.Minute)
-	for _, n := range []*node.Node{a, b, c} {
-		must(n.Put(ctx, "shared/tick-"+n.ClusterID(), []byte("t")))
-	}
-	m.Settle()
+	everyoneWrites(t, m, pc, 20*time.Minute, "shared/tick-")
 	if _, err := a.CollectTombstones(); err != nil {
 		t.Fatal(err)
 	}
@@ -268,16 +264,8 @@ func TestLinkFilter(t *testing.T) {
 		t.Fatalf("c kept tenant1/batch, whose delete a made while the range was excluded: %v", err)
 	}
 	// Carried: the next collection takes the delete.
-	pc.Advance(time.Second)
-	for _, n := range []*node.Node{a, b, c} {
-		must(n.Put(ctx, "shared/tock-"+n.ClusterID(), []byte("t")))
-	}
-	m.Settle()
-	nodetest.WaitFor(t, 10*time.Second, func() (bool, string) {
-		n, err := a.CollectTombstones()
-		_, gerr := a.Get("tenant1/batch")
-		return err == nil && errors.As(gerr, &nf) && nf.Deleted == "", fmt.Sprintf("collected %d (%v), get %v", n, err, gerr)
-	})
+	everyoneWrites(t, m, pc, time.Second, "shared/tock-")
+	waitCollected(t, a, "tenant1/batch", nil)
 	if all := liveUnder(t, c, "", func(k string) bool { return !shared(k) && !tenant(k) }); len(all) != 0 {
 		t.Fatalf("c holds keys outside its filter: %q", all)
 	}
@@ -484,17 +472,8 @@ func TestNarrowedLinkKeepsDeletesOfOthersKeys(t *testing.T) {
 	if _, err := c.Get("t/c1"); err != nil {
 		t.Fatalf("c lost t/c1 while a's link kept t/ home: %v", err)
 	}
-	pc.Advance(20 * time.Minute)
-	for _, n := range []*node.Node{a, b, c} {
-		must(n.Put(ctx, "tick/"+n.ClusterID(), []byte("t")))
-	}
-	m.Settle()
-	nodetest.WaitFor(t, 10*time.Second, func() (bool, string) {
-		_, err := a.CollectTombstones()
-		_, gerr := a.Get("u/b1")
-		var nf *api.NotFoundError
-		return err == nil && errors.As(gerr, &nf) && nf.Deleted == "", fmt.Sprintf("u/b1 at a: %v (%v)", gerr, err)
-	})
+	everyoneWrites(t, m, pc, 20*time.Minute, "tick/")
+	waitCollected(t, a, "u/b1", nil)
 	for _, k := range []string{"t/a1", "t/b1", "t/c1"} {
 		var nf *api.NotFoundError
 		if _, err := a.Get(k); !errors.As(err, &nf) || nf.Deleted == "" {
@@ -529,17 +508,10 @@ func TestNarrowedLinkKeepsDeletesOfOthersKeys(t *testing.T) {
 		t.Fatalf("a and c differ after the widening's backfill")
 	}
 	// Carried: the next collection takes them.
-	pc.Advance(time.Second)
-	for _, n := range []*node.Node{a, b, c} {
-		must(n.Put(ctx, "tock/"+n.ClusterID(), []byte("t")))
-	}
-	m.Settle()
-	nodetest.WaitFor(t, 10*time.Second, func() (bool, string) {
-		_, err := a.CollectTombstones()
-		_, gerr := a.Get("t/c1")
-		var nf *api.NotFoundError
-		return err == nil && errors.As(gerr, &nf) && nf.Deleted == "" && keptOf(t, a, "c") == nil,
-			fmt.Sprintf("t/c1 at a: %v (%v), kept %+v", gerr, err, keptOf(t, a, "c"))
+	everyoneWrites(t, m, pc, time.Second, "tock/")
+	waitCollected(t, a, "t/c1", func() (bool, string) {
+		k := keptOf(t, a, "c")
+		return k == nil, fmt.Sprintf("kept %+v", k)
 	})
 }
 
@@ -655,17 +627,8 @@ func TestWipedClusterGetsBackTheDeletesItHeldBack(t *testing.T) {
 		t.Fatalf("b lost c-only/k1 while c's link kept c-only/ home: %v", err)
 	}
 
-	pc.Advance(20 * time.Minute)
-	for _, n := range []*node.Node{a, b, c} {
-		must(n.Put(ctx, "tick/"+n.ClusterID(), []byte("t")))
-	}
-	m.Settle()
-	nodetest.WaitFor(t, 10*time.Second, func() (bool, string) {
-		_, err := a.CollectTombstones()
-		_, gerr := a.Get("shared/k3")
-		var nf *api.NotFoundError
-		return err == nil && errors.As(gerr, &nf) && nf.Deleted == "", fmt.Sprintf("shared/k3 at a: %v (%v)", gerr, err)
-	})
+	everyoneWrites(t, m, pc, 20*time.Minute, "tick/")
+	waitCollected(t, a, "shared/k3", nil)
 	var nf *api.NotFoundError
 	if _, err := a.Get("c-only/k1"); !errors.As(err, &nf) || nf.Deleted == "" {
 		t.Fatalf("a collected c's delete of c-only/k1, which c holds back from b: %v", err)
@@ -850,4 +813,37 @@ func checkDivergent(t *testing.T, what string, rep client.DiffReport, want map[s
 	if fmt.Sprint(got) != fmt.Sprint(exp) {
 		t.Fatalf("%s: divergent\n got %v\nwant %v\n(in flight %d, candidates %d)", what, got, exp, rep.InFlight, rep.Candidates)
 	}
+}
+
+// everyoneWrites moves the clock by d and has a, b and c each write a key
+// under prefix, so every peer's frontier moves past what came before, and
+// waits for the links to settle.
+func everyoneWrites(t *testing.T, m *nodetest.Mesh, pc *hlc.ManualClock, d time.Duration, prefix string) {
+	t.Helper()
+	pc.Advance(d)
+	for _, name := range []string{"a", "b", "c"} {
+		n := m.Nodes[name]
+		if _, err := n.Put(context.Background(), prefix+n.ClusterID(), []byte("t")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	m.Settle()
+}
+
+// waitCollected waits until n collected key's tombstone (a read finds
+// nothing at all, not a delete) and also holds (nil: nothing more).
+func waitCollected(t *testing.T, n *node.Node, key string, also func() (bool, string)) {
+	t.Helper()
+	nodetest.WaitFor(t, 10*time.Second, func() (bool, string) {
+		_, err := n.CollectTombstones()
+		_, gerr := n.Get(key)
+		var nf *api.NotFoundError
+		if err != nil || !errors.As(gerr, &nf) || nf.Deleted != "" {
+			return false, fmt.Sprintf("%s at %s: %v (collection: %v)", key, n.ClusterID(), gerr, err)
+		}
+		if also != nil {
+			return also()
+		}
+		return true, ""
+	})
 }
