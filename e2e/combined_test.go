@@ -70,15 +70,12 @@ type combo struct {
 	lost map[string]time.Time
 	// kept is the most tombstones a narrowed link was seen keeping.
 	kept int
-	// tw is what the transactions and counter deletes recorded;
-	// snapshots is when each cluster was last sent a snapshot.
-	tw        *txnWork
-	snapshots map[string]time.Time
+	// tw is what the transactions and counter deletes recorded.
+	tw *txnWork
 }
 
 func newCombo(rb *robust) *combo {
-	return &combo{rb: rb, resp: map[string]int{}, counts: map[string]int{}, lost: map[string]time.Time{}, tw: &txnWork{watch: map[string][2]int64{}},
-		snapshots: map[string]time.Time{}}
+	return &combo{rb: rb, resp: map[string]int{}, counts: map[string]int{}, lost: map[string]time.Time{}, tw: &txnWork{watch: map[string][2]int64{}}}
 }
 
 func (cb *combo) violation(format string, args ...any) {
@@ -752,11 +749,6 @@ func (mc *multiCombo) lostSince(c string, t time.Time) bool {
 }
 
 func (mc *multiCombo) respPassword() string { return mc.m.token }
-
-// snapshotSince: a snapshot to a cluster of the multi-node run comes from
-// its one peer, whose transactions' keys it sends in one entry's order
-// (no third cluster's clipped relay); recoveries count as losses.
-func (mc *multiCombo) snapshotSince(c string, t time.Time) bool { return mc.lostSince(c, t) }
 
 func (mc *multiCombo) homeOnly(string) string { return "" }
 func (mc *multiCombo) hiddenAt(string) string { return "" }

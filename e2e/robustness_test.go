@@ -685,9 +685,6 @@ func (rb *robust) setFilter(name, peer, filter string) bool {
 // from does not have is left alone.
 func (rb *robust) everyKey(from, peer string) {
 	base := baseExclude(from, peer, rb.combo != nil)
-	if rb.combo != nil {
-		rb.combo.snapshotting(peer) // a widening backfills it
-	}
 	for i := 0; i < 60; i++ {
 		var f struct {
 			Filter struct {
@@ -763,9 +760,6 @@ func (rb *robust) runFault(f fault) {
 		}
 		return
 	case "reseed":
-		if rb.combo != nil {
-			rb.combo.snapshotting(to)
-		}
 		if rb.admin(from, "/admin/peers/"+to+"/reseed") {
 			rb.count(f.Kind)
 		}
@@ -777,9 +771,6 @@ func (rb *robust) runFault(f fault) {
 		// combined run the narrowing outlasts the tombstone retention, so
 		// that deletes made meanwhile are past the cutoff when it widens.
 		base := baseExclude(from, to, rb.combo != nil)
-		if rb.combo != nil {
-			rb.combo.snapshotting(to) // the widening backfills it
-		}
 		narrow := append(slices.Clone(base), "k/1", "ctr/1")
 		if rb.combo != nil {
 			narrow = append(narrow, "w/1")
@@ -808,9 +799,6 @@ func (rb *robust) runFault(f fault) {
 				rb.combo.awaitCollection(from, narrowed, 40*time.Second)
 				rb.combo.noteKept(from, to)
 			}
-		}
-		if rb.combo != nil {
-			rb.combo.snapshotting(to) // the widening backfills it
 		}
 		for i := 0; i < 40 && !rb.setFilter(from, to, filterJSON(base)); i++ {
 			time.Sleep(250 * time.Millisecond)

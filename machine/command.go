@@ -36,8 +36,10 @@ const (
 	// key that holds no value writes nothing, and from format 10
 	// (FormatBatchConditions) batches conditional on keys' versions, and
 	// from format 11 (FormatExpiry) versions that expire, and from format
-	// 12 (FormatCounterFloors) counters deleted and set by observed floors.
-	ReadsFormat = FormatCounterFloors
+	// 12 (FormatCounterFloors) counters deleted and set by observed floors,
+	// and from format 13 (FormatStagedSnapshots) a snapshot's entries
+	// staged until its trailer.
+	ReadsFormat = FormatStagedSnapshots
 )
 
 // Kind names a command.

@@ -115,6 +115,14 @@ func (m *Machine) applyInbound(b *store.Batch, in *Inbound) (*InboundResult, err
 	}
 	var codec *wire.Codec
 	var unheard map[string]bool // authors unheardRelay dropped in this batch
+	// A snapshot's entries are staged until its trailer, which applies
+	// them all, the trailer's own batch last (store/staged.go says why).
+	stage := bt.Snapshot && bt.End == nil && bt.BackfillEnd == nil && m.format.Load() >= FormatStagedSnapshots
+	if bt.Snapshot && (bt.End != nil || bt.BackfillEnd != nil) {
+		if err := m.reveal(b, in, res); err != nil {
+			return nil, err
+		}
+	}
 	for i := range ents {
 		e := &ents[i]
 		if e.IsMarker() {
@@ -227,6 +235,17 @@ func (m *Machine) applyInbound(b *store.Batch, in *Inbound) (*InboundResult, err
 				continue
 			}
 		}
+		if stage {
+			if codec == nil {
+				codec = wire.NewCodec()
+			}
+			if err := b.Stage(sender, bt.Stream, e.Index, codec.AppendEntry(nil, e, wire.Defaults{})); err != nil {
+				return nil, err
+			}
+			res.Staged++
+			hwm.Merged++
+			continue
+		}
 		before := b.RangeDeleted
 		out, err := b.ApplyEntry(e)
 		if err == nil && !bt.Snapshot && m.format.Load() >= FormatConflicts {
@@ -284,6 +303,33 @@ func (m *Machine) applyInbound(b *store.Batch, in *Inbound) (*InboundResult, err
 		}
 	}
 	return res, nil
+}
+
+// reveal applies, in b, the entries staged by the snapshot stream whose
+// trailer b carries, in their order (the stream's earlier batches were
+// checked and screened when they came: what is staged is what they would
+// have applied then).
+func (m *Machine) reveal(b *store.Batch, in *Inbound, res *InboundResult) error {
+	codec := wire.NewCodec()
+	return b.Staged(in.Sender, in.Batch.Stream, func(index uint64, raw []byte) error {
+		e, err := codec.DecodeEntry(raw, wire.Defaults{})
+		if err != nil {
+			return fmt.Errorf("%w: staged entry %d of %s's snapshot %s: %v", store.ErrCorrupt, index, in.Sender, in.Batch.Stream, err)
+		}
+		out, err := b.ApplyEntry(&e)
+		if err != nil {
+			return err
+		}
+		switch out {
+		case entry.Applied:
+			res.Applied++
+		case entry.Stale:
+			res.Stale++
+		case entry.Duplicate:
+			res.Duplicates++
+		}
+		return nil
+	})
 }
 
 // trailer commits the end of a re-seed in the batch of its last entries: the

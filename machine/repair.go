@@ -88,6 +88,12 @@ const FormatExpiry = 11
 // An older build refuses the fields and the counter record's version 2.
 const FormatCounterFloors = 12
 
+// FormatStagedSnapshots is the format from which a snapshot's entries (a
+// re-seed's, a backfill's) are staged until its trailer and applied with
+// it, all in one batch (inbound.go reveal): every node of a cluster must
+// show a snapshot's versions at the same index of the log.
+const FormatStagedSnapshots = 13
+
 // maxRepair bounds the versions of one repair command.
 const maxRepair = 1 << 16
 

@@ -29,6 +29,7 @@ import (
 //	B<sender>\x00<key>                  empty: a key the running backfill from sender carried (backfill.go)
 //	S<sender>\x00<stream:16>            an open re-seed or backfill: kind(1) | begun(1) | real stream(16) | index(8) (opensnap.go)
 //	U<sender>\x00<stream:16>\x00<author>  empty: an author whose relays that open snapshot brought were not taken (opensnap.go)
+//	G<sender>\x00<stream:16><index:8>   an entry of that open snapshot staged until its trailer, as the sender encoded it (staged.go)
 //	X<key>\x00<id:16>                   a conflict record: JSON of entry.Conflict (conflicts.go)
 //	Y<at:12><id:16>                     a conflict record's key, by the time it was logged (conflicts.go)
 //	W<id:16>                            a conflict record's key, by its ID (conflicts.go)
@@ -86,6 +87,7 @@ const (
 	prefixBackfill   = 'B' // keys a running backfill carried (backfill.go)
 	prefixOpenSnap   = 'S' // open re-seeds and backfills (opensnap.go)
 	prefixUnheard    = 'U' // authors an open snapshot's relays were not taken of (opensnap.go)
+	prefixStaged     = 'G' // an open snapshot's entries, staged until its trailer (staged.go)
 
 	prefixExpiry       = 'e' // versions that expire, by expiry (collect.go)
 	prefixConflict     = 'X' // the conflict log, by key (conflicts.go)

@@ -83,12 +83,13 @@ func (b *Batch) OpenSnapshot(o OpenSnapshot) error {
 	return b.pb.Set(openSnapKey(o.Sender, o.Stream), v, nil)
 }
 
-// CloseSnapshot forgets an open snapshot in the batch (its trailer came),
-// and the authors its relays were not taken of.
+// CloseSnapshot forgets an open snapshot in the batch (its trailer came,
+// or it was abandoned), the authors its relays were not taken of, and the
+// entries it staged (the trailer applied them first: Staged).
 func (b *Batch) CloseSnapshot(sender string, stream entry.StreamID) error {
 	lo := unheardKey(sender, stream, "")
 	hi := append(slices.Clip(lo[:len(lo)-1]), 1)
-	return errors.Join(b.pb.Delete(openSnapKey(sender, stream), nil), b.pb.DeleteRange(lo, hi, nil))
+	return errors.Join(b.pb.Delete(openSnapKey(sender, stream), nil), b.pb.DeleteRange(lo, hi, nil), b.dropStaged(sender, stream))
 }
 
 // unheardKey is the record of an author whose writes the open snapshot

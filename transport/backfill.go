@@ -140,7 +140,12 @@ func (s *Shipper) backfill(ctx context.Context, spans []entry.Span) error {
 	if err != nil {
 		return err
 	}
-	feed, err := newScopedFeed(snap, s.opts.Local, s.opts.Now(), spanScope(spans), "")
+	// A backfill relays no other cluster's writes: it carries only the
+	// widened ranges, so a transaction of a third cluster would arrive
+	// clipped to them, shown in part until its author's stream brought the
+	// rest (issue 48); the author's own link carries its writes, kept to
+	// its filter (a narrowing of this link never held them back).
+	feed, err := newScopedFeed(snap, s.opts.Local, s.opts.Now(), spanScope(spans), "", func(string) bool { return true })
 	if err == nil {
 		feed.contexts, feed.expiry, feed.floors = s.takesContexts(), s.takesExpiry(), s.takesFloors()
 	}

@@ -140,7 +140,14 @@ func (s *Shipper) openReseed(requested, rejoin bool) (*reseedRun, error) {
 		// the filter (snapshotFeed.returning says why).
 		returning = s.peer.Name
 	}
-	if r.feed, err = newScopedFeed(snap, s.opts.Local, s.opts.Now(), r.filter, returning); err == nil {
+	var withhold func(string) bool
+	if !requested {
+		withhold, err = s.clippedAuthors(snap, r.filter)
+	}
+	if err == nil {
+		r.feed, err = newScopedFeed(snap, s.opts.Local, s.opts.Now(), r.filter, returning, withhold)
+	}
+	if err == nil {
 		r.feed.contexts, r.feed.expiry, r.feed.floors = s.takesContexts(), s.takesExpiry(), s.takesFloors()
 	}
 	if err != nil {
@@ -305,6 +312,43 @@ type snapshotFeed struct {
 	// floors: the peer's log keeps counter floors; to another, a counter
 	// with floors fails the snapshot (errNoExpiry).
 	floors bool
+	// withhold, when set, names third clusters whose writes the snapshot
+	// does not relay (clippedAuthors says why); the peer's own writes
+	// going back to it (returning) are never withheld.
+	withhold func(author string) bool
+}
+
+// withheld reports a relay of author's write the feed leaves out.
+func (f *snapshotFeed) withheld(author string) bool {
+	return f.withhold != nil && author != f.local && author != f.returning && f.withhold(author)
+}
+
+// clippedAuthors names the third clusters whose writes a re-seed through
+// filter does not relay: every one when the filter keeps some keys home,
+// else those of which this cluster holds a stream only in part (their
+// filter toward here kept some of it home: the trailer claims none of
+// them). Such a cluster's writes reach this cluster clipped, a
+// transaction of it perhaps in part: relayed, the peer would show part of
+// the transaction until the author's own stream brought the rest (issue
+// 48). The trailer claims none of their streams, so the author sends the
+// peer its writes itself, whole and kept to its own filter. A re-seed the
+// peer asked for because it lost data relays them all the same (its
+// rejoin, docs/RELIABILITY.md): what it lost may be held nowhere else.
+func (s *Shipper) clippedAuthors(snap Snapshot, filter entry.Filter) (func(string) bool, error) {
+	if !filter.All() {
+		return func(string) bool { return true }, nil
+	}
+	marks, err := snap.Marks()
+	if err != nil {
+		return nil, err
+	}
+	clipped := map[string]bool{}
+	for _, m := range marks {
+		if m.Filtered > 0 || (s.opts.Partial != nil && s.opts.Partial(m.Origin, m.Stream)) {
+			clipped[m.Origin] = true
+		}
+	}
+	return func(author string) bool { return clipped[author] }, nil
 }
 
 // scope is what of the tree a snapshot sends: a link's filter, or the
@@ -316,10 +360,10 @@ type scope interface {
 
 // newScopedFeed starts reading snap as a stream of its own, committed at
 // now: what filter lets through, and the writes of cluster returning (none
-// when "").
-func newScopedFeed(snap Snapshot, local string, now int64, filter scope, returning string) (*snapshotFeed, error) {
+// when ""), less the relays withhold names (none when nil).
+func newScopedFeed(snap Snapshot, local string, now int64, filter scope, returning string, withhold func(string) bool) (*snapshotFeed, error) {
 	f := &snapshotFeed{snap: snap, local: local, stream: entry.NewStreamID(), commit: hlc.Timestamp{Wall: now}, codec: wire.NewCodec(),
-		filter: filter, returning: returning}
+		filter: filter, returning: returning, withhold: withhold}
 	f.defs = wire.Defaults{Origin: local, Stream: f.stream}
 	// Range tombstones and counters go first (they are few), then every key.
 	ranges, err := snap.Ranges()
@@ -327,6 +371,9 @@ func newScopedFeed(snap Snapshot, local string, now int64, filter scope, returni
 		return nil, err
 	}
 	for _, r := range ranges {
+		if f.withheld(r.Stamp.Origin) {
+			continue
+		}
 		if returning != "" && r.Stamp.Origin == returning {
 			// The peer's own range delete, whole.
 			f.extra = append(f.extra, entry.Entry{Op: entry.OpDeleteRange, Key: r.Start, End: r.End, Stamp: r.Stamp.HLC, StampOrigin: r.Stamp.Origin})
@@ -348,7 +395,7 @@ func newScopedFeed(snap Snapshot, local string, now int64, filter scope, returni
 			continue
 		}
 		for comp, t := range c.Totals {
-			if !in && entry.ComponentCluster(comp) != returning {
+			if (!in && entry.ComponentCluster(comp) != returning) || f.withheld(entry.ComponentCluster(comp)) {
 				continue
 			}
 			t := t
@@ -362,7 +409,7 @@ func newScopedFeed(snap Snapshot, local string, now int64, filter scope, returni
 			f.extra = append(f.extra, e)
 		}
 		for comp, fl := range c.Floors {
-			if _, ok := c.Totals[comp]; ok || (!in && entry.ComponentCluster(comp) != returning) {
+			if _, ok := c.Totals[comp]; ok || (!in && entry.ComponentCluster(comp) != returning) || f.withheld(entry.ComponentCluster(comp)) {
 				continue
 			}
 			// Floors of totals this tree has not seen yet: zero totals
@@ -390,7 +437,12 @@ func (f *snapshotFeed) next() (entry.Entry, bool, error) {
 		return e, true, nil
 	}
 	key, rec, ok, err := f.snap.Next()
-	for ok && err == nil && !f.filter.Match(key) {
+	for ok && err == nil && (f.withheld(rec.Stamp.Origin) || !f.filter.Match(key)) {
+		if f.withheld(rec.Stamp.Origin) {
+			// A relay left out (clippedAuthors says why).
+			key, rec, ok, err = f.snap.Next()
+			continue
+		}
 		if f.returning != "" {
 			// Every key is read: the peer's own writes among those the
 			// filter keeps home go back to it.

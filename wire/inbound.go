@@ -100,6 +100,10 @@ type InboundResult struct {
 	// applies, keeps them home (machine.withheldRelay): the acceptor's
 	// screen saw an earlier filter.
 	DroppedWithheld int
+	// Staged counts a snapshot's entries kept aside until its trailer
+	// (machine.FormatStagedSnapshots); the trailer's batch counts them
+	// again as Applied, Stale or Duplicates once it applies them.
+	Staged int
 	// Filtered counts the indexes filtered markers covered.
 	Filtered uint64
 	// Resurrections counts a re-seed's versions older than this tree's
