@@ -392,4 +392,3 @@ func (cb *combo) hiddenAt(at string) string {
 }
 
 func (cb *combo) respPassword() string { return "" }
-
