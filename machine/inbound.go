@@ -115,6 +115,7 @@ func (m *Machine) applyInbound(b *store.Batch, in *Inbound) (*InboundResult, err
 	}
 	var codec *wire.Codec
 	var unheard map[string]bool // authors unheardRelay dropped in this batch
+	var kept keptHome
 	// A snapshot's entries are staged until its trailer, which applies
 	// them all, the trailer's own batch last (store/staged.go says why).
 	stage := bt.Snapshot && bt.End == nil && bt.BackfillEnd == nil && m.format.Load() >= FormatStagedSnapshots
@@ -141,6 +142,11 @@ func (m *Machine) applyInbound(b *store.Batch, in *Inbound) (*InboundResult, err
 			n := last - hwm.Index
 			hwm.Filtered += n
 			res.Filtered += n
+			if !bt.Snapshot && m.format.Load() >= FormatKeptHome {
+				if err := kept.add(b, sender, m.Link(sender).FromPeer, hwm.Commit); err != nil {
+					return nil, err
+				}
+			}
 			hwm.Index, hwm.Commit = last, e.Commit
 			continue
 		}
@@ -224,7 +230,17 @@ func (m *Machine) applyInbound(b *store.Batch, in *Inbound) (*InboundResult, err
 			if err != nil {
 				return nil, err
 			}
-			if !held {
+			taken := false
+			if !held && e.LWW().Origin == sender && m.format.Load() >= FormatKeptHome {
+				// The sender's own write where its filter kept keys home
+				// from here, not backfilled since: one this tree never
+				// received, not a delete it collected. Taken as a
+				// backfill's would be (store/kepthome.go).
+				if taken, err = kept.holds(b, sender, e.Key, e.Stamp); err != nil {
+					return nil, err
+				}
+			}
+			if !held && !taken {
 				res.Resurrections++
 				if res.Resurrections <= 3 {
 					m.log.Warn("replicate: a version of a rejoin's re-seed older than this tree's collection horizon, of a key it holds nothing of, "+
@@ -284,6 +300,14 @@ func (m *Machine) applyInbound(b *store.Batch, in *Inbound) (*InboundResult, err
 	}
 	if bt.BackfillEnd != nil {
 		if err := m.backfillEnd(b, in); err != nil {
+			return nil, err
+		}
+		if err := kept.carried(b, sender, bt.BackfillEnd.Spans); err != nil {
+			return nil, err
+		}
+	}
+	if kept.dirty {
+		if err := b.SetKeptHome(sender, kept.ws); err != nil {
 			return nil, err
 		}
 	}
@@ -558,4 +582,54 @@ func relayAuthor(e *entry.Entry) string {
 		return entry.ComponentCluster(e.CounterComponent())
 	}
 	return e.LWW().Origin
+}
+
+// keptHome is the sender's kept-home windows as one inbound batch reads and
+// changes them (store/kepthome.go), read once, written once at its end.
+type keptHome struct {
+	ws            []store.KeptHome
+	loaded, dirty bool
+}
+
+func (k *keptHome) load(b *store.Batch, sender string) error {
+	if k.loaded {
+		return nil
+	}
+	ws, err := b.KeptHome(sender)
+	k.ws, k.loaded = ws, err == nil
+	return err
+}
+
+// add records that the sender's filter kept entries home from here,
+// committed after since: by its filter toward here as the log records it
+// (every key when it is not recorded, or recorded as letting every key
+// cross: the record is behind the marker).
+func (k *keptHome) add(b *store.Batch, sender string, from *entry.Filter, since hlc.Timestamp) error {
+	if err := k.load(b, sender); err != nil {
+		return err
+	}
+	spans := []entry.Span{{}}
+	if from != nil && !from.All() {
+		spans = from.Excluded()
+	}
+	k.ws, k.dirty = store.AddKeptHome(k.ws, spans, since), true
+	return nil
+}
+
+// carried forgets the ranges a backfill from the sender carried.
+func (k *keptHome) carried(b *store.Batch, sender string, spans []entry.Span) error {
+	if err := k.load(b, sender); err != nil {
+		return err
+	}
+	if len(k.ws) > 0 {
+		k.ws, k.dirty = store.CarriedKeptHome(k.ws, spans), true
+	}
+	return nil
+}
+
+func (k *keptHome) holds(b *store.Batch, sender, key string, stamp hlc.Timestamp) (bool, error) {
+	if err := k.load(b, sender); err != nil {
+		return false, err
+	}
+	return store.KeptHomeHolds(k.ws, key, stamp), nil
 }

@@ -94,6 +94,12 @@ const FormatCounterFloors = 12
 // show a snapshot's versions at the same index of the log.
 const FormatStagedSnapshots = 13
 
+// FormatKeptHome is format 13 too: from it the state machine records the
+// ranges a peer's filter kept home from here (filtered markers) until a
+// backfill carries them, and takes a rejoin's versions of the peer's own
+// there that are older than the collection horizon (inbound.go).
+const FormatKeptHome = FormatStagedSnapshots
+
 // maxRepair bounds the versions of one repair command.
 const maxRepair = 1 << 16
 

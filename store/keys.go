@@ -30,6 +30,7 @@ import (
 //	S<sender>\x00<stream:16>            an open re-seed or backfill: kind(1) | begun(1) | real stream(16) | index(8) (opensnap.go)
 //	U<sender>\x00<stream:16>\x00<author>  empty: an author whose relays that open snapshot brought were not taken (opensnap.go)
 //	G<sender>\x00<stream:16><index:8>   an entry of that open snapshot staged until its trailer, as the sender encoded it (staged.go)
+//	F<peer>                             the peer's kept-home windows: JSON of []KeptHome (kepthome.go)
 //	X<key>\x00<id:16>                   a conflict record: JSON of entry.Conflict (conflicts.go)
 //	Y<at:12><id:16>                     a conflict record's key, by the time it was logged (conflicts.go)
 //	W<id:16>                            a conflict record's key, by its ID (conflicts.go)
@@ -88,6 +89,7 @@ const (
 	prefixOpenSnap   = 'S' // open re-seeds and backfills (opensnap.go)
 	prefixUnheard    = 'U' // authors an open snapshot's relays were not taken of (opensnap.go)
 	prefixStaged     = 'G' // an open snapshot's entries, staged until its trailer (staged.go)
+	prefixKeptHome   = 'F' // ranges a peer's filter kept home, not backfilled since (kepthome.go)
 
 	prefixExpiry       = 'e' // versions that expire, by expiry (collect.go)
 	prefixConflict     = 'X' // the conflict log, by key (conflicts.go)
