@@ -24,6 +24,7 @@ import (
 	"sync"
 	"testing"
 	"time"
+	"unicode"
 
 	"github.com/replicator/replicator/client"
 
@@ -200,13 +201,25 @@ func TestAlertRules(t *testing.T) {
 	var rules struct {
 		Groups []struct {
 			Rules []struct {
-				Alert string `yaml:"alert"`
-				Expr  string `yaml:"expr"`
+				Alert       string            `yaml:"alert"`
+				Expr        string            `yaml:"expr"`
+				Labels      map[string]string `yaml:"labels"`
+				Annotations map[string]string `yaml:"annotations"`
 			} `yaml:"rules"`
 		} `yaml:"groups"`
 	}
 	if err := yaml.Unmarshal(b, &rules); err != nil {
 		t.Fatal(err)
+	}
+	ops, err := os.ReadFile("../docs/OPERATIONS.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	anchors := map[string]bool{}
+	for _, line := range strings.Split(string(ops), "\n") {
+		if h, ok := strings.CutPrefix(line, "### "); ok {
+			anchors[githubAnchor(h)] = true
+		}
 	}
 	var exprs []string
 	alerts := map[string]bool{}
@@ -214,6 +227,16 @@ func TestAlertRules(t *testing.T) {
 		for _, r := range g.Rules {
 			exprs = append(exprs, r.Expr)
 			alerts[r.Alert] = true
+			// Alertmanager routes match these two; each rule links its
+			// section of the runbook.
+			if sev := r.Labels["severity"]; sev != "critical" && sev != "warning" {
+				t.Errorf("%s: severity %q, want critical or warning", r.Alert, sev)
+			}
+			const runbook = "https://github.com/replicator/replicator/blob/main/docs/OPERATIONS.md#"
+			url := r.Annotations["runbook_url"]
+			if a, ok := strings.CutPrefix(url, runbook); !ok || !anchors[a] {
+				t.Errorf("%s: runbook_url %q is no section of docs/OPERATIONS.md", r.Alert, url)
+			}
 		}
 	}
 	for _, want := range []string{"ReplicatorLinkStalled", "ReplicatorBacklogOld", "ReplicatorSaturated", "ReplicatorPeerDetached",
@@ -719,4 +742,19 @@ func certCovers(names []string, host string) bool {
 		}
 	}
 	return false
+}
+
+// githubAnchor is the anchor GitHub gives a Markdown heading: lower case,
+// spaces to dashes, punctuation but dashes and underscores dropped.
+func githubAnchor(h string) string {
+	var b strings.Builder
+	for _, r := range strings.ToLower(strings.TrimSpace(h)) {
+		switch {
+		case r == ' ':
+			b.WriteRune('-')
+		case r == '-' || r == '_' || unicode.IsLetter(r) || unicode.IsDigit(r):
+			b.WriteRune(r)
+		}
+	}
+	return b.String()
 }

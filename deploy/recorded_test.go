@@ -334,17 +334,17 @@ func TestRecordedSeries(t *testing.T) {
 		}
 		return m
 	}
-	comingA := recAlert("ReplicatorSaturationComing", with(la, "peer", "b", "severity", "warn"))
-	stalledA := recAlert("ReplicatorLinkStalled", with(la, "peer", "b", "state", "stalled", "severity", "page"))
-	failingA := recAlert("ReplicatorSendFailures", with(la, "peer", "b", "severity", "warn"))
+	comingA := recAlert("ReplicatorSaturationComing", with(la, "peer", "b", "severity", "warning"))
+	stalledA := recAlert("ReplicatorLinkStalled", with(la, "peer", "b", "state", "stalled", "severity", "critical"))
+	failingA := recAlert("ReplicatorSendFailures", with(la, "peer", "b", "severity", "warning"))
 	expected := [][]string{
 		{},
 		{stalledA, failingA, comingA},
-		{stalledA, failingA, comingA, recAlert("ReplicatorSaturated", with(la, "severity", "page"))},
-		{recAlert("ReplicatorVoterDown", map[string]string{"cluster": "a", "severity": "page"})},
-		{recAlert("ReplicatorNoLeader", map[string]string{"cluster": "a", "severity": "page"}),
-			recAlert("ReplicatorLinkStalled", with(lb, "peer", "a", "state", "stalled", "severity", "page")),
-			recAlert("ReplicatorSendFailures", with(lb, "peer", "a", "severity", "warn"))},
+		{stalledA, failingA, comingA, recAlert("ReplicatorSaturated", with(la, "severity", "critical"))},
+		{recAlert("ReplicatorVoterDown", map[string]string{"cluster": "a", "severity": "critical"})},
+		{recAlert("ReplicatorNoLeader", map[string]string{"cluster": "a", "severity": "critical"}),
+			recAlert("ReplicatorLinkStalled", with(lb, "peer", "a", "state", "stalled", "severity", "critical")),
+			recAlert("ReplicatorSendFailures", with(lb, "peer", "a", "severity", "warning"))},
 	}
 	var tests []ptExpr
 	for p, want := range expected {
