@@ -31,12 +31,18 @@ type Conflict struct {
 	// Restored is the version of the write that brought the loser back
 	// ("": not restored).
 	Restored string `json:"restored,omitempty"`
+	// Aliases are the IDs the record had before the key moved on and the
+	// loss was named against its new version: a restore by one answers
+	// 412 naming this record.
+	Aliases []string `json:"aliases,omitempty"`
 }
 
 // ConflictVersion is one side of a conflict.
 type ConflictVersion struct {
 	Version string `json:"version"`
-	Origin  string `json:"origin"`
+	// Time is the version's wall clock (the HLC's), for people.
+	Time   time.Time `json:"time"`
+	Origin string    `json:"origin"`
 	// Deleted: the version was a delete.
 	Deleted bool `json:"deleted,omitempty"`
 	// Value is the loser's value (base64 in JSON) when the log kept it

@@ -167,7 +167,9 @@ var metricName = regexp.MustCompile(`\breplicator_[a-z0-9_]+`)
 // and tests the rules and queries that name them.
 var recordedOnly = map[string]bool{"replicator_backlog_seconds_to_limit": true,
 	// exported with TLS only: e2e TestMutualTLSLinks reads it from a live node
-	"replicator_tls_certificate_expiry_timestamp_seconds": true}
+	"replicator_tls_certificate_expiry_timestamp_seconds": true,
+	// the Redis door's, exported when it is on (the recorded nodes run it)
+	"replicator_resp_connections": true, "replicator_resp_commands_total": true}
 
 // checkNames fails for every replicator_* metric named in exprs that the
 // node does not export (histograms by their series names).
@@ -269,7 +271,13 @@ func TestGrafanaDashboard(t *testing.T) {
 		t.Fatal(err)
 	}
 	var d struct {
+		Templating struct {
+			List []struct {
+				Name string `json:"name"`
+			} `json:"list"`
+		} `json:"templating"`
 		Panels []struct {
+			Type    string `json:"type"`
 			Title   string `json:"title"`
 			Targets []struct {
 				Expr string `json:"expr"`
@@ -279,10 +287,30 @@ func TestGrafanaDashboard(t *testing.T) {
 	if err := json.Unmarshal(b, &d); err != nil {
 		t.Fatal(err)
 	}
+	vars := map[string]bool{}
+	for _, v := range d.Templating.List {
+		vars[v.Name] = true
+	}
+	if !vars["cluster"] || !vars["peer"] {
+		t.Errorf("the board's variables are %v: want cluster and peer", vars)
+	}
 	var exprs []string
+	rows := map[string]bool{}
 	for _, p := range d.Panels {
+		if p.Type == "row" {
+			rows[p.Title] = true
+		}
 		for _, tg := range p.Targets {
 			exprs = append(exprs, tg.Expr)
+			// Every query keeps to the clusters chosen.
+			if !strings.Contains(tg.Expr, `cluster=~"$cluster"`) {
+				t.Errorf("panel %q: %s does not keep to $cluster", p.Title, tg.Expr)
+			}
+		}
+	}
+	for _, want := range []string{"Links: bandwidth and throttling", "Compression", "Anti-entropy", "Redis door (RESP)"} {
+		if !rows[want] {
+			t.Errorf("no row %q", want)
 		}
 	}
 	checkNames(t, "replicator.json", exprs, scrape(t))

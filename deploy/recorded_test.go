@@ -94,7 +94,7 @@ func TestRecordedSeries(t *testing.T) {
 	for i, n := range an {
 		n.args = append(n.args, "--node-id", n.name, "--data", filepath.Join(data, n.name),
 			"--raft-listen", n.raft, "--bootstrap-expect", "3", "--gossip-bind", n.gossip, "--gossip-profile", "local",
-			"--peer", "b="+b.url(), "--peer-secret", "b="+secret,
+			"--peer", "b="+b.url(), "--peer-secret", "b="+secret, "--peer-compression", "b=zstd", "--peer-bandwidth", "b=64MiB",
 			"--wal-high-water-entries", "300", "--wal-low-water-entries", "150", "--admission-wait", "0s")
 		n.args = append(n.args, links...)
 		for j, o := range an {
@@ -163,8 +163,28 @@ func TestRecordedSeries(t *testing.T) {
 		if v, _ := sl.value("replicator_raft_voters_live"); v != 3 {
 			return false, fmt.Sprintf("%g voters live", v)
 		}
+		for _, n := range []*recNode{leader, b} {
+			if _, ok := recScrapeNode(t, n).value("replicator_antientropy_last_pass_timestamp_seconds"); !ok {
+				return false, n.name + " completed no comparison yet"
+			}
+		}
 		return true, ""
 	})
+	// A command through each cluster's Redis door (the dashboard's row).
+	for _, n := range []*recNode{leader, b} {
+		c, err := net.DialTimeout("tcp", n.resp, 5*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.SetDeadline(time.Now().Add(5 * time.Second))
+		if _, err := c.Write([]byte("PING\r\n")); err != nil {
+			t.Fatal(err)
+		}
+		if reply, err := bufio.NewReader(c).ReadString('\n'); err != nil || reply != "+PONG\r\n" {
+			t.Fatalf("PING at %s's Redis door: %q %v", n.name, reply, err)
+		}
+		c.Close()
+	}
 	rec.phase("P0 healthy", all, 2*time.Second, func(r recRound) (bool, string) {
 		sl := r[leader.name]
 		if _, ok := sl.value("replicator_backlog_seconds_to_limit", "peer", "b"); ok {
@@ -512,7 +532,9 @@ func recDashboardQueries(t *testing.T) []recPanel {
 			}
 			for _, tg := range p.Targets {
 				if tg.Expr != "" {
-					out = append(out, recPanel{p.Title, tg.Expr})
+					// The board's variables at "All" (their allValue).
+					expr := strings.NewReplacer(`"$cluster"`, `".*"`, `"$peer"`, `".*"`).Replace(tg.Expr)
+					out = append(out, recPanel{p.Title, expr})
 				}
 			}
 			walk(p.Panels)
@@ -555,10 +577,10 @@ func recAddr(t *testing.T) string {
 // recNode is one `replicator serve` child process, which can be killed and
 // started again with the same arguments.
 type recNode struct {
-	t                  *testing.T
-	bin, name, log     string
-	addr, raft, gossip string
-	args               []string
+	t                        *testing.T
+	bin, name, log           string
+	addr, raft, gossip, resp string
+	args                     []string
 
 	mu   sync.Mutex
 	cmd  *exec.Cmd
@@ -567,8 +589,11 @@ type recNode struct {
 
 func newRecNode(t *testing.T, bin, logDir, name, cluster string) *recNode {
 	n := &recNode{t: t, bin: bin, name: name, log: filepath.Join(logDir, name+".log"),
-		addr: recAddr(t), raft: recAddr(t), gossip: recAddr(t)}
-	n.args = []string{"serve", "--cluster-id", cluster, "--listen", n.addr, "--log-level", "debug"}
+		addr: recAddr(t), raft: recAddr(t), gossip: recAddr(t), resp: recAddr(t)}
+	// The Redis door and a comparison every two seconds, so that the
+	// dashboard's rows for them have series to show.
+	n.args = []string{"serve", "--cluster-id", cluster, "--listen", n.addr, "--log-level", "debug",
+		"--resp-listen", n.resp, "--antientropy-interval", "2s"}
 	t.Cleanup(n.kill)
 	return n
 }

@@ -41,7 +41,14 @@ type Conflict struct {
 	// Restored is the version of the write that brought the loser back
 	// (zero: not restored).
 	Restored Stamp
+	// Aliases are the IDs this record had before the key moved on and the
+	// loss was named against its new version (oldest first, at most
+	// MaxConflictAliases): an ID from an alert or a ticket still finds it.
+	Aliases []string
 }
+
+// MaxConflictAliases bounds a record's aliases (the oldest go first).
+const MaxConflictAliases = 8
 
 // ConflictID is a conflict's identity: the key and the two versions. The
 // same discard decided at any cluster has the same ID.

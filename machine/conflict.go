@@ -3,6 +3,7 @@ package machine
 import (
 	"bytes"
 	"crypto/sha256"
+	"slices"
 
 	"github.com/replicator/replicator/entry"
 	"github.com/replicator/replicator/hlc"
@@ -39,6 +40,9 @@ type conflictJudge struct {
 	// local: a batch of this cluster's own writes, which discard nothing
 	// that is a conflict but move the key's records along.
 	local bool
+	// aliases: a record named against a key's new version keeps its
+	// earlier IDs (from FormatConflictAliases).
+	aliases bool
 	// ownLine: only the loser's own line retires a record (from
 	// FormatConflictClaims).
 	ownLine bool
@@ -134,6 +138,13 @@ func (j *conflictJudge) follow(w *store.Write, out entry.Outcome) (bool, error) 
 			moved := *r
 			moved.Winner, moved.Possible = w.Stamp, false
 			moved.ID = entry.ConflictID(moved.Key, moved.Loser, moved.Winner)
+			if j.aliases {
+				// The ID an alert or a ticket named still finds it.
+				moved.Aliases = append(slices.Clone(r.Aliases), r.ID)
+				if n := len(moved.Aliases); n > entry.MaxConflictAliases {
+					moved.Aliases = moved.Aliases[n-entry.MaxConflictAliases:]
+				}
+			}
 			if _, err := j.b.PutConflict(&moved); err != nil {
 				return false, err
 			}

@@ -5,6 +5,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/replicator/replicator/api"
@@ -67,6 +68,13 @@ func (c *ConflictLog) RestoreConflict(ctx context.Context, id string) (api.Write
 		return api.WriteResult{}, fmt.Errorf("%w: %w", api.ErrBadRequest, err)
 	case !ok:
 		return api.WriteResult{}, fmt.Errorf("%w: no conflict %s in this cluster's log", api.ErrNotFound, id)
+	case rec.ID != strings.ToLower(id):
+		// An alias: the key moved on since, and the loss now stands
+		// against its new version, as another record. Restoring it is
+		// the operator's decision, made knowing that.
+		return api.WriteResult{}, &api.PreconditionError{Key: rec.Key, Current: rec.Winner.String(),
+			Why: fmt.Sprintf("conflict %s was superseded: the key moved on to version %s (%s), and the loss stands against it as conflict %s; restore that one",
+				id, rec.Winner, rec.Winner.HLC.Time().Format(time.RFC3339Nano), rec.ID)}
 	case rec.Restored.Origin != "":
 		return api.WriteResult{}, fmt.Errorf("%w: conflict %s was restored by the write %s", api.ErrRestored, id, rec.Restored)
 	case rec.LoserValue == nil && !rec.LoserTombstone && rec.LoserLen > 0:
@@ -89,11 +97,12 @@ func (c *ConflictLog) RestoreConflict(ctx context.Context, id string) (api.Write
 // conflictReport is a record as the API shows it.
 func conflictReport(r *entry.Conflict) api.Conflict {
 	out := api.Conflict{ID: r.ID, Key: r.Key, Peer: r.Peer, At: r.At.String(), Time: r.At.Time(), Possible: r.Possible,
-		Loser: api.ConflictVersion{Version: r.Loser.String(), Origin: r.Loser.Origin, Deleted: r.LoserTombstone,
+		Loser: api.ConflictVersion{Version: r.Loser.String(), Time: r.Loser.HLC.Time(), Origin: r.Loser.Origin, Deleted: r.LoserTombstone,
 			Value: r.LoserValue, ValueLen: r.LoserLen, ValueSHA256: hex.EncodeToString(r.LoserHash),
 			ValueOmitted: r.LoserValue == nil && r.LoserLen > 0},
-		Winner:    api.ConflictVersion{Version: r.Winner.String(), Origin: r.Winner.Origin},
+		Winner:    api.ConflictVersion{Version: r.Winner.String(), Time: r.Winner.HLC.Time(), Origin: r.Winner.Origin},
 		Discarded: "stored",
+		Aliases:   r.Aliases,
 	}
 	if r.LoserExpires != 0 {
 		x := time.Unix(0, r.LoserExpires).UTC()

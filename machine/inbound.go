@@ -106,7 +106,8 @@ func (m *Machine) applyInbound(b *store.Batch, in *Inbound) (*InboundResult, err
 		if err != nil {
 			return nil, err
 		}
-		j := &conflictJudge{b: b, peer: sender, at: in.HLC, collected: collected, valueMax: ConflictValueMax, ownLine: m.format.Load() >= FormatConflictClaims}
+		j := &conflictJudge{b: b, peer: sender, at: in.HLC, collected: collected, valueMax: ConflictValueMax, ownLine: m.format.Load() >= FormatConflictClaims,
+			aliases: m.format.Load() >= FormatConflictAliases}
 		if in.ConflictValueMax > 0 {
 			j.valueMax = in.ConflictValueMax
 		}

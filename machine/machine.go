@@ -284,7 +284,8 @@ func (m *Machine) ApplyCommand(index uint64, c *Command) (*Result, error) {
 		// Versions carry contexts: every merge reads what its key holds
 		// and moves its conflict records along (an inbound batch also
 		// judges what it discards, applyInbound).
-		j := &conflictJudge{b: b, local: true, ownLine: m.format.Load() >= FormatConflictClaims}
+		j := &conflictJudge{b: b, local: true, ownLine: m.format.Load() >= FormatConflictClaims,
+			aliases: m.format.Load() >= FormatConflictAliases}
 		b.Track(j.judge)
 	}
 	switch kind {

@@ -100,6 +100,11 @@ const FormatStagedSnapshots = 13
 // there that are older than the collection horizon (inbound.go).
 const FormatKeptHome = FormatStagedSnapshots
 
+// FormatConflictAliases is format 13 too: from it a conflict record named
+// against a key's new version keeps its earlier IDs as aliases (every node
+// of a cluster must hold the same records).
+const FormatConflictAliases = FormatStagedSnapshots
+
 // maxRepair bounds the versions of one repair command.
 const maxRepair = 1 << 16
 
@@ -192,7 +197,8 @@ func (m *Machine) applyRepair(b *store.Batch, rc *RepairCmd) (*Result, error) {
 		// local judge ApplyCommand set; the record's time is the newest
 		// stamp the repair carried (the command holds no clock reading,
 		// and every node must write the same record).
-		j := &conflictJudge{b: b, peer: rc.Peer, at: high, collected: collected, valueMax: ConflictValueMax, ownLine: m.format.Load() >= FormatConflictClaims}
+		j := &conflictJudge{b: b, peer: rc.Peer, at: high, collected: collected, valueMax: ConflictValueMax, ownLine: m.format.Load() >= FormatConflictClaims,
+			aliases: m.format.Load() >= FormatConflictAliases}
 		b.Track(j.judge)
 		defer func() { res.Repair.Conflicts, res.Repair.Superseded = j.logged, j.superseded }()
 	}

@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 
 	"github.com/cockroachdb/pebble/v2"
@@ -36,6 +37,7 @@ type conflictJSON struct {
 	Possible       bool          `json:"pos,omitempty"`
 	Restored       string        `json:"r,omitempty"`
 	LoserExpires   int64         `json:"lx,omitempty"`
+	Aliases        []string      `json:"al,omitempty"`
 }
 
 func conflictIDBytes(id string) ([]byte, error) {
@@ -64,7 +66,7 @@ func conflictIDKey(id []byte) []byte { return append([]byte{prefixConflictID}, i
 func encodeConflict(c *entry.Conflict) []byte {
 	j := conflictJSON{Key: c.Key, Loser: c.Loser.String(), Winner: c.Winner.String(), LoserTombstone: c.LoserTombstone,
 		LoserValue: c.LoserValue, LoserLen: c.LoserLen, LoserHash: c.LoserHash, Incoming: c.Incoming, Peer: c.Peer,
-		At: c.At, Possible: c.Possible, LoserExpires: c.LoserExpires}
+		At: c.At, Possible: c.Possible, LoserExpires: c.LoserExpires, Aliases: c.Aliases}
 	if c.Restored.Origin != "" {
 		j.Restored = c.Restored.String()
 	}
@@ -79,7 +81,7 @@ func decodeConflict(id []byte, v []byte) (entry.Conflict, error) {
 	}
 	c := entry.Conflict{ID: hex.EncodeToString(id), Key: j.Key, LoserTombstone: j.LoserTombstone, LoserValue: j.LoserValue,
 		LoserLen: j.LoserLen, LoserHash: j.LoserHash, Incoming: j.Incoming, Peer: j.Peer, At: j.At, Possible: j.Possible,
-		LoserExpires: j.LoserExpires}
+		LoserExpires: j.LoserExpires, Aliases: j.Aliases}
 	var err error
 	if c.Loser, err = entry.ParseStamp(j.Loser); err != nil {
 		return c, fmt.Errorf("%w: conflict %x: %v", ErrCorrupt, id, err)
@@ -174,6 +176,14 @@ func (b *Batch) putConflictLocked(id []byte, c *entry.Conflict) error {
 		b.pb.Set(conflictTimeKey(c.At, id), []byte(c.Key), nil),
 		b.pb.Set(conflictIDKey(id), []byte(c.Key), nil),
 	)
+	for _, a := range c.Aliases {
+		// An alias is indexed as an ID of the key's (ConflictByID).
+		if aid, aerr := conflictIDBytes(a); aerr != nil {
+			err = errors.Join(err, aerr)
+		} else {
+			err = errors.Join(err, b.pb.Set(conflictIDKey(aid), []byte(c.Key), nil))
+		}
+	}
 	if err != nil {
 		return err
 	}
@@ -192,6 +202,11 @@ func (b *Batch) DeleteConflict(c *entry.Conflict) error {
 		b.pb.Delete(conflictTimeKey(c.At, id), nil),
 		b.pb.Delete(conflictIDKey(id), nil),
 	)
+	for _, a := range c.Aliases {
+		if aid, aerr := conflictIDBytes(a); aerr == nil {
+			err = errors.Join(err, b.pb.Delete(conflictIDKey(aid), nil))
+		}
+	}
 	if err != nil {
 		return err
 	}
@@ -332,7 +347,8 @@ func (b *Batch) notePendingConflict(key, id string, c *entry.Conflict) {
 	b.pendingConflicts[key][id] = c
 }
 
-// ConflictByID returns the record of an ID (ok false: none).
+// ConflictByID returns the record of an ID (ok false: none), or the record
+// that took it over as an alias (its ID then differs from idHex).
 func (s *Store) ConflictByID(idHex string) (entry.Conflict, bool, error) {
 	id, err := conflictIDBytes(idHex)
 	if err != nil {
@@ -348,6 +364,19 @@ func (s *Store) ConflictByID(idHex string) (entry.Conflict, bool, error) {
 	k := string(key)
 	closer.Close()
 	v, closer, err := s.db.Get(conflictKey(k, id))
+	if errors.Is(err, pebble.ErrNotFound) {
+		// An alias: the record of the key that names it.
+		recs, err := conflictsOf(s.db, k)
+		if err != nil {
+			return entry.Conflict{}, false, err
+		}
+		for _, r := range recs {
+			if slices.Contains(r.Aliases, hex.EncodeToString(id)) {
+				return r, true, nil
+			}
+		}
+		return entry.Conflict{}, false, fmt.Errorf("%w: conflict %s indexed, not stored", ErrCorrupt, idHex)
+	}
 	if err != nil {
 		return entry.Conflict{}, false, fmt.Errorf("%w: conflict %s indexed, not stored: %v", ErrCorrupt, idHex, err)
 	}

@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"strings"
 	"text/tabwriter"
 	"time"
 	"unicode/utf8"
@@ -100,7 +101,10 @@ func conflictTable(w io.Writer, all []client.Conflict) {
 		case c.Possible:
 			note = "possible (winner sent no context)"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", c.ID, c.Key, c.Loser.Version, lostValue(c.Loser), c.Winner.Version,
+		if len(c.Aliases) > 0 {
+			note = strings.TrimPrefix(note+"; was "+strings.Join(c.Aliases, ", "), "; ")
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", c.ID, c.Key, versionTime(c.Loser), lostValue(c.Loser), versionTime(c.Winner),
 			c.Discarded, c.Peer, c.Time.UTC().Format(time.RFC3339), note)
 	}
 	tw.Flush()
@@ -118,4 +122,13 @@ func lostValue(v client.ConflictVersion) string {
 		return fmt.Sprintf("%q...", v.Value[:37])
 	}
 	return fmt.Sprintf("%q", v.Value)
+}
+
+// versionTime is a version as a table shows it: the HLC and origin, with
+// the wall clock a person reads beside it.
+func versionTime(v client.ConflictVersion) string {
+	if v.Time.IsZero() {
+		return v.Version // a server before it said no time
+	}
+	return v.Version + " (" + v.Time.UTC().Format("2006-01-02T15:04:05.000Z") + ")"
 }
