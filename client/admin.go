@@ -7,6 +7,7 @@ import (
 	"net/url"
 
 	"github.com/replicator/replicator/api"
+	"github.com/replicator/replicator/backup"
 	"github.com/replicator/replicator/entry"
 )
 
@@ -89,4 +90,26 @@ func (c *Client) ReplayDeadLetter(ctx context.Context, id string) error {
 func (c *Client) DiscardDeadLetter(ctx context.Context, id string) error {
 	_, err := c.Do(ctx, http.MethodPost, "/admin/deadletters/"+url.PathEscape(id)+"/discard", nil, nil, nil)
 	return err
+}
+
+// Backup takes an online backup of the node addressed (each node backs up
+// its own tree: not forwarded) and writes it into dir as a data directory
+// (package backup). ctx alone bounds it: a large tree takes a while.
+func (c *Client) Backup(ctx context.Context, dir string) (backup.Manifest, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, c.base+"/admin/backup", nil)
+	if err != nil {
+		return backup.Manifest{}, err
+	}
+	if c.token != "" {
+		req.Header.Set("Authorization", "Bearer "+c.token)
+	}
+	resp, err := c.untimed().http.Do(req)
+	if err != nil {
+		return backup.Manifest{}, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode >= 300 {
+		return backup.Manifest{}, decodeError(resp)
+	}
+	return backup.Extract(resp.Body, dir)
 }

@@ -15,6 +15,7 @@ import (
 	"strings"
 	"syscall"
 
+	"github.com/replicator/replicator/backup"
 	"github.com/replicator/replicator/cluster"
 	"github.com/replicator/replicator/machine"
 	"github.com/replicator/replicator/origin"
@@ -33,6 +34,9 @@ type RestoreReport struct {
 	Previous    string `json:"previous_incarnation"`
 	Incarnation string `json:"incarnation"`
 	Replaced    bool   `json:"new_incarnation"`
+	// Online says the directory is an online backup (`replicator backup`):
+	// a tree without a raft log.
+	Online bool `json:"online_backup,omitempty"`
 	// Next says what happens when the node starts.
 	Next string `json:"next"`
 }
@@ -68,10 +72,21 @@ func Restore(dir string) (RestoreReport, error) {
 		return r, fmt.Errorf("datadir: restore %s: %w", dir, err)
 	}
 	r.Servers = len(conf.Servers)
-	_, rerr := os.Stat(filepath.Join(dir, origin.IncarnationFile))
-	legacy := r.Servers > 0 && errors.Is(rerr, os.ErrNotExist)
-	if r.Previous, err = origin.Incarnation(dir, legacy); err != nil {
-		return r, err
+	man, online, err := backup.Read(dir)
+	if err != nil {
+		return r, fmt.Errorf("datadir: restore %s: %w", dir, err)
+	}
+	if _, cerr := os.Stat(filepath.Join(dir, "cluster")); online && errors.Is(cerr, os.ErrNotExist) {
+		// An online backup (`replicator backup`): the tree and the
+		// identity, no raft log.
+		r.Servers, r.Previous, r.Online = man.Servers, man.Incarnation, true
+	} else {
+		online = false
+		_, rerr := os.Stat(filepath.Join(dir, origin.IncarnationFile))
+		legacy := r.Servers > 0 && errors.Is(rerr, os.ErrNotExist)
+		if r.Previous, err = origin.Incarnation(dir, legacy); err != nil {
+			return r, err
+		}
 	}
 	// Always a new incarnation: a copy whose configuration holds this node
 	// alone may be of a node that grew into a cluster since.
@@ -79,6 +94,18 @@ func Restore(dir string) (RestoreReport, error) {
 		return r, err
 	}
 	r.Replaced = true
+	switch {
+	case online && r.Servers <= 1:
+		r.Next = "started alone, it finds no raft log beside its tree and begins a new stream; the first peer that holds writes the " +
+			"copy lacks makes it rejoin, and what the peers received comes back (docs/OPERATIONS.md \"Online backups\")"
+		return r, nil
+	case online:
+		r.Next = fmt.Sprintf("started as a node of several, it comes back as a new member %s: the leader adds it, and it takes from the "+
+			"leader's log or snapshot what the copy lacks; if its whole cluster was lost, start it alone (without --bootstrap-expect "+
+			"and --join) to bring the cluster back from the copy, then grow it (docs/OPERATIONS.md \"Online backups\")",
+			cluster.ServerID(r.Node, r.Incarnation))
+		return r, nil
+	}
 	if r.Servers <= 1 {
 		r.Next = "started alone, it renames its group of one and reopens its stream, and the first peer that holds writes the copy " +
 			"lacks makes it seal the stream and rejoin (docs/OPERATIONS.md \"Restoring a node from a backup\"); started as a node of " +

@@ -1,10 +1,12 @@
 package e2e
 
 import (
+	"context"
 	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
+	backuppkg "github.com/replicator/replicator/backup"
 	"io"
 	"net/http"
 	"os"
@@ -85,9 +87,24 @@ func (p *proc) logSince(mark int) string {
 	return string(b[mark:])
 }
 
-// backup stops a node gracefully, copies its data directory (as a backup
-// tool would: every file written anew) and starts it again.
+// backup takes a backup of a node: every other one online, while the node
+// serves (`replicator backup`, issue 49: its tree and identity, no raft
+// log); the others by stopping it gracefully and copying its data directory
+// (as a backup tool would: every file written anew), then starting it again.
 func (m *rmesh) backup(n *rnode) (string, error) {
+	m.mu.Lock()
+	m.backups++
+	online := m.backups%2 == 1
+	m.mu.Unlock()
+	if online {
+		dst := filepath.Join(m.t.TempDir(), n.id+"-online-backup")
+		ctx, cancel := context.WithTimeout(bg(), 2*time.Minute)
+		defer cancel()
+		if _, err := n.client().Backup(ctx, dst); err != nil {
+			return "", fmt.Errorf("online backup of %s: %w", n.id, err)
+		}
+		return dst, nil
+	}
 	m.setDown(n.id, true)
 	defer m.setDown(n.id, false)
 	if err := n.stop(); err != nil {
@@ -169,9 +186,11 @@ func (m *rmesh) slowestReplacement() time.Duration {
 }
 
 // restoreBackup kills a node and puts a backup in place of its data
-// directory. Started as it is, the node refuses (a voter put back from a
-// copy would forget what it acknowledged since); after `replicator
-// restore` it comes back as a new incarnation.
+// directory. Started as it is from a copy, the node refuses (a voter put
+// back from a copy would forget what it acknowledged since); after
+// `replicator restore` it comes back as a new incarnation. An online
+// backup holds no raft identity: it comes back as a new incarnation
+// either way (after `replicator restore`, as the docs say).
 func (m *rmesh) restoreBackup(n *rnode, backup string) error {
 	m.setDown(n.id, true)
 	defer m.setDown(n.id, false)
@@ -180,12 +199,16 @@ func (m *rmesh) restoreBackup(n *rnode, backup string) error {
 	if out, err := exec.Command("cp", "-a", backup, n.dataDir()).CombinedOutput(); err != nil {
 		return fmt.Errorf("cp: %v %s", err, out)
 	}
-	mark := n.logMark()
-	n.start()
-	if !n.waitExit(20*time.Second) || !strings.Contains(n.logSince(mark), "replicator restore") {
-		n.kill()
-		n.startReady()
-		return fmt.Errorf("%s started from a raw copy of its directory", n.id)
+	if _, online, err := backupManifest(n.dataDir()); err != nil {
+		return err
+	} else if !online {
+		mark := n.logMark()
+		n.start()
+		if !n.waitExit(20*time.Second) || !strings.Contains(n.logSince(mark), "replicator restore") {
+			n.kill()
+			n.startReady()
+			return fmt.Errorf("%s started from a raw copy of its directory", n.id)
+		}
 	}
 	out, err := exec.Command(binPath, "restore", "--data", n.dataDir()).CombinedOutput()
 	if err != nil || !strings.Contains(string(out), "new incarnation") {
@@ -419,3 +442,6 @@ func (m *rmesh) voters(c string) int {
 	}
 	return v
 }
+
+// backupManifest reads the manifest of an online backup in dir.
+func backupManifest(dir string) (backuppkg.Manifest, bool, error) { return backuppkg.Read(dir) }

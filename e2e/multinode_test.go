@@ -55,6 +55,8 @@ type rmesh struct {
 	more map[string][]string
 	// token, when set, is the API token every node takes (withToken).
 	token string
+	// backups counts the backups taken (every other one online).
+	backups int
 }
 
 // withToken makes every node, also one prepared later, take the API token

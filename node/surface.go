@@ -61,6 +61,7 @@ func surface(n *Node) *httpapi.API {
 		Conflicts:   n.conflicts,
 		Settings:    n.settings,
 		DeadLetters: n.dead,
+		Backup:      n.rep.Backup,
 		Caller:      n.svc.CallerOf,
 		Logger:      n.log,
 	}

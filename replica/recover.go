@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/replicator/replicator/backup"
 	"github.com/replicator/replicator/cluster"
 	"github.com/replicator/replicator/hlc"
 	"github.com/replicator/replicator/internal/legacywal"
@@ -92,6 +93,15 @@ func (r *Replica) reconcileLog(m *machine.Machine) (mint string, err error) {
 		return "", nil
 	}
 	if r.multi() {
+		if !ls.Existing && r.restoredBackup() {
+			// An online backup restored as a new incarnation: no vote of
+			// its was ever cast, and its tree is the cluster's up to
+			// applied. It joins as a new member; the leader's log (whose
+			// commands up to applied the machine skips) or snapshot
+			// brings what the copy lacks. The stream is the cluster's.
+			r.log.Info("started from an online backup as a new member: the leader brings what the copy lacks", "applied", applied)
+			return "", nil
+		}
 		// A voter never sets its raft directory aside (its term and vote
 		// are in it) nor forgets its log: the start is refused, and stays
 		// refused, with both as they are.
@@ -217,4 +227,12 @@ func (r *Replica) migrateEntries(l *legacywal.Log) error {
 	b := r.d.Store.NewBatch()
 	defer b.Close()
 	return errors.Join(b.SetLocalApplied(store.AppliedIndex{Stream: stream, Index: last, Commit: commit}), b.Commit(true))
+}
+
+// restoredBackup reports a data directory extracted from an online backup
+// (backup.ManifestFile) that `replicator restore` gave a new incarnation.
+// The same incarnation would be a voter that forgot its votes: refused.
+func (r *Replica) restoredBackup() bool {
+	m, ok, err := backup.Read(r.d.Dir)
+	return err == nil && ok && m.Incarnation != r.d.Incarnation
 }

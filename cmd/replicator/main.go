@@ -75,6 +75,7 @@ func root() *cobra.Command {
 		command("conflicts [--key K | --prefix P] [--since 1h] [-o json] | restore ID", "what last-writer-wins discarded although the winner had not seen it (the conflict log); restore writes a loser back", runConflicts),
 		command("healthcheck [--addr URL]", "exit 0 when the node answers /healthz (container health checks)", runHealthcheck),
 		command("inspect --data DIR [--data DIR...]", "what a stopped node's data directory holds (the survivor to recover after losing a majority)", runInspect),
+		command("backup [--addr URL] DIR", "an online backup of the node addressed (its tree while it serves writes) into DIR, a data directory restore takes", runBackup),
 		command("restore --data DIR", "prepare a data directory put back from a backup or copy, before the node starts on it", runRestore),
 		command("version [-o json]", "print the version", runVersion),
 	)

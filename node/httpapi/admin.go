@@ -8,6 +8,7 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
 	"net/http/pprof"
 	"strconv"
@@ -127,6 +128,43 @@ func (a *API) registerAdmin(mux *http.ServeMux) {
 	mux.HandleFunc(pathAdminOrigin, getOnly(func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, a.node.OriginReport())
 	}))
+	if a.opts.Backup != nil {
+		mux.HandleFunc("/admin/backup", getOnly(a.handleBackup))
+	}
+}
+
+// handleBackup streams a backup of this node (GET /admin/backup: the node
+// that answers, leader or not; `replicator backup`). An error before the
+// first byte is an answer of its own; one after it cuts the stream short,
+// which the reader finds as a tar without its end (backup.Extract refuses
+// it).
+func (a *API) handleBackup(w http.ResponseWriter, r *http.Request) {
+	w.Header().Set("Content-Type", "application/x-tar")
+	w.Header().Set("Cache-Control", "no-store")
+	cw := &countingWriter{w: w}
+	a.log.Info("backup started", "caller", a.opts.Caller(r))
+	if err := a.opts.Backup(r.Context(), cw); err != nil {
+		a.log.Warn("backup failed", "caller", a.opts.Caller(r), "sent_bytes", cw.n, "err", err)
+		if cw.n == 0 {
+			WriteErr(w, err)
+			return
+		}
+		// Cut short: the handler's panic aborts the response, so the
+		// reader sees the stream end in the middle.
+		panic(http.ErrAbortHandler)
+	}
+	a.log.Info("backup sent", "caller", a.opts.Caller(r), "bytes", cw.n)
+}
+
+type countingWriter struct {
+	w io.Writer
+	n int64
+}
+
+func (c *countingWriter) Write(p []byte) (int, error) {
+	n, err := c.w.Write(p)
+	c.n += int64(n)
+	return n, err
 }
 
 //go:embed ui/index.html

@@ -10,6 +10,7 @@ package httpapi
 
 import (
 	"context"
+	"io"
 	"log/slog"
 	"net/http"
 	"time"
@@ -132,6 +133,9 @@ type Options struct {
 	// DeadLetters those of the dead letters.
 	Settings    LinkSettings
 	DeadLetters DeadLetters
+	// Backup streams a consistent copy of the node's data (a tar: package
+	// backup) for GET /admin/backup; nil: not served.
+	Backup func(ctx context.Context, w io.Writer) error
 	// Caller names who sent a request, for the logs of admin actions.
 	Caller func(*http.Request) string
 	Logger *slog.Logger
