@@ -78,6 +78,10 @@ type LinkStatus struct {
 	// heartbeats said: a peer that loses its data gets them back by its
 	// rejoin (docs/DATAMODEL.md "Deletes a narrowed link held back").
 	KeptForPeerLinks *KeptTombstones `json:"kept_for_peer_links,omitempty"`
+	// Drift lists the link's settings that this node's flags or YAML
+	// declare otherwise than the cluster's log holds (the log's are in
+	// force; docs/OPERATIONS.md "Declared and in force").
+	Drift []ConfigDrift `json:"drift,omitempty"`
 }
 
 // KeptTombstones counts the tombstones and range tombstones a collection

@@ -348,6 +348,23 @@ type FilterEpochReport struct {
 	Filter entry.Filter `json:"filter"`
 }
 
+// CompressionReport is a link's compression of batch bodies (GET and PUT
+// /admin/peers/NAME/compression).
+type CompressionReport struct {
+	Peer        string `json:"peer"`
+	Compression string `json:"compression"` // zstd or none
+	// Recorded: the cluster's log holds it (false: this node's flags).
+	Recorded bool `json:"recorded"`
+}
+
+// ConfigDrift is a setting of a link that this node's flags or YAML
+// declare otherwise than the cluster's log holds: the log's is in force.
+type ConfigDrift struct {
+	Setting  string `json:"setting"` // filter, bandwidth or compression
+	Declared string `json:"declared"`
+	InForce  string `json:"in_force"`
+}
+
 // BandwidthReport is GET and PUT /admin/peers/NAME/bandwidth.
 type BandwidthReport struct {
 	Peer string `json:"peer"`

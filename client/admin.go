@@ -92,6 +92,22 @@ func (c *Client) DiscardDeadLetter(ctx context.Context, id string) error {
 	return err
 }
 
+// LinkCompression is the link's compression of batch bodies, and whether
+// the cluster's log holds it.
+func (c *Client) LinkCompression(ctx context.Context, peer string) (api.CompressionReport, error) {
+	var r api.CompressionReport
+	_, err := c.Do(ctx, http.MethodGet, peerPath(peer, "/compression"), nil, nil, &r)
+	return r, err
+}
+
+// SetLinkCompression sets the link's compression ("zstd" or "none")
+// through the cluster's log.
+func (c *Client) SetLinkCompression(ctx context.Context, peer, compression string) (api.CompressionReport, error) {
+	var r api.CompressionReport
+	_, err := c.doJSON(ctx, http.MethodPut, peerPath(peer, "/compression"), map[string]string{"compression": compression}, &r)
+	return r, err
+}
+
 // Backup takes an online backup of the node addressed (each node backs up
 // its own tree: not forwarded) and writes it into dir as a data directory
 // (package backup). ctx alone bounds it: a large tree takes a while.

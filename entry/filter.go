@@ -324,6 +324,11 @@ type LinkSettings struct {
 	// BandwidthSet: the log set Bandwidth (a node's flags seed it only
 	// until then).
 	BandwidthSet bool `json:"bandwidth_set,omitempty"`
+	// Compression is the link's compression of batch bodies ("zstd" or
+	// "none"); CompressionSet says the log set it (from format 13: a
+	// node's flags seed it only until then).
+	Compression    string `json:"compression,omitempty"`
+	CompressionSet bool   `json:"compression_set,omitempty"`
 	// Backfill are the ranges widened filters newly included that the
 	// peer has not been sent yet: the leader's link sends what the tree
 	// holds of them, and a command clears them once the peer took it.

@@ -23,6 +23,9 @@ var (
 		"Request bodies sent to a peer: form raw (as encoded) and wire (after compression; equal without it).", []string{"peer", "form"}, nil)
 	descThrottled = prometheus.NewDesc("replicator_peer_throttled_seconds_total",
 		"How long posts to a peer waited for the link's bandwidth limit.", []string{"peer"}, nil)
+	descDrift = prometheus.NewDesc("replicator_config_drift",
+		"1 when this node's flags or YAML declare a setting of the link (filter, bandwidth, compression) otherwise than the cluster's log holds: the log's is in force.",
+		[]string{"peer", "setting"}, nil)
 	descBandwidth = prometheus.NewDesc("replicator_peer_bandwidth_limit_bytes",
 		"The link's bandwidth limit in bytes per second of request bodies as sent (0: none).", []string{"peer"}, nil)
 	descSkew = prometheus.NewDesc("replicator_peer_clock_skew_seconds", "A peer's clock minus this node's, from its last answer.", []string{"peer"}, nil)
@@ -78,6 +81,15 @@ func (s *Set) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(descSentBytes, prometheus.CounterValue, float64(st.BytesOnWire), st.Peer, "wire")
 		ch <- prometheus.MustNewConstMetric(descThrottled, prometheus.CounterValue, st.ThrottledSeconds, st.Peer)
 		ch <- prometheus.MustNewConstMetric(descBandwidth, prometheus.GaugeValue, float64(st.BandwidthLimit), st.Peer)
+		for _, setting := range []string{"filter", "bandwidth", "compression"} {
+			v := 0.0
+			for _, d := range st.Drift {
+				if d.Setting == setting {
+					v = 1
+				}
+			}
+			ch <- prometheus.MustNewConstMetric(descDrift, prometheus.GaugeValue, v, st.Peer, setting)
+		}
 		if st.PeerVersion != "" {
 			ch <- prometheus.MustNewConstMetric(descPeerBuild, prometheus.GaugeValue, 1, st.Peer, st.PeerVersion)
 		}

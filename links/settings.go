@@ -1,6 +1,7 @@
 package links
 
 import (
+	"cmp"
 	"fmt"
 	"log/slog"
 	"sync"
@@ -17,6 +18,8 @@ type Configured struct {
 	Name      string
 	Filter    entry.Filter
 	Bandwidth int64
+	// Compression is "zstd", "none" or "" (none, not declared).
+	Compression string
 }
 
 // SettingsDeps is what Settings needs of its node.
@@ -68,6 +71,9 @@ func (l *Settings) Of(peer string) entry.LinkSettings {
 		if !ls.BandwidthSet {
 			ls.Bandwidth = p.Bandwidth
 		}
+		if !ls.CompressionSet {
+			ls.Compression = p.Compression
+		}
 	}
 	return ls
 }
@@ -98,24 +104,29 @@ func (l *Settings) Seed() {
 		seed := &machine.LinkCmd{Peer: p.Name, Seed: true}
 		if !ok || len(ls.Filters) == 0 {
 			seed.SetFilter, seed.Filter = !f.All(), f
-		} else if !ls.Current().Equal(f) && l.seeds.warnOnce(p.Name+"/filter") {
-			d.Logger.Info("the cluster's log holds another filter for this link than this node's flags: the log's wins "+
-				"(change it with replicator filter)", "peer", p.Name, "log", ls.Current().String(), "flags", f.String())
 		}
 		if !ls.BandwidthSet {
 			seed.SetBandwidth, seed.Bandwidth = p.Bandwidth > 0, p.Bandwidth
-		} else if ls.Bandwidth != p.Bandwidth && l.seeds.warnOnce(p.Name+"/bandwidth") {
-			d.Logger.Info("the cluster's log holds another bandwidth limit for this link than this node's flags: the log's wins "+
-				"(change it with replicator bandwidth)", "peer", p.Name, "log", ls.Bandwidth, "flags", p.Bandwidth)
 		}
-		if !seed.SetFilter && !seed.SetBandwidth {
+		if !ls.CompressionSet && p.Compression != "" && m.Format() >= machine.FormatLinkCompression {
+			seed.SetCompression, seed.Compression = true, p.Compression
+		}
+		for _, dr := range l.Drift(p.Name) {
+			if l.seeds.warnOnce(p.Name + "/" + dr.Setting) {
+				d.Logger.Warn("this node's flags or YAML declare another "+dr.Setting+" for this link than the cluster's log holds: "+
+					"the log's is in force (change it with replicator "+dr.Setting+" PEER, or make the flag match)",
+					"peer", p.Name, "declared", dr.Declared, "in_force", dr.InForce)
+			}
+		}
+		if !seed.SetFilter && !seed.SetBandwidth && !seed.SetCompression {
 			continue
 		}
 		if err := d.Apply(&machine.Command{Link: seed}); err != nil {
 			d.Logger.Warn("could not record the link's settings in the log; trying again", "peer", p.Name, "err", err)
 			return
 		}
-		d.Logger.Info("the link's settings, from this node's flags, are now the cluster's", "peer", p.Name, "filter", f.String(), "bandwidth", p.Bandwidth)
+		d.Logger.Info("the link's settings, from this node's flags, are now the cluster's", "peer", p.Name, "filter", f.String(), "bandwidth", p.Bandwidth,
+			"compression", p.Compression)
 	}
 }
 
@@ -288,4 +299,70 @@ func (l *Settings) LinkBandwidth(peer string) (api.BandwidthReport, error) {
 		}
 	}
 	return r, nil
+}
+
+// Drift lists the settings of the link to peer that this node's flags or
+// YAML declare otherwise than the cluster's log holds (the log's are in
+// force: docs/OPERATIONS.md "Declared and in force"). A setting the log
+// never recorded is the flags' own, and never drifts.
+func (l *Settings) Drift(peer string) []api.ConfigDrift {
+	p, ok := l.peerOption(peer)
+	if !ok {
+		return nil
+	}
+	return DriftOf(p, l.d.Machine().Links()[peer])
+}
+
+// DriftOf lists the settings of a link that p declares otherwise than ls,
+// what the cluster's log holds of it, says (Settings.Drift).
+func DriftOf(p Configured, ls entry.LinkSettings) []api.ConfigDrift {
+	var out []api.ConfigDrift
+	if f := p.Filter.Normal(); len(ls.Filters) > 0 && !ls.Current().Equal(f) {
+		out = append(out, api.ConfigDrift{Setting: "filter", Declared: f.String(), InForce: ls.Current().String()})
+	}
+	if ls.BandwidthSet && ls.Bandwidth != p.Bandwidth {
+		out = append(out, api.ConfigDrift{Setting: "bandwidth", Declared: rate(p.Bandwidth), InForce: rate(ls.Bandwidth)})
+	}
+	if declared := cmp.Or(p.Compression, "none"); ls.CompressionSet && ls.Compression != declared {
+		out = append(out, api.ConfigDrift{Setting: "compression", Declared: declared, InForce: ls.Compression})
+	}
+	return out
+}
+
+func rate(b int64) string {
+	if b == 0 {
+		return "no limit"
+	}
+	return fmt.Sprintf("%d bytes/s", b)
+}
+
+// SetLinkCompression sets the link's compression of batch bodies ("zstd"
+// or "none") through the log: it holds at once, at every node that leads
+// later too.
+func (l *Settings) SetLinkCompression(peer, c string) (api.CompressionReport, error) {
+	d := l.d
+	if !l.Known(peer) {
+		return api.CompressionReport{}, fmt.Errorf("%w: no peer %q", api.ErrNotFound, peer)
+	}
+	if c != "zstd" && c != "none" {
+		return api.CompressionReport{}, fmt.Errorf("%w: compression %q: zstd or none", api.ErrBadRequest, c)
+	}
+	if v := d.Machine().Format(); v < machine.FormatLinkCompression {
+		return api.CompressionReport{}, fmt.Errorf("%w: the cluster's log is at format %d; a link's compression needs format %d, "+
+			"which the log moves to once every node runs a build that reads it", api.ErrNotWritten, v, machine.FormatLinkCompression)
+	}
+	if _, err := d.Commit(&machine.Command{Link: &machine.LinkCmd{Peer: peer, SetCompression: true, Compression: c}}); err != nil {
+		return api.CompressionReport{}, err
+	}
+	d.Logger.Warn("the link's compression changed", "peer", peer, "compression", c)
+	return l.LinkCompression(peer)
+}
+
+// LinkCompression is the link's compression and whether the log holds it.
+func (l *Settings) LinkCompression(peer string) (api.CompressionReport, error) {
+	if !l.Known(peer) {
+		return api.CompressionReport{}, fmt.Errorf("%w: no peer %q", api.ErrNotFound, peer)
+	}
+	ls := l.Of(peer)
+	return api.CompressionReport{Peer: peer, Compression: cmp.Or(ls.Compression, "none"), Recorded: ls.CompressionSet}, nil
 }

@@ -23,6 +23,9 @@ func (s *Set) Status() []api.LinkStatus {
 		}
 		st.KeptTombstones = s.Kept(st.Peer)
 		st.KeptForPeerLinks = s.KeptForPeerLinks(st.Peer)
+		if s.d.Settings != nil {
+			st.Drift = s.d.Settings.Drift(st.Peer)
+		}
 		out = append(out, st)
 	}
 	return out
@@ -42,6 +45,9 @@ func (s *Set) followerStatus() []api.LinkStatus {
 				st.EntriesBehind = last - c.Index
 				st.BytesBehind = stream.BytesAfter(c.Index)
 			}
+		}
+		if s.d.Settings != nil {
+			st.Drift = s.d.Settings.Drift(p.Name) // this node's flags, should it lead
 		}
 		out = append(out, st)
 	}

@@ -56,6 +56,11 @@ type LinkCmd struct {
 	// format 7). A backfill has no place in the stream, so a peer restored
 	// from a backup taken before it came lacks it whatever its marks say.
 	Rebackfill bool
+	// SetCompression: Compression ("zstd" or "none") is the link's
+	// compression of batch bodies (entry.LinkSettings.Compression; from
+	// format 13, FormatLinkCompression).
+	SetCompression bool
+	Compression    string
 }
 
 // Link command flags, as encoded.
@@ -66,6 +71,7 @@ const (
 	linkRelease      = 1 << 3 // from format 7
 	linkFromPeer     = 1 << 4 // from format 7
 	linkRebackfill   = 1 << 5 // from format 7
+	linkCompression  = 1 << 6 // from format 13
 )
 
 // maxFilterEpochs bounds a link's filter history: epochs go once the
@@ -96,9 +102,15 @@ func encodeLink(enc *msgpack.Encoder, lc *LinkCmd) error {
 	if lc.Rebackfill {
 		flags |= linkRebackfill
 	}
+	if lc.SetCompression {
+		flags |= linkCompression
+	}
 	fields := 7
 	if lc.SetFromPeer {
 		fields = 8 // and the onward ranges
+	}
+	if lc.SetCompression {
+		fields++ // and the compression, last
 	}
 	err := errors.Join(enc.EncodeArrayLen(fields), enc.EncodeUint(uint64(KindLink)), enc.EncodeString(lc.Peer),
 		enc.EncodeUint(uint64(flags)), enc.EncodeArrayLen(len(lc.Filter.Include)))
@@ -119,6 +131,9 @@ func encodeLink(enc *msgpack.Encoder, lc *LinkCmd) error {
 			}
 		}
 	}
+	if lc.SetCompression {
+		err = errors.Join(err, enc.EncodeString(lc.Compression))
+	}
 	return err
 }
 
@@ -135,11 +150,13 @@ func decodeLink(dec *msgpack.Decoder, c *Command, n int) error {
 	if err != nil {
 		return err
 	}
-	if flags&^(linkSetFilter|linkSetBandwidth|linkSeed|linkRelease|linkFromPeer|linkRebackfill) != 0 || flags&(linkSetFilter|linkFromPeer) == linkSetFilter|linkFromPeer {
+	if flags&^(linkSetFilter|linkSetBandwidth|linkSeed|linkRelease|linkFromPeer|linkRebackfill|linkCompression) != 0 ||
+		flags&(linkSetFilter|linkFromPeer) == linkSetFilter|linkFromPeer || flags&(linkCompression|linkFromPeer) == linkCompression|linkFromPeer {
 		return fmt.Errorf("link flags %#x", flags)
 	}
 	lc.SetFilter, lc.SetBandwidth, lc.Seed = flags&linkSetFilter != 0, flags&linkSetBandwidth != 0, flags&linkSeed != 0
 	lc.Release, lc.SetFromPeer, lc.Rebackfill = flags&linkRelease != 0, flags&linkFromPeer != 0, flags&linkRebackfill != 0
+	lc.SetCompression = flags&linkCompression != 0
 	for _, list := range []*[]string{&lc.Filter.Include, &lc.Filter.Exclude} {
 		n, err := dec.DecodeArrayLen()
 		if err != nil {
@@ -168,10 +185,22 @@ func decodeLink(dec *msgpack.Decoder, c *Command, n int) error {
 	if lc.BackfillDone, err = dec.DecodeUint64(); err != nil {
 		return err
 	}
-	if (n == 8) != lc.SetFromPeer {
-		return fmt.Errorf("link of %d elements, from-peer %v", n, lc.SetFromPeer)
+	want := 7
+	if lc.SetFromPeer || lc.SetCompression {
+		want = 8
 	}
-	if n == 8 {
+	if n != want {
+		return fmt.Errorf("link of %d elements, from-peer %v, compression %v", n, lc.SetFromPeer, lc.SetCompression)
+	}
+	if lc.SetCompression {
+		if lc.Compression, err = dec.DecodeString(); err != nil {
+			return err
+		}
+		if lc.Compression != "zstd" && lc.Compression != "none" {
+			return fmt.Errorf("compression %q", lc.Compression)
+		}
+	}
+	if lc.SetFromPeer {
 		m, err := dec.DecodeArrayLen()
 		if err != nil {
 			return err
@@ -199,7 +228,8 @@ func (m *Machine) applyLink(b *store.Batch, lc *LinkCmd) (*Result, func(), error
 		lc2 := *lc
 		lc2.SetFilter = lc.SetFilter && (!had || len(ls.Filters) == 0)
 		lc2.SetBandwidth = lc.SetBandwidth && !ls.BandwidthSet
-		if !lc2.SetFilter && !lc2.SetBandwidth {
+		lc2.SetCompression = lc.SetCompression && !ls.CompressionSet
+		if !lc2.SetFilter && !lc2.SetBandwidth && !lc2.SetCompression {
 			return res, nil, nil
 		}
 		lc = &lc2
@@ -247,6 +277,9 @@ func (m *Machine) applyLink(b *store.Batch, lc *LinkCmd) (*Result, func(), error
 	}
 	if lc.SetBandwidth {
 		ls.Bandwidth, ls.BandwidthSet = lc.Bandwidth, true
+	}
+	if lc.SetCompression {
+		ls.Compression, ls.CompressionSet = lc.Compression, true
 	}
 	if lc.BackfillDone != 0 && lc.BackfillDone == ls.BackfillGen {
 		ls.Backfill = nil

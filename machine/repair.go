@@ -105,6 +105,11 @@ const FormatKeptHome = FormatStagedSnapshots
 // of a cluster must hold the same records).
 const FormatConflictAliases = FormatStagedSnapshots
 
+// FormatLinkCompression is format 13 too: from it the log may set a link's
+// compression (LinkCmd.SetCompression), which a node of an older build
+// does not decode.
+const FormatLinkCompression = FormatStagedSnapshots
+
 // maxRepair bounds the versions of one repair command.
 const maxRepair = 1 << 16
 

@@ -1,6 +1,7 @@
 package node_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -343,6 +344,58 @@ func TestLinkBandwidthThroughLog(t *testing.T) {
 	time.Sleep(700 * time.Millisecond) // a seed tick: the flag must not win
 	if rep, err := bandwidthOf(a, "b"); err != nil || rep.BytesPerSecond != 1<<20 {
 		t.Fatalf("after a restart with the old flag: %+v %v", rep, err)
+	}
+}
+
+// TestLinkCompressionThroughLog (issue 49): a link's compression is a
+// setting of the cluster's log as its bandwidth is: the flag seeds it, the
+// runtime command changes it at once (the link compresses, or stops), a
+// restart with the old flag does not win, and the flag that now differs
+// from the log is drift: in the link's status, as the metric, and WARNed.
+func TestLinkCompressionThroughLog(t *testing.T) {
+	m := nodetest.NewMesh(t, nil, func(o *node.Options) {
+		if o.ClusterID == "a" {
+			o.Peers[0].Compression = "zstd"
+		}
+	}, "a", "b")
+	a := m.Nodes["a"]
+	ctx := context.Background()
+	nodetest.WaitFor(t, 10*time.Second, func() (bool, string) {
+		rep, err := adminOf(a).LinkCompression(ctx, "b")
+		return err == nil && rep.Recorded && rep.Compression == "zstd", fmt.Sprintf("%+v %v", rep, err)
+	})
+	if _, err := adminOf(a).SetLinkCompression(ctx, "b", "lz4"); !isStatus(err, http.StatusBadRequest) {
+		t.Fatalf("compression lz4: %v", err)
+	}
+	rep, err := adminOf(a).SetLinkCompression(ctx, "b", "none")
+	if err != nil || rep.Compression != "none" || !rep.Recorded {
+		t.Fatalf("set: %+v %v", rep, err)
+	}
+	// The link sends as the log says: what it sends now goes raw.
+	before := a.PeerStatus()[0]
+	for i := range 20 {
+		mustWrite(t)(a.Put(ctx, fmt.Sprintf("c/%d", i), bytes.Repeat([]byte("x"), 4096)))
+	}
+	m.Converged(20 * time.Second)
+	after := a.PeerStatus()[0]
+	if after.Compression != "none" || after.BytesRaw-before.BytesRaw != after.BytesOnWire-before.BytesOnWire || after.BytesRaw == before.BytesRaw {
+		t.Fatalf("after compression none: %s, raw +%d, wire +%d", after.Compression, after.BytesRaw-before.BytesRaw, after.BytesOnWire-before.BytesOnWire)
+	}
+	// The flag still says zstd: drift, the log's value in force.
+	m.Restart("a", nil)
+	a = m.Nodes["a"]
+	time.Sleep(700 * time.Millisecond) // a seed tick: the flag must not win
+	if rep, err := adminOf(a).LinkCompression(ctx, "b"); err != nil || rep.Compression != "none" {
+		t.Fatalf("after a restart with the old flag: %+v %v", rep, err)
+	}
+	nodetest.WaitFor(t, 10*time.Second, func() (bool, string) {
+		d := a.PeerStatus()[0].Drift
+		return len(d) == 1 && d[0].Setting == "compression" && d[0].Declared == "zstd" && d[0].InForce == "none", fmt.Sprintf("drift %+v", d)
+	})
+	_, metrics := nodetest.Do(t, http.MethodGet, a.URL()+"/metrics", nil)
+	if !bytes.Contains(metrics, []byte(`replicator_config_drift{cluster="a",peer="b",setting="compression"} 1`)) ||
+		!bytes.Contains(metrics, []byte(`replicator_config_drift{cluster="a",peer="b",setting="filter"} 0`)) {
+		t.Fatalf("no drift series:\n%s", nodetest.GrepLines(metrics, "config_drift"))
 	}
 }
 

@@ -219,7 +219,7 @@ func Open(ctx context.Context, opts *Options) (*Node, error) {
 	n.com = n.rep.Committer()
 	configured := make([]links.Configured, len(o.Peers))
 	for i := range o.Peers {
-		configured[i] = links.Configured{Name: o.Peers[i].Name, Filter: o.Peers[i].Filter(), Bandwidth: o.Peers[i].Bandwidth}
+		configured[i] = links.Configured{Name: o.Peers[i].Name, Filter: o.Peers[i].Filter(), Bandwidth: o.Peers[i].Bandwidth, Compression: o.Peers[i].Compression}
 	}
 	n.settings = links.NewSettings(links.SettingsDeps{
 		Configured: configured,

@@ -169,7 +169,7 @@ func (s *Shipper) postOnce(ctx context.Context, body []byte) (wire.Ack, error) {
 // decodes zstd, the body is worth it, and compression made it smaller.
 func (s *Shipper) encode(base string, body []byte) ([]byte, string) {
 	sent, encoding := body, ""
-	if s.peer.Compression == CompressionZstd && len(body) >= compressAbove {
+	if s.compression() == CompressionZstd && len(body) >= compressAbove {
 		s.mu.Lock()
 		decodes := s.mu.decodes[base]
 		s.mu.Unlock()
@@ -259,4 +259,13 @@ func (s *Shipper) decodeAnswer(base string, status int, b []byte) (wire.Ack, err
 		return ack, &errTooLarge{limit: e.Error.Limit, msg: strings.TrimSpace(string(b))}
 	}
 	return ack, fmt.Errorf("transport: %s answered %d: %s", s.peer.Name, status, strings.TrimSpace(string(b)))
+}
+
+// compression is the link's compression: the cluster's log's once it set
+// one (replicator compression), else the peer's flags.
+func (s *Shipper) compression() string {
+	if ls := s.settings(); ls.Compression != "" {
+		return ls.Compression
+	}
+	return s.peer.Compression
 }

@@ -153,7 +153,7 @@ func (s *Shipper) Status(th Thresholds, commitWall func(index uint64) (int64, bo
 		Limits:            peerLimits(s.mu.limits),
 		PeerVersion:       s.mu.peerVersion,
 		SendFailures:      s.mu.failures,
-		Compression:       cmp.Or(s.peer.Compression, CompressionNone),
+		Compression:       cmp.Or(s.compression(), CompressionNone),
 		BytesRaw:          s.mu.bytesRaw,
 		BytesOnWire:       s.mu.bytesWire,
 		Backfill:          s.mu.backfill,

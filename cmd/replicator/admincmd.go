@@ -24,6 +24,7 @@ const adminUsage = `replicator admin wal|peers|origin|digest|cluster [--addr URL
 replicator admin pause|resume|reseed|detach PEER [--addr URL]
 replicator admin filter PEER [--include PREFIX]... [--exclude PREFIX]... [--every-key] [--release] [--addr URL]
 replicator admin bandwidth PEER [RATE] [--addr URL]
+replicator admin compression PEER [zstd|none] [--addr URL]
 replicator admin cluster join NODE-ID RAFT-ADDR | cluster remove NODE-ID[.INCARNATION] [--addr URL]
 replicator admin rebuild-tree [--addr URL]   sum the node's kept hashes afresh from its tree, correct wrong ones`
 
@@ -83,6 +84,8 @@ func runAdmin(cmd string, args []string) error {
 		return runFilter(ctx, c, &cf, fs.Args(), include, exclude, *everyKey, *release)
 	case "bandwidth":
 		return runBandwidth(ctx, c, &cf, fs.Args())
+	case "compression":
+		return runCompression(ctx, c, &cf, fs.Args())
 	case "pause", "resume", "reseed", "detach":
 		if fs.NArg() != 1 {
 			return usagef("usage: replicator admin %s PEER", cmd)
@@ -489,5 +492,32 @@ func runBandwidth(ctx context.Context, c *client.Client, cf *clientFlags, args [
 			state = "from the leader's flags, not recorded yet"
 		}
 		fmt.Fprintf(w, "peer       %s\nlimit      %s (%s)\nthrottled  %.1fs\n", r.Peer, limit, state, r.ThrottledSeconds)
+	})
+}
+
+// runCompression shows the link's compression of batch bodies, or sets it
+// through the cluster's log (as bandwidth).
+func runCompression(ctx context.Context, c *client.Client, cf *clientFlags, args []string) error {
+	if len(args) < 1 || len(args) > 2 || (len(args) == 2 && args[1] != "zstd" && args[1] != "none") {
+		return usagef("usage: replicator compression PEER [zstd|none]")
+	}
+	path := "/admin/peers/" + url.PathEscape(args[0]) + "/compression"
+	var r api.CompressionReport
+	if len(args) == 1 {
+		if _, err := c.Do(ctx, http.MethodGet, path, nil, nil, &r); err != nil {
+			return err
+		}
+	} else {
+		body, _ := json.Marshal(map[string]string{"compression": args[1]})
+		if _, err := c.Do(ctx, http.MethodPut, path, body, http.Header{"Content-Type": {"application/json"}}, &r); err != nil {
+			return asWrite(err)
+		}
+	}
+	return cf.out.print(r, func(w io.Writer) {
+		state := "recorded in the cluster's log"
+		if !r.Recorded {
+			state = "from the leader's flags, not recorded yet"
+		}
+		fmt.Fprintf(w, "peer         %s\ncompression  %s (%s)\n", r.Peer, r.Compression, state)
 	})
 }

@@ -6,9 +6,13 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"github.com/replicator/replicator/links"
+	"github.com/replicator/replicator/store"
+	"io"
 	"log/slog"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"sort"
 	"strings"
 	"syscall"
@@ -348,7 +352,44 @@ func printConfig(cfg *serveConfig, o *node.Options) error {
 	if err := enc.Encode(&c); err != nil {
 		return err
 	}
-	return enc.Close()
+	if err := enc.Close(); err != nil {
+		return err
+	}
+	if o != nil {
+		printOverrides(os.Stdout, o)
+	}
+	return nil
+}
+
+// printOverrides appends to --print-config, as YAML comments, the settings
+// of links that the cluster's log holds otherwise than these flags declare:
+// the log's are in force (docs/OPERATIONS.md "Declared and in force").
+func printOverrides(w io.Writer, o *node.Options) {
+	if o.DataDir == "" || len(o.Peers) == 0 {
+		return
+	}
+	dir := filepath.Join(o.DataDir, "store")
+	if _, err := os.Stat(dir); err != nil {
+		return // a first start: the flags seed the log
+	}
+	st, err := store.Open(dir, &store.Options{Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		fmt.Fprintf(w, "# the node runs (%v): what its cluster's log holds of each link, which wins over these\n"+
+			"# values once recorded, is in replicator filter|bandwidth|compression PEER\n", err)
+		return
+	}
+	defer st.Close()
+	logged, err := st.LinkSettings()
+	if err != nil {
+		fmt.Fprintf(w, "# the cluster's log's link settings could not be read: %v\n", err)
+		return
+	}
+	for _, p := range o.Peers {
+		for _, d := range links.DriftOf(links.Configured{Name: p.Name, Filter: p.Filter(), Bandwidth: p.Bandwidth, Compression: p.Compression}, logged[p.Name]) {
+			fmt.Fprintf(w, "# overridden: peer %s %s: declared %s, the cluster's log holds %s (in force; change it with replicator %s %s)\n",
+				p.Name, d.Setting, d.Declared, d.InForce, d.Setting, p.Name)
+		}
+	}
 }
 
 func serveFlags(cfg *serveConfig) *flag.FlagSet {
@@ -405,7 +446,7 @@ func serveFlags(cfg *serveConfig) *flag.FlagSet {
 	fs.Var(&cfg.LowAge, "wal-low-water-age", "leave saturation below this age (default half the high mark)")
 	fs.Var(optDuration{&cfg.IdentityWait}, "identity-check-wait", "at start, how long writes wait for every peer to confirm this node's stream was not used by a restored or copied directory (0s does not wait)")
 	fs.Var(optDuration{&cfg.AdmissionWait}, "admission-wait", "how long a write waits while saturated before it is refused (0s refuses at once)")
-	fs.Var(namedFlag{func(n, v string) { cfg.peer(n).Compression = v }, "NAME=zstd|none"}, "peer-compression", "NAME=zstd|none: compress batches to that peer with zstd when its nodes say they decode it (default none; worth it across a WAN)")
+	fs.Var(namedFlag{func(n, v string) { cfg.peer(n).Compression = v }, "NAME=zstd|none"}, "peer-compression", "NAME=zstd|none: compress batches to that peer with zstd when its nodes say they decode it (default none; worth it across a WAN). Seeds the cluster's log once: change it later with replicator compression")
 	fs.Var(namedFlag{func(n, v string) { cfg.peer(n).Include = append(cfg.peer(n).Include, v) }, "NAME=PREFIX"}, "peer-include", "NAME=PREFIX: only keys under this prefix cross to that peer (repeatable; every key when none). Seeds the cluster's log once: change it later with replicator peers filter")
 	fs.Var(namedFlag{func(n, v string) { cfg.peer(n).Bandwidth = v }, "NAME=RATE"}, "peer-bandwidth", "NAME=RATE: at most RATE bytes per second to that peer, counted as sent (compressed), e.g. 20MiB; re-seeds and backfills take at most half. Seeds the cluster's log once: change it later with replicator bandwidth")
 	fs.Var(namedFlag{func(n, v string) { cfg.peer(n).Exclude = append(cfg.peer(n).Exclude, v) }, "NAME=PREFIX"}, "peer-exclude", "NAME=PREFIX: keys under this prefix never cross to that peer (repeatable). Seeds the cluster's log once, as --peer-include")

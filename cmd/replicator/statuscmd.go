@@ -197,6 +197,14 @@ func printStatus(w io.Writer, s *statusOut) {
 	if rb := r.RefusedBy; rb != nil {
 		fmt.Fprintf(w, "REFUSED    by %s: %s\n", rb.By, rb.Reason)
 	}
+	for _, l := range s.Links {
+		for _, d := range l.Drift {
+			// Not a fault (the verdict does not count it): the flags
+			// will not be what a reader of them expects.
+			fmt.Fprintf(w, "drift      link %s %s: declared %s, in force %s (the cluster's log; replicator %s %s changes it)\n",
+				l.Peer, d.Setting, d.Declared, d.InForce, d.Setting, l.Peer)
+		}
+	}
 	fmt.Fprintln(w)
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "NODE\tSTATE\tVOTER\tAPPLIED\tLAG")

@@ -74,6 +74,7 @@ func (a *API) registerAdmin(mux *http.ServeMux) {
 			writeJSON(w, http.StatusOK, rep)
 		})
 		mux.HandleFunc("/admin/peers/{name}/bandwidth", a.handleBandwidth)
+		mux.HandleFunc("/admin/peers/{name}/compression", a.handleCompression)
 	}
 	if a.opts.Tree != nil {
 		mux.HandleFunc("/admin/peers/{name}/diff", a.handleDiff)
@@ -299,6 +300,38 @@ func (a *API) handleBandwidth(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		rep, err = a.opts.Settings.SetLinkBandwidth(name, *req.BytesPerSecond)
+	default:
+		methodNotAllowed(w, r, "GET, PUT")
+		return
+	}
+	if err != nil {
+		WriteErr(w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, rep)
+}
+
+// handleCompression answers GET /admin/peers/NAME/compression with the
+// link's compression, and PUT {"compression": "zstd"|"none"} sets it
+// through the cluster's log.
+func (a *API) handleCompression(w http.ResponseWriter, r *http.Request) {
+	name := r.PathValue("name")
+	var rep api.CompressionReport
+	var err error
+	switch r.Method {
+	case http.MethodGet, http.MethodHead:
+		rep, err = a.opts.Settings.LinkCompression(name)
+	case http.MethodPut:
+		var req struct {
+			Compression string `json:"compression"`
+		}
+		dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, 4096))
+		dec.DisallowUnknownFields()
+		if derr := dec.Decode(&req); derr != nil || req.Compression == "" {
+			WriteErr(w, fmt.Errorf("%w: want {\"compression\": \"zstd\"|\"none\"}: %v", api.ErrBadRequest, derr))
+			return
+		}
+		rep, err = a.opts.Settings.SetLinkCompression(name, req.Compression)
 	default:
 		methodNotAllowed(w, r, "GET, PUT")
 		return

@@ -68,6 +68,8 @@ type LinkSettings interface {
 	ReleaseLinkFilter(peer string) (api.FilterReport, error)
 	LinkBandwidth(peer string) (api.BandwidthReport, error)
 	SetLinkBandwidth(peer string, bytesPerSec int64) (api.BandwidthReport, error)
+	LinkCompression(peer string) (api.CompressionReport, error)
+	SetLinkCompression(peer, compression string) (api.CompressionReport, error)
 }
 
 // Reports is what the node's other admin endpoints ask of it.
