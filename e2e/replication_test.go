@@ -425,7 +425,7 @@ func TestBadReplicateRequestsOverSockets(t *testing.T) {
 // batch whose ack was lost is absorbed as duplicates at b.
 func TestDemo(t *testing.T) {
 	out, err := exec.Command(binPath, "demo").CombinedOutput()
-	if err != nil || !strings.Contains(string(out), "EQUAL") {
+	if err != nil || !strings.Contains(string(out), "EQUAL") || !strings.Contains(string(out), `GET at b`) {
 		t.Fatalf("demo: %v\n%s", err, out)
 	}
 	if strings.Contains(string(out), "cluster b: 2000 local writes") && !regexp.MustCompile(`cluster b: .* [1-9][0-9]* duplicates absorbed`).Match(out) {

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -13,6 +14,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -89,17 +91,27 @@ func runDemo(args []string) error {
 	if err != nil {
 		return err
 	}
+	// Each cluster's Redis door too (docs/RESP.md): redis-cli and any
+	// Redis client reach it.
+	respA, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return err
+	}
+	respB, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return err
+	}
 	urlA, urlB := "http://"+lnA.Addr().String(), "http://"+lnB.Addr().String()
 	const secret = "demo-secret"
 	ctx := context.Background()
 	lossy := &dropFirstAck{next: http.DefaultTransport}
-	a, err := node.Open(ctx, &node.Options{ClusterID: "a", DataDir: dir + "/a", Listener: lnA, Logger: log,
+	a, err := node.Open(ctx, &node.Options{ClusterID: "a", DataDir: dir + "/a", Listener: lnA, Logger: log, RESPListener: respA,
 		Peers: []node.Peer{{Name: "b", URL: urlB, Secret: secret}}, PeerTransport: lossy})
 	if err != nil {
 		return err
 	}
 	defer a.Close()
-	b, err := node.Open(ctx, &node.Options{ClusterID: "b", DataDir: dir + "/b", Listener: lnB, Logger: log,
+	b, err := node.Open(ctx, &node.Options{ClusterID: "b", DataDir: dir + "/b", Listener: lnB, Logger: log, RESPListener: respB,
 		Peers: []node.Peer{{Name: "a", URL: urlA, Secret: secret}}})
 	if err != nil {
 		return err
@@ -182,10 +194,16 @@ func runDemo(args []string) error {
 	fmt.Printf("conflicts resolved: 100 keys written on both sides; last writer wins: a's write on %d, b's on %d, a delete on %d\n",
 		won["a"], won["b"], won["deleted"])
 	printReport(a, b, da, db)
+	// The Redis door: a SET at a's, read back at b's once it crossed.
+	if err := demoRESP(respA.Addr().String(), respB.Addr().String(), *timeout); err != nil {
+		return err
+	}
 	if *keep {
 		fmt.Printf("\nBoth clusters keep running.\n  dashboards: %s/admin/ui  %s/admin/ui\n", urlA, urlB)
 		fmt.Printf("  try:        curl -X PUT --data hello %s/v1/kv/greeting && curl %s/v1/kv/greeting\n", urlA, urlB)
 		fmt.Printf("              replicator peers --addr %s\n", urlA)
+		fmt.Printf("  Redis door: redis-cli -p %d SET greeting hello && redis-cli -p %d GET greeting\n",
+			respA.Addr().(*net.TCPAddr).Port, respB.Addr().(*net.TCPAddr).Port)
 		fmt.Printf("Ctrl-C stops them; their data stays in %s (rm -rf it when done).\n", dir)
 		sig, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 		defer stop()
@@ -221,4 +239,47 @@ func printReport(a, b *node.Node, da, db api.DigestReport) {
 		same = "DIFFERENT"
 	}
 	fmt.Printf("\ndigest a %s (%d keys)\ndigest b %s (%d keys)\n%s\n", da.Digest, da.Keys, db.Digest, db.Keys, same)
+}
+
+// demoRESP writes a key through a's Redis door (SET, answered +OK once
+// durable) and reads it back through b's (GET) once it crossed.
+func demoRESP(addrA, addrB string, timeout time.Duration) error {
+	call := func(addr string, args ...string) (string, error) {
+		c, err := net.DialTimeout("tcp", addr, 5*time.Second)
+		if err != nil {
+			return "", err
+		}
+		defer c.Close()
+		c.SetDeadline(time.Now().Add(5 * time.Second))
+		req := fmt.Sprintf("*%d\r\n", len(args))
+		for _, a := range args {
+			req += fmt.Sprintf("$%d\r\n%s\r\n", len(a), a)
+		}
+		if _, err := c.Write([]byte(req)); err != nil {
+			return "", err
+		}
+		rd := bufio.NewReader(c)
+		line, err := rd.ReadString('\n')
+		if err != nil || !strings.HasPrefix(line, "$") || line == "$-1\r\n" {
+			return strings.TrimSpace(line), err
+		}
+		body, err := rd.ReadString('\n')
+		return strings.TrimSpace(body), err
+	}
+	const val = "hello from a's Redis door"
+	if got, err := call(addrA, "SET", "demo/resp", val); err != nil || got != "+OK" {
+		return fmt.Errorf("SET through a's Redis door: %q %v", got, err)
+	}
+	deadline := time.Now().Add(timeout)
+	for {
+		got, err := call(addrB, "GET", "demo/resp")
+		if err == nil && got == val {
+			fmt.Printf("\nRedis door: SET demo/resp at a (%s) answered +OK; GET at b (%s) reads %q\n", addrA, addrB, got)
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("GET through b's Redis door: %q %v", got, err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 }
