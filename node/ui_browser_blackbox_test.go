@@ -68,6 +68,7 @@ func TestDashboardActionsInBrowser(t *testing.T) {
 	m := nodetest.NewMesh(t, nil, func(o *node.Options) {
 		o.HistoryInterval = 50 * time.Millisecond
 		o.HistorySpan = time.Minute
+		o.LinkLagging, o.LinkStalled = 300*time.Millisecond, time.Second
 		if o.ClusterID == "a" {
 			o.APIToken = token
 		}
@@ -101,6 +102,15 @@ func TestDashboardActionsInBrowser(t *testing.T) {
 	); err != nil {
 		t.Fatal(err)
 	}
+	// The link cut: stalled, and the page's verdict says so as replicator
+	// status does (issue 49: it read green with a peer down).
+	if err := chromedp.Do(ctx, chromedp.WaitVisible(chromedp.CSS(`#verdict.degraded`))); err != nil {
+		t.Fatalf("a stalled link's verdict: %v", err)
+	}
+	nodetest.WaitFor(t, 10*time.Second, func() (bool, string) {
+		why, _ := chromedp.Run(ctx, chromedp.Text(chromedp.ID("why")))
+		return strings.Contains(why, "link to b stalled"), fmt.Sprintf("the verdict says %q", why)
+	})
 	// The link column says what crosses the link: every key here.
 	if linkCell, err := chromedp.Run(ctx, chromedp.Text(css(`td:nth-child(13)`))); err != nil || !strings.Contains(linkCell, "every key") {
 		t.Fatalf("the link column of b: %q (%v)", linkCell, err)
