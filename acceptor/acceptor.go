@@ -10,6 +10,7 @@ package acceptor
 import (
 	"context"
 	"crypto/tls"
+	secretpkg "github.com/replicator/replicator/internal/secret"
 	"log/slog"
 	"sync"
 	"sync/atomic"
@@ -65,8 +66,11 @@ type Options struct {
 	// Local is this node's cluster ID. Entries of this origin are dropped.
 	Local string
 	// Secrets maps each peer cluster to the shared secret it authenticates
-	// with. A sender not in the map is refused.
-	Secrets map[string]string
+	// with. A sender not in the map is refused. SecretPairs, when a
+	// cluster is in it, holds its secrets instead: the ones a rotation
+	// reloads (secret.Pair; shared with the link's shipper).
+	Secrets     map[string]string
+	SecretPairs map[string]*secretpkg.Pair
 	// Insecure accepts peers without a secret (their header alone names
 	// them). For tests and closed networks only; --insecure-peers.
 	Insecure bool
@@ -179,7 +183,7 @@ type Acceptor struct {
 	mu struct {
 		sync.Mutex
 		counts    map[string]*Counts
-		secrets   map[string]string
+		secrets   map[string]*secretpkg.Pair
 		permitsOf map[string]int // permits held per sender
 		bodies    slots          // bodies being read
 		trees     slots          // tree requests being answered
@@ -234,11 +238,16 @@ func New(st Store, log Log, clock Clock, opts Options) *Acceptor {
 	a := &Acceptor{opts: opts, store: st, log: log, clock: clock, permits: make(chan struct{}, opts.Permits),
 		decomp: wire.NewDecompressor(opts.MaxBodyBytes)}
 	a.mu.counts = map[string]*Counts{}
-	a.mu.secrets = map[string]string{}
+	a.mu.secrets = map[string]*secretpkg.Pair{}
 	a.mu.permitsOf = map[string]int{}
 	a.mu.arrivals = map[string]*arrivals{}
 	for k, v := range opts.Secrets {
-		a.mu.secrets[k] = v
+		a.mu.secrets[k] = secretpkg.NewPair(v, "", 0)
+	}
+	for k, p := range opts.SecretPairs {
+		if p != nil {
+			a.mu.secrets[k] = p
+		}
 	}
 	return a
 }
@@ -284,6 +293,10 @@ func (a *Acceptor) takesMarkers() bool { return a.opts.TakesMarkers != nil && a.
 // gossip whose secret is configured.
 func (a *Acceptor) SetPeer(cluster, secret string) {
 	a.mu.Lock()
-	a.mu.secrets[cluster] = secret
+	if p, ok := a.mu.secrets[cluster]; !ok {
+		a.mu.secrets[cluster] = secretpkg.NewPair(secret, "", 0)
+	} else if send, _ := p.Send(); send != secret && p.Also(a.opts.Now()) != secret {
+		p.Set(secret, "", 0)
+	}
 	a.mu.Unlock()
 }

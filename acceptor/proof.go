@@ -14,11 +14,14 @@ import (
 // the secret or a batch, and every answer to an authenticated post carries
 // its MAC.
 
-// secretOf is the secret shared with sender ("" when none).
-func (a *Acceptor) secretOf(sender string) string {
+// secretOf is the secret shared with sender that the request r names
+// ("" when none: unknown, or a key ID this node does not take).
+func (a *Acceptor) secretOf(sender string, r *http.Request) string {
 	a.mu.Lock()
-	defer a.mu.Unlock()
-	return a.mu.secrets[sender]
+	p := a.mu.secrets[sender]
+	a.mu.Unlock()
+	s, _ := p.For(r.Header.Get(wire.HeaderKeyID), a.opts.Now())
+	return s
 }
 
 // ServeProve answers a shipper's proof request (wire.PathProve): the
@@ -39,7 +42,7 @@ func (a *Acceptor) ServeProve(w http.ResponseWriter, r *http.Request) {
 			Message: fmt.Sprintf("%s must be 64 hex digits", wire.HeaderNonce)})
 		return
 	}
-	secret := a.secretOf(sender)
+	secret := a.secretOf(sender, r)
 	if secret == "" {
 		a.refusals.unauthenticated.Add(1)
 		httpjson.WriteError(w, http.StatusUnauthorized, httpjson.Error{Code: "unauthenticated",
@@ -58,7 +61,7 @@ func (a *Acceptor) signed(w http.ResponseWriter, r *http.Request, sender string)
 	if nonce == "" || !wire.ValidNonce(nonce) {
 		return w, func() {}
 	}
-	secret := a.secretOf(sender)
+	secret := a.secretOf(sender, r)
 	if secret == "" {
 		return w, func() {}
 	}

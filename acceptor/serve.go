@@ -21,8 +21,10 @@ func (a *Acceptor) authenticate(r *http.Request) (string, error) {
 		return "", fmt.Errorf("%w: no %s header", ErrUnauthenticated, wire.HeaderOrigin)
 	}
 	a.mu.Lock()
-	secret, known := a.mu.secrets[sender]
+	pair, known := a.mu.secrets[sender]
 	a.mu.Unlock()
+	// The secret the request names (a rotation holds two: secret.Pair).
+	secret, named := pair.For(r.Header.Get(wire.HeaderKeyID), a.opts.Now())
 	if a.opts.CertCluster != nil {
 		certID, presented, err := a.opts.CertCluster(r.TLS)
 		switch {
@@ -45,6 +47,10 @@ func (a *Acceptor) authenticate(r *http.Request) (string, error) {
 	token, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
 	if !ok {
 		return "", fmt.Errorf("%w: no bearer credential for %q", ErrUnauthenticated, sender)
+	}
+	if !named {
+		return "", fmt.Errorf("%w: %q names a secret (key %s) this node does not hold, or no longer takes: rotate both sides in order "+
+			"(docs/OPERATIONS.md \"Rotating a link's secret\")", ErrUnauthenticated, sender, r.Header.Get(wire.HeaderKeyID))
 	}
 	if secret == "" || !secretpkg.Equal(token, secret) {
 		return "", fmt.Errorf("%w: wrong credential for %q", ErrUnauthenticated, sender)

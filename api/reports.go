@@ -377,3 +377,14 @@ type BandwidthReport struct {
 	// a node that does not lead).
 	ThrottledSeconds float64 `json:"throttled_seconds"`
 }
+
+// StreamReports are the high-water marks of the streams a node applied,
+// as /admin/peers shows them ([] for none).
+func StreamReports(hwms []entry.HWM) []StreamReport {
+	out := []StreamReport{}
+	for _, h := range hwms {
+		out = append(out, StreamReport{Origin: h.Origin, Stream: entry.StreamID(h.Stream).String(),
+			HWM: h.Index, Merged: h.Merged, DeadLettered: h.DeadLettered, Seeded: h.Seeded, Filtered: h.Filtered, Frontier: h.Commit.String()})
+	}
+	return out
+}

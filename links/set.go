@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/replicator/replicator/internal/secret"
 	"log/slog"
 	"net/http"
 	"slices"
@@ -29,6 +30,9 @@ type Peer struct {
 	URL string
 	// Secret authenticates the two clusters to each other (both directions).
 	Secret string
+	// Secrets, when set, holds the link's secrets as a rotation reloads
+	// them (the one sent first; secret.Pair): shared with the acceptor.
+	Secrets *secret.Pair
 	// AllowUnproven sends the secret to a node of the peer that cannot
 	// prove it holds it because it runs a build before proofs (issue 25):
 	// for the window of an upgrade of the peer only.
@@ -202,7 +206,7 @@ func (s *Set) add(p Peer) (*transport.Shipper, error) {
 	if err != nil {
 		return nil, err
 	}
-	sh, err := transport.NewShipper(transport.Peer{Name: p.Name, URL: p.URL, Secret: p.Secret, AllowUnproven: p.AllowUnproven, Compression: p.Compression},
+	sh, err := transport.NewShipper(transport.Peer{Name: p.Name, URL: p.URL, Secret: p.Secret, Secrets: p.Secrets, AllowUnproven: p.AllowUnproven, Compression: p.Compression},
 		d.Stream(), d.Cursors, transport.Options{
 			Local:           d.Local,
 			MaxBatchEntries: d.MaxBatchEntries,
@@ -483,7 +487,7 @@ func (s *Set) OnPeer(m api.Member) {
 	}
 	p := Peer{Name: c, URL: m.Meta.Replicate}
 	if cfg != nil {
-		p.Secret, p.Overflow, p.AllowUnproven = cfg.Secret, cfg.Overflow, cfg.AllowUnproven
+		p.Secret, p.Secrets, p.Overflow, p.AllowUnproven = cfg.Secret, cfg.Secrets, cfg.Overflow, cfg.AllowUnproven
 	} else {
 		d.Accept(c)
 	}

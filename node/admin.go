@@ -5,29 +5,16 @@ import (
 
 	"github.com/replicator/replicator/acceptor"
 	"github.com/replicator/replicator/api"
-	"github.com/replicator/replicator/entry"
 )
 
 // PeersReport reports outgoing links and what came in from each peer.
 func (n *Node) PeersReport() api.PeersReport {
-	r := api.PeersReport{
-		Cluster:  n.cluster,
-		Links:    n.PeerStatus(),
-		Incoming: n.acceptor.Counts(),
-		Refusals: n.acceptor.Refusals(),
-		Streams:  []api.StreamReport{},
-		Members:  n.gossip.Members(),
-		Rejoin:   n.rejoin.Report(),
-	}
 	hwms, err := n.store.HWMs()
 	if err != nil {
 		n.log.Warn("reading high-water marks", "err", err)
 	}
-	for _, h := range hwms {
-		r.Streams = append(r.Streams, api.StreamReport{Origin: h.Origin, Stream: entry.StreamID(h.Stream).String(),
-			HWM: h.Index, Merged: h.Merged, DeadLettered: h.DeadLettered, Seeded: h.Seeded, Filtered: h.Filtered, Frontier: h.Commit.String()})
-	}
-	return r
+	return api.PeersReport{Cluster: n.cluster, Links: n.PeerStatus(), Incoming: n.acceptor.Counts(), Refusals: n.acceptor.Refusals(),
+		Streams: api.StreamReports(hwms), Members: n.gossip.Members(), Rejoin: n.rejoin.Report()}
 }
 
 // DigestReport hashes the live state: every key, or the keys under any of

@@ -3,6 +3,7 @@ package node
 import (
 	"context"
 	"fmt"
+	"github.com/replicator/replicator/internal/secret"
 	"net/http"
 	"time"
 
@@ -24,9 +25,9 @@ import (
 // setupReplication builds the acceptor (the links are made at each term:
 // a node alone's only one begins in the replica's Open).
 func (n *Node) setupReplication() {
-	secrets := make(map[string]string, len(n.opts.Peers))
+	secrets, pairs := make(map[string]string, len(n.opts.Peers)), map[string]*secret.Pair{}
 	for _, p := range n.opts.Peers {
-		secrets[p.Name] = p.Secret
+		secrets[p.Name], pairs[p.Name] = p.Secret, p.Secrets
 	}
 	var ackNodes func() []string // this cluster's nodes in acks (nil for a node alone)
 	if n.multi() {
@@ -40,6 +41,7 @@ func (n *Node) setupReplication() {
 		TreeCharge:         func(ctx context.Context, sender string, k int) error { return n.ae.Charge(ctx, sender, k) },
 		Version:            n.opts.BuildVersion,
 		Secrets:            secrets,
+		SecretPairs:        pairs,
 		Insecure:           n.opts.InsecurePeers,
 		CertCluster:        n.tls.CertCluster,
 		MaxBodyBytes:       n.opts.MaxReplicateBytes,

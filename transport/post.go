@@ -85,8 +85,9 @@ func (s *Shipper) postOnce(ctx context.Context, body []byte) (wire.Ack, error) {
 	ctx, cancel := context.WithTimeout(ctx, s.opts.RequestTimeout)
 	defer cancel()
 	var nonce string
-	if s.peer.Secret != "" {
-		legacy, err := s.prove(ctx, base)
+	sec, keyID := s.secret()
+	if sec != "" {
+		legacy, err := s.prove(ctx, base, sec, keyID)
 		if err != nil {
 			s.unproven(base)
 			return ack, err
@@ -104,8 +105,9 @@ func (s *Shipper) postOnce(ctx context.Context, body []byte) (wire.Ack, error) {
 		req.Header.Set("Content-Encoding", encoding)
 	}
 	req.Header.Set(wire.HeaderOrigin, s.opts.Local)
-	if s.peer.Secret != "" {
-		req.Header.Set("Authorization", "Bearer "+s.peer.Secret)
+	if sec != "" {
+		req.Header.Set("Authorization", "Bearer "+sec)
+		req.Header.Set(wire.HeaderKeyID, keyID)
 	}
 	if nonce != "" {
 		req.Header.Set(wire.HeaderNonce, nonce)
@@ -151,7 +153,7 @@ func (s *Shipper) postOnce(ctx context.Context, body []byte) (wire.Ack, error) {
 	// one, such as a node shutting down, is a failure like any.)
 	moves := resp.StatusCode == http.StatusOK || resp.StatusCode == http.StatusConflict || resp.StatusCode == http.StatusRequestEntityTooLarge ||
 		(resp.StatusCode == http.StatusServiceUnavailable && bytes.Contains(b, []byte(`"not_leader"`)))
-	if moves && nonce != "" && !wire.VerifyMAC(resp.Header.Get(wire.HeaderMAC), wire.AnswerMAC(s.peer.Secret, nonce, resp.StatusCode, b)) {
+	if moves && nonce != "" && !wire.VerifyMAC(resp.Header.Get(wire.HeaderMAC), wire.AnswerMAC(sec, nonce, resp.StatusCode, b)) {
 		s.unproven(base)
 		return ack, fmt.Errorf("%w: %s at %s answered %d without a valid %s: ignored", ErrUnproven, s.peer.Name, base, resp.StatusCode, wire.HeaderMAC)
 	}

@@ -31,9 +31,12 @@ const proofTTL = time.Minute
 // prove makes the node at base prove it holds the secret before anything
 // is sent there (proof.go). It reports whether the node runs a build
 // before proofs (let through by Peer.AllowUnproven).
-func (s *Shipper) prove(ctx context.Context, base string) (legacy bool, err error) {
+func (s *Shipper) prove(ctx context.Context, base, sec, keyID string) (legacy bool, err error) {
+	// A proof holds for the secret it was made with: a rotated one is
+	// proved again.
+	proven := base + "\x00" + keyID
 	s.mu.Lock()
-	if p, ok := s.mu.proven[base]; ok && time.Since(p.at) < proofTTL {
+	if p, ok := s.mu.proven[proven]; ok && time.Since(p.at) < proofTTL {
 		s.mu.Unlock()
 		return p.legacy, nil
 	}
@@ -45,6 +48,7 @@ func (s *Shipper) prove(ctx context.Context, base string) (legacy bool, err erro
 	}
 	req.Header.Set(wire.HeaderOrigin, s.opts.Local)
 	req.Header.Set(wire.HeaderNonce, nonce)
+	req.Header.Set(wire.HeaderKeyID, keyID)
 	resp, err := s.opts.Client.Do(req)
 	if err != nil {
 		return false, unreached(s.peer.Name, base, err)
@@ -67,14 +71,14 @@ func (s *Shipper) prove(ctx context.Context, base string) (legacy bool, err erro
 		return false, fmt.Errorf("%w: %s at %s answered the proof request with %q (nothing sent there)", ErrUnproven, s.peer.Name, base, b)
 	case p.Cluster != s.peer.Name:
 		return false, fmt.Errorf("%w: the node at %s is of cluster %q, not %s (nothing sent there)", ErrUnproven, base, p.Cluster, s.peer.Name)
-	case !wire.VerifyMAC(p.Proof, wire.ProofMAC(s.peer.Secret, s.opts.Local, s.peer.Name, nonce)):
+	case !wire.VerifyMAC(p.Proof, wire.ProofMAC(sec, s.opts.Local, s.peer.Name, nonce)):
 		return false, fmt.Errorf("%w: the node at %s does not hold the secret shared with %s (nothing sent there)", ErrUnproven, base, s.peer.Name)
 	}
 	s.mu.Lock()
 	if s.mu.proven == nil || len(s.mu.proven) > 64 {
 		s.mu.proven = map[string]provenURL{}
 	}
-	s.mu.proven[base] = provenURL{at: time.Now(), legacy: legacy}
+	s.mu.proven[proven] = provenURL{at: time.Now(), legacy: legacy}
 	s.mu.Unlock()
 	return legacy, nil
 }
@@ -84,7 +88,11 @@ func (s *Shipper) prove(ctx context.Context, base string) (legacy bool, err erro
 func (s *Shipper) unproven(base string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	delete(s.mu.proven, base)
+	for k := range s.mu.proven {
+		if strings.HasPrefix(k, base+"\x00") {
+			delete(s.mu.proven, k) // under every secret
+		}
+	}
 	if s.mu.url == base {
 		s.rotateLocked()
 	}

@@ -11,6 +11,7 @@
 package transport
 
 import (
+	"github.com/replicator/replicator/internal/secret"
 	"context"
 	"errors"
 	"fmt"
@@ -74,6 +75,9 @@ type Peer struct {
 	Name   string // its cluster ID
 	URL    string // base URL of its replicate endpoint
 	Secret string // shared secret; "" with insecure peers
+	// Secrets, when set, holds the secret sent (Secret is then unused) and
+	// may change (a rotation reloaded it: secret.Pair).
+	Secrets *secret.Pair
 	// AllowUnproven sends the secret to a node of this peer that cannot
 	// prove it holds it because it runs a build before proofs (its proof
 	// endpoint answers 404): for the window of an upgrade only (proof.go).
@@ -760,4 +764,12 @@ func sleep(ctx context.Context, d time.Duration) bool {
 	case <-t.C:
 		return true
 	}
+}
+
+// secret is the secret the link sends now, and its key ID.
+func (s *Shipper) secret() (string, string) {
+	if s.peer.Secrets != nil {
+		return s.peer.Secrets.Send()
+	}
+	return s.peer.Secret, secret.KeyID(s.peer.Secret)
 }

@@ -28,8 +28,9 @@ func (s *Shipper) AskTree(ctx context.Context, req *wire.TreeRequest) (*wire.Tre
 	base := s.mu.url
 	s.mu.Unlock()
 	var nonce string
-	if s.peer.Secret != "" {
-		legacy, err := s.prove(ctx, base)
+	sec, keyID := s.secret()
+	if sec != "" {
+		legacy, err := s.prove(ctx, base, sec, keyID)
 		if err != nil {
 			s.unproven(base)
 			return nil, 0, err
@@ -48,8 +49,9 @@ func (s *Shipper) AskTree(ctx context.Context, req *wire.TreeRequest) (*wire.Tre
 	}
 	hr.Header.Set("Content-Type", wire.ContentType)
 	hr.Header.Set(wire.HeaderOrigin, s.opts.Local)
-	if s.peer.Secret != "" {
-		hr.Header.Set("Authorization", "Bearer "+s.peer.Secret)
+	if sec != "" {
+		hr.Header.Set("Authorization", "Bearer "+sec)
+		hr.Header.Set(wire.HeaderKeyID, keyID)
 	}
 	if nonce != "" {
 		hr.Header.Set(wire.HeaderNonce, nonce)
@@ -67,7 +69,7 @@ func (s *Shipper) AskTree(ctx context.Context, req *wire.TreeRequest) (*wire.Tre
 	if err := s.throttle(ctx, len(b)); err != nil {
 		return nil, n, err
 	}
-	if nonce != "" && !wire.VerifyMAC(resp.Header.Get(wire.HeaderMAC), wire.AnswerMAC(s.peer.Secret, nonce, resp.StatusCode, b)) {
+	if nonce != "" && !wire.VerifyMAC(resp.Header.Get(wire.HeaderMAC), wire.AnswerMAC(sec, nonce, resp.StatusCode, b)) {
 		s.unproven(base)
 		return nil, n, fmt.Errorf("%w: %s at %s answered the tree request %d without a valid %s", ErrUnproven, s.peer.Name, base, resp.StatusCode, wire.HeaderMAC)
 	}

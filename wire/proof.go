@@ -27,6 +27,11 @@ const (
 	// HeaderNonce carries the shipper's fresh nonce (64 hex digits), on a
 	// proof request and on every post.
 	HeaderNonce = "X-Replicator-Nonce"
+	// HeaderKeyID names the link secret a request was made with
+	// (secret.KeyID): during a rotation the receiver holds two and
+	// authenticates, answers and proves with the one named (none: a build
+	// before rotation, the receiver's first).
+	HeaderKeyID = "X-Replicator-Key-Id"
 	// HeaderMAC carries AnswerMAC on an answer to a post.
 	HeaderMAC = "X-Replicator-MAC"
 )

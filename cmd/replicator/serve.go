@@ -6,13 +6,10 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"github.com/replicator/replicator/links"
-	"github.com/replicator/replicator/store"
-	"io"
+	"github.com/replicator/replicator/internal/secret"
 	"log/slog"
 	"os"
 	"os/signal"
-	"path/filepath"
 	"sort"
 	"strings"
 	"syscall"
@@ -82,6 +79,10 @@ type serveConfig struct {
 	// (deploy/systemd TimeoutStopSec, deploy/kubernetes
 	// terminationGracePeriodSeconds).
 	ShutdownTimeout duration `yaml:"shutdown_timeout"`
+	// SecretOverlap bounds how long a link takes the second secret of its
+	// secret file (a rotation: docs/OPERATIONS.md "Rotating a link's
+	// secret").
+	SecretOverlap duration `yaml:"secret_overlap"`
 
 	GossipBind      string   `yaml:"gossip_bind"`
 	GossipAdvertise string   `yaml:"gossip_advertise"`
@@ -125,7 +126,8 @@ func defaultServeConfig() *serveConfig {
 		ReplicateMax: d.MaxReplicateBytes, PinWindow: duration(d.PinWindow),
 		HighEntries: d.WaterMarks.HighEntries, HighBytes: d.WaterMarks.HighBytes, HighAge: duration(d.WaterMarks.HighAge),
 		AdmissionWait: dur(d.AdmissionWait), IdentityWait: dur(d.IdentityCheckWait), ShutdownTimeout: duration(defaultShutdownTimeout),
-		Permits: d.Permits, PermitQueue: d.PermitQueue,
+		SecretOverlap: duration(24 * time.Hour),
+		Permits:       d.Permits, PermitQueue: d.PermitQueue,
 		MinBodyRate: d.MinBodyRate, MaxConns: d.MaxConnections, MaxBodies: d.MaxBodiesInFlight,
 		GossipProfile: "", TLSReload: duration(d.TLSReloadInterval), PeerSANMode: node.SANModeURI,
 		MemTableSize: d.MemTableSize, CacheSize: byteSize(d.CacheSize),
@@ -361,37 +363,6 @@ func printConfig(cfg *serveConfig, o *node.Options) error {
 	return nil
 }
 
-// printOverrides appends to --print-config, as YAML comments, the settings
-// of links that the cluster's log holds otherwise than these flags declare:
-// the log's are in force (docs/OPERATIONS.md "Declared and in force").
-func printOverrides(w io.Writer, o *node.Options) {
-	if o.DataDir == "" || len(o.Peers) == 0 {
-		return
-	}
-	dir := filepath.Join(o.DataDir, "store")
-	if _, err := os.Stat(dir); err != nil {
-		return // a first start: the flags seed the log
-	}
-	st, err := store.Open(dir, &store.Options{Logger: slog.New(slog.DiscardHandler)})
-	if err != nil {
-		fmt.Fprintf(w, "# the node runs (%v): what its cluster's log holds of each link, which wins over these\n"+
-			"# values once recorded, is in replicator filter|bandwidth|compression PEER\n", err)
-		return
-	}
-	defer st.Close()
-	logged, err := st.LinkSettings()
-	if err != nil {
-		fmt.Fprintf(w, "# the cluster's log's link settings could not be read: %v\n", err)
-		return
-	}
-	for _, p := range o.Peers {
-		for _, d := range links.DriftOf(links.Configured{Name: p.Name, Filter: p.Filter(), Bandwidth: p.Bandwidth, Compression: p.Compression}, logged[p.Name]) {
-			fmt.Fprintf(w, "# overridden: peer %s %s: declared %s, the cluster's log holds %s (in force; change it with replicator %s %s)\n",
-				p.Name, d.Setting, d.Declared, d.InForce, d.Setting, p.Name)
-		}
-	}
-}
-
 func serveFlags(cfg *serveConfig) *flag.FlagSet {
 	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
 	fs.String("config", "", "YAML file with the same settings (then $REPLICATOR_* override it, then flags)")
@@ -433,6 +404,7 @@ func serveFlags(cfg *serveConfig) *flag.FlagSet {
 	fs.BoolVar(&cfg.InsecurePeers, "insecure-peers", cfg.InsecurePeers, "allow peers without a secret (closed networks and tests only)")
 	fs.IntVar(&cfg.BatchEntries, "batch-max-entries", cfg.BatchEntries, "most entries in one outgoing batch")
 	fs.IntVar(&cfg.BatchBytes, "batch-max-bytes", cfg.BatchBytes, "most bytes in one outgoing batch")
+	fs.Var(&cfg.SecretOverlap, "secret-overlap", "how long a link takes the second secret of its secret file after it appeared (a rotation; SIGHUP rereads the files)")
 	fs.Var(&cfg.ShutdownTimeout, "shutdown-timeout", "bound on a graceful stop (SIGTERM): past it the node exits at once, as after a crash, which loses nothing acknowledged; a second signal exits at once too")
 	fs.Var(&cfg.BatchLinger, "batch-linger", "how long a batch waits to fill (0: not at all; a link's next batch fills while one is on the wire)")
 	fs.Int64Var(&cfg.ReplicateMax, "replicate-max-bytes", cfg.ReplicateMax, "largest incoming batch in bytes")
@@ -517,6 +489,7 @@ func (cfg *serveConfig) nodeOptions(log *slog.Logger) (*node.Options, error) {
 		Logger:               log,
 	}
 	var errs []error
+	pairs := map[string]*secret.Pair{}
 	names := make([]string, 0, len(cfg.Peers))
 	for name := range cfg.Peers {
 		names = append(names, name)
@@ -529,19 +502,16 @@ func (cfg *serveConfig) nodeOptions(log *slog.Logger) (*node.Options, error) {
 			if secret != "" {
 				errs = append(errs, fmt.Errorf("peer %s: give a secret or a secret file, not both", name))
 			}
-			b, err := os.ReadFile(p.SecretFile)
+			send, also, err := readSecretFile(p.SecretFile)
 			if err != nil {
 				// The file is what to fix: the peer is left out of the
 				// node's options, whose "has no secret" would point at
 				// --insecure-peers.
-				errs = append(errs, secretFileError("peer "+name+": secret file", p.SecretFile, err))
+				errs = append(errs, fmt.Errorf("peer %s: %w", name, err))
 				continue
 			}
-			secret = strings.TrimSpace(string(b))
-			if secret == "" {
-				errs = append(errs, fmt.Errorf("peer %s: secret file %s is empty", name, p.SecretFile))
-				continue
-			}
+			secret = send
+			pairs[name] = cfg.secretPair(name, send, also)
 		}
 		if secret == redacted {
 			errs = append(errs, fmt.Errorf("peer %s: the secret is the placeholder --print-config writes; give the real one (or secret_file)", name))
@@ -551,7 +521,7 @@ func (cfg *serveConfig) nodeOptions(log *slog.Logger) (*node.Options, error) {
 			errs = append(errs, fmt.Errorf("peer %s: bandwidth: %w", name, err))
 			continue
 		}
-		o.Peers = append(o.Peers, node.Peer{Name: name, URL: p.URL, Secret: secret, Overflow: p.Overflow, AllowUnproven: p.AllowUnproven,
+		o.Peers = append(o.Peers, node.Peer{Name: name, URL: p.URL, Secret: secret, Secrets: pairs[name], Overflow: p.Overflow, AllowUnproven: p.AllowUnproven,
 			Compression: p.Compression, Include: p.Include, Exclude: p.Exclude, Bandwidth: bw})
 	}
 	o.InsecurePeers = cfg.InsecurePeers
@@ -765,6 +735,7 @@ func runServe(args []string) error {
 			return errors.Join(n.FatalErr(), cerr)
 		case <-hup:
 			_ = n.ReloadTLS() // logged either way
+			cfg.reloadSecrets(log)
 		}
 	}
 }
