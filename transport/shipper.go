@@ -11,10 +11,10 @@
 package transport
 
 import (
-	"github.com/replicator/replicator/internal/secret"
 	"context"
 	"errors"
 	"fmt"
+	"github.com/replicator/replicator/internal/secret"
 	"log/slog"
 	"math/rand/v2"
 	"net/http"
