@@ -329,6 +329,10 @@ type LinkSettings struct {
 	// node's flags seed it only until then).
 	Compression    string `json:"compression,omitempty"`
 	CompressionSet bool   `json:"compression_set,omitempty"`
+	// Runtime is the peer as `replicator peer add` added it (from format
+	// 13; nil: a peer of the flags, or removed): the links are made from
+	// it as from a configured peer.
+	Runtime *RuntimePeer `json:"runtime,omitempty"`
 	// Backfill are the ranges widened filters newly included that the
 	// peer has not been sent yet: the leader's link sends what the tree
 	// holds of them, and a command clears them once the peer took it.
@@ -430,4 +434,16 @@ func (l *LinkSettings) Filtering(stream StreamID, after uint64) bool {
 		}
 	}
 	return false
+}
+
+// RuntimePeer is a peer cluster added at run time.
+type RuntimePeer struct {
+	// URLs are the peer's replicate endpoints (any of its nodes).
+	URLs []string `json:"urls"`
+	// Secret is the link's secret sealed under the cluster's secrets key
+	// (internal/secret.Seal, bound to the peer's name); none: the peer is
+	// authenticated by its certificate.
+	Secret []byte `json:"secret,omitempty"`
+	// Added is the log index of the command that added it.
+	Added uint64 `json:"added"`
 }

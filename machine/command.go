@@ -82,6 +82,8 @@ const (
 	// KindRepair applies versions anti-entropy pulled from a peer
 	// (format 5).
 	KindRepair
+	// KindPeer adds or removes a peer at run time (format 13).
+	KindPeer
 	kinds
 )
 
@@ -111,6 +113,8 @@ func (k Kind) String() string {
 		return "link"
 	case KindRepair:
 		return "repair"
+	case KindPeer:
+		return "peer"
 	}
 	return fmt.Sprintf("kind(%d)", uint8(k))
 }
@@ -148,6 +152,8 @@ type Command struct {
 	Link *LinkCmd
 	// Repair applies versions pulled from a peer.
 	Repair *RepairCmd
+	// Peer adds or removes a peer at run time.
+	Peer *PeerCmd
 }
 
 // Kind is the kind the set field names (0 when none or several are set).
@@ -160,7 +166,7 @@ func (c *Command) Kind() Kind {
 		{len(c.Local) > 0, KindLocal}, {c.Cursor != nil, KindCursor}, {c.Truncate != nil, KindTruncate},
 		{c.Mint != nil, KindMint}, {c.Inbound != nil, KindInbound}, {c.Record != nil, KindRecord},
 		{c.Collect != nil, KindCollect}, {c.DeadLetter != nil, KindDeadLetter}, {c.RemoveNode != nil, KindRemoveNode},
-		{c.Format != nil, KindFormat}, {c.Link != nil, KindLink}, {c.Repair != nil, KindRepair},
+		{c.Format != nil, KindFormat}, {c.Link != nil, KindLink}, {c.Repair != nil, KindRepair}, {c.Peer != nil, KindPeer},
 	} {
 		if f.set {
 			k, n = f.kind, n+1

@@ -62,7 +62,7 @@ func decodeInto(dec *msgpack.Decoder, c *Command) error {
 	}
 	kind := Kind(k)
 	want := map[Kind]int{KindLocal: 2, KindCursor: 4, KindTruncate: 3, KindMint: 3, KindInbound: 11, KindRecord: 5,
-		KindCollect: 4, KindDeadLetter: 5, KindRemoveNode: 2, KindFormat: 2, KindLink: 7, KindRepair: 3}[kind]
+		KindCollect: 4, KindDeadLetter: 5, KindRemoveNode: 2, KindFormat: 2, KindLink: 7, KindRepair: 3, KindPeer: 5}[kind]
 	if want == 0 {
 		return fmt.Errorf("unknown kind %d", k)
 	}
@@ -245,6 +245,8 @@ func decodeInto(dec *msgpack.Decoder, c *Command) error {
 		return decodeLink(dec, c, n)
 	case KindRepair:
 		return decodeRepair(dec, c)
+	case KindPeer:
+		return decodePeer(dec, c)
 	}
 	return nil
 }

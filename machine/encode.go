@@ -117,6 +117,8 @@ func (e *Encoder) Encode(c *Command) ([]byte, error) {
 		err = errors.Join(err, encodeLink(enc, c.Link))
 	case KindRepair:
 		err = errors.Join(err, encodeRepair(enc, c.Repair))
+	case KindPeer:
+		err = errors.Join(err, encodePeer(enc, c.Peer))
 	default:
 		return nil, fmt.Errorf("machine: encode: a command of no one kind")
 	}

@@ -322,6 +322,8 @@ func (m *Machine) ApplyCommand(index uint64, c *Command) (*Result, error) {
 		res, next, err = m.applyLink(b, c.Link)
 	case KindRepair:
 		res, err = m.applyRepair(b, c.Repair)
+	case KindPeer:
+		res, next, err = m.applyPeer(b, index, c.Peer)
 	case KindFormat:
 		// Only raised: a command of a later encoding may already be in the
 		// log behind a second Format of the same version.

@@ -348,6 +348,10 @@ func (s *Store) LinkSettings() (map[string]entry.LinkSettings, error) {
 	return out, it.Error()
 }
 
+// DeleteCursor forgets a peer's cursor in the batch (the peer was
+// removed: the stream is no longer kept for it).
+func (b *Batch) DeleteCursor(peer string) error { return b.pb.Delete(cursorKey(peer), nil) }
+
 // SetLinkSettings records one link's settings in the batch.
 func (b *Batch) SetLinkSettings(peer string, ls entry.LinkSettings) error {
 	v, err := json.Marshal(ls)
