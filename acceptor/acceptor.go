@@ -289,6 +289,22 @@ func (a *Acceptor) takesFloors() bool { return a.opts.TakesFloors != nil && a.op
 
 func (a *Acceptor) takesMarkers() bool { return a.opts.TakesMarkers != nil && a.opts.TakesMarkers() }
 
+// SetPair allows a peer cluster with its secrets (a peer added at run
+// time: links.Set), or replaces them.
+func (a *Acceptor) SetPair(cluster string, p *secretpkg.Pair) {
+	a.mu.Lock()
+	a.mu.secrets[cluster] = p
+	a.mu.Unlock()
+}
+
+// RemovePeer takes nothing more from a cluster (a peer removed at run
+// time): its requests are refused as unauthenticated.
+func (a *Acceptor) RemovePeer(cluster string) {
+	a.mu.Lock()
+	delete(a.mu.secrets, cluster)
+	a.mu.Unlock()
+}
+
 // SetPeer allows (or updates) a peer cluster and its secret: peers found by
 // gossip whose secret is configured.
 func (a *Acceptor) SetPeer(cluster, secret string) {

@@ -388,3 +388,15 @@ func StreamReports(hwms []entry.HWM) []StreamReport {
 	}
 	return out
 }
+
+// PeerReport is a peer added at run time (POST /admin/peers, DELETE
+// /admin/peers/NAME): never its secret.
+type PeerReport struct {
+	Name string   `json:"name"`
+	URLs []string `json:"urls,omitempty"`
+	// Secret says the link has one (sealed in the cluster's log).
+	Secret bool `json:"secret,omitempty"`
+	// AddedAt is the log index of the command that added it.
+	AddedAt uint64 `json:"added_at,omitempty"`
+	Removed bool   `json:"removed,omitempty"`
+}

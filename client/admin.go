@@ -19,6 +19,12 @@ type (
 	Filter           = entry.Filter
 )
 
+// DoJSON sends in as the request's JSON body and decodes the answer into
+// out (the CLI's admin calls).
+func (c *Client) DoJSON(ctx context.Context, method, path string, in, out any) (http.Header, error) {
+	return c.doJSON(ctx, method, path, in, out)
+}
+
 // doJSON sends in as the request's JSON body.
 func (c *Client) doJSON(ctx context.Context, method, path string, in, out any) (http.Header, error) {
 	b, err := json.Marshal(in)

@@ -33,6 +33,12 @@ type Peer struct {
 	// Secrets, when set, holds the link's secrets as a rotation reloads
 	// them (the one sent first; secret.Pair): shared with the acceptor.
 	Secrets *secret.Pair
+	// Fallbacks are more of its URLs (a peer added at run time).
+	Fallbacks []string
+	// sealed is its secret as the log holds it, and unopened says this
+	// node could not open it (runtime.go).
+	sealed   string
+	unopened bool
 	// AllowUnproven sends the secret to a node of the peer that cannot
 	// prove it holds it because it runs a build before proofs (issue 25):
 	// for the window of an upgrade of the peer only.
@@ -115,6 +121,12 @@ type Deps struct {
 	// a peer gossip found in without a secret (insecure peers).
 	Accepted func() []string
 	Accept   func(cluster string)
+	// AcceptPeer and ForgetPeer let a peer added at run time in with its
+	// secrets, and out once removed; SecretsKey opens the secrets the log
+	// holds sealed (--secrets-key-file; none: only peers without one).
+	AcceptPeer func(cluster string, secrets *secret.Pair)
+	ForgetPeer func(cluster string)
+	SecretsKey []byte
 	// Note tells gossip's view whether a member is shipped to, and why not.
 	Note func(node string, shipped bool, note string)
 	// OnDetach counts a link detached by the operator.
@@ -150,6 +162,8 @@ type Set struct {
 		ctx context.Context
 		// building: a term is making its links (they start once it began).
 		building bool
+		// cancels stop one shipper each (a peer removed at run time).
+		cancels map[*transport.Shipper]context.CancelFunc
 	}
 	wg sync.WaitGroup // shipper goroutines
 	// states is each link's last state, to log changes once.
@@ -174,6 +188,10 @@ type Set struct {
 	// discovered are peers gossip found (a term links to them too).
 	discoveredMu sync.Mutex
 	discovered   map[string]Peer
+	// runtime are the peers the log added at run time, as this node
+	// linked and accepted them (runtime.go).
+	runtimeMu sync.Mutex
+	runtime   map[string]Peer
 }
 
 // New builds the links of d; none is made yet (BeginTerm).
@@ -206,7 +224,8 @@ func (s *Set) add(p Peer) (*transport.Shipper, error) {
 	if err != nil {
 		return nil, err
 	}
-	sh, err := transport.NewShipper(transport.Peer{Name: p.Name, URL: p.URL, Secret: p.Secret, Secrets: p.Secrets, AllowUnproven: p.AllowUnproven, Compression: p.Compression},
+	sh, err := transport.NewShipper(transport.Peer{Name: p.Name, URL: p.URL, Secret: p.Secret, Secrets: p.Secrets, AllowUnproven: p.AllowUnproven, Compression: p.Compression,
+		Fallbacks: p.Fallbacks},
 		d.Stream(), d.Cursors, transport.Options{
 			Local:           d.Local,
 			MaxBatchEntries: d.MaxBatchEntries,
@@ -277,6 +296,11 @@ func (s *Set) runLocked(sh *transport.Shipper) {
 	if ctx == nil {
 		return
 	}
+	ctx, cancel := context.WithCancel(ctx)
+	if s.mu.cancels == nil {
+		s.mu.cancels = map[*transport.Shipper]context.CancelFunc{}
+	}
+	s.mu.cancels[sh] = cancel
 	s.wg.Add(1)
 	go func() {
 		// Exits when the links' context ends (Stop; the end of a term).
@@ -302,7 +326,7 @@ func (s *Set) Start() {
 			}
 		}
 	})
-	s.every(ctx, 100*time.Millisecond, s.Watch)
+	s.every(ctx, 100*time.Millisecond, func() { s.reconcileRuntime(); s.Watch() })
 	s.takeSample() // a page opened at once has a point
 	s.every(ctx, s.d.HistoryInterval, s.takeSample)
 }
@@ -444,6 +468,13 @@ func (s *Set) Peers() []Peer {
 			out = append(out, p)
 		}
 	}
+	s.runtimeMu.Lock()
+	for _, p := range s.runtime {
+		if !p.unopened && p.URL != "" {
+			out = append(out, p)
+		}
+	}
+	s.runtimeMu.Unlock()
 	s.discoveredMu.Lock()
 	defer s.discoveredMu.Unlock()
 	for _, p := range s.discovered {

@@ -3,7 +3,9 @@ package links
 import (
 	"cmp"
 	"fmt"
+	"github.com/replicator/replicator/internal/secret"
 	"log/slog"
+	"net/url"
 	"sync"
 
 	"github.com/replicator/replicator/api"
@@ -39,7 +41,10 @@ type SettingsDeps struct {
 	// KeptForPeerLinks what the last collection kept for a link.
 	Status                 func() []api.LinkStatus
 	Kept, KeptForPeerLinks func(peer string) *api.KeptTombstones
-	Logger                 *slog.Logger
+	// SecretsKey seals the secrets of peers added at run time (none: only
+	// peers without a secret may be).
+	SecretsKey []byte
+	Logger     *slog.Logger
 }
 
 // Settings keeps each link's settings in step with the cluster's log
@@ -365,4 +370,74 @@ func (l *Settings) LinkCompression(peer string) (api.CompressionReport, error) {
 	}
 	ls := l.Of(peer)
 	return api.CompressionReport{Peer: peer, Compression: cmp.Or(ls.Compression, "none"), Recorded: ls.CompressionSet}, nil
+}
+
+// AddPeer adds a peer cluster at run time, through the log (machine.PeerCmd):
+// every node lets it in, the leader links to it. Its secret is sealed
+// under the secrets key before it is proposed: the log, its snapshots and
+// backups never hold it in clear. The peer must add this cluster too.
+func (l *Settings) AddPeer(name string, urls []string, sec string) (api.PeerReport, error) {
+	d := l.d
+	switch {
+	case !entry.ValidClusterID(name):
+		return api.PeerReport{}, fmt.Errorf("%w: peer name %q", api.ErrBadRequest, name)
+	case len(urls) == 0 || len(urls) > 16:
+		return api.PeerReport{}, fmt.Errorf("%w: %d URLs: give 1 to 16", api.ErrBadRequest, len(urls))
+	}
+	for _, u := range urls {
+		if pu, err := url.Parse(u); err != nil || (pu.Scheme != "http" && pu.Scheme != "https") || pu.Host == "" {
+			return api.PeerReport{}, fmt.Errorf("%w: URL %q: want http(s)://HOST:PORT", api.ErrBadRequest, u)
+		}
+	}
+	if _, ok := l.peerOption(name); ok {
+		return api.PeerReport{}, fmt.Errorf("%w: %q is a peer of this node's flags or YAML: change them (docs/OPERATIONS.md \"Declared and in force\")",
+			api.ErrBadRequest, name)
+	}
+	if v := d.Machine().Format(); v < machine.FormatRuntimePeers {
+		return api.PeerReport{}, fmt.Errorf("%w: the cluster's log is at format %d; peers added at run time need format %d, "+
+			"which the log moves to once every node runs a build that reads it", api.ErrNotWritten, v, machine.FormatRuntimePeers)
+	}
+	var sealed []byte
+	if sec != "" {
+		if len(sec) < 16 {
+			return api.PeerReport{}, fmt.Errorf("%w: a link secret of %d bytes: at least 16", api.ErrBadRequest, len(sec))
+		}
+		var err error
+		if sealed, err = secret.Seal(d.SecretsKey, name, sec); err != nil {
+			return api.PeerReport{}, fmt.Errorf("%w: %w", api.ErrBadRequest, err)
+		}
+	}
+	if _, err := d.Commit(&machine.Command{Peer: &machine.PeerCmd{Name: name, URLs: urls, Secret: sealed}}); err != nil {
+		return api.PeerReport{}, err
+	}
+	d.Logger.Warn("peer added at run time", "peer", name, "urls", urls, "secret", sec != "")
+	return l.Peer(name)
+}
+
+// RemovePeer removes a peer added at run time, through the log: its link
+// stops, the stream is no longer kept for it, and its requests are
+// refused; its marks and dead letters stay (docs/OPERATIONS.md).
+func (l *Settings) RemovePeer(name string) (api.PeerReport, error) {
+	d := l.d
+	if d.Machine().Link(name).Runtime == nil {
+		if _, ok := l.peerOption(name); ok {
+			return api.PeerReport{}, fmt.Errorf("%w: %q is a peer of this node's flags or YAML: remove it there", api.ErrBadRequest, name)
+		}
+		return api.PeerReport{}, fmt.Errorf("%w: no peer %q added at run time", api.ErrNotFound, name)
+	}
+	if _, err := d.Commit(&machine.Command{Peer: &machine.PeerCmd{Name: name, Remove: true}}); err != nil {
+		return api.PeerReport{}, err
+	}
+	d.Logger.Warn("peer removed at run time", "peer", name)
+	return api.PeerReport{Name: name, Removed: true}, nil
+}
+
+// Peer is what the log holds of a peer added at run time (never its
+// secret, sealed or not).
+func (l *Settings) Peer(name string) (api.PeerReport, error) {
+	rp := l.d.Machine().Link(name).Runtime
+	if rp == nil {
+		return api.PeerReport{}, fmt.Errorf("%w: no peer %q added at run time", api.ErrNotFound, name)
+	}
+	return api.PeerReport{Name: name, URLs: rp.URLs, Secret: len(rp.Secret) > 0, AddedAt: rp.Added}, nil
 }

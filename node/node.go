@@ -230,7 +230,7 @@ func Open(ctx context.Context, opts *Options) (*Node, error) {
 		Status:           n.PeerStatus,
 		Kept:             func(peer string) *api.KeptTombstones { return n.links.Kept(peer) },
 		KeptForPeerLinks: func(peer string) *api.KeptTombstones { return n.links.KeptForPeerLinks(peer) },
-		Logger:           n.log,
+		SecretsKey:       o.SecretsKey, Logger: n.log,
 	})
 	n.links = n.newLinks()
 	configuredNames := make([]string, len(o.Peers))

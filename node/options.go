@@ -166,6 +166,10 @@ type Options struct {
 	// InsecurePeers allows peers without a secret. Off by default: a peer
 	// without one is a configuration error.
 	InsecurePeers bool
+	// SecretsKey (32 bytes, the same at every node of the cluster) seals
+	// the secrets of peers added at run time in the cluster's log
+	// (--secrets-key-file; none: only peers without a secret may be).
+	SecretsKey []byte
 	// MaxBatchEntries, MaxBatchBytes and BatchLinger bound outgoing
 	// batches (defaults 2048, 4 MiB, no linger: see transport.Options.Linger).
 	MaxBatchEntries int

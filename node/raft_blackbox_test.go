@@ -384,6 +384,19 @@ func TestTruncationOfAppliedEntriesStopsTheNode(t *testing.T) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+	// A write of the new term committed before the old leader returns: its
+	// log (the 5 writes of an older term) is then not the more up to date,
+	// so it cannot win an election of its own on a loaded machine (a CI
+	// run saw it lead again, and nothing was cut).
+	nodetest.WaitFor(t, 20*time.Second, func() (bool, string) {
+		for _, n := range []string{f, w} {
+			if c.Nodes[n].LocalCluster().State == "leader" {
+				_, err := c.Client(n).Put(ctx, "new-term", []byte("v"))
+				return err == nil, fmt.Sprintf("a write at the new leader %s: %v", n, err)
+			}
+		}
+		return false, "no leader among F and W"
+	})
 	c.Start(l)
 	select {
 	case <-c.Nodes[l].Fatal():

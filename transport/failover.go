@@ -46,7 +46,7 @@ func (s *Shipper) learnNodesLocked(nodes []string) {
 // REQUIRES: s.mu held.
 func (s *Shipper) rotateLocked() {
 	cands := []string{s.peer.URL}
-	for _, u := range s.mu.nodes {
+	for _, u := range append(slices.Clone(s.peer.Fallbacks), s.mu.nodes...) {
 		if u != "" && !slices.Contains(cands, u) {
 			cands = append(cands, u)
 		}

@@ -85,6 +85,9 @@ type Peer struct {
 	// Compression is CompressionZstd to compress batch bodies toward a
 	// node that says it decodes zstd, or "" / CompressionNone for none.
 	Compression string
+	// Fallbacks are more of the peer's URLs, tried when URL does not
+	// answer (a peer added at run time with several).
+	Fallbacks []string
 }
 
 // Link compressions (--peer-compression NAME=zstd|none).

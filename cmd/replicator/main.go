@@ -70,6 +70,7 @@ func root() *cobra.Command {
 		command("diff --peer PEER [--repair]", "compare this cluster's tree with a peer's: the keys they disagree on, and who lacks what (anti-entropy)", runDiff(false)),
 		command("repair --peer PEER", "pull and apply what this cluster lacks of a peer's tree (diff --repair)", runDiff(true)),
 		command("filter PEER [--include P]... [--exclude P]... [--every-key] [--release]", "show or change what crosses the link to a peer (the cluster's log records it)", admin("filter")),
+		command("peer add NAME URL... [--secret-file F] | remove NAME | show NAME", "peers at run time: the cluster's log records them (both clusters add each other)", runPeer),
 		command("compression PEER [zstd|none]", "show or change the link's compression of batch bodies (the cluster's log records it)", admin("compression")),
 		command("bandwidth PEER [RATE]", "show or change the link's bandwidth limit, e.g. 20MiB (0: none; the cluster's log records it)", admin("bandwidth")),
 		command("admin wal|peers|origin|digest|cluster|rebuild-tree | pause|resume|reseed|detach|filter|bandwidth|compression PEER | cluster join|remove NODE", "admin documents as tables, peer link actions and the cluster's membership", admin("admin")),

@@ -32,6 +32,7 @@ type serveConfig struct {
 	NodeID             string   `yaml:"node_id"`
 	RaftListen         string   `yaml:"raft_listen"`
 	RaftKeyFile        string   `yaml:"raft_key_file"`
+	SecretsKeyFile     string   `yaml:"secrets_key_file"`
 	RaftAcceptGossip   bool     `yaml:"raft_accept_gossip_key"`
 	RaftAdvertise      string   `yaml:"raft_advertise"`
 	BootstrapExpect    int      `yaml:"bootstrap_expect"`
@@ -374,6 +375,7 @@ func serveFlags(cfg *serveConfig) *flag.FlagSet {
 	fs.StringVar(&cfg.NodeID, "node-id", cfg.NodeID, "this node's ID within its cluster (default: the data directory's, minted at its first start)")
 	fs.StringVar(&cfg.RaftListen, "raft-listen", cfg.RaftListen, "HOST:PORT of the raft port: this node is one of several of its cluster (docs/CLUSTER.md)")
 	fs.StringVar(&cfg.RaftAdvertise, "raft-advertise", cfg.RaftAdvertise, "HOST:PORT the cluster's other nodes reach the raft port at (default --raft-listen)")
+	fs.StringVar(&cfg.SecretsKeyFile, "secrets-key-file", cfg.SecretsKeyFile, "file with the base64 key (32 bytes: openssl rand -base64 32; the same on every node of the cluster) that seals the secrets of peers added at run time in the cluster's log")
 	fs.StringVar(&cfg.RaftKeyFile, "raft-key-file", cfg.RaftKeyFile, "file with the cluster's own base64 raft key (openssl rand -base64 32; the same on its nodes, on no other cluster's): secures the raft port")
 	fs.BoolVar(&cfg.RaftAcceptGossip, "raft-accept-gossip-key", cfg.RaftAcceptGossip, "with --raft-key-file: also take nodes that have only the gossip key (while the cluster moves to the raft key)")
 	fs.IntVar(&cfg.BootstrapExpect, "bootstrap-expect", cfg.BootstrapExpect, "how many fresh nodes found by gossip form a new cluster (0: wait to be added)")
@@ -592,6 +594,16 @@ func (cfg *serveConfig) nodeOptions(log *slog.Logger) (*node.Options, error) {
 		o.Gossip = g
 	} else if len(cfg.Join) > 0 || cfg.GossipKeyFile != "" || cfg.AdvertiseAPI != "" || cfg.AdvertiseRepl != "" {
 		errs = append(errs, errors.New("--join, --gossip-key-file, --advertise-api and --advertise-replicate need --gossip-bind"))
+	}
+	if cfg.SecretsKeyFile != "" {
+		key, err := readKey("--secrets-key-file", cfg.SecretsKeyFile)
+		if err == nil && len(key) != secret.KeySize {
+			err = fmt.Errorf("--secrets-key-file %s: a key of %d bytes, want %d (openssl rand -base64 32)", cfg.SecretsKeyFile, len(key), secret.KeySize)
+		}
+		if err != nil {
+			errs = append(errs, err)
+		}
+		o.SecretsKey = key
 	}
 	if cfg.RaftListen != "" {
 		o.Raft = &node.RaftOptions{Listen: cfg.RaftListen, Advertise: cfg.RaftAdvertise, BootstrapExpect: cfg.BootstrapExpect,

@@ -112,9 +112,37 @@ func (a *API) registerAdmin(mux *http.ServeMux) {
 		}
 		writeError(w, http.StatusNotFound, apiError{Code: "not_found", Message: "no peer " + name})
 	})
-	mux.HandleFunc(pathAdminPeers, getOnly(func(w http.ResponseWriter, r *http.Request) {
-		writeJSON(w, http.StatusOK, a.node.PeersReport())
-	}))
+	mux.HandleFunc(pathAdminPeers, func(w http.ResponseWriter, r *http.Request) {
+		switch {
+		case r.Method == http.MethodPost && a.opts.Settings != nil:
+			a.handleAddPeer(w, r)
+		case r.Method == http.MethodGet || r.Method == http.MethodHead:
+			writeJSON(w, http.StatusOK, a.node.PeersReport())
+		default:
+			methodNotAllowed(w, r, "GET, HEAD, POST")
+		}
+	})
+	if a.opts.Settings != nil {
+		mux.HandleFunc("/admin/peers/{name}", func(w http.ResponseWriter, r *http.Request) {
+			var rep api.PeerReport
+			var err error
+			switch r.Method {
+			case http.MethodGet, http.MethodHead:
+				rep, err = a.opts.Settings.Peer(r.PathValue("name"))
+			case http.MethodDelete:
+				rep, err = a.opts.Settings.RemovePeer(r.PathValue("name"))
+				a.log.Warn("peer removed at run time by the operator", "peer", r.PathValue("name"), "caller", a.opts.Caller(r), "err", err)
+			default:
+				methodNotAllowed(w, r, "GET, HEAD, DELETE")
+				return
+			}
+			if err != nil {
+				WriteErr(w, err)
+				return
+			}
+			writeJSON(w, http.StatusOK, rep)
+		})
+	}
 	mux.HandleFunc(pathAdminDigest, getOnly(func(w http.ResponseWriter, r *http.Request) {
 		d, err := a.node.DigestReport(r.URL.Query()["prefix"]...)
 		if err != nil {
@@ -308,6 +336,30 @@ func (a *API) handleBandwidth(w http.ResponseWriter, r *http.Request) {
 		WriteErr(w, err)
 		return
 	}
+	writeJSON(w, http.StatusOK, rep)
+}
+
+// handleAddPeer serves POST /admin/peers {"name", "urls", "secret"}: a
+// peer added at run time. The secret is sealed before it reaches the log
+// and never answered.
+func (a *API) handleAddPeer(w http.ResponseWriter, r *http.Request) {
+	var req struct {
+		Name   string   `json:"name"`
+		URLs   []string `json:"urls"`
+		Secret string   `json:"secret"`
+	}
+	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, 64<<10))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&req); err != nil {
+		WriteErr(w, fmt.Errorf("%w: want {\"name\": N, \"urls\": [URL...], \"secret\": S}: %v", api.ErrBadRequest, err))
+		return
+	}
+	rep, err := a.opts.Settings.AddPeer(req.Name, req.URLs, req.Secret)
+	if err != nil {
+		WriteErr(w, err)
+		return
+	}
+	a.log.Warn("peer added at run time by the operator", "peer", req.Name, "urls", req.URLs, "caller", a.opts.Caller(r))
 	writeJSON(w, http.StatusOK, rep)
 }
 

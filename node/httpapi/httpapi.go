@@ -70,6 +70,11 @@ type LinkSettings interface {
 	SetLinkBandwidth(peer string, bytesPerSec int64) (api.BandwidthReport, error)
 	LinkCompression(peer string) (api.CompressionReport, error)
 	SetLinkCompression(peer, compression string) (api.CompressionReport, error)
+	// AddPeer and RemovePeer add and remove a peer at run time, through
+	// the cluster's log; Peer is what the log holds of one (no secret).
+	AddPeer(name string, urls []string, secret string) (api.PeerReport, error)
+	RemovePeer(name string) (api.PeerReport, error)
+	Peer(name string) (api.PeerReport, error)
 }
 
 // Reports is what the node's other admin endpoints ask of it.
