@@ -77,4 +77,27 @@ func TestRepairOfALargeDivergence(t *testing.T) {
 	if code != 0 || !strings.HasPrefix(stdout, "equal:") {
 		t.Fatalf("after the repair: %d %s", code, stdout)
 	}
+	// A diff over a lagging link: a's link to b paused 12 s with writes
+	// behind it, so the comparison waits for the link before it compares.
+	// With --timeout 2m it completes (it died at 10 s whatever the flag
+	// said: issue 49).
+	if _, _, code := cli(t, nil, "admin", "pause", "b", "--addr", a.url); code != 0 {
+		t.Fatal("pause")
+	}
+	for i := range 20 {
+		if _, err := a.client().Put(bg(), fmt.Sprintf("late/%d", i), []byte("v")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	go func() {
+		time.Sleep(12 * time.Second)
+		cli(t, nil, "admin", "resume", "b", "--addr", a.url)
+	}()
+	start = time.Now()
+	stdout, stderr, code = cli(t, nil, "diff", "--peer", "b", "--timeout", "2m", "--addr", a.url)
+	took := time.Since(start)
+	if code != 0 || !(strings.HasPrefix(stdout, "equal:") || strings.HasPrefix(stdout, "no divergent key")) || took < 10*time.Second {
+		t.Fatalf("a diff over a link lagging 12 s: exit %d in %s\n%s%s", code, took.Round(time.Millisecond), stdout, stderr)
+	}
+	t.Logf("a diff over a link lagging 12 s completed in %s: %s", took.Round(time.Millisecond), strings.TrimSpace(stdout))
 }
