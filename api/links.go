@@ -82,6 +82,9 @@ type LinkStatus struct {
 	// declare otherwise than the cluster's log holds (the log's are in
 	// force; docs/OPERATIONS.md "Declared and in force").
 	Drift []ConfigDrift `json:"drift,omitempty"`
+	// Runtime: the peer was added at run time (replicator peer add): it
+	// can be removed the same way.
+	Runtime bool `json:"runtime,omitempty"`
 }
 
 // KeptTombstones counts the tombstones and range tombstones a collection

@@ -105,3 +105,11 @@ func (s *Set) removeLink(peer string) {
 	}
 	s.mu.Unlock()
 }
+
+// isRuntime reports a peer added at run time.
+func (s *Set) isRuntime(peer string) bool {
+	s.runtimeMu.Lock()
+	defer s.runtimeMu.Unlock()
+	_, ok := s.runtime[peer]
+	return ok
+}

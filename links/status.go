@@ -26,6 +26,7 @@ func (s *Set) Status() []api.LinkStatus {
 		if s.d.Settings != nil {
 			st.Drift = s.d.Settings.Drift(st.Peer)
 		}
+		st.Runtime = s.isRuntime(st.Peer)
 		out = append(out, st)
 	}
 	return out
@@ -49,6 +50,7 @@ func (s *Set) followerStatus() []api.LinkStatus {
 		if s.d.Settings != nil {
 			st.Drift = s.d.Settings.Drift(p.Name) // this node's flags, should it lead
 		}
+		st.Runtime = s.isRuntime(p.Name)
 		out = append(out, st)
 	}
 	return out

@@ -15,6 +15,7 @@ import (
 	"github.com/chromedp/chromedp"
 
 	"github.com/replicator/replicator/api"
+	"github.com/replicator/replicator/client"
 	"github.com/replicator/replicator/internal/nodetest"
 	"github.com/replicator/replicator/node"
 )
@@ -407,4 +408,56 @@ func TestDashboardSaturation(t *testing.T) {
 	if strings.Contains(string(body), "replicator_backlog_seconds_to_limit{") {
 		t.Fatalf("/metrics holds a forecast for a detached link:\n%s", body)
 	}
+}
+
+// TestDashboardAddsAndRemovesAPeer (issue 49): the dashboard adds a peer
+// cluster at run time (the form posts to /admin/peers with the page's
+// token: the log records it, its secret sealed) and removes it (its row's
+// Remove button, after a confirmation): the link appears, then goes.
+func TestDashboardAddsAndRemovesAPeer(t *testing.T) {
+	ctx := browse(t)
+	const token = "dashboard-token"
+	key := make([]byte, 32)
+	m := nodetest.NewMesh(t, nil, func(o *node.Options) {
+		o.SecretsKey = key
+		if o.ClusterID == "a" {
+			o.APIToken = token
+		}
+	}, "a", "b")
+	a := m.Nodes["a"]
+	if err := chromedp.Do(ctx,
+		chromedp.Navigate(a.URL()+"/admin/ui#token="+token),
+		chromedp.WaitVisible(chromedp.CSS(`#peers tr[data-peer="b"]`)),
+		chromedp.SendKeys(chromedp.ID("addname"), "c"),
+		chromedp.SendKeys(chromedp.ID("addurl"), "http://127.0.0.1:9"),
+		chromedp.SendKeys(chromedp.ID("addsecret"), "dashboard-added-secret-0123"),
+	); err != nil {
+		t.Fatal(err)
+	}
+	if err := click(ctx, chromedp.CSS(`#addpeer`)); err != nil {
+		t.Fatal(err)
+	}
+	row := `#peers tr[data-peer="c"]`
+	if err := chromedp.Do(ctx, chromedp.WaitVisible(chromedp.CSS(row+` button[data-action="remove"]`))); err != nil {
+		t.Fatalf("the added peer's row: %v", err)
+	}
+	var raw []byte
+	if _, err := client.New(a.URL(), &client.Options{Token: token}).Do(context.Background(), http.MethodGet, "/admin/peers/c", nil, nil, &raw); err != nil ||
+		!strings.Contains(string(raw), `"secret":true`) || strings.Contains(string(raw), "dashboard-added-secret") {
+		t.Fatalf("the log's peer c: %s %v", raw, err)
+	}
+	if err := click(ctx, chromedp.CSS(row+` button[data-action="remove"]`)); err != nil {
+		t.Fatal(err)
+	}
+	if err := chromedp.Do(ctx, chromedp.WaitNotPresent(chromedp.CSS(row))); err != nil {
+		t.Fatalf("the removed peer's row stays: %v", err)
+	}
+	nodetest.WaitFor(t, 10*time.Second, func() (bool, string) {
+		for _, l := range a.PeerStatus() {
+			if l.Peer == "c" {
+				return false, "a still links to c"
+			}
+		}
+		return true, ""
+	})
 }
