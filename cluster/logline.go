@@ -25,6 +25,7 @@ func raftLogger(l *slog.Logger) hclog.Logger {
 // three; issue 49).
 var routine = []string{
 	"heartbeat timeout reached, starting election",
+	"Election timeout reached, restarting election", // a candidate's retry (ReplicatorNoLeader says when it lasts)
 	"no known peers, aborting election",
 	"failed to get previous log",
 	"appendEntries rejected, sending older logs",

@@ -76,6 +76,15 @@ func (s *Set) Watch() {
 			}
 		case transport.StateUnknown, transport.StatePaused, transport.StateReseeding, transport.StateFollower:
 			log.Info("peer link state", "peer", st.Peer, "state", st.State, "was", prev)
+		case transport.StateLagging:
+			if st.LastContact.IsZero() {
+				// Not reached yet (the two started together, or the
+				// peer is not up yet): said at INFO; it is WARNed once
+				// stalled.
+				log.Info("peer link waiting for the peer's first answer", "peer", st.Peer, "last_error", st.LastError)
+				continue
+			}
+			fallthrough
 		default:
 			contact := "never"
 			if !st.LastContact.IsZero() {
