@@ -1,7 +1,9 @@
 package api
 
 import (
+	"cmp"
 	"encoding/json"
+	"fmt"
 	"time"
 
 	"github.com/replicator/replicator/entry"
@@ -399,4 +401,29 @@ type PeerReport struct {
 	// AddedAt is the log index of the command that added it.
 	AddedAt uint64 `json:"added_at,omitempty"`
 	Removed bool   `json:"removed,omitempty"`
+}
+
+// DriftOf lists the settings of a link that the flags declare (filter,
+// bandwidth in bytes/s, compression) otherwise than ls, what the cluster's
+// log holds of it, says. A setting the log never recorded is the flags'
+// own, and never drifts (docs/OPERATIONS.md "Declared and in force").
+func DriftOf(filter entry.Filter, bandwidth int64, compression string, ls entry.LinkSettings) []ConfigDrift {
+	var out []ConfigDrift
+	if f := filter.Normal(); len(ls.Filters) > 0 && !ls.Current().Equal(f) {
+		out = append(out, ConfigDrift{Setting: "filter", Declared: f.String(), InForce: ls.Current().String()})
+	}
+	if ls.BandwidthSet && ls.Bandwidth != bandwidth {
+		out = append(out, ConfigDrift{Setting: "bandwidth", Declared: rate(bandwidth), InForce: rate(ls.Bandwidth)})
+	}
+	if declared := cmp.Or(compression, "none"); ls.CompressionSet && ls.Compression != declared {
+		out = append(out, ConfigDrift{Setting: "compression", Declared: declared, InForce: ls.Compression})
+	}
+	return out
+}
+
+func rate(b int64) string {
+	if b == 0 {
+		return "no limit"
+	}
+	return fmt.Sprintf("%d bytes/s", b)
 }

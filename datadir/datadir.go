@@ -17,6 +17,7 @@ import (
 
 	"github.com/replicator/replicator/backup"
 	"github.com/replicator/replicator/cluster"
+	"github.com/replicator/replicator/entry"
 	"github.com/replicator/replicator/machine"
 	"github.com/replicator/replicator/origin"
 	"github.com/replicator/replicator/store"
@@ -231,4 +232,21 @@ func OpenStore(dir string, o *store.Options) (*store.Store, error) {
 		return nil, fmt.Errorf("node: %w", err)
 	}
 	return st, nil
+}
+
+// LinkSettings reads what the cluster's log holds of each link from a
+// stopped node's data directory (ok false: the directory holds no tree
+// yet). A running node holds its tree locked: the error says so.
+func LinkSettings(dir string) (links map[string]entry.LinkSettings, ok bool, err error) {
+	path := filepath.Join(dir, "store")
+	if _, err := os.Stat(path); err != nil {
+		return nil, false, nil
+	}
+	st, err := store.Open(path, &store.Options{Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		return nil, false, err
+	}
+	defer st.Close()
+	links, err = st.LinkSettings()
+	return links, err == nil, err
 }

@@ -321,24 +321,7 @@ func (l *Settings) Drift(peer string) []api.ConfigDrift {
 // DriftOf lists the settings of a link that p declares otherwise than ls,
 // what the cluster's log holds of it, says (Settings.Drift).
 func DriftOf(p Configured, ls entry.LinkSettings) []api.ConfigDrift {
-	var out []api.ConfigDrift
-	if f := p.Filter.Normal(); len(ls.Filters) > 0 && !ls.Current().Equal(f) {
-		out = append(out, api.ConfigDrift{Setting: "filter", Declared: f.String(), InForce: ls.Current().String()})
-	}
-	if ls.BandwidthSet && ls.Bandwidth != p.Bandwidth {
-		out = append(out, api.ConfigDrift{Setting: "bandwidth", Declared: rate(p.Bandwidth), InForce: rate(ls.Bandwidth)})
-	}
-	if declared := cmp.Or(p.Compression, "none"); ls.CompressionSet && ls.Compression != declared {
-		out = append(out, api.ConfigDrift{Setting: "compression", Declared: declared, InForce: ls.Compression})
-	}
-	return out
-}
-
-func rate(b int64) string {
-	if b == 0 {
-		return "no limit"
-	}
-	return fmt.Sprintf("%d bytes/s", b)
+	return api.DriftOf(p.Filter, p.Bandwidth, p.Compression, ls)
 }
 
 // SetLinkCompression sets the link's compression of batch bodies ("zstd"
