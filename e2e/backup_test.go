@@ -2,10 +2,8 @@ package e2e
 
 import (
 	"bytes"
-	"context"
 	"fmt"
 	"io/fs"
-	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -14,8 +12,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/replicator/replicator/client"
-	"github.com/replicator/replicator/policy"
 )
 
 // TestOnlineBackupOfANodeAlone (issue 49): `replicator backup` copies a's
@@ -119,31 +115,7 @@ func TestOnlineBackupOfANodeOfThree(t *testing.T) {
 			continue // the follower is lost meanwhile
 		}
 		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			// Keyed and retried: every increment ends answered, so the
-			// counter must equal their number exactly.
-			retry := policy.MustNew(policy.Options{MaxAttempts: 1000, InitialDelay: 50 * time.Millisecond, MaxDelay: 500 * time.Millisecond})
-			cl := client.New(n.url, &client.Options{Retry: retry, HTTPClient: &http.Client{Timeout: 3 * time.Second}})
-			for i := 0; ; i++ {
-				select {
-				case <-stop:
-					return
-				default:
-				}
-				ctx := policy.WithKey(bg(), policy.Key{ID: fmt.Sprintf("w%d-%d", wi, i)})
-				ctx, cancel := context.WithTimeout(ctx, 60*time.Second)
-				_, err := cl.Increment(ctx, "ctr", 1)
-				cancel()
-				if err != nil {
-					t.Errorf("increment w%d-%d: %v (a keyed retry must end answered)", wi, i, err)
-					return
-				}
-				mu.Lock()
-				total++
-				mu.Unlock()
-			}
-		}()
+		go keyedIncrements(t, n, wi, stop, &mu, &total, &wg) // every increment ends answered: the counter must equal their number
 	}
 	time.Sleep(time.Second)
 	dir := filepath.Join(t.TempDir(), f.id+"-backup")

@@ -837,29 +837,7 @@ func TestClusterKilledWholeUnderLoad(t *testing.T) {
 	var wg sync.WaitGroup
 	for wi, n := range m.members("a") {
 		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			retry := policy.MustNew(policy.Options{MaxAttempts: 1000, InitialDelay: 50 * time.Millisecond, MaxDelay: 500 * time.Millisecond})
-			cl := client.New(n.url, &client.Options{Retry: retry, HTTPClient: &http.Client{Timeout: 3 * time.Second}})
-			for i := 0; ; i++ {
-				select {
-				case <-stop:
-					return
-				default:
-				}
-				ctx := policy.WithKey(bg(), policy.Key{ID: fmt.Sprintf("w%d-%d", wi, i)})
-				ctx, cancel := context.WithTimeout(ctx, 60*time.Second)
-				_, err := cl.Increment(ctx, "ctr", 1)
-				cancel()
-				if err != nil {
-					t.Errorf("increment w%d-%d: %v (a keyed retry must end answered)", wi, i, err)
-					return
-				}
-				mu.Lock()
-				total++
-				mu.Unlock()
-			}
-		}()
+		go keyedIncrements(t, n, wi, stop, &mu, &total, &wg)
 	}
 	time.Sleep(time.Second)
 	for _, n := range m.members("a") {
@@ -960,4 +938,31 @@ func setLinkFilter(m *rmesh, c, peer, filter string) bool {
 		}
 	}
 	return false
+}
+
+// keyedIncrements increments "ctr" at n until stop closes, each increment
+// under an idempotency key and retried until answered (so every one ends
+// known), adding the acknowledged ones to *total; wg is done when it ends.
+func keyedIncrements(t *testing.T, n *rnode, wi int, stop <-chan struct{}, mu *sync.Mutex, total *int64, wg *sync.WaitGroup) {
+	defer wg.Done()
+	retry := policy.MustNew(policy.Options{MaxAttempts: 1000, InitialDelay: 50 * time.Millisecond, MaxDelay: 500 * time.Millisecond})
+	cl := client.New(n.url, &client.Options{Retry: retry, HTTPClient: &http.Client{Timeout: 3 * time.Second}})
+	for i := 0; ; i++ {
+		select {
+		case <-stop:
+			return
+		default:
+		}
+		ctx := policy.WithKey(bg(), policy.Key{ID: fmt.Sprintf("w%d-%d", wi, i)})
+		ctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+		_, err := cl.Increment(ctx, "ctr", 1)
+		cancel()
+		if err != nil {
+			t.Errorf("increment w%d-%d: %v (a keyed retry must end answered)", wi, i, err)
+			return
+		}
+		mu.Lock()
+		*total++
+		mu.Unlock()
+	}
 }

@@ -628,6 +628,10 @@ func FuzzDecode(f *testing.F) {
 	f.Add(encode(f, &Command{Format: &FormatCmd{Version: 3}}))
 	f.Add(encode(f, &Command{Repair: &RepairCmd{Peer: "b", Versions: []wire.TreeVersion{{Key: "k", Stamp: hlc.Timestamp{Wall: 9}, Origin: "b", Value: []byte("v"), Whole: true, Ctx: []wire.ContextItem{{Origin: "a", Stamp: hlc.Timestamp{Wall: 3}}}}, {Key: "n", Counter: true, Stamp: hlc.Timestamp{Wall: 9}, Origin: "b", Whole: true, Totals: []wire.Component{{Cluster: "b", P: 2}}}}}}))
 	f.Add(encode(f, &Command{Link: &LinkCmd{Peer: "c", SetFilter: true, Filter: entry.Filter{Include: []string{"shared/"}, Exclude: []string{"shared/tmp/"}}, Seed: true}}))
+	// format 13: a link's compression, and peers added and removed at run time
+	f.Add(encode(f, &Command{Link: &LinkCmd{Peer: "c", SetCompression: true, Compression: "zstd", Seed: true}}))
+	f.Add(encode(f, &Command{Peer: &PeerCmd{Name: "c", URLs: []string{"http://c1:7400", "https://c2:7400"}, Secret: []byte("sealed")}}))
+	f.Add(encode(f, &Command{Peer: &PeerCmd{Name: "c", Remove: true}}))
 	f.Add(encode(f, &Command{Link: &LinkCmd{Peer: "c", SetBandwidth: true, Bandwidth: 1 << 20, BackfillDone: 3}}))
 	f.Add(encode(f, &Command{Link: &LinkCmd{Peer: "c", Rebackfill: true}}))
 	f.Add(encode(f, &Command{Link: &LinkCmd{Peer: "c", SetFromPeer: true, Filter: entry.Filter{Exclude: []string{"t/"}},

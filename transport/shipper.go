@@ -76,7 +76,8 @@ type Peer struct {
 	URL    string // base URL of its replicate endpoint
 	Secret string // shared secret; "" with insecure peers
 	// Secrets, when set, holds the secret sent (Secret is then unused) and
-	// may change (a rotation reloaded it: secret.Pair).
+	// may change (a rotation reloaded it: secret.Pair); NewShipper makes
+	// one of Secret otherwise.
 	Secrets *secret.Pair
 	// AllowUnproven sends the secret to a node of this peer that cannot
 	// prove it holds it because it runs a build before proofs (its proof
@@ -378,6 +379,11 @@ func NewShipper(peer Peer, log Log, cursors Cursors, opts Options) (*Shipper, er
 	opts.EnsureDefaults()
 	if err := opts.Validate(); err != nil {
 		return nil, err
+	}
+	if peer.Secrets == nil {
+		// One secret, never rotated: held as a pair all the same, so that
+		// every request reads its secret and key ID one way.
+		peer.Secrets = secret.NewPair(peer.Secret, "", 0)
 	}
 	s := &Shipper{peer: peer, log: log, cursors: cursors, opts: opts,
 		rng:     rand.New(rand.NewPCG(uint64(opts.Now()), uint64(len(peer.Name)))),
@@ -770,9 +776,4 @@ func sleep(ctx context.Context, d time.Duration) bool {
 }
 
 // secret is the secret the link sends now, and its key ID.
-func (s *Shipper) secret() (string, string) {
-	if s.peer.Secrets != nil {
-		return s.peer.Secrets.Send()
-	}
-	return s.peer.Secret, secret.KeyID(s.peer.Secret)
-}
+func (s *Shipper) secret() (string, string) { return s.peer.Secrets.Send() }

@@ -311,23 +311,51 @@ func (a *API) handleFilter(w http.ResponseWriter, r *http.Request) {
 // limit as the cluster's log holds it, and sets it on PUT, from a body
 // {"bytes_per_second": N} (0: no limit).
 func (a *API) handleBandwidth(w http.ResponseWriter, r *http.Request) {
+	type req struct {
+		BytesPerSecond *int64 `json:"bytes_per_second"`
+	}
+	serveLinkSetting(w, r, a.opts.Settings.LinkBandwidth, `{"bytes_per_second": N} (0: no limit)`,
+		func(q req) bool { return q.BytesPerSecond != nil },
+		func(name string, q req) (api.BandwidthReport, error) {
+			return a.opts.Settings.SetLinkBandwidth(name, *q.BytesPerSecond)
+		})
+}
+
+// handleCompression answers GET /admin/peers/NAME/compression with the
+// link's compression, and PUT {"compression": "zstd"|"none"} sets it
+// through the cluster's log.
+func (a *API) handleCompression(w http.ResponseWriter, r *http.Request) {
+	type req struct {
+		Compression string `json:"compression"`
+	}
+	serveLinkSetting(w, r, a.opts.Settings.LinkCompression, `{"compression": "zstd"|"none"}`,
+		func(q req) bool { return q.Compression != "" },
+		func(name string, q req) (api.CompressionReport, error) {
+			return a.opts.Settings.SetLinkCompression(name, q.Compression)
+		})
+}
+
+// serveLinkSetting is GET and PUT of one of a link's settings the
+// cluster's log holds: GET answers get's report; PUT decodes a small JSON
+// body (unknown fields refused; complete says every field needed is
+// there, else 400 with want) and answers set's.
+func serveLinkSetting[Req, Rep any](w http.ResponseWriter, r *http.Request, get func(string) (Rep, error), want string,
+	complete func(Req) bool, set func(string, Req) (Rep, error)) {
 	name := r.PathValue("name")
-	var rep api.BandwidthReport
+	var rep Rep
 	var err error
 	switch r.Method {
 	case http.MethodGet, http.MethodHead:
-		rep, err = a.opts.Settings.LinkBandwidth(name)
+		rep, err = get(name)
 	case http.MethodPut:
-		var req struct {
-			BytesPerSecond *int64 `json:"bytes_per_second"`
-		}
+		var q Req
 		dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, 4096))
 		dec.DisallowUnknownFields()
-		if derr := dec.Decode(&req); derr != nil || req.BytesPerSecond == nil {
-			WriteErr(w, fmt.Errorf("%w: want {\"bytes_per_second\": N} (0: no limit): %v", api.ErrBadRequest, derr))
+		if derr := dec.Decode(&q); derr != nil || !complete(q) {
+			WriteErr(w, fmt.Errorf("%w: want %s: %v", api.ErrBadRequest, want, derr))
 			return
 		}
-		rep, err = a.opts.Settings.SetLinkBandwidth(name, *req.BytesPerSecond)
+		rep, err = set(name, q)
 	default:
 		methodNotAllowed(w, r, "GET, PUT")
 		return
@@ -360,38 +388,6 @@ func (a *API) handleAddPeer(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	a.log.Warn("peer added at run time by the operator", "peer", req.Name, "urls", req.URLs, "caller", a.opts.Caller(r))
-	writeJSON(w, http.StatusOK, rep)
-}
-
-// handleCompression answers GET /admin/peers/NAME/compression with the
-// link's compression, and PUT {"compression": "zstd"|"none"} sets it
-// through the cluster's log.
-func (a *API) handleCompression(w http.ResponseWriter, r *http.Request) {
-	name := r.PathValue("name")
-	var rep api.CompressionReport
-	var err error
-	switch r.Method {
-	case http.MethodGet, http.MethodHead:
-		rep, err = a.opts.Settings.LinkCompression(name)
-	case http.MethodPut:
-		var req struct {
-			Compression string `json:"compression"`
-		}
-		dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, 4096))
-		dec.DisallowUnknownFields()
-		if derr := dec.Decode(&req); derr != nil || req.Compression == "" {
-			WriteErr(w, fmt.Errorf("%w: want {\"compression\": \"zstd\"|\"none\"}: %v", api.ErrBadRequest, derr))
-			return
-		}
-		rep, err = a.opts.Settings.SetLinkCompression(name, req.Compression)
-	default:
-		methodNotAllowed(w, r, "GET, PUT")
-		return
-	}
-	if err != nil {
-		WriteErr(w, err)
-		return
-	}
 	writeJSON(w, http.StatusOK, rep)
 }
 
