@@ -11,7 +11,6 @@ import (
 	"sync"
 	"testing"
 	"time"
-
 )
 
 // TestOnlineBackupOfANodeAlone (issue 49): `replicator backup` copies a's
