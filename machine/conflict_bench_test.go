@@ -70,6 +70,12 @@ func BenchmarkOneway(b *testing.B) {
 // benchMachine opens a machine of cluster a on a fresh store at the given
 // format, and returns how to apply a command to it.
 func benchMachine(b *testing.B, format uint8) func(*Command) *Result {
+	apply, _ := benchMachineStore(b, format)
+	return apply
+}
+
+// benchMachineStore is benchMachine that also returns the store.
+func benchMachineStore(b *testing.B, format uint8) (func(*Command) *Result, *store.Store) {
 	st, err := store.Open(b.TempDir(), benchStoreOpts)
 	if err != nil {
 		b.Fatal(err)
@@ -90,5 +96,5 @@ func benchMachine(b *testing.B, format uint8) func(*Command) *Result {
 	}
 	apply(&Command{Mint: &MintCmd{Stream: entry.StreamID{0xa}}})
 	apply(&Command{Format: &FormatCmd{Version: format}})
-	return apply
+	return apply, st
 }

@@ -459,6 +459,7 @@ func (m *Machine) writeLocal(b *store.Batch, d *decided) (*Result, func(), error
 		return res, nil, nil
 	}
 	sizes := make([]int, 0, len(d.accepted))
+	m.buf = m.buf[:0]
 	keys := 0
 	for _, i := range d.accepted {
 		keys += max(1, len(res.Writes[i].Entry.Ops))
@@ -474,11 +475,20 @@ func (m *Machine) writeLocal(b *store.Batch, d *decided) (*Result, func(), error
 			return nil, nil, err
 		}
 		w.Outcome = out
-		m.buf = m.codec.AppendEntry(m.buf[:0], &w.Entry, wire.Defaults{Origin: m.cluster, Stream: m.stream})
-		if err := b.PutOutbound(m.stream, w.Entry.Index, m.buf); err != nil {
+		n := len(m.buf)
+		m.buf = m.codec.AppendEntry(m.buf, &w.Entry, wire.Defaults{Origin: m.cluster, Stream: m.stream})
+		sizes = append(sizes, len(m.buf)-n)
+	}
+	// The outbound entries go into the batch after every record, one run of
+	// consecutive keys: the memtable's inserter then finds each one's place
+	// next to the one before (issue 50: interleaved with the records' keys,
+	// each was a search of the whole memtable).
+	raw := m.buf
+	for j, i := range d.accepted {
+		if err := b.PutOutbound(m.stream, res.Writes[i].Entry.Index, raw[:sizes[j]:sizes[j]]); err != nil {
 			return nil, nil, err
 		}
-		sizes = append(sizes, len(m.buf))
+		raw = raw[sizes[j]:]
 	}
 	err := errors.Join(
 		b.SetLocalApplied(store.AppliedIndex{Stream: m.stream, Index: last, Commit: lastCommit}),

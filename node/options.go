@@ -153,6 +153,11 @@ type Options struct {
 	// key's previous version find in memory. Below the tree's working set,
 	// each lookup reads blocks from the file system (docs/PERFORMANCE.md).
 	CacheSize int64
+	// VersionCacheKeys bounds the keys whose newest version (without its
+	// value) the write path keeps in memory, so that a write of a recently
+	// written key does not read the tree (default 262,144, about 45 MiB
+	// once full; negative: none). docs/PERFORMANCE.md "The version cache".
+	VersionCacheKeys int
 	// WALSegmentSize is the segment file size of the cluster's log (package
 	// wal). Default 4 MiB.
 	WALSegmentSize int
@@ -405,6 +410,9 @@ func (o *Options) EnsureDefaults() {
 	}
 	if o.CacheSize == 0 {
 		o.CacheSize = store.DefaultOptions().CacheSize
+	}
+	if o.VersionCacheKeys == 0 {
+		o.VersionCacheKeys = store.DefaultOptions().VersionCacheKeys
 	}
 	if o.Raft != nil && o.Raft.ElectionTimeout == 0 {
 		o.Raft.ElectionTimeout = time.Second

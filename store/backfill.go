@@ -125,7 +125,7 @@ func (b *Batch) DropUncarried(sender, local string, start, end string, horizon h
 				return n, err
 			}
 		}
-		if err := b.pb.Delete(dataKey(key), nil); err != nil {
+		if err := b.deleteRecordLocked(key, dataKey(key)); err != nil {
 			return n, err
 		}
 		if flags&flagTombstone != 0 {

@@ -76,6 +76,9 @@ type Batch struct {
 	// liveMoves is what the batch adds to the store's count of live keys.
 	liveMoves int64
 	digester  hashtree.Digester
+	// deletedRecords are the keys whose records the batch deleted, for
+	// the version cache (versions.go).
+	deletedRecords []string
 }
 
 // Judge is told of every merge of a tracked batch, before it is written:
@@ -101,6 +104,8 @@ type pendingRecord struct {
 	digest hashtree.Sum
 	// rec is the whole record while the batch tracks versions (Track).
 	rec *Record
+	// held: the tree may have held the key before the batch wrote rec.
+	held bool
 }
 
 // NewBatch starts a batch and takes the apply lock.
@@ -303,6 +308,7 @@ func (b *Batch) Commit(sync bool) error {
 	if raised {
 		b.s.maxStamp = b.max
 	}
+	b.cacheCommittedLocked()
 	if b.collected != nil {
 		b.s.collected.Store(b.collected)
 	}

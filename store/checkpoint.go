@@ -45,6 +45,7 @@ func (s *Store) ReplaceFrom(dir string) error {
 	s.ctrKeys = nil
 	s.ctrMu.Unlock()
 	s.leavesValid = false // until the copy is whole and summed
+	s.versions.clear()
 	// Every prefix is an ASCII letter: this range is the whole tree.
 	if err := s.db.DeleteRange([]byte{0}, []byte{0xff, 0xff, 0xff, 0xff}, pebble.Sync); err != nil {
 		return fmt.Errorf("store: clear the tree: %w", err)

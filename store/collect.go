@@ -87,7 +87,7 @@ func (b *Batch) CollectTombstonesKeeping(cutoff hlc.Timestamp, max int, keep Kee
 			return n, err
 		}
 		if live {
-			if err := b.pb.Delete(dataKey(key), nil); err != nil {
+			if err := b.deleteRecordLocked(key, dataKey(key)); err != nil {
 				it.Close()
 				return n, err
 			}
@@ -175,7 +175,7 @@ func (b *Batch) collectExpired(cutoff hlc.Timestamp, max int, keep Keeper) (int,
 			return n, err
 		}
 		if current {
-			if err := b.pb.Delete(dk, nil); err != nil {
+			if err := b.deleteRecordLocked(key, dk); err != nil {
 				return n, err
 			}
 			prev := versionDigest(&b.digester, key, &rec)

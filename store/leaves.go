@@ -474,5 +474,8 @@ func (s *Store) CheckLeaves(sample func(leaf int) bool, fix bool) ([]int, error)
 // bit rot or a hand edit does to a tree. Tests of the check and the rebuild
 // use it; nothing else may.
 func (s *Store) WriteBeneath(key string, rec *Record) error {
+	s.applyMu.Lock()
+	defer s.applyMu.Unlock()
+	s.versions.drop(key) // as a restart would find it
 	return s.db.Set(dataKey(key), AppendRecord(nil, rec), pebble.Sync)
 }

@@ -35,6 +35,10 @@ type Options struct {
 	// write's outbound entry is cut once every peer has it, usually while
 	// it is still in the memtable, and then never reaches a table.
 	MemTableSize uint64
+	// VersionCacheKeys bounds the keys whose newest version (without its
+	// value) the store keeps in memory for the write path (versions.go).
+	// Default 262,144 (about 45 MiB once full); negative: no cache.
+	VersionCacheKeys int
 }
 
 // DefaultOptions returns the options Open uses for zero fields.
@@ -54,6 +58,9 @@ func (o *Options) EnsureDefaults() {
 	}
 	if o.MemTableSize == 0 {
 		o.MemTableSize = 64 << 20
+	}
+	if o.VersionCacheKeys == 0 {
+		o.VersionCacheKeys = 1 << 18
 	}
 }
 
@@ -103,6 +110,9 @@ type Store struct {
 	// seen holds every data key the tree ever held a record of, maybe
 	// more (seen.go). Guarded by applyMu.
 	seen *seenKeys
+	// versions holds the newest versions of recently written keys,
+	// without values (versions.go). Guarded by applyMu.
+	versions *versionCache
 	// ctrKeys is the keys filter of the counters (seen.go): a read or a
 	// decision about a key it says no to needs no counter lookup (most
 	// keys never held one). Built with seen; putCounter adds a key before
@@ -152,7 +162,7 @@ func Open(dir string, opts *Options) (*Store, error) {
 		cache.Unref()
 		return nil, fmt.Errorf("store: open %s: %w", dir, err)
 	}
-	s := &Store{db: db, cache: cache, opts: o}
+	s := &Store{db: db, cache: cache, opts: o, versions: newVersionCache(o.VersionCacheKeys)}
 	if err := errors.Join(s.loadMaxStamp(), s.loadRanges(), s.checkCounters(), s.loadHLC(), s.loadMarks(), s.loadCollected()); err != nil {
 		s.Close()
 		return nil, err

@@ -32,9 +32,25 @@ func (b *Batch) mergeTracked(w *Write) (entry.Outcome, error) {
 		done = func() {}
 		err  error
 	)
-	if b.s.seen.mayHold(dk) {
-		if prev, done, err = b.recordLocked(w.Key, dk); err != nil {
-			return 0, err
+	// prevDigest is prev's leaf digest when the version cache gave prev
+	// (it has no value to digest).
+	var prevDigest *hashtree.Sum
+	held := b.s.seen.mayHold(dk)
+	if held {
+		c := b.s.versions
+		if _, mine := b.pending[w.Key]; !mine {
+			if v, ok := c.get(w.Key); ok && v.answers(w) {
+				prev, prevDigest = v.record(), &v.digest
+				c.hits++
+			}
+		}
+		if prev == nil {
+			if prev, done, err = b.recordLocked(w.Key, dk); err != nil {
+				return 0, err
+			}
+			if c.half > 0 {
+				c.misses++
+			}
 		}
 	}
 	// else: a key the tree never held (seen.go): nothing to read, to
@@ -81,7 +97,7 @@ func (b *Batch) mergeTracked(w *Write) (entry.Outcome, error) {
 			r.Value = bytes.Clone(prev.Value)
 			r.Ctx = append(entry.Context(nil), prev.Ctx...)
 			r.Conflicted = conflicted
-			if err := b.putRecordLocked(w.Key, dk, &r, prev); err != nil {
+			if err := b.putRecordLocked(w.Key, dk, &r, versionDigest(&b.digester, w.Key, prev), true); err != nil {
 				return 0, err
 			}
 		}
@@ -106,7 +122,13 @@ func (b *Batch) mergeTracked(w *Write) (entry.Outcome, error) {
 			return 0, err
 		}
 	}
-	if err := b.putRecordLocked(w.Key, dk, &r, prev); err != nil {
+	var pd hashtree.Sum
+	if prevDigest != nil {
+		pd = *prevDigest
+	} else {
+		pd = versionDigest(&b.digester, w.Key, prev)
+	}
+	if err := b.putRecordLocked(w.Key, dk, &r, pd, held); err != nil {
 		return 0, err
 	}
 	if above {
@@ -146,10 +168,12 @@ func (b *Batch) aboveLocked(w *Write) bool {
 	return false
 }
 
-// putRecordLocked writes r as key's record in the batch, over prev (nil:
-// none), and remembers it for the batch's later merges of the key.
-func (b *Batch) putRecordLocked(key string, dk []byte, r *Record, prev *Record) error {
-	digest, err := b.setRecordLocked(dk, r, versionDigest(&b.digester, key, prev))
+// putRecordLocked writes r as key's record in the batch, over a version of
+// leaf digest prev (zero: none, or a tombstone), and remembers it for the
+// batch's later merges of the key. held says the tree may have held a
+// version of the key before: only then does the commit cache r (versions.go).
+func (b *Batch) putRecordLocked(key string, dk []byte, r *Record, prev hashtree.Sum, held bool) error {
+	digest, err := b.setRecordLocked(dk, r, prev)
 	if err != nil {
 		return err
 	}
@@ -160,6 +184,6 @@ func (b *Batch) putRecordLocked(key string, dk []byte, r *Record, prev *Record) 
 	if b.pending == nil {
 		b.pending = make(map[string]pendingRecord, b.expect)
 	}
-	b.pending[key] = pendingRecord{stamp: r.Stamp, flags: flags, rec: r, digest: digest}
+	b.pending[key] = pendingRecord{stamp: r.Stamp, flags: flags, rec: r, digest: digest, held: held}
 	return nil
 }

@@ -108,6 +108,7 @@ type serveConfig struct {
 	PprofListen     string   `yaml:"pprof_listen"`
 	MemTableSize    uint64   `yaml:"memtable_size"`
 	CacheSize       byteSize `yaml:"cache_size"`
+	VersionCache    int      `yaml:"version_cache_keys"`
 }
 
 // defaultServeConfig is the configuration before the file, the
@@ -131,7 +132,7 @@ func defaultServeConfig() *serveConfig {
 		Permits:       d.Permits, PermitQueue: d.PermitQueue,
 		MinBodyRate: d.MinBodyRate, MaxConns: d.MaxConnections, MaxBodies: d.MaxBodiesInFlight,
 		GossipProfile: "", TLSReload: duration(d.TLSReloadInterval), PeerSANMode: node.SANModeURI,
-		MemTableSize: d.MemTableSize, CacheSize: byteSize(d.CacheSize),
+		MemTableSize: d.MemTableSize, CacheSize: byteSize(d.CacheSize), VersionCache: d.VersionCacheKeys,
 		LinkLagging: duration(d.LinkLagging), LinkStalled: duration(d.LinkStalled),
 		RaftElection: duration(time.Second),
 	}
@@ -397,6 +398,7 @@ func serveFlags(cfg *serveConfig) *flag.FlagSet {
 	fs.BoolVar(&cfg.Pprof, "pprof", cfg.Pprof, "serve /debug/pprof on the API listener, behind the API token (profiles)")
 	fs.StringVar(&cfg.PprofListen, "pprof-listen", cfg.PprofListen, "serve /debug/pprof on this address instead, without a token (keep it private)")
 	fs.Uint64Var(&cfg.MemTableSize, "memtable-size", cfg.MemTableSize, "Pebble memtable bytes (larger: fewer compactions, more memory)")
+	fs.IntVar(&cfg.VersionCache, "version-cache-keys", cfg.VersionCache, "keys whose newest version (no value) the write path keeps in memory, about 180 bytes each; -1: none")
 	fs.Var(&cfg.CacheSize, "cache-size", "Pebble block cache, e.g. 1GiB (reads and the write path's read of a key's previous version hit memory below it)")
 	fs.Var(namedFlag{func(n, v string) { cfg.peer(n).URL = v }, "NAME=URL"}, "peer", "a peer cluster as NAME=URL (repeatable)")
 	fs.Var(namedFlag{func(n, v string) { cfg.peer(n).Secret = v }, "NAME=SECRET"}, "peer-secret", "a peer's shared secret as NAME=SECRET (repeatable)")
@@ -564,6 +566,7 @@ func (cfg *serveConfig) nodeOptions(log *slog.Logger) (*node.Options, error) {
 	o.Pprof, o.PprofListen = cfg.Pprof, cfg.PprofListen
 	o.MemTableSize = cfg.MemTableSize
 	o.CacheSize = int64(cfg.CacheSize)
+	o.VersionCacheKeys = cfg.VersionCache
 	for _, tf := range []struct {
 		flag, path string
 		into       *string
