@@ -14,6 +14,7 @@
 package machine
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -497,9 +498,10 @@ func (m *Machine) writeLocal(b *store.Batch, d *decided) (*Result, func(), error
 	if err != nil {
 		return nil, nil, err
 	}
+	kept := bytes.Clone(m.buf) // the shippers' copy (Outbound's tail)
 	return res, func() {
 		m.last, m.lastCommit = last, lastCommit
-		m.out.appended(sizes)
+		m.out.appended(sizes, kept)
 	}, nil
 }
 

@@ -22,8 +22,19 @@ type Outbound struct {
 		stream      entry.StreamID
 		first, last uint64
 		notify      chan struct{}
+		// tail holds the encodings of entries tailFirst.. (the stream's
+		// newest, at most tailMax bytes) as the machine appended them, so
+		// that a shipper keeping up reads them from memory instead of the
+		// tree (issue 50: a read of the tree per entry shipped). The
+		// slices are never written again; ReadRaw's callers only read.
+		tail      [][]byte
+		tailFirst uint64
+		tailBytes int
 	}
 }
+
+// tailMax bounds the bytes of the stream's newest entries kept in memory.
+const tailMax = 4 << 20
 
 // openOutbound loads the bounds and sizes of stream's entries; last is the
 // stream's last index as the machine recorded it.
@@ -70,26 +81,51 @@ func (o *Outbound) load(stream entry.StreamID, last uint64) error {
 func (o *Outbound) reset(stream entry.StreamID, last uint64) {
 	o.mu.Lock()
 	o.mu.stream, o.mu.first, o.mu.last = stream, last+1, last
+	o.mu.tail, o.mu.tailFirst, o.mu.tailBytes = nil, last+1, 0
 	o.mu.Unlock()
 	o.bytes.Reset(last)
 	o.wake()
 }
 
-// appended publishes entries last+1.. of the given encoded sizes.
-func (o *Outbound) appended(sizes []int) {
+// appended publishes entries last+1.. of the given encoded sizes, raw
+// their encodings one after another (kept: the caller must not reuse it).
+func (o *Outbound) appended(sizes []int, raw []byte) {
 	for _, s := range sizes {
 		o.bytes.Add(s)
 	}
 	o.mu.Lock()
+	if o.mu.tailFirst+uint64(len(o.mu.tail)) != o.mu.last+1 {
+		o.mu.tail, o.mu.tailFirst, o.mu.tailBytes = nil, o.mu.last+1, 0
+	}
+	for _, s := range sizes {
+		o.mu.tail = append(o.mu.tail, raw[:s:s])
+		o.mu.tailBytes += s
+		raw = raw[s:]
+	}
 	o.mu.last += uint64(len(sizes))
+	o.dropTailLocked(o.mu.first)
 	o.mu.Unlock()
 	o.wake()
+}
+
+// dropTailLocked keeps in the tail only entries from first on, within
+// tailMax bytes.
+func (o *Outbound) dropTailLocked(first uint64) {
+	n := 0
+	for n < len(o.mu.tail) && (o.mu.tailFirst+uint64(n) < first || o.mu.tailBytes > tailMax) {
+		o.mu.tailBytes -= len(o.mu.tail[n])
+		o.mu.tail[n] = nil
+		n++
+	}
+	o.mu.tail = o.mu.tail[n:]
+	o.mu.tailFirst += uint64(n)
 }
 
 // cut forgets the entries before first.
 func (o *Outbound) cut(first uint64) {
 	o.mu.Lock()
 	o.mu.first = max(o.mu.first, first)
+	o.dropTailLocked(o.mu.first)
 	o.mu.Unlock()
 	o.bytes.CutBefore(first)
 }
@@ -133,13 +169,21 @@ func (o *Outbound) Notify() <-chan struct{} {
 func (o *Outbound) BytesAfter(i uint64) int64 { return o.bytes.After(i) }
 
 // ReadRaw returns entry index as the entry codec encodes it, origin and
-// stream left out; entry.ErrNotKept when it is not kept.
+// stream left out; entry.ErrNotKept when it is not kept. The caller must
+// not modify what it returns.
 func (o *Outbound) ReadRaw(index uint64) ([]byte, error) {
 	o.mu.Lock()
 	stream, first, last := o.mu.stream, o.mu.first, o.mu.last
+	var raw []byte
+	if index >= first && index >= o.mu.tailFirst && index-o.mu.tailFirst < uint64(len(o.mu.tail)) {
+		raw = o.mu.tail[index-o.mu.tailFirst]
+	}
 	o.mu.Unlock()
 	if index < first || index > last {
 		return nil, fmt.Errorf("%w: %d (first %d, last %d)", entry.ErrNotKept, index, first, last)
+	}
+	if raw != nil {
+		return raw, nil
 	}
 	raw, err := o.st.Outbound(stream, index)
 	if errors.Is(err, store.ErrNotFound) {
