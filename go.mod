@@ -73,3 +73,7 @@ require (
 	golang.org/x/text v0.41.0 // indirect
 	google.golang.org/protobuf v1.36.12 // indirect
 )
+
+// A copy of tidwall/wal v1.2.1 with one change: the tail segment's buffer is
+// reserved before a batch is appended (third_party/tidwall-wal/PATCHES.md).
+replace github.com/tidwall/wal => ./third_party/tidwall-wal
