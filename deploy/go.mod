@@ -84,3 +84,4 @@ require (
 )
 
 replace github.com/replicator/replicator => ../
+replace github.com/tidwall/wal => ../third_party/tidwall-wal
