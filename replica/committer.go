@@ -311,7 +311,10 @@ func (c *Committer) commit(pending []*Proposal) int {
 	for _, p := range props {
 		// Stamp in commit order: commit HLCs grow with stream indexes (the
 		// machine refuses one that does not).
-		mp := machine.Proposal{Entry: p.Entry, Cond: p.Cond, Delta: p.Delta}
+		// Built in place in the command (a local whose address is taken
+		// for Replays would be a heap allocation per write).
+		cmd.Local = append(cmd.Local, machine.Proposal{Entry: p.Entry, Cond: p.Cond, Delta: p.Delta})
+		mp := &cmd.Local[len(cmd.Local)-1]
 		mp.Entry.Commit = env.Clock.Now()
 		mp.Entry.Stamp = hlc.Timestamp{}
 		if !p.Pin.IsZero() {
@@ -324,6 +327,7 @@ func (c *Committer) commit(pending []*Proposal) int {
 				if err := env.CheckPin(p.Pin, mp.Entry.Commit); err != nil {
 					p.err = err
 					close(p.done)
+					cmd.Local = cmd.Local[:len(cmd.Local)-1]
 					continue
 				}
 				// A pin may lie ahead of the clock (by up to the max
@@ -337,7 +341,6 @@ func (c *Committer) commit(pending []*Proposal) int {
 			mp.Keyed = &machine.Keyed{Key: p.Idem.Key, Fingerprint: p.Idem.Fingerprint, Answer: p.Idem.Answer,
 				OpID: p.Idem.OpID, Expires: mp.Entry.Commit.Wall + int64(env.IdemWindow)}
 		}
-		cmd.Local = append(cmd.Local, mp)
 		sent = append(sent, p)
 	}
 	if len(sent) == 0 {
