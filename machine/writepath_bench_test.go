@@ -63,6 +63,7 @@ func benchWritePath(b *testing.B, keys, vc int) {
 			b.ReportMetric(float64(faults()-f0)/float64(b.N), "faults/write")
 			if s1 := st.VersionCacheStats(); s1.Hits+s1.Misses > s0.Hits+s0.Misses {
 				b.ReportMetric(float64(s1.Hits-s0.Hits)/float64(s1.Hits+s1.Misses-s0.Hits-s0.Misses), "cache-hits/read")
+				b.ReportMetric(float64(s1.Misses-s0.Misses)/float64(b.N), "tree-reads/write")
 			}
 		}
 	}
