@@ -153,10 +153,7 @@ type Options struct {
 	// key's previous version find in memory. Below the tree's working set,
 	// each lookup reads blocks from the file system (docs/PERFORMANCE.md).
 	CacheSize int64
-	// VersionCacheKeys bounds the keys whose newest version (without its
-	// value) the write path keeps in memory, so that a write of a recently
-	// written key does not read the tree (default 262,144, about 45 MiB
-	// once full; negative: none). docs/PERFORMANCE.md "The version cache".
+	// VersionCacheKeys is store.Options.VersionCacheKeys (default 262,144; negative: none).
 	VersionCacheKeys int
 	// WALSegmentSize is the segment file size of the cluster's log (package
 	// wal). Default 4 MiB.

@@ -75,20 +75,13 @@ func (r respNode) Submit(ctx context.Context, w api.Write) (func() (api.WriteRes
 	if r.leading() {
 		return r.sub.Submit(ctx, w), false
 	}
-	return r.proposeLater(ctx, w), true
-}
-
-// proposeLater is Submit's follower path, apart so that the closure's copy
-// of w is made only here (captured in Submit, w went to the heap on every
-// write, the leader's too).
-func (r respNode) proposeLater(ctx context.Context, w api.Write) func() (api.WriteResult, error) {
-	wc := w // the closure's own copy, made on this path only (also when inlined)
+	wc := w // the closure's copy, made on this path only (captured, w went to the heap on every write)
 	return func() (api.WriteResult, error) {
 		if err := ctx.Err(); err != nil {
 			return api.WriteResult{}, fmt.Errorf("%w: %w", api.ErrNotWritten, err)
 		}
 		return r.Propose(ctx, wc)
-	}
+	}, true
 }
 
 // Figures are INFO's and DBSIZE's kept figures.

@@ -467,3 +467,23 @@ func TestRESPCloseWithAWaitingClient(t *testing.T) {
 	}
 	<-answered
 }
+
+// TestVersionCacheSeries: a key written three times through the door is
+// read from the tree at its second write and answered by the version cache
+// at its third; /metrics says so.
+func TestVersionCacheSeries(t *testing.T) {
+	n, addr := startRESPNode(t, nil)
+	c := redisClient(t, addr, 1, nil)
+	for i := range 3 {
+		if err := c.Set(context.Background(), "vc/k", fmt.Sprint(i), 0).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	_, metrics := nodetest.Do(t, "GET", n.URL()+"/metrics", nil)
+	for _, series := range []string{`replicator_version_cache_lookups_total{cluster="a",result="hit"} 1`,
+		`replicator_version_cache_lookups_total{cluster="a",result="miss"} 1`, `replicator_version_cache_keys{cluster="a"} 1`} {
+		if !strings.Contains(string(metrics), series) {
+			t.Fatalf("metrics lack %s:\n%s", series, nodetest.GrepLines(metrics, "version_cache"))
+		}
+	}
+}

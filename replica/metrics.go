@@ -11,16 +11,20 @@ import (
 // write path's commits and the raft group as this node sees it.
 
 var (
-	descWrites   = prometheus.NewDesc("replicator_local_writes_total", "Local writes committed.", nil, nil)
-	descGroups   = prometheus.NewDesc("replicator_commit_groups_total", "WAL appends (one fsync each) the local writes took.", nil, nil)
-	descWAL      = prometheus.NewDesc("replicator_wal_entries", "Entries retained in the outbound WAL.", nil, nil)
-	descLeader   = prometheus.NewDesc("replicator_raft_leader", "1 while this node leads its cluster (and its term began).", nil, nil)
-	descTerm     = prometheus.NewDesc("replicator_raft_term", "The raft term this node is in.", nil, nil)
-	descCommit   = prometheus.NewDesc("replicator_raft_commit_index", "The highest log index this node knows committed.", nil, nil)
-	descApplied  = prometheus.NewDesc("replicator_raft_applied_index", "The last log command this node's state machine applied.", nil, nil)
-	descApplyLag = prometheus.NewDesc("replicator_raft_apply_lag", "Log entries committed and not yet applied here.", nil, nil)
-	descVoters   = prometheus.NewDesc("replicator_raft_voters", "Voters of the cluster's configuration, as this node knows it.", nil, nil)
-	descLive     = prometheus.NewDesc("replicator_raft_voters_live",
+	descWrites      = prometheus.NewDesc("replicator_local_writes_total", "Local writes committed.", nil, nil)
+	descGroups      = prometheus.NewDesc("replicator_commit_groups_total", "WAL appends (one fsync each) the local writes took.", nil, nil)
+	descWAL         = prometheus.NewDesc("replicator_wal_entries", "Entries retained in the outbound WAL.", nil, nil)
+	descLeader      = prometheus.NewDesc("replicator_raft_leader", "1 while this node leads its cluster (and its term began).", nil, nil)
+	descTerm        = prometheus.NewDesc("replicator_raft_term", "The raft term this node is in.", nil, nil)
+	descCommit      = prometheus.NewDesc("replicator_raft_commit_index", "The highest log index this node knows committed.", nil, nil)
+	descApplied     = prometheus.NewDesc("replicator_raft_applied_index", "The last log command this node's state machine applied.", nil, nil)
+	descApplyLag    = prometheus.NewDesc("replicator_raft_apply_lag", "Log entries committed and not yet applied here.", nil, nil)
+	descVersionKeys = prometheus.NewDesc("replicator_version_cache_keys",
+		"Keys whose newest version (without its value) the write path holds in memory (--version-cache-keys).", nil, nil)
+	descVersionLookups = prometheus.NewDesc("replicator_version_cache_lookups_total",
+		"Merges of a key the tree may hold: answered by the version cache (hit) or by a read of the tree (miss).", []string{"result"}, nil)
+	descVoters = prometheus.NewDesc("replicator_raft_voters", "Voters of the cluster's configuration, as this node knows it.", nil, nil)
+	descLive   = prometheus.NewDesc("replicator_raft_voters_live",
 		"Voters answering the leader's heartbeats (the leader exports it; a follower does not know).", nil, nil)
 )
 
@@ -92,6 +96,10 @@ func (r *Replica) collect(ch chan<- prometheus.Metric) {
 		}
 	}
 	gauge(descVoters, float64(voters))
+	vc := r.d.Store.VersionCacheStats()
+	gauge(descVersionKeys, float64(vc.Keys))
+	ch <- prometheus.MustNewConstMetric(descVersionLookups, prometheus.CounterValue, float64(vc.Hits), "hit")
+	ch <- prometheus.MustNewConstMetric(descVersionLookups, prometheus.CounterValue, float64(vc.Misses), "miss")
 	if live, _, ok := r.group.VotersLive(); ok {
 		gauge(descLive, float64(live))
 	}

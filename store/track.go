@@ -41,7 +41,7 @@ func (b *Batch) mergeTracked(w *Write) (entry.Outcome, error) {
 		if _, mine := b.pending[w.Key]; !mine {
 			if v, ok := c.get(w.Key); ok && v.answers(w) {
 				prev, prevDigest = v.record(), &v.digest
-				c.hits++
+				c.hits.Add(1)
 			}
 		}
 		if prev == nil {
@@ -49,7 +49,7 @@ func (b *Batch) mergeTracked(w *Write) (entry.Outcome, error) {
 				return 0, err
 			}
 			if c.half > 0 {
-				c.misses++
+				c.misses.Add(1)
 			}
 		}
 	}

@@ -1,6 +1,8 @@
 package store
 
 import (
+	"sync/atomic"
+
 	"github.com/replicator/replicator/entry"
 	"github.com/replicator/replicator/hashtree"
 )
@@ -44,8 +46,10 @@ type versionCache struct {
 	half     int // keys per generation; 0: no cache
 	cur, old map[string]cachedVersion
 	// hits and misses count lookups of keys the keys filter says the tree
-	// may hold (VersionCacheStats).
-	hits, misses uint64
+	// may hold, keys what it holds (VersionCacheStats): atomics, so that a
+	// scrape never waits for a batch.
+	hits, misses atomic.Uint64
+	keys         atomic.Int64
 }
 
 func newVersionCache(keys int) *versionCache {
@@ -91,6 +95,7 @@ func (c *versionCache) clear() {
 		return
 	}
 	c.old, c.cur = nil, make(map[string]cachedVersion, min(c.half, 1<<12))
+	c.keys.Store(0)
 }
 
 func versionOf(r *Record, digest hashtree.Sum) cachedVersion {
@@ -125,10 +130,8 @@ type VersionCacheStats struct {
 
 // VersionCacheStats reports the version cache's figures.
 func (s *Store) VersionCacheStats() VersionCacheStats {
-	s.applyMu.Lock()
-	defer s.applyMu.Unlock()
 	c := s.versions
-	return VersionCacheStats{Keys: len(c.cur) + len(c.old), Hits: c.hits, Misses: c.misses}
+	return VersionCacheStats{Keys: int(c.keys.Load()), Hits: c.hits.Load(), Misses: c.misses.Load()}
 }
 
 // cacheCommittedLocked brings the cache up to what the batch just committed:
@@ -154,6 +157,7 @@ func (b *Batch) cacheCommittedLocked() {
 	for _, key := range b.deletedRecords {
 		c.drop(key)
 	}
+	c.keys.Store(int64(len(c.cur) + len(c.old)))
 }
 
 // deleteRecordLocked deletes key's record (data key dk) in the batch: the
