@@ -166,8 +166,19 @@ func TestQueuedWritesShareOneCommand(t *testing.T) {
 	if got := f.sizes(); len(got) != 2 || got[0] != 1 || got[1] != 9 {
 		t.Fatalf("commands of %v writes, want [1 9]", got)
 	}
-	if f.committed[0]+f.committed[1] != 10 {
-		t.Fatalf("committed %v", f.committed)
+	// The committer reports a group's writes after it answered them: wait
+	// for the second report (read under the fake's lock).
+	var committed []int
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) {
+		f.mu.Lock()
+		committed = append([]int(nil), f.committed...)
+		f.mu.Unlock()
+		if len(committed) >= 2 || time.Now().After(deadline) {
+			break
+		}
+	}
+	if len(committed) != 2 || committed[0]+committed[1] != 10 {
+		t.Fatalf("committed %v", committed)
 	}
 }
 
