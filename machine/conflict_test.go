@@ -25,7 +25,12 @@ type conflictCluster struct {
 }
 
 func newConflictCluster(t *testing.T, name string, stream entry.StreamID, wall int64) *conflictCluster {
-	st, err := store.Open(t.TempDir(), nil)
+	return newConflictClusterOn(t, name, stream, wall, nil)
+}
+
+// newConflictClusterOn is newConflictCluster on a store opened with opts.
+func newConflictClusterOn(t *testing.T, name string, stream entry.StreamID, wall int64, opts *store.Options) *conflictCluster {
+	st, err := store.Open(t.TempDir(), opts)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -14,7 +14,6 @@
 package machine
 
 import (
-	"bytes"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -62,7 +61,9 @@ type Machine struct {
 	cluster string
 	log     *slog.Logger
 	codec   *wire.Codec
-	buf     []byte
+	// lastRaw is the size of the last group's encodings (writeLocal sizes
+	// the next one's buffer by it).
+	lastRaw int
 	out     *Outbound
 	// logged: the tree has applied commands of a log (or forgot one); a
 	// tree without it was written by a build before the log.
@@ -460,7 +461,9 @@ func (m *Machine) writeLocal(b *store.Batch, d *decided) (*Result, func(), error
 		return res, nil, nil
 	}
 	sizes := make([]int, 0, len(d.accepted))
-	m.buf = m.buf[:0]
+	// The group's encodings, one after another: written to the batch, then
+	// kept as they are by the stream's tail for shippers (never reused).
+	raw := make([]byte, 0, m.lastRaw)
 	keys := 0
 	for _, i := range d.accepted {
 		keys += max(1, len(res.Writes[i].Entry.Ops))
@@ -476,20 +479,21 @@ func (m *Machine) writeLocal(b *store.Batch, d *decided) (*Result, func(), error
 			return nil, nil, err
 		}
 		w.Outcome = out
-		n := len(m.buf)
-		m.buf = m.codec.AppendEntry(m.buf, &w.Entry, wire.Defaults{Origin: m.cluster, Stream: m.stream})
-		sizes = append(sizes, len(m.buf)-n)
+		n := len(raw)
+		raw = m.codec.AppendEntry(raw, &w.Entry, wire.Defaults{Origin: m.cluster, Stream: m.stream})
+		sizes = append(sizes, len(raw)-n)
 	}
+	m.lastRaw = len(raw)
 	// The outbound entries go into the batch after every record, one run of
-	// consecutive keys: the memtable's inserter then finds each one's place
-	// next to the one before (issue 50: interleaved with the records' keys,
-	// each was a search of the whole memtable).
-	raw := m.buf
+	// consecutive keys, so that the memtable's inserter places each next to
+	// the one before (measured: no change beyond the spread, the entries'
+	// inserts being a small part; docs/PERFORMANCE.md, issue 50).
+	rest := raw
 	for j, i := range d.accepted {
-		if err := b.PutOutbound(m.stream, res.Writes[i].Entry.Index, raw[:sizes[j]:sizes[j]]); err != nil {
+		if err := b.PutOutbound(m.stream, res.Writes[i].Entry.Index, rest[:sizes[j]:sizes[j]]); err != nil {
 			return nil, nil, err
 		}
-		raw = raw[sizes[j]:]
+		rest = rest[sizes[j]:]
 	}
 	err := errors.Join(
 		b.SetLocalApplied(store.AppliedIndex{Stream: m.stream, Index: last, Commit: lastCommit}),
@@ -498,10 +502,9 @@ func (m *Machine) writeLocal(b *store.Batch, d *decided) (*Result, func(), error
 	if err != nil {
 		return nil, nil, err
 	}
-	kept := bytes.Clone(m.buf) // the shippers' copy (Outbound's tail)
 	return res, func() {
 		m.last, m.lastCommit = last, lastCommit
-		m.out.appended(sizes, kept)
+		m.out.appended(sizes, raw)
 	}, nil
 }
 

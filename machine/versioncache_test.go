@@ -71,17 +71,7 @@ func versionHistory(t *testing.T, seed uint64, cacheKeys int) (map[string][]stri
 	names := []string{"a", "b", "c"}
 	cl := map[string]*conflictCluster{}
 	for i, n := range names {
-		st, err := store.Open(t.TempDir(), &store.Options{VersionCacheKeys: cacheKeys})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { st.Close() })
-		m, err := Open(st, Options{Cluster: n})
-		if err != nil {
-			t.Fatal(err)
-		}
-		c := &conflictCluster{t: t, name: n, m: m, st: st, stamps: &stamper{wall: 1e15}, hwm: map[string]uint64{}}
-		c.apply(&Command{Mint: &MintCmd{Stream: entry.StreamID{byte(0xa + i)}}})
+		c := newConflictClusterOn(t, n, entry.StreamID{byte(0xa + i)}, 1e15, &store.Options{VersionCacheKeys: cacheKeys})
 		c.apply(&Command{Format: &FormatCmd{Version: ReadsFormat}})
 		cl[n] = c
 	}

@@ -477,6 +477,6 @@ func (s *Store) WriteBeneath(key string, rec *Record) error {
 	s.applyMu.Lock()
 	defer s.applyMu.Unlock()
 	s.versions.drop(key) // as a restart would find it
-	s.versions.keys.Store(int64(len(s.versions.cur) + len(s.versions.old)))
+	s.versions.count()
 	return s.db.Set(dataKey(key), AppendRecord(nil, rec), pebble.Sync)
 }

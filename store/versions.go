@@ -25,6 +25,10 @@ import (
 // whole. A key absent from the cache is read from the tree; a cached one is
 // what the tree holds.
 //
+// A record rotted beneath a cached version is overwritten by the key's next
+// write without being read: the write descends from what the cluster held,
+// as the cache says (CheckLeaves finds rot in keys not written again).
+//
 // A key enters at its first overwrite: a workload of fresh keys pays
 // nothing for it. Bounded by two generations of at most half the keys each: when the
 // current one fills it becomes the old one and the old one goes, so a key
@@ -95,8 +99,11 @@ func (c *versionCache) clear() {
 		return
 	}
 	c.old, c.cur = nil, make(map[string]cachedVersion, min(c.half, 1<<12))
-	c.keys.Store(0)
+	c.count()
 }
+
+// count publishes how many keys the cache holds (VersionCacheStats).
+func (c *versionCache) count() { c.keys.Store(int64(len(c.cur) + len(c.old))) }
 
 func versionOf(r *Record, digest hashtree.Sum) cachedVersion {
 	return cachedVersion{stamp: r.Stamp, ctx: r.Ctx, digest: digest, expires: r.Expires, kind: r.Kind,
@@ -157,7 +164,7 @@ func (b *Batch) cacheCommittedLocked() {
 	for _, key := range b.deletedRecords {
 		c.drop(key)
 	}
-	c.keys.Store(int64(len(c.cur) + len(c.old)))
+	c.count()
 }
 
 // deleteRecordLocked deletes key's record (data key dk) in the batch: the

@@ -15,9 +15,7 @@ tmp=$(mktemp -d)
 apid= bpid=
 cleanup() { kill $apid $bpid 2>/dev/null || true; wait 2>/dev/null || true; rm -rf "$tmp"; }
 trap cleanup EXIT
-hz=$(getconf CLK_TCK)
-ticks() { awk '{print $14+$15}' "/proc/$1/stat"; }
-median() { sort -g | awk '{a[NR]=$1} END {print (NR%2) ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2}'; }
+. "$(dirname "$0")/lib.sh"  # hz, ticks, median, us
 run() { # P TEST: prints server CPU us per request
   local c0 c1
   c0=$(ticks $apid)

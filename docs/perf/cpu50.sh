@@ -17,10 +17,7 @@ tmp=$(mktemp -d)
 apid= bpid= rpid=
 cleanup() { kill $apid $bpid $rpid 2>/dev/null || true; wait 2>/dev/null || true; rm -rf "$tmp"; }
 trap cleanup EXIT
-hz=$(getconf CLK_TCK)
-ticks() { awk '{print $14+$15}' "/proc/$1/stat"; }
-median() { sort -g | awk '{a[NR]=$1} END {if (NR==0) print "-"; else print (NR%2) ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2}'; }
-us() { awk -v a="$1" -v b="$2" -v hz="$hz" -v n="$3" 'BEGIN {printf "%.1f", (b-a)/hz*1e6/n}'; }
+. "$(dirname "$0")/lib.sh"  # hz, ticks, median, us
 
 start() {
   rm -rf "$tmp/a" "$tmp/b" "$tmp/redis"; mkdir -p "$tmp/redis"

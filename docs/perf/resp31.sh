@@ -19,9 +19,7 @@ pids=()
 cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$tmp"; }
 apid= bpid= rpid=
 trap cleanup EXIT
-hz=$(getconf CLK_TCK)
-ticks() { awk '{print $14+$15}' "/proc/$1/stat"; }
-median() { sort -g | awk '{a[NR]=$1} END {print (NR%2) ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2}'; }
+. "$(dirname "$0")/lib.sh"  # hz, ticks, median, us
 
 # Each round starts a fresh pair and a fresh Redis: the same data, the
 # same compaction debt (none) for every round.

@@ -18,9 +18,7 @@ apid= bpid=
 cleanup() { kill $apid $bpid 2>/dev/null || true; wait 2>/dev/null || true; [ -n "$KEEP" ] || rm -rf "$tmp"; }
 trap cleanup EXIT
 KEEP=${KEEP:-}
-hz=$(getconf CLK_TCK)
-ticks() { awk '{print $14+$15}' "/proc/$1/stat"; }
-median() { sort -g | awk '{a[NR]=$1} END {print (NR%2) ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2}'; }
+. "$(dirname "$0")/lib.sh"  # hz, ticks, median, us
 # part NAME REGEX: the cumulative share (%) of the frames matching REGEX
 parts=(
   "state machine: previous version read|store\.\(\*Batch\)\.recordLocked$"
