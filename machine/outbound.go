@@ -6,6 +6,7 @@ import (
 	"sync"
 
 	"github.com/replicator/replicator/entry"
+	"github.com/replicator/replicator/hlc"
 	"github.com/replicator/replicator/internal/byteindex"
 	"github.com/replicator/replicator/store"
 )
@@ -191,4 +192,48 @@ func (o *Outbound) ReadRaw(index uint64) ([]byte, error) {
 		return nil, fmt.Errorf("%w: %d: %w", entry.ErrNotKept, index, err)
 	}
 	return raw, err
+}
+
+// applyTruncate drops the stream's outbound entries before first.
+func (m *Machine) applyTruncate(b *store.Batch, stream entry.StreamID, first uint64) (*Result, func(), error) {
+	if m.stream.IsZero() || stream != m.stream || first <= m.out.First() {
+		return &Result{}, nil, nil
+	}
+	first = min(first, m.last+1)
+	if err := b.CutOutbound(m.stream, first); err != nil {
+		return nil, nil, err
+	}
+	return &Result{}, func() { m.out.cut(first) }, nil
+}
+
+// applyMint starts a new stream. The entries of the one before are dropped:
+// a stream is replaced when its indexes cannot be trusted (a peer proved them
+// used, or the tree lost some), and what its writes did reaches the peers by
+// re-seeds, from the tree. A mint of the current stream with another epoch only changes the epoch: its
+// increments count under fresh totals from then on.
+func (m *Machine) applyMint(b *store.Batch, stream entry.StreamID, epoch uint32) (*Result, func(), error) {
+	if stream == m.stream {
+		if epoch == m.epoch.Load() {
+			return &Result{}, nil, nil
+		}
+		if err := b.SetCounterEpoch(stream, epoch); err != nil {
+			return nil, nil, err
+		}
+		return &Result{}, func() { m.epoch.Store(epoch) }, nil
+	}
+	err := errors.Join(
+		b.SetLocalApplied(store.AppliedIndex{Stream: stream}),
+		b.SetCounterEpoch(stream, epoch),
+	)
+	if !m.stream.IsZero() {
+		err = errors.Join(err, b.DropOutbound(m.stream))
+	}
+	if err != nil {
+		return nil, nil, err
+	}
+	return &Result{}, func() {
+		m.stream, m.last, m.lastCommit = stream, 0, hlc.Timestamp{}
+		m.epoch.Store(epoch)
+		m.out.reset(stream, 0)
+	}, nil
 }
