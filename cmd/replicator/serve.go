@@ -18,6 +18,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/replicator/replicator/api"
+	"github.com/replicator/replicator/internal/hugepages"
 	"github.com/replicator/replicator/node"
 	"github.com/replicator/replicator/origin"
 )
@@ -109,6 +110,7 @@ type serveConfig struct {
 	MemTableSize    uint64   `yaml:"memtable_size"`
 	CacheSize       byteSize `yaml:"cache_size"`
 	VersionCache    int      `yaml:"version_cache_keys"`
+	HugePages       bool     `yaml:"huge_pages"`
 }
 
 // defaultServeConfig is the configuration before the file, the
@@ -133,6 +135,7 @@ func defaultServeConfig() *serveConfig {
 		MinBodyRate: d.MinBodyRate, MaxConns: d.MaxConnections, MaxBodies: d.MaxBodiesInFlight,
 		GossipProfile: "", TLSReload: duration(d.TLSReloadInterval), PeerSANMode: node.SANModeURI,
 		MemTableSize: d.MemTableSize, CacheSize: byteSize(d.CacheSize), VersionCache: d.VersionCacheKeys,
+		HugePages:   true,
 		LinkLagging: duration(d.LinkLagging), LinkStalled: duration(d.LinkStalled),
 		RaftElection: duration(time.Second),
 	}
@@ -399,6 +402,7 @@ func serveFlags(cfg *serveConfig) *flag.FlagSet {
 	fs.StringVar(&cfg.PprofListen, "pprof-listen", cfg.PprofListen, "serve /debug/pprof on this address instead, without a token (keep it private)")
 	fs.Uint64Var(&cfg.MemTableSize, "memtable-size", cfg.MemTableSize, "Pebble memtable bytes (larger: fewer compactions, more memory)")
 	fs.IntVar(&cfg.VersionCache, "version-cache-keys", cfg.VersionCache, "keys whose newest version (no value) the write path keeps in memory, about 180 bytes each; -1: none")
+	fs.BoolVar(&cfg.HugePages, "huge-pages", cfg.HugePages, "back Pebble's memtables with transparent huge pages (a cgo build under the kernel's madvise mode executes itself once with GLIBC_TUNABLES="+hugepages.Tunable+")")
 	fs.Var(&cfg.CacheSize, "cache-size", "Pebble block cache, e.g. 1GiB (reads and the write path's read of a key's previous version hit memory below it)")
 	fs.Var(namedFlag{func(n, v string) { cfg.peer(n).URL = v }, "NAME=URL"}, "peer", "a peer cluster as NAME=URL (repeatable)")
 	fs.Var(namedFlag{func(n, v string) { cfg.peer(n).Secret = v }, "NAME=SECRET"}, "peer-secret", "a peer's shared secret as NAME=SECRET (repeatable)")
@@ -700,6 +704,12 @@ func runServe(args []string) error {
 	if fs.NArg() > 0 {
 		return usagef("unexpected arguments: %q", fs.Args())
 	}
+	// Before anything is logged or opened: this may execute the binary
+	// again, which then starts here from the top.
+	huge := hugepages.Off
+	if fs.Lookup("print-config").Value.String() != "true" {
+		huge = hugepages.Ensure(cfg.HugePages)
+	}
 	log, err := newLogger(cfg.LogLevel, cfg.LogFormat)
 	if err != nil {
 		return err
@@ -717,6 +727,7 @@ func runServe(args []string) error {
 	if err != nil {
 		return err
 	}
+	log.Info("memory", "huge_pages", string(huge))
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 	n, err := node.Open(ctx, opts)
