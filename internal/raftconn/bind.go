@@ -65,6 +65,9 @@ const (
 	preambleService = 2
 	purposeRaft     = 0
 	purposeService  = 1
+	// purposeGroup is raft of a group other than the cluster's first
+	// (groups.go): a group byte follows the purpose.
+	purposeGroup = 2
 	// alpnBound is offered first by nodes that bind; an older build's
 	// port answers alpnLegacy, and the dial then does not bind.
 	alpnBound  = "replicator-raft/2"
@@ -164,19 +167,23 @@ func (t Transport) TimeoutNow(id raft.ServerID, target raft.ServerAddress, args 
 
 // writePreamble names target (empty: Identify) and this node, for raft.
 func writePreamble(w io.Writer, target, sender string) error {
-	return writePreambleFor(w, purposeRaft, target, sender)
+	return writePreambleFor(w, purposeRaft, 0, target, sender)
 }
 
 // writePreambleFor writes the preamble of a purpose: raft's in version 1
-// (which every build reads), another in version 2.
-func writePreambleFor(w io.Writer, purpose byte, target, sender string) error {
+// (which every build reads), another in version 2; group is written after
+// the purpose for purposeGroup only.
+func writePreambleFor(w io.Writer, purpose, group byte, target, sender string) error {
 	if len(target) > 255 || len(sender) > 255 {
 		return fmt.Errorf("raftconn: server ID longer than 255 bytes")
 	}
-	b := make([]byte, 0, 5+len(target)+len(sender))
-	if purpose == purposeRaft {
+	b := make([]byte, 0, 6+len(target)+len(sender))
+	switch purpose {
+	case purposeRaft:
 		b = append(b, preambleMagic, preambleVersion)
-	} else {
+	case purposeGroup:
+		b = append(b, preambleMagic, preambleService, purpose, group)
+	default:
 		b = append(b, preambleMagic, preambleService, purpose)
 	}
 	b = append(b, byte(len(target)))
@@ -188,41 +195,52 @@ func writePreambleFor(w io.Writer, purpose byte, target, sender string) error {
 }
 
 // readPreamble reads what follows the magic byte.
-func readPreamble(r io.Reader) (purpose byte, target, sender string, err error) {
+func readPreamble(r io.Reader) (purpose, group byte, target, sender string, err error) {
 	var v [1]byte
 	if _, err := io.ReadFull(r, v[:]); err != nil {
-		return 0, "", "", err
+		return 0, 0, "", "", err
 	}
 	switch v[0] {
 	case preambleVersion:
 	case preambleService:
 		var p [1]byte
 		if _, err := io.ReadFull(r, p[:]); err != nil {
-			return 0, "", "", err
+			return 0, 0, "", "", err
 		}
-		if p[0] != purposeRaft && p[0] != purposeService {
-			return 0, "", "", fmt.Errorf("preamble purpose %d is unknown", p[0])
+		switch p[0] {
+		case purposeRaft, purposeService:
+		case purposeGroup:
+			var g [1]byte
+			if _, err := io.ReadFull(r, g[:]); err != nil {
+				return 0, 0, "", "", err
+			}
+			if g[0] == 0 {
+				return 0, 0, "", "", fmt.Errorf("preamble names group 0, which is raft's own purpose")
+			}
+			group = g[0]
+		default:
+			return 0, 0, "", "", fmt.Errorf("preamble purpose %d is unknown", p[0])
 		}
 		purpose = p[0]
 	default:
-		return 0, "", "", fmt.Errorf("preamble version %d, want %d or %d", v[0], preambleVersion, preambleService)
+		return 0, 0, "", "", fmt.Errorf("preamble version %d, want %d or %d", v[0], preambleVersion, preambleService)
 	}
 	var n [1]byte
 	if _, err := io.ReadFull(r, n[:]); err != nil {
-		return 0, "", "", err
+		return 0, 0, "", "", err
 	}
 	t := make([]byte, n[0])
 	if _, err := io.ReadFull(r, t); err != nil {
-		return 0, "", "", err
+		return 0, 0, "", "", err
 	}
 	if _, err := io.ReadFull(r, n[:]); err != nil {
-		return 0, "", "", err
+		return 0, 0, "", "", err
 	}
 	s := make([]byte, n[0])
 	if _, err := io.ReadFull(r, s); err != nil {
-		return 0, "", "", err
+		return 0, 0, "", "", err
 	}
-	return purpose, string(t), string(s), nil
+	return purpose, group, string(t), string(s), nil
 }
 
 func writeAnswer(w io.Writer, status byte, id string, applied uint64, msg string) error {
@@ -278,13 +296,13 @@ func bindsTo(c net.Conn) bool {
 // bind sends the preamble on a dialled connection and reads the answer.
 // It returns the answering node's identity.
 func (l *Layer) bind(c net.Conn, target, addr string, timeout time.Duration) (Identity, error) {
-	return l.bindFor(c, purposeRaft, target, addr, timeout)
+	return l.bindFor(c, purposeRaft, 0, target, addr, timeout)
 }
 
-func (l *Layer) bindFor(c net.Conn, purpose byte, target, addr string, timeout time.Duration) (Identity, error) {
+func (l *Layer) bindFor(c net.Conn, purpose, group byte, target, addr string, timeout time.Duration) (Identity, error) {
 	c.SetDeadline(time.Now().Add(timeout))
 	defer c.SetDeadline(time.Time{})
-	if err := writePreambleFor(c, purpose, target, l.id); err != nil {
+	if err := writePreambleFor(c, purpose, group, target, l.id); err != nil {
 		return Identity{}, fmt.Errorf("raftconn: dial %s at %s: %w", target, addr, err)
 	}
 	status, id, applied, msg, err := readAnswer(c)
@@ -344,7 +362,7 @@ func (l *Layer) DialService(target, addr string, timeout time.Duration) (net.Con
 		c.Close()
 		return nil, fmt.Errorf("%w: %s at %s speaks the legacy protocol", ErrOlderBuild, target, addr)
 	}
-	if _, err := l.bindFor(c, purposeService, target, addr, timeout); err != nil {
+	if _, err := l.bindFor(c, purposeService, 0, target, addr, timeout); err != nil {
 		c.Close()
 		return nil, err
 	}
@@ -458,7 +476,7 @@ func (c *boundConn) check() {
 		c.peeked = first[:] // an older build's node: raft's stream as is
 		return
 	}
-	purpose, target, sender, err := readPreamble(c.Conn)
+	purpose, group, target, sender, err := readPreamble(c.Conn)
 	if err != nil {
 		writeAnswer(c.Conn, statusMalformed, l.id, l.applied(), err.Error())
 		c.fail(fmt.Errorf("raftconn: malformed preamble: %w", err))
@@ -487,6 +505,10 @@ func (c *boundConn) check() {
 		writeAnswer(c.Conn, statusWrongID, l.id, l.applied(), msg)
 		l.logOnce("wrong:"+target, slog.LevelWarn, "raftconn: refused a connection meant for "+target+" from "+sender+": "+msg)
 		c.fail(fmt.Errorf("%w: %s", ErrWrongIdentity, msg))
+		return
+	}
+	if purpose == purposeGroup {
+		c.handOffGroup(group, sender)
 		return
 	}
 	if purpose == purposeService {

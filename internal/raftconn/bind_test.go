@@ -347,22 +347,25 @@ func FuzzPreamble(f *testing.F) {
 	writePreamble(&p, "a2.22222222", "a1.11111111")
 	writeAnswer(&a, statusRefused, "a2.22222222", 42, "lost in a recovery")
 	var sv bytes.Buffer
-	writePreambleFor(&sv, purposeService, "a2.22222222", "a1.11111111")
+	writePreambleFor(&sv, purposeService, 0, "a2.22222222", "a1.11111111")
+	var gr bytes.Buffer
+	writePreambleFor(&gr, purposeGroup, 3, "a2.22222222", "a1.11111111")
 	f.Add(p.Bytes()[1:])
 	f.Add(sv.Bytes()[1:])
+	f.Add(gr.Bytes()[1:])
 	f.Add(a.Bytes())
 	f.Add([]byte{preambleVersion, 255})
 	f.Add([]byte{preambleService, 7, 0, 0})
 	f.Add([]byte{statusOK, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff})
 	f.Fuzz(func(t *testing.T, b []byte) {
-		if purpose, target, sender, err := readPreamble(bytes.NewReader(b)); err == nil {
+		if purpose, group, target, sender, err := readPreamble(bytes.NewReader(b)); err == nil {
 			var w bytes.Buffer
-			if err := writePreambleFor(&w, purpose, target, sender); err != nil {
+			if err := writePreambleFor(&w, purpose, group, target, sender); err != nil {
 				t.Fatal(err)
 			}
-			p2, t2, s2, err := readPreamble(bytes.NewReader(w.Bytes()[1:]))
-			if err != nil || p2 != purpose || t2 != target || s2 != sender {
-				t.Fatalf("%d %q %q read back as %d %q %q %v", purpose, target, sender, p2, t2, s2, err)
+			p2, g2, t2, s2, err := readPreamble(bytes.NewReader(w.Bytes()[1:]))
+			if err != nil || p2 != purpose || g2 != group || t2 != target || s2 != sender {
+				t.Fatalf("%d %d %q %q read back as %d %d %q %q %v", purpose, group, target, sender, p2, g2, t2, s2, err)
 			}
 		}
 		if status, id, applied, msg, err := readAnswer(bytes.NewReader(b)); err == nil {

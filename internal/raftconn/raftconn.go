@@ -139,6 +139,14 @@ type Layer struct {
 		done      chan struct{}
 	}
 
+	// groups are the stream layers of raft groups other than the first
+	// (groups.go), by group.
+	groups struct {
+		sync.Mutex
+		layers map[byte]*groupLayer
+		closed bool
+	}
+
 	maxConns int
 
 	notes struct {
@@ -310,6 +318,7 @@ func (l *Layer) Accept() (net.Conn, error) {
 func (l *Layer) Close() error {
 	err := l.ln.Close()
 	l.closeService()
+	l.closeGroups()
 	l.mu.Lock()
 	l.mu.closed = true
 	conns := l.mu.conns
