@@ -706,9 +706,9 @@ func runServe(args []string) error {
 	}
 	// Before anything is logged or opened: this may execute the binary
 	// again, which then starts here from the top.
-	huge := hugepages.Off
+	huge, hugeErr := hugepages.Off, error(nil)
 	if fs.Lookup("print-config").Value.String() != "true" {
-		huge = hugepages.Ensure(cfg.HugePages)
+		huge, hugeErr = hugepages.Ensure(cfg.HugePages)
 	}
 	log, err := newLogger(cfg.LogLevel, cfg.LogFormat)
 	if err != nil {
@@ -727,7 +727,11 @@ func runServe(args []string) error {
 	if err != nil {
 		return err
 	}
-	log.Info("memory", "huge_pages", string(huge))
+	if hugeErr != nil {
+		log.Warn("memory", "huge_pages", string(huge), "err", hugeErr)
+	} else {
+		log.Info("memory", "huge_pages", string(huge))
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 	n, err := node.Open(ctx, opts)

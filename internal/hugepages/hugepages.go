@@ -22,7 +22,9 @@
 package hugepages
 
 import (
+	"fmt"
 	"os"
+	"slices"
 	"strings"
 )
 
@@ -51,6 +53,14 @@ const (
 	Unavailable State = "unavailable"
 )
 
+// marker is set in the environment of the execution Ensure makes: a process
+// that finds it never executes again. glibc removes GLIBC_TUNABLES (or some
+// of it) from a privileged process's environment (setuid, or file
+// capabilities without NoNewPrivileges), so the tunable's absence alone
+// would make it execute itself forever. Its name does not begin with
+// REPLICATOR_, which serve reads as settings.
+const marker = "_REPLICATOR_HUGE_PAGES=executed"
+
 // decision is what Ensure would do: exec with env, or keep running in state.
 type decision struct {
 	exec  bool
@@ -58,24 +68,48 @@ type decision struct {
 	state State
 }
 
+// hugetlbValue returns the value glibc.malloc.hugetlb has in the
+// environment's GLIBC_TUNABLES ("" when not set).
+func hugetlbValue(env []string) string {
+	for _, kv := range env {
+		v, ok := strings.CutPrefix(kv, envTunables+"=")
+		if !ok {
+			continue
+		}
+		for _, t := range strings.Split(v, ":") {
+			if val, ok := strings.CutPrefix(t, "glibc.malloc.hugetlb="); ok {
+				return val
+			}
+		}
+		return ""
+	}
+	return ""
+}
+
 // decide is Ensure's choice from what it reads: the environment, the
 // kernel's mode file's contents ("" when absent), whether this build calls C
 // for its memory, and whether the operator wants it.
 func decide(env []string, mode string, cgo, want bool) decision {
-	for _, kv := range env {
-		if v, ok := strings.CutPrefix(kv, envTunables+"="); ok && strings.Contains(v, "glibc.malloc.hugetlb=") {
-			return decision{state: On} // set here, by the operator or by the exec before
-		}
+	switch v := hugetlbValue(env); {
+	case v == "0":
+		return decision{state: Off} // the operator's tunable says no
+	case v != "" && cgo && !strings.Contains(mode, "[never]") && mode != "":
+		return decision{state: On} // set here, by the operator or by the exec before
+	case v != "":
+		return decision{state: Unavailable}
 	}
+	executed := slices.Contains(env, marker)
 	switch {
 	case !want:
 		return decision{state: Off}
 	case strings.Contains(mode, "[always]"):
 		return decision{state: Always}
-	case !strings.Contains(mode, "[madvise]") || !cgo:
+	case !strings.Contains(mode, "[madvise]") || !cgo || executed:
+		// executed: the tunable did not survive the exec (a privileged
+		// process, whose environment glibc cleans): never again.
 		return decision{state: Unavailable}
 	}
-	out := make([]string, 0, len(env)+1)
+	out := make([]string, 0, len(env)+2)
 	set := false
 	for _, kv := range env {
 		if v, ok := strings.CutPrefix(kv, envTunables+"="); ok {
@@ -92,22 +126,23 @@ func decide(env []string, mode string, cgo, want bool) decision {
 	if !set {
 		out = append(out, envTunables+"="+Tunable)
 	}
-	return decision{exec: true, env: out, state: On}
+	return decision{exec: true, env: append(out, marker), state: On}
 }
 
 // Ensure executes the running binary again with glibc's huge page tunable
 // when that would back its memory with huge pages (want: the operator's
 // --huge-pages). It returns only when it did not execute, with the state
-// the process runs in. Call it before the process opens anything it must
-// not lose: the new image starts from main.
-func Ensure(want bool) State {
+// the process runs in, and the error of an execution that failed (the
+// process runs on, unavailable). Call it before the process opens anything
+// it must not lose: the new image starts from main.
+func Ensure(want bool) (State, error) {
 	mode, _ := os.ReadFile(modeFile)
 	d := decide(os.Environ(), string(mode), cgoBuild, want)
 	if !d.exec {
-		return d.state
+		return d.state, nil
 	}
 	if err := execSelf(os.Args, d.env); err != nil {
-		return Unavailable
+		return Unavailable, fmt.Errorf("hugepages: execute %s again: %w", os.Args[0], err)
 	}
-	return d.state // not reached
+	return d.state, nil // not reached
 }

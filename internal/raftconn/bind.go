@@ -317,8 +317,13 @@ func (l *Layer) bindFor(c net.Conn, purpose, group byte, target, addr string, ti
 		who.Description = msg
 		return who, nil
 	case statusMalformed:
-		if purpose != purposeRaft && strings.HasPrefix(msg, "preamble version") {
+		if purpose != purposeRaft && (strings.HasPrefix(msg, "preamble version") || strings.HasPrefix(msg, "preamble purpose")) {
+			// A build before version 2, or before a purpose this dial
+			// names (a build with services and no groups).
 			return who, fmt.Errorf("%w: %s at %s: %s", ErrOlderBuild, id, addr, msg)
+		}
+		if purpose == purposeGroup && strings.HasPrefix(msg, noGroupAnswer) {
+			return who, fmt.Errorf("%w: %s at %s: %s", ErrNoGroup, id, addr, msg)
 		}
 		err = fmt.Errorf("raftconn: dial %s at %s: refused (status %d): %s", target, addr, status, msg)
 	case statusWrongID:
@@ -437,8 +442,9 @@ type boundConn struct {
 	handed bool
 }
 
-// errHandedOff ends raft's handling of a service connection.
-var errHandedOff = errors.New("raftconn: a service connection, not raft's")
+// errHandedOff ends the first group's raft handling of a connection that
+// went to a service or to another group.
+var errHandedOff = errors.New("raftconn: a connection for a service or another raft group, not this raft's")
 
 // Close closes the connection unless it went to the service listener
 // (raft's handler, the only caller, reads and closes in one goroutine).

@@ -1,6 +1,7 @@
 package raftconn
 
 import (
+	"errors"
 	"fmt"
 	"log/slog"
 	"net"
@@ -30,9 +31,19 @@ import (
 // MaxGroup is the highest group a connection can name.
 const MaxGroup = 255
 
+// ErrNoGroup: the node dialled runs no raft group of the number the dial
+// named (not yet, or no longer).
+var ErrNoGroup = errors.New("raftconn: the other node runs no such raft group")
+
+// noGroupAnswer begins the answer of a node that runs no group asked for.
+const noGroupAnswer = "this node runs no raft group"
+
 // Group returns the stream layer of raft group g on this port: the layer
 // itself for group 0, else a layer whose connections name g. Close it when
-// the group stops; the port's Close closes every group's.
+// the group stops; the port's Close closes every group's. Group 0's layer is
+// the port: closing it (as raft's transport of group 0 does when it closes)
+// closes every group's connections, so group 0 stops last. Every group's
+// connections count against the port's one bound (Options.MaxConns).
 func (l *Layer) Group(g int) (raft.StreamLayer, error) {
 	if g == 0 {
 		return l, nil
@@ -147,7 +158,7 @@ func (c *boundConn) handOffGroup(g byte, sender string) {
 	gl := l.groups.layers[g]
 	l.groups.Unlock()
 	if gl == nil {
-		msg := fmt.Sprintf("this node runs no raft group %d", g)
+		msg := fmt.Sprintf("%s %d", noGroupAnswer, g)
 		writeAnswer(c.Conn, statusMalformed, l.id, l.applied(), msg)
 		l.logOnce(fmt.Sprintf("nogroup:%d", g), slog.LevelWarn, "raftconn: refused a connection of "+sender+": "+msg)
 		c.fail(errHandedOff)
@@ -157,7 +168,10 @@ func (c *boundConn) handOffGroup(g byte, sender string) {
 		c.fail(err)
 		return
 	}
+	// The group's transport reads and writes without the handshake's
+	// deadlines (check clears them only once this returns).
 	c.Conn.SetWriteDeadline(time.Time{})
+	c.Conn.SetReadDeadline(time.Time{})
 	t := time.NewTimer(l.timeout)
 	defer t.Stop()
 	select {

@@ -3,6 +3,7 @@ package raftconn
 import (
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"slices"
 	"strings"
@@ -53,9 +54,11 @@ func startGroupNode(t *testing.T, id raft.ServerID, groups int) *groupNode {
 	return n
 }
 
+// stop stops the groups, group 0 last: its transport's Close closes the
+// port, and with it every group's connections.
 func (n *groupNode) stop() {
-	for i, r := range n.rafts {
-		r.Shutdown().Error()
+	for i := len(n.rafts) - 1; i >= 0; i-- {
+		n.rafts[i].Shutdown().Error()
 		n.trans[i].Close()
 	}
 	n.l.Close()
@@ -118,7 +121,7 @@ func TestGroupsShareOnePort(t *testing.T) {
 	}
 	defer sl.Close()
 	_, err = sl.Dial(BindAddress(nodes[1].id, raft.ServerAddress(nodes[1].l.Addr().String())), 2*time.Second)
-	if err == nil || !strings.Contains(err.Error(), "no raft group 7") {
+	if !errors.Is(err, ErrNoGroup) || !strings.Contains(err.Error(), "no raft group 7") {
 		t.Fatalf("a dial of group 7 where it does not run: %v", err)
 	}
 	// A group's dial names a server: an unbound address is refused here.
@@ -133,10 +136,101 @@ func TestGroupsShareOnePort(t *testing.T) {
 			t.Fatalf("group %d taken", g)
 		}
 	}
-	// After the port closes, a group's Accept returns.
+	// After the port closes, no group's layer can be had.
 	nodes[2].stop()
 	if _, err := nodes[2].l.Group(1); !errors.Is(err, net.ErrClosed) {
 		t.Fatalf("a group on a closed port: %v", err)
 	}
 	nodes = nodes[:2]
+}
+
+// TestGroupConnectionsKeepThePortsRules: a connection of group 1 reaches the
+// group's layer only through the port's checks: the target's identity, the
+// refusal of a sender kept out; and a build that has services but no groups
+// is told apart (ErrOlderBuild).
+func TestGroupConnectionsKeepThePortsRules(t *testing.T) {
+	a := listen(t, Options{Cluster: "a", ID: "a1.11111111", Loopback: true})
+	b := listen(t, Options{Cluster: "a", ID: "a2.22222222", Loopback: true, Refuse: func(sender string) string {
+		if sender == "a3.33333333" {
+			return "a3.33333333 was removed from cluster a"
+		}
+		return ""
+	}})
+	c := listen(t, Options{Cluster: "a", ID: "a3.33333333", Loopback: true})
+	group := func(l *Layer, g int) raft.StreamLayer {
+		sl, err := l.Group(g)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { sl.Close() })
+		return sl
+	}
+	ag, bg, cg := group(a, 1), group(b, 1), group(c, 1)
+	addr := raft.ServerAddress(b.Addr().String())
+
+	// The right identity: the connection goes to b's group 1, and b's own
+	// handler (group 0's) lets it go.
+	served := echo(b)
+	conn, err := ag.Dial(BindAddress("a2.22222222", addr), 2*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	got := make(chan net.Conn, 1)
+	go func() {
+		if c, err := bg.Accept(); err == nil {
+			got <- c
+		}
+	}()
+	conn.SetDeadline(time.Now().Add(2 * time.Second))
+	conn.Write([]byte("hello"))
+	var in net.Conn
+	select {
+	case in = <-got:
+	case <-time.After(5 * time.Second):
+		t.Fatal("b's group 1 did not get the connection")
+	}
+	defer in.Close()
+	buf := make([]byte, 5)
+	in.SetDeadline(time.Now().Add(2 * time.Second))
+	if _, err := in.Read(buf); err != nil || string(buf) != "hello" {
+		t.Fatalf("group 1 read %q %v", buf, err)
+	}
+	if err := <-served; err == nil {
+		t.Fatal("b's group 0 served a connection meant for group 1")
+	}
+
+	// Another identity at that address: refused before any group sees it.
+	echo(b)
+	if _, err := ag.Dial(BindAddress("a2.99999999", addr), 2*time.Second); !errors.Is(err, ErrWrongIdentity) {
+		t.Fatalf("a group dial of another incarnation: %v", err)
+	}
+	// A sender the node refuses is refused on every group.
+	echo(b)
+	if _, err := cg.Dial(BindAddress("a2.22222222", addr), 2*time.Second); !errors.Is(err, ErrRefused) {
+		t.Fatalf("a refused sender's group dial: %v", err)
+	}
+
+	// A build with services and no groups answers the purpose as unknown.
+	old, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer old.Close()
+	go func() {
+		c, err := old.Accept()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		var magic [1]byte
+		if _, err := io.ReadFull(c, magic[:]); err != nil {
+			return
+		}
+		// What a build before groups answers (its readPreamble's error).
+		writeAnswer(c, statusMalformed, "a9.99999999", 0, "preamble purpose 2 is unknown")
+	}()
+	if _, err := ag.Dial(BindAddress("a9.99999999", raft.ServerAddress(old.Addr().String())), 2*time.Second); !errors.Is(err, ErrOlderBuild) {
+		t.Fatalf("a group dial of a build without groups: %v", err)
+	}
 }
