@@ -413,18 +413,31 @@ func (l *Layer) closeService() {
 	l.svc.closeOnce.Do(func() { close(l.svc.done) })
 }
 
-// handOff gives a service connection to the listener, waiting at most the
-// handshake timeout for it to be taken.
-func (l *Layer) handOff(c *ServiceConn) bool {
+// handTo answers the preamble and gives the connection to a listener's
+// channel (the service listener's, a raft group's: ch, with done closed when
+// it stops), waiting at most the handshake timeout for it to be taken. The
+// taker reads and writes without the handshake's deadlines. Raft's handler
+// of the first group, which read the preamble, then stops and leaves the
+// connection open.
+func (c *boundConn) handTo(ch chan<- net.Conn, done <-chan struct{}, conn net.Conn) {
+	l := c.l
+	if err := writeAnswer(c.Conn, statusOK, l.id, l.applied(), ""); err != nil {
+		c.fail(err)
+		return
+	}
+	c.Conn.SetWriteDeadline(time.Time{})
+	c.Conn.SetReadDeadline(time.Time{})
 	t := time.NewTimer(l.timeout)
 	defer t.Stop()
 	select {
-	case l.svc.ch <- c:
-		return true
-	case <-l.svc.done:
+	case ch <- conn:
+		c.handed = true
+		c.err = errHandedOff
+		return
+	case <-done:
 	case <-t.C:
 	}
-	return false
+	c.fail(errHandedOff)
 }
 
 // boundConn is an accepted connection: its first read takes the preamble,
@@ -523,17 +536,7 @@ func (c *boundConn) check() {
 			c.fail(errHandedOff)
 			return
 		}
-		if err := writeAnswer(c.Conn, statusOK, l.id, l.applied(), ""); err != nil {
-			c.fail(err)
-			return
-		}
-		c.Conn.SetWriteDeadline(time.Time{})
-		if l.handOff(&ServiceConn{Conn: c.Conn, Sender: sender}) {
-			c.handed = true
-			c.err = errHandedOff
-			return
-		}
-		c.fail(errHandedOff)
+		c.handTo(l.svc.ch, l.svc.done, &ServiceConn{Conn: c.Conn, Sender: sender})
 		return
 	}
 	if err := writeAnswer(c.Conn, statusOK, l.id, l.applied(), ""); err != nil {

@@ -471,11 +471,24 @@ func TestServiceConnections(t *testing.T) {
 // older build (and forwards the old way), rather than a refusal.
 func TestServiceDialToAnOlderBuild(t *testing.T) {
 	a := listen(t, Options{Cluster: "a", Node: "a1", ID: "a1.11111111", Loopback: true})
+	addr := olderBuild(t, "a2.22222222", func(hdr [2]byte) string {
+		return fmt.Sprintf("preamble version %d, want %d", hdr[1], preambleVersion)
+	})
+	if _, err := a.DialService("a2.22222222", addr, 2*time.Second); !errors.Is(err, ErrOlderBuild) {
+		t.Fatalf("a service dial to an older build: %v", err)
+	}
+}
+
+// olderBuild listens for one connection as a node of an older build would
+// answer it: it reads the preamble's first two bytes (magic, version) and
+// answers malformed with what answer says of them. It returns the address.
+func olderBuild(t *testing.T, id string, answer func(hdr [2]byte) string) string {
+	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer ln.Close()
+	t.Cleanup(func() { ln.Close() })
 	go func() {
 		// Exits after one connection.
 		c, err := ln.Accept()
@@ -483,11 +496,9 @@ func TestServiceDialToAnOlderBuild(t *testing.T) {
 			return
 		}
 		defer c.Close()
-		hdr := make([]byte, 2)
-		io.ReadFull(c, hdr)
-		writeAnswer(c, statusMalformed, "a2.22222222", 0, fmt.Sprintf("preamble version %d, want %d", hdr[1], preambleVersion))
+		var hdr [2]byte
+		io.ReadFull(c, hdr[:])
+		writeAnswer(c, statusMalformed, id, 0, answer(hdr))
 	}()
-	if _, err := a.DialService("a2.22222222", ln.Addr().String(), 2*time.Second); !errors.Is(err, ErrOlderBuild) {
-		t.Fatalf("a service dial to an older build: %v", err)
-	}
+	return ln.Addr().String()
 }

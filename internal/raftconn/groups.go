@@ -149,9 +149,9 @@ func (gl *groupLayer) Dial(address raft.ServerAddress, timeout time.Duration) (n
 	return gl.l.trackTo(c, addr)
 }
 
-// handOffGroup answers a preamble that named group g (its sender and target
-// already checked) and gives the connection to the group's layer; raft's
-// handler of the first group, which read the preamble, then stops.
+// handOffGroup gives a connection whose preamble named group g (its sender
+// and target already checked) to the group's layer, or answers that this
+// node runs no such group.
 func (c *boundConn) handOffGroup(g byte, sender string) {
 	l := c.l
 	l.groups.Lock()
@@ -164,23 +164,5 @@ func (c *boundConn) handOffGroup(g byte, sender string) {
 		c.fail(errHandedOff)
 		return
 	}
-	if err := writeAnswer(c.Conn, statusOK, l.id, l.applied(), ""); err != nil {
-		c.fail(err)
-		return
-	}
-	// The group's transport reads and writes without the handshake's
-	// deadlines (check clears them only once this returns).
-	c.Conn.SetWriteDeadline(time.Time{})
-	c.Conn.SetReadDeadline(time.Time{})
-	t := time.NewTimer(l.timeout)
-	defer t.Stop()
-	select {
-	case gl.ch <- c.Conn:
-		c.handed = true
-		c.err = errHandedOff
-	case <-gl.done:
-		c.fail(errHandedOff)
-	case <-t.C:
-		c.fail(errHandedOff)
-	}
+	c.handTo(gl.ch, gl.done, c.Conn)
 }

@@ -3,7 +3,6 @@ package raftconn
 import (
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"slices"
 	"strings"
@@ -211,26 +210,10 @@ func TestGroupConnectionsKeepThePortsRules(t *testing.T) {
 		t.Fatalf("a refused sender's group dial: %v", err)
 	}
 
-	// A build with services and no groups answers the purpose as unknown.
-	old, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer old.Close()
-	go func() {
-		c, err := old.Accept()
-		if err != nil {
-			return
-		}
-		defer c.Close()
-		var magic [1]byte
-		if _, err := io.ReadFull(c, magic[:]); err != nil {
-			return
-		}
-		// What a build before groups answers (its readPreamble's error).
-		writeAnswer(c, statusMalformed, "a9.99999999", 0, "preamble purpose 2 is unknown")
-	}()
-	if _, err := ag.Dial(BindAddress("a9.99999999", raft.ServerAddress(old.Addr().String())), 2*time.Second); !errors.Is(err, ErrOlderBuild) {
+	// A build with services and no groups answers the purpose as unknown
+	// (its readPreamble's error).
+	old := olderBuild(t, "a9.99999999", func([2]byte) string { return "preamble purpose 2 is unknown" })
+	if _, err := ag.Dial(BindAddress("a9.99999999", raft.ServerAddress(old)), 2*time.Second); !errors.Is(err, ErrOlderBuild) {
 		t.Fatalf("a group dial of a build without groups: %v", err)
 	}
 }

@@ -135,7 +135,7 @@ type Layer struct {
 	svc struct {
 		serving   atomic.Bool
 		closeOnce sync.Once
-		ch        chan *ServiceConn
+		ch        chan net.Conn // of *ServiceConn
 		done      chan struct{}
 	}
 
@@ -260,7 +260,7 @@ func Listen(addr string, advertise net.Addr, o Options) (*Layer, error) {
 	}
 	l := &Layer{ln: ln, advertise: advertise, blocked: o.Blocked, loopback: loopback, server: server, client: client, timeout: t,
 		id: id, appliedFn: o.Applied, refuse: o.Refuse, onRefused: o.OnRefused, describeFn: o.Describe, logger: o.Logger, maxConns: maxConns}
-	l.svc.ch, l.svc.done = make(chan *ServiceConn), make(chan struct{})
+	l.svc.ch, l.svc.done = make(chan net.Conn), make(chan struct{})
 	return l, nil
 }
 
