@@ -53,6 +53,9 @@ type Log interface {
 	// the ranges it keeps for its other links, as its heartbeat said
 	// (Options.FromPeer and Options.Onward read them back).
 	SetFromPeer(peer string, f entry.Filter, onward []entry.TargetSpans) error
+	// SetOpenStreams records the peer's open streams, as its heartbeat
+	// said (Options.OpenOf reads them back).
+	SetOpenStreams(peer string, open []entry.StreamID) error
 }
 
 // Defaults of Options.Permits and Options.PermitQueue.
@@ -168,9 +171,14 @@ type Options struct {
 	Onward func(peer string) []entry.TargetSpans
 	// OnIdle, when set, is told a sender's idle frontier (wire.Header.Idle)
 	// once this node's mark of the stream reaches the index it names:
-	// nothing older than bound can still come from the sender's stream.
-	OnIdle func(sender string, bound hlc.Timestamp)
-	Logger *slog.Logger
+	// nothing older than bound can still come from that stream.
+	OnIdle func(sender string, stream entry.StreamID, bound hlc.Timestamp)
+	// TakesOpenStreams, when set, says whether this cluster's log records
+	// each sender's open streams (command format 14); OpenOf is what it
+	// recorded of a peer (nil: nothing).
+	TakesOpenStreams func() bool
+	OpenOf           func(peer string) []entry.StreamID
+	Logger           *slog.Logger
 }
 
 // Acceptor serves POST /v1/replicate. Safe for concurrent use.
@@ -275,7 +283,8 @@ func (a *Acceptor) Limits() wire.Limits {
 		// From command format 7 too: a new field goes only to a cluster
 		// every node of which reads it (a leader of an older build would
 		// refuse the heartbeat).
-		IdleFrontiers: a.opts.OnIdle != nil && a.takesOriginFilters(), DeadLists: true, Expiry: a.takesExpiry(), Floors: a.takesFloors()}
+		IdleFrontiers: a.opts.OnIdle != nil && a.takesOriginFilters(), DeadLists: true, Expiry: a.takesExpiry(), Floors: a.takesFloors(),
+		OpenStreams: a.takesOpenStreams()}
 }
 
 func (a *Acceptor) takesOriginFilters() bool {
@@ -286,6 +295,10 @@ func (a *Acceptor) takesContexts() bool { return a.opts.TakesContexts != nil && 
 
 func (a *Acceptor) takesExpiry() bool { return a.opts.TakesExpiry != nil && a.opts.TakesExpiry() }
 func (a *Acceptor) takesFloors() bool { return a.opts.TakesFloors != nil && a.opts.TakesFloors() }
+
+func (a *Acceptor) takesOpenStreams() bool {
+	return a.opts.TakesOpenStreams != nil && a.opts.TakesOpenStreams() && a.opts.OpenOf != nil
+}
 
 func (a *Acceptor) takesMarkers() bool { return a.opts.TakesMarkers != nil && a.opts.TakesMarkers() }
 

@@ -46,7 +46,17 @@ func (a *Acceptor) heartbeat(sender string, b *wire.Batch, ack wire.Ack, dropped
 	if i := b.Idle; i != nil && a.opts.OnIdle != nil && a.takesOriginFilters() && hwm.Index >= i.Index && a.clock.CheckOffset(i.Bound) == nil {
 		// Everything of the stream is here, and nothing older than the
 		// bound can follow it (a bound from the future is not taken).
-		a.opts.OnIdle(sender, i.Bound)
+		a.opts.OnIdle(sender, b.Stream, i.Bound)
+	}
+	if len(b.Open) > 0 && a.takesOpenStreams() && !slices.Equal(a.opts.OpenOf(sender), b.Open) {
+		// Recorded before the answer: a stream the sender opens is told
+		// by its shipper's first heartbeat, before any entry of it is
+		// sent, so collection here never runs without it.
+		if err := a.log.SetOpenStreams(sender, b.Open); err != nil {
+			return ack, err
+		}
+		a.opts.Logger.Info("replicate: peer's open streams recorded: tombstone collection waits for the least advanced",
+			"sender", sender, "streams", len(b.Open))
 	}
 	if f := b.OwnFilter; f != nil && a.takesOriginFilters() {
 		had := a.opts.FromPeer(sender)

@@ -175,6 +175,10 @@ type PeerLimits struct {
 	// receiver a sender holds them back (dropping the floors would keep a
 	// deleted counter's increments there for ever).
 	Floors bool `json:"floors,omitempty"`
+	// OpenStreams says the receiver's log records the sender's open
+	// streams (command format 14): heartbeats may carry them (open), and
+	// its tombstone collection then waits for the least advanced.
+	OpenStreams bool `json:"open_streams,omitempty"`
 }
 
 // AntiEntropyStatus is what the last comparison with a peer found (the

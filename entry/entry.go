@@ -1,6 +1,7 @@
 package entry
 
 import (
+	"bytes"
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
@@ -28,6 +29,10 @@ func (s StreamID) String() string { return hex.EncodeToString(s[:]) }
 
 // IsZero reports whether s is the zero ID (no stream).
 func (s StreamID) IsZero() bool { return s == StreamID{} }
+
+// Compare orders streams by their bytes (slices.SortFunc, the order of a
+// heartbeat's open streams).
+func (s StreamID) Compare(o StreamID) int { return bytes.Compare(s[:], o[:]) }
 
 // ParseStreamID reads the output of String.
 func ParseStreamID(v string) (StreamID, error) {

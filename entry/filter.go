@@ -360,6 +360,11 @@ type LinkSettings struct {
 	// not every key, or the change from one): a re-seed from here does not
 	// claim to hold them whole (no mark of them in its trailer).
 	Partial []StreamID `json:"partial,omitempty"`
+	// Open are the peer's open streams, as its heartbeats last said (nil:
+	// it never said, a build before it; issue 51): every stream of the
+	// peer's that may still carry entries. Tombstone collection waits for
+	// the least advanced of them (links.Set.TombstoneCutoff).
+	Open []StreamID `json:"open,omitempty"`
 }
 
 // MaxPartialStreams bounds LinkSettings.Partial (the newest are kept: a

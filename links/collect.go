@@ -8,6 +8,7 @@ import (
 	"strings"
 
 	"github.com/replicator/replicator/api"
+	"github.com/replicator/replicator/entry"
 	"github.com/replicator/replicator/hlc"
 	"github.com/replicator/replicator/machine"
 	"github.com/replicator/replicator/wire"
@@ -29,15 +30,25 @@ func (s *Set) idleBound() (hlc.Timestamp, uint64) {
 	return bound, s.d.Stream().Last()
 }
 
-// NoteIdle records a peer's idle frontier (acceptor.Options.OnIdle).
-func (s *Set) NoteIdle(peer string, bound hlc.Timestamp) {
+// openStreams are this cluster's open streams, as heartbeats tell them
+// (transport.Options.OpenStreams): a cluster of one raft group has one.
+func (s *Set) openStreams() []entry.StreamID {
+	return []entry.StreamID{s.d.Stream().Stream()}
+}
+
+// NoteIdle records the idle frontier of a peer's stream
+// (acceptor.Options.OnIdle).
+func (s *Set) NoteIdle(peer string, stream entry.StreamID, bound hlc.Timestamp) {
 	s.idleMu.Lock()
 	defer s.idleMu.Unlock()
 	if s.idle == nil {
-		s.idle = map[string]hlc.Timestamp{}
+		s.idle = map[string]map[entry.StreamID]hlc.Timestamp{}
 	}
-	if s.idle[peer].Less(bound) {
-		s.idle[peer] = bound
+	if s.idle[peer] == nil {
+		s.idle[peer] = map[entry.StreamID]hlc.Timestamp{}
+	}
+	if s.idle[peer][stream].Less(bound) {
+		s.idle[peer][stream] = bound
 	}
 }
 
@@ -214,29 +225,7 @@ func (s *Set) TombstoneCutoff() (hlc.Timestamp, string, error) {
 			lower(dl.AckedCommit.Add(-d.PinWindow))
 		}
 	}
-	// Inbound: a peer cluster's frontier is the furthest of its streams (a
-	// stream it lost and replaced never advances again; what it lost comes
-	// back by its rejoin, which blocks collection while it runs). A re-seed's
-	// one-off snapshot stream records no frontier.
-	hwms, err := d.Store.HWMs()
-	if err != nil {
-		return hlc.Timestamp{}, "", err
-	}
-	frontier := map[string]hlc.Timestamp{}
-	for _, h := range hwms {
-		if f := frontier[h.Origin]; f.Less(h.Commit) {
-			frontier[h.Origin] = h.Commit
-		}
-	}
-	// A peer idle since its last heartbeat has nothing older than its
-	// idle frontier to send (its entries are all here).
-	s.idleMu.Lock()
-	for p, b := range s.idle {
-		if frontier[p].Less(b) {
-			frontier[p] = b
-		}
-	}
-	s.idleMu.Unlock()
+	// Inbound: every peer cluster this node takes writes from, or links to.
 	peers := map[string]bool{}
 	for _, p := range d.Accepted() {
 		peers[p] = true
@@ -244,13 +233,20 @@ func (s *Set) TombstoneCutoff() (hlc.Timestamp, string, error) {
 	for _, sh := range s.All() {
 		peers[sh.Peer().Name] = true
 	}
-	for p := range peers {
-		f, ok := frontier[p]
-		if !ok || f.IsZero() {
+	frontiers, err := s.peerFrontiers()
+	if err != nil {
+		return hlc.Timestamp{}, "", err
+	}
+	for _, p := range slices.Sorted(maps.Keys(peers)) {
+		f, ok := frontiers[p]
+		if !ok {
 			// Nothing known from this peer yet: it may hold any old write.
 			return hlc.Timestamp{}, "nothing applied from " + p + " yet", nil
 		}
-		lower(f.Add(-d.PinWindow))
+		if f.why != "" {
+			return hlc.Timestamp{}, f.why, nil
+		}
+		lower(f.at.Add(-d.PinWindow))
 	}
 	dls, err := d.Store.DeadLetters()
 	if err != nil {
@@ -263,6 +259,84 @@ func (s *Set) TombstoneCutoff() (hlc.Timestamp, string, error) {
 		}
 	}
 	return cutoff, "", nil
+}
+
+// frontier is how far a peer cluster's writes have come here: at, or why
+// it is not known.
+type frontier struct {
+	at  hlc.Timestamp
+	why string
+}
+
+// peerFrontiers are the peers' inbound frontiers here: for each, a stamp
+// no write still to come from it is committed below.
+//
+// A peer that told its open streams (entry.LinkSettings.Open: from a
+// build of issue 51 on) is as far as the least advanced of them: with
+// several raft groups it runs a stream per group, and one group's stream
+// may lag past the retention while the others run ahead, still to bring
+// old writes. A stream's frontier is its applied commit frontier here, or
+// its idle frontier (its sender had nothing more to send) when that is
+// further; a stream of which neither is known holds collection back. Its
+// sealed streams, not open any more, are left out: a stream a restore or a
+// lost majority replaced never advances again.
+//
+// A peer that never told them (an older build) has one stream at a time,
+// so its frontier is the furthest of its streams here, as before. A
+// re-seed's one-off snapshot stream records no frontier.
+func (s *Set) peerFrontiers() (map[string]frontier, error) {
+	hwms, err := s.d.Store.HWMs()
+	if err != nil {
+		return nil, err
+	}
+	commits := map[string]map[entry.StreamID]hlc.Timestamp{}
+	for _, h := range hwms {
+		if commits[h.Origin] == nil {
+			commits[h.Origin] = map[entry.StreamID]hlc.Timestamp{}
+		}
+		commits[h.Origin][entry.StreamID(h.Stream)] = h.Commit
+	}
+	s.idleMu.Lock()
+	for p, streams := range s.idle {
+		for st, b := range streams {
+			if commits[p] == nil {
+				commits[p] = map[entry.StreamID]hlc.Timestamp{}
+			}
+			if commits[p][st].Less(b) {
+				commits[p][st] = b
+			}
+		}
+	}
+	s.idleMu.Unlock()
+	out := map[string]frontier{}
+	for p, streams := range commits {
+		var f frontier
+		if open := s.d.LinkOf(p).Open; len(open) > 0 {
+			for i, st := range open {
+				c := streams[st]
+				if c.IsZero() {
+					f = frontier{why: fmt.Sprintf("nothing applied from %s's open stream %s yet", p, st)}
+					break
+				}
+				if i == 0 || c.Less(f.at) {
+					f.at = c
+				}
+			}
+		} else {
+			for _, c := range streams {
+				if f.at.Less(c) {
+					f.at = c
+				}
+			}
+		}
+		out[p] = f
+	}
+	for p := range out {
+		if out[p].why == "" && out[p].at.IsZero() {
+			out[p] = frontier{why: "nothing applied from " + p + " yet"}
+		}
+	}
+	return out, nil
 }
 
 // openSnapshotsOfPeers says whether a re-seed or backfill is open here from

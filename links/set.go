@@ -177,7 +177,7 @@ type Set struct {
 	// writes nothing holds collection back no more than to its last
 	// heartbeat. In memory: a new leader starts from the streams' marks.
 	idleMu sync.Mutex
-	idle   map[string]hlc.Timestamp
+	idle   map[string]map[entry.StreamID]hlc.Timestamp
 	// acks rings at every answer a link receives (RESP WAIT listens).
 	acks bell
 	// shipSeconds times each acknowledged batch's round trip, per peer.
@@ -236,6 +236,7 @@ func (s *Set) add(p Peer) (*transport.Shipper, error) {
 			Applied:         d.Applied,
 			Link:            d.Settings.Of,
 			IdleBound:       s.idleBound,
+			OpenStreams:     s.openStreams,
 			Keeps:           s.keepsBesides,
 			Partial: func(origin string, stream entry.StreamID) bool {
 				ls := d.LinkOf(origin)

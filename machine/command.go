@@ -38,8 +38,9 @@ const (
 	// from format 11 (FormatExpiry) versions that expire, and from format
 	// 12 (FormatCounterFloors) counters deleted and set by observed floors,
 	// and from format 13 (FormatStagedSnapshots) a snapshot's entries
-	// staged until its trailer.
-	ReadsFormat = FormatStagedSnapshots
+	// staged until its trailer, and from format 14 (FormatOpenStreams) a
+	// peer's open streams.
+	ReadsFormat = FormatOpenStreams
 )
 
 // Kind names a command.

@@ -58,6 +58,12 @@ func (d *Direct) SetFromPeer(peer string, f entry.Filter, onward []entry.TargetS
 	return err
 }
 
+// SetOpenStreams records the peer's open streams (acceptor.Log).
+func (d *Direct) SetOpenStreams(peer string, open []entry.StreamID) error {
+	_, err := d.Apply(&Command{Link: &LinkCmd{Peer: peer, SetOpen: true, Open: open}})
+	return err
+}
+
 // ApplyInbound applies an admitted batch (acceptor.Log).
 func (d *Direct) ApplyInbound(in *Inbound, raw []byte) (*InboundResult, error) {
 	in.Raw = raw

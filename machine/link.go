@@ -61,6 +61,11 @@ type LinkCmd struct {
 	// format 13, FormatLinkCompression).
 	SetCompression bool
 	Compression    string
+	// SetOpen: Open are the peer's open streams, as its heartbeat said
+	// (entry.LinkSettings.Open; alone in its command, from format 14,
+	// FormatOpenStreams).
+	SetOpen bool
+	Open    []entry.StreamID
 }
 
 // Link command flags, as encoded.
@@ -72,6 +77,7 @@ const (
 	linkFromPeer     = 1 << 4 // from format 7
 	linkRebackfill   = 1 << 5 // from format 7
 	linkCompression  = 1 << 6 // from format 13
+	linkOpenStreams  = 1 << 7 // from format 14, alone
 )
 
 // maxFilterEpochs bounds a link's filter history: epochs go once the
@@ -105,12 +111,18 @@ func encodeLink(enc *msgpack.Encoder, lc *LinkCmd) error {
 	if lc.SetCompression {
 		flags |= linkCompression
 	}
+	if lc.SetOpen {
+		flags |= linkOpenStreams
+	}
 	fields := 7
 	if lc.SetFromPeer {
 		fields = 8 // and the onward ranges
 	}
 	if lc.SetCompression {
 		fields++ // and the compression, last
+	}
+	if lc.SetOpen {
+		fields++ // and the streams, last
 	}
 	err := errors.Join(enc.EncodeArrayLen(fields), enc.EncodeUint(uint64(KindLink)), enc.EncodeString(lc.Peer),
 		enc.EncodeUint(uint64(flags)), enc.EncodeArrayLen(len(lc.Filter.Include)))
@@ -134,6 +146,12 @@ func encodeLink(enc *msgpack.Encoder, lc *LinkCmd) error {
 	if lc.SetCompression {
 		err = errors.Join(err, enc.EncodeString(lc.Compression))
 	}
+	if lc.SetOpen {
+		err = errors.Join(err, enc.EncodeArrayLen(len(lc.Open)))
+		for _, st := range lc.Open {
+			err = errors.Join(err, enc.EncodeBytes(st[:]))
+		}
+	}
 	return err
 }
 
@@ -149,6 +167,9 @@ func decodeLink(dec *msgpack.Decoder, c *Command, n int) error {
 	flags, err := dec.DecodeUint8()
 	if err != nil {
 		return err
+	}
+	if flags == linkOpenStreams {
+		return decodeLinkOpen(dec, c, lc, n)
 	}
 	if flags&^(linkSetFilter|linkSetBandwidth|linkSeed|linkRelease|linkFromPeer|linkRebackfill|linkCompression) != 0 ||
 		flags&(linkSetFilter|linkFromPeer) == linkSetFilter|linkFromPeer || flags&(linkCompression|linkFromPeer) == linkCompression|linkFromPeer {
@@ -216,6 +237,54 @@ func decodeLink(dec *msgpack.Decoder, c *Command, n int) error {
 	return nil
 }
 
+// decodeLinkOpen reads the rest of a link command that records a peer's
+// open streams: no filter, no bandwidth, no generation, and the streams
+// (wire.Header.Open's shape).
+func decodeLinkOpen(dec *msgpack.Decoder, c *Command, lc *LinkCmd, n int) error {
+	if n != 8 {
+		return fmt.Errorf("open streams' link of %d elements", n)
+	}
+	for range 2 {
+		if m, err := dec.DecodeArrayLen(); err != nil || m != 0 {
+			return fmt.Errorf("open streams' link with a filter (%v)", err)
+		}
+	}
+	bw, err := dec.DecodeInt64()
+	if err != nil {
+		return err
+	}
+	gen, err := dec.DecodeUint64()
+	if err != nil {
+		return err
+	}
+	if bw != 0 || gen != 0 {
+		return fmt.Errorf("open streams' link with bandwidth %d, backfill %d", bw, gen)
+	}
+	m, err := dec.DecodeArrayLen()
+	if err != nil {
+		return err
+	}
+	if m < 1 || m > wire.MaxOpenStreams {
+		return fmt.Errorf("%d open streams", m)
+	}
+	lc.SetOpen, lc.Open = true, make([]entry.StreamID, m)
+	for i := range lc.Open {
+		b, err := wire.DecodeBytes(dec)
+		if err != nil {
+			return err
+		}
+		if len(b) != len(lc.Open[i]) {
+			return fmt.Errorf("open stream %d of %d bytes", i, len(b))
+		}
+		copy(lc.Open[i][:], b)
+		if lc.Open[i].IsZero() || (i > 0 && lc.Open[i-1].Compare(lc.Open[i]) >= 0) {
+			return fmt.Errorf("open stream %d zero or out of order", i)
+		}
+	}
+	c.Link = lc
+	return nil
+}
+
 // applyLink records a link's settings: a filter from the stream's next index
 // on, a bandwidth limit at once.
 func (m *Machine) applyLink(b *store.Batch, lc *LinkCmd) (*Result, func(), error) {
@@ -235,6 +304,15 @@ func (m *Machine) applyLink(b *store.Batch, lc *LinkCmd) (*Result, func(), error
 		lc = &lc2
 	}
 	res.Swapped = true
+	if lc.SetOpen {
+		ls.Open = slices.Clone(lc.Open)
+		if err := b.SetLinkSettings(lc.Peer, ls); err != nil {
+			return nil, nil, err
+		}
+		next := maps.Clone(links)
+		next[lc.Peer] = ls
+		return res, func() { m.links.Store(&next) }, nil
+	}
 	ls.Filters = append([]entry.FilterEpoch(nil), ls.Filters...)
 	if lc.SetFilter {
 		f := lc.Filter.Normal()

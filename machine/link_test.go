@@ -3,6 +3,7 @@ package machine
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"testing"
 
 	"github.com/replicator/replicator/entry"
@@ -420,5 +421,32 @@ func TestRelayWithheldByTheFilterAtApply(t *testing.T) {
 			t.Fatalf("format %d: the relay the filter lets cross was not taken: %v", format, err)
 		}
 		st.Close()
+	}
+}
+
+// TestOpenStreamsRecorded: a peer's open streams (issue 51) are recorded
+// as its heartbeat told them, replaced by the next, and read back after a
+// reopen; recording them changes nothing else of the link.
+func TestOpenStreamsRecorded(t *testing.T) {
+	dir := t.TempDir()
+	m, st := openMachine(t, dir)
+	defer func() { st.Close() }()
+	mustApply(t, m, 1, &Command{Mint: &MintCmd{Stream: testStream}})
+	mustApply(t, m, 2, &Command{Format: &FormatCmd{Version: FormatOpenStreams}})
+	mustApply(t, m, 3, &Command{Link: &LinkCmd{Peer: "b", SetBandwidth: true, Bandwidth: 1 << 20}})
+	if got := m.Link("b").Open; got != nil {
+		t.Fatalf("open streams %v before any heartbeat told them", got)
+	}
+	two := []entry.StreamID{{1}, {2}}
+	mustApply(t, m, 4, &Command{Link: &LinkCmd{Peer: "b", SetOpen: true, Open: two}})
+	if got := m.Link("b"); !slices.Equal(got.Open, two) || got.Bandwidth != 1<<20 {
+		t.Fatalf("link %+v, want open streams %v and the bandwidth kept", got, two)
+	}
+	one := []entry.StreamID{{3}}
+	mustApply(t, m, 5, &Command{Link: &LinkCmd{Peer: "b", SetOpen: true, Open: one}})
+	st.Close()
+	m, st = openMachine(t, dir)
+	if got := m.Link("b"); !slices.Equal(got.Open, one) || got.Bandwidth != 1<<20 {
+		t.Fatalf("after a reopen: link %+v, want open streams %v", got, one)
 	}
 }

@@ -634,6 +634,8 @@ func FuzzDecode(f *testing.F) {
 	f.Add(encode(f, &Command{Peer: &PeerCmd{Name: "c", Remove: true}}))
 	f.Add(encode(f, &Command{Link: &LinkCmd{Peer: "c", SetBandwidth: true, Bandwidth: 1 << 20, BackfillDone: 3}}))
 	f.Add(encode(f, &Command{Link: &LinkCmd{Peer: "c", Rebackfill: true}}))
+	// format 14: a peer's open streams
+	f.Add(encode(f, &Command{Link: &LinkCmd{Peer: "c", SetOpen: true, Open: []entry.StreamID{{1}, {2, 7}}}}))
 	f.Add(encode(f, &Command{Link: &LinkCmd{Peer: "c", SetFromPeer: true, Filter: entry.Filter{Exclude: []string{"t/"}},
 		Onward: []entry.TargetSpans{{Target: "b", Spans: []entry.Span{{Start: "t/", End: "t0"}}}}}}))
 	f.Add(encode(f, &Command{Collect: &CollectCmd{Cutoff: hlc.Timestamp{Wall: 9}, Max: 5, Keep: []KeepRanges{

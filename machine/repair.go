@@ -110,6 +110,12 @@ const FormatConflictAliases = FormatStagedSnapshots
 // does not decode.
 const FormatLinkCompression = FormatStagedSnapshots
 
+// FormatOpenStreams is the format from which the log records a peer's
+// open streams, as its heartbeats tell them (LinkCmd.SetOpen, issue 51):
+// tombstone collection then waits for the least advanced of them, where
+// before it took the peer's furthest stream.
+const FormatOpenStreams = 14
+
 // maxRepair bounds the versions of one repair command.
 const maxRepair = 1 << 16
 

@@ -11,7 +11,6 @@ import (
 	"github.com/replicator/replicator/api"
 	"github.com/replicator/replicator/entry"
 	"github.com/replicator/replicator/forward"
-	"github.com/replicator/replicator/hlc"
 	"github.com/replicator/replicator/links"
 	"github.com/replicator/replicator/machine"
 	"github.com/replicator/replicator/replica"
@@ -48,7 +47,9 @@ func (n *Node) setupReplication() {
 		MaxKeyBytes:        n.opts.MaxKeyBytes,
 		MaxValueBytes:      n.opts.MaxValueBytes,
 		TakesOriginFilters: func() bool { return n.machine.Format() >= machine.FormatOriginFilters },
-		OnIdle:             func(peer string, b hlc.Timestamp) { n.links.NoteIdle(peer, b) },
+		OnIdle:             n.links.NoteIdle,
+		TakesOpenStreams:   func() bool { return n.machine.Format() >= machine.FormatOpenStreams },
+		OpenOf:             func(peer string) []entry.StreamID { return n.machine.Link(peer).Open },
 		FromPeer:           func(peer string) *entry.Filter { return n.machine.Link(peer).FromPeer },
 		Onward:             func(peer string) []entry.TargetSpans { return n.machine.Link(peer).Onward },
 		PinWindow:          n.opts.PinWindow,
@@ -69,9 +70,8 @@ func (n *Node) setupReplication() {
 		OnTrailer:       n.rejoin.OnTrailer,
 		Leadership:      n.acceptorLeadership(),
 		Nodes:           ackNodes,
-		// Markers take format 3: a node that cannot read them would stop.
-		TakesMarkers: func() bool { return n.machine.Format() >= machine.FormatLinks },
-		// Contexts take format 4: before it, a member may not read them.
+		// Each field waits for the command format every member reads it at.
+		TakesMarkers:  func() bool { return n.machine.Format() >= machine.FormatLinks },
 		TakesContexts: func() bool { return n.machine.Format() >= machine.FormatConflicts },
 		TakesExpiry:   func() bool { return n.machine.Format() >= machine.FormatExpiry },
 		TakesFloors:   func() bool { return n.machine.Format() >= machine.FormatCounterFloors },

@@ -617,6 +617,17 @@ func (r *Replica) SetFromPeer(peer string, f entry.Filter, onward []entry.Target
 	return err
 }
 
+// SetOpenStreams records, through the log, the peer's open streams as its
+// heartbeat told them (acceptor.Log): tombstone collection waits for the
+// least advanced.
+func (r *Replica) SetOpenStreams(peer string, open []entry.StreamID) error {
+	if r.machine.Format() < machine.FormatOpenStreams {
+		return nil // the acceptor does not ask before it (TakesOpenStreams)
+	}
+	_, err := r.CommitCommand(&machine.Command{Link: &machine.LinkCmd{Peer: peer, SetOpen: true, Open: open}})
+	return err
+}
+
 // UpdateReseed changes a peer's re-seed record through the log
 // (acceptor.Log).
 func (r *Replica) UpdateReseed(peer string, f func(byte) byte) (byte, error) {

@@ -216,6 +216,13 @@ func (s *Shipper) takesIdle() bool {
 	return s.mu.limits != nil && s.mu.limits.IdleFrontiers
 }
 
+// takesOpen says whether the peer records this cluster's open streams.
+func (s *Shipper) takesOpen() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.mu.limits != nil && s.mu.limits.OpenStreams
+}
+
 // filterUntold says the peer takes this cluster's filter and was not told
 // the one in force now (a heartbeat goes out at once).
 func (s *Shipper) filterUntold() bool {

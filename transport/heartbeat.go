@@ -2,6 +2,7 @@ package transport
 
 import (
 	"context"
+	"slices"
 	"time"
 
 	"github.com/replicator/replicator/wire"
@@ -51,6 +52,15 @@ func (s *Shipper) heartbeat(ctx context.Context) error {
 		bound, last := s.opts.IdleBound()
 		if s.Acked() >= last && bound.Wall > 0 {
 			h.Idle = &wire.IdleFrontier{Index: last, Bound: bound}
+		}
+	}
+	if s.opts.OpenStreams != nil && s.takesOpen() {
+		// Every heartbeat says them (a few bytes): the peer records a
+		// change, and a receiver restored from a backup learns them again.
+		// A list read across a change of this shipper's stream, which
+		// does not hold it, waits for the next heartbeat.
+		if open := s.opts.OpenStreams(); slices.Contains(open, stream) {
+			h.Open = open
 		}
 	}
 	body := wire.AppendHeader(nil, &h, 0)

@@ -144,6 +144,10 @@ type Options struct {
 	// be committed above, and the stream's last index, read in that order
 	// (heartbeats tell an idle frontier: wire.Header.Idle).
 	IdleBound func() (hlc.Timestamp, uint64)
+	// OpenStreams, when set, returns this cluster's open streams in byte
+	// order: every stream that may still carry entries, this shipper's
+	// among them (heartbeats tell them: wire.Header.Open).
+	OpenStreams func() []entry.StreamID
 	// Keeps, when set, returns the ranges whose deletes this cluster
 	// keeps for its links other than to peer (entry.LinkSettings.
 	// KeepSpans): heartbeats tell them with the filter (wire.Header.Keeps),

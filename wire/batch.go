@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"slices"
 
 	"github.com/vmihailenco/msgpack/v5"
 
@@ -125,7 +126,20 @@ type Header struct {
 	// tombstone collection back for ever. Only to a receiver that takes
 	// it (Limits.IdleFrontiers).
 	Idle *IdleFrontier
+	// Open, in a heartbeat (open), are the sender cluster's open streams:
+	// every stream that may still carry entries, Stream among them, in
+	// byte order (one at a cluster of one raft group; one per group at a
+	// cluster of several; a stream a restore or a lost majority replaced
+	// is not in it). The receiver records them in its log, and its
+	// tombstone collection waits for the least advanced of them (issue
+	// 51: a lagging stream may still bring old writes while the others
+	// run ahead). Only to a receiver that takes it (Limits.OpenStreams).
+	Open []entry.StreamID
 }
+
+// MaxOpenStreams bounds Header.Open: 64 groups, and as many again while a
+// change of their number replaces streams.
+const MaxOpenStreams = 128
 
 // TargetSpans are ranges of a link to Target.
 type TargetSpans = entry.TargetSpans
@@ -189,7 +203,7 @@ func AppendHeader(dst []byte, h *Header, n int) []byte {
 	var buf bytes.Buffer
 	enc := msgpack.NewEncoder(&buf)
 	fields := 4
-	for _, on := range []bool{h.Snapshot, h.End != nil, h.Begin != nil, h.Requested, h.Rejoin, h.Rejoining != 0, len(h.Marks) > 0, h.Backfill, h.BackfillEnd != nil, h.OwnFilter != nil, h.Idle != nil, len(h.Keeps) > 0} {
+	for _, on := range []bool{h.Snapshot, h.End != nil, h.Begin != nil, h.Requested, h.Rejoin, h.Rejoining != 0, len(h.Marks) > 0, h.Backfill, h.BackfillEnd != nil, h.OwnFilter != nil, h.Idle != nil, len(h.Keeps) > 0, len(h.Open) > 0} {
 		if on {
 			fields++
 		}
@@ -289,6 +303,13 @@ func AppendHeader(dst []byte, h *Header, n int) []byte {
 		_ = enc.EncodeInt(i.Bound.Wall)
 		_ = enc.EncodeUint(uint64(i.Bound.Logical))
 	}
+	if len(h.Open) > 0 {
+		_ = enc.EncodeString("open")
+		_ = enc.EncodeArrayLen(len(h.Open))
+		for _, st := range h.Open {
+			_ = enc.EncodeBytes(st[:])
+		}
+	}
 	_ = enc.EncodeString("entries")
 	_ = enc.EncodeArrayLen(n)
 	return append(dst, buf.Bytes()...)
@@ -384,6 +405,33 @@ func decodeIdle(dec *msgpack.Decoder) (*IdleFrontier, error) {
 		return nil, fmt.Errorf("idle bound %d", i.Bound.Wall)
 	}
 	return &i, nil
+}
+
+// decodeOpen reads Open: 1 to MaxOpenStreams streams, none zero, in
+// strictly increasing byte order.
+func decodeOpen(dec *msgpack.Decoder) ([]entry.StreamID, error) {
+	n, err := dec.DecodeArrayLen()
+	if err != nil {
+		return nil, err
+	}
+	if n < 1 || n > MaxOpenStreams {
+		return nil, fmt.Errorf("%d open streams", n)
+	}
+	out := make([]entry.StreamID, n)
+	for i := range out {
+		b, err := DecodeBytes(dec)
+		if err != nil {
+			return nil, err
+		}
+		if len(b) != len(out[i]) {
+			return nil, fmt.Errorf("open stream %d of %d bytes", i, len(b))
+		}
+		copy(out[i][:], b)
+		if out[i].IsZero() || (i > 0 && out[i-1].Compare(out[i]) >= 0) {
+			return nil, fmt.Errorf("open stream %d zero or out of order", i)
+		}
+	}
+	return out, nil
 }
 
 func decodeOwnFilter(dec *msgpack.Decoder) (*entry.Filter, error) {
@@ -558,7 +606,7 @@ func DecodeBatch(body []byte) (*Batch, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrMalformed, err)
 	}
-	if n < 0 || n > 16 {
+	if n < 0 || n > 17 {
 		return nil, fmt.Errorf("%w: batch map of %d fields", ErrMalformed, n)
 	}
 	var (
@@ -618,6 +666,8 @@ func DecodeBatch(body []byte) (*Batch, error) {
 			b.Idle, err = decodeIdle(dec)
 		case "keeps":
 			b.Keeps, err = DecodeTargetSpans(dec)
+		case "open":
+			b.Open, err = decodeOpen(dec)
 		case "entries":
 			if !have["sender"] || !have["stream"] {
 				// Skipping an unread value means walking it, and a
@@ -651,6 +701,9 @@ func DecodeBatch(body []byte) (*Batch, error) {
 	}
 	if (b.OwnFilter != nil || b.Idle != nil || len(b.Keeps) > 0) && b.Snapshot {
 		return nil, fmt.Errorf("%w: an own filter or an idle frontier on a snapshot batch", ErrMalformed)
+	}
+	if len(b.Open) > 0 && (b.Snapshot || len(b.Entries) > 0 || !slices.Contains(b.Open, b.Stream)) {
+		return nil, fmt.Errorf("%w: open streams outside a heartbeat, or without the heartbeat's own stream", ErrMalformed)
 	}
 	if len(b.Marks) > 0 && b.End == nil {
 		return nil, fmt.Errorf("%w: marks outside a re-seed's trailer", ErrMalformed)

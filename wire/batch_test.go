@@ -90,7 +90,7 @@ func FuzzDecodeBatch(f *testing.F) {
 		if err != nil || len(again.Entries) != len(b.Entries) || again.Sender != b.Sender ||
 			again.Snapshot != b.Snapshot || again.Requested != b.Requested || again.Rejoin != b.Rejoin ||
 			again.Rejoining != b.Rejoining || (again.End == nil) != (b.End == nil) || (b.End != nil && *again.End != *b.End) ||
-			again.Backfill != b.Backfill || !reflect.DeepEqual(again.BackfillEnd, b.BackfillEnd) || !reflect.DeepEqual(again.Entries, b.Entries) {
+			again.Backfill != b.Backfill || !reflect.DeepEqual(again.BackfillEnd, b.BackfillEnd) || !reflect.DeepEqual(again.Open, b.Open) || !reflect.DeepEqual(again.Entries, b.Entries) {
 			t.Fatalf("re-encoded batch differs: %v", err)
 		}
 	})
@@ -196,6 +196,48 @@ func heartbeatWithFilters() Header {
 			{Target: "d", Spans: []entry.Span{{Start: "a", End: "b"}, {Start: "x"}}},
 		},
 		Idle: &IdleFrontier{Index: 9, Bound: hlc.Timestamp{Wall: 77}},
+		Open: []entry.StreamID{{0, 5}, {1}, {2, 9}},
+	}
+}
+
+// TestHeartbeatOpenStreams: a heartbeat's open streams (issue 51) decode
+// as sent; a list out of order, with a stream twice, a zero stream, without
+// the heartbeat's own stream, longer than MaxOpenStreams, or on a batch
+// that carries entries or a snapshot is refused as malformed.
+func TestHeartbeatOpenStreams(t *testing.T) {
+	h := heartbeatWithFilters()
+	got, err := DecodeBatch(EncodeBatch(&Batch{Header: h}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(got.Open, h.Open) {
+		t.Fatalf("decoded open streams %v, sent %v", got.Open, h.Open)
+	}
+	many := make([]entry.StreamID, MaxOpenStreams+1)
+	for i := range many {
+		many[i] = entry.StreamID{1, byte(i)}
+	}
+	for name, open := range map[string][]entry.StreamID{
+		"out of order":    {{2}, {1}},
+		"a stream twice":  {{1}, {1}},
+		"a zero stream":   {{}, {1}},
+		"not its own":     {{0, 5}, {2}},
+		"more than bound": many,
+	} {
+		bad := heartbeatWithFilters()
+		bad.Open = open
+		if _, err := DecodeBatch(EncodeBatch(&Batch{Header: bad})); !errors.Is(err, ErrMalformed) {
+			t.Errorf("%s: %v", name, err)
+		}
+	}
+	withEntries := Batch{Header: Header{Sender: "a", Stream: entry.StreamID{1}, Open: []entry.StreamID{{1}}}, Entries: []entry.Entry{
+		{Index: 7, Origin: "a", Stream: entry.StreamID{1}, Commit: hlc.Timestamp{Wall: 9}, Op: entry.OpSet, Key: "k", Value: []byte("v")}}}
+	if _, err := DecodeBatch(EncodeBatch(&withEntries)); !errors.Is(err, ErrMalformed) {
+		t.Errorf("open streams on a batch of entries: %v", err)
+	}
+	snap := Header{Sender: "a", Stream: entry.StreamID{1}, Snapshot: true, Open: []entry.StreamID{{1}}}
+	if _, err := DecodeBatch(EncodeBatch(&Batch{Header: snap})); !errors.Is(err, ErrMalformed) {
+		t.Errorf("open streams on a snapshot batch: %v", err)
 	}
 }
 
@@ -227,7 +269,7 @@ func TestHeartbeatFiltersRoundTrip(t *testing.T) {
 		}
 	}
 	snap := heartbeatWithFilters()
-	snap.OwnFilter, snap.Idle, snap.Snapshot = nil, nil, true
+	snap.OwnFilter, snap.Idle, snap.Open, snap.Snapshot = nil, nil, nil, true
 	if _, err := DecodeBatch(EncodeBatch(&Batch{Header: snap})); !errors.Is(err, ErrMalformed) {
 		t.Errorf("keeps on a snapshot batch: %v", err)
 	}
