@@ -66,6 +66,9 @@ func decodeInto(dec *msgpack.Decoder, c *Command) error {
 	if want == 0 {
 		return fmt.Errorf("unknown kind %d", k)
 	}
+	if kind == KindInbound && n == 12 {
+		want = 12 // a part of a batch (FormatParts)
+	}
 	if kind == KindRemoveNode && n == 3 {
 		want = 3 // with its reason
 	}
@@ -133,7 +136,7 @@ func decodeInto(dec *msgpack.Decoder, c *Command) error {
 		}
 		c.Mint = mc
 	case KindInbound:
-		return decodeInbound(dec, c)
+		return decodeInbound(dec, c, n)
 	case KindRecord:
 		rc := &RecordCmd{}
 		if rc.Peer, err = dec.DecodeString(); err != nil {
@@ -251,7 +254,7 @@ func decodeInto(dec *msgpack.Decoder, c *Command) error {
 	return nil
 }
 
-func decodeInbound(dec *msgpack.Decoder, c *Command) error {
+func decodeInbound(dec *msgpack.Decoder, c *Command, fields int) error {
 	in := &Inbound{}
 	var err error
 	if in.Sender, err = dec.DecodeString(); err != nil {
@@ -358,8 +361,68 @@ func decodeInbound(dec *msgpack.Decoder, c *Command) error {
 	if err != nil {
 		return fmt.Errorf("a field this version does not know: %v", err)
 	}
+	if fields == 12 {
+		if in.Foreign, err = decodeForeign(dec, in.Batch); err != nil {
+			return fmt.Errorf("foreign runs: %w", err)
+		}
+	}
 	c.Inbound = in
 	return nil
+}
+
+// decodeForeign reads a part's foreign runs: 1 or more, each From <= To,
+// in order and disjoint, none holding an index of the batch's entries
+// (a marker's run included), and not on a snapshot batch (a snapshot's
+// parts are not built yet: its staging and trailer are per stream).
+func decodeForeign(dec *msgpack.Decoder, bt *wire.Batch) ([]wire.ForeignRun, error) {
+	if bt.Snapshot {
+		return nil, errors.New("on a snapshot batch")
+	}
+	n, err := dec.DecodeArrayLen()
+	if err != nil {
+		return nil, err
+	}
+	if n < 1 || n > wire.MaxBatchEntries {
+		return nil, fmt.Errorf("%d runs", n)
+	}
+	out := make([]wire.ForeignRun, n)
+	ents := bt.Entries
+	for i := range out {
+		if m, err := dec.DecodeArrayLen(); err != nil || m != 4 {
+			return nil, fmt.Errorf("run %d: want an array of 4 (%v)", i, err)
+		}
+		r := &out[i]
+		if r.From, err = dec.DecodeUint64(); err != nil {
+			return nil, err
+		}
+		if r.To, err = dec.DecodeUint64(); err != nil {
+			return nil, err
+		}
+		if r.Commit.Wall, err = dec.DecodeInt64(); err != nil {
+			return nil, err
+		}
+		if r.Commit.Logical, err = dec.DecodeUint32(); err != nil {
+			return nil, err
+		}
+		if r.From == 0 || r.To < r.From || (i > 0 && r.From <= out[i-1].To) {
+			return nil, fmt.Errorf("run %d [%d, %d] out of order", i, r.From, r.To)
+		}
+		for len(ents) > 0 && lastIndex(&ents[0]) < r.From {
+			ents = ents[1:]
+		}
+		if len(ents) > 0 && ents[0].Index <= r.To {
+			return nil, fmt.Errorf("run %d [%d, %d] holds entry %d", i, r.From, r.To, ents[0].Index)
+		}
+	}
+	return out, nil
+}
+
+// lastIndex is the last index an entry stands for (a marker's run's end).
+func lastIndex(e *entry.Entry) uint64 {
+	if e.IsMarker() {
+		return e.FilteredTo
+	}
+	return e.Index
 }
 
 func decodeStream(dec *msgpack.Decoder, s *entry.StreamID) error {

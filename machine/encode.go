@@ -170,7 +170,11 @@ func (e *Encoder) encodeInbound(in *Inbound) error {
 		raw = wire.EncodeBatch(in.Batch)
 	}
 	enc := e.enc
-	err := errors.Join(enc.EncodeArrayLen(11), enc.EncodeUint(uint64(KindInbound)), enc.EncodeString(in.Sender), enc.EncodeBytes(raw))
+	fields := 11
+	if len(in.Foreign) > 0 {
+		fields = 12 // a part of a batch: its foreign runs, last
+	}
+	err := errors.Join(enc.EncodeArrayLen(fields), enc.EncodeUint(uint64(KindInbound)), enc.EncodeString(in.Sender), enc.EncodeBytes(raw))
 	for _, set := range []map[uint64]bool{in.Own, in.Unknown} {
 		idx := sortedIndexes(set)
 		err = errors.Join(err, enc.EncodeArrayLen(len(idx)))
@@ -197,7 +201,16 @@ func (e *Encoder) encodeInbound(in *Inbound) error {
 	// refuses it instead of skipping it: nil, or from format 4 the
 	// conflict log's value bound.
 	if in.ConflictValueMax > 0 {
-		return errors.Join(err, enc.EncodeInt(int64(in.ConflictValueMax)))
+		err = errors.Join(err, enc.EncodeInt(int64(in.ConflictValueMax)))
+	} else {
+		err = errors.Join(err, enc.EncodeNil())
 	}
-	return errors.Join(err, enc.EncodeNil())
+	if len(in.Foreign) > 0 {
+		err = errors.Join(err, enc.EncodeArrayLen(len(in.Foreign)))
+		for _, r := range in.Foreign {
+			err = errors.Join(err, enc.EncodeArrayLen(4), enc.EncodeUint(r.From), enc.EncodeUint(r.To),
+				enc.EncodeInt(r.Commit.Wall), enc.EncodeUint(uint64(r.Commit.Logical)))
+		}
+	}
+	return err
 }

@@ -3,6 +3,7 @@ package machine
 import (
 	"errors"
 	"fmt"
+	"math"
 	"sort"
 
 	"github.com/replicator/replicator/entry"
@@ -25,6 +26,32 @@ import (
 // every node applies it.
 const FormatRejoinHorizon = 6
 
+// coverForeign moves the mark past a part's foreign runs that begin before
+// the index before (issue 51): other groups of this cluster apply their
+// entries, this one only covers them, as a filtered marker's run, without
+// the kept-home records of a sender's filter. A run the mark already
+// passed is a duplicate; one whose end the mark is at must have the commit
+// the mark recorded (else the sender's stream was replaced: a conflict);
+// one beginning past the mark is a gap. It returns the runs left, or the
+// refusal.
+func coverForeign(hwm *entry.HWM, runs []wire.ForeignRun, before uint64, sender string, stream entry.StreamID, res *InboundResult) ([]wire.ForeignRun, error) {
+	for len(runs) > 0 && runs[0].From < before {
+		r := runs[0]
+		switch {
+		case r.To == hwm.Index && !hwm.Commit.IsZero() && r.Commit != hwm.Commit:
+			return runs, &ConflictError{Origin: sender, Stream: stream, HWM: hwm.Index, HWMCommit: hwm.Commit, Got: r.Commit}
+		case r.To <= hwm.Index:
+		case r.From > hwm.Index+1:
+			return runs, &GapError{Origin: sender, Stream: stream, HWM: hwm.Index, Got: r.From}
+		default:
+			res.Elsewhere += r.To - hwm.Index
+			hwm.Index, hwm.Commit = r.To, r.Commit
+		}
+		runs = runs[1:]
+	}
+	return runs, nil
+}
+
 // applyInbound applies an admitted batch in b.
 func (m *Machine) applyInbound(b *store.Batch, in *Inbound) (*InboundResult, error) {
 	bt, sender := in.Batch, in.Sender
@@ -42,6 +69,9 @@ func (m *Machine) applyInbound(b *store.Batch, in *Inbound) (*InboundResult, err
 		// Snapshot streams record no commit: this is one of the sender's
 		// real streams, which a snapshot must not write into.
 		return refuse(fmt.Errorf("%w: a snapshot batch in stream %s, one of %s's own streams", ErrForbidden, bt.Stream, sender))
+	}
+	if len(in.Foreign) > 0 && bt.Snapshot {
+		return refuse(fmt.Errorf("%w: a part of a snapshot batch (not built: a snapshot's staging and trailer are per stream)", ErrForbidden))
 	}
 	if hwm.Index == 0 {
 		if all, err := b.HWMsOf(sender); err != nil {
@@ -125,8 +155,15 @@ func (m *Machine) applyInbound(b *store.Batch, in *Inbound) (*InboundResult, err
 			return nil, err
 		}
 	}
+	runs := in.Foreign
 	for i := range ents {
 		e := &ents[i]
+		if len(runs) > 0 && runs[0].From < e.Index {
+			var refusal error
+			if runs, refusal = coverForeign(&hwm, runs, e.Index, sender, bt.Stream, res); refusal != nil {
+				return refuse(refusal)
+			}
+		}
 		if e.IsMarker() {
 			// A run the sender's filter left out: nothing to apply, the
 			// mark moves past it (acceptor refuses one in a snapshot).
@@ -288,6 +325,11 @@ func (m *Machine) applyInbound(b *store.Batch, in *Inbound) (*InboundResult, err
 			res.Duplicates++ // content duplicate: same stamp already stored
 		}
 		hwm.Merged++
+	}
+	if len(runs) > 0 {
+		if _, refusal := coverForeign(&hwm, runs, math.MaxUint64, sender, bt.Stream, res); refusal != nil {
+			return refuse(refusal)
+		}
 	}
 	if hwm.Index > res.Start {
 		if err := b.SetHWM(hwm); err != nil {

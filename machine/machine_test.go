@@ -634,7 +634,11 @@ func FuzzDecode(f *testing.F) {
 	f.Add(encode(f, &Command{Peer: &PeerCmd{Name: "c", Remove: true}}))
 	f.Add(encode(f, &Command{Link: &LinkCmd{Peer: "c", SetBandwidth: true, Bandwidth: 1 << 20, BackfillDone: 3}}))
 	f.Add(encode(f, &Command{Link: &LinkCmd{Peer: "c", Rebackfill: true}}))
-	// format 14: a peer's open streams
+	// format 14: a part of a batch (issue 51), and a peer's open streams
+	f.Add(encode(f, &Command{Inbound: &Inbound{Sender: "b", MaxStreams: 16, HLC: hlc.Timestamp{Wall: 50}, Batch: &wire.Batch{
+		Header: wire.Header{Sender: "b", Stream: testStream}, Entries: []entry.Entry{
+			{Index: 3, Origin: "b", Stream: testStream, Commit: hlc.Timestamp{Wall: 30}, Op: entry.OpSet, Key: "k", Value: []byte("v")}}},
+		Foreign: []wire.ForeignRun{{From: 1, To: 2, Commit: hlc.Timestamp{Wall: 20}}, {From: 4, To: 9, Commit: hlc.Timestamp{Wall: 90}}}}}))
 	f.Add(encode(f, &Command{Link: &LinkCmd{Peer: "c", SetOpen: true, Open: []entry.StreamID{{1}, {2, 7}}}}))
 	f.Add(encode(f, &Command{Link: &LinkCmd{Peer: "c", SetFromPeer: true, Filter: entry.Filter{Exclude: []string{"t/"}},
 		Onward: []entry.TargetSpans{{Target: "b", Spans: []entry.Span{{Start: "t/", End: "t0"}}}}}}))

@@ -116,6 +116,11 @@ const FormatLinkCompression = FormatStagedSnapshots
 // before it took the peer's furthest stream.
 const FormatOpenStreams = 14
 
+// FormatParts is format 14 too: from it an inbound command may be a part
+// of a batch (Inbound.Foreign: the runs other groups of this cluster
+// apply), which a node of an older build does not decode (issue 51).
+const FormatParts = FormatOpenStreams
+
 // maxRepair bounds the versions of one repair command.
 const maxRepair = 1 << 16
 

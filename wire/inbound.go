@@ -76,6 +76,20 @@ type Inbound struct {
 	// keeps whole (0: the machine's default; set only from command format
 	// 4, in what was the command's reserved field).
 	ConflictValueMax int
+	// Foreign, in a part of a batch (a receiver of several raft groups,
+	// issue 51), are the runs of the batch's indexes whose entries other
+	// groups of this cluster apply: in byte order, disjoint, and apart
+	// from every entry of Batch. The group covers them (its mark of the
+	// stream moves past them) without applying anything (nil: a whole
+	// batch; only from command format FormatParts).
+	Foreign []ForeignRun
+}
+
+// ForeignRun is a run of a batch's indexes From..To that another group
+// applies; Commit is the commit of the entry at To.
+type ForeignRun struct {
+	From, To uint64
+	Commit   hlc.Timestamp
 }
 
 // InboundResult is what applying a batch did.
@@ -106,6 +120,9 @@ type InboundResult struct {
 	Staged int
 	// Filtered counts the indexes filtered markers covered.
 	Filtered uint64
+	// Elsewhere counts the indexes a part's foreign runs covered (other
+	// groups of this cluster apply their entries).
+	Elsewhere uint64
 	// Resurrections counts a re-seed's versions older than this tree's
 	// collection horizon, of keys it held nothing of, not taken (they may
 	// have been deleted here).
