@@ -407,7 +407,7 @@ func decodeForeign(dec *msgpack.Decoder, bt *wire.Batch) ([]wire.ForeignRun, err
 		if r.From == 0 || r.To < r.From || (i > 0 && r.From <= out[i-1].To) {
 			return nil, fmt.Errorf("run %d [%d, %d] out of order", i, r.From, r.To)
 		}
-		for len(ents) > 0 && lastIndex(&ents[0]) < r.From {
+		for len(ents) > 0 && ents[0].Last() < r.From {
 			ents = ents[1:]
 		}
 		if len(ents) > 0 && ents[0].Index <= r.To {
@@ -415,14 +415,6 @@ func decodeForeign(dec *msgpack.Decoder, bt *wire.Batch) ([]wire.ForeignRun, err
 		}
 	}
 	return out, nil
-}
-
-// lastIndex is the last index an entry stands for (a marker's run's end).
-func lastIndex(e *entry.Entry) uint64 {
-	if e.IsMarker() {
-		return e.FilteredTo
-	}
-	return e.Index
 }
 
 func decodeStream(dec *msgpack.Decoder, s *entry.StreamID) error {

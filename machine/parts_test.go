@@ -74,7 +74,7 @@ func (r *partsRig) whole(bt *wire.Batch) *InboundResult {
 // split splits a batch for the receiver of several groups.
 func (r *partsRig) split(bt *wire.Batch) []*Inbound {
 	r.t.Helper()
-	parts, err := SplitInbound(inboundOf(bt), rigGroups, r.groupOf)
+	parts, err := wire.SplitInbound(inboundOf(bt), rigGroups, r.groupOf)
 	if err != nil || len(parts) != rigGroups {
 		r.t.Fatalf("split: %d parts, %v", len(parts), err)
 	}
@@ -226,7 +226,7 @@ func TestPartsApplyAsTheWhole(t *testing.T) {
 		if res := mustApply(t, r.w, r.wi, &Command{Inbound: in}).Inbound; res.Err != nil {
 			t.Fatalf("whole batch %d: %v", i, res.Err)
 		}
-		parts, err := SplitInbound(in, rigGroups, r.groupOf)
+		parts, err := wire.SplitInbound(in, rigGroups, r.groupOf)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -239,7 +239,7 @@ func TestPartsApplyAsTheWhole(t *testing.T) {
 		if i%7 == 3 {
 			for g, p := range r.split(bt) {
 				p.Dead = nil
-				if res := r.part(g, p); res.Err != nil || res.Applied+res.Stale != 0 || res.HWM != lastIndex(&bt.Entries[len(bt.Entries)-1]) {
+				if res := r.part(g, p); res.Err != nil || res.Applied+res.Stale != 0 || res.HWM != bt.Entries[len(bt.Entries)-1].Last() {
 					t.Fatalf("batch %d resent, group %d: %+v", i, g, res)
 				}
 			}
@@ -262,7 +262,7 @@ func TestPartsApplyAsTheWhole(t *testing.T) {
 	// A crash after groups 0 and 2 committed their parts of the next
 	// batch, before group 1 did: the sender resends from the frontier.
 	more, _, _ := peerBatches(rand.New(rand.NewPCG(51, 8)), stream, 4)
-	last := lastIndex(&batches[len(batches)-1].Entries[len(batches[len(batches)-1].Entries)-1])
+	last := batches[len(batches)-1].Entries[len(batches[len(batches)-1].Entries)-1].Last()
 	renumber(more, last)
 	r.whole(more[0])
 	first := r.split(more[0])
@@ -305,7 +305,7 @@ func TestPartsApplyAsTheWhole(t *testing.T) {
 	r.gst[1].Close()
 	m, st := openMachine(t, dir)
 	r.gs[1], r.gst[1] = m, st
-	if f := r.frontier(stream); f != lastIndex(&more[1].Entries[len(more[1].Entries)-1]) {
+	if f := r.frontier(stream); f != more[1].Entries[len(more[1].Entries)-1].Last() {
 		t.Fatalf("frontier %d after group 1's restore, want the end of batch 2", f)
 	}
 	for _, bt := range more[2:] {
@@ -352,69 +352,4 @@ func isGap(err error) bool {
 func isConflict(err error) bool {
 	var c *ConflictError
 	return errors.As(err, &c)
-}
-
-// TestSplitInbound: what goes where. A key's entry goes to its group
-// alone; a range delete, a filtered marker and a stub without a key to
-// every group; an atomic batch is split by its keys, a range delete in it
-// going to every group's piece; the others' runs are foreign runs, joined
-// where contiguous, each with the commit of its last index; a snapshot
-// batch is refused.
-func TestSplitInbound(t *testing.T) {
-	stream := entry.StreamID{0xb}
-	at := func(i uint64) hlc.Timestamp { return hlc.Timestamp{Wall: int64(i) * 10} }
-	groupOf := func(k string) int { return int(k[0] - 'a') } // "a..." in 0, "b..." in 1, "c..." in 2
-	e := func(i uint64, op entry.Op, key string) entry.Entry {
-		return entry.Entry{Index: i, Origin: "b", Stream: stream, Commit: at(i), Op: op, Key: key}
-	}
-	multi := e(4, entry.OpMulti, "")
-	multi.Ops = []entry.BatchOp{{Op: entry.OpSet, Key: "a1"}, {Op: entry.OpDeleteRange, Key: "x", End: "y"}, {Op: entry.OpSet, Key: "b1"}}
-	marker := entry.Entry{Index: 5, FilteredTo: 7, Origin: "b", Stream: stream, Commit: at(7)}
-	rd := e(8, entry.OpDeleteRange, "a")
-	rd.End = "c"
-	bt := &wire.Batch{Header: wire.Header{Sender: "b", Stream: stream}, Entries: []entry.Entry{
-		e(1, entry.OpSet, "a0"), e(2, entry.OpSet, "b0"), e(3, entry.OpDelete, "a2"), multi, marker, rd, e(9, entry.OpSet, "c9"),
-	}}
-	parts, err := SplitInbound(&Inbound{Sender: "b", Batch: bt, Dead: map[uint64]string{4: "why"}}, 3, groupOf)
-	if err != nil {
-		t.Fatal(err)
-	}
-	indexes := func(p *Inbound) (out []uint64) {
-		for _, e := range p.Batch.Entries {
-			out = append(out, e.Index)
-		}
-		return out
-	}
-	want := []struct {
-		entries []uint64
-		foreign []wire.ForeignRun
-		dead    bool
-	}{
-		{[]uint64{1, 3, 4, 5, 8}, []wire.ForeignRun{{From: 2, To: 2, Commit: at(2)}, {From: 9, To: 9, Commit: at(9)}}, true},
-		{[]uint64{2, 4, 5, 8}, []wire.ForeignRun{{From: 1, To: 1, Commit: at(1)}, {From: 3, To: 3, Commit: at(3)}, {From: 9, To: 9, Commit: at(9)}}, true},
-		{[]uint64{4, 5, 8, 9}, []wire.ForeignRun{{From: 1, To: 3, Commit: at(3)}}, true},
-	}
-	for g, p := range parts {
-		if !reflect.DeepEqual(indexes(p), want[g].entries) || !reflect.DeepEqual(p.Foreign, want[g].foreign) || (p.Dead[4] != "") != want[g].dead {
-			t.Errorf("group %d: entries %v, foreign %v, dead %v; want %v, %v", g, indexes(p), p.Foreign, p.Dead, want[g].entries, want[g].foreign)
-		}
-	}
-	ops := func(g int) (keys []string) {
-		for _, e := range parts[g].Batch.Entries {
-			for _, o := range e.Ops {
-				keys = append(keys, o.Key)
-			}
-		}
-		return keys
-	}
-	if !reflect.DeepEqual(ops(0), []string{"a1", "x"}) || !reflect.DeepEqual(ops(1), []string{"x", "b1"}) || !reflect.DeepEqual(ops(2), []string{"x"}) {
-		t.Errorf("the atomic batch's pieces: %v, %v, %v", ops(0), ops(1), ops(2))
-	}
-	if len(bt.Entries[3].Ops) != 3 {
-		t.Error("splitting changed the batch it split")
-	}
-	snap := &wire.Batch{Header: wire.Header{Sender: "b", Stream: stream, Snapshot: true}, Entries: bt.Entries[:1]}
-	if _, err := SplitInbound(&Inbound{Sender: "b", Batch: snap}, 3, groupOf); !errors.Is(err, ErrSnapshotParts) {
-		t.Errorf("a snapshot batch split: %v", err)
-	}
 }

@@ -1,10 +1,9 @@
-package machine
+package wire
 
 import (
 	"errors"
 
 	"github.com/replicator/replicator/entry"
-	"github.com/replicator/replicator/wire"
 )
 
 // Parts of an inbound batch (issue 51, docs/CLUSTER.md "A stream per
@@ -22,7 +21,7 @@ import (
 // ErrSnapshotParts refuses to split a snapshot batch: a re-seed's or a
 // backfill's staging and trailer are per stream, and their parts are not
 // built yet.
-var ErrSnapshotParts = errors.New("machine: a snapshot batch is not split into parts yet")
+var ErrSnapshotParts = errors.New("wire: a snapshot batch is not split into parts yet")
 
 // SplitInbound splits an admitted batch into one part per group, in group
 // order, every group's part present (an empty one moves the group's mark).
@@ -36,7 +35,7 @@ var ErrSnapshotParts = errors.New("machine: a snapshot batch is not split into p
 // holding its entry.
 func SplitInbound(in *Inbound, groups int, groupOf func(key string) int) ([]*Inbound, error) {
 	if groups < 1 {
-		return nil, errors.New("machine: split into no group")
+		return nil, errors.New("wire: split into no group")
 	}
 	bt := in.Batch
 	if bt.Snapshot {
@@ -102,11 +101,11 @@ func SplitInbound(in *Inbound, groups int, groupOf func(key string) int) ([]*Inb
 
 // appendForeign adds entry e's indexes to a part's foreign runs, joining
 // the last run when it ends right before e.
-func appendForeign(runs []wire.ForeignRun, e *entry.Entry) []wire.ForeignRun {
-	to := lastIndex(e)
+func appendForeign(runs []ForeignRun, e *entry.Entry) []ForeignRun {
+	to := e.Last()
 	if n := len(runs); n > 0 && runs[n-1].To+1 == e.Index {
 		runs[n-1].To, runs[n-1].Commit = to, e.Commit
 		return runs
 	}
-	return append(runs, wire.ForeignRun{From: e.Index, To: to, Commit: e.Commit})
+	return append(runs, ForeignRun{From: e.Index, To: to, Commit: e.Commit})
 }
