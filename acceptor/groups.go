@@ -24,7 +24,8 @@ import (
 // What a peer's heartbeat records (its filters, its open streams, its
 // re-seed flags) goes to every group's log, group 0's first: each group's
 // state machine decides by what its own log holds. A snapshot batch (a
-// re-seed, a backfill) is not split yet (wire.ErrSnapshotParts).
+// re-seed, a backfill) is split as any: its header is in every part, so
+// each group stages, reveals and ends it for its keys.
 type Groups struct {
 	// GroupOf names the group of a key (this cluster's slot map).
 	GroupOf func(key string) int
@@ -90,7 +91,8 @@ func (g *Groups) HWMsOfExcept(origin string, except [16]byte) ([]entry.HWM, erro
 	return out, nil
 }
 
-// BegunReseed is group 0's: a re-seed is not split yet.
+// BegunReseed is group 0's: every group holds the re-seed's beginning (its
+// header is in every part).
 func (g *Groups) BegunReseed(sender string) (entry.StreamID, bool, error) {
 	return g.Stores[0].BegunReseed(sender)
 }

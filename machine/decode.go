@@ -372,12 +372,8 @@ func decodeInbound(dec *msgpack.Decoder, c *Command, fields int) error {
 
 // decodeForeign reads a part's foreign runs: 1 or more, each From <= To,
 // in order and disjoint, none holding an index of the batch's entries
-// (a marker's run included), and not on a snapshot batch (a snapshot's
-// parts are not built yet: its staging and trailer are per stream).
+// (a marker's run included).
 func decodeForeign(dec *msgpack.Decoder, bt *wire.Batch) ([]wire.ForeignRun, error) {
-	if bt.Snapshot {
-		return nil, errors.New("on a snapshot batch")
-	}
 	n, err := dec.DecodeArrayLen()
 	if err != nil {
 		return nil, err

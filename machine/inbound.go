@@ -32,24 +32,39 @@ const FormatRejoinHorizon = 6
 // the kept-home records of a sender's filter. A run the mark already
 // passed is a duplicate; one whose end the mark is at must have the commit
 // the mark recorded (else the sender's stream was replaced: a conflict);
-// one beginning past the mark is a gap. It returns the runs left, or the
-// refusal.
-func coverForeign(hwm *entry.HWM, runs []wire.ForeignRun, before uint64, sender string, stream entry.StreamID, res *InboundResult) ([]wire.ForeignRun, error) {
+// one beginning past the mark is a gap. A snapshot stream records no
+// commit (as for its entries). It returns the runs left, or the refusal.
+func coverForeign(hwm *entry.HWM, runs []wire.ForeignRun, before uint64, sender string, bt *wire.Batch, res *InboundResult) ([]wire.ForeignRun, error) {
 	for len(runs) > 0 && runs[0].From < before {
 		r := runs[0]
 		switch {
 		case r.To == hwm.Index && !hwm.Commit.IsZero() && r.Commit != hwm.Commit:
-			return runs, &ConflictError{Origin: sender, Stream: stream, HWM: hwm.Index, HWMCommit: hwm.Commit, Got: r.Commit}
+			return runs, &ConflictError{Origin: sender, Stream: bt.Stream, HWM: hwm.Index, HWMCommit: hwm.Commit, Got: r.Commit}
 		case r.To <= hwm.Index:
 		case r.From > hwm.Index+1:
-			return runs, &GapError{Origin: sender, Stream: stream, HWM: hwm.Index, Got: r.From}
+			return runs, &GapError{Origin: sender, Stream: bt.Stream, HWM: hwm.Index, Got: r.From}
 		default:
 			res.Elsewhere += r.To - hwm.Index
-			hwm.Index, hwm.Commit = r.To, r.Commit
+			hwm.Index = r.To
+			if !bt.Snapshot {
+				hwm.Commit = r.Commit
+			}
 		}
 		runs = runs[1:]
 	}
 	return runs, nil
+}
+
+// lastOf is the last index a batch's entries and foreign runs reach.
+func lastOf(ents []entry.Entry, runs []wire.ForeignRun) uint64 {
+	last := uint64(0)
+	if len(ents) > 0 {
+		last = ents[len(ents)-1].Last()
+	}
+	if len(runs) > 0 {
+		last = max(last, runs[len(runs)-1].To)
+	}
+	return last
 }
 
 // applyInbound applies an admitted batch in b.
@@ -70,9 +85,6 @@ func (m *Machine) applyInbound(b *store.Batch, in *Inbound) (*InboundResult, err
 		// real streams, which a snapshot must not write into.
 		return refuse(fmt.Errorf("%w: a snapshot batch in stream %s, one of %s's own streams", ErrForbidden, bt.Stream, sender))
 	}
-	if len(in.Foreign) > 0 && bt.Snapshot {
-		return refuse(fmt.Errorf("%w: a part of a snapshot batch (not built: a snapshot's staging and trailer are per stream)", ErrForbidden))
-	}
 	if hwm.Index == 0 {
 		if all, err := b.HWMsOf(sender); err != nil {
 			return nil, err
@@ -81,7 +93,16 @@ func (m *Machine) applyInbound(b *store.Batch, in *Inbound) (*InboundResult, err
 		}
 	}
 	ents := bt.Entries
-	if bt.End != nil && hwm.Index == 0 && len(ents) > 0 && ents[0].Index > 1 {
+	// first is the batch's first index, or 0 when it holds none: a part of
+	// a batch (a receiver of several groups) may hold foreign runs only.
+	first := uint64(0)
+	if len(ents) > 0 {
+		first = ents[0].Index
+	}
+	if len(in.Foreign) > 0 && (first == 0 || in.Foreign[0].From < first) {
+		first = in.Foreign[0].From
+	}
+	if bt.End != nil && hwm.Index == 0 && first > 1 {
 		// The last batch of a re-seed whose trailer already committed here
 		// (its answer was lost, the sender resent it): the snapshot stream
 		// is forgotten, the real stream is at the trailer or beyond.
@@ -90,7 +111,7 @@ func (m *Machine) applyInbound(b *store.Batch, in *Inbound) (*InboundResult, err
 			return nil, err
 		}
 		if real.Index >= bt.End.Index {
-			res.Resent, res.Duplicates, res.HWM = true, len(ents), ents[len(ents)-1].Index
+			res.Resent, res.Duplicates, res.HWM = true, len(ents), lastOf(ents, in.Foreign)
 			return res, nil
 		}
 	}
@@ -100,14 +121,14 @@ func (m *Machine) applyInbound(b *store.Batch, in *Inbound) (*InboundResult, err
 			return nil, err
 		}
 	}
-	if bt.Backfill && hwm.Index == 0 && len(ents) > 0 {
+	if bt.Backfill && hwm.Index == 0 && first > 0 {
 		// A new backfill: what an earlier one that never ended carried
 		// is no longer its business.
 		if err := b.ClearBackfilled(sender); err != nil {
 			return nil, err
 		}
 	}
-	if bt.Snapshot && hwm.Index == 0 && (len(ents) > 0 || bt.Begin != nil) {
+	if bt.Snapshot && hwm.Index == 0 && (first > 0 || bt.Begin != nil) {
 		// A snapshot stream opens: no tombstone is collected here until
 		// it ends (store.OpenSnapshot says why).
 		if err := m.openSnapshot(b, in); err != nil {
@@ -160,7 +181,7 @@ func (m *Machine) applyInbound(b *store.Batch, in *Inbound) (*InboundResult, err
 		e := &ents[i]
 		if len(runs) > 0 && runs[0].From < e.Index {
 			var refusal error
-			if runs, refusal = coverForeign(&hwm, runs, e.Index, sender, bt.Stream, res); refusal != nil {
+			if runs, refusal = coverForeign(&hwm, runs, e.Index, sender, bt, res); refusal != nil {
 				return refuse(refusal)
 			}
 		}
@@ -327,7 +348,7 @@ func (m *Machine) applyInbound(b *store.Batch, in *Inbound) (*InboundResult, err
 		hwm.Merged++
 	}
 	if len(runs) > 0 {
-		if _, refusal := coverForeign(&hwm, runs, math.MaxUint64, sender, bt.Stream, res); refusal != nil {
+		if _, refusal := coverForeign(&hwm, runs, math.MaxUint64, sender, bt, res); refusal != nil {
 			return refuse(refusal)
 		}
 	}

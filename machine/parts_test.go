@@ -353,3 +353,157 @@ func isConflict(err error) bool {
 	var c *ConflictError
 	return errors.As(err, &c)
 }
+
+// TestSnapshotPartsApplyAsTheWhole: a re-seed and a backfill split into
+// the parts of three groups leave every key as at a receiver of one group:
+// their entries staged in each group until the trailer's part reveals
+// them, the trailer raising the sender's real stream and a third
+// cluster's stream to its marks in every group, a trailer sent again
+// answered as resent by every group (also one whose part holds foreign
+// runs only), and a backfill's end dropping in each group the keys of its
+// ranges it did not carry.
+func TestSnapshotPartsApplyAsTheWhole(t *testing.T) {
+	r := newPartsRig(t)
+	at := func(i uint64) hlc.Timestamp { return hlc.Timestamp{Wall: 2e15 + int64(i)} }
+	streamC := entry.StreamID{0xc}
+	all := func(c *Command) {
+		r.wi++
+		mustApply(t, r.w, r.wi, c)
+		for g := range r.gs {
+			r.gi[g]++
+			mustApply(t, r.gs[g], r.gi[g], c)
+		}
+	}
+	// c's filter toward this cluster is heard (its relays are taken).
+	all(&Command{Link: &LinkCmd{Peer: "c", SetFromPeer: true}})
+	// keys of each group
+	byGroup := make([][]string, rigGroups)
+	for i := 0; len(byGroup[0]) < 6 || len(byGroup[1]) < 6 || len(byGroup[2]) < 6; i++ {
+		k := fmt.Sprintf("s%03d", i)
+		byGroup[r.groupOf(k)] = append(byGroup[r.groupOf(k)], k)
+	}
+	var keys []string
+	for _, ks := range byGroup {
+		keys = append(keys, ks...)
+	}
+	// apply sends a batch whole and in parts; it returns the parts'
+	// results.
+	apply := func(h wire.Header, ents ...entry.Entry) []*InboundResult {
+		t.Helper()
+		h.Sender = "b"
+		in := &Inbound{Sender: "b", MaxStreams: 16, HLC: at(5000), Batch: &wire.Batch{Header: h, Entries: ents}}
+		if h.End != nil {
+			in.KnownMarks = make([]bool, len(h.Marks))
+			for i := range in.KnownMarks {
+				in.KnownMarks[i] = true
+			}
+		}
+		r.wi++
+		wres := mustApply(t, r.w, r.wi, &Command{Inbound: in}).Inbound
+		if wres.Err != nil {
+			t.Fatalf("whole: %v", wres.Err)
+		}
+		parts, err := wire.SplitInbound(in, rigGroups, r.groupOf)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out []*InboundResult
+		for g, p := range parts {
+			res := r.part(g, p)
+			if res.Err != nil {
+				t.Fatalf("group %d: %v", g, res.Err)
+			}
+			out = append(out, res)
+		}
+		return out
+	}
+	relay := func(stream entry.StreamID, i uint64, k, origin string, stamp hlc.Timestamp) entry.Entry {
+		return entry.Entry{Index: i, Origin: "b", Stream: stream, Commit: at(1000), Stamp: stamp, StampOrigin: origin, Op: entry.OpSet, Key: k, Value: []byte(k + origin)}
+	}
+	// Live writes of b first, to keys of every group.
+	var live []entry.Entry
+	for i, k := range keys[:9] {
+		live = append(live, entry.Entry{Index: uint64(i + 1), Origin: "b", Stream: streamB, Commit: at(uint64(10 + i)), Op: entry.OpSet, Key: k, Value: []byte("live")})
+	}
+	apply(wire.Header{Stream: streamB}, live...)
+
+	// A re-seed in three batches; its trailer's entries are all of group 0.
+	snapS := entry.StreamID{0x5a}
+	var ents []entry.Entry
+	for i, k := range keys {
+		origin := "b"
+		if i%2 == 0 {
+			origin = "c"
+		}
+		ents = append(ents, relay(snapS, uint64(i+1), k, origin, at(uint64(100+i))))
+	}
+	third := len(ents) / 3
+	apply(wire.Header{Stream: snapS, Snapshot: true}, ents[:third]...)
+	apply(wire.Header{Stream: snapS, Snapshot: true}, ents[third:2*third]...)
+	for _, k := range keys[9:] {
+		if rec, err := r.gst[r.groupOf(k)].Get(k); err == nil {
+			t.Fatalf("key %q shows before the trailer: %+v", k, rec)
+		}
+	}
+	pos := &wire.SnapshotEnd{Stream: streamB, Index: 40, Commit: at(40)}
+	marks := []wire.Mark{{Origin: "c", Stream: streamC, Index: 7, Commit: at(7)}}
+	trailerEnts := append([]entry.Entry{}, ents[2*third:]...)
+	trailer := wire.Header{Stream: snapS, Snapshot: true, End: pos, Marks: marks}
+	apply(trailer, trailerEnts...)
+	r.same(streamB, keys)
+	for g, st := range r.gst {
+		if h, _ := st.HWM("c", streamC); h.Index != 7 {
+			t.Fatalf("group %d: c's mark %d after the trailer, want 7", g, h.Index)
+		}
+	}
+	// The trailer's batch again: resent in every group.
+	for g, res := range apply(trailer, trailerEnts...) {
+		if !res.Resent || res.Applied != 0 {
+			t.Fatalf("group %d: the trailer sent again: %+v", g, res)
+		}
+	}
+	// A trailer whose entries are all of group 0, sent again: the other
+	// groups' parts hold foreign runs only, and are resent too.
+	snap2 := entry.StreamID{0x5b}
+	pos2 := &wire.SnapshotEnd{Stream: streamB, Index: 41, Commit: at(41)}
+	apply(wire.Header{Stream: snap2, Snapshot: true}, relay(snap2, 1, byGroup[1][0], "b", at(300)), relay(snap2, 2, byGroup[2][0], "b", at(301)))
+	for g, st := range r.gst {
+		// open in group 0 too, whose part held foreign runs only: no
+		// tombstone goes there until it ends
+		if open, err := st.OpenSnapshots(); err != nil || len(open) != 1 || open[0].Stream != snap2 {
+			t.Fatalf("group %d: open snapshots %+v (%v), want %s", g, open, err, snap2)
+		}
+	}
+	last := []entry.Entry{relay(snap2, 3, byGroup[0][0], "b", at(302)), relay(snap2, 4, byGroup[0][1], "b", at(303))}
+	apply(wire.Header{Stream: snap2, Snapshot: true, End: pos2}, last...)
+	r.same(streamB, keys)
+	for g, res := range apply(wire.Header{Stream: snap2, Snapshot: true, End: pos2}, last...) {
+		if !res.Resent {
+			t.Fatalf("group %d: the trailer of foreign runs only, sent again: %+v", g, res)
+		}
+	}
+
+	// A backfill of the range s0: it carries some keys of every group and
+	// not the others, which its end drops where c wrote them below its
+	// horizon.
+	bf := entry.StreamID{0x7a}
+	var carried []entry.Entry
+	for i, k := range keys {
+		if i%3 == 0 {
+			carried = append(carried, relay(bf, uint64(len(carried)+1), k, "c", at(uint64(500+i))))
+		}
+	}
+	apply(wire.Header{Stream: bf, Snapshot: true, Backfill: true}, carried[:len(carried)/2]...)
+	apply(wire.Header{Stream: bf, Snapshot: true, Backfill: true,
+		BackfillEnd: &wire.BackfillEnd{Horizon: at(1000), Spans: []entry.Span{{Start: "s0", End: "s1"}}}}, carried[len(carried)/2:]...)
+	r.same(streamB, keys)
+	dropped := 0
+	for _, k := range keys {
+		if _, err := r.wst.Get(k); errors.Is(err, store.ErrNotFound) {
+			dropped++
+		}
+	}
+	if dropped == 0 {
+		t.Fatal("the backfill's end dropped nothing: the test shows nothing of it")
+	}
+}

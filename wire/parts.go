@@ -18,11 +18,6 @@ import (
 // collapses there), and the peer's frontier here is the least of the
 // groups' marks, from which a sender resends.
 
-// ErrSnapshotParts refuses to split a snapshot batch: a re-seed's or a
-// backfill's staging and trailer are per stream, and their parts are not
-// built yet.
-var ErrSnapshotParts = errors.New("wire: a snapshot batch is not split into parts yet")
-
 // SplitInbound splits an admitted batch into one part per group, in group
 // order, every group's part present (an empty one moves the group's mark).
 // groupOf names the group of a key. What is not one key's goes to every
@@ -32,15 +27,15 @@ var ErrSnapshotParts = errors.New("wire: a snapshot batch is not split into part
 // stub); an atomic batch (OpMulti) is split by its operations' keys, each
 // group's piece keeping the entry's index, commit and stamp: each piece is
 // atomic, the whole is not. A dead letter's decision stays with each part
-// holding its entry.
+// holding its entry, as a snapshot's marks of its own and unknown relays.
+// A snapshot's header (its beginning, its trailer with the marks it
+// raises, a backfill's end) is in every part: each group opens, stages,
+// reveals and ends it for its keys, and raises its own marks.
 func SplitInbound(in *Inbound, groups int, groupOf func(key string) int) ([]*Inbound, error) {
 	if groups < 1 {
 		return nil, errors.New("wire: split into no group")
 	}
 	bt := in.Batch
-	if bt.Snapshot {
-		return nil, ErrSnapshotParts
-	}
 	parts := make([]*Inbound, groups)
 	for g := range parts {
 		p := *in
@@ -94,9 +89,23 @@ func SplitInbound(in *Inbound, groups int, groupOf func(key string) int) ([]*Inb
 				}
 				p.Dead[e.Index] = why
 			}
+			p.Own = markIndex(p.Own, in.Own, e.Index)
+			p.Unknown = markIndex(p.Unknown, in.Unknown, e.Index)
 		}
 	}
 	return parts, nil
+}
+
+// markIndex adds i to a part's set when the batch's set holds it.
+func markIndex(part, whole map[uint64]bool, i uint64) map[uint64]bool {
+	if !whole[i] {
+		return part
+	}
+	if part == nil {
+		part = map[uint64]bool{}
+	}
+	part[i] = true
+	return part
 }
 
 // appendForeign adds entry e's indexes to a part's foreign runs, joining

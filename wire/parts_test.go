@@ -1,7 +1,6 @@
 package wire
 
 import (
-	"errors"
 	"reflect"
 	"testing"
 
@@ -13,8 +12,7 @@ import (
 // alone; a range delete, a filtered marker and a stub without a key to
 // every group; an atomic batch is split by its keys, a range delete in it
 // going to every group's piece; the others' runs are foreign runs, joined
-// where contiguous, each with the commit of its last index; a snapshot
-// batch is refused.
+// where contiguous, each with the commit of its last index.
 func TestSplitInbound(t *testing.T) {
 	stream := entry.StreamID{0xb}
 	at := func(i uint64) hlc.Timestamp { return hlc.Timestamp{Wall: int64(i) * 10} }
@@ -68,10 +66,6 @@ func TestSplitInbound(t *testing.T) {
 	if len(bt.Entries[3].Ops) != 3 {
 		t.Error("splitting changed the batch it split")
 	}
-	snap := &Batch{Header: Header{Sender: "b", Stream: stream, Snapshot: true}, Entries: bt.Entries[:1]}
-	if _, err := SplitInbound(&Inbound{Sender: "b", Batch: snap}, 3, groupOf); !errors.Is(err, ErrSnapshotParts) {
-		t.Errorf("a snapshot batch split: %v", err)
-	}
 }
 
 // FuzzSplitInbound: any batch a sender may send, split into one to four
@@ -91,7 +85,7 @@ func FuzzSplitInbound(f *testing.F) {
 		{Index: 14, Origin: "a", Stream: stream, Commit: hlc.Timestamp{Wall: 13}, Op: entry.OpDelete, Key: "q"}}}), uint8(3))
 	f.Fuzz(func(t *testing.T, body []byte, g uint8) {
 		b, err := DecodeBatch(body)
-		if err != nil || b.Snapshot || len(b.Entries) == 0 {
+		if err != nil || len(b.Entries) == 0 {
 			return
 		}
 		for i := 1; i < len(b.Entries); i++ {
