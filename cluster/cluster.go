@@ -90,6 +90,22 @@ type Options struct {
 	// Conn carries the raft port's credentials (Cluster and Node are
 	// filled from above).
 	Conn raftconn.Options
+	// Number is the group's number among the cluster's raft groups (issue
+	// 51, docs/CLUSTER.md "Several raft groups per cluster"): 0 for the
+	// group that holds what is the cluster's, and the only one of a cluster
+	// of one group.
+	Number int
+	// Port is, for a group Number >= 1, the raft port group 0 opened
+	// (Group.Port): the group's connections share it, with group 0's
+	// credentials and refusals, every group's members being group 0's.
+	// Listen, Advertise and Conn are group 0's business then. Nil for
+	// group 0, which opens the port.
+	Port *raftconn.Layer
+	// MemberApplied is how the leader of a group Number >= 1 learns the
+	// last index a learner's state machine applied in this group, before
+	// it lets the learner vote (the raft port says group 0's): required
+	// for such a group of several nodes.
+	MemberApplied func(id raft.ServerID, addr string) (uint64, error)
 	// BootstrapExpect is how many fresh nodes form a new group (0: never
 	// bootstrap; the node waits to be added).
 	BootstrapExpect int
@@ -214,8 +230,18 @@ func (o *Options) Validate() error {
 	if o.Dir == "" {
 		add("Dir is required")
 	}
-	if o.Listen == "" && !o.Solo {
+	if o.Listen == "" && !o.Solo && o.Number == 0 {
 		add("Listen is required (--raft-listen)")
+	}
+	switch {
+	case o.Number < 0 || o.Number > raftconn.MaxGroup:
+		add("group number %d out of range (0 to %d)", o.Number, raftconn.MaxGroup)
+	case o.Number == 0 && o.Port != nil:
+		add("group 0 opens the raft port: Port is for the groups after it")
+	case o.Number > 0 && !o.Solo && o.Port == nil:
+		add("group %d needs group 0's raft port (Port)", o.Number)
+	case o.Number > 0 && !o.Solo && o.MemberApplied == nil:
+		add("group %d needs MemberApplied (the raft port tells group 0's applied index)", o.Number)
 	}
 	if o.FSM == nil {
 		add("FSM is required")
@@ -319,6 +345,17 @@ func Open(opts *Options) (*Group, error) {
 	var layer *raftconn.Layer
 	if o.Solo {
 		_, trans = raft.NewInmemTransport(raft.ServerAddress(o.Node))
+	} else if o.Number > 0 {
+		// The port is group 0's; this group's connections are named by
+		// their preamble (raftconn groups.go).
+		layer = o.Port
+		gt, err := raftconn.NewGroupTransport(layer, o.Number, &raft.NetworkTransportConfig{MaxPool: 4,
+			Timeout: 5 * time.Second, Logger: hclog.NewNullLogger()})
+		if err != nil {
+			store.Close()
+			return nil, fmt.Errorf("cluster: group %d: %w", o.Number, err)
+		}
+		trans = gt
 	} else {
 		co := o.Conn
 		co.Cluster, co.Node, co.ID, co.Applied = o.Cluster, o.Node, string(self), o.Applied
@@ -655,6 +692,16 @@ func (g *Group) IsLeader() bool { return g.raft.State() == raft.Leader }
 // TransferLeadership asks raft to hand leadership to another voter (a
 // node whose state machine stopped must not lead).
 func (g *Group) TransferLeadership() error { return g.raft.LeadershipTransfer().Error() }
+
+// TransferLeadershipTo hands this leader's leadership to member id (the
+// groups' leaders spread over the nodes: SpreadMove).
+func (g *Group) TransferLeadershipTo(id raft.ServerID) error {
+	addr, err := g.address(id)
+	if err != nil {
+		return err
+	}
+	return g.raft.LeadershipTransferToServer(id, raft.ServerAddress(addr)).Error()
+}
 
 // Term is the current raft term.
 func (g *Group) Term() uint64 { return g.raft.CurrentTerm() }

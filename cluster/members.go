@@ -347,8 +347,8 @@ func (g *Group) promote(servers []raft.Server) bool {
 		if g.layer == nil {
 			continue
 		}
-		who, err := g.layer.Identify(string(s.Address), time.Second)
-		if err != nil || who.ID != string(s.ID) || who.Applied < target {
+		applied, err := g.learnerApplied(s)
+		if err != nil || applied < target {
 			continue
 		}
 		if err := g.raft.AddVoter(s.ID, s.Address, 0, 5*time.Second).Error(); err != nil {
@@ -356,10 +356,27 @@ func (g *Group) promote(servers []raft.Server) bool {
 			continue
 		}
 		delete(g.lead.learners, s.ID)
-		g.opts.Logger.Info("node caught up and now votes", "server", s.ID, "applied", who.Applied, "target", target)
+		g.opts.Logger.Info("node caught up and now votes", "server", s.ID, "applied", applied, "target", target)
 		return true
 	}
 	return false
+}
+
+// learnerApplied is the last index learner s applied in this group: what
+// its raft port says, once it answers as s, for group 0; what
+// MemberApplied learns for a group after it.
+func (g *Group) learnerApplied(s raft.Server) (uint64, error) {
+	who, err := g.layer.Identify(string(s.Address), time.Second)
+	if err != nil {
+		return 0, err
+	}
+	if who.ID != string(s.ID) {
+		return 0, fmt.Errorf("%s answers at %s, not %s", who.ID, s.Address, s.ID)
+	}
+	if g.opts.MemberApplied != nil {
+		return g.opts.MemberApplied(s.ID, string(s.Address))
+	}
+	return who.Applied, nil
 }
 
 // retire takes out the incarnations of a node ID older than the one gossip

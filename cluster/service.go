@@ -33,10 +33,19 @@ var ErrOlderBuild = raftconn.ErrOlderBuild
 // this one (each connection a *raftconn.ServiceConn naming its sender); nil
 // for a node alone.
 func (g *Group) ServiceListener() net.Listener {
-	if g.layer == nil {
-		return nil
+	if g.layer == nil || g.opts.Number > 0 {
+		return nil // the port's requests are group 0's to take
 	}
 	return g.layer.ServiceListener()
+}
+
+// Port is the raft port this group opened, for the cluster's groups after
+// it (Options.Port); nil for a group of one and for a group Number >= 1.
+func (g *Group) Port() *raftconn.Layer {
+	if g.opts.Number > 0 {
+		return nil
+	}
+	return g.layer
 }
 
 // address returns the raft address the latest configuration holds for id,
