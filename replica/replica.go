@@ -88,6 +88,15 @@ type Raft struct {
 	SnapshotInterval                time.Duration // 0: 30 s
 	// Members is the gossip view of the cluster's nodes.
 	Members cluster.Membership
+	// Number, Port and MemberApplied place the replica's group among its
+	// cluster's several (issue 51, cluster.Options): a group after 0
+	// shares group 0's raft port. Removed is then group 0's record of the
+	// servers kept out, which every group keeps out (group 0's log records
+	// removals; the others record none).
+	Number        int
+	Port          *raftconn.Layer
+	MemberApplied func(id raft.ServerID, addr string) (uint64, error)
+	Removed       func(id raft.ServerID) string
 }
 
 // Term is a leadership term's links, as the replica begins and ends them
@@ -470,6 +479,10 @@ func (r *Replica) Open() (created bool, err error) {
 		// with its raft port: the cluster it was goes on as a group of it,
 		// and grows as the others join.
 		co.BootstrapAlone = migrated
+		co.Number, co.Port, co.MemberApplied = rf.Number, rf.Port, rf.MemberApplied
+		if rf.Removed != nil {
+			co.Removed, co.RecordRemoved = rf.Removed, nil
+		}
 	}
 	g, err := cluster.Open(co)
 	if err != nil {
