@@ -106,6 +106,13 @@ type Options struct {
 	// it lets the learner vote (the raft port says group 0's): required
 	// for such a group of several nodes.
 	MemberApplied func(id raft.ServerID, addr string) (uint64, error)
+	// FormWith, for a group Number >= 1, returns the servers to form the
+	// group with (nil: not now): group 0's configuration, once the caller
+	// knows that none of them holds this group's state (a group formed once
+	// is never formed again: gossip's freshness is group 0's). The lowest
+	// ID of them bootstraps the group; the others learn of it from its
+	// leader's first append. BootstrapExpect is not used then.
+	FormWith func() []raft.Server
 	// BootstrapExpect is how many fresh nodes form a new group (0: never
 	// bootstrap; the node waits to be added).
 	BootstrapExpect int

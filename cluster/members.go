@@ -109,7 +109,14 @@ func (g *Group) reconcile() {
 	g.mu.Lock()
 	bootstrapped := g.mu.bootstrapped
 	g.mu.Unlock()
-	if bootstrapped || g.opts.BootstrapExpect == 0 || g.opts.HasData() {
+	if bootstrapped || g.opts.HasData() {
+		return
+	}
+	if g.opts.FormWith != nil {
+		g.formWith()
+		return
+	}
+	if g.opts.BootstrapExpect == 0 {
 		return
 	}
 	// Consul's rule, with one writer of the first configuration: once
@@ -157,6 +164,29 @@ func (g *Group) reconcile() {
 	g.mu.bootstrapped = true
 	g.mu.Unlock()
 	g.opts.Logger.Info("cluster bootstrapped", "nodes", len(servers))
+}
+
+// formWith bootstraps a group after 0 with the servers FormWith gives, at
+// the lowest ID of them.
+func (g *Group) formWith() {
+	servers := g.opts.FormWith()
+	if len(servers) == 0 {
+		return
+	}
+	servers = slices.Clone(servers)
+	slices.SortFunc(servers, func(a, b raft.Server) int { return strings.Compare(string(a.ID), string(b.ID)) })
+	if servers[0].ID != g.id {
+		return
+	}
+	err := g.raft.BootstrapCluster(raft.Configuration{Servers: servers}).Error()
+	if err != nil && !errors.Is(err, raft.ErrCantBootstrap) {
+		g.opts.Logger.Warn("forming the group failed", "group", g.opts.Number, "err", err)
+		return
+	}
+	g.mu.Lock()
+	g.mu.bootstrapped = true
+	g.mu.Unlock()
+	g.opts.Logger.Info("group formed with group 0's members", "group", g.opts.Number, "nodes", len(servers))
 }
 
 // confirmed asks the raft port at addr who answers there: gossip says which

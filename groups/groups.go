@@ -52,10 +52,12 @@ type Deps struct {
 	// Port is group 0's raft port (nil: a node alone, whose groups are
 	// each a group of one); Removed is group 0's record of the servers the
 	// cluster keeps out; MemberApplied(g) is how a group's leader learns a
-	// learner's applied index in group g.
+	// learner's applied index in group g; FormWith(g) the servers to form
+	// group g with (cluster.Options.FormWith).
 	Port          func() *raftconn.Layer
 	Removed       func(id raft.ServerID) string
 	MemberApplied func(g int) func(id raft.ServerID, addr string) (uint64, error)
+	FormWith      func(g int) func() []raft.Server
 	// Bounds are what a write may be; Admit is the node's admission of a
 	// write (open, in its cluster, not saturated), besides the group's own
 	// term.
@@ -127,7 +129,7 @@ func (s *Set) open(g int) (*Group, error) {
 	rd.Seal = func(entry.StreamID, string) error { return nil }
 	if rd.Raft != nil {
 		rf := *rd.Raft
-		rf.Number, rf.Port, rf.Removed, rf.MemberApplied = g, s.d.Port(), s.d.Removed, s.d.MemberApplied(g)
+		rf.Number, rf.Port, rf.Removed, rf.MemberApplied, rf.FormWith = g, s.d.Port(), s.d.Removed, s.d.MemberApplied(g), s.d.FormWith(g)
 		rd.Raft = &rf
 	}
 	rep := replica.New(rd)

@@ -92,11 +92,13 @@ type Raft struct {
 	// cluster's several (issue 51, cluster.Options): a group after 0
 	// shares group 0's raft port. Removed is then group 0's record of the
 	// servers kept out, which every group keeps out (group 0's log records
-	// removals; the others record none).
+	// removals; the others record none); FormWith the servers to form the
+	// group with (cluster.Options.FormWith).
 	Number        int
 	Port          *raftconn.Layer
 	MemberApplied func(id raft.ServerID, addr string) (uint64, error)
 	Removed       func(id raft.ServerID) string
+	FormWith      func() []raft.Server
 }
 
 // Term is a leadership term's links, as the replica begins and ends them
@@ -479,7 +481,7 @@ func (r *Replica) Open() (created bool, err error) {
 		// with its raft port: the cluster it was goes on as a group of it,
 		// and grows as the others join.
 		co.BootstrapAlone = migrated
-		co.Number, co.Port, co.MemberApplied = rf.Number, rf.Port, rf.MemberApplied
+		co.Number, co.Port, co.MemberApplied, co.FormWith = rf.Number, rf.Port, rf.MemberApplied, rf.FormWith
 		if rf.Removed != nil {
 			co.Removed, co.RecordRemoved = rf.Removed, nil
 		}
