@@ -85,6 +85,9 @@ const (
 	KindRepair
 	// KindPeer adds or removes a peer at run time (format 13).
 	KindPeer
+	// KindGroups records the cluster's raft groups and slot map (format
+	// 14, group 0's log).
+	KindGroups
 	kinds
 )
 
@@ -116,6 +119,8 @@ func (k Kind) String() string {
 		return "repair"
 	case KindPeer:
 		return "peer"
+	case KindGroups:
+		return "groups"
 	}
 	return fmt.Sprintf("kind(%d)", uint8(k))
 }
@@ -155,6 +160,8 @@ type Command struct {
 	Repair *RepairCmd
 	// Peer adds or removes a peer at run time.
 	Peer *PeerCmd
+	// Groups records the cluster's raft groups and slot map.
+	Groups *GroupsCmd
 }
 
 // Kind is the kind the set field names (0 when none or several are set).
@@ -167,7 +174,7 @@ func (c *Command) Kind() Kind {
 		{len(c.Local) > 0, KindLocal}, {c.Cursor != nil, KindCursor}, {c.Truncate != nil, KindTruncate},
 		{c.Mint != nil, KindMint}, {c.Inbound != nil, KindInbound}, {c.Record != nil, KindRecord},
 		{c.Collect != nil, KindCollect}, {c.DeadLetter != nil, KindDeadLetter}, {c.RemoveNode != nil, KindRemoveNode},
-		{c.Format != nil, KindFormat}, {c.Link != nil, KindLink}, {c.Repair != nil, KindRepair}, {c.Peer != nil, KindPeer},
+		{c.Format != nil, KindFormat}, {c.Link != nil, KindLink}, {c.Repair != nil, KindRepair}, {c.Peer != nil, KindPeer}, {c.Groups != nil, KindGroups},
 	} {
 		if f.set {
 			k, n = f.kind, n+1

@@ -12,6 +12,7 @@ import (
 	"github.com/replicator/replicator/api"
 	"github.com/replicator/replicator/entry"
 	"github.com/replicator/replicator/hlc"
+	"github.com/replicator/replicator/slot"
 	"github.com/replicator/replicator/wire"
 )
 
@@ -62,7 +63,7 @@ func decodeInto(dec *msgpack.Decoder, c *Command) error {
 	}
 	kind := Kind(k)
 	want := map[Kind]int{KindLocal: 2, KindCursor: 4, KindTruncate: 3, KindMint: 3, KindInbound: 11, KindRecord: 5,
-		KindCollect: 4, KindDeadLetter: 5, KindRemoveNode: 2, KindFormat: 2, KindLink: 7, KindRepair: 3, KindPeer: 5}[kind]
+		KindCollect: 4, KindDeadLetter: 5, KindRemoveNode: 2, KindFormat: 2, KindLink: 7, KindRepair: 3, KindPeer: 5, KindGroups: 2}[kind]
 	if want == 0 {
 		return fmt.Errorf("unknown kind %d", k)
 	}
@@ -250,6 +251,16 @@ func decodeInto(dec *msgpack.Decoder, c *Command) error {
 		return decodeRepair(dec, c)
 	case KindPeer:
 		return decodePeer(dec, c)
+	case KindGroups:
+		b, err := wire.DecodeBytes(dec)
+		if err != nil {
+			return err
+		}
+		m, err := slot.Decode(b)
+		if err != nil {
+			return err
+		}
+		c.Groups = &GroupsCmd{Map: m}
 	}
 	return nil
 }

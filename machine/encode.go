@@ -119,6 +119,8 @@ func (e *Encoder) Encode(c *Command) ([]byte, error) {
 		err = errors.Join(err, encodeRepair(enc, c.Repair))
 	case KindPeer:
 		err = errors.Join(err, encodePeer(enc, c.Peer))
+	case KindGroups:
+		err = errors.Join(err, enc.EncodeArrayLen(2), enc.EncodeUint(uint64(kind)), enc.EncodeBytes(c.Groups.Map.AppendTo(nil)))
 	default:
 		return nil, fmt.Errorf("machine: encode: a command of no one kind")
 	}

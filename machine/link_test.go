@@ -8,6 +8,7 @@ import (
 
 	"github.com/replicator/replicator/entry"
 	"github.com/replicator/replicator/hlc"
+	"github.com/replicator/replicator/slot"
 	"github.com/replicator/replicator/wire"
 )
 
@@ -448,5 +449,37 @@ func TestOpenStreamsRecorded(t *testing.T) {
 	m, st = openMachine(t, dir)
 	if got := m.Link("b"); !slices.Equal(got.Open, one) || got.Bandwidth != 1<<20 {
 		t.Fatalf("after a reopen: link %+v, want open streams %v", got, one)
+	}
+}
+
+// TestGroupsRecorded: group 0's log records the cluster's slot map once (a
+// cluster of several groups), reads it back after a reopen, takes the same
+// map again as a no-op and does not take another (moves are not built);
+// a cluster of one group has none.
+func TestGroupsRecorded(t *testing.T) {
+	dir := t.TempDir()
+	m, st := openMachine(t, dir)
+	defer func() { st.Close() }()
+	if m.Slots() != nil {
+		t.Fatal("a slot map before any was recorded")
+	}
+	three, err := slot.Initial(3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := mustApply(t, m, 1, &Command{Groups: &GroupsCmd{Map: three}}); !r.Swapped {
+		t.Fatal("the first slot map was not taken")
+	}
+	st.Close()
+	m, st = openMachine(t, dir)
+	if got := m.Slots(); got == nil || got.Groups != 3 || got.Owner != three.Owner || got.Gen != three.Gen {
+		t.Fatalf("after a reopen: %+v", got)
+	}
+	if r := mustApply(t, m, 2, &Command{Groups: &GroupsCmd{Map: three}}); !r.Swapped {
+		t.Fatal("the same map again was not taken")
+	}
+	five, _ := slot.Initial(5)
+	if r := mustApply(t, m, 3, &Command{Groups: &GroupsCmd{Map: five}}); r.Swapped || m.Slots().Groups != 3 {
+		t.Fatalf("another map was taken: %+v, now %d groups", r, m.Slots().Groups)
 	}
 }

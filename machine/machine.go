@@ -22,6 +22,7 @@ import (
 
 	"github.com/replicator/replicator/entry"
 	"github.com/replicator/replicator/hlc"
+	"github.com/replicator/replicator/slot"
 	"github.com/replicator/replicator/store"
 	"github.com/replicator/replicator/wire"
 )
@@ -83,6 +84,8 @@ type Machine struct {
 	readsFormat int
 	// links is what the log says of every link (replaced whole on change).
 	links atomic.Pointer[map[string]entry.LinkSettings]
+	// slots is the cluster's slot map (nil: one group; groups.go).
+	slots atomic.Pointer[slot.Map]
 }
 
 // Open reads the machine's state from st. st must stay open while the
@@ -133,6 +136,9 @@ func (m *Machine) load() error {
 		m.epoch.Store(epoch)
 	}
 	if err := m.loadLinks(); err != nil {
+		return err
+	}
+	if err := m.loadSlots(); err != nil {
 		return err
 	}
 	if m.out == nil {
@@ -326,6 +332,8 @@ func (m *Machine) ApplyCommand(index uint64, c *Command) (*Result, error) {
 		res, err = m.applyRepair(b, c.Repair)
 	case KindPeer:
 		res, next, err = m.applyPeer(b, index, c.Peer)
+	case KindGroups:
+		res, next, err = m.applyGroups(b, c.Groups)
 	case KindFormat:
 		// Only raised: a command of a later encoding may already be in the
 		// log behind a second Format of the same version.

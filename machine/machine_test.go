@@ -11,6 +11,7 @@ import (
 
 	"github.com/replicator/replicator/entry"
 	"github.com/replicator/replicator/hlc"
+	"github.com/replicator/replicator/slot"
 	"github.com/replicator/replicator/store"
 	"github.com/replicator/replicator/wire"
 )
@@ -554,6 +555,9 @@ func randomCommand(rng *rand.Rand) Command {
 		return Command{RemoveNode: &RemoveNodeCmd{ID: fmt.Sprintf("n%d", rng.IntN(9))}}
 	case KindFormat:
 		return Command{Format: &FormatCmd{Version: ReadsFormat}}
+	case KindGroups:
+		mp, _ := slot.Initial(1 + rng.IntN(8))
+		return Command{Groups: &GroupsCmd{Map: mp}}
 	}
 	var ps []Proposal
 	for j := rng.IntN(4); j >= 0; j-- {
@@ -634,7 +638,11 @@ func FuzzDecode(f *testing.F) {
 	f.Add(encode(f, &Command{Peer: &PeerCmd{Name: "c", Remove: true}}))
 	f.Add(encode(f, &Command{Link: &LinkCmd{Peer: "c", SetBandwidth: true, Bandwidth: 1 << 20, BackfillDone: 3}}))
 	f.Add(encode(f, &Command{Link: &LinkCmd{Peer: "c", Rebackfill: true}}))
-	// format 14: a part of a batch (issue 51), and a peer's open streams
+	// format 14: the cluster's groups, a part of a batch (issue 51), and a
+	// peer's open streams
+	if three, err := slot.Initial(3); err == nil {
+		f.Add(encode(f, &Command{Groups: &GroupsCmd{Map: three}}))
+	}
 	f.Add(encode(f, &Command{Inbound: &Inbound{Sender: "b", MaxStreams: 16, HLC: hlc.Timestamp{Wall: 50}, Batch: &wire.Batch{
 		Header: wire.Header{Sender: "b", Stream: testStream}, Entries: []entry.Entry{
 			{Index: 3, Origin: "b", Stream: testStream, Commit: hlc.Timestamp{Wall: 30}, Op: entry.OpSet, Key: "k", Value: []byte("v")}}},

@@ -45,6 +45,7 @@ import (
 //	m\x00machine.format           the command encoding the log carries: version(1) (machine.go)
 //	m\x00machine.collected        cutoff below which tombstones were collected: hlc(12) (machine.go)
 //	m\x00machine.removed/<id>     a node ID or incarnation removed from the cluster: why(1) (machine.go)
+//	m\x00machine.slots            the cluster's slot map, in group 0 (package slot's encoding) (machine.go)
 //	m\x00conflicts               the conflict log's records(8) | bytes(8) | dropped by retention(8) (conflicts.go)
 //
 // No other package writes a key of the tree: each record has its reader and
@@ -66,6 +67,7 @@ var (
 	keyCommandFormat  = []byte("m\x00machine.format")
 	keyCollectedBelow = []byte("m\x00machine.collected")
 	keyConflictStats  = []byte("m\x00conflicts")
+	keySlotMap        = []byte("m\x00machine.slots")
 )
 
 // removedNodeKey records a node ID removed from the cluster, or one

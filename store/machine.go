@@ -73,6 +73,19 @@ func (s *Store) CommandFormat() (uint8, error) {
 // SetCommandFormat records the command encoding the log carries from now.
 func (b *Batch) SetCommandFormat(v uint8) error { return b.pb.Set(keyCommandFormat, []byte{v}, nil) }
 
+// SlotMap is the cluster's slot map as group 0's log recorded it, encoded
+// (package slot; nil: a cluster of one group).
+func (s *Store) SlotMap() ([]byte, error) {
+	v, ok, err := s.getMeta(keySlotMap)
+	if err != nil || !ok {
+		return nil, err
+	}
+	return v, nil
+}
+
+// SetSlotMap records the cluster's slot map, encoded, in the batch.
+func (b *Batch) SetSlotMap(v []byte) error { return b.pb.Set(keySlotMap, v, nil) }
+
 // CollectedBelow is the newest cutoff below which tombstones were collected
 // (zero: none ever was).
 func (s *Store) CollectedBelow() (hlc.Timestamp, error) {
