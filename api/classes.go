@@ -31,6 +31,7 @@ var classes = []struct {
 	{"unknown_outcome", ErrUnknownOutcome},
 	{"closed", ErrClosed},
 	{"catching_up", ErrCatchingUp},
+	{"cross_group", ErrCrossGroup},
 	{"not_leader", ErrNotLeader},
 	{"not_written", ErrNotWritten},
 }

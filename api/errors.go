@@ -3,6 +3,7 @@ package api
 import (
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 	"unicode/utf8"
 )
@@ -138,6 +139,35 @@ func (e *NotFoundError) Error() string {
 }
 
 func (e *NotFoundError) Unwrap() error { return ErrNotFound }
+
+// ErrCrossGroup is the class of refusals of an atomic write (a batch, a
+// RESP transaction, MSET) whose keys fall in more than one of the
+// cluster's raft groups (issue 51, docs/CLUSTER.md "Writes"): nothing was
+// written. Keys that share a hash tag ({...}) share a slot, and so a group.
+var ErrCrossGroup = errors.New("node: an atomic write across raft groups")
+
+// CrossGroupError names the groups an atomic write's keys fall in, and a
+// key of each.
+type CrossGroupError struct {
+	Groups []int
+	Keys   []string // Keys[i] is a key of Groups[i]
+}
+
+func (e *CrossGroupError) Error() string {
+	var b strings.Builder
+	for i, g := range e.Groups {
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		fmt.Fprintf(&b, "%q in group %d", e.Keys[i], g)
+	}
+	return fmt.Sprintf("node: an atomic write across raft groups (%s); nothing was written: keys that share a hash tag ({...}) share a group", b.String())
+}
+
+// Is: a write across groups is of its own class, and not written.
+func (e *CrossGroupError) Is(target error) bool {
+	return target == ErrCrossGroup || target == ErrNotWritten
+}
 
 // ErrSaturated is the class of refusals of a local write while the node is
 // saturated. Test with errors.Is; *SaturatedError carries the source.

@@ -24,6 +24,8 @@ func TestErrorClasses(t *testing.T) {
 		{api.ErrCounterRange, "ERR "},
 		{api.ErrKeyTooLarge, "ERR "},
 		{api.ErrCatchingUp, "NOTWRITTEN "},
+		{&api.CrossGroupError{Groups: []int{0, 1}, Keys: []string{"a", "b"}}, "CROSSSLOT "}, // Redis Cluster's, which its clients know
+		{api.FailureOf(&api.CrossGroupError{Groups: []int{0, 1}, Keys: []string{"a", "b"}}).Err(), "CROSSSLOT "},
 	} {
 		_, msg := classify(c.err)
 		if !strings.HasPrefix(msg, c.prefix) {

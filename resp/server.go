@@ -562,6 +562,9 @@ func classify(err error) (kind, msg string) {
 		return "wrongtype", "WRONGTYPE Operation against a key holding the wrong kind of value: " + text
 	case errors.Is(err, api.ErrNotInteger):
 		return "bad_request", "ERR value is not an integer or out of range"
+	case errors.Is(err, api.ErrCrossGroup):
+		// Redis Cluster's answer, which its clients know: use a hash tag.
+		return "crossslot", "CROSSSLOT Keys in request don't hash to the same slot: " + text
 	case errors.Is(err, api.ErrNotWritten):
 		return "not_written", "NOTWRITTEN nothing was written: " + strings.TrimPrefix(text, "not written: ")
 	case errors.Is(err, api.ErrCounterRange):

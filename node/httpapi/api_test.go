@@ -135,6 +135,8 @@ func TestWriteFailuresByClass(t *testing.T) {
 		{&api.PreconditionError{Key: "k", Current: "5.0@b"}, http.StatusPreconditionFailed, "precondition_failed", false},
 		{fmt.Errorf("%w: a counter", api.ErrKindConflict), http.StatusConflict, "kind_conflict", false},
 		{fmt.Errorf("%w: reused", api.ErrIdempotencyConflict), http.StatusUnprocessableEntity, "idempotency_key_reused", false},
+		{&api.CrossGroupError{Groups: []int{0, 2}, Keys: []string{"a", "b"}}, http.StatusBadRequest, "cross_group", false},
+		{api.FailureOf(&api.CrossGroupError{Groups: []int{0, 2}, Keys: []string{"a", "b"}}).Err(), http.StatusBadRequest, "cross_group", false},
 		{&api.RemoteError{}, 0, "", false}, // filled below
 	} {
 		if c.status == 0 {

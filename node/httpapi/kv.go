@@ -82,6 +82,9 @@ func WriteErr(w http.ResponseWriter, err error) {
 			Message: err.Error() + "; this node takes no reads or writes: send them to another node of the cluster"})
 	case errors.As(err, &se):
 		writeSaturated(w, se)
+	case errors.Is(err, api.ErrCrossGroup):
+		// Before not_written: it is not worth retrying as it is.
+		writeError(w, http.StatusBadRequest, apiError{Code: "cross_group", Outcome: "not_written", Message: err.Error()})
 	case errors.As(err, &pe):
 		e := apiError{Code: "precondition_failed", Message: err.Error(), Version: pe.Current}
 		if pe.Current != "" {
