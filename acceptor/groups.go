@@ -32,6 +32,10 @@ type Groups struct {
 	// Stores and Logs are the groups', in group order.
 	Stores []Store
 	Logs   []Log
+	// TakesParts says whether every node of every group reads a part of a
+	// batch (command format 14, machine.FormatParts); a batch is refused,
+	// not written, until then.
+	TakesParts func() bool
 }
 
 // Validate reports what makes g unusable.
@@ -39,6 +43,9 @@ func (g *Groups) Validate() error {
 	var errs []error
 	if g.GroupOf == nil {
 		errs = append(errs, errors.New("acceptor: groups: no GroupOf"))
+	}
+	if g.TakesParts == nil {
+		errs = append(errs, errors.New("acceptor: groups: no TakesParts"))
 	}
 	if len(g.Stores) == 0 || len(g.Stores) != len(g.Logs) {
 		errs = append(errs, fmt.Errorf("acceptor: groups: %d stores and %d logs", len(g.Stores), len(g.Logs)))
@@ -124,6 +131,9 @@ func (g *Groups) ApplyInbound(in *wire.Inbound, raw []byte) (*wire.InboundResult
 	if len(g.Logs) == 1 {
 		return g.Logs[0].ApplyInbound(in, raw)
 	}
+	if !g.TakesParts() {
+		return nil, errors.New("acceptor: groups: a node of this cluster does not read the parts of a batch yet (command format 14): nothing was applied")
+	}
 	parts, err := wire.SplitInbound(in, len(g.Logs), g.GroupOf)
 	if err != nil {
 		return &wire.InboundResult{Err: err}, nil
@@ -185,36 +195,38 @@ func combine(rs []*wire.InboundResult) *wire.InboundResult {
 	return out
 }
 
-// UpdateReseed changes the peer's re-seed record in every group, and
-// returns what group 0's held.
+// UpdateReseed changes the peer's re-seed record in every group, group 0
+// last, and returns what group 0's held.
 func (g *Groups) UpdateReseed(peer string, f func(byte) byte) (byte, error) {
 	var first byte
-	for i, l := range g.Logs {
+	err := g.lastToFirst(func(i int, l Log) error {
 		had, err := l.UpdateReseed(peer, f)
-		if err != nil {
-			return first, fmt.Errorf("group %d: %w", i, err)
-		}
 		if i == 0 {
 			first = had
 		}
-	}
-	return first, nil
+		return err
+	})
+	return first, err
 }
 
-// SetFromPeer records the peer's filters in every group.
+// SetFromPeer records the peer's filters in every group, group 0 last.
 func (g *Groups) SetFromPeer(peer string, f entry.Filter, onward []entry.TargetSpans) error {
-	for i, l := range g.Logs {
-		if err := l.SetFromPeer(peer, f, onward); err != nil {
-			return fmt.Errorf("group %d: %w", i, err)
-		}
-	}
-	return nil
+	return g.lastToFirst(func(_ int, l Log) error { return l.SetFromPeer(peer, f, onward) })
 }
 
-// SetOpenStreams records the peer's open streams in every group.
+// SetOpenStreams records the peer's open streams in every group, group 0
+// last.
 func (g *Groups) SetOpenStreams(peer string, open []entry.StreamID) error {
-	for i, l := range g.Logs {
-		if err := l.SetOpenStreams(peer, open); err != nil {
+	return g.lastToFirst(func(_ int, l Log) error { return l.SetOpenStreams(peer, open) })
+}
+
+// lastToFirst records a heartbeat's fact in every group, group 0 last:
+// group 0's record is what the acceptor reads back (Options.OpenOf,
+// FromPeer), so a failure in any group leaves it as it was, and the next
+// heartbeat records the fact again in every group.
+func (g *Groups) lastToFirst(f func(i int, l Log) error) error {
+	for i := len(g.Logs) - 1; i >= 0; i-- {
+		if err := f(i, g.Logs[i]); err != nil {
 			return fmt.Errorf("group %d: %w", i, err)
 		}
 	}

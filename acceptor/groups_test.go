@@ -23,6 +23,15 @@ import (
 type faultyLog struct {
 	Log
 	before, after atomic.Int32
+	// open fails the next SetOpenStreams.
+	open atomic.Int32
+}
+
+func (l *faultyLog) SetOpenStreams(peer string, open []entry.StreamID) error {
+	if l.open.Add(-1) >= 0 {
+		return errors.New("the group's leader is unreachable")
+	}
+	return l.Log.SetOpenStreams(peer, open)
 }
 
 func (l *faultyLog) ApplyInbound(in *wire.Inbound, raw []byte) (*wire.InboundResult, error) {
@@ -67,7 +76,7 @@ func TestGroupsReceiveAsOne(t *testing.T) {
 		t.Fatal(err)
 	}
 	var stores []*store.Store
-	g := &Groups{GroupOf: slots.Group}
+	g := &Groups{GroupOf: slots.Group, TakesParts: func() bool { return true }}
 	faulty := &faultyLog{}
 	for i := range 3 {
 		st, err := store.Open(t.TempDir(), &store.Options{Logger: quiet})
@@ -197,5 +206,38 @@ func TestGroupsReceiveAsOne(t *testing.T) {
 	h, err := g.HWM("b", streamB)
 	if err != nil || h.Index != index {
 		t.Fatalf("the groups' mark %d (%v), want %d", h.Index, err, index)
+	}
+
+	// A heartbeat telling b's open streams while group 1 fails to record
+	// them: group 0, whose record the acceptor reads back, is written last
+	// and keeps none, so the next heartbeat records them in every group.
+	open := func(st *store.Store) []entry.StreamID {
+		ls, err := st.LinkSettings()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ls["b"].Open
+	}
+	opened := New(g, g, clock, Options{Local: "a", Secrets: map[string]string{"b": "secret-b"}, Logger: quiet,
+		TakesMarkers: func() bool { return true }, TakesOpenStreams: func() bool { return true },
+		OpenOf: func(string) []entry.StreamID { return open(stores[0]) }})
+	osrv := httptest.NewServer(opened)
+	t.Cleanup(osrv.Close)
+	of := &fixture{t: t, clock: clock, pc: pc, srv: osrv}
+	hb := wire.EncodeBatch(&wire.Batch{Header: wire.Header{Sender: "b", Stream: streamB, Open: []entry.StreamID{streamB}}})
+	faulty.open.Store(1)
+	if code, ack := of.post(hb, "X-Replicator-Origin", "b", "Authorization", "Bearer secret-b"); code == 200 {
+		t.Fatalf("a heartbeat whose open streams one group failed to record was answered: %v", ack)
+	}
+	if got := open(stores[0]); got != nil {
+		t.Fatalf("group 0 recorded open streams %v though group 1 did not", got)
+	}
+	if code, ack := of.post(hb, "X-Replicator-Origin", "b", "Authorization", "Bearer secret-b"); code != 200 {
+		t.Fatalf("the heartbeat again: %d %v", code, ack)
+	}
+	for i, st := range stores {
+		if got := open(st); len(got) != 1 || got[0] != streamB {
+			t.Fatalf("group %d records open streams %v, want [%s]", i, got, streamB)
+		}
 	}
 }

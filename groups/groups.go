@@ -81,6 +81,9 @@ type Set struct {
 	gs    []*Group // gs[g-1] is group g
 	stop  chan struct{}
 	loop  sync.WaitGroup
+	// closed makes Close's work happen once.
+	closed sync.Once
+	err    error
 }
 
 // Dir is where group g of a node whose data directory is dir lives.
@@ -209,11 +212,12 @@ func (s *Set) cutStreams() {
 // Close stops every group: its lead loop, its committer, its raft (before
 // group 0's, which holds the port) and its store.
 func (s *Set) Close() error {
-	select {
-	case <-s.stop:
-	default:
-		close(s.stop)
-	}
+	s.closed.Do(func() { s.err = s.close() })
+	return s.err
+}
+
+func (s *Set) close() error {
+	close(s.stop)
 	s.loop.Wait()
 	var errs []error
 	for i := len(s.gs) - 1; i >= 0; i-- {

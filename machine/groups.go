@@ -44,6 +44,7 @@ func (m *Machine) applyGroups(b *store.Batch, gc *GroupsCmd) (*Result, func(), e
 func (m *Machine) loadSlots() error {
 	b, err := m.st.SlotMap()
 	if err != nil || b == nil {
+		m.slots.Store(nil) // a tree put back from before the map
 		return err
 	}
 	mp, err := slot.Decode(b)

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 
 	"github.com/replicator/replicator/entry"
@@ -221,6 +222,23 @@ func (s *Shipper) takesOpen() bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.mu.limits != nil && s.mu.limits.OpenStreams
+}
+
+// openUntold says the peer records this cluster's open streams and was not
+// told the ones open now (a heartbeat goes out at once: a stream begun is
+// told before its entries flow).
+func (s *Shipper) openUntold() bool {
+	if s.opts.OpenStreams == nil || !s.takesOpen() {
+		return false
+	}
+	stream, open := s.log.Stream(), s.opts.OpenStreams()
+	if !slices.Contains(open, stream) {
+		return false // read across a change of the stream: the next look tells
+	}
+	now := fmt.Sprint(stream, open)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.mu.openTold != now
 }
 
 // filterUntold says the peer takes this cluster's filter and was not told

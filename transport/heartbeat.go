@@ -2,6 +2,7 @@ package transport
 
 import (
 	"context"
+	"fmt"
 	"slices"
 	"time"
 
@@ -54,13 +55,14 @@ func (s *Shipper) heartbeat(ctx context.Context) error {
 			h.Idle = &wire.IdleFrontier{Index: last, Bound: bound}
 		}
 	}
+	openNow := ""
 	if s.opts.OpenStreams != nil && s.takesOpen() {
 		// Every heartbeat says them (a few bytes): the peer records a
 		// change, and a receiver restored from a backup learns them again.
 		// A list read across a change of this shipper's stream, which
 		// does not hold it, waits for the next heartbeat.
 		if open := s.opts.OpenStreams(); slices.Contains(open, stream) {
-			h.Open = open
+			h.Open, openNow = open, fmt.Sprint(stream, open)
 		}
 	}
 	body := wire.AppendHeader(nil, &h, 0)
@@ -72,6 +74,9 @@ func (s *Shipper) heartbeat(ctx context.Context) error {
 	s.mu.phaseSent = phase
 	if h.OwnFilter != nil {
 		s.mu.filterTold = told
+	}
+	if h.Open != nil {
+		s.mu.openTold = openNow
 	}
 	s.mu.Unlock()
 	if !s.answered(&ack, stream) {

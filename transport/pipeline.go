@@ -123,6 +123,13 @@ func (s *Shipper) shipOnce(ctx context.Context, acked uint64) error {
 			return errors.New("the peer has not said what it takes yet (its answer had no limits)")
 		}
 	}
+	if s.openUntold() {
+		// The peer records this cluster's open streams: it is told them
+		// before any entry of a stream it has not heard of flows.
+		if err := s.heartbeat(ctx); err != nil {
+			return fmt.Errorf("heartbeat: %w", err)
+		}
+	}
 	f, err := s.build(acked, take(), true)
 	if errors.Is(err, errNoMarkers) || errors.Is(err, errNoExpiry) {
 		// Ask again before the next try: the peer may have been upgraded.

@@ -358,7 +358,10 @@ type Shipper struct {
 		// filterTold is the filter the peer was last told (heartbeats,
 		// Limits.OriginFilters), as String.
 		filterTold string
-		reseedWhy  string // why wantReseed was set
+		// openTold is the open streams the peer was last told, with the
+		// stream of the heartbeat that told them.
+		openTold  string
+		reseedWhy string // why wantReseed was set
 		// reseedRetry is when a failed re-seed may run again.
 		reseedRetry time.Time
 		conflict    string // non-empty: stopped, see OnConflict
@@ -644,7 +647,7 @@ func (s *Shipper) Run(ctx context.Context) {
 		ask := s.mu.rejoining != s.mu.phaseSent ||
 			s.mu.lastHeartbeat.IsZero() || time.Since(s.mu.lastHeartbeat) >= 5*s.opts.Heartbeat
 		s.mu.Unlock()
-		ask = ask || s.filterUntold()
+		ask = ask || s.filterUntold() || s.openUntold()
 		if conflict {
 			// Nothing more of this stream goes out: the node is replacing it.
 			select {
