@@ -35,7 +35,9 @@ import (
 // holds of third clusters' transactions, clipped by their filters toward
 // it: a reader there may see part of a transaction until every peer's
 // re-seed ended, so the checker does not judge it for a minute after the
-// loss. Any other snapshot (a re-seed on request, a widening's backfill)
+// loss. A transaction whose writer lost its data after writing it is not
+// judged at all: a part only the writer held may be gone for good while
+// the rest lives on where it was relayed. Any other snapshot (a re-seed on request, a widening's backfill)
 // shows whole at its trailer and relays no clipped stream (issue 48): a
 // cluster taking one is judged throughout.
 
@@ -237,7 +239,12 @@ func (tw *txnWork) txnChecker(h txnHost, r *rand.Rand, until time.Time) {
 			tw.whole++
 			tw.mu.Unlock()
 		}
-		if held != 0 && held != len(keys) && !h.lostSince(at, start.Add(-recoveryGrace)) {
+		// A transaction whose writer lost its data since it wrote it may
+		// survive only in part, anywhere: the key only the writer held (one
+		// its filter keeps from the peer that relays the rest) went with
+		// the loss, and re-seeds relay the rest, the writer's rejoin among
+		// them.
+		if held != 0 && held != len(keys) && !h.lostSince(at, start.Add(-recoveryGrace)) && !h.lostSince(t.cluster, t.at) {
 			h.violation("transaction: %s read %d of %v (written at %s at %s) at %s: part of a transaction",
 				at, held, keys, t.cluster, t.at.Format(time.RFC3339Nano), start.Format(time.RFC3339Nano))
 		}
