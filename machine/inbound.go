@@ -26,25 +26,38 @@ import (
 // every node applies it.
 const FormatRejoinHorizon = 6
 
+// skipRun is what a run of the stream's indexes from..to, none of which
+// this group applies (a filtered marker's, or a part's foreign run),
+// does to the mark: how far it moves it (0: the mark passed the run, a
+// duplicate), or the refusal. The mark at the run's end must hold the
+// run's commit (else the sender's stream was replaced: a conflict); a run
+// beginning past the mark is a gap.
+func skipRun(hwm *entry.HWM, from, to uint64, commit hlc.Timestamp, sender string, stream entry.StreamID) (uint64, error) {
+	switch {
+	case to == hwm.Index && !hwm.Commit.IsZero() && commit != hwm.Commit:
+		return 0, &ConflictError{Origin: sender, Stream: stream, HWM: hwm.Index, HWMCommit: hwm.Commit, Got: commit}
+	case to <= hwm.Index:
+		return 0, nil
+	case from > hwm.Index+1:
+		return 0, &GapError{Origin: sender, Stream: stream, HWM: hwm.Index, Got: from}
+	}
+	return to - hwm.Index, nil
+}
+
 // coverForeign moves the mark past a part's foreign runs that begin before
 // the index before (issue 51): other groups of this cluster apply their
 // entries, this one only covers them, as a filtered marker's run, without
-// the kept-home records of a sender's filter. A run the mark already
-// passed is a duplicate; one whose end the mark is at must have the commit
-// the mark recorded (else the sender's stream was replaced: a conflict);
-// one beginning past the mark is a gap. A snapshot stream records no
+// the kept-home records of a sender's filter. A snapshot stream records no
 // commit (as for its entries). It returns the runs left, or the refusal.
 func coverForeign(hwm *entry.HWM, runs []wire.ForeignRun, before uint64, sender string, bt *wire.Batch, res *InboundResult) ([]wire.ForeignRun, error) {
 	for len(runs) > 0 && runs[0].From < before {
 		r := runs[0]
-		switch {
-		case r.To == hwm.Index && !hwm.Commit.IsZero() && r.Commit != hwm.Commit:
-			return runs, &ConflictError{Origin: sender, Stream: bt.Stream, HWM: hwm.Index, HWMCommit: hwm.Commit, Got: r.Commit}
-		case r.To <= hwm.Index:
-		case r.From > hwm.Index+1:
-			return runs, &GapError{Origin: sender, Stream: bt.Stream, HWM: hwm.Index, Got: r.From}
-		default:
-			res.Elsewhere += r.To - hwm.Index
+		n, err := skipRun(hwm, r.From, r.To, r.Commit, sender, bt.Stream)
+		if err != nil {
+			return runs, err
+		}
+		if n > 0 {
+			res.Elsewhere += n
 			hwm.Index = r.To
 			if !bt.Snapshot {
 				hwm.Commit = r.Commit
@@ -189,16 +202,14 @@ func (m *Machine) applyInbound(b *store.Batch, in *Inbound) (*InboundResult, err
 			// A run the sender's filter left out: nothing to apply, the
 			// mark moves past it (acceptor refuses one in a snapshot).
 			last := e.FilteredTo
-			switch {
-			case last == hwm.Index && !hwm.Commit.IsZero() && e.Commit != hwm.Commit:
-				return refuse(&ConflictError{Origin: sender, Stream: bt.Stream, HWM: hwm.Index, HWMCommit: hwm.Commit, Got: e.Commit})
-			case last <= hwm.Index:
+			n, refusal := skipRun(&hwm, e.Index, last, e.Commit, sender, bt.Stream)
+			if refusal != nil {
+				return refuse(refusal)
+			}
+			if n == 0 {
 				res.Duplicates++
 				continue
-			case e.Index > hwm.Index+1:
-				return refuse(&GapError{Origin: sender, Stream: bt.Stream, HWM: hwm.Index, Got: e.Index})
 			}
-			n := last - hwm.Index
 			hwm.Filtered += n
 			res.Filtered += n
 			if !bt.Snapshot && m.format.Load() >= FormatKeptHome {

@@ -260,27 +260,11 @@ func decodeLinkOpen(dec *msgpack.Decoder, c *Command, lc *LinkCmd, n int) error 
 	if bw != 0 || gen != 0 {
 		return fmt.Errorf("open streams' link with bandwidth %d, backfill %d", bw, gen)
 	}
-	m, err := dec.DecodeArrayLen()
+	open, err := wire.DecodeOpen(dec)
 	if err != nil {
 		return err
 	}
-	if m < 1 || m > wire.MaxOpenStreams {
-		return fmt.Errorf("%d open streams", m)
-	}
-	lc.SetOpen, lc.Open = true, make([]entry.StreamID, m)
-	for i := range lc.Open {
-		b, err := wire.DecodeBytes(dec)
-		if err != nil {
-			return err
-		}
-		if len(b) != len(lc.Open[i]) {
-			return fmt.Errorf("open stream %d of %d bytes", i, len(b))
-		}
-		copy(lc.Open[i][:], b)
-		if lc.Open[i].IsZero() || (i > 0 && lc.Open[i-1].Compare(lc.Open[i]) >= 0) {
-			return fmt.Errorf("open stream %d zero or out of order", i)
-		}
-	}
+	lc.SetOpen, lc.Open = true, open
 	c.Link = lc
 	return nil
 }

@@ -231,14 +231,13 @@ func (s *Shipper) openUntold() bool {
 	if s.opts.OpenStreams == nil || !s.takesOpen() {
 		return false
 	}
-	stream, open := s.log.Stream(), s.opts.OpenStreams()
-	if !slices.Contains(open, stream) {
+	open := s.opts.OpenStreams()
+	if !slices.Contains(open, s.log.Stream()) {
 		return false // read across a change of the stream: the next look tells
 	}
-	now := fmt.Sprint(stream, open)
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.mu.openTold != now
+	return !slices.Equal(s.mu.openTold, open)
 }
 
 // filterUntold says the peer takes this cluster's filter and was not told

@@ -2,7 +2,6 @@ package transport
 
 import (
 	"context"
-	"fmt"
 	"slices"
 	"time"
 
@@ -55,14 +54,13 @@ func (s *Shipper) heartbeat(ctx context.Context) error {
 			h.Idle = &wire.IdleFrontier{Index: last, Bound: bound}
 		}
 	}
-	openNow := ""
 	if s.opts.OpenStreams != nil && s.takesOpen() {
 		// Every heartbeat says them (a few bytes): the peer records a
 		// change, and a receiver restored from a backup learns them again.
 		// A list read across a change of this shipper's stream, which
 		// does not hold it, waits for the next heartbeat.
 		if open := s.opts.OpenStreams(); slices.Contains(open, stream) {
-			h.Open, openNow = open, fmt.Sprint(stream, open)
+			h.Open = open
 		}
 	}
 	body := wire.AppendHeader(nil, &h, 0)
@@ -76,7 +74,7 @@ func (s *Shipper) heartbeat(ctx context.Context) error {
 		s.mu.filterTold = told
 	}
 	if h.Open != nil {
-		s.mu.openTold = openNow
+		s.mu.openTold = h.Open
 	}
 	s.mu.Unlock()
 	if !s.answered(&ack, stream) {

@@ -358,9 +358,9 @@ type Shipper struct {
 		// filterTold is the filter the peer was last told (heartbeats,
 		// Limits.OriginFilters), as String.
 		filterTold string
-		// openTold is the open streams the peer was last told, with the
-		// stream of the heartbeat that told them.
-		openTold  string
+		// openTold is the open streams the peer was last told (the
+		// shipper's stream among them).
+		openTold  []entry.StreamID
 		reseedWhy string // why wantReseed was set
 		// reseedRetry is when a failed re-seed may run again.
 		reseedRetry time.Time

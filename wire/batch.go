@@ -407,9 +407,10 @@ func decodeIdle(dec *msgpack.Decoder) (*IdleFrontier, error) {
 	return &i, nil
 }
 
-// decodeOpen reads Open: 1 to MaxOpenStreams streams, none zero, in
+// DecodeOpen reads a list of open streams (Header.Open, and the link
+// command that records it): 1 to MaxOpenStreams streams, none zero, in
 // strictly increasing byte order.
-func decodeOpen(dec *msgpack.Decoder) ([]entry.StreamID, error) {
+func DecodeOpen(dec *msgpack.Decoder) ([]entry.StreamID, error) {
 	n, err := dec.DecodeArrayLen()
 	if err != nil {
 		return nil, err
@@ -667,7 +668,7 @@ func DecodeBatch(body []byte) (*Batch, error) {
 		case "keeps":
 			b.Keeps, err = DecodeTargetSpans(dec)
 		case "open":
-			b.Open, err = decodeOpen(dec)
+			b.Open, err = DecodeOpen(dec)
 		case "entries":
 			if !have["sender"] || !have["stream"] {
 				// Skipping an unread value means walking it, and a
