@@ -21,6 +21,9 @@ import (
 // gview is gossip's view of nodes that each run several raft groups over
 // one port.
 type gview struct {
+	// dir holds the nodes' directories: made before the nodes stop at the
+	// test's end (cleanups run last first), so it is removed after.
+	dir    string
 	t      *testing.T
 	groups int
 	mu     sync.Mutex
@@ -70,7 +73,7 @@ func (v *gview) start(id string, expect int) *gnode {
 	v.mu.Lock()
 	n := v.nodes[id]
 	if n == nil {
-		n = &gnode{id: id, addr: freeAddr(v.t), dir: filepath.Join(v.t.TempDir(), id)}
+		n = &gnode{id: id, addr: freeAddr(v.t), dir: filepath.Join(v.dir, id)}
 		v.nodes[id] = n
 	}
 	v.mu.Unlock()
@@ -166,7 +169,7 @@ func (v *gview) apply(g int, cmd string, within time.Duration) error {
 // A fourth node joins every group as a learner, catches up in each (its
 // group's applied index, not group 0's) and votes in each.
 func TestGroupsOverOnePort(t *testing.T) {
-	v := &gview{t: t, groups: 3, nodes: map[string]*gnode{}}
+	v := &gview{dir: t.TempDir(), t: t, groups: 3, nodes: map[string]*gnode{}}
 	t.Cleanup(func() {
 		for _, n := range v.nodes {
 			v.stop(n)

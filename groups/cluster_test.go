@@ -28,6 +28,9 @@ import (
 // a raft group over each node's port (its state machine a recorder: this
 // package holds the groups after it), groups 1 and 2 this package's Sets.
 type mesh struct {
+	// dir holds the nodes' directories: made before the nodes stop at the
+	// test's end (cleanups run last first), so it is removed after.
+	dir   string
 	t     *testing.T
 	mu    sync.Mutex
 	nodes map[string]*mnode
@@ -118,7 +121,7 @@ func freeAddr(t *testing.T) string {
 
 func (m *mesh) start(id string) *mnode {
 	m.t.Helper()
-	n := &mnode{id: id, addr: freeAddr(m.t), dir: filepath.Join(m.t.TempDir(), id)}
+	n := &mnode{id: id, addr: freeAddr(m.t), dir: filepath.Join(m.dir, id)}
 	desc := fmt.Sprintf(`{"commands":%d}`, machine.ReadsFormat)
 	g0, err := cluster.Open(&cluster.Options{Cluster: "a", Node: id, Incarnation: "0000000a", Dir: filepath.Join(n.dir, "cluster"),
 		Listen: n.addr, Conn: raftconn.Options{GossipKey: gossipKey}, BootstrapExpect: 3, FSM: &raftfsm.Recorder{}, Members: m,
@@ -205,7 +208,7 @@ func (m *mesh) write(g int, key string) error {
 // nodes; the node leading group 1 goes, group 1 elects another and takes
 // writes again, and group 2's writes meanwhile all succeed at once.
 func TestGroupsOfAClusterOfThree(t *testing.T) {
-	m := &mesh{t: t, nodes: map[string]*mnode{}}
+	m := &mesh{dir: t.TempDir(), t: t, nodes: map[string]*mnode{}}
 	t.Cleanup(func() {
 		for _, n := range m.nodes {
 			m.stop(n)
