@@ -155,6 +155,9 @@ type ClusterReport struct {
 	// the cluster's log records as removed, and why: none of them may be a
 	// member again.
 	Removed []RemovedNode `json:"removed,omitempty"`
+	// Groups are the cluster's raft groups when it runs several (issue
+	// 51; none: one), as the answering node sees them.
+	Groups []GroupReport `json:"groups,omitempty"`
 }
 
 // RemovedNode is one removal record of the cluster's log.
@@ -426,4 +429,18 @@ func rate(b int64) string {
 		return "no limit"
 	}
 	return fmt.Sprintf("%d bytes/s", b)
+}
+
+// GroupReport is one raft group of a cluster of several (docs/CLUSTER.md
+// "Several raft groups per cluster"), as the answering node sees it.
+type GroupReport struct {
+	Group int `json:"group"`
+	// Leader is the node leading the group ("": none known); State this
+	// node's part in it (leader, follower, candidate).
+	Leader string `json:"leader"`
+	State  string `json:"state"`
+	// Slots is how many of the key slots the group owns; Applied the last
+	// index of its log this node applied.
+	Slots   int    `json:"slots"`
+	Applied uint64 `json:"applied_index"`
 }

@@ -92,6 +92,26 @@ type proposal struct {
 	// by the operator): its context covers loser and winner, so no cluster
 	// logs it as a conflict, and every cluster marks the record restored.
 	Restores *restore `msgpack:"restores,omitempty"`
+	// Group is one group's part of a range delete a node fans out over a
+	// cluster's raft groups (WithGroup), plus one; 0 routes by key.
+	Group int `msgpack:"g,omitempty"`
+}
+
+// groupKey carries on a context the raft group a range delete's part is
+// for (WithGroup).
+type groupKey struct{}
+
+// WithGroup marks ctx's write as group g's part of a range delete fanned
+// out over a cluster's groups (issue 51): the leader proposes it to group g
+// alone, never to every group again.
+func WithGroup(ctx context.Context, g int) context.Context {
+	return context.WithValue(ctx, groupKey{}, g)
+}
+
+// GroupFrom is the group WithGroup put on ctx.
+func GroupFrom(ctx context.Context) (int, bool) {
+	g, ok := ctx.Value(groupKey{}).(int)
+	return g, ok
 }
 
 type restore struct {
@@ -155,6 +175,9 @@ func EncodeProposal(ctx context.Context, w api.Write) ([]byte, error) {
 	if k, ok := policy.KeyFrom(ctx); ok {
 		p.Scope = &scope{ID: k.ID, Wall: k.HLC.Wall, Logical: k.HLC.Logical}
 	}
+	if g, ok := GroupFrom(ctx); ok {
+		p.Group = g + 1
+	}
 	if r := w.Entry.Restores; r != nil && !p.Batch {
 		p.Restores = &restore{Loser: stampOf(r.Loser), Winner: stampOf(r.Winner)}
 	}
@@ -211,6 +234,12 @@ func DecodeProposal(ctx context.Context, b []byte) (context.Context, api.Write, 
 			return ctx, api.Write{}, fmt.Errorf("%w: a restore of op %s", ErrMalformed, p.Op)
 		}
 		w.Entry.Restores = &entry.Restore{Loser: r.Loser.entry(), Winner: r.Winner.entry()}
+	}
+	if p.Group > 0 {
+		if p.Op != entry.OpDeleteRange || p.Group > 64 {
+			return ctx, api.Write{}, fmt.Errorf("%w: group %d of a write of op %s", ErrMalformed, p.Group-1, p.Op)
+		}
+		ctx = WithGroup(ctx, p.Group-1)
 	}
 	return ctx, w, nil
 }
@@ -298,8 +327,9 @@ type Leader struct {
 	// Propose proposes the write here; it refuses (not written) when this
 	// node no longer leads.
 	Propose func(ctx context.Context, w api.Write) (api.WriteResult, error)
-	// Applied is this node's applied index.
-	Applied func() uint64
+	// Applied is this node's applied index in the raft group the write
+	// went to (a cluster of several groups: its key's, or WithGroup's).
+	Applied func(ctx context.Context, w api.Write) uint64
 	// MaxBody bounds a proposal's body.
 	MaxBody int64
 }
@@ -331,7 +361,7 @@ func (l *Leader) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	res, err := l.Propose(ctx, wr)
 	// Read after the write applied here: the follower applies as far
 	// before it answers, so its caller reads the write there.
-	out := EncodeAnswer(res, err, l.Applied())
+	out := EncodeAnswer(res, err, l.Applied(ctx, wr))
 	w.Header().Set("Content-Type", ContentType)
 	w.Header().Set("Content-Length", strconv.Itoa(len(out)))
 	w.WriteHeader(http.StatusOK)

@@ -76,6 +76,19 @@ func TestProposalRoundTrips(t *testing.T) {
 	if got, ok := policy.KeyFrom(ctx); !ok || got != k {
 		t.Fatalf("scope %+v (%v), pinned %+v", got, ok, k)
 	}
+	// A range delete's part for one raft group names its group (0 too).
+	rd := api.Write{Entry: entry.Entry{Op: entry.OpDeleteRange, Key: "a", End: "b"}}
+	for _, g := range []int{0, 5} {
+		b, _ = EncodeProposal(WithGroup(context.Background(), g), rd)
+		ctx, _, err = DecodeProposal(context.Background(), b)
+		if got, ok := GroupFrom(ctx); err != nil || !ok || got != g {
+			t.Fatalf("group %d crossed as %d (%v, %v)", g, got, ok, err)
+		}
+	}
+	b, _ = EncodeProposal(context.Background(), rd)
+	if ctx, _, _ = DecodeProposal(context.Background(), b); ctx.Value(groupKey{}) != nil {
+		t.Fatal("a range delete for every group names one")
+	}
 }
 
 func TestMalformedProposalsAreRefused(t *testing.T) {
@@ -98,6 +111,9 @@ func TestMalformedProposalsAreRefused(t *testing.T) {
 		"op":       mustMarshal(t, proposal{V: Version, Op: 9, Key: "k"}),
 		"no op":    mustMarshal(t, proposal{V: Version, Key: "k"}),
 		"batch op": mustMarshal(t, proposal{V: Version, Op: entry.OpSet, Batch: true}),
+		// Only a range delete's part names a raft group, one of at most 64.
+		"group of a set":     mustMarshal(t, proposal{V: Version, Op: entry.OpSet, Key: "k", Group: 2}),
+		"group out of range": mustMarshal(t, proposal{V: Version, Op: entry.OpDeleteRange, Key: "k", Group: 66}),
 	} {
 		if _, _, err := DecodeProposal(context.Background(), b); !errors.Is(err, ErrMalformed) {
 			t.Errorf("%s: %v, want ErrMalformed", name, err)
@@ -166,7 +182,7 @@ type testCluster struct {
 
 func newCluster(propose func(api.Write) (api.WriteResult, error)) *testCluster {
 	c := &testCluster{}
-	c.leader = &Leader{MaxBody: 1 << 20, Applied: func() uint64 { return 41 },
+	c.leader = &Leader{MaxBody: 1 << 20, Applied: func(context.Context, api.Write) uint64 { return 41 },
 		Propose: func(ctx context.Context, w api.Write) (api.WriteResult, error) {
 			c.proposed = append(c.proposed, w)
 			return propose(w)

@@ -68,6 +68,10 @@ type Service struct {
 	// selfDesc is what this node says of itself on its raft port, set
 	// once Start bound the listeners.
 	selfDesc atomic.Pointer[string]
+	self     Described
+	// Groups, when set (before Start), is this node's state in each raft
+	// group after 0, told with its description at every ask.
+	Groups func() []GroupState
 }
 
 // NewService is the raft port's side of a node; token says the API's
@@ -99,22 +103,41 @@ type Described struct {
 	// Commands is the newest command encoding the node reads (0: a build
 	// before encodings were described, which reads encoding 1).
 	Commands int `json:"commands,omitempty"`
+	// Groups are the node's raft groups after 0 (issue 51), Groups[g-1]
+	// group g: what the cluster's groups form and promote by, which the
+	// node's gossip has no room for.
+	Groups []GroupState `json:"groups,omitempty"`
+}
+
+// GroupState is a node's state in one raft group after 0.
+type GroupState struct {
+	// Applied is the last index its state machine applied in the group.
+	Applied uint64 `json:"a"`
+	// Fresh: it holds none of the group's state (the group may form).
+	Fresh bool `json:"f,omitempty"`
 }
 
 // DescribeSelf is this node's description (cluster.Options.Describe): ""
 // until Start has bound the listeners (the raft port answers before).
 func (s *Service) DescribeSelf() string {
-	if p := s.selfDesc.Load(); p != nil {
-		return *p
+	p := s.selfDesc.Load()
+	if p == nil {
+		return ""
 	}
-	return ""
+	if s.Groups != nil {
+		d := s.self
+		d.Groups = s.Groups()
+		b, _ := json.Marshal(d)
+		return string(b)
+	}
+	return *p
 }
 
 // SetDescription records what this node says of itself, once its listeners
 // are bound (Start): its URLs (as others reach them) and the command
 // encodings it reads.
 func (s *Service) SetDescription(d Described) {
-	s.replicate = d.Replicate
+	s.replicate, s.self = d.Replicate, d
 	b, _ := json.Marshal(d)
 	desc := string(b)
 	s.selfDesc.Store(&desc)

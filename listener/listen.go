@@ -1,6 +1,7 @@
 package listener
 
 import (
+	"context"
 	"crypto/tls"
 	"errors"
 	"fmt"
@@ -116,4 +117,40 @@ func (l *Set) Serve(ln net.Listener, h http.Handler, errc *chan error, tweak ...
 		ch <- err
 	}()
 	return srv
+}
+
+// Served is a server Serve started and the channel its exit is sent on.
+type Served struct {
+	Srv  *http.Server
+	Errc chan error
+}
+
+// Shutdown stops servers (nil ones skipped) and waits for the handlers
+// still running, up to 30 s. Shutdown waits for idle connections, and
+// counts a connection that never sent a request as busy for 5 s: after a
+// grace of a second the connections are closed and only the handlers
+// still running (their commits) are waited for.
+func (l *Set) Shutdown(servers ...Served) []error {
+	var errs []error
+	for _, sv := range servers {
+		if sv.Srv == nil {
+			continue
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		if err := sv.Srv.Shutdown(ctx); err != nil {
+			sv.Srv.Close()
+		}
+		cancel()
+		if err := <-sv.Errc; err != nil {
+			errs = append(errs, err)
+		}
+	}
+	done := make(chan struct{})
+	go func() { l.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(30 * time.Second):
+		errs = append(errs, errors.New("node: http handlers still running after 30s"))
+	}
+	return errs
 }

@@ -39,6 +39,9 @@ type ReportDeps struct {
 	// RemovedAll lists every removal record of the log.
 	Removed    func(id raft.ServerID) string
 	RemovedAll func() []api.RemovedNode
+	// Groups are the cluster's raft groups as this node sees them (nil:
+	// one group).
+	Groups func() []api.GroupReport
 }
 
 // Report is the cluster report (GET /admin/cluster): the configuration's
@@ -61,6 +64,9 @@ func (c *Report) Local() api.ClusterReport {
 	r.First, _ = d.Group.LogBounds()
 	if d.RemovedAll != nil {
 		r.Removed = d.RemovedAll()
+	}
+	if d.Groups != nil {
+		r.Groups = d.Groups()
 	}
 	for _, sv := range st.Servers {
 		cn := api.ClusterNode{ID: sv.ID, Incarnation: sv.Incarnation, Raft: sv.Raft, Voter: sv.Voter, Leader: sv.Leader}

@@ -20,10 +20,7 @@ func (n *Node) PeersReport() api.PeersReport {
 // DigestReport hashes the live state: every key, or the keys under any of
 // prefixes.
 func (n *Node) DigestReport(prefixes ...string) (api.DigestReport, error) {
-	if err := n.rep.Readable(); err != nil {
-		return api.DigestReport{}, err
-	}
-	d, err := n.store.DigestPrefixes(prefixes)
+	d, err := n.keys.Digest(prefixes)
 	if err != nil {
 		return api.DigestReport{}, err
 	}

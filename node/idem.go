@@ -12,17 +12,20 @@ import (
 // Idempotency looks up the record of an Idempotency-Key, so a caller whose
 // call timed out can learn its outcome instead of retrying blindly.
 func (n *Node) Idempotency(key string) (api.IdemReport, error) {
-	if err := n.rep.Readable(); err != nil {
-		return api.IdemReport{}, err
+	// Kept in the group of the write's key, which the caller need not say.
+	for _, g := range n.keys.All() {
+		if err := g.Rep.Readable(); err != nil {
+			return api.IdemReport{}, err
+		}
+		rec, ok, err := g.Store.Idem(key)
+		if err != nil {
+			return api.IdemReport{}, err
+		}
+		if ok && rec.Expires > n.clock.Physical() {
+			return idemReport(&rec), nil
+		}
 	}
-	rec, ok, err := n.store.Idem(key)
-	if err != nil {
-		return api.IdemReport{}, err
-	}
-	if !ok || rec.Expires <= n.clock.Physical() {
-		return api.IdemReport{}, fmt.Errorf("%w: no record of idempotency key %q on cluster %s", api.ErrNotFound, key, n.cluster)
-	}
-	return idemReport(&rec), nil
+	return api.IdemReport{}, fmt.Errorf("%w: no record of idempotency key %q on cluster %s", api.ErrNotFound, key, n.cluster)
 }
 
 func idemReport(rec *store.IdemRecord) api.IdemReport {

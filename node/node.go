@@ -29,6 +29,7 @@ import (
 	"github.com/replicator/replicator/datadir"
 	"github.com/replicator/replicator/entry"
 	"github.com/replicator/replicator/forward"
+	"github.com/replicator/replicator/groups"
 	"github.com/replicator/replicator/hlc"
 	"github.com/replicator/replicator/internal/options"
 	"github.com/replicator/replicator/links"
@@ -77,6 +78,13 @@ type Node struct {
 	// follower proposes the writes a follower takes in process to the
 	// leader (propose.go; nil for a node alone).
 	follower *forward.Follower
+	// keys routes a key to its raft group (groups.go): group 0 alone, or
+	// the groups after it too (Options.Groups); writes routes a write to
+	// its group's leader; keeper keeps the groups in line with the
+	// cluster's.
+	keys   *groups.Router
+	writes *writes
+	keeper *groups.Keeper
 
 	acceptor   *acceptor.Acceptor
 	peerClient *http.Client
@@ -259,25 +267,10 @@ func Open(ctx context.Context, opts *Options) (*Node, error) {
 		Failed:    func() error { return n.com.Failed() },
 		Closing:   n.closing.Load,
 	})
-	n.sub = &replica.Submitter{Bounds: n.bounds, Com: n.com, Format: func() int { return n.rep.Machine().Format() }, Admit: func(ctx context.Context) error {
+	n.sub = &replica.Submitter{Bounds: n.bounds, Com: n.com, Format: func() int { return n.rep.Machine().Format() },
 		// The node open and in its cluster, its term begun, its stream's
 		// identity confirmed, and not saturated.
-		if n.closing.Load() {
-			return fmt.Errorf("%w: %w", api.ErrClosed, api.ErrNotWritten)
-		}
-		if err := n.rep.Removed(); err != nil {
-			return fmt.Errorf("%w: %w", api.ErrNotWritten, err)
-		}
-		if err := n.rep.AwaitTerm(ctx); err != nil {
-			return err
-		}
-		select {
-		case <-n.rejoin.Fence():
-		case <-ctx.Done():
-			return fmt.Errorf("%w: waiting for the peers to confirm this stream's identity: %w", api.ErrNotWritten, ctx.Err())
-		}
-		return n.sat.Admit(ctx)
-	}}
+		Admit: func(ctx context.Context) error { return n.admit(ctx, n.rep.AwaitTerm) }}
 	n.svc = forward.NewService(o.APIToken != "" || o.AdminToken != "", n.gossip.Member)
 	_, err = n.rep.Open()
 	if err != nil {
@@ -293,7 +286,7 @@ func Open(ctx context.Context, opts *Options) (*Node, error) {
 		Cluster: n.cluster, NodeID: n.nodeID, Incarnation: n.incarnation, Mode: map[bool]string{false: "single", true: "raft"}[n.multi()],
 		Group: n.group, Gossip: n.gossip, Service: n.svc,
 		Applied: n.rep.Applied, Format: n.machine.Format, Ready: n.rep.Ready, URL: n.URL, Removed: n.rep.RemovedServer, RemovedAll: n.rep.RemovedRecords,
-		Stream: func() string { return n.out.Stream().String() },
+		Stream: func() string { return n.out.Stream().String() }, Groups: func() []api.GroupReport { return n.keeper.Report() },
 	})
 	n.svc.Attach(n.group)
 	n.fwd = &forward.Router{NodeID: n.nodeID, Group: n.group, Lead: n.rep, Progress: n.rep, Service: n.svc,
@@ -307,6 +300,11 @@ func Open(ctx context.Context, opts *Options) (*Node, error) {
 	}
 	n.setupReplication()
 	n.follower = n.newFollower()
+	if err := n.openGroups(rd); err != nil {
+		n.com.Close()
+		n.com.Exclusive(func() { n.group.Close(); n.store.Close() })
+		return nil, err
+	}
 	n.dead = links.NewDeadLetters(n.store, n.rep.CommitCommand, n.log)
 	n.conflicts = &machine.ConflictLog{Store: n.store, Format: n.machine.Format, Propose: n.Propose}
 	n.metrics.init(n)
@@ -391,6 +389,12 @@ func (n *Node) Start() error {
 	n.every(100*time.Millisecond, func() { n.sat.Evaluate(true) })
 	n.links.Start()
 	n.rep.Run()
+	if set := n.keys.Set; set != nil {
+		set.Run()
+		n.keeper.Record() // a node alone leads at once
+		n.every(2*time.Second, n.keeper.Spread)
+	}
+	n.every(500*time.Millisecond, n.keeper.Record)
 	if n.tls.On() { // after the peer client exists: a reload closes its idle links
 		n.every(n.opts.TLSReloadInterval, n.tls.ReloadIfChanged)
 	}
@@ -464,33 +468,8 @@ func (n *Node) Close() error {
 		n.log.Warn("leaving gossip", "err", err)
 	}
 	if n.srv != nil {
-		// Shutdown waits for idle connections, and counts a connection that
-		// never sent a request as busy for 5 s; after a short grace the
-		// listener's connections are closed and only the handlers still
-		// running (their commits) are waited for.
-		for _, sv := range []struct {
-			srv  *http.Server
-			errc chan error
-		}{{n.srv, n.serveErr}, {n.peerSrv, n.peerServeErr}, {n.pprofSrv, n.pprofErr}, {n.svc.Srv, n.svc.Errc}} {
-			if sv.srv == nil {
-				continue
-			}
-			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-			if err := sv.srv.Shutdown(ctx); err != nil {
-				sv.srv.Close()
-			}
-			cancel()
-			if err := <-sv.errc; err != nil {
-				errs = append(errs, err)
-			}
-		}
-		done := make(chan struct{})
-		go func() { n.lis.Wait(); close(done) }()
-		select {
-		case <-done:
-		case <-time.After(30 * time.Second):
-			errs = append(errs, errors.New("node: http handlers still running after 30s"))
-		}
+		errs = append(errs, n.lis.Shutdown(listener.Served{Srv: n.srv, Errc: n.serveErr}, listener.Served{Srv: n.peerSrv, Errc: n.peerServeErr},
+			listener.Served{Srv: n.pprofSrv, Errc: n.pprofErr}, listener.Served{Srv: n.svc.Srv, Errc: n.svc.Errc})...)
 	}
 	if err := n.resp.Load().Shutdown(); err != nil {
 		errs = append(errs, err)
@@ -504,6 +483,9 @@ func (n *Node) Close() error {
 	}
 	close(n.stop)
 	n.bg.Wait()
+	if set := n.keys.Set; set != nil {
+		errs = append(errs, set.Close()) // before group 0, which holds their raft port
+	}
 	n.rep.Stop()   // the lead loop ends the term, and the term its links
 	n.links.Stop() // their loops
 	n.com.Close()
@@ -547,61 +529,14 @@ func (n *Node) Delete(ctx context.Context, key string) (api.WriteResult, error) 
 	return n.Propose(ctx, api.Write{Entry: entry.Entry{Op: entry.OpDelete, Key: key}})
 }
 
-// propose runs a prepared proposal through admission and the committer.
-func (n *Node) propose(ctx context.Context, p *replica.Proposal) (api.WriteResult, error) {
-	w := n.sub
-	if err := w.Enqueue(ctx, p); err != nil {
-		return api.WriteResult{}, err
-	}
-	return w.Await(ctx, p)
-}
-
 // Get returns the live record at key, or ErrNotFound (absent or deleted).
-func (n *Node) Get(key string) (store.Record, error) {
-	if err := n.bounds.CheckKey(key); err != nil {
-		return store.Record{}, err
-	}
-	if err := n.rep.Readable(); err != nil {
-		return store.Record{}, err
-	}
-	// The plain record and the counter read as one (a counter that counts
-	// reads as its decimal value).
-	v, r, held, err := n.store.Read(key, n.clock.Physical())
-	switch {
-	case err != nil:
-		return store.Record{}, err
-	case v.Counted:
-		return store.Record{Value: v.Value, Stamp: v.Version, Expires: v.Expires, Kind: store.KindCounter}, nil
-	case v.Present:
-		return r, nil
-	case v.Expired:
-		return store.Record{}, &api.NotFoundError{Key: key, Expired: r.Stamp.String()}
-	case held && r.Tombstone:
-		return store.Record{}, &api.NotFoundError{Key: key, Deleted: r.Stamp.String()}
-	}
-	nf := &api.NotFoundError{Key: key}
-	if cut, err := n.machine.CollectedBelow(); err == nil && !cut.IsZero() {
-		nf.CollectedBelow = cut.String()
-	}
-	return store.Record{}, nf
-}
+func (n *Node) Get(key string) (store.Record, error) { return n.keys.Get(key) }
 
 // Scan returns a page of live keys in order.
-func (n *Node) Scan(o store.ScanOptions) ([]store.Item, string, error) {
-	if err := n.rep.Readable(); err != nil {
-		return nil, "", err
-	}
-	o.Now = n.clock.Physical()
-	return n.store.Scan(o)
-}
+func (n *Node) Scan(o store.ScanOptions) ([]store.Item, string, error) { return n.keys.Scan(o) }
 
 // Digest hashes the live state.
-func (n *Node) Digest() (store.Digest, error) {
-	if err := n.rep.Readable(); err != nil {
-		return store.Digest{}, err
-	}
-	return n.store.Digest()
-}
+func (n *Node) Digest() (store.Digest, error) { return n.keys.Digest(nil) }
 
 // Ready reports whether the node takes writes, and why not.
 func (n *Node) Ready() error {

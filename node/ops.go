@@ -56,11 +56,12 @@ func (n *Node) Counter(key string) (api.CounterResult, error) {
 	if err := n.bounds.CheckKey(key); err != nil {
 		return api.CounterResult{}, err
 	}
-	if err := n.rep.Readable(); err != nil {
+	g := n.keys.Of(key)
+	if err := g.Rep.Readable(); err != nil {
 		return api.CounterResult{}, err
 	}
 	// A key's plain integer and its counter read as one.
-	v, _, _, err := n.store.Read(key, n.clock.Physical())
+	v, _, _, err := g.Store.Read(key, n.clock.Physical())
 	if err != nil {
 		return api.CounterResult{}, err
 	}
@@ -73,7 +74,7 @@ func (n *Node) Counter(key string) (api.CounterResult, error) {
 	case v.Counted:
 		val = v.Int
 	}
-	c, err := n.store.Counter(key)
+	c, err := g.Store.Counter(key)
 	if err != nil && !errors.Is(err, store.ErrNotFound) {
 		return api.CounterResult{}, err
 	}

@@ -6,15 +6,13 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"net/url"
-	"os"
-	"strings"
-	"syscall"
 	"time"
 
 	"github.com/replicator/replicator/acceptor"
 	"github.com/replicator/replicator/api"
+	"github.com/replicator/replicator/groups"
 	"github.com/replicator/replicator/hlc"
+	"github.com/replicator/replicator/internal/faults"
 	"github.com/replicator/replicator/links"
 	"github.com/replicator/replicator/machine"
 	"github.com/replicator/replicator/origin"
@@ -46,6 +44,12 @@ type Options struct {
 	// which share one raft log over the raft port (docs/CLUSTER.md). Unset,
 	// the node is a group of one, as every cluster was before.
 	Raft *RaftOptions
+	// Groups is the cluster's number of raft groups (--groups, 1 to 64;
+	// default 1): keys are spread over them by slot, each group with its
+	// own leader (docs/CLUSTER.md "Several raft groups per cluster"). Every
+	// node of a cluster is started with the same number, which group 0's
+	// log records when the cluster forms.
+	Groups int
 	// Listen is the HTTP API address. Default 127.0.0.1:7400; ":0" picks a
 	// free port (see Node.Addr).
 	Listen string
@@ -303,6 +307,9 @@ func (o *Options) EnsureDefaults() {
 	if o.MaxClockOffset == 0 {
 		o.MaxClockOffset = hlc.DefaultMaxOffset
 	}
+	if o.Groups == 0 {
+		o.Groups = 1
+	}
 	if o.MaxGroupEntries == 0 {
 		o.MaxGroupEntries = 1024
 	}
@@ -478,6 +485,12 @@ func (o *Options) Validate() error {
 	if o.MaxClockOffset <= 0 {
 		add("MaxClockOffset %s must be positive", o.MaxClockOffset)
 	}
+	if o.Groups < 1 || o.Groups > groups.MaxGroups {
+		add("--groups %d out of range [1, %d]", o.Groups, groups.MaxGroups)
+	}
+	if o.Groups > 1 && len(o.Peers) > 0 {
+		add("--groups %d with peers: a cluster of several raft groups does not replicate to peers yet (docs/CLUSTER.md)", o.Groups)
+	}
 	if o.MaxGroupEntries < 1 {
 		add("MaxGroupEntries %d is below 1", o.MaxGroupEntries)
 	}
@@ -533,42 +546,7 @@ func (o *Options) Validate() error {
 			errs = append(errs, err)
 		}
 	}
-	seen := map[string]bool{}
-	for _, p := range o.Peers {
-		if err := origin.Validate(p.Name); err != nil {
-			errs = append(errs, fmt.Errorf("node: peer %q: %w", p.Name, err))
-		}
-		if p.Name == o.ClusterID && o.ClusterID != "" {
-			add("peer %q is this node's own cluster", p.Name)
-		}
-		if seen[p.Name] {
-			add("peer %q configured twice", p.Name)
-		}
-		seen[p.Name] = true
-		if u, err := url.Parse(p.URL); p.URL != "" && (err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "") {
-			add("peer %q: URL %q is not an http(s) URL", p.Name, p.URL)
-		}
-		if p.URL == "" && o.Gossip == nil {
-			add("peer %q has no URL (--peer %s=URL, or learn it by gossip with --gossip-bind)", p.Name, p.Name)
-		}
-		if p.Secret == "" && !o.InsecurePeers && o.TLSClientCA == "" {
-			add("peer %q has no secret (--peer-secret %s=SECRET, mutual TLS with --tls-client-ca, or --insecure-peers)", p.Name, p.Name)
-		}
-		if p.Compression != "" && p.Compression != transport.CompressionNone && p.Compression != transport.CompressionZstd {
-			add("peer %q: compression %q, want zstd or none", p.Name, p.Compression)
-		}
-		if p.Bandwidth < 0 {
-			add("peer %q: bandwidth %d is negative", p.Name, p.Bandwidth)
-		} else if p.Bandwidth > 0 && p.Bandwidth < 1024 {
-			add("peer %q: bandwidth %d bytes/s is below 1 KiB/s (a batch or a heartbeat would not fit)", p.Name, p.Bandwidth)
-		}
-		if err := p.Filter().Validate(); err != nil {
-			add("peer %q: %v", p.Name, err)
-		}
-		if p.Overflow != "" && p.Overflow != api.OverflowReject && p.Overflow != api.OverflowDetach {
-			add("peer %q: overflow %q, want reject or detach", p.Name, p.Overflow)
-		}
-	}
+	errs = append(errs, links.ValidatePeers(o.Peers, o.ClusterID, o.Gossip != nil, o.InsecurePeers || o.TLSClientCA != "")...)
 	return errors.Join(errs...)
 }
 
@@ -638,83 +616,12 @@ func (o *Options) resolver() origin.Resolver {
 	return origin.Static(o.ClusterID)
 }
 
-// Testing are faults a test injects.
-type Testing struct {
-	// DiskFullFile names a file that robustness tests write "full" into to
-	// make log appends fail as on a full disk (ENOSPC), and empty to give
-	// the space back.
-	DiskFullFile string
-	// RaftBlockFile names a file of raft addresses (one a line) this node
-	// may not reach: robustness tests partition a cluster's nodes with it.
-	RaftBlockFile string
-	// ClockOffset shifts the node's physical clock (a skewed node), unless
-	// Options.Clock is set.
-	ClockOffset time.Duration
-	// ReadsFormat, when 1, plays a build before command encoding 2 in a
-	// mixed-version cluster: the node says it reads encoding 1 only, and its
-	// machine refuses encoding 2 (machine.Options.ReadsFormat).
-	ReadsFormat int
-	// GCInterval, when set, replaces Options.GCInterval: an e2e test of
-	// collection cannot wait minutes for it.
-	GCInterval time.Duration
-	// CommandFault, when set, sees every command of the node's own
-	// bookkeeping (not local writes, not inbound batches) before it is
-	// proposed; an error it returns fails the command as a lost lead would,
-	// before anything is proposed. Tests only (no flag or variable sets it).
-	CommandFault func(*machine.Command) error
-	// ShortRetention lowers the floor of TombstoneRetention and
-	// IdempotencyWindow from a minute to a second: the combined robustness
-	// schedule collects deletes while links are narrowed and widened within
-	// a run of seconds ($REPLICATOR_TESTING_SHORT_RETENTION=1).
-	ShortRetention bool
-	// RESPCrashKey, when set, kills the process (SIGKILL) once a RESP write
-	// of that key committed and before its answer is written: the crash
-	// between commit and answer, whose write must be there after a restart.
-	RESPCrashKey string
-}
+// Testing are faults a test injects (package faults).
+type Testing = faults.Faults
 
 // TestingEnvPrefix begins the environment variables TestingFromEnv reads.
-const TestingEnvPrefix = "REPLICATOR_TESTING_"
+const TestingEnvPrefix = faults.EnvPrefix
 
 // TestingFromEnv reads the faults of a robustness suite from the
-// environment of a child process it started: REPLICATOR_TESTING_DISK_FULL_FILE,
-// REPLICATOR_TESTING_RAFT_BLOCK_FILE, REPLICATOR_TESTING_CLOCK_OFFSET and
-// REPLICATOR_TESTING_GC_INTERVAL (durations).
-func TestingFromEnv(getenv func(string) string) (Testing, error) {
-	t := Testing{
-		DiskFullFile:   getenv(TestingEnvPrefix + "DISK_FULL_FILE"),
-		RaftBlockFile:  getenv(TestingEnvPrefix + "RAFT_BLOCK_FILE"),
-		RESPCrashKey:   getenv(TestingEnvPrefix + "RESP_CRASH_KEY"),
-		ShortRetention: getenv(TestingEnvPrefix+"SHORT_RETENTION") == "1",
-	}
-	for _, d := range []struct {
-		name string
-		into *time.Duration
-	}{{"CLOCK_OFFSET", &t.ClockOffset}, {"GC_INTERVAL", &t.GCInterval}} {
-		v := getenv(TestingEnvPrefix + d.name)
-		if v == "" {
-			continue
-		}
-		dur, err := time.ParseDuration(v)
-		if err != nil {
-			return t, fmt.Errorf("node: $%s%s: %w", TestingEnvPrefix, d.name, err)
-		}
-		*d.into = dur
-	}
-	return t, nil
-}
-
-// diskFull returns the test hook that fails WAL appends while the test's
-// disk-full file says "full".
-func (t *Testing) diskFull() func() error {
-	path := t.DiskFullFile
-	if path == "" {
-		return nil
-	}
-	return func() error {
-		if b, err := os.ReadFile(path); err == nil && strings.TrimSpace(string(b)) == "full" {
-			return fmt.Errorf("write %s: %w", path, syscall.ENOSPC)
-		}
-		return nil
-	}
-}
+// environment of a child process it started (faults.FromEnv).
+func TestingFromEnv(getenv func(string) string) (Testing, error) { return faults.FromEnv(getenv) }

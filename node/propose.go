@@ -2,7 +2,6 @@ package node
 
 import (
 	"context"
-	"fmt"
 	"net/http"
 
 	"github.com/hashicorp/raft"
@@ -25,31 +24,12 @@ import (
 // follower of a cluster of several it is proposed to the leader, and
 // answered once this node applied it.
 func (n *Node) Propose(ctx context.Context, w api.Write) (api.WriteResult, error) {
-	if n.follower != nil && !n.rep.Ready() && ctx.Value(proposeHereKey{}) == nil {
-		if n.closing.Load() {
-			return api.WriteResult{}, fmt.Errorf("%w: %w", api.ErrClosed, api.ErrNotWritten)
-		}
-		if err := n.rep.Removed(); err != nil {
-			return api.WriteResult{}, fmt.Errorf("%w: %w", api.ErrNotWritten, err)
-		}
-		return n.follower.Propose(ctx, w)
-	}
-	return n.proposeHere(ctx, w)
+	return n.writes.Propose(ctx, w)
 }
 
 // proposeHereKey marks the context of a request another node relayed whole
 // to this one (surface.go): its writes are proposed here.
 type proposeHereKey struct{}
-
-// proposeHere proposes w to this node's committer: it is refused (not
-// written) unless this node leads, so a forwarded proposal takes one hop.
-func (n *Node) proposeHere(ctx context.Context, w api.Write) (api.WriteResult, error) {
-	p, err := n.sub.Prepare(w)
-	if err != nil {
-		return api.WriteResult{}, err
-	}
-	return n.propose(ctx, p)
-}
 
 // newFollower is this node's side of the proposals it sends its leader
 // (a cluster of several; nil for a node alone), over the raft port's
@@ -64,7 +44,7 @@ func (n *Node) newFollower() *forward.Follower {
 			id, err := n.fwd.LeaderServer(ctx)
 			return string(id), err
 		},
-		Local:   n.proposeHere,
+		Local:   func(ctx context.Context, w api.Write) (api.WriteResult, error) { return n.writes.proposeHere(ctx, w) },
 		Send:    func(req *http.Request) (*http.Response, error) { return n.svc.Client.Do(req) },
 		URL:     func(id, uri string) string { return forward.URL(raft.ServerID(id), uri) },
 		NotSent: forward.NotSent,
@@ -80,7 +60,7 @@ func (n *Node) newFollower() *forward.Follower {
 // port (forward.PathPropose) here, as the leader, once the scope their
 // caller was granted allows a write; next answers the rest.
 func (n *Node) servesProposals(next http.Handler, refused func(code string)) http.Handler {
-	l := &forward.Leader{Propose: n.proposeHere, Applied: n.rep.Applied,
+	l := &forward.Leader{Propose: n.writes.proposeHere, Applied: n.writes.applied,
 		MaxBody: int64(max(n.opts.MaxValueBytes+n.opts.MaxKeyBytes, int(n.opts.MaxReplicateBytes/2))) + 64<<10}
 	return l.Route(next, refused)
 }

@@ -19,7 +19,7 @@ func (n *Node) replicaDeps() (replica.Deps, error) {
 		Cluster: n.cluster, NodeID: n.nodeID, Incarnation: n.incarnation, Dir: o.DataDir,
 		Store: n.store, Clock: n.clock, Logger: n.log,
 		Committer: replica.CommitEnv{MaxGroup: o.MaxGroupEntries, IdemWindow: o.IdempotencyWindow, CheckPin: n.bounds.CheckPin},
-		Log:       wal.Options{SegmentSize: o.WALSegmentSize, NoSync: o.UnsafeNoSync, BeforeWrite: o.Testing.diskFull()},
+		Log:       wal.Options{SegmentSize: o.WALSegmentSize, NoSync: o.UnsafeNoSync, BeforeWrite: o.Testing.DiskFull()},
 		OnFatal:   n.stopFatal,
 		Describe:  func() string { return n.svc.DescribeSelf() },
 		Reads: func(id raft.ServerID) (int, bool) {

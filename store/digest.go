@@ -32,11 +32,14 @@ func (s *Store) Digest() (Digest, error) { return s.DigestPrefixes(nil) }
 // none), and the counters under them: two clusters agree on what a link's
 // filter lets cross when their digests of its include prefixes are equal.
 func (s *Store) DigestPrefixes(prefixes []string) (Digest, error) {
-	it, err := s.db.NewIter(&pebble.IterOptions{LowerBound: []byte{prefixData}, UpperBound: []byte{prefixData + 1}})
-	if err != nil {
-		return Digest{}, fmt.Errorf("store: digest: %w", err)
-	}
-	defer it.Close()
+	return DigestOf([]*Store{s}, prefixes)
+}
+
+// DigestOf hashes the live keys of several stores that hold disjoint keys
+// (a cluster's raft groups, issue 51) as one store holding them all would:
+// a cluster of several groups and one of a single group that hold the same
+// data have equal digests. Each store is read from a snapshot of its own.
+func DigestOf(stores []*Store, prefixes []string) (Digest, error) {
 	under := func(k []byte) bool {
 		if len(prefixes) == 0 {
 			return true
@@ -51,51 +54,92 @@ func (s *Store) DigestPrefixes(prefixes []string) (Digest, error) {
 	h := sha256.New()
 	var d Digest
 	var scratch []byte
-	for valid := it.First(); valid; valid = it.Next() {
-		if !under(it.Key()[1:]) {
-			continue
+	err := visitMerged(stores, prefixData, func(key, value []byte) error {
+		if !under(key) {
+			return nil
 		}
-		r, err := DecodeRecord(it.Value())
+		r, err := DecodeRecord(value)
 		if err != nil {
-			return Digest{}, fmt.Errorf("store: digest key %q: %w", it.Key()[1:], err)
+			return fmt.Errorf("store: digest key %q: %w", key, err)
 		}
 		if r.Tombstone {
 			d.Tombstones++
-			continue
+			return nil
 		}
 		d.Keys++
-		scratch = appendDigestEntry(scratch[:0], it.Key()[1:], &r)
+		scratch = appendDigestEntry(scratch[:0], key, &r)
 		h.Write(scratch)
-	}
-	if err := it.Error(); err != nil {
-		return Digest{}, fmt.Errorf("store: digest: %w", err)
+		return nil
+	})
+	if err != nil {
+		return Digest{}, err
 	}
 	// Counters by their per-cluster totals (canonical bytes: sorted).
-	cit, err := it.Clone(pebble.CloneOptions{IterOptions: &pebble.IterOptions{LowerBound: []byte{prefixCounter}, UpperBound: []byte{prefixCounter + 1}}})
-	if err != nil {
-		return Digest{}, fmt.Errorf("store: digest: %w", err)
-	}
-	defer cit.Close()
-	for valid := cit.First(); valid; valid = cit.Next() {
-		if !under(cit.Key()[1:]) {
-			continue
+	err = visitMerged(stores, prefixCounter, func(key, value []byte) error {
+		if !under(key) {
+			return nil
 		}
-		c, err := DecodeCounter(cit.Value())
+		c, err := DecodeCounter(value)
 		if err != nil {
-			return Digest{}, fmt.Errorf("store: digest counter %q: %w", cit.Key()[1:], err)
+			return fmt.Errorf("store: digest counter %q: %w", key, err)
 		}
 		if !c.Counts() {
-			continue // deleted (its floors remove every increment), as a tombstone
+			return nil // deleted (its floors remove every increment), as a tombstone
 		}
 		d.Counters++
-		scratch = appendCounterDigest(scratch[:0], cit.Key()[1:], appendCounterTotals(nil, &c))
+		scratch = appendCounterDigest(scratch[:0], key, appendCounterTotals(nil, &c))
 		h.Write(scratch)
-	}
-	if err := cit.Error(); err != nil {
-		return Digest{}, fmt.Errorf("store: digest: %w", err)
+		return nil
+	})
+	if err != nil {
+		return Digest{}, err
 	}
 	d.Hash = hex.EncodeToString(h.Sum(nil))
 	return d, nil
+}
+
+// visitMerged calls f with each key (without its prefix byte) and value of
+// the space prefix of every store, in key order across the stores, each
+// store read from a snapshot of its own.
+func visitMerged(stores []*Store, prefix byte, f func(key, value []byte) error) error {
+	its := make([]*pebble.Iterator, 0, len(stores))
+	defer func() {
+		for _, it := range its {
+			it.Close()
+		}
+	}()
+	var live []*pebble.Iterator
+	for _, s := range stores {
+		it, err := s.db.NewIter(&pebble.IterOptions{LowerBound: []byte{prefix}, UpperBound: []byte{prefix + 1}})
+		if err != nil {
+			return fmt.Errorf("store: digest: %w", err)
+		}
+		its = append(its, it)
+		if it.First() {
+			live = append(live, it)
+		} else if err := it.Error(); err != nil {
+			return fmt.Errorf("store: digest: %w", err)
+		}
+	}
+	for len(live) > 0 {
+		least := 0
+		for i := 1; i < len(live); i++ { // a few groups: a heap would not pay
+			if bytes.Compare(live[i].Key(), live[least].Key()) < 0 {
+				least = i
+			}
+		}
+		it := live[least]
+		if err := f(it.Key()[1:], it.Value()); err != nil {
+			return err
+		}
+		if !it.Next() {
+			if err := it.Error(); err != nil {
+				return fmt.Errorf("store: digest: %w", err)
+			}
+			live = append(live[:least], live[least+1:]...)
+		}
+	}
+	return nil
 }
 
 // appendDigestEntry frames one live key unambiguously (lengths before bytes).

@@ -182,6 +182,37 @@ func TestDigestDistinguishesState(t *testing.T) {
 	}
 }
 
+// TestDigestOfSeveralStores: keys spread over three stores (a cluster's
+// raft groups) digest as one store holding them all does, tombstones
+// counted and out of the hash; keys spread otherwise digest the same.
+func TestDigestOfSeveralStores(t *testing.T) {
+	one := openTest(t)
+	parts := []*Store{openTest(t), openTest(t), openTest(t)}
+	for i := 0; i < 50; i++ {
+		w := Write{Key: fmt.Sprintf("k%02d", i), Value: []byte{byte(i)}, Stamp: st(int64(i+1), 0, "a"), Tombstone: i%7 == 0}
+		for _, s := range []*Store{one, parts[(i*7)%3]} {
+			if _, err := s.Merge(w); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	want, err := one.Digest()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := DigestOf(parts, nil)
+	if err != nil || got != want {
+		t.Fatalf("three stores digest as %+v (%v), one holding their keys as %+v", got, err, want)
+	}
+	if got, _ := DigestOf(parts, []string{"k1"}); got.Keys != 9 {
+		t.Fatalf("under k1: %+v, want 9 live keys", got)
+	}
+	other, _ := DigestOf(parts[:2], nil)
+	if other.Hash == want.Hash {
+		t.Fatal("two of the three stores digest as all three")
+	}
+}
+
 func TestScan(t *testing.T) {
 	s := openTest(t)
 	for i := 0; i < 30; i++ {

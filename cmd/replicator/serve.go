@@ -37,6 +37,7 @@ type serveConfig struct {
 	RaftAcceptGossip   bool     `yaml:"raft_accept_gossip_key"`
 	RaftAdvertise      string   `yaml:"raft_advertise"`
 	BootstrapExpect    int      `yaml:"bootstrap_expect"`
+	Groups             int      `yaml:"groups"`
 	RaftElection       duration `yaml:"raft_election_timeout"`
 	Listen             string   `yaml:"listen"`
 	MaxKeyBytes        int      `yaml:"max_key_bytes"`
@@ -383,6 +384,7 @@ func serveFlags(cfg *serveConfig) *flag.FlagSet {
 	fs.StringVar(&cfg.RaftKeyFile, "raft-key-file", cfg.RaftKeyFile, "file with the cluster's own base64 raft key (openssl rand -base64 32; the same on its nodes, on no other cluster's): secures the raft port")
 	fs.BoolVar(&cfg.RaftAcceptGossip, "raft-accept-gossip-key", cfg.RaftAcceptGossip, "with --raft-key-file: also take nodes that have only the gossip key (while the cluster moves to the raft key)")
 	fs.IntVar(&cfg.BootstrapExpect, "bootstrap-expect", cfg.BootstrapExpect, "how many fresh nodes found by gossip form a new cluster (0: wait to be added)")
+	fs.IntVar(&cfg.Groups, "groups", cfg.Groups, "the cluster's number of raft groups, 1 to 64, each with its own leader (the same on every node; recorded when the cluster forms: docs/CLUSTER.md)")
 	fs.Var(&cfg.RaftElection, "raft-election-timeout", "bounds how long the cluster's nodes wait without a leader before they elect another (raft's heartbeat timeout is half of it)")
 	fs.StringVar(&cfg.Listen, "listen", cfg.Listen, "HTTP API address")
 	fs.IntVar(&cfg.MaxKeyBytes, "max-key-bytes", cfg.MaxKeyBytes, "largest key in bytes")
@@ -612,6 +614,7 @@ func (cfg *serveConfig) nodeOptions(log *slog.Logger) (*node.Options, error) {
 		}
 		o.SecretsKey = key
 	}
+	o.Groups = cfg.Groups
 	if cfg.RaftListen != "" {
 		o.Raft = &node.RaftOptions{Listen: cfg.RaftListen, Advertise: cfg.RaftAdvertise, BootstrapExpect: cfg.BootstrapExpect,
 			ElectionTimeout: time.Duration(cfg.RaftElection), AcceptGossipKey: cfg.RaftAcceptGossip}
