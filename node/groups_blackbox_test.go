@@ -4,9 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"slices"
+	"strings"
 	"testing"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 
 	"github.com/replicator/replicator/api"
 	"github.com/replicator/replicator/entry"
@@ -28,6 +32,11 @@ func TestGroupsOfANodeAlone(t *testing.T) {
 	dir := t.TempDir()
 	o := nodetest.Options("a", dir)
 	o.Groups = 3
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	o.RESPListener = ln
 	n := nodetest.Start(t, o)
 	ctx := context.Background()
 	m, _ := slot.Initial(3)
@@ -77,7 +86,7 @@ func TestGroupsOfANodeAlone(t *testing.T) {
 			b = k
 		}
 	}
-	_, err := n.Propose(ctx, api.Write{Ops: []api.BatchOp{{Key: a, Value: []byte("x")}, {Key: b, Value: []byte("x")}}})
+	_, err = n.Propose(ctx, api.Write{Ops: []api.BatchOp{{Key: a, Value: []byte("x")}, {Key: b, Value: []byte("x")}}})
 	var cross *api.CrossGroupError
 	if !errors.As(err, &cross) || !errors.Is(err, api.ErrNotWritten) {
 		t.Fatalf("a batch across groups 0 and 2: %v", err)
@@ -86,6 +95,20 @@ func TestGroupsOfANodeAlone(t *testing.T) {
 		if r, _ := n.Get(k); string(r.Value) != k {
 			t.Fatalf("%s is %q after the refused batch", k, r.Value)
 		}
+	}
+	// The same through the RESP door: MULTI/EXEC across groups answers
+	// CROSSSLOT, and the door serves on.
+	rc := redisClient(t, ln.Addr().String(), 2, nil)
+	_, err = rc.TxPipelined(ctx, func(p redis.Pipeliner) error {
+		p.Set(ctx, a, "y", 0)
+		p.Set(ctx, b, "y", 0)
+		return nil
+	})
+	if err == nil || !strings.HasPrefix(err.Error(), "CROSSSLOT") {
+		t.Fatalf("MULTI/EXEC across groups: %v, want CROSSSLOT", err)
+	}
+	if v, err := rc.Get(ctx, b).Result(); err != nil || v != b {
+		t.Fatalf("GET %s after the refused transaction: %q, %v", b, v, err)
 	}
 	if _, err := n.Propose(ctx, api.Write{Ops: []api.BatchOp{{Key: "{t}a", Value: []byte("1")}, {Key: "{t}b", Value: []byte("2")}}}); err != nil {
 		t.Fatalf("a batch of one hash tag: %v", err)
@@ -106,6 +129,7 @@ func TestGroupsOfANodeAlone(t *testing.T) {
 	n.Close()
 
 	o1 := nodetest.Options("a", dir)
+	o.RESPListener = nil
 	if _, err := node.Open(ctx, o1); !errors.Is(err, groups.ErrGroups) {
 		t.Fatalf("a restart with one group: %v, want groups.ErrGroups", err)
 	}

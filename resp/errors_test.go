@@ -2,6 +2,7 @@ package resp
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 
@@ -27,9 +28,13 @@ func TestErrorClasses(t *testing.T) {
 		{&api.CrossGroupError{Groups: []int{0, 1}, Keys: []string{"a", "b"}}, "CROSSSLOT "}, // Redis Cluster's, which its clients know
 		{api.FailureOf(&api.CrossGroupError{Groups: []int{0, 1}, Keys: []string{"a", "b"}}).Err(), "CROSSSLOT "},
 	} {
-		_, msg := classify(c.err)
+		kind, msg := classify(c.err)
 		if !strings.HasPrefix(msg, c.prefix) {
 			t.Errorf("%v: %q, want the prefix %q", c.err, msg, c.prefix)
+		}
+		// Counted by its kind (a kind not counted stopped the node).
+		if !slices.Contains(errorKinds, kind) {
+			t.Errorf("%v: kind %q is not among the counted kinds %v", c.err, kind, errorKinds)
 		}
 	}
 }

@@ -41,7 +41,7 @@ type Stats struct {
 const maxUnknownNames = 64
 
 // errorKinds are the kinds replicator_resp_errors_total counts.
-var errorKinds = []string{"not_written", "unknown_outcome", "wrongtype", "bad_request", "auth", "protocol", "http", "budget", "internal"}
+var errorKinds = []string{"not_written", "unknown_outcome", "wrongtype", "crossslot", "bad_request", "auth", "protocol", "http", "budget", "internal"}
 
 func (s *Stats) init() {
 	s.commands = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "replicator_resp_commands_total",
