@@ -76,6 +76,12 @@ func TestGroupsOfANodeAlone(t *testing.T) {
 	if slots != slot.Count {
 		t.Fatalf("the groups own %d slots, want %d", slots, slot.Count)
 	}
+	// Each group's series under its label: the writes of group 2's keys.
+	_, metrics := nodetest.Do(t, "GET", n.URL()+"/metrics", nil)
+	want2 := fmt.Sprintf("replicator_local_writes_total{cluster=\"a\",group=\"2\"} %d\n", in[2])
+	if !strings.Contains(string(metrics), want2) {
+		t.Fatalf("/metrics lacks %q", want2)
+	}
 	// An atomic batch across groups: refused whole.
 	var a, b string
 	for _, k := range keys {
@@ -162,13 +168,13 @@ func scanAll(t *testing.T, n *node.Node) []string {
 	}
 }
 
-// TestGroupsOfAClusterOfThree: three nodes of a cluster of three groups
+// TestGroupsOverThreeNodes: three nodes of a cluster of three groups
 // form every group over their one raft port; each group's leadership
 // spreads to a node of its own; a write through any node reaches its key's
 // group's leader (forwarded when another node leads it) and reads back
 // there; the leader of one group goes, and the cluster's writes go on in
 // every group; the running nodes converge to one digest.
-func TestGroupsOfAClusterOfThree(t *testing.T) {
+func TestGroupsOverThreeNodes(t *testing.T) {
 	c := nodetest.NewCluster(t, "a", 3, func(_ string, o *node.Options) { o.Groups = 3 })
 	ctx := context.Background()
 	// Leaders spread: one group each.

@@ -3,6 +3,7 @@ package node
 import (
 	"net/http"
 	"runtime"
+	"strconv"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -40,7 +41,16 @@ func (m *nodeMetrics) init(n *Node) {
 	}
 	f(m.apiRefused)
 	f(m.forwards)
-	n.rep.Register(f)
+	if n.keys.Set == nil {
+		n.rep.Register(f)
+	} else {
+		// Each group's replica under its group's label (a family's series
+		// share their label names: group 0's carries one too).
+		for _, g := range n.keys.All() {
+			w := prometheus.WrapRegistererWith(prometheus.Labels{"group": strconv.Itoa(g.Number)}, own)
+			g.Rep.Register(func(c prometheus.Collector) { w.MustRegister(c) })
+		}
+	}
 	n.links.Register(f)
 	n.sat.Register(f)
 	n.inbound.Register(f)
