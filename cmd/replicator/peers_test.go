@@ -66,6 +66,12 @@ func TestStatusVerdict(t *testing.T) {
 		{"a missing voter", func(s *statusOut) { s.VotersLive = 2 }, "degraded", "2 of 3 voters answering"},
 		{"no quorum", func(s *statusOut) { s.VotersLive = 1 }, "down", "no quorum"},
 		{"no leader", func(s *statusOut) { s.Cluster.Leader = "" }, "down", "no leader known"},
+		{"groups led", func(s *statusOut) {
+			s.Cluster.Groups = []api.GroupReport{{Group: 0, Leader: "a1", Slots: 2048}, {Group: 1, Leader: "a2", Slots: 2048}}
+		}, "healthy", ""},
+		{"a group without a leader", func(s *statusOut) {
+			s.Cluster.Groups = []api.GroupReport{{Group: 0, Leader: "a1", Slots: 2048}, {Group: 1, Slots: 2048}}
+		}, "down", "raft group 1: no leader known"},
 	} {
 		s := healthy()
 		tc.change(s)
@@ -77,6 +83,9 @@ func TestStatusVerdict(t *testing.T) {
 		printStatus(&out, s)
 		if first := strings.SplitN(out.String(), "\n", 2)[0]; !strings.HasPrefix(first, strings.ToUpper(tc.verdict)) {
 			t.Errorf("%s: the status opens with %q", tc.name, first)
+		}
+		if len(s.Cluster.Groups) > 0 && !strings.Contains(out.String(), "GROUP  LEADER") {
+			t.Errorf("%s: the status shows no groups:\n%s", tc.name, out.String())
 		}
 		if tc.verdict != "healthy" {
 			if code := report(&out, &out, "replicator status", unhealthyError{s.Verdict, s.Why}, false); code != 6 {

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"flag"
@@ -120,6 +121,11 @@ func verdict(s *statusOut) (string, []string) {
 	if r.Leader == "" {
 		down = append(down, "no leader known")
 	}
+	for _, g := range r.Groups {
+		if g.Leader == "" && g.Group > 0 {
+			down = append(down, fmt.Sprintf("raft group %d: no leader known (the writes of its keys are refused)", g.Group))
+		}
+	}
 	if s.VotersTotal > 0 && s.VotersLive <= s.VotersTotal/2 {
 		down = append(down, fmt.Sprintf("%d of %d voters answering: no quorum", s.VotersLive, s.VotersTotal))
 	} else if s.VotersLive < s.VotersTotal {
@@ -213,6 +219,15 @@ func printStatus(w io.Writer, s *statusOut) {
 		fmt.Fprintf(tw, "%s\t%s\t%v\t%s\t%s\n", n.ID, n.State, n.Voter, applied, lag)
 	}
 	tw.Flush()
+	if len(r.Groups) > 0 {
+		fmt.Fprintln(w)
+		tw = tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "GROUP	LEADER	SLOTS	APPLIED HERE")
+		for _, g := range r.Groups {
+			fmt.Fprintf(tw, "%d\t%s\t%d\t%d\n", g.Group, cmp.Or(g.Leader, "(none known)"), g.Slots, g.Applied)
+		}
+		tw.Flush()
+	}
 	if len(s.Links) > 0 {
 		fmt.Fprintln(w)
 		printLinks(w, s.Links)
