@@ -63,7 +63,12 @@ type Deps struct {
 	// term.
 	Bounds *replica.Bounds
 	Admit  func(ctx context.Context) error
-	Logger *slog.Logger
+	// Collect collects a group's tombstones, expired idempotency and
+	// conflict records at its leader (links.Set.CollectIn, below the
+	// cluster's cutoff), every CollectEvery (0: never on a timer).
+	Collect      func(g *Group) (int, error)
+	CollectEvery time.Duration
+	Logger       *slog.Logger
 }
 
 // Group is one raft group after 0 at this node.
@@ -177,21 +182,46 @@ func (s *Set) Run() {
 		g.Rep.Run()
 	}
 	s.loop.Add(1)
-	go s.cutStreams()
+	go s.upkeep()
 }
 
-// cutStreams drops, at the leader of each group, the stream's entries the
-// state machine applied: no peer reads them (a cluster of several groups
-// has no links yet). It exits at Close.
-func (s *Set) cutStreams() {
+// Collect collects in every group after 0 this node leads (Deps.Collect),
+// and reports how many tombstones went.
+func (s *Set) Collect() (int, error) {
+	total := 0
+	var errs []error
+	for _, g := range s.gs {
+		if !g.Rep.Ready() || s.d.Collect == nil {
+			continue
+		}
+		n, err := s.d.Collect(g)
+		total += n
+		if err != nil {
+			errs = append(errs, fmt.Errorf("groups: collecting in group %d: %w", g.Number, err))
+		}
+	}
+	return total, errors.Join(errs...)
+}
+
+// upkeep drops, at the leader of each group, the stream's entries the
+// state machine applied (no peer reads them: a cluster of several groups
+// has no links yet), and collects every CollectEvery. It exits at Close.
+func (s *Set) upkeep() {
 	defer s.loop.Done()
 	t := time.NewTicker(time.Second)
 	defer t.Stop()
+	var sinceCollect time.Duration
 	for {
 		select {
 		case <-s.stop:
 			return
 		case <-t.C:
+		}
+		if sinceCollect += time.Second; s.d.CollectEvery > 0 && sinceCollect >= s.d.CollectEvery {
+			sinceCollect = 0
+			if _, err := s.Collect(); err != nil {
+				s.d.Logger.Warn("collecting in the groups", "err", err)
+			}
 		}
 		for _, g := range s.gs {
 			if !g.Rep.Ready() {

@@ -384,6 +384,18 @@ const collectBatch = 10000
 // write can resurrect any more (TombstoneCutoff), and the idempotency and
 // conflict records expired, and reports how many tombstones went.
 func (s *Set) CollectTombstones() (int, error) {
+	return s.collect(s.d.Commit, s.d.Format, true)
+}
+
+// CollectIn collects, below the same cutoff, in another raft group of the
+// cluster (issue 51: a group after 0 at its leader), through commit, its
+// log at format: its tombstones, expired idempotency records and conflict
+// records. What it kept is not reported (the links' figures are group 0's).
+func (s *Set) CollectIn(commit func(*machine.Command) (*machine.Result, error), format func() int) (int, error) {
+	return s.collect(commit, format, false)
+}
+
+func (s *Set) collect(commit func(*machine.Command) (*machine.Result, error), format func() int, report bool) (int, error) {
 	d := s.d
 	cutoff, why, err := s.TombstoneCutoff()
 	if err != nil {
@@ -396,18 +408,18 @@ func (s *Set) CollectTombstones() (int, error) {
 	keep := s.KeepRanges()
 	for {
 		cc := &machine.CollectCmd{Cutoff: cutoff, IdemBefore: d.Clock.Physical(), Max: collectBatch, Keep: keep}
-		if d.Format() >= machine.FormatConflicts {
+		if format() >= machine.FormatConflicts {
 			if before := d.Clock.Physical() - int64(d.ConflictRetention); before > 0 {
 				cc.ConflictsBefore = hlc.Timestamp{Wall: before}
 			}
 			cc.ConflictsMaxBytes = d.ConflictMaxBytes
 		}
-		res, err := d.Commit(&machine.Command{Collect: cc})
+		res, err := commit(&machine.Command{Collect: cc})
 		if err != nil {
 			return total, err
 		}
 		total += res.Collected
-		if !cutoff.IsZero() {
+		if !cutoff.IsZero() && report {
 			// What this collection kept (none ran below a zero cutoff:
 			// the last figures stand).
 			s.SetKept(res.Kept)

@@ -46,7 +46,11 @@ func (n *Node) openGroups(rd replica.Deps) error {
 	o := &n.opts
 	d := groups.Deps{Count: o.Groups, Dir: o.DataDir, Replica: rd, Bounds: n.bounds, Logger: n.log,
 		Store: store.Options{Logger: n.log, MemTableSize: o.MemTableSize, CacheSize: o.CacheSize, VersionCacheKeys: o.VersionCacheKeys},
-		Admit: func(ctx context.Context) error { return n.admit(ctx, nil) }}
+		Admit: func(ctx context.Context) error { return n.admit(ctx, nil) },
+		Collect: func(g *groups.Group) (int, error) {
+			return n.links.CollectIn(g.Rep.CommitCommand, g.Rep.Machine().Format)
+		},
+		CollectEvery: o.GCInterval}
 	if n.multi() {
 		d.Port, d.Removed = n.group.Port, n.rep.RemovedServer
 		d.MemberApplied = func(g int) func(raft.ServerID, string) (uint64, error) { return forward.GroupApplied(n.group.Port, g) }

@@ -32,6 +32,8 @@ func TestGroupsOfANodeAlone(t *testing.T) {
 	dir := t.TempDir()
 	o := nodetest.Options("a", dir)
 	o.Groups = 3
+	// Tombstones collected a second after their delete.
+	o.Testing.ShortRetention, o.TombstoneRetention, o.IdempotencyWindow, o.PinWindow = true, time.Second, time.Second, 500*time.Millisecond
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -129,8 +131,20 @@ func TestGroupsOfANodeAlone(t *testing.T) {
 		t.Fatalf("after the range delete the scan yields %v, want %v", got, want)
 	}
 	d1, err := n.Digest()
-	if err != nil || d1.Keys != len(want) {
-		t.Fatalf("digest: %+v, %v (want %d keys)", d1, err, len(want))
+	if err != nil || d1.Keys != len(want) || d1.Tombstones != 20 {
+		t.Fatalf("digest: %+v, %v (want %d keys, 20 tombstones)", d1, err, len(want))
+	}
+	// Each group collects its tombstones past the retention.
+	time.Sleep(1200 * time.Millisecond)
+	if got, err := n.CollectTombstones(); err != nil || got != 23 {
+		t.Fatalf("collected %d tombstones (%v), want the range delete's: 20 keys' and each group's range", got, err)
+	}
+	if d, err := n.Digest(); err != nil || d.Tombstones != 0 || d.Hash != d1.Hash {
+		t.Fatalf("after collection: %+v (%v), before %+v", d, err, d1)
+	}
+	// A backup would hold group 0's keys alone: refused.
+	if resp, body := nodetest.Do(t, "GET", n.URL()+"/admin/backup", nil); resp.StatusCode != 400 || !strings.Contains(string(body), "raft groups") {
+		t.Fatalf("a backup of a node of several groups: %d %s", resp.StatusCode, body)
 	}
 	n.Close()
 
@@ -143,7 +157,7 @@ func TestGroupsOfANodeAlone(t *testing.T) {
 	if got := scanAll(t, n); !slices.Equal(got, want) {
 		t.Fatalf("after a restart the scan yields %v, want %v", got, want)
 	}
-	if d2, err := n.Digest(); err != nil || d2 != d1 {
+	if d2, err := n.Digest(); err != nil || d2.Hash != d1.Hash || d2.Keys != d1.Keys {
 		t.Fatalf("after a restart the digest is %+v (%v), was %+v", d2, err, d1)
 	}
 }

@@ -516,7 +516,14 @@ func (n *Node) every(d time.Duration, f func()) {
 // CollectTombstones removes the tombstones no write can resurrect any more
 // (links.Set.TombstoneCutoff), and the idempotency and conflict records
 // expired, and reports how many tombstones went.
-func (n *Node) CollectTombstones() (int, error) { return n.links.CollectTombstones() }
+func (n *Node) CollectTombstones() (int, error) {
+	total, err := n.links.CollectTombstones()
+	if set := n.keys.Set; set != nil && err == nil {
+		more, err := set.Collect() // the groups after 0 this node leads
+		return total + more, err
+	}
+	return total, err
+}
 
 // Put durably writes value at key and returns once it is fsynced and
 // applied.
