@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"sync/atomic"
 
 	"github.com/hashicorp/raft"
@@ -45,7 +46,7 @@ func (n *Node) openGroups(rd replica.Deps) error {
 	}
 	o := &n.opts
 	d := groups.Deps{Count: o.Groups, Dir: o.DataDir, Replica: rd, Bounds: n.bounds, Logger: n.log,
-		Store: store.Options{Logger: n.log, MemTableSize: o.MemTableSize, CacheSize: o.CacheSize, VersionCacheKeys: o.VersionCacheKeys},
+		Store: *storeOptions(o, n.log),
 		Admit: func(ctx context.Context) error { return n.admit(ctx, nil) },
 		Collect: func(g *groups.Group) (int, error) {
 			return n.links.CollectIn(g.Rep.CommitCommand, g.Rep.Machine().Format)
@@ -81,6 +82,21 @@ func (n *Node) openGroups(rd replica.Deps) error {
 		}
 	}
 	return nil
+}
+
+// storeOptions are the options of each store of a node: the memtable, the
+// block cache and the version cache (--memtable-size, --cache-size,
+// --version-cache-keys) are the node's budget, split evenly among its
+// groups' stores (one group: as they are).
+func storeOptions(o *Options, log *slog.Logger) *store.Options {
+	so := &store.Options{Logger: log, MemTableSize: o.MemTableSize, CacheSize: o.CacheSize, VersionCacheKeys: o.VersionCacheKeys}
+	if g := o.Groups; g > 1 {
+		so.MemTableSize, so.CacheSize = max(so.MemTableSize/uint64(g), 1<<20), max(so.CacheSize/int64(g), 1<<20)
+		if so.VersionCacheKeys > 0 {
+			so.VersionCacheKeys = max(so.VersionCacheKeys/g, 1)
+		}
+	}
+	return so
 }
 
 // admit admits a write: the node open and in its cluster (and with several

@@ -169,7 +169,7 @@ func Open(ctx context.Context, opts *Options) (*Node, error) {
 		Links:  func() []*transport.Shipper { return n.links.All() },
 		Oldest: func(i uint64) (int64, bool) { return n.links.OldestCommitWall(i) },
 	})
-	n.store, err = datadir.OpenStore(o.DataDir, &store.Options{Logger: log, MemTableSize: o.MemTableSize, CacheSize: o.CacheSize, VersionCacheKeys: o.VersionCacheKeys})
+	n.store, err = datadir.OpenStore(o.DataDir, storeOptions(&o, log))
 	if err != nil {
 		return nil, err
 	}
