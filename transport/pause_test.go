@@ -289,3 +289,56 @@ func TestPauseBeforeAReseedBegins(t *testing.T) {
 		t.Fatalf("after Resume the peer holds late = %q, %v", r.Value, err)
 	}
 }
+
+// TestLiveReseedWithDeadLettersIsNotHeld: a re-seed that runs beside the
+// live entries (the peer takes markers) moves the peer's mark after its
+// first batch; versions of a later batch the peer sets aside (past its
+// limits) must still keep the link from counting the peer as holding what
+// the snapshot covers (WAIT). Found by the combined robustness schedule
+// (seed 1): a write that reached a limited peer only through such a
+// re-seed was counted as held.
+func TestLiveReseedWithDeadLettersIsNotHeld(t *testing.T) {
+	var l *link // read by the options' functions once it is built
+	l = newLinkOpts(t, acceptor.Options{MaxValueBytes: 64, TakesMarkers: func() bool { return true }}, http.DefaultTransport, 10, func(o *transport.Options) {
+		o.Applied = func() uint64 { return l.log.Last() }
+		o.Snapshots = snapshotsOf{&l}
+	})
+	clock := hlc.NewClock(nil, 0)
+	l.sh.Pause() // the entries reach the peer only through the re-seed
+	var ents []*entry.Entry
+	for i := range 40 {
+		v := []byte("small")
+		if i == 37 {
+			v = make([]byte, 100) // past the peer's limit, in a later batch of the snapshot
+		}
+		ents = append(ents, &entry.Entry{Commit: clock.Now(), Op: entry.OpSet, Key: fmt.Sprintf("k%02d", i), Value: v})
+	}
+	if err := l.log.Append(ents); err != nil {
+		t.Fatal(err)
+	}
+	stop := l.run()
+	defer stop()
+	l.sh.Reseed("asked by the test")
+	l.sh.Resume()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		st := l.sh.Status(transport.Thresholds{}, func(uint64) (int64, bool) { return 0, false })
+		if st.Reseed.Runs == 1 && !st.Reseed.Running {
+			if !st.Reseed.Live {
+				t.Fatal("the re-seed did not run beside the live entries")
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the re-seed did not end: %+v", st.Reseed)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if _, err := l.dst.Get("k37"); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("the peer holds k37 past its limit (%v)", err)
+	}
+	stream := l.log.Stream()
+	if l.sh.Holds(stream, 38, 38) {
+		t.Fatal("the link counts the peer as holding the write it set aside in the re-seed")
+	}
+}

@@ -173,6 +173,13 @@ func (s *Shipper) finishReseed(ctx context.Context, r *reseedRun) error {
 	}
 	if r.live {
 		s.mu.Lock()
+		// The mark moved after the first batch (moveToLocked); versions a
+		// later batch set aside keep the peer from being counted as
+		// holding what the snapshot covers, as a re-seed sent whole does.
+		if s.mu.snapDead {
+			s.mu.deadBelow = max(s.mu.deadBelow, r.applied.Index)
+		}
+		s.mu.snapDead = false
 		s.clearOwedLocked(r.requested, r.rejoin)
 		s.mu.Unlock()
 	} else {
