@@ -937,9 +937,12 @@ func (rb *robust) destroy(name, kind string) bool {
 		}
 	}
 	// Under a prefix a link keeps home, its peer's frontier counts filtered
-	// markers: that peer held the writes there only up to the narrowing.
+	// markers: that peer held the writes there only up to the narrowing,
+	// or none of them under a prefix it keeps home all along (the combined
+	// schedule's c-only/ at b: found by seed 7, a write of c-only/ lost
+	// with c, which only b's markers had passed).
 	var prefixes []prefixAbove
-	for _, prefix := range narrowedPrefixes {
+	for _, prefix := range rb.homePrefixes() {
 		var pa entry.Stamp
 		for peer, fr := range frontiers {
 			held := fr
@@ -1257,6 +1260,16 @@ func noDivergence(clusters []string, leader func(c string) *client.Client, combi
 // narrowedPrefixes are the prefixes the filter event narrows.
 var narrowedPrefixes = []string{"k/1", "ctr/1", "w/1"}
 
+// homePrefixes are the prefixes some link may keep home: the narrowed
+// ones, and in the combined schedule the third cluster's (c -> b keeps
+// c-only/ home for the whole run).
+func (rb *robust) homePrefixes() []string {
+	if rb.combo == nil {
+		return narrowedPrefixes
+	}
+	return append(slices.Clone(narrowedPrefixes), comboThird)
+}
+
 // linkPasses says, for each link of name (by peer), which of
 // narrowedPrefixes it lets cross now: its filter does, and no widening has
 // them still to backfill. A link whose filter cannot be read is missing.
@@ -1271,7 +1284,7 @@ func (rb *robust) linkPasses(name string) map[string]map[string]bool {
 			continue
 		}
 		out[peer] = map[string]bool{}
-		for _, p := range narrowedPrefixes {
+		for _, p := range rb.homePrefixes() {
 			out[peer][p] = rep.Filter.Match(p) && !entry.SpanHolds(rep.Backfill, p)
 		}
 	}
