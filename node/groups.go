@@ -142,6 +142,19 @@ type writes struct {
 
 // Propose is Node.Propose.
 func (wr *writes) Propose(ctx context.Context, w api.Write) (api.WriteResult, error) {
+	return wr.propose(ctx, w, ctx.Value(proposeHereKey{}) == nil)
+}
+
+// proposeHere proposes w to this node's committer of its group: it is
+// refused (not written) unless this node leads the group, so a forwarded
+// proposal takes one hop.
+func (wr *writes) proposeHere(ctx context.Context, w api.Write) (api.WriteResult, error) {
+	return wr.propose(ctx, w, false)
+}
+
+// propose routes w to its group, and to the group's leader when forward
+// allows it and this node does not lead the group.
+func (wr *writes) propose(ctx context.Context, w api.Write, forward bool) (api.WriteResult, error) {
 	g, err := wr.groupFor(ctx, w)
 	switch {
 	case err != nil:
@@ -149,7 +162,7 @@ func (wr *writes) Propose(ctx context.Context, w api.Write) (api.WriteResult, er
 	case g == nil:
 		return wr.proposeEvery(ctx, w) // a range delete over several groups
 	}
-	if wr.follower != nil && !g.Rep.Ready() && ctx.Value(proposeHereKey{}) == nil {
+	if forward && wr.follower != nil && !g.Rep.Ready() {
 		if wr.closing.Load() {
 			return api.WriteResult{}, fmt.Errorf("%w: %w", api.ErrClosed, api.ErrNotWritten)
 		}
@@ -161,20 +174,6 @@ func (wr *writes) Propose(ctx context.Context, w api.Write) (api.WriteResult, er
 			f = wr.followers[g.Number-1]
 		}
 		return f.Propose(ctx, w)
-	}
-	return proposeIn(ctx, g, w)
-}
-
-// proposeHere proposes w to this node's committer of its group: it is
-// refused (not written) unless this node leads the group, so a forwarded
-// proposal takes one hop.
-func (wr *writes) proposeHere(ctx context.Context, w api.Write) (api.WriteResult, error) {
-	g, err := wr.groupFor(ctx, w)
-	switch {
-	case err != nil:
-		return api.WriteResult{}, err
-	case g == nil:
-		return wr.proposeEvery(ctx, w)
 	}
 	return proposeIn(ctx, g, w)
 }
@@ -194,6 +193,9 @@ func proposeIn(ctx context.Context, g *groups.Group, w api.Write) (api.WriteResu
 // groupFor is the group a write goes to (groups.Router.For), or the one
 // WithGroup names for a range delete's part.
 func (wr *writes) groupFor(ctx context.Context, w api.Write) (*groups.Group, error) {
+	if wr.keys.Set == nil {
+		return wr.keys.Zero, nil // one group: no context to read on every write
+	}
 	if g, ok := forward.GroupFrom(ctx); ok && w.Entry.Op == entry.OpDeleteRange && w.Ops == nil {
 		if g < 0 || g >= wr.keys.Count() {
 			return nil, fmt.Errorf("%w: %w: group %d of %d", api.ErrNotWritten, api.ErrBadRequest, g, wr.keys.Count())
